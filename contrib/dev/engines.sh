@@ -1,0 +1,183 @@
+#!/usr/bin/env bash
+# Brings up, idempotently, the real engines the tests talk to on a Debian machine:
+#   - a Docker engine on its own socket and data root,
+#   - the podman API service,
+#   - a registry on 127.0.0.1:5000 holding the test images.
+# Run as root. Re-running it is cheap: what already answers is left alone.
+# `engines.sh down` stops what it started (data is kept under $DEV_ROOT).
+set -euo pipefail
+
+DEV_ROOT=${TUNEPLANE_DEV_ROOT:-/var/lib/tuneplane-dev}
+RUN_DIR=/run/tuneplane-dev
+LOG_DIR=$DEV_ROOT/log
+DOCKER_SOCK=$RUN_DIR/docker.sock
+PODMAN_SOCK=/run/podman/podman.sock
+REGISTRY=127.0.0.1:5000
+IMAGE=tuneplane-test/busybox:1
+BIG_IMAGE=tuneplane-test/big:1
+export DOCKER_HOST=unix://$DOCKER_SOCK
+
+log() { printf 'engines: %s\n' "$*" >&2; }
+
+wait_for() { # wait_for SECONDS DESCRIPTION CMD...: poll until CMD succeeds
+    local deadline=$((SECONDS + $1)) what=$2
+    shift 2
+    until "$@" >/dev/null 2>&1; do
+        if ((SECONDS >= deadline)); then
+            log "$what did not come up; see $LOG_DIR"
+            return 1
+        fi
+        sleep 0.5
+    done
+}
+
+install_packages() {
+    local missing=()
+    command -v dockerd >/dev/null || missing+=(docker.io)
+    command -v podman >/dev/null || missing+=(podman)
+    command -v docker-registry >/dev/null || missing+=(docker-registry)
+    [[ -x /bin/busybox ]] || missing+=(busybox-static)
+    command -v curl >/dev/null || missing+=(curl)
+    ((${#missing[@]} == 0)) && return
+    log "installing ${missing[*]}"
+    apt-get update -q
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+        "${missing[@]}" uidmap
+}
+
+start_docker() {
+    if docker version >/dev/null 2>&1; then return; fi
+    log "starting dockerd on $DOCKER_SOCK"
+    # The sandboxes this runs in allow no iptables and no bridge; jobs use the host
+    # network anyway. --live-restore keeps jobs running across an engine restart.
+    setsid dockerd --iptables=false --ip6tables=false --bridge=none --live-restore \
+        --data-root "$DEV_ROOT/docker" --exec-root "$RUN_DIR/docker-exec" \
+        --pidfile "$RUN_DIR/docker.pid" -H "unix://$DOCKER_SOCK" \
+        >>"$LOG_DIR/dockerd.log" 2>&1 </dev/null &
+    wait_for 60 dockerd docker version
+}
+
+configure_podman() {
+    mkdir -p /etc/containers/registries.conf.d
+    # podman's default rlimits exceed this sandbox's hard limits: stay under them.
+    local nofile nproc
+    nofile=$(ulimit -Hn); nproc=$(ulimit -Hu)
+    [[ $nofile == unlimited || $nofile -gt 20000 ]] && nofile=20000
+    [[ $nproc == unlimited || $nproc -gt 1000 ]] && nproc=1000
+    cat >/etc/containers/containers.conf <<EOF
+# written by tuneplane-node contrib/dev/engines.sh
+[containers]
+default_ulimits = ["nofile=$nofile:$nofile", "nproc=$nproc:$nproc"]
+
+[engine]
+# crun refuses this kernel's hybrid cgroup layout; runc (docker.io's) runs.
+runtime = "runc"
+EOF
+    # The local registry and the tests' throttling proxies speak plain HTTP.
+    {
+        echo "# written by tuneplane-node contrib/dev/engines.sh"
+        for port in $(seq 5000 5009); do
+            printf '[[registry]]\nlocation = "127.0.0.1:%s"\ninsecure = true\n\n' "$port"
+        done
+    } >/etc/containers/registries.conf.d/50-tuneplane-dev.conf
+}
+
+start_podman() {
+    configure_podman
+    if curl -sf --unix-socket "$PODMAN_SOCK" http://d/_ping >/dev/null 2>&1; then return; fi
+    log "starting the podman API service on $PODMAN_SOCK"
+    mkdir -p "$(dirname "$PODMAN_SOCK")"
+    rm -f "$PODMAN_SOCK"
+    setsid podman system service --time=0 "unix://$PODMAN_SOCK" \
+        >>"$LOG_DIR/podman.log" 2>&1 </dev/null &
+    wait_for 60 podman curl -sf --unix-socket "$PODMAN_SOCK" http://d/_ping
+}
+
+start_registry() {
+    if curl -sf "http://$REGISTRY/v2/" >/dev/null 2>&1; then return; fi
+    log "starting the registry on $REGISTRY"
+    cat >"$DEV_ROOT/registry.yml" <<EOF
+version: 0.1
+storage:
+  filesystem:
+    rootdirectory: $DEV_ROOT/registry
+  delete:
+    enabled: true
+http:
+  addr: $REGISTRY
+EOF
+    setsid docker-registry serve "$DEV_ROOT/registry.yml" \
+        >>"$LOG_DIR/registry.log" 2>&1 </dev/null &
+    wait_for 30 registry curl -sf "http://$REGISTRY/v2/"
+}
+
+build_rootfs() { # build_rootfs DIR: a busybox-static root filesystem
+    local dir=$1
+    mkdir -p "$dir/bin" "$dir/tmp" "$dir/etc" "$dir/work"
+    cp /bin/busybox "$dir/bin/busybox"
+    for applet in $(/bin/busybox --list); do
+        [[ -e $dir/bin/$applet ]] || ln -s busybox "$dir/bin/$applet"
+    done
+    echo 'root:x:0:0:root:/root:/bin/sh' >"$dir/etc/passwd"
+    echo 'nobody:x:65534:65534:nobody:/:/bin/sh' >>"$dir/etc/passwd"
+    echo 'root:x:0:' >"$dir/etc/group"
+}
+
+build_images() {
+    if docker image inspect "$IMAGE" >/dev/null 2>&1 &&
+        curl -sf "http://$REGISTRY/v2/$BIG_IMAGE/manifests/1" -o /dev/null -H \
+            'Accept: application/vnd.docker.distribution.manifest.v2+json' &&
+        podman image exists "$IMAGE"; then
+        return
+    fi
+    log "building $IMAGE and $BIG_IMAGE from busybox-static"
+    local work
+    work=$(mktemp -d)
+    build_rootfs "$work/rootfs"
+    tar -C "$work/rootfs" -cf "$work/busybox.tar" .
+    # The ENTRYPOINT is deliberately wrong for jobs: the runtime must replace it.
+    local changes=(--change 'ENTRYPOINT ["/bin/echo", "image-entrypoint-was-not-replaced"]'
+        --change 'CMD []' --change 'WORKDIR /')
+    docker import "${changes[@]}" "$work/busybox.tar" "$IMAGE" >/dev/null
+    # The big image adds incompressible bytes, so a throttled pull takes a while.
+    head -c $((8 * 1024 * 1024)) /dev/urandom >"$work/rootfs/ballast"
+    tar -C "$work/rootfs" -cf "$work/big.tar" .
+    docker import "${changes[@]}" "$work/big.tar" "$BIG_IMAGE" >/dev/null
+    for image in "$IMAGE" "$BIG_IMAGE"; do
+        docker tag "$image" "$REGISTRY/$image"
+        docker push -q "$REGISTRY/$image" >/dev/null
+    done
+    # The big image lives in the registry only: pulling it must really download.
+    docker rmi "$BIG_IMAGE" "$REGISTRY/$BIG_IMAGE" >/dev/null
+    podman import --change 'ENTRYPOINT ["/bin/echo", "image-entrypoint-was-not-replaced"]' \
+        "$work/busybox.tar" "$IMAGE" >/dev/null
+    rm -rf "$work"
+}
+
+up() {
+    [[ $(id -u) == 0 ]] || { log "run me as root"; exit 1; }
+    mkdir -p "$DEV_ROOT" "$RUN_DIR" "$LOG_DIR"
+    install_packages
+    start_registry
+    start_docker
+    start_podman
+    build_images
+    cat <<EOF
+docker:   DOCKER_HOST=unix://$DOCKER_SOCK
+podman:   TUNEPLANE_PODMAN_URL=unix://$PODMAN_SOCK
+registry: http://$REGISTRY (images: $REGISTRY/$IMAGE, $REGISTRY/$BIG_IMAGE)
+logs:     $LOG_DIR
+EOF
+}
+
+down() {
+    [[ -f $RUN_DIR/docker.pid ]] && kill "$(cat "$RUN_DIR/docker.pid")" 2>/dev/null || true
+    pkill -f "podman system service --time=0 unix://$PODMAN_SOCK" || true
+    pkill -f "docker-registry serve $DEV_ROOT/registry.yml" || true
+}
+
+case ${1:-up} in
+up) up ;;
+down) down ;;
+*) echo "usage: $0 [up|down]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,109 @@
+"""Fixtures shared by every test: engines, runtimes that clean up, no leaked tasks."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tests.engines import docker_host, engine_missing, podman_url
+from tests.proxy import ThrottlingProxy
+from tuneplane_node.runtime.base import ContainerRuntime
+from tuneplane_node.runtime.docker import DockerRuntime
+from tuneplane_node.runtime.podman import PodmanRuntime
+from tuneplane_node.settings import NodeSettings
+
+
+def engine_settings(engine: str, **overrides: object) -> NodeSettings:
+    base: dict[str, object] = {
+        "local_runtime": engine,
+        "docker_host": docker_host(),
+        "podman_url": podman_url(),
+        "local_api_timeout": 30,
+        "runtime_threads": 8,
+    }
+    base.update(overrides)
+    return NodeSettings(**base)  # type: ignore[arg-type]
+
+
+class TrackingRuntime:
+    """Wraps a real runtime and force-removes every container a test made through it."""
+
+    def __init__(self, runtime: ContainerRuntime) -> None:
+        self.inner = runtime
+        self.made: list[str] = []
+
+    def __getattr__(self, item: str) -> object:
+        return getattr(self.inner, item)
+
+    async def run(self, spec):  # type: ignore[no-untyped-def]
+        self.made.append(spec.name)
+        return await self.inner.run(spec)
+
+    async def cleanup(self) -> None:
+        for name in self.made:
+            await self.inner.remove(name)
+
+
+async def open_runtime(engine: str, **overrides: object) -> ContainerRuntime:
+    settings = engine_settings(engine, **overrides)
+    runtime: ContainerRuntime = (
+        DockerRuntime(settings) if engine == "docker" else PodmanRuntime(settings)
+    )
+    health = await runtime.health()
+    if not health.ok:
+        await runtime.close()
+        engine_missing(engine, health.error or "no answer")
+    return runtime
+
+
+@pytest.fixture(params=["docker", "podman"])
+async def runtime(request: pytest.FixtureRequest) -> AsyncIterator[TrackingRuntime]:
+    inner = await open_runtime(request.param)
+    tracking = TrackingRuntime(inner)
+    yield tracking
+    await tracking.cleanup()
+    await inner.close()
+
+
+@pytest.fixture
+async def docker_runtime() -> AsyncIterator[TrackingRuntime]:
+    inner = await open_runtime("docker")
+    tracking = TrackingRuntime(inner)
+    yield tracking
+    await tracking.cleanup()
+    await inner.close()
+
+
+@pytest.fixture
+async def proxy() -> AsyncIterator[ThrottlingProxy]:
+    server = await ThrottlingProxy().start()
+    yield server
+    await server.close()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        function = getattr(item, "function", None)
+        if function is not None and asyncio.iscoroutinefunction(function):
+            item.add_marker(pytest.mark.usefixtures("no_leaked_tasks"))
+
+
+@pytest.fixture
+async def no_leaked_tasks() -> AsyncIterator[None]:
+    """Fail a test that leaves a background task running (kopf's discipline)."""
+    before = asyncio.all_tasks()
+    yield
+    await asyncio.sleep(0)
+    leaked = [
+        task
+        for task in asyncio.all_tasks() - before
+        if not task.done() and task is not asyncio.current_task()
+    ]
+    for _ in range(20):
+        if not leaked:
+            break
+        await asyncio.sleep(0.05)
+        leaked = [task for task in leaked if not task.done()]
+    assert not leaked, f"test left tasks running: {leaked}"

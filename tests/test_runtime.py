@@ -1,0 +1,325 @@
+"""Every runtime verb against the real Docker engine AND the real podman service."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from pathlib import Path
+
+import docker
+import podman
+import pytest
+
+from tests.conftest import TrackingRuntime, engine_settings
+from tests.engines import BIG_IMAGE, IMAGE, REGISTRY, unique
+from tests.proxy import ThrottlingProxy
+from tuneplane_node.errors import RuntimeFailure, RuntimeUnavailable
+from tuneplane_node.runtime import docker as docker_runtime_module
+from tuneplane_node.runtime import podman as podman_runtime_module
+from tuneplane_node.runtime.base import (
+    LABEL_RUN_ID,
+    ContainerSpec,
+    ContainerState,
+    Mount,
+    container_name,
+)
+from tuneplane_node.runtime.docker import DockerRuntime
+from tuneplane_node.runtime.podman import PodmanRuntime
+
+
+def job(command: list[str], **fields: object) -> ContainerSpec:
+    run_id = unique("rt")
+    labels = {LABEL_RUN_ID: run_id, **fields.pop("labels", {})}  # type: ignore[dict-item]
+    return ContainerSpec(
+        name=container_name(run_id),
+        image=IMAGE,
+        command=tuple(command),
+        labels=labels,
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+async def wait_status(
+    runtime: TrackingRuntime, name: str, wanted: str, timeout: float = 20
+) -> ContainerState:
+    deadline = time.monotonic() + timeout
+    while True:
+        state = await runtime.inspect(name)
+        if state.status == wanted or time.monotonic() > deadline:
+            return state
+        await asyncio.sleep(0.1)
+
+
+async def forget_image(runtime: TrackingRuntime, image: str) -> None:
+    """Make sure the engine does not have the image, so a pull really downloads."""
+    inner = runtime.inner
+    if isinstance(inner, DockerRuntime):
+        with contextlib.suppress(docker.errors.NotFound):
+            await inner.pool.call(inner.api.remove_image, image, force=True)
+    elif isinstance(inner, PodmanRuntime):
+        try:
+            await inner.pool.call(inner.client.images.remove, image, force=True)
+        except podman.errors.APIError as exc:
+            if exc.status_code != 404:
+                raise
+
+
+async def test_run_passes_env_labels_mounts_workdir_and_replaces_entrypoint(
+    runtime: TrackingRuntime, tmp_path: Path
+) -> None:
+    (tmp_path / "in.txt").write_text("from-the-host\n")
+    spec = job(
+        ["/bin/sh", "-c", 'echo "foo=$FOO"; pwd; cat /data/in.txt; touch /data/x || echo ro'],
+        env={"FOO": "bar baz"},
+        labels={"tuneplane.user": "alice"},
+        mounts=(Mount(str(tmp_path), "/data", True),),
+        workdir="/tmp",
+    )
+    container_id = await runtime.run(spec)
+    state = await wait_status(runtime, spec.name, "exited")
+    logs = await runtime.logs(spec.name, 100)
+
+    assert len(container_id) == 64
+    assert state.exit_code == 0
+    assert "foo=bar baz" in logs
+    assert "\n" in logs and "/tmp" in logs
+    assert "from-the-host" in logs
+    assert "ro" in logs.split()  # the read-only mount refused the write
+    assert "image-entrypoint-was-not-replaced" not in logs
+    assert state.labels["tuneplane.user"] == "alice"
+    assert state.run_id == spec.labels[LABEL_RUN_ID]
+    assert not (tmp_path / "x").exists()
+
+
+async def test_job_exit_code_and_times_are_reported(runtime: TrackingRuntime) -> None:
+    spec = job(["/bin/sh", "-c", "exit 3"])
+    await runtime.run(spec)
+    state = await wait_status(runtime, spec.name, "exited")
+
+    assert (state.status, state.exit_code, state.oom_killed) == ("exited", 3, False)
+    assert state.started_at and state.finished_at and state.created_at
+    assert not state.never_started
+
+
+async def test_running_job_has_no_exit_code_and_gpu_label(runtime: TrackingRuntime) -> None:
+    spec = job(["/bin/sleep", "300"])
+    await runtime.run(spec)
+    state = await runtime.inspect(spec.name)
+
+    assert state.status == "running"
+    assert state.exit_code is None
+    assert state.gpus == ()
+    assert "tuneplane.gpus" in state.labels
+
+
+async def test_stop_sends_sigterm_first(runtime: TrackingRuntime) -> None:
+    spec = job(["/bin/sh", "-c", "trap 'exit 42' TERM; while true; do sleep 0.1; done"])
+    await runtime.run(spec)
+    await wait_status(runtime, spec.name, "running")
+    await asyncio.sleep(0.3)  # let the shell install its trap
+
+    await runtime.stop(spec.name, 10)
+    state = await runtime.inspect(spec.name)
+
+    assert state.status == "exited"
+    assert state.exit_code == 42
+
+
+async def test_stop_kills_a_job_that_ignores_sigterm(runtime: TrackingRuntime) -> None:
+    spec = job(["/bin/sh", "-c", "trap '' TERM; while true; do sleep 0.1; done"])
+    await runtime.run(spec)
+    await wait_status(runtime, spec.name, "running")
+    await asyncio.sleep(0.3)
+
+    started = time.monotonic()
+    await runtime.stop(spec.name, 1)
+    state = await runtime.inspect(spec.name)
+
+    assert state.status == "exited"
+    assert state.exit_code == 137
+    assert time.monotonic() - started < 15
+
+
+async def test_remove_deletes_the_container(runtime: TrackingRuntime) -> None:
+    spec = job(["/bin/sleep", "300"])
+    await runtime.run(spec)
+
+    await runtime.remove(spec.name)
+
+    assert not (await runtime.inspect(spec.name)).exists
+
+
+async def test_stop_and_remove_of_a_missing_container_succeed(runtime: TrackingRuntime) -> None:
+    name = container_name(unique("absent"))
+
+    await runtime.stop(name, 1)
+    await runtime.remove(name)
+
+    assert await runtime.inspect(name) == ContainerState.missing(name)
+
+
+async def test_logs_carry_timestamps_from_both_streams(runtime: TrackingRuntime) -> None:
+    spec = job(["/bin/sh", "-c", "echo to-stdout; echo to-stderr >&2"])
+    await runtime.run(spec)
+    await wait_status(runtime, spec.name, "exited")
+
+    lines = (await runtime.logs(spec.name, 10)).splitlines()
+
+    assert {line.split(" ", 1)[1] for line in lines} == {"to-stdout", "to-stderr"}
+    for line in lines:
+        assert line[:4].isdigit() and "T" in line.split(" ")[0]
+
+
+async def test_logs_tail_and_missing_container(runtime: TrackingRuntime) -> None:
+    spec = job(["/bin/sh", "-c", "for i in 1 2 3 4 5; do echo line$i; done"])
+    await runtime.run(spec)
+    await wait_status(runtime, spec.name, "exited")
+
+    tail = await runtime.logs(spec.name, 2)
+    missing = await runtime.logs(container_name(unique("absent")), 10)
+
+    assert [line.split(" ", 1)[1] for line in tail.splitlines()] == ["line4", "line5"]
+    assert "does not exist" in missing
+
+
+async def test_ps_lists_only_labelled_containers_exited_included(
+    runtime: TrackingRuntime,
+) -> None:
+    ours = job(["/bin/sh", "-c", "exit 0"])
+    foreign = ContainerSpec(name=unique("foreign"), image=IMAGE, command=("/bin/sleep", "300"))
+    await runtime.run(ours)
+    await runtime.run(foreign)
+    await wait_status(runtime, ours.name, "exited")
+
+    names = {state.name for state in await runtime.ps()}
+
+    assert ours.name in names
+    assert foreign.name not in names
+
+
+async def test_failed_start_leaves_no_container(runtime: TrackingRuntime) -> None:
+    spec = job(["/no/such/binary"])
+
+    with pytest.raises(RuntimeFailure):
+        await runtime.run(spec)
+
+    assert not (await runtime.inspect(spec.name)).exists
+
+
+async def test_image_exists(runtime: TrackingRuntime) -> None:
+    assert await runtime.image_exists(IMAGE)
+    assert not await runtime.image_exists(f"{REGISTRY}/tuneplane-test/none:1")
+
+
+async def test_pull_reports_progress_and_leaves_the_image(runtime: TrackingRuntime) -> None:
+    await forget_image(runtime, BIG_IMAGE)
+    seen: list[tuple[int, int, int, int]] = []
+
+    await runtime.pull(
+        BIG_IMAGE, timeout=120, stall_timeout=30, on_progress=lambda *p: seen.append(p)
+    )
+
+    assert await runtime.image_exists(BIG_IMAGE)
+    bytes_done, bytes_total, layers_done, layers_total = seen[-1]
+    assert layers_total >= 1 and layers_done == layers_total
+    if runtime.name == "docker":  # podman's compat stream reports layers, not bytes
+        assert bytes_total > 8_000_000 and bytes_done == bytes_total
+    await forget_image(runtime, BIG_IMAGE)
+
+
+async def test_pull_of_a_missing_image_fails_clearly(runtime: TrackingRuntime) -> None:
+    with pytest.raises(RuntimeFailure) as caught:
+        await runtime.pull(f"{REGISTRY}/tuneplane-test/none:1", timeout=60, stall_timeout=30)
+
+    assert "tuneplane-test/none" in str(caught.value)
+    assert "manifest unknown" in str(caught.value)
+
+
+async def test_cancelled_pull_returns_promptly_and_closes_the_stream(
+    runtime: TrackingRuntime, proxy: ThrottlingProxy
+) -> None:
+    proxy.rate = 100_000  # ~90 s for the big image
+    image = f"{proxy.address()}/tuneplane-test/big:1"
+    await forget_image(runtime, image)
+    task = asyncio.ensure_future(runtime.pull(image, timeout=300, stall_timeout=300))
+    while proxy.bytes_sent < 200_000:
+        await asyncio.sleep(0.05)
+
+    started = time.monotonic()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+    assert time.monotonic() - started < 1.0
+    assert not await runtime.image_exists(image)
+
+
+async def test_stalled_pull_is_abandoned_after_the_stall_timeout(
+    runtime: TrackingRuntime, proxy: ThrottlingProxy
+) -> None:
+    image = f"{proxy.address()}/tuneplane-test/big:1"
+    await forget_image(runtime, image)
+    proxy.rate = 100_000
+    proxy.pause()
+    started = time.monotonic()
+
+    with pytest.raises(RuntimeFailure) as caught:
+        await runtime.pull(image, timeout=300, stall_timeout=2)
+
+    assert "no progress for 2 s" in str(caught.value)
+    assert time.monotonic() - started < 10
+    proxy.resume()
+
+
+async def test_slow_pull_that_keeps_moving_is_not_killed(
+    runtime: TrackingRuntime, proxy: ThrottlingProxy
+) -> None:
+    if runtime.name == "podman":
+        pytest.skip("podman 4's compat stream sends no byte progress while a layer downloads")
+    image = f"{proxy.address()}/tuneplane-test/big:1"
+    await forget_image(runtime, image)
+    proxy.rate = 1_500_000  # ~6 s in all, far longer than the stall timeout
+
+    await runtime.pull(image, timeout=120, stall_timeout=2)
+
+    assert await runtime.image_exists(image)
+    await forget_image(runtime, image)
+
+
+@pytest.mark.parametrize("engine", ["docker", "podman"])
+async def test_unreachable_engine_raises_runtime_unavailable(engine: str, tmp_path: Path) -> None:
+    socket_path = f"unix://{tmp_path}/no-engine.sock"
+    settings = engine_settings(engine, docker_host=socket_path, podman_url=socket_path)
+    runtime = DockerRuntime(settings) if engine == "docker" else PodmanRuntime(settings)
+    try:
+        for call in (runtime.ps(), runtime.inspect("tuneplane-x"), runtime.stop("tuneplane-x", 1)):
+            with pytest.raises(RuntimeUnavailable):
+                await call
+        health = await runtime.health()
+    finally:
+        await runtime.close()
+
+    assert not health.ok
+    assert "unreachable" in (health.error or "")
+
+
+@pytest.mark.parametrize(
+    ("module", "errors"),
+    [(docker_runtime_module, docker.errors), (podman_runtime_module, podman.errors)],
+)
+def test_every_sdk_exception_is_translated(module: object, errors: object) -> None:
+    classes = {
+        value
+        for value in vars(errors).values()
+        if isinstance(value, type) and issubclass(value, BaseException)
+    }
+    assert classes
+    for cls in classes:
+        exc = cls.__new__(cls)
+        BaseException.__init__(exc, "boom")
+        for attribute in ("response", "explanation"):
+            if not hasattr(exc, attribute):
+                setattr(exc, attribute, None)
+        translated = module.translate(exc, action="test")  # type: ignore[attr-defined]
+        assert isinstance(translated, (RuntimeFailure, RuntimeUnavailable)), cls

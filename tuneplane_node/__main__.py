@@ -1,0 +1,3 @@
+from tuneplane_node.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,142 @@
+"""The errors the node raises, each with the HTTP status the daemon answers with.
+
+Every error carries its facts as fields and builds its own sentence; one middleware in
+`daemon/app.py` turns any of them into ``{"detail": <sentence>}``. Third-party SDK
+errors never travel past the module that imports the SDK: they are translated there
+into ``RuntimeUnavailable`` or ``RuntimeFailure`` with the cause chained.
+
+    NodeError (500: a bug, or an error nobody classified)
+    ├── ConfigError            a setting is wrong; the daemon does not start
+    ├── BadRequest (400)       the request cannot be read at all
+    │   └── MissingProtocol    no X-TunePlane-Node-Protocol header
+    ├── Unauthorized (401)     wrong or missing bearer token
+    ├── Conflict (409)         well-formed, but this node will not do it now
+    │   ├── ProtocolMismatch   console and node speak different wire versions
+    │   └── NoCapacity         not enough GPUs free for the job
+    ├── InvalidField (422)     a field is missing or has a bad value; names the field
+    ├── PayloadTooLarge (413)  body over the limit
+    └── EngineError ...........   (abstract) the container engine
+        ├── RuntimeUnavailable (503)  the engine did not answer: facts are unknown
+        └── RuntimeFailure (502)      the engine answered and refused; its own message
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+
+class NodeError(Exception):
+    """Base of every error the node raises on purpose."""
+
+    status = 500
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class ConfigError(NodeError):
+    """A setting has a bad value; raised at start-up, naming the variable."""
+
+
+class BadRequest(NodeError):
+    status = 400
+
+
+class MissingProtocol(BadRequest):
+    def __init__(self, *, header: str, node: int) -> None:
+        super().__init__(f"missing {header} header; this node speaks protocol {node}")
+        self.header = header
+        self.node = node
+
+
+class Unauthorized(NodeError):
+    status = 401
+
+    def __init__(self) -> None:
+        super().__init__("invalid node token")
+
+
+class Conflict(NodeError):
+    status = 409
+
+
+class ProtocolMismatch(Conflict):
+    def __init__(self, *, console: str, node: int) -> None:
+        super().__init__(f"wire protocol mismatch: console={console}, node={node}")
+        self.console = console
+        self.node = node
+
+
+class NoCapacity(Conflict):
+    """Not enough GPUs: says what was asked and where every card is."""
+
+    def __init__(
+        self,
+        *,
+        requested: int,
+        free: Sequence[int],
+        held: Mapping[int, str],
+        reserved: int = 0,
+        external: Sequence[int] = (),
+        unhealthy: Mapping[int, str] | None = None,
+    ) -> None:
+        unhealthy = dict(unhealthy or {})
+        parts = [f"{len(free)} free {list(free)}", f"{len(held)} held by jobs"]
+        if reserved:
+            parts.append(f"{reserved} reserved for pending launches")
+        if external:
+            parts.append(f"{len(external)} used by processes outside the node {list(external)}")
+        if unhealthy:
+            parts.append(f"{len(unhealthy)} unhealthy {sorted(unhealthy)}")
+        super().__init__(f"not enough GPUs: asked for {requested}; " + ", ".join(parts))
+        self.requested = requested
+        self.free = list(free)
+        self.held = dict(held)
+        self.reserved = reserved
+        self.external = list(external)
+        self.unhealthy = unhealthy
+
+
+class InvalidField(NodeError):
+    status = 422
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+
+class PayloadTooLarge(NodeError):
+    status = 413
+
+    def __init__(self, *, limit: int) -> None:
+        super().__init__(f"request body is larger than {limit} bytes")
+        self.limit = limit
+
+
+class EngineError(NodeError):
+    """Something about the container engine."""
+
+
+class RuntimeUnavailable(EngineError):
+    """The engine did not answer. Nothing is known, so nothing may be reported gone."""
+
+    status = 503
+
+    def __init__(self, *, engine: str, reason: str) -> None:
+        super().__init__(f"engine unreachable: {engine}: {reason}")
+        self.engine = engine
+        self.reason = reason
+
+
+class RuntimeFailure(EngineError):
+    """The engine answered and refused the call; carries the engine's own message."""
+
+    status = 502
+
+    def __init__(self, *, engine: str, action: str, reason: str) -> None:
+        super().__init__(f"{engine} refused to {action}: {reason}")
+        self.engine = engine
+        self.action = action
+        self.reason = reason

@@ -1,0 +1,60 @@
+"""The container runtimes and the choice between them.
+
+`detect_runtime` never falls back to the process runtime on its own: jobs started under
+one runtime are invisible to another, so guessing would orphan them.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from tuneplane_node.errors import ConfigError
+from tuneplane_node.runtime.base import ContainerRuntime
+from tuneplane_node.settings import NodeSettings
+
+log = logging.getLogger(__name__)
+
+
+def make_runtime(settings: NodeSettings, kind: str) -> ContainerRuntime:
+    """The runtime of that kind, built without asking its engine anything."""
+    if kind == "docker":
+        from tuneplane_node.runtime.docker import DockerRuntime
+
+        return DockerRuntime(settings)
+    if kind == "podman":
+        from tuneplane_node.runtime.podman import PodmanRuntime
+
+        return PodmanRuntime(settings)
+    if kind == "process":
+        from tuneplane_node.runtime.process import ProcessRuntime
+
+        log.warning("process runtime: jobs run as bare processes; development machines only")
+        return ProcessRuntime(settings)
+    raise ConfigError(f"TUNEPLANE_LOCAL_RUNTIME: unknown runtime {kind!r}")
+
+
+async def detect_runtime(settings: NodeSettings) -> ContainerRuntime:
+    """The configured runtime; ``auto`` takes docker, then podman, whichever answers.
+
+    An explicitly chosen engine is returned even while it is down: the daemon then answers
+    503 until it comes back, which is true, instead of refusing to start.
+    """
+    if settings.local_runtime != "auto":
+        return make_runtime(settings, settings.local_runtime)
+    tried = []
+    for kind, address in (
+        ("docker", settings.docker_host or "DOCKER_HOST or the default socket"),
+        ("podman", settings.podman_url),
+    ):
+        runtime = make_runtime(settings, kind)
+        health = await runtime.health()
+        if health.ok:
+            log.info("runtime: %s %s at %s", kind, health.version, address)
+            return runtime
+        await runtime.close()
+        tried.append(f"{kind} at {address}: {health.error}")
+    raise ConfigError(
+        "no container engine answered (" + "; ".join(tried) + "). Start docker or podman, "
+        "set TUNEPLANE_DOCKER_HOST / TUNEPLANE_PODMAN_URL, or on a development machine set "
+        "TUNEPLANE_LOCAL_RUNTIME=process explicitly"
+    )

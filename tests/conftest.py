@@ -69,7 +69,7 @@ async def runtime(request: pytest.FixtureRequest) -> AsyncIterator[TrackingRunti
 
 @pytest.fixture
 async def docker_runtime() -> AsyncIterator[TrackingRuntime]:
-    inner = await open_runtime("docker")
+    inner = await open_runtime("docker", local_gpu_passthrough=False)
     tracking = TrackingRuntime(inner)
     yield tracking
     await tracking.cleanup()
@@ -107,3 +107,37 @@ async def no_leaked_tasks() -> AsyncIterator[None]:
         await asyncio.sleep(0.05)
         leaked = [task for task in leaked if not task.done()]
     assert not leaked, f"test left tasks running: {leaked}"
+
+
+@pytest.fixture
+async def make_node(aiohttp_client, tmp_path):  # type: ignore[no-untyped-def]
+    """Build daemons on a real engine, reachable over a socket; clean up their jobs."""
+    from tests.console import TOKEN, Console
+    from tuneplane_node.daemon.app import create_node_app
+    from tuneplane_node.gpu.allocator import GpuAllocator
+    from tuneplane_node.gpu.probe import NoDriverProbe, make_probe
+
+    made: list[TrackingRuntime] = []
+
+    async def make(engine: str = "docker", *, runtime=None, **overrides):  # type: ignore[no-untyped-def]
+        options = {
+            "node_token": TOKEN,
+            "local_gpu_passthrough": False,  # no GPU here: label the cards, hand none over
+            "local_gpu_count": 4,
+            "storage_root": tmp_path,
+            "node_state_dir": tmp_path / "state",
+            **overrides,
+        }
+        settings = engine_settings(engine, **options)
+        if runtime is None:
+            runtime = TrackingRuntime(await open_runtime(engine, **options))
+            made.append(runtime)
+        probe = make_probe(settings) if settings.gpu_simulation_file else NoDriverProbe("test")
+        allocator = GpuAllocator(runtime, settings, probe=probe)
+        app = create_node_app(settings, runtime=runtime, allocator=allocator)
+        return Console(await aiohttp_client(app))
+
+    yield make
+    for runtime in made:
+        await runtime.cleanup()
+        await runtime.inner.close()

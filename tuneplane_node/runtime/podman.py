@@ -260,4 +260,4 @@ class PodmanRuntime:
 
     async def close(self) -> None:
         self.pool.close()
-        self.client.close()
+        self.client.close()  # type: ignore[no-untyped-call]  # podman-py is untyped here

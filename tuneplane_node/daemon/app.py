@@ -1,0 +1,128 @@
+"""create_node_app(): the aiohttp application, its middlewares and its lifecycle.
+
+Fail closed: no token, no app. Every ``/node/v1/*`` request needs the bearer token and
+the protocol header; every error leaves as ``{"detail": <sentence>}`` with its status.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import AsyncIterator, Callable
+
+from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
+
+from tuneplane_node import inventory
+from tuneplane_node.daemon.launches import Launches
+from tuneplane_node.daemon.routes import routes
+from tuneplane_node.daemon.state import ALLOCATOR, LAUNCHES, RUNTIME, SETTINGS
+from tuneplane_node.errors import (
+    ConfigError,
+    MissingProtocol,
+    NodeError,
+    PayloadTooLarge,
+    ProtocolMismatch,
+    Unauthorized,
+)
+from tuneplane_node.gpu.allocator import GpuAllocator
+from tuneplane_node.runtime import detect_runtime
+from tuneplane_node.runtime.base import ContainerRuntime
+from tuneplane_node.settings import NodeSettings
+from tuneplane_node.wire import MAX_BODY_BYTES, PROTOCOL, PROTOCOL_HEADER
+
+log = logging.getLogger(__name__)
+API_PREFIX = "/node/v1/"
+
+
+def error_response(status: int, detail: str) -> web.Response:
+    return web.json_response({"detail": detail}, status=status)
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The one place errors become HTTP: NodeError by its status, anything else a 500."""
+    try:
+        return await handler(request)
+    except NodeError as exc:
+        if exc.status >= 500:
+            log.warning("%s %s: %s", request.method, request.path, exc.message)
+        return error_response(exc.status, exc.message)
+    except web.HTTPRequestEntityTooLarge:
+        return error_response(413, PayloadTooLarge(limit=MAX_BODY_BYTES).message)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return error_response(exc.status, exc.reason)
+    except Exception as exc:
+        log.exception("%s %s failed on a bug", request.method, request.path)
+        return error_response(500, f"internal error: {type(exc).__name__}")
+
+
+def guard_middleware(token: str) -> Middleware:
+    expected = f"Bearer {token}".encode()
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path.startswith(API_PREFIX):
+            given = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                raise Unauthorized()
+            check_protocol(request.headers.get(PROTOCOL_HEADER))
+        return await handler(request)
+
+    return guard
+
+
+def check_protocol(value: str | None) -> None:
+    if value is None or not value.strip():
+        raise MissingProtocol(header=PROTOCOL_HEADER, node=PROTOCOL)
+    if value.strip() != str(PROTOCOL):
+        raise ProtocolMismatch(console=value.strip(), node=PROTOCOL)
+
+
+def require_token(settings: NodeSettings) -> str:
+    if not settings.node_token:
+        raise ConfigError(
+            "TUNEPLANE_NODE_TOKEN is not set: the node refuses to start without a token"
+        )
+    return settings.node_token
+
+
+def create_node_app(
+    settings: NodeSettings,
+    *,
+    runtime: ContainerRuntime | None = None,
+    allocator: GpuAllocator | None = None,
+) -> web.Application:
+    """The daemon. A runtime or allocator passed in is the caller's to close."""
+    token = require_token(settings)
+    app = web.Application(
+        middlewares=[errors_middleware, guard_middleware(token)],
+        client_max_size=MAX_BODY_BYTES,
+    )
+    app[SETTINGS] = settings
+    app.add_routes(routes)
+    app.cleanup_ctx.append(_lifecycle(runtime, allocator))
+    return app
+
+
+def _lifecycle(
+    given_runtime: ContainerRuntime | None, given_allocator: GpuAllocator | None
+) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        settings = app[SETTINGS]
+        inventory.check_fabrics(settings.fabrics)
+        runtime = given_runtime or await detect_runtime(settings)
+        allocator = given_allocator or GpuAllocator(runtime, settings)
+        app[RUNTIME], app[ALLOCATOR] = runtime, allocator
+        app[LAUNCHES] = Launches(runtime, allocator, settings)
+        log.info("node ready: runtime %s, protocol %s", runtime.name, PROTOCOL)
+        yield
+        await app[LAUNCHES].close()  # background pulls are cancelled, not orphaned
+        if given_allocator is None:
+            allocator.close()
+        if given_runtime is None:
+            await runtime.close()
+
+    return lifecycle

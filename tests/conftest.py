@@ -10,6 +10,7 @@ import pytest
 from tests.engines import docker_host, engine_missing, podman_url
 from tests.proxy import ThrottlingProxy
 from tuneplane_node.runtime.base import ContainerRuntime
+from tuneplane_node.runtime.cache import CachedRuntime
 from tuneplane_node.runtime.docker import DockerRuntime
 from tuneplane_node.runtime.podman import PodmanRuntime
 from tuneplane_node.settings import NodeSettings
@@ -118,6 +119,7 @@ async def make_node(aiohttp_client, tmp_path):  # type: ignore[no-untyped-def]
     from tuneplane_node.gpu.probe import NoDriverProbe, make_probe
 
     made: list[TrackingRuntime] = []
+    caches: list[CachedRuntime] = []
 
     async def make(engine: str = "docker", *, runtime=None, **overrides):  # type: ignore[no-untyped-def]
         options = {
@@ -132,12 +134,22 @@ async def make_node(aiohttp_client, tmp_path):  # type: ignore[no-untyped-def]
         if runtime is None:
             runtime = TrackingRuntime(await open_runtime(engine, **options))
             made.append(runtime)
+        if not isinstance(runtime.inner, CachedRuntime):
+            # The daemon reads states from the event-fed cache, as in production.
+            cached = CachedRuntime(runtime, relist_s=settings.state_relist_s, sync_timeout=10)
+            await cached.start()
+            caches.append(cached)
+            tracking = TrackingRuntime(cached)
+            tracking.made = runtime.made
+            runtime = tracking
         probe = make_probe(settings) if settings.gpu_simulation_file else NoDriverProbe("test")
         allocator = GpuAllocator(runtime, settings, probe=probe)
         app = create_node_app(settings, runtime=runtime, allocator=allocator)
         return Console(await aiohttp_client(app))
 
     yield make
+    for cached in caches:
+        await cached.cache.close()  # the engine runtime under it is closed below
     for runtime in made:
         await runtime.cleanup()
         await runtime.inner.close()

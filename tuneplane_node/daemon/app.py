@@ -28,6 +28,7 @@ from tuneplane_node.errors import (
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.runtime import detect_runtime
 from tuneplane_node.runtime.base import ContainerRuntime
+from tuneplane_node.runtime.cache import CachedRuntime
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.wire import MAX_BODY_BYTES, PROTOCOL, PROTOCOL_HEADER
 
@@ -114,6 +115,8 @@ def _lifecycle(
         settings = app[SETTINGS]
         inventory.check_fabrics(settings.fabrics)
         runtime = given_runtime or await detect_runtime(settings)
+        if given_runtime is None and isinstance(runtime, CachedRuntime):
+            await runtime.start()  # the cache is filled before the first request
         allocator = given_allocator or GpuAllocator(runtime, settings)
         app[RUNTIME], app[ALLOCATOR] = runtime, allocator
         app[LAUNCHES] = Launches(runtime, allocator, settings)

@@ -16,6 +16,7 @@ from tuneplane_node.daemon.state import ALLOCATOR, LAUNCHES, RUNTIME, SETTINGS
 from tuneplane_node.errors import BadRequest, NodeError
 from tuneplane_node.gpu.allocator import Occupancy
 from tuneplane_node.runtime.base import ContainerState, parse_time
+from tuneplane_node.runtime.cache import StateCache
 from tuneplane_node.wire import (
     PROTOCOL,
     parse_launch,
@@ -152,6 +153,9 @@ async def health(request: web.Request) -> web.Response:
         "disk": await asyncio.to_thread(disk, settings.storage),
         "pending_pulls": app[LAUNCHES].summary(),
     }
+    cache = getattr(app[RUNTIME], "cache", None)
+    if isinstance(cache, StateCache):
+        answer["state_cache"] = cache.status()
     occupancy: Occupancy | None = None
     if engine.ok:
         try:

@@ -10,27 +10,37 @@ import logging
 
 from tuneplane_node.errors import ConfigError
 from tuneplane_node.runtime.base import ContainerRuntime
+from tuneplane_node.runtime.cache import CachedRuntime, EngineFeed
 from tuneplane_node.settings import NodeSettings
 
 log = logging.getLogger(__name__)
 
 
 def make_runtime(settings: NodeSettings, kind: str) -> ContainerRuntime:
-    """The runtime of that kind, built without asking its engine anything."""
+    """The runtime of that kind, built without asking its engine anything.
+
+    Engine runtimes come behind the state cache; call ``start()`` before serving.
+    """
     if kind == "docker":
         from tuneplane_node.runtime.docker import DockerRuntime
 
-        return DockerRuntime(settings)
+        return cached(DockerRuntime(settings), settings)
     if kind == "podman":
         from tuneplane_node.runtime.podman import PodmanRuntime
 
-        return PodmanRuntime(settings)
+        return cached(PodmanRuntime(settings), settings)
     if kind == "process":
         from tuneplane_node.runtime.process import ProcessRuntime
 
         log.warning("process runtime: jobs run as bare processes; development machines only")
         return ProcessRuntime(settings)
     raise ConfigError(f"TUNEPLANE_LOCAL_RUNTIME: unknown runtime {kind!r}")
+
+
+def cached(feed: EngineFeed, settings: NodeSettings) -> CachedRuntime:
+    return CachedRuntime(
+        feed, relist_s=settings.state_relist_s, sync_timeout=settings.local_api_timeout
+    )
 
 
 async def detect_runtime(settings: NodeSettings) -> ContainerRuntime:

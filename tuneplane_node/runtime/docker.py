@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import docker
@@ -33,6 +33,7 @@ from tuneplane_node.runtime.base import (
     parse_time,
     pull_params,
 )
+from tuneplane_node.runtime.cache import Brief, brief_from_list
 from tuneplane_node.settings import NodeSettings
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,9 @@ def describe(exc: BaseException) -> str:
         return f"{type(exc).__name__}: {exc}"
     except Exception:
         return type(exc).__name__
+
+
+_OURS = {"label": [LABEL_RUN_ID]}
 
 
 def state_from_inspect(data: Mapping[str, Any]) -> ContainerState:
@@ -217,10 +221,35 @@ class DockerRuntime:
         return await self._call("list containers", self._ps)
 
     def _ps(self) -> list[ContainerState]:
-        listed = self.api.containers(all=True, filters={"label": LABEL_RUN_ID})
+        listed = self.api.containers(all=True, filters=_OURS)
         states = (self._inspect(entry["Id"]) for entry in listed)
         # A container removed between the list and its inspect is simply gone.
         return [state for state in states if state.exists]
+
+    # --- the state cache's feed (blocking: called on the pool or the event thread) ---
+
+    def list_brief(self) -> list[Brief]:
+        listed = self._guarded("list containers", self.api.containers, all=True, filters=_OURS)
+        return [brief_from_list(entry) for entry in listed]
+
+    def inspect_now(self, ref: str) -> ContainerState:
+        return self._guarded(f"inspect {ref}", self._inspect, ref)
+
+    def open_events(self) -> tuple[Iterator[tuple[str, str]], Callable[[], None]]:
+        stream = self._guarded(
+            "stream events", self.api.events, decode=True, filters={"type": "container", **_OURS}
+        )
+        return self._event_pairs(stream), stream.close
+
+    def _event_pairs(self, stream: Iterable[Mapping[str, Any]]) -> Iterator[tuple[str, str]]:
+        try:
+            for event in stream:
+                yield (
+                    str(event.get("id") or event.get("Actor", {}).get("ID")),
+                    str(event.get("Action") or event.get("status", "")),
+                )
+        except Exception as exc:
+            raise translate(exc, action="stream events") from exc
 
     async def health(self) -> RuntimeHealth:
         try:

@@ -27,12 +27,14 @@ from tuneplane_node.runtime.base import (
     ContainerState,
     ProgressCallback,
     RuntimeHealth,
+    close_http_stream,
     drive_pull,
     format_gpus,
     iso,
     parse_time,
     pull_params,
 )
+from tuneplane_node.runtime.cache import Brief, brief_from_list
 from tuneplane_node.settings import NodeSettings
 
 log = logging.getLogger(__name__)
@@ -40,6 +42,7 @@ T = TypeVar("T")
 ENGINE = "podman"
 CPU_PERIOD_US = 100_000
 # libpod's own words for the states docker calls created and exited.
+_OURS = {"label": [LABEL_RUN_ID]}
 _STATUS = {"configured": "created", "initialized": "created", "stopped": "exited"}
 _UNREACHABLE = (requests.exceptions.ConnectionError, requests.exceptions.Timeout, OSError)
 
@@ -102,6 +105,9 @@ class PodmanRuntime:
             max_pool_size=settings.runtime_threads,
         )
         self.api = self.client.api
+        # A stream waits for the engine as long as it takes (deadlines are ours); podman-py
+        # reads None as "the client default", so say it with a (connect, read) pair.
+        self._streaming = (settings.local_api_timeout, None)
 
     async def _call(self, action: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return await self.pool.call(self._guarded, action, fn, *args, **kwargs)
@@ -209,6 +215,44 @@ class PodmanRuntime:
         states = (self._inspect(str(container.id)) for container in listed)
         return [state for state in states if state.exists]
 
+    # --- the state cache's feed (blocking: called on the pool or the event thread) ---
+    # The docker-compatible endpoints: their list and event shapes are docker's.
+
+    def list_brief(self) -> list[Brief]:
+        return self._guarded("list containers", self._list_brief)
+
+    def _list_brief(self) -> list[Brief]:
+        params = {"all": "true", "filters": json.dumps(_OURS)}
+        response = self.api.get("/containers/json", params=params, compatible=True)
+        response.raise_for_status()
+        return [brief_from_list(entry) for entry in response.json()]
+
+    def inspect_now(self, ref: str) -> ContainerState:
+        return self._guarded(f"inspect {ref}", self._inspect, ref)
+
+    def open_events(self) -> tuple[Iterator[tuple[str, str]], Callable[[], None]]:
+        return self._guarded("stream events", self._open_events)
+
+    def _open_events(self) -> tuple[Iterator[tuple[str, str]], Callable[[], None]]:
+        # podman 4 ignores a bare label key in an event filter: filter on our side.
+        params = {"filters": json.dumps({"type": ["container"]})}
+        response = self.api.get(
+            "/events", params=params, stream=True, timeout=self._streaming, compatible=True
+        )
+        response.raise_for_status()
+        return self._event_pairs(response), lambda: close_http_stream(response)
+
+    def _event_pairs(self, response: Any) -> Iterator[tuple[str, str]]:
+        try:
+            for line in response.iter_lines():
+                if line:
+                    event = json.loads(line)
+                    actor = event.get("Actor") or {}
+                    if LABEL_RUN_ID in (actor.get("Attributes") or {}):
+                        yield str(event.get("id") or actor.get("ID")), str(event.get("Action", ""))
+        except Exception as exc:
+            raise translate(exc, action="stream events") from exc
+
     async def health(self) -> RuntimeHealth:
         try:
             version = await self._call("report its version", self.client.version)
@@ -245,7 +289,11 @@ class PodmanRuntime:
         # The docker-compatible endpoint reports per-layer progress; libpod's own pull
         # (before podman 5) reports bare text lines only.
         response = self.api.post(
-            "/images/create", params=pull_params(image), stream=True, timeout=None, compatible=True
+            "/images/create",
+            params=pull_params(image),
+            stream=True,
+            timeout=self._streaming,
+            compatible=True,
         )
         response.raise_for_status()
         return self._messages(response, image), response

@@ -15,6 +15,7 @@ from tuneplane_node import inventory
 from tuneplane_node.daemon.state import ALLOCATOR, LAUNCHES, RUNTIME, SETTINGS
 from tuneplane_node.errors import BadRequest, NodeError
 from tuneplane_node.gpu.allocator import Occupancy
+from tuneplane_node.gpu.probe import CardFacts
 from tuneplane_node.runtime.base import ContainerState, parse_time
 from tuneplane_node.runtime.cache import StateCache
 from tuneplane_node.wire import (
@@ -165,6 +166,7 @@ async def health(request: web.Request) -> web.Response:
     else:
         answer["error"] = engine.error
     answer.update(gpu_fields(occupancy))
+    answer["gpu_probe"] = gpu_probe(occupancy)
     return web.json_response(answer)
 
 
@@ -187,7 +189,7 @@ def gpu_fields(occupancy: Occupancy | None) -> dict[str, Any]:
     if occupancy is None:
         return dict.fromkeys(GPU_FIELDS)
     return {
-        "gpus_total": occupancy.total,
+        "gpus_total": occupancy.total if occupancy.known else None,
         "gpus_free": occupancy.available,
         "gpus_reserved": occupancy.reserved_total,
         "free_gpus": list(occupancy.free),
@@ -201,13 +203,21 @@ def gpu_fields(occupancy: Occupancy | None) -> dict[str, Any]:
 
 
 def gpu_detail(occupancy: Occupancy) -> list[dict[str, Any]]:
-    facts = {
-        card.index: card.to_json() for card in (occupancy.gpus.cards if occupancy.gpus else ())
-    }
+    """Per card: the driver's facts (null where it said nothing) and where the card is."""
+    cards = occupancy.gpus.cards if occupancy.gpus else ()
+    facts = {card.index: card.to_json() for card in cards}
     return [
-        {**facts.get(index, {"index": index}), "state": occupancy.card_state(index)}
+        {**facts.get(index, CardFacts(index).to_json()), "state": occupancy.card_state(index)}
         for index in range(occupancy.total)
     ]
+
+
+def gpu_probe(occupancy: Occupancy | None) -> dict[str, Any] | None:
+    """Where the GPU facts come from, and why they are missing when they are."""
+    if occupancy is None or occupancy.gpus is None:
+        return None
+    gpus = occupancy.gpus
+    return {"source": gpus.source, "ok": gpus.ok, "error": gpus.error}
 
 
 def disk(path: Path) -> dict[str, Any] | None:

@@ -28,6 +28,7 @@ class Occupancy:
     """Where every card is, at one moment. Unhealthy and external cards are never free."""
 
     total: int
+    known: bool  # False: no count configured and no driver answer, so total is unknown
     free: tuple[int, ...]
     by_job: Mapping[int, str]
     external: Mapping[int, tuple[int, ...]]
@@ -101,38 +102,51 @@ class GpuAllocator:
         return self.occupancy_from(states, await self.snapshot())
 
     def occupancy_from(self, states: Sequence[ContainerState], gpus: GpuSnapshot) -> Occupancy:
-        total = self.card_count(gpus)
+        count = self.card_count(gpus)
+        total = count or 0
         live = [state for state in states if state.live and state.run_id]
         by_job = {gpu: state.run_id or "" for state in live for gpu in state.gpus if gpu < total}
-        unhealthy = {card.index: card.unhealthy for card in gpus.cards if card.unhealthy}
-        external, probe_ok = self._external(gpus, {state.id for state in live if state.id})
+        holders = {gpu: state.id for state in live for gpu in state.gpus if state.id}
+        unhealthy = {c.index: c.unhealthy for c in gpus.cards if c.unhealthy and c.index < total}
+        external, probe_ok = self._external(gpus, holders)
+        external = {index: pids for index, pids in external.items() if index < total}
         taken = set(by_job) | set(external) | set(unhealthy)
         return Occupancy(
             total=total,
+            known=count is not None,
             free=tuple(index for index in range(total) if index not in taken),
             by_job=by_job,
             external=external,
             external_probe_ok=probe_ok,
-            unhealthy={index: reason for index, reason in unhealthy.items() if index < total},
+            unhealthy=unhealthy,
             reserved=dict(self._reservations),
             gpus=gpus,
         )
 
-    def card_count(self, gpus: GpuSnapshot) -> int:
-        """An explicit local_gpu_count wins; else what the driver answered; else none."""
+    def card_count(self, gpus: GpuSnapshot) -> int | None:
+        """An explicit local_gpu_count wins; else what the driver answered; else unknown."""
         if self.settings.local_gpu_count is not None:
             return self.settings.local_gpu_count
-        return len(gpus.cards) if gpus.ok else 0
+        return len(gpus.cards) if gpus.ok else None
 
     def _external(
-        self, gpus: GpuSnapshot, ours: set[str]
+        self, gpus: GpuSnapshot, holders: Mapping[int, str]
     ) -> tuple[dict[int, tuple[int, ...]], bool]:
-        """Cards running a compute process that no container of ours owns."""
+        """Cards running a compute process of anyone but the container labelled to hold them.
+
+        A job of ours straying onto a card it was not given counts too: handing that
+        card out would put two jobs on it.
+        """
         if not (self.settings.local_check_external_gpus and gpus.ok and gpus.processes_ok):
             return {}, False
         external: dict[int, tuple[int, ...]] = {}
         for card in gpus.cards:
-            pids = tuple(p.pid for p in card.processes if container_id_of_pid(p.pid) not in ours)
+            holder = holders.get(card.index)
+            pids = tuple(
+                p.pid
+                for p in card.processes
+                if holder is None or container_id_of_pid(p.pid) != holder
+            )
             if pids:
                 external[card.index] = pids
         return external, True

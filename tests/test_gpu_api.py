@@ -1,0 +1,487 @@
+"""The GPU side of the API, as a console sees it: a simulated machine, a real Docker engine.
+
+The simulation file stands in for the driver and is rewritten while the daemon runs, so a
+card fails or a foreign process appears between two requests. Which cards a job holds is
+checked where it is true: the ``tuneplane.gpus`` labels in the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import TrackingRuntime
+from tests.console import Console
+from tests.engines import IMAGE, unique
+from tests.proxy import ThrottlingProxy
+from tests.test_daemon import slow_image, wait_until
+from tuneplane_node.daemon.state import RUNTIME
+from tuneplane_node.runtime.base import LABEL_GPUS, LABEL_RUN_ID, container_name
+from tuneplane_node.runtime.docker import DockerRuntime
+
+Make = Any  # the make_node fixture's factory
+
+DRIVER = "580.159.03"
+CUDA = "13.0"
+H100 = "NVIDIA H100 80GB HBM3"
+ENGINE_LIVE = {"running", "created", "paused", "restarting"}
+
+
+# --- the simulated machine ------------------------------------------------------------
+
+
+def card(index: int) -> dict[str, Any]:
+    return {
+        "index": index,
+        "name": H100,
+        "uuid": f"GPU-0000000{index}-aaaa-bbbb-cccc-dddddddddddd",
+        "pci_bus_id": f"00000000:{0x17 + index:02X}:00.0",
+        "memory_total_mib": 81559,
+        "memory_used_mib": 0,
+        "temperature_c": 40,
+        "ecc_uncorrected": 0,
+        "retired_pages_pending": False,
+        "xid": [],
+        "lost": False,
+        "processes": [],
+    }
+
+
+class Simulation:
+    """The simulation file the daemon's probe reads on every request; edit it live."""
+
+    def __init__(self, path: Path, *, cards: int = 4, links: list[list[Any]] | None = None):
+        self.path = path
+        self.data: dict[str, Any] = {
+            "driver": DRIVER,
+            "cuda": CUDA,
+            "cards": [card(index) for index in range(cards)],
+            "links": links or [],
+        }
+        self.write()
+
+    def set(self, index: int, **facts: Any) -> None:
+        self.data["cards"][index].update(facts)
+        self.write()
+
+    def write(self) -> None:
+        # Replaced whole, so the daemon never reads half a file.
+        partial = self.path.with_suffix(".partial")
+        with partial.open("w", encoding="utf-8") as file:
+            json.dump(self.data, file)
+        os.replace(partial, self.path)
+
+
+@pytest.fixture
+def sim(tmp_path: Path) -> Simulation:
+    return Simulation(tmp_path / "gpus.json")
+
+
+async def simulated_node(make_node: Make, sim: Simulation, **overrides: Any) -> Console:
+    options: dict[str, Any] = {"gpu_simulation_file": sim.path, "local_gpu_count": None}
+    return await make_node(**{**options, **overrides})  # type: ignore[no-any-return]
+
+
+async def try_launch(node: Console, gpus: int, run_id: str | None = None) -> tuple[int, Any]:
+    """A launch that may be refused: (status, body), asserting nothing."""
+    run_id = run_id or unique("gpu")
+    body = {
+        "run_id": run_id,
+        "requested_gpus": gpus,
+        "container": {
+            "name": container_name(run_id),
+            "image": IMAGE,
+            "command": ["/bin/sleep", "300"],
+        },
+    }
+    return await node.call("POST", "/node/v1/launch", json=body)
+
+
+async def engine_cards(runtime: TrackingRuntime, run_ids: set[str]) -> dict[str, list[int]]:
+    """Cards per run, read from the labels of the live containers in the engine itself."""
+    inner = runtime.inner
+    assert isinstance(inner, DockerRuntime)
+    listed = await asyncio.to_thread(
+        inner.api.containers, all=True, filters={"label": LABEL_RUN_ID}
+    )
+    return {
+        entry["Labels"][LABEL_RUN_ID]: [
+            int(part) for part in entry["Labels"].get(LABEL_GPUS, "").split(",") if part
+        ]
+        for entry in listed
+        if entry["Labels"][LABEL_RUN_ID] in run_ids and entry["State"] in ENGINE_LIVE
+    }
+
+
+def run_id_of(ref: str) -> str:
+    return ref.removeprefix("tuneplane-")
+
+
+# --- what the machine has ------------------------------------------------------------
+
+
+async def test_health_and_inventory_report_the_cards_of_the_file(
+    make_node: Make, sim: Simulation
+) -> None:
+    sim.data["links"] = [[0, 1, "nvlink"], [2, 3, "nvlink"]]
+    sim.write()
+    node = await simulated_node(make_node, sim)
+
+    health = await node.health()
+    assert health["gpus_total"] == 4 and health["free_gpus"] == [0, 1, 2, 3]
+    assert health["external_probe_ok"] is True
+    assert health["unhealthy"] == {} and health["external"] == {}
+    detail = health["gpu_detail"]
+    assert [entry["index"] for entry in detail] == [0, 1, 2, 3]
+    for index, entry in enumerate(detail):
+        assert entry["name"] == H100
+        assert entry["uuid"] == card(index)["uuid"]
+        assert entry["pci_bus_id"] == card(index)["pci_bus_id"]
+        assert entry["memory_total_mib"] == 81559
+        assert entry["state"] == "free"
+    assert health["explain"] == [f"gpu {index}: free" for index in range(4)]
+
+    inventory = await node.ok("GET", "/node/v1/inventory")
+    assert inventory["accelerator_name"] == H100
+    assert inventory["accelerator_count"] == 4
+    assert inventory["driver"] == DRIVER
+    assert inventory["cuda_version"] == CUDA
+    assert [gpu["uuid"] for gpu in inventory["gpus"]] == [card(i)["uuid"] for i in range(4)]
+
+
+async def test_an_explicit_gpu_count_overrides_the_file(make_node: Make, tmp_path: Path) -> None:
+    sim = Simulation(tmp_path / "two.json", cards=2)
+    node = await simulated_node(make_node, sim, local_gpu_count=4)
+
+    health = await node.health()
+    assert health["gpus_total"] == 4 and health["free_gpus"] == [0, 1, 2, 3]
+    assert [entry.get("name") for entry in health["gpu_detail"]] == [H100, H100, None, None]
+    assert (await node.ok("GET", "/node/v1/inventory"))["accelerator_count"] == 4
+    _, answer = await node.launch(gpus=4)
+    assert answer["gpus"] == [0, 1, 2, 3]
+
+
+# --- health of the cards --------------------------------------------------------------
+
+
+async def test_a_card_turning_unhealthy_mid_run_leaves_the_free_list(
+    make_node: Make, sim: Simulation
+) -> None:
+    node = await simulated_node(make_node, sim)
+    ref, answer = await node.launch(gpus=1)
+    held = answer["gpus"]
+    failing = next(index for index in range(4) if index not in held)
+
+    sim.set(failing, ecc_uncorrected=2)
+
+    health = await node.health()
+    reason = "uncorrectable ECC errors: 2"
+    assert failing not in health["free_gpus"]
+    assert sorted(health["free_gpus"] + held + [failing]) == [0, 1, 2, 3]
+    assert health["gpus_free"] == 2
+    assert health["unhealthy"] == {str(failing): reason}
+    assert f"gpu {failing}: unhealthy: {reason}" in health["explain"]
+    assert f"gpu {held[0]}: held by run {run_id_of(ref)}" in health["explain"]
+    assert health["gpu_detail"][failing]["unhealthy"] == reason
+    _, body = await node.launch(gpus=len(health["free_gpus"]) + 1, expect=409)
+    assert "unhealthy" in body["detail"]
+    assert (await node.state(ref))["status"] == "running"  # the job itself is untouched
+
+    sim.set(failing, ecc_uncorrected=0)
+
+    health = await node.health()
+    assert failing in health["free_gpus"] and health["unhealthy"] == {}
+    assert f"gpu {failing}: free" in health["explain"]
+    _, answer = await node.launch(gpus=3)
+    assert sorted(answer["gpus"] + held) == [0, 1, 2, 3]
+
+
+async def test_a_critical_xid_marks_the_card_and_an_application_xid_does_not(
+    make_node: Make, sim: Simulation
+) -> None:
+    node = await simulated_node(make_node, sim)
+
+    sim.set(1, xid=[79])
+    sim.set(2, xid=[13])
+
+    health = await node.health()
+    assert list(health["unhealthy"]) == ["1"]
+    assert "XID 79" in health["unhealthy"]["1"]
+    assert health["free_gpus"] == [0, 2, 3]
+    assert any(line.startswith("gpu 1: unhealthy: XID 79") for line in health["explain"])
+
+    sim.set(1, xid=[])  # the event is over; the quarantine (600 s by default) is not
+    health = await node.health()
+    assert "XID 79" in health["unhealthy"]["1"]
+    assert health["free_gpus"] == [0, 2, 3]
+
+
+async def test_a_card_comes_back_after_its_xid_quarantine(make_node: Make, sim: Simulation) -> None:
+    node = await simulated_node(make_node, sim, gpu_xid_quarantine_s=0.5)
+    sim.set(3, xid=[79])
+    assert "3" in (await node.health())["unhealthy"]
+    sim.set(3, xid=[])
+
+    deadline = time.monotonic() + 5
+    while "3" in (health := await node.health())["unhealthy"]:
+        assert time.monotonic() < deadline, health["unhealthy"]
+        await asyncio.sleep(0.1)
+    assert health["free_gpus"] == [0, 1, 2, 3]
+
+
+# --- processes on the cards ------------------------------------------------------------
+
+
+async def test_a_foreign_process_makes_its_card_external(make_node: Make, sim: Simulation) -> None:
+    node = await simulated_node(make_node, sim)
+    stranger = os.getpid()  # this test process: in no container of the node
+
+    sim.set(2, processes=[{"pid": stranger, "used_mib": 100}])
+
+    health = await node.health()
+    assert health["external_probe_ok"] is True
+    assert health["external"] == {"2": [stranger]}
+    assert health["free_gpus"] == [0, 1, 3]
+    assert f"gpu 2: external pid {stranger}" in health["explain"]
+    _, body = await node.launch(gpus=4, expect=409)
+    assert "outside the node" in body["detail"]
+    _, answer = await node.launch(gpus=3)
+    assert answer["gpus"] == [0, 1, 3]
+
+    sim.set(2, processes=[])
+    health = await node.health()
+    assert health["external"] == {} and health["free_gpus"] == [2]
+
+
+async def container_pid(runtime: TrackingRuntime, name: str) -> int:
+    inner = runtime.inner
+    assert isinstance(inner, DockerRuntime)
+    info = await asyncio.to_thread(inner.api.inspect_container, name)
+    pid = int(info["State"]["Pid"])
+    assert pid > 0, info["State"]
+    return pid
+
+
+async def test_a_process_of_the_job_holding_the_card_is_not_external(
+    make_node: Make, sim: Simulation, docker_runtime: TrackingRuntime
+) -> None:
+    node = await simulated_node(make_node, sim)
+    ref, answer = await node.launch(gpus=1)
+    [held] = answer["gpus"]
+
+    sim.set(held, processes=[{"pid": await container_pid(docker_runtime, ref), "used_mib": 500}])
+
+    health = await node.health()
+    assert health["external_probe_ok"] is True
+    assert health["external"] == {}
+    assert health["by_job"] == {str(held): run_id_of(ref)}
+    assert f"gpu {held}: held by run {run_id_of(ref)}" in health["explain"]
+
+
+async def test_a_process_in_a_container_not_of_the_node_is_external(
+    make_node: Make, sim: Simulation, docker_runtime: TrackingRuntime
+) -> None:
+    from tuneplane_node.runtime.base import ContainerSpec
+
+    node = await simulated_node(make_node, sim)
+    foreign = unique("foreign")  # someone's `docker run` by hand: no run-id label
+    await docker_runtime.run(
+        ContainerSpec(name=foreign, image=IMAGE, command=("/bin/sleep", "300"))
+    )
+    pid = await container_pid(docker_runtime, foreign)
+
+    sim.set(0, processes=[{"pid": pid, "used_mib": 500}])
+
+    health = await node.health()
+    assert health["external"] == {"0": [pid]}
+    assert health["free_gpus"] == [1, 2, 3]
+    _, answer = await node.launch(gpus=1)
+    assert answer["gpus"] == [1]
+
+
+async def test_a_job_running_on_a_card_it_was_not_given_keeps_that_card_busy(
+    make_node: Make, sim: Simulation, docker_runtime: TrackingRuntime
+) -> None:
+    """A job's process on someone else's free card makes that card busy all the same.
+
+    Without passthrough (or with an image that asks the runtime for every card) a job
+    can reach cards outside its label; handing such a card to the next job puts two
+    jobs on one card.
+    """
+    node = await simulated_node(make_node, sim)
+    ref, answer = await node.launch(gpus=1)
+    assert answer["gpus"] == [0]
+    pid = await container_pid(docker_runtime, ref)
+
+    sim.set(3, processes=[{"pid": pid, "used_mib": 70000}])
+
+    health = await node.health()
+    assert 3 not in health["free_gpus"], health["explain"]
+    await node.launch(gpus=3, expect=409)  # two jobs would share card 3
+
+
+# --- racing for cards -----------------------------------------------------------------
+
+
+async def race(node: Console, *, launches: int, gpus: int) -> dict[str, list[int]]:
+    """Start launches all at once; the cards each successful run was answered with."""
+    run_ids = [unique("race") for _ in range(launches)]
+    answers = await asyncio.gather(*(try_launch(node, gpus, run_id) for run_id in run_ids))
+    statuses = sorted(status for status, _ in answers)
+    assert set(statuses) <= {200, 409}, answers
+    for status, body in answers:
+        if status == 409:
+            assert "not enough GPUs" in body["detail"], body
+        else:
+            assert body["phase"] == "running" and len(body["gpus"]) == gpus, body
+    return {
+        run_id: body["gpus"]
+        for run_id, (status, body) in zip(run_ids, answers, strict=True)
+        if status == 200
+    }
+
+
+async def test_twenty_launches_racing_for_four_cards_never_share_one(
+    make_node: Make, sim: Simulation, docker_runtime: TrackingRuntime
+) -> None:
+    node = await simulated_node(make_node, sim)
+
+    granted = await race(node, launches=20, gpus=1)
+
+    assert len(granted) == 4
+    in_engine = await engine_cards(docker_runtime, set(granted))
+    assert in_engine == granted
+    cards = [gpu for gpus in in_engine.values() for gpu in gpus]
+    assert sorted(cards) == [0, 1, 2, 3]  # each card once
+    health = await node.health()
+    assert health["free_gpus"] == [] and len(health["by_job"]) == 4
+
+
+async def test_ten_two_card_launches_racing_for_four_cards(
+    make_node: Make, sim: Simulation, docker_runtime: TrackingRuntime
+) -> None:
+    node = await simulated_node(make_node, sim)
+
+    granted = await race(node, launches=10, gpus=2)
+
+    assert len(granted) == 2
+    in_engine = await engine_cards(docker_runtime, set(granted))
+    assert in_engine == granted
+    cards = [gpu for gpus in in_engine.values() for gpu in gpus]
+    assert sorted(cards) == [0, 1, 2, 3]
+
+
+# --- topology -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("links", "hold_first", "expected"),
+    [
+        ([[0, 2, "nvlink"]], 0, [0, 2]),
+        ([[1, 3, "pcie_switch"]], 0, [1, 3]),
+        ([[0, 3, "numa"], [1, 2, "pcie_switch"]], 0, [1, 2]),
+        ([[0, 1, "nvlink"], [2, 3, "nvlink"]], 1, [2, 3]),  # card 0 taken: not [1, 2]
+    ],
+)
+async def test_a_two_card_job_gets_the_best_joined_pair(
+    make_node: Make, tmp_path: Path, links: list[list[Any]], hold_first: int, expected: list[int]
+) -> None:
+    sim = Simulation(tmp_path / "topology.json", links=links)
+    node = await simulated_node(make_node, sim)
+    if hold_first:
+        _, first = await node.launch(gpus=hold_first)
+        assert first["gpus"] == [0]
+
+    ref, answer = await node.launch(gpus=2)
+
+    assert answer["gpus"] == expected
+    state = await node.state(ref)
+    assert state["labels"][LABEL_GPUS] == ",".join(str(gpu) for gpu in expected)
+
+
+# --- reservations and restarts --------------------------------------------------------
+
+
+async def test_a_reservation_during_a_slow_pull_holds_against_direct_launches(
+    make_node: Make, sim: Simulation, docker_runtime: TrackingRuntime, proxy: ThrottlingProxy
+) -> None:
+    image = await slow_image(docker_runtime, proxy, rate=100_000)
+    node = await simulated_node(make_node, sim, runtime=docker_runtime)
+    pending, answer = await node.launch(gpus=3, image=image)
+    assert answer["phase"] == "pulling"
+    await wait_until(lambda: proxy.bytes_sent > 0)
+
+    _, body = await node.launch(gpus=2, expect=409)
+    assert "reserved" in body["detail"]
+    _, direct = await node.launch(gpus=1)
+    assert direct["phase"] == "running" and len(direct["gpus"]) == 1
+    health = await node.health()
+    assert health["gpus_reserved"] == 3 and health["gpus_free"] == 0
+    assert (await node.state(pending))["pending_phase"] == "pulling"
+
+    await node.stop(pending)
+
+    health = await node.health()
+    assert health["gpus_reserved"] == 0 and health["gpus_free"] == 3
+    _, after = await node.launch(gpus=3)
+    assert sorted(after["gpus"] + direct["gpus"]) == [0, 1, 2, 3]
+
+
+async def test_a_restarted_daemon_rebuilds_by_job_from_the_labels(make_node: Make) -> None:
+    first = await make_node()
+    one, answer_one = await first.launch(gpus=1)
+    two, answer_two = await first.launch(gpus=2)
+    runtime = first.app[RUNTIME]
+    await first.client.close()
+
+    second = await make_node(runtime=runtime)
+    health = await second.health()
+
+    expected = {str(gpu): run_id_of(one) for gpu in answer_one["gpus"]}
+    expected.update({str(gpu): run_id_of(two) for gpu in answer_two["gpus"]})
+    assert health["by_job"] == expected
+    assert len(expected) == 3
+    assert health["gpus_free"] == 1
+    _, body = await second.launch(gpus=2, expect=409)
+    assert "1 free" in body["detail"]
+
+
+# --- a simulation file that cannot be read ----------------------------------------------
+
+
+@pytest.mark.parametrize("content", [None, "{not json", '{"cards": [{"name": "no index"}]}'])
+async def test_an_unreadable_simulation_file_leaves_the_node_working(
+    make_node: Make, tmp_path: Path, content: str | None
+) -> None:
+    path = tmp_path / "gpus.json"
+    if content is not None:
+        path.write_text(content, encoding="utf-8")
+    node = await make_node(gpu_simulation_file=path, local_gpu_count=4)
+
+    status, health = await node.call("GET", "/node/v1/health")
+
+    assert status == 200
+    assert health["ok"] is True  # the engine answers; only the cards' facts are unknown
+    assert health["gpus_total"] == 4 and health["free_gpus"] == [0, 1, 2, 3]
+    assert health["external_probe_ok"] is False  # "cannot see", not "nobody"
+    assert health["unhealthy"] == {}
+    _, answer = await node.launch(gpus=1)
+    assert answer["gpus"] == [0]
+
+
+async def test_inventory_without_a_readable_gpu_source_says_unknown_not_zero(
+    make_node: Make, tmp_path: Path
+) -> None:
+    node = await make_node(gpu_simulation_file=tmp_path / "missing.json", local_gpu_count=None)
+
+    inventory = await node.ok("GET", "/node/v1/inventory")
+
+    assert inventory["accelerator_count"] is None
+    assert inventory["accelerator_name"] is None and inventory["driver"] is None
+    assert inventory["gpus"] == []

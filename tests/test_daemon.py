@@ -513,3 +513,17 @@ async def test_logs_tail_through_the_api(make_node: Make, engine: str) -> None:
     lines = (await node.logs(ref, tail=2)).splitlines()
     assert [line.split(" ", 1)[1] for line in lines] == ["n3", "n4"]
 
+
+async def test_a_failed_record_is_dropped_after_half_an_hour(make_node: Make) -> None:
+    node = await make_node()
+    ref, _ = await node.launch(image=f"{REGISTRY}/tuneplane-test/none:{unique('tag')}")
+    await node.wait_for(ref, "status", "dead")
+    launches = node.app[LAUNCHES]
+    now = time.monotonic()
+
+    launches.clock = lambda: now + 1700
+    assert (await node.state(ref))["status"] == "dead"  # still there for the console
+    launches.clock = lambda: now + 1801
+
+    assert (await node.state(ref))["exists"] is False
+    assert ref not in (await node.health())["pending_pulls"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, BaseModel, Field, ValidationError
+from pydantic import AliasChoices, BaseModel, Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from tuneplane_node.errors import ConfigError
@@ -35,8 +35,9 @@ class NodeSettings(BaseSettings):
         validate_default=True,
     )
 
-    node_token: str | None = None
-    """Bearer token the console must send. Without one the daemon refuses to start."""
+    node_token: SecretStr | None = None
+    """Bearer token the console must send. Without one the daemon refuses to start.
+    A SecretStr: it prints as ********** in any log or error."""
     node_host: str = "0.0.0.0"
     """Address the API listens on."""
     node_port: int = Field(8470, ge=1, le=65535)

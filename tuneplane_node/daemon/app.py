@@ -83,11 +83,12 @@ def check_protocol(value: str | None) -> None:
 
 
 def require_token(settings: NodeSettings) -> str:
-    if not settings.node_token:
+    token = settings.node_token.get_secret_value() if settings.node_token else ""
+    if not token.strip():
         raise ConfigError(
             "TUNEPLANE_NODE_TOKEN is not set: the node refuses to start without a token"
         )
-    return settings.node_token
+    return token
 
 
 def create_node_app(

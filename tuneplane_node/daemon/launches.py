@@ -85,10 +85,10 @@ class PendingLaunch:
     def image(self) -> str:
         return self.request.spec.image
 
-    def fail(self, reason: str) -> None:
-        self.phase, self.error, self.failed_at = "failed", reason, time.monotonic()
+    def fail(self, reason: str, *, at: float) -> None:
+        self.phase, self.error, self.failed_at = "failed", reason, at
 
-    def state_json(self) -> dict[str, Any]:
+    def state_json(self, now: float) -> dict[str, Any]:
         """How observe shows it: created while pending, dead once failed."""
         done, total, layers_done, layers_total = self.pull.progress if self.pull else (0, 0, 0, 0)
         return {
@@ -103,7 +103,7 @@ class PendingLaunch:
             "oom_killed": False,
             "pending_phase": self.phase,
             "pending_image": self.image,
-            "pending_elapsed_s": round(time.monotonic() - self.started, 3),
+            "pending_elapsed_s": round((self.failed_at or now) - self.started, 3),
             "pending_gpus": self.request.requested_gpus,
             "pending_bytes_done": done,
             "pending_bytes_total": total,
@@ -222,10 +222,10 @@ class Launches:
             raise
         except NodeError as exc:
             log.warning("launch %s failed: %s", record.ref, exc.message)
-            record.fail(exc.message)
+            record.fail(exc.message, at=self.clock())
         except Exception as exc:
             log.exception("launch %s failed on a bug", record.ref)
-            record.fail(f"internal error: {type(exc).__name__}: {exc}")
+            record.fail(f"internal error: {type(exc).__name__}: {exc}", at=self.clock())
         finally:
             self.allocator.release(record.ref)
 

@@ -65,9 +65,10 @@ async def observe(request: web.Request) -> web.Response:
 
 
 async def observe_one(app: web.Application, ref: str) -> dict[str, Any]:
-    record = app[LAUNCHES].pending(ref)
+    launches = app[LAUNCHES]
+    record = launches.pending(ref)
     if record is not None:
-        return record.state_json()
+        return record.state_json(launches.clock())
     state = await app[RUNTIME].inspect(ref)
     if state.exists and not state.run_id:
         state = ContainerState.missing(ref)  # not ours: the node knows nothing of it

@@ -69,6 +69,7 @@ async def test_observe_makes_no_engine_call(
     node = await make_node(runtime=counting)
     refs = [(await node.launch(["/bin/sleep", "300"]))[0] for _ in range(3)]
     await asyncio.sleep(0.3)  # let the launches' own events settle
+    await node.health()  # the engine's version is asked once
     counting.calls.clear()
 
     for _ in range(20):
@@ -79,6 +80,7 @@ async def test_observe_makes_no_engine_call(
     assert states["tuneplane-unknown"]["exists"] is False
     assert counting.calls["inspect"] == 0 and counting.calls["ps"] == 0
     assert counting.calls["inspect_now"] == 0 and counting.calls["list_brief"] == 0
+    assert counting.calls["health"] == 0, counting.calls
 
 
 async def test_a_launch_is_visible_to_observe_at_once(make_node: Make) -> None:

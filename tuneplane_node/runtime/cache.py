@@ -87,6 +87,7 @@ class StateCache:
         self.names: dict[str, str] = {}  # container id -> name
         self.touched: dict[str, float] = {}  # name -> when last written
         self.synced = False
+        self.syncs = 0  # full resyncs so far: an engine restart is a new generation
         self.stale_reason = "the first sync has not finished"
         self.last_event: float | None = None
         self.last_relist: float | None = None
@@ -156,6 +157,7 @@ class StateCache:
                 self.put(state)
         self.touched = {name: t for name, t in self.touched.items() if name in self.states}
         self.synced = True
+        self.syncs += 1
         self.last_relist = time.monotonic()
         self._first_sync.set()
         log.info("state cache synced: %d containers", len(self.states))
@@ -282,6 +284,7 @@ class CachedRuntime:
         self.inner = inner
         self.name = inner.name
         self.cache = StateCache(inner, relist_s=relist_s, sync_timeout=sync_timeout)
+        self._version: tuple[int, str | None] | None = None  # (sync generation, version)
 
     async def start(self) -> None:
         await self.cache.start()
@@ -317,7 +320,19 @@ class CachedRuntime:
         return await self.inner.logs(name, tail_lines)
 
     async def health(self) -> RuntimeHealth:
-        return await self.inner.health()
+        """From memory while the cache is in sync (the engine's version is asked once per
+        sync generation); otherwise the engine is asked, and a stale cache is not ok."""
+        cache = self.cache
+        if cache.synced and self._version is not None and self._version[0] == cache.syncs:
+            return RuntimeHealth(ok=True, engine=self.name, version=self._version[1])
+        health = await self.inner.health()
+        if health.ok and cache.synced:
+            self._version = (cache.syncs, health.version)
+        elif health.ok:
+            return RuntimeHealth(
+                ok=False, engine=self.name, version=health.version, error=cache.stale_reason
+            )
+        return health
 
     async def image_exists(self, image: str) -> bool:
         return await self.inner.image_exists(image)

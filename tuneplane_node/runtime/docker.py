@@ -25,15 +25,13 @@ from tuneplane_node.runtime.base import (
     BlockingPool,
     ContainerSpec,
     ContainerState,
-    ProgressCallback,
-    RuntimeHealth,
-    drive_pull,
     format_gpus,
     iso,
     parse_time,
     pull_params,
 )
 from tuneplane_node.runtime.cache import Brief, brief_from_list
+from tuneplane_node.runtime.engine import EngineRuntime, EventPairs
 from tuneplane_node.settings import NodeSettings
 
 log = logging.getLogger(__name__)
@@ -95,14 +93,13 @@ def state_from_inspect(data: Mapping[str, Any]) -> ContainerState:
     )
 
 
-class DockerRuntime:
+class DockerRuntime(EngineRuntime):
     """The ContainerRuntime of a Docker engine."""
 
     name = ENGINE
 
     def __init__(self, settings: NodeSettings, *, pool: BlockingPool | None = None) -> None:
-        self.settings = settings
-        self.pool = pool or BlockingPool(settings.runtime_threads, name="docker")
+        super().__init__(settings, pool=pool)
         self.client = self._client(settings)
         self.api = self.client.api
 
@@ -117,28 +114,11 @@ class DockerRuntime:
             return docker.DockerClient(base_url=settings.docker_host, **options)
         return docker.from_env(**options)
 
-    async def _call(self, action: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        return await self.pool.call(self._guarded, action, fn, *args, **kwargs)
+    def translate(self, exc: BaseException, *, action: str) -> NodeError:
+        return translate(exc, action=action)
 
-    @staticmethod
-    def _guarded(action: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        try:
-            return fn(*args, **kwargs)
-        except Exception as exc:
-            raise translate(exc, action=action) from exc
-
-    async def run(self, spec: ContainerSpec) -> str:
-        return await self._call(f"run {spec.name}", self._run, spec)
-
-    def _run(self, spec: ContainerSpec) -> str:
-        container = self.client.containers.create(**self.create_options(spec))
-        try:
-            container.start()
-        except Exception:
-            # A created container carries GPU labels: left behind, it holds cards forever.
-            self._remove(spec.name)
-            raise
-        return str(container.id)
+    def _create(self, spec: ContainerSpec) -> Any:
+        return self.client.containers.create(**self.create_options(spec))
 
     def create_options(self, spec: ContainerSpec) -> dict[str, Any]:
         """The SDK's create() arguments for a spec: entrypoint replaced, no auto-remove."""
@@ -173,17 +153,11 @@ class DockerRuntime:
             ]
         return options
 
-    async def inspect(self, name: str) -> ContainerState:
-        return await self._call(f"inspect {name}", self._inspect, name)
-
-    def _inspect(self, name: str) -> ContainerState:
+    def _inspect(self, ref: str) -> ContainerState:
         try:
-            return state_from_inspect(self.api.inspect_container(name))
+            return state_from_inspect(self.api.inspect_container(ref))
         except docker.errors.NotFound:
-            return ContainerState.missing(name)
-
-    async def logs(self, name: str, tail_lines: int) -> str:
-        return await self._call(f"read the logs of {name}", self._logs, name, tail_lines)
+            return ContainerState.missing(ref)
 
     def _logs(self, name: str, tail_lines: int) -> str:
         try:
@@ -194,18 +168,12 @@ class DockerRuntime:
             return f"no logs for {name}: {exc.explanation or exc}"
         return bytes(raw).decode("utf-8", errors="replace")
 
-    async def stop(self, name: str, timeout: float) -> None:
-        await self._call(f"stop {name}", self._stop, name, timeout)
-
     def _stop(self, name: str, timeout: float) -> None:
         try:
             # docker-py widens its HTTP timeout by the stop timeout itself.
             self.api.stop(name, timeout=math.ceil(timeout))
         except docker.errors.NotFound:
             log.debug("stop %s: no such container, nothing to do", name)
-
-    async def remove(self, name: str) -> None:
-        await self._call(f"remove {name}", self._remove, name)
 
     def _remove(self, name: str) -> None:
         try:
@@ -217,49 +185,22 @@ class DockerRuntime:
                 return  # someone else is removing it: the goal is met
             raise
 
-    async def ps(self) -> list[ContainerState]:
-        return await self._call("list containers", self._ps)
-
-    def _ps(self) -> list[ContainerState]:
+    def _list_brief(self) -> list[Brief]:
         listed = self.api.containers(all=True, filters=_OURS)
-        states = (self._inspect(entry["Id"]) for entry in listed)
-        # A container removed between the list and its inspect is simply gone.
-        return [state for state in states if state.exists]
-
-    # --- the state cache's feed (blocking: called on the pool or the event thread) ---
-
-    def list_brief(self) -> list[Brief]:
-        listed = self._guarded("list containers", self.api.containers, all=True, filters=_OURS)
         return [brief_from_list(entry) for entry in listed]
 
-    def inspect_now(self, ref: str) -> ContainerState:
-        return self._guarded(f"inspect {ref}", self._inspect, ref)
-
-    def open_events(self) -> tuple[Iterator[tuple[str, str]], Callable[[], None]]:
-        stream = self._guarded(
-            "stream events", self.api.events, decode=True, filters={"type": "container", **_OURS}
-        )
+    def _open_events(self) -> tuple[EventPairs, Callable[[], None]]:
+        stream = self.api.events(decode=True, filters={"type": "container", **_OURS})
         return self._event_pairs(stream), stream.close
 
-    def _event_pairs(self, stream: Iterable[Mapping[str, Any]]) -> Iterator[tuple[str, str]]:
-        try:
-            for event in stream:
-                yield (
-                    str(event.get("id") or event.get("Actor", {}).get("ID")),
-                    str(event.get("Action") or event.get("status", "")),
-                )
-        except Exception as exc:
-            raise translate(exc, action="stream events") from exc
+    @staticmethod
+    def _event_pairs(stream: Iterable[Mapping[str, Any]]) -> EventPairs:
+        for event in stream:
+            actor = event.get("Actor") or {}
+            yield str(event.get("id") or actor.get("ID")), str(event.get("Action", ""))
 
-    async def health(self) -> RuntimeHealth:
-        try:
-            version = await self._call("report its version", self.api.version)
-        except NodeError as exc:
-            return RuntimeHealth(ok=False, engine=ENGINE, error=exc.message)
-        return RuntimeHealth(ok=True, engine=ENGINE, version=str(version.get("Version")))
-
-    async def image_exists(self, image: str) -> bool:
-        return await self._call(f"inspect image {image}", self._image_exists, image)
+    def _version(self) -> str:
+        return str(self.api.version().get("Version"))
 
     def _image_exists(self, image: str) -> bool:
         try:
@@ -268,28 +209,6 @@ class DockerRuntime:
             return False
         return True
 
-    async def pull(
-        self,
-        image: str,
-        *,
-        timeout: float,
-        stall_timeout: float,
-        on_progress: ProgressCallback | None = None,
-    ) -> None:
-        await drive_pull(
-            self.pool,
-            engine=ENGINE,
-            image=image,
-            open_stream=lambda: self._guarded(f"pull {image}", self._open_pull, image),
-            timeout=timeout,
-            stall_timeout=stall_timeout,
-            on_progress=on_progress,
-        )
-        if not await self.image_exists(image):
-            raise RuntimeFailure(
-                engine=ENGINE, action=f"pull {image}", reason="the stream ended without the image"
-            )
-
     def _open_pull(self, image: str) -> tuple[Iterator[Mapping[str, Any]], Any]:
         # The public pull() hides the HTTP response, and a cancel needs it to close the
         # socket under the reading thread; these private helpers are what pull() uses.
@@ -297,17 +216,7 @@ class DockerRuntime:
             self.api._url("/images/create"), params=pull_params(image), stream=True, timeout=None
         )
         self.api._raise_for_status(response)
-        messages = self.api._stream_helper(response, decode=True)
-        return self._translated(messages, image), response
+        return self.api._stream_helper(response, decode=True), response
 
-    def _translated(
-        self, messages: Iterator[Mapping[str, Any]], image: str
-    ) -> Iterator[Mapping[str, Any]]:
-        try:
-            yield from messages
-        except Exception as exc:
-            raise translate(exc, action=f"pull {image}") from exc
-
-    async def close(self) -> None:
-        self.pool.close()
+    def _close_client(self) -> None:
         self.client.close()

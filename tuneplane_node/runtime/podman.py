@@ -25,16 +25,14 @@ from tuneplane_node.runtime.base import (
     BlockingPool,
     ContainerSpec,
     ContainerState,
-    ProgressCallback,
-    RuntimeHealth,
     close_http_stream,
-    drive_pull,
     format_gpus,
     iso,
     parse_time,
     pull_params,
 )
 from tuneplane_node.runtime.cache import Brief, brief_from_list
+from tuneplane_node.runtime.engine import EngineRuntime, EventPairs
 from tuneplane_node.settings import NodeSettings
 
 log = logging.getLogger(__name__)
@@ -91,14 +89,13 @@ def state_from_inspect(data: Mapping[str, Any]) -> ContainerState:
     )
 
 
-class PodmanRuntime:
+class PodmanRuntime(EngineRuntime):
     """The ContainerRuntime of a podman API service."""
 
     name = ENGINE
 
     def __init__(self, settings: NodeSettings, *, pool: BlockingPool | None = None) -> None:
-        self.settings = settings
-        self.pool = pool or BlockingPool(settings.runtime_threads, name="podman")
+        super().__init__(settings, pool=pool)
         self.client = podman.PodmanClient(
             base_url=settings.podman_url,
             timeout=math.ceil(settings.local_api_timeout),
@@ -109,28 +106,11 @@ class PodmanRuntime:
         # reads None as "the client default", so say it with a (connect, read) pair.
         self._streaming = (settings.local_api_timeout, None)
 
-    async def _call(self, action: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        return await self.pool.call(self._guarded, action, fn, *args, **kwargs)
+    def translate(self, exc: BaseException, *, action: str) -> NodeError:
+        return translate(exc, action=action)
 
-    @staticmethod
-    def _guarded(action: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        try:
-            return fn(*args, **kwargs)
-        except Exception as exc:
-            raise translate(exc, action=action) from exc
-
-    async def run(self, spec: ContainerSpec) -> str:
-        return await self._call(f"run {spec.name}", self._run, spec)
-
-    def _run(self, spec: ContainerSpec) -> str:
-        container = self.client.containers.create(**self.create_options(spec))
-        try:
-            container.start()
-        except Exception:
-            # A created container carries GPU labels: left behind, it holds cards forever.
-            self._remove(spec.name)
-            raise
-        return str(container.id)
+    def _create(self, spec: ContainerSpec) -> Any:
+        return self.client.containers.create(**self.create_options(spec))
 
     def create_options(self, spec: ContainerSpec) -> dict[str, Any]:
         """The SDK's create() arguments for a spec: entrypoint replaced, no auto-remove."""
@@ -164,17 +144,11 @@ class PodmanRuntime:
             options["devices"] = [f"nvidia.com/gpu={gpu}" for gpu in spec.gpus]
         return options
 
-    async def inspect(self, name: str) -> ContainerState:
-        return await self._call(f"inspect {name}", self._inspect, name)
-
-    def _inspect(self, name: str) -> ContainerState:
+    def _inspect(self, ref: str) -> ContainerState:
         try:
-            return state_from_inspect(self.client.containers.get(name).attrs)
+            return state_from_inspect(self.client.containers.get(ref).attrs)
         except podman.errors.NotFound:
-            return ContainerState.missing(name)
-
-    async def logs(self, name: str, tail_lines: int) -> str:
-        return await self._call(f"read the logs of {name}", self._logs, name, tail_lines)
+            return ContainerState.missing(ref)
 
     def _logs(self, name: str, tail_lines: int) -> str:
         try:
@@ -189,17 +163,11 @@ class PodmanRuntime:
         chunks = raw if isinstance(raw, bytes) else b"".join(raw)
         return chunks.decode("utf-8", errors="replace")
 
-    async def stop(self, name: str, timeout: float) -> None:
-        await self._call(f"stop {name}", self._stop, name, timeout)
-
     def _stop(self, name: str, timeout: float) -> None:
         try:
             self.client.containers.get(name).stop(timeout=math.ceil(timeout))
         except podman.errors.NotFound:
             log.debug("stop %s: no such container, nothing to do", name)
-
-    async def remove(self, name: str) -> None:
-        await self._call(f"remove {name}", self._remove, name)
 
     def _remove(self, name: str) -> None:
         try:
@@ -207,19 +175,7 @@ class PodmanRuntime:
         except podman.errors.NotFound:
             log.debug("remove %s: no such container, nothing to do", name)
 
-    async def ps(self) -> list[ContainerState]:
-        return await self._call("list containers", self._ps)
-
-    def _ps(self) -> list[ContainerState]:
-        listed = self.client.containers.list(all=True, filters={"label": LABEL_RUN_ID})
-        states = (self._inspect(str(container.id)) for container in listed)
-        return [state for state in states if state.exists]
-
-    # --- the state cache's feed (blocking: called on the pool or the event thread) ---
-    # The docker-compatible endpoints: their list and event shapes are docker's.
-
-    def list_brief(self) -> list[Brief]:
-        return self._guarded("list containers", self._list_brief)
+    # The docker-compatible endpoints below: their list, event and pull shapes are docker's.
 
     def _list_brief(self) -> list[Brief]:
         params = {"all": "true", "filters": json.dumps(_OURS)}
@@ -227,13 +183,7 @@ class PodmanRuntime:
         response.raise_for_status()
         return [brief_from_list(entry) for entry in response.json()]
 
-    def inspect_now(self, ref: str) -> ContainerState:
-        return self._guarded(f"inspect {ref}", self._inspect, ref)
-
-    def open_events(self) -> tuple[Iterator[tuple[str, str]], Callable[[], None]]:
-        return self._guarded("stream events", self._open_events)
-
-    def _open_events(self) -> tuple[Iterator[tuple[str, str]], Callable[[], None]]:
+    def _open_events(self) -> tuple[EventPairs, Callable[[], None]]:
         # podman 4 ignores a bare label key in an event filter: filter on our side.
         params = {"filters": json.dumps({"type": ["container"]})}
         response = self.api.get(
@@ -242,52 +192,21 @@ class PodmanRuntime:
         response.raise_for_status()
         return self._event_pairs(response), lambda: close_http_stream(response)
 
-    def _event_pairs(self, response: Any) -> Iterator[tuple[str, str]]:
-        try:
-            for line in response.iter_lines():
-                if line:
-                    event = json.loads(line)
-                    actor = event.get("Actor") or {}
-                    if LABEL_RUN_ID in (actor.get("Attributes") or {}):
-                        yield str(event.get("id") or actor.get("ID")), str(event.get("Action", ""))
-        except Exception as exc:
-            raise translate(exc, action="stream events") from exc
+    @staticmethod
+    def _event_pairs(response: Any) -> EventPairs:
+        for event in _json_lines(response):
+            actor = event.get("Actor") or {}
+            if LABEL_RUN_ID in (actor.get("Attributes") or {}):
+                yield str(event.get("id") or actor.get("ID")), str(event.get("Action", ""))
 
-    async def health(self) -> RuntimeHealth:
-        try:
-            version = await self._call("report its version", self.client.version)
-        except NodeError as exc:
-            return RuntimeHealth(ok=False, engine=ENGINE, error=exc.message)
-        return RuntimeHealth(ok=True, engine=ENGINE, version=str(version.get("Version")))
+    def _version(self) -> str:
+        return str(self.client.version().get("Version"))  # type: ignore[no-untyped-call]
 
-    async def image_exists(self, image: str) -> bool:
-        return await self._call(f"inspect image {image}", self.client.images.exists, image)
-
-    async def pull(
-        self,
-        image: str,
-        *,
-        timeout: float,
-        stall_timeout: float,
-        on_progress: ProgressCallback | None = None,
-    ) -> None:
-        await drive_pull(
-            self.pool,
-            engine=ENGINE,
-            image=image,
-            open_stream=lambda: self._guarded(f"pull {image}", self._open_pull, image),
-            timeout=timeout,
-            stall_timeout=stall_timeout,
-            on_progress=on_progress,
-        )
-        if not await self.image_exists(image):
-            raise RuntimeFailure(
-                engine=ENGINE, action=f"pull {image}", reason="the stream ended without the image"
-            )
+    def _image_exists(self, image: str) -> bool:
+        return bool(self.client.images.exists(image))
 
     def _open_pull(self, image: str) -> tuple[Iterator[Mapping[str, Any]], Any]:
-        # The docker-compatible endpoint reports per-layer progress; libpod's own pull
-        # (before podman 5) reports bare text lines only.
+        # libpod's own pull (before podman 5) reports bare text lines, no layers.
         response = self.api.post(
             "/images/create",
             params=pull_params(image),
@@ -296,16 +215,13 @@ class PodmanRuntime:
             compatible=True,
         )
         response.raise_for_status()
-        return self._messages(response, image), response
+        return _json_lines(response), response
 
-    def _messages(self, response: Any, image: str) -> Iterator[Mapping[str, Any]]:
-        try:
-            for line in response.iter_lines():
-                if line:
-                    yield json.loads(line)
-        except Exception as exc:
-            raise translate(exc, action=f"pull {image}") from exc
-
-    async def close(self) -> None:
-        self.pool.close()
+    def _close_client(self) -> None:
         self.client.close()  # type: ignore[no-untyped-call]  # podman-py is untyped here
+
+
+def _json_lines(response: Any) -> Iterator[dict[str, Any]]:
+    for line in response.iter_lines():
+        if line:
+            yield json.loads(line)

@@ -527,3 +527,34 @@ async def test_a_failed_record_is_dropped_after_half_an_hour(make_node: Make) ->
 
     assert (await node.state(ref))["exists"] is False
     assert ref not in (await node.health())["pending_pulls"]
+
+
+async def test_the_process_runtime_serves_the_same_api(aiohttp_client: Any, tmp_path: Any) -> None:
+    from tuneplane_node.gpu.allocator import GpuAllocator
+    from tuneplane_node.gpu.probe import NoDriverProbe
+    from tuneplane_node.runtime.process import ProcessRuntime
+
+    settings = engine_settings(
+        "process", node_token=TOKEN, local_gpu_count=2, node_state_dir=tmp_path
+    )
+    runtime = ProcessRuntime(settings)
+    allocator = GpuAllocator(runtime, settings, probe=NoDriverProbe("test"))
+    node = Console(
+        await aiohttp_client(create_node_app(settings, runtime=runtime, allocator=allocator))
+    )
+    try:
+        ref, answer = await node.launch(
+            ["/bin/sh", "-c", 'echo "cards=$CUDA_VISIBLE_DEVICES"; sleep 30'], gpus=1
+        )
+        assert answer["phase"] == "running" and answer["gpus"] == [0]
+        assert (await node.state(ref))["status"] == "running"
+        assert (await node.health())["by_job"] == {"0": ref.removeprefix("tuneplane-")}
+        await asyncio.sleep(0.5)
+        assert "cards=0" in await node.logs(ref)
+
+        await node.stop(ref, timeout=2)
+        assert (await node.state(ref))["status"] == "exited"
+        await node.remove(ref)
+        assert (await node.state(ref))["exists"] is False
+    finally:
+        await runtime.close()

@@ -106,7 +106,8 @@ async def test_run_passes_env_workdir_and_labels_but_not_the_daemon_env(
     greeting, cwd, token, home = (await wait_file(work / "seen")).rstrip("\n").split("|")
     assert (greeting, cwd, token) == ("hello world", str(work), "")
     assert home  # a minimal base env still has HOME (and PATH, or `sh` was not found)
-    assert state.labels == {LABEL_RUN_ID: "env", "tuneplane.user": "alice"}
+    # The runtime writes the cards label itself, as the engine runtimes do.
+    assert state.labels == {LABEL_RUN_ID: "env", "tuneplane.user": "alice", "tuneplane.gpus": ""}
     assert state.id == container_id
     assert state.run_id == "env"
 

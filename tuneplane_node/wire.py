@@ -71,12 +71,12 @@ def parse_container(body: Mapping[str, Any], run_id: str) -> ContainerSpec:
         env=_string_map(body, "container.env"),
         mounts=_mounts(body.get("mounts")),
         labels={**labels, LABEL_RUN_ID: run_id},
-        workdir=_text(body, "container.workdir"),
+        workdir=_text(body, "container.workdir") or None,
         shm_size=_size(body, "container.shm_size"),
         cpu_limit=_cpus(body.get("cpu_limit")),
         memory_limit=_size(body, "container.memory_limit"),
         network=_text(body, "container.network") or "host",
-        user=_text(body, "container.user"),
+        user=_text(body, "container.user") or None,
     )
 
 

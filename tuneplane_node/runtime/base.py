@@ -122,6 +122,12 @@ class ContainerSpec:
     user: str | None = None
 
 
+def job_labels(spec: ContainerSpec) -> dict[str, str]:
+    """The labels a job container carries: the spec's, and its cards, which every
+    runtime writes itself so the label can never disagree with the devices."""
+    return {**spec.labels, LABEL_GPUS: format_gpus(spec.gpus)}
+
+
 @dataclass(frozen=True)
 class ContainerState:
     """What an engine says about one container. Times are RFC 3339 strings or None."""

@@ -20,13 +20,12 @@ import urllib3.exceptions
 
 from tuneplane_node.errors import NodeError, RuntimeFailure, RuntimeUnavailable
 from tuneplane_node.runtime.base import (
-    LABEL_GPUS,
     LABEL_RUN_ID,
     BlockingPool,
     ContainerSpec,
     ContainerState,
-    format_gpus,
     iso,
+    job_labels,
     parse_time,
     pull_params,
 )
@@ -126,7 +125,7 @@ class DockerRuntime(EngineRuntime):
             "image": spec.image,
             "name": spec.name,
             "environment": dict(spec.env),
-            "labels": {**spec.labels, LABEL_GPUS: format_gpus(spec.gpus)},
+            "labels": job_labels(spec),
             "network_mode": spec.network,
             "stop_signal": "SIGTERM",
             "detach": True,

@@ -20,14 +20,13 @@ import requests.exceptions
 
 from tuneplane_node.errors import NodeError, RuntimeFailure, RuntimeUnavailable
 from tuneplane_node.runtime.base import (
-    LABEL_GPUS,
     LABEL_RUN_ID,
     BlockingPool,
     ContainerSpec,
     ContainerState,
     close_http_stream,
-    format_gpus,
     iso,
+    job_labels,
     parse_time,
     pull_params,
 )
@@ -118,7 +117,7 @@ class PodmanRuntime(EngineRuntime):
             "image": spec.image,
             "name": spec.name,
             "environment": dict(spec.env),
-            "labels": {**spec.labels, LABEL_GPUS: format_gpus(spec.gpus)},
+            "labels": job_labels(spec),
             "network_mode": spec.network,
             "stop_signal": int(signal.SIGTERM),  # libpod wants the number
             "mounts": [

@@ -45,6 +45,7 @@ from tuneplane_node.runtime.base import (
     RuntimeHealth,
     format_gpus,
     iso,
+    job_labels,
 )
 from tuneplane_node.settings import NodeSettings
 
@@ -441,7 +442,8 @@ def _now() -> str:
 
 
 def _spec_record(spec: ContainerSpec) -> dict[str, Any]:
-    return {field.name: getattr(spec, field.name) for field in dataclasses.fields(spec)}
+    record = {field.name: getattr(spec, field.name) for field in dataclasses.fields(spec)}
+    return {**record, "labels": job_labels(spec)}
 
 
 def _jsonable(value: object) -> object:

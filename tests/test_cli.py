@@ -1,0 +1,253 @@
+"""The command line as an operator runs it: real processes, a controlled environment.
+
+Every run gets ``cwd=tmp_path`` (no stray `.env`), a HOME and state dir under it, and
+PYTHONPATH pointing at this checkout, so the code under test is this tree's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import engine_settings
+from tests.engines import docker_host, engine_missing
+from tuneplane_node.runtime.docker import DockerRuntime
+
+REPO = Path(__file__).resolve().parent.parent
+CONSOLE_FIELDS = (
+    "accelerator_series",
+    "accelerator_name",
+    "accelerator_count",
+    "driver",
+    "runtime",
+    "storage_root_visible",
+    "disk_free_bytes",
+    "cpu_count",
+    "memory_bytes",
+    "node_id",
+)
+
+
+def cli_env(home: Path, **settings: str) -> dict[str, str]:
+    """A minimal environment: nothing from the caller's shell leaks into the settings."""
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home),
+        "LANG": "C.UTF-8",
+        "PYTHONPATH": str(REPO),
+        "TUNEPLANE_NODE_STATE_DIR": str(home / "state"),
+    }
+    env.update(settings)
+    return env
+
+
+def run_cli(
+    tmp_path: Path, *args: str, timeout: float = 60, **settings: str
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tuneplane_node", *args],
+        cwd=tmp_path,
+        env=cli_env(tmp_path, **settings),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture
+def docker_settings() -> dict[str, str]:
+    """Settings that point the CLI at the test Docker engine; skip or fail when it is down."""
+
+    async def ask() -> tuple[bool, str | None]:
+        runtime = DockerRuntime(engine_settings("docker"))
+        try:
+            health = await runtime.health()
+        finally:
+            await runtime.close()
+        return health.ok, health.error
+
+    ok, error = asyncio.run(ask())
+    if not ok:
+        engine_missing("docker", error or "no answer")
+    host = docker_host()
+    settings = {"TUNEPLANE_LOCAL_RUNTIME": "docker"}
+    if host:
+        settings["TUNEPLANE_DOCKER_HOST"] = host
+    return settings
+
+
+# --- no engine needed ----------------------------------------------------------------
+
+
+def test_help_lists_the_commands(tmp_path: Path) -> None:
+    result = run_cli(tmp_path, "--help")
+    assert result.returncode == 0, result.stderr
+    for verb in ("serve", "inventory", "check"):
+        assert verb in result.stdout
+
+
+def test_serve_without_a_token_refuses_to_start(tmp_path: Path) -> None:
+    result = run_cli(tmp_path, "serve", "--port", str(free_port()))
+    assert result.returncode != 0
+    assert "TUNEPLANE_NODE_TOKEN" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_bad_setting_is_named_without_a_traceback(tmp_path: Path) -> None:
+    result = run_cli(
+        tmp_path, "serve", TUNEPLANE_NODE_TOKEN="t0ken", TUNEPLANE_NODE_PORT="notaport"
+    )
+    assert result.returncode != 0
+    assert "TUNEPLANE_NODE_PORT" in result.stderr
+    assert "notaport" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_auto_with_no_engine_names_both_and_never_falls_back_to_process(
+    tmp_path: Path,
+) -> None:
+    docker_sock, podman_sock = tmp_path / "no-docker.sock", tmp_path / "no-podman.sock"
+    result = run_cli(
+        tmp_path,
+        "check",
+        TUNEPLANE_NODE_TOKEN="t0ken",
+        TUNEPLANE_LOCAL_RUNTIME="auto",
+        TUNEPLANE_DOCKER_HOST=f"unix://{docker_sock}",
+        TUNEPLANE_PODMAN_URL=f"unix://{podman_sock}",
+    )
+    assert result.returncode != 0
+    message = result.stderr
+    assert f"docker at unix://{docker_sock}" in message
+    assert f"podman at unix://{podman_sock}" in message
+    assert "TUNEPLANE_LOCAL_RUNTIME=process" in message
+    assert "Traceback" not in message
+
+
+# --- against the Docker engine -------------------------------------------------------
+
+
+Serve = Callable[..., tuple[subprocess.Popen[bytes], int]]
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[Serve]:
+    """Start `tuneplane-node serve` on a free loopback port; killed if a test leaves it."""
+    started: list[subprocess.Popen[bytes]] = []
+    log = (tmp_path / "serve.log").open("w")
+
+    def start(**settings: str) -> tuple[subprocess.Popen[bytes], int]:
+        port = free_port()
+        argv = ["serve", "--host", "127.0.0.1", "--port", str(port)]
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tuneplane_node", *argv],
+            cwd=tmp_path,
+            env=cli_env(tmp_path, **settings),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        started.append(process)
+        return process, port
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=10)
+    log.close()
+
+
+def get_json(port: int, path: str, headers: dict[str, str] | None = None) -> object:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers or {})
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        return json.loads(reply.read())
+
+
+def wait_for_healthz(
+    process: subprocess.Popen[bytes], port: int, log: Path, timeout: float = 30
+) -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        assert process.poll() is None, f"serve exited early:\n{log.read_text()}"
+        try:
+            return get_json(port, "/healthz")
+        except (urllib.error.URLError, ConnectionError):
+            assert time.monotonic() < deadline, f"serve never answered:\n{log.read_text()}"
+            time.sleep(0.2)
+
+
+def test_serve_answers_healthz_and_exits_0_on_sigterm(
+    tmp_path: Path, serve: Serve, docker_settings: dict[str, str]
+) -> None:
+    process, port = serve(TUNEPLANE_NODE_TOKEN="t0ken", **docker_settings)
+    assert wait_for_healthz(process, port, tmp_path / "serve.log") == {"ok": True}
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=10) == 0
+    assert "Traceback" not in (tmp_path / "serve.log").read_text()
+
+
+def test_the_readme_quick_start_serves_the_api_with_auto_runtime(
+    tmp_path: Path, serve: Serve, docker_settings: dict[str, str]
+) -> None:
+    """Token and docker host only, as the README's quick start runs it."""
+    settings = {k: v for k, v in docker_settings.items() if k != "TUNEPLANE_LOCAL_RUNTIME"}
+    process, port = serve(TUNEPLANE_NODE_TOKEN="change-me", **settings)
+    assert wait_for_healthz(process, port, tmp_path / "serve.log") == {"ok": True}
+    headers = {"Authorization": "Bearer change-me", "X-TunePlane-Node-Protocol": "1"}
+    health = get_json(port, "/node/v1/health", headers)
+    assert isinstance(health, dict)
+    assert health["ok"] is True, health
+    assert health["runtime"]["name"] == "docker"
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=10) == 0
+
+
+def test_check_reports_the_engine(tmp_path: Path, docker_settings: dict[str, str]) -> None:
+    result = run_cli(tmp_path, "check", TUNEPLANE_NODE_TOKEN="t0ken", **docker_settings)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("runtime: docker ")
+    assert result.stdout.strip().endswith("ok")
+
+
+def test_inventory_prints_the_console_fields_as_json(
+    tmp_path: Path, docker_settings: dict[str, str]
+) -> None:
+    settings = {
+        **docker_settings,
+        "TUNEPLANE_STORAGE_ROOT": str(tmp_path),
+        "TUNEPLANE_LOCAL_GPU_COUNT": "2",
+        "TUNEPLANE_CLUSTER_PROFILE": "H100-Lab",
+    }
+    result = run_cli(tmp_path, "inventory", **settings)
+    assert result.returncode == 0, result.stderr
+    facts = json.loads(result.stdout)
+    assert [field for field in CONSOLE_FIELDS if field not in facts] == []
+    assert facts["runtime"].startswith("docker://")
+    assert facts["accelerator_series"] == "h100-lab"
+    assert facts["accelerator_count"] == 2
+    assert facts["storage_root_visible"] is True
+    assert facts["disk_free_bytes"] > 0
+    assert facts["cpu_count"] >= 1
+    assert facts["memory_bytes"] > 0
+    uuid.UUID(facts["node_id"])
+    again = json.loads(run_cli(tmp_path, "inventory", **settings).stdout)
+    assert again["node_id"] == facts["node_id"]  # minted once, kept in the state dir

@@ -1,0 +1,181 @@
+"""NodeSettings as an operator meets them: variables, `.env`, defaults, errors, the README."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from tuneplane_node.errors import ConfigError
+from tuneplane_node.settings import Fabric, NodeSettings, env_name, load_settings
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """No TUNEPLANE_* from the caller's shell, and no stray .env: only what a test sets."""
+    for name in list(os.environ):
+        if name.upper().startswith("TUNEPLANE_"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_defaults_are_the_documented_ones() -> None:
+    settings = load_settings()
+    assert settings.node_token is None
+    assert (settings.node_host, settings.node_port) == ("0.0.0.0", 8470)
+    assert settings.state_dir == Path("~/.tuneplane-node").expanduser()
+    assert settings.local_runtime == "auto"
+    assert settings.docker_host is None  # the docker SDK's own rules (DOCKER_HOST)
+    assert settings.podman_url == "unix:///run/podman/podman.sock"
+    assert settings.runtime_threads == 16
+    assert settings.local_api_timeout == 60
+    assert settings.local_stop_timeout == 30
+    assert settings.local_container_ttl_s == 86400
+    assert settings.local_image_pull_timeout_s == 3600
+    assert settings.local_image_pull_stall_s == 300
+    assert settings.local_gpu_passthrough is True
+    assert settings.local_gpu_count is None  # ask the driver
+    assert settings.storage == Path(".tuneplane-data/storage")
+    assert (settings.model_dirs, settings.fabrics) == ([], [])
+    assert settings.gpu_simulation_file is None
+    assert settings.gpu_xid_ignore == [13, 31, 43, 45, 68, 109]
+    assert settings.gpu_xid_quarantine_s == 600
+
+
+def test_variables_are_read_with_the_tuneplane_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TUNEPLANE_NODE_PORT", "9001")
+    monkeypatch.setenv("TUNEPLANE_LOCAL_RUNTIME", "podman")
+    monkeypatch.setenv("TUNEPLANE_LOCAL_GPU_PASSTHROUGH", "false")
+    monkeypatch.setenv("TUNEPLANE_LOCAL_GPU_COUNT", "2")
+    monkeypatch.setenv("TUNEPLANE_STORAGE_ROOT", "/srv/tuneplane")
+    monkeypatch.setenv("NODE_HOST", "10.9.9.9")  # no prefix: not ours, ignored
+    settings = load_settings()
+    assert settings.node_port == 9001
+    assert settings.local_runtime == "podman"
+    assert settings.local_gpu_passthrough is False
+    assert settings.local_gpu_count == 2
+    assert settings.storage == Path("/srv/tuneplane")
+    assert settings.node_host == "0.0.0.0"
+
+
+def test_old_cli_timeout_name_still_sets_the_api_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TUNEPLANE_LOCAL_CLI_TIMEOUT", "7")
+    assert load_settings().local_api_timeout == 7
+    monkeypatch.setenv("TUNEPLANE_LOCAL_API_TIMEOUT", "5")  # the new name wins
+    assert load_settings().local_api_timeout == 5
+
+
+def test_empty_values_count_as_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TUNEPLANE_NODE_PORT", "")
+    monkeypatch.setenv("TUNEPLANE_LOCAL_GPU_COUNT", "")
+    monkeypatch.setenv("TUNEPLANE_RUNTIME_THREADS", "")
+    settings = load_settings()
+    assert (settings.node_port, settings.local_gpu_count, settings.runtime_threads) == (
+        8470,
+        None,
+        16,
+    )
+
+
+def test_dotenv_in_the_working_directory_is_read(
+    monkeypatch: pytest.MonkeyPatch, clean_environment: Path
+) -> None:
+    (clean_environment / ".env").write_text(
+        "TUNEPLANE_NODE_TOKEN=from-dotenv\nTUNEPLANE_NODE_PORT=9100\nTUNEPLANE_CLUSTER_PROFILE=\n"
+    )
+    settings = load_settings()
+    assert settings.node_token is not None
+    assert settings.node_token.get_secret_value() == "from-dotenv"
+    assert settings.node_port == 9100
+    assert settings.cluster_profile == ""
+    monkeypatch.setenv("TUNEPLANE_NODE_PORT", "9200")  # the environment wins over .env
+    assert load_settings().node_port == 9200
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("TUNEPLANE_RUNTIME_THREADS", "many"),
+        ("TUNEPLANE_RUNTIME_THREADS", "0"),
+        ("TUNEPLANE_NODE_PORT", "70000"),
+        ("TUNEPLANE_LOCAL_RUNTIME", "kubernetes"),
+        ("TUNEPLANE_LOCAL_GPU_PASSTHROUGH", "maybe"),
+        ("TUNEPLANE_LOCAL_API_TIMEOUT", "soon"),
+        ("TUNEPLANE_LOCAL_IMAGE_PULL_STALL_S", "-1"),
+        ("TUNEPLANE_FABRICS", '[{"name": "ib-a"}]'),
+    ],
+)
+def test_a_bad_value_is_a_config_error_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    message = caught.value.message
+    assert variable in message
+    assert "Traceback" not in message
+    assert "\n" not in message  # one line an operator can read in a journal
+
+
+def test_a_bad_value_under_the_old_timeout_name_is_a_config_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TUNEPLANE_LOCAL_CLI_TIMEOUT", "soon")
+    with pytest.raises(ConfigError, match=r"TUNEPLANE_LOCAL_(API|CLI)_TIMEOUT"):
+        load_settings()
+
+
+def test_a_list_setting_that_is_not_json_is_a_config_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TUNEPLANE_MODEL_DIRS", "/models")
+    with pytest.raises(ConfigError, match="TUNEPLANE_MODEL_DIRS"):
+        load_settings()
+
+
+def test_an_unprefixed_variable_never_sets_the_api_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("LOCAL_API_TIMEOUT", "9")
+    assert load_settings().local_api_timeout == 60
+
+
+def test_list_settings_are_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TUNEPLANE_MODEL_DIRS", '["/models", "/datasets"]')
+    monkeypatch.setenv("TUNEPLANE_FABRICS", '[{"name": "ib-a", "hcas": ["mlx5_0", "mlx5_1"]}]')
+    monkeypatch.setenv("TUNEPLANE_GPU_XID_IGNORE", "[13, 43]")
+    settings = load_settings()
+    assert settings.model_dirs == [Path("/models"), Path("/datasets")]
+    assert settings.fabrics == [Fabric(name="ib-a", hcas=["mlx5_0", "mlx5_1"])]
+    assert settings.gpu_xid_ignore == [13, 43]
+
+
+# --- the README keeps up with the settings -----------------------------------------
+
+
+def documented_settings() -> set[str]:
+    """The variables named in the first column of the README's settings table."""
+    rows = re.findall(r"^\|\s*`(TUNEPLANE_[A-Z0-9_]+)`", README.read_text(), re.MULTILINE)
+    return set(rows)
+
+
+def test_every_setting_is_in_the_readme_table() -> None:
+    documented = documented_settings()
+    missing = [env_name(field) for field in NodeSettings.model_fields]
+    missing = [name for name in missing if name not in documented]
+    assert not missing, f"README.md settings table lacks {missing}"
+
+
+def test_the_readme_table_documents_no_setting_that_does_not_exist() -> None:
+    real = {env_name(field) for field in NodeSettings.model_fields}
+    stale = sorted(documented_settings() - real)
+    assert not stale, f"README.md documents settings that do not exist: {stale}"
+
+
+def test_the_readme_names_the_old_timeout_variable() -> None:
+    assert "TUNEPLANE_LOCAL_CLI_TIMEOUT" in README.read_text()

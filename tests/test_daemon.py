@@ -558,3 +558,18 @@ async def test_the_process_runtime_serves_the_same_api(aiohttp_client: Any, tmp_
         assert (await node.state(ref))["exists"] is False
     finally:
         await runtime.close()
+
+
+async def test_a_launch_over_a_foreign_container_is_a_409(
+    make_node: Make, docker_runtime: TrackingRuntime
+) -> None:
+    node = await make_node(runtime=docker_runtime)
+    foreign = unique("foreign")
+    await docker_runtime.run(
+        ContainerSpec(name=foreign, image=IMAGE, command=("/bin/sleep", "300"))
+    )
+
+    _, body = await node.launch(run_id="hijack", name=foreign, expect=409)
+
+    assert "already in use" in body["detail"]
+    assert (await docker_runtime.inspect(foreign)).run_id is None  # untouched

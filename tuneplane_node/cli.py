@@ -79,7 +79,7 @@ async def print_inventory(settings: NodeSettings) -> int:
     from tuneplane_node.gpu.allocator import GpuAllocator
     from tuneplane_node.runtime import detect_runtime
 
-    runtime = await detect_runtime(settings)
+    runtime = await detect_runtime(settings, cache=False)
     allocator = GpuAllocator(runtime, settings)
     try:
         engine = await runtime.health()
@@ -103,7 +103,7 @@ async def check(settings: NodeSettings) -> int:
 
     require_token(settings)
     inventory.check_fabrics(settings.fabrics)
-    runtime = await detect_runtime(settings)
+    runtime = await detect_runtime(settings, cache=False)
     try:
         engine = await runtime.health()
     finally:

@@ -18,6 +18,7 @@ into ``RuntimeUnavailable`` or ``RuntimeFailure`` with the cause chained.
     └── EngineError ...........   (abstract) the container engine
         ├── RuntimeUnavailable (503)  the engine did not answer: facts are unknown
         └── RuntimeFailure (502)      the engine answered and refused; its own message
+            └── RuntimeConflict (409) ...refused because of the node's state (a name in use)
 """
 
 from __future__ import annotations
@@ -140,3 +141,15 @@ class RuntimeFailure(EngineError):
         self.engine = engine
         self.action = action
         self.reason = reason
+
+
+class RuntimeConflict(RuntimeFailure):
+    """The engine refused because of what is already there, e.g. a container name in use
+    by a container that is not the node's: the caller's to resolve, not a node fault."""
+
+    status = 409
+
+
+def is_conflict(status: int | None, message: str) -> bool:
+    """Engines say "name in use" with 409 (docker) or 500 and a sentence (podman 4)."""
+    return status == 409 or "already in use" in message

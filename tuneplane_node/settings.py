@@ -6,11 +6,12 @@ Every field is documented in the README (a test keeps the two in step).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
 from pydantic import AliasChoices, BaseModel, Field, SecretStr, ValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from tuneplane_node.errors import ConfigError
 
@@ -56,9 +57,7 @@ class NodeSettings(BaseSettings):
     local_api_timeout: float = Field(
         60.0,
         gt=0,
-        validation_alias=AliasChoices(
-            "local_api_timeout", "TUNEPLANE_LOCAL_API_TIMEOUT", "TUNEPLANE_LOCAL_CLI_TIMEOUT"
-        ),
+        validation_alias=AliasChoices("TUNEPLANE_LOCAL_API_TIMEOUT", "TUNEPLANE_LOCAL_CLI_TIMEOUT"),
     )
     """Seconds one engine call may take. TUNEPLANE_LOCAL_CLI_TIMEOUT is the old name."""
     local_stop_timeout: float = Field(30.0, ge=0)
@@ -114,6 +113,8 @@ def load_settings(**overrides: object) -> NodeSettings:
         return NodeSettings(**overrides)  # type: ignore[arg-type]
     except ValidationError as exc:
         raise ConfigError(describe_validation(exc)) from exc
+    except SettingsError as exc:  # a list setting that is not JSON
+        raise ConfigError(describe_settings_error(exc)) from exc
 
 
 def describe_validation(exc: ValidationError) -> str:
@@ -121,5 +122,16 @@ def describe_validation(exc: ValidationError) -> str:
     for error in exc.errors():
         field = str(error["loc"][0]) if error["loc"] else "?"
         name = field if field.startswith(ENV_PREFIX) else env_name(field)
-        problems.append(f"{name}: {error['msg']} (got {error.get('input')!r})")
+        inner = ".".join(str(part) for part in error["loc"][1:])
+        where = f"{name} ({inner})" if inner else name
+        problems.append(f"{where}: {error['msg']} (got {error.get('input')!r})")
     return "invalid settings: " + "; ".join(problems)
+
+
+def describe_settings_error(exc: SettingsError) -> str:
+    """pydantic-settings says 'error parsing value for field "fabrics"': name the variable."""
+    match = re.search(r'field "(\w+)"', str(exc))
+    name = env_name(match.group(1)) if match else "a TUNEPLANE_ setting"
+    return (
+        f"invalid settings: {name}: not valid JSON (lists are given as JSON, e.g. '[\"/models\"]')"
+    )

@@ -16,19 +16,15 @@ from tuneplane_node.settings import NodeSettings
 log = logging.getLogger(__name__)
 
 
-def make_runtime(settings: NodeSettings, kind: str) -> ContainerRuntime:
+def make_runtime(settings: NodeSettings, kind: str, *, cache: bool = True) -> ContainerRuntime:
     """The runtime of that kind, built without asking its engine anything.
 
-    Engine runtimes come behind the state cache; call ``start()`` before serving.
+    With ``cache``, engine runtimes come behind the state cache: ``start()`` it before
+    serving. One-shot commands (check, inventory) ask the engine directly.
     """
-    if kind == "docker":
-        from tuneplane_node.runtime.docker import DockerRuntime
-
-        return cached(DockerRuntime(settings), settings)
-    if kind == "podman":
-        from tuneplane_node.runtime.podman import PodmanRuntime
-
-        return cached(PodmanRuntime(settings), settings)
+    if kind in ("docker", "podman"):
+        engine = _engine(settings, kind)
+        return cached(engine, settings) if cache else engine
     if kind == "process":
         from tuneplane_node.runtime.process import ProcessRuntime
 
@@ -37,31 +33,41 @@ def make_runtime(settings: NodeSettings, kind: str) -> ContainerRuntime:
     raise ConfigError(f"TUNEPLANE_LOCAL_RUNTIME: unknown runtime {kind!r}")
 
 
+def _engine(settings: NodeSettings, kind: str) -> EngineFeed:
+    if kind == "docker":
+        from tuneplane_node.runtime.docker import DockerRuntime
+
+        return DockerRuntime(settings)
+    from tuneplane_node.runtime.podman import PodmanRuntime
+
+    return PodmanRuntime(settings)
+
+
 def cached(feed: EngineFeed, settings: NodeSettings) -> CachedRuntime:
     return CachedRuntime(
         feed, relist_s=settings.state_relist_s, sync_timeout=settings.local_api_timeout
     )
 
 
-async def detect_runtime(settings: NodeSettings) -> ContainerRuntime:
+async def detect_runtime(settings: NodeSettings, *, cache: bool = True) -> ContainerRuntime:
     """The configured runtime; ``auto`` takes docker, then podman, whichever answers.
 
     An explicitly chosen engine is returned even while it is down: the daemon then answers
     503 until it comes back, which is true, instead of refusing to start.
     """
     if settings.local_runtime != "auto":
-        return make_runtime(settings, settings.local_runtime)
+        return make_runtime(settings, settings.local_runtime, cache=cache)
     tried = []
     for kind, address in (
         ("docker", settings.docker_host or "DOCKER_HOST or the default socket"),
         ("podman", settings.podman_url),
     ):
-        runtime = make_runtime(settings, kind)
-        health = await runtime.health()
+        engine = _engine(settings, kind)
+        health = await engine.health()  # the engine itself: a cache would not be synced yet
         if health.ok:
             log.info("runtime: %s %s at %s", kind, health.version, address)
-            return runtime
-        await runtime.close()
+            return cached(engine, settings) if cache else engine
+        await engine.close()
         tried.append(f"{kind} at {address}: {health.error}")
     raise ConfigError(
         "no container engine answered (" + "; ".join(tried) + "). Start docker or podman, "

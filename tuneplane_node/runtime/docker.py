@@ -18,7 +18,13 @@ import docker.types
 import requests.exceptions
 import urllib3.exceptions
 
-from tuneplane_node.errors import NodeError, RuntimeFailure, RuntimeUnavailable
+from tuneplane_node.errors import (
+    NodeError,
+    RuntimeConflict,
+    RuntimeFailure,
+    RuntimeUnavailable,
+    is_conflict,
+)
 from tuneplane_node.runtime.base import (
     LABEL_RUN_ID,
     BlockingPool,
@@ -56,8 +62,9 @@ def translate(exc: BaseException, *, action: str) -> NodeError:
     if isinstance(exc, _UNREACHABLE):
         return RuntimeUnavailable(engine=ENGINE, reason=str(exc) or type(exc).__name__)
     if isinstance(exc, docker.errors.APIError):
-        reason = exc.explanation or str(exc)
-        return RuntimeFailure(engine=ENGINE, action=action, reason=str(reason))
+        reason = str(exc.explanation or exc)
+        failure = RuntimeConflict if is_conflict(exc.status_code, reason) else RuntimeFailure
+        return failure(engine=ENGINE, action=action, reason=reason)
     return RuntimeFailure(engine=ENGINE, action=action, reason=describe(exc))
 
 

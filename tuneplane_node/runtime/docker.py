@@ -36,7 +36,7 @@ from tuneplane_node.runtime.base import (
     pull_params,
 )
 from tuneplane_node.runtime.cache import Brief, brief_from_list
-from tuneplane_node.runtime.engine import EngineRuntime, EventPairs
+from tuneplane_node.runtime.engine import EngineRuntime, EventPairs, pool_size
 from tuneplane_node.settings import NodeSettings
 
 log = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ class DockerRuntime(EngineRuntime):
     def _client(settings: NodeSettings) -> docker.DockerClient:
         options: dict[str, Any] = {
             "timeout": math.ceil(settings.local_api_timeout),
-            "max_pool_size": settings.runtime_threads,
+            "max_pool_size": pool_size(settings),
             "version": API_VERSION,
         }
         if settings.docker_host:

@@ -29,6 +29,12 @@ T = TypeVar("T")
 EventPairs = Iterator[tuple[str, str]]
 
 
+def pool_size(settings: NodeSettings) -> int:
+    """HTTP connections the SDK keeps: one per pool thread, plus the state cache's event
+    stream and the inspect its thread makes after each event."""
+    return settings.runtime_threads + 2
+
+
 class EngineRuntime(ABC):
     """A ContainerRuntime (and state-cache feed) over a synchronous engine SDK."""
 

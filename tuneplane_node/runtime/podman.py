@@ -37,7 +37,7 @@ from tuneplane_node.runtime.base import (
     pull_params,
 )
 from tuneplane_node.runtime.cache import Brief, brief_from_list
-from tuneplane_node.runtime.engine import EngineRuntime, EventPairs
+from tuneplane_node.runtime.engine import EngineRuntime, EventPairs, pool_size
 from tuneplane_node.settings import NodeSettings
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,7 @@ class PodmanRuntime(EngineRuntime):
         self.client = podman.PodmanClient(
             base_url=settings.podman_url,
             timeout=math.ceil(settings.local_api_timeout),
-            max_pool_size=settings.runtime_threads,
+            max_pool_size=pool_size(settings),
         )
         self.api = self.client.api
         # A stream waits for the engine as long as it takes (deadlines are ours); podman-py

@@ -1,0 +1,400 @@
+"""What every benchmark shares: the daemon as a real subprocess, a fleet of labelled
+containers on the engine, an API client over a real socket, the machine line, statistics.
+
+Every container a benchmark makes is named ``tuneplane-bench-*`` and removed again, also
+when the run fails; leftovers of an earlier, killed run are removed at start. Other
+people's containers on the same engine are never touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+import requests
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # the scripts run from a checkout, not an install
+
+from tuneplane_node.runtime.base import LABEL_GPUS, LABEL_RUN_ID  # noqa: E402
+from tuneplane_node.wire import PROTOCOL, PROTOCOL_HEADER  # noqa: E402
+
+PREFIX = "tuneplane-bench-"
+IMAGE = "tuneplane-test/busybox:1"
+SLEEP = ["/bin/sleep", "3600"]
+TOKEN = "bench-token-0123456789"
+HEADERS = {"Authorization": f"Bearer {TOKEN}", PROTOCOL_HEADER: str(PROTOCOL)}
+# Marks this run's containers, so a list can count exactly them among other people's.
+LABEL_BENCH = "tuneplane-bench.session"
+DEV_SOCKET = "unix:///run/tuneplane-dev/docker.sock"
+
+
+def docker_host() -> str:
+    explicit = os.environ.get("TUNEPLANE_BENCH_DOCKER_HOST") or os.environ.get("DOCKER_HOST")
+    return explicit or DEV_SOCKET
+
+
+def engine_client(*, pool: int = 16) -> docker.DockerClient:
+    """A docker SDK client on the bench engine, pinned like the daemon's (no version probe)."""
+    return docker.DockerClient(
+        base_url=docker_host(), version="1.41", max_pool_size=pool, timeout=120
+    )
+
+
+# --- the command line and the machine ------------------------------------------------
+
+
+def arguments(description: str, *, containers: int, rounds: int) -> argparse.ArgumentParser:
+    """The options every script takes; a script adds its own before parsing."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--containers", type=int, default=containers, help="tracked containers")
+    parser.add_argument("--rounds", type=int, default=rounds, help="interleaved rounds (>= 5)")
+    parser.add_argument(
+        "--profile", metavar="PATH", help="py-spy the daemon meanwhile (.svg, or .txt: stacks)"
+    )
+    return parser
+
+
+def machine() -> str:
+    """One line: cpus, cpu model, memory, python, docker engine version."""
+    model = "unknown cpu"
+    with open("/proc/cpuinfo") as cpuinfo:
+        for line in cpuinfo:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    memory_kb = meminfo("MemTotal")
+    client = engine_client(pool=1)
+    engine = client.version().get("Version", "?")
+    client.close()
+    load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    return (
+        f"machine: {os.cpu_count()} cpu ({model}), {memory_kb / 2**20:.1f} GiB, "
+        f"python {platform.python_version()}, docker engine {engine}, {platform.release()}; "
+        f"load average {load}; daemon code {code_version()}"
+    )
+
+
+def code_version() -> str:
+    """The commit the daemon's code is at, and whether tuneplane_node/ differs from it."""
+    git = ["git", "-C", str(REPO)]
+    try:
+        head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True)
+        dirty = subprocess.run(
+            [*git, "status", "--porcelain", "--", "tuneplane_node"], capture_output=True
+        )
+    except OSError:
+        return "unknown"
+    changed = " + uncommitted changes" if dirty.stdout.strip() else ""
+    return head.stdout.decode().strip() + changed
+
+
+def meminfo(field: str) -> int:
+    with open("/proc/meminfo") as source:
+        for line in source:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+# --- statistics -------------------------------------------------------------------------
+
+
+def median(values: Sequence[float]) -> float:
+    return percentile(values, 50)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:.2f} ms"
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def rotated(items: Sequence[Any], round_index: int) -> list[Any]:
+    """The compared methods in a different order each round (interleaving)."""
+    shift = round_index % len(items)
+    return [*items[shift:], *items[:shift]]
+
+
+# --- the fleet of containers -------------------------------------------------------------
+
+
+class Fleet:
+    """Sleeping containers made straight on the engine, in parallel, and removed again."""
+
+    def __init__(self, client: docker.DockerClient, *, tag: str = "c") -> None:
+        self.client = client
+        self.session = uuid.uuid4().hex[:8]
+        self.tag = tag
+        self.names: list[str] = []
+
+    def name(self, index: int) -> str:
+        return f"{PREFIX}{self.tag}-{self.session}-{index:04d}"
+
+    def create(self, count: int, *, tracked: bool = True, workers: int = 8) -> list[str]:
+        """``count`` running containers; tracked ones carry the daemon's run-id label."""
+        names = [self.name(len(self.names) + i) for i in range(count)]
+        self.names += names  # before creating: a failure half-way still cleans up
+        started = time.monotonic()
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(lambda name: self._start(name, tracked), names))
+        print(f"created {count} containers in {time.monotonic() - started:.1f} s", flush=True)
+        return names
+
+    def _start(self, name: str, tracked: bool) -> None:
+        labels = {LABEL_BENCH: self.session}
+        if tracked:
+            labels |= {LABEL_RUN_ID: name.removeprefix(PREFIX), LABEL_GPUS: ""}
+        api = self.client.api
+        config = api.create_host_config(network_mode="host")
+        api.create_container(
+            IMAGE,
+            name=name,
+            entrypoint=SLEEP[:1],
+            command=SLEEP[1:],
+            labels=labels,
+            host_config=config,
+            detach=True,
+        )
+        api.start(name)
+
+    def remove(self, *, workers: int = 8) -> None:
+        started = time.monotonic()
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(lambda name: remove_container(self.client, name), self.names))
+        print(f"removed {len(self.names)} containers in {time.monotonic() - started:.1f} s")
+        self.names = []
+
+
+def remove_container(client: docker.DockerClient, name: str) -> None:
+    try:
+        client.api.remove_container(name, force=True, v=True)
+    except docker.errors.NotFound:
+        pass
+    except docker.errors.APIError as exc:
+        if "in progress" not in str(exc):
+            raise
+
+
+def remove_leftovers(client: docker.DockerClient) -> None:
+    """Containers named tuneplane-bench-* from an earlier run that did not finish."""
+    listed = client.api.containers(all=True, filters={"name": PREFIX})
+    names = [c["Names"][0].lstrip("/") for c in listed]
+    names = [name for name in names if name.startswith(PREFIX)]
+    for name in names:
+        remove_container(client, name)
+    if names:
+        print(f"removed {len(names)} leftover containers of an earlier run")
+
+
+@contextmanager
+def fleet(tag: str) -> Iterator[Fleet]:
+    """A Fleet whose containers are removed whatever happens, leftovers cleared first."""
+    client = engine_client()
+    remove_leftovers(client)
+    made = Fleet(client, tag=tag)
+    try:
+        yield made
+    finally:
+        made.remove()
+        remove_leftovers(client)
+        client.close()
+
+
+# --- the daemon ---------------------------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used so far (all its threads)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class Daemon:
+    """``python3 -m tuneplane_node serve`` as a real subprocess, in a throwaway directory."""
+
+    def __init__(self, *, python_args: Sequence[str] = (), env: dict[str, str] | None = None):
+        self.python_args = list(python_args)
+        self.extra_env = env or {}
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.dir = Path(tempfile.mkdtemp(prefix="tuneplane-bench-daemon-"))
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def environment(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TUNEPLANE_")}
+        env |= {
+            "PYTHONPATH": str(REPO),
+            "TUNEPLANE_NODE_TOKEN": TOKEN,
+            "TUNEPLANE_LOCAL_RUNTIME": "docker",
+            "TUNEPLANE_DOCKER_HOST": docker_host(),
+            "TUNEPLANE_LOCAL_GPU_COUNT": "0",
+            "TUNEPLANE_NODE_STATE_DIR": str(self.dir / "state"),
+        }
+        return env | self.extra_env
+
+    def start(self, *, timeout: float = 120) -> Daemon:
+        argv = [sys.executable, *self.python_args, "-m", "tuneplane_node", "serve"]
+        argv += ["--host", "127.0.0.1", "--port", str(self.port)]
+        log = open(self.dir / "daemon.log", "wb")  # noqa: SIM115 (the child keeps it open)
+        self.process = subprocess.Popen(
+            argv, cwd=self.dir, env=self.environment(), stdout=log, stderr=subprocess.STDOUT
+        )
+        log.close()
+        self._wait_ready(timeout)
+        return self
+
+    def _wait_ready(self, timeout: float) -> None:
+        """/healthz answers only once the cache's first sync is over (it precedes serving)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"daemon exited at start:\n{self.log_tail()}")
+            try:
+                if requests.get(self.url + "/healthz", timeout=1).ok:
+                    return
+            except requests.RequestException:
+                time.sleep(0.05)
+        raise RuntimeError(f"daemon not ready after {timeout} s:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 30) -> str:
+        text = (self.dir / "daemon.log").read_text(errors="replace")
+        return "\n".join(text.splitlines()[-lines:])
+
+    def rss_kb(self) -> int:
+        """VmRSS of the daemon process, from /proc/<pid>/status."""
+        with open(f"/proc/{self.pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        raise RuntimeError("no VmRSS line")
+
+    def cpu_seconds(self) -> float:
+        return cpu_seconds(self.pid)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> Daemon:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@contextmanager
+def profiled(daemon: Daemon, path: str | None) -> Iterator[None]:
+    """py-spy records the daemon (all threads, idle ones left out) while the block runs.
+
+    A path ending in .txt gets collapsed stacks (one line per stack and its sample count).
+    """
+    if not path:
+        yield
+        return
+    form = "raw" if path.endswith(".txt") else "flamegraph"
+    argv = ["py-spy", "record", "--pid", str(daemon.pid), "-o", path, "--rate", "250", "-f", form]
+    recorder = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    time.sleep(1.0)  # py-spy attaches
+    try:
+        yield
+    finally:
+        recorder.send_signal(signal.SIGINT)
+        recorder.wait(60)
+        print(f"profile written to {path}")
+
+
+# --- the API client ----------------------------------------------------------------------
+
+
+class Api:
+    """The console's calls, over a kept-alive TCP connection (requests)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.session = requests.Session()
+        self.session.headers.update(HEADERS)
+
+    def observe(self, refs: Sequence[str]) -> dict[str, Any]:
+        answer = self.session.post(self.url + "/node/v1/observe", json={"refs": list(refs)})
+        answer.raise_for_status()
+        return answer.json()["states"]  # type: ignore[no-any-return]
+
+    def healthz(self) -> None:
+        self.session.get(self.url + "/healthz").raise_for_status()
+
+    def health(self) -> dict[str, Any]:
+        answer = self.session.get(self.url + "/node/v1/health")
+        answer.raise_for_status()
+        return answer.json()  # type: ignore[no-any-return]
+
+    def launch(self, body: dict[str, Any]) -> dict[str, Any]:
+        answer = self.session.post(self.url + "/node/v1/launch", json=body)
+        if answer.status_code != 200:
+            raise RuntimeError(f"launch: {answer.status_code} {answer.text}")
+        return answer.json()  # type: ignore[no-any-return]
+
+    def remove(self, ref: str) -> None:
+        self.session.post(self.url + "/node/v1/remove", json={"ref": ref}).raise_for_status()
+
+    def wait_tracked(self, names: Sequence[str], *, timeout: float = 60) -> None:
+        """Until observe shows every name running (the event stream has caught up)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            states = self.observe(names)
+            if all(state.get("status") == "running" for state in states.values()):
+                return
+            time.sleep(0.2)
+        raise RuntimeError("the daemon never showed every container running")
+
+    def close(self) -> None:
+        self.session.close()

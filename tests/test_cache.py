@@ -129,6 +129,7 @@ async def test_dropped_events_are_recovered_by_the_relist(
     ref, _ = await node.launch(["/bin/sleep", "300"])
     cache = cache_of(node)
     cache._on_event = lambda *event: None  # type: ignore[method-assign]  # events lost
+    cache._on_die = lambda *event: None  # type: ignore[method-assign]
 
     await sdk(docker_runtime, "kill", ref, signal="SIGKILL")
     await asyncio.sleep(0.3)
@@ -213,3 +214,19 @@ async def test_the_cache_holds_only_labelled_containers(
 
     await wait_until(lambda: ours in cache.states, timeout=5)  # seen by its events alone
     assert foreign not in cache.states
+
+
+def test_a_die_event_carries_its_exit_code_and_time() -> None:
+    from tuneplane_node.runtime.cache import event_from_docker
+
+    event = event_from_docker(
+        {
+            "Action": "die",
+            "id": "abc",
+            "Actor": {"ID": "abc", "Attributes": {"exitCode": "137", "tuneplane.run-id": "r"}},
+            "timeNano": 1_795_987_084_207_204_451,
+        }
+    )
+    assert (event.id, event.action, event.exit_code) == ("abc", "die", 137)
+    assert event.at is not None and event.at.startswith("2026-")
+    assert event_from_docker({"status": "start", "id": "x"}).exit_code is None

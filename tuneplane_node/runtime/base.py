@@ -147,8 +147,9 @@ class ContainerState:
     def missing(cls, name: str) -> ContainerState:
         return cls(name=name, exists=False)
 
-    @property
+    @functools.cached_property
     def gpus(self) -> tuple[int, ...]:
+        """Parsed once per state: occupancy reads it for every container on every health."""
         return parse_gpus(self.labels.get(LABEL_GPUS))
 
     @property

@@ -20,6 +20,8 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
+from datetime import datetime, timezone
 from typing import Any, NamedTuple, Protocol
 
 from tuneplane_node.errors import NodeError, RuntimeUnavailable
@@ -30,6 +32,7 @@ from tuneplane_node.runtime.base import (
     ContainerState,
     ProgressCallback,
     RuntimeHealth,
+    iso,
 )
 
 log = logging.getLogger(__name__)
@@ -62,6 +65,30 @@ def brief_from_list(entry: Mapping[str, Any]) -> Brief:
     return Brief(str(entry.get("Id")), str(names[0]).lstrip("/"), (status, exit_code))
 
 
+class EngineEvent(NamedTuple):
+    """One container event; a ``die`` carries the exit code and the time it happened."""
+
+    id: str
+    action: str
+    exit_code: int | None = None
+    at: str | None = None
+
+
+def event_from_docker(event: Mapping[str, Any]) -> EngineEvent:
+    """An EngineEvent from a docker-format event (docker's, or podman's compat one)."""
+    actor = event.get("Actor") or {}
+    attributes = actor.get("Attributes") or {}
+    code = str(attributes.get("exitCode", ""))
+    nanos = event.get("timeNano")
+    moment = datetime.fromtimestamp(nanos / 1e9, tz=timezone.utc) if nanos else None
+    return EngineEvent(
+        id=str(event.get("id") or actor.get("ID")),
+        action=str(event.get("Action") or event.get("status", "")),
+        exit_code=int(code) if code.lstrip("-").isdigit() else None,
+        at=iso(moment),
+    )
+
+
 def signature_of(state: ContainerState) -> tuple[str, int | None]:
     return state.status, state.exit_code
 
@@ -73,7 +100,7 @@ class EngineFeed(ContainerRuntime, Protocol):
 
     def list_brief(self) -> list[Brief]: ...
     def inspect_now(self, ref: str) -> ContainerState: ...
-    def open_events(self) -> tuple[Iterator[tuple[str, str]], Callable[[], None]]: ...
+    def open_events(self) -> tuple[Iterator[EngineEvent], Callable[[], None]]: ...
 
 
 class StateCache:
@@ -235,14 +262,28 @@ class StateCache:
         started = time.monotonic()
         states = [self.feed.inspect_now(brief.id) for brief in self.feed.list_brief()]
         self._post(self._replace_all, [s for s in states if s.exists], started)
-        for container_id, action in events:
-            if action.split(":")[0] in WATCHED_ACTIONS:
-                state = self.feed.inspect_now(container_id)
-                self._post(self._on_event, state, container_id)
+        for event in events:
+            if event.action.split(":")[0] not in WATCHED_ACTIONS:
+                continue
+            if event.action == "die":
+                # Say "exited" now: the inspect that confirms it takes as long again.
+                self._post(self._on_die, event)
+            state = self.feed.inspect_now(event.id)
+            self._post(self._on_event, state, event.id)
 
     def _on_event(self, state: ContainerState, container_id: str) -> None:
         self.last_event = time.monotonic()
         self.put(state, container_id)
+
+    def _on_die(self, event: EngineEvent) -> None:
+        """A provisional exited state from the event alone, until its inspect lands."""
+        self.last_event = time.monotonic()
+        known = self.states.get(self.names.get(event.id, ""))
+        if known is None or not known.live or event.exit_code is None:
+            return
+        # finished_at must be set: reap would otherwise date the job by its creation.
+        finished = event.at or iso(datetime.now(timezone.utc))
+        self.put(replace(known, status="exited", exit_code=event.exit_code, finished_at=finished))
 
     # --- the relist ---------------------------------------------------------------------
 

@@ -35,8 +35,8 @@ from tuneplane_node.runtime.base import (
     parse_time,
     pull_params,
 )
-from tuneplane_node.runtime.cache import Brief, brief_from_list
-from tuneplane_node.runtime.engine import EngineRuntime, EventPairs, pool_size
+from tuneplane_node.runtime.cache import Brief, brief_from_list, event_from_docker
+from tuneplane_node.runtime.engine import EngineRuntime, Events, pool_size
 from tuneplane_node.settings import NodeSettings
 
 log = logging.getLogger(__name__)
@@ -195,15 +195,13 @@ class DockerRuntime(EngineRuntime):
         listed = self.api.containers(all=True, filters=_OURS)
         return [brief_from_list(entry) for entry in listed]
 
-    def _open_events(self) -> tuple[EventPairs, Callable[[], None]]:
+    def _open_events(self) -> tuple[Events, Callable[[], None]]:
         stream = self.api.events(decode=True, filters={"type": "container", **_OURS})
         return self._event_pairs(stream), stream.close
 
     @staticmethod
-    def _event_pairs(stream: Iterable[Mapping[str, Any]]) -> EventPairs:
-        for event in stream:
-            actor = event.get("Actor") or {}
-            yield str(event.get("id") or actor.get("ID")), str(event.get("Action", ""))
+    def _event_pairs(stream: Iterable[Mapping[str, Any]]) -> Events:
+        return (event_from_docker(event) for event in stream)
 
     def _version(self) -> str:
         return str(self.api.version().get("Version"))

@@ -21,12 +21,12 @@ from tuneplane_node.runtime.base import (
     RuntimeHealth,
     drive_pull,
 )
-from tuneplane_node.runtime.cache import Brief
+from tuneplane_node.runtime.cache import Brief, EngineEvent
 from tuneplane_node.settings import NodeSettings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-EventPairs = Iterator[tuple[str, str]]
+Events = Iterator[EngineEvent]
 
 
 def pool_size(settings: NodeSettings) -> int:
@@ -69,7 +69,7 @@ class EngineRuntime(ABC):
     @abstractmethod
     def _open_pull(self, image: str) -> tuple[Iterator[Mapping[str, Any]], Any]: ...
     @abstractmethod
-    def _open_events(self) -> tuple[EventPairs, Callable[[], None]]: ...
+    def _open_events(self) -> tuple[Events, Callable[[], None]]: ...
     @abstractmethod
     def _close_client(self) -> None: ...
 
@@ -176,6 +176,6 @@ class EngineRuntime(ABC):
     def inspect_now(self, ref: str) -> ContainerState:
         return self._guarded(f"inspect {ref}", self._inspect, ref)
 
-    def open_events(self) -> tuple[EventPairs, Callable[[], None]]:
-        pairs, close = self._guarded("stream events", self._open_events)
-        return self._translated(pairs, action="stream events"), close
+    def open_events(self) -> tuple[Events, Callable[[], None]]:
+        events, close = self._guarded("stream events", self._open_events)
+        return self._translated(events, action="stream events"), close

@@ -36,8 +36,8 @@ from tuneplane_node.runtime.base import (
     parse_time,
     pull_params,
 )
-from tuneplane_node.runtime.cache import Brief, brief_from_list
-from tuneplane_node.runtime.engine import EngineRuntime, EventPairs, pool_size
+from tuneplane_node.runtime.cache import Brief, brief_from_list, event_from_docker
+from tuneplane_node.runtime.engine import EngineRuntime, Events, pool_size
 from tuneplane_node.settings import NodeSettings
 
 log = logging.getLogger(__name__)
@@ -189,7 +189,7 @@ class PodmanRuntime(EngineRuntime):
         response.raise_for_status()
         return [brief_from_list(entry) for entry in response.json()]
 
-    def _open_events(self) -> tuple[EventPairs, Callable[[], None]]:
+    def _open_events(self) -> tuple[Events, Callable[[], None]]:
         # podman 4 ignores a bare label key in an event filter: filter on our side.
         params = {"filters": json.dumps({"type": ["container"]})}
         response = self.api.get(
@@ -199,11 +199,11 @@ class PodmanRuntime(EngineRuntime):
         return self._event_pairs(response), lambda: close_http_stream(response)
 
     @staticmethod
-    def _event_pairs(response: Any) -> EventPairs:
+    def _event_pairs(response: Any) -> Events:
         for event in _json_lines(response):
             actor = event.get("Actor") or {}
             if LABEL_RUN_ID in (actor.get("Attributes") or {}):
-                yield str(event.get("id") or actor.get("ID")), str(event.get("Action", ""))
+                yield event_from_docker(event)
 
     def _version(self) -> str:
         return str(self.client.version().get("Version"))  # type: ignore[no-untyped-call]

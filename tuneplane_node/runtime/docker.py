@@ -20,23 +20,26 @@ import urllib3.exceptions
 
 from tuneplane_node.errors import (
     NodeError,
-    RuntimeConflict,
     RuntimeFailure,
     RuntimeUnavailable,
-    is_conflict,
 )
 from tuneplane_node.runtime.base import (
     LABEL_RUN_ID,
     BlockingPool,
     ContainerSpec,
     ContainerState,
-    iso,
     job_labels,
-    parse_time,
     pull_params,
 )
 from tuneplane_node.runtime.cache import Brief, brief_from_list, event_from_docker
-from tuneplane_node.runtime.engine import EngineRuntime, Events, pool_size
+from tuneplane_node.runtime.engine import (
+    EngineRuntime,
+    Events,
+    describe,
+    pool_size,
+    refused,
+    state_from_inspect,
+)
 from tuneplane_node.settings import NodeSettings
 
 log = logging.getLogger(__name__)
@@ -63,40 +66,11 @@ def translate(exc: BaseException, *, action: str) -> NodeError:
         return RuntimeUnavailable(engine=ENGINE, reason=str(exc) or type(exc).__name__)
     if isinstance(exc, docker.errors.APIError):
         reason = str(exc.explanation or exc)
-        failure = RuntimeConflict if is_conflict(exc.status_code, reason) else RuntimeFailure
-        return failure(engine=ENGINE, action=action, reason=reason)
+        return refused(ENGINE, action=action, status=exc.status_code, reason=reason)
     return RuntimeFailure(engine=ENGINE, action=action, reason=describe(exc))
 
 
-def describe(exc: BaseException) -> str:
-    """``Type: message``, even for SDK exceptions whose __str__ itself fails."""
-    try:
-        return f"{type(exc).__name__}: {exc}"
-    except Exception:
-        return type(exc).__name__
-
-
 _OURS = {"label": [LABEL_RUN_ID]}
-
-
-def state_from_inspect(data: Mapping[str, Any]) -> ContainerState:
-    """ContainerState from an engine inspect document (docker's, or podman's compat one)."""
-    state = data.get("State") or {}
-    status = str(state.get("Status", "")).lower()
-    config = data.get("Config") or {}
-    return ContainerState(
-        name=str(data.get("Name", "")).lstrip("/"),
-        exists=True,
-        status=status,
-        # An exit code means something only once the process has exited.
-        exit_code=int(state.get("ExitCode", 0)) if status in ("exited", "dead") else None,
-        labels=dict(config.get("Labels") or {}),
-        created_at=iso(parse_time(data.get("Created"))),
-        started_at=iso(parse_time(state.get("StartedAt"))),
-        finished_at=iso(parse_time(state.get("FinishedAt"))),
-        oom_killed=bool(state.get("OOMKilled")),
-        id=data.get("Id"),
-    )
 
 
 class DockerRuntime(EngineRuntime):

@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
-from tuneplane_node.errors import NodeError, RuntimeFailure
+from tuneplane_node.errors import NodeError, RuntimeConflict, RuntimeFailure, is_conflict
 from tuneplane_node.runtime.base import (
     BlockingPool,
     ContainerSpec,
@@ -20,6 +20,8 @@ from tuneplane_node.runtime.base import (
     ProgressCallback,
     RuntimeHealth,
     drive_pull,
+    iso,
+    parse_time,
 )
 from tuneplane_node.runtime.cache import Brief, EngineEvent
 from tuneplane_node.settings import NodeSettings
@@ -27,6 +29,46 @@ from tuneplane_node.settings import NodeSettings
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 Events = Iterator[EngineEvent]
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: message``, even for SDK exceptions whose __str__ itself fails."""
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except Exception:
+        return type(exc).__name__
+
+
+def refused(engine: str, *, action: str, status: int | None, reason: str) -> RuntimeFailure:
+    """The error for an engine that answered no: a conflict (409) or a plain failure."""
+    failure = RuntimeConflict if is_conflict(status, reason) else RuntimeFailure
+    return failure(engine=engine, action=action, reason=reason)
+
+
+def state_from_inspect(
+    data: Mapping[str, Any], *, statuses: Mapping[str, str] | None = None
+) -> ContainerState:
+    """ContainerState from an inspect document (docker's and libpod's share the fields).
+
+    ``statuses`` renames an engine's own words for docker's (libpod's "configured").
+    """
+    state = data.get("State") or {}
+    raw = str(state.get("Status", "")).lower()
+    status = (statuses or {}).get(raw, raw)
+    config = data.get("Config") or {}
+    return ContainerState(
+        name=str(data.get("Name", "")).lstrip("/"),
+        exists=True,
+        status=status,
+        # An exit code means something only once the process has exited.
+        exit_code=int(state.get("ExitCode", 0)) if status in ("exited", "dead") else None,
+        labels=dict(config.get("Labels") or {}),
+        created_at=iso(parse_time(data.get("Created"))),
+        started_at=iso(parse_time(state.get("StartedAt"))),
+        finished_at=iso(parse_time(state.get("FinishedAt"))),
+        oom_killed=bool(state.get("OOMKilled")),
+        id=data.get("Id"),
+    )
 
 
 def pool_size(settings: NodeSettings) -> int:

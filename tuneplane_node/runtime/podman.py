@@ -20,10 +20,8 @@ import requests.exceptions
 
 from tuneplane_node.errors import (
     NodeError,
-    RuntimeConflict,
     RuntimeFailure,
     RuntimeUnavailable,
-    is_conflict,
 )
 from tuneplane_node.runtime.base import (
     LABEL_RUN_ID,
@@ -31,13 +29,18 @@ from tuneplane_node.runtime.base import (
     ContainerSpec,
     ContainerState,
     close_http_stream,
-    iso,
     job_labels,
-    parse_time,
     pull_params,
 )
 from tuneplane_node.runtime.cache import Brief, brief_from_list, event_from_docker
-from tuneplane_node.runtime.engine import EngineRuntime, Events, pool_size
+from tuneplane_node.runtime.engine import (
+    EngineRuntime,
+    Events,
+    describe,
+    pool_size,
+    refused,
+    state_from_inspect,
+)
 from tuneplane_node.settings import NodeSettings
 
 log = logging.getLogger(__name__)
@@ -62,37 +65,8 @@ def translate(exc: BaseException, *, action: str) -> NodeError:
         return RuntimeUnavailable(engine=ENGINE, reason=str(cause or exc) or type(exc).__name__)
     if isinstance(exc, podman.errors.APIError):
         reason = str(exc.explanation or exc)
-        failure = RuntimeConflict if is_conflict(exc.status_code, reason) else RuntimeFailure
-        return failure(engine=ENGINE, action=action, reason=reason)
+        return refused(ENGINE, action=action, status=exc.status_code, reason=reason)
     return RuntimeFailure(engine=ENGINE, action=action, reason=describe(exc))
-
-
-def describe(exc: BaseException) -> str:
-    """``Type: message``, even for SDK exceptions whose __str__ itself fails."""
-    try:
-        return f"{type(exc).__name__}: {exc}"
-    except Exception:
-        return type(exc).__name__
-
-
-def state_from_inspect(data: Mapping[str, Any]) -> ContainerState:
-    """ContainerState from libpod's inspect document."""
-    state = data.get("State") or {}
-    raw = str(state.get("Status", "")).lower()
-    status = _STATUS.get(raw, raw)
-    config = data.get("Config") or {}
-    return ContainerState(
-        name=str(data.get("Name", "")).lstrip("/"),
-        exists=True,
-        status=status,
-        exit_code=int(state.get("ExitCode", 0)) if status in ("exited", "dead") else None,
-        labels=dict(config.get("Labels") or {}),
-        created_at=iso(parse_time(data.get("Created"))),
-        started_at=iso(parse_time(state.get("StartedAt"))),
-        finished_at=iso(parse_time(state.get("FinishedAt"))),
-        oom_killed=bool(state.get("OOMKilled")),
-        id=data.get("Id"),
-    )
 
 
 class PodmanRuntime(EngineRuntime):
@@ -152,7 +126,7 @@ class PodmanRuntime(EngineRuntime):
 
     def _inspect(self, ref: str) -> ContainerState:
         try:
-            return state_from_inspect(self.client.containers.get(ref).attrs)
+            return state_from_inspect(self.client.containers.get(ref).attrs, statuses=_STATUS)
         except podman.errors.NotFound:
             return ContainerState.missing(ref)
 

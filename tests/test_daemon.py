@@ -573,3 +573,16 @@ async def test_a_launch_over_a_foreign_container_is_a_409(
 
     assert "already in use" in body["detail"]
     assert (await docker_runtime.inspect(foreign)).run_id is None  # untouched
+
+
+async def test_an_engine_refusal_is_a_502_with_its_words_and_frees_the_cards(
+    make_node: Make,
+) -> None:
+    node = await make_node()
+    ref, body = await node.launch(
+        gpus=2, mounts=[["/nonexistent/tuneplane-data", "/data", True]], expect=502
+    )
+    assert "docker refused to run" in body["detail"]
+    assert "/nonexistent/tuneplane-data" in body["detail"]
+    assert (await node.state(ref))["exists"] is False
+    assert (await node.health())["gpus_free"] == 4

@@ -586,3 +586,17 @@ async def test_an_engine_refusal_is_a_502_with_its_words_and_frees_the_cards(
     assert "/nonexistent/tuneplane-data" in body["detail"]
     assert (await node.state(ref))["exists"] is False
     assert (await node.health())["gpus_free"] == 4
+
+
+async def test_health_reports_the_storage_root_disk_and_the_cache(
+    make_node: Make, tmp_path: Any
+) -> None:
+    node = await make_node()
+    health = await node.health()
+
+    assert health["ok"] is True and health["protocol"] == 1
+    assert health["runtime"]["name"] == "docker" and health["runtime"]["version"]
+    assert health["disk"]["path"] == str(tmp_path.resolve())
+    assert health["disk"]["free_gib"] > 0 and 0 <= health["disk"]["used_pct"] <= 100
+    assert health["state_cache"]["synced"] is True
+    assert health["gpu_probe"] == {"source": "none", "ok": False, "error": "test"}

@@ -14,9 +14,10 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from tuneplane_node import inventory
+from tuneplane_node.daemon.disk import DiskGauge
 from tuneplane_node.daemon.launches import Launches
 from tuneplane_node.daemon.routes import routes
-from tuneplane_node.daemon.state import ALLOCATOR, LAUNCHES, RUNTIME, SETTINGS
+from tuneplane_node.daemon.state import ALLOCATOR, DISK, LAUNCHES, RUNTIME, SETTINGS
 from tuneplane_node.errors import (
     ConfigError,
     MissingProtocol,
@@ -121,6 +122,7 @@ def _lifecycle(
         allocator = given_allocator or GpuAllocator(runtime, settings)
         app[RUNTIME], app[ALLOCATOR] = runtime, allocator
         app[LAUNCHES] = Launches(runtime, allocator, settings)
+        app[DISK] = DiskGauge(settings.storage)
         log.info("node ready: runtime %s, protocol %s", runtime.name, PROTOCOL)
         yield
         await app[LAUNCHES].close()  # background pulls are cancelled, not orphaned

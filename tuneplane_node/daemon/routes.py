@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from tuneplane_node import inventory
-from tuneplane_node.daemon.state import ALLOCATOR, LAUNCHES, RUNTIME, SETTINGS
+from tuneplane_node.daemon.state import ALLOCATOR, DISK, LAUNCHES, RUNTIME, SETTINGS
 from tuneplane_node.errors import BadRequest, NodeError
 from tuneplane_node.gpu.allocator import Occupancy
 from tuneplane_node.gpu.probe import CardFacts
@@ -152,7 +150,7 @@ async def health(request: web.Request) -> web.Response:
         "protocol": PROTOCOL,
         "runtime": {"name": engine.engine, "version": engine.version},
         "series": settings.cluster_profile.lower() or None,
-        "disk": await asyncio.to_thread(disk, settings.storage),
+        "disk": await app[DISK].read(),
         "pending_pulls": app[LAUNCHES].summary(),
     }
     cache = getattr(app[RUNTIME], "cache", None)
@@ -219,18 +217,6 @@ def gpu_probe(occupancy: Occupancy | None) -> dict[str, Any] | None:
         return None
     gpus = occupancy.gpus
     return {"source": gpus.source, "ok": gpus.ok, "error": gpus.error}
-
-
-def disk(path: Path) -> dict[str, Any] | None:
-    """Usage of the storage root's filesystem; null when the root is not there."""
-    try:
-        space = os.statvfs(path)
-    except OSError:
-        return None
-    total = space.f_blocks * space.f_frsize
-    free = space.f_bavail * space.f_frsize
-    used_pct = round(100.0 * (total - space.f_bfree * space.f_frsize) / total, 1) if total else None
-    return {"path": str(path.resolve()), "used_pct": used_pct, "free_gib": round(free / 2**30, 2)}
 
 
 @routes.get("/node/v1/inventory")

@@ -41,6 +41,7 @@ WATCHED_ACTIONS = frozenset(
     {"create", "start", "restart", "die", "oom", "stop", "kill", "pause", "unpause"}
     | {"destroy", "rename", "remove", "cleanup"}
 )
+SIGKILLED = 137  # 128 + SIGKILL: the OOM killer's exit code, among others
 BACKOFF_FIRST_S = 0.5
 BACKOFF_MAX_S = 10.0
 
@@ -262,12 +263,16 @@ class StateCache:
         started = time.monotonic()
         states = [self.feed.inspect_now(brief.id) for brief in self.feed.list_brief()]
         self._post(self._replace_all, [s for s in states if s.exists], started)
+        oomed: set[str] = set()  # an "oom" comes before its "die"
         for event in events:
             if event.action.split(":")[0] not in WATCHED_ACTIONS:
                 continue
+            if event.action == "oom":
+                oomed.add(event.id)
             if event.action == "die":
                 # Say "exited" now: the inspect that confirms it takes as long again.
-                self._post(self._on_die, event)
+                self._post(self._on_die, event, event.id in oomed)
+                oomed.discard(event.id)
             state = self.feed.inspect_now(event.id)
             self._post(self._on_event, state, event.id)
 
@@ -275,15 +280,25 @@ class StateCache:
         self.last_event = time.monotonic()
         self.put(state, container_id)
 
-    def _on_die(self, event: EngineEvent) -> None:
-        """A provisional exited state from the event alone, until its inspect lands."""
+    def _on_die(self, event: EngineEvent, oom_killed: bool) -> None:
+        """A provisional exited state from the events alone, until its inspect lands."""
         self.last_event = time.monotonic()
         known = self.states.get(self.names.get(event.id, ""))
         if known is None or not known.live or event.exit_code is None:
             return
+        if event.exit_code == SIGKILLED and not oom_killed:
+            return  # maybe an OOM kill whose event is late: let the inspect say which
         # finished_at must be set: reap would otherwise date the job by its creation.
         finished = event.at or iso(datetime.now(timezone.utc))
-        self.put(replace(known, status="exited", exit_code=event.exit_code, finished_at=finished))
+        self.put(
+            replace(
+                known,
+                status="exited",
+                exit_code=event.exit_code,
+                finished_at=finished,
+                oom_killed=known.oom_killed or oom_killed,
+            )
+        )
 
     # --- the relist ---------------------------------------------------------------------
 

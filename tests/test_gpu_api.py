@@ -485,3 +485,19 @@ async def test_inventory_without_a_readable_gpu_source_says_unknown_not_zero(
     assert inventory["accelerator_count"] is None
     assert inventory["accelerator_name"] is None and inventory["driver"] is None
     assert inventory["gpus"] == []
+
+
+async def test_operators_can_turn_the_health_and_external_checks_off(
+    make_node: Make, sim: Simulation
+) -> None:
+    node = await simulated_node(
+        make_node, sim, local_check_gpu_health=False, local_check_external_gpus=False
+    )
+    sim.set(0, ecc_uncorrected=5)
+    sim.set(1, processes=[{"pid": os.getpid(), "used_mib": 100}])
+
+    health = await node.health()
+
+    assert health["unhealthy"] == {} and health["external"] == {}
+    assert health["external_probe_ok"] is False  # not checked: unknown, not "nobody"
+    assert health["free_gpus"] == [0, 1, 2, 3]

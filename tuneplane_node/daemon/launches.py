@@ -135,8 +135,15 @@ class Launches:
     # --- reading ------------------------------------------------------------------
 
     def pending(self, ref: str) -> PendingLaunch | None:
-        self._prune()
-        return self.records.get(ref)
+        """The record of one ref; an expired failed one is dropped on the way.
+
+        Only this ref is checked: observe asks for hundreds of refs per call.
+        """
+        record = self.records.get(ref)
+        if record is not None and self._expired(record, self.clock()):
+            del self.records[ref]
+            return None
+        return record
 
     def summary(self) -> dict[str, dict[str, Any]]:
         self._prune()
@@ -148,13 +155,13 @@ class Launches:
     def _prune(self) -> None:
         """Drop failed records once the console has had FAILED_RECORD_TTL_S to read them."""
         now = self.clock()
-        expired = [
-            ref
-            for ref, record in self.records.items()
-            if record.failed_at is not None and now - record.failed_at > FAILED_RECORD_TTL_S
-        ]
+        expired = [ref for ref, record in self.records.items() if self._expired(record, now)]
         for ref in expired:
             del self.records[ref]
+
+    @staticmethod
+    def _expired(record: PendingLaunch, now: float) -> bool:
+        return record.failed_at is not None and now - record.failed_at > FAILED_RECORD_TTL_S
 
     # --- launch -------------------------------------------------------------------
 

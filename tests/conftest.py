@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 
 import pytest
 
 from tests.engines import docker_host, engine_missing, podman_url
 from tests.proxy import ThrottlingProxy
-from tuneplane_node.runtime.base import ContainerRuntime
+from tuneplane_node.runtime.base import ContainerRuntime, ContainerState
 from tuneplane_node.runtime.cache import CachedRuntime
 from tuneplane_node.runtime.docker import DockerRuntime
 from tuneplane_node.runtime.podman import PodmanRuntime
@@ -45,6 +46,22 @@ class TrackingRuntime:
     async def cleanup(self) -> None:
         for name in self.made:
             await self.inner.remove(name)
+
+
+async def wait_status(
+    runtime: ContainerRuntime,
+    name: str,
+    wanted: str,
+    timeout: float = 20,
+    poll: float = 0.1,
+) -> ContainerState:
+    """The container's state once it reads ``wanted``, or as it is when time runs out."""
+    deadline = time.monotonic() + timeout
+    while True:
+        state = await runtime.inspect(name)
+        if state.status == wanted or time.monotonic() > deadline:
+            return state
+        await asyncio.sleep(poll)
 
 
 async def open_runtime(engine: str, **overrides: object) -> ContainerRuntime:

@@ -11,7 +11,7 @@ import docker
 import podman
 import pytest
 
-from tests.conftest import TrackingRuntime, engine_settings
+from tests.conftest import TrackingRuntime, engine_settings, wait_status
 from tests.engines import BIG_IMAGE, IMAGE, REGISTRY, unique
 from tests.proxy import ThrottlingProxy
 from tuneplane_node.errors import RuntimeFailure, RuntimeUnavailable
@@ -38,17 +38,6 @@ def job(command: list[str], **fields: object) -> ContainerSpec:
         labels=labels,
         **fields,  # type: ignore[arg-type]
     )
-
-
-async def wait_status(
-    runtime: TrackingRuntime, name: str, wanted: str, timeout: float = 20
-) -> ContainerState:
-    deadline = time.monotonic() + timeout
-    while True:
-        state = await runtime.inspect(name)
-        if state.status == wanted or time.monotonic() > deadline:
-            return state
-        await asyncio.sleep(0.1)
 
 
 async def forget_image(runtime: TrackingRuntime, image: str) -> None:

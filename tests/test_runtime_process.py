@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import re
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import wait_status as shared_wait_status
 from tuneplane_node.errors import RuntimeFailure
 from tuneplane_node.runtime.base import LABEL_RUN_ID, ContainerSpec, ContainerState, parse_time
 from tuneplane_node.runtime.process import ProcessRuntime
@@ -55,15 +57,8 @@ async def runtime(tmp_path: Path) -> AsyncIterator[ProcessRuntime]:
     await rt.close()
 
 
-async def wait_status(
-    runtime: ProcessRuntime, name: str, wanted: str, timeout: float = 10
-) -> ContainerState:
-    deadline = time.monotonic() + timeout
-    while True:
-        state = await runtime.inspect(name)
-        if state.status == wanted or time.monotonic() > deadline:
-            return state
-        await asyncio.sleep(0.05)
+# Bare processes answer faster than engines: poll tighter, give up sooner.
+wait_status = functools.partial(shared_wait_status, timeout=10, poll=0.05)
 
 
 async def wait_file(path: Path, timeout: float = 10) -> str:

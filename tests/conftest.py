@@ -1,72 +1,146 @@
-"""Fixtures shared by every test: engines, runtimes that clean up, no leaked tasks."""
+"""Fixtures: the fast ones (a fake engine and clock), the engine ones, and no leaked tasks.
+
+A test that uses an engine fixture must carry the ``engine`` marker, so that
+``pytest -m 'not engine'`` never needs an engine; collection fails when one does not.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import pytest
 
-from tests.engines import docker_host, engine_missing, podman_url
-from tests.proxy import ThrottlingProxy
-from tuneplane_node.runtime.base import ContainerRuntime, ContainerState
+from tests.fakes import FakeClock, FakeProbe, FakeRuntime
+from tests.helpers import (
+    TOKEN,
+    Console,
+    ThrottlingProxy,
+    TrackingRuntime,
+    engine_missing,
+    engine_settings,
+)
+from tuneplane_node.daemon.app import create_node_app
+from tuneplane_node.gpu.allocator import GpuAllocator
+from tuneplane_node.gpu.probe import GpuProbe, NoDriverProbe, make_probe
+from tuneplane_node.jobs import JobService
 from tuneplane_node.runtime.cache import CachedRuntime
 from tuneplane_node.runtime.docker import DockerRuntime
+from tuneplane_node.runtime.engine import EngineRuntime
 from tuneplane_node.runtime.podman import PodmanRuntime
 from tuneplane_node.settings import NodeSettings
 
+ENGINE_FIXTURES = frozenset({"runtime", "docker_runtime", "make_node", "proxy", "own_docker"})
 
-def engine_settings(engine: str, **overrides: object) -> NodeSettings:
-    base: dict[str, object] = {
-        "local_runtime": engine,
-        "docker_host": docker_host(),
-        "podman_url": podman_url(),
-        "local_api_timeout": 30,
-        "runtime_threads": 8,
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        function = getattr(item, "function", None)
+        if function is not None and asyncio.iscoroutinefunction(function):
+            item.add_marker(pytest.mark.usefixtures("no_leaked_tasks"))
+        used = sorted(name for name in ENGINE_FIXTURES if _uses_ours(item, name))
+        if used and item.get_closest_marker("engine") is None:
+            raise pytest.UsageError(f"{item.nodeid} uses {used}: mark it engine")
+
+
+def _uses_ours(item: pytest.Item, name: str) -> bool:
+    """Whether the test uses this module's fixture of that name (not a local one)."""
+    definitions = getattr(item, "_fixtureinfo", None)
+    defs = definitions.name2fixturedefs.get(name) if definitions else None
+    return bool(defs) and defs[-1].func.__module__ == __name__
+
+
+@pytest.fixture
+async def no_leaked_tasks() -> AsyncIterator[None]:
+    """Fail a test that leaves a background task running (kopf's discipline)."""
+    before = asyncio.all_tasks()
+    yield
+    await asyncio.sleep(0)
+    leaked = [
+        task
+        for task in asyncio.all_tasks() - before
+        if not task.done() and task is not asyncio.current_task()
+    ]
+    for _ in range(20):
+        if not leaked:
+            break
+        await asyncio.sleep(0.05)
+        leaked = [task for task in leaked if not task.done()]
+    assert not leaked, f"test left tasks running: {leaked}"
+
+
+# --- fast: a fake engine, a clock moved by hand ----------------------------------------
+
+IMAGE = "registry.test/trainer:1"
+
+
+def fake_settings(tmp_path: Any, **overrides: Any) -> NodeSettings:
+    base: dict[str, Any] = {
+        "node_token": TOKEN,
+        "local_runtime": "docker",
+        "local_gpu_count": 4,
+        "storage_root": tmp_path,
+        "node_state_dir": tmp_path / "state",
     }
-    base.update(overrides)
-    return NodeSettings(**base)  # type: ignore[arg-type]
+    return NodeSettings(**{**base, **overrides})
 
 
-class TrackingRuntime:
-    """Wraps a real runtime and force-removes every container a test made through it."""
-
-    def __init__(self, runtime: ContainerRuntime) -> None:
-        self.inner = runtime
-        self.made: list[str] = []
-
-    def __getattr__(self, item: str) -> object:
-        return getattr(self.inner, item)
-
-    async def run(self, spec):  # type: ignore[no-untyped-def]
-        self.made.append(spec.name)
-        return await self.inner.run(spec)
-
-    async def cleanup(self) -> None:
-        for name in self.made:
-            await self.inner.remove(name)
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
 
 
-async def wait_status(
-    runtime: ContainerRuntime,
-    name: str,
-    wanted: str,
-    timeout: float = 20,
-    poll: float = 0.1,
-) -> ContainerState:
-    """The container's state once it reads ``wanted``, or as it is when time runs out."""
-    deadline = time.monotonic() + timeout
-    while True:
-        state = await runtime.inspect(name)
-        if state.status == wanted or time.monotonic() > deadline:
-            return state
-        await asyncio.sleep(poll)
+@pytest.fixture
+async def fake(clock: FakeClock) -> AsyncIterator[FakeRuntime]:
+    runtime = FakeRuntime(clock=clock, images=(IMAGE,))
+    yield runtime
+    await runtime.close()
 
 
-async def open_runtime(engine: str, **overrides: object) -> ContainerRuntime:
+@pytest.fixture
+def probe() -> FakeProbe:
+    return FakeProbe(cards=4)
+
+
+@pytest.fixture
+def settings(tmp_path: Any) -> NodeSettings:
+    return fake_settings(tmp_path)
+
+
+@pytest.fixture
+async def service(
+    fake: FakeRuntime, probe: FakeProbe, settings: NodeSettings, clock: FakeClock
+) -> AsyncIterator[JobService]:
+    jobs = JobService(fake, GpuAllocator(fake, settings, probe=probe), settings, clock=clock)
+    yield jobs
+    await jobs.close()
+
+
+MakeFakeNode = Callable[..., Awaitable[Console]]
+
+
+@pytest.fixture
+async def fake_node(
+    aiohttp_client: Any, fake: FakeRuntime, probe: FakeProbe, clock: FakeClock, tmp_path: Any
+) -> MakeFakeNode:
+    """The real daemon over a real socket, in front of the fake engine."""
+
+    async def make(**overrides: Any) -> Console:
+        settings = fake_settings(tmp_path, **overrides)
+        allocator = GpuAllocator(fake, settings, probe=probe)
+        app = create_node_app(settings, runtime=fake, allocator=allocator, clock=clock)
+        return Console(await aiohttp_client(app))
+
+    return make
+
+
+# --- engines ------------------------------------------------------------------------------
+
+
+async def open_runtime(engine: str, **overrides: object) -> EngineRuntime:
     settings = engine_settings(engine, **overrides)
-    runtime: ContainerRuntime = (
+    runtime: EngineRuntime = (
         DockerRuntime(settings) if engine == "docker" else PodmanRuntime(settings)
     )
     health = await runtime.health()
@@ -101,44 +175,27 @@ async def proxy() -> AsyncIterator[ThrottlingProxy]:
     await server.close()
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        function = getattr(item, "function", None)
-        if function is not None and asyncio.iscoroutinefunction(function):
-            item.add_marker(pytest.mark.usefixtures("no_leaked_tasks"))
+MakeNode = Callable[..., Awaitable[Console]]
 
 
 @pytest.fixture
-async def no_leaked_tasks() -> AsyncIterator[None]:
-    """Fail a test that leaves a background task running (kopf's discipline)."""
-    before = asyncio.all_tasks()
-    yield
-    await asyncio.sleep(0)
-    leaked = [
-        task
-        for task in asyncio.all_tasks() - before
-        if not task.done() and task is not asyncio.current_task()
-    ]
-    for _ in range(20):
-        if not leaked:
-            break
-        await asyncio.sleep(0.05)
-        leaked = [task for task in leaked if not task.done()]
-    assert not leaked, f"test left tasks running: {leaked}"
-
-
-@pytest.fixture
-async def make_node(aiohttp_client, tmp_path):  # type: ignore[no-untyped-def]
-    """Build daemons on a real engine, reachable over a socket; clean up their jobs."""
-    from tests.console import TOKEN, Console
-    from tuneplane_node.daemon.app import create_node_app
-    from tuneplane_node.gpu.allocator import GpuAllocator
-    from tuneplane_node.gpu.probe import NoDriverProbe, make_probe
-
-    made: list[TrackingRuntime] = []
+async def make_node(aiohttp_client: Any, tmp_path: Any) -> AsyncIterator[MakeNode]:
+    """Daemons on a real engine, behind the event-fed cache as in production, reachable
+    over a socket. What their consoles launched is removed at the end, nothing else."""
+    opened: list[tuple[EngineRuntime, list[str]]] = []
     caches: list[CachedRuntime] = []
+    made_by: dict[int, list[str]] = {}  # a cache's id -> names launched through it
 
-    async def make(engine: str = "docker", *, runtime=None, **overrides):  # type: ignore[no-untyped-def]
+    async def make(
+        engine: str = "docker",
+        *,
+        feed: TrackingRuntime | None = None,
+        cached: CachedRuntime | None = None,
+        probe: GpuProbe | None = None,
+        **overrides: Any,
+    ) -> Console:
+        """``feed``: an engine runtime of another fixture (it removes what was made);
+        ``cached``: the cache of an earlier node, for a restarted daemon."""
         options = {
             "node_token": TOKEN,
             "local_gpu_passthrough": False,  # no GPU here: label the cards, hand none over
@@ -148,25 +205,25 @@ async def make_node(aiohttp_client, tmp_path):  # type: ignore[no-untyped-def]
             **overrides,
         }
         settings = engine_settings(engine, **options)
-        if runtime is None:
-            runtime = TrackingRuntime(await open_runtime(engine, **options))
-            made.append(runtime)
-        if not isinstance(runtime.inner, CachedRuntime):
-            # The daemon reads states from the event-fed cache, as in production.
-            cached = CachedRuntime(runtime, relist_s=settings.state_relist_s, sync_timeout=10)
+        if cached is None:
+            if feed is None:
+                runtime = await open_runtime(engine, **options)
+                feed = TrackingRuntime(runtime)
+                opened.append((runtime, feed.made))
+            cached = CachedRuntime(feed, relist_s=settings.state_relist_s, sync_timeout=10)  # type: ignore[arg-type]
             await cached.start()
             caches.append(cached)
-            tracking = TrackingRuntime(cached)
-            tracking.made = runtime.made
-            runtime = tracking
-        probe = make_probe(settings) if settings.gpu_simulation_file else NoDriverProbe("test")
-        allocator = GpuAllocator(runtime, settings, probe=probe)
-        app = create_node_app(settings, runtime=runtime, allocator=allocator)
-        return Console(await aiohttp_client(app))
+            made_by[id(cached)] = feed.made
+        if probe is None:
+            probe = make_probe(settings) if settings.gpu_simulation_file else NoDriverProbe("test")
+        allocator = GpuAllocator(cached, settings, probe=probe)
+        app = create_node_app(settings, runtime=cached, allocator=allocator)
+        return Console(await aiohttp_client(app), made=made_by[id(cached)])
 
     yield make
-    for cached in caches:
-        await cached.cache.close()  # the engine runtime under it is closed below
-    for runtime in made:
-        await runtime.cleanup()
-        await runtime.inner.close()
+    for cache in caches:
+        await cache.cache.close()  # the engine runtime under it is closed below
+    for runtime, names in opened:
+        for name in names:
+            await runtime.remove(name)
+        await runtime.close()

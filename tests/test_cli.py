@@ -22,23 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import engine_settings
-from tests.engines import docker_host, engine_missing
+from tests.helpers import INVENTORY_KEYS, docker_host, engine_missing, engine_settings
 from tuneplane_node.runtime.docker import DockerRuntime
 
 REPO = Path(__file__).resolve().parent.parent
-CONSOLE_FIELDS = (
-    "accelerator_series",
-    "accelerator_name",
-    "accelerator_count",
-    "driver",
-    "runtime",
-    "storage_root_visible",
-    "disk_free_bytes",
-    "cpu_count",
-    "memory_bytes",
-    "node_id",
-)
 
 
 def cli_env(home: Path, **settings: str) -> dict[str, str]:
@@ -195,6 +182,7 @@ def wait_for_healthz(
             time.sleep(0.2)
 
 
+@pytest.mark.engine
 def test_serve_answers_healthz_and_exits_0_on_sigterm(
     tmp_path: Path, serve: Serve, docker_settings: dict[str, str]
 ) -> None:
@@ -205,6 +193,7 @@ def test_serve_answers_healthz_and_exits_0_on_sigterm(
     assert "Traceback" not in (tmp_path / "serve.log").read_text()
 
 
+@pytest.mark.engine
 def test_the_readme_quick_start_serves_the_api_with_auto_runtime(
     tmp_path: Path, serve: Serve, docker_settings: dict[str, str]
 ) -> None:
@@ -221,6 +210,7 @@ def test_the_readme_quick_start_serves_the_api_with_auto_runtime(
     assert process.wait(timeout=10) == 0
 
 
+@pytest.mark.engine
 def test_check_reports_the_engine(tmp_path: Path, docker_settings: dict[str, str]) -> None:
     result = run_cli(tmp_path, "check", TUNEPLANE_NODE_TOKEN="t0ken", **docker_settings)
     assert result.returncode == 0, result.stderr
@@ -228,6 +218,7 @@ def test_check_reports_the_engine(tmp_path: Path, docker_settings: dict[str, str
     assert result.stdout.strip().endswith("ok")
 
 
+@pytest.mark.engine
 def test_inventory_prints_the_console_fields_as_json(
     tmp_path: Path, docker_settings: dict[str, str]
 ) -> None:
@@ -240,7 +231,7 @@ def test_inventory_prints_the_console_fields_as_json(
     result = run_cli(tmp_path, "inventory", **settings)
     assert result.returncode == 0, result.stderr
     facts = json.loads(result.stdout)
-    assert [field for field in CONSOLE_FIELDS if field not in facts] == []
+    assert list(facts) == INVENTORY_KEYS
     assert facts["runtime"].startswith("docker://")
     assert facts["accelerator_series"] == "h100-lab"
     assert facts["accelerator_count"] == 2

@@ -16,16 +16,22 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import TrackingRuntime
-from tests.console import Console
-from tests.engines import IMAGE, unique
-from tests.proxy import ThrottlingProxy
-from tests.test_daemon import slow_image, wait_until
-from tuneplane_node.daemon.state import RUNTIME
+from tests.conftest import MakeNode
+from tests.helpers import (
+    IMAGE,
+    Console,
+    ThrottlingProxy,
+    TrackingRuntime,
+    forget_image,
+    unique,
+    wait_until,
+)
+from tuneplane_node.daemon.state import JOBS
 from tuneplane_node.runtime.base import LABEL_GPUS, LABEL_RUN_ID, container_name
 from tuneplane_node.runtime.docker import DockerRuntime
 
-Make = Any  # the make_node fixture's factory
+pytestmark = pytest.mark.engine
+Make = MakeNode
 
 DRIVER = "580.159.03"
 CUDA = "13.0"
@@ -136,7 +142,7 @@ async def test_health_and_inventory_report_the_cards_of_the_file(
     health = await node.health()
     assert health["gpus_total"] == 4 and health["free_gpus"] == [0, 1, 2, 3]
     assert health["external_probe_ok"] is True
-    assert health["unhealthy"] == {} and health["external"] == {}
+    assert health["unhealthy"] == {} and health["external"] == []
     detail = health["gpu_detail"]
     assert [entry["index"] for entry in detail] == [0, 1, 2, 3]
     for index, entry in enumerate(detail):
@@ -246,7 +252,8 @@ async def test_a_foreign_process_makes_its_card_external(make_node: Make, sim: S
 
     health = await node.health()
     assert health["external_probe_ok"] is True
-    assert health["external"] == {"2": [stranger]}
+    assert health["external"] == [2]
+    assert health["external_pids"] == {"2": [stranger]}
     assert health["free_gpus"] == [0, 1, 3]
     assert f"gpu 2: external pid {stranger}" in health["explain"]
     _, body = await node.launch(gpus=4, expect=409)
@@ -256,7 +263,7 @@ async def test_a_foreign_process_makes_its_card_external(make_node: Make, sim: S
 
     sim.set(2, processes=[])
     health = await node.health()
-    assert health["external"] == {} and health["free_gpus"] == [2]
+    assert health["external"] == [] and health["free_gpus"] == [2]
 
 
 async def container_pid(runtime: TrackingRuntime, name: str) -> int:
@@ -279,7 +286,7 @@ async def test_a_process_of_the_job_holding_the_card_is_not_external(
 
     health = await node.health()
     assert health["external_probe_ok"] is True
-    assert health["external"] == {}
+    assert health["external"] == [] and health["external_pids"] == {}
     assert health["by_job"] == {str(held): run_id_of(ref)}
     assert f"gpu {held}: held by run {run_id_of(ref)}" in health["explain"]
 
@@ -299,7 +306,7 @@ async def test_a_process_in_a_container_not_of_the_node_is_external(
     sim.set(0, processes=[{"pid": pid, "used_mib": 500}])
 
     health = await node.health()
-    assert health["external"] == {"0": [pid]}
+    assert (health["external"], health["external_pids"]) == ([0], {"0": [pid]})
     assert health["free_gpus"] == [1, 2, 3]
     _, answer = await node.launch(gpus=1)
     assert answer["gpus"] == [1]
@@ -411,8 +418,10 @@ async def test_a_two_card_job_gets_the_best_joined_pair(
 async def test_a_reservation_during_a_slow_pull_holds_against_direct_launches(
     make_node: Make, sim: Simulation, docker_runtime: TrackingRuntime, proxy: ThrottlingProxy
 ) -> None:
-    image = await slow_image(docker_runtime, proxy, rate=100_000)
-    node = await simulated_node(make_node, sim, runtime=docker_runtime)
+    proxy.rate = 100_000
+    image = f"{proxy.address()}/tuneplane-test/big:1"
+    await forget_image(docker_runtime, image)
+    node = await simulated_node(make_node, sim, feed=docker_runtime)
     pending, answer = await node.launch(gpus=3, image=image)
     assert answer["phase"] == "pulling"
     await wait_until(lambda: proxy.bytes_sent > 0)
@@ -437,10 +446,10 @@ async def test_a_restarted_daemon_rebuilds_by_job_from_the_labels(make_node: Mak
     first = await make_node()
     one, answer_one = await first.launch(gpus=1)
     two, answer_two = await first.launch(gpus=2)
-    runtime = first.app[RUNTIME]
+    cached = first.app[JOBS].runtime
     await first.client.close()
 
-    second = await make_node(runtime=runtime)
+    second = await make_node(cached=cached)
     health = await second.health()
 
     expected = {str(gpu): run_id_of(one) for gpu in answer_one["gpus"]}
@@ -498,6 +507,6 @@ async def test_operators_can_turn_the_health_and_external_checks_off(
 
     health = await node.health()
 
-    assert health["unhealthy"] == {} and health["external"] == {}
+    assert health["unhealthy"] == {} and health["external"] == []
     assert health["external_probe_ok"] is False  # not checked: unknown, not "nobody"
     assert health["free_gpus"] == [0, 1, 2, 3]

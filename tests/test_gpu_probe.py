@@ -16,6 +16,7 @@ from tuneplane_node.gpu.probe import (
     make_probe,
 )
 from tuneplane_node.settings import NodeSettings
+from tuneplane_node.wire import card_json
 
 H100 = {
     "name": "NVIDIA H100 80GB HBM3",
@@ -90,11 +91,11 @@ def test_simulation_reports_cards_processes_and_links(sim: Path, clock: Clock) -
     assert first.processes == (GpuProcess(1234, 500), GpuProcess(99, None))
     assert snap.processes_ok is True
     assert dict(snap.links) == {(0, 1): "nvlink"}
-    assert first.to_json()["processes"] == [
+    assert card_json(first)["processes"] == [
         {"pid": 1234, "used_mib": 500},
         {"pid": 99, "used_mib": None},
     ]
-    assert snap.cards[1].to_json()["pci_bus_id"] is None
+    assert card_json(snap.cards[1])["pci_bus_id"] is None
 
 
 def test_file_is_read_again_after_an_edit(sim: Path, clock: Clock) -> None:
@@ -258,6 +259,7 @@ def test_no_driver_gives_a_probe_that_says_why(caplog: pytest.LogCaptureFixture)
         probe.close()
 
 
+@pytest.mark.engine  # real hardware: outside the fast suite, like an engine
 @pytest.mark.skipif(not nvml_library_loads(), reason="needs an NVIDIA driver")
 def test_driver_gives_an_nvml_probe_that_lists_cards() -> None:
     probe = make_probe(settings())

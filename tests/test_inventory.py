@@ -1,20 +1,21 @@
-"""The inventory: storage per filesystem, fabrics from sysfs, the node id, collect()."""
+"""The machine's facts: storage per filesystem, fabrics from sysfs, the node id, collect()."""
 
 from __future__ import annotations
 
-import json
 import os
 import uuid
-from dataclasses import replace
 from pathlib import Path
-from types import MappingProxyType
 
 import pytest
 
+from tests.fakes import FakeClock
 from tuneplane_node import __version__
 from tuneplane_node.errors import ConfigError
-from tuneplane_node.gpu.probe import CardFacts, GpuSnapshot
 from tuneplane_node.inventory import (
+    DiskGauge,
+    FabricFacts,
+    Filesystem,
+    LocalDisk,
     check_fabrics,
     collect,
     fabrics,
@@ -22,22 +23,10 @@ from tuneplane_node.inventory import (
     local_disk,
     node_id,
     read_mounts,
+    space,
     storage_entries,
 )
 from tuneplane_node.settings import Fabric, NodeSettings
-
-CONSOLE_FIELDS = {
-    "accelerator_series",
-    "accelerator_name",
-    "accelerator_count",
-    "driver",
-    "runtime",
-    "storage_root_visible",
-    "disk_free_bytes",
-    "cpu_count",
-    "memory_bytes",
-}
-H100 = "NVIDIA H100 80GB HBM3"
 
 
 def write_mountinfo(path: Path, mounts: dict[str, str]) -> Path:
@@ -73,14 +62,11 @@ def test_two_directories_on_one_disk_count_once(tmp_path: Path) -> None:
     entries = storage_entries([a, b], mountinfo=mountinfo)
 
     assert len(entries) == 1
-    assert entries[0]["paths"] == [str(a.resolve()), str(b.resolve())]
-    assert entries[0]["fs_type"] == "ext4"
-    assert entries[0]["shared"] is False
-    assert entries[0]["total_bytes"] == total_bytes(tmp_path)
-    assert local_disk(entries) == {
-        "free_bytes": entries[0]["free_bytes"],
-        "total_bytes": total_bytes(tmp_path),
-    }
+    assert entries[0].paths == (str(a.resolve()), str(b.resolve()))
+    assert entries[0].fs_type == "ext4"
+    assert entries[0].shared is False
+    assert entries[0].total_bytes == total_bytes(tmp_path)
+    assert local_disk(entries) == LocalDisk(entries[0].free_bytes, total_bytes(tmp_path))
 
 
 def test_a_directory_listed_twice_appears_once(tmp_path: Path) -> None:
@@ -88,7 +74,7 @@ def test_a_directory_listed_twice_appears_once(tmp_path: Path) -> None:
 
     entries = storage_entries([a, tmp_path / "data" / ".." / "data"], mountinfo=tmp_path / "none")
 
-    assert entries[0]["paths"] == [str(a.resolve())]
+    assert entries[0].paths == (str(a.resolve()),)
 
 
 def test_a_filer_is_shared_and_not_local_disk(tmp_path: Path) -> None:
@@ -97,18 +83,18 @@ def test_a_filer_is_shared_and_not_local_disk(tmp_path: Path) -> None:
 
     entries = storage_entries([filer], mountinfo=mountinfo)
 
-    assert [(e["fs_type"], e["shared"]) for e in entries] == [("nfs4", True)]
+    assert [(e.fs_type, e.shared) for e in entries] == [("nfs4", True)]
     assert local_disk(entries) is None
 
 
 def test_local_disk_sums_only_unshared_filesystems() -> None:
-    entries: list[dict[str, object]] = [
-        {"paths": ["/scratch"], "shared": False, "free_bytes": 10, "total_bytes": 100},
-        {"paths": ["/filer"], "shared": True, "free_bytes": 9000, "total_bytes": 90000},
-        {"paths": ["/nvme"], "shared": False, "free_bytes": 5, "total_bytes": 50},
+    entries = [
+        Filesystem(("/scratch",), "ext4", False, free_bytes=10, total_bytes=100),
+        Filesystem(("/filer",), "nfs4", True, free_bytes=9000, total_bytes=90000),
+        Filesystem(("/nvme",), None, False, free_bytes=5, total_bytes=50),
     ]
 
-    assert local_disk(entries) == {"free_bytes": 15, "total_bytes": 150}
+    assert local_disk(entries) == LocalDisk(free_bytes=15, total_bytes=150)
 
 
 def test_a_missing_directory_is_skipped_not_reported_full(tmp_path: Path) -> None:
@@ -117,7 +103,7 @@ def test_a_missing_directory_is_skipped_not_reported_full(tmp_path: Path) -> Non
 
     entries = storage_entries([unmounted, present], mountinfo=tmp_path / "none")
 
-    assert [e["paths"] for e in entries] == [[str(present.resolve())]]
+    assert [e.paths for e in entries] == [(str(present.resolve()),)]
 
 
 def test_no_directory_at_all_is_unknown(tmp_path: Path) -> None:
@@ -130,8 +116,8 @@ def test_no_directory_at_all_is_unknown(tmp_path: Path) -> None:
 def test_unreadable_mountinfo_leaves_the_type_unknown(tmp_path: Path) -> None:
     entries = storage_entries([tmp_path], mountinfo=tmp_path / "no-such-mountinfo")
 
-    assert entries[0]["fs_type"] is None
-    assert entries[0]["total_bytes"] == total_bytes(tmp_path)
+    assert entries[0].fs_type is None
+    assert entries[0].total_bytes == total_bytes(tmp_path)
 
 
 def test_the_deepest_mount_holding_a_path_gives_its_type(tmp_path: Path) -> None:
@@ -190,8 +176,8 @@ def test_a_fabric_runs_at_its_slowest_active_port(sysfs: Path) -> None:
     ]
 
     assert fabrics(configured, sysfs=sysfs) == [
-        {"fabric": "compute", "hcas": ["mlx5_0", "mlx5_1"], "rate_gbps": 100.0},
-        {"fabric": "storage", "hcas": ["mlx5_2"], "rate_gbps": None},
+        FabricFacts("compute", ("mlx5_0", "mlx5_1"), 100.0),
+        FabricFacts("storage", ("mlx5_2",), None),
     ]
 
 
@@ -273,23 +259,6 @@ def test_a_damaged_node_id_is_left_alone(tmp_path: Path) -> None:
 # --- collect ---------------------------------------------------------------------------
 
 
-def snapshot(*names: str, ok: bool = True) -> GpuSnapshot:
-    cards = tuple(
-        CardFacts(index=i, uuid=f"GPU-{i}", name=name, memory_total_mib=81559)
-        for i, name in enumerate(names)
-    )
-    return GpuSnapshot(
-        source="test",
-        ok=ok,
-        error=None if ok else "driver gone",
-        driver="580.159.03",
-        cuda="13.0",
-        cards=cards,
-        processes_ok=ok,
-        links=MappingProxyType({}),
-    )
-
-
 def settings_for(tmp_path: Path, **fields: object) -> NodeSettings:
     values: dict[str, object] = {
         "storage_root": tmp_path / "storage",
@@ -299,60 +268,21 @@ def settings_for(tmp_path: Path, **fields: object) -> NodeSettings:
     return NodeSettings(**{**values, **fields})  # type: ignore[arg-type]
 
 
-def run_collect(tmp_path: Path, settings: NodeSettings, **kwargs: object) -> dict[str, object]:
-    arguments: dict[str, object] = {
-        "gpus": None,
-        "accelerator_count": None,
-        "runtime": "docker://20.10.24",
+def run_collect(tmp_path: Path, settings: NodeSettings, **kwargs: Path):  # type: ignore[no-untyped-def]
+    arguments = {
         "sysfs": tmp_path / "no-infiniband",
         "mountinfo": write_mountinfo(tmp_path / "mountinfo", {"/": "ext4"}),
+        **kwargs,
     }
-    return collect(settings, **{**arguments, **kwargs})  # type: ignore[arg-type]
-
-
-def test_collect_reports_the_cards_the_driver_sees(tmp_path: Path) -> None:
-    gpus = snapshot("NVIDIA H100 PCIe", H100, H100)
-
-    inventory = run_collect(tmp_path, settings_for(tmp_path), gpus=gpus)
-
-    assert inventory["accelerator_name"] == H100  # the most common, not the first
-    assert inventory["accelerator_count"] == 3
-    assert inventory["driver"] == "580.159.03"
-    assert inventory["cuda_version"] == "13.0"
-    assert inventory["gpus"] == [card.to_json() for card in gpus.cards]
-
-
-def test_the_allocators_count_wins_over_the_drivers(tmp_path: Path) -> None:
-    inventory = run_collect(
-        tmp_path, settings_for(tmp_path), gpus=snapshot(H100, H100), accelerator_count=1
-    )
-
-    assert inventory["accelerator_count"] == 1
-
-
-def test_a_driver_that_did_not_answer_gives_no_count(tmp_path: Path) -> None:
-    inventory = run_collect(tmp_path, settings_for(tmp_path), gpus=snapshot(ok=False))
-
-    assert inventory["accelerator_count"] is None
-    assert inventory["accelerator_name"] is None
-
-
-def test_without_a_snapshot_the_gpus_are_unknown(tmp_path: Path) -> None:
-    inventory = run_collect(tmp_path, settings_for(tmp_path), gpus=None)
-
-    assert inventory["accelerator_name"] is None
-    assert inventory["accelerator_count"] is None
-    assert inventory["driver"] is None
-    assert inventory["cuda_version"] is None
-    assert inventory["gpus"] == []
+    return collect(settings, **arguments)
 
 
 def test_the_declared_series_is_reported_lower_cased(tmp_path: Path) -> None:
     declared = run_collect(tmp_path, settings_for(tmp_path, cluster_profile="H100-SXM"))
     undeclared = run_collect(tmp_path, settings_for(tmp_path, cluster_profile=""))
 
-    assert declared["accelerator_series"] == "h100-sxm"
-    assert undeclared["accelerator_series"] is None
+    assert declared.series == "h100-sxm"
+    assert undeclared.series is None
 
 
 def test_collect_describes_the_machine(tmp_path: Path) -> None:
@@ -363,54 +293,64 @@ def test_collect_describes_the_machine(tmp_path: Path) -> None:
         fabrics=[Fabric(name="compute", hcas=["mlx5_0"])],
     )
 
-    inventory = run_collect(tmp_path, settings)
+    facts = run_collect(tmp_path, settings)
 
-    assert inventory.keys() >= CONSOLE_FIELDS
-    assert inventory["runtime"] == "docker://20.10.24"
-    assert inventory["storage_root_visible"] is True
-    assert isinstance(inventory["disk_free_bytes"], int)
-    storage = inventory["storage"]
-    assert isinstance(storage, list)
-    assert [entry["paths"] for entry in storage] == [[str((tmp_path / "storage").resolve())]]
-    assert inventory["fabrics"] == [{"fabric": "compute", "hcas": ["mlx5_0"], "rate_gbps": None}]
-    assert inventory["node_id"] == node_id(tmp_path / "state")
-    assert inventory["agent_version"] == __version__
-    assert isinstance(inventory["cpu_count"], int) and inventory["cpu_count"] >= 1
-    assert isinstance(inventory["memory_bytes"], int) and inventory["memory_bytes"] > 0
-    json.dumps(inventory)  # the console gets it as JSON
+    assert facts.storage_root_visible is True
+    assert isinstance(facts.disk_free_bytes, int) and facts.disk_free_bytes > 0
+    assert [entry.paths for entry in facts.storage] == [(str((tmp_path / "storage").resolve()),)]
+    assert facts.fabrics == (FabricFacts("compute", ("mlx5_0",), None),)
+    assert facts.node_id == node_id(tmp_path / "state")
+    assert facts.agent_version == __version__
+    assert isinstance(facts.cpu_count, int) and facts.cpu_count >= 1
+    assert isinstance(facts.memory_bytes, int) and facts.memory_bytes > 0
 
 
 def test_a_missing_storage_root_is_unknown_space_not_zero(tmp_path: Path) -> None:
-    inventory = run_collect(tmp_path, settings_for(tmp_path))
+    facts = run_collect(tmp_path, settings_for(tmp_path))
 
-    assert inventory["storage_root_visible"] is False
-    assert inventory["disk_free_bytes"] is None
-    assert inventory["storage"] == []
-    assert inventory["local_disk"] is None
-
-
-class BrokenCard(CardFacts):
-    def to_json(self) -> dict[str, object]:
-        raise RuntimeError("bug in a probe")
+    assert facts.storage_root_visible is False
+    assert facts.disk_free_bytes is None
+    assert facts.storage == ()
+    assert facts.local_disk is None
 
 
 def test_one_failing_part_leaves_the_rest_reported(tmp_path: Path) -> None:
-    gpus = replace(snapshot(H100), cards=(BrokenCard(index=0, name=H100),))
     (tmp_path / "meminfo").write_text("MemFree: 1 kB\n")
+    (tmp_path / "state").write_text("a file where the state directory should be")
 
-    inventory = run_collect(
-        tmp_path, settings_for(tmp_path), gpus=gpus, meminfo=tmp_path / "meminfo"
-    )
+    facts = run_collect(tmp_path, settings_for(tmp_path), meminfo=tmp_path / "meminfo")
 
-    assert inventory["gpus"] == []
-    assert inventory["memory_bytes"] is None
-    assert inventory["accelerator_name"] == H100
-    assert inventory["driver"] == "580.159.03"
+    assert facts.memory_bytes is None
+    assert facts.node_id is None
+    assert facts.cpu_count is not None and facts.hostname
 
 
 def test_memory_is_memtotal_in_bytes(tmp_path: Path) -> None:
     (tmp_path / "meminfo").write_text("MemTotal:       16316412 kB\nMemFree: 1 kB\n")
 
-    inventory = run_collect(tmp_path, settings_for(tmp_path), meminfo=tmp_path / "meminfo")
+    facts = run_collect(tmp_path, settings_for(tmp_path), meminfo=tmp_path / "meminfo")
 
-    assert inventory["memory_bytes"] == 16316412 * 1024
+    assert facts.memory_bytes == 16316412 * 1024
+
+
+# --- the disk health reports ---------------------------------------------------------------
+
+
+def test_space_is_one_statvfs_in_bytes(tmp_path: Path) -> None:
+    stat = os.statvfs(tmp_path)
+    measured = space(tmp_path)
+    assert measured is not None
+    assert measured.total == stat.f_blocks * stat.f_frsize
+    assert measured.available <= measured.free <= measured.total
+    assert space(tmp_path / "nope") is None
+
+
+async def test_the_disk_gauge_reads_at_most_once_a_second(tmp_path: Path) -> None:
+    clock = FakeClock()
+    gauge = DiskGauge(tmp_path / "root", clock=clock)
+    assert await gauge.read() is None  # not there yet: unknown
+    (tmp_path / "root").mkdir()
+    assert await gauge.read() is None  # still the reading of a moment ago
+    clock.advance(1.5)
+    reading = await gauge.read()
+    assert reading is not None and reading.path == str((tmp_path / "root").resolve())

@@ -1,20 +1,18 @@
-"""The runtime contract's pure parts: names, labels, times, pull progress."""
+"""The runtime contract's pure parts: names, labels, the states' derived facts."""
 
 from __future__ import annotations
 
 import pytest
 
 from tuneplane_node.runtime.base import (
-    LABEL_ATTEMPT,
     LABEL_GPUS,
     LABEL_RUN_ID,
+    ContainerSpec,
     ContainerState,
-    PullProgress,
     container_name,
     format_gpus,
+    job_labels,
     parse_gpus,
-    parse_time,
-    pull_params,
 )
 
 
@@ -44,51 +42,32 @@ def test_state_derived_fields() -> None:
         name="tuneplane-a",
         exists=True,
         status="created",
-        labels={LABEL_RUN_ID: "a", LABEL_GPUS: "1,2", LABEL_ATTEMPT: "3"},
+        labels={LABEL_RUN_ID: "a", LABEL_GPUS: "1,2"},
     )
-    assert (state.run_id, state.gpus, state.attempt) == ("a", (1, 2), 3)
-    assert state.never_started and state.live
+    assert (state.run_id, state.gpus) == ("a", (1, 2))
+    assert state.never_started and state.live and state.ours
     assert not ContainerState.missing("x").live
+    assert not ContainerState.missing("x").ours
 
 
-def test_engine_times_parse_with_nanoseconds_and_zero() -> None:
-    moment = parse_time("2026-11-29T21:00:00.123456789Z")
-    assert moment is not None and moment.microsecond == 123456
-    assert parse_time("0001-01-01T00:00:00Z") is None
-    assert parse_time("garbage") is None
-    assert parse_time("2026-11-29T21:00:00.5+01:00") is not None
+def test_a_container_without_the_run_id_label_is_not_the_nodes() -> None:
+    foreign = ContainerState(name="tuneplane-a", exists=True, status="running", labels={})
+    assert foreign.live and not foreign.ours
 
 
-@pytest.mark.parametrize(
-    ("image", "params"),
-    [
-        ("busybox", {"fromImage": "busybox", "tag": "latest"}),
-        ("127.0.0.1:5000/a/b", {"fromImage": "127.0.0.1:5000/a/b", "tag": "latest"}),
-        ("127.0.0.1:5000/a/b:1", {"fromImage": "127.0.0.1:5000/a/b:1"}),
-        ("a/b@sha256:00", {"fromImage": "a/b@sha256:00"}),
-    ],
-)
-def test_an_untagged_pull_means_latest_not_every_tag(image: str, params: dict[str, str]) -> None:
-    assert pull_params(image) == params
+@pytest.mark.parametrize("status", ["running", "created", "paused", "restarting"])
+def test_live_statuses_hold_their_cards(status: str) -> None:
+    assert ContainerState(name="a", exists=True, status=status).live
 
 
-def test_pull_progress_counts_bytes_layers_and_extraction() -> None:
-    progress = PullProgress()
-    messages = [
-        {"status": "Pulling from a/b", "id": "1"},
-        {"status": "Pulling fs layer", "id": "l1"},
-        {"status": "Pulling fs layer", "id": "l2"},
-        {"status": "Downloading", "id": "l1", "progressDetail": {"current": 50, "total": 100}},
-        {"status": "Downloading", "id": "l2", "progressDetail": {"current": 10, "total": 300}},
-        {"status": "Download complete", "id": "l1"},
-    ]
-    moved = [progress.update(message) for message in messages]
-    assert progress.snapshot() == (110, 400, 1, 2)
-    assert moved[3] and moved[4] and moved[5]
-    before = progress.moved
-    assert progress.update({"status": "Extracting", "id": "l1", "progressDetail": {"current": 7}})
-    assert progress.moved == before + 1  # extraction is progress for the stall deadline
-    assert not progress.update({"status": "Waiting", "id": "l2"})
-    progress.update({"status": "Pull complete", "id": "l1"})
-    progress.update({"status": "Already exists", "id": "l2"})
-    assert progress.snapshot()[2:] == (2, 2)
+@pytest.mark.parametrize("status", ["exited", "dead", "removing", ""])
+def test_other_statuses_hold_no_card(status: str) -> None:
+    assert not ContainerState(name="a", exists=True, status=status).live
+
+
+def test_every_runtime_writes_the_cards_label_from_the_spec() -> None:
+    spec = ContainerSpec(name="a", image="i", gpus=(3, 1), labels={LABEL_RUN_ID: "r"})
+    assert job_labels(spec) == {LABEL_RUN_ID: "r", LABEL_GPUS: "1,3"}
+    # A label the console smuggled in cannot disagree with the devices.
+    forged = ContainerSpec(name="a", image="i", gpus=(), labels={LABEL_GPUS: "0,1,2"})
+    assert job_labels(forged)[LABEL_GPUS] == ""

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
-from tuneplane_node import __version__, inventory
+from tuneplane_node import __version__, inventory, wire
 from tuneplane_node.errors import ConfigError
 from tuneplane_node.settings import NodeSettings, load_settings
 
@@ -77,23 +77,17 @@ def serve(settings: NodeSettings, *, host: str | None, port: int | None) -> int:
 
 async def print_inventory(settings: NodeSettings) -> int:
     from tuneplane_node.gpu.allocator import GpuAllocator
+    from tuneplane_node.jobs import read_inventory
     from tuneplane_node.runtime import detect_runtime
 
     runtime = await detect_runtime(settings, cache=False)
     allocator = GpuAllocator(runtime, settings)
     try:
-        engine = await runtime.health()
-        gpus = await allocator.snapshot()
-        facts = inventory.collect(
-            settings,
-            gpus=gpus,
-            accelerator_count=allocator.card_count(gpus),
-            runtime=f"{engine.engine}://{engine.version}" if engine.version else None,
-        )
+        facts = await read_inventory(runtime, allocator, settings)
     finally:
         allocator.close()
         await runtime.close()
-    print(json.dumps(facts, indent=2))
+    print(json.dumps(wire.inventory_json(facts), indent=2))
     return 0
 
 

@@ -1,24 +1,28 @@
 """The errors the node raises, each with the HTTP status the daemon answers with.
 
 Every error carries its facts as fields and builds its own sentence; one middleware in
-`daemon/app.py` turns any of them into ``{"detail": <sentence>}``. Third-party SDK
+`daemon/app.py` turns any `NodeError` into ``{"detail": <sentence>}``. Third-party SDK
 errors never travel past the module that imports the SDK: they are translated there
-into ``RuntimeUnavailable`` or ``RuntimeFailure`` with the cause chained.
+(one table per engine, `runtime/engine.py`) with the cause chained.
 
+    ConfigError                a setting is wrong; the daemon does not start (no status)
     NodeError (500: a bug, or an error nobody classified)
-    ├── ConfigError            a setting is wrong; the daemon does not start
     ├── BadRequest (400)       the request cannot be read at all
     │   └── MissingProtocol    no X-TunePlane-Node-Protocol header
     ├── Unauthorized (401)     wrong or missing bearer token
+    ├── PayloadTooLarge (413)  body over the limit
+    ├── InvalidField (422)     a field is missing or has a bad value; names the field
     ├── Conflict (409)         well-formed, but this node will not do it now
     │   ├── ProtocolMismatch   console and node speak different wire versions
-    │   └── NoCapacity         not enough GPUs free for the job
-    ├── InvalidField (422)     a field is missing or has a bad value; names the field
-    ├── PayloadTooLarge (413)  body over the limit
-    └── EngineError ...........   (abstract) the container engine
-        ├── RuntimeUnavailable (503)  the engine did not answer: facts are unknown
-        └── RuntimeFailure (502)      the engine answered and refused; its own message
-            └── RuntimeConflict (409) ...refused because of the node's state (a name in use)
+    │   ├── NoCapacity         not enough GPUs free for the job
+    │   ├── NameTaken          the container name is held by another run
+    │   └── EngineConflict     (also an EngineRefused) the engine refused: name in use
+    └── EngineError            the container engine
+        ├── EngineUnavailable (503)  did not answer: facts are unknown, nothing is gone
+        └── EngineRefused (502)      answered and refused; carries its own words
+            └── EngineConflict (409)
+
+``except Conflict`` catches every 409; ``except EngineError`` every engine failure.
 """
 
 from __future__ import annotations
@@ -26,18 +30,23 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 
-class NodeError(Exception):
-    """Base of every error the node raises on purpose."""
-
-    status = 500
+class ConfigError(Exception):
+    """A setting has a bad value; raised at start-up, naming the variable. Not an HTTP
+    error: no request can cause it."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
 
 
-class ConfigError(NodeError):
-    """A setting has a bad value; raised at start-up, naming the variable."""
+class NodeError(Exception):
+    """Base of every error the node raises on purpose while serving."""
+
+    status = 500
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
 
 
 class BadRequest(NodeError):
@@ -56,6 +65,23 @@ class Unauthorized(NodeError):
 
     def __init__(self) -> None:
         super().__init__("invalid node token")
+
+
+class PayloadTooLarge(NodeError):
+    status = 413
+
+    def __init__(self, *, limit: int) -> None:
+        super().__init__(f"request body is larger than {limit} bytes")
+        self.limit = limit
+
+
+class InvalidField(NodeError):
+    status = 422
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
 
 
 class Conflict(NodeError):
@@ -99,57 +125,51 @@ class NoCapacity(Conflict):
         self.unhealthy = unhealthy
 
 
-class InvalidField(NodeError):
-    status = 422
+class NameTaken(Conflict):
+    """The container name belongs to another run: a launch never takes it over."""
 
-    def __init__(self, field: str, reason: str) -> None:
-        super().__init__(f"{field}: {reason}")
-        self.field = field
-        self.reason = reason
-
-
-class PayloadTooLarge(NodeError):
-    status = 413
-
-    def __init__(self, *, limit: int) -> None:
-        super().__init__(f"request body is larger than {limit} bytes")
-        self.limit = limit
+    def __init__(self, *, ref: str, run_id: str | None) -> None:
+        super().__init__(f"the container name {ref} is held by run {run_id}")
+        self.ref = ref
+        self.run_id = run_id
 
 
 class EngineError(NodeError):
-    """Something about the container engine."""
+    """Something about the container engine (or the process runtime standing in for one)."""
+
+    def __init__(self, message: str, *, engine: str) -> None:
+        super().__init__(message)
+        self.engine = engine
 
 
-class RuntimeUnavailable(EngineError):
+class EngineUnavailable(EngineError):
     """The engine did not answer. Nothing is known, so nothing may be reported gone."""
 
     status = 503
 
     def __init__(self, *, engine: str, reason: str) -> None:
-        super().__init__(f"engine unreachable: {engine}: {reason}")
-        self.engine = engine
+        super().__init__(f"engine unreachable: {engine}: {reason}", engine=engine)
         self.reason = reason
 
 
-class RuntimeFailure(EngineError):
+class EngineRefused(EngineError):
     """The engine answered and refused the call; carries the engine's own message."""
 
     status = 502
 
     def __init__(self, *, engine: str, action: str, reason: str) -> None:
-        super().__init__(f"{engine} refused to {action}: {reason}")
-        self.engine = engine
+        super().__init__(f"{engine} refused to {action}: {reason}", engine=engine)
         self.action = action
         self.reason = reason
 
 
-class RuntimeConflict(RuntimeFailure):
-    """The engine refused because of what is already there, e.g. a container name in use
-    by a container that is not the node's: the caller's to resolve, not a node fault."""
+class EngineConflict(EngineRefused, Conflict):
+    """The engine refused because of what is already there (a container name in use):
+    the caller's to resolve, not a node fault."""
 
     status = 409
 
 
-def is_conflict(status: int | None, message: str) -> bool:
+def is_name_conflict(status: int | None, message: str) -> bool:
     """Engines say "name in use" with 409 (docker) or 500 and a sentence (podman 4)."""
     return status == 409 or "already in use" in message

@@ -1,4 +1,8 @@
-"""What this machine has, for ``GET /node/v1/inventory`` and ``tuneplane-node inventory``.
+"""What this machine has (its disks, fabrics, memory, CPUs and identity), for
+``GET /node/v1/inventory``, ``tuneplane-node inventory`` and health's ``disk``.
+
+The cards are the GPU probe's to tell and the engine the runtime's: the job service
+puts the three together, and `wire` gives the whole its JSON shape.
 
 Collecting the inventory never raises: each part is guarded, and a fact the machine
 cannot answer stays empty (None, [] or {}), which the console reads as unknown, never as
@@ -12,23 +16,23 @@ the daemon calls ``collect`` in its thread pool, never on the event loop.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import math
 import os
 import re
 import socket
 import tempfile
 import uuid
-from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 from tuneplane_node import __version__
+from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.errors import ConfigError
 from tuneplane_node.settings import Fabric, NodeSettings, env_name
-
-if TYPE_CHECKING:
-    from tuneplane_node.gpu.probe import GpuSnapshot
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -50,6 +54,107 @@ SHARED_FILESYSTEMS = frozenset(
 )  # fmt: skip
 
 Mount = tuple[Path, str]  # (mount point, filesystem type)
+
+
+@dataclass(frozen=True)
+class Space:
+    """A filesystem's size in bytes: ``free`` as root sees it, ``available`` to others."""
+
+    total: int
+    free: int
+    available: int
+
+
+@dataclass(frozen=True)
+class Filesystem:
+    """One filesystem holding the storage root or a model dir."""
+
+    paths: tuple[str, ...]
+    fs_type: str | None
+    shared: bool  # a network or cluster filesystem: its space is every node's
+    free_bytes: int
+    total_bytes: int
+
+
+@dataclass(frozen=True)
+class LocalDisk:
+    free_bytes: int
+    total_bytes: int
+
+
+@dataclass(frozen=True)
+class FabricFacts:
+    fabric: str
+    hcas: tuple[str, ...]
+    rate_gbps: float | None  # the slowest active port; None when none is active
+
+
+@dataclass(frozen=True)
+class MachineFacts:
+    """Everything `collect` learnt; None or empty means unknown, never zero."""
+
+    series: str | None
+    storage_root_visible: bool | None
+    disk_free_bytes: int | None
+    cpu_count: int | None
+    memory_bytes: int | None
+    node_id: str | None
+    hostname: str | None
+    agent_version: str
+    storage: tuple[Filesystem, ...]
+    local_disk: LocalDisk | None
+    fabrics: tuple[FabricFacts, ...]
+
+
+def space(path: Path) -> Space | None:
+    """The size of the filesystem holding ``path``; None when the path does not exist.
+
+    The one statvfs reader: every figure the node reports about a disk comes from it.
+    """
+    try:
+        stat = os.statvfs(path)
+    except FileNotFoundError:
+        return None
+    return Space(
+        total=stat.f_blocks * stat.f_frsize,
+        free=stat.f_bfree * stat.f_frsize,
+        available=stat.f_bavail * stat.f_frsize,
+    )
+
+
+@dataclass(frozen=True)
+class DiskReading:
+    path: str
+    space: Space
+
+
+class DiskGauge:
+    """The storage root's filesystem, for health, read at most once per ``ttl`` seconds.
+
+    statvfs runs on a worker thread (a hung filer must not stall the loop), and a console
+    polling health many times a second does not need it fresher than that.
+    """
+
+    def __init__(self, path: Path, *, ttl: float = 1.0, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.path = path
+        self.ttl = ttl
+        self.clock = clock
+        self._value: DiskReading | None = None
+        self._read_at = -math.inf
+
+    async def read(self) -> DiskReading | None:
+        if self.clock.monotonic() - self._read_at > self.ttl:
+            self._value = await asyncio.to_thread(self._measure)
+            self._read_at = self.clock.monotonic()
+        return self._value
+
+    def _measure(self) -> DiskReading | None:
+        try:
+            measured = space(self.path)
+        except OSError as exc:
+            log.warning("storage root %s: cannot measure: %s", self.path, exc)
+            return None
+        return None if measured is None else DiskReading(str(self.path.resolve()), measured)
 
 
 # --- node identity ---------------------------------------------------------------------
@@ -112,9 +217,7 @@ def _fsync_dir(directory: Path) -> None:
 # --- storage ---------------------------------------------------------------------------
 
 
-def storage_entries(
-    paths: Sequence[Path], *, mountinfo: Path = MOUNTINFO
-) -> list[dict[str, object]]:
+def storage_entries(paths: Sequence[Path], *, mountinfo: Path = MOUNTINFO) -> list[Filesystem]:
     """One entry per filesystem holding any of ``paths``, in the order first seen.
 
     Directories are grouped by device, so two on one disk count once. A missing
@@ -147,41 +250,39 @@ def _by_device(paths: Iterable[Path]) -> dict[int, list[Path]]:
     return groups
 
 
-def _storage_entry(paths: Sequence[Path], mounts: Sequence[Mount]) -> dict[str, object] | None:
+def _storage_entry(paths: Sequence[Path], mounts: Sequence[Mount]) -> Filesystem | None:
     try:
-        space = os.statvfs(paths[0])
-    except OSError as exc:  # gone (or stale) since it was stat'ed
-        log.warning("storage: cannot measure %s; skipped: %s", paths[0], exc)
+        measured = space(paths[0])
+    except OSError as exc:  # stale since it was stat'ed
+        measured, problem = None, str(exc)
+    else:
+        problem = "gone since it was found"
+    if measured is None:
+        log.warning("storage: cannot measure %s; skipped: %s", paths[0], problem)
         return None
     fs_type = filesystem_type(paths[0], mounts)
-    return {
-        "paths": [str(path) for path in paths],
-        "fs_type": fs_type,
+    return Filesystem(
+        paths=tuple(str(path) for path in paths),
+        fs_type=fs_type,
         # An unknown type counts as local: /proc/self/mountinfo is readable on any Linux.
-        "shared": fs_type in SHARED_FILESYSTEMS,
-        "free_bytes": space.f_bavail * space.f_frsize,
-        "total_bytes": space.f_blocks * space.f_frsize,
-    }
+        shared=fs_type in SHARED_FILESYSTEMS,
+        free_bytes=measured.available,
+        total_bytes=measured.total,
+    )
 
 
-def local_disk(entries: Sequence[Mapping[str, object]]) -> dict[str, int] | None:
+def local_disk(entries: Sequence[Filesystem]) -> LocalDisk | None:
     """Free and total bytes summed over the non-shared filesystems; None if there are none.
 
     Space on a filer belongs to every node mounting it, so it is not this node's disk.
     """
-    local = [entry for entry in entries if entry.get("shared") is False]
+    local = [entry for entry in entries if not entry.shared]
     if not local:
         return None
-    return {
-        "free_bytes": sum(_as_int(entry["free_bytes"]) for entry in local),
-        "total_bytes": sum(_as_int(entry["total_bytes"]) for entry in local),
-    }
-
-
-def _as_int(value: object) -> int:
-    if not isinstance(value, int):
-        raise TypeError(f"expected a byte count, got {value!r}")
-    return value
+    return LocalDisk(
+        free_bytes=sum(entry.free_bytes for entry in local),
+        total_bytes=sum(entry.total_bytes for entry in local),
+    )
 
 
 def read_mounts(mountinfo: Path = MOUNTINFO) -> list[Mount]:
@@ -221,32 +322,23 @@ def filesystem_type(path: Path, mounts: Sequence[Mount]) -> str | None:
     return best[1] if best is not None else None
 
 
-def disk_free(path: Path) -> int | None:
-    """Bytes an unprivileged writer may still use on the filesystem of ``path``."""
-    try:
-        space = os.statvfs(path)
-    except FileNotFoundError:
-        return None
-    return space.f_bavail * space.f_frsize
-
-
 # --- fabrics ---------------------------------------------------------------------------
 
 
-def fabrics(configured: Sequence[Fabric], *, sysfs: Path = IB_SYSFS) -> list[dict[str, object]]:
+def fabrics(configured: Sequence[Fabric], *, sysfs: Path = IB_SYSFS) -> list[FabricFacts]:
     """Each operator-named fabric with its HCAs and the slowest active port's rate in Gb/s.
 
     The slowest port bounds what a job spanning the fabric gets; no active port gives
     None. HCAs not named in the settings are not reported.
     """
     return [
-        {
-            "fabric": fabric.name,
-            "hcas": list(fabric.hcas),
-            "rate_gbps": min(
+        FabricFacts(
+            fabric=fabric.name,
+            hcas=tuple(fabric.hcas),
+            rate_gbps=min(
                 (rate for hca in fabric.hcas for rate in active_rates(sysfs, hca)), default=None
             ),
-        }
+        )
         for fabric in configured
     ]
 
@@ -326,88 +418,35 @@ def memory_total(meminfo: Path = MEMINFO) -> int | None:
     return None
 
 
-# --- GPUs ------------------------------------------------------------------------------
-
-
-def accelerator_name(gpus: GpuSnapshot | None) -> str | None:
-    """The driver's card name; on a mixed machine, the most common (first seen on a tie)."""
-    names = [card.name for card in gpus.cards if card.name] if gpus is not None else []
-    return Counter(names).most_common(1)[0][0] if names else None
-
-
-def card_count(gpus: GpuSnapshot | None, allocated: int | None) -> int | None:
-    """The allocator's count wins; else the driver's, if the driver answered."""
-    if allocated is not None:
-        return allocated
-    return len(gpus.cards) if gpus is not None and gpus.ok else None
-
-
-def card_facts(gpus: GpuSnapshot | None) -> list[dict[str, object]]:
-    """Each card's facts as the probe reports them; [] (unknown) without a snapshot."""
-    return [] if gpus is None else [card.to_json() for card in gpus.cards]
-
-
 # --- the whole -------------------------------------------------------------------------
 
 
 def collect(
     settings: NodeSettings,
     *,
-    gpus: GpuSnapshot | None,
-    accelerator_count: int | None,
-    runtime: str | None,
     sysfs: Path = IB_SYSFS,
     mountinfo: Path = MOUNTINFO,
     meminfo: Path = MEMINFO,
-) -> dict[str, object]:
-    """The inventory as JSON-ready data. Never raises: a part that fails is logged and
-    left unknown, so one bad filer or driver does not hide everything else."""
+) -> MachineFacts:
+    """The machine's facts. Never raises: a part that fails is logged and left unknown,
+    so one bad filer does not hide everything else."""
     root = _guarded("storage_root", settings.storage.resolve, settings.storage)
     paths = [root, *settings.model_dirs]
-    storage = _guarded("storage", lambda: storage_entries(paths, mountinfo=mountinfo), [])
-    return {
-        **_console_fields(
-            settings,
-            gpus=gpus,
-            allocated=accelerator_count,
-            runtime=runtime,
-            root=root,
-            meminfo=meminfo,
-        ),
-        "node_id": _guarded("node_id", lambda: node_id(settings.state_dir), None),
-        "hostname": _guarded("hostname", socket.gethostname, None),
-        "agent_version": __version__,
-        "cuda_version": _guarded("cuda_version", lambda: None if gpus is None else gpus.cuda, None),
-        "gpus": _guarded("gpus", lambda: card_facts(gpus), []),
-        "storage": storage,
-        "local_disk": _guarded("local_disk", lambda: local_disk(storage), None),
-        "fabrics": _guarded("fabrics", lambda: fabrics(settings.fabrics, sysfs=sysfs), []),
-    }
-
-
-def _console_fields(
-    settings: NodeSettings,
-    *,
-    gpus: GpuSnapshot | None,
-    allocated: int | None,
-    runtime: str | None,
-    root: Path,
-    meminfo: Path,
-) -> dict[str, object]:
-    """The fields consoles already read; their names and meanings are fixed."""
-    return {
-        "accelerator_series": settings.cluster_profile.lower() or None,
-        "accelerator_name": _guarded("accelerator_name", lambda: accelerator_name(gpus), None),
-        "accelerator_count": _guarded(
-            "accelerator_count", lambda: card_count(gpus, allocated), None
-        ),
-        "driver": _guarded("driver", lambda: None if gpus is None else gpus.driver, None),
-        "runtime": runtime,
-        "storage_root_visible": _guarded("storage_root_visible", root.is_dir, None),
-        "disk_free_bytes": _guarded("disk_free_bytes", lambda: disk_free(root), None),
-        "cpu_count": _guarded("cpu_count", cpu_count, None),
-        "memory_bytes": _guarded("memory_bytes", lambda: memory_total(meminfo), None),
-    }
+    storage = tuple(_guarded("storage", lambda: storage_entries(paths, mountinfo=mountinfo), []))
+    free = _guarded("disk_free_bytes", lambda: space(root), None)
+    return MachineFacts(
+        series=settings.cluster_profile.lower() or None,
+        storage_root_visible=_guarded("storage_root_visible", root.is_dir, None),
+        disk_free_bytes=free.available if free is not None else None,
+        cpu_count=_guarded("cpu_count", cpu_count, None),
+        memory_bytes=_guarded("memory_bytes", lambda: memory_total(meminfo), None),
+        node_id=_guarded("node_id", lambda: node_id(settings.state_dir), None),
+        hostname=_guarded("hostname", socket.gethostname, None),
+        agent_version=__version__,
+        storage=storage,
+        local_disk=_guarded("local_disk", lambda: local_disk(storage), None),
+        fabrics=tuple(_guarded("fabrics", lambda: fabrics(settings.fabrics, sysfs=sysfs), [])),
+    )
 
 
 def _guarded(field: str, part: Callable[[], T], unknown: U) -> T | U:

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Brings up, idempotently, the real engines the tests talk to on a Debian machine:
-#   - a Docker engine on its own socket and data root,
+#   - a Docker engine on its own socket and data root (shared with people's own jobs),
+#   - a second Docker engine that only the test suite uses, for the tests that act on
+#     every container of the node (reap) or restart the engine,
 #   - the podman API service,
 #   - a registry on 127.0.0.1:5000 holding the test images.
 # Run as root. Re-running it is cheap: what already answers is left alone.
@@ -11,6 +13,7 @@ DEV_ROOT=${TUNEPLANE_DEV_ROOT:-/var/lib/tuneplane-dev}
 RUN_DIR=/run/tuneplane-dev
 LOG_DIR=$DEV_ROOT/log
 DOCKER_SOCK=$RUN_DIR/docker.sock
+OWN_SOCK=$RUN_DIR/docker-own.sock
 PODMAN_SOCK=/run/podman/podman.sock
 REGISTRY=127.0.0.1:5000
 IMAGE=tuneplane-test/busybox:1
@@ -45,16 +48,18 @@ install_packages() {
         "${missing[@]}" uidmap
 }
 
-start_docker() {
-    if docker version >/dev/null 2>&1; then return; fi
-    log "starting dockerd on $DOCKER_SOCK"
+start_docker() { # start_docker NAME: the engine $RUN_DIR/NAME.sock, data in $DEV_ROOT/NAME
+    local name=$1 sock=$RUN_DIR/$1.sock
+    if docker -H "unix://$sock" version >/dev/null 2>&1; then return; fi
+    log "starting dockerd on $sock"
     # The sandboxes this runs in allow no iptables and no bridge; jobs use the host
-    # network anyway. --live-restore keeps jobs running across an engine restart.
+    # network anyway. --live-restore keeps jobs running across an engine restart. Each
+    # engine starts its own containerd under its exec root.
     setsid dockerd --iptables=false --ip6tables=false --bridge=none --live-restore \
-        --data-root "$DEV_ROOT/docker" --exec-root "$RUN_DIR/docker-exec" \
-        --pidfile "$RUN_DIR/docker.pid" -H "unix://$DOCKER_SOCK" \
-        >>"$LOG_DIR/dockerd.log" 2>&1 </dev/null &
-    wait_for 60 dockerd docker version
+        --data-root "$DEV_ROOT/$name" --exec-root "$RUN_DIR/$name-exec" \
+        --pidfile "$RUN_DIR/$name.pid" -H "unix://$sock" \
+        >>"$LOG_DIR/$name.log" 2>&1 </dev/null &
+    wait_for 60 "dockerd $name" docker -H "unix://$sock" version
 }
 
 configure_podman() {
@@ -125,7 +130,7 @@ build_rootfs() { # build_rootfs DIR: a busybox-static root filesystem
 
 build_images() {
     if docker image inspect "$IMAGE" >/dev/null 2>&1 &&
-        curl -sf "http://$REGISTRY/v2/$BIG_IMAGE/manifests/1" -o /dev/null -H \
+        curl -sf "http://$REGISTRY/v2/${BIG_IMAGE%:*}/manifests/${BIG_IMAGE##*:}" -o /dev/null -H \
             'Accept: application/vnd.docker.distribution.manifest.v2+json' &&
         podman image exists "$IMAGE"; then
         return
@@ -154,16 +159,25 @@ build_images() {
     rm -rf "$work"
 }
 
+copy_image_to_own_engine() {
+    if docker -H "unix://$OWN_SOCK" image inspect "$IMAGE" >/dev/null 2>&1; then return; fi
+    log "copying $IMAGE to the tests' own engine"
+    docker save "$IMAGE" | docker -H "unix://$OWN_SOCK" load -q >/dev/null
+}
+
 up() {
     [[ $(id -u) == 0 ]] || { log "run me as root"; exit 1; }
     mkdir -p "$DEV_ROOT" "$RUN_DIR" "$LOG_DIR"
     install_packages
     start_registry
-    start_docker
+    start_docker docker
+    start_docker docker-own
     start_podman
     build_images
+    copy_image_to_own_engine
     cat <<EOF
 docker:   DOCKER_HOST=unix://$DOCKER_SOCK
+tests':   unix://$OWN_SOCK (the suite's own Docker engine)
 podman:   TUNEPLANE_PODMAN_URL=unix://$PODMAN_SOCK
 registry: http://$REGISTRY (images: $REGISTRY/$IMAGE, $REGISTRY/$BIG_IMAGE)
 logs:     $LOG_DIR
@@ -171,7 +185,9 @@ EOF
 }
 
 down() {
-    [[ -f $RUN_DIR/docker.pid ]] && kill "$(cat "$RUN_DIR/docker.pid")" 2>/dev/null || true
+    for name in docker docker-own; do
+        [[ -f $RUN_DIR/$name.pid ]] && kill "$(cat "$RUN_DIR/$name.pid")" 2>/dev/null || true
+    done
     pkill -f "podman system service --time=0 unix://$PODMAN_SOCK" || true
     pkill -f "docker-registry serve $DEV_ROOT/registry.yml" || true
 }

@@ -14,10 +14,9 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from tuneplane_node import inventory
-from tuneplane_node.daemon.disk import DiskGauge
-from tuneplane_node.daemon.launches import Launches
+from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.daemon.routes import routes
-from tuneplane_node.daemon.state import ALLOCATOR, DISK, LAUNCHES, RUNTIME, SETTINGS
+from tuneplane_node.daemon.state import JOBS, SETTINGS
 from tuneplane_node.errors import (
     ConfigError,
     MissingProtocol,
@@ -27,18 +26,18 @@ from tuneplane_node.errors import (
     Unauthorized,
 )
 from tuneplane_node.gpu.allocator import GpuAllocator
+from tuneplane_node.jobs import JobService
 from tuneplane_node.runtime import detect_runtime
 from tuneplane_node.runtime.base import ContainerRuntime
-from tuneplane_node.runtime.cache import CachedRuntime
 from tuneplane_node.settings import NodeSettings
-from tuneplane_node.wire import MAX_BODY_BYTES, PROTOCOL, PROTOCOL_HEADER
+from tuneplane_node.wire import MAX_BODY_BYTES, PROTOCOL, PROTOCOL_HEADER, error_json
 
 log = logging.getLogger(__name__)
 API_PREFIX = "/node/v1/"
 
 
 def error_response(status: int, detail: str) -> web.Response:
-    return web.json_response({"detail": detail}, status=status)
+    return web.json_response(error_json(detail), status=status)
 
 
 @web.middleware
@@ -97,8 +96,9 @@ def create_node_app(
     *,
     runtime: ContainerRuntime | None = None,
     allocator: GpuAllocator | None = None,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> web.Application:
-    """The daemon. A runtime or allocator passed in is the caller's to close."""
+    """The daemon. A runtime or allocator passed in is the caller's to start and close."""
     token = require_token(settings)
     app = web.Application(
         middlewares=[errors_middleware, guard_middleware(token)],
@@ -106,26 +106,24 @@ def create_node_app(
     )
     app[SETTINGS] = settings
     app.add_routes(routes)
-    app.cleanup_ctx.append(_lifecycle(runtime, allocator))
+    app.cleanup_ctx.append(_lifecycle(runtime, allocator, clock))
     return app
 
 
 def _lifecycle(
-    given_runtime: ContainerRuntime | None, given_allocator: GpuAllocator | None
+    given_runtime: ContainerRuntime | None, given_allocator: GpuAllocator | None, clock: Clock
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         settings = app[SETTINGS]
         inventory.check_fabrics(settings.fabrics)
         runtime = given_runtime or await detect_runtime(settings)
-        if given_runtime is None and isinstance(runtime, CachedRuntime):
-            await runtime.start()  # the cache is filled before the first request
+        if given_runtime is None:
+            await runtime.start()  # the state cache is filled before the first request
         allocator = given_allocator or GpuAllocator(runtime, settings)
-        app[RUNTIME], app[ALLOCATOR] = runtime, allocator
-        app[LAUNCHES] = Launches(runtime, allocator, settings)
-        app[DISK] = DiskGauge(settings.storage)
+        app[JOBS] = JobService(runtime, allocator, settings, clock=clock)
         log.info("node ready: runtime %s, protocol %s", runtime.name, PROTOCOL)
         yield
-        await app[LAUNCHES].close()  # background pulls are cancelled, not orphaned
+        await app[JOBS].close()  # background pulls are cancelled, not orphaned
         if given_allocator is None:
             allocator.close()
         if given_runtime is None:

@@ -1,17 +1,20 @@
 """GpuAllocator: which cards are free, and the one lock that hands them out.
 
-Labels are the truth: occupancy is rebuilt on every call from the ``tuneplane.gpus`` label
-of every live container, so a restarted daemon loses nothing. Memory holds only
-reservations, counts of cards promised to launches still pulling their image.
+Labels are the truth: occupancy is rebuilt from the ``tuneplane.gpus`` label of every
+live container, so a restarted daemon loses nothing. Memory holds only claims: the card
+indices promised to a launch that has no container yet (pulling its image, or being
+created right now). The allocation lock covers choosing cards and recording the claim,
+never an engine call: a launch claims under the lock, creates its container without it,
+and releases its claim once the container's label holds the cards.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 from tuneplane_node.errors import NoCapacity
 from tuneplane_node.gpu.probe import GpuProbe, GpuSnapshot, container_id_of_pid, make_probe
@@ -20,7 +23,6 @@ from tuneplane_node.runtime.base import ContainerRuntime, ContainerState
 from tuneplane_node.settings import NodeSettings
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -29,22 +31,28 @@ class Occupancy:
 
     total: int
     known: bool  # False: no count configured and no driver answer, so total is unknown
-    free: tuple[int, ...]
+    free: tuple[int, ...]  # physically free: no job, no outside process, healthy
     by_job: Mapping[int, str]
     external: Mapping[int, tuple[int, ...]]
     external_probe_ok: bool
     unhealthy: Mapping[int, str]
-    reserved: Mapping[str, int] = field(default_factory=dict)
+    claims: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # ref -> cards
     gpus: GpuSnapshot | None = None
 
-    @property
-    def reserved_total(self) -> int:
-        return sum(self.reserved.values())
+    @functools.cached_property
+    def reserved(self) -> frozenset[int]:
+        """Cards promised to launches that have no container yet."""
+        return frozenset(card for cards in self.claims.values() for card in cards)
 
     @property
-    def available(self) -> int:
-        """Cards a new direct launch could take: free minus what is promised."""
-        return max(0, len(self.free) - self.reserved_total)
+    def available(self) -> tuple[int, ...]:
+        """Cards a new launch could take: free and promised to nobody."""
+        return tuple(card for card in self.free if card not in self.reserved)
+
+    def available_to(self, ref: str) -> tuple[int, ...]:
+        """Free cards not promised to another launch (``ref``'s own claim counts as free)."""
+        others = {card for owner, cards in self.claims.items() if owner != ref for card in cards}
+        return tuple(card for card in self.free if card not in others)
 
     def card_state(self, index: int) -> str:
         if index in self.unhealthy:
@@ -57,10 +65,10 @@ class Occupancy:
         return "free"
 
     def explain(self) -> list[str]:
-        """One readable line per card."""
+        """One readable line per card, and one for the reservations."""
         lines = [f"gpu {index}: {self.card_state(index)}" for index in range(self.total)]
-        if self.reserved_total:
-            lines.append(f"{self.reserved_total} free card(s) reserved for pending launches")
+        if self.reserved:
+            lines.append(f"{len(self.reserved)} free card(s) reserved for pending launches")
         return lines
 
     def refusal(self, requested: int) -> NoCapacity:
@@ -68,14 +76,14 @@ class Occupancy:
             requested=requested,
             free=self.free,
             held=self.by_job,
-            reserved=self.reserved_total,
+            reserved=len(self.reserved),
             external=sorted(self.external),
             unhealthy=self.unhealthy,
         )
 
 
 class GpuAllocator:
-    """Occupancy from labels, reservations, and the allocation lock."""
+    """Occupancy from labels, claims by card index, and the allocation lock."""
 
     def __init__(
         self,
@@ -87,24 +95,24 @@ class GpuAllocator:
         self.runtime = runtime
         self.settings = settings
         self.probe = probe if probe is not None else make_probe(settings)
-        self._reservations: dict[str, int] = {}
-        # Spans choosing the cards AND creating+starting the container, or two
-        # launches read the same free card before either label exists.
+        self._claims: dict[str, tuple[int, ...]] = {}
         self._lock = asyncio.Lock()
 
     async def snapshot(self) -> GpuSnapshot:
-        return await asyncio.to_thread(self.probe.snapshot)
+        if self.probe.blocking:
+            return await asyncio.to_thread(self.probe.snapshot)
+        return self.probe.snapshot()
 
-    async def occupancy(self, states: Sequence[ContainerState] | None = None) -> Occupancy:
-        """Rebuild occupancy from the live containers (listed now unless given)."""
-        if states is None:
-            states = await self.runtime.ps()
-        return self.occupancy_from(states, await self.snapshot())
+    async def occupancy(self, gpus: GpuSnapshot | None = None) -> Occupancy:
+        """Occupancy now, from the live containers' labels and the probe (read unless given)."""
+        if gpus is None:
+            gpus = await self.snapshot()
+        return self.occupancy_from(await self.runtime.ps(), gpus)
 
     def occupancy_from(self, states: Sequence[ContainerState], gpus: GpuSnapshot) -> Occupancy:
         count = self.card_count(gpus)
         total = count or 0
-        live = [state for state in states if state.live and state.run_id]
+        live = [state for state in states if state.live and state.ours]
         by_job = {gpu: state.run_id or "" for state in live for gpu in state.gpus if gpu < total}
         holders = {gpu: state.id for state in live for gpu in state.gpus if state.id}
         unhealthy = {c.index: c.unhealthy for c in gpus.cards if c.unhealthy and c.index < total}
@@ -119,7 +127,7 @@ class GpuAllocator:
             external=external,
             external_probe_ok=probe_ok,
             unhealthy=unhealthy,
-            reserved=dict(self._reservations),
+            claims=dict(self._claims),
             gpus=gpus,
         )
 
@@ -151,54 +159,32 @@ class GpuAllocator:
                 external[card.index] = pids
         return external, True
 
-    async def reserve(self, ref: str, n: int) -> None:
-        """Promise n currently free cards to a pending launch, or refuse with NoCapacity."""
+    async def claim(self, ref: str, n: int, *, run_id: str) -> tuple[int, ...]:
+        """Choose ``n`` cards for ``ref`` and record the claim, or raise NoCapacity.
+
+        A claim ``ref`` already holds (a pending launch about to start) is kept if its
+        cards are all still free, else chosen again. Release it with `release` once the
+        container's label holds the cards, or the launch failed.
+        """
         if n <= 0:
-            return
+            return ()
+        gpus = await self.snapshot()  # outside the lock: health facts need no ordering
         async with self._lock:
-            occupancy = await self.occupancy()
-            if n > occupancy.available:
+            occupancy = await self.occupancy(gpus)  # labels are read under the lock
+            usable = occupancy.available_to(ref)
+            held = self._claims.get(ref, ())
+            if len(held) == n and set(held) <= set(usable):
+                return held
+            if n > len(usable):
                 raise occupancy.refusal(n)
-            self._reservations[ref] = n
+            links = occupancy.gpus.links if occupancy.gpus else {}
+            cards = tuple(choose_cards(usable, n, links))
+            self._claims[ref] = cards
+        log.info("run %s claims gpus %s", run_id, list(cards))
+        return cards
 
     def release(self, ref: str) -> None:
-        self._reservations.pop(ref, None)
-
-    def reserved(self) -> dict[str, int]:
-        return dict(self._reservations)
-
-    async def allocate_and_run(
-        self,
-        run_id: str,
-        n: int,
-        run: Callable[[list[int]], Awaitable[T]],
-        reservation: str | None = None,
-    ) -> tuple[list[int], T]:
-        """Choose n cards and call ``run(cards)`` under the allocation lock.
-
-        A reservation named here is consumed: its cards count as this launch's own, and
-        it is released whatever ``run`` does.
-        """
-        if n <= 0 and reservation is None:
-            return [], await run([])
-        try:
-            async with self._lock:
-                cards = await self._choose(run_id, n, reservation)
-                return cards, await run(cards)
-        finally:
-            if reservation is not None:
-                self.release(reservation)
-
-    async def _choose(self, run_id: str, n: int, reservation: str | None) -> list[int]:
-        if n <= 0:
-            return []
-        occupancy = await self.occupancy()
-        own = self._reservations.get(reservation, 0) if reservation else 0
-        if n > len(occupancy.free) - (occupancy.reserved_total - own):
-            raise occupancy.refusal(n)
-        cards = choose_cards(occupancy.free, n, occupancy.gpus.links if occupancy.gpus else {})
-        log.info("run %s gets gpus %s", run_id, cards)
-        return cards
+        self._claims.pop(ref, None)
 
     def close(self) -> None:
         self.probe.close()

@@ -100,6 +100,7 @@ class NvmlProbe:
     """The GPU probe of a machine with the NVIDIA driver. Raises DriverUnavailableError at init."""
 
     source = "nvml"
+    blocking = True
 
     def __init__(self, settings: NodeSettings) -> None:
         try:

@@ -15,13 +15,14 @@ import logging
 import re
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
 from pathlib import Path
 from types import MappingProxyType
 from typing import Protocol, TypeVar
 
+from tuneplane_node.clock import SYSTEM_CLOCK, rfc3339
 from tuneplane_node.settings import NodeSettings
 
 log = logging.getLogger(__name__)
@@ -54,19 +55,6 @@ class CardFacts:
     unhealthy: str | None = None
     processes: tuple[GpuProcess, ...] = ()
 
-    def to_json(self) -> dict[str, object]:
-        return {
-            "index": self.index,
-            "uuid": self.uuid,
-            "name": self.name,
-            "pci_bus_id": self.pci_bus_id,
-            "memory_total_mib": self.memory_total_mib,
-            "memory_used_mib": self.memory_used_mib,
-            "temperature_c": self.temperature_c,
-            "unhealthy": self.unhealthy,
-            "processes": [{"pid": p.pid, "used_mib": p.used_mib} for p in self.processes],
-        }
-
 
 @dataclass(frozen=True)
 class GpuSnapshot:
@@ -90,23 +78,21 @@ class GpuSnapshot:
         """The answer when the source could not be read: no cards, nothing known."""
         return cls(source, False, error, driver, None, (), False, MappingProxyType({}))
 
-    def to_json(self) -> dict[str, object]:
-        links = [[lo, hi, kind] for (lo, hi), kind in sorted(self.links.items())]
-        return {
-            "source": self.source,
-            "ok": self.ok,
-            "error": self.error,
-            "driver": self.driver,
-            "cuda": self.cuda,
-            "cards": [card.to_json() for card in self.cards],
-            "processes_ok": self.processes_ok,
-            "links": links,
-        }
+    def common_name(self) -> str | None:
+        """What the driver calls the cards; on a mixed machine the most common name
+        (the first seen on a tie)."""
+        names = [card.name for card in self.cards if card.name]
+        return Counter(names).most_common(1)[0][0] if names else None
 
 
 class GpuProbe(Protocol):
+    blocking: bool
+    """True when `snapshot` does I/O (driver calls, a file): it is then read on a worker
+    thread. A probe answering from memory is read on the loop: a thread hop would cost
+    more than the answer."""
+
     def snapshot(self) -> GpuSnapshot:
-        """Read every card now. Blocking; never raises."""
+        """Read every card now; never raises."""
         ...
 
     def close(self) -> None: ...
@@ -206,7 +192,7 @@ def standing_faults(faults: CardFaults) -> list[str]:
 
 
 def _wall_clock() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339(SYSTEM_CLOCK.now().replace(microsecond=0))
 
 
 class DistinctWarnings:
@@ -234,6 +220,8 @@ class DistinctWarnings:
 
 class NoDriverProbe:
     """The probe of a machine whose GPU driver cannot be reached; says why every time."""
+
+    blocking = False
 
     def __init__(self, reason: str) -> None:
         self.reason = reason
@@ -268,6 +256,7 @@ class SimulatedProbe:
     """
 
     source = "simulation"
+    blocking = True
 
     def __init__(
         self, path: Path, settings: NodeSettings, *, now: Callable[[], float] = time.monotonic

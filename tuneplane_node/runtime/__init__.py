@@ -9,8 +9,8 @@ from __future__ import annotations
 import logging
 
 from tuneplane_node.errors import ConfigError
-from tuneplane_node.runtime.base import ContainerRuntime
-from tuneplane_node.runtime.cache import CachedRuntime, EngineFeed
+from tuneplane_node.runtime.base import ContainerRuntime, EngineFeed
+from tuneplane_node.runtime.cache import CachedRuntime
 from tuneplane_node.settings import NodeSettings
 
 log = logging.getLogger(__name__)

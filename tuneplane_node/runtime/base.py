@@ -1,41 +1,35 @@
 """The runtime contract: job containers as plain data, and the async interface over an engine.
 
-Nothing above `runtime/` sees an SDK object: the daemon speaks `ContainerSpec` in and
-`ContainerState` out. Engine SDKs are synchronous, so every call goes through one
-`BlockingPool`; image pulls stream through `drive_pull`, which owns the deadlines and
-the cancellation for every engine alike.
+Nothing above `runtime/` sees an SDK object: the job service speaks `ContainerSpec` in
+and `ContainerState` out, through `ContainerRuntime`. `EngineFeed` is the narrower
+contract between an engine adapter and the state cache in front of it.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import functools
 import hashlib
 import logging
 import re
-import socket
-import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, NamedTuple, Protocol, TypeVar
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
-from tuneplane_node.errors import RuntimeFailure
+if TYPE_CHECKING:
+    from tuneplane_node.runtime.pool import BlockingPool
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 LABEL_RUN_ID = "tuneplane.run-id"
+"""The label that makes a container the node's: its run id. Without it, not ours."""
 LABEL_GPUS = "tuneplane.gpus"
-LABEL_USER = "tuneplane.user"
-LABEL_KIND = "tuneplane.kind"
-LABEL_ATTEMPT = "tuneplane.attempt"
+"""The cards a container holds, ``0,3``: the only record of which cards are taken."""
 
-# A container in one of these holds its cards: it runs, or may run without asking us.
 LIVE_STATUSES = frozenset({"running", "created", "paused", "restarting"})
+"""A container in one of these holds its cards: it runs, or may run without asking us."""
+EXIT_SIGKILL = 137
+"""128 + SIGKILL: what engines report for a job killed by SIGKILL (the OOM killer too)."""
+
 NAME_PREFIX = "tuneplane-"
 _UNSAFE = re.compile(r"[^a-zA-Z0-9_.-]")
 _MAX_NAME = 120
@@ -68,35 +62,6 @@ def parse_gpus(label: str | None) -> tuple[int, ...]:
     return tuple(sorted(cards))
 
 
-def parse_time(value: str | None) -> datetime | None:
-    """An engine timestamp (RFC 3339, nanoseconds allowed); the zero time is None."""
-    if not value or value.startswith("0001-01-01"):
-        return None
-    text = value.strip().replace("Z", "+00:00")
-    # Python takes at most microseconds: cut the fraction to 6 digits.
-    text = re.sub(r"(\.\d{6})\d+", r"\1", text)
-    try:
-        parsed = datetime.fromisoformat(text)
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
-
-
-def pull_params(image: str) -> dict[str, str]:
-    """Docker-API ``/images/create`` parameters: an untagged name means ``latest``.
-
-    Without a tag the engine would pull EVERY tag of the repository.
-    """
-    last = image.rsplit("/", 1)[-1]
-    if "@" in image or ":" in last:
-        return {"fromImage": image}
-    return {"fromImage": image, "tag": "latest"}
-
-
-def iso(moment: datetime | None) -> str | None:
-    return moment.astimezone(timezone.utc).isoformat().replace("+00:00", "Z") if moment else None
-
-
 class Mount(NamedTuple):
     host: str
     container: str
@@ -105,7 +70,12 @@ class Mount(NamedTuple):
 
 @dataclass(frozen=True)
 class ContainerSpec:
-    """One job container. ``command`` is the entry argv: it replaces the image ENTRYPOINT."""
+    """One job container. ``command`` is the entry argv: it replaces the image ENTRYPOINT.
+
+    ``gpus`` are the cards the node chose; every runtime writes them in the
+    ``tuneplane.gpus`` label itself (`job_labels`), so the label never disagrees with
+    the devices.
+    """
 
     name: str
     image: str
@@ -123,14 +93,14 @@ class ContainerSpec:
 
 
 def job_labels(spec: ContainerSpec) -> dict[str, str]:
-    """The labels a job container carries: the spec's, and its cards, which every
-    runtime writes itself so the label can never disagree with the devices."""
+    """The labels a job container carries: the spec's, and its cards."""
     return {**spec.labels, LABEL_GPUS: format_gpus(spec.gpus)}
 
 
 @dataclass(frozen=True)
 class ContainerState:
-    """What an engine says about one container. Times are RFC 3339 strings or None."""
+    """What a runtime says about one container. Times are RFC 3339 UTC strings or None;
+    ``exit_code`` is set only once the container has exited (``exited`` or ``dead``)."""
 
     name: str
     exists: bool
@@ -149,7 +119,7 @@ class ContainerState:
 
     @functools.cached_property
     def gpus(self) -> tuple[int, ...]:
-        """Parsed once per state: occupancy reads it for every container on every health."""
+        """Parsed once per state: occupancy reads it for every container."""
         return parse_gpus(self.labels.get(LABEL_GPUS))
 
     @property
@@ -157,9 +127,9 @@ class ContainerState:
         return self.labels.get(LABEL_RUN_ID)
 
     @property
-    def attempt(self) -> int | None:
-        value = self.labels.get(LABEL_ATTEMPT, "")
-        return int(value) if value.isdigit() else None
+    def ours(self) -> bool:
+        """The node's own container: it exists and carries the run-id label."""
+        return self.exists and bool(self.run_id)
 
     @property
     def never_started(self) -> bool:
@@ -178,204 +148,126 @@ class RuntimeHealth:
     error: str | None = None
 
 
-ProgressCallback = Callable[[int, int, int, int], None]
+@dataclass(frozen=True)
+class CacheStatus:
+    """How fresh a cached runtime's view is; ages in seconds, None when never."""
+
+    synced: bool
+    last_event_age_s: float | None
+    last_relist_age_s: float | None
+    containers: int
+
+
+class PullLimits(NamedTuple):
+    """The two deadlines of a pull, in seconds: in all, and without any progress."""
+
+    timeout_s: float
+    stall_s: float
+
+
+class PullProgress(NamedTuple):
+    """A pull as the engine reports it: bytes of the layers whose size is known, layers
+    downloaded, and layers seen so far (both grow as the engine announces layers)."""
+
+    bytes_done: int = 0
+    bytes_total: int = 0
+    layers_done: int = 0
+    layers_total: int = 0
+
+
+ProgressCallback = Callable[[PullProgress], None]
 
 
 class ContainerRuntime(Protocol):
-    """The verbs the daemon needs from an engine, all of them async."""
+    """The verbs the job service needs from an engine, all async.
+
+    "Missing" is never an error: reads answer `ContainerState.missing`, and the verbs
+    that change a container succeed when it is already gone (the goal is met). Any verb
+    raises `EngineUnavailable` when the engine cannot be asked (nothing is known then,
+    so nothing may be taken for gone) and `EngineRefused` when it answered no.
+    """
 
     name: str
 
-    async def run(self, spec: ContainerSpec) -> str: ...
-    async def inspect(self, name: str) -> ContainerState: ...
-    async def logs(self, name: str, tail_lines: int) -> str: ...
-    async def stop(self, name: str, timeout: float) -> None: ...
-    async def remove(self, name: str) -> None: ...
-    async def ps(self) -> list[ContainerState]: ...
-    async def health(self) -> RuntimeHealth: ...
-    async def image_exists(self, image: str) -> bool: ...
+    async def start(self) -> None:
+        """Get ready to serve; for a cached runtime, fill the cache (bounded wait).
+
+        An engine that is down does not raise here: reads raise `EngineUnavailable`
+        until it answers.
+        """
+
+    async def close(self) -> None:
+        """Release threads and connections. Jobs keep running."""
+
+    def status(self) -> CacheStatus | None:
+        """The state cache's freshness; None for a runtime that reads on every call."""
+
+    async def run(self, spec: ContainerSpec) -> str:
+        """Create and start the container; its id. A name in use: `EngineConflict`.
+        A container that was created but failed to start is removed before raising."""
+
+    async def inspect(self, name: str) -> ContainerState:
+        """One container by exact name; `ContainerState.missing` when there is none.
+        A cached runtime holds only the node's containers: others read as missing."""
+
+    async def logs(self, name: str, tail_lines: int) -> str | None:
+        """The last ``tail_lines`` lines of stdout and stderr, each stamped with its
+        RFC 3339 time; None when the container is missing."""
+
+    async def stop(self, name: str, timeout: float) -> None:
+        """SIGTERM, then SIGKILL after ``timeout`` seconds; the container stays, exited."""
+
+    async def remove(self, name: str) -> None:
+        """Force-remove the container, running or not, with its anonymous volumes."""
+
+    async def ps(self) -> list[ContainerState]:
+        """Every container of the node (run-id label), exited ones included."""
+
+    async def health(self) -> RuntimeHealth:
+        """Whether the engine answers, and its version. Never raises."""
+
+    async def image_exists(self, image: str) -> bool:
+        """Whether the image is on the engine now."""
+
     async def pull(
-        self,
-        image: str,
-        *,
-        timeout: float,
-        stall_timeout: float,
-        on_progress: ProgressCallback | None = None,
-    ) -> None: ...
-    async def close(self) -> None: ...
+        self, image: str, *, limits: PullLimits, on_progress: ProgressCallback | None = None
+    ) -> None:
+        """Pull the image, reporting progress; done only when the image is present.
+
+        A missed deadline is `EngineRefused` with the reason; cancelling the awaiting
+        task stops the download at once.
+        """
 
 
-class BlockingPool:
-    """The one bounded thread pool that runs blocking engine calls off the event loop."""
+class Brief(NamedTuple):
+    """A container as the engine's list shows it: enough to tell whether it changed."""
 
-    def __init__(self, threads: int, *, name: str) -> None:
-        self.threads = threads
-        self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=name)
-
-    async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
-
-    def close(self) -> None:
-        # Threads blocked in a call finish on their own; nothing new is started.
-        self._executor.shutdown(wait=False, cancel_futures=True)
+    id: str
+    name: str
+    signature: tuple[str, int | None]  # (status, exit code)
 
 
-def close_http_stream(response: Any) -> None:
-    """Unblock a thread reading a streamed HTTP response, from any other thread.
+class EngineEvent(NamedTuple):
+    """One container event; a ``die`` carries the exit code and the time it happened."""
 
-    ``response.close()`` alone does not wake a thread sitting in ``recv``; shutting the
-    socket down does. The attribute path is requests over http.client (unix or TCP).
-    """
-    with contextlib.suppress(Exception):
-        sock = response.raw._fp.fp.raw._sock
-        sock.shutdown(socket.SHUT_RDWR)
-    with contextlib.suppress(Exception):
-        response.close()
+    id: str
+    action: str
+    exit_code: int | None = None
+    at: str | None = None
 
 
-class PullProgress:
-    """Folds the docker-format progress stream into bytes and layers.
+class EngineFeed(ContainerRuntime, Protocol):
+    """What an engine adapter offers the state cache: blocking calls, each run on the
+    adapter's pool or on the cache's event thread, raising the node's errors."""
 
-    ``moved`` changes whenever anything advances (download or extraction bytes, a layer
-    done): that, not the bytes alone, is what the stall deadline watches.
-    """
+    pool: BlockingPool
 
-    _DONE = {"Download complete", "Pull complete", "Already exists"}
+    def list_brief(self) -> list[Brief]:
+        """Every container of the node, as the engine's list shows it."""
 
-    def __init__(self) -> None:
-        self._download: dict[str, tuple[int, int]] = {}
-        self._extract: dict[str, int] = {}
-        self._layers: set[str] = set()
-        self._done: set[str] = set()
-        self._downloaded: set[str] = set()
-        self.moved = 0
+    def inspect_now(self, ref: str) -> ContainerState:
+        """One container by id or name; missing when there is none."""
 
-    def update(self, message: Mapping[str, Any]) -> bool:
-        """Fold one message in; True when it moved the pull forward."""
-        layer, status = message.get("id"), str(message.get("status", ""))
-        detail = message.get("progressDetail") or {}
-        if not layer or not isinstance(layer, str) or status.startswith("Pulling from"):
-            return False
-        before = self.snapshot(), sum(self._extract.values()), len(self._done)
-        self._layers.add(layer)
-        current, total = int(detail.get("current") or 0), int(detail.get("total") or 0)
-        if status == "Downloading" and total:
-            self._download[layer] = (current, total)
-        elif status == "Extracting":
-            self._extract[layer] = current
-        if status in self._DONE:
-            (self._downloaded if status == "Download complete" else self._done).add(layer)
-            size = self._download.get(layer, (0, 0))[1]
-            if size:
-                self._download[layer] = (size, size)
-        changed = (self.snapshot(), sum(self._extract.values()), len(self._done)) != before
-        self.moved += changed
-        return changed
-
-    def snapshot(self) -> tuple[int, int, int, int]:
-        done = sum(c for c, _ in self._download.values())
-        total = sum(t for _, t in self._download.values())
-        # A layer counts once its bytes are here: podman's compat stream stops at
-        # "Download complete", and docker's extraction shows up in `moved` instead.
-        return done, total, len(self._done | self._downloaded), len(self._layers)
-
-
-StreamOpener = Callable[[], tuple[Iterator[Mapping[str, Any]], Any]]
-
-
-class _PullRun:
-    """State shared between the reading thread and the watching coroutine."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.response: Any = None
-        self.aborted = False
-        self.progress = PullProgress()
-        self.last_move = time.monotonic()
-
-    def attach(self, response: Any) -> bool:
-        with self.lock:
-            self.response = response
-            aborted = self.aborted
-        if aborted:
-            close_http_stream(response)
-        return not aborted
-
-    def abort(self) -> None:
-        with self.lock:
-            self.aborted = True
-            response = self.response
-        if response is not None:
-            close_http_stream(response)
-
-
-async def drive_pull(
-    pool: BlockingPool,
-    *,
-    engine: str,
-    image: str,
-    open_stream: StreamOpener,
-    timeout: float,
-    stall_timeout: float,
-    on_progress: ProgressCallback | None,
-) -> None:
-    """Read a pull's progress stream on the pool, enforcing both deadlines.
-
-    ``open_stream`` runs on the pool thread and returns (decoded messages, the HTTP
-    response). Cancelling the awaiting task, or missing a deadline, closes the stream so
-    the thread stops reading at once; the coroutine does not wait for the thread.
-    """
-    run = _PullRun()
-    loop = asyncio.get_running_loop()
-
-    def report() -> None:
-        if on_progress is not None:
-            on_progress(*run.progress.snapshot())
-
-    def read() -> None:
-        messages, response = open_stream()
-        if not run.attach(response):
-            return
-        for message in messages:
-            if run.aborted:
-                return
-            if message.get("error"):
-                raise RuntimeFailure(
-                    engine=engine, action=f"pull {image}", reason=str(message["error"])
-                )
-            if run.progress.update(message):
-                run.last_move = time.monotonic()
-                with contextlib.suppress(RuntimeError):  # the loop may be closing
-                    loop.call_soon_threadsafe(report)
-
-    future = asyncio.ensure_future(pool.call(read))
-    started = time.monotonic()
-    try:
-        while True:
-            done, _ = await asyncio.wait({future}, timeout=min(0.25, stall_timeout))
-            if done:
-                break
-            now = time.monotonic()
-            if now - started > timeout:
-                raise RuntimeFailure(
-                    engine=engine, action=f"pull {image}", reason=f"not done after {timeout:g} s"
-                )
-            if now - run.last_move > stall_timeout:
-                raise RuntimeFailure(
-                    engine=engine,
-                    action=f"pull {image}",
-                    reason=f"no progress for {stall_timeout:g} s",
-                )
-    except BaseException:
-        run.abort()
-        future.add_done_callback(_drain)
-        raise
-    future.result()
-    report()
-
-
-def _drain(future: asyncio.Future[Any]) -> None:
-    """Swallow the error a deliberately aborted read ends with."""
-    if not future.cancelled() and future.exception() is not None:
-        log.debug("aborted pull stream ended with %r", future.exception())
+    def open_events(self) -> tuple[Iterator[EngineEvent], Callable[[], None]]:
+        """The engine's container events from now on, and a function that closes the
+        stream from any thread (the iterator then ends or raises)."""

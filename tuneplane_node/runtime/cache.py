@@ -4,11 +4,15 @@ Filled by one list plus one inspect per container before the daemon serves, kept
 current by the engine's event stream (read on one dedicated thread, each event followed
 by an inspect of just that container), and reconciled by a periodic relist, because
 events alone drift (kubelet's lesson). When the stream breaks the cache goes stale:
-every read answers `RuntimeUnavailable` until a full resync succeeds, so a container
+every read answers `EngineUnavailable` until a full resync succeeds, so a container
 the cache simply has not seen since is never reported gone.
 
+The thread only reads; it posts what it read to the loop, and every change to the
+cache happens on the loop thread (`on_event`, `on_inspected`, `replace_all`), which is
+also what the unit tests drive, event by event.
+
 `CachedRuntime` puts the cache in front of an engine runtime: reads come from memory,
-and the verbs the daemon performs update it from their own result before returning.
+and the verbs the node performs update it from their own result before returning.
 """
 
 from __future__ import annotations
@@ -16,23 +20,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import threading
-import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 from dataclasses import replace
-from datetime import datetime, timezone
-from typing import Any, NamedTuple, Protocol
+from typing import Any
 
-from tuneplane_node.errors import NodeError, RuntimeUnavailable
+from tuneplane_node.clock import SYSTEM_CLOCK, Clock, rfc3339
+from tuneplane_node.errors import EngineUnavailable, NodeError
 from tuneplane_node.runtime.base import (
-    BlockingPool,
-    ContainerRuntime,
+    EXIT_SIGKILL,
+    CacheStatus,
     ContainerSpec,
     ContainerState,
+    EngineEvent,
+    EngineFeed,
     ProgressCallback,
+    PullLimits,
     RuntimeHealth,
-    iso,
 )
 
 log = logging.getLogger(__name__)
@@ -41,84 +45,43 @@ WATCHED_ACTIONS = frozenset(
     {"create", "start", "restart", "die", "oom", "stop", "kill", "pause", "unpause"}
     | {"destroy", "rename", "remove", "cleanup"}
 )
-SIGKILLED = 137  # 128 + SIGKILL: the OOM killer's exit code, among others
 BACKOFF_FIRST_S = 0.5
 BACKOFF_MAX_S = 10.0
 
 
-class Brief(NamedTuple):
-    """A container as the engine's list shows it: enough to tell whether it changed."""
-
-    id: str
-    name: str
-    signature: tuple[str, int | None]
+def watched(event: EngineEvent) -> bool:
+    return event.action.split(":")[0] in WATCHED_ACTIONS
 
 
-_EXIT_CODE = re.compile(r"^Exited \((-?\d+)\)")
-
-
-def brief_from_list(entry: Mapping[str, Any]) -> Brief:
-    """A Brief from a docker-format list entry (docker's, or podman's compat one)."""
-    status = str(entry.get("State", "")).lower()
-    code = _EXIT_CODE.match(str(entry.get("Status", "")))
-    names = entry.get("Names") or [""]
-    exit_code = int(code.group(1)) if code and status in ("exited", "dead") else None
-    return Brief(str(entry.get("Id")), str(names[0]).lstrip("/"), (status, exit_code))
-
-
-class EngineEvent(NamedTuple):
-    """One container event; a ``die`` carries the exit code and the time it happened."""
-
-    id: str
-    action: str
-    exit_code: int | None = None
-    at: str | None = None
-
-
-def event_from_docker(event: Mapping[str, Any]) -> EngineEvent:
-    """An EngineEvent from a docker-format event (docker's, or podman's compat one)."""
-    actor = event.get("Actor") or {}
-    attributes = actor.get("Attributes") or {}
-    code = str(attributes.get("exitCode", ""))
-    nanos = event.get("timeNano")
-    moment = datetime.fromtimestamp(nanos / 1e9, tz=timezone.utc) if nanos else None
-    return EngineEvent(
-        id=str(event.get("id") or actor.get("ID")),
-        action=str(event.get("Action") or event.get("status", "")),
-        exit_code=int(code) if code.lstrip("-").isdigit() else None,
-        at=iso(moment),
-    )
-
-
-def signature_of(state: ContainerState) -> tuple[str, int | None]:
+def _signature(state: ContainerState) -> tuple[str, int | None]:
     return state.status, state.exit_code
-
-
-class EngineFeed(ContainerRuntime, Protocol):
-    """What an engine runtime offers the cache: blocking calls, run on its pool or thread."""
-
-    pool: BlockingPool
-
-    def list_brief(self) -> list[Brief]: ...
-    def inspect_now(self, ref: str) -> ContainerState: ...
-    def open_events(self) -> tuple[Iterator[EngineEvent], Callable[[], None]]: ...
 
 
 class StateCache:
     """The states, the event thread and the relist task. Mutated on the loop thread only."""
 
-    def __init__(self, feed: EngineFeed, *, relist_s: float, sync_timeout: float) -> None:
+    def __init__(
+        self,
+        feed: EngineFeed,
+        *,
+        relist_s: float,
+        sync_timeout: float,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
         self.feed = feed
         self.relist_s = relist_s
         self.sync_timeout = sync_timeout
+        self.clock = clock
         self.states: dict[str, ContainerState] = {}
         self.names: dict[str, str] = {}  # container id -> name
         self.touched: dict[str, float] = {}  # name -> when last written
         self.synced = False
         self.syncs = 0  # full resyncs so far: an engine restart is a new generation
+        self.generation = 0  # bumped by every change: readers rebuild what they derived
         self.stale_reason = "the first sync has not finished"
         self.last_event: float | None = None
         self.last_relist: float | None = None
+        self._oomed: set[str] = set()  # ids whose "oom" came and whose "die" has not
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = threading.Event()
         self._close_stream: Callable[[], None] | None = None
@@ -138,18 +101,18 @@ class StateCache:
 
     def _require_synced(self) -> None:
         if not self.synced:
-            raise RuntimeUnavailable(engine=self.feed.name, reason=self.stale_reason)
+            raise EngineUnavailable(engine=self.feed.name, reason=self.stale_reason)
 
-    def status(self) -> dict[str, Any]:
-        now = time.monotonic()
-        return {
-            "synced": self.synced,
-            "last_event_age_s": _age(now, self.last_event),
-            "last_relist_age_s": _age(now, self.last_relist),
-            "containers": len(self.states),
-        }
+    def status(self) -> CacheStatus:
+        now = self.clock.monotonic()
+        return CacheStatus(
+            synced=self.synced,
+            last_event_age_s=_age(now, self.last_event),
+            last_relist_age_s=_age(now, self.last_relist),
+            containers=len(self.states),
+        )
 
-    # --- writes (loop thread) -----------------------------------------------------------
+    # --- changes (loop thread) ----------------------------------------------------------
 
     def put(self, state: ContainerState, container_id: str | None = None) -> None:
         """Record what the engine just said about one container (gone included)."""
@@ -164,19 +127,56 @@ class StateCache:
         if old_name and old_name != state.name:
             self._forget(old_name)  # renamed
         self.states[state.name] = state
-        self.touched[state.name] = time.monotonic()
+        self.touched[state.name] = self.clock.monotonic()
         if state.id:
             self.names[state.id] = state.name
+        self.generation += 1
 
     def _forget(self, name: str) -> None:
         state = self.states.pop(name, None)
-        self.touched[name] = time.monotonic()
+        self.touched[name] = self.clock.monotonic()
         if state is not None and state.id:
             self.names.pop(state.id, None)
+        self.generation += 1
 
-    def _replace_all(self, states: list[ContainerState], started: float) -> None:
-        """A full resync: the engine's word replaces everything listed before it began."""
-        fresh = {state.name: state for state in states if state.run_id}
+    def on_event(self, event: EngineEvent) -> None:
+        """An event as it arrives, before its inspect: say "exited" at once on a die."""
+        self.last_event = self.clock.monotonic()
+        if event.action == "oom":
+            self._oomed.add(event.id)  # an "oom" comes before its "die"
+        elif event.action == "die":
+            self._provisional_exit(event, oom_killed=event.id in self._oomed)
+            self._oomed.discard(event.id)
+        elif event.action == "destroy":
+            self._oomed.discard(event.id)
+
+    def _provisional_exit(self, event: EngineEvent, *, oom_killed: bool) -> None:
+        """The exited state the die event alone tells, until its inspect lands."""
+        known = self.states.get(self.names.get(event.id, ""))
+        if known is None or not known.live or event.exit_code is None:
+            return
+        if event.exit_code == EXIT_SIGKILL and not oom_killed:
+            return  # maybe an OOM kill whose event is late: let the inspect say which
+        # finished_at must be set: reap would otherwise date the job by its creation.
+        finished = event.at or rfc3339(self.clock.now())
+        self.put(
+            replace(
+                known,
+                status="exited",
+                exit_code=event.exit_code,
+                finished_at=finished,
+                oom_killed=known.oom_killed or oom_killed,
+            )
+        )
+
+    def on_inspected(self, state: ContainerState, container_id: str) -> None:
+        """The inspect that follows an event: the engine's word on that container."""
+        self.last_event = self.clock.monotonic()
+        self.put(state, container_id)
+
+    def replace_all(self, states: list[ContainerState], started: float) -> None:
+        """A full resync: the engine's word replaces everything written before it began."""
+        fresh = {state.name: state for state in states if state.exists and state.run_id}
         for name in list(self.states):
             if name not in fresh and self.touched.get(name, 0) < started:
                 self._forget(name)
@@ -186,16 +186,16 @@ class StateCache:
         self.touched = {name: t for name, t in self.touched.items() if name in self.states}
         self.synced = True
         self.syncs += 1
-        self.last_relist = time.monotonic()
+        self.last_relist = self.clock.monotonic()
         self._first_sync.set()
         log.info("state cache synced: %d containers", len(self.states))
 
-    def _mark_stale(self, reason: str) -> None:
+    def mark_stale(self, reason: str) -> None:
         if self.synced:
             log.warning("state cache stale: %s", reason)
         self.synced = False
         self.stale_reason = f"event stream broken: {reason}"
-        self._first_sync.set()  # the first attempt is over: serve, and answer 503
+        self._first_sync.set()  # the first try is over: serve, and answer 503
 
     def _post(self, fn: Callable[..., None], *args: Any) -> None:
         assert self._loop is not None
@@ -208,7 +208,7 @@ class StateCache:
         """Start the event thread and the relist; wait (bounded) for the first sync.
 
         An engine that is down does not hold the daemon back: reads answer 503 until
-        the thread's next attempt syncs.
+        the thread's next try syncs.
         """
         self._loop = asyncio.get_running_loop()
         self._thread = threading.Thread(
@@ -236,7 +236,7 @@ class StateCache:
         if self._close_stream is not None:
             self._close_stream()
 
-    # --- the event thread -------------------------------------------------------------
+    # --- the event thread: reads, and posts what it read --------------------------------
 
     def _watch(self) -> None:
         backoff = BACKOFF_FIRST_S
@@ -248,7 +248,7 @@ class StateCache:
                 reason = exc.message if isinstance(exc, NodeError) else repr(exc)
             if self._stopping.is_set():
                 return
-            self._post(self._mark_stale, reason)
+            self._post(self.mark_stale, reason)
             # Backoff, never a busy loop: the engine may be down for minutes.
             self._stopping.wait(backoff)
             backoff = min(backoff * 2, BACKOFF_MAX_S)
@@ -260,45 +260,13 @@ class StateCache:
             close()
             return
         # The stream is open before the list: nothing can fall between the two.
-        started = time.monotonic()
+        started = self.clock.monotonic()
         states = [self.feed.inspect_now(brief.id) for brief in self.feed.list_brief()]
-        self._post(self._replace_all, [s for s in states if s.exists], started)
-        oomed: set[str] = set()  # an "oom" comes before its "die"
+        self._post(self.replace_all, states, started)
         for event in events:
-            if event.action.split(":")[0] not in WATCHED_ACTIONS:
-                continue
-            if event.action == "oom":
-                oomed.add(event.id)
-            if event.action == "die":
-                # Say "exited" now: the inspect that confirms it takes as long again.
-                self._post(self._on_die, event, event.id in oomed)
-                oomed.discard(event.id)
-            state = self.feed.inspect_now(event.id)
-            self._post(self._on_event, state, event.id)
-
-    def _on_event(self, state: ContainerState, container_id: str) -> None:
-        self.last_event = time.monotonic()
-        self.put(state, container_id)
-
-    def _on_die(self, event: EngineEvent, oom_killed: bool) -> None:
-        """A provisional exited state from the events alone, until its inspect lands."""
-        self.last_event = time.monotonic()
-        known = self.states.get(self.names.get(event.id, ""))
-        if known is None or not known.live or event.exit_code is None:
-            return
-        if event.exit_code == SIGKILLED and not oom_killed:
-            return  # maybe an OOM kill whose event is late: let the inspect say which
-        # finished_at must be set: reap would otherwise date the job by its creation.
-        finished = event.at or iso(datetime.now(timezone.utc))
-        self.put(
-            replace(
-                known,
-                status="exited",
-                exit_code=event.exit_code,
-                finished_at=finished,
-                oom_killed=known.oom_killed or oom_killed,
-            )
-        )
+            if watched(event):
+                self._post(self.on_event, event)
+                self._post(self.on_inspected, self.feed.inspect_now(event.id), event.id)
 
     # --- the relist ---------------------------------------------------------------------
 
@@ -314,19 +282,19 @@ class StateCache:
 
     async def relist(self) -> None:
         """One list; inspect only what changed or is new; drop what vanished."""
-        started = time.monotonic()
+        started = self.clock.monotonic()
         briefs = await self.feed.pool.call(self.feed.list_brief)
         listed = {brief.id for brief in briefs}
         for brief in briefs:
             known = self.states.get(self.names.get(brief.id, ""))
-            if known is None or signature_of(known) != brief.signature:
+            if known is None or _signature(known) != brief.signature:
                 state = await self.feed.pool.call(self.feed.inspect_now, brief.id)
                 if self.touched.get(state.name, 0) < started:
                     self.put(state, brief.id)
         for container_id, name in list(self.names.items()):
             if container_id not in listed and self.touched.get(name, 0) < started:
                 self._forget(name)
-        self.last_relist = time.monotonic()
+        self.last_relist = self.clock.monotonic()
 
 
 def _age(now: float, moment: float | None) -> float | None:
@@ -336,14 +304,28 @@ def _age(now: float, moment: float | None) -> float | None:
 class CachedRuntime:
     """A ContainerRuntime whose reads come from the StateCache (docker and podman)."""
 
-    def __init__(self, inner: EngineFeed, *, relist_s: float, sync_timeout: float) -> None:
+    def __init__(
+        self,
+        inner: EngineFeed,
+        *,
+        relist_s: float,
+        sync_timeout: float,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
         self.inner = inner
         self.name = inner.name
-        self.cache = StateCache(inner, relist_s=relist_s, sync_timeout=sync_timeout)
+        self.cache = StateCache(inner, relist_s=relist_s, sync_timeout=sync_timeout, clock=clock)
         self._version: tuple[int, str | None] | None = None  # (sync generation, version)
 
     async def start(self) -> None:
         await self.cache.start()
+
+    async def close(self) -> None:
+        await self.cache.close()
+        await self.inner.close()
+
+    def status(self) -> CacheStatus:
+        return self.cache.status()
 
     async def inspect(self, name: str) -> ContainerState:
         return self.cache.get(name)
@@ -372,7 +354,7 @@ class CachedRuntime:
         with contextlib.suppress(NodeError):
             self.cache.put(await self.inner.inspect(name))
 
-    async def logs(self, name: str, tail_lines: int) -> str:
+    async def logs(self, name: str, tail_lines: int) -> str | None:
         return await self.inner.logs(name, tail_lines)
 
     async def health(self) -> RuntimeHealth:
@@ -394,17 +376,6 @@ class CachedRuntime:
         return await self.inner.image_exists(image)
 
     async def pull(
-        self,
-        image: str,
-        *,
-        timeout: float,
-        stall_timeout: float,
-        on_progress: ProgressCallback | None = None,
+        self, image: str, *, limits: PullLimits, on_progress: ProgressCallback | None = None
     ) -> None:
-        await self.inner.pull(
-            image, timeout=timeout, stall_timeout=stall_timeout, on_progress=on_progress
-        )
-
-    async def close(self) -> None:
-        await self.cache.close()
-        await self.inner.close()
+        await self.inner.pull(image, limits=limits, on_progress=on_progress)

@@ -1,8 +1,10 @@
 """EngineRuntime: what the docker and podman runtimes share, whatever their SDK.
 
-The async verbs, the pool, error translation at one seam and the pull's deadlines live
-here; a subclass supplies the blocking SDK calls (``_create``, ``_inspect``, ...) and
-its ``translate``. Nothing here imports an SDK.
+The async verbs, the pool, the create options both engines take alike, error
+translation through one table, and the pull's deadlines live here. An adapter supplies
+its blocking SDK calls (``_create``, ``_inspect``, ...), its `ErrorTable` and the create
+options that truly differ (mounts, stop signal, CPU limit, GPUs). Nothing here imports
+an SDK.
 """
 
 from __future__ import annotations
@@ -10,20 +12,30 @@ from __future__ import annotations
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from tuneplane_node.errors import NodeError, RuntimeConflict, RuntimeFailure, is_conflict
+from tuneplane_node.errors import (
+    EngineConflict,
+    EngineRefused,
+    EngineUnavailable,
+    NodeError,
+    is_name_conflict,
+)
 from tuneplane_node.runtime.base import (
-    BlockingPool,
+    LABEL_RUN_ID,
+    Brief,
+    CacheStatus,
     ContainerSpec,
     ContainerState,
+    EngineEvent,
     ProgressCallback,
+    PullLimits,
     RuntimeHealth,
-    drive_pull,
-    iso,
-    parse_time,
+    job_labels,
 )
-from tuneplane_node.runtime.cache import Brief, EngineEvent
+from tuneplane_node.runtime.pool import BlockingPool
+from tuneplane_node.runtime.pulling import drive_pull
 from tuneplane_node.settings import NodeSettings
 
 log = logging.getLogger(__name__)
@@ -31,69 +43,124 @@ T = TypeVar("T")
 Events = Iterator[EngineEvent]
 
 
+@dataclass(frozen=True)
+class ErrorTable:
+    """How one SDK's exceptions map onto the node's errors.
+
+    ``unreachable``: transport failures, the engine did not answer (503). ``api_error``:
+    the engine answered no (502, or 409 for a name in use); its ``status_code`` and
+    ``explanation`` carry the engine's words. An api_error without an HTTP response is
+    a transport failure the SDK wrapped (podman-py does). ``not_found``: no such
+    container or image, which is never an error to the node (`EngineRuntime._or`).
+    """
+
+    engine: str
+    unreachable: tuple[type[BaseException], ...]
+    api_error: type[Exception]
+    not_found: type[Exception]
+
+    def translate(self, exc: BaseException, *, action: str) -> NodeError:
+        if isinstance(exc, NodeError):
+            return exc
+        # api_error first: SDK errors derive from requests' errors, which are OSErrors.
+        if isinstance(exc, self.api_error):
+            if getattr(exc, "response", None) is None:
+                cause = exc.__cause__ or exc
+                return EngineUnavailable(engine=self.engine, reason=str(cause) or _name(cause))
+            reason = str(getattr(exc, "explanation", None) or exc)
+            status = getattr(exc, "status_code", None)
+            refusal = EngineConflict if is_name_conflict(status, reason) else EngineRefused
+            return refusal(engine=self.engine, action=action, reason=reason)
+        if isinstance(exc, self.unreachable):
+            return EngineUnavailable(engine=self.engine, reason=str(exc) or _name(exc))
+        return EngineRefused(engine=self.engine, action=action, reason=describe(exc))
+
+
+def _name(exc: BaseException) -> str:
+    return type(exc).__name__
+
+
 def describe(exc: BaseException) -> str:
     """``Type: message``, even for SDK exceptions whose __str__ itself fails."""
     try:
-        return f"{type(exc).__name__}: {exc}"
+        return f"{_name(exc)}: {exc}"
     except Exception:
-        return type(exc).__name__
+        return _name(exc)
 
 
-def refused(engine: str, *, action: str, status: int | None, reason: str) -> RuntimeFailure:
-    """The error for an engine that answered no: a conflict (409) or a plain failure."""
-    failure = RuntimeConflict if is_conflict(status, reason) else RuntimeFailure
-    return failure(engine=engine, action=action, reason=reason)
+def common_options(spec: ContainerSpec) -> dict[str, Any]:
+    """The create() arguments both SDKs take alike: entrypoint replaced, no auto-remove."""
+    options: dict[str, Any] = {
+        "image": spec.image,
+        "name": spec.name,
+        "environment": dict(spec.env),
+        "labels": job_labels(spec),
+        "network_mode": spec.network,
+    }
+    if spec.command:
+        options["entrypoint"] = [spec.command[0]]
+        options["command"] = list(spec.command[1:])
+    optional = {
+        "working_dir": spec.workdir,
+        "user": spec.user,
+        "shm_size": spec.shm_size,
+        "mem_limit": spec.memory_limit,
+    }
+    options.update({key: value for key, value in optional.items() if value is not None})
+    return options
 
 
-def state_from_inspect(
-    data: Mapping[str, Any], *, statuses: Mapping[str, str] | None = None
-) -> ContainerState:
-    """ContainerState from an inspect document (docker's and libpod's share the fields).
-
-    ``statuses`` renames an engine's own words for docker's (libpod's "configured").
-    """
-    state = data.get("State") or {}
-    raw = str(state.get("Status", "")).lower()
-    status = (statuses or {}).get(raw, raw)
-    config = data.get("Config") or {}
-    return ContainerState(
-        name=str(data.get("Name", "")).lstrip("/"),
-        exists=True,
-        status=status,
-        # An exit code means something only once the process has exited.
-        exit_code=int(state.get("ExitCode", 0)) if status in ("exited", "dead") else None,
-        labels=dict(config.get("Labels") or {}),
-        created_at=iso(parse_time(data.get("Created"))),
-        started_at=iso(parse_time(state.get("StartedAt"))),
-        finished_at=iso(parse_time(state.get("FinishedAt"))),
-        oom_killed=bool(state.get("OOMKilled")),
-        id=data.get("Id"),
-    )
-
-
-def pool_size(settings: NodeSettings) -> int:
-    """HTTP connections the SDK keeps: one per pool thread, plus the state cache's event
-    stream and the inspect its thread makes after each event."""
-    return settings.runtime_threads + 2
+OURS_FILTER = {"label": [LABEL_RUN_ID]}
+"""The engines' list and event filter for the node's containers."""
 
 
 class EngineRuntime(ABC):
-    """A ContainerRuntime (and state-cache feed) over a synchronous engine SDK."""
+    """A ContainerRuntime and EngineFeed over a synchronous engine SDK."""
 
     name: str
+    errors: ErrorTable
+
+    def __init_subclass__(cls, *, errors: ErrorTable | None = None, **options: Any) -> None:
+        """``class DockerRuntime(EngineRuntime, errors=ERRORS)``: the table names the engine."""
+        super().__init_subclass__(**options)
+        if errors is not None:
+            cls.errors, cls.name = errors, errors.engine
 
     def __init__(self, settings: NodeSettings, *, pool: BlockingPool | None = None) -> None:
         self.settings = settings
         self.pool = pool or BlockingPool(settings.runtime_threads, name=self.name)
+        # HTTP connections the SDK keeps: one per pool thread, plus the state cache's
+        # event stream and the inspect its thread makes after each event.
+        self.http_connections = settings.runtime_threads + 2
+        self.client = self._connect(settings)
 
-    # --- what a subclass supplies: blocking SDK calls ----------------------------------
+    # --- what an adapter supplies: blocking SDK calls ----------------------------------
 
     @abstractmethod
-    def translate(self, exc: BaseException, *, action: str) -> NodeError: ...
+    def _connect(self, settings: NodeSettings) -> Any:
+        """The SDK's client, built without asking the engine anything: the node must
+        start, and say "unreachable", while the engine is down."""
+
+    def create_options(self, spec: ContainerSpec) -> dict[str, Any]:
+        """The SDK's create() arguments: the common ones and the engine's own."""
+        return {**common_options(spec), **self._engine_options(spec)}
+
     @abstractmethod
+    def _engine_options(self, spec: ContainerSpec) -> dict[str, Any]:
+        """The create() arguments this SDK spells its own way: mounts, the stop signal,
+        the CPU limit, the cards."""
+
     def _create(self, spec: ContainerSpec) -> Any:
-        """Create (not start) the container; return the SDK's container object."""
+        """Create (not start) the container; the SDK's container object (both SDKs
+        spell this alike)."""
+        return self.client.containers.create(**self.create_options(spec))
 
+    def handed_cards(self, spec: ContainerSpec) -> tuple[int, ...]:
+        """The cards the container is given as devices; none without passthrough (the
+        label still names them)."""
+        return spec.gpus if self.settings.local_gpu_passthrough else ()
+
+    # Each may raise the table's ``not_found``: the verbs above make that "missing".
     @abstractmethod
     def _inspect(self, ref: str) -> ContainerState: ...
     @abstractmethod
@@ -117,23 +184,36 @@ class EngineRuntime(ABC):
 
     # --- the seam: every SDK call passes here ------------------------------------------
 
-    async def _call(self, action: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        return await self.pool.call(self._guarded, action, fn, *args, **kwargs)
+    async def _call(self, action: str, fn: Callable[..., T], *args: Any) -> T:
+        return await self.pool.call(self._guarded, action, fn, *args)
 
-    def _guarded(self, action: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    def _guarded(self, action: str, fn: Callable[..., T], *args: Any) -> T:
         try:
-            return fn(*args, **kwargs)
+            return fn(*args)
         except Exception as exc:
-            raise self.translate(exc, action=action) from exc
+            raise self.errors.translate(exc, action=action) from exc
+
+    def _or(self, missing: T, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)``, or ``missing`` when the engine has no such container or image."""
+        try:
+            return fn(*args)
+        except self.errors.not_found:
+            return missing
 
     def _translated(self, items: Iterator[T], *, action: str) -> Iterator[T]:
         """A stream whose SDK errors surface as the node's own."""
         try:
             yield from items
         except Exception as exc:
-            raise self.translate(exc, action=action) from exc
+            raise self.errors.translate(exc, action=action) from exc
 
-    # --- the verbs ---------------------------------------------------------------------
+    # --- the ContainerRuntime verbs ----------------------------------------------------
+
+    async def start(self) -> None:
+        return None  # nothing to fill: every read asks the engine
+
+    def status(self) -> CacheStatus | None:
+        return None
 
     async def run(self, spec: ContainerSpec) -> str:
         return await self._call(f"run {spec.name}", self._run, spec)
@@ -144,27 +224,31 @@ class EngineRuntime(ABC):
             container.start()
         except Exception:
             # A created container carries GPU labels: left behind, it holds cards forever.
-            self._remove(spec.name)
+            self._or(None, self._remove, spec.name)
             raise
         return str(container.id)
 
     async def inspect(self, name: str) -> ContainerState:
-        return await self._call(f"inspect {name}", self._inspect, name)
+        return await self._call(f"inspect {name}", self._inspect_or_missing, name)
 
-    async def logs(self, name: str, tail_lines: int) -> str:
-        return await self._call(f"read the logs of {name}", self._logs, name, tail_lines)
+    def _inspect_or_missing(self, ref: str) -> ContainerState:
+        return self._or(ContainerState.missing(ref), self._inspect, ref)
+
+    async def logs(self, name: str, tail_lines: int) -> str | None:
+        action = f"read the logs of {name}"
+        return await self._call(action, self._or, None, self._logs, name, tail_lines)
 
     async def stop(self, name: str, timeout: float) -> None:
-        await self._call(f"stop {name}", self._stop, name, timeout)
+        await self._call(f"stop {name}", self._or, None, self._stop, name, timeout)
 
     async def remove(self, name: str) -> None:
-        await self._call(f"remove {name}", self._remove, name)
+        await self._call(f"remove {name}", self._or, None, self._remove, name)
 
     async def ps(self) -> list[ContainerState]:
         return await self._call("list containers", self._ps)
 
     def _ps(self) -> list[ContainerState]:
-        states = (self._inspect(brief.id) for brief in self._list_brief())
+        states = (self._inspect_or_missing(brief.id) for brief in self._list_brief())
         # A container removed between the list and its inspect is simply gone.
         return [state for state in states if state.exists]
 
@@ -176,15 +260,12 @@ class EngineRuntime(ABC):
         return RuntimeHealth(ok=True, engine=self.name, version=version)
 
     async def image_exists(self, image: str) -> bool:
-        return await self._call(f"inspect image {image}", self._image_exists, image)
+        return await self._call(
+            f"inspect image {image}", self._or, False, self._image_exists, image
+        )
 
     async def pull(
-        self,
-        image: str,
-        *,
-        timeout: float,
-        stall_timeout: float,
-        on_progress: ProgressCallback | None = None,
+        self, image: str, *, limits: PullLimits, on_progress: ProgressCallback | None = None
     ) -> None:
         """Stream the pull (deadlines and cancel in `drive_pull`); done = image present."""
         action = f"pull {image}"
@@ -193,12 +274,11 @@ class EngineRuntime(ABC):
             engine=self.name,
             image=image,
             open_stream=lambda: self._guarded(action, self._open_pull_translated, image),
-            timeout=timeout,
-            stall_timeout=stall_timeout,
+            limits=limits,
             on_progress=on_progress,
         )
         if not await self.image_exists(image):
-            raise RuntimeFailure(
+            raise EngineRefused(
                 engine=self.name, action=action, reason="the stream ended without the image"
             )
 
@@ -210,13 +290,13 @@ class EngineRuntime(ABC):
         self.pool.close()
         self._close_client()
 
-    # --- the state cache's feed (blocking: called on the pool or the event thread) -----
+    # --- the EngineFeed calls (blocking: on the pool or the cache's event thread) ------
 
     def list_brief(self) -> list[Brief]:
         return self._guarded("list containers", self._list_brief)
 
     def inspect_now(self, ref: str) -> ContainerState:
-        return self._guarded(f"inspect {ref}", self._inspect, ref)
+        return self._guarded(f"inspect {ref}", self._inspect_or_missing, ref)
 
     def open_events(self) -> tuple[Events, Callable[[], None]]:
         events, close = self._guarded("stream events", self._open_events)

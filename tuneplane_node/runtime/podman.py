@@ -1,8 +1,9 @@
 """PodmanRuntime: job containers on the podman API service. The only module that imports `podman`.
 
-Same semantics as DockerRuntime. GPUs are CDI devices (``nvidia.com/gpu=N``); pulls ask
-libpod for the docker-compatible progress stream so bytes are reported. SDK errors are
-translated here, in `translate`.
+What differs from docker: mounts as plain dicts, the stop signal by number, a CFS quota
+for the CPU limit, GPUs as CDI devices (``nvidia.com/gpu=N``), and list, events and
+pulls through the docker-compatible endpoints (their shapes are docker's, and the pull
+stream reports bytes). The rest is `EngineRuntime`'s.
 """
 
 from __future__ import annotations
@@ -12,156 +13,86 @@ import logging
 import math
 import signal
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, TypeVar
+from typing import Any
 
 import podman
 import podman.errors
 import requests.exceptions
 
-from tuneplane_node.errors import (
-    NodeError,
-    RuntimeFailure,
-    RuntimeUnavailable,
-)
-from tuneplane_node.runtime.base import (
-    LABEL_RUN_ID,
-    BlockingPool,
-    ContainerSpec,
-    ContainerState,
-    close_http_stream,
-    job_labels,
-    pull_params,
-)
-from tuneplane_node.runtime.cache import Brief, brief_from_list, event_from_docker
-from tuneplane_node.runtime.engine import (
-    EngineRuntime,
-    Events,
-    describe,
-    pool_size,
-    refused,
-    state_from_inspect,
-)
+from tuneplane_node.runtime import dockerformat as fmt
+from tuneplane_node.runtime.base import LABEL_RUN_ID, Brief, ContainerSpec, ContainerState
+from tuneplane_node.runtime.engine import OURS_FILTER, EngineRuntime, ErrorTable, Events
+from tuneplane_node.runtime.pulling import close_http_stream
 from tuneplane_node.settings import NodeSettings
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 ENGINE = "podman"
 CPU_PERIOD_US = 100_000
-# libpod's own words for the states docker calls created and exited.
-_OURS = {"label": [LABEL_RUN_ID]}
-_STATUS = {"configured": "created", "initialized": "created", "stopped": "exited"}
-_UNREACHABLE = (requests.exceptions.ConnectionError, requests.exceptions.Timeout, OSError)
+ERRORS = ErrorTable(
+    engine=ENGINE,
+    unreachable=(requests.exceptions.ConnectionError, requests.exceptions.Timeout, OSError),
+    api_error=podman.errors.APIError,
+    not_found=podman.errors.NotFound,
+)
 
 
-def translate(exc: BaseException, *, action: str) -> NodeError:
-    """The node's error for an SDK exception: unreachable, or refused."""
-    if isinstance(exc, NodeError):
-        return exc
-    # podman-py wraps transport failures in an APIError with no response.
-    cause = exc.__cause__ if isinstance(exc, podman.errors.APIError) else exc
-    if isinstance(cause, _UNREACHABLE) or (
-        isinstance(exc, podman.errors.APIError) and exc.response is None
-    ):
-        return RuntimeUnavailable(engine=ENGINE, reason=str(cause or exc) or type(exc).__name__)
-    if isinstance(exc, podman.errors.APIError):
-        reason = str(exc.explanation or exc)
-        return refused(ENGINE, action=action, status=exc.status_code, reason=reason)
-    return RuntimeFailure(engine=ENGINE, action=action, reason=describe(exc))
-
-
-class PodmanRuntime(EngineRuntime):
+class PodmanRuntime(EngineRuntime, errors=ERRORS):
     """The ContainerRuntime of a podman API service."""
 
-    name = ENGINE
+    client: podman.PodmanClient
 
-    def __init__(self, settings: NodeSettings, *, pool: BlockingPool | None = None) -> None:
-        super().__init__(settings, pool=pool)
-        self.client = podman.PodmanClient(
+    def _connect(self, settings: NodeSettings) -> podman.PodmanClient:
+        return podman.PodmanClient(
             base_url=settings.podman_url,
             timeout=math.ceil(settings.local_api_timeout),
-            max_pool_size=pool_size(settings),
+            max_pool_size=self.http_connections,
         )
-        self.api = self.client.api
+
+    @property
+    def api(self) -> Any:
+        return self.client.api
+
+    @property
+    def _streaming(self) -> tuple[float, None]:
         # A stream waits for the engine as long as it takes (deadlines are ours); podman-py
         # reads None as "the client default", so say it with a (connect, read) pair.
-        self._streaming = (settings.local_api_timeout, None)
+        return (self.settings.local_api_timeout, None)
 
-    def translate(self, exc: BaseException, *, action: str) -> NodeError:
-        return translate(exc, action=action)
-
-    def _create(self, spec: ContainerSpec) -> Any:
-        return self.client.containers.create(**self.create_options(spec))
-
-    def create_options(self, spec: ContainerSpec) -> dict[str, Any]:
-        """The SDK's create() arguments for a spec: entrypoint replaced, no auto-remove."""
-        options: dict[str, Any] = {
-            "image": spec.image,
-            "name": spec.name,
-            "environment": dict(spec.env),
-            "labels": job_labels(spec),
-            "network_mode": spec.network,
-            "stop_signal": int(signal.SIGTERM),  # libpod wants the number
-            "mounts": [
-                {"type": "bind", "source": m.host, "target": m.container, "read_only": m.read_only}
-                for m in spec.mounts
-            ],
-        }
-        if spec.command:
-            options["entrypoint"] = [spec.command[0]]
-            options["command"] = list(spec.command[1:])
-        optional = {
-            "working_dir": spec.workdir,
-            "user": spec.user,
-            "shm_size": spec.shm_size,
-            "mem_limit": spec.memory_limit,
-        }
-        options.update({key: value for key, value in optional.items() if value is not None})
+    def _engine_options(self, spec: ContainerSpec) -> dict[str, Any]:
+        options: dict[str, Any] = {}
+        options["stop_signal"] = int(signal.SIGTERM)  # libpod wants the number
+        options["mounts"] = [
+            {"type": "bind", "source": m.host, "target": m.container, "read_only": m.read_only}
+            for m in spec.mounts
+        ]
         if spec.cpu_limit:
             # podman-py ignores nano_cpus; a CFS quota says the same thing.
             options["cpu_period"] = CPU_PERIOD_US
             options["cpu_quota"] = int(spec.cpu_limit * CPU_PERIOD_US)
-        if spec.gpus and self.settings.local_gpu_passthrough:
-            options["devices"] = [f"nvidia.com/gpu={gpu}" for gpu in spec.gpus]
+        if cards := self.handed_cards(spec):
+            options["devices"] = [f"nvidia.com/gpu={gpu}" for gpu in cards]
         return options
 
     def _inspect(self, ref: str) -> ContainerState:
-        try:
-            return state_from_inspect(self.client.containers.get(ref).attrs, statuses=_STATUS)
-        except podman.errors.NotFound:
-            return ContainerState.missing(ref)
+        return fmt.state_from_inspect(self.client.containers.get(ref).attrs)
 
     def _logs(self, name: str, tail_lines: int) -> str:
-        try:
-            container = self.client.containers.get(name)
-            raw = container.logs(stdout=True, stderr=True, timestamps=True, tail=tail_lines)
-        except podman.errors.NotFound:
-            return f"no logs: container {name} does not exist"
-        except podman.errors.APIError as exc:
-            if exc.response is None:
-                raise
-            return f"no logs for {name}: {exc.explanation or exc}"
+        container = self.client.containers.get(name)
+        raw = container.logs(stdout=True, stderr=True, timestamps=True, tail=tail_lines)
         chunks = raw if isinstance(raw, bytes) else b"".join(raw)
         return chunks.decode("utf-8", errors="replace")
 
     def _stop(self, name: str, timeout: float) -> None:
-        try:
-            self.client.containers.get(name).stop(timeout=math.ceil(timeout))
-        except podman.errors.NotFound:
-            log.debug("stop %s: no such container, nothing to do", name)
+        self.client.containers.get(name).stop(timeout=math.ceil(timeout))
 
     def _remove(self, name: str) -> None:
-        try:
-            self.client.containers.remove(name, force=True, v=True)
-        except podman.errors.NotFound:
-            log.debug("remove %s: no such container, nothing to do", name)
-
-    # The docker-compatible endpoints below: their list, event and pull shapes are docker's.
+        self.client.containers.remove(name, force=True, v=True)
 
     def _list_brief(self) -> list[Brief]:
-        params = {"all": "true", "filters": json.dumps(_OURS)}
+        params = {"all": "true", "filters": json.dumps(OURS_FILTER)}
         response = self.api.get("/containers/json", params=params, compatible=True)
         response.raise_for_status()
-        return [brief_from_list(entry) for entry in response.json()]
+        return [fmt.brief_from_list(entry) for entry in response.json()]
 
     def _open_events(self) -> tuple[Events, Callable[[], None]]:
         # podman 4 ignores a bare label key in an event filter: filter on our side.
@@ -170,14 +101,12 @@ class PodmanRuntime(EngineRuntime):
             "/events", params=params, stream=True, timeout=self._streaming, compatible=True
         )
         response.raise_for_status()
-        return self._event_pairs(response), lambda: close_http_stream(response)
-
-    @staticmethod
-    def _event_pairs(response: Any) -> Events:
-        for event in _json_lines(response):
-            actor = event.get("Actor") or {}
-            if LABEL_RUN_ID in (actor.get("Attributes") or {}):
-                yield event_from_docker(event)
+        events = (
+            fmt.event_from_docker(event)
+            for event in fmt.json_lines(response.iter_lines())
+            if LABEL_RUN_ID in fmt.event_labels(event)
+        )
+        return events, lambda: close_http_stream(response)
 
     def _version(self) -> str:
         return str(self.client.version().get("Version"))  # type: ignore[no-untyped-call]
@@ -189,19 +118,13 @@ class PodmanRuntime(EngineRuntime):
         # libpod's own pull (before podman 5) reports bare text lines, no layers.
         response = self.api.post(
             "/images/create",
-            params=pull_params(image),
+            params=fmt.pull_params(image),
             stream=True,
             timeout=self._streaming,
             compatible=True,
         )
         response.raise_for_status()
-        return _json_lines(response), response
+        return fmt.json_lines(response.iter_lines()), response
 
     def _close_client(self) -> None:
         self.client.close()  # type: ignore[no-untyped-call]  # podman-py is untyped here
-
-
-def _json_lines(response: Any) -> Iterator[dict[str, Any]]:
-    for line in response.iter_lines():
-        if line:
-            yield json.loads(line)

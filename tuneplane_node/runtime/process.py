@@ -36,17 +36,20 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from tuneplane_node.errors import RuntimeFailure, RuntimeUnavailable
+from tuneplane_node.clock import SYSTEM_CLOCK, rfc3339
+from tuneplane_node.errors import EngineConflict, EngineRefused, EngineUnavailable, InvalidField
 from tuneplane_node.runtime.base import (
-    BlockingPool,
+    EXIT_SIGKILL,
+    CacheStatus,
     ContainerSpec,
     ContainerState,
     ProgressCallback,
+    PullLimits,
     RuntimeHealth,
     format_gpus,
-    iso,
     job_labels,
 )
+from tuneplane_node.runtime.pool import BlockingPool
 from tuneplane_node.settings import NodeSettings
 
 log = logging.getLogger(__name__)
@@ -57,7 +60,6 @@ PROC_FILE = "proc.json"
 LOG_FILE = "output.log"
 RC_FILE = "rc"
 JOB_DIR_ENV = "TUNEPLANE_JOB_DIR"
-KILLED_RC = 137  # what a shell reports for SIGKILL; docker reports it too
 _VALID_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]{0,254}")  # docker's rule: no "/" or ".."
 _DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _POLL_S = 0.05
@@ -144,18 +146,24 @@ class ProcessRuntime:
 
     # -- the ContainerRuntime verbs ------------------------------------------------------
 
+    async def start(self) -> None:
+        return None  # nothing to fill: every read looks at the files
+
+    def status(self) -> CacheStatus | None:
+        return None
+
     async def run(self, spec: ContainerSpec) -> str:
-        """Start the job in a new session; refuses a name already in use, running or not."""
+        """Start the job in a new session; a name in use, running or not, is a conflict."""
         return await self._pool.call(self._start, spec)
 
     async def inspect(self, name: str) -> ContainerState:
         return await self._pool.call(self._inspect, name)
 
-    async def logs(self, name: str, tail_lines: int) -> str:
-        """The last ``tail_lines`` stamped lines; a sentence, not an error, for no such job."""
+    async def logs(self, name: str, tail_lines: int) -> str | None:
+        """The last ``tail_lines`` stamped lines; None for no such job."""
         job = await self._pool.call(self._load, name)
         if job is None:
-            return f"no logs: container {name} does not exist"
+            return None
         await self._drain(job)
         return await self._pool.call(_tail, job.dir / LOG_FILE, tail_lines)
 
@@ -201,12 +209,7 @@ class ProcessRuntime:
         return True  # a process runtime has no images: every one is "there"
 
     async def pull(
-        self,
-        image: str,
-        *,
-        timeout: float,
-        stall_timeout: float,
-        on_progress: ProgressCallback | None = None,
+        self, image: str, *, limits: PullLimits, on_progress: ProgressCallback | None = None
     ) -> None:
         return None  # nothing to pull
 
@@ -220,17 +223,17 @@ class ProcessRuntime:
         job_dir = self._job_dir(spec.name)
         action = f"run {spec.name}"
         if job_dir is None:
-            raise RuntimeFailure(engine=ENGINE, action=action, reason="invalid container name")
+            raise InvalidField("container.name", "not a valid job name")
         if not spec.command:
-            raise RuntimeFailure(engine=ENGINE, action=action, reason="no command (no image)")
+            raise InvalidField("container.command", "the process runtime needs a command")
         with _refusal(action):
             self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
             try:
                 job_dir.mkdir(mode=0o700)  # atomic: of two runs of one name, one wins
             except FileExistsError:
                 status = self._inspect(spec.name).status or "half-made"
-                reason = f"the name is in use by a job that is {status}; remove it first"
-                raise RuntimeFailure(engine=ENGINE, action=action, reason=reason) from None
+                reason = f"the name is already in use by a job that is {status}; remove it first"
+                raise EngineConflict(engine=ENGINE, action=action, reason=reason) from None
             try:
                 return self._launch(spec, job_dir)
             except BaseException:
@@ -425,7 +428,7 @@ class ProcessRuntime:
         await self._pool.call(self._signal, job.main, signal.SIGKILL, group=True)
         if not await self._wait_gone(job.main, _KILL_GRACE_S):
             reason = f"pid {job.main.pid} outlived SIGKILL for {_KILL_GRACE_S:g} s"
-            raise RuntimeFailure(engine=ENGINE, action=action, reason=reason)
+            raise EngineRefused(engine=ENGINE, action=action, reason=reason)
 
     def _delete(self, name: str, job_dir: Path) -> None:
         """Delete the job's files; already gone (or going, by another remove) is done."""
@@ -438,7 +441,7 @@ class ProcessRuntime:
 
 
 def _now() -> str:
-    return iso(datetime.now(timezone.utc)) or ""
+    return rfc3339(SYSTEM_CLOCK.now())
 
 
 def _spec_record(spec: ContainerSpec) -> dict[str, Any]:
@@ -472,16 +475,16 @@ def _exit_record(rc_file: Path) -> tuple[int | None, str | None]:
     """
     if not rc_file.exists():
         tmp = rc_file.with_name(f".{rc_file.name}.{secrets.token_hex(4)}.tmp")
-        tmp.write_text(str(KILLED_RC))
+        tmp.write_text(str(EXIT_SIGKILL))
         with contextlib.suppress(FileExistsError):
             os.link(tmp, rc_file)
         tmp.unlink()
     text = rc_file.read_text().strip()
-    finished = datetime.fromtimestamp(rc_file.stat().st_mtime, timezone.utc)
+    finished = rfc3339(datetime.fromtimestamp(rc_file.stat().st_mtime, timezone.utc))
     if not text.isdigit():
         log.warning("unreadable exit code %r in %s", text, rc_file)
-        return None, iso(finished)
-    return int(text), iso(finished)
+        return None, finished
+    return int(text), finished
 
 
 def _proc_stat(pid: int) -> tuple[str, int] | None:
@@ -546,7 +549,7 @@ def _refusal(action: str) -> Iterator[None]:
     try:
         yield
     except OSError as exc:
-        raise RuntimeFailure(engine=ENGINE, action=action, reason=str(exc)) from exc
+        raise EngineRefused(engine=ENGINE, action=action, reason=str(exc)) from exc
 
 
 @contextlib.contextmanager
@@ -555,4 +558,4 @@ def _unreadable() -> Iterator[None]:
     try:
         yield
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise RuntimeUnavailable(engine=ENGINE, reason=f"cannot read job state: {exc!r}") from exc
+        raise EngineUnavailable(engine=ENGINE, reason=f"cannot read job state: {exc!r}") from exc

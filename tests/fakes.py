@@ -1,0 +1,376 @@
+"""An in-memory engine, a clock moved by hand, and a GPU probe: for the fast tests.
+
+`FakeRuntime` honours the documented `ContainerRuntime` and `EngineFeed` contracts
+(missing is not an error, a name in use is `EngineConflict`, a start that fails leaves
+no container, ps lists only labelled containers, a pull succeeds only with the image
+present) and lets a test hold any verb open, fail it, or play the job's part (exit,
+OOM, ignore SIGTERM). Its events go to every open event stream, as an engine's do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import queue
+import secrets
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from types import MappingProxyType
+
+from tuneplane_node.clock import Clock, rfc3339
+from tuneplane_node.errors import EngineConflict, EngineRefused, EngineUnavailable
+from tuneplane_node.gpu.probe import CardFacts, GpuProcess, GpuSnapshot
+from tuneplane_node.runtime.base import (
+    EXIT_SIGKILL,
+    LABEL_RUN_ID,
+    Brief,
+    CacheStatus,
+    ContainerSpec,
+    ContainerState,
+    EngineEvent,
+    ProgressCallback,
+    PullLimits,
+    PullProgress,
+    RuntimeHealth,
+    job_labels,
+)
+from tuneplane_node.runtime.pool import BlockingPool
+
+ENGINE = "fake"
+EPOCH = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
+
+
+class FakeClock(Clock):
+    """Both clocks, moved only by `advance`."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.start = start
+        self.t = start
+
+    def monotonic(self) -> float:
+        return self.t
+
+    def now(self) -> datetime:
+        return EPOCH + timedelta(seconds=self.t - self.start)
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+@dataclass
+class FakeContainer:
+    id: str
+    spec: ContainerSpec
+    labels: dict[str, str]
+    created_at: str
+    status: str = "created"
+    exit_code: int | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    oom_killed: bool = False
+    ignores_sigterm: bool = False
+    output: list[str] = field(default_factory=list)
+
+    def state(self) -> ContainerState:
+        return ContainerState(
+            name=self.spec.name,
+            exists=True,
+            status=self.status,
+            exit_code=self.exit_code,
+            labels=dict(self.labels),
+            created_at=self.created_at,
+            started_at=self.started_at,
+            finished_at=self.finished_at,
+            oom_killed=self.oom_killed,
+            id=self.id,
+        )
+
+
+class FakePull:
+    """One pull the fake engine is doing: the test reports progress, finishes or fails it."""
+
+    def __init__(self, runtime: FakeRuntime, image: str) -> None:
+        self.runtime = runtime
+        self.image = image
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.cancelled = False
+        self.on_progress: ProgressCallback | None = None
+
+    def report(self, done: int, total: int, layers_done: int = 0, layers_total: int = 1) -> None:
+        assert self.on_progress is not None
+        self.on_progress(PullProgress(done, total, layers_done, layers_total))
+
+    def finish(self) -> None:
+        self.runtime.images.add(self.image)
+        self.done.set_result(None)
+
+    def fail(self, reason: str) -> None:
+        self.done.set_exception(
+            EngineRefused(engine=ENGINE, action=f"pull {self.image}", reason=reason)
+        )
+
+
+class Gate:
+    """Holds a verb open until the test lets it through."""
+
+    def __init__(self) -> None:
+        self.entered = asyncio.Event()
+        self.opened = asyncio.Event()
+
+    async def pass_through(self) -> None:
+        self.entered.set()
+        await self.opened.wait()
+
+    def open(self) -> None:
+        self.opened.set()
+
+
+class FakeRuntime:
+    """An engine in memory. Every verb is also an EngineFeed call, blocking or not."""
+
+    name = ENGINE
+
+    def __init__(self, *, clock: FakeClock | None = None, images: tuple[str, ...] = ()) -> None:
+        self.clock = clock or FakeClock()
+        self.containers: dict[str, FakeContainer] = {}
+        self.images: set[str] = set(images)
+        self.up = True
+        self.calls: collections.Counter[str] = collections.Counter()
+        self.pulls: list[FakePull] = []
+        self.pulling = asyncio.Event()  # set when any pull starts
+        self.create_gate: Gate | None = None  # holds run() after the create
+        self.refuse_start: str | None = None  # run() creates, fails the start
+        self.refuse_logs: str | None = None  # logs() refused, as a log driver can
+        self.ps_error: Exception | None = None  # ps() raises it, health still ok
+        self.stops: list[tuple[str, float]] = []  # (name, grace) of every stop
+        self.pool = BlockingPool(2, name="fake")
+        self._streams: list[queue.Queue[EngineEvent | None]] = []
+        self._ids = itertools.count(1)
+        self.closed = False
+
+    # --- what a test does to the engine ------------------------------------------------
+
+    def exit(self, name: str, code: int, *, oom: bool = False) -> None:
+        """The job ends by itself (or by the kernel's OOM killer)."""
+        container = self.containers[name]
+        if oom:
+            self._emit(container, "oom")
+        container.status, container.exit_code = "exited", code
+        container.finished_at = rfc3339(self.clock.now())
+        container.oom_killed = oom
+        self._emit(container, "die", exit_code=code)
+
+    def create_outside(self, spec: ContainerSpec, *, start: bool = True) -> FakeContainer:
+        """A container made behind the node's back (a person's own, or wreckage)."""
+        container = self._create(spec, labels=dict(spec.labels))
+        if start:
+            self._start(container)
+        return container
+
+    def pull_of(self, image: str) -> FakePull:
+        """The latest pull of ``image``."""
+        return [pull for pull in self.pulls if pull.image == image][-1]
+
+    def events_open(self) -> int:
+        return len(self._streams)
+
+    # --- ContainerRuntime --------------------------------------------------------------
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        self.closed = True
+        self.close_streams()
+        self.pool.close()
+
+    def status(self) -> CacheStatus | None:
+        return None
+
+    async def run(self, spec: ContainerSpec) -> str:
+        self._answer("run")
+        if spec.name in self.containers:
+            raise EngineConflict(
+                engine=ENGINE, action=f"run {spec.name}", reason="name is already in use"
+            )
+        container = self._create(spec, labels=job_labels(spec))
+        if self.create_gate is not None:
+            await self.create_gate.pass_through()
+        if self.refuse_start is not None:
+            self._destroy(spec.name)  # a failed start leaves no container
+            raise EngineRefused(engine=ENGINE, action=f"run {spec.name}", reason=self.refuse_start)
+        self._start(container)
+        return container.id
+
+    async def inspect(self, name: str) -> ContainerState:
+        self._answer("inspect")
+        container = self.containers.get(name)
+        return container.state() if container else ContainerState.missing(name)
+
+    async def logs(self, name: str, tail_lines: int) -> str | None:
+        self._answer("logs")
+        container = self.containers.get(name)
+        if container is None:
+            return None
+        if self.refuse_logs is not None:
+            raise EngineRefused(
+                engine=ENGINE, action=f"read the logs of {name}", reason=self.refuse_logs
+            )
+        stamp = rfc3339(self.clock.now())
+        return "".join(f"{stamp} {line}\n" for line in container.output[-tail_lines:])
+
+    async def stop(self, name: str, timeout: float) -> None:
+        self._answer("stop")
+        self.stops.append((name, timeout))
+        container = self.containers.get(name)
+        if container is None or container.status not in ("running", "paused", "restarting"):
+            return
+        self._emit(container, "kill")
+        code = EXIT_SIGKILL if container.ignores_sigterm else 143
+        container.status, container.exit_code = "exited", code
+        container.finished_at = rfc3339(self.clock.now())
+        self._emit(container, "die", exit_code=code)
+
+    async def remove(self, name: str) -> None:
+        self._answer("remove")
+        if name in self.containers:
+            self._destroy(name)
+
+    async def ps(self) -> list[ContainerState]:
+        self._answer("ps")
+        if self.ps_error is not None:
+            raise self.ps_error
+        return [c.state() for c in self.containers.values() if LABEL_RUN_ID in c.labels]
+
+    async def health(self) -> RuntimeHealth:
+        self.calls["health"] += 1
+        if not self.up:
+            return RuntimeHealth(ok=False, engine=ENGINE, error="engine unreachable: fake: down")
+        return RuntimeHealth(ok=True, engine=ENGINE, version="1.0-fake")
+
+    async def image_exists(self, image: str) -> bool:
+        self._answer("image_exists")
+        return image in self.images
+
+    async def pull(
+        self, image: str, *, limits: PullLimits, on_progress: ProgressCallback | None = None
+    ) -> None:
+        self._answer("pull")
+        pull = FakePull(self, image)
+        pull.on_progress = on_progress
+        self.pulls.append(pull)
+        self.pulling.set()
+        try:
+            await pull.done
+        except asyncio.CancelledError:
+            pull.cancelled = True
+            raise
+        if image not in self.images:
+            raise EngineRefused(engine=ENGINE, action=f"pull {image}", reason="no image after")
+
+    # --- EngineFeed (blocking, thread-safe enough for one event thread) ----------------
+
+    def list_brief(self) -> list[Brief]:
+        self._answer("list_brief")
+        return [
+            Brief(c.id, c.spec.name, (c.status, c.exit_code))
+            for c in list(self.containers.values())
+            if LABEL_RUN_ID in c.labels
+        ]
+
+    def inspect_now(self, ref: str) -> ContainerState:
+        self._answer("inspect_now")
+        for container in list(self.containers.values()):
+            if ref in (container.id, container.spec.name):
+                return container.state()
+        return ContainerState.missing(ref)
+
+    def open_events(self) -> tuple[Iterator[EngineEvent], Callable[[], None]]:
+        self._answer("open_events")
+        stream: queue.Queue[EngineEvent | None] = queue.Queue()
+        self._streams.append(stream)
+
+        def events() -> Iterator[EngineEvent]:
+            while (event := stream.get()) is not None:
+                yield event
+            if not self.up:
+                raise EngineUnavailable(engine=ENGINE, reason="the stream broke")
+
+        return events(), lambda: stream.put(None)
+
+    def close_streams(self) -> None:
+        """End every open event stream, as an engine restart does."""
+        for stream in self._streams:
+            stream.put(None)
+        self._streams.clear()
+
+    # --- the engine's insides ----------------------------------------------------------
+
+    def _answer(self, call: str) -> None:
+        self.calls[call] += 1
+        if not self.up:
+            raise EngineUnavailable(engine=ENGINE, reason="down")
+
+    def _create(self, spec: ContainerSpec, *, labels: dict[str, str]) -> FakeContainer:
+        container_id = f"{next(self._ids):04x}" + secrets.token_hex(30)
+        container = FakeContainer(
+            id=container_id, spec=spec, labels=labels, created_at=rfc3339(self.clock.now())
+        )
+        self.containers[spec.name] = container
+        self._emit(container, "create")
+        return container
+
+    def _start(self, container: FakeContainer) -> None:
+        container.status = "running"
+        container.started_at = rfc3339(self.clock.now())
+        self._emit(container, "start")
+
+    def _destroy(self, name: str) -> None:
+        container = self.containers.pop(name)
+        self._emit(container, "destroy")
+
+    def _emit(self, container: FakeContainer, action: str, *, exit_code: int | None = None) -> None:
+        if LABEL_RUN_ID not in container.labels:
+            return  # the engines' event filter: only the node's containers
+        event = EngineEvent(container.id, action, exit_code, rfc3339(self.clock.now()))
+        for stream in self._streams:
+            stream.put(event)
+
+
+class FakeProbe:
+    """A GPU probe answering what the test set: cards, faults, processes, links."""
+
+    source = "simulation"
+    blocking = False
+
+    def __init__(self, cards: int = 4) -> None:
+        self.cards = {index: CardFacts(index, name="NVIDIA H100") for index in range(cards)}
+        self.links: dict[tuple[int, int], str] = {}
+        self.ok = True
+        self.reads = 0
+
+    def set(self, index: int, *, unhealthy: str | None = None, pids: tuple[int, ...] = ()) -> None:
+        processes = tuple(GpuProcess(pid, 100) for pid in pids)
+        self.cards[index] = CardFacts(
+            index, name="NVIDIA H100", unhealthy=unhealthy, processes=processes
+        )
+
+    def snapshot(self) -> GpuSnapshot:
+        self.reads += 1
+        if not self.ok:
+            return GpuSnapshot.failed(self.source, "the test says no")
+        return GpuSnapshot(
+            source=self.source,
+            ok=True,
+            error=None,
+            driver="580.159.03",
+            cuda="13.0",
+            cards=tuple(self.cards[index] for index in sorted(self.cards)),
+            processes_ok=True,
+            links=MappingProxyType(dict(self.links)),
+        )
+
+    def close(self) -> None:
+        return None

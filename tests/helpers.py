@@ -1,0 +1,387 @@
+"""What the tests share: where the engines are, a console over a socket, a throttling
+registry proxy, runtimes that clean up after themselves, and waiting without guessing.
+
+Test modules import from here (and `tests.fakes`), never from each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient
+
+from tuneplane_node.runtime.base import (
+    LABEL_RUN_ID,
+    ContainerRuntime,
+    ContainerSpec,
+    ContainerState,
+    container_name,
+)
+from tuneplane_node.settings import NodeSettings
+from tuneplane_node.wire import PROTOCOL, PROTOCOL_HEADER
+
+# --- where the test engines are (contrib/dev/engines.sh starts them) ---------------------
+
+DEV_DOCKER_SOCK = Path("/run/tuneplane-dev/docker.sock")
+# A Docker engine of the tests' own, for what acts on every container of the node (reap,
+# an engine restart): the shared engine holds other people's jobs.
+OWN_DOCKER_SOCK = Path("/run/tuneplane-dev/docker-own.sock")
+REGISTRY = os.environ.get("TUNEPLANE_TEST_REGISTRY", "127.0.0.1:5000")
+IMAGE = "tuneplane-test/busybox:1"
+REGISTRY_IMAGE = f"{REGISTRY}/{IMAGE}"
+BIG_IMAGE = f"{REGISTRY}/tuneplane-test/big:1"  # in the registry only: a pull downloads ~9 MB
+
+
+def docker_host() -> str | None:
+    explicit = os.environ.get("TUNEPLANE_TEST_DOCKER_HOST")
+    if explicit:
+        return explicit
+    if DEV_DOCKER_SOCK.exists():
+        return f"unix://{DEV_DOCKER_SOCK}"
+    return os.environ.get("DOCKER_HOST")  # None: the docker SDK's default socket
+
+
+def own_docker_host() -> str:
+    return os.environ.get("TUNEPLANE_TEST_OWN_DOCKER_HOST", f"unix://{OWN_DOCKER_SOCK}")
+
+
+def podman_url() -> str:
+    return os.environ.get("TUNEPLANE_TEST_PODMAN_URL", "unix:///run/podman/podman.sock")
+
+
+def under_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def engine_missing(what: str, why: str) -> None:
+    """Fail under CI (a missing engine is a broken build), skip visibly elsewhere."""
+    message = f"{what} not reachable ({why}); run `sudo contrib/dev/engines.sh` first"
+    if under_ci():
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def unique(prefix: str = "t") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def engine_settings(engine: str, **overrides: object) -> NodeSettings:
+    base: dict[str, object] = {
+        "local_runtime": engine,
+        "docker_host": docker_host(),
+        "podman_url": podman_url(),
+        "local_api_timeout": 30,
+        "runtime_threads": 8,
+    }
+    base.update(overrides)
+    return NodeSettings(**base)  # type: ignore[arg-type]
+
+
+def job(command: list[str], *, image: str = IMAGE, **fields: Any) -> ContainerSpec:
+    """A job container of the node (run-id label) with a unique name."""
+    run_id = unique("rt")
+    labels = {LABEL_RUN_ID: run_id, **fields.pop("labels", {})}
+    return ContainerSpec(
+        name=container_name(run_id), image=image, command=tuple(command), labels=labels, **fields
+    )
+
+
+# --- runtimes that clean up only what the test made --------------------------------------
+
+
+class TrackingRuntime:
+    """Wraps a runtime and force-removes, at the end, every container a test made through it."""
+
+    def __init__(self, runtime: ContainerRuntime, made: list[str] | None = None) -> None:
+        self.inner = runtime
+        self.made: list[str] = [] if made is None else made
+
+    def __getattr__(self, item: str) -> Any:
+        return getattr(self.inner, item)
+
+    async def run(self, spec: ContainerSpec) -> str:
+        self.made.append(spec.name)
+        return await self.inner.run(spec)
+
+    def track(self, name: str) -> None:
+        """A container the test made some other way (the SDK, the API)."""
+        self.made.append(name)
+
+    async def cleanup(self) -> None:
+        for name in self.made:
+            await self.inner.remove(name)
+
+
+async def forget_image(runtime: ContainerRuntime, image: str) -> None:
+    """Make sure the engine does not have the image, so a pull really downloads.
+
+    Only this image goes: by name, then by id, which also takes the untagged copy an
+    earlier test's container kept alive. Other people's images are never pruned.
+    """
+    inner = getattr(runtime, "inner", runtime)
+    if inner.name == "docker":
+        api = inner.api
+        image_id = await inner.pool.call(_image_id, api.inspect_image, image)
+        for ref in (image, image_id):
+            if ref:
+                await inner.pool.call(_quietly, api.remove_image, ref, force=True)
+    else:
+        await inner.pool.call(_quietly, inner.client.images.remove, image, force=True)
+
+
+def _image_id(inspect: Callable[[str], dict[str, Any]], image: str) -> str | None:
+    try:
+        return inspect(image)["Id"]  # type: ignore[no-any-return]
+    except Exception:
+        return None
+
+
+def _quietly(remove: Callable[..., object], ref: str, **options: Any) -> None:
+    with contextlib.suppress(Exception):  # gone already
+        remove(ref, **options)
+
+
+async def wait_status(
+    runtime: ContainerRuntime, name: str, wanted: str, timeout: float = 20, poll: float = 0.1
+) -> ContainerState:
+    """The container's state once it reads ``wanted``, or as it is when time runs out."""
+    deadline = time.monotonic() + timeout
+    while True:
+        state = await runtime.inspect(name)
+        if state.status == wanted or time.monotonic() > deadline:
+            return state
+        await asyncio.sleep(poll)
+
+
+async def wait_until(predicate: Callable[[], object], timeout: float = 30) -> None:
+    """Poll until ``predicate()`` is true; fail the test when it never becomes so."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition never became true"
+        await asyncio.sleep(0.02)
+
+
+async def settle(rounds: int = 50) -> None:
+    """Let every task that can run without waiting on I/O run (no wall-clock sleep)."""
+    for _ in range(rounds):
+        await asyncio.sleep(0)
+
+
+# --- a console over a real socket --------------------------------------------------------
+
+INVENTORY_KEYS = [
+    "accelerator_series",
+    "accelerator_name",
+    "accelerator_count",
+    "driver",
+    "runtime",
+    "storage_root_visible",
+    "disk_free_bytes",
+    "cpu_count",
+    "memory_bytes",
+    "node_id",
+    "hostname",
+    "agent_version",
+    "cuda_version",
+    "gpus",
+    "storage",
+    "local_disk",
+    "fabrics",
+]
+
+
+def console_0315(run_id: str, gpus: int = 2, **container: Any) -> dict[str, Any]:
+    """A 0.3.15 console's launch: every field of its ContainerSpec, "" where it has none."""
+    spec = {
+        "name": "",
+        "image": "registry/trainer:1",
+        "command": ["python", "-m", "train"],
+        "env": {},
+        "gpus": [],
+        "mounts": [],
+        "labels": {},
+        "workdir": "",
+        "shm_size": "",
+        "cpu_limit": "",
+        "memory_limit": "",
+        "network": "",
+        "user": "",
+    }
+    return {"run_id": run_id, "requested_gpus": gpus, "container": {**spec, **container}}
+
+
+TOKEN = "test-token-0123456789"
+HEADERS = {"Authorization": f"Bearer {TOKEN}", PROTOCOL_HEADER: str(PROTOCOL)}
+
+
+class Console:
+    """A console stand-in: speaks the node's wire protocol over a real socket."""
+
+    def __init__(self, client: TestClient, made: list[str] | None = None) -> None:
+        self.client = client
+        self.app = client.app
+        self.made = made  # names launched through it, for the fixture's clean-up
+
+    async def call(self, method: str, path: str, **kwargs: Any) -> tuple[int, Any]:
+        kwargs.setdefault("headers", HEADERS)
+        async with self.client.request(method, path, **kwargs) as response:
+            return response.status, await response.json()
+
+    async def ok(self, method: str, path: str, **kwargs: Any) -> Any:
+        status, body = await self.call(method, path, **kwargs)
+        assert status == 200, (status, body)
+        return body
+
+    async def launch(
+        self,
+        command: list[str] | None = None,
+        *,
+        gpus: int = 0,
+        image: str = IMAGE,
+        run_id: str | None = None,
+        expect: int = 200,
+        **container: Any,
+    ) -> tuple[str, Any]:
+        run_id = run_id or unique("job")
+        name = container.pop("name", container_name(run_id))
+        body = {
+            "run_id": run_id,
+            "requested_gpus": gpus,
+            "container": {
+                "name": name,
+                "image": image,
+                "command": command or ["/bin/sleep", "300"],
+                **container,
+            },
+        }
+        if self.made is not None:
+            self.made.append(name)
+        status, answer = await self.call("POST", "/node/v1/launch", json=body)
+        assert status == expect, (status, answer)
+        return name, answer
+
+    async def observe(self, *refs: str) -> dict[str, Any]:
+        body = await self.ok("POST", "/node/v1/observe", json={"refs": list(refs)})
+        return body["states"]  # type: ignore[no-any-return]
+
+    async def state(self, ref: str) -> dict[str, Any]:
+        return (await self.observe(ref))[ref]  # type: ignore[no-any-return]
+
+    async def wait_for(self, ref: str, key: str, wanted: Any, timeout: float = 60) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            state = await self.state(ref)
+            if state.get(key) == wanted:
+                return state
+            assert time.monotonic() < deadline, f"{ref}: {key} never became {wanted}: {state}"
+            await asyncio.sleep(0.05)
+
+    async def stop(self, ref: str, timeout: float | None = None) -> Any:
+        body: dict[str, Any] = {"ref": ref}
+        if timeout is not None:
+            body["timeout"] = timeout
+        return await self.ok("POST", "/node/v1/stop", json=body)
+
+    async def remove(self, ref: str) -> Any:
+        return await self.ok("POST", "/node/v1/remove", json={"ref": ref})
+
+    async def health(self) -> Any:
+        return await self.ok("GET", "/node/v1/health")
+
+    async def logs(self, ref: str, tail: int | None = None) -> str:
+        params = {"ref": ref} if tail is None else {"ref": ref, "tail": str(tail)}
+        return (await self.ok("GET", "/node/v1/logs", params=params))["logs"]  # type: ignore[no-any-return]
+
+
+# --- a slow or wedged registry -------------------------------------------------------------
+
+PROXY_PORTS = range(5001, 5010)  # engines.sh marks these as insecure registries for podman
+
+
+class ThrottlingProxy:
+    """A TCP proxy on loopback in front of the local registry.
+
+    The registry-to-client direction is limited to ``rate`` bytes per second and can be
+    paused outright (a stalled pull).
+    """
+
+    def __init__(self, *, upstream_port: int = 5000, rate: int = 200_000) -> None:
+        self.upstream_port = upstream_port
+        self.rate = rate
+        self.flowing = asyncio.Event()
+        self.flowing.set()
+        self.connections = 0
+        self.open_connections = 0
+        self.bytes_sent = 0
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.port = 0
+
+    async def start(self) -> ThrottlingProxy:
+        for port in PROXY_PORTS:
+            with contextlib.suppress(OSError):
+                self._server = await asyncio.start_server(self._serve, "127.0.0.1", port)
+                self.port = port
+                return self
+        raise RuntimeError("no free proxy port in 5001-5009")
+
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def pause(self) -> None:
+        self.flowing.clear()
+
+    def resume(self) -> None:
+        self.flowing.set()
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self.open_connections += 1
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+            await asyncio.gather(
+                self._pump(reader, up_writer, throttle=False),
+                self._pump(up_reader, writer, throttle=True),
+            )
+        except (OSError, asyncio.CancelledError):
+            pass
+        finally:
+            self.open_connections -= 1
+            self._tasks.discard(task)
+            writer.close()
+
+    async def _pump(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, throttle: bool
+    ) -> None:
+        chunk_size = max(1024, self.rate // 20) if throttle else 65536
+        try:
+            while data := await reader.read(chunk_size):
+                if throttle:
+                    await self.flowing.wait()
+                    await asyncio.sleep(len(data) / self.rate)
+                    self.bytes_sent += len(data)
+                writer.write(data)
+                await writer.drain()
+        finally:
+            with contextlib.suppress(Exception):
+                writer.close()

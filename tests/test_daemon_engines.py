@@ -1,0 +1,401 @@
+"""End to end on real engines: the daemon over a socket, the cache, docker and podman.
+
+A thin layer: the rules themselves are proven fast against the in-memory engine
+(`test_jobs_service.py`); here the real engines show they keep them. Tests that act on
+every container of the node (reap, an engine restart) run on the suite's own engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import MakeNode, open_runtime
+from tests.helpers import (
+    IMAGE,
+    OWN_DOCKER_SOCK,
+    REGISTRY,
+    Console,
+    ThrottlingProxy,
+    TrackingRuntime,
+    engine_missing,
+    engine_settings,
+    forget_image,
+    own_docker_host,
+    under_ci,
+    unique,
+    wait_until,
+)
+from tuneplane_node.daemon.state import JOBS
+from tuneplane_node.runtime.base import LABEL_RUN_ID, ContainerSpec, container_name
+from tuneplane_node.runtime.docker import DockerRuntime
+
+pytestmark = pytest.mark.engine
+ENGINES_SH = Path(__file__).resolve().parent.parent / "contrib" / "dev" / "engines.sh"
+
+
+@pytest.fixture
+async def own_docker() -> AsyncIterator[TrackingRuntime]:
+    """The suite's own Docker engine: nobody else's jobs are on it."""
+    inner = await open_runtime("docker", docker_host=own_docker_host(), local_gpu_passthrough=False)
+    tracking = TrackingRuntime(inner)
+    yield tracking
+    await tracking.cleanup()
+    await inner.close()
+
+
+# --- the verbs on both engines ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("engine", ["docker", "podman"])
+async def test_launch_observe_logs_stop_remove(make_node: MakeNode, engine: str) -> None:
+    node = await make_node(engine)
+    ref, answer = await node.launch(
+        ["/bin/sh", "-c", "echo hello-$WHO; trap 'exit 0' TERM; while true; do sleep 0.1; done"],
+        gpus=2,
+        env={"WHO": "console"},
+    )
+    assert answer["phase"] == "running" and answer["gpus"] == [0, 1]
+    assert len(answer["container_id"]) == 12
+
+    state = await node.state(ref)
+    assert (state["exists"], state["status"], state["exit_code"]) == (True, "running", None)
+    assert state["labels"]["tuneplane.gpus"] == "0,1"
+    await wait_until_logged(node, ref, "hello-console")
+
+    assert await node.stop(ref, timeout=5) == {"ok": True}
+    state = await node.state(ref)
+    assert (state["status"], state["exit_code"]) == ("exited", 0)
+    assert (await node.health())["gpus_free"] == 4
+    assert await node.remove(ref) == {"ok": True}
+    assert (await node.state(ref))["exists"] is False
+
+
+async def wait_until_logged(node: Console, ref: str, text: str, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in await node.logs(ref):
+        assert time.monotonic() < deadline, f"{text!r} never in the logs of {ref}"
+        await asyncio.sleep(0.1)
+
+
+@pytest.mark.parametrize("engine", ["docker", "podman"])
+async def test_logs_tail_through_the_api(make_node: MakeNode, engine: str) -> None:
+    node = await make_node(engine)
+    ref, _ = await node.launch(["/bin/sh", "-c", "for i in 1 2 3 4; do echo n$i; done"])
+    await node.wait_for(ref, "status", "exited")
+    lines = (await node.logs(ref, tail=2)).splitlines()
+    assert [line.split(" ", 1)[1] for line in lines] == ["n3", "n4"]
+
+
+async def test_a_relaunch_after_exit_starts_a_new_container(make_node: MakeNode) -> None:
+    node = await make_node()
+    run_id = unique("again")
+    ref, first = await node.launch(["/bin/sh", "-c", "exit 0"], run_id=run_id)
+    await node.wait_for(ref, "status", "exited")
+
+    _, second = await node.launch(["/bin/sleep", "300"], run_id=run_id)
+
+    assert second["phase"] == "running"
+    assert second["container_id"] != first["container_id"]
+    assert (await node.state(ref))["status"] == "running"
+
+
+async def test_exit_code_and_times_are_reported(make_node: MakeNode) -> None:
+    node = await make_node()
+    ref, _ = await node.launch(["/bin/sh", "-c", "exit 3"])
+    state = await node.wait_for(ref, "status", "exited")
+    assert (state["exit_code"], state["oom_killed"]) == (3, False)
+    assert state["finished_at"] and state["started_at"] and state["created_at"]
+
+
+async def test_a_job_over_its_memory_limit_reads_oom_killed(make_node: MakeNode) -> None:
+    node = await make_node()
+    hog = 'a=$(dd if=/dev/zero bs=1M count=64 2>/dev/null | tr "\\0" x); echo ${#a}'
+    ref, _ = await node.launch(["/bin/sh", "-c", hog], memory_limit="16m")
+    state = await node.wait_for(ref, "status", "exited")
+    assert (state["oom_killed"], state["exit_code"]) == (True, 137)
+
+
+async def test_a_foreign_container_is_invisible_and_untouchable(
+    make_node: MakeNode, docker_runtime: TrackingRuntime
+) -> None:
+    node = await make_node()
+    foreign = unique("foreign")
+    await docker_runtime.run(
+        ContainerSpec(name=foreign, image=IMAGE, command=("/bin/sleep", "300"))
+    )
+
+    assert (await node.state(foreign))["exists"] is False
+    await node.stop(foreign, timeout=0)
+    await node.remove(foreign)
+    assert "does not exist" in await node.logs(foreign)
+    _, body = await node.launch(run_id="hijack", name=foreign, expect=409)
+
+    assert "already in use" in body["detail"]
+    state = await docker_runtime.inspect(foreign)
+    assert state.status == "running" and state.run_id is None  # untouched
+
+
+async def test_an_engine_refusal_is_a_502_with_its_words_and_frees_the_cards(
+    make_node: MakeNode,
+) -> None:
+    node = await make_node()
+    ref, body = await node.launch(
+        gpus=2, mounts=[["/nonexistent/tuneplane-data", "/data", True]], expect=502
+    )
+    assert "docker refused to run" in body["detail"]
+    assert "/nonexistent/tuneplane-data" in body["detail"]
+    assert (await node.state(ref))["exists"] is False
+    assert (await node.health())["gpus_free"] == 4
+
+
+async def test_health_reports_the_engine_the_disk_and_the_cache(
+    make_node: MakeNode, tmp_path: Any
+) -> None:
+    node = await make_node()
+    health = await node.health()
+
+    assert health["ok"] is True and health["protocol"] == 1
+    assert health["runtime"]["name"] == "docker" and health["runtime"]["version"]
+    assert health["disk"]["path"] == str(tmp_path.resolve())
+    assert health["disk"]["free_gib"] > 0 and 0 <= health["disk"]["used_pct"] <= 100
+    assert health["state_cache"]["synced"] is True
+    assert health["gpu_probe"] == {"source": "none", "ok": False, "error": "test"}
+
+
+async def test_an_unreachable_engine_is_a_503_and_health_says_so(
+    make_node: MakeNode, tmp_path: Any
+) -> None:
+    settings = engine_settings("docker", docker_host=f"unix://{tmp_path}/none.sock")
+    runtime = TrackingRuntime(DockerRuntime(settings))
+    node = await make_node(feed=runtime)
+    try:
+        status, body = await node.call("POST", "/node/v1/observe", json={"refs": ["tuneplane-a"]})
+        assert status == 503 and "unreachable" in body["detail"]
+        _, body = await node.launch(expect=503)
+        assert "unreachable" in body["detail"]
+        health = await node.health()
+        assert health["ok"] is False and "unreachable" in health["error"]
+        assert health["free_gpus"] is None  # unknown, not "none free"
+    finally:
+        await runtime.inner.close()
+
+
+# --- restarts --------------------------------------------------------------------------------
+
+
+async def test_a_restarted_daemon_finds_its_jobs_and_cards_from_labels(make_node: MakeNode) -> None:
+    first = await make_node()
+    ref, answer = await first.launch(gpus=2)
+    cached = _runtime_of(first)
+    await first.client.close()  # the daemon is gone; its engine and cache stay
+
+    second = await make_node(cached=cached)
+    health = await second.health()
+
+    assert health["by_job"] == {
+        str(card): ref.removeprefix("tuneplane-") for card in answer["gpus"]
+    }
+    assert health["gpus_free"] == 2
+    assert (await second.state(ref))["status"] == "running"
+
+
+def _runtime_of(node: Console) -> Any:
+    return node.app[JOBS].runtime
+
+
+# --- the pull path ---------------------------------------------------------------------------
+
+
+async def slow_image(runtime: TrackingRuntime, proxy: ThrottlingProxy, rate: int) -> str:
+    proxy.rate = rate
+    image = f"{proxy.address()}/tuneplane-test/big:1"
+    await forget_image(runtime, image)
+    return image
+
+
+async def test_a_pull_reserves_cards_reports_progress_then_runs(
+    make_node: MakeNode, docker_runtime: TrackingRuntime, proxy: ThrottlingProxy
+) -> None:
+    image = await slow_image(docker_runtime, proxy, rate=2_000_000)
+    node = await make_node(feed=docker_runtime)
+
+    ref, answer = await node.launch(gpus=3, image=image)
+    assert answer == {"phase": "pulling", "image": image, "requested_gpus": 3}
+    health = await node.health()
+    assert (health["gpus_reserved"], health["gpus_free"]) == (3, 1)
+    _, body = await node.launch(gpus=2, expect=409)  # the reservation holds
+    assert "reserved" in body["detail"]
+
+    seen = []
+    while (state := await node.state(ref))["status"] == "created":
+        assert state["pending_phase"] in ("pulling", "starting")
+        seen.append(state["pending_bytes_done"])
+        await asyncio.sleep(0.2)
+
+    assert state["status"] == "running" and "pending_phase" not in state
+    assert len(set(seen)) >= 3, seen  # the bytes moved while we watched
+    health = await node.health()
+    assert health["gpus_reserved"] == 0 and health["pending_pulls"] == {}
+    assert sorted(health["by_job"]) == ["0", "1", "2"]
+    await docker_runtime.remove(ref)
+    await forget_image(docker_runtime, image)
+
+
+async def test_a_failed_pull_leaves_a_failed_record_and_frees_the_cards(
+    make_node: MakeNode,
+) -> None:
+    node = await make_node()
+    image = f"{REGISTRY}/tuneplane-test/none:{unique('tag')}"
+    ref, answer = await node.launch(gpus=2, image=image)
+    assert answer["phase"] == "pulling"
+
+    state = await node.wait_for(ref, "status", "dead")
+
+    assert state["pending_phase"] == "failed"
+    assert "manifest unknown" in state["pending_error"]
+    health = await node.health()
+    assert health["gpus_free"] == 4
+    assert "manifest unknown" in health["pending_pulls"][ref]["error"]
+
+
+async def test_two_launches_of_one_image_share_one_download(
+    make_node: MakeNode, docker_runtime: TrackingRuntime, proxy: ThrottlingProxy
+) -> None:
+    image = await slow_image(docker_runtime, proxy, rate=3_000_000)
+    node = await make_node(feed=docker_runtime)
+    first, _ = await node.launch(gpus=1, image=image)
+    second, _ = await node.launch(gpus=1, image=image)
+
+    await node.wait_for(first, "status", "running")
+    await node.wait_for(second, "status", "running")
+    # One download: the big image is ~9.5 MB, so two would be ~19 MB through the proxy.
+    assert 9_000_000 < proxy.bytes_sent < 14_000_000
+    assert (await node.health())["gpus_free"] == 2
+    for ref in (first, second):
+        await docker_runtime.remove(ref)
+    await forget_image(docker_runtime, image)
+
+
+async def test_a_stop_during_the_pull_abandons_the_download(
+    make_node: MakeNode, docker_runtime: TrackingRuntime, proxy: ThrottlingProxy
+) -> None:
+    image = await slow_image(docker_runtime, proxy, rate=100_000)
+    node = await make_node(feed=docker_runtime)
+    ref, _ = await node.launch(gpus=2, image=image)
+    await wait_until(lambda: proxy.bytes_sent > 100_000)
+
+    await node.stop(ref)
+
+    assert (await node.state(ref))["exists"] is False
+    assert (await node.health())["gpus_free"] == 4
+    await wait_until(lambda: proxy.open_connections == 0, timeout=10)  # download abandoned
+    assert not await docker_runtime.image_exists(image)
+
+
+class SlowStartRuntime(TrackingRuntime):
+    """Holds a container start open for a while, so a stop lands in the middle."""
+
+    def __init__(self, runtime: TrackingRuntime) -> None:
+        super().__init__(runtime.inner, runtime.made)
+        self.creating = asyncio.Event()
+
+    async def run(self, spec: ContainerSpec) -> str:
+        self.creating.set()
+        container_id = await super().run(spec)
+        await asyncio.sleep(1.0)  # the engine has made it; the launch has not heard yet
+        return container_id
+
+
+async def test_a_stop_while_the_container_is_being_created_leaves_nothing(
+    make_node: MakeNode, docker_runtime: TrackingRuntime, proxy: ThrottlingProxy
+) -> None:
+    image = await slow_image(docker_runtime, proxy, rate=5_000_000)
+    runtime = SlowStartRuntime(docker_runtime)
+    node = await make_node(feed=runtime)
+    ref, _ = await node.launch(gpus=2, image=image)
+    await asyncio.wait_for(runtime.creating.wait(), timeout=60)
+    await asyncio.sleep(0.3)
+    assert (await docker_runtime.inspect(ref)).exists  # it is there, mid-launch
+
+    await node.stop(ref)
+
+    assert not (await docker_runtime.inspect(ref)).exists
+    health = await node.health()
+    assert health["gpus_free"] == 4 and health["gpus_reserved"] == 0
+    await forget_image(docker_runtime, image)
+
+
+# --- on the suite's own engine: reap and an engine restart -----------------------------------
+
+
+async def test_reap_removes_exited_and_never_started_leaving_running(
+    make_node: MakeNode, own_docker: TrackingRuntime
+) -> None:
+    node = await make_node(feed=own_docker, docker_host=own_docker_host())
+    done, _ = await node.launch(["/bin/sh", "-c", "exit 0"])
+    running, _ = await node.launch(["/bin/sleep", "300"])
+    await node.wait_for(done, "status", "exited")
+    never = container_name(unique("never"))
+    inner = own_docker.inner
+    assert isinstance(inner, DockerRuntime)
+    own_docker.track(never)
+    spec = ContainerSpec(
+        name=never, image=IMAGE, command=("/bin/true",), labels={LABEL_RUN_ID: "n"}
+    )
+    await inner.pool.call(inner.client.containers.create, **inner.create_options(spec))
+
+    assert await node.ok("POST", "/node/v1/reap", json={}) == {"removed": 0}  # a day
+    await asyncio.sleep(1.1)
+    assert await node.ok("POST", "/node/v1/reap", json={"max_age_s": 1}) == {"removed": 2}
+
+    states = await node.observe(done, running, never)
+    assert states[done]["exists"] is False and states[never]["exists"] is False
+    assert states[running]["status"] == "running"
+
+
+def restart_own_engine() -> None:
+    pid_file = OWN_DOCKER_SOCK.with_name("docker-own.pid")
+    if not pid_file.exists():
+        if under_ci():
+            pytest.fail("the suite's own dockerd (contrib/dev/engines.sh) is not running")
+        engine_missing("the suite's own docker engine", f"no {pid_file}")
+    pid = int(pid_file.read_text())
+    subprocess.run(["kill", str(pid)], check=True)
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+async def test_an_engine_restart_goes_stale_then_shows_the_truth(
+    make_node: MakeNode, own_docker: TrackingRuntime
+) -> None:
+    node = await make_node(feed=own_docker, docker_host=own_docker_host())
+    ref, answer = await node.launch(["/bin/sleep", "300"], gpus=2)
+    done, _ = await node.launch(["/bin/sh", "-c", "exit 0"])
+    await node.wait_for(done, "status", "exited")
+    cache = _runtime_of(node).cache
+    try:
+        await asyncio.to_thread(restart_own_engine)
+        await wait_until(lambda: not cache.synced, timeout=10)
+        status, _ = await node.call("POST", "/node/v1/observe", json={"refs": [ref]})
+        assert status == 503
+    finally:
+        await asyncio.to_thread(
+            subprocess.run, [str(ENGINES_SH), "up"], check=True, capture_output=True
+        )
+
+    await wait_until(lambda: cache.synced, timeout=30)
+    states = await node.observe(ref, done)
+    assert states[ref]["status"] == "running"  # --live-restore kept the job running
+    assert states[done]["status"] == "exited"
+    health = await node.health()
+    assert health["by_job"] == {
+        str(card): ref.removeprefix("tuneplane-") for card in answer["gpus"]
+    }

@@ -1,0 +1,170 @@
+"""The allocator: occupancy from labels, claims by card index, the refusal's words."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from tests.fakes import FakeProbe, FakeRuntime
+from tests.helpers import job
+from tuneplane_node.errors import NoCapacity
+from tuneplane_node.gpu.allocator import GpuAllocator
+from tuneplane_node.gpu.probe import NoDriverProbe
+from tuneplane_node.runtime.base import LABEL_GPUS, ContainerSpec
+from tuneplane_node.settings import NodeSettings
+
+
+def allocator(
+    fake: FakeRuntime, settings: NodeSettings, probe: FakeProbe | NoDriverProbe, **overrides: object
+) -> GpuAllocator:
+    return GpuAllocator(fake, settings.model_copy(update=overrides), probe=probe)
+
+
+async def hold(fake: FakeRuntime, *cards: int) -> str:
+    """A live container of the node labelled with these cards."""
+    spec = job(["/bin/train"], gpus=cards)
+    await fake.run(spec)
+    return spec.name
+
+
+async def test_the_lowest_free_cards_are_claimed_and_count_as_reserved(
+    fake: FakeRuntime, settings: NodeSettings, probe: FakeProbe
+) -> None:
+    gpus = allocator(fake, settings, probe)
+    await hold(fake, 0)
+
+    assert await gpus.claim("a", 2, run_id="a") == (1, 2)
+
+    occupancy = await gpus.occupancy()
+    assert occupancy.free == (1, 2, 3)
+    assert occupancy.reserved == {1, 2} and occupancy.available == (3,)
+    assert list(occupancy.by_job) == [0]
+
+
+async def test_a_claim_never_takes_another_claims_cards(
+    fake: FakeRuntime, settings: NodeSettings, probe: FakeProbe
+) -> None:
+    gpus = allocator(fake, settings, probe)
+    await gpus.claim("a", 3, run_id="a")
+
+    with pytest.raises(NoCapacity) as refused:
+        await gpus.claim("b", 2, run_id="b")
+
+    assert refused.value.message == (
+        "not enough GPUs: asked for 2; 4 free [0, 1, 2, 3], 0 held by jobs, "
+        "3 reserved for pending launches"
+    )
+    gpus.release("a")
+    assert await gpus.claim("b", 2, run_id="b") == (0, 1)
+
+
+async def test_a_claim_held_again_keeps_its_cards_while_they_are_free(
+    fake: FakeRuntime, settings: NodeSettings, probe: FakeProbe
+) -> None:
+    gpus = allocator(fake, settings, probe)
+    await gpus.claim("other", 1, run_id="o")
+    first = await gpus.claim("a", 2, run_id="a")
+    gpus.release("other")
+
+    assert await gpus.claim("a", 2, run_id="a") == first == (1, 2)  # not moved to (0, 1)
+
+    probe.set(2, unhealthy="lost: not answering")
+    assert await gpus.claim("a", 2, run_id="a") == (0, 1)  # chosen again
+
+
+async def test_unhealthy_external_and_held_cards_are_never_free(
+    fake: FakeRuntime, settings: NodeSettings, probe: FakeProbe
+) -> None:
+    gpus = allocator(fake, settings, probe)
+    probe.set(0, unhealthy="uncorrectable ECC errors: 1")
+    probe.set(1, pids=(999_999_999,))
+    await hold(fake, 2)
+
+    occupancy = await gpus.occupancy()
+
+    assert occupancy.free == (3,)
+    assert [occupancy.card_state(i) for i in range(4)] == [
+        "unhealthy: uncorrectable ECC errors: 1",
+        "external pid 999999999",
+        f"held by run {occupancy.by_job[2]}",
+        "free",
+    ]
+    assert occupancy.external_probe_ok
+
+
+async def test_exited_and_foreign_containers_hold_no_card(
+    fake: FakeRuntime, settings: NodeSettings, probe: FakeProbe
+) -> None:
+    gpus = allocator(fake, settings, probe)
+    done = await hold(fake, 0)
+    fake.exit(done, 0)
+    fake.create_outside(ContainerSpec(name="someones", image="x", labels={LABEL_GPUS: "1"}))
+
+    assert (await gpus.occupancy()).free == (0, 1, 2, 3)
+
+
+async def test_the_best_joined_cards_are_chosen(
+    fake: FakeRuntime, settings: NodeSettings, probe: FakeProbe
+) -> None:
+    probe.links = {(1, 3): "nvlink", (0, 2): "pcie_switch"}
+    gpus = allocator(fake, settings, probe)
+
+    assert await gpus.claim("a", 2, run_id="a") == (1, 3)
+    assert await gpus.claim("b", 2, run_id="b") == (0, 2)
+
+
+async def test_an_unknown_card_count_allocates_nothing(
+    fake: FakeRuntime, settings: NodeSettings
+) -> None:
+    gpus = allocator(fake, settings, NoDriverProbe("no NVML"), local_gpu_count=None)
+
+    occupancy = await gpus.occupancy()
+    assert (occupancy.known, occupancy.total, occupancy.free) == (False, 0, ())
+    assert await gpus.claim("a", 0, run_id="a") == ()
+    with pytest.raises(NoCapacity, match="asked for 1; 0 free"):
+        await gpus.claim("b", 1, run_id="b")
+
+
+async def test_the_configured_count_wins_over_the_drivers(
+    fake: FakeRuntime, settings: NodeSettings, probe: FakeProbe
+) -> None:
+    gpus = allocator(fake, settings, probe, local_gpu_count=2)
+    assert (await gpus.occupancy()).total == 2
+    gpus = allocator(fake, settings, probe, local_gpu_count=None)
+    assert (await gpus.occupancy()).total == 4  # the probe's cards
+
+
+async def test_with_the_external_check_off_outside_processes_are_not_seen(
+    fake: FakeRuntime, settings: NodeSettings, probe: FakeProbe
+) -> None:
+    probe.set(1, pids=(999_999_999,))
+    gpus = allocator(fake, settings, probe, local_check_external_gpus=False)
+
+    occupancy = await gpus.occupancy()
+
+    assert occupancy.external == {} and occupancy.external_probe_ok is False
+    assert occupancy.free == (0, 1, 2, 3)
+
+
+class WhereProbe(FakeProbe):
+    """Records the thread each snapshot ran on."""
+
+    def __init__(self, *, blocking: bool) -> None:
+        super().__init__()
+        self.blocking = blocking
+        self.threads: list[str] = []
+
+    def snapshot(self):  # type: ignore[no-untyped-def]
+        self.threads.append(threading.current_thread().name)
+        return super().snapshot()
+
+
+@pytest.mark.parametrize(("blocking", "on_loop"), [(False, True), (True, False)])
+async def test_only_a_probe_that_does_io_is_read_on_a_worker_thread(
+    fake: FakeRuntime, settings: NodeSettings, blocking: bool, on_loop: bool
+) -> None:
+    probe = WhereProbe(blocking=blocking)
+    await allocator(fake, settings, probe).occupancy()
+    assert (probe.threads == [threading.main_thread().name]) is on_loop
+    assert NoDriverProbe("x").blocking is False  # says why from memory

@@ -1,0 +1,777 @@
+"""The job service against the in-memory engine: every rule, no engine, no sleeps.
+
+Time moves only when a test moves the fake clock; a pull ends only when the test ends
+it; a container start is held open by a gate. So the four moments a stop can land in a
+pending launch, the reservations, reap's rules and record expiry are exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import pytest
+
+from tests.conftest import IMAGE
+from tests.fakes import FakeClock, FakeProbe, FakeRuntime, Gate
+from tests.helpers import settle
+from tuneplane_node.errors import (
+    Conflict,
+    EngineConflict,
+    EngineRefused,
+    EngineUnavailable,
+    NameTaken,
+    NoCapacity,
+)
+from tuneplane_node.jobs import (
+    AlreadyPending,
+    AlreadyRunning,
+    JobService,
+    LaunchRequest,
+    PendingView,
+    Pulling,
+    Started,
+    reapable,
+)
+from tuneplane_node.jobs.pending import FAILED_RECORD_TTL_S
+from tuneplane_node.runtime.base import (
+    LABEL_GPUS,
+    LABEL_RUN_ID,
+    ContainerSpec,
+    ContainerState,
+    container_name,
+)
+
+MISSING = "registry.test/missing:1"
+
+
+def request(run_id: str, gpus: int = 0, *, image: str = IMAGE, name: str = "") -> LaunchRequest:
+    spec = ContainerSpec(
+        name=name or container_name(run_id),
+        image=image,
+        command=("/bin/train",),
+        labels={LABEL_RUN_ID: run_id},
+    )
+    return LaunchRequest(run_id, gpus, spec)
+
+
+async def reserved(service: JobService) -> frozenset[int]:
+    return (await service.allocator.occupancy()).reserved
+
+
+async def available(service: JobService) -> tuple[int, ...]:
+    return (await service.allocator.occupancy()).available
+
+
+async def assert_nothing_left(service: JobService, fake: FakeRuntime, ref: str) -> None:
+    assert ref not in fake.containers
+    assert service.pending.get(ref) is None
+    assert await reserved(service) == frozenset()
+    assert await available(service) == (0, 1, 2, 3)
+    assert len(service.locks) == 0
+
+
+# --- launch with the image present -------------------------------------------------------
+
+
+async def test_a_launch_runs_the_container_with_the_cards_the_node_chose(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    result = await service.launch(request("r1", 2))
+
+    assert isinstance(result, Started)
+    assert result.gpus == (0, 1)
+    container = fake.containers["tuneplane-r1"]
+    assert result.container_id == container.id[:12]
+    assert container.status == "running"
+    assert container.labels[LABEL_GPUS] == "0,1"
+    assert await available(service) == (2, 3)
+
+
+async def test_a_launch_without_cards_gets_none(service: JobService, fake: FakeRuntime) -> None:
+    result = await service.launch(request("r0"))
+    assert isinstance(result, Started) and result.gpus == ()
+    assert fake.containers["tuneplane-r0"].labels[LABEL_GPUS] == ""
+
+
+async def test_launching_a_running_run_again_is_idempotent(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    first = await service.launch(request("r1", 1))
+    again = await service.launch(request("r1", 1))
+
+    assert again == AlreadyRunning(gpus=first.gpus)  # type: ignore[union-attr]
+    assert fake.calls["run"] == 1
+    assert await available(service) == (1, 2, 3)
+
+
+async def test_a_relaunch_after_exit_replaces_the_exited_container(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    first = await service.launch(request("r1"))
+    fake.exit("tuneplane-r1", 0)
+
+    second = await service.launch(request("r1"))
+
+    assert isinstance(first, Started) and isinstance(second, Started)
+    assert second.container_id != first.container_id
+    assert fake.containers["tuneplane-r1"].status == "running"
+
+
+async def test_a_never_started_container_of_the_run_is_wreckage_and_is_replaced(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    """A daemon killed between create and start leaves this; never answer 'running'."""
+    wreck = fake.create_outside(request("r1").spec, start=False)
+
+    result = await service.launch(request("r1", 1))
+
+    assert isinstance(result, Started)
+    assert fake.containers["tuneplane-r1"].id != wreck.id
+    assert fake.containers["tuneplane-r1"].status == "running"
+
+
+async def test_a_name_held_by_another_run_is_refused_and_left_alone(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    await service.launch(request("run-a", name="tuneplane-shared"))
+
+    with pytest.raises(NameTaken, match="held by run run-a"):
+        await service.launch(request("run-b", name="tuneplane-shared"))
+    fake.exit("tuneplane-shared", 0)
+    with pytest.raises(NameTaken):
+        await service.launch(request("run-b", name="tuneplane-shared"))
+
+    container = fake.containers["tuneplane-shared"]
+    assert container.labels[LABEL_RUN_ID] == "run-a"
+    assert (container.status, container.exit_code) == ("exited", 0)  # its exit code stays
+
+
+async def test_a_foreign_container_under_the_name_is_refused_by_the_engine(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    foreign = fake.create_outside(ContainerSpec(name="tuneplane-r1", image=IMAGE))
+
+    with pytest.raises(EngineConflict, match="already in use"):
+        await service.launch(request("r1", 2))
+
+    assert fake.containers["tuneplane-r1"] is foreign and foreign.status == "running"
+    assert await available(service) == (0, 1, 2, 3)
+
+
+async def test_not_enough_cards_says_where_every_card_is(service: JobService) -> None:
+    await service.launch(request("r1", 3))
+
+    with pytest.raises(NoCapacity) as refused:
+        await service.launch(request("r2", 2))
+
+    assert refused.value.message == "not enough GPUs: asked for 2; 1 free [3], 3 held by jobs"
+
+
+async def test_unhealthy_and_externally_used_cards_are_never_given(
+    service: JobService, probe: FakeProbe
+) -> None:
+    probe.set(0, unhealthy="uncorrectable ECC errors: 2")
+    probe.set(1, pids=(999_999_999,))  # no such process: in no container of the node
+
+    result = await service.launch(request("r1", 2))
+    assert isinstance(result, Started) and result.gpus == (2, 3)
+
+    with pytest.raises(NoCapacity) as refused:
+        await service.launch(request("r2", 1))
+    assert "1 used by processes outside the node [1]" in refused.value.message
+    assert "1 unhealthy [0]" in refused.value.message
+
+
+async def test_the_allocation_lock_is_not_held_across_the_engine_call(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    fake.create_gate = gate = Gate()
+    slow = asyncio.create_task(service.launch(request("slow", 1)))
+    await gate.entered.wait()  # its create is in the engine now
+    fake.create_gate = None
+
+    fast = await service.launch(request("fast", 1))  # does not wait for the slow create
+
+    assert isinstance(fast, Started) and fast.gpus == (1,)
+    gate.open()
+    slow_result = await slow
+    assert isinstance(slow_result, Started) and slow_result.gpus == (0,)
+
+
+async def test_racing_launches_never_share_a_card(service: JobService, fake: FakeRuntime) -> None:
+    results = await asyncio.gather(
+        *(service.launch(request(f"r{i}", 1)) for i in range(6)), return_exceptions=True
+    )
+
+    started = [r for r in results if isinstance(r, Started)]
+    assert sorted(card for r in started for card in r.gpus) == [0, 1, 2, 3]
+    assert sum(isinstance(r, NoCapacity) for r in results) == 2
+
+
+async def test_a_refused_start_frees_its_cards_and_leaves_no_container(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    fake.refuse_start = "invalid mount config"
+
+    with pytest.raises(EngineRefused, match="invalid mount config"):
+        await service.launch(request("r1", 2))
+
+    await assert_nothing_left(service, fake, "tuneplane-r1")
+
+
+async def test_an_engine_that_is_down_fails_a_launch_as_unavailable(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    fake.up = False
+    with pytest.raises(EngineUnavailable):
+        await service.launch(request("r1", 1))
+    fake.up = True
+    assert await reserved(service) == frozenset()
+
+
+# --- launch with the image missing: the pending launch -----------------------------------
+
+
+async def test_a_missing_image_answers_pulling_at_once_and_reserves_the_cards(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    result = await service.launch(request("r1", 2, image=MISSING))
+
+    assert result == Pulling(image=MISSING, requested_gpus=2)
+    assert await reserved(service) == {0, 1}
+    with pytest.raises(NoCapacity, match="2 reserved for pending launches"):
+        await service.launch(request("r2", 3))
+    assert isinstance(await service.launch(request("r3", 2)), Started)  # the others are free
+
+
+async def test_observe_follows_the_pull_then_reads_the_container(
+    service: JobService, fake: FakeRuntime, clock: FakeClock
+) -> None:
+    await service.launch(request("r1", 2, image=MISSING))
+    await fake.pulling.wait()
+    pull = fake.pull_of(MISSING)
+    clock.advance(3)
+    pull.report(500, 2000)
+
+    view = (await service.observe(["tuneplane-r1"]))["tuneplane-r1"]
+    assert isinstance(view, PendingView)
+    assert (view.phase, view.image, view.requested_gpus) == ("pulling", MISSING, 2)
+    assert (view.progress.bytes_done, view.progress.bytes_total) == (500, 2000)
+    assert view.elapsed_s == 3.0
+    assert view.labels[LABEL_RUN_ID] == "r1"
+
+    pull.finish()
+    await settle()
+    state = (await service.observe(["tuneplane-r1"]))["tuneplane-r1"]
+    assert isinstance(state, ContainerState) and state.status == "running"
+    assert state.gpus == (0, 1)  # the cards it reserved
+    assert await reserved(service) == frozenset()
+    assert service.pending.get("tuneplane-r1") is None
+
+
+async def test_a_pulled_launch_takes_other_cards_when_its_own_turned_bad(
+    service: JobService, fake: FakeRuntime, probe: FakeProbe
+) -> None:
+    await service.launch(request("r1", 1, image=MISSING))
+    await fake.pulling.wait()
+    probe.set(0, unhealthy="lost: not answering")  # its reserved card died meanwhile
+
+    fake.pull_of(MISSING).finish()
+    await settle()
+
+    assert fake.containers["tuneplane-r1"].labels[LABEL_GPUS] == "1"
+
+
+async def test_a_pending_launch_is_idempotent(service: JobService, fake: FakeRuntime) -> None:
+    await service.launch(request("r1", 1, image=MISSING))
+
+    again = await service.launch(request("r1", 1, image=MISSING))
+
+    assert again == AlreadyPending(phase="pulling", image=MISSING)
+    assert await reserved(service) == {0}
+    await fake.pulling.wait()
+    assert fake.calls["pull"] == 1
+
+
+async def test_a_pending_launch_of_another_run_under_the_name_is_refused(
+    service: JobService,
+) -> None:
+    await service.launch(request("run-a", image=MISSING, name="tuneplane-x"))
+    with pytest.raises(NameTaken, match="run-a"):
+        await service.launch(request("run-b", image=MISSING, name="tuneplane-x"))
+
+
+async def test_a_failed_pull_leaves_a_failed_record_and_frees_the_cards(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    await service.launch(request("r1", 2, image=MISSING))
+    await fake.pulling.wait()
+
+    fake.pull_of(MISSING).fail("manifest unknown")
+    await settle()
+
+    view = (await service.observe(["tuneplane-r1"]))["tuneplane-r1"]
+    assert isinstance(view, PendingView) and view.failed
+    assert view.error == f"fake refused to pull {MISSING}: manifest unknown"
+    assert await reserved(service) == frozenset()
+    status = await service.status()
+    assert status.pending["tuneplane-r1"].phase == "failed"
+    assert "tuneplane-r1" not in fake.containers
+
+
+async def test_a_failed_record_stays_half_an_hour_then_expires(
+    service: JobService, fake: FakeRuntime, clock: FakeClock
+) -> None:
+    await service.launch(request("r1", image=MISSING))
+    await fake.pulling.wait()
+    fake.pull_of(MISSING).fail("manifest unknown")
+    await settle()
+
+    clock.advance(FAILED_RECORD_TTL_S - 1)
+    assert isinstance((await service.observe(["tuneplane-r1"]))["tuneplane-r1"], PendingView)
+    clock.advance(2)
+
+    assert (await service.observe(["tuneplane-r1"]))["tuneplane-r1"].exists is False
+    assert "tuneplane-r1" not in (await service.status()).pending
+
+
+async def test_a_retry_replaces_a_failed_record_with_a_new_pull(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    await service.launch(request("r1", 1, image=MISSING))
+    await fake.pulling.wait()
+    fake.pull_of(MISSING).fail("registry down")
+    await settle()
+
+    assert await service.launch(request("r1", 1, image=MISSING)) == Pulling(MISSING, 1)
+    await settle()
+    assert fake.calls["pull"] == 2
+    fake.pull_of(MISSING).finish()
+    await settle()
+    assert fake.containers["tuneplane-r1"].status == "running"
+
+
+async def test_a_start_that_fails_after_the_pull_leaves_a_failed_record(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    await service.launch(request("r1", 1, image=MISSING))
+    await fake.pulling.wait()
+    fake.refuse_start = "no such device"
+
+    fake.pull_of(MISSING).finish()
+    await settle()
+
+    view = (await service.observe(["tuneplane-r1"]))["tuneplane-r1"]
+    assert isinstance(view, PendingView) and view.failed
+    assert "no such device" in (view.error or "")
+    await assert_nothing_left_but_the_record(service, fake)
+
+
+async def assert_nothing_left_but_the_record(service: JobService, fake: FakeRuntime) -> None:
+    assert not fake.containers
+    assert await reserved(service) == frozenset()
+
+
+async def test_two_launches_of_one_image_share_one_pull(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    await service.launch(request("r1", 1, image=MISSING))
+    await service.launch(request("r2", 1, image=MISSING))
+    await settle()
+
+    assert fake.calls["pull"] == 1
+    assert await reserved(service) == {0, 1}
+    fake.pull_of(MISSING).report(10, 10, 1, 1)
+    views = await service.observe(["tuneplane-r1", "tuneplane-r2"])
+    assert all(v.progress.bytes_done == 10 for v in views.values())  # type: ignore[union-attr]
+
+    fake.pull_of(MISSING).finish()
+    await settle()
+    assert {fake.containers[n].status for n in ("tuneplane-r1", "tuneplane-r2")} == {"running"}
+
+
+# --- a stop at every moment of a pending launch -------------------------------------------
+
+
+async def test_a_stop_before_the_pull_task_first_runs(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    await service.launch(request("r1", 2, image=MISSING))
+    record = service.pending.get("tuneplane-r1")
+    assert record is not None and record.task is not None
+
+    await service.stop("tuneplane-r1", 1)  # no await in between has let the task run
+
+    assert record.task.cancelled()
+    assert fake.calls["pull"] == 0
+    await assert_nothing_left(service, fake, "tuneplane-r1")
+
+
+async def test_a_stop_during_the_pull_stops_the_download(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    await service.launch(request("r1", 2, image=MISSING))
+    await fake.pulling.wait()
+
+    await service.stop("tuneplane-r1", 1)
+    await settle()
+
+    assert fake.pull_of(MISSING).cancelled
+    assert service.pulls.pulls == {}
+    await assert_nothing_left(service, fake, "tuneplane-r1")
+
+
+async def test_a_stop_while_the_container_is_being_created_removes_it(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    await service.launch(request("r1", 2, image=MISSING))
+    await fake.pulling.wait()
+    fake.create_gate = gate = Gate()
+    fake.pull_of(MISSING).finish()
+    await gate.entered.wait()  # created, not yet started: the launch has not heard
+    assert "tuneplane-r1" in fake.containers
+
+    stopping = asyncio.create_task(service.stop("tuneplane-r1", 1))
+    await settle()
+    gate.open()
+    await stopping
+
+    await assert_nothing_left(service, fake, "tuneplane-r1")
+
+
+async def test_a_stop_after_the_pulled_job_started_stops_it(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    await service.launch(request("r1", 2, image=MISSING))
+    await fake.pulling.wait()
+    fake.pull_of(MISSING).finish()
+    await settle()
+
+    await service.stop("tuneplane-r1", 7)
+
+    assert fake.containers["tuneplane-r1"].status == "exited"
+    assert fake.stops == [("tuneplane-r1", 7)]
+    assert await available(service) == (0, 1, 2, 3)
+
+
+async def test_stopping_one_of_two_launches_sharing_a_pull_keeps_the_pull(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    await service.launch(request("r1", 1, image=MISSING))
+    await service.launch(request("r2", 1, image=MISSING))
+    await fake.pulling.wait()
+
+    await service.stop("tuneplane-r1", 1)
+    await settle()
+    assert not fake.pull_of(MISSING).cancelled
+
+    fake.pull_of(MISSING).finish()
+    await settle()
+    assert "tuneplane-r1" not in fake.containers
+    assert fake.containers["tuneplane-r2"].status == "running"
+
+
+async def test_remove_cancels_a_pending_launch_and_clears_a_failed_record(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    await service.launch(request("r1", 1, image=MISSING))
+    await fake.pulling.wait()
+    await service.remove("tuneplane-r1")
+    await assert_nothing_left(service, fake, "tuneplane-r1")
+
+    await service.launch(request("r2", image=MISSING))
+    await settle()
+    fake.pull_of(MISSING).fail("nope")
+    await settle()
+    await service.remove("tuneplane-r2")
+    assert service.pending.get("tuneplane-r2") is None
+
+
+# --- stop and remove ----------------------------------------------------------------------
+
+
+async def test_stop_without_a_timeout_uses_the_configured_grace(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    await service.launch(request("r1"))
+    await service.stop("tuneplane-r1", None)
+    assert fake.stops == [("tuneplane-r1", service.settings.local_stop_timeout)]
+    assert fake.containers["tuneplane-r1"].exit_code == 143
+
+
+async def test_stop_and_remove_of_unknown_refs_succeed_and_do_nothing(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    await service.stop("tuneplane-nobody", 1)
+    await service.remove("tuneplane-nobody")
+    assert fake.calls["stop"] == fake.calls["remove"] == 0
+
+
+async def test_a_foreign_container_is_never_stopped_or_removed(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    foreign = fake.create_outside(ContainerSpec(name="someones-db", image="postgres:16"))
+
+    await service.stop("someones-db", 0)
+    await service.remove("someones-db")
+
+    assert fake.containers["someones-db"] is foreign and foreign.status == "running"
+    assert fake.calls["stop"] == fake.calls["remove"] == 0
+
+
+async def test_remove_deletes_a_running_container_and_frees_its_cards(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    await service.launch(request("r1", 4))
+    await service.remove("tuneplane-r1")
+    await assert_nothing_left(service, fake, "tuneplane-r1")
+
+
+async def test_control_locks_do_not_accumulate(service: JobService) -> None:
+    for i in range(5):
+        await service.launch(request(f"r{i}"))
+        await service.stop(f"tuneplane-r{i}", 0)
+        await service.remove(f"tuneplane-r{i}")
+    await service.reap(0)
+    assert len(service.locks) == 0
+
+
+# --- reap ---------------------------------------------------------------------------------
+
+
+async def test_reap_takes_exited_containers_past_the_age_and_nothing_else(
+    service: JobService, fake: FakeRuntime, clock: FakeClock
+) -> None:
+    await service.launch(request("old"))
+    await service.launch(request("young"))
+    await service.launch(request("running"))
+    fake.exit("tuneplane-old", 0)
+    clock.advance(100)
+    fake.exit("tuneplane-young", 1)
+    clock.advance(10)
+
+    assert await service.reap(60) == 1
+
+    assert set(fake.containers) == {"tuneplane-young", "tuneplane-running"}
+
+
+async def test_reap_takes_never_started_containers_past_the_age(
+    service: JobService, fake: FakeRuntime, clock: FakeClock
+) -> None:
+    fake.create_outside(request("wreck", 2).spec, start=False)
+    clock.advance(30)
+    assert await service.reap(60) == 0
+    clock.advance(31)
+    assert await service.reap(60) == 1
+    assert not fake.containers
+
+
+async def test_reap_never_touches_foreign_or_pending_containers(
+    service: JobService, fake: FakeRuntime, clock: FakeClock
+) -> None:
+    foreign = fake.create_outside(ContainerSpec(name="tuneplane-mine", image=IMAGE))
+    fake.exit("tuneplane-mine", 0)
+    await service.launch(request("pending", image=MISSING))
+    clock.advance(10_000)
+
+    assert await service.reap(0) == 0
+
+    assert fake.containers["tuneplane-mine"] is foreign
+    assert service.pending.get("tuneplane-pending") is not None
+
+
+async def test_reap_without_an_age_uses_the_configured_ttl(
+    service: JobService, fake: FakeRuntime, clock: FakeClock
+) -> None:
+    await service.launch(request("r1"))
+    fake.exit("tuneplane-r1", 0)
+    clock.advance(service.settings.local_container_ttl_s - 5)
+    assert await service.reap(None) == 0
+    clock.advance(10)
+    assert await service.reap(None) == 1
+
+
+async def test_reap_skips_a_container_relaunched_while_it_waited(
+    service: JobService, fake: FakeRuntime, clock: FakeClock
+) -> None:
+    await service.launch(request("r1"))
+    fake.exit("tuneplane-r1", 0)
+    clock.advance(100)
+    async with service.locks.hold("tuneplane-r1"):  # a launch holds the ref meanwhile
+        reaping = asyncio.create_task(service.reap(60))
+        await settle()
+        fake.containers.pop("tuneplane-r1")
+        fake.create_outside(request("r1").spec)  # relaunched: running now
+
+    assert await reaping == 0
+    assert fake.containers["tuneplane-r1"].status == "running"
+
+
+NOW = FakeClock().now()
+
+
+def at(seconds_ago: float) -> str:
+    from datetime import timedelta
+
+    from tuneplane_node.clock import rfc3339
+
+    return rfc3339(NOW - timedelta(seconds=seconds_ago))
+
+
+@pytest.mark.parametrize(
+    ("state", "reaped"),
+    [
+        (dict(status="exited", finished_at=at(61), created_at=at(500)), True),
+        (dict(status="exited", finished_at=at(59), created_at=at(500)), False),
+        (dict(status="dead", finished_at=at(61)), True),
+        (dict(status="exited", created_at=at(61)), True),  # no finish time: its creation
+        (dict(status="exited"), False),  # no time at all: never guessed
+        (dict(status="created", created_at=at(61)), True),
+        (dict(status="created", created_at=at(61), started_at=at(60)), False),
+        (dict(status="running", created_at=at(1000), started_at=at(1000)), False),
+        (dict(status="paused", created_at=at(1000)), False),
+        (dict(status="restarting", created_at=at(1000)), False),
+    ],
+)
+def test_reapable(state: dict[str, str], reaped: bool) -> None:
+    container = ContainerState(name="x", exists=True, labels={LABEL_RUN_ID: "r"}, **state)  # type: ignore[arg-type]
+    assert reapable(container, 60, NOW) is reaped
+
+
+# --- observe and logs ---------------------------------------------------------------------
+
+
+async def test_observe_answers_each_ref_once_and_knows_nothing_of_foreign_ones(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    await service.launch(request("r1"))
+    fake.create_outside(ContainerSpec(name="tuneplane-foreign", image=IMAGE))
+
+    views = await service.observe(
+        ["tuneplane-r1", "tuneplane-nobody", "tuneplane-r1", "tuneplane-foreign"]
+    )
+
+    assert list(views) == ["tuneplane-r1", "tuneplane-nobody", "tuneplane-foreign"]
+    assert views["tuneplane-r1"].exists and views["tuneplane-r1"].status == "running"  # type: ignore[union-attr]
+    assert views["tuneplane-nobody"] == ContainerState.missing("tuneplane-nobody")
+    assert views["tuneplane-foreign"] == ContainerState.missing("tuneplane-foreign")
+
+
+async def test_observe_with_the_engine_down_is_unknown_not_gone(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    await service.launch(request("r1"))
+    fake.up = False
+    with pytest.raises(EngineUnavailable):
+        await service.observe(["tuneplane-r1"])
+
+
+async def test_logs_of_a_job_are_its_last_lines(service: JobService, fake: FakeRuntime) -> None:
+    await service.launch(request("r1"))
+    fake.containers["tuneplane-r1"].output = ["one", "two", "three"]
+
+    text = await service.logs("tuneplane-r1", 2)
+
+    assert [line.split(" ", 1)[1] for line in text.splitlines()] == ["two", "three"]
+
+
+async def test_logs_of_a_pending_missing_or_foreign_ref_are_a_sentence(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    await service.launch(request("r1", image=MISSING))
+    fake.create_outside(ContainerSpec(name="tuneplane-foreign", image=IMAGE)).output = ["secret"]
+
+    assert (
+        await service.logs("tuneplane-r1", 10)
+        == f"no logs yet: tuneplane-r1 is pulling ({MISSING})"
+    )
+    assert await service.logs("tuneplane-x", 10) == "no logs: container tuneplane-x does not exist"
+    assert "secret" not in await service.logs("tuneplane-foreign", 10)
+
+
+async def test_logs_the_engine_refuses_to_read_are_a_sentence(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    await service.launch(request("r1"))
+    fake.refuse_logs = "configured logging driver does not support reading"
+    text = await service.logs("tuneplane-r1", 10)
+    assert text == "no logs for tuneplane-r1: configured logging driver does not support reading"
+
+
+# --- the node's status and inventory ------------------------------------------------------
+
+
+async def test_status_reports_engine_cards_pending_and_disk(
+    service: JobService, fake: FakeRuntime, tmp_path: object
+) -> None:
+    await service.launch(request("r1", 1))
+    await service.launch(request("r2", 1, image=MISSING))
+
+    status = await service.status()
+
+    assert status.ok and status.error is None
+    assert (status.engine.engine, status.engine.version) == ("fake", "1.0-fake")
+    assert status.occupancy is not None
+    assert dict(status.occupancy.by_job) == {0: "r1"}
+    assert status.occupancy.reserved == {1}
+    assert list(status.pending) == ["tuneplane-r2"]
+    assert status.disk is not None and status.disk.space.total > 0
+    assert status.cache is None  # the fake reads on every call
+
+
+async def test_status_with_the_engine_down_knows_nothing_of_the_cards(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    fake.up = False
+    status = await service.status()
+    assert not status.ok
+    assert status.occupancy is None
+    assert status.error == "engine unreachable: fake: down"
+
+
+async def test_status_when_the_cards_cannot_be_read_says_why(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    fake.ps_error = EngineUnavailable(engine="fake", reason="list timed out")
+    status = await service.status()
+    assert not status.ok and status.occupancy is None
+    assert status.error == "engine unreachable: fake: list timed out"
+
+
+async def test_inventory_puts_machine_cards_and_engine_together(service: JobService) -> None:
+    facts = await service.inventory()
+
+    assert facts.runtime == "fake://1.0-fake"
+    assert facts.accelerator_count == 4
+    assert facts.gpus is not None and facts.gpus.common_name() == "NVIDIA H100"
+    assert facts.machine.storage_root_visible is True
+
+
+async def test_close_cancels_every_pending_launch_and_pull(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    await service.launch(request("r1", 1, image=MISSING))
+    await service.launch(request("r2", 1, image="registry.test/other:2"))
+    await settle()
+
+    await service.close()
+
+    assert all(pull.cancelled for pull in fake.pulls)
+    assert service.pulls.pulls == {}
+
+
+async def test_a_launch_request_keeps_its_spec_apart_from_the_cards(service: JobService) -> None:
+    original = request("r1", 1)
+    await service.launch(original)
+    assert original.spec.gpus == ()  # the chosen cards went into a copy
+    assert replace(original.spec, gpus=(0,)).gpus == (0,)
+
+
+async def test_every_refusal_of_the_node_is_a_conflict() -> None:
+    for error in (
+        NameTaken(ref="a", run_id="b"),
+        NoCapacity(requested=1, free=[], held={}),
+        EngineConflict(engine="docker", action="run a", reason="in use"),
+    ):
+        assert isinstance(error, Conflict) and error.status == 409

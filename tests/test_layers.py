@@ -1,0 +1,81 @@
+"""The layering of the package (README, "Layout"): imports point down, SDKs stay put.
+
+Read from the source with `ast`, so a stray import fails here before it blurs a seam.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "tuneplane_node"
+
+# Top to bottom; a module may import only from its own layer's module itself or below.
+LAYERS = [
+    {"cli", "__main__"},
+    {"daemon"},
+    {"wire"},
+    {"jobs"},
+    {"gpu"},
+    {"runtime"},
+    {"inventory"},
+    {"settings", "errors", "clock", "__init__"},
+]
+# Each third-party SDK is imported by exactly these modules, and translated there.
+SDKS = {
+    "docker": {"runtime/docker.py"},
+    "podman": {"runtime/podman.py"},
+    "pynvml": {"gpu/nvml.py"},
+    "aiohttp": {"daemon/app.py", "daemon/routes.py", "daemon/state.py", "cli.py"},
+}
+
+
+def unit(path: Path) -> str:
+    """The layer name of a module: its top-level module or package under tuneplane_node."""
+    return path.relative_to(PACKAGE).parts[0].removesuffix(".py")
+
+
+def layer(name: str) -> int:
+    return next(i for i, names in enumerate(LAYERS) if name in names)
+
+
+def imports(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found += [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+    return found
+
+
+MODULES = sorted(PACKAGE.rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_imports_point_down(path: Path) -> None:
+    here = layer(unit(path))
+    for name in imports(path):
+        parts = name.split(".")
+        if parts[0] != "tuneplane_node" or len(parts) == 1:
+            continue
+        target = parts[1] if parts[1] != "__version__" else "__init__"
+        if target in {"cli", "__main__"} | {n for names in LAYERS for n in names}:
+            assert layer(target) >= here, f"{path.name} imports {name}: that points up"
+
+
+@pytest.mark.parametrize("sdk", sorted(SDKS))
+def test_each_sdk_lives_in_its_own_module(sdk: str) -> None:
+    users = {
+        str(path.relative_to(PACKAGE))
+        for path in MODULES
+        if any(name == sdk or name.startswith(f"{sdk}.") for name in imports(path))
+    }
+    assert users == SDKS[sdk]
+
+
+def test_every_module_has_a_layer() -> None:
+    assert {unit(path) for path in MODULES} <= {n for names in LAYERS for n in names}

@@ -1,0 +1,305 @@
+"""The state cache's rules, event by event, against the in-memory engine.
+
+Every change to the cache happens on the loop (`on_event`, `on_inspected`,
+`replace_all`, `relist`), so these tests call those directly, in the order an engine
+would deliver them: no thread, no sleeps. One test at the end runs the real event
+thread against the fake engine's event stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+import pytest
+
+from tests.fakes import FakeClock, FakeRuntime
+from tests.helpers import job, wait_until
+from tuneplane_node.errors import EngineUnavailable
+from tuneplane_node.runtime.base import EXIT_SIGKILL, ContainerSpec, ContainerState, EngineEvent
+from tuneplane_node.runtime.cache import CachedRuntime, StateCache
+
+
+@pytest.fixture
+async def cache(fake: FakeRuntime) -> AsyncIterator[StateCache]:
+    """A cache synced once from the fake engine, with no thread and no relist task."""
+    state_cache = StateCache(fake, relist_s=3600, sync_timeout=1, clock=fake.clock)
+    state_cache.replace_all(await fake.ps(), fake.clock.monotonic())
+    yield state_cache
+
+
+async def running(fake: FakeRuntime) -> str:
+    spec = job(["/bin/train"])
+    await fake.run(spec)
+    return spec.name
+
+
+def inspected(fake: FakeRuntime, cache: StateCache, name: str) -> None:
+    """The inspect the event thread makes after an event, landing now."""
+    container = fake.containers.get(name)
+    if container is None:
+        return
+    cache.on_inspected(container.state(), container.id)
+
+
+def die(fake: FakeRuntime, name: str, code: int) -> EngineEvent:
+    return EngineEvent(fake.containers[name].id, "die", code, "2026-11-30T12:00:05Z")
+
+
+# --- reads ---------------------------------------------------------------------------------
+
+
+async def test_before_the_first_sync_every_read_is_unavailable(fake: FakeRuntime) -> None:
+    cache = StateCache(fake, relist_s=1, sync_timeout=1, clock=fake.clock)
+    with pytest.raises(EngineUnavailable, match="the first sync has not finished"):
+        cache.get("tuneplane-x")
+    with pytest.raises(EngineUnavailable):
+        cache.all()
+    assert cache.status().synced is False
+
+
+async def test_a_sync_holds_only_the_nodes_containers(fake: FakeRuntime) -> None:
+    ours = await running(fake)
+    fake.create_outside(ContainerSpec(name="someones", image="postgres:16"))
+    cache = StateCache(fake, relist_s=1, sync_timeout=1, clock=fake.clock)
+
+    cache.replace_all([c.state() for c in fake.containers.values()], fake.clock.monotonic())
+
+    assert cache.get(ours).status == "running"
+    assert cache.get("someones") == ContainerState.missing("someones")
+    assert [s.name for s in cache.all()] == [ours]
+    assert cache.status().containers == 1 and cache.syncs == 1
+
+
+async def test_status_ages_come_from_the_clock(cache: StateCache, clock: FakeClock) -> None:
+    cache.on_event(EngineEvent("x", "exec_start"))
+    clock.advance(2.5)
+    status = cache.status()
+    assert (status.synced, status.last_event_age_s, status.last_relist_age_s) == (True, 2.5, 2.5)
+
+
+# --- events --------------------------------------------------------------------------------
+
+
+async def test_a_die_says_exited_at_once_before_its_inspect(
+    fake: FakeRuntime, cache: StateCache
+) -> None:
+    name = await running(fake)
+    inspected(fake, cache, name)
+
+    cache.on_event(die(fake, name, 3))
+
+    state = cache.get(name)
+    assert (state.status, state.exit_code) == ("exited", 3)
+    assert state.finished_at == "2026-11-30T12:00:05Z"  # the event's own time, for reap
+    assert not state.live
+
+
+async def test_a_sigkill_exit_waits_for_its_inspect_to_say_whether_it_was_oom(
+    fake: FakeRuntime, cache: StateCache
+) -> None:
+    name = await running(fake)
+    inspected(fake, cache, name)
+    before = cache.generation
+
+    cache.on_event(die(fake, name, EXIT_SIGKILL))
+
+    assert cache.get(name).status == "running"  # not "exited, not OOM-killed" too early
+    assert cache.generation == before
+    fake.exit(name, EXIT_SIGKILL, oom=True)
+    inspected(fake, cache, name)
+    state = cache.get(name)
+    assert (state.status, state.exit_code, state.oom_killed) == ("exited", 137, True)
+
+
+async def test_an_oom_event_before_the_die_marks_the_exit_oom_killed(
+    fake: FakeRuntime, cache: StateCache
+) -> None:
+    name = await running(fake)
+    inspected(fake, cache, name)
+    container_id = fake.containers[name].id
+
+    cache.on_event(EngineEvent(container_id, "oom"))
+    cache.on_event(die(fake, name, EXIT_SIGKILL))
+
+    state = cache.get(name)
+    assert (state.status, state.exit_code, state.oom_killed) == ("exited", 137, True)
+
+
+async def test_a_die_of_an_unknown_or_exited_container_changes_nothing(
+    fake: FakeRuntime, cache: StateCache
+) -> None:
+    name = await running(fake)
+    cache.on_event(die(fake, name, 1))  # created after the sync, its inspect not in yet
+    assert cache.get(name).exists is False
+    inspected(fake, cache, name)
+    fake.exit(name, 0)
+    inspected(fake, cache, name)
+
+    cache.on_event(die(fake, name, 9))
+
+    assert cache.get(name).exit_code == 0
+
+
+async def test_a_destroyed_container_reads_gone(fake: FakeRuntime, cache: StateCache) -> None:
+    name = await running(fake)
+    inspected(fake, cache, name)
+    container_id = fake.containers[name].id
+
+    await fake.remove(name)
+    cache.on_inspected(ContainerState.missing(container_id), container_id)
+
+    assert cache.get(name).exists is False
+    assert container_id not in cache.names
+
+
+async def test_a_renamed_container_is_found_under_its_new_name_only(
+    fake: FakeRuntime, cache: StateCache
+) -> None:
+    name = await running(fake)
+    inspected(fake, cache, name)
+    container = fake.containers.pop(name)
+    container.spec = replace(container.spec, name="tuneplane-new")
+    fake.containers["tuneplane-new"] = container
+
+    inspected(fake, cache, "tuneplane-new")
+
+    assert cache.get(name).exists is False
+    assert cache.get("tuneplane-new").status == "running"
+
+
+async def test_a_broken_stream_makes_every_read_unavailable(cache: StateCache) -> None:
+    cache.mark_stale("the engine closed it")
+    with pytest.raises(EngineUnavailable, match="event stream broken: the engine closed it"):
+        cache.get("tuneplane-a")
+    assert cache.status().synced is False
+
+
+# --- resync and relist ---------------------------------------------------------------------
+
+
+async def test_a_resync_keeps_what_was_written_after_it_began(
+    fake: FakeRuntime, cache: StateCache, clock: FakeClock
+) -> None:
+    name = await running(fake)
+    old = fake.containers[name].state()
+    started = clock.monotonic()
+    clock.advance(1)
+    fake.exit(name, 0)
+    inspected(fake, cache, name)  # an event landed while the list was being read
+
+    cache.replace_all([old], started)
+
+    assert cache.get(name).status == "exited"
+
+
+async def test_a_resync_drops_what_the_engine_no_longer_has(
+    fake: FakeRuntime, cache: StateCache, clock: FakeClock
+) -> None:
+    name = await running(fake)
+    inspected(fake, cache, name)
+    clock.advance(1)
+
+    cache.replace_all([], clock.monotonic())
+
+    assert cache.get(name).exists is False
+
+
+async def test_the_relist_recovers_dropped_events(
+    fake: FakeRuntime, cache: StateCache, clock: FakeClock
+) -> None:
+    """Deterministic: the events are lost, the relist is called, the truth comes back."""
+    stays, dies, goes = [await running(fake) for _ in range(3)]
+    for name in (stays, dies, goes):
+        inspected(fake, cache, name)
+    fake.exit(dies, EXIT_SIGKILL)  # no event reaches the cache
+    await fake.remove(goes)
+    appears = await running(fake)
+    fake.calls.clear()
+    clock.advance(1)  # the relist begins after the cache's last write
+
+    await cache.relist()
+
+    assert cache.get(stays).status == "running"
+    assert (cache.get(dies).status, cache.get(dies).exit_code) == ("exited", 137)
+    assert cache.get(goes).exists is False
+    assert cache.get(appears).status == "running"
+    # Only what changed or is new was inspected: the list told the rest.
+    assert fake.calls["inspect_now"] == 2 and fake.calls["list_brief"] == 1
+
+
+async def test_a_relist_is_not_the_first_sync(fake: FakeRuntime, clock: FakeClock) -> None:
+    cache = StateCache(fake, relist_s=1, sync_timeout=1, clock=clock)
+    await cache.relist()
+    with pytest.raises(EngineUnavailable):
+        cache.get("x")
+
+
+# --- the event thread and CachedRuntime ------------------------------------------------------
+
+
+@pytest.fixture
+async def cached(fake: FakeRuntime) -> AsyncIterator[CachedRuntime]:
+    runtime = CachedRuntime(fake, relist_s=3600, sync_timeout=5, clock=fake.clock)
+    await runtime.start()
+    yield runtime
+    await runtime.cache.close()
+
+
+async def test_the_event_thread_keeps_the_cache_current(
+    fake: FakeRuntime, cached: CachedRuntime
+) -> None:
+    assert cached.status().synced
+    name = await running(fake)  # behind the cache's back: only the events tell it
+
+    await wait_until(lambda: cached.cache.states.get(name) is not None, timeout=5)
+    fake.exit(name, 4)
+    await wait_until(lambda: cached.cache.states[name].status == "exited", timeout=5)
+    assert (await cached.inspect(name)).exit_code == 4
+
+
+async def test_an_engine_restart_goes_stale_then_resyncs(
+    fake: FakeRuntime, cached: CachedRuntime
+) -> None:
+    name = await running(fake)
+    fake.up = False
+    fake.close_streams()
+    await wait_until(lambda: not cached.cache.synced, timeout=5)
+    with pytest.raises(EngineUnavailable):
+        await cached.inspect(name)
+    health = await cached.health()
+    assert not health.ok
+
+    fake.up = True
+    await wait_until(lambda: cached.cache.synced, timeout=10)  # after the backoff
+    assert (await cached.inspect(name)).status == "running"
+
+
+async def test_the_node_sees_its_own_verbs_at_once(
+    fake: FakeRuntime, cached: CachedRuntime
+) -> None:
+    spec = job(["/bin/train"])
+    await cached.run(spec)
+    assert (await cached.inspect(spec.name)).status == "running"  # no event awaited
+    await cached.stop(spec.name, 1)
+    assert (await cached.inspect(spec.name)).status == "exited"
+    await cached.remove(spec.name)
+    assert (await cached.inspect(spec.name)).exists is False
+    assert [s.name for s in await cached.ps()] == []
+
+
+async def test_health_asks_the_engine_once_per_sync(
+    fake: FakeRuntime, cached: CachedRuntime
+) -> None:
+    for _ in range(5):
+        health = await cached.health()
+    assert (health.ok, health.version) == (True, "1.0-fake")
+    assert fake.calls["health"] == 1
+
+
+async def test_a_stale_cache_is_not_healthy_even_when_the_engine_answers(
+    fake: FakeRuntime, cached: CachedRuntime
+) -> None:
+    cached.cache.mark_stale("lost events")
+    health = await cached.health()
+    assert not health.ok and health.error == "event stream broken: lost events"

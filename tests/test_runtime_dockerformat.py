@@ -1,0 +1,145 @@
+"""Docker-format documents read into the contract: inspect, list, events, pull progress.
+
+The documents are trimmed copies of what docker 20.10 and podman 4's compat endpoints
+answer; the adapters' real-engine tests check the same fields come back alive.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tuneplane_node.runtime.base import Brief, EngineEvent, PullProgress
+from tuneplane_node.runtime.dockerformat import (
+    ProgressFold,
+    brief_from_list,
+    event_from_docker,
+    event_labels,
+    json_lines,
+    pull_params,
+    state_from_inspect,
+)
+
+DOCKER_EXITED = {
+    "Id": "f" * 64,
+    "Created": "2026-11-29T21:21:54.164779123Z",
+    "Name": "/tuneplane-r1",
+    "State": {
+        "Status": "exited",
+        "ExitCode": 137,
+        "OOMKilled": True,
+        "StartedAt": "2026-11-29T21:21:54.333280456Z",
+        "FinishedAt": "2026-11-29T21:22:04.305352789Z",
+    },
+    "Config": {"Labels": {"tuneplane.run-id": "r1", "tuneplane.gpus": "0,1"}},
+}
+
+
+def test_an_exited_container_reads_with_its_code_times_and_labels() -> None:
+    state = state_from_inspect(DOCKER_EXITED)
+
+    assert (state.name, state.status, state.exit_code, state.oom_killed) == (
+        "tuneplane-r1",
+        "exited",
+        137,
+        True,
+    )
+    assert state.created_at == "2026-11-29T21:21:54.164779Z"
+    assert state.started_at == "2026-11-29T21:21:54.333280Z"
+    assert state.finished_at == "2026-11-29T21:22:04.305352Z"
+    assert (state.run_id, state.gpus, state.id) == ("r1", (0, 1), "f" * 64)
+
+
+def test_a_running_container_has_no_exit_code_and_no_finish() -> None:
+    running = {
+        "Name": "/a",
+        "State": {"Status": "running", "ExitCode": 0, "FinishedAt": "0001-01-01T00:00:00Z"},
+    }
+    state = state_from_inspect(running)
+    assert (state.status, state.exit_code, state.finished_at) == ("running", None, None)
+    assert state.labels == {}
+
+
+@pytest.mark.parametrize(
+    ("libpod", "docker"),
+    [("configured", "created"), ("initialized", "created"), ("stopped", "exited")],
+)
+def test_libpods_own_words_read_as_dockers(libpod: str, docker: str) -> None:
+    state = state_from_inspect({"Name": "a", "State": {"Status": libpod, "ExitCode": 3}})
+    assert state.status == docker
+    assert state.exit_code == (3 if docker == "exited" else None)
+
+
+def test_a_list_entry_gives_the_exit_code_from_its_status_line() -> None:
+    entry = {
+        "Id": "abc",
+        "Names": ["/tuneplane-r1"],
+        "State": "exited",
+        "Status": "Exited (3) 2 minutes ago",
+    }
+    assert brief_from_list(entry) == Brief("abc", "tuneplane-r1", ("exited", 3))
+    running = {"Id": "def", "Names": ["/x"], "State": "running", "Status": "Up 2 seconds"}
+    assert brief_from_list(running).signature == ("running", None)
+    assert brief_from_list({"Id": "g", "State": "configured"}).signature == ("created", None)
+
+
+def test_a_die_event_carries_its_exit_code_and_time() -> None:
+    event = event_from_docker(
+        {
+            "Action": "die",
+            "id": "abc",
+            "Actor": {"ID": "abc", "Attributes": {"exitCode": "137", "tuneplane.run-id": "r"}},
+            "timeNano": 1_795_987_084_207_204_451,
+        }
+    )
+    assert event == EngineEvent("abc", "die", 137, "2026-11-29T21:18:04.207204Z")
+    assert event_from_docker({"status": "start", "id": "x"}) == EngineEvent("x", "start")
+    assert event_labels({"Actor": {"Attributes": {"tuneplane.run-id": "r"}}}) == {
+        "tuneplane.run-id": "r"
+    }
+
+
+@pytest.mark.parametrize(
+    ("image", "params"),
+    [
+        ("busybox", {"fromImage": "busybox", "tag": "latest"}),
+        ("127.0.0.1:5000/a/b", {"fromImage": "127.0.0.1:5000/a/b", "tag": "latest"}),
+        ("127.0.0.1:5000/a/b:1", {"fromImage": "127.0.0.1:5000/a/b:1"}),
+        ("a/b@sha256:00", {"fromImage": "a/b@sha256:00"}),
+    ],
+)
+def test_an_untagged_pull_means_latest_not_every_tag(image: str, params: dict[str, str]) -> None:
+    assert pull_params(image) == params
+
+
+def test_pull_progress_counts_bytes_layers_and_extraction() -> None:
+    fold = ProgressFold()
+    messages = [
+        {"status": "Pulling from a/b", "id": "1"},
+        {"status": "Pulling fs layer", "id": "l1"},
+        {"status": "Pulling fs layer", "id": "l2"},
+        {"status": "Downloading", "id": "l1", "progressDetail": {"current": 50, "total": 100}},
+        {"status": "Downloading", "id": "l2", "progressDetail": {"current": 10, "total": 300}},
+        {"status": "Download complete", "id": "l1"},
+    ]
+    moved = [fold.update(message) for message in messages]
+    assert fold.progress() == PullProgress(110, 400, 1, 2)
+    assert moved[3] and moved[4] and moved[5]
+    before = fold.moved
+    assert fold.update({"status": "Extracting", "id": "l1", "progressDetail": {"current": 7}})
+    assert fold.moved == before + 1  # extraction is progress for the stall deadline
+    assert not fold.update({"status": "Waiting", "id": "l2"})
+    fold.update({"status": "Pull complete", "id": "l1"})
+    fold.update({"status": "Already exists", "id": "l2"})
+    assert fold.progress()[2:] == (2, 2)
+
+
+def test_messages_without_a_layer_are_not_progress() -> None:
+    fold = ProgressFold()
+    assert not fold.update({"status": "Digest: sha256:00"})
+    assert not fold.update({"status": "Status: Downloaded newer image", "id": 5})
+    assert fold.progress() == PullProgress() and fold.moved == 0
+
+
+def test_podmans_streams_are_json_lines() -> None:
+    lines = iter([b'{"status": "a"}', b"", b'{"status": "b"}'])
+    assert list(json_lines(lines)) == [{"status": "a"}, {"status": "b"}]

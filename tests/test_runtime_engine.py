@@ -1,0 +1,209 @@
+"""What the docker and podman adapters share, without an engine: the error table, the
+create options, and an engine that is not there."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+import podman
+import podman.errors
+import pytest
+import requests
+
+from tests.helpers import engine_settings
+from tuneplane_node.errors import (
+    EngineConflict,
+    EngineError,
+    EngineRefused,
+    EngineUnavailable,
+    NodeError,
+)
+from tuneplane_node.runtime.base import LABEL_GPUS, LABEL_RUN_ID, ContainerSpec, Mount
+from tuneplane_node.runtime.docker import ERRORS as DOCKER_ERRORS
+from tuneplane_node.runtime.docker import DockerRuntime
+from tuneplane_node.runtime.engine import EngineRuntime, ErrorTable
+from tuneplane_node.runtime.podman import ERRORS as PODMAN_ERRORS
+from tuneplane_node.runtime.podman import PodmanRuntime
+
+TABLES = [(DOCKER_ERRORS, docker.errors), (PODMAN_ERRORS, podman.errors)]
+
+
+def http_response(status: int) -> requests.Response:
+    response = requests.Response()
+    response.status_code = status
+    return response
+
+
+@pytest.mark.parametrize(("table", "module"), TABLES, ids=["docker", "podman"])
+def test_every_sdk_exception_is_translated_into_the_engine_family(
+    table: ErrorTable, module: Any
+) -> None:
+    classes = {
+        value
+        for value in vars(module).values()
+        if isinstance(value, type) and issubclass(value, BaseException)
+    }
+    assert len(classes) > 5
+    for cls in classes:
+        exc = cls.__new__(cls)
+        BaseException.__init__(exc, "boom")
+        for attribute in ("response", "explanation", "status_code"):
+            if not hasattr(exc, attribute):
+                setattr(exc, attribute, None)
+        translated = table.translate(exc, action="run x")
+        assert isinstance(translated, EngineError), cls
+        assert translated.engine == table.engine
+
+
+def test_a_docker_refusal_carries_the_engines_words() -> None:
+    exc = docker.errors.APIError(
+        "500 Server Error", response=http_response(500), explanation="invalid mount config"
+    )
+    translated = DOCKER_ERRORS.translate(exc, action="run tuneplane-a")
+    assert type(translated) is EngineRefused and translated.status == 502
+    assert translated.message == "docker refused to run tuneplane-a: invalid mount config"
+
+
+def test_a_name_in_use_is_a_conflict_on_both_engines() -> None:
+    by_docker = docker.errors.APIError("409", response=http_response(409), explanation="in use")
+    by_podman = podman.errors.APIError(
+        "500", response=http_response(500), explanation='name "a" is already in use'
+    )
+    for table, exc in ((DOCKER_ERRORS, by_docker), (PODMAN_ERRORS, by_podman)):
+        translated = table.translate(exc, action="run a")
+        assert isinstance(translated, EngineConflict) and translated.status == 409
+
+
+def test_a_transport_failure_is_unavailable_not_refused() -> None:
+    refused = requests.exceptions.ConnectionError("Connection refused")
+    assert isinstance(DOCKER_ERRORS.translate(refused, action="x"), EngineUnavailable)
+    # podman-py wraps it in an APIError without a response
+    wrapped = podman.errors.APIError("boom")
+    wrapped.__cause__ = refused
+    translated = PODMAN_ERRORS.translate(wrapped, action="x")
+    assert isinstance(translated, EngineUnavailable) and translated.status == 503
+    assert "Connection refused" in translated.message
+
+
+def test_an_error_already_the_nodes_passes_through() -> None:
+    mine = EngineUnavailable(engine="docker", reason="stale")
+    assert DOCKER_ERRORS.translate(mine, action="x") is mine
+
+
+def test_an_unexpected_exception_is_a_refusal_naming_its_type() -> None:
+    translated = DOCKER_ERRORS.translate(ValueError("odd"), action="inspect a")
+    assert isinstance(translated, EngineRefused)
+    assert translated.message == "docker refused to inspect a: ValueError: odd"
+
+
+# --- create options: shared, and what truly differs ---------------------------------------
+
+SPEC = ContainerSpec(
+    name="tuneplane-r1",
+    image="trainer:1",
+    command=("python", "-m", "train"),
+    env={"EPOCHS": "3"},
+    gpus=(1, 3),
+    mounts=(Mount("/data/r1", "/work", True),),
+    labels={LABEL_RUN_ID: "r1"},
+    workdir="/work",
+    shm_size="16g",
+    cpu_limit=2.5,
+    memory_limit="64g",
+    user="1000:1000",
+)
+COMMON = {
+    "image": "trainer:1",
+    "name": "tuneplane-r1",
+    "environment": {"EPOCHS": "3"},
+    "labels": {LABEL_RUN_ID: "r1", LABEL_GPUS: "1,3"},
+    "network_mode": "host",
+    "entrypoint": ["python"],
+    "command": ["-m", "train"],
+    "working_dir": "/work",
+    "user": "1000:1000",
+    "shm_size": "16g",
+    "mem_limit": "64g",
+}
+
+
+def adapter(kind: str, **settings: Any) -> EngineRuntime:
+    options = engine_settings(kind, **settings)
+    return DockerRuntime(options) if kind == "docker" else PodmanRuntime(options)
+
+
+async def test_docker_options_replace_the_entrypoint_and_request_the_cards() -> None:
+    runtime = adapter("docker")
+    options = runtime.create_options(SPEC)
+    await runtime.close()
+
+    assert {key: options[key] for key in COMMON} == COMMON
+    assert options["stop_signal"] == "SIGTERM" and options["detach"] is True
+    assert options["nano_cpus"] == 2_500_000_000
+    assert options["mounts"] == [
+        {"Target": "/work", "Source": "/data/r1", "Type": "bind", "ReadOnly": True}
+    ]
+    (request,) = options["device_requests"]
+    assert (request["DeviceIDs"], request["Capabilities"]) == (["1", "3"], [["gpu"]])
+
+
+async def test_podman_options_say_the_same_in_libpods_words() -> None:
+    runtime = adapter("podman")
+    options = runtime.create_options(SPEC)
+    await runtime.close()
+
+    assert {key: options[key] for key in COMMON} == COMMON
+    assert options["stop_signal"] == 15
+    assert (options["cpu_period"], options["cpu_quota"]) == (100_000, 250_000)
+    assert options["mounts"] == [
+        {"type": "bind", "source": "/data/r1", "target": "/work", "read_only": True}
+    ]
+    assert options["devices"] == ["nvidia.com/gpu=1", "nvidia.com/gpu=3"]
+
+
+@pytest.mark.parametrize("kind", ["docker", "podman"])
+async def test_without_passthrough_the_cards_are_labelled_but_not_handed_over(kind: str) -> None:
+    runtime = adapter(kind, local_gpu_passthrough=False)
+    options = runtime.create_options(SPEC)
+    await runtime.close()
+
+    assert options["labels"][LABEL_GPUS] == "1,3"
+    assert "device_requests" not in options and "devices" not in options
+
+
+@pytest.mark.parametrize("kind", ["docker", "podman"])
+async def test_a_bare_spec_keeps_the_images_entrypoint_and_sets_no_limits(kind: str) -> None:
+    runtime = adapter(kind)
+    options = runtime.create_options(ContainerSpec(name="a", image="i"))
+    await runtime.close()
+
+    assert "entrypoint" not in options and "command" not in options
+    for limit in ("working_dir", "user", "shm_size", "mem_limit", "nano_cpus", "cpu_quota"):
+        assert limit not in options
+
+
+# --- an engine that is not there ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["docker", "podman"])
+async def test_an_unreachable_engine_is_unavailable_never_gone(kind: str, tmp_path: Path) -> None:
+    address = f"unix://{tmp_path}/no-engine.sock"
+    runtime = adapter(kind, docker_host=address, podman_url=address)
+    try:
+        for call in (runtime.ps(), runtime.inspect("tuneplane-x"), runtime.stop("tuneplane-x", 1)):
+            with pytest.raises(EngineUnavailable):
+                await call
+        health = await runtime.health()
+    finally:
+        await runtime.close()
+
+    assert not health.ok
+    assert "unreachable" in (health.error or "")
+
+
+def test_every_engine_error_is_a_node_error() -> None:
+    assert issubclass(EngineError, NodeError)
+    assert EngineUnavailable(engine="e", reason="r").status == 503

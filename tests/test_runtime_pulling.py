@@ -1,0 +1,126 @@
+"""The pull's deadlines and cancel, over a scripted progress stream (no engine).
+
+A stream here is an iterator on the pool's thread and a "response" whose close() ends
+it, as closing the socket ends a real one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import pytest
+
+from tuneplane_node.errors import EngineRefused
+from tuneplane_node.runtime.base import PullLimits, PullProgress
+from tuneplane_node.runtime.pool import BlockingPool
+from tuneplane_node.runtime.pulling import drive_pull
+
+
+class Stream:
+    """Progress messages, then (unless ``end``) nothing until closed, as a stuck registry."""
+
+    def __init__(
+        self, messages: list[dict[str, Any]], *, end: bool = True, every: float = 0
+    ) -> None:
+        self.messages = messages
+        self.end = end
+        self.every = every
+        self.closed = threading.Event()
+
+    def open(self) -> tuple[Iterator[Mapping[str, Any]], Any]:
+        return self._read(), self
+
+    def _read(self) -> Iterator[Mapping[str, Any]]:
+        for message in self.messages:
+            if self.closed.wait(self.every):
+                return
+            yield message
+        if not self.end:
+            self.closed.wait()
+
+    def close(self) -> None:
+        self.closed.set()
+
+
+def layer(layer_id: str, current: int, total: int = 1000) -> dict[str, Any]:
+    detail = {"current": current, "total": total}
+    return {"status": "Downloading", "id": layer_id, "progressDetail": detail}
+
+
+@pytest.fixture
+async def pool() -> Any:
+    threads = BlockingPool(2, name="pull-test")
+    yield threads
+    threads.close()
+
+
+async def pull(
+    pool: BlockingPool, stream: Stream, limits: PullLimits, seen: list[PullProgress]
+) -> None:
+    await drive_pull(
+        pool,
+        engine="docker",
+        image="reg/big:1",
+        open_stream=stream.open,
+        limits=limits,
+        on_progress=seen.append,
+    )
+
+
+async def test_progress_is_reported_and_the_last_word_comes_at_the_end(pool: BlockingPool) -> None:
+    seen: list[PullProgress] = []
+    stream = Stream([layer("a", 10), layer("a", 600), {"status": "Download complete", "id": "a"}])
+
+    await pull(pool, stream, PullLimits(10, 10), seen)
+
+    assert seen[-1] == PullProgress(1000, 1000, 1, 1)
+    assert not stream.closed.is_set()  # ended on its own
+
+
+async def test_an_error_in_the_stream_is_the_engines_refusal(pool: BlockingPool) -> None:
+    stream = Stream([layer("a", 10), {"error": "manifest unknown"}])
+    with pytest.raises(EngineRefused) as refused:
+        await pull(pool, stream, PullLimits(10, 10), [])
+    assert refused.value.message == "docker refused to pull reg/big:1: manifest unknown"
+
+
+async def test_a_pull_without_progress_is_abandoned_and_its_stream_closed(
+    pool: BlockingPool,
+) -> None:
+    stream = Stream([layer("a", 10)], end=False)
+    started = time.monotonic()
+
+    with pytest.raises(EngineRefused, match=r"no progress for 0\.2 s"):
+        await pull(pool, stream, PullLimits(60, 0.2), [])
+
+    assert stream.closed.is_set()
+    assert time.monotonic() - started < 2
+
+
+async def test_a_pull_that_moves_but_never_ends_meets_the_overall_deadline(
+    pool: BlockingPool,
+) -> None:
+    moving = Stream([layer("a", n) for n in range(1, 10_000)], end=False, every=0.01)
+
+    with pytest.raises(EngineRefused, match=r"not done after 0\.5 s"):
+        await pull(pool, moving, PullLimits(0.5, 0.2), [])
+
+    assert moving.closed.is_set()
+
+
+async def test_a_cancelled_pull_returns_at_once_and_closes_its_stream(pool: BlockingPool) -> None:
+    stream = Stream([layer("a", 10)], end=False)
+    task = asyncio.ensure_future(pull(pool, stream, PullLimits(60, 60), []))
+    await asyncio.sleep(0.05)
+
+    started = time.monotonic()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+    assert time.monotonic() - started < 0.5
+    assert stream.closed.wait(1)

@@ -1,0 +1,576 @@
+"""The wire: what a console written for 0.3.15 sends is read, and what it reads is exact.
+
+The shapes below are protocol 1 as 0.3.15 consoles parse it, field by field. A change
+to any of them is a change of protocol, not a refactoring.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from types import MappingProxyType
+from typing import Any
+
+import pytest
+
+from tests.helpers import INVENTORY_KEYS, console_0315
+from tuneplane_node.errors import InvalidField
+from tuneplane_node.gpu.allocator import Occupancy
+from tuneplane_node.gpu.probe import CardFacts, GpuProcess, GpuSnapshot
+from tuneplane_node.inventory import (
+    DiskReading,
+    FabricFacts,
+    Filesystem,
+    LocalDisk,
+    MachineFacts,
+    Space,
+)
+from tuneplane_node.jobs import (
+    AlreadyPending,
+    AlreadyRunning,
+    Inventory,
+    NodeStatus,
+    PendingView,
+    Pulling,
+    Started,
+)
+from tuneplane_node.runtime.base import (
+    LABEL_RUN_ID,
+    CacheStatus,
+    ContainerState,
+    Mount,
+    PullProgress,
+    RuntimeHealth,
+)
+from tuneplane_node.wire import (
+    MAX_TAIL,
+    health_json,
+    inventory_json,
+    launch_json,
+    observe_json,
+    parse_launch,
+    parse_ref,
+    parse_refs,
+    parse_seconds,
+    parse_tail,
+    state_json,
+)
+
+# --- what 0.3.15 consoles send -------------------------------------------------------------
+
+CONSOLE_0315_EMPTY = console_0315("r-123")
+
+
+def test_a_0315_spec_with_every_field_and_empty_strings_is_accepted() -> None:
+    request = parse_launch(CONSOLE_0315_EMPTY)
+
+    spec = request.spec
+    assert (request.run_id, request.requested_gpus, request.ref) == ("r-123", 2, "tuneplane-r-123")
+    assert spec.command == ("python", "-m", "train") and spec.image == "registry/trainer:1"
+    assert spec.network == "host"
+    assert (spec.workdir, spec.user, spec.shm_size, spec.memory_limit) == (None,) * 4
+    assert spec.cpu_limit is None
+    assert spec.labels == {LABEL_RUN_ID: "r-123"}
+
+
+def container(**fields: Any) -> dict[str, Any]:
+    return {**CONSOLE_0315_EMPTY, "container": {**CONSOLE_0315_EMPTY["container"], **fields}}
+
+
+@pytest.mark.parametrize(
+    ("given", "cpus"),
+    [("", None), ("2", 2.0), ("0.5", 0.5), (" 4 ", 4.0), (8, 8.0), (1.5, 1.5), (None, None)],
+)
+def test_cpu_limit_is_a_number_or_0315s_string(given: object, cpus: float | None) -> None:
+    assert parse_launch(container(cpu_limit=given)).spec.cpu_limit == cpus
+
+
+@pytest.mark.parametrize("given", ["two", "-1", "0", 0, -2.5, "1e400", "inf", "nan", True, [2]])
+def test_a_bad_cpu_limit_names_the_field(given: object) -> None:
+    with pytest.raises(InvalidField, match=r"^container\.cpu_limit: "):
+        parse_launch(container(cpu_limit=given))
+
+
+def test_a_full_0315_spec_reaches_the_container() -> None:
+    request = parse_launch(
+        container(
+            name="tuneplane-custom",
+            env={"EPOCHS": 3, "LR": "0.1"},
+            mounts=[["/data/r-123", "/work", False], {"host": "/models", "container": "/m"}],
+            labels={"tuneplane.user": "alice"},
+            workdir="/work",
+            shm_size="16g",
+            memory_limit="64G",
+            network="bridge",
+            user="1000:1000",
+        )
+    )
+    spec = request.spec
+    assert spec.name == "tuneplane-custom"
+    assert spec.env == {"EPOCHS": "3", "LR": "0.1"}
+    assert spec.mounts == (Mount("/data/r-123", "/work", False), Mount("/models", "/m", False))
+    assert spec.labels == {"tuneplane.user": "alice", LABEL_RUN_ID: "r-123"}
+    assert (spec.workdir, spec.shm_size, spec.memory_limit) == ("/work", "16g", "64g")
+    assert (spec.network, spec.user) == ("bridge", "1000:1000")
+
+
+def test_requested_gpus_falls_back_to_the_length_of_container_gpus() -> None:
+    body = {"run_id": "a", "container": {"image": "x", "gpus": [5, 6, 7]}}
+    assert parse_launch(body).requested_gpus == 3
+    assert parse_launch({**body, "requested_gpus": 1}).requested_gpus == 1
+    assert (
+        parse_launch({"run_id": "a", "container": {"image": "x", "gpus": ""}}).requested_gpus == 0
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"container": {"image": "x"}}, "run_id"),
+        ({"run_id": "a"}, "container"),
+        ({"run_id": "a", "container": []}, "container"),
+        ({"run_id": "a", "container": {}}, "container.image"),
+        ({"run_id": "a" * 201, "container": {"image": "x"}}, "run_id"),
+        ({"run_id": "a", "container": {"image": "x", "command": "rm -rf /"}}, "container.command"),
+        ({"run_id": "a", "container": {"image": "x", "command": ["a", 1]}}, "container.command"),
+        ({"run_id": "a", "requested_gpus": -1, "container": {"image": "x"}}, "requested_gpus"),
+        ({"run_id": "a", "requested_gpus": 1.5, "container": {"image": "x"}}, "requested_gpus"),
+        ({"run_id": "a", "requested_gpus": True, "container": {"image": "x"}}, "requested_gpus"),
+        ({"run_id": "a", "requested_gpus": 10**30, "container": {"image": "x"}}, "requested_gpus"),
+        ({"run_id": "a", "container": {"image": "x", "gpus": 2}}, "container.gpus"),
+        (
+            {"run_id": "a", "container": {"image": "x", "mounts": [["rel", "/x"]]}},
+            "container.mounts[0]",
+        ),
+        ({"run_id": "a", "container": {"image": "x", "mounts": [["/a"]]}}, "container.mounts[0]"),
+        (
+            {"run_id": "a", "container": {"image": "x", "mounts": [["/a", "/b", "yes"]]}},
+            "container.mounts[0]",
+        ),
+        ({"run_id": "a", "container": {"image": "x", "mounts": {"/a": "/b"}}}, "container.mounts"),
+        (
+            {"run_id": "a", "container": {"image": "x", "labels": {"tuneplane.gpus": "0"}}},
+            "container.labels",
+        ),
+        (
+            {"run_id": "a", "container": {"image": "x", "labels": {"tuneplane.run-id": "b"}}},
+            "container.labels",
+        ),
+        ({"run_id": "a", "container": {"image": "x", "env": {"A": None}}}, "container.env.A"),
+        ({"run_id": "a", "container": {"image": "x", "env": ["A=1"]}}, "container.env"),
+        (
+            {"run_id": "a", "container": {"image": "x", "memory_limit": "lots"}},
+            "container.memory_limit",
+        ),
+        ({"run_id": "a", "container": {"image": "x", "shm_size": "1g\n"}}, "container.shm_size"),
+        ({"run_id": "a", "container": {"image": "x", "name": "abc\n"}}, "container.name"),
+        ({"run_id": "a", "container": {"image": "x", "name": "-abc"}}, "container.name"),
+        ({"run_id": "a", "container": {"image": "x", "name": "a/b"}}, "container.name"),
+        ({"run_id": "a", "container": {"image": "x\x00"}}, "container.image"),
+    ],
+)
+def test_a_bad_launch_is_refused_naming_the_field(body: dict[str, Any], field: str) -> None:
+    with pytest.raises(InvalidField) as refused:
+        parse_launch(body)
+    assert refused.value.field == field
+    assert refused.value.message.startswith(f"{field}: ")
+
+
+def test_a_run_id_the_name_cannot_hold_gets_a_safe_name() -> None:
+    request = parse_launch({"run_id": "user/run 1", "container": {"image": "x"}})
+    assert request.ref.startswith("tuneplane-user-run-1-")
+    assert request.spec.labels[LABEL_RUN_ID] == "user/run 1"
+
+
+@pytest.mark.parametrize(
+    ("body", "ok"),
+    [
+        ({"refs": []}, True),
+        ({"refs": ["a", "b"]}, True),
+        ({"refs": "a"}, False),
+        ({"refs": ["a", ""]}, False),
+        ({"refs": ["a", 1]}, False),
+        ({"refs": ["x" * 301]}, False),
+        ({"refs": ["a"] * 10_001}, False),
+        ({}, False),
+    ],
+)
+def test_refs(body: dict[str, Any], ok: bool) -> None:
+    if ok:
+        assert parse_refs(body) == body["refs"]
+    else:
+        with pytest.raises(InvalidField, match=r"^refs: "):
+            parse_refs(body)
+
+
+def test_a_ref_is_a_non_empty_string() -> None:
+    assert parse_ref({"ref": "tuneplane-a"}) == "tuneplane-a"
+    for body in ({}, {"ref": ""}, {"ref": 5}, {"ref": "x" * 301}):
+        with pytest.raises(InvalidField, match=r"^ref: "):
+            parse_ref(body)
+
+
+@pytest.mark.parametrize("value", [-1, "10", True, math.inf, math.nan, 10**401, [1]])
+def test_bad_seconds_name_the_field(value: object) -> None:
+    with pytest.raises(InvalidField, match=r"^max_age_s: "):
+        parse_seconds({"max_age_s": value}, "max_age_s")
+
+
+def test_seconds() -> None:
+    assert parse_seconds({}, "timeout") is None
+    assert parse_seconds({"timeout": 0}, "timeout") == 0.0
+    assert parse_seconds({"timeout": 2.5}, "timeout") == 2.5
+
+
+@pytest.mark.parametrize("value", ["0", "100001", "ten", "-1", "²", "1.5", " 5"])
+def test_a_bad_tail_names_the_field(value: str) -> None:
+    with pytest.raises(InvalidField, match=r"^tail: "):
+        parse_tail(value)
+
+
+def test_tail() -> None:
+    assert parse_tail(None) == parse_tail("") == 2000
+    assert parse_tail("1") == 1 and parse_tail(str(MAX_TAIL)) == MAX_TAIL
+
+
+# --- what 0.3.15 consoles read --------------------------------------------------------------
+
+STATE_KEYS = [
+    "name",
+    "exists",
+    "status",
+    "exit_code",
+    "labels",
+    "created_at",
+    "started_at",
+    "finished_at",
+    "oom_killed",
+]
+PENDING_KEYS = [
+    "pending_phase",
+    "pending_image",
+    "pending_elapsed_s",
+    "pending_gpus",
+    "pending_bytes_done",
+    "pending_bytes_total",
+    "pending_layers_done",
+    "pending_layers_total",
+    "pending_error",
+]
+
+
+def test_launch_answers() -> None:
+    assert launch_json(Started("fd8a9cc848e0", (0, 1))) == {
+        "phase": "running",
+        "container_id": "fd8a9cc848e0",
+        "gpus": [0, 1],
+    }
+    assert launch_json(AlreadyRunning((2,))) == {
+        "phase": "running",
+        "idempotent": True,
+        "gpus": [2],
+    }
+    assert launch_json(Pulling("reg/big:1", 2)) == {
+        "phase": "pulling",
+        "image": "reg/big:1",
+        "requested_gpus": 2,
+    }
+    assert launch_json(AlreadyPending("starting", "reg/big:1")) == {
+        "phase": "starting",
+        "idempotent": True,
+        "image": "reg/big:1",
+    }
+
+
+def test_a_container_state() -> None:
+    state = ContainerState(
+        name="tuneplane-a",
+        exists=True,
+        status="exited",
+        exit_code=137,
+        labels=MappingProxyType({"tuneplane.gpus": "0", LABEL_RUN_ID: "a"}),
+        created_at="2026-11-29T21:21:54.164779Z",
+        started_at="2026-11-29T21:21:54.33328Z",
+        finished_at="2026-11-29T21:22:04.305352Z",
+        oom_killed=True,
+        id="f" * 64,
+    )
+    assert state_json(state) == {
+        "name": "tuneplane-a",
+        "exists": True,
+        "status": "exited",
+        "exit_code": 137,
+        "labels": {"tuneplane.gpus": "0", LABEL_RUN_ID: "a"},
+        "created_at": "2026-11-29T21:21:54.164779Z",
+        "started_at": "2026-11-29T21:21:54.33328Z",
+        "finished_at": "2026-11-29T21:22:04.305352Z",
+        "oom_killed": True,
+    }
+
+
+def test_a_missing_container_is_exists_false_with_nulls() -> None:
+    assert state_json(ContainerState.missing("tuneplane-x")) == {
+        "name": "tuneplane-x",
+        "exists": False,
+        "status": None,
+        "exit_code": None,
+        "labels": {},
+        "created_at": None,
+        "started_at": None,
+        "finished_at": None,
+        "oom_killed": False,
+    }
+
+
+def pending(phase: str = "pulling", error: str | None = None) -> PendingView:
+    return PendingView(
+        ref="tuneplane-b",
+        labels={LABEL_RUN_ID: "b"},
+        phase=phase,
+        image="reg/big:1",
+        elapsed_s=0.147,
+        requested_gpus=1,
+        progress=PullProgress(9460405, 9460405, 1, 1),
+        error=error,
+    )
+
+
+def test_a_pending_launch_reads_as_a_created_container_with_its_pull() -> None:
+    answer = state_json(pending())
+    assert list(answer) == STATE_KEYS + PENDING_KEYS
+    assert answer == {
+        "name": "tuneplane-b",
+        "exists": True,
+        "status": "created",
+        "exit_code": None,
+        "labels": {LABEL_RUN_ID: "b"},
+        "created_at": None,
+        "started_at": None,
+        "finished_at": None,
+        "oom_killed": False,
+        "pending_phase": "pulling",
+        "pending_image": "reg/big:1",
+        "pending_elapsed_s": 0.147,
+        "pending_gpus": 1,
+        "pending_bytes_done": 9460405,
+        "pending_bytes_total": 9460405,
+        "pending_layers_done": 1,
+        "pending_layers_total": 1,
+        "pending_error": None,
+    }
+
+
+def test_a_failed_pending_launch_reads_dead_with_the_reason() -> None:
+    answer = state_json(pending("failed", "manifest unknown"))
+    assert (answer["status"], answer["pending_error"]) == ("dead", "manifest unknown")  # type: ignore[typeddict-item]
+
+
+def test_observe_answers_by_ref() -> None:
+    answer = observe_json({"tuneplane-b": pending(), "x": ContainerState.missing("x")})
+    assert list(answer) == ["states"]
+    assert list(answer["states"]) == ["tuneplane-b", "x"]
+    assert list(answer["states"]["x"]) == STATE_KEYS
+
+
+# --- health -------------------------------------------------------------------------------
+
+HEALTH_KEYS = [
+    "ok",
+    "protocol",
+    "runtime",
+    "series",
+    "disk",
+    "pending_pulls",
+    "gpus_total",
+    "gpus_free",
+    "gpus_reserved",
+    "free_gpus",
+    "external",
+    "external_pids",
+    "external_probe_ok",
+    "unhealthy",
+    "by_job",
+    "gpu_detail",
+    "explain",
+    "gpu_probe",
+]
+CARD_KEYS = [
+    "index",
+    "uuid",
+    "name",
+    "pci_bus_id",
+    "memory_total_mib",
+    "memory_used_mib",
+    "temperature_c",
+    "unhealthy",
+    "processes",
+    "state",
+]
+GIB = 2**30
+
+
+def snapshot() -> GpuSnapshot:
+    cards = (
+        CardFacts(0, uuid="GPU-0", name="NVIDIA H100", memory_total_mib=81559),
+        CardFacts(1, name="NVIDIA H100"),
+        CardFacts(2, name="NVIDIA H100", unhealthy="uncorrectable ECC errors: 2"),
+        CardFacts(3, name="NVIDIA H100", processes=(GpuProcess(999999, 500),)),
+    )
+    return GpuSnapshot("simulation", True, None, "580.159.03", "13.0", cards, True, {})
+
+
+def occupancy() -> Occupancy:
+    return Occupancy(
+        total=4,
+        known=True,
+        free=(1,),
+        by_job={0: "run-a"},
+        external={3: (999999,)},
+        external_probe_ok=True,
+        unhealthy={2: "uncorrectable ECC errors: 2"},
+        claims={"tuneplane-b": (1,)},
+        gpus=snapshot(),
+    )
+
+
+def node_status(**fields: Any) -> NodeStatus:
+    base: dict[str, Any] = {
+        "engine": RuntimeHealth(ok=True, engine="docker", version="20.10.24+dfsg1"),
+        "series": "h100",
+        "disk": DiskReading(
+            "/srv/storage", Space(total=100 * GIB, free=40 * GIB, available=30 * GIB)
+        ),
+        "pending": {"tuneplane-b": pending()},
+        "cache": CacheStatus(True, 0.06, 0.784, 3),
+        "occupancy": occupancy(),
+        "error": None,
+    }
+    return NodeStatus(**{**base, **fields})
+
+
+def test_health_has_0315s_fields_and_says_where_every_card_is() -> None:
+    answer = health_json(node_status())
+
+    assert sorted(answer) == sorted([*HEALTH_KEYS, "state_cache"])
+    assert list(answer)[:7] == [*HEALTH_KEYS[:6], "state_cache"]
+    assert answer["runtime"] == {"name": "docker", "version": "20.10.24+dfsg1"}
+    assert answer["disk"] == {"path": "/srv/storage", "used_pct": 60.0, "free_gib": 30.0}
+    assert answer["pending_pulls"] == {
+        "tuneplane-b": {"image": "reg/big:1", "phase": "pulling", "error": None}
+    }
+    assert answer["state_cache"] == {
+        "synced": True,
+        "last_event_age_s": 0.06,
+        "last_relist_age_s": 0.784,
+        "containers": 3,
+    }
+    assert (answer["gpus_total"], answer["gpus_free"], answer["gpus_reserved"]) == (4, 0, 1)
+    assert answer["free_gpus"] == [1]
+    assert answer["external"] == [3]  # 0.3.15: the sorted card indices
+    assert answer["external_pids"] == {"3": [999999]}
+    assert answer["unhealthy"] == {"2": "uncorrectable ECC errors: 2"}
+    assert answer["by_job"] == {"0": "run-a"}
+    assert answer["gpu_probe"] == {"source": "simulation", "ok": True, "error": None}
+    detail = answer["gpu_detail"]
+    assert detail is not None and [list(card) for card in detail] == [CARD_KEYS] * 4
+    assert [card["state"] for card in detail] == [
+        "held by run run-a",
+        "free",
+        "unhealthy: uncorrectable ECC errors: 2",
+        "external pid 999999",
+    ]
+    assert detail[3]["processes"] == [{"pid": 999999, "used_mib": 500}]
+    assert answer["explain"] == [
+        "gpu 0: held by run run-a",
+        "gpu 1: free",
+        "gpu 2: unhealthy: uncorrectable ECC errors: 2",
+        "gpu 3: external pid 999999",
+        "1 free card(s) reserved for pending launches",
+    ]
+    json.dumps(answer)
+
+
+def test_health_with_the_engine_down_says_why_and_knows_no_card() -> None:
+    status = node_status(
+        engine=RuntimeHealth(ok=False, engine="docker", error="engine unreachable: docker: gone"),
+        occupancy=None,
+        error="engine unreachable: docker: gone",
+        cache=CacheStatus(False, None, None, 0),
+    )
+    answer = health_json(status)
+
+    assert answer["ok"] is False
+    assert answer["error"] == "engine unreachable: docker: gone"
+    assert list(answer)[:8] == [*HEALTH_KEYS[:6], "state_cache", "error"]
+    assert all(answer[key] is None for key in HEALTH_KEYS[6:])  # type: ignore[literal-required]
+
+
+def test_health_of_the_process_runtime_has_no_state_cache() -> None:
+    answer = health_json(node_status(cache=None, disk=None, series=None))
+    assert "state_cache" not in answer and "error" not in answer
+    assert (answer["disk"], answer["series"]) == (None, None)
+
+
+def test_an_unknown_card_count_is_null_not_zero() -> None:
+    unknown = Occupancy(0, False, (), {}, {}, False, {}, gpus=GpuSnapshot.failed("none", "no NVML"))
+    answer = health_json(node_status(occupancy=unknown))
+    assert answer["gpus_total"] is None
+    assert answer["gpu_probe"] == {"source": "none", "ok": False, "error": "no NVML"}
+    assert answer["external_probe_ok"] is False and answer["external"] == []
+
+
+# --- inventory ------------------------------------------------------------------------------
+
+
+def machine() -> MachineFacts:
+    return MachineFacts(
+        series="h100-sxm",
+        storage_root_visible=True,
+        disk_free_bytes=123,
+        cpu_count=2,
+        memory_bytes=25276502016,
+        node_id="cc1e01c3-22bc-4bb0-be7f-0149d677fe38",
+        hostname="vm",
+        agent_version="0.1.0",
+        storage=(Filesystem(("/srv",), "ext4", False, 10, 100),),
+        local_disk=LocalDisk(10, 100),
+        fabrics=(FabricFacts("compute", ("mlx5_0",), 200.0),),
+    )
+
+
+def test_inventory_has_0315s_fields() -> None:
+    answer = inventory_json(Inventory(machine(), snapshot(), 4, "docker://20.10.24"))
+
+    assert list(answer) == INVENTORY_KEYS
+    assert answer["accelerator_name"] == "NVIDIA H100"
+    assert (answer["accelerator_count"], answer["driver"], answer["cuda_version"]) == (
+        4,
+        "580.159.03",
+        "13.0",
+    )
+    assert answer["storage"] == [
+        {
+            "paths": ["/srv"],
+            "fs_type": "ext4",
+            "shared": False,
+            "free_bytes": 10,
+            "total_bytes": 100,
+        }
+    ]
+    assert answer["local_disk"] == {"free_bytes": 10, "total_bytes": 100}
+    assert answer["fabrics"] == [{"fabric": "compute", "hcas": ["mlx5_0"], "rate_gbps": 200.0}]
+    assert [list(card) for card in answer["gpus"]] == [CARD_KEYS[:-1]] * 4
+    json.dumps(answer)
+
+
+def test_inventory_without_a_gpu_source_is_unknown_not_zero() -> None:
+    answer = inventory_json(Inventory(machine(), None, None, None))
+    assert answer["accelerator_name"] is None and answer["accelerator_count"] is None
+    assert answer["driver"] is None and answer["cuda_version"] is None
+    assert answer["gpus"] == [] and answer["runtime"] is None
+
+
+def test_the_most_common_card_name_names_the_machine() -> None:
+    cards = tuple(CardFacts(i, name=n) for i, n in enumerate(["A100", "H100", "H100"]))
+    gpus = GpuSnapshot("nvml", True, None, None, None, cards, True, {})
+    assert inventory_json(Inventory(machine(), gpus, 3, None))["accelerator_name"] == "H100"

@@ -1,0 +1,97 @@
+"""The pending-launch table: launches whose container does not exist yet.
+
+A launch whose image is missing returns at once and leaves a record here while its
+image is pulled and its container created. Only these records live in memory; a daemon
+restarted mid-pull has none, and the console resubmits. A failed record stays for
+`FAILED_RECORD_TTL_S`, so the console reads why, then expires.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from tuneplane_node.clock import SYSTEM_CLOCK, Clock
+from tuneplane_node.jobs.pulls import SharedPull
+from tuneplane_node.jobs.results import LaunchRequest, PendingView
+from tuneplane_node.runtime.base import PullProgress
+
+FAILED_RECORD_TTL_S = 1800.0
+
+PULLING, STARTING, FAILED = "pulling", "starting", "failed"
+
+
+@dataclass
+class PendingLaunch:
+    request: LaunchRequest
+    accepted: float  # monotonic
+    phase: str = PULLING
+    error: str | None = None
+    failed_at: float | None = None
+    pull: SharedPull | None = None
+    task: asyncio.Task[None] | None = None
+
+    @property
+    def ref(self) -> str:
+        return self.request.ref
+
+    @property
+    def image(self) -> str:
+        return self.request.spec.image
+
+    def fail(self, reason: str, *, at: float) -> None:
+        self.phase, self.error, self.failed_at = FAILED, reason, at
+
+    def view(self, now: float) -> PendingView:
+        return PendingView(
+            ref=self.ref,
+            labels=self.request.spec.labels,
+            phase=self.phase,
+            image=self.image,
+            elapsed_s=round((self.failed_at or now) - self.accepted, 3),
+            requested_gpus=self.request.requested_gpus,
+            progress=self.pull.progress if self.pull else PullProgress(),
+            error=self.error,
+        )
+
+
+class PendingTable:
+    """The records by ref; expired failed ones are dropped as they are read."""
+
+    def __init__(self, *, clock: Clock = SYSTEM_CLOCK, ttl_s: float = FAILED_RECORD_TTL_S):
+        self.clock = clock
+        self.ttl_s = ttl_s
+        self._records: dict[str, PendingLaunch] = {}
+
+    def get(self, ref: str) -> PendingLaunch | None:
+        """The record of one ref. Only this ref is checked: observe asks for hundreds."""
+        record = self._records.get(ref)
+        if record is not None and self._expired(record, self.clock.monotonic()):
+            del self._records[ref]
+            return None
+        return record
+
+    def add(self, record: PendingLaunch) -> None:
+        self._records[record.ref] = record
+
+    def pop(self, ref: str) -> PendingLaunch | None:
+        return self._records.pop(ref, None)
+
+    def finish(self, record: PendingLaunch) -> None:
+        """Drop a record whose container now exists (unless another replaced it)."""
+        if self._records.get(record.ref) is record:
+            del self._records[record.ref]
+
+    def records(self) -> Iterator[PendingLaunch]:
+        """Every record, expired ones dropped first."""
+        now = self.clock.monotonic()
+        for ref in [ref for ref, r in self._records.items() if self._expired(r, now)]:
+            del self._records[ref]
+        return iter(list(self._records.values()))
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def _expired(self, record: PendingLaunch, now: float) -> bool:
+        return record.failed_at is not None and now - record.failed_at > self.ttl_s

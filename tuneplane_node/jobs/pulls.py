@@ -1,0 +1,87 @@
+"""PullCoordinator: one pull per image, shared by every launch waiting for it.
+
+As Nomad's docker driver keeps its coordinator apart from the driver: launches join a
+pull, watch its progress, and leave it; the download stops when the last one leaves.
+Every pull task is held here (asyncio keeps only a weak reference) and cancelled on close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from tuneplane_node.runtime.base import ContainerRuntime, PullLimits, PullProgress
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SharedPull:
+    """One pull of one image; ``progress`` is the engine's latest report."""
+
+    image: str
+    task: asyncio.Task[None] | None = None
+    waiters: int = 0
+    progress: PullProgress = field(default_factory=PullProgress)
+
+    def update(self, progress: PullProgress) -> None:
+        self.progress = progress
+
+
+class PullCoordinator:
+    def __init__(self, runtime: ContainerRuntime, limits: PullLimits) -> None:
+        self.runtime = runtime
+        self.limits = limits
+        self.pulls: dict[str, SharedPull] = {}
+
+    def join(self, image: str) -> SharedPull:
+        """The pull of ``image`` in flight, or a new one, started now."""
+        pull = self.pulls.get(image)
+        if pull is None:
+            pull = SharedPull(image)
+            pull.task = asyncio.create_task(self._pull(pull), name=f"pull {image}")
+            pull.task.add_done_callback(_retrieve)
+            self.pulls[image] = pull
+        pull.waiters += 1
+        return pull
+
+    async def wait(self, pull: SharedPull) -> None:
+        """Wait for a joined pull to end (its error is raised); leave it whatever happens.
+
+        When the last waiter leaves a pull still running, it is cancelled: nobody wants
+        the image any more.
+        """
+        assert pull.task is not None
+        try:
+            await asyncio.shield(pull.task)
+        finally:
+            pull.waiters -= 1
+            if pull.waiters == 0 and not pull.task.done():
+                self._forget(pull)
+                pull.task.cancel()
+
+    async def _pull(self, pull: SharedPull) -> None:
+        try:
+            await self.runtime.pull(pull.image, limits=self.limits, on_progress=pull.update)
+        finally:
+            self._forget(pull)
+
+    def _forget(self, pull: SharedPull) -> None:
+        if self.pulls.get(pull.image) is pull:
+            del self.pulls[pull.image]
+
+    async def close(self) -> None:
+        """Cancel every pull (shutdown) and wait for them to end."""
+        tasks = [pull.task for pull in self.pulls.values() if pull.task and not pull.task.done()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+        self.pulls.clear()
+
+
+def _retrieve(task: asyncio.Task[None]) -> None:
+    """A pull's error is its waiters' to report; one nobody waits for any more is dropped."""
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("%s ended with %r", task.get_name(), task.exception())

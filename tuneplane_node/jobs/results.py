@@ -1,0 +1,119 @@
+"""What the job service takes and returns: plain, typed data. `wire` gives it JSON shape."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from tuneplane_node.gpu.allocator import Occupancy
+from tuneplane_node.gpu.probe import GpuSnapshot
+from tuneplane_node.inventory import DiskReading, MachineFacts
+from tuneplane_node.runtime.base import (
+    CacheStatus,
+    ContainerSpec,
+    ContainerState,
+    PullProgress,
+    RuntimeHealth,
+)
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    run_id: str
+    requested_gpus: int
+    spec: ContainerSpec
+
+    @property
+    def ref(self) -> str:
+        return self.spec.name
+
+
+# --- launch -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Started:
+    """The image was here: the container runs with these cards."""
+
+    container_id: str
+    gpus: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class AlreadyRunning:
+    """The run's container is live already: nothing was done."""
+
+    gpus: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Pulling:
+    """The image is being pulled in the background; the cards are reserved."""
+
+    image: str
+    requested_gpus: int
+
+
+@dataclass(frozen=True)
+class AlreadyPending:
+    """A launch of this ref is pending already: nothing was done."""
+
+    phase: str
+    image: str
+
+
+LaunchResult = Started | AlreadyRunning | Pulling | AlreadyPending
+
+
+# --- observe ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PendingView:
+    """A launch that has no container yet, as observe and health show it."""
+
+    ref: str
+    labels: Mapping[str, str]
+    phase: str  # pulling, starting, failed
+    image: str
+    elapsed_s: float
+    requested_gpus: int
+    progress: PullProgress
+    error: str | None
+
+    @property
+    def failed(self) -> bool:
+        return self.phase == "failed"
+
+
+JobView = ContainerState | PendingView
+
+
+# --- the node ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """Everything health says. ``occupancy`` None: the cards' state is unknown."""
+
+    engine: RuntimeHealth
+    series: str | None
+    disk: DiskReading | None
+    pending: Mapping[str, PendingView]
+    cache: CacheStatus | None
+    occupancy: Occupancy | None
+    error: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.engine.ok and self.occupancy is not None
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """What the machine has: its own facts, the cards, and the engine."""
+
+    machine: MachineFacts
+    gpus: GpuSnapshot | None
+    accelerator_count: int | None
+    runtime: str | None

@@ -1,0 +1,314 @@
+"""JobService: launch, observe, stop, remove, reap, logs and the node's status.
+
+The one place the node's rules live: which containers are its own, what a launch does
+with what it finds, how a pending launch is pulled, started or cancelled at any moment,
+which containers reap may take. It speaks the runtime contract below and typed results
+above; it knows no HTTP and no JSON.
+
+Every verb that changes a container holds that container's control lock (`RefLocks`),
+so two verbs on one ref never interleave; verbs on different refs never wait for each
+other. The GPU allocation lock covers only choosing cards and recording the claim.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterable
+from dataclasses import replace
+from datetime import datetime
+
+from tuneplane_node import inventory
+from tuneplane_node.clock import SYSTEM_CLOCK, Clock, parse_rfc3339
+from tuneplane_node.errors import EngineConflict, EngineRefused, NameTaken, NodeError
+from tuneplane_node.gpu.allocator import GpuAllocator
+from tuneplane_node.jobs.locks import RefLocks
+from tuneplane_node.jobs.pending import FAILED, STARTING, PendingLaunch, PendingTable
+from tuneplane_node.jobs.pulls import PullCoordinator
+from tuneplane_node.jobs.results import (
+    AlreadyPending,
+    AlreadyRunning,
+    Inventory,
+    JobView,
+    LaunchRequest,
+    LaunchResult,
+    NodeStatus,
+    Pulling,
+    Started,
+)
+from tuneplane_node.runtime.base import ContainerRuntime, ContainerState, PullLimits
+from tuneplane_node.settings import NodeSettings
+
+log = logging.getLogger(__name__)
+
+
+def reapable(state: ContainerState, max_age_s: float, now: datetime) -> bool:
+    """Exited past the age, or created and never started past it (it holds GPU labels).
+
+    Running, paused and restarting containers are never reapable.
+    """
+    if state.status in ("exited", "dead"):
+        moment = parse_rfc3339(state.finished_at) or parse_rfc3339(state.created_at)
+    elif state.status == "created" and state.never_started:
+        moment = parse_rfc3339(state.created_at)
+    else:
+        return False
+    return moment is not None and (now - moment).total_seconds() > max_age_s
+
+
+class JobService:
+    """The job verbs over one runtime and one allocator."""
+
+    def __init__(
+        self,
+        runtime: ContainerRuntime,
+        allocator: GpuAllocator,
+        settings: NodeSettings,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.runtime = runtime
+        self.allocator = allocator
+        self.settings = settings
+        self.clock = clock
+        self.locks = RefLocks()
+        self.pending = PendingTable(clock=clock)
+        limits = PullLimits(settings.local_image_pull_timeout_s, settings.local_image_pull_stall_s)
+        self.pulls = PullCoordinator(runtime, limits)
+        self.disk = inventory.DiskGauge(settings.storage, clock=clock)
+
+    # --- the "ours" rule ----------------------------------------------------------------
+
+    async def _own(self, ref: str) -> ContainerState:
+        """The node's container of that name, or missing: a container without the node's
+        run-id label is none of its business, whoever asks."""
+        state = await self.runtime.inspect(ref)
+        if state.exists and not state.ours:
+            log.debug("%s is not a container of this node: treated as missing", ref)
+            return ContainerState.missing(ref)
+        return state
+
+    # --- launch -------------------------------------------------------------------------
+
+    async def launch(self, request: LaunchRequest) -> LaunchResult:
+        """Start the run's container, or say what is already there.
+
+        A live container of the run is the answer itself (idempotent); an exited one, or
+        the wreckage of a launch that died before its start, is removed and launched
+        again. A name held by another run is refused.
+        """
+        ref = request.ref
+        async with self.locks.hold(ref):
+            record = self.pending.get(ref)
+            if record is not None and record.phase != FAILED:
+                self._check_holder(ref, record.request.run_id, request.run_id)
+                return AlreadyPending(record.phase, record.image)
+            self.pending.pop(ref)  # a failed record is replaced by the retry
+            state = await self._own(ref)
+            if state.exists:
+                self._check_holder(ref, state.run_id, request.run_id)
+                if state.live and not state.never_started:
+                    return AlreadyRunning(state.gpus)
+                log.info("relaunch of %s: removing its %s container", ref, state.status)
+                await self.runtime.remove(ref)
+            if await self.runtime.image_exists(request.spec.image):
+                return await self._start_now(request)
+            return await self._start_pending(request)
+
+    @staticmethod
+    def _check_holder(ref: str, holder: str | None, run_id: str) -> None:
+        if holder != run_id:
+            raise NameTaken(ref=ref, run_id=holder)
+
+    async def _start_now(self, request: LaunchRequest) -> Started:
+        cards = await self.allocator.claim(
+            request.ref, request.requested_gpus, run_id=request.run_id
+        )
+        try:
+            container_id = await self.runtime.run(replace(request.spec, gpus=cards))
+        finally:
+            self.allocator.release(request.ref)  # the label holds the cards now, or nobody
+        log.info("launch %s: running with gpus %s", request.ref, list(cards))
+        return Started(container_id[:12], cards)
+
+    async def _start_pending(self, request: LaunchRequest) -> Pulling:
+        # The claim reserves the cards now: an accepted launch cannot lose them mid-pull.
+        await self.allocator.claim(request.ref, request.requested_gpus, run_id=request.run_id)
+        record = PendingLaunch(request, accepted=self.clock.monotonic())
+        self.pending.add(record)
+        record.task = asyncio.create_task(self._complete(record), name=f"launch {request.ref}")
+        log.info("launch %s: pulling %s in the background", request.ref, request.spec.image)
+        return Pulling(request.spec.image, request.requested_gpus)
+
+    async def _complete(self, record: PendingLaunch) -> None:
+        """Pull, then start; a failure leaves a failed record with the reason."""
+        try:
+            record.pull = self.pulls.join(record.image)
+            await self.pulls.wait(record.pull)
+            record.phase = STARTING
+            await self._start_pulled(record)
+            self.pending.finish(record)
+            log.info("launch %s: started after its pull", record.ref)
+        except asyncio.CancelledError:
+            raise
+        except NodeError as exc:
+            log.warning("launch %s failed: %s", record.ref, exc.message)
+            record.fail(exc.message, at=self.clock.monotonic())
+        except Exception as exc:
+            log.exception("launch %s failed on a bug", record.ref)
+            record.fail(f"internal error: {type(exc).__name__}: {exc}", at=self.clock.monotonic())
+        finally:
+            self.allocator.release(record.ref)
+
+    async def _start_pulled(self, record: PendingLaunch) -> None:
+        request = record.request
+        cards = await self.allocator.claim(
+            request.ref, request.requested_gpus, run_id=request.run_id
+        )
+        start = asyncio.ensure_future(self.runtime.run(replace(request.spec, gpus=cards)))
+        try:
+            await asyncio.shield(start)
+        except asyncio.CancelledError:
+            # A stop landed while the engine was creating the container: let the engine
+            # call finish, then tear down whatever it made.
+            with contextlib.suppress(Exception):
+                await start
+            await self._teardown(record.ref)
+            raise
+
+    async def _teardown(self, ref: str) -> None:
+        try:
+            await self.runtime.remove(ref)
+        except NodeError as exc:
+            log.error("could not remove %s after its launch was cancelled: %s", ref, exc.message)
+
+    # --- observe and logs ---------------------------------------------------------------
+
+    async def observe(self, refs: Iterable[str]) -> dict[str, JobView]:
+        """Each ref's pending launch or container (missing when neither); duplicates once."""
+        now = self.clock.monotonic()
+        views: dict[str, JobView] = {}
+        # One after another: each is a cache read, and a task per ref costs more than it.
+        for ref in dict.fromkeys(refs):
+            record = self.pending.get(ref)
+            views[ref] = record.view(now) if record is not None else await self._own(ref)
+        return views
+
+    async def logs(self, ref: str, tail_lines: int) -> str:
+        """The container's last lines; for a pending or missing one, a sentence saying so."""
+        record = self.pending.get(ref)
+        if record is not None:
+            return f"no logs yet: {ref} is {record.phase} ({record.error or record.image})"
+        missing = f"no logs: container {ref} does not exist"
+        if not (await self._own(ref)).exists:
+            return missing
+        try:
+            text = await self.runtime.logs(ref, tail_lines)
+        except EngineRefused as exc:
+            return f"no logs for {ref}: {exc.reason}"
+        return missing if text is None else text
+
+    # --- stop, remove, reap -------------------------------------------------------------
+
+    async def stop(self, ref: str, timeout: float | None) -> None:
+        """Cancel a pending launch at whatever stage, then SIGTERM (SIGKILL after the
+        grace period). A missing or foreign container: nothing to do, and no error."""
+        async with self.locks.hold(ref):
+            await self._cancel(ref)
+            if (await self._own(ref)).exists:
+                grace = self.settings.local_stop_timeout if timeout is None else timeout
+                await self.runtime.stop(ref, grace)
+                log.info("stopped %s (grace %g s)", ref, grace)
+
+    async def remove(self, ref: str) -> None:
+        """Cancel a pending launch, then force-remove the container (missing: no-op)."""
+        async with self.locks.hold(ref):
+            await self._cancel(ref)
+            if (await self._own(ref)).exists:
+                await self.runtime.remove(ref)
+                log.info("removed %s", ref)
+
+    async def _cancel(self, ref: str) -> None:
+        """End a pending launch at whatever stage, and release its reservation."""
+        record = self.pending.pop(ref)
+        if record is not None and record.task is not None and not record.task.done():
+            record.task.cancel()
+            await asyncio.wait({record.task})
+            log.info("launch %s cancelled in phase %s", ref, record.phase)
+        self.allocator.release(ref)  # a task cancelled before it ran never released it
+
+    async def reap(self, max_age_s: float | None) -> int:
+        """Remove the node's exited (and never-started) containers older than the age."""
+        if max_age_s is None:
+            max_age_s = self.settings.local_container_ttl_s
+        now = self.clock.now()
+        removed = 0
+        for state in await self.runtime.ps():
+            if reapable(state, max_age_s, now) and await self._reap_one(state.name, max_age_s):
+                removed += 1
+        if removed:
+            log.info("reaped %d container(s) older than %g s", removed, max_age_s)
+        return removed
+
+    async def _reap_one(self, name: str, max_age_s: float) -> bool:
+        async with self.locks.hold(name):
+            if self.pending.get(name) is not None:
+                return False  # a launch is starting it right now
+            state = await self._own(name)  # it may have been relaunched meanwhile
+            if not reapable(state, max_age_s, self.clock.now()):
+                return False
+            try:
+                await self.runtime.remove(name)
+            except EngineConflict:
+                return False  # the engine is busy with it: next time
+            return True
+
+    # --- the node -----------------------------------------------------------------------
+
+    async def status(self) -> NodeStatus:
+        """What health reports: the engine, the cards, the pending launches, the disk."""
+        engine = await self.runtime.health()
+        occupancy, error = None, engine.error
+        if engine.ok:
+            try:
+                occupancy = await self.allocator.occupancy()
+            except NodeError as exc:
+                error = exc.message
+        now = self.clock.monotonic()
+        return NodeStatus(
+            engine=engine,
+            series=self.settings.cluster_profile.lower() or None,
+            disk=await self.disk.read(),
+            pending={record.ref: record.view(now) for record in self.pending.records()},
+            cache=self.runtime.status(),
+            occupancy=occupancy,
+            error=error,
+        )
+
+    async def inventory(self) -> Inventory:
+        return await read_inventory(self.runtime, self.allocator, self.settings)
+
+    async def close(self) -> None:
+        """Cancel every background launch and pull (shutdown)."""
+        tasks = [r.task for r in self.pending.records() if r.task and not r.task.done()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+        await self.pulls.close()
+
+
+async def read_inventory(
+    runtime: ContainerRuntime, allocator: GpuAllocator, settings: NodeSettings
+) -> Inventory:
+    """The machine, its cards and its engine; for the API and `tuneplane-node inventory`."""
+    engine = await runtime.health()
+    gpus = await allocator.snapshot()
+    machine = await asyncio.to_thread(inventory.collect, settings)
+    return Inventory(
+        machine=machine,
+        gpus=gpus,
+        accelerator_count=allocator.card_count(gpus),
+        runtime=f"{engine.engine}://{engine.version}" if engine.version else None,
+    )

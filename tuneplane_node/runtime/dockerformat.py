@@ -1,0 +1,145 @@
+"""The docker API's document shapes, read into the runtime contract's types.
+
+Docker speaks these shapes, and podman's docker-compatible endpoints speak them too:
+inspect documents, list entries, events, and the pull's progress stream. Pure parsing,
+no I/O and no SDK, so both adapters and their tests share it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Mapping
+from datetime import datetime, timezone
+from typing import Any
+
+from tuneplane_node.clock import normalise, rfc3339
+from tuneplane_node.runtime.base import Brief, ContainerState, EngineEvent, PullProgress
+
+LIBPOD_STATUSES = {"configured": "created", "initialized": "created", "stopped": "exited"}
+"""libpod's own words for the states docker calls created and exited."""
+_EXITED = ("exited", "dead")
+_EXIT_CODE = re.compile(r"^Exited \((-?\d+)\)")
+
+
+def state_from_inspect(data: Mapping[str, Any]) -> ContainerState:
+    """ContainerState from an inspect document (docker's and libpod's share the fields)."""
+    state = data.get("State") or {}
+    raw = str(state.get("Status", "")).lower()
+    status = LIBPOD_STATUSES.get(raw, raw)
+    config = data.get("Config") or {}
+    return ContainerState(
+        name=str(data.get("Name", "")).lstrip("/"),
+        exists=True,
+        status=status,
+        # An exit code means something only once the process has exited.
+        exit_code=int(state.get("ExitCode", 0)) if status in _EXITED else None,
+        labels=dict(config.get("Labels") or {}),
+        created_at=normalise(data.get("Created")),
+        started_at=normalise(state.get("StartedAt")),
+        finished_at=normalise(state.get("FinishedAt")),
+        oom_killed=bool(state.get("OOMKilled")),
+        id=data.get("Id"),
+    )
+
+
+def brief_from_list(entry: Mapping[str, Any]) -> Brief:
+    """A Brief from a list entry; the exit code is read from ``Exited (3) 2 minutes ago``."""
+    raw = str(entry.get("State", "")).lower()
+    status = LIBPOD_STATUSES.get(raw, raw)
+    code = _EXIT_CODE.match(str(entry.get("Status", "")))
+    names = entry.get("Names") or [""]
+    exit_code = int(code.group(1)) if code and status in _EXITED else None
+    return Brief(str(entry.get("Id")), str(names[0]).lstrip("/"), (status, exit_code))
+
+
+def event_from_docker(event: Mapping[str, Any]) -> EngineEvent:
+    """An EngineEvent from an event document (docker's, or podman's compat one)."""
+    actor = event.get("Actor") or {}
+    attributes = actor.get("Attributes") or {}
+    code = str(attributes.get("exitCode", ""))
+    nanos = event.get("timeNano")
+    moment = datetime.fromtimestamp(nanos / 1e9, tz=timezone.utc) if nanos else None
+    return EngineEvent(
+        id=str(event.get("id") or actor.get("ID")),
+        action=str(event.get("Action") or event.get("status", "")),
+        exit_code=int(code) if code.lstrip("-").isdigit() else None,
+        at=rfc3339(moment) if moment else None,
+    )
+
+
+def event_labels(event: Mapping[str, Any]) -> Mapping[str, Any]:
+    """An event's actor attributes, where engines copy the container's labels."""
+    actor = event.get("Actor") or {}
+    return actor.get("Attributes") or {}
+
+
+def pull_params(image: str) -> dict[str, str]:
+    """``/images/create`` parameters: an untagged name means ``latest``.
+
+    Without a tag the engine would pull EVERY tag of the repository.
+    """
+    last = image.rsplit("/", 1)[-1]
+    if "@" in image or ":" in last:
+        return {"fromImage": image}
+    return {"fromImage": image, "tag": "latest"}
+
+
+def json_lines(lines: Iterator[bytes]) -> Iterator[dict[str, Any]]:
+    """Decoded JSON documents from a stream of lines (podman's compat streams)."""
+    for line in lines:
+        if line:
+            yield json.loads(line)
+
+
+class ProgressFold:
+    """Folds the pull's progress messages into bytes and layers.
+
+    ``moved`` changes whenever anything advances (download or extraction bytes, a layer
+    done): that, not the bytes alone, is what the stall deadline watches.
+    """
+
+    _DONE = frozenset({"Download complete", "Pull complete", "Already exists"})
+
+    def __init__(self) -> None:
+        self._download: dict[str, tuple[int, int]] = {}
+        self._extract: dict[str, int] = {}
+        self._layers: set[str] = set()
+        self._done: set[str] = set()
+        self._downloaded: set[str] = set()
+        self.moved = 0
+
+    def update(self, message: Mapping[str, Any]) -> bool:
+        """Fold one message in; True when it moved the pull forward."""
+        layer, status = message.get("id"), str(message.get("status", ""))
+        detail = message.get("progressDetail") or {}
+        if not layer or not isinstance(layer, str) or status.startswith("Pulling from"):
+            return False
+        before = self._position()
+        self._layers.add(layer)
+        current, total = int(detail.get("current") or 0), int(detail.get("total") or 0)
+        if status == "Downloading" and total:
+            self._download[layer] = (current, total)
+        elif status == "Extracting":
+            self._extract[layer] = current
+        if status in self._DONE:
+            (self._downloaded if status == "Download complete" else self._done).add(layer)
+            size = self._download.get(layer, (0, 0))[1]
+            if size:
+                self._download[layer] = (size, size)
+        changed = self._position() != before
+        self.moved += changed
+        return changed
+
+    def progress(self) -> PullProgress:
+        # A layer counts once its bytes are here: podman's compat stream stops at
+        # "Download complete", and docker's extraction shows up in `moved` instead.
+        return PullProgress(
+            bytes_done=sum(c for c, _ in self._download.values()),
+            bytes_total=sum(t for _, t in self._download.values()),
+            layers_done=len(self._done | self._downloaded),
+            layers_total=len(self._layers),
+        )
+
+    def _position(self) -> tuple[PullProgress, int, int]:
+        return self.progress(), sum(self._extract.values()), len(self._done)

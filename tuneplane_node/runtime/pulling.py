@@ -1,0 +1,144 @@
+"""Pull machinery shared by every engine: read the progress stream on the pool, enforce
+both deadlines, and stop at once when cancelled.
+
+A thread blocked reading an HTTP stream cannot be interrupted; closing the socket under
+it can. So a pull keeps its response where the watching coroutine can reach it, and a
+cancel or a missed deadline shuts that socket down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from tuneplane_node.clock import SYSTEM_CLOCK, Clock
+from tuneplane_node.errors import EngineRefused
+from tuneplane_node.runtime.base import ProgressCallback, PullLimits
+from tuneplane_node.runtime.dockerformat import ProgressFold
+from tuneplane_node.runtime.pool import BlockingPool
+
+log = logging.getLogger(__name__)
+WATCH_S = 0.25
+"""How often the watching coroutine checks the deadlines."""
+
+StreamOpener = Callable[[], tuple[Iterator[Mapping[str, Any]], Any]]
+"""Runs on a pool thread; returns (decoded progress messages, the HTTP response)."""
+
+
+def close_http_stream(response: Any) -> None:
+    """Unblock a thread reading a streamed HTTP response, from any other thread.
+
+    ``response.close()`` alone does not wake a thread sitting in ``recv``; shutting the
+    socket down does. The attribute path is requests over http.client (unix or TCP).
+    """
+    with contextlib.suppress(Exception):
+        sock = response.raw._fp.fp.raw._sock
+        sock.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(Exception):
+        response.close()
+
+
+class _PullRun:
+    """State shared between the reading thread and the watching coroutine."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.lock = threading.Lock()
+        self.response: Any = None
+        self.aborted = False
+        self.fold = ProgressFold()
+        self.clock = clock
+        self.last_move = clock.monotonic()
+
+    def attach(self, response: Any) -> bool:
+        with self.lock:
+            self.response = response
+            aborted = self.aborted
+        if aborted:
+            close_http_stream(response)
+        return not aborted
+
+    def abort(self) -> None:
+        with self.lock:
+            self.aborted = True
+            response = self.response
+        if response is not None:
+            close_http_stream(response)
+
+
+async def drive_pull(
+    pool: BlockingPool,
+    *,
+    engine: str,
+    image: str,
+    open_stream: StreamOpener,
+    limits: PullLimits,
+    on_progress: ProgressCallback | None,
+    clock: Clock = SYSTEM_CLOCK,
+) -> None:
+    """Read a pull's progress stream on the pool, enforcing both deadlines.
+
+    Cancelling the awaiting task, or missing a deadline, closes the stream so the thread
+    stops reading at once; the coroutine does not wait for the thread.
+    """
+    run = _PullRun(clock)
+    loop = asyncio.get_running_loop()
+
+    def report() -> None:
+        if on_progress is not None:
+            on_progress(run.fold.progress())
+
+    def read() -> None:
+        messages, response = open_stream()
+        if not run.attach(response):
+            return
+        for message in messages:
+            if run.aborted:
+                return
+            if message.get("error"):
+                raise EngineRefused(
+                    engine=engine, action=f"pull {image}", reason=str(message["error"])
+                )
+            if run.fold.update(message):
+                run.last_move = clock.monotonic()
+                with contextlib.suppress(RuntimeError):  # the loop may be closing
+                    loop.call_soon_threadsafe(report)
+
+    future = asyncio.ensure_future(pool.call(read))
+    try:
+        await _watch(future, run, limits, engine=engine, image=image)
+    except BaseException:
+        run.abort()
+        future.add_done_callback(_drain)
+        raise
+    future.result()
+    report()
+
+
+async def _watch(
+    future: asyncio.Future[None], run: _PullRun, limits: PullLimits, *, engine: str, image: str
+) -> None:
+    """Wait for the reading thread; raise when a deadline passes first."""
+    started = run.clock.monotonic()
+    while True:
+        done, _ = await asyncio.wait({future}, timeout=min(WATCH_S, limits.stall_s))
+        if done:
+            return
+        now = run.clock.monotonic()
+        if now - started > limits.timeout_s:
+            reason = f"not done after {limits.timeout_s:g} s"
+        elif now - run.last_move > limits.stall_s:
+            reason = f"no progress for {limits.stall_s:g} s"
+        else:
+            continue
+        raise EngineRefused(engine=engine, action=f"pull {image}", reason=reason)
+
+
+def _drain(future: asyncio.Future[Any]) -> None:
+    """Swallow the error a deliberately aborted read ends with."""
+    if not future.cancelled() and future.exception() is not None:
+        log.debug("aborted pull stream ended with %r", future.exception())

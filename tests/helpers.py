@@ -121,27 +121,24 @@ class TrackingRuntime:
 
 
 async def forget_image(runtime: ContainerRuntime, image: str) -> None:
-    """Make sure the engine does not have the image, so a pull really downloads.
+    """Make sure the engine does not have the image's layers, so a pull really downloads.
 
-    Only this image goes: by name, then by id, which also takes the untagged copy an
-    earlier test's container kept alive. Other people's images are never pruned.
+    The image goes under every name it has on the engine, however pulled (the registry's,
+    a proxy's): the test images' names (``*/tuneplane-test/...``) are the suite's own.
+    Other images are never touched.
     """
     inner = getattr(runtime, "inner", runtime)
+    repository = image.split("/", 1)[1].rsplit(":", 1)[0]  # tuneplane-test/big
     if inner.name == "docker":
         api = inner.api
-        image_id = await inner.pool.call(_image_id, api.inspect_image, image)
-        for ref in (image, image_id):
-            if ref:
-                await inner.pool.call(_quietly, api.remove_image, ref, force=True)
+        listed = await inner.pool.call(api.images, filters={"reference": f"*/{repository}"})
+        for entry in listed:
+            await inner.pool.call(_quietly, api.remove_image, entry["Id"], force=True)
     else:
-        await inner.pool.call(_quietly, inner.client.images.remove, image, force=True)
-
-
-def _image_id(inspect: Callable[[str], dict[str, Any]], image: str) -> str | None:
-    try:
-        return inspect(image)["Id"]  # type: ignore[no-any-return]
-    except Exception:
-        return None
+        images = await inner.pool.call(inner.client.images.list)
+        for entry in images:
+            if any(tag.split("/", 1)[-1].startswith(f"{repository}:") for tag in entry.tags):
+                await inner.pool.call(_quietly, inner.client.images.remove, entry.id, force=True)
 
 
 def _quietly(remove: Callable[..., object], ref: str, **options: Any) -> None:

@@ -240,7 +240,9 @@ async def test_a_relist_is_not_the_first_sync(fake: FakeRuntime, clock: FakeCloc
 
 @pytest.fixture
 async def cached(fake: FakeRuntime) -> AsyncIterator[CachedRuntime]:
-    runtime = CachedRuntime(fake, relist_s=3600, sync_timeout=5, clock=fake.clock)
+    runtime = CachedRuntime(
+        fake, relist_s=3600, sync_timeout=5, clock=fake.clock, backoff_s=(0.01, 0.05)
+    )
     await runtime.start()
     yield runtime
     await runtime.cache.close()

@@ -106,8 +106,8 @@ async def test_a_pull_that_moves_but_never_ends_meets_the_overall_deadline(
 ) -> None:
     moving = Stream([layer("a", n) for n in range(1, 10_000)], end=False, every=0.01)
 
-    with pytest.raises(EngineRefused, match=r"not done after 0\.5 s"):
-        await pull(pool, moving, PullLimits(0.5, 0.2), [])
+    with pytest.raises(EngineRefused, match=r"not done after 0\.3 s"):
+        await pull(pool, moving, PullLimits(0.3, 0.05), [])
 
     assert moving.closed.is_set()
 

@@ -45,8 +45,8 @@ WATCHED_ACTIONS = frozenset(
     {"create", "start", "restart", "die", "oom", "stop", "kill", "pause", "unpause"}
     | {"destroy", "rename", "remove", "cleanup"}
 )
-BACKOFF_FIRST_S = 0.5
-BACKOFF_MAX_S = 10.0
+BACKOFF_S = (0.5, 10.0)
+"""The first and the longest wait between two tries to reopen a broken event stream."""
 
 
 def watched(event: EngineEvent) -> bool:
@@ -67,11 +67,13 @@ class StateCache:
         relist_s: float,
         sync_timeout: float,
         clock: Clock = SYSTEM_CLOCK,
+        backoff_s: tuple[float, float] = BACKOFF_S,
     ) -> None:
         self.feed = feed
         self.relist_s = relist_s
         self.sync_timeout = sync_timeout
         self.clock = clock
+        self.backoff_s = backoff_s
         self.states: dict[str, ContainerState] = {}
         self.names: dict[str, str] = {}  # container id -> name
         self.touched: dict[str, float] = {}  # name -> when last written
@@ -239,7 +241,7 @@ class StateCache:
     # --- the event thread: reads, and posts what it read --------------------------------
 
     def _watch(self) -> None:
-        backoff = BACKOFF_FIRST_S
+        backoff, longest = self.backoff_s
         while not self._stopping.is_set():
             try:
                 self._follow()
@@ -251,7 +253,7 @@ class StateCache:
             self._post(self.mark_stale, reason)
             # Backoff, never a busy loop: the engine may be down for minutes.
             self._stopping.wait(backoff)
-            backoff = min(backoff * 2, BACKOFF_MAX_S)
+            backoff = min(backoff * 2, longest)
 
     def _follow(self) -> None:
         events, close = self.feed.open_events()
@@ -311,10 +313,13 @@ class CachedRuntime:
         relist_s: float,
         sync_timeout: float,
         clock: Clock = SYSTEM_CLOCK,
+        backoff_s: tuple[float, float] = BACKOFF_S,
     ) -> None:
         self.inner = inner
         self.name = inner.name
-        self.cache = StateCache(inner, relist_s=relist_s, sync_timeout=sync_timeout, clock=clock)
+        self.cache = StateCache(
+            inner, relist_s=relist_s, sync_timeout=sync_timeout, clock=clock, backoff_s=backoff_s
+        )
         self._version: tuple[int, str | None] | None = None  # (sync generation, version)
 
     async def start(self) -> None:

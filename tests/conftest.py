@@ -20,6 +20,7 @@ from tests.helpers import (
     TrackingRuntime,
     engine_missing,
     engine_settings,
+    own_docker_host,
 )
 from tuneplane_node.daemon.app import create_node_app
 from tuneplane_node.gpu.allocator import GpuAllocator
@@ -162,6 +163,16 @@ async def runtime(request: pytest.FixtureRequest) -> AsyncIterator[TrackingRunti
 @pytest.fixture
 async def docker_runtime() -> AsyncIterator[TrackingRuntime]:
     inner = await open_runtime("docker", local_gpu_passthrough=False)
+    tracking = TrackingRuntime(inner)
+    yield tracking
+    await tracking.cleanup()
+    await inner.close()
+
+
+@pytest.fixture
+async def own_docker() -> AsyncIterator[TrackingRuntime]:
+    """The suite's own Docker engine: nobody else's jobs are on it (reap takes them all)."""
+    inner = await open_runtime("docker", docker_host=own_docker_host(), local_gpu_passthrough=False)
     tracking = TrackingRuntime(inner)
     yield tracking
     await tracking.cleanup()

@@ -145,6 +145,7 @@ class FakeRuntime:
         self.refuse_logs: str | None = None  # logs() refused, as a log driver can
         self.ps_error: Exception | None = None  # ps() raises it, health still ok
         self.stops: list[tuple[str, float]] = []  # (name, grace) of every stop
+        self.refs: list[tuple[str, str]] = []  # (verb, the ref it was given) of every verb
         self.pool = BlockingPool(2, name="fake")
         self._streams: list[queue.Queue[EngineEvent | None]] = []
         self._ids = itertools.count(1)
@@ -209,22 +210,30 @@ class FakeRuntime:
         container = self.containers.get(name)
         return container.state() if container else ContainerState.missing(name)
 
-    async def logs(self, name: str, tail_lines: int) -> str | None:
+    def find(self, ref: str) -> FakeContainer | None:
+        """A container by id or by name, as engines resolve a ref."""
+        return next((c for c in self.containers.values() if ref == c.id), None) or (
+            self.containers.get(ref)
+        )
+
+    async def logs(self, ref: str, tail_lines: int) -> str | None:
         self._answer("logs")
-        container = self.containers.get(name)
+        self.refs.append(("logs", ref))
+        container = self.find(ref)
         if container is None:
             return None
         if self.refuse_logs is not None:
             raise EngineRefused(
-                engine=ENGINE, action=f"read the logs of {name}", reason=self.refuse_logs
+                engine=ENGINE, action=f"read the logs of {ref}", reason=self.refuse_logs
             )
         stamp = rfc3339(self.clock.now())
         return "".join(f"{stamp} {line}\n" for line in container.output[-tail_lines:])
 
-    async def stop(self, name: str, timeout: float) -> None:
+    async def stop(self, ref: str, timeout: float) -> None:
         self._answer("stop")
-        self.stops.append((name, timeout))
-        container = self.containers.get(name)
+        self.refs.append(("stop", ref))
+        container = self.find(ref)
+        self.stops.append((container.spec.name if container else ref, timeout))
         if container is None or container.status not in ("running", "paused", "restarting"):
             return
         self._emit(container, "kill")
@@ -233,10 +242,12 @@ class FakeRuntime:
         container.finished_at = rfc3339(self.clock.now())
         self._emit(container, "die", exit_code=code)
 
-    async def remove(self, name: str) -> None:
+    async def remove(self, ref: str) -> None:
         self._answer("remove")
-        if name in self.containers:
-            self._destroy(name)
+        self.refs.append(("remove", ref))
+        container = self.find(ref)
+        if container is not None:
+            self._destroy(container.spec.name)
 
     async def ps(self) -> list[ContainerState]:
         self._answer("ps")

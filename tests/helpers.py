@@ -195,7 +195,7 @@ INVENTORY_KEYS = [
 ]
 
 
-def console_0315(run_id: str, gpus: int = 2, **container: Any) -> dict[str, Any]:
+def console_0315(run_id: str, requested: int = 2, **container: Any) -> dict[str, Any]:
     """A 0.3.15 console's launch: every field of its ContainerSpec, "" where it has none."""
     spec = {
         "name": "",
@@ -212,7 +212,7 @@ def console_0315(run_id: str, gpus: int = 2, **container: Any) -> dict[str, Any]
         "network": "",
         "user": "",
     }
-    return {"run_id": run_id, "requested_gpus": gpus, "container": {**spec, **container}}
+    return {"run_id": run_id, "requested_gpus": requested, "container": {**spec, **container}}
 
 
 TOKEN = "test-token-0123456789"

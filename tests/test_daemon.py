@@ -13,6 +13,7 @@ from tests.fakes import FakeRuntime
 from tests.helpers import HEADERS, TOKEN, settle
 from tuneplane_node.daemon.app import create_node_app
 from tuneplane_node.errors import ConfigError
+from tuneplane_node.settings import load_settings
 from tuneplane_node.wire import PROTOCOL_HEADER
 
 MISSING = "registry.test/missing:1"
@@ -21,9 +22,12 @@ MISSING = "registry.test/missing:1"
 
 
 def test_the_daemon_refuses_to_start_without_a_token(tmp_path: Any) -> None:
-    for token in (None, "", "   "):
+    for token in (None, ""):
         with pytest.raises(ConfigError, match="TUNEPLANE_NODE_TOKEN"):
             create_node_app(fake_settings(tmp_path, node_token=token))
+    for token in ("   ", "change-me ", "tab\there"):  # HTTP would strip or split it
+        with pytest.raises(ConfigError, match="TUNEPLANE_NODE_TOKEN: must be printable ASCII"):
+            load_settings(node_token=token, storage_root=tmp_path)
 
 
 async def test_healthz_needs_no_token_and_says_nothing_else(fake_node: MakeFakeNode) -> None:
@@ -136,7 +140,7 @@ async def test_an_engine_that_is_down_is_a_503_and_health_says_so(
 
 
 def console_0315(run_id: str, gpus: int = 2, **container: Any) -> dict[str, Any]:
-    return helpers.console_0315(run_id, gpus, **{"image": IMAGE, **container})
+    return helpers.console_0315(run_id, requested=gpus, **{"image": IMAGE, **container})
 
 
 async def test_a_0315_console_launches_observes_stops_and_removes(

@@ -10,13 +10,12 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import MakeNode, open_runtime
+from tests.conftest import MakeNode
 from tests.helpers import (
     IMAGE,
     OWN_DOCKER_SOCK,
@@ -38,16 +37,6 @@ from tuneplane_node.runtime.docker import DockerRuntime
 
 pytestmark = pytest.mark.engine
 ENGINES_SH = Path(__file__).resolve().parent.parent / "contrib" / "dev" / "engines.sh"
-
-
-@pytest.fixture
-async def own_docker() -> AsyncIterator[TrackingRuntime]:
-    """The suite's own Docker engine: nobody else's jobs are on it."""
-    inner = await open_runtime("docker", docker_host=own_docker_host(), local_gpu_passthrough=False)
-    tracking = TrackingRuntime(inner)
-    yield tracking
-    await tracking.cleanup()
-    await inner.close()
 
 
 # --- the verbs on both engines ---------------------------------------------------------------
@@ -142,15 +131,27 @@ async def test_a_foreign_container_is_invisible_and_untouchable(
     assert state.status == "running" and state.run_id is None  # untouched
 
 
-async def test_an_engine_refusal_is_a_502_with_its_words_and_frees_the_cards(
+@pytest.mark.parametrize("engine", ["docker", "podman"])
+async def test_a_refusal_for_a_field_of_the_request_is_a_422_naming_it(
+    make_node: MakeNode, engine: str
+) -> None:
+    node = await make_node(engine)
+    ref, body = await node.launch(["/no/such/binary"], gpus=2, expect=422)
+    assert body["detail"].startswith(f"container.command: {engine} refused to run {ref}: ")
+    assert "/no/such/binary" in body["detail"]
+    _, body = await node.launch(user="nobody-here", expect=422)
+    assert body["detail"].startswith(f"container.user: {engine} refused to run")
+    assert (await node.state(ref))["exists"] is False
+    assert (await node.health())["gpus_free"] == 4
+
+
+async def test_an_engine_refusal_of_the_nodes_own_making_is_a_502_with_its_words(
     make_node: MakeNode,
 ) -> None:
-    node = await make_node()
-    ref, body = await node.launch(
-        gpus=2, mounts=[["/nonexistent/tuneplane-data", "/data", True]], expect=502
-    )
-    assert "docker refused to run" in body["detail"]
-    assert "/nonexistent/tuneplane-data" in body["detail"]
+    node = await make_node(local_gpu_passthrough=True)  # no NVIDIA runtime on this engine
+    ref, body = await node.launch(gpus=1, expect=502)
+    assert body["detail"].startswith(f"docker refused to run {ref}: ")
+    assert "device driver" in body["detail"]
     assert (await node.state(ref))["exists"] is False
     assert (await node.health())["gpus_free"] == 4
 

@@ -16,7 +16,7 @@ from tuneplane_node.gpu.probe import (
     make_probe,
 )
 from tuneplane_node.settings import NodeSettings
-from tuneplane_node.wire import card_json
+from tuneplane_node.wire.answers import card_json
 
 H100 = {
     "name": "NVIDIA H100 80GB HBM3",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +21,7 @@ from tuneplane_node.errors import (
     EngineConflict,
     EngineRefused,
     EngineUnavailable,
+    InvalidField,
     NameTaken,
     NoCapacity,
 )
@@ -39,6 +41,7 @@ from tuneplane_node.runtime.base import (
     LABEL_RUN_ID,
     ContainerSpec,
     ContainerState,
+    Mount,
     container_name,
 )
 
@@ -697,6 +700,96 @@ async def test_logs_the_engine_refuses_to_read_are_a_sentence(
     fake.refuse_logs = "configured logging driver does not support reading"
     text = await service.logs("tuneplane-r1", 10)
     assert text == "no logs for tuneplane-r1: configured logging driver does not support reading"
+
+
+# --- the token buys job verbs, never the host -------------------------------------------
+
+
+def with_mounts(run_id: str, *mounts: Mount, **env: str) -> LaunchRequest:
+    base = request(run_id)
+    return replace(base, spec=replace(base.spec, mounts=mounts, env=env))
+
+
+async def test_a_mount_under_the_storage_root_reaches_the_engine_resolved(
+    service: JobService, fake: FakeRuntime, tmp_path: Path
+) -> None:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "data")
+
+    await service.launch(with_mounts("r1", Mount(str(tmp_path / "link"), "/data", True)))
+
+    mounts = fake.containers["tuneplane-r1"].spec.mounts
+    assert mounts == (Mount(str((tmp_path / "data").resolve()), "/data", True),)
+
+
+@pytest.mark.parametrize("host", ["/", "/etc", "/run/tuneplane-dev/docker.sock", "/var/lib"])
+async def test_a_mount_outside_the_mount_roots_is_refused_and_starts_nothing(
+    service: JobService, fake: FakeRuntime, tmp_path: Path, host: str
+) -> None:
+    fine = Mount(str(tmp_path), "/data")
+    with pytest.raises(InvalidField) as refused:
+        await service.launch(with_mounts("r1", fine, Mount(host, "/host")))
+
+    assert refused.value.field == "container.mounts[1]"
+    assert refused.value.reason == (
+        f"{host} is not under an allowed mount root; TUNEPLANE_ALLOWED_MOUNT_ROOTS would allow it"
+    ) or refused.value.reason.startswith(f"{host} (")  # shown with where its links lead
+    assert not fake.containers and fake.calls["run"] == 0
+    assert await reserved(service) == frozenset()
+
+
+async def test_a_link_out_of_the_storage_root_is_refused(
+    service: JobService, fake: FakeRuntime, tmp_path: Path
+) -> None:
+    (tmp_path / "escape").symlink_to("/etc")  # a job with a writable mount left this
+
+    with pytest.raises(InvalidField, match=r"^container\.mounts\[0\]: .*escape \(/etc\)"):
+        await service.launch(with_mounts("r1", Mount(str(tmp_path / "escape"), "/x")))
+
+    assert not fake.containers
+
+
+async def test_a_mount_that_does_not_exist_is_a_422_not_an_engine_refusal(
+    service: JobService, tmp_path: Path
+) -> None:
+    with pytest.raises(InvalidField, match=r"^container\.mounts\[0\]: .* does not exist"):
+        await service.launch(with_mounts("r1", Mount(str(tmp_path / "nope"), "/x")))
+
+
+async def test_the_node_alone_says_which_cards_a_container_sees(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    await service.launch(with_mounts("r1", NVIDIA_VISIBLE_DEVICES="all", EPOCHS="3"))
+    assert fake.containers["tuneplane-r1"].spec.env == {"EPOCHS": "3"}
+
+
+async def test_the_verbs_act_on_the_id_the_node_holds(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    await service.launch(request("r1"))
+    container_id = fake.containers["tuneplane-r1"].id
+
+    await service.logs("tuneplane-r1", 10)
+    await service.stop("tuneplane-r1", 1)
+    await service.remove("tuneplane-r1")
+
+    assert fake.refs == [("logs", container_id), ("stop", container_id), ("remove", container_id)]
+
+
+async def test_an_id_given_as_a_ref_reaches_nothing(service: JobService, fake: FakeRuntime) -> None:
+    """Refs are names: a foreign container's id, or even our own, names no container."""
+    foreign = fake.create_outside(ContainerSpec(name="someones", image=IMAGE))
+    await service.launch(request("r1"))
+    ours = fake.containers["tuneplane-r1"]
+
+    for ref in (foreign.id, foreign.id[:12], ours.id):
+        await service.stop(ref, 0)
+        await service.remove(ref)
+        assert "does not exist" in await service.logs(ref, 10)
+        assert (await service.observe([ref]))[ref].exists is False
+
+    assert foreign.status == ours.status == "running"
+    assert fake.refs == []
 
 
 # --- the node's status and inventory ------------------------------------------------------

@@ -6,6 +6,7 @@ Read from the source with `ast`, so a stray import fails here before it blurs a 
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,7 @@ SDKS = {
     "docker": {"runtime/docker.py"},
     "podman": {"runtime/podman.py"},
     "pynvml": {"gpu/nvml.py"},
-    "aiohttp": {"daemon/app.py", "daemon/routes.py", "daemon/state.py", "cli.py"},
+    "aiohttp": {"daemon/app.py", "daemon/routes.py", "daemon/state.py", "daemon/server.py"},
 }
 
 
@@ -41,6 +42,7 @@ def layer(name: str) -> int:
     return next(i for i, names in enumerate(LAYERS) if name in names)
 
 
+@functools.cache
 def imports(path: Path) -> list[str]:
     tree = ast.parse(path.read_text(), filename=str(path))
     found = []

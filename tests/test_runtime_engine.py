@@ -20,6 +20,7 @@ from tuneplane_node.errors import (
     EngineRefused,
     EngineUnavailable,
     NodeError,
+    SpecRefused,
 )
 from tuneplane_node.runtime.base import LABEL_GPUS, LABEL_RUN_ID, ContainerSpec, Mount
 from tuneplane_node.runtime.docker import ERRORS as DOCKER_ERRORS
@@ -60,11 +61,36 @@ def test_every_sdk_exception_is_translated_into_the_engine_family(
 
 def test_a_docker_refusal_carries_the_engines_words() -> None:
     exc = docker.errors.APIError(
-        "500 Server Error", response=http_response(500), explanation="invalid mount config"
+        "500 Server Error",
+        response=http_response(500),
+        explanation="could not select device driver",
     )
     translated = DOCKER_ERRORS.translate(exc, action="run tuneplane-a")
     assert type(translated) is EngineRefused and translated.status == 502
-    assert translated.message == "docker refused to run tuneplane-a: invalid mount config"
+    assert translated.message == "docker refused to run tuneplane-a: could not select device driver"
+
+
+@pytest.mark.parametrize(
+    ("reason", "field"),
+    [
+        ("unable to find user bob: no matching entries in passwd file", "container.user"),
+        ('exec: "/no/such": stat /no/such: no such file or directory', "container.command"),
+        ('exec: "train": executable file not found in $PATH', "container.command"),
+        (
+            'invalid mount config for type "bind": bind source path does not exist',
+            "container.mounts",
+        ),
+        ("Minimum memory limit allowed is 6MB", "container.memory_limit"),
+        ('chdir to cwd ("/nope") set in config.json failed: not a directory', "container.workdir"),
+    ],
+)
+def test_a_refusal_for_a_field_of_the_request_names_it(reason: str, field: str) -> None:
+    exc = docker.errors.APIError("500", response=http_response(500), explanation=reason)
+    translated = DOCKER_ERRORS.translate(exc, action="run tuneplane-a")
+    assert isinstance(translated, SpecRefused) and translated.status == 422
+    assert translated.message == f"{field}: docker refused to run tuneplane-a: {reason}"
+    # Only a run's refusal is the request's fault: the same words elsewhere stay a 502.
+    assert type(DOCKER_ERRORS.translate(exc, action="inspect a")) is EngineRefused
 
 
 def test_a_name_in_use_is_a_conflict_on_both_engines() -> None:
@@ -118,7 +144,7 @@ SPEC = ContainerSpec(
 COMMON = {
     "image": "trainer:1",
     "name": "tuneplane-r1",
-    "environment": {"EPOCHS": "3"},
+    "environment": {"EPOCHS": "3", "NVIDIA_VISIBLE_DEVICES": "1,3"},
     "labels": {LABEL_RUN_ID: "r1", LABEL_GPUS: "1,3"},
     "network_mode": "host",
     "entrypoint": ["python"],
@@ -172,6 +198,7 @@ async def test_without_passthrough_the_cards_are_labelled_but_not_handed_over(ki
 
     assert options["labels"][LABEL_GPUS] == "1,3"
     assert "device_requests" not in options and "devices" not in options
+    assert options["environment"]["NVIDIA_VISIBLE_DEVICES"] == "void"  # not every card
 
 
 @pytest.mark.parametrize("kind", ["docker", "podman"])
@@ -181,6 +208,7 @@ async def test_a_bare_spec_keeps_the_images_entrypoint_and_sets_no_limits(kind: 
     await runtime.close()
 
     assert "entrypoint" not in options and "command" not in options
+    assert options["environment"] == {"NVIDIA_VISIBLE_DEVICES": "void"}
     for limit in ("working_dir", "user", "shm_size", "mem_limit", "nano_cpus", "cpu_quota"):
         assert limit not in options
 

@@ -10,11 +10,10 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from aiohttp import web
-
-from tuneplane_node import __version__, inventory, wire
+from tuneplane_node import __version__, inventory
 from tuneplane_node.errors import ConfigError
 from tuneplane_node.settings import NodeSettings, load_settings
+from tuneplane_node.wire import answers
 
 log = logging.getLogger("tuneplane_node")
 
@@ -58,20 +57,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def serve(settings: NodeSettings, *, host: str | None, port: int | None) -> int:
-    from tuneplane_node.daemon.app import create_node_app
+    from tuneplane_node.daemon.server import serve as run
 
-    app = create_node_app(settings)
-    # run_app turns SIGTERM/SIGINT into a graceful stop: no new connections, requests in
-    # flight finish, then the cleanup context cancels pulls and closes the pool.
-    web.run_app(
-        app,
-        host=host or settings.node_host,
-        port=port or settings.node_port,
-        shutdown_timeout=settings.local_stop_timeout,
-        access_log=None,
-        print=None,
-    )
-    log.info("stopped")
+    # SIGTERM/SIGINT stop it gracefully: no new connections, requests in flight finish,
+    # then the app's cleanup cancels pulls and closes the engine's pool.
+    asyncio.run(run(settings, host=host or settings.node_host, port=port or settings.node_port))
     return 0
 
 
@@ -87,15 +77,15 @@ async def print_inventory(settings: NodeSettings) -> int:
     finally:
         allocator.close()
         await runtime.close()
-    print(json.dumps(wire.inventory_json(facts), indent=2))
+    print(json.dumps(answers.inventory_json(facts), indent=2))
     return 0
 
 
 async def check(settings: NodeSettings) -> int:
-    from tuneplane_node.daemon.app import require_token
+    from tuneplane_node.daemon.tokens import TokenSet
     from tuneplane_node.runtime import detect_runtime
 
-    require_token(settings)
+    TokenSet.from_settings(settings)
     inventory.check_fabrics(settings.fabrics)
     runtime = await detect_runtime(settings, cache=False)
     try:

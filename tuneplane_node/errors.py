@@ -20,7 +20,9 @@ errors never travel past the module that imports the SDK: they are translated th
     └── EngineError            the container engine
         ├── EngineUnavailable (503)  did not answer: facts are unknown, nothing is gone
         └── EngineRefused (502)      answered and refused; carries its own words
-            └── EngineConflict (409)
+            ├── EngineConflict (409)
+            └── SpecRefused (422)    ...because of a field of the request (a user the
+                                     image lacks, a command it does not have)
 
 ``except Conflict`` catches every 409; ``except EngineError`` every engine failure.
 """
@@ -168,6 +170,18 @@ class EngineConflict(EngineRefused, Conflict):
     the caller's to resolve, not a node fault."""
 
     status = 409
+
+
+class SpecRefused(EngineRefused):
+    """The engine refused a container for one of its fields: the console's to fix."""
+
+    status = 422
+
+    def __init__(self, *, engine: str, action: str, reason: str, field: str) -> None:
+        super().__init__(engine=engine, action=action, reason=reason)
+        self.field = field
+        self.message = f"{field}: {self.message}"
+        self.args = (self.message,)
 
 
 def is_name_conflict(status: int | None, message: str) -> bool:

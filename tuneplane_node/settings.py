@@ -10,13 +10,36 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, BaseModel, Field, SecretStr, ValidationError
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from tuneplane_node.errors import ConfigError
 
 ENV_PREFIX = "TUNEPLANE_"
 DEFAULT_STORAGE = Path(".tuneplane-data/storage")
+DAY = 86400.0
+DOCKER_SCHEMES = ("unix", "tcp", "http", "https", "ssh")
+PODMAN_SCHEMES = ("unix", "http+unix", "tcp", "http", "https", "ssh")
+# Never mountable into a job, nor inside a root that holds one of them: the host itself.
+NEVER_MOUNTED = tuple(
+    Path(p)
+    for p in (
+        "/", "/proc", "/sys", "/dev", "/etc", "/boot", "/run", "/var/run",
+        "/var/lib/docker", "/var/lib/containers", "/run/docker.sock", "/run/podman",
+    )
+)  # fmt: skip
+# A root may not even lie inside these: /proc/1/root is the host's whole filesystem.
+NEVER_UNDER = tuple(Path(p) for p in ("/proc", "/sys", "/dev", "/etc", "/boot"))
+TOKEN_PATTERN = re.compile(r"[\x21-\x7e]+")
+"""A token: printable ASCII without spaces, what an HTTP header carries intact."""
 
 
 class Fabric(BaseModel):
@@ -37,8 +60,20 @@ class NodeSettings(BaseSettings):
     )
 
     node_token: SecretStr | None = None
-    """Bearer token the console must send. Without one the daemon refuses to start.
-    A SecretStr: it prints as ********** in any log or error."""
+    """Bearer token the console must send. Without one (or a token file) the daemon
+    refuses to start. A SecretStr: it prints as ********** in any log or error."""
+    node_token_file: Path | None = None
+    """A file of tokens, one per line (blank lines and # comments ignored); every listed
+    token is accepted, and the file is read again when it changes and on SIGHUP."""
+    header_timeout_s: float = Field(10.0, gt=0, le=3600, allow_inf_nan=False)
+    """Seconds a connection may take to send a request's headers, and may stay idle
+    between requests, before the node closes it."""
+    tls_cert_file: Path | None = None
+    """PEM certificate chain: with the key, the API is served over HTTPS only (TLS 1.2+)."""
+    tls_key_file: Path | None = None
+    """PEM private key of the certificate."""
+    tls_client_ca_file: Path | None = None
+    """PEM CA: clients must present a certificate it signed (mutual TLS)."""
     node_host: str = "0.0.0.0"
     """Address the API listens on."""
     node_port: int = Field(8470, ge=1, le=65535)
@@ -57,16 +92,18 @@ class NodeSettings(BaseSettings):
     local_api_timeout: float = Field(
         60.0,
         gt=0,
+        le=3600,
+        allow_inf_nan=False,
         validation_alias=AliasChoices("TUNEPLANE_LOCAL_API_TIMEOUT", "TUNEPLANE_LOCAL_CLI_TIMEOUT"),
     )
     """Seconds one engine call may take. TUNEPLANE_LOCAL_CLI_TIMEOUT is the old name."""
-    local_stop_timeout: float = Field(30.0, ge=0)
+    local_stop_timeout: float = Field(30.0, ge=0, le=30 * DAY, allow_inf_nan=False)
     """Seconds between SIGTERM and SIGKILL when a job is stopped without a timeout."""
-    local_container_ttl_s: float = Field(86400.0, ge=0)
+    local_container_ttl_s: float = Field(DAY, ge=0, le=3650 * DAY, allow_inf_nan=False)
     """Seconds an exited (or never-started) job container is kept before reap removes it."""
-    local_image_pull_timeout_s: float = Field(3600.0, gt=0)
+    local_image_pull_timeout_s: float = Field(3600.0, gt=0, le=7 * DAY, allow_inf_nan=False)
     """Seconds an image pull may take in all."""
-    local_image_pull_stall_s: float = Field(300.0, gt=0)
+    local_image_pull_stall_s: float = Field(300.0, gt=0, le=DAY, allow_inf_nan=False)
     """Seconds an image pull may go without progress before it is abandoned."""
     local_gpu_passthrough: bool = True
     """Hand the allocated GPUs to the container (false: label only, no device)."""
@@ -82,6 +119,9 @@ class NodeSettings(BaseSettings):
     """Directory shared with jobs for checkpoints and data (unset: ./.tuneplane-data/storage)."""
     model_dirs: list[Path] = []
     """Other directories where weights and datasets live (JSON list), for inventory."""
+    allowed_mount_roots: list[Path] | None = None
+    """Host directories a job's mounts may come from (JSON list); unset: the storage root
+    and every model dir. None may be, or hold, the host's system directories."""
     fabrics: list[Fabric] = []
     """InfiniBand fabrics, JSON list of {"name", "hcas"}: the operator names them."""
 
@@ -89,10 +129,57 @@ class NodeSettings(BaseSettings):
     """Development aid: a JSON file read instead of the GPU driver (see README)."""
     gpu_xid_ignore: list[int] = [13, 31, 43, 45, 68, 109]
     """XID codes caused by the application itself, which do not make a card unhealthy."""
-    gpu_xid_quarantine_s: float = Field(600.0, ge=0)
+    gpu_xid_quarantine_s: float = Field(600.0, ge=0, le=7 * DAY, allow_inf_nan=False)
     """Seconds a card stays out after a critical XID before it may come back."""
-    state_relist_s: float = Field(30.0, gt=0)
+    state_relist_s: float = Field(30.0, gt=0, le=DAY, allow_inf_nan=False)
     """Seconds between full relists that reconcile the container-state cache."""
+
+    @field_validator("node_token")
+    @classmethod
+    def _printable_token(cls, token: SecretStr | None) -> SecretStr | None:
+        # A trailing space would start a node that refuses every request: HTTP strips it.
+        if token is None or token.get_secret_value() == "":
+            return None  # no token: the daemon refuses to start, saying so
+        if not TOKEN_PATTERN.fullmatch(token.get_secret_value()):
+            raise ValueError("must be printable ASCII without spaces")
+        return token
+
+    @field_validator("docker_host")
+    @classmethod
+    def _docker_scheme(cls, address: str | None) -> str | None:
+        return address if address is None else _address(address, DOCKER_SCHEMES)
+
+    @field_validator("podman_url")
+    @classmethod
+    def _podman_scheme(cls, address: str) -> str:
+        return _address(address, PODMAN_SCHEMES)
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> NodeSettings:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError(
+                f"{env_name('tls_cert_file')} and {env_name('tls_key_file')} go together"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _safe_mount_roots(self) -> NodeSettings:
+        source = env_name("allowed_mount_roots")
+        if self.allowed_mount_roots is None:  # the defaults come from these two
+            source = f"{env_name('storage_root')} or {env_name('model_dirs')} (a mount root)"
+        for root in self.mount_roots:
+            bad = [p for p in self._never_mounted() if p == root or p.is_relative_to(root)]
+            bad += [p for p in NEVER_UNDER if root.is_relative_to(p)]
+            if bad:
+                raise ValueError(
+                    f"{source}: {root} is or holds {bad[0]}, which a job may never "
+                    f"mount; set {env_name('allowed_mount_roots')} to directories for job data"
+                )
+        return self
+
+    def _never_mounted(self) -> list[Path]:
+        sockets = [_socket_path(self.docker_host), _socket_path(self.podman_url)]
+        return [*NEVER_MOUNTED, *(path for path in sockets if path is not None)]
 
     @property
     def storage(self) -> Path:
@@ -101,6 +188,28 @@ class NodeSettings(BaseSettings):
     @property
     def state_dir(self) -> Path:
         return self.node_state_dir.expanduser()
+
+    @property
+    def mount_roots(self) -> list[Path]:
+        """The directories a job's mounts may come from, absolute and resolved."""
+        roots = self.allowed_mount_roots
+        if roots is None:
+            roots = [self.storage, *self.model_dirs]
+        return [root.expanduser().resolve() for root in roots]
+
+
+def _address(address: str, schemes: tuple[str, ...]) -> str:
+    scheme, sep, rest = address.partition("://")
+    if not sep or scheme not in schemes or not rest:
+        raise ValueError(f"must be {' or '.join(s + '://...' for s in schemes)}")
+    return address
+
+
+def _socket_path(address: str | None) -> Path | None:
+    """The engine socket of a unix:// address: never mountable."""
+    if address and address.startswith(("unix://", "http+unix://")):
+        return Path(address.split("://", 1)[1]).resolve()
+    return None
 
 
 def env_name(field: str) -> str:
@@ -117,14 +226,23 @@ def load_settings(**overrides: object) -> NodeSettings:
         raise ConfigError(describe_settings_error(exc)) from exc
 
 
+SECRET_FIELDS = frozenset({"node_token", "TUNEPLANE_NODE_TOKEN"})
+
+
 def describe_validation(exc: ValidationError) -> str:
+    """One line naming each bad variable; a secret's value is never repeated."""
     problems = []
     for error in exc.errors():
-        field = str(error["loc"][0]) if error["loc"] else "?"
+        message = str(error["msg"]).removeprefix("Value error, ")
+        if not error["loc"]:  # a rule across settings: its message names them
+            problems.append(message)
+            continue
+        field = str(error["loc"][0])
         name = field if field.startswith(ENV_PREFIX) else env_name(field)
         inner = ".".join(str(part) for part in error["loc"][1:])
         where = f"{name} ({inner})" if inner else name
-        problems.append(f"{where}: {error['msg']} (got {error.get('input')!r})")
+        shown = "" if field in SECRET_FIELDS else f" (got {error.get('input')!r})"
+        problems.append(f"{where}: {message}{shown}")
     return "invalid settings: " + "; ".join(problems)
 
 

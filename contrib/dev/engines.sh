@@ -41,6 +41,7 @@ install_packages() {
     command -v docker-registry >/dev/null || missing+=(docker-registry)
     [[ -x /bin/busybox ]] || missing+=(busybox-static)
     command -v curl >/dev/null || missing+=(curl)
+    command -v openssl >/dev/null || missing+=(openssl)
     ((${#missing[@]} == 0)) && return
     log "installing ${missing[*]}"
     apt-get update -q

@@ -1,14 +1,17 @@
 """create_node_app(): the aiohttp application, its middlewares and its lifecycle.
 
-Fail closed: no token, no app. Every ``/node/v1/*`` request needs the bearer token and
-the protocol header; every error leaves as ``{"detail": <sentence>}`` with its status.
+Fail closed: no token, no app. Every ``/node/v1/*`` request needs a bearer token of the
+`TokenSet` and the protocol header; every error leaves as ``{"detail": <sentence>}``
+with its status. Background tasks (the token file's watch) are named, their failure is
+logged, and shutdown cancels and awaits them.
 """
 
 from __future__ import annotations
 
-import hmac
+import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
@@ -16,9 +19,9 @@ from aiohttp.typedefs import Handler, Middleware
 from tuneplane_node import inventory
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.daemon.routes import routes
-from tuneplane_node.daemon.state import JOBS, SETTINGS
+from tuneplane_node.daemon.state import JOBS, SETTINGS, TOKENS
+from tuneplane_node.daemon.tokens import TokenSet
 from tuneplane_node.errors import (
-    ConfigError,
     MissingProtocol,
     NodeError,
     PayloadTooLarge,
@@ -30,7 +33,8 @@ from tuneplane_node.jobs import JobService
 from tuneplane_node.runtime import detect_runtime
 from tuneplane_node.runtime.base import ContainerRuntime
 from tuneplane_node.settings import NodeSettings
-from tuneplane_node.wire import MAX_BODY_BYTES, PROTOCOL, PROTOCOL_HEADER, error_json
+from tuneplane_node.wire import MAX_BODY_BYTES, PROTOCOL, PROTOCOL_HEADER
+from tuneplane_node.wire.answers import error_json
 
 log = logging.getLogger(__name__)
 API_PREFIX = "/node/v1/"
@@ -60,14 +64,13 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return error_response(500, f"internal error: {type(exc).__name__}")
 
 
-def guard_middleware(token: str) -> Middleware:
-    expected = f"Bearer {token}".encode()
-
+def guard_middleware(tokens: TokenSet) -> Middleware:
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path.startswith(API_PREFIX):
-            given = request.headers.get("Authorization", "").encode()
-            if not hmac.compare_digest(given, expected):
+            # surrogateescape: a header of hostile bytes is a wrong token, not a crash.
+            given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+            if not tokens.accepts(given):
                 raise Unauthorized()
             check_protocol(request.headers.get(PROTOCOL_HEADER))
         return await handler(request)
@@ -79,16 +82,7 @@ def check_protocol(value: str | None) -> None:
     if value is None or not value.strip():
         raise MissingProtocol(header=PROTOCOL_HEADER, node=PROTOCOL)
     if value.strip() != str(PROTOCOL):
-        raise ProtocolMismatch(console=value.strip(), node=PROTOCOL)
-
-
-def require_token(settings: NodeSettings) -> str:
-    token = settings.node_token.get_secret_value() if settings.node_token else ""
-    if not token.strip():
-        raise ConfigError(
-            "TUNEPLANE_NODE_TOKEN is not set: the node refuses to start without a token"
-        )
-    return token
+        raise ProtocolMismatch(console=value.strip()[:40], node=PROTOCOL)
 
 
 def create_node_app(
@@ -97,16 +91,22 @@ def create_node_app(
     runtime: ContainerRuntime | None = None,
     allocator: GpuAllocator | None = None,
     clock: Clock = SYSTEM_CLOCK,
+    middlewares: tuple[Middleware, ...] = (),
 ) -> web.Application:
-    """The daemon. A runtime or allocator passed in is the caller's to start and close."""
-    token = require_token(settings)
+    """The daemon. A runtime or allocator passed in is the caller's to start and close.
+
+    ``middlewares`` run first, before the error mapping (the server's connection guard).
+    """
+    tokens = TokenSet.from_settings(settings)  # no token, no app
     app = web.Application(
-        middlewares=[errors_middleware, guard_middleware(token)],
+        middlewares=[*middlewares, errors_middleware, guard_middleware(tokens)],
         client_max_size=MAX_BODY_BYTES,
     )
     app[SETTINGS] = settings
+    app[TOKENS] = tokens
     app.add_routes(routes)
     app.cleanup_ctx.append(_lifecycle(runtime, allocator, clock))
+    app.cleanup_ctx.append(_background(tokens.watch, name="token file watch"))
     return app
 
 
@@ -130,3 +130,23 @@ def _lifecycle(
             await runtime.close()
 
     return lifecycle
+
+
+def _background(
+    work: Callable[[], Coroutine[Any, Any, None]], *, name: str
+) -> Callable[[web.Application], AsyncIterator[None]]:
+    """A task that lives as long as the app: its failure is logged, shutdown awaits it."""
+
+    async def run(app: web.Application) -> AsyncIterator[None]:
+        task = asyncio.create_task(work(), name=name)
+        task.add_done_callback(_report)
+        yield
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    return run
+
+
+def _report(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("%s failed", task.get_name(), exc_info=task.exception())

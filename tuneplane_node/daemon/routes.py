@@ -7,9 +7,9 @@ from typing import Any
 
 from aiohttp import web
 
-from tuneplane_node import wire
 from tuneplane_node.daemon.state import JOBS
 from tuneplane_node.errors import BadRequest
+from tuneplane_node.wire import answers, requests
 
 routes = web.RouteTableDef()
 
@@ -23,6 +23,8 @@ async def read_object(request: web.Request) -> dict[str, Any]:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:  # hostile nesting: the decoder gives up before memory does
+        raise BadRequest("request body is nested too deeply") from None
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     return body
@@ -34,54 +36,54 @@ def answer(data: object) -> web.Response:
 
 @routes.get("/healthz")
 async def healthz(request: web.Request) -> web.Response:
-    return answer(wire.OK)
+    return answer(answers.OK)
 
 
 @routes.post("/node/v1/launch")
 async def launch(request: web.Request) -> web.Response:
-    launch_request = wire.parse_launch(await read_object(request))
-    return answer(wire.launch_json(await request.app[JOBS].launch(launch_request)))
+    launch_request = requests.parse_launch(await read_object(request))
+    return answer(answers.launch_json(await request.app[JOBS].launch(launch_request)))
 
 
 @routes.post("/node/v1/observe")
 async def observe(request: web.Request) -> web.Response:
-    refs = wire.parse_refs(await read_object(request))
-    return answer(wire.observe_json(await request.app[JOBS].observe(refs)))
+    refs = requests.parse_refs(await read_object(request))
+    return answer(answers.observe_json(await request.app[JOBS].observe(refs)))
 
 
 @routes.post("/node/v1/stop")
 async def stop(request: web.Request) -> web.Response:
     body = await read_object(request)
-    ref, timeout = wire.parse_ref(body), wire.parse_seconds(body, "timeout")
+    ref, timeout = requests.parse_ref(body), requests.parse_grace(body)
     await request.app[JOBS].stop(ref, timeout)
-    return answer(wire.OK)
+    return answer(answers.OK)
 
 
 @routes.post("/node/v1/remove")
 async def remove(request: web.Request) -> web.Response:
-    ref = wire.parse_ref(await read_object(request))
+    ref = requests.parse_ref(await read_object(request))
     await request.app[JOBS].remove(ref)
-    return answer(wire.OK)
+    return answer(answers.OK)
 
 
 @routes.get("/node/v1/logs")
 async def logs(request: web.Request) -> web.Response:
-    ref = wire.parse_ref(dict(request.query))
-    tail = wire.parse_tail(request.query.get("tail"))
-    return answer(wire.logs_json(await request.app[JOBS].logs(ref, tail)))
+    ref = requests.parse_ref(dict(request.query))
+    tail = requests.parse_tail(request.query.get("tail"))
+    return answer(answers.logs_json(await request.app[JOBS].logs(ref, tail)))
 
 
 @routes.post("/node/v1/reap")
 async def reap(request: web.Request) -> web.Response:
-    max_age = wire.parse_seconds(await read_object(request), "max_age_s")
-    return answer(wire.reap_json(await request.app[JOBS].reap(max_age)))
+    max_age = requests.parse_max_age(await read_object(request))
+    return answer(answers.reap_json(await request.app[JOBS].reap(max_age)))
 
 
 @routes.get("/node/v1/health")
 async def health(request: web.Request) -> web.Response:
-    return answer(wire.health_json(await request.app[JOBS].status()))
+    return answer(answers.health_json(await request.app[JOBS].status()))
 
 
 @routes.get("/node/v1/inventory")
 async def inventory(request: web.Request) -> web.Response:
-    return answer(wire.inventory_json(await request.app[JOBS].inventory()))
+    return answer(answers.inventory_json(await request.app[JOBS].inventory()))

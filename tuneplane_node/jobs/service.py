@@ -24,6 +24,7 @@ from tuneplane_node.clock import SYSTEM_CLOCK, Clock, parse_rfc3339
 from tuneplane_node.errors import EngineConflict, EngineRefused, NameTaken, NodeError
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs.locks import RefLocks
+from tuneplane_node.jobs.mounts import MountPolicy
 from tuneplane_node.jobs.pending import FAILED, STARTING, PendingLaunch, PendingTable
 from tuneplane_node.jobs.pulls import PullCoordinator
 from tuneplane_node.jobs.results import (
@@ -37,7 +38,13 @@ from tuneplane_node.jobs.results import (
     Pulling,
     Started,
 )
-from tuneplane_node.runtime.base import ContainerRuntime, ContainerState, PullLimits
+from tuneplane_node.runtime.base import (
+    DEVICES_ENV,
+    ContainerRuntime,
+    ContainerSpec,
+    ContainerState,
+    PullLimits,
+)
 from tuneplane_node.settings import NodeSettings
 
 log = logging.getLogger(__name__)
@@ -77,6 +84,7 @@ class JobService:
         limits = PullLimits(settings.local_image_pull_timeout_s, settings.local_image_pull_stall_s)
         self.pulls = PullCoordinator(runtime, limits)
         self.disk = inventory.DiskGauge(settings.storage, clock=clock)
+        self.mounts = MountPolicy(settings.mount_roots)
 
     # --- the "ours" rule ----------------------------------------------------------------
 
@@ -89,6 +97,21 @@ class JobService:
             return ContainerState.missing(ref)
         return state
 
+    @staticmethod
+    def _target(state: ContainerState) -> str:
+        """What the verbs act on: the id the node holds for the name (engines try ids
+        before names, so a name could reach another container), else the name."""
+        return state.id or state.name
+
+    async def _vetted(self, spec: ContainerSpec) -> ContainerSpec:
+        """The spec as the node allows it: mounts under the mount roots (resolved), and
+        the cards the node chose as the only ones the container may see."""
+        env = dict(spec.env)
+        if env.pop(DEVICES_ENV, None) is not None:
+            log.warning("launch %s: dropped %s from env: the node chooses", spec.name, DEVICES_ENV)
+        mounts = await asyncio.to_thread(self.mounts.check, spec.mounts) if spec.mounts else ()
+        return replace(spec, env=env, mounts=mounts)
+
     # --- launch -------------------------------------------------------------------------
 
     async def launch(self, request: LaunchRequest) -> LaunchResult:
@@ -99,6 +122,7 @@ class JobService:
         again. A name held by another run is refused.
         """
         ref = request.ref
+        request = replace(request, spec=await self._vetted(request.spec))
         async with self.locks.hold(ref):
             record = self.pending.get(ref)
             if record is not None and record.phase != FAILED:
@@ -111,7 +135,7 @@ class JobService:
                 if state.live and not state.never_started:
                     return AlreadyRunning(state.gpus)
                 log.info("relaunch of %s: removing its %s container", ref, state.status)
-                await self.runtime.remove(ref)
+                await self.runtime.remove(self._target(state))
             if await self.runtime.image_exists(request.spec.image):
                 return await self._start_now(request)
             return await self._start_pending(request)
@@ -201,10 +225,11 @@ class JobService:
         if record is not None:
             return f"no logs yet: {ref} is {record.phase} ({record.error or record.image})"
         missing = f"no logs: container {ref} does not exist"
-        if not (await self._own(ref)).exists:
+        state = await self._own(ref)
+        if not state.exists:
             return missing
         try:
-            text = await self.runtime.logs(ref, tail_lines)
+            text = await self.runtime.logs(self._target(state), tail_lines)
         except EngineRefused as exc:
             return f"no logs for {ref}: {exc.reason}"
         return missing if text is None else text
@@ -216,17 +241,19 @@ class JobService:
         grace period). A missing or foreign container: nothing to do, and no error."""
         async with self.locks.hold(ref):
             await self._cancel(ref)
-            if (await self._own(ref)).exists:
+            state = await self._own(ref)
+            if state.exists:
                 grace = self.settings.local_stop_timeout if timeout is None else timeout
-                await self.runtime.stop(ref, grace)
+                await self.runtime.stop(self._target(state), grace)
                 log.info("stopped %s (grace %g s)", ref, grace)
 
     async def remove(self, ref: str) -> None:
         """Cancel a pending launch, then force-remove the container (missing: no-op)."""
         async with self.locks.hold(ref):
             await self._cancel(ref)
-            if (await self._own(ref)).exists:
-                await self.runtime.remove(ref)
+            state = await self._own(ref)
+            if state.exists:
+                await self.runtime.remove(self._target(state))
                 log.info("removed %s", ref)
 
     async def _cancel(self, ref: str) -> None:
@@ -259,7 +286,7 @@ class JobService:
             if not reapable(state, max_age_s, self.clock.now()):
                 return False
             try:
-                await self.runtime.remove(name)
+                await self.runtime.remove(self._target(state))
             except EngineConflict:
                 return False  # the engine is busy with it: next time
             return True

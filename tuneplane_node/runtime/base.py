@@ -27,6 +27,8 @@ LABEL_GPUS = "tuneplane.gpus"
 
 LIVE_STATUSES = frozenset({"running", "created", "paused", "restarting"})
 """A container in one of these holds its cards: it runs, or may run without asking us."""
+DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
+"""Which cards the NVIDIA container runtime shows a container: the node alone sets it."""
 EXIT_SIGKILL = 137
 """128 + SIGKILL: what engines report for a job killed by SIGKILL (the OOM killer too)."""
 
@@ -210,14 +212,18 @@ class ContainerRuntime(Protocol):
         """One container by exact name; `ContainerState.missing` when there is none.
         A cached runtime holds only the node's containers: others read as missing."""
 
-    async def logs(self, name: str, tail_lines: int) -> str | None:
+    # The verbs below act on a ``ref``: the id the runtime reported for the container
+    # (ContainerState.id), or its name where it reports none. Engines resolve an id
+    # before a name, so acting on the id the node holds is acting on its own container.
+
+    async def logs(self, ref: str, tail_lines: int) -> str | None:
         """The last ``tail_lines`` lines of stdout and stderr, each stamped with its
         RFC 3339 time; None when the container is missing."""
 
-    async def stop(self, name: str, timeout: float) -> None:
+    async def stop(self, ref: str, timeout: float) -> None:
         """SIGTERM, then SIGKILL after ``timeout`` seconds; the container stays, exited."""
 
-    async def remove(self, name: str) -> None:
+    async def remove(self, ref: str) -> None:
         """Force-remove the container, running or not, with its anonymous volumes."""
 
     async def ps(self) -> list[ContainerState]:

@@ -296,6 +296,8 @@ class StateCache:
         for container_id, name in list(self.names.items()):
             if container_id not in listed and self.touched.get(name, 0) < started:
                 self._forget(name)
+        # Marks of containers long gone: kept only while a write may still race the list.
+        self.touched = {n: t for n, t in self.touched.items() if n in self.states or t >= started}
         self.last_relist = self.clock.monotonic()
 
 
@@ -344,23 +346,23 @@ class CachedRuntime:
         finally:
             await self.refresh(spec.name)  # made, or torn down after a failed start
 
-    async def stop(self, name: str, timeout: float) -> None:
+    async def stop(self, ref: str, timeout: float) -> None:
         try:
-            await self.inner.stop(name, timeout)
+            await self.inner.stop(ref, timeout)
         finally:
-            await self.refresh(name)
+            await self.refresh(ref)
 
-    async def remove(self, name: str) -> None:
-        await self.inner.remove(name)
-        self.cache.put(ContainerState.missing(name))
+    async def remove(self, ref: str) -> None:
+        await self.inner.remove(ref)
+        self.cache.put(ContainerState.missing(ref), ref)  # ref: an id, or a name
 
-    async def refresh(self, name: str) -> None:
+    async def refresh(self, ref: str) -> None:
         """Write the engine's word about one container into the cache, now."""
         with contextlib.suppress(NodeError):
-            self.cache.put(await self.inner.inspect(name))
+            self.cache.put(await self.inner.pool.call(self.inner.inspect_now, ref), ref)
 
-    async def logs(self, name: str, tail_lines: int) -> str | None:
-        return await self.inner.logs(name, tail_lines)
+    async def logs(self, ref: str, tail_lines: int) -> str | None:
+        return await self.inner.logs(ref, tail_lines)
 
     async def health(self) -> RuntimeHealth:
         """From memory while the cache is in sync (the engine's version is asked once per

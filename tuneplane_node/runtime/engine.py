@@ -10,6 +10,7 @@ an SDK.
 from __future__ import annotations
 
 import logging
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -20,9 +21,11 @@ from tuneplane_node.errors import (
     EngineRefused,
     EngineUnavailable,
     NodeError,
+    SpecRefused,
     is_name_conflict,
 )
 from tuneplane_node.runtime.base import (
+    DEVICES_ENV,
     LABEL_RUN_ID,
     Brief,
     CacheStatus,
@@ -32,6 +35,7 @@ from tuneplane_node.runtime.base import (
     ProgressCallback,
     PullLimits,
     RuntimeHealth,
+    format_gpus,
     job_labels,
 )
 from tuneplane_node.runtime.pool import BlockingPool
@@ -69,11 +73,36 @@ class ErrorTable:
                 return EngineUnavailable(engine=self.engine, reason=str(cause) or _name(cause))
             reason = str(getattr(exc, "explanation", None) or exc)
             status = getattr(exc, "status_code", None)
-            refusal = EngineConflict if is_name_conflict(status, reason) else EngineRefused
-            return refusal(engine=self.engine, action=action, reason=reason)
+            if is_name_conflict(status, reason):
+                return EngineConflict(engine=self.engine, action=action, reason=reason)
+            field = blamed_field(reason) if action.startswith("run ") else None
+            if field is not None:
+                return SpecRefused(engine=self.engine, action=action, reason=reason, field=field)
+            return EngineRefused(engine=self.engine, action=action, reason=reason)
         if isinstance(exc, self.unreachable):
             return EngineUnavailable(engine=self.engine, reason=str(exc) or _name(exc))
         return EngineRefused(engine=self.engine, action=action, reason=describe(exc))
+
+
+# What an engine says when a container cannot be made or started because of one of its
+# fields (docker 20.10+ and podman 4 words), and the field of the request to blame.
+BLAME = (
+    (re.compile(r"unable to find (user|group)|no matching entries in (passwd|group) file"), "user"),
+    (re.compile(r"executable file not found|exec format error"), "command"),
+    (re.compile(r"exec: \"[^\"]*\": (stat|permission)"), "command"),
+    (re.compile(r"working directory|chdir to cwd"), "workdir"),
+    (re.compile(r"bind source path|invalid mount config"), "mounts"),
+    (re.compile(r"[Mm]inimum memory limit"), "memory_limit"),
+    (re.compile(r"[Rr]ange of CPUs"), "cpu_limit"),
+)  # fmt: skip
+
+
+def blamed_field(reason: str) -> str | None:
+    """``container.<field>`` when the engine's refusal names a field of the request."""
+    for pattern, field in BLAME:
+        if pattern.search(reason):
+            return f"container.{field}"
+    return None
 
 
 def _name(exc: BaseException) -> str:
@@ -142,8 +171,12 @@ class EngineRuntime(ABC):
         start, and say "unreachable", while the engine is down."""
 
     def create_options(self, spec: ContainerSpec) -> dict[str, Any]:
-        """The SDK's create() arguments: the common ones and the engine's own."""
-        return {**common_options(spec), **self._engine_options(spec)}
+        """The SDK's create() arguments: the common ones and the engine's own. The
+        container sees the cards it was handed and no other, whatever the host's default
+        runtime would show it."""
+        options = common_options(spec)
+        options["environment"][DEVICES_ENV] = format_gpus(self.handed_cards(spec)) or "void"
+        return {**options, **self._engine_options(spec)}
 
     @abstractmethod
     def _engine_options(self, spec: ContainerSpec) -> dict[str, Any]:
@@ -229,7 +262,12 @@ class EngineRuntime(ABC):
         return str(container.id)
 
     async def inspect(self, name: str) -> ContainerState:
-        return await self._call(f"inspect {name}", self._inspect_or_missing, name)
+        return await self._call(f"inspect {name}", self._by_name, name)
+
+    def _by_name(self, name: str) -> ContainerState:
+        """Exactly this name: an engine would answer a full id or an id prefix first."""
+        state = self._inspect_or_missing(name)
+        return state if state.name == name else ContainerState.missing(name)
 
     def _inspect_or_missing(self, ref: str) -> ContainerState:
         return self._or(ContainerState.missing(ref), self._inspect, ref)

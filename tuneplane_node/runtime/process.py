@@ -354,13 +354,13 @@ class ProcessRuntime:
         return ContainerState.missing(name) if job is None else self._state(job)
 
     def _state(self, job: _Job) -> ContainerState:
+        # No id: the job's name is its only handle (see ContainerRuntime's verbs).
         state = ContainerState(
             name=job.name,
             exists=True,
             status="created",
             labels=job.labels,
             created_at=job.created_at,
-            id=job.id,
         )
         if job.main is None:
             return state  # never started (or the daemon died while starting it)

@@ -1,4 +1,4 @@
-"""The wire: what a console written for 0.3.15 sends is read, and what it reads is exact.
+"""The wire's answers: what a console written for 0.3.15 reads is exact.
 
 The shapes below are protocol 1 as 0.3.15 consoles parse it, field by field. A change
 to any of them is a change of protocol, not a refactoring.
@@ -7,14 +7,10 @@ to any of them is a change of protocol, not a refactoring.
 from __future__ import annotations
 
 import json
-import math
 from types import MappingProxyType
 from typing import Any
 
-import pytest
-
-from tests.helpers import INVENTORY_KEYS, console_0315
-from tuneplane_node.errors import InvalidField
+from tests.helpers import INVENTORY_KEYS
 from tuneplane_node.gpu.allocator import Occupancy
 from tuneplane_node.gpu.probe import CardFacts, GpuProcess, GpuSnapshot
 from tuneplane_node.inventory import (
@@ -38,200 +34,16 @@ from tuneplane_node.runtime.base import (
     LABEL_RUN_ID,
     CacheStatus,
     ContainerState,
-    Mount,
     PullProgress,
     RuntimeHealth,
 )
-from tuneplane_node.wire import (
-    MAX_TAIL,
+from tuneplane_node.wire.answers import (
     health_json,
     inventory_json,
     launch_json,
     observe_json,
-    parse_launch,
-    parse_ref,
-    parse_refs,
-    parse_seconds,
-    parse_tail,
     state_json,
 )
-
-# --- what 0.3.15 consoles send -------------------------------------------------------------
-
-CONSOLE_0315_EMPTY = console_0315("r-123")
-
-
-def test_a_0315_spec_with_every_field_and_empty_strings_is_accepted() -> None:
-    request = parse_launch(CONSOLE_0315_EMPTY)
-
-    spec = request.spec
-    assert (request.run_id, request.requested_gpus, request.ref) == ("r-123", 2, "tuneplane-r-123")
-    assert spec.command == ("python", "-m", "train") and spec.image == "registry/trainer:1"
-    assert spec.network == "host"
-    assert (spec.workdir, spec.user, spec.shm_size, spec.memory_limit) == (None,) * 4
-    assert spec.cpu_limit is None
-    assert spec.labels == {LABEL_RUN_ID: "r-123"}
-
-
-def container(**fields: Any) -> dict[str, Any]:
-    return {**CONSOLE_0315_EMPTY, "container": {**CONSOLE_0315_EMPTY["container"], **fields}}
-
-
-@pytest.mark.parametrize(
-    ("given", "cpus"),
-    [("", None), ("2", 2.0), ("0.5", 0.5), (" 4 ", 4.0), (8, 8.0), (1.5, 1.5), (None, None)],
-)
-def test_cpu_limit_is_a_number_or_0315s_string(given: object, cpus: float | None) -> None:
-    assert parse_launch(container(cpu_limit=given)).spec.cpu_limit == cpus
-
-
-@pytest.mark.parametrize("given", ["two", "-1", "0", 0, -2.5, "1e400", "inf", "nan", True, [2]])
-def test_a_bad_cpu_limit_names_the_field(given: object) -> None:
-    with pytest.raises(InvalidField, match=r"^container\.cpu_limit: "):
-        parse_launch(container(cpu_limit=given))
-
-
-def test_a_full_0315_spec_reaches_the_container() -> None:
-    request = parse_launch(
-        container(
-            name="tuneplane-custom",
-            env={"EPOCHS": 3, "LR": "0.1"},
-            mounts=[["/data/r-123", "/work", False], {"host": "/models", "container": "/m"}],
-            labels={"tuneplane.user": "alice"},
-            workdir="/work",
-            shm_size="16g",
-            memory_limit="64G",
-            network="bridge",
-            user="1000:1000",
-        )
-    )
-    spec = request.spec
-    assert spec.name == "tuneplane-custom"
-    assert spec.env == {"EPOCHS": "3", "LR": "0.1"}
-    assert spec.mounts == (Mount("/data/r-123", "/work", False), Mount("/models", "/m", False))
-    assert spec.labels == {"tuneplane.user": "alice", LABEL_RUN_ID: "r-123"}
-    assert (spec.workdir, spec.shm_size, spec.memory_limit) == ("/work", "16g", "64g")
-    assert (spec.network, spec.user) == ("bridge", "1000:1000")
-
-
-def test_requested_gpus_falls_back_to_the_length_of_container_gpus() -> None:
-    body = {"run_id": "a", "container": {"image": "x", "gpus": [5, 6, 7]}}
-    assert parse_launch(body).requested_gpus == 3
-    assert parse_launch({**body, "requested_gpus": 1}).requested_gpus == 1
-    assert (
-        parse_launch({"run_id": "a", "container": {"image": "x", "gpus": ""}}).requested_gpus == 0
-    )
-
-
-@pytest.mark.parametrize(
-    ("body", "field"),
-    [
-        ({"container": {"image": "x"}}, "run_id"),
-        ({"run_id": "a"}, "container"),
-        ({"run_id": "a", "container": []}, "container"),
-        ({"run_id": "a", "container": {}}, "container.image"),
-        ({"run_id": "a" * 201, "container": {"image": "x"}}, "run_id"),
-        ({"run_id": "a", "container": {"image": "x", "command": "rm -rf /"}}, "container.command"),
-        ({"run_id": "a", "container": {"image": "x", "command": ["a", 1]}}, "container.command"),
-        ({"run_id": "a", "requested_gpus": -1, "container": {"image": "x"}}, "requested_gpus"),
-        ({"run_id": "a", "requested_gpus": 1.5, "container": {"image": "x"}}, "requested_gpus"),
-        ({"run_id": "a", "requested_gpus": True, "container": {"image": "x"}}, "requested_gpus"),
-        ({"run_id": "a", "requested_gpus": 10**30, "container": {"image": "x"}}, "requested_gpus"),
-        ({"run_id": "a", "container": {"image": "x", "gpus": 2}}, "container.gpus"),
-        (
-            {"run_id": "a", "container": {"image": "x", "mounts": [["rel", "/x"]]}},
-            "container.mounts[0]",
-        ),
-        ({"run_id": "a", "container": {"image": "x", "mounts": [["/a"]]}}, "container.mounts[0]"),
-        (
-            {"run_id": "a", "container": {"image": "x", "mounts": [["/a", "/b", "yes"]]}},
-            "container.mounts[0]",
-        ),
-        ({"run_id": "a", "container": {"image": "x", "mounts": {"/a": "/b"}}}, "container.mounts"),
-        (
-            {"run_id": "a", "container": {"image": "x", "labels": {"tuneplane.gpus": "0"}}},
-            "container.labels",
-        ),
-        (
-            {"run_id": "a", "container": {"image": "x", "labels": {"tuneplane.run-id": "b"}}},
-            "container.labels",
-        ),
-        ({"run_id": "a", "container": {"image": "x", "env": {"A": None}}}, "container.env.A"),
-        ({"run_id": "a", "container": {"image": "x", "env": ["A=1"]}}, "container.env"),
-        (
-            {"run_id": "a", "container": {"image": "x", "memory_limit": "lots"}},
-            "container.memory_limit",
-        ),
-        ({"run_id": "a", "container": {"image": "x", "shm_size": "1g\n"}}, "container.shm_size"),
-        ({"run_id": "a", "container": {"image": "x", "name": "abc\n"}}, "container.name"),
-        ({"run_id": "a", "container": {"image": "x", "name": "-abc"}}, "container.name"),
-        ({"run_id": "a", "container": {"image": "x", "name": "a/b"}}, "container.name"),
-        ({"run_id": "a", "container": {"image": "x\x00"}}, "container.image"),
-    ],
-)
-def test_a_bad_launch_is_refused_naming_the_field(body: dict[str, Any], field: str) -> None:
-    with pytest.raises(InvalidField) as refused:
-        parse_launch(body)
-    assert refused.value.field == field
-    assert refused.value.message.startswith(f"{field}: ")
-
-
-def test_a_run_id_the_name_cannot_hold_gets_a_safe_name() -> None:
-    request = parse_launch({"run_id": "user/run 1", "container": {"image": "x"}})
-    assert request.ref.startswith("tuneplane-user-run-1-")
-    assert request.spec.labels[LABEL_RUN_ID] == "user/run 1"
-
-
-@pytest.mark.parametrize(
-    ("body", "ok"),
-    [
-        ({"refs": []}, True),
-        ({"refs": ["a", "b"]}, True),
-        ({"refs": "a"}, False),
-        ({"refs": ["a", ""]}, False),
-        ({"refs": ["a", 1]}, False),
-        ({"refs": ["x" * 301]}, False),
-        ({"refs": ["a"] * 10_001}, False),
-        ({}, False),
-    ],
-)
-def test_refs(body: dict[str, Any], ok: bool) -> None:
-    if ok:
-        assert parse_refs(body) == body["refs"]
-    else:
-        with pytest.raises(InvalidField, match=r"^refs: "):
-            parse_refs(body)
-
-
-def test_a_ref_is_a_non_empty_string() -> None:
-    assert parse_ref({"ref": "tuneplane-a"}) == "tuneplane-a"
-    for body in ({}, {"ref": ""}, {"ref": 5}, {"ref": "x" * 301}):
-        with pytest.raises(InvalidField, match=r"^ref: "):
-            parse_ref(body)
-
-
-@pytest.mark.parametrize("value", [-1, "10", True, math.inf, math.nan, 10**401, [1]])
-def test_bad_seconds_name_the_field(value: object) -> None:
-    with pytest.raises(InvalidField, match=r"^max_age_s: "):
-        parse_seconds({"max_age_s": value}, "max_age_s")
-
-
-def test_seconds() -> None:
-    assert parse_seconds({}, "timeout") is None
-    assert parse_seconds({"timeout": 0}, "timeout") == 0.0
-    assert parse_seconds({"timeout": 2.5}, "timeout") == 2.5
-
-
-@pytest.mark.parametrize("value", ["0", "100001", "ten", "-1", "²", "1.5", " 5"])
-def test_a_bad_tail_names_the_field(value: str) -> None:
-    with pytest.raises(InvalidField, match=r"^tail: "):
-        parse_tail(value)
-
-
-def test_tail() -> None:
-    assert parse_tail(None) == parse_tail("") == 2000
-    assert parse_tail("1") == 1 and parse_tail(str(MAX_TAIL)) == MAX_TAIL
-
 
 # --- what 0.3.15 consoles read --------------------------------------------------------------
 

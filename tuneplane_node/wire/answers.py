@@ -1,228 +1,23 @@
-"""The wire contract with the console: request parsing and every JSON shape. Pure data.
+"""Every answer of protocol 1, as TypedDicts built from the job service's typed results.
 
-The only place a field name of the contract is spelt. Parsers turn request bodies into
-the job service's inputs and raise `InvalidField` naming the field, so a bad request is
-a 422 the console can act on, never a traceback. Renderers turn the service's typed
-results into the answers of protocol 1, whose shapes a console written for 0.3.15
-reads field by field: each shape is a TypedDict, so mypy holds the builders to it.
+A console written for 0.3.15 reads these field by field: each shape is a TypedDict, so
+mypy holds the builders to it, and `tests/test_wire.py` pins them key by key.
 """
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Mapping
 from typing import Any, TypedDict, cast
 
-from tuneplane_node.errors import InvalidField
 from tuneplane_node.gpu.allocator import Occupancy
 from tuneplane_node.gpu.probe import CardFacts, GpuSnapshot
 from tuneplane_node.inventory import DiskReading, FabricFacts, Filesystem, LocalDisk
-from tuneplane_node.jobs.results import (
-    AlreadyPending,
-    AlreadyRunning,
-    Inventory,
-    JobView,
-    LaunchRequest,
-    LaunchResult,
-    NodeStatus,
-    PendingView,
-    Pulling,
-    Started,
-)
-from tuneplane_node.runtime.base import (
-    LABEL_GPUS,
-    LABEL_RUN_ID,
-    CacheStatus,
-    ContainerSpec,
-    Mount,
-    container_name,
-)
+from tuneplane_node.jobs import results
+from tuneplane_node.jobs.results import Inventory, JobView, NodeStatus, PendingView
+from tuneplane_node.runtime.base import CacheStatus
+from tuneplane_node.wire import PROTOCOL
 
-PROTOCOL = 1
-PROTOCOL_HEADER = "X-TunePlane-Node-Protocol"
-MAX_BODY_BYTES = 1024 * 1024
-MAX_REFS = 10_000
-MAX_REF = 300
-MAX_TAIL = 100_000
-DEFAULT_TAIL = 2000
-MAX_GPUS = 1024
-MAX_CPUS = 10_000.0
-_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]{0,200}")
-_SIZE = re.compile(r"\d+(\.\d+)?[bkmgBKMG]?")
-_DECIMAL = re.compile(r"\d+(\.\d+)?|\.\d+")
 GIB = 2**30
-
-
-# --- requests ---------------------------------------------------------------------------
-
-
-def parse_launch(body: Mapping[str, Any]) -> LaunchRequest:
-    run_id = _text(body, "run_id", required=True, limit=200)
-    container = body.get("container")
-    if not isinstance(container, Mapping):
-        raise InvalidField("container", "required, an object")
-    gpus = _empty_as(container.get("gpus"), None)
-    if gpus is not None and not isinstance(gpus, list):
-        raise InvalidField("container.gpus", "must be a list of card indices")
-    requested = body.get("requested_gpus")
-    if requested is None:  # 0.3.15 consoles may say it only through container.gpus
-        requested = len(gpus or [])
-    if not _is_int(requested) or not 0 <= requested <= MAX_GPUS:
-        raise InvalidField("requested_gpus", f"must be a whole number from 0 to {MAX_GPUS}")
-    return LaunchRequest(run_id, int(requested), parse_container(container, run_id))
-
-
-def parse_container(body: Mapping[str, Any], run_id: str) -> ContainerSpec:
-    name = _text(body, "container.name") or container_name(run_id)
-    if not _NAME.fullmatch(name):
-        raise InvalidField("container.name", "must match [a-zA-Z0-9][a-zA-Z0-9_.-]*")
-    labels = _string_map(body, "container.labels")
-    if LABEL_GPUS in labels or labels.get(LABEL_RUN_ID, run_id) != run_id:
-        raise InvalidField("container.labels", f"{LABEL_GPUS} and {LABEL_RUN_ID} are the node's")
-    return ContainerSpec(
-        name=name,
-        image=_text(body, "container.image", required=True, limit=1000),
-        command=_argv(body.get("command")),
-        env=_string_map(body, "container.env"),
-        mounts=_mounts(body.get("mounts")),
-        labels={**labels, LABEL_RUN_ID: run_id},
-        workdir=_text(body, "container.workdir") or None,
-        shm_size=_size(body, "container.shm_size"),
-        cpu_limit=_cpus(body.get("cpu_limit")),
-        memory_limit=_size(body, "container.memory_limit"),
-        network=_text(body, "container.network") or "host",
-        user=_text(body, "container.user") or None,
-    )
-
-
-def _key(field: str) -> str:
-    return field.rsplit(".", 1)[-1]
-
-
-def _empty_as(value: object, default: object) -> object:
-    """0.3.15 consoles send every field, ``""`` for the ones they leave empty."""
-    return default if value is None or value == "" else value
-
-
-def _text(body: Mapping[str, Any], field: str, *, required: bool = False, limit: int = 4096) -> str:
-    value = body.get(_key(field))
-    if value is None or value == "":
-        if required:
-            raise InvalidField(field, "required, a non-empty string")
-        return ""
-    if not isinstance(value, str) or len(value) > limit or "\x00" in value:
-        raise InvalidField(field, f"must be a string of at most {limit} characters")
-    return value
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _argv(value: object) -> tuple[str, ...]:
-    value = _empty_as(value, [])
-    # A string would need a shell to split it: the node never runs one.
-    if not isinstance(value, list) or not all(isinstance(arg, str) for arg in value):
-        raise InvalidField("container.command", "must be a list of strings (an argv)")
-    return tuple(value)
-
-
-def _string_map(body: Mapping[str, Any], field: str) -> dict[str, str]:
-    value = _empty_as(body.get(_key(field)), {})
-    if not isinstance(value, Mapping):
-        raise InvalidField(field, "must be an object of strings")
-    result = {}
-    for key, item in value.items():
-        if isinstance(item, bool) or not isinstance(item, (str, int, float)):
-            raise InvalidField(f"{field}.{key}", "must be a string")
-        result[str(key)] = str(item)
-    return result
-
-
-def _mounts(value: object) -> tuple[Mount, ...]:
-    value = _empty_as(value, [])
-    if not isinstance(value, list):
-        raise InvalidField("container.mounts", "must be a list of [host, container, read_only]")
-    return tuple(_mount(entry, f"container.mounts[{i}]") for i, entry in enumerate(value))
-
-
-def _mount(entry: object, field: str) -> Mount:
-    if isinstance(entry, Mapping):
-        entry = [entry.get("host"), entry.get("container"), entry.get("read_only", False)]
-    if not isinstance(entry, list) or len(entry) not in (2, 3):
-        raise InvalidField(field, "must be [host, container, read_only]")
-    host, target, read_only = (*entry, False)[:3]
-    for path in (host, target):
-        if not isinstance(path, str) or not path.startswith("/") or "\x00" in path:
-            raise InvalidField(field, "host and container must be absolute paths")
-    if not isinstance(read_only, bool):
-        raise InvalidField(field, "read_only must be true or false")
-    return Mount(host, target, read_only)
-
-
-def _size(body: Mapping[str, Any], field: str) -> str | None:
-    value = body.get(_key(field))
-    if value is None or value == "":
-        return None
-    if _is_int(value) and value > 0:
-        return str(value)
-    if isinstance(value, str) and _SIZE.fullmatch(value):
-        return value.lower()
-    raise InvalidField(field, "must be a size like 512m, 16g or a number of bytes")
-
-
-def _cpus(value: object) -> float | None:
-    """A number of CPUs: a number, or 0.3.15's string (``""`` no limit, ``"2"``, ``"0.5"``)."""
-    value = _empty_as(value, None)
-    if value is None:
-        return None
-    if isinstance(value, str) and _DECIMAL.fullmatch(value.strip()):
-        value = float(value.strip())
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidField("container.cpu_limit", 'must be a number of CPUs, like 2 or "0.5"')
-    if not (math.isfinite(value) and 0 < value <= MAX_CPUS):
-        raise InvalidField("container.cpu_limit", f"must be more than 0 and at most {MAX_CPUS:g}")
-    return float(value)
-
-
-def parse_refs(body: Mapping[str, Any]) -> list[str]:
-    refs = body.get("refs")
-    if not isinstance(refs, list) or not all(
-        isinstance(ref, str) and 0 < len(ref) <= MAX_REF for ref in refs
-    ):
-        raise InvalidField("refs", f"required, a list of container names (1 to {MAX_REF} long)")
-    if len(refs) > MAX_REFS:
-        raise InvalidField("refs", f"at most {MAX_REFS} per call")
-    return refs
-
-
-def parse_ref(body: Mapping[str, Any]) -> str:
-    return _text(body, "ref", required=True, limit=MAX_REF)
-
-
-def parse_seconds(body: Mapping[str, Any], field: str) -> float | None:
-    value = body.get(field)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidField(field, "must be a number of seconds")
-    try:
-        seconds = float(value)
-    except OverflowError:
-        seconds = math.inf
-    if not math.isfinite(seconds) or seconds < 0:
-        raise InvalidField(field, "must be a finite number of seconds, 0 or more")
-    return seconds
-
-
-def parse_tail(value: str | None) -> int:
-    if value is None or value == "":
-        return DEFAULT_TAIL
-    # isascii: "²" is a digit to str.isdigit, and not a number to int().
-    if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= MAX_TAIL:
-        raise InvalidField("tail", f"must be a whole number from 1 to {MAX_TAIL}")
-    return int(value)
 
 
 # --- answers: observe ------------------------------------------------------------------
@@ -332,14 +127,14 @@ class PendingJson(TypedDict):
 LaunchJson = StartedJson | RunningJson | PullingJson | PendingJson
 
 
-def launch_json(result: LaunchResult) -> LaunchJson:
-    if isinstance(result, Started):
+def launch_json(result: results.LaunchResult) -> LaunchJson:
+    if isinstance(result, results.Started):
         return {"phase": "running", "container_id": result.container_id, "gpus": [*result.gpus]}
-    if isinstance(result, AlreadyRunning):
+    if isinstance(result, results.AlreadyRunning):
         return {"phase": "running", "idempotent": True, "gpus": [*result.gpus]}
-    if isinstance(result, Pulling):
+    if isinstance(result, results.Pulling):
         return {"phase": "pulling", "image": result.image, "requested_gpus": result.requested_gpus}
-    assert isinstance(result, AlreadyPending)
+    assert isinstance(result, results.AlreadyPending)
     return {"phase": result.phase, "idempotent": True, "image": result.image}
 
 

@@ -1,0 +1,254 @@
+"""Serving the app: the listening socket, TLS, signals, and a guard on connections.
+
+Nothing a client does without a token may take the node away from the others: a
+connection that has not sent its request headers within ``TUNEPLANE_HEADER_TIMEOUT_S``,
+or sits idle that long between requests, is closed (aiohttp's keep-alive timer, armed
+from the moment a connection opens); the number of open connections stays under the
+open-file limit by closing the oldest idle ones; and a failing ``accept()`` is logged
+at most once a second, without a traceback.
+
+SIGTERM and SIGINT stop the daemon gracefully; SIGHUP reads the token file and the TLS
+certificate again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+import signal
+import ssl
+import time
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
+from aiohttp.web_protocol import RequestHandler
+
+from tuneplane_node.daemon.app import create_node_app
+from tuneplane_node.daemon.state import TOKENS
+from tuneplane_node.errors import ConfigError
+from tuneplane_node.settings import NodeSettings, env_name
+
+log = logging.getLogger(__name__)
+QUIET_S = 1.0
+BACKLOG = 128
+"""asyncio accepts up to this many connections in one go, before any is given to the
+guard, and closes a shed one only on the next turn of the loop: both need headroom."""
+RESERVED_FDS = 128 + 2 * BACKLOG
+"""File descriptors kept from clients: the engine's pool, files, logs, and a burst of
+accepts. Out of descriptors, asyncio stops accepting for a whole second."""
+
+
+class ConnectionGuard:
+    """Keeps the open connections under ``limit`` by closing the oldest idle ones.
+
+    Idle means no request being handled: a client trickling its headers, or a
+    keep-alive connection between requests. A request in flight is never cut.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        # RequestHandler has __slots__ and no weak references: plain containers, pruned.
+        self.opened: dict[RequestHandler, float] = {}
+        self.busy: set[Any] = set()
+        self.shed = 0
+        self._said = -QUIET_S
+
+    def factory(self, server: web.Server) -> Callable[[], RequestHandler]:
+        def connection() -> RequestHandler:
+            room = self._make_room(server)
+            handler = server()
+            self.opened[handler] = time.monotonic()
+            if not room:  # every connection is busy: this one waits for nobody
+                asyncio.get_running_loop().call_soon(handler.force_close)
+            return handler
+
+        return connection
+
+    def _make_room(self, server: web.Server) -> bool:
+        # A closed handler stays listed until its task ends: count the open ones.
+        connections = [handler for handler in server.connections if handler.transport is not None]
+        if len(self.opened) > 2 * len(connections) + 64:  # forget the closed, now and then
+            self.opened = {h: self.opened[h] for h in connections if h in self.opened}
+        excess = len(connections) + 1 - self.limit
+        if excess <= 0:
+            return True
+        idle = sorted(
+            (handler for handler in connections if handler not in self.busy),
+            key=lambda handler: self.opened.get(handler, 0.0),
+        )
+        closing = idle[:excess]
+        for handler in closing:
+            handler.force_close()
+        self.shed += len(closing)
+        self._say(f"{len(connections)} connections open: closed the {len(closing)} oldest idle")
+        return len(closing) == excess
+
+    def _say(self, message: str) -> None:
+        now = time.monotonic()
+        if now - self._said >= QUIET_S:
+            self._said = now
+            log.warning("%s (limit %d; %d closed in all)", message, self.limit, self.shed)
+
+    def middleware(self) -> Middleware:
+        """Marks a connection busy while one of its requests is handled."""
+
+        @web.middleware
+        async def busy(request: web.Request, handler: Handler) -> web.StreamResponse:
+            protocol = request.protocol
+            self.busy.add(protocol)
+            try:
+                return await handler(request)
+            finally:
+                self.busy.discard(protocol)
+
+        return busy
+
+
+class GuardedSite(web.TCPSite):
+    """A TCP site whose every accepted connection passes the guard first."""
+
+    def __init__(self, runner: web.AppRunner, guard: ConnectionGuard, **options: Any) -> None:
+        super().__init__(runner, **options)
+        self.guard = guard
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)  # registers the site with its runner
+        server = self._runner.server
+        assert server is not None
+        self._server = await asyncio.get_running_loop().create_server(
+            self.guard.factory(server),
+            self._host,
+            self._port,
+            ssl=self._ssl_context,
+            backlog=self._backlog,
+            reuse_address=self._reuse_address,
+        )
+
+
+def connection_limit() -> int:
+    """Connections the node keeps open at most: under the open-file limit, with room."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 65536
+    return max(16, soft - RESERVED_FDS)
+
+
+# --- TLS ---------------------------------------------------------------------------------
+
+
+def tls_context(settings: NodeSettings) -> ssl.SSLContext | None:
+    """HTTPS only, TLS 1.2 or newer; with a client CA, a client certificate is required."""
+    if settings.tls_cert_file is None:
+        return None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        load_certificate(context, settings)
+        if settings.tls_client_ca_file is not None:
+            context.load_verify_locations(cafile=settings.tls_client_ca_file)
+            context.verify_mode = ssl.CERT_REQUIRED
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"{env_name('tls_cert_file')}: cannot use the TLS files: {exc}") from None
+    return context
+
+
+def load_certificate(context: ssl.SSLContext, settings: NodeSettings) -> None:
+    """(Re)load the chain and key; handshakes after this use the new certificate."""
+    assert settings.tls_cert_file is not None and settings.tls_key_file is not None
+    context.load_cert_chain(settings.tls_cert_file, settings.tls_key_file)
+
+
+# --- running -----------------------------------------------------------------------------
+
+
+async def serve(settings: NodeSettings, *, host: str, port: int) -> None:
+    """Run the daemon until SIGTERM or SIGINT; requests in flight finish first."""
+    context = tls_context(settings)
+    guard = ConnectionGuard(connection_limit())
+    app = create_node_app(settings, middlewares=(guard.middleware(),))
+    runner = web.AppRunner(
+        app,
+        access_log=None,
+        keepalive_timeout=settings.header_timeout_s,
+        shutdown_timeout=settings.local_stop_timeout,
+    )
+    loop = asyncio.get_running_loop()
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(QuietAccept(loop.default_exception_handler))
+    try:
+        await runner.setup()
+        try:
+            await _listen(runner, guard, host=host, port=port, context=context)
+            await _until_stopped(lambda: _reload(app, settings, context))
+        finally:
+            await runner.cleanup()  # the app's cleanup: pulls cancelled, the engine closed
+    finally:
+        loop.set_exception_handler(previous)
+    log.info("stopped")
+
+
+async def _listen(
+    runner: web.AppRunner,
+    guard: ConnectionGuard,
+    *,
+    host: str,
+    port: int,
+    context: ssl.SSLContext | None,
+) -> None:
+    site = GuardedSite(runner, guard, host=host, port=port, ssl_context=context, backlog=BACKLOG)
+    await site.start()
+    scheme = "https" if context else "http"
+    log.info("listening on %s://%s:%d (at most %d connections)", scheme, host, port, guard.limit)
+
+
+async def _until_stopped(on_hangup: Callable[[], None]) -> None:
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    loop.add_signal_handler(signal.SIGHUP, on_hangup)
+    try:
+        await stopping.wait()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            loop.remove_signal_handler(sig)
+
+
+def _reload(app: web.Application, settings: NodeSettings, context: ssl.SSLContext | None) -> None:
+    log.info("SIGHUP: reading the token file and the TLS files again")
+    task = asyncio.get_running_loop().create_task(app[TOKENS].reload(), name="token reload")
+    task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
+    if context is not None:
+        try:
+            load_certificate(context, settings)
+        except (OSError, ssl.SSLError) as exc:
+            log.error("TLS files unreadable (%s): keeping the certificate in use", exc)
+
+
+class QuietAccept:
+    """The loop's exception handler, with a failing accept() said once a second.
+
+    Out of file descriptors, asyncio reports every failed accept with a traceback; a
+    flood of connections would fill the disk with them.
+    """
+
+    def __init__(self, fallback: Callable[[dict[str, Any]], None]) -> None:
+        self.fallback = fallback
+        self.said = -QUIET_S
+        self.dropped = 0
+
+    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if "accept" not in str(context.get("message", "")):
+            self.fallback(context)
+            return
+        now = time.monotonic()
+        if now - self.said < QUIET_S:
+            self.dropped += 1
+            return
+        log.error(
+            "accept() failed: %s (%d more not logged)", context.get("exception"), self.dropped
+        )
+        self.said, self.dropped = now, 0

@@ -1,0 +1,8 @@
+"""The wire contract with the console: every request parser (`requests`) and every JSON
+shape (`answers`) of the API. Pure data, no I/O: the only place a field name of the
+contract is spelt.
+"""
+
+PROTOCOL = 1
+PROTOCOL_HEADER = "X-TunePlane-Node-Protocol"
+MAX_BODY_BYTES = 1024 * 1024

@@ -1,0 +1,356 @@
+"""Every request of protocol 1, parsed into the job service's inputs.
+
+Every parser raises `InvalidField` naming the field, so a bad request is a 422 the
+console can act on, never a traceback and never a 502 blamed on the engine. Every
+number has stated bounds, every string a length, every list a count. A launch may carry
+exactly the fields of 0.3.15's ``ContainerSpec``, and ``""`` for the ones it leaves
+empty; anything else is refused by name, so a typo never runs the image's own
+entrypoint.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from tuneplane_node.errors import InvalidField
+from tuneplane_node.jobs.results import LaunchRequest
+from tuneplane_node.runtime.base import (
+    LABEL_GPUS,
+    LABEL_RUN_ID,
+    ContainerSpec,
+    Mount,
+    container_name,
+)
+
+LAUNCH_FIELDS = ("run_id", "requested_gpus", "container")
+CONTAINER_FIELDS = (
+    "name",
+    "image",
+    "command",
+    "env",
+    "gpus",
+    "mounts",
+    "labels",
+    "workdir",
+    "shm_size",
+    "cpu_limit",
+    "memory_limit",
+    "network",
+    "user",
+)
+NETWORKS = ("host", "bridge", "none")
+MAX_REFS = 10_000
+MAX_REF = 300
+MAX_TAIL = 100_000
+DEFAULT_TAIL = 2000
+MAX_GPUS = 1024
+MAX_CPUS = 10_000.0
+MAX_ARGS = 4096
+MAX_ENV = 1000
+MAX_LABELS = 100
+MAX_MOUNTS = 64
+MAX_PATH = 4096
+MAX_VALUE = 65536
+MAX_GRACE_S = 30 * 86400.0
+"""The longest stop grace period a console may ask for: 30 days."""
+MAX_AGE_S = 3650 * 86400.0
+"""The oldest reap age a console may give: 10 years."""
+MIN_MEMORY = 6 * 2**20  # the engines refuse less
+MAX_SIZE = 2**50  # 1 PiB
+
+_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]{0,200}")
+# Engines resolve a full id, then an exact name, then an id prefix: a name that looks
+# like an id could reach a container that is not the node's.
+_LOOKS_LIKE_ID = re.compile(r"[0-9a-fA-F]{12,}")
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)([bkmgBKMG]?)")
+_UNITS = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30}
+_DECIMAL = re.compile(r"\d+(\.\d+)?|\.\d+")
+_USER = re.compile(r"[a-zA-Z0-9_][a-zA-Z0-9_.-]{0,31}(:[a-zA-Z0-9_][a-zA-Z0-9_.-]{0,31})?")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+# The distribution reference grammar (github.com/distribution/reference): what the
+# engines accept as an image, and nothing that reads as a flag, a path or a URL.
+_DOMAIN_PART = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_DOMAIN = rf"(?:{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*|\[[a-fA-F0-9:]+\])(?::[0-9]+)?"
+_PATH_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_NAME_PART = rf"(?:{_DOMAIN}/)?{_PATH_PART}(?:/{_PATH_PART})*"
+_TAG = r"[\w][\w.-]{0,127}"
+_DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
+IMAGE_REFERENCE = re.compile(rf"(?P<name>{_NAME_PART})(?::{_TAG})?(?:@{_DIGEST})?")
+MAX_IMAGE_NAME = 255
+
+
+# --- launch -------------------------------------------------------------------------------
+
+
+def parse_launch(body: Mapping[str, Any]) -> LaunchRequest:
+    _known(body, LAUNCH_FIELDS, prefix="")
+    run_id = _text(body, "run_id", required=True, limit=200)
+    if _CONTROL.search(run_id):
+        raise InvalidField("run_id", "must not hold control characters")
+    container = body.get("container")
+    if not isinstance(container, Mapping):
+        raise InvalidField("container", "required, an object")
+    _known(container, CONTAINER_FIELDS, prefix="container.")
+    gpus = _empty_as(container.get("gpus"), None)
+    if gpus is not None and (not isinstance(gpus, list) or len(gpus) > MAX_GPUS):
+        raise InvalidField("container.gpus", f"must be a list of at most {MAX_GPUS} card indices")
+    requested = body.get("requested_gpus")
+    if requested is None:  # 0.3.15 consoles may say it only through container.gpus
+        requested = len(gpus or [])
+    if not _is_int(requested) or not 0 <= requested <= MAX_GPUS:
+        raise InvalidField("requested_gpus", f"must be a whole number from 0 to {MAX_GPUS}")
+    return LaunchRequest(run_id, int(requested), parse_container(container, run_id))
+
+
+def parse_container(body: Mapping[str, Any], run_id: str) -> ContainerSpec:
+    labels = _string_map(body, "container.labels", limit=MAX_LABELS)
+    if LABEL_GPUS in labels or labels.get(LABEL_RUN_ID, run_id) != run_id:
+        raise InvalidField("container.labels", f"{LABEL_GPUS} and {LABEL_RUN_ID} are the node's")
+    return ContainerSpec(
+        name=_name(body) or container_name(run_id),
+        image=_image(body),
+        command=_argv(body.get("command")),
+        env=_env(body),
+        mounts=_mounts(body.get("mounts")),
+        labels={**labels, LABEL_RUN_ID: run_id},
+        workdir=_path(body, "container.workdir") or None,
+        shm_size=_size(body, "container.shm_size", least=1),
+        cpu_limit=_cpus(body.get("cpu_limit")),
+        memory_limit=_size(body, "container.memory_limit", least=MIN_MEMORY),
+        network=_network(body),
+        user=_user(body),
+    )
+
+
+def _known(body: Mapping[str, Any], fields: tuple[str, ...], *, prefix: str) -> None:
+    """Refuse a field the contract does not have: a typo must not pass unnoticed."""
+    for key in body:
+        if key not in fields:
+            shown = key if key.isidentifier() else json.dumps(key)[:100]
+            raise InvalidField(f"{prefix}{shown}", f"unknown field; known: {', '.join(fields)}")
+
+
+def _key(field: str) -> str:
+    return field.rsplit(".", 1)[-1]
+
+
+def _empty_as(value: object, default: object) -> object:
+    """0.3.15 consoles send every field, ``""`` for the ones they leave empty."""
+    return default if value is None or value == "" else value
+
+
+def _text(body: Mapping[str, Any], field: str, *, required: bool = False, limit: int = 4096) -> str:
+    value = body.get(_key(field))
+    if value is None or value == "":
+        if required:
+            raise InvalidField(field, "required, a non-empty string")
+        return ""
+    if not isinstance(value, str) or len(value) > limit or "\x00" in value:
+        raise InvalidField(field, f"must be a string of at most {limit} characters")
+    return value
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _name(body: Mapping[str, Any]) -> str:
+    name = _text(body, "container.name")
+    if name and not _NAME.fullmatch(name):
+        raise InvalidField("container.name", "must match [a-zA-Z0-9][a-zA-Z0-9_.-]*")
+    if name and _LOOKS_LIKE_ID.fullmatch(name):
+        raise InvalidField("container.name", "must not look like a container id (hex digits)")
+    return name
+
+
+def _image(body: Mapping[str, Any]) -> str:
+    image = _text(body, "container.image", required=True, limit=1000)
+    match = IMAGE_REFERENCE.fullmatch(image)
+    if match is None or len(match.group("name")) > MAX_IMAGE_NAME:
+        raise InvalidField(
+            "container.image", "must be an image reference like registry/name:tag (lower case)"
+        )
+    return image
+
+
+def _argv(value: object) -> tuple[str, ...]:
+    value = _empty_as(value, [])
+    # A string would need a shell to split it: the node never runs one.
+    if not isinstance(value, list) or not all(isinstance(arg, str) for arg in value):
+        raise InvalidField("container.command", "must be a list of strings (an argv)")
+    if len(value) > MAX_ARGS or any("\x00" in arg or len(arg) > MAX_VALUE for arg in value):
+        raise InvalidField(
+            "container.command", f"at most {MAX_ARGS} arguments of {MAX_VALUE} characters"
+        )
+    return tuple(value)
+
+
+def _string_map(body: Mapping[str, Any], field: str, *, limit: int) -> dict[str, str]:
+    value = _empty_as(body.get(_key(field)), {})
+    if not isinstance(value, Mapping):
+        raise InvalidField(field, "must be an object of strings")
+    if len(value) > limit:
+        raise InvalidField(field, f"at most {limit} entries")
+    result = {}
+    for key, item in value.items():
+        if not 0 < len(key) <= 256 or "\x00" in key:
+            raise InvalidField(field, "keys must be 1 to 256 characters")
+        if isinstance(item, bool) or not isinstance(item, (str, int, float)):
+            raise InvalidField(f"{field}.{key}", "must be a string")
+        text = str(item)
+        if len(text) > MAX_VALUE or "\x00" in text:
+            raise InvalidField(f"{field}.{key}", f"at most {MAX_VALUE} characters, no NUL")
+        result[str(key)] = text
+    return result
+
+
+def _env(body: Mapping[str, Any]) -> dict[str, str]:
+    env = _string_map(body, "container.env", limit=MAX_ENV)
+    for key in env:
+        if "=" in key:
+            raise InvalidField(f"container.env.{key}", "a variable's name cannot hold '='")
+    return env
+
+
+def _mounts(value: object) -> tuple[Mount, ...]:
+    value = _empty_as(value, [])
+    if not isinstance(value, list) or len(value) > MAX_MOUNTS:
+        raise InvalidField(
+            "container.mounts",
+            f"must be a list of at most {MAX_MOUNTS} [host, container, read_only]",
+        )
+    return tuple(_mount(entry, f"container.mounts[{i}]") for i, entry in enumerate(value))
+
+
+def _mount(entry: object, field: str) -> Mount:
+    if isinstance(entry, Mapping):
+        entry = [entry.get("host"), entry.get("container"), entry.get("read_only", False)]
+    if not isinstance(entry, list) or len(entry) not in (2, 3):
+        raise InvalidField(field, "must be [host, container, read_only]")
+    host, target, read_only = (*entry, False)[:3]
+    for path in (host, target):
+        if not _absolute(path):
+            raise InvalidField(field, "host and container must be absolute paths without '..'")
+    if not isinstance(read_only, bool):
+        raise InvalidField(field, "read_only must be true or false")
+    return Mount(host, target, read_only)
+
+
+def _absolute(path: object) -> bool:
+    return (
+        isinstance(path, str)
+        and path.startswith("/")
+        and len(path) <= MAX_PATH
+        and "\x00" not in path
+        and ".." not in path.split("/")
+    )
+
+
+def _path(body: Mapping[str, Any], field: str) -> str:
+    path = _text(body, field, limit=MAX_PATH)
+    if path and not _absolute(path):
+        raise InvalidField(field, "must be an absolute path without '..'")
+    return path
+
+
+def _size(body: Mapping[str, Any], field: str, *, least: int) -> str | None:
+    value = body.get(_key(field))
+    if value is None or value == "":
+        return None
+    size = _bytes(value)
+    if size is None or not least <= size <= MAX_SIZE:
+        raise InvalidField(
+            field,
+            f"must be a size like 512m, 16g or a number of bytes, from {least} bytes to 1 PiB",
+        )
+    return str(value).lower()
+
+
+def _bytes(value: object) -> float | None:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return float(min(value, 2 * MAX_SIZE))  # 10**400 would overflow a float
+    match = _SIZE.fullmatch(value) if isinstance(value, str) else None
+    return float(match.group(1)) * _UNITS[match.group(2).lower()] if match else None
+
+
+def _cpus(value: object) -> float | None:
+    """A number of CPUs: a number, or 0.3.15's string (``""`` no limit, ``"2"``, ``"0.5"``)."""
+    value = _empty_as(value, None)
+    if value is None:
+        return None
+    if isinstance(value, str) and _DECIMAL.fullmatch(value.strip()):
+        value = float(value.strip())
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidField("container.cpu_limit", 'must be a number of CPUs, like 2 or "0.5"')
+    # Compared as given: an int of 400 digits would overflow a float.
+    if not ((isinstance(value, int) or math.isfinite(value)) and 0 < value <= MAX_CPUS):
+        raise InvalidField("container.cpu_limit", f"must be more than 0 and at most {MAX_CPUS:g}")
+    return float(value)
+
+
+def _network(body: Mapping[str, Any]) -> str:
+    network = _text(body, "container.network", limit=100) or "host"
+    if network not in NETWORKS:
+        # container:<id> would join another container's namespaces: not a job's to ask.
+        raise InvalidField("container.network", f"must be one of {', '.join(NETWORKS)}")
+    return network
+
+
+def _user(body: Mapping[str, Any]) -> str | None:
+    user = _text(body, "container.user", limit=100)
+    if user and not _USER.fullmatch(user):
+        raise InvalidField("container.user", "must be a user or uid, with :group or :gid")
+    return user or None
+
+
+# --- the other verbs ----------------------------------------------------------------------
+
+
+def parse_refs(body: Mapping[str, Any]) -> list[str]:
+    refs = body.get("refs")
+    if not isinstance(refs, list) or not all(
+        isinstance(ref, str) and 0 < len(ref) <= MAX_REF for ref in refs
+    ):
+        raise InvalidField("refs", f"required, a list of container names (1 to {MAX_REF} long)")
+    if len(refs) > MAX_REFS:
+        raise InvalidField("refs", f"at most {MAX_REFS} per call")
+    return refs
+
+
+def parse_ref(body: Mapping[str, Any]) -> str:
+    return _text(body, "ref", required=True, limit=MAX_REF)
+
+
+def parse_seconds(body: Mapping[str, Any], field: str, *, most: float) -> float | None:
+    value = body.get(field)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidField(field, "must be a number of seconds")
+    if not (isinstance(value, int) or math.isfinite(value)) or not 0 <= value <= most:
+        raise InvalidField(field, f"must be from 0 to {most:g} seconds")
+    return float(value)
+
+
+def parse_grace(body: Mapping[str, Any]) -> float | None:
+    """A stop's ``timeout``: seconds between SIGTERM and SIGKILL."""
+    return parse_seconds(body, "timeout", most=MAX_GRACE_S)
+
+
+def parse_max_age(body: Mapping[str, Any]) -> float | None:
+    """A reap's ``max_age_s``."""
+    return parse_seconds(body, "max_age_s", most=MAX_AGE_S)
+
+
+def parse_tail(value: str | None) -> int:
+    if value is None or value == "":
+        return DEFAULT_TAIL
+    # isascii: "²" is a digit to str.isdigit, and not a number to int().
+    if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= MAX_TAIL:
+        raise InvalidField("tail", f"must be a whole number from 1 to {MAX_TAIL}")
+    return int(value)

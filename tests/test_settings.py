@@ -179,3 +179,51 @@ def test_the_readme_table_documents_no_setting_that_does_not_exist() -> None:
 
 def test_the_readme_names_the_old_timeout_variable() -> None:
     assert "TUNEPLANE_LOCAL_CLI_TIMEOUT" in README.read_text()
+
+
+# --- settings that would start a broken node are refused at start ----------------------
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "says"),
+    [
+        ("TUNEPLANE_LOCAL_API_TIMEOUT", "inf", "finite"),
+        ("TUNEPLANE_LOCAL_STOP_TIMEOUT", "inf", "finite"),
+        ("TUNEPLANE_LOCAL_STOP_TIMEOUT", "1e9", "less than or equal"),
+        ("TUNEPLANE_STATE_RELIST_S", "nan", "finite"),
+        ("TUNEPLANE_DOCKER_HOST", "bogus://x", "unix://"),
+        ("TUNEPLANE_PODMAN_URL", "ftp://x", "unix://"),
+        ("TUNEPLANE_HEADER_TIMEOUT_S", "0", "greater than 0"),
+        ("TUNEPLANE_ALLOWED_MOUNT_ROOTS", '["/"]', "may never mount"),
+        ("TUNEPLANE_ALLOWED_MOUNT_ROOTS", '["/var"]', "/var/run"),
+        ("TUNEPLANE_ALLOWED_MOUNT_ROOTS", '["/proc/1"]', "/proc"),
+        ("TUNEPLANE_TLS_CERT_FILE", "/etc/ssl/x.pem", "go together"),
+    ],
+)
+def test_a_setting_that_would_break_the_node_stops_its_start(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, says: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError) as refused:
+        load_settings()
+    message = refused.value.message
+    assert variable in message and says in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("token", ["change-me ", " change-me", "two words", "tab\there", "ünïcode"])
+def test_a_token_a_header_would_not_carry_intact_is_refused_unrepeated(
+    monkeypatch: pytest.MonkeyPatch, token: str
+) -> None:
+    monkeypatch.setenv("TUNEPLANE_NODE_TOKEN", token)
+    with pytest.raises(ConfigError) as refused:
+        load_settings()
+    assert refused.value.message == (
+        "invalid settings: TUNEPLANE_NODE_TOKEN: must be printable ASCII without spaces"
+    )
+
+
+def test_the_default_mount_roots_are_the_storage_root_and_the_model_dirs(tmp_path: Path) -> None:
+    settings = load_settings(storage_root=tmp_path / "s", model_dirs=[tmp_path / "m"])
+    assert settings.mount_roots == [(tmp_path / "s").resolve(), (tmp_path / "m").resolve()]
+    assert load_settings(allowed_mount_roots=[tmp_path]).mount_roots == [tmp_path.resolve()]

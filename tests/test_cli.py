@@ -22,7 +22,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import INVENTORY_KEYS, docker_host, engine_missing, engine_settings
+from tests.helpers import (
+    INVENTORY_KEYS,
+    docker_host,
+    engine_missing,
+    engine_settings,
+    podman_url,
+)
 from tuneplane_node.runtime.docker import DockerRuntime
 
 REPO = Path(__file__).resolve().parent.parent
@@ -110,7 +116,7 @@ def test_a_bad_setting_is_named_without_a_traceback(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
-def test_auto_with_no_engine_names_both_and_never_falls_back_to_process(
+def test_auto_with_a_docker_address_that_does_not_answer_is_an_error_naming_it(
     tmp_path: Path,
 ) -> None:
     docker_sock, podman_sock = tmp_path / "no-docker.sock", tmp_path / "no-podman.sock"
@@ -122,12 +128,26 @@ def test_auto_with_no_engine_names_both_and_never_falls_back_to_process(
         TUNEPLANE_DOCKER_HOST=f"unix://{docker_sock}",
         TUNEPLANE_PODMAN_URL=f"unix://{podman_sock}",
     )
-    assert result.returncode != 0
+    assert result.returncode == 2
     message = result.stderr
-    assert f"docker at unix://{docker_sock}" in message
-    assert f"podman at unix://{podman_sock}" in message
-    assert "TUNEPLANE_LOCAL_RUNTIME=process" in message
-    assert "Traceback" not in message
+    assert f"TUNEPLANE_DOCKER_HOST=unix://{docker_sock}: docker did not answer" in message
+    assert "does not fall back to podman" in message
+    assert "podman at" not in message and "Traceback" not in message
+
+
+@pytest.mark.engine
+def test_a_wrong_docker_address_never_becomes_podman(tmp_path: Path) -> None:
+    """The podman service answers, and still the node refuses: jobs run on docker."""
+    result = run_cli(
+        tmp_path,
+        "check",
+        TUNEPLANE_NODE_TOKEN="t0ken",
+        TUNEPLANE_DOCKER_HOST="unix:///nonexistent.sock",
+        TUNEPLANE_PODMAN_URL=podman_url(),
+    )
+    assert result.returncode == 2, result.stdout
+    assert "TUNEPLANE_DOCKER_HOST=unix:///nonexistent.sock: docker did not answer" in result.stderr
+    assert "podman" not in result.stdout
 
 
 # --- against the Docker engine -------------------------------------------------------

@@ -191,3 +191,25 @@ async def test_the_cache_holds_only_labelled_containers(
 
     await wait_until(lambda: ours in cache.states, timeout=5)  # seen by its events alone
     assert foreign not in cache.states
+
+
+async def test_fifty_launch_exit_remove_cycles_on_podman_answer_no_false_503(
+    make_node: MakeNode,
+) -> None:
+    """podman says 'no such container' with a 500 when a removed container's event is
+    inspected: that is a removal, never a broken stream (every verb would answer 503)."""
+    node = await make_node("podman")
+    answers: collections.Counter[int] = collections.Counter()
+    for _ in range(50):
+        ref, _ = await node.launch(["/bin/sh", "-c", "exit 0"])
+        for _ in range(500):
+            status, body = await node.call("POST", "/node/v1/observe", json={"refs": [ref]})
+            answers[status] += 1
+            if status != 200 or body["states"][ref]["status"] == "exited":
+                break
+            await asyncio.sleep(0.01)
+        status, _ = await node.call("POST", "/node/v1/remove", json={"ref": ref})
+        answers[status] += 1
+        status, _ = await node.call("POST", "/node/v1/observe", json={"refs": [ref]})
+        answers[status] += 1
+    assert set(answers) == {200}, answers

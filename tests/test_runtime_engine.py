@@ -114,6 +114,17 @@ def test_a_transport_failure_is_unavailable_not_refused() -> None:
     assert "Connection refused" in translated.message
 
 
+def test_podmans_500_for_a_vanished_container_means_missing() -> None:
+    exc = podman.errors.APIError(
+        "500",
+        response=http_response(500),
+        explanation="container abc does not exist in database: no such container",
+    )
+    assert PODMAN_ERRORS.missing(exc)
+    assert not PODMAN_ERRORS.missing(podman.errors.APIError("500", response=http_response(500)))
+    assert DOCKER_ERRORS.missing(docker.errors.NotFound("404", response=http_response(404)))
+
+
 def test_an_error_already_the_nodes_passes_through() -> None:
     mine = EngineUnavailable(engine="docker", reason="stale")
     assert DOCKER_ERRORS.translate(mine, action="x") is mine

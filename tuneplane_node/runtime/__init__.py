@@ -7,6 +7,7 @@ one runtime are invisible to another, so guessing would orphan them.
 from __future__ import annotations
 
 import logging
+import os
 
 from tuneplane_node.errors import ConfigError
 from tuneplane_node.runtime.base import ContainerRuntime, EngineFeed
@@ -53,15 +54,18 @@ async def detect_runtime(settings: NodeSettings, *, cache: bool = True) -> Conta
     """The configured runtime; ``auto`` takes docker, then podman, whichever answers.
 
     An explicitly chosen engine is returned even while it is down: the daemon then answers
-    503 until it comes back, which is true, instead of refusing to start.
+    503 until it comes back, which is true, instead of refusing to start. Under ``auto``,
+    a docker address the operator gave is the engine: if it does not answer, that is an
+    error naming it, never a silent move to podman (jobs on docker would all read gone).
     """
     if settings.local_runtime != "auto":
         return make_runtime(settings, settings.local_runtime, cache=cache)
+    docker_address = settings.docker_host or os.environ.get("DOCKER_HOST")
+    candidates = [("docker", docker_address or "the default socket")]
+    if not docker_address:
+        candidates.append(("podman", settings.podman_url))
     tried = []
-    for kind, address in (
-        ("docker", settings.docker_host or "DOCKER_HOST or the default socket"),
-        ("podman", settings.podman_url),
-    ):
+    for kind, address in candidates:
         engine = _engine(settings, kind)
         health = await engine.health()  # the engine itself: a cache would not be synced yet
         if health.ok:
@@ -69,6 +73,12 @@ async def detect_runtime(settings: NodeSettings, *, cache: bool = True) -> Conta
             return cached(engine, settings) if cache else engine
         await engine.close()
         tried.append(f"{kind} at {address}: {health.error}")
+    if docker_address:
+        variable = "TUNEPLANE_DOCKER_HOST" if settings.docker_host else "DOCKER_HOST"
+        raise ConfigError(
+            f"{variable}={docker_address}: docker did not answer ({health.error}); the node "
+            "does not fall back to podman when a docker address is given"
+        )
     raise ConfigError(
         "no container engine answered (" + "; ".join(tried) + "). Start docker or podman, "
         "set TUNEPLANE_DOCKER_HOST / TUNEPLANE_PODMAN_URL, or on a development machine set "

@@ -63,6 +63,14 @@ class ErrorTable:
     api_error: type[Exception]
     not_found: type[Exception]
 
+    def missing(self, exc: BaseException) -> bool:
+        """No such container or image. podman 4 says so with a 500 when a container goes
+        between its lookup and its inspect: that is a removal, not a failing engine."""
+        if isinstance(exc, self.not_found):
+            return True
+        words = str(getattr(exc, "explanation", None) or exc).lower()
+        return isinstance(exc, self.api_error) and "no such container" in words
+
     def translate(self, exc: BaseException, *, action: str) -> NodeError:
         if isinstance(exc, NodeError):
             return exc
@@ -230,8 +238,10 @@ class EngineRuntime(ABC):
         """``fn(*args)``, or ``missing`` when the engine has no such container or image."""
         try:
             return fn(*args)
-        except self.errors.not_found:
-            return missing
+        except self.errors.api_error as exc:
+            if self.errors.missing(exc):
+                return missing
+            raise
 
     def _translated(self, items: Iterator[T], *, action: str) -> Iterator[T]:
         """A stream whose SDK errors surface as the node's own."""

@@ -83,6 +83,7 @@ def fake_settings(tmp_path: Any, **overrides: Any) -> NodeSettings:
         "local_gpu_count": 4,
         "storage_root": tmp_path,
         "node_state_dir": tmp_path / "state",
+        "local_stop_timeout": 0.05,  # real seconds: a grace period is waited, not faked
     }
     return NodeSettings(**{**base, **overrides})
 
@@ -228,7 +229,10 @@ async def make_node(aiohttp_client: Any, tmp_path: Any) -> AsyncIterator[MakeNod
         if probe is None:
             probe = make_probe(settings) if settings.gpu_simulation_file else NoDriverProbe("test")
         allocator = GpuAllocator(cached, settings, probe=probe)
-        app = create_node_app(settings, runtime=cached, allocator=allocator)
+        # The development engine holds other people's nodes: only the suite's own engine
+        # is swept of wreckage.
+        own = settings.docker_host == own_docker_host() and engine == "docker"
+        app = create_node_app(settings, runtime=cached, allocator=allocator, sweep=own)
         return Console(await aiohttp_client(app), made=made_by[id(cached)])
 
     yield make

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import itertools
 import queue
 import secrets
@@ -144,7 +145,8 @@ class FakeRuntime:
         self.refuse_start: str | None = None  # run() creates, fails the start
         self.refuse_logs: str | None = None  # logs() refused, as a log driver can
         self.ps_error: Exception | None = None  # ps() raises it, health still ok
-        self.stops: list[tuple[str, float]] = []  # (name, grace) of every stop
+        self.signals: list[tuple[str, str]] = []  # (name, signal) of every signal that landed
+        self.changed = asyncio.Event()  # set on every change to any container
         self.refs: list[tuple[str, str]] = []  # (verb, the ref it was given) of every verb
         self.pool = BlockingPool(2, name="fake")
         self._streams: list[queue.Queue[EngineEvent | None]] = []
@@ -158,9 +160,12 @@ class FakeRuntime:
         container = self.containers[name]
         if oom:
             self._emit(container, "oom")
+        container.oom_killed = oom
+        self._end(container, code)
+
+    def _end(self, container: FakeContainer, code: int) -> None:
         container.status, container.exit_code = "exited", code
         container.finished_at = rfc3339(self.clock.now())
-        container.oom_killed = oom
         self._emit(container, "die", exit_code=code)
 
     def create_outside(self, spec: ContainerSpec, *, start: bool = True) -> FakeContainer:
@@ -229,18 +234,29 @@ class FakeRuntime:
         stamp = rfc3339(self.clock.now())
         return "".join(f"{stamp} {line}\n" for line in container.output[-tail_lines:])
 
-    async def stop(self, ref: str, timeout: float) -> None:
-        self._answer("stop")
-        self.refs.append(("stop", ref))
+    async def kill(self, ref: str, signal: str) -> None:
+        self._answer("kill")
         container = self.find(ref)
-        self.stops.append((container.spec.name if container else ref, timeout))
+        self.refs.append((signal, ref))
         if container is None or container.status not in ("running", "paused", "restarting"):
             return
-        self._emit(container, "kill")
-        code = EXIT_SIGKILL if container.ignores_sigterm else 143
-        container.status, container.exit_code = "exited", code
-        container.finished_at = rfc3339(self.clock.now())
-        self._emit(container, "die", exit_code=code)
+        self.signals.append((container.spec.name, signal))
+        if signal == "SIGTERM" and container.ignores_sigterm:
+            return
+        self._end(container, 143 if signal == "SIGTERM" else EXIT_SIGKILL)
+
+    async def wait_exited(self, name: str, timeout: float) -> bool:
+        """Waits for real time (tests give short grace periods) on the fake's changes."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while (c := self.containers.get(name)) is not None and c.status == "running":
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            self.changed.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), remaining)
+        return True
 
     async def remove(self, ref: str) -> None:
         self._answer("remove")
@@ -343,6 +359,7 @@ class FakeRuntime:
         self._emit(container, "destroy")
 
     def _emit(self, container: FakeContainer, action: str, *, exit_code: int | None = None) -> None:
+        self.changed.set()
         if LABEL_RUN_ID not in container.labels:
             return  # the engines' event filter: only the node's containers
         event = EngineEvent(container.id, action, exit_code, rfc3339(self.clock.now()))

@@ -163,7 +163,7 @@ async def test_a_0315_console_launches_observes_stops_and_removes(
     assert state["labels"] == {"tuneplane.run-id": "r-1", "tuneplane.gpus": "0,1"}
 
     assert await node.stop("tuneplane-r-1", timeout=5) == {"ok": True}
-    assert fake.stops == [("tuneplane-r-1", 5.0)]
+    assert fake.signals == [("tuneplane-r-1", "SIGTERM")]
     state = await node.state("tuneplane-r-1")
     assert (state["status"], state["exit_code"]) == ("exited", 143)
     assert await node.remove("tuneplane-r-1") == {"ok": True}

@@ -400,3 +400,36 @@ async def test_an_engine_restart_goes_stale_then_shows_the_truth(
     assert health["by_job"] == {
         str(card): ref.removeprefix("tuneplane-") for card in answer["gpus"]
     }
+
+
+# --- a stop holds no thread for its grace period ---------------------------------------------
+
+STUBBORN = ["/bin/sh", "-c", "trap '' TERM; while true; do sleep 1; done"]
+
+
+async def test_fifty_long_stops_leave_the_engine_to_the_other_verbs(make_node: MakeNode) -> None:
+    """The issue's figure: 50 stops (timeout 600) of jobs that ignore SIGTERM, and a
+    launch of another run still runs within 2 s of its normal time; a remove of a job
+    being stopped kills it at once, and its stop then answers."""
+    node = await make_node(runtime_threads=8)
+    refs = []
+    for _ in range(5):
+        launched = await asyncio.gather(*(node.launch(STUBBORN) for _ in range(10)))
+        refs += [ref for ref, _ in launched]
+    started = time.monotonic()
+    await node.launch()
+    normal = time.monotonic() - started
+
+    stops = [asyncio.create_task(node.stop(ref, timeout=600)) for ref in refs]
+    await asyncio.sleep(1)  # every SIGTERM is out; the 50 stops wait out their grace
+    started = time.monotonic()
+    _, answer = await node.launch()
+    loaded = time.monotonic() - started
+
+    assert answer["phase"] == "running"
+    assert loaded < normal + 2, (normal, loaded)
+    assert not any(stop.done() for stop in stops)  # still waiting, no thread held
+    started = time.monotonic()
+    await asyncio.gather(*(node.remove(ref) for ref in refs))
+    assert await asyncio.wait_for(asyncio.gather(*stops), 30) == [{"ok": True}] * 50
+    assert time.monotonic() - started < 30

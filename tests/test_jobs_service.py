@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import IMAGE
+from tests.conftest import IMAGE, MakeFakeNode
 from tests.fakes import FakeClock, FakeProbe, FakeRuntime, Gate
 from tests.helpers import settle
 from tuneplane_node.errors import (
@@ -454,7 +454,7 @@ async def test_a_stop_after_the_pulled_job_started_stops_it(
     await service.stop("tuneplane-r1", 7)
 
     assert fake.containers["tuneplane-r1"].status == "exited"
-    assert fake.stops == [("tuneplane-r1", 7)]
+    assert fake.signals == [("tuneplane-r1", "SIGTERM")]
     assert await available(service) == (0, 1, 2, 3)
 
 
@@ -494,13 +494,71 @@ async def test_remove_cancels_a_pending_launch_and_clears_a_failed_record(
 # --- stop and remove ----------------------------------------------------------------------
 
 
-async def test_stop_without_a_timeout_uses_the_configured_grace(
+async def test_a_stop_sends_sigterm_and_a_job_that_heeds_it_gets_no_sigkill(
     service: JobService, fake: FakeRuntime
 ) -> None:
     await service.launch(request("r1"))
-    await service.stop("tuneplane-r1", None)
-    assert fake.stops == [("tuneplane-r1", service.settings.local_stop_timeout)]
+    await service.stop("tuneplane-r1", 5)
+    assert fake.signals == [("tuneplane-r1", "SIGTERM")]
     assert fake.containers["tuneplane-r1"].exit_code == 143
+
+
+async def test_a_job_ignoring_sigterm_gets_sigkill_when_the_grace_period_ends(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    await service.launch(request("r1", 2))
+    fake.containers["tuneplane-r1"].ignores_sigterm = True
+
+    started = asyncio.get_running_loop().time()
+    await service.stop("tuneplane-r1", None)  # the configured grace: 0.05 s here
+
+    assert asyncio.get_running_loop().time() - started >= 0.05
+    assert fake.signals == [("tuneplane-r1", "SIGTERM"), ("tuneplane-r1", "SIGKILL")]
+    assert fake.containers["tuneplane-r1"].exit_code == 137
+    assert await available(service) == (0, 1, 2, 3)
+
+
+async def test_a_stop_waiting_out_its_grace_holds_no_lock_and_a_remove_kills_at_once(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    await service.launch(request("r1"))
+    fake.containers["tuneplane-r1"].ignores_sigterm = True
+    stopping = asyncio.create_task(service.stop("tuneplane-r1", 3600))
+    await settle()
+    assert len(service.locks) == 0  # nothing waits on the ref meanwhile
+
+    await service.remove("tuneplane-r1")
+    await asyncio.wait_for(stopping, 1)  # the stop sees its job gone, and is done
+
+    assert "tuneplane-r1" not in fake.containers
+    assert ("tuneplane-r1", "SIGKILL") not in fake.signals  # remove killed it, not the stop
+
+
+async def test_a_stop_never_kills_the_container_that_replaced_its_job(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    await service.launch(request("r1"))
+    fake.containers["tuneplane-r1"].ignores_sigterm = True
+    stopping = asyncio.create_task(service.stop("tuneplane-r1", 0.2))
+    await settle()
+    await service.remove("tuneplane-r1")
+    await service.launch(request("r1"))  # relaunched before the grace period ended
+    await stopping
+
+    assert fake.containers["tuneplane-r1"].status == "running"
+
+
+async def test_stopping_a_created_or_exited_container_signals_nothing(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    fake.create_outside(request("wreck").spec, start=False)
+    await service.launch(request("done"))
+    fake.exit("tuneplane-done", 0)
+
+    await service.stop("tuneplane-wreck", 1)
+    await service.stop("tuneplane-done", 1)
+
+    assert fake.signals == []
 
 
 async def test_stop_and_remove_of_unknown_refs_succeed_and_do_nothing(
@@ -773,7 +831,11 @@ async def test_the_verbs_act_on_the_id_the_node_holds(
     await service.stop("tuneplane-r1", 1)
     await service.remove("tuneplane-r1")
 
-    assert fake.refs == [("logs", container_id), ("stop", container_id), ("remove", container_id)]
+    assert fake.refs == [
+        ("logs", container_id),
+        ("SIGTERM", container_id),
+        ("remove", container_id),
+    ]
 
 
 async def test_an_id_given_as_a_ref_reaches_nothing(service: JobService, fake: FakeRuntime) -> None:
@@ -790,6 +852,64 @@ async def test_an_id_given_as_a_ref_reaches_nothing(service: JobService, fake: F
 
     assert foreign.status == ours.status == "running"
     assert fake.refs == []
+
+
+# --- wreckage of a daemon killed between create and start ---------------------------------
+
+
+async def test_the_sweep_removes_never_started_containers_past_the_age(
+    service: JobService, fake: FakeRuntime, clock: FakeClock
+) -> None:
+    fake.create_outside(request("old", 2).spec, start=False)
+    clock.advance(60)
+    fake.create_outside(request("young").spec, start=False)
+    await service.launch(request("running"))
+    fake.create_outside(ContainerSpec(name="someones", image=IMAGE), start=False)
+
+    assert await service.sweep_wreckage(older_than_s=30) == 1
+
+    assert set(fake.containers) == {"tuneplane-young", "tuneplane-running", "someones"}
+    assert await service.sweep_wreckage(older_than_s=0) == 1  # at start-up: any age
+    assert "tuneplane-young" not in fake.containers
+
+
+async def test_the_sweep_never_takes_a_container_a_launch_is_making(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    fake.create_gate = gate = Gate()
+    launching = asyncio.create_task(service.launch(request("r1", 1)))
+    await gate.entered.wait()  # created, not started: it looks like wreckage
+    sweeping = asyncio.create_task(service.sweep_wreckage(older_than_s=0))
+    await settle()
+    gate.open()
+
+    assert isinstance(await launching, Started)
+    assert await sweeping == 0
+    assert fake.containers["tuneplane-r1"].status == "running"
+
+
+async def test_the_sweep_never_takes_a_pulled_launch_being_started(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    await service.launch(request("r1", image=MISSING))
+    await fake.pulling.wait()
+    fake.create_gate = gate = Gate()
+    fake.pull_of(MISSING).finish()
+    await gate.entered.wait()
+
+    assert await service.sweep_wreckage(older_than_s=0) == 0
+    gate.open()
+    await settle()
+    assert fake.containers["tuneplane-r1"].status == "running"
+
+
+async def test_a_node_starting_up_removes_wreckage_before_it_serves(
+    fake_node: MakeFakeNode, fake: FakeRuntime
+) -> None:
+    fake.create_outside(request("wreck", 2).spec, start=False)
+    node = await fake_node()
+    assert "tuneplane-wreck" not in fake.containers
+    assert (await node.health())["gpus_free"] == 4
 
 
 # --- the node's status and inventory ------------------------------------------------------

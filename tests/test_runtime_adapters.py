@@ -81,32 +81,32 @@ async def test_running_job_has_no_exit_code_and_gpu_label(runtime: TrackingRunti
     assert "tuneplane.gpus" in state.labels
 
 
-async def test_stop_sends_sigterm_first(runtime: TrackingRuntime) -> None:
+async def test_sigterm_reaches_the_job_and_its_exit_is_awaited(runtime: TrackingRuntime) -> None:
     spec = job(["/bin/sh", "-c", "trap 'exit 42' TERM; while true; do sleep 0.1; done"])
     await runtime.run(spec)
     await wait_status(runtime, spec.name, "running")
     await asyncio.sleep(0.3)  # let the shell install its trap
 
-    await runtime.stop(spec.name, 10)
+    await runtime.kill(spec.name, "SIGTERM")
+
+    assert await runtime.wait_exited(spec.name, 10)
     state = await runtime.inspect(spec.name)
-
-    assert state.status == "exited"
-    assert state.exit_code == 42
+    assert (state.status, state.exit_code) == ("exited", 42)
 
 
-async def test_stop_kills_a_job_that_ignores_sigterm(runtime: TrackingRuntime) -> None:
+async def test_a_job_ignoring_sigterm_runs_on_until_sigkill(runtime: TrackingRuntime) -> None:
     spec = job(["/bin/sh", "-c", "trap '' TERM; while true; do sleep 0.1; done"])
     await runtime.run(spec)
     await wait_status(runtime, spec.name, "running")
     await asyncio.sleep(0.3)
 
-    started = time.monotonic()
-    await runtime.stop(spec.name, 1)
-    state = await runtime.inspect(spec.name)
+    await runtime.kill(spec.name, "SIGTERM")
+    assert not await runtime.wait_exited(spec.name, 1)  # it ignored it
 
-    assert state.status == "exited"
-    assert state.exit_code == 137
-    assert time.monotonic() - started < 15
+    await runtime.kill(spec.name, "SIGKILL")
+    assert await runtime.wait_exited(spec.name, 10)
+    assert (await runtime.inspect(spec.name)).exit_code == 137
+    await runtime.kill(spec.name, "SIGKILL")  # not running any more: nothing to do
 
 
 async def test_remove_deletes_the_container(runtime: TrackingRuntime) -> None:
@@ -118,12 +118,15 @@ async def test_remove_deletes_the_container(runtime: TrackingRuntime) -> None:
     assert not (await runtime.inspect(spec.name)).exists
 
 
-async def test_stop_and_remove_of_a_missing_container_succeed(runtime: TrackingRuntime) -> None:
+async def test_signalling_and_removing_a_missing_container_succeed(
+    runtime: TrackingRuntime,
+) -> None:
     name = container_name(unique("absent"))
 
-    await runtime.stop(name, 1)
+    await runtime.kill(name, "SIGTERM")
     await runtime.remove(name)
 
+    assert await runtime.wait_exited(name, 1)
     assert await runtime.inspect(name) == ContainerState.missing(name)
 
 

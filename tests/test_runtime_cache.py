@@ -283,7 +283,8 @@ async def test_the_node_sees_its_own_verbs_at_once(
     spec = job(["/bin/train"])
     await cached.run(spec)
     assert (await cached.inspect(spec.name)).status == "running"  # no event awaited
-    await cached.stop(spec.name, 1)
+    await cached.kill(spec.name, "SIGTERM")
+    assert await cached.wait_exited(spec.name, 5)  # the die event reached the cache
     assert (await cached.inspect(spec.name)).status == "exited"
     await cached.remove(spec.name)
     assert (await cached.inspect(spec.name)).exists is False

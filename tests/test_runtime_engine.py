@@ -232,7 +232,7 @@ async def test_an_unreachable_engine_is_unavailable_never_gone(kind: str, tmp_pa
     address = f"unix://{tmp_path}/no-engine.sock"
     runtime = adapter(kind, docker_host=address, podman_url=address)
     try:
-        for call in (runtime.ps(), runtime.inspect("tuneplane-x"), runtime.stop("tuneplane-x", 1)):
+        for call in (runtime.ps(), runtime.inspect("x"), runtime.kill("x", "SIGTERM")):
             with pytest.raises(EngineUnavailable):
                 await call
         health = await runtime.health()

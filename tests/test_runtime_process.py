@@ -224,7 +224,7 @@ async def test_output_after_a_daemon_restart_is_still_stamped(tmp_path: Path) ->
         kill_leftovers(state_dir(tmp_path))
 
 
-async def test_stop_terminates_the_whole_process_tree(
+async def test_sigterm_reaches_the_whole_process_tree(
     runtime: ProcessRuntime, tmp_path: Path
 ) -> None:
     spec = job("tree", ["sh", "-c", "sleep 300 & echo $! > child.pid; wait"], workdir=str(tmp_path))
@@ -232,16 +232,15 @@ async def test_stop_terminates_the_whole_process_tree(
     child = int(await wait_file(tmp_path / "child.pid"))
     assert pid_running(child)
 
-    started = time.monotonic()
-    await runtime.stop(spec.name, timeout=10)
+    await runtime.kill(spec.name, "SIGTERM")
 
-    assert time.monotonic() - started < 5  # SIGTERM sufficed: no wait for the timeout
+    assert await runtime.wait_exited(spec.name, 5)
     state = await runtime.inspect(spec.name)
     assert (state.status, state.exit_code) == ("exited", 128 + signal.SIGTERM)
     assert not pid_running(child)
 
 
-async def test_stop_kills_a_job_that_ignores_sigterm(runtime: ProcessRuntime) -> None:
+async def test_a_job_ignoring_sigterm_runs_on_until_sigkill(runtime: ProcessRuntime) -> None:
     spec = job("stubborn", ["sh", "-c", "trap '' TERM; echo ready; sleep 300"])
     await runtime.run(spec)
     deadline = time.monotonic() + 10
@@ -249,10 +248,11 @@ async def test_stop_kills_a_job_that_ignores_sigterm(runtime: ProcessRuntime) ->
         assert time.monotonic() < deadline
         await asyncio.sleep(0.05)
 
-    started = time.monotonic()
-    await runtime.stop(spec.name, timeout=0.2)
+    await runtime.kill(spec.name, "SIGTERM")
+    assert not await runtime.wait_exited(spec.name, 0.2)
 
-    assert 0.2 <= time.monotonic() - started < 5
+    await runtime.kill(spec.name, "SIGKILL")
+    assert await runtime.wait_exited(spec.name, 5)
     state = await runtime.inspect(spec.name)
     assert (state.status, state.exit_code) == ("exited", 137)
 
@@ -314,7 +314,8 @@ async def test_background_processes_die_when_the_job_ends(
 async def test_a_missing_job_is_not_an_error(runtime: ProcessRuntime) -> None:
     assert await runtime.inspect("tuneplane-nope") == ContainerState.missing("tuneplane-nope")
     assert await runtime.logs("tuneplane-nope", 10) is None
-    await runtime.stop("tuneplane-nope", timeout=1)
+    await runtime.kill("tuneplane-nope", "SIGKILL")
+    assert await runtime.wait_exited("tuneplane-nope", 1)
     await runtime.remove("tuneplane-nope")
     assert await runtime.ps() == []
 
@@ -357,7 +358,8 @@ async def test_run_refuses_a_name_in_use_running_or_exited(runtime: ProcessRunti
     # A conflict (409), as the engines say it: the same situation, the same status.
     with pytest.raises(Conflict, match="in use by a job that is running"):
         await runtime.run(spec)
-    await runtime.stop(spec.name, timeout=5)
+    await runtime.kill(spec.name, "SIGKILL")
+    assert await runtime.wait_exited(spec.name, 5)
     with pytest.raises(Conflict, match="in use by a job that is exited"):
         await runtime.run(spec)
 

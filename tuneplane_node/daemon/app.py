@@ -92,10 +92,13 @@ def create_node_app(
     allocator: GpuAllocator | None = None,
     clock: Clock = SYSTEM_CLOCK,
     middlewares: tuple[Middleware, ...] = (),
+    sweep: bool = True,
 ) -> web.Application:
     """The daemon. A runtime or allocator passed in is the caller's to start and close.
 
     ``middlewares`` run first, before the error mapping (the server's connection guard).
+    ``sweep``: remove the node's wreckage at start and once a relist period (off only
+    for a test daemon on an engine shared with other people's nodes).
     """
     tokens = TokenSet.from_settings(settings)  # no token, no app
     app = web.Application(
@@ -105,13 +108,17 @@ def create_node_app(
     app[SETTINGS] = settings
     app[TOKENS] = tokens
     app.add_routes(routes)
-    app.cleanup_ctx.append(_lifecycle(runtime, allocator, clock))
+    app.cleanup_ctx.append(_lifecycle(runtime, allocator, clock, sweep=sweep))
     app.cleanup_ctx.append(_background(tokens.watch, name="token file watch"))
     return app
 
 
 def _lifecycle(
-    given_runtime: ContainerRuntime | None, given_allocator: GpuAllocator | None, clock: Clock
+    given_runtime: ContainerRuntime | None,
+    given_allocator: GpuAllocator | None,
+    clock: Clock,
+    *,
+    sweep: bool,
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         settings = app[SETTINGS]
@@ -120,16 +127,32 @@ def _lifecycle(
         if given_runtime is None:
             await runtime.start()  # the state cache is filled before the first request
         allocator = given_allocator or GpuAllocator(runtime, settings)
-        app[JOBS] = JobService(runtime, allocator, settings, clock=clock)
+        jobs = app[JOBS] = JobService(runtime, allocator, settings, clock=clock)
+        tasks = []
+        if sweep:  # wreckage of a daemon killed between create and start, before serving
+            await _sweep_at_start(jobs)
+            tasks.append(asyncio.create_task(jobs.maintain(), name="wreckage sweep"))
+        for task in tasks:
+            task.add_done_callback(_report)
         log.info("node ready: runtime %s, protocol %s", runtime.name, PROTOCOL)
         yield
-        await app[JOBS].close()  # background pulls are cancelled, not orphaned
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await jobs.close()  # background pulls are cancelled, not orphaned
         if given_allocator is None:
             allocator.close()
         if given_runtime is None:
             await runtime.close()
 
     return lifecycle
+
+
+async def _sweep_at_start(jobs: JobService) -> None:
+    try:
+        await jobs.sweep_wreckage(older_than_s=0)
+    except NodeError as exc:  # the engine may be down: the periodic sweep will do it
+        log.warning("could not sweep wreckage at start: %s", exc.message)
 
 
 def _background(

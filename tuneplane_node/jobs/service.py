@@ -40,6 +40,7 @@ from tuneplane_node.jobs.results import (
 )
 from tuneplane_node.runtime.base import (
     DEVICES_ENV,
+    RUNNING,
     ContainerRuntime,
     ContainerSpec,
     ContainerState,
@@ -62,6 +63,16 @@ def reapable(state: ContainerState, max_age_s: float, now: datetime) -> bool:
     else:
         return False
     return moment is not None and (now - moment).total_seconds() > max_age_s
+
+
+def _wreck(state: ContainerState, older_than_s: float, now: datetime) -> bool:
+    created = parse_rfc3339(state.created_at)
+    return (
+        state.status == "created"
+        and state.never_started
+        and created is not None
+        and (now - created).total_seconds() >= older_than_s
+    )
 
 
 class JobService:
@@ -237,15 +248,31 @@ class JobService:
     # --- stop, remove, reap -------------------------------------------------------------
 
     async def stop(self, ref: str, timeout: float | None) -> None:
-        """Cancel a pending launch at whatever stage, then SIGTERM (SIGKILL after the
-        grace period). A missing or foreign container: nothing to do, and no error."""
+        """Cancel a pending launch at whatever stage; SIGTERM, then SIGKILL once the grace
+        period ends. A missing or foreign container: nothing to do, and no error.
+
+        The grace period is waited on the loop, holding neither an engine thread nor the
+        ref's lock: a remove meanwhile kills the job at once, and 50 stops of jobs that
+        ignore SIGTERM leave every thread to the other verbs.
+        """
+        grace = self.settings.local_stop_timeout if timeout is None else timeout
         async with self.locks.hold(ref):
             await self._cancel(ref)
             state = await self._own(ref)
-            if state.exists:
-                grace = self.settings.local_stop_timeout if timeout is None else timeout
-                await self.runtime.stop(self._target(state), grace)
-                log.info("stopped %s (grace %g s)", ref, grace)
+            if state.status not in RUNNING:
+                return
+            await self.runtime.kill(self._target(state), "SIGTERM")
+        log.info("stopping %s: SIGTERM, SIGKILL after %g s", ref, grace)
+        if await self.runtime.wait_exited(ref, grace):
+            return
+        async with self.locks.hold(ref):
+            now = await self._own(ref)
+            if now.id != state.id or now.status not in RUNNING:
+                return  # gone, or relaunched meanwhile: not the job this stop was for
+            log.info("stopping %s: still running after %g s, SIGKILL", ref, grace)
+            await self.runtime.kill(self._target(now), "SIGKILL")
+        if not await self.runtime.wait_exited(ref, self.settings.local_api_timeout):
+            log.warning("stopping %s: still running after SIGKILL", ref)
 
     async def remove(self, ref: str) -> None:
         """Cancel a pending launch, then force-remove the container (missing: no-op)."""
@@ -290,6 +317,41 @@ class JobService:
             except EngineConflict:
                 return False  # the engine is busy with it: next time
             return True
+
+    # --- wreckage -----------------------------------------------------------------------
+
+    async def sweep_wreckage(self, *, older_than_s: float) -> int:
+        """Remove the node's containers that were created and never started, older than
+        the age, with no launch making them: the wreckage of a daemon killed between
+        create and start. They carry card labels, and would hold the cards for good."""
+        now = self.clock.now()
+        removed = 0
+        for state in await self.runtime.ps():
+            if _wreck(state, older_than_s, now) and await self._sweep_one(state, older_than_s):
+                removed += 1
+        if removed:
+            log.warning("removed %d container(s) created and never started", removed)
+        return removed
+
+    async def _sweep_one(self, seen: ContainerState, older_than_s: float) -> bool:
+        async with self.locks.hold(seen.name):  # a direct launch holds it while it creates
+            if self.pending.get(seen.name) is not None:
+                return False  # a pulled launch is starting it right now
+            state = await self._own(seen.name)
+            if state.id != seen.id or not _wreck(state, older_than_s, self.clock.now()):
+                return False
+            log.warning("%s was created and never started: removing it", seen.name)
+            await self.runtime.remove(self._target(state))
+            return True
+
+    async def maintain(self) -> None:
+        """Sweep wreckage once a relist period, as long as the node runs."""
+        while True:
+            await asyncio.sleep(self.settings.state_relist_s)
+            try:
+                await self.sweep_wreckage(older_than_s=self.settings.local_api_timeout)
+            except NodeError as exc:
+                log.warning("sweeping wreckage failed: %s", exc.message)
 
     # --- the node -----------------------------------------------------------------------
 

@@ -27,6 +27,8 @@ LABEL_GPUS = "tuneplane.gpus"
 
 LIVE_STATUSES = frozenset({"running", "created", "paused", "restarting"})
 """A container in one of these holds its cards: it runs, or may run without asking us."""
+RUNNING = frozenset({"running", "paused", "restarting"})
+"""A container in one of these has processes a signal can reach."""
 DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 """Which cards the NVIDIA container runtime shows a container: the node alone sets it."""
 EXIT_SIGKILL = 137
@@ -220,8 +222,15 @@ class ContainerRuntime(Protocol):
         """The last ``tail_lines`` lines of stdout and stderr, each stamped with its
         RFC 3339 time; None when the container is missing."""
 
-    async def stop(self, ref: str, timeout: float) -> None:
-        """SIGTERM, then SIGKILL after ``timeout`` seconds; the container stays, exited."""
+    async def kill(self, ref: str, signal: str) -> None:
+        """Send ``signal`` (``SIGTERM``, ``SIGKILL``) to the container's processes.
+        Missing, or not running: nothing to do. Returns at once: the job's exit arrives
+        later (`wait_exited`)."""
+
+    async def wait_exited(self, name: str, timeout: float) -> bool:
+        """Wait at most ``timeout`` seconds until the container (by exact name) runs no
+        more: exited, dead or gone. True when it does. Holds no thread while it waits:
+        a cached runtime waits for its events, others poll."""
 
     async def remove(self, ref: str) -> None:
         """Force-remove the container, running or not, with its anonymous volumes."""

@@ -29,6 +29,7 @@ from tuneplane_node.clock import SYSTEM_CLOCK, Clock, rfc3339
 from tuneplane_node.errors import EngineUnavailable, NodeError
 from tuneplane_node.runtime.base import (
     EXIT_SIGKILL,
+    RUNNING,
     CacheStatus,
     ContainerSpec,
     ContainerState,
@@ -45,6 +46,8 @@ WATCHED_ACTIONS = frozenset(
     {"create", "start", "restart", "die", "oom", "stop", "kill", "pause", "unpause"}
     | {"destroy", "rename", "remove", "cleanup"}
 )
+RECHECK_S = 1.0
+"""A waiter looks again this often even without a change: a stale cache may resync."""
 BACKOFF_S = (0.5, 10.0)
 """The first and the longest wait between two tries to reopen a broken event stream."""
 
@@ -84,6 +87,7 @@ class StateCache:
         self.last_event: float | None = None
         self.last_relist: float | None = None
         self._oomed: set[str] = set()  # ids whose "oom" came and whose "die" has not
+        self._watchers: dict[str, set[asyncio.Event]] = {}  # name -> waiters for a change
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = threading.Event()
         self._close_stream: Callable[[], None] | None = None
@@ -132,14 +136,43 @@ class StateCache:
         self.touched[state.name] = self.clock.monotonic()
         if state.id:
             self.names[state.id] = state.name
-        self.generation += 1
+        self._changed(state.name)
 
     def _forget(self, name: str) -> None:
         state = self.states.pop(name, None)
         self.touched[name] = self.clock.monotonic()
         if state is not None and state.id:
             self.names.pop(state.id, None)
+        self._changed(name)
+
+    def _changed(self, name: str) -> None:
         self.generation += 1
+        for waiter in self._watchers.get(name, ()):
+            waiter.set()
+
+    async def wait_exited(self, name: str, timeout: float) -> bool:
+        """Until the container of that name runs no more (by the events), at most
+        ``timeout`` seconds. While the cache is stale nothing is known: it waits on."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        changed = asyncio.Event()
+        self._watchers.setdefault(name, set()).add(changed)
+        try:
+            while True:
+                with contextlib.suppress(EngineUnavailable):
+                    if self.get(name).status not in RUNNING:
+                        return True
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return False
+                changed.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(changed.wait(), min(remaining, RECHECK_S))
+        finally:
+            waiters = self._watchers[name]
+            waiters.discard(changed)
+            if not waiters:
+                del self._watchers[name]
 
     def on_event(self, event: EngineEvent) -> None:
         """An event as it arrives, before its inspect: say "exited" at once on a die."""
@@ -346,11 +379,11 @@ class CachedRuntime:
         finally:
             await self.refresh(spec.name)  # made, or torn down after a failed start
 
-    async def stop(self, ref: str, timeout: float) -> None:
-        try:
-            await self.inner.stop(ref, timeout)
-        finally:
-            await self.refresh(ref)
+    async def kill(self, ref: str, signal: str) -> None:
+        await self.inner.kill(ref, signal)  # the exit arrives as an event
+
+    async def wait_exited(self, name: str, timeout: float) -> bool:
+        return await self.cache.wait_exited(name, timeout)
 
     async def remove(self, ref: str) -> None:
         await self.inner.remove(ref)

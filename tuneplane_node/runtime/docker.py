@@ -86,9 +86,8 @@ class DockerRuntime(EngineRuntime, errors=ERRORS):
         raw = self.api.logs(name, stdout=True, stderr=True, timestamps=True, tail=tail_lines)
         return bytes(raw).decode("utf-8", errors="replace")
 
-    def _stop(self, name: str, timeout: float) -> None:
-        # docker-py widens its HTTP timeout by the stop timeout itself.
-        self.api.stop(name, timeout=math.ceil(timeout))
+    def _kill(self, ref: str, signal: str) -> None:
+        self.api.kill(ref, signal=signal)
 
     def _remove(self, name: str) -> None:
         try:

@@ -9,6 +9,7 @@ an SDK.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from abc import ABC, abstractmethod
@@ -27,6 +28,7 @@ from tuneplane_node.errors import (
 from tuneplane_node.runtime.base import (
     DEVICES_ENV,
     LABEL_RUN_ID,
+    RUNNING,
     Brief,
     CacheStatus,
     ContainerSpec,
@@ -44,6 +46,8 @@ from tuneplane_node.settings import NodeSettings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+POLL_S = 0.25
+NOT_RUNNING = ("is not running", "can only kill running containers")  # docker's, podman's
 Events = Iterator[EngineEvent]
 
 
@@ -169,6 +173,7 @@ class EngineRuntime(ABC):
         # HTTP connections the SDK keeps: one per pool thread, plus the state cache's
         # event stream and the inspect its thread makes after each event.
         self.http_connections = settings.runtime_threads + 2
+        self.deadline_s = settings.local_api_timeout + 1
         self.client = self._connect(settings)
 
     # --- what an adapter supplies: blocking SDK calls ----------------------------------
@@ -207,7 +212,7 @@ class EngineRuntime(ABC):
     @abstractmethod
     def _logs(self, name: str, tail_lines: int) -> str: ...
     @abstractmethod
-    def _stop(self, name: str, timeout: float) -> None: ...
+    def _kill(self, ref: str, signal: str) -> None: ...
     @abstractmethod
     def _remove(self, name: str) -> None: ...
     @abstractmethod
@@ -226,7 +231,15 @@ class EngineRuntime(ABC):
     # --- the seam: every SDK call passes here ------------------------------------------
 
     async def _call(self, action: str, fn: Callable[..., T], *args: Any) -> T:
-        return await self.pool.call(self._guarded, action, fn, *args)
+        """Run ``fn`` on the pool, within the deadline: a wedged engine may hold the
+        thread until the SDK's own timeout, never the caller."""
+        try:
+            return await asyncio.wait_for(
+                self.pool.call(self._guarded, action, fn, *args), self.deadline_s
+            )
+        except asyncio.TimeoutError:
+            reason = f"no answer within {self.deadline_s:g} s ({action})"
+            raise EngineUnavailable(engine=self.name, reason=reason) from None
 
     def _guarded(self, action: str, fn: Callable[..., T], *args: Any) -> T:
         try:
@@ -286,8 +299,27 @@ class EngineRuntime(ABC):
         action = f"read the logs of {name}"
         return await self._call(action, self._or, None, self._logs, name, tail_lines)
 
-    async def stop(self, name: str, timeout: float) -> None:
-        await self._call(f"stop {name}", self._or, None, self._stop, name, timeout)
+    async def kill(self, ref: str, signal: str) -> None:
+        await self._call(f"signal {ref}", self._or, None, self._quiet_kill, ref, signal)
+
+    def _quiet_kill(self, ref: str, signal: str) -> None:
+        try:
+            self._kill(ref, signal)
+        except self.errors.api_error as exc:
+            # The job ended as the signal went out: what the signal was for.
+            words = str(getattr(exc, "explanation", None) or exc)
+            if not any(phrase in words for phrase in NOT_RUNNING):
+                raise
+
+    async def wait_exited(self, name: str, timeout: float) -> bool:
+        """Polls (each look a short call on the pool): this runtime keeps no events."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while (await self.inspect(name)).status in RUNNING:
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                return False
+            await asyncio.sleep(min(POLL_S, remaining))
+        return True
 
     async def remove(self, name: str) -> None:
         await self._call(f"remove {name}", self._or, None, self._remove, name)

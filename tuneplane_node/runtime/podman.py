@@ -82,8 +82,8 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
         chunks = raw if isinstance(raw, bytes) else b"".join(raw)
         return chunks.decode("utf-8", errors="replace")
 
-    def _stop(self, name: str, timeout: float) -> None:
-        self.client.containers.get(name).stop(timeout=math.ceil(timeout))
+    def _kill(self, ref: str, signal: str) -> None:
+        self.client.containers.get(ref).kill(signal=signal)
 
     def _remove(self, name: str) -> None:
         self.client.containers.remove(name, force=True, v=True)

@@ -68,6 +68,7 @@ _DRAIN_S = 1.0
 _TAIL_CHUNK = 64 * 1024
 _HAS_PROC = Path("/proc/self/stat").exists()
 _BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
+_SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGKILL": signal.SIGKILL, "SIGINT": signal.SIGINT}
 
 # Runs as `/bin/sh -c _WRAPPER tuneplane-wrapper <argv...>`: the argv is never parsed by
 # a shell. `env` execs argv[0] from PATH, so a name like `exit` or `eval` is a program
@@ -167,17 +168,17 @@ class ProcessRuntime:
         await self._drain(job)
         return await self._pool.call(_tail, job.dir / LOG_FILE, tail_lines)
 
-    async def stop(self, name: str, timeout: float) -> None:
-        """SIGTERM to the job's whole group, SIGKILL after ``timeout`` s; no job is no-op."""
+    async def kill(self, ref: str, signal: str) -> None:
+        """The signal to the job's whole process group; no job, or ended: nothing to do."""
+        job = await self._pool.call(self._load, ref)
+        if job is not None and job.main is not None:
+            await self._pool.call(self._signal, job.main, _SIGNALS[signal], group=True)
+
+    async def wait_exited(self, name: str, timeout: float) -> bool:
         job = await self._pool.call(self._load, name)
         if job is None or job.main is None:
-            return
-        if not await self._pool.call(self._signal, job.main, signal.SIGTERM, group=True):
-            return
-        if await self._wait_gone(job.main, timeout):
-            return
-        log.info("job %s still running %g s after SIGTERM: killing it", name, timeout)
-        await self._kill_group(job, action=f"stop {name}")
+            return True
+        return await self._wait_gone(job.main, timeout)
 
     async def remove(self, name: str) -> None:
         """Kill the job if it runs, then delete its directory; no job is no-op."""

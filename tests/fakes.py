@@ -31,15 +31,19 @@ from tuneplane_node.runtime.base import (
     ContainerSpec,
     ContainerState,
     EngineEvent,
+    LogQuery,
+    LogText,
     ProgressCallback,
     PullLimits,
     PullProgress,
     RuntimeHealth,
     job_labels,
 )
+from tuneplane_node.runtime.dockerformat import LogFold
 from tuneplane_node.runtime.pool import BlockingPool
 
 ENGINE = "fake"
+PIECE = 16 * 1024  # docker cuts log lines into pieces this long
 EPOCH = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
 
 
@@ -221,18 +225,24 @@ class FakeRuntime:
             self.containers.get(ref)
         )
 
-    async def logs(self, ref: str, tail_lines: int) -> str | None:
+    async def logs(self, ref: str, query: LogQuery) -> LogText | None:
+        """The container's output as docker streams it: entries of at most 16 KiB,
+        folded as the engine adapters fold them."""
         self._answer("logs")
         self.refs.append(("logs", ref))
         container = self.find(ref)
         if container is None:
             return None
         if self.refuse_logs is not None:
-            raise EngineRefused(
-                engine=ENGINE, action=f"read the logs of {ref}", reason=self.refuse_logs
-            )
-        stamp = rfc3339(self.clock.now())
-        return "".join(f"{stamp} {line}\n" for line in container.output[-tail_lines:])
+            action = f"read the logs of {ref}"
+            raise EngineRefused(engine=ENGINE, action=action, reason=self.refuse_logs)
+        stamp = rfc3339(self.clock.now()).encode()
+        fold = LogFold(keep=query.tail, max_bytes=query.max_bytes)
+        for line in container.output:
+            data = f"{line}\n".encode()
+            for start in range(0, len(data), PIECE):
+                fold.add(stamp + b" " + data[start : start + PIECE])
+        return fold.text(skip_first=False)
 
     async def kill(self, ref: str, signal: str) -> None:
         self._answer("kill")

@@ -9,6 +9,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -23,6 +26,7 @@ from tuneplane_node.runtime.base import (
     ContainerRuntime,
     ContainerSpec,
     ContainerState,
+    LogQuery,
     container_name,
 )
 from tuneplane_node.settings import NodeSettings
@@ -146,6 +150,12 @@ def _quietly(remove: Callable[..., object], ref: str, **options: Any) -> None:
         remove(ref, **options)
 
 
+async def log_text(runtime: ContainerRuntime, ref: str, tail: int = 100) -> str:
+    """A container's last lines as text; "" when it is missing."""
+    text = await runtime.logs(ref, LogQuery(tail=tail, max_bytes=8 * 2**20))
+    return "" if text is None else text.text
+
+
 async def wait_status(
     runtime: ContainerRuntime, name: str, wanted: str, timeout: float = 20, poll: float = 0.1
 ) -> ContainerState:
@@ -170,6 +180,43 @@ async def settle(rounds: int = 50) -> None:
     """Let every task that can run without waiting on I/O run (no wall-clock sleep)."""
     for _ in range(rounds):
         await asyncio.sleep(0)
+
+
+# --- the daemon as a process of its own ------------------------------------------------------
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def spawn_daemon(
+    tmp_path: Path, port: int, *, preexec: Callable[[], None] | None = None, **settings: str
+) -> subprocess.Popen[bytes]:
+    """`python -m tuneplane_node serve` on loopback, its output in ``serve.log``; only
+    the given settings (and a state dir and storage root under ``tmp_path``) apply."""
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(tmp_path),
+        "PYTHONPATH": str(REPO),
+        "TUNEPLANE_NODE_TOKEN": TOKEN,
+        "TUNEPLANE_NODE_STATE_DIR": str(tmp_path / "state"),
+        "TUNEPLANE_STORAGE_ROOT": str(tmp_path),
+        **settings,
+    }
+    argv = [sys.executable, "-m", "tuneplane_node", "serve", "--host", "127.0.0.1"]
+    with (tmp_path / "serve.log").open("a") as output:
+        return subprocess.Popen(
+            [*argv, "--port", str(port)],
+            cwd=tmp_path,
+            env=env,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            preexec_fn=preexec,
+        )
 
 
 # --- a console over a real socket --------------------------------------------------------

@@ -8,25 +8,33 @@ every container of the node (reap, an engine restart) run on the suite's own eng
 from __future__ import annotations
 
 import asyncio
+import signal
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from tests.conftest import MakeNode
 from tests.helpers import (
+    HEADERS,
     IMAGE,
     OWN_DOCKER_SOCK,
     REGISTRY,
+    REPO,
     Console,
     ThrottlingProxy,
     TrackingRuntime,
     engine_missing,
     engine_settings,
     forget_image,
+    free_port,
+    job,
+    log_text,
     own_docker_host,
+    spawn_daemon,
     under_ci,
     unique,
     wait_until,
@@ -36,7 +44,7 @@ from tuneplane_node.runtime.base import LABEL_RUN_ID, ContainerSpec, container_n
 from tuneplane_node.runtime.docker import DockerRuntime
 
 pytestmark = pytest.mark.engine
-ENGINES_SH = Path(__file__).resolve().parent.parent / "contrib" / "dev" / "engines.sh"
+ENGINES_SH = REPO / "contrib" / "dev" / "engines.sh"
 
 
 # --- the verbs on both engines ---------------------------------------------------------------
@@ -433,3 +441,86 @@ async def test_fifty_long_stops_leave_the_engine_to_the_other_verbs(make_node: M
     await asyncio.gather(*(node.remove(ref) for ref in refs))
     assert await asyncio.wait_for(asyncio.gather(*stops), 30) == [{"ok": True}] * 50
     assert time.monotonic() - started < 30
+
+
+# --- huge logs -----------------------------------------------------------------------------
+
+
+def peak_rss_mib(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(status.split("VmHWM:")[1].split()[0]) / 1024
+
+
+async def test_three_reads_of_a_200_mb_line_stay_small_and_keep_health_fast(
+    own_docker: TrackingRuntime, tmp_path: Path
+) -> None:
+    """The issue's figure: a job writes one 200 MB line; three concurrent reads with
+    tail=100000 each answer the newest 8 MiB, marked truncated; the daemon stays under
+    200 MB of memory and health answers under 100 ms meanwhile."""
+    writer = job(
+        ["/bin/sh", "-c", "head -c 200000000 /dev/zero | tr '\\0' x; echo; echo done; sleep 300"]
+    )
+    await own_docker.run(writer)
+    deadline = time.monotonic() + 120
+    while "done" not in await log_text(own_docker, writer.name, 1):
+        assert time.monotonic() < deadline, "the job never wrote its line"
+        await asyncio.sleep(0.5)
+
+    port = free_port()
+    daemon = spawn_daemon(
+        tmp_path,
+        port,
+        TUNEPLANE_LOCAL_RUNTIME="docker",
+        TUNEPLANE_DOCKER_HOST=own_docker_host(),
+        TUNEPLANE_LOCAL_GPU_COUNT="0",
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        async with aiohttp.ClientSession(headers=HEADERS) as session:
+            await until_answering(session, f"{base}/healthz")
+            slowest, answers = await read_while_probing(session, base, writer.name)
+        peak = peak_rss_mib(daemon.pid)
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(timeout=30)
+
+    for answer in answers:
+        assert answer["truncated"] is True
+        assert 8 * 2**20 - 100 <= len(answer["logs"]) <= 8 * 2**20
+        assert answer["logs"].endswith("done\n") and "x" * 100_000 in answer["logs"]
+    assert slowest < 0.1, f"health took {slowest:.3f} s during the reads"
+    assert peak < 200, f"the daemon peaked at {peak:.0f} MiB"
+    print(f"\nlogs: 3 reads of a 200 MB line; health <= {slowest * 1000:.0f} ms; {peak:.0f} MiB")
+
+
+async def until_answering(session: aiohttp.ClientSession, url: str) -> None:
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            async with session.get(url) as response:
+                if response.status == 200:
+                    return
+        except aiohttp.ClientError:
+            pass
+        assert time.monotonic() < deadline, "the daemon never answered"
+        await asyncio.sleep(0.1)
+
+
+async def read_while_probing(
+    session: aiohttp.ClientSession, base: str, ref: str
+) -> tuple[float, list[Any]]:
+    async def read() -> Any:
+        params = {"ref": ref, "tail": "100000"}
+        async with session.get(f"{base}/node/v1/logs", params=params) as response:
+            assert response.status == 200
+            return await response.json()
+
+    reads = [asyncio.create_task(read()) for _ in range(3)]
+    slowest = 0.0
+    while not all(task.done() for task in reads):
+        started = time.monotonic()
+        async with session.get(f"{base}/node/v1/health") as response:
+            assert response.status == 200
+        slowest = max(slowest, time.monotonic() - started)
+        await asyncio.sleep(0.05)
+    return slowest, [await task for task in reads]

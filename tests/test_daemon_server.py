@@ -9,10 +9,8 @@ import contextlib
 import os
 import resource
 import signal
-import socket
 import ssl
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -21,17 +19,11 @@ from typing import Any
 import aiohttp
 import pytest
 
+from tests.helpers import free_port, spawn_daemon
 from tuneplane_node.daemon.server import serve
 from tuneplane_node.settings import NodeSettings, load_settings
 
 TOKEN = "t0ken-for-the-server-tests"
-REPO = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def node_settings(tmp_path: Path, **overrides: Any) -> NodeSettings:
@@ -139,34 +131,14 @@ def test_a_thousand_idle_and_trickling_connections_do_not_take_the_node(tmp_path
         pytest.skip(f"this test needs 2500 file descriptors; the hard limit is {hard}")
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2500), hard))
     port, log = free_port(), tmp_path / "serve.log"
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": str(tmp_path),
-        "PYTHONPATH": str(REPO),
-        "TUNEPLANE_NODE_TOKEN": TOKEN,
-        "TUNEPLANE_LOCAL_RUNTIME": "process",
-        "TUNEPLANE_NODE_STATE_DIR": str(tmp_path / "state"),
-        "TUNEPLANE_STORAGE_ROOT": str(tmp_path),
-        "TUNEPLANE_LOCAL_STOP_TIMEOUT": "0",
-    }
-    with log.open("w") as output:
-        daemon = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tuneplane_node",
-                "serve",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-            ],
-            cwd=tmp_path,
-            env=env,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024)),
-        )
+    daemon = spawn_daemon(
+        tmp_path,
+        port,
+        preexec=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024)),
+        TUNEPLANE_NODE_TOKEN=TOKEN,
+        TUNEPLANE_LOCAL_RUNTIME="process",
+        TUNEPLANE_LOCAL_STOP_TIMEOUT="0",
+    )
     try:
         asyncio.run(flood_then_ask(port))
     finally:

@@ -41,6 +41,7 @@ from tuneplane_node.runtime.base import (
     LABEL_RUN_ID,
     ContainerSpec,
     ContainerState,
+    LogText,
     Mount,
     container_name,
 )
@@ -732,7 +733,7 @@ async def test_logs_of_a_job_are_its_last_lines(service: JobService, fake: FakeR
     await service.launch(request("r1"))
     fake.containers["tuneplane-r1"].output = ["one", "two", "three"]
 
-    text = await service.logs("tuneplane-r1", 2)
+    text = (await service.logs("tuneplane-r1", 2)).text
 
     assert [line.split(" ", 1)[1] for line in text.splitlines()] == ["two", "three"]
 
@@ -743,12 +744,13 @@ async def test_logs_of_a_pending_missing_or_foreign_ref_are_a_sentence(
     await service.launch(request("r1", image=MISSING))
     fake.create_outside(ContainerSpec(name="tuneplane-foreign", image=IMAGE)).output = ["secret"]
 
-    assert (
-        await service.logs("tuneplane-r1", 10)
-        == f"no logs yet: tuneplane-r1 is pulling ({MISSING})"
+    assert await service.logs("tuneplane-r1", 10) == LogText(
+        f"no logs yet: tuneplane-r1 is pulling ({MISSING})"
     )
-    assert await service.logs("tuneplane-x", 10) == "no logs: container tuneplane-x does not exist"
-    assert "secret" not in await service.logs("tuneplane-foreign", 10)
+    assert (await service.logs("tuneplane-x", 10)).text == (
+        "no logs: container tuneplane-x does not exist"
+    )
+    assert "secret" not in (await service.logs("tuneplane-foreign", 10)).text
 
 
 async def test_logs_the_engine_refuses_to_read_are_a_sentence(
@@ -757,7 +759,9 @@ async def test_logs_the_engine_refuses_to_read_are_a_sentence(
     await service.launch(request("r1"))
     fake.refuse_logs = "configured logging driver does not support reading"
     text = await service.logs("tuneplane-r1", 10)
-    assert text == "no logs for tuneplane-r1: configured logging driver does not support reading"
+    assert text == LogText(
+        "no logs for tuneplane-r1: configured logging driver does not support reading"
+    )
 
 
 # --- the token buys job verbs, never the host -------------------------------------------
@@ -847,7 +851,7 @@ async def test_an_id_given_as_a_ref_reaches_nothing(service: JobService, fake: F
     for ref in (foreign.id, foreign.id[:12], ours.id):
         await service.stop(ref, 0)
         await service.remove(ref)
-        assert "does not exist" in await service.logs(ref, 10)
+        assert "does not exist" in (await service.logs(ref, 10)).text
         assert (await service.observe([ref]))[ref].exists is False
 
     assert foreign.status == ours.status == "running"

@@ -16,6 +16,7 @@ from tests.helpers import (
     TrackingRuntime,
     forget_image,
     job,
+    log_text,
     unique,
     wait_status,
 )
@@ -24,6 +25,7 @@ from tuneplane_node.runtime.base import (
     LABEL_RUN_ID,
     ContainerSpec,
     ContainerState,
+    LogQuery,
     Mount,
     PullLimits,
     PullProgress,
@@ -46,7 +48,7 @@ async def test_run_passes_env_labels_mounts_workdir_and_replaces_entrypoint(
     )
     container_id = await runtime.run(spec)
     state = await wait_status(runtime, spec.name, "exited")
-    logs = await runtime.logs(spec.name, 100)
+    logs = await log_text(runtime, spec.name, 100)
 
     assert len(container_id) == 64
     assert state.exit_code == 0
@@ -135,7 +137,7 @@ async def test_logs_carry_timestamps_from_both_streams(runtime: TrackingRuntime)
     await runtime.run(spec)
     await wait_status(runtime, spec.name, "exited")
 
-    lines = (await runtime.logs(spec.name, 10) or "").splitlines()
+    lines = (await log_text(runtime, spec.name, 10)).splitlines()
 
     assert {line.split(" ", 1)[1] for line in lines} == {"to-stdout", "to-stderr"}
     for line in lines:
@@ -147,8 +149,8 @@ async def test_logs_tail_and_missing_container(runtime: TrackingRuntime) -> None
     await runtime.run(spec)
     await wait_status(runtime, spec.name, "exited")
 
-    tail = await runtime.logs(spec.name, 2)
-    missing = await runtime.logs(container_name(unique("absent")), 10)
+    tail = await log_text(runtime, spec.name, 2)
+    missing = await runtime.logs(container_name(unique("absent")), LogQuery(10, 1024))
 
     assert tail is not None
     assert [line.split(" ", 1)[1] for line in tail.splitlines()] == ["line4", "line5"]

@@ -10,6 +10,7 @@ import pytest
 
 from tuneplane_node.runtime.base import Brief, EngineEvent, PullProgress
 from tuneplane_node.runtime.dockerformat import (
+    LogFold,
     ProgressFold,
     brief_from_list,
     event_from_docker,
@@ -143,3 +144,73 @@ def test_messages_without_a_layer_are_not_progress() -> None:
 def test_podmans_streams_are_json_lines() -> None:
     lines = iter([b'{"status": "a"}', b"", b'{"status": "b"}'])
     assert list(json_lines(lines)) == [{"status": "a"}, {"status": "b"}]
+
+
+# --- logs ------------------------------------------------------------------------------------
+
+T = b"2026-11-30T12:00:00.000000001Z"
+
+
+def entries(*lines: bytes, piece: int = 16) -> list[bytes]:
+    """Lines as an engine streams them: each cut into pieces, each piece stamped."""
+    out = []
+    for n, line in enumerate(lines):
+        stamp = T.replace(b"01Z", b"%02dZ" % n)
+        out += [stamp + b" " + line[i : i + piece] for i in range(0, len(line), piece)]
+    return out
+
+
+def folded(items: list[bytes], *, keep: int = 100, max_bytes: int = 10_000) -> LogFold:
+    fold = LogFold(keep=keep, max_bytes=max_bytes)
+    for entry in items:
+        fold.add(entry)
+    return fold
+
+
+def test_pieces_of_a_long_line_are_one_line_under_the_first_pieces_time() -> None:
+    fold = folded(entries(b"short\n", b"a" * 40 + b"\n", b"end\n"))
+    text = fold.text(skip_first=False)
+    assert text.text.splitlines() == [
+        f"{T.replace(b'01Z', b'00Z').decode()} short",
+        f"{T.replace(b'01Z', b'01Z').decode()} {'a' * 40}",
+        f"{T.replace(b'01Z', b'02Z').decode()} end",
+    ]
+    assert (fold.entries, fold.complete, text.truncated) == (5, 3, False)
+
+
+def test_only_the_newest_lines_are_kept() -> None:
+    fold = folded(entries(*(b"line %d\n" % n for n in range(10))), keep=3)
+    assert [line.split(" ", 1)[1] for line in fold.text(skip_first=False).text.splitlines()] == [
+        "line 7",
+        "line 8",
+        "line 9",
+    ]
+    assert not fold.truncated  # a tail is not a cut
+
+
+def test_the_byte_cap_keeps_the_newest_and_says_it_cut() -> None:
+    fold = folded(entries(*(b"x%d" % n + b"x" * 20 + b"\n" for n in range(10))), max_bytes=100)
+    text = fold.text(skip_first=False)
+    assert len(text.text.encode()) == 100 and text.truncated  # all the cap allows
+    assert text.text.endswith("x9" + "x" * 20 + "\n")
+    assert "x7" not in text.text  # older lines are gone, the oldest kept lost its front
+
+
+def test_one_line_longer_than_the_cap_keeps_its_end() -> None:
+    line = b"".join(b"%06d" % n for n in range(10_000)) + b"\n"  # 60 KB, every digit unique
+    fold = folded(entries(line, piece=16 * 1024), max_bytes=1000)
+    text = fold.text(skip_first=False)
+    assert text.truncated and len(text.text) == 1000
+    assert text.text.endswith("009999\n")
+    assert len(fold.partial) == 0 and fold.size <= 1000  # memory never held the whole line
+
+
+def test_a_read_that_may_begin_mid_line_drops_its_first_line() -> None:
+    fold = folded([T + b" tail of an older line\n", T + b" whole\n"])
+    assert fold.text(skip_first=True).text == f"{T.decode()} whole\n"
+    assert fold.text(skip_first=False).text.count("\n") == 2
+
+
+def test_an_unfinished_last_line_is_shown() -> None:
+    fold = folded([T + b" done\n", T + b" still being writ"])
+    assert fold.text(skip_first=False).text.endswith("still being writ")

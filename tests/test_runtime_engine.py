@@ -22,7 +22,7 @@ from tuneplane_node.errors import (
     NodeError,
     SpecRefused,
 )
-from tuneplane_node.runtime.base import LABEL_GPUS, LABEL_RUN_ID, ContainerSpec, Mount
+from tuneplane_node.runtime.base import LABEL_GPUS, LABEL_RUN_ID, ContainerSpec, LogQuery, Mount
 from tuneplane_node.runtime.docker import ERRORS as DOCKER_ERRORS
 from tuneplane_node.runtime.docker import DockerRuntime
 from tuneplane_node.runtime.engine import EngineRuntime, ErrorTable
@@ -246,3 +246,40 @@ async def test_an_unreachable_engine_is_unavailable_never_gone(kind: str, tmp_pa
 def test_every_engine_error_is_a_node_error() -> None:
     assert issubclass(EngineError, NodeError)
     assert EngineUnavailable(engine="e", reason="r").status == 503
+
+
+# --- reading logs: lines, not the engine's pieces --------------------------------------------
+
+
+class ScriptedLogs(DockerRuntime):
+    """The docker adapter over a scripted log: entries as docker's API gives them."""
+
+    def __init__(self, lines: list[bytes]) -> None:
+        super().__init__(engine_settings("docker"))
+        self.stream = [
+            b"2026-11-30T12:00:00Z " + line[i : i + 16]
+            for line in lines
+            for i in range(0, len(line), 16)
+        ]
+        self.asked: list[int] = []
+
+    def _log_entries(self, ref: str, tail: int, since: Any) -> Any:
+        self.asked.append(tail)
+        return iter(self.stream[-tail:])
+
+
+async def test_tail_counts_lines_however_many_pieces_they_took() -> None:
+    runtime = ScriptedLogs([b"x" * 100 + b"\n", b"short\n", b"y" * 100 + b"\n", b"z" * 60 + b"\n"])
+    text = await runtime.logs("a", LogQuery(tail=2, max_bytes=10_000))
+    await runtime.close()
+
+    assert text is not None
+    assert [line.split(" ", 1)[1] for line in text.text.splitlines()] == ["y" * 100, "z" * 60]
+    assert runtime.asked == [3, 24]  # one more entry than lines, then eight times as many
+
+
+async def test_a_tail_longer_than_the_log_reads_it_once_whole() -> None:
+    runtime = ScriptedLogs([b"one\n", b"two\n"])
+    text = await runtime.logs("a", LogQuery(tail=10, max_bytes=10_000))
+    await runtime.close()
+    assert text is not None and text.text.count("\n") == 2 and runtime.asked == [11]

@@ -17,14 +17,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import log_text, wait_until
 from tests.helpers import wait_status as shared_wait_status
-from tests.helpers import wait_until
 from tuneplane_node.clock import parse_rfc3339 as parse_time
 from tuneplane_node.errors import Conflict, EngineRefused, InvalidField
 from tuneplane_node.runtime.base import (
     LABEL_RUN_ID,
     ContainerSpec,
     ContainerState,
+    LogQuery,
     PullLimits,
 )
 from tuneplane_node.runtime.process import ProcessRuntime
@@ -158,7 +159,7 @@ async def test_argv_zero_is_a_program_not_a_shell_builtin(runtime: ProcessRuntim
 
     state = await wait_status(runtime, spec.name, "exited")
     assert state.exit_code == 127
-    assert "exit" in await runtime.logs(spec.name, 10)
+    assert "exit" in await log_text(runtime, spec.name, 10)
 
 
 async def test_argv_is_passed_literally_never_through_a_shell(
@@ -174,7 +175,7 @@ async def test_argv_is_passed_literally_never_through_a_shell(
     assert state.exit_code == 0
     await asyncio.sleep(0.2)
     assert not pwned.exists()
-    lines = (await runtime.logs(spec.name, 100)).splitlines()
+    lines = (await log_text(runtime, spec.name, 100)).splitlines()
     assert [STAMPED.match(line).group(2) for line in lines] == hostile  # type: ignore[union-attr]
 
 
@@ -187,7 +188,7 @@ async def test_logs_are_timestamped_and_hold_stdout_and_stderr_in_order(
     await runtime.run(spec)
     await wait_status(runtime, spec.name, "exited")
 
-    lines = (await runtime.logs(spec.name, 100)).splitlines()
+    lines = (await log_text(runtime, spec.name, 100)).splitlines()
     matches = [STAMPED.match(line) for line in lines]
     assert all(matches), lines
     assert [m.group(2) for m in matches if m] == ["to-out", "to-err", "no-newline"]
@@ -195,9 +196,9 @@ async def test_logs_are_timestamped_and_hold_stdout_and_stderr_in_order(
         assert m is not None
         stamp = parse_time(m.group(1))
         assert stamp is not None and before <= stamp <= datetime.now(timezone.utc)
-    last = (await runtime.logs(spec.name, 1)).splitlines()
+    last = (await log_text(runtime, spec.name, 1)).splitlines()
     assert len(last) == 1 and last[0].endswith(" no-newline")
-    assert await runtime.logs(spec.name, 0) == ""
+    assert await log_text(runtime, spec.name, 0) == ""
 
 
 async def test_output_after_a_daemon_restart_is_still_stamped(tmp_path: Path) -> None:
@@ -214,7 +215,7 @@ async def test_output_after_a_daemon_restart_is_still_stamped(tmp_path: Path) ->
         state = await wait_status(second, spec.name, "exited")
 
         assert state.exit_code == 4
-        lines = (await second.logs(spec.name, 10)).splitlines()
+        lines = (await log_text(second, spec.name, 10)).splitlines()
         after = [STAMPED.match(line) for line in lines if line.endswith(" after")]
         assert len(after) == 1 and after[0] is not None
         stamp = parse_time(after[0].group(1))
@@ -244,7 +245,7 @@ async def test_a_job_ignoring_sigterm_runs_on_until_sigkill(runtime: ProcessRunt
     spec = job("stubborn", ["sh", "-c", "trap '' TERM; echo ready; sleep 300"])
     await runtime.run(spec)
     deadline = time.monotonic() + 10
-    while "ready" not in await runtime.logs(spec.name, 10):
+    while "ready" not in await log_text(runtime, spec.name, 10):
         assert time.monotonic() < deadline
         await asyncio.sleep(0.05)
 
@@ -313,7 +314,7 @@ async def test_background_processes_die_when_the_job_ends(
 
 async def test_a_missing_job_is_not_an_error(runtime: ProcessRuntime) -> None:
     assert await runtime.inspect("tuneplane-nope") == ContainerState.missing("tuneplane-nope")
-    assert await runtime.logs("tuneplane-nope", 10) is None
+    assert await runtime.logs("tuneplane-nope", LogQuery(10, 1024)) is None
     await runtime.kill("tuneplane-nope", "SIGKILL")
     assert await runtime.wait_exited("tuneplane-nope", 1)
     await runtime.remove("tuneplane-nope")

@@ -4,6 +4,7 @@ checked and bounded, and a bad one is refused by name."""
 from __future__ import annotations
 
 import math
+from datetime import datetime, timezone
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from tuneplane_node.wire.requests import (
     parse_max_age,
     parse_ref,
     parse_refs,
+    parse_since,
     parse_tail,
 )
 
@@ -303,3 +305,27 @@ def test_a_bad_tail_names_the_field(value: str) -> None:
 def test_tail() -> None:
     assert parse_tail(None) == parse_tail("") == 2000
     assert parse_tail("1") == 1 and parse_tail(str(MAX_TAIL)) == MAX_TAIL
+
+
+@pytest.mark.parametrize(
+    ("value", "moment"),
+    [
+        ("2026-11-30T12:00:00Z", datetime(2026, 11, 30, 12, tzinfo=timezone.utc)),
+        (
+            "2026-11-30T13:00:00.5+01:00",
+            datetime(2026, 11, 30, 12, 0, 0, 500000, tzinfo=timezone.utc),
+        ),
+        ("1796040000", datetime(2026, 11, 30, 12, tzinfo=timezone.utc)),
+        ("1796040000.25", datetime(2026, 11, 30, 12, 0, 0, 250000, tzinfo=timezone.utc)),
+        ("", None),
+        (None, None),
+    ],
+)
+def test_since_is_an_rfc3339_time_or_epoch_seconds(value: str | None, moment: Any) -> None:
+    assert parse_since(value) == moment
+
+
+@pytest.mark.parametrize("value", ["yesterday", "-5", "1e9", "2026-13-40T00:00:00Z", "9" * 30, "²"])
+def test_a_bad_since_names_the_field(value: str) -> None:
+    with pytest.raises(InvalidField, match=r"^since: "):
+        parse_since(value)

@@ -101,6 +101,8 @@ class NodeSettings(BaseSettings):
     """Seconds between SIGTERM and SIGKILL when a job is stopped without a timeout."""
     local_container_ttl_s: float = Field(DAY, ge=0, le=3650 * DAY, allow_inf_nan=False)
     """Seconds an exited (or never-started) job container is kept before reap removes it."""
+    logs_max_bytes: int = Field(8 * 2**20, ge=1024, le=2**30)
+    """Bytes a logs answer holds at most: the newest output; older is cut and said so."""
     local_image_pull_timeout_s: float = Field(3600.0, gt=0, le=7 * DAY, allow_inf_nan=False)
     """Seconds an image pull may take in all."""
     local_image_pull_stall_s: float = Field(300.0, gt=0, le=DAY, allow_inf_nan=False)

@@ -70,7 +70,8 @@ async def remove(request: web.Request) -> web.Response:
 async def logs(request: web.Request) -> web.Response:
     ref = requests.parse_ref(dict(request.query))
     tail = requests.parse_tail(request.query.get("tail"))
-    return answer(answers.logs_json(await request.app[JOBS].logs(ref, tail)))
+    since = requests.parse_since(request.query.get("since"))
+    return answer(answers.logs_json(await request.app[JOBS].logs(ref, tail, since)))
 
 
 @routes.post("/node/v1/reap")

@@ -44,11 +44,16 @@ from tuneplane_node.runtime.base import (
     ContainerRuntime,
     ContainerSpec,
     ContainerState,
+    LogQuery,
+    LogText,
     PullLimits,
 )
 from tuneplane_node.settings import NodeSettings
 
 log = logging.getLogger(__name__)
+LOG_READERS = 1
+"""Logs read at once. A read of a huge log keeps a thread busy in Python for a second or
+more; two at once starve the event loop of the GIL (health took 90 ms behind three)."""
 
 
 def reapable(state: ContainerState, max_age_s: float, now: datetime) -> bool:
@@ -96,6 +101,7 @@ class JobService:
         self.pulls = PullCoordinator(runtime, limits)
         self.disk = inventory.DiskGauge(settings.storage, clock=clock)
         self.mounts = MountPolicy(settings.mount_roots)
+        self._log_readers = asyncio.Semaphore(LOG_READERS)
 
     # --- the "ours" rule ----------------------------------------------------------------
 
@@ -230,19 +236,23 @@ class JobService:
             views[ref] = record.view(now) if record is not None else await self._own(ref)
         return views
 
-    async def logs(self, ref: str, tail_lines: int) -> str:
-        """The container's last lines; for a pending or missing one, a sentence saying so."""
+    async def logs(self, ref: str, tail: int, since: datetime | None = None) -> LogText:
+        """The container's last lines, at most ``TUNEPLANE_LOGS_MAX_BYTES`` of the newest;
+        for a pending or missing one, a sentence saying so."""
         record = self.pending.get(ref)
         if record is not None:
-            return f"no logs yet: {ref} is {record.phase} ({record.error or record.image})"
-        missing = f"no logs: container {ref} does not exist"
+            note = f"no logs yet: {ref} is {record.phase} ({record.error or record.image})"
+            return LogText(note)
+        missing = LogText(f"no logs: container {ref} does not exist")
         state = await self._own(ref)
         if not state.exists:
             return missing
+        query = LogQuery(tail=tail, max_bytes=self.settings.logs_max_bytes, since=since)
         try:
-            text = await self.runtime.logs(self._target(state), tail_lines)
+            async with self._log_readers:  # each read is a busy thread: the loop needs the GIL
+                text = await self.runtime.logs(self._target(state), query)
         except EngineRefused as exc:
-            return f"no logs for {ref}: {exc.reason}"
+            return LogText(f"no logs for {ref}: {exc.reason}")
         return missing if text is None else text
 
     # --- stop, remove, reap -------------------------------------------------------------

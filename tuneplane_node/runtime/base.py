@@ -13,6 +13,7 @@ import logging
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 if TYPE_CHECKING:
@@ -162,6 +163,23 @@ class CacheStatus:
     containers: int
 
 
+class LogQuery(NamedTuple):
+    """What part of a log to read: the last ``tail`` lines, none before ``since``, and at
+    most ``max_bytes`` of the newest of them."""
+
+    tail: int
+    max_bytes: int
+    since: datetime | None = None
+
+
+class LogText(NamedTuple):
+    """A log's lines, each prefixed with its RFC 3339 time; ``truncated`` when the byte
+    cap cut older output (or the front of a line longer than the cap)."""
+
+    text: str
+    truncated: bool = False
+
+
 class PullLimits(NamedTuple):
     """The two deadlines of a pull, in seconds: in all, and without any progress."""
 
@@ -218,9 +236,9 @@ class ContainerRuntime(Protocol):
     # (ContainerState.id), or its name where it reports none. Engines resolve an id
     # before a name, so acting on the id the node holds is acting on its own container.
 
-    async def logs(self, ref: str, tail_lines: int) -> str | None:
-        """The last ``tail_lines`` lines of stdout and stderr, each stamped with its
-        RFC 3339 time; None when the container is missing."""
+    async def logs(self, ref: str, query: LogQuery) -> LogText | None:
+        """The lines of stdout and stderr the query asks for; None when the container is
+        missing. Read in chunks, never the whole log in memory, off the loop."""
 
     async def kill(self, ref: str, signal: str) -> None:
         """Send ``signal`` (``SIGTERM``, ``SIGKILL``) to the container's processes.

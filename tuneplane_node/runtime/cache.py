@@ -35,6 +35,8 @@ from tuneplane_node.runtime.base import (
     ContainerState,
     EngineEvent,
     EngineFeed,
+    LogQuery,
+    LogText,
     ProgressCallback,
     PullLimits,
     RuntimeHealth,
@@ -394,8 +396,8 @@ class CachedRuntime:
         with contextlib.suppress(NodeError):
             self.cache.put(await self.inner.pool.call(self.inner.inspect_now, ref), ref)
 
-    async def logs(self, ref: str, tail_lines: int) -> str | None:
-        return await self.inner.logs(ref, tail_lines)
+    async def logs(self, ref: str, query: LogQuery) -> LogText | None:
+        return await self.inner.logs(ref, query)
 
     async def health(self) -> RuntimeHealth:
         """From memory while the cache is in sync (the engine's version is asked once per

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterator, Mapping
+from datetime import datetime
 from typing import Any
 
 import docker
@@ -82,9 +83,21 @@ class DockerRuntime(EngineRuntime, errors=ERRORS):
     def _inspect(self, ref: str) -> ContainerState:
         return fmt.state_from_inspect(self.api.inspect_container(ref))
 
-    def _logs(self, name: str, tail_lines: int) -> str:
-        raw = self.api.logs(name, stdout=True, stderr=True, timestamps=True, tail=tail_lines)
-        return bytes(raw).decode("utf-8", errors="replace")
+    def _log_entries(self, ref: str, tail: int, since: datetime | None) -> Iterator[bytes]:
+        stream = self.api.logs(
+            ref,
+            stdout=True,
+            stderr=True,
+            timestamps=True,
+            tail=tail,
+            since=since.timestamp() if since else None,
+            stream=True,
+            follow=False,
+        )
+        try:
+            yield from stream
+        finally:
+            stream.close()
 
     def _kill(self, ref: str, signal: str) -> None:
         self.api.kill(ref, signal=signal)

@@ -9,12 +9,19 @@ from __future__ import annotations
 
 import json
 import re
+from collections import deque
 from collections.abc import Iterator, Mapping
 from datetime import datetime, timezone
 from typing import Any
 
 from tuneplane_node.clock import normalise, rfc3339
-from tuneplane_node.runtime.base import Brief, ContainerState, EngineEvent, PullProgress
+from tuneplane_node.runtime.base import (
+    Brief,
+    ContainerState,
+    EngineEvent,
+    LogText,
+    PullProgress,
+)
 
 LIBPOD_STATUSES = {"configured": "created", "initialized": "created", "stopped": "exited"}
 """libpod's own words for the states docker calls created and exited."""
@@ -143,3 +150,62 @@ class ProgressFold:
 
     def _position(self) -> tuple[PullProgress, int, int]:
         return self.progress(), sum(self._extract.values()), len(self._done)
+
+
+class LogFold:
+    """Log entries, as the engines stream them, folded into the newest lines.
+
+    An entry is ``TIMESTAMP text``: a whole line, or a piece of one (engines cut lines
+    at 16 KiB; a piece that does not end the line has no newline). Pieces are joined
+    into their line under the first piece's time. At most ``keep`` lines and
+    ``max_bytes`` bytes are held, the newest (the oldest line kept may lose its front);
+    what the cap drops sets ``truncated``.
+    Memory stays within the cap however long the log or a line is.
+    """
+
+    def __init__(self, *, keep: int, max_bytes: int) -> None:
+        self.keep = keep
+        self.max_bytes = max_bytes
+        self.lines: deque[bytes] = deque()
+        self.size = 0
+        self.partial = bytearray()
+        self.entries = 0
+        self.complete = 0  # lines ended, in all
+        self.truncated = False
+
+    def add(self, entry: bytes) -> None:
+        self.entries += 1
+        if self.partial:  # a continuation: its own timestamp goes
+            entry = entry.partition(b" ")[2]
+        self.partial += entry
+        if len(self.partial) > self.max_bytes:
+            del self.partial[: len(self.partial) - self.max_bytes]
+            self.truncated = True
+        if entry.endswith(b"\n"):
+            line = bytes(self.partial)
+            self.partial.clear()
+            self._line(line)
+
+    def _line(self, line: bytes) -> None:
+        self.complete += 1
+        self.lines.append(line)
+        self.size += len(line)
+        while len(self.lines) > self.keep:
+            self.size -= len(self.lines.popleft())
+        while (excess := self.size + len(self.partial) - self.max_bytes) > 0 and self.lines:
+            self.truncated = True
+            oldest = self.lines[0]
+            if len(oldest) <= excess:
+                self.size -= len(self.lines.popleft())
+            else:  # the newest part of the oldest line fills what the cap leaves
+                self.lines[0] = oldest[excess:]
+                self.size -= excess
+
+    def text(self, *, skip_first: bool) -> LogText:
+        """The lines folded, the unfinished one last; ``skip_first`` drops a first line
+        that may have begun before the part read."""
+        lines = list(self.lines)
+        if skip_first and self.complete == len(lines) and lines:
+            lines = lines[1:]
+        joined = b"".join(lines) + bytes(self.partial)
+        return LogText(joined.decode("utf-8", errors="replace"), self.truncated)

@@ -15,6 +15,7 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, TypeVar
 
 from tuneplane_node.errors import (
@@ -34,12 +35,15 @@ from tuneplane_node.runtime.base import (
     ContainerSpec,
     ContainerState,
     EngineEvent,
+    LogQuery,
+    LogText,
     ProgressCallback,
     PullLimits,
     RuntimeHealth,
     format_gpus,
     job_labels,
 )
+from tuneplane_node.runtime.dockerformat import LogFold
 from tuneplane_node.runtime.pool import BlockingPool
 from tuneplane_node.runtime.pulling import drive_pull
 from tuneplane_node.settings import NodeSettings
@@ -210,7 +214,9 @@ class EngineRuntime(ABC):
     @abstractmethod
     def _inspect(self, ref: str) -> ContainerState: ...
     @abstractmethod
-    def _logs(self, name: str, tail_lines: int) -> str: ...
+    def _log_entries(self, ref: str, tail: int, since: datetime | None) -> Iterator[bytes]:
+        """The last ``tail`` log entries (``TIMESTAMP text``, a long line in pieces)."""
+
     @abstractmethod
     def _kill(self, ref: str, signal: str) -> None: ...
     @abstractmethod
@@ -295,9 +301,27 @@ class EngineRuntime(ABC):
     def _inspect_or_missing(self, ref: str) -> ContainerState:
         return self._or(ContainerState.missing(ref), self._inspect, ref)
 
-    async def logs(self, name: str, tail_lines: int) -> str | None:
-        action = f"read the logs of {name}"
-        return await self._call(action, self._or, None, self._logs, name, tail_lines)
+    async def logs(self, ref: str, query: LogQuery) -> LogText | None:
+        action = f"read the logs of {ref}"
+        return await self._call(action, self._or, None, self._read_logs, ref, query)
+
+    def _read_logs(self, ref: str, query: LogQuery) -> LogText:
+        """The last ``tail`` lines, streamed through a `LogFold`.
+
+        Engines count entries, not lines: a line longer than 16 KiB is several. So a read
+        asks for one entry more than lines (the first may begin mid-line), and when long
+        lines leave fewer whole lines than asked, asks again for eight times as many,
+        until it reaches the start of the log.
+        """
+        wanted = query.tail + 1
+        while True:
+            fold = LogFold(keep=query.tail, max_bytes=query.max_bytes)
+            for entry in self._log_entries(ref, wanted, query.since):
+                fold.add(entry)
+            whole = fold.entries < wanted  # the read reached the log's start (or `since`)
+            if whole or fold.complete > query.tail:
+                return fold.text(skip_first=not whole)
+            wanted *= 8
 
     async def kill(self, ref: str, signal: str) -> None:
         await self._call(f"signal {ref}", self._or, None, self._quiet_kill, ref, signal)

@@ -13,6 +13,7 @@ import logging
 import math
 import signal
 from collections.abc import Callable, Iterator, Mapping
+from datetime import datetime
 from typing import Any
 
 import podman
@@ -76,11 +77,20 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
     def _inspect(self, ref: str) -> ContainerState:
         return fmt.state_from_inspect(self.client.containers.get(ref).attrs)
 
-    def _logs(self, name: str, tail_lines: int) -> str:
-        container = self.client.containers.get(name)
-        raw = container.logs(stdout=True, stderr=True, timestamps=True, tail=tail_lines)
-        chunks = raw if isinstance(raw, bytes) else b"".join(raw)
-        return chunks.decode("utf-8", errors="replace")
+    def _log_entries(self, ref: str, tail: int, since: datetime | None) -> Iterator[bytes]:
+        container = self.client.containers.get(ref)
+        # podman-py follows a stream unless told not to.
+        frames = container.logs(
+            stdout=True,
+            stderr=True,
+            timestamps=True,
+            tail=tail,
+            since=since,
+            stream=True,
+            follow=False,
+        )
+        assert not isinstance(frames, bytes)  # a stream was asked for
+        yield from frames
 
     def _kill(self, ref: str, signal: str) -> None:
         self.client.containers.get(ref).kill(signal=signal)

@@ -36,13 +36,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from tuneplane_node.clock import SYSTEM_CLOCK, rfc3339
+from tuneplane_node.clock import SYSTEM_CLOCK, parse_rfc3339, rfc3339
 from tuneplane_node.errors import EngineConflict, EngineRefused, EngineUnavailable, InvalidField
 from tuneplane_node.runtime.base import (
     EXIT_SIGKILL,
     CacheStatus,
     ContainerSpec,
     ContainerState,
+    LogQuery,
+    LogText,
     ProgressCallback,
     PullLimits,
     RuntimeHealth,
@@ -160,13 +162,14 @@ class ProcessRuntime:
     async def inspect(self, name: str) -> ContainerState:
         return await self._pool.call(self._inspect, name)
 
-    async def logs(self, name: str, tail_lines: int) -> str | None:
-        """The last ``tail_lines`` stamped lines; None for no such job."""
+    async def logs(self, name: str, query: LogQuery) -> LogText | None:
+        """The stamped lines the query asks for; None for no such job. The stamper
+        writes a line longer than 64 KiB as several, and each counts as a line here."""
         job = await self._pool.call(self._load, name)
         if job is None:
             return None
         await self._drain(job)
-        return await self._pool.call(_tail, job.dir / LOG_FILE, tail_lines)
+        return await self._pool.call(_tail, job.dir / LOG_FILE, query)
 
     async def kill(self, ref: str, signal: str) -> None:
         """The signal to the job's whole process group; no job, or ended: nothing to do."""
@@ -526,22 +529,45 @@ def _pid_alive(proc: _Proc) -> bool:
     return proc.ticks is None or stat[1] == proc.ticks
 
 
-def _tail(path: Path, lines: int) -> str:
-    """The last ``lines`` lines, reading backwards so a huge log costs no more than them."""
-    if lines <= 0:
-        return ""
+def _tail(path: Path, query: LogQuery) -> LogText:
+    """The last lines, read backwards, so a huge log costs no more than the answer."""
     try:
         with path.open("rb") as file:
             position = file.seek(0, os.SEEK_END)
             data = b""
-            while position > 0 and data.count(b"\n") <= lines:
+            while position > 0 and data.count(b"\n") <= query.tail:
+                if len(data) > query.max_bytes:
+                    break  # the cap is reached: older lines would be cut anyway
                 step = min(_TAIL_CHUNK, position)
                 position -= step
                 file.seek(position)
                 data = file.read(step) + data
     except FileNotFoundError:
-        return ""
-    return b"".join(data.splitlines(keepends=True)[-lines:]).decode("utf-8", "replace")
+        return LogText("")
+    lines = data.splitlines(keepends=True)
+    if position > 0:
+        lines = lines[1:]  # it may have begun before what was read
+    lines = [line for line in lines[max(0, len(lines) - query.tail) :] if _since(line, query.since)]
+    return _capped(lines, query.max_bytes)
+
+
+def _since(line: bytes, since: datetime | None) -> bool:
+    stamp = parse_rfc3339(line.partition(b" ")[0].decode("ascii", "replace"))
+    return since is None or stamp is None or stamp >= since
+
+
+def _capped(lines: list[bytes], max_bytes: int) -> LogText:
+    """The newest lines within ``max_bytes``; the front of a longer last line is cut."""
+    kept: list[bytes] = []
+    size, truncated = 0, False
+    for line in reversed(lines):
+        if size + len(line) > max_bytes:
+            truncated = True
+            kept.append(line[len(line) - (max_bytes - size) :])  # its newest part
+            break
+        kept.append(line)
+        size += len(line)
+    return LogText(b"".join(reversed(kept)).decode("utf-8", "replace"), truncated)
 
 
 @contextlib.contextmanager

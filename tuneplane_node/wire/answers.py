@@ -14,7 +14,7 @@ from tuneplane_node.gpu.probe import CardFacts, GpuSnapshot
 from tuneplane_node.inventory import DiskReading, FabricFacts, Filesystem, LocalDisk
 from tuneplane_node.jobs import results
 from tuneplane_node.jobs.results import Inventory, JobView, NodeStatus, PendingView
-from tuneplane_node.runtime.base import CacheStatus
+from tuneplane_node.runtime.base import CacheStatus, LogText
 from tuneplane_node.wire import PROTOCOL
 
 GIB = 2**30
@@ -146,7 +146,11 @@ class ReapJson(TypedDict):
     removed: int
 
 
-class LogsJson(TypedDict):
+class _LogsOptional(TypedDict, total=False):
+    truncated: bool  # only when the byte cap cut older output
+
+
+class LogsJson(_LogsOptional):
     logs: str
 
 
@@ -161,8 +165,12 @@ def reap_json(removed: int) -> ReapJson:
     return {"removed": removed}
 
 
-def logs_json(text: str) -> LogsJson:
-    return {"logs": text}
+def logs_json(text: LogText) -> LogsJson:
+    """0.3.15's shape; ``truncated`` is added only when the cap cut the answer."""
+    answer: LogsJson = {"logs": text.text}
+    if text.truncated:
+        answer["truncated"] = True
+    return answer
 
 
 def error_json(detail: str) -> ErrorJson:

@@ -14,8 +14,10 @@ import json
 import math
 import re
 from collections.abc import Mapping
+from datetime import datetime, timezone
 from typing import Any
 
+from tuneplane_node.clock import parse_rfc3339
 from tuneplane_node.errors import InvalidField
 from tuneplane_node.jobs.results import LaunchRequest
 from tuneplane_node.runtime.base import (
@@ -60,6 +62,7 @@ MAX_GRACE_S = 30 * 86400.0
 MAX_AGE_S = 3650 * 86400.0
 """The oldest reap age a console may give: 10 years."""
 MIN_MEMORY = 6 * 2**20  # the engines refuse less
+MAX_EPOCH = 253402300799.0  # 9999-12-31T23:59:59Z: datetime's last second
 MAX_SIZE = 2**50  # 1 PiB
 
 _NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]{0,200}")
@@ -345,6 +348,18 @@ def parse_grace(body: Mapping[str, Any]) -> float | None:
 def parse_max_age(body: Mapping[str, Any]) -> float | None:
     """A reap's ``max_age_s``."""
     return parse_seconds(body, "max_age_s", most=MAX_AGE_S)
+
+
+def parse_since(value: str | None) -> datetime | None:
+    """``since``: an RFC 3339 time, or seconds since the epoch; none: the whole log."""
+    if value is None or value == "":
+        return None
+    moment = parse_rfc3339(value) if "T" in value or "-" in value else None
+    if moment is None and _DECIMAL.fullmatch(value) and len(value) <= 20:
+        moment = datetime.fromtimestamp(min(float(value), MAX_EPOCH), tz=timezone.utc)
+    if moment is None:
+        raise InvalidField("since", "must be an RFC 3339 time or seconds since the epoch")
+    return moment
 
 
 def parse_tail(value: str | None) -> int:

@@ -306,3 +306,33 @@ async def test_a_stale_cache_is_not_healthy_even_when_the_engine_answers(
     cached.cache.mark_stale("lost events")
     health = await cached.health()
     assert not health.ok and health.error == "event stream broken: lost events"
+
+
+async def test_an_engine_that_stops_answering_makes_the_cache_stale_until_it_answers(
+    fake: FakeRuntime,
+) -> None:
+    """A wedged engine sends no event and no error: the heartbeat finds it out."""
+    runtime = CachedRuntime(
+        fake,
+        relist_s=3600,
+        sync_timeout=5,
+        clock=fake.clock,
+        backoff_s=(0.01, 0.05),
+        heartbeat_s=0.05,
+    )
+    await runtime.start()
+    name = await running(fake)
+    await wait_until(lambda: runtime.cache.states.get(name) is not None, timeout=5)
+    assert (await runtime.health()).ok
+
+    fake.up = False  # the stream stays open and silent; every call fails
+    await wait_until(lambda: not runtime.cache.synced, timeout=5)
+    with pytest.raises(EngineUnavailable):
+        await runtime.inspect(name)
+    health = await runtime.health()
+    assert not health.ok and health.version == "1.0-fake"  # at once, and still named
+
+    fake.up = True
+    await wait_until(lambda: runtime.cache.synced, timeout=5)
+    assert (await runtime.inspect(name)).status == "running"
+    await runtime.cache.close()

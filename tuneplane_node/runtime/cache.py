@@ -48,6 +48,8 @@ WATCHED_ACTIONS = frozenset(
     {"create", "start", "restart", "die", "oom", "stop", "kill", "pause", "unpause"}
     | {"destroy", "rename", "remove", "cleanup"}
 )
+HEARTBEAT_S = 2.0
+"""How often a synced cache asks the engine whether it still answers."""
 RECHECK_S = 1.0
 """A waiter looks again this often even without a change: a stale cache may resync."""
 BACKOFF_S = (0.5, 10.0)
@@ -73,12 +75,14 @@ class StateCache:
         sync_timeout: float,
         clock: Clock = SYSTEM_CLOCK,
         backoff_s: tuple[float, float] = BACKOFF_S,
+        heartbeat_s: float = HEARTBEAT_S,
     ) -> None:
         self.feed = feed
         self.relist_s = relist_s
         self.sync_timeout = sync_timeout
         self.clock = clock
         self.backoff_s = backoff_s
+        self.heartbeat_s = heartbeat_s
         self.states: dict[str, ContainerState] = {}
         self.names: dict[str, str] = {}  # container id -> name
         self.touched: dict[str, float] = {}  # name -> when last written
@@ -308,14 +312,29 @@ class StateCache:
     # --- the relist ---------------------------------------------------------------------
 
     async def _relist_forever(self) -> None:
+        """A heartbeat every few seconds, and a relist every ``relist_s``."""
+        beat = min(self.heartbeat_s, self.relist_s)
+        last_relist = self.clock.monotonic()
         while True:
-            await asyncio.sleep(self.relist_s)
+            await asyncio.sleep(beat)
             if not self.synced:
                 continue  # the event thread is resyncing from scratch
-            try:
-                await self.relist()
-            except NodeError as exc:
-                log.warning("state cache relist failed: %s", exc.message)
+            await self._heartbeat()
+            if self.synced and self.clock.monotonic() - last_relist >= self.relist_s:
+                last_relist = self.clock.monotonic()
+                try:
+                    await self.relist()
+                except NodeError as exc:
+                    log.warning("state cache relist failed: %s", exc.message)
+
+    async def _heartbeat(self) -> None:
+        """An engine that stops answering sends no event: without asking it, the cache
+        would serve its last word as the truth. Not answering within the API deadline
+        makes the cache stale (reads answer 503) and reopens the stream."""
+        health = await self.feed.health()
+        if not health.ok and self.synced:
+            self.mark_stale(f"the engine does not answer: {health.error}")
+            self.break_stream()
 
     async def relist(self) -> None:
         """One list; inspect only what changed or is new; drop what vanished."""
@@ -351,11 +370,17 @@ class CachedRuntime:
         sync_timeout: float,
         clock: Clock = SYSTEM_CLOCK,
         backoff_s: tuple[float, float] = BACKOFF_S,
+        heartbeat_s: float = HEARTBEAT_S,
     ) -> None:
         self.inner = inner
         self.name = inner.name
         self.cache = StateCache(
-            inner, relist_s=relist_s, sync_timeout=sync_timeout, clock=clock, backoff_s=backoff_s
+            inner,
+            relist_s=relist_s,
+            sync_timeout=sync_timeout,
+            clock=clock,
+            backoff_s=backoff_s,
+            heartbeat_s=heartbeat_s,
         )
         self._version: tuple[int, str | None] | None = None  # (sync generation, version)
 
@@ -400,18 +425,19 @@ class CachedRuntime:
         return await self.inner.logs(ref, query)
 
     async def health(self) -> RuntimeHealth:
-        """From memory while the cache is in sync (the engine's version is asked once per
-        sync generation); otherwise the engine is asked, and a stale cache is not ok."""
+        """From memory: the engine's version is asked once per sync generation. A stale
+        cache is not ok, at once: asking a wedged engine would hold health as long."""
         cache = self.cache
-        if cache.synced and self._version is not None and self._version[0] == cache.syncs:
-            return RuntimeHealth(ok=True, engine=self.name, version=self._version[1])
-        health = await self.inner.health()
-        if health.ok and cache.synced:
-            self._version = (cache.syncs, health.version)
-        elif health.ok:
+        known = self._version[1] if self._version is not None else None
+        if not cache.synced:
             return RuntimeHealth(
-                ok=False, engine=self.name, version=health.version, error=cache.stale_reason
+                ok=False, engine=self.name, version=known, error=cache.stale_reason
             )
+        if self._version is not None and self._version[0] == cache.syncs:
+            return RuntimeHealth(ok=True, engine=self.name, version=known)
+        health = await self.inner.health()
+        if health.ok:
+            self._version = (cache.syncs, health.version)
         return health
 
     async def image_exists(self, image: str) -> bool:

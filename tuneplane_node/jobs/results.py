@@ -85,6 +85,11 @@ class PendingView:
     def failed(self) -> bool:
         return self.phase == "failed"
 
+    @property
+    def exists(self) -> bool:
+        """A pending launch reads as a container that exists (created, or dead)."""
+        return True
+
 
 JobView = ContainerState | PendingView
 

@@ -1,0 +1,184 @@
+"""A model-based proof of the job service: a seeded random walk over its verbs, a
+restarting daemon and a restarting engine, with the node's promises checked after
+every step.
+
+    cards held     == the labels of the live containers, no card on two of them
+    cards reserved == the cards of the pending launches, none of them held
+    available + held + reserved == the card count
+    no ref is both a pending launch and a container
+    observe never says exists: false for a container of the node that exists
+
+Against the in-memory engine: 3,000 steps in the fast suite (a second), 10,000 in CI
+(``TUNEPLANE_MODEL_STEPS``, set by ``.ci/run``; ``TUNEPLANE_MODEL_SEED`` changes the
+walk). `test_daemon_model.py` walks the real Docker engine.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import random
+
+from tests.fakes import FakeClock, FakeProbe, FakeRuntime
+from tests.helpers import settle
+from tuneplane_node.errors import Conflict, NodeError
+from tuneplane_node.gpu.allocator import GpuAllocator
+from tuneplane_node.jobs import AlreadyRunning, JobService, LaunchRequest, PendingView
+from tuneplane_node.jobs.pending import FAILED
+from tuneplane_node.runtime.base import LABEL_RUN_ID, ContainerSpec, container_name, job_labels
+from tuneplane_node.settings import NodeSettings
+
+STEPS = int(os.environ.get("TUNEPLANE_MODEL_STEPS", "3000"))  # CI walks 10,000
+SEED = int(os.environ.get("TUNEPLANE_MODEL_SEED", "20261130"))
+RUNS = [f"run-{n}" for n in range(20)]
+PRESENT, MISSING = "registry.test/present:1", "registry.test/missing:1"
+CARDS = 4
+
+
+class World:
+    """The node under test, the engine under it, and the walk's bookkeeping."""
+
+    def __init__(self, rng: random.Random, settings: NodeSettings) -> None:
+        self.rng = rng
+        self.settings = settings
+        self.clock = FakeClock()
+        self.engine = FakeRuntime(clock=self.clock, images=(PRESENT,))
+        self.probe = FakeProbe(cards=CARDS)
+        self.service = self._service()
+        self.done: collections.Counter[str] = collections.Counter()
+        self.checks = 0
+
+    def _service(self) -> JobService:
+        allocator = GpuAllocator(self.engine, self.settings, probe=self.probe)
+        return JobService(self.engine, allocator, self.settings, clock=self.clock)
+
+    async def step(self) -> None:
+        action = self.rng.choices(
+            ["launch", "stop", "remove", "reap", "observe", "pull", "exit", "tick",
+             "daemon restart", "engine restart", "crash mid-launch"],
+            weights=[30, 10, 8, 4, 8, 15, 10, 8, 2, 1, 2],
+        )[0]  # fmt: skip
+        with contextlib.suppress(Conflict):  # a refusal is an answer, not a failure
+            await getattr(self, action.replace(" ", "_").replace("-", "_"))()
+        self.done[action] += 1
+        await settle(20)
+
+    async def launch(self) -> None:
+        run = self.rng.choice(RUNS)
+        spec = ContainerSpec(
+            name=container_name(run),
+            image=self.rng.choice([PRESENT, PRESENT, MISSING]),
+            command=("/bin/train",),
+            labels={LABEL_RUN_ID: run},
+        )
+        result = await self.service.launch(LaunchRequest(run, self.rng.choice([0, 1, 1, 2]), spec))
+        container = self.engine.containers.get(spec.name)
+        if isinstance(result, AlreadyRunning):  # never "running" for what does not run
+            assert container is not None and container.status == "running", container
+        if container is not None:
+            container.ignores_sigterm = self.rng.random() < 0.3
+
+    async def stop(self) -> None:
+        await self.service.stop(container_name(self.rng.choice(RUNS)), 0)
+
+    async def remove(self) -> None:
+        await self.service.remove(container_name(self.rng.choice(RUNS)))
+
+    async def reap(self) -> None:
+        await self.service.reap(self.rng.choice([0, 100]))
+
+    async def observe(self) -> None:
+        await self.service.observe(container_name(run) for run in self.rng.sample(RUNS, 5))
+
+    async def pull(self) -> None:
+        pulls = [p for p in self.engine.pulls if not p.done.done() and not p.cancelled]
+        if pulls:
+            pull = self.rng.choice(pulls)
+            roll = self.rng.random()
+            if roll < 0.6:
+                pull.finish()
+            elif roll < 0.8:
+                pull.fail("manifest unknown")
+            else:
+                pull.report(self.rng.randrange(100), 100)
+
+    async def exit(self) -> None:
+        running = [c for c in self.engine.containers.values() if c.status == "running"]
+        if running:
+            self.engine.exit(self.rng.choice(running).spec.name, self.rng.choice([0, 1, 137]))
+
+    async def tick(self) -> None:
+        self.clock.advance(self.rng.choice([1, 30, 600, 2000]))
+
+    async def daemon_restart(self) -> None:
+        """Memory goes (pending launches and their pulls), the containers stay."""
+        await self.service.close()
+        self.service = self._service()
+        await self.service.sweep_wreckage(older_than_s=0)
+
+    async def crash_mid_launch(self) -> None:
+        """The daemon dies between create and start: a created container holds the cards
+        it had claimed; the daemon comes back."""
+        occupancy = await self.service.allocator.occupancy()
+        run = self.rng.choice(RUNS)
+        if occupancy.available and container_name(run) not in self.engine.containers:
+            cards = occupancy.available[: self.rng.choice([1, 2])]
+            spec = ContainerSpec(
+                name=container_name(run), image=PRESENT, gpus=cards, labels={LABEL_RUN_ID: run}
+            )
+            wreck = self.engine.create_outside(spec, start=False)
+            wreck.labels = job_labels(spec)
+            await self.daemon_restart()
+
+    async def engine_restart(self) -> None:
+        """Without live-restore: every running job dies with the engine."""
+        for container in list(self.engine.containers.values()):
+            if container.status == "running":
+                self.engine.exit(container.spec.name, 143)
+
+    async def check(self) -> None:
+        """The node's promises, from the engine's truth and the service's word."""
+        self.checks += 1
+        ours = {n: c for n, c in self.engine.containers.items() if LABEL_RUN_ID in c.labels}
+        live = {n: c for n, c in ours.items() if c.status in ("running", "created")}
+        labelled = [card for c in live.values() for card in c.state().gpus]
+        assert len(labelled) == len(set(labelled)), f"a card on two jobs: {live}"
+        occupancy = await self.service.allocator.occupancy()
+        assert set(occupancy.by_job) == set(labelled)
+        pending = {r.ref: r for r in self.service.pending.records() if r.phase != FAILED}
+        claimed = {ref for ref, cards in occupancy.claims.items() if cards}
+        assert claimed == {ref for ref, r in pending.items() if r.request.requested_gpus}, (
+            claimed,
+            pending,
+        )
+        assert not occupancy.reserved & set(labelled)
+        assert len(occupancy.available) + len(labelled) + len(occupancy.reserved) == CARDS
+        assert not set(pending) & set(ours), "a ref both pending and a container"
+        views = await self.service.observe([*ours, *pending])
+        for ref, view in views.items():
+            assert view.exists, f"{ref} exists, observe says not"
+            assert isinstance(view, PendingView) == (ref in pending)
+
+
+async def test_a_random_walk_keeps_every_promise(settings: NodeSettings) -> None:
+    world = World(random.Random(SEED), replace_settings(settings))
+    try:
+        for _ in range(STEPS):
+            try:
+                await world.step()
+            except NodeError as exc:  # the fake engine never fails: nothing else may
+                raise AssertionError(f"after {dict(world.done)}: {exc.message}") from exc
+            await world.check()
+    finally:
+        await world.service.close()
+        await world.engine.close()
+    print(
+        f"\nmodel: {STEPS} steps (seed {SEED}), {world.checks} checks "
+        f"of 5 promises: {dict(world.done)}"
+    )
+    assert world.checks == STEPS
+
+
+def replace_settings(settings: NodeSettings) -> NodeSettings:
+    return settings.model_copy(update={"local_stop_timeout": 0, "local_container_ttl_s": 60})

@@ -204,6 +204,7 @@ async def make_node(aiohttp_client: Any, tmp_path: Any) -> AsyncIterator[MakeNod
         feed: TrackingRuntime | None = None,
         cached: CachedRuntime | None = None,
         probe: GpuProbe | None = None,
+        heartbeat_s: float = 2.0,
         **overrides: Any,
     ) -> Console:
         """``feed``: an engine runtime of another fixture (it removes what was made);
@@ -222,7 +223,12 @@ async def make_node(aiohttp_client: Any, tmp_path: Any) -> AsyncIterator[MakeNod
                 runtime = await open_runtime(engine, **options)
                 feed = TrackingRuntime(runtime)
                 opened.append((runtime, feed.made))
-            cached = CachedRuntime(feed, relist_s=settings.state_relist_s, sync_timeout=10)  # type: ignore[arg-type]
+            cached = CachedRuntime(
+                feed,  # type: ignore[arg-type]
+                relist_s=settings.state_relist_s,
+                sync_timeout=10,
+                heartbeat_s=heartbeat_s,
+            )
             await cached.start()
             caches.append(cached)
             made_by[id(cached)] = feed.made

@@ -49,14 +49,15 @@ install_packages() {
         "${missing[@]}" uidmap
 }
 
-start_docker() { # start_docker NAME: the engine $RUN_DIR/NAME.sock, data in $DEV_ROOT/NAME
-    local name=$1 sock=$RUN_DIR/$1.sock
+start_docker() { # start_docker NAME [no-live-restore]: the engine $RUN_DIR/NAME.sock, data in $DEV_ROOT/NAME
+    local name=$1 sock=$RUN_DIR/$1.sock live_restore=--live-restore
+    [[ ${2:-} == no-live-restore ]] && live_restore=
     if docker -H "unix://$sock" version >/dev/null 2>&1; then return; fi
     log "starting dockerd on $sock"
     # The sandboxes this runs in allow no iptables and no bridge; jobs use the host
     # network anyway. --live-restore keeps jobs running across an engine restart. Each
     # engine starts its own containerd under its exec root.
-    setsid dockerd --iptables=false --ip6tables=false --bridge=none --live-restore \
+    setsid dockerd --iptables=false --ip6tables=false --bridge=none $live_restore \
         --data-root "$DEV_ROOT/$name" --exec-root "$RUN_DIR/$name-exec" \
         --pidfile "$RUN_DIR/$name.pid" -H "unix://$sock" \
         >>"$LOG_DIR/$name.log" 2>&1 </dev/null &
@@ -193,8 +194,22 @@ down() {
     pkill -f "docker-registry serve $DEV_ROOT/registry.yml" || true
 }
 
+stop_docker() { # stop_docker NAME: stop the engine and wait until it is gone
+    local pid_file=$RUN_DIR/$1.pid pid
+    [[ -f $pid_file ]] || return 0
+    pid=$(cat "$pid_file")
+    kill "$pid" 2>/dev/null || return 0
+    while kill -0 "$pid" 2>/dev/null; do sleep 0.2; done
+}
+
+restart_own() { # the tests' own engine, again; "no-live-restore": its jobs die with it
+    stop_docker docker-own
+    start_docker docker-own "${1:-}"
+}
+
 case ${1:-up} in
 up) up ;;
 down) down ;;
-*) echo "usage: $0 [up|down]" >&2; exit 2 ;;
+restart-own) restart_own "${2:-}" ;;
+*) echo "usage: $0 [up|down|restart-own [no-live-restore]]" >&2; exit 2 ;;
 esac

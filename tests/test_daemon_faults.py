@@ -1,0 +1,315 @@
+"""Faults the node must survive, on real engines: a wedged engine, a registry that is
+down, slow or lying, an engine restarted without --live-restore, and the daemon itself
+killed at any moment of a launch. After each, the node tells the truth: a job is
+running, or failed with a reason, or was stopped; a card is held by one live container
+or by nobody."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import random
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from tests.conftest import MakeNode
+from tests.helpers import (
+    DEV_DOCKER_SOCK,
+    HEADERS,
+    IMAGE,
+    ThrottlingProxy,
+    TrackingRuntime,
+    WedgeProxy,
+    engine_settings,
+    forget_image,
+    free_port,
+    own_docker_host,
+    spawn_daemon,
+    unique,
+    wait_until,
+)
+from tuneplane_node.daemon.state import JOBS
+from tuneplane_node.runtime.base import LABEL_GPUS, LABEL_RUN_ID
+from tuneplane_node.runtime.docker import DockerRuntime
+
+OURS = {"label": [LABEL_RUN_ID]}
+ENGINE_LIVE = {"running", "created", "paused", "restarting"}
+
+pytestmark = pytest.mark.engine
+
+
+async def timed(call: Any) -> tuple[float, Any]:
+    started = time.monotonic()
+    result = await call
+    return time.monotonic() - started, result
+
+
+# --- a wedged engine -----------------------------------------------------------------------
+
+
+async def test_a_wedged_engine_is_said_within_the_deadline_and_the_node_recovers(
+    make_node: MakeNode, tmp_path: Path
+) -> None:
+    if not DEV_DOCKER_SOCK.exists():
+        pytest.skip("needs the test bed's dockerd socket")
+    proxy = await WedgeProxy(tmp_path / "docker.sock", DEV_DOCKER_SOCK).start()
+    deadline = 2  # TUNEPLANE_LOCAL_API_TIMEOUT
+    options = {"local_api_timeout": deadline, "local_gpu_passthrough": False}
+    settings = engine_settings("docker", docker_host=f"unix://{proxy.path}", **options)
+    feed = TrackingRuntime(DockerRuntime(settings))
+    node = await make_node(feed=feed, heartbeat_s=0.5, **options)
+    try:
+        ref, _ = await node.launch(["/bin/sleep", "300"])
+        proxy.pause()
+
+        for method, path, body in (
+            ("POST", "/node/v1/launch", None),
+            ("POST", "/node/v1/stop", {"ref": ref, "timeout": 1}),
+            ("GET", f"/node/v1/logs?ref={ref}", None),
+        ):
+            if body is None and path.endswith("launch"):
+                elapsed, (_, answer) = await timed(node.launch(expect=503))
+            else:
+                elapsed, (status, answer) = await timed(node.call(method, path, json=body))
+                assert status in (200, 503), answer  # logs may say "no logs for ...": 200
+            assert elapsed < deadline + 1.5, (path, elapsed, answer)
+        elapsed, (status, _) = await timed(node.call("GET", "/healthz", headers={}))
+        assert status == 200 and elapsed < 0.5
+
+        end = time.monotonic() + 0.5 + deadline + 3  # a heartbeat, its deadline, a margin
+        while (await node.call("POST", "/node/v1/observe", json={"refs": [ref]}))[0] != 503:
+            assert time.monotonic() < end, "observe never said the engine is unreachable"
+            await asyncio.sleep(0.1)
+        elapsed, health = await timed(node.health())
+        assert health["ok"] is False and elapsed < 0.5
+
+        proxy.resume()
+        end = time.monotonic() + 30
+        while (await node.call("POST", "/node/v1/observe", json={"refs": [ref]}))[0] != 200:
+            assert time.monotonic() < end, "the node never recovered"
+            await asyncio.sleep(0.2)
+        assert (await node.state(ref))["status"] == "running"
+        assert (await node.health())["ok"] is True
+    finally:
+        proxy.resume()
+        await proxy.close()
+        await feed.inner.close()
+
+
+# --- registries that fail ----------------------------------------------------------------
+
+
+@pytest.fixture
+async def lying_registry() -> AsyncIterator[str]:
+    """A registry on loopback whose manifest names a layer it then says it lacks."""
+    config = "sha256:" + "1" * 64
+    layer = "sha256:" + "2" * 64
+    media = "application/vnd.docker"
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": f"{media}.distribution.manifest.v2+json",
+        "config": {"mediaType": f"{media}.container.image.v1+json", "size": 2, "digest": config},
+        "layers": [
+            {"mediaType": f"{media}.image.rootfs.diff.tar.gzip", "size": 10, "digest": layer}
+        ],
+    }
+
+    async def v2(request: web.Request) -> web.Response:
+        return web.json_response({})
+
+    async def manifests(request: web.Request) -> web.Response:
+        return web.json_response(manifest, content_type=manifest["mediaType"])  # type: ignore[arg-type]
+
+    async def blobs(request: web.Request) -> web.Response:
+        error = {"code": "BLOB_UNKNOWN", "message": "blob unknown to registry"}
+        return web.json_response({"errors": [error]}, status=404)
+
+    app = web.Application()
+    app.router.add_get("/v2/", v2)
+    app.router.add_route("*", "/v2/{name:.+}/manifests/{ref}", manifests)
+    app.router.add_route("*", "/v2/{name:.+}/blobs/{digest}", blobs)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    yield f"127.0.0.1:{port}"
+    await runner.cleanup()
+
+
+async def failed_record(node: Any, ref: str) -> Any:
+    state = await node.wait_for(ref, "status", "dead", timeout=60)
+    assert state["pending_phase"] == "failed"
+    health = await node.health()
+    assert (health["gpus_reserved"], health["gpus_free"]) == (0, 4)  # released
+    return state
+
+
+async def test_a_registry_that_is_down_fails_the_launch_saying_so(make_node: MakeNode) -> None:
+    node = await make_node()
+    ref, answer = await node.launch(gpus=2, image=f"127.0.0.1:{free_port()}/nobody/here:1")
+    assert answer["phase"] == "pulling"
+    state = await failed_record(node, ref)
+    assert "connection refused" in state["pending_error"]
+
+
+async def test_a_registry_that_stalls_fails_the_launch_at_the_stall_deadline(
+    make_node: MakeNode, docker_runtime: TrackingRuntime, proxy: ThrottlingProxy
+) -> None:
+    image = f"{proxy.address()}/tuneplane-test/big:1"
+    await forget_image(docker_runtime, image)
+    proxy.rate = 50_000  # bytes trickle...
+    node = await make_node(feed=docker_runtime, local_image_pull_stall_s=2)
+    ref, _ = await node.launch(gpus=2, image=image)
+    await asyncio.sleep(1)
+    proxy.pause()  # ...then stop
+    state = await failed_record(node, ref)
+    assert "no progress for 2 s" in state["pending_error"]
+    proxy.resume()
+
+
+async def test_a_registry_that_lies_fails_the_launch_naming_the_blob(
+    make_node: MakeNode, lying_registry: str
+) -> None:
+    node = await make_node()
+    ref, _ = await node.launch(gpus=1, image=f"{lying_registry}/liar/image:{unique('t')}")
+    state = await failed_record(node, ref)
+    assert "blob unknown" in state["pending_error"] or "unknown blob" in state["pending_error"]
+
+
+# --- an engine restarted without --live-restore: its jobs die with it ------------------------
+
+ENGINES_SH = Path(__file__).resolve().parent.parent / "contrib" / "dev" / "engines.sh"
+
+
+async def restart_own_engine(*args: str) -> None:
+    process = await asyncio.create_subprocess_exec(
+        str(ENGINES_SH), "restart-own", *args, stdout=asyncio.subprocess.DEVNULL
+    )
+    assert await process.wait() == 0
+
+
+async def test_jobs_killed_by_an_engine_restart_read_exited_and_free_their_cards(
+    make_node: MakeNode, own_docker: TrackingRuntime
+) -> None:
+    await restart_own_engine("no-live-restore")  # the restart to come will take the jobs
+    try:
+        node = await make_node(feed=own_docker, docker_host=own_docker_host(), heartbeat_s=0.5)
+        gentle, _ = await node.launch(
+            ["/bin/sh", "-c", "trap 'exit 143' TERM; sleep 300 & wait"], gpus=2
+        )
+        done, _ = await node.launch(["/bin/sh", "-c", "exit 3"], gpus=1)
+        await node.wait_for(done, "status", "exited")
+        cache = node.app[JOBS].runtime.cache
+
+        await restart_own_engine("no-live-restore")
+        await wait_until(lambda: cache.synced and cache.syncs >= 2, timeout=60)
+
+        states = await node.observe(gentle, done)
+        assert (states[gentle]["status"], states[gentle]["exit_code"]) == ("exited", 143)
+        assert (states[done]["status"], states[done]["exit_code"]) == ("exited", 3)
+        health = await node.health()
+        assert health["by_job"] == {} and health["gpus_free"] == 4  # nothing reads running
+    finally:
+        await restart_own_engine()  # live-restore again, as engines.sh keeps it
+
+
+# --- the daemon killed at any moment of a launch -------------------------------------------
+
+KILLS = 50
+
+
+async def answering(session: aiohttp.ClientSession, base: str) -> None:
+    deadline = time.monotonic() + 30
+    while True:
+        with contextlib.suppress(aiohttp.ClientError):
+            async with session.get(f"{base}/node/v1/health") as response:
+                if response.status == 200 and (await response.json())["ok"]:
+                    return
+        assert time.monotonic() < deadline, "the daemon never came up"
+        await asyncio.sleep(0.05)
+
+
+async def check_the_truth(session: aiohttp.ClientSession, base: str, engine: Any) -> None:
+    """Every card is held by a live container carrying its label, or free; no container
+    of the node is left created and never started."""
+    async with session.get(f"{base}/node/v1/health") as response:
+        health = await response.json()
+    listed = await engine.pool.call(engine.api.containers, all=True, filters=OURS)
+    live = {e["Labels"][LABEL_RUN_ID]: e for e in listed if e["State"] in ENGINE_LIVE}
+    labelled = {
+        int(card): run
+        for run, e in live.items()
+        for card in e["Labels"][LABEL_GPUS].split(",")
+        if card
+    }
+    assert {int(card): run for card, run in health["by_job"].items()} == labelled
+    assert sorted([*labelled, *health["free_gpus"]]) == [0, 1, 2, 3]
+    assert not [e for e in listed if e["State"] == "created"], "wreckage left after a restart"
+
+
+async def test_a_daemon_killed_at_random_moments_of_launches_leaves_the_truth(
+    own_docker: TrackingRuntime, proxy: ThrottlingProxy, tmp_path: Path
+) -> None:
+    rng = random.Random(20261130)
+    slow = f"{proxy.address()}/tuneplane-test/big:1"
+    proxy.rate = 20_000_000
+    engine = own_docker.inner
+    settings = {
+        "TUNEPLANE_LOCAL_RUNTIME": "docker",
+        "TUNEPLANE_DOCKER_HOST": own_docker_host(),
+        "TUNEPLANE_LOCAL_GPU_COUNT": "4",
+        "TUNEPLANE_LOCAL_GPU_PASSTHROUGH": "false",
+    }
+    moments = collections.Counter[str]()
+    async with aiohttp.ClientSession(headers=HEADERS) as session:
+        for n in range(KILLS):
+            run_id, image = f"killed-{n}", rng.choice([IMAGE, IMAGE, slow])
+            if image == slow:
+                await forget_image(own_docker, slow)
+            port = free_port()
+            daemon = spawn_daemon(tmp_path, port, **settings)
+            base = f"http://127.0.0.1:{port}"
+            await answering(session, base)
+            container = {"image": image, "command": ["/bin/sleep", "300"]}
+            body = {"run_id": run_id, "requested_gpus": rng.choice([1, 2]), "container": container}
+            launch = asyncio.create_task(session.post(f"{base}/node/v1/launch", json=body))
+            await asyncio.sleep(rng.uniform(0, 0.6 if image == slow else 0.25))
+            daemon.kill()  # SIGKILL: no clean-up of any kind
+            daemon.wait()
+            with contextlib.suppress(aiohttp.ClientError):
+                moments["answered" if (await launch).status == 200 else "refused"] += 1
+            moments["killed"] += 1
+
+            port = free_port()
+            daemon = spawn_daemon(tmp_path, port, **settings)
+            base = f"http://127.0.0.1:{port}"
+            await answering(session, base)
+            await check_the_truth(session, base, engine)
+            async with session.post(f"{base}/node/v1/launch", json=body) as again:
+                assert again.status == 200, await again.text()
+            await until_running(session, base, f"tuneplane-{run_id}")
+            await check_the_truth(session, base, engine)
+            async with session.post(f"{base}/node/v1/remove", json={"ref": f"tuneplane-{run_id}"}):
+                pass
+            daemon.terminate()
+            assert daemon.wait(timeout=30) == 0
+    print(f"\nkilled the daemon {KILLS} times mid-launch: {dict(moments)}")
+
+
+async def until_running(session: aiohttp.ClientSession, base: str, ref: str) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        async with session.post(f"{base}/node/v1/observe", json={"refs": [ref]}) as response:
+            state = (await response.json())["states"][ref]
+        if state["status"] == "running":
+            return
+        assert state["status"] in ("created", "running"), state
+        assert time.monotonic() < deadline, state
+        await asyncio.sleep(0.05)

@@ -61,10 +61,10 @@ class TokenSet:
     def __len__(self) -> int:
         return len(self._expected)
 
-    async def watch(self) -> None:
+    async def watch(self, every: float = WATCH_S) -> None:
         """Read the file again whenever it changes; runs until cancelled."""
         while True:
-            await asyncio.sleep(WATCH_S)
+            await asyncio.sleep(every)
             if self.path is not None and await asyncio.to_thread(self._changed):
                 await self.reload()
 

@@ -1,4 +1,5 @@
 """The command line as an operator runs it: real processes, a controlled environment.
+Verbs that stop before any engine or socket run in this process (``run_main``).
 
 Every run gets ``cwd=tmp_path`` (no stray `.env`), a HOME and state dir under it, and
 PYTHONPATH pointing at this checkout, so the code under test is this tree's.
@@ -29,6 +30,7 @@ from tests.helpers import (
     engine_settings,
     podman_url,
 )
+from tuneplane_node.cli import main
 from tuneplane_node.runtime.docker import DockerRuntime
 
 REPO = Path(__file__).resolve().parent.parent
@@ -68,6 +70,31 @@ def free_port() -> int:
 
 
 @pytest.fixture
+def run_main(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> Callable[..., tuple[int, str, str]]:
+    """``cli.main`` in this process, for the verbs that never reach an engine or a socket:
+    the same controlled environment as ``run_cli`` without a second interpreter's start."""
+    for name in list(os.environ):
+        if name.startswith(("TUNEPLANE_", "DOCKER_", "CONTAINER_")):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+
+    def run(*args: str, **settings: str) -> tuple[int, str, str]:
+        for name, value in cli_env(tmp_path, **settings).items():
+            if name.startswith("TUNEPLANE_"):
+                monkeypatch.setenv(name, value)
+        try:
+            code = main(list(args))
+        except SystemExit as exc:  # argparse's --help and usage errors
+            code = int(exc.code or 0)
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
+@pytest.fixture
 def docker_settings() -> dict[str, str]:
     """Settings that point the CLI at the test Docker engine; skip or fail when it is down."""
 
@@ -92,44 +119,44 @@ def docker_settings() -> dict[str, str]:
 # --- no engine needed ----------------------------------------------------------------
 
 
-def test_help_lists_the_commands(tmp_path: Path) -> None:
-    result = run_cli(tmp_path, "--help")
-    assert result.returncode == 0, result.stderr
+def test_help_lists_the_commands(run_main: Callable[..., tuple[int, str, str]]) -> None:
+    code, out, err = run_main("--help")
+    assert code == 0, err
     for verb in ("serve", "inventory", "check"):
-        assert verb in result.stdout
+        assert verb in out
 
 
-def test_serve_without_a_token_refuses_to_start(tmp_path: Path) -> None:
-    result = run_cli(tmp_path, "serve", "--port", str(free_port()))
-    assert result.returncode != 0
-    assert "TUNEPLANE_NODE_TOKEN" in result.stderr
-    assert "Traceback" not in result.stderr
+def test_serve_without_a_token_refuses_to_start(
+    run_main: Callable[..., tuple[int, str, str]],
+) -> None:
+    code, _, err = run_main("serve", "--port", str(free_port()))
+    assert code != 0
+    assert "TUNEPLANE_NODE_TOKEN" in err
+    assert "Traceback" not in err
 
 
-def test_a_bad_setting_is_named_without_a_traceback(tmp_path: Path) -> None:
-    result = run_cli(
-        tmp_path, "serve", TUNEPLANE_NODE_TOKEN="t0ken", TUNEPLANE_NODE_PORT="notaport"
-    )
-    assert result.returncode != 0
-    assert "TUNEPLANE_NODE_PORT" in result.stderr
-    assert "notaport" in result.stderr
-    assert "Traceback" not in result.stderr
+def test_a_bad_setting_is_named_without_a_traceback(
+    run_main: Callable[..., tuple[int, str, str]],
+) -> None:
+    code, _, err = run_main("serve", TUNEPLANE_NODE_TOKEN="t0ken", TUNEPLANE_NODE_PORT="notaport")
+    assert code != 0
+    assert "TUNEPLANE_NODE_PORT" in err
+    assert "notaport" in err
+    assert "Traceback" not in err
 
 
 def test_auto_with_a_docker_address_that_does_not_answer_is_an_error_naming_it(
-    tmp_path: Path,
+    run_main: Callable[..., tuple[int, str, str]], tmp_path: Path
 ) -> None:
     docker_sock, podman_sock = tmp_path / "no-docker.sock", tmp_path / "no-podman.sock"
-    result = run_cli(
-        tmp_path,
+    code, _, message = run_main(
         "check",
         TUNEPLANE_NODE_TOKEN="t0ken",
         TUNEPLANE_LOCAL_RUNTIME="auto",
         TUNEPLANE_DOCKER_HOST=f"unix://{docker_sock}",
         TUNEPLANE_PODMAN_URL=f"unix://{podman_sock}",
     )
-    assert result.returncode == 2
-    message = result.stderr
+    assert code == 2
     assert f"TUNEPLANE_DOCKER_HOST=unix://{docker_sock}: docker did not answer" in message
     assert "does not fall back to podman" in message
     assert "podman at" not in message and "Traceback" not in message

@@ -8,7 +8,7 @@ every step.
     no ref is both a pending launch and a container
     observe never says exists: false for a container of the node that exists
 
-Against the in-memory engine: 3,000 steps in the fast suite (a second), 10,000 in CI
+Against the in-memory engine: 2,000 steps in the fast suite (half a second), 10,000 in CI
 (``TUNEPLANE_MODEL_STEPS``, set by ``.ci/run``; ``TUNEPLANE_MODEL_SEED`` changes the
 walk). `test_daemon_model.py` walks the real Docker engine.
 """
@@ -29,7 +29,7 @@ from tuneplane_node.jobs.pending import FAILED
 from tuneplane_node.runtime.base import LABEL_RUN_ID, ContainerSpec, container_name, job_labels
 from tuneplane_node.settings import NodeSettings
 
-STEPS = int(os.environ.get("TUNEPLANE_MODEL_STEPS", "3000"))  # CI walks 10,000
+STEPS = int(os.environ.get("TUNEPLANE_MODEL_STEPS", "2000"))  # CI walks 10,000
 SEED = int(os.environ.get("TUNEPLANE_MODEL_SEED", "20261130"))
 RUNS = [f"run-{n}" for n in range(20)]
 PRESENT, MISSING = "registry.test/present:1", "registry.test/missing:1"

@@ -38,6 +38,9 @@ DEV_DOCKER_SOCK = Path("/run/tuneplane-dev/docker.sock")
 # A Docker engine of the tests' own, for what acts on every container of the node (reap,
 # an engine restart): the shared engine holds other people's jobs.
 OWN_DOCKER_SOCK = Path("/run/tuneplane-dev/docker-own.sock")
+# A Docker engine whose data root is a small tmpfs of its own, which a test fills up.
+FULL_DOCKER_SOCK = Path("/run/tuneplane-dev/docker-full.sock")
+FULL_DOCKER_ROOT = Path("/var/lib/tuneplane-dev/docker-full")
 REGISTRY = os.environ.get("TUNEPLANE_TEST_REGISTRY", "127.0.0.1:5000")
 IMAGE = "tuneplane-test/busybox:1"
 REGISTRY_IMAGE = f"{REGISTRY}/{IMAGE}"

@@ -1,14 +1,15 @@
 """Faults the node must survive, on real engines: a wedged engine, a registry that is
-down, slow or lying, an engine restarted without --live-restore, and the daemon itself
-killed at any moment of a launch. After each, the node tells the truth: a job is
-running, or failed with a reason, or was stopped; a card is held by one live container
-or by nobody."""
+down, slow or lying, an engine whose disk is full, an engine restarted without
+--live-restore, and the daemon itself killed at any moment of a launch. After each, the
+node tells the truth: a job is running, or failed with a reason, or was stopped; a card
+is held by one live container or by nobody."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
 import contextlib
+import os
 import random
 import time
 from collections.abc import AsyncIterator
@@ -21,12 +22,16 @@ from aiohttp import web
 
 from tests.conftest import MakeNode
 from tests.helpers import (
+    BIG_IMAGE,
     DEV_DOCKER_SOCK,
+    FULL_DOCKER_ROOT,
+    FULL_DOCKER_SOCK,
     HEADERS,
     IMAGE,
     ThrottlingProxy,
     TrackingRuntime,
     WedgeProxy,
+    engine_missing,
     engine_settings,
     forget_image,
     free_port,
@@ -181,6 +186,43 @@ async def test_a_registry_that_lies_fails_the_launch_naming_the_blob(
     ref, _ = await node.launch(gpus=1, image=f"{lying_registry}/liar/image:{unique('t')}")
     state = await failed_record(node, ref)
     assert "blob unknown" in state["pending_error"] or "unknown blob" in state["pending_error"]
+
+
+# --- an engine whose disk is full ------------------------------------------------------------
+
+
+@pytest.fixture
+async def full_docker() -> AsyncIterator[TrackingRuntime]:
+    """The engine on a tmpfs of its own, filled to its last half megabyte for the test."""
+    runtime = DockerRuntime(engine_settings("docker", docker_host=f"unix://{FULL_DOCKER_SOCK}"))
+    health = await runtime.health()
+    if not health.ok:
+        await runtime.close()
+        engine_missing("the full-disk docker engine", health.error or "no answer")
+    tracking = TrackingRuntime(runtime)
+    await forget_image(tracking, BIG_IMAGE)
+    filler = FULL_DOCKER_ROOT / f"filler-{unique()}"
+    with filler.open("wb") as file:
+        disk = os.statvfs(FULL_DOCKER_ROOT)
+        os.posix_fallocate(file.fileno(), 0, disk.f_bavail * disk.f_frsize - 512 * 1024)
+    try:
+        yield tracking
+    finally:
+        filler.unlink()
+        await tracking.cleanup()
+        await forget_image(tracking, BIG_IMAGE)
+        await runtime.close()
+
+
+async def test_a_pull_onto_a_full_disk_fails_the_launch_saying_the_disk_is_full(
+    make_node: MakeNode, full_docker: TrackingRuntime
+) -> None:
+    node = await make_node(feed=full_docker, docker_host=f"unix://{FULL_DOCKER_SOCK}")
+    ref, answer = await node.launch(gpus=2, image=BIG_IMAGE)
+    assert answer["phase"] == "pulling"
+    state = await failed_record(node, ref)
+    assert "the engine's disk is full" in state["pending_error"]
+    assert "no space left on device" in state["pending_error"]
 
 
 # --- an engine restarted without --live-restore: its jobs die with it ------------------------

@@ -88,6 +88,14 @@ async def test_an_error_in_the_stream_is_the_engines_refusal(pool: BlockingPool)
     assert refused.value.message == "docker refused to pull reg/big:1: manifest unknown"
 
 
+async def test_a_full_disk_is_named_before_the_engines_words(pool: BlockingPool) -> None:
+    error = "write /var/lib/docker/tmp/GetImageBlob1: no space left on device"
+    stream = Stream([layer("a", 10), {"error": error}])
+    with pytest.raises(EngineRefused) as refused:
+        await pull(pool, stream, PullLimits(10, 10), [])
+    assert refused.value.reason == f"the engine's disk is full: {error}"
+
+
 async def test_a_pull_without_progress_is_abandoned_and_its_stream_closed(
     pool: BlockingPool,
 ) -> None:

@@ -3,6 +3,7 @@
 #   - a Docker engine on its own socket and data root (shared with people's own jobs),
 #   - a second Docker engine that only the test suite uses, for the tests that act on
 #     every container of the node (reap) or restart the engine,
+#   - a third Docker engine whose data root is a small tmpfs, which a test fills up,
 #   - the podman API service,
 #   - a registry on 127.0.0.1:5000 holding the test images.
 # Run as root. Re-running it is cheap: what already answers is left alone.
@@ -14,6 +15,8 @@ RUN_DIR=/run/tuneplane-dev
 LOG_DIR=$DEV_ROOT/log
 DOCKER_SOCK=$RUN_DIR/docker.sock
 OWN_SOCK=$RUN_DIR/docker-own.sock
+FULL_ROOT=$DEV_ROOT/docker-full
+FULL_ROOT_SIZE=64m
 PODMAN_SOCK=/run/podman/podman.sock
 REGISTRY=127.0.0.1:5000
 IMAGE=tuneplane-test/busybox:1
@@ -161,6 +164,12 @@ build_images() {
     rm -rf "$work"
 }
 
+start_full_docker() { # an engine on a disk of its own, small enough to fill in a test
+    mkdir -p "$FULL_ROOT"
+    mountpoint -q "$FULL_ROOT" || mount -t tmpfs -o "size=$FULL_ROOT_SIZE,mode=0711" tuneplane-full "$FULL_ROOT"
+    start_docker docker-full
+}
+
 copy_image_to_own_engine() {
     if docker -H "unix://$OWN_SOCK" image inspect "$IMAGE" >/dev/null 2>&1; then return; fi
     log "copying $IMAGE to the tests' own engine"
@@ -174,12 +183,14 @@ up() {
     start_registry
     start_docker docker
     start_docker docker-own
+    start_full_docker
     start_podman
     build_images
     copy_image_to_own_engine
     cat <<EOF
 docker:   DOCKER_HOST=unix://$DOCKER_SOCK
 tests':   unix://$OWN_SOCK (the suite's own Docker engine)
+full:     unix://$RUN_DIR/docker-full.sock (data root: a $FULL_ROOT_SIZE tmpfs at $FULL_ROOT)
 podman:   TUNEPLANE_PODMAN_URL=unix://$PODMAN_SOCK
 registry: http://$REGISTRY (images: $REGISTRY/$IMAGE, $REGISTRY/$BIG_IMAGE)
 logs:     $LOG_DIR
@@ -187,7 +198,7 @@ EOF
 }
 
 down() {
-    for name in docker docker-own; do
+    for name in docker docker-own docker-full; do
         [[ -f $RUN_DIR/$name.pid ]] && kill "$(cat "$RUN_DIR/$name.pid")" 2>/dev/null || true
     done
     pkill -f "podman system service --time=0 unix://$PODMAN_SOCK" || true

@@ -101,7 +101,7 @@ async def drive_pull(
                 return
             if message.get("error"):
                 raise EngineRefused(
-                    engine=engine, action=f"pull {image}", reason=str(message["error"])
+                    engine=engine, action=f"pull {image}", reason=pull_error(message["error"])
                 )
             if run.fold.update(message):
                 run.last_move = clock.monotonic()
@@ -117,6 +117,14 @@ async def drive_pull(
         raise
     future.result()
     report()
+
+
+def pull_error(error: object) -> str:
+    """The engine's words, led by the cause an operator acts on when it is a full disk."""
+    text = str(error)
+    if "no space left on device" in text.lower():
+        return f"the engine's disk is full: {text}"
+    return text
 
 
 async def _watch(

@@ -7,6 +7,7 @@ every step.
     available + held + reserved == the card count
     no ref is both a pending launch and a container
     observe never says exists: false for a container of the node that exists
+    no container is left created and never started once a sweep has run
 
 Against the in-memory engine: 2,000 steps in the fast suite (half a second), 10,000 in CI
 (``TUNEPLANE_MODEL_STEPS``, set by ``.ci/run``; ``TUNEPLANE_MODEL_SEED`` changes the
@@ -48,6 +49,7 @@ class World:
         self.service = self._service()
         self.done: collections.Counter[str] = collections.Counter()
         self.checks = 0
+        self.unswept: set[str] = set()  # wreckage the sweep at start did not reach
 
     def _service(self) -> JobService:
         allocator = GpuAllocator(self.engine, self.settings, probe=self.probe)
@@ -109,13 +111,21 @@ class World:
             self.engine.exit(self.rng.choice(running).spec.name, self.rng.choice([0, 1, 137]))
 
     async def tick(self) -> None:
-        self.clock.advance(self.rng.choice([1, 30, 600, 2000]))
+        """Time passes; past the API deadline the periodic sweep takes what start missed."""
+        seconds = self.rng.choice([1, 30, 600, 2000])
+        self.clock.advance(seconds)
+        if seconds > self.settings.local_api_timeout:
+            await self.service.sweep_wreckage(older_than_s=self.settings.local_api_timeout)
+            self.unswept.clear()
 
-    async def daemon_restart(self) -> None:
-        """Memory goes (pending launches and their pulls), the containers stay."""
+    async def daemon_restart(self, *, swept: bool = True) -> None:
+        """Memory goes (pending launches and their pulls), the containers stay. Without
+        ``swept`` the sweep at start could not reach the engine."""
         await self.service.close()
         self.service = self._service()
-        await self.service.sweep_wreckage(older_than_s=0)
+        if swept:
+            await self.service.sweep_wreckage(older_than_s=0)
+            self.unswept.clear()
 
     async def crash_mid_launch(self) -> None:
         """The daemon dies between create and start: a created container holds the cards
@@ -129,7 +139,10 @@ class World:
             )
             wreck = self.engine.create_outside(spec, start=False)
             wreck.labels = job_labels(spec)
-            await self.daemon_restart()
+            swept = self.rng.random() < 0.5
+            if not swept:
+                self.unswept.add(spec.name)
+            await self.daemon_restart(swept=swept)
 
     async def engine_restart(self) -> None:
         """Without live-restore: every running job dies with the engine."""
@@ -155,6 +168,8 @@ class World:
         assert not occupancy.reserved & set(labelled)
         assert len(occupancy.available) + len(labelled) + len(occupancy.reserved) == CARDS
         assert not set(pending) & set(ours), "a ref both pending and a container"
+        wrecks = {n for n, c in ours.items() if c.status == "created" and n not in pending}
+        assert wrecks <= self.unswept, f"created, never started, no launch making them: {wrecks}"
         views = await self.service.observe([*ours, *pending])
         for ref, view in views.items():
             assert view.exists, f"{ref} exists, observe says not"
@@ -175,7 +190,7 @@ async def test_a_random_walk_keeps_every_promise(settings: NodeSettings) -> None
         await world.engine.close()
     print(
         f"\nmodel: {STEPS} steps (seed {SEED}), {world.checks} checks "
-        f"of 5 promises: {dict(world.done)}"
+        f"of 6 promises: {dict(world.done)}"
     )
     assert world.checks == STEPS
 

@@ -60,6 +60,17 @@ def own_docker_host() -> str:
     return os.environ.get("TUNEPLANE_TEST_OWN_DOCKER_HOST", f"unix://{OWN_DOCKER_SOCK}")
 
 
+async def restart_own_engine(*args: str) -> None:
+    """`engines.sh restart-own [no-live-restore]`: the suite's own engine, restarted."""
+    process = await asyncio.create_subprocess_exec(
+        str(REPO / "contrib" / "dev" / "engines.sh"),
+        "restart-own",
+        *args,
+        stdout=asyncio.subprocess.DEVNULL,
+    )
+    assert await process.wait() == 0
+
+
 def podman_url() -> str:
     return os.environ.get("TUNEPLANE_TEST_PODMAN_URL", "unix:///run/podman/podman.sock")
 

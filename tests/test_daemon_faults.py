@@ -36,6 +36,7 @@ from tests.helpers import (
     forget_image,
     free_port,
     own_docker_host,
+    restart_own_engine,
     spawn_daemon,
     unique,
     wait_until,
@@ -63,7 +64,7 @@ async def test_a_wedged_engine_is_said_within_the_deadline_and_the_node_recovers
     make_node: MakeNode, tmp_path: Path
 ) -> None:
     if not DEV_DOCKER_SOCK.exists():
-        pytest.skip("needs the test bed's dockerd socket")
+        engine_missing("docker", f"no socket at {DEV_DOCKER_SOCK} to wedge")
     proxy = await WedgeProxy(tmp_path / "docker.sock", DEV_DOCKER_SOCK).start()
     deadline = 2  # TUNEPLANE_LOCAL_API_TIMEOUT
     options = {"local_api_timeout": deadline, "local_gpu_passthrough": False}
@@ -226,15 +227,6 @@ async def test_a_pull_onto_a_full_disk_fails_the_launch_saying_the_disk_is_full(
 
 
 # --- an engine restarted without --live-restore: its jobs die with it ------------------------
-
-ENGINES_SH = Path(__file__).resolve().parent.parent / "contrib" / "dev" / "engines.sh"
-
-
-async def restart_own_engine(*args: str) -> None:
-    process = await asyncio.create_subprocess_exec(
-        str(ENGINES_SH), "restart-own", *args, stdout=asyncio.subprocess.DEVNULL
-    )
-    assert await process.wait() == 0
 
 
 async def test_jobs_killed_by_an_engine_restart_read_exited_and_free_their_cards(

@@ -219,6 +219,8 @@ class FakeRuntime:
         container = self.containers.get(name)
         return container.state() if container else ContainerState.missing(name)
 
+    inspect_fresh = inspect
+
     def find(self, ref: str) -> FakeContainer | None:
         """A container by id or by name, as engines resolve a ref."""
         return next((c for c in self.containers.values() if ref == c.id), None) or (

@@ -13,11 +13,21 @@ from dataclasses import replace
 
 import pytest
 
-from tests.fakes import FakeClock, FakeRuntime
+from tests.conftest import IMAGE as PRESENT
+from tests.fakes import FakeClock, FakeProbe, FakeRuntime
 from tests.helpers import job, wait_until
 from tuneplane_node.errors import EngineUnavailable
-from tuneplane_node.runtime.base import EXIT_SIGKILL, ContainerSpec, ContainerState, EngineEvent
+from tuneplane_node.gpu.allocator import GpuAllocator
+from tuneplane_node.jobs import JobService, LaunchRequest, Started
+from tuneplane_node.runtime.base import (
+    EXIT_SIGKILL,
+    LABEL_RUN_ID,
+    ContainerSpec,
+    ContainerState,
+    EngineEvent,
+)
 from tuneplane_node.runtime.cache import CachedRuntime, StateCache
+from tuneplane_node.settings import NodeSettings
 
 
 @pytest.fixture
@@ -258,6 +268,29 @@ async def test_the_event_thread_keeps_the_cache_current(
     fake.exit(name, 4)
     await wait_until(lambda: cached.cache.states[name].status == "exited", timeout=5)
     assert (await cached.inspect(name)).exit_code == 4
+
+
+async def test_a_relaunch_asks_the_engine_before_it_answers_running(
+    fake: FakeRuntime, cached: CachedRuntime, probe: FakeProbe, settings: NodeSettings
+) -> None:
+    """The job ended a moment ago and its event is still on the way: the cache says
+    running, and a re-launch must not answer "running" on the cache's word."""
+    service = JobService(cached, GpuAllocator(cached, settings, probe=probe), settings)
+    spec = job(["/bin/train"], image=PRESENT)
+    run = spec.labels[LABEL_RUN_ID]
+    first = await service.launch(LaunchRequest(run, 0, spec))
+    assert isinstance(first, Started)
+    seen = cached.cache.states.get
+    await wait_until(lambda: (state := seen(spec.name)) and state.status == "running", timeout=5)
+    container = fake.containers[spec.name]
+    container.status, container.exit_code = "exited", 0  # no event: the cache lags
+
+    assert (await cached.inspect(spec.name)).status == "running"
+    again = await service.launch(LaunchRequest(run, 0, spec))
+
+    assert isinstance(again, Started) and fake.containers[spec.name] is not container
+    assert (await cached.inspect(spec.name)).status == "running"  # the new one
+    await service.close()
 
 
 async def test_an_engine_restart_goes_stale_then_resyncs(

@@ -105,10 +105,11 @@ class JobService:
 
     # --- the "ours" rule ----------------------------------------------------------------
 
-    async def _own(self, ref: str) -> ContainerState:
+    async def _own(self, ref: str, *, fresh: bool = False) -> ContainerState:
         """The node's container of that name, or missing: a container without the node's
-        run-id label is none of its business, whoever asks."""
-        state = await self.runtime.inspect(ref)
+        run-id label is none of its business, whoever asks. ``fresh``: ask the engine
+        itself, not the cache (which may not yet know of an exit)."""
+        state = await (self.runtime.inspect_fresh if fresh else self.runtime.inspect)(ref)
         if state.exists and not state.ours:
             log.debug("%s is not a container of this node: treated as missing", ref)
             return ContainerState.missing(ref)
@@ -147,6 +148,8 @@ class JobService:
                 return AlreadyPending(record.phase, record.image)
             self.pending.pop(ref)  # a failed record is replaced by the retry
             state = await self._own(ref)
+            if state.live:  # "running" is acted on at once: the engine's word, not the cache's
+                state = await self._own(ref, fresh=True)
             if state.exists:
                 self._check_holder(ref, state.run_id, request.run_id)
                 if state.live and not state.never_started:

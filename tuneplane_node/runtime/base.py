@@ -232,6 +232,10 @@ class ContainerRuntime(Protocol):
         """One container by exact name; `ContainerState.missing` when there is none.
         A cached runtime holds only the node's containers: others read as missing."""
 
+    async def inspect_fresh(self, name: str) -> ContainerState:
+        """As `inspect`, but asked of the engine now where a cache would answer: for a
+        word the console acts on at once (a re-launch answered "running")."""
+
     # The verbs below act on a ``ref``: the id the runtime reported for the container
     # (ContainerState.id), or its name where it reports none. Engines resolve an id
     # before a name, so acting on the id the node holds is acting on its own container.

@@ -397,6 +397,12 @@ class CachedRuntime:
     async def inspect(self, name: str) -> ContainerState:
         return self.cache.get(name)
 
+    async def inspect_fresh(self, name: str) -> ContainerState:
+        self.cache.get(name)  # a stale cache answers 503 here, as every read does
+        state = await self.inner.inspect(name)  # by exact name, with its deadline
+        self.cache.put(state, state.id if state.exists else None)
+        return state
+
     async def ps(self) -> list[ContainerState]:
         return self.cache.all()
 

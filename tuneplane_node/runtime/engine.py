@@ -293,6 +293,8 @@ class EngineRuntime(ABC):
     async def inspect(self, name: str) -> ContainerState:
         return await self._call(f"inspect {name}", self._by_name, name)
 
+    inspect_fresh = inspect  # every inspect asks the engine
+
     def _by_name(self, name: str) -> ContainerState:
         """Exactly this name: an engine would answer a full id or an id prefix first."""
         state = self._inspect_or_missing(name)

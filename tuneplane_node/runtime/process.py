@@ -162,6 +162,8 @@ class ProcessRuntime:
     async def inspect(self, name: str) -> ContainerState:
         return await self._pool.call(self._inspect, name)
 
+    inspect_fresh = inspect  # every inspect reads the job's files
+
     async def logs(self, name: str, query: LogQuery) -> LogText | None:
         """The stamped lines the query asks for; None for no such job. The stamper
         writes a line longer than 64 KiB as several, and each counts as a line here."""

@@ -208,6 +208,8 @@ class FakeRuntime:
         container = self._create(spec, labels=job_labels(spec))
         if self.create_gate is not None:
             await self.create_gate.pass_through()
+        if not self.up:  # gone between create and start: the created container stays
+            raise EngineUnavailable(engine=ENGINE, reason="down before the start")
         if self.refuse_start is not None:
             self._destroy(spec.name)  # a failed start leaves no container
             raise EngineRefused(engine=ENGINE, action=f"run {spec.name}", reason=self.refuse_start)

@@ -45,6 +45,7 @@ from tuneplane_node.runtime.base import (
     Mount,
     container_name,
 )
+from tuneplane_node.settings import NodeSettings
 
 MISSING = "registry.test/missing:1"
 
@@ -905,6 +906,32 @@ async def test_the_sweep_never_takes_a_pulled_launch_being_started(
     gate.open()
     await settle()
     assert fake.containers["tuneplane-r1"].status == "running"
+
+
+async def test_the_wreckage_of_a_start_the_engine_broke_is_swept_despite_its_failed_record(
+    service: JobService, fake: FakeRuntime, clock: FakeClock, settings: NodeSettings
+) -> None:
+    """The engine goes away between the create and the start of a pulled launch: the
+    node cannot remove what it created, and the failed record stays for the console.
+    The periodic sweep removes the container all the same once it is old enough."""
+    await service.launch(request("r1", 2, image=MISSING))
+    await fake.pulling.wait()
+    fake.create_gate = gate = Gate()
+    fake.pull_of(MISSING).finish()
+    await gate.entered.wait()
+    fake.up = False
+    gate.open()
+    await settle()
+    record = service.pending.get("tuneplane-r1")
+    assert record is not None and record.phase == "failed"
+    assert fake.containers["tuneplane-r1"].status == "created"  # it could not be removed
+
+    fake.up = True
+    clock.advance(settings.local_api_timeout + 1)
+    assert await service.sweep_wreckage(older_than_s=settings.local_api_timeout) == 1
+
+    assert "tuneplane-r1" not in fake.containers
+    assert await available(service) == (0, 1, 2, 3)
 
 
 async def test_a_node_starting_up_removes_wreckage_before_it_serves(

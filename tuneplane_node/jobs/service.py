@@ -348,7 +348,8 @@ class JobService:
 
     async def _sweep_one(self, seen: ContainerState, older_than_s: float) -> bool:
         async with self.locks.hold(seen.name):  # a direct launch holds it while it creates
-            if self.pending.get(seen.name) is not None:
+            record = self.pending.get(seen.name)
+            if record is not None and record.phase != FAILED:
                 return False  # a pulled launch is starting it right now
             state = await self._own(seen.name)
             if state.id != seen.id or not _wreck(state, older_than_s, self.clock.now()):

@@ -1,0 +1,297 @@
+"""The model walk of `test_jobs_model.py` on the real Docker engine (the suite's own):
+1,000 seeded random steps over 20 run ids and 4 simulated cards, the engine restarted
+without --live-restore now and then, the daemon restarted and killed between create and
+start. After every step the six promises listed in `test_jobs_model.py` are checked
+against the engine's truth (its own container list and labels); wreckage is allowed
+until the periodic sweep is due (the API deadline, 5 s here, plus a relist period).
+
+The engine answers asynchronously (a job exits, a pull ends, an event reaches the cache
+while a check reads), so a check that disagrees is read again for up to 5 s; one that
+still disagrees fails the walk. ``TUNEPLANE_REAL_MODEL_STEPS`` changes the length.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import faulthandler
+import os
+import random
+import sys
+import time
+from collections.abc import AsyncIterator, Coroutine
+from datetime import datetime, timezone
+from typing import Any
+
+import docker
+import pytest
+
+from tests.fakes import FakeProbe
+from tests.helpers import (
+    BIG_IMAGE,
+    IMAGE,
+    REGISTRY,
+    engine_settings,
+    own_docker_host,
+    restart_own_engine,
+    unique,
+)
+from tuneplane_node.clock import parse_rfc3339
+from tuneplane_node.errors import Conflict, NodeError
+from tuneplane_node.gpu.allocator import GpuAllocator
+from tuneplane_node.jobs import AlreadyRunning, JobService, LaunchRequest, PendingView
+from tuneplane_node.jobs.pending import FAILED
+from tuneplane_node.runtime.base import (
+    LABEL_GPUS,
+    LABEL_RUN_ID,
+    ContainerSpec,
+    container_name,
+    job_labels,
+)
+from tuneplane_node.runtime.cache import CachedRuntime
+from tuneplane_node.runtime.docker import DockerRuntime
+from tuneplane_node.settings import NodeSettings
+
+pytestmark = pytest.mark.engine
+
+STEPS = int(os.environ.get("TUNEPLANE_REAL_MODEL_STEPS", "1000"))
+SEED = int(os.environ.get("TUNEPLANE_MODEL_SEED", "20261130"))
+CARDS = 4
+ABSENT = f"{REGISTRY}/tuneplane-test/absent:1"  # the registry has no such image
+COMMANDS = [  # jobs end by themselves too, or every card would soon be taken
+    ["/bin/sleep", "20"],
+    ["/bin/sh", "-c", "trap '' TERM; sleep 20"],
+    ["/bin/sh", "-c", "sleep 0.3"],
+    ["/bin/sh", "-c", "exit 3"],
+]
+ENGINE_LIVE = {"running", "created", "restarting", "paused"}
+SETTLE_S = 5.0
+STEP_LIMIT_S = 120.0  # an engine restart takes about 10 s; a step never needs minutes
+
+
+class RealWorld:
+    """The job service over the cached Docker runtime, as the daemon builds it."""
+
+    def __init__(self, rng: random.Random, settings: NodeSettings) -> None:
+        self.rng = rng
+        self.settings = settings
+        self.session = unique("model")
+        self.runs = [f"{self.session}-{n}" for n in range(20)]
+        self.names = {container_name(run) for run in self.runs}
+        self.client = docker.DockerClient(base_url=own_docker_host(), timeout=30)
+        self.probe = FakeProbe(cards=CARDS)
+        self.done: collections.Counter[str] = collections.Counter()
+        self.checks = 0
+        self.rereads = 0
+        self.doing = ""
+
+    async def open(self) -> None:
+        self.inner = DockerRuntime(self.settings)
+        self.runtime = CachedRuntime(
+            self.inner, relist_s=self.settings.state_relist_s, sync_timeout=10, heartbeat_s=0.5
+        )
+        await self.runtime.start()
+        allocator = GpuAllocator(self.runtime, self.settings, probe=self.probe)
+        self.service = JobService(self.runtime, allocator, self.settings)
+        await self.service.sweep_wreckage(older_than_s=0)
+        self.sweeping = asyncio.create_task(self.service.maintain())  # as the daemon does
+
+    async def close(self) -> None:
+        self.sweeping.cancel()
+        await asyncio.gather(self.sweeping, return_exceptions=True)
+        await self.service.close()
+        self.service.allocator.close()
+        await self.runtime.close()
+
+    async def step(self) -> None:
+        action = self.rng.choices(
+            ["launch", "stop", "remove", "reap", "observe", "forget image", "wait",
+             "daemon restart", "crash mid-launch", "engine restart"],
+            weights=[40, 14, 12, 4, 10, 2, 10, 3, 3, 0.4],
+        )[0]  # fmt: skip
+        self.doing = action
+        with contextlib.suppress(Conflict):  # a refusal is an answer, not a failure
+            await getattr(self, action.replace(" ", "_").replace("-", "_"))()
+        self.done[action] += 1
+
+    async def launch(self) -> None:
+        run = self.rng.choice(self.runs)
+        spec = ContainerSpec(
+            name=container_name(run),
+            image=self.rng.choice([IMAGE, IMAGE, IMAGE, BIG_IMAGE, ABSENT]),
+            command=tuple(self.rng.choice(COMMANDS)),
+            labels={LABEL_RUN_ID: run},
+        )
+        asked = datetime.now(timezone.utc)
+        result = await self.service.launch(LaunchRequest(run, self.rng.choice([0, 1, 2]), spec))
+        if isinstance(result, AlreadyRunning):  # never "running" for what does not run
+            state = await self.inner.inspect(spec.name)
+            finished = parse_rfc3339(state.finished_at)  # a short job may end since
+            ran_on = state.status == "exited" and finished is not None and finished >= asked
+            assert state.status == "running" or ran_on, state
+
+    async def stop(self) -> None:
+        await self.service.stop(container_name(self.rng.choice(self.runs)), 0)
+
+    async def remove(self) -> None:
+        await self.service.remove(container_name(self.rng.choice(self.runs)))
+
+    async def reap(self) -> None:  # the suite's own engine: every exited job of it is ours
+        await self.service.reap(self.rng.choice([0, 3600]))
+
+    async def observe(self) -> None:
+        await self.service.observe(container_name(run) for run in self.rng.sample(self.runs, 5))
+
+    async def forget_image(self) -> None:
+        """The next launch of the big image pulls it again (unless a container uses it)."""
+        with contextlib.suppress(docker.errors.APIError):
+            await asyncio.to_thread(self.client.images.remove, BIG_IMAGE)
+
+    async def wait(self) -> None:
+        await asyncio.sleep(self.rng.choice([0.1, 0.5]))
+
+    async def daemon_restart(self) -> None:
+        """Memory goes (pending launches and their pulls), the containers stay."""
+        await self.close()
+        await self.open()
+
+    async def crash_mid_launch(self) -> None:
+        """The daemon died between create and start: a created container carries cards."""
+        run = self.rng.choice(self.runs)
+        occupancy = await self.service.allocator.occupancy()
+        taken = {c.name for c in await asyncio.to_thread(self.client.containers.list, all=True)}
+        if container_name(run) in taken:
+            return
+        spec = ContainerSpec(
+            name=container_name(run),
+            image=IMAGE,
+            command=("/bin/sleep", "20"),
+            gpus=occupancy.available[: self.rng.choice([0, 1, 2])],
+            labels={LABEL_RUN_ID: run},
+        )
+        await asyncio.to_thread(
+            self.client.containers.create,
+            IMAGE,
+            list(spec.command),
+            name=spec.name,
+            labels=job_labels(spec),
+        )
+        await self.daemon_restart()
+
+    async def engine_restart(self) -> None:
+        """Without live-restore: the running jobs die with the engine."""
+        syncs = self.runtime.cache.syncs
+        await restart_own_engine("no-live-restore")
+        deadline = time.monotonic() + 60
+        while not (self.runtime.cache.synced and self.runtime.cache.syncs > syncs):
+            assert time.monotonic() < deadline, "the cache never caught up with the restart"
+            await asyncio.sleep(0.1)
+
+    async def check(self) -> None:
+        """The node's promises; a disagreement is read again until SETTLE_S passes."""
+        self.checks += 1
+        deadline = time.monotonic() + SETTLE_S
+        while True:
+            try:
+                await self._check_once()
+                return
+            except AssertionError:
+                if time.monotonic() > deadline:
+                    raise
+                self.rereads += 1
+                await asyncio.sleep(0.05)
+
+    async def _check_once(self) -> None:
+        listed = await asyncio.to_thread(
+            self.client.api.containers, all=True, filters={"label": [LABEL_RUN_ID]}
+        )
+        ours = {e["Names"][0].lstrip("/"): e for e in listed}
+        live = [e for e in ours.values() if e["State"] in ENGINE_LIVE]
+        labelled = [int(c) for e in live for c in e["Labels"].get(LABEL_GPUS, "").split(",") if c]
+        assert len(labelled) == len(set(labelled)), f"a card on two jobs: {live}"
+        occupancy = await self.service.allocator.occupancy()
+        assert set(occupancy.by_job) == set(labelled), (dict(occupancy.by_job), labelled)
+        pending = {r.ref: r for r in self.service.pending.records() if r.phase != FAILED}
+        claimed = {ref for ref, cards in occupancy.claims.items() if cards}
+        wanted = {ref for ref, r in pending.items() if r.request.requested_gpus}
+        assert claimed == wanted, (claimed, wanted)
+        assert not occupancy.reserved & set(labelled)
+        assert len(occupancy.available) + len(labelled) + len(occupancy.reserved) == CARDS
+        assert not set(pending) & set(ours), "a ref both pending and a container"
+        # A launch whose start the engine's restart broke leaves one the node could not
+        # remove then: the periodic sweep takes it once older than the API deadline.
+        grace = self.settings.local_api_timeout + self.settings.state_relist_s + 3
+        wrecks = {
+            n: time.time() - e["Created"]
+            for n, e in ours.items()
+            if e["State"] == "created" and n not in pending
+        }
+        old = {n: age for n, age in wrecks.items() if age > grace}
+        assert not old, f"created, never started, no launch making them: {old}"
+        views = await self.service.observe([*(set(ours) & self.names), *pending])
+        for ref, view in views.items():
+            assert view.exists, f"{ref} exists, observe says not"
+            assert isinstance(view, PendingView) == (ref in pending)
+
+    async def clean_up(self) -> None:
+        """Removes this walk's containers, and no one else's."""
+        for container in await asyncio.to_thread(self.client.containers.list, all=True):
+            if container.name in self.names:
+                with contextlib.suppress(docker.errors.APIError):
+                    await asyncio.to_thread(container.remove, force=True)
+        self.client.close()
+
+
+async def within(seconds: float, work: Coroutine[Any, Any, None], what: str) -> None:
+    """``work``, or a failure naming what hung, with every task's and thread's stack:
+    a hang must not wedge the suite, and must say where it was."""
+    task = asyncio.ensure_future(work)
+    done, _ = await asyncio.wait({task}, timeout=seconds)
+    if done:
+        return task.result()
+    for other in asyncio.all_tasks():
+        other.print_stack(file=sys.stderr)
+    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    task.cancel()
+    pytest.fail(f"{what} did not end within {seconds:g} s (stacks on stderr)")
+
+
+@pytest.fixture
+async def world() -> AsyncIterator[RealWorld]:
+    settings = engine_settings(
+        "docker",
+        docker_host=own_docker_host(),
+        local_gpu_passthrough=False,
+        local_stop_timeout=0,
+        local_container_ttl_s=60,
+        local_image_pull_stall_s=10,
+        local_api_timeout=5,  # the sweep's age for wreckage, and every call's deadline
+        state_relist_s=2,
+    )
+    await restart_own_engine("no-live-restore")  # so that an engine restart takes the jobs
+    world = RealWorld(random.Random(SEED), settings)
+    try:
+        await world.open()
+        yield world
+    finally:
+        with contextlib.suppress(NameError, AttributeError):  # open may have failed midway
+            await world.close()
+        await world.clean_up()
+        await restart_own_engine()  # live-restore again, as engines.sh keeps it
+
+
+async def test_a_random_walk_on_real_docker_keeps_every_promise(world: RealWorld) -> None:
+    started = time.monotonic()
+    for _ in range(STEPS):
+        try:
+            await within(STEP_LIMIT_S, world.step(), f"step {world.done.total()}")
+        except NodeError as exc:  # the engine is up between restarts: nothing may fail
+            raise AssertionError(f"after {dict(world.done)}: {exc.message}") from exc
+        await within(STEP_LIMIT_S, world.check(), f"check after {world.doing}")
+    print(
+        f"\nreal model: {STEPS} steps (seed {SEED}) in {time.monotonic() - started:.0f} s, "
+        f"{world.checks} checks of 6 promises ({world.rereads} re-reads while the engine "
+        f"settled): {dict(world.done)}"
+    )
+    assert world.checks == STEPS

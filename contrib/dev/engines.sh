@@ -205,12 +205,18 @@ down() {
     pkill -f "docker-registry serve $DEV_ROOT/registry.yml" || true
 }
 
-stop_docker() { # stop_docker NAME: stop the engine and wait until it is gone
-    local pid_file=$RUN_DIR/$1.pid pid
+stop_docker() { # stop_docker NAME: stop the engine and wait until it is gone (a minute at most)
+    local pid_file=$RUN_DIR/$1.pid pid deadline=$((SECONDS + 60))
     [[ -f $pid_file ]] || return 0
     pid=$(cat "$pid_file")
     kill "$pid" 2>/dev/null || return 0
-    while kill -0 "$pid" 2>/dev/null; do sleep 0.2; done
+    while kill -0 "$pid" 2>/dev/null; do
+        if ((SECONDS >= deadline)); then
+            log "dockerd $1 did not stop within a minute: killing it"
+            kill -KILL "$pid" 2>/dev/null || true
+        fi
+        sleep 0.2
+    done
 }
 
 restart_own() { # the tests' own engine, again; "no-live-restore": its jobs die with it

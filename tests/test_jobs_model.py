@@ -4,7 +4,7 @@ every step.
 
     cards held     == the labels of the live containers, no card on two of them
     cards reserved == the cards of the pending launches, none of them held
-    available + held + reserved == the card count
+    available + held + reserved + unhealthy + external == the card count, each card once
     no ref is both a pending launch and a container
     observe never says exists: false for a container of the node that exists
     no container is left created and never started once a sweep has run
@@ -58,8 +58,8 @@ class World:
     async def step(self) -> None:
         action = self.rng.choices(
             ["launch", "stop", "remove", "reap", "observe", "pull", "exit", "tick",
-             "daemon restart", "engine restart", "crash mid-launch"],
-            weights=[30, 10, 8, 4, 8, 15, 10, 8, 2, 1, 2],
+             "daemon restart", "engine restart", "crash mid-launch", "gpu fault"],
+            weights=[30, 10, 8, 4, 8, 15, 10, 8, 2, 1, 2, 3],
         )[0]  # fmt: skip
         with contextlib.suppress(Conflict):  # a refusal is an answer, not a failure
             await getattr(self, action.replace(" ", "_").replace("-", "_"))()
@@ -144,6 +144,16 @@ class World:
                 self.unswept.add(spec.name)
             await self.daemon_restart(swept=swept)
 
+    async def gpu_fault(self) -> None:
+        """A card turns bad (an XID), a process outside the node takes one, or it heals."""
+        card, roll = self.rng.randrange(CARDS), self.rng.random()
+        if roll < 0.3:
+            self.probe.set(card, unhealthy="XID 79: fallen off the bus")
+        elif roll < 0.5:
+            self.probe.set(card, pids=(4242,))
+        else:
+            self.probe.set(card)
+
     async def engine_restart(self) -> None:
         """Without live-restore: every running job dies with the engine."""
         for container in list(self.engine.containers.values()):
@@ -166,7 +176,12 @@ class World:
             pending,
         )
         assert not occupancy.reserved & set(labelled)
-        assert len(occupancy.available) + len(labelled) + len(occupancy.reserved) == CARDS
+        # Every card is in exactly one place: available, held, reserved, or kept back
+        # (unhealthy, or used outside the node) while nobody holds or claims it.
+        held, reserved, available = set(labelled), set(occupancy.reserved), set(occupancy.available)
+        kept = (set(occupancy.unhealthy) | set(occupancy.external)) - held - reserved
+        places = [available, held, reserved, kept]
+        assert sum(map(len, places)) == CARDS and set().union(*places) == set(range(CARDS)), places
         assert not set(pending) & set(ours), "a ref both pending and a container"
         wrecks = {n for n, c in ours.items() if c.status == "created" and n not in pending}
         assert wrecks <= self.unswept, f"created, never started, no launch making them: {wrecks}"

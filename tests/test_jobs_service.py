@@ -60,6 +60,14 @@ def request(run_id: str, gpus: int = 0, *, image: str = IMAGE, name: str = "") -
     return LaunchRequest(run_id, gpus, spec)
 
 
+async def launch_pulling(
+    service: JobService, fake: FakeRuntime, run_id: str, gpus: int = 0
+) -> None:
+    """A launch of an image the engine lacks, once its pull is under way."""
+    await service.launch(request(run_id, gpus, image=MISSING))
+    await fake.pulling.wait()
+
+
 async def reserved(service: JobService) -> frozenset[int]:
     return (await service.allocator.occupancy()).reserved
 
@@ -253,8 +261,7 @@ async def test_a_missing_image_answers_pulling_at_once_and_reserves_the_cards(
 async def test_observe_follows_the_pull_then_reads_the_container(
     service: JobService, fake: FakeRuntime, clock: FakeClock
 ) -> None:
-    await service.launch(request("r1", 2, image=MISSING))
-    await fake.pulling.wait()
+    await launch_pulling(service, fake, "r1", 2)
     pull = fake.pull_of(MISSING)
     clock.advance(3)
     pull.report(500, 2000)
@@ -278,8 +285,7 @@ async def test_observe_follows_the_pull_then_reads_the_container(
 async def test_a_pulled_launch_takes_other_cards_when_its_own_turned_bad(
     service: JobService, fake: FakeRuntime, probe: FakeProbe
 ) -> None:
-    await service.launch(request("r1", 1, image=MISSING))
-    await fake.pulling.wait()
+    await launch_pulling(service, fake, "r1", 1)
     probe.set(0, unhealthy="lost: not answering")  # its reserved card died meanwhile
 
     fake.pull_of(MISSING).finish()
@@ -310,8 +316,7 @@ async def test_a_pending_launch_of_another_run_under_the_name_is_refused(
 async def test_a_failed_pull_leaves_a_failed_record_and_frees_the_cards(
     service: JobService, fake: FakeRuntime
 ) -> None:
-    await service.launch(request("r1", 2, image=MISSING))
-    await fake.pulling.wait()
+    await launch_pulling(service, fake, "r1", 2)
 
     fake.pull_of(MISSING).fail("manifest unknown")
     await settle()
@@ -328,8 +333,7 @@ async def test_a_failed_pull_leaves_a_failed_record_and_frees_the_cards(
 async def test_a_failed_record_stays_half_an_hour_then_expires(
     service: JobService, fake: FakeRuntime, clock: FakeClock
 ) -> None:
-    await service.launch(request("r1", image=MISSING))
-    await fake.pulling.wait()
+    await launch_pulling(service, fake, "r1")
     fake.pull_of(MISSING).fail("manifest unknown")
     await settle()
 
@@ -344,8 +348,7 @@ async def test_a_failed_record_stays_half_an_hour_then_expires(
 async def test_a_retry_replaces_a_failed_record_with_a_new_pull(
     service: JobService, fake: FakeRuntime
 ) -> None:
-    await service.launch(request("r1", 1, image=MISSING))
-    await fake.pulling.wait()
+    await launch_pulling(service, fake, "r1", 1)
     fake.pull_of(MISSING).fail("registry down")
     await settle()
 
@@ -360,8 +363,7 @@ async def test_a_retry_replaces_a_failed_record_with_a_new_pull(
 async def test_a_start_that_fails_after_the_pull_leaves_a_failed_record(
     service: JobService, fake: FakeRuntime
 ) -> None:
-    await service.launch(request("r1", 1, image=MISSING))
-    await fake.pulling.wait()
+    await launch_pulling(service, fake, "r1", 1)
     fake.refuse_start = "no such device"
 
     fake.pull_of(MISSING).finish()
@@ -416,8 +418,7 @@ async def test_a_stop_before_the_pull_task_first_runs(
 async def test_a_stop_during_the_pull_stops_the_download(
     service: JobService, fake: FakeRuntime
 ) -> None:
-    await service.launch(request("r1", 2, image=MISSING))
-    await fake.pulling.wait()
+    await launch_pulling(service, fake, "r1", 2)
 
     await service.stop("tuneplane-r1", 1)
     await settle()
@@ -430,8 +431,7 @@ async def test_a_stop_during_the_pull_stops_the_download(
 async def test_a_stop_while_the_container_is_being_created_removes_it(
     service: JobService, fake: FakeRuntime
 ) -> None:
-    await service.launch(request("r1", 2, image=MISSING))
-    await fake.pulling.wait()
+    await launch_pulling(service, fake, "r1", 2)
     fake.create_gate = gate = Gate()
     fake.pull_of(MISSING).finish()
     await gate.entered.wait()  # created, not yet started: the launch has not heard
@@ -448,8 +448,7 @@ async def test_a_stop_while_the_container_is_being_created_removes_it(
 async def test_a_stop_after_the_pulled_job_started_stops_it(
     service: JobService, fake: FakeRuntime
 ) -> None:
-    await service.launch(request("r1", 2, image=MISSING))
-    await fake.pulling.wait()
+    await launch_pulling(service, fake, "r1", 2)
     fake.pull_of(MISSING).finish()
     await settle()
 
@@ -464,8 +463,7 @@ async def test_stopping_one_of_two_launches_sharing_a_pull_keeps_the_pull(
     service: JobService, fake: FakeRuntime
 ) -> None:
     await service.launch(request("r1", 1, image=MISSING))
-    await service.launch(request("r2", 1, image=MISSING))
-    await fake.pulling.wait()
+    await launch_pulling(service, fake, "r2", 1)
 
     await service.stop("tuneplane-r1", 1)
     await settle()
@@ -480,8 +478,7 @@ async def test_stopping_one_of_two_launches_sharing_a_pull_keeps_the_pull(
 async def test_remove_cancels_a_pending_launch_and_clears_a_failed_record(
     service: JobService, fake: FakeRuntime
 ) -> None:
-    await service.launch(request("r1", 1, image=MISSING))
-    await fake.pulling.wait()
+    await launch_pulling(service, fake, "r1", 1)
     await service.remove("tuneplane-r1")
     await assert_nothing_left(service, fake, "tuneplane-r1")
 
@@ -896,8 +893,7 @@ async def test_the_sweep_never_takes_a_container_a_launch_is_making(
 async def test_the_sweep_never_takes_a_pulled_launch_being_started(
     service: JobService, fake: FakeRuntime
 ) -> None:
-    await service.launch(request("r1", image=MISSING))
-    await fake.pulling.wait()
+    await launch_pulling(service, fake, "r1")
     fake.create_gate = gate = Gate()
     fake.pull_of(MISSING).finish()
     await gate.entered.wait()
@@ -914,8 +910,7 @@ async def test_the_wreckage_of_a_start_the_engine_broke_is_swept_despite_its_fai
     """The engine goes away between the create and the start of a pulled launch: the
     node cannot remove what it created, and the failed record stays for the console.
     The periodic sweep removes the container all the same once it is old enough."""
-    await service.launch(request("r1", 2, image=MISSING))
-    await fake.pulling.wait()
+    await launch_pulling(service, fake, "r1", 2)
     fake.create_gate = gate = Gate()
     fake.pull_of(MISSING).finish()
     await gate.entered.wait()

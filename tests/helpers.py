@@ -14,13 +14,15 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient
 
+from tuneplane_node.jobs import JobService, PendingView
+from tuneplane_node.jobs.pending import FAILED
 from tuneplane_node.runtime.base import (
     LABEL_RUN_ID,
     ContainerRuntime,
@@ -194,6 +196,46 @@ async def settle(rounds: int = 50) -> None:
     """Let every task that can run without waiting on I/O run (no wall-clock sleep)."""
     for _ in range(rounds):
         await asyncio.sleep(0)
+
+
+# --- the node's promises, checked against the engine's truth -------------------------------
+
+ENGINE_LIVE = frozenset({"running", "created", "restarting", "paused"})  # holds its cards
+
+
+async def check_promises(
+    service: JobService,
+    truth: Mapping[str, tuple[str, tuple[int, ...]]],
+    *,
+    cards: int,
+    wrecks_allowed: Collection[str] = (),
+) -> None:
+    """The six promises of `test_jobs_model.py`. ``truth``: every container of the node
+    on the engine, by name, as (its status, the cards on its label); ``wrecks_allowed``:
+    created, never-started containers no sweep was due to take yet."""
+    live = {name: held for name, (status, held) in truth.items() if status in ENGINE_LIVE}
+    labelled = [card for held in live.values() for card in held]
+    assert len(labelled) == len(set(labelled)), f"a card on two jobs: {live}"
+    occupancy = await service.allocator.occupancy()
+    assert set(occupancy.by_job) == set(labelled), (dict(occupancy.by_job), labelled)
+    pending = {r.ref: r for r in service.pending.records() if r.phase != FAILED}
+    claimed = {ref for ref, claim in occupancy.claims.items() if claim}
+    wanted = {ref for ref, r in pending.items() if r.request.requested_gpus}
+    assert claimed == wanted, (claimed, wanted)
+    # Every card is in exactly one place: available, held, reserved, or kept back
+    # (unhealthy, or used outside the node) while nobody holds or claims it.
+    held, reserved, available = set(labelled), set(occupancy.reserved), set(occupancy.available)
+    kept = (set(occupancy.unhealthy) | set(occupancy.external)) - held - reserved
+    places = [available, held, reserved, kept]
+    assert sum(map(len, places)) == cards and set().union(*places) == set(range(cards)), places
+    assert not set(pending) & set(truth), "a ref both pending and a container"
+    wrecks = {n for n, (status, _) in truth.items() if status == "created" and n not in pending}
+    stray = wrecks - set(wrecks_allowed)
+    assert not stray, f"created, never started, no launch making them: {stray}"
+    views = await service.observe([*truth, *pending])
+    for ref, view in views.items():
+        assert view.exists, f"{ref} exists, observe says not"
+        assert isinstance(view, PendingView) == (ref in pending)
 
 
 # --- the daemon as a process of its own ------------------------------------------------------

@@ -24,6 +24,7 @@ from tests.conftest import MakeNode
 from tests.helpers import (
     BIG_IMAGE,
     DEV_DOCKER_SOCK,
+    ENGINE_LIVE,
     FULL_DOCKER_ROOT,
     FULL_DOCKER_SOCK,
     HEADERS,
@@ -42,11 +43,10 @@ from tests.helpers import (
     wait_until,
 )
 from tuneplane_node.daemon.state import JOBS
-from tuneplane_node.runtime.base import LABEL_GPUS, LABEL_RUN_ID
+from tuneplane_node.runtime.base import LABEL_GPUS, LABEL_RUN_ID, parse_gpus
 from tuneplane_node.runtime.docker import DockerRuntime
 
 OURS = {"label": [LABEL_RUN_ID]}
-ENGINE_LIVE = {"running", "created", "paused", "restarting"}
 
 pytestmark = pytest.mark.engine
 
@@ -278,10 +278,7 @@ async def check_the_truth(session: aiohttp.ClientSession, base: str, engine: Any
     listed = await engine.pool.call(engine.api.containers, all=True, filters=OURS)
     live = {e["Labels"][LABEL_RUN_ID]: e for e in listed if e["State"] in ENGINE_LIVE}
     labelled = {
-        int(card): run
-        for run, e in live.items()
-        for card in e["Labels"][LABEL_GPUS].split(",")
-        if card
+        card: run for run, e in live.items() for card in parse_gpus(e["Labels"][LABEL_GPUS])
     }
     assert {int(card): run for card, run in health["by_job"].items()} == labelled
     assert sorted([*labelled, *health["free_gpus"]]) == [0, 1, 2, 3]

@@ -22,11 +22,10 @@ import os
 import random
 
 from tests.fakes import FakeClock, FakeProbe, FakeRuntime
-from tests.helpers import settle
+from tests.helpers import check_promises, settle
 from tuneplane_node.errors import Conflict, NodeError
 from tuneplane_node.gpu.allocator import GpuAllocator
-from tuneplane_node.jobs import AlreadyRunning, JobService, LaunchRequest, PendingView
-from tuneplane_node.jobs.pending import FAILED
+from tuneplane_node.jobs import AlreadyRunning, JobService, LaunchRequest
 from tuneplane_node.runtime.base import LABEL_RUN_ID, ContainerSpec, container_name, job_labels
 from tuneplane_node.settings import NodeSettings
 
@@ -163,32 +162,12 @@ class World:
     async def check(self) -> None:
         """The node's promises, from the engine's truth and the service's word."""
         self.checks += 1
-        ours = {n: c for n, c in self.engine.containers.items() if LABEL_RUN_ID in c.labels}
-        live = {n: c for n, c in ours.items() if c.status in ("running", "created")}
-        labelled = [card for c in live.values() for card in c.state().gpus]
-        assert len(labelled) == len(set(labelled)), f"a card on two jobs: {live}"
-        occupancy = await self.service.allocator.occupancy()
-        assert set(occupancy.by_job) == set(labelled)
-        pending = {r.ref: r for r in self.service.pending.records() if r.phase != FAILED}
-        claimed = {ref for ref, cards in occupancy.claims.items() if cards}
-        assert claimed == {ref for ref, r in pending.items() if r.request.requested_gpus}, (
-            claimed,
-            pending,
-        )
-        assert not occupancy.reserved & set(labelled)
-        # Every card is in exactly one place: available, held, reserved, or kept back
-        # (unhealthy, or used outside the node) while nobody holds or claims it.
-        held, reserved, available = set(labelled), set(occupancy.reserved), set(occupancy.available)
-        kept = (set(occupancy.unhealthy) | set(occupancy.external)) - held - reserved
-        places = [available, held, reserved, kept]
-        assert sum(map(len, places)) == CARDS and set().union(*places) == set(range(CARDS)), places
-        assert not set(pending) & set(ours), "a ref both pending and a container"
-        wrecks = {n for n, c in ours.items() if c.status == "created" and n not in pending}
-        assert wrecks <= self.unswept, f"created, never started, no launch making them: {wrecks}"
-        views = await self.service.observe([*ours, *pending])
-        for ref, view in views.items():
-            assert view.exists, f"{ref} exists, observe says not"
-            assert isinstance(view, PendingView) == (ref in pending)
+        truth = {
+            name: (container.status, container.state().gpus)
+            for name, container in self.engine.containers.items()
+            if LABEL_RUN_ID in container.labels
+        }
+        await check_promises(self.service, truth, cards=CARDS, wrecks_allowed=self.unswept)
 
 
 async def test_a_random_walk_keeps_every_promise(settings: NodeSettings) -> None:

@@ -375,6 +375,14 @@ class Console:
     async def state(self, ref: str) -> dict[str, Any]:
         return (await self.observe(ref))[ref]  # type: ignore[no-any-return]
 
+    async def failed(self, ref: str) -> Any:
+        """The state of a launch once it failed; its cards are all free again (4 of 4)."""
+        state = await self.wait_for(ref, "status", "dead")
+        assert state["pending_phase"] == "failed"
+        health = await self.health()
+        assert (health["gpus_reserved"], health["gpus_free"]) == (0, 4)  # released
+        return state
+
     async def wait_for(self, ref: str, key: str, wanted: Any, timeout: float = 60) -> Any:
         deadline = time.monotonic() + timeout
         while True:

@@ -149,19 +149,11 @@ async def lying_registry() -> AsyncIterator[str]:
     await runner.cleanup()
 
 
-async def failed_record(node: Any, ref: str) -> Any:
-    state = await node.wait_for(ref, "status", "dead", timeout=60)
-    assert state["pending_phase"] == "failed"
-    health = await node.health()
-    assert (health["gpus_reserved"], health["gpus_free"]) == (0, 4)  # released
-    return state
-
-
 async def test_a_registry_that_is_down_fails_the_launch_saying_so(make_node: MakeNode) -> None:
     node = await make_node()
     ref, answer = await node.launch(gpus=2, image=f"127.0.0.1:{free_port()}/nobody/here:1")
     assert answer["phase"] == "pulling"
-    state = await failed_record(node, ref)
+    state = await node.failed(ref)
     assert "connection refused" in state["pending_error"]
 
 
@@ -175,7 +167,7 @@ async def test_a_registry_that_stalls_fails_the_launch_at_the_stall_deadline(
     ref, _ = await node.launch(gpus=2, image=image)
     await asyncio.sleep(1)
     proxy.pause()  # ...then stop
-    state = await failed_record(node, ref)
+    state = await node.failed(ref)
     assert "no progress for 2 s" in state["pending_error"]
     proxy.resume()
 
@@ -185,7 +177,7 @@ async def test_a_registry_that_lies_fails_the_launch_naming_the_blob(
 ) -> None:
     node = await make_node()
     ref, _ = await node.launch(gpus=1, image=f"{lying_registry}/liar/image:{unique('t')}")
-    state = await failed_record(node, ref)
+    state = await node.failed(ref)
     assert "blob unknown" in state["pending_error"] or "unknown blob" in state["pending_error"]
 
 
@@ -221,7 +213,7 @@ async def test_a_pull_onto_a_full_disk_fails_the_launch_saying_the_disk_is_full(
     node = await make_node(feed=full_docker, docker_host=f"unix://{FULL_DOCKER_SOCK}")
     ref, answer = await node.launch(gpus=2, image=BIG_IMAGE)
     assert answer["phase"] == "pulling"
-    state = await failed_record(node, ref)
+    state = await node.failed(ref)
     assert "the engine's disk is full" in state["pending_error"]
     assert "no space left on device" in state["pending_error"]
 

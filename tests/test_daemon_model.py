@@ -257,7 +257,7 @@ async def world() -> AsyncIterator[RealWorld]:
         await world.open()
         yield world
     finally:
-        with contextlib.suppress(NameError, AttributeError):  # open may have failed midway
+        with contextlib.suppress(AttributeError):  # open may have failed midway
             await world.close()
         await world.clean_up()
         await restart_own_engine()  # live-restore again, as engines.sh keeps it

@@ -506,6 +506,14 @@ class ThrottlingProxy(_Relay):
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    async def big_image(self, runtime: ContainerRuntime, *, rate: int) -> str:
+        """The registry's big image reached through this proxy at ``rate`` bytes a
+        second, removed from ``runtime`` first so that a launch or a pull downloads it."""
+        self.rate = rate
+        image = f"{self.address()}/tuneplane-test/big:1"
+        await forget_image(runtime, image)
+        return image
+
     async def _upstream(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         return await asyncio.open_connection("127.0.0.1", self.upstream_port)
 

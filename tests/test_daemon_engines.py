@@ -222,17 +222,10 @@ def _runtime_of(node: Console) -> Any:
 # --- the pull path ---------------------------------------------------------------------------
 
 
-async def slow_image(runtime: TrackingRuntime, proxy: ThrottlingProxy, rate: int) -> str:
-    proxy.rate = rate
-    image = f"{proxy.address()}/tuneplane-test/big:1"
-    await forget_image(runtime, image)
-    return image
-
-
 async def test_a_pull_reserves_cards_reports_progress_then_runs(
     make_node: MakeNode, docker_runtime: TrackingRuntime, proxy: ThrottlingProxy
 ) -> None:
-    image = await slow_image(docker_runtime, proxy, rate=2_000_000)
+    image = await proxy.big_image(docker_runtime, rate=2_000_000)
     node = await make_node(feed=docker_runtime)
 
     ref, answer = await node.launch(gpus=3, image=image)
@@ -275,7 +268,7 @@ async def test_a_failed_pull_leaves_a_failed_record_and_frees_the_cards(
 async def test_two_launches_of_one_image_share_one_download(
     make_node: MakeNode, docker_runtime: TrackingRuntime, proxy: ThrottlingProxy
 ) -> None:
-    image = await slow_image(docker_runtime, proxy, rate=3_000_000)
+    image = await proxy.big_image(docker_runtime, rate=3_000_000)
     node = await make_node(feed=docker_runtime)
     first, _ = await node.launch(gpus=1, image=image)
     second, _ = await node.launch(gpus=1, image=image)
@@ -293,7 +286,7 @@ async def test_two_launches_of_one_image_share_one_download(
 async def test_a_stop_during_the_pull_abandons_the_download(
     make_node: MakeNode, docker_runtime: TrackingRuntime, proxy: ThrottlingProxy
 ) -> None:
-    image = await slow_image(docker_runtime, proxy, rate=100_000)
+    image = await proxy.big_image(docker_runtime, rate=100_000)
     node = await make_node(feed=docker_runtime)
     ref, _ = await node.launch(gpus=2, image=image)
     await wait_until(lambda: proxy.bytes_sent > 100_000)
@@ -323,7 +316,7 @@ class SlowStartRuntime(TrackingRuntime):
 async def test_a_stop_while_the_container_is_being_created_leaves_nothing(
     make_node: MakeNode, docker_runtime: TrackingRuntime, proxy: ThrottlingProxy
 ) -> None:
-    image = await slow_image(docker_runtime, proxy, rate=5_000_000)
+    image = await proxy.big_image(docker_runtime, rate=5_000_000)
     runtime = SlowStartRuntime(docker_runtime)
     node = await make_node(feed=runtime)
     ref, _ = await node.launch(gpus=2, image=image)

@@ -160,9 +160,7 @@ async def test_a_registry_that_is_down_fails_the_launch_saying_so(make_node: Mak
 async def test_a_registry_that_stalls_fails_the_launch_at_the_stall_deadline(
     make_node: MakeNode, docker_runtime: TrackingRuntime, proxy: ThrottlingProxy
 ) -> None:
-    image = f"{proxy.address()}/tuneplane-test/big:1"
-    await forget_image(docker_runtime, image)
-    proxy.rate = 50_000  # bytes trickle...
+    image = await proxy.big_image(docker_runtime, rate=50_000)  # bytes trickle...
     node = await make_node(feed=docker_runtime, local_image_pull_stall_s=2)
     ref, _ = await node.launch(gpus=2, image=image)
     await asyncio.sleep(1)

@@ -22,7 +22,6 @@ from tests.helpers import (
     Console,
     ThrottlingProxy,
     TrackingRuntime,
-    forget_image,
     unique,
     wait_until,
 )
@@ -418,9 +417,7 @@ async def test_a_two_card_job_gets_the_best_joined_pair(
 async def test_a_reservation_during_a_slow_pull_holds_against_direct_launches(
     make_node: Make, sim: Simulation, docker_runtime: TrackingRuntime, proxy: ThrottlingProxy
 ) -> None:
-    proxy.rate = 100_000
-    image = f"{proxy.address()}/tuneplane-test/big:1"
-    await forget_image(docker_runtime, image)
+    image = await proxy.big_image(docker_runtime, rate=100_000)
     node = await simulated_node(make_node, sim, feed=docker_runtime)
     pending, answer = await node.launch(gpus=3, image=image)
     assert answer["phase"] == "pulling"

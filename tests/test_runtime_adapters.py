@@ -219,9 +219,7 @@ async def test_pull_of_a_missing_image_fails_clearly(runtime: TrackingRuntime) -
 async def test_cancelled_pull_returns_promptly_and_closes_the_stream(
     runtime: TrackingRuntime, proxy: ThrottlingProxy
 ) -> None:
-    proxy.rate = 100_000  # ~90 s for the big image
-    image = f"{proxy.address()}/tuneplane-test/big:1"
-    await forget_image(runtime, image)
+    image = await proxy.big_image(runtime, rate=100_000)  # ~90 s for the big image
     task = asyncio.ensure_future(runtime.pull(image, limits=PullLimits(300, 300)))
     while proxy.bytes_sent < 200_000:
         await asyncio.sleep(0.05)
@@ -238,9 +236,7 @@ async def test_cancelled_pull_returns_promptly_and_closes_the_stream(
 async def test_stalled_pull_is_abandoned_after_the_stall_timeout(
     runtime: TrackingRuntime, proxy: ThrottlingProxy
 ) -> None:
-    image = f"{proxy.address()}/tuneplane-test/big:1"
-    await forget_image(runtime, image)
-    proxy.rate = 100_000
+    image = await proxy.big_image(runtime, rate=100_000)
     proxy.pause()
     started = time.monotonic()
 
@@ -258,9 +254,7 @@ async def test_slow_pull_that_keeps_moving_is_not_killed(
     # Docker only: podman 4's compat stream reports a layer when it is done, not while
     # its bytes arrive (see README, "Image pulls").
     runtime = docker_runtime
-    image = f"{proxy.address()}/tuneplane-test/big:1"
-    await forget_image(runtime, image)
-    proxy.rate = 1_500_000  # ~6 s in all, far longer than the stall timeout
+    image = await proxy.big_image(runtime, rate=1_500_000)  # ~6 s, far over the stall timeout
 
     await runtime.pull(image, limits=PullLimits(120, 2))
 

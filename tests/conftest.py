@@ -170,14 +170,29 @@ async def docker_runtime() -> AsyncIterator[TrackingRuntime]:
     await inner.close()
 
 
+_OWN_ENGINE_CLEARED: list[bool] = []  # once per session
+
+
 @pytest.fixture
 async def own_docker() -> AsyncIterator[TrackingRuntime]:
     """The suite's own Docker engine: nobody else's jobs are on it (reap takes them all)."""
     inner = await open_runtime("docker", docker_host=own_docker_host(), local_gpu_passthrough=False)
+    if not _OWN_ENGINE_CLEARED:
+        await clear_own_engine(inner)
+        _OWN_ENGINE_CLEARED.append(True)
     tracking = TrackingRuntime(inner)
     yield tracking
     await tracking.cleanup()
     await inner.close()
+
+
+async def clear_own_engine(runtime: EngineRuntime) -> None:
+    """Remove what an interrupted earlier session left on the suite's own engine (its data
+    root outlives the engine), so that reap's and the walks' counts start from nothing."""
+    assert isinstance(runtime, DockerRuntime)
+    left = await runtime.pool.call(runtime.api.containers, all=True)
+    for entry in left:
+        await runtime.pool.call(runtime.api.remove_container, entry["Id"], force=True)
 
 
 @pytest.fixture

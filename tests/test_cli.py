@@ -289,3 +289,38 @@ def test_inventory_prints_the_console_fields_as_json(
     uuid.UUID(facts["node_id"])
     again = json.loads(run_cli(tmp_path, "inventory", **settings).stdout)
     assert again["node_id"] == facts["node_id"]  # minted once, kept in the state dir
+
+
+# --- log level and format -----------------------------------------------------------------
+
+
+def test_an_unknown_log_level_flag_is_a_usage_error(
+    run_main: Callable[..., tuple[int, str, str]],
+) -> None:
+    code, _, err = run_main("--log-level", "verbose", "check")
+    assert code == 2
+    assert "--log-level: invalid choice: 'VERBOSE'" in err and "Traceback" not in err
+
+
+def test_an_unknown_log_level_setting_is_named(
+    run_main: Callable[..., tuple[int, str, str]],
+) -> None:
+    code, _, err = run_main("check", TUNEPLANE_NODE_TOKEN="t", TUNEPLANE_LOG_LEVEL="loud")
+    assert code == 2
+    assert "TUNEPLANE_LOG_LEVEL" in err and "'LOUD'" in err and "Traceback" not in err
+
+
+def test_json_log_lines_parse_and_carry_the_job(tmp_path: Path, serve: Serve) -> None:
+    """TUNEPLANE_LOG_FORMAT=json: every line the daemon writes is one JSON object."""
+    process, port = serve(
+        TUNEPLANE_NODE_TOKEN="t0ken",
+        TUNEPLANE_LOCAL_RUNTIME="process",
+        TUNEPLANE_LOG_FORMAT="json",
+        TUNEPLANE_LOG_LEVEL="debug",
+    )
+    wait_for_healthz(process, port, tmp_path / "serve.log")
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=10) == 0
+    lines = [json.loads(line) for line in (tmp_path / "serve.log").read_text().splitlines()]
+    assert all({"time", "level", "logger", "message"} <= line.keys() for line in lines)
+    assert any(line["message"].startswith("listening on http://127.0.0.1:") for line in lines)

@@ -10,7 +10,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from tuneplane_node import __version__, inventory
+from tuneplane_node import __version__, inventory, logformat
 from tuneplane_node.errors import ConfigError
 from tuneplane_node.settings import NodeSettings, load_settings
 from tuneplane_node.wire import answers
@@ -25,7 +25,18 @@ def parser() -> argparse.ArgumentParser:
         "Settings come from TUNEPLANE_* variables and .env (see README).",
     )
     top.add_argument("--version", action="version", version=f"tuneplane-node {__version__}")
-    top.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
+    top.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=logformat.LEVELS,
+        help="least severe lines written (default TUNEPLANE_LOG_LEVEL, INFO)",
+    )
+    top.add_argument(
+        "--log-format",
+        type=str.lower,
+        choices=logformat.FORMATS,
+        help="text, or one JSON object per line (default TUNEPLANE_LOG_FORMAT, text)",
+    )
     verbs = top.add_subparsers(dest="verb", metavar="COMMAND")
     serve = verbs.add_parser("serve", help="run the daemon's HTTP API")
     serve.add_argument("--host", help="listen address (default TUNEPLANE_NODE_HOST, 0.0.0.0)")
@@ -37,15 +48,14 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
     if args.verb is None:
         parser().print_help()
         return 2
     try:
         settings = load_settings()
+        logformat.configure(
+            args.log_level or settings.log_level, args.log_format or settings.log_format
+        )
         if args.verb == "serve":
             return serve(settings, host=args.host, port=args.port)
         if args.verb == "inventory":

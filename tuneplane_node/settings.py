@@ -136,6 +136,25 @@ class NodeSettings(BaseSettings):
     state_relist_s: float = Field(30.0, gt=0, le=DAY, allow_inf_nan=False)
     """Seconds between full relists that reconcile the container-state cache."""
 
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """Least severe log lines written (``--log-level`` overrides it). DEBUG adds one
+    access line per request."""
+    log_format: Literal["text", "json"] = "text"
+    """``json``: one JSON object per line (time, level, logger, message, and run_id, ref,
+    image, gpus where they apply), for a log shipper. ``--log-format`` overrides it."""
+    metrics_public: bool = False
+    """Serve ``GET /metrics`` without the bearer token (for a scraper that cannot send one)."""
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper_level(cls, level: object) -> object:
+        return level.strip().upper() if isinstance(level, str) else level
+
+    @field_validator("log_format", mode="before")
+    @classmethod
+    def _lower_format(cls, fmt: object) -> object:
+        return fmt.strip().lower() if isinstance(fmt, str) else fmt
+
     @field_validator("node_token")
     @classmethod
     def _printable_token(cls, token: SecretStr | None) -> SecretStr | None:

@@ -145,21 +145,22 @@ def test_a_bad_setting_is_named_without_a_traceback(
     assert "Traceback" not in err
 
 
-def test_auto_with_a_docker_address_that_does_not_answer_is_an_error_naming_it(
+def test_auto_with_a_docker_address_that_does_not_answer_is_a_fail_naming_it(
     run_main: Callable[..., tuple[int, str, str]], tmp_path: Path
 ) -> None:
     docker_sock, podman_sock = tmp_path / "no-docker.sock", tmp_path / "no-podman.sock"
-    code, _, message = run_main(
+    code, out, _ = run_main(
         "check",
         TUNEPLANE_NODE_TOKEN="t0ken",
         TUNEPLANE_LOCAL_RUNTIME="auto",
         TUNEPLANE_DOCKER_HOST=f"unix://{docker_sock}",
         TUNEPLANE_PODMAN_URL=f"unix://{podman_sock}",
     )
-    assert code == 2
-    assert f"TUNEPLANE_DOCKER_HOST=unix://{docker_sock}: docker did not answer" in message
-    assert "does not fall back to podman" in message
-    assert "podman at" not in message and "Traceback" not in message
+    assert code == 1
+    line = next(line for line in out.splitlines() if line.startswith("FAIL engine:"))
+    assert f"TUNEPLANE_DOCKER_HOST=unix://{docker_sock}: docker did not answer" in line
+    assert "does not fall back to podman" in line
+    assert "podman at" not in out and "Traceback" not in out
 
 
 @pytest.mark.engine
@@ -172,9 +173,12 @@ def test_a_wrong_docker_address_never_becomes_podman(tmp_path: Path) -> None:
         TUNEPLANE_DOCKER_HOST="unix:///nonexistent.sock",
         TUNEPLANE_PODMAN_URL=podman_url(),
     )
-    assert result.returncode == 2, result.stdout
-    assert "TUNEPLANE_DOCKER_HOST=unix:///nonexistent.sock: docker did not answer" in result.stderr
-    assert "podman" not in result.stdout
+    assert result.returncode == 1, result.stdout
+    assert (
+        "FAIL engine: TUNEPLANE_DOCKER_HOST=unix:///nonexistent.sock: docker did not answer"
+        in result.stdout
+    )
+    assert "engine: podman" not in result.stdout and "podman at" not in result.stdout
 
 
 # --- against the Docker engine -------------------------------------------------------
@@ -259,10 +263,12 @@ def test_the_readme_quick_start_serves_the_api_with_auto_runtime(
 
 @pytest.mark.engine
 def test_check_reports_the_engine(tmp_path: Path, docker_settings: dict[str, str]) -> None:
-    result = run_cli(tmp_path, "check", TUNEPLANE_NODE_TOKEN="t0ken", **docker_settings)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("runtime: docker ")
-    assert result.stdout.strip().endswith("ok")
+    port = str(free_port())
+    result = run_cli(
+        tmp_path, "check", TUNEPLANE_NODE_TOKEN="t0ken", TUNEPLANE_NODE_PORT=port, **docker_settings
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ok   engine: docker " in result.stdout
 
 
 @pytest.mark.engine

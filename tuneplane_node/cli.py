@@ -1,5 +1,6 @@
 """The command line: ``serve`` runs the daemon, ``inventory`` prints what the machine has,
-``check`` says whether the settings and the engine are usable. Settings are read once."""
+``check`` says whether the settings and the machine are usable, ``ctl`` talks to a
+running node's API (it reads no settings: it is a client). Settings are read once."""
 
 from __future__ import annotations
 
@@ -7,12 +8,17 @@ import argparse
 import asyncio
 import json
 import logging
+import os
+import socket
 import sys
-from collections.abc import Sequence
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
-from tuneplane_node import __version__, inventory, logformat
+from tuneplane_node import __version__, ctl, inventory, logformat
 from tuneplane_node.errors import ConfigError
-from tuneplane_node.settings import NodeSettings, load_settings
+from tuneplane_node.settings import DEFAULT_STORAGE, NodeSettings, env_name, load_settings
 from tuneplane_node.wire import answers
 
 log = logging.getLogger("tuneplane_node")
@@ -42,7 +48,12 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="listen address (default TUNEPLANE_NODE_HOST, 0.0.0.0)")
     serve.add_argument("--port", type=int, help="listen port (default TUNEPLANE_NODE_PORT, 8470)")
     verbs.add_parser("inventory", help="print what this machine has, as JSON")
-    verbs.add_parser("check", help="check the settings and the container engine")
+    verbs.add_parser(
+        "check",
+        help="check the settings, the engine, the cards and the disks",
+        description="One line per fact, starting ok, warn or FAIL; exit 1 on any FAIL.",
+    )
+    ctl.add_parser(verbs)
     return top
 
 
@@ -51,6 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.verb is None:
         parser().print_help()
         return 2
+    if args.verb == "ctl":
+        return ctl.run(args)
     try:
         settings = load_settings()
         logformat.configure(
@@ -60,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return serve(settings, host=args.host, port=args.port)
         if args.verb == "inventory":
             return asyncio.run(print_inventory(settings))
-        return asyncio.run(check(settings))
+        return check(settings)
     except ConfigError as exc:
         print(f"tuneplane-node: {exc.message}", file=sys.stderr)
         return 2
@@ -91,16 +104,184 @@ async def print_inventory(settings: NodeSettings) -> int:
     return 0
 
 
-async def check(settings: NodeSettings) -> int:
+# --- check ---------------------------------------------------------------------------
+
+OK, WARN, FAIL = "ok", "warn", "FAIL"
+Finding = tuple[str, str]  # (level, "subject: what was found")
+
+
+def check(settings: NodeSettings) -> int:
+    """One line per fact, as each is learnt; 1 when any is a FAIL. Starts no daemon."""
+    steps: tuple[Callable[[NodeSettings], list[Finding]], ...] = (
+        check_token,
+        check_tls,
+        check_engine,
+        check_gpus,
+        check_storage,
+        check_mount_roots,
+        check_state_dir,
+        check_fabrics,
+        check_port,
+    )
+    failed = False
+    for step in steps:
+        for level, text in step(settings):
+            print(f"{level:<4} {text}", flush=True)
+            failed |= level == FAIL
+    return 1 if failed else 0
+
+
+def check_token(settings: NodeSettings) -> list[Finding]:
     from tuneplane_node.daemon.tokens import TokenSet
+
+    try:
+        tokens = TokenSet.from_settings(settings)
+    except ConfigError as exc:
+        return [(FAIL, f"token: {exc.message}")]
+    sources = [env_name("node_token")] if settings.node_token else []
+    if settings.node_token_file is not None:
+        sources.append(f"{env_name('node_token_file')} {settings.node_token_file}")
+    return [(OK, f"token: {len(tokens)} accepted, from {' and '.join(sources)}")]
+
+
+def check_tls(settings: NodeSettings) -> list[Finding]:
+    from tuneplane_node.daemon.server import tls_context
+
+    if settings.tls_cert_file is None:
+        return [(WARN, f"tls: off, the API is plain HTTP ({env_name('tls_cert_file')} is unset)")]
+    try:
+        tls_context(settings)  # the daemon's own loading: chain, key, client CA
+    except ConfigError as exc:
+        return [(FAIL, f"tls: {exc.message}")]
+    text = f"tls: {settings.tls_cert_file} matches its key {settings.tls_key_file}"
+    if settings.tls_client_ca_file is not None:
+        text += f"; clients need a certificate of {settings.tls_client_ca_file}"
+    return [(OK, text)]
+
+
+def check_engine(settings: NodeSettings) -> list[Finding]:
+    return [asyncio.run(_engine_finding(settings))]
+
+
+async def _engine_finding(settings: NodeSettings) -> Finding:
     from tuneplane_node.runtime import detect_runtime
 
-    TokenSet.from_settings(settings)
-    inventory.check_fabrics(settings.fabrics)
-    runtime = await detect_runtime(settings, cache=False)
     try:
-        engine = await runtime.health()
+        runtime = await detect_runtime(settings, cache=False)
+    except ConfigError as exc:  # auto: no engine answered, or the given docker did not
+        return FAIL, f"engine: {exc.message}"
+    try:
+        health = await runtime.health()
     finally:
         await runtime.close()
-    print(f"runtime: {engine.engine} {engine.version or ''} {'ok' if engine.ok else engine.error}")
-    return 0 if engine.ok else 1
+    where = engine_address(settings, health.engine)
+    if not health.ok:
+        return FAIL, f"engine: {health.engine} at {where} does not answer: {health.error}"
+    if health.engine == "process":
+        return WARN, "engine: process runtime: jobs run as bare processes (development only)"
+    return OK, f"engine: {health.engine} {health.version or '(version unknown)'} at {where}"
+
+
+def engine_address(settings: NodeSettings, engine: str) -> str:
+    if engine == "podman":
+        return settings.podman_url
+    if engine == "process":
+        return "this host"
+    return settings.docker_host or os.environ.get("DOCKER_HOST") or "the default docker socket"
+
+
+def check_gpus(settings: NodeSettings) -> list[Finding]:
+    from tuneplane_node.gpu.probe import make_probe
+
+    probe = make_probe(settings)
+    try:
+        snapshot = probe.snapshot()
+    finally:
+        probe.close()
+    if snapshot.source == "none":
+        count = settings.local_gpu_count
+        cards = f"{count} card(s) from {env_name('local_gpu_count')}" if count else "no cards"
+        return [(WARN, f"gpu: no driver ({snapshot.error}); {cards}")]
+    if not snapshot.ok:
+        return [(FAIL, f"gpu: {snapshot.source}: {snapshot.error}")]
+    names = Counter(card.name or "unnamed" for card in snapshot.cards)
+    listed = ", ".join(f"{n} x {name}" for name, n in names.items()) or "no cards"
+    where = snapshot.source
+    if settings.gpu_simulation_file is not None:
+        where = f"simulation file {settings.gpu_simulation_file}"
+    return [(OK, f"gpu: {where}, driver {snapshot.driver or 'unknown'}: {listed}")]
+
+
+def check_storage(settings: NodeSettings) -> list[Finding]:
+    mounts = inventory.read_mounts()
+    # Unset, the storage root is a default under the working directory: absent is no fault.
+    explicit = settings.storage_root is not None
+    found = [_directory("storage root", settings.storage, mounts, required=explicit)]
+    return found + [_directory("model dir", d, mounts, required=True) for d in settings.model_dirs]
+
+
+def _directory(what: str, path: Path, mounts: list[inventory.Mount], *, required: bool) -> Finding:
+    try:
+        resolved = path.expanduser().resolve()
+        space = inventory.space(resolved) if resolved.is_dir() else None
+    except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop (3.11)
+        return FAIL, f"{what}: {path}: {exc}"
+    if space is None:
+        return (FAIL if required else WARN), f"{what}: {resolved} is not a directory"
+    fs_type = inventory.filesystem_type(resolved, mounts)
+    shared = ", shared" if fs_type in inventory.SHARED_FILESYSTEMS else ""
+    free = f"{space.available / 2**30:.1f} GiB free"
+    return OK, f"{what}: {resolved} on {fs_type or 'an unknown filesystem'}{shared}, {free}"
+
+
+def check_mount_roots(settings: NodeSettings) -> list[Finding]:
+    roots = settings.mount_roots
+    missing = [root for root in roots if not root.is_dir()]
+    listed = ", ".join(str(root) for root in roots) or "none"
+    if not missing:
+        return [(OK, f"mount roots: {listed}")]
+    # The unset storage root's default is no operator's promise: its absence only warns.
+    default = settings.storage_root is None and missing == [DEFAULT_STORAGE.resolve()]
+    named = ", ".join(str(root) for root in missing)
+    return [(WARN if default else FAIL, f"mount roots: {named} missing; mounts from it fail")]
+
+
+def check_state_dir(settings: NodeSettings) -> list[Finding]:
+    directory = settings.state_dir
+    existing = directory
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent  # the daemon creates the rest
+    try:
+        with tempfile.TemporaryFile(dir=existing):  # the only honest test: write
+            pass
+    except OSError as exc:
+        return [(FAIL, f"state dir: {directory}: cannot write in {existing}: {exc.strerror}")]
+    created = "" if existing == directory else " (created at start)"
+    return [(OK, f"state dir: {directory} writable{created}")]
+
+
+def check_fabrics(settings: NodeSettings) -> list[Finding]:
+    if not settings.fabrics:
+        return [(OK, "fabrics: none configured")]
+    try:
+        inventory.check_fabrics(settings.fabrics)
+    except ConfigError as exc:
+        return [(FAIL, f"fabrics: {exc.message}")]
+    return [
+        (WARN, f"fabric {fact.fabric}: {', '.join(fact.hcas)}: no active port")
+        if fact.rate_gbps is None
+        else (OK, f"fabric {fact.fabric}: {', '.join(fact.hcas)} at {fact.rate_gbps:g} Gb/s")
+        for fact in inventory.fabrics(settings.fabrics)
+    ]
+
+
+def check_port(settings: NodeSettings) -> list[Finding]:
+    host, port = settings.node_host, settings.node_port
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            return [(FAIL, f"port: {host}:{port}: {exc.strerror} (a node already serving?)")]
+    return [(OK, f"port: {host}:{port} free")]

@@ -1,0 +1,314 @@
+"""The verbs of ``tuneplane-node ctl``: parse the command line, ask the node, show the
+answer (rich tables; ``--json``: the answer as the API gave it).
+
+A client of the HTTP API only: nothing here imports daemon, jobs or runtime code, so
+what an operator sees is what a console would get.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from tuneplane_node.ctl import render
+from tuneplane_node.ctl.client import DEFAULT_URL, URL_ENV, CtlError, NodeClient, Tls, read_token
+
+POLL_S = 0.5
+NAME_PREFIX = "tuneplane-"  # the node's own default, so ctl's jobs read like a console's
+_PLAIN_RUN_ID = re.compile(r"[a-zA-Z0-9_.-]{1,120}")
+
+Verb = Callable[["Ctl", argparse.Namespace], int]
+
+
+@dataclass(frozen=True)
+class Ctl:
+    client: NodeClient
+    out: Console
+    json: bool
+
+    def show(self, answer: Any, human: Callable[[Console, Any], None]) -> int:
+        if self.json:
+            self.raw(answer)
+        else:
+            human(self.out, answer)
+        return 0
+
+    def raw(self, answer: Any) -> None:
+        print(json.dumps(answer, indent=2), flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the verb; every failure is one line on stderr and its exit code."""
+    try:
+        client = NodeClient(
+            args.url or os.environ.get(URL_ENV) or DEFAULT_URL,
+            token=read_token(args.token_file),
+            tls=Tls(args.cacert, args.cert, args.key),
+        )
+        verb: Verb = args.ctl_run
+        return verb(Ctl(client, Console(highlight=False), args.json), args)
+    except CtlError as exc:
+        print(f"tuneplane-node ctl: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+# --- the command line -----------------------------------------------------------------
+
+
+def add_parser(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    ctl = verbs.add_parser(
+        "ctl",
+        parents=[_common(defaults=True)],
+        help="talk to a node's API: health, launch, observe, logs, stop, cordon...",
+        description="A client of the node's HTTP API. Exit codes: 0 done, 1 the node "
+        "refused (4xx), 2 usage, 3 node unreachable or failed (5xx).",
+    )
+    sub = ctl.add_subparsers(dest="ctl_verb", metavar="VERB", required=True)
+    common = _common(defaults=False)
+
+    def verb(name: str, run: Verb, help: str) -> argparse.ArgumentParser:
+        parser = sub.add_parser(name, parents=[common], help=help, description=help)
+        parser.set_defaults(ctl_run=run)
+        return parser
+
+    verb("health", health, "the node's health: engine, cards, pending launches")
+    verb("inventory", inventory, "what the machine has: cards, storage, fabrics")
+    verb("observe", observe, "the state of jobs").add_argument("refs", nargs="+", metavar="REF")
+    _launch_options(verb("launch", launch, "launch a job container"))
+    stopping = verb("stop", stop, "stop a job: SIGTERM, then SIGKILL after the timeout")
+    stopping.add_argument("ref", metavar="REF")
+    stopping.add_argument("--timeout", type=float, help="seconds before SIGKILL (node default)")
+    verb("remove", remove, "remove a job's container, running or not").add_argument("ref")
+    logs_parser = verb("logs", logs, "a job's output, stdout and stderr together")
+    logs_parser.add_argument("ref", metavar="REF")
+    logs_parser.add_argument("--tail", type=int, help="the last N lines (node default 2000)")
+    logs_parser.add_argument("-f", "--follow", action="store_true", help="until the job exits")
+    reaping = verb("reap", reap, "remove exited jobs older than the node's TTL")
+    reaping.add_argument("--max-age", type=float, help="seconds; 0: every exited job")
+    verb("cordon", cordon, "take no new launches").add_argument("--reason", required=True)
+    verb("uncordon", uncordon, "take launches again")
+    draining = verb("drain", drain, "cordon, then stop every job after a grace period")
+    draining.add_argument("--reason", required=True)
+    draining.add_argument("--grace", type=float, help="seconds the jobs get before SIGKILL")
+
+
+def _common(*, defaults: bool) -> argparse.ArgumentParser:
+    """The options every verb takes, before or after it. Given after the verb they must
+    not reset what was given before it: there their default is to set nothing."""
+
+    def default(value: object) -> object:
+        return value if defaults else argparse.SUPPRESS
+
+    options = argparse.ArgumentParser(add_help=False)
+    options.add_argument(
+        "--url", default=default(None), help=f"the node's API (${URL_ENV}, else {DEFAULT_URL})"
+    )
+    options.add_argument(
+        "--token-file",
+        type=Path,
+        default=default(None),
+        help="file whose first line that is not blank or # is the token "
+        "(else $TUNEPLANE_NODE_TOKEN)",
+    )
+    options.add_argument("--cacert", type=Path, default=default(None), help="CA of the node's cert")
+    options.add_argument("--cert", type=Path, default=default(None), help="client cert (mTLS)")
+    options.add_argument("--key", type=Path, default=default(None), help="its key")
+    options.add_argument(
+        "--json", action="store_true", default=default(False), help="print the answer's JSON"
+    )
+    return options
+
+
+def _launch_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--run-id", required=True, help="the run's id")
+    parser.add_argument("--image", required=True, help="image reference")
+    parser.add_argument("--name", help="container name, the job's ref (tuneplane-<run id>)")
+    parser.add_argument("--gpus", type=int, default=0, help="cards to give it (default 0)")
+    parser.add_argument("--env", type=_pair, action="append", default=[], metavar="K=V")
+    parser.add_argument("--label", type=_pair, action="append", default=[], metavar="K=V")
+    parser.add_argument(
+        "--mount", type=_mount, action="append", default=[], metavar="HOST:CONTAINER[:ro]"
+    )
+    for option in ("workdir", "user", "network", "shm-size", "memory-limit", "cpu-limit"):
+        parser.add_argument(f"--{option}", default="")
+    parser.add_argument("--wait", action="store_true", help="until it runs or fails")
+    parser.add_argument("command", nargs="*", metavar="-- CMD", help="the argv (replaces the "
+                        "image's ENTRYPOINT); none: the image's own")  # fmt: skip
+
+
+def _pair(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be NAME=VALUE")
+    return name, value
+
+
+def _mount(text: str) -> list[str | bool]:
+    parts = text.split(":")
+    if len(parts) == 3 and parts[2] in ("ro", "rw"):
+        return [parts[0], parts[1], parts[2] == "ro"]
+    if len(parts) != 2 or not all(parts):
+        raise argparse.ArgumentTypeError(f"{text!r}: must be HOST:CONTAINER or HOST:CONTAINER:ro")
+    return [parts[0], parts[1], False]
+
+
+# --- the verbs ------------------------------------------------------------------------
+
+
+def health(ctl: Ctl, args: argparse.Namespace) -> int:
+    return ctl.show(ctl.client.get("/node/v1/health"), render.show_health)
+
+
+def inventory(ctl: Ctl, args: argparse.Namespace) -> int:
+    return ctl.show(ctl.client.get("/node/v1/inventory"), render.show_inventory)
+
+
+def observe(ctl: Ctl, args: argparse.Namespace) -> int:
+    answer = ctl.client.post("/node/v1/observe", {"refs": args.refs})
+    return ctl.show(answer, lambda out, body: render.show_states(out, body["states"]))
+
+
+def stop(ctl: Ctl, args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {"ref": args.ref}
+    if args.timeout is not None:
+        body["timeout"] = args.timeout
+    answer = ctl.client.post("/node/v1/stop", body)
+    return ctl.show(answer, lambda out, _: out.print(f"stopped {args.ref}"))
+
+
+def remove(ctl: Ctl, args: argparse.Namespace) -> int:
+    answer = ctl.client.post("/node/v1/remove", {"ref": args.ref})
+    return ctl.show(answer, lambda out, _: out.print(f"removed {args.ref}"))
+
+
+def reap(ctl: Ctl, args: argparse.Namespace) -> int:
+    body = {} if args.max_age is None else {"max_age_s": args.max_age}
+    answer = ctl.client.post("/node/v1/reap", body)
+    return ctl.show(answer, lambda out, a: out.print(f"removed {a['removed']} exited job(s)"))
+
+
+def cordon(ctl: Ctl, args: argparse.Namespace) -> int:
+    answer = ctl.client.post("/node/v1/cordon", {"reason": args.reason})
+    return ctl.show(answer, render.show_node_state)
+
+
+def uncordon(ctl: Ctl, args: argparse.Namespace) -> int:
+    return ctl.show(ctl.client.post("/node/v1/uncordon", {}), render.show_node_state)
+
+
+def drain(ctl: Ctl, args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {"reason": args.reason}
+    if args.grace is not None:
+        body["grace_s"] = args.grace
+    return ctl.show(ctl.client.post("/node/v1/drain", body), render.show_node_state)
+
+
+def logs(ctl: Ctl, args: argparse.Namespace) -> int:
+    query = {"ref": args.ref}
+    if args.tail is not None:
+        query["tail"] = str(args.tail)
+    if args.follow:
+        for chunk in ctl.client.stream("/node/v1/logs", {**query, "follow": "1"}):
+            sys.stdout.buffer.write(chunk)
+            sys.stdout.buffer.flush()
+        return 0
+    answer = ctl.client.get("/node/v1/logs", query)
+    if ctl.json:
+        ctl.raw(answer)
+        return 0
+    sys.stdout.write(answer["logs"])
+    if answer.get("truncated"):
+        print("(older output was cut: the node caps a logs answer)", file=sys.stderr)
+    return 0
+
+
+# --- launch ---------------------------------------------------------------------------
+
+
+def launch(ctl: Ctl, args: argparse.Namespace) -> int:
+    ref = args.name or default_name(args.run_id)
+    answer = ctl.client.post("/node/v1/launch", launch_body(args, name=ref))
+    ctl.show(answer, lambda out, _: out.print(launched(ref, answer)))
+    if not args.wait or answer.get("phase") == "running":
+        return 0
+    state = _await_pull(ctl, ref, answer.get("image", args.image))
+    ctl.show(state, lambda out, _: out.print(ended(ref, state)))
+    return _code(state)
+
+
+def default_name(run_id: str) -> str:
+    """``tuneplane-<run id>``, the name the node would give; a run id that would not
+    make a name as it is has to come with ``--name``."""
+    if not _PLAIN_RUN_ID.fullmatch(run_id):
+        raise CtlError(f"--run-id {run_id!r} does not make a container name: give --name")
+    return NAME_PREFIX + run_id
+
+
+def launch_body(args: argparse.Namespace, *, name: str) -> dict[str, Any]:
+    """The whole launch as a 0.3.15 console sends it: every ContainerSpec field, ""
+    for the ones left empty."""
+    return {
+        "run_id": args.run_id,
+        "requested_gpus": args.gpus,
+        "container": {
+            "name": name,
+            "image": args.image,
+            "command": args.command,
+            "env": dict(args.env),
+            "gpus": [],
+            "mounts": args.mount,
+            "labels": dict(args.label),
+            "workdir": args.workdir,
+            "shm_size": args.shm_size,
+            "cpu_limit": args.cpu_limit,
+            "memory_limit": args.memory_limit,
+            "network": args.network,
+            "user": args.user,
+        },
+    }
+
+
+def launched(ref: str, answer: Mapping[str, Any]) -> str:
+    phase = answer.get("phase")
+    again = "already " if answer.get("idempotent") else ""
+    if phase == "running":
+        container = f", container {answer['container_id']}" if "container_id" in answer else ""
+        return f"{ref}: {again}[green]running[/] on cards {answer.get('gpus')}{container}"
+    return f"{ref}: {again}[cyan]{phase}[/] {answer.get('image', '')}"
+
+
+def _await_pull(ctl: Ctl, ref: str, image: str) -> Mapping[str, Any]:
+    """Observe the pending launch until it is a container or has failed."""
+    with render.PullProgress(ctl.out, image, shown=not ctl.json) as bar:
+        while True:
+            answer = ctl.client.post("/node/v1/observe", {"refs": [ref]})
+            state: Mapping[str, Any] = answer["states"][ref]
+            if state.get("pending_phase") in (None, "failed"):
+                return state
+            bar.update(state)
+            time.sleep(POLL_S)
+
+
+def ended(ref: str, state: Mapping[str, Any]) -> str:
+    if state.get("pending_phase") == "failed":
+        return f"{ref}: [red]failed[/]: {state.get('pending_error')}"
+    if not state.get("exists"):
+        return f"{ref}: [red]gone[/] (stopped or removed while it was pending)"
+    return f"{ref}: {render.status(state)}"
+
+
+def _code(state: Mapping[str, Any]) -> int:
+    """1 when the launch came to nothing: it failed, or it is gone."""
+    return 1 if state.get("pending_phase") == "failed" or not state.get("exists") else 0

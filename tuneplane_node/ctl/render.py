@@ -1,0 +1,321 @@
+"""The node's answers as an operator reads them: rich tables, and a pull's progress bar.
+
+Every function takes the answer's JSON as the API gives it; a field a node does not
+send (an older node, a field still to come) is shown as unknown, never as zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from types import TracebackType
+from typing import Any
+
+from rich.console import Console
+from rich.filesize import decimal
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TransferSpeedColumn,
+)
+from rich.table import Table
+
+UNKNOWN = "[dim]unknown[/]"
+STATUS_STYLES = {"running": "green", "created": "cyan", "exited": "yellow", "dead": "red"}
+NODE_STATE_STYLES = {"ready": "green", "cordoned": "yellow", "draining": "yellow"}
+
+
+def _facts(title: str | None = None) -> Table:
+    """A two-column table of name and value."""
+    table = Table(title=title, show_header=False, box=None, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    return table
+
+
+def _known(value: object, suffix: str = "") -> str:
+    return UNKNOWN if value is None else f"{value}{suffix}"
+
+
+def _size(value: object) -> str:
+    return decimal(value) if isinstance(value, int) else UNKNOWN
+
+
+def age(moment: str | None, now: datetime) -> str:
+    """``5s``, ``3m``, ``2h``, ``4d`` since an RFC 3339 time; "" when there is none."""
+    if not moment:
+        return ""
+    try:  # the wire's times are UTC with Z; 3.10's fromisoformat takes neither Z nor ns
+        then = datetime.fromisoformat(moment.rstrip("Z")[:26]).replace(tzinfo=timezone.utc)
+    except ValueError:
+        return "?"
+    return seconds((now - then).total_seconds())
+
+
+def seconds(value: float) -> str:
+    value = max(0.0, value)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if value >= size:
+            return f"{int(value // size)}{unit}"
+    return f"{int(value)}s"
+
+
+# --- node state -----------------------------------------------------------------------
+
+
+def node_state(state: Mapping[str, Any], now: datetime) -> str:
+    """``cordoned: kernel upgrade (since 5m)``."""
+    name = str(state.get("state") or "unknown")
+    text = f"[{NODE_STATE_STYLES.get(name, 'red')}]{name}[/]"
+    if state.get("reason"):
+        text += f": {state['reason']}"
+    since = age(state.get("since"), now)
+    return f"{text} (since {since})" if since else text
+
+
+def show_node_state(console: Console, answer: Mapping[str, Any]) -> None:
+    console.print(f"node {node_state(answer, datetime.now(timezone.utc))}")
+
+
+# --- health ---------------------------------------------------------------------------
+
+
+def show_health(console: Console, answer: Mapping[str, Any]) -> None:
+    console.print(_health_facts(answer, datetime.now(timezone.utc)))
+    if answer.get("gpu_detail"):
+        console.print(_cards(answer["gpu_detail"], title="Cards", states=True))
+    if answer.get("pending_pulls"):
+        console.print(_pulls(answer["pending_pulls"]))
+    notes = [line for line in answer.get("explain") or [] if not line.startswith("gpu ")]
+    for line in notes:
+        console.print(f"[dim]{line}[/]")
+
+
+def _health_facts(answer: Mapping[str, Any], now: datetime) -> Table:
+    table = _facts()
+    ok = answer.get("ok")
+    table.add_row("health", "[green]ok[/]" if ok else f"[red]NOT OK[/]: {answer.get('error', '')}")
+    if isinstance(answer.get("node_state"), Mapping):
+        table.add_row("node", node_state(answer["node_state"], now))
+    runtime = answer.get("runtime") or {}
+    table.add_row("engine", f"{runtime.get('name', '?')} {_known(runtime.get('version'))}")
+    table.add_row("protocol", str(answer.get("protocol")))
+    table.add_row(
+        "cards",
+        f"{_known(answer.get('gpus_total'))} total, {_known(answer.get('gpus_free'))} free, "
+        f"{_known(answer.get('gpus_reserved'))} reserved",
+    )
+    probe = answer.get("gpu_probe") or {}
+    if probe:
+        table.add_row("gpu probe", f"{probe.get('source')}: {probe.get('error') or 'ok'}")
+    cache = answer.get("state_cache")
+    if cache:
+        synced = "synced" if cache.get("synced") else "[red]not synced[/]"
+        table.add_row("state cache", f"{synced}, {cache.get('containers')} containers")
+    disk = answer.get("disk")
+    if disk:
+        table.add_row("disk", f"{disk['path']}: {disk['free_gib']} GiB free")
+    return table
+
+
+def _cards(cards: list[Mapping[str, Any]], *, title: str, states: bool) -> Table:
+    table = Table(title=title, title_justify="left")
+    for column in ("card", "name", "memory used / total", "temp"):
+        table.add_column(column)
+    if states:
+        table.add_column("state")
+    for card in cards:
+        used, total = card.get("memory_used_mib"), card.get("memory_total_mib")
+        row = [
+            str(card.get("index")),
+            _known(card.get("name")),
+            f"{_known(used, ' MiB')} / {_known(total, ' MiB')}",
+            _known(card.get("temperature_c"), " °C"),
+        ]
+        if states:
+            state = str(card.get("state", ""))
+            row.append(f"[green]{state}[/]" if state == "free" else state)
+        table.add_row(*row)
+    return table
+
+
+def _pulls(pulls: Mapping[str, Mapping[str, Any]]) -> Table:
+    table = Table(title="Pending launches", title_justify="left")
+    for column in ("ref", "image", "phase", "error"):
+        table.add_column(column)
+    for ref, pull in pulls.items():
+        table.add_row(ref, pull.get("image", ""), pull.get("phase", ""), pull.get("error") or "")
+    return table
+
+
+# --- inventory ------------------------------------------------------------------------
+
+
+def show_inventory(console: Console, answer: Mapping[str, Any]) -> None:
+    console.print(_inventory_facts(answer, datetime.now(timezone.utc)))
+    if answer.get("gpus"):
+        console.print(_cards(answer["gpus"], title="Cards", states=False))
+    if answer.get("storage"):
+        console.print(_storage(answer["storage"]))
+    if answer.get("fabrics"):
+        console.print(_fabrics(answer["fabrics"]))
+
+
+def _inventory_facts(answer: Mapping[str, Any], now: datetime) -> Table:
+    table = _facts()
+    table.add_row("node id", _known(answer.get("node_id")))
+    table.add_row("hostname", _known(answer.get("hostname")))
+    if isinstance(answer.get("node_state"), Mapping):
+        table.add_row("node", node_state(answer["node_state"], now))
+    table.add_row("agent", _known(answer.get("agent_version")))
+    table.add_row("engine", _known(answer.get("runtime")))
+    cards = f"{_known(answer.get('accelerator_count'))} x {_known(answer.get('accelerator_name'))}"
+    table.add_row("accelerators", f"{cards} (series {_known(answer.get('accelerator_series'))})")
+    driver = f"{_known(answer.get('driver'))}, CUDA {_known(answer.get('cuda_version'))}"
+    table.add_row("driver", driver)
+    table.add_row("CPUs", _known(answer.get("cpu_count")))
+    table.add_row("memory", _size(answer.get("memory_bytes")))
+    local = answer.get("local_disk") or {}
+    free, total = _size(local.get("free_bytes")), _size(local.get("total_bytes"))
+    table.add_row("local disk", f"{free} free of {total}" if local else UNKNOWN)
+    return table
+
+
+def _storage(entries: list[Mapping[str, Any]]) -> Table:
+    table = Table(title="Storage", title_justify="left")
+    for column in ("paths", "filesystem", "shared", "free", "total"):
+        table.add_column(column)
+    for entry in entries:
+        table.add_row(
+            "\n".join(entry.get("paths", [])),
+            _known(entry.get("fs_type")),
+            "yes" if entry.get("shared") else "no",
+            _size(entry.get("free_bytes")),
+            _size(entry.get("total_bytes")),
+        )
+    return table
+
+
+def _fabrics(fabrics: list[Mapping[str, Any]]) -> Table:
+    table = Table(title="Fabrics", title_justify="left")
+    for column in ("fabric", "HCAs", "rate"):
+        table.add_column(column)
+    for fabric in fabrics:
+        rate = fabric.get("rate_gbps")
+        table.add_row(
+            str(fabric.get("fabric")),
+            ", ".join(fabric.get("hcas", [])),
+            f"{rate:g} Gb/s" if rate is not None else "[red]no active port[/]",
+        )
+    return table
+
+
+# --- jobs -----------------------------------------------------------------------------
+
+
+def show_states(console: Console, states: Mapping[str, Mapping[str, Any]]) -> None:
+    now = datetime.now(timezone.utc)
+    table = Table(title="Jobs", title_justify="left")
+    for column in ("ref", "status", "age", "run", "cards", "detail"):
+        table.add_column(column)
+    for ref, state in states.items():
+        labels = state.get("labels") or {}
+        table.add_row(
+            ref,
+            status(state),
+            _job_age(state, now),
+            labels.get("tuneplane.run-id", ""),
+            labels.get("tuneplane.gpus", ""),
+            _job_detail(state),
+        )
+    console.print(table)
+
+
+def status(state: Mapping[str, Any]) -> str:
+    """``running``, ``exited (137)``, ``pulling 45%``, ``absent``, styled."""
+    if not state.get("exists"):
+        return "[dim]absent[/]"
+    phase = state.get("pending_phase")
+    if phase == "pulling":
+        done, total = state.get("pending_bytes_done", 0), state.get("pending_bytes_total", 0)
+        return f"[cyan]pulling {100 * done // total}%[/]" if total else "[cyan]pulling[/]"
+    if phase is not None:
+        return f"[{'red' if phase == 'failed' else 'cyan'}]{phase}[/]"
+    name = str(state.get("status"))
+    code = state.get("exit_code")
+    text = f"{name} ({code})" if code is not None else name
+    return f"[{STATUS_STYLES.get(name, 'white')}]{text}[/]"
+
+
+def _job_age(state: Mapping[str, Any], now: datetime) -> str:
+    if state.get("pending_phase") is not None:
+        return seconds(float(state.get("pending_elapsed_s") or 0))
+    return age(state.get("created_at"), now)
+
+
+def _job_detail(state: Mapping[str, Any]) -> str:
+    if state.get("pending_error"):
+        return str(state["pending_error"])
+    if state.get("pending_image"):
+        return str(state["pending_image"])
+    if state.get("oom_killed"):
+        return "[red]killed: out of memory[/]"
+    if state.get("finished_at"):
+        return f"finished {age(state['finished_at'], datetime.now(timezone.utc))} ago"
+    return ""
+
+
+# --- a launch's pull ------------------------------------------------------------------
+
+
+class PullProgress:
+    """A bar of the pull's bytes (with rate) and layers while a launch is pending; on a
+    console that is not a terminal, one line per phase instead."""
+
+    def __init__(self, console: Console, image: str, *, shown: bool = True) -> None:
+        self.console = console
+        self.image = image
+        self.shown = shown
+        self.live = shown and console.is_terminal
+        self.phase = ""
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TextColumn("{task.fields[layers]} layers"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+        )
+        self.task = self.progress.add_task(f"pulling {image}", total=None, layers="0/0")
+
+    def __enter__(self) -> PullProgress:
+        if self.live:
+            self.progress.start()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        self.progress.stop()
+
+    def update(self, state: Mapping[str, Any]) -> None:
+        phase = str(state.get("pending_phase"))
+        total = state.get("pending_bytes_total") or None
+        self.progress.update(
+            self.task,
+            description=f"{phase} {self.image}",
+            completed=state.get("pending_bytes_done", 0),
+            total=total,
+            layers=f"{state.get('pending_layers_done', 0)}/{state.get('pending_layers_total', 0)}",
+        )
+        if phase != self.phase and self.shown and not self.live:
+            self.console.print(f"{phase} {self.image}")
+        self.phase = phase

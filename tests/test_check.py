@@ -1,0 +1,177 @@
+"""`tuneplane-node check` as an operator reads it: one line per fact, ok / warn / FAIL,
+exit 1 on any FAIL. ``cli.main`` runs in this process with a controlled environment;
+the process runtime stands in for an engine where the engine is not the point."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import docker_host, engine_missing, free_port
+from tuneplane_node.cli import main
+
+Check = Callable[..., tuple[int, dict[str, str], str]]
+
+
+@pytest.fixture
+def check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> Check:
+    """``check`` with only the given settings (plus a token, a free port, the process
+    runtime, a storage root and state dir under tmp_path); returns the exit code, each
+    line keyed by its subject ("engine", "tls", ...) and the whole output."""
+    for name in list(os.environ):
+        if name.startswith(("TUNEPLANE_", "DOCKER_")):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+
+    def run(**settings: str) -> tuple[int, dict[str, str], str]:
+        base = {
+            "TUNEPLANE_NODE_TOKEN": "s3cret-t0ken",
+            "TUNEPLANE_NODE_PORT": str(free_port()),
+            "TUNEPLANE_LOCAL_RUNTIME": "process",
+            "TUNEPLANE_STORAGE_ROOT": str(tmp_path),
+            "TUNEPLANE_NODE_STATE_DIR": str(tmp_path / "state"),
+        }
+        for name, value in {**base, **settings}.items():
+            monkeypatch.setenv(name, value)
+        code = main(["check"])
+        out = capsys.readouterr().out
+        lines = {}
+        for line in out.splitlines():
+            level, text = line.split(None, 1)
+            assert level in ("ok", "warn", "FAIL"), line
+            lines[text.split(":", 1)[0]] = f"{level} {text}"
+        return code, lines, out
+
+    return run
+
+
+def test_a_sound_machine_passes_and_no_secret_is_printed(check: Check, tmp_path: Path) -> None:
+    code, lines, out = check()
+    assert code == 0, out
+    assert lines["token"] == "ok token: 1 accepted, from TUNEPLANE_NODE_TOKEN"
+    assert lines["storage root"].startswith(f"ok storage root: {tmp_path} on ")
+    assert lines["state dir"].startswith(f"ok state dir: {tmp_path / 'state'} writable")
+    assert lines["engine"].startswith("warn engine: process runtime")
+    assert lines["tls"].startswith("warn tls: off")
+    assert {"gpu", "mount roots", "fabrics", "port"} <= lines.keys()
+    assert "s3cret" not in out
+
+
+def test_a_missing_token_fails(check: Check) -> None:
+    code, lines, _ = check(TUNEPLANE_NODE_TOKEN="")
+    assert code == 1
+    assert lines["token"].startswith("FAIL token: TUNEPLANE_NODE_TOKEN is not set")
+
+
+def test_a_token_file_is_counted_never_shown(check: Check, tmp_path: Path) -> None:
+    (tmp_path / "tokens").write_text("# rotated monthly\nfirst-s3cret\n\nsecond-s3cret\n")
+    code, lines, out = check(
+        TUNEPLANE_NODE_TOKEN="", TUNEPLANE_NODE_TOKEN_FILE=str(tmp_path / "tokens")
+    )
+    assert code == 0, out
+    assert (
+        lines["token"]
+        == f"ok token: 2 accepted, from TUNEPLANE_NODE_TOKEN_FILE {tmp_path / 'tokens'}"
+    )
+    assert "s3cret" not in out
+
+
+def key_pair(directory: Path, name: str) -> tuple[Path, Path]:
+    cert, key = directory / f"{name}.pem", directory / f"{name}.key"
+    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    subprocess.run(["openssl", "req", "-x509", *ec, "-keyout", key, "-out", cert, "-days", "1",
+                    "-subj", f"/CN={name}"], check=True, capture_output=True)  # fmt: skip
+    return cert, key
+
+
+def test_tls_files_that_match_pass_and_a_foreign_key_fails(check: Check, tmp_path: Path) -> None:
+    cert, key = key_pair(tmp_path, "node")
+    _, other_key = key_pair(tmp_path, "other")
+    code, lines, _ = check(TUNEPLANE_TLS_CERT_FILE=str(cert), TUNEPLANE_TLS_KEY_FILE=str(key))
+    assert code == 0
+    assert lines["tls"] == f"ok tls: {cert} matches its key {key}"
+    code, lines, _ = check(TUNEPLANE_TLS_CERT_FILE=str(cert), TUNEPLANE_TLS_KEY_FILE=str(other_key))
+    assert code == 1
+    assert lines["tls"].startswith("FAIL tls: TUNEPLANE_TLS_CERT_FILE: cannot use the TLS files")
+
+
+def test_the_engine_down_fails_naming_its_address(check: Check) -> None:
+    address = "unix:///nonexistent/no-engine.sock"  # not under the storage root: a mount root
+    code, lines, _ = check(TUNEPLANE_LOCAL_RUNTIME="docker", TUNEPLANE_DOCKER_HOST=address)
+    assert code == 1
+    assert lines["engine"].startswith(f"FAIL engine: docker at {address} does not answer: ")
+
+
+@pytest.mark.engine
+def test_the_engine_up_passes_naming_its_version_and_address(check: Check) -> None:
+    address = docker_host()
+    if address is None or not address.startswith("unix://") or not Path(address[7:]).exists():
+        engine_missing("docker", f"no socket at {address}")
+    code, lines, out = check(TUNEPLANE_LOCAL_RUNTIME="docker", TUNEPLANE_DOCKER_HOST=str(address))
+    assert code == 0, out
+    assert lines["engine"].startswith("ok engine: docker ")
+    assert lines["engine"].endswith(f" at {address}")
+
+
+def test_cards_come_from_the_simulation_file_and_a_bad_file_fails(
+    check: Check, tmp_path: Path
+) -> None:
+    simulation = tmp_path / "gpus.json"
+    cards = [{"index": i, "name": "NVIDIA H100 80GB HBM3"} for i in range(2)]
+    simulation.write_text(json.dumps({"driver": "580.1", "cards": cards}))
+    code, lines, _ = check(TUNEPLANE_GPU_SIMULATION_FILE=str(simulation))
+    assert code == 0
+    assert lines["gpu"] == (
+        f"ok gpu: simulation file {simulation}, driver 580.1: 2 x NVIDIA H100 80GB HBM3"
+    )
+    simulation.write_text('{"cards": [{"name": "no index"}]}')
+    code, lines, _ = check(TUNEPLANE_GPU_SIMULATION_FILE=str(simulation))
+    assert code == 1
+    assert lines["gpu"].startswith("FAIL gpu: simulation: ")
+
+
+def test_a_missing_model_dir_and_mount_root_fail_by_name(check: Check, tmp_path: Path) -> None:
+    (tmp_path / "models").mkdir()
+    dirs = json.dumps([str(tmp_path / "models"), str(tmp_path / "filer")])
+    code, lines, out = check(TUNEPLANE_MODEL_DIRS=dirs)
+    assert code == 1
+    model_lines = [line for line in out.splitlines() if "model dir:" in line]
+    assert model_lines[0].startswith(f"ok   model dir: {tmp_path / 'models'} on ")
+    assert model_lines[1] == f"FAIL model dir: {tmp_path / 'filer'} is not a directory"
+    assert lines["mount roots"].startswith(f"FAIL mount roots: {tmp_path / 'filer'} missing")
+
+
+def test_an_unwritable_state_dir_fails(check: Check, tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    code, lines, _ = check(TUNEPLANE_NODE_STATE_DIR=str(tmp_path / "a-file" / "state"))
+    assert code == 1
+    assert lines["state dir"].startswith(f"FAIL state dir: {tmp_path / 'a-file' / 'state'}: ")
+
+
+def test_a_configured_fabric_this_machine_lacks_fails(check: Check) -> None:
+    fabrics = json.dumps([{"name": "ib-east", "hcas": ["mlx5_nonexistent"]}])
+    code, lines, _ = check(TUNEPLANE_FABRICS=fabrics)
+    assert code == 1
+    assert "mlx5_nonexistent (fabric ib-east)" in lines["fabrics"]
+    assert lines["fabrics"].startswith("FAIL")
+
+
+def test_the_node_port_in_use_fails(check: Check) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, lines, _ = check(TUNEPLANE_NODE_HOST="127.0.0.1", TUNEPLANE_NODE_PORT=str(port))
+    assert code == 1
+    assert (
+        lines["port"]
+        == f"FAIL port: 127.0.0.1:{port}: Address already in use (a node already serving?)"
+    )

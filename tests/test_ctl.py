@@ -1,0 +1,488 @@
+"""`tuneplane-node ctl` against real daemons (`serve` in a process of its own): what an
+operator sees, its exit codes, its token and TLS options.
+
+``ctl`` itself runs in this process (it is a client: no engine, no loop), except in the
+pseudo-terminal test, where rich must see a terminal. Daemons that need no engine (the
+process runtime, or docker at an address where none answers) serve the fast tests; the
+walk of a job and the pull run on the shared Docker engine and remove what they made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import os
+import re
+import socket
+import struct
+import subprocess
+import sys
+import termios
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import (
+    HEADERS,
+    IMAGE,
+    REPO,
+    TOKEN,
+    ThrottlingProxy,
+    TrackingRuntime,
+    docker_host,
+    engine_missing,
+    engine_settings,
+    free_port,
+    spawn_daemon,
+    unique,
+)
+from tuneplane_node.cli import main, parser
+from tuneplane_node.ctl import commands
+from tuneplane_node.runtime.base import Mount
+from tuneplane_node.runtime.docker import DockerRuntime
+from tuneplane_node.wire.requests import CONTAINER_FIELDS, LAUNCH_FIELDS, parse_launch
+
+Ctl = Callable[..., tuple[int, str, str]]
+ENGINE_DOWN = "unix:///nonexistent/engine.sock"
+
+
+@pytest.fixture
+def ctl(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Ctl:
+    """``tuneplane-node ctl ARGS`` in this process: (exit code, stdout, stderr). The
+    token is the suite's unless ``token`` says otherwise (None: no token at all)."""
+    for name in list(os.environ):
+        if name.startswith("TUNEPLANE_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("COLUMNS", "200")  # rich draws tables to fit; keep rows whole
+
+    def run(*args: str, token: str | None = TOKEN, url: str | None = None) -> tuple[int, str, str]:
+        for name, value in (("TUNEPLANE_NODE_TOKEN", token), ("TUNEPLANE_CTL_URL", url)):
+            if value is None:
+                monkeypatch.delenv(name, raising=False)
+            else:
+                monkeypatch.setenv(name, value)
+        try:
+            code = main(["ctl", *args])
+        except SystemExit as exc:  # argparse's usage errors
+            code = int(exc.code or 0)
+        out, err = capsys.readouterr()
+        assert "Traceback" not in err
+        return code, out, err
+
+    return run
+
+
+# --- daemons ------------------------------------------------------------------------------
+
+
+@dataclass
+class Node:
+    url: str
+    process: subprocess.Popen[bytes]
+    made: list[str] = field(default_factory=list)  # container names to remove at the end
+
+
+def wait_for_port(node: Node, port: int, log: Path, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        assert node.process.poll() is None, f"serve exited early:\n{log.read_text()}"
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            assert time.monotonic() < deadline, f"serve never listened:\n{log.read_text()}"
+            time.sleep(0.1)
+
+
+StartNode = Callable[..., Node]
+
+
+@pytest.fixture
+def start_node(tmp_path: Path) -> Iterator[StartNode]:
+    """`tuneplane-node serve` on a free loopback port with these settings."""
+    started: list[Node] = []
+
+    def start(scheme: str = "http", **settings: str) -> Node:
+        port = free_port()
+        node = Node(f"{scheme}://127.0.0.1:{port}", spawn_daemon(tmp_path, port, **settings))
+        started.append(node)
+        wait_for_port(node, port, tmp_path / "serve.log")
+        return node
+
+    yield start
+    for node in started:
+        node.process.kill()
+        node.process.wait(timeout=10)
+
+
+@pytest.fixture
+def process_node(start_node: StartNode) -> Node:
+    """A node whose jobs would be bare processes: no engine needed."""
+    return start_node(TUNEPLANE_LOCAL_RUNTIME="process", TUNEPLANE_LOCAL_GPU_COUNT="2")
+
+
+@pytest.fixture
+def engine_down_node(start_node: StartNode) -> Node:
+    """A node whose docker engine does not answer: it answers 503 for the job verbs."""
+    return start_node(TUNEPLANE_LOCAL_RUNTIME="docker", TUNEPLANE_DOCKER_HOST=ENGINE_DOWN)
+
+
+def docker_node_settings() -> dict[str, str]:
+    """The shared Docker engine, two cards written in labels and handed to no container."""
+    settings = {
+        "TUNEPLANE_LOCAL_RUNTIME": "docker",
+        "TUNEPLANE_LOCAL_GPU_COUNT": "2",
+        "TUNEPLANE_LOCAL_GPU_PASSTHROUGH": "false",
+    }
+    host = docker_host()
+    if host:
+        settings["TUNEPLANE_DOCKER_HOST"] = host
+    return settings
+
+
+async def _remove(names: list[str]) -> None:
+    runtime = DockerRuntime(engine_settings("docker"))
+    try:
+        for name in names:
+            await runtime.remove(name)
+    finally:
+        await runtime.close()
+
+
+async def _docker_error() -> str | None:
+    runtime = DockerRuntime(engine_settings("docker"))
+    try:
+        health = await runtime.health()
+    finally:
+        await runtime.close()
+    return None if health.ok else health.error or "no answer"
+
+
+@pytest.fixture
+def docker_node(start_node: StartNode) -> Iterator[Node]:
+    """A node on the shared Docker engine; what a test records in ``made`` is removed."""
+    error = asyncio.run(_docker_error())
+    if error is not None:
+        engine_missing("docker", error)
+    node = start_node(**docker_node_settings())
+    yield node
+    asyncio.run(_remove(node.made))
+
+
+def api(node: Node, path: str) -> Any:
+    """The API's own answer, without ctl."""
+    request = urllib.request.Request(node.url + path, headers=HEADERS)
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        return json.loads(reply.read())
+
+
+# --- usage, without a node ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        (),
+        ("frobnicate",),
+        ("launch", "--image", IMAGE),  # no --run-id
+        ("launch", "--run-id", "r", "--image", IMAGE, "--env", "NOVALUE"),
+        ("launch", "--run-id", "r", "--image", IMAGE, "--mount", "/data"),
+        ("cordon",),  # no --reason
+        ("stop", "x", "--timeout", "soon"),
+    ],
+)
+def test_a_usage_error_exits_2(ctl: Ctl, args: tuple[str, ...]) -> None:
+    code, _, err = ctl(*args)
+    assert code == 2
+    assert "usage:" in err
+
+
+def test_no_token_exits_2_saying_where_one_comes_from(ctl: Ctl) -> None:
+    code, _, err = ctl("health", token=None)
+    assert (code, err) == (2, "tuneplane-node ctl: no token: give --token-file or set "
+                              "TUNEPLANE_NODE_TOKEN\n")  # fmt: skip
+
+
+def test_a_token_file_without_a_token_exits_2(ctl: Ctl, tmp_path: Path) -> None:
+    (tmp_path / "empty").write_text("# none yet\n\n")
+    code, _, err = ctl("health", "--token-file", str(tmp_path / "empty"))
+    assert code == 2 and "holds no token" in err
+    code, _, err = ctl("health", "--token-file", str(tmp_path / "missing"))
+    assert code == 2 and f"--token-file {tmp_path / 'missing'}: cannot read it" in err
+
+
+def test_an_unreachable_node_exits_3(ctl: Ctl) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    code, _, err = ctl("health", url=url)
+    assert code == 3
+    assert err == f"tuneplane-node ctl: cannot reach the node at {url}: Connection refused\n"
+
+
+def test_a_run_id_that_makes_no_name_needs_name(ctl: Ctl) -> None:
+    code, _, err = ctl("launch", "--run-id", "run 1/2", "--image", IMAGE)
+    assert code == 2 and "give --name" in err
+
+
+def test_the_launch_body_is_a_whole_0315_launch_the_node_parses() -> None:
+    args = parser().parse_args(
+        ["ctl", "launch", "--run-id", "r-1", "--image", "registry/trainer:1", "--gpus", "2",
+         "--env", "EPOCHS=3", "--env", "EMPTY=", "--mount", "/data/r-1:/work:ro",
+         "--label", "tuneplane.user=alice", "--shm-size", "16g",
+         "--", "python", "-m", "train", "--lr", "0.1"]
+    )  # fmt: skip
+    body = commands.launch_body(args, name=commands.default_name(args.run_id))
+    assert tuple(body) == LAUNCH_FIELDS
+    assert tuple(body["container"]) == CONTAINER_FIELDS  # every field, "" for the empty ones
+    assert body["container"]["workdir"] == "" and body["container"]["user"] == ""
+    request = parse_launch(body)
+    assert request.requested_gpus == 2
+    assert request.spec.name == "tuneplane-r-1"
+    assert request.spec.command == ("python", "-m", "train", "--lr", "0.1")
+    assert request.spec.env == {"EPOCHS": "3", "EMPTY": ""}
+    assert request.spec.mounts == (Mount("/data/r-1", "/work", True),)
+    assert request.spec.labels["tuneplane.user"] == "alice"
+    assert request.spec.shm_size == "16g"
+
+
+# --- errors as a node gives them ----------------------------------------------------------
+
+
+def test_a_refusal_exits_1_with_the_nodes_detail(ctl: Ctl, engine_down_node: Node) -> None:
+    code, _, err = ctl("stop", "", url=engine_down_node.url)
+    assert code == 1
+    assert err == "tuneplane-node ctl: the node refused (422): ref: required, a non-empty string\n"
+    code, _, err = ctl("reap", "--max-age", "-1", url=engine_down_node.url)
+    assert code == 1 and "(422): max_age_s: must be from 0" in err
+
+
+def test_a_wrong_token_exits_1(ctl: Ctl, engine_down_node: Node) -> None:
+    code, _, err = ctl("health", token="not-the-token", url=engine_down_node.url)
+    assert code == 1
+    assert "(401): invalid node token" in err
+    assert "not-the-token" not in err
+
+
+def test_a_5xx_exits_3_with_the_nodes_detail(ctl: Ctl, engine_down_node: Node) -> None:
+    code, _, err = ctl("observe", "tuneplane-x", url=engine_down_node.url)
+    assert code == 3
+    assert f"the node at {engine_down_node.url} failed (503): engine unreachable" in err
+
+
+def test_health_of_a_node_without_its_engine_says_not_ok(ctl: Ctl, engine_down_node: Node) -> None:
+    code, out, _ = ctl("health", url=engine_down_node.url)
+    assert code == 0  # the node answered; what it said is on the screen
+    assert "NOT OK" in out and "engine unreachable" in out
+    assert "unknown total" in out  # the cards are unknown, not zero
+
+
+def test_the_token_comes_from_a_file_before_the_environment(
+    ctl: Ctl, engine_down_node: Node, tmp_path: Path
+) -> None:
+    (tmp_path / "token").write_text(f"# the console's token\n\n  {TOKEN}  \nnext-token\n")
+    file = ("--token-file", str(tmp_path / "token"))
+    assert ctl("health", *file, token="wrong", url=engine_down_node.url)[0] == 0
+    assert ctl("health", *file, token=None, url=engine_down_node.url)[0] == 0
+    assert ctl("health", token=TOKEN, url=engine_down_node.url)[0] == 0  # the environment
+
+
+def test_common_options_go_before_or_after_the_verb(ctl: Ctl, engine_down_node: Node) -> None:
+    url = engine_down_node.url
+    before = json.loads(ctl("--json", "--url", url, "health", url="http://127.0.0.1:1")[1])
+    after = json.loads(ctl("health", "--url", url, "--json", url="http://127.0.0.1:1")[1])
+    assert before["runtime"] == after["runtime"] == {"name": "docker", "version": None}
+
+
+# --- TLS ----------------------------------------------------------------------------------
+
+
+def self_signed(directory: Path, name: str) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 that is its own CA."""
+    cert, key = directory / f"{name}.pem", directory / f"{name}.key"
+    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    subprocess.run(["openssl", "req", "-x509", *ec, "-keyout", key, "-out", cert, "-days", "1",
+                    "-subj", f"/CN={name}", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)  # fmt: skip
+    return cert, key
+
+
+def https_node(start_node: StartNode, cert: Path, key: Path, **settings: str) -> Node:
+    files = {"TUNEPLANE_TLS_CERT_FILE": str(cert), "TUNEPLANE_TLS_KEY_FILE": str(key)}
+    return start_node("https", TUNEPLANE_LOCAL_RUNTIME="process", **files, **settings)
+
+
+def test_https_with_the_nodes_ca_and_without(
+    ctl: Ctl, start_node: StartNode, tmp_path: Path
+) -> None:
+    cert, key = self_signed(tmp_path, "node")
+    node = https_node(start_node, cert, key)
+    assert ctl("health", "--cacert", str(cert), url=node.url)[0] == 0
+    code, _, err = ctl("health", url=node.url)
+    assert code == 3 and "TLS: self-signed certificate" in err
+    (tmp_path / "junk.pem").write_text("not a certificate")
+    code, _, err = ctl("health", "--cacert", str(tmp_path / "junk.pem"), url=node.url)
+    assert code == 2 and "cannot use the TLS files" in err
+    code, _, err = ctl("health", "--cacert", str(cert), url=node.url.replace("https", "http"))
+    assert code == 2 and "need an https:// URL" in err
+
+
+def test_mutual_tls_needs_the_client_certificate(
+    ctl: Ctl, start_node: StartNode, tmp_path: Path
+) -> None:
+    cert, key = self_signed(tmp_path, "node")
+    client_cert, client_key = self_signed(tmp_path, "console")
+    node = https_node(start_node, cert, key, TUNEPLANE_TLS_CLIENT_CA_FILE=str(client_cert))
+    tls = ("--cacert", str(cert), "--cert", str(client_cert), "--key", str(client_key))
+    assert ctl("health", *tls, url=node.url)[0] == 0
+    code, _, err = ctl("health", "--cacert", str(cert), url=node.url)
+    assert code == 3 and f"the node at {node.url}" in err
+
+
+# --- on the Docker engine -----------------------------------------------------------------
+
+VOLATILE = {"state_cache", "disk"}  # ages and free space move between two calls
+
+
+@pytest.mark.engine
+def test_json_health_is_the_apis_own_answer(ctl: Ctl, docker_node: Node) -> None:
+    for args in (("--json", "health"), ("health", "--json")):
+        code, out, _ = ctl(*args, url=docker_node.url)
+        assert code == 0
+        mine, theirs = json.loads(out), api(docker_node, "/node/v1/health")
+        assert mine.keys() == theirs.keys()
+        assert {k: v for k, v in mine.items() if k not in VOLATILE} == {
+            k: v for k, v in theirs.items() if k not in VOLATILE
+        }
+        assert mine["state_cache"].keys() == theirs["state_cache"].keys()
+
+
+@pytest.mark.engine
+def test_health_and_inventory_render_as_tables(ctl: Ctl, docker_node: Node, tmp_path: Path) -> None:
+    code, out, _ = ctl("health", url=docker_node.url)
+    assert code == 0
+    assert re.search(r"health +ok", out) and re.search(r"engine +docker \d", out)
+    assert "2 total, 2 free, 0 reserved" in out
+    assert re.search(r"│ 0 +│ unknown .*│ free +│", out)  # card 0 in the cards table
+    code, out, _ = ctl("inventory", url=docker_node.url)
+    assert code == 0
+    assert api(docker_node, "/node/v1/inventory")["node_id"] in out
+    assert re.search(rf"│ {tmp_path} +│ \w+", out)  # the storage root and its filesystem
+
+
+@pytest.mark.engine
+def test_a_job_launched_observed_logged_stopped_and_removed(ctl: Ctl, docker_node: Node) -> None:
+    run_id = unique("ctl")
+    ref = f"tuneplane-{run_id}"
+    docker_node.made.append(ref)
+    url = docker_node.url
+    code, out, _ = ctl("launch", "--run-id", run_id, "--image", IMAGE, "--gpus", "1",
+                       "--env", "GREETING=hello", "--label", "tuneplane.user=ops",
+                       "--", "/bin/sh", "-c", "echo $GREETING; sleep 300", url=url)  # fmt: skip
+    assert code == 0
+    assert re.fullmatch(rf"{ref}: running on cards \[0\], container [0-9a-f]{{12}}\n", out)
+    code, out, _ = ctl("observe", ref, "tuneplane-nobody", url=url)
+    assert re.search(rf"│ {ref} +│ running +│ \d+s +│ {run_id} +│ 0 ", out)
+    assert re.search(r"│ tuneplane-nobody +│ absent ", out)
+    deadline = time.monotonic() + 10
+    while "hello" not in ctl("logs", ref, url=url)[1]:
+        assert time.monotonic() < deadline, "the job's output never came"
+        time.sleep(0.1)
+    assert ctl("stop", ref, "--timeout", "1", url=url)[1:] == (f"stopped {ref}\n", "")
+    states = json.loads(ctl("observe", ref, "--json", url=url)[1])["states"]
+    assert states[ref]["status"] == "exited" and states[ref]["labels"]["tuneplane.user"] == "ops"
+    assert re.search(rf"│ {ref} +│ exited \(137\) ", ctl("observe", ref, url=url)[1])
+    assert ctl("remove", ref, url=url)[1] == f"removed {ref}\n"
+    assert "absent" in ctl("observe", ref, url=url)[1]
+
+
+@pytest.mark.engine
+@pytest.mark.xfail(strict=True, reason="GET /node/v1/logs?follow=1 is not served yet")
+def test_logs_follow_streams_until_the_job_exits(ctl: Ctl, docker_node: Node) -> None:
+    run_id = unique("ctl")
+    ref = f"tuneplane-{run_id}"
+    docker_node.made.append(ref)
+    command = ("--", "/bin/sh", "-c", "echo first; sleep 2; echo second")
+    assert (
+        ctl("launch", "--run-id", run_id, "--image", IMAGE, *command, url=docker_node.url)[0] == 0
+    )
+    code, out, _ = ctl("logs", ref, "-f", url=docker_node.url)
+    assert code == 0
+    assert "first" in out and "second" in out  # the second line came after ctl asked
+
+
+# --- launch --wait in a terminal ----------------------------------------------------------
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[a-zA-Z]|\x1b\][^\x07]*\x07")
+
+
+async def run_in_terminal(
+    argv: list[str], env: dict[str, str], timeout: float = 120
+) -> tuple[int, str]:
+    """``python -m tuneplane_node ARGV`` on a pseudo-terminal of 120 columns: its exit
+    code and everything it drew, escape sequences removed."""
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tuneplane_node", *argv,
+        stdin=slave, stdout=slave, stderr=slave, env=env,
+    )  # fmt: skip
+    os.close(slave)
+    loop = asyncio.get_running_loop()
+    closed: asyncio.Future[None] = loop.create_future()
+    drawn = bytearray()
+
+    def readable() -> None:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the terminal's other side is closed
+            data = b""
+        drawn.extend(data)
+        if not data and not closed.done():
+            closed.set_result(None)
+
+    loop.add_reader(master, readable)
+    try:
+        await asyncio.wait_for(closed, timeout)
+    finally:
+        loop.remove_reader(master)
+        os.close(master)
+    code = await asyncio.wait_for(process.wait(), 10)
+    return code, ANSI.sub("", drawn.decode("utf-8", "replace"))
+
+
+@pytest.mark.engine
+async def test_launch_wait_draws_the_pull_and_ends_running(
+    tmp_path: Path, proxy: ThrottlingProxy, docker_runtime: TrackingRuntime
+) -> None:
+    image = await proxy.big_image(docker_runtime, rate=1_500_000)  # ~9 MB: some seconds
+    port = free_port()
+    daemon = spawn_daemon(tmp_path, port, **docker_node_settings())
+    run_id = unique("ctl")
+    docker_runtime.track(f"tuneplane-{run_id}")
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(tmp_path),
+        "PYTHONPATH": str(REPO),
+        "TERM": "xterm-256color",
+        "TUNEPLANE_NODE_TOKEN": TOKEN,
+        "TUNEPLANE_CTL_URL": f"http://127.0.0.1:{port}",
+    }
+    try:
+        await asyncio.to_thread(wait_for_port, Node("", daemon), port, tmp_path / "serve.log")
+        argv = ["ctl", "launch", "--run-id", run_id, "--image", image, "--gpus", "1", "--wait",
+                "--", "/bin/sleep", "300"]  # fmt: skip
+        code, drawn = await run_in_terminal(argv, env)
+    finally:
+        daemon.kill()
+        await asyncio.to_thread(daemon.wait, 10)
+    assert code == 0, drawn
+    assert f"tuneplane-{run_id}: pulling {image}" in drawn
+    bar = re.search(r"pulling \S+ .*?(\d+(\.\d+)?/\d+(\.\d+)? [kM]B) +(\d+(\.\d+)? [kM]B/s)", drawn)
+    assert bar is not None, drawn  # bytes done of total, and the rate
+    assert re.search(r"[01]/1 layers", drawn), drawn
+    assert drawn.rstrip().endswith(f"tuneplane-{run_id}: running"), drawn

@@ -62,6 +62,9 @@ def run(args: argparse.Namespace) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader (head, less) went away: nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error
+        return 0
 
 
 # --- the command line -----------------------------------------------------------------

@@ -295,6 +295,7 @@ INVENTORY_KEYS = [
     "storage",
     "local_disk",
     "fabrics",
+    "node_state",  # added after every field of 0.3.15
 ]
 
 

@@ -15,15 +15,17 @@ PACKAGE = Path(__file__).resolve().parent.parent / "tuneplane_node"
 
 # Top to bottom; a module may import only from its own layer's module itself or below.
 LAYERS = [
-    {"cli", "__main__"},
+    {"cli", "__main__", "ctl"},
     {"daemon"},
     {"wire"},
     {"jobs"},
     {"gpu"},
     {"runtime"},
     {"inventory"},
-    {"settings", "errors", "clock", "__init__"},
+    {"settings", "errors", "clock", "logformat", "__init__"},
 ]
+# The operators' client speaks only HTTP: no daemon, service or engine code in it.
+CTL_MAY_IMPORT = {"wire", "__init__", "__version__"}
 # Each third-party SDK is imported by exactly these modules, and translated there.
 SDKS = {
     "docker": {"runtime/docker.py"},
@@ -81,3 +83,11 @@ def test_each_sdk_lives_in_its_own_module(sdk: str) -> None:
 
 def test_every_module_has_a_layer() -> None:
     assert {unit(path) for path in MODULES} <= {n for names in LAYERS for n in names}
+
+
+def test_ctl_is_a_client_of_the_api_only() -> None:
+    for path in sorted((PACKAGE / "ctl").rglob("*.py")):
+        for name in imports(path):
+            parts = name.split(".")
+            if parts[0] == "tuneplane_node" and len(parts) > 1 and parts[1] != "ctl":
+                assert parts[1] in CTL_MAY_IMPORT, f"ctl/{path.name} imports {name}"

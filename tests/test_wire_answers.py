@@ -30,6 +30,7 @@ from tuneplane_node.jobs import (
     Pulling,
     Started,
 )
+from tuneplane_node.jobs.nodestate import NodeState
 from tuneplane_node.runtime.base import (
     LABEL_RUN_ID,
     CacheStatus,
@@ -205,6 +206,7 @@ HEALTH_KEYS = [
     "gpu_detail",
     "explain",
     "gpu_probe",
+    "node_state",  # added after every field of 0.3.15
 ]
 CARD_KEYS = [
     "index",
@@ -256,6 +258,7 @@ def node_status(**fields: Any) -> NodeStatus:
         "cache": CacheStatus(True, 0.06, 0.784, 3),
         "occupancy": occupancy(),
         "error": None,
+        "node": NodeState(),
     }
     return NodeStatus(**{**base, **fields})
 
@@ -314,7 +317,7 @@ def test_health_with_the_engine_down_says_why_and_knows_no_card() -> None:
     assert answer["ok"] is False
     assert answer["error"] == "engine unreachable: docker: gone"
     assert list(answer)[:8] == [*HEALTH_KEYS[:6], "state_cache", "error"]
-    assert all(answer[key] is None for key in HEALTH_KEYS[6:])  # type: ignore[literal-required]
+    assert all(answer[key] is None for key in HEALTH_KEYS[6:-1])  # type: ignore[literal-required]
 
 
 def test_health_of_the_process_runtime_has_no_state_cache() -> None:
@@ -351,7 +354,7 @@ def machine() -> MachineFacts:
 
 
 def test_inventory_has_0315s_fields() -> None:
-    answer = inventory_json(Inventory(machine(), snapshot(), 4, "docker://20.10.24"))
+    answer = inventory_json(Inventory(machine(), snapshot(), 4, "docker://20.10.24", NodeState()))
 
     assert list(answer) == INVENTORY_KEYS
     assert answer["accelerator_name"] == "NVIDIA H100"
@@ -376,7 +379,7 @@ def test_inventory_has_0315s_fields() -> None:
 
 
 def test_inventory_without_a_gpu_source_is_unknown_not_zero() -> None:
-    answer = inventory_json(Inventory(machine(), None, None, None))
+    answer = inventory_json(Inventory(machine(), None, None, None, NodeState()))
     assert answer["accelerator_name"] is None and answer["accelerator_count"] is None
     assert answer["driver"] is None and answer["cuda_version"] is None
     assert answer["gpus"] == [] and answer["runtime"] is None
@@ -385,4 +388,7 @@ def test_inventory_without_a_gpu_source_is_unknown_not_zero() -> None:
 def test_the_most_common_card_name_names_the_machine() -> None:
     cards = tuple(CardFacts(i, name=n) for i, n in enumerate(["A100", "H100", "H100"]))
     gpus = GpuSnapshot("nvml", True, None, None, None, cards, True, {})
-    assert inventory_json(Inventory(machine(), gpus, 3, None))["accelerator_name"] == "H100"
+    assert (
+        inventory_json(Inventory(machine(), gpus, 3, None, NodeState()))["accelerator_name"]
+        == "H100"
+    )

@@ -91,12 +91,14 @@ def serve(settings: NodeSettings, *, host: str | None, port: int | None) -> int:
 async def print_inventory(settings: NodeSettings) -> int:
     from tuneplane_node.gpu.allocator import GpuAllocator
     from tuneplane_node.jobs import read_inventory
+    from tuneplane_node.jobs.nodestate import NodeStateFile
     from tuneplane_node.runtime import detect_runtime
 
     runtime = await detect_runtime(settings, cache=False)
     allocator = GpuAllocator(runtime, settings)
     try:
-        facts = await read_inventory(runtime, allocator, settings)
+        node = await asyncio.to_thread(NodeStateFile(settings.state_dir).load, "")
+        facts = await read_inventory(runtime, allocator, settings, node)
     finally:
         allocator.close()
         await runtime.close()

@@ -16,6 +16,7 @@ errors never travel past the module that imports the SDK: they are translated th
     │   ├── ProtocolMismatch   console and node speak different wire versions
     │   ├── NoCapacity         not enough GPUs free for the job
     │   ├── NameTaken          the container name is held by another run
+    │   ├── NodeCordoned       the operator took the node out of service
     │   └── EngineConflict     (also an EngineRefused) the engine refused: name in use
     └── EngineError            the container engine
         ├── EngineUnavailable (503)  did not answer: facts are unknown, nothing is gone
@@ -134,6 +135,16 @@ class NameTaken(Conflict):
         super().__init__(f"the container name {ref} is held by run {run_id}")
         self.ref = ref
         self.run_id = run_id
+
+
+class NodeCordoned(Conflict):
+    """New launches are refused: the node is cordoned, draining or drained."""
+
+    def __init__(self, *, state: str, reason: str | None) -> None:
+        why = f": {reason}" if reason else " (no reason given)"
+        super().__init__(f"the node is {state} and takes no new launches{why}")
+        self.state = state
+        self.reason = reason
 
 
 class EngineError(NodeError):

@@ -201,12 +201,12 @@ def _create_node_id(path: Path) -> str:
         return path.read_text(encoding="ascii")
     finally:
         os.unlink(tmp)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     return new_id
 
 
-def _fsync_dir(directory: Path) -> None:
-    """Make the new name survive a power cut (else the next boot mints another id)."""
+def fsync_dir(directory: Path) -> None:
+    """Make a new name in the directory survive a power cut (a rename, a created file)."""
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -128,6 +128,7 @@ def _lifecycle(
             await runtime.start()  # the state cache is filled before the first request
         allocator = given_allocator or GpuAllocator(runtime, settings)
         jobs = app[JOBS] = JobService(runtime, allocator, settings, clock=clock)
+        await jobs.start()  # the operator's cordon or drain, before the first request
         tasks = []
         if sweep:  # wreckage of a daemon killed between create and start, before serving
             await _sweep_at_start(jobs)

@@ -88,3 +88,22 @@ async def health(request: web.Request) -> web.Response:
 @routes.get("/node/v1/inventory")
 async def inventory(request: web.Request) -> web.Response:
     return answer(answers.inventory_json(await request.app[JOBS].inventory()))
+
+
+@routes.post("/node/v1/cordon")
+async def cordon(request: web.Request) -> web.Response:
+    reason = requests.parse_reason(await read_object(request))
+    return answer(answers.node_state_json(await request.app[JOBS].cordon(reason)))
+
+
+@routes.post("/node/v1/drain")
+async def drain(request: web.Request) -> web.Response:
+    body = await read_object(request)
+    reason, grace = requests.parse_reason(body), requests.parse_drain_grace(body)
+    return answer(answers.node_state_json(await request.app[JOBS].drain(reason, grace)))
+
+
+@routes.post("/node/v1/uncordon")
+async def uncordon(request: web.Request) -> web.Response:
+    await read_object(request)  # {} or nothing; anything else is a 400 as everywhere
+    return answer(answers.node_state_json(await request.app[JOBS].uncordon()))

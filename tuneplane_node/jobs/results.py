@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from tuneplane_node.gpu.allocator import Occupancy
 from tuneplane_node.gpu.probe import GpuSnapshot
 from tuneplane_node.inventory import DiskReading, MachineFacts
+from tuneplane_node.jobs.nodestate import NodeState
 from tuneplane_node.runtime.base import (
     CacheStatus,
     ContainerSpec,
@@ -108,6 +109,7 @@ class NodeStatus:
     cache: CacheStatus | None
     occupancy: Occupancy | None
     error: str | None
+    node: NodeState
 
     @property
     def ok(self) -> bool:
@@ -122,3 +124,4 @@ class Inventory:
     gpus: GpuSnapshot | None
     accelerator_count: int | None
     runtime: str | None
+    node: NodeState

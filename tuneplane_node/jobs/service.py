@@ -20,11 +20,25 @@ from dataclasses import replace
 from datetime import datetime
 
 from tuneplane_node import inventory
-from tuneplane_node.clock import SYSTEM_CLOCK, Clock, parse_rfc3339
-from tuneplane_node.errors import EngineConflict, EngineRefused, NameTaken, NodeError
+from tuneplane_node.clock import SYSTEM_CLOCK, Clock, parse_rfc3339, rfc3339
+from tuneplane_node.errors import (
+    EngineConflict,
+    EngineRefused,
+    NameTaken,
+    NodeCordoned,
+    NodeError,
+)
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs.locks import RefLocks
 from tuneplane_node.jobs.mounts import MountPolicy
+from tuneplane_node.jobs.nodestate import (
+    CORDONED,
+    DRAINED,
+    DRAINING,
+    READY,
+    NodeState,
+    NodeStateFile,
+)
 from tuneplane_node.jobs.pending import FAILED, STARTING, PendingLaunch, PendingTable
 from tuneplane_node.jobs.pulls import PullCoordinator
 from tuneplane_node.jobs.results import (
@@ -51,6 +65,8 @@ from tuneplane_node.runtime.base import (
 from tuneplane_node.settings import NodeSettings
 
 log = logging.getLogger(__name__)
+DRAIN_RETRY_S = 5.0
+"""A drain whose stops failed (the engine down) tries again after this long."""
 LOG_READERS = 1
 """Logs read at once. A read of a huge log keeps a thread busy in Python for a second or
 more; two at once starve the event loop of the GIL (health took 90 ms behind three)."""
@@ -102,6 +118,9 @@ class JobService:
         self.disk = inventory.DiskGauge(settings.storage, clock=clock)
         self.mounts = MountPolicy(settings.mount_roots)
         self._log_readers = asyncio.Semaphore(LOG_READERS)
+        self.state_file = NodeStateFile(settings.state_dir)
+        self.node = NodeState()  # until start() reads the file
+        self._drain: asyncio.Task[None] | None = None
 
     # --- the "ours" rule ----------------------------------------------------------------
 
@@ -154,11 +173,17 @@ class JobService:
                 self._check_holder(ref, state.run_id, request.run_id)
                 if state.live and not state.never_started:
                     return AlreadyRunning(state.gpus)
+            self._check_open()
+            if state.exists:
                 log.info("relaunch of %s: removing its %s container", ref, state.status)
                 await self.runtime.remove(self._target(state))
             if await self.runtime.image_exists(request.spec.image):
                 return await self._start_now(request)
             return await self._start_pending(request)
+
+    def _check_open(self) -> None:
+        if not self.node.open:
+            raise NodeCordoned(state=self.node.state, reason=self.node.reason)
 
     @staticmethod
     def _check_holder(ref: str, holder: str | None, run_id: str) -> None:
@@ -236,8 +261,12 @@ class JobService:
         # One after another: each is a cache read, and a task per ref costs more than it.
         for ref in dict.fromkeys(refs):
             record = self.pending.get(ref)
-            views[ref] = record.view(now) if record is not None else await self._own(ref)
+            views[ref] = record.view(now) if record is not None else self._why(await self._own(ref))
         return views
+
+    def _why(self, state: ContainerState) -> ContainerState:
+        reason = self.node.stop_reasons.get(state.id) if state.id else None
+        return replace(state, stop_reason=reason) if reason else state
 
     async def logs(self, ref: str, tail: int, since: datetime | None = None) -> LogText:
         """The container's last lines, at most ``TUNEPLANE_LOGS_MAX_BYTES`` of the newest;
@@ -367,6 +396,97 @@ class JobService:
             except NodeError as exc:
                 log.warning("sweeping wreckage failed: %s", exc.message)
 
+    # --- cordon and drain ---------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Read the operator's decision from disk; a drain the last daemon left unfinished
+        goes on (a node coming back never undoes what the operator decided)."""
+        self.node = await asyncio.to_thread(self.state_file.load, self._stamp())
+        log.info("node state: %s%s", self.node.state, _because(self.node.reason))
+        if self.node.state == DRAINING:
+            self._start_drain()
+
+    async def cordon(self, reason: str | None) -> NodeState:
+        """Refuse new launches; what runs goes on. A draining or drained node stays so."""
+        if self.node.state in (READY, CORDONED):
+            await self._save(self.node.to(CORDONED, reason, self._stamp()))
+        return self.node
+
+    async def uncordon(self) -> NodeState:
+        """Take launches again; a drain in progress ends (stops already sent stand)."""
+        await self._end_drain()
+        await self._save(self.node.to(READY, None, self._stamp()))
+        return self.node
+
+    async def drain(self, reason: str | None, grace_s: float | None) -> NodeState:
+        """Cordon, then cancel every pending launch and stop every running job (SIGTERM,
+        SIGKILL after the grace period), in the background: draining, then drained."""
+        grace = self.settings.local_stop_timeout if grace_s is None else grace_s
+        await self._end_drain()
+        await self._save(replace(self.node.to(DRAINING, reason, self._stamp()), grace_s=grace))
+        self._start_drain()
+        return self.node
+
+    def _start_drain(self) -> None:
+        self._drain = asyncio.create_task(self._drain_node(), name="drain")
+        self._drain.add_done_callback(_report_drain)
+
+    async def _end_drain(self) -> None:
+        if self._drain is not None and not self._drain.done():
+            self._drain.cancel()
+            await asyncio.wait({self._drain})
+        self._drain = None
+
+    async def _drain_node(self) -> None:
+        why = f"drain: {self.node.reason or 'no reason given'}"
+        grace = self.node.grace_s if self.node.grace_s is not None else 0.0
+        while (outcome := await self._drain_once(why, grace)) != "drained":
+            # "again": a short pause all the same, so a job that will not die never
+            # turns the drain into a busy loop.
+            await asyncio.sleep(DRAIN_RETRY_S if outcome == "later" else 0.1)
+        log.info("node drained%s", _because(self.node.reason))
+        try:
+            await self._save(self.node.to(DRAINED, self.node.reason, self._stamp()), prune=True)
+        except NodeError as exc:
+            log.error("%s", exc.message)
+
+    async def _drain_once(self, why: str, grace: float) -> str:
+        """One pass: cancel what is pending, stop what runs. ``drained`` once nothing is
+        left, ``again`` after stops (check at once), ``later`` when the engine failed."""
+        try:
+            for record in self.pending.records():
+                async with self.locks.hold(record.ref):
+                    await self._cancel(record.ref)
+            running = [state for state in await self.runtime.ps() if state.status in RUNNING]
+            if not running:
+                return "again" if len(self.pending) else "drained"
+            await self._save(self.node.stopped((s.id for s in running if s.id), why))
+            stops = [self.stop(state.name, grace) for state in running]
+            failed = [r for r in await asyncio.gather(*stops, return_exceptions=True) if r]
+        except NodeError as exc:
+            log.warning("drain: %s; trying again in %g s", exc.message, DRAIN_RETRY_S)
+            return "later"
+        for error in failed:
+            log.warning("drain: a stop failed: %s; trying again in %g s", error, DRAIN_RETRY_S)
+        return "later" if failed else "again"
+
+    async def _save(self, node: NodeState, *, prune: bool = False) -> None:
+        """The state takes effect at once, and is written to disk to outlive the daemon."""
+        if prune:
+            with contextlib.suppress(NodeError):  # the engine down: prune next time
+                node = node.keeping(s.id for s in await self.runtime.ps() if s.id)
+        self.node = node
+        try:
+            await asyncio.to_thread(self.state_file.save, node)
+        except OSError as exc:
+            raise NodeError(
+                f"the node is {node.state} now, but {self.state_file.path} could not be "
+                f"written ({exc.strerror or exc}): a restart would not keep it"
+            ) from exc
+
+    def _stamp(self) -> str:
+        return rfc3339(self.clock.now())
+
     # --- the node -----------------------------------------------------------------------
 
     async def status(self) -> NodeStatus:
@@ -387,13 +507,18 @@ class JobService:
             cache=self.runtime.status(),
             occupancy=occupancy,
             error=error,
+            node=self.node,
         )
 
     async def inventory(self) -> Inventory:
-        return await read_inventory(self.runtime, self.allocator, self.settings)
+        return await read_inventory(self.runtime, self.allocator, self.settings, self.node)
 
     async def close(self) -> None:
-        """Cancel every background launch and pull (shutdown)."""
+        """Cancel a drain in progress, every background launch and pull (shutdown). A
+        drain is resumed by the next start: its state is on disk."""
+        if self._drain is not None:
+            self._drain.cancel()
+            await asyncio.wait({self._drain})
         tasks = [r.task for r in self.pending.records() if r.task and not r.task.done()]
         for task in tasks:
             task.cancel()
@@ -403,7 +528,7 @@ class JobService:
 
 
 async def read_inventory(
-    runtime: ContainerRuntime, allocator: GpuAllocator, settings: NodeSettings
+    runtime: ContainerRuntime, allocator: GpuAllocator, settings: NodeSettings, node: NodeState
 ) -> Inventory:
     """The machine, its cards and its engine; for the API and `tuneplane-node inventory`."""
     engine = await runtime.health()
@@ -414,4 +539,14 @@ async def read_inventory(
         gpus=gpus,
         accelerator_count=allocator.card_count(gpus),
         runtime=f"{engine.engine}://{engine.version}" if engine.version else None,
+        node=node,
     )
+
+
+def _because(reason: str | None) -> str:
+    return f" ({reason})" if reason else ""
+
+
+def _report_drain(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("the drain failed on a bug", exc_info=task.exception())

@@ -13,8 +13,9 @@ from tuneplane_node.gpu.allocator import Occupancy
 from tuneplane_node.gpu.probe import CardFacts, GpuSnapshot
 from tuneplane_node.inventory import DiskReading, FabricFacts, Filesystem, LocalDisk
 from tuneplane_node.jobs import results
+from tuneplane_node.jobs.nodestate import NodeState
 from tuneplane_node.jobs.results import Inventory, JobView, NodeStatus, PendingView
-from tuneplane_node.runtime.base import CacheStatus, LogText
+from tuneplane_node.runtime.base import CacheStatus, ContainerState, LogText
 from tuneplane_node.wire import PROTOCOL
 
 GIB = 2**30
@@ -35,6 +36,10 @@ class StateJson(TypedDict):
     oom_killed: bool
 
 
+class StoppedStateJson(StateJson):
+    stop_reason: str
+
+
 class PendingStateJson(StateJson):
     pending_phase: str
     pending_image: str
@@ -48,9 +53,17 @@ class PendingStateJson(StateJson):
 
 
 def state_json(view: JobView) -> StateJson:
-    """One shape for a container and a pending launch (which adds its ``pending_*``)."""
+    """One shape for a container and a pending launch (which adds its ``pending_*``);
+    a container the node stopped itself (a drain) adds its ``stop_reason``."""
     if isinstance(view, PendingView):
         return _pending_json(view)
+    if view.stop_reason is not None:
+        stopped: StoppedStateJson = {**_container_json(view), "stop_reason": view.stop_reason}
+        return stopped
+    return _container_json(view)
+
+
+def _container_json(view: ContainerState) -> StateJson:
     return {
         "name": view.name,
         "exists": view.exists,
@@ -260,6 +273,7 @@ class HealthJson(GpuFieldsJson, _HealthOptional):
     series: str | None
     disk: DiskJson | None
     pending_pulls: dict[str, PendingPullJson]
+    node_state: NodeStateJson
 
 
 def health_json(status: NodeStatus) -> HealthJson:
@@ -279,6 +293,7 @@ def health_json(status: NodeStatus) -> HealthJson:
     if not status.ok:
         answer["error"] = status.error or "the cards' occupancy could not be read"
     answer.update(gpu_fields_json(status.occupancy))
+    answer["node_state"] = node_state_json(status.node)  # new beside 0.3.15's: after them
     return cast(HealthJson, answer)
 
 
@@ -406,6 +421,7 @@ class InventoryJson(TypedDict):
     storage: list[FilesystemJson]
     local_disk: LocalDiskJson | None
     fabrics: list[FabricJson]
+    node_state: NodeStateJson
 
 
 def inventory_json(facts: Inventory) -> InventoryJson:
@@ -428,6 +444,7 @@ def inventory_json(facts: Inventory) -> InventoryJson:
         "storage": [filesystem_json(entry) for entry in machine.storage],
         "local_disk": local_disk_json(machine.local_disk),
         "fabrics": [fabric_json(fabric) for fabric in machine.fabrics],
+        "node_state": node_state_json(facts.node),
     }
 
 
@@ -449,3 +466,16 @@ def local_disk_json(disk: LocalDisk | None) -> LocalDiskJson | None:
 
 def fabric_json(fabric: FabricFacts) -> FabricJson:
     return {"fabric": fabric.fabric, "hcas": list(fabric.hcas), "rate_gbps": fabric.rate_gbps}
+
+
+# --- answers: cordon, drain, uncordon ------------------------------------------------------
+
+
+class NodeStateJson(TypedDict):
+    state: str
+    reason: str | None
+    since: str | None
+
+
+def node_state_json(node: NodeState) -> NodeStateJson:
+    return {"state": node.state, "reason": node.reason, "since": node.since}

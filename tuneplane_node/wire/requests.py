@@ -58,6 +58,7 @@ MAX_MOUNTS = 64
 MAX_PATH = 4096
 MAX_VALUE = 65536
 MAX_GRACE_S = 30 * 86400.0
+MAX_REASON = 1024
 """The longest stop grace period a console may ask for: 30 days."""
 MAX_AGE_S = 3650 * 86400.0
 """The oldest reap age a console may give: 10 years."""
@@ -343,6 +344,16 @@ def parse_seconds(body: Mapping[str, Any], field: str, *, most: float) -> float 
 def parse_grace(body: Mapping[str, Any]) -> float | None:
     """A stop's ``timeout``: seconds between SIGTERM and SIGKILL."""
     return parse_seconds(body, "timeout", most=MAX_GRACE_S)
+
+
+def parse_reason(body: Mapping[str, Any]) -> str | None:
+    """A cordon's or drain's ``reason``, as the operator wrote it; none: None."""
+    return _text(body, "reason", limit=MAX_REASON) or None
+
+
+def parse_drain_grace(body: Mapping[str, Any]) -> float | None:
+    """A drain's ``grace_s``: seconds between SIGTERM and SIGKILL for every job."""
+    return parse_seconds(body, "grace_s", most=MAX_GRACE_S)
 
 
 def parse_max_age(body: Mapping[str, Any]) -> float | None:

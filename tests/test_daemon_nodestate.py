@@ -1,0 +1,220 @@
+"""Cordon, drain and uncordon through the daemon, in front of the in-memory engine: what
+an operator sees, and what a restart keeps (the operator's decision, never undone)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import IMAGE, MakeFakeNode
+from tests.fakes import FakeRuntime
+from tests.helpers import console_0315 as console_launch
+from tests.helpers import settle
+from tuneplane_node.clock import parse_rfc3339
+
+MISSING = "registry.test/missing:1"
+STATE_FILE = "state/node-state.json"
+
+
+async def test_cordon_refuses_new_launches_with_the_reason_and_nothing_else(
+    fake_node: MakeFakeNode, fake: FakeRuntime
+) -> None:
+    node = await fake_node()
+    await node.ok("POST", "/node/v1/launch", json=spec("r-run"))
+    await node.ok("POST", "/node/v1/launch", json=spec("r-pull", image=MISSING))
+
+    answer = await node.ok("POST", "/node/v1/cordon", json={"reason": "disk swap"})
+    assert (answer["state"], answer["reason"]) == ("cordoned", "disk swap")
+    assert parse_rfc3339(answer["since"]) is not None
+
+    status, refused = await node.call("POST", "/node/v1/launch", json=spec("r-new"))
+    assert status == 409
+    assert refused == {"detail": "the node is cordoned and takes no new launches: disk swap"}
+    assert "tuneplane-r-new" not in fake.containers
+    # The runs already there answer as before, and every other verb goes on.
+    again = await node.ok("POST", "/node/v1/launch", json=spec("r-run"))
+    assert again == {"phase": "running", "idempotent": True, "gpus": [0, 1]}
+    pending = await node.ok("POST", "/node/v1/launch", json=spec("r-pull", image=MISSING))
+    assert pending == {"phase": "pulling", "idempotent": True, "image": MISSING}
+    assert await node.stop("tuneplane-r-run", timeout=1) == {"ok": True}
+    assert (await node.state("tuneplane-r-run"))["status"] == "exited"
+    assert await node.remove("tuneplane-r-pull") == {"ok": True}
+    health = await node.health()
+    assert health["ok"] is True
+    assert health["node_state"] == answer
+    inventory = await node.ok("GET", "/node/v1/inventory")
+    assert inventory["node_state"] == answer
+
+    ready = await node.ok("POST", "/node/v1/uncordon", json={})
+    assert (ready["state"], ready["reason"]) == ("ready", None)
+    launched = await node.ok("POST", "/node/v1/launch", json=spec("r-new"))
+    assert launched["phase"] == "running"
+
+
+async def test_a_relaunch_of_an_exited_run_on_a_cordoned_node_keeps_its_container(
+    fake_node: MakeFakeNode, fake: FakeRuntime
+) -> None:
+    node = await fake_node()
+    await node.ok("POST", "/node/v1/launch", json=spec("r-1"))
+    fake.exit("tuneplane-r-1", 3)
+    await node.ok("POST", "/node/v1/cordon", json={"reason": "maintenance"})
+
+    status, _ = await node.call("POST", "/node/v1/launch", json=spec("r-1"))
+    assert status == 409
+    state = await node.state("tuneplane-r-1")
+    assert (state["status"], state["exit_code"]) == ("exited", 3)  # nothing lost
+
+
+async def test_a_cordon_survives_a_restart(
+    fake_node: MakeFakeNode, fake: FakeRuntime, tmp_path: Path
+) -> None:
+    node = await fake_node()
+    cordoned = await node.ok("POST", "/node/v1/cordon", json={"reason": "bad fan"})
+    await node.client.close()  # the daemon stops
+
+    saved = json.loads((tmp_path / STATE_FILE).read_text())
+    assert (saved["state"], saved["reason"]) == ("cordoned", "bad fan")
+    assert [p.name for p in (tmp_path / "state").iterdir()] == ["node-state.json"]  # no temp
+
+    again = await fake_node()
+    assert (await again.health())["node_state"] == cordoned
+    status, _ = await again.call("POST", "/node/v1/launch", json=spec("r-1"))
+    assert status == 409
+
+
+@pytest.mark.parametrize("content", [b"{not json", b'{"state": "sleepy"}', b"[]"])
+async def test_a_node_state_file_that_cannot_be_read_starts_cordoned_saying_why(
+    fake_node: MakeFakeNode, tmp_path: Path, content: bytes
+) -> None:
+    (tmp_path / "state").mkdir()
+    (tmp_path / STATE_FILE).write_bytes(content)
+    node = await fake_node()
+
+    state = (await node.health())["node_state"]
+    assert state["state"] == "cordoned"
+    assert state["reason"].startswith(f"{tmp_path / STATE_FILE} is not a valid node state")
+    status, refused = await node.call("POST", "/node/v1/launch", json=spec("r-1"))
+    assert status == 409 and "is not a valid node state" in refused["detail"]
+    assert (await node.ok("POST", "/node/v1/uncordon"))["state"] == "ready"  # no body at all
+
+
+async def test_drain_stops_every_job_within_its_grace_and_observe_says_why(
+    fake_node: MakeFakeNode, fake: FakeRuntime
+) -> None:
+    node = await fake_node()
+    await node.ok("POST", "/node/v1/launch", json=spec("r-polite", 1))
+    await node.ok("POST", "/node/v1/launch", json=spec("r-stubborn", 1))
+    fake.containers["tuneplane-r-stubborn"].ignores_sigterm = True
+    await node.ok("POST", "/node/v1/launch", json=spec("r-pull", image=MISSING))
+    await fake.pulling.wait()
+
+    answer = await node.ok("POST", "/node/v1/drain", json={"reason": "kernel", "grace_s": 0.2})
+    assert (answer["state"], answer["reason"]) == ("draining", "kernel")
+    status, refused = await node.call("POST", "/node/v1/launch", json=spec("r-new"))
+    assert status == 409 and refused["detail"].startswith("the node is draining")
+
+    await until(lambda: _state_of(node), "drained")
+    states = await node.observe("tuneplane-r-polite", "tuneplane-r-stubborn", "tuneplane-r-pull")
+    assert states["tuneplane-r-polite"]["exit_code"] == 143  # SIGTERM was enough
+    assert states["tuneplane-r-stubborn"]["exit_code"] == 137  # SIGKILL after the grace
+    for ref in ("tuneplane-r-polite", "tuneplane-r-stubborn"):
+        assert states[ref]["stop_reason"] == "drain: kernel"
+    assert states["tuneplane-r-pull"]["exists"] is False  # the pull was cancelled
+    health = await node.health()
+    assert (health["gpus_free"], health["gpus_reserved"]) == (4, 0)
+    assert health["node_state"]["reason"] == "kernel"
+
+
+async def test_a_job_stopped_by_its_console_has_no_stop_reason(
+    fake_node: MakeFakeNode, fake: FakeRuntime
+) -> None:
+    node = await fake_node()
+    await node.ok("POST", "/node/v1/launch", json=spec("r-1"))
+    await node.stop("tuneplane-r-1", timeout=1)
+    assert "stop_reason" not in await node.state("tuneplane-r-1")
+
+
+async def test_a_drain_goes_on_after_a_restart_and_the_stop_reason_stays(
+    fake_node: MakeFakeNode, fake: FakeRuntime
+) -> None:
+    node = await draining_a_stubborn_job(await fake_node(), fake, "reboot")
+    await node.client.close()  # the daemon stops mid-drain: the job still runs
+
+    fake.containers["tuneplane-r-1"].ignores_sigterm = False  # it listens this time
+    again = await fake_node()
+    await until(lambda: _state_of(again), "drained")
+    state = await again.state("tuneplane-r-1")
+    assert (state["exit_code"], state["stop_reason"]) == (143, "drain: reboot")
+
+
+async def test_uncordon_ends_a_drain_and_takes_launches_again(
+    fake_node: MakeFakeNode, fake: FakeRuntime
+) -> None:
+    node = await draining_a_stubborn_job(await fake_node(), fake, "oops")
+
+    assert (await node.ok("POST", "/node/v1/uncordon", json={}))["state"] == "ready"
+    await settle()
+    assert (await node.state("tuneplane-r-1"))["status"] == "running"  # no SIGKILL came
+    assert (await node.ok("POST", "/node/v1/launch", json=spec("r-2")))["phase"] == ("running")
+
+
+async def test_cordon_of_a_draining_node_keeps_it_draining(fake_node: MakeFakeNode) -> None:
+    node = await fake_node()
+    await node.ok("POST", "/node/v1/drain", json={"reason": "a"})
+    await until(lambda: _state_of(node), "drained")
+    answer = await node.ok("POST", "/node/v1/cordon", json={"reason": "b"})
+    assert (answer["state"], answer["reason"]) == ("drained", "a")
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/node/v1/cordon", {"reason": 7}, "reason"),
+        ("/node/v1/cordon", {"reason": "x" * 1025}, "reason"),
+        ("/node/v1/drain", {"reason": "x", "grace_s": -1}, "grace_s"),
+        ("/node/v1/drain", {"reason": "x", "grace_s": "soon"}, "grace_s"),
+        ("/node/v1/drain", {"reason": "x", "grace_s": 1e300}, "grace_s"),
+    ],
+)
+async def test_bad_cordon_and_drain_bodies_are_422s_naming_the_field(
+    fake_node: MakeFakeNode, tmp_path: Path, path: str, body: dict[str, Any], field: str
+) -> None:
+    node = await fake_node()
+    status, answer = await node.call("POST", path, json=body)
+    assert status == 422 and answer["detail"].startswith(f"{field}: ")
+    assert (await node.health())["node_state"]["state"] == "ready"  # nothing changed
+    assert not (tmp_path / STATE_FILE).exists()
+
+
+async def draining_a_stubborn_job(node: Any, fake: FakeRuntime, reason: str) -> Any:
+    """The node drains, with a long grace, a job that ignored its SIGTERM."""
+    await node.ok("POST", "/node/v1/launch", json=spec("r-1"))
+    fake.containers["tuneplane-r-1"].ignores_sigterm = True
+    await node.ok("POST", "/node/v1/drain", json={"reason": reason, "grace_s": 3600})
+    await until(lambda: _signals(fake), [("tuneplane-r-1", "SIGTERM")])
+    return node
+
+
+def spec(run_id: str, gpus: int = 2, image: str = IMAGE) -> dict[str, Any]:
+    return console_launch(run_id, gpus, image=image)
+
+
+async def until(read: Callable[[], Awaitable[object]], wanted: object, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while (got := await read()) != wanted:
+        assert time.monotonic() < deadline, f"still {got!r}, never {wanted!r}"
+        await asyncio.sleep(0.02)
+
+
+async def _state_of(node: Any) -> str:
+    return (await node.health())["node_state"]["state"]  # type: ignore[no-any-return]
+
+
+async def _signals(fake: FakeRuntime) -> list[tuple[str, str]]:
+    return fake.signals

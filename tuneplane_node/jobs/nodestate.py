@@ -1,0 +1,135 @@
+"""Whether the node takes new jobs: ready, cordoned, draining or drained.
+
+The operator's decision outlives the daemon: it is kept in ``<state dir>/node-state.json``,
+written atomically (a temporary file, fsync, rename), so a daemon coming back never
+undoes it. A file that cannot be read is not "ready": the node starts cordoned, saying
+why. The file also keeps why the node stopped a container (a drain), by container id,
+for observe to report after a restart.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from tuneplane_node.inventory import fsync_dir
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "node-state.json"
+READY, CORDONED, DRAINING, DRAINED = "ready", "cordoned", "draining", "drained"
+STATES = (READY, CORDONED, DRAINING, DRAINED)
+MAX_REASON_CHARS = 1024
+MAX_FILE_BYTES = 4 * 2**20  # reasons for every container a node can hold, and then some
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """``since``: RFC 3339 UTC of the last change of ``state``; ``grace_s``: a drain's."""
+
+    state: str = READY
+    reason: str | None = None
+    since: str | None = None
+    grace_s: float | None = None
+    stop_reasons: Mapping[str, str] = field(default_factory=dict)  # container id -> why
+
+    @property
+    def open(self) -> bool:
+        """Whether new launches are taken."""
+        return self.state == READY
+
+    def to(self, state: str, reason: str | None, since: str) -> NodeState:
+        """The next state; ``since`` moves only when the state itself changes."""
+        moved = since if state != self.state else self.since
+        return replace(self, state=state, reason=reason, since=moved)
+
+    def stopped(self, container_ids: Iterable[str], reason: str) -> NodeState:
+        return replace(
+            self, stop_reasons={**self.stop_reasons, **dict.fromkeys(container_ids, reason)}
+        )
+
+    def keeping(self, container_ids: Iterable[str]) -> NodeState:
+        """Forget the stop reasons of containers that are gone."""
+        alive = set(container_ids)
+        kept = {cid: why for cid, why in self.stop_reasons.items() if cid in alive}
+        return self if len(kept) == len(self.stop_reasons) else replace(self, stop_reasons=kept)
+
+
+class NodeStateFile:
+    """The node state on disk. Reads and writes are small: callers run them in a thread."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.path = state_dir / STATE_FILE
+
+    def load(self, now: str) -> NodeState:
+        """The saved state; none saved is ready; an unreadable file is cordoned."""
+        try:
+            with self.path.open("rb") as file:
+                raw = file.read(MAX_FILE_BYTES + 1)
+        except FileNotFoundError:
+            return NodeState()
+        except OSError as exc:
+            return self._unreadable(f"cannot be read ({exc.strerror})", now)
+        try:
+            return _parse(raw)
+        except (ValueError, TypeError, UnicodeDecodeError) as exc:
+            return self._unreadable(f"is not a valid node state ({exc})", now)
+
+    def _unreadable(self, why: str, now: str) -> NodeState:
+        reason = f"{self.path} {why}; uncordon to take jobs again"
+        log.error("node state: %s: starting cordoned", reason)
+        return NodeState(state=CORDONED, reason=reason[:MAX_REASON_CHARS], since=now)
+
+    def save(self, state: NodeState) -> None:
+        """Atomically: a crash leaves the old file or the new one, never half of one."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = self.path.with_name(f".{STATE_FILE}.{os.getpid()}.tmp")
+        data = json.dumps(_unparse(state), indent=1).encode()
+        with temporary.open("wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, self.path)
+        fsync_dir(self.path.parent)  # the rename survives a power cut
+
+
+def _parse(raw: bytes) -> NodeState:
+    if len(raw) > MAX_FILE_BYTES:
+        raise ValueError(f"larger than {MAX_FILE_BYTES} bytes")
+    data: Any = json.loads(raw)
+    if not isinstance(data, dict) or data.get("state") not in STATES:
+        raise ValueError(f"'state' must be one of {', '.join(STATES)}")
+    reasons = data.get("stop_reasons") or {}
+    if not isinstance(reasons, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in reasons.items()
+    ):
+        raise ValueError("'stop_reasons' must map container ids to reasons")
+    grace = data.get("grace_s")
+    return NodeState(
+        state=data["state"],
+        reason=_optional_str(data.get("reason")),
+        since=_optional_str(data.get("since")),
+        grace_s=float(grace) if isinstance(grace, (int, float)) else None,
+        stop_reasons=reasons,
+    )
+
+
+def _optional_str(value: object) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"expected a string, got {type(value).__name__}")
+    return value
+
+
+def _unparse(state: NodeState) -> dict[str, Any]:
+    return {
+        "state": state.state,
+        "reason": state.reason,
+        "since": state.since,
+        "grace_s": state.grace_s,
+        "stop_reasons": dict(state.stop_reasons),
+    }

@@ -343,6 +343,33 @@ def test_mutual_tls_needs_the_client_certificate(
     assert code == 3 and f"the node at {node.url}" in err
 
 
+# --- cordon, drain ------------------------------------------------------------------------
+
+
+def test_cordon_refuses_launches_until_uncordon(ctl: Ctl, process_node: Node) -> None:
+    url = process_node.url
+    code, out, _ = ctl("cordon", "--reason", "kernel upgrade", url=url)
+    assert (code, out) == (0, "node cordoned: kernel upgrade (since 0s)\n")
+    assert "cordoned: kernel upgrade" in ctl("health", url=url)[1]
+    code, _, err = ctl("launch", "--run-id", unique("ctl"), "--image", IMAGE, url=url)
+    assert code == 1
+    assert "(409): the node is cordoned and takes no new launches: kernel upgrade" in err
+    code, out, _ = ctl("uncordon", url=url)
+    assert code == 0 and out.startswith("node ready")
+    assert json.loads(ctl("health", "--json", url=url)[1])["node_state"]["state"] == "ready"
+
+
+def test_drain_answers_the_node_state_and_health_shows_it(ctl: Ctl, process_node: Node) -> None:
+    url = process_node.url
+    code, out, _ = ctl("drain", "--reason", "retiring", "--grace", "1", "--json", url=url)
+    assert code == 0
+    state = json.loads(out)
+    assert state["state"] in ("draining", "drained") and state["reason"] == "retiring"
+    assert re.search(
+        r"node +(draining|drained): retiring \(since \d+s\)", ctl("health", url=url)[1]
+    )
+
+
 # --- on the Docker engine -----------------------------------------------------------------
 
 VOLATILE = {"state_cache", "disk"}  # ages and free space move between two calls

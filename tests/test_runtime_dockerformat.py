@@ -6,6 +6,8 @@ answer; the adapters' real-engine tests check the same fields come back alive.
 
 from __future__ import annotations
 
+import io
+
 import pytest
 
 from tuneplane_node.runtime.base import Brief, EngineEvent, PullProgress
@@ -16,6 +18,7 @@ from tuneplane_node.runtime.dockerformat import (
     event_from_docker,
     event_labels,
     json_lines,
+    log_pieces,
     pull_params,
     state_from_inspect,
 )
@@ -214,3 +217,25 @@ def test_a_read_that_may_begin_mid_line_drops_its_first_line() -> None:
 def test_an_unfinished_last_line_is_shown() -> None:
     fold = folded([T + b" done\n", T + b" still being writ"])
     assert fold.text(skip_first=False).text.endswith("still being writ")
+
+
+def framed(*payloads: bytes) -> bytes:
+    return b"".join(b"\x01\x00\x00\x00" + len(p).to_bytes(4, "big") + p for p in payloads)
+
+
+def pieces_of(stream: bytes, piece: int = 64) -> list[bytes]:
+    reader = io.BytesIO(stream)
+    return list(log_pieces(reader.read, piece=piece))
+
+
+def test_a_followed_stream_joins_a_long_line_as_a_logs_answer_does() -> None:
+    stream = framed(b"T1 short\n", b"T2 " + b"x" * 100, b"T3 " + b"y" * 10 + b"\n", b"T4 end\n")
+    text = b"".join(pieces_of(stream))
+    assert text == b"T1 short\nT2 " + b"x" * 100 + b"y" * 10 + b"\nT4 end\n"
+    assert max(map(len, pieces_of(stream, piece=16))) <= 16  # never a whole entry in memory
+
+
+def test_a_followed_stream_cut_short_ends_with_what_came() -> None:
+    cut = framed(b"T1 whole\n", b"T2 cut off\n")[:-5]
+    assert b"".join(pieces_of(cut)) == b"T1 whole\nT2 cut"
+    assert pieces_of(cut[:5]) == []  # mid-header

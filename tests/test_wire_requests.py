@@ -14,6 +14,7 @@ from tuneplane_node.errors import InvalidField
 from tuneplane_node.runtime.base import LABEL_RUN_ID, Mount
 from tuneplane_node.wire.requests import (
     MAX_TAIL,
+    parse_follow,
     parse_grace,
     parse_launch,
     parse_max_age,
@@ -329,3 +330,26 @@ def test_since_is_an_rfc3339_time_or_epoch_seconds(value: str | None, moment: An
 def test_a_bad_since_names_the_field(value: str) -> None:
     with pytest.raises(InvalidField, match=r"^since: "):
         parse_since(value)
+
+
+@pytest.mark.parametrize(
+    ("given", "wanted"),
+    [
+        (None, False),
+        ("", False),
+        ("1", True),
+        ("true", True),
+        ("TRUE", True),
+        ("0", False),
+        ("false", False),
+    ],
+)
+def test_follow_is_a_yes_or_a_no(given: str | None, wanted: bool) -> None:
+    assert parse_follow(given) is wanted
+
+
+@pytest.mark.parametrize("given", ["yes", "2", "on", "1.0", "tru"])
+def test_any_other_follow_is_refused_by_name(given: str) -> None:
+    with pytest.raises(InvalidField) as refused:
+        parse_follow(given)
+    assert refused.value.field == "follow"

@@ -12,6 +12,7 @@ errors never travel past the module that imports the SDK: they are translated th
     ├── Unauthorized (401)     wrong or missing bearer token
     ├── PayloadTooLarge (413)  body over the limit
     ├── InvalidField (422)     a field is missing or has a bad value; names the field
+    ├── TooManyFollows (429)   every slot for following a log is taken
     ├── Conflict (409)         well-formed, but this node will not do it now
     │   ├── ProtocolMismatch   console and node speak different wire versions
     │   ├── NoCapacity         not enough GPUs free for the job
@@ -85,6 +86,20 @@ class InvalidField(NodeError):
         super().__init__(f"{field}: {reason}")
         self.field = field
         self.reason = reason
+
+
+class TooManyFollows(NodeError):
+    """Each followed log holds an engine thread: past the limit, the next is refused
+    rather than starve the other verbs of threads."""
+
+    status = 429
+
+    def __init__(self, *, limit: int) -> None:
+        super().__init__(
+            f"already following {limit} logs, the most this node streams at once; "
+            "try again when one ends, or read the logs without follow"
+        )
+        self.limit = limit
 
 
 class Conflict(NodeError):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime, timezone
 from typing import Any
 
@@ -97,6 +97,46 @@ def json_lines(lines: Iterator[bytes]) -> Iterator[dict[str, Any]]:
     for line in lines:
         if line:
             yield json.loads(line)
+
+
+def follow_params(tail: int, since: datetime | None) -> dict[str, int | float]:
+    """``/containers/{id}/logs`` parameters of a followed log, timestamps on (both engines'
+    compat endpoints read them alike)."""
+    params: dict[str, int | float] = {
+        "stdout": 1,
+        "stderr": 1,
+        "timestamps": 1,
+        "follow": 1,
+        "tail": tail,
+    }
+    if since is not None:
+        params["since"] = since.timestamp()
+    return params
+
+
+FRAME_HEADER = 8
+"""A multiplexed stream's frame header: stream, three zeros, the payload's size (BE)."""
+
+
+def log_pieces(read: Callable[[int], bytes], *, piece: int) -> Iterator[bytes]:
+    """The text of a multiplexed log stream (a non-tty container's), as `LogFold` shows
+    it: each entry's payload, in pieces of at most ``piece`` bytes, the time of an entry
+    that continues a line (engines cut lines at 16 KiB) dropped. ``read(n)`` returns n
+    bytes, or fewer at the end of the stream."""
+    midline = False
+    while len(header := read(FRAME_HEADER)) == FRAME_HEADER:
+        left = int.from_bytes(header[4:], "big")
+        first, data = True, b""
+        while left > 0:
+            data = read(min(left, piece))
+            if not data:
+                return
+            left -= len(data)
+            out = data.partition(b" ")[2] if first and midline else data
+            first = False
+            if out:
+                yield out
+        midline = bool(data) and not data.endswith(b"\n")
 
 
 class ProgressFold:

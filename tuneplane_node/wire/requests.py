@@ -373,6 +373,18 @@ def parse_since(value: str | None) -> datetime | None:
     return moment
 
 
+FOLLOW_WORDS = {"1": True, "true": True, "0": False, "false": False}
+
+
+def parse_follow(value: str | None) -> bool:
+    """``follow``: stream the log until the job exits; absent or empty: no."""
+    if value is None or value == "":
+        return False
+    if value.lower() not in FOLLOW_WORDS:
+        raise InvalidField("follow", "must be 1, true, 0 or false")
+    return FOLLOW_WORDS[value.lower()]
+
+
 def parse_tail(value: str | None) -> int:
     if value is None or value == "":
         return DEFAULT_TAIL

@@ -15,7 +15,7 @@ import contextlib
 import itertools
 import queue
 import secrets
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from types import MappingProxyType
@@ -32,6 +32,7 @@ from tuneplane_node.runtime.base import (
     ContainerState,
     EngineEvent,
     LogQuery,
+    LogStream,
     LogText,
     ProgressCallback,
     PullLimits,
@@ -148,6 +149,7 @@ class FakeRuntime:
         self.create_gate: Gate | None = None  # holds run() after the create
         self.refuse_start: str | None = None  # run() creates, fails the start
         self.refuse_logs: str | None = None  # logs() refused, as a log driver can
+        self.following = 0  # followed logs being read now
         self.ps_error: Exception | None = None  # ps() raises it, health still ok
         self.signals: list[tuple[str, str]] = []  # (name, signal) of every signal that landed
         self.changed = asyncio.Event()  # set on every change to any container
@@ -247,6 +249,38 @@ class FakeRuntime:
             for start in range(0, len(data), PIECE):
                 fold.add(stamp + b" " + data[start : start + PIECE])
         return fold.text(skip_first=False)
+
+    async def follow_logs(self, ref: str, query: LogQuery) -> LogStream | None:
+        """The last ``tail`` lines of the output, then each line appended to it, until
+        the container runs no more (looked at every 10 ms)."""
+        self._answer("follow_logs")
+        self.refs.append(("follow_logs", ref))
+        container = self.find(ref)
+        if container is None:
+            return None
+        if self.refuse_logs is not None:
+            action = f"follow the logs of {ref}"
+            raise EngineRefused(engine=ENGINE, action=action, reason=self.refuse_logs)
+        return self._follow(container, query)
+
+    async def _follow(
+        self, container: FakeContainer, query: LogQuery
+    ) -> AsyncGenerator[bytes, None]:
+        self.following += 1
+        try:
+            sent = max(0, len(container.output) - query.tail)
+            while True:
+                running = container.status in ("running", "paused", "restarting")
+                lines, sent = container.output[sent:], len(container.output)
+                if lines:
+                    stamp = rfc3339(self.clock.now())
+                    yield "".join(f"{stamp} {line}\n" for line in lines).encode()
+                elif not running:
+                    return
+                else:
+                    await asyncio.sleep(0.01)
+        finally:
+            self.following -= 1
 
     async def kill(self, ref: str, signal: str) -> None:
         self._answer("kill")

@@ -409,6 +409,14 @@ class Console:
         params = {"ref": ref} if tail is None else {"ref": ref, "tail": str(tail)}
         return (await self.ok("GET", "/node/v1/logs", params=params))["logs"]  # type: ignore[no-any-return]
 
+    async def follow(self, ref: str, *, tail: int | None = None, timeout: float = 60) -> str:
+        """A followed log, read whole: the stream ends when the job does."""
+        params = {"ref": ref, "follow": "1", **({"tail": str(tail)} if tail else {})}
+        async with self.client.get("/node/v1/logs", params=params, headers=HEADERS) as response:
+            assert response.status == 200, (response.status, await response.text())
+            assert response.headers["Content-Type"] == "text/plain; charset=utf-8"
+            return await asyncio.wait_for(response.text(), timeout)
+
 
 # --- a slow, stalled or wedged peer --------------------------------------------------------
 

@@ -325,8 +325,25 @@ def test_json_log_lines_parse_and_carry_the_job(tmp_path: Path, serve: Serve) ->
         TUNEPLANE_LOG_LEVEL="debug",
     )
     wait_for_healthz(process, port, tmp_path / "serve.log")
+    launch = {"run_id": "json-1", "container": {"name": "tuneplane-json-1", "image": "x",
+              "command": ["/bin/true"]}}  # fmt: skip
+    headers = {"Authorization": "Bearer t0ken", "X-TunePlane-Node-Protocol": "1"}
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/node/v1/launch",
+        data=json.dumps(launch).encode(),
+        headers={**headers, "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        assert json.loads(reply.read())["phase"] == "running"
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=10) == 0
     lines = [json.loads(line) for line in (tmp_path / "serve.log").read_text().splitlines()]
     assert all({"time", "level", "logger", "message"} <= line.keys() for line in lines)
     assert any(line["message"].startswith("listening on http://127.0.0.1:") for line in lines)
+    audit = [line for line in lines if line["logger"] == "tuneplane_node.audit"]
+    assert [(a["action"], a["run_id"], a["ref"], a["result"]) for a in audit] == [
+        ("launch", "json-1", "tuneplane-json-1", "started")
+    ]
+    access = [line for line in lines if line["logger"] == "tuneplane_node.access"]
+    assert any(line["message"].startswith("POST /node/v1/launch 200") for line in access)
+    assert "t0ken" not in (tmp_path / "serve.log").read_text()

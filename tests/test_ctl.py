@@ -428,7 +428,6 @@ def test_a_job_launched_observed_logged_stopped_and_removed(ctl: Ctl, docker_nod
 
 
 @pytest.mark.engine
-@pytest.mark.xfail(strict=True, reason="GET /node/v1/logs?follow=1 is not served yet")
 def test_logs_follow_streams_until_the_job_exits(ctl: Ctl, docker_node: Node) -> None:
     run_id = unique("ctl")
     ref = f"tuneplane-{run_id}"

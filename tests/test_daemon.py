@@ -216,6 +216,51 @@ async def test_logs_tail_through_the_api(fake_node: MakeFakeNode, fake: FakeRunt
         assert got == 422 and body["detail"].startswith("tail: ")
 
 
+async def test_a_followed_log_streams_as_text_until_the_job_exits(
+    fake_node: MakeFakeNode, fake: FakeRuntime
+) -> None:
+    node = await fake_node()
+    await node.ok("POST", "/node/v1/launch", json=console_0315("r-3", gpus=0))
+    job = fake.containers["tuneplane-r-3"]
+    job.output = ["n1", "n2", "n3"]
+    params = {"ref": "tuneplane-r-3", "follow": "true", "tail": "2"}
+    async with node.client.get("/node/v1/logs", params=params, headers=HEADERS) as response:
+        assert response.status == 200
+        assert response.headers["Content-Type"] == "text/plain; charset=utf-8"
+        first = await response.content.readuntil(b" n3\n")
+        job.output.append("n4")
+        second = await response.content.readuntil(b" n4\n")
+        fake.exit("tuneplane-r-3", 0)
+        assert await response.content.read() == b""  # a clean end
+
+    assert [line.split(b" ", 1)[1] for line in first.splitlines()] == [b"n2", b"n3"]
+    assert second.count(b"\n") == 1
+    assert await node.follow("tuneplane-none") == "no logs: container tuneplane-none does not exist"
+    for follow in ("yes", "2", "on"):
+        got, body = await node.call(
+            "GET", "/node/v1/logs", params={"ref": "tuneplane-r-3", "follow": follow}
+        )
+        assert got == 422 and body["detail"].startswith("follow: ")
+    assert "logs" in await node.ok("GET", "/node/v1/logs", params={**params, "follow": "0"})
+
+
+async def test_clients_that_go_away_free_their_follows(
+    fake_node: MakeFakeNode, fake: FakeRuntime
+) -> None:
+    node = await fake_node(runtime_threads=4)  # one follow at a time
+    await node.ok("POST", "/node/v1/launch", json=console_0315("r-3", gpus=0))
+    fake.containers["tuneplane-r-3"].output = ["n1"]
+    params = {"ref": "tuneplane-r-3", "follow": "1"}
+    for _ in range(3):
+        response = await node.client.get("/node/v1/logs", params=params, headers=HEADERS)
+        assert response.status == 200
+        await response.content.readuntil(b"n1\n")
+        got, body = await node.call("GET", "/node/v1/logs", params=params)
+        assert got == 429 and "already following 1 log," in body["detail"]
+        response.close()  # the client goes; the job writes nothing more
+        await helpers.wait_until(lambda: fake.following == 0, timeout=5)
+
+
 async def test_reap_through_the_api(fake_node: MakeFakeNode, fake: FakeRuntime) -> None:
     node = await fake_node()
     await node.ok("POST", "/node/v1/launch", json=console_0315("r-4", gpus=0))

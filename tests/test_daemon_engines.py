@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,117 @@ async def test_logs_tail_through_the_api(make_node: MakeNode, engine: str) -> No
     await node.wait_for(ref, "status", "exited")
     lines = (await node.logs(ref, tail=2)).splitlines()
     assert [line.split(" ", 1)[1] for line in lines] == ["n3", "n4"]
+
+
+# --- followed logs -------------------------------------------------------------------------
+
+
+def follow_params(ref: str, **more: str) -> dict[str, str]:
+    return {"ref": ref, "follow": "1", **more}
+
+
+@pytest.mark.parametrize("engine", ["docker", "podman"])
+async def test_a_followed_log_streams_lines_as_the_job_writes_them(
+    make_node: MakeNode, engine: str
+) -> None:
+    node = await make_node(engine)
+    ticker = "echo a; echo b; echo c; sleep 1; for i in $(seq 8); do echo n$i; sleep 0.2; done"
+    ref, _ = await node.launch(["/bin/sh", "-c", ticker])
+    await wait_until_logged(node, ref, " c\n")
+    arrived: dict[str, float] = {}
+    params = follow_params(ref, tail="2")
+    async with node.client.get("/node/v1/logs", params=params, headers=HEADERS) as response:
+        assert response.status == 200
+        assert response.headers["Content-Type"] == "text/plain; charset=utf-8"
+        async for line in response.content:
+            arrived[line.decode().split(" ", 1)[1].strip()] = time.monotonic()
+    ended = time.monotonic()
+
+    assert list(arrived) == ["b", "c", *(f"n{i}" for i in range(1, 9))]  # tail=2, then all
+    assert ended - arrived["n1"] > 1.0, "n1 came only when the job ended"
+    assert arrived["n8"] - arrived["n1"] > 1.0  # line by line, 0.2 s apart
+    assert (await node.state(ref))["status"] == "exited"  # the stream ended with the job
+
+
+@pytest.mark.parametrize("engine", ["docker", "podman"])
+async def test_a_follow_of_a_quiet_job_outlives_the_engine_deadline(
+    make_node: MakeNode, engine: str
+) -> None:
+    node = await make_node(engine, local_api_timeout=1)
+    ref, _ = await node.launch(["/bin/sh", "-c", "echo early; sleep 4; echo late"])
+    text = await node.follow(ref, timeout=30)
+    assert [line.split(" ", 1)[1] for line in text.splitlines()] == ["early", "late"]
+
+
+@pytest.mark.parametrize("engine", ["docker", "podman"])
+async def test_clients_that_go_away_free_the_follow_slot_and_its_thread(
+    make_node: MakeNode, engine: str
+) -> None:
+    node = await make_node(engine)  # 8 engine threads: 2 follows at once
+    ref, _ = await node.launch(["/bin/sh", "-c", "echo ready; sleep 300"])
+    await wait_until_logged(node, ref, "ready")
+    for _ in range(6):
+        response = await node.client.get(
+            "/node/v1/logs", params=follow_params(ref), headers=HEADERS
+        )
+        assert response.status == 200
+        await response.content.readuntil(b"ready\n")
+        response.close()  # gone, while the job writes nothing
+    pool = node.app[JOBS].runtime.inner.inner.pool  # type: ignore[attr-defined]
+    everyone = threading.Barrier(pool.threads)
+    # Every engine thread can be had at once: none is left reading a closed stream.
+    await asyncio.gather(*(pool.call(everyone.wait, 10) for _ in range(pool.threads)))
+    held = [
+        await node.client.get("/node/v1/logs", params=follow_params(ref), headers=HEADERS)
+        for _ in range(3)
+    ]
+    assert [response.status for response in held] == [200, 200, 429]
+    assert "already following 2 logs" in (await held[2].json())["detail"]
+    _, answer = await node.launch(["/bin/sleep", "300"])  # the verbs still have threads
+    assert answer["phase"] == "running"
+    for response in held:
+        response.close()
+
+
+@pytest.mark.parametrize("engine", ["docker", "podman"])
+async def test_a_followed_log_of_a_foreign_container_reads_nothing(
+    make_node: MakeNode, engine: str
+) -> None:
+    node = await make_node(engine)
+    feed = node.app[JOBS].runtime.inner  # type: ignore[attr-defined]
+    foreign = unique("foreign")
+    await feed.run(ContainerSpec(name=foreign, image=IMAGE, command=("/bin/echo", "secret")))
+    assert await node.follow(foreign) == f"no logs: container {foreign} does not exist"
+    got, body = await node.call("GET", "/node/v1/logs", params={"ref": foreign, "follow": "yes"})
+    assert got == 422 and body["detail"].startswith("follow: ")
+
+
+def rss_mib() -> float:
+    status = Path("/proc/self/status").read_text()
+    return int(status.split("VmRSS:")[1].split()[0]) / 1024
+
+
+@pytest.mark.parametrize("engine", ["docker", "podman"])
+async def test_a_slow_reader_of_a_fast_job_keeps_the_node_small(
+    make_node: MakeNode, engine: str
+) -> None:
+    """A job writes 100 MB as fast as it can; a client takes 4 KiB every 50 ms for 5 s:
+    the node (served in this process) does not hold what the client has not taken."""
+    node = await make_node(engine)
+    flood = "yes $(head -c 1000 /dev/zero | tr '\\0' x) | head -c 100000000; sleep 300"
+    ref, _ = await node.launch(["/bin/sh", "-c", flood])
+    await wait_until_logged(node, ref, "xxxx")  # podman once ended a follow of a fresh job
+    params = follow_params(ref, tail="1")
+    async with node.client.get("/node/v1/logs", params=params, headers=HEADERS) as response:
+        await response.content.readexactly(2**20)  # the stream runs: the baseline
+        before, peak, taken = rss_mib(), 0.0, 0
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            taken += len(await response.content.readexactly(4096))
+            peak = max(peak, rss_mib())
+            await asyncio.sleep(0.05)
+    print(f"\nfollow, {engine}: took {taken} B in 5 s; RSS {before:.1f} -> peak {peak:.1f} MiB")
+    assert peak - before < 4, f"RSS grew {peak - before:.1f} MiB behind a slow reader"
 
 
 async def test_a_relaunch_after_exit_starts_a_new_container(make_node: MakeNode) -> None:

@@ -17,6 +17,7 @@ from tests.fakes import FakeRuntime
 from tests.helpers import console_0315 as console_launch
 from tests.helpers import settle
 from tuneplane_node.clock import parse_rfc3339
+from tuneplane_node.jobs.nodestate import NodeState, NodeStateFile
 
 MISSING = "registry.test/missing:1"
 STATE_FILE = "state/node-state.json"
@@ -218,3 +219,11 @@ async def _state_of(node: Any) -> str:
 
 async def _signals(fake: FakeRuntime) -> list[tuple[str, str]]:
     return fake.signals
+
+
+def test_an_older_state_written_late_never_replaces_a_newer_one(tmp_path: Path) -> None:
+    """A cancelled drain's thread may still be writing when an uncordon saves."""
+    state_file = NodeStateFile(tmp_path)
+    state_file.save(NodeState(state="ready"), sequence=2)
+    state_file.save(NodeState(state="draining", reason="late"), sequence=1)
+    assert state_file.load("now").state == "ready"

@@ -8,6 +8,7 @@ pending launch, the reservations, reap's rules and record expiry are exact.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from tuneplane_node.errors import (
     InvalidField,
     NameTaken,
     NoCapacity,
+    TooManyFollows,
 )
 from tuneplane_node.jobs import (
     AlreadyPending,
@@ -41,6 +43,7 @@ from tuneplane_node.runtime.base import (
     LABEL_RUN_ID,
     ContainerSpec,
     ContainerState,
+    LogStream,
     LogText,
     Mount,
     container_name,
@@ -760,6 +763,69 @@ async def test_logs_the_engine_refuses_to_read_are_a_sentence(
     assert text == LogText(
         "no logs for tuneplane-r1: configured logging driver does not support reading"
     )
+
+
+async def read_all(stream: LogStream) -> str:
+    return b"".join([chunk async for chunk in stream]).decode()
+
+
+async def test_a_followed_log_gives_the_tail_then_new_lines_until_the_exit(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    await service.launch(request("r1"))
+    job = fake.containers["tuneplane-r1"]
+    job.output = ["one", "two", "three"]
+    async with service.follow("tuneplane-r1", 2) as stream:
+        first = (await anext(stream)).decode()
+        job.output.append("four")
+        second = (await anext(stream)).decode()
+        fake.exit("tuneplane-r1", 0)
+        rest = await read_all(stream)
+
+    assert [line.split(" ", 1)[1] for line in first.splitlines()] == ["two", "three"]
+    assert second.endswith(" four\n") and rest == ""
+    assert fake.following == 0
+
+
+async def test_a_followed_log_of_a_pending_missing_or_foreign_ref_is_a_sentence(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    await service.launch(request("r1", image=MISSING))
+    fake.create_outside(ContainerSpec(name="tuneplane-foreign", image=IMAGE)).output = ["secret"]
+    said = {}
+    for ref in ("tuneplane-r1", "tuneplane-x", "tuneplane-foreign"):
+        async with service.follow(ref, 10) as stream:
+            said[ref] = await read_all(stream)
+
+    assert said["tuneplane-r1"] == f"no logs yet: tuneplane-r1 is pulling ({MISSING})"
+    assert said["tuneplane-x"] == "no logs: container tuneplane-x does not exist"
+    assert said["tuneplane-foreign"] == "no logs: container tuneplane-foreign does not exist"
+    assert ("follow_logs", "tuneplane-foreign") not in fake.refs
+
+
+async def test_follows_past_the_limit_are_refused_and_a_slot_frees_on_leaving(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    await service.launch(request("r1"))
+    assert service.follow_limit == 4  # a quarter of the 16 engine threads
+    async with contextlib.AsyncExitStack() as held:
+        for _ in range(4):
+            await held.enter_async_context(service.follow("tuneplane-r1", 10))
+        with pytest.raises(TooManyFollows) as refused:
+            await held.enter_async_context(service.follow("tuneplane-r1", 10))
+        assert refused.value.status == 429 and "already following 4 logs" in refused.value.message
+    async with service.follow("tuneplane-r1", 10) as stream:
+        assert stream is not None  # every slot came back
+
+
+async def test_a_followed_log_the_engine_refuses_is_a_sentence(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    await service.launch(request("r1"))
+    fake.refuse_logs = "configured logging driver does not support reading"
+    async with service.follow("tuneplane-r1", 10) as stream:
+        text = await read_all(stream)
+    assert text == "no logs for tuneplane-r1: configured logging driver does not support reading"
 
 
 # --- the token buys job verbs, never the host -------------------------------------------

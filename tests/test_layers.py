@@ -22,7 +22,7 @@ LAYERS = [
     {"gpu"},
     {"runtime"},
     {"inventory"},
-    {"settings", "errors", "clock", "logformat", "__init__"},
+    {"settings", "errors", "clock", "logformat", "telemetry", "__init__"},
 ]
 # The operators' client speaks only HTTP: no daemon, service or engine code in it.
 CTL_MAY_IMPORT = {"wire", "__init__", "__version__"}
@@ -31,7 +31,15 @@ SDKS = {
     "docker": {"runtime/docker.py"},
     "podman": {"runtime/podman.py"},
     "pynvml": {"gpu/nvml.py"},
-    "aiohttp": {"daemon/app.py", "daemon/routes.py", "daemon/state.py", "daemon/server.py"},
+    "aiohttp": {
+        "daemon/app.py",
+        "daemon/routes.py",
+        "daemon/state.py",
+        "daemon/server.py",
+        "daemon/audit.py",
+        "daemon/follow.py",
+    },
+    "prometheus_client": {"daemon/metrics.py"},
 }
 
 

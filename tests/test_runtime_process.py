@@ -178,6 +178,27 @@ async def test_argv_is_passed_literally_never_through_a_shell(
     assert [STAMPED.match(line).group(2) for line in lines] == hostile  # type: ignore[union-attr]
 
 
+async def test_a_followed_log_gives_the_tail_then_lines_as_they_come_until_the_end(
+    runtime: ProcessRuntime,
+) -> None:
+    ticker = "echo a; echo b; sleep 0.5; for i in 1 2 3; do echo n$i; sleep 0.3; done"
+    spec = job("follow", ["sh", "-c", ticker])
+    await runtime.run(spec)
+    deadline = time.monotonic() + 10
+    while "b" not in (await log_text(runtime, spec.name, 10)).split():
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    stream = await runtime.follow_logs(spec.name, LogQuery(tail=1, max_bytes=2**20))
+    assert stream is not None
+    arrived = []
+    async for chunk in stream:
+        now = time.monotonic()
+        arrived += [(line.split(" ", 1)[1], now) for line in chunk.decode().splitlines()]
+    assert [text for text, _ in arrived] == ["b", "n1", "n2", "n3"]
+    assert arrived[-1][1] - arrived[1][1] > 0.4  # n1 came while the job ran
+    assert await runtime.follow_logs("follow-nobody", LogQuery(tail=1, max_bytes=1024)) is None
+
+
 async def test_logs_are_timestamped_and_hold_stdout_and_stderr_in_order(
     runtime: ProcessRuntime,
 ) -> None:

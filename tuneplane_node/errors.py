@@ -96,7 +96,8 @@ class TooManyFollows(NodeError):
 
     def __init__(self, *, limit: int) -> None:
         super().__init__(
-            f"already following {limit} logs, the most this node streams at once; "
+            f"already following {limit} log{'s' if limit != 1 else ''}, the most this node "
+            "streams at once; "
             "try again when one ends, or read the logs without follow"
         )
         self.limit = limit

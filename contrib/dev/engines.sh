@@ -45,6 +45,7 @@ install_packages() {
     [[ -x /bin/busybox ]] || missing+=(busybox-static)
     command -v curl >/dev/null || missing+=(curl)
     command -v openssl >/dev/null || missing+=(openssl)
+    command -v promtool >/dev/null || missing+=(prometheus) # checks the /metrics exposition
     ((${#missing[@]} == 0)) && return
     log "installing ${missing[*]}"
     apt-get update -q

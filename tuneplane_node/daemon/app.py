@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
@@ -18,8 +19,9 @@ from aiohttp.typedefs import Handler, Middleware
 
 from tuneplane_node import inventory
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
+from tuneplane_node.daemon.metrics import Metrics
 from tuneplane_node.daemon.routes import routes
-from tuneplane_node.daemon.state import JOBS, SETTINGS, TOKENS
+from tuneplane_node.daemon.state import JOBS, METRICS, SETTINGS, TOKENS
 from tuneplane_node.daemon.tokens import TokenSet
 from tuneplane_node.errors import (
     MissingProtocol,
@@ -37,7 +39,10 @@ from tuneplane_node.wire import MAX_BODY_BYTES, PROTOCOL, PROTOCOL_HEADER
 from tuneplane_node.wire.answers import error_json
 
 log = logging.getLogger(__name__)
+access_log = logging.getLogger("tuneplane_node.access")
 API_PREFIX = "/node/v1/"
+METRICS_PATH = "/metrics"
+METHODS = frozenset({"GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH"})
 
 
 def error_response(status: int, detail: str) -> web.Response:
@@ -64,18 +69,48 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return error_response(500, f"internal error: {type(exc).__name__}")
 
 
-def guard_middleware(tokens: TokenSet) -> Middleware:
+def guard_middleware(tokens: TokenSet, *, metrics_public: bool) -> Middleware:
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path.startswith(API_PREFIX):
-            # surrogateescape: a header of hostile bytes is a wrong token, not a crash.
-            given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
-            if not tokens.accepts(given):
-                raise Unauthorized()
+            check_token(tokens, request)
             check_protocol(request.headers.get(PROTOCOL_HEADER))
+        elif request.path == METRICS_PATH and not metrics_public:
+            check_token(tokens, request)  # a scraper sends the token, not the protocol
         return await handler(request)
 
     return guard
+
+
+def check_token(tokens: TokenSet, request: web.Request) -> None:
+    # surrogateescape: a header of hostile bytes is a wrong token, not a crash.
+    given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+    if not tokens.accepts(given):
+        raise Unauthorized()
+
+
+def measure_middleware(metrics: Metrics) -> Middleware:
+    """Every request's time by route template (never a ref), and the access line."""
+
+    @web.middleware
+    async def measure(request: web.Request, handler: Handler) -> web.StreamResponse:
+        started, status = time.perf_counter(), 500
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        finally:
+            seconds = time.perf_counter() - started
+            resource = request.match_info.route.resource
+            route = resource.canonical if resource is not None else "unmatched"
+            method = request.method if request.method in METHODS else "other"
+            metrics.request(route, method, status, seconds)
+            access_log.debug(
+                "%s %s %d %.1f ms", method, route, status, seconds * 1000,
+                extra={"client": request.remote, "status": status},
+            )  # fmt: skip
+
+    return measure
 
 
 def check_protocol(value: str | None) -> None:
@@ -101,15 +136,19 @@ def create_node_app(
     for a test daemon on an engine shared with other people's nodes).
     """
     tokens = TokenSet.from_settings(settings)  # no token, no app
+    metrics = Metrics()
+    guard = guard_middleware(tokens, metrics_public=settings.metrics_public)
     app = web.Application(
-        middlewares=[*middlewares, errors_middleware, guard_middleware(tokens)],
+        middlewares=[*middlewares, measure_middleware(metrics), errors_middleware, guard],
         client_max_size=MAX_BODY_BYTES,
     )
     app[SETTINGS] = settings
     app[TOKENS] = tokens
+    app[METRICS] = metrics
     app.add_routes(routes)
     app.cleanup_ctx.append(_lifecycle(runtime, allocator, clock, sweep=sweep))
     app.cleanup_ctx.append(_background(tokens.watch, name="token file watch"))
+    app.cleanup_ctx.append(_background(metrics.watch_lag, name="event loop lag"))
     return app
 
 
@@ -123,11 +162,13 @@ def _lifecycle(
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         settings = app[SETTINGS]
         inventory.check_fabrics(settings.fabrics)
-        runtime = given_runtime or await detect_runtime(settings)
+        runtime = given_runtime or await detect_runtime(settings, telemetry=app[METRICS])
         if given_runtime is None:
             await runtime.start()  # the state cache is filled before the first request
         allocator = given_allocator or GpuAllocator(runtime, settings)
-        jobs = app[JOBS] = JobService(runtime, allocator, settings, clock=clock)
+        jobs = app[JOBS] = JobService(
+            runtime, allocator, settings, clock=clock, telemetry=app[METRICS]
+        )
         await jobs.start()  # the operator's cordon or drain, before the first request
         tasks = []
         if sweep:  # wreckage of a daemon killed between create and start, before serving

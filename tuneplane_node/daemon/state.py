@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from tuneplane_node.daemon.metrics import Metrics
 from tuneplane_node.daemon.tokens import TokenSet
 from tuneplane_node.jobs import JobService
 from tuneplane_node.settings import NodeSettings
@@ -11,3 +12,4 @@ from tuneplane_node.settings import NodeSettings
 SETTINGS = web.AppKey("settings", NodeSettings)
 JOBS = web.AppKey("jobs", JobService)
 TOKENS = web.AppKey("tokens", TokenSet)
+METRICS = web.AppKey("metrics", Metrics)

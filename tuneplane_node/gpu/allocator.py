@@ -54,6 +54,16 @@ class Occupancy:
         others = {card for owner, cards in self.claims.items() if owner != ref for card in cards}
         return tuple(card for card in self.free if card not in others)
 
+    def card_kind(self, index: int) -> str:
+        """One word per card, each card exactly one: what the metrics count."""
+        if index in self.unhealthy:
+            return "unhealthy"
+        if index in self.external and index not in self.by_job:
+            return "external"
+        if index in self.by_job:
+            return "held"
+        return "reserved" if index in self.reserved else "free"
+
     def card_state(self, index: int) -> str:
         if index in self.unhealthy:
             return f"unhealthy: {self.unhealthy[index]}"

@@ -199,6 +199,7 @@ def read_card(index: int, handle: Any, xids: tuple[int, ...]) -> _Reading:
     memory = _optional(pynvml.nvmlDeviceGetMemoryInfo, handle)
     pci = _optional(pynvml.nvmlDeviceGetPciInfo, handle)
     processes = read_processes(handle)
+    busy = _optional(pynvml.nvmlDeviceGetUtilizationRates, handle)
     card = CardFacts(
         index=index,
         uuid=_text(_optional(pynvml.nvmlDeviceGetUUID, handle)),
@@ -209,6 +210,7 @@ def read_card(index: int, handle: Any, xids: tuple[int, ...]) -> _Reading:
         temperature_c=_optional(
             pynvml.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU
         ),
+        utilization_pct=busy.gpu if busy is not None else None,
         processes=processes or (),
     )
     return _Reading(card, read_faults(handle, xids), processes_ok=processes is not None)

@@ -52,6 +52,7 @@ class CardFacts:
     memory_total_mib: int | None = None
     memory_used_mib: int | None = None
     temperature_c: int | None = None
+    utilization_pct: int | None = None  # busy share of the last sample period
     unhealthy: str | None = None
     processes: tuple[GpuProcess, ...] = ()
 
@@ -327,6 +328,7 @@ def _parse_card(entry: object, where: str) -> tuple[CardFacts, CardFaults]:
         memory_total_mib=_field(card, "memory_total_mib", int, where),
         memory_used_mib=_field(card, "memory_used_mib", int, where),
         temperature_c=_field(card, "temperature_c", int, where),
+        utilization_pct=_field(card, "utilization_pct", int, where),
         processes=tuple(
             _parse_process(p, f"{where}.processes[{i}]") for i, p in enumerate(processes)
         ),

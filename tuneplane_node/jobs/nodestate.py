@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -65,6 +66,10 @@ class NodeStateFile:
 
     def __init__(self, state_dir: Path) -> None:
         self.path = state_dir / STATE_FILE
+        # A cancelled caller's thread still writes: the newest state wins, whatever the
+        # order the threads get here in.
+        self._lock = threading.Lock()
+        self._written = 0
 
     def load(self, now: str) -> NodeState:
         """The saved state; none saved is ready; an unreadable file is cordoned."""
@@ -85,8 +90,16 @@ class NodeStateFile:
         log.error("node state: %s: starting cordoned", reason)
         return NodeState(state=CORDONED, reason=reason[:MAX_REASON_CHARS], since=now)
 
-    def save(self, state: NodeState) -> None:
-        """Atomically: a crash leaves the old file or the new one, never half of one."""
+    def save(self, state: NodeState, sequence: int = 0) -> None:
+        """Atomically: a crash leaves the old file or the new one, never half of one.
+        ``sequence``: the order the states were decided in; an older one is not written."""
+        with self._lock:
+            if sequence and sequence < self._written:
+                return
+            self._write(state)
+            self._written = sequence
+
+    def _write(self, state: NodeState) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         temporary = self.path.with_name(f".{STATE_FILE}.{os.getpid()}.tmp")
         data = json.dumps(_unparse(state), indent=1).encode()

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 
 from tuneplane_node.runtime.base import ContainerRuntime, PullLimits, PullProgress
+from tuneplane_node.telemetry import NO_TELEMETRY, Telemetry
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +32,12 @@ class SharedPull:
 
 
 class PullCoordinator:
-    def __init__(self, runtime: ContainerRuntime, limits: PullLimits) -> None:
+    def __init__(
+        self, runtime: ContainerRuntime, limits: PullLimits, telemetry: Telemetry = NO_TELEMETRY
+    ) -> None:
         self.runtime = runtime
         self.limits = limits
+        self.telemetry = telemetry
         self.pulls: dict[str, SharedPull] = {}
 
     def join(self, image: str) -> SharedPull:
@@ -62,10 +67,28 @@ class PullCoordinator:
                 pull.task.cancel()
 
     async def _pull(self, pull: SharedPull) -> None:
+        started, outcome = time.monotonic(), "failed"
         try:
             await self.runtime.pull(pull.image, limits=self.limits, on_progress=pull.update)
+            outcome = "ok"
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
         finally:
             self._forget(pull)
+            elapsed = time.monotonic() - started
+            self.telemetry.pull_finished(outcome, elapsed, pull.progress.bytes_done)
+            log.info(
+                "pull of %s: %s after %.1f s, %d bytes",
+                pull.image,
+                outcome,
+                elapsed,
+                pull.progress.bytes_done,
+                extra={"image": pull.image, "result": outcome},
+            )
+
+    def in_flight(self) -> int:
+        return len(self.pulls)
 
     def _forget(self, pull: SharedPull) -> None:
         if self.pulls.get(pull.image) is pull:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
 from tuneplane_node.gpu.allocator import Occupancy
@@ -125,3 +125,22 @@ class Inventory:
     accelerator_count: int | None
     runtime: str | None
     node: NodeState
+
+
+class LogNote:
+    """A followed log that is one sentence (a pending launch, no such container): a
+    `LogStream` like the engine's, so the daemon streams either alike."""
+
+    def __init__(self, text: str) -> None:
+        self._chunks = [text.encode()]
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if not self._chunks:
+            raise StopAsyncIteration
+        return self._chunks.pop()
+
+    async def aclose(self) -> None:
+        self._chunks.clear()

@@ -13,9 +13,11 @@ other. The GPU allocation lock covers only choosing cards and recording the clai
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import itertools
 import logging
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import replace
 from datetime import datetime
 
@@ -27,6 +29,7 @@ from tuneplane_node.errors import (
     NameTaken,
     NodeCordoned,
     NodeError,
+    TooManyFollows,
 )
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs.locks import RefLocks
@@ -48,6 +51,7 @@ from tuneplane_node.jobs.results import (
     JobView,
     LaunchRequest,
     LaunchResult,
+    LogNote,
     NodeStatus,
     Pulling,
     Started,
@@ -59,10 +63,12 @@ from tuneplane_node.runtime.base import (
     ContainerSpec,
     ContainerState,
     LogQuery,
+    LogStream,
     LogText,
     PullLimits,
 )
 from tuneplane_node.settings import NodeSettings
+from tuneplane_node.telemetry import NO_TELEMETRY, Telemetry
 
 log = logging.getLogger(__name__)
 DRAIN_RETRY_S = 5.0
@@ -70,6 +76,12 @@ DRAIN_RETRY_S = 5.0
 LOG_READERS = 1
 """Logs read at once. A read of a huge log keeps a thread busy in Python for a second or
 more; two at once starve the event loop of the GIL (health took 90 ms behind three)."""
+
+
+def follow_limit(settings: NodeSettings) -> int:
+    """Logs followed at once: each holds an engine thread for as long as it streams, so
+    a quarter of the pool at most, and the other verbs always keep three quarters."""
+    return max(1, settings.runtime_threads // 4)
 
 
 def reapable(state: ContainerState, max_age_s: float, now: datetime) -> bool:
@@ -106,6 +118,7 @@ class JobService:
         settings: NodeSettings,
         *,
         clock: Clock = SYSTEM_CLOCK,
+        telemetry: Telemetry = NO_TELEMETRY,
     ) -> None:
         self.runtime = runtime
         self.allocator = allocator
@@ -114,12 +127,15 @@ class JobService:
         self.locks = RefLocks()
         self.pending = PendingTable(clock=clock)
         limits = PullLimits(settings.local_image_pull_timeout_s, settings.local_image_pull_stall_s)
-        self.pulls = PullCoordinator(runtime, limits)
+        self.pulls = PullCoordinator(runtime, limits, telemetry)
         self.disk = inventory.DiskGauge(settings.storage, clock=clock)
         self.mounts = MountPolicy(settings.mount_roots)
         self._log_readers = asyncio.Semaphore(LOG_READERS)
+        self.follow_limit = follow_limit(settings)
+        self._followers = asyncio.Semaphore(self.follow_limit)
         self.state_file = NodeStateFile(settings.state_dir)
         self.node = NodeState()  # until start() reads the file
+        self._saves = itertools.count(1)
         self._drain: asyncio.Task[None] | None = None
 
     # --- the "ours" rule ----------------------------------------------------------------
@@ -271,21 +287,50 @@ class JobService:
     async def logs(self, ref: str, tail: int, since: datetime | None = None) -> LogText:
         """The container's last lines, at most ``TUNEPLANE_LOGS_MAX_BYTES`` of the newest;
         for a pending or missing one, a sentence saying so."""
-        record = self.pending.get(ref)
-        if record is not None:
-            note = f"no logs yet: {ref} is {record.phase} ({record.error or record.image})"
-            return LogText(note)
-        missing = LogText(f"no logs: container {ref} does not exist")
-        state = await self._own(ref)
-        if not state.exists:
-            return missing
+        found = await self._readable(ref)
+        if isinstance(found, LogText):
+            return found
         query = LogQuery(tail=tail, max_bytes=self.settings.logs_max_bytes, since=since)
         try:
             async with self._log_readers:  # each read is a busy thread: the loop needs the GIL
-                text = await self.runtime.logs(self._target(state), query)
+                text = await self.runtime.logs(self._target(found), query)
         except EngineRefused as exc:
             return LogText(f"no logs for {ref}: {exc.reason}")
-        return missing if text is None else text
+        return _missing(ref) if text is None else text
+
+    @contextlib.asynccontextmanager
+    async def follow(
+        self, ref: str, tail: int, since: datetime | None = None
+    ) -> AsyncIterator[LogStream]:
+        """The container's last lines, then its new ones until it stops; for a pending or
+        missing one, the sentence `logs` gives. Past `follow_limit` streams at once,
+        `TooManyFollows` (before anything is sent). Leaving the context releases the
+        stream and its slot at once."""
+        found = await self._readable(ref)
+        if isinstance(found, LogText):
+            yield LogNote(found.text)
+            return
+        if self._followers.locked():
+            raise TooManyFollows(limit=self.follow_limit)
+        async with self._followers:
+            query = LogQuery(tail=tail, max_bytes=self.settings.logs_max_bytes, since=since)
+            try:
+                stream = await self.runtime.follow_logs(self._target(found), query)
+            except EngineRefused as exc:
+                stream = LogNote(f"no logs for {ref}: {exc.reason}")
+            try:
+                yield LogNote(_missing(ref).text) if stream is None else stream
+            finally:
+                if stream is not None:
+                    await stream.aclose()
+
+    async def _readable(self, ref: str) -> ContainerState | LogText:
+        """The node's container of that name, or the sentence saying why it has no logs."""
+        record = self.pending.get(ref)
+        if record is not None:
+            return LogText(f"no logs yet: {ref} is {record.phase} ({record.error or record.image})")
+        state = await self._own(ref)
+        return state if state.exists else _missing(ref)
 
     # --- stop, remove, reap -------------------------------------------------------------
 
@@ -477,7 +522,7 @@ class JobService:
                 node = node.keeping(s.id for s in await self.runtime.ps() if s.id)
         self.node = node
         try:
-            await asyncio.to_thread(self.state_file.save, node)
+            await asyncio.to_thread(self.state_file.save, node, next(self._saves))
         except OSError as exc:
             raise NodeError(
                 f"the node is {node.state} now, but {self.state_file.path} could not be "
@@ -510,6 +555,12 @@ class JobService:
             node=self.node,
         )
 
+    async def job_counts(self) -> collections.Counter[str]:
+        """The node's containers by status, and its pending launches by phase."""
+        counts = collections.Counter(record.phase for record in self.pending.records())
+        counts.update(state.status for state in await self.runtime.ps())
+        return counts
+
     async def inventory(self) -> Inventory:
         return await read_inventory(self.runtime, self.allocator, self.settings, self.node)
 
@@ -541,6 +592,10 @@ async def read_inventory(
         runtime=f"{engine.engine}://{engine.version}" if engine.version else None,
         node=node,
     )
+
+
+def _missing(ref: str) -> LogText:
+    return LogText(f"no logs: container {ref} does not exist")
 
 
 def _because(reason: str | None) -> str:

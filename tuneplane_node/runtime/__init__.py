@@ -13,35 +13,42 @@ from tuneplane_node.errors import ConfigError
 from tuneplane_node.runtime.base import ContainerRuntime, EngineFeed
 from tuneplane_node.runtime.cache import CachedRuntime
 from tuneplane_node.settings import NodeSettings
+from tuneplane_node.telemetry import NO_TELEMETRY, Telemetry
 
 log = logging.getLogger(__name__)
 
 
-def make_runtime(settings: NodeSettings, kind: str, *, cache: bool = True) -> ContainerRuntime:
+def make_runtime(
+    settings: NodeSettings,
+    kind: str,
+    *,
+    cache: bool = True,
+    telemetry: Telemetry = NO_TELEMETRY,
+) -> ContainerRuntime:
     """The runtime of that kind, built without asking its engine anything.
 
     With ``cache``, engine runtimes come behind the state cache: ``start()`` it before
     serving. One-shot commands (check, inventory) ask the engine directly.
     """
     if kind in ("docker", "podman"):
-        engine = _engine(settings, kind)
+        engine = _engine(settings, kind, telemetry)
         return cached(engine, settings) if cache else engine
     if kind == "process":
         from tuneplane_node.runtime.process import ProcessRuntime
 
         log.warning("process runtime: jobs run as bare processes; development machines only")
-        return ProcessRuntime(settings)
+        return ProcessRuntime(settings, telemetry=telemetry)
     raise ConfigError(f"TUNEPLANE_LOCAL_RUNTIME: unknown runtime {kind!r}")
 
 
-def _engine(settings: NodeSettings, kind: str) -> EngineFeed:
+def _engine(settings: NodeSettings, kind: str, telemetry: Telemetry) -> EngineFeed:
     if kind == "docker":
         from tuneplane_node.runtime.docker import DockerRuntime
 
-        return DockerRuntime(settings)
+        return DockerRuntime(settings, telemetry=telemetry)
     from tuneplane_node.runtime.podman import PodmanRuntime
 
-    return PodmanRuntime(settings)
+    return PodmanRuntime(settings, telemetry=telemetry)
 
 
 def cached(feed: EngineFeed, settings: NodeSettings) -> CachedRuntime:
@@ -50,7 +57,9 @@ def cached(feed: EngineFeed, settings: NodeSettings) -> CachedRuntime:
     )
 
 
-async def detect_runtime(settings: NodeSettings, *, cache: bool = True) -> ContainerRuntime:
+async def detect_runtime(
+    settings: NodeSettings, *, cache: bool = True, telemetry: Telemetry = NO_TELEMETRY
+) -> ContainerRuntime:
     """The configured runtime; ``auto`` takes docker, then podman, whichever answers.
 
     An explicitly chosen engine is returned even while it is down: the daemon then answers
@@ -59,14 +68,14 @@ async def detect_runtime(settings: NodeSettings, *, cache: bool = True) -> Conta
     error naming it, never a silent move to podman (jobs on docker would all read gone).
     """
     if settings.local_runtime != "auto":
-        return make_runtime(settings, settings.local_runtime, cache=cache)
+        return make_runtime(settings, settings.local_runtime, cache=cache, telemetry=telemetry)
     docker_address = settings.docker_host or os.environ.get("DOCKER_HOST")
     candidates = [("docker", docker_address or "the default socket")]
     if not docker_address:
         candidates.append(("podman", settings.podman_url))
     tried = []
     for kind, address in candidates:
-        engine = _engine(settings, kind)
+        engine = _engine(settings, kind, telemetry)
         health = await engine.health()  # the engine itself: a cache would not be synced yet
         if health.ok:
             log.info("runtime: %s %s at %s", kind, health.version, address)

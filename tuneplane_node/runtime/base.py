@@ -11,7 +11,7 @@ import functools
 import hashlib
 import logging
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, NamedTuple, Protocol
@@ -182,6 +182,21 @@ class LogText(NamedTuple):
     truncated: bool = False
 
 
+class LogStream(Protocol):
+    """A followed log: chunks of its text as the job writes them, until it stops.
+
+    The text is `LogText`'s (each line after its RFC 3339 time), cut anywhere, never
+    more than a few KiB a chunk. ``aclose`` releases at once all the stream holds (the
+    engine's response, the thread reading it); iterating after it ends at once.
+    """
+
+    def __aiter__(self) -> AsyncIterator[bytes]: ...
+
+    async def __anext__(self) -> bytes: ...
+
+    async def aclose(self) -> None: ...
+
+
 class PullLimits(NamedTuple):
     """The two deadlines of a pull, in seconds: in all, and without any progress."""
 
@@ -245,6 +260,14 @@ class ContainerRuntime(Protocol):
     async def logs(self, ref: str, query: LogQuery) -> LogText | None:
         """The lines of stdout and stderr the query asks for; None when the container is
         missing. Read in chunks, never the whole log in memory, off the loop."""
+
+    async def follow_logs(self, ref: str, query: LogQuery) -> LogStream | None:
+        """The last ``tail`` lines (none before ``since``), then each new line as the job
+        writes it, until the container stops; None when it is missing. ``max_bytes``
+        does not apply: nothing is held but the chunk in hand. The next chunk is read
+        only once the caller has taken the last, so a slow reader slows the reading and
+        never grows the node; the caller must ``aclose`` the stream. Opening it has the
+        deadline of any call; waiting for lines has none (the job may be quiet)."""
 
     async def kill(self, ref: str, signal: str) -> None:
         """Send ``signal`` (``SIGTERM``, ``SIGKILL``) to the container's processes.

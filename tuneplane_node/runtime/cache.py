@@ -36,6 +36,7 @@ from tuneplane_node.runtime.base import (
     EngineEvent,
     EngineFeed,
     LogQuery,
+    LogStream,
     LogText,
     ProgressCallback,
     PullLimits,
@@ -429,6 +430,9 @@ class CachedRuntime:
 
     async def logs(self, ref: str, query: LogQuery) -> LogText | None:
         return await self.inner.logs(ref, query)
+
+    async def follow_logs(self, ref: str, query: LogQuery) -> LogStream | None:
+        return await self.inner.follow_logs(ref, query)
 
     async def health(self) -> RuntimeHealth:
         """From memory: the engine's version is asked once per sync generation. A stale

@@ -99,6 +99,16 @@ class DockerRuntime(EngineRuntime, errors=ERRORS):
         finally:
             stream.close()
 
+    def _open_follow(self, ref: str, params: Mapping[str, int | float]) -> Any:
+        # The public logs() reads with the client's timeout, which would end the stream
+        # of a job quiet for that long, and hides the response a close must shut.
+        api: Any = self.api  # private: not in the stubs
+        timeout = self.settings.local_api_timeout
+        url = api._url("/containers/{0}/logs", ref)
+        response = api._get(url, params=params, stream=True, timeout=(timeout, timeout))
+        api._raise_for_status(response)
+        return response
+
     def _kill(self, ref: str, signal: str) -> None:
         self.api.kill(ref, signal=signal)
 

@@ -10,6 +10,7 @@ an SDK.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 from abc import ABC, abstractmethod
@@ -26,6 +27,7 @@ from tuneplane_node.errors import (
     SpecRefused,
     is_name_conflict,
 )
+from tuneplane_node.runtime import dockerformat as fmt
 from tuneplane_node.runtime.base import (
     DEVICES_ENV,
     LABEL_RUN_ID,
@@ -36,6 +38,7 @@ from tuneplane_node.runtime.base import (
     ContainerState,
     EngineEvent,
     LogQuery,
+    LogStream,
     LogText,
     ProgressCallback,
     PullLimits,
@@ -44,9 +47,11 @@ from tuneplane_node.runtime.base import (
     job_labels,
 )
 from tuneplane_node.runtime.dockerformat import LogFold
+from tuneplane_node.runtime.logstream import LogRelay, unbound_reads
 from tuneplane_node.runtime.pool import BlockingPool
 from tuneplane_node.runtime.pulling import drive_pull
 from tuneplane_node.settings import NodeSettings
+from tuneplane_node.telemetry import NO_TELEMETRY, Telemetry
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -171,9 +176,17 @@ class EngineRuntime(ABC):
         if errors is not None:
             cls.errors, cls.name = errors, errors.engine
 
-    def __init__(self, settings: NodeSettings, *, pool: BlockingPool | None = None) -> None:
+    def __init__(
+        self,
+        settings: NodeSettings,
+        *,
+        pool: BlockingPool | None = None,
+        telemetry: Telemetry = NO_TELEMETRY,
+    ) -> None:
         self.settings = settings
-        self.pool = pool or BlockingPool(settings.runtime_threads, name=self.name)
+        self.pool = pool or BlockingPool(
+            settings.runtime_threads, name=self.name, telemetry=telemetry
+        )
         # HTTP connections the SDK keeps: one per pool thread, plus the state cache's
         # event stream and the inspect its thread makes after each event.
         self.http_connections = settings.runtime_threads + 2
@@ -218,6 +231,11 @@ class EngineRuntime(ABC):
         """The last ``tail`` log entries (``TIMESTAMP text``, a long line in pieces)."""
 
     @abstractmethod
+    def _open_follow(self, ref: str, params: Mapping[str, int | float]) -> Any:
+        """The streamed HTTP response of ``/containers/{ref}/logs`` with these parameters,
+        its status checked; its headers within the deadline, its reads unbounded."""
+
+    @abstractmethod
     def _kill(self, ref: str, signal: str) -> None: ...
     @abstractmethod
     def _remove(self, name: str) -> None: ...
@@ -239,9 +257,11 @@ class EngineRuntime(ABC):
     async def _call(self, action: str, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn`` on the pool, within the deadline: a wedged engine may hold the
         thread until the SDK's own timeout, never the caller."""
+        call = args[1] if fn == self._or else fn  # the metrics name the call, not the wrapper
         try:
             return await asyncio.wait_for(
-                self.pool.call(self._guarded, action, fn, *args), self.deadline_s
+                self.pool.call_as(call.__name__, self._guarded, action, fn, *args),
+                self.deadline_s,
             )
         except asyncio.TimeoutError:
             reason = f"no answer within {self.deadline_s:g} s ({action})"
@@ -324,6 +344,30 @@ class EngineRuntime(ABC):
             if whole or fold.complete > query.tail:
                 return fold.text(skip_first=not whole)
             wanted *= 8
+
+    async def follow_logs(self, ref: str, query: LogQuery) -> LogStream | None:
+        relay = LogRelay(engine=self.name)
+        params = fmt.follow_params(query.tail, query.since)
+        read = functools.partial(self._follow, ref, params)
+        return relay if await relay.start(self.pool, read, deadline_s=self.deadline_s) else None
+
+    def _follow(self, ref: str, params: Mapping[str, int | float], relay: LogRelay) -> None:
+        """On a pool thread: open the stream, then hand its text on until it ends (the
+        container stopped) or the relay is closed (its socket shut under this read)."""
+        action = f"follow the logs of {ref}"
+        response = self._guarded(action, self._or, None, self._open_follow, ref, params)
+        if not relay.attach(response):
+            if response is not None:
+                response.close()
+            return
+        try:
+            unbound_reads(response)
+            pieces = fmt.log_pieces(response.raw.read, piece=relay.limit)
+            for piece in self._translated(pieces, action=action):
+                if not relay.put(piece):
+                    return
+        finally:
+            response.close()  # here, by the reading thread only (see `logstream`)
 
     async def kill(self, ref: str, signal: str) -> None:
         await self._call(f"signal {ref}", self._or, None, self._quiet_kill, ref, signal)

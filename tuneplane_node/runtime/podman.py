@@ -92,6 +92,20 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
         assert not isinstance(frames, bytes)  # a stream was asked for
         yield from frames
 
+    def _open_follow(self, ref: str, params: Mapping[str, int | float]) -> Any:
+        # The compat endpoint: docker's parameters and frames (logs() hides the response
+        # a close must shut). Headers within the deadline; reads unbounded after them.
+        timeout = self.settings.local_api_timeout
+        response = self.api.get(
+            f"/containers/{ref}/logs",
+            params=dict(params),
+            stream=True,
+            timeout=(timeout, timeout),
+            compatible=True,
+        )
+        response.raise_for_status()
+        return response
+
     def _kill(self, ref: str, signal: str) -> None:
         self.client.containers.get(ref).kill(signal=signal)
 

@@ -30,7 +30,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncGenerator, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -44,6 +44,7 @@ from tuneplane_node.runtime.base import (
     ContainerSpec,
     ContainerState,
     LogQuery,
+    LogStream,
     LogText,
     ProgressCallback,
     PullLimits,
@@ -53,6 +54,7 @@ from tuneplane_node.runtime.base import (
 )
 from tuneplane_node.runtime.pool import BlockingPool
 from tuneplane_node.settings import NodeSettings
+from tuneplane_node.telemetry import NO_TELEMETRY, Telemetry
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +70,8 @@ _POLL_S = 0.05
 _KILL_GRACE_S = 5.0
 _DRAIN_S = 1.0
 _TAIL_CHUNK = 64 * 1024
+_FOLLOW_POLL_S = 0.2
+"""How often a followed log looks for new lines: a read of the file, no thread held."""
 _HAS_PROC = Path("/proc/self/stat").exists()
 _BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
 _SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGKILL": signal.SIGKILL, "SIGINT": signal.SIGINT}
@@ -138,11 +142,19 @@ class ProcessRuntime:
 
     name = ENGINE
 
-    def __init__(self, settings: NodeSettings, *, state_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        settings: NodeSettings,
+        *,
+        state_dir: Path | None = None,
+        telemetry: Telemetry = NO_TELEMETRY,
+    ) -> None:
         root = state_dir if state_dir is not None else settings.state_dir / "process-runtime"
         self.root = root.expanduser().absolute()
         self._settings = settings
-        self._pool = BlockingPool(settings.runtime_threads, name="tuneplane-process")
+        self._pool = BlockingPool(
+            settings.runtime_threads, name="tuneplane-process", telemetry=telemetry
+        )
         # Popen objects of the processes this daemon started: polling them reaps zombies.
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._lock = threading.Lock()
@@ -172,6 +184,34 @@ class ProcessRuntime:
             return None
         await self._drain(job)
         return await self._pool.call(_tail, job.dir / LOG_FILE, query)
+
+    async def follow_logs(self, name: str, query: LogQuery) -> LogStream | None:
+        """The stamped lines, then new ones as the stamper writes them, read from the file
+        every 0.2 s (each read a short call: no thread is held while the job is quiet),
+        until the job and its stamper have ended."""
+        job = await self._pool.call(self._load, name)
+        return None if job is None else self._follow(job, query)
+
+    async def _follow(self, job: _Job, query: LogQuery) -> AsyncGenerator[bytes, None]:
+        path = job.dir / LOG_FILE
+        text, offset = await self._pool.call(_tail_at, path, query)
+        if text.text:
+            yield text.text.encode()
+        while True:
+            writing = await self._writing(job)  # asked before the read: no line is missed
+            chunk = await self._pool.call(_read_at, path, offset)
+            offset += len(chunk)
+            if chunk:
+                yield chunk
+            elif not writing:
+                return
+            else:
+                await asyncio.sleep(_FOLLOW_POLL_S)
+
+    async def _writing(self, job: _Job) -> bool:
+        """Whether lines may still come: the job or its stamper still runs."""
+        procs = [proc for proc in (job.main, job.stamper) if proc is not None]
+        return any([await self._pool.call(self._alive, proc) for proc in procs])
 
     async def kill(self, ref: str, signal: str) -> None:
         """The signal to the job's whole process group; no job, or ended: nothing to do."""
@@ -533,9 +573,25 @@ def _pid_alive(proc: _Proc) -> bool:
 
 def _tail(path: Path, query: LogQuery) -> LogText:
     """The last lines, read backwards, so a huge log costs no more than the answer."""
+    return _tail_at(path, query)[0]
+
+
+def _read_at(path: Path, offset: int) -> bytes:
+    """At most a tail chunk of the log from ``offset`` on; none when there is no log."""
     try:
         with path.open("rb") as file:
-            position = file.seek(0, os.SEEK_END)
+            file.seek(offset)
+            return file.read(_TAIL_CHUNK)
+    except FileNotFoundError:
+        return b""
+
+
+def _tail_at(path: Path, query: LogQuery) -> tuple[LogText, int]:
+    """`_tail`, and the offset of the log's end it read up to (a follow reads on there)."""
+    end = 0
+    try:
+        with path.open("rb") as file:
+            position = end = file.seek(0, os.SEEK_END)
             data = b""
             while position > 0 and data.count(b"\n") <= query.tail:
                 if len(data) > query.max_bytes:
@@ -545,12 +601,12 @@ def _tail(path: Path, query: LogQuery) -> LogText:
                 file.seek(position)
                 data = file.read(step) + data
     except FileNotFoundError:
-        return LogText("")
+        return LogText(""), 0
     lines = data.splitlines(keepends=True)
     if position > 0:
         lines = lines[1:]  # it may have begun before what was read
     lines = [line for line in lines[max(0, len(lines) - query.tail) :] if _since(line, query.since)]
-    return _capped(lines, query.max_bytes)
+    return _capped(lines, query.max_bytes), end
 
 
 def _since(line: bytes, since: datetime | None) -> bool:

@@ -1,0 +1,199 @@
+"""Prometheus metrics: ``GET /metrics`` in the text exposition format.
+
+Two kinds of series. Events (HTTP requests, launches, engine calls, pulls) are counted
+as they happen, through this module's `Metrics` (the `Telemetry` of the layers below).
+States (cards, jobs, the cache, the node state, pulls in flight) are read from the job
+service when a scrape comes, so a scrape is never stale and costs nothing in between.
+
+Labels are bounded sets: route templates, never refs; SDK function names; outcomes.
+Each app has its own registry: two daemons in one process (tests) never share counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+
+from prometheus_client import (
+    CollectorRegistry,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client import Counter as CounterMetric
+
+from tuneplane_node import __version__
+from tuneplane_node.errors import NodeError
+from tuneplane_node.gpu.allocator import Occupancy
+from tuneplane_node.jobs import JobService
+from tuneplane_node.jobs.nodestate import STATES
+from tuneplane_node.runtime.base import CacheStatus
+from tuneplane_node.telemetry import Telemetry
+
+log = logging.getLogger(__name__)
+PREFIX = "tuneplane_node"
+CARD_KINDS = ("free", "held", "reserved", "unhealthy", "external")
+JOB_STATUSES = ("running", "created", "paused", "restarting", "exited", "dead")
+PENDING_PHASES = ("pulling", "starting", "failed")
+MIB = 2**20
+LAG_PERIOD_S = 0.5
+# Seconds: an API answer is milliseconds, a pull minutes to an hour.
+HTTP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+ENGINE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+PULL_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200)
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # what every Prometheus reads
+
+
+class Metrics(Telemetry):
+    """The node's series, in one registry per daemon."""
+
+    def __init__(self) -> None:
+        self.registry = registry = CollectorRegistry(auto_describe=True)
+        self.worst_lag = 0.0  # since the last scrape
+        self.build = Gauge(
+            f"{PREFIX}_build_info", "The daemon's version.", ["version"], registry=registry
+        )
+        self.build.labels(__version__).set(1)
+        self._events(registry)
+        self._states(registry)
+
+    def _events(self, registry: CollectorRegistry) -> None:
+        self.http = Histogram(
+            f"{PREFIX}_http_request_duration_seconds",
+            "API requests by route template, method and status.",
+            ["route", "method", "status"],
+            buckets=HTTP_BUCKETS,
+            registry=registry,
+        )
+        self.launches = CounterMetric(
+            f"{PREFIX}_launches",
+            "Launch requests by outcome: started, running (idempotent), pulling, pending "
+            "(idempotent), refused (4xx), failed (5xx).",
+            ["outcome"],
+            registry=registry,
+        )
+        self.engine = Histogram(
+            f"{PREFIX}_engine_call_duration_seconds",
+            "Blocking engine calls by SDK function, queueing for a thread included.",
+            ["call"],
+            buckets=ENGINE_BUCKETS,
+            registry=registry,
+        )
+        self.engine_errors = CounterMetric(
+            f"{PREFIX}_engine_errors", "Engine calls that raised.", ["call"], registry=registry
+        )
+        self.pull_seconds = Histogram(
+            f"{PREFIX}_pull_duration_seconds",
+            "Image pulls by outcome: ok, failed, cancelled.",
+            ["outcome"],
+            buckets=PULL_BUCKETS,
+            registry=registry,
+        )
+        self.pull_bytes = CounterMetric(
+            f"{PREFIX}_pull_bytes", "Bytes downloaded by image pulls.", registry=registry
+        )
+
+    def _states(self, registry: CollectorRegistry) -> None:
+        def gauge(name: str, about: str, labels: tuple[str, ...] = ()) -> Gauge:
+            return Gauge(f"{PREFIX}_{name}", about, list(labels), registry=registry)
+
+        self.gpus = gauge("gpus", "Cards by state; they sum to the card count.", ("state",))
+        self.gpu_memory = gauge("gpu_memory_used_bytes", "Memory in use per card.", ("gpu",))
+        self.gpu_temperature = gauge("gpu_temperature_celsius", "Temperature per card.", ("gpu",))
+        self.gpu_busy = gauge(
+            "gpu_utilization_ratio", "Busy share of the driver's last sample.", ("gpu",)
+        )
+        self.jobs = gauge(
+            "jobs", "The node's containers by status, and pending launches by phase.", ("status",)
+        )
+        self.pulls = gauge("pulls_in_flight", "Image pulls running now.")
+        self.synced = gauge("state_cache_synced", "1 while the container-state cache is synced.")
+        self.cache_age = gauge(
+            "state_cache_age_seconds", "Seconds since the engine last confirmed the cache."
+        )
+        self.lag = gauge(
+            "event_loop_lag_seconds", "Worst event-loop delay since the previous scrape."
+        )
+        self.node_state = gauge("node_state", "1 for the node's state.", ("state",))
+
+    # --- events (Telemetry) -------------------------------------------------------------
+
+    def engine_call(self, call: str, seconds: float, *, failed: bool) -> None:
+        self.engine.labels(call).observe(seconds)
+        if failed:
+            self.engine_errors.labels(call).inc()
+
+    def pull_finished(self, outcome: str, seconds: float, bytes_done: int) -> None:
+        self.pull_seconds.labels(outcome).observe(seconds)
+        self.pull_bytes.inc(bytes_done)
+
+    def request(self, route: str, method: str, status: int, seconds: float) -> None:
+        self.http.labels(route, method, str(status)).observe(seconds)
+
+    def launch(self, outcome: str) -> None:
+        self.launches.labels(outcome).inc()
+
+    # --- a scrape -----------------------------------------------------------------------
+
+    async def scrape(self, jobs: JobService) -> bytes:
+        """Read the states now, then write every series."""
+        await self._read_states(jobs)
+        self.lag.set(self.worst_lag)
+        self.worst_lag = 0.0
+        return generate_latest(self.registry)
+
+    async def _read_states(self, jobs: JobService) -> None:
+        status = await jobs.status()
+        self._node_state(status.node.state)
+        self._cache(status.cache)
+        self.pulls.set(jobs.pulls.in_flight())
+        self._cards(status.occupancy)
+        try:
+            self._counts(await jobs.job_counts())
+        except NodeError:  # the engine down: how many jobs is unknown, not zero
+            self.jobs.clear()
+
+    def _cache(self, cache: CacheStatus | None) -> None:
+        """No cache (the process runtime) is always in step with itself."""
+        self.synced.set(1 if cache is None or cache.synced else 0)
+        ages = [] if cache is None else [cache.last_event_age_s, cache.last_relist_age_s]
+        known = [age for age in ages if age is not None]
+        self.cache_age.set(min(known) if known else float("nan"))  # NaN: unknown
+
+    def _node_state(self, current: str) -> None:
+        for state in STATES:
+            self.node_state.labels(state).set(1 if state == current else 0)
+
+    def _counts(self, counts: Counter[str]) -> None:
+        self.jobs.clear()
+        for status in (*JOB_STATUSES, *PENDING_PHASES, *counts):
+            self.jobs.labels(status).set(counts.get(status, 0))
+
+    def _cards(self, occupancy: Occupancy | None) -> None:
+        for gauge in (self.gpus, self.gpu_memory, self.gpu_temperature, self.gpu_busy):
+            gauge.clear()  # a card gone, or unknown now, is no series (never a stale 0)
+        if occupancy is None or not occupancy.known:
+            return
+        kinds = Counter(occupancy.card_kind(index) for index in range(occupancy.total))
+        for kind in CARD_KINDS:
+            self.gpus.labels(kind).set(kinds.get(kind, 0))
+        for card in occupancy.gpus.cards if occupancy.gpus else ():
+            gpu = str(card.index)
+            if card.memory_used_mib is not None:
+                self.gpu_memory.labels(gpu).set(card.memory_used_mib * MIB)
+            if card.temperature_c is not None:
+                self.gpu_temperature.labels(gpu).set(card.temperature_c)
+            if card.utilization_pct is not None:
+                self.gpu_busy.labels(gpu).set(card.utilization_pct / 100)
+
+    # --- the event loop's lag -----------------------------------------------------------
+
+    async def watch_lag(self) -> None:
+        """How late the loop wakes a sleeper: what every request waits on top of its work."""
+        loop = asyncio.get_running_loop()
+        while True:
+            start = loop.time()
+            await asyncio.sleep(LAG_PERIOD_S)
+            late = loop.time() - start - LAG_PERIOD_S
+            self.worst_lag = max(self.worst_lag, late)

@@ -1,0 +1,117 @@
+"""The package as an operator installs it: bounds, pins, the sdist.
+
+The bounds themselves are proven in CI (`.ci/run` installs the floors that
+contrib/dev/lowest.py prints and runs the fast suite); these tests keep the files that
+step reads honest.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+import tuneplane_node
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # the lowest supported Python: the `test` extra brings tomli there
+    import tomli as tomllib
+
+REPO = Path(__file__).resolve().parent.parent
+PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+
+
+def load_lowest() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("lowest", REPO / "contrib/dev/lowest.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def pins(path: Path) -> dict[str, Version]:
+    lines = (line.strip() for line in path.read_text().splitlines())
+    pairs = (line.split("==") for line in lines if line and not line.startswith("#"))
+    return {normalise(name): Version(version) for name, version in pairs}
+
+
+def normalise(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def test_every_runtime_dependency_is_pinned_to_its_floor_for_the_lowest_step() -> None:
+    floors = load_lowest().lowest(PROJECT["dependencies"])
+    assert len(floors) == len(PROJECT["dependencies"])
+    for pin, declared in zip(floors, PROJECT["dependencies"], strict=True):
+        requirement = Requirement(declared)
+        name, version = pin.split("==")
+        assert name == requirement.name
+        assert requirement.specifier.contains(version), f"{pin} is outside {declared}"
+
+
+def test_a_dependency_without_a_floor_is_refused_not_left_at_its_newest() -> None:
+    with pytest.raises(ValueError, match="nvidia-ml-py"):
+        load_lowest().lowest(["aiohttp>=3.14.4", "nvidia-ml-py"])
+
+
+def test_what_the_code_imports_is_declared() -> None:
+    declared = {Requirement(text).name for text in PROJECT["dependencies"]}
+    # requests and urllib3: the adapters translate their exceptions (runtime/docker.py).
+    imported = {"aiohttp", "docker", "podman", "pydantic", "pydantic-settings", "requests"}
+    imported |= {"urllib3", "nvidia-ml-py", "prometheus-client", "rich"}
+    assert imported <= declared
+
+
+def test_the_image_constraints_pin_every_dependency_inside_its_range() -> None:
+    pinned = pins(REPO / "constraints.txt")
+    for text in PROJECT["dependencies"]:
+        requirement = Requirement(text)
+        version = pinned.get(normalise(requirement.name))
+        assert version is not None, f"constraints.txt lacks {requirement.name}"
+        assert requirement.specifier.contains(version), f"{requirement.name}=={version}"
+
+
+def test_mypy_checks_against_the_lowest_supported_python() -> None:
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]
+    assert PROJECT["requires-python"] == f">={config['mypy']['python_version']}"
+    assert config["ruff"]["target-version"] == "py" + config["mypy"]["python_version"].replace(
+        ".", ""
+    )
+
+
+def test_the_sdist_carries_its_tests_and_they_collect(tmp_path: Path) -> None:
+    """An unpacked sdist collects as many tests as the checkout (conftest and helpers
+    shipped), and carries the version the package says."""
+    dist = tmp_path / "dist"
+    # No isolation: the test venv's setuptools builds it, so no index is needed.
+    build = [sys.executable, "-m", "build", "--sdist", "--no-isolation", "-o", str(dist)]
+    subprocess.run([*build, str(REPO)], check=True, capture_output=True, timeout=120)
+    (archive,) = dist.glob("*.tar.gz")
+    with tarfile.open(archive) as tar:
+        tar.extractall(tmp_path, filter="data")
+    unpacked = tmp_path / archive.name.removesuffix(".tar.gz")
+    assert f"Version: {tuneplane_node.__version__}\n" in (unpacked / "PKG-INFO").read_text()
+    assert collected(unpacked) == collected(REPO)
+
+
+def collected(root: Path) -> int:
+    """How many tests pytest collects in ``root``, its package first on the path."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"],
+        cwd=root,
+        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    last = result.stdout.strip().splitlines()[-1]  # "790 tests collected in 2.1s"
+    return int(last.split()[0])

@@ -45,6 +45,8 @@ install_packages() {
     [[ -x /bin/busybox ]] || missing+=(busybox-static)
     command -v curl >/dev/null || missing+=(curl)
     command -v openssl >/dev/null || missing+=(openssl)
+    command -v systemd-analyze >/dev/null || missing+=(systemd)     # verifies the unit
+    command -v debootstrap >/dev/null || missing+=(debootstrap)     # the image test's base
     command -v promtool >/dev/null || missing+=(prometheus) # checks the /metrics exposition
     ((${#missing[@]} == 0)) && return
     log "installing ${missing[*]}"

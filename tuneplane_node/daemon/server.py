@@ -8,7 +8,8 @@ open-file limit by closing the oldest idle ones; and a failing ``accept()`` is l
 at most once a second, without a traceback.
 
 SIGTERM and SIGINT stop the daemon gracefully; SIGHUP reads the token file and the TLS
-certificate again.
+certificate again. Under systemd (``Type=notify``) it says ``READY=1`` once it serves and
+``STOPPING=1`` when a stop begins.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from aiohttp.typedefs import Handler, Middleware
 from aiohttp.web_protocol import RequestHandler
 
 from tuneplane_node.daemon.app import create_node_app
+from tuneplane_node.daemon.notify import notify
 from tuneplane_node.daemon.state import TOKENS
 from tuneplane_node.errors import ConfigError
 from tuneplane_node.settings import NodeSettings, env_name
@@ -181,11 +183,15 @@ async def serve(settings: NodeSettings, *, host: str, port: int) -> None:
     previous = loop.get_exception_handler()
     loop.set_exception_handler(QuietAccept(loop.default_exception_handler))
     try:
+        # The app's start-up: the state cache synced (or the engine found down, which is
+        # then served as 503s) and the operator's cordon read, all before READY=1.
         await runner.setup()
         try:
             await _listen(runner, guard, host=host, port=port, context=context)
+            notify("READY=1", f"STATUS=serving on port {port}")
             await _until_stopped(lambda: _reload(app, settings, context))
         finally:
+            notify("STOPPING=1")
             await runner.cleanup()  # the app's cleanup: pulls cancelled, the engine closed
     finally:
         loop.set_exception_handler(previous)

@@ -25,7 +25,7 @@ class Clock:
 
 
 SYSTEM_CLOCK = Clock()
-_FRACTION = re.compile(r"(\.\d{6})\d+")
+_FRACTION = re.compile(r"\.(\d+)")
 
 
 def rfc3339(moment: datetime) -> str:
@@ -37,8 +37,9 @@ def parse_rfc3339(value: str | None) -> datetime | None:
     """An engine timestamp (nanoseconds allowed); None for none, junk, or Go's zero time."""
     if not value or value.startswith("0001-01-01"):
         return None
-    # Python takes at most microseconds: cut the fraction to 6 digits.
-    text = _FRACTION.sub(r"\1", value.strip().replace("Z", "+00:00"))
+    # Python takes at most microseconds, and 3.10 only 3 or 6 digits (docker drops
+    # trailing zeros: ".5"): make the fraction exactly 6 digits.
+    text = _FRACTION.sub(_six_digits, value.strip().replace("Z", "+00:00"))
     try:
         parsed = datetime.fromisoformat(text)
     except ValueError:
@@ -50,3 +51,7 @@ def normalise(value: str | None) -> str | None:
     """An engine timestamp in the node's format, or None."""
     moment = parse_rfc3339(value)
     return rfc3339(moment) if moment is not None else None
+
+
+def _six_digits(match: re.Match[str]) -> str:
+    return "." + match.group(1)[:6].ljust(6, "0")

@@ -40,6 +40,7 @@ SDKS = {
         "daemon/follow.py",
     },
     "prometheus_client": {"daemon/metrics.py"},
+    "orjson": {"wire/answers.py"},
 }
 
 

@@ -39,6 +39,7 @@ from tuneplane_node.runtime.base import (
     RuntimeHealth,
 )
 from tuneplane_node.wire.answers import (
+    encode,
     health_json,
     inventory_json,
     launch_json,
@@ -392,3 +393,19 @@ def test_the_most_common_card_name_names_the_machine() -> None:
         inventory_json(Inventory(machine(), gpus, 3, None, NodeState()))["accelerator_name"]
         == "H100"
     )
+
+
+def test_the_encoder_writes_what_json_dumps_would_read_back_the_same() -> None:
+    """orjson instead of json.dumps: not a key, value or order of any answer changes."""
+    cards = tuple(CardFacts(i, name="H100", memory_used_mib=512) for i in range(4))
+    samples = [
+        health_json(node_status()),
+        health_json(node_status(engine=RuntimeHealth(ok=False, engine="docker"))),
+        inventory_json(Inventory(machine(), snapshot(), 4, "docker://1", NodeState())),
+        observe_json({"tuneplane-b": pending(), "x": ContainerState.missing("x")}),
+        {"logs": "é\u2028\x00 line\n" * 3, "gpus": [c.index for c in cards]},
+    ]
+    for answer in samples:
+        text = encode(answer)
+        assert json.loads(text) == json.loads(json.dumps(answer))
+        assert list(json.loads(text)) == list(answer)  # the same order

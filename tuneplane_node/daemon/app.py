@@ -20,7 +20,7 @@ from aiohttp.typedefs import Handler, Middleware
 from tuneplane_node import inventory
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.daemon.metrics import Metrics
-from tuneplane_node.daemon.routes import routes
+from tuneplane_node.daemon.routes import answer, routes
 from tuneplane_node.daemon.state import JOBS, METRICS, SETTINGS, TOKENS
 from tuneplane_node.daemon.tokens import TokenSet
 from tuneplane_node.errors import (
@@ -46,7 +46,7 @@ METHODS = frozenset({"GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH"}
 
 
 def error_response(status: int, detail: str) -> web.Response:
-    return web.json_response(error_json(detail), status=status)
+    return answer(error_json(detail), status)
 
 
 @web.middleware

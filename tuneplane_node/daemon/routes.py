@@ -40,8 +40,10 @@ async def read_object(request: web.Request) -> dict[str, Any]:
     return body
 
 
-def answer(data: object) -> web.Response:
-    return web.json_response(data)
+def answer(data: object, status: int = 200) -> web.Response:
+    return web.Response(
+        body=answers.encode(data), status=status, content_type="application/json", charset="utf-8"
+    )
 
 
 @routes.get("/metrics")

@@ -8,10 +8,10 @@ import pytest
 
 from tests.fakes import FakeProbe, FakeRuntime
 from tests.helpers import job
-from tuneplane_node.errors import NoCapacity
+from tuneplane_node.errors import EngineUnavailable, NoCapacity
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.gpu.probe import NoDriverProbe
-from tuneplane_node.runtime.base import LABEL_GPUS, ContainerSpec
+from tuneplane_node.runtime.base import LABEL_GPUS, CacheStatus, ContainerSpec
 from tuneplane_node.settings import NodeSettings
 
 
@@ -168,3 +168,36 @@ async def test_only_a_probe_that_does_io_is_read_on_a_worker_thread(
     await allocator(fake, settings, probe).occupancy()
     assert (probe.threads == [threading.main_thread().name]) is on_loop
     assert NoDriverProbe("x").blocking is False  # says why from memory
+
+
+class GenerationalRuntime(FakeRuntime):
+    """The fake behind a state cache: a generation that moves when a container does."""
+
+    generation = 1
+
+    def status(self) -> CacheStatus:
+        synced = self.up  # a real cache marks itself unsynced when the engine goes
+        return CacheStatus(synced, 0.0, 0.0, len(self.containers), generation=self.generation)
+
+
+async def test_occupancy_is_built_again_only_when_something_it_reads_changed(
+    settings: NodeSettings, probe: FakeProbe
+) -> None:
+    runtime = GenerationalRuntime()
+    gpus = GpuAllocator(runtime, settings, probe=probe)
+    await hold(runtime, 0)
+    first = await gpus.occupancy()
+    assert await gpus.occupancy() is first and runtime.calls["ps"] == 1  # nothing moved
+
+    runtime.generation += 1  # a container changed
+    assert (await gpus.occupancy()).by_job == first.by_job and runtime.calls["ps"] == 2
+    await gpus.claim("a", 1, run_id="a")  # a claim changed (claim reads it, too)
+    assert (await gpus.occupancy()).reserved == {1}
+    gpus.release("a")
+    assert (await gpus.occupancy()).reserved == frozenset()
+    probe.set(3, unhealthy="ECC errors")  # the probe's reading changed
+    assert (await gpus.occupancy()).unhealthy == {3: "ECC errors"}
+    runtime.up = False  # the cache lost the engine: the truth is unknown, not the last
+    with pytest.raises(EngineUnavailable):
+        await gpus.occupancy()
+    await runtime.close()

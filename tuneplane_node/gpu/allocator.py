@@ -106,7 +106,11 @@ class GpuAllocator:
         self.settings = settings
         self.probe = probe if probe is not None else make_probe(settings)
         self._claims: dict[str, tuple[int, ...]] = {}
+        self._claims_changed = 0
         self._lock = asyncio.Lock()
+        # The last occupancy and what it was built from: health and every scrape ask
+        # for it, and rebuilding from 1,000 labels took 300 us a call.
+        self._built: tuple[tuple[int, int, GpuSnapshot], Occupancy] | None = None
 
     async def snapshot(self) -> GpuSnapshot:
         if self.probe.blocking:
@@ -114,10 +118,22 @@ class GpuAllocator:
         return self.probe.snapshot()
 
     async def occupancy(self, gpus: GpuSnapshot | None = None) -> Occupancy:
-        """Occupancy now, from the live containers' labels and the probe (read unless given)."""
+        """Occupancy now, from the live containers' labels and the probe (read unless given).
+
+        Built again only when a container, a claim or the probe's reading changed since
+        the last one; a runtime without a state cache (no generation) builds every time.
+        """
         if gpus is None:
             gpus = await self.snapshot()
-        return self.occupancy_from(await self.runtime.ps(), gpus)
+        cache, source = self.runtime.status(), None
+        if cache is not None and cache.synced:  # unsynced: ps() says why; no old answer
+            source = (cache.generation, self._claims_changed, gpus)
+        if source is not None and self._built is not None and self._built[0] == source:
+            return self._built[1]
+        occupancy = self.occupancy_from(await self.runtime.ps(), gpus)
+        if source is not None:
+            self._built = (source, occupancy)
+        return occupancy
 
     def occupancy_from(self, states: Sequence[ContainerState], gpus: GpuSnapshot) -> Occupancy:
         count = self.card_count(gpus)
@@ -190,11 +206,13 @@ class GpuAllocator:
             links = occupancy.gpus.links if occupancy.gpus else {}
             cards = tuple(choose_cards(usable, n, links))
             self._claims[ref] = cards
+            self._claims_changed += 1
         log.info("run %s claims gpus %s", run_id, list(cards))
         return cards
 
     def release(self, ref: str) -> None:
-        self._claims.pop(ref, None)
+        if self._claims.pop(ref, None) is not None:
+            self._claims_changed += 1
 
     def close(self) -> None:
         self.probe.close()

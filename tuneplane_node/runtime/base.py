@@ -163,6 +163,7 @@ class CacheStatus:
     last_event_age_s: float | None
     last_relist_age_s: float | None
     containers: int
+    generation: int = 0  # changes with every change to any container: readers rebuild
 
 
 class LogQuery(NamedTuple):

@@ -123,6 +123,7 @@ class StateCache:
             last_event_age_s=_age(now, self.last_event),
             last_relist_age_s=_age(now, self.last_relist),
             containers=len(self.states),
+            generation=self.generation,
         )
 
     # --- changes (loop thread) ----------------------------------------------------------

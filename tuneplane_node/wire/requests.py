@@ -57,6 +57,7 @@ MAX_LABELS = 100
 MAX_MOUNTS = 64
 MAX_PATH = 4096
 MAX_VALUE = 65536
+MAX_KEY = 256  # an env variable's or a label's name
 MAX_GRACE_S = 30 * 86400.0
 MAX_REASON = 1024
 """The longest stop grace period a console may ask for: 30 days."""
@@ -66,15 +67,16 @@ MIN_MEMORY = 6 * 2**20  # the engines refuse less
 MAX_EPOCH = 253402300799.0  # 9999-12-31T23:59:59Z: datetime's last second
 MAX_SIZE = 2**50  # 1 PiB
 
-_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]{0,200}")
+NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]{0,200}")
 # Engines resolve a full id, then an exact name, then an id prefix: a name that looks
 # like an id could reach a container that is not the node's.
-_LOOKS_LIKE_ID = re.compile(r"[0-9a-fA-F]{12,}")
-_SIZE = re.compile(r"(\d+(?:\.\d+)?)([bkmgBKMG]?)")
+LOOKS_LIKE_ID = re.compile(r"[0-9a-fA-F]{12,}")
+# [0-9], not \d: \d takes any script's digits, which pass float() but not the engine.
+SIZE = re.compile(r"([0-9]+(?:\.[0-9]+)?)([bkmgBKMG]?)")
 _UNITS = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30}
-_DECIMAL = re.compile(r"\d+(\.\d+)?|\.\d+")
-_USER = re.compile(r"[a-zA-Z0-9_][a-zA-Z0-9_.-]{0,31}(:[a-zA-Z0-9_][a-zA-Z0-9_.-]{0,31})?")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+DECIMAL = re.compile(r"[0-9]+(\.[0-9]+)?|\.[0-9]+")
+USER = re.compile(r"[a-zA-Z0-9_][a-zA-Z0-9_.-]{0,31}(:[a-zA-Z0-9_][a-zA-Z0-9_.-]{0,31})?")
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 # The distribution reference grammar (github.com/distribution/reference): what the
 # engines accept as an image, and nothing that reads as a flag, a path or a URL.
@@ -82,7 +84,7 @@ _DOMAIN_PART = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
 _DOMAIN = rf"(?:{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*|\[[a-fA-F0-9:]+\])(?::[0-9]+)?"
 _PATH_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _NAME_PART = rf"(?:{_DOMAIN}/)?{_PATH_PART}(?:/{_PATH_PART})*"
-_TAG = r"[\w][\w.-]{0,127}"
+_TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"  # \w would take any letter: é
 _DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
 IMAGE_REFERENCE = re.compile(rf"(?P<name>{_NAME_PART})(?::{_TAG})?(?:@{_DIGEST})?")
 MAX_IMAGE_NAME = 255
@@ -94,7 +96,7 @@ MAX_IMAGE_NAME = 255
 def parse_launch(body: Mapping[str, Any]) -> LaunchRequest:
     _known(body, LAUNCH_FIELDS, prefix="")
     run_id = _text(body, "run_id", required=True, limit=200)
-    if _CONTROL.search(run_id):
+    if CONTROL.search(run_id):
         raise InvalidField("run_id", "must not hold control characters")
     container = body.get("container")
     if not isinstance(container, Mapping):
@@ -165,9 +167,9 @@ def _is_int(value: object) -> bool:
 
 def _name(body: Mapping[str, Any]) -> str:
     name = _text(body, "container.name")
-    if name and not _NAME.fullmatch(name):
+    if name and not NAME.fullmatch(name):
         raise InvalidField("container.name", "must match [a-zA-Z0-9][a-zA-Z0-9_.-]*")
-    if name and _LOOKS_LIKE_ID.fullmatch(name):
+    if name and LOOKS_LIKE_ID.fullmatch(name):
         raise InvalidField("container.name", "must not look like a container id (hex digits)")
     return name
 
@@ -191,6 +193,8 @@ def _argv(value: object) -> tuple[str, ...]:
         raise InvalidField(
             "container.command", f"at most {MAX_ARGS} arguments of {MAX_VALUE} characters"
         )
+    if value and not value[0]:  # docker refuses it ("No command specified"): a 502 before
+        raise InvalidField("container.command", "the program (the first argument) is empty")
     return tuple(value)
 
 
@@ -202,8 +206,8 @@ def _string_map(body: Mapping[str, Any], field: str, *, limit: int) -> dict[str,
         raise InvalidField(field, f"at most {limit} entries")
     result = {}
     for key, item in value.items():
-        if not 0 < len(key) <= 256 or "\x00" in key:
-            raise InvalidField(field, "keys must be 1 to 256 characters")
+        if not 0 < len(key) <= MAX_KEY or "\x00" in key:
+            raise InvalidField(field, f"keys must be 1 to {MAX_KEY} characters")
         if isinstance(item, bool) or not isinstance(item, (str, int, float)):
             raise InvalidField(f"{field}.{key}", "must be a string")
         text = str(item)
@@ -278,7 +282,7 @@ def _size(body: Mapping[str, Any], field: str, *, least: int) -> str | None:
 def _bytes(value: object) -> float | None:
     if isinstance(value, int) and not isinstance(value, bool):
         return float(min(value, 2 * MAX_SIZE))  # 10**400 would overflow a float
-    match = _SIZE.fullmatch(value) if isinstance(value, str) else None
+    match = SIZE.fullmatch(value) if isinstance(value, str) else None
     return float(match.group(1)) * _UNITS[match.group(2).lower()] if match else None
 
 
@@ -287,7 +291,7 @@ def _cpus(value: object) -> float | None:
     value = _empty_as(value, None)
     if value is None:
         return None
-    if isinstance(value, str) and _DECIMAL.fullmatch(value.strip()):
+    if isinstance(value, str) and DECIMAL.fullmatch(value.strip()):
         value = float(value.strip())
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidField("container.cpu_limit", 'must be a number of CPUs, like 2 or "0.5"')
@@ -307,7 +311,7 @@ def _network(body: Mapping[str, Any]) -> str:
 
 def _user(body: Mapping[str, Any]) -> str | None:
     user = _text(body, "container.user", limit=100)
-    if user and not _USER.fullmatch(user):
+    if user and not USER.fullmatch(user):
         raise InvalidField("container.user", "must be a user or uid, with :group or :gid")
     return user or None
 
@@ -366,7 +370,7 @@ def parse_since(value: str | None) -> datetime | None:
     if value is None or value == "":
         return None
     moment = parse_rfc3339(value) if "T" in value or "-" in value else None
-    if moment is None and _DECIMAL.fullmatch(value) and len(value) <= 20:
+    if moment is None and DECIMAL.fullmatch(value) and len(value) <= 20:
         moment = datetime.fromtimestamp(min(float(value), MAX_EPOCH), tz=timezone.utc)
     if moment is None:
         raise InvalidField("since", "must be an RFC 3339 time or seconds since the epoch")

@@ -1,0 +1,278 @@
+"""The OpenAPI document (`wire.schema`): the committed copy is the generated one, it names
+every route the daemon serves, and its request schemas say what the parsers accept, at
+every bound (a table, then hypothesis near the bounds)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from jsonschema import Draft202012Validator
+
+from tests.helpers import REPO, console_0315
+from tuneplane_node.daemon.routes import routes
+from tuneplane_node.errors import InvalidField
+from tuneplane_node.wire import requests as wire
+from tuneplane_node.wire import schema
+
+COMMITTED = REPO / "contrib" / "openapi.json"
+DOCUMENT = schema.document()
+QUICK = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def test_the_committed_document_is_the_generated_one() -> None:
+    assert COMMITTED.read_text() == schema.render(), (
+        "contrib/openapi.json is stale: python -m tuneplane_node.wire.schema > contrib/openapi.json"
+    )
+
+
+def test_every_route_the_daemon_serves_is_documented_and_nothing_else() -> None:
+    served = {(route.method.lower(), route.path) for route in routes}  # type: ignore[attr-defined]
+    documented = {(method, path) for path, ops in DOCUMENT["paths"].items() for method in ops}
+    assert documented == served
+
+
+def test_every_schema_is_valid_json_schema_2020_12() -> None:
+    assert DOCUMENT["openapi"] == "3.1.0"
+    for definition in DOCUMENT["components"]["schemas"].values():
+        Draft202012Validator.check_schema(definition)
+
+
+def test_every_api_path_needs_the_token_and_the_protocol_header() -> None:
+    for path, operations in DOCUMENT["paths"].items():
+        for operation in operations.values():
+            guarded = path.startswith("/node/v1/")
+            assert ({"$ref": "#/components/parameters/protocol"} in operation.get(
+                "parameters", [])) == guarded  # fmt: skip
+            assert ("security" in operation) == (guarded or path == "/metrics")
+            assert {"400", "401", "409"} <= set(operation["responses"]) or not guarded
+
+
+def test_the_followed_log_is_documented_as_text() -> None:
+    answer = DOCUMENT["paths"]["/node/v1/logs"]["get"]["responses"]["200"]["content"]
+    assert set(answer) == {"application/json", "text/plain"}
+
+
+# --- the request schemas against the parsers ------------------------------------------------
+
+
+def validator(name: str) -> Draft202012Validator:
+    root = {"$ref": f"#/components/schemas/{name}", "components": DOCUMENT["components"]}
+    return Draft202012Validator(root)
+
+
+LAUNCH = validator("LaunchBody")
+
+
+def accepts(parse: Callable[[Any], object], value: Any) -> bool:
+    """Whether the parser takes ``value``; a refusal must be an InvalidField (a 422)."""
+    try:
+        parse(value)
+    except InvalidField:
+        return False
+    return True
+
+
+def parser_accepts(body: dict[str, Any]) -> bool:
+    return accepts(wire.parse_launch, body)
+
+
+def launch(**container: Any) -> dict[str, Any]:
+    return console_0315("r-1", 0, **container)
+
+
+LONG_PATH = "/" + "a" * (wire.MAX_PATH - 1)
+CASES: list[tuple[str, dict[str, Any], bool]] = [
+    ("0.3.15's empty strings", launch(), True),
+    ("run_id at its limit", {**launch(), "run_id": "r" * 200}, True),
+    ("run_id over it", {**launch(), "run_id": "r" * 201}, False),
+    ("run_id empty", {**launch(), "run_id": ""}, False),
+    ("run_id with a tab", {**launch(), "run_id": "a\tb"}, False),
+    ("requested_gpus at its limit", {**launch(), "requested_gpus": wire.MAX_GPUS}, True),
+    ("requested_gpus over it", {**launch(), "requested_gpus": wire.MAX_GPUS + 1}, False),
+    ("requested_gpus negative", {**launch(), "requested_gpus": -1}, False),
+    ("requested_gpus true", {**launch(), "requested_gpus": True}, False),
+    ("an unknown field", {**launch(), "priority": 1}, False),
+    ("an unknown container field", launch(privileged=True), False),
+    ("no container", {"run_id": "r-1"}, False),
+    ("no image", launch(image=""), False),
+    ("an upper-case path", launch(image="registry/Trainer:1"), False),
+    ("an image with a unicode tag", launch(image="busybox:\u00e9"), False),  # the engine's 5xx
+    ("an image at 1000 characters", launch(image="a/" + "b" * 250 + ":" + "t" * 127), True),
+    ("a name", launch(name="job-1"), True),
+    ("a name at its limit", launch(name="z" * 201), True),
+    ("a name over it", launch(name="z" * 202), False),
+    ("a name like an id", launch(name="abcdef012345"), False),
+    ("a name with a slash", launch(name="a/b"), False),
+    ("command at its count", launch(command=["x"] * wire.MAX_ARGS), True),
+    ("command over it", launch(command=["x"] * (wire.MAX_ARGS + 1)), False),
+    ("an argument at its length", launch(command=["x" * wire.MAX_VALUE]), True),
+    ("an argument over it", launch(command=["x" * (wire.MAX_VALUE + 1)]), False),
+    ("an argument with NUL", launch(command=["a\x00"]), False),
+    ("command as a string", launch(command="python -m train"), False),
+    ("an empty program", launch(command=[""]), False),  # was docker's 502
+    ("an empty argument", launch(command=["echo", ""]), True),
+    ("env at its count", launch(env={f"K{i}": "v" for i in range(wire.MAX_ENV)}), True),
+    ("env over it", launch(env={f"K{i}": "v" for i in range(wire.MAX_ENV + 1)}), False),
+    ("env with a number", launch(env={"EPOCHS": 3, "LR": 0.1}), True),
+    ("env with true", launch(env={"X": True}), False),
+    ("env with null", launch(env={"X": None}), False),
+    ("env with '=' in a name", launch(env={"A=B": "1"}), False),
+    ("env with an empty name", launch(env={"": "1"}), False),
+    ("env name at its length", launch(env={"K" * wire.MAX_KEY: "1"}), True),
+    ("env name over it", launch(env={"K" * (wire.MAX_KEY + 1): "1"}), False),
+    ("env value over its length", launch(env={"K": "v" * (wire.MAX_VALUE + 1)}), False),
+    ("labels at their count", launch(labels={f"l{i}": "v" for i in range(wire.MAX_LABELS)}), True),
+    ("labels over it", launch(labels={f"l{i}": "v" for i in range(wire.MAX_LABELS + 1)}), False),
+    ("gpus at its count", {**launch(gpus=[0] * wire.MAX_GPUS), "requested_gpus": None}, True),
+    ("gpus over it", launch(gpus=[0] * (wire.MAX_GPUS + 1)), False),
+    ("mounts at their count", launch(mounts=[["/a", "/b"]] * wire.MAX_MOUNTS), True),
+    ("mounts over it", launch(mounts=[["/a", "/b"]] * (wire.MAX_MOUNTS + 1)), False),
+    ("a mount read-only", launch(mounts=[["/a", "/b", True]]), True),
+    ("a mount with null", launch(mounts=[["/a", "/b", None]]), False),
+    ("a mount of four", launch(mounts=[["/a", "/b", True, 1]]), False),
+    ("a mount object", launch(mounts=[{"host": "/a", "container": "/b"}]), True),
+    ("a mount object without host", launch(mounts=[{"container": "/b"}]), False),
+    ("a relative mount", launch(mounts=[["a", "/b"]]), False),
+    ("a mount with ..", launch(mounts=[["/a/../etc", "/b"]]), False),
+    ("a mount with ..x", launch(mounts=[["/a/..x/.y/./", "/b"]]), True),
+    ("a path at its length", launch(workdir=LONG_PATH), True),
+    ("a path over it", launch(workdir=LONG_PATH + "a"), False),
+    ("a workdir ending in ..", launch(workdir="/a/.."), False),
+    ("shm_size 1 byte", launch(shm_size=1), True),
+    ("shm_size 0", launch(shm_size=0), False),
+    ("shm_size 1 PiB", launch(shm_size=wire.MAX_SIZE), True),
+    ("shm_size over it", launch(shm_size=wire.MAX_SIZE + 1), False),
+    ("shm_size 16g", launch(shm_size="16g"), True),
+    ("shm_size in Arabic-Indic digits", launch(shm_size="\u0661\u0666g"), False),
+    ("shm_size 16 GiB", launch(shm_size="16 GiB"), False),
+    ("memory_limit at 6 MiB", launch(memory_limit=wire.MIN_MEMORY), True),
+    ("memory_limit under it", launch(memory_limit=wire.MIN_MEMORY - 1), False),
+    ("cpu_limit at its limit", launch(cpu_limit=wire.MAX_CPUS), True),
+    ("cpu_limit over it", launch(cpu_limit=wire.MAX_CPUS + 0.5), False),
+    ("cpu_limit 0", launch(cpu_limit=0), False),
+    ("cpu_limit as 0.3.15 says it", launch(cpu_limit=" 0.5 "), True),
+    ("cpu_limit two", launch(cpu_limit="two"), False),
+    ("cpu_limit true", launch(cpu_limit=True), False),
+    ("network bridge", launch(network="bridge"), True),
+    ("network of a container", launch(network="container:x"), False),
+    ("a user and group", launch(user="1000:1000"), True),
+    ("a user with a space", launch(user="a b"), False),
+]
+
+
+@pytest.mark.parametrize(("case", "body", "accepted"), CASES, ids=[c[0] for c in CASES])
+def test_the_launch_schema_and_the_parser_agree_at_every_bound(
+    case: str, body: dict[str, Any], accepted: bool
+) -> None:
+    assert (LAUNCH.is_valid(body), parser_accepts(body)) == (accepted, accepted)
+
+
+SECONDS = [
+    ("StopBody", "timeout", wire.parse_grace, wire.MAX_GRACE_S),
+    ("ReapBody", "max_age_s", wire.parse_max_age, wire.MAX_AGE_S),
+    ("DrainBody", "grace_s", wire.parse_drain_grace, wire.MAX_GRACE_S),
+]
+
+
+@pytest.mark.parametrize(("model", "field", "parse", "most"), SECONDS)
+@pytest.mark.parametrize("value", [0, 1.5, "most", "over", -1, -0.5, True, "10", None])
+def test_seconds_agree_with_their_parser(
+    model: str, field: str, parse: Any, most: float, value: Any
+) -> None:
+    value = {"most": most, "over": most + 1}.get(value, value) if isinstance(value, str) else value
+    body = {"ref": "x", field: value}
+    assert validator(model).is_valid(body) == accepts(parse, body)
+
+
+REF_CASES = [["a"], ["a" * wire.MAX_REF], ["a" * (wire.MAX_REF + 1)], [""], [1], "a", []]
+
+
+@pytest.mark.parametrize("refs", REF_CASES)
+def test_refs_agree_with_their_parser(refs: Any) -> None:
+    body = {"refs": refs}
+    assert validator("RefsBody").is_valid(body) == accepts(wire.parse_refs, body)
+
+
+def test_refs_are_counted_as_the_parser_counts_them() -> None:
+    body = validator("RefsBody").schema["components"]["schemas"]["RefsBody"]
+    assert body["properties"]["refs"]["maxItems"] == wire.MAX_REFS
+
+
+@pytest.mark.parametrize("reason", ["", "r" * wire.MAX_REASON, "r" * (wire.MAX_REASON + 1), 3])
+def test_a_reason_agrees_with_its_parser(reason: Any) -> None:
+    body = {"reason": reason}
+    assert validator("CordonBody").is_valid(body) == accepts(wire.parse_reason, body)
+
+
+def query(name: str) -> Draft202012Validator:
+    parameters = DOCUMENT["paths"]["/node/v1/logs"]["get"]["parameters"]
+    (found,) = [p for p in parameters if p.get("name") == name]
+    return Draft202012Validator(found["schema"])
+
+
+@pytest.mark.parametrize("value", ["", "1", "TRUE", "False", "0", "yes", "2"])
+def test_follow_agrees_with_its_parser(value: str) -> None:
+    assert query("follow").is_valid(value) == accepts(wire.parse_follow, value)
+
+
+@pytest.mark.parametrize("tail", [0, 1, wire.MAX_TAIL, wire.MAX_TAIL + 1])
+def test_tail_agrees_with_its_parser(tail: int) -> None:
+    assert query("tail").is_valid(tail) == accepts(wire.parse_tail, str(tail))
+
+
+# --- hypothesis, near the bounds ------------------------------------------------------------
+
+PATH_TEXT = st.text(alphabet="/.a\x00", max_size=12)
+
+
+@QUICK
+@given(PATH_TEXT)
+def test_the_absolute_path_pattern_is_the_parsers_rule(path: str) -> None:
+    assert LAUNCH.is_valid(launch(workdir=path)) == parser_accepts(launch(workdir=path))
+
+
+def around(bound: int) -> st.SearchStrategy[int]:
+    return st.integers(min_value=bound - 2, max_value=bound + 2)
+
+
+FIELD_VALUES = st.one_of(
+    st.builds(lambda n: {"requested_gpus": n}, around(0) | around(wire.MAX_GPUS)),
+    st.builds(lambda n: {"run_id": "r" * n}, around(1) | around(200)),
+    st.builds(lambda n: launch(shm_size=n), around(1) | around(wire.MAX_SIZE)),
+    st.builds(lambda n: launch(memory_limit=n), around(wire.MIN_MEMORY)),
+    st.builds(lambda n: launch(name="z" * n), around(201)),
+    st.builds(lambda n: launch(user="u" * n), around(32)),
+    st.builds(lambda n: launch(command=["x"] * n), around(wire.MAX_ARGS)),
+    st.builds(lambda n: launch(mounts=[["/a", "/b"]] * n), around(wire.MAX_MOUNTS)),
+    st.builds(lambda n: launch(gpus=[1] * n, name=""), around(wire.MAX_GPUS)),
+    st.builds(lambda x: launch(cpu_limit=x), st.floats(-1, 2) | st.floats(9999, 10001)),
+    st.builds(lambda s: launch(cpu_limit=s), st.from_regex(r"\A ?[0-9.]{0,4} ?\Z")),
+    st.builds(lambda s: launch(shm_size=s), st.from_regex(r"\A[0-9.]{1,4}[bkmgBKMGx]?\Z")),
+    st.builds(lambda s: launch(user=s), st.from_regex(r"\A[a-z0-9_.:-]{0,6}\Z")),
+    st.builds(lambda s: launch(name=s), st.from_regex(r"\A[a-f0-9_.-]{0,14}\Z")),
+)
+
+
+@QUICK
+@given(FIELD_VALUES)
+def test_near_its_bounds_a_field_is_allowed_exactly_when_the_parser_accepts_it(
+    change: dict[str, Any],
+) -> None:
+    body = change if "container" in change else {**launch(), **change}
+    if body.get("requested_gpus") is None and "requested_gpus" in change:
+        body["requested_gpus"] = 0
+    allowed, accepted = LAUNCH.is_valid(body), parser_accepts(body)
+    if allowed and not accepted:  # what JSON Schema cannot say: a size or a count of CPUs
+        container = body["container"]  # given as text, whose value is out of range
+        assert isinstance(container["shm_size"] or container["cpu_limit"], str), body
+        return
+    assert allowed == accepted, body
+
+
+def test_the_document_is_json_the_daemon_can_send() -> None:
+    assert json.loads(schema.render()) == DOCUMENT

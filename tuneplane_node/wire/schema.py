@@ -1,0 +1,350 @@
+"""The OpenAPI 3.1 document of the whole API, generated from the wire's own shapes: the
+request models (`models`) and the answers' TypedDicts (`answers`). Pure: no I/O.
+
+The daemon serves it at ``GET /node/v1/openapi.json``; ``contrib/openapi.json`` is this
+module's output, kept in step by a test. Regenerate it with
+``python -m tuneplane_node.wire.schema > contrib/openapi.json``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import types
+import typing
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, WithJsonSchema, create_model
+
+from tuneplane_node.wire import MAX_BODY_BYTES, PROTOCOL, PROTOCOL_HEADER, answers, models
+
+API_PREFIX = "/node/v1/"
+DOCUMENT_PATH = f"{API_PREFIX}openapi.json"
+REFS = "#/components/schemas/{model}"
+ERRORS = {
+    400: "The request cannot be read: not JSON, not an object, or no protocol header.",
+    401: "Wrong or missing bearer token.",
+    409: "Well-formed, but the node will not do it now (the detail says why); also a "
+    "protocol header of another version.",
+    413: f"The body is over {MAX_BODY_BYTES} bytes.",
+    422: "A field is missing, unknown or out of its bounds; the detail starts with its name.",
+    429: "Every slot for following a log is taken: try again later, or without follow.",
+    500: "A bug in the node, or its state file could not be written.",
+    502: "The engine answered and refused; its words follow.",
+    503: "The engine could not be reached: nothing is known, nothing is reported gone.",
+}
+# Which errors each kind of operation can answer, beyond its own.
+GUARDED = (400, 401, 409, 500)  # every /node/v1 path: the token and the protocol header
+BODY = (413, 422)  # reads and parses a JSON body
+ENGINE = (502, 503)  # calls the engine
+# A builder may widen a shape with its subclasses' keys: the document lists each form.
+WIDENED: dict[Any, tuple[Any, ...]] = {
+    answers.StateJson: (answers.PendingStateJson, answers.StoppedStateJson, answers.StateJson),
+}
+TEXT = {"schema": {"type": "string"}}
+SELF = Annotated[dict[str, Any], WithJsonSchema({"type": "object", "required": ["openapi"]})]
+
+
+@dataclass(frozen=True)
+class Operation:
+    method: str
+    path: str
+    summary: str
+    answer: Any  # the 200's JSON shape
+    body: type[BaseModel] | None = None
+    body_required: bool = True
+    query: type[BaseModel] | None = None
+    errors: tuple[int, ...] = ()
+    text: str | None = None  # a text/plain 200: what it holds
+
+    @property
+    def guarded(self) -> bool:
+        return self.path.startswith(API_PREFIX)
+
+    @property
+    def statuses(self) -> list[int]:
+        errors = {*self.errors, *(GUARDED if self.guarded else ()), 500}
+        if self.body is not None:
+            errors.update(BODY)
+        if self.query is not None:
+            errors.add(422)
+        return sorted(errors)
+
+
+OPERATIONS = (
+    Operation("get", "/healthz", "Always ok while the process serves; no token.", answers.OkJson),
+    Operation(
+        "get",
+        "/metrics",
+        "Prometheus' text format; the token unless TUNEPLANE_METRICS_PUBLIC.",
+        None,
+        errors=(401,),
+        text="text/plain; version=0.0.4; charset=utf-8",
+    ),
+    Operation(
+        "post",
+        "/node/v1/launch",
+        "Launch a job's container, or start its image's pull.",
+        answers.LaunchJson,
+        body=models.LaunchBody,
+        errors=ENGINE,
+    ),
+    Operation(
+        "post",
+        "/node/v1/observe",
+        "The state of each ref.",
+        answers.ObserveJson,
+        body=models.RefsBody,
+        errors=ENGINE,
+    ),
+    Operation(
+        "post",
+        "/node/v1/stop",
+        "Cancel a pending launch, stop the container.",
+        answers.OkJson,
+        body=models.StopBody,
+        errors=ENGINE,
+    ),
+    Operation(
+        "post",
+        "/node/v1/remove",
+        "Cancel a pending launch, force-remove the container.",
+        answers.OkJson,
+        body=models.RefBody,
+        errors=ENGINE,
+    ),
+    Operation(
+        "get",
+        "/node/v1/logs",
+        "The newest lines of a job's output; with follow, a text/plain stream.",
+        answers.LogsJson,
+        query=models.LogsQuery,
+        errors=(429, *ENGINE),
+        text="text/plain; charset=utf-8",
+    ),
+    Operation(
+        "post",
+        "/node/v1/reap",
+        "Remove the node's containers that ended long enough ago.",
+        answers.ReapJson,
+        body=models.ReapBody,
+        body_required=False,
+        errors=ENGINE,
+    ),
+    Operation("get", "/node/v1/health", "Whether the node can serve, and why.", answers.HealthJson),
+    Operation("get", "/node/v1/inventory", "What the machine has.", answers.InventoryJson),
+    Operation(
+        "post",
+        "/node/v1/cordon",
+        "Refuse new launches.",
+        answers.NodeStateJson,
+        body=models.CordonBody,
+        body_required=False,
+    ),
+    Operation(
+        "post",
+        "/node/v1/drain",
+        "Cordon, cancel pending launches and stop every job.",
+        answers.NodeStateJson,
+        body=models.DrainBody,
+        body_required=False,
+    ),
+    Operation(
+        "post",
+        "/node/v1/uncordon",
+        "Take launches again.",
+        answers.NodeStateJson,
+        body=models.UncordonBody,
+        body_required=False,
+    ),
+    Operation("get", DOCUMENT_PATH, "This document.", SELF),
+)
+
+
+class Components:
+    """The named schemas the operations refer to, gathered as they are generated."""
+
+    def __init__(self) -> None:
+        self.schemas: dict[str, Any] = {}
+
+    def schema(self, shape: Any) -> dict[str, Any]:
+        """A reference to a model's schema (added under its name), or the schema itself."""
+        adapted = portable(shape)
+        generated = self.inline(adapted)
+        # get_origin: on Python 3.10 dict[str, Any] passes for a class.
+        if typing.get_origin(adapted) is None and issubclass(adapted, BaseModel):
+            self.add(adapted.__name__, generated)
+            return {"$ref": REFS.format(model=adapted.__name__)}
+        return generated
+
+    def inline(self, shape: Any) -> dict[str, Any]:
+        generated = TypeAdapter(portable(shape)).json_schema(ref_template=REFS)
+        for name, definition in generated.pop("$defs", {}).items():
+            self.add(name, definition)
+        return normalized(generated)  # type: ignore[no-any-return]
+
+    def add(self, name: str, definition: dict[str, Any]) -> None:
+        known = self.schemas.setdefault(name, normalized(definition))
+        assert known == normalized(definition), f"two shapes are called {name}"
+
+
+def document() -> dict[str, Any]:
+    """The whole document; the same object on every call (read it, never change it)."""
+    return _document()
+
+
+@functools.cache
+def _document() -> dict[str, Any]:
+    components = Components()
+    paths: dict[str, dict[str, Any]] = {}
+    for operation in OPERATIONS:
+        paths.setdefault(operation.path, {})[operation.method] = _operation(operation, components)
+    components.schema(answers.ErrorJson)
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "tuneplane-node",
+            "version": str(PROTOCOL),
+            "description": "The node daemon's API, wire protocol "
+            f"{PROTOCOL}. Every /node/v1 path needs the bearer token and the "
+            f"{PROTOCOL_HEADER} header; every error is {{'detail': <sentence>}}.",
+        },
+        "paths": paths,
+        "components": {
+            "schemas": components.schemas,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "parameters": {"protocol": _protocol_header()},
+        },
+    }
+
+
+def render() -> str:
+    """The document as ``contrib/openapi.json`` holds it."""
+    return json.dumps(document(), sort_keys=True, indent=2) + "\n"
+
+
+def _operation(operation: Operation, components: Components) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "summary": operation.summary,
+        "operationId": operation.path.strip("/").replace("/", "_").replace(".", "_"),
+        "responses": {
+            "200": {"description": "Done.", "content": _content(operation, components)},
+            **{str(status): _error(status) for status in operation.statuses},
+        },
+    }
+    if 401 in operation.statuses:
+        spec["security"] = [{"bearer": []}]
+    parameters = [*_query(operation.query, components)]
+    if operation.guarded:
+        parameters.append({"$ref": "#/components/parameters/protocol"})
+    if parameters:
+        spec["parameters"] = parameters
+    if operation.body is not None:
+        spec["requestBody"] = {
+            "required": operation.body_required,
+            "content": {"application/json": {"schema": components.schema(operation.body)}},
+        }
+    return spec
+
+
+def _content(operation: Operation, components: Components) -> dict[str, Any]:
+    content = {}
+    if operation.answer is not None:
+        content["application/json"] = {"schema": components.schema(operation.answer)}
+    if operation.text is not None:
+        content[operation.text.split(";")[0]] = TEXT
+    return content
+
+
+def _error(status: int) -> dict[str, Any]:
+    return {
+        "description": ERRORS[status],
+        "content": {"application/json": {"schema": {"$ref": REFS.format(model="ErrorJson")}}},
+    }
+
+
+def _query(model: type[BaseModel] | None, components: Components) -> Iterator[dict[str, Any]]:
+    if model is None:
+        return
+    generated = components.inline(model)
+    required = set(generated.get("required", ()))
+    for name, schema in generated["properties"].items():
+        description = schema.pop("description", None)
+        parameter = {"name": name, "in": "query", "required": name in required, "schema": schema}
+        if description:
+            parameter["description"] = description
+        yield parameter
+
+
+def _protocol_header() -> dict[str, Any]:
+    return {
+        "name": PROTOCOL_HEADER,
+        "in": "header",
+        "required": True,
+        "description": "Missing: 400. Another version: 409.",
+        "schema": {"type": "string", "enum": [str(PROTOCOL)]},
+    }
+
+
+# --- the answers' TypedDicts, as pydantic reads them -----------------------------------
+
+
+def portable(shape: Any) -> Any:
+    """``shape`` with every TypedDict in it made a closed pydantic model.
+
+    Before Python 3.12 pydantic reads only typing_extensions' TypedDict, and the answers
+    use typing's; a model with the same keys (optional keys without a default shown)
+    says the same on every Python. Closed (additionalProperties false): an answer with a
+    key the document does not name fails the conformance test.
+    """
+    if shape in WIDENED:
+        return typing.Union[tuple(_model(form) for form in WIDENED[shape])]  # noqa: UP007
+    if typing.is_typeddict(shape):
+        return _model(shape)
+    origin, args = typing.get_origin(shape), typing.get_args(shape)
+    if not args:
+        return shape
+    if origin in (typing.Union, types.UnionType):
+        return typing.Union[tuple(portable(arg) for arg in args)]  # noqa: UP007
+    return origin[tuple(portable(arg) for arg in args)]
+
+
+@functools.cache
+def _model(shape: Any) -> type[BaseModel]:
+    hints = typing.get_type_hints(shape)
+    fields: dict[str, Any] = {
+        key: (portable(hint), ... if key in shape.__required_keys__ else Field(None))
+        for key, hint in hints.items()
+    }
+    config = ConfigDict(extra="forbid", json_schema_extra=_no_defaults)
+    return create_model(shape.__name__, __config__=config, __doc__=shape.__doc__, **fields)
+
+
+def _no_defaults(schema: dict[str, Any]) -> None:
+    """An optional key of an answer is absent, never null: it has no default to show."""
+    for field in schema.get("properties", {}).values():
+        field.pop("default", None)
+
+
+def normalized(schema: Any) -> Any:
+    """The schema as every supported pydantic release writes it: without the generated
+    titles ("Run Id"), whole floats as integers (2.7 writes 0.0), and a lone
+    ``allOf: [{$ref}]`` (2.7's way to give a reference a default) as the reference."""
+    if isinstance(schema, list):
+        return [normalized(item) for item in schema]
+    if isinstance(schema, float) and schema.is_integer():
+        return int(schema)
+    if not isinstance(schema, dict):
+        return schema
+    if list(schema) == ["allOf"] and len(schema["allOf"]) == 1:
+        return normalized(schema["allOf"][0])
+    kept = {key: normalized(value) for key, value in schema.items() if key != "title"}
+    if isinstance(schema.get("properties"), dict):  # field names, not schema keywords
+        kept["properties"] = {k: normalized(v) for k, v in schema["properties"].items()}
+    return kept
+
+
+if __name__ == "__main__":
+    print(render(), end="")

@@ -15,7 +15,7 @@ import contextlib
 import itertools
 import queue
 import secrets
-from collections.abc import AsyncGenerator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from types import MappingProxyType
@@ -38,6 +38,7 @@ from tuneplane_node.runtime.base import (
     PullLimits,
     PullProgress,
     RuntimeHealth,
+    Usage,
     job_labels,
 )
 from tuneplane_node.runtime.dockerformat import LogFold
@@ -154,6 +155,7 @@ class FakeRuntime:
         self.signals: list[tuple[str, str]] = []  # (name, signal) of every signal that landed
         self.changed = asyncio.Event()  # set on every change to any container
         self.refs: list[tuple[str, str]] = []  # (verb, the ref it was given) of every verb
+        self.usages: dict[str, Usage] = {}  # container name -> what usage() reads for it
         self.pool = BlockingPool(2, name="fake")
         self._streams: list[queue.Queue[EngineEvent | None]] = []
         self._ids = itertools.count(1)
@@ -318,6 +320,17 @@ class FakeRuntime:
         if self.ps_error is not None:
             raise self.ps_error
         return [c.state() for c in self.containers.values() if LABEL_RUN_ID in c.labels]
+
+    async def usage(self, refs: Sequence[str]) -> dict[str, Usage]:
+        """What the test set in ``usages`` for each running container asked for (by id or
+        name); a running one without an entry reads all unknown."""
+        self._answer("usage")
+        found = {ref: self.find(ref) for ref in refs}
+        return {
+            ref: self.usages.get(c.spec.name, Usage())
+            for ref, c in found.items()
+            if c is not None and c.status == "running"
+        }
 
     async def health(self) -> RuntimeHealth:
         self.calls["health"] += 1

@@ -408,3 +408,15 @@ async def test_health_images_and_pull(runtime: ProcessRuntime) -> None:
     assert await runtime.image_exists("anything:at-all")
     await runtime.pull("anything:at-all", limits=PullLimits(1, 1))
     assert runtime.status() is None
+
+
+async def test_usage_sums_the_jobs_process_group(runtime: ProcessRuntime) -> None:
+    spec = job("usage", ["/bin/sh", "-c", "sleep 30 & wait"])
+    await runtime.run(spec)
+    deadline = time.monotonic() + 10
+    while (found := (await runtime.usage([spec.name]))[spec.name]).pids != 3:
+        assert time.monotonic() < deadline, found  # the wrapper, the job's sh, its sleep
+        await asyncio.sleep(0.05)
+    assert list(await runtime.usage([spec.name, "tuneplane-nobody"])) == [spec.name]
+    assert found.memory_bytes is not None and found.memory_bytes > 0
+    assert found.cpu_seconds is not None and found.memory_limit_bytes is None

@@ -200,6 +200,7 @@ def read_card(index: int, handle: Any, xids: tuple[int, ...]) -> _Reading:
     pci = _optional(pynvml.nvmlDeviceGetPciInfo, handle)
     processes = read_processes(handle)
     busy = _optional(pynvml.nvmlDeviceGetUtilizationRates, handle)
+    milliwatts = _optional(pynvml.nvmlDeviceGetPowerUsage, handle)
     card = CardFacts(
         index=index,
         uuid=_text(_optional(pynvml.nvmlDeviceGetUUID, handle)),
@@ -211,6 +212,7 @@ def read_card(index: int, handle: Any, xids: tuple[int, ...]) -> _Reading:
             pynvml.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU
         ),
         utilization_pct=busy.gpu if busy is not None else None,
+        power_w=milliwatts / 1000 if milliwatts is not None else None,
         processes=processes or (),
     )
     return _Reading(card, read_faults(handle, xids), processes_ok=processes is not None)

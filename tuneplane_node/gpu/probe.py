@@ -53,6 +53,7 @@ class CardFacts:
     memory_used_mib: int | None = None
     temperature_c: int | None = None
     utilization_pct: int | None = None  # busy share of the last sample period
+    power_w: float | None = None  # drawn now, in watts
     unhealthy: str | None = None
     processes: tuple[GpuProcess, ...] = ()
 
@@ -246,8 +247,9 @@ class SimulatedProbe:
         {"driver": "580.159.03", "cuda": "13.0",
          "cards": [{"index": 0, "name": "...", "uuid": "GPU-...", "pci_bus_id": "...",
                     "memory_total_mib": 81559, "memory_used_mib": 0, "temperature_c": 40,
-                    "ecc_uncorrected": 0, "retired_pages_pending": false, "xid": [],
-                    "lost": false, "processes": [{"pid": 1234, "used_mib": 500}]}],
+                    "utilization_pct": 0, "power_w": 70.5, "ecc_uncorrected": 0,
+                    "retired_pages_pending": false, "xid": [], "lost": false,
+                    "processes": [{"pid": 1234, "used_mib": 500}]}],
          "links": [[0, 1, "nvlink"], [2, 3, "pcie_switch"]]}
 
     ``xid`` lists events since the previous read, so an XID left in the file counts
@@ -329,6 +331,7 @@ def _parse_card(entry: object, where: str) -> tuple[CardFacts, CardFaults]:
         memory_used_mib=_field(card, "memory_used_mib", int, where),
         temperature_c=_field(card, "temperature_c", int, where),
         utilization_pct=_field(card, "utilization_pct", int, where),
+        power_w=_number(card, "power_w", where),
         processes=tuple(
             _parse_process(p, f"{where}.processes[{i}]") for i, p in enumerate(processes)
         ),
@@ -378,6 +381,16 @@ def _expect(value: object, kind: type[T], where: str) -> T:
 def _field(entry: Mapping[str, object], key: str, kind: type[T], where: str) -> T | None:
     value = entry.get(key)
     return None if value is None else _expect(value, kind, f"{where}.{key}")
+
+
+def _number(entry: Mapping[str, object], key: str, where: str) -> float | None:
+    """A whole or fractional number (watts: 312 or 312.5)."""
+    value = entry.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SimulationError(f"{where}.{key}: expected a number, got {value!r}")
+    return float(value)
 
 
 # --- choosing a probe -------------------------------------------------------------------

@@ -11,7 +11,7 @@ import functools
 import hashlib
 import logging
 import re
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, NamedTuple, Protocol
@@ -218,6 +218,24 @@ class PullProgress(NamedTuple):
 ProgressCallback = Callable[[PullProgress], None]
 
 
+@dataclass(frozen=True)
+class Usage:
+    """What one running container uses now, each figure None where it cannot be read.
+
+    ``cpu_seconds`` is the CPU time its processes have used since it started (a counter:
+    the job service turns two readings into cores in use). ``memory_bytes`` is its working
+    set, what `docker stats` shows: charged memory less the page cache the kernel can drop
+    at once (inactive files). ``memory_limit_bytes`` is None when it has no limit.
+    ``source`` says where the figures came from: ``cgroup`` files, or the ``engine``'s stats.
+    """
+
+    cpu_seconds: float | None = None
+    memory_bytes: int | None = None
+    memory_limit_bytes: int | None = None
+    pids: int | None = None
+    source: str = "cgroup"
+
+
 class ContainerRuntime(Protocol):
     """The verbs the job service needs from an engine, all async.
 
@@ -300,6 +318,13 @@ class ContainerRuntime(Protocol):
         A missed deadline is `EngineRefused` with the reason; cancelling the awaiting
         task stops the download at once.
         """
+
+    async def usage(self, refs: Sequence[str]) -> dict[str, Usage]:
+        """CPU time, memory and pids of each running container, by ref, read in one
+        blocking call for all of them (a job sampler calls it every few seconds, never a
+        request). Read from the container's cgroup files where this machine can reach
+        them, else from the engine's one-shot stats. A ref that is gone or not running is
+        left out; one whose figures cannot be read maps to a `Usage` of Nones."""
 
 
 class Brief(NamedTuple):

@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -41,6 +41,7 @@ from tuneplane_node.runtime.base import (
     ProgressCallback,
     PullLimits,
     RuntimeHealth,
+    Usage,
 )
 
 log = logging.getLogger(__name__)
@@ -434,6 +435,9 @@ class CachedRuntime:
 
     async def follow_logs(self, ref: str, query: LogQuery) -> LogStream | None:
         return await self.inner.follow_logs(ref, query)
+
+    async def usage(self, refs: Sequence[str]) -> dict[str, Usage]:
+        return await self.inner.usage(refs)  # figures are read now, never cached
 
     async def health(self) -> RuntimeHealth:
         """From memory: the engine's version is asked once per sync generation. A stale

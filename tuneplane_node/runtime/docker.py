@@ -83,6 +83,13 @@ class DockerRuntime(EngineRuntime, errors=ERRORS):
     def _inspect(self, ref: str) -> ContainerState:
         return fmt.state_from_inspect(self.api.inspect_container(ref))
 
+    def _document(self, ref: str) -> Mapping[str, Any]:
+        return self.api.inspect_container(ref)  # type: ignore[no-any-return]
+
+    def _stats(self, ref: str) -> Mapping[str, Any]:
+        # one_shot: the figures now, not two samples a second apart.
+        return self.api.stats(ref, stream=False, one_shot=True)  # type: ignore[no-any-return]
+
     def _log_entries(self, ref: str, tail: int, since: datetime | None) -> Iterator[bytes]:
         stream = self.api.logs(
             ref,

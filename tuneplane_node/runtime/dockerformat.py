@@ -21,6 +21,7 @@ from tuneplane_node.runtime.base import (
     EngineEvent,
     LogText,
     PullProgress,
+    Usage,
 )
 
 LIBPOD_STATUSES = {"configured": "created", "initialized": "created", "stopped": "exited"}
@@ -249,3 +250,23 @@ class LogFold:
             lines = lines[1:]
         joined = b"".join(lines) + bytes(self.partial)
         return LogText(joined.decode("utf-8", errors="replace"), self.truncated)
+
+
+def usage_from_stats(doc: Mapping[str, Any], *, machine_memory: int | None) -> Usage:
+    """A `Usage` from a one-shot ``/containers/{id}/stats`` document (docker's, and
+    podman's compat one). Engines give the machine's memory as the limit of a container
+    without one: a limit of at least ``machine_memory`` reads as none."""
+    cpu = ((doc.get("cpu_stats") or {}).get("cpu_usage") or {}).get("total_usage")
+    memory = doc.get("memory_stats") or {}
+    stat = memory.get("stats") or {}
+    charged = memory.get("usage")
+    inactive = stat.get("inactive_file", stat.get("total_inactive_file", 0))
+    limit = memory.get("limit") or 0
+    unlimited = limit <= 0 or (machine_memory is not None and limit >= machine_memory)
+    return Usage(
+        cpu_seconds=cpu / 1e9 if isinstance(cpu, (int, float)) else None,
+        memory_bytes=max(0, int(charged) - int(inactive)) if charged is not None else None,
+        memory_limit_bytes=None if unlimited else int(limit),
+        pids=(doc.get("pids_stats") or {}).get("current"),
+        source="engine",
+    )

@@ -12,9 +12,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
@@ -27,6 +28,7 @@ from tuneplane_node.errors import (
     SpecRefused,
     is_name_conflict,
 )
+from tuneplane_node.runtime import cgroups
 from tuneplane_node.runtime import dockerformat as fmt
 from tuneplane_node.runtime.base import (
     DEVICES_ENV,
@@ -43,6 +45,7 @@ from tuneplane_node.runtime.base import (
     ProgressCallback,
     PullLimits,
     RuntimeHealth,
+    Usage,
     format_gpus,
     job_labels,
 )
@@ -57,6 +60,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 POLL_S = 0.25
 NOT_RUNNING = ("is not running", "can only kill running containers")  # docker's, podman's
+MACHINE_MEMORY = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 Events = Iterator[EngineEvent]
 
 
@@ -192,6 +196,7 @@ class EngineRuntime(ABC):
         self.http_connections = settings.runtime_threads + 2
         self.deadline_s = settings.local_api_timeout + 1
         self.client = self._connect(settings)
+        self._cgroups: dict[str, cgroups.CgroupDirs] = {}  # ref -> where its figures are
 
     # --- what an adapter supplies: blocking SDK calls ----------------------------------
 
@@ -226,6 +231,14 @@ class EngineRuntime(ABC):
     # Each may raise the table's ``not_found``: the verbs above make that "missing".
     @abstractmethod
     def _inspect(self, ref: str) -> ContainerState: ...
+    @abstractmethod
+    def _document(self, ref: str) -> Mapping[str, Any]:
+        """The engine's inspect document of the container, as the engine wrote it."""
+
+    @abstractmethod
+    def _stats(self, ref: str) -> Mapping[str, Any]:
+        """One ``/containers/{ref}/stats`` document, taken once (no stream)."""
+
     @abstractmethod
     def _log_entries(self, ref: str, tail: int, since: datetime | None) -> Iterator[bytes]:
         """The last ``tail`` log entries (``TIMESTAMP text``, a long line in pieces)."""
@@ -435,6 +448,34 @@ class EngineRuntime(ABC):
     def _open_pull_translated(self, image: str) -> tuple[Iterator[Mapping[str, Any]], Any]:
         messages, response = self._open_pull(image)
         return self._translated(messages, action=f"pull {image}"), response
+
+    async def usage(self, refs: Sequence[str]) -> dict[str, Usage]:
+        return await self._call("read usage", self._usage_all, list(refs))
+
+    def _usage_all(self, refs: list[str]) -> dict[str, Usage]:
+        # Only the refs asked for stay located: the memo never outgrows the running jobs.
+        self._cgroups = {ref: dirs for ref, dirs in self._cgroups.items() if ref in refs}
+        found = {ref: self._usage_one(ref) for ref in refs}
+        return {ref: usage for ref, usage in found.items() if usage is not None}
+
+    def _usage_one(self, ref: str) -> Usage | None:
+        """From the cgroup files (located once per container), else the engine's one-shot
+        stats; None when the container is gone or not running."""
+        known = self._cgroups.pop(ref, None)
+        if known is not None and (usage := cgroups.read(known)) is not None:
+            self._cgroups[ref] = known
+            return usage
+        doc = self._or(None, self._document, ref)
+        state = (doc or {}).get("State") or {}
+        if doc is None or not state.get("Running"):
+            return None
+        dirs = cgroups.locate(int(state.get("Pid") or 0), must_hold=str(doc.get("Id")))
+        if dirs is not None and (usage := cgroups.read(dirs)) is not None:
+            self._cgroups[ref] = dirs
+            return usage
+        # Not readable from here (a remote engine, another pid namespace): ask the engine.
+        stats = self._or(None, self._stats, ref)
+        return fmt.usage_from_stats(stats, machine_memory=MACHINE_MEMORY) if stats else None
 
     async def close(self) -> None:
         self.pool.close()

@@ -77,6 +77,16 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
     def _inspect(self, ref: str) -> ContainerState:
         return fmt.state_from_inspect(self.client.containers.get(ref).attrs)
 
+    def _document(self, ref: str) -> Mapping[str, Any]:
+        return self.client.containers.get(ref).attrs
+
+    def _stats(self, ref: str) -> Mapping[str, Any]:
+        # The compat endpoint: docker's document, which `dockerformat` reads.
+        params = {"stream": "false", "one-shot": "true"}
+        response = self.api.get(f"/containers/{ref}/stats", params=params, compatible=True)
+        response.raise_for_status()
+        return response.json()  # type: ignore[no-any-return]
+
     def _log_entries(self, ref: str, tail: int, since: datetime | None) -> Iterator[bytes]:
         container = self.client.containers.get(ref)
         # podman-py follows a stream unless told not to.

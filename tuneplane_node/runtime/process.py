@@ -30,7 +30,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncGenerator, Iterator, Mapping
+from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -49,6 +49,7 @@ from tuneplane_node.runtime.base import (
     ProgressCallback,
     PullLimits,
     RuntimeHealth,
+    Usage,
     format_gpus,
     job_labels,
 )
@@ -241,6 +242,17 @@ class ProcessRuntime:
     async def ps(self) -> list[ContainerState]:
         """Every job in the state directory, exited ones included."""
         return await self._pool.call(self._ps)
+
+    async def usage(self, refs: Sequence[str]) -> dict[str, Usage]:
+        """Summed over the processes of each job's group, from /proc: CPU time (reaped
+        children included), resident memory, and how many. No limit: nothing enforces one."""
+        return await self._pool.call(self._usage, list(refs))
+
+    def _usage(self, names: list[str]) -> dict[str, Usage]:
+        jobs = [job for name in names if (job := self._load(name)) is not None]
+        leaders = {job.name: job.main.pid for job in jobs if job.main and self._alive(job.main)}
+        groups = _group_usage(set(leaders.values())) if _HAS_PROC else {}
+        return {name: groups.get(pid, Usage(source="proc")) for name, pid in leaders.items()}
 
     async def health(self) -> RuntimeHealth:
         """Ok while the state directory can be made; the version names the platform."""
@@ -541,6 +553,35 @@ def _proc_stat(pid: int) -> tuple[str, int] | None:
         return None
     fields = text[text.rindex(")") + 2 :].split()  # the name in (...) may hold spaces
     return fields[0], int(fields[19])  # fields 3 and 22 of proc(5)
+
+
+def _group_usage(groups: set[int]) -> dict[int, Usage]:
+    """``group leader -> Usage`` of the process groups asked for, in one pass over /proc."""
+    ticks: dict[int, int] = {}
+    pages: dict[int, int] = {}
+    count: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        fields = _stat_fields(entry) if entry.name.isdigit() else None
+        if fields is None or (group := int(fields[2])) not in groups:
+            continue
+        # utime, stime, cutime, cstime (proc(5) fields 14 to 17), and rss (field 24).
+        ticks[group] = ticks.get(group, 0) + sum(int(f) for f in fields[11:15])
+        pages[group] = pages.get(group, 0) + int(fields[21])
+        count[group] = count.get(group, 0) + 1
+    hz, page = os.sysconf("SC_CLK_TCK"), os.sysconf("SC_PAGE_SIZE")
+    return {
+        group: Usage(ticks[group] / hz, pages[group] * page, None, count[group], source="proc")
+        for group in count
+    }
+
+
+def _stat_fields(entry: Path) -> list[str] | None:
+    """/proc/<pid>/stat after the name (state is [0]); None when the process is gone."""
+    try:
+        text = (entry / "stat").read_text()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2 :].split()
 
 
 def _start_ticks(pid: int) -> int | None:

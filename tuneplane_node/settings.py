@@ -144,6 +144,12 @@ class NodeSettings(BaseSettings):
     image, gpus where they apply), for a log shipper. ``--log-format`` overrides it."""
     metrics_public: bool = False
     """Serve ``GET /metrics`` without the bearer token (for a scraper that cannot send one)."""
+    metrics_per_job: bool = False
+    """Serve each running job's CPU, memory and card figures as series labelled by
+    ``run_id`` (off: how many series a scrape carries is the operator's choice)."""
+    stats_interval_s: float = Field(5.0, ge=1, le=3600, allow_inf_nan=False)
+    """Seconds between two samples of the running jobs' CPU, memory and card figures;
+    CPU use is the average over this period."""
 
     @field_validator("log_level", mode="before")
     @classmethod

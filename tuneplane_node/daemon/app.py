@@ -136,7 +136,7 @@ def create_node_app(
     for a test daemon on an engine shared with other people's nodes).
     """
     tokens = TokenSet.from_settings(settings)  # no token, no app
-    metrics = Metrics()
+    metrics = Metrics(per_job=settings.metrics_per_job)
     guard = guard_middleware(tokens, metrics_public=settings.metrics_public)
     app = web.Application(
         middlewares=[*middlewares, measure_middleware(metrics), errors_middleware, guard],
@@ -170,7 +170,7 @@ def _lifecycle(
             runtime, allocator, settings, clock=clock, telemetry=app[METRICS]
         )
         await jobs.start()  # the operator's cordon or drain, before the first request
-        tasks = []
+        tasks = [asyncio.create_task(jobs.sampler.run(), name="stats sampler")]
         if sweep:  # wreckage of a daemon killed between create and start, before serving
             await _sweep_at_start(jobs)
             tasks.append(asyncio.create_task(jobs.maintain(), name="wreckage sweep"))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
+from collections.abc import Iterable
 
 from prometheus_client import (
     CollectorRegistry,
@@ -28,6 +29,7 @@ from tuneplane_node.errors import NodeError
 from tuneplane_node.gpu.allocator import Occupancy
 from tuneplane_node.jobs import JobService
 from tuneplane_node.jobs.nodestate import STATES
+from tuneplane_node.jobs.stats import JobSample
 from tuneplane_node.runtime.base import CacheStatus
 from tuneplane_node.telemetry import Telemetry
 
@@ -48,7 +50,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # what every Promethe
 class Metrics(Telemetry):
     """The node's series, in one registry per daemon."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, per_job: bool = False) -> None:
         self.registry = registry = CollectorRegistry(auto_describe=True)
         self.worst_lag = 0.0  # since the last scrape
         self.build = Gauge(
@@ -57,6 +59,7 @@ class Metrics(Telemetry):
         self.build.labels(__version__).set(1)
         self._events(registry)
         self._states(registry)
+        self.per_job = _PerJob(registry) if per_job else None
 
     def _events(self, registry: CollectorRegistry) -> None:
         self.http = Histogram(
@@ -153,6 +156,8 @@ class Metrics(Telemetry):
             self._counts(await jobs.job_counts())
         except NodeError:  # the engine down: how many jobs is unknown, not zero
             self.jobs.clear()
+        if self.per_job is not None:
+            self.per_job.update(jobs.sampler.samples.values())
 
     def _cache(self, cache: CacheStatus | None) -> None:
         """No cache (the process runtime) is always in step with itself."""
@@ -197,3 +202,40 @@ class Metrics(Telemetry):
             await asyncio.sleep(LAG_PERIOD_S)
             late = loop.time() - start - LAG_PERIOD_S
             self.worst_lag = max(self.worst_lag, late)
+
+
+class _PerJob:
+    """Each running job's latest sample, labelled by ``run_id`` (and ``gpu`` per card):
+    as many series as jobs run, which is why `TUNEPLANE_METRICS_PER_JOB` is off by
+    default. A figure unknown is no series, never a 0."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        def gauge(name: str, about: str, labels: tuple[str, ...] = ("run_id",)) -> Gauge:
+            return Gauge(f"{PREFIX}_job_{name}", about, list(labels), registry=registry)
+
+        card = ("run_id", "gpu")
+        self.job = {
+            "cpu_ratio": gauge("cpu_ratio", "Cores in use over the last sample period."),
+            "memory_bytes": gauge("memory_bytes", "Working set (charged less inactive files)."),
+            "memory_limit_bytes": gauge("memory_limit_bytes", "Memory limit; none: unlimited."),
+            "pids": gauge("pids", "Processes and threads."),
+        }
+        self.cards = {
+            "utilization_ratio": gauge("gpu_utilization_ratio", "Busy share per card.", card),
+            "memory_used_bytes": gauge("gpu_memory_used_bytes", "Memory in use per card.", card),
+            "power_watts": gauge("gpu_power_watts", "Power drawn per card.", card),
+            "temperature_celsius": gauge("gpu_temperature_celsius", "Temperature per card.", card),
+        }
+
+    def update(self, samples: Iterable[JobSample]) -> None:
+        for gauge in (*self.job.values(), *self.cards.values()):
+            gauge.clear()  # a job gone is no series
+        for sample in samples:
+            run_id = sample.run_id or ""
+            for name, gauge in self.job.items():
+                if (value := getattr(sample, name)) is not None:
+                    gauge.labels(run_id).set(value)
+            for card in sample.gpus:
+                for name, gauge in self.cards.items():
+                    if (value := getattr(card, name)) is not None:
+                        gauge.labels(run_id, str(card.index)).set(value)

@@ -56,6 +56,7 @@ from tuneplane_node.jobs.results import (
     Pulling,
     Started,
 )
+from tuneplane_node.jobs.stats import JobStats, StatsSampler
 from tuneplane_node.runtime.base import (
     DEVICES_ENV,
     RUNNING,
@@ -137,6 +138,8 @@ class JobService:
         self.node = NodeState()  # until start() reads the file
         self._saves = itertools.count(1)
         self._drain: asyncio.Task[None] | None = None
+        interval = settings.stats_interval_s
+        self.sampler = StatsSampler(runtime, allocator, interval_s=interval, clock=clock)
 
     # --- the "ours" rule ----------------------------------------------------------------
 
@@ -279,6 +282,22 @@ class JobService:
             record = self.pending.get(ref)
             views[ref] = record.view(now) if record is not None else self._why(await self._own(ref))
         return views
+
+    async def stats(self, refs: Iterable[str] | None) -> dict[str, JobStats]:
+        """Each ref's figures from the latest sample while it runs (never sampled here);
+        whether it exists and its status when it does not. None: every running job."""
+        if refs is None:
+            refs = [s.name for s in await self.runtime.ps() if s.ours and s.status == "running"]
+        answers: dict[str, JobStats] = {}
+        for ref in dict.fromkeys(refs):
+            record = self.pending.get(ref)
+            if record is not None:  # as observe shows it: created, or dead once failed
+                answers[ref] = JobStats(True, "dead" if record.phase == FAILED else "created")
+                continue
+            state = await self._own(ref)
+            sample = self.sampler.latest(state) if state.status == "running" else None
+            answers[ref] = JobStats(state.exists, state.status or None, sample)
+        return answers
 
     def _why(self, state: ContainerState) -> ContainerState:
         reason = self.node.stop_reasons.get(state.id) if state.id else None

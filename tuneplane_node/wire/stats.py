@@ -1,0 +1,92 @@
+"""``POST /node/v1/stats``: its request and its answer, the jobs' resource usage.
+
+A request is observe's (``{"refs": [...]}``, the same limits), and ``refs`` may be left
+out: every running job of the node. The answer is ``{"stats": {ref: ...}}``: a running
+job's figures from the node's latest sample, and for any other ref only whether it
+exists and its status. Every figure is null where it is unknown, never 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, TypedDict
+
+from tuneplane_node.jobs.stats import CardSample, JobSample, JobStats
+from tuneplane_node.wire.requests import parse_refs
+
+
+def parse_stats(body: Mapping[str, Any]) -> list[str] | None:
+    """The refs asked for; None (no ``refs``): every running job of the node."""
+    return None if "refs" not in body else parse_refs(body)
+
+
+class ProcessMemoryJson(TypedDict):
+    pid: int
+    memory_used_bytes: int | None
+
+
+class CardUsageJson(TypedDict):
+    index: int
+    utilization_ratio: float | None
+    memory_used_bytes: int | None
+    memory_total_bytes: int | None
+    power_watts: float | None
+    temperature_celsius: int | None
+    processes: list[ProcessMemoryJson] | None
+
+
+class AbsentJson(TypedDict):
+    exists: bool
+    status: str | None
+
+
+class UsageJson(AbsentJson):
+    cpu_ratio: float | None
+    memory_bytes: int | None
+    memory_limit_bytes: int | None
+    pids: int | None
+    sampled_at: str | None
+    gpus: list[CardUsageJson]
+
+
+class StatsJson(TypedDict):
+    stats: dict[str, AbsentJson]
+
+
+def stats_json(stats: Mapping[str, JobStats]) -> StatsJson:
+    return {"stats": {ref: job_stats_json(job) for ref, job in stats.items()}}
+
+
+def job_stats_json(job: JobStats) -> AbsentJson:
+    """A running job's figures; only ``exists`` and ``status`` for any other ref."""
+    if job.sample is None:
+        return {"exists": job.exists, "status": job.status}
+    return usage_json(job, job.sample)
+
+
+def usage_json(job: JobStats, sample: JobSample) -> UsageJson:
+    return {
+        "exists": job.exists,
+        "status": job.status,
+        "cpu_ratio": sample.cpu_ratio,
+        "memory_bytes": sample.memory_bytes,
+        "memory_limit_bytes": sample.memory_limit_bytes,
+        "pids": sample.pids,
+        "sampled_at": sample.sampled_at,
+        "gpus": [card_usage_json(card) for card in sample.gpus],
+    }
+
+
+def card_usage_json(card: CardSample) -> CardUsageJson:
+    processes = card.processes
+    return {
+        "index": card.index,
+        "utilization_ratio": card.utilization_ratio,
+        "memory_used_bytes": card.memory_used_bytes,
+        "memory_total_bytes": card.memory_total_bytes,
+        "power_watts": card.power_watts,
+        "temperature_celsius": card.temperature_celsius,
+        "processes": None
+        if processes is None
+        else [{"pid": p.pid, "memory_used_bytes": p.memory_used_bytes} for p in processes],
+    }

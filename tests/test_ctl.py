@@ -14,6 +14,8 @@ import fcntl
 import json
 import os
 import re
+import select
+import signal
 import socket
 import struct
 import subprocess
@@ -512,3 +514,122 @@ async def test_launch_wait_draws_the_pull_and_ends_running(
     assert bar is not None, drawn  # bytes done of total, and the rate
     assert re.search(r"[01]/1 layers", drawn), drawn
     assert drawn.rstrip().endswith(f"tuneplane-{run_id}: running"), drawn
+
+
+# --- stats ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def sampled_node(start_node: StartNode) -> Iterator[Node]:
+    """A node on the shared Docker engine sampling its jobs every second."""
+    error = asyncio.run(_docker_error())
+    if error is not None:
+        engine_missing("docker", error)
+    node = start_node(**docker_node_settings(), TUNEPLANE_STATS_INTERVAL_S="1")
+    yield node
+    asyncio.run(_remove(node.made))
+
+
+def launch_burning(ctl: Ctl, node: Node) -> str:
+    run_id = unique("ctl")
+    node.made.append(f"tuneplane-{run_id}")
+    burn = ("--", "/bin/sh", "-c", "while :; do :; done")
+    assert (
+        ctl("launch", "--run-id", run_id, "--image", IMAGE, "--gpus", "1", *burn, url=node.url)[0]
+        == 0
+    )
+    return f"tuneplane-{run_id}"
+
+
+@pytest.mark.engine
+def test_json_stats_is_the_apis_own_answer(ctl: Ctl, sampled_node: Node) -> None:
+    ref = launch_burning(ctl, sampled_node)
+    url, refs = sampled_node.url, [ref, "tuneplane-nobody"]
+    for _ in range(20):  # a sample may land between the two calls: ask again
+        code, out, _ = ctl("stats", *refs, "--json", url=url)
+        request = urllib.request.Request(
+            url + "/node/v1/stats", data=json.dumps({"refs": refs}).encode(), headers=HEADERS
+        )
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            theirs = json.loads(reply.read())
+        if json.loads(out) == theirs:
+            break
+    assert code == 0 and json.loads(out) == theirs
+    assert theirs["stats"]["tuneplane-nobody"] == {"exists": False, "status": None}
+    assert [card["index"] for card in theirs["stats"][ref]["gpus"]] == [0]
+
+
+@pytest.mark.engine
+async def test_stats_draws_a_live_table_in_a_terminal(tmp_path: Path) -> None:
+    if (error := await _docker_error()) is not None:
+        engine_missing("docker", error)
+    port = free_port()
+    settings = {**docker_node_settings(), "TUNEPLANE_STATS_INTERVAL_S": "1"}
+    daemon = spawn_daemon(tmp_path, port, **settings)
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(tmp_path),
+        "PYTHONPATH": str(REPO),
+        "TERM": "xterm-256color",
+        "TUNEPLANE_NODE_TOKEN": TOKEN,
+        "TUNEPLANE_CTL_URL": f"http://127.0.0.1:{port}",
+    }
+    run_id = unique("ctl")
+    ref = f"tuneplane-{run_id}"
+    try:
+        await asyncio.to_thread(wait_for_port, Node("", daemon), port, tmp_path / "serve.log")
+        burn = ["--", "/bin/sh", "-c", "while :; do :; done"]
+        launched = await run_in_terminal(
+            ["ctl", "launch", "--run-id", run_id, "--image", IMAGE, *burn], env
+        )
+        assert launched[0] == 0, launched[1]
+        live = re.compile(rf"│ {ref} +│ running +│ \d\.\d\d cores +│ .*B / no limit +│ 1 ")
+        code, drawn = await interrupt_in_terminal(
+            ["ctl", "stats", ref, "--interval", "0.5"], env, until=live
+        )
+    finally:
+        await _remove([ref])
+        daemon.kill()
+        await asyncio.to_thread(daemon.wait, 10)
+    assert code == 0, drawn
+    assert drawn.count(f"│ {ref} ") >= 2, drawn  # drawn again, in place
+    assert "Traceback" not in drawn
+
+
+async def interrupt_in_terminal(
+    argv: list[str], env: dict[str, str], *, until: re.Pattern[str], timeout: float = 60
+) -> tuple[int, str]:
+    """``python -m tuneplane_node ARGV`` on a pseudo-terminal until what it drew matches
+    ``until``, then Ctrl-C: its exit code and what it drew, escapes removed."""
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tuneplane_node", *argv,
+        stdin=slave, stdout=slave, stderr=slave, env=env,
+    )  # fmt: skip
+    os.close(slave)
+    drawn = bytearray()
+    deadline = time.monotonic() + timeout
+    try:
+        while not until.search(ANSI.sub("", drawn.decode("utf-8", "replace"))):
+            assert time.monotonic() < deadline, ANSI.sub("", drawn.decode("utf-8", "replace"))
+            drawn.extend(await asyncio.to_thread(_read_some, master))
+        process.send_signal(signal.SIGINT)
+        code = await asyncio.wait_for(process.wait(), 10)
+        while chunk := await asyncio.to_thread(_read_some, master):
+            drawn.extend(chunk)
+    finally:
+        if process.returncode is None:
+            process.kill()
+        os.close(master)
+    return code, ANSI.sub("", drawn.decode("utf-8", "replace"))
+
+
+def _read_some(fd: int) -> bytes:
+    """What the terminal has within 0.5 s: b"" when nothing came, or its other side is
+    closed (EIO)."""
+    ready, _, _ = select.select([fd], [], [], 0.5)
+    try:
+        return os.read(fd, 65536) if ready else b""
+    except OSError:
+        return b""

@@ -19,11 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.live import Live
 
 from tuneplane_node.ctl import render
 from tuneplane_node.ctl.client import DEFAULT_URL, URL_ENV, CtlError, NodeClient, Tls, read_token
 
 POLL_S = 0.5
+STATS_S = 2.0
 NAME_PREFIX = "tuneplane-"  # the node's own default, so ctl's jobs read like a console's
 _PLAIN_RUN_ID = re.compile(r"[a-zA-Z0-9_.-]{1,120}")
 
@@ -89,6 +91,9 @@ def add_parser(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     verb("health", health, "the node's health: engine, cards, pending launches")
     verb("inventory", inventory, "what the machine has: cards, storage, fabrics")
     verb("observe", observe, "the state of jobs").add_argument("refs", nargs="+", metavar="REF")
+    usage = verb("stats", stats, "what jobs use, refreshed live (none named: every running job)")
+    usage.add_argument("refs", nargs="*", metavar="REF")
+    usage.add_argument("--interval", type=float, default=STATS_S, help="seconds between redraws")
     _launch_options(verb("launch", launch, "launch a job container"))
     stopping = verb("stop", stop, "stop a job: SIGTERM, then SIGKILL after the timeout")
     stopping.add_argument("ref", metavar="REF")
@@ -181,6 +186,23 @@ def inventory(ctl: Ctl, args: argparse.Namespace) -> int:
 def observe(ctl: Ctl, args: argparse.Namespace) -> int:
     answer = ctl.client.post("/node/v1/observe", {"refs": args.refs})
     return ctl.show(answer, lambda out, body: render.show_states(out, body["states"]))
+
+
+def stats(ctl: Ctl, args: argparse.Namespace) -> int:
+    """``--json``: the answer once. A terminal: the table redrawn every ``--interval``
+    until Ctrl-C, as `docker stats`; a pipe: the table once."""
+    body = {"refs": args.refs} if args.refs else {}
+    answer = ctl.client.post("/node/v1/stats", body)
+    if ctl.json or not ctl.out.is_terminal:
+        return ctl.show(answer, lambda out, a: out.print(render.stats_table(a["stats"])))
+    with Live(render.stats_table(answer["stats"]), console=ctl.out, auto_refresh=False) as live:
+        try:
+            while True:
+                time.sleep(max(0.1, args.interval))
+                answer = ctl.client.post("/node/v1/stats", body)
+                live.update(render.stats_table(answer["stats"]), refresh=True)
+        except KeyboardInterrupt:  # how a live view ends: not a failure
+            return 0
 
 
 def stop(ctl: Ctl, args: argparse.Namespace) -> int:

@@ -268,6 +268,53 @@ def _job_detail(state: Mapping[str, Any]) -> str:
     return ""
 
 
+# --- stats ----------------------------------------------------------------------------
+
+
+def stats_table(stats: Mapping[str, Mapping[str, Any]]) -> Table:
+    """One row per job: what it uses, and each card it holds; a job that does not run
+    says its status instead."""
+    table = Table(title="Stats", title_justify="left")
+    for column in ("ref", "status", "CPU", "memory / limit", "pids", "cards", "sampled"):
+        table.add_column(column)
+    now = datetime.now(timezone.utc)
+    for ref, job in stats.items():
+        if "cpu_ratio" not in job:
+            shown = status(job) if job.get("exists") else "[dim]absent[/]"
+            table.add_row(ref, shown, "", "", "", "", "")
+            continue
+        cpu = job.get("cpu_ratio")
+        table.add_row(
+            ref,
+            status(job),
+            UNKNOWN if cpu is None else f"{cpu:.2f} cores",
+            f"{_size(job.get('memory_bytes'))} / {_limit(job.get('memory_limit_bytes'))}",
+            _known(job.get("pids")),
+            "\n".join(_card(card) for card in job.get("gpus") or []),
+            f"{age(job.get('sampled_at'), now)} ago" if job.get("sampled_at") else UNKNOWN,
+        )
+    return table
+
+
+def _limit(value: object) -> str:
+    return "no limit" if value is None else _size(value)
+
+
+def _card(card: Mapping[str, Any]) -> str:
+    """``0: 87% 40.1 GB/85.5 GB 312 W 65 °C``, unknown parts left out."""
+    parts = [f"{card.get('index')}:"]
+    busy = card.get("utilization_ratio")
+    parts.append(UNKNOWN if busy is None else f"{busy:.0%}")
+    used, total = card.get("memory_used_bytes"), card.get("memory_total_bytes")
+    if used is not None:
+        parts.append(f"{_size(used)}/{_size(total)}")
+    if card.get("power_watts") is not None:
+        parts.append(f"{card['power_watts']:.0f} W")
+    if card.get("temperature_celsius") is not None:
+        parts.append(f"{card['temperature_celsius']} °C")
+    return " ".join(parts)
+
+
 # --- a launch's pull ------------------------------------------------------------------
 
 

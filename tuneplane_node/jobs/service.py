@@ -195,7 +195,7 @@ class JobService:
             self._check_open()
             if state.exists:
                 log.info("relaunch of %s: removing its %s container", ref, state.status)
-                await self.runtime.remove(self._target(state))
+                await self._remove(state)
             if await self.runtime.image_exists(request.spec.image):
                 return await self._start_now(request)
             return await self._start_pending(request)
@@ -300,7 +300,7 @@ class JobService:
         return answers
 
     def _why(self, state: ContainerState) -> ContainerState:
-        reason = self.node.stop_reasons.get(state.id) if state.id else None
+        reason = self.node.stop_reasons.get(_stop_key(state)) if state.exists else None
         return replace(state, stop_reason=reason) if reason else state
 
     async def logs(self, ref: str, tail: int, since: datetime | None = None) -> LogText:
@@ -386,8 +386,19 @@ class JobService:
             await self._cancel(ref)
             state = await self._own(ref)
             if state.exists:
-                await self.runtime.remove(self._target(state))
+                await self._remove(state)
                 log.info("removed %s", ref)
+
+    async def _remove(self, state: ContainerState) -> None:
+        """Remove the container, and the reason the node kept for having stopped it: a
+        runtime without ids keys it by name, which the next job of the name must not get."""
+        await self.runtime.remove(self._target(state))
+        key = _stop_key(state)
+        if key in self.node.stop_reasons:
+            try:
+                await self._save(self.node.forgetting(key))
+            except NodeError as exc:  # the container is gone all the same
+                log.warning("%s", exc.message)
 
     async def _cancel(self, ref: str) -> None:
         """End a pending launch at whatever stage, and release its reservation."""
@@ -419,7 +430,7 @@ class JobService:
             if not reapable(state, max_age_s, self.clock.now()):
                 return False
             try:
-                await self.runtime.remove(self._target(state))
+                await self._remove(state)
             except EngineConflict:
                 return False  # the engine is busy with it: next time
             return True
@@ -448,7 +459,7 @@ class JobService:
             if state.id != seen.id or not _wreck(state, older_than_s, self.clock.now()):
                 return False
             log.warning("%s was created and never started: removing it", seen.name)
-            await self.runtime.remove(self._target(state))
+            await self._remove(state)
             return True
 
     async def maintain(self) -> None:
@@ -524,7 +535,7 @@ class JobService:
             running = [state for state in await self.runtime.ps() if state.status in RUNNING]
             if not running:
                 return "again" if len(self.pending) else "drained"
-            await self._save(self.node.stopped((s.id for s in running if s.id), why))
+            await self._save(self.node.stopped((_stop_key(s) for s in running), why))
             stops = [self.stop(state.name, grace) for state in running]
             failed = [r for r in await asyncio.gather(*stops, return_exceptions=True) if r]
         except NodeError as exc:
@@ -538,7 +549,7 @@ class JobService:
         """The state takes effect at once, and is written to disk to outlive the daemon."""
         if prune:
             with contextlib.suppress(NodeError):  # the engine down: prune next time
-                node = node.keeping(s.id for s in await self.runtime.ps() if s.id)
+                node = node.keeping(_stop_key(s) for s in await self.runtime.ps())
         self.node = node
         try:
             await asyncio.to_thread(self.state_file.save, node, next(self._saves))
@@ -615,6 +626,12 @@ async def read_inventory(
 
 def _missing(ref: str) -> LogText:
     return LogText(f"no logs: container {ref} does not exist")
+
+
+def _stop_key(state: ContainerState) -> str:
+    """Whom a stop reason belongs to: the container's id, or its name where the runtime
+    has no ids (the process runtime)."""
+    return state.id or state.name
 
 
 def _because(reason: str | None) -> str:

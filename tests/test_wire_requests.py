@@ -174,6 +174,10 @@ def test_requested_gpus_falls_back_to_the_length_of_container_gpus() -> None:
             {"run_id": "a", "container": {"image": "x", "shm_size": "2000000g"}},
             "container.shm_size",
         ),
+        (
+            {"run_id": "a", "container": {"image": "x", "shm_size": -(10**400)}},
+            "container.shm_size",  # hypothesis found it: min() kept it, float() overflowed
+        ),
         ({"run_id": "a", "container": {"image": "x", "env": {"A=B": "1"}}}, "container.env.A=B"),
         (
             {

@@ -281,7 +281,7 @@ def _size(body: Mapping[str, Any], field: str, *, least: int) -> str | None:
 
 def _bytes(value: object) -> float | None:
     if isinstance(value, int) and not isinstance(value, bool):
-        return float(min(value, 2 * MAX_SIZE))  # 10**400 would overflow a float
+        return float(max(-1, min(value, 2 * MAX_SIZE)))  # +-10**400 would overflow a float
     match = SIZE.fullmatch(value) if isinstance(value, str) else None
     return float(match.group(1)) * _UNITS[match.group(2).lower()] if match else None
 

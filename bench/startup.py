@@ -2,9 +2,10 @@
 
 Each round starts fresh daemons and polls ``GET /node/v1/health`` every 5 ms until it
 answers ``ok`` with the state cache synced and holding every container of the fleet:
-(a) the daemon as it is (the cache filled by FILL_THREADS inspects at once);
-(b) the same daemon with one inspect at a time (the code before issue 14), by a wrapper
-    that sets ``FILL_THREADS = 1`` before the module runs, the code otherwise untouched;
+(a) the daemon as it is (it answers from the engine's list; the fill that reads every
+    container follows in the background, FILL_THREADS inspects at once);
+(b) the same daemon with a background fill of one inspect at a time, by a wrapper that
+    sets ``FILL_THREADS = 1`` before the module runs (the first answer waits on neither);
 (c) a daemon started before the fleet exists (its own start: Python, imports, engine);
 (d) what a CLI-wrapping daemon pays: ``docker ps -aq`` of the fleet, then one
     ``docker inspect`` of all of them (a single process).

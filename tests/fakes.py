@@ -363,9 +363,7 @@ class FakeRuntime:
     def list_brief(self) -> list[Brief]:
         self._answer("list_brief")
         return [
-            Brief(c.id, c.spec.name, (c.status, c.exit_code))
-            for c in list(self.containers.values())
-            if LABEL_RUN_ID in c.labels
+            brief(c.state()) for c in list(self.containers.values()) if LABEL_RUN_ID in c.labels
         ]
 
     def inspect_now(self, ref: str) -> ContainerState:
@@ -463,3 +461,9 @@ class FakeProbe:
 
     def close(self) -> None:
         return None
+
+
+def brief(state: ContainerState) -> Brief:
+    """What an engine's list says of a container."""
+    signature = (state.status, state.exit_code)
+    return Brief(state.id or "", state.name, signature, state.labels, state.created_at)

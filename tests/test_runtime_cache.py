@@ -14,7 +14,7 @@ from dataclasses import replace
 import pytest
 
 from tests.conftest import IMAGE as PRESENT
-from tests.fakes import FakeClock, FakeProbe, FakeRuntime
+from tests.fakes import FakeClock, FakeProbe, FakeRuntime, brief
 from tests.helpers import job, wait_until
 from tuneplane_node.errors import EngineUnavailable
 from tuneplane_node.gpu.allocator import GpuAllocator
@@ -34,7 +34,9 @@ from tuneplane_node.settings import NodeSettings
 async def cache(fake: FakeRuntime) -> AsyncIterator[StateCache]:
     """A cache synced once from the fake engine, with no thread and no relist task."""
     state_cache = StateCache(fake, relist_s=3600, sync_timeout=1, clock=fake.clock)
-    state_cache.replace_all(await fake.ps(), fake.clock.monotonic())
+    state_cache.replace_all(fake.list_brief(), fake.clock.monotonic(), 1)
+    for state in await fake.ps():  # the fill after the list
+        state_cache.on_filled(state, state.id or "", 1)
     yield state_cache
 
 
@@ -73,7 +75,9 @@ async def test_a_sync_holds_only_the_nodes_containers(fake: FakeRuntime) -> None
     fake.create_outside(ContainerSpec(name="someones", image="postgres:16"))
     cache = StateCache(fake, relist_s=1, sync_timeout=1, clock=fake.clock)
 
-    cache.replace_all([c.state() for c in fake.containers.values()], fake.clock.monotonic())
+    cache.replace_all(
+        [brief(c.state()) for c in fake.containers.values()], fake.clock.monotonic(), 1
+    )
 
     assert cache.get(ours).status == "running"
     assert cache.get("someones") == ContainerState.missing("someones")
@@ -198,7 +202,7 @@ async def test_a_resync_keeps_what_was_written_after_it_began(
     fake.exit(name, 0)
     inspected(fake, cache, name)  # an event landed while the list was being read
 
-    cache.replace_all([old], started)
+    cache.replace_all([brief(old)], started, 2)
 
     assert cache.get(name).status == "exited"
 
@@ -210,7 +214,7 @@ async def test_a_resync_drops_what_the_engine_no_longer_has(
     inspected(fake, cache, name)
     clock.advance(1)
 
-    cache.replace_all([], clock.monotonic())
+    cache.replace_all([], clock.monotonic(), 2)
 
     assert cache.get(name).exists is False
 
@@ -369,3 +373,41 @@ async def test_an_engine_that_stops_answering_makes_the_cache_stale_until_it_ans
     await wait_until(lambda: runtime.cache.synced, timeout=5)
     assert (await runtime.inspect(name)).status == "running"
     await runtime.cache.close()
+
+
+# --- the fill after a sync: the list answers at once, a read never answers from it --------
+
+
+async def test_the_list_makes_the_cache_answer_and_a_read_asks_the_engine_for_the_rest(
+    fake: FakeRuntime,
+) -> None:
+    name = await running(fake)
+    runtime = CachedRuntime(fake, relist_s=3600, sync_timeout=1, clock=fake.clock)
+    runtime.cache.replace_all(fake.list_brief(), fake.clock.monotonic(), 1)  # no fill yet
+    fake.calls.clear()
+
+    assert [s.status for s in await runtime.ps()] == ["running"]  # health and the cards
+    state = await runtime.inspect(name)  # observe: never the list's partial word
+    assert state == fake.containers[name].state() and state.started_at is not None
+    assert fake.calls["inspect_now"] == 1
+    await runtime.inspect(name)
+    assert fake.calls["inspect_now"] == 1  # read once: the cache answers from then on
+
+
+async def test_a_late_fill_never_overwrites_what_an_event_said_since(
+    fake: FakeRuntime, clock: FakeClock
+) -> None:
+    name = await running(fake)
+    cache = StateCache(fake, relist_s=3600, sync_timeout=1, clock=clock)
+    cache.replace_all(fake.list_brief(), clock.monotonic(), 1)
+    stale = fake.containers[name].state()  # the fill's inspect, read before the exit
+    fake.exit(name, 3)
+    inspected(fake, cache, name)  # the exit's event lands first
+
+    cache.on_filled(stale, stale.id or "", 1)
+    assert (cache.get(name).status, cache.get(name).exit_code) == ("exited", 3)
+
+    other = await running(fake)
+    cache.replace_all(fake.list_brief(), clock.monotonic(), 2)  # a resync began since
+    cache.on_filled(fake.containers[other].state(), fake.containers[other].id, 1)
+    assert other in cache.unread  # the old fill's word was not taken

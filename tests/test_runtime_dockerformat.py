@@ -86,6 +86,26 @@ def test_a_list_entry_gives_the_exit_code_from_its_status_line() -> None:
     assert brief_from_list({"Id": "g", "State": "configured"}).signature == ("created", None)
 
 
+def test_a_list_entry_gives_a_partial_state_with_its_labels_and_creation() -> None:
+    entry = {
+        "Id": "abc",
+        "Names": ["/tuneplane-r1"],
+        "State": "running",
+        "Status": "Up 2 minutes",
+        "Labels": {"tuneplane.run-id": "r1", "tuneplane.gpus": "0,1"},
+        "Created": 1764496800,
+    }
+    state = brief_from_list(entry).partial_state()
+    assert (state.name, state.id, state.status, state.gpus) == (
+        "tuneplane-r1",
+        "abc",
+        "running",
+        (0, 1),
+    )
+    assert state.created_at == "2025-11-30T10:00:00Z"
+    assert state.started_at is None  # the list does not say: a read asks the engine
+
+
 def test_a_die_event_carries_its_exit_code_and_time() -> None:
     event = event_from_docker(
         {

@@ -14,6 +14,7 @@ import re
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from types import MappingProxyType
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 if TYPE_CHECKING:
@@ -328,11 +329,26 @@ class ContainerRuntime(Protocol):
 
 
 class Brief(NamedTuple):
-    """A container as the engine's list shows it: enough to tell whether it changed."""
+    """A container as the engine's list shows it: enough to tell whether it changed, and
+    for a first, partial state (no start or finish times, no OOM flag)."""
 
     id: str
     name: str
     signature: tuple[str, int | None]  # (status, exit code)
+    labels: Mapping[str, str] = MappingProxyType({})
+    created_at: str | None = None
+
+    def partial_state(self) -> ContainerState:
+        status, exit_code = self.signature
+        return ContainerState(
+            name=self.name,
+            exists=True,
+            status=status,
+            exit_code=exit_code,
+            labels=dict(self.labels),
+            created_at=self.created_at,
+            id=self.id,
+        )
 
 
 class EngineEvent(NamedTuple):

@@ -1,14 +1,17 @@
 """StateCache: every labelled container's state, kept current without sweeping the engine.
 
-Filled by one list plus one inspect per container before the daemon serves, kept
-current by the engine's event stream (read on one dedicated thread, each event followed
-by an inspect of just that container), and reconciled by a periodic relist, because
+Filled by one list before the daemon serves (names, labels, status: what health and the
+cards need), then by one inspect per container on a fill thread, 8 at once; until a
+container's inspect is in, a read of it (observe, every verb) asks the engine itself.
+Kept current by the engine's event stream (read on one dedicated thread, each event
+followed by an inspect of just that container), and reconciled by a periodic relist, because
 events alone drift (kubelet's lesson). When the stream breaks the cache goes stale:
 every read answers `EngineUnavailable` until a full resync succeeds, so a container
 the cache simply has not seen since is never reported gone.
 
 The thread only reads; it posts what it read to the loop, and every change to the
-cache happens on the loop thread (`on_event`, `on_inspected`, `replace_all`), which is
+cache happens on the loop thread (`on_event`, `on_inspected`, `replace_all`,
+`on_filled`), which is
 also what the unit tests drive, event by event.
 
 `CachedRuntime` puts the cache in front of an engine runtime: reads come from memory,
@@ -30,7 +33,9 @@ from tuneplane_node.clock import SYSTEM_CLOCK, Clock, rfc3339
 from tuneplane_node.errors import EngineUnavailable, NodeError
 from tuneplane_node.runtime.base import (
     EXIT_SIGKILL,
+    LABEL_RUN_ID,
     RUNNING,
+    Brief,
     CacheStatus,
     ContainerSpec,
     ContainerState,
@@ -58,8 +63,8 @@ RECHECK_S = 1.0
 BACKOFF_S = (0.5, 10.0)
 """The first and the longest wait between two tries to reopen a broken event stream."""
 FILL_THREADS = 8
-"""Inspects at once while the cache fills. While it fills, reads answer 503, so the
-verbs that would use the SDK's connections are few; its pool holds 18 by default."""
+"""Inspects at once while the cache fills after a sync (within the SDK's connection
+pool, 18 by default: the fill takes a few seconds once, at start or after a resync)."""
 
 
 def watched(event: EngineEvent) -> bool:
@@ -92,6 +97,10 @@ class StateCache:
         self.states: dict[str, ContainerState] = {}
         self.names: dict[str, str] = {}  # container id -> name
         self.touched: dict[str, float] = {}  # name -> when last written
+        # Names whose state came from the engine's list only (no times yet): a read of
+        # one asks the engine first; the fill after each sync reads them all.
+        self.unread: set[str] = set()
+        self._fills = 0  # which sync a fill belongs to: an older one writes nothing
         self.synced = False
         self.syncs = 0  # full resyncs so far: an engine restart is a new generation
         self.generation = 0  # bumped by every change: readers rebuild what they derived
@@ -142,6 +151,7 @@ class StateCache:
             return
         if not state.run_id:
             return  # not the node's: the cache holds labelled containers only
+        self.unread.discard(state.name)
         old_name = self.names.get(state.id or "")
         if old_name and old_name != state.name:
             self._forget(old_name)  # renamed
@@ -152,6 +162,7 @@ class StateCache:
         self._changed(state.name)
 
     def _forget(self, name: str) -> None:
+        self.unread.discard(name)
         state = self.states.pop(name, None)
         self.touched[name] = self.clock.monotonic()
         if state is not None and state.id:
@@ -217,20 +228,32 @@ class StateCache:
             )
         )
 
+    def on_filled(self, state: ContainerState, container_id: str, fill: int) -> None:
+        """A fill's inspect: written only where nothing newer came since the list."""
+        if fill == self._fills and state.name in self.unread:
+            self.put(state, container_id)
+        elif not state.exists and fill == self._fills:
+            name = self.names.get(container_id)
+            if name in self.unread:
+                self._forget(name)  # gone since the list
+
     def on_inspected(self, state: ContainerState, container_id: str) -> None:
         """The inspect that follows an event: the engine's word on that container."""
         self.last_event = self.clock.monotonic()
         self.put(state, container_id)
 
-    def replace_all(self, states: list[ContainerState], started: float) -> None:
-        """A full resync: the engine's word replaces everything written before it began."""
-        fresh = {state.name: state for state in states if state.exists and state.run_id}
+    def replace_all(self, briefs: list[Brief], started: float, fill: int) -> None:
+        """A full resync from the engine's list: it replaces everything written before it
+        began. Its states are partial (no times) until the fill that follows reads them."""
+        self._fills = fill
+        fresh = {b.name: b.partial_state() for b in briefs if b.labels.get(LABEL_RUN_ID)}
         for name in list(self.states):
             if name not in fresh and self.touched.get(name, 0) < started:
                 self._forget(name)
         for state in fresh.values():
             if self.touched.get(state.name, 0) < started:
                 self.put(state)
+                self.unread.add(state.name)
         self.touched = {name: t for name, t in self.touched.items() if name in self.states}
         self.synced = True
         self.syncs += 1
@@ -309,23 +332,35 @@ class StateCache:
             return
         # The stream is open before the list: nothing can fall between the two.
         started = self.clock.monotonic()
-        states = self._inspect_all([brief.id for brief in self.feed.list_brief()])
-        self._post(self.replace_all, states, started)
+        briefs = self.feed.list_brief()
+        fill = self._fills + 1
+        self._post(self.replace_all, briefs, started, fill)
+        threading.Thread(
+            target=self._fill, args=([b.id for b in briefs], fill), daemon=True,
+            name=f"tuneplane-{self.feed.name}-fill",
+        ).start()  # fmt: skip
         for event in events:
             if watched(event):
                 self._post(self.on_event, event)
                 self._post(self.on_inspected, self.feed.inspect_now(event.id), event.id)
 
-    def _inspect_all(self, ids: list[str]) -> list[ContainerState]:
-        """Inspect every listed container, several at once: the cache is read only once
-        all are in (a half-filled cache never answers: reads are 503 until then). With
-        1,000 containers the first healthy answer came after 2.2 s instead of 2.75 s
-        (bench/startup.py): the SDK's Python, not the engine, is most of the time."""
-        if len(ids) < 2:
-            return [self.feed.inspect_now(container_id) for container_id in ids]
-        workers = min(FILL_THREADS, len(ids))
-        with ThreadPoolExecutor(workers, thread_name_prefix=f"{self.feed.name}-fill") as pool:
-            return list(pool.map(self.feed.inspect_now, ids))
+    def _fill(self, ids: list[str], fill: int) -> None:
+        """Inspect every listed container, several at once, after the list already made
+        the cache answer (health and the cards need only labels and status; a read of a
+        container not yet filled asks the engine itself). Filling first held the first
+        answer back 2.75 s with 1,000 containers (bench/startup.py)."""
+
+        def one(container_id: str) -> None:
+            if self._stopping.is_set():
+                return
+            try:
+                state = self.feed.inspect_now(container_id)
+            except Exception:  # the engine went: the resync after the broken stream redoes it
+                return
+            self._post(self.on_filled, state, container_id, fill)
+
+        with ThreadPoolExecutor(FILL_THREADS, thread_name_prefix=f"{self.feed.name}-fill") as pool:
+            list(pool.map(one, ids))
 
     # --- the relist ---------------------------------------------------------------------
 
@@ -413,6 +448,13 @@ class CachedRuntime:
         return self.cache.status()
 
     async def inspect(self, name: str) -> ContainerState:
+        state = self.cache.get(name)
+        if name not in self.cache.unread:
+            return state
+        # Only listed so far (no times): never answered as it is. The engine's word,
+        # by the id the list gave (a name could reach another container).
+        fresh = await self.inner.pool.call(self.inner.inspect_now, state.id or name)
+        self.cache.put(fresh, state.id)
         return self.cache.get(name)
 
     async def inspect_fresh(self, name: str) -> ContainerState:

@@ -58,7 +58,19 @@ def brief_from_list(entry: Mapping[str, Any]) -> Brief:
     code = _EXIT_CODE.match(str(entry.get("Status", "")))
     names = entry.get("Names") or [""]
     exit_code = int(code.group(1)) if code and status in _EXITED else None
-    return Brief(str(entry.get("Id")), str(names[0]).lstrip("/"), (status, exit_code))
+    created = entry.get("Created")
+    return Brief(
+        str(entry.get("Id")),
+        str(names[0]).lstrip("/"),
+        (status, exit_code),
+        labels={str(k): str(v) for k, v in (entry.get("Labels") or {}).items()},
+        # docker's list gives seconds since the epoch; podman's compat list the same
+        created_at=rfc3339(datetime.fromtimestamp(created, timezone.utc))
+        if isinstance(created, (int, float)) and not isinstance(created, bool)
+        else normalise(str(created))
+        if created
+        else None,
+    )
 
 
 def event_from_docker(event: Mapping[str, Any]) -> EngineEvent:

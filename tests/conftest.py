@@ -7,7 +7,8 @@ A test that uses an engine fixture must carry the ``engine`` marker, so that
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -33,6 +34,17 @@ from tuneplane_node.runtime.podman import PodmanRuntime
 from tuneplane_node.settings import NodeSettings
 
 ENGINE_FIXTURES = frozenset({"runtime", "docker_runtime", "make_node", "proxy", "own_docker"})
+
+
+@pytest.fixture(autouse=True)
+def root_logging_restored() -> Iterator[None]:
+    """`cli.main` run in-process sets the root logger up as `serve` does (a handler on the
+    test's captured stderr, closed after it): every test gets back what it had."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -184,22 +184,59 @@ async def test_a_slow_reader_of_a_fast_job_keeps_the_node_small(
     make_node: MakeNode, engine: str
 ) -> None:
     """A job writes 100 MB as fast as it can; a client takes 4 KiB every 50 ms for 5 s:
-    the node (served in this process) does not hold what the client has not taken."""
+    the node (served in this process) does not hold what the client has not taken.
+
+    podman 4 sometimes ends a follow of a log written at full speed after a few hundred
+    bytes, the job still running (README, following logs): the reader then follows again,
+    at most five times, as a client must; the memory is measured across all of them."""
     node = await make_node(engine)
     flood = "yes $(head -c 1000 /dev/zero | tr '\\0' x) | head -c 100000000; sleep 300"
     ref, _ = await node.launch(["/bin/sh", "-c", flood])
-    await wait_until_logged(node, ref, "xxxx")  # podman once ended a follow of a fresh job
-    params = follow_params(ref, tail="1")
-    async with node.client.get("/node/v1/logs", params=params, headers=HEADERS) as response:
-        await response.content.readexactly(2**20)  # the stream runs: the baseline
-        before, peak, taken = rss_mib(), 0.0, 0
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            taken += len(await response.content.readexactly(4096))
-            peak = max(peak, rss_mib())
-            await asyncio.sleep(0.05)
-    print(f"\nfollow, {engine}: took {taken} B in 5 s; RSS {before:.1f} -> peak {peak:.1f} MiB")
+    await wait_until_logged(node, ref, "xxxx")
+    reader = SlowReader(node, ref)
+    await reader.take(2**20)  # the stream runs: the baseline
+    before, peak = rss_mib(), 0.0
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        await reader.take(4096)
+        peak = max(peak, rss_mib())
+        await asyncio.sleep(0.05)
+    await reader.close()
+    print(f"\nfollow, {engine}: took {reader.taken} B in 5 s over {reader.opened} follow(s); "
+          f"RSS {before:.1f} -> peak {peak:.1f} MiB")  # fmt: skip
     assert peak - before < 4, f"RSS grew {peak - before:.1f} MiB behind a slow reader"
+    assert engine == "podman" or reader.opened == 1  # docker never ends a follow early
+
+
+class SlowReader:
+    """A follow read a little at a time; one the engine ends early is followed again."""
+
+    def __init__(self, node: Any, ref: str) -> None:
+        self.node, self.ref = node, ref
+        self.response: Any = None
+        self.opened = self.taken = 0
+
+    async def take(self, size: int) -> None:
+        while True:
+            if self.response is None:
+                assert self.opened < 5, "the engine ended the follow five times"
+                self.opened += 1
+                params = follow_params(self.ref, tail="1")
+                self.response = await self.node.client.get(
+                    "/node/v1/logs", params=params, headers=HEADERS
+                )
+                assert self.response.status == 200
+            try:
+                self.taken += len(await self.response.content.readexactly(size))
+                return
+            except asyncio.IncompleteReadError:
+                assert (await self.node.state(self.ref))["status"] == "running"
+                await self.close()
+
+    async def close(self) -> None:
+        if self.response is not None:
+            self.response.close()
+            self.response = None
 
 
 async def test_a_relaunch_after_exit_starts_a_new_container(make_node: MakeNode) -> None:

@@ -448,18 +448,27 @@ def test_logs_follow_streams_until_the_job_exits(ctl: Ctl, docker_node: Node) ->
 ANSI = re.compile(r"\x1b\[[0-9;?]*[a-zA-Z]|\x1b\][^\x07]*\x07")
 
 
+async def spawn_in_terminal(
+    argv: list[str], env: dict[str, str], *, columns: int
+) -> tuple[asyncio.subprocess.Process, int]:
+    """``python -m tuneplane_node ARGV`` on a new pseudo-terminal of 40 rows and COLUMNS:
+    the process and the terminal's master side, which the caller reads and closes."""
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tuneplane_node", *argv,
+        stdin=slave, stdout=slave, stderr=slave, env=env,
+    )  # fmt: skip
+    os.close(slave)  # the child holds it: the master reads EIO once the child is gone
+    return process, master
+
+
 async def run_in_terminal(
     argv: list[str], env: dict[str, str], timeout: float = 120
 ) -> tuple[int, str]:
     """``python -m tuneplane_node ARGV`` on a pseudo-terminal of 120 columns: its exit
     code and everything it drew, escape sequences removed."""
-    master, slave = os.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tuneplane_node", *argv,
-        stdin=slave, stdout=slave, stderr=slave, env=env,
-    )  # fmt: skip
-    os.close(slave)
+    process, master = await spawn_in_terminal(argv, env, columns=120)
     loop = asyncio.get_running_loop()
     closed: asyncio.Future[None] = loop.create_future()
     drawn = bytearray()
@@ -601,13 +610,7 @@ async def interrupt_in_terminal(
 ) -> tuple[int, str]:
     """``python -m tuneplane_node ARGV`` on a pseudo-terminal until what it drew matches
     ``until``, then Ctrl-C: its exit code and what it drew, escapes removed."""
-    master, slave = os.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tuneplane_node", *argv,
-        stdin=slave, stdout=slave, stderr=slave, env=env,
-    )  # fmt: skip
-    os.close(slave)
+    process, master = await spawn_in_terminal(argv, env, columns=160)
     drawn = bytearray()
     deadline = time.monotonic() + timeout
     try:

@@ -101,6 +101,7 @@ class StateCache:
         # one asks the engine first; the fill after each sync reads them all.
         self.unread: set[str] = set()
         self._fills = 0  # which sync a fill belongs to: an older one writes nothing
+        self._lists = 0  # the watch thread's own count of its lists: it numbers the fills
         self.synced = False
         self.syncs = 0  # full resyncs so far: an engine restart is a new generation
         self.generation = 0  # bumped by every change: readers rebuild what they derived
@@ -333,7 +334,10 @@ class StateCache:
         # The stream is open before the list: nothing can fall between the two.
         started = self.clock.monotonic()
         briefs = self.feed.list_brief()
-        fill = self._fills + 1
+        # Counted here, not read back from the loop: a second list may come before the
+        # loop has taken the first.
+        self._lists += 1
+        fill = self._lists
         self._post(self.replace_all, briefs, started, fill)
         threading.Thread(
             target=self._fill, args=([b.id for b in briefs], fill), daemon=True,
@@ -456,6 +460,14 @@ class CachedRuntime:
         fresh = await self.inner.pool.call(self.inner.inspect_now, state.id or name)
         self.cache.put(fresh, state.id)
         return self.cache.get(name)
+
+    async def inspect_many(self, names: Sequence[str]) -> list[ContainerState]:
+        """From memory without a wait, but for a container only listed so far."""
+        states = [self.cache.get(name) for name in names]
+        for index, name in enumerate(names):
+            if name in self.cache.unread:
+                states[index] = await self.inspect(name)
+        return states
 
     async def inspect_fresh(self, name: str) -> ContainerState:
         self.cache.get(name)  # a stale cache answers 503 here, as every read does

@@ -227,6 +227,9 @@ class FakeRuntime:
 
     inspect_fresh = inspect
 
+    async def inspect_many(self, names: Sequence[str]) -> list[ContainerState]:
+        return [await self.inspect(name) for name in names]
+
     def find(self, ref: str) -> FakeContainer | None:
         """A container by id or by name, as engines resolve a ref."""
         return next((c for c in self.containers.values() if ref == c.id), None) or (

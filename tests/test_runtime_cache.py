@@ -394,6 +394,24 @@ async def test_the_list_makes_the_cache_answer_and_a_read_asks_the_engine_for_th
     assert fake.calls["inspect_now"] == 1  # read once: the cache answers from then on
 
 
+async def test_a_read_of_many_asks_the_engine_only_for_those_not_yet_filled(
+    fake: FakeRuntime,
+) -> None:
+    """observe reads many refs in one call: still never the list's partial word."""
+    first, second = await running(fake), await running(fake)
+    runtime = CachedRuntime(fake, relist_s=3600, sync_timeout=1, clock=fake.clock)
+    runtime.cache.replace_all(fake.list_brief(), fake.clock.monotonic(), 1)  # no fill yet
+    await runtime.inspect(first)  # read once: from the engine, then from memory
+    fake.calls.clear()
+
+    states = await runtime.inspect_many([second, "nobody", first])
+
+    assert [s.name for s in states] == [second, "nobody", first]
+    assert states[0] == fake.containers[second].state() and states[0].started_at is not None
+    assert states[1].exists is False and states[2].started_at is not None
+    assert fake.calls["inspect_now"] == 1  # the unread one only
+
+
 async def test_a_late_fill_never_overwrites_what_an_event_said_since(
     fake: FakeRuntime, clock: FakeClock
 ) -> None:

@@ -7,6 +7,7 @@ to any of them is a change of protocol, not a refactoring.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
@@ -39,7 +40,9 @@ from tuneplane_node.runtime.base import (
     RuntimeHealth,
 )
 from tuneplane_node.wire.answers import (
+    EncodedStates,
     encode,
+    encode_observe,
     health_json,
     inventory_json,
     launch_json,
@@ -409,3 +412,49 @@ def test_the_encoder_writes_what_json_dumps_would_read_back_the_same() -> None:
         text = encode(answer)
         assert json.loads(text) == json.loads(json.dumps(answer))
         assert list(json.loads(text)) == list(answer)  # the same order
+
+
+def running(name: str, **more: Any) -> ContainerState:
+    fields: dict[str, Any] = {"status": "running", "labels": {LABEL_RUN_ID: name}}
+    return ContainerState(name=name, exists=True, id="c0ffee" + name, **fields | more)
+
+
+def test_observe_is_encoded_as_its_shape_would_be_byte_for_byte() -> None:
+    """The route sends encode_observe: the very bytes encode(observe_json) would."""
+    views = {
+        "a": running("a", labels={LABEL_RUN_ID: "a", "note": "é\u2028\x00"}),
+        "b": running("b", status="exited", exit_code=3, finished_at="2026-11-30T12:00:00Z"),
+        "stopped": running("stopped", status="exited", stop_reason="drained: cordon"),
+        "tuneplane-b": pending(),
+        "x": ContainerState.missing("x"),
+        'q"uote': running('q"uote'),
+    }
+    assert encode_observe(views) == encode(observe_json(views))
+    assert encode_observe(views) == encode(observe_json(views))  # the second, from the memo
+    assert encode_observe({}) == encode(observe_json({}))
+
+
+def member(states: EncodedStates, ref: str, view: Any) -> Any:
+    """The observe member ``"ref":{...}`` read back, as a console reads it."""
+    return json.loads(b"{" + states.entry(ref, view) + b"}")[ref]
+
+
+def test_a_changed_state_is_never_answered_from_the_memo() -> None:
+    states = EncodedStates()
+    first = running("a")
+    assert member(states, "a", first)["status"] == "running"
+    exited = replace(first, status="exited", exit_code=0)  # the cache's next object
+    assert member(states, "a", exited)["status"] == "exited"
+    assert member(states, "a", first)["status"] == "running"
+
+
+def test_the_memo_of_encoded_states_stays_bounded() -> None:
+    states = EncodedStates(limit=3)
+    made = [running(f"j{i}") for i in range(10)]
+    for state in made:
+        assert member(states, state.name, state)["name"] == state.name
+    assert len(states._memo) <= 3
+    for _ in range(5):  # missing containers and pending launches are never kept
+        member(states, "gone", ContainerState.missing("gone"))
+        member(states, "tuneplane-b", pending())
+    assert len(states._memo) <= 3

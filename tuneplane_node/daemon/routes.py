@@ -79,7 +79,8 @@ async def launch(request: web.Request) -> web.Response:
 @routes.post("/node/v1/observe")
 async def observe(request: web.Request) -> web.Response:
     refs = requests.parse_refs(await read_object(request))
-    return answer(answers.observe_json(await request.app[JOBS].observe(refs)))
+    body = answers.encode_observe(await request.app[JOBS].observe(refs))
+    return web.Response(body=body, content_type="application/json", charset="utf-8")
 
 
 @routes.post("/node/v1/stats")

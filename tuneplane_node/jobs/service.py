@@ -147,7 +147,12 @@ class JobService:
         """The node's container of that name, or missing: a container without the node's
         run-id label is none of its business, whoever asks. ``fresh``: ask the engine
         itself, not the cache (which may not yet know of an exit)."""
-        state = await (self.runtime.inspect_fresh if fresh else self.runtime.inspect)(ref)
+        read = self.runtime.inspect_fresh if fresh else self.runtime.inspect
+        return self._mine(await read(ref), ref)
+
+    @staticmethod
+    def _mine(state: ContainerState, ref: str) -> ContainerState:
+        """The rule itself, for a state already read (observe reads many at once)."""
         if state.exists and not state.ours:
             log.debug("%s is not a container of this node: treated as missing", ref)
             return ContainerState.missing(ref)
@@ -275,12 +280,18 @@ class JobService:
 
     async def observe(self, refs: Iterable[str]) -> dict[str, JobView]:
         """Each ref's pending launch or container (missing when neither); duplicates once."""
+        asked = list(dict.fromkeys(refs))
+        # One call for all: from the cache it is a loop without a wait (a task or an
+        # await per ref cost more than the read).
+        states = await self.runtime.inspect_many(asked)
         now = self.clock.monotonic()
         views: dict[str, JobView] = {}
-        # One after another: each is a cache read, and a task per ref costs more than it.
-        for ref in dict.fromkeys(refs):
+        for ref, state in zip(asked, states, strict=True):
             record = self.pending.get(ref)
-            views[ref] = record.view(now) if record is not None else self._why(await self._own(ref))
+            if record is not None:
+                views[ref] = record.view(now)
+            else:
+                views[ref] = self._why(self._mine(state, ref))
         return views
 
     async def stats(self, refs: Iterable[str] | None) -> dict[str, JobStats]:

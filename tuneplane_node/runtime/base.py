@@ -269,6 +269,9 @@ class ContainerRuntime(Protocol):
         """One container by exact name; `ContainerState.missing` when there is none.
         A cached runtime holds only the node's containers: others read as missing."""
 
+    async def inspect_many(self, names: Sequence[str]) -> list[ContainerState]:
+        """`inspect` of each name, in order: one call for an observe of many refs."""
+
     async def inspect_fresh(self, name: str) -> ContainerState:
         """As `inspect`, but asked of the engine now where a cache would answer: for a
         word the console acts on at once (a re-launch answered "running")."""

@@ -328,6 +328,9 @@ class EngineRuntime(ABC):
 
     inspect_fresh = inspect  # every inspect asks the engine
 
+    async def inspect_many(self, names: Sequence[str]) -> list[ContainerState]:
+        return [await self.inspect(name) for name in names]
+
     def _by_name(self, name: str) -> ContainerState:
         """Exactly this name: an engine would answer a full id or an id prefix first."""
         state = self._inspect_or_missing(name)

@@ -177,6 +177,9 @@ class ProcessRuntime:
 
     inspect_fresh = inspect  # every inspect reads the job's files
 
+    async def inspect_many(self, names: Sequence[str]) -> list[ContainerState]:
+        return [await self.inspect(name) for name in names]
+
     async def logs(self, name: str, query: LogQuery) -> LogText | None:
         """The stamped lines the query asks for; None for no such job. The stamper
         writes a line longer than 64 KiB as several, and each counts as a line here."""

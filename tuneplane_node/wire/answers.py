@@ -119,6 +119,49 @@ def observe_json(views: Mapping[str, JobView]) -> ObserveJson:
     return {"states": {ref: state_json(view) for ref, view in views.items()}}
 
 
+def encode_observe(views: Mapping[str, JobView]) -> bytes:
+    """``encode(observe_json(views))``, byte for byte, with each cached state's JSON
+    encoded once (building and encoding 300 states' dicts was half of observe's time)."""
+    parts = [_STATES.entry(ref, view) for ref, view in views.items()]
+    return b'{"states":{' + b",".join(parts) + b"}}"
+
+
+class EncodedStates:
+    """A container's ``"name":{state}`` member of an observe answer, by the state object:
+    the state cache hands out the same object from one observe to the next until the
+    engine changes it.
+
+    An entry keeps its state alive (an ``id`` names one object only while it lives), so
+    the memo is cleared whenever it holds ``limit``: old states go, memory stays bounded.
+    Used on the event loop only."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self.limit = limit
+        self._memo: dict[int, tuple[ContainerState, bytes]] = {}
+
+    def entry(self, ref: str, view: JobView) -> bytes:
+        # Only a cached state asked by its name: a pending launch's progress moves; a
+        # missing container and a stop reason's copy are new objects on every call.
+        if not (
+            isinstance(view, ContainerState)
+            and view.exists
+            and view.stop_reason is None
+            and view.name == ref
+        ):
+            return orjson.dumps(ref) + b":" + orjson.dumps(state_json(view))
+        hit = self._memo.get(id(view))
+        if hit is not None and hit[0] is view:
+            return hit[1]
+        if len(self._memo) >= self.limit:
+            self._memo.clear()
+        data = orjson.dumps(ref) + b":" + orjson.dumps(state_json(view))
+        self._memo[id(view)] = (view, data)
+        return data
+
+
+_STATES = EncodedStates()
+
+
 # --- answers: launch and the other verbs -------------------------------------------------
 
 

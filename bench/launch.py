@@ -38,9 +38,9 @@ from tuneplane_node.settings import load_settings
 from tuneplane_node.wire import parse_launch
 
 
-def launch_body(name: str, session: str) -> dict[str, Any]:
+def launch_body(name: str, session: str, cards: int = 0) -> dict[str, Any]:
     container = {"name": name, "image": IMAGE, "command": SLEEP, "labels": {LABEL_BENCH: session}}
-    return {"run_id": name, "requested_gpus": 0, "container": container}
+    return {"run_id": name, "requested_gpus": cards, "container": container}
 
 
 def sdk_options(body: dict[str, Any]) -> dict[str, Any]:

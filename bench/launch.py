@@ -35,7 +35,7 @@ from harness import (
 
 from tuneplane_node.runtime.docker import DockerRuntime
 from tuneplane_node.settings import load_settings
-from tuneplane_node.wire import parse_launch
+from tuneplane_node.wire.requests import parse_launch
 
 
 def launch_body(name: str, session: str, cards: int = 0) -> dict[str, Any]:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -352,5 +355,39 @@ async def test_the_disk_gauge_reads_at_most_once_a_second(tmp_path: Path) -> Non
     (tmp_path / "root").mkdir()
     assert await gauge.read() is None  # still the reading of a moment ago
     clock.advance(1.5)
-    reading = await gauge.read()
+    assert await gauge.read() is None  # the old reading at once; a refresh behind it
+    reading = await settled(gauge)
     assert reading is not None and reading.path == str((tmp_path / "root").resolve())
+
+
+async def settled(gauge: DiskGauge) -> Any:
+    deadline = time.monotonic() + 5
+    while (reading := await gauge.read()) is None:
+        assert time.monotonic() < deadline, "the refresh never landed"
+        await asyncio.sleep(0.01)
+    return reading
+
+
+async def test_a_burst_of_health_calls_measures_the_disk_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Health never waits for statvfs but the first time, and 100 calls at once after
+    the reading aged start one measurement, not 100 thread hops."""
+    clock = FakeClock()
+    gauge = DiskGauge(tmp_path, clock=clock)
+    measured = 0
+    real = gauge._measure
+
+    def counted() -> Any:
+        nonlocal measured
+        measured += 1
+        return real()
+
+    monkeypatch.setattr(gauge, "_measure", counted)
+    first = await asyncio.gather(*(gauge.read() for _ in range(100)))
+    assert measured == 1 and all(reading is first[0] is not None for reading in first)
+    clock.advance(1.5)
+    again = await asyncio.gather(*(gauge.read() for _ in range(100)))
+    assert all(reading is first[0] for reading in again)  # answered from the last reading
+    await asyncio.sleep(0.2)
+    assert measured == 2

@@ -129,10 +129,12 @@ class DiskReading:
 
 
 class DiskGauge:
-    """The storage root's filesystem, for health, read at most once per ``ttl`` seconds.
+    """The storage root's filesystem, for health, measured at most once per ``ttl`` s.
 
-    statvfs runs on a worker thread (a hung filer must not stall the loop), and a console
-    polling health many times a second does not need it fresher than that.
+    statvfs runs on a worker thread (a hung filer must not stall the loop). Health never
+    waits for it but the first time: a reading older than ``ttl`` is answered as it is
+    while one refresh runs behind it, so a burst of health calls costs one thread hop,
+    not one each.
     """
 
     def __init__(self, path: Path, *, ttl: float = 1.0, clock: Clock = SYSTEM_CLOCK) -> None:
@@ -141,12 +143,21 @@ class DiskGauge:
         self.clock = clock
         self._value: DiskReading | None = None
         self._read_at = -math.inf
+        self._refresh: asyncio.Task[None] | None = None
 
     async def read(self) -> DiskReading | None:
-        if self.clock.monotonic() - self._read_at > self.ttl:
+        if self.clock.monotonic() - self._read_at > self.ttl and self._refresh is None:
+            self._refresh = asyncio.create_task(self._measure_now(), name="tuneplane-disk")
+        if self._read_at == -math.inf and self._refresh is not None:
+            await asyncio.shield(self._refresh)  # never measured: nothing to answer yet
+        return self._value
+
+    async def _measure_now(self) -> None:
+        try:
             self._value = await asyncio.to_thread(self._measure)
             self._read_at = self.clock.monotonic()
-        return self._value
+        finally:
+            self._refresh = None
 
     def _measure(self) -> DiskReading | None:
         try:

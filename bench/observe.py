@@ -20,6 +20,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import time
 import urllib.parse
 from collections.abc import Callable, Sequence
@@ -32,8 +33,10 @@ from harness import (
     Api,
     Daemon,
     arguments,
+    cpu_seconds,
     docker_host,
     fleet,
+    free_port,
     machine,
     median,
     ms,
@@ -94,6 +97,9 @@ class LeanApi(http.client.HTTPConnection):
     def observe(self, refs: Sequence[str]) -> dict[str, Any]:
         body = orjson.dumps({"refs": refs})
         return self.ask("POST", "/node/v1/observe", body)["states"]  # type: ignore[no-any-return]
+
+    def healthz(self) -> Any:
+        return self.ask("GET", "/healthz")
 
     def ask(self, method: str, path: str, body: bytes | None = None) -> Any:
         self.request(method, path, body, self.headers)
@@ -168,23 +174,64 @@ def spread(values: Sequence[float]) -> str:
     return f"{ms(min(values))} to {ms(max(values))}"
 
 
+BARE_APP = """
+import sys
+from aiohttp import web
+async def ok(request):
+    return web.Response(body=b'{"ok":true}', content_type="application/json")
+app = web.Application()
+app.router.add_get("/healthz", ok)
+web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log=None)
+"""
+
+
 def daemon_cpu(daemon: Daemon, lean: LeanApi, names: Sequence[str], calls: int = 300) -> None:
     """The daemon's own CPU per request (its /proc figures), apart from any client: the
-    bare HTTP floor (/healthz), health, and observe of every name, back to back."""
+    bare HTTP floor (/healthz), health, and observe of every name, back to back; and the
+    peer: an aiohttp app of one handler and no middleware answering the same way."""
     asks = {
-        "GET /healthz": lambda: lean.ask("GET", "/healthz"),
+        "GET /healthz": lean.healthz,
         "GET /node/v1/health": lambda: lean.ask("GET", "/node/v1/health"),
         f"observe of {len(names)} refs": lambda: lean.observe(names),
     }
     for what, ask in asks.items():
-        before, started = daemon.cpu_seconds(), time.monotonic()
-        for _ in range(calls):
-            ask()
-        cpu, wall = daemon.cpu_seconds() - before, time.monotonic() - started
-        print(
-            f"daemon CPU per request, {what}: {ms(cpu / calls)} "
-            f"({calls} back to back, {ms(wall / calls)} each end to end)"
-        )
+        cpu_per_call(what, daemon.pid, ask, calls)
+    port = free_port()
+    bare = subprocess.Popen([sys.executable, "-c", BARE_APP, str(port)])
+    try:
+        peer = LeanApi(f"http://127.0.0.1:{port}")
+        wait_listening(peer)
+        cpu_per_call("bare aiohttp, GET /healthz (the peer)", bare.pid, peer.healthz, calls)
+        peer.close()
+    finally:
+        bare.terminate()
+        bare.wait()
+
+
+def cpu_per_call(what: str, pid: int, ask: Callable[[], Any], calls: int) -> None:
+    for _ in range(20):  # warm
+        ask()
+    before, started = cpu_seconds(pid), time.monotonic()
+    for _ in range(calls):
+        ask()
+    cpu, wall = cpu_seconds(pid) - before, time.monotonic() - started
+    print(
+        f"CPU per request, {what}: {ms(cpu / calls)} "
+        f"({calls} back to back, {ms(wall / calls)} each end to end)"
+    )
+
+
+def wait_listening(peer: LeanApi) -> None:
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            peer.healthz()
+            return
+        except OSError:
+            peer.close()
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def main() -> None:

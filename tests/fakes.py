@@ -434,6 +434,7 @@ class FakeProbe:
 
     source = "simulation"
     blocking = False
+    reading_ttl_s = 0.0
 
     def __init__(self, cards: int = 4) -> None:
         self.cards = {index: CardFacts(index, name="NVIDIA H100") for index in range(cards)}

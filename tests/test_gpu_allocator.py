@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
 
 import pytest
 
-from tests.fakes import FakeProbe, FakeRuntime
+from tests.fakes import FakeClock, FakeProbe, FakeRuntime
 from tests.helpers import job
 from tuneplane_node.errors import EngineUnavailable, NoCapacity
 from tuneplane_node.gpu.allocator import GpuAllocator
-from tuneplane_node.gpu.probe import NoDriverProbe
+from tuneplane_node.gpu.probe import NoDriverProbe, SimulatedProbe
 from tuneplane_node.runtime.base import LABEL_GPUS, CacheStatus, ContainerSpec
 from tuneplane_node.settings import NodeSettings
 
@@ -168,6 +170,48 @@ async def test_only_a_probe_that_does_io_is_read_on_a_worker_thread(
     await allocator(fake, settings, probe).occupancy()
     assert (probe.threads == [threading.main_thread().name]) is on_loop
     assert NoDriverProbe("x").blocking is False  # says why from memory
+
+
+class DriverLikeProbe(FakeProbe):
+    """Blocking, like the NVML probe: read on a worker thread, a reading kept a second."""
+
+    blocking = True
+    reading_ttl_s = 1.0
+
+    def snapshot(self):  # type: ignore[no-untyped-def]
+        time.sleep(0.02)  # a driver read takes a moment: callers meanwhile share it
+        return super().snapshot()
+
+
+async def test_a_driver_is_read_at_most_once_per_its_reading_time_whoever_asks(
+    fake: FakeRuntime, settings: NodeSettings
+) -> None:
+    """Health, metrics and claims all ask for the probe; with the driver one read a
+    second serves them all, and a burst shares the read in flight."""
+    clock, probe = FakeClock(), DriverLikeProbe()
+    gpus = GpuAllocator(fake, settings, probe=probe, clock=clock)
+
+    burst = await asyncio.gather(*(gpus.occupancy() for _ in range(50)))
+    assert probe.reads == 1 and {o.free for o in burst} == {(0, 1, 2, 3)}
+    await gpus.occupancy()
+    assert probe.reads == 1  # within the second: the same reading
+
+    probe.set(2, unhealthy="XID 79")
+    clock.advance(1.1)
+    assert 2 not in (await gpus.occupancy()).free  # a new second, a new reading
+    assert probe.reads == 2
+
+
+async def test_a_probe_with_no_reading_time_is_read_on_every_call(
+    fake: FakeRuntime, settings: NodeSettings
+) -> None:
+    """The simulation file is edited live by tests: every call reads it."""
+    probe = WhereProbe(blocking=True)
+    gpus = allocator(fake, settings, probe)
+    for _ in range(3):
+        await gpus.occupancy()
+    assert probe.reads == 3
+    assert SimulatedProbe.reading_ttl_s == 0
 
 
 class GenerationalRuntime(FakeRuntime):

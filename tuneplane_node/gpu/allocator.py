@@ -16,6 +16,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.errors import NoCapacity
 from tuneplane_node.gpu.probe import GpuProbe, GpuSnapshot, container_id_of_pid, make_probe
 from tuneplane_node.gpu.topology import choose_cards
@@ -101,10 +102,14 @@ class GpuAllocator:
         settings: NodeSettings,
         *,
         probe: GpuProbe | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.runtime = runtime
         self.settings = settings
         self.probe = probe if probe is not None else make_probe(settings)
+        self.clock = clock
+        self._reading: tuple[float, GpuSnapshot] | None = None  # (read at, the reading)
+        self._read: asyncio.Future[GpuSnapshot] | None = None
         self._claims: dict[str, tuple[int, ...]] = {}
         self._claims_changed = 0
         self._lock = asyncio.Lock()
@@ -113,9 +118,25 @@ class GpuAllocator:
         self._built: tuple[tuple[int, int, GpuSnapshot], Occupancy] | None = None
 
     async def snapshot(self) -> GpuSnapshot:
-        if self.probe.blocking:
-            return await asyncio.to_thread(self.probe.snapshot)
-        return self.probe.snapshot()
+        """The probe's reading. One answering from memory is read in place; one doing I/O
+        on a worker thread, at most once per its ``reading_ttl_s``, and callers arriving
+        while a read runs share it (a burst of health calls is one read, not one each)."""
+        if not self.probe.blocking:
+            return self.probe.snapshot()
+        reading = self._reading
+        if reading is not None and self.clock.monotonic() - reading[0] < self.probe.reading_ttl_s:
+            return reading[1]
+        if self._read is None:
+            self._read = asyncio.ensure_future(self._read_probe())
+        return await asyncio.shield(self._read)
+
+    async def _read_probe(self) -> GpuSnapshot:
+        try:
+            gpus = await asyncio.to_thread(self.probe.snapshot)
+            self._reading = (self.clock.monotonic(), gpus)
+            return gpus
+        finally:
+            self._read = None
 
     async def occupancy(self, gpus: GpuSnapshot | None = None) -> Occupancy:
         """Occupancy now, from the live containers' labels and the probe (read unless given).

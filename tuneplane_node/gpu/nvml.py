@@ -101,6 +101,7 @@ class NvmlProbe:
 
     source = "nvml"
     blocking = True
+    reading_ttl_s = 1.0  # a read is a few driver calls per card, on a worker thread
 
     def __init__(self, settings: NodeSettings) -> None:
         try:

@@ -93,6 +93,11 @@ class GpuProbe(Protocol):
     thread. A probe answering from memory is read on the loop: a thread hop would cost
     more than the answer."""
 
+    reading_ttl_s: float
+    """How long a blocking probe's reading serves every caller before the next read (0:
+    read on every call). The driver's facts move on a scale of seconds; a health call
+    does not need its own read."""
+
     def snapshot(self) -> GpuSnapshot:
         """Read every card now; never raises."""
         ...
@@ -224,6 +229,7 @@ class NoDriverProbe:
     """The probe of a machine whose GPU driver cannot be reached; says why every time."""
 
     blocking = False
+    reading_ttl_s = 0.0
 
     def __init__(self, reason: str) -> None:
         self.reason = reason
@@ -260,6 +266,7 @@ class SimulatedProbe:
 
     source = "simulation"
     blocking = True
+    reading_ttl_s = 0.0  # tests edit the file and read the answer at once
 
     def __init__(
         self, path: Path, settings: NodeSettings, *, now: Callable[[], float] = time.monotonic

@@ -234,8 +234,9 @@ async def make_node(aiohttp_client: Any, tmp_path: Any) -> AsyncIterator[MakeNod
         heartbeat_s: float = 2.0,
         **overrides: Any,
     ) -> Console:
-        """``feed``: an engine runtime of another fixture (it removes what was made);
-        ``cached``: the cache of an earlier node, for a restarted daemon."""
+        """``feed``: an engine runtime whose owner (another fixture, or the test itself)
+        removes what was made; ``cached``: the cache of an earlier node, for a restarted
+        daemon."""
         options = {
             "node_token": TOKEN,
             "local_gpu_passthrough": False,  # no GPU here: label the cards, hand none over

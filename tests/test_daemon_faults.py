@@ -105,8 +105,11 @@ async def test_a_wedged_engine_is_said_within_the_deadline_and_the_node_recovers
         assert (await node.health())["ok"] is True
     finally:
         proxy.resume()
-        await proxy.close()
-        await feed.inner.close()
+        try:  # no fixture owns this feed: its jobs go through the proxy, flowing again
+            await feed.cleanup()
+        finally:
+            await proxy.close()
+            await feed.inner.close()
 
 
 # --- registries that fail ----------------------------------------------------------------

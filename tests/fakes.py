@@ -151,6 +151,7 @@ class FakeRuntime:
         self.refuse_start: str | None = None  # run() creates, fails the start
         self.refuse_logs: str | None = None  # logs() refused, as a log driver can
         self.following = 0  # followed logs being read now
+        self.end_follows_early = False  # a follow ends after its first chunk, job or not
         self.ps_error: Exception | None = None  # ps() raises it, health still ok
         self.signals: list[tuple[str, str]] = []  # (name, signal) of every signal that landed
         self.changed = asyncio.Event()  # set on every change to any container
@@ -280,6 +281,8 @@ class FakeRuntime:
                 if lines:
                     stamp = rfc3339(self.clock.now())
                     yield "".join(f"{stamp} {line}\n" for line in lines).encode()
+                    if self.end_follows_early:
+                        return
                 elif not running:
                     return
                 else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import aiohttp
 import pytest
 
 from tests import helpers
@@ -12,6 +13,7 @@ from tests.conftest import IMAGE, MakeFakeNode, fake_settings
 from tests.fakes import FakeRuntime
 from tests.helpers import HEADERS, TOKEN, settle
 from tuneplane_node.daemon.app import create_node_app
+from tuneplane_node.daemon.state import JOBS
 from tuneplane_node.errors import ConfigError
 from tuneplane_node.settings import load_settings
 from tuneplane_node.wire import PROTOCOL_HEADER
@@ -242,6 +244,26 @@ async def test_a_followed_log_streams_as_text_until_the_job_exits(
         )
         assert got == 422 and body["detail"].startswith("follow: ")
     assert "logs" in await node.ok("GET", "/node/v1/logs", params={**params, "follow": "0"})
+
+
+async def test_a_follow_the_engine_ends_while_the_job_runs_is_cut_not_ended(
+    fake_node: MakeFakeNode, fake: FakeRuntime
+) -> None:
+    """A clean end of a followed log means the job stopped; an engine that ends the
+    stream of a running job makes the answer break off, so no client takes it for the
+    exit (it checks observe and follows again)."""
+    node = await fake_node()
+    node.app[JOBS].follow_end_grace_s = 0.2
+    await node.ok("POST", "/node/v1/launch", json=console_0315("r-5", gpus=0))
+    fake.containers["tuneplane-r-5"].output = ["n1"]
+    fake.end_follows_early = True
+    params = {"ref": "tuneplane-r-5", "follow": "1"}
+    async with node.client.get("/node/v1/logs", params=params, headers=HEADERS) as response:
+        assert response.status == 200
+        assert (await response.content.readuntil(b" n1\n")).endswith(b" n1\n")
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await response.content.read()
+    assert (await node.state("tuneplane-r-5"))["status"] == "running"
 
 
 async def test_clients_that_go_away_free_their_follows(

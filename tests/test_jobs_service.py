@@ -787,6 +787,26 @@ async def test_a_followed_log_gives_the_tail_then_new_lines_until_the_exit(
     assert fake.following == 0
 
 
+async def test_an_engine_ending_the_follow_of_a_running_job_is_an_error_not_an_end(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    """A clean end means the job stopped: an engine that ends the stream while the job
+    runs (podman 4 was seen to) is reported, and the daemon cuts the connection."""
+    await service.launch(request("r1"))
+    fake.containers["tuneplane-r1"].output = ["one"]
+    fake.end_follows_early = True
+    service.follow_end_grace_s = 0.2
+    async with service.follow("tuneplane-r1", 10) as stream:
+        assert (await anext(stream)).endswith(b" one\n")
+        with pytest.raises(EngineUnavailable) as broke:
+            await anext(stream)
+    assert "ended the log stream of tuneplane-r1 while the job still runs" in str(broke.value)
+
+    fake.exit("tuneplane-r1", 0)  # the same end once the job has stopped: a clean end
+    async with service.follow("tuneplane-r1", 10) as stream:
+        assert await read_all(stream) != "" and fake.following == 0
+
+
 async def test_a_followed_log_of_a_pending_missing_or_foreign_ref_is_a_sentence(
     service: JobService, fake: FakeRuntime
 ) -> None:

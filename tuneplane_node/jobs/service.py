@@ -32,6 +32,7 @@ from tuneplane_node.errors import (
     TooManyFollows,
 )
 from tuneplane_node.gpu.allocator import GpuAllocator
+from tuneplane_node.jobs.followed import END_GRACE_S, EndedWithJob
 from tuneplane_node.jobs.locks import RefLocks
 from tuneplane_node.jobs.mounts import MountPolicy
 from tuneplane_node.jobs.nodestate import (
@@ -134,6 +135,7 @@ class JobService:
         self._log_readers = asyncio.Semaphore(LOG_READERS)
         self.follow_limit = follow_limit(settings)
         self._followers = asyncio.Semaphore(self.follow_limit)
+        self.follow_end_grace_s = END_GRACE_S
         self.state_file = NodeStateFile(settings.state_dir)
         self.node = NodeState()  # until start() reads the file
         self._saves = itertools.count(1)
@@ -348,6 +350,9 @@ class JobService:
                 stream = await self.runtime.follow_logs(self._target(found), query)
             except EngineRefused as exc:
                 stream = LogNote(f"no logs for {ref}: {exc.reason}")
+            if stream is not None and not isinstance(stream, LogNote):
+                grace = self.follow_end_grace_s
+                stream = EndedWithJob(stream, self.runtime, name=found.name, grace_s=grace)
             try:
                 yield LogNote(_missing(ref).text) if stream is None else stream
             finally:

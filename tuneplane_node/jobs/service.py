@@ -163,7 +163,8 @@ class JobService:
     @staticmethod
     def _target(state: ContainerState) -> str:
         """What the verbs act on: the id the node holds for the name (engines try ids
-        before names, so a name could reach another container), else the name."""
+        before names, so a name could reach another container), else the name (the
+        process runtime has no ids). A drain's stop reasons are kept under it too."""
         return state.id or state.name
 
     async def _vetted(self, spec: ContainerSpec) -> ContainerSpec:
@@ -313,7 +314,7 @@ class JobService:
         return answers
 
     def _why(self, state: ContainerState) -> ContainerState:
-        reason = self.node.stop_reasons.get(_stop_key(state)) if state.exists else None
+        reason = self.node.stop_reasons.get(self._target(state)) if state.exists else None
         return replace(state, stop_reason=reason) if reason else state
 
     async def logs(self, ref: str, tail: int, since: datetime | None = None) -> LogText:
@@ -409,7 +410,7 @@ class JobService:
         """Remove the container, and the reason the node kept for having stopped it: a
         runtime without ids keys it by name, which the next job of the name must not get."""
         await self.runtime.remove(self._target(state))
-        key = _stop_key(state)
+        key = self._target(state)
         if key in self.node.stop_reasons:
             try:
                 await self._save(self.node.forgetting(key))
@@ -551,7 +552,7 @@ class JobService:
             running = [state for state in await self.runtime.ps() if state.status in RUNNING]
             if not running:
                 return "again" if len(self.pending) else "drained"
-            await self._save(self.node.stopped((_stop_key(s) for s in running), why))
+            await self._save(self.node.stopped((self._target(s) for s in running), why))
             stops = [self.stop(state.name, grace) for state in running]
             failed = [r for r in await asyncio.gather(*stops, return_exceptions=True) if r]
         except NodeError as exc:
@@ -565,7 +566,7 @@ class JobService:
         """The state takes effect at once, and is written to disk to outlive the daemon."""
         if prune:
             with contextlib.suppress(NodeError):  # the engine down: prune next time
-                node = node.keeping(_stop_key(s) for s in await self.runtime.ps())
+                node = node.keeping(self._target(s) for s in await self.runtime.ps())
         self.node = node
         try:
             await asyncio.to_thread(self.state_file.save, node, next(self._saves))
@@ -642,12 +643,6 @@ async def read_inventory(
 
 def _missing(ref: str) -> LogText:
     return LogText(f"no logs: container {ref} does not exist")
-
-
-def _stop_key(state: ContainerState) -> str:
-    """Whom a stop reason belongs to: the container's id, or its name where the runtime
-    has no ids (the process runtime)."""
-    return state.id or state.name
 
 
 def _because(reason: str | None) -> str:

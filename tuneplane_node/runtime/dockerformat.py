@@ -58,19 +58,21 @@ def brief_from_list(entry: Mapping[str, Any]) -> Brief:
     code = _EXIT_CODE.match(str(entry.get("Status", "")))
     names = entry.get("Names") or [""]
     exit_code = int(code.group(1)) if code and status in _EXITED else None
-    created = entry.get("Created")
     return Brief(
         str(entry.get("Id")),
         str(names[0]).lstrip("/"),
         (status, exit_code),
         labels={str(k): str(v) for k, v in (entry.get("Labels") or {}).items()},
-        # docker's list gives seconds since the epoch; podman's compat list the same
-        created_at=rfc3339(datetime.fromtimestamp(created, timezone.utc))
-        if isinstance(created, (int, float)) and not isinstance(created, bool)
-        else normalise(str(created))
-        if created
-        else None,
+        created_at=_listed_created(entry.get("Created")),
     )
+
+
+def _listed_created(created: Any) -> str | None:
+    """A list entry's creation time: docker's list gives seconds since the epoch (and
+    podman's compat list the same); anything else is taken as a time string."""
+    if isinstance(created, (int, float)) and not isinstance(created, bool):
+        return rfc3339(datetime.fromtimestamp(created, timezone.utc))
+    return normalise(str(created)) if created else None
 
 
 def event_from_docker(event: Mapping[str, Any]) -> EngineEvent:

@@ -339,20 +339,17 @@ class StateCache:
         self._lists += 1
         fill = self._lists
         self._post(self.replace_all, briefs, started, fill)
-        threading.Thread(
-            target=self._fill, args=([b.id for b in briefs], fill), daemon=True,
-            name=f"tuneplane-{self.feed.name}-fill",
-        ).start()  # fmt: skip
+        self._fill([b.id for b in briefs], fill)
         for event in events:
             if watched(event):
                 self._post(self.on_event, event)
                 self._post(self.on_inspected, self.feed.inspect_now(event.id), event.id)
 
     def _fill(self, ids: list[str], fill: int) -> None:
-        """Inspect every listed container, several at once, after the list already made
-        the cache answer (health and the cards need only labels and status; a read of a
-        container not yet filled asks the engine itself). Filling first held the first
-        answer back 2.75 s with 1,000 containers (bench/startup.py)."""
+        """Start inspecting every listed container, several at once, and return: the list
+        already made the cache answer (health and the cards need only labels and status;
+        a read of a container not yet filled asks the engine itself). Filling first held
+        the first answer back 2.75 s with 1,000 containers (bench/startup.py)."""
 
         def one(container_id: str) -> None:
             if self._stopping.is_set():
@@ -363,8 +360,10 @@ class StateCache:
                 return
             self._post(self.on_filled, state, container_id, fill)
 
-        with ThreadPoolExecutor(FILL_THREADS, thread_name_prefix=f"{self.feed.name}-fill") as pool:
-            list(pool.map(one, ids))
+        pool = ThreadPoolExecutor(FILL_THREADS, thread_name_prefix=f"{self.feed.name}-fill")
+        for container_id in ids:
+            pool.submit(one, container_id)
+        pool.shutdown(wait=False)  # the queued inspects still run; the events go on now
 
     # --- the relist ---------------------------------------------------------------------
 

@@ -458,3 +458,16 @@ def test_the_memo_of_encoded_states_stays_bounded() -> None:
         member(states, "gone", ContainerState.missing("gone"))
         member(states, "tuneplane-b", pending())
     assert len(states._memo) <= 3
+
+
+def test_health_answers_each_occupancy_as_it_is_when_asked_again() -> None:
+    # The GPU part is built once per occupancy object: asking again with the same one is
+    # the same answer, and a new occupancy (a card taken, a card gone bad) is seen at once.
+    first = node_status()
+    assert health_json(first) == health_json(first)
+    taken = replace(occupancy(), free=(), by_job={0: "run-a", 1: "run-c"})
+    answer = health_json(node_status(occupancy=taken))
+    assert answer["by_job"] == {"0": "run-a", "1": "run-c"} and answer["free_gpus"] == []
+    assert answer["explain"][1] == "gpu 1: held by run run-c"
+    assert health_json(node_status(occupancy=None))["gpus_total"] is None
+    assert health_json(first)["free_gpus"] == [1]

@@ -19,9 +19,11 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import make_mocked_request
 
 from tests.helpers import free_port, spawn_daemon
-from tuneplane_node.daemon.server import serve
+from tuneplane_node.daemon.server import LoopSlices, serve
 from tuneplane_node.settings import NodeSettings, load_settings
 from tuneplane_node.wire.answers import encode
 
@@ -362,3 +364,35 @@ async def test_collections_while_serving_walk_only_what_was_made_after_start(
         assert gc.get_freeze_count() > tracked // 2
         assert len(gc.get_objects()) < tracked // 2
     assert gc.get_freeze_count() == 0  # stopped: nothing left out any more
+
+
+# --- bursts -----------------------------------------------------------------------------------
+
+
+async def test_a_burst_is_answered_in_slices_with_the_loop_turning_between() -> None:
+    # Ten requests of 2 ms each, arriving in one turn of the loop, with slices of 5 ms:
+    # three are answered, then the loop runs what else is due (here a callback that asks
+    # for every turn, in the daemon a job's exit or a timer), then the next three, and
+    # so on; nothing is lost or reordered. /healthz never waits.
+    now = [0.0]
+    sliced = LoopSlices(slice_s=0.005, clock=lambda: now[0]).middleware()
+    order: list[str] = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        order.append(request.path.removeprefix("/node/v1/"))
+        now[0] += 0.002
+        return web.Response()
+
+    def turn() -> None:
+        order.append("turn")
+        if not burst.done():
+            loop.call_soon(turn)
+
+    loop = asyncio.get_running_loop()
+    paths = [f"/node/v1/r{n}" for n in range(10)] + ["/healthz"]
+    burst = asyncio.gather(*(sliced(make_mocked_request("GET", path), handler) for path in paths))
+    loop.call_soon(turn)
+    await burst
+
+    slices = ["r0", "r1", "r2", "/healthz"], ["r3", "r4", "r5"], ["r6", "r7", "r8"], ["r9"]
+    assert order[:14] == [*slices[0], "turn", *slices[1], "turn", *slices[2], "turn", *slices[3]]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import os
 import resource
@@ -23,6 +24,7 @@ from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
 from tests.helpers import free_port, spawn_daemon
+from tuneplane_node.daemon import server
 from tuneplane_node.daemon.server import LoopSlices, serve
 from tuneplane_node.settings import NodeSettings, load_settings
 from tuneplane_node.wire.answers import encode
@@ -370,10 +372,11 @@ async def test_collections_while_serving_walk_only_what_was_made_after_start(
 
 
 async def test_a_burst_is_answered_in_slices_with_the_loop_turning_between() -> None:
-    # Ten requests of 2 ms each, arriving in one turn of the loop, with slices of 5 ms:
-    # three are answered, then the loop runs what else is due (here a callback that asks
-    # for every turn, in the daemon a job's exit or a timer), then the next three, and
-    # so on; nothing is lost or reordered. /healthz never waits.
+    # Ten requests of 2 ms each arrive in one turn of the loop; slices of 5 ms. Three are
+    # answered, the other seven wait; /healthz does not. Then, turn by turn, the loop runs
+    # what else is due (here a callback that asks for every turn; in the daemon a job's
+    # exit or a timer) and as many waiters as the last slice says fit (one, then two of
+    # 2 ms each). Nothing is lost or reordered.
     now = [0.0]
     sliced = LoopSlices(slice_s=0.005, clock=lambda: now[0]).middleware()
     order: list[str] = []
@@ -384,7 +387,7 @@ async def test_a_burst_is_answered_in_slices_with_the_loop_turning_between() -> 
         return web.Response()
 
     def turn() -> None:
-        order.append("turn")
+        order.append("|")
         if not burst.done():
             loop.call_soon(turn)
 
@@ -394,5 +397,50 @@ async def test_a_burst_is_answered_in_slices_with_the_loop_turning_between() -> 
     loop.call_soon(turn)
     await burst
 
-    slices = ["r0", "r1", "r2", "/healthz"], ["r3", "r4", "r5"], ["r6", "r7", "r8"], ["r9"]
-    assert order[:14] == [*slices[0], "turn", *slices[1], "turn", *slices[2], "turn", *slices[3]]
+    # The first slice's 8 ms (with /healthz's 2) over 3 requests: one fits; then 2 ms each.
+    expected = "r0 r1 r2 /healthz | | r3 | r4 r5 | r6 r7 | r8 r9"
+    assert " ".join(order).startswith(expected), order
+
+
+async def test_a_waiting_request_that_is_cancelled_holds_up_nobody() -> None:
+    now = [0.0]
+    sliced = LoopSlices(slice_s=0.001, clock=lambda: now[0]).middleware()
+    answered: list[str] = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        answered.append(request.path)
+        now[0] += 0.002  # more than a slice: one request per turn
+        return web.Response()
+
+    tasks = [
+        asyncio.create_task(sliced(make_mocked_request("GET", f"/r{n}"), handler)) for n in range(4)
+    ]
+    await asyncio.sleep(0)  # r0 answered, the others wait
+    tasks[1].cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert answered == ["/r0", "/r2", "/r3"]
+    assert tasks[1].cancelled()
+
+
+async def test_a_burst_over_many_slices_is_answered_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 300 requests at once on 300 connections, with slices so short that every request
+    # but the first of a turn waits for a later one: every one is answered, its own way.
+    monkeypatch.setattr(server, "LoopSlices", functools.partial(LoopSlices, slice_s=0.0))
+    async with served(node_settings(tmp_path)) as port:
+        headers = {"Authorization": f"Bearer {TOKEN}", "X-TunePlane-Node-Protocol": "1"}
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=connector, headers=headers) as session:
+
+            async def ask(n: int) -> tuple[int, Any]:
+                body = {"refs": [f"tuneplane-burst-{n}"]}
+                url = f"http://127.0.0.1:{port}/node/v1/observe"
+                async with session.post(url, json=body) as response:
+                    return response.status, await response.json()
+
+            answers = await asyncio.gather(*(ask(n) for n in range(300)))
+    assert [status for status, _ in answers] == [200] * 300
+    assert [list(body["states"]) for _, body in answers] == [
+        [f"tuneplane-burst-{n}"] for n in range(300)
+    ]

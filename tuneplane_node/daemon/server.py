@@ -15,6 +15,7 @@ certificate again. Under systemd (``Type=notify``) it says ``READY=1`` once it s
 from __future__ import annotations
 
 import asyncio
+import collections
 import gc
 import logging
 import resource
@@ -38,6 +39,9 @@ log = logging.getLogger(__name__)
 QUIET_S = 1.0
 SLICE_S = 0.005
 """How long a burst of requests may hold the event loop before it turns (LoopSlices)."""
+MAX_WOKEN = 64
+"""Waiters woken for one slice at most: requests that mostly wait on the engine would
+make the last slice's cost per request look tiny."""
 LIVENESS_PATH = "/healthz"
 BACKLOG = 128
 """asyncio accepts up to this many connections in one go, before any is given to the
@@ -116,40 +120,65 @@ class ConnectionGuard:
 
 
 class LoopSlices:
-    """Answers a burst in slices of ``slice_s`` of the loop's time, letting the loop run
-    what else is due between them: timers (header timeouts, the engine's heartbeat), the
-    engine's events (a job's exit), the liveness probe. Otherwise a burst of 200 requests
-    is one turn of the loop, 30 ms and more on a small machine, with all of that waiting.
+    """Answers a burst in slices of about ``slice_s`` of the loop's time, letting the loop
+    run what else is due between them: timers (header timeouts, the engine's heartbeat),
+    the engine's events (a job's exit), the liveness probe. Otherwise a burst of 200
+    requests is one turn of the loop, 30 ms and more on a small machine, with all of that
+    waiting.
 
-    A request that finds this turn's slice spent waits for the next turn (FIFO: it went
-    to the back of the loop's queue); ``/healthz`` never waits. A turn's slice begins at
-    its first request and ends when the loop has run everything queued before it.
+    A slice begins with the first request of a turn and ends on the next turn. A request
+    that finds the slice spent, or others waiting, waits in a FIFO queue; each later turn
+    wakes as many waiters as the last slice's cost per request says fit in one slice (at
+    least one). Waiters sleep until woken: a burst of any size costs each request one
+    wake-up, not one per turn. ``/healthz`` never waits.
     """
 
     def __init__(self, slice_s: float = SLICE_S, clock: Callable[[], float] = time.perf_counter):
         self.slice_s = slice_s
         self.clock = clock
-        self.began: float | None = None  # when this turn's slice began; None: no slice
+        self.began: float | None = None  # when the current slice began; None: no slice
+        self.admitted = 0  # requests let through in the current slice
+        self.waiting: collections.deque[asyncio.Future[None]] = collections.deque()
 
     def middleware(self) -> Middleware:
         @web.middleware
         async def sliced(request: web.Request, handler: Handler) -> web.StreamResponse:
-            if request.path != LIVENESS_PATH:
-                while self._spent():
-                    await asyncio.sleep(0)  # to the back of the queue: the loop turns first
+            if request.path != LIVENESS_PATH and not self._admit():
+                waiter = asyncio.get_running_loop().create_future()
+                self.waiting.append(waiter)
+                await waiter  # a cancelled request's waiter is skipped when its turn comes
             return await handler(request)
 
         return sliced
 
-    def _spent(self) -> bool:
+    def _admit(self) -> bool:
+        if self.waiting:
+            return False  # behind those already waiting
         now = self.clock()
         if self.began is None:
-            self.began = now
+            self.began, self.admitted = now, 0
             asyncio.get_running_loop().call_soon(self._end_slice)  # runs on the next turn
-        return now - self.began > self.slice_s
+        elif now - self.began > self.slice_s:
+            return False
+        self.admitted += 1
+        return True
 
     def _end_slice(self) -> None:
+        assert self.began is not None
+        now = self.clock()
+        each = (now - self.began) / max(self.admitted, 1)
+        fit = min(int(self.slice_s / each), MAX_WOKEN) if each > 0 else MAX_WOKEN
         self.began = None
+        if not self.waiting:
+            return
+        self.began, self.admitted = now, 0  # the woken are the next slice
+        while self.waiting and self.admitted < max(fit, 1):
+            waiter = self.waiting.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # it runs on the next turn
+                self.admitted += 1
+        # After the wake-ups: this slice ends once the woken have run.
+        asyncio.get_running_loop().call_soon(self._end_slice)
 
 
 class GuardedSite(web.TCPSite):

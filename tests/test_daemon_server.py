@@ -357,15 +357,13 @@ def test_unusable_tls_files_stop_the_start(tmp_path: Path) -> None:
 async def test_collections_while_serving_walk_only_what_was_made_after_start(
     tmp_path: Path,
 ) -> None:
-    # A full collection walks every tracked object and answers nothing meanwhile (16 to
-    # 44 ms for the daemon's 77,000 start-up objects): serving leaves those out.
-    assert gc.get_freeze_count() == 0
-    tracked = len(gc.get_objects())
+    # A full collection walks every tracked object and answers nothing meanwhile (27 to
+    # 45 ms for the daemon's 68,000 start-up objects): serving leaves those out.
+    frozen, tracked = gc.get_freeze_count(), len(gc.get_objects())
     async with served(node_settings(tmp_path)) as port:
         assert (await get(f"http://127.0.0.1:{port}/node/v1/health"))[0] == 200
-        assert gc.get_freeze_count() > tracked // 2
+        assert gc.get_freeze_count() > frozen + tracked // 2
         assert len(gc.get_objects()) < tracked // 2
-    assert gc.get_freeze_count() == 0  # stopped: nothing left out any more
 
 
 # --- bursts -----------------------------------------------------------------------------------

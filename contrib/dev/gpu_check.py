@@ -1,0 +1,247 @@
+#!/usr/bin/env python3
+"""The node on real NVIDIA cards: what the driver says, and what the API makes of it.
+
+Run from the repository root on a machine with a driver (no engine needed: the job runs
+on the process runtime, with ``python3`` from PATH or ``--python``):
+
+    python3 contrib/dev/gpu_check.py [--python PY] [--hold-s 20]
+
+1. The NVML probe: every card's facts, the driver and CUDA versions, the links, whether
+   processes could be listed, and what one read of the driver costs (50 reads).
+2. The daemon (``python3 -m tuneplane_node serve``, process runtime, the real probe):
+   inventory and health on idle cards; then a job of one card that holds 1 GiB of card
+   memory (torch, in the job's Python) and computes; health, stats and the metrics while
+   it runs; then a second process on the same card that the node did not start (health
+   must call its pid external); then the job stopped and removed (the card free again).
+
+Prints what it saw and one line per expectation, ``ok`` or ``FAILED``; exits 1 if any
+failed. The facts a virtual machine does not give (power, temperature) are printed, not
+checked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+TOKEN = "gpu-check-token-0123456789"
+HEADERS = {"Authorization": f"Bearer {TOKEN}", "X-TunePlane-Node-Protocol": "1"}
+HOLDER = """
+import sys, time, torch
+x = torch.empty(1 << 28, dtype=torch.float32, device="cuda")  # 1 GiB
+a = torch.randn(4096, 4096, device="cuda")
+print("holding 1 GiB on", torch.cuda.get_device_name(0), flush=True)
+end = time.time() + float(sys.argv[1])
+while time.time() < end:
+    a = (a @ a).clamp_(-1, 1)
+    torch.cuda.synchronize()
+"""
+failures: list[str] = []
+
+
+def expect(what: str, ok: bool, detail: object = "") -> None:
+    print(f"{'ok' if ok else 'FAILED'}: {what}{f' ({detail})' if detail != '' else ''}")
+    if not ok:
+        failures.append(what)
+
+
+# --- 1. the probe ---------------------------------------------------------------------
+
+
+def probe_check() -> int:
+    sys.path.insert(0, str(REPO))
+    from tuneplane_node.gpu.probe import make_probe
+    from tuneplane_node.settings import load_settings
+
+    probe = make_probe(load_settings(node_token=TOKEN))
+    try:
+        snap = probe.snapshot()
+        print(f"probe: {snap.source} ok={snap.ok} error={snap.error} driver={snap.driver}")
+        print(f"  cuda={snap.cuda} processes_ok={snap.processes_ok} links={snap.links}")
+        for card in snap.cards:
+            print(f"  card {card}")
+        expect("the driver answers through NVML", snap.ok and snap.source == "nvml", snap.error)
+        expect("every card has a uuid, a name and its memory", bool(snap.cards) and all(
+            c.uuid and c.name and c.memory_total_mib for c in snap.cards
+        ))
+        expect("the card's processes can be listed", snap.processes_ok)
+        reads = []
+        for _ in range(50):
+            started = time.perf_counter()
+            probe.snapshot()
+            reads.append(time.perf_counter() - started)
+        print(
+            f"one driver read: median {statistics.median(reads) * 1e3:.2f} ms, "
+            f"max {max(reads) * 1e3:.2f} ms (50 reads, {len(snap.cards)} cards)"
+        )
+        return len(snap.cards)
+    finally:
+        probe.close()
+
+
+# --- 2. the daemon ----------------------------------------------------------------------
+
+
+class Node:
+    def __init__(self, folder: Path) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TUNEPLANE_")}
+        env |= {
+            "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]),
+            "TUNEPLANE_NODE_TOKEN": TOKEN,
+            "TUNEPLANE_LOCAL_RUNTIME": "process",
+            "TUNEPLANE_NODE_STATE_DIR": str(folder / "state"),
+            "TUNEPLANE_STORAGE_ROOT": str(folder),
+        }
+        self.log = folder / "daemon.log"
+        command = [sys.executable, "-m", "tuneplane_node", "serve", "--host", "127.0.0.1"]
+        command += ["--port", str(self.port)]
+        with open(self.log, "wb") as log:
+            self.process = subprocess.Popen(command, env=env, stdout=log, stderr=log)
+        deadline = time.monotonic() + 60
+        while not self._up():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the daemon did not start:\n{self.log.read_text()[-3000:]}")
+            time.sleep(0.1)
+
+    def _up(self) -> bool:
+        try:
+            return self.call("GET", "/healthz")[0] == 200
+        except OSError:
+            return False
+
+    def call(self, method: str, path: str, body: object = None) -> tuple[int, Any]:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}{path}", data=data, method=method,
+            headers=HEADERS | ({"Content-Type": "application/json"} if data else {}),
+        )  # fmt: skip
+        try:
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                raw = answer.read()
+                status = answer.status
+        except urllib.error.HTTPError as exc:
+            raw, status = exc.read(), exc.code
+        text = raw.decode()
+        return status, (json.loads(text) if text.startswith(("{", "[")) else text)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(30)
+
+
+def launch_body(ref: str, command: list[str]) -> dict[str, Any]:
+    container = {
+        "name": ref, "image": "none", "command": command, "env": {}, "gpus": [],
+        "mounts": [], "labels": {}, "workdir": "", "shm_size": "", "cpu_limit": "",
+        "memory_limit": "", "network": "", "user": "",
+    }  # fmt: skip
+    return {"run_id": f"run-{ref}", "requested_gpus": 1, "container": container}
+
+
+def wait_for(what: str, ask: Any, timeout: float = 60) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = ask()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.5)
+
+
+def daemon_check(cards: int, python: str, hold_s: float) -> None:
+    folder = Path(tempfile.mkdtemp(prefix="tuneplane-gpu-check-"))
+    node = Node(folder)
+    outsider: subprocess.Popen[bytes] | None = None
+    try:
+        _, inventory = node.call("GET", "/node/v1/inventory")
+        print("inventory:", json.dumps({k: inventory.get(k) for k in ("accelerator_count", "gpus")}))
+        expect("inventory counts the cards", inventory.get("accelerator_count") == cards)
+        _, health = node.call("GET", "/node/v1/health")
+        print("health, idle:", json.dumps({k: health.get(k) for k in (
+            "ok", "gpus_total", "free_gpus", "external", "gpu_probe", "gpu_detail")}))
+        expect("idle health is ok with every card free", health.get("ok") is True
+               and health.get("free_gpus") == list(range(cards)), health.get("error"))
+
+        ref = "tuneplane-gpu-check"
+        status, started = node.call("POST", "/node/v1/launch", launch_body(
+            ref, [python, "-c", HOLDER, str(hold_s)]))
+        print("launch:", status, started)
+        expect("a one-card job starts", status == 200 and started.get("gpus") == [0], started)
+
+        def card_busy() -> Any:
+            detail = node.call("GET", "/node/v1/health")[1].get("gpu_detail") or [{}]
+            return detail[0] if (detail[0].get("memory_used_mib") or 0) >= 1024 else None
+
+        busy = wait_for("the job's memory on card 0", card_busy)
+        _, health = node.call("GET", "/node/v1/health")
+        print("health, job running:", json.dumps({k: health.get(k) for k in (
+            "gpus_free", "by_job", "external", "external_pids", "gpu_detail")}))
+        expect("the driver shows the job's gigabyte on its card", busy is not None, busy)
+        expect("health says the job holds card 0", health.get("by_job") == {"0": f"run-{ref}"})
+        print("note: on the process runtime the job's own pid is not a container's, so",
+              "its card may read external:", health.get("external"))
+
+        _, stats = node.call("POST", "/node/v1/stats", {"refs": [ref]})
+        print("stats:", json.dumps(stats))
+        gpus = (stats.get("stats", {}).get(ref) or {}).get("gpus") or []
+        expect("stats give the job's card with its memory", bool(gpus) and (
+            gpus[0].get("memory_used_bytes") or 0) >= 1 << 30, gpus)
+
+        _, metrics = node.call("GET", "/metrics")
+        lines = [line for line in metrics.splitlines() if "gpu" in line and not line.startswith("#")]
+        print("metrics, gpu lines:", *lines[:40], sep="\n  ")
+        expect("the metrics carry the cards", bool(lines))
+
+        outsider = subprocess.Popen([python, "-c", HOLDER, str(hold_s)])
+        seen = wait_for("the outsider", lambda: outsider.pid in (
+            node.call("GET", "/node/v1/health")[1].get("external_pids") or {}).get("0", []))
+        expect("a process the node did not start is external on its card", bool(seen),
+               node.call("GET", "/node/v1/health")[1].get("external_pids"))
+
+        status, stopped = node.call("POST", "/node/v1/stop", {"ref": ref, "timeout": 5})
+        status2, removed = node.call("POST", "/node/v1/remove", {"ref": ref})
+        print("stop:", status, stopped, "remove:", status2, removed)
+        outsider.terminate()
+        outsider.wait(30)
+        outsider = None
+        freed = wait_for("card 0 free", lambda: node.call("GET", "/node/v1/health")[1].get(
+            "free_gpus") == list(range(cards)), timeout=30)
+        expect("stopped and removed, the card is free again", bool(freed))
+    finally:
+        if outsider is not None:
+            outsider.kill()
+        node.stop()
+        print("daemon log (last lines):", *node.log.read_text().splitlines()[-15:], sep="\n  ")
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--python", default=shutil.which("python3") or sys.executable,
+                        help="the Python (with torch) the job and the outsider run on")
+    parser.add_argument("--hold-s", type=float, default=20, help="how long each holds its card")
+    args = parser.parse_args()
+    cards = probe_check()
+    if cards:
+        daemon_check(cards, args.python, args.hold_s)
+    print(f"{len(failures)} failed: {failures}" if failures else "every expectation met")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

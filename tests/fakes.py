@@ -15,7 +15,7 @@ import contextlib
 import itertools
 import queue
 import secrets
-from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from types import MappingProxyType
@@ -157,6 +157,7 @@ class FakeRuntime:
         self.changed = asyncio.Event()  # set on every change to any container
         self.refs: list[tuple[str, str]] = []  # (verb, the ref it was given) of every verb
         self.usages: dict[str, Usage] = {}  # container name -> what usage() reads for it
+        self.holders: dict[int, str] = {}  # pid -> the handle of the container it runs in
         self.pool = BlockingPool(2, name="fake")
         self._streams: list[queue.Queue[EngineEvent | None]] = []
         self._ids = itertools.count(1)
@@ -326,6 +327,9 @@ class FakeRuntime:
         if self.ps_error is not None:
             raise self.ps_error
         return [c.state() for c in self.containers.values() if LABEL_RUN_ID in c.labels]
+
+    def holders_of(self, pids: Collection[int]) -> dict[int, str | None]:
+        return {pid: self.holders.get(pid) for pid in pids}
 
     async def usage(self, refs: Sequence[str]) -> dict[str, Usage]:
         """What the test set in ``usages`` for each running container asked for (by id or

@@ -95,6 +95,26 @@ async def test_unhealthy_external_and_held_cards_are_never_free(
     assert occupancy.external_probe_ok
 
 
+async def test_a_jobs_own_process_on_its_card_is_not_external(
+    fake: FakeRuntime, settings: NodeSettings, probe: FakeProbe
+) -> None:
+    # The runtime says which container each process on a card runs in: the holder's own
+    # is its job at work; anyone else's on that card (or on a free one) is external.
+    gpus = allocator(fake, settings, probe)
+    name = await hold(fake, 1)
+    fake.holders[4242] = fake.containers[name].id
+    fake.holders[4343] = "another-container"
+    probe.set(1, pids=(4242,))
+    probe.set(2, pids=(4242,))  # the same job straying onto a card it was not given
+
+    occupancy = await gpus.occupancy()
+    assert occupancy.external == {2: (4242,)}
+    assert occupancy.card_state(1) == f"held by run {occupancy.by_job[1]}"
+
+    probe.set(1, pids=(4242, 4343))
+    assert (await gpus.occupancy()).external == {1: (4343,), 2: (4242,)}
+
+
 async def test_exited_and_foreign_containers_hold_no_card(
     fake: FakeRuntime, settings: NodeSettings, probe: FakeProbe
 ) -> None:

@@ -12,9 +12,9 @@ from tuneplane_node.gpu.probe import (
     GpuProcess,
     NoDriverProbe,
     SimulatedProbe,
-    container_id_of_pid,
     make_probe,
 )
+from tuneplane_node.runtime.cgroups import container_id_of_pid
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.wire.answers import card_json
 

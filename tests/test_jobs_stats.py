@@ -9,7 +9,7 @@ from tests.fakes import FakeClock, FakeProbe, FakeRuntime
 from tests.helpers import job, unique
 from tuneplane_node.gpu.probe import CardFacts, GpuProcess
 from tuneplane_node.jobs import JobService, LaunchRequest
-from tuneplane_node.jobs.stats import CardSample
+from tuneplane_node.jobs.stats import CardSample, ProcessMemory
 from tuneplane_node.runtime.base import LABEL_RUN_ID, ContainerSpec, Usage, container_name
 
 MIB = 2**20
@@ -125,11 +125,14 @@ async def test_processes_on_a_card_are_only_the_jobs_own(
 ) -> None:
     ref = await launch(service, gpus=1)
     card = fake.containers[ref].state().gpus[0]
-    # These pids are no container's on this machine: listed for the card, not the job.
-    probe.cards[card] = CardFacts(card, processes=(GpuProcess(999_999_001, 500),))
+    # Its own process is listed under it; another's on its card is not.
+    fake.holders[999_999_002] = fake.containers[ref].id
+    processes = (GpuProcess(999_999_001, 500), GpuProcess(999_999_002, 700))
+    probe.cards[card] = CardFacts(card, processes=processes)
     await service.sampler.sample_once()
     sample = (await service.stats([ref]))[ref].sample
-    assert sample is not None and sample.gpus[0].processes == ()
+    assert sample is not None
+    assert sample.gpus[0].processes == (ProcessMemory(999_999_002, 700 * MIB),)
 
 
 async def test_the_table_holds_only_running_containers(

@@ -420,3 +420,21 @@ async def test_usage_sums_the_jobs_process_group(runtime: ProcessRuntime) -> Non
     assert list(await runtime.usage([spec.name, "tuneplane-nobody"])) == [spec.name]
     assert found.memory_bytes is not None and found.memory_bytes > 0
     assert found.cpu_seconds is not None and found.memory_limit_bytes is None
+
+
+async def test_a_jobs_processes_are_held_by_the_job(
+    runtime: ProcessRuntime, tmp_path: Path
+) -> None:
+    # What the GPU probe's pids are matched against: a process anywhere in the job's
+    # group is the job's (by name: this runtime has no ids); the daemon's own is no job's.
+    spec = job(
+        "holder", ["sh", "-c", "sleep 30 & echo $! > child.pid; wait"], workdir=str(tmp_path)
+    )
+    await runtime.run(spec)
+    child = int(await wait_file(tmp_path / "child.pid"))
+
+    holders = runtime.holders_of([child, os.getpid(), 999_999_999])
+    assert holders == {child: spec.name, os.getpid(): None, 999_999_999: None}
+
+    await runtime.remove(spec.name)
+    assert runtime.holders_of([child]) == {child: None}

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.errors import NoCapacity
-from tuneplane_node.gpu.probe import GpuProbe, GpuSnapshot, container_id_of_pid, make_probe
+from tuneplane_node.gpu.probe import GpuProbe, GpuSnapshot, make_probe
 from tuneplane_node.gpu.topology import choose_cards
 from tuneplane_node.runtime.base import ContainerRuntime, ContainerState
 from tuneplane_node.settings import NodeSettings
@@ -161,7 +161,7 @@ class GpuAllocator:
         total = count or 0
         live = [state for state in states if state.live and state.ours]
         by_job = {gpu: state.run_id or "" for state in live for gpu in state.gpus if gpu < total}
-        holders = {gpu: state.id for state in live for gpu in state.gpus if state.id}
+        holders = {gpu: state.handle for state in live for gpu in state.gpus}
         unhealthy = {c.index: c.unhealthy for c in gpus.cards if c.unhealthy and c.index < total}
         external, probe_ok = self._external(gpus, holders)
         external = {index: pids for index, pids in external.items() if index < total}
@@ -194,13 +194,13 @@ class GpuAllocator:
         """
         if not (self.settings.local_check_external_gpus and gpus.ok and gpus.processes_ok):
             return {}, False
+        on_cards = {p.pid for card in gpus.cards for p in card.processes}
+        owners = self.runtime.holders_of(on_cards) if on_cards else {}
         external: dict[int, tuple[int, ...]] = {}
         for card in gpus.cards:
             holder = holders.get(card.index)
             pids = tuple(
-                p.pid
-                for p in card.processes
-                if holder is None or container_id_of_pid(p.pid) != holder
+                p.pid for p in card.processes if holder is None or owners.get(p.pid) != holder
             )
             if pids:
                 external[card.index] = pids

@@ -160,13 +160,6 @@ class JobService:
             return ContainerState.missing(ref)
         return state
 
-    @staticmethod
-    def _target(state: ContainerState) -> str:
-        """What the verbs act on: the id the node holds for the name (engines try ids
-        before names, so a name could reach another container), else the name (the
-        process runtime has no ids). A drain's stop reasons are kept under it too."""
-        return state.id or state.name
-
     async def _vetted(self, spec: ContainerSpec) -> ContainerSpec:
         """The spec as the node allows it: mounts under the mount roots (resolved), and
         the cards the node chose as the only ones the container may see."""
@@ -314,7 +307,7 @@ class JobService:
         return answers
 
     def _why(self, state: ContainerState) -> ContainerState:
-        reason = self.node.stop_reasons.get(self._target(state)) if state.exists else None
+        reason = self.node.stop_reasons.get(state.handle) if state.exists else None
         return replace(state, stop_reason=reason) if reason else state
 
     async def logs(self, ref: str, tail: int, since: datetime | None = None) -> LogText:
@@ -326,7 +319,7 @@ class JobService:
         query = LogQuery(tail=tail, max_bytes=self.settings.logs_max_bytes, since=since)
         try:
             async with self._log_readers:  # each read is a busy thread: the loop needs the GIL
-                text = await self.runtime.logs(self._target(found), query)
+                text = await self.runtime.logs(found.handle, query)
         except EngineRefused as exc:
             return LogText(f"no logs for {ref}: {exc.reason}")
         return _missing(ref) if text is None else text
@@ -348,7 +341,7 @@ class JobService:
         async with self._followers:
             query = LogQuery(tail=tail, max_bytes=self.settings.logs_max_bytes, since=since)
             try:
-                stream = await self.runtime.follow_logs(self._target(found), query)
+                stream = await self.runtime.follow_logs(found.handle, query)
             except EngineRefused as exc:
                 stream = LogNote(f"no logs for {ref}: {exc.reason}")
             if stream is not None and not isinstance(stream, LogNote):
@@ -384,7 +377,7 @@ class JobService:
             state = await self._own(ref)
             if state.status not in RUNNING:
                 return
-            await self.runtime.kill(self._target(state), "SIGTERM")
+            await self.runtime.kill(state.handle, "SIGTERM")
         log.info("stopping %s: SIGTERM, SIGKILL after %g s", ref, grace)
         if await self.runtime.wait_exited(ref, grace):
             return
@@ -393,7 +386,7 @@ class JobService:
             if now.id != state.id or now.status not in RUNNING:
                 return  # gone, or relaunched meanwhile: not the job this stop was for
             log.info("stopping %s: still running after %g s, SIGKILL", ref, grace)
-            await self.runtime.kill(self._target(now), "SIGKILL")
+            await self.runtime.kill(now.handle, "SIGKILL")
         if not await self.runtime.wait_exited(ref, self.settings.local_api_timeout):
             log.warning("stopping %s: still running after SIGKILL", ref)
 
@@ -409,8 +402,8 @@ class JobService:
     async def _remove(self, state: ContainerState) -> None:
         """Remove the container, and the reason the node kept for having stopped it: a
         runtime without ids keys it by name, which the next job of the name must not get."""
-        await self.runtime.remove(self._target(state))
-        key = self._target(state)
+        await self.runtime.remove(state.handle)
+        key = state.handle
         if key in self.node.stop_reasons:
             try:
                 await self._save(self.node.forgetting(key))
@@ -552,7 +545,7 @@ class JobService:
             running = [state for state in await self.runtime.ps() if state.status in RUNNING]
             if not running:
                 return "again" if len(self.pending) else "drained"
-            await self._save(self.node.stopped((self._target(s) for s in running), why))
+            await self._save(self.node.stopped((s.handle for s in running), why))
             stops = [self.stop(state.name, grace) for state in running]
             failed = [r for r in await asyncio.gather(*stops, return_exceptions=True) if r]
         except NodeError as exc:
@@ -566,7 +559,7 @@ class JobService:
         """The state takes effect at once, and is written to disk to outlive the daemon."""
         if prune:
             with contextlib.suppress(NodeError):  # the engine down: prune next time
-                node = node.keeping(self._target(s) for s in await self.runtime.ps())
+                node = node.keeping(s.handle for s in await self.runtime.ps())
         self.node = node
         try:
             await asyncio.to_thread(self.state_file.save, node, next(self._saves))

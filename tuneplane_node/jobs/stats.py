@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock, rfc3339
 from tuneplane_node.errors import NodeError
 from tuneplane_node.gpu.allocator import GpuAllocator
-from tuneplane_node.gpu.probe import CardFacts, GpuSnapshot, container_id_of_pid
+from tuneplane_node.gpu.probe import CardFacts, GpuSnapshot
 from tuneplane_node.runtime.base import ContainerRuntime, ContainerState, Usage
 
 log = logging.getLogger(__name__)
@@ -123,11 +123,11 @@ class StatsSampler:
 
     async def sample_once(self) -> None:
         running = [s for s in await self.runtime.ps() if s.ours and s.status == "running"]
-        usage = await self.runtime.usage([_target(s) for s in running]) if running else {}
+        usage = await self.runtime.usage([s.handle for s in running]) if running else {}
         now, at = self.clock.monotonic(), rfc3339(self.clock.now())  # when the CPU was read
         gpus, owners = await self._cards(running)
         self.samples = {
-            state.name: self._sample(state, usage.get(_target(state)), gpus, owners, now, at)
+            state.name: self._sample(state, usage.get(state.handle), gpus, owners, now, at)
             for state in running
         }
         if self._failing:
@@ -143,7 +143,7 @@ class StatsSampler:
             return None, {}
         gpus = await self.allocator.snapshot()
         pids = {p.pid for card in gpus.cards for p in card.processes}
-        owners = await asyncio.to_thread(_owners, pids) if pids else {}
+        owners = await asyncio.to_thread(self.runtime.holders_of, pids) if pids else {}
         return gpus, owners
 
     def _sample(
@@ -157,7 +157,7 @@ class StatsSampler:
     ) -> JobSample:
         usage = usage or Usage()
         cards = {card.index: card for card in gpus.cards} if gpus and gpus.ok else {}
-        known = gpus is not None and gpus.ok and gpus.processes_ok and state.id is not None
+        known = gpus is not None and gpus.ok and gpus.processes_ok
         return JobSample(
             id=state.id,
             run_id=state.run_id,
@@ -166,7 +166,7 @@ class StatsSampler:
             memory_limit_bytes=usage.memory_limit_bytes,
             pids=usage.pids,
             gpus=tuple(
-                card_sample(cards.get(index, CardFacts(index)), state.id, owners, known=known)
+                card_sample(cards.get(index, CardFacts(index)), state.handle, owners, known=known)
                 for index in state.gpus
             ),
             sampled_at=at,
@@ -214,12 +214,3 @@ def card_sample(
 
 def _bytes(mib: int | None) -> int | None:
     return mib * MIB if mib is not None else None
-
-
-def _owners(pids: Iterable[int]) -> dict[int, str | None]:
-    return {pid: container_id_of_pid(pid) for pid in pids}
-
-
-def _target(state: ContainerState) -> str:
-    # As the job service acts: on the id the node holds (an engine resolves ids first).
-    return state.id or state.name

@@ -11,7 +11,15 @@ import functools
 import hashlib
 import logging
 import re
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Callable,
+    Collection,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
@@ -138,6 +146,13 @@ class ContainerState:
     def ours(self) -> bool:
         """The node's own container: it exists and carries the run-id label."""
         return self.exists and bool(self.run_id)
+
+    @property
+    def handle(self) -> str:
+        """What the node acts on and knows the container by: the id it holds for the name
+        (engines try ids before names, so a name could reach another container), else the
+        name (the process runtime has no ids)."""
+        return self.id or self.name
 
     @property
     def never_started(self) -> bool:
@@ -329,6 +344,12 @@ class ContainerRuntime(Protocol):
         request). Read from the container's cgroup files where this machine can reach
         them, else from the engine's one-shot stats. A ref that is gone or not running is
         left out; one whose figures cannot be read maps to a `Usage` of Nones."""
+
+    def holders_of(self, pids: Collection[int]) -> dict[int, str | None]:
+        """For each process, the container it runs in, named as the node acts on it
+        (`ContainerState.handle`), or None: in none of the engine's, or unknown. Blocking
+        but cheap (small local files, nothing asked of the engine): callers pass only
+        the processes the GPU probe saw on the cards."""
 
 
 class Brief(NamedTuple):

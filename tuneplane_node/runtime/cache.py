@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
@@ -506,6 +506,9 @@ class CachedRuntime:
 
     async def usage(self, refs: Sequence[str]) -> dict[str, Usage]:
         return await self.inner.usage(refs)  # figures are read now, never cached
+
+    def holders_of(self, pids: Collection[int]) -> dict[int, str | None]:
+        return self.inner.holders_of(pids)
 
     async def health(self) -> RuntimeHealth:
         """From memory: the engine's version is asked once per sync generation. A stale

@@ -11,6 +11,7 @@ asks an engine.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -165,3 +166,30 @@ def _keyed(directory: Path | None, name: str) -> dict[str, int]:
         if value.strip().isdigit():
             values[key] = int(value)
     return values
+
+
+# --- which container a process belongs to ---------------------------------------------
+
+# A 64-hex id as a whole path component (/docker/<id>, /kubepods/.../<id>) or a systemd
+# scope (docker-<id>.scope, libpod-<id>.scope, cri-containerd-<id>.scope, crio-<id>.scope).
+_CONTAINER_ID = re.compile(
+    r"(?:^|/)(?:docker-|libpod-|cri-containerd-|crio-)?([0-9a-f]{64})(?:\.scope)?(?=/|$)"
+)
+
+
+def container_id_of_pid(pid: int, *, proc_root: Path = PROC_ROOT) -> str | None:
+    """The id of the container holding ``pid``, from its cgroup; None if none or unknown.
+
+    The outermost id wins: for a container nested in a container, the host's engine
+    knows the outer one.
+    """
+    try:
+        text = (proc_root / str(pid) / "cgroup").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        path = line.split(":", 2)[-1]
+        match = _CONTAINER_ID.search(path)
+        if match:
+            return match.group(1)
+    return None

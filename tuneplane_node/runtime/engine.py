@@ -15,7 +15,7 @@ import logging
 import os
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
@@ -454,6 +454,9 @@ class EngineRuntime(ABC):
 
     async def usage(self, refs: Sequence[str]) -> dict[str, Usage]:
         return await self._call("read usage", self._usage_all, list(refs))
+
+    def holders_of(self, pids: Collection[int]) -> dict[int, str | None]:
+        return {pid: cgroups.container_id_of_pid(pid) for pid in pids}
 
     def _usage_all(self, refs: list[str]) -> dict[str, Usage]:
         # Only the refs asked for stay located: the memo never outgrows the running jobs.

@@ -30,7 +30,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -257,6 +257,14 @@ class ProcessRuntime:
         groups = _group_usage(set(leaders.values())) if _HAS_PROC else {}
         return {name: groups.get(pid, Usage(source="proc")) for name, pid in leaders.items()}
 
+    def holders_of(self, pids: Collection[int]) -> dict[int, str | None]:
+        """A job's processes are its process group: each job starts a session of its
+        own (one that calls ``setsid`` escapes, as it escapes stop and usage)."""
+        jobs = [job for name in self._names() if (job := self._load(name)) is not None]
+        leaders = {job.main.pid: job.name for job in jobs if job.main and self._alive(job.main)}
+        groups = {pid: _group_of(pid) for pid in pids}
+        return {pid: leaders.get(group) if group else None for pid, group in groups.items()}
+
     async def health(self) -> RuntimeHealth:
         """Ok while the state directory can be made; the version names the platform."""
         try:
@@ -435,12 +443,15 @@ class ProcessRuntime:
         )
 
     def _ps(self) -> list[ContainerState]:
+        states = [self._inspect(name) for name in self._names()]
+        return [state for state in states if state.exists]
+
+    def _names(self) -> list[str]:
+        """Every job's name: its directory's."""
         with _unreadable():
             if not self.root.is_dir():
                 return []
-            names = sorted(entry.name for entry in self.root.iterdir() if entry.is_dir())
-        states = [self._inspect(name) for name in names]
-        return [state for state in states if state.exists]
+            return sorted(entry.name for entry in self.root.iterdir() if entry.is_dir())
 
     def _alive(self, proc: _Proc) -> bool:
         """Running and ours; polls (so reaps) it when this daemon is its parent."""
@@ -596,6 +607,13 @@ def _boot_id() -> str | None:
     try:
         return _BOOT_ID_FILE.read_text().strip()
     except OSError:
+        return None
+
+
+def _group_of(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:  # gone, or not ours to ask
         return None
 
 

@@ -74,9 +74,10 @@ def probe_check() -> int:
         for card in snap.cards:
             print(f"  card {card}")
         expect("the driver answers through NVML", snap.ok and snap.source == "nvml", snap.error)
-        expect("every card has a uuid, a name and its memory", bool(snap.cards) and all(
-            c.uuid and c.name and c.memory_total_mib for c in snap.cards
-        ))
+        expect(
+            "every card has a uuid, a name and its memory",
+            bool(snap.cards) and all(c.uuid and c.name and c.memory_total_mib for c in snap.cards),
+        )
         expect("the card's processes can be listed", snap.processes_ok)
         reads = []
         for _ in range(50):
@@ -169,17 +170,37 @@ def daemon_check(cards: int, python: str, hold_s: float) -> None:
     outsider: subprocess.Popen[bytes] | None = None
     try:
         _, inventory = node.call("GET", "/node/v1/inventory")
-        print("inventory:", json.dumps({k: inventory.get(k) for k in ("accelerator_count", "gpus")}))
+        print(
+            "inventory:", json.dumps({k: inventory.get(k) for k in ("accelerator_count", "gpus")})
+        )
         expect("inventory counts the cards", inventory.get("accelerator_count") == cards)
         _, health = node.call("GET", "/node/v1/health")
-        print("health, idle:", json.dumps({k: health.get(k) for k in (
-            "ok", "gpus_total", "free_gpus", "external", "gpu_probe", "gpu_detail")}))
-        expect("idle health is ok with every card free", health.get("ok") is True
-               and health.get("free_gpus") == list(range(cards)), health.get("error"))
+        print(
+            "health, idle:",
+            json.dumps(
+                {
+                    k: health.get(k)
+                    for k in (
+                        "ok",
+                        "gpus_total",
+                        "free_gpus",
+                        "external",
+                        "gpu_probe",
+                        "gpu_detail",
+                    )
+                }
+            ),
+        )
+        expect(
+            "idle health is ok with every card free",
+            health.get("ok") is True and health.get("free_gpus") == list(range(cards)),
+            health.get("error"),
+        )
 
         ref = "tuneplane-gpu-check"
-        status, started = node.call("POST", "/node/v1/launch", launch_body(
-            ref, [python, "-c", HOLDER, str(hold_s)]))
+        status, started = node.call(
+            "POST", "/node/v1/launch", launch_body(ref, [python, "-c", HOLDER, str(hold_s)])
+        )
         print("launch:", status, started)
         expect("a one-card job starts", status == 200 and started.get("gpus") == [0], started)
 
@@ -189,29 +210,55 @@ def daemon_check(cards: int, python: str, hold_s: float) -> None:
 
         busy = wait_for("the job's memory on card 0", card_busy)
         _, health = node.call("GET", "/node/v1/health")
-        print("health, job running:", json.dumps({k: health.get(k) for k in (
-            "gpus_free", "by_job", "external", "external_pids", "gpu_detail")}))
+        print(
+            "health, job running:",
+            json.dumps(
+                {
+                    k: health.get(k)
+                    for k in ("gpus_free", "by_job", "external", "external_pids", "gpu_detail")
+                }
+            ),
+        )
         expect("the driver shows the job's gigabyte on its card", busy is not None, busy)
         expect("health says the job holds card 0", health.get("by_job") == {"0": f"run-{ref}"})
-        print("note: on the process runtime the job's own pid is not a container's, so",
-              "its card may read external:", health.get("external"))
+        expect(
+            "the job's own processes are not external",
+            not health.get("external"),
+            health.get("external_pids"),
+        )
 
-        _, stats = node.call("POST", "/node/v1/stats", {"refs": [ref]})
+        def own_process() -> Any:  # the sampler reads every TUNEPLANE_STATS_INTERVAL_S
+            stats = node.call("POST", "/node/v1/stats", {"refs": [ref]})[1]
+            cards = (stats.get("stats", {}).get(ref) or {}).get("gpus") or [{}]
+            return stats if cards[0].get("processes") else None
+
+        stats = wait_for("a sample with the job's process", own_process, timeout=30)
         print("stats:", json.dumps(stats))
-        gpus = (stats.get("stats", {}).get(ref) or {}).get("gpus") or []
-        expect("stats give the job's card with its memory", bool(gpus) and (
-            gpus[0].get("memory_used_bytes") or 0) >= 1 << 30, gpus)
+        gpus = ((stats or {}).get("stats", {}).get(ref) or {}).get("gpus") or [{}]
+        expect(
+            "stats give the job's card, its memory and the job's own process",
+            (gpus[0].get("memory_used_bytes") or 0) >= 1 << 30 and bool(gpus[0].get("processes")),
+            gpus,
+        )
 
         _, metrics = node.call("GET", "/metrics")
-        lines = [line for line in metrics.splitlines() if "gpu" in line and not line.startswith("#")]
+        lines = [
+            line for line in metrics.splitlines() if "gpu" in line and not line.startswith("#")
+        ]
         print("metrics, gpu lines:", *lines[:40], sep="\n  ")
         expect("the metrics carry the cards", bool(lines))
 
         outsider = subprocess.Popen([python, "-c", HOLDER, str(hold_s)])
-        seen = wait_for("the outsider", lambda: outsider.pid in (
-            node.call("GET", "/node/v1/health")[1].get("external_pids") or {}).get("0", []))
-        expect("a process the node did not start is external on its card", bool(seen),
-               node.call("GET", "/node/v1/health")[1].get("external_pids"))
+
+        def externals() -> Any:
+            return node.call("GET", "/node/v1/health")[1].get("external_pids") or {}
+
+        seen = wait_for("the outsider", lambda: externals().get("0"))
+        expect(
+            "a process the node did not start is external on its card, and only it",
+            seen == [outsider.pid],
+            externals(),
+        )
 
         status, stopped = node.call("POST", "/node/v1/stop", {"ref": ref, "timeout": 5})
         status2, removed = node.call("POST", "/node/v1/remove", {"ref": ref})
@@ -219,8 +266,11 @@ def daemon_check(cards: int, python: str, hold_s: float) -> None:
         outsider.terminate()
         outsider.wait(30)
         outsider = None
-        freed = wait_for("card 0 free", lambda: node.call("GET", "/node/v1/health")[1].get(
-            "free_gpus") == list(range(cards)), timeout=30)
+        freed = wait_for(
+            "card 0 free",
+            lambda: node.call("GET", "/node/v1/health")[1].get("free_gpus") == list(range(cards)),
+            timeout=30,
+        )
         expect("stopped and removed, the card is free again", bool(freed))
     finally:
         if outsider is not None:
@@ -232,8 +282,11 @@ def daemon_check(cards: int, python: str, hold_s: float) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--python", default=shutil.which("python3") or sys.executable,
-                        help="the Python (with torch) the job and the outsider run on")
+    parser.add_argument(
+        "--python",
+        default=shutil.which("python3") or sys.executable,
+        help="the Python (with torch) the job and the outsider run on",
+    )
     parser.add_argument("--hold-s", type=float, default=20, help="how long each holds its card")
     args = parser.parse_args()
     cards = probe_check()

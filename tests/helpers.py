@@ -249,6 +249,12 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def python_path() -> str:
+    """This checkout first, then whatever PYTHONPATH brought (a machine whose packages
+    come that way, not from a venv's site-packages)."""
+    return os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+
+
 def spawn_daemon(
     tmp_path: Path, port: int, *, preexec: Callable[[], None] | None = None, **settings: str
 ) -> subprocess.Popen[bytes]:
@@ -257,7 +263,7 @@ def spawn_daemon(
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(tmp_path),
-        "PYTHONPATH": str(REPO),
+        "PYTHONPATH": python_path(),
         "TUNEPLANE_NODE_TOKEN": TOKEN,
         "TUNEPLANE_NODE_STATE_DIR": str(tmp_path / "state"),
         "TUNEPLANE_STORAGE_ROOT": str(tmp_path),

@@ -29,11 +29,10 @@ from tests.helpers import (
     engine_missing,
     engine_settings,
     podman_url,
+    python_path,
 )
 from tuneplane_node.cli import main
 from tuneplane_node.runtime.docker import DockerRuntime
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def cli_env(home: Path, **settings: str) -> dict[str, str]:
@@ -42,7 +41,7 @@ def cli_env(home: Path, **settings: str) -> dict[str, str]:
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(home),
         "LANG": "C.UTF-8",
-        "PYTHONPATH": str(REPO),
+        "PYTHONPATH": python_path(),
         "TUNEPLANE_NODE_STATE_DIR": str(home / "state"),
     }
     env.update(settings)

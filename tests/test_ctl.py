@@ -33,7 +33,6 @@ import pytest
 from tests.helpers import (
     HEADERS,
     IMAGE,
-    REPO,
     TOKEN,
     ThrottlingProxy,
     TrackingRuntime,
@@ -41,6 +40,7 @@ from tests.helpers import (
     engine_missing,
     engine_settings,
     free_port,
+    python_path,
     spawn_daemon,
     unique,
 )
@@ -504,7 +504,7 @@ async def test_launch_wait_draws_the_pull_and_ends_running(
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(tmp_path),
-        "PYTHONPATH": str(REPO),
+        "PYTHONPATH": python_path(),
         "TERM": "xterm-256color",
         "TUNEPLANE_NODE_TOKEN": TOKEN,
         "TUNEPLANE_CTL_URL": f"http://127.0.0.1:{port}",
@@ -578,7 +578,7 @@ async def test_stats_draws_a_live_table_in_a_terminal(tmp_path: Path) -> None:
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(tmp_path),
-        "PYTHONPATH": str(REPO),
+        "PYTHONPATH": python_path(),
         "TERM": "xterm-256color",
         "TUNEPLANE_NODE_TOKEN": TOKEN,
         "TUNEPLANE_CTL_URL": f"http://127.0.0.1:{port}",

@@ -274,9 +274,11 @@ def openssl(*args: str | Path) -> None:
 
 def make_ca(directory: Path, name: str) -> Path:
     key, cert = directory / f"{name}.key", directory / f"{name}.pem"
-    openssl(
-        "req", "-x509", *EC_KEY, "-keyout", key, "-out", cert, "-days", "1", "-subj", f"/CN={name}"
-    )
+    # Key usage as a real CA has it: Python 3.13's clients verify strictly and refuse a
+    # CA without it.
+    usage = ["-addext", "keyUsage=critical,keyCertSign,cRLSign"]
+    openssl("req", "-x509", *EC_KEY, "-keyout", key, "-out", cert, "-days", "1",
+            "-subj", f"/CN={name}", *usage)  # fmt: skip
     return cert
 
 

@@ -42,9 +42,12 @@ async def read_object(request: web.Request) -> dict[str, Any]:
 
 
 def answer(data: object, status: int = 200) -> web.Response:
-    return web.Response(
-        body=answers.encode(data), status=status, content_type="application/json", charset="utf-8"
-    )
+    return encoded(answers.encode(data), status)
+
+
+def encoded(body: bytes, status: int = 200) -> web.Response:
+    """A JSON answer already encoded."""
+    return web.Response(body=body, status=status, content_type="application/json", charset="utf-8")
 
 
 @routes.get("/metrics")
@@ -79,8 +82,7 @@ async def launch(request: web.Request) -> web.Response:
 @routes.post("/node/v1/observe")
 async def observe(request: web.Request) -> web.Response:
     refs = requests.parse_refs(await read_object(request))
-    body = answers.encode_observe(await request.app[JOBS].observe(refs))
-    return web.Response(body=body, content_type="application/json", charset="utf-8")
+    return encoded(answers.encode_observe(await request.app[JOBS].observe(refs)))
 
 
 @routes.post("/node/v1/stats")

@@ -194,7 +194,7 @@ class GpuAllocator:
         """
         if not (self.settings.local_check_external_gpus and gpus.ok and gpus.processes_ok):
             return {}, False
-        on_cards = {p.pid for card in gpus.cards for p in card.processes}
+        on_cards = gpus.pids()
         owners = self.runtime.holders_of(on_cards) if on_cards else {}
         external: dict[int, tuple[int, ...]] = {}
         for card in gpus.cards:

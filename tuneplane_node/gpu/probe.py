@@ -85,6 +85,10 @@ class GpuSnapshot:
         names = [card.name for card in self.cards if card.name]
         return Counter(names).most_common(1)[0][0] if names else None
 
+    def pids(self) -> set[int]:
+        """Every process seen on any card: what the runtime is asked to place."""
+        return {process.pid for card in self.cards for process in card.processes}
+
 
 class GpuProbe(Protocol):
     blocking: bool

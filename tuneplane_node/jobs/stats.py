@@ -142,7 +142,7 @@ class StatsSampler:
         if not any(state.gpus for state in running):
             return None, {}
         gpus = await self.allocator.snapshot()
-        pids = {p.pid for card in gpus.cards for p in card.processes}
+        pids = gpus.pids()
         owners = await asyncio.to_thread(self.runtime.holders_of, pids) if pids else {}
         return gpus, owners
 

@@ -30,7 +30,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncGenerator, Collection, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -252,18 +252,21 @@ class ProcessRuntime:
         return await self._pool.call(self._usage, list(refs))
 
     def _usage(self, names: list[str]) -> dict[str, Usage]:
-        jobs = [job for name in names if (job := self._load(name)) is not None]
-        leaders = {job.name: job.main.pid for job in jobs if job.main and self._alive(job.main)}
+        leaders = self._leaders(names)
         groups = _group_usage(set(leaders.values())) if _HAS_PROC else {}
         return {name: groups.get(pid, Usage(source="proc")) for name, pid in leaders.items()}
 
     def holders_of(self, pids: Collection[int]) -> dict[int, str | None]:
         """A job's processes are its process group: each job starts a session of its
         own (one that calls ``setsid`` escapes, as it escapes stop and usage)."""
-        jobs = [job for name in self._names() if (job := self._load(name)) is not None]
-        leaders = {job.main.pid: job.name for job in jobs if job.main and self._alive(job.main)}
+        jobs = {pid: name for name, pid in self._leaders(self._names()).items()}
         groups = {pid: _group_of(pid) for pid in pids}
-        return {pid: leaders.get(group) if group else None for pid, group in groups.items()}
+        return {pid: jobs.get(group) if group else None for pid, group in groups.items()}
+
+    def _leaders(self, names: Iterable[str]) -> dict[str, int]:
+        """Each running job's main pid, which leads its process group, by job name."""
+        jobs = [job for name in names if (job := self._load(name)) is not None]
+        return {job.name: job.main.pid for job in jobs if job.main and self._alive(job.main)}
 
     async def health(self) -> RuntimeHealth:
         """Ok while the state directory can be made; the version names the platform."""

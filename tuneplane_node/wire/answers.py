@@ -148,15 +148,19 @@ class EncodedStates:
             and view.stop_reason is None
             and view.name == ref
         ):
-            return orjson.dumps(ref) + b":" + orjson.dumps(state_json(view))
+            return _member(ref, view)
         hit = self._memo.get(id(view))
         if hit is not None and hit[0] is view:
             return hit[1]
         if len(self._memo) >= self.limit:
             self._memo.clear()
-        data = orjson.dumps(ref) + b":" + orjson.dumps(state_json(view))
+        data = _member(ref, view)
         self._memo[id(view)] = (view, data)
         return data
+
+
+def _member(ref: str, view: JobView) -> bytes:
+    return orjson.dumps(ref) + b":" + orjson.dumps(state_json(view))
 
 
 _STATES = EncodedStates()

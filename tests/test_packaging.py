@@ -2,7 +2,8 @@
 
 The bounds themselves are proven in CI (`.ci/run` installs the floors that
 contrib/dev/lowest.py prints and runs the fast suite); these tests keep the files that
-step reads honest.
+step reads honest. The metadata is read as the build reads it: setuptools' own parser of
+setup.cfg.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from types import ModuleType
 import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
+from setuptools.config.setupcfg import read_configuration
 
 import tuneplane_node
 
@@ -26,7 +28,9 @@ else:  # the lowest supported Python: the `test` extra brings tomli there
     import tomli as tomllib
 
 REPO = Path(__file__).resolve().parent.parent
-PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+OPTIONS = read_configuration(REPO / "setup.cfg")["options"]
+DEPENDENCIES: list[str] = OPTIONS["install_requires"]
 
 
 def load_lowest() -> ModuleType:
@@ -47,10 +51,20 @@ def normalise(name: str) -> str:
     return name.lower().replace("_", "-").replace(".", "-")
 
 
+def test_the_lowest_step_reads_the_requirements_the_build_reads() -> None:
+    assert load_lowest().declared() == DEPENDENCIES
+
+
+def test_each_fact_lives_in_one_file() -> None:
+    """setup.cfg holds the metadata; a [project] table would silently win over it."""
+    assert "project" not in PYPROJECT
+    assert "setuptools" not in PYPROJECT["tool"]
+
+
 def test_every_runtime_dependency_is_pinned_to_its_floor_for_the_lowest_step() -> None:
-    floors = load_lowest().lowest(PROJECT["dependencies"])
-    assert len(floors) == len(PROJECT["dependencies"])
-    for pin, declared in zip(floors, PROJECT["dependencies"], strict=True):
+    floors = load_lowest().lowest(DEPENDENCIES)
+    assert len(floors) == len(DEPENDENCIES)
+    for pin, declared in zip(floors, DEPENDENCIES, strict=True):
         requirement = Requirement(declared)
         name, version = pin.split("==")
         assert name == requirement.name
@@ -63,7 +77,7 @@ def test_a_dependency_without_a_floor_is_refused_not_left_at_its_newest() -> Non
 
 
 def test_what_the_code_imports_is_declared() -> None:
-    declared = {Requirement(text).name for text in PROJECT["dependencies"]}
+    declared = {Requirement(text).name for text in DEPENDENCIES}
     # requests and urllib3: the adapters translate their exceptions (runtime/docker.py).
     imported = {"aiohttp", "docker", "podman", "pydantic", "pydantic-settings", "requests"}
     imported |= {"urllib3", "nvidia-ml-py", "prometheus-client", "rich"}
@@ -72,7 +86,7 @@ def test_what_the_code_imports_is_declared() -> None:
 
 def test_the_image_constraints_pin_every_dependency_inside_its_range() -> None:
     pinned = pins(REPO / "constraints.txt")
-    for text in PROJECT["dependencies"]:
+    for text in DEPENDENCIES:
         requirement = Requirement(text)
         version = pinned.get(normalise(requirement.name))
         assert version is not None, f"constraints.txt lacks {requirement.name}"
@@ -80,8 +94,8 @@ def test_the_image_constraints_pin_every_dependency_inside_its_range() -> None:
 
 
 def test_mypy_checks_against_the_lowest_supported_python() -> None:
-    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]
-    assert PROJECT["requires-python"] == f">={config['mypy']['python_version']}"
+    config = PYPROJECT["tool"]
+    assert str(OPTIONS["python_requires"]) == f">={config['mypy']['python_version']}"
     assert config["ruff"]["target-version"] == "py" + config["mypy"]["python_version"].replace(
         ".", ""
     )

@@ -2,23 +2,19 @@
 """Print pip constraints that pin every runtime dependency to its lowest allowed release.
 
 CI installs the package with these into a second venv and runs the fast suite there, so a
-lower bound in pyproject.toml is one the code was tested with, not a guess:
+lower bound in setup.cfg is one the code was tested with, not a guess:
     pip install -c <(python3 contrib/dev/lowest.py) '.[test]'
 A runtime dependency without a `>=` bound is an error: its lowest release is unknown.
 """
 
 from __future__ import annotations
 
+import configparser
 import re
 import sys
 from pathlib import Path
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # the lowest supported Python: the `test` extra brings tomli there
-    import tomli as tomllib
-
-PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
+SETUP_CFG = Path(__file__).resolve().parents[2] / "setup.cfg"
 FLOOR = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*[^;]*?>=\s*([^,;\s]+)")
 
 
@@ -33,10 +29,18 @@ def lowest(requirements: list[str]) -> list[str]:
     return pins
 
 
+def declared(path: Path = SETUP_CFG) -> list[str]:
+    """The runtime requirements of setup.cfg's `install_requires`, one a line."""
+    # No interpolation: a `%` in a requirement is text. Comment lines never reach the value.
+    config = configparser.ConfigParser(interpolation=None)
+    config.read_string(path.read_text())
+    lines = config["options"]["install_requires"].splitlines()
+    return [line.strip() for line in lines if line.strip()]
+
+
 def main() -> int:
-    project = tomllib.loads(PYPROJECT.read_text())["project"]
     try:
-        print("\n".join(lowest(project["dependencies"])))
+        print("\n".join(lowest(declared())))
     except ValueError as exc:
         print(f"lowest.py: {exc}", file=sys.stderr)
         return 1

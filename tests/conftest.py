@@ -25,7 +25,8 @@ from tests.helpers import (
 )
 from tuneplane_node.daemon.app import create_node_app
 from tuneplane_node.gpu.allocator import GpuAllocator
-from tuneplane_node.gpu.probe import GpuProbe, NoDriverProbe, make_probe
+from tuneplane_node.gpu.factory import make_probe
+from tuneplane_node.gpu.probe import GpuProbe, NoDriverProbe
 from tuneplane_node.jobs import JobService
 from tuneplane_node.runtime.cache import CachedRuntime
 from tuneplane_node.runtime.docker import DockerRuntime

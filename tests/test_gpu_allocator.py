@@ -12,7 +12,8 @@ from tests.fakes import FakeClock, FakeProbe, FakeRuntime
 from tests.helpers import job
 from tuneplane_node.errors import EngineUnavailable, NoCapacity
 from tuneplane_node.gpu.allocator import GpuAllocator
-from tuneplane_node.gpu.probe import NoDriverProbe, SimulatedProbe
+from tuneplane_node.gpu.probe import NoDriverProbe
+from tuneplane_node.gpu.simulation import SimulatedProbe
 from tuneplane_node.runtime.base import LABEL_GPUS, CacheStatus, ContainerSpec
 from tuneplane_node.settings import NodeSettings
 

@@ -8,12 +8,9 @@ from typing import Any
 
 import pytest
 
-from tuneplane_node.gpu.probe import (
-    GpuProcess,
-    NoDriverProbe,
-    SimulatedProbe,
-    make_probe,
-)
+from tuneplane_node.gpu.factory import make_probe
+from tuneplane_node.gpu.probe import GpuProcess, NoDriverProbe
+from tuneplane_node.gpu.simulation import SimulatedProbe
 from tuneplane_node.runtime.cgroups import container_id_of_pid
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.wire.answers import card_json
@@ -138,7 +135,7 @@ def test_a_bad_file_warns_once_until_it_changes(
     sim: Path, clock: Clock, caplog: pytest.LogCaptureFixture
 ) -> None:
     probe = probe_for(sim, clock)
-    with caplog.at_level(logging.WARNING, logger="tuneplane_node.gpu.probe"):
+    with caplog.at_level(logging.WARNING, logger="tuneplane_node.gpu.simulation"):
         probe.snapshot()
         probe.snapshot()
         sim.write_text("{")
@@ -247,7 +244,7 @@ def test_simulation_file_setting_gives_the_simulated_probe(sim: Path) -> None:
 
 @pytest.mark.skipif(nvml_library_loads(), reason="this machine has an NVIDIA driver")
 def test_no_driver_gives_a_probe_that_says_why(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.INFO, logger="tuneplane_node.gpu.probe"):
+    with caplog.at_level(logging.INFO, logger="tuneplane_node.gpu.factory"):
         probe = make_probe(settings())
     try:
         assert isinstance(probe, NoDriverProbe)

@@ -22,7 +22,7 @@ LAYERS = [
     {"gpu"},
     {"runtime"},
     {"inventory"},
-    {"settings", "errors", "clock", "logformat", "telemetry", "__init__"},
+    {"settings", "errors", "clock", "logformat", "telemetry", "sizes", "__init__"},
 ]
 # The operators' client speaks only HTTP: no daemon, service or engine code in it.
 CTL_MAY_IMPORT = {"wire", "__init__", "__version__"}
@@ -100,3 +100,61 @@ def test_ctl_is_a_client_of_the_api_only() -> None:
             parts = name.split(".")
             if parts[0] == "tuneplane_node" and len(parts) > 1 and parts[1] != "ctl":
                 assert parts[1] in CTL_MAY_IMPORT, f"ctl/{path.name} imports {name}"
+
+
+def module_name(path: Path) -> str:
+    """``tuneplane_node.gpu.probe`` for gpu/probe.py; a package is its ``__init__``."""
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Each module of the package and the package's modules its import statements name."""
+    paths = {module_name(path): path for path in MODULES}
+    return {name: named_modules(path, set(paths)) - {name} for name, path in paths.items()}
+
+
+def named_modules(path: Path, known: set[str]) -> set[str]:
+    """The modules of ``known`` that ``path``'s import statements name: for
+    ``from pkg import x`` that is ``pkg.x`` when x is a module, else ``pkg``."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            subs = (f"{node.module}.{alias.name}" for alias in node.names)
+            found |= {sub if sub in known else node.module for sub in subs}
+    return found & known
+
+
+def find_circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """The first circle a depth-first walk meets, as the modules along it; None if none."""
+    done: set[str] = set()
+
+    def walk(name: str, trail: list[str]) -> list[str] | None:
+        if name in trail:
+            return [*trail[trail.index(name) :], name]
+        if name in done:
+            return None
+        for target in sorted(graph[name]):
+            if circle := walk(target, [*trail, name]):
+                return circle
+        done.add(name)
+        return None
+
+    return next((c for name in sorted(graph) if (c := walk(name, []))), None)
+
+
+def test_no_module_imports_itself_round_a_circle() -> None:
+    """Every import statement counts, wherever it stands: one inside a function is a
+    dependency deferred, not removed (gpu/probe.py's factory once hid its NVML import so,
+    in a circle with gpu/nvml.py), and one under TYPE_CHECKING is one mypy and a reader
+    follow. Only the modules a statement names are edges, not the parent packages Python
+    runs first: those run before any of their submodules, so they close no circle."""
+    circle = find_circle(import_graph())
+    assert circle is None, " -> ".join(circle or [])
+
+
+def test_the_circle_finder_finds_a_circle_and_only_a_circle() -> None:
+    assert find_circle({"a": {"b"}, "b": {"c"}, "c": {"b"}}) == ["b", "c", "b"]
+    assert find_circle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None

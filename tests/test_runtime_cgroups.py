@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes import FakeClock
-from tuneplane_node.gpu.probe import SimulatedProbe
+from tuneplane_node.gpu.simulation import SimulatedProbe
 from tuneplane_node.runtime import cgroups
 from tuneplane_node.runtime.base import Usage
 from tuneplane_node.runtime.dockerformat import usage_from_stats

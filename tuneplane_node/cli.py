@@ -193,7 +193,7 @@ def engine_address(settings: NodeSettings, engine: str) -> str:
 
 
 def check_gpus(settings: NodeSettings) -> list[Finding]:
-    from tuneplane_node.gpu.probe import make_probe
+    from tuneplane_node.gpu.factory import make_probe
 
     probe = make_probe(settings)
     try:

@@ -63,7 +63,7 @@ def expect(what: str, ok: bool, detail: object = "") -> None:
 
 def probe_check() -> int:
     sys.path.insert(0, str(REPO))
-    from tuneplane_node.gpu.probe import make_probe
+    from tuneplane_node.gpu.factory import make_probe
     from tuneplane_node.settings import load_settings
 
     probe = make_probe(load_settings(node_token=TOKEN))

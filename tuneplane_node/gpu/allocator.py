@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.errors import NoCapacity
-from tuneplane_node.gpu.probe import GpuProbe, GpuSnapshot, make_probe
+from tuneplane_node.gpu.factory import make_probe
+from tuneplane_node.gpu.probe import GpuProbe, GpuSnapshot
 from tuneplane_node.gpu.topology import choose_cards
 from tuneplane_node.runtime.base import ContainerRuntime, ContainerState
 from tuneplane_node.settings import NodeSettings

@@ -20,14 +20,13 @@ from typing import Any, TypeVar
 
 import pynvml
 
+from tuneplane_node.gpu.health import CardFaults, HealthTracker
 from tuneplane_node.gpu.probe import (
     CardFacts,
-    CardFaults,
     DistinctWarnings,
     DriverUnavailableError,
     GpuProcess,
     GpuSnapshot,
-    HealthTracker,
 )
 from tuneplane_node.settings import NodeSettings
 

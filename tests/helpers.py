@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Collection, Mapping
@@ -93,9 +94,14 @@ def unique(prefix: str = "t") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
+# The node's own files for engine tests (podman's seccomp profile): never the real home.
+ENGINE_STATE_DIR = Path(tempfile.gettempdir()) / "tuneplane-tests-state"
+
+
 def engine_settings(engine: str, **overrides: object) -> NodeSettings:
     base: dict[str, object] = {
         "local_runtime": engine,
+        "node_state_dir": ENGINE_STATE_DIR,
         "docker_host": docker_host(),
         "podman_url": podman_url(),
         "local_api_timeout": 30,

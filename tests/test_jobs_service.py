@@ -856,16 +856,56 @@ def with_mounts(run_id: str, *mounts: Mount, **env: str) -> LaunchRequest:
     return replace(base, spec=replace(base.spec, mounts=mounts, env=env))
 
 
-async def test_a_mount_under_the_storage_root_reaches_the_engine_resolved(
+async def test_a_real_path_under_the_storage_root_reaches_the_engine_as_given(
     service: JobService, fake: FakeRuntime, tmp_path: Path
 ) -> None:
     (tmp_path / "data").mkdir()
-    (tmp_path / "link").symlink_to(tmp_path / "data")
 
-    await service.launch(with_mounts("r1", Mount(str(tmp_path / "link"), "/data", True)))
+    await service.launch(with_mounts("r1", Mount(str(tmp_path / "data") + "/", "/data", True)))
 
     mounts = fake.containers["tuneplane-r1"].spec.mounts
-    assert mounts == (Mount(str((tmp_path / "data").resolve()), "/data", True),)
+    assert mounts == (Mount(str(tmp_path / "data"), "/data", True),)
+
+
+async def test_a_link_planted_by_one_tenant_into_anothers_files_is_refused(
+    service: JobService, fake: FakeRuntime, tmp_path: Path
+) -> None:
+    """Tenant A's job leaves tenantA/ckpt -> tenantB/ckpt; A's next launch mounting
+    tenantA/ckpt would read and write B's checkpoint: both lie under the storage root."""
+    (tmp_path / "tenantB" / "ckpt").mkdir(parents=True)
+    (tmp_path / "tenantA").mkdir()
+    (tmp_path / "tenantA" / "ckpt").symlink_to(tmp_path / "tenantB" / "ckpt")
+    (tmp_path / "linked").symlink_to(tmp_path / "tenantA")  # a link higher up, too
+
+    for host in (tmp_path / "tenantA" / "ckpt", tmp_path / "linked" / "x"):
+        with pytest.raises(InvalidField) as refused:
+            await service.launch(with_mounts("r1", Mount(str(host), "/ckpt")))
+        assert refused.value.field == "container.mounts[0]"
+        assert refused.value.reason == f"{host} is not its own real path: a component is a symlink"
+
+    assert not fake.containers and fake.calls["run"] == 0
+    assert list((tmp_path / "tenantB" / "ckpt").iterdir()) == []
+
+
+async def test_a_mount_swapped_for_a_link_during_the_pull_fails_the_launch(
+    service: JobService, fake: FakeRuntime, tmp_path: Path
+) -> None:
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "theirs").mkdir()
+    launch = with_mounts("r1", Mount(str(tmp_path / "mine"), "/ckpt"))
+    await service.launch(replace(launch, spec=replace(launch.spec, image=MISSING)))
+    await fake.pulling.wait()
+
+    (tmp_path / "mine").rmdir()
+    (tmp_path / "mine").symlink_to(tmp_path / "theirs")
+    fake.pull_of(MISSING).finish()
+    await settle()
+
+    view = (await service.observe(["tuneplane-r1"]))["tuneplane-r1"]
+    assert isinstance(view, PendingView) and view.failed
+    assert view.error is not None and "a component is a symlink" in view.error
+    assert not fake.containers
+    assert await reserved(service) == frozenset()
 
 
 @pytest.mark.parametrize("host", ["/", "/etc", "/run/tuneplane-dev/docker.sock", "/var/lib"])
@@ -889,7 +929,7 @@ async def test_a_link_out_of_the_storage_root_is_refused(
 ) -> None:
     (tmp_path / "escape").symlink_to("/etc")  # a job with a writable mount left this
 
-    with pytest.raises(InvalidField, match=r"^container\.mounts\[0\]: .*escape \(/etc\)"):
+    with pytest.raises(InvalidField, match=r"^container\.mounts\[0\]: .*escape is not its own"):
         await service.launch(with_mounts("r1", Mount(str(tmp_path / "escape"), "/x")))
 
     assert not fake.containers

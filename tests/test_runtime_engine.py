@@ -3,6 +3,7 @@ create options, and an engine that is not there."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,15 @@ from tuneplane_node.errors import (
     NodeError,
     SpecRefused,
 )
-from tuneplane_node.runtime.base import LABEL_GPUS, LABEL_RUN_ID, ContainerSpec, LogQuery, Mount
+from tuneplane_node.runtime.base import (
+    KEPT_CAPABILITIES,
+    LABEL_GPUS,
+    LABEL_RUN_ID,
+    Confinement,
+    ContainerSpec,
+    LogQuery,
+    Mount,
+)
 from tuneplane_node.runtime.docker import ERRORS as DOCKER_ERRORS
 from tuneplane_node.runtime.docker import DockerRuntime
 from tuneplane_node.runtime.engine import EngineRuntime, ErrorTable
@@ -222,6 +231,48 @@ async def test_a_bare_spec_keeps_the_images_entrypoint_and_sets_no_limits(kind: 
     assert options["environment"] == {"NVIDIA_VISIBLE_DEVICES": "void"}
     for limit in ("working_dir", "user", "shm_size", "mem_limit", "nano_cpus", "cpu_quota"):
         assert limit not in options
+
+
+@pytest.mark.parametrize("kind", ["docker", "podman"])
+async def test_every_job_starts_from_no_capability_and_is_bounded(kind: str) -> None:
+    runtime = adapter(kind)
+    options = runtime.create_options(SPEC)
+    await runtime.close()
+
+    assert options["cap_drop"] == ["ALL"]  # whatever the engine's own default set is
+    assert options["cap_add"] == list(KEPT_CAPABILITIES)
+    assert (options["pids_limit"], options["oom_score_adj"]) == (16384, 500)
+
+
+async def test_docker_rotates_the_log_and_sets_no_new_privileges() -> None:
+    runtime = adapter("docker")
+    options = runtime.create_options(replace(SPEC, confinement=Confinement(log_max_files=2)))
+    await runtime.close()
+
+    assert options["security_opt"] == ["no-new-privileges"]
+    assert options["log_config"] == {
+        "Type": "json-file",
+        "Config": {"max-size": str(10 * 2**20), "max-file": "2"},
+    }
+
+
+async def test_podman_bounds_the_log_and_refuses_user_namespaces(tmp_path: Path) -> None:
+    runtime = adapter("podman", node_state_dir=tmp_path)
+    options = runtime.create_options(SPEC)
+    await runtime.close()
+
+    assert options["no_new_privileges"] is True
+    assert options["log_config"] == {"Type": "k8s-file", "Config": {"size": 50 * 2**20}}
+    if Path("/usr/share/containers/seccomp.json").is_file():
+        assert options["seccomp_profile_path"] == str(tmp_path / "seccomp-podman.json")
+
+
+async def test_a_remote_podman_keeps_its_own_seccomp_profile(tmp_path: Path) -> None:
+    runtime = adapter("podman", podman_url="tcp://10.0.0.1:8888", node_state_dir=tmp_path)
+    options = runtime.create_options(SPEC)
+    await runtime.close()
+
+    assert "seccomp_profile_path" not in options and not list(tmp_path.iterdir())
 
 
 # --- an engine that is not there ----------------------------------------------------------

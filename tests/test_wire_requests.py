@@ -357,3 +357,49 @@ def test_any_other_follow_is_refused_by_name(given: str) -> None:
     with pytest.raises(InvalidField) as refused:
         parse_follow(given)
     assert refused.value.field == "follow"
+
+
+# --- the job is untrusted: what a launch may not ask for ----------------------------------
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "com.docker.compose.project",
+        "io.containers.autoupdate",
+        "org.opencontainers.x",
+        "io.podman.x",
+    ],
+)
+def test_a_label_in_an_engines_namespace_is_refused_by_name(key: str) -> None:
+    with pytest.raises(InvalidField) as refused:
+        parse_launch(container(labels={"team": "a", key: "registry"}))
+    assert refused.value.field == f"container.labels.{key}"
+    assert refused.value.reason == "the engines' own namespace"
+
+
+def test_the_nodes_network_label_is_the_nodes() -> None:
+    with pytest.raises(InvalidField, match=r"^container\.labels: .*tuneplane\.network"):
+        parse_launch(container(labels={"tuneplane.network": "host"}))
+
+
+@pytest.mark.parametrize(
+    "target",
+    ["/", "//", "/etc", "/etc/", "/./etc", "/proc", "/proc/1/root", "//proc/sys", "/sys/fs/cgroup",
+     "/dev", "/dev/shm", "/run/nvidia-persistenced", "/run/nvidia/driver"],
+)  # fmt: skip
+def test_a_mount_onto_the_engines_paths_is_refused(target: str) -> None:
+    with pytest.raises(InvalidField) as refused:
+        parse_launch(container(mounts=[["/data", "/ok", True], ["/data", target, False]]))
+    assert refused.value.field == "container.mounts[1]"
+    assert refused.value.reason == (
+        f"{target}: a job may not mount onto /, /etc, nor under /proc, /sys, /dev, /run/nvidia*"
+    )
+
+
+@pytest.mark.parametrize(
+    "target", ["/etc/trainer", "/run/secrets", "/devices", "/data/proc", "/sysroot"]
+)
+def test_a_mount_onto_other_paths_is_kept(target: str) -> None:
+    spec = parse_launch(container(mounts=[["/data", target, True]])).spec
+    assert spec.mounts == (Mount("/data", target, True),)

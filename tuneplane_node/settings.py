@@ -22,10 +22,12 @@ from pydantic import (
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from tuneplane_node.errors import ConfigError
+from tuneplane_node.sizes import MAX_SIZE, size_in_bytes
 
 ENV_PREFIX = "TUNEPLANE_"
 DEFAULT_STORAGE = Path(".tuneplane-data/storage")
 DAY = 86400.0
+GIB = 2**30
 DOCKER_SCHEMES = ("unix", "tcp", "http", "https", "ssh")
 PODMAN_SCHEMES = ("unix", "http+unix", "tcp", "http", "https", "ssh")
 # Never mountable into a job, nor inside a root that holds one of them: the host itself.
@@ -127,6 +129,29 @@ class NodeSettings(BaseSettings):
     fabrics: list[Fabric] = []
     """InfiniBand fabrics, JSON list of {"name", "hcas"}: the operator names them."""
 
+    job_capabilities: Literal["default", "restricted"] = "default"
+    """A job's Linux capabilities: ``default`` keeps CHOWN, DAC_OVERRIDE, FOWNER, FSETID,
+    KILL, SETGID, SETUID, SETPCAP and SYS_CHROOT (the engines' defaults less NET_RAW,
+    NET_BIND_SERVICE, MKNOD, AUDIT_WRITE and SETFCAP); ``restricted``: none at all."""
+    job_no_new_privileges: bool = True
+    """Start every job with no-new-privileges: a setuid binary cannot regain what was dropped."""
+    job_host_network: Literal["allow", "bridge", "refuse"] = "allow"
+    """A launch asking for ``network: host``: ``allow`` it (0.3.15's default), run it on
+    the engine's ``bridge`` network instead, or ``refuse`` it (422)."""
+    job_log_max_bytes: int = Field(10 * 2**20, ge=64 * 2**10, le=2**40)
+    """Bytes of a job's log file before the engine rotates it (podman, which keeps one
+    file, truncates at this times the file count)."""
+    job_log_max_files: int = Field(5, ge=1, le=100)
+    """Log files the engine keeps per job, the newest included."""
+    job_pids_limit: int = Field(16384, ge=64, le=4194304)
+    """Processes and threads one job may have at once."""
+    system_reserved_memory: str | int | None = None
+    """Memory kept from jobs without a ``memory_limit`` (a size such as ``4g`` or bytes):
+    such a job's limit is the machine's memory less this. Unset: 5% of it, at least 1 GiB."""
+    job_oom_score_adj: int = Field(500, ge=-1000, le=1000)
+    """Every job's ``oom_score_adj``: above the node's (its unit: -900) and the engine's
+    (-500), so the kernel's OOM killer takes a job first."""
+
     gpu_simulation_file: Path | None = None
     """Development aid: a JSON file read instead of the GPU driver (see README)."""
     gpu_xid_ignore: list[int] = [13, 31, 43, 45, 68, 109]
@@ -181,6 +206,14 @@ class NodeSettings(BaseSettings):
     def _podman_scheme(cls, address: str) -> str:
         return _address(address, PODMAN_SCHEMES)
 
+    @field_validator("system_reserved_memory")
+    @classmethod
+    def _a_size(cls, size: str | int | None) -> str | int | None:
+        bytes_ = size_in_bytes(size)
+        if size is not None and (bytes_ is None or not 0 <= bytes_ <= MAX_SIZE):
+            raise ValueError("must be a size like 4g or 512m, or a number of bytes")
+        return size
+
     @model_validator(mode="after")
     def _tls_pair(self) -> NodeSettings:
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
@@ -211,6 +244,12 @@ class NodeSettings(BaseSettings):
     @property
     def storage(self) -> Path:
         return self.storage_root if self.storage_root is not None else DEFAULT_STORAGE
+
+    def reserved_memory(self, machine_bytes: int) -> int:
+        """Bytes of the machine's memory kept from jobs without a limit of their own."""
+        if self.system_reserved_memory is not None:
+            return int(size_in_bytes(self.system_reserved_memory) or 0)
+        return max(GIB, machine_bytes // 20)
 
     @property
     def state_dir(self) -> Path:

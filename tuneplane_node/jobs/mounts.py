@@ -1,11 +1,13 @@
-"""Which host paths a job may mount: only what lies under the operator's mount roots.
+"""Which host paths a job may mount: only real paths under the operator's mount roots.
 
 The console's token buys job verbs, never the host: a mount of ``/``, of the engine's
-socket or of ``/etc`` would hand a job the machine. Every host path is resolved through
-its symlinks (a job could have left one in a shared directory, pointing at ``/``) and
-must lie under one of `NodeSettings.mount_roots`, which start-up has checked hold none
-of the host's system directories. The engine is given the resolved path, so a link
-swapped after the check is not followed by name.
+socket or of ``/etc`` would hand a job the machine. A host path must lie under one of
+`NodeSettings.mount_roots` (which start-up has checked hold none of the host's system
+directories) and must be its own real path: no component may be a symlink. A job can
+plant ``tenantA/ckpt -> ../tenantB/ckpt`` in a shared directory, and a check of the
+resolved path alone would then mount tenant B's files into tenant A's next run (kubelet
+refuses a subPath the same way since CVE-2017-1002101). A pending launch is checked
+again just before its container is made, after its pull.
 """
 
 from __future__ import annotations
@@ -33,12 +35,17 @@ class MountPolicy:
         return tuple(self._check(mount, f"container.mounts[{i}]") for i, mount in enumerate(mounts))
 
     def _check(self, mount: Mount, field: str) -> Mount:
-        resolved = Path(os.path.realpath(mount.host))
-        if not any(resolved == root or resolved.is_relative_to(root) for root in self.roots):
-            shown = mount.host if str(resolved) == mount.host else f"{mount.host} ({resolved})"
-            log.warning("refused a mount of %s: outside the mount roots", shown)
+        given = Path(os.path.normpath(mount.host))
+        resolved = Path(os.path.realpath(given))
+        if resolved != given:
+            log.warning("refused a mount of %s: a symlink in its path (to %s)", given, resolved)
             raise InvalidField(
-                field, f"{shown} is not under an allowed mount root; {SETTING} would allow it"
+                field, f"{mount.host} is not its own real path: a component is a symlink"
+            )
+        if not any(resolved == root or resolved.is_relative_to(root) for root in self.roots):
+            log.warning("refused a mount of %s: outside the mount roots", resolved)
+            raise InvalidField(
+                field, f"{mount.host} is not under an allowed mount root; {SETTING} would allow it"
             )
         if not resolved.exists():
             raise InvalidField(field, f"{mount.host} does not exist on the node")

@@ -32,6 +32,7 @@ from tuneplane_node.errors import (
     TooManyFollows,
 )
 from tuneplane_node.gpu.allocator import GpuAllocator
+from tuneplane_node.jobs.confinement import JobRules
 from tuneplane_node.jobs.followed import END_GRACE_S, EndedWithJob
 from tuneplane_node.jobs.locks import RefLocks
 from tuneplane_node.jobs.mounts import MountPolicy
@@ -67,6 +68,7 @@ from tuneplane_node.runtime.base import (
     LogQuery,
     LogStream,
     LogText,
+    Mount,
     PullLimits,
 )
 from tuneplane_node.settings import NodeSettings
@@ -132,6 +134,7 @@ class JobService:
         self.pulls = PullCoordinator(runtime, limits, telemetry)
         self.disk = inventory.DiskGauge(settings.storage, clock=clock)
         self.mounts = MountPolicy(settings.mount_roots)
+        self.rules = JobRules(settings)
         self._log_readers = asyncio.Semaphore(LOG_READERS)
         self.follow_limit = follow_limit(settings)
         self._followers = asyncio.Semaphore(self.follow_limit)
@@ -161,13 +164,17 @@ class JobService:
         return state
 
     async def _vetted(self, spec: ContainerSpec) -> ContainerSpec:
-        """The spec as the node allows it: mounts under the mount roots (resolved), and
-        the cards the node chose as the only ones the container may see."""
+        """The spec as the node allows it: the operator's confinement (`JobRules`), real
+        mount paths under the mount roots, and the cards the node chose as the only ones
+        the container may see."""
         env = dict(spec.env)
         if env.pop(DEVICES_ENV, None) is not None:
             log.warning("launch %s: dropped %s from env: the node chooses", spec.name, DEVICES_ENV)
-        mounts = await asyncio.to_thread(self.mounts.check, spec.mounts) if spec.mounts else ()
-        return replace(spec, env=env, mounts=mounts)
+        spec = self.rules.apply(replace(spec, env=env))
+        return replace(spec, mounts=await self._checked_mounts(spec))
+
+    async def _checked_mounts(self, spec: ContainerSpec) -> tuple[Mount, ...]:
+        return await asyncio.to_thread(self.mounts.check, spec.mounts) if spec.mounts else ()
 
     # --- launch -------------------------------------------------------------------------
 
@@ -252,10 +259,13 @@ class JobService:
 
     async def _start_pulled(self, record: PendingLaunch) -> None:
         request = record.request
+        # A pull takes minutes, in which a job could swap a mount's directory for a link.
+        mounts = await self._checked_mounts(request.spec)
         cards = await self.allocator.claim(
             request.ref, request.requested_gpus, run_id=request.run_id
         )
-        start = asyncio.ensure_future(self.runtime.run(replace(request.spec, gpus=cards)))
+        spec = replace(request.spec, gpus=cards, mounts=mounts)
+        start = asyncio.ensure_future(self.runtime.run(spec))
         try:
             await asyncio.shield(start)
         except asyncio.CancelledError:

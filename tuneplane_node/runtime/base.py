@@ -35,6 +35,10 @@ LABEL_RUN_ID = "tuneplane.run-id"
 LABEL_GPUS = "tuneplane.gpus"
 """The cards a container holds, ``0,3``: the only record of which cards are taken."""
 
+LABEL_NETWORK = "tuneplane.network"
+"""Set only when the node ran a job on another network than it asked for: which one."""
+NODE_LABELS = (LABEL_RUN_ID, LABEL_GPUS, LABEL_NETWORK)
+
 LIVE_STATUSES = frozenset({"running", "created", "paused", "restarting"})
 """A container in one of these holds its cards: it runs, or may run without asking us."""
 RUNNING = frozenset({"running", "paused", "restarting"})
@@ -82,6 +86,35 @@ class Mount(NamedTuple):
     read_only: bool = False
 
 
+KEPT_CAPABILITIES = (
+    "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID", "SETPCAP",
+    "SYS_CHROOT",
+)  # fmt: skip
+"""What a job keeps by default: the engines' default set less NET_RAW (a sniffer),
+NET_BIND_SERVICE (a privileged host port), MKNOD, AUDIT_WRITE and SETFCAP; what package
+managers in a training image need stays."""
+
+
+@dataclass(frozen=True)
+class Confinement:
+    """What the node imposes on every job, whatever the console asked: the operator's
+    settings decide it (`jobs.confinement`), the console never can. Every runtime starts
+    from no capability at all and adds ``capabilities``, so an engine configured with a
+    wider default set hands a job nothing more. The defaults are the node's own."""
+
+    capabilities: tuple[str, ...] = KEPT_CAPABILITIES
+    no_new_privileges: bool = True
+    pids_limit: int = 16384
+    log_max_bytes: int = 10 * 2**20
+    log_max_files: int = 5
+    oom_score_adj: int = 500
+
+    @property
+    def log_budget(self) -> int:
+        """The most bytes of log one job keeps on the engine's disk."""
+        return self.log_max_bytes * self.log_max_files
+
+
 @dataclass(frozen=True)
 class ContainerSpec:
     """One job container. ``command`` is the entry argv: it replaces the image ENTRYPOINT.
@@ -104,6 +137,7 @@ class ContainerSpec:
     memory_limit: str | None = None
     network: str = "host"
     user: str | None = None
+    confinement: Confinement = field(default_factory=Confinement)
 
 
 def job_labels(spec: ContainerSpec) -> dict[str, str]:

@@ -20,7 +20,7 @@ import requests.exceptions
 import urllib3.exceptions
 
 from tuneplane_node.runtime import dockerformat as fmt
-from tuneplane_node.runtime.base import Brief, ContainerSpec, ContainerState
+from tuneplane_node.runtime.base import Brief, Confinement, ContainerSpec, ContainerState
 from tuneplane_node.runtime.engine import OURS_FILTER, EngineRuntime, ErrorTable, Events
 from tuneplane_node.settings import NodeSettings
 
@@ -42,6 +42,21 @@ ERRORS = ErrorTable(
     api_error=docker.errors.APIError,
     not_found=docker.errors.NotFound,  # ImageNotFound is one too
 )
+
+
+def _bounds(confinement: Confinement) -> dict[str, Any]:
+    """The log rotated by the engine (json-file, which the logs verb reads), and no
+    setuid binary regaining what was dropped."""
+    config = {
+        "max-size": str(confinement.log_max_bytes),
+        "max-file": str(confinement.log_max_files),
+    }
+    options: dict[str, Any] = {
+        "log_config": docker.types.LogConfig(type="json-file", config=config)
+    }
+    if confinement.no_new_privileges:
+        options["security_opt"] = ["no-new-privileges"]
+    return options
 
 
 class DockerRuntime(EngineRuntime, errors=ERRORS):
@@ -67,6 +82,7 @@ class DockerRuntime(EngineRuntime, errors=ERRORS):
         options: dict[str, Any] = {}
         options["stop_signal"] = "SIGTERM"
         options["detach"] = True
+        options.update(_bounds(spec.confinement))
         options["mounts"] = [
             docker.types.Mount(m.container, m.host, type="bind", read_only=m.read_only)
             for m in spec.mounts

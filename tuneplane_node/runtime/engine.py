@@ -36,6 +36,7 @@ from tuneplane_node.runtime.base import (
     RUNNING,
     Brief,
     CacheStatus,
+    Confinement,
     ContainerSpec,
     ContainerState,
     EngineEvent,
@@ -161,7 +162,18 @@ def common_options(spec: ContainerSpec) -> dict[str, Any]:
         "mem_limit": spec.memory_limit,
     }
     options.update({key: value for key, value in optional.items() if value is not None})
-    return options
+    return {**options, **confinement_options(spec.confinement)}
+
+
+def confinement_options(confinement: Confinement) -> dict[str, Any]:
+    """The bounds both SDKs spell alike: no capability but those kept, a pids limit and
+    the job's OOM score (the kernel takes a job before the node or the engine)."""
+    return {
+        "cap_drop": ["ALL"],
+        "cap_add": list(confinement.capabilities),
+        "pids_limit": confinement.pids_limit,
+        "oom_score_adj": confinement.oom_score_adj,
+    }
 
 
 OURS_FILTER = {"label": [LABEL_RUN_ID]}

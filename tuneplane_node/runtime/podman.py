@@ -8,12 +8,14 @@ stream reports bytes). The rest is `EngineRuntime`'s.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
 import signal
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import podman
@@ -21,7 +23,14 @@ import podman.errors
 import requests.exceptions
 
 from tuneplane_node.runtime import dockerformat as fmt
-from tuneplane_node.runtime.base import LABEL_RUN_ID, Brief, ContainerSpec, ContainerState
+from tuneplane_node.runtime import seccomp
+from tuneplane_node.runtime.base import (
+    LABEL_RUN_ID,
+    Brief,
+    Confinement,
+    ContainerSpec,
+    ContainerState,
+)
 from tuneplane_node.runtime.engine import OURS_FILTER, EngineRuntime, ErrorTable, Events
 from tuneplane_node.runtime.pulling import close_http_stream
 from tuneplane_node.settings import NodeSettings
@@ -62,6 +71,7 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
     def _engine_options(self, spec: ContainerSpec) -> dict[str, Any]:
         options: dict[str, Any] = {}
         options["stop_signal"] = int(signal.SIGTERM)  # libpod wants the number
+        options.update(self._bounds(spec.confinement))
         options["mounts"] = [
             {"type": "bind", "source": m.host, "target": m.container, "read_only": m.read_only}
             for m in spec.mounts
@@ -73,6 +83,27 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
         if cards := self.handed_cards(spec):
             options["devices"] = [f"nvidia.com/gpu={gpu}" for gpu in cards]
         return options
+
+    def _bounds(self, confinement: Confinement) -> dict[str, Any]:
+        """The log bounded (libpod keeps one file and truncates it at its size: the same
+        budget as docker's rotated files), no setuid regain, no user namespaces."""
+        options: dict[str, Any] = {
+            "log_config": {"Type": "k8s-file", "Config": {"size": confinement.log_budget}},
+            "no_new_privileges": confinement.no_new_privileges,
+        }
+        if self.seccomp_profile is not None:
+            options["seccomp_profile_path"] = str(self.seccomp_profile)
+        return options
+
+    @functools.cached_property
+    def seccomp_profile(self) -> Path | None:
+        """The node's profile for podman jobs (`seccomp`), on this machine; None for a
+        remote service, which cannot read a file of ours."""
+        if not self.settings.podman_url.startswith(("unix://", "http+unix://")):
+            log.warning("podman at %s is remote: its jobs keep its own seccomp profile",
+                        self.settings.podman_url)  # fmt: skip
+            return None
+        return seccomp.write_profile(self.settings.state_dir)
 
     def _inspect(self, ref: str) -> ContainerState:
         return fmt.state_from_inspect(self.client.containers.get(ref).attrs)

@@ -9,8 +9,8 @@ A "container" is a directory ``<state>/<name>/`` and the session its process lea
 
 Everything ``inspect`` and ``ps`` report is rebuilt from these files and /proc, so a
 daemon restart loses nothing and the jobs keep running. There is no isolation: image,
-mounts, network, limits and user are ignored, and a job that calls ``setsid`` escapes
-``stop`` (a container's pid namespace would not let it).
+mounts, network, limits, the node's confinement and user are ignored, and a job that
+calls ``setsid`` escapes ``stop`` (a container's pid namespace would not let it).
 """
 
 from __future__ import annotations
@@ -527,6 +527,8 @@ def _spec_record(spec: ContainerSpec) -> dict[str, Any]:
 def _jsonable(value: object) -> object:
     if isinstance(value, Mapping):
         return dict(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
     raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
+from tuneplane_node.sizes import SIZE
 from tuneplane_node.wire import requests as wire
 
 # Patterns are anchored here (JSON Schema searches; the parsers fullmatch) and written in
@@ -95,7 +96,7 @@ Name = Annotated[
 Image = Annotated[
     str, Field(min_length=1, max_length=1000, pattern=anchored(wire.IMAGE_REFERENCE.pattern))
 ]
-SizeText = Annotated[str, Field(pattern=anchored(wire.SIZE.pattern))]  # value: see the parser
+SizeText = Annotated[str, Field(pattern=anchored(SIZE.pattern))]  # value: see the parser
 Cpus = Annotated[float, Field(gt=0, le=wire.MAX_CPUS)]
 CpusText = Annotated[str, Field(pattern=f"^\\s*(?:{wire.DECIMAL.pattern})\\s*$")]
 Network = Annotated[

@@ -21,12 +21,13 @@ from tuneplane_node.clock import parse_rfc3339
 from tuneplane_node.errors import InvalidField
 from tuneplane_node.jobs.results import LaunchRequest
 from tuneplane_node.runtime.base import (
-    LABEL_GPUS,
     LABEL_RUN_ID,
+    NODE_LABELS,
     ContainerSpec,
     Mount,
     container_name,
 )
+from tuneplane_node.sizes import MAX_SIZE, size_in_bytes  # SIZE: for the models
 
 LAUNCH_FIELDS = ("run_id", "requested_gpus", "container")
 CONTAINER_FIELDS = (
@@ -45,6 +46,8 @@ CONTAINER_FIELDS = (
     "user",
 )
 NETWORKS = ("host", "bridge", "none")
+UNMOUNTABLE = "a job may not mount onto /, /etc, nor under /proc, /sys, /dev, /run/nvidia*"
+ENGINE_LABELS = ("com.docker.", "io.containers.", "io.podman.", "org.opencontainers.")
 MAX_REFS = 10_000
 MAX_REF = 300
 MAX_TAIL = 100_000
@@ -65,15 +68,11 @@ MAX_AGE_S = 3650 * 86400.0
 """The oldest reap age a console may give: 10 years."""
 MIN_MEMORY = 6 * 2**20  # the engines refuse less
 MAX_EPOCH = 253402300799.0  # 9999-12-31T23:59:59Z: datetime's last second
-MAX_SIZE = 2**50  # 1 PiB
 
 NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]{0,200}")
 # Engines resolve a full id, then an exact name, then an id prefix: a name that looks
 # like an id could reach a container that is not the node's.
 LOOKS_LIKE_ID = re.compile(r"[0-9a-fA-F]{12,}")
-# [0-9], not \d: \d takes any script's digits, which pass float() but not the engine.
-SIZE = re.compile(r"([0-9]+(?:\.[0-9]+)?)([bkmgBKMG]?)")
-_UNITS = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30}
 DECIMAL = re.compile(r"[0-9]+(\.[0-9]+)?|\.[0-9]+")
 USER = re.compile(r"[a-zA-Z0-9_][a-zA-Z0-9_.-]{0,31}(:[a-zA-Z0-9_][a-zA-Z0-9_.-]{0,31})?")
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -114,9 +113,7 @@ def parse_launch(body: Mapping[str, Any]) -> LaunchRequest:
 
 
 def parse_container(body: Mapping[str, Any], run_id: str) -> ContainerSpec:
-    labels = _string_map(body, "container.labels", limit=MAX_LABELS)
-    if LABEL_GPUS in labels or labels.get(LABEL_RUN_ID, run_id) != run_id:
-        raise InvalidField("container.labels", f"{LABEL_GPUS} and {LABEL_RUN_ID} are the node's")
+    labels = _labels(body, run_id)
     return ContainerSpec(
         name=_name(body) or container_name(run_id),
         image=_image(body),
@@ -217,6 +214,17 @@ def _string_map(body: Mapping[str, Any], field: str, *, limit: int) -> dict[str,
     return result
 
 
+def _labels(body: Mapping[str, Any], run_id: str) -> dict[str, str]:
+    labels = _string_map(body, "container.labels", limit=MAX_LABELS)
+    for key, value in labels.items():
+        if key.startswith(ENGINE_LABELS):
+            # Engine tooling acts on these (io.containers.autoupdate pulls and restarts).
+            raise InvalidField(f"container.labels.{key}", "the engines' own namespace")
+        if key in NODE_LABELS and (key, value) != (LABEL_RUN_ID, run_id):
+            raise InvalidField("container.labels", f"{', '.join(NODE_LABELS)} are the node's")
+    return labels
+
+
 def _env(body: Mapping[str, Any]) -> dict[str, str]:
     env = _string_map(body, "container.env", limit=MAX_ENV)
     for key in env:
@@ -246,7 +254,18 @@ def _mount(entry: object, field: str) -> Mount:
             raise InvalidField(field, "host and container must be absolute paths without '..'")
     if not isinstance(read_only, bool):
         raise InvalidField(field, "read_only must be true or false")
+    if not _mountable_target(target):
+        raise InvalidField(field, f"{target}: {UNMOUNTABLE}")
     return Mount(host, target, read_only)
+
+
+def _mountable_target(target: str) -> bool:
+    """Not the root, not /etc itself (the engine writes hosts and resolv.conf into it), not
+    the kernel's or the devices' trees, nor the NVIDIA runtime's sockets."""
+    parts = [part for part in target.split("/") if part not in ("", ".")]
+    if not parts or parts == ["etc"] or parts[0] in ("proc", "sys", "dev"):
+        return False
+    return not (parts[0] == "run" and len(parts) > 1 and parts[1].startswith("nvidia"))
 
 
 def _absolute(path: object) -> bool:
@@ -270,20 +289,13 @@ def _size(body: Mapping[str, Any], field: str, *, least: int) -> str | None:
     value = body.get(_key(field))
     if value is None or value == "":
         return None
-    size = _bytes(value)
+    size = size_in_bytes(value)
     if size is None or not least <= size <= MAX_SIZE:
         raise InvalidField(
             field,
             f"must be a size like 512m, 16g or a number of bytes, from {least} bytes to 1 PiB",
         )
     return str(value).lower()
-
-
-def _bytes(value: object) -> float | None:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return float(max(-1, min(value, 2 * MAX_SIZE)))  # +-10**400 would overflow a float
-    match = SIZE.fullmatch(value) if isinstance(value, str) else None
-    return float(match.group(1)) * _UNITS[match.group(2).lower()] if match else None
 
 
 def _cpus(value: object) -> float | None:

@@ -1,0 +1,131 @@
+"""The operator's rules for every job, applied whatever the console asked."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import IMAGE, fake_settings
+from tests.fakes import FakeRuntime
+from tuneplane_node.errors import ConfigError, InvalidField
+from tuneplane_node.jobs import JobService
+from tuneplane_node.jobs.confinement import JobRules
+from tuneplane_node.jobs.results import LaunchRequest
+from tuneplane_node.runtime.base import (
+    KEPT_CAPABILITIES,
+    LABEL_NETWORK,
+    LABEL_RUN_ID,
+    ContainerSpec,
+)
+from tuneplane_node.settings import load_settings
+
+GIB = 2**30
+SPEC = ContainerSpec(name="tuneplane-r1", image=IMAGE, labels={LABEL_RUN_ID: "r1"})
+
+
+def rules(tmp_path: Path, machine: int = 32 * GIB, **settings: Any) -> JobRules:
+    return JobRules(fake_settings(tmp_path, **settings), machine_bytes=machine)
+
+
+@pytest.mark.parametrize(
+    ("machine", "settings", "limit"),
+    [
+        (32 * GIB, {}, 32 * GIB - 32 * GIB // 20),  # 5%
+        (8 * GIB, {}, 7 * GIB),  # 5% is less than 1 GiB
+        (32 * GIB, {"system_reserved_memory": "4g"}, 28 * GIB),
+        (32 * GIB, {"system_reserved_memory": str(2 * GIB)}, 30 * GIB),
+        (32 * GIB, {"system_reserved_memory": 0}, 32 * GIB),
+    ],
+)
+def test_a_job_without_a_memory_limit_gets_the_machine_less_the_reserve(
+    tmp_path: Path, machine: int, settings: dict[str, Any], limit: int
+) -> None:
+    assert rules(tmp_path, machine, **settings).apply(SPEC).memory_limit == str(limit)
+
+
+def test_a_consoles_own_memory_limit_is_kept(tmp_path: Path) -> None:
+    spec = replace(SPEC, memory_limit="64g")
+    assert rules(tmp_path, 32 * GIB).apply(spec).memory_limit == "64g"
+
+
+def test_a_reserve_that_leaves_jobs_nothing_stops_the_start(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^TUNEPLANE_SYSTEM_RESERVED_MEMORY: reserving 40g"):
+        rules(tmp_path, 32 * GIB, system_reserved_memory="40g")
+
+
+@pytest.mark.parametrize("size", ["lots", "-1", "4 g", "1e9"])
+def test_a_reserve_that_is_not_a_size_is_a_config_error(size: str) -> None:
+    with pytest.raises(ConfigError, match=r"TUNEPLANE_SYSTEM_RESERVED_MEMORY: must be a size"):
+        load_settings(node_token="t", system_reserved_memory=size)
+
+
+def test_the_default_confinement_keeps_what_a_trainer_needs(tmp_path: Path) -> None:
+    confined = rules(tmp_path).apply(SPEC).confinement
+    assert confined.capabilities == KEPT_CAPABILITIES
+    assert not {"NET_RAW", "NET_BIND_SERVICE", "MKNOD", "AUDIT_WRITE", "SETFCAP"} & set(
+        confined.capabilities
+    )
+    assert (confined.no_new_privileges, confined.pids_limit, confined.oom_score_adj) == (
+        True, 16384, 500,
+    )  # fmt: skip
+    assert (confined.log_max_bytes, confined.log_max_files) == (10 * 2**20, 5)
+
+
+def test_the_operator_sets_every_bound(tmp_path: Path) -> None:
+    confined = (
+        rules(
+            tmp_path,
+            job_capabilities="restricted",
+            job_no_new_privileges=False,
+            job_pids_limit=200,
+            job_log_max_bytes=2**20,
+            job_log_max_files=2,
+            job_oom_score_adj=900,
+        )
+        .apply(SPEC)
+        .confinement
+    )
+    assert confined.capabilities == ()
+    assert (confined.no_new_privileges, confined.pids_limit, confined.oom_score_adj) == (
+        False, 200, 900,
+    )  # fmt: skip
+    assert confined.log_budget == 2 * 2**20
+
+
+@pytest.mark.parametrize("network", ["host", "bridge", "none"])
+def test_host_networking_is_allowed_by_default(tmp_path: Path, network: str) -> None:
+    spec = rules(tmp_path).apply(replace(SPEC, network=network))
+    assert spec.network == network and LABEL_NETWORK not in spec.labels
+
+
+def test_host_networking_runs_on_the_bridge_when_the_operator_says_so(tmp_path: Path) -> None:
+    spec = rules(tmp_path, job_host_network="bridge").apply(replace(SPEC, network="host"))
+    assert spec.network == "bridge"
+    assert spec.labels == {LABEL_RUN_ID: "r1", LABEL_NETWORK: "bridge"}  # observe shows it
+
+
+def test_host_networking_is_refused_when_the_operator_says_so(tmp_path: Path) -> None:
+    host_rules = rules(tmp_path, job_host_network="refuse")
+    with pytest.raises(InvalidField) as refused:
+        host_rules.apply(replace(SPEC, network="host"))
+    assert refused.value.field == "container.network"
+    assert "TUNEPLANE_JOB_HOST_NETWORK=refuse" in refused.value.reason
+    assert host_rules.apply(replace(SPEC, network="none")).network == "none"
+
+
+async def test_every_launch_reaches_the_engine_confined(
+    tmp_path: Path, fake: FakeRuntime, service: JobService
+) -> None:
+    """The console's spec carries no confinement of its own: the node's replaces it."""
+    loose = replace(SPEC.confinement, capabilities=("SYS_ADMIN",), pids_limit=10**9)
+    request = LaunchRequest("r1", 0, replace(SPEC, confinement=loose))
+
+    await service.launch(request)
+
+    made = fake.containers["tuneplane-r1"].spec
+    assert made.confinement == service.rules.confinement
+    assert made.confinement.capabilities == KEPT_CAPABILITIES
+    assert made.memory_limit == str(service.rules.memory_limit)

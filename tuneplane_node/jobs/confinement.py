@@ -1,0 +1,84 @@
+"""What the node imposes on a job, from the operator's settings: the console never can.
+
+A job is a customer's code. It gets the capabilities a trainer needs and no more, runs
+with no-new-privileges, a pids limit, a rotated log, an OOM score above the node's, a
+memory limit even when the console gave none, and (where the operator says so) no host
+network, on which it could sniff loopback or take the node's port.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+from tuneplane_node import inventory
+from tuneplane_node.errors import ConfigError, InvalidField
+from tuneplane_node.runtime.base import (
+    KEPT_CAPABILITIES,
+    LABEL_NETWORK,
+    Confinement,
+    ContainerSpec,
+)
+from tuneplane_node.settings import NodeSettings, env_name
+
+log = logging.getLogger(__name__)
+LEAST_JOB_MEMORY = 64 * 2**20
+"""Below this, what the reserve leaves jobs is a mistake in the settings, not a limit."""
+HOST_NETWORK = env_name("job_host_network")
+
+
+def confinement(settings: NodeSettings) -> Confinement:
+    kept = KEPT_CAPABILITIES if settings.job_capabilities == "default" else ()
+    return Confinement(
+        capabilities=kept,
+        no_new_privileges=settings.job_no_new_privileges,
+        pids_limit=settings.job_pids_limit,
+        log_max_bytes=settings.job_log_max_bytes,
+        log_max_files=settings.job_log_max_files,
+        oom_score_adj=settings.job_oom_score_adj,
+    )
+
+
+def default_memory_limit(settings: NodeSettings, machine_bytes: int | None) -> int | None:
+    """A job's memory limit when the console gave none: the machine's memory less the
+    reserve. None only when the machine's memory cannot be read (said once)."""
+    if machine_bytes is None:
+        log.error("the machine's memory is unknown: jobs without memory_limit get none")
+        return None
+    limit = machine_bytes - settings.reserved_memory(machine_bytes)
+    if limit < LEAST_JOB_MEMORY:
+        raise ConfigError(
+            f"{env_name('system_reserved_memory')}: reserving {settings.system_reserved_memory} "
+            f"of this machine's {machine_bytes} bytes leaves jobs {max(limit, 0)} bytes"
+        )
+    return limit
+
+
+class JobRules:
+    """The operator's rules applied to each launch's spec, decided once at start-up."""
+
+    def __init__(self, settings: NodeSettings, *, machine_bytes: int | None = None) -> None:
+        self.confinement = confinement(settings)
+        if machine_bytes is None:
+            machine_bytes = inventory.memory_total()
+        self.memory_limit = default_memory_limit(settings, machine_bytes)
+        self.host_network = settings.job_host_network
+
+    def apply(self, spec: ContainerSpec) -> ContainerSpec:
+        """The spec confined; InvalidField when the operator refuses what it asks."""
+        spec = replace(spec, confinement=self.confinement)
+        if spec.memory_limit is None and self.memory_limit is not None:
+            spec = replace(spec, memory_limit=str(self.memory_limit))
+        return self._network(spec)
+
+    def _network(self, spec: ContainerSpec) -> ContainerSpec:
+        if spec.network != "host" or self.host_network == "allow":
+            return spec
+        if self.host_network == "refuse":
+            raise InvalidField(
+                "container.network",
+                f"host networking is refused on this node ({HOST_NETWORK}=refuse): "
+                "use bridge or none",
+            )
+        log.info("launch %s: host network asked, run on the bridge (%s)", spec.name, HOST_NETWORK)
+        return replace(spec, network="bridge", labels={**spec.labels, LABEL_NETWORK: "bridge"})

@@ -86,6 +86,16 @@ class Mount(NamedTuple):
     read_only: bool = False
 
 
+LINUX_CAPABILITIES = (
+    "CHOWN", "DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "FSETID", "KILL", "SETGID",
+    "SETUID", "SETPCAP", "LINUX_IMMUTABLE", "NET_BIND_SERVICE", "NET_BROADCAST", "NET_ADMIN",
+    "NET_RAW", "IPC_LOCK", "IPC_OWNER", "SYS_MODULE", "SYS_RAWIO", "SYS_CHROOT", "SYS_PTRACE",
+    "SYS_PACCT", "SYS_ADMIN", "SYS_BOOT", "SYS_NICE", "SYS_RESOURCE", "SYS_TIME",
+    "SYS_TTY_CONFIG", "MKNOD", "LEASE", "AUDIT_WRITE", "AUDIT_CONTROL", "SETFCAP",
+    "MAC_OVERRIDE", "MAC_ADMIN", "SYSLOG", "WAKE_ALARM", "BLOCK_SUSPEND", "AUDIT_READ",
+    "PERFMON", "BPF", "CHECKPOINT_RESTORE",
+)  # fmt: skip
+"""Every capability of Linux 5.9 and later, in the kernel's order (bits 0 to 40)."""
 KEPT_CAPABILITIES = (
     "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID", "SETPCAP",
     "SYS_CHROOT",
@@ -108,6 +118,11 @@ class Confinement:
     log_max_bytes: int = 10 * 2**20
     log_max_files: int = 5
     oom_score_adj: int = 500
+
+    @property
+    def dropped(self) -> tuple[str, ...]:
+        """Every capability but those kept."""
+        return tuple(cap for cap in LINUX_CAPABILITIES if cap not in self.capabilities)
 
     @property
     def log_budget(self) -> int:

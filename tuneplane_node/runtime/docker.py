@@ -45,14 +45,18 @@ ERRORS = ErrorTable(
 
 
 def _bounds(confinement: Confinement) -> dict[str, Any]:
-    """The log rotated by the engine (json-file, which the logs verb reads), and no
-    setuid binary regaining what was dropped."""
+    """The capabilities kept, the log rotated by the engine (json-file, which the logs verb
+    reads), and no setuid binary regaining what was dropped."""
     config = {
         "max-size": str(confinement.log_max_bytes),
         "max-file": str(confinement.log_max_files),
     }
     options: dict[str, Any] = {
-        "log_config": docker.types.LogConfig(type="json-file", config=config)
+        "log_config": docker.types.LogConfig(type="json-file", config=config),
+        # From none, whatever the engine's default set: docker gives a non-root user none
+        # of these (no ambient set), and refuses to drop a capability it does not know.
+        "cap_drop": ["ALL"],
+        "cap_add": list(confinement.capabilities),
     }
     if confinement.no_new_privileges:
         options["security_opt"] = ["no-new-privileges"]

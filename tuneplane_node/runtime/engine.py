@@ -166,14 +166,9 @@ def common_options(spec: ContainerSpec) -> dict[str, Any]:
 
 
 def confinement_options(confinement: Confinement) -> dict[str, Any]:
-    """The bounds both SDKs spell alike: no capability but those kept, a pids limit and
-    the job's OOM score (the kernel takes a job before the node or the engine)."""
-    return {
-        "cap_drop": ["ALL"],
-        "cap_add": list(confinement.capabilities),
-        "pids_limit": confinement.pids_limit,
-        "oom_score_adj": confinement.oom_score_adj,
-    }
+    """The bounds both SDKs spell alike: a pids limit and the job's OOM score (the kernel
+    takes a job before the node or the engine). Capabilities are the adapters'."""
+    return {"pids_limit": confinement.pids_limit, "oom_score_adj": confinement.oom_score_adj}
 
 
 OURS_FILTER = {"label": [LABEL_RUN_ID]}

@@ -85,9 +85,13 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
         return options
 
     def _bounds(self, confinement: Confinement) -> dict[str, Any]:
-        """The log bounded (libpod keeps one file and truncates it at its size: the same
-        budget as docker's rotated files), no setuid regain, no user namespaces."""
+        """The capabilities kept, the log bounded (libpod keeps one file and truncates it at
+        its size: the same budget as docker's rotated files), no setuid regain, no user
+        namespaces."""
         options: dict[str, Any] = {
+            # Every other one dropped by name: podman hands what cap_add names to a
+            # non-root user as ambient capabilities, which docker never does.
+            "cap_drop": list(confinement.dropped),
             "log_config": {"Type": "k8s-file", "Config": {"size": confinement.log_budget}},
             "no_new_privileges": confinement.no_new_privileges,
         }

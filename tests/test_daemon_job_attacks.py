@@ -1,0 +1,221 @@
+"""The job as the attacker: customer code inside the container, launched through the API
+like any job, on docker and podman. Each finding of issue 18 is replayed and refused.
+
+The jobs are busybox shell scripts and one static binary: what a malicious image holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import MakeNode, open_runtime
+from tests.helpers import IMAGE, Console, console_0315, docker_host, engine_settings, unique
+from tuneplane_node.jobs.confinement import JobRules
+
+pytestmark = pytest.mark.engine
+ENGINES = ["docker", "podman"]
+PAGE = os.sysconf("SC_PAGE_SIZE")
+# Capability bits (linux/capability.h) a job must not hold, and one it keeps.
+DROPPED = {"NET_BIND_SERVICE": 10, "NET_RAW": 13, "MKNOD": 27, "AUDIT_WRITE": 29, "SETFCAP": 31}
+CHOWN = 0
+CGROUP_FILE = "cat /sys/fs/cgroup/{v1}/{name} 2>/dev/null || cat /sys/fs/cgroup/{name}"
+PROBE = "; ".join(
+    [
+        "grep -E '^(CapEff|NoNewPrivs):' /proc/self/status",
+        "arping -c1 -w1 -I lo 127.0.0.1 2>&1",  # a packet socket: NET_RAW
+        "unshare -U true 2>&1; echo userns=$?",
+        "echo oom=$(cat /proc/self/oom_score_adj)",
+        "echo pids_max=$(" + CGROUP_FILE.format(v1="pids", name="pids.max") + ")",
+        "echo mem=$(cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null"
+        " || cat /sys/fs/cgroup/memory.max)",
+        "echo probed",
+    ]
+)
+SUID_SOURCE = r"""
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+int main(void) {
+    char line[256];
+    FILE *status = fopen("/proc/self/status", "r");
+    printf("uid=%d euid=%d\n", (int)getuid(), (int)geteuid());
+    while (status && fgets(line, sizeof line, status))
+        if (!strncmp(line, "CapEff:", 7) || !strncmp(line, "NoNewPrivs:", 11))
+            fputs(line, stdout);
+    return 0;
+}
+"""
+
+
+def field(logs: str, name: str) -> str:
+    match = re.search(rf"{name}[=:]\s*(\S+)", logs)
+    assert match, f"{name} not in {logs!r}"
+    return match.group(1)
+
+
+async def run_to_the_end(node: Console, command: list[str], **container: Any) -> str:
+    ref, _ = await node.launch(command, **container)
+    await node.wait_for(ref, "status", "exited", timeout=120)
+    return await node.logs(ref, tail=100)
+
+
+async def launch_0315(node: Console, command: list[str]) -> str:
+    """A 0.3.15 console's launch: every field, "" for network (host, its default)."""
+    body = console_0315(unique("job"), 0, image=IMAGE, command=command)
+    assert node.made is not None
+    node.made.append(f"tuneplane-{body['run_id']}")
+    answer = await node.ok("POST", "/node/v1/launch", json=body)
+    assert answer["phase"] == "running"
+    return f"tuneplane-{body['run_id']}"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_a_host_network_job_cannot_sniff_nor_escape_its_bounds(
+    make_node: MakeNode, engine: str
+) -> None:
+    node = await make_node(engine)
+    ref = await launch_0315(node, ["/bin/sh", "-c", PROBE])
+    state = await node.wait_for(ref, "status", "exited", timeout=120)
+    logs = await node.logs(ref)
+
+    assert state["exit_code"] == 0 and "probed" in logs
+    capabilities = int(field(logs, "CapEff"), 16)
+    assert {name for name, bit in DROPPED.items() if capabilities >> bit & 1} == set()
+    assert capabilities >> CHOWN & 1  # what a package manager needs stays
+    assert field(logs, "NoNewPrivs") == "1"
+    assert "socket: Operation not permitted" in logs  # no raw socket: no sniffer
+    assert field(logs, "userns") != "0"  # no user namespace, podman included
+    assert field(logs, "oom") == "500"
+    assert field(logs, "pids_max") == "16384"
+    expected = JobRules(engine_settings(engine)).memory_limit
+    assert expected is not None
+    assert int(field(logs, "mem")) == expected // PAGE * PAGE  # a limit, though none was asked
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_restricted_jobs_hold_no_capability_and_a_consoles_limit_is_kept(
+    make_node: MakeNode, engine: str
+) -> None:
+    node = await make_node(engine, job_capabilities="restricted")
+    logs = await run_to_the_end(node, ["/bin/sh", "-c", PROBE], memory_limit="256m")
+
+    assert int(field(logs, "CapEff"), 16) == 0
+    assert int(field(logs, "mem")) == 256 * 2**20
+
+
+@pytest.fixture
+def suid_image(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+    """An image holding one static setuid-root binary that prints who it runs as."""
+    engine = request.node.callspec.params["engine"]
+    source = tmp_path / "suid.c"
+    source.write_text(SUID_SOURCE)
+    binary = tmp_path / "suid"
+    subprocess.run(["gcc", "-static", "-O1", "-o", binary, source], check=True)
+    binary.chmod(0o4755)
+    with tarfile.open(tmp_path / "image.tar", "w") as tar:
+        tar.add(binary, arcname="suid", filter=lambda info: _root_owned(info))
+    image = f"tuneplane-test/suid:{unique('t')}"
+    cli = engine_cli(engine)
+    subprocess.run(
+        [*cli, "import", str(tmp_path / "image.tar"), image], check=True, capture_output=True
+    )
+    yield image
+    subprocess.run([*cli, "rmi", "-f", image], check=False, capture_output=True)
+
+
+def _root_owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    info.uid = info.gid = 0
+    info.mode = 0o4755
+    return info
+
+
+def engine_cli(engine: str) -> list[str]:
+    if engine == "podman":
+        return ["podman"]
+    host = docker_host()
+    return ["docker", *(["-H", host] if host else [])]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_a_setuid_binary_does_not_give_a_user_root_back(
+    suid_image: str, make_node: MakeNode, engine: str
+) -> None:
+    node = await make_node(engine)
+    logs = await run_to_the_end(node, ["/suid"], image=suid_image, user="1000:1000")
+
+    assert (field(logs, "uid"), field(logs, "euid")) == ("1000", "1000")
+    assert int(field(logs, "CapEff"), 16) == 0
+    assert field(logs, "NoNewPrivs") == "1"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_a_fork_bomb_is_held_to_the_pids_limit(make_node: MakeNode, engine: str) -> None:
+    node = await make_node(engine, job_pids_limit=200)
+    # `read` is the shell's own: at the limit, no process can be made to count them.
+    current = CGROUP_FILE.format(v1="pids", name="pids.current").replace("cat ", "read n < ")
+    # The bomb in a child shell, which dies at its first failed fork; its sleeps stay.
+    bomb = "i=0; while [ $i -lt 400 ]; do sleep 300 & i=$((i+1)); done"
+    script = f"sh -c '{bomb}' 2>/dev/null; {current}; echo current=$n; echo done"
+    ref, _ = await node.launch(["/bin/sh", "-c", script])
+    logs = ""
+    for _ in range(300):
+        logs = await node.logs(ref)
+        if "done" in logs:
+            break
+        await asyncio.sleep(0.1)
+    assert "done" in logs, logs
+    assert 150 <= int(field(logs, "current")) <= 200  # it reached the limit, and no further
+
+
+async def log_files(engine: str, ref: str) -> list[Path]:
+    """The job's log files on the engine's disk, rotated ones included."""
+    runtime = await open_runtime(engine)
+    try:
+        doc = await runtime.pool.call(runtime._document, ref)
+    finally:
+        await runtime.close()
+    path = Path(doc.get("LogPath") or doc["HostConfig"]["LogConfig"]["Path"])
+    return sorted(path.parent.glob(path.name + "*"))
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_a_job_flooding_its_log_keeps_to_its_log_budget(
+    make_node: MakeNode, engine: str
+) -> None:
+    node = await make_node(engine, job_log_max_bytes=2**20, job_log_max_files=2)
+    line = "x" * 99
+    script = f"yes {line} | head -c 30000000; echo the-newest-line"
+    ref, _ = await node.launch(["/bin/sh", "-c", script])
+    await node.wait_for(ref, "status", "exited", timeout=180)
+
+    files = await log_files(engine, ref)
+    on_disk = sum(path.stat().st_size for path in files)
+    assert files and on_disk <= 2 * 2**20 + 64 * 2**10, (files, on_disk)  # 30 MB written
+    assert "the-newest-line" in await node.logs(ref, tail=3)
+
+
+async def test_a_link_planted_into_another_tenants_files_is_refused(
+    make_node: MakeNode, tmp_path: Path
+) -> None:
+    """Tenant A's job left tenantA/ckpt -> tenantB/ckpt in the shared storage root."""
+    (tmp_path / "tenantB" / "ckpt").mkdir(parents=True)
+    (tmp_path / "tenantA").mkdir()
+    (tmp_path / "tenantA" / "ckpt").symlink_to(tmp_path / "tenantB" / "ckpt")
+    node = await make_node("docker")
+
+    mount = [str(tmp_path / "tenantA" / "ckpt"), "/ckpt", False]
+    ref, body = await node.launch(["/bin/touch", "/ckpt/x"], mounts=[mount], expect=422)
+
+    assert body["detail"].startswith("container.mounts[0]: ")
+    assert "symlink" in body["detail"]
+    assert (await node.state(ref))["exists"] is False
+    assert list((tmp_path / "tenantB" / "ckpt").iterdir()) == []

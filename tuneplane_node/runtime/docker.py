@@ -160,6 +160,10 @@ class DockerRuntime(EngineRuntime, errors=ERRORS):
     def _version(self) -> str:
         return str(self.api.version().get("Version"))
 
+    def _remaps_users(self) -> bool:
+        options = self.api.info().get("SecurityOptions") or []
+        return any("name=userns" in str(option) for option in options)
+
     def _image_exists(self, image: str) -> bool:
         self.api.inspect_image(image)  # type: ignore[no-untyped-call]  # untyped in the stubs
         return True

@@ -432,6 +432,14 @@ class EngineRuntime(ABC):
             return RuntimeHealth(ok=False, engine=self.name, error=exc.message)
         return RuntimeHealth(ok=True, engine=self.name, version=version)
 
+    async def remaps_users(self) -> bool:
+        """Whether uid 0 in a job is another uid on the host (docker's userns-remap, a
+        rootless podman): else a root job shares the host root's per-user kernel limits."""
+        return await self._call("report its security options", self._remaps_users)
+
+    @abstractmethod
+    def _remaps_users(self) -> bool: ...
+
     async def image_exists(self, image: str) -> bool:
         return await self._call(
             f"inspect image {image}", self._or, False, self._image_exists, image

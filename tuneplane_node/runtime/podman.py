@@ -180,6 +180,12 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
     def _version(self) -> str:
         return str(self.client.version().get("Version"))  # type: ignore[no-untyped-call]
 
+    def _remaps_users(self) -> bool:
+        # A rootful service maps users only where containers.conf says userns = "auto";
+        # that file is the service's, not readable through the API: rootless is what it says.
+        security = (self.client.info().get("host") or {}).get("security") or {}  # type: ignore[no-untyped-call]
+        return bool(security.get("rootless"))
+
     def _image_exists(self, image: str) -> bool:
         return bool(self.client.images.exists(image))
 

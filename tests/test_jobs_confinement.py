@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import IMAGE, fake_settings
+from tests.conftest import IMAGE, MakeFakeNode, fake_settings
 from tests.fakes import FakeRuntime
+from tests.helpers import console_0315
 from tuneplane_node.errors import ConfigError, InvalidField
 from tuneplane_node.jobs import JobService
 from tuneplane_node.jobs.confinement import JobRules
@@ -129,3 +130,43 @@ async def test_every_launch_reaches_the_engine_confined(
     assert made.confinement == service.rules.confinement
     assert made.confinement.capabilities == KEPT_CAPABILITIES
     assert made.memory_limit == str(service.rules.memory_limit)
+
+
+# --- through the API, as a console sees it ---------------------------------------------------
+
+
+async def test_a_0315_launch_on_a_bridging_node_runs_on_the_bridge_and_says_so(
+    fake_node: MakeFakeNode, fake: FakeRuntime
+) -> None:
+    node = await fake_node(job_host_network="bridge")
+    answer = await node.ok("POST", "/node/v1/launch", json=console_0315("r1", 0, image=IMAGE))
+
+    assert answer["phase"] == "running"
+    assert fake.containers["tuneplane-r1"].spec.network == "bridge"
+    assert (await node.state("tuneplane-r1"))["labels"][LABEL_NETWORK] == "bridge"
+
+
+async def test_a_host_network_launch_on_a_refusing_node_is_a_422_and_makes_nothing(
+    fake_node: MakeFakeNode, fake: FakeRuntime
+) -> None:
+    node = await fake_node(job_host_network="refuse", local_gpu_count=2)
+    status, body = await node.call(
+        "POST", "/node/v1/launch", json=console_0315("r1", 1, image=IMAGE)
+    )
+
+    assert status == 422
+    assert body["detail"].startswith("container.network: host networking is refused on this node")
+    assert not fake.containers and (await node.health())["gpus_free"] == 2
+
+
+async def test_an_engine_namespace_label_is_a_422_naming_it(
+    fake_node: MakeFakeNode, fake: FakeRuntime
+) -> None:
+    node = await fake_node()
+    labels = {"io.containers.autoupdate": "registry"}
+    launch = console_0315("r1", 0, image=IMAGE, labels=labels)
+    status, body = await node.call("POST", "/node/v1/launch", json=launch)
+
+    assert status == 422
+    assert body["detail"] == "container.labels.io.containers.autoupdate: the engines' own namespace"
+    assert not fake.containers

@@ -307,6 +307,27 @@ def test_an_unknown_log_level_flag_is_a_usage_error(
     assert "--log-level: invalid choice: 'VERBOSE'" in err and "Traceback" not in err
 
 
+def test_check_tries_the_port_on_both_families_as_serve_binds(
+    run_main: Callable[..., tuple[int, str, str]], tmp_path: Path
+) -> None:
+    """0.0.0.0 is served on IPv6 too: a job holding [::] is a FAIL, not an ok."""
+    port = free_port()
+    settings = {"TUNEPLANE_NODE_TOKEN": "t0ken", "TUNEPLANE_LOCAL_RUNTIME": "process"}
+    settings |= {"TUNEPLANE_NODE_PORT": str(port), "TUNEPLANE_STORAGE_ROOT": str(tmp_path)}
+    with socket.socket(socket.AF_INET6) as job:
+        job.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        try:
+            job.bind(("::", port))
+        except OSError as exc:
+            pytest.skip(f"no IPv6 on this machine ({exc.strerror}): nothing to hold [::]")
+        job.listen()
+        code, out, _ = run_main("check", **settings)
+    assert code == 1, out
+    assert f"FAIL port: [::]:{port}: Address already in use (a node already serving?)" in out
+    code, out, _ = run_main("check", **settings)  # let go: both halves free
+    assert f"ok   port: 0.0.0.0:{port} and [::]:{port} free" in out.splitlines()
+
+
 def test_an_unknown_log_level_setting_is_named(
     run_main: Callable[..., tuple[int, str, str]],
 ) -> None:

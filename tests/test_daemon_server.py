@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import gc
 import os
 import resource
 import signal
+import socket
 import ssl
 import subprocess
 import time
@@ -25,6 +27,7 @@ from aiohttp.test_utils import make_mocked_request
 
 from tests.helpers import free_port, spawn_daemon
 from tuneplane_node.daemon import server
+from tuneplane_node.daemon.listener import CannotListen
 from tuneplane_node.daemon.server import LoopSlices, serve
 from tuneplane_node.settings import NodeSettings, load_settings
 from tuneplane_node.wire.answers import encode
@@ -46,29 +49,44 @@ def node_settings(tmp_path: Path, **overrides: Any) -> NodeSettings:
 
 
 @contextlib.asynccontextmanager
-async def served(settings: NodeSettings) -> AsyncIterator[int]:
+async def served(settings: NodeSettings, host: str = "127.0.0.1") -> AsyncIterator[int]:
     """`serve` itself, in this process, on a free port; stopped (cancelled) at the end."""
     port = free_port()
-    task = asyncio.create_task(serve(settings, host="127.0.0.1", port=port), name="served")
+    task = asyncio.create_task(serve(settings, host=host, port=port), name="served")
     try:
-        await until_listening(port, task)
+        await until_serving(port, task, tls=settings.tls_cert_file is not None)
         yield port
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
 
 
-async def until_listening(port: int, task: asyncio.Task[None], timeout: float = 10) -> None:
+async def until_serving(
+    port: int, task: asyncio.Task[None], *, tls: bool, timeout: float = 10
+) -> None:
+    """Until the daemon answers: its port is bound before its start-up, so a connection
+    is made at once and answered only once the start-up is done."""
+    context = ssl.create_default_context() if tls else None
+    if context is not None:  # a handshake is all that is asked: it says the node serves
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
     deadline = time.monotonic() + timeout
     while True:
         assert not task.done(), task.exception() if not task.cancelled() else "cancelled"
         try:
-            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context)
+        except ssl.SSLError:
+            return  # the client certificate refused: served
         except OSError:
             assert time.monotonic() < deadline, "the daemon never listened"
             await asyncio.sleep(0.02)
             continue
-        writer.close()
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        try:
+            await asyncio.wait_for(reader.read(1), deadline - time.monotonic())
+        except ssl.SSLError:
+            pass  # TLS 1.3 refuses a missing client certificate after the handshake
+        finally:
+            writer.close()
         return
 
 
@@ -88,6 +106,84 @@ async def raw_exchange(port: int, request: bytes, timeout: float = 5) -> bytes:
         return await asyncio.wait_for(reader.read(65536), timeout)
     finally:
         writer.close()
+
+
+# --- the node's own port ------------------------------------------------------------------
+
+
+def bind_as_a_job(family: socket.AddressFamily, host: str, port: int) -> int | None:
+    """What a job on the host network meets binding the port: the errno, None if it got
+    it. The job tries hard: SO_REUSEADDR and SO_REUSEPORT, IPv6 without IPv4."""
+    with socket.socket(family) as job:
+        job.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        job.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if family == socket.AF_INET6:
+            job.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        try:
+            job.bind((host, port))
+            job.listen()
+        except OSError as exc:
+            return exc.errno
+    return None
+
+
+def has_ipv6() -> bool:
+    """Whether this machine's loopback has IPv6 (the v6 halves of the tests need it)."""
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+NO_IPV6 = "no IPv6 on this machine's loopback: the IPv6 half is not checked"
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::"])
+async def test_a_wildcard_host_holds_the_port_on_both_families(tmp_path: Path, host: str) -> None:
+    async with served(node_settings(tmp_path), host=host) as port:
+        assert bind_as_a_job(socket.AF_INET, "0.0.0.0", port) == errno.EADDRINUSE
+        assert bind_as_a_job(socket.AF_INET, "127.0.0.1", port) == errno.EADDRINUSE
+        assert (await get(f"http://127.0.0.1:{port}/healthz")) == (200, {"ok": True})
+        if not has_ipv6():
+            pytest.skip(NO_IPV6)
+        assert bind_as_a_job(socket.AF_INET6, "::", port) == errno.EADDRINUSE
+        assert (await get(f"http://[::1]:{port}/healthz")) == (200, {"ok": True})
+
+
+async def test_a_wildcard_host_with_one_family_taken_serves_neither(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Half a port is no port: a job on [::] would answer the IPv6 consoles."""
+    if not has_ipv6():
+        pytest.skip(NO_IPV6)
+    port = free_port()
+    with socket.socket(socket.AF_INET6) as job:
+        job.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        job.bind(("::", port))
+        job.listen()
+        taken = rf"cannot listen on \[::\]:{port}: \[Errno {errno.EADDRINUSE}\]"
+        with pytest.raises(CannotListen, match=taken):  # not: serving IPv4 alone
+            await asyncio.wait_for(serve(node_settings(tmp_path), host="0.0.0.0", port=port), 30)
+    assert "node ready" not in caplog.text  # the port comes before the start-up
+    assert bind_as_a_job(socket.AF_INET, "0.0.0.0", port) is None  # the IPv4 half let go
+
+
+def test_a_taken_port_is_one_line_and_exit_1_before_the_start_up(tmp_path: Path) -> None:
+    """Exit 1, not 2: systemd restarts it (the port may free up). No traceback, and no
+    "node ready" before it: the port is asked for first."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        daemon = spawn_daemon(tmp_path, port, TUNEPLANE_LOCAL_RUNTIME="process")
+        code = daemon.wait(timeout=60)
+    lines = (tmp_path / "serve.log").read_text().splitlines()
+    assert code == 1, lines
+    why = f"[Errno {errno.EADDRINUSE}] {os.strerror(errno.EADDRINUSE)}"
+    assert len(lines) == 1, lines
+    assert lines[0].endswith(f" ERROR tuneplane_node: cannot listen on 127.0.0.1:{port}: {why}")
 
 
 # --- slow, idle and hostile clients -----------------------------------------------------------

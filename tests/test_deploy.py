@@ -4,10 +4,13 @@ Kubernetes manifests. The image is tests/test_image.py."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
+import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -17,38 +20,48 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.helpers import REPO, free_port, spawn_daemon, under_ci
+from tests.helpers import REPO, free_port, python_path, spawn_daemon, under_ci
 from tuneplane_node.daemon.notify import notify, socket_address
 
 UNIT = REPO / "contrib" / "systemd" / "tuneplane-node.service"
+SOCKET_UNIT = UNIT.with_suffix(".socket")
 EXEC_START = "/opt/tuneplane-node/bin/tuneplane-node"
 MOST_EXPOSED = 4.0  # systemd-analyze security: 0 safest, 10 "UNSAFE"; the issue's aim
 
 
-def systemd_analyze() -> str:
+def systemd_tool(name: str, *elsewhere: str) -> str:
     """Its path; skipped with the reason where it is absent, failed under CI, where
     contrib/dev/engines.sh installs it (Debian's `systemd` package)."""
-    found = shutil.which("systemd-analyze")
-    if found is None:
-        message = "systemd-analyze not installed (apt-get install systemd, or engines.sh)"
-        if under_ci():
-            pytest.fail(message)
-        pytest.skip(message)
-    return found
+    for found in (shutil.which(name), *elsewhere):
+        if found is not None and os.access(found, os.X_OK):
+            return found
+    message = f"{name} not installed (apt-get install systemd, or engines.sh)"
+    if under_ci():
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def systemd_analyze() -> str:
+    return systemd_tool("systemd-analyze")
 
 
 # --- the unit ------------------------------------------------------------------------------
 
 
-def test_the_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
-    """No unknown key, no bad value (verify only warns on those: any output fails)."""
+def test_the_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
+    """The service and its socket: no unknown key, no bad value (verify only warns on
+    those: any output fails)."""
     stub = tmp_path / "tuneplane-node"  # verify wants ExecStart's program to exist
     stub.write_text("#!/bin/sh\n")
     stub.chmod(0o755)
-    unit = tmp_path / UNIT.name
+    unit, socket_unit = tmp_path / UNIT.name, tmp_path / SOCKET_UNIT.name
     unit.write_text(UNIT.read_text().replace(EXEC_START, str(stub)))
+    shutil.copy(SOCKET_UNIT, socket_unit)  # beside the service it activates
     result = subprocess.run(
-        [systemd_analyze(), "verify", str(unit)], capture_output=True, text=True, timeout=60
+        [systemd_analyze(), "verify", str(socket_unit), str(unit)],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 0 and not (result.stdout + result.stderr).strip(), result
 
@@ -65,9 +78,9 @@ def test_the_unit_is_sandboxed_to_an_exposure_of_4_or_less() -> None:
     assert exposure <= MOST_EXPOSED, result.stdout
 
 
-def unit_settings() -> dict[str, list[str]]:
+def unit_settings(unit: Path = UNIT) -> dict[str, list[str]]:
     values: dict[str, list[str]] = {}
-    for line in UNIT.read_text().splitlines():
+    for line in unit.read_text().splitlines():
         if "=" in line and not line.startswith("#"):
             key, value = line.split("=", 1)
             values.setdefault(key, []).append(value)
@@ -84,6 +97,15 @@ def test_the_unit_runs_the_venv_and_gives_up_on_a_configuration_error() -> None:
     # What it must still reach: the host's /dev (NVML) and every pid's cgroup file.
     assert settings.get("PrivateDevices", ["no"]) == ["no"]
     assert "ProtectProc" not in settings
+    assert settings["OOMScoreAdjust"] == ["-900"]  # a job (500) is killed before the node
+
+
+def test_the_socket_unit_holds_the_port_on_both_families_for_one_daemon() -> None:
+    settings = unit_settings(SOCKET_UNIT)
+    assert settings["ListenStream"] == ["8470"]  # [::]:8470 ...
+    assert settings["BindIPv6Only"] == ["both"]  # ... taking IPv4 too
+    assert settings["Accept"] == ["no"]  # one daemon, not one per connection
+    assert settings["WantedBy"] == ["sockets.target"]
 
 
 # --- systemd's notify protocol ---------------------------------------------------------------
@@ -149,6 +171,60 @@ def test_serve_says_ready_once_it_answers_and_stopping_on_sigterm(
             process.kill()
             process.wait(timeout=10)
     assert "Traceback" not in (tmp_path / "serve.log").read_text()
+
+
+def until_listening(port: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+            return
+        except ConnectionRefusedError:
+            assert time.monotonic() < deadline, f"nothing ever listened on {port}"
+            time.sleep(0.02)
+
+
+def test_serve_under_socket_activation_serves_the_socket_it_is_given(tmp_path: Path) -> None:
+    """As the .socket unit runs it: the port held outside the daemon and passed as fd 3
+    (LISTEN_FDS). The daemon binds nothing of its own: its settings' port stays free."""
+    activate = systemd_tool("systemd-socket-activate", "/lib/systemd/systemd-socket-activate")
+    port, own_port = free_port(), free_port()
+    settings = {
+        "PYTHONPATH": python_path(),
+        "TUNEPLANE_NODE_TOKEN": "t0ken",
+        "TUNEPLANE_NODE_PORT": str(own_port),
+        "TUNEPLANE_LOCAL_RUNTIME": "process",
+        "TUNEPLANE_NODE_STATE_DIR": str(tmp_path / "state"),
+        "TUNEPLANE_STORAGE_ROOT": str(tmp_path),
+    }
+    # It passes on only PATH, HOME, TERM and USER of its own environment, and the -E ones.
+    argv = [activate, "-l", f"127.0.0.1:{port}", *(f"-E{k}={v}" for k, v in settings.items())]
+    log = tmp_path / "serve.log"
+    with log.open("w") as output:
+        process = subprocess.Popen(
+            [*argv, sys.executable, "-m", "tuneplane_node", "serve"],
+            cwd=tmp_path,
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path)},
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        until_listening(port)  # systemd-socket-activate's own socket
+        # That first connection started the daemon (exec: the same pid); this one waits in
+        # the backlog until it serves.
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=60) as reply:
+            assert json.loads(reply.read()) == {"ok": True}
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", own_port))  # not bound by the daemon
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=10)
+    text = log.read_text()
+    assert f"serving the sockets systemd passed (LISTEN_FDS): 127.0.0.1:{port}" in text, text
+    assert "Traceback" not in text
 
 
 # --- Kubernetes ------------------------------------------------------------------------------

@@ -9,7 +9,6 @@ import asyncio
 import json
 import logging
 import os
-import socket
 import sys
 import tempfile
 from collections import Counter
@@ -80,11 +79,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def serve(settings: NodeSettings, *, host: str | None, port: int | None) -> int:
+    from tuneplane_node.daemon.listener import CannotListen
     from tuneplane_node.daemon.server import serve as run
 
     # SIGTERM/SIGINT stop it gracefully: no new connections, requests in flight finish,
     # then the app's cleanup cancels pulls and closes the engine's pool.
-    asyncio.run(run(settings, host=host or settings.node_host, port=port or settings.node_port))
+    try:
+        asyncio.run(run(settings, host=host or settings.node_host, port=port or settings.node_port))
+    except CannotListen as exc:
+        # Exit 1, not 2 (a configuration error, never restarted): a taken port may free up.
+        log.error("%s", exc)
+        return 1
     return 0
 
 
@@ -278,12 +283,14 @@ def check_fabrics(settings: NodeSettings) -> list[Finding]:
 
 
 def check_port(settings: NodeSettings) -> list[Finding]:
+    from tuneplane_node.daemon.listener import CannotListen, bind, describe
+
     host, port = settings.node_host, settings.node_port
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
-        try:
-            probe.bind((host, port))
-        except OSError as exc:
-            return [(FAIL, f"port: {host}:{port}: {exc.strerror} (a node already serving?)")]
-    return [(OK, f"port: {host}:{port} free")]
+    try:
+        sockets = bind(host, port, backlog=1)  # as serve binds: both families for 0.0.0.0
+    except CannotListen as exc:
+        return [(FAIL, f"port: {exc.address}: {exc.reason} (a node already serving?)")]
+    named = " and ".join(describe(sock) for sock in sockets)
+    for sock in sockets:
+        sock.close()
+    return [(OK, f"port: {named} free")]

@@ -1,4 +1,5 @@
-"""Serving the app: the listening socket, TLS, signals, and a guard on connections.
+"""Serving the app: its listening sockets (`listener`), TLS, signals, and a guard on
+connections.
 
 Nothing a client does without a token may take the node away from the others: a
 connection that has not sent its request headers within ``TUNEPLANE_HEADER_TIMEOUT_S``,
@@ -20,6 +21,7 @@ import gc
 import logging
 import resource
 import signal
+import socket
 import ssl
 import time
 from collections.abc import Callable
@@ -30,6 +32,7 @@ from aiohttp.typedefs import Handler, Middleware
 from aiohttp.web_protocol import RequestHandler
 
 from tuneplane_node.daemon.app import create_node_app
+from tuneplane_node.daemon.listener import describe, listen
 from tuneplane_node.daemon.notify import notify
 from tuneplane_node.daemon.state import TOKENS
 from tuneplane_node.errors import ConfigError
@@ -182,23 +185,40 @@ class LoopSlices:
 
 
 class GuardedSite(web.TCPSite):
-    """A TCP site whose every accepted connection passes the guard first."""
+    """A TCP site whose every accepted connection passes the guard first.
 
-    def __init__(self, runner: web.AppRunner, guard: ConnectionGuard, **options: Any) -> None:
+    With ``sock``, it serves that socket, bound and listening already (the daemon's, see
+    `listener`); without, it binds ``host`` and ``port`` at start, as a TCPSite does.
+    """
+
+    def __init__(
+        self,
+        runner: web.AppRunner,
+        guard: ConnectionGuard,
+        *,
+        sock: socket.socket | None = None,
+        **options: Any,
+    ) -> None:
         super().__init__(runner, **options)
         self.guard = guard
+        self.sock = sock
+        # Named now, as SockSite does: a closed socket has no address.
+        scheme = "https" if self._ssl_context else "http"
+        self.sock_name = None if sock is None else f"{scheme}://{describe(sock)}"
+
+    @property
+    def name(self) -> str:
+        return super().name if self.sock_name is None else self.sock_name
 
     async def start(self) -> None:
         await web.BaseSite.start(self)  # registers the site with its runner
         server = self._runner.server
         assert server is not None
+        where: dict[str, Any] = {"sock": self.sock}
+        if self.sock is None:
+            where = {"host": self._host, "port": self._port, "reuse_address": self._reuse_address}
         self._server = await asyncio.get_running_loop().create_server(
-            self.guard.factory(server),
-            self._host,
-            self._port,
-            ssl=self._ssl_context,
-            backlog=self._backlog,
-            reuse_address=self._reuse_address,
+            self.guard.factory(server), ssl=self._ssl_context, backlog=self._backlog, **where
         )
 
 
@@ -239,10 +259,32 @@ def load_certificate(context: ssl.SSLContext, settings: NodeSettings) -> None:
 
 
 async def serve(settings: NodeSettings, *, host: str, port: int) -> None:
-    """Run the daemon until SIGTERM or SIGINT; requests in flight finish first."""
+    """Run the daemon until SIGTERM or SIGINT; requests in flight finish first.
+
+    Raises ConfigError on a bad setting, CannotListen when the port cannot be had.
+    """
     context = tls_context(settings)
     guard = ConnectionGuard(connection_limit())
     app = create_node_app(settings, middlewares=(guard.middleware(), LoopSlices().middleware()))
+    # The port before the start-up (the cache's sync can take seconds): a job looping on
+    # bind() during a restart would take it meanwhile. Clients wait in the backlog.
+    sockets = listen(host, port, backlog=BACKLOG)
+    try:
+        await _run(app, settings, guard, sockets=sockets, context=context)
+    finally:
+        for sock in sockets:  # closed already once served; not if the start-up failed
+            sock.close()
+    log.info("stopped")
+
+
+async def _run(
+    app: web.Application,
+    settings: NodeSettings,
+    guard: ConnectionGuard,
+    *,
+    sockets: list[socket.socket],
+    context: ssl.SSLContext | None,
+) -> None:
     runner = web.AppRunner(
         app,
         access_log=None,
@@ -258,15 +300,14 @@ async def serve(settings: NodeSettings, *, host: str, port: int) -> None:
         await runner.setup()
         freeze_start_up()
         try:
-            await _listen(runner, guard, host=host, port=port, context=context)
-            notify("READY=1", f"STATUS=serving on port {port}")
+            served = await _serve_on(runner, guard, sockets=sockets, context=context)
+            notify("READY=1", f"STATUS=serving on {served}")
             await _until_stopped(lambda: _reload(app, settings, context))
         finally:
             notify("STOPPING=1")
             await runner.cleanup()  # the app's cleanup: pulls cancelled, the engine closed
     finally:
         loop.set_exception_handler(previous)
-    log.info("stopped")
 
 
 def freeze_start_up() -> None:
@@ -278,18 +319,23 @@ def freeze_start_up() -> None:
     log.debug("%d start-up objects left out of garbage collection", gc.get_freeze_count())
 
 
-async def _listen(
+async def _serve_on(
     runner: web.AppRunner,
     guard: ConnectionGuard,
     *,
-    host: str,
-    port: int,
+    sockets: list[socket.socket],
     context: ssl.SSLContext | None,
-) -> None:
-    site = GuardedSite(runner, guard, host=host, port=port, ssl_context=context, backlog=BACKLOG)
-    await site.start()
-    scheme = "https" if context else "http"
-    log.info("listening on %s://%s:%d (at most %d connections)", scheme, host, port, guard.limit)
+) -> str:
+    """Serve the bound sockets, one site each; their addresses, for the log and systemd."""
+    sites = [
+        GuardedSite(runner, guard, sock=sock, ssl_context=context, backlog=BACKLOG)
+        for sock in sockets
+    ]
+    for site in sites:
+        await site.start()
+    served = ", ".join(site.name for site in sites)
+    log.info("listening on %s (at most %d connections)", served, guard.limit)
+    return served
 
 
 async def _until_stopped(on_hangup: Callable[[], None]) -> None:

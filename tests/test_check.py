@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import docker_host, engine_missing, free_port
+from tests.helpers import docker_host, engine_missing, free_port, podman_url
 from tuneplane_node.cli import main
 
 Check = Callable[..., tuple[int, dict[str, str], str]]
@@ -175,3 +175,45 @@ def test_the_node_port_in_use_fails(check: Check) -> None:
         lines["port"]
         == f"FAIL port: 127.0.0.1:{port}: Address already in use (a node already serving?)"
     )
+
+
+def test_the_jobs_bounds_are_said_and_a_reachable_plain_api_is_warned_of(check: Check) -> None:
+    code, _, out = check(TUNEPLANE_JOB_PIDS_LIMIT="2048")
+    jobs = [line for line in out.splitlines() if " jobs: " in line]
+    assert code == 0, out
+    assert jobs[0].startswith("ok   jobs: capabilities CHOWN, DAC_OVERRIDE, ")
+    assert "no-new-privileges on; pids 2048; log 10485760 bytes x 5; oom_score_adj 500" in jobs[0]
+    assert any(line.startswith("warn jobs: host-network jobs are allowed and the API is plain HTTP")
+               for line in jobs)  # fmt: skip
+    assert "warn jobs: the process runtime applies none of these bounds" in jobs
+
+    _, _, bridged = check(
+        TUNEPLANE_JOB_HOST_NETWORK="bridge", TUNEPLANE_JOB_CAPABILITIES="restricted"
+    )
+    assert "host-network jobs are allowed" not in bridged
+    assert "jobs: capabilities none;" in bridged
+
+
+def test_a_reserve_larger_than_the_machine_fails(check: Check) -> None:
+    code, lines, _ = check(TUNEPLANE_SYSTEM_RESERVED_MEMORY="100000g")
+    assert code == 1
+    assert lines["jobs"].startswith(
+        "FAIL jobs: TUNEPLANE_SYSTEM_RESERVED_MEMORY: reserving 100000g"
+    )
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("engine", ["docker", "podman"])
+def test_whether_the_engine_remaps_users_is_said(check: Check, engine: str) -> None:
+    settings = {"TUNEPLANE_LOCAL_RUNTIME": engine}
+    if engine == "docker":
+        settings["TUNEPLANE_DOCKER_HOST"] = str(docker_host())
+    else:
+        settings["TUNEPLANE_PODMAN_URL"] = podman_url()
+    code, _, out = check(**settings)
+    assert code == 0, out
+    remap = [line for line in out.splitlines() if "remap users" in line or "remaps users" in line]
+    assert len(remap) == 1, out  # this machine's engines do not: the fix is named
+    assert remap[0].startswith(f"warn jobs: {engine} does not remap users: a root job shares")
+    if engine == "podman":
+        assert "ok   jobs: podman seccomp profile " in out

@@ -14,11 +14,16 @@ import tempfile
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tuneplane_node import __version__, ctl, inventory, logformat
 from tuneplane_node.errors import ConfigError
 from tuneplane_node.settings import DEFAULT_STORAGE, NodeSettings, env_name, load_settings
 from tuneplane_node.wire import answers
+
+if TYPE_CHECKING:
+    from tuneplane_node.jobs.confinement import JobRules
+    from tuneplane_node.runtime.engine import EngineRuntime
 
 log = logging.getLogger("tuneplane_node")
 
@@ -123,6 +128,7 @@ def check(settings: NodeSettings) -> int:
         check_token,
         check_tls,
         check_engine,
+        check_jobs,
         check_gpus,
         check_storage,
         check_mount_roots,
@@ -195,6 +201,86 @@ def engine_address(settings: NodeSettings, engine: str) -> str:
     if engine == "process":
         return "this host"
     return settings.docker_host or os.environ.get("DOCKER_HOST") or "the default docker socket"
+
+
+def check_jobs(settings: NodeSettings) -> list[Finding]:
+    """What every job gets, and what it still shares with the host or the node."""
+    from tuneplane_node.jobs.confinement import JobRules
+
+    try:
+        rules = JobRules(settings)
+    except ConfigError as exc:
+        return [(FAIL, f"jobs: {exc.message}")]
+    found = [(OK, f"jobs: {describe_confinement(rules)}")]
+    if settings.job_host_network == "allow" and settings.tls_cert_file is None:
+        found.append((WARN, (
+            "jobs: host-network jobs are allowed and the API is plain HTTP: a job on the "
+            f"host network reaches it and every loopback service; set {env_name('tls_cert_file')} "
+            f"or {env_name('job_host_network')}=bridge"
+        )))  # fmt: skip
+    return [*found, *asyncio.run(_isolation_findings(settings))]
+
+
+def describe_confinement(rules: JobRules) -> str:
+    bounds = rules.confinement
+    memory = "none (the machine's memory is unknown)"
+    if rules.memory_limit is not None:
+        memory = f"{rules.memory_limit / 2**30:.1f} GiB"
+    facts = [
+        f"capabilities {', '.join(bounds.capabilities) or 'none'}",
+        f"no-new-privileges {'on' if bounds.no_new_privileges else 'OFF'}",
+        f"pids {bounds.pids_limit}",
+        f"log {bounds.log_max_bytes} bytes x {bounds.log_max_files}",
+        f"oom_score_adj {bounds.oom_score_adj}",
+        f"memory limit when the console gives none: {memory}",
+        f"host network: {rules.host_network}",
+    ]
+    return "; ".join(facts)
+
+
+async def _isolation_findings(settings: NodeSettings) -> list[Finding]:
+    from tuneplane_node.runtime import detect_runtime
+    from tuneplane_node.runtime.engine import EngineRuntime
+
+    try:
+        runtime = await detect_runtime(settings, cache=False)
+    except ConfigError:
+        return []  # the engine step has said so
+    try:
+        if not isinstance(runtime, EngineRuntime):
+            return [(WARN, "jobs: the process runtime applies none of these bounds")]
+        return [await _remap_finding(runtime), *await _seccomp_findings(runtime)]
+    finally:
+        await runtime.close()
+
+
+async def _remap_finding(runtime: EngineRuntime) -> Finding:
+    from tuneplane_node.errors import NodeError
+
+    try:
+        remapped = await runtime.remaps_users()
+    except NodeError as exc:
+        return WARN, f"jobs: cannot tell whether {runtime.name} remaps users: {exc.message}"
+    if remapped:
+        return OK, f"jobs: {runtime.name} remaps users: uid 0 in a job is not the host's root"
+    fix = "docker's userns-remap"
+    if runtime.name == "podman":
+        fix = 'userns = "auto" in containers.conf, or a rootless podman,'
+    return WARN, (
+        f"jobs: {runtime.name} does not remap users: a root job shares the host root's "
+        f"per-user kernel limits (inotify, keyrings); {fix} removes that"
+    )
+
+
+async def _seccomp_findings(runtime: EngineRuntime) -> list[Finding]:
+    from tuneplane_node.runtime.podman import PodmanRuntime
+
+    if not isinstance(runtime, PodmanRuntime):
+        return []  # docker's default profile refuses user namespaces itself
+    profile = await asyncio.to_thread(lambda: runtime.seccomp_profile)
+    if profile is None:
+        return [(WARN, "jobs: podman's own seccomp profile: jobs may create user namespaces")]
+    return [(OK, f"jobs: podman seccomp profile {profile} (no user namespaces)")]
 
 
 def check_gpus(settings: NodeSettings) -> list[Finding]:

@@ -249,27 +249,30 @@ async def _isolation_findings(settings: NodeSettings) -> list[Finding]:
     try:
         if not isinstance(runtime, EngineRuntime):
             return [(WARN, "jobs: the process runtime applies none of these bounds")]
-        return [await _remap_finding(runtime), *await _seccomp_findings(runtime)]
+        return [*await _remap_finding(runtime), *await _seccomp_findings(runtime)]
     finally:
         await runtime.close()
 
 
-async def _remap_finding(runtime: EngineRuntime) -> Finding:
-    from tuneplane_node.errors import NodeError
+async def _remap_finding(runtime: EngineRuntime) -> list[Finding]:
+    from tuneplane_node.errors import EngineUnavailable, NodeError
 
     try:
         remapped = await runtime.remaps_users()
+    except EngineUnavailable:
+        return []  # the engine step has said so
     except NodeError as exc:
-        return WARN, f"jobs: cannot tell whether {runtime.name} remaps users: {exc.message}"
+        return [(WARN, f"jobs: cannot tell whether {runtime.name} remaps users: {exc.message}")]
     if remapped:
-        return OK, f"jobs: {runtime.name} remaps users: uid 0 in a job is not the host's root"
+        return [(OK, f"jobs: {runtime.name} remaps users: uid 0 in a job is not the host's root")]
     fix = "docker's userns-remap"
     if runtime.name == "podman":
         fix = 'userns = "auto" in containers.conf, or a rootless podman,'
-    return WARN, (
+    text = (
         f"jobs: {runtime.name} does not remap users: a root job shares the host root's "
         f"per-user kernel limits (inotify, keyrings); {fix} removes that"
     )
+    return [(WARN, text)]
 
 
 async def _seccomp_findings(runtime: EngineRuntime) -> list[Finding]:

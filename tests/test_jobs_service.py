@@ -898,8 +898,10 @@ async def test_a_mount_swapped_for_a_link_during_the_pull_fails_the_launch(
 
     (tmp_path / "mine").rmdir()
     (tmp_path / "mine").symlink_to(tmp_path / "theirs")
+    record = service.pending.get("tuneplane-r1")
+    assert record is not None and record.task is not None
     fake.pull_of(MISSING).finish()
-    await settle()
+    await asyncio.wait({record.task})  # the mounts are checked in a thread, not on the loop
 
     view = (await service.observe(["tuneplane-r1"]))["tuneplane-r1"]
     assert isinstance(view, PendingView) and view.failed

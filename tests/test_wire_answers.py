@@ -30,6 +30,7 @@ from tuneplane_node.jobs import (
     PendingView,
     Pulling,
     Started,
+    StoppedView,
 )
 from tuneplane_node.jobs.nodestate import NodeState
 from tuneplane_node.runtime.base import (
@@ -424,7 +425,7 @@ def test_observe_is_encoded_as_its_shape_would_be_byte_for_byte() -> None:
     views = {
         "a": running("a", labels={LABEL_RUN_ID: "a", "note": "é\u2028\x00"}),
         "b": running("b", status="exited", exit_code=3, finished_at="2026-11-30T12:00:00Z"),
-        "stopped": running("stopped", status="exited", stop_reason="drained: cordon"),
+        "stopped": StoppedView(running("stopped", status="exited"), "drained: cordon"),
         "tuneplane-b": pending(),
         "x": ContainerState.missing("x"),
         'q"uote': running('q"uote'),

@@ -11,6 +11,7 @@ from tuneplane_node.jobs.results import (
     PendingView,
     Pulling,
     Started,
+    StoppedView,
 )
 from tuneplane_node.jobs.service import JobService, read_inventory, reapable
 
@@ -26,6 +27,7 @@ __all__ = [
     "PendingView",
     "Pulling",
     "Started",
+    "StoppedView",
     "read_inventory",
     "reapable",
 ]

@@ -92,7 +92,20 @@ class PendingView:
         return True
 
 
-JobView = ContainerState | PendingView
+@dataclass(frozen=True)
+class StoppedView:
+    """A container the node stopped itself (a drain), with why: the service's fact, kept
+    beside the runtime's state rather than in it, so the state stays the cache's object."""
+
+    state: ContainerState
+    stop_reason: str
+
+    @property
+    def exists(self) -> bool:
+        return self.state.exists
+
+
+JobView = ContainerState | StoppedView | PendingView
 
 
 # --- the node ---------------------------------------------------------------------------

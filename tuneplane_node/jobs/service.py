@@ -57,6 +57,7 @@ from tuneplane_node.jobs.results import (
     NodeStatus,
     Pulling,
     Started,
+    StoppedView,
 )
 from tuneplane_node.jobs.stats import JobStats, StatsSampler
 from tuneplane_node.runtime.base import (
@@ -316,9 +317,9 @@ class JobService:
             answers[ref] = JobStats(state.exists, state.status or None, sample)
         return answers
 
-    def _why(self, state: ContainerState) -> ContainerState:
+    def _why(self, state: ContainerState) -> ContainerState | StoppedView:
         reason = self.node.stop_reasons.get(state.handle) if state.exists else None
-        return replace(state, stop_reason=reason) if reason else state
+        return StoppedView(state, reason) if reason else state
 
     async def logs(self, ref: str, tail: int, since: datetime | None = None) -> LogText:
         """The container's last lines, at most ``TUNEPLANE_LOGS_MAX_BYTES`` of the newest;

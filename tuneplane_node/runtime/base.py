@@ -175,8 +175,6 @@ class ContainerState:
     finished_at: str | None = None
     oom_killed: bool = False
     id: str | None = None
-    stop_reason: str | None = None
-    """Set by the job service, never by a runtime: why the node stopped it (a drain)."""
 
     @classmethod
     def missing(cls, name: str) -> ContainerState:

@@ -16,7 +16,7 @@ from tuneplane_node.gpu.probe import CardFacts, GpuSnapshot
 from tuneplane_node.inventory import DiskReading, FabricFacts, Filesystem, LocalDisk
 from tuneplane_node.jobs import results
 from tuneplane_node.jobs.nodestate import NodeState
-from tuneplane_node.jobs.results import Inventory, JobView, NodeStatus, PendingView
+from tuneplane_node.jobs.results import Inventory, JobView, NodeStatus, PendingView, StoppedView
 from tuneplane_node.runtime.base import CacheStatus, ContainerState, LogText
 from tuneplane_node.wire import PROTOCOL
 
@@ -66,10 +66,13 @@ def state_json(view: JobView) -> StateJson:
     a container the node stopped itself (a drain) adds its ``stop_reason``."""
     if isinstance(view, PendingView):
         return _pending_json(view)
-    if view.stop_reason is not None:
-        stopped: StoppedStateJson = {**_container_json(view), "stop_reason": view.stop_reason}
-        return stopped
+    if isinstance(view, StoppedView):
+        return _stopped_json(view)
     return _container_json(view)
+
+
+def _stopped_json(view: StoppedView) -> StoppedStateJson:
+    return {**_container_json(view.state), "stop_reason": view.stop_reason}
 
 
 def _container_json(view: ContainerState) -> StateJson:
@@ -131,32 +134,37 @@ class EncodedStates:
     the state cache hands out the same object from one observe to the next until the
     engine changes it.
 
-    An entry keeps its state alive (an ``id`` names one object only while it lives), so
-    the memo is cleared whenever it holds ``limit``: old states go, memory stays bounded.
-    Used on the event loop only."""
+    A stopped container's view is a new pair on every call around the cache's same
+    state: it is kept by that state and its reason. An entry keeps its state alive (an
+    ``id`` names one object only while it lives), so the memo is cleared whenever it
+    holds ``limit``: old states go, memory stays bounded. Used on the event loop only."""
 
     def __init__(self, limit: int = 4096) -> None:
         self.limit = limit
-        self._memo: dict[int, tuple[ContainerState, bytes]] = {}
+        self._memo: dict[int, tuple[ContainerState, str | None, bytes]] = {}
 
     def entry(self, ref: str, view: JobView) -> bytes:
-        # Only a cached state asked by its name: a pending launch's progress moves; a
-        # missing container and a stop reason's copy are new objects on every call.
-        if not (
-            isinstance(view, ContainerState)
-            and view.exists
-            and view.stop_reason is None
-            and view.name == ref
-        ):
+        state, reason = _behind(view)
+        # Only a cached state asked by its name: a pending launch's progress moves, and a
+        # missing container is a new object on every call.
+        if not (isinstance(state, ContainerState) and state.exists and state.name == ref):
             return _member(ref, view)
-        hit = self._memo.get(id(view))
-        if hit is not None and hit[0] is view:
-            return hit[1]
+        hit = self._memo.get(id(state))
+        if hit is not None and hit[0] is state and hit[1] == reason:
+            return hit[2]
         if len(self._memo) >= self.limit:
             self._memo.clear()
         data = _member(ref, view)
-        self._memo[id(view)] = (view, data)
+        self._memo[id(state)] = (state, reason, data)
         return data
+
+
+def _behind(view: JobView) -> tuple[ContainerState | PendingView, str | None]:
+    """The state behind a view (the cache's object for a container), and the stop reason
+    the service paired with it."""
+    if isinstance(view, StoppedView):
+        return view.state, view.stop_reason
+    return view, None
 
 
 def _member(ref: str, view: JobView) -> bytes:

@@ -15,10 +15,21 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from tests.conftest import MakeNode, open_runtime
-from tests.helpers import IMAGE, Console, console_0315, docker_host, engine_settings, unique
+from tests.helpers import (
+    HEADERS,
+    IMAGE,
+    TOKEN,
+    Console,
+    console_0315,
+    docker_host,
+    engine_settings,
+    unique,
+)
+from tests.test_daemon_server import served
 from tuneplane_node.jobs.confinement import JobRules
 
 pytestmark = pytest.mark.engine
@@ -112,30 +123,32 @@ async def test_restricted_jobs_hold_no_capability_and_a_consoles_limit_is_kept(
     assert int(field(logs, "mem")) == 256 * 2**20
 
 
+def static_image(tmp_path: Path, engine: str, source: str, *, mode: int) -> str:
+    """An image of one static binary, ``/job``, root-owned with ``mode``, made on the
+    engine for this test (the test removes it)."""
+    (tmp_path / "job.c").write_text(source)
+    binary = tmp_path / "job"
+    subprocess.run(["gcc", "-static", "-O1", "-o", binary, tmp_path / "job.c"], check=True)
+
+    def root_owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.uid, info.gid, info.mode = 0, 0, mode
+        return info
+
+    with tarfile.open(tmp_path / "image.tar", "w") as tar:
+        tar.add(binary, arcname="job", filter=root_owned)
+    image = f"tuneplane-test/static:{unique('t')}"
+    archive = str(tmp_path / "image.tar")
+    subprocess.run([*engine_cli(engine), "import", archive, image], check=True, capture_output=True)
+    return image
+
+
 @pytest.fixture
 def suid_image(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
     """An image holding one static setuid-root binary that prints who it runs as."""
     engine = request.node.callspec.params["engine"]
-    source = tmp_path / "suid.c"
-    source.write_text(SUID_SOURCE)
-    binary = tmp_path / "suid"
-    subprocess.run(["gcc", "-static", "-O1", "-o", binary, source], check=True)
-    binary.chmod(0o4755)
-    with tarfile.open(tmp_path / "image.tar", "w") as tar:
-        tar.add(binary, arcname="suid", filter=lambda info: _root_owned(info))
-    image = f"tuneplane-test/suid:{unique('t')}"
-    cli = engine_cli(engine)
-    subprocess.run(
-        [*cli, "import", str(tmp_path / "image.tar"), image], check=True, capture_output=True
-    )
+    image = static_image(tmp_path, engine, SUID_SOURCE, mode=0o4755)
     yield image
-    subprocess.run([*cli, "rmi", "-f", image], check=False, capture_output=True)
-
-
-def _root_owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
-    info.uid = info.gid = 0
-    info.mode = 0o4755
-    return info
+    subprocess.run([*engine_cli(engine), "rmi", "-f", image], check=False, capture_output=True)
 
 
 def engine_cli(engine: str) -> list[str]:
@@ -150,7 +163,7 @@ async def test_a_setuid_binary_does_not_give_a_user_root_back(
     suid_image: str, make_node: MakeNode, engine: str
 ) -> None:
     node = await make_node(engine)
-    logs = await run_to_the_end(node, ["/suid"], image=suid_image, user="1000:1000")
+    logs = await run_to_the_end(node, ["/job"], image=suid_image, user="1000:1000")
 
     assert (field(logs, "uid"), field(logs, "euid")) == ("1000", "1000")
     assert int(field(logs, "CapEff"), 16) == 0
@@ -219,3 +232,78 @@ async def test_a_link_planted_into_another_tenants_files_is_refused(
     assert "symlink" in body["detail"]
     assert (await node.state(ref))["exists"] is False
     assert list((tmp_path / "tenantB" / "ckpt").iterdir()) == []
+
+
+BINDER_SOURCE = r"""
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+/* What a job hoping to impersonate the node does: bind its port, each family, hard. */
+static void take(int family, int port) {
+    int one = 1, s = socket(family, SOCK_STREAM, 0), r;
+    setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    setsockopt(s, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
+    if (family == AF_INET6) {
+        struct sockaddr_in6 a = {.sin6_family = AF_INET6, .sin6_port = htons(port)};
+        setsockopt(s, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+        r = bind(s, (struct sockaddr *)&a, sizeof a);
+    } else {
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+        r = bind(s, (struct sockaddr *)&a, sizeof a);
+    }
+    if (r == 0) r = listen(s, 1);
+    printf("%s=%s\n", family == AF_INET6 ? "v6" : "v4", r == 0 ? "taken" : strerror(errno));
+}
+int main(int argc, char **argv) {
+    take(AF_INET6, atoi(argv[1]));
+    take(AF_INET, atoi(argv[1]));
+    return 0;
+}
+"""
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_a_host_network_job_cannot_take_the_nodes_port(tmp_path: Path, engine: str) -> None:
+    """`serve` itself on 0.0.0.0; a 0.3.15 console's job on the host network binds
+    [::]:<port> and 0.0.0.0:<port>, as a job hoping to answer the consoles would."""
+    image = static_image(tmp_path, engine, BINDER_SOURCE, mode=0o755)
+    settings = engine_settings(
+        engine,
+        node_token=TOKEN,
+        storage_root=tmp_path,
+        node_state_dir=tmp_path / "state",
+        local_gpu_count=0,
+        local_gpu_passthrough=False,
+        local_stop_timeout=0,
+    )
+    try:
+        async with served(settings, host="0.0.0.0") as port:
+            logs = await job_on(port, console_0315(unique("binder"), 0, image=image,
+                                                   command=["/job", str(port)]))  # fmt: skip
+    finally:
+        subprocess.run([*engine_cli(engine), "rmi", "-f", image], check=False, capture_output=True)
+
+    assert "v6=Address already in use" in logs, logs  # [::] taken would answer IPv6 consoles
+    assert "v4=Address already in use" in logs, logs
+
+
+async def job_on(port: int, launch: dict[str, Any]) -> str:
+    """Launch through a served node, wait for the exit, read the logs, remove the job."""
+    ref = f"tuneplane-{launch['run_id']}"
+    async with aiohttp.ClientSession(f"http://127.0.0.1:{port}", headers=HEADERS) as http:
+        async with http.post("/node/v1/launch", json=launch) as answer:
+            assert answer.status == 200, await answer.text()
+        try:
+            for _ in range(600):
+                async with http.post("/node/v1/observe", json={"refs": [ref]}) as answer:
+                    if (await answer.json())["states"][ref]["status"] == "exited":
+                        break
+                await asyncio.sleep(0.1)
+            async with http.get("/node/v1/logs", params={"ref": ref}) as answer:
+                return str((await answer.json())["logs"])
+        finally:
+            async with http.post("/node/v1/remove", json={"ref": ref}) as answer:
+                assert answer.status == 200

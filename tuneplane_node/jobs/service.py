@@ -32,10 +32,9 @@ from tuneplane_node.errors import (
     TooManyFollows,
 )
 from tuneplane_node.gpu.allocator import GpuAllocator
-from tuneplane_node.jobs.confinement import JobRules
 from tuneplane_node.jobs.followed import END_GRACE_S, EndedWithJob
+from tuneplane_node.jobs.launcher import Launcher
 from tuneplane_node.jobs.locks import RefLocks
-from tuneplane_node.jobs.mounts import MountPolicy
 from tuneplane_node.jobs.nodestate import (
     CORDONED,
     DRAINED,
@@ -44,7 +43,7 @@ from tuneplane_node.jobs.nodestate import (
     NodeState,
     NodeStateFile,
 )
-from tuneplane_node.jobs.pending import FAILED, STARTING, PendingLaunch, PendingTable
+from tuneplane_node.jobs.pending import FAILED
 from tuneplane_node.jobs.pulls import PullCoordinator
 from tuneplane_node.jobs.results import (
     AlreadyPending,
@@ -55,21 +54,16 @@ from tuneplane_node.jobs.results import (
     LaunchResult,
     LogNote,
     NodeStatus,
-    Pulling,
-    Started,
     StoppedView,
 )
 from tuneplane_node.jobs.stats import JobStats, StatsSampler
 from tuneplane_node.runtime.base import (
-    DEVICES_ENV,
     RUNNING,
     ContainerRuntime,
-    ContainerSpec,
     ContainerState,
     LogQuery,
     LogStream,
     LogText,
-    Mount,
     PullLimits,
 )
 from tuneplane_node.settings import NodeSettings
@@ -130,12 +124,12 @@ class JobService:
         self.settings = settings
         self.clock = clock
         self.locks = RefLocks()
-        self.pending = PendingTable(clock=clock)
         limits = PullLimits(settings.local_image_pull_timeout_s, settings.local_image_pull_stall_s)
         self.pulls = PullCoordinator(runtime, limits, telemetry)
+        self.launcher = Launcher(runtime, allocator, self.pulls, settings=settings, clock=clock)
+        self.pending = self.launcher.pending
+        self.rules = self.launcher.rules
         self.disk = inventory.DiskGauge(settings.storage, clock=clock)
-        self.mounts = MountPolicy(settings.mount_roots)
-        self.rules = JobRules(settings)
         self._log_readers = asyncio.Semaphore(LOG_READERS)
         self.follow_limit = follow_limit(settings)
         self._followers = asyncio.Semaphore(self.follow_limit)
@@ -164,19 +158,6 @@ class JobService:
             return ContainerState.missing(ref)
         return state
 
-    async def _vetted(self, spec: ContainerSpec) -> ContainerSpec:
-        """The spec as the node allows it: the operator's confinement (`JobRules`), real
-        mount paths under the mount roots, and the cards the node chose as the only ones
-        the container may see."""
-        env = dict(spec.env)
-        if env.pop(DEVICES_ENV, None) is not None:
-            log.warning("launch %s: dropped %s from env: the node chooses", spec.name, DEVICES_ENV)
-        spec = self.rules.apply(replace(spec, env=env))
-        return replace(spec, mounts=await self._checked_mounts(spec))
-
-    async def _checked_mounts(self, spec: ContainerSpec) -> tuple[Mount, ...]:
-        return await asyncio.to_thread(self.mounts.check, spec.mounts) if spec.mounts else ()
-
     # --- launch -------------------------------------------------------------------------
 
     async def launch(self, request: LaunchRequest) -> LaunchResult:
@@ -187,7 +168,7 @@ class JobService:
         again. A name held by another run is refused.
         """
         ref = request.ref
-        request = replace(request, spec=await self._vetted(request.spec))
+        request = replace(request, spec=await self.launcher.vetted(request.spec))
         async with self.locks.hold(ref):
             record = self.pending.get(ref)
             if record is not None and record.phase != FAILED:
@@ -206,8 +187,8 @@ class JobService:
                 log.info("relaunch of %s: removing its %s container", ref, state.status)
                 await self._remove(state)
             if await self.runtime.image_exists(request.spec.image):
-                return await self._start_now(request)
-            return await self._start_pending(request)
+                return await self.launcher.start_now(request)
+            return await self.launcher.start_pending(request)
 
     def _check_open(self) -> None:
         if not self.node.open:
@@ -217,71 +198,6 @@ class JobService:
     def _check_holder(ref: str, holder: str | None, run_id: str) -> None:
         if holder != run_id:
             raise NameTaken(ref=ref, run_id=holder)
-
-    async def _start_now(self, request: LaunchRequest) -> Started:
-        cards = await self.allocator.claim(
-            request.ref, request.requested_gpus, run_id=request.run_id
-        )
-        try:
-            container_id = await self.runtime.run(replace(request.spec, gpus=cards))
-        finally:
-            self.allocator.release(request.ref)  # the label holds the cards now, or nobody
-        log.info("launch %s: running with gpus %s", request.ref, list(cards))
-        return Started(container_id[:12], cards)
-
-    async def _start_pending(self, request: LaunchRequest) -> Pulling:
-        # The claim reserves the cards now: an accepted launch cannot lose them mid-pull.
-        await self.allocator.claim(request.ref, request.requested_gpus, run_id=request.run_id)
-        record = PendingLaunch(request, accepted=self.clock.monotonic())
-        self.pending.add(record)
-        record.task = asyncio.create_task(self._complete(record), name=f"launch {request.ref}")
-        log.info("launch %s: pulling %s in the background", request.ref, request.spec.image)
-        return Pulling(request.spec.image, request.requested_gpus)
-
-    async def _complete(self, record: PendingLaunch) -> None:
-        """Pull, then start; a failure leaves a failed record with the reason."""
-        try:
-            record.pull = self.pulls.join(record.image)
-            await self.pulls.wait(record.pull)
-            record.phase = STARTING
-            await self._start_pulled(record)
-            self.pending.finish(record)
-            log.info("launch %s: started after its pull", record.ref)
-        except asyncio.CancelledError:
-            raise
-        except NodeError as exc:
-            log.warning("launch %s failed: %s", record.ref, exc.message)
-            record.fail(exc.message, at=self.clock.monotonic())
-        except Exception as exc:
-            log.exception("launch %s failed on a bug", record.ref)
-            record.fail(f"internal error: {type(exc).__name__}: {exc}", at=self.clock.monotonic())
-        finally:
-            self.allocator.release(record.ref)
-
-    async def _start_pulled(self, record: PendingLaunch) -> None:
-        request = record.request
-        # A pull takes minutes, in which a job could swap a mount's directory for a link.
-        mounts = await self._checked_mounts(request.spec)
-        cards = await self.allocator.claim(
-            request.ref, request.requested_gpus, run_id=request.run_id
-        )
-        spec = replace(request.spec, gpus=cards, mounts=mounts)
-        start = asyncio.ensure_future(self.runtime.run(spec))
-        try:
-            await asyncio.shield(start)
-        except asyncio.CancelledError:
-            # A stop landed while the engine was creating the container: let the engine
-            # call finish, then tear down whatever it made.
-            with contextlib.suppress(Exception):
-                await start
-            await self._teardown(record.ref)
-            raise
-
-    async def _teardown(self, ref: str) -> None:
-        try:
-            await self.runtime.remove(ref)
-        except NodeError as exc:
-            log.error("could not remove %s after its launch was cancelled: %s", ref, exc.message)
 
     # --- observe and logs ---------------------------------------------------------------
 
@@ -384,7 +300,7 @@ class JobService:
         """
         grace = self.settings.local_stop_timeout if timeout is None else timeout
         async with self.locks.hold(ref):
-            await self._cancel(ref)
+            await self.launcher.cancel(ref)
             state = await self._own(ref)
             if state.status not in RUNNING:
                 return
@@ -404,7 +320,7 @@ class JobService:
     async def remove(self, ref: str) -> None:
         """Cancel a pending launch, then force-remove the container (missing: no-op)."""
         async with self.locks.hold(ref):
-            await self._cancel(ref)
+            await self.launcher.cancel(ref)
             state = await self._own(ref)
             if state.exists:
                 await self._remove(state)
@@ -420,15 +336,6 @@ class JobService:
                 await self._save(self.node.forgetting(key))
             except NodeError as exc:  # the container is gone all the same
                 log.warning("%s", exc.message)
-
-    async def _cancel(self, ref: str) -> None:
-        """End a pending launch at whatever stage, and release its reservation."""
-        record = self.pending.pop(ref)
-        if record is not None and record.task is not None and not record.task.done():
-            record.task.cancel()
-            await asyncio.wait({record.task})
-            log.info("launch %s cancelled in phase %s", ref, record.phase)
-        self.allocator.release(ref)  # a task cancelled before it ran never released it
 
     async def reap(self, max_age_s: float | None) -> int:
         """Remove the node's exited (and never-started) containers older than the age."""
@@ -552,7 +459,7 @@ class JobService:
         try:
             for record in self.pending.records():
                 async with self.locks.hold(record.ref):
-                    await self._cancel(record.ref)
+                    await self.launcher.cancel(record.ref)
             running = [state for state in await self.runtime.ps() if state.status in RUNNING]
             if not running:
                 return "again" if len(self.pending) else "drained"
@@ -621,12 +528,7 @@ class JobService:
         if self._drain is not None:
             self._drain.cancel()
             await asyncio.wait({self._drain})
-        tasks = [r.task for r in self.pending.records() if r.task and not r.task.done()]
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks)
-        await self.pulls.close()
+        await self.launcher.close()
 
 
 async def read_inventory(

@@ -1,0 +1,187 @@
+"""The launcher: a launch the service decided on, started at once or after its pull.
+
+It owns the pending launches (their table and their background tasks) and the
+`Reservation` that pairs a launch's card claim with its release. What a launch does with
+what it finds is the service's rule; this is how the launch is carried out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+from dataclasses import replace
+
+from tuneplane_node.clock import Clock
+from tuneplane_node.errors import NodeError
+from tuneplane_node.gpu.allocator import GpuAllocator
+from tuneplane_node.jobs.confinement import JobRules
+from tuneplane_node.jobs.mounts import MountPolicy
+from tuneplane_node.jobs.pending import STARTING, PendingLaunch, PendingTable
+from tuneplane_node.jobs.pulls import PullCoordinator
+from tuneplane_node.jobs.results import LaunchRequest, Pulling, Started
+from tuneplane_node.runtime.base import DEVICES_ENV, ContainerRuntime, ContainerSpec, Mount
+from tuneplane_node.settings import NodeSettings
+
+log = logging.getLogger(__name__)
+
+
+class Reservation:
+    """A launch's cards, from its acceptance until its container's label holds them or
+    the launch ends without one. The one place a launch claims cards (`claim`; again
+    after a pull, which keeps them if they are still free) and the one place it lets
+    them go (`release`, once: a second call does nothing). ``async with`` ties the
+    release to a block; a pending launch's task ends in `Launcher._ended`, which
+    releases it."""
+
+    def __init__(self, allocator: GpuAllocator, request: LaunchRequest) -> None:
+        self.allocator = allocator
+        self.request = request
+        self._held = False
+
+    async def claim(self) -> tuple[int, ...]:
+        """The cards, or `NoCapacity`; a refusal leaves an earlier claim held."""
+        request = self.request
+        cards = await self.allocator.claim(
+            request.ref, request.requested_gpus, run_id=request.run_id
+        )
+        self._held = True
+        return cards
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self.allocator.release(self.request.ref)
+
+    async def __aenter__(self) -> tuple[int, ...]:
+        return await self.claim()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.release()
+
+
+class Launcher:
+    """Starts vetted launches: the container at once when its image is here, else a
+    pending launch whose task pulls the image, then starts it."""
+
+    def __init__(
+        self,
+        runtime: ContainerRuntime,
+        allocator: GpuAllocator,
+        pulls: PullCoordinator,
+        *,
+        settings: NodeSettings,
+        clock: Clock,
+    ) -> None:
+        self.runtime = runtime
+        self.allocator = allocator
+        self.pulls = pulls
+        self.clock = clock
+        self.pending = PendingTable(clock=clock)
+        self.rules = JobRules(settings)
+        self.mounts = MountPolicy(settings.mount_roots)
+
+    async def vetted(self, spec: ContainerSpec) -> ContainerSpec:
+        """The spec as the node allows it: the operator's confinement (`JobRules`), real
+        mount paths under the mount roots, and the cards the node chose as the only ones
+        the container may see."""
+        env = dict(spec.env)
+        if env.pop(DEVICES_ENV, None) is not None:
+            log.warning("launch %s: dropped %s from env: the node chooses", spec.name, DEVICES_ENV)
+        spec = self.rules.apply(replace(spec, env=env))
+        return replace(spec, mounts=await self._checked_mounts(spec))
+
+    async def _checked_mounts(self, spec: ContainerSpec) -> tuple[Mount, ...]:
+        return await asyncio.to_thread(self.mounts.check, spec.mounts) if spec.mounts else ()
+
+    async def start_now(self, request: LaunchRequest) -> Started:
+        """The container, with the cards it was given; its image is here."""
+        async with Reservation(self.allocator, request) as cards:
+            container_id = await self.runtime.run(replace(request.spec, gpus=cards))
+        # The label holds the cards now, or nobody does.
+        log.info("launch %s: running with gpus %s", request.ref, list(cards))
+        return Started(container_id[:12], cards)
+
+    async def start_pending(self, request: LaunchRequest) -> Pulling:
+        """Reserve the cards now (an accepted launch cannot lose them mid-pull), pull the
+        image in the background, then start the container."""
+        reservation = Reservation(self.allocator, request)
+        await reservation.claim()
+        record = PendingLaunch(request, accepted=self.clock.monotonic())
+        self.pending.add(record)
+        record.task = asyncio.create_task(
+            self._complete(record, reservation), name=f"launch {request.ref}"
+        )
+        record.task.add_done_callback(functools.partial(self._ended, record, reservation))
+        log.info("launch %s: pulling %s in the background", request.ref, request.spec.image)
+        return Pulling(request.spec.image, request.requested_gpus)
+
+    async def _complete(self, record: PendingLaunch, reservation: Reservation) -> None:
+        """Pull, then start; how it ended is `_ended`'s to record."""
+        record.pull = self.pulls.join(record.image)
+        await self.pulls.wait(record.pull)
+        record.phase = STARTING
+        # A pull takes minutes, in which a job could swap a mount's directory for a link.
+        mounts = await self._checked_mounts(record.request.spec)
+        cards = await reservation.claim()
+        start = asyncio.ensure_future(
+            self.runtime.run(replace(record.request.spec, gpus=cards, mounts=mounts))
+        )
+        try:
+            await asyncio.shield(start)
+        except asyncio.CancelledError:
+            # A stop landed while the engine was creating the container: let the engine
+            # call finish, then tear down whatever it made.
+            with contextlib.suppress(Exception):
+                await start
+            await self._teardown(record.ref)
+            raise
+
+    def _ended(
+        self, record: PendingLaunch, reservation: Reservation, task: asyncio.Task[None]
+    ) -> None:
+        """Where every pending launch ends, whichever way: its record says how, in the
+        same step as its cards are let go. A done callback, because a task cancelled
+        before it first ran never enters its body, so no ``finally`` of its own runs."""
+        reservation.release()
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is None:
+            self.pending.finish(record)
+            log.info("launch %s: started after its pull", record.ref)
+        elif isinstance(error, NodeError):
+            log.warning("launch %s failed: %s", record.ref, error.message)
+            record.fail(error.message, at=self.clock.monotonic())
+        else:
+            log.error("launch %s failed on a bug", record.ref, exc_info=error)
+            reason = f"internal error: {type(error).__name__}: {error}"
+            record.fail(reason, at=self.clock.monotonic())
+
+    async def _teardown(self, ref: str) -> None:
+        try:
+            await self.runtime.remove(ref)
+        except NodeError as exc:
+            log.error("could not remove %s after its launch was cancelled: %s", ref, exc.message)
+
+    async def cancel(self, ref: str) -> None:
+        """End a pending launch at whatever stage. Its cards are let go once this
+        returns: the wait, even on a task already done, comes after `_ended`."""
+        record = self.pending.pop(ref)
+        if record is None or record.task is None:
+            return
+        running = not record.task.done()
+        record.task.cancel()
+        await asyncio.wait({record.task})
+        if running:
+            log.info("launch %s cancelled in phase %s", ref, record.phase)
+
+    async def close(self) -> None:
+        """Cancel every background launch and pull (shutdown)."""
+        tasks = [r.task for r in self.pending.records() if r.task and not r.task.done()]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+        await self.pulls.close()

@@ -1,4 +1,4 @@
-"""NodeSettings as an operator meets them: variables, `.env`, defaults, errors, the README."""
+"""NodeSettings as an operator meets them: variables, `.env`, defaults, errors, the docs."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from tuneplane_node.errors import ConfigError
 from tuneplane_node.settings import Fabric, NodeSettings, env_name, load_settings
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+OPERATING = Path(__file__).resolve().parent.parent / "docs" / "operating.md"
 
 
 @pytest.fixture(autouse=True)
@@ -155,30 +155,38 @@ def test_list_settings_are_json(monkeypatch: pytest.MonkeyPatch) -> None:
     assert settings.gpu_xid_ignore == [13, 43]
 
 
-# --- the README keeps up with the settings -----------------------------------------
+# --- the operator's docs keep up with the settings -------------------------------
+
+
+def settings_section() -> str:
+    """docs/operating.md's "## Settings" section, up to the next section."""
+    text = OPERATING.read_text()
+    start = text.index("\n## Settings\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else None]
 
 
 def documented_settings() -> set[str]:
-    """The variables named in the first column of the README's settings table."""
-    rows = re.findall(r"^\|\s*`(TUNEPLANE_[A-Z0-9_]+)`", README.read_text(), re.MULTILINE)
+    """The variables named in the first column of the operator's settings table."""
+    rows = re.findall(r"^\|\s*`(TUNEPLANE_[A-Z0-9_]+)`", settings_section(), re.MULTILINE)
     return set(rows)
 
 
-def test_every_setting_is_in_the_readme_table() -> None:
+def test_every_setting_is_in_the_settings_table() -> None:
     documented = documented_settings()
     missing = [env_name(field) for field in NodeSettings.model_fields]
     missing = [name for name in missing if name not in documented]
-    assert not missing, f"README.md settings table lacks {missing}"
+    assert not missing, f"docs/operating.md's settings table lacks {missing}"
 
 
-def test_the_readme_table_documents_no_setting_that_does_not_exist() -> None:
+def test_the_settings_table_documents_no_setting_that_does_not_exist() -> None:
     real = {env_name(field) for field in NodeSettings.model_fields}
     stale = sorted(documented_settings() - real)
-    assert not stale, f"README.md documents settings that do not exist: {stale}"
+    assert not stale, f"docs/operating.md documents settings that do not exist: {stale}"
 
 
-def test_the_readme_names_the_old_timeout_variable() -> None:
-    assert "TUNEPLANE_LOCAL_CLI_TIMEOUT" in README.read_text()
+def test_the_settings_table_names_the_old_timeout_variable() -> None:
+    assert "TUNEPLANE_LOCAL_CLI_TIMEOUT" in settings_section()
 
 
 # --- settings that would start a broken node are refused at start ----------------------

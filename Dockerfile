@@ -2,7 +2,7 @@
 # venv on a slim Python base. The build reads only the wheels you made, no index:
 #   .venv/bin/pip wheel -c constraints.txt -w dist/wheels .
 #   docker build -t tuneplane-node:0.1.0 .
-# Run it with the host's network and the engine's socket (README, "Deployment"; the
+# Run it with the host's network and the engine's socket (docs/operating.md, "An image"; the
 # Kubernetes example is contrib/k8s/daemonset.yaml). BASE must be a Debian with Python
 # 3.11 (the wheels are built for it): a private mirror's copy, or one made from Debian
 # packages (tests/test_image.py does that where no registry is reachable).

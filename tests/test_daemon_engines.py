@@ -191,7 +191,7 @@ async def test_a_slow_reader_of_a_fast_job_keeps_the_node_small(
     The follow starts at the log's first line (the job may have written all 100 MB, in
     under 2 s, before it opens: a short tail would then wait for the job's next line, 300 s
     away). podman 4 has been seen to end a follow of a log written at full speed early, the
-    job still running (README, following logs): the reader then follows again, at most
+    job still running (docs/api.md, following logs): the reader then follows again, at most
     five times, as a client must; the memory is measured across all of them."""
     node = await make_node(engine)
     flood = "yes $(head -c 1000 /dev/zero | tr '\\0' x) | head -c 100000000; sleep 300"

@@ -4,7 +4,7 @@ Valid requests of each verb are mutated (fields dropped, added, or replaced by h
 values; bodies truncated or replaced by junk; headers wrong) by a seeded generator.
 Whatever comes: no answer is a 5xx, nothing reaches the log as a traceback, and no
 request that was refused started a container. The figures are printed (run with ``-s``)
-and recorded in the README. ``TUNEPLANE_FUZZ_REQUESTS`` and ``TUNEPLANE_FUZZ_SEED``
+and recorded in docs/reliability.md. ``TUNEPLANE_FUZZ_REQUESTS`` and ``TUNEPLANE_FUZZ_SEED``
 change the size and the seed.
 """
 

@@ -100,8 +100,8 @@ def make_debian_base(client: docker.DockerClient, rootfs: Path) -> None:
 
 
 def build_context(workdir: Path) -> Path:
-    """The repository's Dockerfile, .dockerignore and pins, and the wheels the README's
-    command makes (this package's and every pinned dependency's)."""
+    """The repository's Dockerfile, .dockerignore and pins, and the wheels that
+    docs/operating.md's command makes (this package's and every pinned dependency's)."""
     context = workdir / "context"
     context.mkdir()
     for name in ("Dockerfile", ".dockerignore", "constraints.txt"):
@@ -151,7 +151,7 @@ def made(client: docker.DockerClient) -> Iterator[list[str]]:
 
 
 def run_node(client: docker.DockerClient, image: str, made: list[str], port: int) -> Container:
-    """The image as the README runs it: not root, the socket's group added, read-only."""
+    """The image as docs/operating.md runs it: not root, the socket's group added, read-only."""
     name = unique("tuneplane-test-node")
     made.append(name)
     return client.containers.run(

@@ -252,7 +252,7 @@ async def test_slow_pull_that_keeps_moving_is_not_killed(
     docker_runtime: TrackingRuntime, proxy: ThrottlingProxy
 ) -> None:
     # Docker only: podman 4's compat stream reports a layer when it is done, not while
-    # its bytes arrive (see README, "Image pulls").
+    # its bytes arrive (see docs/operating.md, "Image pulls").
     runtime = docker_runtime
     image = await proxy.big_image(runtime, rate=1_500_000)  # ~6 s, far over the stall timeout
 

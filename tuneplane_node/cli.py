@@ -32,7 +32,7 @@ def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
         prog="tuneplane-node",
         description="Node daemon of the TunePlane fine-tuning platform. "
-        "Settings come from TUNEPLANE_* variables and .env (see README).",
+        "Settings come from TUNEPLANE_* variables and .env (see docs/operating.md).",
     )
     top.add_argument("--version", action="version", version=f"tuneplane-node {__version__}")
     top.add_argument(

@@ -1,7 +1,7 @@
 """NodeSettings: what this machine itself must answer, read from ``TUNEPLANE_*`` and `.env`.
 
 Everything about jobs comes from the console; settings hold only facts about the node.
-Every field is documented in the README (a test keeps the two in step).
+Every field is documented in docs/operating.md (a test keeps the two in step).
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ class NodeSettings(BaseSettings):
     (-500), so the kernel's OOM killer takes a job first."""
 
     gpu_simulation_file: Path | None = None
-    """Development aid: a JSON file read instead of the GPU driver (see README)."""
+    """Development aid: a JSON file read instead of the GPU driver (docs/operating.md)."""
     gpu_xid_ignore: list[int] = [13, 31, 43, 45, 68, 109]
     """XID codes caused by the application itself, which do not make a card unhealthy."""
     gpu_xid_quarantine_s: float = Field(600.0, ge=0, le=7 * DAY, allow_inf_nan=False)

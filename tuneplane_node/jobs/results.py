@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from tuneplane_node.gpu.allocator import Occupancy
@@ -106,6 +106,10 @@ class StoppedView:
 
 
 JobView = ContainerState | StoppedView | PendingView
+
+Own = Callable[[str], Awaitable[ContainerState]]
+"""The service's "ours" rule as it hands it to its collaborators: the node's container
+of that name, or missing (`ContainerState.missing`) for one that is not the node's."""
 
 
 # --- the node ---------------------------------------------------------------------------

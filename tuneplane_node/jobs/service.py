@@ -17,7 +17,7 @@ import collections
 import contextlib
 import itertools
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import Iterable
 from dataclasses import replace
 from datetime import datetime
 
@@ -25,16 +25,14 @@ from tuneplane_node import inventory
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock, parse_rfc3339, rfc3339
 from tuneplane_node.errors import (
     EngineConflict,
-    EngineRefused,
     NameTaken,
     NodeCordoned,
     NodeError,
-    TooManyFollows,
 )
 from tuneplane_node.gpu.allocator import GpuAllocator
-from tuneplane_node.jobs.followed import END_GRACE_S, EndedWithJob
 from tuneplane_node.jobs.launcher import Launcher
 from tuneplane_node.jobs.locks import RefLocks
+from tuneplane_node.jobs.logs import LogsReader
 from tuneplane_node.jobs.nodestate import (
     CORDONED,
     DRAINED,
@@ -52,7 +50,6 @@ from tuneplane_node.jobs.results import (
     JobView,
     LaunchRequest,
     LaunchResult,
-    LogNote,
     NodeStatus,
     StoppedView,
 )
@@ -61,7 +58,6 @@ from tuneplane_node.runtime.base import (
     RUNNING,
     ContainerRuntime,
     ContainerState,
-    LogQuery,
     LogStream,
     LogText,
     PullLimits,
@@ -72,15 +68,6 @@ from tuneplane_node.telemetry import NO_TELEMETRY, Telemetry
 log = logging.getLogger(__name__)
 DRAIN_RETRY_S = 5.0
 """A drain whose stops failed (the engine down) tries again after this long."""
-LOG_READERS = 1
-"""Logs read at once. A read of a huge log keeps a thread busy in Python for a second or
-more; two at once starve the event loop of the GIL (health took 90 ms behind three)."""
-
-
-def follow_limit(settings: NodeSettings) -> int:
-    """Logs followed at once: each holds an engine thread for as long as it streams, so
-    a quarter of the pool at most, and the other verbs always keep three quarters."""
-    return max(1, settings.runtime_threads // 4)
 
 
 def reapable(state: ContainerState, max_age_s: float, now: datetime) -> bool:
@@ -130,10 +117,8 @@ class JobService:
         self.pending = self.launcher.pending
         self.rules = self.launcher.rules
         self.disk = inventory.DiskGauge(settings.storage, clock=clock)
-        self._log_readers = asyncio.Semaphore(LOG_READERS)
-        self.follow_limit = follow_limit(settings)
-        self._followers = asyncio.Semaphore(self.follow_limit)
-        self.follow_end_grace_s = END_GRACE_S
+        self.reader = LogsReader(runtime, settings, own=self._own, pending=self.pending)
+        self.follow_limit = self.reader.follow_limit
         self.state_file = NodeStateFile(settings.state_dir)
         self.node = NodeState()  # until start() reads the file
         self._saves = itertools.count(1)
@@ -240,53 +225,24 @@ class JobService:
     async def logs(self, ref: str, tail: int, since: datetime | None = None) -> LogText:
         """The container's last lines, at most ``TUNEPLANE_LOGS_MAX_BYTES`` of the newest;
         for a pending or missing one, a sentence saying so."""
-        found = await self._readable(ref)
-        if isinstance(found, LogText):
-            return found
-        query = LogQuery(tail=tail, max_bytes=self.settings.logs_max_bytes, since=since)
-        try:
-            async with self._log_readers:  # each read is a busy thread: the loop needs the GIL
-                text = await self.runtime.logs(found.handle, query)
-        except EngineRefused as exc:
-            return LogText(f"no logs for {ref}: {exc.reason}")
-        return _missing(ref) if text is None else text
+        return await self.reader.logs(ref, tail, since)
 
-    @contextlib.asynccontextmanager
-    async def follow(
+    def follow(
         self, ref: str, tail: int, since: datetime | None = None
-    ) -> AsyncIterator[LogStream]:
+    ) -> contextlib.AbstractAsyncContextManager[LogStream]:
         """The container's last lines, then its new ones until it stops; for a pending or
         missing one, the sentence `logs` gives. Past `follow_limit` streams at once,
-        `TooManyFollows` (before anything is sent). Leaving the context releases the
-        stream and its slot at once."""
-        found = await self._readable(ref)
-        if isinstance(found, LogText):
-            yield LogNote(found.text)
-            return
-        if self._followers.locked():
-            raise TooManyFollows(limit=self.follow_limit)
-        async with self._followers:
-            query = LogQuery(tail=tail, max_bytes=self.settings.logs_max_bytes, since=since)
-            try:
-                stream = await self.runtime.follow_logs(found.handle, query)
-            except EngineRefused as exc:
-                stream = LogNote(f"no logs for {ref}: {exc.reason}")
-            if stream is not None and not isinstance(stream, LogNote):
-                grace = self.follow_end_grace_s
-                stream = EndedWithJob(stream, self.runtime, name=found.name, grace_s=grace)
-            try:
-                yield LogNote(_missing(ref).text) if stream is None else stream
-            finally:
-                if stream is not None:
-                    await stream.aclose()
+        `TooManyFollows` (before anything is sent)."""
+        return self.reader.follow(ref, tail, since)
 
-    async def _readable(self, ref: str) -> ContainerState | LogText:
-        """The node's container of that name, or the sentence saying why it has no logs."""
-        record = self.pending.get(ref)
-        if record is not None:
-            return LogText(f"no logs yet: {ref} is {record.phase} ({record.error or record.image})")
-        state = await self._own(ref)
-        return state if state.exists else _missing(ref)
+    @property
+    def follow_end_grace_s(self) -> float:
+        """How long after a followed log's end the job's exit may take to be known."""
+        return self.reader.end_grace_s
+
+    @follow_end_grace_s.setter
+    def follow_end_grace_s(self, seconds: float) -> None:
+        self.reader.end_grace_s = seconds
 
     # --- stop, remove, reap -------------------------------------------------------------
 
@@ -545,10 +501,6 @@ async def read_inventory(
         runtime=f"{engine.engine}://{engine.version}" if engine.version else None,
         node=node,
     )
-
-
-def _missing(ref: str) -> LogText:
-    return LogText(f"no logs: container {ref} does not exist")
 
 
 def _because(reason: str | None) -> str:

@@ -225,6 +225,7 @@ async def test_deeply_nested_json_is_a_400(tmp_path: Path) -> None:
                     assert (await response.json())["detail"] == "request body is nested too deeply"
 
 
+@pytest.mark.slow
 def test_a_thousand_idle_and_trickling_connections_do_not_take_the_node(tmp_path: Path) -> None:
     """The figure of the issue: open-file limit 1,024, 1,100 idle or trickling clients;
     health still answers within 2 s and the log stays small."""

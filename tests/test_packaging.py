@@ -101,6 +101,7 @@ def test_mypy_checks_against_the_lowest_supported_python() -> None:
     )
 
 
+@pytest.mark.slow
 def test_the_sdist_carries_its_tests_and_they_collect(tmp_path: Path) -> None:
     """An unpacked sdist collects as many tests as the checkout (conftest and helpers
     shipped), and carries the version the package says."""

@@ -138,16 +138,48 @@ MakeFakeNode = Callable[..., Awaitable[Console]]
 @pytest.fixture
 async def fake_node(
     aiohttp_client: Any, fake: FakeRuntime, probe: FakeProbe, clock: FakeClock, tmp_path: Any
-) -> MakeFakeNode:
-    """The real daemon over a real socket, in front of the fake engine."""
+) -> AsyncIterator[MakeFakeNode]:
+    """The real daemon over a real socket, in front of the fake engine, behind the
+    event-fed state cache as in production. With a simulation file in the settings, the
+    cards are the file's (the probe the daemon itself would make), else ``probe``'s.
+    Every request waits until the cache has taken the engine's events (`cache_settled`)."""
+    caches: list[CachedRuntime] = []
 
     async def make(**overrides: Any) -> Console:
         settings = fake_settings(tmp_path, **overrides)
-        allocator = GpuAllocator(fake, settings, probe=probe)
-        app = create_node_app(settings, runtime=fake, allocator=allocator, clock=clock)
-        return Console(await aiohttp_client(app))
+        cached = await fake_cache(fake, settings, clock)
+        caches.append(cached)
+        cards = make_probe(settings) if settings.gpu_simulation_file else probe
+        allocator = GpuAllocator(cached, settings, probe=cards)
+        app = create_node_app(settings, runtime=cached, allocator=allocator, clock=clock)
+        return Console(await aiohttp_client(app), settle=lambda: cache_settled(fake, cached))
 
-    return make
+    yield make
+    for cached in caches:
+        await cached.cache.close()  # the fake under it is the `fake` fixture's to close
+
+
+async def fake_cache(fake: FakeRuntime, settings: NodeSettings, clock: FakeClock) -> CachedRuntime:
+    """The state cache over the fake engine, synced; a broken stream reopens within 50 ms."""
+    cached = CachedRuntime(
+        fake,
+        relist_s=settings.state_relist_s,
+        sync_timeout=5,
+        clock=clock,
+        backoff_s=(0.01, 0.05),
+    )
+    await cached.start()
+    return cached
+
+
+async def cache_settled(fake: FakeRuntime, cached: CachedRuntime, timeout: float = 5) -> None:
+    """Until the cache has taken every event the fake sent, and knows whether the engine
+    is up: stale once it went down, synced again once it came back."""
+    await fake.delivered(timeout)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while cached.cache.synced != fake.up and loop.time() < deadline:
+        await asyncio.sleep(0.002)
 
 
 # --- engines ------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import contextlib
 import itertools
 import queue
 import secrets
+import threading
 from collections.abc import AsyncGenerator, Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -26,6 +27,7 @@ from tuneplane_node.gpu.probe import CardFacts, GpuProcess, GpuSnapshot
 from tuneplane_node.runtime.base import (
     EXIT_SIGKILL,
     LABEL_RUN_ID,
+    RUNNING,
     Brief,
     CacheStatus,
     ContainerSpec,
@@ -78,6 +80,7 @@ class FakeContainer:
     finished_at: str | None = None
     oom_killed: bool = False
     ignores_sigterm: bool = False
+    sigterm_exit_code: int = 143  # what its own handler exits with; 128 + 15 without one
     output: list[str] = field(default_factory=list)
 
     def state(self) -> ContainerState:
@@ -134,6 +137,31 @@ class Gate:
         self.opened.set()
 
 
+class EventStream:
+    """One open event stream: what the engine sent on it, and how much its reader took."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[EngineEvent | None] = queue.Queue()
+        self.sent = 0
+        self.taken = 0  # written by the reader's thread
+        self.closed = False
+
+    def send(self, event: EngineEvent) -> None:
+        self.sent += 1
+        self._queue.put(event)
+
+    def get(self) -> EngineEvent | None:
+        return self._queue.get()
+
+    def close(self) -> None:
+        """From any thread: the reader's iterator ends after what was sent before."""
+        self.closed = True
+        self._queue.put(None)
+
+    def behind(self) -> bool:
+        return not self.closed and self.taken < self.sent
+
+
 class FakeRuntime:
     """An engine in memory. Every verb is also an EngineFeed call, blocking or not."""
 
@@ -143,7 +171,7 @@ class FakeRuntime:
         self.clock = clock or FakeClock()
         self.containers: dict[str, FakeContainer] = {}
         self.images: set[str] = set(images)
-        self.up = True
+        self._up = True
         self.calls: collections.Counter[str] = collections.Counter()
         self.pulls: list[FakePull] = []
         self.pulling = asyncio.Event()  # set when any pull starts
@@ -153,13 +181,15 @@ class FakeRuntime:
         self.following = 0  # followed logs being read now
         self.end_follows_early = False  # a follow ends after its first chunk, job or not
         self.ps_error: Exception | None = None  # ps() raises it, health still ok
+        self.faults: dict[str, BaseException] = {}  # verb -> what it raises (a bug below)
         self.signals: list[tuple[str, str]] = []  # (name, signal) of every signal that landed
         self.changed = asyncio.Event()  # set on every change to any container
         self.refs: list[tuple[str, str]] = []  # (verb, the ref it was given) of every verb
         self.usages: dict[str, Usage] = {}  # container name -> what usage() reads for it
         self.holders: dict[int, str] = {}  # pid -> the handle of the container it runs in
         self.pool = BlockingPool(2, name="fake")
-        self._streams: list[queue.Queue[EngineEvent | None]] = []
+        self._streams: list[EventStream] = []
+        self._streams_lock = threading.Lock()
         self._ids = itertools.count(1)
         self.closed = False
 
@@ -191,6 +221,29 @@ class FakeRuntime:
 
     def events_open(self) -> int:
         return len(self._streams)
+
+    @property
+    def up(self) -> bool:
+        """Whether the engine answers. Going down breaks every open event stream, as an
+        engine's do when it stops (their connections close)."""
+        return self._up
+
+    @up.setter
+    def up(self, up: bool) -> None:
+        self._up = up
+        if not up:
+            self.close_streams()
+
+    async def delivered(self, timeout: float = 5) -> None:
+        """Until every event sent so far has been taken by the reader of each open
+        stream and what it did with it (a cache's posts to the loop) has run: a test
+        that changed the engine then reads what an event-fed reader made of it."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while any(stream.behind() for stream in self._open_streams()):
+            assert loop.time() < deadline, "an event stream's reader never took its events"
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(0)  # the reader's posts, queued before this task, run first
 
     # --- ContainerRuntime --------------------------------------------------------------
 
@@ -249,9 +302,13 @@ class FakeRuntime:
         if self.refuse_logs is not None:
             action = f"read the logs of {ref}"
             raise EngineRefused(engine=ENGINE, action=action, reason=self.refuse_logs)
-        stamp = rfc3339(self.clock.now()).encode()
+        now = self.clock.now()
+        stamp = rfc3339(now).encode()
         fold = LogFold(keep=query.tail, max_bytes=query.max_bytes)
-        for line in container.output:
+        # Every line is stamped with the time of the read: all of them are before a
+        # ``since`` still to come, and none before one that has passed.
+        lines = container.output if query.since is None or query.since <= now else []
+        for line in lines:
             data = f"{line}\n".encode()
             for start in range(0, len(data), PIECE):
                 fold.add(stamp + b" " + data[start : start + PIECE])
@@ -276,8 +333,10 @@ class FakeRuntime:
         self.following += 1
         try:
             sent = max(0, len(container.output) - query.tail)
+            if query.since is not None and query.since > self.clock.now():
+                sent = len(container.output)  # the lines so far: all before ``since``
             while True:
-                running = container.status in ("running", "paused", "restarting")
+                running = container.status in RUNNING
                 lines, sent = container.output[sent:], len(container.output)
                 if lines:
                     stamp = rfc3339(self.clock.now())
@@ -295,18 +354,18 @@ class FakeRuntime:
         self._answer("kill")
         container = self.find(ref)
         self.refs.append((signal, ref))
-        if container is None or container.status not in ("running", "paused", "restarting"):
+        if container is None or container.status not in RUNNING:
             return
         self.signals.append((container.spec.name, signal))
         if signal == "SIGTERM" and container.ignores_sigterm:
             return
-        self._end(container, 143 if signal == "SIGTERM" else EXIT_SIGKILL)
+        self._end(container, container.sigterm_exit_code if signal == "SIGTERM" else EXIT_SIGKILL)
 
     async def wait_exited(self, name: str, timeout: float) -> bool:
         """Waits for real time (tests give short grace periods) on the fake's changes."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while (c := self.containers.get(name)) is not None and c.status == "running":
+        while (c := self.containers.get(name)) is not None and c.status in RUNNING:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return False
@@ -385,22 +444,35 @@ class FakeRuntime:
 
     def open_events(self) -> tuple[Iterator[EngineEvent], Callable[[], None]]:
         self._answer("open_events")
-        stream: queue.Queue[EngineEvent | None] = queue.Queue()
-        self._streams.append(stream)
+        stream = EventStream()
+        with self._streams_lock:
+            self._streams.append(stream)
 
         def events() -> Iterator[EngineEvent]:
-            while (event := stream.get()) is not None:
-                yield event
-            if not self.up:
-                raise EngineUnavailable(engine=ENGINE, reason="the stream broke")
+            try:
+                while (event := stream.get()) is not None:
+                    yield event
+                    stream.taken += 1  # the reader asks for the next: done with this one
+                if not self.up:
+                    raise EngineUnavailable(engine=ENGINE, reason="the stream broke")
+            finally:  # ended, or dropped by its reader: its connection is closed
+                self._drop(stream)
 
-        return events(), lambda: stream.put(None)
+        return events(), stream.close
 
     def close_streams(self) -> None:
         """End every open event stream, as an engine restart does."""
-        for stream in self._streams:
-            stream.put(None)
-        self._streams.clear()
+        for stream in self._open_streams():
+            stream.close()
+            self._drop(stream)
+
+    def _open_streams(self) -> list[EventStream]:
+        with self._streams_lock:
+            return list(self._streams)
+
+    def _drop(self, stream: EventStream) -> None:
+        with self._streams_lock, contextlib.suppress(ValueError):
+            self._streams.remove(stream)
 
     # --- the engine's insides ----------------------------------------------------------
 
@@ -408,6 +480,8 @@ class FakeRuntime:
         self.calls[call] += 1
         if not self.up:
             raise EngineUnavailable(engine=ENGINE, reason="down")
+        if call in self.faults:
+            raise self.faults[call]
 
     def _create(self, spec: ContainerSpec, *, labels: dict[str, str]) -> FakeContainer:
         container_id = f"{next(self._ids):04x}" + secrets.token_hex(30)
@@ -432,8 +506,8 @@ class FakeRuntime:
         if LABEL_RUN_ID not in container.labels:
             return  # the engines' event filter: only the node's containers
         event = EngineEvent(container.id, action, exit_code, rfc3339(self.clock.now()))
-        for stream in self._streams:
-            stream.put(event)
+        for stream in self._open_streams():
+            stream.send(event)
 
 
 class FakeProbe:

@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +143,9 @@ class TrackingRuntime:
 
     async def cleanup(self) -> None:
         for name in self.made:
+            # SIGKILL first: podman's force-remove of a running container waits out its
+            # stop timeout (10 s) when the job ignores SIGTERM, as a sleeping PID 1 does.
+            await self.inner.kill(name, "SIGKILL")
             await self.inner.remove(name)
 
 
@@ -338,12 +341,24 @@ HEADERS = {"Authorization": f"Bearer {TOKEN}", PROTOCOL_HEADER: str(PROTOCOL)}
 class Console:
     """A console stand-in: speaks the node's wire protocol over a real socket."""
 
-    def __init__(self, client: TestClient, made: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        client: TestClient,
+        made: list[str] | None = None,
+        *,
+        settle: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         self.client = client
         self.app = client.app
         self.made = made  # names launched through it, for the fixture's clean-up
+        # Awaited before each request: over the fake engine, until the node has taken
+        # every event of what the test did to the engine (an engine's events take a
+        # moment; the node must not be asked in between, or the test is a race).
+        self.settle = settle
 
     async def call(self, method: str, path: str, **kwargs: Any) -> tuple[int, Any]:
+        if self.settle is not None:
+            await self.settle()
         kwargs.setdefault("headers", HEADERS)
         async with self.client.request(method, path, **kwargs) as response:
             return response.status, await response.json()
@@ -424,6 +439,8 @@ class Console:
     async def follow(self, ref: str, *, tail: int | None = None, timeout: float = 60) -> str:
         """A followed log, read whole: the stream ends when the job does."""
         params = {"ref": ref, "follow": "1", **({"tail": str(tail)} if tail else {})}
+        if self.settle is not None:
+            await self.settle()
         async with self.client.get("/node/v1/logs", params=params, headers=HEADERS) as response:
             assert response.status == 200, (response.status, await response.text())
             assert response.headers["Content-Type"] == "text/plain; charset=utf-8"

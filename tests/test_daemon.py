@@ -117,8 +117,9 @@ async def test_a_bug_is_a_500_naming_only_its_type(
     fake_node: MakeFakeNode, fake: FakeRuntime
 ) -> None:
     node = await fake_node()
-    fake.ps_error = KeyError("secret-detail")
-    got = await node.call("POST", "/node/v1/reap", json={})
+    ref, _ = await node.launch(image=IMAGE)
+    fake.faults["logs"] = KeyError("secret-detail")
+    got = await node.call("GET", "/node/v1/logs", params={"ref": ref})
     assert got == (500, {"detail": "internal error: KeyError"})
 
 
@@ -126,15 +127,14 @@ async def test_an_engine_that_is_down_is_a_503_and_health_says_so(
     fake_node: MakeFakeNode, fake: FakeRuntime
 ) -> None:
     node = await fake_node()
-    fake.up = False
-    assert await node.call("POST", "/node/v1/observe", json={"refs": ["tuneplane-a"]}) == (
-        503,
-        {"detail": "engine unreachable: fake: down"},
-    )
+    fake.up = False  # its event stream breaks: the node's cache knows nothing now
+    status, body = await node.call("POST", "/node/v1/observe", json={"refs": ["tuneplane-a"]})
+    assert status == 503 and body["detail"].startswith("engine unreachable: fake: ")
     _, body = await node.launch(["/bin/true"], image=IMAGE, expect=503)
-    assert body == {"detail": "engine unreachable: fake: down"}
+    assert body["detail"].startswith("engine unreachable: fake: ")
     health = await node.health()
-    assert health["ok"] is False and health["error"] == "engine unreachable: fake: down"
+    assert health["ok"] is False and health["error"].startswith("event stream broken: ")
+    assert health["state_cache"]["synced"] is False
     assert health["free_gpus"] is None  # unknown, not "none free"
 
 
@@ -322,7 +322,8 @@ async def test_health_and_inventory_shapes(fake_node: MakeFakeNode, tmp_path: An
     assert health["runtime"] == {"name": "fake", "version": "1.0-fake"}
     assert health["series"] == "h100-sxm"
     assert health["disk"]["path"] == str(tmp_path.resolve())
-    assert "state_cache" not in health  # the fake reads on every call, like the process runtime
+    assert health["state_cache"]["synced"] is True  # the node's cache over the fake engine
+    assert health["state_cache"]["containers"] == 0
     assert (health["external"], health["external_pids"]) == ([], {})
 
     inventory = await node.ok("GET", "/node/v1/inventory")

@@ -137,8 +137,8 @@ async def test_http_series_name_the_route_never_the_ref_nor_a_made_up_method(
 async def test_unknown_facts_are_no_series_not_zeros(
     fake_node: MakeFakeNode, fake: FakeRuntime
 ) -> None:
+    fake.up = False  # from the start: the cache never synced
     node = await fake_node(local_gpu_count=None)  # no count, and the fake probe says none
-    fake.up = False
     samples = await scrape(node)
     assert not [key for key in samples if key[0] in ("tuneplane_node_gpus", "tuneplane_node_jobs")]
     assert math.isnan(value(samples, "tuneplane_node_state_cache_age_seconds"))  # unknown

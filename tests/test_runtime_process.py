@@ -24,7 +24,6 @@ from tuneplane_node.errors import Conflict, EngineRefused, InvalidField
 from tuneplane_node.runtime.base import (
     LABEL_RUN_ID,
     ContainerSpec,
-    ContainerState,
     LogQuery,
     PullLimits,
 )
@@ -261,23 +260,6 @@ async def test_sigterm_reaches_the_whole_process_tree(
     assert not pid_running(child)
 
 
-async def test_a_job_ignoring_sigterm_runs_on_until_sigkill(runtime: ProcessRuntime) -> None:
-    spec = job("stubborn", ["sh", "-c", "trap '' TERM; echo ready; sleep 300"])
-    await runtime.run(spec)
-    deadline = time.monotonic() + 10
-    while "ready" not in await log_text(runtime, spec.name, 10):
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.05)
-
-    await runtime.kill(spec.name, "SIGTERM")
-    assert not await runtime.wait_exited(spec.name, 0.2)
-
-    await runtime.kill(spec.name, "SIGKILL")
-    assert await runtime.wait_exited(spec.name, 5)
-    state = await runtime.inspect(spec.name)
-    assert (state.status, state.exit_code) == ("exited", 137)
-
-
 async def test_a_job_killed_from_outside_reads_exited_137(
     runtime: ProcessRuntime, tmp_path: Path
 ) -> None:
@@ -330,29 +312,6 @@ async def test_background_processes_die_when_the_job_ends(
     assert state.exit_code == 0
     child = int(await wait_file(tmp_path / "child.pid"))
     await wait_until(lambda: not pid_running(child), timeout=2)  # the group's SIGKILL lands
-
-
-async def test_a_missing_job_is_not_an_error(runtime: ProcessRuntime) -> None:
-    assert await runtime.inspect("tuneplane-nope") == ContainerState.missing("tuneplane-nope")
-    assert await runtime.logs("tuneplane-nope", LogQuery(10, 1024)) is None
-    await runtime.kill("tuneplane-nope", "SIGKILL")
-    assert await runtime.wait_exited("tuneplane-nope", 1)
-    await runtime.remove("tuneplane-nope")
-    assert await runtime.ps() == []
-
-
-async def test_ps_lists_running_and_exited_jobs(runtime: ProcessRuntime) -> None:
-    done, busy = job("done", ["true"]), job("busy", ["sleep", "300"])
-    await runtime.run(done)
-    await runtime.run(busy)
-    await wait_status(runtime, done.name, "exited")
-
-    listed = {state.name: state for state in await runtime.ps()}
-
-    assert set(listed) == {done.name, busy.name}
-    assert (listed[done.name].status, listed[done.name].exit_code) == ("exited", 0)
-    assert listed[busy.name].status == "running"
-    assert listed[busy.name].run_id == "busy"
 
 
 async def test_remove_kills_a_running_job_deletes_it_and_frees_the_name(

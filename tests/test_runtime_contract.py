@@ -1,0 +1,417 @@
+"""The `ContainerRuntime` contract, one suite for every runtime: the in-memory fake the
+fast tests stand on, the process runtime, and the real Docker and podman engines.
+
+Each test runs on each runtime and asserts the same thing; where they must differ (the
+process runtime has no images and no ids) the `Subject` says so, in one place. A
+`Subject` plays the job's part: on a real runtime a shell script, on the fake the test's
+levers (`FakeRuntime.exit`, its output, how it takes SIGTERM). When the fake disagrees
+with the engines here, the fake is what is wrong.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import IMAGE as FAKE_IMAGE
+from tests.conftest import open_runtime
+from tests.fakes import FakeClock, FakeRuntime
+from tests.helpers import (
+    IMAGE,
+    REGISTRY,
+    TrackingRuntime,
+    engine_settings,
+    job,
+    log_text,
+    unique,
+)
+from tuneplane_node.clock import parse_rfc3339
+from tuneplane_node.errors import EngineConflict, EngineRefused, EngineUnavailable
+from tuneplane_node.runtime.base import (
+    LABEL_GPUS,
+    LABEL_RUN_ID,
+    ContainerRuntime,
+    ContainerSpec,
+    ContainerState,
+    LogQuery,
+    container_name,
+)
+from tuneplane_node.runtime.docker import DockerRuntime
+from tuneplane_node.runtime.podman import PodmanRuntime
+from tuneplane_node.runtime.process import ProcessRuntime
+from tuneplane_node.settings import load_settings
+
+RUNTIMES = [
+    "fake",
+    "process",
+    pytest.param("docker", marks=pytest.mark.engine),
+    pytest.param("podman", marks=pytest.mark.engine),
+]
+ENGINE_DOWN = "unix:///nonexistent/engine.sock"
+ABSENT_IMAGE = f"{REGISTRY}/tuneplane-test/none:1"
+READY = "ready"  # what a script prints once its signal handling is in place
+QUERY = LogQuery(tail=100, max_bytes=8 * 2**20)
+
+
+@dataclass
+class Subject:
+    """One runtime under the contract, and how a job behaves on it."""
+
+    kind: str
+    runtime: TrackingRuntime
+    image: str
+    fake: FakeRuntime | None = None
+    has_images: bool = True  # the process runtime has none: every image is "there"
+
+    def spec(self, command: list[str], **fields: object) -> ContainerSpec:
+        return job(command, image=self.image, **fields)  # type: ignore[arg-type]
+
+    async def started(self, command: list[str], **fields: object) -> ContainerSpec:
+        spec = self.spec(command, **fields)
+        await self.runtime.run(spec)
+        return spec
+
+    async def sleeper(self, **fields: object) -> ContainerSpec:
+        """A job that runs until it is killed (SIGKILL: PID 1 of a container may ignore
+        SIGTERM)."""
+        return await self.started(["/bin/sh", "-c", "exec sleep 300"], **fields)
+
+    async def exited(self, code: int, *lines: str) -> ContainerState:
+        """A job that prints ``lines``, exits ``code`` by itself, and has ended.
+
+        It runs 50 ms at least: the process runtime dates a job's end by its rc file's
+        mtime, from the kernel's coarse clock (a few ms a tick), and a job that ends
+        sooner reads finished before it started."""
+        script = "".join(f"echo {line}; " for line in lines) + f"sleep 0.05; exit {code}"
+        spec = await self.started(["/bin/sh", "-c", script])
+        if self.fake is not None:
+            self.fake.containers[spec.name].output.extend(lines)
+            self.fake.exit(spec.name, code)
+        assert await self.runtime.wait_exited(spec.name, 20)
+        return await self.runtime.inspect(spec.name)
+
+    async def printed(self, stdout: str, stderr: str) -> ContainerState:
+        """A job that writes one line to each stream and exits 0."""
+        spec = await self.started(["/bin/sh", "-c", f"echo {stdout}; echo {stderr} >&2"])
+        if self.fake is not None:
+            self.fake.containers[spec.name].output.extend([stdout, stderr])
+            self.fake.exit(spec.name, 0)
+        assert await self.runtime.wait_exited(spec.name, 20)
+        return await self.runtime.inspect(spec.name)
+
+    async def handling_sigterm(self, *, exit_code: int | None) -> ContainerSpec:
+        """A job that exits ``exit_code`` on SIGTERM, or (None) ignores it; returned once
+        its handler is in place."""
+        action = "''" if exit_code is None else f"'exit {exit_code}'"
+        script = f"trap {action} TERM; echo {READY}; while true; do sleep 0.1; done"
+        spec = await self.started(["/bin/sh", "-c", script])
+        if self.fake is not None:
+            container = self.fake.containers[spec.name]
+            container.output.append(READY)
+            container.ignores_sigterm = exit_code is None
+            container.sigterm_exit_code = exit_code or 143
+        deadline = time.monotonic() + 20
+        while READY not in await log_text(self.runtime, spec.name):
+            assert time.monotonic() < deadline, "the job never said it was ready"
+            await asyncio.sleep(0.05)
+        return spec
+
+    async def foreign(self) -> ContainerSpec:
+        """A container that is not the node's: no run-id label."""
+        spec = ContainerSpec(name=unique("foreign"), image=self.image, command=("sleep", "300"))
+        if self.fake is not None:
+            self.fake.create_outside(spec)
+        else:
+            await self.runtime.run(spec)
+        return spec
+
+    def failing_start(self) -> ContainerSpec:
+        """A spec the runtime creates and then cannot start."""
+        if self.fake is not None:
+            self.fake.refuse_start = "exec: no such file"
+            return self.spec(["/bin/true"])
+        if self.kind == "process":  # any argv starts (the wrapper runs it): the cwd cannot
+            return self.spec(["/bin/true"], workdir="/nonexistent/workdir")
+        return self.spec(["/no/such/binary"])
+
+
+@pytest.fixture(params=RUNTIMES)
+async def subject(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Subject]:
+    kind: str = request.param
+    inner: ContainerRuntime
+    fake = None
+    if kind == "fake":
+        inner = fake = FakeRuntime(clock=FakeClock(), images=(FAKE_IMAGE,))
+    elif kind == "process":
+        inner = ProcessRuntime(load_settings(), state_dir=tmp_path / "jobs")
+    else:
+        inner = await open_runtime(kind, local_gpu_passthrough=False)
+    runtime = TrackingRuntime(inner)
+    image = FAKE_IMAGE if fake is not None else IMAGE
+    yield Subject(kind, runtime, image, fake=fake, has_images=kind != "process")
+    await runtime.cleanup()
+    await inner.close()
+
+
+@pytest.fixture(params=RUNTIMES)
+async def down(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[ContainerRuntime]:
+    """A runtime whose engine cannot be asked."""
+    kind: str = request.param
+    runtime: ContainerRuntime
+    if kind == "fake":
+        runtime = FakeRuntime()
+        runtime.up = False
+    elif kind == "process":
+        (tmp_path / "a-file").write_text("")  # its state directory cannot be made or read
+        runtime = ProcessRuntime(load_settings(), state_dir=tmp_path / "a-file" / "jobs")
+    elif kind == "docker":
+        runtime = DockerRuntime(engine_settings("docker", docker_host=ENGINE_DOWN))
+    else:
+        runtime = PodmanRuntime(engine_settings("podman", podman_url=ENGINE_DOWN))
+    yield runtime
+    await runtime.close()
+
+
+def moments(state: ContainerState) -> list[datetime | None]:
+    return [parse_rfc3339(t) for t in (state.created_at, state.started_at, state.finished_at)]
+
+
+def texts(log: str) -> list[str]:
+    """The lines of a log without their times."""
+    return [line.split(" ", 1)[1] for line in log.splitlines()]
+
+
+# --- run and inspect ------------------------------------------------------------------------
+
+
+async def test_a_running_job_shows_its_labels_and_cards_and_no_exit(subject: Subject) -> None:
+    before = datetime.now(timezone.utc) - timedelta(seconds=5)
+    spec = subject.spec(["/bin/sh", "-c", "exec sleep 300"], labels={"tuneplane.user": "alice"})
+    spec = replace(spec, gpus=(2, 0))
+
+    returned = await subject.runtime.run(spec)
+    state = await subject.runtime.inspect(spec.name)
+
+    assert (state.exists, state.status, state.exit_code) == (True, "running", None)
+    assert state.labels[LABEL_GPUS] == "0,2" and state.gpus == (0, 2)
+    assert state.labels["tuneplane.user"] == "alice"
+    assert state.run_id == spec.labels[LABEL_RUN_ID] and state.ours and state.live
+    assert state.id in (None, returned)  # the process runtime reports none: its name is all
+    assert state.handle == (state.id or spec.name)
+    created, started, finished = moments(state)
+    assert created is not None and started is not None and finished is None
+    if subject.fake is None:  # the fake's clock is the test's, far from now
+        assert before <= created <= started
+    assert not state.never_started
+
+
+async def test_a_job_that_exits_reports_its_code_and_times(subject: Subject) -> None:
+    state = await subject.exited(3)
+
+    assert (state.status, state.exit_code, state.oom_killed, state.live) == (
+        "exited", 3, False, False,
+    )  # fmt: skip
+    created, started, finished = moments(state)
+    assert created is not None and started is not None and finished is not None
+    assert created <= started <= finished
+
+
+async def test_a_name_in_use_running_or_exited_is_a_conflict(subject: Subject) -> None:
+    running = await subject.sleeper()
+    ended = await subject.exited(0)
+
+    for spec in (running, replace(running, name=ended.name)):
+        with pytest.raises(EngineConflict, match="already in use"):
+            await subject.runtime.run(spec)
+    assert (await subject.runtime.inspect(running.name)).status == "running"  # untouched
+
+
+async def test_a_start_that_fails_leaves_no_container(subject: Subject) -> None:
+    spec = subject.failing_start()
+
+    with pytest.raises(EngineRefused):
+        await subject.runtime.run(spec)
+
+    assert await subject.runtime.inspect(spec.name) == ContainerState.missing(spec.name)
+    assert spec.name not in {state.name for state in await subject.runtime.ps()}
+
+
+async def test_a_missing_container_reads_missing_and_its_verbs_succeed(subject: Subject) -> None:
+    name = container_name(unique("absent"))
+    runtime = subject.runtime
+
+    assert await runtime.inspect(name) == ContainerState.missing(name)
+    assert await runtime.inspect_fresh(name) == ContainerState.missing(name)
+    assert await runtime.logs(name, QUERY) is None
+    assert await runtime.follow_logs(name, QUERY) is None
+    await runtime.kill(name, "SIGTERM")
+    await runtime.kill(name, "SIGKILL")
+    await runtime.remove(name)
+    assert await runtime.wait_exited(name, 1)
+    assert await runtime.usage([name]) == {}
+
+
+async def test_inspect_many_answers_each_name_in_order(subject: Subject) -> None:
+    first, second = await subject.sleeper(), await subject.exited(0)
+    absent = container_name(unique("absent"))
+
+    states = await subject.runtime.inspect_many([second.name, absent, first.name])
+
+    assert [state.name for state in states] == [second.name, absent, first.name]
+    assert [state.status for state in states] == ["exited", "", "running"]
+    assert states[1] == ContainerState.missing(absent)
+    assert await subject.runtime.inspect_fresh(first.name) == states[2]
+
+
+async def test_ps_lists_only_the_nodes_containers_exited_ones_included(
+    subject: Subject, request: pytest.FixtureRequest
+) -> None:
+    if subject.kind == "process":
+        reason = "ProcessRuntime.ps lists every job of its directory, labelled or not"
+        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
+    running, ended = await subject.sleeper(), await subject.exited(4)
+    foreign = await subject.foreign()
+
+    listed = {state.name: state for state in await subject.runtime.ps()}
+
+    assert listed[running.name].status == "running"
+    assert (listed[ended.name].status, listed[ended.name].exit_code) == ("exited", 4)
+    assert listed[running.name].run_id == running.labels[LABEL_RUN_ID]
+    assert foreign.name not in listed
+    assert all(state.ours for state in listed.values())
+
+
+# --- signals, waiting, removing ---------------------------------------------------------------
+
+
+async def test_sigterm_reaches_the_job_and_its_exit_is_awaited(subject: Subject) -> None:
+    spec = await subject.handling_sigterm(exit_code=42)
+
+    await subject.runtime.kill(spec.name, "SIGTERM")
+
+    assert await subject.runtime.wait_exited(spec.name, 10)
+    state = await subject.runtime.inspect(spec.name)
+    assert (state.status, state.exit_code) == ("exited", 42)
+
+
+async def test_a_job_ignoring_sigterm_runs_on_until_sigkill(subject: Subject) -> None:
+    spec = await subject.handling_sigterm(exit_code=None)
+
+    await subject.runtime.kill(spec.name, "SIGTERM")
+    assert not await subject.runtime.wait_exited(spec.name, 0.3)  # it ignored it
+    assert (await subject.runtime.inspect(spec.name)).status == "running"
+
+    await subject.runtime.kill(spec.name, "SIGKILL")
+    assert await subject.runtime.wait_exited(spec.name, 10)
+    assert (await subject.runtime.inspect(spec.name)).exit_code == 137
+    await subject.runtime.kill(spec.name, "SIGKILL")  # not running any more: nothing to do
+    assert (await subject.runtime.inspect(spec.name)).exit_code == 137
+
+
+async def test_remove_takes_a_running_container_and_frees_its_name(subject: Subject) -> None:
+    spec = await subject.sleeper()
+    handle = (await subject.runtime.inspect(spec.name)).handle
+
+    await subject.runtime.remove(handle)
+
+    assert await subject.runtime.inspect(spec.name) == ContainerState.missing(spec.name)
+    assert spec.name not in {state.name for state in await subject.runtime.ps()}
+    await subject.runtime.run(spec)  # the name is free again
+    assert (await subject.runtime.inspect(spec.name)).status == "running"
+
+
+# --- logs -----------------------------------------------------------------------------------
+
+
+async def test_logs_hold_both_streams_each_line_after_its_time(subject: Subject) -> None:
+    state = await subject.printed("to-stdout", "to-stderr")
+
+    log = await log_text(subject.runtime, state.handle)
+
+    assert sorted(texts(log)) == ["to-stderr", "to-stdout"]
+    for line in log.splitlines():
+        assert parse_rfc3339(line.split(" ", 1)[0]) is not None, line
+
+
+async def test_logs_give_the_tail_within_the_byte_cap_and_since(subject: Subject) -> None:
+    state = await subject.exited(0, "line1", "line2", "line3", "line4", "line5")
+    runtime, ref = subject.runtime, state.handle
+    future = datetime.now(timezone.utc) + timedelta(days=3650)
+
+    tail = await runtime.logs(ref, LogQuery(tail=2, max_bytes=2**20))
+    capped = await runtime.logs(ref, LogQuery(tail=5, max_bytes=10))
+    later = await runtime.logs(ref, LogQuery(tail=5, max_bytes=2**20, since=future))
+
+    assert tail is not None and texts(tail.text) == ["line4", "line5"]
+    assert not tail.truncated
+    assert capped is not None and capped.truncated
+    assert len(capped.text.encode()) <= 10 and capped.text.endswith("line5\n")
+    assert later is not None and later.text == ""
+
+
+async def test_a_followed_log_of_an_ended_job_gives_its_tail_and_ends(subject: Subject) -> None:
+    state = await subject.exited(0, "line1", "line2", "line3")
+
+    stream = await subject.runtime.follow_logs(state.handle, LogQuery(tail=2, max_bytes=1024))
+
+    assert stream is not None
+    try:
+        chunks = [chunk async for chunk in stream]  # ends by itself: the job is over
+    finally:
+        await stream.aclose()
+    assert texts(b"".join(chunks).decode()) == ["line2", "line3"]
+
+
+# --- usage, holders, health, images ----------------------------------------------------------
+
+
+async def test_usage_reads_only_running_containers(subject: Subject) -> None:
+    running, ended = await subject.sleeper(), await subject.exited(0)
+    handle = (await subject.runtime.inspect(running.name)).handle
+    absent = container_name(unique("absent"))
+
+    usage = await subject.runtime.usage([handle, ended.handle, absent])
+
+    assert list(usage) == [handle]
+
+
+async def test_a_process_in_no_container_is_held_by_none(subject: Subject) -> None:
+    assert subject.runtime.holders_of([os.getpid()]) == {os.getpid(): None}
+
+
+async def test_health_names_the_engine_and_its_version(subject: Subject) -> None:
+    health = await subject.runtime.health()
+
+    assert (health.ok, health.engine, health.error) == (True, subject.runtime.name, None)
+    assert health.version
+
+
+async def test_image_exists_only_for_images_on_the_engine(subject: Subject) -> None:
+    assert await subject.runtime.image_exists(subject.image)
+    assert await subject.runtime.image_exists(ABSENT_IMAGE) is not subject.has_images
+
+
+async def test_an_engine_that_cannot_be_asked_is_unavailable_never_missing(
+    down: ContainerRuntime,
+) -> None:
+    name = container_name(unique("unknown"))
+
+    health = await down.health()  # never raises
+
+    assert health.ok is False and health.error
+    verbs: list[Callable[[], Awaitable[object]]] = [
+        lambda: down.inspect(name),
+        lambda: down.logs(name, QUERY),
+        lambda: down.kill(name, "SIGKILL"),
+        lambda: down.remove(name),
+    ]
+    for verb in verbs:
+        with pytest.raises(EngineUnavailable):
+            await verb()

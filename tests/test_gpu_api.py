@@ -1,8 +1,11 @@
-"""The GPU side of the API, as a console sees it: a simulated machine, a real Docker engine.
+"""The GPU side of the API, as a console sees it: a simulated machine, the fake engine
+behind the state cache, and for what only a real engine shows, Docker.
 
 The simulation file stands in for the driver and is rewritten while the daemon runs, so a
 card fails or a foreign process appears between two requests. Which cards a job holds is
-checked where it is true: the ``tuneplane.gpus`` labels in the engine.
+checked where it is true: the ``tuneplane.gpus`` labels in the engine. A process on a
+card is placed in a container by the fake's ``holders`` (its `holders_of`); on Docker,
+by the container's real pid.
 """
 
 from __future__ import annotations
@@ -11,26 +14,30 @@ import asyncio
 import json
 import os
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import MakeNode
+from tests.conftest import IMAGE as FAKE_IMAGE
+from tests.conftest import MakeFakeNode
+from tests.fakes import FakeClock, FakeRuntime
 from tests.helpers import (
     IMAGE,
     Console,
-    ThrottlingProxy,
     TrackingRuntime,
     unique,
-    wait_until,
 )
-from tuneplane_node.daemon.state import JOBS
-from tuneplane_node.runtime.base import LABEL_GPUS, LABEL_RUN_ID, container_name
+from tuneplane_node.runtime.base import (
+    LABEL_GPUS,
+    LABEL_RUN_ID,
+    ContainerSpec,
+    container_name,
+)
 from tuneplane_node.runtime.docker import DockerRuntime
 
-pytestmark = pytest.mark.engine
-Make = MakeNode
+Make = Callable[..., Awaitable[Console]]
 
 DRIVER = "580.159.03"
 CUDA = "13.0"
@@ -88,9 +95,29 @@ def sim(tmp_path: Path) -> Simulation:
     return Simulation(tmp_path / "gpus.json")
 
 
-async def simulated_node(make_node: Make, sim: Simulation, **overrides: Any) -> Console:
+@pytest.fixture
+async def fake(clock: FakeClock) -> AsyncIterator[FakeRuntime]:
+    """The fake engine holding the image the launches here name."""
+    runtime = FakeRuntime(clock=clock, images=(IMAGE, FAKE_IMAGE))
+    yield runtime
+    await runtime.close()
+
+
+async def simulated_node(make: Make, sim: Simulation, **overrides: Any) -> Console:
+    """A node (over the fake, or an engine) whose cards are the simulation file's."""
     options: dict[str, Any] = {"gpu_simulation_file": sim.path, "local_gpu_count": None}
-    return await make_node(**{**options, **overrides})  # type: ignore[no-any-return]
+    return await make(**{**options, **overrides})
+
+
+def fake_cards(fake: FakeRuntime, run_ids: set[str]) -> dict[str, list[int]]:
+    """Cards per run, read from the labels of the live containers in the fake engine."""
+    return {
+        container.labels[LABEL_RUN_ID]: [
+            int(part) for part in container.labels.get(LABEL_GPUS, "").split(",") if part
+        ]
+        for container in fake.containers.values()
+        if container.labels.get(LABEL_RUN_ID) in run_ids and container.status in ENGINE_LIVE
+    }
 
 
 async def try_launch(node: Console, gpus: int, run_id: str | None = None) -> tuple[int, Any]:
@@ -132,11 +159,11 @@ def run_id_of(ref: str) -> str:
 
 
 async def test_health_and_inventory_report_the_cards_of_the_file(
-    make_node: Make, sim: Simulation
+    fake_node: MakeFakeNode, sim: Simulation
 ) -> None:
     sim.data["links"] = [[0, 1, "nvlink"], [2, 3, "nvlink"]]
     sim.write()
-    node = await simulated_node(make_node, sim)
+    node = await simulated_node(fake_node, sim)
 
     health = await node.health()
     assert health["gpus_total"] == 4 and health["free_gpus"] == [0, 1, 2, 3]
@@ -160,9 +187,11 @@ async def test_health_and_inventory_report_the_cards_of_the_file(
     assert [gpu["uuid"] for gpu in inventory["gpus"]] == [card(i)["uuid"] for i in range(4)]
 
 
-async def test_an_explicit_gpu_count_overrides_the_file(make_node: Make, tmp_path: Path) -> None:
+async def test_an_explicit_gpu_count_overrides_the_file(
+    fake_node: MakeFakeNode, tmp_path: Path
+) -> None:
     sim = Simulation(tmp_path / "two.json", cards=2)
-    node = await simulated_node(make_node, sim, local_gpu_count=4)
+    node = await simulated_node(fake_node, sim, local_gpu_count=4)
 
     health = await node.health()
     assert health["gpus_total"] == 4 and health["free_gpus"] == [0, 1, 2, 3]
@@ -176,9 +205,9 @@ async def test_an_explicit_gpu_count_overrides_the_file(make_node: Make, tmp_pat
 
 
 async def test_a_card_turning_unhealthy_mid_run_leaves_the_free_list(
-    make_node: Make, sim: Simulation
+    fake_node: MakeFakeNode, sim: Simulation
 ) -> None:
-    node = await simulated_node(make_node, sim)
+    node = await simulated_node(fake_node, sim)
     ref, answer = await node.launch(gpus=1)
     held = answer["gpus"]
     failing = next(index for index in range(4) if index not in held)
@@ -208,9 +237,9 @@ async def test_a_card_turning_unhealthy_mid_run_leaves_the_free_list(
 
 
 async def test_a_critical_xid_marks_the_card_and_an_application_xid_does_not(
-    make_node: Make, sim: Simulation
+    fake_node: MakeFakeNode, sim: Simulation
 ) -> None:
-    node = await simulated_node(make_node, sim)
+    node = await simulated_node(fake_node, sim)
 
     sim.set(1, xid=[79])
     sim.set(2, xid=[13])
@@ -227,8 +256,10 @@ async def test_a_critical_xid_marks_the_card_and_an_application_xid_does_not(
     assert health["free_gpus"] == [0, 2, 3]
 
 
-async def test_a_card_comes_back_after_its_xid_quarantine(make_node: Make, sim: Simulation) -> None:
-    node = await simulated_node(make_node, sim, gpu_xid_quarantine_s=0.5)
+async def test_a_card_comes_back_after_its_xid_quarantine(
+    fake_node: MakeFakeNode, sim: Simulation
+) -> None:
+    node = await simulated_node(fake_node, sim, gpu_xid_quarantine_s=0.2)
     sim.set(3, xid=[79])
     assert "3" in (await node.health())["unhealthy"]
     sim.set(3, xid=[])
@@ -243,8 +274,10 @@ async def test_a_card_comes_back_after_its_xid_quarantine(make_node: Make, sim: 
 # --- processes on the cards ------------------------------------------------------------
 
 
-async def test_a_foreign_process_makes_its_card_external(make_node: Make, sim: Simulation) -> None:
-    node = await simulated_node(make_node, sim)
+async def test_a_foreign_process_makes_its_card_external(
+    fake_node: MakeFakeNode, sim: Simulation
+) -> None:
+    node = await simulated_node(fake_node, sim)
     stranger = os.getpid()  # this test process: in no container of the node
 
     sim.set(2, processes=[{"pid": stranger, "used_mib": 100}])
@@ -274,6 +307,7 @@ async def container_pid(runtime: TrackingRuntime, name: str) -> int:
     return pid
 
 
+@pytest.mark.engine
 async def test_a_process_of_the_job_holding_the_card_is_not_external(
     make_node: Make, sim: Simulation, docker_runtime: TrackingRuntime
 ) -> None:
@@ -291,16 +325,13 @@ async def test_a_process_of_the_job_holding_the_card_is_not_external(
 
 
 async def test_a_process_in_a_container_not_of_the_node_is_external(
-    make_node: Make, sim: Simulation, docker_runtime: TrackingRuntime
+    fake_node: MakeFakeNode, sim: Simulation, fake: FakeRuntime
 ) -> None:
-    from tuneplane_node.runtime.base import ContainerSpec
-
-    node = await simulated_node(make_node, sim)
-    foreign = unique("foreign")  # someone's `docker run` by hand: no run-id label
-    await docker_runtime.run(
-        ContainerSpec(name=foreign, image=IMAGE, command=("/bin/sleep", "300"))
-    )
-    pid = await container_pid(docker_runtime, foreign)
+    node = await simulated_node(fake_node, sim)
+    # Someone's `docker run` by hand: no run-id label.
+    foreign = fake.create_outside(ContainerSpec(name=unique("foreign"), image=IMAGE))
+    pid = 4242
+    fake.holders[pid] = foreign.id
 
     sim.set(0, processes=[{"pid": pid, "used_mib": 500}])
 
@@ -312,7 +343,7 @@ async def test_a_process_in_a_container_not_of_the_node_is_external(
 
 
 async def test_a_job_running_on_a_card_it_was_not_given_keeps_that_card_busy(
-    make_node: Make, sim: Simulation, docker_runtime: TrackingRuntime
+    fake_node: MakeFakeNode, sim: Simulation, fake: FakeRuntime
 ) -> None:
     """A job's process on someone else's free card makes that card busy all the same.
 
@@ -320,10 +351,11 @@ async def test_a_job_running_on_a_card_it_was_not_given_keeps_that_card_busy(
     can reach cards outside its label; handing such a card to the next job puts two
     jobs on one card.
     """
-    node = await simulated_node(make_node, sim)
+    node = await simulated_node(fake_node, sim)
     ref, answer = await node.launch(gpus=1)
     assert answer["gpus"] == [0]
-    pid = await container_pid(docker_runtime, ref)
+    pid = 4343
+    fake.holders[pid] = fake.containers[ref].id
 
     sim.set(3, processes=[{"pid": pid, "used_mib": 70000}])
 
@@ -353,6 +385,7 @@ async def race(node: Console, *, launches: int, gpus: int) -> dict[str, list[int
     }
 
 
+@pytest.mark.engine
 async def test_twenty_launches_racing_for_four_cards_never_share_one(
     make_node: Make, sim: Simulation, docker_runtime: TrackingRuntime
 ) -> None:
@@ -370,14 +403,14 @@ async def test_twenty_launches_racing_for_four_cards_never_share_one(
 
 
 async def test_ten_two_card_launches_racing_for_four_cards(
-    make_node: Make, sim: Simulation, docker_runtime: TrackingRuntime
+    fake_node: MakeFakeNode, sim: Simulation, fake: FakeRuntime
 ) -> None:
-    node = await simulated_node(make_node, sim)
+    node = await simulated_node(fake_node, sim)
 
     granted = await race(node, launches=10, gpus=2)
 
     assert len(granted) == 2
-    in_engine = await engine_cards(docker_runtime, set(granted))
+    in_engine = fake_cards(fake, set(granted))
     assert in_engine == granted
     cards = [gpu for gpus in in_engine.values() for gpu in gpus]
     assert sorted(cards) == [0, 1, 2, 3]
@@ -396,10 +429,14 @@ async def test_ten_two_card_launches_racing_for_four_cards(
     ],
 )
 async def test_a_two_card_job_gets_the_best_joined_pair(
-    make_node: Make, tmp_path: Path, links: list[list[Any]], hold_first: int, expected: list[int]
+    fake_node: MakeFakeNode,
+    tmp_path: Path,
+    links: list[list[Any]],
+    hold_first: int,
+    expected: list[int],
 ) -> None:
     sim = Simulation(tmp_path / "topology.json", links=links)
-    node = await simulated_node(make_node, sim)
+    node = await simulated_node(fake_node, sim)
     if hold_first:
         _, first = await node.launch(gpus=hold_first)
         assert first["gpus"] == [0]
@@ -415,13 +452,13 @@ async def test_a_two_card_job_gets_the_best_joined_pair(
 
 
 async def test_a_reservation_during_a_slow_pull_holds_against_direct_launches(
-    make_node: Make, sim: Simulation, docker_runtime: TrackingRuntime, proxy: ThrottlingProxy
+    fake_node: MakeFakeNode, sim: Simulation, fake: FakeRuntime
 ) -> None:
-    image = await proxy.big_image(docker_runtime, rate=100_000)
-    node = await simulated_node(make_node, sim, feed=docker_runtime)
+    image = "registry.test/big:1"  # not on the engine: the launch pulls it, until told
+    node = await simulated_node(fake_node, sim)
     pending, answer = await node.launch(gpus=3, image=image)
     assert answer["phase"] == "pulling"
-    await wait_until(lambda: proxy.bytes_sent > 0)
+    await fake.pulling.wait()
 
     _, body = await node.launch(gpus=2, expect=409)
     assert "reserved" in body["detail"]
@@ -433,20 +470,22 @@ async def test_a_reservation_during_a_slow_pull_holds_against_direct_launches(
 
     await node.stop(pending)
 
+    assert fake.pull_of(image).cancelled
     health = await node.health()
     assert health["gpus_reserved"] == 0 and health["gpus_free"] == 3
     _, after = await node.launch(gpus=3)
     assert sorted(after["gpus"] + direct["gpus"]) == [0, 1, 2, 3]
 
 
-async def test_a_restarted_daemon_rebuilds_by_job_from_the_labels(make_node: Make) -> None:
-    first = await make_node()
+async def test_a_restarted_daemon_rebuilds_by_job_from_the_labels(
+    fake_node: MakeFakeNode,
+) -> None:
+    first = await fake_node()
     one, answer_one = await first.launch(gpus=1)
     two, answer_two = await first.launch(gpus=2)
-    cached = first.app[JOBS].runtime
     await first.client.close()
 
-    second = await make_node(cached=cached)
+    second = await fake_node()  # a new daemon, its cache filled from the engine's list
     health = await second.health()
 
     expected = {str(gpu): run_id_of(one) for gpu in answer_one["gpus"]}
@@ -463,12 +502,12 @@ async def test_a_restarted_daemon_rebuilds_by_job_from_the_labels(make_node: Mak
 
 @pytest.mark.parametrize("content", [None, "{not json", '{"cards": [{"name": "no index"}]}'])
 async def test_an_unreadable_simulation_file_leaves_the_node_working(
-    make_node: Make, tmp_path: Path, content: str | None
+    fake_node: MakeFakeNode, tmp_path: Path, content: str | None
 ) -> None:
     path = tmp_path / "gpus.json"
     if content is not None:
         path.write_text(content, encoding="utf-8")
-    node = await make_node(gpu_simulation_file=path, local_gpu_count=4)
+    node = await fake_node(gpu_simulation_file=path, local_gpu_count=4)
 
     status, health = await node.call("GET", "/node/v1/health")
 
@@ -482,9 +521,9 @@ async def test_an_unreadable_simulation_file_leaves_the_node_working(
 
 
 async def test_inventory_without_a_readable_gpu_source_says_unknown_not_zero(
-    make_node: Make, tmp_path: Path
+    fake_node: MakeFakeNode, tmp_path: Path
 ) -> None:
-    node = await make_node(gpu_simulation_file=tmp_path / "missing.json", local_gpu_count=None)
+    node = await fake_node(gpu_simulation_file=tmp_path / "missing.json", local_gpu_count=None)
 
     inventory = await node.ok("GET", "/node/v1/inventory")
 
@@ -494,10 +533,10 @@ async def test_inventory_without_a_readable_gpu_source_says_unknown_not_zero(
 
 
 async def test_operators_can_turn_the_health_and_external_checks_off(
-    make_node: Make, sim: Simulation
+    fake_node: MakeFakeNode, sim: Simulation
 ) -> None:
     node = await simulated_node(
-        make_node, sim, local_check_gpu_health=False, local_check_external_gpus=False
+        fake_node, sim, local_check_gpu_health=False, local_check_external_gpus=False
     )
     sim.set(0, ecc_uncorrected=5)
     sim.set(1, processes=[{"pid": os.getpid(), "used_mib": 100}])

@@ -129,10 +129,20 @@ def process_node(start_node: StartNode) -> Node:
     return start_node(TUNEPLANE_LOCAL_RUNTIME="process", TUNEPLANE_LOCAL_GPU_COUNT="2")
 
 
-@pytest.fixture
-def engine_down_node(start_node: StartNode) -> Node:
-    """A node whose docker engine does not answer: it answers 503 for the job verbs."""
-    return start_node(TUNEPLANE_LOCAL_RUNTIME="docker", TUNEPLANE_DOCKER_HOST=ENGINE_DOWN)
+@pytest.fixture(scope="module")
+def engine_down_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+    """A node whose docker engine does not answer: it answers 503 for the job verbs. One
+    for the module: no test changes it (a refusal, a 503, health and tokens only read)."""
+    tmp_path = tmp_path_factory.mktemp("engine-down")
+    port = free_port()
+    settings = {"TUNEPLANE_LOCAL_RUNTIME": "docker", "TUNEPLANE_DOCKER_HOST": ENGINE_DOWN}
+    node = Node(f"http://127.0.0.1:{port}", spawn_daemon(tmp_path, port, **settings))
+    try:
+        wait_for_port(node, port, tmp_path / "serve.log")
+        yield node
+    finally:
+        node.process.kill()
+        node.process.wait(timeout=10)
 
 
 def docker_node_settings() -> dict[str, str]:
@@ -318,6 +328,7 @@ def https_node(start_node: StartNode, cert: Path, key: Path, **settings: str) ->
     return start_node("https", TUNEPLANE_LOCAL_RUNTIME="process", **files, **settings)
 
 
+@pytest.mark.slow
 def test_https_with_the_nodes_ca_and_without(
     ctl: Ctl, start_node: StartNode, tmp_path: Path
 ) -> None:
@@ -333,6 +344,7 @@ def test_https_with_the_nodes_ca_and_without(
     assert code == 2 and "need an https:// URL" in err
 
 
+@pytest.mark.slow
 def test_mutual_tls_needs_the_client_certificate(
     ctl: Ctl, start_node: StartNode, tmp_path: Path
 ) -> None:
@@ -348,6 +360,7 @@ def test_mutual_tls_needs_the_client_certificate(
 # --- cordon, drain ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cordon_refuses_launches_until_uncordon(ctl: Ctl, process_node: Node) -> None:
     url = process_node.url
     code, out, _ = ctl("cordon", "--reason", "kernel upgrade", url=url)
@@ -361,6 +374,7 @@ def test_cordon_refuses_launches_until_uncordon(ctl: Ctl, process_node: Node) ->
     assert json.loads(ctl("health", "--json", url=url)[1])["node_state"]["state"] == "ready"
 
 
+@pytest.mark.slow
 def test_drain_answers_the_node_state_and_health_shows_it(ctl: Ctl, process_node: Node) -> None:
     url = process_node.url
     code, out, _ = ctl("drain", "--reason", "retiring", "--grace", "1", "--json", url=url)
@@ -592,7 +606,8 @@ async def test_stats_draws_a_live_table_in_a_terminal(tmp_path: Path) -> None:
             ["ctl", "launch", "--run-id", run_id, "--image", IMAGE, *burn], env
         )
         assert launched[0] == 0, launched[1]
-        live = re.compile(rf"│ {ref} +│ running +│ \d\.\d\d cores +│ .*B / no limit +│ 1 ")
+        # The limit is the node's default: the machine's memory less its reserve.
+        live = re.compile(rf"│ {ref} +│ running +│ \d\.\d\d cores +│ .*B / [\d.]+ [kMGT]B +│ 1 ")
         code, drawn = await interrupt_in_terminal(
             ["ctl", "stats", ref, "--interval", "0.5"], env, until=live
         )

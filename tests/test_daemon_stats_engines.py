@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -13,10 +14,13 @@ from typing import Any
 import pytest
 
 from tests.conftest import MakeNode
-from tests.helpers import IMAGE, Console, TrackingRuntime, job, unique
+from tests.helpers import IMAGE, Console, TrackingRuntime, engine_settings, job, unique
+from tuneplane_node.jobs.confinement import JobRules
 from tuneplane_node.runtime.base import ContainerSpec
 from tuneplane_node.runtime.dockerformat import usage_from_stats
 from tuneplane_node.runtime.engine import MACHINE_MEMORY
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
 
 pytestmark = pytest.mark.engine
 ENGINES = ["docker", "podman"]
@@ -50,7 +54,9 @@ async def test_a_job_burning_one_core_reads_about_one(make_node: MakeNode, engin
     node = await make_node(engine, stats_interval_s=1)
     ref, _ = await node.launch(BURN)
     state = await settled(node, ref)
-    assert state["pids"] == 1 and state["memory_limit_bytes"] is None and state["gpus"] == []
+    assert state["pids"] == 1 and state["gpus"] == []
+    default = JobRules(engine_settings(engine)).memory_limit  # none asked: the node's
+    assert default is not None and state["memory_limit_bytes"] == default // PAGE * PAGE
     # The machine is shared: a core is the job's only while nobody else's load takes it.
     # A busy spell passes; a reading that never comes near 1 in 40 samples fails.
     readings = [state["cpu_ratio"]]

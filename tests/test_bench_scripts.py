@@ -14,6 +14,7 @@ BENCH = Path(__file__).resolve().parent.parent / "bench"
 WRAPPERS = {"fillthreads"}
 
 
+@pytest.mark.slow
 def test_every_benchmark_imports() -> None:
     if not BENCH.is_dir():
         pytest.skip("bench/ is left out of the sdist (MANIFEST.in)")

@@ -336,6 +336,7 @@ def test_an_unknown_log_level_setting_is_named(
     assert "TUNEPLANE_LOG_LEVEL" in err and "'LOUD'" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_json_log_lines_parse_and_carry_the_job(tmp_path: Path, serve: Serve) -> None:
     """TUNEPLANE_LOG_FORMAT=json: every line the daemon writes is one JSON object."""
     process, port = serve(

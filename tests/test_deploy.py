@@ -151,6 +151,7 @@ def get_healthz(port: int) -> object:
         return json.loads(reply.read())
 
 
+@pytest.mark.slow
 def test_serve_says_ready_once_it_answers_and_stopping_on_sigterm(
     tmp_path: Path, notify_socket: tuple[str, socket.socket]
 ) -> None:
@@ -184,6 +185,7 @@ def until_listening(port: int, timeout: float = 30) -> None:
             time.sleep(0.02)
 
 
+@pytest.mark.slow
 def test_serve_under_socket_activation_serves_the_socket_it_is_given(tmp_path: Path) -> None:
     """As the .socket unit runs it: the port held outside the daemon and passed as fd 3
     (LISTEN_FDS). The daemon binds nothing of its own: its settings' port stays free."""

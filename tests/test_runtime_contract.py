@@ -305,7 +305,7 @@ async def test_a_job_ignoring_sigterm_runs_on_until_sigkill(subject: Subject) ->
     spec = await subject.handling_sigterm(exit_code=None)
 
     await subject.runtime.kill(spec.name, "SIGTERM")
-    assert not await subject.runtime.wait_exited(spec.name, 0.3)  # it ignored it
+    assert not await subject.runtime.wait_exited(spec.name, 0.2)  # it ignored it
     assert (await subject.runtime.inspect(spec.name)).status == "running"
 
     await subject.runtime.kill(spec.name, "SIGKILL")

@@ -177,6 +177,7 @@ async def test_argv_is_passed_literally_never_through_a_shell(
     assert [STAMPED.match(line).group(2) for line in lines] == hostile  # type: ignore[union-attr]
 
 
+@pytest.mark.slow
 async def test_a_followed_log_gives_the_tail_then_lines_as_they_come_until_the_end(
     runtime: ProcessRuntime,
 ) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -42,6 +43,7 @@ def refused_by_name(error: InvalidField) -> bool:
 
 @QUICK
 @given(st.dictionaries(st.text(max_size=20), JSON, max_size=5))
+@pytest.mark.slow
 def test_any_body_is_a_launch_or_a_named_refusal(body: dict[str, Any]) -> None:
     try:
         wire.parse_launch(body)

@@ -1,5 +1,7 @@
 """The job service: every rule about the node's jobs, between HTTP and the engines."""
 
+from tuneplane_node.jobs.health import read_inventory
+from tuneplane_node.jobs.reaper import reapable
 from tuneplane_node.jobs.results import (
     AlreadyPending,
     AlreadyRunning,
@@ -13,7 +15,7 @@ from tuneplane_node.jobs.results import (
     Started,
     StoppedView,
 )
-from tuneplane_node.jobs.service import JobService, read_inventory, reapable
+from tuneplane_node.jobs.service import JobService
 
 __all__ = [
     "AlreadyPending",

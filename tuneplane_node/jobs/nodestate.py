@@ -4,11 +4,13 @@ The operator's decision outlives the daemon: it is kept in ``<state dir>/node-st
 written atomically (a temporary file, fsync, rename), so a daemon coming back never
 undoes it. A file that cannot be read is not "ready": the node starts cordoned, saying
 why. The file also keeps why the node stopped a container (a drain), by container id,
-for observe to report after a restart.
+for observe to report after a restart. `NodeStateStore` holds the state in force.
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import json
 import logging
 import os
@@ -18,7 +20,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from tuneplane_node.clock import Clock, rfc3339
+from tuneplane_node.errors import NodeError
 from tuneplane_node.inventory import fsync_dir
+from tuneplane_node.runtime.base import ContainerState
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +118,50 @@ class NodeStateFile:
             os.fsync(file.fileno())
         os.replace(temporary, self.path)
         fsync_dir(self.path.parent)  # the rename survives a power cut
+
+
+class NodeStateStore:
+    """The node state in force, kept on disk to outlive the daemon. Every change goes
+    through `save`, and takes effect at once even when the disk refuses it."""
+
+    def __init__(self, state_dir: Path, *, clock: Clock) -> None:
+        self.file = NodeStateFile(state_dir)
+        self.clock = clock
+        self.node = NodeState()  # until load() reads the file
+        self._saves = itertools.count(1)
+
+    async def load(self) -> NodeState:
+        self.node = await asyncio.to_thread(self.file.load, self.stamp())
+        return self.node
+
+    async def save(self, node: NodeState) -> None:
+        """`NodeError` when the file could not be written: in force, but not for good."""
+        self.node = node
+        try:
+            await asyncio.to_thread(self.file.save, node, next(self._saves))
+        except OSError as exc:
+            raise NodeError(
+                f"the node is {node.state} now, but {self.file.path} could not be "
+                f"written ({exc.strerror or exc}): a restart would not keep it"
+            ) from exc
+
+    def stamp(self) -> str:
+        """Now, as the state's ``since`` says it."""
+        return rfc3339(self.clock.now())
+
+    def stop_reason(self, state: ContainerState) -> str | None:
+        """Why the node stopped that container itself (a drain); None if it did not."""
+        return self.node.stop_reasons.get(state.handle) if state.exists else None
+
+    async def forget(self, state: ContainerState) -> None:
+        """Drop a removed container's stop reason: a runtime without ids keys it by name,
+        which the next job of the name must not inherit."""
+        if state.handle not in self.node.stop_reasons:
+            return
+        try:
+            await self.save(self.node.forgetting(state.handle))
+        except NodeError as exc:  # the container is gone all the same
+            log.warning("%s", exc.message)
 
 
 def _parse(raw: bytes) -> NodeState:

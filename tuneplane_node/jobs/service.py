@@ -1,9 +1,11 @@
 """JobService: launch, observe, stop, remove, reap, logs and the node's status.
 
 The one place the node's rules live: which containers are its own, what a launch does
-with what it finds, how a pending launch is pulled, started or cancelled at any moment,
-which containers reap may take. It speaks the runtime contract below and typed results
-above; it knows no HTTP and no JSON.
+with what it finds, what observe and stats say of a ref. The mechanisms are its
+collaborators, each given what it needs and never the service: the launcher (pending
+launches, the card reservation), the stopper, the reaper, the logs reader, the
+node-state keeper (cordon and drain), the health reader. It speaks the runtime contract
+below and typed results above; it knows no HTTP and no JSON.
 
 Every verb that changes a container holds that container's control lock (`RefLocks`),
 so two verbs on one ref never interleave; verbs on different refs never wait for each
@@ -12,37 +14,25 @@ other. The GPU allocation lock covers only choosing cards and recording the clai
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import contextlib
-import itertools
 import logging
 from collections.abc import Iterable
 from dataclasses import replace
 from datetime import datetime
 
-from tuneplane_node import inventory
-from tuneplane_node.clock import SYSTEM_CLOCK, Clock, parse_rfc3339, rfc3339
-from tuneplane_node.errors import (
-    EngineConflict,
-    NameTaken,
-    NodeCordoned,
-    NodeError,
-)
+from tuneplane_node.clock import SYSTEM_CLOCK, Clock
+from tuneplane_node.errors import NameTaken, NodeCordoned
 from tuneplane_node.gpu.allocator import GpuAllocator
+from tuneplane_node.jobs.drain import NodeStateKeeper
+from tuneplane_node.jobs.health import HealthReader
 from tuneplane_node.jobs.launcher import Launcher
 from tuneplane_node.jobs.locks import RefLocks
 from tuneplane_node.jobs.logs import LogsReader
-from tuneplane_node.jobs.nodestate import (
-    CORDONED,
-    DRAINED,
-    DRAINING,
-    READY,
-    NodeState,
-    NodeStateFile,
-)
+from tuneplane_node.jobs.nodestate import NodeState, NodeStateStore
 from tuneplane_node.jobs.pending import FAILED
 from tuneplane_node.jobs.pulls import PullCoordinator
+from tuneplane_node.jobs.reaper import Reaper
 from tuneplane_node.jobs.results import (
     AlreadyPending,
     AlreadyRunning,
@@ -54,8 +44,8 @@ from tuneplane_node.jobs.results import (
     StoppedView,
 )
 from tuneplane_node.jobs.stats import JobStats, StatsSampler
+from tuneplane_node.jobs.stopper import Stopper
 from tuneplane_node.runtime.base import (
-    RUNNING,
     ContainerRuntime,
     ContainerState,
     LogStream,
@@ -66,32 +56,6 @@ from tuneplane_node.settings import NodeSettings
 from tuneplane_node.telemetry import NO_TELEMETRY, Telemetry
 
 log = logging.getLogger(__name__)
-DRAIN_RETRY_S = 5.0
-"""A drain whose stops failed (the engine down) tries again after this long."""
-
-
-def reapable(state: ContainerState, max_age_s: float, now: datetime) -> bool:
-    """Exited past the age, or created and never started past it (it holds GPU labels).
-
-    Running, paused and restarting containers are never reapable.
-    """
-    if state.status in ("exited", "dead"):
-        moment = parse_rfc3339(state.finished_at) or parse_rfc3339(state.created_at)
-    elif state.status == "created" and state.never_started:
-        moment = parse_rfc3339(state.created_at)
-    else:
-        return False
-    return moment is not None and (now - moment).total_seconds() > max_age_s
-
-
-def _wreck(state: ContainerState, older_than_s: float, now: datetime) -> bool:
-    created = parse_rfc3339(state.created_at)
-    return (
-        state.status == "created"
-        and state.never_started
-        and created is not None
-        and (now - created).total_seconds() >= older_than_s
-    )
 
 
 class JobService:
@@ -116,15 +80,43 @@ class JobService:
         self.launcher = Launcher(runtime, allocator, self.pulls, settings=settings, clock=clock)
         self.pending = self.launcher.pending
         self.rules = self.launcher.rules
-        self.disk = inventory.DiskGauge(settings.storage, clock=clock)
+        self.store = NodeStateStore(settings.state_dir, clock=clock)
+        self._compose()
+        self.health = HealthReader(runtime, allocator, settings, clock=clock)
         self.reader = LogsReader(runtime, settings, own=self._own, pending=self.pending)
         self.follow_limit = self.reader.follow_limit
-        self.state_file = NodeStateFile(settings.state_dir)
-        self.node = NodeState()  # until start() reads the file
-        self._saves = itertools.count(1)
-        self._drain: asyncio.Task[None] | None = None
         interval = settings.stats_interval_s
         self.sampler = StatsSampler(runtime, allocator, interval_s=interval, clock=clock)
+
+    def _compose(self) -> None:
+        """The collaborators that act on containers: each under the ours rule and the
+        per-ref locks, which stay the service's."""
+        runtime, settings, locks = self.runtime, self.settings, self.locks
+        self.stopper = Stopper(
+            runtime, settings, own=self._own, locks=locks, launcher=self.launcher, store=self.store
+        )
+        self.reaper = Reaper(
+            runtime,
+            settings,
+            own=self._own,
+            locks=locks,
+            pending=self.pending,
+            stopper=self.stopper,
+            clock=self.clock,
+        )
+        self.keeper = NodeStateKeeper(
+            runtime,
+            settings,
+            store=self.store,
+            locks=locks,
+            launcher=self.launcher,
+            stopper=self.stopper,
+        )
+
+    @property
+    def node(self) -> NodeState:
+        """The node state in force: ready, cordoned, draining or drained."""
+        return self.store.node
 
     # --- the "ours" rule ----------------------------------------------------------------
 
@@ -170,7 +162,7 @@ class JobService:
             self._check_open()
             if state.exists:
                 log.info("relaunch of %s: removing its %s container", ref, state.status)
-                await self._remove(state)
+                await self.stopper.discard(state)
             if await self.runtime.image_exists(request.spec.image):
                 return await self.launcher.start_now(request)
             return await self.launcher.start_pending(request)
@@ -219,7 +211,7 @@ class JobService:
         return answers
 
     def _why(self, state: ContainerState) -> ContainerState | StoppedView:
-        reason = self.node.stop_reasons.get(state.handle) if state.exists else None
+        reason = self.store.stop_reason(state)
         return StoppedView(state, reason) if reason else state
 
     async def logs(self, ref: str, tail: int, since: datetime | None = None) -> LogText:
@@ -248,226 +240,45 @@ class JobService:
 
     async def stop(self, ref: str, timeout: float | None) -> None:
         """Cancel a pending launch at whatever stage; SIGTERM, then SIGKILL once the grace
-        period ends. A missing or foreign container: nothing to do, and no error.
-
-        The grace period is waited on the loop, holding neither an engine thread nor the
-        ref's lock: a remove meanwhile kills the job at once, and 50 stops of jobs that
-        ignore SIGTERM leave every thread to the other verbs.
-        """
-        grace = self.settings.local_stop_timeout if timeout is None else timeout
-        async with self.locks.hold(ref):
-            await self.launcher.cancel(ref)
-            state = await self._own(ref)
-            if state.status not in RUNNING:
-                return
-            await self.runtime.kill(state.handle, "SIGTERM")
-        log.info("stopping %s: SIGTERM, SIGKILL after %g s", ref, grace)
-        if await self.runtime.wait_exited(ref, grace):
-            return
-        async with self.locks.hold(ref):
-            now = await self._own(ref)
-            if now.id != state.id or now.status not in RUNNING:
-                return  # gone, or relaunched meanwhile: not the job this stop was for
-            log.info("stopping %s: still running after %g s, SIGKILL", ref, grace)
-            await self.runtime.kill(now.handle, "SIGKILL")
-        if not await self.runtime.wait_exited(ref, self.settings.local_api_timeout):
-            log.warning("stopping %s: still running after SIGKILL", ref)
+        period ends. A missing or foreign container: nothing to do, and no error."""
+        await self.stopper.stop(ref, timeout)
 
     async def remove(self, ref: str) -> None:
         """Cancel a pending launch, then force-remove the container (missing: no-op)."""
-        async with self.locks.hold(ref):
-            await self.launcher.cancel(ref)
-            state = await self._own(ref)
-            if state.exists:
-                await self._remove(state)
-                log.info("removed %s", ref)
-
-    async def _remove(self, state: ContainerState) -> None:
-        """Remove the container, and the reason the node kept for having stopped it: a
-        runtime without ids keys it by name, which the next job of the name must not get."""
-        await self.runtime.remove(state.handle)
-        key = state.handle
-        if key in self.node.stop_reasons:
-            try:
-                await self._save(self.node.forgetting(key))
-            except NodeError as exc:  # the container is gone all the same
-                log.warning("%s", exc.message)
+        await self.stopper.remove(ref)
 
     async def reap(self, max_age_s: float | None) -> int:
         """Remove the node's exited (and never-started) containers older than the age."""
-        if max_age_s is None:
-            max_age_s = self.settings.local_container_ttl_s
-        now = self.clock.now()
-        removed = 0
-        for state in await self.runtime.ps():
-            if reapable(state, max_age_s, now) and await self._reap_one(state.name, max_age_s):
-                removed += 1
-        if removed:
-            log.info("reaped %d container(s) older than %g s", removed, max_age_s)
-        return removed
-
-    async def _reap_one(self, name: str, max_age_s: float) -> bool:
-        async with self.locks.hold(name):
-            if self.pending.get(name) is not None:
-                return False  # a launch is starting it right now
-            state = await self._own(name)  # it may have been relaunched meanwhile
-            if not reapable(state, max_age_s, self.clock.now()):
-                return False
-            try:
-                await self._remove(state)
-            except EngineConflict:
-                return False  # the engine is busy with it: next time
-            return True
-
-    # --- wreckage -----------------------------------------------------------------------
+        return await self.reaper.reap(max_age_s)
 
     async def sweep_wreckage(self, *, older_than_s: float) -> int:
-        """Remove the node's containers that were created and never started, older than
-        the age, with no launch making them: the wreckage of a daemon killed between
-        create and start. They carry card labels, and would hold the cards for good."""
-        now = self.clock.now()
-        removed = 0
-        for state in await self.runtime.ps():
-            if _wreck(state, older_than_s, now) and await self._sweep_one(state, older_than_s):
-                removed += 1
-        if removed:
-            log.warning("removed %d container(s) created and never started", removed)
-        return removed
-
-    async def _sweep_one(self, seen: ContainerState, older_than_s: float) -> bool:
-        async with self.locks.hold(seen.name):  # a direct launch holds it while it creates
-            record = self.pending.get(seen.name)
-            if record is not None and record.phase != FAILED:
-                return False  # a pulled launch is starting it right now
-            state = await self._own(seen.name)
-            if state.id != seen.id or not _wreck(state, older_than_s, self.clock.now()):
-                return False
-            log.warning("%s was created and never started: removing it", seen.name)
-            await self._remove(state)
-            return True
+        """Remove the created, never-started containers no launch is making."""
+        return await self.reaper.sweep_wreckage(older_than_s=older_than_s)
 
     async def maintain(self) -> None:
         """Sweep wreckage once a relist period, as long as the node runs."""
-        while True:
-            await asyncio.sleep(self.settings.state_relist_s)
-            try:
-                await self.sweep_wreckage(older_than_s=self.settings.local_api_timeout)
-            except NodeError as exc:
-                log.warning("sweeping wreckage failed: %s", exc.message)
+        await self.reaper.maintain()
 
     # --- cordon and drain ---------------------------------------------------------------
 
     async def start(self) -> None:
-        """Read the operator's decision from disk; a drain the last daemon left unfinished
-        goes on (a node coming back never undoes what the operator decided)."""
-        self.node = await asyncio.to_thread(self.state_file.load, self._stamp())
-        log.info("node state: %s%s", self.node.state, _because(self.node.reason))
-        if self.node.state == DRAINING:
-            self._start_drain()
+        """Read the operator's decision from disk; an unfinished drain goes on."""
+        await self.keeper.start()
 
     async def cordon(self, reason: str | None) -> NodeState:
-        """Refuse new launches; what runs goes on. A draining or drained node stays so."""
-        if self.node.state in (READY, CORDONED):
-            await self._save(self.node.to(CORDONED, reason, self._stamp()))
-        return self.node
+        return await self.keeper.cordon(reason)
 
     async def uncordon(self) -> NodeState:
-        """Take launches again; a drain in progress ends (stops already sent stand)."""
-        await self._end_drain()
-        await self._save(self.node.to(READY, None, self._stamp()))
-        return self.node
+        return await self.keeper.uncordon()
 
     async def drain(self, reason: str | None, grace_s: float | None) -> NodeState:
-        """Cordon, then cancel every pending launch and stop every running job (SIGTERM,
-        SIGKILL after the grace period), in the background: draining, then drained."""
-        grace = self.settings.local_stop_timeout if grace_s is None else grace_s
-        await self._end_drain()
-        await self._save(replace(self.node.to(DRAINING, reason, self._stamp()), grace_s=grace))
-        self._start_drain()
-        return self.node
-
-    def _start_drain(self) -> None:
-        self._drain = asyncio.create_task(self._drain_node(), name="drain")
-        self._drain.add_done_callback(_report_drain)
-
-    async def _end_drain(self) -> None:
-        if self._drain is not None and not self._drain.done():
-            self._drain.cancel()
-            await asyncio.wait({self._drain})
-        self._drain = None
-
-    async def _drain_node(self) -> None:
-        why = f"drain: {self.node.reason or 'no reason given'}"
-        grace = self.node.grace_s if self.node.grace_s is not None else 0.0
-        while (outcome := await self._drain_once(why, grace)) != "drained":
-            # "again": a short pause all the same, so a job that will not die never
-            # turns the drain into a busy loop.
-            await asyncio.sleep(DRAIN_RETRY_S if outcome == "later" else 0.1)
-        log.info("node drained%s", _because(self.node.reason))
-        try:
-            await self._save(self.node.to(DRAINED, self.node.reason, self._stamp()), prune=True)
-        except NodeError as exc:
-            log.error("%s", exc.message)
-
-    async def _drain_once(self, why: str, grace: float) -> str:
-        """One pass: cancel what is pending, stop what runs. ``drained`` once nothing is
-        left, ``again`` after stops (check at once), ``later`` when the engine failed."""
-        try:
-            for record in self.pending.records():
-                async with self.locks.hold(record.ref):
-                    await self.launcher.cancel(record.ref)
-            running = [state for state in await self.runtime.ps() if state.status in RUNNING]
-            if not running:
-                return "again" if len(self.pending) else "drained"
-            await self._save(self.node.stopped((s.handle for s in running), why))
-            stops = [self.stop(state.name, grace) for state in running]
-            failed = [r for r in await asyncio.gather(*stops, return_exceptions=True) if r]
-        except NodeError as exc:
-            log.warning("drain: %s; trying again in %g s", exc.message, DRAIN_RETRY_S)
-            return "later"
-        for error in failed:
-            log.warning("drain: a stop failed: %s; trying again in %g s", error, DRAIN_RETRY_S)
-        return "later" if failed else "again"
-
-    async def _save(self, node: NodeState, *, prune: bool = False) -> None:
-        """The state takes effect at once, and is written to disk to outlive the daemon."""
-        if prune:
-            with contextlib.suppress(NodeError):  # the engine down: prune next time
-                node = node.keeping(s.handle for s in await self.runtime.ps())
-        self.node = node
-        try:
-            await asyncio.to_thread(self.state_file.save, node, next(self._saves))
-        except OSError as exc:
-            raise NodeError(
-                f"the node is {node.state} now, but {self.state_file.path} could not be "
-                f"written ({exc.strerror or exc}): a restart would not keep it"
-            ) from exc
-
-    def _stamp(self) -> str:
-        return rfc3339(self.clock.now())
+        return await self.keeper.drain(reason, grace_s)
 
     # --- the node -----------------------------------------------------------------------
 
     async def status(self) -> NodeStatus:
         """What health reports: the engine, the cards, the pending launches, the disk."""
-        engine = await self.runtime.health()
-        occupancy, error = None, engine.error
-        if engine.ok:
-            try:
-                occupancy = await self.allocator.occupancy()
-            except NodeError as exc:
-                error = exc.message
-        now = self.clock.monotonic()
-        return NodeStatus(
-            engine=engine,
-            series=self.settings.cluster_profile.lower() or None,
-            disk=await self.disk.read(),
-            pending={record.ref: record.view(now) for record in self.pending.records()},
-            cache=self.runtime.status(),
-            occupancy=occupancy,
-            error=error,
-            node=self.node,
-        )
+        return await self.health.status(pending=self.pending, node=self.node)
 
     async def job_counts(self) -> collections.Counter[str]:
         """The node's containers by status, and its pending launches by phase."""
@@ -476,37 +287,10 @@ class JobService:
         return counts
 
     async def inventory(self) -> Inventory:
-        return await read_inventory(self.runtime, self.allocator, self.settings, self.node)
+        return await self.health.inventory(self.node)
 
     async def close(self) -> None:
         """Cancel a drain in progress, every background launch and pull (shutdown). A
         drain is resumed by the next start: its state is on disk."""
-        if self._drain is not None:
-            self._drain.cancel()
-            await asyncio.wait({self._drain})
+        await self.keeper.close()
         await self.launcher.close()
-
-
-async def read_inventory(
-    runtime: ContainerRuntime, allocator: GpuAllocator, settings: NodeSettings, node: NodeState
-) -> Inventory:
-    """The machine, its cards and its engine; for the API and `tuneplane-node inventory`."""
-    engine = await runtime.health()
-    gpus = await allocator.snapshot()
-    machine = await asyncio.to_thread(inventory.collect, settings)
-    return Inventory(
-        machine=machine,
-        gpus=gpus,
-        accelerator_count=allocator.card_count(gpus),
-        runtime=f"{engine.engine}://{engine.version}" if engine.version else None,
-        node=node,
-    )
-
-
-def _because(reason: str | None) -> str:
-    return f" ({reason})" if reason else ""
-
-
-def _report_drain(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("the drain failed on a bug", exc_info=task.exception())

@@ -35,8 +35,10 @@ from tuneplane_node.jobs import (
     PendingView,
     Pulling,
     Started,
+    StoppedView,
     reapable,
 )
+from tuneplane_node.jobs.launcher import Reservation
 from tuneplane_node.jobs.pending import FAILED_RECORD_TTL_S
 from tuneplane_node.runtime.base import (
     LABEL_GPUS,
@@ -380,6 +382,39 @@ async def test_a_start_that_fails_after_the_pull_leaves_a_failed_record(
 
 async def assert_nothing_left_but_the_record(service: JobService, fake: FakeRuntime) -> None:
     assert not fake.containers
+    assert await reserved(service) == frozenset()
+
+
+async def test_a_pulled_launch_failing_on_a_bug_says_so_and_frees_its_cards(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    await launch_pulling(service, fake, "r1", 2)
+    record = service.pending.get("tuneplane-r1")
+    assert record is not None and record.task is not None
+    fake.faults["run"] = KeyError("spec")
+
+    fake.pull_of(MISSING).finish()
+    await asyncio.wait({record.task})
+
+    view = (await service.observe(["tuneplane-r1"]))["tuneplane-r1"]
+    assert isinstance(view, PendingView) and view.error == "internal error: KeyError: 'spec'"
+    await assert_nothing_left_but_the_record(service, fake)
+
+
+async def test_a_reservation_lets_go_once_and_never_of_a_later_claim_of_its_ref(
+    service: JobService,
+) -> None:
+    """The allocator keeps claims by ref: a stale release must not free the next launch's."""
+    first = Reservation(service.allocator, request("r1", 2))
+    assert len(await first.claim()) == 2
+    first.release()
+    later = Reservation(service.allocator, request("r1", 1))
+    cards = await later.claim()
+
+    first.release()
+
+    assert await reserved(service) == frozenset(cards)
+    later.release()
     assert await reserved(service) == frozenset()
 
 
@@ -1142,3 +1177,45 @@ async def test_every_refusal_of_the_node_is_a_conflict() -> None:
         EngineConflict(engine="docker", action="run a", reason="in use"),
     ):
         assert isinstance(error, Conflict) and error.status == 409
+
+
+# --- cordon and drain -----------------------------------------------------------------------
+
+
+async def test_a_drain_stops_the_jobs_and_observe_pairs_each_with_why(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    await service.launch(request("r1", 1))
+    await launch_pulling(service, fake, "r2", 1)
+
+    assert (await service.drain("kernel", 0)).state == "draining"
+    await asyncio.wait_for(drained(service), 5)
+
+    assert fake.containers["tuneplane-r1"].status == "exited"
+    assert "tuneplane-r2" not in fake.containers and service.pending.get("tuneplane-r2") is None
+    assert await reserved(service) == frozenset()
+    view = (await service.observe(["tuneplane-r1"]))["tuneplane-r1"]
+    assert isinstance(view, StoppedView) and view.stop_reason == "drain: kernel"
+    assert view.state == await fake.inspect("tuneplane-r1")  # the runtime's state, unchanged
+    with pytest.raises(Conflict):
+        await service.launch(request("r3"))
+
+
+async def test_removing_a_job_the_drain_stopped_forgets_why(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    await service.launch(request("r1"))
+    await service.drain(None, 0)
+    await asyncio.wait_for(drained(service), 5)
+    assert list(service.node.stop_reasons.values()) == ["drain: no reason given"]
+
+    await service.remove("tuneplane-r1")
+
+    assert service.node.stop_reasons == {}
+    assert (await service.uncordon()).state == "ready"
+    assert isinstance(await service.launch(request("r1")), Started)
+
+
+async def drained(service: JobService) -> None:
+    while service.node.state != "drained":
+        await asyncio.sleep(0.01)

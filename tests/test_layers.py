@@ -158,3 +158,44 @@ def test_no_module_imports_itself_round_a_circle() -> None:
 def test_the_circle_finder_finds_a_circle_and_only_a_circle() -> None:
     assert find_circle({"a": {"b"}, "b": {"c"}, "c": {"b"}}) == ["b", "c", "b"]
     assert find_circle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+# --- the job service as collaborators it calls down to ------------------------------------
+
+JOBS = PACKAGE / "jobs"
+SERVICE_MAX_LINES = 250
+CLASS_MAX_LINES = 350
+
+
+def class_lines(path: Path) -> dict[str, int]:
+    """Each class of a module and its length in lines, from ``class`` to its last line."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return {
+        node.name: node.end_lineno - node.lineno + 1
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef) and node.end_lineno is not None
+    }
+
+
+def test_the_job_service_only_composes_its_collaborators() -> None:
+    """The rules that are the service's own stay in it; each mechanism (launching,
+    stopping, reaping, logs, the node state) is a collaborator of its own."""
+    lines = class_lines(JOBS / "service.py")["JobService"]
+    assert lines < SERVICE_MAX_LINES, f"JobService is {lines} lines"
+
+
+@pytest.mark.parametrize("path", sorted(JOBS.rglob("*.py")), ids=lambda p: p.name)
+def test_no_class_of_the_job_service_is_over_the_limit(path: Path) -> None:
+    too_long = {name: n for name, n in class_lines(path).items() if n > CLASS_MAX_LINES}
+    assert not too_long, f"{path.name}: {too_long}"
+
+
+def test_no_collaborator_of_the_job_service_imports_it() -> None:
+    """A collaborator gets what it needs as constructor arguments, never the service:
+    only the package's front door (``jobs/__init__.py``) names ``jobs/service.py``."""
+    graph = import_graph()
+    service = "tuneplane_node.jobs.service"
+    users = {name for name, targets in graph.items() if service in targets}
+    assert users <= {"tuneplane_node.jobs"}, sorted(users)
+    collaborators = {name for name in graph if name.startswith("tuneplane_node.jobs.")}
+    assert len(collaborators - {service}) >= 8  # the walk saw the package's modules

@@ -24,6 +24,7 @@ from schemathesis.specs.openapi.checks import (
 
 from tests.conftest import MakeFakeNode, MakeNode
 from tests.helpers import IMAGE, TOKEN, Console, unique
+from tuneplane_node.daemon.routes import document
 from tuneplane_node.wire import PROTOCOL_HEADER, schema
 
 CONFORMANCE = [
@@ -37,7 +38,7 @@ CONFORMANCE = [
 
 def negative_data_refused(ctx: Any, response: Any, case: schemathesis.Case) -> bool | None:
     """schemathesis' negative_data_rejection, but for a blank body: the API reads an
-    empty body, whitespace or not, as {} (README, "API reference")."""
+    empty body, whitespace or not, as {} (docs/api.md, "API reference")."""
     if isinstance(case.body, (str, bytes)) and not case.body.strip():
         return None
     return negative_data_rejection(ctx, response, case)  # type: ignore[no-any-return]
@@ -51,7 +52,7 @@ async def test_the_document_is_served_behind_the_token_and_the_protocol(
     fake_node: MakeFakeNode,
 ) -> None:
     console = await fake_node()
-    assert await console.ok("GET", schema.DOCUMENT_PATH) == schema.document()
+    assert await console.ok("GET", schema.DOCUMENT_PATH) == document()
     status, _ = await console.call("GET", schema.DOCUMENT_PATH, headers={})
     assert status == 401
     status, answer = await console.call("GET", schema.DOCUMENT_PATH, headers=AUTH)
@@ -68,7 +69,7 @@ def fuzz(
     adjust: Adjust = lambda case: None,
 ) -> int:
     """Drive every operation (but ``skip``) from the document; the requests sent."""
-    api = schemathesis.openapi.from_dict(schema.document())
+    api = schemathesis.openapi.from_dict(document())
     modes = [schemathesis.GenerationMode.POSITIVE]
     modes += [schemathesis.GenerationMode.NEGATIVE] if negative else []
     sent = itertools.count()
@@ -116,6 +117,7 @@ def base_url(console: Console) -> str:
     return str(console.client.make_url("")).rstrip("/")
 
 
+@pytest.mark.slow
 async def test_on_the_fake_engine_every_answer_is_documented_and_none_is_a_5xx(
     fake_node: MakeFakeNode,
 ) -> None:

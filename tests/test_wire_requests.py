@@ -12,7 +12,10 @@ import pytest
 from tests.helpers import console_0315
 from tuneplane_node.errors import InvalidField
 from tuneplane_node.runtime.base import LABEL_RUN_ID, Mount
+from tuneplane_node.wire.fields import Field
 from tuneplane_node.wire.requests import (
+    CHECKED,
+    CONTAINER,
     MAX_TAIL,
     parse_follow,
     parse_grace,
@@ -80,6 +83,23 @@ def test_a_full_0315_spec_reaches_the_container() -> None:
     assert spec.labels == {"tuneplane.user": "alice", LABEL_RUN_ID: "r-123"}
     assert (spec.workdir, spec.shm_size, spec.memory_limit) == ("/work", "16g", "64g")
     assert (spec.network, spec.user) == ("bridge", "1000:1000")
+
+
+@pytest.mark.parametrize("field", CONTAINER.fields, ids=lambda field: field.name)
+def test_each_container_field_is_refused_by_the_name_it_is_declared_with(field: Field) -> None:
+    with pytest.raises(InvalidField) as refused:
+        parse_launch(container(**{field.name: {"k": {"deep": 1}}}))
+    assert refused.value.field.split(".")[:2] == ["container", field.name]
+
+
+def test_of_two_bad_fields_the_one_checked_first_is_named() -> None:
+    """Which of two bad fields a 422 names does not move: gpus, labels, then the table."""
+    assert [field.name for field in CHECKED][:2] == ["labels", "name"]
+    bad = {"gpus": 2, "labels": {"com.docker.x": "1"}, "name": "a/b", "user": "a b"}
+    for name in ("gpus", "labels", "name", "user"):
+        with pytest.raises(InvalidField, match=rf"^container\.{name}\b"):
+            parse_launch(container(**bad))
+        del bad[name]
 
 
 def test_requested_gpus_falls_back_to_the_length_of_container_gpus() -> None:

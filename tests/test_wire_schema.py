@@ -1,10 +1,11 @@
-"""The OpenAPI document (`wire.schema`): the committed copy is the generated one, it names
-every route the daemon serves, and its request schemas say what the parsers accept, at
-every bound (a table, then hypothesis near the bounds)."""
+"""The OpenAPI document (`wire.schema`, of the routes' declarations): the committed copy
+is the generated one, it names every route the daemon serves, and its request schemas
+say what the parsers accept, at every bound (a table, then hypothesis near the bounds)."""
 
 from __future__ import annotations
 
 import json
+import runpy
 from collections.abc import Callable
 from typing import Any
 
@@ -14,20 +15,49 @@ from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
 from tests.helpers import REPO, console_0315
-from tuneplane_node.daemon.routes import routes
+from tuneplane_node.daemon.routes import document, routes
 from tuneplane_node.errors import InvalidField
+from tuneplane_node.sizes import MAX_SIZE
 from tuneplane_node.wire import requests as wire
 from tuneplane_node.wire import schema
 
 COMMITTED = REPO / "contrib" / "openapi.json"
-DOCUMENT = schema.document()
+DOCUMENT = document()
+API_DOCS = runpy.run_path(str(REPO / "contrib" / "dev" / "api_docs.py"), run_name="api_docs")
 QUICK = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def test_the_committed_document_is_the_generated_one() -> None:
-    assert COMMITTED.read_text() == schema.render(), (
-        "contrib/openapi.json is stale: python -m tuneplane_node.wire.schema > contrib/openapi.json"
+    assert COMMITTED.read_text() == schema.render(DOCUMENT), (
+        "contrib/openapi.json is stale: .venv/bin/python contrib/dev/api_docs.py"
     )
+
+
+def test_every_field_table_in_docs_api_md_is_written_from_the_declarations() -> None:
+    """Each request body and query of the routes has one table, and it is the one its
+    fields' declarations make: a field declared and not shown, or shown and not declared,
+    fails here."""
+    assert API_DOCS["table_problems"](API_DOCS["API_DOCS"].read_text()) == []
+    assert API_DOCS["stale"]() == [], "run .venv/bin/python contrib/dev/api_docs.py"
+
+
+def test_a_field_left_out_of_the_docs_or_added_to_them_by_hand_is_caught() -> None:
+    text = API_DOCS["API_DOCS"].read_text()
+    row = "| `container.user` | no | "
+    assert row in text
+    dropped = "".join(line for line in text.splitlines(True) if not line.startswith(row))
+    added = text.replace(row, "| `container.stop_signal` | no | SIGTERM. |\n" + row)
+    for edited in (dropped, added):
+        assert API_DOCS["with_tables"](edited) == text
+    unknown = text + "\n<!-- fields: PriorityBody -->\n<!-- end fields -->\n"
+    assert API_DOCS["table_problems"](unknown) == [
+        "docs/api.md: a table of PriorityBody, which no route declares"
+    ]
+    missing = text.replace("<!-- fields: StopBody -->", "<!-- fields: RefBody -->")
+    assert API_DOCS["table_problems"](missing) == [
+        "docs/api.md: no table of StopBody",
+        "docs/api.md: two tables of RefBody",
+    ]
 
 
 def test_every_route_the_daemon_serves_is_documented_and_nothing_else() -> None:
@@ -145,8 +175,8 @@ CASES: list[tuple[str, dict[str, Any], bool]] = [
     ("a workdir ending in ..", launch(workdir="/a/.."), False),
     ("shm_size 1 byte", launch(shm_size=1), True),
     ("shm_size 0", launch(shm_size=0), False),
-    ("shm_size 1 PiB", launch(shm_size=wire.MAX_SIZE), True),
-    ("shm_size over it", launch(shm_size=wire.MAX_SIZE + 1), False),
+    ("shm_size 1 PiB", launch(shm_size=MAX_SIZE), True),
+    ("shm_size over it", launch(shm_size=MAX_SIZE + 1), False),
     ("shm_size 16g", launch(shm_size="16g"), True),
     ("shm_size in Arabic-Indic digits", launch(shm_size="\u0661\u0666g"), False),
     ("shm_size 16 GiB", launch(shm_size="16 GiB"), False),
@@ -243,7 +273,7 @@ def around(bound: int) -> st.SearchStrategy[int]:
 FIELD_VALUES = st.one_of(
     st.builds(lambda n: {"requested_gpus": n}, around(0) | around(wire.MAX_GPUS)),
     st.builds(lambda n: {"run_id": "r" * n}, around(1) | around(200)),
-    st.builds(lambda n: launch(shm_size=n), around(1) | around(wire.MAX_SIZE)),
+    st.builds(lambda n: launch(shm_size=n), around(1) | around(MAX_SIZE)),
     st.builds(lambda n: launch(memory_limit=n), around(wire.MIN_MEMORY)),
     st.builds(lambda n: launch(name="z" * n), around(201)),
     st.builds(lambda n: launch(user="u" * n), around(32)),
@@ -260,6 +290,7 @@ FIELD_VALUES = st.one_of(
 
 @QUICK
 @given(FIELD_VALUES)
+@pytest.mark.slow
 def test_near_its_bounds_a_field_is_allowed_exactly_when_the_parser_accepts_it(
     change: dict[str, Any],
 ) -> None:
@@ -275,4 +306,4 @@ def test_near_its_bounds_a_field_is_allowed_exactly_when_the_parser_accepts_it(
 
 
 def test_the_document_is_json_the_daemon_can_send() -> None:
-    assert json.loads(schema.render()) == DOCUMENT
+    assert json.loads(schema.render(DOCUMENT)) == DOCUMENT

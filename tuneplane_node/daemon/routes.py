@@ -1,9 +1,16 @@
-"""The handlers: parse with `wire`, act through the job service, render with `wire`."""
+"""The handlers: parse with `wire`, act through the job service, render with `wire`.
+
+Each route is declared once, by `api` on its handler: its method and path, what its
+request holds and what it answers. The OpenAPI document (`document`) is made of those
+declarations, so a route cannot be served undocumented.
+"""
 
 from __future__ import annotations
 
+import functools
 import json
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -14,9 +21,13 @@ from tuneplane_node.daemon.state import JOBS, METRICS
 from tuneplane_node.errors import BadRequest, NodeError
 from tuneplane_node.jobs import AlreadyPending, AlreadyRunning, Pulling, Started
 from tuneplane_node.wire import answers, requests, schema
-from tuneplane_node.wire.stats import parse_stats, stats_json
+from tuneplane_node.wire.fields import Body
+from tuneplane_node.wire.schema import ENGINE
+from tuneplane_node.wire.stats import StatsJson, parse_stats, stats_json
 
+Handler = TypeVar("Handler", bound=Callable[[web.Request], Awaitable[web.StreamResponse]])
 routes = web.RouteTableDef()
+OPERATIONS: list[schema.Operation] = []
 LAUNCH_OUTCOMES = {
     Started: "started",
     AlreadyRunning: "running",
@@ -41,6 +52,37 @@ async def read_object(request: web.Request) -> dict[str, Any]:
     return body
 
 
+def api(
+    method: str,
+    path: str,
+    answer: Any,
+    *,
+    body: Body | None = None,
+    query: Body | None = None,
+    errors: tuple[int, ...] = (),
+    text: str | None = None,
+) -> Callable[[Handler], Handler]:
+    """Serve the handler at ``method path``, and declare it to the OpenAPI document: the
+    200's JSON shape (``answer``), the request's body or query, the errors of its own
+    (`schema.Operation`). The summary is the first paragraph of the handler's docstring."""
+
+    def serve(handler: Handler) -> Handler:
+        summary = " ".join((handler.__doc__ or "").split("\n\n")[0].split())
+        declared = schema.Operation(method, path, summary, answer, body, query, errors, text)
+        OPERATIONS.append(declared)
+        routes.route(method.upper(), path)(handler)
+        return handler
+
+    return serve
+
+
+@functools.cache
+def document() -> dict[str, Any]:
+    """The OpenAPI document of the routes declared here, made once (read it, never change
+    it): after every route's declaration, which happens at import."""
+    return schema.document(OPERATIONS)
+
+
 def answer(data: object, status: int = 200) -> web.Response:
     return encoded(answers.encode(data), status)
 
@@ -50,20 +92,24 @@ def encoded(body: bytes, status: int = 200) -> web.Response:
     return web.Response(body=body, status=status, content_type="application/json", charset="utf-8")
 
 
-@routes.get("/metrics")
+@api("get", "/metrics", None, errors=(401,), text=CONTENT_TYPE)
 async def metrics(request: web.Request) -> web.Response:
-    """Prometheus' text format (the guard asks for the token unless metrics are public)."""
+    """Prometheus' text format; the token unless TUNEPLANE_METRICS_PUBLIC.
+
+    The guard asks for the token, and no protocol header: a scraper sends none."""
     body = await request.app[METRICS].scrape(request.app[JOBS])
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
-@routes.get("/healthz")
+@api("get", "/healthz", answers.OkJson)
 async def healthz(request: web.Request) -> web.Response:
+    """Always ok while the process serves; no token."""
     return answer(answers.OK)
 
 
-@routes.post("/node/v1/launch")
+@api("post", "/node/v1/launch", answers.LaunchJson, body=requests.LAUNCH, errors=ENGINE)
 async def launch(request: web.Request) -> web.Response:
+    """Launch a job's container, or start its image's pull."""
     launch_request = requests.parse_launch(await read_object(request))
     spec = launch_request.spec
     facts = {"run_id": launch_request.run_id, "ref": spec.name, "image": spec.image}
@@ -79,21 +125,25 @@ async def launch(request: web.Request) -> web.Response:
     return answer(answers.launch_json(result))
 
 
-@routes.post("/node/v1/observe")
+@api("post", "/node/v1/observe", answers.ObserveJson, body=requests.REFS, errors=ENGINE)
 async def observe(request: web.Request) -> web.Response:
+    """The state of each ref."""
     refs = requests.parse_refs(await read_object(request))
     return encoded(answers.encode_observe(await request.app[JOBS].observe(refs)))
 
 
-@routes.post("/node/v1/stats")
+@api("post", "/node/v1/stats", StatsJson, body=requests.STATS, errors=ENGINE)
 async def stats(request: web.Request) -> web.Response:
-    """Answered from the background samples: a request never samples."""
+    """What each job uses, from the node's latest samples.
+
+    Answered from the background samples: a request never samples."""
     refs = parse_stats(await read_object(request))
     return answer(stats_json(await request.app[JOBS].stats(refs)))
 
 
-@routes.post("/node/v1/stop")
+@api("post", "/node/v1/stop", answers.OkJson, body=requests.STOP, errors=ENGINE)
 async def stop(request: web.Request) -> web.Response:
+    """Cancel a pending launch, stop the container."""
     body = await read_object(request)
     ref, timeout = requests.parse_ref(body), requests.parse_grace(body)
     with audited(request, "stop", ref=ref, timeout=timeout):
@@ -101,16 +151,25 @@ async def stop(request: web.Request) -> web.Response:
     return answer(answers.OK)
 
 
-@routes.post("/node/v1/remove")
+@api("post", "/node/v1/remove", answers.OkJson, body=requests.REF_BODY, errors=ENGINE)
 async def remove(request: web.Request) -> web.Response:
+    """Cancel a pending launch, force-remove the container."""
     ref = requests.parse_ref(await read_object(request))
     with audited(request, "remove", ref=ref):
         await request.app[JOBS].remove(ref)
     return answer(answers.OK)
 
 
-@routes.get("/node/v1/logs")
+@api(
+    "get",
+    "/node/v1/logs",
+    answers.LogsJson,
+    query=requests.LOGS,
+    errors=(429, *ENGINE),
+    text="text/plain; charset=utf-8",
+)
 async def logs(request: web.Request) -> web.StreamResponse:
+    """The newest lines of a job's output; with follow, a text/plain stream."""
     ref = requests.parse_ref(dict(request.query))
     tail = requests.parse_tail(request.query.get("tail"))
     since = requests.parse_since(request.query.get("since"))
@@ -119,8 +178,9 @@ async def logs(request: web.Request) -> web.StreamResponse:
     return answer(answers.logs_json(await request.app[JOBS].logs(ref, tail, since)))
 
 
-@routes.post("/node/v1/reap")
+@api("post", "/node/v1/reap", answers.ReapJson, body=requests.REAP, errors=ENGINE)
 async def reap(request: web.Request) -> web.Response:
+    """Remove the node's containers that ended long enough ago."""
     max_age = requests.parse_max_age(await read_object(request))
     with audited(request, "reap", max_age_s=max_age) as outcome:
         removed = await request.app[JOBS].reap(max_age)
@@ -128,18 +188,21 @@ async def reap(request: web.Request) -> web.Response:
     return answer(answers.reap_json(removed))
 
 
-@routes.get("/node/v1/health")
+@api("get", "/node/v1/health", answers.HealthJson)
 async def health(request: web.Request) -> web.Response:
+    """Whether the node can serve, and why."""
     return answer(answers.health_json(await request.app[JOBS].status()))
 
 
-@routes.get("/node/v1/inventory")
+@api("get", "/node/v1/inventory", answers.InventoryJson)
 async def inventory(request: web.Request) -> web.Response:
+    """What the machine has."""
     return answer(answers.inventory_json(await request.app[JOBS].inventory()))
 
 
-@routes.post("/node/v1/cordon")
+@api("post", "/node/v1/cordon", answers.NodeStateJson, body=requests.CORDON)
 async def cordon(request: web.Request) -> web.Response:
+    """Refuse new launches."""
     reason = requests.parse_reason(await read_object(request))
     with audited(request, "cordon", reason=reason) as outcome:
         node = await request.app[JOBS].cordon(reason)
@@ -147,8 +210,9 @@ async def cordon(request: web.Request) -> web.Response:
     return answer(answers.node_state_json(node))
 
 
-@routes.post("/node/v1/drain")
+@api("post", "/node/v1/drain", answers.NodeStateJson, body=requests.DRAIN)
 async def drain(request: web.Request) -> web.Response:
+    """Cordon, cancel pending launches and stop every job."""
     body = await read_object(request)
     reason, grace = requests.parse_reason(body), requests.parse_drain_grace(body)
     with audited(request, "drain", reason=reason, grace_s=grace) as outcome:
@@ -157,8 +221,9 @@ async def drain(request: web.Request) -> web.Response:
     return answer(answers.node_state_json(node))
 
 
-@routes.post("/node/v1/uncordon")
+@api("post", "/node/v1/uncordon", answers.NodeStateJson, body=requests.UNCORDON)
 async def uncordon(request: web.Request) -> web.Response:
+    """Take launches again."""
     await read_object(request)  # {} or nothing; anything else is a 400 as everywhere
     with audited(request, "uncordon") as outcome:
         node = await request.app[JOBS].uncordon()
@@ -166,7 +231,9 @@ async def uncordon(request: web.Request) -> web.Response:
     return answer(answers.node_state_json(node))
 
 
-@routes.get(schema.DOCUMENT_PATH)
+@api("get", schema.DOCUMENT_PATH, schema.SELF)
 async def openapi(request: web.Request) -> web.Response:
-    """This API as an OpenAPI 3.1 document, generated from the wire (`wire/schema.py`)."""
-    return answer(schema.document())
+    """This document.
+
+    This API as an OpenAPI 3.1 document, made of the declarations above (`document`)."""
+    return answer(document())

@@ -1,4 +1,15 @@
-"""Every request of protocol 1, parsed into the job service's inputs.
+"""Every request of protocol 1: each field declared once, and parsed into the job
+service's inputs.
+
+The parsers are the one source of the contract. Each field is a `Field` in the tables
+at the end of each part (`LAUNCH` and its `CONTAINER`, then the other verbs' bodies):
+its name, its value in JSON Schema, its line of documentation and, in the container,
+its reader. `CONTAINER_FIELDS`, the OpenAPI document (`schema`) and docs/api.md all come
+from those tables, and `tests/test_wire_schema.py` holds each schema to its parser at
+every bound. Chosen over pydantic models that validate: the parsers' exact refusals
+(``container.mounts[1]``, ``container.env.<KEY>``, ``""`` read as not given, numbers
+as strings) are what consoles act on, and a model would need a validator per field to
+say them, the rules spelt a second time.
 
 Every parser raises `InvalidField` naming the field, so a bad request is a 422 the
 console can act on, never a traceback and never a 502 blamed on the engine. Every
@@ -27,24 +38,21 @@ from tuneplane_node.runtime.base import (
     Mount,
     container_name,
 )
-from tuneplane_node.sizes import MAX_SIZE, size_in_bytes  # SIZE: for the models
-
-LAUNCH_FIELDS = ("run_id", "requested_gpus", "container")
-CONTAINER_FIELDS = (
-    "name",
-    "image",
-    "command",
-    "env",
-    "gpus",
-    "mounts",
-    "labels",
-    "workdir",
-    "shm_size",
-    "cpu_limit",
-    "memory_limit",
-    "network",
-    "user",
+from tuneplane_node.sizes import MAX_SIZE, SIZE, size_in_bytes
+from tuneplane_node.wire.fields import (
+    NO_NUL,
+    Body,
+    Field,
+    Given,
+    Schema,
+    anchored,
+    either,
+    number,
+    or_empty,
+    or_null,
+    text,
 )
+
 NETWORKS = ("host", "bridge", "none")
 UNMOUNTABLE = "a job may not mount onto /, /etc, nor under /proc, /sys, /dev, /run/nvidia*"
 ENGINE_LABELS = ("com.docker.", "io.containers.", "io.podman.", "org.opencontainers.")
@@ -61,6 +69,8 @@ MAX_MOUNTS = 64
 MAX_PATH = 4096
 MAX_VALUE = 65536
 MAX_KEY = 256  # an env variable's or a label's name
+MAX_RUN_ID = 200
+MAX_IMAGE = 1000
 MAX_GRACE_S = 30 * 86400.0
 MAX_REASON = 1024
 """The longest stop grace period a console may ask for: 30 days."""
@@ -88,22 +98,55 @@ _DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}
 IMAGE_REFERENCE = re.compile(rf"(?P<name>{_NAME_PART})(?::{_TAG})?(?:@{_DIGEST})?")
 MAX_IMAGE_NAME = 255
 
+# The same rules in JSON Schema, for the tables.
+NO_CONTROL = f"^[^{CONTROL.pattern[1:-1]}]*$"
+# An absolute path none of whose segments is "..": a segment is empty, ".", or does
+# not start with "..", or is ".." followed by more.
+_SEGMENT = r"(?:[^/.\x00][^/\x00]*|\.(?:[^/.\x00][^/\x00]*)?|\.\.[^/\x00]+)?"
+ABSOLUTE_PATH = f"^/{_SEGMENT}(?:/{_SEGMENT})*$"
+PATH = text(most=MAX_PATH, pattern=ABSOLUTE_PATH)
+VALUE = text(most=MAX_VALUE)
+SIZE_TEXT = {"type": "string", "pattern": anchored(SIZE.pattern)}  # its value: the doc
+REF = text(most=MAX_REF, least=1)
+
+
+def string_map(*, most: int, keys: str) -> Schema:
+    """An object of strings (numbers are turned into strings) with at most ``most``
+    entries, whose names match ``keys`` (propertyNames: patternProperties would let any
+    other name through)."""
+    names = {"minLength": 1, "maxLength": MAX_KEY, "pattern": keys}  # names: strings always
+    shape = {"type": "object", "maxProperties": most, "propertyNames": names}
+    return {**shape, "additionalProperties": {"anyOf": [VALUE, {"type": "number"}]}}
+
+
+def mount_forms() -> Schema:
+    """A bind mount: ``[host, container]``, ``[host, container, read_only]``, or an
+    object of those keys (others ignored)."""
+    flag = {"type": "boolean"}
+    pair = {"type": "array", "minItems": 2, "maxItems": 2, "prefixItems": [PATH, PATH]}
+    triple = {"type": "array", "minItems": 3, "maxItems": 3, "prefixItems": [PATH, PATH, flag]}
+    keys = {"host": PATH, "container": PATH, "read_only": flag}
+    named = {"type": "object", "properties": keys, "required": ["host", "container"]}
+    return {"anyOf": [pair, triple, {**named, "additionalProperties": True}]}
+
+
+def _named(names: tuple[str, ...]) -> str:
+    return ", ".join(f"`{name}`" for name in names)
+
 
 # --- launch -------------------------------------------------------------------------------
 
 
 def parse_launch(body: Mapping[str, Any]) -> LaunchRequest:
     _known(body, LAUNCH_FIELDS, prefix="")
-    run_id = _text(body, "run_id", required=True, limit=200)
+    run_id = _text(body, "run_id", required=True, limit=MAX_RUN_ID)
     if CONTROL.search(run_id):
         raise InvalidField("run_id", "must not hold control characters")
     container = body.get("container")
     if not isinstance(container, Mapping):
         raise InvalidField("container", "required, an object")
     _known(container, CONTAINER_FIELDS, prefix="container.")
-    gpus = _empty_as(container.get("gpus"), None)
-    if gpus is not None and (not isinstance(gpus, list) or len(gpus) > MAX_GPUS):
-        raise InvalidField("container.gpus", f"must be a list of at most {MAX_GPUS} card indices")
+    gpus = _gpus(Given(container, "container.gpus", run_id))
     requested = body.get("requested_gpus")
     if requested is None:  # 0.3.15 consoles may say it only through container.gpus
         requested = len(gpus or [])
@@ -113,21 +156,12 @@ def parse_launch(body: Mapping[str, Any]) -> LaunchRequest:
 
 
 def parse_container(body: Mapping[str, Any], run_id: str) -> ContainerSpec:
-    labels = _labels(body, run_id)
-    return ContainerSpec(
-        name=_name(body) or container_name(run_id),
-        image=_image(body),
-        command=_argv(body.get("command")),
-        env=_env(body),
-        mounts=_mounts(body.get("mounts")),
-        labels={**labels, LABEL_RUN_ID: run_id},
-        workdir=_path(body, "container.workdir") or None,
-        shm_size=_size(body, "container.shm_size", least=1),
-        cpu_limit=_cpus(body.get("cpu_limit")),
-        memory_limit=_size(body, "container.memory_limit", least=MIN_MEMORY),
-        network=_network(body),
-        user=_user(body),
-    )
+    """The ContainerSpec the table's readers make of the container object."""
+    return ContainerSpec(**{
+        field.name: field.read(Given(body, f"container.{field.name}", run_id))
+        for field in CHECKED
+        if field.read is not None
+    })  # fmt: skip
 
 
 def _known(body: Mapping[str, Any], fields: tuple[str, ...], *, prefix: str) -> None:
@@ -162,41 +196,42 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _name(body: Mapping[str, Any]) -> str:
-    name = _text(body, "container.name")
+# The container's readers, in the table's order.
+
+
+def _name(given: Given) -> str:
+    name = _text(given.body, given.field)
     if name and not NAME.fullmatch(name):
-        raise InvalidField("container.name", "must match [a-zA-Z0-9][a-zA-Z0-9_.-]*")
+        raise InvalidField(given.field, "must match [a-zA-Z0-9][a-zA-Z0-9_.-]*")
     if name and LOOKS_LIKE_ID.fullmatch(name):
-        raise InvalidField("container.name", "must not look like a container id (hex digits)")
-    return name
+        raise InvalidField(given.field, "must not look like a container id (hex digits)")
+    return name or container_name(given.run_id)
 
 
-def _image(body: Mapping[str, Any]) -> str:
-    image = _text(body, "container.image", required=True, limit=1000)
+def _image(given: Given) -> str:
+    image = _text(given.body, given.field, required=True, limit=MAX_IMAGE)
     match = IMAGE_REFERENCE.fullmatch(image)
     if match is None or len(match.group("name")) > MAX_IMAGE_NAME:
         raise InvalidField(
-            "container.image", "must be an image reference like registry/name:tag (lower case)"
+            given.field, "must be an image reference like registry/name:tag (lower case)"
         )
     return image
 
 
-def _argv(value: object) -> tuple[str, ...]:
-    value = _empty_as(value, [])
+def _argv(given: Given) -> tuple[str, ...]:
+    value = _empty_as(given.value, [])
     # A string would need a shell to split it: the node never runs one.
     if not isinstance(value, list) or not all(isinstance(arg, str) for arg in value):
-        raise InvalidField("container.command", "must be a list of strings (an argv)")
+        raise InvalidField(given.field, "must be a list of strings (an argv)")
     if len(value) > MAX_ARGS or any("\x00" in arg or len(arg) > MAX_VALUE for arg in value):
-        raise InvalidField(
-            "container.command", f"at most {MAX_ARGS} arguments of {MAX_VALUE} characters"
-        )
+        raise InvalidField(given.field, f"at most {MAX_ARGS} arguments of {MAX_VALUE} characters")
     if value and not value[0]:  # docker refuses it ("No command specified"): a 502 before
-        raise InvalidField("container.command", "the program (the first argument) is empty")
+        raise InvalidField(given.field, "the program (the first argument) is empty")
     return tuple(value)
 
 
-def _string_map(body: Mapping[str, Any], field: str, *, limit: int) -> dict[str, str]:
-    value = _empty_as(body.get(_key(field)), {})
+def _string_map(given: Given, *, limit: int) -> dict[str, str]:
+    field, value = given.field, _empty_as(given.value, {})
     if not isinstance(value, Mapping):
         raise InvalidField(field, "must be an object of strings")
     if len(value) > limit:
@@ -207,40 +242,37 @@ def _string_map(body: Mapping[str, Any], field: str, *, limit: int) -> dict[str,
             raise InvalidField(field, f"keys must be 1 to {MAX_KEY} characters")
         if isinstance(item, bool) or not isinstance(item, (str, int, float)):
             raise InvalidField(f"{field}.{key}", "must be a string")
-        text = str(item)
-        if len(text) > MAX_VALUE or "\x00" in text:
+        string = str(item)
+        if len(string) > MAX_VALUE or "\x00" in string:
             raise InvalidField(f"{field}.{key}", f"at most {MAX_VALUE} characters, no NUL")
-        result[str(key)] = text
+        result[str(key)] = string
     return result
 
 
-def _labels(body: Mapping[str, Any], run_id: str) -> dict[str, str]:
-    labels = _string_map(body, "container.labels", limit=MAX_LABELS)
-    for key, value in labels.items():
-        if key.startswith(ENGINE_LABELS):
-            # Engine tooling acts on these (io.containers.autoupdate pulls and restarts).
-            raise InvalidField(f"container.labels.{key}", "the engines' own namespace")
-        if key in NODE_LABELS and (key, value) != (LABEL_RUN_ID, run_id):
-            raise InvalidField("container.labels", f"{', '.join(NODE_LABELS)} are the node's")
-    return labels
-
-
-def _env(body: Mapping[str, Any]) -> dict[str, str]:
-    env = _string_map(body, "container.env", limit=MAX_ENV)
+def _env(given: Given) -> dict[str, str]:
+    env = _string_map(given, limit=MAX_ENV)
     for key in env:
         if "=" in key:
-            raise InvalidField(f"container.env.{key}", "a variable's name cannot hold '='")
+            raise InvalidField(f"{given.field}.{key}", "a variable's name cannot hold '='")
     return env
 
 
-def _mounts(value: object) -> tuple[Mount, ...]:
-    value = _empty_as(value, [])
+def _gpus(given: Given) -> list[Any] | None:
+    """Checked by parse_launch before the other fields, and read only for its length: the
+    node chooses the cards (this reader makes no ContainerSpec attribute)."""
+    gpus = _empty_as(given.value, None)
+    if gpus is not None and (not isinstance(gpus, list) or len(gpus) > MAX_GPUS):
+        raise InvalidField(given.field, f"must be a list of at most {MAX_GPUS} card indices")
+    return gpus
+
+
+def _mounts(given: Given) -> tuple[Mount, ...]:
+    value = _empty_as(given.value, [])
     if not isinstance(value, list) or len(value) > MAX_MOUNTS:
         raise InvalidField(
-            "container.mounts",
-            f"must be a list of at most {MAX_MOUNTS} [host, container, read_only]",
+            given.field, f"must be a list of at most {MAX_MOUNTS} [host, container, read_only]"
         )
-    return tuple(_mount(entry, f"container.mounts[{i}]") for i, entry in enumerate(value))
+    return tuple(_mount(entry, f"{given.field}[{i}]") for i, entry in enumerate(value))
 
 
 def _mount(entry: object, field: str) -> Mount:
@@ -278,54 +310,236 @@ def _absolute(path: object) -> bool:
     )
 
 
-def _path(body: Mapping[str, Any], field: str) -> str:
-    path = _text(body, field, limit=MAX_PATH)
+def _labels(given: Given) -> dict[str, str]:
+    """The console's labels and the run id's, which the node writes on every job."""
+    labels = _string_map(given, limit=MAX_LABELS)
+    for key, value in labels.items():
+        if key.startswith(ENGINE_LABELS):
+            # Engine tooling acts on these (io.containers.autoupdate pulls and restarts).
+            raise InvalidField(f"{given.field}.{key}", "the engines' own namespace")
+        if key in NODE_LABELS and (key, value) != (LABEL_RUN_ID, given.run_id):
+            raise InvalidField(given.field, f"{', '.join(NODE_LABELS)} are the node's")
+    return {**labels, LABEL_RUN_ID: given.run_id}
+
+
+def _workdir(given: Given) -> str | None:
+    path = _text(given.body, given.field, limit=MAX_PATH)
     if path and not _absolute(path):
-        raise InvalidField(field, "must be an absolute path without '..'")
-    return path
+        raise InvalidField(given.field, "must be an absolute path without '..'")
+    return path or None
 
 
-def _size(body: Mapping[str, Any], field: str, *, least: int) -> str | None:
-    value = body.get(_key(field))
+def _size(given: Given, *, least: int) -> str | None:
+    value = given.value
     if value is None or value == "":
         return None
     size = size_in_bytes(value)
     if size is None or not least <= size <= MAX_SIZE:
         raise InvalidField(
-            field,
+            given.field,
             f"must be a size like 512m, 16g or a number of bytes, from {least} bytes to 1 PiB",
         )
     return str(value).lower()
 
 
-def _cpus(value: object) -> float | None:
+def _shm_size(given: Given) -> str | None:
+    return _size(given, least=1)
+
+
+def _memory_limit(given: Given) -> str | None:
+    return _size(given, least=MIN_MEMORY)
+
+
+def _cpus(given: Given) -> float | None:
     """A number of CPUs: a number, or 0.3.15's string (``""`` no limit, ``"2"``, ``"0.5"``)."""
-    value = _empty_as(value, None)
+    value = _empty_as(given.value, None)
     if value is None:
         return None
     if isinstance(value, str) and DECIMAL.fullmatch(value.strip()):
         value = float(value.strip())
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidField("container.cpu_limit", 'must be a number of CPUs, like 2 or "0.5"')
+        raise InvalidField(given.field, 'must be a number of CPUs, like 2 or "0.5"')
     # Compared as given: an int of 400 digits would overflow a float.
     if not ((isinstance(value, int) or math.isfinite(value)) and 0 < value <= MAX_CPUS):
-        raise InvalidField("container.cpu_limit", f"must be more than 0 and at most {MAX_CPUS:g}")
+        raise InvalidField(given.field, f"must be more than 0 and at most {MAX_CPUS:g}")
     return float(value)
 
 
-def _network(body: Mapping[str, Any]) -> str:
-    network = _text(body, "container.network", limit=100) or "host"
+def _network(given: Given) -> str:
+    network = _text(given.body, given.field, limit=100) or "host"
     if network not in NETWORKS:
         # container:<id> would join another container's namespaces: not a job's to ask.
-        raise InvalidField("container.network", f"must be one of {', '.join(NETWORKS)}")
+        raise InvalidField(given.field, f"must be one of {', '.join(NETWORKS)}")
     return network
 
 
-def _user(body: Mapping[str, Any]) -> str | None:
-    user = _text(body, "container.user", limit=100)
+def _user(given: Given) -> str | None:
+    user = _text(given.body, given.field, limit=100)
     if user and not USER.fullmatch(user):
-        raise InvalidField("container.user", "must be a user or uid, with :group or :gid")
+        raise InvalidField(given.field, "must be a user or uid, with :group or :gid")
     return user or None
+
+
+CONTAINER = Body(
+    "Container",
+    closed=True,
+    doc="The job's container: the fields of 0.3.15's ContainerSpec, \"\" or null for none.",
+    fields=(
+        Field(
+            "name",
+            or_empty(
+                {
+                    "type": "string",
+                    "pattern": anchored(NAME.pattern),
+                    "not": {"pattern": anchored(LOOKS_LIKE_ID.pattern)},
+                }
+            ),
+            "The container's name, which is the `ref` of every other verb. Default "
+            "`tuneplane-<run id>` (characters outside `[a-zA-Z0-9_.-]` become `-`, and a "
+            "changed or very long id gets a hash suffix). Must match "
+            f"`{NAME.pattern}`, and must not look like a container id (12 or more hex "
+            "digits and nothing else): engines resolve ids before names.",
+            read=_name,
+        ),
+        Field(
+            "image",
+            text(most=MAX_IMAGE, least=1, pattern=anchored(IMAGE_REFERENCE.pattern)),
+            "Image reference, by the distribution grammar "
+            "(`registry:port/path/name:tag@sha256:...`, lower-case path, the name before "
+            f"the tag at most {MAX_IMAGE_NAME} characters); anything else (`UPPER/Case`, "
+            "`--help`, `../containers/x`) is refused before the engine sees it.",
+            required=True,
+            read=_image,
+        ),
+        Field(
+            "command",
+            or_empty(
+                {
+                    "type": "array",
+                    "maxItems": MAX_ARGS,
+                    "prefixItems": [{**VALUE, "minLength": 1}],  # only the program is never empty
+                    "items": VALUE,
+                }
+            ),
+            f"The entry argv, a list of at most {MAX_ARGS} strings of at most {MAX_VALUE} "
+            "characters. It **replaces the image's ENTRYPOINT** (`argv[0]` is the "
+            "entrypoint, the rest its arguments; `argv[0]` may not be empty). A string is "
+            "refused: the node never runs a shell to split it. Empty: the image's own "
+            "entrypoint and command.",
+            read=_argv,
+        ),
+        Field(
+            "env",
+            or_empty(string_map(most=MAX_ENV, keys="^[^=\\x00]*$")),
+            f"Object of at most {MAX_ENV} environment variables (numbers are turned into "
+            "strings; no `=` in a name). `NVIDIA_VISIBLE_DEVICES` is the node's: a "
+            "console's value is dropped (logged), and the node sets it to the cards it "
+            "chose, or `void` for none, so a host whose default runtime is NVIDIA's shows "
+            "a job no other card.",
+            read=_env,
+        ),
+        Field(
+            "gpus",
+            or_empty({"type": "array", "maxItems": MAX_GPUS, "items": {}}),
+            "Read **only for its length, and only when `requested_gpus` is absent**; the "
+            f"indices in it are ignored. At most {MAX_GPUS}.",
+        ),
+        Field(
+            "mounts",
+            or_empty({"type": "array", "maxItems": MAX_MOUNTS, "items": mount_forms()}),
+            f"At most {MAX_MOUNTS} bind mounts, each `[host, container, read_only]` "
+            "(`read_only` may be left out: false); both paths absolute, without `..`. "
+            '`{"host", "container", "read_only"}` objects are accepted too. The host path '
+            "must exist, lie under one of `TUNEPLANE_ALLOWED_MOUNT_ROOTS` (by default the "
+            "storage root and the model dirs) and be its own real path: no component a "
+            f"symlink. As for the container path, {UNMOUNTABLE}. A bad mount is a `422` "
+            "naming `container.mounts[i]`.",
+            read=_mounts,
+        ),
+        Field(
+            "labels",
+            or_empty(string_map(most=MAX_LABELS, keys=NO_NUL)),
+            f"At most {MAX_LABELS} extra labels (`tuneplane.user`, `tuneplane.kind`, "
+            f"`tuneplane.attempt` are the ones the platform uses). {_named(NODE_LABELS)} "
+            f"are the node's and refused, but `{LABEL_RUN_ID}`, if given, must equal "
+            "`run_id`. Labels in the engines' own namespaces "
+            f"({_named(ENGINE_LABELS)}), which engine tooling acts on, are a `422` naming "
+            "the label.",
+            read=_labels,
+        ),
+        Field(
+            "workdir",
+            or_empty(PATH),
+            "Working directory, an absolute path without `..`.",
+            read=_workdir,
+        ),
+        Field(
+            "shm_size",
+            or_empty(number(least=1, most=MAX_SIZE, whole=True), SIZE_TEXT),
+            "A size like `512m`, `16g`, or a number of bytes, up to 1 PiB.",
+            read=_shm_size,
+        ),
+        Field(
+            "cpu_limit",
+            or_empty(
+                number(least=0, above=True, most=MAX_CPUS),
+                {"type": "string", "pattern": f"^\\s*(?:{DECIMAL.pattern})\\s*$"},
+            ),
+            f"Number of CPUs, more than 0 and at most {MAX_CPUS:g}: a number, or a string "
+            'as 0.3.15 consoles send it (`"2"`, `"0.5"`; `""` means no limit).',
+            read=_cpus,
+        ),
+        Field(
+            "memory_limit",
+            or_empty(number(least=MIN_MEMORY, most=MAX_SIZE, whole=True), SIZE_TEXT),
+            f"A size like `shm_size`'s, from {MIN_MEMORY // 2**20} MiB (the engines refuse "
+            "less) to 1 PiB. None: the machine's memory less "
+            "`TUNEPLANE_SYSTEM_RESERVED_MEMORY`.",
+            read=_memory_limit,
+        ),
+        Field(
+            "network",
+            or_empty({"enum": list(NETWORKS)}),
+            "`host` (the default, as in 0.3.15), `bridge` or `none`. Joining another "
+            "container's namespaces (`container:<x>`) is refused. What `host` gets is the "
+            "operator's: `TUNEPLANE_JOB_HOST_NETWORK`.",
+            read=_network,
+        ),
+        Field(
+            "user",
+            or_empty({"type": "string", "pattern": anchored(USER.pattern)}),
+            "User as `name` or `uid`, with `:group` or `:gid`.",
+            read=_user,
+        ),
+    ),
+)
+LAUNCH = Body(
+    "LaunchBody",
+    closed=True,
+    fields=(
+        Field(
+            "run_id",
+            text(most=MAX_RUN_ID, least=1, pattern=NO_CONTROL),
+            f"The run's id (at most {MAX_RUN_ID} characters, no control characters); "
+            f"written on the container as `{LABEL_RUN_ID}`.",
+            required=True,
+        ),
+        Field(
+            "requested_gpus",
+            or_null(number(least=0, most=MAX_GPUS, whole=True)),
+            f"How many cards; whole number, 0 to {MAX_GPUS}. **The node chooses the "
+            "cards** (for more than one it prefers cards joined by NVLink, then under one "
+            "PCIe switch or NUMA node, then the lowest indices). Absent: the length of "
+            "`container.gpus`.",
+        ),
+        Field("container", CONTAINER, "An object:", required=True),
+    ),
+)
+LAUNCH_FIELDS = LAUNCH.names
+CONTAINER_FIELDS = CONTAINER.names
+# The order the container's fields are checked in, which decides which of two bad
+# fields a 422 names: gpus first (parse_launch), then labels, then the table's order.
+CHECKED = sorted(CONTAINER.fields, key=lambda field: field.name != "labels")
 
 
 # --- the other verbs ----------------------------------------------------------------------
@@ -408,3 +622,92 @@ def parse_tail(value: str | None) -> int:
     if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= MAX_TAIL:
         raise InvalidField("tail", f"must be a whole number from 1 to {MAX_TAIL}")
     return int(value)
+
+
+def _seconds(name: str, *, most: float, doc: str) -> Field:
+    """A field of seconds, from 0 to ``most``, or null."""
+    bounds = f"0 to {most / 86400:g} days"
+    return Field(name, or_null(number(least=0, most=most)), doc.format(bounds=bounds))
+
+
+def _grace(name: str, *, jobs: str) -> Field:
+    """A stop's grace period, ``name``, for ``jobs``."""
+    doc = f"Seconds from SIGTERM to SIGKILL for {jobs}, {{bounds}}; default "
+    doc += "`TUNEPLANE_LOCAL_STOP_TIMEOUT`. Engines take whole seconds: it is rounded up."
+    return _seconds(name, most=MAX_GRACE_S, doc=doc)
+
+
+REF_FIELD = Field(
+    "ref",
+    REF,
+    f"The container's name (its launch's `container.name`), 1 to {MAX_REF} characters.",
+    required=True,
+)
+REFS_LIST = {
+    "type": "array",
+    "maxItems": MAX_REFS,
+    "items": text(most=MAX_REF, least=1, pattern=None),
+}
+REFS_DOC = (
+    f"Container names, at most {MAX_REFS} of 1 to {MAX_REF} characters; duplicates answered once."
+)
+REFS = Body("RefsBody", (Field("refs", REFS_LIST, REFS_DOC, required=True),))
+STATS = Body(
+    "StatsBody", (Field("refs", REFS_LIST, f"{REFS_DOC} Absent: every running job of the node."),)
+)
+REF_BODY = Body("RefBody", (REF_FIELD,))
+STOP = Body(
+    "StopBody",
+    (
+        REF_FIELD,
+        _grace("timeout", jobs="the job"),
+    ),
+)
+REAP = Body(
+    "ReapBody",
+    (
+        _seconds(
+            "max_age_s",
+            most=MAX_AGE_S,
+            doc="Seconds since a container ended for it to be removed, {bounds}; default "
+            "`TUNEPLANE_LOCAL_CONTAINER_TTL_S`.",
+        ),
+    ),
+)
+REASON = Field(
+    "reason",
+    or_null(text(most=MAX_REASON)),
+    f"Why, in the operator's words (at most {MAX_REASON} characters); health and a refused "
+    "launch say it.",
+)
+CORDON = Body("CordonBody", (REASON,))
+DRAIN = Body(
+    "DrainBody",
+    (
+        REASON,
+        _grace("grace_s", jobs="every job"),
+    ),
+)
+UNCORDON = Body("UncordonBody", (), doc="Nothing is read from it.")
+LOGS = Body(
+    "LogsQuery",
+    (
+        REF_FIELD,
+        Field(
+            "tail",
+            {**number(least=1, most=MAX_TAIL, whole=True), "default": DEFAULT_TAIL},
+            f"How many of the newest lines, 1 to {MAX_TAIL}; default {DEFAULT_TAIL}.",
+        ),
+        Field(
+            "since",
+            {"type": "string"},
+            "Only lines from then on: an RFC 3339 time, or seconds since the epoch.",
+        ),
+        Field(
+            "follow",
+            {"type": "string", "pattern": either(*FOLLOW_WORDS)},
+            "`1` or `true`: stream `text/plain` until the job exits; `0`, `false` or absent: no.",
+        ),
+    ),
+    doc="The query of GET /node/v1/logs.",
+)

@@ -1,9 +1,9 @@
-"""The OpenAPI 3.1 document of the whole API, generated from the wire's own shapes: the
-request models (`models`) and the answers' TypedDicts (`answers`). Pure: no I/O.
+"""The OpenAPI 3.1 document of the API, generated from what the daemon's routes declare
+(`Operation`s, in `daemon/routes.py`), the request bodies declared field by field in
+`requests`, and the answers' TypedDicts (`answers`). Pure: no I/O.
 
-The daemon serves it at ``GET /node/v1/openapi.json``; ``contrib/openapi.json`` is this
-module's output, kept in step by a test. Regenerate it with
-``python -m tuneplane_node.wire.schema > contrib/openapi.json``.
+The daemon serves it at ``GET /node/v1/openapi.json``; ``contrib/openapi.json`` is a copy
+that ``contrib/dev/api_docs.py`` writes and a test keeps current.
 """
 
 from __future__ import annotations
@@ -12,13 +12,15 @@ import functools
 import json
 import types
 import typing
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, WithJsonSchema, create_model
 
-from tuneplane_node.wire import MAX_BODY_BYTES, PROTOCOL, PROTOCOL_HEADER, answers, models, stats
+from tuneplane_node.wire import MAX_BODY_BYTES, PROTOCOL, PROTOCOL_HEADER, answers, stats
+from tuneplane_node.wire.fields import Body
+from tuneplane_node.wire.fields import Field as RequestField
 
 API_PREFIX = "/node/v1/"
 DOCUMENT_PATH = f"{API_PREFIX}openapi.json"
@@ -50,15 +52,18 @@ SELF = Annotated[dict[str, Any], WithJsonSchema({"type": "object", "required": [
 
 @dataclass(frozen=True)
 class Operation:
+    """One route as the document says it: the 200's JSON shape (``answer``; None: none),
+    the request's body or query, the errors beyond those every operation of its kind can
+    answer, and ``text``, the media type of a text/plain 200."""
+
     method: str
     path: str
     summary: str
-    answer: Any  # the 200's JSON shape
-    body: type[BaseModel] | None = None
-    body_required: bool = True
-    query: type[BaseModel] | None = None
+    answer: Any
+    body: Body | None = None
+    query: Body | None = None
     errors: tuple[int, ...] = ()
-    text: str | None = None  # a text/plain 200: what it holds
+    text: str | None = None
 
     @property
     def guarded(self) -> bool:
@@ -72,105 +77,6 @@ class Operation:
         if self.query is not None:
             errors.add(422)
         return sorted(errors)
-
-
-OPERATIONS = (
-    Operation("get", "/healthz", "Always ok while the process serves; no token.", answers.OkJson),
-    Operation(
-        "get",
-        "/metrics",
-        "Prometheus' text format; the token unless TUNEPLANE_METRICS_PUBLIC.",
-        None,
-        errors=(401,),
-        text="text/plain; version=0.0.4; charset=utf-8",
-    ),
-    Operation(
-        "post",
-        "/node/v1/launch",
-        "Launch a job's container, or start its image's pull.",
-        answers.LaunchJson,
-        body=models.LaunchBody,
-        errors=ENGINE,
-    ),
-    Operation(
-        "post",
-        "/node/v1/observe",
-        "The state of each ref.",
-        answers.ObserveJson,
-        body=models.RefsBody,
-        errors=ENGINE,
-    ),
-    Operation(
-        "post",
-        "/node/v1/stats",
-        "What each job uses, from the node's latest samples.",
-        stats.StatsJson,
-        body=models.StatsBody,
-        body_required=False,
-        errors=ENGINE,
-    ),
-    Operation(
-        "post",
-        "/node/v1/stop",
-        "Cancel a pending launch, stop the container.",
-        answers.OkJson,
-        body=models.StopBody,
-        errors=ENGINE,
-    ),
-    Operation(
-        "post",
-        "/node/v1/remove",
-        "Cancel a pending launch, force-remove the container.",
-        answers.OkJson,
-        body=models.RefBody,
-        errors=ENGINE,
-    ),
-    Operation(
-        "get",
-        "/node/v1/logs",
-        "The newest lines of a job's output; with follow, a text/plain stream.",
-        answers.LogsJson,
-        query=models.LogsQuery,
-        errors=(429, *ENGINE),
-        text="text/plain; charset=utf-8",
-    ),
-    Operation(
-        "post",
-        "/node/v1/reap",
-        "Remove the node's containers that ended long enough ago.",
-        answers.ReapJson,
-        body=models.ReapBody,
-        body_required=False,
-        errors=ENGINE,
-    ),
-    Operation("get", "/node/v1/health", "Whether the node can serve, and why.", answers.HealthJson),
-    Operation("get", "/node/v1/inventory", "What the machine has.", answers.InventoryJson),
-    Operation(
-        "post",
-        "/node/v1/cordon",
-        "Refuse new launches.",
-        answers.NodeStateJson,
-        body=models.CordonBody,
-        body_required=False,
-    ),
-    Operation(
-        "post",
-        "/node/v1/drain",
-        "Cordon, cancel pending launches and stop every job.",
-        answers.NodeStateJson,
-        body=models.DrainBody,
-        body_required=False,
-    ),
-    Operation(
-        "post",
-        "/node/v1/uncordon",
-        "Take launches again.",
-        answers.NodeStateJson,
-        body=models.UncordonBody,
-        body_required=False,
-    ),
-    Operation("get", DOCUMENT_PATH, "This document.", SELF),
-)
 
 
 class Components:
@@ -195,21 +101,34 @@ class Components:
             self.add(name, definition)
         return normalized(generated)  # type: ignore[no-any-return]
 
+    def body(self, body: Body) -> dict[str, Any]:
+        """A reference to a request body's schema, added under its name."""
+        shape: dict[str, Any] = {"type": "object", "additionalProperties": not body.closed}
+        shape["properties"] = {field.name: self.value(field) for field in body.fields}
+        required = [field.name for field in body.fields if field.required]
+        if required:
+            shape["required"] = required
+        if body.doc:
+            shape["description"] = body.doc
+        self.add(body.name, shape)
+        return {"$ref": REFS.format(model=body.name)}
+
+    def value(self, field: RequestField) -> dict[str, Any]:
+        """A field's schema, with its doc as its description."""
+        nested = field.schema
+        schema = self.body(nested) if isinstance(nested, Body) else normalized(dict(nested))
+        return {**schema, "description": field.doc}
+
     def add(self, name: str, definition: dict[str, Any]) -> None:
         known = self.schemas.setdefault(name, normalized(definition))
         assert known == normalized(definition), f"two shapes are called {name}"
 
 
-def document() -> dict[str, Any]:
-    """The whole document; the same object on every call (read it, never change it)."""
-    return _document()
-
-
-@functools.cache
-def _document() -> dict[str, Any]:
+def document(operations: Iterable[Operation]) -> dict[str, Any]:
+    """The whole document of these operations."""
     components = Components()
     paths: dict[str, dict[str, Any]] = {}
-    for operation in OPERATIONS:
+    for operation in operations:
         paths.setdefault(operation.path, {})[operation.method] = _operation(operation, components)
     components.schema(answers.ErrorJson)
     return {
@@ -230,9 +149,9 @@ def _document() -> dict[str, Any]:
     }
 
 
-def render() -> str:
+def render(document: dict[str, Any]) -> str:
     """The document as ``contrib/openapi.json`` holds it."""
-    return json.dumps(document(), sort_keys=True, indent=2) + "\n"
+    return json.dumps(document, sort_keys=True, indent=2) + "\n"
 
 
 def _operation(operation: Operation, components: Components) -> dict[str, Any]:
@@ -246,15 +165,15 @@ def _operation(operation: Operation, components: Components) -> dict[str, Any]:
     }
     if 401 in operation.statuses:
         spec["security"] = [{"bearer": []}]
-    parameters = [*_query(operation.query, components)]
+    parameters = [*_query(operation.query, components)] if operation.query else []
     if operation.guarded:
         parameters.append({"$ref": "#/components/parameters/protocol"})
     if parameters:
         spec["parameters"] = parameters
     if operation.body is not None:
         spec["requestBody"] = {
-            "required": operation.body_required,
-            "content": {"application/json": {"schema": components.schema(operation.body)}},
+            "required": operation.body.required,
+            "content": {"application/json": {"schema": components.body(operation.body)}},
         }
     return spec
 
@@ -275,17 +194,12 @@ def _error(status: int) -> dict[str, Any]:
     }
 
 
-def _query(model: type[BaseModel] | None, components: Components) -> Iterator[dict[str, Any]]:
-    if model is None:
-        return
-    generated = components.inline(model)
-    required = set(generated.get("required", ()))
-    for name, schema in generated["properties"].items():
-        description = schema.pop("description", None)
-        parameter = {"name": name, "in": "query", "required": name in required, "schema": schema}
-        if description:
-            parameter["description"] = description
-        yield parameter
+def _query(query: Body, components: Components) -> Iterator[dict[str, Any]]:
+    for field in query.fields:
+        schema = components.value(field)
+        description = schema.pop("description")
+        parameter = {"name": field.name, "in": "query", "required": field.required}
+        yield {**parameter, "schema": schema, "description": description}
 
 
 def _protocol_header() -> dict[str, Any]:
@@ -321,6 +235,7 @@ def portable(shape: Any) -> Any:
     return origin[tuple(portable(arg) for arg in args)]
 
 
+# One class per TypedDict: a shape met twice in one schema must be one definition.
 @functools.cache
 def _model(shape: Any) -> type[BaseModel]:
     hints = typing.get_type_hints(shape)
@@ -354,7 +269,3 @@ def normalized(schema: Any) -> Any:
     if isinstance(schema.get("properties"), dict):  # field names, not schema keywords
         kept["properties"] = {k: normalized(v) for k, v in schema["properties"].items()}
     return kept
-
-
-if __name__ == "__main__":
-    print(render(), end="")

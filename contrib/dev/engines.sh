@@ -48,6 +48,9 @@ install_packages() {
     command -v systemd-analyze >/dev/null || missing+=(systemd)     # verifies the unit
     command -v debootstrap >/dev/null || missing+=(debootstrap)     # the image test's base
     command -v promtool >/dev/null || missing+=(prometheus) # checks the /metrics exposition
+    # The hostile-job tests build static binaries (a setuid one, a port binder) with gcc.
+    command -v gcc >/dev/null || missing+=(gcc)
+    dpkg -s libc6-dev >/dev/null 2>&1 || missing+=(libc6-dev)
     ((${#missing[@]} == 0)) && return
     log "installing ${missing[*]}"
     apt-get update -q

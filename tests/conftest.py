@@ -62,7 +62,7 @@ def _uses_ours(item: pytest.Item, name: str) -> bool:
     """Whether the test uses this module's fixture of that name (not a local one)."""
     definitions = getattr(item, "_fixtureinfo", None)
     defs = definitions.name2fixturedefs.get(name) if definitions else None
-    return bool(defs) and defs[-1].func.__module__ == __name__
+    return defs is not None and bool(defs) and defs[-1].func.__module__ == __name__
 
 
 @pytest.fixture
@@ -285,7 +285,7 @@ async def make_node(aiohttp_client: Any, tmp_path: Any) -> AsyncIterator[MakeNod
                 feed = TrackingRuntime(runtime)
                 opened.append((runtime, feed.made))
             cached = CachedRuntime(
-                feed,  # type: ignore[arg-type]
+                feed,
                 relist_s=settings.state_relist_s,
                 sync_timeout=10,
                 heartbeat_s=heartbeat_s,

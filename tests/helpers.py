@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient
 
+from tuneplane_node.daemon.state import JOBS
 from tuneplane_node.jobs import JobService, PendingView
 from tuneplane_node.jobs.pending import FAILED
 from tuneplane_node.runtime.base import (
@@ -32,6 +34,9 @@ from tuneplane_node.runtime.base import (
     LogQuery,
     container_name,
 )
+from tuneplane_node.runtime.cache import CachedRuntime
+from tuneplane_node.runtime.docker import DockerRuntime
+from tuneplane_node.runtime.podman import PodmanRuntime
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.wire import PROTOCOL, PROTOCOL_HEADER
 
@@ -88,6 +93,13 @@ def engine_missing(what: str, why: str) -> None:
     if under_ci():
         pytest.fail(message)
     pytest.skip(message)
+
+
+def node_cache(node: Console) -> CachedRuntime:
+    """The state cache a daemon on an engine sits on (`make_node`'s, as in production)."""
+    runtime = node.app[JOBS].runtime
+    assert isinstance(runtime, CachedRuntime), runtime
+    return runtime
 
 
 def unique(prefix: str = "t") -> str:
@@ -156,14 +168,15 @@ async def forget_image(runtime: ContainerRuntime, image: str) -> None:
     a proxy's): the test images' names (``*/tuneplane-test/...``) are the suite's own.
     Other images are never touched.
     """
-    inner = getattr(runtime, "inner", runtime)
+    inner = runtime.inner if isinstance(runtime, TrackingRuntime) else runtime
     repository = image.split("/", 1)[1].rsplit(":", 1)[0]  # tuneplane-test/big
-    if inner.name == "docker":
+    if isinstance(inner, DockerRuntime):
         api = inner.api
         listed = await inner.pool.call(api.images, filters={"reference": f"*/{repository}"})
         for entry in listed:
             await inner.pool.call(_quietly, api.remove_image, entry["Id"], force=True)
     else:
+        assert isinstance(inner, PodmanRuntime), inner
         images = await inner.pool.call(inner.client.images.list)
         for entry in images:
             if any(tag.split("/", 1)[-1].startswith(f"{repository}:") for tag in entry.tags):
@@ -265,10 +278,16 @@ def python_path() -> str:
 
 
 def spawn_daemon(
-    tmp_path: Path, port: int, *, preexec: Callable[[], None] | None = None, **settings: str
+    tmp_path: Path,
+    port: int,
+    *,
+    preexec: Callable[[], None] | None = None,
+    settings_of: Mapping[str, str] | None = None,
+    **settings: str,
 ) -> subprocess.Popen[bytes]:
     """`python -m tuneplane_node serve` on loopback, its output in ``serve.log``; only
-    the given settings (and a state dir and storage root under ``tmp_path``) apply."""
+    the given settings (``settings_of`` and keywords; a state dir and storage root under
+    ``tmp_path``) apply."""
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(tmp_path),
@@ -276,6 +295,7 @@ def spawn_daemon(
         "TUNEPLANE_NODE_TOKEN": TOKEN,
         "TUNEPLANE_NODE_STATE_DIR": str(tmp_path / "state"),
         "TUNEPLANE_STORAGE_ROOT": str(tmp_path),
+        **(settings_of or {}),
         **settings,
     }
     argv = [sys.executable, "-m", "tuneplane_node", "serve", "--host", "127.0.0.1"]
@@ -343,7 +363,7 @@ class Console:
 
     def __init__(
         self,
-        client: TestClient,
+        client: TestClient[web.Request, web.Application],
         made: list[str] | None = None,
         *,
         settle: Callable[[], Awaitable[None]] | None = None,

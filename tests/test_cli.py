@@ -18,7 +18,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -49,12 +49,16 @@ def cli_env(home: Path, **settings: str) -> dict[str, str]:
 
 
 def run_cli(
-    tmp_path: Path, *args: str, timeout: float = 60, **settings: str
+    tmp_path: Path,
+    *args: str,
+    timeout: float = 60,
+    settings_of: Mapping[str, str] | None = None,
+    **settings: str,
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "tuneplane_node", *args],
         cwd=tmp_path,
-        env=cli_env(tmp_path, **settings),
+        env=cli_env(tmp_path, **{**(settings_of or {}), **settings}),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -264,7 +268,11 @@ def test_the_readme_quick_start_serves_the_api_with_auto_runtime(
 def test_check_reports_the_engine(tmp_path: Path, docker_settings: dict[str, str]) -> None:
     port = str(free_port())
     result = run_cli(
-        tmp_path, "check", TUNEPLANE_NODE_TOKEN="t0ken", TUNEPLANE_NODE_PORT=port, **docker_settings
+        tmp_path,
+        "check",
+        settings_of=docker_settings,
+        TUNEPLANE_NODE_TOKEN="t0ken",
+        TUNEPLANE_NODE_PORT=port,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "ok   engine: docker " in result.stdout
@@ -280,7 +288,7 @@ def test_inventory_prints_the_console_fields_as_json(
         "TUNEPLANE_LOCAL_GPU_COUNT": "2",
         "TUNEPLANE_CLUSTER_PROFILE": "H100-Lab",
     }
-    result = run_cli(tmp_path, "inventory", **settings)
+    result = run_cli(tmp_path, "inventory", settings_of=settings)
     assert result.returncode == 0, result.stderr
     facts = json.loads(result.stdout)
     assert list(facts) == INVENTORY_KEYS
@@ -292,7 +300,7 @@ def test_inventory_prints_the_console_fields_as_json(
     assert facts["cpu_count"] >= 1
     assert facts["memory_bytes"] > 0
     uuid.UUID(facts["node_id"])
-    again = json.loads(run_cli(tmp_path, "inventory", **settings).stdout)
+    again = json.loads(run_cli(tmp_path, "inventory", settings_of=settings).stdout)
     assert again["node_id"] == facts["node_id"]  # minted once, kept in the state dir
 
 

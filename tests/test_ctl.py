@@ -112,7 +112,9 @@ def start_node(tmp_path: Path) -> Iterator[StartNode]:
 
     def start(scheme: str = "http", **settings: str) -> Node:
         port = free_port()
-        node = Node(f"{scheme}://127.0.0.1:{port}", spawn_daemon(tmp_path, port, **settings))
+        node = Node(
+            f"{scheme}://127.0.0.1:{port}", spawn_daemon(tmp_path, port, settings_of=settings)
+        )
         started.append(node)
         wait_for_port(node, port, tmp_path / "serve.log")
         return node
@@ -136,7 +138,7 @@ def engine_down_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]
     tmp_path = tmp_path_factory.mktemp("engine-down")
     port = free_port()
     settings = {"TUNEPLANE_LOCAL_RUNTIME": "docker", "TUNEPLANE_DOCKER_HOST": ENGINE_DOWN}
-    node = Node(f"http://127.0.0.1:{port}", spawn_daemon(tmp_path, port, **settings))
+    node = Node(f"http://127.0.0.1:{port}", spawn_daemon(tmp_path, port, settings_of=settings))
     try:
         wait_for_port(node, port, tmp_path / "serve.log")
         yield node
@@ -512,7 +514,7 @@ async def test_launch_wait_draws_the_pull_and_ends_running(
 ) -> None:
     image = await proxy.big_image(docker_runtime, rate=1_500_000)  # ~9 MB: some seconds
     port = free_port()
-    daemon = spawn_daemon(tmp_path, port, **docker_node_settings())
+    daemon = spawn_daemon(tmp_path, port, settings_of=docker_node_settings())
     run_id = unique("ctl")
     docker_runtime.track(f"tuneplane-{run_id}")
     env = {
@@ -588,7 +590,7 @@ async def test_stats_draws_a_live_table_in_a_terminal(tmp_path: Path) -> None:
         engine_missing("docker", error)
     port = free_port()
     settings = {**docker_node_settings(), "TUNEPLANE_STATS_INTERVAL_S": "1"}
-    daemon = spawn_daemon(tmp_path, port, **settings)
+    daemon = spawn_daemon(tmp_path, port, settings_of=settings)
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(tmp_path),

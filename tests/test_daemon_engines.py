@@ -34,6 +34,7 @@ from tests.helpers import (
     free_port,
     job,
     log_text,
+    node_cache,
     own_docker_host,
     spawn_daemon,
     under_ci,
@@ -147,7 +148,7 @@ async def test_clients_that_go_away_free_the_follow_slot_and_its_thread(
         assert response.status == 200
         await response.content.readuntil(b"ready\n")
         response.close()  # gone, while the job writes nothing
-    pool = node.app[JOBS].runtime.inner.inner.pool  # type: ignore[attr-defined]
+    pool = node_cache(node).inner.pool
     everyone = threading.Barrier(pool.threads)
     # Every engine thread can be had at once: none is left reading a closed stream.
     await asyncio.gather(*(pool.call(everyone.wait, 10) for _ in range(pool.threads)))
@@ -168,7 +169,7 @@ async def test_a_followed_log_of_a_foreign_container_reads_nothing(
     make_node: MakeNode, engine: str
 ) -> None:
     node = await make_node(engine)
-    feed = node.app[JOBS].runtime.inner  # type: ignore[attr-defined]
+    feed = node_cache(node).inner
     foreign = unique("foreign")
     await feed.run(ContainerSpec(name=foreign, image=IMAGE, command=("/bin/echo", "secret")))
     assert await node.follow(foreign) == f"no logs: container {foreign} does not exist"

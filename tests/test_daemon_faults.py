@@ -36,13 +36,13 @@ from tests.helpers import (
     engine_settings,
     forget_image,
     free_port,
+    node_cache,
     own_docker_host,
     restart_own_engine,
     spawn_daemon,
     unique,
     wait_until,
 )
-from tuneplane_node.daemon.state import JOBS
 from tuneplane_node.runtime.base import LABEL_GPUS, LABEL_RUN_ID, parse_gpus
 from tuneplane_node.runtime.docker import DockerRuntime
 
@@ -233,7 +233,7 @@ async def test_jobs_killed_by_an_engine_restart_read_exited_and_free_their_cards
         )
         done, _ = await node.launch(["/bin/sh", "-c", "exit 3"], gpus=1)
         await node.wait_for(done, "status", "exited")
-        cache = node.app[JOBS].runtime.cache
+        cache = node_cache(node).cache
 
         await restart_own_engine("no-live-restore")
         await wait_until(lambda: cache.synced and cache.syncs >= 2, timeout=60)
@@ -298,7 +298,7 @@ async def test_a_daemon_killed_at_random_moments_of_launches_leaves_the_truth(
             if image == slow:
                 await forget_image(own_docker, slow)
             port = free_port()
-            daemon = spawn_daemon(tmp_path, port, **settings)
+            daemon = spawn_daemon(tmp_path, port, settings_of=settings)
             base = f"http://127.0.0.1:{port}"
             await answering(session, base)
             container = {"image": image, "command": ["/bin/sleep", "300"]}
@@ -312,7 +312,7 @@ async def test_a_daemon_killed_at_random_moments_of_launches_leaves_the_truth(
             moments["killed"] += 1
 
             port = free_port()
-            daemon = spawn_daemon(tmp_path, port, **settings)
+            daemon = spawn_daemon(tmp_path, port, settings_of=settings)
             base = f"http://127.0.0.1:{port}"
             await answering(session, base)
             await check_the_truth(session, base, engine)

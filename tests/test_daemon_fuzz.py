@@ -24,6 +24,7 @@ import pytest
 from tests.conftest import MakeNode
 from tests.helpers import HEADERS, IMAGE, REGISTRY, Console, TrackingRuntime
 from tuneplane_node.runtime.base import LABEL_RUN_ID
+from tuneplane_node.runtime.docker import DockerRuntime
 
 pytestmark = pytest.mark.engine
 REQUESTS = int(os.environ.get("TUNEPLANE_FUZZ_REQUESTS", "10000"))
@@ -73,7 +74,8 @@ class Fuzzer:
             return self.rng.choice(["GET", "POST", "PUT", "DELETE"]), path, self._body({}), None
         return "GET", f"/node/v1/{verb}", {"headers": self._headers()}, None
 
-    def _ref(self) -> str:
+    def _ref(self) -> Any:
+        """A ref of the node's shape, or a hostile value of any JSON type."""
         return self.rng.choice(
             [f"tuneplane-fuzz-{SEED}-{self.rng.randrange(self.n)}", self.rng.choice(HOSTILE)]
         )
@@ -158,8 +160,10 @@ async def test_ten_thousand_hostile_requests_get_no_5xx_and_start_nothing_refuse
     await asyncio.gather(*pending)
     elapsed = time.monotonic() - started
 
-    labelled = await own_docker.inner.pool.call(
-        own_docker.inner.api.containers, all=True, filters={"label": LABEL_RUN_ID}
+    docker = own_docker.inner
+    assert isinstance(docker, DockerRuntime)
+    labelled = await docker.pool.call(
+        docker.api.containers, all=True, filters={"label": LABEL_RUN_ID}
     )
     own_docker.made.extend(entry["Names"][0].lstrip("/") for entry in labelled)
     started_by_refused = [e for e in labelled if e["Labels"][LABEL_RUN_ID] in refused]

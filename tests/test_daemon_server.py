@@ -514,7 +514,8 @@ async def test_a_waiting_request_that_is_cancelled_holds_up_nobody() -> None:
         return web.Response()
 
     tasks = [
-        asyncio.create_task(sliced(make_mocked_request("GET", f"/r{n}"), handler)) for n in range(4)
+        asyncio.ensure_future(sliced(make_mocked_request("GET", f"/r{n}"), handler))
+        for n in range(4)
     ]
     await asyncio.sleep(0)  # r0 answered, the others wait
     tasks[1].cancel()

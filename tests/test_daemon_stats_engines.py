@@ -18,7 +18,7 @@ from tests.helpers import IMAGE, Console, TrackingRuntime, engine_settings, job,
 from tuneplane_node.jobs.confinement import JobRules
 from tuneplane_node.runtime.base import ContainerSpec
 from tuneplane_node.runtime.dockerformat import usage_from_stats
-from tuneplane_node.runtime.engine import MACHINE_MEMORY
+from tuneplane_node.runtime.engine import MACHINE_MEMORY, EngineRuntime
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -126,8 +126,9 @@ async def test_the_engines_one_shot_stats_agree_with_the_cgroup(runtime: Trackin
     spec = job(HOLD, shm_size="256m")
     container_id = await runtime.run(spec)
     inner = runtime.inner
+    assert isinstance(inner, EngineRuntime)
     deadline = time.monotonic() + 20
-    while (cgroup := (await inner.usage([container_id]))[container_id]).memory_bytes < HELD:
+    while ((cgroup := (await inner.usage([container_id]))[container_id]).memory_bytes or 0) < HELD:
         assert time.monotonic() < deadline, cgroup
         await asyncio.sleep(0.2)
     engine = usage_from_stats(

@@ -124,7 +124,7 @@ def image(client: docker.DockerClient, tmp_path_factory: pytest.TempPathFactory)
     print(f"image built in {time.monotonic() - started:.0f} s on {base}")
     yield tag
     client.images.remove(tag, force=True)
-    output = "".join(str(line.get("stream", "")) for line in log)
+    output = "".join(str(line.get("stream", "")) for line in log if isinstance(line, dict))
     remove_untagged(client, STEP_IMAGE.findall(output))
 
 
@@ -226,7 +226,7 @@ def test_the_image_healthcheck_passes_while_the_node_serves(
     check = client.images.get(image).attrs["Config"]["Healthcheck"]["Test"]
     assert check[0] == "CMD"
     exit_code, output = node.exec_run(check[1:])
-    assert exit_code == 0, output.decode()
+    assert exit_code == 0, output
     node.stop(timeout=30)  # SIGTERM: a clean exit, no traceback
     assert node.wait(timeout=30)["StatusCode"] == 0
     assert b"Traceback" not in node.logs()

@@ -109,14 +109,15 @@ async def test_a_job_shows_its_own_cards_and_never_another_jobs(
         )
     await service.sampler.sample_once()
     stats = await service.stats([mine, theirs])
-    assert stats[mine].sample is not None and stats[theirs].sample is not None
-    (card,) = stats[mine].sample.gpus
+    mine_sample, their_sample = stats[mine].sample, stats[theirs].sample
+    assert mine_sample is not None and their_sample is not None
+    (card,) = mine_sample.gpus
     assert card.index == my_card
     assert card.utilization_ratio == (my_card + 1) / 10
     assert card.memory_used_bytes == (1000 + my_card) * MIB
     assert card.memory_total_bytes == 81559 * MIB
     assert (card.power_watts, card.temperature_celsius) == (100.5 + my_card, 40 + my_card)
-    their_cards = {c.index for c in stats[theirs].sample.gpus}
+    their_cards = {c.index for c in their_sample.gpus}
     assert len(their_cards) == 2 and my_card not in their_cards
 
 

@@ -129,7 +129,7 @@ async def test_dropped_events_are_recovered_by_the_relist(
     cache = cache_of(node)
     lost: list[Any] = []  # what the engine said, dropped on the floor
     cache.on_event = lambda event: None  # type: ignore[method-assign]
-    cache.on_inspected = lambda state, _id: lost.append(state)  # type: ignore[method-assign]
+    cache.on_inspected = lambda state, container_id: lost.append(state)  # type: ignore[method-assign]
 
     await sdk(docker_runtime, "kill", ref, signal="SIGKILL")
     await wait_until(lambda: any(s.name == ref and s.status == "exited" for s in lost), 10)
@@ -152,7 +152,8 @@ class HeldStream(TrackingRuntime):
     def open_events(self) -> Any:
         if self.held.is_set():
             raise EngineUnavailable(engine="docker", reason="held by the test")
-        return self.inner.open_events()
+        # The inner runtime is a TrackingRuntime over an engine adapter: an EngineFeed.
+        return self.inner.open_events()  # type: ignore[attr-defined]
 
 
 async def test_a_broken_stream_makes_reads_503_until_resynced(

@@ -65,13 +65,13 @@ class Subject:
     """One runtime under the contract, and how a job behaves on it."""
 
     kind: str
-    runtime: TrackingRuntime
+    runtime: ContainerRuntime  # a TrackingRuntime: what a test makes is removed after it
     image: str
     fake: FakeRuntime | None = None
     has_images: bool = True  # the process runtime has none: every image is "there"
 
     def spec(self, command: list[str], **fields: object) -> ContainerSpec:
-        return job(command, image=self.image, **fields)  # type: ignore[arg-type]
+        return job(command, image=self.image, **fields)
 
     async def started(self, command: list[str], **fields: object) -> ContainerSpec:
         spec = self.spec(command, **fields)

@@ -7,6 +7,7 @@ answer; the adapters' real-engine tests check the same fields come back alive.
 from __future__ import annotations
 
 import io
+from typing import Any
 
 import pytest
 
@@ -137,7 +138,7 @@ def test_an_untagged_pull_means_latest_not_every_tag(image: str, params: dict[st
 
 def test_pull_progress_counts_bytes_layers_and_extraction() -> None:
     fold = ProgressFold()
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"status": "Pulling from a/b", "id": "1"},
         {"status": "Pulling fs layer", "id": "l1"},
         {"status": "Pulling fs layer", "id": "l2"},

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -12,7 +13,7 @@ from tuneplane_node.runtime import seccomp
 from tuneplane_node.runtime.seccomp import CLONE_NEWUSER, without_user_namespaces
 
 PODMAN_DEFAULT = Path("/usr/share/containers/seccomp.json")
-SMALL = {
+SMALL: dict[str, Any] = {
     "defaultAction": "SCMP_ACT_ERRNO",
     "syscalls": [
         {"names": ["read", "clone", "unshare", "clone3", "write"], "action": "SCMP_ACT_ALLOW"},
@@ -22,8 +23,8 @@ SMALL = {
 }
 
 
-def rules_for(profile: dict[str, object], name: str) -> list[dict[str, object]]:
-    return [rule for rule in profile["syscalls"] if name in rule["names"]]  # type: ignore[attr-defined, index]
+def rules_for(profile: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    return [rule for rule in profile["syscalls"] if name in rule["names"]]
 
 
 def test_clone_and_unshare_are_allowed_only_without_a_new_user_namespace() -> None:
@@ -31,12 +32,12 @@ def test_clone_and_unshare_are_allowed_only_without_a_new_user_namespace() -> No
 
     assert derived["defaultAction"] == "SCMP_ACT_ERRNO"
     assert rules_for(derived, "read")[0]["names"] == ["read", "write"]
-    assert rules_for(derived, "reboot") == [SMALL["syscalls"][2]]  # type: ignore[index]
+    assert rules_for(derived, "reboot") == [SMALL["syscalls"][2]]
     for name in ("clone", "unshare"):
         rules = rules_for(derived, name)
         assert rules and all(rule.get("args") for rule in rules), name  # never unconditional
         for rule in rules:
-            (arg,) = rule["args"]  # type: ignore[misc]
+            (arg,) = rule["args"]
             assert (arg["op"], arg["value"], arg["valueTwo"]) == (
                 "SCMP_CMP_MASKED_EQ", CLONE_NEWUSER, 0,
             )  # fmt: skip

@@ -422,7 +422,7 @@ def running(name: str, **more: Any) -> ContainerState:
 
 def test_observe_is_encoded_as_its_shape_would_be_byte_for_byte() -> None:
     """The route sends encode_observe: the very bytes encode(observe_json) would."""
-    views = {
+    views: dict[str, ContainerState | StoppedView | PendingView] = {
         "a": running("a", labels={LABEL_RUN_ID: "a", "note": "é\u2028\x00"}),
         "b": running("b", status="exited", exit_code=3, finished_at="2026-11-30T12:00:00Z"),
         "stopped": StoppedView(running("stopped", status="exited"), "drained: cordon"),
@@ -469,6 +469,7 @@ def test_health_answers_each_occupancy_as_it_is_when_asked_again() -> None:
     taken = replace(occupancy(), free=(), by_job={0: "run-a", 1: "run-c"})
     answer = health_json(node_status(occupancy=taken))
     assert answer["by_job"] == {"0": "run-a", "1": "run-c"} and answer["free_gpus"] == []
-    assert answer["explain"][1] == "gpu 1: held by run run-c"
+    explain = answer["explain"]
+    assert explain is not None and explain[1] == "gpu 1: held by run run-c"
     assert health_json(node_status(occupancy=None))["gpus_total"] is None
     assert health_json(first)["free_gpus"] == [1]

@@ -155,9 +155,6 @@ class TrackingRuntime:
 
     async def cleanup(self) -> None:
         for name in self.made:
-            # SIGKILL first: podman's force-remove of a running container waits out its
-            # stop timeout (10 s) when the job ignores SIGTERM, as a sleeping PID 1 does.
-            await self.inner.kill(name, "SIGKILL")
             await self.inner.remove(name)
 
 

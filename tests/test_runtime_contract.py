@@ -327,6 +327,17 @@ async def test_remove_takes_a_running_container_and_frees_its_name(subject: Subj
     assert (await subject.runtime.inspect(spec.name)).status == "running"
 
 
+async def test_remove_kills_a_job_ignoring_sigterm_at_once(subject: Subject) -> None:
+    """A forced remove is no stop: no grace period (libpod waited 10 s, its default)."""
+    spec = await subject.handling_sigterm(exit_code=None)
+
+    started = time.monotonic()
+    await subject.runtime.remove(spec.name)
+
+    assert time.monotonic() - started < 5  # behaviour, not speed: 10 s is the stop grace
+    assert not (await subject.runtime.inspect(spec.name)).exists
+
+
 # --- logs -----------------------------------------------------------------------------------
 
 

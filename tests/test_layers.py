@@ -199,3 +199,16 @@ def test_no_collaborator_of_the_job_service_imports_it() -> None:
     assert users <= {"tuneplane_node.jobs"}, sorted(users)
     collaborators = {name for name in graph if name.startswith("tuneplane_node.jobs.")}
     assert len(collaborators - {service}) >= 8  # the walk saw the package's modules
+
+
+def test_no_class_of_the_package_is_over_the_limit() -> None:
+    """The jobs/ bound, everywhere: a class past it holds more than one concern, whose
+    pieces belong in collaborators or module functions of their own (issue 19)."""
+    too_long = {
+        f"{path.relative_to(PACKAGE)}:{name}": n
+        for path in MODULES
+        for name, n in class_lines(path).items()
+        if n > CLASS_MAX_LINES
+    }
+    assert not too_long, too_long
+    assert len(MODULES) >= 50  # the walk saw the package

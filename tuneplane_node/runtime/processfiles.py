@@ -1,0 +1,180 @@
+"""The process runtime's state directory: one directory of records per job.
+
+``<root>/<name>/`` holds::
+
+    spec.json    id, name, created_at and the spec (labels included), written before start
+    proc.json    pid and /proc start time of the job and of its log stamper, and started_at
+    output.log   stdout and stderr, each line prefixed with an RFC 3339 nanosecond time
+    rc           the exit code, written atomically by the job's wrapper as it ends
+
+Every read goes to the files, so a daemon restart loses nothing. Times are given by the
+caller: this module keeps no clock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import re
+import secrets
+import shutil
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from tuneplane_node.clock import rfc3339
+from tuneplane_node.errors import EngineRefused, EngineUnavailable
+from tuneplane_node.runtime.base import EXIT_SIGKILL, ContainerSpec, job_labels
+from tuneplane_node.runtime.processgroups import Proc
+
+log = logging.getLogger(__name__)
+
+ENGINE = "process"
+SPEC_FILE = "spec.json"
+PROC_FILE = "proc.json"
+LOG_FILE = "output.log"
+RC_FILE = "rc"
+_VALID_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]{0,254}")  # docker's rule: no "/" or ".."
+
+
+@dataclass(frozen=True)
+class Job:
+    """What a job's records say: started (``main`` set) once proc.json is written."""
+
+    name: str
+    dir: Path
+    id: str
+    created_at: str | None
+    labels: dict[str, str]
+    started_at: str | None = None
+    main: Proc | None = None
+    stamper: Proc | None = None
+
+
+class JobFiles:
+    """The jobs' directories under ``root``, read afresh on every call."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def dir(self, name: str) -> Path | None:
+        """The job's directory, or None for a name that could point outside the root."""
+        return self.root / name if _VALID_NAME.fullmatch(name) else None
+
+    def load(self, name: str) -> Job | None:
+        """The job's files; None when there is no job (or it is still being made)."""
+        job_dir = self.dir(name)
+        if job_dir is None:
+            return None
+        with unreadable():
+            try:
+                record = json.loads((job_dir / SPEC_FILE).read_text())
+            except FileNotFoundError:
+                return None
+            labels = {str(k): str(v) for k, v in record["spec"].get("labels", {}).items()}
+            job = Job(name, job_dir, str(record["id"]), record.get("created_at"), labels)
+            with contextlib.suppress(FileNotFoundError):
+                started = json.loads((job_dir / PROC_FILE).read_text())
+                job = dataclasses.replace(
+                    job,
+                    started_at=started["started_at"],
+                    main=Proc(**started["main"]),
+                    stamper=Proc(**started["stamper"]),
+                )
+        return job
+
+    def names(self) -> list[str]:
+        """Every job's name: its directory's."""
+        with unreadable():
+            if not self.root.is_dir():
+                return []
+            return sorted(entry.name for entry in self.root.iterdir() if entry.is_dir())
+
+    def delete(self, name: str, job_dir: Path) -> None:
+        """Delete the job's files; already gone (or going, by another remove) is done."""
+        with refusal(f"remove {name}"):
+            try:
+                shutil.rmtree(job_dir)
+            except FileNotFoundError:
+                return
+        log.info("removed job %s", name)
+
+
+def write_spec(job_dir: Path, spec: ContainerSpec, *, job_id: str, created_at: str) -> None:
+    """spec.json: the job exists (created) from here on."""
+    record = {"id": job_id, "name": spec.name, "created_at": created_at, "spec": _record(spec)}
+    _write_atomic(job_dir / SPEC_FILE, json.dumps(record, indent=2, default=_jsonable))
+
+
+def write_started(job_dir: Path, *, started_at: str, main: Proc, stamper: Proc) -> None:
+    """proc.json: the job runs, and these are the processes to watch and stop."""
+    started = {
+        "started_at": started_at,
+        "main": dataclasses.asdict(main),
+        "stamper": dataclasses.asdict(stamper),
+    }
+    _write_atomic(job_dir / PROC_FILE, json.dumps(started))
+
+
+def exit_record(rc_file: Path) -> tuple[int | None, str | None]:
+    """(exit code, finished_at) of an ended job.
+
+    A job gone without writing its code was killed (SIGKILL to its group, the OOM
+    killer, a reboot): it is given 137, once, and the moment it was found dead becomes
+    its finish time. ``os.link`` never replaces, so a code the wrapper wrote stays.
+    """
+    if not rc_file.exists():
+        tmp = rc_file.with_name(f".{rc_file.name}.{secrets.token_hex(4)}.tmp")
+        tmp.write_text(str(EXIT_SIGKILL))
+        with contextlib.suppress(FileExistsError):
+            os.link(tmp, rc_file)
+        tmp.unlink()
+    text = rc_file.read_text().strip()
+    finished = rfc3339(datetime.fromtimestamp(rc_file.stat().st_mtime, timezone.utc))
+    if not text.isdigit():
+        log.warning("unreadable exit code %r in %s", text, rc_file)
+        return None, finished
+    return int(text), finished
+
+
+@contextlib.contextmanager
+def refusal(action: str) -> Iterator[None]:
+    """An OS error while changing a job: the runtime answered, and refused."""
+    try:
+        yield
+    except OSError as exc:
+        raise EngineRefused(engine=ENGINE, action=action, reason=str(exc)) from exc
+
+
+@contextlib.contextmanager
+def unreadable() -> Iterator[None]:
+    """State that cannot be read is unknown (503), never "the job is gone"."""
+    try:
+        yield
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise EngineUnavailable(engine=ENGINE, reason=f"cannot read job state: {exc!r}") from exc
+
+
+def _record(spec: ContainerSpec) -> dict[str, Any]:
+    record = {field.name: getattr(spec, field.name) for field in dataclasses.fields(spec)}
+    return {**record, "labels": job_labels(spec)}
+
+
+def _jsonable(value: object) -> object:
+    if isinstance(value, Mapping):
+        return dict(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Readers see the old file or the new one, never half of it."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

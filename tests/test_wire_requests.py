@@ -16,11 +16,13 @@ from tuneplane_node.wire.fields import Field
 from tuneplane_node.wire.requests import (
     CHECKED,
     CONTAINER,
+    LOGS,
     MAX_TAIL,
     parse_follow,
     parse_grace,
     parse_launch,
     parse_max_age,
+    parse_query,
     parse_ref,
     parse_refs,
     parse_since,
@@ -423,3 +425,11 @@ def test_a_mount_onto_the_engines_paths_is_refused(target: str) -> None:
 def test_a_mount_onto_other_paths_is_kept(target: str) -> None:
     spec = parse_launch(container(mounts=[["/data", target, True]])).spec
     assert spec.mounts == (Mount("/data", target, True),)
+
+
+def test_a_query_parameter_given_twice_is_refused_by_name() -> None:
+    pairs = [("ref", "a"), ("tail", "5"), ("other", "x"), ("other", "y"), ("tail", "9")]
+    with pytest.raises(InvalidField) as refused:
+        parse_query(pairs, LOGS)
+    assert (refused.value.field, refused.value.reason) == ("tail", "given more than once")
+    assert parse_query(pairs[:4], LOGS) == {"ref": "a", "tail": "5", "other": "x"}

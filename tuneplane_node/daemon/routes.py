@@ -170,10 +170,11 @@ async def remove(request: web.Request) -> web.Response:
 )
 async def logs(request: web.Request) -> web.StreamResponse:
     """The newest lines of a job's output; with follow, a text/plain stream."""
-    ref = requests.parse_ref(dict(request.query))
-    tail = requests.parse_tail(request.query.get("tail"))
-    since = requests.parse_since(request.query.get("since"))
-    if requests.parse_follow(request.query.get("follow")):
+    query = requests.parse_query(request.query.items(), requests.LOGS)
+    ref = requests.parse_ref(query)
+    tail = requests.parse_tail(query.get("tail"))
+    since = requests.parse_since(query.get("since"))
+    if requests.parse_follow(query.get("follow")):
         return await stream_log(request, request.app[JOBS].follow(ref, tail, since))
     return answer(answers.logs_json(await request.app[JOBS].logs(ref, tail, since)))
 

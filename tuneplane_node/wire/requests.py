@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 from typing import Any
 
@@ -40,6 +40,7 @@ from tuneplane_node.runtime.base import (
 )
 from tuneplane_node.sizes import MAX_SIZE, SIZE, size_in_bytes
 from tuneplane_node.wire.fields import (
+    EMPTY,
     NO_NUL,
     Body,
     Field,
@@ -556,6 +557,18 @@ def parse_refs(body: Mapping[str, Any]) -> list[str]:
     return refs
 
 
+def parse_query(pairs: Iterable[tuple[str, str]], query: Body) -> dict[str, str]:
+    """A query's parameters, each of ``query``'s at most once: ``tail=5&tail=9`` has no
+    one meaning (a proxy and the node could each read another). Others are ignored."""
+    known = {field.name for field in query.fields}
+    found: dict[str, str] = {}
+    for name, value in pairs:
+        if name in found and name in known:
+            raise InvalidField(name, "given more than once")
+        found.setdefault(name, value)
+    return found
+
+
 def parse_ref(body: Mapping[str, Any]) -> str:
     return _text(body, "ref", required=True, limit=MAX_REF)
 
@@ -695,7 +708,7 @@ LOGS = Body(
         REF_FIELD,
         Field(
             "tail",
-            {**number(least=1, most=MAX_TAIL, whole=True), "default": DEFAULT_TAIL},
+            {"anyOf": [number(least=1, most=MAX_TAIL, whole=True), EMPTY], "default": DEFAULT_TAIL},
             f"How many of the newest lines, 1 to {MAX_TAIL}; default {DEFAULT_TAIL}.",
         ),
         Field(

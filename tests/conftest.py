@@ -50,9 +50,6 @@ def root_logging_restored() -> Iterator[None]:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        function = getattr(item, "function", None)
-        if function is not None and asyncio.iscoroutinefunction(function):
-            item.add_marker(pytest.mark.usefixtures("no_leaked_tasks"))
         used = sorted(name for name in ENGINE_FIXTURES if _uses_ours(item, name))
         if used and item.get_closest_marker("engine") is None:
             raise pytest.UsageError(f"{item.nodeid} uses {used}: mark it engine")
@@ -65,23 +62,34 @@ def _uses_ours(item: pytest.Item, name: str) -> bool:
     return defs is not None and bool(defs) and defs[-1].func.__module__ == __name__
 
 
+@pytest.fixture(autouse=True)
+def tasks_checked(request: pytest.FixtureRequest) -> None:
+    """Every async test, fast or engine, runs under `no_leaked_tasks`, set up before its
+    other fixtures and so checked after theirs have closed what they made. (A marker
+    added at collection comes too late: pytest has already listed the fixtures.)"""
+    if asyncio.iscoroutinefunction(getattr(request, "function", None)):
+        request.getfixturevalue("no_leaked_tasks")
+
+
 @pytest.fixture
 async def no_leaked_tasks() -> AsyncIterator[None]:
-    """Fail a test that leaves a background task running (kopf's discipline)."""
+    """Fail a test that leaves a task running once it and its fixtures are done (kopf's
+    discipline), naming each. A task cancelled but not yet ended gets a few turns of the
+    loop; a task waiting on a pool thread gets a second, the time a thread takes to let go.
+    """
     before = asyncio.all_tasks()
     yield
-    await asyncio.sleep(0)
-    leaked = [
-        task
-        for task in asyncio.all_tasks() - before
-        if not task.done() and task is not asyncio.current_task()
-    ]
-    for _ in range(20):
-        if not leaked:
-            break
-        await asyncio.sleep(0.05)
+    leaked = [t for t in asyncio.all_tasks() - before if t is not asyncio.current_task()]
+    for turn in range(40):
         leaked = [task for task in leaked if not task.done()]
-    assert not leaked, f"test left tasks running: {leaked}"
+        if not leaked:
+            return
+        await asyncio.sleep(0 if turn < 20 else 0.05)
+    pytest.fail("test left tasks running: " + "; ".join(map(_described, leaked)))
+
+
+def _described(task: asyncio.Task[Any]) -> str:
+    return f"{task.get_name()!r} ({task.get_coro()!r})"
 
 
 # --- fast: a fake engine, a clock moved by hand ----------------------------------------

@@ -270,12 +270,7 @@ async def test_inspect_many_answers_each_name_in_order(subject: Subject) -> None
     assert await subject.runtime.inspect_fresh(first.name) == states[2]
 
 
-async def test_ps_lists_only_the_nodes_containers_exited_ones_included(
-    subject: Subject, request: pytest.FixtureRequest
-) -> None:
-    if subject.kind == "process":
-        reason = "ProcessRuntime.ps lists every job of its directory, labelled or not"
-        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
+async def test_ps_lists_only_the_nodes_containers_exited_ones_included(subject: Subject) -> None:
     running, ended = await subject.sleeper(), await subject.exited(4)
     foreign = await subject.foreign()
 

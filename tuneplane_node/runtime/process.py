@@ -182,7 +182,8 @@ class ProcessRuntime:
             await self._pool.call(self._files.delete, name, job_dir)
 
     async def ps(self) -> list[ContainerState]:
-        """Every job in the state directory, exited ones included."""
+        """Every job of the node in the state directory (one with the run-id label, as
+        the engines' list filter says), exited ones included."""
         return await self._pool.call(self._ps)
 
     async def usage(self, refs: Sequence[str]) -> dict[str, Usage]:
@@ -299,7 +300,7 @@ class ProcessRuntime:
 
     def _ps(self) -> list[ContainerState]:
         states = [self._inspect(name) for name in self._files.names()]
-        return [state for state in states if state.exists]
+        return [state for state in states if state.ours]
 
     async def _drain(self, job: Job) -> None:
         """Give an ended job's stamper a moment to write its last lines (at most 1 s)."""

@@ -1,12 +1,16 @@
-"""The node's time format: what the console reads in every state."""
+"""The node's clock (its waits on a clock moved by hand) and its time format: what the
+console reads in every state."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from tuneplane_node.clock import normalise, parse_rfc3339, rfc3339
+from tests.fakes import FakeClock
+from tests.helpers import settle
+from tuneplane_node.clock import Clock, normalise, parse_rfc3339, rfc3339
 
 
 def test_engine_times_parse_with_nanoseconds_and_zero() -> None:
@@ -45,3 +49,36 @@ def test_the_node_writes_utc_with_a_z(moment: datetime, text: str) -> None:
 def test_normalise_rewrites_an_engine_time_in_the_nodes_format() -> None:
     assert normalise("2026-11-29T21:21:54.164779123Z") == "2026-11-29T21:21:54.164779Z"
     assert normalise("0001-01-01T00:00:00Z") is None
+
+
+async def test_wait_for_gives_the_result_or_times_out_on_its_own_clock() -> None:
+    assert await Clock().wait_for(asyncio.sleep(0, result="done"), 5) == "done"
+    with pytest.raises(asyncio.TimeoutError):
+        await Clock().wait_for(asyncio.Event().wait(), 0.01)
+
+    clock = FakeClock()
+    changed = asyncio.Event()
+    waiting = asyncio.ensure_future(clock.wait_for(changed.wait(), 10))
+    await clock.sleeping(10)
+    clock.advance(9)
+    await settle()
+    assert not waiting.done()  # real time passes; the clock's does not
+    clock.advance(1)
+    with pytest.raises(asyncio.TimeoutError):
+        await waiting
+    assert clock.sleepers == []  # the timer is gone with the wait
+
+    again = asyncio.ensure_future(clock.wait_for(changed.wait(), 10))
+    await clock.sleeping(10)
+    changed.set()
+    assert await again is True and clock.sleepers == []
+
+
+async def test_a_wait_for_cancelled_leaves_neither_its_work_nor_its_timer() -> None:
+    clock = FakeClock()
+    waiting = asyncio.ensure_future(clock.wait_for(asyncio.Event().wait(), 10))
+    await clock.sleeping(10)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert clock.sleepers == []

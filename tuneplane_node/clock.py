@@ -1,16 +1,39 @@
-"""The node's clocks and its one time format.
+"""The node's one clock, and its one time format.
 
-Everything that measures an interval (pull deadlines, record expiry, ages in health)
-reads ``Clock.monotonic``; everything that dates an event for the console (reap ages,
-RFC 3339 times) reads ``Clock.now``. The job service takes a clock as a constructor
-argument, so a test moves time by hand instead of sleeping.
+Every reading the node acts on or reports is the `Clock`'s, so a test moves time by
+hand (`tests.fakes.FakeClock`) instead of sleeping:
+
+- ``monotonic``: intervals the node decides by (pull deadlines, record expiry, reading
+  TTLs, XID quarantine, the relist period, connection ages, a warning's once a second,
+  ages in health);
+- ``now``: dates for the console and the files (reap ages, RFC 3339 times, a sample's
+  moment, the node state's stamp);
+- ``sleep`` and ``wait_for``: every wait the node times (the cache's heartbeat and
+  relist, a stop's grace, the drain's pauses, the sampler's interval, the wreckage
+  sweep, the token file's watch, the process runtime's polls, the first sync's bound).
+
+Not the clock's, on purpose:
+
+- durations measured for metrics and logs (a request's, an engine call's, a pull's,
+  `LoopSlices`' cost per request, the loop's lag): they decide nothing, and on a fake
+  clock would only read zero; the loop's lag must read the loop's own time;
+- deadlines on real I/O (aiohttp's timeouts, a stalled socket write, the engine's answer
+  to a follow, the turns of a pull's watch): no fake clock moves a socket or a thread;
+- waits on threads (the cache's event thread's backoff, NVML's XID thread) wait on a
+  ``threading.Event``: a thread cannot await the loop;
+- the process runtime's log stamper, a process of the job's own.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
+from collections.abc import Awaitable
 from datetime import datetime, timezone
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class Clock:
@@ -22,6 +45,25 @@ class Clock:
     def now(self) -> datetime:
         """The current moment, in UTC."""
         return datetime.now(timezone.utc)
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+    async def wait_for(self, awaitable: Awaitable[T], timeout: float) -> T:
+        """``awaitable``'s result, or `asyncio.TimeoutError` once ``timeout`` seconds of
+        this clock have passed first (it is then cancelled). Built on `sleep` alone, so a
+        clock that moves by hand times it too."""
+        work = asyncio.ensure_future(awaitable)
+        timer = asyncio.ensure_future(self.sleep(timeout))
+        try:
+            await asyncio.wait({work, timer}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for step in (work, timer):
+                step.cancel()
+            await asyncio.wait({work, timer})
+        if work.cancelled() and timer.done() and not timer.cancelled():
+            raise asyncio.TimeoutError
+        return work.result()
 
 
 SYSTEM_CLOCK = Clock()

@@ -1,0 +1,107 @@
+"""BackgroundTasks: every background task named, its failure logged once, ended at close."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+
+import pytest
+
+from tests.helpers import settle
+from tuneplane_node.tasks import BackgroundTasks, by_awaiters
+
+log = logging.getLogger("tests.tasks")
+
+
+async def fail() -> None:
+    raise RuntimeError("boom")
+
+
+async def test_a_failing_task_is_logged_once_at_error_with_its_name_and_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    tasks = BackgroundTasks(log)
+    task = tasks.spawn(fail(), name="the sampler")
+    await asyncio.wait({task})
+    await settle(2)
+    failures = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert [r.getMessage() for r in failures] == ["the sampler failed"]
+    assert failures[0].exc_info is not None and "boom" in str(failures[0].exc_info[1])
+    assert len(tasks) == 0  # forgotten once ended
+
+
+async def test_close_cancels_every_task_and_waits_until_each_has_ended(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    tasks = BackgroundTasks(log)
+    ended: list[str] = []
+
+    async def loop(name: str) -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await asyncio.sleep(0)  # a teardown of its own, awaited too
+            ended.append(name)
+
+    made = [tasks.spawn(loop(name), name=name) for name in ("relist", "drain")]
+    await settle(2)
+    assert tasks.names() == ["drain", "relist"]
+    await tasks.close()
+    assert sorted(ended) == ["drain", "relist"] and all(task.cancelled() for task in made)
+    assert len(tasks) == 0
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]  # a cancel is no failure
+
+
+async def test_cancel_waits_for_the_task_and_its_ended() -> None:
+    tasks = BackgroundTasks(log)
+    seen: list[str] = []
+    task = tasks.spawn(asyncio.Event().wait(), name="launch r1", ended=lambda t: seen.append("x"))
+    await tasks.cancel(task)
+    assert task.cancelled() and seen == ["x"]
+
+
+async def test_ended_runs_for_a_task_cancelled_before_it_ran_and_reports_instead(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    tasks = BackgroundTasks(log)
+    outcomes: list[str] = []
+
+    def ended(task: asyncio.Task[object]) -> None:
+        outcomes.append("cancelled" if task.cancelled() else repr(task.exception()))
+
+    never_ran = tasks.spawn(fail(), name="launch r1", ended=ended)
+    never_ran.cancel()  # before its first step: no finally of its own would run
+    failed = tasks.spawn(fail(), name="launch r2", ended=ended)
+    await asyncio.wait({never_ran, failed})
+    await settle(2)
+    assert outcomes == ["cancelled", "RuntimeError('boom')"]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # ended reported it
+
+
+async def test_an_ended_that_raises_is_logged_as_the_tasks_failure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def broken(task: asyncio.Task[object]) -> None:
+        raise KeyError("record")
+
+    tasks = BackgroundTasks(log)
+    await asyncio.wait({tasks.spawn(asyncio.sleep(0), name="launch r3", ended=broken)})
+    await settle(2)
+    [record] = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert record.getMessage() == "launch r3: recording its end failed" and record.exc_info
+
+
+async def test_a_task_its_awaiters_report_is_not_logged_nor_left_unretrieved(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    tasks = BackgroundTasks(log)
+    pull = tasks.spawn(fail(), name="pull x", ended=by_awaiters)
+    with pytest.raises(RuntimeError, match="boom"):
+        await asyncio.shield(pull)  # the waiter gets the error, and reports it
+    lonely = tasks.spawn(fail(), name="pull y", ended=by_awaiters)
+    await asyncio.wait({lonely})
+    await settle(2)
+    del pull, lonely
+    gc.collect()
+    assert not caplog.records  # not "Task exception was never retrieved" either

@@ -1,0 +1,85 @@
+"""BackgroundTasks: the one way the package starts a task that nobody awaits at once.
+
+kopf's discipline. Every background task is
+
+- named: its name is in every line about it, and in a test's leaked-task report;
+- held until it ends (asyncio keeps only a weak reference to a task);
+- guarded: a failure is logged once, at ERROR, with its name and traceback;
+- its owner's: the owner's close cancels it and waits until it has ended.
+
+A task whose end means more than "done or failed" passes ``ended`` (a pending launch
+frees its cards and records why it failed; a shared pull's error is its waiters'). That
+callback runs however the task ends, cancelled before it first ran included (no
+``finally`` of the task's own covers that), and is then the one place its failure is
+reported; one that raises is logged as the task's failure.
+
+Each owner holds its own `BackgroundTasks` and closes it in its own close, in the order
+its docstring gives; the app closes the owners in the reverse order of their start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+Ended = Callable[["asyncio.Task[Any]"], None]
+
+
+def by_awaiters(task: asyncio.Task[Any]) -> None:
+    """An ``ended`` for a task others await (a shared pull, a shared probe read): its
+    error reaches each of them, who report it; none is logged here."""
+    if not task.cancelled():
+        task.exception()  # read: asyncio would otherwise call it never retrieved
+
+
+class BackgroundTasks:
+    """An owner's background tasks: started by `spawn`, ended by `cancel` or `close`."""
+
+    def __init__(self, log: logging.Logger) -> None:
+        self.log = log
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def spawn(
+        self, work: Coroutine[Any, Any, T], *, name: str, ended: Ended | None = None
+    ) -> asyncio.Task[T]:
+        """Start ``work`` as a task of this name, held until it ends."""
+        task = asyncio.get_running_loop().create_task(work, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(functools.partial(self._finished, ended))
+        return task
+
+    def _finished(self, ended: Ended | None, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if ended is not None:
+            try:
+                ended(task)
+            except Exception:
+                self.log.exception("%s: recording its end failed", task.get_name())
+        elif not task.cancelled() and (error := task.exception()) is not None:
+            self.log.error("%s failed", task.get_name(), exc_info=error)
+
+    async def cancel(self, task: asyncio.Task[Any]) -> None:
+        """Cancel one task and wait until it has ended, its ``ended`` run (a task already
+        done too: the wait comes after its callbacks)."""
+        task.cancel()
+        await asyncio.wait({task})
+
+    async def close(self) -> None:
+        """Cancel every task and wait until all have ended (shutdown), those a cancelled
+        one started as it ended included."""
+        while self._tasks:
+            tasks = list(self._tasks)
+            for task in tasks:
+                task.cancel()
+            await asyncio.wait(tasks)
+
+    def names(self) -> list[str]:
+        """The tasks running now, by name."""
+        return sorted(task.get_name() for task in self._tasks)
+
+    def __len__(self) -> int:
+        return len(self._tasks)

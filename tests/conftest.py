@@ -157,7 +157,7 @@ async def fake_node(
         settings = fake_settings(tmp_path, **overrides)
         cached = await fake_cache(fake, settings, clock)
         caches.append(cached)
-        cards = make_probe(settings) if settings.gpu_simulation_file else probe
+        cards = make_probe(settings, clock=clock) if settings.gpu_simulation_file else probe
         allocator = GpuAllocator(cached, settings, probe=cards)
         app = create_node_app(settings, runtime=cached, allocator=allocator, clock=clock)
         return Console(await aiohttp_client(app), settle=lambda: cache_settled(fake, cached))

@@ -261,6 +261,8 @@ async def test_a_follow_the_engine_ends_while_the_job_runs_is_cut_not_ended(
     async with node.client.get("/node/v1/logs", params=params, headers=HEADERS) as response:
         assert response.status == 200
         assert (await response.content.readuntil(b" n1\n")).endswith(b" n1\n")
+        await fake.clock.sleeping(0.2)  # the end's grace for the exit to be known
+        fake.clock.advance(0.2)
         with pytest.raises(aiohttp.ClientPayloadError):
             await response.content.read()
     assert (await node.state("tuneplane-r-5"))["status"] == "running"

@@ -4,7 +4,6 @@ them: in front of the in-memory engine (values after each verb), and on a real e
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import math
@@ -107,7 +106,7 @@ async def test_the_series_follow_the_launches_cards_and_node_state(
 
     fake.pull_of(MISSING).report(300, 300, 1, 1)
     fake.pull_of(MISSING).finish()
-    await asyncio.sleep(0.05)
+    await node.wait_for("tuneplane-r-2", "status", "running")
     samples = await scrape(node)
     assert value(samples, "tuneplane_node_pulls_in_flight") == 0
     assert value(samples, "tuneplane_node_pull_duration_seconds_count", outcome="ok") == 1

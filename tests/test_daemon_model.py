@@ -101,7 +101,7 @@ class RealWorld:
         self.sweeping.cancel()
         await asyncio.gather(self.sweeping, return_exceptions=True)
         await self.service.close()
-        self.service.allocator.close()
+        await self.service.allocator.close()
         await self.runtime.close()
 
     async def step(self) -> None:

@@ -13,11 +13,12 @@ from typing import Any
 import pytest
 
 from tests.conftest import IMAGE, MakeFakeNode, fake_settings
-from tests.fakes import FakeRuntime
+from tests.fakes import FakeClock, FakeRuntime
 from tests.helpers import Console, settle
 from tests.helpers import console_0315 as console_launch
 from tuneplane_node.clock import parse_rfc3339
 from tuneplane_node.daemon.app import create_node_app
+from tuneplane_node.jobs.drain import DRAIN_AGAIN_S
 from tuneplane_node.jobs.nodestate import NodeState, NodeStateFile
 
 MISSING = "registry.test/missing:1"
@@ -121,7 +122,7 @@ async def test_drain_stops_every_job_within_its_grace_and_observe_says_why(
     status, refused = await node.call("POST", "/node/v1/launch", json=spec("r-new"))
     assert status == 409 and refused["detail"].startswith("the node is draining")
 
-    await until(lambda: _state_of(node), "drained")
+    await drained(node, fake.clock)
     states = await node.observe("tuneplane-r-polite", "tuneplane-r-stubborn", "tuneplane-r-pull")
     assert states["tuneplane-r-polite"]["exit_code"] == 143  # SIGTERM was enough
     assert states["tuneplane-r-stubborn"]["exit_code"] == 137  # SIGKILL after the grace
@@ -150,7 +151,7 @@ async def test_a_drain_goes_on_after_a_restart_and_the_stop_reason_stays(
 
     fake.containers["tuneplane-r-1"].ignores_sigterm = False  # it listens this time
     again = await fake_node()
-    await until(lambda: _state_of(again), "drained")
+    await drained(again, fake.clock)
     state = await again.state("tuneplane-r-1")
     assert (state["exit_code"], state["stop_reason"]) == (143, "drain: reboot")
 
@@ -214,6 +215,17 @@ async def until(read: Callable[[], Awaitable[object]], wanted: object, timeout: 
         await asyncio.sleep(0.02)
 
 
+async def drained(node: Console, clock: FakeClock, timeout: float = 10) -> None:
+    """Until the node says drained, moving the clock past each wait of the drain (a
+    grace, a pause) in steps shorter than a grace: each request first lets the cache
+    take every event, so a job that obeys its SIGTERM is seen to exit before its grace
+    can pass."""
+    deadline = time.monotonic() + timeout
+    while (state := await _state_of(node)) != "drained":
+        assert time.monotonic() < deadline, f"still {state!r}, never drained"
+        clock.advance(DRAIN_AGAIN_S)
+
+
 async def _state_of(node: Any) -> str:
     return (await node.health())["node_state"]["state"]  # type: ignore[no-any-return]
 
@@ -236,7 +248,7 @@ async def test_removing_a_drained_job_forgets_why_it_stopped(
     node = await fake_node()
     await node.ok("POST", "/node/v1/launch", json=spec("r-1"))
     await node.ok("POST", "/node/v1/drain", json={"reason": "fan", "grace_s": 1})
-    await until(lambda: _state_of(node), "drained")
+    await drained(node, fake.clock)
     assert (await node.state("tuneplane-r-1"))["stop_reason"] == "drain: fan"
 
     await node.remove("tuneplane-r-1")

@@ -9,6 +9,7 @@ import contextlib
 import errno
 import functools
 import gc
+import logging
 import os
 import resource
 import signal
@@ -25,7 +26,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
-from tests.helpers import free_port, spawn_daemon
+from tests.fakes import FakeClock
+from tests.helpers import free_port, settle, spawn_daemon
 from tuneplane_node.daemon import server
 from tuneplane_node.daemon.listener import CannotListen
 from tuneplane_node.daemon.server import LoopSlices, serve
@@ -327,26 +329,56 @@ async def until_status(url: str, token: str, status: int, *, within: float) -> N
 
 
 async def test_a_changed_token_file_is_read_without_a_signal(tmp_path: Path) -> None:
-    from tuneplane_node.daemon.tokens import TokenSet
+    from tuneplane_node.daemon.tokens import WATCH_S, TokenSet
 
     tokens = tmp_path / "tokens"
     tokens.write_text("old-token\n")
-    accepted = TokenSet.from_settings(
-        node_settings(tmp_path, node_token=None, node_token_file=tokens)
-    )
-    watching = asyncio.create_task(accepted.watch(every=0.01))
+    clock = FakeClock()
+    settings = node_settings(tmp_path, node_token=None, node_token_file=tokens)
+    accepted = TokenSet.from_settings(settings, clock=clock)
+
+    async def one_turn() -> None:  # the watch's period passes; it reads, and sleeps again
+        await clock.sleeping(WATCH_S)
+        clock.advance(WATCH_S)
+        await clock.sleeping(WATCH_S)
+
+    watching = asyncio.create_task(accepted.watch())
     try:
         tokens.write_text("old-token\nnew-token\n")
-        deadline = time.monotonic() + 2
-        while not accepted.accepts(b"Bearer new-token"):
-            assert time.monotonic() < deadline, "the watch never read the changed file"
-            await asyncio.sleep(0.01)
-        assert accepted.accepts(b"Bearer old-token")
+        assert not accepted.accepts(b"Bearer new-token")  # not before the watch's turn
+        await one_turn()
+        assert accepted.accepts(b"Bearer new-token") and accepted.accepts(b"Bearer old-token")
         tokens.unlink()  # a file that vanishes keeps the last good set
-        await asyncio.sleep(0.05)
+        await one_turn()
         assert accepted.accepts(b"Bearer new-token") and not watching.done()
     finally:
         watching.cancel()
+        await asyncio.gather(watching, return_exceptions=True)
+
+
+async def test_a_sighup_reload_that_fails_is_logged_with_its_name(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The reload runs as one of the app's background tasks: a failure of it is an ERROR
+    line naming it, with the traceback, never swallowed."""
+    from tuneplane_node.daemon.app import create_node_app
+    from tuneplane_node.daemon.state import TASKS, TOKENS
+    from tuneplane_node.daemon.tokens import TokenSet
+
+    class BrokenTokens(TokenSet):
+        async def reload(self) -> None:
+            raise RuntimeError("the reader broke")
+
+    settings = node_settings(tmp_path)
+    app = create_node_app(settings)
+    app[TOKENS] = BrokenTokens(static=TOKEN, path=None)
+    server._reload(app, settings, None)
+    assert app[TASKS].names() == ["token reload"]
+    await settle()
+    assert len(app[TASKS]) == 0
+    [failure] = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert failure.getMessage() == "token reload failed"
+    assert failure.exc_info is not None and "the reader broke" in str(failure.exc_info[1])
 
 
 def test_an_empty_or_missing_token_file_stops_the_start(tmp_path: Path) -> None:

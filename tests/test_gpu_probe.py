@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from tests.fakes import FakeClock
 from tuneplane_node.gpu.factory import make_probe
 from tuneplane_node.gpu.probe import GpuProcess, NoDriverProbe
 from tuneplane_node.gpu.simulation import SimulatedProbe
@@ -21,16 +22,6 @@ H100 = {
     "memory_used_mib": 0,
     "temperature_c": 40,
 }
-
-
-class Clock:
-    """A monotonic clock the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def settings(**values: Any) -> NodeSettings:
@@ -47,12 +38,12 @@ def sim(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> FakeClock:
+    return FakeClock()
 
 
-def probe_for(sim: Path, clock: Clock, **values: Any) -> SimulatedProbe:
-    return SimulatedProbe(sim, settings(gpu_simulation_file=sim, **values), now=clock)
+def probe_for(sim: Path, clock: FakeClock, **values: Any) -> SimulatedProbe:
+    return SimulatedProbe(sim, settings(gpu_simulation_file=sim, **values), clock=clock)
 
 
 def unhealthy(probe: SimulatedProbe) -> dict[int, str | None]:
@@ -64,7 +55,7 @@ def unhealthy(probe: SimulatedProbe) -> dict[int, str | None]:
 # --- simulation file --------------------------------------------------------------------
 
 
-def test_simulation_reports_cards_processes_and_links(sim: Path, clock: Clock) -> None:
+def test_simulation_reports_cards_processes_and_links(sim: Path, clock: FakeClock) -> None:
     write(
         sim,
         [
@@ -95,7 +86,7 @@ def test_simulation_reports_cards_processes_and_links(sim: Path, clock: Clock) -
     assert card_json(snap.cards[1])["pci_bus_id"] is None
 
 
-def test_file_is_read_again_after_an_edit(sim: Path, clock: Clock) -> None:
+def test_file_is_read_again_after_an_edit(sim: Path, clock: FakeClock) -> None:
     probe = probe_for(sim, clock)
     write(sim, [{"index": 0}])
     assert len(probe.snapshot().cards) == 1
@@ -121,7 +112,7 @@ def test_file_is_read_again_after_an_edit(sim: Path, clock: Clock) -> None:
     ],
 )
 def test_bad_file_is_not_ok_and_says_why(
-    sim: Path, clock: Clock, content: str | None, reason: str
+    sim: Path, clock: FakeClock, content: str | None, reason: str
 ) -> None:
     if content is not None:
         sim.write_text(content)
@@ -132,7 +123,7 @@ def test_bad_file_is_not_ok_and_says_why(
 
 
 def test_a_bad_file_warns_once_until_it_changes(
-    sim: Path, clock: Clock, caplog: pytest.LogCaptureFixture
+    sim: Path, clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     probe = probe_for(sim, clock)
     with caplog.at_level(logging.WARNING, logger="tuneplane_node.gpu.simulation"):
@@ -150,7 +141,7 @@ def test_a_bad_file_warns_once_until_it_changes(
 # --- health -----------------------------------------------------------------------------
 
 
-def test_uncorrectable_ecc_marks_the_card_until_it_reads_zero(sim: Path, clock: Clock) -> None:
+def test_uncorrectable_ecc_marks_the_card_until_it_reads_zero(sim: Path, clock: FakeClock) -> None:
     probe = probe_for(sim, clock)
     write(sim, [{"index": 0, "ecc_uncorrected": 3}, {"index": 1, "ecc_uncorrected": 0}])
     assert unhealthy(probe) == {0: "uncorrectable ECC errors: 3", 1: None}
@@ -158,7 +149,7 @@ def test_uncorrectable_ecc_marks_the_card_until_it_reads_zero(sim: Path, clock: 
     assert unhealthy(probe) == {0: None, 1: None}
 
 
-def test_retired_pages_pending_marks_the_card_while_it_reads(sim: Path, clock: Clock) -> None:
+def test_retired_pages_pending_marks_the_card_while_it_reads(sim: Path, clock: FakeClock) -> None:
     probe = probe_for(sim, clock)
     write(sim, [{"index": 0, "retired_pages_pending": True}])
     assert "retired pages pending" in (unhealthy(probe)[0] or "")
@@ -166,7 +157,7 @@ def test_retired_pages_pending_marks_the_card_while_it_reads(sim: Path, clock: C
     assert unhealthy(probe) == {0: None}
 
 
-def test_lost_card_is_unhealthy_while_it_does_not_answer(sim: Path, clock: Clock) -> None:
+def test_lost_card_is_unhealthy_while_it_does_not_answer(sim: Path, clock: FakeClock) -> None:
     probe = probe_for(sim, clock)
     write(sim, [{"index": 0}, {"index": 1, "lost": True}])
     assert unhealthy(probe) == {0: None, 1: "lost: not answering"}
@@ -176,14 +167,14 @@ def test_lost_card_is_unhealthy_while_it_does_not_answer(sim: Path, clock: Clock
 
 @pytest.mark.parametrize(("xid", "ignore"), [(13, None), (43, None), (79, [79])])
 def test_application_xid_leaves_the_card_healthy(
-    sim: Path, clock: Clock, xid: int, ignore: list[int] | None
+    sim: Path, clock: FakeClock, xid: int, ignore: list[int] | None
 ) -> None:
     extra = {} if ignore is None else {"gpu_xid_ignore": ignore}
     write(sim, [{"index": 0, "xid": [xid]}])
     assert unhealthy(probe_for(sim, clock, **extra)) == {0: None}
 
 
-def test_critical_xid_quarantines_the_card_then_releases_it(sim: Path, clock: Clock) -> None:
+def test_critical_xid_quarantines_the_card_then_releases_it(sim: Path, clock: FakeClock) -> None:
     probe = probe_for(sim, clock, gpu_xid_quarantine_s=600)
     write(sim, [{"index": 0, "xid": [13, 79]}, {"index": 1}])
     reason = unhealthy(probe)[0]
@@ -195,7 +186,7 @@ def test_critical_xid_quarantines_the_card_then_releases_it(sim: Path, clock: Cl
     assert unhealthy(probe) == {0: None, 1: None}
 
 
-def test_new_critical_xid_restarts_the_quarantine(sim: Path, clock: Clock) -> None:
+def test_new_critical_xid_restarts_the_quarantine(sim: Path, clock: FakeClock) -> None:
     probe = probe_for(sim, clock, gpu_xid_quarantine_s=600)
     write(sim, [{"index": 0, "xid": [48]}])
     assert unhealthy(probe)[0] is not None
@@ -209,13 +200,13 @@ def test_new_critical_xid_restarts_the_quarantine(sim: Path, clock: Clock) -> No
     assert unhealthy(probe) == {0: None}
 
 
-def test_health_check_off_never_marks_a_card(sim: Path, clock: Clock) -> None:
+def test_health_check_off_never_marks_a_card(sim: Path, clock: FakeClock) -> None:
     probe = probe_for(sim, clock, local_check_gpu_health=False)
     write(sim, [{"index": 0, "ecc_uncorrected": 5, "xid": [79]}, {"index": 1, "lost": True}])
     assert unhealthy(probe) == {0: None, 1: None}
 
 
-def test_several_faults_are_all_named(sim: Path, clock: Clock) -> None:
+def test_several_faults_are_all_named(sim: Path, clock: FakeClock) -> None:
     write(sim, [{"index": 0, "ecc_uncorrected": 1, "retired_pages_pending": True}])
     reason = unhealthy(probe_for(sim, clock))[0] or ""
     assert "uncorrectable ECC errors: 1" in reason and "retired pages pending" in reason

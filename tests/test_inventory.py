@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from tests.fakes import FakeClock
+from tests.helpers import settle, wait_until
 from tuneplane_node import __version__
 from tuneplane_node.errors import ConfigError
 from tuneplane_node.inventory import (
@@ -389,5 +390,6 @@ async def test_a_burst_of_health_calls_measures_the_disk_once(
     clock.advance(1.5)
     again = await asyncio.gather(*(gauge.read() for _ in range(100)))
     assert all(reading is first[0] for reading in again)  # answered from the last reading
-    await asyncio.sleep(0.2)
+    await wait_until(lambda: measured == 2, timeout=5)  # the one refresh, on its thread
+    await settle()
     assert measured == 2

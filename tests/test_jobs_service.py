@@ -38,6 +38,7 @@ from tuneplane_node.jobs import (
     StoppedView,
     reapable,
 )
+from tuneplane_node.jobs.drain import DRAIN_AGAIN_S
 from tuneplane_node.jobs.launcher import Reservation
 from tuneplane_node.jobs.pending import FAILED_RECORD_TTL_S
 from tuneplane_node.runtime.base import (
@@ -1189,7 +1190,7 @@ async def test_a_drain_stops_the_jobs_and_observe_pairs_each_with_why(
     await launch_pulling(service, fake, "r2", 1)
 
     assert (await service.drain("kernel", 0)).state == "draining"
-    await asyncio.wait_for(drained(service), 5)
+    await asyncio.wait_for(drained(service, fake.clock), 5)
 
     assert fake.containers["tuneplane-r1"].status == "exited"
     assert "tuneplane-r2" not in fake.containers and service.pending.get("tuneplane-r2") is None
@@ -1206,7 +1207,7 @@ async def test_removing_a_job_the_drain_stopped_forgets_why(
 ) -> None:
     await service.launch(request("r1"))
     await service.drain(None, 0)
-    await asyncio.wait_for(drained(service), 5)
+    await asyncio.wait_for(drained(service, fake.clock), 5)
     assert list(service.node.stop_reasons.values()) == ["drain: no reason given"]
 
     await service.remove("tuneplane-r1")
@@ -1216,6 +1217,8 @@ async def test_removing_a_job_the_drain_stopped_forgets_why(
     assert isinstance(await service.launch(request("r1")), Started)
 
 
-async def drained(service: JobService) -> None:
+async def drained(service: JobService, clock: FakeClock) -> None:
+    """Until the drain is done, moving the clock past each pause between its passes."""
     while service.node.state != "drained":
-        await asyncio.sleep(0.01)
+        clock.advance(DRAIN_AGAIN_S)
+        await settle()

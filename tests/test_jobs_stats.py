@@ -154,9 +154,12 @@ async def test_an_engine_down_keeps_the_last_samples_and_the_sampler_going(
     ref = await launch(service)
     await service.sampler.sample_once()
     fake.up = False
-    service.sampler.interval_s = 0.01
+    interval = service.sampler.interval_s
     task = asyncio.create_task(service.sampler.run())
-    await asyncio.sleep(0.05)  # a few intervals, each failing
+    for _ in range(3):  # a few intervals, each failing, then waiting for the next
+        await fake.clock.sleeping(interval)
+        fake.clock.advance(interval)
+    await fake.clock.sleeping(interval)
     assert not task.done() and ref in service.sampler.samples
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)

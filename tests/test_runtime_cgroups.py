@@ -106,7 +106,7 @@ def test_the_simulation_file_gives_a_cards_power(tmp_path: Path) -> None:
     path.write_text(
         json.dumps({"cards": [{**card, "power_w": 312.5}, {"index": 1, "power_w": 90}]})
     )
-    probe = SimulatedProbe(path, NodeSettings.model_validate({}), now=FakeClock().monotonic)
+    probe = SimulatedProbe(path, NodeSettings.model_validate({}), clock=FakeClock())
     read = probe.snapshot().cards
     assert (read[0].power_w, read[0].utilization_pct, read[1].power_w) == (312.5, 87, 90.0)
     path.write_text(json.dumps({"cards": [{"index": 0, "power_w": "hot"}]}))

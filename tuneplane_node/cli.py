@@ -110,7 +110,7 @@ async def print_inventory(settings: NodeSettings) -> int:
         node = await asyncio.to_thread(NodeStateFile(settings.state_dir).load, "")
         facts = await read_inventory(runtime, allocator, settings, node)
     finally:
-        allocator.close()
+        await allocator.close()
         await runtime.close()
     print(json.dumps(answers.inventory_json(facts), indent=2))
     return 0

@@ -33,6 +33,7 @@ from tuneplane_node import __version__
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.errors import ConfigError
 from tuneplane_node.settings import Fabric, NodeSettings, env_name
+from tuneplane_node.tasks import BackgroundTasks
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -144,10 +145,11 @@ class DiskGauge:
         self._value: DiskReading | None = None
         self._read_at = -math.inf
         self._refresh: asyncio.Task[None] | None = None
+        self._tasks = BackgroundTasks(log)
 
     async def read(self) -> DiskReading | None:
         if self.clock.monotonic() - self._read_at > self.ttl and self._refresh is None:
-            self._refresh = asyncio.create_task(self._measure_now(), name="tuneplane-disk")
+            self._refresh = self._tasks.spawn(self._measure_now(), name="disk measure")
         if self._read_at == -math.inf and self._refresh is not None:
             await asyncio.shield(self._refresh)  # never measured: nothing to answer yet
         return self._value
@@ -158,6 +160,10 @@ class DiskGauge:
             self._read_at = self.clock.monotonic()
         finally:
             self._refresh = None
+
+    async def close(self) -> None:
+        """Cancel a refresh in flight (shutdown); its thread's statvfs ends on its own."""
+        await self._tasks.close()
 
     def _measure(self) -> DiskReading | None:
         try:

@@ -2,17 +2,16 @@
 
 Fail closed: no token, no app. Every ``/node/v1/*`` request needs a bearer token of the
 `TokenSet` and the protocol header; every error leaves as ``{"detail": <sentence>}``
-with its status. Background tasks (the token file's watch) are named, their failure is
-logged, and shutdown cancels and awaits them.
+with its status. The daemon's background tasks (the stats sampler, the wreckage sweep,
+the token file's watch, the loop's lag, a SIGHUP's reload) are `app[TASKS]`'s: named,
+their failure logged, cancelled and awaited first at shutdown (`tuneplane_node.tasks`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import Any
+from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
@@ -21,7 +20,7 @@ from tuneplane_node import inventory
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.daemon.metrics import Metrics
 from tuneplane_node.daemon.routes import answer, routes
-from tuneplane_node.daemon.state import JOBS, METRICS, SETTINGS, TOKENS
+from tuneplane_node.daemon.state import JOBS, METRICS, SETTINGS, TASKS, TOKENS
 from tuneplane_node.daemon.tokens import TokenSet
 from tuneplane_node.errors import (
     MissingProtocol,
@@ -35,6 +34,7 @@ from tuneplane_node.jobs import JobService
 from tuneplane_node.runtime import detect_runtime
 from tuneplane_node.runtime.base import ContainerRuntime
 from tuneplane_node.settings import NodeSettings
+from tuneplane_node.tasks import BackgroundTasks
 from tuneplane_node.wire import MAX_BODY_BYTES, PROTOCOL, PROTOCOL_HEADER
 from tuneplane_node.wire.answers import error_json
 
@@ -135,7 +135,7 @@ def create_node_app(
     ``sweep``: remove the node's wreckage at start and once a relist period (off only
     for a test daemon on an engine shared with other people's nodes).
     """
-    tokens = TokenSet.from_settings(settings)  # no token, no app
+    tokens = TokenSet.from_settings(settings, clock=clock)  # no token, no app
     metrics = Metrics(per_job=settings.metrics_per_job)
     guard = guard_middleware(tokens, metrics_public=settings.metrics_public)
     app = web.Application(
@@ -145,10 +145,9 @@ def create_node_app(
     app[SETTINGS] = settings
     app[TOKENS] = tokens
     app[METRICS] = metrics
+    app[TASKS] = BackgroundTasks(log)
     app.add_routes(routes)
     app.cleanup_ctx.append(_lifecycle(runtime, allocator, clock, sweep=sweep))
-    app.cleanup_ctx.append(_background(tokens.watch, name="token file watch"))
-    app.cleanup_ctx.append(_background(metrics.watch_lag, name="event loop lag"))
     return app
 
 
@@ -162,32 +161,39 @@ def _lifecycle(
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         settings = app[SETTINGS]
         inventory.check_fabrics(settings.fabrics)
-        runtime = given_runtime or await detect_runtime(settings, telemetry=app[METRICS])
+        telemetry = app[METRICS]
+        runtime = given_runtime or await detect_runtime(settings, telemetry=telemetry, clock=clock)
         if given_runtime is None:
             await runtime.start()  # the state cache is filled before the first request
-        allocator = given_allocator or GpuAllocator(runtime, settings)
+        allocator = given_allocator or GpuAllocator(runtime, settings, clock=clock)
         jobs = app[JOBS] = JobService(
-            runtime, allocator, settings, clock=clock, telemetry=app[METRICS]
+            runtime, allocator, settings, clock=clock, telemetry=telemetry
         )
         await jobs.start()  # the operator's cordon or drain, before the first request
-        tasks = [asyncio.create_task(jobs.sampler.run(), name="stats sampler")]
-        if sweep:  # wreckage of a daemon killed between create and start, before serving
-            await _sweep_at_start(jobs)
-            tasks.append(asyncio.create_task(jobs.maintain(), name="wreckage sweep"))
-        for task in tasks:
-            task.add_done_callback(_report)
+        await _start_background(app, jobs, sweep=sweep)
         log.info("node ready: runtime %s, protocol %s", runtime.name, PROTOCOL)
         yield
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await jobs.close()  # background pulls are cancelled, not orphaned
+        # Shutdown in this order: the loops that call the service; the service (a drain,
+        # the pending launches, their pulls: cancelled, not orphaned); the cards' probe;
+        # the engine (its cache's relist and event thread).
+        await app[TASKS].close()
+        await jobs.close()
         if given_allocator is None:
-            allocator.close()
+            await allocator.close()
         if given_runtime is None:
             await runtime.close()
 
     return lifecycle
+
+
+async def _start_background(app: web.Application, jobs: JobService, *, sweep: bool) -> None:
+    tasks = app[TASKS]
+    tasks.spawn(jobs.sampler.run(), name="stats sampler")
+    if sweep:  # wreckage of a daemon killed between create and start, before serving
+        await _sweep_at_start(jobs)
+        tasks.spawn(jobs.maintain(), name="wreckage sweep")
+    tasks.spawn(app[TOKENS].watch(), name="token file watch")
+    tasks.spawn(app[METRICS].watch_lag(), name="event loop lag")
 
 
 async def _sweep_at_start(jobs: JobService) -> None:
@@ -195,23 +201,3 @@ async def _sweep_at_start(jobs: JobService) -> None:
         await jobs.sweep_wreckage(older_than_s=0)
     except NodeError as exc:  # the engine may be down: the periodic sweep will do it
         log.warning("could not sweep wreckage at start: %s", exc.message)
-
-
-def _background(
-    work: Callable[[], Coroutine[Any, Any, None]], *, name: str
-) -> Callable[[web.Application], AsyncIterator[None]]:
-    """A task that lives as long as the app: its failure is logged, shutdown awaits it."""
-
-    async def run(app: web.Application) -> AsyncIterator[None]:
-        task = asyncio.create_task(work(), name=name)
-        task.add_done_callback(_report)
-        yield
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-
-    return run
-
-
-def _report(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("%s failed", task.get_name(), exc_info=task.exception())

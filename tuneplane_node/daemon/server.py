@@ -31,10 +31,11 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 from aiohttp.web_protocol import RequestHandler
 
+from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.daemon.app import create_node_app
 from tuneplane_node.daemon.listener import describe, listen
 from tuneplane_node.daemon.notify import notify
-from tuneplane_node.daemon.state import TOKENS
+from tuneplane_node.daemon.state import TASKS, TOKENS
 from tuneplane_node.errors import ConfigError
 from tuneplane_node.settings import NodeSettings, env_name
 
@@ -61,8 +62,9 @@ class ConnectionGuard:
     keep-alive connection between requests. A request in flight is never cut.
     """
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, *, clock: Clock = SYSTEM_CLOCK) -> None:
         self.limit = limit
+        self.clock = clock
         # RequestHandler has __slots__ and no weak references: plain containers, pruned.
         self.opened: dict[RequestHandler, float] = {}
         self.busy: set[Any] = set()
@@ -73,7 +75,7 @@ class ConnectionGuard:
         def connection() -> RequestHandler:
             room = self._make_room(server)
             handler = server()
-            self.opened[handler] = time.monotonic()
+            self.opened[handler] = self.clock.monotonic()
             if not room:  # every connection is busy: this one waits for nobody
                 asyncio.get_running_loop().call_soon(handler.force_close)
             return handler
@@ -102,7 +104,7 @@ class ConnectionGuard:
         return len(closing) >= excess
 
     def _say(self, message: str) -> None:
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if now - self._said >= QUIET_S:
             self._said = now
             log.warning("%s (limit %d; %d closed in all)", message, self.limit, self.shed)
@@ -353,8 +355,7 @@ async def _until_stopped(on_hangup: Callable[[], None]) -> None:
 
 def _reload(app: web.Application, settings: NodeSettings, context: ssl.SSLContext | None) -> None:
     log.info("SIGHUP: reading the token file and the TLS files again")
-    task = asyncio.get_running_loop().create_task(app[TOKENS].reload(), name="token reload")
-    task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
+    app[TASKS].spawn(app[TOKENS].reload(), name="token reload")
     if context is not None:
         try:
             load_certificate(context, settings)
@@ -369,8 +370,11 @@ class QuietAccept:
     flood of connections would fill the disk with them.
     """
 
-    def __init__(self, fallback: Callable[[dict[str, Any]], None]) -> None:
+    def __init__(
+        self, fallback: Callable[[dict[str, Any]], None], *, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
         self.fallback = fallback
+        self.clock = clock
         self.said = -QUIET_S
         self.dropped = 0
 
@@ -378,7 +382,7 @@ class QuietAccept:
         if "accept" not in str(context.get("message", "")):
             self.fallback(context)
             return
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if now - self.said < QUIET_S:
             self.dropped += 1
             return

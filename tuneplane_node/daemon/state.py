@@ -8,8 +8,12 @@ from tuneplane_node.daemon.metrics import Metrics
 from tuneplane_node.daemon.tokens import TokenSet
 from tuneplane_node.jobs import JobService
 from tuneplane_node.settings import NodeSettings
+from tuneplane_node.tasks import BackgroundTasks
 
 SETTINGS = web.AppKey("settings", NodeSettings)
 JOBS = web.AppKey("jobs", JobService)
 TOKENS = web.AppKey("tokens", TokenSet)
 METRICS = web.AppKey("metrics", Metrics)
+TASKS = web.AppKey("tasks", BackgroundTasks)
+"""The daemon's own background tasks: the sampler, the wreckage sweep, the token file's
+watch, the loop's lag, a SIGHUP's reload. Closed first at shutdown, before the service."""

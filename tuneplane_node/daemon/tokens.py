@@ -15,6 +15,7 @@ import logging
 import os
 from pathlib import Path
 
+from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.errors import ConfigError
 from tuneplane_node.settings import TOKEN_PATTERN, NodeSettings, env_name
 
@@ -24,17 +25,20 @@ _Stamp = tuple[int, int, int]  # (inode, size, mtime in ns): what changes when t
 
 
 class TokenSet:
-    def __init__(self, *, static: str | None, path: Path | None) -> None:
+    def __init__(
+        self, *, static: str | None, path: Path | None, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
         self.static = static
         self.path = path
+        self.clock = clock  # the watch's period
         self._stamp: _Stamp | None = None
         self._expected: tuple[bytes, ...] = ()
 
     @classmethod
-    def from_settings(cls, settings: NodeSettings) -> TokenSet:
+    def from_settings(cls, settings: NodeSettings, *, clock: Clock = SYSTEM_CLOCK) -> TokenSet:
         """The start-up set; no token at all, or a bad file, is a ConfigError."""
         static = settings.node_token.get_secret_value() if settings.node_token else None
-        tokens = cls(static=static, path=settings.node_token_file)
+        tokens = cls(static=static, path=settings.node_token_file, clock=clock)
         from_file: list[str] = []
         if tokens.path is not None:
             try:
@@ -64,7 +68,7 @@ class TokenSet:
     async def watch(self, every: float = WATCH_S) -> None:
         """Read the file again whenever it changes; runs until cancelled."""
         while True:
-            await asyncio.sleep(every)
+            await self.clock.sleep(every)
             if self.path is not None and await asyncio.to_thread(self._changed):
                 await self.reload()
 

@@ -23,6 +23,7 @@ from tuneplane_node.gpu.probe import GpuProbe, GpuSnapshot
 from tuneplane_node.gpu.topology import choose_cards
 from tuneplane_node.runtime.base import ContainerRuntime, ContainerState
 from tuneplane_node.settings import NodeSettings
+from tuneplane_node.tasks import BackgroundTasks, by_awaiters
 
 log = logging.getLogger(__name__)
 
@@ -107,10 +108,11 @@ class GpuAllocator:
     ) -> None:
         self.runtime = runtime
         self.settings = settings
-        self.probe = probe if probe is not None else make_probe(settings)
+        self.probe = probe if probe is not None else make_probe(settings, clock=clock)
         self.clock = clock
         self._reading: tuple[float, GpuSnapshot] | None = None  # (read at, the reading)
-        self._read: asyncio.Future[GpuSnapshot] | None = None
+        self._read: asyncio.Task[GpuSnapshot] | None = None
+        self._tasks = BackgroundTasks(log)  # the probe's read, shared by its callers
         self._claims: dict[str, tuple[int, ...]] = {}
         self._claims_changed = 0
         self._lock = asyncio.Lock()
@@ -128,7 +130,9 @@ class GpuAllocator:
         if reading is not None and self.clock.monotonic() - reading[0] < self.probe.reading_ttl_s:
             return reading[1]
         if self._read is None:
-            self._read = asyncio.ensure_future(self._read_probe())
+            self._read = self._tasks.spawn(
+                self._read_probe(), name="GPU probe read", ended=by_awaiters
+            )
         return await asyncio.shield(self._read)
 
     async def _read_probe(self) -> GpuSnapshot:
@@ -236,5 +240,7 @@ class GpuAllocator:
         if self._claims.pop(ref, None) is not None:
             self._claims_changed += 1
 
-    def close(self) -> None:
+    async def close(self) -> None:
+        """Cancel a probe read in flight, then close the probe (shutdown)."""
+        await self._tasks.close()
         self.probe.close()

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from tuneplane_node.clock import SYSTEM_CLOCK, rfc3339
+from tuneplane_node.clock import SYSTEM_CLOCK, Clock, rfc3339
 from tuneplane_node.gpu.probe import CardFacts
 from tuneplane_node.settings import NodeSettings
 
@@ -49,24 +48,22 @@ class HealthTracker:
         enabled: bool,
         ignore_xids: Iterable[int],
         quarantine_s: float,
-        now: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._enabled = enabled
         self._ignore = frozenset(ignore_xids)
         self._quarantine_s = quarantine_s
-        self._now = now
+        self._clock = clock
         self._lock = threading.Lock()
         self._quarantined: dict[int, tuple[float, str]] = {}  # index -> (until, reason)
 
     @classmethod
-    def from_settings(
-        cls, settings: NodeSettings, *, now: Callable[[], float] = time.monotonic
-    ) -> HealthTracker:
+    def from_settings(cls, settings: NodeSettings, *, clock: Clock = SYSTEM_CLOCK) -> HealthTracker:
         return cls(
             enabled=settings.local_check_gpu_health,
             ignore_xids=settings.gpu_xid_ignore,
             quarantine_s=settings.gpu_xid_quarantine_s,
-            now=now,
+            clock=clock,
         )
 
     def judge(self, card: CardFacts, faults: CardFaults) -> CardFacts:
@@ -81,11 +78,11 @@ class HealthTracker:
 
     def _xid_verdict(self, index: int, xids: Sequence[int]) -> str | None:
         critical = sorted({x for x in xids if x not in self._ignore})
-        now = self._now()
+        now = self._clock.monotonic()
         with self._lock:
             if critical:
                 codes = ", ".join(str(x) for x in critical)
-                reason = f"XID {codes} at {_wall_clock()}"
+                reason = f"XID {codes} at {rfc3339(self._clock.now().replace(microsecond=0))}"
                 self._quarantined[index] = (now + self._quarantine_s, reason)
                 log.warning("GPU %d: %s, quarantined for %gs", index, reason, self._quarantine_s)
                 return reason
@@ -109,7 +106,3 @@ def standing_faults(faults: CardFaults) -> list[str]:
     if faults.row_remap_failure:
         reasons.append("row remapping failed")
     return reasons
-
-
-def _wall_clock() -> str:
-    return rfc3339(SYSTEM_CLOCK.now().replace(microsecond=0))

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 import pynvml
 
+from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.gpu.health import CardFaults, HealthTracker
 from tuneplane_node.gpu.probe import (
     CardFacts,
@@ -102,13 +103,13 @@ class NvmlProbe:
     blocking = True
     reading_ttl_s = 1.0  # a read is a few driver calls per card, on a worker thread
 
-    def __init__(self, settings: NodeSettings) -> None:
+    def __init__(self, settings: NodeSettings, *, clock: Clock = SYSTEM_CLOCK) -> None:
         try:
             pynvml.nvmlInit()
         except Exception as exc:
             raise DriverUnavailableError(f"NVML did not start: {exc}") from exc
         self._closed = False
-        self._health = HealthTracker.from_settings(settings)
+        self._health = HealthTracker.from_settings(settings, clock=clock)
         self._warnings = DistinctWarnings(log)
         self.driver = _text(self._system(pynvml.nvmlSystemGetDriverVersion))
         self.cuda = _cuda_version(self._system(pynvml.nvmlSystemGetCudaDriverVersion_v2))

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import TypeVar
 
+from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.gpu.health import CardFaults, HealthTracker
 from tuneplane_node.gpu.probe import (
     LINK_KINDS,
@@ -51,11 +51,9 @@ class SimulatedProbe:
     blocking = True
     reading_ttl_s = 0.0  # tests edit the file and read the answer at once
 
-    def __init__(
-        self, path: Path, settings: NodeSettings, *, now: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, path: Path, settings: NodeSettings, *, clock: Clock = SYSTEM_CLOCK) -> None:
         self.path = Path(path)
-        self._health = HealthTracker.from_settings(settings, now=now)
+        self._health = HealthTracker.from_settings(settings, clock=clock)
         self._warnings = DistinctWarnings(log)
 
     def snapshot(self) -> GpuSnapshot:

@@ -13,6 +13,7 @@ import enum
 import logging
 from dataclasses import replace
 
+from tuneplane_node.clock import Clock
 from tuneplane_node.errors import NodeError
 from tuneplane_node.jobs.launcher import Launcher
 from tuneplane_node.jobs.locks import RefLocks
@@ -27,6 +28,7 @@ from tuneplane_node.jobs.nodestate import (
 from tuneplane_node.jobs.stopper import Stopper
 from tuneplane_node.runtime.base import RUNNING, ContainerRuntime
 from tuneplane_node.settings import NodeSettings
+from tuneplane_node.tasks import BackgroundTasks
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +64,7 @@ class NodeStateKeeper:
         locks: RefLocks,
         launcher: Launcher,
         stopper: Stopper,
+        clock: Clock,
     ) -> None:
         self.runtime = runtime
         self.settings = settings
@@ -69,6 +72,8 @@ class NodeStateKeeper:
         self.locks = locks
         self.launcher = launcher
         self.stopper = stopper
+        self.clock = clock
+        self.tasks = BackgroundTasks(log)  # the drain's, one at a time
         self._drain: asyncio.Task[None] | None = None
 
     @property
@@ -107,20 +112,18 @@ class NodeStateKeeper:
 
     async def close(self) -> None:
         """End a drain in progress; the next start resumes it from the state on disk."""
-        if self._drain is not None and not self._drain.done():
-            self._drain.cancel()
-            await asyncio.wait({self._drain})
+        if self._drain is not None:
+            await self.tasks.cancel(self._drain)
         self._drain = None
 
     def _start_drain(self) -> None:
-        self._drain = asyncio.create_task(self._drain_node(), name="drain")
-        self._drain.add_done_callback(_report_drain)
+        self._drain = self.tasks.spawn(self._drain_node(), name="drain")
 
     async def _drain_node(self) -> None:
         why = f"drain: {self.node.reason or 'no reason given'}"
         grace = self.node.grace_s if self.node.grace_s is not None else 0.0
         while (outcome := await self._drain_once(why, grace)) is not DrainPass.DRAINED:
-            await asyncio.sleep(outcome.pause_s)
+            await self.clock.sleep(outcome.pause_s)
         log.info("node drained%s", _because(self.node.reason))
         drained = self.node.to(DRAINED, self.node.reason, self.store.stamp())
         with contextlib.suppress(NodeError):  # the engine down: prune next time
@@ -152,8 +155,3 @@ class NodeStateKeeper:
 
 def _because(reason: str | None) -> str:
     return f" ({reason})" if reason else ""
-
-
-def _report_drain(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("the drain failed on a bug", exc_info=task.exception())

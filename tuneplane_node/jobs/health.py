@@ -58,6 +58,9 @@ class HealthReader:
     async def inventory(self, node: NodeState) -> Inventory:
         return await read_inventory(self.runtime, self.allocator, self.settings, node)
 
+    async def close(self) -> None:
+        await self.disk.close()
+
 
 async def read_inventory(
     runtime: ContainerRuntime, allocator: GpuAllocator, settings: NodeSettings, node: NodeState

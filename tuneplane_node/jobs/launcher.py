@@ -23,6 +23,7 @@ from tuneplane_node.jobs.pulls import PullCoordinator
 from tuneplane_node.jobs.results import LaunchRequest, Pulling, Started
 from tuneplane_node.runtime.base import DEVICES_ENV, ContainerRuntime, ContainerSpec, Mount
 from tuneplane_node.settings import NodeSettings
+from tuneplane_node.tasks import BackgroundTasks
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,7 @@ class Launcher:
         self.pulls = pulls
         self.clock = clock
         self.pending = PendingTable(clock=clock)
+        self.tasks = BackgroundTasks(log)  # the pending launches'
         self.rules = JobRules(settings)
         self.mounts = MountPolicy(settings.mount_roots)
 
@@ -110,10 +112,11 @@ class Launcher:
         await reservation.claim()
         record = PendingLaunch(request, accepted=self.clock.monotonic())
         self.pending.add(record)
-        record.task = asyncio.create_task(
-            self._complete(record, reservation), name=f"launch {request.ref}"
+        record.task = self.tasks.spawn(
+            self._complete(record, reservation),
+            name=f"launch {request.ref}",
+            ended=functools.partial(self._ended, record, reservation),
         )
-        record.task.add_done_callback(functools.partial(self._ended, record, reservation))
         log.info("launch %s: pulling %s in the background", request.ref, request.spec.image)
         return Pulling(request.spec.image, request.requested_gpus)
 
@@ -172,16 +175,12 @@ class Launcher:
         if record is None or record.task is None:
             return
         running = not record.task.done()
-        record.task.cancel()
-        await asyncio.wait({record.task})
+        await self.tasks.cancel(record.task)
         if running:
             log.info("launch %s cancelled in phase %s", ref, record.phase)
 
     async def close(self) -> None:
-        """Cancel every background launch and pull (shutdown)."""
-        tasks = [r.task for r in self.pending.records() if r.task and not r.task.done()]
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks)
+        """Cancel every background launch, then every pull (shutdown): a launch cancelled
+        while its pull runs leaves it first, as a stop would."""
+        await self.tasks.close()
         await self.pulls.close()

@@ -2,7 +2,8 @@
 
 As Nomad's docker driver keeps its coordinator apart from the driver: launches join a
 pull, watch its progress, and leave it; the download stops when the last one leaves.
-Every pull task is held here (asyncio keeps only a weak reference) and cancelled on close.
+Every pull is a task of the coordinator's (`BackgroundTasks`), cancelled and awaited on
+close; its error is its waiters' to report.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from tuneplane_node.runtime.base import ContainerRuntime, PullLimits, PullProgress
+from tuneplane_node.tasks import BackgroundTasks, by_awaiters
 from tuneplane_node.telemetry import NO_TELEMETRY, Telemetry
 
 log = logging.getLogger(__name__)
@@ -39,14 +41,14 @@ class PullCoordinator:
         self.limits = limits
         self.telemetry = telemetry
         self.pulls: dict[str, SharedPull] = {}
+        self.tasks = BackgroundTasks(log)
 
     def join(self, image: str) -> SharedPull:
         """The pull of ``image`` in flight, or a new one, started now."""
         pull = self.pulls.get(image)
         if pull is None:
             pull = SharedPull(image)
-            pull.task = asyncio.create_task(self._pull(pull), name=f"pull {image}")
-            pull.task.add_done_callback(_retrieve)
+            pull.task = self.tasks.spawn(self._pull(pull), name=f"pull {image}", ended=by_awaiters)
             self.pulls[image] = pull
         pull.waiters += 1
         return pull
@@ -67,6 +69,7 @@ class PullCoordinator:
                 pull.task.cancel()
 
     async def _pull(self, pull: SharedPull) -> None:
+        # Its duration is measured for the log and the metric, not the clock's (clock.py).
         started, outcome = time.monotonic(), "failed"
         try:
             await self.runtime.pull(pull.image, limits=self.limits, on_progress=pull.update)
@@ -96,15 +99,5 @@ class PullCoordinator:
 
     async def close(self) -> None:
         """Cancel every pull (shutdown) and wait for them to end."""
-        tasks = [pull.task for pull in self.pulls.values() if pull.task and not pull.task.done()]
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks)
+        await self.tasks.close()
         self.pulls.clear()
-
-
-def _retrieve(task: asyncio.Task[None]) -> None:
-    """A pull's error is its waiters' to report; one nobody waits for any more is dropped."""
-    if not task.cancelled() and task.exception() is not None:
-        log.debug("%s ended with %r", task.get_name(), task.exception())

@@ -7,7 +7,6 @@ a container a launch is making right now.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from datetime import datetime
 
@@ -124,7 +123,7 @@ class Reaper:
     async def maintain(self) -> None:
         """Sweep wreckage once a relist period, as long as the node runs."""
         while True:
-            await asyncio.sleep(self.settings.state_relist_s)
+            await self.clock.sleep(self.settings.state_relist_s)
             try:
                 await self.sweep_wreckage(older_than_s=self.settings.local_api_timeout)
             except NodeError as exc:

@@ -111,6 +111,7 @@ class JobService:
             locks=locks,
             launcher=self.launcher,
             stopper=self.stopper,
+            clock=self.clock,
         )
 
     @property
@@ -290,7 +291,9 @@ class JobService:
         return await self.health.inventory(self.node)
 
     async def close(self) -> None:
-        """Cancel a drain in progress, every background launch and pull (shutdown). A
-        drain is resumed by the next start: its state is on disk."""
+        """Shutdown, in this order: a drain in progress (it cancels launches), every
+        background launch and pull, the disk's refresh. A drain is resumed by the next
+        start: its state is on disk."""
         await self.keeper.close()
         await self.launcher.close()
+        await self.health.close()

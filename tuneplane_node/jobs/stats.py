@@ -113,7 +113,7 @@ class StatsSampler:
                 await self.sample_once()
             except NodeError as exc:
                 self._warn(f"sampling the jobs failed: {exc.message}")
-            await asyncio.sleep(self.interval_s)
+            await self.clock.sleep(self.interval_s)
 
     def _warn(self, message: str) -> None:
         """Once per outage, not once per interval: the engine may be down for hours."""

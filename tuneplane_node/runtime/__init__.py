@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 
+from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.errors import ConfigError
 from tuneplane_node.runtime.base import ContainerRuntime, EngineFeed
 from tuneplane_node.runtime.cache import CachedRuntime
@@ -24,6 +25,7 @@ def make_runtime(
     *,
     cache: bool = True,
     telemetry: Telemetry = NO_TELEMETRY,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> ContainerRuntime:
     """The runtime of that kind, built without asking its engine anything.
 
@@ -31,34 +33,43 @@ def make_runtime(
     serving. One-shot commands (check, inventory) ask the engine directly.
     """
     if kind in ("docker", "podman"):
-        engine = _engine(settings, kind, telemetry)
-        return cached(engine, settings) if cache else engine
+        engine = _engine(settings, kind, telemetry=telemetry, clock=clock)
+        return cached(engine, settings, clock=clock) if cache else engine
     if kind == "process":
         from tuneplane_node.runtime.process import ProcessRuntime
 
         log.warning("process runtime: jobs run as bare processes; development machines only")
-        return ProcessRuntime(settings, telemetry=telemetry)
+        return ProcessRuntime(settings, telemetry=telemetry, clock=clock)
     raise ConfigError(f"TUNEPLANE_LOCAL_RUNTIME: unknown runtime {kind!r}")
 
 
-def _engine(settings: NodeSettings, kind: str, telemetry: Telemetry) -> EngineFeed:
+def _engine(settings: NodeSettings, kind: str, *, telemetry: Telemetry, clock: Clock) -> EngineFeed:
     if kind == "docker":
         from tuneplane_node.runtime.docker import DockerRuntime
 
-        return DockerRuntime(settings, telemetry=telemetry)
+        return DockerRuntime(settings, telemetry=telemetry, clock=clock)
     from tuneplane_node.runtime.podman import PodmanRuntime
 
-    return PodmanRuntime(settings, telemetry=telemetry)
+    return PodmanRuntime(settings, telemetry=telemetry, clock=clock)
 
 
-def cached(feed: EngineFeed, settings: NodeSettings) -> CachedRuntime:
+def cached(
+    feed: EngineFeed, settings: NodeSettings, *, clock: Clock = SYSTEM_CLOCK
+) -> CachedRuntime:
     return CachedRuntime(
-        feed, relist_s=settings.state_relist_s, sync_timeout=settings.local_api_timeout
+        feed,
+        relist_s=settings.state_relist_s,
+        sync_timeout=settings.local_api_timeout,
+        clock=clock,
     )
 
 
 async def detect_runtime(
-    settings: NodeSettings, *, cache: bool = True, telemetry: Telemetry = NO_TELEMETRY
+    settings: NodeSettings,
+    *,
+    cache: bool = True,
+    telemetry: Telemetry = NO_TELEMETRY,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> ContainerRuntime:
     """The configured runtime; ``auto`` takes docker, then podman, whichever answers.
 
@@ -68,18 +79,20 @@ async def detect_runtime(
     error naming it, never a silent move to podman (jobs on docker would all read gone).
     """
     if settings.local_runtime != "auto":
-        return make_runtime(settings, settings.local_runtime, cache=cache, telemetry=telemetry)
+        return make_runtime(
+            settings, settings.local_runtime, cache=cache, telemetry=telemetry, clock=clock
+        )
     docker_address = settings.docker_host or os.environ.get("DOCKER_HOST")
     candidates = [("docker", docker_address or "the default socket")]
     if not docker_address:
         candidates.append(("podman", settings.podman_url))
     tried = []
     for kind, address in candidates:
-        engine = _engine(settings, kind, telemetry)
+        engine = _engine(settings, kind, telemetry=telemetry, clock=clock)
         health = await engine.health()  # the engine itself: a cache would not be synced yet
         if health.ok:
             log.info("runtime: %s %s at %s", kind, health.version, address)
-            return cached(engine, settings) if cache else engine
+            return cached(engine, settings, clock=clock) if cache else engine
         await engine.close()
         tried.append(f"{kind} at {address}: {health.error}")
     if docker_address:

@@ -49,6 +49,7 @@ from tuneplane_node.runtime.base import (
     RuntimeHealth,
     Usage,
 )
+from tuneplane_node.tasks import BackgroundTasks
 
 log = logging.getLogger(__name__)
 # The actions that change what a ContainerState says; others (exec, attach...) do not.
@@ -114,7 +115,7 @@ class StateCache:
         self._stopping = threading.Event()
         self._close_stream: Callable[[], None] | None = None
         self._thread: threading.Thread | None = None
-        self._relist: asyncio.Task[None] | None = None
+        self._tasks = BackgroundTasks(log)  # the relist's
         self._first_sync = asyncio.Event()
 
     # --- reads ------------------------------------------------------------------------
@@ -178,8 +179,7 @@ class StateCache:
     async def wait_exited(self, name: str, timeout: float) -> bool:
         """Until the container of that name runs no more (by the events), at most
         ``timeout`` seconds. While the cache is stale nothing is known: it waits on."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+        deadline = self.clock.monotonic() + timeout
         changed = asyncio.Event()
         self._watchers.setdefault(name, set()).add(changed)
         try:
@@ -187,12 +187,12 @@ class StateCache:
                 with contextlib.suppress(EngineUnavailable):
                     if self.get(name).status not in RUNNING:
                         return True
-                remaining = deadline - loop.time()
+                remaining = deadline - self.clock.monotonic()
                 if remaining <= 0:
                     return False
                 changed.clear()
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(changed.wait(), min(remaining, RECHECK_S))
+                    await self.clock.wait_for(changed.wait(), min(remaining, RECHECK_S))
         finally:
             waiters = self._watchers[name]
             waiters.discard(changed)
@@ -287,19 +287,18 @@ class StateCache:
             target=self._watch, name=f"tuneplane-{self.feed.name}-events", daemon=True
         )
         self._thread.start()
-        self._relist = asyncio.create_task(self._relist_forever(), name="state cache relist")
+        self._tasks.spawn(self._relist_forever(), name="state cache relist")
         try:
-            await asyncio.wait_for(self._first_sync.wait(), self.sync_timeout)
+            await self.clock.wait_for(self._first_sync.wait(), self.sync_timeout)
         except asyncio.TimeoutError:
             log.warning("state cache: no first sync yet (%s); answering 503", self.stale_reason)
 
     async def close(self) -> None:
+        """Stop the event thread's stream, end the relist, then wait for the thread."""
         self._stopping.set()
         if self._close_stream is not None:
             self._close_stream()
-        if self._relist is not None:
-            self._relist.cancel()
-            await asyncio.gather(self._relist, return_exceptions=True)
+        await self._tasks.close()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 5)
 
@@ -372,7 +371,7 @@ class StateCache:
         beat = min(self.heartbeat_s, self.relist_s)
         last_relist = self.clock.monotonic()
         while True:
-            await asyncio.sleep(beat)
+            await self.clock.sleep(beat)
             if not self.synced:
                 continue  # the event thread is resyncing from scratch
             await self._heartbeat()

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
+from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.errors import (
     EngineConflict,
     EngineRefused,
@@ -193,8 +194,10 @@ class EngineRuntime(ABC):
         *,
         pool: BlockingPool | None = None,
         telemetry: Telemetry = NO_TELEMETRY,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.settings = settings
+        self.clock = clock  # a stop's grace, a pull's deadlines
         self.pool = pool or BlockingPool(
             settings.runtime_threads, name=self.name, telemetry=telemetry
         )
@@ -406,12 +409,12 @@ class EngineRuntime(ABC):
 
     async def wait_exited(self, name: str, timeout: float) -> bool:
         """Polls (each look a short call on the pool): this runtime keeps no events."""
-        deadline = asyncio.get_running_loop().time() + timeout
+        deadline = self.clock.monotonic() + timeout
         while (await self.inspect(name)).status in RUNNING:
-            remaining = deadline - asyncio.get_running_loop().time()
+            remaining = deadline - self.clock.monotonic()
             if remaining <= 0:
                 return False
-            await asyncio.sleep(min(POLL_S, remaining))
+            await self.clock.sleep(min(POLL_S, remaining))
         return True
 
     async def remove(self, name: str) -> None:
@@ -457,6 +460,7 @@ class EngineRuntime(ABC):
             open_stream=lambda: self._guarded(action, self._open_pull_translated, image),
             limits=limits,
             on_progress=on_progress,
+            clock=self.clock,
         )
         if not await self.image_exists(image):
             raise EngineRefused(

@@ -11,7 +11,6 @@ container's pid namespace would not let it).
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import os
@@ -19,11 +18,10 @@ import platform
 import secrets
 import shutil
 import signal
-import time
 from collections.abc import AsyncGenerator, Collection, Iterable, Sequence
 from pathlib import Path
 
-from tuneplane_node.clock import SYSTEM_CLOCK, rfc3339
+from tuneplane_node.clock import SYSTEM_CLOCK, Clock, rfc3339
 from tuneplane_node.errors import EngineConflict, EngineRefused, InvalidField
 from tuneplane_node.runtime.base import (
     CacheStatus,
@@ -89,10 +87,12 @@ class ProcessRuntime:
         *,
         state_dir: Path | None = None,
         telemetry: Telemetry = NO_TELEMETRY,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         root = state_dir if state_dir is not None else settings.state_dir / "process-runtime"
         self.root = root.expanduser().absolute()
         self._settings = settings
+        self._clock = clock  # the polls' waits, the jobs' created and started times
         self._pool = BlockingPool(
             settings.runtime_threads, name="tuneplane-process", telemetry=telemetry
         )
@@ -149,7 +149,7 @@ class ProcessRuntime:
             elif not writing:
                 return
             else:
-                await asyncio.sleep(_FOLLOW_POLL_S)
+                await self._clock.sleep(_FOLLOW_POLL_S)
 
     async def _writing(self, job: Job) -> bool:
         """Whether lines may still come: the job or its stamper still runs."""
@@ -255,7 +255,7 @@ class ProcessRuntime:
 
     def _launch(self, spec: ContainerSpec, job_dir: Path) -> str:
         job_id = secrets.token_hex(32)
-        write_spec(job_dir, spec, job_id=job_id, created_at=_now())
+        write_spec(job_dir, spec, job_id=job_id, created_at=self._now())
         log.debug("process runtime ignores image, mounts, network, limits, user of %s", spec.name)
         stamper, main = self._groups.spawn(
             spec.command,
@@ -263,7 +263,7 @@ class ProcessRuntime:
             cwd=spec.workdir,
             env=job_environment(spec, job_dir, gpus=self._settings.local_gpu_passthrough),
         )
-        started_at, main_proc, stamper_proc = _now(), proc_of(main), proc_of(stamper)
+        started_at, main_proc, stamper_proc = self._now(), proc_of(main), proc_of(stamper)
         try:
             write_started(job_dir, started_at=started_at, main=main_proc, stamper=stamper_proc)
         except BaseException:
@@ -314,11 +314,11 @@ class ProcessRuntime:
 
     async def _wait_gone(self, proc: Proc, timeout: float) -> bool:
         """Poll (asleep between) until the process ends; False if it outlives ``timeout``."""
-        deadline = time.monotonic() + timeout
+        deadline = self._clock.monotonic() + timeout
         while await self._pool.call(self._groups.alive, proc):
-            if time.monotonic() >= deadline:
+            if self._clock.monotonic() >= deadline:
                 return False
-            await asyncio.sleep(_POLL_S)
+            await self._clock.sleep(_POLL_S)
         return True
 
     async def _kill_group(self, job: Job, *, action: str) -> None:
@@ -328,6 +328,5 @@ class ProcessRuntime:
             reason = f"pid {job.main.pid} outlived SIGKILL for {KILL_GRACE_S:g} s"
             raise EngineRefused(engine=ENGINE, action=action, reason=reason)
 
-
-def _now() -> str:
-    return rfc3339(SYSTEM_CLOCK.now())
+    def _now(self) -> str:
+        return rfc3339(self._clock.now())

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
 from tests.conftest import IMAGE as PRESENT
 from tests.fakes import FakeClock, FakeProbe, FakeRuntime, brief
 from tests.helpers import job, wait_until
-from tuneplane_node.errors import EngineUnavailable
+from tuneplane_node.errors import EngineRefused, EngineUnavailable
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs import JobService, LaunchRequest, Started
 from tuneplane_node.runtime.base import (
@@ -272,6 +273,54 @@ async def test_the_event_thread_keeps_the_cache_current(
     fake.exit(name, 4)
     await wait_until(lambda: cached.cache.states[name].status == "exited", timeout=5)
     assert (await cached.inspect(name)).exit_code == 4
+
+
+class RefusingInspects:
+    """The fake engine, refusing the next ``refusals`` inspects as podman 4 refuses one of
+    a container mid-exit ("read /proc/<pid>/cgroup: no such process")."""
+
+    def __init__(self, fake: FakeRuntime) -> None:
+        self.fake = fake
+        self.refusals = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.fake, name)
+
+    def inspect_now(self, ref: str) -> ContainerState:
+        if self.refusals > 0:
+            self.refusals -= 1
+            reason = "read /proc/11946/cgroup: no such process"
+            raise EngineRefused(engine="fake", action=f"inspect {ref}", reason=reason)
+        return self.fake.inspect_now(ref)
+
+
+@pytest.mark.parametrize(("refusals", "stale"), [(2, False), (3, True)])
+async def test_an_inspect_refused_after_an_event_is_asked_again_before_the_stream_breaks(
+    fake: FakeRuntime, refusals: int, stale: bool
+) -> None:
+    feed = RefusingInspects(fake)
+    cached = CachedRuntime(
+        feed,  # the fake as EngineFeed, its inspect refusing
+        relist_s=3600,
+        sync_timeout=5,
+        clock=fake.clock,
+        backoff_s=(30, 30),  # no resync within the test: the break stays seen
+    )
+    await cached.start()
+    try:
+        name = await running(fake)
+        await wait_until(lambda: cached.cache.states.get(name) is not None, timeout=5)
+        feed.refusals = refusals
+        fake.exit(name, 4)
+        if stale:
+            await wait_until(lambda: not cached.status().synced, timeout=5)
+            with pytest.raises(EngineUnavailable, match="no such process"):
+                await cached.inspect(name)
+        else:
+            await wait_until(lambda: cached.cache.states[name].status == "exited", timeout=5)
+            assert (await cached.inspect(name)).exit_code == 4 and cached.status().synced
+    finally:
+        await cached.cache.close()
 
 
 async def test_a_relaunch_asks_the_engine_before_it_answers_running(

@@ -30,7 +30,7 @@ from dataclasses import replace
 from typing import Any
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock, rfc3339
-from tuneplane_node.errors import EngineUnavailable, NodeError
+from tuneplane_node.errors import EngineRefused, EngineUnavailable, NodeError
 from tuneplane_node.runtime.base import (
     EXIT_SIGKILL,
     LABEL_RUN_ID,
@@ -64,6 +64,8 @@ RECHECK_S = 1.0
 BACKOFF_S = (0.5, 10.0)
 """The first and the longest wait between two tries to reopen a broken event stream."""
 FILL_THREADS = 8
+INSPECT_TRIES = 3
+INSPECT_RETRY_S = 0.05  # a thread's wait, on the stop event: never a busy loop
 """Inspects at once while the cache fills after a sync (within the SDK's connection
 pool, 18 by default: the fill takes a few seconds once, at start or after a resync)."""
 
@@ -342,7 +344,21 @@ class StateCache:
         for event in events:
             if watched(event):
                 self._post(self.on_event, event)
-                self._post(self.on_inspected, self.feed.inspect_now(event.id), event.id)
+                self._post(self.on_inspected, self._inspect_after(event.id), event.id)
+
+    def _inspect_after(self, container_id: str) -> ContainerState:
+        """The container as an event left it. An engine that refuses one inspect of a
+        container mid-exit (podman 4: "read /proc/<pid>/cgroup: no such process") is
+        asked again a moment later; only a third refusal breaks the stream (503s until
+        the resync), which a refusal of one container should not do lightly."""
+        for _ in range(INSPECT_TRIES - 1):
+            try:
+                return self.feed.inspect_now(container_id)
+            except EngineRefused as exc:
+                log.debug("inspect of %s refused (%s): again", container_id, exc.message)
+                if self._stopping.wait(INSPECT_RETRY_S):
+                    break
+        return self.feed.inspect_now(container_id)
 
     def _fill(self, ids: list[str], fill: int) -> None:
         """Start inspecting every listed container, several at once, and return: the list

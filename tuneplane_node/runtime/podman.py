@@ -104,8 +104,9 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
         """The node's profile for podman jobs (`seccomp`), on this machine; None for a
         remote service, which cannot read a file of ours."""
         if not self.settings.podman_url.startswith(("unix://", "http+unix://")):
-            log.warning("podman at %s is remote: its jobs keep its own seccomp profile",
-                        self.settings.podman_url)  # fmt: skip
+            # The scheme only: an ssh:// or https:// address may carry a user's password.
+            scheme = self.settings.podman_url.split("://", 1)[0]
+            log.warning("podman is remote (%s): its jobs keep its own seccomp profile", scheme)
             return None
         return seccomp.write_profile(self.settings.state_dir)
 

@@ -97,6 +97,18 @@ def _described(task: asyncio.Task[Any]) -> str:
 IMAGE = "registry.test/trainer:1"
 
 
+class _GivenSettings(NodeSettings):
+    """The node's settings from the arguments alone: the fast suite's nodes read no
+    environment or `.env` (a developer's TUNEPLANE_ variables cannot change a test), and
+    skipping the sources' per-field work keeps the suite fast. Validation is the same."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: Any, init_settings: Any, *sources: Any, **named: Any
+    ) -> tuple[Any, ...]:
+        return (init_settings,)
+
+
 def fake_settings(tmp_path: Any, **overrides: Any) -> NodeSettings:
     base: dict[str, Any] = {
         "node_token": TOKEN,
@@ -106,7 +118,7 @@ def fake_settings(tmp_path: Any, **overrides: Any) -> NodeSettings:
         "node_state_dir": tmp_path / "state",
         "local_stop_timeout": 0.05,  # real seconds: a grace period is waited, not faked
     }
-    return NodeSettings(**{**base, **overrides})
+    return _GivenSettings(**{**base, **overrides})
 
 
 @pytest.fixture

@@ -267,6 +267,7 @@ def test_the_launch_body_is_a_whole_0315_launch_the_node_parses() -> None:
 # --- errors as a node gives them ----------------------------------------------------------
 
 
+@pytest.mark.slow  # a daemon process of its own
 def test_a_refusal_exits_1_with_the_nodes_detail(ctl: Ctl, engine_down_node: Node) -> None:
     code, _, err = ctl("stop", "", url=engine_down_node.url)
     assert code == 1
@@ -275,6 +276,7 @@ def test_a_refusal_exits_1_with_the_nodes_detail(ctl: Ctl, engine_down_node: Nod
     assert code == 1 and "(422): max_age_s: must be from 0" in err
 
 
+@pytest.mark.slow  # a daemon process of its own
 def test_a_wrong_token_exits_1(ctl: Ctl, engine_down_node: Node) -> None:
     code, _, err = ctl("health", token="not-the-token", url=engine_down_node.url)
     assert code == 1
@@ -282,12 +284,14 @@ def test_a_wrong_token_exits_1(ctl: Ctl, engine_down_node: Node) -> None:
     assert "not-the-token" not in err
 
 
+@pytest.mark.slow  # a daemon process of its own
 def test_a_5xx_exits_3_with_the_nodes_detail(ctl: Ctl, engine_down_node: Node) -> None:
     code, _, err = ctl("observe", "tuneplane-x", url=engine_down_node.url)
     assert code == 3
     assert f"the node at {engine_down_node.url} failed (503): engine unreachable" in err
 
 
+@pytest.mark.slow  # a daemon process of its own
 def test_health_of_a_node_without_its_engine_says_not_ok(ctl: Ctl, engine_down_node: Node) -> None:
     code, out, _ = ctl("health", url=engine_down_node.url)
     assert code == 0  # the node answered; what it said is on the screen
@@ -295,6 +299,7 @@ def test_health_of_a_node_without_its_engine_says_not_ok(ctl: Ctl, engine_down_n
     assert "unknown total" in out  # the cards are unknown, not zero
 
 
+@pytest.mark.slow  # a daemon process of its own
 def test_the_token_comes_from_a_file_before_the_environment(
     ctl: Ctl, engine_down_node: Node, tmp_path: Path
 ) -> None:
@@ -305,6 +310,7 @@ def test_the_token_comes_from_a_file_before_the_environment(
     assert ctl("health", token=TOKEN, url=engine_down_node.url)[0] == 0  # the environment
 
 
+@pytest.mark.slow  # a daemon process of its own
 def test_common_options_go_before_or_after_the_verb(ctl: Ctl, engine_down_node: Node) -> None:
     url = engine_down_node.url
     before = json.loads(ctl("--json", "--url", url, "health", url="http://127.0.0.1:1")[1])

@@ -9,9 +9,10 @@ every step.
     observe never says exists: false for a container of the node that exists
     no container is left created and never started once a sweep has run
 
-Against the in-memory engine: 2,000 steps in the fast suite (half a second), 10,000 in CI
-(``TUNEPLANE_MODEL_STEPS``, set by ``.ci/run``; ``TUNEPLANE_MODEL_SEED`` changes the
-walk). `test_daemon_model.py` walks the real Docker engine.
+Against the in-memory engine: a short walk of 300 steps in the fast suite, and the long
+one (marked slow: 2,000 steps, 10,000 in CI through ``TUNEPLANE_MODEL_STEPS``, set by
+``.ci/run``); ``TUNEPLANE_MODEL_SEED`` changes the walk. `test_daemon_model.py` walks
+the real Docker engine.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import collections
 import contextlib
 import os
 import random
+
+import pytest
 
 from tests.fakes import FakeClock, FakeProbe, FakeRuntime
 from tests.helpers import check_promises, settle
@@ -30,6 +33,7 @@ from tuneplane_node.runtime.base import LABEL_RUN_ID, ContainerSpec, container_n
 from tuneplane_node.settings import NodeSettings
 
 STEPS = int(os.environ.get("TUNEPLANE_MODEL_STEPS", "2000"))  # CI walks 10,000
+SHORT_STEPS = 300
 SEED = int(os.environ.get("TUNEPLANE_MODEL_SEED", "20261130"))
 RUNS = [f"run-{n}" for n in range(20)]
 PRESENT, MISSING = "registry.test/present:1", "registry.test/missing:1"
@@ -170,10 +174,14 @@ class World:
         await check_promises(self.service, truth, cards=CARDS, wrecks_allowed=self.unswept)
 
 
-async def test_a_random_walk_keeps_every_promise(settings: NodeSettings) -> None:
+@pytest.mark.parametrize(
+    "steps",
+    [pytest.param(SHORT_STEPS, id="short"), pytest.param(STEPS, id="long", marks=pytest.mark.slow)],
+)
+async def test_a_random_walk_keeps_every_promise(settings: NodeSettings, steps: int) -> None:
     world = World(random.Random(SEED), replace_settings(settings))
     try:
-        for _ in range(STEPS):
+        for _ in range(steps):
             try:
                 await world.step()
             except NodeError as exc:  # the fake engine never fails: nothing else may
@@ -183,10 +191,10 @@ async def test_a_random_walk_keeps_every_promise(settings: NodeSettings) -> None
         await world.service.close()
         await world.engine.close()
     print(
-        f"\nmodel: {STEPS} steps (seed {SEED}), {world.checks} checks "
+        f"\nmodel: {steps} steps (seed {SEED}), {world.checks} checks "
         f"of 6 promises: {dict(world.done)}"
     )
-    assert world.checks == STEPS
+    assert world.checks == steps
 
 
 def replace_settings(settings: NodeSettings) -> NodeSettings:

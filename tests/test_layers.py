@@ -54,10 +54,15 @@ def layer(name: str) -> int:
 
 
 @functools.cache
+def nodes(path: Path) -> tuple[ast.AST, ...]:
+    """Every node of a module's syntax tree, parsed once for all the tests here."""
+    return tuple(ast.walk(ast.parse(path.read_text(), filename=str(path))))
+
+
+@functools.cache
 def imports(path: Path) -> list[str]:
-    tree = ast.parse(path.read_text(), filename=str(path))
     found = []
-    for node in ast.walk(tree):
+    for node in nodes(path):
         if isinstance(node, ast.Import):
             found += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -108,6 +113,7 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+@functools.cache
 def import_graph() -> dict[str, set[str]]:
     """Each module of the package and the package's modules its import statements name."""
     paths = {module_name(path): path for path in MODULES}
@@ -118,7 +124,7 @@ def named_modules(path: Path, known: set[str]) -> set[str]:
     """The modules of ``known`` that ``path``'s import statements name: for
     ``from pkg import x`` that is ``pkg.x`` when x is a module, else ``pkg``."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in nodes(path):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -169,10 +175,9 @@ CLASS_MAX_LINES = 350
 
 def class_lines(path: Path) -> dict[str, int]:
     """Each class of a module and its length in lines, from ``class`` to its last line."""
-    tree = ast.parse(path.read_text(), filename=str(path))
     return {
         node.name: node.end_lineno - node.lineno + 1
-        for node in ast.walk(tree)
+        for node in nodes(path)
         if isinstance(node, ast.ClassDef) and node.end_lineno is not None
     }
 

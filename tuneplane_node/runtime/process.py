@@ -69,7 +69,7 @@ log = logging.getLogger(__name__)
 # Imported `as` themselves: ENGINE, the file names and JOB_DIR_ENV were this module's
 # before the split, and stay importable from here.
 
-_POLL_S = 0.05
+_POLL_S = 0.02
 _DRAIN_S = 1.0
 _FOLLOW_POLL_S = 0.2
 """How often a followed log looks for new lines: a read of the file, no thread held."""

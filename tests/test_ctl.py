@@ -48,7 +48,8 @@ from tuneplane_node.cli import main, parser
 from tuneplane_node.ctl import commands
 from tuneplane_node.runtime.base import Mount
 from tuneplane_node.runtime.docker import DockerRuntime
-from tuneplane_node.wire.requests import CONTAINER_FIELDS, LAUNCH_FIELDS, parse_launch
+from tuneplane_node.wire.fields import Body
+from tuneplane_node.wire.requests import CONTAINER, CONTAINER_FIELDS, LAUNCH_FIELDS, parse_launch
 
 Ctl = Callable[..., tuple[int, str, str]]
 ENGINE_DOWN = "unix:///nonexistent/engine.sock"
@@ -262,6 +263,24 @@ def test_the_launch_body_is_a_whole_0315_launch_the_node_parses() -> None:
     assert request.spec.mounts == (Mount("/data/r-1", "/work", True),)
     assert request.spec.labels["tuneplane.user"] == "alice"
     assert request.spec.shm_size == "16g"
+
+
+TEXT_FIELDS = [
+    f.name
+    for f in CONTAINER.fields
+    if f.name not in {"name", "image", "command", "env", "gpus", "mounts", "labels"}
+    and not isinstance(f.schema, Body)
+]
+
+
+@pytest.mark.parametrize("field", TEXT_FIELDS)
+def test_every_text_field_of_the_container_is_an_option_of_launch(field: str) -> None:
+    """A field added to the contract reaches ctl with no edit of ctl: the option is the
+    field's name and what it is given goes into the body as the console would send it."""
+    option = "--" + field.replace("_", "-")
+    args = parser().parse_args(["ctl", "launch", "--run-id", "r", "--image", "i", option, "x"])
+    assert commands.launch_body(args, name="n")["container"][field] == "x"
+    assert len(TEXT_FIELDS) >= 6  # workdir, shm_size, cpu and memory limits, network, user
 
 
 # --- errors as a node gives them ----------------------------------------------------------

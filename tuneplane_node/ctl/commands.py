@@ -23,6 +23,8 @@ from rich.live import Live
 
 from tuneplane_node.ctl import render
 from tuneplane_node.ctl.client import DEFAULT_URL, URL_ENV, CtlError, NodeClient, Tls, read_token
+from tuneplane_node.wire.fields import Body, Field
+from tuneplane_node.wire.requests import CONTAINER
 
 POLL_S = 0.5
 STATS_S = 2.0
@@ -139,6 +141,22 @@ def _common(*, defaults: bool) -> argparse.ArgumentParser:
     return options
 
 
+# The container fields launch's own options below fill. Every other field of the launch's
+# container (wire.requests.CONTAINER) is an option of its name taking its text as the
+# console would send it (`--shm-size 16g`), so a field added there reaches ctl unwritten.
+_OWN_FIELDS = frozenset({"name", "image", "command", "env", "gpus", "mounts", "labels"})
+
+
+def _text_fields() -> tuple[Field, ...]:
+    """The container's fields that are a text option each. An object field (a secret's,
+    as credentials) is not one: a command line is no place for it, and it is sent ""."""
+    return tuple(
+        field
+        for field in CONTAINER.fields
+        if field.name not in _OWN_FIELDS and not isinstance(field.schema, Body)
+    )
+
+
 def _launch_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-id", required=True, help="the run's id")
     parser.add_argument("--image", required=True, help="image reference")
@@ -149,11 +167,17 @@ def _launch_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--mount", type=_mount, action="append", default=[], metavar="HOST:CONTAINER[:ro]"
     )
-    for option in ("workdir", "user", "network", "shm-size", "memory-limit", "cpu-limit"):
-        parser.add_argument(f"--{option}", default="")
+    for field in _text_fields():
+        option = field.name.replace("_", "-")
+        parser.add_argument(f"--{option}", default="", help=_first_sentence(field.doc))
     parser.add_argument("--wait", action="store_true", help="until it runs or fails")
     parser.add_argument("command", nargs="*", metavar="-- CMD", help="the argv (replaces the "
                         "image's ENTRYPOINT); none: the image's own")  # fmt: skip
+
+
+def _first_sentence(doc: str) -> str:
+    """A field's documentation cut to an option's help line (argparse formats with %)."""
+    return doc.split(". ", 1)[0].replace("`", "").replace("%", "%%")
 
 
 def _pair(text: str) -> tuple[str, str]:
@@ -282,27 +306,19 @@ def default_name(run_id: str) -> str:
 
 
 def launch_body(args: argparse.Namespace, *, name: str) -> dict[str, Any]:
-    """The whole launch as a 0.3.15 console sends it: every ContainerSpec field, ""
-    for the ones left empty."""
-    return {
-        "run_id": args.run_id,
-        "requested_gpus": args.gpus,
-        "container": {
-            "name": name,
-            "image": args.image,
-            "command": args.command,
-            "env": dict(args.env),
-            "gpus": [],
-            "mounts": args.mount,
-            "labels": dict(args.label),
-            "workdir": args.workdir,
-            "shm_size": args.shm_size,
-            "cpu_limit": args.cpu_limit,
-            "memory_limit": args.memory_limit,
-            "network": args.network,
-            "user": args.user,
-        },
+    """The whole launch as a 0.3.15 console sends it: every container field in the
+    contract's order, "" for the ones left empty."""
+    own = {
+        "name": name,
+        "image": args.image,
+        "command": args.command,
+        "env": dict(args.env),
+        "gpus": [],
+        "mounts": args.mount,
+        "labels": dict(args.label),
     }
+    container = {field: own.get(field, getattr(args, field, "")) for field in CONTAINER.names}
+    return {"run_id": args.run_id, "requested_gpus": args.gpus, "container": container}
 
 
 def launched(ref: str, answer: Mapping[str, Any]) -> str:

@@ -45,6 +45,7 @@ from tuneplane_node.runtime.base import (
 )
 from tuneplane_node.runtime.dockerformat import LogFold
 from tuneplane_node.runtime.pool import BlockingPool
+from tuneplane_node.signals import JOB_SIGNALS
 
 ENGINE = "fake"
 PIECE = 16 * 1024  # docker cuts log lines into pieces this long
@@ -111,6 +112,11 @@ class FakeContainer:
     oom_killed: bool = False
     ignores_sigterm: bool = False
     sigterm_exit_code: int = 143  # what its own handler exits with; 128 + 15 without one
+    # Its handlers of the other signals: the exit code it ends with, or None (it traps
+    # the signal and runs on). Unhandled, a signal ends it with 128 + its number, as the
+    # kernel's default does (SIGWINCH's default is to ignore it).
+    handlers: dict[str, int | None] = field(default_factory=dict)
+    image_stop_signal: str | None = None  # its image's STOPSIGNAL
     output: list[str] = field(default_factory=list)
 
     def state(self) -> ContainerState:
@@ -125,7 +131,18 @@ class FakeContainer:
             finished_at=self.finished_at,
             oom_killed=self.oom_killed,
             id=self.id,
+            stop_signal=self.spec.stop_signal or self.image_stop_signal or "SIGTERM",
         )
+
+    def exit_on(self, signal: str) -> int | None:
+        """The exit code this signal ends it with; None: it runs on."""
+        if signal == "SIGKILL":
+            return EXIT_SIGKILL
+        if signal in self.handlers:
+            return self.handlers[signal]
+        if signal == "SIGTERM":
+            return None if self.ignores_sigterm else self.sigterm_exit_code
+        return None if signal == "SIGWINCH" else 128 + JOB_SIGNALS[signal]
 
 
 class FakePull:
@@ -201,6 +218,7 @@ class FakeRuntime:
         self.clock = clock or FakeClock()
         self.containers: dict[str, FakeContainer] = {}
         self.images: set[str] = set(images)
+        self.stop_signals: dict[str, str] = {}  # an image's STOPSIGNAL, by image
         self._up = True
         self.calls: collections.Counter[str] = collections.Counter()
         self.pulls: list[FakePull] = []
@@ -387,9 +405,9 @@ class FakeRuntime:
         if container is None or container.status not in RUNNING:
             return
         self.signals.append((container.spec.name, signal))
-        if signal == "SIGTERM" and container.ignores_sigterm:
-            return
-        self._end(container, container.sigterm_exit_code if signal == "SIGTERM" else EXIT_SIGKILL)
+        code = container.exit_on(signal)
+        if code is not None:
+            self._end(container, code)
 
     async def wait_exited(self, name: str, timeout: float) -> bool:
         """Waits for real time (tests give short grace periods) on the fake's changes."""
@@ -516,7 +534,11 @@ class FakeRuntime:
     def _create(self, spec: ContainerSpec, *, labels: dict[str, str]) -> FakeContainer:
         container_id = f"{next(self._ids):04x}" + secrets.token_hex(30)
         container = FakeContainer(
-            id=container_id, spec=spec, labels=labels, created_at=rfc3339(self.clock.now())
+            id=container_id,
+            spec=spec,
+            labels=labels,
+            created_at=rfc3339(self.clock.now()),
+            image_stop_signal=self.stop_signals.get(spec.image),
         )
         self.containers[spec.name] = container
         self._emit(container, "create")

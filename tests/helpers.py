@@ -437,11 +437,16 @@ class Console:
             assert time.monotonic() < deadline, f"{ref}: {key} never became {wanted}: {state}"
             await asyncio.sleep(0.05)
 
-    async def stop(self, ref: str, timeout: float | None = None) -> Any:
-        body: dict[str, Any] = {"ref": ref}
+    async def stop(self, ref: str, timeout: float | None = None, **fields: Any) -> Any:
+        """A stop; ``fields``: its others (``signal``, ``warn_signal``, ``warn_s``)."""
+        body: dict[str, Any] = {"ref": ref, **fields}
         if timeout is not None:
             body["timeout"] = timeout
         return await self.ok("POST", "/node/v1/stop", json=body)
+
+    async def signal(self, ref: str, signal: object) -> tuple[int, Any]:
+        """The signal verb's (status, answer)."""
+        return await self.call("POST", "/node/v1/signal", json={"ref": ref, "signal": signal})
 
     async def remove(self, ref: str) -> Any:
         return await self.ok("POST", "/node/v1/remove", json={"ref": ref})

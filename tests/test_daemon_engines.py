@@ -300,7 +300,7 @@ async def test_a_foreign_container_is_invisible_and_untouchable(
 async def test_a_refusal_for_a_field_of_the_request_is_a_422_naming_it(
     make_node: MakeNode, engine: str
 ) -> None:
-    node = await make_node(engine)
+    node = await make_node(engine, job_init=False)  # the command is PID 1: runc execs it
     ref, body = await node.launch(["/no/such/binary"], gpus=2, expect=422)
     assert body["detail"].startswith(f"container.command: {engine} refused to run {ref}: ")
     assert "/no/such/binary" in body["detail"]
@@ -308,6 +308,24 @@ async def test_a_refusal_for_a_field_of_the_request_is_a_422_naming_it(
     assert body["detail"].startswith(f"container.user: {engine} refused to run")
     assert (await node.state(ref))["exists"] is False
     assert (await node.health())["gpus_free"] == 4
+
+
+@pytest.mark.parametrize("engine", ["docker", "podman"])
+async def test_with_the_init_a_missing_command_is_a_job_that_fails_at_once_saying_so(
+    make_node: MakeNode, engine: str
+) -> None:
+    """The init starts, then cannot exec the command: the engine sees a start that
+    worked, and the job ends at once, its log saying why (tini names the command,
+    catatonit says "failed to exec pid1"): a console reads it as any failed job. A user
+    the image lacks is still refused before anything runs."""
+    node = await make_node(engine)
+    ref, _ = await node.launch(["/no/such/binary"], gpus=1)
+    state = await node.wait_for(ref, "status", "exited", timeout=30)
+    assert state["exit_code"] != 0
+    log = await node.logs(ref)
+    assert "exec" in log and "No such file or directory" in log
+    _, body = await node.launch(user="nobody-here", expect=422)
+    assert body["detail"].startswith(f"container.user: {engine} refused to run")
 
 
 async def test_an_engine_refusal_of_the_nodes_own_making_is_a_502_with_its_words(

@@ -41,7 +41,7 @@ from tests.helpers import (
 from tuneplane_node.clock import parse_rfc3339
 from tuneplane_node.errors import Conflict, NodeError
 from tuneplane_node.gpu.allocator import GpuAllocator
-from tuneplane_node.jobs import AlreadyRunning, JobService, LaunchRequest
+from tuneplane_node.jobs import AlreadyRunning, JobService, LaunchRequest, StopPlan
 from tuneplane_node.runtime.base import (
     LABEL_GPUS,
     LABEL_RUN_ID,
@@ -132,7 +132,7 @@ class RealWorld:
             assert state.status == "running" or ran_on, state
 
     async def stop(self) -> None:
-        await self.service.stop(container_name(self.rng.choice(self.runs)), 0)
+        await self.service.stop(container_name(self.rng.choice(self.runs)), StopPlan(grace=0))
 
     async def remove(self) -> None:
         await self.service.remove(container_name(self.rng.choice(self.runs)))

@@ -28,7 +28,7 @@ from tests.fakes import FakeClock, FakeProbe, FakeRuntime
 from tests.helpers import check_promises, settle
 from tuneplane_node.errors import Conflict, NodeError
 from tuneplane_node.gpu.allocator import GpuAllocator
-from tuneplane_node.jobs import AlreadyRunning, JobService, LaunchRequest
+from tuneplane_node.jobs import AlreadyRunning, JobService, LaunchRequest, StopPlan
 from tuneplane_node.runtime.base import LABEL_RUN_ID, ContainerSpec, container_name, job_labels
 from tuneplane_node.settings import NodeSettings
 
@@ -85,7 +85,7 @@ class World:
             container.ignores_sigterm = self.rng.random() < 0.3
 
     async def stop(self) -> None:
-        await self.service.stop(container_name(self.rng.choice(RUNS)), 0)
+        await self.service.stop(container_name(self.rng.choice(RUNS)), StopPlan(grace=0))
 
     async def remove(self) -> None:
         await self.service.remove(container_name(self.rng.choice(RUNS)))

@@ -36,6 +36,7 @@ from tuneplane_node.jobs import (
     Pulling,
     Started,
     StoppedView,
+    StopPlan,
     reapable,
 )
 from tuneplane_node.jobs.drain import DRAIN_AGAIN_S
@@ -447,7 +448,9 @@ async def test_a_stop_before_the_pull_task_first_runs(
     record = service.pending.get("tuneplane-r1")
     assert record is not None and record.task is not None
 
-    await service.stop("tuneplane-r1", 1)  # no await in between has let the task run
+    await service.stop(
+        "tuneplane-r1", StopPlan(grace=1)
+    )  # no await in between has let the task run
 
     assert record.task.cancelled()
     assert fake.calls["pull"] == 0
@@ -459,7 +462,7 @@ async def test_a_stop_during_the_pull_stops_the_download(
 ) -> None:
     await launch_pulling(service, fake, "r1", 2)
 
-    await service.stop("tuneplane-r1", 1)
+    await service.stop("tuneplane-r1", StopPlan(grace=1))
     await settle()
 
     assert fake.pull_of(MISSING).cancelled
@@ -476,7 +479,7 @@ async def test_a_stop_while_the_container_is_being_created_removes_it(
     await gate.entered.wait()  # created, not yet started: the launch has not heard
     assert "tuneplane-r1" in fake.containers
 
-    stopping = asyncio.create_task(service.stop("tuneplane-r1", 1))
+    stopping = asyncio.create_task(service.stop("tuneplane-r1", StopPlan(grace=1)))
     await settle()
     gate.open()
     await stopping
@@ -491,7 +494,7 @@ async def test_a_stop_after_the_pulled_job_started_stops_it(
     fake.pull_of(MISSING).finish()
     await settle()
 
-    await service.stop("tuneplane-r1", 7)
+    await service.stop("tuneplane-r1", StopPlan(grace=7))
 
     assert fake.containers["tuneplane-r1"].status == "exited"
     assert fake.signals == [("tuneplane-r1", "SIGTERM")]
@@ -504,7 +507,7 @@ async def test_stopping_one_of_two_launches_sharing_a_pull_keeps_the_pull(
     await service.launch(request("r1", 1, image=MISSING))
     await launch_pulling(service, fake, "r2", 1)
 
-    await service.stop("tuneplane-r1", 1)
+    await service.stop("tuneplane-r1", StopPlan(grace=1))
     await settle()
     assert not fake.pull_of(MISSING).cancelled
 
@@ -536,7 +539,7 @@ async def test_a_stop_sends_sigterm_and_a_job_that_heeds_it_gets_no_sigkill(
     service: JobService, fake: FakeRuntime
 ) -> None:
     await service.launch(request("r1"))
-    await service.stop("tuneplane-r1", 5)
+    await service.stop("tuneplane-r1", StopPlan(grace=5))
     assert fake.signals == [("tuneplane-r1", "SIGTERM")]
     assert fake.containers["tuneplane-r1"].exit_code == 143
 
@@ -548,7 +551,7 @@ async def test_a_job_ignoring_sigterm_gets_sigkill_when_the_grace_period_ends(
     fake.containers["tuneplane-r1"].ignores_sigterm = True
 
     started = asyncio.get_running_loop().time()
-    await service.stop("tuneplane-r1", None)  # the configured grace: 0.05 s here
+    await service.stop("tuneplane-r1", StopPlan(grace=None))  # the configured grace: 0.05 s here
 
     assert asyncio.get_running_loop().time() - started >= 0.05
     assert fake.signals == [("tuneplane-r1", "SIGTERM"), ("tuneplane-r1", "SIGKILL")]
@@ -561,7 +564,7 @@ async def test_a_stop_waiting_out_its_grace_holds_no_lock_and_a_remove_kills_at_
 ) -> None:
     await service.launch(request("r1"))
     fake.containers["tuneplane-r1"].ignores_sigterm = True
-    stopping = asyncio.create_task(service.stop("tuneplane-r1", 3600))
+    stopping = asyncio.create_task(service.stop("tuneplane-r1", StopPlan(grace=3600)))
     await settle()
     assert len(service.locks) == 0  # nothing waits on the ref meanwhile
 
@@ -577,7 +580,7 @@ async def test_a_stop_never_kills_the_container_that_replaced_its_job(
 ) -> None:
     await service.launch(request("r1"))
     fake.containers["tuneplane-r1"].ignores_sigterm = True
-    stopping = asyncio.create_task(service.stop("tuneplane-r1", 0.2))
+    stopping = asyncio.create_task(service.stop("tuneplane-r1", StopPlan(grace=0.2)))
     await settle()
     await service.remove("tuneplane-r1")
     await service.launch(request("r1"))  # relaunched before the grace period ended
@@ -593,8 +596,8 @@ async def test_stopping_a_created_or_exited_container_signals_nothing(
     await service.launch(request("done"))
     fake.exit("tuneplane-done", 0)
 
-    await service.stop("tuneplane-wreck", 1)
-    await service.stop("tuneplane-done", 1)
+    await service.stop("tuneplane-wreck", StopPlan(grace=1))
+    await service.stop("tuneplane-done", StopPlan(grace=1))
 
     assert fake.signals == []
 
@@ -602,7 +605,7 @@ async def test_stopping_a_created_or_exited_container_signals_nothing(
 async def test_stop_and_remove_of_unknown_refs_succeed_and_do_nothing(
     service: JobService, fake: FakeRuntime
 ) -> None:
-    await service.stop("tuneplane-nobody", 1)
+    await service.stop("tuneplane-nobody", StopPlan(grace=1))
     await service.remove("tuneplane-nobody")
     assert fake.calls["stop"] == fake.calls["remove"] == 0
 
@@ -612,7 +615,7 @@ async def test_a_foreign_container_is_never_stopped_or_removed(
 ) -> None:
     foreign = fake.create_outside(ContainerSpec(name="someones-db", image="postgres:16"))
 
-    await service.stop("someones-db", 0)
+    await service.stop("someones-db", StopPlan(grace=0))
     await service.remove("someones-db")
 
     assert fake.containers["someones-db"] is foreign and foreign.status == "running"
@@ -630,7 +633,7 @@ async def test_remove_deletes_a_running_container_and_frees_its_cards(
 async def test_control_locks_do_not_accumulate(service: JobService) -> None:
     for i in range(5):
         await service.launch(request(f"r{i}"))
-        await service.stop(f"tuneplane-r{i}", 0)
+        await service.stop(f"tuneplane-r{i}", StopPlan(grace=0))
         await service.remove(f"tuneplane-r{i}")
     await service.reap(0)
     assert len(service.locks) == 0
@@ -994,7 +997,7 @@ async def test_the_verbs_act_on_the_id_the_node_holds(
     container_id = fake.containers["tuneplane-r1"].id
 
     await service.logs("tuneplane-r1", 10)
-    await service.stop("tuneplane-r1", 1)
+    await service.stop("tuneplane-r1", StopPlan(grace=1))
     await service.remove("tuneplane-r1")
 
     assert fake.refs == [
@@ -1011,7 +1014,7 @@ async def test_an_id_given_as_a_ref_reaches_nothing(service: JobService, fake: F
     ours = fake.containers["tuneplane-r1"]
 
     for ref in (foreign.id, foreign.id[:12], ours.id):
-        await service.stop(ref, 0)
+        await service.stop(ref, StopPlan(grace=0))
         await service.remove(ref)
         assert "does not exist" in (await service.logs(ref, 10)).text
         assert (await service.observe([ref]))[ref].exists is False
@@ -1189,7 +1192,7 @@ async def test_a_drain_stops_the_jobs_and_observe_pairs_each_with_why(
     await service.launch(request("r1", 1))
     await launch_pulling(service, fake, "r2", 1)
 
-    assert (await service.drain("kernel", 0)).state == "draining"
+    assert (await service.drain("kernel", StopPlan(grace=0))).state == "draining"
     await asyncio.wait_for(drained(service, fake.clock), 5)
 
     assert fake.containers["tuneplane-r1"].status == "exited"
@@ -1206,7 +1209,7 @@ async def test_removing_a_job_the_drain_stopped_forgets_why(
     service: JobService, fake: FakeRuntime
 ) -> None:
     await service.launch(request("r1"))
-    await service.drain(None, 0)
+    await service.drain(None, StopPlan(grace=0))
     await asyncio.wait_for(drained(service, fake.clock), 5)
     assert list(service.node.stop_reasons.values()) == ["drain: no reason given"]
 

@@ -139,7 +139,9 @@ class Subject:
             return self.spec(["/bin/true"])
         if self.kind == "process":  # any argv starts (the wrapper runs it): the cwd cannot
             return self.spec(["/bin/true"], workdir="/nonexistent/workdir")
-        return self.spec(["/no/such/binary"])
+        # A user the image lacks fails before the init runs; a missing command no longer
+        # does: the init (tini, catatonit) starts, then fails to exec it (exit 127).
+        return self.spec(["/bin/true"], user="no-such-user")
 
 
 @pytest.fixture(params=RUNTIMES)

@@ -188,7 +188,10 @@ async def test_docker_options_replace_the_entrypoint_and_request_the_cards() -> 
     await runtime.close()
 
     assert {key: options[key] for key in COMMON} == COMMON
-    assert options["stop_signal"] == "SIGTERM" and options["detach"] is True
+    assert "stop_signal" not in options and options["detach"] is True  # the image's own
+    assert options["init"] is True
+    stopped_by = runtime.create_options(replace(SPEC, stop_signal="SIGUSR2"))
+    assert stopped_by["stop_signal"] == "SIGUSR2"
     assert options["nano_cpus"] == 2_500_000_000
     assert options["mounts"] == [
         {"Target": "/work", "Source": "/data/r1", "Type": "bind", "ReadOnly": True}
@@ -203,7 +206,9 @@ async def test_podman_options_say_the_same_in_libpods_words() -> None:
     await runtime.close()
 
     assert {key: options[key] for key in COMMON} == COMMON
-    assert options["stop_signal"] == 15
+    assert "stop_signal" not in options and options["init"] is True  # the image's own
+    stopped_by = runtime.create_options(replace(SPEC, stop_signal="SIGUSR2"))
+    assert stopped_by["stop_signal"] == 12  # libpod's number
     assert (options["cpu_period"], options["cpu_quota"]) == (100_000, 250_000)
     assert options["mounts"] == [
         {"type": "bind", "source": "/data/r1", "target": "/work", "read_only": True}

@@ -31,6 +31,7 @@ from tuneplane_node.jobs import (
     Pulling,
     Started,
     StoppedView,
+    Stopping,
 )
 from tuneplane_node.jobs.nodestate import NodeState
 from tuneplane_node.runtime.base import (
@@ -63,6 +64,7 @@ STATE_KEYS = [
     "started_at",
     "finished_at",
     "oom_killed",
+    "stop_signal",  # after 0.3.15's keys: a new one
 ]
 PENDING_KEYS = [
     "pending_phase",
@@ -112,6 +114,7 @@ def test_a_container_state() -> None:
         finished_at="2026-11-29T21:22:04.305352Z",
         oom_killed=True,
         id="f" * 64,
+        stop_signal="SIGINT",
     )
     assert state_json(state) == {
         "name": "tuneplane-a",
@@ -123,6 +126,7 @@ def test_a_container_state() -> None:
         "started_at": "2026-11-29T21:21:54.33328Z",
         "finished_at": "2026-11-29T21:22:04.305352Z",
         "oom_killed": True,
+        "stop_signal": "SIGINT",
     }
 
 
@@ -137,6 +141,7 @@ def test_a_missing_container_is_exists_false_with_nulls() -> None:
         "started_at": None,
         "finished_at": None,
         "oom_killed": False,
+        "stop_signal": None,
     }
 
 
@@ -166,6 +171,7 @@ def test_a_pending_launch_reads_as_a_created_container_with_its_pull() -> None:
         "started_at": None,
         "finished_at": None,
         "oom_killed": False,
+        "stop_signal": None,  # the image's: known once it runs
         "pending_phase": "pulling",
         "pending_image": "reg/big:1",
         "pending_elapsed_s": 0.147,
@@ -188,6 +194,16 @@ def test_observe_answers_by_ref() -> None:
     assert list(answer) == ["states"]
     assert list(answer["states"]) == ["tuneplane-b", "x"]
     assert list(answer["states"]["x"]) == STATE_KEYS
+
+
+def test_a_stop_under_way_shows_its_phase_and_a_drained_job_its_reason() -> None:
+    state = ContainerState(name="tuneplane-c", exists=True, status="running", id="c" * 64)
+    warned = state_json(StoppedView(state, None, Stopping("warned", "2026-12-01T12:00:00Z")))
+    assert warned["stopping"] == {"phase": "warned", "since": "2026-12-01T12:00:00Z"}  # type: ignore[typeddict-item]
+    assert "stop_reason" not in warned
+    drained = state_json(StoppedView(state, "drain: kernel"))
+    assert drained["stop_reason"] == "drain: kernel" and "stopping" not in drained  # type: ignore[typeddict-item]
+    assert list(drained)[: len(STATE_KEYS)] == STATE_KEYS
 
 
 # --- health -------------------------------------------------------------------------------

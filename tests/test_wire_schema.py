@@ -46,7 +46,7 @@ def test_a_field_left_out_of_the_docs_or_added_to_them_by_hand_is_caught() -> No
     row = "| `container.user` | no | "
     assert row in text
     dropped = "".join(line for line in text.splitlines(True) if not line.startswith(row))
-    added = text.replace(row, "| `container.stop_signal` | no | SIGTERM. |\n" + row)
+    added = text.replace(row, "| `container.priority` | no | Higher first. |\n" + row)
     for edited in (dropped, added):
         assert API_DOCS["with_tables"](edited) == text
     unknown = text + "\n<!-- fields: PriorityBody -->\n<!-- end fields -->\n"

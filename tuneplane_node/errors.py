@@ -18,6 +18,7 @@ errors never travel past the module that imports the SDK: they are translated th
     │   ├── NoCapacity         not enough GPUs free for the job
     │   ├── NameTaken          the container name is held by another run
     │   ├── NodeCordoned       the operator took the node out of service
+    │   ├── NotRunning         a signal for a job that is not running (or still pending)
     │   └── EngineConflict     (also an EngineRefused) the engine refused: name in use
     └── EngineError            the container engine
         ├── EngineUnavailable (503)  did not answer: facts are unknown, nothing is gone
@@ -161,6 +162,15 @@ class NodeCordoned(Conflict):
         super().__init__(f"the node is {state} and takes no new launches{why}")
         self.state = state
         self.reason = reason
+
+
+class NotRunning(Conflict):
+    """A signal asked for a job that is not running: nothing was sent."""
+
+    def __init__(self, *, ref: str, job_status: str) -> None:
+        super().__init__(f"{ref} is not running ({job_status}): no signal was sent")
+        self.ref = ref
+        self.job_status = job_status
 
 
 class EngineError(NodeError):

@@ -135,6 +135,10 @@ class NodeSettings(BaseSettings):
     NET_BIND_SERVICE, MKNOD, AUDIT_WRITE and SETFCAP); ``restricted``: none at all."""
     job_no_new_privileges: bool = True
     """Start every job with no-new-privileges: a setuid binary cannot regain what was dropped."""
+    job_init: bool = True
+    """Run the engine's init (docker-init, podman's catatonit) as PID 1 of every job, so a
+    stop signal reaches the job's command (a shell entrypoint would ignore it as PID 1)
+    and the zombies of its children are reaped."""
     job_host_network: Literal["allow", "bridge", "refuse"] = "allow"
     """A launch asking for ``network: host``: ``allow`` it (0.3.15's default), run it on
     the engine's ``bridge`` network instead, or ``refuse`` it (422)."""

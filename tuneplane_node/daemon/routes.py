@@ -143,11 +143,30 @@ async def stats(request: web.Request) -> web.Response:
 
 @api("post", "/node/v1/stop", answers.OkJson, body=requests.STOP, errors=ENGINE)
 async def stop(request: web.Request) -> web.Response:
-    """Cancel a pending launch, stop the container."""
+    """Cancel a pending launch, stop the container: its warning, its stop signal, SIGKILL.
+
+    Answered once the job has ended (or been killed): after the warning's time, if it
+    asks for one, and the grace period at most."""
     body = await read_object(request)
-    ref, timeout = requests.parse_ref(body), requests.parse_grace(body)
-    with audited(request, "stop", ref=ref, timeout=timeout):
-        await request.app[JOBS].stop(ref, timeout)
+    ref, plan = requests.parse_ref(body), requests.parse_stop(body)
+    facts = {"timeout": plan.grace, "signal": plan.signal}
+    if plan.warn_signal:
+        facts |= {"warn_signal": plan.warn_signal, "warn_s": plan.warn_s}
+    with audited(request, "stop", ref=ref, **facts):
+        await request.app[JOBS].stop(ref, plan)
+    return answer(answers.OK)
+
+
+@api("post", "/node/v1/signal", answers.OkJson, body=requests.SIGNAL_BODY, errors=ENGINE)
+async def signal(request: web.Request) -> web.Response:
+    """Send a running job a signal (a checkpoint request); the job goes on.
+
+    Delivered to the job's command through its init. A job that is not running, or a
+    launch still pending, is a 409: nothing is sent."""
+    body = await read_object(request)
+    ref, sent = requests.parse_ref(body), requests.parse_sent_signal(body)
+    with audited(request, "signal", ref=ref, signal=sent):
+        await request.app[JOBS].signal(ref, sent)
     return answer(answers.OK)
 
 
@@ -215,9 +234,12 @@ async def cordon(request: web.Request) -> web.Response:
 async def drain(request: web.Request) -> web.Response:
     """Cordon, cancel pending launches and stop every job."""
     body = await read_object(request)
-    reason, grace = requests.parse_reason(body), requests.parse_drain_grace(body)
-    with audited(request, "drain", reason=reason, grace_s=grace) as outcome:
-        node = await request.app[JOBS].drain(reason, grace)
+    reason, plan = requests.parse_reason(body), requests.parse_drain_plan(body)
+    facts: dict[str, object] = {"grace_s": plan.grace}
+    if plan.warn_signal:
+        facts |= {"warn_signal": plan.warn_signal, "warn_s": plan.warn_s}
+    with audited(request, "drain", reason=reason, **facts) as outcome:
+        node = await request.app[JOBS].drain(reason, plan)
         outcome.result = node.state
     return answer(answers.node_state_json(node))
 

@@ -14,6 +14,8 @@ from tuneplane_node.jobs.results import (
     Pulling,
     Started,
     StoppedView,
+    Stopping,
+    StopPlan,
 )
 from tuneplane_node.jobs.service import JobService
 
@@ -29,7 +31,9 @@ __all__ = [
     "PendingView",
     "Pulling",
     "Started",
+    "StopPlan",
     "StoppedView",
+    "Stopping",
     "read_inventory",
     "reapable",
 ]

@@ -36,6 +36,7 @@ def confinement(settings: NodeSettings) -> Confinement:
         log_max_bytes=settings.job_log_max_bytes,
         log_max_files=settings.job_log_max_files,
         oom_score_adj=settings.job_oom_score_adj,
+        init=settings.job_init,
     )
 
 

@@ -25,6 +25,7 @@ from tuneplane_node.jobs.nodestate import (
     NodeState,
     NodeStateStore,
 )
+from tuneplane_node.jobs.results import StopPlan
 from tuneplane_node.jobs.stopper import Stopper
 from tuneplane_node.runtime.base import RUNNING, ContainerRuntime
 from tuneplane_node.settings import NodeSettings
@@ -100,13 +101,17 @@ class NodeStateKeeper:
         await self.store.save(self.node.to(READY, None, self.store.stamp()))
         return self.node
 
-    async def drain(self, reason: str | None, grace_s: float | None) -> NodeState:
-        """Cordon, then cancel every pending launch and stop every running job (SIGTERM,
-        SIGKILL after the grace period), in the background: draining, then drained."""
-        grace = self.settings.local_stop_timeout if grace_s is None else grace_s
+    async def drain(self, reason: str | None, plan: StopPlan) -> NodeState:
+        """Cordon, then cancel every pending launch and stop every running job as the
+        plan says (its warning, the job's stop signal, SIGKILL after the grace period),
+        in the background: draining, then drained."""
+        grace = self.settings.local_stop_timeout if plan.grace is None else plan.grace
         await self.close()
         draining = self.node.to(DRAINING, reason, self.store.stamp())
-        await self.store.save(replace(draining, grace_s=grace))
+        draining = replace(
+            draining, grace_s=grace, warn_signal=plan.warn_signal, warn_s=plan.warn_s
+        )
+        await self.store.save(draining)
         self._start_drain()
         return self.node
 
@@ -121,8 +126,10 @@ class NodeStateKeeper:
 
     async def _drain_node(self) -> None:
         why = f"drain: {self.node.reason or 'no reason given'}"
-        grace = self.node.grace_s if self.node.grace_s is not None else 0.0
-        while (outcome := await self._drain_once(why, grace)) is not DrainPass.DRAINED:
+        node = self.node
+        grace = node.grace_s if node.grace_s is not None else 0.0
+        plan = StopPlan(grace=grace, warn_signal=node.warn_signal, warn_s=node.warn_s)
+        while (outcome := await self._drain_once(why, plan)) is not DrainPass.DRAINED:
             await self.clock.sleep(outcome.pause_s)
         log.info("node drained%s", _because(self.node.reason))
         drained = self.node.to(DRAINED, self.node.reason, self.store.stamp())
@@ -133,7 +140,7 @@ class NodeStateKeeper:
         except NodeError as exc:
             log.error("%s", exc.message)
 
-    async def _drain_once(self, why: str, grace: float) -> DrainPass:
+    async def _drain_once(self, why: str, plan: StopPlan) -> DrainPass:
         """One pass: cancel what is pending, stop what runs."""
         try:
             for record in self.launcher.pending.records():
@@ -143,7 +150,7 @@ class NodeStateKeeper:
             if not running:
                 return DrainPass.AGAIN if len(self.launcher.pending) else DrainPass.DRAINED
             await self.store.save(self.node.stopped((s.handle for s in running), why))
-            stops = [self.stopper.stop(state.name, grace) for state in running]
+            stops = [self.stopper.stop(state.name, plan) for state in running]
             failed = [r for r in await asyncio.gather(*stops, return_exceptions=True) if r]
         except NodeError as exc:
             log.warning("drain: %s; trying again in %g s", exc.message, DRAIN_RETRY_S)

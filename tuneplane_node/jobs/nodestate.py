@@ -24,6 +24,7 @@ from tuneplane_node.clock import Clock, rfc3339
 from tuneplane_node.errors import NodeError
 from tuneplane_node.inventory import fsync_dir
 from tuneplane_node.runtime.base import ContainerState
+from tuneplane_node.signals import job_signal
 
 log = logging.getLogger(__name__)
 
@@ -36,12 +37,15 @@ MAX_FILE_BYTES = 4 * 2**20  # reasons for every container a node can hold, and t
 
 @dataclass(frozen=True)
 class NodeState:
-    """``since``: RFC 3339 UTC of the last change of ``state``; ``grace_s``: a drain's."""
+    """``since``: RFC 3339 UTC of the last change of ``state``; ``grace_s`` and the
+    warning (``warn_signal``, ``warn_s``): a drain's, which a resumed drain stops with."""
 
     state: str = READY
     reason: str | None = None
     since: str | None = None
     grace_s: float | None = None
+    warn_signal: str | None = None
+    warn_s: float | None = None
     stop_reasons: Mapping[str, str] = field(default_factory=dict)  # container id (or name) -> why
 
     @property
@@ -175,14 +179,22 @@ def _parse(raw: bytes) -> NodeState:
         isinstance(k, str) and isinstance(v, str) for k, v in reasons.items()
     ):
         raise ValueError("'stop_reasons' must map container ids to reasons")
-    grace = data.get("grace_s")
+    warn_signal = job_signal(data.get("warn_signal")) if data.get("warn_signal") else None
     return NodeState(
         state=data["state"],
         reason=_optional_str(data.get("reason")),
         since=_optional_str(data.get("since")),
-        grace_s=float(grace) if isinstance(grace, (int, float)) else None,
+        grace_s=_optional_seconds(data.get("grace_s")),
+        warn_signal=warn_signal,
+        warn_s=_optional_seconds(data.get("warn_s")) if warn_signal else None,
         stop_reasons=reasons,
     )
+
+
+def _optional_seconds(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
 
 
 def _optional_str(value: object) -> str | None:
@@ -197,5 +209,7 @@ def _unparse(state: NodeState) -> dict[str, Any]:
         "reason": state.reason,
         "since": state.since,
         "grace_s": state.grace_s,
+        "warn_signal": state.warn_signal,
+        "warn_s": state.warn_s,
         "stop_reasons": dict(state.stop_reasons),
     }

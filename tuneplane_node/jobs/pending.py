@@ -53,6 +53,7 @@ class PendingLaunch:
             requested_gpus=self.request.requested_gpus,
             progress=self.pull.progress if self.pull else PullProgress(),
             error=self.error,
+            stop_signal=self.request.spec.stop_signal,
         )
 
 

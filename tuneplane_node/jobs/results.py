@@ -29,6 +29,28 @@ class LaunchRequest:
         return self.spec.name
 
 
+@dataclass(frozen=True)
+class StopPlan:
+    """How a stop goes. With ``warn_signal``: that signal first, and up to ``warn_s`` (None:
+    as long as the grace period) for the job to end by itself. Then ``signal`` (None: the
+    job's own stop signal), then SIGKILL once ``grace`` has passed (None: the node's
+    ``TUNEPLANE_LOCAL_STOP_TIMEOUT``)."""
+
+    grace: float | None = None
+    signal: str | None = None
+    warn_signal: str | None = None
+    warn_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Stopping:
+    """A stop under way: ``warned`` (the warning signal went out) or ``signalled`` (the
+    stop signal did), since that moment (RFC 3339)."""
+
+    phase: str
+    since: str
+
+
 # --- launch -----------------------------------------------------------------------------
 
 
@@ -81,6 +103,7 @@ class PendingView:
     requested_gpus: int
     progress: PullProgress
     error: str | None
+    stop_signal: str | None = None  # the launch's; None: the image's, known once it runs
 
     @property
     def failed(self) -> bool:
@@ -94,11 +117,13 @@ class PendingView:
 
 @dataclass(frozen=True)
 class StoppedView:
-    """A container the node stopped itself (a drain), with why: the service's fact, kept
-    beside the runtime's state rather than in it, so the state stays the cache's object."""
+    """A container the node stopped itself (a drain), with why, or one a stop is under
+    way for, with its phase: the service's facts, kept beside the runtime's state rather
+    than in it, so the state stays the cache's object."""
 
     state: ContainerState
-    stop_reason: str
+    stop_reason: str | None
+    stopping: Stopping | None = None
 
     @property
     def exists(self) -> bool:

@@ -42,9 +42,10 @@ from tuneplane_node.jobs.results import (
     LaunchResult,
     NodeStatus,
     StoppedView,
+    StopPlan,
 )
 from tuneplane_node.jobs.stats import JobStats, StatsSampler
-from tuneplane_node.jobs.stopper import Stopper
+from tuneplane_node.jobs.stopper import NO_PLAN, Stopper
 from tuneplane_node.runtime.base import (
     ContainerRuntime,
     ContainerState,
@@ -93,7 +94,13 @@ class JobService:
         per-ref locks, which stay the service's."""
         runtime, settings, locks = self.runtime, self.settings, self.locks
         self.stopper = Stopper(
-            runtime, settings, own=self._own, locks=locks, launcher=self.launcher, store=self.store
+            runtime,
+            settings,
+            own=self._own,
+            locks=locks,
+            launcher=self.launcher,
+            store=self.store,
+            clock=self.clock,
         )
         self.reaper = Reaper(
             runtime,
@@ -212,8 +219,9 @@ class JobService:
         return answers
 
     def _why(self, state: ContainerState) -> ContainerState | StoppedView:
-        reason = self.store.stop_reason(state)
-        return StoppedView(state, reason) if reason else state
+        reason = self.store.stop_reason(state)  # and how far a stop under way is:
+        stopping = self.stopper.stopping.get(state.name) if state.exists else None
+        return StoppedView(state, reason, stopping) if reason or stopping else state
 
     async def logs(self, ref: str, tail: int, since: datetime | None = None) -> LogText:
         """The container's last lines, at most ``TUNEPLANE_LOGS_MAX_BYTES`` of the newest;
@@ -239,10 +247,13 @@ class JobService:
 
     # --- stop, remove, reap -------------------------------------------------------------
 
-    async def stop(self, ref: str, timeout: float | None) -> None:
-        """Cancel a pending launch at whatever stage; SIGTERM, then SIGKILL once the grace
-        period ends. A missing or foreign container: nothing to do, and no error."""
-        await self.stopper.stop(ref, timeout)
+    async def stop(self, ref: str, plan: StopPlan = NO_PLAN) -> None:
+        """Cancel a pending launch; warn, signal, SIGKILL, as the plan says (`Stopper`)."""
+        await self.stopper.stop(ref, plan)
+
+    async def signal(self, ref: str, signal: str) -> None:
+        """A signal to a running job, which goes on; not running or pending: 409."""
+        await self.stopper.signal(ref, signal)
 
     async def remove(self, ref: str) -> None:
         """Cancel a pending launch, then force-remove the container (missing: no-op)."""
@@ -272,8 +283,8 @@ class JobService:
     async def uncordon(self) -> NodeState:
         return await self.keeper.uncordon()
 
-    async def drain(self, reason: str | None, grace_s: float | None) -> NodeState:
-        return await self.keeper.drain(reason, grace_s)
+    async def drain(self, reason: str | None, plan: StopPlan = NO_PLAN) -> NodeState:
+        return await self.keeper.drain(reason, plan)
 
     # --- the node -----------------------------------------------------------------------
 

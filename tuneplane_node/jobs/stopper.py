@@ -8,14 +8,19 @@ from __future__ import annotations
 
 import logging
 
+from tuneplane_node.clock import SYSTEM_CLOCK, Clock, rfc3339
+from tuneplane_node.errors import NotRunning
 from tuneplane_node.jobs.launcher import Launcher
 from tuneplane_node.jobs.locks import RefLocks
 from tuneplane_node.jobs.nodestate import NodeStateStore
-from tuneplane_node.jobs.results import Own
+from tuneplane_node.jobs.results import Own, Stopping, StopPlan
 from tuneplane_node.runtime.base import RUNNING, ContainerRuntime, ContainerState
 from tuneplane_node.settings import NodeSettings
+from tuneplane_node.signals import DEFAULT_STOP_SIGNAL
 
 log = logging.getLogger(__name__)
+NO_PLAN = StopPlan()
+WARNED, SIGNALLED = "warned", "signalled"
 
 
 class Stopper:
@@ -30,40 +35,90 @@ class Stopper:
         locks: RefLocks,
         launcher: Launcher,
         store: NodeStateStore,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.runtime = runtime
+        self.clock = clock
+        self.stopping: dict[str, Stopping] = {}  # the stops under way, by ref
         self.settings = settings
         self.own = own
         self.locks = locks
         self.launcher = launcher
         self.store = store
 
-    async def stop(self, ref: str, timeout: float | None) -> None:
-        """Cancel a pending launch at whatever stage; SIGTERM, then SIGKILL once the grace
-        period ends.
+    async def stop(self, ref: str, plan: StopPlan = NO_PLAN) -> None:
+        """Cancel a pending launch at whatever stage; then, for a running job, the plan's
+        warning signal and the time it gives the job to end by itself, its stop signal,
+        and SIGKILL once the grace period ends.
 
-        The grace period is waited on the loop, holding neither an engine thread nor the
-        ref's lock: a remove meanwhile kills the job at once, and 50 stops of jobs that
-        ignore SIGTERM leave every thread to the other verbs.
+        Every wait is on the loop, holding neither an engine thread nor the ref's lock: a
+        remove meanwhile kills the job at once, and 50 stops of jobs that ignore their
+        signals leave every thread to the other verbs. Each signal after the first goes
+        only to the container the stop began with, and only while it runs.
         """
-        grace = self.settings.local_stop_timeout if timeout is None else timeout
+        grace = self.settings.local_stop_timeout if plan.grace is None else plan.grace
         async with self.locks.hold(ref):
             await self.launcher.cancel(ref)
+            seen = await self.own(ref)
+            if seen.status not in RUNNING:
+                return
+            stop_signal = plan.signal or await self._stop_signal_of(seen)
+            first = plan.warn_signal or stop_signal
+            await self.runtime.kill(seen.handle, first)
+        mark = self._mark(ref, WARNED if plan.warn_signal else SIGNALLED)
+        try:
+            if plan.warn_signal:
+                warn_s = grace if plan.warn_s is None else plan.warn_s
+                log.info("stopping %s: %s, %s after %g s", ref, first, stop_signal, warn_s)
+                if await self.runtime.wait_exited(ref, warn_s):
+                    return
+                if not await self._signal(ref, seen, stop_signal):
+                    return
+                mark = self._mark(ref, SIGNALLED)
+            log.info("stopping %s: %s, SIGKILL after %g s", ref, stop_signal, grace)
+            if not await self.runtime.wait_exited(ref, grace):
+                await self._kill(ref, seen=seen, grace=grace)
+        finally:
+            if self.stopping.get(ref) is mark:
+                del self.stopping[ref]
+
+    async def signal(self, ref: str, signal: str) -> None:
+        """Send a running job a signal, the job going on (a checkpoint request): a pending
+        launch, or a job that is not running, is a `NotRunning` (409)."""
+        async with self.locks.hold(ref):
+            record = self.launcher.pending.get(ref)
+            if record is not None:
+                raise NotRunning(ref=ref, job_status=f"a pending launch ({record.phase})")
             state = await self.own(ref)
             if state.status not in RUNNING:
-                return
-            await self.runtime.kill(state.handle, "SIGTERM")
-        log.info("stopping %s: SIGTERM, SIGKILL after %g s", ref, grace)
-        if not await self.runtime.wait_exited(ref, grace):
-            await self._kill(ref, seen=state, grace=grace)
+                raise NotRunning(ref=ref, job_status=state.status if state.exists else "missing")
+            await self.runtime.kill(state.handle, signal)
+        log.info("signalled %s: %s", ref, signal)
 
-    async def _kill(self, ref: str, *, seen: ContainerState, grace: float) -> None:
+    async def _stop_signal_of(self, state: ContainerState) -> str:
+        """The job's stop signal; a state from the engine's list does not carry it."""
+        if state.stop_signal is None:
+            state = await self.runtime.inspect_fresh(state.name)
+        return state.stop_signal or DEFAULT_STOP_SIGNAL
+
+    def _mark(self, ref: str, phase: str) -> Stopping:
+        mark = Stopping(phase, rfc3339(self.clock.now()))
+        self.stopping[ref] = mark
+        return mark
+
+    async def _signal(self, ref: str, seen: ContainerState, signal: str) -> bool:
+        """The signal to the container the stop began with, if it still runs."""
         async with self.locks.hold(ref):
             now = await self.own(ref)
             if now.id != seen.id or now.status not in RUNNING:
-                return  # gone, or relaunched meanwhile: not the job this stop was for
-            log.info("stopping %s: still running after %g s, SIGKILL", ref, grace)
-            await self.runtime.kill(now.handle, "SIGKILL")
+                return False  # gone, or relaunched meanwhile: not the job this stop was for
+            await self.runtime.kill(now.handle, signal)
+            return True
+
+    async def _kill(self, ref: str, *, seen: ContainerState, grace: float) -> None:
+        if not await self._signal(ref, seen, "SIGKILL"):
+            return
+        log.info("stopping %s: still running after %g s, SIGKILL", ref, grace)
         if not await self.runtime.wait_exited(ref, self.settings.local_api_timeout):
             log.warning("stopping %s: still running after SIGKILL", ref)
 

@@ -118,6 +118,7 @@ class Confinement:
     log_max_bytes: int = 10 * 2**20
     log_max_files: int = 5
     oom_score_adj: int = 500
+    init: bool = True  # the engine's init as PID 1: signals reach the command, zombies reaped
 
     @property
     def dropped(self) -> tuple[str, ...]:
@@ -152,6 +153,7 @@ class ContainerSpec:
     memory_limit: str | None = None
     network: str = "host"
     user: str | None = None
+    stop_signal: str | None = None  # None: the image's STOPSIGNAL, else SIGTERM
     confinement: Confinement = field(default_factory=Confinement)
 
 
@@ -175,6 +177,7 @@ class ContainerState:
     finished_at: str | None = None
     oom_killed: bool = False
     id: str | None = None
+    stop_signal: str | None = None  # what a stop sends first; None: not known (a list entry)
 
     @classmethod
     def missing(cls, name: str) -> ContainerState:
@@ -355,9 +358,10 @@ class ContainerRuntime(Protocol):
         deadline of any call; waiting for lines has none (the job may be quiet)."""
 
     async def kill(self, ref: str, signal: str) -> None:
-        """Send ``signal`` (``SIGTERM``, ``SIGKILL``) to the container's processes.
-        Missing, or not running: nothing to do. Returns at once: the job's exit arrives
-        later (`wait_exited`)."""
+        """Send ``signal`` (SIGKILL or a name of `signals.JOB_SIGNALS`) to the container:
+        through its init to the job's command on an engine, to the whole process group on
+        the process runtime. Missing, or not running: nothing to do. Returns at once: the
+        job's exit arrives later (`wait_exited`)."""
 
     async def wait_exited(self, name: str, timeout: float) -> bool:
         """Wait at most ``timeout`` seconds until the container (by exact name) runs no

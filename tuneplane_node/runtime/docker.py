@@ -60,6 +60,8 @@ def _bounds(confinement: Confinement) -> dict[str, Any]:
     }
     if confinement.no_new_privileges:
         options["security_opt"] = ["no-new-privileges"]
+    if confinement.init:  # docker-init (tini) as PID 1: it passes signals on, reaps zombies
+        options["init"] = True
     return options
 
 
@@ -84,7 +86,8 @@ class DockerRuntime(EngineRuntime, errors=ERRORS):
 
     def _engine_options(self, spec: ContainerSpec) -> dict[str, Any]:
         options: dict[str, Any] = {}
-        options["stop_signal"] = "SIGTERM"
+        if spec.stop_signal:  # else the image's STOPSIGNAL, else SIGTERM: docker's own rule
+            options["stop_signal"] = spec.stop_signal
         options["detach"] = True
         options.update(_bounds(spec.confinement))
         options["mounts"] = [

@@ -23,6 +23,7 @@ from tuneplane_node.runtime.base import (
     PullProgress,
     Usage,
 )
+from tuneplane_node.signals import engine_stop_signal
 
 LIBPOD_STATUSES = {"configured": "created", "initialized": "created", "stopped": "exited"}
 """libpod's own words for the states docker calls created and exited."""
@@ -48,6 +49,7 @@ def state_from_inspect(data: Mapping[str, Any]) -> ContainerState:
         finished_at=normalise(state.get("FinishedAt")),
         oom_killed=bool(state.get("OOMKilled")),
         id=data.get("Id"),
+        stop_signal=engine_stop_signal(config.get("StopSignal")),
     )
 
 

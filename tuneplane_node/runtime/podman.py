@@ -12,7 +12,6 @@ import functools
 import json
 import logging
 import math
-import signal
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
@@ -34,6 +33,7 @@ from tuneplane_node.runtime.base import (
 from tuneplane_node.runtime.engine import OURS_FILTER, EngineRuntime, ErrorTable, Events
 from tuneplane_node.runtime.pulling import close_http_stream
 from tuneplane_node.settings import NodeSettings
+from tuneplane_node.signals import JOB_SIGNALS
 
 log = logging.getLogger(__name__)
 ENGINE = "podman"
@@ -70,7 +70,8 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
 
     def _engine_options(self, spec: ContainerSpec) -> dict[str, Any]:
         options: dict[str, Any] = {}
-        options["stop_signal"] = int(signal.SIGTERM)  # libpod wants the number
+        if spec.stop_signal:  # else the image's STOPSIGNAL, else SIGTERM: libpod's own rule
+            options["stop_signal"] = JOB_SIGNALS[spec.stop_signal]  # libpod wants the number
         options.update(self._bounds(spec.confinement))
         options["mounts"] = [
             {"type": "bind", "source": m.host, "target": m.container, "read_only": m.read_only}
@@ -95,6 +96,8 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
             "log_config": {"Type": "k8s-file", "Config": {"size": confinement.log_budget}},
             "no_new_privileges": confinement.no_new_privileges,
         }
+        if confinement.init:  # catatonit as PID 1: it passes signals on, reaps zombies
+            options["init"] = True
         if self.seccomp_profile is not None:
             options["seccomp_profile_path"] = str(self.seccomp_profile)
         return options

@@ -63,6 +63,7 @@ from tuneplane_node.runtime.processgroups import (
 from tuneplane_node.runtime.processgroups import JOB_DIR_ENV as JOB_DIR_ENV
 from tuneplane_node.runtime.processlogs import read_at, tail, tail_at
 from tuneplane_node.settings import NodeSettings
+from tuneplane_node.signals import JOB_SIGNALS
 from tuneplane_node.telemetry import NO_TELEMETRY, Telemetry
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ _POLL_S = 0.02
 _DRAIN_S = 1.0
 _FOLLOW_POLL_S = 0.2
 """How often a followed log looks for new lines: a read of the file, no thread held."""
-_SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGKILL": signal.SIGKILL, "SIGINT": signal.SIGINT}
+_SIGNALS = {**JOB_SIGNALS, "SIGKILL": int(signal.SIGKILL)}
 
 
 class ProcessRuntime:
@@ -286,6 +287,7 @@ class ProcessRuntime:
             status="created",
             labels=job.labels,
             created_at=job.created_at,
+            stop_signal=job.stop_signal,
         )
         if job.main is None:
             return state  # never started (or the daemon died while starting it)

@@ -31,6 +31,7 @@ from tuneplane_node.clock import rfc3339
 from tuneplane_node.errors import EngineRefused, EngineUnavailable
 from tuneplane_node.runtime.base import EXIT_SIGKILL, ContainerSpec, job_labels
 from tuneplane_node.runtime.processgroups import Proc
+from tuneplane_node.signals import DEFAULT_STOP_SIGNAL
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ class Job:
     id: str
     created_at: str | None
     labels: dict[str, str]
+    stop_signal: str = DEFAULT_STOP_SIGNAL  # no image, so no STOPSIGNAL: the spec's or this
     started_at: str | None = None
     main: Proc | None = None
     stamper: Proc | None = None
@@ -76,8 +78,10 @@ class JobFiles:
                 record = json.loads((job_dir / SPEC_FILE).read_text())
             except FileNotFoundError:
                 return None
-            labels = {str(k): str(v) for k, v in record["spec"].get("labels", {}).items()}
-            job = Job(name, job_dir, str(record["id"]), record.get("created_at"), labels)
+            spec = record["spec"]
+            labels = {str(k): str(v) for k, v in spec.get("labels", {}).items()}
+            stop = str(spec.get("stop_signal") or DEFAULT_STOP_SIGNAL)
+            job = Job(name, job_dir, str(record["id"]), record.get("created_at"), labels, stop)
             with contextlib.suppress(FileNotFoundError):
                 started = json.loads((job_dir / PROC_FILE).read_text())
                 job = dataclasses.replace(

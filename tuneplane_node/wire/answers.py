@@ -43,10 +43,17 @@ class StateJson(TypedDict):
     started_at: str | None
     finished_at: str | None
     oom_killed: bool
+    stop_signal: str | None
 
 
-class StoppedStateJson(StateJson):
+class StoppingJson(TypedDict):
+    phase: str
+    since: str
+
+
+class StoppedStateJson(StateJson, total=False):
     stop_reason: str
+    stopping: StoppingJson
 
 
 class PendingStateJson(StateJson):
@@ -63,7 +70,8 @@ class PendingStateJson(StateJson):
 
 def state_json(view: JobView) -> StateJson:
     """One shape for a container and a pending launch (which adds its ``pending_*``);
-    a container the node stopped itself (a drain) adds its ``stop_reason``."""
+    a container the node stopped itself (a drain) adds its ``stop_reason``, one a stop is
+    under way for its ``stopping``."""
     if isinstance(view, PendingView):
         return _pending_json(view)
     if isinstance(view, StoppedView):
@@ -72,7 +80,12 @@ def state_json(view: JobView) -> StateJson:
 
 
 def _stopped_json(view: StoppedView) -> StoppedStateJson:
-    return {**_container_json(view.state), "stop_reason": view.stop_reason}
+    shown: StoppedStateJson = {**_container_json(view.state)}  # type: ignore[typeddict-item]
+    if view.stop_reason:
+        shown["stop_reason"] = view.stop_reason
+    if view.stopping:
+        shown["stopping"] = {"phase": view.stopping.phase, "since": view.stopping.since}
+    return shown
 
 
 def _container_json(view: ContainerState) -> StateJson:
@@ -86,6 +99,7 @@ def _container_json(view: ContainerState) -> StateJson:
         "started_at": view.started_at,
         "finished_at": view.finished_at,
         "oom_killed": view.oom_killed,
+        "stop_signal": view.stop_signal if view.exists else None,
     }
 
 
@@ -102,6 +116,7 @@ def _pending_json(view: PendingView) -> PendingStateJson:
         "started_at": None,
         "finished_at": None,
         "oom_killed": False,
+        "stop_signal": view.stop_signal,
         "pending_phase": view.phase,
         "pending_image": view.image,
         "pending_elapsed_s": view.elapsed_s,
@@ -141,7 +156,7 @@ class EncodedStates:
 
     def __init__(self, limit: int = 4096) -> None:
         self.limit = limit
-        self._memo: dict[int, tuple[ContainerState, str | None, bytes]] = {}
+        self._memo: dict[int, tuple[ContainerState, object, bytes]] = {}
 
     def entry(self, ref: str, view: JobView) -> bytes:
         state, reason = _behind(view)
@@ -159,11 +174,11 @@ class EncodedStates:
         return data
 
 
-def _behind(view: JobView) -> tuple[ContainerState | PendingView, str | None]:
-    """The state behind a view (the cache's object for a container), and the stop reason
-    the service paired with it."""
+def _behind(view: JobView) -> tuple[ContainerState | PendingView, object]:
+    """The state behind a view (the cache's object for a container), and the facts the
+    service paired with it (the stop reason, the stop under way)."""
     if isinstance(view, StoppedView):
-        return view.state, view.stop_reason
+        return view.state, (view.stop_reason, view.stopping)
     return view, None
 
 

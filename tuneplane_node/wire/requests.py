@@ -30,7 +30,7 @@ from typing import Any
 
 from tuneplane_node.clock import parse_rfc3339
 from tuneplane_node.errors import InvalidField
-from tuneplane_node.jobs.results import LaunchRequest
+from tuneplane_node.jobs.results import LaunchRequest, StopPlan
 from tuneplane_node.runtime.base import (
     LABEL_RUN_ID,
     NODE_LABELS,
@@ -38,6 +38,7 @@ from tuneplane_node.runtime.base import (
     Mount,
     container_name,
 )
+from tuneplane_node.signals import JOB_SIGNALS
 from tuneplane_node.sizes import MAX_SIZE, SIZE, size_in_bytes
 from tuneplane_node.wire.fields import (
     EMPTY,
@@ -381,6 +382,32 @@ def _user(given: Given) -> str | None:
     return user or None
 
 
+def _stop_signal(given: Given) -> str | None:
+    return parse_signal(given.body, given.field)
+
+
+SIGNAL: Schema = {"anyOf": [{"enum": list(JOB_SIGNALS)}, {"enum": list(JOB_SIGNALS.values())}]}
+SIGNALS_DOC = (
+    f"{', '.join(f'`{name}`' for name in JOB_SIGNALS)}, by name or number; SIGKILL and "
+    "SIGSTOP cannot be asked for (a job cannot catch either)"
+)
+
+
+def parse_signal(body: Mapping[str, Any], field: str) -> str | None:
+    """A signal of `JOB_SIGNALS` by its name or number, as its name; ``""`` or absent:
+    None."""
+    value = body.get(_key(field))
+    if value is None or value == "":
+        return None
+    if _is_int(value):
+        name = next((n for n, number in JOB_SIGNALS.items() if number == value), None)
+    else:
+        name = value if isinstance(value, str) and value in JOB_SIGNALS else None
+    if name is None:
+        raise InvalidField(field, f"must be one of {SIGNALS_DOC}")
+    return name
+
+
 CONTAINER = Body(
     "Container",
     closed=True,
@@ -512,6 +539,13 @@ CONTAINER = Body(
             "User as `name` or `uid`, with `:group` or `:gid`.",
             read=_user,
         ),
+        Field(
+            "stop_signal",
+            or_empty(*SIGNAL["anyOf"]),
+            f"The signal a stop sends first: {SIGNALS_DOC}. None: the image's `STOPSIGNAL`, "
+            "else `SIGTERM`. Observe's `stop_signal` says which one the job has.",
+            read=_stop_signal,
+        ),
     ),
 )
 LAUNCH = Body(
@@ -604,6 +638,32 @@ def parse_max_age(body: Mapping[str, Any]) -> float | None:
     return parse_seconds(body, "max_age_s", most=MAX_AGE_S)
 
 
+def parse_stop(body: Mapping[str, Any]) -> StopPlan:
+    """A stop's ``timeout``, ``signal`` and warning (``warn_signal``, ``warn_s``)."""
+    return StopPlan(grace=parse_grace(body), signal=parse_signal(body, "signal"), **_warning(body))
+
+
+def parse_drain_plan(body: Mapping[str, Any]) -> StopPlan:
+    """How a drain stops every job: its ``grace_s`` and warning."""
+    return StopPlan(grace=parse_drain_grace(body), **_warning(body))
+
+
+def parse_sent_signal(body: Mapping[str, Any]) -> str:
+    """The signal verb's ``signal``, which it needs."""
+    name = parse_signal(body, "signal")
+    if name is None:
+        raise InvalidField("signal", f"required: {SIGNALS_DOC}")
+    return name
+
+
+def _warning(body: Mapping[str, Any]) -> dict[str, Any]:
+    warn_signal = parse_signal(body, "warn_signal")
+    warn_s = parse_seconds(body, "warn_s", most=MAX_GRACE_S)
+    if warn_s is not None and warn_signal is None:
+        raise InvalidField("warn_s", "needs warn_signal: the signal to warn the job with")
+    return {"warn_signal": warn_signal, "warn_s": warn_s}
+
+
 def parse_since(value: str | None) -> datetime | None:
     """``since``: an RFC 3339 time, or seconds since the epoch; none: the whole log."""
     if value is None or value == "":
@@ -645,7 +705,7 @@ def _seconds(name: str, *, most: float, doc: str) -> Field:
 
 def _grace(name: str, *, jobs: str) -> Field:
     """A stop's grace period, ``name``, for ``jobs``."""
-    doc = f"Seconds from SIGTERM to SIGKILL for {jobs}, {{bounds}}; default "
+    doc = f"Seconds from the stop signal to SIGKILL for {jobs}, {{bounds}}; default "
     doc += "`TUNEPLANE_LOCAL_STOP_TIMEOUT`. Engines take whole seconds: it is rounded up."
     return _seconds(name, most=MAX_GRACE_S, doc=doc)
 
@@ -669,11 +729,39 @@ STATS = Body(
     "StatsBody", (Field("refs", REFS_LIST, f"{REFS_DOC} Absent: every running job of the node."),)
 )
 REF_BODY = Body("RefBody", (REF_FIELD,))
+WARNING = (
+    Field(
+        "warn_signal",
+        or_null(SIGNAL),
+        f"A signal sent before the stop signal, for the job to checkpoint and end by "
+        f"itself: {SIGNALS_DOC}. Absent: no warning.",
+    ),
+    _seconds(
+        "warn_s",
+        most=MAX_GRACE_S,
+        doc="Seconds from `warn_signal` to the stop signal, {bounds}, if the job has not "
+        "ended by then; default: as long as the grace period. Needs `warn_signal`.",
+    ),
+)
 STOP = Body(
     "StopBody",
     (
         REF_FIELD,
         _grace("timeout", jobs="the job"),
+        Field(
+            "signal",
+            or_null(SIGNAL),
+            f"The stop signal for this stop: {SIGNALS_DOC}. Absent: the job's own "
+            "(`container.stop_signal`, else the image's `STOPSIGNAL`, else `SIGTERM`).",
+        ),
+        *WARNING,
+    ),
+)
+SIGNAL_BODY = Body(
+    "SignalBody",
+    (
+        REF_FIELD,
+        Field("signal", SIGNAL, f"The signal: {SIGNALS_DOC}.", required=True),
     ),
 )
 REAP = Body(
@@ -699,6 +787,7 @@ DRAIN = Body(
     (
         REASON,
         _grace("grace_s", jobs="every job"),
+        *WARNING,
     ),
 )
 UNCORDON = Body("UncordonBody", (), doc="Nothing is read from it.")

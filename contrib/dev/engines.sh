@@ -43,6 +43,7 @@ install_packages() {
     command -v podman >/dev/null || missing+=(podman)
     command -v docker-registry >/dev/null || missing+=(docker-registry)
     [[ -x /bin/busybox ]] || missing+=(busybox-static)
+    command -v catatonit >/dev/null || missing+=(catatonit) # podman's init for every job
     command -v curl >/dev/null || missing+=(curl)
     command -v openssl >/dev/null || missing+=(openssl)
     command -v systemd-analyze >/dev/null || missing+=(systemd)     # verifies the unit

@@ -1,0 +1,231 @@
+"""Stops a training job can checkpoint in, on the real engines through the API: the
+image's STOPSIGNAL and the launch's own, a signal without a stop, a warning before the
+stop, the init that lets a shell entrypoint hear SIGTERM and reaps its zombies."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import MakeNode
+from tests.helpers import IMAGE, Console, engine_settings, unique
+from tuneplane_node.runtime.docker import DockerRuntime
+from tuneplane_node.runtime.podman import PodmanRuntime
+
+pytestmark = pytest.mark.engine
+ENGINES = ["docker", "podman"]
+READY = "ready-for-signals"
+
+
+def trapping(*traps: str, then: str = "while true; do sleep 0.1; done") -> list[str]:
+    """A shell job that traps these (``'echo got INT; exit 2' INT``), says it is ready,
+    then runs on: a trap runs once the short sleep in hand ends."""
+    script = "; ".join(f"trap {trap}" for trap in traps)
+    return ["/bin/sh", "-c", f"{script}; echo {READY}; {then}"]
+
+
+async def ready(node: Console, ref: str) -> None:
+    deadline = time.monotonic() + 30
+    while READY not in await node.logs(ref):
+        assert time.monotonic() < deadline, await node.state(ref)
+        await asyncio.sleep(0.05)
+
+
+def sdk(engine: str) -> DockerRuntime | PodmanRuntime:
+    settings = engine_settings(engine)
+    return DockerRuntime(settings) if engine == "docker" else PodmanRuntime(settings)
+
+
+@pytest.fixture
+async def stopsignal_image(request: pytest.FixtureRequest) -> AsyncIterator[Callable[[str], str]]:
+    """``image(engine)``: the test image with ``STOPSIGNAL SIGINT``, made on that engine
+    for this test (a commit of a container of the test image) and removed after it."""
+    made: list[tuple[DockerRuntime | PodmanRuntime, str]] = []
+
+    def image(engine: str) -> str:
+        runtime = sdk(engine)
+        name = f"tuneplane-test/stopsignal-{unique('img')}"
+        container: Any
+        if isinstance(runtime, DockerRuntime):
+            container = runtime.client.containers.create(IMAGE, ["true"])
+            committed = container.commit(name, "1", conf={"StopSignal": "SIGINT"})
+        else:
+            container = runtime.client.containers.create(f"localhost/{IMAGE}", ["true"])
+            committed = container.commit(repository=name, tag="1", changes=["STOPSIGNAL SIGINT"])
+        container.remove()
+        made.append((runtime, str(committed.id)))
+        return f"{name}:1"
+
+    yield image
+    for runtime, image_id in made:
+        with contextlib.suppress(Exception):
+            runtime.client.images.remove(image_id, force=True)
+        await runtime.close()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_the_images_stopsignal_stops_it_unasked_and_the_launchs_own_overrides_it(
+    make_node: MakeNode, engine: str, stopsignal_image: Callable[[str], str]
+) -> None:
+    node = await make_node(engine)
+    image = stopsignal_image(engine)
+    job = trapping("'echo got INT; exit 2' INT", "'echo got USR2; exit 12' USR2",
+                   "'echo got TERM; exit 15' TERM")  # fmt: skip
+    by_image, _ = await node.launch(job, image=image)
+    by_launch, _ = await node.launch(job, image=image, stop_signal="SIGUSR2")
+    assert (await node.state(by_image))["stop_signal"] == "SIGINT"
+    assert (await node.state(by_launch))["stop_signal"] == "SIGUSR2"
+    for ref in (by_image, by_launch):
+        await ready(node, ref)
+        await node.stop(ref, timeout=20)
+    assert (await node.state(by_image))["exit_code"] == 2
+    assert "got INT" in await node.logs(by_image)
+    assert (await node.state(by_launch))["exit_code"] == 12
+    assert "got USR2" in await node.logs(by_launch)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_a_signal_reaches_a_job_that_traps_it_and_it_runs_on(
+    make_node: MakeNode, engine: str
+) -> None:
+    node = await make_node(engine)
+    ref, _ = await node.launch(trapping("'echo checkpoint requested' USR1"))
+    await ready(node, ref)
+    assert await node.signal(ref, "SIGUSR1") == (200, {"ok": True})
+    deadline = time.monotonic() + 10
+    while "checkpoint requested" not in await node.logs(ref):
+        assert time.monotonic() < deadline, await node.logs(ref)
+        await asyncio.sleep(0.05)
+    assert (await node.state(ref))["status"] == "running"
+    await node.remove(ref)
+    status, answer = await node.signal(ref, "SIGUSR1")
+    assert status == 409 and "not running" in answer["detail"]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_a_warned_job_that_checkpoints_and_exits_ends_with_its_own_code(
+    make_node: MakeNode, engine: str, tmp_path: Path
+) -> None:
+    """The job writes its checkpoint to a mount on SIGUSR1 and exits 0: no SIGTERM."""
+    node = await make_node(engine)
+    save = "'echo saving > /ckpt/step; echo saved; exit 0' USR1"
+    ref, _ = await node.launch(
+        trapping(save, "'echo got TERM; exit 15' TERM"), mounts=[[str(tmp_path), "/ckpt"]]
+    )
+    await ready(node, ref)
+    started = time.monotonic()
+    await node.stop(ref, timeout=10, warn_signal="SIGUSR1", warn_s=10)
+    assert time.monotonic() - started < 5  # it ended by itself: no wait for warn_s
+    state = await node.state(ref)
+    assert (state["status"], state["exit_code"]) == ("exited", 0)
+    log = await node.logs(ref)
+    assert "saved" in log and "got TERM" not in log
+    assert (tmp_path / "step").read_text() == "saving\n"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_a_shell_job_ends_by_sigterm_at_once_with_the_init_and_is_killed_without(
+    make_node: MakeNode, engine: str
+) -> None:
+    """``sh -c "sleep 300"``: as PID 1 the shell has no SIGTERM handler and ignores it,
+    so without the init the job dies by SIGKILL once the grace period ends (3 s here,
+    20 s in the issue: the same path), with it by SIGTERM at once."""
+    shell = ["/bin/sh", "-c", "sleep 300"]
+    with_init = await make_node(engine)
+    ref, _ = await with_init.launch(shell)
+    started = time.monotonic()
+    await with_init.stop(ref, timeout=20)
+    assert time.monotonic() - started < 2
+    assert (await with_init.state(ref))["exit_code"] == 143
+
+    without = await make_node(engine, job_init=False)
+    ref, _ = await without.launch(shell)
+    await asyncio.sleep(0.5)  # the shell is up, its sleep started
+    started = time.monotonic()
+    await without.stop(ref, timeout=3)
+    assert time.monotonic() - started >= 3
+    assert (await without.state(ref))["exit_code"] == 137
+
+
+def zombies_of(pid: int) -> int:
+    """Zombie processes whose parent is ``pid`` (on this machine: the job's PID 1)."""
+    count = 0
+    for status in Path("/proc").glob("[0-9]*/status"):
+        with contextlib.suppress(OSError):
+            fields = dict(
+                line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line
+            )
+            count += fields.get("PPid") == str(pid) and fields.get("State", "").startswith("Z")
+    return count
+
+
+async def main_pid(engine: str, ref: str) -> int:
+    """The host pid of the job's PID 1, from the engine's inspect."""
+    runtime = sdk(engine)
+    try:
+        document = await runtime.pool.call(runtime._document, ref)
+        return int(document["State"]["Pid"])
+    finally:
+        await runtime.close()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_the_children_a_job_leaves_are_reaped_by_its_init(
+    make_node: MakeNode, engine: str
+) -> None:
+    """Five orphans whose parent exits at once; the job's command then becomes a
+    ``sleep``, which never waits for anyone. Without the init the orphans stay zombies
+    of that PID 1; with it, the init reaps them."""
+    orphans = ["/bin/sh", "-c", 'for i in 1 2 3 4 5; do sh -c "sleep 0.1 &"; done; exec sleep 300']
+    seen: dict[bool, int] = {}
+    for init in (True, False):
+        node = await make_node(engine, job_init=init)
+        ref, _ = await node.launch(orphans)
+        await asyncio.sleep(1.5)  # the orphans have ended
+        seen[init] = zombies_of(await main_pid(engine, ref))
+        await node.remove(ref)
+    assert seen == {True: 0, False: 5}
+
+
+async def test_fifty_stops_in_their_warning_phase_hold_no_thread_and_health_stays_fast(
+    make_node: MakeNode,
+) -> None:
+    """50 jobs that trap the warning and ignore SIGTERM, stopped with a 20 s warning
+    phase: while they wait, health answers in milliseconds and a launch of another run
+    runs within 2 s of its normal time, on 8 engine threads."""
+    node = await make_node(runtime_threads=8)
+    job = trapping("'echo warned' USR1", "'' TERM")
+    refs: list[str] = []
+    for _ in range(5):
+        launched = await asyncio.gather(*(node.launch(job) for _ in range(10)))
+        refs += [ref for ref, _ in launched]
+    await asyncio.gather(*(ready(node, ref) for ref in refs))
+    started = time.monotonic()
+    await node.launch()
+    normal = time.monotonic() - started
+
+    plan: dict[str, Any] = {"warn_signal": "SIGUSR1", "warn_s": 20}
+    stops = [asyncio.create_task(node.stop(ref, timeout=600, **plan)) for ref in refs]
+    await asyncio.sleep(1)  # every warning is out; the 50 stops wait out warn_s
+    assert {(await node.state(ref))["stopping"]["phase"] for ref in refs} == {"warned"}
+    took = []
+    for _ in range(10):
+        started = time.monotonic()
+        await node.health()
+        took.append(time.monotonic() - started)
+    started = time.monotonic()
+    _, answer = await node.launch()
+    loaded = time.monotonic() - started
+
+    assert answer["phase"] == "running"
+    assert loaded < normal + 2, (normal, loaded)
+    assert sorted(took)[5] < 0.1, took  # the median health call: milliseconds
+    assert not any(stop.done() for stop in stops)
+    await asyncio.gather(*(node.remove(ref) for ref in refs))
+    assert await asyncio.wait_for(asyncio.gather(*stops), 30) == [{"ok": True}] * 50

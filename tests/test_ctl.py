@@ -413,6 +413,29 @@ def test_drain_answers_the_node_state_and_health_shows_it(ctl: Ctl, process_node
     )
 
 
+@pytest.mark.slow
+def test_signal_and_a_warned_stop_reach_a_job(ctl: Ctl, process_node: Node, tmp_path: Path) -> None:
+    """`ctl signal REF usr1` and `ctl stop REF --warn-signal USR1 --warn 10`, against a
+    process job that notes the signal, then checkpoints and exits 0 on the second."""
+    url, run_id = process_node.url, unique("ctl")
+    marker = tmp_path / "signals"
+    script = f"n=0; trap 'n=$((n+1)); echo usr1 >> {marker}; [ $n -ge 2 ] && exit 0' USR1; "
+    script += "while true; do sleep 0.1; done"
+    code, _, err = ctl("launch", "--run-id", run_id, "--image", "none", "--stop-signal",
+                       "SIGUSR2", "--", "/bin/sh", "-c", script, url=url)  # fmt: skip
+    assert code == 0, err
+    ref = commands.default_name(run_id)
+    time.sleep(0.3)  # the shell has set its trap
+    code, out, _ = ctl("signal", ref, "usr1", url=url)
+    assert (code, out.strip()) == (0, f"sent SIGUSR1 to {ref}")
+    assert ctl("signal", ref, "SIGKILL", url=url)[0] == 2  # a usage error: never sent
+    code, _, _ = ctl("stop", ref, "--warn-signal", "USR1", "--warn", "10", url=url)
+    assert code == 0
+    state = json.loads(ctl("observe", ref, "--json", url=url)[1])["states"][ref]
+    assert (state["exit_code"], state["stop_signal"]) == (0, "SIGUSR2")
+    assert marker.read_text() == "usr1\nusr1\n"
+
+
 # --- on the Docker engine -----------------------------------------------------------------
 
 VOLATILE = {"state_cache", "disk"}  # ages and free space move between two calls

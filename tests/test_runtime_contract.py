@@ -110,7 +110,8 @@ class Subject:
         """A job that exits ``exit_code`` on SIGTERM, or (None) ignores it; returned once
         its handler is in place."""
         action = "''" if exit_code is None else f"'exit {exit_code}'"
-        script = f"trap {action} TERM; echo {READY}; while true; do sleep 0.1; done"
+        script = f"trap {action} TERM; trap 'echo got-usr1' USR1; echo {READY}; "
+        script += "while true; do sleep 0.1; done"
         spec = await self.started(["/bin/sh", "-c", script])
         if self.fake is not None:
             container = self.fake.containers[spec.name]
@@ -296,6 +297,22 @@ async def test_sigterm_reaches_the_job_and_its_exit_is_awaited(subject: Subject)
     assert await subject.runtime.wait_exited(spec.name, 10)
     state = await subject.runtime.inspect(spec.name)
     assert (state.status, state.exit_code) == ("exited", 42)
+
+
+async def test_a_trapped_signal_reaches_the_job_which_runs_on(subject: Subject) -> None:
+    """SIGUSR1, as a checkpoint request: the job's handler runs and the job goes on (on
+    the process runtime the whole group gets it, the wrapper that records the exit code
+    included, which must outlive it)."""
+    spec = await subject.handling_sigterm(exit_code=42)
+    if subject.fake is not None:
+        subject.fake.containers[spec.name].handlers["SIGUSR1"] = None
+    await subject.runtime.kill(spec.name, "SIGUSR1")
+    assert not await subject.runtime.wait_exited(spec.name, 0.3)
+    if subject.fake is None:
+        assert "got-usr1" in await log_text(subject.runtime, spec.name)
+    await subject.runtime.kill(spec.name, "SIGTERM")
+    assert await subject.runtime.wait_exited(spec.name, 10)
+    assert (await subject.runtime.inspect(spec.name)).exit_code == 42
 
 
 async def test_a_job_ignoring_sigterm_runs_on_until_sigkill(subject: Subject) -> None:

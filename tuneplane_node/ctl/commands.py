@@ -24,7 +24,7 @@ from rich.live import Live
 from tuneplane_node.ctl import render
 from tuneplane_node.ctl.client import DEFAULT_URL, URL_ENV, CtlError, NodeClient, Tls, read_token
 from tuneplane_node.wire.fields import Body, Field
-from tuneplane_node.wire.requests import CONTAINER
+from tuneplane_node.wire.requests import CONTAINER, job_signal
 
 POLL_S = 0.5
 STATS_S = 2.0
@@ -97,9 +97,14 @@ def add_parser(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     usage.add_argument("refs", nargs="*", metavar="REF")
     usage.add_argument("--interval", type=float, default=STATS_S, help="seconds between redraws")
     _launch_options(verb("launch", launch, "launch a job container"))
-    stopping = verb("stop", stop, "stop a job: SIGTERM, then SIGKILL after the timeout")
+    stopping = verb("stop", stop, "stop a job: its stop signal, then SIGKILL after the timeout")
     stopping.add_argument("ref", metavar="REF")
     stopping.add_argument("--timeout", type=float, help="seconds before SIGKILL (node default)")
+    stopping.add_argument("--signal", type=_signal, help="the stop signal (the job's own)")
+    _warning_options(stopping)
+    signalling = verb("signal", signal, "send a running job a signal; it goes on")
+    signalling.add_argument("ref", metavar="REF")
+    signalling.add_argument("signal", metavar="SIGNAL", type=_signal, help="SIGUSR1, usr1, 10")
     verb("remove", remove, "remove a job's container, running or not").add_argument("ref")
     logs_parser = verb("logs", logs, "a job's output, stdout and stderr together")
     logs_parser.add_argument("ref", metavar="REF")
@@ -112,6 +117,35 @@ def add_parser(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     draining = verb("drain", drain, "cordon, then stop every job after a grace period")
     draining.add_argument("--reason", required=True)
     draining.add_argument("--grace", type=float, help="seconds the jobs get before SIGKILL")
+    _warning_options(draining)
+
+
+def _warning_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--warn-signal", type=_signal, help="a signal first, for the job to checkpoint"
+    )
+    parser.add_argument(
+        "--warn", type=float, metavar="SECONDS", help="time the warning gives (the timeout)"
+    )
+
+
+def _signal(text: str) -> str:
+    name = job_signal(text)
+    if name is None:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: not a signal a job can be sent (SIGINT, SIGTERM, SIGUSR1, SIGUSR2, "
+            "SIGHUP, SIGQUIT, SIGWINCH; SIGKILL and SIGSTOP are not)"
+        )
+    return name
+
+
+def _warning(args: argparse.Namespace) -> dict[str, Any]:
+    body: dict[str, Any] = {}
+    if args.warn_signal is not None:
+        body["warn_signal"] = args.warn_signal
+    if args.warn is not None:
+        body["warn_s"] = args.warn
+    return body
 
 
 def _common(*, defaults: bool) -> argparse.ArgumentParser:
@@ -230,11 +264,18 @@ def stats(ctl: Ctl, args: argparse.Namespace) -> int:
 
 
 def stop(ctl: Ctl, args: argparse.Namespace) -> int:
-    body: dict[str, Any] = {"ref": args.ref}
+    body: dict[str, Any] = {"ref": args.ref, **_warning(args)}
     if args.timeout is not None:
         body["timeout"] = args.timeout
+    if args.signal is not None:
+        body["signal"] = args.signal
     answer = ctl.client.post("/node/v1/stop", body)
     return ctl.show(answer, lambda out, _: out.print(f"stopped {args.ref}"))
+
+
+def signal(ctl: Ctl, args: argparse.Namespace) -> int:
+    answer = ctl.client.post("/node/v1/signal", {"ref": args.ref, "signal": args.signal})
+    return ctl.show(answer, lambda out, _: out.print(f"sent {args.signal} to {args.ref}"))
 
 
 def remove(ctl: Ctl, args: argparse.Namespace) -> int:
@@ -258,7 +299,7 @@ def uncordon(ctl: Ctl, args: argparse.Namespace) -> int:
 
 
 def drain(ctl: Ctl, args: argparse.Namespace) -> int:
-    body: dict[str, Any] = {"reason": args.reason}
+    body: dict[str, Any] = {"reason": args.reason, **_warning(args)}
     if args.grace is not None:
         body["grace_s"] = args.grace
     return ctl.show(ctl.client.post("/node/v1/drain", body), render.show_node_state)

@@ -29,14 +29,14 @@ KILL_GRACE_S = 5.0
 
 # Runs as `/bin/sh -c _WRAPPER tuneplane-wrapper <argv...>`: the argv is never parsed by
 # a shell. `env` execs argv[0] from PATH, so a name like `exit` or `eval` is a program
-# to find, not a shell builtin, as in a container. TERM and INT are caught (not ignored,
+# to find, not a shell builtin, as in a container. The job signals are caught (not ignored,
 # which the job would inherit) so the wrapper outlives the job and records its code.
 # `command -p` finds env and mv even when the job's PATH does not. The last line kills
 # whatever the job left behind in its group, as a container's end does.
 _WRAPPER = """\
 d=$TUNEPLANE_JOB_DIR
 unset TUNEPLANE_JOB_DIR
-trap : TERM INT
+trap : TERM INT USR1 USR2 HUP QUIT WINCH
 command -p env -- "$@"
 rc=$?
 printf '%s' "$rc" > "$d/rc.tmp" && command -p mv -f "$d/rc.tmp" "$d/rc"

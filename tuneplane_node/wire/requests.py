@@ -39,6 +39,7 @@ from tuneplane_node.runtime.base import (
     container_name,
 )
 from tuneplane_node.signals import JOB_SIGNALS
+from tuneplane_node.signals import job_signal as job_signal  # ctl reads signals so too
 from tuneplane_node.sizes import MAX_SIZE, SIZE, size_in_bytes
 from tuneplane_node.wire.fields import (
     EMPTY,

@@ -394,7 +394,9 @@ def test_inventory_has_0315s_fields() -> None:
         }
     ]
     assert answer["local_disk"] == {"free_bytes": 10, "total_bytes": 100}
-    assert answer["fabrics"] == [{"fabric": "compute", "hcas": ["mlx5_0"], "rate_gbps": 200.0}]
+    assert answer["fabrics"] == [
+        {"fabric": "compute", "hcas": ["mlx5_0"], "rate_gbps": 200.0, "rdma_to_jobs": False}
+    ]
     assert [list(card) for card in answer["gpus"]] == [CARD_KEYS[:-1]] * 4
     json.dumps(answer)
 

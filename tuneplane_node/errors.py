@@ -19,6 +19,7 @@ errors never travel past the module that imports the SDK: they are translated th
     │   ├── NameTaken          the container name is held by another run
     │   ├── NodeCordoned       the operator took the node out of service
     │   ├── NotRunning         a signal for a job that is not running (or still pending)
+    │   ├── NoRdma             a launch needs RDMA devices this node does not hand out
     │   └── EngineConflict     (also an EngineRefused) the engine refused: name in use
     └── EngineError            the container engine
         ├── EngineUnavailable (503)  did not answer: facts are unknown, nothing is gone
@@ -171,6 +172,14 @@ class NotRunning(Conflict):
         super().__init__(f"{ref} is not running ({job_status}): no signal was sent")
         self.ref = ref
         self.job_status = job_status
+
+
+class NoRdma(Conflict):
+    """``container.rdma: true`` on a node that hands jobs no RDMA devices."""
+
+    def __init__(self, *, why: str) -> None:
+        super().__init__(f"container.rdma: this node hands jobs no RDMA devices ({why})")
+        self.why = why
 
 
 class EngineError(NodeError):

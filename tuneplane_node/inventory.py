@@ -17,11 +17,13 @@ the daemon calls ``collect`` in its thread pool, never on the event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import os
 import re
 import socket
+import stat
 import tempfile
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -88,6 +90,7 @@ class FabricFacts:
     fabric: str
     hcas: tuple[str, ...]
     rate_gbps: float | None  # the slowest active port; None when none is active
+    rdma_to_jobs: bool = False  # its devices are handed to jobs (TUNEPLANE_RDMA)
 
 
 @dataclass(frozen=True)
@@ -342,7 +345,9 @@ def filesystem_type(path: Path, mounts: Sequence[Mount]) -> str | None:
 # --- fabrics ---------------------------------------------------------------------------
 
 
-def fabrics(configured: Sequence[Fabric], *, sysfs: Path = IB_SYSFS) -> list[FabricFacts]:
+def fabrics(
+    configured: Sequence[Fabric], *, sysfs: Path = IB_SYSFS, rdma_to_jobs: bool = False
+) -> list[FabricFacts]:
     """Each operator-named fabric with its HCAs and the slowest active port's rate in Gb/s.
 
     The slowest port bounds what a job spanning the fabric gets; no active port gives
@@ -355,9 +360,30 @@ def fabrics(configured: Sequence[Fabric], *, sysfs: Path = IB_SYSFS) -> list[Fab
             rate_gbps=min(
                 (rate for hca in fabric.hcas for rate in active_rates(sysfs, hca)), default=None
             ),
+            rdma_to_jobs=rdma_to_jobs,
         )
         for fabric in configured
     ]
+
+
+RDMA_DEVICES = re.compile(r"uverbs[0-9]+|rdma_cm")
+"""The verbs and connection-manager devices a job's NCCL needs; umad* is for management
+tools (the subnet manager's), never a job's."""
+
+
+def rdma_devices(directory: Path) -> tuple[Path, ...]:
+    """The RDMA character devices in ``directory`` (/dev/infiniband), sorted; none when
+    the directory is missing or unreadable (a machine without InfiniBand)."""
+    try:
+        entries = sorted(directory.iterdir())
+    except OSError:
+        return ()
+    found = []
+    for entry in entries:
+        with contextlib.suppress(OSError):
+            if RDMA_DEVICES.fullmatch(entry.name) and stat.S_ISCHR(entry.lstat().st_mode):
+                found.append(entry)
+    return tuple(found)
 
 
 def active_rates(sysfs: Path, hca: str) -> list[float]:
@@ -462,8 +488,13 @@ def collect(
         agent_version=__version__,
         storage=storage,
         local_disk=_guarded("local_disk", lambda: local_disk(storage), None),
-        fabrics=tuple(_guarded("fabrics", lambda: fabrics(settings.fabrics, sysfs=sysfs), [])),
+        fabrics=tuple(_guarded("fabrics", lambda: _fabrics(settings, sysfs), [])),
     )
+
+
+def _fabrics(settings: NodeSettings, sysfs: Path) -> list[FabricFacts]:
+    handed = settings.rdma != "off" and bool(rdma_devices(settings.rdma_device_dir))
+    return fabrics(settings.fabrics, sysfs=sysfs, rdma_to_jobs=handed)
 
 
 def _guarded(field: str, part: Callable[[], T], unknown: U) -> T | U:

@@ -128,6 +128,17 @@ class NodeSettings(BaseSettings):
     and every model dir. None may be, or hold, the host's system directories."""
     fabrics: list[Fabric] = []
     """InfiniBand fabrics, JSON list of {"name", "hcas"}: the operator names them."""
+    rdma: Literal["auto", "off", "all"] = "auto"
+    """Which jobs get the machine's RDMA devices (with memlock unlimited, IPC_LOCK and
+    NCCL_IB_HCA): ``auto`` a job holding at least one card, ``all`` every job, ``off``
+    none."""
+    rdma_memlock: str | int = "unlimited"
+    """The locked-memory limit (soft and hard) of a job given RDMA devices: ``unlimited``
+    (what verbs want: they pin every buffer they register), or a size where the engine
+    may not raise the limit that far (a sandbox, a rootless engine)."""
+    rdma_device_dir: Path = Path("/dev/infiniband")
+    """Where the RDMA devices are: the character devices uverbs* and rdma_cm are handed
+    to jobs (umad*, for management tools, never)."""
 
     job_capabilities: Literal["default", "restricted"] = "default"
     """A job's Linux capabilities: ``default`` keeps CHOWN, DAC_OVERRIDE, FOWNER, FSETID,
@@ -209,6 +220,23 @@ class NodeSettings(BaseSettings):
     @classmethod
     def _podman_scheme(cls, address: str) -> str:
         return _address(address, PODMAN_SCHEMES)
+
+    @field_validator("rdma_memlock")
+    @classmethod
+    def _unlimited_or_a_size(cls, size: str | int) -> str | int:
+        if size == "unlimited":
+            return size
+        bytes_ = size_in_bytes(size)
+        if bytes_ is None or not 0 < bytes_ <= MAX_SIZE:
+            raise ValueError("must be unlimited, a size like 64g, or a number of bytes")
+        return size
+
+    @property
+    def rdma_memlock_bytes(self) -> int | None:
+        """The RDMA jobs' memlock in bytes; None for unlimited."""
+        if self.rdma_memlock == "unlimited":
+            return None
+        return int(size_in_bytes(self.rdma_memlock) or 0)
 
     @field_validator("system_reserved_memory")
     @classmethod

@@ -12,7 +12,7 @@ import logging
 from dataclasses import replace
 
 from tuneplane_node import inventory
-from tuneplane_node.errors import ConfigError, InvalidField
+from tuneplane_node.errors import ConfigError, InvalidField, NoRdma
 from tuneplane_node.runtime.base import (
     KEPT_CAPABILITIES,
     LABEL_NETWORK,
@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 LEAST_JOB_MEMORY = 64 * 2**20
 """Below this, what the reserve leaves jobs is a mistake in the settings, not a limit."""
 HOST_NETWORK = env_name("job_host_network")
+RDMA = env_name("rdma")
+NCCL_IB_HCA = "NCCL_IB_HCA"
 
 
 def confinement(settings: NodeSettings) -> Confinement:
@@ -64,13 +66,34 @@ class JobRules:
             machine_bytes = inventory.memory_total()
         self.memory_limit = default_memory_limit(settings, machine_bytes)
         self.host_network = settings.job_host_network
+        self.rdma = settings.rdma
+        self.rdma_dir = settings.rdma_device_dir
+        self.rdma_memlock = settings.rdma_memlock_bytes
+        self.hcas = ",".join(hca for fabric in settings.fabrics for hca in fabric.hcas)
 
-    def apply(self, spec: ContainerSpec) -> ContainerSpec:
-        """The spec confined; InvalidField when the operator refuses what it asks."""
+    def apply(self, spec: ContainerSpec, *, cards: int = 0) -> ContainerSpec:
+        """The spec confined, for a job of that many cards; InvalidField when the
+        operator refuses what it asks. Blocking (it lists the RDMA devices): a thread's."""
         spec = replace(spec, confinement=self.confinement)
         if spec.memory_limit is None and self.memory_limit is not None:
             spec = replace(spec, memory_limit=str(self.memory_limit))
-        return self._network(spec)
+        return self._rdma(self._network(spec), cards)
+
+    def _rdma(self, spec: ContainerSpec, cards: int) -> ContainerSpec:
+        """The RDMA devices when the rule (or the launch) says so, and what NCCL needs."""
+        if spec.rdma is False or (spec.rdma is None and self.rdma == "off"):
+            return spec
+        devices = inventory.rdma_devices(self.rdma_dir) if self.rdma != "off" else ()
+        if spec.rdma and not devices:
+            why = f"{RDMA}=off" if self.rdma == "off" else f"none under {self.rdma_dir}"
+            raise NoRdma(why=why)
+        if not devices or (spec.rdma is None and self.rdma == "auto" and cards == 0):
+            return spec
+        env = dict(spec.env)
+        if self.hcas:
+            env.setdefault(NCCL_IB_HCA, self.hcas)  # the console's own wins
+        handed = tuple(map(str, devices))
+        return replace(spec, rdma_devices=handed, rdma_memlock=self.rdma_memlock, env=env)
 
     def _network(self, spec: ContainerSpec) -> ContainerSpec:
         if spec.network != "host" or self.host_network == "allow":

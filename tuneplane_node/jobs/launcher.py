@@ -84,15 +84,16 @@ class Launcher:
         self.rules = JobRules(settings)
         self.mounts = MountPolicy(settings.mount_roots)
 
-    async def vetted(self, spec: ContainerSpec) -> ContainerSpec:
-        """The spec as the node allows it: the operator's confinement (`JobRules`), real
-        mount paths under the mount roots, and the cards the node chose as the only ones
-        the container may see."""
+    async def vetted(self, request: LaunchRequest) -> LaunchRequest:
+        """The launch with its spec as the node allows it: the operator's confinement
+        (`JobRules`, RDMA by the cards it asks for), real mount paths under the mount
+        roots, and the cards the node chose as the only ones the container may see."""
+        spec, cards = request.spec, request.requested_gpus
         env = dict(spec.env)
         if env.pop(DEVICES_ENV, None) is not None:
             log.warning("launch %s: dropped %s from env: the node chooses", spec.name, DEVICES_ENV)
-        spec = self.rules.apply(replace(spec, env=env))
-        return replace(spec, mounts=await self._checked_mounts(spec))
+        spec = await asyncio.to_thread(self.rules.apply, replace(spec, env=env), cards=cards)
+        return replace(request, spec=replace(spec, mounts=await self._checked_mounts(spec)))
 
     async def _checked_mounts(self, spec: ContainerSpec) -> tuple[Mount, ...]:
         return await asyncio.to_thread(self.mounts.check, spec.mounts) if spec.mounts else ()

@@ -18,7 +18,6 @@ import collections
 import contextlib
 import logging
 from collections.abc import Iterable
-from dataclasses import replace
 from datetime import datetime
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
@@ -153,7 +152,7 @@ class JobService:
         again. A name held by another run is refused.
         """
         ref = request.ref
-        request = replace(request, spec=await self.launcher.vetted(request.spec))
+        request = await self.launcher.vetted(request)
         async with self.locks.hold(ref):
             record = self.pending.get(ref)
             if record is not None and record.phase != FAILED:

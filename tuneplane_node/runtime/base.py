@@ -22,6 +22,7 @@ from collections.abc import (
 )
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import PurePosixPath
 from types import MappingProxyType
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
@@ -44,6 +45,9 @@ LIVE_STATUSES = frozenset({"running", "created", "paused", "restarting"})
 RUNNING = frozenset({"running", "paused", "restarting"})
 """A container in one of these has processes a signal can reach."""
 DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
+RDMA_DIR = "/dev/infiniband"  # where a job finds its RDMA devices, wherever the host's are
+RDMA_CAPABILITY = "IPC_LOCK"
+UNLIMITED = 2**64 - 1  # RLIM_INFINITY
 """Which cards the NVIDIA container runtime shows a container: the node alone sets it."""
 EXIT_SIGKILL = 137
 """128 + SIGKILL: what engines report for a job killed by SIGKILL (the OOM killer too)."""
@@ -154,7 +158,16 @@ class ContainerSpec:
     network: str = "host"
     user: str | None = None
     stop_signal: str | None = None  # None: the image's STOPSIGNAL, else SIGTERM
+    rdma: bool | None = None  # the console's word: None for the node's rule (TUNEPLANE_RDMA)
+    # The node's decision: the host's RDMA devices, each handed in at RDMA_DIR/<name>,
+    # with memlock unlimited and RDMA_CAPABILITY (verbs pin the memory they register).
+    rdma_devices: tuple[str, ...] = ()
+    rdma_memlock: int | None = None  # bytes; None: unlimited
     confinement: Confinement = field(default_factory=Confinement)
+
+    def rdma_mappings(self) -> list[str]:
+        """``host:container:rwm`` for each RDMA device, as both engines take devices."""
+        return [f"{d}:{RDMA_DIR}/{PurePosixPath(d).name}:rwm" for d in self.rdma_devices]
 
 
 def job_labels(spec: ContainerSpec) -> dict[str, str]:

@@ -20,7 +20,13 @@ import requests.exceptions
 import urllib3.exceptions
 
 from tuneplane_node.runtime import dockerformat as fmt
-from tuneplane_node.runtime.base import Brief, Confinement, ContainerSpec, ContainerState
+from tuneplane_node.runtime.base import (
+    RDMA_CAPABILITY,
+    Brief,
+    Confinement,
+    ContainerSpec,
+    ContainerState,
+)
 from tuneplane_node.runtime.engine import OURS_FILTER, EngineRuntime, ErrorTable, Events
 from tuneplane_node.settings import NodeSettings
 
@@ -101,6 +107,11 @@ class DockerRuntime(EngineRuntime, errors=ERRORS):
             options["device_requests"] = [
                 docker.types.DeviceRequest(device_ids=ids, capabilities=[["gpu"]])
             ]
+        if spec.rdma_devices:
+            options["devices"] = spec.rdma_mappings()
+            memlock = -1 if spec.rdma_memlock is None else spec.rdma_memlock  # -1: unlimited
+            options["ulimits"] = [docker.types.Ulimit(name="memlock", soft=memlock, hard=memlock)]
+            options["cap_add"] = [*options["cap_add"], RDMA_CAPABILITY]
         return options
 
     def _inspect(self, ref: str) -> ContainerState:

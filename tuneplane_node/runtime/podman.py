@@ -12,6 +12,7 @@ import functools
 import json
 import logging
 import math
+import resource
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
@@ -25,6 +26,8 @@ from tuneplane_node.runtime import dockerformat as fmt
 from tuneplane_node.runtime import seccomp
 from tuneplane_node.runtime.base import (
     LABEL_RUN_ID,
+    RDMA_CAPABILITY,
+    UNLIMITED,
     Brief,
     Confinement,
     ContainerSpec,
@@ -44,6 +47,22 @@ ERRORS = ErrorTable(
     api_error=podman.errors.APIError,
     not_found=podman.errors.NotFound,
 )
+
+
+def _rdma_ulimits(memlock: int | None, pids_limit: int) -> list[dict[str, Any]]:
+    """memlock for an RDMA job (libpod reads limits as unsigned: RLIM_INFINITY where
+    docker takes -1). Podman 4 drops containers.conf's default_ulimits from a container
+    given any limit and sets nofile and nproc to 1048576, which an engine with lower hard
+    limits cannot grant: nofile is given at this process's own hard limit (the engine's
+    on a machine set up alike), nproc at the job's pids limit, which bounds it anyway."""
+    locked = UNLIMITED if memlock is None else memlock
+    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    nofile = UNLIMITED if nofile == resource.RLIM_INFINITY else nofile
+    return [
+        {"Name": "memlock", "Soft": locked, "Hard": locked},
+        {"Name": "nofile", "Soft": nofile, "Hard": nofile},
+        {"Name": "nproc", "Soft": pids_limit, "Hard": pids_limit},
+    ]
 
 
 class PodmanRuntime(EngineRuntime, errors=ERRORS):
@@ -81,8 +100,13 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
             # podman-py ignores nano_cpus; a CFS quota says the same thing.
             options["cpu_period"] = CPU_PERIOD_US
             options["cpu_quota"] = int(spec.cpu_limit * CPU_PERIOD_US)
-        if cards := self.handed_cards(spec):
-            options["devices"] = [f"nvidia.com/gpu={gpu}" for gpu in cards]
+        devices = [f"nvidia.com/gpu={gpu}" for gpu in self.handed_cards(spec)]
+        if devices or spec.rdma_devices:
+            options["devices"] = devices + spec.rdma_mappings()
+        if spec.rdma_devices:
+            options["ulimits"] = _rdma_ulimits(spec.rdma_memlock, spec.confinement.pids_limit)
+            options["cap_drop"] = [c for c in options["cap_drop"] if c != RDMA_CAPABILITY]
+            options["cap_add"] = [RDMA_CAPABILITY]
         return options
 
     def _bounds(self, confinement: Confinement) -> dict[str, Any]:

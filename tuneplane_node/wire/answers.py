@@ -499,6 +499,7 @@ class FabricJson(TypedDict):
     fabric: str
     hcas: list[str]
     rate_gbps: float | None
+    rdma_to_jobs: bool
 
 
 class InventoryJson(TypedDict):
@@ -563,7 +564,12 @@ def local_disk_json(disk: LocalDisk | None) -> LocalDiskJson | None:
 
 
 def fabric_json(fabric: FabricFacts) -> FabricJson:
-    return {"fabric": fabric.fabric, "hcas": list(fabric.hcas), "rate_gbps": fabric.rate_gbps}
+    return {
+        "fabric": fabric.fabric,
+        "hcas": list(fabric.hcas),
+        "rate_gbps": fabric.rate_gbps,
+        "rdma_to_jobs": fabric.rdma_to_jobs,
+    }
 
 
 # --- answers: cordon, drain, uncordon ------------------------------------------------------

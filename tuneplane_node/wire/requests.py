@@ -383,6 +383,15 @@ def _user(given: Given) -> str | None:
     return user or None
 
 
+def _rdma(given: Given) -> bool | None:
+    value = given.value
+    if value is None or value == "":
+        return None
+    if not isinstance(value, bool):
+        raise InvalidField(given.field, "must be true or false")
+    return value
+
+
 def _stop_signal(given: Given) -> str | None:
     return parse_signal(given.body, given.field)
 
@@ -546,6 +555,17 @@ CONTAINER = Body(
             f"The signal a stop sends first: {SIGNALS_DOC}. None: the image's `STOPSIGNAL`, "
             "else `SIGTERM`. Observe's `stop_signal` says which one the job has.",
             read=_stop_signal,
+        ),
+        Field(
+            "rdma",
+            or_empty({"type": "boolean"}),
+            "`false`: no RDMA devices for this job, whatever the node's rule. `true`: it "
+            "needs them; a node that hands jobs none (`TUNEPLANE_RDMA=off`, or no "
+            "device) answers `409`. None: the node's rule, `TUNEPLANE_RDMA` (by default "
+            "a job holding a card gets them when the machine has any). A job given them "
+            "sees them under `/dev/infiniband`, with memlock unlimited, `IPC_LOCK`, and "
+            "`NCCL_IB_HCA` set to `TUNEPLANE_FABRICS`' HCAs unless `env` sets it.",
+            read=_rdma,
         ),
     ),
 )

@@ -268,9 +268,20 @@ def test_the_launch_body_is_a_whole_0315_launch_the_node_parses() -> None:
 TEXT_FIELDS = [
     f.name
     for f in CONTAINER.fields
-    if f.name not in {"name", "image", "command", "env", "gpus", "mounts", "labels"}
+    if f.name not in {"name", "image", "command", "env", "gpus", "mounts", "labels", "rdma"}
     and not isinstance(f.schema, Body)
 ]
+
+
+def test_a_boolean_field_is_a_flag_and_its_absence_the_nodes_rule() -> None:
+    def body(*flags: str) -> Any:
+        args = parser().parse_args(["ctl", "launch", "--run-id", "r", "--image", "i", *flags])
+        return commands.launch_body(args, name="n")["container"]["rdma"]
+
+    assert (body("--rdma"), body("--no-rdma"), body()) == (True, False, "")
+    assert parse_launch({**commands.launch_body(
+        parser().parse_args(["ctl", "launch", "--run-id", "r", "--image", "i", "--no-rdma"]),
+        name="n")}).spec.rdma is False  # fmt: skip
 
 
 @pytest.mark.parametrize("field", TEXT_FIELDS)

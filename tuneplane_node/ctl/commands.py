@@ -202,11 +202,21 @@ def _launch_options(parser: argparse.ArgumentParser) -> None:
         "--mount", type=_mount, action="append", default=[], metavar="HOST:CONTAINER[:ro]"
     )
     for field in _text_fields():
-        option = field.name.replace("_", "-")
-        parser.add_argument(f"--{option}", default="", help=_first_sentence(field.doc))
+        option, doc = field.name.replace("_", "-"), _first_sentence(field.doc)
+        if _is_boolean(field):  # --rdma / --no-rdma; neither: "" (the node's rule)
+            parser.add_argument(
+                f"--{option}", action=argparse.BooleanOptionalAction, default="", help=doc
+            )
+        else:
+            parser.add_argument(f"--{option}", default="", help=doc)
     parser.add_argument("--wait", action="store_true", help="until it runs or fails")
     parser.add_argument("command", nargs="*", metavar="-- CMD", help="the argv (replaces the "
                         "image's ENTRYPOINT); none: the image's own")  # fmt: skip
+
+
+def _is_boolean(field: Field) -> bool:
+    forms = field.schema.get("anyOf", [field.schema]) if isinstance(field.schema, dict) else []
+    return any(form.get("type") == "boolean" for form in forms)
 
 
 def _first_sentence(doc: str) -> str:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import docker_host, engine_missing, free_port, podman_url
+from tuneplane_node import cli
 from tuneplane_node.cli import main
 
 Check = Callable[..., tuple[int, dict[str, str], str]]
@@ -217,3 +218,18 @@ def test_whether_the_engine_remaps_users_is_said(check: Check, engine: str) -> N
     assert remap[0].startswith(f"warn jobs: {engine} does not remap users: a root job shares")
     if engine == "podman":
         assert "ok   jobs: podman seccomp profile " in out
+    assert f"ok   jobs: {engine}'s init is PID 1 of every job" in out  # catatonit installed
+    code, _, out = check(**settings, TUNEPLANE_JOB_INIT="false")
+    assert "warn jobs: no init (TUNEPLANE_JOB_INIT=false): a shell entrypoint" in out
+
+
+@pytest.mark.engine
+def test_podman_without_its_init_program_fails_the_check(
+    check: Check, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The places podman looks for catatonit, none of them there: every launch would
+    fail to start, which the operator learns here rather than from the first job."""
+    monkeypatch.setattr(cli, "PODMAN_INITS", ("/nonexistent/catatonit",))
+    code, _, out = check(TUNEPLANE_LOCAL_RUNTIME="podman", TUNEPLANE_PODMAN_URL=podman_url())
+    assert code == 1
+    assert "FAIL jobs: podman's init (catatonit) is not installed" in out

@@ -249,9 +249,31 @@ async def _isolation_findings(settings: NodeSettings) -> list[Finding]:
     try:
         if not isinstance(runtime, EngineRuntime):
             return [(WARN, "jobs: the process runtime applies none of these bounds")]
-        return [*await _remap_finding(runtime), *await _seccomp_findings(runtime)]
+        found = [*await _remap_finding(runtime), *await _seccomp_findings(runtime)]
+        return [*found, _init_finding(runtime, settings)]
     finally:
         await runtime.close()
+
+
+# Where podman looks for its init (containers.conf's init_path, distributions' packages).
+PODMAN_INITS = (
+    "/usr/libexec/podman/catatonit",
+    "/usr/bin/catatonit",
+    "/usr/local/libexec/podman/catatonit",
+    "/usr/local/bin/catatonit",
+)
+
+
+def _init_finding(runtime: EngineRuntime, settings: NodeSettings) -> Finding:
+    setting = env_name("job_init")
+    if not settings.job_init:
+        text = f"jobs: no init ({setting}=false): a shell entrypoint ignores SIGTERM"
+        return (WARN, f"{text} and is killed after the grace period; zombies stay")
+    local = settings.podman_url.startswith(("unix://", "http+unix://"))
+    if runtime.name == "podman" and local and not any(map(os.path.exists, PODMAN_INITS)):
+        text = "jobs: podman's init (catatonit) is not installed: every launch would fail"
+        return (FAIL, f"{text} to start; install catatonit, or set {setting}=false")
+    return (OK, f"jobs: {runtime.name}'s init is PID 1 of every job (signals reach the command)")
 
 
 async def _remap_finding(runtime: EngineRuntime) -> list[Finding]:

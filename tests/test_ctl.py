@@ -499,7 +499,8 @@ def test_a_job_launched_observed_logged_stopped_and_removed(ctl: Ctl, docker_nod
     assert ctl("stop", ref, "--timeout", "1", url=url)[1:] == (f"stopped {ref}\n", "")
     states = json.loads(ctl("observe", ref, "--json", url=url)[1])["states"]
     assert states[ref]["status"] == "exited" and states[ref]["labels"]["tuneplane.user"] == "ops"
-    assert re.search(rf"│ {ref} +│ exited \(137\) ", ctl("observe", ref, url=url)[1])
+    # 143: the shell heard SIGTERM through the job's init (as PID 1 it ignored it: 137)
+    assert re.search(rf"│ {ref} +│ exited \(143\) ", ctl("observe", ref, url=url)[1])
     assert ctl("remove", ref, url=url)[1] == f"removed {ref}\n"
     assert "absent" in ctl("observe", ref, url=url)[1]
 

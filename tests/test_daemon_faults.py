@@ -72,7 +72,9 @@ async def test_a_wedged_engine_is_said_within_the_deadline_and_the_node_recovers
     feed = TrackingRuntime(DockerRuntime(settings))
     node = await make_node(feed=feed, heartbeat_s=0.5, **options)
     try:
-        ref, _ = await node.launch(["/bin/sleep", "300"])
+        # It ignores SIGTERM: the wedged stop's signal reaches the engine, and the job
+        # must still run once the engine answers again.
+        ref, _ = await node.launch(["/bin/sh", "-c", "trap '' TERM; while true; do sleep 1; done"])
         proxy.pause()
 
         for method, path, body in (

@@ -54,7 +54,7 @@ async def test_a_job_burning_one_core_reads_about_one(make_node: MakeNode, engin
     node = await make_node(engine, stats_interval_s=1)
     ref, _ = await node.launch(BURN)
     state = await settled(node, ref)
-    assert state["pids"] == 1 and state["gpus"] == []
+    assert state["pids"] == 2 and state["gpus"] == []  # the job and its init
     default = JobRules(engine_settings(engine)).memory_limit  # none asked: the node's
     assert default is not None and state["memory_limit_bytes"] == default // PAGE * PAGE
     # The machine is shared: a core is the job's only while nobody else's load takes it.

@@ -22,7 +22,17 @@ LAYERS = [
     {"gpu"},
     {"runtime"},
     {"inventory"},
-    {"settings", "errors", "clock", "tasks", "logformat", "telemetry", "sizes", "__init__"},
+    {
+        "settings",
+        "errors",
+        "clock",
+        "tasks",
+        "logformat",
+        "telemetry",
+        "sizes",
+        "watched",
+        "__init__",
+    },
 ]
 # The operators' client speaks only HTTP: no daemon, service or engine code in it.
 CTL_MAY_IMPORT = {"wire", "__init__", "__version__"}

@@ -3,6 +3,7 @@ shapes, and every verb as the console calls it. No engine needed."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import aiohttp
@@ -333,3 +334,28 @@ async def test_health_and_inventory_shapes(fake_node: MakeFakeNode, tmp_path: An
     assert inventory["accelerator_series"] == "h100-sxm"
     assert inventory["accelerator_count"] == 4
     assert len(inventory["gpus"]) == 4
+
+
+# --- private images --------------------------------------------------------------------------
+
+
+def test_a_malformed_registry_auth_file_stops_the_daemon(tmp_path: Any) -> None:
+    bad = tmp_path / "config.json"
+    bad.write_text("{not json")
+    with pytest.raises(ConfigError, match=r"^TUNEPLANE_REGISTRY_AUTH_FILE: .*is not JSON"):
+        create_node_app(fake_settings(tmp_path, registry_auth_file=bad))
+
+
+async def test_a_private_image_without_credentials_is_a_403_naming_it(
+    fake_node: MakeFakeNode, tmp_path: Any
+) -> None:
+    record = {
+        "salt": "00" * 32,
+        "images": {"registry.test/trainer": {"registry": "registry.test", "credentials": ["0"]}},
+    }
+    (tmp_path / "state").mkdir(exist_ok=True)
+    (tmp_path / "state" / "private-images.json").write_text(json.dumps(record))
+    node = await fake_node()
+    ref, answer = await node.launch(image=IMAGE, expect=403)
+    assert answer["detail"].startswith(f"no access to the private image {IMAGE}: ")
+    assert (await node.state(ref))["exists"] is False

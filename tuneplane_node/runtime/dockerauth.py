@@ -66,6 +66,17 @@ class AuthFile:
     def __repr__(self) -> str:
         return f"AuthFile({str(self.path)!r})"
 
+    def described(self) -> str:
+        """What the file holds, by registry (the names only)."""
+        config = self._config
+        parts = [f"credentials for {', '.join(sorted(config.auths)) or 'no registry'}"]
+        if config.cred_helpers:
+            helpers = (f"{r} ({name})" for r, name in sorted(config.cred_helpers.items()))
+            parts.append(f"helpers for {', '.join(helpers)}")
+        if config.creds_store:
+            parts.append(f"store {config.creds_store} for the others")
+        return "; ".join(parts)
+
     def lookup(self, registry: str) -> RegistryAuth | None:
         """The file's credentials for ``registry``: its helper's first, then ``auths``.
         Blocking (a helper is a program): call it off the loop."""
@@ -94,8 +105,7 @@ class AuthFile:
             )
             return
         self._config = config
-        registries = sorted({*config.auths, *config.cred_helpers})
-        log.info("registry auth file %s read: registries %s", self.path, registries)
+        log.info("registry auth file %s read: %s", self.path, self.described())
 
     def _read(self) -> docker.auth.AuthConfig:
         self.stamp.reading()

@@ -26,6 +26,7 @@ from tests.conftest import MakeNode
 from tests.helpers import HEADERS, IMAGE, OWN_DOCKER_SOCK, Console, engine_missing, unique
 from tuneplane_node.daemon.state import JOBS
 from tuneplane_node.jobs.images import RECORD_FILE
+from tuneplane_node.logformat import JsonFormatter
 from tuneplane_node.runtime.cache import CachedRuntime
 
 pytestmark = pytest.mark.engine
@@ -72,8 +73,11 @@ async def forget(node: Console, image: str) -> None:
 
 
 async def everything_shown(node: Console, caplog: pytest.LogCaptureFixture, *refs: str) -> str:
-    """What a person can read of the node: its log lines, answers, metrics, state files."""
-    parts = [caplog.text, json.dumps(await node.health()), json.dumps(await node.observe(*refs))]
+    """What a person can read of the node: its log lines (as text and as JSON, with their
+    fields), answers, metrics, state files."""
+    as_json = [JsonFormatter().format(record) for record in caplog.records]
+    parts = [caplog.text, *as_json, json.dumps(await node.health())]
+    parts.append(json.dumps(await node.observe(*refs)))
     async with node.client.get("/metrics", headers=HEADERS) as response:
         parts.append(await response.text())
     state_dir = node.app[JOBS].settings.state_dir

@@ -5,6 +5,7 @@ and the recheck period passes on the fake clock)."""
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -246,3 +247,19 @@ def test_the_record_file_is_json_of_hashes(tmp_path: Path) -> None:
     auth = RegistryAuth(identity_token="tok")
     assert auth.fingerprint(b"a") != auth.fingerprint(b"b")  # salted
     assert len(auth.fingerprint(b"a")) == 64 and json.dumps(auth.fingerprint(b"a"))
+
+
+async def test_a_record_the_disk_refuses_still_holds_until_a_restart(
+    service: JobService,
+    fake: FakeRuntime,
+    settings: NodeSettings,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    await service.images.start()
+    # Where the record's temporary file goes, a directory: the write fails (even as root).
+    (settings.state_dir / f".{RECORD_FILE}.{os.getpid()}.tmp").mkdir(parents=True)
+    await pull_then_run(service, fake, "first", RIGHT)  # the launch still runs
+    assert "private-image record" in caplog.text and "not written" in caplog.text
+    assert not (settings.state_dir / RECORD_FILE).exists()
+    with pytest.raises(ImageAccessDenied):
+        await service.launch(launch("second"))

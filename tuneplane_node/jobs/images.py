@@ -217,4 +217,9 @@ class ImageKeeper:
             kept = [h for h in entry.credentials if h != digest]
             entry.credentials = [*kept, digest][-MAX_CREDENTIALS:]
             entry.pulled_at = rfc3339(self.clock.now())
-        await asyncio.to_thread(self.record.save)
+        try:
+            await asyncio.to_thread(self.record.save)
+        except OSError as exc:
+            # The image is here already: failing the launch would not take it away. The
+            # record in memory keeps the rule until a restart.
+            log.error("private-image record %s not written (%s)", self.record.path, exc)

@@ -103,9 +103,11 @@ async def test_a_launch_with_credentials_runs_and_one_without_fails_at_once(
     )
     started = time.monotonic()
     for ref in (anonymous, wrong):
-        state = await node.failed(ref)  # its cards are free again
-        assert REFUSED in state["pending_error"], state
+        state = await node.wait_for(ref, "status", "dead")
+        assert state["pending_phase"] == "failed" and REFUSED in state["pending_error"], state
     assert time.monotonic() - started < 20  # no retry loop, nowhere near the stall deadline
+    health = await node.health()
+    assert (health["gpus_reserved"], health["gpus_free"]) == (0, 4)  # both let go
 
     ref, answer = await node.launch(SHOW, gpus=1, image=PRIVATE, registry_auth=login)
     assert answer["phase"] == "pulling"

@@ -123,7 +123,10 @@ async def drive_pull(
     try:
         future.result()
     except EngineRefused as exc:
-        raise refusal_of_pull(exc, image=image, auth=auth) from None
+        said = refusal_of_pull(exc, image=image, auth=auth)
+        if said is exc:
+            raise  # its cause chained, as every engine error
+        raise said from None  # the engine's error may hold what was scrubbed
     report()
 
 

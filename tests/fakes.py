@@ -39,6 +39,7 @@ from tuneplane_node.runtime.base import (
     ProgressCallback,
     PullLimits,
     PullProgress,
+    RegistryAuth,
     RuntimeHealth,
     Usage,
     job_labels,
@@ -154,6 +155,7 @@ class FakePull:
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.cancelled = False
         self.on_progress: ProgressCallback | None = None
+        self.auth: RegistryAuth | None = None  # the credentials the pull was given
 
     def report(self, done: int, total: int, layers_done: int = 0, layers_total: int = 1) -> None:
         assert self.on_progress is not None
@@ -460,11 +462,17 @@ class FakeRuntime:
         return image in self.images
 
     async def pull(
-        self, image: str, *, limits: PullLimits, on_progress: ProgressCallback | None = None
+        self,
+        image: str,
+        *,
+        limits: PullLimits,
+        on_progress: ProgressCallback | None = None,
+        auth: RegistryAuth | None = None,
     ) -> None:
         self._answer("pull")
         pull = FakePull(self, image)
         pull.on_progress = on_progress
+        pull.auth = auth
         self.pulls.append(pull)
         self.pulling.set()
         try:

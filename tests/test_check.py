@@ -4,6 +4,7 @@ the process runtime stands in for an engine where the engine is not the point.""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import socket
@@ -233,3 +234,19 @@ def test_podman_without_its_init_program_fails_the_check(
     code, _, out = check(TUNEPLANE_LOCAL_RUNTIME="podman", TUNEPLANE_PODMAN_URL=podman_url())
     assert code == 1
     assert "FAIL jobs: podman's init (catatonit) is not installed" in out
+
+
+def test_the_registry_auth_file_is_read_as_the_daemon_reads_it_and_shows_no_secret(
+    check: Check, tmp_path: Path
+) -> None:
+    config = tmp_path / "config.json"
+    pair = base64.b64encode(b"ci:hunter2-secret").decode()
+    config.write_text(json.dumps({"auths": {"registry.test": {"auth": pair}}}))
+    code, lines, out = check(TUNEPLANE_REGISTRY_AUTH_FILE=str(config))
+    assert lines["registry auth"] == f"ok registry auth: {config}: credentials for registry.test"
+    assert "hunter2" not in out and code == 0
+
+    config.write_text("{broken")
+    code, lines, _ = check(TUNEPLANE_REGISTRY_AUTH_FILE=str(config))
+    assert lines["registry auth"].startswith("FAIL registry auth: TUNEPLANE_REGISTRY_AUTH_FILE: ")
+    assert code == 1

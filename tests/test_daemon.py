@@ -3,6 +3,7 @@ shapes, and every verb as the console calls it. No engine needed."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import aiohttp
@@ -253,7 +254,7 @@ async def test_a_follow_the_engine_ends_while_the_job_runs_is_cut_not_ended(
     stream of a running job makes the answer break off, so no client takes it for the
     exit (it checks observe and follows again)."""
     node = await fake_node()
-    node.app[JOBS].follow_end_grace_s = 0.2
+    node.app[JOBS].reader.end_grace_s = 0.2
     await node.ok("POST", "/node/v1/launch", json=console_0315("r-5", gpus=0))
     fake.containers["tuneplane-r-5"].output = ["n1"]
     fake.end_follows_early = True
@@ -333,3 +334,28 @@ async def test_health_and_inventory_shapes(fake_node: MakeFakeNode, tmp_path: An
     assert inventory["accelerator_series"] == "h100-sxm"
     assert inventory["accelerator_count"] == 4
     assert len(inventory["gpus"]) == 4
+
+
+# --- private images --------------------------------------------------------------------------
+
+
+def test_a_malformed_registry_auth_file_stops_the_daemon(tmp_path: Any) -> None:
+    bad = tmp_path / "config.json"
+    bad.write_text("{not json")
+    with pytest.raises(ConfigError, match=r"^TUNEPLANE_REGISTRY_AUTH_FILE: .*is not JSON"):
+        create_node_app(fake_settings(tmp_path, registry_auth_file=bad))
+
+
+async def test_a_private_image_without_credentials_is_a_403_naming_it(
+    fake_node: MakeFakeNode, tmp_path: Any
+) -> None:
+    record = {
+        "salt": "00" * 32,
+        "images": {"registry.test/trainer": {"registry": "registry.test", "credentials": ["0"]}},
+    }
+    (tmp_path / "state").mkdir(exist_ok=True)
+    (tmp_path / "state" / "private-images.json").write_text(json.dumps(record))
+    node = await fake_node()
+    ref, answer = await node.launch(image=IMAGE, expect=403)
+    assert answer["detail"].startswith(f"no access to the private image {IMAGE}: ")
+    assert (await node.state(ref))["exists"] is False

@@ -9,6 +9,7 @@ import contextlib
 import errno
 import functools
 import gc
+import json
 import logging
 import os
 import resource
@@ -319,6 +320,29 @@ async def test_tokens_rotate_through_the_token_file(
         assert (await get(url, token="new-token"))[0] == 200
     for secret in ("old-token", "new-token"):
         assert secret not in caplog.text
+
+
+async def test_sighup_reads_the_registry_auth_file_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Even a change the watch cannot see (same inode, size and mtime): SIGHUP reads it."""
+    caplog.set_level(logging.DEBUG)
+    config = tmp_path / "config.json"
+
+    def write(registry: str) -> None:
+        config.write_text(json.dumps({"auths": {registry: {"auth": "Y2k6aHVudGVyMg=="}}}))
+
+    write("old.test")
+    async with served(node_settings(tmp_path, registry_auth_file=config)):
+        stamp = os.stat(config)
+        write("new.test")  # the same length
+        os.utime(config, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+        os.kill(os.getpid(), signal.SIGHUP)
+        deadline = time.monotonic() + 2
+        while "read: credentials for new.test" not in caplog.text:
+            assert time.monotonic() < deadline, "SIGHUP did not read the registry auth file"
+            await asyncio.sleep(0.01)
+    assert "hunter2" not in caplog.text  # the file's password ("ci:hunter2")
 
 
 async def until_status(url: str, token: str, status: int, *, within: float) -> None:

@@ -834,7 +834,7 @@ async def test_an_engine_ending_the_follow_of_a_running_job_is_an_error_not_an_e
     await service.launch(request("r1"))
     fake.containers["tuneplane-r1"].output = ["one"]
     fake.end_follows_early = True
-    service.follow_end_grace_s = 0.2
+    service.reader.end_grace_s = 0.2
     async with service.follow("tuneplane-r1", 10) as stream:
         assert (await anext(stream)).endswith(b" one\n")
         with pytest.raises(EngineUnavailable) as broke:

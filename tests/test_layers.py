@@ -31,6 +31,7 @@ LAYERS = [
         "telemetry",
         "sizes",
         "signals",
+        "watched",
         "__init__",
     },
 ]
@@ -38,7 +39,8 @@ LAYERS = [
 CTL_MAY_IMPORT = {"wire", "__init__", "__version__"}
 # Each third-party SDK is imported by exactly these modules, and translated there.
 SDKS = {
-    "docker": {"runtime/docker.py"},
+    # docker.auth reads the registry auth file (config.json) for both engines.
+    "docker": {"runtime/docker.py", "runtime/dockerauth.py"},
     "podman": {"runtime/podman.py"},
     "pynvml": {"gpu/nvml.py"},
     "aiohttp": {

@@ -11,7 +11,7 @@ import pytest
 
 from tests.helpers import console_0315
 from tuneplane_node.errors import InvalidField
-from tuneplane_node.runtime.base import LABEL_RUN_ID, Mount
+from tuneplane_node.runtime.base import LABEL_RUN_ID, Mount, RegistryAuth
 from tuneplane_node.wire.fields import Field
 from tuneplane_node.wire.requests import (
     CHECKED,
@@ -433,3 +433,54 @@ def test_a_query_parameter_given_twice_is_refused_by_name() -> None:
         parse_query(pairs, LOGS)
     assert (refused.value.field, refused.value.reason) == ("tail", "given more than once")
     assert parse_query(pairs[:4], LOGS) == {"ref": "a", "tail": "5", "other": "x"}
+
+
+# --- a launch's registry credentials and pull policy -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("given", "auth"),
+    [
+        ({"username": "ci", "password": "pw"}, RegistryAuth("ci", "pw")),
+        ({"identity_token": "tok"}, RegistryAuth(identity_token="tok")),
+        ("", None),
+        (None, None),
+    ],
+)
+def test_registry_auth_is_a_password_or_a_token_kept_out_of_the_spec(
+    given: object, auth: RegistryAuth | None
+) -> None:
+    request = parse_launch(container(registry_auth=given))
+    assert request.auth == auth
+    assert "pw" not in repr(request.spec) and "tok" not in repr(request)
+
+
+@pytest.mark.parametrize(
+    ("given", "field"),
+    [
+        ({"username": "ci"}, "container.registry_auth"),
+        ({"username": "ci", "password": "pw", "identity_token": "t"}, "container.registry_auth"),
+        ("user:password", "container.registry_auth"),
+        ({"username": "ci", "password": 7}, "container.registry_auth.password"),
+        ({"username": "", "password": "pw"}, "container.registry_auth.username"),
+        ({"username": "ci", "password": "p\nw"}, "container.registry_auth.password"),
+        ({"identity_token": "t" * 8193}, "container.registry_auth.identity_token"),
+    ],
+)
+def test_a_bad_registry_auth_names_the_field_and_never_its_value(given: object, field: str) -> None:
+    with pytest.raises(InvalidField) as refused:
+        parse_launch(container(registry_auth=given))
+    assert refused.value.field == field
+    assert "pw" not in refused.value.message and "user:password" not in refused.value.message
+
+
+@pytest.mark.parametrize(
+    ("given", "policy"), [(None, "if_not_present"), ("", "if_not_present"), ("always", "always")]
+)
+def test_pull_policy_defaults_to_if_not_present(given: object, policy: str) -> None:
+    assert parse_launch(container(pull_policy=given)).pull_policy == policy
+
+
+def test_an_unknown_pull_policy_is_refused_by_name() -> None:
+    with pytest.raises(InvalidField, match=r"^container\.pull_policy: must be one of"):
+        parse_launch(container(pull_policy="never"))

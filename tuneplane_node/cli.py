@@ -127,6 +127,7 @@ def check(settings: NodeSettings) -> int:
     steps: tuple[Callable[[NodeSettings], list[Finding]], ...] = (
         check_token,
         check_tls,
+        check_registry_auth,
         check_engine,
         check_jobs,
         check_gpus,
@@ -170,6 +171,19 @@ def check_tls(settings: NodeSettings) -> list[Finding]:
     if settings.tls_client_ca_file is not None:
         text += f"; clients need a certificate of {settings.tls_client_ca_file}"
     return [(OK, text)]
+
+
+def check_registry_auth(settings: NodeSettings) -> list[Finding]:
+    """The auth file as the daemon reads it; its registries, never a credential."""
+    from tuneplane_node.runtime.dockerauth import AuthFile
+
+    try:
+        auth_file = AuthFile.from_settings(settings)
+    except ConfigError as exc:
+        return [(FAIL, f"registry auth: {exc.message}")]
+    if auth_file is None:
+        return []  # anonymous pulls, or the launch's own credentials
+    return [(OK, f"registry auth: {auth_file.path}: {auth_file.described()}")]
 
 
 def check_engine(settings: NodeSettings) -> list[Finding]:

@@ -11,6 +11,8 @@ errors never travel past the module that imports the SDK: they are translated th
     │   └── MissingProtocol    no X-TunePlane-Node-Protocol header
     ├── Unauthorized (401)     wrong or missing bearer token
     ├── PayloadTooLarge (413)  body over the limit
+    ├── ImageAccessDenied (403) a private image the node pulled, without credentials
+    │                          its registry accepts for it now
     ├── InvalidField (422)     a field is missing or has a bad value; names the field
     ├── TooManyFollows (429)   every slot for following a log is taken
     ├── Conflict (409)         well-formed, but this node will not do it now
@@ -25,6 +27,8 @@ errors never travel past the module that imports the SDK: they are translated th
         ├── EngineUnavailable (503)  did not answer: facts are unknown, nothing is gone
         └── EngineRefused (502)      answered and refused; carries its own words
             ├── EngineConflict (409)
+            ├── RegistryRefused      ...because the registry refused the pull's
+            │                        credentials (or has no such image: engines blur it)
             └── SpecRefused (422)    ...because of a field of the request (a user the
                                      image lacks, a command it does not have)
 
@@ -79,6 +83,18 @@ class PayloadTooLarge(NodeError):
     def __init__(self, *, limit: int) -> None:
         super().__init__(f"request body is larger than {limit} bytes")
         self.limit = limit
+
+
+class ImageAccessDenied(NodeError):
+    """A cached private image is not a free pass: the node pulled it with credentials,
+    and this launch has none its registry accepts for it (KEP-2535's rule)."""
+
+    status = 403
+
+    def __init__(self, *, image: str, reason: str) -> None:
+        super().__init__(f"no access to the private image {image}: {reason}")
+        self.image = image
+        self.reason = reason
 
 
 class InvalidField(NodeError):
@@ -216,6 +232,21 @@ class EngineConflict(EngineRefused, Conflict):
     the caller's to resolve, not a node fault."""
 
     status = 409
+
+
+class RegistryRefused(EngineRefused):
+    """The registry refused the pull: wrong or missing credentials, or no such image
+    (the engines deliberately say the two alike). Not retried: the same credentials
+    would be refused again."""
+
+    def __init__(self, *, engine: str, image: str, reason: str) -> None:
+        super().__init__(
+            engine=engine,
+            action=f"pull {image}",
+            reason=f"the registry refused access to {image} (wrong or missing credentials, "
+            f"or no such image): {reason}",
+        )
+        self.image = image
 
 
 class SpecRefused(EngineRefused):

@@ -109,6 +109,15 @@ class NodeSettings(BaseSettings):
     """Seconds an image pull may take in all."""
     local_image_pull_stall_s: float = Field(300.0, gt=0, le=DAY, allow_inf_nan=False)
     """Seconds an image pull may go without progress before it is abandoned."""
+    registry_auth_file: Path | None = None
+    """Registry credentials in Docker's config.json format (``auths``, ``credHelpers``,
+    ``credsStore``), for launches that bring none; read again when it changes and on
+    SIGHUP."""
+    private_image_check: bool = True
+    """Run an image the node pulled with credentials only for a launch whose credentials
+    are the ones it was pulled with, or which its registry accepts now."""
+    private_image_recheck_s: float = Field(3600.0, ge=0, le=30 * DAY, allow_inf_nan=False)
+    """Seconds a registry's yes to a credential for a private image is trusted."""
     local_gpu_passthrough: bool = True
     """Hand the allocated GPUs to the container (false: label only, no device)."""
     local_gpu_count: int | None = Field(None, ge=0)

@@ -5,7 +5,9 @@
 #     every container of the node (reap) or restart the engine,
 #   - a third Docker engine whose data root is a small tmpfs, which a test fills up,
 #   - the podman API service,
-#   - a registry on 127.0.0.1:5000 holding the test images.
+#   - a registry on 127.0.0.1:5000 holding the test images,
+#   - a second registry on 127.0.0.1:5005 that requires a password (htpasswd), holding a
+#     private test image; its "user:password" is in $DEV_ROOT/private-registry.auth.
 # Run as root. Re-running it is cheap: what already answers is left alone.
 # `engines.sh down` stops what it started (data is kept under $DEV_ROOT).
 set -euo pipefail
@@ -21,6 +23,11 @@ PODMAN_SOCK=/run/podman/podman.sock
 REGISTRY=127.0.0.1:5000
 IMAGE=tuneplane-test/busybox:1
 BIG_IMAGE=tuneplane-test/big:1
+# 5005: inside the 5000-5009 range podman is told is insecure (configure_podman).
+PRIVATE_REGISTRY=127.0.0.1:5005
+PRIVATE_IMAGE=tuneplane-test/trainer:1
+PRIVATE_USER=tuneplane-test
+PRIVATE_AUTH=$DEV_ROOT/private-registry.auth # "user:password", read by the tests
 export DOCKER_HOST=unix://$DOCKER_SOCK
 
 log() { printf 'engines: %s\n' "$*" >&2; }
@@ -45,6 +52,7 @@ install_packages() {
     [[ -x /bin/busybox ]] || missing+=(busybox-static)
     command -v catatonit >/dev/null || missing+=(catatonit) # podman's init for every job
     command -v curl >/dev/null || missing+=(curl)
+    command -v htpasswd >/dev/null || missing+=(apache2-utils) # the private registry's user
     command -v openssl >/dev/null || missing+=(openssl)
     command -v systemd-analyze >/dev/null || missing+=(systemd)     # verifies the unit
     command -v debootstrap >/dev/null || missing+=(debootstrap)     # the image test's base
@@ -128,6 +136,60 @@ EOF
     wait_for 30 registry curl -sf "http://$REGISTRY/v2/"
 }
 
+private_registry_answers() { # 401 to a request without the password: it is up
+    [[ $(curl -s -o /dev/null -w '%{http_code}' "http://$PRIVATE_REGISTRY/v2/") == 401 ]]
+}
+
+start_private_registry() {
+    if [[ ! -s $PRIVATE_AUTH ]]; then
+        printf '%s:%s\n' "$PRIVATE_USER" "$(openssl rand -hex 12)" >"$PRIVATE_AUTH"
+        chmod 0644 "$PRIVATE_AUTH" # a test password: the suite may run as another user
+    fi
+    if private_registry_answers; then return; fi
+    log "starting the password-protected registry on $PRIVATE_REGISTRY"
+    local user password
+    IFS=: read -r user password <"$PRIVATE_AUTH"
+    htpasswd -Bbn "$user" "$password" >"$DEV_ROOT/private-registry.htpasswd"
+    cat >"$DEV_ROOT/private-registry.yml" <<EOF
+version: 0.1
+storage:
+  filesystem:
+    rootdirectory: $DEV_ROOT/private-registry
+  delete:
+    enabled: true
+http:
+  addr: $PRIVATE_REGISTRY
+auth:
+  htpasswd:
+    realm: tuneplane-dev
+    path: $DEV_ROOT/private-registry.htpasswd
+EOF
+    setsid docker-registry serve "$DEV_ROOT/private-registry.yml" \
+        >>"$LOG_DIR/private-registry.log" 2>&1 </dev/null &
+    wait_for 30 "private registry" private_registry_answers
+}
+
+push_private_image() { # the busybox test image and a layer of its own (an image id of its own)
+    local user password ref=$PRIVATE_REGISTRY/$PRIVATE_IMAGE config
+    IFS=: read -r user password <"$PRIVATE_AUTH"
+    if curl -sf -u "$user:$password" -o /dev/null \
+        -H 'Accept: application/vnd.docker.distribution.manifest.v2+json' \
+        "http://$PRIVATE_REGISTRY/v2/${PRIVATE_IMAGE%:*}/manifests/${PRIVATE_IMAGE##*:}"; then
+        return
+    fi
+    log "pushing $ref"
+    # A config of its own: nothing is written to the engine's or root's credential store.
+    config=$(mktemp -d)
+    printf '{"auths": {"%s": {"auth": "%s"}}}\n' "$PRIVATE_REGISTRY" \
+        "$(printf '%s:%s' "$user" "$password" | base64 -w0)" >"$config/config.json"
+    printf 'FROM %s\nCOPY private /private\n' "$IMAGE" >"$config/Dockerfile"
+    echo "a private test image" >"$config/private"
+    docker build -q -t "$ref" "$config" >/dev/null
+    docker --config "$config" push -q "$ref" >/dev/null
+    docker rmi "$ref" >/dev/null # in the registry only: a launch must pull it
+    rm -rf "$config"
+}
+
 build_rootfs() { # build_rootfs DIR: a busybox-static root filesystem
     local dir=$1
     mkdir -p "$dir/bin" "$dir/tmp" "$dir/etc" "$dir/work"
@@ -193,6 +255,8 @@ up() {
     start_full_docker
     start_podman
     build_images
+    start_private_registry
+    push_private_image
     copy_image_to_own_engine
     cat <<EOF
 docker:   DOCKER_HOST=unix://$DOCKER_SOCK
@@ -200,6 +264,7 @@ tests':   unix://$OWN_SOCK (the suite's own Docker engine)
 full:     unix://$RUN_DIR/docker-full.sock (data root: a $FULL_ROOT_SIZE tmpfs at $FULL_ROOT)
 podman:   TUNEPLANE_PODMAN_URL=unix://$PODMAN_SOCK
 registry: http://$REGISTRY (images: $REGISTRY/$IMAGE, $REGISTRY/$BIG_IMAGE)
+private:  http://$PRIVATE_REGISTRY (image: $PRIVATE_REGISTRY/$PRIVATE_IMAGE; user:password in $PRIVATE_AUTH)
 logs:     $LOG_DIR
 EOF
 }
@@ -210,6 +275,7 @@ down() {
     done
     pkill -f "podman system service --time=0 unix://$PODMAN_SOCK" || true
     pkill -f "docker-registry serve $DEV_ROOT/registry.yml" || true
+    pkill -f "docker-registry serve $DEV_ROOT/private-registry.yml" || true
 }
 
 stop_docker() { # stop_docker NAME: stop the engine and wait until it is gone (a minute at most)

@@ -23,7 +23,7 @@ from rich.live import Live
 
 from tuneplane_node.ctl import render
 from tuneplane_node.ctl.client import DEFAULT_URL, URL_ENV, CtlError, NodeClient, Tls, read_token
-from tuneplane_node.wire.fields import Body, Field
+from tuneplane_node.wire.fields import Body, Field, Schema
 from tuneplane_node.wire.requests import CONTAINER, job_signal
 
 POLL_S = 0.5
@@ -187,8 +187,15 @@ def _text_fields() -> tuple[Field, ...]:
     return tuple(
         field
         for field in CONTAINER.fields
-        if field.name not in _OWN_FIELDS and not isinstance(field.schema, Body)
+        if field.name not in _OWN_FIELDS and not _an_object(field.schema)
     )
+
+
+def _an_object(schema: Schema | Body) -> bool:
+    """A nested body, or a value of which some form is an object (`registry_auth`)."""
+    if isinstance(schema, Body):
+        return True
+    return any(form.get("type") == "object" for form in schema.get("anyOf", [schema]))
 
 
 def _launch_options(parser: argparse.ArgumentParser) -> None:

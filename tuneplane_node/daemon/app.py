@@ -20,7 +20,7 @@ from tuneplane_node import inventory
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.daemon.metrics import Metrics
 from tuneplane_node.daemon.routes import answer, routes
-from tuneplane_node.daemon.state import JOBS, METRICS, SETTINGS, TASKS, TOKENS
+from tuneplane_node.daemon.state import JOBS, METRICS, REGISTRY_AUTH, SETTINGS, TASKS, TOKENS
 from tuneplane_node.daemon.tokens import TokenSet
 from tuneplane_node.errors import (
     MissingProtocol,
@@ -33,6 +33,7 @@ from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs import JobService
 from tuneplane_node.runtime import detect_runtime
 from tuneplane_node.runtime.base import ContainerRuntime
+from tuneplane_node.runtime.dockerauth import AuthFile
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.tasks import BackgroundTasks
 from tuneplane_node.wire import MAX_BODY_BYTES, PROTOCOL, PROTOCOL_HEADER
@@ -144,6 +145,9 @@ def create_node_app(
     )
     app[SETTINGS] = settings
     app[TOKENS] = tokens
+    auth_file = AuthFile.from_settings(settings, clock=clock)  # a bad file: no app either
+    if auth_file is not None:
+        app[REGISTRY_AUTH] = auth_file
     app[METRICS] = metrics
     app[TASKS] = BackgroundTasks(log)
     app.add_routes(routes)
@@ -167,7 +171,12 @@ def _lifecycle(
             await runtime.start()  # the state cache is filled before the first request
         allocator = given_allocator or GpuAllocator(runtime, settings, clock=clock)
         jobs = app[JOBS] = JobService(
-            runtime, allocator, settings, clock=clock, telemetry=telemetry
+            runtime,
+            allocator,
+            settings,
+            clock=clock,
+            telemetry=telemetry,
+            credentials=app.get(REGISTRY_AUTH),
         )
         await jobs.start()  # the operator's cordon or drain, before the first request
         await _start_background(app, jobs, sweep=sweep)
@@ -193,6 +202,8 @@ async def _start_background(app: web.Application, jobs: JobService, *, sweep: bo
         await _sweep_at_start(jobs)
         tasks.spawn(jobs.maintain(), name="wreckage sweep")
     tasks.spawn(app[TOKENS].watch(), name="token file watch")
+    if REGISTRY_AUTH in app:
+        tasks.spawn(app[REGISTRY_AUTH].watch(), name="registry auth file watch")
     tasks.spawn(app[METRICS].watch_lag(), name="event loop lag")
 
 

@@ -107,7 +107,7 @@ async def healthz(request: web.Request) -> web.Response:
     return answer(answers.OK)
 
 
-@api("post", "/node/v1/launch", answers.LaunchJson, body=requests.LAUNCH, errors=ENGINE)
+@api("post", "/node/v1/launch", answers.LaunchJson, body=requests.LAUNCH, errors=(403, *ENGINE))
 async def launch(request: web.Request) -> web.Response:
     """Launch a job's container, or start its image's pull."""
     launch_request = requests.parse_launch(await read_object(request))

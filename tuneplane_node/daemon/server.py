@@ -35,7 +35,7 @@ from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.daemon.app import create_node_app
 from tuneplane_node.daemon.listener import describe, listen
 from tuneplane_node.daemon.notify import notify
-from tuneplane_node.daemon.state import TASKS, TOKENS
+from tuneplane_node.daemon.state import REGISTRY_AUTH, TASKS, TOKENS
 from tuneplane_node.errors import ConfigError
 from tuneplane_node.settings import NodeSettings, env_name
 
@@ -354,8 +354,10 @@ async def _until_stopped(on_hangup: Callable[[], None]) -> None:
 
 
 def _reload(app: web.Application, settings: NodeSettings, context: ssl.SSLContext | None) -> None:
-    log.info("SIGHUP: reading the token file and the TLS files again")
+    log.info("SIGHUP: reading the token file, the registry auth file and the TLS files again")
     app[TASKS].spawn(app[TOKENS].reload(), name="token reload")
+    if REGISTRY_AUTH in app:
+        app[TASKS].spawn(app[REGISTRY_AUTH].reload(), name="registry auth reload")
     if context is not None:
         try:
             load_certificate(context, settings)

@@ -7,6 +7,7 @@ from aiohttp import web
 from tuneplane_node.daemon.metrics import Metrics
 from tuneplane_node.daemon.tokens import TokenSet
 from tuneplane_node.jobs import JobService
+from tuneplane_node.runtime.dockerauth import AuthFile
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.tasks import BackgroundTasks
 
@@ -14,6 +15,9 @@ SETTINGS = web.AppKey("settings", NodeSettings)
 JOBS = web.AppKey("jobs", JobService)
 TOKENS = web.AppKey("tokens", TokenSet)
 METRICS = web.AppKey("metrics", Metrics)
+REGISTRY_AUTH = web.AppKey("registry_auth", AuthFile)
+"""The node's registry credentials file; absent when none is set."""
 TASKS = web.AppKey("tasks", BackgroundTasks)
 """The daemon's own background tasks: the sampler, the wreckage sweep, the token file's
-watch, the loop's lag, a SIGHUP's reload. Closed first at shutdown, before the service."""
+watch, the registry auth file's, the loop's lag, a SIGHUP's reload. Closed first at
+shutdown, before the service."""

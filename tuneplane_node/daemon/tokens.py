@@ -12,16 +12,15 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-import os
 from pathlib import Path
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.errors import ConfigError
 from tuneplane_node.settings import TOKEN_PATTERN, NodeSettings, env_name
+from tuneplane_node.watched import FileStamp
 
 log = logging.getLogger(__name__)
 WATCH_S = 0.5
-_Stamp = tuple[int, int, int]  # (inode, size, mtime in ns): what changes when the file does
 
 
 class TokenSet:
@@ -31,7 +30,7 @@ class TokenSet:
         self.static = static
         self.path = path
         self.clock = clock  # the watch's period
-        self._stamp: _Stamp | None = None
+        self.stamp = FileStamp(path) if path is not None else None
         self._expected: tuple[bytes, ...] = ()
 
     @classmethod
@@ -69,7 +68,7 @@ class TokenSet:
         """Read the file again whenever it changes; runs until cancelled."""
         while True:
             await self.clock.sleep(every)
-            if self.path is not None and await asyncio.to_thread(self._changed):
+            if self.stamp is not None and await asyncio.to_thread(self.stamp.changed):
                 await self.reload()
 
     async def reload(self) -> None:
@@ -92,8 +91,8 @@ class TokenSet:
         self._expected = tuple(f"Bearer {token}".encode() for token in dict.fromkeys(tokens))
 
     def _read(self) -> list[str]:
-        assert self.path is not None
-        self._stamp = self._stat()
+        assert self.path is not None and self.stamp is not None
+        self.stamp.reading()
         lines = self.path.read_text(encoding="ascii").splitlines()
         tokens = [line.strip() for line in lines]
         tokens = [token for token in tokens if token and not token.startswith("#")]
@@ -101,14 +100,3 @@ class TokenSet:
             if not TOKEN_PATTERN.fullmatch(token):
                 raise ValueError(f"token {number} is not printable ASCII without spaces")
         return tokens
-
-    def _stat(self) -> _Stamp | None:
-        assert self.path is not None
-        try:
-            stat = os.stat(self.path)
-        except OSError:
-            return None
-        return stat.st_ino, stat.st_size, stat.st_mtime_ns
-
-    def _changed(self) -> bool:
-        return self._stat() != self._stamp

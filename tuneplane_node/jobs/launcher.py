@@ -17,6 +17,7 @@ from tuneplane_node.clock import Clock
 from tuneplane_node.errors import NodeError
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs.confinement import JobRules
+from tuneplane_node.jobs.images import ImageKeeper
 from tuneplane_node.jobs.mounts import MountPolicy
 from tuneplane_node.jobs.pending import STARTING, PendingLaunch, PendingTable
 from tuneplane_node.jobs.pulls import PullCoordinator
@@ -72,12 +73,14 @@ class Launcher:
         allocator: GpuAllocator,
         pulls: PullCoordinator,
         *,
+        images: ImageKeeper,
         settings: NodeSettings,
         clock: Clock,
     ) -> None:
         self.runtime = runtime
         self.allocator = allocator
         self.pulls = pulls
+        self.images = images
         self.clock = clock
         self.pending = PendingTable(clock=clock)
         self.tasks = BackgroundTasks(log)  # the pending launches'
@@ -97,6 +100,19 @@ class Launcher:
 
     async def _checked_mounts(self, spec: ContainerSpec) -> tuple[Mount, ...]:
         return await asyncio.to_thread(self.mounts.check, spec.mounts) if spec.mounts else ()
+
+    async def start(self, request: LaunchRequest) -> Started | Pulling:
+        """Run the image that is here (a private one only for credentials it admits:
+        `ImageAccessDenied` before anything is made), or pull it first: when it is
+        missing, or the pull policy says pull again."""
+        image = request.spec.image
+        request = replace(request, auth=await self.images.credentials(request))
+        present = await self.runtime.image_exists(image)
+        if present:
+            await self.images.admit(image, request.auth)
+        if present and not self.images.must_pull(request):
+            return await self.start_now(request)
+        return await self.start_pending(request)
 
     async def start_now(self, request: LaunchRequest) -> Started:
         """The container, with the cards it was given; its image is here."""
@@ -123,8 +139,10 @@ class Launcher:
 
     async def _complete(self, record: PendingLaunch, reservation: Reservation) -> None:
         """Pull, then start; how it ended is `_ended`'s to record."""
-        record.pull = self.pulls.join(record.image)
+        auth = record.request.auth
+        record.pull = self.pulls.join(record.image, auth)
         await self.pulls.wait(record.pull)
+        await self.images.pulled(record.image, auth)
         record.phase = STARTING
         # A pull takes minutes, in which a job could swap a mount's directory for a link.
         mounts = await self._checked_mounts(record.request.spec)

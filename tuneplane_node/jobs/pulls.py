@@ -2,6 +2,8 @@
 
 As Nomad's docker driver keeps its coordinator apart from the driver: launches join a
 pull, watch its progress, and leave it; the download stops when the last one leaves.
+A pull is shared by the launches of one image with the same credentials: a launch with
+wrong ones must not ride on another's right ones, nor fail them.
 Every pull is a task of the coordinator's (`BackgroundTasks`), cancelled and awaited on
 close; its error is its waiters' to report.
 """
@@ -13,7 +15,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from tuneplane_node.runtime.base import ContainerRuntime, PullLimits, PullProgress
+from tuneplane_node.runtime.base import ContainerRuntime, PullLimits, PullProgress, RegistryAuth
 from tuneplane_node.tasks import BackgroundTasks, by_awaiters
 from tuneplane_node.telemetry import NO_TELEMETRY, Telemetry
 
@@ -25,6 +27,7 @@ class SharedPull:
     """One pull of one image; ``progress`` is the engine's latest report."""
 
     image: str
+    auth: RegistryAuth | None = None
     task: asyncio.Task[None] | None = None
     waiters: int = 0
     progress: PullProgress = field(default_factory=PullProgress)
@@ -40,16 +43,16 @@ class PullCoordinator:
         self.runtime = runtime
         self.limits = limits
         self.telemetry = telemetry
-        self.pulls: dict[str, SharedPull] = {}
+        self.pulls: dict[tuple[str, RegistryAuth | None], SharedPull] = {}
         self.tasks = BackgroundTasks(log)
 
-    def join(self, image: str) -> SharedPull:
-        """The pull of ``image`` in flight, or a new one, started now."""
-        pull = self.pulls.get(image)
+    def join(self, image: str, auth: RegistryAuth | None = None) -> SharedPull:
+        """The pull of ``image`` with ``auth`` in flight, or a new one, started now."""
+        pull = self.pulls.get((image, auth))
         if pull is None:
-            pull = SharedPull(image)
+            pull = SharedPull(image, auth)
             pull.task = self.tasks.spawn(self._pull(pull), name=f"pull {image}", ended=by_awaiters)
-            self.pulls[image] = pull
+            self.pulls[(image, auth)] = pull
         pull.waiters += 1
         return pull
 
@@ -72,7 +75,9 @@ class PullCoordinator:
         # Its duration is measured for the log and the metric, not the clock's (clock.py).
         started, outcome = time.monotonic(), "failed"
         try:
-            await self.runtime.pull(pull.image, limits=self.limits, on_progress=pull.update)
+            await self.runtime.pull(
+                pull.image, limits=self.limits, on_progress=pull.update, auth=pull.auth
+            )
             outcome = "ok"
         except asyncio.CancelledError:
             outcome = "cancelled"
@@ -94,8 +99,8 @@ class PullCoordinator:
         return len(self.pulls)
 
     def _forget(self, pull: SharedPull) -> None:
-        if self.pulls.get(pull.image) is pull:
-            del self.pulls[pull.image]
+        if self.pulls.get((pull.image, pull.auth)) is pull:
+            del self.pulls[(pull.image, pull.auth)]
 
     async def close(self) -> None:
         """Cancel every pull (shutdown) and wait for them to end."""

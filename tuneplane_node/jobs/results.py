@@ -14,15 +14,26 @@ from tuneplane_node.runtime.base import (
     ContainerSpec,
     ContainerState,
     PullProgress,
+    RegistryAuth,
     RuntimeHealth,
 )
+
+IF_NOT_PRESENT = "if_not_present"
+ALWAYS = "always"
+PULL_POLICIES = (IF_NOT_PRESENT, ALWAYS)
 
 
 @dataclass(frozen=True)
 class LaunchRequest:
+    """A launch as the service takes it. ``auth``: the launch's own registry
+    credentials (its repr hides them); they never enter the spec, whose labels and env
+    reach the engine."""
+
     run_id: str
     requested_gpus: int
     spec: ContainerSpec
+    auth: RegistryAuth | None = None
+    pull_policy: str = IF_NOT_PRESENT
 
     @property
     def ref(self) -> str:

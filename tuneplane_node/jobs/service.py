@@ -25,6 +25,7 @@ from tuneplane_node.errors import NameTaken, NodeCordoned
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs.drain import NodeStateKeeper
 from tuneplane_node.jobs.health import HealthReader
+from tuneplane_node.jobs.images import CredentialSource, ImageKeeper
 from tuneplane_node.jobs.launcher import Launcher
 from tuneplane_node.jobs.locks import RefLocks
 from tuneplane_node.jobs.logs import LogsReader
@@ -69,6 +70,7 @@ class JobService:
         *,
         clock: Clock = SYSTEM_CLOCK,
         telemetry: Telemetry = NO_TELEMETRY,
+        credentials: CredentialSource | None = None,  # the node's registry auth file
     ) -> None:
         self.runtime = runtime
         self.allocator = allocator
@@ -77,7 +79,10 @@ class JobService:
         self.locks = RefLocks()
         limits = PullLimits(settings.local_image_pull_timeout_s, settings.local_image_pull_stall_s)
         self.pulls = PullCoordinator(runtime, limits, telemetry)
-        self.launcher = Launcher(runtime, allocator, self.pulls, settings=settings, clock=clock)
+        self.images = ImageKeeper(settings, credentials=credentials, clock=clock)
+        self.launcher = Launcher(
+            runtime, allocator, self.pulls, images=self.images, settings=settings, clock=clock
+        )
         self.pending = self.launcher.pending
         self.rules = self.launcher.rules
         self.store = NodeStateStore(settings.state_dir, clock=clock)
@@ -170,9 +175,7 @@ class JobService:
             if state.exists:
                 log.info("relaunch of %s: removing its %s container", ref, state.status)
                 await self.stopper.discard(state)
-            if await self.runtime.image_exists(request.spec.image):
-                return await self.launcher.start_now(request)
-            return await self.launcher.start_pending(request)
+            return await self.launcher.start(request)
 
     def _check_open(self) -> None:
         if not self.node.open:
@@ -235,15 +238,6 @@ class JobService:
         `TooManyFollows` (before anything is sent)."""
         return self.reader.follow(ref, tail, since)
 
-    @property
-    def follow_end_grace_s(self) -> float:
-        """How long after a followed log's end the job's exit may take to be known."""
-        return self.reader.end_grace_s
-
-    @follow_end_grace_s.setter
-    def follow_end_grace_s(self, seconds: float) -> None:
-        self.reader.end_grace_s = seconds
-
     # --- stop, remove, reap -------------------------------------------------------------
 
     async def stop(self, ref: str, plan: StopPlan = NO_PLAN) -> None:
@@ -273,7 +267,9 @@ class JobService:
     # --- cordon and drain ---------------------------------------------------------------
 
     async def start(self) -> None:
-        """Read the operator's decision from disk; an unfinished drain goes on."""
+        """Read the operator's decision and the private-image record from disk; an
+        unfinished drain goes on."""
+        await self.images.start()
         await self.keeper.start()
 
     async def cordon(self, reason: str | None) -> NodeState:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import hmac
 import logging
 import re
 from collections.abc import (
@@ -297,6 +298,35 @@ class PullProgress(NamedTuple):
 ProgressCallback = Callable[[PullProgress], None]
 
 
+@dataclass(frozen=True, repr=False)
+class RegistryAuth:
+    """Credentials for the registry of one pull: a user and password, or an identity
+    token. ``source`` says where they came from (``launch``, ``file``), for the logs.
+
+    Its repr and str name the source only: a credential passes through, it never reaches
+    a log line, an error or an answer (design, principle 10)."""
+
+    username: str = ""
+    password: str = ""
+    identity_token: str = ""
+    source: str = "launch"
+
+    def __repr__(self) -> str:
+        return f"RegistryAuth(source={self.source!r}, <hidden>)"
+
+    __str__ = __repr__
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """What must never be shown, to scrub an engine's words with."""
+        return tuple(s for s in (self.password, self.identity_token) if s)
+
+    def fingerprint(self, salt: bytes) -> str:
+        """A salted hash of the credential: what the node may keep and compare."""
+        material = "\x00".join((self.username, self.password, self.identity_token))
+        return hmac.new(salt, material.encode(), hashlib.sha256).hexdigest()
+
+
 @dataclass(frozen=True)
 class Usage:
     """What one running container uses now, each figure None where it cannot be read.
@@ -394,12 +424,20 @@ class ContainerRuntime(Protocol):
         """Whether the image is on the engine now."""
 
     async def pull(
-        self, image: str, *, limits: PullLimits, on_progress: ProgressCallback | None = None
+        self,
+        image: str,
+        *,
+        limits: PullLimits,
+        on_progress: ProgressCallback | None = None,
+        auth: RegistryAuth | None = None,
     ) -> None:
         """Pull the image, reporting progress; done only when the image is present.
 
-        A missed deadline is `EngineRefused` with the reason; cancelling the awaiting
-        task stops the download at once.
+        ``auth`` goes to the engine with this pull only (``X-Registry-Auth``), never to
+        its credential store. A missed deadline is `EngineRefused` with the reason; a
+        registry that refuses the credentials (or has no such image: the engines do not
+        tell the two apart) is `RegistryRefused`, at once; cancelling the awaiting task
+        stops the download at once.
         """
 
     async def usage(self, refs: Sequence[str]) -> dict[str, Usage]:

@@ -46,6 +46,7 @@ from tuneplane_node.runtime.base import (
     LogText,
     ProgressCallback,
     PullLimits,
+    RegistryAuth,
     RuntimeHealth,
     Usage,
 )
@@ -545,6 +546,11 @@ class CachedRuntime:
         return await self.inner.image_exists(image)
 
     async def pull(
-        self, image: str, *, limits: PullLimits, on_progress: ProgressCallback | None = None
+        self,
+        image: str,
+        *,
+        limits: PullLimits,
+        on_progress: ProgressCallback | None = None,
+        auth: RegistryAuth | None = None,
     ) -> None:
-        await self.inner.pull(image, limits=limits, on_progress=on_progress)
+        await self.inner.pull(image, limits=limits, on_progress=on_progress, auth=auth)

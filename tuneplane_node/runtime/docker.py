@@ -28,6 +28,7 @@ from tuneplane_node.runtime.base import (
     ContainerState,
 )
 from tuneplane_node.runtime.engine import OURS_FILTER, EngineRuntime, ErrorTable, Events
+from tuneplane_node.runtime.pulling import PullStream
 from tuneplane_node.settings import NodeSettings
 
 log = logging.getLogger(__name__)
@@ -182,12 +183,17 @@ class DockerRuntime(EngineRuntime, errors=ERRORS):
         self.api.inspect_image(image)  # type: ignore[no-untyped-call]  # untyped in the stubs
         return True
 
-    def _open_pull(self, image: str) -> tuple[Iterator[Mapping[str, Any]], Any]:
+    def _open_pull(self, image: str, headers: Mapping[str, str]) -> PullStream:
         # The public pull() hides the HTTP response, and a cancel needs it to close the
-        # socket under the reading thread; these private helpers are what pull() uses.
+        # socket under the reading thread; these private helpers are what pull() uses
+        # (with auth_config, pull() sends the same X-Registry-Auth header).
         api: Any = self.api  # private: not in the stubs
         response = api._post(
-            api._url("/images/create"), params=fmt.pull_params(image), stream=True, timeout=None
+            api._url("/images/create"),
+            params=fmt.pull_params(image),
+            headers=dict(headers),
+            stream=True,
+            timeout=None,
         )
         api._raise_for_status(response)
         return api._stream_helper(response, decode=True), response

@@ -7,12 +7,13 @@ no I/O and no SDK, so both adapters and their tests share it.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, NamedTuple
 
 from tuneplane_node.clock import normalise, rfc3339
 from tuneplane_node.runtime.base import (
@@ -21,6 +22,7 @@ from tuneplane_node.runtime.base import (
     EngineEvent,
     LogText,
     PullProgress,
+    RegistryAuth,
     Usage,
 )
 from tuneplane_node.signals import engine_stop_signal
@@ -107,6 +109,60 @@ def pull_params(image: str) -> dict[str, str]:
     if "@" in image or ":" in last:
         return {"fromImage": image}
     return {"fromImage": image, "tag": "latest"}
+
+
+DOCKER_HUB = "docker.io"
+PULL_DENIED = re.compile(
+    r"unauthorized|authentication required|no basic auth credentials|denied|forbidden"
+    r"|401 Unauthorized|403 Forbidden",
+    re.IGNORECASE,
+)
+"""What docker 20.10+ and podman 4 say when the registry refuses a pull's credentials
+(or, deliberately alike, has no such repository)."""
+
+
+class ImageName(NamedTuple):
+    """An image reference as the engines read it: the registry's host, the repository's
+    path there (``library/x`` for a bare Docker Hub name), and the tag or digest."""
+
+    registry: str
+    path: str
+    reference: str
+
+    @classmethod
+    def parse(cls, image: str) -> ImageName:
+        name, _, digest = image.partition("@")
+        first, _, rest = name.partition("/")
+        if rest and ("." in first or ":" in first or first == "localhost"):
+            registry, path = first, rest
+        else:
+            registry, path = DOCKER_HUB, name
+        tag = ""
+        if ":" in path.rsplit("/", 1)[-1]:
+            path, tag = path.rsplit(":", 1)
+        if registry == DOCKER_HUB and "/" not in path:
+            path = f"library/{path}"
+        return cls(registry, path, digest or tag or "latest")
+
+    @property
+    def repository(self) -> str:
+        """``registry/path``: every tag and digest of one repository."""
+        return f"{self.registry}/{self.path}"
+
+    @property
+    def by_digest(self) -> bool:
+        return ":" in self.reference
+
+
+def auth_header(auth: RegistryAuth, registry: str) -> str:
+    """The ``X-Registry-Auth`` header both engines read on a pull: docker's AuthConfig
+    as URL-safe base64 JSON (podman's compat and libpod endpoints decode the same)."""
+    if auth.identity_token:
+        document = {"identitytoken": auth.identity_token, "serveraddress": registry}
+    else:
+        document = {"username": auth.username, "password": auth.password}
+        document["serveraddress"] = registry
+    return base64.urlsafe_b64encode(json.dumps(document).encode()).decode("ascii")
 
 
 def json_lines(lines: Iterator[bytes]) -> Iterator[dict[str, Any]]:

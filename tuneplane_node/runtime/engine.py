@@ -46,6 +46,7 @@ from tuneplane_node.runtime.base import (
     LogText,
     ProgressCallback,
     PullLimits,
+    RegistryAuth,
     RuntimeHealth,
     Usage,
     format_gpus,
@@ -54,7 +55,7 @@ from tuneplane_node.runtime.base import (
 from tuneplane_node.runtime.dockerformat import LogFold
 from tuneplane_node.runtime.logstream import LogRelay, unbound_reads
 from tuneplane_node.runtime.pool import BlockingPool
-from tuneplane_node.runtime.pulling import drive_pull
+from tuneplane_node.runtime.pulling import PullStream, drive_pull, pull_headers
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.telemetry import NO_TELEMETRY, Telemetry
 
@@ -269,7 +270,8 @@ class EngineRuntime(ABC):
     @abstractmethod
     def _image_exists(self, image: str) -> bool: ...
     @abstractmethod
-    def _open_pull(self, image: str) -> tuple[Iterator[Mapping[str, Any]], Any]: ...
+    def _open_pull(self, image: str, headers: Mapping[str, str]) -> PullStream: ...
+
     @abstractmethod
     def _open_events(self) -> tuple[Events, Callable[[], None]]: ...
     @abstractmethod
@@ -449,26 +451,33 @@ class EngineRuntime(ABC):
         )
 
     async def pull(
-        self, image: str, *, limits: PullLimits, on_progress: ProgressCallback | None = None
+        self,
+        image: str,
+        *,
+        limits: PullLimits,
+        on_progress: ProgressCallback | None = None,
+        auth: RegistryAuth | None = None,
     ) -> None:
         """Stream the pull (deadlines and cancel in `drive_pull`); done = image present."""
         action = f"pull {image}"
+        headers = pull_headers(image, auth)
         await drive_pull(
             self.pool,
             engine=self.name,
             image=image,
-            open_stream=lambda: self._guarded(action, self._open_pull_translated, image),
+            open_stream=lambda: self._guarded(action, self._open_translated, image, headers),
             limits=limits,
             on_progress=on_progress,
             clock=self.clock,
+            auth=auth,
         )
         if not await self.image_exists(image):
             raise EngineRefused(
                 engine=self.name, action=action, reason="the stream ended without the image"
             )
 
-    def _open_pull_translated(self, image: str) -> tuple[Iterator[Mapping[str, Any]], Any]:
-        messages, response = self._open_pull(image)
+    def _open_translated(self, image: str, headers: Mapping[str, str]) -> PullStream:
+        messages, response = self._open_pull(image, headers)
         return self._translated(messages, action=f"pull {image}"), response
 
     async def usage(self, refs: Sequence[str]) -> dict[str, Usage]:

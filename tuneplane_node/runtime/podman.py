@@ -34,7 +34,7 @@ from tuneplane_node.runtime.base import (
     ContainerState,
 )
 from tuneplane_node.runtime.engine import OURS_FILTER, EngineRuntime, ErrorTable, Events
-from tuneplane_node.runtime.pulling import close_http_stream
+from tuneplane_node.runtime.pulling import PullStream, close_http_stream
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.signals import JOB_SIGNALS
 
@@ -220,11 +220,13 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
     def _image_exists(self, image: str) -> bool:
         return bool(self.client.images.exists(image))
 
-    def _open_pull(self, image: str) -> tuple[Iterator[Mapping[str, Any]], Any]:
-        # libpod's own pull (before podman 5) reports bare text lines, no layers.
+    def _open_pull(self, image: str, headers: Mapping[str, str]) -> PullStream:
+        # libpod's own pull (before podman 5) reports bare text lines, no layers. The
+        # compat endpoint reads docker's X-Registry-Auth (podman 4.3 included).
         response = self.api.post(
             "/images/create",
             params=fmt.pull_params(image),
+            headers=dict(headers),
             stream=True,
             timeout=self._streaming,
             compatible=True,

@@ -32,6 +32,7 @@ from tuneplane_node.runtime.base import (
     LogText,
     ProgressCallback,
     PullLimits,
+    RegistryAuth,
     RuntimeHealth,
     Usage,
 )
@@ -223,7 +224,12 @@ class ProcessRuntime:
         return True  # a process runtime has no images: every one is "there"
 
     async def pull(
-        self, image: str, *, limits: PullLimits, on_progress: ProgressCallback | None = None
+        self,
+        image: str,
+        *,
+        limits: PullLimits,
+        on_progress: ProgressCallback | None = None,
+        auth: RegistryAuth | None = None,
     ) -> None:
         return None  # nothing to pull
 

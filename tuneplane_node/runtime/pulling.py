@@ -17,8 +17,9 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
-from tuneplane_node.errors import EngineRefused
-from tuneplane_node.runtime.base import ProgressCallback, PullLimits
+from tuneplane_node.errors import EngineRefused, RegistryRefused
+from tuneplane_node.runtime import dockerformat as fmt
+from tuneplane_node.runtime.base import ProgressCallback, PullLimits, RegistryAuth
 from tuneplane_node.runtime.dockerformat import ProgressFold
 from tuneplane_node.runtime.pool import BlockingPool
 
@@ -26,8 +27,10 @@ log = logging.getLogger(__name__)
 WATCH_S = 0.25
 """How often the watching coroutine checks the deadlines."""
 
-StreamOpener = Callable[[], tuple[Iterator[Mapping[str, Any]], Any]]
-"""Runs on a pool thread; returns (decoded progress messages, the HTTP response)."""
+PullStream = tuple[Iterator[Mapping[str, Any]], Any]
+"""A pull's decoded progress messages, and its HTTP response (which a cancel closes)."""
+StreamOpener = Callable[[], PullStream]
+"""Runs on a pool thread."""
 
 
 def close_http_stream(response: Any) -> None:
@@ -79,11 +82,13 @@ async def drive_pull(
     limits: PullLimits,
     on_progress: ProgressCallback | None,
     clock: Clock = SYSTEM_CLOCK,
+    auth: RegistryAuth | None = None,
 ) -> None:
     """Read a pull's progress stream on the pool, enforcing both deadlines.
 
     Cancelling the awaiting task, or missing a deadline, closes the stream so the thread
-    stops reading at once; the coroutine does not wait for the thread.
+    stops reading at once; the coroutine does not wait for the thread. ``auth``: the
+    credentials the stream was opened with, which its refusal must never show.
     """
     run = _PullRun(clock)
     loop = asyncio.get_running_loop()
@@ -115,8 +120,37 @@ async def drive_pull(
         run.abort()
         future.add_done_callback(_drain)
         raise
-    future.result()
+    try:
+        future.result()
+    except EngineRefused as exc:
+        said = refusal_of_pull(exc, image=image, auth=auth)
+        if said is exc:
+            raise  # its cause chained, as every engine error
+        raise said from None  # the engine's error may hold what was scrubbed
     report()
+
+
+def pull_headers(image: str, auth: RegistryAuth | None) -> dict[str, str]:
+    """The pull's own credentials, for this request only: nothing is written to the
+    engine's or the host's credential stores."""
+    if auth is None:
+        return {}
+    registry = fmt.ImageName.parse(image).registry
+    return {"X-Registry-Auth": fmt.auth_header(auth, registry)}
+
+
+def refusal_of_pull(exc: EngineRefused, *, image: str, auth: RegistryAuth | None) -> EngineRefused:
+    """A pull's refusal as the node says it: `RegistryRefused` when the registry said
+    no to the credentials, and never with a secret in it (the engines do not echo one;
+    scrubbed all the same, as the cause is dropped)."""
+    reason = exc.reason
+    for secret in auth.secrets if auth is not None else ():
+        reason = reason.replace(secret, "***")
+    if fmt.PULL_DENIED.search(reason):
+        return RegistryRefused(engine=exc.engine, image=image, reason=reason)
+    if reason == exc.reason:
+        return exc
+    return EngineRefused(engine=exc.engine, action=exc.action, reason=reason)
 
 
 def pull_error(error: object) -> str:

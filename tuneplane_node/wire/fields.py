@@ -103,6 +103,12 @@ def number(*, least: float, most: float, whole: bool = False, above: bool = Fals
     return {"type": "integer" if whole else "number", **low, "maximum": most}
 
 
+def closed_object(**properties: Schema) -> Schema:
+    """An object of exactly these fields, each required."""
+    shape = {"type": "object", "properties": properties, "required": list(properties)}
+    return {**shape, "additionalProperties": False}
+
+
 def or_null(schema: Schema) -> Schema:
     return {"anyOf": [schema, NULL]}
 

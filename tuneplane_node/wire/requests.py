@@ -30,12 +30,13 @@ from typing import Any
 
 from tuneplane_node.clock import parse_rfc3339
 from tuneplane_node.errors import InvalidField
-from tuneplane_node.jobs.results import LaunchRequest, StopPlan
+from tuneplane_node.jobs.results import IF_NOT_PRESENT, PULL_POLICIES, LaunchRequest, StopPlan
 from tuneplane_node.runtime.base import (
     LABEL_RUN_ID,
     NODE_LABELS,
     ContainerSpec,
     Mount,
+    RegistryAuth,
     container_name,
 )
 from tuneplane_node.signals import JOB_SIGNALS
@@ -49,6 +50,7 @@ from tuneplane_node.wire.fields import (
     Given,
     Schema,
     anchored,
+    closed_object,
     either,
     number,
     or_empty,
@@ -100,6 +102,9 @@ _TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"  # \w would take any letter: é
 _DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
 IMAGE_REFERENCE = re.compile(rf"(?P<name>{_NAME_PART})(?::{_TAG})?(?:@{_DIGEST})?")
 MAX_IMAGE_NAME = 255
+MAX_CREDENTIAL = 8192  # a cloud registry's identity token runs to a few KiB
+MAX_USERNAME = 512
+AUTH_FORMS = ({"username", "password"}, {"identity_token"})
 
 # The same rules in JSON Schema, for the tables.
 NO_CONTROL = f"^[^{CONTROL.pattern[1:-1]}]*$"
@@ -155,7 +160,10 @@ def parse_launch(body: Mapping[str, Any]) -> LaunchRequest:
         requested = len(gpus or [])
     if not _is_int(requested) or not 0 <= requested <= MAX_GPUS:
         raise InvalidField("requested_gpus", f"must be a whole number from 0 to {MAX_GPUS}")
-    return LaunchRequest(run_id, int(requested), parse_container(container, run_id))
+    spec = parse_container(container, run_id)
+    auth = _registry_auth(Given(container, "container.registry_auth", run_id))
+    policy = _pull_policy(Given(container, "container.pull_policy", run_id))
+    return LaunchRequest(run_id, int(requested), spec, auth=auth, pull_policy=policy)
 
 
 def parse_container(body: Mapping[str, Any], run_id: str) -> ContainerSpec:
@@ -368,6 +376,34 @@ def _cpus(given: Given) -> float | None:
     return float(value)
 
 
+def _registry_auth(given: Given) -> RegistryAuth | None:
+    """A user and password, or an identity token; read apart from the spec (it must never
+    reach labels or env), and its refusals never echo a value."""
+    value = _empty_as(given.value, None)
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise InvalidField(given.field, "must be {username, password} or {identity_token}")
+    if set(value) not in AUTH_FORMS:
+        raise InvalidField(given.field, "must be {username, password} or {identity_token}")
+    found = {key: _credential(value[key], f"{given.field}.{key}") for key in sorted(value)}
+    return RegistryAuth(**found, source="launch")
+
+
+def _credential(value: object, field: str) -> str:
+    limit = MAX_USERNAME if field.endswith("username") else MAX_CREDENTIAL
+    if not isinstance(value, str) or not 0 < len(value) <= limit or CONTROL.search(value):
+        raise InvalidField(field, f"must be 1 to {limit} characters, no control characters")
+    return value
+
+
+def _pull_policy(given: Given) -> str:
+    policy = _empty_as(given.value, IF_NOT_PRESENT)
+    if policy not in PULL_POLICIES:
+        raise InvalidField(given.field, f"must be one of {', '.join(PULL_POLICIES)}")
+    return str(policy)
+
+
 def _network(given: Given) -> str:
     network = _text(given.body, given.field, limit=100) or "host"
     if network not in NETWORKS:
@@ -566,6 +602,33 @@ CONTAINER = Body(
             "sees them under `/dev/infiniband`, with memlock unlimited, `IPC_LOCK`, and "
             "`NCCL_IB_HCA` set to `TUNEPLANE_FABRICS`' HCAs unless `env` sets it.",
             read=_rdma,
+        ),
+        Field(
+            "registry_auth",
+            or_empty(
+                closed_object(
+                    username=text(most=MAX_USERNAME, least=1, pattern=NO_CONTROL),
+                    password=text(most=MAX_CREDENTIAL, least=1, pattern=NO_CONTROL),
+                ),
+                closed_object(
+                    identity_token=text(most=MAX_CREDENTIAL, least=1, pattern=NO_CONTROL)
+                ),
+            ),
+            "Credentials for the registry of `image`, for this launch's pull only: "
+            '`{"username", "password"}` or `{"identity_token"}` (a user of at most '
+            f"{MAX_USERNAME} characters, a secret of at most {MAX_CREDENTIAL}, no control "
+            "characters). None: the node's `TUNEPLANE_REGISTRY_AUTH_FILE`, else anonymous. "
+            "They are never logged, stored, shown or written on the container. A private "
+            "image the node pulled runs again only for a launch whose credentials its "
+            "registry accepts (else `403`).",
+        ),
+        Field(
+            "pull_policy",
+            or_empty({"enum": list(PULL_POLICIES)}),
+            f"`{IF_NOT_PRESENT}` (the default): pull only an image that is not here; "
+            "`always`: pull the tag even when an image of that name is here, so a moved "
+            "tag is picked up (phase `pulling`, shared with other launches of the image). "
+            "A digest reference (`@sha256:`) is never pulled again.",
         ),
     ),
 )

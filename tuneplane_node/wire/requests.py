@@ -445,10 +445,10 @@ def parse_signal(body: Mapping[str, Any], field: str) -> str | None:
     value = body.get(_key(field))
     if value is None or value == "":
         return None
-    if _is_int(value):
-        name = next((n for n, number in JOB_SIGNALS.items() if number == value), None)
-    else:
-        name = value if isinstance(value, str) and value in JOB_SIGNALS else None
+    # A number, or a name exactly as JOB_SIGNALS spells it (the schema's enum): ctl and
+    # the engines' records go through job_signal's looser reading, a request does not.
+    exact = isinstance(value, str) and value in JOB_SIGNALS
+    name = job_signal(value) if _is_int(value) else value if exact else None
     if name is None:
         raise InvalidField(field, f"must be one of {SIGNALS_DOC}")
     return name

@@ -678,7 +678,8 @@ async def test_stats_draws_a_live_table_in_a_terminal(tmp_path: Path) -> None:
         )
         assert launched[0] == 0, launched[1]
         # The limit is the node's default: the machine's memory less its reserve.
-        live = re.compile(rf"│ {ref} +│ running +│ \d\.\d\d cores +│ .*B / [\d.]+ [kMGT]B +│ 1 ")
+        # Two pids: the job's shell and its init.
+        live = re.compile(rf"│ {ref} +│ running +│ \d\.\d\d cores +│ .*B / [\d.]+ [kMGT]B +│ 2 ")
         code, drawn = await interrupt_in_terminal(
             ["ctl", "stats", ref, "--interval", "0.5"], env, until=live
         )

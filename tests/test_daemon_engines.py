@@ -322,8 +322,11 @@ async def test_with_the_init_a_missing_command_is_a_job_that_fails_at_once_sayin
     ref, _ = await node.launch(["/no/such/binary"], gpus=1)
     state = await node.wait_for(ref, "status", "exited", timeout=30)
     assert state["exit_code"] != 0
-    log = await node.logs(ref)
-    assert "exec" in log and "No such file or directory" in log
+    deadline = time.monotonic() + 10  # the engine's log writer may lag the exit
+    while "No such file or directory" not in (log := await node.logs(ref)):
+        assert time.monotonic() < deadline, log
+        await asyncio.sleep(0.1)
+    assert "exec" in log
     _, body = await node.launch(user="nobody-here", expect=422)
     assert body["detail"].startswith(f"container.user: {engine} refused to run")
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -266,3 +268,33 @@ async def test_occupancy_is_built_again_only_when_something_it_reads_changed(
     with pytest.raises(EngineUnavailable):
         await gpus.occupancy()
     await runtime.close()
+
+
+def two_sockets(path: Path) -> Path:
+    """A simulated 2-socket, 8-card machine: cards 0-3 on NUMA node 0, 4-7 on node 1."""
+    cards = [{"index": index, "numa_node": index // 4} for index in range(8)]
+    numa = {"0": [0, 1], "1": [2, 3]}
+    path.write_text(json.dumps({"cards": cards, "numa_cpus": numa}), encoding="utf-8")
+    return path
+
+
+async def test_one_card_jobs_fill_the_socket_in_use_and_a_four_card_job_finds_a_whole_one(
+    fake: FakeRuntime, settings: NodeSettings, tmp_path: Path
+) -> None:
+    machine = settings.model_copy(update={"local_gpu_count": None})
+    probe = SimulatedProbe(two_sockets(tmp_path / "gpus.json"), machine)
+    gpus = GpuAllocator(fake, machine, probe=probe)
+
+    async def launch(ref: str, n: int) -> tuple[int, ...]:
+        cards = await gpus.claim(ref, n, run_id=ref)
+        await hold(fake, *cards)  # the container's label holds them now
+        gpus.release(ref)
+        return cards
+
+    first = [await launch(f"first-{i}", 1) for i in range(5)]
+    assert first == [(0,), (1,), (2,), (3,), (4,)]  # socket 0 filled before socket 1
+    for name in list(fake.containers)[:4]:  # the jobs on socket 0 end
+        await fake.remove(name)
+
+    assert [await launch(f"then-{i}", 1) for i in range(3)] == [(5,), (6,), (7,)]
+    assert await launch("large", 4) == (0, 1, 2, 3)  # a whole socket

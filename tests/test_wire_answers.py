@@ -239,6 +239,7 @@ CARD_KEYS = [
     "temperature_c",
     "unhealthy",
     "processes",
+    "numa_node",
     "state",
 ]
 GIB = 2**30

@@ -149,6 +149,11 @@ class NodeSettings(BaseSettings):
     """Where the RDMA devices are: the character devices uverbs* and rdma_cm are handed
     to jobs (umad*, for management tools, never)."""
 
+    cpu_affinity: Literal["numa", "off"] = "numa"
+    """``numa``: a job holding cards is created confined to the CPUs and memory of its
+    cards' NUMA nodes (when they have as many CPUs as its ``cpu_limit``), set at create
+    only; ``off``: jobs run on every CPU."""
+
     job_capabilities: Literal["default", "restricted"] = "default"
     """A job's Linux capabilities: ``default`` keeps CHOWN, DAC_OVERRIDE, FOWNER, FSETID,
     KILL, SETGID, SETUID, SETPCAP and SYS_CHROOT (the engines' defaults less NET_RAW,

@@ -16,6 +16,7 @@ from dataclasses import replace
 from tuneplane_node.clock import Clock
 from tuneplane_node.errors import NodeError
 from tuneplane_node.gpu.allocator import GpuAllocator
+from tuneplane_node.jobs.affinity import CpuAffinity
 from tuneplane_node.jobs.confinement import JobRules
 from tuneplane_node.jobs.images import ImageKeeper
 from tuneplane_node.jobs.mounts import MountPolicy
@@ -85,6 +86,7 @@ class Launcher:
         self.pending = PendingTable(clock=clock)
         self.tasks = BackgroundTasks(log)  # the pending launches'
         self.rules = JobRules(settings)
+        self.affinity = CpuAffinity(settings)
         self.mounts = MountPolicy(settings.mount_roots)
 
     async def vetted(self, request: LaunchRequest) -> LaunchRequest:
@@ -117,7 +119,7 @@ class Launcher:
     async def start_now(self, request: LaunchRequest) -> Started:
         """The container, with the cards it was given; its image is here."""
         async with Reservation(self.allocator, request) as cards:
-            container_id = await self.runtime.run(replace(request.spec, gpus=cards))
+            container_id = await self.runtime.run(await self._placed(request.spec, cards))
         # The label holds the cards now, or nobody does.
         log.info("launch %s: running with gpus %s", request.ref, list(cards))
         return Started(container_id[:12], cards)
@@ -147,9 +149,8 @@ class Launcher:
         # A pull takes minutes, in which a job could swap a mount's directory for a link.
         mounts = await self._checked_mounts(record.request.spec)
         cards = await reservation.claim()
-        start = asyncio.ensure_future(
-            self.runtime.run(replace(record.request.spec, gpus=cards, mounts=mounts))
-        )
+        spec = await self._placed(replace(record.request.spec, mounts=mounts), cards)
+        start = asyncio.ensure_future(self.runtime.run(spec))
         try:
             await asyncio.shield(start)
         except asyncio.CancelledError:
@@ -159,6 +160,11 @@ class Launcher:
                 await start
             await self._teardown(record.ref)
             raise
+
+    async def _placed(self, spec: ContainerSpec, cards: tuple[int, ...]) -> ContainerSpec:
+        """The spec on the cards it was given, with their CPUs and memory (`CpuAffinity`)."""
+        spec = replace(spec, gpus=cards)
+        return self.affinity.apply(spec, await self.allocator.snapshot()) if cards else spec
 
     def _ended(
         self, record: PendingLaunch, reservation: Reservation, task: asyncio.Task[None]

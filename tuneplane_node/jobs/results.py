@@ -178,6 +178,7 @@ class Inventory:
     accelerator_count: int | None
     runtime: str | None
     node: NodeState
+    cpu_affinity: str = "numa"  # TUNEPLANE_CPU_AFFINITY: numa or off
 
 
 class LogNote:

@@ -71,6 +71,17 @@ def format_gpus(gpus: Iterable[int]) -> str:
     return ",".join(str(g) for g in sorted(set(gpus)))
 
 
+def format_cpulist(numbers: Iterable[int]) -> str:
+    """Sorted numbers in the kernel's list format, runs joined: ``0-3,8``."""
+    runs: list[list[int]] = []
+    for number in sorted(set(numbers)):
+        if runs and number == runs[-1][1] + 1:
+            runs[-1][1] = number
+        else:
+            runs.append([number, number])
+    return ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in runs)
+
+
 def parse_gpus(label: str | None) -> tuple[int, ...]:
     """Card indices from a ``tuneplane.gpus`` label; junk entries are dropped, loudly."""
     cards: set[int] = set()
@@ -164,7 +175,16 @@ class ContainerSpec:
     # with memlock unlimited and RDMA_CAPABILITY (verbs pin the memory they register).
     rdma_devices: tuple[str, ...] = ()
     rdma_memlock: int | None = None  # bytes; None: unlimited
+    # The node's decision (TUNEPLANE_CPU_AFFINITY): the CPUs and memory nodes of the
+    # job's cards, set at create only; () for none (every CPU, every node).
+    cpuset_cpus: tuple[int, ...] = ()
+    cpuset_mems: tuple[int, ...] = ()
     confinement: Confinement = field(default_factory=Confinement)
+
+    def cpuset(self) -> tuple[str | None, str | None]:
+        """(cpus, mems) in the kernel's list format, None for each not set."""
+        cpus, mems = self.cpuset_cpus, self.cpuset_mems
+        return (format_cpulist(cpus) if cpus else None, format_cpulist(mems) if mems else None)
 
     def rdma_mappings(self) -> list[str]:
         """``host:container:rwm`` for each RDMA device, as both engines take devices."""

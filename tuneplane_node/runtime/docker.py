@@ -103,6 +103,11 @@ class DockerRuntime(EngineRuntime, errors=ERRORS):
         ]
         if spec.cpu_limit:
             options["nano_cpus"] = int(spec.cpu_limit * 1e9)
+        cpus, mems = spec.cpuset()  # at create only: never updated on a running job
+        if cpus:
+            options["cpuset_cpus"] = cpus
+        if mems:
+            options["cpuset_mems"] = mems
         if cards := self.handed_cards(spec):
             ids = [str(gpu) for gpu in cards]
             options["device_requests"] = [

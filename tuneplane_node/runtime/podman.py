@@ -100,6 +100,11 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
             # podman-py ignores nano_cpus; a CFS quota says the same thing.
             options["cpu_period"] = CPU_PERIOD_US
             options["cpu_quota"] = int(spec.cpu_limit * CPU_PERIOD_US)
+        cpus, mems = spec.cpuset()  # at create only: never updated on a running job
+        if cpus:
+            options["cpuset_cpus"] = cpus
+        if mems:
+            options["cpuset_mems"] = mems
         devices = [f"nvidia.com/gpu={gpu}" for gpu in self.handed_cards(spec)]
         if devices or spec.rdma_devices:
             options["devices"] = devices + spec.rdma_mappings()

@@ -269,6 +269,7 @@ class ProcessRuntime:
             log_file=job_dir / LOG_FILE,
             cwd=spec.workdir,
             env=job_environment(spec, job_dir, gpus=self._settings.local_gpu_passthrough),
+            cpus=spec.cpuset_cpus,  # memory nodes: the kernel's first touch keeps it near
         )
         started_at, main_proc, stamper_proc = self._now(), proc_of(main), proc_of(stamper)
         try:

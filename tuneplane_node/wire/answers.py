@@ -311,6 +311,7 @@ class CardJson(TypedDict):
     temperature_c: int | None
     unhealthy: str | None
     processes: list[ProcessJson]
+    numa_node: int | None
 
 
 class CardStateJson(CardJson):
@@ -465,6 +466,7 @@ def card_json(card: CardFacts) -> CardJson:
         "temperature_c": card.temperature_c,
         "unhealthy": card.unhealthy,
         "processes": [{"pid": p.pid, "used_mib": p.used_mib} for p in card.processes],
+        "numa_node": card.numa_node,
     }
 
 
@@ -521,6 +523,7 @@ class InventoryJson(TypedDict):
     local_disk: LocalDiskJson | None
     fabrics: list[FabricJson]
     node_state: NodeStateJson
+    cpu_affinity: str
 
 
 def inventory_json(facts: Inventory) -> InventoryJson:
@@ -544,6 +547,7 @@ def inventory_json(facts: Inventory) -> InventoryJson:
         "local_disk": local_disk_json(machine.local_disk),
         "fabrics": [fabric_json(fabric) for fabric in machine.fabrics],
         "node_state": node_state_json(facts.node),
+        "cpu_affinity": facts.cpu_affinity,
     }
 
 

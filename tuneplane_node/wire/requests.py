@@ -648,8 +648,11 @@ LAUNCH = Body(
             or_null(number(least=0, most=MAX_GPUS, whole=True)),
             f"How many cards; whole number, 0 to {MAX_GPUS}. **The node chooses the "
             "cards** (for more than one it prefers cards joined by NVLink, then under one "
-            "PCIe switch or NUMA node, then the lowest indices). Absent: the length of "
-            "`container.gpus`.",
+            "PCIe switch or NUMA node; among those as good, a job that fits on one NUMA "
+            "node goes to the node already holding jobs, so a whole socket stays free for "
+            "a large one; then the lowest indices). With `TUNEPLANE_CPU_AFFINITY=numa` a "
+            "job holding cards runs on their NUMA nodes' CPUs and memory. Absent: the "
+            "length of `container.gpus`.",
         ),
         Field("container", CONTAINER, "An object:", required=True),
     ),

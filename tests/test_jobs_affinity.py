@@ -4,6 +4,7 @@ machine. The engines' side is tests/test_daemon_affinity.py."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 from pathlib import Path
@@ -18,6 +19,7 @@ from tuneplane_node.gpu.simulation import SimulatedProbe
 from tuneplane_node.jobs.affinity import CpuAffinity
 from tuneplane_node.runtime.base import format_cpulist
 
+REPO = Path(__file__).resolve().parent.parent
 TWO_NODES: dict[int, tuple[int, ...]] = {0: (0, 1), 1: (2, 3)}  # the machine a test says it is
 
 
@@ -169,3 +171,27 @@ def test_this_machines_own_lists_are_read() -> None:
     if not nodes or online is None:
         pytest.skip("no NUMA node list in this machine's sysfs")
     assert set(online) <= {cpu for cpus in nodes.values() for cpu in cpus}
+
+
+def test_the_gpu_check_script_reports_each_cards_node_and_the_cpuset_it_expects(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """contrib/dev/gpu_check.py runs only on a GPU machine; its NUMA part is the same
+    code on a simulated snapshot, so it is proven to run before that machine is lent."""
+    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "contrib/dev/gpu_check.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    online = numa.online_cpus() or ()
+    if 0 not in online:
+        pytest.skip("needs CPU 0")
+    path = tmp_path / "gpus.json"
+    cards = [{"index": 0, "numa_node": 0, "pci_bus_id": "00000000:17:00.0"}, {"index": 1}]
+    path.write_text(json.dumps({"cards": cards, "numa_cpus": {"0": [0, 4096]}}))
+    gpus = SimulatedProbe(path, fake_settings(tmp_path)).snapshot()
+
+    assert script.numa_check(gpus) == {0: "0"}  # CPU 4096 is on no machine
+    printed = capsys.readouterr().out
+    assert "gpu 0: numa_node 0 cpus 0,4096" in printed
+    assert "gpu 1: numa_node None cpus unknown" in printed
+    assert "FAILED: the driver gives every card a NUMA node and its CPUs" in printed

@@ -345,10 +345,10 @@ def read_affinity(index: int, handle: Any) -> tuple[int | None, tuple[int, ...]]
     """The card's NUMA node and that node's CPUs: the driver's memory and CPU affinity,
     else sysfs (the PCI device's ``numa_node``, the node's ``cpulist``); unknown stays so."""
     try:
-        nodes = _mask(_optional(pynvml.nvmlDeviceGetMemoryAffinity, handle, 4, _SCOPE_NODE))
+        nodes = mask_numbers(_optional(pynvml.nvmlDeviceGetMemoryAffinity, handle, 4, _SCOPE_NODE))
         node = nodes[0] if len(nodes) == 1 else numa.pci_numa_node(_text(_pci_bus(handle)))
         words = max(16, -(-(os.cpu_count() or 1) // 64))
-        cpus = _mask(
+        cpus = mask_numbers(
             _optional(pynvml.nvmlDeviceGetCpuAffinityWithinScope, handle, words, _SCOPE_NODE)
         )
     except Exception as exc:  # old bindings lack these calls; a card gone says so later
@@ -359,7 +359,7 @@ def read_affinity(index: int, handle: Any) -> tuple[int | None, tuple[int, ...]]
     return node, cpus
 
 
-def _mask(words: Any) -> tuple[int, ...]:
+def mask_numbers(words: Any) -> tuple[int, ...]:
     """The set bits of an array of 64-bit words, bit 0 of word 0 first; () for None."""
     if words is None:
         return ()

@@ -6,6 +6,7 @@ import asyncio
 import json
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -278,12 +279,12 @@ def two_sockets(path: Path) -> Path:
     return path
 
 
-async def test_one_card_jobs_fill_the_socket_in_use_and_a_four_card_job_finds_a_whole_one(
-    fake: FakeRuntime, settings: NodeSettings, tmp_path: Path
-) -> None:
+def socket_launcher(
+    fake: FakeRuntime, settings: NodeSettings, path: Path
+) -> Callable[[str, int], Awaitable[tuple[int, ...]]]:
+    """Launches on the two-socket machine: claim, the container labelled, the claim let go."""
     machine = settings.model_copy(update={"local_gpu_count": None})
-    probe = SimulatedProbe(two_sockets(tmp_path / "gpus.json"), machine)
-    gpus = GpuAllocator(fake, machine, probe=probe)
+    gpus = GpuAllocator(fake, machine, probe=SimulatedProbe(two_sockets(path), machine))
 
     async def launch(ref: str, n: int) -> tuple[int, ...]:
         cards = await gpus.claim(ref, n, run_id=ref)
@@ -291,6 +292,21 @@ async def test_one_card_jobs_fill_the_socket_in_use_and_a_four_card_job_finds_a_
         gpus.release(ref)
         return cards
 
+    return launch
+
+
+async def test_after_one_card_jobs_a_four_card_job_gets_a_whole_socket(
+    fake: FakeRuntime, settings: NodeSettings, tmp_path: Path
+) -> None:
+    launch = socket_launcher(fake, settings, tmp_path / "gpus.json")
+    assert [await launch(f"small-{i}", 1) for i in range(3)] == [(0,), (1,), (2,)]
+    assert await launch("large", 4) == (4, 5, 6, 7)  # not 3-6, across the sockets
+
+
+async def test_one_card_jobs_fill_the_socket_in_use_and_a_four_card_job_finds_a_whole_one(
+    fake: FakeRuntime, settings: NodeSettings, tmp_path: Path
+) -> None:
+    launch = socket_launcher(fake, settings, tmp_path / "gpus.json")
     first = [await launch(f"first-{i}", 1) for i in range(5)]
     assert first == [(0,), (1,), (2,), (3,), (4,)]  # socket 0 filled before socket 1
     for name in list(fake.containers)[:4]:  # the jobs on socket 0 end

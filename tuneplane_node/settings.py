@@ -269,14 +269,20 @@ class NodeSettings(BaseSettings):
         if self.allowed_mount_roots is None:  # the defaults come from these two
             source = f"{env_name('storage_root')} or {env_name('model_dirs')} (a mount root)"
         for root in self.mount_roots:
-            bad = [p for p in self._never_mounted() if p == root or p.is_relative_to(root)]
-            bad += [p for p in NEVER_UNDER if root.is_relative_to(p)]
-            if bad:
+            bad = self.never_a_root(root)
+            if bad is not None:
                 raise ValueError(
-                    f"{source}: {root} is or holds {bad[0]}, which a job may never "
+                    f"{source}: {root} is or holds {bad}, which a job may never "
                     f"mount; set {env_name('allowed_mount_roots')} to directories for job data"
                 )
         return self
+
+    def never_a_root(self, root: Path) -> Path | None:
+        """The path a job may never mount that ``root`` is, holds or lies in; None when
+        ``root`` could be a mount root."""
+        bad = [p for p in self._never_mounted() if p == root or p.is_relative_to(root)]
+        bad += [p for p in NEVER_UNDER if root.is_relative_to(p)]
+        return bad[0] if bad else None
 
     def _never_mounted(self) -> list[Path]:
         sockets = [_socket_path(self.docker_host), _socket_path(self.podman_url)]

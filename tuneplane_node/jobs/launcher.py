@@ -85,7 +85,7 @@ class Launcher:
         self.pending = PendingTable(clock=clock)
         self.tasks = BackgroundTasks(log)  # the pending launches'
         self.rules = JobRules(settings)
-        self.mounts = MountPolicy(settings.mount_roots)
+        self.mounts = MountPolicy(settings.mount_roots, never_a_root=settings.never_a_root)
 
     async def vetted(self, request: LaunchRequest) -> LaunchRequest:
         """The launch with its spec as the node allows it: the operator's confinement

@@ -118,6 +118,7 @@ class StateCache:
         self._stopping = threading.Event()
         self._close_stream: Callable[[], None] | None = None
         self._thread: threading.Thread | None = None
+        self._worked = False  # the event thread's: whether its current stream synced
         self._tasks = BackgroundTasks(log)  # the relist's
         self._first_sync = asyncio.Event()
 
@@ -313,8 +314,10 @@ class StateCache:
     # --- the event thread: reads, and posts what it read --------------------------------
 
     def _watch(self) -> None:
-        backoff, longest = self.backoff_s
+        first, longest = self.backoff_s
+        backoff = first
         while not self._stopping.is_set():
+            self._worked = False
             try:
                 self._follow()
                 reason = "the engine closed it"
@@ -323,7 +326,10 @@ class StateCache:
             if self._stopping.is_set():
                 return
             self._post(self.mark_stale, reason)
-            # Backoff, never a busy loop: the engine may be down for minutes.
+            # Backoff, never a busy loop: the engine may be down for minutes. A stream
+            # that synced starts it again: each engine restart costs the first wait only.
+            if self._worked:
+                backoff = first
             self._stopping.wait(backoff)
             backoff = min(backoff * 2, longest)
 
@@ -341,6 +347,7 @@ class StateCache:
         self._lists += 1
         fill = self._lists
         self._post(self.replace_all, briefs, started, fill)
+        self._worked = True  # the stream is open and the list is in: a sync
         self._fill([b.id for b in briefs], fill)
         for event in events:
             if watched(event):

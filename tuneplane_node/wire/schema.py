@@ -38,6 +38,8 @@ ERRORS = {
     500: "A bug in the node, or its state file could not be written.",
     502: "The engine answered and refused; its words follow.",
     503: "The engine could not be reached: nothing is known, nothing is reported gone.",
+    507: "The node's state file could not be written for want of space: the new state is "
+    "in force until a restart; free space and ask again.",
 }
 # Which errors each kind of operation can answer, beyond its own.
 GUARDED = (400, 401, 409, 500)  # every /node/v1 path: the token and the protocol header

@@ -60,6 +60,9 @@ WATCHED_ACTIONS = frozenset(
 )
 HEARTBEAT_S = 2.0
 """How often a synced cache asks the engine whether it still answers."""
+ANSWER_S = 1.5
+"""How long health waits on the engine, and how long a heartbeat may go unanswered
+before health says so: a probe's answer comes within 2 s whatever the engine does."""
 RECHECK_S = 1.0
 """A waiter looks again this often even without a change: a stale cache may resync."""
 BACKOFF_S = (0.5, 10.0)
@@ -112,6 +115,7 @@ class StateCache:
         self.stale_reason = "the first sync has not finished"
         self.last_event: float | None = None
         self.last_relist: float | None = None
+        self.asking_since: float | None = None  # when the heartbeat in flight asked
         self._oomed: set[str] = set()  # ids whose "oom" came and whose "die" has not
         self._watchers: dict[str, set[asyncio.Event]] = {}  # name -> waiters for a change
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -131,6 +135,11 @@ class StateCache:
     def all(self) -> list[ContainerState]:
         self._require_synced()
         return list(self.states.values())
+
+    def unanswered_s(self) -> float | None:
+        """How long the engine has left the heartbeat in flight unanswered; None: none."""
+        since = self.asking_since
+        return None if since is None else self.clock.monotonic() - since
 
     def _require_synced(self) -> None:
         if not self.synced:
@@ -410,7 +419,11 @@ class StateCache:
         """An engine that stops answering sends no event: without asking it, the cache
         would serve its last word as the truth. Not answering within the API deadline
         makes the cache stale (reads answer 503) and reopens the stream."""
-        health = await self.feed.health()
+        self.asking_since = self.clock.monotonic()
+        try:
+            health = await self.feed.health()
+        finally:
+            self.asking_since = None
         if not health.ok and self.synced:
             self.mark_stale(f"the engine does not answer: {health.error}")
             self.break_stream()
@@ -462,11 +475,15 @@ class CachedRuntime:
             heartbeat_s=heartbeat_s,
         )
         self._version: tuple[int, str | None] | None = None  # (sync generation, version)
+        self._asking: asyncio.Future[RuntimeHealth] | None = None  # health's question
 
     async def start(self) -> None:
         await self.cache.start()
 
     async def close(self) -> None:
+        if self._asking is not None:
+            self._asking.cancel()
+            await asyncio.gather(self._asking, return_exceptions=True)
         await self.cache.close()
         await self.inner.close()
 
@@ -534,20 +551,39 @@ class CachedRuntime:
         return self.inner.holders_of(pids)
 
     async def health(self) -> RuntimeHealth:
-        """From memory: the engine's version is asked once per sync generation. A stale
-        cache is not ok, at once: asking a wedged engine would hold health as long."""
+        """From memory, within `ANSWER_S` whatever the engine does: the engine's version
+        is asked once per sync generation, and never waited on longer. A stale cache is
+        not ok, at once, nor one whose heartbeat the engine has left unanswered: its
+        containers' states are then its last word, which may no longer hold."""
         cache = self.cache
         known = self._version[1] if self._version is not None else None
         if not cache.synced:
             return RuntimeHealth(
                 ok=False, engine=self.name, version=known, error=cache.stale_reason
             )
+        silent = cache.unanswered_s()
+        if silent is not None and silent > ANSWER_S:
+            return self._silent(known, f"has not answered for {silent:.0f} s")
         if self._version is not None and self._version[0] == cache.syncs:
             return RuntimeHealth(ok=True, engine=self.name, version=known)
-        health = await self.inner.health()
+        # One question in flight, however many probes wait: each would hold a thread of
+        # the engine's pool for as long as the engine is frozen.
+        if self._asking is None or self._asking.done():
+            self._asking = asyncio.ensure_future(self.inner.health())
+        try:
+            health = await cache.clock.wait_for(asyncio.shield(self._asking), ANSWER_S)
+        except asyncio.TimeoutError:
+            return self._silent(known, f"did not say its version within {ANSWER_S:g} s")
         if health.ok:
             self._version = (cache.syncs, health.version)
         return health
+
+    def _silent(self, version: str | None, how: str) -> RuntimeHealth:
+        error = (
+            f"the engine {how}: the containers' states and the cards' occupancy are "
+            "its last word, which may no longer hold"
+        )
+        return RuntimeHealth(ok=False, engine=self.name, version=version, error=error)
 
     async def image_exists(self, image: str) -> bool:
         return await self.inner.image_exists(image)

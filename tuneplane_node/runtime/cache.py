@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
@@ -122,7 +122,6 @@ class StateCache:
         self._stopping = threading.Event()
         self._close_stream: Callable[[], None] | None = None
         self._thread: threading.Thread | None = None
-        self._worked = False  # the event thread's: whether its current stream synced
         self._tasks = BackgroundTasks(log)  # the relist's
         self._first_sync = asyncio.Event()
 
@@ -135,11 +134,6 @@ class StateCache:
     def all(self) -> list[ContainerState]:
         self._require_synced()
         return list(self.states.values())
-
-    def unanswered_s(self) -> float | None:
-        """How long the engine has left the heartbeat in flight unanswered; None: none."""
-        since = self.asking_since
-        return None if since is None else self.clock.monotonic() - since
 
     def _require_synced(self) -> None:
         if not self.synced:
@@ -323,10 +317,9 @@ class StateCache:
     # --- the event thread: reads, and posts what it read --------------------------------
 
     def _watch(self) -> None:
-        first, longest = self.backoff_s
-        backoff = first
+        backoff, longest = self.backoff_s
         while not self._stopping.is_set():
-            self._worked = False
+            lists = self._lists
             try:
                 self._follow()
                 reason = "the engine closed it"
@@ -335,10 +328,8 @@ class StateCache:
             if self._stopping.is_set():
                 return
             self._post(self.mark_stale, reason)
-            # Backoff, never a busy loop: the engine may be down for minutes. A stream
-            # that synced starts it again: each engine restart costs the first wait only.
-            if self._worked:
-                backoff = first
+            # Backoff, never a busy loop; from the first again once a stream synced (listed).
+            backoff = self.backoff_s[0] if self._lists > lists else backoff
             self._stopping.wait(backoff)
             backoff = min(backoff * 2, longest)
 
@@ -356,7 +347,6 @@ class StateCache:
         self._lists += 1
         fill = self._lists
         self._post(self.replace_all, briefs, started, fill)
-        self._worked = True  # the stream is open and the list is in: a sync
         self._fill([b.id for b in briefs], fill)
         for event in events:
             if watched(event):
@@ -419,11 +409,8 @@ class StateCache:
         """An engine that stops answering sends no event: without asking it, the cache
         would serve its last word as the truth. Not answering within the API deadline
         makes the cache stale (reads answer 503) and reopens the stream."""
-        self.asking_since = self.clock.monotonic()
-        try:
+        with _asking(self):  # how long the engine takes is health's to read
             health = await self.feed.health()
-        finally:
-            self.asking_since = None
         if not health.ok and self.synced:
             self.mark_stale(f"the engine does not answer: {health.error}")
             self.break_stream()
@@ -445,6 +432,16 @@ class StateCache:
         # Marks of containers long gone: kept only while a write may still race the list.
         self.touched = {n: t for n, t in self.touched.items() if n in self.states or t >= started}
         self.last_relist = self.clock.monotonic()
+
+
+@contextlib.contextmanager
+def _asking(cache: StateCache) -> Iterator[None]:
+    """Marks the heartbeat in flight: an engine that takes long to answer it is silent."""
+    cache.asking_since = cache.clock.monotonic()
+    try:
+        yield
+    finally:
+        cache.asking_since = None
 
 
 def _age(now: float, moment: float | None) -> float | None:
@@ -561,8 +558,9 @@ class CachedRuntime:
             return RuntimeHealth(
                 ok=False, engine=self.name, version=known, error=cache.stale_reason
             )
-        silent = cache.unanswered_s()
-        if silent is not None and silent > ANSWER_S:
+        asked = cache.asking_since  # the heartbeat in flight, if any
+        silent = 0.0 if asked is None else cache.clock.monotonic() - asked
+        if silent > ANSWER_S:
             return self._silent(known, f"has not answered for {silent:.0f} s")
         if self._version is not None and self._version[0] == cache.syncs:
             return RuntimeHealth(ok=True, engine=self.name, version=known)

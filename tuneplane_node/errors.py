@@ -10,6 +10,7 @@ errors never travel past the module that imports the SDK: they are translated th
     ├── BadRequest (400)       the request cannot be read at all
     │   └── MissingProtocol    no X-TunePlane-Node-Protocol header
     ├── Unauthorized (401)     wrong or missing bearer token
+    ├── NoClientCertificate (401) mutual TLS, and the connection has no client certificate
     ├── PayloadTooLarge (413)  body over the limit
     ├── ImageAccessDenied (403) a private image the node pulled, without credentials
     │                          its registry accepts for it now
@@ -120,6 +121,17 @@ class TooManyFollows(NodeError):
             "try again when one ends, or read the logs without follow"
         )
         self.limit = limit
+
+
+class NoClientCertificate(NodeError):
+    """Mutual TLS: the connection has no client certificate, which every path but the
+    liveness probe's needs (a probe has no certificate to give)."""
+
+    status = 401
+
+    def __init__(self, *, setting: str) -> None:
+        super().__init__(f"a client certificate signed by the CA of {setting} is required")
+        self.setting = setting
 
 
 class InsufficientStorage(NodeError):

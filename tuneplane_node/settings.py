@@ -75,7 +75,8 @@ class NodeSettings(BaseSettings):
     tls_key_file: Path | None = None
     """PEM private key of the certificate."""
     tls_client_ca_file: Path | None = None
-    """PEM CA: clients must present a certificate it signed (mutual TLS)."""
+    """PEM CA: clients must present a certificate it signed (mutual TLS), on every path
+    but /healthz."""
     node_host: str = "0.0.0.0"
     """Address the API listens on."""
     node_port: int = Field(8470, ge=1, le=65535)

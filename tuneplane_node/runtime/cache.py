@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 from collections.abc import Callable, Collection, Iterator, Sequence
@@ -568,13 +569,16 @@ class CachedRuntime:
         # the engine's pool for as long as the engine is frozen.
         if self._asking is None or self._asking.done():
             self._asking = asyncio.ensure_future(self.inner.health())
+            self._asking.add_done_callback(functools.partial(self._learn, cache.syncs))
         try:
-            health = await cache.clock.wait_for(asyncio.shield(self._asking), ANSWER_S)
+            return await cache.clock.wait_for(asyncio.shield(self._asking), ANSWER_S)
         except asyncio.TimeoutError:
             return self._silent(known, f"did not say its version within {ANSWER_S:g} s")
-        if health.ok:
-            self._version = (cache.syncs, health.version)
-        return health
+
+    def _learn(self, syncs: int, asked: asyncio.Future[RuntimeHealth]) -> None:
+        """The version, once the engine says it: late, it is kept all the same."""
+        if not asked.cancelled() and asked.exception() is None and asked.result().ok:
+            self._version = (syncs, asked.result().version)
 
     def _silent(self, version: str | None, how: str) -> RuntimeHealth:
         error = (

@@ -27,7 +27,7 @@ DOCUMENT_PATH = f"{API_PREFIX}openapi.json"
 REFS = "#/components/schemas/{model}"
 ERRORS = {
     400: "The request cannot be read: not JSON, not an object, or no protocol header.",
-    401: "Wrong or missing bearer token.",
+    401: "Wrong or missing bearer token; with mutual TLS, no client certificate.",
     403: "A private image the node pulled with credentials, and this launch has none its "
     "registry accepts for it; nothing was created.",
     409: "Well-formed, but the node will not do it now (the detail says why); also a "

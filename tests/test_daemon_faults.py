@@ -413,7 +413,7 @@ async def test_a_paused_daemon_keeps_the_pulls_that_progressed(
         "TUNEPLANE_DOCKER_HOST": own_docker_host(),
         "TUNEPLANE_LOCAL_GPU_COUNT": "4",
         "TUNEPLANE_LOCAL_GPU_PASSTHROUGH": "false",
-        "TUNEPLANE_LOCAL_IMAGE_PULL_STALL_S": "2",
+        "TUNEPLANE_LOCAL_IMAGE_PULL_STALL_S": "4",  # a loaded machine's pauses stay under it
     }
     port = free_port()
     daemon = spawn_daemon(tmp_path, port, settings_of=settings)
@@ -422,7 +422,7 @@ async def test_a_paused_daemon_keeps_the_pulls_that_progressed(
         async with aiohttp.ClientSession(headers=HEADERS) as session:
             await answering(session, base)
             for proxy, ref in zip(proxies, refs, strict=True):
-                image = await proxy.big_image(own_docker, rate=700_000)  # ~9 MB: 13 s
+                image = await proxy.big_image(own_docker, rate=500_000)  # ~9 MB: 18 s
                 own_docker.track(ref)
                 container = {"name": ref, "image": image, "command": ["/bin/sleep", "300"]}
                 body = {"run_id": ref, "requested_gpus": 1, "container": container}
@@ -430,7 +430,7 @@ async def test_a_paused_daemon_keeps_the_pulls_that_progressed(
                     assert (await launched.json())["phase"] == "pulling"
             await until_pulled_some(session, base, refs)
             daemon.send_signal(signal.SIGSTOP)  # the engine pulls on, the node reads nothing
-            await asyncio.sleep(5)
+            await asyncio.sleep(8)  # twice the stall deadline
             daemon.send_signal(signal.SIGCONT)
             for ref in refs:
                 await until_running(session, base, ref, within=90)

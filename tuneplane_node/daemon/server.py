@@ -86,8 +86,10 @@ class ConnectionGuard:
             room = self._make_room(server)
             opened = self.clock.monotonic()
             if tls is not None:
-                gate = TlsHandshake(self, server, tls, timeout_s=handshake_s, room=room)
+                gate = TlsHandshake(self, server, tls, timeout_s=handshake_s)
                 self.handshakes[gate] = opened
+                if not room:  # as below: it waits for nobody
+                    asyncio.get_running_loop().call_soon(gate.abort)
                 return gate
             return self.handler(server, opened, room=room)
 
@@ -105,7 +107,8 @@ class ConnectionGuard:
         connections = [handler for handler in server.connections if handler.transport is not None]
         if len(self.opened) > 2 * len(connections) + 64:  # forget the closed, now and then
             self.opened = {h: self.opened[h] for h in connections if h in self.opened}
-        excess = len(connections) + len(self.handshakes) + 1 - self.limit
+        count = len(connections) + len(self.handshakes)
+        excess = count + 1 - self.limit
         if excess <= 0:
             return True
         idle: list[tuple[float, Callable[[], None]]] = [
@@ -121,8 +124,7 @@ class ConnectionGuard:
         for _, close in closing:
             close()
         self.shed += len(closing)
-        self._say(f"{len(connections) + len(self.handshakes)} connections open: closed the "
-                  f"{len(closing)} oldest idle")  # fmt: skip
+        self._say(f"{count} connections open: closed the {len(closing)} oldest idle")
         return len(closing) >= excess
 
     def abort_handshakes(self) -> None:
@@ -166,20 +168,21 @@ class TlsHandshake(asyncio.Protocol):
         context: ssl.SSLContext,
         *,
         timeout_s: float,
-        room: bool,
     ) -> None:
         self.guard = guard
         self.server = server
         self.context = context
         self.timeout_s = timeout_s
-        self.room = room
         self.transport: asyncio.Transport | None = None
         self.task: asyncio.Task[None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
-        transport.pause_reading()  # the ClientHello is the handshake's to read
         self.transport = transport
+        if self not in self.guard.handshakes:  # shed before it was made
+            transport.abort()
+            return
+        transport.pause_reading()  # the ClientHello is the handshake's to read
         self.task = asyncio.get_running_loop().create_task(self._handshake())
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -193,9 +196,9 @@ class TlsHandshake(asyncio.Protocol):
     async def _handshake(self) -> None:
         assert self.transport is not None
         opened = self.guard.handshakes.get(self)
-        if opened is None:  # shed before it began
+        if opened is None:  # shed before it began (and aborted then)
             return
-        handler = self.guard.handler(self.server, opened, room=self.room)
+        handler = self.guard.handler(self.server, opened, room=True)
         try:
             secured = await asyncio.get_running_loop().start_tls(
                 self.transport,

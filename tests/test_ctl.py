@@ -10,7 +10,9 @@ walk of a job and the pull run on the shared Docker engine and remove what they 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
+import http.server
 import json
 import os
 import re
@@ -21,6 +23,7 @@ import struct
 import subprocess
 import sys
 import termios
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -33,6 +36,7 @@ import pytest
 from tests.helpers import (
     HEADERS,
     IMAGE,
+    PROXY_PORTS,
     TOKEN,
     ThrottlingProxy,
     TrackingRuntime,
@@ -40,6 +44,7 @@ from tests.helpers import (
     engine_missing,
     engine_settings,
     free_port,
+    podman_url,
     python_path,
     spawn_daemon,
     unique,
@@ -401,7 +406,7 @@ def test_mutual_tls_needs_the_client_certificate(
     tls = ("--cacert", str(cert), "--cert", str(client_cert), "--key", str(client_key))
     assert ctl("health", *tls, url=node.url)[0] == 0
     code, _, err = ctl("health", "--cacert", str(cert), url=node.url)
-    assert code == 3 and f"the node at {node.url}" in err
+    assert code == 1 and "a client certificate signed by the CA of" in err, err
 
 
 # --- cordon, drain ------------------------------------------------------------------------
@@ -723,3 +728,104 @@ def _read_some(fd: int) -> bytes:
         return os.read(fd, 65536) if ready else b""
     except OSError:
         return b""
+
+
+# --- a registry's words on the operator's terminal ---------------------------------------
+
+# A window title, a clear screen, a clipboard write (OSC 52), a CSI in C1, rich markup.
+HOSTILE = (
+    "\x1b]0;pwned\x07\x1b[2J\x1b]52;c;cm0gLXJmIH4=\x07\x9b1m[link=https://evil.example]x[/link]"
+)
+
+
+@pytest.fixture
+def hostile_registry() -> Iterator[str]:
+    """A registry on loopback whose every manifest is unknown, in words it chose (a port
+    engines.sh marks insecure for podman)."""
+
+    class Registry(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path == "/v2/":
+                self._answer(200, {})
+            else:
+                self._answer(404, {"errors": [{"code": "MANIFEST_UNKNOWN", "message": HOSTILE}]})
+
+        do_HEAD = do_GET  # noqa: N815 (http.server's name)
+
+        def _answer(self, status: int, body: object) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = None
+    for port in PROXY_PORTS:  # podman pulls over plain HTTP from these ports only
+        with contextlib.suppress(OSError):
+            server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Registry)
+            break
+    assert server is not None, f"no free port in {PROXY_PORTS}"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def engine_node_settings(engine: str) -> dict[str, str]:
+    if engine == "docker":
+        return docker_node_settings()
+    return {
+        "TUNEPLANE_LOCAL_RUNTIME": "podman",
+        "TUNEPLANE_PODMAN_URL": podman_url(),
+        "TUNEPLANE_LOCAL_GPU_COUNT": "2",
+        "TUNEPLANE_LOCAL_GPU_PASSTHROUGH": "false",
+    }
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("engine", ["docker", "podman"])
+def test_a_registrys_words_reach_the_terminal_as_text(
+    ctl: Ctl,
+    start_node: StartNode,
+    hostile_registry: str,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    engine: str,
+) -> None:
+    """Finding 11 of issue 25: a registry controls the text of a failed pull, and
+    ``ctl observe`` and ``ctl health`` printed it raw (a window title, a clear screen, a
+    clipboard write), with rich's markup live. It is text, its controls escaped; so is the
+    daemon's log line about the pull."""
+    node = start_node(**engine_node_settings(engine))
+    monkeypatch.setenv("FORCE_COLOR", "1")  # rich writes as to a terminal: styles and links
+    run_id = unique("ctl")
+    ref = f"tuneplane-{run_id}"
+    image = f"{hostile_registry}/evil/image:1"
+    assert ctl("launch", "--run-id", run_id, "--image", image, url=node.url)[0] == 0
+    deadline = time.monotonic() + 60
+    while True:
+        state = json.loads(ctl("observe", ref, "--json", url=node.url)[1])["states"][ref]
+        if state.get("pending_phase") == "failed":
+            break
+        assert time.monotonic() < deadline, state
+        time.sleep(0.2)
+    assert "\x1b]0;pwned" in state["pending_error"]  # the API answers the engine's words
+
+    for verb in ("observe", "health"):
+        code, out, _ = ctl(verb, *([ref] if verb == "observe" else []), url=node.url)
+        assert code == 0
+        assert "pwned" in out, out  # the error is shown...
+        for control in ("\x1b]", "\x1b[2J", "\x07", "\x9b"):  # ...none of its controls
+            assert control not in out, (verb, control, out)
+        assert "[link=https://evil.example]" in out, out  # its markup as text
+        assert "\\x1b]0;pwned\\x07" in out.replace("\n", "").replace("│", "")
+    served_log = (tmp_path / "serve.log").read_text()
+    assert "pwned" in served_log and "\x1b" not in served_log and "\x9b" not in served_log

@@ -10,11 +10,13 @@ errors never travel past the module that imports the SDK: they are translated th
     ├── BadRequest (400)       the request cannot be read at all
     │   └── MissingProtocol    no X-TunePlane-Node-Protocol header
     ├── Unauthorized (401)     wrong or missing bearer token
+    ├── NoClientCertificate (401) mutual TLS, and the connection has no client certificate
     ├── PayloadTooLarge (413)  body over the limit
     ├── ImageAccessDenied (403) a private image the node pulled, without credentials
     │                          its registry accepts for it now
     ├── InvalidField (422)     a field is missing or has a bad value; names the field
     ├── TooManyFollows (429)   every slot for following a log is taken
+    ├── InsufficientStorage (507) the node's own disk (its state directory) is full
     ├── Conflict (409)         well-formed, but this node will not do it now
     │   ├── ProtocolMismatch   console and node speak different wire versions
     │   ├── NoCapacity         not enough GPUs free for the job
@@ -119,6 +121,34 @@ class TooManyFollows(NodeError):
             "try again when one ends, or read the logs without follow"
         )
         self.limit = limit
+
+
+class NoClientCertificate(NodeError):
+    """Mutual TLS: the connection has no client certificate, which every path but the
+    liveness probe's needs (a probe has no certificate to give)."""
+
+    status = 401
+
+    def __init__(self, *, setting: str) -> None:
+        super().__init__(f"a client certificate signed by the CA of {setting} is required")
+        self.setting = setting
+
+
+class InsufficientStorage(NodeError):
+    """The node state file could not be written for want of space. The state asked for
+    is in force, but a restart would not keep it: the operator frees space, asks again."""
+
+    status = 507
+    code = "insufficient_storage"
+
+    def __init__(self, *, state: str, path: str, reason: str) -> None:
+        super().__init__(
+            f"the node is {state} now, but {path} could not be written ({reason}): a "
+            "restart would not keep it; free space on that disk and ask again"
+        )
+        self.state = state
+        self.path = path
+        self.reason = reason
 
 
 class Conflict(NodeError):

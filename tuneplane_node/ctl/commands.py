@@ -60,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
             tls=Tls(args.cacert, args.cert, args.key),
         )
         verb: Verb = args.ctl_run
-        return verb(Ctl(client, Console(highlight=False), args.json), args)
+        # No emoji codes either: ":skull:" in a registry's words stays text.
+        return verb(Ctl(client, Console(highlight=False, emoji=False), args.json), args)
     except CtlError as exc:
         print(f"tuneplane-node ctl: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -380,6 +381,7 @@ def launch_body(args: argparse.Namespace, *, name: str) -> dict[str, Any]:
 
 
 def launched(ref: str, answer: Mapping[str, Any]) -> str:
+    ref, answer = render.as_text(ref), render.as_text(answer)
     phase = answer.get("phase")
     again = "already " if answer.get("idempotent") else ""
     if phase == "running":
@@ -401,6 +403,7 @@ def _await_pull(ctl: Ctl, ref: str, image: str) -> Mapping[str, Any]:
 
 
 def ended(ref: str, state: Mapping[str, Any]) -> str:
+    ref, state = render.as_text(ref), render.as_text(state)
     if state.get("pending_phase") == "failed":
         return f"{ref}: [red]failed[/]: {state.get('pending_error')}"
     if not state.get("exists"):

@@ -1,7 +1,9 @@
 """The node's answers as an operator reads them: rich tables, and a pull's progress bar.
 
 Every function takes the answer's JSON as the API gives it; a field a node does not
-send (an older node, a field still to come) is shown as unknown, never as zero.
+send (an older node, a field still to come) is shown as unknown, never as zero. The
+answer's text is the engine's, a registry's or a job's: each entry point shows it as
+text (`as_text`), never as rich markup nor as terminal controls.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.filesize import decimal
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -23,9 +26,24 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from tuneplane_node.printable import printable
+
 UNKNOWN = "[dim]unknown[/]"
 STATUS_STYLES = {"running": "green", "created": "cyan", "exited": "yellow", "dead": "red"}
 NODE_STATE_STYLES = {"ready": "green", "cordoned": "yellow", "draining": "yellow"}
+
+
+def as_text(answer: Any) -> Any:
+    """The answer with every string in it (keys too) as text: controls escaped, then
+    rich's markup (``[link=...]`` was a live hyperlink). Once per answer: a second pass
+    would show the first one's backslashes."""
+    if isinstance(answer, str):
+        return escape(printable(answer))
+    if isinstance(answer, Mapping):
+        return {as_text(key): as_text(value) for key, value in answer.items()}
+    if isinstance(answer, (list, tuple)):
+        return [as_text(value) for value in answer]
+    return answer
 
 
 def _facts(title: str | None = None) -> Table:
@@ -77,13 +95,14 @@ def node_state(state: Mapping[str, Any], now: datetime) -> str:
 
 
 def show_node_state(console: Console, answer: Mapping[str, Any]) -> None:
-    console.print(f"node {node_state(answer, datetime.now(timezone.utc))}")
+    console.print(f"node {node_state(as_text(answer), datetime.now(timezone.utc))}")
 
 
 # --- health ---------------------------------------------------------------------------
 
 
 def show_health(console: Console, answer: Mapping[str, Any]) -> None:
+    answer = as_text(answer)
     console.print(_health_facts(answer, datetime.now(timezone.utc)))
     if answer.get("gpu_detail"):
         console.print(_cards(answer["gpu_detail"], title="Cards", states=True))
@@ -155,6 +174,7 @@ def _pulls(pulls: Mapping[str, Mapping[str, Any]]) -> Table:
 
 
 def show_inventory(console: Console, answer: Mapping[str, Any]) -> None:
+    answer = as_text(answer)
     console.print(_inventory_facts(answer, datetime.now(timezone.utc)))
     if answer.get("gpus"):
         console.print(_cards(answer["gpus"], title="Cards", states=False))
@@ -217,7 +237,7 @@ def _fabrics(fabrics: list[Mapping[str, Any]]) -> Table:
 
 
 def show_states(console: Console, states: Mapping[str, Mapping[str, Any]]) -> None:
-    now = datetime.now(timezone.utc)
+    states, now = as_text(states), datetime.now(timezone.utc)
     table = Table(title="Jobs", title_justify="left")
     for column in ("ref", "status", "age", "run", "cards", "detail"):
         table.add_column(column)
@@ -235,7 +255,8 @@ def show_states(console: Console, states: Mapping[str, Mapping[str, Any]]) -> No
 
 
 def status(state: Mapping[str, Any]) -> str:
-    """``running``, ``exited (137)``, ``pulling 45%``, ``absent``, styled."""
+    """``running``, ``exited (137)``, ``pulling 45%``, ``absent``, styled; of a state
+    already `as_text`."""
     if not state.get("exists"):
         return "[dim]absent[/]"
     phase = state.get("pending_phase")
@@ -277,11 +298,11 @@ def stats_table(stats: Mapping[str, Mapping[str, Any]]) -> Table:
     table = Table(title="Stats", title_justify="left")
     for column in ("ref", "status", "CPU", "memory / limit", "pids", "cards", "sampled"):
         table.add_column(column)
-    now = datetime.now(timezone.utc)
+    stats, now = as_text(stats), datetime.now(timezone.utc)
     for ref, job in stats.items():
         if "cpu_ratio" not in job:
-            shown = status(job) if job.get("exists") else "[dim]absent[/]"
-            table.add_row(ref, shown, "", "", "", "", "")
+            said = status(job) if job.get("exists") else "[dim]absent[/]"
+            table.add_row(ref, said, "", "", "", "", "")
             continue
         cpu = job.get("cpu_ratio")
         table.add_row(
@@ -324,7 +345,7 @@ class PullProgress:
 
     def __init__(self, console: Console, image: str, *, shown: bool = True) -> None:
         self.console = console
-        self.image = image
+        self.image = as_text(image)
         self.shown = shown
         self.live = shown and console.is_terminal
         self.phase = ""
@@ -338,7 +359,7 @@ class PullProgress:
             console=console,
             transient=False,
         )
-        self.task = self.progress.add_task(f"pulling {image}", total=None, layers="0/0")
+        self.task = self.progress.add_task(f"pulling {self.image}", total=None, layers="0/0")
 
     def __enter__(self) -> PullProgress:
         if self.live:
@@ -354,6 +375,7 @@ class PullProgress:
         self.progress.stop()
 
     def update(self, state: Mapping[str, Any]) -> None:
+        state = as_text(state)
         phase = str(state.get("pending_phase"))
         total = state.get("pending_bytes_total") or None
         self.progress.update(

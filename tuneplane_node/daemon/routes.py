@@ -220,7 +220,7 @@ async def inventory(request: web.Request) -> web.Response:
     return answer(answers.inventory_json(await request.app[JOBS].inventory()))
 
 
-@api("post", "/node/v1/cordon", answers.NodeStateJson, body=requests.CORDON)
+@api("post", "/node/v1/cordon", answers.NodeStateJson, body=requests.CORDON, errors=(507,))
 async def cordon(request: web.Request) -> web.Response:
     """Refuse new launches."""
     reason = requests.parse_reason(await read_object(request))
@@ -230,7 +230,7 @@ async def cordon(request: web.Request) -> web.Response:
     return answer(answers.node_state_json(node))
 
 
-@api("post", "/node/v1/drain", answers.NodeStateJson, body=requests.DRAIN)
+@api("post", "/node/v1/drain", answers.NodeStateJson, body=requests.DRAIN, errors=(507,))
 async def drain(request: web.Request) -> web.Response:
     """Cordon, cancel pending launches and stop every job."""
     body = await read_object(request)
@@ -244,7 +244,7 @@ async def drain(request: web.Request) -> web.Response:
     return answer(answers.node_state_json(node))
 
 
-@api("post", "/node/v1/uncordon", answers.NodeStateJson, body=requests.UNCORDON)
+@api("post", "/node/v1/uncordon", answers.NodeStateJson, body=requests.UNCORDON, errors=(507,))
 async def uncordon(request: web.Request) -> web.Response:
     """Take launches again."""
     await read_object(request)  # {} or nothing; anything else is a 400 as everywhere

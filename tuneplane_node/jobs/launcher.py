@@ -87,7 +87,7 @@ class Launcher:
         self.tasks = BackgroundTasks(log)  # the pending launches'
         self.rules = JobRules(settings)
         self.affinity = CpuAffinity(settings)
-        self.mounts = MountPolicy(settings.mount_roots)
+        self.mounts = MountPolicy(settings.mount_roots, never_a_root=settings.never_a_root)
 
     async def vetted(self, request: LaunchRequest) -> LaunchRequest:
         """The launch with its spec as the node allows it: the operator's confinement

@@ -27,7 +27,7 @@ DOCUMENT_PATH = f"{API_PREFIX}openapi.json"
 REFS = "#/components/schemas/{model}"
 ERRORS = {
     400: "The request cannot be read: not JSON, not an object, or no protocol header.",
-    401: "Wrong or missing bearer token.",
+    401: "Wrong or missing bearer token; with mutual TLS, no client certificate.",
     403: "A private image the node pulled with credentials, and this launch has none its "
     "registry accepts for it; nothing was created.",
     409: "Well-formed, but the node will not do it now (the detail says why); also a "
@@ -38,6 +38,8 @@ ERRORS = {
     500: "A bug in the node, or its state file could not be written.",
     502: "The engine answered and refused; its words follow.",
     503: "The engine could not be reached: nothing is known, nothing is reported gone.",
+    507: "The node's state file could not be written for want of space: the new state is "
+    "in force until a restart; free space and ask again.",
 }
 # Which errors each kind of operation can answer, beyond its own.
 GUARDED = (400, 401, 409, 500)  # every /node/v1 path: the token and the protocol header

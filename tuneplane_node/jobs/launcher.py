@@ -20,6 +20,7 @@ from tuneplane_node.jobs.confinement import JobRules
 from tuneplane_node.jobs.images import ImageKeeper
 from tuneplane_node.jobs.mounts import MountPolicy
 from tuneplane_node.jobs.pending import STARTING, PendingLaunch, PendingTable
+from tuneplane_node.jobs.prefetch import Prefetcher
 from tuneplane_node.jobs.pulls import PullCoordinator
 from tuneplane_node.jobs.results import LaunchRequest, Pulling, Started
 from tuneplane_node.runtime.base import DEVICES_ENV, ContainerRuntime, ContainerSpec, Mount
@@ -86,6 +87,7 @@ class Launcher:
         self.tasks = BackgroundTasks(log)  # the pending launches'
         self.rules = JobRules(settings)
         self.mounts = MountPolicy(settings.mount_roots)
+        self.prefetcher = Prefetcher(runtime, pulls, images=images, clock=clock)
 
     async def vetted(self, request: LaunchRequest) -> LaunchRequest:
         """The launch with its spec as the node allows it: the operator's confinement
@@ -110,7 +112,7 @@ class Launcher:
         present = await self.runtime.image_exists(image)
         if present:
             await self.images.admit(image, request.auth)
-        if present and not self.images.must_pull(request):
+        if present and not self.images.must_pull(image, request.pull_policy):
             return await self.start_now(request)
         return await self.start_pending(request)
 
@@ -215,7 +217,8 @@ class Launcher:
             log.info("launch %s cancelled in phase %s", ref, record.phase)
 
     async def close(self) -> None:
-        """Cancel every background launch, then every pull (shutdown): a launch cancelled
-        while its pull runs leaves it first, as a stop would."""
+        """Cancel every background launch and prefetch, then every pull (shutdown): a
+        launch cancelled while its pull runs leaves it first, as a stop would."""
         await self.tasks.close()
+        await self.prefetcher.close()
         await self.pulls.close()

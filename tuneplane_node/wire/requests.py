@@ -32,11 +32,11 @@ from tuneplane_node.clock import parse_rfc3339
 from tuneplane_node.errors import InvalidField
 from tuneplane_node.jobs.results import (
     IF_NOT_PRESENT,
-    PULL_POLICIES,
     LaunchRequest,
     PrefetchRequest,
     StopPlan,
 )
+from tuneplane_node.jobs.results import PULL_POLICIES as PULL_POLICIES  # ctl's choices too
 from tuneplane_node.runtime.base import (
     LABEL_RUN_ID,
     NODE_LABELS,

@@ -10,8 +10,11 @@ import pytest
 from tests.conftest import IMAGE, MakeFakeNode
 from tests.fakes import FakeClock, FakeRuntime
 from tests.helpers import HEADERS, Console, console_0315, settle
+from tuneplane_node.daemon.state import JOBS
+from tuneplane_node.jobs.images import PrivateImage
 from tuneplane_node.jobs.pending import FAILED_RECORD_TTL_S
 from tuneplane_node.jobs.pullrate import WINDOW_S
+from tuneplane_node.runtime.dockerformat import ImageName
 
 BIG = "registry.test/big:1"
 PULL = "/node/v1/images/pull"
@@ -188,3 +191,17 @@ async def test_a_prefetch_pull_is_counted_in_the_metrics(
         text = await response.text()
     assert 'tuneplane_node_image_pulls_total{result="ok"} 1.0' in text
     assert "tuneplane_node_pull_bytes_total 300.0" in text
+
+
+async def test_a_present_private_image_is_no_free_pass_for_a_prefetch_either(
+    fake_node: MakeFakeNode, fake: FakeRuntime
+) -> None:
+    node = await fake_node()
+    keeper = node.app[JOBS].images
+    keeper.record.images[ImageName.parse(IMAGE).repository] = PrivateImage("registry.test")
+
+    status, answer = await prefetch(node, IMAGE)
+
+    assert status == 403 and IMAGE in answer["detail"]
+    assert fake.calls["pull"] == 0
+    assert (await images(node))["images"] == []  # neither pulled nor used by the node

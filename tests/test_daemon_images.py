@@ -205,3 +205,20 @@ async def test_a_present_private_image_is_no_free_pass_for_a_prefetch_either(
     assert status == 403 and IMAGE in answer["detail"]
     assert fake.calls["pull"] == 0
     assert (await images(node))["images"] == []  # neither pulled nor used by the node
+
+
+async def test_what_the_node_pulled_is_known_after_a_restart(
+    fake_node: MakeFakeNode, fake: FakeRuntime
+) -> None:
+    node = await fake_node()
+    await prefetch(node)
+    await fake.pulling.wait()
+    fake.pull_of(BIG).finish()
+    await settle()
+    [before] = (await images(node))["images"]
+    await node.app[JOBS].ledger.flush()
+
+    again = await fake_node()  # a second daemon on the same state directory
+
+    assert (await images(again))["images"] == [before]
+    assert before["pulled_at"] is not None

@@ -47,6 +47,7 @@ DEV_DOCKER_SOCK = Path("/run/tuneplane-dev/docker.sock")
 # an engine restart): the shared engine holds other people's jobs.
 OWN_DOCKER_SOCK = Path("/run/tuneplane-dev/docker-own.sock")
 OWN_DOCKER_PID = Path("/run/tuneplane-dev/docker-own.pid")  # to freeze it (SIGSTOP)
+DEV_ROOT = Path(os.environ.get("TUNEPLANE_DEV_ROOT", "/var/lib/tuneplane-dev"))  # engines.sh's
 # A Docker engine whose data root is a small tmpfs of its own, which a test fills up.
 FULL_DOCKER_SOCK = Path("/run/tuneplane-dev/docker-full.sock")
 FULL_DOCKER_ROOT = Path("/var/lib/tuneplane-dev/docker-full")

@@ -21,6 +21,7 @@ from tuneplane_node.jobs.confinement import JobRules
 from tuneplane_node.jobs.images import ImageKeeper
 from tuneplane_node.jobs.mounts import MountPolicy
 from tuneplane_node.jobs.pending import STARTING, PendingLaunch, PendingTable
+from tuneplane_node.jobs.prefetch import Prefetcher
 from tuneplane_node.jobs.pulls import PullCoordinator
 from tuneplane_node.jobs.results import LaunchRequest, Pulling, Started
 from tuneplane_node.runtime.base import DEVICES_ENV, ContainerRuntime, ContainerSpec, Mount
@@ -88,6 +89,7 @@ class Launcher:
         self.rules = JobRules(settings)
         self.affinity = CpuAffinity(settings)
         self.mounts = MountPolicy(settings.mount_roots, never_a_root=settings.never_a_root)
+        self.prefetcher = Prefetcher(runtime, pulls, images=images, clock=clock)
 
     async def vetted(self, request: LaunchRequest) -> LaunchRequest:
         """The launch with its spec as the node allows it: the operator's confinement
@@ -112,7 +114,7 @@ class Launcher:
         present = await self.runtime.image_exists(image)
         if present:
             await self.images.admit(image, request.auth)
-        if present and not self.images.must_pull(request):
+        if present and not self.images.must_pull(image, request.pull_policy):
             return await self.start_now(request)
         return await self.start_pending(request)
 
@@ -121,6 +123,7 @@ class Launcher:
         async with Reservation(self.allocator, request) as cards:
             container_id = await self.runtime.run(await self._placed(request.spec, cards))
         # The label holds the cards now, or nobody does.
+        await self._used(request)
         log.info("launch %s: running with gpus %s", request.ref, list(cards))
         return Started(container_id[:12], cards)
 
@@ -160,6 +163,21 @@ class Launcher:
                 await start
             await self._teardown(record.ref)
             raise
+        await self._used(record.request)
+
+    async def _used(self, request: LaunchRequest) -> None:
+        """Write the container's image's use in the ledger: the image id the engine made
+        it from (the tag may have moved since). The container runs either way."""
+        ledger = self.pulls.ledger
+        if ledger is None:
+            return
+        try:
+            state = await self.runtime.inspect(request.spec.name)
+        except NodeError as exc:
+            log.warning("launch %s: its image's use is not recorded: %s", request.ref, exc.message)
+            return
+        if state.image_id is not None:
+            ledger.record_use(request.spec.image, state.image_id, self.clock.now())
 
     async def _placed(self, spec: ContainerSpec, cards: tuple[int, ...]) -> ContainerSpec:
         """The spec on the cards it was given, with their CPUs and memory (`CpuAffinity`)."""
@@ -205,7 +223,8 @@ class Launcher:
             log.info("launch %s cancelled in phase %s", ref, record.phase)
 
     async def close(self) -> None:
-        """Cancel every background launch, then every pull (shutdown): a launch cancelled
-        while its pull runs leaves it first, as a stop would."""
+        """Cancel every background launch and prefetch, then every pull (shutdown): a
+        launch cancelled while its pull runs leaves it first, as a stop would."""
         await self.tasks.close()
+        await self.prefetcher.close()
         await self.pulls.close()

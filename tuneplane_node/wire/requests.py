@@ -944,10 +944,7 @@ JOBS = Body(
         ),
         Field(
             "wait",
-            {
-                "anyOf": [{"type": "string", "pattern": anchored(DECIMAL.pattern)}, EMPTY],
-                "default": f"{DEFAULT_WAIT_S:g}",
-            },
+            {"anyOf": [number(least=0, most=MAX_WAIT_S), EMPTY], "default": DEFAULT_WAIT_S},
             f"With `index`: seconds to hold the query when nothing changed, 0 to "
             f"{MAX_WAIT_S:g}; default {DEFAULT_WAIT_S:g}. The node adds up to a sixteenth "
             "more at random, so a fleet's consoles do not ask again at once.",

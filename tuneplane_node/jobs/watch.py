@@ -158,8 +158,8 @@ class ChangeLog:
                     self._progressed.pop(ref, None)
                     self._record(ref)
                 continue
-            self._views[ref] = view  # the newest, even when it reads the same
-            if old is None or not _same(old, view):
+            if old is None or not _same(old, view):  # else the old object stays: a
+                self._views[ref] = view  # position names one set of views (and answers)
                 self._record(ref)
         if self.position != before:
             self._wake()

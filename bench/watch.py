@@ -7,17 +7,18 @@ waits from the index before the job exits; the time from the engine's own die ev
 the exit is the node's share, printed beside the engine's (``FinishedAt`` to that
 ``timeNano``). Goals: the node's share median < 5 ms, p99 < 20 ms.
 (2) ``GET /node/v1/jobs`` of ``--jobs`` jobs (1,000), on the in-memory engine of the
-tests behind the real state cache and daemon, served in this process on a thread of its
-own: median < 10 ms.
+tests behind the real state cache and daemon, in a process of its own (nobody else's
+jobs change under it, as the shared engine's do): median < 10 ms.
 (3) 64 waiting queries, nothing changing: the daemon's CPU time over ``--idle`` seconds
-against the same time with none waiting (goal: no more). Then the daemon is stopped: how
-soon all 64 are answered.
+against the same time with none waiting, in windows (goal: no more than the quiet
+windows' spread). Then the daemon is stopped: how soon all 64 are answered.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import http.client
 import shutil
 import signal
@@ -27,6 +28,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -215,10 +217,10 @@ def listing(daemon: Daemon, jobs: int, rounds: int) -> None:
 # --- (3) waiting costs nothing ------------------------------------------------------------
 
 
-def waiting_costs(daemon: Daemon, idle: float) -> None:
+def waiting_costs(daemon: Daemon, idle: float, windows: int = 3) -> None:
     api = Api(daemon.url)
     cursor = Watcher(daemon.url).jobs()["index"]
-    quiet = cpu_over(daemon, idle)
+    quiet = [cpu_over(daemon, idle / windows) for _ in range(windows)]
     answered: list[float] = []
     waiters = [
         threading.Thread(target=wait_one, args=(daemon.url, cursor, answered), daemon=True)
@@ -227,13 +229,17 @@ def waiting_costs(daemon: Daemon, idle: float) -> None:
     for thread in waiters:
         thread.start()
     wait_gauge(api, WAITERS)
-    busy = cpu_over(daemon, idle)
+    busy = [cpu_over(daemon, idle / windows) for _ in range(windows)]
     print(
-        f"\n(3) the daemon's CPU over {idle:g} s, nothing changing: none waiting "
-        f"{ms(quiet)}, {WAITERS} queries waiting {ms(busy)} (its heartbeat, lag meter and "
-        "sampler run in both)"
+        f"\n(3) the daemon's CPU in {windows} windows of {idle / windows:g} s, nothing "
+        f"changing: none waiting {', '.join(map(ms, quiet))}; {WAITERS} queries waiting "
+        f"{', '.join(map(ms, busy))} (its heartbeat, lag meter and sampler run in both)"
     )
-    print(f"    goal: no more CPU while waiting: {'MET' if busy <= quiet + 0.005 else 'MISSED'}")
+    met = median(busy) <= max(quiet)
+    print(
+        f"    goal: no more CPU while waiting: {'MET' if met else 'MISSED'} (the waiting "
+        "windows' median within the quiet windows' spread)"
+    )
     stopped = time.time()
     assert daemon.process is not None
     daemon.process.send_signal(signal.SIGTERM)
@@ -262,16 +268,26 @@ def wait_gauge(api: Api, count: int) -> None:
 
 
 def cpu_over(daemon: Daemon, seconds: float) -> float:
-    before = daemon.cpu_seconds()
+    """The daemon's CPU time over ``seconds``, to the nanosecond (the scheduler's own
+    count, every thread: /proc's utime and stime move in 10 ms ticks)."""
+    before = on_cpu(daemon.pid)
     time.sleep(seconds)
-    return daemon.cpu_seconds() - before
+    return on_cpu(daemon.pid) - before
+
+
+def on_cpu(pid: int) -> float:
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread that just ended
+            total += int((task / "schedstat").read_text().split()[0])
+    return total / 1e9
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = arguments(__doc__.splitlines()[0], containers=0, rounds=200)
     parser.add_argument("--exits", type=int, default=100, help="jobs whose exit is heard")
     parser.add_argument("--jobs", type=int, default=1000, help="jobs in the list of (2)")
-    parser.add_argument("--idle", type=float, default=5.0, help="seconds of (3)'s CPU reads")
+    parser.add_argument("--idle", type=float, default=15.0, help="seconds of (3)'s CPU reads")
     parser.add_argument("--serve-fake", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve_fake:

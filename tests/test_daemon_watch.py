@@ -142,6 +142,7 @@ async def test_every_kind_of_change_reaches_every_watcher_in_order_and_once(
             watcher.cancel()
         await asyncio.gather(*watchers, return_exceptions=True)
     listing = await node.jobs()
+
     # The pulled launch's "starting" may be read together with its start: in one
     # answer, or two; every other change is its own step, seen by every watcher.
     def steps(copy: Copy) -> list[tuple[str, str | None]]:

@@ -35,7 +35,7 @@ def check(
 
     def run(**settings: str) -> tuple[int, dict[str, str], str]:
         base = {
-            "TUNEPLANE_NODE_TOKEN": "s3cret-t0ken",
+            "TUNEPLANE_NODE_TOKEN": "s3cret-t0ken-0123456789",
             "TUNEPLANE_NODE_PORT": str(free_port()),
             "TUNEPLANE_LOCAL_RUNTIME": "process",
             "TUNEPLANE_STORAGE_ROOT": str(tmp_path),
@@ -58,7 +58,7 @@ def check(
 def test_a_sound_machine_passes_and_no_secret_is_printed(check: Check, tmp_path: Path) -> None:
     code, lines, out = check()
     assert code == 0, out
-    assert lines["token"] == "ok token: 1 accepted, from TUNEPLANE_NODE_TOKEN"
+    assert lines["token"] == "ok token: 1 accepted (full 1), from TUNEPLANE_NODE_TOKEN"
     assert lines["storage root"].startswith(f"ok storage root: {tmp_path} on ")
     assert lines["state dir"].startswith(f"ok state dir: {tmp_path / 'state'} writable")
     assert lines["engine"].startswith("warn engine: process runtime")
@@ -74,16 +74,37 @@ def test_a_missing_token_fails(check: Check) -> None:
 
 
 def test_a_token_file_is_counted_never_shown(check: Check, tmp_path: Path) -> None:
-    (tmp_path / "tokens").write_text("# rotated monthly\nfirst-s3cret\n\nsecond-s3cret\n")
+    (tmp_path / "tokens").write_text(
+        "# rotated monthly\nfirst-s3cret-0123456789\n\n"
+        "second-s3cret-0123456789 name=prometheus scope=metrics\n"
+    )
     code, lines, out = check(
         TUNEPLANE_NODE_TOKEN="", TUNEPLANE_NODE_TOKEN_FILE=str(tmp_path / "tokens")
     )
     assert code == 0, out
-    assert (
-        lines["token"]
-        == f"ok token: 2 accepted, from TUNEPLANE_NODE_TOKEN_FILE {tmp_path / 'tokens'}"
+    assert lines["token"] == (
+        "ok token: 2 accepted (full 1, metrics 1), "
+        f"from TUNEPLANE_NODE_TOKEN_FILE {tmp_path / 'tokens'}"
     )
     assert "s3cret" not in out
+
+
+@pytest.mark.parametrize("where", ["env", "file"])
+def test_a_short_token_fails_and_says_how_to_make_one(
+    check: Check, tmp_path: Path, where: str
+) -> None:
+    """Issue 25, finding 9: a one-character token passed `check` (and `serve`)."""
+    (tmp_path / "tokens").write_text("x\n")
+    given = {"TUNEPLANE_NODE_TOKEN": "x"}
+    if where == "file":
+        given = {"TUNEPLANE_NODE_TOKEN": "", "TUNEPLANE_NODE_TOKEN_FILE": str(tmp_path / "tokens")}
+    code, lines, out = check(**given)
+    assert code == 1, out
+    assert lines["token"].startswith("FAIL token: TUNEPLANE_NODE_TOKEN")
+    assert lines["token"].endswith(
+        "a token of 1 characters is too easy to guess: at least 16; "
+        "make one with `openssl rand -hex 32`"
+    )
 
 
 def key_pair(directory: Path, name: str) -> tuple[Path, Path]:

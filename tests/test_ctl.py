@@ -350,6 +350,30 @@ def test_the_token_comes_from_a_file_before_the_environment(
 
 
 @pytest.mark.slow  # a daemon process of its own
+def test_an_observe_token_serves_the_read_verbs_and_is_refused_the_rest(
+    ctl: Ctl, start_node: StartNode, tmp_path: Path
+) -> None:
+    """Issue 25, finding 2: the daemon's own token file, as it is, is ctl's token file."""
+    observer = tmp_path / "observer.token"
+    observer.write_text("# the dashboard's\nobserver-0123456789abcdef name=grafana scope=observe\n")
+    node = start_node(
+        TUNEPLANE_LOCAL_RUNTIME="process",
+        TUNEPLANE_LOCAL_GPU_COUNT="2",
+        TUNEPLANE_NODE_TOKEN_FILE=str(observer),
+    )
+    file = ("--token-file", str(observer))
+    for verb in (("health",), ("inventory",), ("observe", "tuneplane-x"), ("stats",)):
+        code, _, err = ctl(*verb, *file, token=None, url=node.url)
+        assert code == 0, (verb, err)
+    code, _, err = ctl("cordon", "--reason", "x", *file, token=None, url=node.url)
+    assert code == 1
+    assert err == (
+        "tuneplane-node ctl: the node refused (403): this token's scope is observe: "
+        "POST /node/v1/cordon needs a token of scope full\n"
+    )
+
+
+@pytest.mark.slow  # a daemon process of its own
 def test_common_options_go_before_or_after_the_verb(ctl: Ctl, engine_down_node: Node) -> None:
     url = engine_down_node.url
     before = json.loads(ctl("--json", "--url", url, "health", url="http://127.0.0.1:1")[1])

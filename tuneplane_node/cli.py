@@ -155,7 +155,9 @@ def check_token(settings: NodeSettings) -> list[Finding]:
     sources = [env_name("node_token")] if settings.node_token else []
     if settings.node_token_file is not None:
         sources.append(f"{env_name('node_token_file')} {settings.node_token_file}")
-    return [(OK, f"token: {len(tokens)} accepted, from {' and '.join(sources)}")]
+    scopes = ", ".join(f"{scope} {n}" for scope, n in tokens.scopes().items())
+    text = f"token: {len(tokens)} accepted ({scopes}), from {' and '.join(sources)}"
+    return [(OK, text)]
 
 
 def check_tls(settings: NodeSettings) -> list[Finding]:

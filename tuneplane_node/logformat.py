@@ -17,7 +17,7 @@ from typing import Any, TextIO
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 FORMATS = ("text", "json")
 JOB_FIELDS = ("run_id", "ref", "image", "gpus")
-AUDIT_FIELDS = ("action", "client", "subject", "result", "status", "reason")
+AUDIT_FIELDS = ("action", "client", "subject", "token", "result", "status", "reason")
 EXTRA_FIELDS = (*JOB_FIELDS, *AUDIT_FIELDS)
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 MAX_FIELD_CHARS = 2000  # a hostile ref or detail cannot make one line huge

@@ -18,6 +18,13 @@ from aiohttp.typedefs import Handler, Middleware
 
 from tuneplane_node import inventory
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
+from tuneplane_node.daemon.guard import (
+    METRICS_PATH,
+    TOKEN_KEY,
+    AuthFailures,
+    authenticate,
+    needed_scope,
+)
 from tuneplane_node.daemon.metrics import Metrics
 from tuneplane_node.daemon.routes import answer, routes
 from tuneplane_node.daemon.state import JOBS, METRICS, REGISTRY_AUTH, SETTINGS, TASKS, TOKENS
@@ -27,6 +34,7 @@ from tuneplane_node.errors import (
     NodeError,
     PayloadTooLarge,
     ProtocolMismatch,
+    TooManyAuthFailures,
     Unauthorized,
 )
 from tuneplane_node.gpu.allocator import GpuAllocator
@@ -42,7 +50,6 @@ from tuneplane_node.wire.answers import error_json
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("tuneplane_node.access")
 API_PREFIX = "/node/v1/"
-METRICS_PATH = "/metrics"
 METHODS = frozenset({"GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH"})
 
 
@@ -70,24 +77,31 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return error_response(500, f"internal error: {type(exc).__name__}")
 
 
-def guard_middleware(tokens: TokenSet, *, metrics_public: bool) -> Middleware:
+def guard_middleware(
+    tokens: TokenSet, metrics: Metrics, *, metrics_public: bool, failures: AuthFailures
+) -> Middleware:
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path.startswith(API_PREFIX):
-            check_token(tokens, request)
+            await check_token(tokens, failures, metrics, request)
             check_protocol(request.headers.get(PROTOCOL_HEADER))
         elif request.path == METRICS_PATH and not metrics_public:
-            check_token(tokens, request)  # a scraper sends the token, not the protocol
+            # a scraper sends the token, not the protocol
+            await check_token(tokens, failures, metrics, request)
         return await handler(request)
 
     return guard
 
 
-def check_token(tokens: TokenSet, request: web.Request) -> None:
-    # surrogateescape: a header of hostile bytes is a wrong token, not a crash.
-    given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
-    if not tokens.accepts(given):
-        raise Unauthorized()
+async def check_token(
+    tokens: TokenSet, failures: AuthFailures, metrics: Metrics, request: web.Request
+) -> None:
+    scope = needed_scope(request.method, request.path)
+    try:
+        await authenticate(tokens, failures, request, scope=scope)
+    except (Unauthorized, TooManyAuthFailures) as exc:
+        metrics.auth_failed(exc.status)
+        raise
 
 
 def measure_middleware(metrics: Metrics) -> Middleware:
@@ -106,9 +120,11 @@ def measure_middleware(metrics: Metrics) -> Middleware:
             route = resource.canonical if resource is not None else "unmatched"
             method = request.method if request.method in METHODS else "other"
             metrics.request(route, method, status, seconds)
+            token = request.get(TOKEN_KEY)
+            name = token.name if token is not None else "-"
             access_log.debug(
-                "%s %s %d %.1f ms", method, route, status, seconds * 1000,
-                extra={"client": request.remote, "status": status},
+                "%s %s %d %.1f ms by %s", method, route, status, seconds * 1000, name,
+                extra={"client": request.remote, "status": status, "token": name},
             )  # fmt: skip
 
     return measure
@@ -138,7 +154,9 @@ def create_node_app(
     """
     tokens = TokenSet.from_settings(settings, clock=clock)  # no token, no app
     metrics = Metrics(per_job=settings.metrics_per_job)
-    guard = guard_middleware(tokens, metrics_public=settings.metrics_public)
+    guard = guard_middleware(
+        tokens, metrics, metrics_public=settings.metrics_public, failures=AuthFailures()
+    )
     app = web.Application(
         middlewares=[*middlewares, measure_middleware(metrics), errors_middleware, guard],
         client_max_size=MAX_BODY_BYTES,

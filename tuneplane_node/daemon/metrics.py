@@ -93,6 +93,13 @@ class Metrics(Telemetry):
             buckets=PULL_BUCKETS,
             registry=registry,
         )
+        self.auth_failures = CounterMetric(
+            f"{PREFIX}_auth_failures",
+            "Requests refused for their token, by status: 401 (wrong or missing), 429 (a "
+            "peer that kept failing).",
+            ["status"],
+            registry=registry,
+        )
         self.pull_bytes = CounterMetric(
             f"{PREFIX}_pull_bytes", "Bytes downloaded by image pulls.", registry=registry
         )
@@ -133,6 +140,9 @@ class Metrics(Telemetry):
 
     def request(self, route: str, method: str, status: int, seconds: float) -> None:
         self.http.labels(route, method, str(status)).observe(seconds)
+
+    def auth_failed(self, status: int) -> None:
+        self.auth_failures.labels(str(status)).inc()
 
     def launch(self, outcome: str) -> None:
         self.launches.labels(outcome).inc()

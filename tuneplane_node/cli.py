@@ -22,6 +22,7 @@ from tuneplane_node.settings import DEFAULT_STORAGE, NodeSettings, env_name, loa
 from tuneplane_node.wire import answers
 
 if TYPE_CHECKING:
+    from tuneplane_node.gpu.probe import GpuProbe, GpuSnapshot
     from tuneplane_node.jobs.confinement import JobRules
     from tuneplane_node.runtime.engine import EngineRuntime
 
@@ -330,20 +331,47 @@ def check_gpus(settings: NodeSettings) -> list[Finding]:
     probe = make_probe(settings)
     try:
         snapshot = probe.snapshot()
+        return [_cards_finding(settings, snapshot), *asyncio.run(_ready_finding(settings, probe))]
     finally:
         probe.close()
+
+
+def _cards_finding(settings: NodeSettings, snapshot: GpuSnapshot) -> Finding:
     if snapshot.source == "none":
         count = settings.local_gpu_count
         cards = f"{count} card(s) from {env_name('local_gpu_count')}" if count else "no cards"
-        return [(WARN, f"gpu: no driver ({snapshot.error}); {cards}")]
+        return (WARN, f"gpu: no driver ({snapshot.error}); {cards}")
     if not snapshot.ok:
-        return [(FAIL, f"gpu: {snapshot.source}: {snapshot.error}")]
+        return (FAIL, f"gpu: {snapshot.source}: {snapshot.error}")
     names = Counter(card.name or "unnamed" for card in snapshot.cards)
     listed = ", ".join(f"{n} x {name}" for name, n in names.items()) or "no cards"
     where = snapshot.source
     if settings.gpu_simulation_file is not None:
         where = f"simulation file {settings.gpu_simulation_file}"
-    return [(OK, f"gpu: {where}, driver {snapshot.driver or 'unknown'}: {listed}")]
+    return (OK, f"gpu: {where}, driver {snapshot.driver or 'unknown'}: {listed}")
+
+
+async def _ready_finding(settings: NodeSettings, probe: GpuProbe) -> list[Finding]:
+    """Whether a GPU job can run, as health's ``gpu_ready`` says it (the same reader)."""
+    from tuneplane_node.gpu.allocator import GpuAllocator
+    from tuneplane_node.runtime import detect_runtime
+
+    try:
+        runtime = await detect_runtime(settings, cache=False)
+    except ConfigError:
+        return []  # the engine step has said so
+    try:
+        readiness = await GpuAllocator(runtime, settings, probe=probe).ready()
+    finally:
+        await runtime.close()
+    if readiness.ready is None:
+        return [(OK, "gpu jobs: none here (no cards)")]
+    if not readiness.ready:
+        return [(FAIL, f"gpu jobs: cannot run: {readiness.reason}")]
+    if not settings.local_gpu_passthrough:
+        setting = f"{env_name('local_gpu_passthrough')}=false"
+        return [(WARN, f"gpu jobs: {setting}: jobs are labelled with cards but see none")]
+    return [(OK, f"gpu jobs: ready, {runtime.name} can hand the cards to containers")]
 
 
 def check_storage(settings: NodeSettings) -> list[Finding]:

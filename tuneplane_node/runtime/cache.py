@@ -39,6 +39,7 @@ from tuneplane_node.runtime.base import (
     CacheStatus,
     ContainerSpec,
     ContainerState,
+    DeviceSupport,
     EngineEvent,
     EngineFeed,
     LogQuery,
@@ -525,6 +526,9 @@ class CachedRuntime:
 
     def holders_of(self, pids: Collection[int]) -> dict[int, str | None]:
         return self.inner.holders_of(pids)
+
+    async def device_support(self) -> DeviceSupport:
+        return await self.inner.device_support()
 
     async def health(self) -> RuntimeHealth:
         """From memory: the engine's version is asked once per sync generation. A stale

@@ -40,6 +40,7 @@ from tuneplane_node.runtime.base import (
     Confinement,
     ContainerSpec,
     ContainerState,
+    DeviceSupport,
     EngineEvent,
     LogQuery,
     LogStream,
@@ -171,6 +172,15 @@ def confinement_options(confinement: Confinement) -> dict[str, Any]:
     """The bounds both SDKs spell alike: a pids limit and the job's OOM score (the kernel
     takes a job before the node or the engine). Capabilities are the adapters'."""
     return {"pids_limit": confinement.pids_limit, "oom_score_adj": confinement.oom_score_adj}
+
+
+async def asked_support(runtime: EngineRuntime, read: Callable[[], DeviceSupport]) -> DeviceSupport:
+    """An adapter's `device_support`: ``read`` on its pool within the deadline, an error
+    as the answer's ``error`` (never raised: health asks it)."""
+    try:
+        return await runtime._call("report its runtimes", read)
+    except NodeError as exc:
+        return DeviceSupport(error=exc.message)
 
 
 OURS_FILTER = {"label": [LABEL_RUN_ID]}
@@ -437,6 +447,9 @@ class EngineRuntime(ABC):
             return RuntimeHealth(ok=False, engine=self.name, error=exc.message)
         return RuntimeHealth(ok=True, engine=self.name, version=version)
 
+    @abstractmethod
+    async def device_support(self) -> DeviceSupport: ...  # `asked_support`
+
     async def remaps_users(self) -> bool:
         """Whether uid 0 in a job is another uid on the host (docker's userns-remap, a
         rootless podman): else a root job shares the host root's per-user kernel limits."""
@@ -446,9 +459,8 @@ class EngineRuntime(ABC):
     def _remaps_users(self) -> bool: ...
 
     async def image_exists(self, image: str) -> bool:
-        return await self._call(
-            f"inspect image {image}", self._or, False, self._image_exists, image
-        )
+        action = f"inspect image {image}"
+        return await self._call(action, self._or, False, self._image_exists, image)
 
     async def pull(
         self,
@@ -472,9 +484,8 @@ class EngineRuntime(ABC):
             auth=auth,
         )
         if not await self.image_exists(image):
-            raise EngineRefused(
-                engine=self.name, action=action, reason="the stream ended without the image"
-            )
+            reason = "the stream ended without the image"
+            raise EngineRefused(engine=self.name, action=action, reason=reason)
 
     def _open_translated(self, image: str, headers: Mapping[str, str]) -> PullStream:
         messages, response = self._open_pull(image, headers)

@@ -27,6 +27,7 @@ from tuneplane_node.runtime.base import (
     CacheStatus,
     ContainerSpec,
     ContainerState,
+    DeviceSupport,
     LogQuery,
     LogStream,
     LogText,
@@ -219,6 +220,9 @@ class ProcessRuntime:
             return RuntimeHealth(ok=False, engine=ENGINE, error=f"state directory: {exc}")
         version = f"{platform.system()} {platform.release()}, Python {platform.python_version()}"
         return RuntimeHealth(ok=True, engine=ENGINE, version=version)
+
+    async def device_support(self) -> DeviceSupport:
+        return DeviceSupport()  # no engine between: a job sees its cards by CUDA_VISIBLE_DEVICES
 
     async def image_exists(self, image: str) -> bool:
         return True  # a process runtime has no images: every one is "there"

@@ -9,6 +9,7 @@ import asyncio
 import json
 import logging
 import os
+import platform
 import sys
 import tempfile
 from collections import Counter
@@ -35,7 +36,11 @@ def parser() -> argparse.ArgumentParser:
         description="Node daemon of the TunePlane fine-tuning platform. "
         "Settings come from TUNEPLANE_* variables and .env (see docs/operating.md).",
     )
-    top.add_argument("--version", action="version", version=f"tuneplane-node {__version__}")
+    top.add_argument(
+        "--version",
+        action=VersionAction,
+        help="print the versions of the node, Python, the engine SDKs and NVML, and exit",
+    )
     top.add_argument(
         "--log-level",
         type=str.upper,
@@ -60,6 +65,42 @@ def parser() -> argparse.ArgumentParser:
     )
     ctl.add_parser(verbs)
     return top
+
+
+class VersionAction(argparse.Action):
+    """``--version``: what a bug report needs, as node agents print it; asked only when
+    given (NVML is started for it)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **options: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, help=str(options.get("help", "")))
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
+        print("\n".join(versions()))
+        parser.exit()
+
+
+def versions() -> list[str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(package: str) -> str:
+        try:
+            return version(package)
+        except PackageNotFoundError:
+            return "not installed"
+
+    try:
+        from tuneplane_node.gpu.nvml import library_version
+
+        nvml = library_version()
+    except ImportError as exc:  # no nvidia-ml-py: the node runs without cards
+        nvml = f"unavailable ({exc})"
+    return [
+        f"tuneplane-node {__version__}",
+        f"Python {platform.python_version()} ({platform.python_implementation()})",
+        f"docker SDK {of('docker')}",
+        f"podman SDK {of('podman')}",
+        f"nvidia-ml-py {of('nvidia-ml-py')}, NVML {nvml}",
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

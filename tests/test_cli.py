@@ -43,6 +43,8 @@ def cli_env(home: Path, **settings: str) -> dict[str, str]:
         "LANG": "C.UTF-8",
         "PYTHONPATH": python_path(),
         "TUNEPLANE_NODE_STATE_DIR": str(home / "state"),
+        # The development engines hold every engineer's test daemons at once.
+        "TUNEPLANE_DEV_SHARED_ENGINE": "true",
     }
     env.update(settings)
     return env

@@ -126,6 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def serve(settings: NodeSettings, *, host: str | None, port: int | None) -> int:
+    from tuneplane_node.daemon.enginelock import EngineTaken
     from tuneplane_node.daemon.listener import CannotListen
     from tuneplane_node.daemon.server import serve as run
 
@@ -133,8 +134,9 @@ def serve(settings: NodeSettings, *, host: str | None, port: int | None) -> int:
     # then the app's cleanup cancels pulls and closes the engine's pool.
     try:
         asyncio.run(run(settings, host=host or settings.node_host, port=port or settings.node_port))
-    except CannotListen as exc:
-        # Exit 1, not 2 (a configuration error, never restarted): a taken port may free up.
+    except (CannotListen, EngineTaken) as exc:
+        # Exit 1, not 2 (a configuration error, never restarted): a taken port may free
+        # up, the other daemon may be on its way out.
         log.error("%s", exc)
         return 1
     return 0

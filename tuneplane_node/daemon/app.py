@@ -9,6 +9,7 @@ their failure logged, cancelled and awaited first at shutdown (`tuneplane_node.t
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -18,6 +19,7 @@ from aiohttp.typedefs import Handler, Middleware
 
 from tuneplane_node import inventory
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
+from tuneplane_node.daemon.enginelock import EngineLock, engine_address
 from tuneplane_node.daemon.guard import (
     METRICS_PATH,
     TOKEN_KEY,
@@ -30,6 +32,7 @@ from tuneplane_node.daemon.routes import answer, routes
 from tuneplane_node.daemon.state import JOBS, METRICS, REGISTRY_AUTH, SETTINGS, TASKS, TOKENS
 from tuneplane_node.daemon.tokens import TokenSet
 from tuneplane_node.errors import (
+    ConfigError,
     MissingProtocol,
     NodeError,
     PayloadTooLarge,
@@ -42,7 +45,7 @@ from tuneplane_node.jobs import JobService
 from tuneplane_node.runtime import detect_runtime
 from tuneplane_node.runtime.base import ContainerRuntime
 from tuneplane_node.runtime.dockerauth import AuthFile
-from tuneplane_node.settings import NodeSettings
+from tuneplane_node.settings import NodeSettings, env_name
 from tuneplane_node.tasks import BackgroundTasks
 from tuneplane_node.wire import MAX_BODY_BYTES, PROTOCOL, PROTOCOL_HEADER
 from tuneplane_node.wire.answers import error_json
@@ -145,12 +148,15 @@ def create_node_app(
     clock: Clock = SYSTEM_CLOCK,
     middlewares: tuple[Middleware, ...] = (),
     sweep: bool = True,
+    engine_lock: bool = False,
 ) -> web.Application:
     """The daemon. A runtime or allocator passed in is the caller's to start and close.
 
     ``middlewares`` run first, before the error mapping (the server's connection guard).
     ``sweep``: remove the node's wreckage at start and once a relist period (off only
-    for a test daemon on an engine shared with other people's nodes).
+    for a test daemon on an engine shared with other people's nodes). ``engine_lock``:
+    refuse to start while another daemon of this machine manages the engine (`serve`'s
+    rule, `enginelock`; raises EngineTaken at start-up).
     """
     tokens = TokenSet.from_settings(settings, clock=clock)  # no token, no app
     metrics = Metrics(per_job=settings.metrics_per_job)
@@ -169,7 +175,8 @@ def create_node_app(
     app[METRICS] = metrics
     app[TASKS] = BackgroundTasks(log)
     app.add_routes(routes)
-    app.cleanup_ctx.append(_lifecycle(runtime, allocator, clock, sweep=sweep))
+    lifecycle = _lifecycle(runtime, allocator, clock, sweep=sweep, engine_lock=engine_lock)
+    app.cleanup_ctx.append(lifecycle)
     return app
 
 
@@ -179,13 +186,20 @@ def _lifecycle(
     clock: Clock,
     *,
     sweep: bool,
+    engine_lock: bool,
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         settings = app[SETTINGS]
         inventory.check_fabrics(settings.fabrics)
         telemetry = app[METRICS]
         runtime = given_runtime or await detect_runtime(settings, telemetry=telemetry, clock=clock)
+        lock = None
         if given_runtime is None:
+            try:  # before the cache's fill and the sweep: another daemon's engine is not ours
+                lock = await _take_lock(settings, runtime) if engine_lock else None
+            except BaseException:
+                await runtime.close()
+                raise
             await runtime.start()  # the state cache is filled before the first request
         allocator = given_allocator or GpuAllocator(runtime, settings, clock=clock)
         jobs = app[JOBS] = JobService(
@@ -209,8 +223,29 @@ def _lifecycle(
             await allocator.close()
         if given_runtime is None:
             await runtime.close()
+        if lock is not None:
+            lock.release()
 
     return lifecycle
+
+
+async def _take_lock(settings: NodeSettings, runtime: ContainerRuntime) -> EngineLock | None:
+    """The engine's lock (`enginelock`); None for the process runtime, or by the
+    development setting."""
+    address = engine_address(settings, runtime.name)
+    if address is None:
+        return None
+    if settings.dev_shared_engine:
+        log.warning(
+            "%s=true: no engine lock; other daemons may manage %s too (development only)",
+            env_name("dev_shared_engine"), address,
+        )  # fmt: skip
+        return None
+    node_id = await asyncio.to_thread(inventory.node_id, settings.state_dir)
+    try:
+        return await asyncio.to_thread(EngineLock.take, address, node_id=node_id)
+    except OSError as exc:
+        raise ConfigError(f"cannot make the engine lock: {exc}") from None
 
 
 async def _start_background(app: web.Application, jobs: JobService, *, sweep: bool) -> None:
@@ -226,7 +261,9 @@ async def _start_background(app: web.Application, jobs: JobService, *, sweep: bo
 
 
 async def _sweep_at_start(jobs: JobService) -> None:
+    # Only what is older than the periodic sweep's grace: a container younger may be a
+    # launch in flight of another daemon on this engine (a remote engine's other host).
     try:
-        await jobs.sweep_wreckage(older_than_s=0)
+        await jobs.sweep_wreckage(older_than_s=jobs.reaper.wreck_grace_s)
     except NodeError as exc:  # the engine may be down: the periodic sweep will do it
         log.warning("could not sweep wreckage at start: %s", exc.message)

@@ -263,11 +263,13 @@ def load_certificate(context: ssl.SSLContext, settings: NodeSettings) -> None:
 async def serve(settings: NodeSettings, *, host: str, port: int) -> None:
     """Run the daemon until SIGTERM or SIGINT; requests in flight finish first.
 
-    Raises ConfigError on a bad setting, CannotListen when the port cannot be had.
+    Raises ConfigError on a bad setting, CannotListen when the port cannot be had,
+    EngineTaken while another daemon of this machine manages the engine.
     """
     context = tls_context(settings)
     guard = ConnectionGuard(connection_limit())
-    app = create_node_app(settings, middlewares=(guard.middleware(), LoopSlices().middleware()))
+    middlewares = (guard.middleware(), LoopSlices().middleware())
+    app = create_node_app(settings, middlewares=middlewares, engine_lock=True)
     # The port before the start-up (the cache's sync can take seconds): a job looping on
     # bind() during a restart would take it meanwhile. Clients wait in the backlog.
     sockets = listen(host, port, backlog=BACKLOG)

@@ -120,11 +120,17 @@ class Reaper:
             await self.stopper.discard(state)
             return True
 
+    @property
+    def wreck_grace_s(self) -> float:
+        """How old a never-started container must be to be wreckage: one engine call's
+        deadline, the longest a launch takes between its create and its start."""
+        return self.settings.local_api_timeout
+
     async def maintain(self) -> None:
         """Sweep wreckage once a relist period, as long as the node runs."""
         while True:
             await self.clock.sleep(self.settings.state_relist_s)
             try:
-                await self.sweep_wreckage(older_than_s=self.settings.local_api_timeout)
+                await self.sweep_wreckage(older_than_s=self.wreck_grace_s)
             except NodeError as exc:
                 log.warning("sweeping wreckage failed: %s", exc.message)

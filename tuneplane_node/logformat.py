@@ -44,6 +44,15 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, default=str, ensure_ascii=False)
 
 
+def job_fields(
+    ref: str | None = None, run_id: str | None = None, **more: object
+) -> dict[str, object]:
+    """The ``extra`` of a line about a job: its ref and run id (and ``image``, ``gpus``
+    where known), which a JSON line carries as fields; what is unknown is left out."""
+    fields = {"ref": ref, "run_id": run_id, **more}
+    return {name: value for name, value in fields.items() if value is not None}
+
+
 def _bounded(value: object) -> object:
     if isinstance(value, str) and len(value) > MAX_FIELD_CHARS:
         return value[:MAX_FIELD_CHARS] + "..."

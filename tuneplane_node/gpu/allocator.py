@@ -22,6 +22,7 @@ from tuneplane_node.gpu.factory import make_probe
 from tuneplane_node.gpu.probe import GpuProbe, GpuSnapshot
 from tuneplane_node.gpu.readiness import GpuReadiness, ReadinessReader
 from tuneplane_node.gpu.topology import choose_cards
+from tuneplane_node.logformat import job_fields
 from tuneplane_node.runtime.base import ContainerRuntime, ContainerState
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.tasks import BackgroundTasks, by_awaiters
@@ -246,7 +247,10 @@ class GpuAllocator:
             cards = tuple(choose_cards(usable, n, links))
             self._claims[ref] = cards
             self._claims_changed += 1
-        log.info("run %s claims gpus %s", run_id, list(cards))
+        log.info(
+            "run %s claims gpus %s", run_id, list(cards),
+            extra=job_fields(ref, run_id, gpus=list(cards)),
+        )  # fmt: skip
         return cards
 
     def release(self, ref: str) -> None:

@@ -15,6 +15,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from tuneplane_node.logformat import job_fields
 from tuneplane_node.runtime.base import ContainerRuntime, PullLimits, PullProgress, RegistryAuth
 from tuneplane_node.tasks import BackgroundTasks, by_awaiters
 from tuneplane_node.telemetry import NO_TELEMETRY, Telemetry
@@ -31,6 +32,7 @@ class SharedPull:
     task: asyncio.Task[None] | None = None
     waiters: int = 0
     progress: PullProgress = field(default_factory=PullProgress)
+    launches: dict[str, str] = field(default_factory=dict)  # ref -> run id, for the log
 
     def update(self, progress: PullProgress) -> None:
         self.progress = progress
@@ -46,14 +48,19 @@ class PullCoordinator:
         self.pulls: dict[tuple[str, RegistryAuth | None], SharedPull] = {}
         self.tasks = BackgroundTasks(log)
 
-    def join(self, image: str, auth: RegistryAuth | None = None) -> SharedPull:
-        """The pull of ``image`` with ``auth`` in flight, or a new one, started now."""
+    def join(
+        self, image: str, auth: RegistryAuth | None = None, *, ref: str = "", run_id: str = ""
+    ) -> SharedPull:
+        """The pull of ``image`` with ``auth`` in flight, or a new one, started now; the
+        launch joining it (``ref``, ``run_id``) is named by its log line."""
         pull = self.pulls.get((image, auth))
         if pull is None:
             pull = SharedPull(image, auth)
             pull.task = self.tasks.spawn(self._pull(pull), name=f"pull {image}", ended=by_awaiters)
             self.pulls[(image, auth)] = pull
         pull.waiters += 1
+        if ref:
+            pull.launches[ref] = run_id
         return pull
 
     async def wait(self, pull: SharedPull) -> None:
@@ -86,13 +93,16 @@ class PullCoordinator:
             self._forget(pull)
             elapsed = time.monotonic() - started
             self.telemetry.pull_finished(outcome, elapsed, pull.progress.bytes_done)
+            refs, run_ids = ", ".join(pull.launches), ", ".join(pull.launches.values())
             log.info(
-                "pull of %s: %s after %.1f s, %d bytes",
+                "pull of %s for %s: %s after %.1f s, %d bytes",
                 pull.image,
+                refs or "no launch",
                 outcome,
                 elapsed,
                 pull.progress.bytes_done,
-                extra={"image": pull.image, "result": outcome},
+                extra={"image": pull.image, "result": outcome}
+                | job_fields(refs or None, run_ids or None),
             )
 
     def in_flight(self) -> int:

@@ -16,6 +16,7 @@ from tuneplane_node.jobs.locks import RefLocks
 from tuneplane_node.jobs.pending import FAILED, PendingTable
 from tuneplane_node.jobs.results import Own
 from tuneplane_node.jobs.stopper import Stopper
+from tuneplane_node.logformat import job_fields
 from tuneplane_node.runtime.base import ContainerRuntime, ContainerState
 from tuneplane_node.settings import NodeSettings
 
@@ -116,7 +117,10 @@ class Reaper:
             state = await self.own(seen.name)
             if state.id != seen.id or not _wreck(state, older_than_s, self.clock.now()):
                 return False
-            log.warning("%s was created and never started: removing it", seen.name)
+            log.warning(
+                "%s was created and never started: removing it", seen.name,
+                extra=job_fields(seen.name, seen.run_id, gpus=list(seen.gpus)),
+            )  # fmt: skip
             await self.stopper.discard(state)
             return True
 

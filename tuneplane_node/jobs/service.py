@@ -46,6 +46,7 @@ from tuneplane_node.jobs.results import (
 )
 from tuneplane_node.jobs.stats import JobStats, StatsSampler
 from tuneplane_node.jobs.stopper import NO_PLAN, Stopper
+from tuneplane_node.logformat import job_fields
 from tuneplane_node.runtime.base import (
     ContainerRuntime,
     ContainerState,
@@ -173,7 +174,10 @@ class JobService:
                     return AlreadyRunning(state.gpus)
             self._check_open()
             if state.exists:
-                log.info("relaunch of %s: removing its %s container", ref, state.status)
+                log.info(
+                    "relaunch of %s: removing its %s container", ref, state.status,
+                    extra=job_fields(ref, request.run_id),
+                )  # fmt: skip
                 await self.stopper.discard(state)
             return await self.launcher.start(request)
 

@@ -23,7 +23,9 @@ from pathlib import Path
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock, rfc3339
 from tuneplane_node.errors import EngineConflict, EngineRefused, InvalidField
+from tuneplane_node.logformat import job_fields
 from tuneplane_node.runtime.base import (
+    LABEL_RUN_ID,
     CacheStatus,
     ContainerSpec,
     ContainerState,
@@ -280,7 +282,10 @@ class ProcessRuntime:
         except BaseException:
             os.killpg(main.pid, signal.SIGKILL)  # unrecorded, it could never be stopped
             raise
-        log.info("started job %s as pid %d", spec.name, main.pid)
+        run_id = spec.labels.get(LABEL_RUN_ID)
+        log.info(
+            "started job %s as pid %d", spec.name, main.pid, extra=job_fields(spec.name, run_id)
+        )
         return job_id
 
     # -- observing ----------------------------------------------------------------------

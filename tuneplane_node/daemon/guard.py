@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+from typing import NoReturn
 
 from aiohttp import web
 
@@ -132,7 +133,6 @@ async def authenticate(
     token = tokens.match(request.headers.get("Authorization", ""))
     if token is None:
         await refuse(failures, peer)
-    assert token is not None
     failures.succeeded(peer)
     request[TOKEN_KEY] = token
     if not token.grants(scope):
@@ -142,7 +142,7 @@ async def authenticate(
     return token
 
 
-async def refuse(failures: AuthFailures, peer: str) -> None:
+async def refuse(failures: AuthFailures, peer: str) -> NoReturn:
     """Count the failure, wait the peer's delay, raise its 401 or 429."""
     count = failures.failed(peer)
     delay = delay_s(count)

@@ -278,6 +278,7 @@ def test_check_reports_the_engine(tmp_path: Path, docker_settings: dict[str, str
         settings_of=docker_settings,
         TUNEPLANE_NODE_TOKEN="t0ken-0123456789abcdef",
         TUNEPLANE_NODE_PORT=port,
+        TUNEPLANE_LOCAL_GPU_COUNT="0",  # no cards here, by design (else: the count unknown)
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "ok   engine: docker " in result.stdout

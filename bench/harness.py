@@ -273,6 +273,7 @@ class Daemon:
             "TUNEPLANE_DOCKER_HOST": docker_host(),
             "TUNEPLANE_LOCAL_GPU_COUNT": "0",
             "TUNEPLANE_NODE_STATE_DIR": str(self.dir / "state"),
+            "TUNEPLANE_DEV_SHARED_ENGINE": "true",  # the development engine is everyone's
         }
         return env | self.extra_env
 

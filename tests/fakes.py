@@ -33,6 +33,7 @@ from tuneplane_node.runtime.base import (
     CacheStatus,
     ContainerSpec,
     ContainerState,
+    DeviceSupport,
     EngineEvent,
     ImageInfo,
     LogQuery,
@@ -244,6 +245,7 @@ class FakeRuntime:
         self.refs: list[tuple[str, str]] = []  # (verb, the ref it was given) of every verb
         self.usages: dict[str, Usage] = {}  # container name -> what usage() reads for it
         self.holders: dict[int, str] = {}  # pid -> the handle of the container it runs in
+        self.support = DeviceSupport(runtimes=("nvidia", "runc"))  # device_support()'s answer
         self.pool = BlockingPool(2, name="fake")
         self._streams: list[EventStream] = []
         self._streams_lock = threading.Lock()
@@ -465,6 +467,10 @@ class FakeRuntime:
         if not self.up:
             return RuntimeHealth(ok=False, engine=ENGINE, error="engine unreachable: fake: down")
         return RuntimeHealth(ok=True, engine=ENGINE, version="1.0-fake")
+
+    async def device_support(self) -> DeviceSupport:
+        """An engine with the NVIDIA runtime, unless a test set ``support``."""
+        return self.support
 
     async def image_exists(self, image: str) -> bool:
         self._answer("image_exists")

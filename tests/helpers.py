@@ -286,7 +286,8 @@ def spawn_daemon(
 ) -> subprocess.Popen[bytes]:
     """`python -m tuneplane_node serve` on loopback, its output in ``serve.log``; only
     the given settings (``settings_of`` and keywords; a state dir and storage root under
-    ``tmp_path``) apply."""
+    ``tmp_path``) apply. ``TUNEPLANE_DEV_SHARED_ENGINE`` is on unless given: the
+    development engines hold the daemons of every test (and every engineer) at once."""
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(tmp_path),
@@ -294,6 +295,7 @@ def spawn_daemon(
         "TUNEPLANE_NODE_TOKEN": TOKEN,
         "TUNEPLANE_NODE_STATE_DIR": str(tmp_path / "state"),
         "TUNEPLANE_STORAGE_ROOT": str(tmp_path),
+        "TUNEPLANE_DEV_SHARED_ENGINE": "true",
         **(settings_of or {}),
         **settings,
     }

@@ -35,11 +35,12 @@ def check(
 
     def run(**settings: str) -> tuple[int, dict[str, str], str]:
         base = {
-            "TUNEPLANE_NODE_TOKEN": "s3cret-t0ken",
+            "TUNEPLANE_NODE_TOKEN": "s3cret-t0ken-0123456789",
             "TUNEPLANE_NODE_PORT": str(free_port()),
             "TUNEPLANE_LOCAL_RUNTIME": "process",
             "TUNEPLANE_STORAGE_ROOT": str(tmp_path),
             "TUNEPLANE_NODE_STATE_DIR": str(tmp_path / "state"),
+            "TUNEPLANE_LOCAL_GPU_COUNT": "0",  # a machine without cards, by design
         }
         for name, value in {**base, **settings}.items():
             monkeypatch.setenv(name, value)
@@ -58,7 +59,7 @@ def check(
 def test_a_sound_machine_passes_and_no_secret_is_printed(check: Check, tmp_path: Path) -> None:
     code, lines, out = check()
     assert code == 0, out
-    assert lines["token"] == "ok token: 1 accepted, from TUNEPLANE_NODE_TOKEN"
+    assert lines["token"] == "ok token: 1 accepted (full 1), from TUNEPLANE_NODE_TOKEN"
     assert lines["storage root"].startswith(f"ok storage root: {tmp_path} on ")
     assert lines["state dir"].startswith(f"ok state dir: {tmp_path / 'state'} writable")
     assert lines["engine"].startswith("warn engine: process runtime")
@@ -74,16 +75,37 @@ def test_a_missing_token_fails(check: Check) -> None:
 
 
 def test_a_token_file_is_counted_never_shown(check: Check, tmp_path: Path) -> None:
-    (tmp_path / "tokens").write_text("# rotated monthly\nfirst-s3cret\n\nsecond-s3cret\n")
+    (tmp_path / "tokens").write_text(
+        "# rotated monthly\nfirst-s3cret-0123456789\n\n"
+        "second-s3cret-0123456789 name=prometheus scope=metrics\n"
+    )
     code, lines, out = check(
         TUNEPLANE_NODE_TOKEN="", TUNEPLANE_NODE_TOKEN_FILE=str(tmp_path / "tokens")
     )
     assert code == 0, out
-    assert (
-        lines["token"]
-        == f"ok token: 2 accepted, from TUNEPLANE_NODE_TOKEN_FILE {tmp_path / 'tokens'}"
+    assert lines["token"] == (
+        "ok token: 2 accepted (full 1, metrics 1), "
+        f"from TUNEPLANE_NODE_TOKEN_FILE {tmp_path / 'tokens'}"
     )
     assert "s3cret" not in out
+
+
+@pytest.mark.parametrize("where", ["env", "file"])
+def test_a_short_token_fails_and_says_how_to_make_one(
+    check: Check, tmp_path: Path, where: str
+) -> None:
+    """Issue 25, finding 9: a one-character token passed `check` (and `serve`)."""
+    (tmp_path / "tokens").write_text("x\n")
+    given = {"TUNEPLANE_NODE_TOKEN": "x"}
+    if where == "file":
+        given = {"TUNEPLANE_NODE_TOKEN": "", "TUNEPLANE_NODE_TOKEN_FILE": str(tmp_path / "tokens")}
+    code, lines, out = check(**given)
+    assert code == 1, out
+    assert lines["token"].startswith("FAIL token: TUNEPLANE_NODE_TOKEN")
+    assert lines["token"].endswith(
+        "a token of 1 characters is too easy to guess: at least 16; "
+        "make one with `openssl rand -hex 32`"
+    )
 
 
 def key_pair(directory: Path, name: str) -> tuple[Path, Path]:
@@ -138,6 +160,67 @@ def test_cards_come_from_the_simulation_file_and_a_bad_file_fails(
     code, lines, _ = check(TUNEPLANE_GPU_SIMULATION_FILE=str(simulation))
     assert code == 1
     assert lines["gpu"].startswith("FAIL gpu: simulation: ")
+
+
+def two_cards(tmp_path: Path) -> dict[str, str]:
+    simulation = tmp_path / "gpus.json"
+    cards = [{"index": i, "name": "NVIDIA H100 80GB HBM3"} for i in range(2)]
+    simulation.write_text(json.dumps({"driver": "580.1", "cards": cards}))
+    return {"TUNEPLANE_GPU_SIMULATION_FILE": str(simulation), "TUNEPLANE_LOCAL_GPU_COUNT": ""}
+
+
+def test_an_unknown_card_count_fails_naming_the_setting(check: Check) -> None:
+    """Issue 25, finding 1: no driver, no count: every card launch was a bare 409."""
+    code, lines, out = check(TUNEPLANE_LOCAL_GPU_COUNT="")
+    assert code == 1, out
+    assert lines["gpu jobs"].startswith(
+        "FAIL gpu jobs: cannot run: the card count is unknown: no GPU driver answered ("
+    )
+    assert lines["gpu jobs"].endswith(
+        "install the NVIDIA driver, or set TUNEPLANE_LOCAL_GPU_COUNT (0 on a machine without cards)"
+    )
+    code, lines, _ = check()  # TUNEPLANE_LOCAL_GPU_COUNT=0: none by design
+    assert (code, lines["gpu jobs"]) == (0, "ok gpu jobs: none here (no cards)")
+
+
+GPU_FIXES = {
+    "docker": (
+        "FAIL gpu jobs: cannot run: docker has no nvidia runtime (runtimes: "
+        "io.containerd.runc.v2, io.containerd.runtime.v1.linux, runc): install the NVIDIA "
+        "Container Toolkit and run `sudo nvidia-ctk runtime configure --runtime=docker`, "
+        "then restart docker; or, for development, set TUNEPLANE_LOCAL_GPU_PASSTHROUGH=false"
+    ),
+    "podman": (
+        "FAIL gpu jobs: cannot run: no CDI specification in /etc/cdi, /var/run/cdi names "
+        "nvidia.com/gpu=0, nvidia.com/gpu=1, which podman needs to hand the card(s) to a "
+        "container: install the NVIDIA Container Toolkit and run `sudo nvidia-ctk cdi "
+        "generate --output=/etc/cdi/nvidia.yaml`; or, for development, set "
+        "TUNEPLANE_LOCAL_GPU_PASSTHROUGH=false"
+    ),
+}
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("engine", ["docker", "podman"])
+def test_an_engine_that_cannot_hand_out_the_cards_fails_naming_the_fix(
+    check: Check, tmp_path: Path, engine: str
+) -> None:
+    """Issue 25, finding 1: `check` said only ok, and the first GPU launch was a 502.
+    This machine's engines have neither the NVIDIA runtime nor a CDI specification."""
+    settings = {"TUNEPLANE_LOCAL_RUNTIME": engine, **two_cards(tmp_path)}
+    settings["TUNEPLANE_DOCKER_HOST"] = str(docker_host())
+    settings["TUNEPLANE_PODMAN_URL"] = podman_url()
+    code, lines, out = check(**settings)
+    if "FAIL engine" in out:
+        engine_missing(engine, lines["engine"])
+    assert code == 1, out
+    assert lines["gpu jobs"] == GPU_FIXES[engine]
+    code, lines, out = check(**settings, TUNEPLANE_LOCAL_GPU_PASSTHROUGH="false")
+    assert code == 0, out
+    assert lines["gpu jobs"] == (
+        "warn gpu jobs: TUNEPLANE_LOCAL_GPU_PASSTHROUGH=false: jobs are labelled with cards "
+        "but see none"
+    )
 
 
 def test_a_missing_model_dir_and_mount_root_fail_by_name(check: Check, tmp_path: Path) -> None:

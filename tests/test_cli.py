@@ -43,6 +43,8 @@ def cli_env(home: Path, **settings: str) -> dict[str, str]:
         "LANG": "C.UTF-8",
         "PYTHONPATH": python_path(),
         "TUNEPLANE_NODE_STATE_DIR": str(home / "state"),
+        # The development engines hold every engineer's test daemons at once.
+        "TUNEPLANE_DEV_SHARED_ENGINE": "true",
     }
     env.update(settings)
     return env
@@ -141,7 +143,9 @@ def test_serve_without_a_token_refuses_to_start(
 def test_a_bad_setting_is_named_without_a_traceback(
     run_main: Callable[..., tuple[int, str, str]],
 ) -> None:
-    code, _, err = run_main("serve", TUNEPLANE_NODE_TOKEN="t0ken", TUNEPLANE_NODE_PORT="notaport")
+    code, _, err = run_main(
+        "serve", TUNEPLANE_NODE_TOKEN="t0ken-0123456789abcdef", TUNEPLANE_NODE_PORT="notaport"
+    )
     assert code != 0
     assert "TUNEPLANE_NODE_PORT" in err
     assert "notaport" in err
@@ -154,7 +158,7 @@ def test_auto_with_a_docker_address_that_does_not_answer_is_a_fail_naming_it(
     docker_sock, podman_sock = tmp_path / "no-docker.sock", tmp_path / "no-podman.sock"
     code, out, _ = run_main(
         "check",
-        TUNEPLANE_NODE_TOKEN="t0ken",
+        TUNEPLANE_NODE_TOKEN="t0ken-0123456789abcdef",
         TUNEPLANE_LOCAL_RUNTIME="auto",
         TUNEPLANE_DOCKER_HOST=f"unix://{docker_sock}",
         TUNEPLANE_PODMAN_URL=f"unix://{podman_sock}",
@@ -172,7 +176,7 @@ def test_a_wrong_docker_address_never_becomes_podman(tmp_path: Path) -> None:
     result = run_cli(
         tmp_path,
         "check",
-        TUNEPLANE_NODE_TOKEN="t0ken",
+        TUNEPLANE_NODE_TOKEN="t0ken-0123456789abcdef",
         TUNEPLANE_DOCKER_HOST="unix:///nonexistent.sock",
         TUNEPLANE_PODMAN_URL=podman_url(),
     )
@@ -240,7 +244,7 @@ def wait_for_healthz(
 def test_serve_answers_healthz_and_exits_0_on_sigterm(
     tmp_path: Path, serve: Serve, docker_settings: dict[str, str]
 ) -> None:
-    process, port = serve(TUNEPLANE_NODE_TOKEN="t0ken", **docker_settings)
+    process, port = serve(TUNEPLANE_NODE_TOKEN="t0ken-0123456789abcdef", **docker_settings)
     assert wait_for_healthz(process, port, tmp_path / "serve.log") == {"ok": True}
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=10) == 0
@@ -253,9 +257,10 @@ def test_the_readme_quick_start_serves_the_api_with_auto_runtime(
 ) -> None:
     """Token and docker host only, as the README's quick start runs it."""
     settings = {k: v for k, v in docker_settings.items() if k != "TUNEPLANE_LOCAL_RUNTIME"}
-    process, port = serve(TUNEPLANE_NODE_TOKEN="change-me", **settings)
+    process, port = serve(TUNEPLANE_NODE_TOKEN="change-me-to-a-long-secret", **settings)
     assert wait_for_healthz(process, port, tmp_path / "serve.log") == {"ok": True}
-    headers = {"Authorization": "Bearer change-me", "X-TunePlane-Node-Protocol": "1"}
+    headers = {"Authorization": "Bearer change-me-to-a-long-secret"}
+    headers["X-TunePlane-Node-Protocol"] = "1"
     health = get_json(port, "/node/v1/health", headers)
     assert isinstance(health, dict)
     assert health["ok"] is True, health
@@ -271,8 +276,9 @@ def test_check_reports_the_engine(tmp_path: Path, docker_settings: dict[str, str
         tmp_path,
         "check",
         settings_of=docker_settings,
-        TUNEPLANE_NODE_TOKEN="t0ken",
+        TUNEPLANE_NODE_TOKEN="t0ken-0123456789abcdef",
         TUNEPLANE_NODE_PORT=port,
+        TUNEPLANE_LOCAL_GPU_COUNT="0",  # no cards here, by design (else: the count unknown)
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "ok   engine: docker " in result.stdout
@@ -320,7 +326,8 @@ def test_check_tries_the_port_on_both_families_as_serve_binds(
 ) -> None:
     """0.0.0.0 is served on IPv6 too: a job holding [::] is a FAIL, not an ok."""
     port = free_port()
-    settings = {"TUNEPLANE_NODE_TOKEN": "t0ken", "TUNEPLANE_LOCAL_RUNTIME": "process"}
+    settings = {"TUNEPLANE_NODE_TOKEN": "t0ken-0123456789abcdef"}
+    settings |= {"TUNEPLANE_LOCAL_RUNTIME": "process"}
     settings |= {"TUNEPLANE_NODE_PORT": str(port), "TUNEPLANE_STORAGE_ROOT": str(tmp_path)}
     with socket.socket(socket.AF_INET6) as job:
         job.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
@@ -339,7 +346,9 @@ def test_check_tries_the_port_on_both_families_as_serve_binds(
 def test_an_unknown_log_level_setting_is_named(
     run_main: Callable[..., tuple[int, str, str]],
 ) -> None:
-    code, _, err = run_main("check", TUNEPLANE_NODE_TOKEN="t", TUNEPLANE_LOG_LEVEL="loud")
+    code, _, err = run_main(
+        "check", TUNEPLANE_NODE_TOKEN="t-0123456789abcdef", TUNEPLANE_LOG_LEVEL="loud"
+    )
     assert code == 2
     assert "TUNEPLANE_LOG_LEVEL" in err and "'LOUD'" in err and "Traceback" not in err
 
@@ -348,7 +357,7 @@ def test_an_unknown_log_level_setting_is_named(
 def test_json_log_lines_parse_and_carry_the_job(tmp_path: Path, serve: Serve) -> None:
     """TUNEPLANE_LOG_FORMAT=json: every line the daemon writes is one JSON object."""
     process, port = serve(
-        TUNEPLANE_NODE_TOKEN="t0ken",
+        TUNEPLANE_NODE_TOKEN="t0ken-0123456789abcdef",
         TUNEPLANE_LOCAL_RUNTIME="process",
         TUNEPLANE_LOG_FORMAT="json",
         TUNEPLANE_LOG_LEVEL="debug",
@@ -356,7 +365,7 @@ def test_json_log_lines_parse_and_carry_the_job(tmp_path: Path, serve: Serve) ->
     wait_for_healthz(process, port, tmp_path / "serve.log")
     launch = {"run_id": "json-1", "container": {"name": "tuneplane-json-1", "image": "x",
               "command": ["/bin/true"]}}  # fmt: skip
-    headers = {"Authorization": "Bearer t0ken", "X-TunePlane-Node-Protocol": "1"}
+    headers = {"Authorization": "Bearer t0ken-0123456789abcdef", "X-TunePlane-Node-Protocol": "1"}
     request = urllib.request.Request(
         f"http://127.0.0.1:{port}/node/v1/launch",
         data=json.dumps(launch).encode(),
@@ -375,4 +384,4 @@ def test_json_log_lines_parse_and_carry_the_job(tmp_path: Path, serve: Serve) ->
     ]
     access = [line for line in lines if line["logger"] == "tuneplane_node.access"]
     assert any(line["message"].startswith("POST /node/v1/launch 200") for line in access)
-    assert "t0ken" not in (tmp_path / "serve.log").read_text()
+    assert "t0ken-0123456789abcdef" not in (tmp_path / "serve.log").read_text()

@@ -357,6 +357,30 @@ def test_the_token_comes_from_a_file_before_the_environment(
 
 
 @pytest.mark.slow  # a daemon process of its own
+def test_an_observe_token_serves_the_read_verbs_and_is_refused_the_rest(
+    ctl: Ctl, start_node: StartNode, tmp_path: Path
+) -> None:
+    """Issue 25, finding 2: the daemon's own token file, as it is, is ctl's token file."""
+    observer = tmp_path / "observer.token"
+    observer.write_text("# the dashboard's\nobserver-0123456789abcdef name=grafana scope=observe\n")
+    node = start_node(
+        TUNEPLANE_LOCAL_RUNTIME="process",
+        TUNEPLANE_LOCAL_GPU_COUNT="2",
+        TUNEPLANE_NODE_TOKEN_FILE=str(observer),
+    )
+    file = ("--token-file", str(observer))
+    for verb in (("health",), ("inventory",), ("observe", "tuneplane-x"), ("stats",)):
+        code, _, err = ctl(*verb, *file, token=None, url=node.url)
+        assert code == 0, (verb, err)
+    code, _, err = ctl("cordon", "--reason", "x", *file, token=None, url=node.url)
+    assert code == 1
+    assert err == (
+        "tuneplane-node ctl: the node refused (403): this token's scope is observe: "
+        "POST /node/v1/cordon needs a token of scope full\n"
+    )
+
+
+@pytest.mark.slow  # a daemon process of its own
 def test_common_options_go_before_or_after_the_verb(ctl: Ctl, engine_down_node: Node) -> None:
     url = engine_down_node.url
     before = json.loads(ctl("--json", "--url", url, "health", url="http://127.0.0.1:1")[1])
@@ -656,6 +680,51 @@ async def test_launch_wait_draws_the_pull_and_ends_running(
     assert bar is not None, drawn  # bytes done of total, and the rate
     assert re.search(r"[01]/1 layers", drawn), drawn
     assert drawn.rstrip().endswith(f"tuneplane-{run_id}: running"), drawn
+
+
+@pytest.mark.engine
+def test_a_failed_launch_wait_is_one_line_on_stderr_in_a_pipe(
+    docker_node: Node, tmp_path: Path
+) -> None:
+    """Issue 25, finding 6: the failure went to stdout, wrapped at 80 columns in a pipe."""
+    run_id = unique("ctl")
+    docker_node.made.append(f"tuneplane-{run_id}")
+    image = f"127.0.0.1:5000/tuneplane-test/{unique('missing')}:1"
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(tmp_path),
+        "PYTHONPATH": python_path(),
+        "TUNEPLANE_NODE_TOKEN": TOKEN,
+        "TUNEPLANE_CTL_URL": docker_node.url,
+    }  # no COLUMNS, no terminal: rich would wrap at 80
+    argv = ["ctl", "launch", "--run-id", run_id, "--image", image, "--wait", "--", "/bin/true"]
+    done = subprocess.run(
+        [sys.executable, "-m", "tuneplane_node", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert "failed" not in done.stdout, done.stdout
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(f"tuneplane-node ctl: tuneplane-{run_id}: failed: ")
+    assert image in lines[0] and len(lines[0]) > 80
+
+
+def test_version_names_the_node_python_the_sdks_and_nvml(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 25, finding 6: what a bug report needs, as node agents print it."""
+    with pytest.raises(SystemExit) as ended:
+        main(["--version"])
+    assert ended.value.code == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == [
+        "tuneplane-node", "Python", "docker", "podman", "nvidia-ml-py"
+    ]  # fmt: skip
+    assert re.fullmatch(r"docker SDK \d+\.\d+.*", lines[2]) and "NVML " in lines[4]
 
 
 # --- stats ---------------------------------------------------------------------------------

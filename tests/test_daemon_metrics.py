@@ -277,3 +277,24 @@ async def test_an_engine_call_that_raises_counts_as_an_error_under_its_name() ->
     assert value(samples, count, call="remove_container") == 1
     assert value(samples, count, call="ps") == 1
     assert ("tuneplane_node_engine_errors_total", (("call", "ps"),)) not in samples
+
+
+async def test_card_series_carry_dcgm_exporters_labels(
+    fake_node: MakeFakeNode, tmp_path: Path
+) -> None:
+    """Issue 25, finding 7: the node's view of a card joins DCGM's on gpu, UUID, modelName."""
+    cards = [
+        {"index": 0, "name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-4cf8db2d-06c0-7d70",
+         "memory_used_mib": 1024, "temperature_c": 41, "utilization_pct": 50},
+        {"index": 1, "memory_used_mib": 0},  # the driver named nothing: "" labels
+    ]  # fmt: skip
+    simulation = tmp_path / "gpus.json"
+    simulation.write_text(json.dumps({"driver": "580.1", "cards": cards}))
+    node = await fake_node(gpu_simulation_file=simulation, local_gpu_count=None)
+    samples = await scrape(node)
+    first = {"gpu": "0", "UUID": "GPU-4cf8db2d-06c0-7d70", "modelName": "NVIDIA H100 80GB HBM3"}
+    assert value(samples, "tuneplane_node_gpu_memory_used_bytes", **first) == 1024 * 2**20
+    assert value(samples, "tuneplane_node_gpu_temperature_celsius", **first) == 41
+    assert value(samples, "tuneplane_node_gpu_utilization_ratio", **first) == 0.5
+    second = {"gpu": "1", "UUID": "", "modelName": ""}
+    assert value(samples, "tuneplane_node_gpu_memory_used_bytes", **second) == 0

@@ -325,20 +325,21 @@ async def test_tokens_rotate_through_the_token_file(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     tokens = tmp_path / "tokens"
-    tokens.write_text("# the consoles' tokens\nold-token\n\n")
+    tokens.write_text("# the consoles' tokens\nold-token-0123456789\n\n")
     settings = node_settings(tmp_path, node_token=None, node_token_file=tokens)
     async with served(settings) as port:
         url = f"http://127.0.0.1:{port}/node/v1/health"
-        assert (await get(url, token="old-token"))[0] == 200
-        assert (await get(url, token="new-token"))[0] == 401
+        assert (await get(url, token="old-token-0123456789"))[0] == 200
+        assert (await get(url, token="new-token-0123456789"))[0] == 401
 
-        tokens.write_text("old-token\nnew-token\n")  # add the new one, move the consoles
+        # add the new one, move the consoles
+        tokens.write_text("old-token-0123456789\nnew-token-0123456789\n")
         os.kill(os.getpid(), signal.SIGHUP)  # SIGHUP reads it at once
-        await until_status(url, "new-token", 200, within=0.4)
-        assert (await get(url, token="old-token"))[0] == 200
-        tokens.write_text("new-token\n")  # then drop the old one
+        await until_status(url, "new-token-0123456789", 200, within=0.4)
+        assert (await get(url, token="old-token-0123456789"))[0] == 200
+        tokens.write_text("new-token-0123456789\n")  # then drop the old one
         os.kill(os.getpid(), signal.SIGHUP)
-        await until_status(url, "old-token", 401, within=0.4)
+        await until_status(url, "old-token-0123456789", 401, within=0.4)
 
         tokens.write_text("")  # a mistake: the last good set stays
         os.kill(os.getpid(), signal.SIGHUP)
@@ -346,8 +347,8 @@ async def test_tokens_rotate_through_the_token_file(
         while "holds no token: keeping the last good tokens" not in caplog.text:
             assert time.monotonic() < deadline, "the SIGHUP read of an empty file said nothing"
             await asyncio.sleep(0.01)
-        assert (await get(url, token="new-token"))[0] == 200
-    for secret in ("old-token", "new-token"):
+        assert (await get(url, token="new-token-0123456789"))[0] == 200
+    for secret in ("old-token-0123456789", "new-token-0123456789"):
         assert secret not in caplog.text
 
 
@@ -385,7 +386,7 @@ async def test_a_changed_token_file_is_read_without_a_signal(tmp_path: Path) -> 
     from tuneplane_node.daemon.tokens import WATCH_S, TokenSet
 
     tokens = tmp_path / "tokens"
-    tokens.write_text("old-token\n")
+    tokens.write_text("old-token-0123456789\n")
     clock = FakeClock()
     settings = node_settings(tmp_path, node_token=None, node_token_file=tokens)
     accepted = TokenSet.from_settings(settings, clock=clock)
@@ -397,13 +398,14 @@ async def test_a_changed_token_file_is_read_without_a_signal(tmp_path: Path) -> 
 
     watching = asyncio.create_task(accepted.watch())
     try:
-        tokens.write_text("old-token\nnew-token\n")
-        assert not accepted.accepts(b"Bearer new-token")  # not before the watch's turn
+        tokens.write_text("old-token-0123456789\nnew-token-0123456789\n")
+        assert accepted.match("Bearer new-token-0123456789") is None  # not before the watch's turn
         await one_turn()
-        assert accepted.accepts(b"Bearer new-token") and accepted.accepts(b"Bearer old-token")
+        assert accepted.match("Bearer new-token-0123456789") is not None
+        assert accepted.match("Bearer old-token-0123456789") is not None
         tokens.unlink()  # a file that vanishes keeps the last good set
         await one_turn()
-        assert accepted.accepts(b"Bearer new-token") and not watching.done()
+        assert accepted.match("Bearer new-token-0123456789") is not None and not watching.done()
     finally:
         watching.cancel()
         await asyncio.gather(watching, return_exceptions=True)

@@ -193,7 +193,7 @@ def test_serve_under_socket_activation_serves_the_socket_it_is_given(tmp_path: P
     port, own_port = free_port(), free_port()
     settings = {
         "PYTHONPATH": python_path(),
-        "TUNEPLANE_NODE_TOKEN": "t0ken",
+        "TUNEPLANE_NODE_TOKEN": "t0ken-0123456789abcdef",
         "TUNEPLANE_NODE_PORT": str(own_port),
         "TUNEPLANE_LOCAL_RUNTIME": "process",
         "TUNEPLANE_NODE_STATE_DIR": str(tmp_path / "state"),

@@ -13,7 +13,7 @@ import pytest
 
 from tests.fakes import FakeClock, FakeProbe, FakeRuntime
 from tests.helpers import job
-from tuneplane_node.errors import EngineUnavailable, NoCapacity
+from tuneplane_node.errors import EngineUnavailable, GpuNotReady, NoCapacity
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.gpu.probe import NoDriverProbe
 from tuneplane_node.gpu.simulation import SimulatedProbe
@@ -148,7 +148,8 @@ async def test_an_unknown_card_count_allocates_nothing(
     occupancy = await gpus.occupancy()
     assert (occupancy.known, occupancy.total, occupancy.free) == (False, 0, ())
     assert await gpus.claim("a", 0, run_id="a") == ()
-    with pytest.raises(NoCapacity, match="asked for 1; 0 free"):
+    # Issue 25: not "0 free []" without a hint of why, but why and the fix.
+    with pytest.raises(GpuNotReady, match=r"the card count is unknown: .*LOCAL_GPU_COUNT"):
         await gpus.claim("b", 1, run_id="b")
 
 

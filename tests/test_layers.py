@@ -51,6 +51,7 @@ SDKS = {
         "daemon/server.py",
         "daemon/audit.py",
         "daemon/follow.py",
+        "daemon/guard.py",
     },
     "prometheus_client": {"daemon/metrics.py"},
     "orjson": {"wire/answers.py"},

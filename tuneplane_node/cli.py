@@ -9,6 +9,7 @@ import asyncio
 import json
 import logging
 import os
+import platform
 import sys
 import tempfile
 from collections import Counter
@@ -22,7 +23,7 @@ from tuneplane_node.settings import DEFAULT_STORAGE, NodeSettings, env_name, loa
 from tuneplane_node.wire import answers
 
 if TYPE_CHECKING:
-    from tuneplane_node.gpu.probe import GpuSnapshot
+    from tuneplane_node.gpu.probe import GpuProbe, GpuSnapshot
     from tuneplane_node.jobs.confinement import JobRules
     from tuneplane_node.runtime.engine import EngineRuntime
 
@@ -35,7 +36,11 @@ def parser() -> argparse.ArgumentParser:
         description="Node daemon of the TunePlane fine-tuning platform. "
         "Settings come from TUNEPLANE_* variables and .env (see docs/operating.md).",
     )
-    top.add_argument("--version", action="version", version=f"tuneplane-node {__version__}")
+    top.add_argument(
+        "--version",
+        action=VersionAction,
+        help="print the versions of the node, Python, the engine SDKs and NVML, and exit",
+    )
     top.add_argument(
         "--log-level",
         type=str.upper,
@@ -62,6 +67,42 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+class VersionAction(argparse.Action):
+    """``--version``: what a bug report needs, as node agents print it; asked only when
+    given (NVML is started for it)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **options: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, help=str(options.get("help", "")))
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
+        print("\n".join(versions()))
+        parser.exit()
+
+
+def versions() -> list[str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(package: str) -> str:
+        try:
+            return version(package)
+        except PackageNotFoundError:
+            return "not installed"
+
+    try:
+        from tuneplane_node.gpu.nvml import library_version
+
+        nvml = library_version()
+    except ImportError as exc:  # no nvidia-ml-py: the node runs without cards
+        nvml = f"unavailable ({exc})"
+    return [
+        f"tuneplane-node {__version__}",
+        f"Python {platform.python_version()} ({platform.python_implementation()})",
+        f"docker SDK {of('docker')}",
+        f"podman SDK {of('podman')}",
+        f"nvidia-ml-py {of('nvidia-ml-py')}, NVML {nvml}",
+    ]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.verb is None:
@@ -85,6 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def serve(settings: NodeSettings, *, host: str | None, port: int | None) -> int:
+    from tuneplane_node.daemon.enginelock import EngineTaken
     from tuneplane_node.daemon.listener import CannotListen
     from tuneplane_node.daemon.server import serve as run
 
@@ -92,8 +134,9 @@ def serve(settings: NodeSettings, *, host: str | None, port: int | None) -> int:
     # then the app's cleanup cancels pulls and closes the engine's pool.
     try:
         asyncio.run(run(settings, host=host or settings.node_host, port=port or settings.node_port))
-    except CannotListen as exc:
-        # Exit 1, not 2 (a configuration error, never restarted): a taken port may free up.
+    except (CannotListen, EngineTaken) as exc:
+        # Exit 1, not 2 (a configuration error, never restarted): a taken port may free
+        # up, the other daemon may be on its way out.
         log.error("%s", exc)
         return 1
     return 0
@@ -156,7 +199,9 @@ def check_token(settings: NodeSettings) -> list[Finding]:
     sources = [env_name("node_token")] if settings.node_token else []
     if settings.node_token_file is not None:
         sources.append(f"{env_name('node_token_file')} {settings.node_token_file}")
-    return [(OK, f"token: {len(tokens)} accepted, from {' and '.join(sources)}")]
+    scopes = ", ".join(f"{scope} {n}" for scope, n in tokens.scopes().items())
+    text = f"token: {len(tokens)} accepted ({scopes}), from {' and '.join(sources)}"
+    return [(OK, text)]
 
 
 def check_tls(settings: NodeSettings) -> list[Finding]:
@@ -329,21 +374,27 @@ def check_gpus(settings: NodeSettings) -> list[Finding]:
     probe = make_probe(settings)
     try:
         snapshot = probe.snapshot()
+        found = [_cards_finding(settings, snapshot)]
+        if snapshot.ok and snapshot.source != "none":
+            found.append(check_affinity(settings, snapshot))
+        return [*found, *asyncio.run(_ready_finding(settings, probe))]
     finally:
         probe.close()
+
+
+def _cards_finding(settings: NodeSettings, snapshot: GpuSnapshot) -> Finding:
     if snapshot.source == "none":
         count = settings.local_gpu_count
         cards = f"{count} card(s) from {env_name('local_gpu_count')}" if count else "no cards"
-        return [(WARN, f"gpu: no driver ({snapshot.error}); {cards}")]
+        return (WARN, f"gpu: no driver ({snapshot.error}); {cards}")
     if not snapshot.ok:
-        return [(FAIL, f"gpu: {snapshot.source}: {snapshot.error}")]
+        return (FAIL, f"gpu: {snapshot.source}: {snapshot.error}")
     names = Counter(card.name or "unnamed" for card in snapshot.cards)
     listed = ", ".join(f"{n} x {name}" for name, n in names.items()) or "no cards"
     where = snapshot.source
     if settings.gpu_simulation_file is not None:
         where = f"simulation file {settings.gpu_simulation_file}"
-    found = f"gpu: {where}, driver {snapshot.driver or 'unknown'}: {listed}"
-    return [(OK, found), check_affinity(settings, snapshot)]
+    return (OK, f"gpu: {where}, driver {snapshot.driver or 'unknown'}: {listed}")
 
 
 def check_affinity(settings: NodeSettings, snapshot: GpuSnapshot) -> Finding:
@@ -356,6 +407,29 @@ def check_affinity(settings: NodeSettings, snapshot: GpuSnapshot) -> Finding:
     placed = {card.index: affinity.place((card.index,), snapshot) for card in snapshot.cards}
     where = "; ".join(f"gpu {index}: {place}" for index, place in placed.items()) or "no cards"
     return (OK, f"cpu affinity: numa: {where}")  # an unknown node says so, and runs anywhere
+
+
+async def _ready_finding(settings: NodeSettings, probe: GpuProbe) -> list[Finding]:
+    """Whether a GPU job can run, as health's ``gpu_ready`` says it (the same reader)."""
+    from tuneplane_node.gpu.allocator import GpuAllocator
+    from tuneplane_node.runtime import detect_runtime
+
+    try:
+        runtime = await detect_runtime(settings, cache=False)
+    except ConfigError:
+        return []  # the engine step has said so
+    try:
+        readiness = await GpuAllocator(runtime, settings, probe=probe).ready()
+    finally:
+        await runtime.close()
+    if readiness.ready is None:
+        return [(OK, "gpu jobs: none here (no cards)")]
+    if not readiness.ready:
+        return [(FAIL, f"gpu jobs: cannot run: {readiness.reason}")]
+    if not settings.local_gpu_passthrough:
+        setting = f"{env_name('local_gpu_passthrough')}=false"
+        return [(WARN, f"gpu jobs: {setting}: jobs are labelled with cards but see none")]
+    return [(OK, f"gpu jobs: ready, {runtime.name} can hand the cards to containers")]
 
 
 def check_storage(settings: NodeSettings) -> list[Finding]:

@@ -11,6 +11,8 @@ errors never travel past the module that imports the SDK: they are translated th
     │   └── MissingProtocol    no X-TunePlane-Node-Protocol header
     ├── Unauthorized (401)     wrong or missing bearer token
     ├── NoClientCertificate (401) mutual TLS, and the connection has no client certificate
+    ├── InsufficientScope (403) the token's scope does not buy the verb
+    ├── TooManyAuthFailures (429) this peer keeps sending wrong tokens
     ├── PayloadTooLarge (413)  body over the limit
     ├── ImageAccessDenied (403) a private image the node pulled, without credentials
     │                          its registry accepts for it now
@@ -22,6 +24,7 @@ errors never travel past the module that imports the SDK: they are translated th
     ├── Conflict (409)         well-formed, but this node will not do it now
     │   ├── ProtocolMismatch   console and node speak different wire versions
     │   ├── NoCapacity         not enough GPUs free for the job
+    │   ├── GpuNotReady        the engine cannot hand this node's cards to a container
     │   ├── NameTaken          the container name is held by another run
     │   ├── NodeCordoned       the operator took the node out of service
     │   ├── NotRunning         a signal for a job that is not running (or still pending)
@@ -79,6 +82,36 @@ class Unauthorized(NodeError):
 
     def __init__(self) -> None:
         super().__init__("invalid node token")
+
+
+class InsufficientScope(NodeError):
+    """A token of a narrower scope (a scraper's, a dashboard's) asked for a verb it
+    does not buy: names the scope that would."""
+
+    status = 403
+    code = "insufficient_scope"
+
+    def __init__(self, *, scope: str, needed: str, verb: str) -> None:
+        super().__init__(f"this token's scope is {scope}: {verb} needs a token of scope {needed}")
+        self.scope = scope
+        self.needed = needed
+        self.verb = verb
+
+
+class TooManyAuthFailures(NodeError):
+    """A peer that keeps failing to authenticate is refused for a while, whatever it
+    sends: guessing a token costs it the window, not the node a log line each."""
+
+    status = 429
+    code = "too_many_auth_failures"
+
+    def __init__(self, *, failures: int, window_s: float) -> None:
+        super().__init__(
+            f"{failures} failed authentications from this address in {window_s:g} s: "
+            "try again later"
+        )
+        self.failures = failures
+        self.window_s = window_s
 
 
 class PayloadTooLarge(NodeError):
@@ -217,6 +250,18 @@ class NoCapacity(Conflict):
         self.reserved = reserved
         self.external = list(external)
         self.unhealthy = unhealthy
+
+
+class GpuNotReady(Conflict):
+    """A launch asking for cards on a node whose engine cannot hand them to a container
+    (no NVIDIA runtime, no CDI specification for a card) or whose card count is unknown:
+    refused before the engine is asked, with the fix, never a 502 from the engine."""
+
+    code = "gpu_not_ready"
+
+    def __init__(self, *, reason: str) -> None:
+        super().__init__(f"this node cannot run GPU jobs: {reason}")
+        self.reason = reason
 
 
 class NameTaken(Conflict):

@@ -20,7 +20,7 @@ from tuneplane_node.printable import printable
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 FORMATS = ("text", "json")
 JOB_FIELDS = ("run_id", "ref", "image", "gpus")
-AUDIT_FIELDS = ("action", "client", "subject", "result", "status", "reason")
+AUDIT_FIELDS = ("action", "client", "subject", "token", "result", "status", "reason")
 EXTRA_FIELDS = (*JOB_FIELDS, *AUDIT_FIELDS)
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 C1 = re.compile(r"[\x7f-\x9f]")
@@ -65,6 +65,15 @@ class TextFormatter(logging.Formatter):
     def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
         record.message = printable(record.message)
         return super().formatMessage(record)
+
+
+def job_fields(
+    ref: str | None = None, run_id: str | None = None, **more: object
+) -> dict[str, object]:
+    """The ``extra`` of a line about a job: its ref and run id (and ``image``, ``gpus``
+    where known), which a JSON line carries as fields; what is unknown is left out."""
+    fields = {"ref": ref, "run_id": run_id, **more}
+    return {name: value for name, value in fields.items() if value is not None}
 
 
 def _bounded(value: object) -> object:

@@ -90,6 +90,10 @@ class NodeSettings(BaseSettings):
     """Docker engine address; unset means the docker SDK's own rules (DOCKER_HOST)."""
     podman_url: str = "unix:///run/podman/podman.sock"
     """Address of the podman API service."""
+    dev_shared_engine: bool = False
+    """Development only: let ``serve`` start beside another daemon of this machine on the
+    same engine (a test suite's daemons). Off, the second one refuses to start: two
+    daemons on one engine hand out the same cards and sweep each other's launches."""
     runtime_threads: int = Field(16, ge=1, le=256)
     """Size of the one thread pool that runs blocking engine calls (and its HTTP pool)."""
     local_api_timeout: float = Field(

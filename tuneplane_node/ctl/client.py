@@ -52,8 +52,9 @@ class Unreachable(CtlError):
 
 
 def read_token(token_file: Path | None) -> str:
-    """The token: the file's first line that is neither blank nor a # comment, else
-    ``TUNEPLANE_NODE_TOKEN``. Never echoed, not even in an error."""
+    """The token: the first word of the file's first line that is neither blank nor a #
+    comment (the daemon's token file works as it is, ``name=`` and ``scope=`` after the
+    token), else ``TUNEPLANE_NODE_TOKEN``. Never echoed, not even in an error."""
     if token_file is None:
         token = os.environ.get(TOKEN_ENV, "").strip()
         if not token:
@@ -65,7 +66,7 @@ def read_token(token_file: Path | None) -> str:
         raise CtlError(f"--token-file {token_file}: cannot read it: {_reason(exc)}") from None
     for line in lines:
         if line.strip() and not line.lstrip().startswith("#"):
-            return line.strip()
+            return line.split()[0]
     raise CtlError(f"--token-file {token_file}: holds no token")
 
 

@@ -71,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
         # No emoji codes either: ":skull:" in a registry's words stays text.
         return verb(Ctl(client, Console(highlight=False, emoji=False), args.json), args)
     except CtlError as exc:
-        print(f"tuneplane-node ctl: {exc}", file=sys.stderr)
+        # One line whatever the node's words hold: a log reader takes a line per failure.
+        print(f"tuneplane-node ctl: {' '.join(str(exc).splitlines())}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
@@ -488,8 +489,12 @@ def launch(ctl: Ctl, args: argparse.Namespace) -> int:
     if not args.wait or answer.get("phase") == "running":
         return 0
     state = _await_pull(ctl, ref, answer.get("image", args.image))
+    if _code(state):  # a failure: one line on stderr, as every other (the JSON still out)
+        if ctl.json:
+            ctl.raw(state)
+        raise LaunchFailed(failure(ref, state))
     ctl.show(state, lambda out, _: out.print(ended(ref, state)))
-    return _code(state)
+    return 0
 
 
 def default_name(run_id: str) -> str:
@@ -538,13 +543,20 @@ def _await_pull(ctl: Ctl, ref: str, image: str) -> Mapping[str, Any]:
             time.sleep(POLL_S)
 
 
+class LaunchFailed(CtlError):
+    exit_code = 1
+
+
 def ended(ref: str, state: Mapping[str, Any]) -> str:
     ref, state = render.as_text(ref), render.as_text(state)
-    if state.get("pending_phase") == "failed":
-        return f"{ref}: [red]failed[/]: {state.get('pending_error')}"
-    if not state.get("exists"):
-        return f"{ref}: [red]gone[/] (stopped or removed while it was pending)"
     return f"{ref}: {render.status(state)}"
+
+
+def failure(ref: str, state: Mapping[str, Any]) -> str:
+    """Why a waited launch came to nothing, as plain text (no markup: stderr)."""
+    if state.get("pending_phase") == "failed":
+        return f"{ref}: failed: {state.get('pending_error')}"
+    return f"{ref}: gone (stopped or removed while it was pending)"
 
 
 def _code(state: Mapping[str, Any]) -> int:

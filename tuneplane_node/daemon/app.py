@@ -9,6 +9,7 @@ their failure logged, cancelled and awaited first at shutdown (`tuneplane_node.t
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -18,15 +19,25 @@ from aiohttp.typedefs import Handler, Middleware
 
 from tuneplane_node import inventory
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
+from tuneplane_node.daemon.enginelock import EngineLock, engine_address
+from tuneplane_node.daemon.guard import (
+    METRICS_PATH,
+    TOKEN_KEY,
+    AuthFailures,
+    authenticate,
+    needed_scope,
+)
 from tuneplane_node.daemon.metrics import Metrics
 from tuneplane_node.daemon.routes import answer, routes
 from tuneplane_node.daemon.state import JOBS, METRICS, REGISTRY_AUTH, SETTINGS, TASKS, TOKENS
 from tuneplane_node.daemon.tokens import TokenSet
 from tuneplane_node.errors import (
+    ConfigError,
     MissingProtocol,
     NodeError,
     PayloadTooLarge,
     ProtocolMismatch,
+    TooManyAuthFailures,
     Unauthorized,
 )
 from tuneplane_node.gpu.allocator import GpuAllocator
@@ -34,7 +45,7 @@ from tuneplane_node.jobs import JobService
 from tuneplane_node.runtime import detect_runtime
 from tuneplane_node.runtime.base import ContainerRuntime
 from tuneplane_node.runtime.dockerauth import AuthFile
-from tuneplane_node.settings import NodeSettings
+from tuneplane_node.settings import NodeSettings, env_name
 from tuneplane_node.tasks import BackgroundTasks
 from tuneplane_node.wire import MAX_BODY_BYTES, PROTOCOL, PROTOCOL_HEADER
 from tuneplane_node.wire.answers import error_json
@@ -42,7 +53,6 @@ from tuneplane_node.wire.answers import error_json
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("tuneplane_node.access")
 API_PREFIX = "/node/v1/"
-METRICS_PATH = "/metrics"
 METHODS = frozenset({"GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH"})
 
 
@@ -76,24 +86,31 @@ async def _no_server_header(request: web.Request, response: web.StreamResponse) 
     response.headers.popall("Server", None)
 
 
-def guard_middleware(tokens: TokenSet, *, metrics_public: bool) -> Middleware:
+def guard_middleware(
+    tokens: TokenSet, metrics: Metrics, *, metrics_public: bool, failures: AuthFailures
+) -> Middleware:
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path.startswith(API_PREFIX):
-            check_token(tokens, request)
+            await check_token(tokens, failures, metrics, request)
             check_protocol(request.headers.get(PROTOCOL_HEADER))
         elif request.path == METRICS_PATH and not metrics_public:
-            check_token(tokens, request)  # a scraper sends the token, not the protocol
+            # a scraper sends the token, not the protocol
+            await check_token(tokens, failures, metrics, request)
         return await handler(request)
 
     return guard
 
 
-def check_token(tokens: TokenSet, request: web.Request) -> None:
-    # surrogateescape: a header of hostile bytes is a wrong token, not a crash.
-    given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
-    if not tokens.accepts(given):
-        raise Unauthorized()
+async def check_token(
+    tokens: TokenSet, failures: AuthFailures, metrics: Metrics, request: web.Request
+) -> None:
+    scope = needed_scope(request.method, request.path)
+    try:
+        await authenticate(tokens, failures, request, scope=scope)
+    except (Unauthorized, TooManyAuthFailures) as exc:
+        metrics.auth_failed(exc.status)
+        raise
 
 
 def measure_middleware(metrics: Metrics) -> Middleware:
@@ -112,9 +129,11 @@ def measure_middleware(metrics: Metrics) -> Middleware:
             route = resource.canonical if resource is not None else "unmatched"
             method = request.method if request.method in METHODS else "other"
             metrics.request(route, method, status, seconds)
+            token = request.get(TOKEN_KEY)
+            name = token.name if token is not None else "-"
             access_log.debug(
-                "%s %s %d %.1f ms", method, route, status, seconds * 1000,
-                extra={"client": request.remote, "status": status},
+                "%s %s %d %.1f ms by %s", method, route, status, seconds * 1000, name,
+                extra={"client": request.remote, "status": status, "token": name},
             )  # fmt: skip
 
     return measure
@@ -135,16 +154,21 @@ def create_node_app(
     clock: Clock = SYSTEM_CLOCK,
     middlewares: tuple[Middleware, ...] = (),
     sweep: bool = True,
+    engine_lock: bool = False,
 ) -> web.Application:
     """The daemon. A runtime or allocator passed in is the caller's to start and close.
 
     ``middlewares`` run first, before the error mapping (the server's connection guard).
     ``sweep``: remove the node's wreckage at start and once a relist period (off only
-    for a test daemon on an engine shared with other people's nodes).
+    for a test daemon on an engine shared with other people's nodes). ``engine_lock``:
+    refuse to start while another daemon of this machine manages the engine (`serve`'s
+    rule, `enginelock`; raises EngineTaken at start-up).
     """
     tokens = TokenSet.from_settings(settings, clock=clock)  # no token, no app
     metrics = Metrics(per_job=settings.metrics_per_job)
-    guard = guard_middleware(tokens, metrics_public=settings.metrics_public)
+    guard = guard_middleware(
+        tokens, metrics, metrics_public=settings.metrics_public, failures=AuthFailures()
+    )
     app = web.Application(
         middlewares=[*middlewares, measure_middleware(metrics), errors_middleware, guard],
         client_max_size=MAX_BODY_BYTES,
@@ -158,7 +182,8 @@ def create_node_app(
     app[TASKS] = BackgroundTasks(log)
     app.add_routes(routes)
     app.on_response_prepare.append(_no_server_header)
-    app.cleanup_ctx.append(_lifecycle(runtime, allocator, clock, sweep=sweep))
+    lifecycle = _lifecycle(runtime, allocator, clock, sweep=sweep, engine_lock=engine_lock)
+    app.cleanup_ctx.append(lifecycle)
     app.on_shutdown.append(_answer_watches)
     return app
 
@@ -176,13 +201,20 @@ def _lifecycle(
     clock: Clock,
     *,
     sweep: bool,
+    engine_lock: bool,
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         settings = app[SETTINGS]
         inventory.check_fabrics(settings.fabrics)
         telemetry = app[METRICS]
         runtime = given_runtime or await detect_runtime(settings, telemetry=telemetry, clock=clock)
+        lock = None
         if given_runtime is None:
+            try:  # before the cache's fill and the sweep: another daemon's engine is not ours
+                lock = await _take_lock(settings, runtime) if engine_lock else None
+            except BaseException:
+                await runtime.close()
+                raise
             await runtime.start()  # the state cache is filled before the first request
         allocator = given_allocator or GpuAllocator(runtime, settings, clock=clock)
         jobs = app[JOBS] = JobService(
@@ -206,8 +238,29 @@ def _lifecycle(
             await allocator.close()
         if given_runtime is None:
             await runtime.close()
+        if lock is not None:
+            lock.release()
 
     return lifecycle
+
+
+async def _take_lock(settings: NodeSettings, runtime: ContainerRuntime) -> EngineLock | None:
+    """The engine's lock (`enginelock`); None for the process runtime, or by the
+    development setting."""
+    address = engine_address(settings, runtime.name)
+    if address is None:
+        return None
+    if settings.dev_shared_engine:
+        log.warning(
+            "%s=true: no engine lock; other daemons may manage %s too (development only)",
+            env_name("dev_shared_engine"), address,
+        )  # fmt: skip
+        return None
+    node_id = await asyncio.to_thread(inventory.node_id, settings.state_dir)
+    try:
+        return await asyncio.to_thread(EngineLock.take, address, node_id=node_id)
+    except OSError as exc:
+        raise ConfigError(f"cannot make the engine lock: {exc}") from None
 
 
 async def _start_background(app: web.Application, jobs: JobService, *, sweep: bool) -> None:
@@ -223,7 +276,9 @@ async def _start_background(app: web.Application, jobs: JobService, *, sweep: bo
 
 
 async def _sweep_at_start(jobs: JobService) -> None:
+    # Only what is older than the periodic sweep's grace: a container younger may be a
+    # launch in flight of another daemon on this engine (a remote engine's other host).
     try:
-        await jobs.sweep_wreckage(older_than_s=0)
+        await jobs.sweep_wreckage(older_than_s=jobs.reaper.wreck_grace_s)
     except NodeError as exc:  # the engine may be down: the periodic sweep will do it
         log.warning("could not sweep wreckage at start: %s", exc.message)

@@ -1,6 +1,7 @@
 """The audit trail: one INFO line per verb that changes something, saying who asked
 (the client's address, and its certificate's subject under mutual TLS), what, and how it
-ended. Lines carry ``run_id``, ``ref``, ``image``, ``gpus`` as fields for JSON logs."""
+ended, and the name of the token it used (never the token). Lines carry ``run_id``,
+``ref``, ``image``, ``gpus`` and ``token`` as fields for JSON logs."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
+from tuneplane_node.daemon.guard import TOKEN_KEY
 from tuneplane_node.errors import NodeError
 
 log = logging.getLogger("tuneplane_node.audit")
@@ -43,18 +45,27 @@ def _write(
     request: web.Request, action: str, result: str, facts: dict[str, Any], **more: Any
 ) -> None:
     client, subject = who(request)
+    token = request.get(TOKEN_KEY)
+    name = token.name if token is not None else "-"
     shown = {k: v for k, v in facts.items() if v not in (None, "")}
     about = " ".join(f"{k}={v}" for k, v in shown.items())
     why = f": {more['reason']}" if more.get("reason") else ""
     log.info(
-        "audit: %s %s by %s%s: %s%s",
+        "audit: %s %s by %s%s with token %s: %s%s",
         action,
         about or "-",
         client,
         f" ({subject})" if subject else "",
+        name,
         result,
         why,
-        extra={"action": action, "client": client, "subject": subject, "result": result}
+        extra={
+            "action": action,
+            "client": client,
+            "subject": subject,
+            "token": name,
+            "result": result,
+        }
         | shown
         | more,
     )

@@ -36,6 +36,9 @@ from tuneplane_node.telemetry import Telemetry
 log = logging.getLogger(__name__)
 PREFIX = "tuneplane_node"
 CARD_KINDS = ("free", "held", "reserved", "unhealthy", "external")
+CARD_LABELS = ("gpu", "UUID", "modelName")
+"""dcgm-exporter's labels of a card (index, UUID, the driver's name of it), so that a
+dashboard joins the node's series with DCGM's; "" where the driver does not say."""
 JOB_STATUSES = ("running", "created", "paused", "restarting", "exited", "dead")
 PENDING_PHASES = ("pulling", "starting", "failed")
 MIB = 2**20
@@ -93,6 +96,13 @@ class Metrics(Telemetry):
             buckets=PULL_BUCKETS,
             registry=registry,
         )
+        self.auth_failures = CounterMetric(
+            f"{PREFIX}_auth_failures",
+            "Requests refused for their token, by status: 401 (wrong or missing), 429 (a "
+            "peer that kept failing).",
+            ["status"],
+            registry=registry,
+        )
         self.pull_bytes = CounterMetric(
             f"{PREFIX}_pull_bytes", "Bytes downloaded by image pulls.", registry=registry
         )
@@ -118,10 +128,12 @@ class Metrics(Telemetry):
             return Gauge(f"{PREFIX}_{name}", about, list(labels), registry=registry)
 
         self.gpus = gauge("gpus", "Cards by state; they sum to the card count.", ("state",))
-        self.gpu_memory = gauge("gpu_memory_used_bytes", "Memory in use per card.", ("gpu",))
-        self.gpu_temperature = gauge("gpu_temperature_celsius", "Temperature per card.", ("gpu",))
+        self.gpu_memory = gauge("gpu_memory_used_bytes", "Memory in use per card.", CARD_LABELS)
+        self.gpu_temperature = gauge(
+            "gpu_temperature_celsius", "Temperature per card.", CARD_LABELS
+        )
         self.gpu_busy = gauge(
-            "gpu_utilization_ratio", "Busy share of the driver's last sample.", ("gpu",)
+            "gpu_utilization_ratio", "Busy share of the driver's last sample.", CARD_LABELS
         )
         self.jobs = gauge(
             "jobs", "The node's containers by status, and pending launches by phase.", ("status",)
@@ -151,6 +163,9 @@ class Metrics(Telemetry):
 
     def request(self, route: str, method: str, status: int, seconds: float) -> None:
         self.http.labels(route, method, str(status)).observe(seconds)
+
+    def auth_failed(self, status: int) -> None:
+        self.auth_failures.labels(str(status)).inc()
 
     def launch(self, outcome: str) -> None:
         self.launches.labels(outcome).inc()
@@ -208,13 +223,13 @@ class Metrics(Telemetry):
         for kind in CARD_KINDS:
             self.gpus.labels(kind).set(kinds.get(kind, 0))
         for card in occupancy.gpus.cards if occupancy.gpus else ():
-            gpu = str(card.index)
+            labels = (str(card.index), card.uuid or "", card.name or "")
             if card.memory_used_mib is not None:
-                self.gpu_memory.labels(gpu).set(card.memory_used_mib * MIB)
+                self.gpu_memory.labels(*labels).set(card.memory_used_mib * MIB)
             if card.temperature_c is not None:
-                self.gpu_temperature.labels(gpu).set(card.temperature_c)
+                self.gpu_temperature.labels(*labels).set(card.temperature_c)
             if card.utilization_pct is not None:
-                self.gpu_busy.labels(gpu).set(card.utilization_pct / 100)
+                self.gpu_busy.labels(*labels).set(card.utilization_pct / 100)
 
     # --- the event loop's lag -----------------------------------------------------------
 

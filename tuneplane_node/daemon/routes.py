@@ -97,7 +97,7 @@ def encoded(body: bytes, status: int = 200) -> web.Response:
     return web.Response(body=body, status=status, content_type="application/json", charset="utf-8")
 
 
-@api("get", "/metrics", None, errors=(401,), text=CONTENT_TYPE)
+@api("get", "/metrics", None, errors=(401, 403, 429), text=CONTENT_TYPE)
 async def metrics(request: web.Request) -> web.Response:
     """Prometheus' text format; the token unless TUNEPLANE_METRICS_PUBLIC.
 

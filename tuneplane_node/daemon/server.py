@@ -387,14 +387,15 @@ def _certified(request: web.Request) -> bool:
 async def serve(settings: NodeSettings, *, host: str, port: int) -> None:
     """Run the daemon until SIGTERM or SIGINT; requests in flight finish first.
 
-    Raises ConfigError on a bad setting, CannotListen when the port cannot be had.
+    Raises ConfigError on a bad setting, CannotListen when the port cannot be had,
+    EngineTaken while another daemon of this machine manages the engine.
     """
     context = tls_context(settings)
     guard = ConnectionGuard(connection_limit())
     middlewares = [guard.middleware(), LoopSlices().middleware()]
     if context is not None and settings.tls_client_ca_file is not None:
         middlewares.append(client_certificates(settings))
-    app = create_node_app(settings, middlewares=tuple(middlewares))
+    app = create_node_app(settings, middlewares=tuple(middlewares), engine_lock=True)
     # The port before the start-up (the cache's sync can take seconds): a job looping on
     # bind() during a restart would take it meanwhile. Clients wait in the backlog.
     sockets = listen(host, port, backlog=BACKLOG)

@@ -17,10 +17,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
-from tuneplane_node.errors import NoCapacity
+from tuneplane_node.errors import GpuNotReady, NoCapacity
 from tuneplane_node.gpu.factory import make_probe
 from tuneplane_node.gpu.probe import GpuProbe, GpuSnapshot
+from tuneplane_node.gpu.readiness import GpuReadiness, ReadinessReader
 from tuneplane_node.gpu.topology import choose_cards
+from tuneplane_node.logformat import job_fields
 from tuneplane_node.runtime.base import ContainerRuntime, ContainerState
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.tasks import BackgroundTasks, by_awaiters
@@ -110,6 +112,7 @@ class GpuAllocator:
         self.settings = settings
         self.probe = probe if probe is not None else make_probe(settings, clock=clock)
         self.clock = clock
+        self.readiness = ReadinessReader(runtime, settings, clock=clock)
         self._reading: tuple[float, GpuSnapshot] | None = None  # (read at, the reading)
         self._read: asyncio.Task[GpuSnapshot] | None = None
         self._tasks = BackgroundTasks(log)  # the probe's read, shared by its callers
@@ -189,6 +192,12 @@ class GpuAllocator:
             return self.settings.local_gpu_count
         return len(gpus.cards) if gpus.ok else None
 
+    async def ready(self, gpus: GpuSnapshot | None = None) -> GpuReadiness:
+        """Whether the node can run a GPU job now (`readiness`): health's ``gpu_ready``."""
+        if gpus is None:
+            gpus = await self.snapshot()
+        return await self.readiness.read(self.card_count(gpus), gpus.error)
+
     def _external(
         self, gpus: GpuSnapshot, holders: Mapping[int, str]
     ) -> tuple[dict[int, tuple[int, ...]], bool]:
@@ -212,7 +221,8 @@ class GpuAllocator:
         return external, True
 
     async def claim(self, ref: str, n: int, *, run_id: str) -> tuple[int, ...]:
-        """Choose ``n`` cards for ``ref`` and record the claim, or raise NoCapacity.
+        """Choose ``n`` cards for ``ref`` and record the claim, or raise NoCapacity
+        (GpuNotReady when the node cannot run a GPU job at all).
 
         A claim ``ref`` already holds (a pending launch about to start) is kept if its
         cards are all still free, else chosen again. Release it with `release` once the
@@ -221,6 +231,10 @@ class GpuAllocator:
         if n <= 0:
             return ()
         gpus = await self.snapshot()  # outside the lock: health facts need no ordering
+        readiness = await self.ready(gpus)
+        if readiness.ready is False:  # the engine would refuse the cards: say why first
+            assert readiness.reason is not None
+            raise GpuNotReady(reason=readiness.reason)
         async with self._lock:
             occupancy = await self.occupancy(gpus)  # labels are read under the lock
             usable = occupancy.available_to(ref)
@@ -234,7 +248,10 @@ class GpuAllocator:
             cards = tuple(choose_cards(usable, n, links, nodes=nodes))
             self._claims[ref] = cards
             self._claims_changed += 1
-        log.info("run %s claims gpus %s", run_id, list(cards))
+        log.info(
+            "run %s claims gpus %s", run_id, list(cards),
+            extra=job_fields(ref, run_id, gpus=list(cards)),
+        )  # fmt: skip
         return cards
 
     def release(self, ref: str) -> None:

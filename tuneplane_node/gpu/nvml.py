@@ -457,3 +457,15 @@ class XidWatcher:
 def _address(handle: Any) -> int | None:
     """A device handle's pointer value: the same card gives the same handle in events."""
     return ctypes.cast(handle, ctypes.c_void_p).value
+
+
+def library_version() -> str:
+    """The NVML library's version, or why there is none (``--version``): no card is read."""
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        return f"unavailable ({exc})"
+    try:
+        return str(_text(pynvml.nvmlSystemGetNVMLVersion()))
+    finally:
+        pynvml.nvmlShutdown()

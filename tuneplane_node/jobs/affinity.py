@@ -20,7 +20,8 @@ from dataclasses import dataclass, replace
 
 from tuneplane_node.gpu import numa
 from tuneplane_node.gpu.probe import GpuSnapshot
-from tuneplane_node.runtime.base import ContainerSpec, format_cpulist
+from tuneplane_node.logformat import job_fields
+from tuneplane_node.runtime.base import LABEL_RUN_ID, ContainerSpec, format_cpulist
 from tuneplane_node.settings import NodeSettings
 
 log = logging.getLogger(__name__)
@@ -50,10 +51,11 @@ class CpuAffinity:
         if self.mode == "off" or not spec.gpus:
             return spec
         placed = self.place(spec.gpus, gpus, cpu_limit=spec.cpu_limit)
+        job = job_fields(spec.name, spec.labels.get(LABEL_RUN_ID))
         if placed.why:
-            log.info("launch %s: no cpuset: %s", spec.name, placed.why)
+            log.info("launch %s: no cpuset: %s", spec.name, placed.why, extra=job)
             return spec
-        log.info("launch %s: cpuset %s", spec.name, placed)
+        log.info("launch %s: cpuset %s", spec.name, placed, extra=job)
         return replace(spec, cpuset_cpus=placed.cpus, cpuset_mems=placed.mems)
 
     def place(

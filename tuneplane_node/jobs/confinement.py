@@ -13,9 +13,11 @@ from dataclasses import replace
 
 from tuneplane_node import inventory
 from tuneplane_node.errors import ConfigError, InvalidField, NoRdma
+from tuneplane_node.logformat import job_fields
 from tuneplane_node.runtime.base import (
     KEPT_CAPABILITIES,
     LABEL_NETWORK,
+    LABEL_RUN_ID,
     Confinement,
     ContainerSpec,
 )
@@ -104,5 +106,8 @@ class JobRules:
                 f"host networking is refused on this node ({HOST_NETWORK}=refuse): "
                 "use bridge or none",
             )
-        log.info("launch %s: host network asked, run on the bridge (%s)", spec.name, HOST_NETWORK)
+        log.info(
+            "launch %s: host network asked, run on the bridge (%s)", spec.name, HOST_NETWORK,
+            extra=job_fields(spec.name, spec.labels.get(LABEL_RUN_ID), image=spec.image),
+        )  # fmt: skip
         return replace(spec, network="bridge", labels={**spec.labels, LABEL_NETWORK: "bridge"})

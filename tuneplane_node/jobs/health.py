@@ -1,5 +1,6 @@
-"""What the node reports of itself: health (the engine, the cards, the pending launches,
-the disk, the node state) and inventory (the machine, its cards, its engine)."""
+"""What the node reports of itself: health (the engine, the cards and whether a GPU job
+can run, the pending launches, the disk, the node state) and inventory (the machine, its
+cards, its engine)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ class HealthReader:
                 occupancy = await self.allocator.occupancy()
             except NodeError as exc:
                 error = exc.message
+        gpu = await self.allocator.ready(occupancy.gpus if occupancy is not None else None)
         now = self.clock.monotonic()
         return NodeStatus(
             engine=engine,
@@ -53,6 +55,7 @@ class HealthReader:
             occupancy=occupancy,
             error=error,
             node=node,
+            gpu=gpu,
         )
 
     async def inventory(self, node: NodeState) -> Inventory:

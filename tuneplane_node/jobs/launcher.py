@@ -25,6 +25,7 @@ from tuneplane_node.jobs.prefetch import Prefetcher
 from tuneplane_node.jobs.pulls import PullCoordinator
 from tuneplane_node.jobs.results import LaunchRequest, Pulling, Started
 from tuneplane_node.jobs.watch import ChangeLog
+from tuneplane_node.logformat import job_fields
 from tuneplane_node.runtime.base import DEVICES_ENV, ContainerRuntime, ContainerSpec, Mount
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.tasks import BackgroundTasks
@@ -100,7 +101,10 @@ class Launcher:
         spec, cards = request.spec, request.requested_gpus
         env = dict(spec.env)
         if env.pop(DEVICES_ENV, None) is not None:
-            log.warning("launch %s: dropped %s from env: the node chooses", spec.name, DEVICES_ENV)
+            log.warning(
+                "launch %s: dropped %s from env: the node chooses", spec.name, DEVICES_ENV,
+                extra=about(request),
+            )  # fmt: skip
         spec = await asyncio.to_thread(self.rules.apply, replace(spec, env=env), cards=cards)
         return replace(request, spec=replace(spec, mounts=await self._checked_mounts(spec)))
 
@@ -126,7 +130,10 @@ class Launcher:
             container_id = await self.runtime.run(await self._placed(request.spec, cards))
         # The label holds the cards now, or nobody does.
         await self._used(request)
-        log.info("launch %s: running with gpus %s", request.ref, list(cards))
+        log.info(
+            "launch %s: running with gpus %s", request.ref, list(cards),
+            extra=about(request, gpus=list(cards)),
+        )  # fmt: skip
         return Started(container_id[:12], cards)
 
     async def start_pending(self, request: LaunchRequest) -> Pulling:
@@ -141,13 +148,19 @@ class Launcher:
             name=f"launch {request.ref}",
             ended=functools.partial(self._ended, record, reservation),
         )
-        log.info("launch %s: pulling %s in the background", request.ref, request.spec.image)
+        log.info(
+            "launch %s: pulling %s in the background", request.ref, request.spec.image,
+            extra=about(request),
+        )  # fmt: skip
         return Pulling(request.spec.image, request.requested_gpus)
 
     async def _complete(self, record: PendingLaunch, reservation: Reservation) -> None:
         """Pull, then start; how it ended is `_ended`'s to record."""
         auth = record.request.auth
-        record.pull = pull = self.pulls.join(record.image, auth)
+        request = record.request
+        record.pull = pull = self.pulls.join(
+            record.image, auth, ref=request.ref, run_id=request.run_id
+        )
         progressed = functools.partial(self.changes.progressed, record.ref)
         pull.listeners.append(progressed)
         try:
@@ -169,7 +182,7 @@ class Launcher:
             # call finish, then tear down whatever it made.
             with contextlib.suppress(Exception):
                 await start
-            await self._teardown(record.ref)
+            await self._teardown(record.request)
             raise
         await self._used(record.request)
 
@@ -201,22 +214,25 @@ class Launcher:
         reservation.release()
         if task.cancelled():
             return
-        error = task.exception()
+        error, job = task.exception(), about(record.request)
         if error is None:
             self.pending.finish(record)
-            log.info("launch %s: started after its pull", record.ref)
+            log.info("launch %s: started after its pull", record.ref, extra=job)
         elif isinstance(error, NodeError):
-            log.warning("launch %s failed: %s", record.ref, error.message)
+            log.warning("launch %s failed: %s", record.ref, error.message, extra=job)
             self.pending.fail(record, error.message)
         else:
-            log.error("launch %s failed on a bug", record.ref, exc_info=error)
+            log.error("launch %s failed on a bug", record.ref, exc_info=error, extra=job)
             self.pending.fail(record, f"internal error: {type(error).__name__}: {error}")
 
-    async def _teardown(self, ref: str) -> None:
+    async def _teardown(self, request: LaunchRequest) -> None:
         try:
-            await self.runtime.remove(ref)
+            await self.runtime.remove(request.ref)
         except NodeError as exc:
-            log.error("could not remove %s after its launch was cancelled: %s", ref, exc.message)
+            log.error(
+                "could not remove %s after its launch was cancelled: %s", request.ref,
+                exc.message, extra=about(request),
+            )  # fmt: skip
 
     async def cancel(self, ref: str) -> None:
         """End a pending launch at whatever stage. Its cards are let go once this
@@ -227,7 +243,9 @@ class Launcher:
         running = not record.task.done()
         await self.tasks.cancel(record.task)
         if running:
-            log.info("launch %s cancelled in phase %s", ref, record.phase)
+            log.info(
+                "launch %s cancelled in phase %s", ref, record.phase, extra=about(record.request)
+            )
 
     async def close(self) -> None:
         """Cancel every background launch and prefetch, then every pull (shutdown): a
@@ -236,3 +254,8 @@ class Launcher:
         await self.prefetcher.close()
         await self.pulls.close()
         await self.changes.close()
+
+
+def about(request: LaunchRequest, **more: object) -> dict[str, object]:
+    """The fields of a log line about this launch (JSON logs)."""
+    return job_fields(request.ref, request.run_id, image=request.spec.image, **more)

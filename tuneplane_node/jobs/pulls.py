@@ -22,6 +22,7 @@ from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.errors import NodeError
 from tuneplane_node.jobs.imageledger import ImageLedger
 from tuneplane_node.jobs.pullrate import PullRate
+from tuneplane_node.logformat import job_fields
 from tuneplane_node.runtime.base import ContainerRuntime, PullLimits, PullProgress, RegistryAuth
 from tuneplane_node.tasks import BackgroundTasks, by_awaiters
 from tuneplane_node.telemetry import NO_TELEMETRY, Telemetry
@@ -45,6 +46,8 @@ class SharedPull:
     listeners: list[Callable[[], None]] = field(default_factory=list)
     started_at: datetime = field(init=False)
     rate: PullRate = field(init=False)
+
+    launches: dict[str, str] = field(default_factory=dict)  # ref -> run id, for the log
 
     def __post_init__(self) -> None:
         self.started_at = self.clock.now()
@@ -82,9 +85,16 @@ class PullCoordinator:
         self.tasks = BackgroundTasks(log)
 
     def join(
-        self, image: str, auth: RegistryAuth | None = None, *, prefetch: bool = False
+        self,
+        image: str,
+        auth: RegistryAuth | None = None,
+        *,
+        prefetch: bool = False,
+        ref: str = "",
+        run_id: str = "",
     ) -> SharedPull:
-        """The pull of ``image`` with ``auth`` in flight, or a new one, started now."""
+        """The pull of ``image`` with ``auth`` in flight, or a new one, started now; the
+        launch joining it (``ref``, ``run_id``) is named by its log line."""
         pull = self.pulls.get((image, auth))
         if pull is None:
             pull = SharedPull(image, auth, self.clock)
@@ -92,6 +102,8 @@ class PullCoordinator:
             self.pulls[(image, auth)] = pull
         pull.waiters += 1
         pull.prefetch = pull.prefetch or prefetch
+        if ref:
+            pull.launches[ref] = run_id
         return pull
 
     async def wait(self, pull: SharedPull) -> None:
@@ -125,13 +137,16 @@ class PullCoordinator:
             self._forget(pull)
             elapsed = time.monotonic() - started
             self.telemetry.pull_finished(outcome, elapsed, pull.progress.bytes_done)
+            refs, run_ids = ", ".join(pull.launches), ", ".join(pull.launches.values())
             log.info(
-                "pull of %s: %s after %.1f s, %d bytes",
+                "pull of %s for %s: %s after %.1f s, %d bytes",
                 pull.image,
+                refs or "no launch",
                 outcome,
                 elapsed,
                 pull.progress.bytes_done,
-                extra={"image": pull.image, "result": outcome},
+                extra={"image": pull.image, "result": outcome}
+                | job_fields(refs or None, run_ids or None),
             )
 
     async def _record(self, pull: SharedPull) -> None:

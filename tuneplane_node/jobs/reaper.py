@@ -16,6 +16,7 @@ from tuneplane_node.jobs.locks import RefLocks
 from tuneplane_node.jobs.pending import FAILED, PendingTable
 from tuneplane_node.jobs.results import Own
 from tuneplane_node.jobs.stopper import Stopper
+from tuneplane_node.logformat import job_fields
 from tuneplane_node.runtime.base import ContainerRuntime, ContainerState
 from tuneplane_node.settings import NodeSettings
 
@@ -116,15 +117,24 @@ class Reaper:
             state = await self.own(seen.name)
             if state.id != seen.id or not _wreck(state, older_than_s, self.clock.now()):
                 return False
-            log.warning("%s was created and never started: removing it", seen.name)
+            log.warning(
+                "%s was created and never started: removing it", seen.name,
+                extra=job_fields(seen.name, seen.run_id, gpus=list(seen.gpus)),
+            )  # fmt: skip
             await self.stopper.discard(state)
             return True
+
+    @property
+    def wreck_grace_s(self) -> float:
+        """How old a never-started container must be to be wreckage: one engine call's
+        deadline, the longest a launch takes between its create and its start."""
+        return self.settings.local_api_timeout
 
     async def maintain(self) -> None:
         """Sweep wreckage once a relist period, as long as the node runs."""
         while True:
             await self.clock.sleep(self.settings.state_relist_s)
             try:
-                await self.sweep_wreckage(older_than_s=self.settings.local_api_timeout)
+                await self.sweep_wreckage(older_than_s=self.wreck_grace_s)
             except NodeError as exc:
                 log.warning("sweeping wreckage failed: %s", exc.message)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from tuneplane_node.gpu.allocator import Occupancy
 from tuneplane_node.gpu.probe import GpuSnapshot
+from tuneplane_node.gpu.readiness import NO_CARDS, GpuReadiness
 from tuneplane_node.inventory import DiskReading, MachineFacts
 from tuneplane_node.jobs.nodestate import NodeState
 from tuneplane_node.runtime.base import (
@@ -259,6 +260,7 @@ class NodeStatus:
     occupancy: Occupancy | None
     error: str | None
     node: NodeState
+    gpu: GpuReadiness = NO_CARDS  # whether a GPU job can run here
 
     @property
     def ok(self) -> bool:

@@ -178,8 +178,7 @@ class JobService:
                     return AlreadyRunning(state.gpus)
             self._check_open()
             if state.exists:
-                log.info("relaunch of %s: removing its %s container", ref, state.status)
-                await self.stopper.discard(state)
+                await self.stopper.discard_for_relaunch(state)
             return await self.launcher.start(request)
 
     def _check_open(self) -> None:

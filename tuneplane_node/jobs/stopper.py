@@ -14,6 +14,7 @@ from tuneplane_node.jobs.launcher import Launcher
 from tuneplane_node.jobs.locks import RefLocks
 from tuneplane_node.jobs.nodestate import NodeStateStore
 from tuneplane_node.jobs.results import Own, Stopping, StopPlan
+from tuneplane_node.logformat import job_fields
 from tuneplane_node.runtime.base import RUNNING, ContainerRuntime, ContainerState
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.signals import DEFAULT_STOP_SIGNAL
@@ -66,16 +67,19 @@ class Stopper:
             first = plan.warn_signal or stop_signal
             await self.runtime.kill(seen.handle, first)
         mark = self._mark(ref, WARNED if plan.warn_signal else SIGNALLED)
+        job = job_fields(ref, seen.run_id)
         try:
             if plan.warn_signal:
                 warn_s = grace if plan.warn_s is None else plan.warn_s
-                log.info("stopping %s: %s, %s after %g s", ref, first, stop_signal, warn_s)
+                log.info(
+                    "stopping %s: %s, %s after %g s", ref, first, stop_signal, warn_s, extra=job
+                )
                 if await self.runtime.wait_exited(ref, warn_s):
                     return
                 if not await self._signal(ref, seen, stop_signal):
                     return
                 mark = self._mark(ref, SIGNALLED)
-            log.info("stopping %s: %s, SIGKILL after %g s", ref, stop_signal, grace)
+            log.info("stopping %s: %s, SIGKILL after %g s", ref, stop_signal, grace, extra=job)
             if not await self.runtime.wait_exited(ref, grace):
                 await self._kill(ref, seen=seen, grace=grace)
         finally:
@@ -94,7 +98,7 @@ class Stopper:
             if state.status not in RUNNING:
                 raise NotRunning(ref=ref, job_status=state.status if state.exists else "missing")
             await self.runtime.kill(state.handle, signal)
-        log.info("signalled %s: %s", ref, signal)
+        log.info("signalled %s: %s", ref, signal, extra=job_fields(ref, state.run_id))
 
     async def _stop_signal_of(self, state: ContainerState) -> str:
         """The job's stop signal; a state from the engine's list does not carry it."""
@@ -120,9 +124,10 @@ class Stopper:
     async def _kill(self, ref: str, *, seen: ContainerState, grace: float) -> None:
         if not await self._signal(ref, seen, "SIGKILL"):
             return
-        log.info("stopping %s: still running after %g s, SIGKILL", ref, grace)
+        job = job_fields(ref, seen.run_id)
+        log.info("stopping %s: still running after %g s, SIGKILL", ref, grace, extra=job)
         if not await self.runtime.wait_exited(ref, self.settings.local_api_timeout):
-            log.warning("stopping %s: still running after SIGKILL", ref)
+            log.warning("stopping %s: still running after SIGKILL", ref, extra=job)
 
     async def remove(self, ref: str) -> None:
         """Cancel a pending launch, then force-remove the container (missing: no-op)."""
@@ -131,7 +136,13 @@ class Stopper:
             state = await self.own(ref)
             if state.exists:
                 await self.discard(state)
-                log.info("removed %s", ref)
+                log.info("removed %s", ref, extra=job_fields(ref, state.run_id))
+
+    async def discard_for_relaunch(self, state: ContainerState) -> None:
+        """The exited (or never started) container of a run launched again: it goes."""
+        job = job_fields(state.name, state.run_id)
+        log.info("relaunch of %s: removing its %s container", state.name, state.status, extra=job)
+        await self.discard(state)
 
     async def discard(self, state: ContainerState) -> None:
         """Remove a container already read, under its ref's lock, and the reason the node

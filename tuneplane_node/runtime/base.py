@@ -257,6 +257,22 @@ class RuntimeHealth:
 
 
 @dataclass(frozen=True)
+class DeviceSupport:
+    """How an engine can hand cards to a container, as it says of itself.
+
+    ``runtimes``: docker's OCI runtimes by name (an ``nvidia`` one means the NVIDIA
+    Container Toolkit is set up). ``cdi_dirs``: where the engine reads CDI specifications
+    (``nvidia.com/gpu=N`` devices), empty when it reads none; ``cdi_local``: whether
+    those directories are this machine's (an engine over TCP reads its own host's).
+    ``error``: the engine could not be asked."""
+
+    runtimes: tuple[str, ...] = ()
+    cdi_dirs: tuple[str, ...] = ()
+    cdi_local: bool = True
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class CacheStatus:
     """How fresh a cached runtime's view is; ages in seconds, None when never."""
 
@@ -462,6 +478,11 @@ class ContainerRuntime(Protocol):
 
     async def health(self) -> RuntimeHealth:
         """Whether the engine answers, and its version. Never raises."""
+
+    async def device_support(self) -> DeviceSupport:
+        """How the engine hands cards to a container (its runtimes, where it reads CDI
+        specifications), for the node's GPU readiness. Never raises: ``error`` says why
+        it could not be asked."""
 
     async def image_exists(self, image: str) -> bool:
         """Whether the image is on the engine now."""

@@ -41,6 +41,7 @@ from tuneplane_node.runtime.base import (
     ChangeListener,
     ContainerSpec,
     ContainerState,
+    DeviceSupport,
     EngineEvent,
     EngineFeed,
     ImageInfo,
@@ -553,6 +554,9 @@ class CachedRuntime:
 
     def holders_of(self, pids: Collection[int]) -> dict[int, str | None]:
         return self.inner.holders_of(pids)
+
+    async def device_support(self) -> DeviceSupport:
+        return await self.inner.device_support()
 
     async def health(self) -> RuntimeHealth:
         """From memory, within `ANSWER_S` whatever the engine does: the engine's version

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
 from typing import Any
@@ -26,8 +27,15 @@ from tuneplane_node.runtime.base import (
     Confinement,
     ContainerSpec,
     ContainerState,
+    DeviceSupport,
 )
-from tuneplane_node.runtime.engine import OURS_FILTER, EngineRuntime, ErrorTable, Events
+from tuneplane_node.runtime.engine import (
+    OURS_FILTER,
+    EngineRuntime,
+    ErrorTable,
+    Events,
+    asked_support,
+)
 from tuneplane_node.runtime.pulling import PullStream
 from tuneplane_node.settings import NodeSettings
 
@@ -179,6 +187,19 @@ class DockerRuntime(EngineRuntime, errors=ERRORS):
 
     def _version(self) -> str:
         return str(self.api.version().get("Version"))
+
+    async def device_support(self) -> DeviceSupport:
+        return await asked_support(self, self._device_support)
+
+    def _device_support(self) -> DeviceSupport:
+        info = self.api.info()
+        local = self.settings.docker_host or os.environ.get("DOCKER_HOST") or "unix://"
+        return DeviceSupport(
+            runtimes=tuple(sorted(info.get("Runtimes") or {})),
+            # Docker 25 and later, with the cdi feature on; absent or empty before.
+            cdi_dirs=tuple(info.get("CDISpecDirs") or ()),
+            cdi_local=local.startswith("unix://"),
+        )
 
     def _remaps_users(self) -> bool:
         options = self.api.info().get("SecurityOptions") or []

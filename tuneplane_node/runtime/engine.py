@@ -40,6 +40,7 @@ from tuneplane_node.runtime.base import (
     Confinement,
     ContainerSpec,
     ContainerState,
+    DeviceSupport,
     EngineEvent,
     ImageInfo,
     LogQuery,
@@ -175,6 +176,15 @@ def confinement_options(confinement: Confinement) -> dict[str, Any]:
     return {"pids_limit": confinement.pids_limit, "oom_score_adj": confinement.oom_score_adj}
 
 
+async def asked_support(runtime: EngineRuntime, read: Callable[[], DeviceSupport]) -> DeviceSupport:
+    """An adapter's `device_support`: ``read`` on its pool within the deadline, an error
+    as the answer's ``error`` (never raised: health asks it)."""
+    try:
+        return await runtime._call("report its runtimes", read)
+    except NodeError as exc:
+        return DeviceSupport(error=exc.message)
+
+
 OURS_FILTER = {"label": [LABEL_RUN_ID]}
 """The engines' list and event filter for the node's containers."""
 
@@ -227,12 +237,10 @@ class EngineRuntime(ABC):
 
     @abstractmethod
     def _engine_options(self, spec: ContainerSpec) -> dict[str, Any]:
-        """The create() arguments this SDK spells its own way: mounts, the stop signal,
-        the CPU limit, the cards."""
+        """The create() arguments this SDK spells its own way (mounts, CPUs, cards...)."""
 
     def _create(self, spec: ContainerSpec) -> Any:
-        """Create (not start) the container; the SDK's container object (both SDKs
-        spell this alike)."""
+        """Create (not start) the container; the SDK's container object."""
         return self.client.containers.create(**self.create_options(spec))
 
     def handed_cards(self, spec: ContainerSpec) -> tuple[int, ...]:
@@ -439,9 +447,11 @@ class EngineRuntime(ABC):
             return RuntimeHealth(ok=False, engine=self.name, error=exc.message)
         return RuntimeHealth(ok=True, engine=self.name, version=version)
 
+    @abstractmethod
+    async def device_support(self) -> DeviceSupport: ...  # `asked_support`
+
     async def remaps_users(self) -> bool:
-        """Whether uid 0 in a job is another uid on the host (docker's userns-remap, a
-        rootless podman): else a root job shares the host root's per-user kernel limits."""
+        """Whether a job's uid 0 is another on the host (userns-remap, rootless podman)."""
         return await self._call("report its security options", self._remaps_users)
 
     @abstractmethod

@@ -32,14 +32,23 @@ from tuneplane_node.runtime.base import (
     Confinement,
     ContainerSpec,
     ContainerState,
+    DeviceSupport,
 )
-from tuneplane_node.runtime.engine import OURS_FILTER, EngineRuntime, ErrorTable, Events
+from tuneplane_node.runtime.engine import (
+    OURS_FILTER,
+    EngineRuntime,
+    ErrorTable,
+    Events,
+    asked_support,
+)
 from tuneplane_node.runtime.pulling import PullStream, close_http_stream
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.signals import JOB_SIGNALS
 
 log = logging.getLogger(__name__)
 ENGINE = "podman"
+CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
+"""Where podman reads CDI specifications (containers.conf's ``cdi_spec_dirs`` default)."""
 CPU_PERIOD_US = 100_000
 ERRORS = ErrorTable(
     engine=ENGINE,
@@ -215,6 +224,14 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
 
     def _version(self) -> str:
         return str(self.client.version().get("Version"))  # type: ignore[no-untyped-call]
+
+    async def device_support(self) -> DeviceSupport:
+        return await asked_support(self, self._device_support)
+
+    def _device_support(self) -> DeviceSupport:
+        # containers.conf's cdi_spec_dirs, whose defaults these are, is not in the API.
+        local = self.settings.podman_url.startswith(("unix://", "http+unix://"))
+        return DeviceSupport(cdi_dirs=CDI_DIRS, cdi_local=local)
 
     def _remaps_users(self) -> bool:
         # A rootful service maps users only where containers.conf says userns = "auto";

@@ -23,10 +23,13 @@ from pathlib import Path
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock, rfc3339
 from tuneplane_node.errors import EngineConflict, EngineRefused, InvalidField
+from tuneplane_node.logformat import job_fields
 from tuneplane_node.runtime.base import (
+    LABEL_RUN_ID,
     CacheStatus,
     ContainerSpec,
     ContainerState,
+    DeviceSupport,
     ImageInfo,
     LogQuery,
     LogStream,
@@ -224,6 +227,9 @@ class ProcessRuntime:
         version = f"{platform.system()} {platform.release()}, Python {platform.python_version()}"
         return RuntimeHealth(ok=True, engine=ENGINE, version=version)
 
+    async def device_support(self) -> DeviceSupport:
+        return DeviceSupport()  # no engine between: a job sees its cards by CUDA_VISIBLE_DEVICES
+
     async def image_exists(self, image: str) -> bool:
         return True  # a process runtime has no images: every one is "there"
 
@@ -284,7 +290,10 @@ class ProcessRuntime:
         except BaseException:
             os.killpg(main.pid, signal.SIGKILL)  # unrecorded, it could never be stopped
             raise
-        log.info("started job %s as pid %d", spec.name, main.pid)
+        run_id = spec.labels.get(LABEL_RUN_ID)
+        log.info(
+            "started job %s as pid %d", spec.name, main.pid, extra=job_fields(spec.name, run_id)
+        )
         return job_id
 
     # -- observing ----------------------------------------------------------------------

@@ -29,6 +29,7 @@ from typing import Any
 
 from tuneplane_node.clock import rfc3339
 from tuneplane_node.errors import EngineRefused, EngineUnavailable
+from tuneplane_node.logformat import job_fields
 from tuneplane_node.runtime.base import EXIT_SIGKILL, ContainerSpec, job_labels
 from tuneplane_node.runtime.processgroups import Proc
 from tuneplane_node.signals import DEFAULT_STOP_SIGNAL
@@ -106,7 +107,7 @@ class JobFiles:
                 shutil.rmtree(job_dir)
             except FileNotFoundError:
                 return
-        log.info("removed job %s", name)
+        log.info("removed job %s", name, extra=job_fields(name))
 
 
 def write_spec(job_dir: Path, spec: ContainerSpec, *, job_id: str, created_at: str) -> None:

@@ -424,6 +424,11 @@ class HealthJson(GpuFieldsJson, _HealthOptional):
     disk: DiskJson | None
     pending_pulls: dict[str, PendingPullJson]
     node_state: NodeStateJson
+    gpu_ready: bool | None
+    """Whether a launch asking for cards can run here: the card count is known and the
+    engine can hand cards to a container (an ``nvidia`` runtime, a CDI specification of
+    each card); null on a node without cards. False: ``gpu_not_ready_reason`` says why."""
+    gpu_not_ready_reason: str | None
 
 
 def health_json(status: NodeStatus) -> HealthJson:
@@ -444,6 +449,8 @@ def health_json(status: NodeStatus) -> HealthJson:
         answer["error"] = status.error or "the cards' occupancy could not be read"
     answer.update(_GPU_FIELDS.of(status.occupancy))
     answer["node_state"] = node_state_json(status.node)  # new beside 0.3.15's: after them
+    answer["gpu_ready"] = status.gpu.ready
+    answer["gpu_not_ready_reason"] = status.gpu.reason
     return cast(HealthJson, answer)
 
 

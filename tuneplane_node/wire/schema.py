@@ -28,13 +28,15 @@ REFS = "#/components/schemas/{model}"
 ERRORS = {
     400: "The request cannot be read: not JSON, not an object, or no protocol header.",
     401: "Wrong or missing bearer token; with mutual TLS, no client certificate.",
-    403: "A private image the node pulled with credentials, and this launch has none its "
+    403: "The token's scope does not buy this verb (the detail names the scope it needs); "
+    "or a private image the node pulled with credentials, and this launch has none its "
     "registry accepts for it; nothing was created.",
     409: "Well-formed, but the node will not do it now (the detail says why); also a "
     "protocol header of another version.",
     413: f"The body is over {MAX_BODY_BYTES} bytes.",
     422: "A field is missing, unknown or out of its bounds; the detail starts with its name.",
-    429: "Every slot for following a log is taken: try again later, or without follow.",
+    429: "This address kept sending wrong tokens (20 in 10 s): try again later; or every "
+    "slot for following a log is taken: try again later, or without follow.",
     500: "A bug in the node, or its state file could not be written.",
     502: "The engine answered and refused; its words follow.",
     503: "The engine could not be reached: nothing is known, nothing is reported gone.",
@@ -42,7 +44,8 @@ ERRORS = {
     "in force until a restart; free space and ask again.",
 }
 # Which errors each kind of operation can answer, beyond its own.
-GUARDED = (400, 401, 409, 500)  # every /node/v1 path: the token and the protocol header
+# Every /node/v1 path: the token (its scope, a guessing peer's 429) and the protocol header.
+GUARDED = (400, 401, 403, 409, 429, 500)
 BODY = (413, 422)  # reads and parses a JSON body
 ENGINE = (502, 503)  # calls the engine
 # A builder may widen a shape with its subclasses' keys: the document lists each form.

@@ -24,6 +24,7 @@ from types import MappingProxyType
 from tuneplane_node.clock import Clock, rfc3339
 from tuneplane_node.errors import EngineConflict, EngineRefused, EngineUnavailable
 from tuneplane_node.gpu.probe import CardFacts, GpuProcess, GpuSnapshot
+from tuneplane_node.inventory import Space
 from tuneplane_node.runtime.base import (
     EXIT_SIGKILL,
     LABEL_RUN_ID,
@@ -32,7 +33,9 @@ from tuneplane_node.runtime.base import (
     CacheStatus,
     ContainerSpec,
     ContainerState,
+    DataRoot,
     EngineEvent,
+    EngineImage,
     LogQuery,
     LogStream,
     LogText,
@@ -49,6 +52,8 @@ from tuneplane_node.runtime.pool import BlockingPool
 from tuneplane_node.signals import JOB_SIGNALS
 
 ENGINE = "fake"
+MIB = 2**20
+DATA_ROOT = "/fake/data-root"
 PIECE = 16 * 1024  # docker cuts log lines into pieces this long
 EPOCH = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
 
@@ -118,6 +123,7 @@ class FakeContainer:
     # kernel's default does (SIGWINCH's default is to ignore it).
     handlers: dict[str, int | None] = field(default_factory=dict)
     image_stop_signal: str | None = None  # its image's STOPSIGNAL
+    image_id: str = ""  # the image it was made from
     output: list[str] = field(default_factory=list)
 
     def state(self) -> ContainerState:
@@ -162,7 +168,7 @@ class FakePull:
         self.on_progress(PullProgress(done, total, layers_done, layers_total))
 
     def finish(self) -> None:
-        self.runtime.images.add(self.image)
+        self.runtime.arrived(self.image)
         self.done.set_result(None)
 
     def fail(self, reason: str) -> None:
@@ -219,7 +225,16 @@ class FakeRuntime:
     def __init__(self, *, clock: FakeClock | None = None, images: tuple[str, ...] = ()) -> None:
         self.clock = clock or FakeClock()
         self.containers: dict[str, FakeContainer] = {}
-        self.images: set[str] = set(images)
+        self.images: set[str] = set(images)  # the references the engine has
+        # Each reference's image: made on first sight, with `image_size` bytes; two refs
+        # with one id are one image (`tag`).
+        self.image_ids: dict[str, str] = {}
+        self.image_sizes: dict[str, int] = {}  # by id
+        self.image_size = 10 * MIB  # what an image the test names no size for weighs
+        self.disk_total: int | None = 1000 * MIB  # None: the data root is not measurable
+        self.disk_other = 0  # bytes on the engine's disk that are not images
+        self.refuse_image_removal: set[str] = set()  # ids the engine calls in use anyway
+        self.image_removals: list[str] = []  # ids removed, in order
         self.stop_signals: dict[str, str] = {}  # an image's STOPSIGNAL, by image
         self._up = True
         self.calls: collections.Counter[str] = collections.Counter()
@@ -483,6 +498,66 @@ class FakeRuntime:
         if image not in self.images:
             raise EngineRefused(engine=ENGINE, action=f"pull {image}", reason="no image after")
 
+    async def data_root(self) -> DataRoot | None:
+        self._answer("data_root")
+        if self.disk_total is None:
+            return DataRoot(DATA_ROOT, None)
+        free = max(0, self.disk_total - self.disk_other - self.images_bytes())
+        return DataRoot(DATA_ROOT, Space(self.disk_total, free, free))
+
+    async def list_images(self) -> list[EngineImage]:
+        self._answer("list_images")
+        used = self.used_ids()
+        by_id: dict[str, list[str]] = {}
+        for ref in sorted(self.images):
+            by_id.setdefault(self.image_id(ref), []).append(ref)
+        return [
+            EngineImage(image_id, tuple(refs), self.image_sizes[image_id], None, image_id in used)
+            for image_id, refs in by_id.items()
+        ]
+
+    async def remove_image(self, image: EngineImage) -> bool:
+        self._answer("remove_image")
+        used = {
+            self.image_id(c.spec.image)
+            for c in self.containers.values()
+            if c.spec.image in self.images
+        }
+        if image.id in used or image.id in self.refuse_image_removal:
+            return False
+        self.images -= {ref for ref in self.images if self.image_id(ref) == image.id}
+        self.image_removals.append(image.id)
+        return True
+
+    def used_ids(self) -> set[str]:
+        """The images containers are made from (any owner, any state)."""
+        return {c.image_id for c in self.containers.values()}
+
+    def image_id(self, ref: str) -> str:
+        """The id of the image a reference names, made up on first sight."""
+        if ref not in self.image_ids:
+            image_id = f"sha256:{secrets.token_hex(32)}"
+            self.image_ids[ref] = image_id
+            self.image_sizes.setdefault(image_id, self.image_size)
+        return self.image_ids[ref]
+
+    def arrived(self, ref: str, *, size: int | None = None) -> None:
+        """An image came (a pull, a load): a new id unless the ref names one already."""
+        if ref not in self.images:
+            self.image_ids.pop(ref, None)
+        self.images.add(ref)
+        image_id = self.image_id(ref)
+        if size is not None:
+            self.image_sizes[image_id] = size
+
+    def tag(self, ref: str, new: str) -> None:
+        """A second name for the same image."""
+        self.images.add(new)
+        self.image_ids[new] = self.image_id(ref)
+
+    def images_bytes(self) -> int:
+        return sum(self.image_sizes[i] for i in {self.image_id(ref) for ref in self.images})
+
     # --- EngineFeed (blocking, thread-safe enough for one event thread) ----------------
 
     def list_brief(self) -> list[Brief]:
@@ -547,6 +622,7 @@ class FakeRuntime:
             labels=labels,
             created_at=rfc3339(self.clock.now()),
             image_stop_signal=self.stop_signals.get(spec.image),
+            image_id=self.image_id(spec.image),
         )
         self.containers[spec.name] = container
         self._emit(container, "create")

@@ -15,6 +15,7 @@ errors never travel past the module that imports the SDK: they are translated th
     │                          its registry accepts for it now
     ├── InvalidField (422)     a field is missing or has a bad value; names the field
     ├── TooManyFollows (429)   every slot for following a log is taken
+    ├── InsufficientStorage (507) the engine's image store has no room for a pull
     ├── Conflict (409)         well-formed, but this node will not do it now
     │   ├── ProtocolMismatch   console and node speak different wire versions
     │   ├── NoCapacity         not enough GPUs free for the job
@@ -119,6 +120,41 @@ class TooManyFollows(NodeError):
             "try again when one ends, or read the logs without follow"
         )
         self.limit = limit
+
+
+class InsufficientStorage(NodeError):
+    """A pull refused before it starts: the filesystem of the engine's data root is at
+    or above the high threshold after a GC run, or the image (the registry's compressed
+    size) would not fit in the room left below it. Nothing was reserved or created."""
+
+    status = 507
+    code = "insufficient_storage"
+
+    def __init__(
+        self,
+        *,
+        image: str,
+        free_bytes: int,
+        high_percent: int,
+        needed_bytes: int | None = None,
+        room_bytes: int | None = None,
+    ) -> None:
+        if needed_bytes is None:
+            why = f"the engine's image store is at or above its {high_percent}% threshold"
+        else:
+            why = (
+                f"it is {needed_bytes} bytes compressed, and the engine's image store has "
+                f"{room_bytes} bytes left below its {high_percent}% threshold"
+            )
+        super().__init__(
+            f"no room to pull {image}: {why} after image GC ({free_bytes} bytes free, "
+            f"threshold {high_percent}%)"
+        )
+        self.image = image
+        self.free_bytes = free_bytes
+        self.high_percent = high_percent
+        self.needed_bytes = needed_bytes
+        self.room_bytes = room_bytes
 
 
 class Conflict(NodeError):

@@ -39,8 +39,10 @@ from tuneplane_node.runtime.base import (
     CacheStatus,
     ContainerSpec,
     ContainerState,
+    DataRoot,
     EngineEvent,
     EngineFeed,
+    EngineImage,
     LogQuery,
     LogStream,
     LogText,
@@ -541,6 +543,15 @@ class CachedRuntime:
         if health.ok:
             self._version = (cache.syncs, health.version)
         return health
+
+    async def data_root(self) -> DataRoot | None:
+        return await self.inner.data_root()
+
+    async def list_images(self) -> list[EngineImage]:
+        return await self.inner.list_images()  # images are not cached: a GC run asks
+
+    async def remove_image(self, image: EngineImage) -> bool:
+        return await self.inner.remove_image(image)
 
     async def image_exists(self, image: str) -> bool:
         return await self.inner.image_exists(image)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import hashlib
 import itertools
 import queue
 import secrets
@@ -36,6 +37,7 @@ from tuneplane_node.runtime.base import (
     DataRoot,
     EngineEvent,
     EngineImage,
+    ImageInfo,
     LogQuery,
     LogStream,
     LogText,
@@ -123,7 +125,7 @@ class FakeContainer:
     # kernel's default does (SIGWINCH's default is to ignore it).
     handlers: dict[str, int | None] = field(default_factory=dict)
     image_stop_signal: str | None = None  # its image's STOPSIGNAL
-    image_id: str = ""  # the image it was made from
+    image_id: str | None = None  # the id its image had when it was made
     output: list[str] = field(default_factory=list)
 
     def state(self) -> ContainerState:
@@ -139,6 +141,7 @@ class FakeContainer:
             oom_killed=self.oom_killed,
             id=self.id,
             stop_signal=self.spec.stop_signal or self.image_stop_signal or "SIGTERM",
+            image_id=self.image_id,
         )
 
     def exit_on(self, signal: str) -> int | None:
@@ -226,16 +229,14 @@ class FakeRuntime:
         self.clock = clock or FakeClock()
         self.containers: dict[str, FakeContainer] = {}
         self.images: set[str] = set(images)  # the references the engine has
-        # Each reference's image: made on first sight, with `image_size` bytes; two refs
-        # with one id are one image (`tag`).
-        self.image_ids: dict[str, str] = {}
-        self.image_sizes: dict[str, int] = {}  # by id
-        self.image_size = 10 * MIB  # what an image the test names no size for weighs
+        self.image_size = 1000  # an image's size when the test names none (`image_sizes`)
         self.disk_total: int | None = 1000 * MIB  # None: the data root is not measurable
         self.disk_other = 0  # bytes on the engine's disk that are not images
         self.refuse_image_removal: set[str] = set()  # ids the engine calls in use anyway
         self.image_removals: list[str] = []  # ids removed, in order
         self.stop_signals: dict[str, str] = {}  # an image's STOPSIGNAL, by image
+        self.image_ids: dict[str, str] = {}  # an image's id, by name (else one from the name)
+        self.image_sizes: dict[str, int] = {}  # an image's size, by name (else image_size)
         self._up = True
         self.calls: collections.Counter[str] = collections.Counter()
         self.pulls: list[FakePull] = []
@@ -476,6 +477,19 @@ class FakeRuntime:
         self._answer("image_exists")
         return image in self.images
 
+    def image_id(self, image: str) -> str:
+        """The id the engine holds ``image`` by: set by the test, else one of its name."""
+        return self.image_ids.get(image) or "sha256:" + hashlib.sha256(image.encode()).hexdigest()
+
+    async def image_info(self, image: str) -> ImageInfo | None:
+        self._answer("image_info")
+        by_id = [name for name in sorted(self.images) if self.image_id(name) == image]
+        names = by_id or ([image] if image in self.images else [])
+        if not names:
+            return None
+        size = self.image_sizes.get(names[0], self.image_size)
+        return ImageInfo(self.image_id(names[0]), size, tuple(names))
+
     async def pull(
         self,
         image: str,
@@ -512,7 +526,7 @@ class FakeRuntime:
         for ref in sorted(self.images):
             by_id.setdefault(self.image_id(ref), []).append(ref)
         return [
-            EngineImage(image_id, tuple(refs), self.image_sizes[image_id], None, image_id in used)
+            EngineImage(image_id, tuple(refs), self.size_of(image_id), None, image_id in used)
             for image_id, refs in by_id.items()
         ]
 
@@ -531,32 +545,26 @@ class FakeRuntime:
 
     def used_ids(self) -> set[str]:
         """The images containers are made from (any owner, any state)."""
-        return {c.image_id for c in self.containers.values()}
-
-    def image_id(self, ref: str) -> str:
-        """The id of the image a reference names, made up on first sight."""
-        if ref not in self.image_ids:
-            image_id = f"sha256:{secrets.token_hex(32)}"
-            self.image_ids[ref] = image_id
-            self.image_sizes.setdefault(image_id, self.image_size)
-        return self.image_ids[ref]
+        return {c.image_id for c in self.containers.values() if c.image_id}
 
     def arrived(self, ref: str, *, size: int | None = None) -> None:
-        """An image came (a pull, a load): a new id unless the ref names one already."""
-        if ref not in self.images:
-            self.image_ids.pop(ref, None)
+        """An image came (a pull, a load), of ``size`` bytes if the test says."""
         self.images.add(ref)
-        image_id = self.image_id(ref)
         if size is not None:
-            self.image_sizes[image_id] = size
+            self.image_sizes[ref] = size
 
     def tag(self, ref: str, new: str) -> None:
         """A second name for the same image."""
         self.images.add(new)
         self.image_ids[new] = self.image_id(ref)
 
+    def size_of(self, image_id: str) -> int:
+        """An image's size: its first name's (by name, as `image_info` reads it)."""
+        names = sorted(ref for ref in self.images if self.image_id(ref) == image_id)
+        return self.image_sizes.get(names[0], self.image_size) if names else 0
+
     def images_bytes(self) -> int:
-        return sum(self.image_sizes[i] for i in {self.image_id(ref) for ref in self.images})
+        return sum(self.size_of(i) for i in {self.image_id(ref) for ref in self.images})
 
     # --- EngineFeed (blocking, thread-safe enough for one event thread) ----------------
 
@@ -622,7 +630,7 @@ class FakeRuntime:
             labels=labels,
             created_at=rfc3339(self.clock.now()),
             image_stop_signal=self.stop_signals.get(spec.image),
-            image_id=self.image_id(spec.image),
+            image_id=self.image_id(spec.image) if spec.image in self.images else None,
         )
         self.containers[spec.name] = container
         self._emit(container, "create")
@@ -687,4 +695,6 @@ class FakeProbe:
 def brief(state: ContainerState) -> Brief:
     """What an engine's list says of a container."""
     signature = (state.status, state.exit_code)
-    return Brief(state.id or "", state.name, signature, state.labels, state.created_at)
+    return Brief(
+        state.id or "", state.name, signature, state.labels, state.created_at, state.image_id
+    )

@@ -119,6 +119,7 @@ class Launcher:
         async with Reservation(self.allocator, request) as cards:
             container_id = await self.runtime.run(replace(request.spec, gpus=cards))
         # The label holds the cards now, or nobody does.
+        await self._used(request)
         log.info("launch %s: running with gpus %s", request.ref, list(cards))
         return Started(container_id[:12], cards)
 
@@ -159,6 +160,21 @@ class Launcher:
                 await start
             await self._teardown(record.ref)
             raise
+        await self._used(record.request)
+
+    async def _used(self, request: LaunchRequest) -> None:
+        """Write the container's image's use in the ledger: the image id the engine made
+        it from (the tag may have moved since). The container runs either way."""
+        ledger = self.pulls.ledger
+        if ledger is None:
+            return
+        try:
+            state = await self.runtime.inspect(request.spec.name)
+        except NodeError as exc:
+            log.warning("launch %s: its image's use is not recorded: %s", request.ref, exc.message)
+            return
+        if state.image_id is not None:
+            ledger.record_use(request.spec.image, state.image_id, self.clock.now())
 
     def _ended(
         self, record: PendingLaunch, reservation: Reservation, task: asyncio.Task[None]

@@ -25,6 +25,7 @@ from tuneplane_node.errors import NameTaken, NodeCordoned
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs.drain import NodeStateKeeper
 from tuneplane_node.jobs.health import HealthReader
+from tuneplane_node.jobs.imageledger import ImageLedger
 from tuneplane_node.jobs.images import CredentialSource, ImageKeeper
 from tuneplane_node.jobs.launcher import Launcher
 from tuneplane_node.jobs.locks import RefLocks
@@ -78,7 +79,8 @@ class JobService:
         self.clock = clock
         self.locks = RefLocks()
         limits = PullLimits(settings.local_image_pull_timeout_s, settings.local_image_pull_stall_s)
-        self.pulls = PullCoordinator(runtime, limits, telemetry)
+        self.ledger = ImageLedger(settings.state_dir)  # what the node pulled and ran
+        self.pulls = PullCoordinator(runtime, limits, telemetry, ledger=self.ledger, clock=clock)
         self.images = ImageKeeper(settings, credentials=credentials, clock=clock)
         self.launcher = Launcher(
             runtime, allocator, self.pulls, images=self.images, settings=settings, clock=clock
@@ -270,6 +272,7 @@ class JobService:
         """Read the operator's decision and the private-image record from disk; an
         unfinished drain goes on."""
         await self.images.start()
+        await self.ledger.load()
         await self.keeper.start()
 
     async def cordon(self, reason: str | None) -> NodeState:
@@ -302,4 +305,5 @@ class JobService:
         start: its state is on disk."""
         await self.keeper.close()
         await self.launcher.close()
+        await self.ledger.close()
         await self.health.close()

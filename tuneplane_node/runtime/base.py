@@ -194,6 +194,7 @@ class ContainerState:
     oom_killed: bool = False
     id: str | None = None
     stop_signal: str | None = None  # what a stop sends first; None: not known (a list entry)
+    image_id: str | None = None  # the engine's id of its image (``sha256:...``); None: not known
 
     @classmethod
     def missing(cls, name: str) -> ContainerState:
@@ -298,6 +299,16 @@ class PullProgress(NamedTuple):
 
 
 ProgressCallback = Callable[[PullProgress], None]
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """An image as the engine holds it: its id (``sha256:...``, the same on both
+    engines), its size on disk, and the names (``repo:tag``) it goes by there."""
+
+    id: str
+    size_bytes: int | None = None
+    names: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, repr=False)
@@ -451,6 +462,10 @@ class ContainerRuntime(Protocol):
     async def image_exists(self, image: str) -> bool:
         """Whether the image is on the engine now."""
 
+    async def image_info(self, image: str) -> ImageInfo | None:
+        """The image by name or id as the engine holds it now; None when it has none (a
+        process runtime has no images)."""
+
     async def pull(
         self,
         image: str,
@@ -504,6 +519,7 @@ class Brief(NamedTuple):
     signature: tuple[str, int | None]  # (status, exit code)
     labels: Mapping[str, str] = MappingProxyType({})
     created_at: str | None = None
+    image_id: str | None = None
 
     def partial_state(self) -> ContainerState:
         status, exit_code = self.signature
@@ -515,6 +531,7 @@ class Brief(NamedTuple):
             labels=dict(self.labels),
             created_at=self.created_at,
             id=self.id,
+            image_id=self.image_id,
         )
 
 

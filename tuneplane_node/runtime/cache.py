@@ -43,6 +43,7 @@ from tuneplane_node.runtime.base import (
     EngineEvent,
     EngineFeed,
     EngineImage,
+    ImageInfo,
     LogQuery,
     LogStream,
     LogText,
@@ -555,6 +556,9 @@ class CachedRuntime:
 
     async def image_exists(self, image: str) -> bool:
         return await self.inner.image_exists(image)
+
+    async def image_info(self, image: str) -> ImageInfo | None:
+        return await self.inner.image_info(image)
 
     async def pull(
         self,

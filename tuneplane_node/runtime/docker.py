@@ -180,9 +180,8 @@ class DockerRuntime(EngineRuntime, errors=ERRORS):
         options = self.api.info().get("SecurityOptions") or []
         return any("name=userns" in str(option) for option in options)
 
-    def _image_exists(self, image: str) -> bool:
-        self.api.inspect_image(image)  # type: ignore[no-untyped-call]  # untyped in the stubs
-        return True
+    def _image_doc(self, image: str) -> Mapping[str, Any]:
+        return self.api.inspect_image(image)  # type: ignore[no-untyped-call,no-any-return]  # untyped in the stubs
 
     def _open_pull(self, image: str, headers: Mapping[str, str]) -> PullStream:
         # The public pull() hides the HTTP response, and a cancel needs it to close the

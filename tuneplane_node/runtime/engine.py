@@ -45,6 +45,7 @@ from tuneplane_node.runtime.base import (
     DataRoot,
     EngineEvent,
     EngineImage,
+    ImageInfo,
     LogQuery,
     LogStream,
     LogText,
@@ -181,7 +182,86 @@ OURS_FILTER = {"label": [LABEL_RUN_ID]}
 """The engines' list and event filter for the node's containers."""
 
 
-class EngineRuntime(ABC):
+class EngineImages(ABC):
+    """The image verbs of an engine runtime (the image GC's): its data root measured,
+    its images listed with whether a container uses each, one removed. `EngineRuntime`
+    supplies the seam (`_call`, `_or`, the error table), an adapter the SDK calls."""
+
+    errors: ErrorTable
+    _root: str | None = None  # the data root, once the engine said it
+
+    @abstractmethod
+    async def _call(self, action: str, fn: Callable[..., T], *args: Any) -> T: ...
+    @abstractmethod
+    def _or(self, missing: T, fn: Callable[..., T], *args: Any) -> T: ...
+
+    @abstractmethod
+    def _data_root(self) -> str:
+        """The engine's own word for where it keeps images (its info); "" if none."""
+
+    @abstractmethod
+    def _local(self) -> bool:
+        """Whether the engine runs on this machine: its address is a unix socket."""
+
+    @abstractmethod
+    def _image_entries(self) -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]:
+        """The engine's image list and its list of every container (any owner, any
+        state), both in docker's list shapes."""
+
+    @abstractmethod
+    def _remove_image_ref(self, ref: str) -> None:
+        """Remove one reference of an image (the image with its last), never forced."""
+
+    async def data_root(self) -> DataRoot | None:
+        return await self._call("report its data root", self._measured_root)
+
+    def _measured_root(self) -> DataRoot | None:
+        if self._root is None:
+            self._root = self._data_root()  # the engine's word, once: it never moves
+        if not self._root:
+            return None
+        return DataRoot(self._root, self._space(self._root) if self._local() else None)
+
+    @staticmethod
+    def _space(path: str) -> inventory.Space | None:
+        """Unknown, not an error, when this process cannot measure it (the node in a
+        container of its own that does not see the engine's disk)."""
+        try:
+            return inventory.space(Path(path))
+        except OSError as exc:
+            log.warning("the engine's data root %s: cannot measure: %s", path, exc)
+            return None
+
+    async def list_images(self) -> list[EngineImage]:
+        return await self._call("list images", self._images)
+
+    def _images(self) -> list[EngineImage]:
+        entries, containers = self._image_entries()
+        used = {fmt.sha_id(entry.get("ImageID")) for entry in containers}
+        return [fmt.image_from_list(entry, used=used) for entry in entries]
+
+    async def remove_image(self, image: EngineImage) -> bool:
+        return await self._call(f"remove image {image.id[:12]}", self._remove_whole, image)
+
+    def _remove_whole(self, image: EngineImage) -> bool:
+        """Each tag, then the image by its id (gone by then, unless only digests named
+        it); a conflict (in use) stops there."""
+        tags = [ref for ref in image.refs if "@" not in ref]
+        return all(self._remove_ref_quietly(ref) for ref in [*tags, image.id])
+
+    def _remove_ref_quietly(self, ref: str) -> bool:
+        try:
+            self._or(None, self._remove_image_ref, ref)
+        except self.errors.api_error as exc:
+            if getattr(exc, "status_code", None) != 409:
+                raise
+            words = str(getattr(exc, "explanation", None) or exc)
+            log.info("image %s not removed: %s", ref, words)
+            return False
+        return True
+
+
+class EngineRuntime(EngineImages):
     """A ContainerRuntime and EngineFeed over a synchronous engine SDK."""
 
     name: str
@@ -203,16 +283,14 @@ class EngineRuntime(ABC):
     ) -> None:
         self.settings = settings
         self.clock = clock  # a stop's grace, a pull's deadlines
-        self.pool = pool or BlockingPool(
-            settings.runtime_threads, name=self.name, telemetry=telemetry
-        )
+        threads = settings.runtime_threads
+        self.pool = pool or BlockingPool(threads, name=self.name, telemetry=telemetry)
         # HTTP connections the SDK keeps: one per pool thread, plus the state cache's
         # event stream and the inspect its thread makes after each event.
         self.http_connections = settings.runtime_threads + 2
         self.deadline_s = settings.local_api_timeout + 1
         self.client = self._connect(settings)
         self._cgroups: dict[str, cgroups.CgroupDirs] = {}  # ref -> where its figures are
-        self._root: str | None = None  # the data root, once the engine said it
 
     # --- what an adapter supplies: blocking SDK calls ----------------------------------
 
@@ -273,26 +351,10 @@ class EngineRuntime(ABC):
     @abstractmethod
     def _version(self) -> str: ...
     @abstractmethod
-    def _image_exists(self, image: str) -> bool: ...
+    def _image_doc(self, image: str) -> Mapping[str, Any]: ...  # docker's shape
+
     @abstractmethod
     def _open_pull(self, image: str, headers: Mapping[str, str]) -> PullStream: ...
-
-    @abstractmethod
-    def _data_root(self) -> str:
-        """The engine's own word for where it keeps images (its info); "" if none."""
-
-    @abstractmethod
-    def _local(self) -> bool:
-        """Whether the engine runs on this machine: its address is a unix socket."""
-
-    @abstractmethod
-    def _image_entries(self) -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]:
-        """The engine's image list and its list of every container (any owner, any
-        state), both in docker's list shapes."""
-
-    @abstractmethod
-    def _remove_image_ref(self, ref: str) -> None:
-        """Remove one reference of an image (the image with its last), never forced."""
 
     @abstractmethod
     def _open_events(self) -> tuple[Events, Callable[[], None]]: ...
@@ -468,9 +530,11 @@ class EngineRuntime(ABC):
     def _remaps_users(self) -> bool: ...
 
     async def image_exists(self, image: str) -> bool:
-        return await self._call(
-            f"inspect image {image}", self._or, False, self._image_exists, image
-        )
+        return await self.image_info(image) is not None
+
+    async def image_info(self, image: str) -> ImageInfo | None:
+        doc = await self._call(f"inspect image {image}", self._or, None, self._image_doc, image)
+        return fmt.image_from_inspect(doc) if doc is not None else None
 
     async def pull(
         self,
@@ -494,61 +558,12 @@ class EngineRuntime(ABC):
             auth=auth,
         )
         if not await self.image_exists(image):
-            raise EngineRefused(
-                engine=self.name, action=action, reason="the stream ended without the image"
-            )
+            reason = "the stream ended without the image"
+            raise EngineRefused(engine=self.name, action=action, reason=reason)
 
     def _open_translated(self, image: str, headers: Mapping[str, str]) -> PullStream:
         messages, response = self._open_pull(image, headers)
         return self._translated(messages, action=f"pull {image}"), response
-
-    async def data_root(self) -> DataRoot | None:
-        return await self._call("report its data root", self._measured_root)
-
-    def _measured_root(self) -> DataRoot | None:
-        if self._root is None:
-            self._root = self._data_root()  # the engine's word, once: it never moves
-        if not self._root:
-            return None
-        return DataRoot(self._root, self._space(self._root) if self._local() else None)
-
-    @staticmethod
-    def _space(path: str) -> inventory.Space | None:
-        """Unknown, not an error, when this process cannot measure it (the node in a
-        container of its own that does not see the engine's disk)."""
-        try:
-            return inventory.space(Path(path))
-        except OSError as exc:
-            log.warning("the engine's data root %s: cannot measure: %s", path, exc)
-            return None
-
-    async def list_images(self) -> list[EngineImage]:
-        return await self._call("list images", self._images)
-
-    def _images(self) -> list[EngineImage]:
-        entries, containers = self._image_entries()
-        used = {fmt.sha_id(entry.get("ImageID")) for entry in containers}
-        return [fmt.image_from_list(entry, used=used) for entry in entries]
-
-    async def remove_image(self, image: EngineImage) -> bool:
-        return await self._call(f"remove image {image.id[:12]}", self._remove_whole, image)
-
-    def _remove_whole(self, image: EngineImage) -> bool:
-        """Each tag, then the image by its id (gone by then, unless only digests named
-        it); a conflict (in use) stops there."""
-        tags = [ref for ref in image.refs if "@" not in ref]
-        return all(self._remove_ref_quietly(ref) for ref in [*tags, image.id])
-
-    def _remove_ref_quietly(self, ref: str) -> bool:
-        try:
-            self._or(None, self._remove_image_ref, ref)
-        except self.errors.api_error as exc:
-            if getattr(exc, "status_code", None) != 409:
-                raise
-            words = str(getattr(exc, "explanation", None) or exc)
-            log.info("image %s not removed: %s", ref, words)
-            return False
-        return True
 
     async def usage(self, refs: Sequence[str]) -> dict[str, Usage]:
         return await self._call("read usage", self._usage_all, list(refs))

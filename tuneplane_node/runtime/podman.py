@@ -217,8 +217,11 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
         security = (self.client.info().get("host") or {}).get("security") or {}  # type: ignore[no-untyped-call]
         return bool(security.get("rootless"))
 
-    def _image_exists(self, image: str) -> bool:
-        return bool(self.client.images.exists(image))
+    def _image_doc(self, image: str) -> Mapping[str, Any]:
+        # The compatible endpoint: docker's shape (RepoTags, Size, a sha256: id).
+        response = self.api.get(f"/images/{image}/json", compatible=True)
+        response.raise_for_status()
+        return response.json()  # type: ignore[no-any-return]  # a JSON object
 
     def _open_pull(self, image: str, headers: Mapping[str, str]) -> PullStream:
         # libpod's own pull (before podman 5) reports bare text lines, no layers. The

@@ -29,6 +29,7 @@ from tuneplane_node.runtime.base import (
     ContainerState,
     DataRoot,
     EngineImage,
+    ImageInfo,
     LogQuery,
     LogStream,
     LogText,
@@ -224,6 +225,9 @@ class ProcessRuntime:
 
     async def image_exists(self, image: str) -> bool:
         return True  # a process runtime has no images: every one is "there"
+
+    async def image_info(self, image: str) -> ImageInfo | None:
+        return None  # no images: nothing the node could list or collect
 
     async def pull(
         self,

@@ -1,17 +1,20 @@
 """What the node reports of itself: health (the engine, the cards, the pending launches,
-the disk, the node state) and inventory (the machine, its cards, its engine)."""
+the disk, the engine's image store, the node state) and inventory (the machine, its
+cards, its engine)."""
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 from tuneplane_node import inventory
 from tuneplane_node.clock import Clock
 from tuneplane_node.errors import NodeError
 from tuneplane_node.gpu.allocator import GpuAllocator
+from tuneplane_node.jobs.imagegc import ImageCollector
 from tuneplane_node.jobs.nodestate import NodeState
 from tuneplane_node.jobs.pending import PendingTable
-from tuneplane_node.jobs.results import Inventory, NodeStatus
+from tuneplane_node.jobs.results import ImageStore, Inventory, NodeStatus
 from tuneplane_node.runtime.base import ContainerRuntime
 from tuneplane_node.settings import NodeSettings
 
@@ -27,8 +30,10 @@ class HealthReader:
         settings: NodeSettings,
         *,
         clock: Clock,
+        gc: ImageCollector,
     ) -> None:
         self.runtime = runtime
+        self.gc = gc
         self.allocator = allocator
         self.settings = settings
         self.clock = clock
@@ -53,10 +58,12 @@ class HealthReader:
             occupancy=occupancy,
             error=error,
             node=node,
+            image_store=await self.gc.reading(),
         )
 
     async def inventory(self, node: NodeState) -> Inventory:
-        return await read_inventory(self.runtime, self.allocator, self.settings, node)
+        facts = await read_inventory(self.runtime, self.allocator, self.settings, node)
+        return replace(facts, image_store=await self.gc.reading())
 
     async def close(self) -> None:
         await self.disk.close()
@@ -75,4 +82,17 @@ async def read_inventory(
         accelerator_count=allocator.card_count(gpus),
         runtime=f"{engine.engine}://{engine.version}" if engine.version else None,
         node=node,
+        image_store=await image_store(runtime, settings),
     )
+
+
+async def image_store(runtime: ContainerRuntime, settings: NodeSettings) -> ImageStore:
+    """The engine's image store asked once (`tuneplane-node inventory`); unknown when
+    the engine cannot say."""
+    try:
+        root = await runtime.data_root()
+    except NodeError:
+        return ImageStore()
+    if root is None:
+        return ImageStore()
+    return ImageStore.of(root.path, root.space, high_percent=settings.image_gc_high_percent)

@@ -24,6 +24,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -31,15 +32,17 @@ from typing import Protocol
 
 from tuneplane_node.clock import Clock
 from tuneplane_node.errors import InsufficientStorage, NodeError
+from tuneplane_node.jobs.pulls import PullCoordinator
 from tuneplane_node.jobs.results import GcRun, ImageStore, RemovedImage
 from tuneplane_node.runtime import registry
 from tuneplane_node.runtime.base import ContainerRuntime, EngineImage, RegistryAuth
 from tuneplane_node.runtime.dockerformat import ImageName
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.tasks import BackgroundTasks
-from tuneplane_node.telemetry import NO_TELEMETRY, Telemetry
 
 log = logging.getLogger(__name__)
+READ_TTL_S = 1.0
+READ_WAIT_S = 2.0
 DISK_FULL = ("disk is full", "no space left on device")  # runtime/pulling.py's words
 
 
@@ -59,6 +62,19 @@ class Ledger(Protocol):
 
     def get(self, image_id: str) -> ImageRecord | None: ...
     def forget(self, id: str) -> None: ...
+
+
+class _NoLedger:
+    """A node that keeps no records: nothing is the node's."""
+
+    def get(self, image_id: str) -> ImageRecord | None:
+        return None
+
+    def forget(self, id: str) -> None:
+        return None
+
+
+NO_LEDGER = _NoLedger()
 
 
 class Sizer(Protocol):
@@ -116,16 +132,17 @@ class ImageCollector:
         runtime: ContainerRuntime,
         settings: NodeSettings,
         *,
-        ledger: Ledger,
+        pulls: PullCoordinator,
         clock: Clock,
-        telemetry: Telemetry = NO_TELEMETRY,
         sizer: Sizer = registry.compressed_size,
     ) -> None:
         self.runtime = runtime
-        self.ledger = ledger
+        self.pulls = pulls
+        self.ledger: Ledger = pulls.ledger or NO_LEDGER
         self.clock = clock
-        self.telemetry = telemetry
+        self.telemetry = pulls.telemetry
         self.sizer = sizer
+        pulls.on_failure.append(self.after_failed_pull)
         self.scope = settings.image_gc
         self.high, self.low = settings.image_gc_high_percent, settings.image_gc_low_percent
         self.min_age_s = settings.image_gc_min_age_s
@@ -136,9 +153,25 @@ class ImageCollector:
         self.last_store = ImageStore()
         self._first_seen: dict[str, datetime] = {}  # id -> when a run first listed it
         self._run: asyncio.Task[GcRun] | None = None
+        self._refresh: asyncio.Task[ImageStore] | None = None
+        self._read_at, self._first = -math.inf, True
         self._tasks = BackgroundTasks(log)
 
     # --- the store ----------------------------------------------------------------------
+
+    async def reading(self) -> ImageStore:
+        """The store for health, never waiting on a wedged engine: the last reading,
+        with one refresh behind it when it is older than a second (the first one is
+        waited for, `READ_WAIT_S` at most)."""
+        now = self.clock.monotonic()
+        if now - self._read_at > READ_TTL_S and (self._refresh is None or self._refresh.done()):
+            self._read_at = now
+            self._refresh = self._tasks.spawn(self.store(), name="image store measure")
+        if self._first and self._refresh is not None:
+            self._first = False
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._refresh), READ_WAIT_S)
+        return self.last_store
 
     async def store(self) -> ImageStore:
         """The data root's filesystem now; unknown when the engine cannot say."""
@@ -197,7 +230,7 @@ class ImageCollector:
             why = self._why(candidate, store if freeing else ImageStore(), now, room_for)
             # Held since the list was read (a launch came): kept. Checked on the loop
             # right before the removal, which nothing can come between.
-            if why is None or self.holds.held(candidate.image.refs):
+            if why is None or self._held(candidate.image):
                 continue
             if await self._remove(candidate, why):
                 removed.append(self._removed(candidate, why))
@@ -214,7 +247,7 @@ class ImageCollector:
         for image in images:
             seen = self._first_seen.setdefault(image.id, now)
             record = self.ledger.get(image.id)
-            if image.in_use or self.holds.held(image.refs):
+            if image.in_use or self._held(image):
                 continue
             if record is None and self.scope != "all":
                 continue  # not the node's: the operator's to remove
@@ -223,6 +256,11 @@ class ImageCollector:
             if (now - arrived).total_seconds() < self.min_age_s or self._pinned(record, now):
                 continue
             yield Candidate(image, max(times) if times else seen)
+
+    def _held(self, image: EngineImage) -> bool:
+        """Held by a launch, or being pulled (a launch's pull, or a prefetch)."""
+        pulled = {_key(ref) for ref in self.pulls.images()}
+        return self.holds.held(image.refs) or any(_key(ref) in pulled for ref in image.refs)
 
     def _pinned(self, record: ImageRecord | None, now: datetime) -> bool:
         """Prefetched less than the pin's time ago, and not used since."""

@@ -17,6 +17,7 @@ from tuneplane_node.clock import Clock
 from tuneplane_node.errors import NodeError
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs.confinement import JobRules
+from tuneplane_node.jobs.imagegc import ImageCollector
 from tuneplane_node.jobs.images import ImageKeeper
 from tuneplane_node.jobs.mounts import MountPolicy
 from tuneplane_node.jobs.pending import STARTING, PendingLaunch, PendingTable
@@ -86,6 +87,7 @@ class Launcher:
         self.tasks = BackgroundTasks(log)  # the pending launches'
         self.rules = JobRules(settings)
         self.mounts = MountPolicy(settings.mount_roots)
+        self.gc = ImageCollector(runtime, settings, pulls=pulls, clock=clock)
 
     async def vetted(self, request: LaunchRequest) -> LaunchRequest:
         """The launch with its spec as the node allows it: the operator's confinement
@@ -107,12 +109,14 @@ class Launcher:
         missing, or the pull policy says pull again."""
         image = request.spec.image
         request = replace(request, auth=await self.images.credentials(request))
-        present = await self.runtime.image_exists(image)
-        if present:
-            await self.images.admit(image, request.auth)
-        if present and not self.images.must_pull(request):
-            return await self.start_now(request)
-        return await self.start_pending(request)
+        with self.gc.holds.hold(image):  # no GC run takes it between the look and the use
+            present = await self.runtime.image_exists(image)
+            if present:
+                await self.images.admit(image, request.auth)
+            if present and not self.images.must_pull(request):
+                return await self.start_now(request)
+            await self.gc.fit(image, request.auth, present=present)  # else 507, nothing held
+            return await self.start_pending(request)
 
     async def start_now(self, request: LaunchRequest) -> Started:
         """The container, with the cards it was given; its image is here."""
@@ -140,6 +144,10 @@ class Launcher:
 
     async def _complete(self, record: PendingLaunch, reservation: Reservation) -> None:
         """Pull, then start; how it ended is `_ended`'s to record."""
+        with self.gc.holds.hold(record.image):
+            await self._pull_and_run(record, reservation)
+
+    async def _pull_and_run(self, record: PendingLaunch, reservation: Reservation) -> None:
         auth = record.request.auth
         record.pull = self.pulls.join(record.image, auth)
         await self.pulls.wait(record.pull)
@@ -219,3 +227,4 @@ class Launcher:
         while its pull runs leaves it first, as a stop would."""
         await self.tasks.close()
         await self.pulls.close()
+        await self.gc.close()

@@ -89,7 +89,8 @@ class JobService:
         self.rules = self.launcher.rules
         self.store = NodeStateStore(settings.state_dir, clock=clock)
         self._compose()
-        self.health = HealthReader(runtime, allocator, settings, clock=clock)
+        self.gc = self.launcher.gc  # the image GC, and the pull gate of launches
+        self.health = HealthReader(runtime, allocator, settings, clock=clock, gc=self.gc)
         self.reader = LogsReader(runtime, settings, own=self._own, pending=self.pending)
         self.follow_limit = self.reader.follow_limit
         interval = settings.stats_interval_s

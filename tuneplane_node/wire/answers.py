@@ -283,6 +283,55 @@ class DiskJson(TypedDict):
     free_gib: float
 
 
+class ImageStoreJson(TypedDict):
+    """The filesystem of the engine's data root; each value null when unknown (a remote
+    engine, a runtime without images)."""
+
+    path: str | None
+    total_bytes: int | None
+    free_bytes: int | None
+    used_ratio: float | None
+    pressure: bool | None
+
+
+def image_store_json(store: results.ImageStore) -> ImageStoreJson:
+    return {
+        "path": store.path,
+        "total_bytes": store.total_bytes,
+        "free_bytes": store.free_bytes,
+        "used_ratio": store.used_ratio,
+        "pressure": store.pressure,
+    }
+
+
+class RemovedImageJson(TypedDict):
+    image: str
+    id: str
+    size_bytes: int
+    why: str
+
+
+class ImageGcJson(TypedDict):
+    """One image GC run: what it removed, least recently used first, and the store after."""
+
+    scope: str
+    removed: list[RemovedImageJson]
+    freed_bytes: int
+    image_store: ImageStoreJson
+
+
+def image_gc_json(run: results.GcRun) -> ImageGcJson:
+    return {
+        "scope": run.scope,
+        "removed": [
+            {"image": r.image, "id": r.id, "size_bytes": r.size_bytes, "why": r.why}
+            for r in run.removed
+        ],
+        "freed_bytes": run.freed_bytes,
+        "image_store": image_store_json(run.store),
+    }
+
+
 class PendingPullJson(TypedDict):
     image: str
     phase: str
@@ -353,6 +402,7 @@ class HealthJson(GpuFieldsJson, _HealthOptional):
     disk: DiskJson | None
     pending_pulls: dict[str, PendingPullJson]
     node_state: NodeStateJson
+    image_store: ImageStoreJson
 
 
 def health_json(status: NodeStatus) -> HealthJson:
@@ -373,6 +423,7 @@ def health_json(status: NodeStatus) -> HealthJson:
         answer["error"] = status.error or "the cards' occupancy could not be read"
     answer.update(_GPU_FIELDS.of(status.occupancy))
     answer["node_state"] = node_state_json(status.node)  # new beside 0.3.15's: after them
+    answer["image_store"] = image_store_json(status.image_store)
     return cast(HealthJson, answer)
 
 
@@ -521,6 +572,7 @@ class InventoryJson(TypedDict):
     local_disk: LocalDiskJson | None
     fabrics: list[FabricJson]
     node_state: NodeStateJson
+    image_store: ImageStoreJson
 
 
 def inventory_json(facts: Inventory) -> InventoryJson:
@@ -544,6 +596,7 @@ def inventory_json(facts: Inventory) -> InventoryJson:
         "local_disk": local_disk_json(machine.local_disk),
         "fabrics": [fabric_json(fabric) for fabric in machine.fabrics],
         "node_state": node_state_json(facts.node),
+        "image_store": image_store_json(facts.image_store),
     }
 
 

@@ -875,6 +875,7 @@ DRAIN = Body(
     ),
 )
 UNCORDON = Body("UncordonBody", (), doc="Nothing is read from it.")
+IMAGE_GC = Body("ImageGcBody", (), doc="Nothing is read from it.")
 LOGS = Body(
     "LogsQuery",
     (

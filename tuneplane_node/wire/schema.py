@@ -38,6 +38,10 @@ ERRORS = {
     500: "A bug in the node, or its state file could not be written.",
     502: "The engine answered and refused; its words follow.",
     503: "The engine could not be reached: nothing is known, nothing is reported gone.",
+    507: "No room to pull the image: the engine's image store is at or above the image "
+    "GC's high threshold after a GC run, or the image (its registry's compressed size) is "
+    "larger than the room left below it; the detail gives both figures. Nothing was "
+    "reserved or created.",
 }
 # Which errors each kind of operation can answer, beyond its own.
 GUARDED = (400, 401, 409, 500)  # every /node/v1 path: the token and the protocol header

@@ -230,7 +230,9 @@ class FakeRuntime:
         self.containers: dict[str, FakeContainer] = {}
         self.images: set[str] = set(images)  # the references the engine has
         self.image_size = 1000  # an image's size when the test names none (`image_sizes`)
-        self.disk_total: int | None = 1000 * MIB  # None: the data root is not measurable
+        # The data root's size; None (unless a test says): not measurable, as a remote
+        # engine's, so no launch asks a registry for an image's size.
+        self.disk_total: int | None = None
         self.disk_other = 0  # bytes on the engine's disk that are not images
         self.refuse_image_removal: set[str] = set()  # ids the engine calls in use anyway
         self.image_removals: list[str] = []  # ids removed, in order

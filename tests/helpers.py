@@ -328,6 +328,7 @@ INVENTORY_KEYS = [
     "local_disk",
     "fabrics",
     "node_state",  # added after every field of 0.3.15
+    "image_store",  # issue 21
 ]
 
 

@@ -228,6 +228,7 @@ HEALTH_KEYS = [
     "explain",
     "gpu_probe",
     "node_state",  # added after every field of 0.3.15
+    "image_store",  # issue 21
 ]
 CARD_KEYS = [
     "index",
@@ -338,7 +339,8 @@ def test_health_with_the_engine_down_says_why_and_knows_no_card() -> None:
     assert answer["ok"] is False
     assert answer["error"] == "engine unreachable: docker: gone"
     assert list(answer)[:8] == [*HEALTH_KEYS[:6], "state_cache", "error"]
-    assert all(answer[key] is None for key in HEALTH_KEYS[6:-1])  # type: ignore[literal-required]
+    assert all(answer[key] is None for key in HEALTH_KEYS[6:-2])  # type: ignore[literal-required]
+    assert set(answer["image_store"].values()) == {None}  # unknown, never 0
 
 
 def test_health_of_the_process_runtime_has_no_state_cache() -> None:

@@ -311,8 +311,10 @@ class ImageCollector:
         (the registry's size; not asked for an image here already, whose pull downloads
         what changed only) larger than the room left below high after a run."""
         store = await self.store()
-        size = None if present else await asyncio.to_thread(self.sizer, image, auth)
         room = store.room(self.high)
+        # The registry is asked only where the answer can refuse: a store of known size.
+        sized = not present and room is not None
+        size = await asyncio.to_thread(self.sizer, image, auth) if sized else None
         short = size is not None and room is not None and size > room
         if not (store.pressure or short):
             if self.scope != "off":

@@ -132,6 +132,7 @@ async def test_an_image_any_container_uses_stays_whoever_made_it(
 
     assert [r.image for r in run.removed] == [newest]
     assert old in fake.images and ours in fake.images
+    assert fake.calls["remove_image"] == 1  # the node never asked the engine for them
 
 
 async def test_an_image_a_pending_launch_waits_for_stays(

@@ -235,7 +235,7 @@ async def test_a_series_of_pulls_stays_under_low_removing_the_oldest_use_first(
     here = await engine.images()
     assert running_image in here and foreign_image in here  # in use, whoever's
     assert len(removed) >= 2, "the series went past high once at most"
-    assert all(r.size > 0 and r.id.startswith("sha256:") for r in audit)  # type: ignore[attr-defined]
+    assert all(r.size_bytes > 0 and r.image_id.startswith("sha256:") for r in audit)  # type: ignore[attr-defined]
     # Oldest use first: the series' images, in the order they ran.
     assert removed == [image for image in series if image in removed][: len(removed)]
     assert removed == series[: len(removed)]

@@ -18,7 +18,8 @@ LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 FORMATS = ("text", "json")
 JOB_FIELDS = ("run_id", "ref", "image", "gpus")
 AUDIT_FIELDS = ("action", "client", "subject", "result", "status", "reason")
-EXTRA_FIELDS = (*JOB_FIELDS, *AUDIT_FIELDS)
+IMAGE_FIELDS = ("image_id", "size_bytes", "why")  # an image the image GC removed
+EXTRA_FIELDS = (*JOB_FIELDS, *AUDIT_FIELDS, *IMAGE_FIELDS)
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 MAX_FIELD_CHARS = 2000  # a hostile ref or detail cannot make one line huge
 

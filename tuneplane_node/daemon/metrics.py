@@ -155,7 +155,8 @@ class Metrics(Telemetry):
     def image_removed(self, image: str, image_id: str, size_bytes: int, why: str) -> None:
         self.gc_removed.inc()
         self.gc_freed.inc(size_bytes)
-        audit.node_action("image gc", "removed", image=image, id=image_id, size=size_bytes, why=why)
+        facts = {"image": image, "image_id": image_id, "size_bytes": size_bytes, "why": why}
+        audit.node_action("image gc", "removed", **facts)
 
     def request(self, route: str, method: str, status: int, seconds: float) -> None:
         self.http.labels(route, method, str(status)).observe(seconds)

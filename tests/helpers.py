@@ -46,6 +46,7 @@ DEV_DOCKER_SOCK = Path("/run/tuneplane-dev/docker.sock")
 # A Docker engine of the tests' own, for what acts on every container of the node (reap,
 # an engine restart): the shared engine holds other people's jobs.
 OWN_DOCKER_SOCK = Path("/run/tuneplane-dev/docker-own.sock")
+DEV_ROOT = Path(os.environ.get("TUNEPLANE_DEV_ROOT", "/var/lib/tuneplane-dev"))  # engines.sh's
 # A Docker engine whose data root is a small tmpfs of its own, which a test fills up.
 FULL_DOCKER_SOCK = Path("/run/tuneplane-dev/docker-full.sock")
 FULL_DOCKER_ROOT = Path("/var/lib/tuneplane-dev/docker-full")

@@ -39,11 +39,13 @@ from tests.helpers import (
     docker_host,
     engine_missing,
     engine_settings,
+    forget_image,
     free_port,
     python_path,
     spawn_daemon,
     unique,
 )
+from tests.test_daemon_prefetch import REPOSITORY, prefetch_image
 from tuneplane_node.cli import main, parser
 from tuneplane_node.ctl import commands
 from tuneplane_node.runtime.base import Mount
@@ -548,6 +550,18 @@ async def spawn_in_terminal(
     return process, master
 
 
+def terminal_env(home: Path, port: int) -> dict[str, str]:
+    """What ``ctl`` on a terminal needs to reach the daemon on ``port``: nothing else."""
+    return {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home),
+        "PYTHONPATH": python_path(),
+        "TERM": "xterm-256color",
+        "TUNEPLANE_NODE_TOKEN": TOKEN,
+        "TUNEPLANE_CTL_URL": f"http://127.0.0.1:{port}",
+    }
+
+
 async def run_in_terminal(
     argv: list[str], env: dict[str, str], timeout: float = 120
 ) -> tuple[int, str]:
@@ -586,14 +600,7 @@ async def test_launch_wait_draws_the_pull_and_ends_running(
     daemon = spawn_daemon(tmp_path, port, settings_of=docker_node_settings())
     run_id = unique("ctl")
     docker_runtime.track(f"tuneplane-{run_id}")
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": str(tmp_path),
-        "PYTHONPATH": python_path(),
-        "TERM": "xterm-256color",
-        "TUNEPLANE_NODE_TOKEN": TOKEN,
-        "TUNEPLANE_CTL_URL": f"http://127.0.0.1:{port}",
-    }
+    env = terminal_env(tmp_path, port)
     try:
         await asyncio.to_thread(wait_for_port, Node("", daemon), port, tmp_path / "serve.log")
         argv = ["ctl", "launch", "--run-id", run_id, "--image", image, "--gpus", "1", "--wait",
@@ -660,14 +667,7 @@ async def test_stats_draws_a_live_table_in_a_terminal(tmp_path: Path) -> None:
     port = free_port()
     settings = {**docker_node_settings(), "TUNEPLANE_STATS_INTERVAL_S": "1"}
     daemon = spawn_daemon(tmp_path, port, settings_of=settings)
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": str(tmp_path),
-        "PYTHONPATH": python_path(),
-        "TERM": "xterm-256color",
-        "TUNEPLANE_NODE_TOKEN": TOKEN,
-        "TUNEPLANE_CTL_URL": f"http://127.0.0.1:{port}",
-    }
+    env = terminal_env(tmp_path, port)
     run_id = unique("ctl")
     ref = f"tuneplane-{run_id}"
     try:
@@ -723,3 +723,59 @@ def _read_some(fd: int) -> bytes:
         return os.read(fd, 65536) if ready else b""
     except OSError:
         return b""
+
+
+# --- images and pull -----------------------------------------------------------------------
+
+
+def test_pull_of_a_present_image_says_so_and_images_lists_the_nodes(
+    ctl: Ctl, process_node: Node
+) -> None:
+    code, out, _ = ctl("pull", "registry.test/trainer:1", "--wait", url=process_node.url)
+    assert code == 0 and "registry.test/trainer:1: present" in out  # the process runtime's
+
+    code, out, _ = ctl("images", url=process_node.url)
+    assert code == 0 and "Images" in out
+    code, out, _ = ctl("--json", "images", url=process_node.url)
+    assert code == 0 and json.loads(out) == api(process_node, "/node/v1/images")
+
+
+def test_pull_exits_as_the_other_verbs(
+    ctl: Ctl, process_node: Node, engine_down_node: Node
+) -> None:
+    code, _, err = ctl("pull", "UPPER/Case", url=process_node.url)
+    assert code == 1 and "image: must be an image reference" in err  # the node's 422
+    code, _, err = ctl("pull", "x:1", "--password-stdin", url=process_node.url)
+    assert code == 2 and "--password-stdin needs --username" in err
+    code, _, err = ctl("pull", "x:1", url=engine_down_node.url)
+    assert code == 3 and "(503)" in err
+    code, _, err = ctl("images", url=engine_down_node.url)
+    assert code == 3 and "(503)" in err
+
+
+@pytest.mark.engine
+async def test_pull_wait_draws_the_bar_with_rate_and_eta_and_ends_present(
+    tmp_path: Path, proxy: ThrottlingProxy, docker_runtime: TrackingRuntime
+) -> None:
+    prefetch_image(tmp_path)
+    image = f"{proxy.address()}/{REPOSITORY}:1"
+    await forget_image(docker_runtime, image)
+    proxy.rate = 4_000_000  # ~24 MB: some seconds
+    port = free_port()
+    daemon = spawn_daemon(tmp_path, port, settings_of=docker_node_settings())
+    env = terminal_env(tmp_path, port)
+    try:
+        await asyncio.to_thread(wait_for_port, Node("", daemon), port, tmp_path / "serve.log")
+        code, drawn = await run_in_terminal(["ctl", "pull", image, "--wait"], env)
+    finally:
+        daemon.kill()
+        await asyncio.to_thread(daemon.wait, 10)
+        await forget_image(docker_runtime, image)
+    assert code == 0, drawn
+    assert f"{image}: pulling" in drawn
+    bar = re.search(
+        r"pulling \S+ .*?\d+(\.\d+)?/\d+(\.\d+)? MB +\d+(\.\d+)? [kM]B/s +ETA \d", drawn
+    )
+    assert bar is not None, drawn  # bytes done of total, the node's rate and time left
+    assert re.search(r"\d/\d layers", drawn), drawn
+    assert drawn.rstrip().endswith(f"{image}: present"), drawn

@@ -19,7 +19,6 @@ from rich.progress import (
     Progress,
     TextColumn,
     TimeElapsedColumn,
-    TransferSpeedColumn,
 )
 from rich.table import Table
 
@@ -353,8 +352,10 @@ def _card(card: Mapping[str, Any]) -> str:
 
 
 class PullProgress:
-    """A bar of the pull's bytes (with rate) and layers while a launch is pending; on a
-    console that is not a terminal, one line per phase instead."""
+    """A bar of a pull's bytes, with the node's rate and time left, and its layers, while a
+    launch is pending or a prefetch runs; on a console that is not a terminal, one line
+    per phase instead. ``update`` takes observe's state of the launch (``pending_*``
+    keys) or, with ``prefix=""``, a pull of ``GET /node/v1/images``."""
 
     def __init__(self, console: Console, image: str, *, shown: bool = True) -> None:
         self.console = console
@@ -366,13 +367,16 @@ class PullProgress:
             TextColumn("{task.description}"),
             BarColumn(),
             DownloadColumn(),
-            TransferSpeedColumn(),
+            TextColumn("{task.fields[rate]}"),
+            TextColumn("ETA {task.fields[eta]}"),
             TextColumn("{task.fields[layers]} layers"),
             TimeElapsedColumn(),
             console=console,
             transient=False,
         )
-        self.task = self.progress.add_task(f"pulling {image}", total=None, layers="0/0")
+        self.task = self.progress.add_task(
+            f"pulling {image}", total=None, layers="0/0", rate="?/s", eta="?"
+        )
 
     def __enter__(self) -> PullProgress:
         if self.live:
@@ -387,16 +391,76 @@ class PullProgress:
     ) -> None:
         self.progress.stop()
 
-    def update(self, state: Mapping[str, Any]) -> None:
-        phase = str(state.get("pending_phase"))
-        total = state.get("pending_bytes_total") or None
+    def update(self, state: Mapping[str, Any], *, prefix: str = "pending_") -> None:
+        def field(name: str, default: Any = 0) -> Any:
+            return state.get(prefix + name, default)
+
+        phase = str(field("phase", ""))
         self.progress.update(
             self.task,
             description=f"{phase} {self.image}",
-            completed=state.get("pending_bytes_done", 0),
-            total=total,
-            layers=f"{state.get('pending_layers_done', 0)}/{state.get('pending_layers_total', 0)}",
+            completed=field("bytes_done"),
+            total=field("bytes_total") or None,
+            layers=f"{field('layers_done')}/{field('layers_total')}",
+            rate=rate(field("rate_bytes_per_s", None)),
+            eta=eta(field("eta_s", None)),
         )
         if phase != self.phase and self.shown and not self.live:
             self.console.print(f"{phase} {self.image}")
         self.phase = phase
+
+
+def rate(value: object) -> str:
+    """The node's download rate, ``12.3 MB/s``; ``?/s`` while it does not know it."""
+    return f"{decimal(int(value))}/s" if isinstance(value, (int, float)) else "?/s"
+
+
+def eta(value: object) -> str:
+    return seconds(float(value)) if isinstance(value, (int, float)) else "?"
+
+
+# --- images ---------------------------------------------------------------------------
+
+
+def show_images(console: Console, answer: Mapping[str, Any]) -> None:
+    now = datetime.now(timezone.utc)
+    console.print(images_table(answer.get("images", []), now))
+    if answer.get("pulls"):
+        console.print(image_pulls_table(answer["pulls"], now))
+
+
+def images_table(images: list[Mapping[str, Any]], now: datetime) -> Table:
+    table = Table(title="Images", title_justify="left")
+    for column in ("image", "id", "size", "pulled", "used", "in use by", "private"):
+        table.add_column(column)
+    for image in images:
+        table.add_row(
+            image.get("image", ""),
+            str(image.get("id", "")).removeprefix("sha256:")[:12],
+            _size(image.get("size_bytes")),
+            age(image.get("pulled_at"), now) or "-",
+            age(image.get("last_used_at"), now) or "-",
+            ", ".join(image.get("in_use_by", [])),
+            "yes" if image.get("private") else "",
+        )
+    return table
+
+
+def image_pulls_table(pulls: list[Mapping[str, Any]], now: datetime) -> Table:
+    table = Table(title="Pulls", title_justify="left")
+    for column in ("image", "phase", "bytes", "layers", "rate", "ETA", "age", "waiting", "error"):
+        table.add_column(column)
+    for pull in pulls:
+        done, total = pull.get("bytes_done", 0), pull.get("bytes_total", 0)
+        table.add_row(
+            pull.get("image", ""),
+            pull.get("phase", ""),
+            f"{decimal(done)} / {decimal(total)}" if total else decimal(done),
+            f"{pull.get('layers_done', 0)}/{pull.get('layers_total', 0)}",
+            rate(pull.get("rate_bytes_per_s")),
+            eta(pull.get("eta_s")),
+            age(pull.get("started_at"), now),
+            ", ".join(pull.get("waiting", [])),
+            pull.get("error") or "",
+        )
+    return table

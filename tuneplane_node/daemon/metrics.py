@@ -108,6 +108,13 @@ class Metrics(Telemetry):
             "Bytes of the images the image GC removed, as the engine stated their sizes.",
             registry=registry,
         )
+        self.image_pulls = CounterMetric(
+            f"{PREFIX}_image_pulls",
+            "Image pulls (launches' and prefetches' alike, one per download) by result: "
+            "ok, failed, cancelled.",
+            ["result"],
+            registry=registry,
+        )
 
     def _states(self, registry: CollectorRegistry) -> None:
         def gauge(name: str, about: str, labels: tuple[str, ...] = ()) -> Gauge:
@@ -148,6 +155,7 @@ class Metrics(Telemetry):
     def pull_finished(self, outcome: str, seconds: float, bytes_done: int) -> None:
         self.pull_seconds.labels(outcome).observe(seconds)
         self.pull_bytes.inc(bytes_done)
+        self.image_pulls.labels(outcome).inc()
 
     def image_gc_run(self) -> None:
         self.gc_runs.inc()

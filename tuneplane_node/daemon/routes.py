@@ -20,7 +20,8 @@ from tuneplane_node.daemon.metrics import CONTENT_TYPE
 from tuneplane_node.daemon.state import JOBS, METRICS
 from tuneplane_node.errors import BadRequest, NodeError
 from tuneplane_node.jobs import AlreadyPending, AlreadyRunning, Pulling, Started
-from tuneplane_node.wire import answers, requests, schema
+from tuneplane_node.jobs.pending import PULLING
+from tuneplane_node.wire import answers, images, requests, schema
 from tuneplane_node.wire.fields import Body
 from tuneplane_node.wire.schema import ENGINE
 from tuneplane_node.wire.stats import StatsJson, parse_stats, stats_json
@@ -61,14 +62,18 @@ def api(
     query: Body | None = None,
     errors: tuple[int, ...] = (),
     text: str | None = None,
+    accepted: bool = False,
 ) -> Callable[[Handler], Handler]:
     """Serve the handler at ``method path``, and declare it to the OpenAPI document: the
-    200's JSON shape (``answer``), the request's body or query, the errors of its own
-    (`schema.Operation`). The summary is the first paragraph of the handler's docstring."""
+    200's JSON shape (``answer``; ``accepted``: a 202's too), the request's body or
+    query, the errors of its own (`schema.Operation`). The summary is the first
+    paragraph of the handler's docstring."""
 
     def serve(handler: Handler) -> Handler:
         summary = " ".join((handler.__doc__ or "").split("\n\n")[0].split())
-        declared = schema.Operation(method, path, summary, answer, body, query, errors, text)
+        declared = schema.Operation(
+            method, path, summary, answer, body, query, errors, text, accepted
+        )
         OPERATIONS.append(declared)
         routes.route(method.upper(), path)(handler)
         return handler
@@ -125,6 +130,38 @@ async def launch(request: web.Request) -> web.Response:
         outcome.gpus = getattr(result, "gpus", None)
     request.app[METRICS].launch(outcome.result)
     return answer(answers.launch_json(result))
+
+
+@api(
+    "post",
+    "/node/v1/images/pull",
+    images.PrefetchJson,
+    body=requests.PREFETCH,
+    errors=(403, 507, *ENGINE),
+    accepted=True,
+)
+async def prefetch(request: web.Request) -> web.Response:
+    """Pull an image before the launches that need it: 202 pulling, or 200 present.
+
+    The pull runs in the background, shared with launches of the image (a launch made
+    meanwhile waits on this one download). Cordon does not refuse it. Wrong credentials
+    fail it as they fail a launch: GET /node/v1/images shows the error."""
+    prefetch_request = requests.parse_prefetch(await read_object(request))
+    with audited(request, "prefetch", image=prefetch_request.image) as outcome:
+        result = await request.app[JOBS].catalog.prefetch(prefetch_request)
+        outcome.result = result.phase
+    status = 202 if result.phase == PULLING else 200
+    return answer(images.prefetch_json(result), status)
+
+
+@api("get", "/node/v1/images", images.ImagesJson, errors=ENGINE)
+async def list_images(request: web.Request) -> web.Response:
+    """The images the node pulled or its containers use, and the pulls under way.
+
+    Not every image of the engine: only the node's. Each pull with its bytes, layers,
+    rate and time left (null while unknown); a failed prefetch stays with its error as
+    long as a failed launch's record."""
+    return answer(images.images_json(await request.app[JOBS].catalog.view()))
 
 
 @api("post", "/node/v1/observe", answers.ObserveJson, body=requests.REFS, errors=ENGINE)

@@ -21,6 +21,7 @@ from tuneplane_node.jobs.imagegc import ImageCollector
 from tuneplane_node.jobs.images import ImageKeeper
 from tuneplane_node.jobs.mounts import MountPolicy
 from tuneplane_node.jobs.pending import STARTING, PendingLaunch, PendingTable
+from tuneplane_node.jobs.prefetch import Prefetcher
 from tuneplane_node.jobs.pulls import PullCoordinator
 from tuneplane_node.jobs.results import LaunchRequest, Pulling, Started
 from tuneplane_node.runtime.base import DEVICES_ENV, ContainerRuntime, ContainerSpec, Mount
@@ -88,6 +89,7 @@ class Launcher:
         self.rules = JobRules(settings)
         self.mounts = MountPolicy(settings.mount_roots)
         self.gc = ImageCollector(runtime, settings, pulls=pulls, clock=clock)
+        self.prefetcher = Prefetcher(runtime, pulls, images=images, gc=self.gc, clock=clock)
 
     async def vetted(self, request: LaunchRequest) -> LaunchRequest:
         """The launch with its spec as the node allows it: the operator's confinement
@@ -113,7 +115,7 @@ class Launcher:
             present = await self.runtime.image_exists(image)
             if present:
                 await self.images.admit(image, request.auth)
-            if present and not self.images.must_pull(request):
+            if present and not self.images.must_pull(image, request.pull_policy):
                 return await self.start_now(request)
             await self.gc.fit(image, request.auth, present=present)  # else 507, nothing held
             return await self.start_pending(request)
@@ -223,8 +225,9 @@ class Launcher:
             log.info("launch %s cancelled in phase %s", ref, record.phase)
 
     async def close(self) -> None:
-        """Cancel every background launch, then every pull (shutdown): a launch cancelled
-        while its pull runs leaves it first, as a stop would."""
+        """Cancel every background launch and prefetch, then every pull (shutdown): a
+        launch cancelled while its pull runs leaves it first, as a stop would."""
         await self.tasks.close()
+        await self.prefetcher.close()
         await self.pulls.close()
         await self.gc.close()

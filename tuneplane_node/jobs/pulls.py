@@ -16,10 +16,12 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.errors import NodeError
 from tuneplane_node.jobs.imageledger import ImageLedger
+from tuneplane_node.jobs.pullrate import PullRate
 from tuneplane_node.runtime.base import ContainerRuntime, PullLimits, PullProgress, RegistryAuth
 from tuneplane_node.tasks import BackgroundTasks, by_awaiters
 from tuneplane_node.telemetry import NO_TELEMETRY, Telemetry
@@ -29,17 +31,32 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class SharedPull:
-    """One pull of one image; ``progress`` is the engine's latest report."""
+    """One pull of one image; ``progress`` is the engine's latest report, ``rate`` its
+    download rate (`PullRate`), ``started_at`` the moment it started (UTC)."""
 
     image: str
     auth: RegistryAuth | None = None
+    clock: Clock = SYSTEM_CLOCK
     task: asyncio.Task[None] | None = None
     waiters: int = 0
     progress: PullProgress = field(default_factory=PullProgress)
     prefetch: bool = False  # a prefetch joined it: the ledger says so
+    started_at: datetime = field(init=False)
+    rate: PullRate = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.started_at = self.clock.now()
+        self.rate = PullRate(self.clock.monotonic())
 
     def update(self, progress: PullProgress) -> None:
         self.progress = progress
+        self.rate.add(self.clock.monotonic(), progress.bytes_done)
+
+    def rate_now(self) -> tuple[float | None, float | None]:
+        """Bytes per second and seconds left, now (None while unknown)."""
+        now, progress = self.clock.monotonic(), self.progress
+        eta = self.rate.eta(now, bytes_done=progress.bytes_done, bytes_total=progress.bytes_total)
+        return self.rate.rate(now), eta
 
 
 class PullCoordinator:
@@ -68,7 +85,7 @@ class PullCoordinator:
         """The pull of ``image`` with ``auth`` in flight, or a new one, started now."""
         pull = self.pulls.get((image, auth))
         if pull is None:
-            pull = SharedPull(image, auth)
+            pull = SharedPull(image, auth, self.clock)
             pull.task = self.tasks.spawn(self._pull(pull), name=f"pull {image}", ended=by_awaiters)
             self.pulls[(image, auth)] = pull
         pull.waiters += 1

@@ -23,6 +23,7 @@ from datetime import datetime
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.errors import NameTaken, NodeCordoned
 from tuneplane_node.gpu.allocator import GpuAllocator
+from tuneplane_node.jobs.catalog import ImageCatalog
 from tuneplane_node.jobs.drain import NodeStateKeeper
 from tuneplane_node.jobs.health import HealthReader
 from tuneplane_node.jobs.imageledger import ImageLedger
@@ -86,6 +87,7 @@ class JobService:
             runtime, allocator, self.pulls, images=self.images, settings=settings, clock=clock
         )
         self.pending = self.launcher.pending
+        self.catalog = ImageCatalog.of(self.launcher, self.ledger)  # prefetch, GET images
         self.rules = self.launcher.rules
         self.store = NodeStateStore(settings.state_dir, clock=clock)
         self._compose()

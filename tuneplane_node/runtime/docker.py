@@ -180,7 +180,7 @@ class DockerRuntime(EngineRuntime, errors=ERRORS):
         options = self.api.info().get("SecurityOptions") or []
         return any("name=userns" in str(option) for option in options)
 
-    def _image_doc(self, image: str) -> Mapping[str, Any]:
+    def _inspect_image(self, image: str) -> Mapping[str, Any]:
         return self.api.inspect_image(image)  # type: ignore[no-untyped-call,no-any-return]  # untyped in the stubs
 
     def _open_pull(self, image: str, headers: Mapping[str, str]) -> PullStream:

@@ -351,7 +351,7 @@ class EngineRuntime(EngineImages):
     @abstractmethod
     def _version(self) -> str: ...
     @abstractmethod
-    def _image_doc(self, image: str) -> Mapping[str, Any]: ...  # docker's shape
+    def _inspect_image(self, image: str) -> Mapping[str, Any]: ...  # docker's shape
 
     @abstractmethod
     def _open_pull(self, image: str, headers: Mapping[str, str]) -> PullStream: ...
@@ -533,7 +533,7 @@ class EngineRuntime(EngineImages):
         return await self.image_info(image) is not None
 
     async def image_info(self, image: str) -> ImageInfo | None:
-        doc = await self._call(f"inspect image {image}", self._or, None, self._image_doc, image)
+        doc = await self._call(f"inspect image {image}", self._or, None, self._inspect_image, image)
         return fmt.image_from_inspect(doc) if doc is not None else None
 
     async def pull(

@@ -217,7 +217,7 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
         security = (self.client.info().get("host") or {}).get("security") or {}  # type: ignore[no-untyped-call]
         return bool(security.get("rootless"))
 
-    def _image_doc(self, image: str) -> Mapping[str, Any]:
+    def _inspect_image(self, image: str) -> Mapping[str, Any]:
         # The compatible endpoint: docker's shape (RepoTags, Size, a sha256: id).
         response = self.api.get(f"/images/{image}/json", compatible=True)
         response.raise_for_status()

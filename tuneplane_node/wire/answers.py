@@ -66,6 +66,8 @@ class PendingStateJson(StateJson):
     pending_layers_done: int
     pending_layers_total: int
     pending_error: str | None
+    pending_rate_bytes_per_s: float | None
+    pending_eta_s: float | None
 
 
 def state_json(view: JobView) -> StateJson:
@@ -126,6 +128,8 @@ def _pending_json(view: PendingView) -> PendingStateJson:
         "pending_layers_done": progress.layers_done,
         "pending_layers_total": progress.layers_total,
         "pending_error": view.error,
+        "pending_rate_bytes_per_s": view.rate_bytes_per_s,
+        "pending_eta_s": view.eta_s,
     }
 
 

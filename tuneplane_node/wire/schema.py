@@ -70,6 +70,7 @@ class Operation:
     query: Body | None = None
     errors: tuple[int, ...] = ()
     text: str | None = None
+    accepted: bool = False  # it may answer 202 as well, the same shape: begun, not done
 
     @property
     def guarded(self) -> bool:
@@ -166,6 +167,7 @@ def _operation(operation: Operation, components: Components) -> dict[str, Any]:
         "operationId": operation.path.strip("/").replace("/", "_").replace(".", "_"),
         "responses": {
             "200": {"description": "Done.", "content": _content(operation, components)},
+            **_accepted(operation, components),
             **{str(status): _error(status) for status in operation.statuses},
         },
     }
@@ -182,6 +184,13 @@ def _operation(operation: Operation, components: Components) -> dict[str, Any]:
             "content": {"application/json": {"schema": components.body(operation.body)}},
         }
     return spec
+
+
+def _accepted(operation: Operation, components: Components) -> dict[str, Any]:
+    if not operation.accepted:
+        return {}
+    about = "Accepted: under way in the background."
+    return {"202": {"description": about, "content": _content(operation, components)}}
 
 
 def _content(operation: Operation, components: Components) -> dict[str, Any]:

@@ -9,6 +9,7 @@ again at the end. The disk's fill is set with a file beside the engine's data.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import logging
 import math
@@ -209,12 +210,20 @@ async def test_a_series_of_pulls_stays_under_low_removing_the_oldest_use_first(
         feed=engine.runtime,
         image_gc="node",
         image_gc_min_age_s=0,
-        image_pin_s=0,
+        image_pin_s=3600,
         image_gc_high_percent=high,
         image_gc_low_percent=low,
         **engine.address,
     )
     caplog.set_level(logging.INFO, logger="tuneplane_node.audit")
+    # The oldest of all but fresh from a prefetch: pinned for the hour.
+    *series, prefetched = series
+    status, _ = await node.call("POST", "/node/v1/images/pull", json={"image": prefetched})
+    assert status == 202
+    deadline = asyncio.get_running_loop().time() + 120
+    while prefetched not in await engine.images():
+        assert asyncio.get_running_loop().time() < deadline, "the prefetch never ended"
+        await asyncio.sleep(0.2)
     for image in series:
         await run_to_end(node, image)
         run = await gc(node)
@@ -234,6 +243,7 @@ async def test_a_series_of_pulls_stays_under_low_removing_the_oldest_use_first(
     removed = [r.image for r in audit]  # type: ignore[attr-defined]
     here = await engine.images()
     assert running_image in here and foreign_image in here  # in use, whoever's
+    assert prefetched in here  # pinned
     assert len(removed) >= 2, "the series went past high once at most"
     assert all(r.size_bytes > 0 and r.image_id.startswith("sha256:") for r in audit)  # type: ignore[attr-defined]
     # Oldest use first: the series' images, in the order they ran.

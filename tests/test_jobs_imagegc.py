@@ -17,6 +17,7 @@ from tests.helpers import settle
 from tuneplane_node.errors import ConfigError, InsufficientStorage
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs import JobService, LaunchRequest, Pulling, Started
+from tuneplane_node.jobs.results import PrefetchRequest
 from tuneplane_node.runtime.base import LABEL_RUN_ID, ContainerSpec, RegistryAuth, container_name
 from tuneplane_node.settings import load_settings
 
@@ -393,3 +394,27 @@ async def test_a_pull_that_filled_the_disk_runs_the_gc(
     )
     await settle()
     assert fake.image_removals == [fake.image_id(old)]
+
+
+async def test_a_prefetch_onto_a_full_disk_is_refused_and_a_fresh_one_is_pinned(
+    make_node: MakeNode, fake: FakeRuntime, clock: FakeClock
+) -> None:
+    service = await make_node(image_pin_s=3600)
+    fill(fake, 90)
+    with pytest.raises(InsufficientStorage):
+        await service.catalog.prefetch(PrefetchRequest("registry.test/team/next:1"))
+    assert not fake.pulls  # nothing started
+
+    fill(fake, 50)
+    prefetched = await service.catalog.prefetch(PrefetchRequest("registry.test/team/next:1"))
+    assert prefetched.phase == "pulling"
+    await fake.pulling.wait()
+    fake.pull_of("registry.test/team/next:1").finish()
+    await settle()
+    await service.ledger.flush()
+    record = service.ledger.get(fake.image_id("registry.test/team/next:1"))
+    assert record is not None and record.prefetched_at is not None
+    clock.advance(60)
+    fill(fake, 99)
+    run = await service.gc.collect()
+    assert "registry.test/team/next:1" in fake.images and run.store.pressure is True

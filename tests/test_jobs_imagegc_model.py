@@ -15,7 +15,6 @@ Against the in-memory engine: 300 steps in the fast suite per scope;
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import random
@@ -30,6 +29,7 @@ from tests.helpers import settle
 from tuneplane_node.errors import Conflict, InsufficientStorage, NodeError
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs import JobService, LaunchRequest
+from tuneplane_node.jobs.results import PrefetchRequest
 from tuneplane_node.runtime.base import LABEL_RUN_ID, ContainerSpec, EngineImage, container_name
 from tuneplane_node.settings import NodeSettings
 
@@ -63,7 +63,6 @@ class World:
         self.engine.arrived("operator/tools:1")  # the operator's, loaded by hand
         self.probe = FakeProbe(cards=4)
         self.service = self._service()
-        self.prefetches: set[asyncio.Task[None]] = set()
         self.removed = 0
         self.runs = 0
 
@@ -126,17 +125,8 @@ class World:
         await self.service.launch(LaunchRequest(run, 0, spec))
 
     async def prefetch(self) -> None:
-        """A prefetch: a pull the ledger records as one, nobody's launch."""
-        pulls = self.service.pulls
-        pull = pulls.join(self.rng.choice(IMAGES), prefetch=True)
-        task = asyncio.ensure_future(pulls.wait(pull))
-        self.prefetches.add(task)
-        task.add_done_callback(self._prefetched)
-
-    def _prefetched(self, task: asyncio.Task[None]) -> None:
-        self.prefetches.discard(task)
-        if not task.cancelled():
-            task.exception()  # a failed prefetch is an answer, as a refused launch is
+        """A prefetch (the node's verb): a pull nobody's launch waits for."""
+        await self.service.catalog.prefetch(PrefetchRequest(self.rng.choice(IMAGES)))
 
     async def pull(self) -> None:
         pending = [p for p in self.engine.pulls if not p.done.done() and not p.cancelled]
@@ -174,17 +164,11 @@ class World:
         self.engine.disk_other = self.rng.randrange(0, 60) * MIB
 
     async def restart(self) -> None:
-        for task in list(self.prefetches):
-            task.cancel()
-        await asyncio.gather(*self.prefetches, return_exceptions=True)
         await self.service.close()
         self.service = self._service()
         await self.service.start()
 
     async def close(self) -> None:
-        for task in list(self.prefetches):
-            task.cancel()
-        await asyncio.gather(*self.prefetches, return_exceptions=True)
         await self.service.close()
         await self.engine.close()
 

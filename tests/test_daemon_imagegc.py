@@ -313,3 +313,35 @@ async def test_a_pull_that_cannot_fit_is_refused_with_507_before_any_blob_is_ask
     assert "at or above its" in answer["detail"] and "bytes free" in answer["detail"]
     assert blob_requests(image) == before
     assert image not in await engine.images()
+
+
+async def test_the_engine_lists_images_with_their_users_and_never_removes_one_in_use(
+    gc_engine: GcEngine, gc_images: list[str]
+) -> None:
+    engine, image = gc_engine, gc_images[0]
+    inner = engine.inner
+    await inner.pull(image, limits=PullLimits(300, 120))
+    second = f"{image.rpartition(':')[0]}-again"
+    await inner.pool.call(lambda: inner.client.images.get(image).tag(second, "2"))
+    (listed,) = [i for i in await inner.list_images() if image in i.refs]
+    assert f"{second}:2" in listed.refs and listed.id.startswith("sha256:")
+    assert listed.size > BALLAST and listed.in_use is False
+    root = await inner.data_root()
+    assert root is not None and root.path.startswith(str(engine.root))
+    assert root.space is not None and root.space.total == engine.total_bytes()
+
+    user = unique("user")  # anybody's container, never started
+    await inner.pool.call(
+        inner.client.containers.create, image=image, command=["/bin/true"], name=user
+    )
+    engine.runtime.track(user)
+    (listed,) = [i for i in await inner.list_images() if image in i.refs]
+    assert listed.in_use is True
+    assert await inner.remove_image(listed) is False  # the engine's conflict: skipped
+    assert image in await engine.images()
+
+    await inner.remove(user)
+    assert await inner.remove_image(listed) is True
+    here = await engine.images()
+    assert image not in here and f"{second}:2" not in here  # every name, then the image
+    assert await inner.remove_image(listed) is True  # gone already: the goal is met

@@ -246,6 +246,12 @@ class EngineImages(ABC):
     def _remove_whole(self, image: EngineImage) -> bool:
         """Each tag, then the image by its id (gone by then, unless only digests named
         it); a conflict (in use) stops there."""
+        _, containers = self._image_entries()
+        if image.id in {fmt.sha_id(entry.get("ImageID")) for entry in containers}:
+            # Untagging one of several names succeeds even in use: asked first, in the
+            # same call, so a container made since the list keeps the names it was made by.
+            log.info("image %s not removed: a container uses it now", image.id[:19])
+            return False
         tags = [ref for ref in image.refs if "@" not in ref]
         return all(self._remove_ref_quietly(ref) for ref in [*tags, image.id])
 

@@ -5,6 +5,7 @@ ages pass on the fake clock, and the fake engine's disk is images and a filler."
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 
 from tests.conftest import fake_settings
 from tests.fakes import MIB, FakeClock, FakeProbe, FakeRuntime
-from tests.helpers import settle
+from tests.helpers import settle, wait_until
 from tuneplane_node.errors import ConfigError, InsufficientStorage
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs import JobService, LaunchRequest, Pulling, Started
@@ -418,3 +419,23 @@ async def test_a_prefetch_onto_a_full_disk_is_refused_and_a_fresh_one_is_pinned(
     fill(fake, 99)
     run = await service.gc.collect()
     assert "registry.test/team/next:1" in fake.images and run.store.pressure is True
+
+
+async def test_a_run_comes_every_interval_and_before_every_pull(
+    make_node: MakeNode, fake: FakeRuntime, clock: FakeClock
+) -> None:
+    service = await make_node(image_gc_max_unused_s=600, image_gc_interval_s=300)
+    first, second = images(2)
+    pulled(service, fake, first)
+    loop = asyncio.create_task(service.gc.maintain())
+    try:
+        await clock.sleeping(300)
+        clock.advance(600)  # past the max unused age, and the interval
+        await wait_until(lambda: first not in fake.images)
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+    pulled(service, fake, second)
+    clock.advance(600)  # no interval runs now: only a pull does
+    await service.launch(LaunchRequest("run-a", 0, spec("run-a", "registry.test/team/x:1")))
+    await wait_until(lambda: second not in fake.images)

@@ -195,13 +195,14 @@ class ImageCollector:
             if not room_for:
                 return done
         if self._run is None or self._run.done():
-            self._run = self._tasks.spawn(self._collect(room_for), name="image gc")
+            self._run = self._tasks.spawn(self._collect(room_for), name="image gc", ended=_warned)
         return await asyncio.shield(self._run)
 
     def kick(self) -> None:
-        """A run soon, awaited by nobody (a pull filled the disk)."""
+        """A run soon, awaited by nobody (before a pull, after one that filled the disk);
+        one that fails is a warning, as an interval's."""
         if self._run is None or self._run.done():
-            self._run = self._tasks.spawn(self._collect(0), name="image gc")
+            self._run = self._tasks.spawn(self._collect(0), name="image gc", ended=_warned)
 
     def after_failed_pull(self, error: NodeError) -> None:
         if any(words in error.message.lower() for words in DISK_FULL):
@@ -209,13 +210,17 @@ class ImageCollector:
             self.kick()
 
     async def maintain(self) -> None:
-        """A run every interval, as long as the node runs."""
+        """A run every interval, as long as the node runs: one that fails is logged, and
+        the next interval tries again (the engine may be down; a bug must not end the
+        collection for good)."""
         while True:
             await self.clock.sleep(self.interval_s)
             try:
                 await self.collect()
-            except NodeError as exc:  # the engine may be down: the next interval tries
+            except NodeError as exc:
                 log.warning("image GC: %s", exc.message)
+            except Exception:
+                log.exception("image GC failed on a bug")
 
     async def _collect(self, room_for: int) -> GcRun:
         store = await self.store()
@@ -342,6 +347,17 @@ class ImageCollector:
     async def close(self) -> None:
         """Cancel a run in flight (shutdown); an engine call in it ends on its own."""
         await self._tasks.close()
+
+
+def _warned(task: asyncio.Task[GcRun]) -> None:
+    """The end of a run nobody awaits: an engine's refusal a warning, a bug an error.
+    A caller that joined it (`collect`) gets its error as well."""
+    if task.cancelled() or (error := task.exception()) is None:
+        return
+    if isinstance(error, NodeError):
+        log.warning("image GC: %s", error.message)
+    else:
+        log.error("image GC failed on a bug", exc_info=error)
 
 
 def _times(record: ImageRecord | None) -> list[datetime]:

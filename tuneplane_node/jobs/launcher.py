@@ -1,8 +1,10 @@
 """The launcher: a launch the service decided on, started at once or after its pull.
 
 It owns the pending launches (their table and their background tasks) and the
-`Reservation` that pairs a launch's card claim with its release. What a launch does with
-what it finds is the service's rule; this is how the launch is carried out.
+`Reservation` that pairs a launch's card claim with its release, and the image GC
+(`ImageCollector`), whose pull gate a launch passes before it reserves anything and whose
+holds keep its image from a run from its first look until its container exists. What a
+launch does with what it finds is the service's rule; this is how it is carried out.
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ from tuneplane_node.tasks import BackgroundTasks
 
 log = logging.getLogger(__name__)
 READ_TTL_S = 1.0
-READ_WAIT_S = 2.0
+READ_WAIT_S = 0.25  # a wedged engine must not hold health (0.5 s, the promise)
 DISK_FULL = ("disk is full", "no space left on device")  # runtime/pulling.py's words
 
 

@@ -25,6 +25,7 @@ from types import MappingProxyType
 from tuneplane_node.clock import Clock, rfc3339
 from tuneplane_node.errors import EngineConflict, EngineRefused, EngineUnavailable
 from tuneplane_node.gpu.probe import CardFacts, GpuProcess, GpuSnapshot
+from tuneplane_node.inventory import Space
 from tuneplane_node.runtime.base import (
     EXIT_SIGKILL,
     LABEL_RUN_ID,
@@ -33,8 +34,10 @@ from tuneplane_node.runtime.base import (
     CacheStatus,
     ContainerSpec,
     ContainerState,
+    DataRoot,
     DeviceSupport,
     EngineEvent,
+    EngineImage,
     ImageInfo,
     LogQuery,
     LogStream,
@@ -53,6 +56,8 @@ from tuneplane_node.runtime.pool import BlockingPool
 from tuneplane_node.signals import JOB_SIGNALS
 
 ENGINE = "fake"
+MIB = 2**20
+DATA_ROOT = "/fake/data-root"
 PIECE = 16 * 1024  # docker cuts log lines into pieces this long
 EPOCH = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
 
@@ -168,7 +173,7 @@ class FakePull:
         self.on_progress(PullProgress(done, total, layers_done, layers_total))
 
     def finish(self) -> None:
-        self.runtime.images.add(self.image)
+        self.runtime.arrived(self.image)
         self.done.set_result(None)
 
     def fail(self, reason: str) -> None:
@@ -225,10 +230,17 @@ class FakeRuntime:
     def __init__(self, *, clock: FakeClock | None = None, images: tuple[str, ...] = ()) -> None:
         self.clock = clock or FakeClock()
         self.containers: dict[str, FakeContainer] = {}
-        self.images: set[str] = set(images)
+        self.images: set[str] = set(images)  # the references the engine has
+        self.image_size = 1000  # an image's size when the test names none (`image_sizes`)
+        # The data root's size; None (unless a test says): not measurable, as a remote
+        # engine's, so no launch asks a registry for an image's size.
+        self.disk_total: int | None = None
+        self.disk_other = 0  # bytes on the engine's disk that are not images
+        self.refuse_image_removal: set[str] = set()  # ids the engine calls in use anyway
+        self.image_removals: list[str] = []  # ids removed, in order
         self.stop_signals: dict[str, str] = {}  # an image's STOPSIGNAL, by image
         self.image_ids: dict[str, str] = {}  # an image's id, by name (else one from the name)
-        self.image_sizes: dict[str, int] = {}  # an image's size, by name (else 1000)
+        self.image_sizes: dict[str, int] = {}  # an image's size, by name (else image_size)
         self._up = True
         self.calls: collections.Counter[str] = collections.Counter()
         self.pulls: list[FakePull] = []
@@ -486,7 +498,7 @@ class FakeRuntime:
         names = by_id or ([image] if image in self.images else [])
         if not names:
             return None
-        size = self.image_sizes.get(names[0], 1000)
+        size = self.image_sizes.get(names[0], self.image_size)
         return ImageInfo(self.image_id(names[0]), size, tuple(names))
 
     async def pull(
@@ -510,6 +522,60 @@ class FakeRuntime:
             raise
         if image not in self.images:
             raise EngineRefused(engine=ENGINE, action=f"pull {image}", reason="no image after")
+
+    async def data_root(self) -> DataRoot | None:
+        self._answer("data_root")
+        if self.disk_total is None:
+            return DataRoot(DATA_ROOT, None)
+        free = max(0, self.disk_total - self.disk_other - self.images_bytes())
+        return DataRoot(DATA_ROOT, Space(self.disk_total, free, free))
+
+    async def list_images(self) -> list[EngineImage]:
+        self._answer("list_images")
+        used = self.used_ids()
+        by_id: dict[str, list[str]] = {}
+        for ref in sorted(self.images):
+            by_id.setdefault(self.image_id(ref), []).append(ref)
+        return [
+            EngineImage(image_id, tuple(refs), self.size_of(image_id), None, image_id in used)
+            for image_id, refs in by_id.items()
+        ]
+
+    async def remove_image(self, image: EngineImage) -> bool:
+        self._answer("remove_image")
+        used = {
+            self.image_id(c.spec.image)
+            for c in self.containers.values()
+            if c.spec.image in self.images
+        }
+        if image.id in used or image.id in self.refuse_image_removal:
+            return False
+        self.images -= {ref for ref in self.images if self.image_id(ref) == image.id}
+        self.image_removals.append(image.id)
+        return True
+
+    def used_ids(self) -> set[str]:
+        """The images containers are made from (any owner, any state)."""
+        return {c.image_id for c in self.containers.values() if c.image_id}
+
+    def arrived(self, ref: str, *, size: int | None = None) -> None:
+        """An image came (a pull, a load), of ``size`` bytes if the test says."""
+        self.images.add(ref)
+        if size is not None:
+            self.image_sizes[ref] = size
+
+    def tag(self, ref: str, new: str) -> None:
+        """A second name for the same image."""
+        self.images.add(new)
+        self.image_ids[new] = self.image_id(ref)
+
+    def size_of(self, image_id: str) -> int:
+        """An image's size: its first name's (by name, as `image_info` reads it)."""
+        names = sorted(ref for ref in self.images if self.image_id(ref) == image_id)
+        return self.image_sizes.get(names[0], self.image_size) if names else 0
+
+    def images_bytes(self) -> int:
+        return sum(self.size_of(i) for i in {self.image_id(ref) for ref in self.images})
 
     # --- EngineFeed (blocking, thread-safe enough for one event thread) ----------------
 

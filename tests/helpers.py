@@ -333,6 +333,7 @@ INVENTORY_KEYS = [
     "fabrics",
     "node_state",  # added after every field of 0.3.15
     "cpu_affinity",
+    "image_store",  # issue 21
 ]
 
 

@@ -435,6 +435,53 @@ def test_mutual_tls_needs_the_client_certificate(
     assert code == 1 and "a client certificate signed by the CA of" in err, err
 
 
+# --- the image GC ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_gc_prints_what_it_removed_and_health_the_image_store(ctl: Ctl, process_node: Node) -> None:
+    """The process runtime has no images: nothing removed, every figure unknown."""
+    url = process_node.url
+    code, out, _ = ctl("gc", url=url)
+    assert (code, out) == (
+        0,
+        "removed 0 image(s), 0 bytes freed\nimage store: unknown: figures unknown\n",
+    )
+    answer = json.loads(ctl("gc", "--json", url=url)[1])
+    assert answer["removed"] == [] and answer["scope"] == "node"
+    assert set(answer["image_store"].values()) == {None}
+    health = ctl("health", url=url)[1]
+    assert re.search(r"image store +unknown: figures unknown", health), health
+
+
+def test_gc_shows_each_image_removed_and_the_pressure() -> None:
+    from rich.console import Console
+
+    from tuneplane_node.ctl import render
+
+    console = Console(width=200, record=True, color_system=None)
+    store = {"path": "/var/lib/docker", "total_bytes": 100 * 10**9, "free_bytes": 10 * 10**9}
+    removed = {
+        "image": "r/a:1",
+        "id": "sha256:" + "ab" * 32,
+        "size_bytes": 10**7,
+        "why": "disk 91%",
+    }
+    render.show_image_gc(
+        console,
+        {
+            "scope": "all",
+            "removed": [removed],
+            "freed_bytes": 10**7,
+            "image_store": {**store, "used_ratio": 0.9, "pressure": True},
+        },
+    )
+    text = console.export_text()
+    assert "Images removed (all scope)" in text and "r/a:1" in text and "abababababab" in text
+    assert "removed 1 image(s), 10.0 MB freed" in text
+    assert "/var/lib/docker: 10.0 GB free of 100.0 GB (90.0% used, PRESSURE)" in text
+
+
 # --- cordon, drain ------------------------------------------------------------------------
 
 

@@ -191,7 +191,9 @@ async def test_a_registry_that_lies_fails_the_launch_naming_the_blob(
 
 @pytest.fixture
 async def full_docker() -> AsyncIterator[TrackingRuntime]:
-    """The engine on a tmpfs of its own, filled to its last half megabyte for the test."""
+    """The engine on a tmpfs of its own, filled to its last 12 MiB for the test: room for
+    the big image's 9.5 MB download by its registry's size, not for the download and its
+    extraction together."""
     runtime = DockerRuntime(engine_settings("docker", docker_host=f"unix://{FULL_DOCKER_SOCK}"))
     health = await runtime.health()
     if not health.ok:
@@ -202,7 +204,7 @@ async def full_docker() -> AsyncIterator[TrackingRuntime]:
     filler = FULL_DOCKER_ROOT / f"filler-{unique()}"
     with filler.open("wb") as file:
         disk = os.statvfs(FULL_DOCKER_ROOT)
-        os.posix_fallocate(file.fileno(), 0, disk.f_bavail * disk.f_frsize - 512 * 1024)
+        os.posix_fallocate(file.fileno(), 0, disk.f_bavail * disk.f_frsize - 12 * 2**20)
     try:
         yield tracking
     finally:
@@ -213,14 +215,22 @@ async def full_docker() -> AsyncIterator[TrackingRuntime]:
 
 
 async def test_a_pull_onto_a_full_disk_fails_the_launch_saying_the_disk_is_full(
-    make_node: MakeNode, full_docker: TrackingRuntime
+    make_node: MakeNode, full_docker: TrackingRuntime, caplog: pytest.LogCaptureFixture
 ) -> None:
-    node = await make_node(feed=full_docker, docker_host=f"unix://{FULL_DOCKER_SOCK}")
+    """A pull that fits by its registry's size and fills the disk anyway (issue 21: the
+    high threshold at 100% refuses none before it), then runs the image GC."""
+    node = await make_node(
+        feed=full_docker,
+        docker_host=f"unix://{FULL_DOCKER_SOCK}",
+        image_gc_high_percent=100,
+        image_gc_low_percent=99,
+    )
     ref, answer = await node.launch(gpus=2, image=BIG_IMAGE)
     assert answer["phase"] == "pulling"
     state = await node.failed(ref)
     assert "the engine's disk is full" in state["pending_error"]
     assert "no space left on device" in state["pending_error"]
+    assert "a pull filled the engine's disk: image GC runs now" in caplog.text
 
 
 # --- an engine restarted without --live-restore: its jobs die with it ------------------------

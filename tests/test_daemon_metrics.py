@@ -23,6 +23,7 @@ from tests.helpers import HEADERS, TOKEN, Console, console_0315, engine_settings
 from tuneplane_node import __version__
 from tuneplane_node.daemon.app import create_node_app
 from tuneplane_node.daemon.metrics import Metrics
+from tuneplane_node.daemon.state import JOBS
 from tuneplane_node.logformat import JsonFormatter
 from tuneplane_node.runtime.pool import BlockingPool
 
@@ -178,6 +179,44 @@ async def test_every_verb_that_changes_something_writes_an_audit_line(
     assert TOKEN not in caplog.text
 
 
+async def test_an_image_gc_run_counts_and_audits_each_image_it_removed(
+    fake_node: MakeFakeNode, fake: FakeRuntime, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake.disk_total, fake.disk_other = 100 * 2**20, 90 * 2**20
+    node = await fake_node(image_gc_min_age_s=0, image_pin_s=0)
+    jobs = node.app[JOBS]
+    for name in ("registry.test/team/a:1", "registry.test/team/b:1"):
+        fake.arrived(name, size=6 * 2**20)
+        jobs.ledger.record_pull(name, fake.image_id(name), fake.clock.now(), prefetch=False)
+        fake.clock.advance(60)
+    caplog.set_level(logging.INFO, logger="tuneplane_node.audit")
+
+    run = await node.ok("POST", "/node/v1/images/gc", json={})
+
+    assert [r["image"] for r in run["removed"]] == [
+        "registry.test/team/a:1",
+        "registry.test/team/b:1",
+    ]
+    samples = await scrape(node)
+    assert value(samples, "tuneplane_node_image_gc_runs_total") == 1
+    assert value(samples, "tuneplane_node_image_gc_removed_total") == 2
+    assert value(samples, "tuneplane_node_image_gc_freed_bytes_total") == 12 * 2**20
+    assert value(samples, "tuneplane_node_image_store_total_bytes") == 100 * 2**20
+    assert (
+        value(samples, "tuneplane_node_image_store_free_bytes") == run["image_store"]["free_bytes"]
+    )
+    removals = [r for r in caplog.records if getattr(r, "result", "") == "removed"]
+    line = json.loads(JsonFormatter().format(removals[0]))
+    assert (line["action"], line["client"]) == ("image gc", "node")
+    assert line["image"] == "registry.test/team/a:1" and line["size_bytes"] == 6 * 2**20
+    assert line["image_id"] == fake.image_id("registry.test/team/a:1") and "disk" in line["why"]
+
+
+async def test_an_unknown_image_store_is_nan_not_zero(fake_node: MakeFakeNode) -> None:
+    samples = await scrape(await fake_node())  # the fake's data root is not measured
+    assert math.isnan(value(samples, "tuneplane_node_image_store_free_bytes"))
+
+
 # --- on a real engine --------------------------------------------------------------------
 
 
@@ -208,6 +247,9 @@ async def test_a_scrape_on_a_real_engine_passes_promtool(make_node: MakeNode) ->
     assert value(samples, "tuneplane_node_event_loop_lag_seconds") >= 0
     running = value(samples, "tuneplane_node_jobs", status="running")
     assert running >= 1  # the shared engine may hold other nodes' jobs too
+    assert value(samples, "tuneplane_node_image_store_total_bytes") > 0
+    assert value(samples, "tuneplane_node_image_store_free_bytes") > 0
+    assert value(samples, "tuneplane_node_image_gc_runs_total") >= 0
     await node.stop(ref, timeout=0)
 
 

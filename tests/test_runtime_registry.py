@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import platform
 import threading
 import urllib.parse
 from collections.abc import Iterator
@@ -115,3 +116,85 @@ def test_an_identity_token_is_a_refresh_token_at_the_token_service(
 def test_a_registry_that_does_not_answer_is_unreachable_not_a_no() -> None:
     with pytest.raises(registry.RegistryUnreachable, match=r"127\.0\.0\.1:9"):
         registry.accepts("127.0.0.1:9/team/trainer:1", RegistryAuth(USER, PASSWORD), timeout=2)
+
+
+# --- the size of a pull (the image GC's pull gate, issue 21) --------------------------------
+
+ARCH = registry.ARCHITECTURES.get(platform.machine(), platform.machine())
+INDEX = {
+    "schemaVersion": 2,
+    "mediaType": "application/vnd.oci.image.index.v1+json",
+    "manifests": [
+        {"digest": "sha256:other", "platform": {"os": "linux", "architecture": "s390x-not"}},
+        {"digest": "sha256:ours", "platform": {"os": "linux", "architecture": ARCH}},
+    ],
+}
+MANIFEST = {
+    "schemaVersion": 2,
+    "config": {"size": 1000},
+    "layers": [{"size": 7_000_000}, {"size": 2_461_458}],
+}
+
+
+class Manifests(BaseHTTPRequestHandler):
+    """A registry holding team/big:1 as an index, behind a token service that gives
+    anonymous pulls a token, and its manifest for this platform by digest."""
+
+    seen: list[str] = []
+
+    def log_message(self, *args: Any) -> None:
+        return
+
+    def do_GET(self) -> None:
+        self.seen.append(self.path)
+        if self.path.startswith("/token"):
+            body = json.dumps({"token": "anonymous-pull"}).encode()
+            return self._answer(200, body)
+        if self.headers.get("Authorization") != "Bearer anonymous-pull":
+            host = f"http://{self.headers['Host']}"
+            challenge = f'Bearer realm="{host}/token",service="test"'
+            return self._answer(401, b"", {"WWW-Authenticate": challenge})
+        documents = {
+            "/v2/team/big/manifests/1": INDEX,
+            "/v2/team/big/manifests/sha256:ours": MANIFEST,
+            "/v2/team/flat/manifests/1": MANIFEST,
+        }
+        document = documents.get(self.path)
+        if document is None:
+            return self._answer(404, b"")
+        return self._answer(200, json.dumps(document).encode())
+
+    def _answer(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture
+def manifests() -> Iterator[str]:
+    Manifests.seen = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Manifests)
+    thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
+    thread.start()
+    yield f"127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+def test_a_pulls_size_is_its_platforms_layers_and_config_and_no_blob_is_asked_for(
+    manifests: str,
+) -> None:
+    size = registry.compressed_size(f"{manifests}/team/big:1", None, timeout=5)
+    assert size == 1000 + 7_000_000 + 2_461_458
+    assert "/v2/team/big/manifests/sha256:ours" in Manifests.seen
+    assert not [path for path in Manifests.seen if "/blobs/" in path]
+    assert registry.compressed_size(f"{manifests}/team/flat:1", None, timeout=5) == size
+
+
+def test_a_registry_that_does_not_say_sizes_nothing(manifests: str) -> None:
+    assert registry.compressed_size(f"{manifests}/team/none:1", None, timeout=5) is None
+    assert registry.compressed_size("127.0.0.1:9/team/big:1", None, timeout=2) is None

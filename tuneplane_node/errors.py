@@ -19,7 +19,8 @@ errors never travel past the module that imports the SDK: they are translated th
     ├── InvalidField (422)     a field is missing or has a bad value; names the field
     │   └── InvalidCursor      a watch's ``index`` this node never gave out
     ├── TooManyFollows (429)   every slot for following a log is taken
-    ├── InsufficientStorage (507) the node's own disk (its state directory) is full
+    ├── InsufficientStorage (507) the engine's image store has no room for a pull
+    │   └── StateDiskFull      the node's own disk (its state directory) is full
     ├── TooManyWatches (429)   every slot for a waiting watch query is taken
     ├── Conflict (409)         well-formed, but this node will not do it now
     │   ├── ProtocolMismatch   console and node speak different wire versions
@@ -195,16 +196,51 @@ class NoClientCertificate(NodeError):
 
 
 class InsufficientStorage(NodeError):
-    """The node state file could not be written for want of space. The state asked for
-    is in force, but a restart would not keep it: the operator frees space, asks again."""
+    """A pull refused before it starts: the filesystem of the engine's data root is at
+    or above the high threshold after a GC run, or the image (the registry's compressed
+    size) would not fit in the room left below it. Nothing was reserved or created."""
 
     status = 507
     code = "insufficient_storage"
 
-    def __init__(self, *, state: str, path: str, reason: str) -> None:
+    def __init__(
+        self,
+        *,
+        image: str,
+        free_bytes: int,
+        high_percent: int,
+        needed_bytes: int | None = None,
+        room_bytes: int | None = None,
+    ) -> None:
+        if needed_bytes is None:
+            why = f"the engine's image store is at or above its {high_percent}% threshold"
+        else:
+            why = (
+                f"it is {needed_bytes} bytes compressed, and the engine's image store has "
+                f"{room_bytes} bytes left below its {high_percent}% threshold"
+            )
         super().__init__(
+            f"no room to pull {image}: {why} after image GC ({free_bytes} bytes free, "
+            f"threshold {high_percent}%)"
+        )
+        self.image = image
+        self.free_bytes = free_bytes
+        self.high_percent = high_percent
+        self.needed_bytes = needed_bytes
+        self.room_bytes = room_bytes
+
+
+class StateDiskFull(InsufficientStorage):
+    """The node state file could not be written for want of space. The state asked for
+    is in force, but a restart would not keep it: the operator frees space, asks again."""
+
+    code = "insufficient_storage"
+
+    def __init__(self, *, state: str, path: str, reason: str) -> None:
+        NodeError.__init__(
+            self,
             f"the node is {state} now, but {path} could not be written ({reason}): a "
-            "restart would not keep it; free space on that disk and ask again"
+            "restart would not keep it; free space on that disk and ask again",
         )
         self.state = state
         self.path = path

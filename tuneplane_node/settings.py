@@ -123,6 +123,23 @@ class NodeSettings(BaseSettings):
     are the ones it was pulled with, or which its registry accepts now."""
     private_image_recheck_s: float = Field(3600.0, ge=0, le=30 * DAY, allow_inf_nan=False)
     """Seconds a registry's yes to a credential for a private image is trusted."""
+    image_gc: Literal["node", "all", "off"] = "node"
+    """Which unused images the image GC may remove: ``node`` only those the node pulled
+    or its containers used, ``all`` any of the engine's (as kubelet does), ``off`` none."""
+    image_gc_high_percent: int = Field(85, ge=1, le=100)
+    """Use of the engine's data-root filesystem, in percent, at which the GC removes
+    images, and at or above which a pull is refused (507)."""
+    image_gc_low_percent: int = Field(80, ge=0, le=99)
+    """Use, in percent, the GC brings the filesystem down to; below the high one."""
+    image_gc_min_age_s: float = Field(120.0, ge=0, le=30 * DAY, allow_inf_nan=False)
+    """Seconds an image must have been on the node (since its pull, or since the node
+    first saw it) before the GC may remove it."""
+    image_gc_max_unused_s: float = Field(0.0, ge=0, le=365 * DAY, allow_inf_nan=False)
+    """Seconds after its last use an image is removed whatever the disk; 0: never."""
+    image_gc_interval_s: float = Field(300.0, ge=1, le=DAY, allow_inf_nan=False)
+    """Seconds between two GC runs (one also runs before every pull)."""
+    image_pin_s: float = Field(3600.0, ge=0, le=30 * DAY, allow_inf_nan=False)
+    """Seconds a prefetched image is kept from the GC while no container has used it."""
     local_gpu_passthrough: bool = True
     """Hand the allocated GPUs to the container (false: label only, no device)."""
     local_gpu_count: int | None = Field(None, ge=0)
@@ -275,6 +292,15 @@ class NodeSettings(BaseSettings):
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError(
                 f"{env_name('tls_cert_file')} and {env_name('tls_key_file')} go together"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _gc_thresholds(self) -> NodeSettings:
+        if self.image_gc_low_percent >= self.image_gc_high_percent:
+            raise ValueError(
+                f"{env_name('image_gc_low_percent')} ({self.image_gc_low_percent}) must be "
+                f"below {env_name('image_gc_high_percent')} ({self.image_gc_high_percent})"
             )
         return self
 

@@ -1,6 +1,7 @@
 """Telemetry: what the layers below the daemon report as it happens.
 
-The runtime's thread pool reports every engine call, the pull coordinator every pull.
+The runtime's thread pool reports every engine call, the pull coordinator every pull,
+the image GC every run and every image it removes.
 This base class does nothing with it; the daemon's `Metrics` overrides it to feed
 Prometheus, so nothing below ``daemon/`` knows the metrics library.
 """
@@ -14,6 +15,12 @@ class Telemetry:
 
     def pull_finished(self, outcome: str, seconds: float, bytes_done: int) -> None:
         """One image pull ended: ``ok``, ``failed`` or ``cancelled``."""
+
+    def image_gc_run(self) -> None:
+        """One image GC run ended."""
+
+    def image_removed(self, image: str, image_id: str, size_bytes: int, why: str) -> None:
+        """The image GC removed an image (its audit line, and the counts)."""
 
 
 NO_TELEMETRY = Telemetry()

@@ -4,6 +4,8 @@
 #   - a second Docker engine that only the test suite uses, for the tests that act on
 #     every container of the node (reap) or restart the engine,
 #   - a third Docker engine whose data root is a small tmpfs, which a test fills up,
+#   - a fourth Docker engine and a second podman service, each with its data root on a
+#     small tmpfs of its own, for the image GC's tests (which remove any image there),
 #   - the podman API service,
 #   - a registry on 127.0.0.1:5000 holding the test images,
 #   - a second registry on 127.0.0.1:5005 that requires a password (htpasswd), holding a
@@ -20,6 +22,10 @@ OWN_SOCK=$RUN_DIR/docker-own.sock
 FULL_ROOT=$DEV_ROOT/docker-full
 FULL_ROOT_SIZE=64m
 PODMAN_SOCK=/run/podman/podman.sock
+GC_DOCKER_ROOT=$DEV_ROOT/docker-gc
+GC_PODMAN_ROOT=$DEV_ROOT/podman-gc
+GC_PODMAN_SOCK=$RUN_DIR/podman-gc.sock
+GC_ROOT_SIZE=192m
 REGISTRY=127.0.0.1:5000
 IMAGE=tuneplane-test/busybox:1
 BIG_IMAGE=tuneplane-test/big:1
@@ -239,6 +245,33 @@ start_full_docker() { # an engine on a disk of its own, small enough to fill in 
     start_docker docker-full
 }
 
+tmpfs_at() { # tmpfs_at DIR NAME: a tmpfs of GC_ROOT_SIZE mounted there (once)
+    mkdir -p "$1"
+    mountpoint -q "$1" || mount -t tmpfs -o "size=$GC_ROOT_SIZE,mode=0711" "$2" "$1"
+}
+
+start_gc_docker() { # the image GC tests' docker: images on a tmpfs nobody else uses
+    tmpfs_at "$GC_DOCKER_ROOT" tuneplane-docker-gc
+    start_docker docker-gc
+}
+
+start_gc_podman() { # the image GC tests' podman: its own store, database, locks and socket
+    tmpfs_at "$GC_PODMAN_ROOT" tuneplane-podman-gc
+    if curl -sf --unix-socket "$GC_PODMAN_SOCK" http://d/_ping >/dev/null 2>&1; then return; fi
+    log "starting a second podman API service on $GC_PODMAN_SOCK"
+    mkdir -p "$RUN_DIR/podman-gc-run"
+    # File locks, and its own static and tmp dirs: the shared service's shm locks and
+    # database are not this one's.
+    sed "s|^\[engine\]|[engine]\nlock_type = \"file\"\nstatic_dir = \"$GC_PODMAN_ROOT/libpod\"\ntmp_dir = \"$RUN_DIR/podman-gc-run/libpod\"|" \
+        /etc/containers/containers.conf >"$DEV_ROOT/podman-gc-containers.conf"
+    rm -f "$GC_PODMAN_SOCK"
+    CONTAINERS_CONF=$DEV_ROOT/podman-gc-containers.conf setsid podman \
+        --root "$GC_PODMAN_ROOT/storage" --runroot "$RUN_DIR/podman-gc-run/storage" \
+        system service --time=0 "unix://$GC_PODMAN_SOCK" \
+        >>"$LOG_DIR/podman-gc.log" 2>&1 </dev/null &
+    wait_for 60 "podman-gc" curl -sf --unix-socket "$GC_PODMAN_SOCK" http://d/_ping
+}
+
 copy_image_to_own_engine() {
     if docker -H "unix://$OWN_SOCK" image inspect "$IMAGE" >/dev/null 2>&1; then return; fi
     log "copying $IMAGE to the tests' own engine"
@@ -253,7 +286,9 @@ up() {
     start_docker docker
     start_docker docker-own
     start_full_docker
+    start_gc_docker
     start_podman
+    start_gc_podman
     build_images
     start_private_registry
     push_private_image
@@ -262,6 +297,7 @@ up() {
 docker:   DOCKER_HOST=unix://$DOCKER_SOCK
 tests':   unix://$OWN_SOCK (the suite's own Docker engine)
 full:     unix://$RUN_DIR/docker-full.sock (data root: a $FULL_ROOT_SIZE tmpfs at $FULL_ROOT)
+gc:       unix://$RUN_DIR/docker-gc.sock, unix://$GC_PODMAN_SOCK (image GC tests; $GC_ROOT_SIZE tmpfs each)
 podman:   TUNEPLANE_PODMAN_URL=unix://$PODMAN_SOCK
 registry: http://$REGISTRY (images: $REGISTRY/$IMAGE, $REGISTRY/$BIG_IMAGE)
 private:  http://$PRIVATE_REGISTRY (image: $PRIVATE_REGISTRY/$PRIVATE_IMAGE; user:password in $PRIVATE_AUTH)
@@ -270,10 +306,11 @@ EOF
 }
 
 down() {
-    for name in docker docker-own docker-full; do
+    for name in docker docker-own docker-full docker-gc; do
         [[ -f $RUN_DIR/$name.pid ]] && kill "$(cat "$RUN_DIR/$name.pid")" 2>/dev/null || true
     done
     pkill -f "podman system service --time=0 unix://$PODMAN_SOCK" || true
+    pkill -f "system service --time=0 unix://$GC_PODMAN_SOCK" || true
     pkill -f "docker-registry serve $DEV_ROOT/registry.yml" || true
     pkill -f "docker-registry serve $DEV_ROOT/private-registry.yml" || true
 }
@@ -297,9 +334,16 @@ restart_own() { # the tests' own engine, again; "no-live-restore": its jobs die 
     start_docker docker-own "${1:-}"
 }
 
+gc_engines() { # only the image GC tests' engines (the others left as they are)
+    mkdir -p "$DEV_ROOT" "$RUN_DIR" "$LOG_DIR"
+    start_gc_docker
+    start_gc_podman
+}
+
 case ${1:-up} in
 up) up ;;
+gc-engines) gc_engines ;;
 down) down ;;
 restart-own) restart_own "${2:-}" ;;
-*) echo "usage: $0 [up|down|restart-own [no-live-restore]]" >&2; exit 2 ;;
+*) echo "usage: $0 [up|down|gc-engines|restart-own [no-live-restore]]" >&2; exit 2 ;;
 esac

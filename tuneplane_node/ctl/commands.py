@@ -126,6 +126,7 @@ def add_parser(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     reaping.add_argument("--max-age", type=float, help="seconds; 0: every exited job")
     verb("images", images, "the images the node pulled or its jobs use, and its pulls")
     _pull_options(verb("pull", pull, "pull an image before the jobs that need it"))
+    verb("gc", gc, "run the image GC now: what it removed, and the image store after")
     verb("cordon", cordon, "take no new launches").add_argument("--reason", required=True)
     verb("uncordon", uncordon, "take launches again")
     draining = verb("drain", drain, "cordon, then stop every job after a grace period")
@@ -382,6 +383,10 @@ def reap(ctl: Ctl, args: argparse.Namespace) -> int:
     body = {} if args.max_age is None else {"max_age_s": args.max_age}
     answer = ctl.client.post("/node/v1/reap", body)
     return ctl.show(answer, lambda out, a: out.print(f"removed {a['removed']} exited job(s)"))
+
+
+def gc(ctl: Ctl, args: argparse.Namespace) -> int:
+    return ctl.show(ctl.client.post("/node/v1/images/gc", {}), render.show_image_gc)
 
 
 def cordon(ctl: Ctl, args: argparse.Namespace) -> int:

@@ -136,7 +136,39 @@ def _health_facts(answer: Mapping[str, Any], now: datetime) -> Table:
     disk = answer.get("disk")
     if disk:
         table.add_row("disk", f"{disk['path']}: {disk['free_gib']} GiB free")
+    if isinstance(answer.get("image_store"), Mapping):
+        table.add_row("image store", image_store(answer["image_store"]))
     return table
+
+
+def image_store(store: Mapping[str, Any]) -> str:
+    """``/var/lib/docker: 12.0 GiB free of 100.0 GiB (88.0% used, PRESSURE)``."""
+    if store.get("total_bytes") is None:
+        return f"{_known(store.get('path'))}: figures unknown"
+    ratio = store.get("used_ratio")
+    used = f"{ratio * 100:.1f}% used" if isinstance(ratio, (int, float)) else UNKNOWN
+    flag = ", [red]PRESSURE[/]" if store.get("pressure") else ""
+    free, total = _size(store.get("free_bytes")), _size(store.get("total_bytes"))
+    return f"{store.get('path')}: {free} free of {total} ({used}{flag})"
+
+
+def show_image_gc(console: Console, answer: Mapping[str, Any]) -> None:
+    """What a GC run removed, one line each, then the store after it."""
+    removed = answer.get("removed") or []
+    table = Table(title=f"Images removed ({answer.get('scope')} scope)", title_justify="left")
+    for column in ("image", "id", "size", "why"):
+        table.add_column(column)
+    for image in removed:
+        short = str(image.get("id", "")).removeprefix("sha256:")[:12]
+        table.add_row(
+            image.get("image", ""), short, _size(image.get("size_bytes")), image.get("why", "")
+        )
+    if removed:
+        console.print(table)
+    freed = _size(answer.get("freed_bytes"))
+    console.print(f"removed {len(removed)} image(s), {freed} freed")
+    if isinstance(answer.get("image_store"), Mapping):
+        console.print(f"image store: {image_store(answer['image_store'])}")
 
 
 def _cards(cards: list[Mapping[str, Any]], *, title: str, states: bool) -> Table:
@@ -200,6 +232,8 @@ def _inventory_facts(answer: Mapping[str, Any], now: datetime) -> Table:
     local = answer.get("local_disk") or {}
     free, total = _size(local.get("free_bytes")), _size(local.get("total_bytes"))
     table.add_row("local disk", f"{free} free of {total}" if local else UNKNOWN)
+    if isinstance(answer.get("image_store"), Mapping):
+        table.add_row("image store", image_store(answer["image_store"]))
     return table
 
 

@@ -3,7 +3,7 @@
 Fail closed: no token, no app. Every ``/node/v1/*`` request needs a bearer token of the
 `TokenSet` and the protocol header; every error leaves as ``{"detail": <sentence>}``
 with its status. The daemon's background tasks (the stats sampler, the wreckage sweep,
-the token file's watch, the loop's lag, a SIGHUP's reload) are `app[TASKS]`'s: named,
+the image GC, the token file's watch, the loop's lag, a SIGHUP's reload) are `app[TASKS]`'s: named,
 their failure logged, cancelled and awaited first at shutdown (`tuneplane_node.tasks`).
 """
 
@@ -269,6 +269,7 @@ async def _start_background(app: web.Application, jobs: JobService, *, sweep: bo
     if sweep:  # wreckage of a daemon killed between create and start, before serving
         await _sweep_at_start(jobs)
         tasks.spawn(jobs.maintain(), name="wreckage sweep")
+    tasks.spawn(jobs.gc.maintain(), name="image gc")
     tasks.spawn(app[TOKENS].watch(), name="token file watch")
     if REGISTRY_AUTH in app:
         tasks.spawn(app[REGISTRY_AUTH].watch(), name="registry auth file watch")

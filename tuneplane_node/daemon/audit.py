@@ -71,6 +71,20 @@ def _write(
     )
 
 
+def node_action(action: str, result: str, **facts: Any) -> None:
+    """The audit line of something the node did by itself (the image GC's removals):
+    no request, so the client is ``node``."""
+    shown = {k: v for k, v in facts.items() if v not in (None, "")}
+    about = " ".join(f"{k}={v}" for k, v in shown.items())
+    log.info(
+        "audit: %s %s by node: %s",
+        action,
+        about or "-",
+        result,
+        extra={"action": action, "client": "node", "result": result} | shown,
+    )
+
+
 def who(request: web.Request) -> tuple[str, str | None]:
     """The peer's address, and the subject of the certificate it presented (mTLS)."""
     client = request.remote or "unknown"

@@ -25,6 +25,7 @@ from prometheus_client import (
 from prometheus_client import Counter as CounterMetric
 
 from tuneplane_node import __version__
+from tuneplane_node.daemon import audit
 from tuneplane_node.errors import NodeError
 from tuneplane_node.gpu.allocator import Occupancy
 from tuneplane_node.jobs import JobService
@@ -106,6 +107,17 @@ class Metrics(Telemetry):
         self.pull_bytes = CounterMetric(
             f"{PREFIX}_pull_bytes", "Bytes downloaded by image pulls.", registry=registry
         )
+        self.gc_runs = CounterMetric(
+            f"{PREFIX}_image_gc_runs", "Image GC runs ended.", registry=registry
+        )
+        self.gc_removed = CounterMetric(
+            f"{PREFIX}_image_gc_removed", "Images the image GC removed.", registry=registry
+        )
+        self.gc_freed = CounterMetric(
+            f"{PREFIX}_image_gc_freed_bytes",
+            "Bytes of the images the image GC removed, as the engine stated their sizes.",
+            registry=registry,
+        )
         self.image_pulls = CounterMetric(
             f"{PREFIX}_image_pulls",
             "Image pulls (launches' and prefetches' alike, one per download) by result: "
@@ -148,6 +160,12 @@ class Metrics(Telemetry):
             "event_loop_lag_seconds", "Worst event-loop delay since the previous scrape."
         )
         self.node_state = gauge("node_state", "1 for the node's state.", ("state",))
+        self.store_total = gauge(
+            "image_store_total_bytes", "Size of the filesystem of the engine's data root."
+        )
+        self.store_free = gauge(
+            "image_store_free_bytes", "Bytes free there (to others than root); NaN: unknown."
+        )
 
     # --- events (Telemetry) -------------------------------------------------------------
 
@@ -160,6 +178,15 @@ class Metrics(Telemetry):
         self.pull_seconds.labels(outcome).observe(seconds)
         self.pull_bytes.inc(bytes_done)
         self.image_pulls.labels(outcome).inc()
+
+    def image_gc_run(self) -> None:
+        self.gc_runs.inc()
+
+    def image_removed(self, image: str, image_id: str, size_bytes: int, why: str) -> None:
+        self.gc_removed.inc()
+        self.gc_freed.inc(size_bytes)
+        facts = {"image": image, "image_id": image_id, "size_bytes": size_bytes, "why": why}
+        audit.node_action("image gc", "removed", **facts)
 
     def request(self, route: str, method: str, status: int, seconds: float) -> None:
         self.http.labels(route, method, str(status)).observe(seconds)
@@ -188,6 +215,9 @@ class Metrics(Telemetry):
         status = await jobs.status()
         self._node_state(status.node.state)
         self._cache(status.cache)
+        store = status.image_store
+        self.store_total.set(_known(store.total_bytes))
+        self.store_free.set(_known(store.free_bytes))
         self.pulls.set(jobs.pulls.in_flight())
         self.watching.set(jobs.changes.waiting)
         self._cards(status.occupancy)
@@ -241,6 +271,10 @@ class Metrics(Telemetry):
             await asyncio.sleep(LAG_PERIOD_S)
             late = loop.time() - start - LAG_PERIOD_S
             self.worst_lag = max(self.worst_lag, late)
+
+
+def _known(value: int | None) -> float:
+    return float("nan") if value is None else value  # NaN: unknown, never a 0
 
 
 class _PerJob:

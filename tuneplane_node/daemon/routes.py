@@ -112,7 +112,9 @@ async def healthz(request: web.Request) -> web.Response:
     return answer(answers.OK)
 
 
-@api("post", "/node/v1/launch", answers.LaunchJson, body=requests.LAUNCH, errors=(403, *ENGINE))
+@api(
+    "post", "/node/v1/launch", answers.LaunchJson, body=requests.LAUNCH, errors=(403, 507, *ENGINE)
+)
 async def launch(request: web.Request) -> web.Response:
     """Launch a job's container, or start its image's pull."""
     launch_request = requests.parse_launch(await read_object(request))
@@ -135,7 +137,7 @@ async def launch(request: web.Request) -> web.Response:
     "/node/v1/images/pull",
     images.PrefetchJson,
     body=requests.PREFETCH,
-    errors=(403, *ENGINE),
+    errors=(403, 507, *ENGINE),
     accepted=True,
 )
 async def prefetch(request: web.Request) -> web.Response:
@@ -263,6 +265,19 @@ async def reap(request: web.Request) -> web.Response:
         removed = await request.app[JOBS].reap(max_age)
         outcome.result = f"removed {removed}"
     return answer(answers.reap_json(removed))
+
+
+@api("post", "/node/v1/images/gc", answers.ImageGcJson, body=requests.IMAGE_GC, errors=ENGINE)
+async def image_gc(request: web.Request) -> web.Response:
+    """Run the image GC now: what it removed, and the engine's image store after.
+
+    One run at a time: a run under way is waited for. Each image removed is an audit
+    line of its own (image, id, size, why)."""
+    await read_object(request)  # {} or nothing; anything else is a 400 as everywhere
+    with audited(request, "image gc") as outcome:
+        run = await request.app[JOBS].gc.collect()
+        outcome.result = f"removed {len(run.removed)}, freed {run.freed_bytes} bytes"
+    return answer(answers.image_gc_json(run))
 
 
 @api("get", "/node/v1/health", answers.HealthJson)

@@ -1,18 +1,20 @@
 """What the node reports of itself: health (the engine, the cards and whether a GPU job
-can run, the pending launches, the disk, the node state) and inventory (the machine, its
-cards, its engine)."""
+can run, the pending launches, the disk, the engine's image store, the node state) and
+inventory (the machine, its cards, its engine)."""
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 from tuneplane_node import inventory
 from tuneplane_node.clock import Clock
 from tuneplane_node.errors import NodeError
 from tuneplane_node.gpu.allocator import GpuAllocator
+from tuneplane_node.jobs.imagegc import ImageCollector
 from tuneplane_node.jobs.nodestate import NodeState
 from tuneplane_node.jobs.pending import PendingTable
-from tuneplane_node.jobs.results import Inventory, NodeStatus
+from tuneplane_node.jobs.results import ImageStore, Inventory, NodeStatus
 from tuneplane_node.runtime.base import ContainerRuntime
 from tuneplane_node.settings import NodeSettings
 
@@ -28,8 +30,10 @@ class HealthReader:
         settings: NodeSettings,
         *,
         clock: Clock,
+        gc: ImageCollector,
     ) -> None:
         self.runtime = runtime
+        self.gc = gc
         self.allocator = allocator
         self.settings = settings
         self.clock = clock
@@ -56,10 +60,12 @@ class HealthReader:
             error=error,
             node=node,
             gpu=gpu,
+            image_store=await self.gc.reading(),
         )
 
     async def inventory(self, node: NodeState) -> Inventory:
-        return await read_inventory(self.runtime, self.allocator, self.settings, node)
+        facts = await read_inventory(self.runtime, self.allocator, self.settings, node)
+        return replace(facts, image_store=await self.gc.reading())
 
     async def close(self) -> None:
         await self.disk.close()
@@ -79,4 +85,17 @@ async def read_inventory(
         runtime=f"{engine.engine}://{engine.version}" if engine.version else None,
         node=node,
         cpu_affinity=settings.cpu_affinity,
+        image_store=await image_store(runtime, settings),
     )
+
+
+async def image_store(runtime: ContainerRuntime, settings: NodeSettings) -> ImageStore:
+    """The engine's image store asked once (`tuneplane-node inventory`); unknown when
+    the engine cannot say."""
+    try:
+        root = await runtime.data_root()
+    except NodeError:
+        return ImageStore()
+    if root is None:
+        return ImageStore()
+    return ImageStore.of(root.path, root.space, high_percent=settings.image_gc_high_percent)

@@ -1,8 +1,10 @@
 """The launcher: a launch the service decided on, started at once or after its pull.
 
 It owns the pending launches (their table and their background tasks) and the
-`Reservation` that pairs a launch's card claim with its release. What a launch does with
-what it finds is the service's rule; this is how the launch is carried out.
+`Reservation` that pairs a launch's card claim with its release, and the image GC
+(`ImageCollector`), whose pull gate a launch passes before it reserves anything and whose
+holds keep its image from a run from its first look until its container exists. What a
+launch does with what it finds is the service's rule; this is how it is carried out.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from tuneplane_node.errors import NodeError
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs.affinity import CpuAffinity
 from tuneplane_node.jobs.confinement import JobRules
+from tuneplane_node.jobs.imagegc import ImageCollector
 from tuneplane_node.jobs.images import ImageKeeper
 from tuneplane_node.jobs.mounts import MountPolicy
 from tuneplane_node.jobs.pending import STARTING, PendingLaunch, PendingTable
@@ -92,7 +95,8 @@ class Launcher:
         self.rules = JobRules(settings)
         self.affinity = CpuAffinity(settings)
         self.mounts = MountPolicy(settings.mount_roots, never_a_root=settings.never_a_root)
-        self.prefetcher = Prefetcher(runtime, pulls, images=images, clock=clock)
+        self.gc = ImageCollector(runtime, settings, pulls=pulls, clock=clock)
+        self.prefetcher = Prefetcher(runtime, pulls, images=images, gc=self.gc, clock=clock)
 
     async def vetted(self, request: LaunchRequest) -> LaunchRequest:
         """The launch with its spec as the node allows it: the operator's confinement
@@ -117,12 +121,14 @@ class Launcher:
         missing, or the pull policy says pull again."""
         image = request.spec.image
         request = replace(request, auth=await self.images.credentials(request))
-        present = await self.runtime.image_exists(image)
-        if present:
-            await self.images.admit(image, request.auth)
-        if present and not self.images.must_pull(image, request.pull_policy):
-            return await self.start_now(request)
-        return await self.start_pending(request)
+        with self.gc.holds.hold(image):  # no GC run takes it between the look and the use
+            present = await self.runtime.image_exists(image)
+            if present:
+                await self.images.admit(image, request.auth)
+            if present and not self.images.must_pull(image, request.pull_policy):
+                return await self.start_now(request)
+            await self.gc.fit(image, request.auth, present=present)  # else 507, nothing held
+            return await self.start_pending(request)
 
     async def start_now(self, request: LaunchRequest) -> Started:
         """The container, with the cards it was given; its image is here."""
@@ -156,6 +162,10 @@ class Launcher:
 
     async def _complete(self, record: PendingLaunch, reservation: Reservation) -> None:
         """Pull, then start; how it ended is `_ended`'s to record."""
+        with self.gc.holds.hold(record.image):
+            await self._pull_and_run(record, reservation)
+
+    async def _pull_and_run(self, record: PendingLaunch, reservation: Reservation) -> None:
         auth = record.request.auth
         request = record.request
         record.pull = pull = self.pulls.join(
@@ -254,6 +264,7 @@ class Launcher:
         await self.prefetcher.close()
         await self.pulls.close()
         await self.changes.close()
+        await self.gc.close()
 
 
 def about(request: LaunchRequest, **more: object) -> dict[str, object]:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from tuneplane_node.clock import Clock, rfc3339
-from tuneplane_node.errors import InsufficientStorage, NodeError
+from tuneplane_node.errors import NodeError, StateDiskFull
 from tuneplane_node.inventory import fsync_dir
 from tuneplane_node.runtime.base import ContainerState
 from tuneplane_node.signals import job_signal
@@ -148,16 +148,14 @@ class NodeStateStore:
 
     async def save(self, node: NodeState) -> None:
         """`NodeError` when the file could not be written: in force, but not for good
-        (`InsufficientStorage`, a 507, when its disk is full)."""
+        (`StateDiskFull`, a 507, when its disk is full)."""
         self.node = node
         try:
             await asyncio.to_thread(self.file.save, node, next(self._saves))
         except OSError as exc:
             why = exc.strerror or str(exc)
             if exc.errno in NO_SPACE:
-                raise InsufficientStorage(
-                    state=node.state, path=str(self.file.path), reason=why
-                ) from exc
+                raise StateDiskFull(state=node.state, path=str(self.file.path), reason=why) from exc
             raise NodeError(
                 f"the node is {node.state} now, but {self.file.path} could not be "
                 f"written ({why}): a restart would not keep it"

@@ -5,7 +5,8 @@ image that arrives mid-prefetch waits on that same download, and a prefetch arri
 while launches pull the image rides on theirs. It stays a waiter until the pull ends:
 the download does not stop when the launches that shared it are stopped. Credentials and
 the private-image rule are a launch's (`ImageKeeper`): a wrong password fails it with
-the same reason. Cordon does not refuse it: it starts no job. A failed prefetch keeps
+the same reason. Cordon does not refuse it: it starts no job. No room for it (the
+image GC's pull gate) is a 507, as for a launch. A failed prefetch keeps
 its error as long as a failed launch's record (`FAILED_RECORD_TTL_S`), for
 ``GET /node/v1/images`` to show; every record lives in memory only, as pending launches do.
 """
@@ -20,6 +21,7 @@ from dataclasses import dataclass, replace
 
 from tuneplane_node.clock import Clock
 from tuneplane_node.errors import NodeError
+from tuneplane_node.jobs.imagegc import ImageCollector
 from tuneplane_node.jobs.images import ImageKeeper
 from tuneplane_node.jobs.pending import FAILED_RECORD_TTL_S, PULLING
 from tuneplane_node.jobs.pulls import PullCoordinator, SharedPull
@@ -55,12 +57,14 @@ class Prefetcher:
         pulls: PullCoordinator,
         *,
         images: ImageKeeper,
+        gc: ImageCollector,
         clock: Clock,
         ttl_s: float = FAILED_RECORD_TTL_S,
     ) -> None:
         self.runtime = runtime
         self.pulls = pulls
         self.images = images
+        self.gc = gc
         self.clock = clock
         self.ttl_s = ttl_s
         self._records: dict[tuple[str, RegistryAuth | None], Prefetch] = {}
@@ -80,6 +84,7 @@ class Prefetcher:
             await self.images.admit(image, auth)
         if present and not self.images.must_pull(image, request.pull_policy):
             return Prefetched(image, PRESENT)
+        await self.gc.fit(image, auth, present=present)  # no room: 507, nothing started
         self._start(Prefetch(replace(request, auth=auth)))
         return Prefetched(image, PULLING)
 

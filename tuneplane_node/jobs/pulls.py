@@ -83,6 +83,8 @@ class PullCoordinator:
         self.clock = clock
         self.pulls: dict[tuple[str, RegistryAuth | None], SharedPull] = {}
         self.tasks = BackgroundTasks(log)
+        # Told of every pull that failed (the image GC runs after one that filled the disk).
+        self.on_failure: list[Callable[[NodeError], None]] = []
 
     def join(
         self,
@@ -133,6 +135,10 @@ class PullCoordinator:
         except asyncio.CancelledError:
             outcome = "cancelled"
             raise
+        except NodeError as exc:
+            for failed in self.on_failure:
+                failed(exc)
+            raise
         finally:
             self._forget(pull)
             elapsed = time.monotonic() - started
@@ -165,6 +171,10 @@ class PullCoordinator:
 
     def in_flight(self) -> int:
         return len(self.pulls)
+
+    def images(self) -> list[str]:
+        """The images being pulled now."""
+        return [pull.image for pull in self.pulls.values()]
 
     def _forget(self, pull: SharedPull) -> None:
         if self.pulls.get((pull.image, pull.auth)) is pull:

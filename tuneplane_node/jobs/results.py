@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from tuneplane_node.gpu.allocator import Occupancy
 from tuneplane_node.gpu.probe import GpuSnapshot
 from tuneplane_node.gpu.readiness import NO_CARDS, GpuReadiness
-from tuneplane_node.inventory import DiskReading, MachineFacts
+from tuneplane_node.inventory import DiskReading, MachineFacts, Space
 from tuneplane_node.jobs.nodestate import NodeState
 from tuneplane_node.runtime.base import (
     CacheStatus,
@@ -249,6 +249,57 @@ of that name, or missing (`ContainerState.missing`) for one that is not the node
 
 
 @dataclass(frozen=True)
+class ImageStore:
+    """The filesystem of the engine's data root, where its images are; every figure None
+    when the node cannot know it (a remote engine, a runtime without images).
+    ``used_ratio`` counts what others than root may not use (statvfs' available) as
+    used, as kubelet does; ``pressure``: at or above the image GC's high threshold."""
+
+    path: str | None = None
+    total_bytes: int | None = None
+    free_bytes: int | None = None
+    used_ratio: float | None = None
+    pressure: bool | None = None
+
+    @classmethod
+    def of(cls, path: str | None, space: Space | None, *, high_percent: int) -> ImageStore:
+        if space is None or space.total <= 0:
+            return cls(path=path)
+        used = (space.total - space.available) / space.total
+        return cls(path, space.total, space.available, round(used, 4), used * 100 >= high_percent)
+
+    def room(self, percent: int) -> int | None:
+        """Bytes that may be written before use reaches ``percent``; None: unknown."""
+        if self.total_bytes is None or self.free_bytes is None:
+            return None
+        return self.free_bytes - self.total_bytes * (100 - percent) // 100
+
+
+@dataclass(frozen=True)
+class RemovedImage:
+    """An image a GC run removed: a name it had (its id if none), its size as the
+    engine stated it, and why it went."""
+
+    image: str
+    id: str
+    size_bytes: int
+    why: str
+
+
+@dataclass(frozen=True)
+class GcRun:
+    """What one image GC run removed, and the store after it."""
+
+    removed: tuple[RemovedImage, ...]
+    store: ImageStore
+    scope: str
+
+    @property
+    def freed_bytes(self) -> int:
+        return sum(image.size_bytes for image in self.removed)
+
+
+@dataclass(frozen=True)
 class NodeStatus:
     """Everything health says. ``occupancy`` None: the cards' state is unknown."""
 
@@ -261,6 +312,7 @@ class NodeStatus:
     error: str | None
     node: NodeState
     gpu: GpuReadiness = NO_CARDS  # whether a GPU job can run here
+    image_store: ImageStore = ImageStore()
 
     @property
     def ok(self) -> bool:
@@ -277,6 +329,7 @@ class Inventory:
     runtime: str | None
     node: NodeState
     cpu_affinity: str = "numa"  # TUNEPLANE_CPU_AFFINITY: numa or off
+    image_store: ImageStore = ImageStore()
 
 
 class LogNote:

@@ -4,8 +4,9 @@ The one place the node's rules live: which containers are its own, what a launch
 with what it finds, what observe and stats say of a ref. The mechanisms are its
 collaborators, each given what it needs and never the service: the launcher (pending
 launches, the card reservation, the change log behind watch), the stopper, the reaper,
-the logs reader, the node-state keeper (cordon and drain), the health reader. It speaks
-the runtime contract below and typed results above; it knows no HTTP and no JSON.
+the logs reader, the node-state keeper (cordon and drain), the health reader, the image
+GC (the launcher's). It speaks the runtime contract below and typed results above; it
+knows no HTTP and no JSON.
 
 Every verb that changes a container holds that container's control lock (`RefLocks`),
 so two verbs on one ref never interleave; verbs on different refs never wait for each
@@ -92,7 +93,8 @@ class JobService:
         self.rules = self.launcher.rules
         self.store = NodeStateStore(settings.state_dir, clock=clock)
         self._compose()
-        self.health = HealthReader(runtime, allocator, settings, clock=clock)
+        self.gc = self.launcher.gc  # the image GC, and the pull gate of launches
+        self.health = HealthReader(runtime, allocator, settings, clock=clock, gc=self.gc)
         self.reader = LogsReader(runtime, settings, own=self._own, pending=self.pending)
         self.follow_limit = self.reader.follow_limit
         interval = settings.stats_interval_s

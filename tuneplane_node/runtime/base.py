@@ -27,6 +27,8 @@ from pathlib import PurePosixPath
 from types import MappingProxyType
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
+from tuneplane_node.inventory import Space
+
 if TYPE_CHECKING:
     from tuneplane_node.runtime.pool import BlockingPool
 
@@ -383,6 +385,32 @@ class RegistryAuth:
 
 
 @dataclass(frozen=True)
+class EngineImage:
+    """One image of the engine: its id, the references it goes by (``repo:tag``, and
+    ``repo@digest``), its size on the engine's disk (shared layers counted in each
+    image that has them, as the engines report it), when it was built (RFC 3339, the
+    image's own date, not its arrival) and whether any container, the node's or not,
+    running or not, is made from it."""
+
+    id: str
+    refs: tuple[str, ...]
+    size: int
+    created: str | None = None
+    in_use: bool = False
+
+
+@dataclass(frozen=True)
+class DataRoot:
+    """Where the engine keeps its images (docker's DockerRootDir, podman's graphRoot),
+    and the size of its filesystem: None when that path is not on this machine (an
+    engine not reached through a unix socket: its path says nothing of the disks here),
+    or cannot be measured."""
+
+    path: str
+    space: Space | None
+
+
+@dataclass(frozen=True)
 class Usage:
     """What one running container uses now, each figure None where it cannot be read.
 
@@ -507,6 +535,19 @@ class ContainerRuntime(Protocol):
         tell the two apart) is `RegistryRefused`, at once; cancelling the awaiting task
         stops the download at once.
         """
+
+    async def data_root(self) -> DataRoot | None:
+        """Where the engine keeps its images (its info, asked once) and a statvfs of that
+        path now; None for a runtime without images (the process runtime)."""
+
+    async def list_images(self) -> list[EngineImage]:
+        """Every image of the engine (intermediate layers left out), each saying whether
+        a container of any owner uses it, read in one call."""
+
+    async def remove_image(self, image: EngineImage) -> bool:
+        """Remove the image (never forced): each of its references, then the image.
+        False when the engine refuses because it is in use (a conflict): nothing more
+        is tried. Gone already: True."""
 
     async def usage(self, refs: Sequence[str]) -> dict[str, Usage]:
         """CPU time, memory and pids of each running container, by ref, read in one

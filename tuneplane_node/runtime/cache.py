@@ -41,9 +41,11 @@ from tuneplane_node.runtime.base import (
     ChangeListener,
     ContainerSpec,
     ContainerState,
+    DataRoot,
     DeviceSupport,
     EngineEvent,
     EngineFeed,
+    EngineImage,
     ImageInfo,
     LogQuery,
     LogStream,
@@ -596,6 +598,15 @@ class CachedRuntime:
             "its last word, which may no longer hold"
         )
         return RuntimeHealth(ok=False, engine=self.name, version=version, error=error)
+
+    async def data_root(self) -> DataRoot | None:
+        return await self.inner.data_root()
+
+    async def list_images(self) -> list[EngineImage]:
+        return await self.inner.list_images()  # images are not cached: a GC run asks
+
+    async def remove_image(self, image: EngineImage) -> bool:
+        return await self.inner.remove_image(image)
 
     async def image_exists(self, image: str) -> bool:
         return await self.inner.image_exists(image)

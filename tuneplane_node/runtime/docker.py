@@ -223,5 +223,18 @@ class DockerRuntime(EngineRuntime, errors=ERRORS):
         api._raise_for_status(response)
         return api._stream_helper(response, decode=True), response
 
+    def _data_root(self) -> str:
+        return str(self.api.info().get("DockerRootDir") or "")
+
+    def _local(self) -> bool:
+        address = self.settings.docker_host or os.environ.get("DOCKER_HOST") or "unix://"
+        return address.startswith(("unix://", "npipe://"))
+
+    def _image_entries(self) -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]:
+        return self.api.images(), self.api.containers(all=True)
+
+    def _remove_image_ref(self, ref: str) -> None:
+        self.api.remove_image(ref, force=False, noprune=False)
+
     def _close_client(self) -> None:
         self.client.close()

@@ -11,7 +11,7 @@ import base64
 import json
 import re
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from datetime import datetime, timezone
 from typing import Any, NamedTuple
 
@@ -20,6 +20,7 @@ from tuneplane_node.runtime.base import (
     Brief,
     ContainerState,
     EngineEvent,
+    EngineImage,
     ImageInfo,
     LogText,
     PullProgress,
@@ -103,6 +104,31 @@ def _listed_created(created: Any) -> str | None:
     return normalise(str(created)) if created else None
 
 
+_HEX_ID = re.compile(r"^[0-9a-f]{64}$")
+
+
+def sha_id(value: Any) -> str:
+    """An image id as the node says it, ``sha256:<hex>``: docker lists it so, podman's
+    compat list of containers at times as the bare hex."""
+    text = str(value or "")
+    return f"sha256:{text}" if _HEX_ID.match(text) else text
+
+
+def image_from_list(entry: Mapping[str, Any], *, used: Collection[str]) -> EngineImage:
+    """An image of the engine's list (docker's shape; podman's compat list alike);
+    ``used``: the ids (`sha_id`) of the images any container is made from."""
+    tags = [str(t) for t in entry.get("RepoTags") or () if t and t != "<none>:<none>"]
+    digests = [str(d) for d in entry.get("RepoDigests") or () if d and "<none>" not in d]
+    image_id = sha_id(entry.get("Id"))
+    return EngineImage(
+        id=image_id,
+        refs=tuple(tags + digests),
+        size=max(0, int(entry.get("Size") or 0)),
+        created=_listed_created(entry.get("Created")),
+        in_use=image_id in used,
+    )
+
+
 def event_from_docker(event: Mapping[str, Any]) -> EngineEvent:
     """An EngineEvent from an event document (docker's, or podman's compat one)."""
     actor = event.get("Actor") or {}
@@ -176,6 +202,11 @@ class ImageName(NamedTuple):
     @property
     def by_digest(self) -> bool:
         return ":" in self.reference
+
+    @property
+    def canonical(self) -> str:
+        """``registry/path:tag`` or ``registry/path@digest``: one spelling per image."""
+        return f"{self.repository}{'@' if self.by_digest else ':'}{self.reference}"
 
 
 def auth_header(auth: RegistryAuth, registry: str) -> str:

@@ -18,8 +18,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Any, TypeVar
 
+from tuneplane_node import inventory
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.errors import (
     EngineConflict,
@@ -40,8 +42,10 @@ from tuneplane_node.runtime.base import (
     Confinement,
     ContainerSpec,
     ContainerState,
+    DataRoot,
     DeviceSupport,
     EngineEvent,
+    EngineImage,
     ImageInfo,
     LogQuery,
     LogStream,
@@ -189,7 +193,92 @@ OURS_FILTER = {"label": [LABEL_RUN_ID]}
 """The engines' list and event filter for the node's containers."""
 
 
-class EngineRuntime(ABC):
+class EngineImages(ABC):
+    """The image verbs of an engine runtime (the image GC's): its data root measured,
+    its images listed with whether a container uses each, one removed. `EngineRuntime`
+    supplies the seam (`_call`, `_or`, the error table), an adapter the SDK calls."""
+
+    errors: ErrorTable
+    _root: str | None = None  # the data root, once the engine said it
+
+    @abstractmethod
+    async def _call(self, action: str, fn: Callable[..., T], *args: Any) -> T: ...
+    @abstractmethod
+    def _or(self, missing: T, fn: Callable[..., T], *args: Any) -> T: ...
+
+    @abstractmethod
+    def _data_root(self) -> str:
+        """The engine's own word for where it keeps images (its info); "" if none."""
+
+    @abstractmethod
+    def _local(self) -> bool:
+        """Whether the engine runs on this machine: its address is a unix socket."""
+
+    @abstractmethod
+    def _image_entries(self) -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]:
+        """The engine's image list and its list of every container (any owner, any
+        state), both in docker's list shapes."""
+
+    @abstractmethod
+    def _remove_image_ref(self, ref: str) -> None:
+        """Remove one reference of an image (the image with its last), never forced."""
+
+    async def data_root(self) -> DataRoot | None:
+        return await self._call("report its data root", self._measured_root)
+
+    def _measured_root(self) -> DataRoot | None:
+        if self._root is None:
+            self._root = self._data_root()  # the engine's word, once: it never moves
+        if not self._root:
+            return None
+        return DataRoot(self._root, self._space(self._root) if self._local() else None)
+
+    @staticmethod
+    def _space(path: str) -> inventory.Space | None:
+        """Unknown, not an error, when this process cannot measure it (the node in a
+        container of its own that does not see the engine's disk)."""
+        try:
+            return inventory.space(Path(path))
+        except OSError as exc:
+            log.warning("the engine's data root %s: cannot measure: %s", path, exc)
+            return None
+
+    async def list_images(self) -> list[EngineImage]:
+        return await self._call("list images", self._images)
+
+    def _images(self) -> list[EngineImage]:
+        entries, containers = self._image_entries()
+        used = {fmt.sha_id(entry.get("ImageID")) for entry in containers}
+        return [fmt.image_from_list(entry, used=used) for entry in entries]
+
+    async def remove_image(self, image: EngineImage) -> bool:
+        return await self._call(f"remove image {image.id[:12]}", self._remove_whole, image)
+
+    def _remove_whole(self, image: EngineImage) -> bool:
+        """Each tag, then the image by its id (gone by then, unless only digests named
+        it); a conflict (in use) stops there."""
+        _, containers = self._image_entries()
+        if image.id in {fmt.sha_id(entry.get("ImageID")) for entry in containers}:
+            # Untagging one of several names succeeds even in use: asked first, in the
+            # same call, so a container made since the list keeps the names it was made by.
+            log.info("image %s not removed: a container uses it now", image.id[:19])
+            return False
+        tags = [ref for ref in image.refs if "@" not in ref]
+        return all(self._remove_ref_quietly(ref) for ref in [*tags, image.id])
+
+    def _remove_ref_quietly(self, ref: str) -> bool:
+        try:
+            self._or(None, self._remove_image_ref, ref)
+        except self.errors.api_error as exc:
+            if getattr(exc, "status_code", None) != 409:
+                raise
+            words = str(getattr(exc, "explanation", None) or exc)
+            log.info("image %s not removed: %s", ref, words)
+            return False
+        return True
+
+
+class EngineRuntime(EngineImages):
     """A ContainerRuntime and EngineFeed over a synchronous engine SDK."""
 
     name: str

@@ -259,5 +259,25 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
         response.raise_for_status()
         return fmt.json_lines(response.iter_lines()), response
 
+    def _data_root(self) -> str:
+        store = self.client.info().get("store") or {}  # type: ignore[no-untyped-call]
+        return str(store.get("graphRoot") or "")
+
+    def _local(self) -> bool:
+        return self.settings.podman_url.startswith(("unix://", "http+unix://"))
+
+    def _image_entries(self) -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]:
+        # The compat lists: docker's shapes, which `dockerformat` reads.
+        images = self.api.get("/images/json", compatible=True)
+        images.raise_for_status()
+        containers = self.api.get("/containers/json", params={"all": "true"}, compatible=True)
+        containers.raise_for_status()
+        return images.json(), containers.json()
+
+    def _remove_image_ref(self, ref: str) -> None:
+        # The compat endpoint answers 409 for an image a container uses, as docker does.
+        response = self.api.delete(f"/images/{ref}", params={"force": False}, compatible=True)
+        response.raise_for_status()
+
     def _close_client(self) -> None:
         self.client.close()  # type: ignore[no-untyped-call]  # podman-py is untyped here

@@ -29,7 +29,9 @@ from tuneplane_node.runtime.base import (
     CacheStatus,
     ContainerSpec,
     ContainerState,
+    DataRoot,
     DeviceSupport,
+    EngineImage,
     ImageInfo,
     LogQuery,
     LogStream,
@@ -245,6 +247,17 @@ class ProcessRuntime:
         auth: RegistryAuth | None = None,
     ) -> None:
         return None  # nothing to pull
+
+    # A process runtime has no images: no data root, nothing to list, nothing removed
+    # (the image GC has nothing to do, and health's image_store is unknown).
+    async def data_root(self) -> DataRoot | None:
+        return None
+
+    async def list_images(self) -> list[EngineImage]:
+        return []
+
+    async def remove_image(self, image: EngineImage) -> bool:
+        return True
 
     async def close(self) -> None:
         """Stop the pool; jobs and their log stampers keep running, as containers would."""

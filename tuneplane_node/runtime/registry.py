@@ -1,5 +1,7 @@
-"""Whether a registry accepts credentials for an image, asked as the engines would: a
-HEAD of the image's manifest (registry API v2), a request and not a download.
+"""What a registry says of an image, asked as the engines would (registry API v2): whether
+it accepts credentials for it (a HEAD of its manifest), and how many bytes a pull of it
+downloads (its manifest's layer sizes, for this machine's platform). Requests, never a
+blob download.
 
 A registry that wants credentials answers 401 with a challenge: ``Basic`` takes the user
 and password on the next request; ``Bearer`` sends the node to its token service (the
@@ -16,12 +18,14 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import platform
 import re
 import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping
+from typing import Any
 
 from tuneplane_node.runtime.base import RegistryAuth
 from tuneplane_node.runtime.dockerformat import DOCKER_HUB, ImageName
@@ -37,6 +41,8 @@ MANIFESTS = ", ".join((
     "application/vnd.docker.distribution.manifest.v2+json",
 ))  # fmt: skip
 CHALLENGE = re.compile(r'(\w+)="([^"]*)"')
+MAX_MANIFEST_BYTES = 4 * 2**20  # registries refuse manifests past 4 MiB
+ARCHITECTURES = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "i686": "386"}
 
 
 class RegistryUnreachable(OSError):
@@ -51,14 +57,95 @@ def accepts(image: str, auth: RegistryAuth, *, timeout: float = TIMEOUT_S) -> bo
     host = DOCKER_HUB_HOST if name.registry == DOCKER_HUB else name.registry
     path = f"/v2/{name.path}/manifests/{name.reference}"
     try:
-        return _ask(f"https://{host}{path}", name, auth, timeout)
+        return _request("HEAD", f"https://{host}{path}", name, auth, timeout)[0] == 200
     except (ssl.SSLError, urllib.error.URLError, ConnectionError) as exc:
         if not host.startswith(LOOPBACK):
             raise RegistryUnreachable(f"{host}: {_why(exc)}") from None
     try:
-        return _ask(f"http://{host}{path}", name, auth, timeout)
+        return _request("HEAD", f"http://{host}{path}", name, auth, timeout)[0] == 200
     except (urllib.error.URLError, ConnectionError) as exc:
         raise RegistryUnreachable(f"{host}: {_why(exc)}") from None
+
+
+def compressed_size(
+    image: str, auth: RegistryAuth | None, *, timeout: float = TIMEOUT_S
+) -> int | None:
+    """The bytes a pull of ``image`` downloads: its config and layers as the manifest
+    states them, the one for this platform when it names an index. None when the
+    registry does not say (unreachable, refused, a manifest of another kind)."""
+    name = ImageName.parse(image)
+    try:
+        manifest = _manifest(name, name.reference, auth, timeout)
+        if manifest is not None and "manifests" in manifest:
+            digest = _platform_digest(manifest)
+            manifest = _manifest(name, digest, auth, timeout) if digest else None
+    except (OSError, ValueError) as exc:
+        log.info("the registry of %s gave no size (%s): the pull is not sized", image, exc)
+        return None
+    if manifest is None or not isinstance(manifest.get("layers"), list):
+        return None
+    blobs = [*manifest["layers"], manifest.get("config") or {}]
+    return sum(int(blob.get("size") or 0) for blob in blobs if isinstance(blob, dict))
+
+
+def _manifest(
+    name: ImageName, reference: str, auth: RegistryAuth | None, timeout: float
+) -> dict[str, Any] | None:
+    """The manifest document (GET), or None when the registry refuses it."""
+    path = f"/v2/{name.path}/manifests/{reference}"
+    host = DOCKER_HUB_HOST if name.registry == DOCKER_HUB else name.registry
+    try:
+        status, body = _request("GET", f"https://{host}{path}", name, auth, timeout)
+    except (ssl.SSLError, urllib.error.URLError, ConnectionError):
+        if not host.startswith(LOOPBACK):
+            raise
+        status, body = _request("GET", f"http://{host}{path}", name, auth, timeout)
+    if status != 200:
+        return None
+    document = json.loads(body)
+    return document if isinstance(document, dict) else None
+
+
+def _request(
+    method: str, url: str, name: ImageName, auth: RegistryAuth | None, timeout: float
+) -> tuple[int, bytes]:
+    """The status and body of a request for a manifest, through the registry's
+    challenge: Basic takes the user and password, Bearer a token of its service."""
+    status, challenge, body = _fetch(method, url, {}, timeout)
+    if status != 401 or not challenge:
+        return status, body
+    scheme, _, rest = challenge.partition(" ")
+    params = dict(CHALLENGE.findall(rest))
+    if scheme.lower() == "basic" and auth is not None and auth.username:
+        status, _, body = _fetch(method, url, {"Authorization": _basic(auth)}, timeout)
+    elif scheme.lower() == "bearer" and "realm" in params:
+        token = _token(params, name, auth, timeout)
+        if token is None:
+            return 401, b""
+        status, _, body = _fetch(method, url, {"Authorization": f"Bearer {token}"}, timeout)
+    return status, body
+
+
+def _fetch(
+    method: str, url: str, headers: Mapping[str, str], timeout: float
+) -> tuple[int, str, bytes]:
+    """The status, the challenge of a 401, and the body (a manifest at most)."""
+    request = urllib.request.Request(url, method=method, headers={"Accept": MANIFESTS, **headers})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, "", response.read(MAX_MANIFEST_BYTES)
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers.get("WWW-Authenticate", "") if exc.headers else "", b""
+
+
+def _platform_digest(index: Mapping[str, Any]) -> str | None:
+    """The digest of the index's manifest for this machine (linux, its architecture)."""
+    arch = ARCHITECTURES.get(platform.machine(), platform.machine())
+    for entry in index.get("manifests") or ():
+        wanted = entry.get("platform") or {}
+        if wanted.get("os") == "linux" and wanted.get("architecture") == arch:
+            return str(entry.get("digest") or "") or None
+    return None
 
 
 def _why(exc: BaseException) -> str:
@@ -66,47 +153,20 @@ def _why(exc: BaseException) -> str:
     return str(reason or exc) or type(exc).__name__
 
 
-def _ask(url: str, name: ImageName, auth: RegistryAuth, timeout: float) -> bool:
-    status, challenge = _head(url, {}, timeout)
-    if status != 401 or not challenge:
-        return status == 200
-    scheme, _, rest = challenge.partition(" ")
-    params = dict(CHALLENGE.findall(rest))
-    if scheme.lower() == "basic":
-        if not auth.username:
-            return False  # an identity token is for a token service
-        status, _ = _head(url, {"Authorization": _basic(auth)}, timeout)
-        return status == 200
-    if scheme.lower() != "bearer" or "realm" not in params:
-        return False
-    token = _token(params, name, auth, timeout)
-    if token is None:
-        return False
-    status, _ = _head(url, {"Authorization": f"Bearer {token}"}, timeout)
-    return status == 200
-
-
 def _basic(auth: RegistryAuth) -> str:
     pair = f"{auth.username}:{auth.password}".encode()
     return f"Basic {base64.b64encode(pair).decode('ascii')}"
 
 
-def _head(url: str, headers: Mapping[str, str], timeout: float) -> tuple[int, str]:
-    """The status of a HEAD, and the challenge of a 401."""
-    request = urllib.request.Request(url, method="HEAD", headers={"Accept": MANIFESTS, **headers})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, ""
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.headers.get("WWW-Authenticate", "") if exc.headers else ""
-
-
 def _token(
-    params: Mapping[str, str], name: ImageName, auth: RegistryAuth, timeout: float
+    params: Mapping[str, str], name: ImageName, auth: RegistryAuth | None, timeout: float
 ) -> str | None:
-    """A pull token from the registry's token service; None when it refuses."""
+    """A pull token from the registry's token service (anonymous without credentials);
+    None when it refuses."""
     query = {"service": params.get("service", ""), "scope": f"repository:{name.path}:pull"}
-    if auth.identity_token:  # docker's OAuth2 refresh-token grant
+    if auth is None:
+        request = urllib.request.Request(f"{params['realm']}?{urllib.parse.urlencode(query)}")
+    elif auth.identity_token:  # docker's OAuth2 refresh-token grant
         form = {**query, "grant_type": "refresh_token", "refresh_token": auth.identity_token}
         form["client_id"] = "tuneplane-node"
         data = urllib.parse.urlencode(form).encode()

@@ -353,6 +353,55 @@ class DiskJson(TypedDict):
     free_gib: float
 
 
+class ImageStoreJson(TypedDict):
+    """The filesystem of the engine's data root; each value null when unknown (a remote
+    engine, a runtime without images)."""
+
+    path: str | None
+    total_bytes: int | None
+    free_bytes: int | None
+    used_ratio: float | None
+    pressure: bool | None
+
+
+def image_store_json(store: results.ImageStore) -> ImageStoreJson:
+    return {
+        "path": store.path,
+        "total_bytes": store.total_bytes,
+        "free_bytes": store.free_bytes,
+        "used_ratio": store.used_ratio,
+        "pressure": store.pressure,
+    }
+
+
+class RemovedImageJson(TypedDict):
+    image: str
+    id: str
+    size_bytes: int
+    why: str
+
+
+class ImageGcJson(TypedDict):
+    """One image GC run: what it removed, least recently used first, and the store after."""
+
+    scope: str
+    removed: list[RemovedImageJson]
+    freed_bytes: int
+    image_store: ImageStoreJson
+
+
+def image_gc_json(run: results.GcRun) -> ImageGcJson:
+    return {
+        "scope": run.scope,
+        "removed": [
+            {"image": r.image, "id": r.id, "size_bytes": r.size_bytes, "why": r.why}
+            for r in run.removed
+        ],
+        "freed_bytes": run.freed_bytes,
+        "image_store": image_store_json(run.store),
+    }
+
+
 class PendingPullJson(TypedDict):
     image: str
     phase: str
@@ -429,6 +478,7 @@ class HealthJson(GpuFieldsJson, _HealthOptional):
     engine can hand cards to a container (an ``nvidia`` runtime, a CDI specification of
     each card); null on a node without cards. False: ``gpu_not_ready_reason`` says why."""
     gpu_not_ready_reason: str | None
+    image_store: ImageStoreJson
 
 
 def health_json(status: NodeStatus) -> HealthJson:
@@ -451,6 +501,7 @@ def health_json(status: NodeStatus) -> HealthJson:
     answer["node_state"] = node_state_json(status.node)  # new beside 0.3.15's: after them
     answer["gpu_ready"] = status.gpu.ready
     answer["gpu_not_ready_reason"] = status.gpu.reason
+    answer["image_store"] = image_store_json(status.image_store)
     return cast(HealthJson, answer)
 
 
@@ -601,6 +652,7 @@ class InventoryJson(TypedDict):
     fabrics: list[FabricJson]
     node_state: NodeStateJson
     cpu_affinity: str
+    image_store: ImageStoreJson
 
 
 def inventory_json(facts: Inventory) -> InventoryJson:
@@ -625,6 +677,7 @@ def inventory_json(facts: Inventory) -> InventoryJson:
         "fabrics": [fabric_json(fabric) for fabric in machine.fabrics],
         "node_state": node_state_json(facts.node),
         "cpu_affinity": facts.cpu_affinity,
+        "image_store": image_store_json(facts.image_store),
     }
 
 

@@ -923,6 +923,7 @@ DRAIN = Body(
     ),
 )
 UNCORDON = Body("UncordonBody", (), doc="Nothing is read from it.")
+IMAGE_GC = Body("ImageGcBody", (), doc="Nothing is read from it.")
 LOGS = Body(
     "LogsQuery",
     (

@@ -40,8 +40,11 @@ ERRORS = {
     500: "A bug in the node, or its state file could not be written.",
     502: "The engine answered and refused; its words follow.",
     503: "The engine could not be reached: nothing is known, nothing is reported gone.",
-    507: "The node's state file could not be written for want of space: the new state is "
-    "in force until a restart; free space and ask again.",
+    507: "No room: the engine's image store is at or above the image GC's high threshold "
+    "after a GC run, or the image (its registry's compressed size) is larger than the room "
+    "left below it (the detail gives both figures; nothing was reserved or created); or "
+    "the node's state file could not be written for want of space (the new state is in "
+    "force until a restart; free space and ask again).",
 }
 # Which errors each kind of operation can answer, beyond its own.
 # Every /node/v1 path: the token (its scope, a guessing peer's 429) and the protocol header.

@@ -328,6 +328,8 @@ INVENTORY_KEYS = [
     "local_disk",
     "fabrics",
     "node_state",  # added after every field of 0.3.15
+    "protocols",
+    "features",
 ]
 
 

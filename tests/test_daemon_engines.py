@@ -407,7 +407,7 @@ async def test_a_pull_reserves_cards_reports_progress_then_runs(
     node = await make_node(feed=docker_runtime)
 
     ref, answer = await node.launch(gpus=3, image=image)
-    assert answer == {"phase": "pulling", "image": image, "requested_gpus": 3}
+    assert answer == {"phase": "pulling", "image": image, "requested_gpus": 3, "ref": ref}
     health = await node.health()
     assert (health["gpus_reserved"], health["gpus_free"]) == (3, 1)
     _, body = await node.launch(gpus=2, expect=409)  # the reservation holds

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import MakeFakeNode
+from tests.conftest import IMAGE, MakeFakeNode
 from tests.fakes import FakeRuntime
-from tests.helpers import IMAGE, console_0315
+from tests.helpers import console_0315
 from tuneplane_node.daemon.routes import OPERATIONS, document
 from tuneplane_node.runtime.base import container_name
 

@@ -135,6 +135,7 @@ def collected(root: Path) -> int:
 
 # --- the consoles' client, a distribution of its own ---------------------------------------
 
+
 def test_the_client_needs_what_the_daemons_client_extra_installs() -> None:
     # Read as text: its license file is staged beside it only when it is built.
     client = load_lowest().declared(REPO / "contrib" / "client" / "setup.cfg")

@@ -12,11 +12,13 @@ as strings) are what consoles act on, and a model would need a validator per fie
 say them, the rules spelt a second time.
 
 Every parser raises `InvalidField` naming the field, so a bad request is a 422 the
-console can act on, never a traceback and never a 502 blamed on the engine. Every
-number has stated bounds, every string a length, every list a count. A launch may carry
-exactly the fields of 0.3.15's ``ContainerSpec``, and ``""`` for the ones it leaves
-empty; anything else is refused by name, so a typo never runs the image's own
-entrypoint.
+console can act on, never a traceback and never a 502 blamed on the engine; a verb's
+parser (`parse_launch`, `parse_stop_body`, ...) reads every field through `Refusals`, so
+its 422 lists every bad field, the first one's sentence as its ``detail``. Every verb
+refuses a field its table does not have. Every number has stated bounds, every string
+a length, every list a count. A launch may carry exactly the fields of 0.3.15's
+``ContainerSpec``, and ``""`` for the ones it leaves empty; anything else is refused by
+name, so a typo never runs the image's own entrypoint.
 """
 
 from __future__ import annotations

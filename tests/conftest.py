@@ -15,6 +15,7 @@ import pytest
 
 from tests.fakes import FakeClock, FakeProbe, FakeRuntime
 from tests.helpers import (
+    DEV_ROOT,
     TOKEN,
     Console,
     ThrottlingProxy,
@@ -329,3 +330,20 @@ async def make_node(aiohttp_client: Any, tmp_path: Any) -> AsyncIterator[MakeNod
         for name in names:
             await runtime.remove(name)
         await runtime.close()
+
+
+@pytest.fixture
+def login() -> dict[str, str]:
+    """The password registry's user and password (engines.sh wrote them)."""
+    try:
+        user, password = (DEV_ROOT / "private-registry.auth").read_text().strip().split(":", 1)
+    except OSError as exc:
+        engine_missing("the private registry", str(exc))
+    return {"username": user, "password": password}
+
+
+@pytest.fixture
+def debug_logs(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
+    """Every line the node logs, DEBUG's access lines and the audit log included."""
+    caplog.set_level(logging.DEBUG)
+    return caplog

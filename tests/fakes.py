@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import hashlib
 import itertools
 import queue
 import secrets
@@ -33,6 +34,7 @@ from tuneplane_node.runtime.base import (
     ContainerSpec,
     ContainerState,
     EngineEvent,
+    ImageInfo,
     LogQuery,
     LogStream,
     LogText,
@@ -118,6 +120,7 @@ class FakeContainer:
     # kernel's default does (SIGWINCH's default is to ignore it).
     handlers: dict[str, int | None] = field(default_factory=dict)
     image_stop_signal: str | None = None  # its image's STOPSIGNAL
+    image_id: str | None = None  # the id its image had when it was made
     output: list[str] = field(default_factory=list)
 
     def state(self) -> ContainerState:
@@ -133,6 +136,7 @@ class FakeContainer:
             oom_killed=self.oom_killed,
             id=self.id,
             stop_signal=self.spec.stop_signal or self.image_stop_signal or "SIGTERM",
+            image_id=self.image_id,
         )
 
     def exit_on(self, signal: str) -> int | None:
@@ -221,6 +225,8 @@ class FakeRuntime:
         self.containers: dict[str, FakeContainer] = {}
         self.images: set[str] = set(images)
         self.stop_signals: dict[str, str] = {}  # an image's STOPSIGNAL, by image
+        self.image_ids: dict[str, str] = {}  # an image's id, by name (else one from the name)
+        self.image_sizes: dict[str, int] = {}  # an image's size, by name (else 1000)
         self._up = True
         self.calls: collections.Counter[str] = collections.Counter()
         self.pulls: list[FakePull] = []
@@ -461,6 +467,19 @@ class FakeRuntime:
         self._answer("image_exists")
         return image in self.images
 
+    def image_id(self, image: str) -> str:
+        """The id the engine holds ``image`` by: set by the test, else one of its name."""
+        return self.image_ids.get(image) or "sha256:" + hashlib.sha256(image.encode()).hexdigest()
+
+    async def image_info(self, image: str) -> ImageInfo | None:
+        self._answer("image_info")
+        by_id = [name for name in sorted(self.images) if self.image_id(name) == image]
+        names = by_id or ([image] if image in self.images else [])
+        if not names:
+            return None
+        size = self.image_sizes.get(names[0], 1000)
+        return ImageInfo(self.image_id(names[0]), size, tuple(names))
+
     async def pull(
         self,
         image: str,
@@ -547,6 +566,7 @@ class FakeRuntime:
             labels=labels,
             created_at=rfc3339(self.clock.now()),
             image_stop_signal=self.stop_signals.get(spec.image),
+            image_id=self.image_id(spec.image) if spec.image in self.images else None,
         )
         self.containers[spec.name] = container
         self._emit(container, "create")
@@ -611,4 +631,6 @@ class FakeProbe:
 def brief(state: ContainerState) -> Brief:
     """What an engine's list says of a container."""
     signature = (state.status, state.exit_code)
-    return Brief(state.id or "", state.name, signature, state.labels, state.created_at)
+    return Brief(
+        state.id or "", state.name, signature, state.labels, state.created_at, state.image_id
+    )

@@ -46,6 +46,8 @@ DEV_DOCKER_SOCK = Path("/run/tuneplane-dev/docker.sock")
 # A Docker engine of the tests' own, for what acts on every container of the node (reap,
 # an engine restart): the shared engine holds other people's jobs.
 OWN_DOCKER_SOCK = Path("/run/tuneplane-dev/docker-own.sock")
+OWN_DOCKER_PID = Path("/run/tuneplane-dev/docker-own.pid")  # to freeze it (SIGSTOP)
+DEV_ROOT = Path(os.environ.get("TUNEPLANE_DEV_ROOT", "/var/lib/tuneplane-dev"))  # engines.sh's
 # A Docker engine whose data root is a small tmpfs of its own, which a test fills up.
 FULL_DOCKER_SOCK = Path("/run/tuneplane-dev/docker-full.sock")
 FULL_DOCKER_ROOT = Path("/var/lib/tuneplane-dev/docker-full")
@@ -328,6 +330,7 @@ INVENTORY_KEYS = [
     "local_disk",
     "fabrics",
     "node_state",  # added after every field of 0.3.15
+    "cpu_affinity",
     "protocols",
     "features",
 ]

@@ -10,7 +10,9 @@ walk of a job and the pull run on the shared Docker engine and remove what they 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
+import http.server
 import json
 import os
 import re
@@ -21,6 +23,7 @@ import struct
 import subprocess
 import sys
 import termios
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -33,17 +36,21 @@ import pytest
 from tests.helpers import (
     HEADERS,
     IMAGE,
+    PROXY_PORTS,
     TOKEN,
     ThrottlingProxy,
     TrackingRuntime,
     docker_host,
     engine_missing,
     engine_settings,
+    forget_image,
     free_port,
+    podman_url,
     python_path,
     spawn_daemon,
     unique,
 )
+from tests.test_daemon_prefetch import REPOSITORY, prefetch_image
 from tuneplane_node.cli import main, parser
 from tuneplane_node.ctl import commands
 from tuneplane_node.runtime.base import Mount
@@ -401,7 +408,7 @@ def test_mutual_tls_needs_the_client_certificate(
     tls = ("--cacert", str(cert), "--cert", str(client_cert), "--key", str(client_key))
     assert ctl("health", *tls, url=node.url)[0] == 0
     code, _, err = ctl("health", "--cacert", str(cert), url=node.url)
-    assert code == 3 and f"the node at {node.url}" in err
+    assert code == 1 and "a client certificate signed by the CA of" in err, err
 
 
 # --- cordon, drain ------------------------------------------------------------------------
@@ -548,6 +555,18 @@ async def spawn_in_terminal(
     return process, master
 
 
+def terminal_env(home: Path, port: int) -> dict[str, str]:
+    """What ``ctl`` on a terminal needs to reach the daemon on ``port``: nothing else."""
+    return {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home),
+        "PYTHONPATH": python_path(),
+        "TERM": "xterm-256color",
+        "TUNEPLANE_NODE_TOKEN": TOKEN,
+        "TUNEPLANE_CTL_URL": f"http://127.0.0.1:{port}",
+    }
+
+
 async def run_in_terminal(
     argv: list[str], env: dict[str, str], timeout: float = 120
 ) -> tuple[int, str]:
@@ -586,14 +605,7 @@ async def test_launch_wait_draws_the_pull_and_ends_running(
     daemon = spawn_daemon(tmp_path, port, settings_of=docker_node_settings())
     run_id = unique("ctl")
     docker_runtime.track(f"tuneplane-{run_id}")
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": str(tmp_path),
-        "PYTHONPATH": python_path(),
-        "TERM": "xterm-256color",
-        "TUNEPLANE_NODE_TOKEN": TOKEN,
-        "TUNEPLANE_CTL_URL": f"http://127.0.0.1:{port}",
-    }
+    env = terminal_env(tmp_path, port)
     try:
         await asyncio.to_thread(wait_for_port, Node("", daemon), port, tmp_path / "serve.log")
         argv = ["ctl", "launch", "--run-id", run_id, "--image", image, "--gpus", "1", "--wait",
@@ -660,14 +672,7 @@ async def test_stats_draws_a_live_table_in_a_terminal(tmp_path: Path) -> None:
     port = free_port()
     settings = {**docker_node_settings(), "TUNEPLANE_STATS_INTERVAL_S": "1"}
     daemon = spawn_daemon(tmp_path, port, settings_of=settings)
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": str(tmp_path),
-        "PYTHONPATH": python_path(),
-        "TERM": "xterm-256color",
-        "TUNEPLANE_NODE_TOKEN": TOKEN,
-        "TUNEPLANE_CTL_URL": f"http://127.0.0.1:{port}",
-    }
+    env = terminal_env(tmp_path, port)
     run_id = unique("ctl")
     ref = f"tuneplane-{run_id}"
     try:
@@ -723,3 +728,160 @@ def _read_some(fd: int) -> bytes:
         return os.read(fd, 65536) if ready else b""
     except OSError:
         return b""
+
+
+# --- a registry's words on the operator's terminal ---------------------------------------
+
+# A window title, a clear screen, a clipboard write (OSC 52), a CSI in C1, rich markup.
+HOSTILE = (
+    "\x1b]0;pwned\x07\x1b[2J\x1b]52;c;cm0gLXJmIH4=\x07\x9b1m[link=https://evil.example]x[/link]"
+)
+
+
+@pytest.fixture
+def hostile_registry() -> Iterator[str]:
+    """A registry on loopback whose every manifest is unknown, in words it chose (a port
+    engines.sh marks insecure for podman)."""
+
+    class Registry(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path == "/v2/":
+                self._answer(200, {})
+            else:
+                self._answer(404, {"errors": [{"code": "MANIFEST_UNKNOWN", "message": HOSTILE}]})
+
+        do_HEAD = do_GET  # noqa: N815 (http.server's name)
+
+        def _answer(self, status: int, body: object) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = None
+    for port in PROXY_PORTS:  # podman pulls over plain HTTP from these ports only
+        with contextlib.suppress(OSError):
+            server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Registry)
+            break
+    assert server is not None, f"no free port in {PROXY_PORTS}"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def engine_node_settings(engine: str) -> dict[str, str]:
+    if engine == "docker":
+        return docker_node_settings()
+    return {
+        "TUNEPLANE_LOCAL_RUNTIME": "podman",
+        "TUNEPLANE_PODMAN_URL": podman_url(),
+        "TUNEPLANE_LOCAL_GPU_COUNT": "2",
+        "TUNEPLANE_LOCAL_GPU_PASSTHROUGH": "false",
+    }
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("engine", ["docker", "podman"])
+def test_a_registrys_words_reach_the_terminal_as_text(
+    ctl: Ctl,
+    start_node: StartNode,
+    hostile_registry: str,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    engine: str,
+) -> None:
+    """Finding 11 of issue 25: a registry controls the text of a failed pull, and
+    ``ctl observe`` and ``ctl health`` printed it raw (a window title, a clear screen, a
+    clipboard write), with rich's markup live. It is text, its controls escaped; so is the
+    daemon's log line about the pull."""
+    node = start_node(**engine_node_settings(engine))
+    monkeypatch.setenv("FORCE_COLOR", "1")  # rich writes as to a terminal: styles and links
+    run_id = unique("ctl")
+    ref = f"tuneplane-{run_id}"
+    image = f"{hostile_registry}/evil/image:1"
+    assert ctl("launch", "--run-id", run_id, "--image", image, url=node.url)[0] == 0
+    deadline = time.monotonic() + 60
+    while True:
+        state = json.loads(ctl("observe", ref, "--json", url=node.url)[1])["states"][ref]
+        if state.get("pending_phase") == "failed":
+            break
+        assert time.monotonic() < deadline, state
+        time.sleep(0.2)
+    assert "\x1b]0;pwned" in state["pending_error"]  # the API answers the engine's words
+
+    for verb in ("observe", "health"):
+        code, out, _ = ctl(verb, *([ref] if verb == "observe" else []), url=node.url)
+        assert code == 0
+        assert "pwned" in out, out  # the error is shown...
+        for control in ("\x1b]", "\x1b[2J", "\x07", "\x9b"):  # ...none of its controls
+            assert control not in out, (verb, control, out)
+        assert "[link=https://evil.example]" in out, out  # its markup as text
+        assert "\\x1b]0;pwned\\x07" in out.replace("\n", "").replace("│", "")
+    served_log = (tmp_path / "serve.log").read_text()
+    assert "pwned" in served_log and "\x1b" not in served_log and "\x9b" not in served_log
+
+
+# --- images and pull -----------------------------------------------------------------------
+
+
+def test_pull_of_a_present_image_says_so_and_images_lists_the_nodes(
+    ctl: Ctl, process_node: Node
+) -> None:
+    code, out, _ = ctl("pull", "registry.test/trainer:1", "--wait", url=process_node.url)
+    assert code == 0 and "registry.test/trainer:1: present" in out  # the process runtime's
+
+    code, out, _ = ctl("images", url=process_node.url)
+    assert code == 0 and "Images" in out
+    code, out, _ = ctl("--json", "images", url=process_node.url)
+    assert code == 0 and json.loads(out) == api(process_node, "/node/v1/images")
+
+
+def test_pull_exits_as_the_other_verbs(
+    ctl: Ctl, process_node: Node, engine_down_node: Node
+) -> None:
+    code, _, err = ctl("pull", "UPPER/Case", url=process_node.url)
+    assert code == 1 and "image: must be an image reference" in err  # the node's 422
+    code, _, err = ctl("pull", "x:1", "--password-stdin", url=process_node.url)
+    assert code == 2 and "--password-stdin needs --username" in err
+    code, _, err = ctl("pull", "x:1", url=engine_down_node.url)
+    assert code == 3 and "(503)" in err
+    code, _, err = ctl("images", url=engine_down_node.url)
+    assert code == 3 and "(503)" in err
+
+
+@pytest.mark.engine
+async def test_pull_wait_draws_the_bar_with_rate_and_eta_and_ends_present(
+    tmp_path: Path, proxy: ThrottlingProxy, docker_runtime: TrackingRuntime
+) -> None:
+    prefetch_image(tmp_path)
+    image = f"{proxy.address()}/{REPOSITORY}:1"
+    await forget_image(docker_runtime, image)
+    proxy.rate = 4_000_000  # ~24 MB: some seconds
+    port = free_port()
+    daemon = spawn_daemon(tmp_path, port, settings_of=docker_node_settings())
+    env = terminal_env(tmp_path, port)
+    try:
+        await asyncio.to_thread(wait_for_port, Node("", daemon), port, tmp_path / "serve.log")
+        code, drawn = await run_in_terminal(["ctl", "pull", image, "--wait"], env)
+    finally:
+        daemon.kill()
+        await asyncio.to_thread(daemon.wait, 10)
+        await forget_image(docker_runtime, image)
+    assert code == 0, drawn
+    assert f"{image}: pulling" in drawn
+    bar = re.search(
+        r"pulling \S+ .*?\d+(\.\d+)?/\d+(\.\d+)? MB +\d+(\.\d+)? [kM]B/s +ETA \d", drawn
+    )
+    assert bar is not None, drawn  # bytes done of total, the node's rate and time left
+    assert re.search(r"\d/\d layers", drawn), drawn
+    assert drawn.rstrip().endswith(f"{image}: present"), drawn

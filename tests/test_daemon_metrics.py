@@ -256,7 +256,7 @@ async def test_the_daemon_times_its_engine_calls(aiohttp_client: Any, tmp_path: 
         for (name, labels), count in samples.items()
         if name == "tuneplane_node_engine_call_duration_seconds_count"
     }
-    assert calls.get("run") == 1 and calls.get("image_exists", 0) >= 1, calls  # create+start
+    assert calls.get("run") == 1 and calls.get("inspect_image", 0) >= 1, calls  # create+start
 
 
 async def test_an_engine_call_that_raises_counts_as_an_error_under_its_name() -> None:

@@ -4,9 +4,11 @@ an operator sees, and what a restart keeps (the operator's decision, never undon
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import subprocess
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -287,3 +289,46 @@ async def test_on_the_process_runtime_a_relaunch_does_not_inherit_a_stop_reason(
     again = await node.state("tuneplane-p-1")
     assert again["status"] == "running" and "stop_reason" not in again
     await node.remove("tuneplane-p-1")
+
+
+@pytest.fixture
+def full_state_dir(tmp_path: Path) -> Iterator[Path]:
+    """The state directory on a tmpfs of its own, 16 KiB, filled by the test."""
+    directory = tmp_path / "state"
+    directory.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(directory)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"mounting a small tmpfs needs root: {mounted.stderr.decode().strip()}")
+    try:
+        yield directory
+    finally:
+        subprocess.run(["umount", "-l", str(directory)], check=True)
+
+
+async def test_a_full_state_directory_is_a_507_saying_so_and_leaves_no_temporary_file(
+    fake_node: MakeFakeNode, full_state_dir: Path
+) -> None:
+    """Finding 16 of issue 25: a full disk left a 0-byte temporary file and answered 500."""
+    node = await fake_node()
+    with (
+        (full_state_dir / "filler").open("wb", buffering=0) as filler,
+        contextlib.suppress(OSError),
+    ):
+        while True:
+            filler.write(b"x" * 1024)
+
+    status, refused = await node.call("POST", "/node/v1/cordon", json={"reason": "bad fan"})
+    assert status == 507, refused
+    assert refused["detail"] == (
+        f"the node is cordoned now, but {full_state_dir / 'node-state.json'} could not be "
+        "written (No space left on device): a restart would not keep it; free space on that "
+        "disk and ask again"
+    )
+    assert sorted(p.name for p in full_state_dir.iterdir()) == ["filler"]  # no temporary file
+    assert (await node.health())["node_state"]["state"] == "cordoned"  # in force all the same
+
+    (full_state_dir / "filler").unlink()
+    assert (await node.ok("POST", "/node/v1/cordon", json={"reason": "bad fan"}))["reason"]
+    assert json.loads((full_state_dir / "node-state.json").read_text())["state"] == "cordoned"

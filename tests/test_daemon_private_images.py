@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import logging
 import os
 import subprocess
 import time
@@ -33,27 +32,9 @@ pytestmark = pytest.mark.engine
 ENGINES = ["docker", "podman"]
 PRIVATE_REGISTRY = "127.0.0.1:5005"
 PRIVATE = f"{PRIVATE_REGISTRY}/tuneplane-test/trainer:1"
-DEV_ROOT = Path(os.environ.get("TUNEPLANE_DEV_ROOT", "/var/lib/tuneplane-dev"))
 REFUSED = f"the registry refused access to {PRIVATE}"
 SHOW = ["/bin/cat", "/private"]
 SHOWN = "a private test image"
-
-
-@pytest.fixture
-def login() -> dict[str, str]:
-    """The private registry's user and password (engines.sh wrote them)."""
-    try:
-        user, password = (DEV_ROOT / "private-registry.auth").read_text().strip().split(":", 1)
-    except OSError as exc:
-        engine_missing("the private registry", str(exc))
-    return {"username": user, "password": password}
-
-
-@pytest.fixture
-def debug_logs(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
-    """Every line the node logs, DEBUG's access lines and the audit log included."""
-    caplog.set_level(logging.DEBUG)
-    return caplog
 
 
 async def forget(node: Console, image: str) -> None:

@@ -232,16 +232,27 @@ async def test_deeply_nested_json_is_a_400(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_thousand_idle_and_trickling_connections_do_not_take_the_node(tmp_path: Path) -> None:
+@pytest.mark.parametrize("tls", [False, True], ids=["http", "tls"])
+def test_a_thousand_idle_and_trickling_connections_do_not_take_the_node(
+    tmp_path: Path, tls: bool
+) -> None:
     """The figure of the issue: open-file limit 1,024, 1,100 idle or trickling clients;
-    health still answers within 2 s and the log stays small."""
+    health still answers within 2 s and the log stays small. With TLS (finding 8 of issue
+    25) the clients never send a ClientHello: asyncio's handshakes were out of the
+    guard's sight, and the descriptors ran out."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     try:  # the clients' side needs 2,500 descriptors (root may raise the hard limit)
         wanted = hard if hard == resource.RLIM_INFINITY else max(hard, 2500)
         resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2500), wanted))
     except (ValueError, OSError) as exc:
         pytest.fail(f"this test needs 2,500 file descriptors (`ulimit -n 2500`): {exc}")
-    port, log = free_port(), tmp_path / "serve.log"
+    port, log, context = free_port(), tmp_path / "serve.log", None
+    options: dict[str, str] = {}
+    if tls:
+        ca = make_ca(tmp_path, "ca")
+        cert, key = make_cert(tmp_path, "node", ca, server=True)
+        context = client_context(ca)
+        options = {"TUNEPLANE_TLS_CERT_FILE": str(cert), "TUNEPLANE_TLS_KEY_FILE": str(key)}
     daemon = spawn_daemon(
         tmp_path,
         port,
@@ -249,9 +260,10 @@ def test_a_thousand_idle_and_trickling_connections_do_not_take_the_node(tmp_path
         TUNEPLANE_NODE_TOKEN=TOKEN,
         TUNEPLANE_LOCAL_RUNTIME="process",
         TUNEPLANE_LOCAL_STOP_TIMEOUT="0",
+        settings_of=options,
     )
     try:
-        asyncio.run(flood_then_ask(port))
+        asyncio.run(flood_then_ask(port, context))
     finally:
         daemon.send_signal(signal.SIGTERM)
         assert daemon.wait(timeout=20) == 0
@@ -263,11 +275,12 @@ def test_a_thousand_idle_and_trickling_connections_do_not_take_the_node(tmp_path
     assert "oldest idle" in text  # ... by closing idle connections
 
 
-async def flood_then_ask(port: int) -> None:
+async def flood_then_ask(port: int, context: ssl.SSLContext | None = None) -> None:
+    base = f"{'https' if context else 'http'}://127.0.0.1:{port}"
     deadline = time.monotonic() + 20
     while True:  # the daemon is up
         try:
-            assert (await get(f"http://127.0.0.1:{port}/healthz"))[0] == 200
+            assert (await get(f"{base}/healthz", ssl_context=context))[0] == 200
             break
         except aiohttp.ClientError:
             assert time.monotonic() < deadline, "the daemon never answered"
@@ -278,17 +291,33 @@ async def flood_then_ask(port: int) -> None:
             _, writer = await asyncio.open_connection("127.0.0.1", port)
         except OSError:
             continue  # a refusal is fine: the node protects itself
-        if n % 2:
+        if n % 2 and context is None:
             writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # trickling
-        clients.append(writer)
+        clients.append(writer)  # with TLS: silent, not even a ClientHello
         if n % 100 == 99:  # let the node accept: a full backlog costs a 1 s SYN retry
             await asyncio.sleep(0.02)
     started = time.monotonic()
-    status, health = await asyncio.wait_for(get(f"http://127.0.0.1:{port}/node/v1/health"), 2)
+    status, health = await asyncio.wait_for(get(f"{base}/node/v1/health", ssl_context=context), 2)
     assert time.monotonic() - started < 2
     assert status == 200 and health["ok"] is True, health
     for writer in clients:
         writer.close()
+
+
+async def test_a_silent_tls_connection_is_closed_at_the_header_timeout(tmp_path: Path) -> None:
+    """Finding 8 of issue 25: a connection that never sent a ClientHello was kept 60 s
+    (asyncio's handshake timeout), not the header timeout."""
+    ca = make_ca(tmp_path, "ca")
+    cert, key = make_cert(tmp_path, "node", ca, server=True)
+    settings = node_settings(tmp_path, tls_cert_file=cert, tls_key_file=key, header_timeout_s=0.5)
+    async with served(settings) as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)  # and silence
+        started = time.monotonic()
+        assert await asyncio.wait_for(reader.read(), 10) == b""  # closed by the node
+        assert 0.3 < time.monotonic() - started < 3
+        writer.close()
+        url = f"https://127.0.0.1:{port}/node/v1/health"
+        assert (await get(url, ssl_context=client_context(ca)))[0] == 200  # serves on
 
 
 # --- tokens -----------------------------------------------------------------------------------
@@ -497,16 +526,41 @@ async def test_tls_serves_https_only_at_tls_1_2_or_newer_and_rotates_on_sighup(
             await get(url, ssl_context=client_context(ca))  # the old one is gone
 
 
-async def test_with_a_client_ca_a_client_certificate_is_required(tmp_path: Path) -> None:
+async def test_with_a_client_ca_a_client_certificate_is_required_but_not_by_the_probe(
+    tmp_path: Path,
+) -> None:
+    """Finding 15 of issue 25: with mutual TLS, /healthz needed a client certificate, so
+    the image's HEALTHCHECK and kubelet's probes failed. The certificate is asked for,
+    and checked per path: the API and /metrics need it, /healthz does not."""
     ca = make_ca(tmp_path, "ca")
     cert, key = make_cert(tmp_path, "node", ca, server=True)
     console = make_cert(tmp_path, "console", ca, server=False)
+    stranger = make_cert(tmp_path, "stranger", make_ca(tmp_path, "other-ca"), server=False)
     settings = node_settings(tmp_path, tls_cert_file=cert, tls_key_file=key, tls_client_ca_file=ca)
     async with served(settings) as port:
-        url = f"https://127.0.0.1:{port}/node/v1/health"
-        assert (await get(url, ssl_context=client_context(ca, console)))[0] == 200
-        with pytest.raises((aiohttp.ClientError, ssl.SSLError)):
-            await get(url, ssl_context=client_context(ca))
+        base = f"https://127.0.0.1:{port}"
+        for path in ("/node/v1/health", "/metrics", "/healthz"):
+            assert (await fetch(base + path, client_context(ca, console)))[0] == 200
+        assert await fetch(f"{base}/healthz", client_context(ca)) == (200, b'{"ok":true}')
+        refused = b'{"detail":"a client certificate signed by the CA of '
+        for path in ("/node/v1/health", "/metrics", "/node/v1/openapi.json", "/nowhere"):
+            status, body = await fetch(base + path, client_context(ca))
+            assert (status, body[: len(refused)]) == (401, refused), (path, body)
+            assert body.endswith(
+                b'TUNEPLANE_TLS_CLIENT_CA_FILE is required","code":"no_client_certificate"}'
+            )
+        with pytest.raises((aiohttp.ClientError, ssl.SSLError)):  # a certificate it cannot
+            await fetch(f"{base}/healthz", client_context(ca, stranger))  # verify
+
+
+async def fetch(url: str, context: ssl.SSLContext) -> tuple[int, bytes]:
+    """The status and body of a GET with the token and the protocol header."""
+    headers = {"Authorization": f"Bearer {TOKEN}", "X-TunePlane-Node-Protocol": "1"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(url, headers=headers, ssl=context) as response,
+    ):
+        return response.status, await response.read()
 
 
 def test_unusable_tls_files_stop_the_start(tmp_path: Path) -> None:
@@ -617,3 +671,43 @@ async def test_a_burst_over_many_slices_is_answered_whole(
     assert [list(body["states"]) for _, body in answers] == [
         [f"tuneplane-burst-{n}"] for n in range(300)
     ]
+
+
+# --- a stranger's malformed requests ------------------------------------------------------
+
+
+async def test_a_malformed_request_is_one_line_without_its_bytes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Finding 10 of issue 25: aiohttp logged each parse error with a traceback quoting
+    the bad line (16 KB a request), and a malformed Authorization header put the token in
+    the log. One line a second at most, naming the peer and the error, never the bytes."""
+    caplog.set_level(logging.DEBUG)
+    bad = (
+        f"GET /node/v1/health HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\x01\r\n"
+        "X-TunePlane-Node-Protocol: 1\r\nConnection: close\r\n\r\n"
+    ).encode()
+    async with served(node_settings(tmp_path)) as port:
+        answers = [await raw_exchange(port, bad) for _ in range(50)]
+        await raw_exchange(
+            port, b"GET / HTTP/1.1\r\nHost: x\r\n" + b"X-Long: " + b"a" * 9000 + b"\r\n\r\n"
+        )
+    assert all(b" 400 Bad Request" in answer.split(b"\r\n")[0] for answer in answers), answers[0]
+    text = caplog.text
+    assert TOKEN not in text and "\\x01" not in text and "Bearer" not in text
+    assert "Traceback" not in text and "aaaa" not in text
+    said = [r.getMessage() for r in caplog.records if "malformed request" in r.getMessage()]
+    assert 1 <= len(said) <= 3, said  # 51 requests in well under three seconds
+    assert said[0].startswith("malformed request from 127.0.0.1 (BadHttpMessage, answered 400")
+    assert len(text) < 2000, text[-2000:]
+
+
+async def test_no_answer_names_the_servers_software(tmp_path: Path) -> None:
+    """Finding 16 of issue 25: the Server header named Python's and aiohttp's versions."""
+    headers = {"Authorization": f"Bearer {TOKEN}", "X-TunePlane-Node-Protocol": "1"}
+    async with served(node_settings(tmp_path)) as port, aiohttp.ClientSession() as session:
+        for path, status in (("/healthz", 200), ("/node/v1/health", 200), ("/nowhere", 404)):
+            url = f"http://127.0.0.1:{port}{path}"
+            async with session.get(url, headers=headers) as response:
+                assert response.status == status
+                assert "Server" not in response.headers, response.headers["Server"]

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import pytest
 
@@ -266,3 +269,48 @@ async def test_occupancy_is_built_again_only_when_something_it_reads_changed(
     with pytest.raises(EngineUnavailable):
         await gpus.occupancy()
     await runtime.close()
+
+
+def two_sockets(path: Path) -> Path:
+    """A simulated 2-socket, 8-card machine: cards 0-3 on NUMA node 0, 4-7 on node 1."""
+    cards = [{"index": index, "numa_node": index // 4} for index in range(8)]
+    numa = {"0": [0, 1], "1": [2, 3]}
+    path.write_text(json.dumps({"cards": cards, "numa_cpus": numa}), encoding="utf-8")
+    return path
+
+
+def socket_launcher(
+    fake: FakeRuntime, settings: NodeSettings, path: Path
+) -> Callable[[str, int], Awaitable[tuple[int, ...]]]:
+    """Launches on the two-socket machine: claim, the container labelled, the claim let go."""
+    machine = settings.model_copy(update={"local_gpu_count": None})
+    gpus = GpuAllocator(fake, machine, probe=SimulatedProbe(two_sockets(path), machine))
+
+    async def launch(ref: str, n: int) -> tuple[int, ...]:
+        cards = await gpus.claim(ref, n, run_id=ref)
+        await hold(fake, *cards)  # the container's label holds them now
+        gpus.release(ref)
+        return cards
+
+    return launch
+
+
+async def test_after_one_card_jobs_a_four_card_job_gets_a_whole_socket(
+    fake: FakeRuntime, settings: NodeSettings, tmp_path: Path
+) -> None:
+    launch = socket_launcher(fake, settings, tmp_path / "gpus.json")
+    assert [await launch(f"small-{i}", 1) for i in range(3)] == [(0,), (1,), (2,)]
+    assert await launch("large", 4) == (4, 5, 6, 7)  # not 3-6, across the sockets
+
+
+async def test_one_card_jobs_fill_the_socket_in_use_and_a_four_card_job_finds_a_whole_one(
+    fake: FakeRuntime, settings: NodeSettings, tmp_path: Path
+) -> None:
+    launch = socket_launcher(fake, settings, tmp_path / "gpus.json")
+    first = [await launch(f"first-{i}", 1) for i in range(5)]
+    assert first == [(0,), (1,), (2,), (3,), (4,)]  # socket 0 filled before socket 1
+    for name in list(fake.containers)[:4]:  # the jobs on socket 0 end
+        await fake.remove(name)
+
+    assert [await launch(f"then-{i}", 1) for i in range(3)] == [(5,), (6,), (7,)]
+    assert await launch("large", 4) == (0, 1, 2, 3)  # a whole socket

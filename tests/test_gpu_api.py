@@ -447,6 +447,31 @@ async def test_a_two_card_job_gets_the_best_joined_pair(
     assert state["labels"][LABEL_GPUS] == ",".join(str(gpu) for gpu in expected)
 
 
+async def test_one_card_jobs_pack_onto_the_socket_in_use_so_a_four_card_job_finds_a_whole_one(
+    fake_node: MakeFakeNode, tmp_path: Path, fake: FakeRuntime
+) -> None:
+    """Two sockets of four cards (CPU 0 and CPU 1): one-card jobs fill the socket already
+    in use, so after the first socket's jobs end, a four-card job still gets all of it."""
+    sim = Simulation(tmp_path / "sockets.json", cards=8)
+    for index in range(8):
+        sim.data["cards"][index]["numa_node"] = index // 4
+    sim.data["numa_cpus"] = {"0": [0], "1": [1]}
+    sim.write()
+    node = await simulated_node(fake_node, sim)
+
+    first = [await node.launch(gpus=1) for _ in range(5)]
+    assert [answer["gpus"] for _, answer in first] == [[0], [1], [2], [3], [4]]
+    for ref, _ in first[:4]:
+        await node.stop(ref, timeout=1)
+    then = [(await node.launch(gpus=1))[1]["gpus"] for _ in range(3)]
+    assert then == [[5], [6], [7]]  # not 0, 1, 2: socket 0 stays whole
+
+    ref, large = await node.launch(gpus=4)
+    assert large["gpus"] == [0, 1, 2, 3]
+    assert (await node.state(ref))["labels"][LABEL_GPUS] == "0,1,2,3"
+    assert fake.containers[ref].spec.cpuset_cpus == (0,)  # created next to its cards
+
+
 # --- reservations and restarts --------------------------------------------------------
 
 

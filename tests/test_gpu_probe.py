@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from tests.fakes import FakeClock
+from tuneplane_node.gpu import numa
 from tuneplane_node.gpu.factory import make_probe
 from tuneplane_node.gpu.probe import GpuProcess, NoDriverProbe
 from tuneplane_node.gpu.simulation import SimulatedProbe
@@ -256,8 +257,19 @@ def test_driver_gives_an_nvml_probe_that_lists_cards() -> None:
         assert (snap.ok, snap.source) == (True, "nvml"), snap.error
         assert snap.driver and snap.cards
         assert all(c.memory_total_mib for c in snap.cards)
+        # A card's place, where the driver gives one, is on this machine (issue 23).
+        machine = numa.node_cpus()
+        for card in snap.cards:
+            assert card.numa_node is None or card.numa_node in machine, card
+            assert set(card.cpus) <= set(numa.online_cpus() or card.cpus), card
     finally:
         probe.close()
+
+
+def test_an_nvml_affinity_mask_is_read_as_cpu_numbers() -> None:
+    nvml = pytest.importorskip("tuneplane_node.gpu.nvml")
+    assert nvml.mask_numbers(None) == ()
+    assert nvml.mask_numbers([0b1011, 0, 1]) == (0, 1, 3, 128)  # word 2, bit 0: CPU 128
 
 
 # --- which container a process belongs to ---------------------------------------------

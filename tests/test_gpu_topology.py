@@ -78,3 +78,37 @@ def test_many_cards_stay_fast_and_still_find_a_group() -> None:
     started = time.monotonic()
     assert choose_cards(range(32), 8, links) == list(range(16, 24))
     assert time.monotonic() - started < 2
+
+
+# --- packing by NUMA node -------------------------------------------------------------
+
+SOCKETS = {card: card // 4 for card in range(8)}  # two sockets of four cards
+
+
+def test_one_card_goes_to_the_socket_already_in_use() -> None:
+    # Card 4 is held: a one-card job fills socket 1, not socket 0's lowest card.
+    assert choose_cards([0, 1, 2, 3, 5, 6, 7], 1, {}, nodes=SOCKETS) == [5]
+
+
+def test_cards_on_one_node_are_a_numa_pair_without_a_listed_link() -> None:
+    # Without the nodes, the lowest four (across both sockets); with them, one socket.
+    assert choose_cards([1, 2, 3, 4, 5, 6, 7], 4, {}) == [1, 2, 3, 4]
+    assert choose_cards([1, 2, 3, 4, 5, 6, 7], 4, {}, nodes=SOCKETS) == [4, 5, 6, 7]
+
+
+def test_a_two_card_job_fills_the_fuller_socket() -> None:
+    assert choose_cards([0, 1, 2, 3, 6, 7], 2, {}, nodes=SOCKETS) == [6, 7]
+
+
+def test_a_better_link_still_wins_over_packing() -> None:
+    links = {(0, 1): "nvlink"}  # socket 0 is empty, socket 1 holds a job on card 4
+    assert choose_cards([0, 1, 2, 3, 5, 6, 7], 2, links, nodes=SOCKETS) == [0, 1]
+
+
+def test_packing_among_nvlinked_cards_keeps_a_socket_whole() -> None:
+    everything = clique(list(range(8)), "nvlink")  # an NVSwitch board: all joined
+    assert choose_cards([0, 1, 2, 3, 5, 6, 7], 3, everything, nodes=SOCKETS) == [5, 6, 7]
+
+
+def test_cards_of_unknown_node_are_chosen_as_before() -> None:
+    assert choose_cards([0, 1, 2, 3, 5, 6, 7], 1, {}, nodes={}) == [0]

@@ -32,11 +32,12 @@ LAYERS = [
         "sizes",
         "signals",
         "watched",
+        "printable",
         "__init__",
     },
 ]
 # The operators' client speaks only HTTP: no daemon, service or engine code in it.
-CTL_MAY_IMPORT = {"wire", "__init__", "__version__", "client"}
+CTL_MAY_IMPORT = {"wire", "printable", "__init__", "__version__", "client"}
 # The consoles' client is installed without the daemon (contrib/client): none of it.
 CLIENT_MAY_IMPORT = {"__init__", "__version__"}
 # Each third-party SDK is imported by exactly these modules, and translated there.

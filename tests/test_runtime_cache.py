@@ -8,6 +8,8 @@ thread against the fake engine's event stream.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
@@ -422,6 +424,32 @@ async def test_an_engine_that_stops_answering_makes_the_cache_stale_until_it_ans
     await wait_until(lambda: runtime.cache.synced, timeout=5)
     assert (await runtime.inspect(name)).status == "running"
     await runtime.cache.close()
+
+
+async def test_the_reconnect_backoff_starts_again_once_a_stream_has_synced(
+    fake: FakeRuntime,
+) -> None:
+    """Finding 12 of issue 25: each engine restart cost more 503s than the last, the
+    backoff doubling across restarts. An engine down for the same time each restart
+    costs the same time each restart."""
+    runtime = CachedRuntime(
+        fake, relist_s=3600, sync_timeout=5, clock=fake.clock, backoff_s=(0.05, 5.0)
+    )
+    await runtime.start()
+    outages = []
+    try:
+        for _ in range(5):
+            fake.up = False
+            await wait_until(lambda: not runtime.cache.synced, timeout=5)
+            await asyncio.sleep(0.12)  # down a while: two tries fail (0.05 s, then 0.1 s)
+            fake.up = True
+            back = time.monotonic()
+            await wait_until(lambda: runtime.cache.synced, timeout=10)
+            outages.append(time.monotonic() - back)
+    finally:
+        await runtime.cache.close()
+    # Without the reset the fifth waits 0.05 * 2**7 s = 6.4 s, capped at 5 s.
+    assert max(outages) < 0.5, outages
 
 
 # --- the fill after a sync: the list answers at once, a read never answers from it --------

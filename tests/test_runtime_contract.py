@@ -423,6 +423,21 @@ async def test_image_exists_only_for_images_on_the_engine(subject: Subject) -> N
     assert await subject.runtime.image_exists(ABSENT_IMAGE) is not subject.has_images
 
 
+async def test_image_info_is_the_id_its_containers_are_made_from(subject: Subject) -> None:
+    info = await subject.runtime.image_info(subject.image)
+    if not subject.has_images:
+        assert info is None  # nothing the node could list or collect
+        return
+    assert info is not None and info.id.startswith("sha256:")
+    assert info.size_bytes and info.size_bytes > 0
+    assert any(name.endswith(subject.image) for name in info.names), info.names
+    assert await subject.runtime.image_info(info.id) == info  # by id too
+    assert await subject.runtime.image_info(ABSENT_IMAGE) is None
+
+    spec = await subject.started(["sleep", "300"])
+    assert (await subject.runtime.inspect(spec.name)).image_id == info.id
+
+
 async def test_an_engine_that_cannot_be_asked_is_unavailable_never_missing(
     down: ContainerRuntime,
 ) -> None:

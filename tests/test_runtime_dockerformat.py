@@ -11,13 +11,14 @@ from typing import Any
 
 import pytest
 
-from tuneplane_node.runtime.base import Brief, EngineEvent, PullProgress
+from tuneplane_node.runtime.base import Brief, EngineEvent, ImageInfo, PullProgress
 from tuneplane_node.runtime.dockerformat import (
     LogFold,
     ProgressFold,
     brief_from_list,
     event_from_docker,
     event_labels,
+    image_from_inspect,
     json_lines,
     log_pieces,
     pull_params,
@@ -260,3 +261,12 @@ def test_a_followed_stream_cut_short_ends_with_what_came() -> None:
     cut = framed(b"T1 whole\n", b"T2 cut off\n")[:-5]
     assert b"".join(pieces_of(cut)) == b"T1 whole\nT2 cut"
     assert pieces_of(cut[:5]) == []  # mid-header
+
+
+def test_an_image_id_reads_alike_from_docker_and_libpod() -> None:
+    bare = "ab" * 32
+    docker = image_from_inspect({"Id": f"sha256:{bare}", "Size": 5, "RepoTags": ["r/a:1"]})
+    assert docker == ImageInfo(f"sha256:{bare}", 5, ("r/a:1",))
+    assert state_from_inspect({"Image": bare}).image_id == f"sha256:{bare}"  # libpod's
+    assert brief_from_list({"ImageID": f"sha256:{bare}"}).image_id == f"sha256:{bare}"
+    assert image_from_inspect({"Id": "x", "Size": -1}).size_bytes is None

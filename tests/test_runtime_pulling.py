@@ -132,3 +132,39 @@ async def test_a_cancelled_pull_returns_at_once_and_closes_its_stream(pool: Bloc
 
     assert time.monotonic() - started < 0.5
     assert stream.closed.wait(1)
+
+
+async def test_time_the_node_did_not_run_is_no_stall(pool: BlockingPool) -> None:
+    """Finding 14 of issue 25: after a SIGSTOP of the daemon longer than the stall
+    deadline, pulls failed "no progress" while the engine had gone on downloading: the
+    deadline was checked before the progress waiting in the socket was read."""
+    resumed = threading.Event()
+
+    class Paused(Stream):
+        def _read(self) -> Iterator[Mapping[str, Any]]:
+            yield layer("a", 10)
+            resumed.wait()  # the whole node stopped: the reader too
+            yield from (layer("a", 600), {"status": "Download complete", "id": "a"})
+
+    seen: list[PullProgress] = []
+    pulling = asyncio.ensure_future(pull(pool, Paused([]), PullLimits(60, 0.6), seen))
+    while not seen:
+        await asyncio.sleep(0.01)
+    time.sleep(1.5)  # the loop does not run, as under SIGSTOP
+    # SIGCONT: the engine's messages are there to read, a moment after the watcher wakes.
+    asyncio.get_running_loop().call_later(0.05, resumed.set)
+    await pulling
+    assert seen[-1] == PullProgress(1000, 1000, 1, 1)
+
+
+async def test_a_pull_stalled_before_the_node_stopped_still_meets_its_deadline(
+    pool: BlockingPool,
+) -> None:
+    stream = Stream([layer("a", 10)], end=False)
+    started = time.monotonic()
+    pulling = asyncio.ensure_future(pull(pool, stream, PullLimits(60, 0.6), []))
+    await asyncio.sleep(0.3)
+    time.sleep(1.0)  # not running: excused; the stall goes on after
+    with pytest.raises(EngineRefused, match=r"no progress for 0\.6 s"):
+        await pulling
+    assert 1.3 + 0.3 < time.monotonic() - started < 3

@@ -76,6 +76,8 @@ PENDING_KEYS = [
     "pending_layers_done",
     "pending_layers_total",
     "pending_error",
+    "pending_rate_bytes_per_s",  # new in issue 20: a 0.3.15 console reads the others
+    "pending_eta_s",
 ]
 
 
@@ -186,6 +188,8 @@ def test_a_pending_launch_reads_as_a_created_container_with_its_pull() -> None:
         "pending_layers_done": 1,
         "pending_layers_total": 1,
         "pending_error": None,
+        "pending_rate_bytes_per_s": None,  # unknown: null, never 0
+        "pending_eta_s": None,
     }
 
 
@@ -246,6 +250,7 @@ CARD_KEYS = [
     "temperature_c",
     "unhealthy",
     "processes",
+    "numa_node",
     "state",
 ]
 GIB = 2**30

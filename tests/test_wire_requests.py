@@ -238,6 +238,8 @@ def test_a_bad_launch_is_refused_naming_the_field(body: dict[str, Any], field: s
         "http://registry/x",
         "x:",
         "x@sha256:short",
+        "x@sha256:" + "AB" * 32,  # the engines take lower-case hex only
+        "x@md5:" + "ab" * 16,  # nor a hash they do not have (a 400, once a 502)
         "registry:5000//x",
         "x" * 256,
     ],

@@ -22,6 +22,7 @@ from tuneplane_node.settings import DEFAULT_STORAGE, NodeSettings, env_name, loa
 from tuneplane_node.wire import answers
 
 if TYPE_CHECKING:
+    from tuneplane_node.gpu.probe import GpuSnapshot
     from tuneplane_node.jobs.confinement import JobRules
     from tuneplane_node.runtime.engine import EngineRuntime
 
@@ -343,7 +344,20 @@ def check_gpus(settings: NodeSettings) -> list[Finding]:
     where = snapshot.source
     if settings.gpu_simulation_file is not None:
         where = f"simulation file {settings.gpu_simulation_file}"
-    return [(OK, f"gpu: {where}, driver {snapshot.driver or 'unknown'}: {listed}")]
+    found = f"gpu: {where}, driver {snapshot.driver or 'unknown'}: {listed}"
+    return [(OK, found), check_affinity(settings, snapshot)]
+
+
+def check_affinity(settings: NodeSettings, snapshot: GpuSnapshot) -> Finding:
+    """Where a one-card job of each card would run, as a launch would decide it."""
+    from tuneplane_node.jobs.affinity import CpuAffinity
+
+    if settings.cpu_affinity == "off":
+        return (OK, f"cpu affinity: off ({env_name('cpu_affinity')}): jobs run on every CPU")
+    affinity = CpuAffinity(settings)
+    placed = {card.index: affinity.place((card.index,), snapshot) for card in snapshot.cards}
+    where = "; ".join(f"gpu {index}: {place}" for index, place in placed.items()) or "no cards"
+    return (OK, f"cpu affinity: numa: {where}")  # an unknown node says so, and runs anywhere
 
 
 def check_storage(settings: NodeSettings) -> list[Finding]:

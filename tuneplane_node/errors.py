@@ -14,6 +14,8 @@ are translated there (one table per engine, `runtime/engine.py`) with the cause 
     ├── BadRequest (400) bad_request        the request cannot be read at all
     │   └── MissingProtocol missing_protocol    no X-TunePlane-Node-Protocol header
     ├── Unauthorized (401) unauthorized     wrong or missing bearer token
+    ├── NoClientCertificate (401) no_client_certificate   mutual TLS, and the
+    │                          connection has no client certificate
     ├── PayloadTooLarge (413) payload_too_large   body over the limit
     ├── ImageAccessDenied (403) forbidden_image   a private image the node pulled,
     │                          without credentials its registry accepts for it now
@@ -21,6 +23,8 @@ are translated there (one table per engine, `runtime/engine.py`) with the cause 
     │   │                      names the field, ``errors`` lists every bad one
     │   └── UnknownField unknown_field      a field the contract does not have
     ├── TooManyFollows (429) too_many_requests   every slot for following a log is taken
+    ├── InsufficientStorage (507) insufficient_storage   the node's own disk (its state
+    │                          directory) is full
     ├── Conflict (409) conflict             well-formed, but this node will not do it now
     │   ├── ProtocolMismatch protocol_mismatch   console and node speak other versions
     │   ├── NoCapacity no_capacity          not enough GPUs free for the job
@@ -182,6 +186,35 @@ class TooManyFollows(NodeError):
             "try again when one ends, or read the logs without follow"
         )
         self.limit = limit
+
+
+class NoClientCertificate(NodeError):
+    """Mutual TLS: the connection has no client certificate, which every path but the
+    liveness probe's needs (a probe has no certificate to give)."""
+
+    status = 401
+    code: ClassVar[str] = "no_client_certificate"
+
+    def __init__(self, *, setting: str) -> None:
+        super().__init__(f"a client certificate signed by the CA of {setting} is required")
+        self.setting = setting
+
+
+class InsufficientStorage(NodeError):
+    """The node state file could not be written for want of space. The state asked for
+    is in force, but a restart would not keep it: the operator frees space, asks again."""
+
+    status = 507
+    code: ClassVar[str] = "insufficient_storage"
+
+    def __init__(self, *, state: str, path: str, reason: str) -> None:
+        super().__init__(
+            f"the node is {state} now, but {path} could not be written ({reason}): a "
+            "restart would not keep it; free space on that disk and ask again"
+        )
+        self.state = state
+        self.path = path
+        self.reason = reason
 
 
 class Conflict(NodeError):

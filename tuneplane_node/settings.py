@@ -75,7 +75,8 @@ class NodeSettings(BaseSettings):
     tls_key_file: Path | None = None
     """PEM private key of the certificate."""
     tls_client_ca_file: Path | None = None
-    """PEM CA: clients must present a certificate it signed (mutual TLS)."""
+    """PEM CA: clients must present a certificate it signed (mutual TLS), on every path
+    but /healthz."""
     node_host: str = "0.0.0.0"
     """Address the API listens on."""
     node_port: int = Field(8470, ge=1, le=65535)
@@ -148,6 +149,11 @@ class NodeSettings(BaseSettings):
     rdma_device_dir: Path = Path("/dev/infiniband")
     """Where the RDMA devices are: the character devices uverbs* and rdma_cm are handed
     to jobs (umad*, for management tools, never)."""
+
+    cpu_affinity: Literal["numa", "off"] = "numa"
+    """``numa``: a job holding cards is created confined to the CPUs and memory of its
+    cards' NUMA nodes (when they have as many CPUs as its ``cpu_limit``), set at create
+    only; ``off``: jobs run on every CPU."""
 
     job_capabilities: Literal["default", "restricted"] = "default"
     """A job's Linux capabilities: ``default`` keeps CHOWN, DAC_OVERRIDE, FOWNER, FSETID,
@@ -269,14 +275,20 @@ class NodeSettings(BaseSettings):
         if self.allowed_mount_roots is None:  # the defaults come from these two
             source = f"{env_name('storage_root')} or {env_name('model_dirs')} (a mount root)"
         for root in self.mount_roots:
-            bad = [p for p in self._never_mounted() if p == root or p.is_relative_to(root)]
-            bad += [p for p in NEVER_UNDER if root.is_relative_to(p)]
-            if bad:
+            bad = self.never_a_root(root)
+            if bad is not None:
                 raise ValueError(
-                    f"{source}: {root} is or holds {bad[0]}, which a job may never "
+                    f"{source}: {root} is or holds {bad}, which a job may never "
                     f"mount; set {env_name('allowed_mount_roots')} to directories for job data"
                 )
         return self
+
+    def never_a_root(self, root: Path) -> Path | None:
+        """The path a job may never mount that ``root`` is, holds or lies in; None when
+        ``root`` could be a mount root."""
+        bad = [p for p in self._never_mounted() if p == root or p.is_relative_to(root)]
+        bad += [p for p in NEVER_UNDER if root.is_relative_to(p)]
+        return bad[0] if bad else None
 
     def _never_mounted(self) -> list[Path]:
         sockets = [_socket_path(self.docker_host), _socket_path(self.podman_url)]

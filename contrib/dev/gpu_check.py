@@ -7,12 +7,15 @@ on the process runtime, with ``python3`` from PATH or ``--python``):
     python3 contrib/dev/gpu_check.py [--python PY] [--hold-s 20]
 
 1. The NVML probe: every card's facts, the driver and CUDA versions, the links, whether
-   processes could be listed, and what one read of the driver costs (50 reads).
+   processes could be listed, what one read of the driver costs (50 reads), and each
+   card's NUMA node and CPU list as the driver gives them (beside sysfs's).
 2. The daemon (``python3 -m tuneplane_node serve``, process runtime, the real probe):
    inventory and health on idle cards; then a job of one card that holds 1 GiB of card
    memory (torch, in the job's Python) and computes; health, stats and the metrics while
    it runs; then a second process on the same card that the node did not start (health
-   must call its pid external); then the job stopped and removed (the card free again).
+   must call its pid external); the cpuset the job got (its ``Cpus_allowed_list``: its
+   card's CPUs, TUNEPLANE_CPU_AFFINITY=numa); then the job stopped and removed (the card
+   free again).
 
 Prints what it saw and one line per expectation, ``ok`` or ``FAILED``; exits 1 if any
 failed. The facts a virtual machine does not give (power, temperature) are printed, not
@@ -41,6 +44,9 @@ TOKEN = "gpu-check-token-0123456789"
 HEADERS = {"Authorization": f"Bearer {TOKEN}", "X-TunePlane-Node-Protocol": "1"}
 HOLDER = """
 import sys, time, torch
+for line in open("/proc/self/status"):
+    if line.startswith(("Cpus_allowed_list", "Mems_allowed_list")):
+        print(line.strip(), flush=True)
 x = torch.empty(1 << 28, dtype=torch.float32, device="cuda")  # 1 GiB
 a = torch.randn(4096, 4096, device="cuda")
 print("holding 1 GiB on", torch.cuda.get_device_name(0), flush=True)
@@ -61,7 +67,8 @@ def expect(what: str, ok: bool, detail: object = "") -> None:
 # --- 1. the probe ---------------------------------------------------------------------
 
 
-def probe_check() -> int:
+def probe_check() -> tuple[int, dict[int, str]]:
+    """The card count, and the cpuset a one-card job of each card should get."""
     sys.path.insert(0, str(REPO))
     from tuneplane_node.gpu.factory import make_probe
     from tuneplane_node.settings import load_settings
@@ -79,6 +86,7 @@ def probe_check() -> int:
             bool(snap.cards) and all(c.uuid and c.name and c.memory_total_mib for c in snap.cards),
         )
         expect("the card's processes can be listed", snap.processes_ok)
+        cpusets = numa_check(snap)
         reads = []
         for _ in range(50):
             started = time.perf_counter()
@@ -88,9 +96,45 @@ def probe_check() -> int:
             f"one driver read: median {statistics.median(reads) * 1e3:.2f} ms, "
             f"max {max(reads) * 1e3:.2f} ms (50 reads, {len(snap.cards)} cards)"
         )
-        return len(snap.cards)
+        return len(snap.cards), cpusets
     finally:
         probe.close()
+
+
+def numa_check(snap: Any) -> dict[int, str]:
+    """Each card's NUMA node and CPUs as the driver gives them, beside sysfs's; the
+    cpuset a one-card job of each known card should get (its CPUs that are online)."""
+    from tuneplane_node.gpu import numa
+    from tuneplane_node.runtime.base import format_cpulist
+
+    machine = numa.node_cpus()
+    print(f"machine NUMA nodes: { {n: format_cpulist(c) for n, c in machine.items()} }")
+    for card in snap.cards:
+        sysfs = numa.pci_numa_node(card.pci_bus_id)
+        print(
+            f"  gpu {card.index}: numa_node {card.numa_node} cpus "
+            f"{format_cpulist(card.cpus) or 'unknown'} (sysfs: node {sysfs})"
+        )
+    known = [card for card in snap.cards if card.numa_node is not None and card.cpus]
+    expect("the driver gives every card a NUMA node and its CPUs", len(known) == len(snap.cards))
+    expect(
+        "each card's CPUs are its node's (sysfs)",
+        all(set(card.cpus) <= set(machine.get(card.numa_node, ())) for card in known),
+    )
+    online = set(numa.online_cpus() or ())
+    return {card.index: format_cpulist(set(card.cpus) & online) for card in known}
+
+
+def job_cpuset(node: Node, ref: str) -> dict[str, str]:
+    """What the job printed of its /proc/self/status: its CPU and memory lists."""
+
+    def printed() -> Any:
+        log = node.call("GET", f"/node/v1/logs?ref={ref}")[1]
+        text = log.get("logs", "") if isinstance(log, dict) else ""
+        lines = [line.split(" ", 1)[-1] for line in text.splitlines() if "_allowed_list" in line]
+        return dict(line.replace("\t", "").split(":", 1) for line in lines) if lines else None
+
+    return wait_for("the job's cpuset", printed, timeout=30) or {}
 
 
 # --- 2. the daemon ----------------------------------------------------------------------
@@ -164,7 +208,7 @@ def wait_for(what: str, ask: Any, timeout: float = 60) -> Any:
         time.sleep(0.5)
 
 
-def daemon_check(cards: int, python: str, hold_s: float) -> None:
+def daemon_check(cards: int, cpusets: dict[int, str], python: str, hold_s: float) -> None:
     folder = Path(tempfile.mkdtemp(prefix="tuneplane-gpu-check-"))
     node = Node(folder)
     outsider: subprocess.Popen[bytes] | None = None
@@ -203,6 +247,15 @@ def daemon_check(cards: int, python: str, hold_s: float) -> None:
         )
         print("launch:", status, started)
         expect("a one-card job starts", status == 200 and started.get("gpus") == [0], started)
+        cpuset = job_cpuset(node, ref)
+        card0 = (inventory.get("gpus") or [{}])[0]
+        print(f"the job's cpuset: {cpuset} (card 0 on NUMA node {card0.get('numa_node')})")
+        wanted = cpusets.get(0, "")
+        expect(
+            "the one-card job runs on its card's CPUs",
+            bool(wanted) and cpuset.get("Cpus_allowed_list", "").strip() == wanted,
+            f"wanted {wanted or 'unknown'}",
+        )
 
         def card_busy() -> Any:
             detail = node.call("GET", "/node/v1/health")[1].get("gpu_detail") or [{}]
@@ -289,9 +342,9 @@ def main() -> int:
     )
     parser.add_argument("--hold-s", type=float, default=20, help="how long each holds its card")
     args = parser.parse_args()
-    cards = probe_check()
+    cards, cpusets = probe_check()
     if cards:
-        daemon_check(cards, args.python, args.hold_s)
+        daemon_check(cards, cpusets, args.python, args.hold_s)
     print(f"{len(failures)} failed: {failures}" if failures else "every expectation met")
     return 1 if failures else 0
 

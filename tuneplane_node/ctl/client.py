@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
+from tuneplane_node.printable import printable
 from tuneplane_node.wire import PROTOCOL, PROTOCOL_HEADER
 
 DEFAULT_URL = "http://127.0.0.1:8470"
@@ -192,8 +193,8 @@ def _detail(raw: bytes) -> str:
         answer = None
     detail = answer.get("detail") if isinstance(answer, dict) else None
     if isinstance(detail, str):
-        return detail
-    return raw.decode("utf-8", "replace").strip()[:MAX_DETAIL] or "(no detail)"
+        return printable(detail)  # a registry's or engine's words, onto a terminal
+    return printable(raw.decode("utf-8", "replace").strip()[:MAX_DETAIL]) or "(no detail)"
 
 
 def _reason(exc: BaseException) -> str:

@@ -24,7 +24,7 @@ from rich.live import Live
 from tuneplane_node.ctl import render
 from tuneplane_node.ctl.client import DEFAULT_URL, URL_ENV, CtlError, NodeClient, Tls, read_token
 from tuneplane_node.wire.fields import Body, Field, Schema
-from tuneplane_node.wire.requests import CONTAINER, job_signal
+from tuneplane_node.wire.requests import CONTAINER, PULL_POLICIES, job_signal
 
 POLL_S = 0.5
 STATS_S = 2.0
@@ -60,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
             tls=Tls(args.cacert, args.cert, args.key),
         )
         verb: Verb = args.ctl_run
-        return verb(Ctl(client, Console(highlight=False), args.json), args)
+        # No emoji codes either: ":skull:" in a registry's words stays text.
+        return verb(Ctl(client, Console(highlight=False, emoji=False), args.json), args)
     except CtlError as exc:
         print(f"tuneplane-node ctl: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -112,12 +113,24 @@ def add_parser(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     logs_parser.add_argument("-f", "--follow", action="store_true", help="until the job exits")
     reaping = verb("reap", reap, "remove exited jobs older than the node's TTL")
     reaping.add_argument("--max-age", type=float, help="seconds; 0: every exited job")
+    verb("images", images, "the images the node pulled or its jobs use, and its pulls")
+    _pull_options(verb("pull", pull, "pull an image before the jobs that need it"))
     verb("cordon", cordon, "take no new launches").add_argument("--reason", required=True)
     verb("uncordon", uncordon, "take launches again")
     draining = verb("drain", drain, "cordon, then stop every job after a grace period")
     draining.add_argument("--reason", required=True)
     draining.add_argument("--grace", type=float, help="seconds the jobs get before SIGKILL")
     _warning_options(draining)
+
+
+def _pull_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("image", metavar="IMAGE")
+    parser.add_argument("--wait", action="store_true", help="until it is pulled or fails")
+    parser.add_argument("--pull-policy", choices=PULL_POLICIES, help="always: pull it again")
+    parser.add_argument("--username", help="for the image's registry (else the node's file)")
+    parser.add_argument(
+        "--password-stdin", action="store_true", help="read --username's password from stdin"
+    )
 
 
 def _warning_options(parser: argparse.ArgumentParser) -> None:
@@ -341,6 +354,66 @@ def logs(ctl: Ctl, args: argparse.Namespace) -> int:
     return 0
 
 
+# --- images ---------------------------------------------------------------------------
+
+
+def images(ctl: Ctl, args: argparse.Namespace) -> int:
+    return ctl.show(ctl.client.get("/node/v1/images"), render.show_images)
+
+
+def pull(ctl: Ctl, args: argparse.Namespace) -> int:
+    """A prefetch; ``--wait``: its bar until the image is here (0) or the pull failed
+    or went (1)."""
+    answer = ctl.client.post("/node/v1/images/pull", pull_body(args))
+    image = render.as_text(args.image)  # the registry's words and the image's are text
+    ctl.show(answer, lambda out, a: out.print(f"{image}: [cyan]{render.as_text(a['phase'])}[/]"))
+    if not args.wait or answer.get("phase") == "present":
+        return 0
+    found = _await_prefetch(ctl, args.image)
+    if found.get("phase") == "failed":
+        ctl.show(
+            found,
+            lambda out, p: out.print(f"{image}: [red]failed[/]: {render.as_text(p['error'])}"),
+        )
+        return 1
+    if not found.get("id"):
+        ctl.show(found, lambda out, _: out.print(f"{image}: [red]gone[/] (not pulled)"))
+        return 1
+    ctl.show(found, lambda out, _: out.print(f"{image}: [green]present[/]"))
+    return 0
+
+
+def pull_body(args: argparse.Namespace) -> dict[str, Any]:
+    body: dict[str, Any] = {"image": args.image}
+    if args.pull_policy:
+        body["pull_policy"] = args.pull_policy
+    if args.password_stdin and not args.username:
+        raise CtlError("--password-stdin needs --username")
+    if args.username:
+        password = sys.stdin.readline().rstrip("\r\n") if args.password_stdin else ""
+        if not password:
+            raise CtlError("--username needs its password: --password-stdin")
+        body["registry_auth"] = {"username": args.username, "password": password}
+    return body
+
+
+def _await_prefetch(ctl: Ctl, image: str) -> Mapping[str, Any]:
+    """Read the node's images until the image's pull ends: the image as listed, or the
+    failed pull (or {} when neither: the pull went without the image)."""
+    with render.PullProgress(ctl.out, image, shown=not ctl.json) as bar:
+        while True:
+            answer = ctl.client.get("/node/v1/images")
+            pulls = [p for p in answer["pulls"] if p.get("image") == image]
+            running = [p for p in pulls if p.get("phase") == "pulling"]
+            if running:
+                bar.update(running[0], prefix="")
+                time.sleep(POLL_S)
+                continue
+            listed = [i for i in answer["images"] if i.get("image") == image]
+            found: Mapping[str, Any] = (pulls or listed or [{}])[0]
+            return found
+
+
 # --- launch ---------------------------------------------------------------------------
 
 
@@ -380,6 +453,7 @@ def launch_body(args: argparse.Namespace, *, name: str) -> dict[str, Any]:
 
 
 def launched(ref: str, answer: Mapping[str, Any]) -> str:
+    ref, answer = render.as_text(ref), render.as_text(answer)
     phase = answer.get("phase")
     again = "already " if answer.get("idempotent") else ""
     if phase == "running":
@@ -401,6 +475,7 @@ def _await_pull(ctl: Ctl, ref: str, image: str) -> Mapping[str, Any]:
 
 
 def ended(ref: str, state: Mapping[str, Any]) -> str:
+    ref, state = render.as_text(ref), render.as_text(state)
     if state.get("pending_phase") == "failed":
         return f"{ref}: [red]failed[/]: {state.get('pending_error')}"
     if not state.get("exists"):

@@ -1,7 +1,9 @@
 """The node's answers as an operator reads them: rich tables, and a pull's progress bar.
 
 Every function takes the answer's JSON as the API gives it; a field a node does not
-send (an older node, a field still to come) is shown as unknown, never as zero.
+send (an older node, a field still to come) is shown as unknown, never as zero. The
+answer's text is the engine's, a registry's or a job's: each entry point shows it as
+text (`as_text`), never as rich markup nor as terminal controls.
 """
 
 from __future__ import annotations
@@ -13,19 +15,34 @@ from typing import Any
 
 from rich.console import Console
 from rich.filesize import decimal
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     DownloadColumn,
     Progress,
     TextColumn,
     TimeElapsedColumn,
-    TransferSpeedColumn,
 )
 from rich.table import Table
+
+from tuneplane_node.printable import printable
 
 UNKNOWN = "[dim]unknown[/]"
 STATUS_STYLES = {"running": "green", "created": "cyan", "exited": "yellow", "dead": "red"}
 NODE_STATE_STYLES = {"ready": "green", "cordoned": "yellow", "draining": "yellow"}
+
+
+def as_text(answer: Any) -> Any:
+    """The answer with every string in it (keys too) as text: controls escaped, then
+    rich's markup (``[link=...]`` was a live hyperlink). Once per answer: a second pass
+    would show the first one's backslashes."""
+    if isinstance(answer, str):
+        return escape(printable(answer))
+    if isinstance(answer, Mapping):
+        return {as_text(key): as_text(value) for key, value in answer.items()}
+    if isinstance(answer, (list, tuple)):
+        return [as_text(value) for value in answer]
+    return answer
 
 
 def _facts(title: str | None = None) -> Table:
@@ -77,13 +94,14 @@ def node_state(state: Mapping[str, Any], now: datetime) -> str:
 
 
 def show_node_state(console: Console, answer: Mapping[str, Any]) -> None:
-    console.print(f"node {node_state(answer, datetime.now(timezone.utc))}")
+    console.print(f"node {node_state(as_text(answer), datetime.now(timezone.utc))}")
 
 
 # --- health ---------------------------------------------------------------------------
 
 
 def show_health(console: Console, answer: Mapping[str, Any]) -> None:
+    answer = as_text(answer)
     console.print(_health_facts(answer, datetime.now(timezone.utc)))
     if answer.get("gpu_detail"):
         console.print(_cards(answer["gpu_detail"], title="Cards", states=True))
@@ -155,6 +173,7 @@ def _pulls(pulls: Mapping[str, Mapping[str, Any]]) -> Table:
 
 
 def show_inventory(console: Console, answer: Mapping[str, Any]) -> None:
+    answer = as_text(answer)
     console.print(_inventory_facts(answer, datetime.now(timezone.utc)))
     if answer.get("gpus"):
         console.print(_cards(answer["gpus"], title="Cards", states=False))
@@ -217,7 +236,7 @@ def _fabrics(fabrics: list[Mapping[str, Any]]) -> Table:
 
 
 def show_states(console: Console, states: Mapping[str, Mapping[str, Any]]) -> None:
-    now = datetime.now(timezone.utc)
+    states, now = as_text(states), datetime.now(timezone.utc)
     table = Table(title="Jobs", title_justify="left")
     for column in ("ref", "status", "age", "run", "cards", "detail"):
         table.add_column(column)
@@ -235,7 +254,8 @@ def show_states(console: Console, states: Mapping[str, Mapping[str, Any]]) -> No
 
 
 def status(state: Mapping[str, Any]) -> str:
-    """``running``, ``exited (137)``, ``pulling 45%``, ``absent``, styled."""
+    """``running``, ``exited (137)``, ``pulling 45%``, ``absent``, styled; of a state
+    already `as_text`."""
     if not state.get("exists"):
         return "[dim]absent[/]"
     phase = state.get("pending_phase")
@@ -277,11 +297,11 @@ def stats_table(stats: Mapping[str, Mapping[str, Any]]) -> Table:
     table = Table(title="Stats", title_justify="left")
     for column in ("ref", "status", "CPU", "memory / limit", "pids", "cards", "sampled"):
         table.add_column(column)
-    now = datetime.now(timezone.utc)
+    stats, now = as_text(stats), datetime.now(timezone.utc)
     for ref, job in stats.items():
         if "cpu_ratio" not in job:
-            shown = status(job) if job.get("exists") else "[dim]absent[/]"
-            table.add_row(ref, shown, "", "", "", "", "")
+            said = status(job) if job.get("exists") else "[dim]absent[/]"
+            table.add_row(ref, said, "", "", "", "", "")
             continue
         cpu = job.get("cpu_ratio")
         table.add_row(
@@ -319,12 +339,14 @@ def _card(card: Mapping[str, Any]) -> str:
 
 
 class PullProgress:
-    """A bar of the pull's bytes (with rate) and layers while a launch is pending; on a
-    console that is not a terminal, one line per phase instead."""
+    """A bar of a pull's bytes, with the node's rate and time left, and its layers, while a
+    launch is pending or a prefetch runs; on a console that is not a terminal, one line
+    per phase instead. ``update`` takes observe's state of the launch (``pending_*``
+    keys) or, with ``prefix=""``, a pull of ``GET /node/v1/images``."""
 
     def __init__(self, console: Console, image: str, *, shown: bool = True) -> None:
         self.console = console
-        self.image = image
+        self.image = as_text(image)
         self.shown = shown
         self.live = shown and console.is_terminal
         self.phase = ""
@@ -332,13 +354,16 @@ class PullProgress:
             TextColumn("{task.description}"),
             BarColumn(),
             DownloadColumn(),
-            TransferSpeedColumn(),
+            TextColumn("{task.fields[rate]}"),
+            TextColumn("ETA {task.fields[eta]}"),
             TextColumn("{task.fields[layers]} layers"),
             TimeElapsedColumn(),
             console=console,
             transient=False,
         )
-        self.task = self.progress.add_task(f"pulling {image}", total=None, layers="0/0")
+        self.task = self.progress.add_task(
+            f"pulling {self.image}", total=None, layers="0/0", rate="?/s", eta="?"
+        )
 
     def __enter__(self) -> PullProgress:
         if self.live:
@@ -353,16 +378,78 @@ class PullProgress:
     ) -> None:
         self.progress.stop()
 
-    def update(self, state: Mapping[str, Any]) -> None:
-        phase = str(state.get("pending_phase"))
-        total = state.get("pending_bytes_total") or None
+    def update(self, state: Mapping[str, Any], *, prefix: str = "pending_") -> None:
+        state = as_text(state)
+
+        def field(name: str, default: Any = 0) -> Any:
+            return state.get(prefix + name, default)
+
+        phase = str(field("phase", ""))
         self.progress.update(
             self.task,
             description=f"{phase} {self.image}",
-            completed=state.get("pending_bytes_done", 0),
-            total=total,
-            layers=f"{state.get('pending_layers_done', 0)}/{state.get('pending_layers_total', 0)}",
+            completed=field("bytes_done"),
+            total=field("bytes_total") or None,
+            layers=f"{field('layers_done')}/{field('layers_total')}",
+            rate=rate(field("rate_bytes_per_s", None)),
+            eta=eta(field("eta_s", None)),
         )
         if phase != self.phase and self.shown and not self.live:
             self.console.print(f"{phase} {self.image}")
         self.phase = phase
+
+
+def rate(value: object) -> str:
+    """The node's download rate, ``12.3 MB/s``; ``?/s`` while it does not know it."""
+    return f"{decimal(int(value))}/s" if isinstance(value, (int, float)) else "?/s"
+
+
+def eta(value: object) -> str:
+    return seconds(float(value)) if isinstance(value, (int, float)) else "?"
+
+
+# --- images ---------------------------------------------------------------------------
+
+
+def show_images(console: Console, answer: Mapping[str, Any]) -> None:
+    answer, now = as_text(answer), datetime.now(timezone.utc)
+    console.print(images_table(answer.get("images", []), now))
+    if answer.get("pulls"):
+        console.print(image_pulls_table(answer["pulls"], now))
+
+
+def images_table(images: list[Mapping[str, Any]], now: datetime) -> Table:
+    table = Table(title="Images", title_justify="left")
+    for column in ("image", "id", "size", "pulled", "used", "in use by", "private"):
+        table.add_column(column)
+    for image in images:
+        table.add_row(
+            image.get("image", ""),
+            str(image.get("id", "")).removeprefix("sha256:")[:12],
+            _size(image.get("size_bytes")),
+            age(image.get("pulled_at"), now) or "-",
+            age(image.get("last_used_at"), now) or "-",
+            ", ".join(image.get("in_use_by", [])),
+            "yes" if image.get("private") else "",
+        )
+    return table
+
+
+def image_pulls_table(pulls: list[Mapping[str, Any]], now: datetime) -> Table:
+    table = Table(title="Pulls", title_justify="left")
+    for column in ("image", "phase", "bytes", "layers", "rate", "ETA", "age", "waiting", "error"):
+        table.add_column(column)
+    for pull in pulls:
+        done, total = pull.get("bytes_done", 0), pull.get("bytes_total", 0)
+        table.add_row(
+            pull.get("image", ""),
+            pull.get("phase", ""),
+            f"{decimal(done)} / {decimal(total)}" if total else decimal(done),
+            f"{pull.get('layers_done', 0)}/{pull.get('layers_total', 0)}",
+            rate(pull.get("rate_bytes_per_s")),
+            eta(pull.get("eta_s")),
+            age(pull.get("started_at"), now),
+            ", ".join(pull.get("waiting", [])),
+            pull.get("error") or "",
+        )
+    return table

@@ -78,6 +78,12 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
         return error_response(NodeError(f"internal error: {type(exc).__name__}"))
 
 
+async def _no_server_header(request: web.Request, response: web.StreamResponse) -> None:
+    """aiohttp names Python's and its own version in ``Server``: a map of the CVEs that
+    apply, given to anyone who connects. The node names nothing."""
+    response.headers.popall("Server", None)
+
+
 def guard_middleware(tokens: TokenSet, *, metrics_public: bool) -> Middleware:
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -159,6 +165,7 @@ def create_node_app(
     app[METRICS] = metrics
     app[TASKS] = BackgroundTasks(log)
     app.add_routes(routes)
+    app.on_response_prepare.append(_no_server_header)
     app.cleanup_ctx.append(_lifecycle(runtime, allocator, clock, sweep=sweep))
     return app
 

@@ -96,6 +96,13 @@ class Metrics(Telemetry):
         self.pull_bytes = CounterMetric(
             f"{PREFIX}_pull_bytes", "Bytes downloaded by image pulls.", registry=registry
         )
+        self.image_pulls = CounterMetric(
+            f"{PREFIX}_image_pulls",
+            "Image pulls (launches' and prefetches' alike, one per download) by result: "
+            "ok, failed, cancelled.",
+            ["result"],
+            registry=registry,
+        )
 
     def _states(self, registry: CollectorRegistry) -> None:
         def gauge(name: str, about: str, labels: tuple[str, ...] = ()) -> Gauge:
@@ -130,6 +137,7 @@ class Metrics(Telemetry):
     def pull_finished(self, outcome: str, seconds: float, bytes_done: int) -> None:
         self.pull_seconds.labels(outcome).observe(seconds)
         self.pull_bytes.inc(bytes_done)
+        self.image_pulls.labels(outcome).inc()
 
     def request(self, route: str, method: str, status: int, seconds: float) -> None:
         self.http.labels(route, method, str(status)).observe(seconds)

@@ -22,8 +22,10 @@ from tuneplane_node.errors import (
     BadRequest,
     EngineConflict,
     ImageAccessDenied,
+    InsufficientStorage,
     NameTaken,
     NoCapacity,
+    NoClientCertificate,
     NodeCordoned,
     NodeError,
     NoRdma,
@@ -34,7 +36,8 @@ from tuneplane_node.errors import (
     Unauthorized,
 )
 from tuneplane_node.jobs import AlreadyPending, AlreadyRunning, Pulling, Started
-from tuneplane_node.wire import answers, requests, schema
+from tuneplane_node.jobs.pending import PULLING
+from tuneplane_node.wire import answers, images, requests, schema
 from tuneplane_node.wire.fields import Body
 from tuneplane_node.wire.schema import ENGINE
 from tuneplane_node.wire.stats import StatsJson, parse_stats, stats_json
@@ -86,18 +89,19 @@ def api(
     query: Body | None = None,
     errors: tuple[schema.Raised, ...] = (),
     text: str | None = None,
+    accepted: bool = False,
     feature: str | None = None,
 ) -> Callable[[Handler], Handler]:
     """Serve the handler at ``method path``, and declare it to the OpenAPI document: the
-    200's JSON shape (``answer``), the request's body or query, the errors of its own
-    (`NodeError` classes: their statuses and codes), the optional feature it serves
-    (`features`) (`schema.Operation`). The summary is the first paragraph of the
-    handler's docstring."""
+    200's JSON shape (``answer``; ``accepted``: a 202's too), the request's body or
+    query, the errors of its own (`NodeError` classes: their statuses and codes), the
+    optional feature it serves (`features`) (`schema.Operation`). The summary is the
+    first paragraph of the handler's docstring."""
 
     def serve(handler: Handler) -> Handler:
         summary = " ".join((handler.__doc__ or "").split("\n\n")[0].split())
         declared = schema.Operation(
-            method, path, summary, answer, body, query, errors, text, feature
+            method, path, summary, answer, body, query, errors, text, accepted, feature
         )
         OPERATIONS.append(declared)
         routes.route(method.upper(), path)(handler)
@@ -129,7 +133,7 @@ def encoded(body: bytes, status: int = 200) -> web.Response:
     return web.Response(body=body, status=status, content_type="application/json", charset="utf-8")
 
 
-@api("get", "/metrics", None, errors=(Unauthorized,), text=CONTENT_TYPE)
+@api("get", "/metrics", None, errors=(Unauthorized, NoClientCertificate), text=CONTENT_TYPE)
 async def metrics(request: web.Request) -> web.Response:
     """Prometheus' text format; the token unless TUNEPLANE_METRICS_PUBLIC.
 
@@ -160,6 +164,39 @@ async def launch(request: web.Request) -> web.Response:
         outcome.gpus = getattr(result, "gpus", None)
     request.app[METRICS].launch(outcome.result)
     return answer(answers.launch_json(result, ref=launch_request.ref))
+
+
+@api(
+    "post",
+    "/node/v1/images/pull",
+    images.PrefetchJson,
+    body=requests.PREFETCH,
+    errors=(ImageAccessDenied, RegistryRefused, *ENGINE),
+    accepted=True,
+    feature="images",
+)
+async def prefetch(request: web.Request) -> web.Response:
+    """Pull an image before the launches that need it: 202 pulling, or 200 present.
+
+    The pull runs in the background, shared with launches of the image (a launch made
+    meanwhile waits on this one download). Cordon does not refuse it. Wrong credentials
+    fail it as they fail a launch: GET /node/v1/images shows the error."""
+    prefetch_request = requests.parse_prefetch(await read_object(request))
+    with audited(request, "prefetch", image=prefetch_request.image) as outcome:
+        result = await request.app[JOBS].catalog.prefetch(prefetch_request)
+        outcome.result = result.phase
+    status = 202 if result.phase == PULLING else 200
+    return answer(images.prefetch_json(result), status)
+
+
+@api("get", "/node/v1/images", images.ImagesJson, errors=ENGINE, feature="images")
+async def list_images(request: web.Request) -> web.Response:
+    """The images the node pulled or its containers use, and the pulls under way.
+
+    Not every image of the engine: only the node's. Each pull with its bytes, layers,
+    rate and time left (null while unknown); a failed prefetch stays with its error as
+    long as a failed launch's record."""
+    return answer(images.images_json(await request.app[JOBS].catalog.view()))
 
 
 @api("post", "/node/v1/observe", answers.ObserveJson, body=requests.REFS, errors=ENGINE)
@@ -262,7 +299,14 @@ async def inventory(request: web.Request) -> web.Response:
     return answer(answers.inventory_json(facts, features=features()))
 
 
-@api("post", "/node/v1/cordon", answers.NodeStateJson, body=requests.CORDON, feature="cordon")
+@api(
+    "post",
+    "/node/v1/cordon",
+    answers.NodeStateJson,
+    body=requests.CORDON,
+    errors=(InsufficientStorage,),
+    feature="cordon",
+)
 async def cordon(request: web.Request) -> web.Response:
     """Refuse new launches."""
     reason = requests.parse_cordon(await read_object(request))
@@ -272,7 +316,14 @@ async def cordon(request: web.Request) -> web.Response:
     return answer(answers.node_state_json(node))
 
 
-@api("post", "/node/v1/drain", answers.NodeStateJson, body=requests.DRAIN, feature="cordon")
+@api(
+    "post",
+    "/node/v1/drain",
+    answers.NodeStateJson,
+    body=requests.DRAIN,
+    errors=(InsufficientStorage,),
+    feature="cordon",
+)
 async def drain(request: web.Request) -> web.Response:
     """Cordon, cancel pending launches and stop every job."""
     reason, plan = requests.parse_drain(await read_object(request))
@@ -285,7 +336,14 @@ async def drain(request: web.Request) -> web.Response:
     return answer(answers.node_state_json(node))
 
 
-@api("post", "/node/v1/uncordon", answers.NodeStateJson, body=requests.UNCORDON, feature="cordon")
+@api(
+    "post",
+    "/node/v1/uncordon",
+    answers.NodeStateJson,
+    body=requests.UNCORDON,
+    errors=(InsufficientStorage,),
+    feature="cordon",
+)
 async def uncordon(request: web.Request) -> web.Response:
     """Take launches again."""
     requests.parse_uncordon(await read_object(request))  # {} or nothing

@@ -6,7 +6,7 @@ connection that has not sent its request headers within ``TUNEPLANE_HEADER_TIMEO
 or sits idle that long between requests, is closed (aiohttp's keep-alive timer, armed
 from the moment a connection opens); the number of open connections stays under the
 open-file limit by closing the oldest idle ones; and a failing ``accept()`` is logged
-at most once a second, without a traceback.
+at most once a second, without a traceback, as is a malformed request (never its bytes).
 
 SIGTERM and SIGINT stop the daemon gracefully; SIGHUP reads the token file and the TLS
 certificate again. Under systemd (``Type=notify``) it says ``READY=1`` once it serves and
@@ -23,20 +23,22 @@ import resource
 import signal
 import socket
 import ssl
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler, Middleware
 from aiohttp.web_protocol import RequestHandler
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
-from tuneplane_node.daemon.app import create_node_app
+from tuneplane_node.daemon.app import create_node_app, error_response
 from tuneplane_node.daemon.listener import describe, listen
 from tuneplane_node.daemon.notify import notify
 from tuneplane_node.daemon.state import REGISTRY_AUTH, TASKS, TOKENS
-from tuneplane_node.errors import ConfigError
+from tuneplane_node.errors import ConfigError, NoClientCertificate
 from tuneplane_node.settings import NodeSettings, env_name
 
 log = logging.getLogger(__name__)
@@ -59,7 +61,9 @@ class ConnectionGuard:
     """Keeps the open connections under ``limit`` by closing the oldest idle ones.
 
     Idle means no request being handled: a client trickling its headers, or a
-    keep-alive connection between requests. A request in flight is never cut.
+    keep-alive connection between requests, or one still in its TLS handshake (the
+    handshake is the guard's own, `TlsHandshake`: asyncio's would hold a connection,
+    unseen, until a ClientHello came). A request in flight is never cut.
     """
 
     def __init__(self, limit: int, *, clock: Clock = SYSTEM_CLOCK) -> None:
@@ -68,40 +72,65 @@ class ConnectionGuard:
         # RequestHandler has __slots__ and no weak references: plain containers, pruned.
         self.opened: dict[RequestHandler, float] = {}
         self.busy: set[Any] = set()
+        self.handshakes: dict[TlsHandshake, float] = {}  # each while it lasts
         self.shed = 0
         self._said = -QUIET_S
 
-    def factory(self, server: web.Server) -> Callable[[], RequestHandler]:
-        def connection() -> RequestHandler:
+    def factory(
+        self, server: web.Server, *, tls: ssl.SSLContext | None = None, handshake_s: float = 10
+    ) -> Callable[[], asyncio.Protocol]:
+        """Each accepted connection's protocol: aiohttp's handler, after a handshake of
+        at most ``handshake_s`` with ``tls``."""
+
+        def connection() -> asyncio.Protocol:
             room = self._make_room(server)
-            handler = server()
-            self.opened[handler] = self.clock.monotonic()
-            if not room:  # every connection is busy: this one waits for nobody
-                asyncio.get_running_loop().call_soon(handler.force_close)
-            return handler
+            opened = self.clock.monotonic()
+            if tls is not None:
+                gate = TlsHandshake(self, server, tls, timeout_s=handshake_s)
+                self.handshakes[gate] = opened
+                if not room:  # as below: it waits for nobody
+                    asyncio.get_running_loop().call_soon(gate.abort)
+                return gate
+            return self.handler(server, opened, room=room)
 
         return connection
+
+    def handler(self, server: web.Server, opened: float, *, room: bool) -> RequestHandler:
+        handler = server()
+        self.opened[handler] = opened
+        if not room:  # every connection is busy: this one waits for nobody
+            asyncio.get_running_loop().call_soon(handler.force_close)
+        return handler
 
     def _make_room(self, server: web.Server) -> bool:
         # A closed handler stays listed until its task ends: count the open ones.
         connections = [handler for handler in server.connections if handler.transport is not None]
         if len(self.opened) > 2 * len(connections) + 64:  # forget the closed, now and then
             self.opened = {h: self.opened[h] for h in connections if h in self.opened}
-        excess = len(connections) + 1 - self.limit
+        count = len(connections) + len(self.handshakes)
+        excess = count + 1 - self.limit
         if excess <= 0:
             return True
-        idle = sorted(
-            (handler for handler in connections if handler not in self.busy),
-            key=lambda handler: self.opened.get(handler, 0.0),
-        )
+        idle: list[tuple[float, Callable[[], None]]] = [
+            (self.opened.get(handler, 0.0), handler.force_close)
+            for handler in connections
+            if handler not in self.busy
+        ]
+        idle += [(opened, gate.abort) for gate, opened in self.handshakes.items()]
+        idle.sort(key=lambda entry: entry[0])
         # Close a sixteenth of the limit more than needed: under a flood the scan and
         # sort run once per batch of accepts, not on every one.
         closing = idle[: excess + self.limit // 16]
-        for handler in closing:
-            handler.force_close()
+        for _, close in closing:
+            close()
         self.shed += len(closing)
-        self._say(f"{len(connections)} connections open: closed the {len(closing)} oldest idle")
+        self._say(f"{count} connections open: closed the {len(closing)} oldest idle")
         return len(closing) >= excess
+
+    def abort_handshakes(self) -> None:
+        """At shutdown: no handshake outlives the server (its task ends with it)."""
+        for gate in list(self.handshakes):
+            gate.abort()
 
     def _say(self, message: str) -> None:
         now = self.clock.monotonic()
@@ -122,6 +151,72 @@ class ConnectionGuard:
                 self.busy.discard(protocol)
 
         return busy
+
+
+class TlsHandshake(asyncio.Protocol):
+    """A TLS connection until its handshake is done, within the header timeout; then
+    aiohttp's handler takes it (`loop.start_tls`), opened as the connection was.
+
+    Until then it is the guard's to count and to close: a client that never sends its
+    ClientHello holds a file descriptor like any other idle connection.
+    """
+
+    def __init__(
+        self,
+        guard: ConnectionGuard,
+        server: web.Server,
+        context: ssl.SSLContext,
+        *,
+        timeout_s: float,
+    ) -> None:
+        self.guard = guard
+        self.server = server
+        self.context = context
+        self.timeout_s = timeout_s
+        self.transport: asyncio.Transport | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        if self not in self.guard.handshakes:  # shed before it was made
+            transport.abort()
+            return
+        transport.pause_reading()  # the ClientHello is the handshake's to read
+        self.task = asyncio.get_running_loop().create_task(self._handshake())
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.guard.handshakes.pop(self, None)  # gone before its handshake began
+
+    def abort(self) -> None:
+        self.guard.handshakes.pop(self, None)
+        if self.transport is not None:
+            self.transport.abort()
+
+    async def _handshake(self) -> None:
+        assert self.transport is not None
+        opened = self.guard.handshakes.get(self)
+        if opened is None:  # shed before it began (and aborted then)
+            return
+        handler = self.guard.handler(self.server, opened, room=True)
+        try:
+            secured = await asyncio.get_running_loop().start_tls(
+                self.transport,
+                handler,
+                self.context,
+                server_side=True,
+                ssl_handshake_timeout=self.timeout_s,
+            )
+        except (OSError, asyncio.TimeoutError):  # refused, timed out, shed, or gone
+            self.guard.opened.pop(handler, None)
+            self.transport.abort()
+            return
+        finally:
+            self.guard.handshakes.pop(self, None)
+        if secured is None:  # closed the moment its handshake was done
+            self.guard.opened.pop(handler, None)
+            return
+        handler.connection_made(secured)
 
 
 class LoopSlices:
@@ -199,11 +294,13 @@ class GuardedSite(web.TCPSite):
         guard: ConnectionGuard,
         *,
         sock: socket.socket | None = None,
+        handshake_s: float = 10,
         **options: Any,
     ) -> None:
         super().__init__(runner, **options)
         self.guard = guard
         self.sock = sock
+        self.handshake_s = handshake_s
         # Named now, as SockSite does: a closed socket has no address.
         scheme = "https" if self._ssl_context else "http"
         self.sock_name = None if sock is None else f"{scheme}://{describe(sock)}"
@@ -219,8 +316,12 @@ class GuardedSite(web.TCPSite):
         where: dict[str, Any] = {"sock": self.sock}
         if self.sock is None:
             where = {"host": self._host, "port": self._port, "reuse_address": self._reuse_address}
+        # TLS is the guard's (its handshakes count, within the header timeout), not
+        # asyncio's: asyncio's waits 60 s for a ClientHello, out of the guard's sight.
         self._server = await asyncio.get_running_loop().create_server(
-            self.guard.factory(server), ssl=self._ssl_context, backlog=self._backlog, **where
+            self.guard.factory(server, tls=self._ssl_context, handshake_s=self.handshake_s),
+            backlog=self._backlog,
+            **where,
         )
 
 
@@ -236,7 +337,8 @@ def connection_limit() -> int:
 
 
 def tls_context(settings: NodeSettings) -> ssl.SSLContext | None:
-    """HTTPS only, TLS 1.2 or newer; with a client CA, a client certificate is required."""
+    """HTTPS only, TLS 1.2 or newer; with a client CA, a client certificate is asked for
+    and, when given, verified: `client_certificates` says which paths need one."""
     if settings.tls_cert_file is None:
         return None
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -245,7 +347,7 @@ def tls_context(settings: NodeSettings) -> ssl.SSLContext | None:
         load_certificate(context, settings)
         if settings.tls_client_ca_file is not None:
             context.load_verify_locations(cafile=settings.tls_client_ca_file)
-            context.verify_mode = ssl.CERT_REQUIRED
+            context.verify_mode = ssl.CERT_OPTIONAL
     except (OSError, ssl.SSLError) as exc:
         raise ConfigError(f"{env_name('tls_cert_file')}: cannot use the TLS files: {exc}") from None
     return context
@@ -255,6 +357,28 @@ def load_certificate(context: ssl.SSLContext, settings: NodeSettings) -> None:
     """(Re)load the chain and key; handshakes after this use the new certificate."""
     assert settings.tls_cert_file is not None and settings.tls_key_file is not None
     context.load_cert_chain(settings.tls_cert_file, settings.tls_key_file)
+
+
+def client_certificates(settings: NodeSettings) -> Middleware:
+    """Mutual TLS per path: a client certificate on every path but ``/healthz``, which
+    the image's HEALTHCHECK and kubelet's probes call without one (kubelet's rule too:
+    its probes are not its API's clients)."""
+    refused = NoClientCertificate(setting=env_name("tls_client_ca_file"))
+
+    @web.middleware
+    async def certified(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path != LIVENESS_PATH and not _certified(request):
+            return error_response(refused)
+        return await handler(request)
+
+    return certified
+
+
+def _certified(request: web.Request) -> bool:
+    """Whether the peer gave a certificate (verified in the handshake, or refused there)."""
+    transport = request.transport
+    tls = transport.get_extra_info("ssl_object") if transport is not None else None
+    return isinstance(tls, ssl.SSLObject) and tls.getpeercert(binary_form=True) is not None
 
 
 # --- running -----------------------------------------------------------------------------
@@ -267,7 +391,10 @@ async def serve(settings: NodeSettings, *, host: str, port: int) -> None:
     """
     context = tls_context(settings)
     guard = ConnectionGuard(connection_limit())
-    app = create_node_app(settings, middlewares=(guard.middleware(), LoopSlices().middleware()))
+    middlewares = [guard.middleware(), LoopSlices().middleware()]
+    if context is not None and settings.tls_client_ca_file is not None:
+        middlewares.append(client_certificates(settings))
+    app = create_node_app(settings, middlewares=tuple(middlewares))
     # The port before the start-up (the cache's sync can take seconds): a job looping on
     # bind() during a restart would take it meanwhile. Clients wait in the backlog.
     sockets = listen(host, port, backlog=BACKLOG)
@@ -290,6 +417,7 @@ async def _run(
     runner = web.AppRunner(
         app,
         access_log=None,
+        logger=QuietBadRequests(log),
         keepalive_timeout=settings.header_timeout_s,
         shutdown_timeout=settings.local_stop_timeout,
     )
@@ -302,11 +430,18 @@ async def _run(
         await runner.setup()
         freeze_start_up()
         try:
-            served = await _serve_on(runner, guard, sockets=sockets, context=context)
+            served = await _serve_on(
+                runner,
+                guard,
+                sockets=sockets,
+                context=context,
+                handshake_s=settings.header_timeout_s,
+            )
             notify("READY=1", f"STATUS=serving on {served}")
             await _until_stopped(lambda: _reload(app, settings, context))
         finally:
             notify("STOPPING=1")
+            guard.abort_handshakes()
             await runner.cleanup()  # the app's cleanup: pulls cancelled, the engine closed
     finally:
         loop.set_exception_handler(previous)
@@ -327,10 +462,14 @@ async def _serve_on(
     *,
     sockets: list[socket.socket],
     context: ssl.SSLContext | None,
+    handshake_s: float,
 ) -> str:
-    """Serve the bound sockets, one site each; their addresses, for the log and systemd."""
+    """Serve the bound sockets, one site each; their addresses, for the log and systemd.
+    A TLS handshake has ``handshake_s`` (the header timeout), as headers do."""
     sites = [
-        GuardedSite(runner, guard, sock=sock, ssl_context=context, backlog=BACKLOG)
+        GuardedSite(
+            runner, guard, sock=sock, ssl_context=context, backlog=BACKLOG, handshake_s=handshake_s
+        )
         for sock in sockets
     ]
     for site in sites:
@@ -391,4 +530,40 @@ class QuietAccept:
         log.error(
             "accept() failed: %s (%d more not logged)", context.get("exception"), self.dropped
         )
+        self.said, self.dropped = now, 0
+
+
+class QuietBadRequests(logging.LoggerAdapter):  # type: ignore[type-arg] # generic at 3.11 only
+    """aiohttp's log of the requests it could not parse, one line a second at most.
+
+    aiohttp logs each with a traceback quoting the bad line: 16 KB a request, a token
+    in it when the bad line was an ``Authorization`` header. This says the peer and the
+    error's kind, never the bytes; other errors pass through as they are.
+    """
+
+    def __init__(self, logger: logging.Logger, *, clock: Clock = SYSTEM_CLOCK) -> None:
+        super().__init__(logger, {})
+        self.clock = clock
+        self.said = -QUIET_S
+        self.dropped = 0
+
+    def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
+        error = kwargs.get("exc_info")
+        if error is True:
+            error = sys.exc_info()[1]
+        if not isinstance(error, HttpProcessingError):
+            super().log(level, msg, *args, **kwargs)
+            return
+        if not self.logger.isEnabledFor(level):
+            return
+        now = self.clock.monotonic()
+        if now - self.said < QUIET_S:
+            self.dropped += 1
+            return
+        peer = args[0] if args else "?"
+        self.logger.log(
+            min(level, logging.WARNING),  # a client's fault, not the node's
+            "malformed request from %s (%s, answered %s; %d more not logged)",
+            peer, type(error).__name__, error.code, self.dropped,
+        )  # fmt: skip
         self.said, self.dropped = now, 0

@@ -230,7 +230,8 @@ class GpuAllocator:
             if n > len(usable):
                 raise occupancy.refusal(n)
             links = occupancy.gpus.links if occupancy.gpus else {}
-            cards = tuple(choose_cards(usable, n, links))
+            nodes = occupancy.gpus.numa_nodes() if occupancy.gpus else {}
+            cards = tuple(choose_cards(usable, n, links, nodes=nodes))
             self._claims[ref] = cards
             self._claims_changed += 1
         log.info("run %s claims gpus %s", run_id, list(cards))

@@ -12,15 +12,17 @@ from __future__ import annotations
 import ctypes
 import itertools
 import logging
+import os
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, TypeVar
 
 import pynvml
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
+from tuneplane_node.gpu import numa
 from tuneplane_node.gpu.health import CardFaults, HealthTracker
 from tuneplane_node.gpu.probe import (
     CardFacts,
@@ -51,6 +53,7 @@ _PCIE_SWITCH_LEVELS = frozenset(
     {pynvml.NVML_TOPOLOGY_INTERNAL, pynvml.NVML_TOPOLOGY_SINGLE, pynvml.NVML_TOPOLOGY_MULTIPLE}
 )
 _NUMA_LEVELS = frozenset({pynvml.NVML_TOPOLOGY_HOSTBRIDGE, pynvml.NVML_TOPOLOGY_NODE})
+_SCOPE_NODE = pynvml.NVML_AFFINITY_SCOPE_NODE
 
 
 def _optional(call: Callable[..., T], *args: Any) -> T | None:
@@ -116,6 +119,7 @@ class NvmlProbe:
         self._count = self._system(pynvml.nvmlDeviceGetCount) or 0
         handles = _start_handles(self._count)
         self.links: Mapping[tuple[int, int], str] = MappingProxyType(read_topology(handles))
+        self._places = {index: read_affinity(index, handle) for index, handle in handles.items()}
         enabled = settings.local_check_gpu_health
         self._xids = XidWatcher(handles) if enabled and handles else None
 
@@ -160,12 +164,18 @@ class NvmlProbe:
         try:
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             reading = read_card(index, handle, xids)
+            reading = self._placed(reading)
         except Exception as exc:
             self._warnings.warn(("card", index), f"GPU {index} not answering: {exc!r}")
             lost = CardFaults(lost=True, xids=xids)
             return _Reading(CardFacts(index=index), lost, processes_ok=False)
         self._warnings.clear(("card", index))
         return reading
+
+    def _placed(self, reading: _Reading) -> _Reading:
+        """The card with the NUMA node and CPUs read at start (the driver's do not move)."""
+        node, cpus = self._places.get(reading.card.index, (None, ()))
+        return replace(reading, card=replace(reading.card, numa_node=node, cpus=cpus))
 
     @staticmethod
     def _system(call: Callable[[], T]) -> T | None:
@@ -326,6 +336,39 @@ def _nvlinked(a: _Place, b: _Place) -> bool:
     if b.bus in a.peers.gpus or a.bus in b.peers.gpus:
         return True
     return bool(a.peers.switches & b.peers.switches)
+
+
+# --- CPU affinity -----------------------------------------------------------------------
+
+
+def read_affinity(index: int, handle: Any) -> tuple[int | None, tuple[int, ...]]:
+    """The card's NUMA node and that node's CPUs: the driver's memory and CPU affinity,
+    else sysfs (the PCI device's ``numa_node``, the node's ``cpulist``); unknown stays so."""
+    try:
+        nodes = mask_numbers(_optional(pynvml.nvmlDeviceGetMemoryAffinity, handle, 4, _SCOPE_NODE))
+        node = nodes[0] if len(nodes) == 1 else numa.pci_numa_node(_text(_pci_bus(handle)))
+        words = max(16, -(-(os.cpu_count() or 1) // 64))
+        cpus = mask_numbers(
+            _optional(pynvml.nvmlDeviceGetCpuAffinityWithinScope, handle, words, _SCOPE_NODE)
+        )
+    except Exception as exc:  # old bindings lack these calls; a card gone says so later
+        log.warning("GPU %d: NUMA node and CPUs unknown: %s", index, exc)
+        return None, ()
+    if not cpus and node is not None:
+        cpus = numa.node_cpus().get(node, ())
+    return node, cpus
+
+
+def mask_numbers(words: Any) -> tuple[int, ...]:
+    """The set bits of an array of 64-bit words, bit 0 of word 0 first; () for None."""
+    if words is None:
+        return ()
+    return tuple(
+        64 * position + bit
+        for position, word in enumerate(words)
+        for bit in range(64)
+        if int(word) >> bit & 1
+    )
 
 
 # --- XID events -------------------------------------------------------------------------

@@ -46,6 +46,8 @@ class CardFacts:
     power_w: float | None = None  # drawn now, in watts
     unhealthy: str | None = None
     processes: tuple[GpuProcess, ...] = ()
+    numa_node: int | None = None  # the NUMA node whose memory is nearest the card
+    cpus: tuple[int, ...] = ()  # the CPUs of that node, as the driver says; (): unknown
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,10 @@ class GpuSnapshot:
         (the first seen on a tie)."""
         names = [card.name for card in self.cards if card.name]
         return Counter(names).most_common(1)[0][0] if names else None
+
+    def numa_nodes(self) -> dict[int, int]:
+        """Card index to NUMA node, for the cards whose node is known."""
+        return {card.index: card.numa_node for card in self.cards if card.numa_node is not None}
 
     def pids(self) -> set[int]:
         """Every process seen on any card: what the runtime is asked to place."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import TypeVar
@@ -39,7 +40,12 @@ class SimulatedProbe:
                     "utilization_pct": 0, "power_w": 70.5, "ecc_uncorrected": 0,
                     "retired_pages_pending": false, "xid": [], "lost": false,
                     "processes": [{"pid": 1234, "used_mib": 500}]}],
-         "links": [[0, 1, "nvlink"], [2, 3, "pcie_switch"]]}
+         "links": [[0, 1, "nvlink"], [2, 3, "pcie_switch"]],
+         "numa_cpus": {"0": [0, 1], "1": [2, 3]}}
+
+    A card's optional ``numa_node`` and the top-level ``numa_cpus`` (a NUMA node, as a
+    string key, to its CPU numbers) are all the node knows of CPU affinity: a card gets
+    the CPUs of its node, and none (unknown) when either is missing.
 
     ``xid`` lists events since the previous read, so an XID left in the file counts
     again on every read (and keeps restarting the quarantine). A file that cannot be
@@ -91,7 +97,11 @@ class SimulatedProbe:
         if len(set(indices)) != len(indices):
             raise SimulationError(f"cards: duplicate index in {indices}")
         links = _parse_links(top.get("links", []), set(indices))
-        cards = tuple(self._health.judge(card, faults) for card, faults in readings)
+        numa = _parse_numa_cpus(top.get("numa_cpus", {}))
+        cards = tuple(
+            self._health.judge(replace(card, cpus=numa.get(card.numa_node, ())), faults)
+            for card, faults in readings
+        )
         return GpuSnapshot(
             source=self.source,
             ok=True,
@@ -120,6 +130,7 @@ def _parse_card(entry: object, where: str) -> tuple[CardFacts, CardFaults]:
         temperature_c=_field(card, "temperature_c", int, where),
         utilization_pct=_field(card, "utilization_pct", int, where),
         power_w=_number(card, "power_w", where),
+        numa_node=_numa_node(card, where),
         processes=tuple(
             _parse_process(p, f"{where}.processes[{i}]") for i, p in enumerate(processes)
         ),
@@ -157,6 +168,26 @@ def _parse_links(data: object, indices: set[int]) -> dict[tuple[int, int], str]:
             raise SimulationError(f"{where}: needs two different listed cards, got {a}, {b}")
         links[(min(a, b), max(a, b))] = kind
     return links
+
+
+def _numa_node(card: Mapping[str, object], where: str) -> int | None:
+    node = _field(card, "numa_node", int, where)
+    if node is not None and node < 0:
+        raise SimulationError(f"{where}.numa_node: needs a node >= 0, got {node}")
+    return node
+
+
+def _parse_numa_cpus(data: object) -> dict[int | None, tuple[int, ...]]:
+    nodes: dict[int | None, tuple[int, ...]] = {}
+    for key, cpus in _expect(data, dict, "numa_cpus").items():
+        where = f"numa_cpus[{key!r}]"
+        if not (isinstance(key, str) and key.isdigit()):
+            raise SimulationError(f"{where}: a NUMA node is a whole number as a string key")
+        numbers = [_expect(cpu, int, where) for cpu in _expect(cpus, list, where)]
+        if any(cpu < 0 for cpu in numbers):
+            raise SimulationError(f"{where}: CPU numbers are >= 0, got {numbers}")
+        nodes[int(key)] = tuple(sorted(set(numbers)))
+    return nodes
 
 
 def _expect(value: object, kind: type[T], where: str) -> T:

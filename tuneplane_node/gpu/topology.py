@@ -1,8 +1,10 @@
-"""Which free cards a multi-GPU job gets: the best-connected set, then the lowest indices.
+"""Which free cards a job gets: the best-connected set, packed, then the lowest indices.
 
 Collective traffic between a job's cards runs at the speed of its slowest pair, so a
 set is as good as its worst link: all-NVLink beats all-under-one-PCIe-switch beats
-all-on-one-NUMA-node beats anything.
+all-on-one-NUMA-node beats anything. Among sets as good, one on a single NUMA node goes
+to the node with the fewest usable cards that still hold it (best fit): small jobs fill
+the socket already in use, and a later large job still finds a whole socket free.
 """
 
 from __future__ import annotations
@@ -22,8 +24,15 @@ MAX_EXHAUSTIVE = 12870
 _Joined = Callable[[int, int], bool]
 
 
-def choose_cards(free: Sequence[int], n: int, links: Mapping[tuple[int, int], str]) -> list[int]:
-    """``n`` cards from ``free``, best-connected first; among equals the lowest indices.
+def choose_cards(
+    free: Sequence[int],
+    n: int,
+    links: Mapping[tuple[int, int], str],
+    *,
+    nodes: Mapping[int, int] | None = None,
+) -> list[int]:
+    """``n`` cards from ``free``, best-connected first, then packed by NUMA node
+    (``nodes``: card to node, where known); among equals the lowest indices.
 
     Raises ValueError when fewer than ``n`` cards are free.
     """
@@ -32,20 +41,39 @@ def choose_cards(free: Sequence[int], n: int, links: Mapping[tuple[int, int], st
         return []
     if n > len(cards):
         raise ValueError(f"asked for {n} cards, only {len(cards)} free: {cards}")
+    places = [*_best_fit(cards, n, nodes or {}), cards]
     if n == 1:
-        return cards[:1]
-    ranks = _ranks(links)
+        return places[0][:1]
+    ranks = _ranks(links, nodes or {})
     for tier in sorted(set(RANK.values()), reverse=True):
-        group = _first_joined(cards, n, ranks, tier)
-        if group is not None:
-            return group
+        for place in places:
+            group = _first_joined(place, n, ranks, tier)
+            if group is not None:
+                return group
     return cards[:n]
 
 
-def _ranks(links: Mapping[tuple[int, int], str]) -> dict[tuple[int, int], int]:
+def _best_fit(cards: list[int], n: int, nodes: Mapping[int, int]) -> list[list[int]]:
+    """The free cards of each NUMA node that holds ``n`` of them, fewest first (ties: the
+    node with the lowest card). Cards of no known node are in none."""
+    by_node: dict[int, list[int]] = {}
+    for card in cards:
+        if card in nodes:
+            by_node.setdefault(nodes[card], []).append(card)
+    fitting = [group for group in by_node.values() if len(group) >= n]
+    return sorted(fitting, key=lambda group: (len(group), group[0]))
+
+
+def _ranks(
+    links: Mapping[tuple[int, int], str], nodes: Mapping[int, int]
+) -> dict[tuple[int, int], int]:
+    """Each pair's rank; two cards on one known NUMA node are at least a ``numa`` pair."""
     ranks: dict[tuple[int, int], int] = {}
     for (a, b), kind in links.items():
         ranks[(min(a, b), max(a, b))] = RANK.get(kind, 0)
+    for a, b in itertools.combinations(sorted(nodes), 2):
+        if nodes[a] == nodes[b]:
+            ranks[(a, b)] = max(ranks.get((a, b), 0), RANK["numa"])
     return ranks
 
 

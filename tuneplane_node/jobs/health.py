@@ -75,4 +75,5 @@ async def read_inventory(
         accelerator_count=allocator.card_count(gpus),
         runtime=f"{engine.engine}://{engine.version}" if engine.version else None,
         node=node,
+        cpu_affinity=settings.cpu_affinity,
     )

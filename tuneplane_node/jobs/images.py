@@ -23,6 +23,7 @@ import logging
 import os
 import secrets
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -159,16 +160,26 @@ class ImageKeeper:
 
     async def credentials(self, request: LaunchRequest) -> RegistryAuth | None:
         """The launch's own credentials, else the node file's for the image's registry."""
-        if request.auth is not None or self.credentials_file is None:
-            return request.auth
-        registry_name = ImageName.parse(request.spec.image).registry
+        return await self.credentials_for(request.spec.image, request.auth)
+
+    async def credentials_for(self, image: str, auth: RegistryAuth | None) -> RegistryAuth | None:
+        """``auth`` (a launch's or a prefetch's own), else the node file's for the
+        image's registry."""
+        if auth is not None or self.credentials_file is None:
+            return auth
+        registry_name = ImageName.parse(image).registry
         return await asyncio.to_thread(self.credentials_file.lookup, registry_name)
 
     @staticmethod
-    def must_pull(request: LaunchRequest) -> bool:
+    def must_pull(image: str, pull_policy: str) -> bool:
         """Whether a present image is pulled again: ``always``, unless it is named by
         digest (that content never changes)."""
-        return request.pull_policy == ALWAYS and not ImageName.parse(request.spec.image).by_digest
+        return pull_policy == ALWAYS and not ImageName.parse(image).by_digest
+
+    def private(self, names: Iterable[str]) -> bool:
+        """Whether an image of these names is one the node pulled with credentials."""
+        recorded = self.record.images
+        return any(ImageName.parse(name).repository in recorded for name in names)
 
     async def admit(self, image: str, auth: RegistryAuth | None) -> None:
         """Return when a present image may run for these credentials; else

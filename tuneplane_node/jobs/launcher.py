@@ -16,10 +16,12 @@ from dataclasses import replace
 from tuneplane_node.clock import Clock
 from tuneplane_node.errors import NodeError
 from tuneplane_node.gpu.allocator import GpuAllocator
+from tuneplane_node.jobs.affinity import CpuAffinity
 from tuneplane_node.jobs.confinement import JobRules
 from tuneplane_node.jobs.images import ImageKeeper
 from tuneplane_node.jobs.mounts import MountPolicy
 from tuneplane_node.jobs.pending import STARTING, PendingLaunch, PendingTable
+from tuneplane_node.jobs.prefetch import Prefetcher
 from tuneplane_node.jobs.pulls import PullCoordinator
 from tuneplane_node.jobs.results import LaunchRequest, Pulling, Started
 from tuneplane_node.runtime.base import DEVICES_ENV, ContainerRuntime, ContainerSpec, Mount
@@ -85,7 +87,9 @@ class Launcher:
         self.pending = PendingTable(clock=clock)
         self.tasks = BackgroundTasks(log)  # the pending launches'
         self.rules = JobRules(settings)
-        self.mounts = MountPolicy(settings.mount_roots)
+        self.affinity = CpuAffinity(settings)
+        self.mounts = MountPolicy(settings.mount_roots, never_a_root=settings.never_a_root)
+        self.prefetcher = Prefetcher(runtime, pulls, images=images, clock=clock)
 
     async def vetted(self, request: LaunchRequest) -> LaunchRequest:
         """The launch with its spec as the node allows it: the operator's confinement
@@ -110,15 +114,16 @@ class Launcher:
         present = await self.runtime.image_exists(image)
         if present:
             await self.images.admit(image, request.auth)
-        if present and not self.images.must_pull(request):
+        if present and not self.images.must_pull(image, request.pull_policy):
             return await self.start_now(request)
         return await self.start_pending(request)
 
     async def start_now(self, request: LaunchRequest) -> Started:
         """The container, with the cards it was given; its image is here."""
         async with Reservation(self.allocator, request) as cards:
-            container_id = await self.runtime.run(replace(request.spec, gpus=cards))
+            container_id = await self.runtime.run(await self._placed(request.spec, cards))
         # The label holds the cards now, or nobody does.
+        await self._used(request)
         log.info("launch %s: running with gpus %s", request.ref, list(cards))
         return Started(container_id[:12], cards)
 
@@ -147,9 +152,8 @@ class Launcher:
         # A pull takes minutes, in which a job could swap a mount's directory for a link.
         mounts = await self._checked_mounts(record.request.spec)
         cards = await reservation.claim()
-        start = asyncio.ensure_future(
-            self.runtime.run(replace(record.request.spec, gpus=cards, mounts=mounts))
-        )
+        spec = await self._placed(replace(record.request.spec, mounts=mounts), cards)
+        start = asyncio.ensure_future(self.runtime.run(spec))
         try:
             await asyncio.shield(start)
         except asyncio.CancelledError:
@@ -159,6 +163,26 @@ class Launcher:
                 await start
             await self._teardown(record.ref)
             raise
+        await self._used(record.request)
+
+    async def _used(self, request: LaunchRequest) -> None:
+        """Write the container's image's use in the ledger: the image id the engine made
+        it from (the tag may have moved since). The container runs either way."""
+        ledger = self.pulls.ledger
+        if ledger is None:
+            return
+        try:
+            state = await self.runtime.inspect(request.spec.name)
+        except NodeError as exc:
+            log.warning("launch %s: its image's use is not recorded: %s", request.ref, exc.message)
+            return
+        if state.image_id is not None:
+            ledger.record_use(request.spec.image, state.image_id, self.clock.now())
+
+    async def _placed(self, spec: ContainerSpec, cards: tuple[int, ...]) -> ContainerSpec:
+        """The spec on the cards it was given, with their CPUs and memory (`CpuAffinity`)."""
+        spec = replace(spec, gpus=cards)
+        return self.affinity.apply(spec, await self.allocator.snapshot()) if cards else spec
 
     def _ended(
         self, record: PendingLaunch, reservation: Reservation, task: asyncio.Task[None]
@@ -199,7 +223,8 @@ class Launcher:
             log.info("launch %s cancelled in phase %s", ref, record.phase)
 
     async def close(self) -> None:
-        """Cancel every background launch, then every pull (shutdown): a launch cancelled
-        while its pull runs leaves it first, as a stop would."""
+        """Cancel every background launch and prefetch, then every pull (shutdown): a
+        launch cancelled while its pull runs leaves it first, as a stop would."""
         await self.tasks.close()
+        await self.prefetcher.close()
         await self.pulls.close()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tuneplane_node.errors import InvalidField
@@ -26,8 +26,14 @@ SETTING = env_name("allowed_mount_roots")
 
 
 class MountPolicy:
-    def __init__(self, roots: Sequence[Path]) -> None:
+    """``never_a_root``: the system path a path is, holds or lies in (the settings' rule
+    for a mount root), so a refusal offers the setting only where it could help."""
+
+    def __init__(
+        self, roots: Sequence[Path], *, never_a_root: Callable[[Path], Path | None]
+    ) -> None:
         self.roots = tuple(roots)
+        self.never_a_root = never_a_root
 
     def check(self, mounts: Sequence[Mount]) -> tuple[Mount, ...]:
         """The mounts with their host paths resolved, or one InvalidField naming every bad
@@ -52,9 +58,16 @@ class MountPolicy:
             )
         if not any(resolved == root or resolved.is_relative_to(root) for root in self.roots):
             log.warning("refused a mount of %s: outside the mount roots", resolved)
-            raise InvalidField(
-                field, f"{mount.host} is not under an allowed mount root; {SETTING} would allow it"
-            )
+            raise InvalidField(field, self._outside(mount.host, resolved))
         if not resolved.exists():
             raise InvalidField(field, f"{mount.host} does not exist on the node")
         return mount._replace(host=str(resolved))
+
+    def _outside(self, host: str, resolved: Path) -> str:
+        system = self.never_a_root(resolved)
+        if system is None:
+            return f"{host} is not under an allowed mount root; {SETTING} would allow it"
+        held = "is in"
+        if system == resolved or system.is_relative_to(resolved):
+            held = "is" if system == resolved else "holds"
+        return f"{host} {held} {system}, which a job may never mount; no setting allows it"

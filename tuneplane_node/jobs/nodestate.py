@@ -10,6 +10,8 @@ for observe to report after a restart. `NodeStateStore` holds the state in force
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import itertools
 import json
 import logging
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from tuneplane_node.clock import Clock, rfc3339
-from tuneplane_node.errors import NodeError
+from tuneplane_node.errors import InsufficientStorage, NodeError
 from tuneplane_node.inventory import fsync_dir
 from tuneplane_node.runtime.base import ContainerState
 from tuneplane_node.signals import job_signal
@@ -33,6 +35,7 @@ READY, CORDONED, DRAINING, DRAINED = "ready", "cordoned", "draining", "drained"
 STATES = (READY, CORDONED, DRAINING, DRAINED)
 MAX_REASON_CHARS = 1024
 MAX_FILE_BYTES = 4 * 2**20  # reasons for every container a node can hold, and then some
+NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 @dataclass(frozen=True)
@@ -116,11 +119,16 @@ class NodeStateFile:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         temporary = self.path.with_name(f".{STATE_FILE}.{os.getpid()}.tmp")
         data = json.dumps(_unparse(state), indent=1).encode()
-        with temporary.open("wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, self.path)
+        try:
+            with temporary.open("wb") as file:
+                file.write(data)
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(temporary, self.path)
+        except OSError:
+            with contextlib.suppress(OSError):  # a full disk leaves no empty file behind
+                temporary.unlink()
+            raise
         fsync_dir(self.path.parent)  # the rename survives a power cut
 
 
@@ -139,14 +147,20 @@ class NodeStateStore:
         return self.node
 
     async def save(self, node: NodeState) -> None:
-        """`NodeError` when the file could not be written: in force, but not for good."""
+        """`NodeError` when the file could not be written: in force, but not for good
+        (`InsufficientStorage`, a 507, when its disk is full)."""
         self.node = node
         try:
             await asyncio.to_thread(self.file.save, node, next(self._saves))
         except OSError as exc:
+            why = exc.strerror or str(exc)
+            if exc.errno in NO_SPACE:
+                raise InsufficientStorage(
+                    state=node.state, path=str(self.file.path), reason=why
+                ) from exc
             raise NodeError(
                 f"the node is {node.state} now, but {self.file.path} could not be "
-                f"written ({exc.strerror or exc}): a restart would not keep it"
+                f"written ({why}): a restart would not keep it"
             ) from exc
 
     def stamp(self) -> str:

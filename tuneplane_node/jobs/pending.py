@@ -44,6 +44,8 @@ class PendingLaunch:
         self.phase, self.error, self.failed_at = FAILED, reason, at
 
     def view(self, now: float) -> PendingView:
+        pulling = self.pull is not None and self.phase == PULLING
+        rate, eta = self.pull.rate_now() if self.pull is not None and pulling else (None, None)
         return PendingView(
             ref=self.ref,
             labels=self.request.spec.labels,
@@ -54,6 +56,8 @@ class PendingLaunch:
             progress=self.pull.progress if self.pull else PullProgress(),
             error=self.error,
             stop_signal=self.request.spec.stop_signal,
+            rate_bytes_per_s=rate,
+            eta_s=eta,
         )
 
 

@@ -5,7 +5,8 @@ pull, watch its progress, and leave it; the download stops when the last one lea
 A pull is shared by the launches of one image with the same credentials: a launch with
 wrong ones must not ride on another's right ones, nor fail them.
 Every pull is a task of the coordinator's (`BackgroundTasks`), cancelled and awaited on
-close; its error is its waiters' to report.
+close; its error is its waiters' to report. A pull that ends with the image is written
+in the node's image ledger (`ImageLedger`), a prefetch's as one.
 """
 
 from __future__ import annotations
@@ -14,7 +15,12 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 
+from tuneplane_node.clock import SYSTEM_CLOCK, Clock
+from tuneplane_node.errors import NodeError
+from tuneplane_node.jobs.imageledger import ImageLedger
+from tuneplane_node.jobs.pullrate import PullRate
 from tuneplane_node.runtime.base import ContainerRuntime, PullLimits, PullProgress, RegistryAuth
 from tuneplane_node.tasks import BackgroundTasks, by_awaiters
 from tuneplane_node.telemetry import NO_TELEMETRY, Telemetry
@@ -24,36 +30,63 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class SharedPull:
-    """One pull of one image; ``progress`` is the engine's latest report."""
+    """One pull of one image; ``progress`` is the engine's latest report, ``rate`` its
+    download rate (`PullRate`), ``started_at`` the moment it started (UTC)."""
 
     image: str
     auth: RegistryAuth | None = None
+    clock: Clock = SYSTEM_CLOCK
     task: asyncio.Task[None] | None = None
     waiters: int = 0
     progress: PullProgress = field(default_factory=PullProgress)
+    prefetch: bool = False  # a prefetch joined it: the ledger says so
+    started_at: datetime = field(init=False)
+    rate: PullRate = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.started_at = self.clock.now()
+        self.rate = PullRate(self.clock.monotonic())
 
     def update(self, progress: PullProgress) -> None:
         self.progress = progress
+        self.rate.add(self.clock.monotonic(), progress.bytes_done)
+
+    def rate_now(self) -> tuple[float | None, float | None]:
+        """Bytes per second and seconds left, now (None while unknown)."""
+        now, progress = self.clock.monotonic(), self.progress
+        eta = self.rate.eta(now, bytes_done=progress.bytes_done, bytes_total=progress.bytes_total)
+        return self.rate.rate(now), eta
 
 
 class PullCoordinator:
     def __init__(
-        self, runtime: ContainerRuntime, limits: PullLimits, telemetry: Telemetry = NO_TELEMETRY
+        self,
+        runtime: ContainerRuntime,
+        limits: PullLimits,
+        telemetry: Telemetry = NO_TELEMETRY,
+        *,
+        ledger: ImageLedger | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.runtime = runtime
         self.limits = limits
         self.telemetry = telemetry
+        self.ledger = ledger
+        self.clock = clock
         self.pulls: dict[tuple[str, RegistryAuth | None], SharedPull] = {}
         self.tasks = BackgroundTasks(log)
 
-    def join(self, image: str, auth: RegistryAuth | None = None) -> SharedPull:
+    def join(
+        self, image: str, auth: RegistryAuth | None = None, *, prefetch: bool = False
+    ) -> SharedPull:
         """The pull of ``image`` with ``auth`` in flight, or a new one, started now."""
         pull = self.pulls.get((image, auth))
         if pull is None:
-            pull = SharedPull(image, auth)
+            pull = SharedPull(image, auth, self.clock)
             pull.task = self.tasks.spawn(self._pull(pull), name=f"pull {image}", ended=by_awaiters)
             self.pulls[(image, auth)] = pull
         pull.waiters += 1
+        pull.prefetch = pull.prefetch or prefetch
         return pull
 
     async def wait(self, pull: SharedPull) -> None:
@@ -78,6 +111,7 @@ class PullCoordinator:
             await self.runtime.pull(
                 pull.image, limits=self.limits, on_progress=pull.update, auth=pull.auth
             )
+            await self._record(pull)
             outcome = "ok"
         except asyncio.CancelledError:
             outcome = "cancelled"
@@ -94,6 +128,20 @@ class PullCoordinator:
                 pull.progress.bytes_done,
                 extra={"image": pull.image, "result": outcome},
             )
+
+    async def _record(self, pull: SharedPull) -> None:
+        """Write the pulled image in the ledger. The image is here whatever happens: an
+        engine that cannot say its id fails nothing, the ledger only misses it."""
+        if self.ledger is None:
+            return
+        try:
+            info = await self.runtime.image_info(pull.image)
+        except NodeError as exc:
+            log.warning("pulled %s, but its id is not known: %s", pull.image, exc.message)
+            return
+        if info is not None:
+            at = self.clock.now()
+            self.ledger.record_pull(pull.image, info.id, at, prefetch=pull.prefetch)
 
     def in_flight(self) -> int:
         return len(self.pulls)

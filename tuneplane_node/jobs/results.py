@@ -99,6 +99,62 @@ class AlreadyPending:
 LaunchResult = Started | AlreadyRunning | Pulling | AlreadyPending
 
 
+# --- images -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PrefetchRequest:
+    """A pull ahead of the launches that will need it. ``auth`` as a launch's."""
+
+    image: str
+    auth: RegistryAuth | None = None
+    pull_policy: str = IF_NOT_PRESENT
+
+
+@dataclass(frozen=True)
+class Prefetched:
+    """What a prefetch found: the image ``present``, or ``pulling`` now."""
+
+    image: str
+    phase: str
+
+
+@dataclass(frozen=True)
+class ImageView:
+    """An image the node pulled or its containers use. Times RFC 3339 UTC or None;
+    ``in_use_by``: the node's containers made from it (any status: each holds it)."""
+
+    image: str
+    id: str
+    size_bytes: int | None
+    pulled_at: str | None
+    last_used_at: str | None
+    in_use_by: tuple[str, ...]
+    private: bool
+
+
+@dataclass(frozen=True)
+class PullView:
+    """A pull in flight (``pulling``), or a prefetch that failed (``failed``, with its
+    error, kept as long as a failed launch's record). ``waiting``: the pending launches
+    that wait on it."""
+
+    image: str
+    phase: str
+    progress: PullProgress
+    rate_bytes_per_s: float | None
+    eta_s: float | None
+    started_at: str
+    waiting: tuple[str, ...]
+    error: str | None
+
+
+@dataclass(frozen=True)
+class ImagesView:
+    images: tuple[ImageView, ...]
+    pulls: tuple[PullView, ...]
+
+
 # --- observe ----------------------------------------------------------------------------
 
 
@@ -115,6 +171,8 @@ class PendingView:
     progress: PullProgress
     error: str | None
     stop_signal: str | None = None  # the launch's; None: the image's, known once it runs
+    rate_bytes_per_s: float | None = None  # the pull's, while it runs (`PullRate`)
+    eta_s: float | None = None
 
     @property
     def failed(self) -> bool:
@@ -178,6 +236,7 @@ class Inventory:
     accelerator_count: int | None
     runtime: str | None
     node: NodeState
+    cpu_affinity: str = "numa"  # TUNEPLANE_CPU_AFFINITY: numa or off
 
 
 class LogNote:

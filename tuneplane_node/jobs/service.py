@@ -23,8 +23,10 @@ from datetime import datetime
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.errors import NameTaken, NodeCordoned
 from tuneplane_node.gpu.allocator import GpuAllocator
+from tuneplane_node.jobs.catalog import ImageCatalog
 from tuneplane_node.jobs.drain import NodeStateKeeper
 from tuneplane_node.jobs.health import HealthReader
+from tuneplane_node.jobs.imageledger import ImageLedger
 from tuneplane_node.jobs.images import CredentialSource, ImageKeeper
 from tuneplane_node.jobs.launcher import Launcher
 from tuneplane_node.jobs.locks import RefLocks
@@ -78,12 +80,14 @@ class JobService:
         self.clock = clock
         self.locks = RefLocks()
         limits = PullLimits(settings.local_image_pull_timeout_s, settings.local_image_pull_stall_s)
-        self.pulls = PullCoordinator(runtime, limits, telemetry)
+        self.ledger = ImageLedger(settings.state_dir)  # what the node pulled and ran
+        self.pulls = PullCoordinator(runtime, limits, telemetry, ledger=self.ledger, clock=clock)
         self.images = ImageKeeper(settings, credentials=credentials, clock=clock)
         self.launcher = Launcher(
             runtime, allocator, self.pulls, images=self.images, settings=settings, clock=clock
         )
         self.pending = self.launcher.pending
+        self.catalog = ImageCatalog.of(self.launcher, self.ledger)  # prefetch, GET images
         self.rules = self.launcher.rules
         self.store = NodeStateStore(settings.state_dir, clock=clock)
         self._compose()
@@ -270,6 +274,7 @@ class JobService:
         """Read the operator's decision and the private-image record from disk; an
         unfinished drain goes on."""
         await self.images.start()
+        await self.ledger.load()
         await self.keeper.start()
 
     async def cordon(self, reason: str | None) -> NodeState:
@@ -302,4 +307,5 @@ class JobService:
         start: its state is on disk."""
         await self.keeper.close()
         await self.launcher.close()
+        await self.ledger.close()
         await self.health.close()

@@ -71,6 +71,17 @@ def format_gpus(gpus: Iterable[int]) -> str:
     return ",".join(str(g) for g in sorted(set(gpus)))
 
 
+def format_cpulist(numbers: Iterable[int]) -> str:
+    """Sorted numbers in the kernel's list format, runs joined: ``0-3,8``."""
+    runs: list[list[int]] = []
+    for number in sorted(set(numbers)):
+        if runs and number == runs[-1][1] + 1:
+            runs[-1][1] = number
+        else:
+            runs.append([number, number])
+    return ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in runs)
+
+
 def parse_gpus(label: str | None) -> tuple[int, ...]:
     """Card indices from a ``tuneplane.gpus`` label; junk entries are dropped, loudly."""
     cards: set[int] = set()
@@ -164,7 +175,16 @@ class ContainerSpec:
     # with memlock unlimited and RDMA_CAPABILITY (verbs pin the memory they register).
     rdma_devices: tuple[str, ...] = ()
     rdma_memlock: int | None = None  # bytes; None: unlimited
+    # The node's decision (TUNEPLANE_CPU_AFFINITY): the CPUs and memory nodes of the
+    # job's cards, set at create only; () for none (every CPU, every node).
+    cpuset_cpus: tuple[int, ...] = ()
+    cpuset_mems: tuple[int, ...] = ()
     confinement: Confinement = field(default_factory=Confinement)
+
+    def cpuset(self) -> tuple[str | None, str | None]:
+        """(cpus, mems) in the kernel's list format, None for each not set."""
+        cpus, mems = self.cpuset_cpus, self.cpuset_mems
+        return (format_cpulist(cpus) if cpus else None, format_cpulist(mems) if mems else None)
 
     def rdma_mappings(self) -> list[str]:
         """``host:container:rwm`` for each RDMA device, as both engines take devices."""
@@ -192,6 +212,7 @@ class ContainerState:
     oom_killed: bool = False
     id: str | None = None
     stop_signal: str | None = None  # what a stop sends first; None: not known (a list entry)
+    image_id: str | None = None  # the engine's id of its image (``sha256:...``); None: not known
 
     @classmethod
     def missing(cls, name: str) -> ContainerState:
@@ -296,6 +317,16 @@ class PullProgress(NamedTuple):
 
 
 ProgressCallback = Callable[[PullProgress], None]
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """An image as the engine holds it: its id (``sha256:...``, the same on both
+    engines), its size on disk, and the names (``repo:tag``) it goes by there."""
+
+    id: str
+    size_bytes: int | None = None
+    names: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, repr=False)
@@ -423,6 +454,10 @@ class ContainerRuntime(Protocol):
     async def image_exists(self, image: str) -> bool:
         """Whether the image is on the engine now."""
 
+    async def image_info(self, image: str) -> ImageInfo | None:
+        """The image by name or id as the engine holds it now; None when it has none (a
+        process runtime has no images)."""
+
     async def pull(
         self,
         image: str,
@@ -463,6 +498,7 @@ class Brief(NamedTuple):
     signature: tuple[str, int | None]  # (status, exit code)
     labels: Mapping[str, str] = MappingProxyType({})
     created_at: str | None = None
+    image_id: str | None = None
 
     def partial_state(self) -> ContainerState:
         status, exit_code = self.signature
@@ -474,6 +510,7 @@ class Brief(NamedTuple):
             labels=dict(self.labels),
             created_at=self.created_at,
             id=self.id,
+            image_id=self.image_id,
         )
 
 

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
@@ -41,6 +42,7 @@ from tuneplane_node.runtime.base import (
     ContainerState,
     EngineEvent,
     EngineFeed,
+    ImageInfo,
     LogQuery,
     LogStream,
     LogText,
@@ -60,6 +62,9 @@ WATCHED_ACTIONS = frozenset(
 )
 HEARTBEAT_S = 2.0
 """How often a synced cache asks the engine whether it still answers."""
+ANSWER_S = 1.5
+"""How long health waits on the engine, and how long a heartbeat may go unanswered
+before health says so: a probe's answer comes within 2 s whatever the engine does."""
 RECHECK_S = 1.0
 """A waiter looks again this often even without a change: a stale cache may resync."""
 BACKOFF_S = (0.5, 10.0)
@@ -112,6 +117,7 @@ class StateCache:
         self.stale_reason = "the first sync has not finished"
         self.last_event: float | None = None
         self.last_relist: float | None = None
+        self.asking_since: float | None = None  # when the heartbeat in flight asked
         self._oomed: set[str] = set()  # ids whose "oom" came and whose "die" has not
         self._watchers: dict[str, set[asyncio.Event]] = {}  # name -> waiters for a change
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -315,6 +321,7 @@ class StateCache:
     def _watch(self) -> None:
         backoff, longest = self.backoff_s
         while not self._stopping.is_set():
+            lists = self._lists
             try:
                 self._follow()
                 reason = "the engine closed it"
@@ -323,7 +330,8 @@ class StateCache:
             if self._stopping.is_set():
                 return
             self._post(self.mark_stale, reason)
-            # Backoff, never a busy loop: the engine may be down for minutes.
+            # Backoff, never a busy loop; from the first again once a stream synced (listed).
+            backoff = self.backoff_s[0] if self._lists > lists else backoff
             self._stopping.wait(backoff)
             backoff = min(backoff * 2, longest)
 
@@ -403,7 +411,8 @@ class StateCache:
         """An engine that stops answering sends no event: without asking it, the cache
         would serve its last word as the truth. Not answering within the API deadline
         makes the cache stale (reads answer 503) and reopens the stream."""
-        health = await self.feed.health()
+        with _asking(self):  # how long the engine takes is health's to read
+            health = await self.feed.health()
         if not health.ok and self.synced:
             self.mark_stale(f"the engine does not answer: {health.error}")
             self.break_stream()
@@ -425,6 +434,16 @@ class StateCache:
         # Marks of containers long gone: kept only while a write may still race the list.
         self.touched = {n: t for n, t in self.touched.items() if n in self.states or t >= started}
         self.last_relist = self.clock.monotonic()
+
+
+@contextlib.contextmanager
+def _asking(cache: StateCache) -> Iterator[None]:
+    """Marks the heartbeat in flight: an engine that takes long to answer it is silent."""
+    cache.asking_since = cache.clock.monotonic()
+    try:
+        yield
+    finally:
+        cache.asking_since = None
 
 
 def _age(now: float, moment: float | None) -> float | None:
@@ -455,11 +474,15 @@ class CachedRuntime:
             heartbeat_s=heartbeat_s,
         )
         self._version: tuple[int, str | None] | None = None  # (sync generation, version)
+        self._asking: asyncio.Future[RuntimeHealth] | None = None  # health's question
 
     async def start(self) -> None:
         await self.cache.start()
 
     async def close(self) -> None:
+        if self._asking is not None:
+            self._asking.cancel()
+            await asyncio.gather(self._asking, return_exceptions=True)
         await self.cache.close()
         await self.inner.close()
 
@@ -527,23 +550,49 @@ class CachedRuntime:
         return self.inner.holders_of(pids)
 
     async def health(self) -> RuntimeHealth:
-        """From memory: the engine's version is asked once per sync generation. A stale
-        cache is not ok, at once: asking a wedged engine would hold health as long."""
+        """From memory, within `ANSWER_S` whatever the engine does: the engine's version
+        is asked once per sync generation, and never waited on longer. A stale cache is
+        not ok, at once, nor one whose heartbeat the engine has left unanswered: its
+        containers' states are then its last word, which may no longer hold."""
         cache = self.cache
         known = self._version[1] if self._version is not None else None
         if not cache.synced:
             return RuntimeHealth(
                 ok=False, engine=self.name, version=known, error=cache.stale_reason
             )
+        asked = cache.asking_since  # the heartbeat in flight, if any
+        silent = 0.0 if asked is None else cache.clock.monotonic() - asked
+        if silent > ANSWER_S:
+            return self._silent(known, f"has not answered for {silent:.0f} s")
         if self._version is not None and self._version[0] == cache.syncs:
             return RuntimeHealth(ok=True, engine=self.name, version=known)
-        health = await self.inner.health()
-        if health.ok:
-            self._version = (cache.syncs, health.version)
-        return health
+        # One question in flight, however many probes wait: each would hold a thread of
+        # the engine's pool for as long as the engine is frozen.
+        if self._asking is None or self._asking.done():
+            self._asking = asyncio.ensure_future(self.inner.health())
+            self._asking.add_done_callback(functools.partial(self._learn, cache.syncs))
+        try:
+            return await cache.clock.wait_for(asyncio.shield(self._asking), ANSWER_S)
+        except asyncio.TimeoutError:
+            return self._silent(known, f"did not say its version within {ANSWER_S:g} s")
+
+    def _learn(self, syncs: int, asked: asyncio.Future[RuntimeHealth]) -> None:
+        """The version, once the engine says it: late, it is kept all the same."""
+        if not asked.cancelled() and asked.exception() is None and asked.result().ok:
+            self._version = (syncs, asked.result().version)
+
+    def _silent(self, version: str | None, how: str) -> RuntimeHealth:
+        error = (
+            f"the engine {how}: the containers' states and the cards' occupancy are "
+            "its last word, which may no longer hold"
+        )
+        return RuntimeHealth(ok=False, engine=self.name, version=version, error=error)
 
     async def image_exists(self, image: str) -> bool:
         return await self.inner.image_exists(image)
+
+    async def image_info(self, image: str) -> ImageInfo | None:
+        return await self.inner.image_info(image)
 
     async def pull(
         self,

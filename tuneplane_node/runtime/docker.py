@@ -103,6 +103,11 @@ class DockerRuntime(EngineRuntime, errors=ERRORS):
         ]
         if spec.cpu_limit:
             options["nano_cpus"] = int(spec.cpu_limit * 1e9)
+        cpus, mems = spec.cpuset()  # at create only: never updated on a running job
+        if cpus:
+            options["cpuset_cpus"] = cpus
+        if mems:
+            options["cpuset_mems"] = mems
         if cards := self.handed_cards(spec):
             ids = [str(gpu) for gpu in cards]
             options["device_requests"] = [
@@ -179,9 +184,8 @@ class DockerRuntime(EngineRuntime, errors=ERRORS):
         options = self.api.info().get("SecurityOptions") or []
         return any("name=userns" in str(option) for option in options)
 
-    def _image_exists(self, image: str) -> bool:
-        self.api.inspect_image(image)  # type: ignore[no-untyped-call]  # untyped in the stubs
-        return True
+    def _inspect_image(self, image: str) -> Mapping[str, Any]:
+        return self.api.inspect_image(image)  # type: ignore[no-untyped-call,no-any-return]  # untyped in the stubs
 
     def _open_pull(self, image: str, headers: Mapping[str, str]) -> PullStream:
         # The public pull() hides the HTTP response, and a cancel needs it to close the

@@ -20,6 +20,7 @@ from tuneplane_node.runtime.base import (
     Brief,
     ContainerState,
     EngineEvent,
+    ImageInfo,
     LogText,
     PullProgress,
     RegistryAuth,
@@ -52,6 +53,28 @@ def state_from_inspect(data: Mapping[str, Any]) -> ContainerState:
         oom_killed=bool(state.get("OOMKilled")),
         id=data.get("Id"),
         stop_signal=engine_stop_signal(config.get("StopSignal")),
+        image_id=image_id(data.get("Image")),
+    )
+
+
+_BARE_ID = re.compile(r"^[0-9a-f]{64}$")
+
+
+def image_id(value: object) -> str | None:
+    """An image id as the node says it, ``sha256:<hex>``: docker's inspect gives that,
+    libpod's the bare hex."""
+    if not isinstance(value, str) or not value:
+        return None
+    return f"sha256:{value}" if _BARE_ID.match(value) else value
+
+
+def image_from_inspect(data: Mapping[str, Any]) -> ImageInfo:
+    """ImageInfo from an image's inspect document (docker's, podman's compatible one)."""
+    size = data.get("Size")
+    return ImageInfo(
+        id=image_id(data.get("Id")) or "",
+        size_bytes=int(size) if isinstance(size, (int, float)) and size >= 0 else None,
+        names=tuple(str(name) for name in data.get("RepoTags") or ()),
     )
 
 
@@ -68,6 +91,7 @@ def brief_from_list(entry: Mapping[str, Any]) -> Brief:
         (status, exit_code),
         labels={str(k): str(v) for k, v in (entry.get("Labels") or {}).items()},
         created_at=_listed_created(entry.get("Created")),
+        image_id=image_id(entry.get("ImageID")),
     )
 
 

@@ -41,6 +41,7 @@ from tuneplane_node.runtime.base import (
     ContainerSpec,
     ContainerState,
     EngineEvent,
+    ImageInfo,
     LogQuery,
     LogStream,
     LogText,
@@ -199,9 +200,8 @@ class EngineRuntime(ABC):
     ) -> None:
         self.settings = settings
         self.clock = clock  # a stop's grace, a pull's deadlines
-        self.pool = pool or BlockingPool(
-            settings.runtime_threads, name=self.name, telemetry=telemetry
-        )
+        threads = settings.runtime_threads
+        self.pool = pool or BlockingPool(threads, name=self.name, telemetry=telemetry)
         # HTTP connections the SDK keeps: one per pool thread, plus the state cache's
         # event stream and the inspect its thread makes after each event.
         self.http_connections = settings.runtime_threads + 2
@@ -268,7 +268,8 @@ class EngineRuntime(ABC):
     @abstractmethod
     def _version(self) -> str: ...
     @abstractmethod
-    def _image_exists(self, image: str) -> bool: ...
+    def _inspect_image(self, image: str) -> Mapping[str, Any]: ...  # docker's shape
+
     @abstractmethod
     def _open_pull(self, image: str, headers: Mapping[str, str]) -> PullStream: ...
 
@@ -446,9 +447,11 @@ class EngineRuntime(ABC):
     def _remaps_users(self) -> bool: ...
 
     async def image_exists(self, image: str) -> bool:
-        return await self._call(
-            f"inspect image {image}", self._or, False, self._image_exists, image
-        )
+        return await self.image_info(image) is not None
+
+    async def image_info(self, image: str) -> ImageInfo | None:
+        doc = await self._call(f"inspect image {image}", self._or, None, self._inspect_image, image)
+        return fmt.image_from_inspect(doc) if doc is not None else None
 
     async def pull(
         self,
@@ -472,9 +475,8 @@ class EngineRuntime(ABC):
             auth=auth,
         )
         if not await self.image_exists(image):
-            raise EngineRefused(
-                engine=self.name, action=action, reason="the stream ended without the image"
-            )
+            reason = "the stream ended without the image"
+            raise EngineRefused(engine=self.name, action=action, reason=reason)
 
     def _open_translated(self, image: str, headers: Mapping[str, str]) -> PullStream:
         messages, response = self._open_pull(image, headers)

@@ -100,6 +100,11 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
             # podman-py ignores nano_cpus; a CFS quota says the same thing.
             options["cpu_period"] = CPU_PERIOD_US
             options["cpu_quota"] = int(spec.cpu_limit * CPU_PERIOD_US)
+        cpus, mems = spec.cpuset()  # at create only: never updated on a running job
+        if cpus:
+            options["cpuset_cpus"] = cpus
+        if mems:
+            options["cpuset_mems"] = mems
         devices = [f"nvidia.com/gpu={gpu}" for gpu in self.handed_cards(spec)]
         if devices or spec.rdma_devices:
             options["devices"] = devices + spec.rdma_mappings()
@@ -217,8 +222,11 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
         security = (self.client.info().get("host") or {}).get("security") or {}  # type: ignore[no-untyped-call]
         return bool(security.get("rootless"))
 
-    def _image_exists(self, image: str) -> bool:
-        return bool(self.client.images.exists(image))
+    def _inspect_image(self, image: str) -> Mapping[str, Any]:
+        # The compatible endpoint: docker's shape (RepoTags, Size, a sha256: id).
+        response = self.api.get(f"/images/{image}/json", compatible=True)
+        response.raise_for_status()
+        return response.json()  # type: ignore[no-any-return]  # a JSON object
 
     def _open_pull(self, image: str, headers: Mapping[str, str]) -> PullStream:
         # libpod's own pull (before podman 5) reports bare text lines, no layers. The

@@ -27,6 +27,7 @@ from tuneplane_node.runtime.base import (
     CacheStatus,
     ContainerSpec,
     ContainerState,
+    ImageInfo,
     LogQuery,
     LogStream,
     LogText,
@@ -223,6 +224,9 @@ class ProcessRuntime:
     async def image_exists(self, image: str) -> bool:
         return True  # a process runtime has no images: every one is "there"
 
+    async def image_info(self, image: str) -> ImageInfo | None:
+        return None  # no images: nothing the node could list or collect
+
     async def pull(
         self,
         image: str,
@@ -269,6 +273,7 @@ class ProcessRuntime:
             log_file=job_dir / LOG_FILE,
             cwd=spec.workdir,
             env=job_environment(spec, job_dir, gpus=self._settings.local_gpu_passthrough),
+            cpus=spec.cpuset_cpus,  # memory nodes: the kernel's first touch keeps it near
         )
         started_at, main_proc, stamper_proc = self._now(), proc_of(main), proc_of(stamper)
         try:

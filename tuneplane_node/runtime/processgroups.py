@@ -8,6 +8,7 @@ proof a process is ours (pids are recycled), so a started process is recorded wi
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -65,12 +66,20 @@ class ProcessGroups:
         self._lock = threading.Lock()
 
     def spawn(
-        self, command: Sequence[str], *, log_file: Path, cwd: str | None, env: dict[str, str]
+        self,
+        command: Sequence[str],
+        *,
+        log_file: Path,
+        cwd: str | None,
+        env: dict[str, str],
+        cpus: tuple[int, ...] = (),
     ) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]:
         """Start the stamper, then the job writing into it: (stamper, job).
 
         ``env`` (job_environment) names the job's directory in JOB_DIR_ENV: the wrapper
-        writes the exit code there, and unsets it before the job starts.
+        writes the exit code there, and unsets it before the job starts. ``cpus``: the
+        job's CPU affinity, set in the child before it runs anything (its threads and
+        children inherit it); (): every CPU.
         """
         read_end, write_end = os.pipe()
         try:
@@ -88,6 +97,8 @@ class ProcessGroups:
                 stderr=write_end,
                 cwd=cwd,  # None: the daemon's own working directory
                 env=env,
+                # One system call between fork and exec: no lock of ours is taken there.
+                preexec_fn=functools.partial(os.sched_setaffinity, 0, cpus) if cpus else None,
             )
         except BaseException:
             os.close(write_end)

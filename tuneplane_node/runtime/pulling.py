@@ -26,6 +26,8 @@ from tuneplane_node.runtime.pool import BlockingPool
 log = logging.getLogger(__name__)
 WATCH_S = 0.25
 """How often the watching coroutine checks the deadlines."""
+LATE_S = 0.5
+"""A check this much later than due means the node did not run meanwhile."""
 
 PullStream = tuple[Iterator[Mapping[str, Any]], Any]
 """A pull's decoded progress messages, and its HTTP response (which a cancel closes)."""
@@ -164,16 +166,27 @@ def pull_error(error: object) -> str:
 async def _watch(
     future: asyncio.Future[None], run: _PullRun, limits: PullLimits, *, engine: str, image: str
 ) -> None:
-    """Wait for the reading thread; raise when a deadline passes first."""
-    started = run.clock.monotonic()
+    """Wait for the reading thread; raise when a deadline passes first.
+
+    Time the node did not run (a SIGSTOP, a suspended machine: this coroutine woke
+    late) is not a stall: the engine went on pulling, and what it said meanwhile waits
+    unread in the socket. Until the reader has moved since, that time is excused."""
+    wait = min(WATCH_S, limits.stall_s)
+    started = tick = run.clock.monotonic()
+    moved, excused = run.last_move, 0.0
     while True:
-        done, _ = await asyncio.wait({future}, timeout=min(WATCH_S, limits.stall_s))
+        done, _ = await asyncio.wait({future}, timeout=wait)
         if done:
             return
         now = run.clock.monotonic()
+        if run.last_move != moved:
+            moved, excused = run.last_move, 0.0
+        if now - tick > wait + LATE_S:  # the whole of it: nobody watched
+            excused += now - tick
+        tick = now
         if now - started > limits.timeout_s:
             reason = f"not done after {limits.timeout_s:g} s"
-        elif now - run.last_move > limits.stall_s:
+        elif now - moved - excused > limits.stall_s:
             reason = f"no progress for {limits.stall_s:g} s"
         else:
             continue

@@ -98,6 +98,8 @@ class PendingStateJson(StateJson):
     pending_layers_done: int
     pending_layers_total: int
     pending_error: str | None
+    pending_rate_bytes_per_s: float | None
+    pending_eta_s: float | None
 
 
 def state_json(view: JobView) -> StateJson:
@@ -158,6 +160,8 @@ def _pending_json(view: PendingView) -> PendingStateJson:
         "pending_layers_done": progress.layers_done,
         "pending_layers_total": progress.layers_total,
         "pending_error": view.error,
+        "pending_rate_bytes_per_s": view.rate_bytes_per_s,
+        "pending_eta_s": view.eta_s,
     }
 
 
@@ -368,6 +372,7 @@ class CardJson(TypedDict):
     temperature_c: int | None
     unhealthy: str | None
     processes: list[ProcessJson]
+    numa_node: int | None
 
 
 class CardStateJson(CardJson):
@@ -527,6 +532,7 @@ def card_json(card: CardFacts) -> CardJson:
         "temperature_c": card.temperature_c,
         "unhealthy": card.unhealthy,
         "processes": [{"pid": p.pid, "used_mib": p.used_mib} for p in card.processes],
+        "numa_node": card.numa_node,
     }
 
 
@@ -583,6 +589,7 @@ class InventoryJson(TypedDict):
     local_disk: LocalDiskJson | None
     fabrics: list[FabricJson]
     node_state: NodeStateJson
+    cpu_affinity: str
     protocols: list[int]
     features: list[str]
 
@@ -609,6 +616,7 @@ def inventory_json(facts: Inventory, *, features: Sequence[str] = ()) -> Invento
         "local_disk": local_disk_json(machine.local_disk),
         "fabrics": [fabric_json(fabric) for fabric in machine.fabrics],
         "node_state": node_state_json(facts.node),
+        "cpu_affinity": facts.cpu_affinity,
         "protocols": list(PROTOCOLS),
         "features": list(features),
     }

@@ -31,7 +31,13 @@ from typing import Any
 
 from tuneplane_node.clock import parse_rfc3339
 from tuneplane_node.errors import INVALID, MISSING, OUT_OF_RANGE, REPEATED, InvalidField
-from tuneplane_node.jobs.results import IF_NOT_PRESENT, PULL_POLICIES, LaunchRequest, StopPlan
+from tuneplane_node.jobs.results import (
+    IF_NOT_PRESENT,
+    LaunchRequest,
+    PrefetchRequest,
+    StopPlan,
+)
+from tuneplane_node.jobs.results import PULL_POLICIES as PULL_POLICIES  # ctl's choices too
 from tuneplane_node.runtime.base import (
     LABEL_RUN_ID,
     NODE_LABELS,
@@ -101,7 +107,9 @@ _DOMAIN = rf"(?:{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*|\[[a-fA-F0-9:]+\])(?::[0-9]+
 _PATH_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _NAME_PART = rf"(?:{_DOMAIN}/)?{_PATH_PART}(?:/{_PATH_PART})*"
 _TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"  # \w would take any letter: é
-_DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
+# A digest as the engines take it (go-digest): a hash they have, its length, lower-case hex;
+# the grammar's looser form reaches the engine only to be refused there (a 502).
+_DIGEST = r"(?:sha256:[0-9a-f]{64}|sha384:[0-9a-f]{96}|sha512:[0-9a-f]{128})"
 IMAGE_REFERENCE = re.compile(rf"(?P<name>{_NAME_PART})(?::{_TAG})?(?:@{_DIGEST})?")
 MAX_IMAGE_NAME = 255
 MAX_CREDENTIAL = 8192  # a cloud registry's identity token runs to a few KiB
@@ -503,6 +511,27 @@ def parse_signal(body: Mapping[str, Any], field: str) -> str | None:
     return name
 
 
+IMAGE_SCHEMA = text(most=MAX_IMAGE, least=1, pattern=anchored(IMAGE_REFERENCE.pattern))
+IMAGE_DOC = (
+    "Image reference, by the distribution grammar (`registry:port/path/name:tag@sha256:...`, "
+    f"lower-case path, the name before the tag at most {MAX_IMAGE_NAME} characters); "
+    "anything else (`UPPER/Case`, `--help`, `../containers/x`) is refused before the "
+    "engine sees it."
+)
+REGISTRY_AUTH_SCHEMA = or_empty(
+    closed_object(
+        username=text(most=MAX_USERNAME, least=1, pattern=NO_CONTROL),
+        password=text(most=MAX_CREDENTIAL, least=1, pattern=NO_CONTROL),
+    ),
+    closed_object(identity_token=text(most=MAX_CREDENTIAL, least=1, pattern=NO_CONTROL)),
+)
+REGISTRY_AUTH_DOC = (
+    '`{"username", "password"}` or `{"identity_token"}` (a user of at most '
+    f"{MAX_USERNAME} characters, a secret of at most {MAX_CREDENTIAL}, no control "
+    "characters). None: the node's `TUNEPLANE_REGISTRY_AUTH_FILE`, else anonymous."
+)
+PULL_POLICY_SCHEMA = or_empty({"enum": list(PULL_POLICIES)})
+
 CONTAINER = Body(
     "Container",
     closed=True,
@@ -524,16 +553,7 @@ CONTAINER = Body(
             "digits and nothing else): engines resolve ids before names.",
             read=_name,
         ),
-        Field(
-            "image",
-            text(most=MAX_IMAGE, least=1, pattern=anchored(IMAGE_REFERENCE.pattern)),
-            "Image reference, by the distribution grammar "
-            "(`registry:port/path/name:tag@sha256:...`, lower-case path, the name before "
-            f"the tag at most {MAX_IMAGE_NAME} characters); anything else (`UPPER/Case`, "
-            "`--help`, `../containers/x`) is refused before the engine sees it.",
-            required=True,
-            read=_image,
-        ),
+        Field("image", IMAGE_SCHEMA, IMAGE_DOC, required=True, read=_image),
         Field(
             "command",
             or_empty(
@@ -654,26 +674,15 @@ CONTAINER = Body(
         ),
         Field(
             "registry_auth",
-            or_empty(
-                closed_object(
-                    username=text(most=MAX_USERNAME, least=1, pattern=NO_CONTROL),
-                    password=text(most=MAX_CREDENTIAL, least=1, pattern=NO_CONTROL),
-                ),
-                closed_object(
-                    identity_token=text(most=MAX_CREDENTIAL, least=1, pattern=NO_CONTROL)
-                ),
-            ),
-            "Credentials for the registry of `image`, for this launch's pull only: "
-            '`{"username", "password"}` or `{"identity_token"}` (a user of at most '
-            f"{MAX_USERNAME} characters, a secret of at most {MAX_CREDENTIAL}, no control "
-            "characters). None: the node's `TUNEPLANE_REGISTRY_AUTH_FILE`, else anonymous. "
-            "They are never logged, stored, shown or written on the container. A private "
-            "image the node pulled runs again only for a launch whose credentials its "
-            "registry accepts (else `403`).",
+            REGISTRY_AUTH_SCHEMA,
+            f"Credentials for the registry of `image`, for this launch's pull only: "
+            f"{REGISTRY_AUTH_DOC} They are never logged, stored, shown or written on the "
+            "container. A private image the node pulled runs again only for a launch whose "
+            "credentials its registry accepts (else `403`).",
         ),
         Field(
             "pull_policy",
-            or_empty({"enum": list(PULL_POLICIES)}),
+            PULL_POLICY_SCHEMA,
             f"`{IF_NOT_PRESENT}` (the default): pull only an image that is not here; "
             "`always`: pull the tag even when an image of that name is here, so a moved "
             "tag is picked up (phase `pulling`, shared with other launches of the image). "
@@ -697,8 +706,11 @@ LAUNCH = Body(
             or_null(number(least=0, most=MAX_GPUS, whole=True)),
             f"How many cards; whole number, 0 to {MAX_GPUS}. **The node chooses the "
             "cards** (for more than one it prefers cards joined by NVLink, then under one "
-            "PCIe switch or NUMA node, then the lowest indices). Absent: the length of "
-            "`container.gpus`.",
+            "PCIe switch or NUMA node; among those as good, a job that fits on one NUMA "
+            "node goes to the node already holding jobs, so a whole socket stays free for "
+            "a large one; then the lowest indices). With `TUNEPLANE_CPU_AFFINITY=numa` a "
+            "job holding cards runs on their NUMA nodes' CPUs and memory. Absent: the "
+            "length of `container.gpus`.",
         ),
         Field("container", CONTAINER, "An object:", required=True),
     ),
@@ -708,6 +720,41 @@ CONTAINER_FIELDS = CONTAINER.names
 # The order the container's fields are checked in, which decides which of two bad
 # fields a 422 names: gpus first (parse_launch), then labels, then the table's order.
 CHECKED = sorted(CONTAINER.fields, key=lambda field: field.name != "labels")
+
+
+# --- prefetch -------------------------------------------------------------------------
+
+
+def parse_prefetch(body: Mapping[str, Any]) -> PrefetchRequest:
+    """``POST /node/v1/images/pull``: a launch's image, credentials and pull policy, by
+    the same rules, each named by its own field."""
+    with Refusals() as refusals:
+        refusals.unknown(body, PREFETCH)
+        image = refusals.read(_image, Given(body, "image", ""))
+        auth = refusals.read(_registry_auth, Given(body, "registry_auth", ""))
+        policy = refusals.read(_pull_policy, Given(body, "pull_policy", ""))
+    return PrefetchRequest(image, auth=auth, pull_policy=policy)
+
+
+PREFETCH = Body(
+    "PrefetchBody",
+    closed=True,
+    fields=(
+        Field("image", IMAGE_SCHEMA, IMAGE_DOC, required=True),
+        Field(
+            "registry_auth",
+            REGISTRY_AUTH_SCHEMA,
+            f"Credentials for the registry of `image`, for this pull only: {REGISTRY_AUTH_DOC} "
+            "Never logged, stored or shown; a wrong one fails the pull as it fails a launch.",
+        ),
+        Field(
+            "pull_policy",
+            PULL_POLICY_SCHEMA,
+            f"`{IF_NOT_PRESENT}` (the default): an image that is here is `present`, nothing "
+            "is pulled; `always`: pull the tag again (a digest reference never is).",
+        ),
+    ),
+)
 
 
 # --- the other verbs ----------------------------------------------------------------------

@@ -26,6 +26,7 @@ from tuneplane_node.errors import (
     EngineUnavailable,
     InvalidField,
     MissingProtocol,
+    NoClientCertificate,
     NodeError,
     PayloadTooLarge,
     ProtocolMismatch,
@@ -41,7 +42,7 @@ DOCUMENT_PATH = f"{API_PREFIX}openapi.json"
 REFS = "#/components/schemas/{model}"
 ERRORS = {
     400: "The request cannot be read: not JSON, not an object, or no protocol header.",
-    401: "Wrong or missing bearer token.",
+    401: "Wrong or missing bearer token; with mutual TLS, no client certificate.",
     403: "A private image the node pulled with credentials, and this launch has none its "
     "registry accepts for it; nothing was created.",
     409: "Well-formed, but the node will not do it now (the code says why); also a "
@@ -53,10 +54,17 @@ ERRORS = {
     500: "A bug in the node, or its state file could not be written.",
     502: "The engine answered and refused; its words follow.",
     503: "The engine could not be reached: nothing is known, nothing is reported gone.",
+    507: "The node's state file could not be written for want of space: the new state is "
+    "in force until a restart; free space and ask again.",
 }
 # Which errors each kind of operation can answer, beyond its own (and NodeError's 500).
 Raised = type[NodeError] | int  # an int: a status whose codes are not declared
-GUARDED: tuple[Raised, ...] = (MissingProtocol, Unauthorized, ProtocolMismatch)  # /node/v1/
+GUARDED: tuple[Raised, ...] = (  # every /node/v1/ path: the token and the protocol header
+    MissingProtocol,
+    Unauthorized,
+    NoClientCertificate,
+    ProtocolMismatch,
+)
 BODY: tuple[Raised, ...] = (BadRequest, PayloadTooLarge, InvalidField, UnknownField)
 QUERY: tuple[Raised, ...] = (InvalidField, UnknownField)
 ENGINE: tuple[Raised, ...] = (EngineUnavailable, EngineRefused)  # calls the engine
@@ -84,6 +92,7 @@ class Operation:
     query: Body | None = None
     errors: tuple[Raised, ...] = ()
     text: str | None = None
+    accepted: bool = False  # it may answer 202 as well, the same shape: begun, not done
     feature: str | None = None
 
     @property
@@ -189,6 +198,7 @@ def _operation(operation: Operation, components: Components) -> dict[str, Any]:
         "operationId": operation.path.strip("/").replace("/", "_").replace(".", "_"),
         "responses": {
             "200": {"description": "Done.", "content": _content(operation, components)},
+            **_accepted(operation, components),
             **{str(status): _error(status, codes) for status, codes in operation.codes.items()},
         },
     }
@@ -207,6 +217,13 @@ def _operation(operation: Operation, components: Components) -> dict[str, Any]:
             "content": {"application/json": {"schema": components.body(operation.body)}},
         }
     return spec
+
+
+def _accepted(operation: Operation, components: Components) -> dict[str, Any]:
+    if not operation.accepted:
+        return {}
+    about = "Accepted: under way in the background."
+    return {"202": {"description": about, "content": _content(operation, components)}}
 
 
 def _content(operation: Operation, components: Components) -> dict[str, Any]:

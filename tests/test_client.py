@@ -223,6 +223,25 @@ async def test_watch_keeps_the_cursor_and_a_full_page_replaces_the_copy() -> Non
     assert {ref: job.status for ref, job in copy.items()} == {"b": "running"}
 
 
+async def test_watch_on_the_daemon_hands_the_list_then_each_change(
+    fake_node: MakeFakeNode,
+) -> None:
+    console = await fake_node()
+    async with client_of(console) as node, client_of(console) as other:
+        pages = node.watch(wait_s=10)
+        first = await anext(pages)
+        assert (first.full, dict(first.jobs)) == (True, {})
+        launched = await other.launch(unique("watched"), spec())
+        changed = await anext(pages)
+        assert (changed.full, changed.index != first.index) == (False, True)
+        assert changed.jobs[launched.ref].run_id == launched.ref.removeprefix("tuneplane-")
+        await other.remove(launched.ref)
+        removed = await anext(pages)
+        while launched.ref not in removed.removed:  # a start may come as its own change
+            removed = await anext(pages)
+        await pages.aclose()
+
+
 def test_the_client_loads_none_of_the_daemon() -> None:
     """A console installs it without the engines' SDKs, NVML or aiohttp. (rich may load:
     httpx's own command line takes it when it is installed.)"""

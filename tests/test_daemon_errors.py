@@ -61,8 +61,9 @@ async def test_every_launch_answer_names_the_ref_it_made(fake_node: MakeFakeNode
 
 
 def typo_request(path: str, method: str) -> dict[str, Any]:
-    if method == "get":
-        return {"params": {"ref": "tuneplane-x", "timout": "600"}}
+    if method == "get":  # the logs query needs its ref; the jobs query has none
+        ref = {"ref": "tuneplane-x"} if path.endswith("/logs") else {}
+        return {"params": {**ref, "timout": "600"}}
     return {"json": {"timout": 600}}
 
 

@@ -21,10 +21,12 @@ are translated there (one table per engine, `runtime/engine.py`) with the cause 
     │                          without credentials its registry accepts for it now
     ├── InvalidField (422) invalid_field    a field is missing or has a bad value;
     │   │                      names the field, ``errors`` lists every bad one
-    │   └── UnknownField unknown_field      a field the contract does not have
+    │   ├── UnknownField unknown_field      a field the contract does not have
+    │   └── InvalidCursor invalid_field     a watch's ``index`` this node never gave out
     ├── TooManyFollows (429) too_many_requests   every slot for following a log is taken
     ├── InsufficientStorage (507) insufficient_storage   the node's own disk (its state
     │                          directory) is full
+    ├── TooManyWatches (429) too_many_requests   every slot for a waiting watch is taken
     ├── Conflict (409) conflict             well-formed, but this node will not do it now
     │   ├── ProtocolMismatch protocol_mismatch   console and node speak other versions
     │   ├── NoCapacity no_capacity          not enough GPUs free for the job
@@ -170,6 +172,31 @@ class UnknownField(InvalidField):
 
     def __init__(self, field: str, *, known: Sequence[str]) -> None:
         super().__init__(field, f"unknown field; known: {', '.join(known)}", problem=UNKNOWN)
+
+
+class InvalidCursor(InvalidField):
+    """A watch's ``index`` that is no cursor of any node: a console's bug, not a stale
+    cursor (which answers the whole list)."""
+
+    code: ClassVar[str] = "invalid_field"
+
+    def __init__(self, field: str = "index") -> None:
+        super().__init__(field, "not a cursor this node gave out; omit it to list every job")
+
+
+class TooManyWatches(NodeError):
+    """Each waiting watch query holds a connection: past the limit, the next is refused
+    rather than let consoles hold every connection of the node."""
+
+    status = 429
+    code: ClassVar[str] = "too_many_requests"
+
+    def __init__(self, *, limit: int) -> None:
+        super().__init__(
+            f"already {limit} watch queries waiting, the most this node holds at once "
+            "(TUNEPLANE_WATCH_MAX); try again later, or ask with wait=0"
+        )
+        self.limit = limit
 
 
 class TooManyFollows(NodeError):

@@ -5,7 +5,7 @@ errors are translated here only, the cause chained)."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import AsyncGenerator, Iterable, Iterator, Mapping
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -122,7 +122,7 @@ class NodeClient:
     ) -> answers.Logs:
         return await self.send(calls.logs(ref, tail=tail, since=since))
 
-    async def follow(self, ref: str, *, tail: int | None = None) -> AsyncIterator[bytes]:
+    async def follow(self, ref: str, *, tail: int | None = None) -> AsyncGenerator[bytes, None]:
         """The job's output as it comes, until it exits."""
         call = calls.logs(ref, tail=tail)
         query = {**(call.query or {}), "follow": "1"}
@@ -158,7 +158,7 @@ class NodeClient:
     async def jobs(self, index: str | None = None, *, wait_s: float = 60.0) -> answers.Jobs:
         return await self.send(calls.jobs(index, wait_s=wait_s))
 
-    async def watch(self, *, wait_s: float = 60.0) -> AsyncIterator[answers.Jobs]:
+    async def watch(self, *, wait_s: float = 60.0) -> AsyncGenerator[answers.Jobs, None]:
         """Every job first (``full``), then each change as the node reports it, from
         blocking queries on the cursor it keeps. A page with ``full`` (the node
         restarted, or the cursor fell out of its history) holds every job: replace the

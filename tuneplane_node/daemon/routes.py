@@ -33,6 +33,7 @@ from tuneplane_node.errors import (
     RegistryRefused,
     SpecRefused,
     TooManyFollows,
+    TooManyWatches,
     Unauthorized,
 )
 from tuneplane_node.jobs import AlreadyPending, AlreadyRunning, Pulling, Started
@@ -204,6 +205,32 @@ async def observe(request: web.Request) -> web.Response:
     """The state of each ref."""
     refs = requests.parse_observe(await read_object(request))
     return encoded(answers.encode_observe(await request.app[JOBS].observe(refs)))
+
+
+@api(
+    "get",
+    "/node/v1/jobs",
+    answers.JobsJson,
+    query=requests.JOBS,
+    errors=(TooManyWatches, *ENGINE),
+    feature="watch",
+)
+async def jobs(request: web.Request) -> web.Response:
+    """Every job of the node by ref; with index, what changed since (a blocking query).
+
+    Without `index`: every container of the node and every pending launch, in observe's
+    shape, and the `index` of this answer. With it: the jobs changed since (as they are
+    now, each once) and the refs removed, at once when anything changed, else at the
+    next change or after `wait`. `full: true`: the cursor was of another daemon process
+    or older than the node's history, and `jobs` is every job. While the engine does
+    not answer: 503, never a job removed. Past `TUNEPLANE_WATCH_MAX` waiting: 429."""
+    cursor, wait = requests.parse_jobs(request.query.items())
+    changes = request.app[JOBS].changes
+    if cursor is None:
+        return encoded(answers.encode_jobs(await changes.list(), watched=False))
+    result = await changes.query(cursor, wait=wait)
+    request.app[METRICS].watch_answered(full=result.full)
+    return encoded(answers.encode_jobs(result, watched=True))
 
 
 @api("post", "/node/v1/stats", StatsJson, body=requests.STATS, errors=ENGINE, feature="stats")

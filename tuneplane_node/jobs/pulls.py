@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -30,7 +31,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class SharedPull:
-    """One pull of one image; ``progress`` is the engine's latest report, ``rate`` its
+    """One pull of one image; ``progress`` is the engine's latest report, told to each
+    of ``listeners`` (the launches waiting for it: each a change to watch), ``rate`` its
     download rate (`PullRate`), ``started_at`` the moment it started (UTC)."""
 
     image: str
@@ -40,6 +42,7 @@ class SharedPull:
     waiters: int = 0
     progress: PullProgress = field(default_factory=PullProgress)
     prefetch: bool = False  # a prefetch joined it: the ledger says so
+    listeners: list[Callable[[], None]] = field(default_factory=list)
     started_at: datetime = field(init=False)
     rate: PullRate = field(init=False)
 
@@ -50,6 +53,8 @@ class SharedPull:
     def update(self, progress: PullProgress) -> None:
         self.progress = progress
         self.rate.add(self.clock.monotonic(), progress.bytes_done)
+        for listener in self.listeners:
+            listener()
 
     def rate_now(self) -> tuple[float | None, float | None]:
         """Bytes per second and seconds left, now (None while unknown)."""

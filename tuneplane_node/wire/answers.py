@@ -18,7 +18,14 @@ from tuneplane_node.inventory import DiskReading, FabricFacts, Filesystem, Local
 from tuneplane_node.jobs import results
 from tuneplane_node.jobs.nodestate import STATES, NodeState
 from tuneplane_node.jobs.pending import FAILED, PULLING, STARTING
-from tuneplane_node.jobs.results import Inventory, JobView, NodeStatus, PendingView, StoppedView
+from tuneplane_node.jobs.results import (
+    Inventory,
+    JobChanges,
+    JobView,
+    NodeStatus,
+    PendingView,
+    StoppedView,
+)
 from tuneplane_node.jobs.stopper import SIGNALLED, WARNED
 from tuneplane_node.runtime.base import CacheStatus, ContainerState, LogText
 from tuneplane_node.wire import PROTOCOL, PROTOCOLS
@@ -223,6 +230,65 @@ def _member(ref: str, view: JobView) -> bytes:
 
 
 _STATES = EncodedStates()
+
+
+# --- answers: the jobs list and its watch ------------------------------------------------
+
+
+class _JobsWatched(TypedDict, total=False):
+    removed: list[str]  # with index: the refs gone since it
+    full: bool  # with index: true when ``jobs`` is every job (the cursor was too old)
+
+
+class JobsJson(_JobsWatched):
+    index: str
+    jobs: dict[str, StateJson]
+
+
+def jobs_json(changes: JobChanges, *, watched: bool) -> JobsJson:
+    """Every job (the list), or with ``watched`` what changed since the query's index."""
+    answer: JobsJson = {
+        "index": str(changes.index),
+        "jobs": {ref: state_json(view) for ref, view in changes.jobs.items()},
+    }
+    if watched:
+        answer["removed"] = list(changes.removed)
+        answer["full"] = changes.full
+    return answer
+
+
+def encode_jobs(changes: JobChanges, *, watched: bool) -> bytes:
+    """``encode(jobs_json(...))``, byte for byte, each cached state encoded once (as
+    `encode_observe`); the list, once per index: the change log's position names one set
+    of views, so consoles listing a node that did not change get the same bytes."""
+    if not watched:
+        return _LISTING.of(changes)
+    return _encode_jobs(changes, watched=True)
+
+
+class LastListing:
+    """The list's answer for the last index it was built for. Used on the loop only."""
+
+    def __init__(self) -> None:
+        self._last: tuple[str, bytes] = ("", b"")
+
+    def of(self, changes: JobChanges) -> bytes:
+        index = str(changes.index)
+        if self._last[0] != index:
+            self._last = (index, _encode_jobs(changes, watched=False))
+        return self._last[1]
+
+
+_LISTING = LastListing()
+
+
+def _encode_jobs(changes: JobChanges, *, watched: bool) -> bytes:
+    parts = [_STATES.entry(ref, view) for ref, view in changes.jobs.items()]
+    head = b'{"index":' + orjson.dumps(str(changes.index)) + b',"jobs":{' + b",".join(parts)
+    if not watched:
+        return head + b"}}"
+    full = b"true" if changes.full else b"false"
+    return head + b'},"removed":' + orjson.dumps(list(changes.removed)) + b',"full":' + full + b"}"
 
 
 # --- answers: launch and the other verbs -------------------------------------------------

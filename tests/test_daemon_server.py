@@ -213,7 +213,9 @@ async def test_hostile_bytes_in_the_token_are_a_401_not_a_crash(
             b"X-TunePlane-Node-Protocol: 1\r\nConnection: close\r\n\r\n",
         )
     assert answer.startswith(b"HTTP/1.1 401")
-    assert answer.endswith(b"\r\n\r\n" + encode({"detail": "invalid node token"}))
+    assert answer.endswith(
+        b"\r\n\r\n" + encode({"detail": "invalid node token", "code": "unauthorized"})
+    )
     assert "Traceback" not in caplog.text
 
 
@@ -546,7 +548,9 @@ async def test_with_a_client_ca_a_client_certificate_is_required_but_not_by_the_
         for path in ("/node/v1/health", "/metrics", "/node/v1/openapi.json", "/nowhere"):
             status, body = await fetch(base + path, client_context(ca))
             assert (status, body[: len(refused)]) == (401, refused), (path, body)
-            assert body.endswith(b'TUNEPLANE_TLS_CLIENT_CA_FILE is required"}')
+            assert body.endswith(
+                b'TUNEPLANE_TLS_CLIENT_CA_FILE is required","code":"no_client_certificate"}'
+            )
         with pytest.raises((aiohttp.ClientError, ssl.SSLError)):  # a certificate it cannot
             await fetch(f"{base}/healthz", client_context(ca, stranger))  # verify
 

@@ -986,6 +986,21 @@ async def test_a_link_out_of_the_storage_root_is_refused(
     assert not fake.containers
 
 
+async def test_every_bad_mount_is_named_in_one_refusal(
+    service: JobService, fake: FakeRuntime, tmp_path: Path
+) -> None:
+    fine = Mount(str(tmp_path), "/data")
+    missing, outside = Mount(str(tmp_path / "nope"), "/x"), Mount("/var/lib", "/y")
+    with pytest.raises(InvalidField) as refused:
+        await service.launch(with_mounts("r1", missing, fine, outside))
+    assert refused.value.message.startswith("container.mounts[0]: ")
+    assert [error.field for error in refused.value.errors] == [
+        "container.mounts[0]",
+        "container.mounts[2]",
+    ]
+    assert not fake.containers
+
+
 async def test_a_mount_that_does_not_exist_is_a_422_not_an_engine_refusal(
     service: JobService, tmp_path: Path
 ) -> None:

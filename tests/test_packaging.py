@@ -12,6 +12,7 @@ import importlib.util
 import subprocess
 import sys
 import tarfile
+import zipfile
 from pathlib import Path
 from types import ModuleType
 
@@ -130,3 +131,56 @@ def collected(root: Path) -> int:
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     last = result.stdout.strip().splitlines()[-1]  # "790 tests collected in 2.1s"
     return int(last.split()[0])
+
+
+# --- the consoles' client, a distribution of its own ---------------------------------------
+
+
+def test_the_client_needs_what_the_daemons_client_extra_installs() -> None:
+    # Read as text: its license file is staged beside it only when it is built.
+    client = load_lowest().declared(REPO / "contrib" / "client" / "setup.cfg")
+    extras = OPTIONS["extras_require"]
+    assert client == extras["client"]
+    assert set(extras["client"]) <= set(extras["test"])  # its tests run in the test venv
+
+
+@pytest.mark.slow
+def test_the_client_distribution_is_the_client_alone_and_imports_without_the_daemon(
+    tmp_path: Path,
+) -> None:
+    build = load_script("contrib/client/build.py")
+    (wheel,) = build.build(tmp_path / "dist", wheel_only=True)
+    with zipfile.ZipFile(wheel) as archive:
+        names = [name for name in archive.namelist() if ".dist-info/" not in name]
+        metadata = archive.read(next(n for n in archive.namelist() if n.endswith("METADATA")))
+        archive.extractall(tmp_path / "site")
+    sources = sorted(p.name for p in (REPO / "tuneplane_node" / "client").glob("*.py"))
+    assert sorted(names) == ["tuneplane_node/__init__.py"] + [
+        f"tuneplane_node/client/{name}" for name in sources
+    ]
+    required = [line for line in metadata.decode().splitlines() if line.startswith("Requires-")]
+    assert required == ["Requires-Python: >=3.10", "Requires-Dist: httpx>=0.28.1"]
+    code = (
+        "import importlib.util, tuneplane_node.client as c; print(c.__file__); "
+        "print(importlib.util.find_spec('tuneplane_node.daemon'))"
+    )
+    ran = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(tmp_path / "site"), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert ran.stdout.splitlines() == [
+        str(tmp_path / "site" / "tuneplane_node" / "client" / "__init__.py"),
+        "None",
+    ], ran.stderr
+
+
+def load_script(relative: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(Path(relative).stem, REPO / relative)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -368,7 +368,7 @@ def client_certificates(settings: NodeSettings) -> Middleware:
     @web.middleware
     async def certified(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path != LIVENESS_PATH and not _certified(request):
-            return error_response(refused.status, refused.message)
+            return error_response(refused)
         return await handler(request)
 
     return certified

@@ -36,9 +36,17 @@ class MountPolicy:
         self.never_a_root = never_a_root
 
     def check(self, mounts: Sequence[Mount]) -> tuple[Mount, ...]:
-        """The mounts with their host paths resolved, or InvalidField naming the first bad
+        """The mounts with their host paths resolved, or one InvalidField naming every bad
         one. Blocking (it reads the filesystem): run it off the loop."""
-        return tuple(self._check(mount, f"container.mounts[{i}]") for i, mount in enumerate(mounts))
+        checked, refused = [], []
+        for i, mount in enumerate(mounts):
+            try:
+                checked.append(self._check(mount, f"container.mounts[{i}]"))
+            except InvalidField as exc:
+                refused.append(exc)
+        if refused:
+            raise InvalidField.of(refused)
+        return tuple(checked)
 
     def _check(self, mount: Mount, field: str) -> Mount:
         given = Path(os.path.normpath(mount.host))

@@ -8,14 +8,22 @@ while unknown, never 0), and the failed prefetches with their error.
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import Annotated, TypedDict
 
+from tuneplane_node.jobs.pending import FAILED, PULLING
+from tuneplane_node.jobs.prefetch import PRESENT
 from tuneplane_node.jobs.results import ImagesView, ImageView, Prefetched, PullView
+from tuneplane_node.wire.fields import Words
+
+PrefetchPhase = Annotated[
+    str, Words("PrefetchPhase", (PULLING, PRESENT), "A prefetch: pulling, or present already.")
+]
+PullPhase = Annotated[str, Words("PullPhase", (PULLING, FAILED), "A pull: under way, or failed.")]
 
 
 class PrefetchJson(TypedDict):
     image: str
-    phase: str
+    phase: PrefetchPhase
 
 
 class ImageJson(TypedDict):
@@ -30,7 +38,7 @@ class ImageJson(TypedDict):
 
 class PullJson(TypedDict):
     image: str
-    phase: str
+    phase: PullPhase
     bytes_done: int
     bytes_total: int
     layers_done: int

@@ -43,6 +43,7 @@ from tuneplane_node.runtime.base import (
     RuntimeHealth,
     Usage,
     job_labels,
+    tells_no_changes,
 )
 from tuneplane_node.runtime.dockerformat import LogFold
 from tuneplane_node.runtime.pool import BlockingPool
@@ -307,6 +308,8 @@ class FakeRuntime:
 
     def status(self) -> CacheStatus | None:
         return None
+
+    on_change = tells_no_changes  # the state cache in front of it tells them
 
     async def run(self, spec: ContainerSpec) -> str:
         self._answer("run")

@@ -421,6 +421,15 @@ class Console:
     async def state(self, ref: str) -> dict[str, Any]:
         return (await self.observe(ref))[ref]  # type: ignore[no-any-return]
 
+    async def jobs(self) -> Any:
+        """``GET /node/v1/jobs``: every job, and the index to watch from."""
+        return await self.ok("GET", "/node/v1/jobs")
+
+    async def watch(self, index: str, wait: float | None = None) -> Any:
+        """One blocking query from ``index`` (``wait``: the node's default when None)."""
+        params = {"index": index, **({} if wait is None else {"wait": f"{wait:g}"})}
+        return await self.ok("GET", "/node/v1/jobs", params=params)
+
     async def failed(self, ref: str) -> Any:
         """The state of a launch once it failed; its cards are all free again (4 of 4)."""
         state = await self.wait_for(ref, "status", "dead")

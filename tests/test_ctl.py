@@ -456,6 +456,42 @@ def test_signal_and_a_warned_stop_reach_a_job(ctl: Ctl, process_node: Node, tmp_
     assert marker.read_text() == "usr1\nusr1\n"
 
 
+def test_jobs_lists_every_job_and_watch_redraws_at_each_change(
+    ctl: Ctl, process_node: Node
+) -> None:
+    """`ctl jobs` is the table of every job; `ctl jobs --watch --json` the list, then each
+    answer of the blocking queries as a line: the job's exit comes as one."""
+    url, run_id = process_node.url, unique("ctl")
+    ref = commands.default_name(run_id)
+    marker = Path(os.environ.get("TMPDIR", "/tmp")) / f"{run_id}.go"
+    script = f"while [ ! -e {marker} ]; do sleep 0.05; done; exit 4"
+    code, _, err = ctl("launch", "--run-id", run_id, "--image", "none", "--",
+                       "/bin/sh", "-c", script, url=url)  # fmt: skip
+    assert code == 0, err
+    code, out, _ = ctl("jobs", url=url)
+    assert code == 0 and re.search(rf"│ {ref} +│ running ", out), out
+    env = {**os.environ, "PYTHONPATH": python_path(), "TUNEPLANE_NODE_TOKEN": TOKEN}
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "tuneplane_node", "ctl", "--url", url, "jobs", "--watch", "--json"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert watch.stdout is not None
+        first = json.loads(watch.stdout.readline())
+        assert first["jobs"][ref]["status"] == "running" and "full" not in first
+        marker.touch()
+        change = json.loads(watch.stdout.readline())
+        assert change["full"] is False and change["removed"] == []
+        assert (change["jobs"][ref]["status"], change["jobs"][ref]["exit_code"]) == ("exited", 4)
+        assert change["index"] != first["index"]
+    finally:
+        watch.send_signal(signal.SIGINT)
+        assert watch.wait(timeout=10) == 0
+        marker.unlink(missing_ok=True)
+
+
 # --- on the Docker engine -----------------------------------------------------------------
 
 VOLATILE = {"state_cache", "disk"}  # ages and free space move between two calls

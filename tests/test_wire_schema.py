@@ -239,8 +239,8 @@ def test_a_reason_agrees_with_its_parser(reason: Any) -> None:
     assert validator("CordonBody").is_valid(body) == accepts(wire.parse_reason, body)
 
 
-def query(name: str) -> Draft202012Validator:
-    parameters = DOCUMENT["paths"]["/node/v1/logs"]["get"]["parameters"]
+def query(name: str, path: str = "/node/v1/logs") -> Draft202012Validator:
+    parameters = DOCUMENT["paths"][path]["get"]["parameters"]
     (found,) = [p for p in parameters if p.get("name") == name]
     return Draft202012Validator(found["schema"])
 
@@ -253,6 +253,18 @@ def test_follow_agrees_with_its_parser(value: str) -> None:
 @pytest.mark.parametrize("tail", [0, 1, wire.MAX_TAIL, wire.MAX_TAIL + 1])
 def test_tail_agrees_with_its_parser(tail: int) -> None:
     assert query("tail").is_valid(tail) == accepts(wire.parse_tail, str(tail))
+
+
+@pytest.mark.parametrize("wait", [0, 0.5, 300, 300.5, 301])
+def test_wait_agrees_with_its_parser(wait: float) -> None:
+    assert query("wait", "/node/v1/jobs").is_valid(wait) == accepts(wire.parse_wait, f"{wait:g}")
+
+
+@pytest.mark.parametrize(
+    "index", ["", "0123456789abcdef-0", "0123456789abcdef-" + "9" * 19, "0123456789abcdef", "x-1"]
+)
+def test_index_agrees_with_its_parser(index: str) -> None:
+    assert query("index", "/node/v1/jobs").is_valid(index) == accepts(wire.parse_index, index)
 
 
 # --- hypothesis, near the bounds ------------------------------------------------------------

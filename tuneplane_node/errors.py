@@ -14,7 +14,9 @@ errors never travel past the module that imports the SDK: they are translated th
     ├── ImageAccessDenied (403) a private image the node pulled, without credentials
     │                          its registry accepts for it now
     ├── InvalidField (422)     a field is missing or has a bad value; names the field
+    │   └── InvalidCursor      a watch's ``index`` this node never gave out
     ├── TooManyFollows (429)   every slot for following a log is taken
+    ├── TooManyWatches (429)   every slot for a waiting watch query is taken
     ├── Conflict (409)         well-formed, but this node will not do it now
     │   ├── ProtocolMismatch   console and node speak different wire versions
     │   ├── NoCapacity         not enough GPUs free for the job
@@ -104,6 +106,31 @@ class InvalidField(NodeError):
         super().__init__(f"{field}: {reason}")
         self.field = field
         self.reason = reason
+
+
+class InvalidCursor(InvalidField):
+    """A watch's ``index`` that is no cursor of any node: a console's bug, not a stale
+    cursor (which answers the whole list)."""
+
+    code = "invalid_field"
+
+    def __init__(self, field: str = "index") -> None:
+        super().__init__(field, "not a cursor this node gave out; omit it to list every job")
+
+
+class TooManyWatches(NodeError):
+    """Each waiting watch query holds a connection: past the limit, the next is refused
+    rather than let consoles hold every connection of the node."""
+
+    status = 429
+    code = "too_many_requests"
+
+    def __init__(self, *, limit: int) -> None:
+        super().__init__(
+            f"already {limit} watch queries waiting, the most this node holds at once "
+            "(TUNEPLANE_WATCH_MAX); try again later, or ask with wait=0"
+        )
+        self.limit = limit
 
 
 class TooManyFollows(NodeError):

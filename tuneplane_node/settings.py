@@ -189,6 +189,11 @@ class NodeSettings(BaseSettings):
     """Seconds a card stays out after a critical XID before it may come back."""
     state_relist_s: float = Field(30.0, gt=0, le=DAY, allow_inf_nan=False)
     """Seconds between full relists that reconcile the container-state cache."""
+    watch_history: int = Field(10_000, ge=1, le=1_000_000)
+    """Changes the change log behind ``GET /node/v1/jobs?index=`` keeps (each job's
+    latest); a console's cursor older than them is answered with every job (``full``)."""
+    watch_max: int = Field(64, ge=1, le=10_000)
+    """Watch queries (``GET /node/v1/jobs?index=&wait=``) waiting at once; the next is a 429."""
 
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Least severe log lines written (``--log-level`` overrides it). DEBUG adds one

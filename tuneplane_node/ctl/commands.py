@@ -8,6 +8,7 @@ what an operator sees is what a console would get.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -28,6 +29,9 @@ from tuneplane_node.wire.requests import CONTAINER, job_signal
 
 POLL_S = 0.5
 STATS_S = 2.0
+WATCH_WAIT_S = 20.0
+"""A watch query's wait: under the client's timeout for an answer (`TIMEOUT_S`)."""
+NO_LIVE = contextlib.nullcontext(None)
 NAME_PREFIX = "tuneplane-"  # the node's own default, so ctl's jobs read like a console's
 _PLAIN_RUN_ID = re.compile(r"[a-zA-Z0-9_.-]{1,120}")
 
@@ -49,6 +53,10 @@ class Ctl:
 
     def raw(self, answer: Any) -> None:
         print(json.dumps(answer, indent=2), flush=True)
+
+    def line(self, answer: Any) -> None:
+        """One answer of a stream of them: one line each."""
+        print(json.dumps(answer, separators=(",", ":")), flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -93,6 +101,8 @@ def add_parser(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     verb("health", health, "the node's health: engine, cards, pending launches")
     verb("inventory", inventory, "what the machine has: cards, storage, fabrics")
     verb("observe", observe, "the state of jobs").add_argument("refs", nargs="+", metavar="REF")
+    listing = verb("jobs", jobs, "every job of the node; --watch: redrawn as they change")
+    listing.add_argument("-w", "--watch", action="store_true", help="until Ctrl-C")
     usage = verb("stats", stats, "what jobs use, refreshed live (none named: every running job)")
     usage.add_argument("refs", nargs="*", metavar="REF")
     usage.add_argument("--interval", type=float, default=STATS_S, help="seconds between redraws")
@@ -261,6 +271,60 @@ def inventory(ctl: Ctl, args: argparse.Namespace) -> int:
 def observe(ctl: Ctl, args: argparse.Namespace) -> int:
     answer = ctl.client.post("/node/v1/observe", {"refs": args.refs})
     return ctl.show(answer, lambda out, body: render.show_states(out, body["states"]))
+
+
+def jobs(ctl: Ctl, args: argparse.Namespace) -> int:
+    """The table of every job; ``--watch``: again at each change, from blocking queries
+    (a terminal redraws it in place; a pipe gets it anew; ``--json`` each answer as a
+    line of its own)."""
+    answer = ctl.client.get("/node/v1/jobs")
+    if not args.watch:
+        return ctl.show(answer, lambda out, a: render.show_states(out, a["jobs"]))
+    watch = JobsWatch(answer)
+    if ctl.json:
+        ctl.line(answer)
+    live = ctl.out.is_terminal and not ctl.json
+    with Live(watch.table(), console=ctl.out, auto_refresh=False) if live else NO_LIVE as shown:
+        if not live and not ctl.json:
+            ctl.out.print(watch.table())
+        try:
+            while True:
+                answer = ctl.client.get("/node/v1/jobs", watch.query())
+                if not watch.apply(answer):
+                    continue  # the wait ended with nothing new
+                if ctl.json:
+                    ctl.line(answer)
+                elif shown is not None:
+                    shown.update(watch.table(), refresh=True)
+                else:
+                    ctl.out.print(watch.table())
+        except KeyboardInterrupt:  # how a watch ends: not a failure
+            return 0
+
+
+class JobsWatch:
+    """A console's copy of the node's jobs, kept by applying each answer to it."""
+
+    def __init__(self, listing: Mapping[str, Any]) -> None:
+        self.index = str(listing["index"])
+        self.jobs: dict[str, Any] = dict(listing["jobs"])
+
+    def query(self) -> dict[str, str]:
+        return {"index": self.index, "wait": f"{WATCH_WAIT_S:g}"}
+
+    def apply(self, answer: Mapping[str, Any]) -> bool:
+        """Take one answer in; whether the copy changed."""
+        self.index = str(answer["index"])
+        if answer.get("full"):
+            self.jobs = dict(answer["jobs"])
+            return True
+        self.jobs.update(answer["jobs"])
+        for ref in answer.get("removed", ()):
+            self.jobs.pop(ref, None)
+        return bool(answer["jobs"] or answer.get("removed"))
+
+    def table(self) -> Any:
+        return render.states_table(dict(sorted(self.jobs.items())))
 
 
 def stats(ctl: Ctl, args: argparse.Namespace) -> int:

@@ -217,8 +217,13 @@ def _fabrics(fabrics: list[Mapping[str, Any]]) -> Table:
 
 
 def show_states(console: Console, states: Mapping[str, Mapping[str, Any]]) -> None:
+    console.print(states_table(states))
+
+
+def states_table(states: Mapping[str, Mapping[str, Any]], title: str = "Jobs") -> Table:
+    """One row per job: observe's, the list's and the watch's."""
     now = datetime.now(timezone.utc)
-    table = Table(title="Jobs", title_justify="left")
+    table = Table(title=title, title_justify="left")
     for column in ("ref", "status", "age", "run", "cards", "detail"):
         table.add_column(column)
     for ref, state in states.items():
@@ -231,7 +236,7 @@ def show_states(console: Console, states: Mapping[str, Mapping[str, Any]]) -> No
             labels.get("tuneplane.gpus", ""),
             _job_detail(state),
         )
-    console.print(table)
+    return table
 
 
 def status(state: Mapping[str, Any]) -> str:

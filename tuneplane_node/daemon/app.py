@@ -152,7 +152,15 @@ def create_node_app(
     app[TASKS] = BackgroundTasks(log)
     app.add_routes(routes)
     app.cleanup_ctx.append(_lifecycle(runtime, allocator, clock, sweep=sweep))
+    app.on_shutdown.append(_answer_watches)
     return app
+
+
+async def _answer_watches(app: web.Application) -> None:
+    """A stopping daemon answers its waiting watch queries now: before aiohttp waits for
+    the requests in flight, which they would hold for up to their ``wait``."""
+    if JOBS in app:
+        app[JOBS].changes.stop()
 
 
 def _lifecycle(

@@ -96,6 +96,15 @@ class Metrics(Telemetry):
         self.pull_bytes = CounterMetric(
             f"{PREFIX}_pull_bytes", "Bytes downloaded by image pulls.", registry=registry
         )
+        self.watch_answers = CounterMetric(
+            f"{PREFIX}_watch_answers", "Watch queries answered (GET /node/v1/jobs?index=).",
+            registry=registry,
+        )  # fmt: skip
+        self.watch_full = CounterMetric(
+            f"{PREFIX}_watch_full_resyncs",
+            "Watch queries answered with every job: a cursor of another process, or too old.",
+            registry=registry,
+        )
 
     def _states(self, registry: CollectorRegistry) -> None:
         def gauge(name: str, about: str, labels: tuple[str, ...] = ()) -> Gauge:
@@ -111,6 +120,7 @@ class Metrics(Telemetry):
             "jobs", "The node's containers by status, and pending launches by phase.", ("status",)
         )
         self.pulls = gauge("pulls_in_flight", "Image pulls running now.")
+        self.watching = gauge("watch_waiting", "Watch queries waiting for a change now.")
         self.synced = gauge("state_cache_synced", "1 while the container-state cache is synced.")
         self.cache_age = gauge(
             "state_cache_age_seconds", "Seconds since the engine last confirmed the cache."
@@ -137,6 +147,11 @@ class Metrics(Telemetry):
     def launch(self, outcome: str) -> None:
         self.launches.labels(outcome).inc()
 
+    def watch_answered(self, *, full: bool) -> None:
+        self.watch_answers.inc()
+        if full:
+            self.watch_full.inc()
+
     # --- a scrape -----------------------------------------------------------------------
 
     async def scrape(self, jobs: JobService) -> bytes:
@@ -151,6 +166,7 @@ class Metrics(Telemetry):
         self._node_state(status.node.state)
         self._cache(status.cache)
         self.pulls.set(jobs.pulls.in_flight())
+        self.watching.set(jobs.changes.waiting)
         self._cards(status.occupancy)
         try:
             self._counts(await jobs.job_counts())

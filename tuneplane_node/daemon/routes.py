@@ -132,6 +132,26 @@ async def observe(request: web.Request) -> web.Response:
     return encoded(answers.encode_observe(await request.app[JOBS].observe(refs)))
 
 
+@api("get", "/node/v1/jobs", answers.JobsJson, query=requests.JOBS, errors=(429, *ENGINE))
+async def jobs(request: web.Request) -> web.Response:
+    """Every job of the node by ref; with index, what changed since (a blocking query).
+
+    Without `index`: every container of the node and every pending launch, in observe's
+    shape, and the `index` of this answer. With it: the jobs changed since (as they are
+    now, each once) and the refs removed, at once when anything changed, else at the
+    next change or after `wait`. `full: true`: the cursor was of another daemon process
+    or older than the node's history, and `jobs` is every job. While the engine does
+    not answer: 503, never a job removed. Past `TUNEPLANE_WATCH_MAX` waiting: 429."""
+    query = requests.parse_query(request.query.items(), requests.JOBS)
+    cursor, wait = requests.parse_index(query.get("index")), requests.parse_wait(query.get("wait"))
+    changes = request.app[JOBS].changes
+    if cursor is None:
+        return encoded(answers.encode_jobs(await changes.list(), watched=False))
+    result = await changes.query(cursor, wait=wait)
+    request.app[METRICS].watch_answered(full=result.full)
+    return encoded(answers.encode_jobs(result, watched=True))
+
+
 @api("post", "/node/v1/stats", StatsJson, body=requests.STATS, errors=ENGINE)
 async def stats(request: web.Request) -> web.Response:
     """What each job uses, from the node's latest samples.

@@ -23,6 +23,7 @@ from tuneplane_node.jobs.mounts import MountPolicy
 from tuneplane_node.jobs.pending import STARTING, PendingLaunch, PendingTable
 from tuneplane_node.jobs.pulls import PullCoordinator
 from tuneplane_node.jobs.results import LaunchRequest, Pulling, Started
+from tuneplane_node.jobs.watch import ChangeLog
 from tuneplane_node.runtime.base import DEVICES_ENV, ContainerRuntime, ContainerSpec, Mount
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.tasks import BackgroundTasks
@@ -83,7 +84,8 @@ class Launcher:
         self.pulls = pulls
         self.images = images
         self.clock = clock
-        self.pending = PendingTable(clock=clock)
+        self.changes = ChangeLog(runtime, settings, clock=clock)  # watch's, fed by the table
+        self.pending = PendingTable(clock=clock, on_change=self.changes.changed)
         self.tasks = BackgroundTasks(log)  # the pending launches'
         self.rules = JobRules(settings)
         self.affinity = CpuAffinity(settings)
@@ -142,10 +144,16 @@ class Launcher:
     async def _complete(self, record: PendingLaunch, reservation: Reservation) -> None:
         """Pull, then start; how it ended is `_ended`'s to record."""
         auth = record.request.auth
-        record.pull = self.pulls.join(record.image, auth)
-        await self.pulls.wait(record.pull)
+        record.pull = pull = self.pulls.join(record.image, auth)
+        progressed = functools.partial(self.changes.progressed, record.ref)
+        pull.listeners.append(progressed)
+        try:
+            await self.pulls.wait(pull)
+        finally:
+            pull.listeners.remove(progressed)
         await self.images.pulled(record.image, auth)
         record.phase = STARTING
+        self.pending.changed(record.ref)
         # A pull takes minutes, in which a job could swap a mount's directory for a link.
         mounts = await self._checked_mounts(record.request.spec)
         cards = await reservation.claim()
@@ -181,11 +189,10 @@ class Launcher:
             log.info("launch %s: started after its pull", record.ref)
         elif isinstance(error, NodeError):
             log.warning("launch %s failed: %s", record.ref, error.message)
-            record.fail(error.message, at=self.clock.monotonic())
+            self.pending.fail(record, error.message)
         else:
             log.error("launch %s failed on a bug", record.ref, exc_info=error)
-            reason = f"internal error: {type(error).__name__}: {error}"
-            record.fail(reason, at=self.clock.monotonic())
+            self.pending.fail(record, f"internal error: {type(error).__name__}: {error}")
 
     async def _teardown(self, ref: str) -> None:
         try:
@@ -209,3 +216,4 @@ class Launcher:
         while its pull runs leaves it first, as a stop would."""
         await self.tasks.close()
         await self.pulls.close()
+        await self.changes.close()

@@ -9,7 +9,7 @@ restarted mid-pull has none, and the console resubmits. A failed record stays fo
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
@@ -58,11 +58,21 @@ class PendingLaunch:
 
 
 class PendingTable:
-    """The records by ref; expired failed ones are dropped as they are read."""
+    """The records by ref; expired failed ones are dropped as they are read.
 
-    def __init__(self, *, clock: Clock = SYSTEM_CLOCK, ttl_s: float = FAILED_RECORD_TTL_S):
+    ``on_change`` is told the ref of every record added, dropped, or changed in phase
+    (`changed`): the change log behind watch."""
+
+    def __init__(
+        self,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        ttl_s: float = FAILED_RECORD_TTL_S,
+        on_change: Callable[[str], None] = lambda ref: None,
+    ):
         self.clock = clock
         self.ttl_s = ttl_s
+        self.changed = on_change
         self._records: dict[str, PendingLaunch] = {}
 
     def get(self, ref: str) -> PendingLaunch | None:
@@ -70,25 +80,40 @@ class PendingTable:
         record = self._records.get(ref)
         if record is not None and self._expired(record, self.clock.monotonic()):
             del self._records[ref]
+            self.changed(ref)
             return None
         return record
 
     def add(self, record: PendingLaunch) -> None:
         self._records[record.ref] = record
+        self.changed(record.ref)
 
     def pop(self, ref: str) -> PendingLaunch | None:
-        return self._records.pop(ref, None)
+        record = self._records.pop(ref, None)
+        if record is not None:
+            self.changed(ref)
+        return record
 
     def finish(self, record: PendingLaunch) -> None:
         """Drop a record whose container now exists (unless another replaced it)."""
         if self._records.get(record.ref) is record:
             del self._records[record.ref]
+            self.changed(record.ref)
+
+    def fail(self, record: PendingLaunch, reason: str) -> None:
+        """The launch failed: its record says why until it expires, which is a change too
+        (told once its time has passed, even if nobody reads it)."""
+        record.fail(reason, at=self.clock.monotonic())
+        self.changed(record.ref)
+        loop = asyncio.get_running_loop()
+        loop.call_later(self.ttl_s + 0.001, lambda: self.get(record.ref))
 
     def records(self) -> Iterator[PendingLaunch]:
         """Every record, expired ones dropped first."""
         now = self.clock.monotonic()
         for ref in [ref for ref, r in self._records.items() if self._expired(r, now)]:
             del self._records[ref]
+            self.changed(ref)
         return iter(list(self._records.values()))
 
     def __len__(self) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tuneplane_node.runtime.base import ContainerRuntime, PullLimits, PullProgress, RegistryAuth
@@ -24,16 +25,20 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class SharedPull:
-    """One pull of one image; ``progress`` is the engine's latest report."""
+    """One pull of one image; ``progress`` is the engine's latest report, told to each
+    of ``listeners`` (the launches waiting for it: each a change to watch)."""
 
     image: str
     auth: RegistryAuth | None = None
     task: asyncio.Task[None] | None = None
     waiters: int = 0
     progress: PullProgress = field(default_factory=PullProgress)
+    listeners: list[Callable[[], None]] = field(default_factory=list)
 
     def update(self, progress: PullProgress) -> None:
         self.progress = progress
+        for listener in self.listeners:
+            listener()
 
 
 class PullCoordinator:

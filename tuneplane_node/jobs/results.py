@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
@@ -142,6 +143,43 @@ class StoppedView:
 
 
 JobView = ContainerState | StoppedView | PendingView
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """A position in one daemon process's change log: opaque to the console, which
+    sends back the ``index`` it was given. ``epoch`` names the process."""
+
+    epoch: str
+    position: int
+
+    def __str__(self) -> str:
+        return f"{self.epoch}-{self.position}"
+
+    @classmethod
+    def read(cls, text: str) -> Cursor | None:
+        """The cursor a ``str`` made; None for anything else."""
+        epoch, _, position = text.partition("-")
+        if not (CURSOR_EPOCH.fullmatch(epoch) and position.isascii() and position.isdigit()):
+            return None
+        if len(position) > 19:  # past any position a process reaches
+            return None
+        return cls(epoch, int(position))
+
+
+CURSOR_EPOCH = re.compile(r"[0-9a-f]{16}")
+
+
+@dataclass(frozen=True)
+class JobChanges:
+    """Jobs as the change log holds them at ``index``: every job (``full``), or those
+    changed since the cursor asked with, and the refs gone since (``removed``)."""
+
+    index: Cursor
+    jobs: Mapping[str, JobView]
+    removed: tuple[str, ...] = ()
+    full: bool = True
+
 
 Own = Callable[[str], Awaitable[ContainerState]]
 """The service's "ours" rule as it hands it to its collaborators: the node's container

@@ -3,9 +3,9 @@
 The one place the node's rules live: which containers are its own, what a launch does
 with what it finds, what observe and stats say of a ref. The mechanisms are its
 collaborators, each given what it needs and never the service: the launcher (pending
-launches, the card reservation), the stopper, the reaper, the logs reader, the
-node-state keeper (cordon and drain), the health reader. It speaks the runtime contract
-below and typed results above; it knows no HTTP and no JSON.
+launches, the card reservation, the change log behind watch), the stopper, the reaper,
+the logs reader, the node-state keeper (cordon and drain), the health reader. It speaks
+the runtime contract below and typed results above; it knows no HTTP and no JSON.
 
 Every verb that changes a container holds that container's control lock (`RefLocks`),
 so two verbs on one ref never interleave; verbs on different refs never wait for each
@@ -84,6 +84,8 @@ class JobService:
             runtime, allocator, self.pulls, images=self.images, settings=settings, clock=clock
         )
         self.pending = self.launcher.pending
+        self.changes = self.launcher.changes  # watch: every job as observe shows it, numbered
+        self.changes.reads(self.observe, lambda: [r.ref for r in self.pending.records()])
         self.rules = self.launcher.rules
         self.store = NodeStateStore(settings.state_dir, clock=clock)
         self._compose()

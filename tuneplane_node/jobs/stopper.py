@@ -81,6 +81,7 @@ class Stopper:
         finally:
             if self.stopping.get(ref) is mark:
                 del self.stopping[ref]
+                self.launcher.changes.changed(ref)  # observe shows no stop under way now
 
     async def signal(self, ref: str, signal: str) -> None:
         """Send a running job a signal, the job going on (a checkpoint request): a pending
@@ -104,6 +105,7 @@ class Stopper:
     def _mark(self, ref: str, phase: str) -> Stopping:
         mark = Stopping(phase, rfc3339(self.clock.now()))
         self.stopping[ref] = mark
+        self.launcher.changes.changed(ref)  # observe shows the stop's phase
         return mark
 
     async def _signal(self, ref: str, seen: ContainerState, signal: str) -> bool:

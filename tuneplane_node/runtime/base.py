@@ -316,6 +316,14 @@ class PullProgress(NamedTuple):
 
 
 ProgressCallback = Callable[[PullProgress], None]
+ChangeListener = Callable[[str | None], None]
+"""Told on the loop of each change to a container, by name; None: every container may
+have changed (the state cache synced again, or lost the engine)."""
+
+
+def tells_no_changes(runtime: object, listener: ChangeListener) -> bool:
+    """`ContainerRuntime.on_change` of a runtime that reads on every call."""
+    return False
 
 
 @dataclass(frozen=True, repr=False)
@@ -388,6 +396,10 @@ class ContainerRuntime(Protocol):
 
     def status(self) -> CacheStatus | None:
         """The state cache's freshness; None for a runtime that reads on every call."""
+
+    def on_change(self, listener: ChangeListener) -> bool:
+        """Tell ``listener`` of every change from now on; False: this runtime tells none
+        (it reads on every call), and a reader that wants changes must look again."""
 
     async def run(self, spec: ContainerSpec) -> str:
         """Create and start the container; its id. A name in use: `EngineConflict`.

@@ -37,6 +37,7 @@ from tuneplane_node.runtime.base import (
     RUNNING,
     Brief,
     CacheStatus,
+    ChangeListener,
     ContainerSpec,
     ContainerState,
     EngineEvent,
@@ -101,8 +102,7 @@ class StateCache:
         self.states: dict[str, ContainerState] = {}
         self.names: dict[str, str] = {}  # container id -> name
         self.touched: dict[str, float] = {}  # name -> when last written
-        # Names whose state came from the engine's list only (no times yet): a read of
-        # one asks the engine first; the fill after each sync reads them all.
+        # Listed only (no times yet): a read asks the engine first; the fill reads them all.
         self.unread: set[str] = set()
         self._fills = 0  # which sync a fill belongs to: an older one writes nothing
         self._lists = 0  # the watch thread's own count of its lists: it numbers the fills
@@ -114,6 +114,7 @@ class StateCache:
         self.last_relist: float | None = None
         self._oomed: set[str] = set()  # ids whose "oom" came and whose "die" has not
         self._watchers: dict[str, set[asyncio.Event]] = {}  # name -> waiters for a change
+        self.listeners: list[ChangeListener] = []  # told of every change (watch's change log)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = threading.Event()
         self._close_stream: Callable[[], None] | None = None
@@ -174,10 +175,12 @@ class StateCache:
             self.names.pop(state.id, None)
         self._changed(name)
 
-    def _changed(self, name: str) -> None:
+    def _changed(self, name: str | None) -> None:  # None: every container (a sync, or lost)
         self.generation += 1
-        for waiter in self._watchers.get(name, ()):
+        for waiter in self._watchers.get(name or "", ()):
             waiter.set()
+        for listener in self.listeners:
+            listener(name)
 
     async def wait_exited(self, name: str, timeout: float) -> bool:
         """Until the container of that name runs no more (by the events), at most
@@ -263,6 +266,7 @@ class StateCache:
         self.syncs += 1
         self.last_relist = self.clock.monotonic()
         self._first_sync.set()
+        self._changed(None)
         log.info("state cache synced: %d containers", len(self.states))
 
     def mark_stale(self, reason: str) -> None:
@@ -271,6 +275,7 @@ class StateCache:
         self.synced = False
         self.stale_reason = f"event stream broken: {reason}"
         self._first_sync.set()  # the first try is over: serve, and answer 503
+        self._changed(None)
 
     def _post(self, fn: Callable[..., None], *args: Any) -> None:
         assert self._loop is not None
@@ -465,6 +470,10 @@ class CachedRuntime:
 
     def status(self) -> CacheStatus:
         return self.cache.status()
+
+    def on_change(self, listener: ChangeListener) -> bool:
+        self.cache.listeners.append(listener)
+        return True
 
     async def inspect(self, name: str) -> ContainerState:
         state = self.cache.get(name)

@@ -51,6 +51,7 @@ from tuneplane_node.runtime.base import (
     Usage,
     format_gpus,
     job_labels,
+    tells_no_changes,
 )
 from tuneplane_node.runtime.dockerformat import LogFold
 from tuneplane_node.runtime.logstream import LogRelay, unbound_reads
@@ -315,6 +316,7 @@ class EngineRuntime(ABC):
             raise self.errors.translate(exc, action=action) from exc
 
     # --- the ContainerRuntime verbs ----------------------------------------------------
+    on_change = tells_no_changes  # the state cache in front of it tells them
 
     async def start(self) -> None:
         return None  # nothing to fill: every read asks the engine

@@ -35,6 +35,7 @@ from tuneplane_node.runtime.base import (
     RegistryAuth,
     RuntimeHealth,
     Usage,
+    tells_no_changes,
 )
 from tuneplane_node.runtime.pool import BlockingPool
 from tuneplane_node.runtime.processfiles import ENGINE as ENGINE
@@ -108,6 +109,8 @@ class ProcessRuntime:
 
     def status(self) -> CacheStatus | None:
         return None
+
+    on_change = tells_no_changes  # an exit is seen only by reading the files
 
     async def run(self, spec: ContainerSpec) -> str:
         """Start the job in a new session; a name in use, running or not, is a conflict."""

@@ -16,7 +16,14 @@ from tuneplane_node.gpu.probe import CardFacts, GpuSnapshot
 from tuneplane_node.inventory import DiskReading, FabricFacts, Filesystem, LocalDisk
 from tuneplane_node.jobs import results
 from tuneplane_node.jobs.nodestate import NodeState
-from tuneplane_node.jobs.results import Inventory, JobView, NodeStatus, PendingView, StoppedView
+from tuneplane_node.jobs.results import (
+    Inventory,
+    JobChanges,
+    JobView,
+    NodeStatus,
+    PendingView,
+    StoppedView,
+)
 from tuneplane_node.runtime.base import CacheStatus, ContainerState, LogText
 from tuneplane_node.wire import PROTOCOL
 
@@ -187,6 +194,42 @@ def _member(ref: str, view: JobView) -> bytes:
 
 
 _STATES = EncodedStates()
+
+
+# --- answers: the jobs list and its watch ------------------------------------------------
+
+
+class _JobsWatched(TypedDict, total=False):
+    removed: list[str]  # with index: the refs gone since it
+    full: bool  # with index: true when ``jobs`` is every job (the cursor was too old)
+
+
+class JobsJson(_JobsWatched):
+    index: str
+    jobs: dict[str, StateJson]
+
+
+def jobs_json(changes: JobChanges, *, watched: bool) -> JobsJson:
+    """Every job (the list), or with ``watched`` what changed since the query's index."""
+    answer: JobsJson = {
+        "index": str(changes.index),
+        "jobs": {ref: state_json(view) for ref, view in changes.jobs.items()},
+    }
+    if watched:
+        answer["removed"] = list(changes.removed)
+        answer["full"] = changes.full
+    return answer
+
+
+def encode_jobs(changes: JobChanges, *, watched: bool) -> bytes:
+    """``encode(jobs_json(...))``, byte for byte, each cached state encoded once (as
+    `encode_observe`): a list of 1,000 jobs is mostly states that did not change."""
+    parts = [_STATES.entry(ref, view) for ref, view in changes.jobs.items()]
+    head = b'{"index":' + orjson.dumps(str(changes.index)) + b',"jobs":{' + b",".join(parts)
+    if not watched:
+        return head + b"}}"
+    full = b"true" if changes.full else b"false"
+    return head + b'},"removed":' + orjson.dumps(list(changes.removed)) + b',"full":' + full + b"}"
 
 
 # --- answers: launch and the other verbs -------------------------------------------------

@@ -29,8 +29,15 @@ from datetime import datetime, timezone
 from typing import Any
 
 from tuneplane_node.clock import parse_rfc3339
-from tuneplane_node.errors import InvalidField
-from tuneplane_node.jobs.results import IF_NOT_PRESENT, PULL_POLICIES, LaunchRequest, StopPlan
+from tuneplane_node.errors import InvalidCursor, InvalidField
+from tuneplane_node.jobs.results import (
+    IF_NOT_PRESENT,
+    PULL_POLICIES,
+    Cursor,
+    LaunchRequest,
+    StopPlan,
+)
+from tuneplane_node.jobs.watch import DEFAULT_WAIT_S, MAX_WAIT_S
 from tuneplane_node.runtime.base import (
     LABEL_RUN_ID,
     NODE_LABELS,
@@ -899,4 +906,52 @@ LOGS = Body(
         ),
     ),
     doc="The query of GET /node/v1/logs.",
+)
+
+
+# --- the jobs list and its watch ------------------------------------------------------------
+
+MAX_CURSOR = 40
+
+
+def parse_index(value: str | None) -> Cursor | None:
+    """``index``: the cursor of an earlier answer; absent or empty: the list itself."""
+    if value is None or value == "":
+        return None
+    cursor = Cursor.read(value) if len(value) <= MAX_CURSOR else None
+    if cursor is None:
+        raise InvalidCursor("index")
+    return cursor
+
+
+def parse_wait(value: str | None) -> float:
+    """``wait``: seconds a watch query may wait for a change, 0 to `MAX_WAIT_S`."""
+    if value is None or value == "":
+        return DEFAULT_WAIT_S
+    seconds = float(value) if DECIMAL.fullmatch(value) and len(value) <= 20 else -1.0
+    if not 0 <= seconds <= MAX_WAIT_S:
+        raise InvalidField("wait", f"must be a number of seconds from 0 to {MAX_WAIT_S:g}")
+    return seconds
+
+
+JOBS = Body(
+    "JobsQuery",
+    (
+        Field(
+            "index",
+            text(most=MAX_CURSOR, pattern="^(?:[0-9a-f]{16}-[0-9]{1,19})?$"),
+            "The `index` of an earlier answer: answer what changed since (a blocking query). "
+            "Absent or empty: every job. A cursor of an earlier daemon process, or older "
+            "than the node's history (`TUNEPLANE_WATCH_HISTORY`), answers every job with "
+            "`full: true`.",
+        ),
+        Field(
+            "wait",
+            {"anyOf": [number(least=0, most=MAX_WAIT_S), EMPTY], "default": DEFAULT_WAIT_S},
+            f"With `index`: seconds to hold the query when nothing changed, 0 to "
+            f"{MAX_WAIT_S:g}; default {DEFAULT_WAIT_S:g}. The node adds up to a sixteenth "
+            "more at random, so a fleet's consoles do not ask again at once.",
+        ),
+    ),
+    doc="The query of GET /node/v1/jobs.",
 )

@@ -16,6 +16,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "tuneplane_node"
 # Top to bottom; a module may import only from its own layer's module itself or below.
 LAYERS = [
     {"cli", "__main__", "ctl"},
+    {"client"},
     {"daemon"},
     {"wire"},
     {"jobs"},
@@ -36,7 +37,7 @@ LAYERS = [
     },
 ]
 # The operators' client speaks only HTTP: no daemon, service or engine code in it.
-CTL_MAY_IMPORT = {"wire", "__init__", "__version__"}
+CTL_MAY_IMPORT = {"client", "wire", "__init__", "__version__"}
 # Each third-party SDK is imported by exactly these modules, and translated there.
 SDKS = {
     # docker.auth reads the registry auth file (config.json) for both engines.
@@ -52,6 +53,8 @@ SDKS = {
         "daemon/follow.py",
     },
     "prometheus_client": {"daemon/metrics.py"},
+    # The consoles' client: its two clients, and the one place its errors are translated.
+    "httpx": {"client/aio.py", "client/sync.py", "client/endpoint.py"},
     "orjson": {"wire/answers.py"},
 }
 
@@ -229,3 +232,13 @@ def test_no_class_of_the_package_is_over_the_limit() -> None:
     }
     assert not too_long, too_long
     assert len(MODULES) >= 50  # the walk saw the package
+
+
+def test_the_client_stands_alone() -> None:
+    """A console installs `tuneplane_node.client` without the daemon (its own
+    distribution, clients/python): it imports nothing else of the package."""
+    for path in sorted((PACKAGE / "client").rglob("*.py")):
+        for name in imports(path):
+            parts = name.split(".")
+            if parts[0] == "tuneplane_node":
+                assert parts[1:2] == ["client"], f"client/{path.name} imports {name}"

@@ -80,7 +80,7 @@ def test_what_the_code_imports_is_declared() -> None:
     declared = {Requirement(text).name for text in DEPENDENCIES}
     # requests and urllib3: the adapters translate their exceptions (runtime/docker.py).
     imported = {"aiohttp", "docker", "podman", "pydantic", "pydantic-settings", "requests"}
-    imported |= {"urllib3", "nvidia-ml-py", "prometheus-client", "rich"}
+    imported |= {"urllib3", "nvidia-ml-py", "prometheus-client", "rich", "httpx"}
     assert imported <= declared
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import ssl
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -116,7 +117,9 @@ def reason(exc: BaseException) -> str:
     while seen is not None:
         if isinstance(seen, ssl.SSLCertVerificationError):
             return f"TLS: {seen.verify_message}"
-        if isinstance(seen, OSError) and seen.strerror:
-            return f"{seen.strerror}: {seen.filename}" if seen.filename else seen.strerror
+        if isinstance(seen, OSError) and (seen.errno or seen.strerror):
+            # asyncio's own words ("Connect call failed (...)") say less than the errno's
+            said = os.strerror(seen.errno) if seen.errno else seen.strerror
+            return f"{said}: {seen.filename}" if seen.filename else said
         seen = seen.__cause__ or seen.__context__
     return str(exc) or type(exc).__name__

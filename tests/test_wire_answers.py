@@ -34,6 +34,7 @@ from tuneplane_node.jobs import (
     Stopping,
 )
 from tuneplane_node.jobs.nodestate import NodeState
+from tuneplane_node.jobs.results import Cursor, JobChanges
 from tuneplane_node.runtime.base import (
     LABEL_RUN_ID,
     CacheStatus,
@@ -44,9 +45,11 @@ from tuneplane_node.runtime.base import (
 from tuneplane_node.wire.answers import (
     EncodedStates,
     encode,
+    encode_jobs,
     encode_observe,
     health_json,
     inventory_json,
+    jobs_json,
     launch_json,
     observe_json,
     state_json,
@@ -452,6 +455,22 @@ def test_observe_is_encoded_as_its_shape_would_be_byte_for_byte() -> None:
     assert encode_observe(views) == encode(observe_json(views))
     assert encode_observe(views) == encode(observe_json(views))  # the second, from the memo
     assert encode_observe({}) == encode(observe_json({}))
+
+
+def test_the_jobs_list_and_watch_are_encoded_as_their_shapes_would_be() -> None:
+    views: dict[str, ContainerState | StoppedView | PendingView] = {
+        "a": running("a", labels={LABEL_RUN_ID: "a", "note": "é\u2028\x00"}),
+        "stopped": StoppedView(running("stopped", status="exited"), "drained: cordon"),
+        "tuneplane-b": pending(),
+    }
+    listing = JobChanges(Cursor("0123456789abcdef", 7), views)
+    assert encode_jobs(listing, watched=False) == encode(jobs_json(listing, watched=False))
+    assert json.loads(encode_jobs(listing, watched=False)).keys() == {"index", "jobs"}
+    delta = JobChanges(Cursor("0123456789abcdef", 9), views, ("gone",), full=False)
+    assert encode_jobs(delta, watched=True) == encode(jobs_json(delta, watched=True))
+    assert json.loads(encode_jobs(delta, watched=True))["removed"] == ["gone"]
+    moved = JobChanges(Cursor("0123456789abcdef", 8), {})  # a new index: never the memo's
+    assert json.loads(encode_jobs(moved, watched=False))["jobs"] == {}
 
 
 def member(states: EncodedStates, ref: str, view: Any) -> Any:

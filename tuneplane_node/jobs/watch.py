@@ -158,8 +158,8 @@ class ChangeLog:
                     self._progressed.pop(ref, None)
                     self._record(ref)
                 continue
-            self._views[ref] = view  # the newest, even when it reads the same
-            if old is None or not _same(old, view):
+            if old is None or not _same(old, view):  # else the old object stays: a
+                self._views[ref] = view  # position names one set of views (and answers)
                 self._record(ref)
         if self.position != before:
             self._wake()
@@ -183,8 +183,10 @@ class ChangeLog:
     # --- the queries ------------------------------------------------------------------
 
     async def list(self) -> JobChanges:
-        """Every job now: every ref read again (a change no source told is found here)."""
-        self._everything = True
+        """Every job now, as the log holds it once every change told so far is read: the
+        same views the watch answers with (a pending launch's age as of its latest
+        change). A runtime that tells no changes is read whole first."""
+        self._everything |= not self.fed
         await self._settled()
         return self._listing()
 

@@ -223,7 +223,30 @@ def jobs_json(changes: JobChanges, *, watched: bool) -> JobsJson:
 
 def encode_jobs(changes: JobChanges, *, watched: bool) -> bytes:
     """``encode(jobs_json(...))``, byte for byte, each cached state encoded once (as
-    `encode_observe`): a list of 1,000 jobs is mostly states that did not change."""
+    `encode_observe`); the list, once per index: the change log's position names one set
+    of views, so consoles listing a node that did not change get the same bytes."""
+    if not watched:
+        return _LISTING.of(changes)
+    return _encode_jobs(changes, watched=True)
+
+
+class LastListing:
+    """The list's answer for the last index it was built for. Used on the loop only."""
+
+    def __init__(self) -> None:
+        self._last: tuple[str, bytes] = ("", b"")
+
+    def of(self, changes: JobChanges) -> bytes:
+        index = str(changes.index)
+        if self._last[0] != index:
+            self._last = (index, _encode_jobs(changes, watched=False))
+        return self._last[1]
+
+
+_LISTING = LastListing()
+
+
+def _encode_jobs(changes: JobChanges, *, watched: bool) -> bytes:
     parts = [_STATES.entry(ref, view) for ref, view in changes.jobs.items()]
     head = b'{"index":' + orjson.dumps(str(changes.index)) + b',"jobs":{' + b",".join(parts)
     if not watched:

@@ -329,6 +329,8 @@ INVENTORY_KEYS = [
     "fabrics",
     "node_state",  # added after every field of 0.3.15
     "cpu_affinity",
+    "protocols",
+    "features",
 ]
 
 

@@ -39,25 +39,37 @@ async def test_healthz_needs_no_token_and_says_nothing_else(fake_node: MakeFakeN
 
 
 @pytest.mark.parametrize(
-    ("headers", "status", "detail"),
+    ("headers", "status", "detail", "code"),
     [
-        ({PROTOCOL_HEADER: "1"}, 401, "invalid node token"),
-        ({"Authorization": "Bearer wrong", PROTOCOL_HEADER: "1"}, 401, "invalid node token"),
-        ({"Authorization": TOKEN, PROTOCOL_HEADER: "1"}, 401, "invalid node token"),
+        ({PROTOCOL_HEADER: "1"}, 401, "invalid node token", "unauthorized"),
+        (
+            {"Authorization": "Bearer wrong", PROTOCOL_HEADER: "1"},
+            401,
+            "invalid node token",
+            "unauthorized",
+        ),
+        ({"Authorization": TOKEN, PROTOCOL_HEADER: "1"}, 401, "invalid node token", "unauthorized"),
         (
             {"Authorization": f"Bearer {TOKEN}"},
             400,
             f"missing {PROTOCOL_HEADER} header; this node speaks protocol 1",
+            "missing_protocol",
         ),
         (
             {"Authorization": f"Bearer {TOKEN}", PROTOCOL_HEADER: "2"},
             409,
             "wire protocol mismatch: console=2, node=1",
+            "protocol_mismatch",
         ),
     ],
 )
 async def test_every_api_path_needs_the_token_and_the_protocol(
-    fake_node: MakeFakeNode, fake: FakeRuntime, headers: dict[str, str], status: int, detail: str
+    fake_node: MakeFakeNode,
+    fake: FakeRuntime,
+    headers: dict[str, str],
+    status: int,
+    detail: str,
+    code: str,
 ) -> None:
     node = await fake_node()
     for method, path in (
@@ -67,37 +79,56 @@ async def test_every_api_path_needs_the_token_and_the_protocol(
         ("GET", "/node/v1/nonexistent"),
     ):
         got = await node.call(method, path, headers=headers, json={"refs": []})
-        assert got == (status, {"detail": detail})
+        assert got == (status, {"detail": detail, "code": code})
     assert fake.calls["run"] == 0
 
 
 @pytest.mark.parametrize(
-    ("payload", "status", "detail"),
+    ("payload", "status", "detail", "code"),
     [
-        (b"{not json", 400, "request body is not valid JSON"),
-        (b"[1, 2]", 400, "request body must be a JSON object"),
-        (b"\xff\xfe", 400, "request body is not valid JSON"),
-        (b'{"container": {"image": "x"}}', 422, "run_id: required, a non-empty string"),
-        (b'{"run_id": "a"}', 422, "container: required, an object"),
+        (b"{not json", 400, "request body is not valid JSON", "bad_request"),
+        (b"[1, 2]", 400, "request body must be a JSON object", "bad_request"),
+        (b"\xff\xfe", 400, "request body is not valid JSON", "bad_request"),
+        (
+            b'{"container": {"image": "x"}}',
+            422,
+            "run_id: required, a non-empty string",
+            "invalid_field",
+        ),
+        (b'{"run_id": "a"}', 422, "container: required, an object", "invalid_field"),
         (
             b'{"run_id": "a", "container": {"image": "x", "command": "rm -rf /"}}',
             422,
             "container.command",
+            "invalid_field",
         ),
         (
             b'{"run_id": "a", "container": {"image": "x", "cpu_limit": "lots"}}',
             422,
             "container.cpu_limit",
+            "invalid_field",
+        ),
+        (
+            b'{"run_id": "a", "container": {"image": "x", "comand": ["/bin/true"]}}',
+            422,
+            "container.comand: unknown field",
+            "unknown_field",
         ),
     ],
 )
 async def test_a_bad_launch_body_gets_a_clear_4xx_and_starts_nothing(
-    fake_node: MakeFakeNode, fake: FakeRuntime, payload: bytes, status: int, detail: str
+    fake_node: MakeFakeNode,
+    fake: FakeRuntime,
+    payload: bytes,
+    status: int,
+    detail: str,
+    code: str,
 ) -> None:
     node = await fake_node()
     got, body = await node.call("POST", "/node/v1/launch", data=payload, headers=HEADERS)
     assert got == status
-    assert list(body) == ["detail"] and body["detail"].startswith(detail)
+    assert body["detail"].startswith(detail) and body["code"] == code
+    assert sorted(body) == (["code", "detail", "errors"] if got == 422 else ["code", "detail"])
     assert fake.calls["run"] == 0 and not fake.containers
 
 
@@ -105,13 +136,22 @@ async def test_a_body_over_one_mib_is_refused(fake_node: MakeFakeNode) -> None:
     node = await fake_node()
     payload = b'{"refs": ["' + b"x" * (1024 * 1024) + b'"]}'
     got = await node.call("POST", "/node/v1/observe", data=payload, headers=HEADERS)
-    assert got == (413, {"detail": "request body is larger than 1048576 bytes"})
+    assert got == (
+        413,
+        {"detail": "request body is larger than 1048576 bytes", "code": "payload_too_large"},
+    )
 
 
 async def test_unknown_paths_and_methods_are_json_errors(fake_node: MakeFakeNode) -> None:
     node = await fake_node()
-    assert await node.call("GET", "/node/v1/exec") == (404, {"detail": "Not Found"})
-    assert await node.call("GET", "/node/v1/launch") == (405, {"detail": "Method Not Allowed"})
+    assert await node.call("GET", "/node/v1/exec") == (
+        404,
+        {"detail": "Not Found", "code": "not_found"},
+    )
+    assert await node.call("GET", "/node/v1/launch") == (
+        405,
+        {"detail": "Method Not Allowed", "code": "method_not_allowed"},
+    )
 
 
 async def test_a_bug_is_a_500_naming_only_its_type(
@@ -121,7 +161,7 @@ async def test_a_bug_is_a_500_naming_only_its_type(
     ref, _ = await node.launch(image=IMAGE)
     fake.faults["logs"] = KeyError("secret-detail")
     got = await node.call("GET", "/node/v1/logs", params={"ref": ref})
-    assert got == (500, {"detail": "internal error: KeyError"})
+    assert got == (500, {"detail": "internal error: KeyError", "code": "internal"})
 
 
 async def test_an_engine_that_is_down_is_a_503_and_health_says_so(
@@ -157,9 +197,10 @@ async def test_a_0315_console_launches_observes_stops_and_removes(
         "phase": "running",
         "container_id": fake.containers["tuneplane-r-1"].id[:12],
         "gpus": [0, 1],
+        "ref": "tuneplane-r-1",
     }
     again = await node.ok("POST", "/node/v1/launch", json=console_0315("r-1"))
-    assert again == {"phase": "running", "idempotent": True, "gpus": [0, 1]}
+    assert again == {"phase": "running", "idempotent": True, "gpus": [0, 1], "ref": "tuneplane-r-1"}
 
     state = await node.state("tuneplane-r-1")
     assert (state["exists"], state["status"], state["exit_code"]) == (True, "running", None)
@@ -180,7 +221,12 @@ async def test_a_pull_is_followed_through_observe_and_health(
     body = console_0315("r-2", image=MISSING)
 
     answer = await node.ok("POST", "/node/v1/launch", json=body)
-    assert answer == {"phase": "pulling", "image": MISSING, "requested_gpus": 2}
+    assert answer == {
+        "phase": "pulling",
+        "image": MISSING,
+        "requested_gpus": 2,
+        "ref": "tuneplane-r-2",
+    }
     await fake.pulling.wait()
     fake.pull_of(MISSING).report(100, 400)
     state = await node.state("tuneplane-r-2")
@@ -305,7 +351,10 @@ async def test_capacity_and_name_refusals_are_409s_with_the_reason(
     got, body = await node.call("POST", "/node/v1/launch", json=console_0315("r-5", gpus=3))
     assert (got, body) == (
         409,
-        {"detail": "not enough GPUs: asked for 3; 2 free [0, 1], 0 held by jobs"},
+        {
+            "detail": "not enough GPUs: asked for 3; 2 free [0, 1], 0 held by jobs",
+            "code": "no_capacity",
+        },
     )
     await node.ok("POST", "/node/v1/launch", json=console_0315("r-6", name="tuneplane-shared"))
     got, body = await node.call(
@@ -313,7 +362,7 @@ async def test_capacity_and_name_refusals_are_409s_with_the_reason(
     )
     assert (got, body) == (
         409,
-        {"detail": "the container name tuneplane-shared is held by run r-6"},
+        {"detail": "the container name tuneplane-shared is held by run r-6", "code": "name_held"},
     )
 
 

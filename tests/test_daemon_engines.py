@@ -291,7 +291,7 @@ async def test_a_foreign_container_is_invisible_and_untouchable(
     assert "does not exist" in await node.logs(foreign)
     _, body = await node.launch(run_id="hijack", name=foreign, expect=409)
 
-    assert "already in use" in body["detail"]
+    assert "already in use" in body["detail"] and body["code"] == "engine_conflict"
     state = await docker_runtime.inspect(foreign)
     assert state.status == "running" and state.run_id is None  # untouched
 
@@ -304,6 +304,10 @@ async def test_a_refusal_for_a_field_of_the_request_is_a_422_naming_it(
     ref, body = await node.launch(["/no/such/binary"], gpus=2, expect=422)
     assert body["detail"].startswith(f"container.command: {engine} refused to run {ref}: ")
     assert "/no/such/binary" in body["detail"]
+    assert (body["code"], [e["field"] for e in body["errors"]]) == (
+        "spec_refused",
+        ["container.command"],
+    )
     _, body = await node.launch(user="nobody-here", expect=422)
     assert body["detail"].startswith(f"container.user: {engine} refused to run")
     assert (await node.state(ref))["exists"] is False
@@ -407,7 +411,7 @@ async def test_a_pull_reserves_cards_reports_progress_then_runs(
     node = await make_node(feed=docker_runtime)
 
     ref, answer = await node.launch(gpus=3, image=image)
-    assert answer == {"phase": "pulling", "image": image, "requested_gpus": 3}
+    assert answer == {"phase": "pulling", "image": image, "requested_gpus": 3, "ref": ref}
     health = await node.health()
     assert (health["gpus_reserved"], health["gpus_free"]) == (3, 1)
     _, body = await node.launch(gpus=2, expect=409)  # the reservation holds

@@ -63,7 +63,7 @@ async def test_metrics_need_the_token_but_not_the_protocol(fake_node: MakeFakeNo
     for headers in ({}, {"Authorization": "Bearer wrong"}):
         async with node.client.get("/metrics", headers=headers) as response:
             assert response.status == 401
-            assert await response.json() == {"detail": "invalid node token"}
+            assert await response.json() == {"detail": "invalid node token", "code": "unauthorized"}
     samples = await scrape(node)  # the token alone, no protocol header
     assert value(samples, "tuneplane_node_build_info", version=__version__) == 1
 

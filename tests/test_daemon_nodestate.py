@@ -38,13 +38,26 @@ async def test_cordon_refuses_new_launches_with_the_reason_and_nothing_else(
 
     status, refused = await node.call("POST", "/node/v1/launch", json=spec("r-new"))
     assert status == 409
-    assert refused == {"detail": "the node is cordoned and takes no new launches: disk swap"}
+    assert refused == {
+        "detail": "the node is cordoned and takes no new launches: disk swap",
+        "code": "cordoned",
+    }
     assert "tuneplane-r-new" not in fake.containers
     # The runs already there answer as before, and every other verb goes on.
     again = await node.ok("POST", "/node/v1/launch", json=spec("r-run"))
-    assert again == {"phase": "running", "idempotent": True, "gpus": [0, 1]}
+    assert again == {
+        "phase": "running",
+        "idempotent": True,
+        "gpus": [0, 1],
+        "ref": "tuneplane-r-run",
+    }
     pending = await node.ok("POST", "/node/v1/launch", json=spec("r-pull", image=MISSING))
-    assert pending == {"phase": "pulling", "idempotent": True, "image": MISSING}
+    assert pending == {
+        "phase": "pulling",
+        "idempotent": True,
+        "image": MISSING,
+        "ref": "tuneplane-r-pull",
+    }
     assert await node.stop("tuneplane-r-run", timeout=1) == {"ok": True}
     assert (await node.state("tuneplane-r-run"))["status"] == "exited"
     assert await node.remove("tuneplane-r-pull") == {"ok": True}

@@ -27,12 +27,25 @@ from tests.helpers import IMAGE, TOKEN, Console, unique
 from tuneplane_node.daemon.routes import document
 from tuneplane_node.wire import PROTOCOL_HEADER, schema
 
+
+def code_declared(ctx: Any, response: Any, case: schemathesis.Case) -> bool | None:
+    """An error's ``code`` is one its operation's document lists for its status."""
+    if response.status_code < 400:
+        return None
+    operation = document()["paths"][case.operation.path][case.operation.method.lower()]
+    declared = operation["responses"].get(str(response.status_code), {}).get("x-codes")
+    code = response.json().get("code")
+    assert declared is not None and code in declared, (response.status_code, code, declared)
+    return None
+
+
 CONFORMANCE = [
     not_a_server_error,
     status_code_conformance,
     content_type_conformance,
     response_schema_conformance,
     response_headers_conformance,
+    code_declared,
 ]
 
 

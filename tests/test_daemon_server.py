@@ -213,7 +213,9 @@ async def test_hostile_bytes_in_the_token_are_a_401_not_a_crash(
             b"X-TunePlane-Node-Protocol: 1\r\nConnection: close\r\n\r\n",
         )
     assert answer.startswith(b"HTTP/1.1 401")
-    assert answer.endswith(b"\r\n\r\n" + encode({"detail": "invalid node token"}))
+    assert answer.endswith(
+        b"\r\n\r\n" + encode({"detail": "invalid node token", "code": "unauthorized"})
+    )
     assert "Traceback" not in caplog.text
 
 

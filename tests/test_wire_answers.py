@@ -83,25 +83,30 @@ PENDING_KEYS = [
 
 
 def test_launch_answers() -> None:
-    assert launch_json(Started("fd8a9cc848e0", (0, 1))) == {
+    """Every form names the ref it made: the console need not recompute a hashed name."""
+    assert launch_json(Started("fd8a9cc848e0", (0, 1)), ref="tuneplane-r-1") == {
         "phase": "running",
         "container_id": "fd8a9cc848e0",
         "gpus": [0, 1],
+        "ref": "tuneplane-r-1",
     }
-    assert launch_json(AlreadyRunning((2,))) == {
+    assert launch_json(AlreadyRunning((2,)), ref="job-a") == {
         "phase": "running",
         "idempotent": True,
         "gpus": [2],
+        "ref": "job-a",
     }
-    assert launch_json(Pulling("reg/big:1", 2)) == {
+    assert launch_json(Pulling("reg/big:1", 2), ref="job-b") == {
         "phase": "pulling",
         "image": "reg/big:1",
         "requested_gpus": 2,
+        "ref": "job-b",
     }
-    assert launch_json(AlreadyPending("starting", "reg/big:1")) == {
+    assert launch_json(AlreadyPending("starting", "reg/big:1"), ref="job-c") == {
         "phase": "starting",
         "idempotent": True,
         "image": "reg/big:1",
+        "ref": "job-c",
     }
 
 
@@ -231,6 +236,8 @@ HEALTH_KEYS = [
     "explain",
     "gpu_probe",
     "node_state",  # added after every field of 0.3.15
+    "protocols",
+    "features",
 ]
 CARD_KEYS = [
     "index",
@@ -342,7 +349,7 @@ def test_health_with_the_engine_down_says_why_and_knows_no_card() -> None:
     assert answer["ok"] is False
     assert answer["error"] == "engine unreachable: docker: gone"
     assert list(answer)[:8] == [*HEALTH_KEYS[:6], "state_cache", "error"]
-    assert all(answer[key] is None for key in HEALTH_KEYS[6:-1])  # type: ignore[literal-required]
+    assert all(answer[key] is None for key in HEALTH_KEYS[6:-3])  # type: ignore[literal-required]
 
 
 def test_health_of_the_process_runtime_has_no_state_cache() -> None:

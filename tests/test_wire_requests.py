@@ -18,15 +18,23 @@ from tuneplane_node.wire.requests import (
     CONTAINER,
     LOGS,
     MAX_TAIL,
+    parse_drain,
     parse_follow,
     parse_grace,
     parse_launch,
+    parse_logs,
     parse_max_age,
+    parse_observe,
     parse_query,
+    parse_reap,
     parse_ref,
     parse_refs,
+    parse_remove,
+    parse_signal_body,
     parse_since,
+    parse_stop_body,
     parse_tail,
+    parse_uncordon,
 )
 
 # --- what 0.3.15 consoles send -------------------------------------------------------------
@@ -427,12 +435,16 @@ def test_a_mount_onto_other_paths_is_kept(target: str) -> None:
     assert spec.mounts == (Mount("/data", target, True),)
 
 
-def test_a_query_parameter_given_twice_is_refused_by_name() -> None:
-    pairs = [("ref", "a"), ("tail", "5"), ("other", "x"), ("other", "y"), ("tail", "9")]
+def test_a_query_parameter_given_twice_or_unknown_is_refused_by_name() -> None:
+    pairs = [("ref", "a"), ("tail", "5"), ("tail", "9"), ("tial", "x")]
     with pytest.raises(InvalidField) as refused:
         parse_query(pairs, LOGS)
     assert (refused.value.field, refused.value.reason) == ("tail", "given more than once")
-    assert parse_query(pairs[:4], LOGS) == {"ref": "a", "tail": "5", "other": "x"}
+    assert [(e.field, e.code) for e in refused.value.errors] == [
+        ("tail", "repeated_field"),
+        ("tial", "unknown_field"),
+    ]
+    assert parse_query(pairs[:2], LOGS) == {"ref": "a", "tail": "5"}
 
 
 # --- a launch's registry credentials and pull policy -------------------------------------------
@@ -484,3 +496,123 @@ def test_pull_policy_defaults_to_if_not_present(given: object, policy: str) -> N
 def test_an_unknown_pull_policy_is_refused_by_name() -> None:
     with pytest.raises(InvalidField, match=r"^container\.pull_policy: must be one of"):
         parse_launch(container(pull_policy="never"))
+
+
+# --- every bad field of a request, in one refusal ------------------------------------------
+
+
+def refusal(parse: Any, body: Any) -> InvalidField:
+    with pytest.raises(InvalidField) as refused:
+        parse(body)
+    return refused.value
+
+
+def listed(error: InvalidField) -> list[tuple[str, str]]:
+    return [(each.field, each.code) for each in error.errors]
+
+
+def test_a_launch_with_many_bad_fields_lists_each_and_says_the_first_as_before() -> None:
+    body = {
+        **container(
+            comand=["x"],
+            image="UPPER/Case",
+            cpu_limit=0,
+            env={"A=B": "1", "OK": "fine", "BAD": [1]},
+            mounts=[["/data", "/data"], ["relative", "/x"], ["/d", "/proc/x"]],
+        ),
+        "colour": "red",
+        "requested_gpus": 5000,
+    }
+    error = refusal(parse_launch, body)
+    assert error.message.startswith("colour: unknown field; known: run_id, requested_gpus")
+    assert error.code == "unknown_field"
+    assert listed(error) == [
+        ("colour", "unknown_field"),
+        ("container.comand", "unknown_field"),
+        ("requested_gpus", "out_of_range"),
+        ("container.image", "invalid_field"),
+        ("container.env.BAD", "invalid_field"),
+        ("container.env.A=B", "invalid_field"),
+        ("container.mounts[1]", "invalid_field"),
+        ("container.mounts[2]", "invalid_field"),
+        ("container.cpu_limit", "out_of_range"),
+    ]
+    assert error.errors[0].detail == error.message
+
+
+def test_the_first_bad_field_is_the_one_a_single_refusal_named() -> None:
+    """0.3.15's consoles read ``detail``: it is the sentence they read before."""
+    error = refusal(parse_launch, container(labels={"io.podman.x": "1"}, user="-bad"))
+    assert error.message == "container.labels.io.podman.x: the engines' own namespace"
+    assert listed(error) == [
+        ("container.labels.io.podman.x", "invalid_field"),
+        ("container.user", "invalid_field"),
+    ]
+
+
+def test_a_missing_field_says_so() -> None:
+    assert listed(refusal(parse_launch, {"container": {}})) == [
+        ("run_id", "missing_field"),
+        ("container.image", "missing_field"),
+    ]
+    assert listed(refusal(parse_launch, {"run_id": "r"})) == [("container", "missing_field")]
+
+
+def test_a_body_of_thousands_of_typos_lists_the_first_hundred() -> None:
+    body = {**CONSOLE_0315_EMPTY, **{f"typo{i}": 1 for i in range(5000)}}
+    error = refusal(parse_launch, body)
+    assert len(error.errors) == 100
+    assert error.errors[-1].field == "typo99"
+
+
+@pytest.mark.parametrize(
+    ("parse", "body", "errors"),
+    [
+        (parse_stop_body, {"ref": "a", "timout": 600}, [("timout", "unknown_field")]),
+        (
+            parse_stop_body,
+            {"timeout": -1, "signal": "SIGFOO", "warn_s": 5},
+            [
+                ("ref", "missing_field"),
+                ("timeout", "out_of_range"),
+                ("signal", "invalid_field"),
+                ("warn_s", "missing_field"),
+            ],
+        ),
+        (parse_drain, {"grace": 1}, [("grace", "unknown_field")]),
+        (parse_signal_body, {"ref": ""}, [("ref", "missing_field"), ("signal", "missing_field")]),
+        (parse_observe, {"ref": ["a"]}, [("ref", "unknown_field"), ("refs", "missing_field")]),
+        (parse_reap, {"max_age": 5}, [("max_age", "unknown_field")]),
+        (parse_remove, {"refs": ["a"]}, [("refs", "unknown_field"), ("ref", "missing_field")]),
+        (parse_uncordon, {"reason": "x"}, [("reason", "unknown_field")]),
+    ],
+)
+def test_every_verb_refuses_unknown_and_bad_fields_together(
+    parse: Any, body: dict[str, Any], errors: list[tuple[str, str]]
+) -> None:
+    assert listed(refusal(parse, body)) == errors
+
+
+@pytest.mark.parametrize(
+    ("parse", "body"),
+    [
+        (parse_stop_body, {"ref": "tuneplane-a", "timeout": 30}),
+        (parse_remove, {"ref": "tuneplane-a"}),
+        (parse_observe, {"refs": ["tuneplane-a", "tuneplane-b"]}),
+        (parse_reap, {"max_age_s": 3600}),
+        (parse_reap, {}),
+        (parse_uncordon, {}),
+    ],
+)
+def test_0315s_bodies_are_still_read(parse: Any, body: dict[str, Any]) -> None:
+    parse(body)
+
+
+def test_a_logs_query_lists_every_bad_parameter() -> None:
+    error = refusal(parse_logs, [("ref", "a"), ("tail", "0"), ("follow", "yes"), ("tial", "5")])
+    assert listed(error) == [
+        ("tial", "unknown_field"),
+        ("tail", "out_of_range"),
+        ("follow", "invalid_field"),
+    ]
+    assert parse_logs([("ref", "a"), ("tail", "5")]) == ("a", 5, None, False)

@@ -15,11 +15,12 @@ from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
 from tests.helpers import REPO, console_0315
-from tuneplane_node.daemon.routes import document, routes
-from tuneplane_node.errors import InvalidField
+from tuneplane_node.daemon.routes import OPERATIONS, document, routes
+from tuneplane_node.errors import InvalidField, UnknownField
 from tuneplane_node.sizes import MAX_SIZE
 from tuneplane_node.wire import requests as wire
 from tuneplane_node.wire import schema
+from tuneplane_node.wire.stats import parse_stats
 
 COMMITTED = REPO / "contrib" / "openapi.json"
 DOCUMENT = document()
@@ -203,9 +204,9 @@ def test_the_launch_schema_and_the_parser_agree_at_every_bound(
 
 
 SECONDS = [
-    ("StopBody", "timeout", wire.parse_grace, wire.MAX_GRACE_S),
-    ("ReapBody", "max_age_s", wire.parse_max_age, wire.MAX_AGE_S),
-    ("DrainBody", "grace_s", wire.parse_drain_grace, wire.MAX_GRACE_S),
+    ("StopBody", "timeout", wire.parse_stop_body, wire.MAX_GRACE_S),
+    ("ReapBody", "max_age_s", wire.parse_reap, wire.MAX_AGE_S),
+    ("DrainBody", "grace_s", wire.parse_drain, wire.MAX_GRACE_S),
 ]
 
 
@@ -215,8 +216,40 @@ def test_seconds_agree_with_their_parser(
     model: str, field: str, parse: Any, most: float, value: Any
 ) -> None:
     value = {"most": most, "over": most + 1}.get(value, value) if isinstance(value, str) else value
-    body = {"ref": "x", field: value}
+    body = {**({"ref": "x"} if model == "StopBody" else {}), field: value}
     assert validator(model).is_valid(body) == accepts(parse, body)
+
+
+# Each verb's parser, and the least body it takes.
+VERBS = [
+    ("RefsBody", wire.parse_observe, {"refs": ["a"]}),
+    ("StatsBody", parse_stats, {}),
+    ("StopBody", wire.parse_stop_body, {"ref": "a"}),
+    ("SignalBody", wire.parse_signal_body, {"ref": "a", "signal": "SIGUSR1"}),
+    ("RefBody", wire.parse_remove, {"ref": "a"}),
+    ("ReapBody", wire.parse_reap, {}),
+    ("CordonBody", wire.parse_cordon, {}),
+    ("DrainBody", wire.parse_drain, {}),
+    ("UncordonBody", wire.parse_uncordon, {}),
+]
+
+
+@pytest.mark.parametrize(("model", "parse", "least"), VERBS)
+def test_every_verb_refuses_a_field_it_does_not_have_as_its_schema_does(
+    model: str, parse: Any, least: dict[str, Any]
+) -> None:
+    assert validator(model).is_valid(least) and accepts(parse, least)
+    typo = {**least, "timout": 600}
+    assert not validator(model).is_valid(typo)
+    with pytest.raises(UnknownField) as refused:
+        parse(typo)
+    assert refused.value.field == "timout"
+
+
+def test_every_body_a_route_reads_has_a_verb_parser_here() -> None:
+    """A body added to a route without a row above would go unchecked for typos."""
+    bodies = {op.body.name for op in OPERATIONS if op.body is not None} - {"LaunchBody"}
+    assert bodies == {model for model, _, _ in VERBS}
 
 
 REF_CASES = [["a"], ["a" * wire.MAX_REF], ["a" * (wire.MAX_REF + 1)], [""], [1], "a", []]
@@ -225,7 +258,7 @@ REF_CASES = [["a"], ["a" * wire.MAX_REF], ["a" * (wire.MAX_REF + 1)], [""], [1],
 @pytest.mark.parametrize("refs", REF_CASES)
 def test_refs_agree_with_their_parser(refs: Any) -> None:
     body = {"refs": refs}
-    assert validator("RefsBody").is_valid(body) == accepts(wire.parse_refs, body)
+    assert validator("RefsBody").is_valid(body) == accepts(wire.parse_observe, body)
 
 
 def test_refs_are_counted_as_the_parser_counts_them() -> None:
@@ -236,7 +269,7 @@ def test_refs_are_counted_as_the_parser_counts_them() -> None:
 @pytest.mark.parametrize("reason", ["", "r" * wire.MAX_REASON, "r" * (wire.MAX_REASON + 1), 3])
 def test_a_reason_agrees_with_its_parser(reason: Any) -> None:
     body = {"reason": reason}
-    assert validator("CordonBody").is_valid(body) == accepts(wire.parse_reason, body)
+    assert validator("CordonBody").is_valid(body) == accepts(wire.parse_cordon, body)
 
 
 def query(name: str, path: str = "/node/v1/logs") -> Draft202012Validator:
@@ -319,3 +352,59 @@ def test_near_its_bounds_a_field_is_allowed_exactly_when_the_parser_accepts_it(
 
 def test_the_document_is_json_the_daemon_can_send() -> None:
     assert json.loads(schema.render(DOCUMENT)) == DOCUMENT
+
+
+# --- errors, statuses and phases as a generated client reads them -----------------------------
+
+
+def responses(path: str, method: str = "post") -> dict[str, Any]:
+    return DOCUMENT["paths"][path][method]["responses"]  # type: ignore[no-any-return]
+
+
+def test_each_error_answer_lists_the_codes_it_may_carry() -> None:
+    launch = responses("/node/v1/launch")
+    assert launch["409"]["x-codes"] == [
+        "cordoned",
+        "engine_conflict",
+        "name_held",
+        "no_capacity",
+        "no_rdma",
+        "protocol_mismatch",
+    ]
+    assert launch["422"]["x-codes"] == ["invalid_field", "spec_refused", "unknown_field"]
+    assert "`no_capacity`" in launch["409"]["description"]
+    assert responses("/node/v1/signal")["409"]["x-codes"] == ["not_running", "protocol_mismatch"]
+    assert responses("/node/v1/logs", "get")["429"]["x-codes"] == ["too_many_requests"]
+    assert responses("/healthz", "get").keys() == {"200", "500"}
+    for path, operations in DOCUMENT["paths"].items():
+        for method, operation in operations.items():
+            for status, answer in operation["responses"].items():
+                assert status == "200" or answer["x-codes"], (method, path, status)
+
+
+def test_every_route_declares_its_errors_as_classes_with_codes() -> None:
+    """A bare status (``errors=(409,)``) would answer codes the document does not list."""
+    for operation in OPERATIONS:
+        assert all(not isinstance(kind, int) for kind in operation.errors), operation.path
+
+
+def test_statuses_and_phases_are_enums_named_once() -> None:
+    schemas = DOCUMENT["components"]["schemas"]
+    assert schemas["JobStatus"]["enum"] == [
+        "created", "running", "paused", "restarting", "removing", "stopping", "exited", "dead",
+    ]  # fmt: skip
+    assert schemas["LaunchPhase"]["enum"] == ["running", "pulling", "starting", "failed"]
+    status = {"anyOf": [{"$ref": "#/components/schemas/JobStatus"}, {"type": "null"}]}
+    assert schemas["StateJson"]["properties"]["status"] == status
+    assert schemas["AbsentJson"]["properties"]["status"] == status
+    for shape in ("StartedJson", "RunningJson", "PullingJson", "PendingJson"):
+        phase = schemas[shape]["properties"]["phase"]
+        assert phase == {"$ref": "#/components/schemas/LaunchPhase"}, shape
+    words = ("status", "phase", "state", "pending_phase")
+    inline = [
+        name
+        for name, shape in schemas.items()
+        for key, field in shape.get("properties", {}).items()
+        if key in words and "$ref" not in str(field)
+    ]
+    assert inline == ["CardStateJson"]  # a card's state is a sentence: "held by run r-1"

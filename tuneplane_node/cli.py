@@ -113,7 +113,9 @@ async def print_inventory(settings: NodeSettings) -> int:
     finally:
         await allocator.close()
         await runtime.close()
-    print(json.dumps(answers.inventory_json(facts), indent=2))
+    from tuneplane_node.daemon.routes import features  # what a daemon of this build serves
+
+    print(json.dumps(answers.inventory_json(facts, features=features()), indent=2))
     return 0
 
 

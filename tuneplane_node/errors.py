@@ -1,45 +1,66 @@
-"""The errors the node raises, each with the HTTP status the daemon answers with.
+"""The errors the node raises, each with the HTTP status the daemon answers with and a
+stable ``code``: a word a console's program acts on (a retry rule reads ``code``, never
+the sentence).
 
 Every error carries its facts as fields and builds its own sentence; one middleware in
-`daemon/app.py` turns any `NodeError` into ``{"detail": <sentence>}``. Third-party SDK
-errors never travel past the module that imports the SDK: they are translated there
-(one table per engine, `runtime/engine.py`) with the cause chained.
+`daemon/app.py` turns any `NodeError` into ``{"detail": <sentence>, "code": <code>}``,
+and a request error adds ``"errors": [{"field", "code", "detail"}, ...]``, one entry per
+bad field (`FIELD_CODES`). Each class declares its own ``code`` (a test walks the
+tree). Third-party SDK errors never travel past the module that imports the SDK: they
+are translated there (one table per engine, `runtime/engine.py`) with the cause chained.
 
     ConfigError                a setting is wrong; the daemon does not start (no status)
-    NodeError (500: a bug, or an error nobody classified)
-    ├── BadRequest (400)       the request cannot be read at all
-    │   └── MissingProtocol    no X-TunePlane-Node-Protocol header
-    ├── Unauthorized (401)     wrong or missing bearer token
-    ├── PayloadTooLarge (413)  body over the limit
-    ├── ImageAccessDenied (403) a private image the node pulled, without credentials
-    │                          its registry accepts for it now
-    ├── InvalidField (422)     a field is missing or has a bad value; names the field
-    │   └── InvalidCursor      a watch's ``index`` this node never gave out
-    ├── TooManyFollows (429)   every slot for following a log is taken
-    ├── TooManyWatches (429)   every slot for a waiting watch query is taken
-    ├── Conflict (409)         well-formed, but this node will not do it now
-    │   ├── ProtocolMismatch   console and node speak different wire versions
-    │   ├── NoCapacity         not enough GPUs free for the job
-    │   ├── NameTaken          the container name is held by another run
-    │   ├── NodeCordoned       the operator took the node out of service
-    │   ├── NotRunning         a signal for a job that is not running (or still pending)
-    │   ├── NoRdma             a launch needs RDMA devices this node does not hand out
-    │   └── EngineConflict     (also an EngineRefused) the engine refused: name in use
-    └── EngineError            the container engine
-        ├── EngineUnavailable (503)  did not answer: facts are unknown, nothing is gone
-        └── EngineRefused (502)      answered and refused; carries its own words
-            ├── EngineConflict (409)
-            ├── RegistryRefused      ...because the registry refused the pull's
-            │                        credentials (or has no such image: engines blur it)
-            └── SpecRefused (422)    ...because of a field of the request (a user the
-                                     image lacks, a command it does not have)
+    NodeError (500) internal   a bug, or an error nobody classified
+    ├── BadRequest (400) bad_request        the request cannot be read at all
+    │   └── MissingProtocol missing_protocol    no X-TunePlane-Node-Protocol header
+    ├── Unauthorized (401) unauthorized     wrong or missing bearer token
+    ├── PayloadTooLarge (413) payload_too_large   body over the limit
+    ├── ImageAccessDenied (403) forbidden_image   a private image the node pulled,
+    │                          without credentials its registry accepts for it now
+    ├── InvalidField (422) invalid_field    a field is missing or has a bad value;
+    │   │                      names the field, ``errors`` lists every bad one
+    │   ├── UnknownField unknown_field      a field the contract does not have
+    │   └── InvalidCursor invalid_field     a watch's ``index`` this node never gave out
+    ├── TooManyFollows (429) too_many_requests   every slot for following a log is taken
+    ├── TooManyWatches (429) too_many_requests   every slot for a waiting watch is taken
+    ├── Conflict (409) conflict             well-formed, but this node will not do it now
+    │   ├── ProtocolMismatch protocol_mismatch   console and node speak other versions
+    │   ├── NoCapacity no_capacity          not enough GPUs free for the job
+    │   ├── NameTaken name_held             the container name is held by another run
+    │   ├── NodeCordoned cordoned           the operator took the node out of service
+    │   ├── NotRunning not_running          a signal for a job that is not running
+    │   ├── NoRdma no_rdma                  a launch needs RDMA devices the node lacks
+    │   └── EngineConflict                  (also an EngineRefused) name in use
+    └── EngineError engine_error            the container engine
+        ├── EngineUnavailable (503) engine_unavailable   did not answer: facts are
+        │                                   unknown, nothing is gone
+        └── EngineRefused (502) engine_refused   answered and refused; its own words
+            ├── EngineConflict (409) engine_conflict
+            ├── RegistryRefused registry_refused   ...because the registry refused the
+            │                    pull's credentials (or has no such image: engines blur it)
+            └── SpecRefused (422) spec_refused   ...because of a field of the request
+                                 (a user the image lacks, a command it does not have)
 
-``except Conflict`` catches every 409; ``except EngineError`` every engine failure.
+``except Conflict`` catches every 409; ``except EngineError`` every engine failure. The
+daemon's own answers that are no NodeError say their status's name: ``not_found``
+(404), ``method_not_allowed`` (405).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+MAX_FIELD_ERRORS = 100
+"""The most bad fields one 422 lists."""
+MISSING, UNKNOWN, INVALID = "missing_field", "unknown_field", "invalid_field"
+OUT_OF_RANGE, REPEATED = "out_of_range", "repeated_field"
+FIELD_CODES = (MISSING, UNKNOWN, INVALID, OUT_OF_RANGE, REPEATED)
+"""What is wrong with one field of a request (an answer's ``errors[].code``): required
+and not given (or ``""``); not in the contract; a value of the wrong type or form; a
+number, length or count past its bounds; a query parameter given twice."""
 
 
 class ConfigError(Exception):
@@ -55,6 +76,8 @@ class NodeError(Exception):
     """Base of every error the node raises on purpose while serving."""
 
     status = 500
+    code: ClassVar[str] = "internal"
+    errors: tuple[FieldError, ...] = ()  # the bad fields of a request error, if any
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -63,9 +86,12 @@ class NodeError(Exception):
 
 class BadRequest(NodeError):
     status = 400
+    code: ClassVar[str] = "bad_request"
 
 
 class MissingProtocol(BadRequest):
+    code: ClassVar[str] = "missing_protocol"
+
     def __init__(self, *, header: str, node: int) -> None:
         super().__init__(f"missing {header} header; this node speaks protocol {node}")
         self.header = header
@@ -74,6 +100,7 @@ class MissingProtocol(BadRequest):
 
 class Unauthorized(NodeError):
     status = 401
+    code: ClassVar[str] = "unauthorized"
 
     def __init__(self) -> None:
         super().__init__("invalid node token")
@@ -81,6 +108,7 @@ class Unauthorized(NodeError):
 
 class PayloadTooLarge(NodeError):
     status = 413
+    code: ClassVar[str] = "payload_too_large"
 
     def __init__(self, *, limit: int) -> None:
         super().__init__(f"request body is larger than {limit} bytes")
@@ -92,6 +120,7 @@ class ImageAccessDenied(NodeError):
     and this launch has none its registry accepts for it (KEP-2535's rule)."""
 
     status = 403
+    code: ClassVar[str] = "forbidden_image"
 
     def __init__(self, *, image: str, reason: str) -> None:
         super().__init__(f"no access to the private image {image}: {reason}")
@@ -99,20 +128,53 @@ class ImageAccessDenied(NodeError):
         self.reason = reason
 
 
-class InvalidField(NodeError):
-    status = 422
+@dataclass(frozen=True)
+class FieldError:
+    """One bad field of a request: its path (``container.env.KEY``), one of
+    `FIELD_CODES`, and its sentence (the one a 422 of this field alone says)."""
 
-    def __init__(self, field: str, reason: str) -> None:
+    field: str
+    code: str
+    detail: str
+
+
+class InvalidField(NodeError):
+    """A field is missing or has a bad value. ``errors`` lists every bad field of the
+    request, this one first (`InvalidField.of`); the sentence and code are the first's."""
+
+    status = 422
+    code: ClassVar[str] = "invalid_field"
+
+    def __init__(self, field: str, reason: str, *, problem: str = INVALID) -> None:
         super().__init__(f"{field}: {reason}")
         self.field = field
         self.reason = reason
+        self.errors = (FieldError(field, problem, self.message),)
+
+    @staticmethod
+    def of(found: Sequence[InvalidField]) -> InvalidField:
+        """One error for all of ``found``: the first, listing every bad field of them
+        (at most `MAX_FIELD_ERRORS`: a body of 10,000 typos is not echoed back)."""
+        first = found[0]
+        listed = itertools.chain.from_iterable(error.errors for error in found)
+        first.errors = tuple(itertools.islice(listed, MAX_FIELD_ERRORS))
+        return first
+
+
+class UnknownField(InvalidField):
+    """A field the contract does not have: a typo must never pass unnoticed."""
+
+    code: ClassVar[str] = "unknown_field"
+
+    def __init__(self, field: str, *, known: Sequence[str]) -> None:
+        super().__init__(field, f"unknown field; known: {', '.join(known)}", problem=UNKNOWN)
 
 
 class InvalidCursor(InvalidField):
     """A watch's ``index`` that is no cursor of any node: a console's bug, not a stale
     cursor (which answers the whole list)."""
 
-    code = "invalid_field"
+    code: ClassVar[str] = "invalid_field"
 
     def __init__(self, field: str = "index") -> None:
         super().__init__(field, "not a cursor this node gave out; omit it to list every job")
@@ -123,7 +185,7 @@ class TooManyWatches(NodeError):
     rather than let consoles hold every connection of the node."""
 
     status = 429
-    code = "too_many_requests"
+    code: ClassVar[str] = "too_many_requests"
 
     def __init__(self, *, limit: int) -> None:
         super().__init__(
@@ -138,6 +200,7 @@ class TooManyFollows(NodeError):
     rather than starve the other verbs of threads."""
 
     status = 429
+    code: ClassVar[str] = "too_many_requests"
 
     def __init__(self, *, limit: int) -> None:
         super().__init__(
@@ -150,9 +213,12 @@ class TooManyFollows(NodeError):
 
 class Conflict(NodeError):
     status = 409
+    code: ClassVar[str] = "conflict"
 
 
 class ProtocolMismatch(Conflict):
+    code: ClassVar[str] = "protocol_mismatch"
+
     def __init__(self, *, console: str, node: int) -> None:
         super().__init__(f"wire protocol mismatch: console={console}, node={node}")
         self.console = console
@@ -161,6 +227,8 @@ class ProtocolMismatch(Conflict):
 
 class NoCapacity(Conflict):
     """Not enough GPUs: says what was asked and where every card is."""
+
+    code: ClassVar[str] = "no_capacity"
 
     def __init__(
         self,
@@ -192,6 +260,8 @@ class NoCapacity(Conflict):
 class NameTaken(Conflict):
     """The container name belongs to another run: a launch never takes it over."""
 
+    code: ClassVar[str] = "name_held"
+
     def __init__(self, *, ref: str, run_id: str | None) -> None:
         super().__init__(f"the container name {ref} is held by run {run_id}")
         self.ref = ref
@@ -200,6 +270,8 @@ class NameTaken(Conflict):
 
 class NodeCordoned(Conflict):
     """New launches are refused: the node is cordoned, draining or drained."""
+
+    code: ClassVar[str] = "cordoned"
 
     def __init__(self, *, state: str, reason: str | None) -> None:
         why = f": {reason}" if reason else " (no reason given)"
@@ -211,6 +283,8 @@ class NodeCordoned(Conflict):
 class NotRunning(Conflict):
     """A signal asked for a job that is not running: nothing was sent."""
 
+    code: ClassVar[str] = "not_running"
+
     def __init__(self, *, ref: str, job_status: str) -> None:
         super().__init__(f"{ref} is not running ({job_status}): no signal was sent")
         self.ref = ref
@@ -220,6 +294,8 @@ class NotRunning(Conflict):
 class NoRdma(Conflict):
     """``container.rdma: true`` on a node that hands jobs no RDMA devices."""
 
+    code: ClassVar[str] = "no_rdma"
+
     def __init__(self, *, why: str) -> None:
         super().__init__(f"container.rdma: this node hands jobs no RDMA devices ({why})")
         self.why = why
@@ -227,6 +303,8 @@ class NoRdma(Conflict):
 
 class EngineError(NodeError):
     """Something about the container engine (or the process runtime standing in for one)."""
+
+    code: ClassVar[str] = "engine_error"
 
     def __init__(self, message: str, *, engine: str) -> None:
         super().__init__(message)
@@ -237,6 +315,7 @@ class EngineUnavailable(EngineError):
     """The engine did not answer. Nothing is known, so nothing may be reported gone."""
 
     status = 503
+    code: ClassVar[str] = "engine_unavailable"
 
     def __init__(self, *, engine: str, reason: str) -> None:
         super().__init__(f"engine unreachable: {engine}: {reason}", engine=engine)
@@ -247,6 +326,7 @@ class EngineRefused(EngineError):
     """The engine answered and refused the call; carries the engine's own message."""
 
     status = 502
+    code: ClassVar[str] = "engine_refused"
 
     def __init__(self, *, engine: str, action: str, reason: str) -> None:
         super().__init__(f"{engine} refused to {action}: {reason}", engine=engine)
@@ -259,12 +339,15 @@ class EngineConflict(EngineRefused, Conflict):
     the caller's to resolve, not a node fault."""
 
     status = 409
+    code: ClassVar[str] = "engine_conflict"
 
 
 class RegistryRefused(EngineRefused):
     """The registry refused the pull: wrong or missing credentials, or no such image
     (the engines deliberately say the two alike). Not retried: the same credentials
     would be refused again."""
+
+    code: ClassVar[str] = "registry_refused"
 
     def __init__(self, *, engine: str, image: str, reason: str) -> None:
         super().__init__(
@@ -280,12 +363,14 @@ class SpecRefused(EngineRefused):
     """The engine refused a container for one of its fields: the console's to fix."""
 
     status = 422
+    code: ClassVar[str] = "spec_refused"
 
     def __init__(self, *, engine: str, action: str, reason: str, field: str) -> None:
         super().__init__(engine=engine, action=action, reason=reason)
         self.field = field
         self.message = f"{field}: {self.message}"
         self.args = (self.message,)
+        self.errors = (FieldError(field, INVALID, self.message),)
 
 
 def is_name_conflict(status: int | None, message: str) -> bool:

@@ -1,10 +1,11 @@
 """create_node_app(): the aiohttp application, its middlewares and its lifecycle.
 
 Fail closed: no token, no app. Every ``/node/v1/*`` request needs a bearer token of the
-`TokenSet` and the protocol header; every error leaves as ``{"detail": <sentence>}``
-with its status. The daemon's background tasks (the stats sampler, the wreckage sweep,
-the token file's watch, the loop's lag, a SIGHUP's reload) are `app[TASKS]`'s: named,
-their failure logged, cancelled and awaited first at shutdown (`tuneplane_node.tasks`).
+`TokenSet` and the protocol header; every error leaves as ``{"detail": <sentence>,
+"code": <word>}`` (a request error adds its ``errors``) with its status. The daemon's
+background tasks (the stats sampler, the wreckage sweep, the token file's watch, the
+loop's lag, a SIGHUP's reload) are `app[TASKS]`'s: named, their failure logged,
+cancelled and awaited first at shutdown (`tuneplane_node.tasks`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from http import HTTPStatus
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
@@ -36,7 +38,7 @@ from tuneplane_node.runtime.base import ContainerRuntime
 from tuneplane_node.runtime.dockerauth import AuthFile
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.tasks import BackgroundTasks
-from tuneplane_node.wire import MAX_BODY_BYTES, PROTOCOL, PROTOCOL_HEADER
+from tuneplane_node.wire import MAX_BODY_BYTES, PROTOCOL, PROTOCOL_HEADER, PROTOCOLS
 from tuneplane_node.wire.answers import error_json
 
 log = logging.getLogger(__name__)
@@ -46,28 +48,34 @@ METRICS_PATH = "/metrics"
 METHODS = frozenset({"GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH"})
 
 
-def error_response(status: int, detail: str) -> web.Response:
-    return answer(error_json(detail), status)
+def error_response(exc: NodeError) -> web.Response:
+    return answer(error_json(exc.message, exc.code, exc.errors), exc.status)
+
+
+def http_error(status: int, detail: str) -> web.Response:
+    """aiohttp's own refusals (no such route, method): the status's name is the code."""
+    return answer(error_json(detail, HTTPStatus(status).phrase.lower().replace(" ", "_")), status)
 
 
 @web.middleware
 async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """The one place errors become HTTP: NodeError by its status, anything else a 500."""
+    """The one place errors become HTTP: NodeError by its status and code, anything else
+    a 500 ``internal``."""
     try:
         return await handler(request)
     except NodeError as exc:
         if exc.status >= 500:
             log.warning("%s %s: %s", request.method, request.path, exc.message)
-        return error_response(exc.status, exc.message)
+        return error_response(exc)
     except web.HTTPRequestEntityTooLarge:
-        return error_response(413, PayloadTooLarge(limit=MAX_BODY_BYTES).message)
+        return error_response(PayloadTooLarge(limit=MAX_BODY_BYTES))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return error_response(exc.status, exc.reason)
+        return http_error(exc.status, exc.reason)
     except Exception as exc:
         log.exception("%s %s failed on a bug", request.method, request.path)
-        return error_response(500, f"internal error: {type(exc).__name__}")
+        return error_response(NodeError(f"internal error: {type(exc).__name__}"))
 
 
 def guard_middleware(tokens: TokenSet, *, metrics_public: bool) -> Middleware:
@@ -117,7 +125,7 @@ def measure_middleware(metrics: Metrics) -> Middleware:
 def check_protocol(value: str | None) -> None:
     if value is None or not value.strip():
         raise MissingProtocol(header=PROTOCOL_HEADER, node=PROTOCOL)
-    if value.strip() != str(PROTOCOL):
+    if value.strip() not in {str(spoken) for spoken in PROTOCOLS}:
         raise ProtocolMismatch(console=value.strip()[:40], node=PROTOCOL)
 
 

@@ -18,7 +18,22 @@ from tuneplane_node.daemon.audit import audited
 from tuneplane_node.daemon.follow import stream_log
 from tuneplane_node.daemon.metrics import CONTENT_TYPE
 from tuneplane_node.daemon.state import JOBS, METRICS
-from tuneplane_node.errors import BadRequest, NodeError
+from tuneplane_node.errors import (
+    BadRequest,
+    EngineConflict,
+    ImageAccessDenied,
+    NameTaken,
+    NoCapacity,
+    NodeCordoned,
+    NodeError,
+    NoRdma,
+    NotRunning,
+    RegistryRefused,
+    SpecRefused,
+    TooManyFollows,
+    TooManyWatches,
+    Unauthorized,
+)
 from tuneplane_node.jobs import AlreadyPending, AlreadyRunning, Pulling, Started
 from tuneplane_node.wire import answers, requests, schema
 from tuneplane_node.wire.fields import Body
@@ -28,6 +43,17 @@ from tuneplane_node.wire.stats import StatsJson, parse_stats, stats_json
 Handler = TypeVar("Handler", bound=Callable[[web.Request], Awaitable[web.StreamResponse]])
 routes = web.RouteTableDef()
 OPERATIONS: list[schema.Operation] = []
+LAUNCH_ERRORS: tuple[schema.Raised, ...] = (
+    ImageAccessDenied,
+    NoCapacity,
+    NameTaken,
+    NodeCordoned,
+    NoRdma,
+    EngineConflict,
+    SpecRefused,
+    RegistryRefused,
+    *ENGINE,
+)
 LAUNCH_OUTCOMES = {
     Started: "started",
     AlreadyRunning: "running",
@@ -59,21 +85,33 @@ def api(
     *,
     body: Body | None = None,
     query: Body | None = None,
-    errors: tuple[int, ...] = (),
+    errors: tuple[schema.Raised, ...] = (),
     text: str | None = None,
+    feature: str | None = None,
 ) -> Callable[[Handler], Handler]:
     """Serve the handler at ``method path``, and declare it to the OpenAPI document: the
     200's JSON shape (``answer``), the request's body or query, the errors of its own
-    (`schema.Operation`). The summary is the first paragraph of the handler's docstring."""
+    (`NodeError` classes: their statuses and codes), the optional feature it serves
+    (`features`) (`schema.Operation`). The summary is the first paragraph of the
+    handler's docstring."""
 
     def serve(handler: Handler) -> Handler:
         summary = " ".join((handler.__doc__ or "").split("\n\n")[0].split())
-        declared = schema.Operation(method, path, summary, answer, body, query, errors, text)
+        declared = schema.Operation(
+            method, path, summary, answer, body, query, errors, text, feature
+        )
         OPERATIONS.append(declared)
         routes.route(method.upper(), path)(handler)
         return handler
 
     return serve
+
+
+@functools.cache
+def features() -> tuple[str, ...]:
+    """The optional features this node serves, as its routes declare them: a console
+    tells what it may ask by these, not by version numbers."""
+    return tuple(sorted({op.feature for op in OPERATIONS if op.feature is not None}))
 
 
 @functools.cache
@@ -92,7 +130,7 @@ def encoded(body: bytes, status: int = 200) -> web.Response:
     return web.Response(body=body, status=status, content_type="application/json", charset="utf-8")
 
 
-@api("get", "/metrics", None, errors=(401,), text=CONTENT_TYPE)
+@api("get", "/metrics", None, errors=(Unauthorized,), text=CONTENT_TYPE)
 async def metrics(request: web.Request) -> web.Response:
     """Prometheus' text format; the token unless TUNEPLANE_METRICS_PUBLIC.
 
@@ -107,7 +145,7 @@ async def healthz(request: web.Request) -> web.Response:
     return answer(answers.OK)
 
 
-@api("post", "/node/v1/launch", answers.LaunchJson, body=requests.LAUNCH, errors=(403, *ENGINE))
+@api("post", "/node/v1/launch", answers.LaunchJson, body=requests.LAUNCH, errors=LAUNCH_ERRORS)
 async def launch(request: web.Request) -> web.Response:
     """Launch a job's container, or start its image's pull."""
     launch_request = requests.parse_launch(await read_object(request))
@@ -122,17 +160,24 @@ async def launch(request: web.Request) -> web.Response:
         outcome.result = LAUNCH_OUTCOMES[type(result)]
         outcome.gpus = getattr(result, "gpus", None)
     request.app[METRICS].launch(outcome.result)
-    return answer(answers.launch_json(result))
+    return answer(answers.launch_json(result, ref=launch_request.ref))
 
 
 @api("post", "/node/v1/observe", answers.ObserveJson, body=requests.REFS, errors=ENGINE)
 async def observe(request: web.Request) -> web.Response:
     """The state of each ref."""
-    refs = requests.parse_refs(await read_object(request))
+    refs = requests.parse_observe(await read_object(request))
     return encoded(answers.encode_observe(await request.app[JOBS].observe(refs)))
 
 
-@api("get", "/node/v1/jobs", answers.JobsJson, query=requests.JOBS, errors=(429, *ENGINE))
+@api(
+    "get",
+    "/node/v1/jobs",
+    answers.JobsJson,
+    query=requests.JOBS,
+    errors=(TooManyWatches, *ENGINE),
+    feature="watch",
+)
 async def jobs(request: web.Request) -> web.Response:
     """Every job of the node by ref; with index, what changed since (a blocking query).
 
@@ -152,7 +197,7 @@ async def jobs(request: web.Request) -> web.Response:
     return encoded(answers.encode_jobs(result, watched=True))
 
 
-@api("post", "/node/v1/stats", StatsJson, body=requests.STATS, errors=ENGINE)
+@api("post", "/node/v1/stats", StatsJson, body=requests.STATS, errors=ENGINE, feature="stats")
 async def stats(request: web.Request) -> web.Response:
     """What each job uses, from the node's latest samples.
 
@@ -167,8 +212,7 @@ async def stop(request: web.Request) -> web.Response:
 
     Answered once the job has ended (or been killed): after the warning's time, if it
     asks for one, and the grace period at most."""
-    body = await read_object(request)
-    ref, plan = requests.parse_ref(body), requests.parse_stop(body)
+    ref, plan = requests.parse_stop_body(await read_object(request))
     facts = {"timeout": plan.grace, "signal": plan.signal}
     if plan.warn_signal:
         facts |= {"warn_signal": plan.warn_signal, "warn_s": plan.warn_s}
@@ -177,14 +221,20 @@ async def stop(request: web.Request) -> web.Response:
     return answer(answers.OK)
 
 
-@api("post", "/node/v1/signal", answers.OkJson, body=requests.SIGNAL_BODY, errors=ENGINE)
+@api(
+    "post",
+    "/node/v1/signal",
+    answers.OkJson,
+    body=requests.SIGNAL_BODY,
+    errors=(NotRunning, *ENGINE),
+    feature="signal",
+)
 async def signal(request: web.Request) -> web.Response:
     """Send a running job a signal (a checkpoint request); the job goes on.
 
     Delivered to the job's command through its init. A job that is not running, or a
     launch still pending, is a 409: nothing is sent."""
-    body = await read_object(request)
-    ref, sent = requests.parse_ref(body), requests.parse_sent_signal(body)
+    ref, sent = requests.parse_signal_body(await read_object(request))
     with audited(request, "signal", ref=ref, signal=sent):
         await request.app[JOBS].signal(ref, sent)
     return answer(answers.OK)
@@ -193,7 +243,7 @@ async def signal(request: web.Request) -> web.Response:
 @api("post", "/node/v1/remove", answers.OkJson, body=requests.REF_BODY, errors=ENGINE)
 async def remove(request: web.Request) -> web.Response:
     """Cancel a pending launch, force-remove the container."""
-    ref = requests.parse_ref(await read_object(request))
+    ref = requests.parse_remove(await read_object(request))
     with audited(request, "remove", ref=ref):
         await request.app[JOBS].remove(ref)
     return answer(answers.OK)
@@ -204,16 +254,14 @@ async def remove(request: web.Request) -> web.Response:
     "/node/v1/logs",
     answers.LogsJson,
     query=requests.LOGS,
-    errors=(429, *ENGINE),
+    errors=(TooManyFollows, *ENGINE),
     text="text/plain; charset=utf-8",
+    feature="follow",
 )
 async def logs(request: web.Request) -> web.StreamResponse:
     """The newest lines of a job's output; with follow, a text/plain stream."""
-    query = requests.parse_query(request.query.items(), requests.LOGS)
-    ref = requests.parse_ref(query)
-    tail = requests.parse_tail(query.get("tail"))
-    since = requests.parse_since(query.get("since"))
-    if requests.parse_follow(query.get("follow")):
+    ref, tail, since, follow = requests.parse_logs(request.query.items())
+    if follow:
         return await stream_log(request, request.app[JOBS].follow(ref, tail, since))
     return answer(answers.logs_json(await request.app[JOBS].logs(ref, tail, since)))
 
@@ -221,7 +269,7 @@ async def logs(request: web.Request) -> web.StreamResponse:
 @api("post", "/node/v1/reap", answers.ReapJson, body=requests.REAP, errors=ENGINE)
 async def reap(request: web.Request) -> web.Response:
     """Remove the node's containers that ended long enough ago."""
-    max_age = requests.parse_max_age(await read_object(request))
+    max_age = requests.parse_reap(await read_object(request))
     with audited(request, "reap", max_age_s=max_age) as outcome:
         removed = await request.app[JOBS].reap(max_age)
         outcome.result = f"removed {removed}"
@@ -231,30 +279,31 @@ async def reap(request: web.Request) -> web.Response:
 @api("get", "/node/v1/health", answers.HealthJson)
 async def health(request: web.Request) -> web.Response:
     """Whether the node can serve, and why."""
-    return answer(answers.health_json(await request.app[JOBS].status()))
+    status = await request.app[JOBS].status()
+    return answer(answers.health_json(status, features=features()))
 
 
 @api("get", "/node/v1/inventory", answers.InventoryJson)
 async def inventory(request: web.Request) -> web.Response:
     """What the machine has."""
-    return answer(answers.inventory_json(await request.app[JOBS].inventory()))
+    facts = await request.app[JOBS].inventory()
+    return answer(answers.inventory_json(facts, features=features()))
 
 
-@api("post", "/node/v1/cordon", answers.NodeStateJson, body=requests.CORDON)
+@api("post", "/node/v1/cordon", answers.NodeStateJson, body=requests.CORDON, feature="cordon")
 async def cordon(request: web.Request) -> web.Response:
     """Refuse new launches."""
-    reason = requests.parse_reason(await read_object(request))
+    reason = requests.parse_cordon(await read_object(request))
     with audited(request, "cordon", reason=reason) as outcome:
         node = await request.app[JOBS].cordon(reason)
         outcome.result = node.state
     return answer(answers.node_state_json(node))
 
 
-@api("post", "/node/v1/drain", answers.NodeStateJson, body=requests.DRAIN)
+@api("post", "/node/v1/drain", answers.NodeStateJson, body=requests.DRAIN, feature="cordon")
 async def drain(request: web.Request) -> web.Response:
     """Cordon, cancel pending launches and stop every job."""
-    body = await read_object(request)
-    reason, plan = requests.parse_reason(body), requests.parse_drain_plan(body)
+    reason, plan = requests.parse_drain(await read_object(request))
     facts: dict[str, object] = {"grace_s": plan.grace}
     if plan.warn_signal:
         facts |= {"warn_signal": plan.warn_signal, "warn_s": plan.warn_s}
@@ -264,17 +313,17 @@ async def drain(request: web.Request) -> web.Response:
     return answer(answers.node_state_json(node))
 
 
-@api("post", "/node/v1/uncordon", answers.NodeStateJson, body=requests.UNCORDON)
+@api("post", "/node/v1/uncordon", answers.NodeStateJson, body=requests.UNCORDON, feature="cordon")
 async def uncordon(request: web.Request) -> web.Response:
     """Take launches again."""
-    await read_object(request)  # {} or nothing; anything else is a 400 as everywhere
+    requests.parse_uncordon(await read_object(request))  # {} or nothing
     with audited(request, "uncordon") as outcome:
         node = await request.app[JOBS].uncordon()
         outcome.result = node.state
     return answer(answers.node_state_json(node))
 
 
-@api("get", schema.DOCUMENT_PATH, schema.SELF)
+@api("get", schema.DOCUMENT_PATH, schema.SELF, feature="openapi")
 async def openapi(request: web.Request) -> web.Response:
     """This document.
 

@@ -4,5 +4,6 @@ contract is spelt.
 """
 
 PROTOCOL = 1
+PROTOCOLS = (PROTOCOL,)  # the versions this node speaks, as health and inventory say
 PROTOCOL_HEADER = "X-TunePlane-Node-Protocol"
 MAX_BODY_BYTES = 1024 * 1024

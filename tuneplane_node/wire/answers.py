@@ -6,16 +6,18 @@ mypy holds the builders to it, and `tests/test_wire.py` pins them key by key.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, TypedDict, cast
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, TypedDict, cast
 
 import orjson
 
+from tuneplane_node.errors import FieldError
 from tuneplane_node.gpu.allocator import Occupancy
 from tuneplane_node.gpu.probe import CardFacts, GpuSnapshot
 from tuneplane_node.inventory import DiskReading, FabricFacts, Filesystem, LocalDisk
 from tuneplane_node.jobs import results
-from tuneplane_node.jobs.nodestate import NodeState
+from tuneplane_node.jobs.nodestate import STATES, NodeState
+from tuneplane_node.jobs.pending import FAILED, PULLING, STARTING
 from tuneplane_node.jobs.results import (
     Inventory,
     JobChanges,
@@ -24,10 +26,40 @@ from tuneplane_node.jobs.results import (
     PendingView,
     StoppedView,
 )
+from tuneplane_node.jobs.stopper import SIGNALLED, WARNED
 from tuneplane_node.runtime.base import CacheStatus, ContainerState, LogText
-from tuneplane_node.wire import PROTOCOL
+from tuneplane_node.wire import PROTOCOL, PROTOCOLS
+from tuneplane_node.wire.fields import Words
 
 GIB = 2**30
+
+# The words of the answers' statuses and phases, each an enum of the OpenAPI document.
+JOB_STATUSES = ("created", "running", "paused", "restarting", "removing", "stopping", "exited")
+JobStatus = Annotated[
+    str,
+    Words(
+        "JobStatus",
+        (*JOB_STATUSES, "dead"),
+        "A container's status, in docker's words (libpod's configured, initialized and "
+        "stopped read as created and exited); a pending launch is created, or dead once "
+        "failed.",
+    ),
+]
+PendingPhase = Annotated[
+    str, Words("PendingPhase", (PULLING, STARTING, FAILED), "Where a pending launch is.")
+]
+LaunchPhase = Annotated[
+    str,
+    Words(
+        "LaunchPhase", ("running", PULLING, STARTING, FAILED), "What a launch did: runs, or pends."
+    ),
+]
+StopPhase = Annotated[
+    str, Words("StopPhase", (WARNED, SIGNALLED), "Which signal of a stop under way went out.")
+]
+NodeStateName = Annotated[
+    str, Words("NodeStateName", STATES, "Whether the node takes launches (ready) or not.")
+]
 
 
 def encode(answer: object) -> bytes:
@@ -43,7 +75,7 @@ def encode(answer: object) -> bytes:
 class StateJson(TypedDict):
     name: str
     exists: bool
-    status: str | None
+    status: JobStatus | None
     exit_code: int | None
     labels: dict[str, str]
     created_at: str | None
@@ -54,7 +86,7 @@ class StateJson(TypedDict):
 
 
 class StoppingJson(TypedDict):
-    phase: str
+    phase: StopPhase
     since: str
 
 
@@ -64,7 +96,7 @@ class StoppedStateJson(StateJson, total=False):
 
 
 class PendingStateJson(StateJson):
-    pending_phase: str
+    pending_phase: PendingPhase
     pending_image: str
     pending_elapsed_s: float
     pending_gpus: int
@@ -259,41 +291,49 @@ def _encode_jobs(changes: JobChanges, *, watched: bool) -> bytes:
 
 
 class StartedJson(TypedDict):
-    phase: str
+    phase: LaunchPhase
     container_id: str
     gpus: list[int]
+    ref: str
 
 
 class RunningJson(TypedDict):
-    phase: str
+    phase: LaunchPhase
     idempotent: bool
     gpus: list[int]
+    ref: str
 
 
 class PullingJson(TypedDict):
-    phase: str
+    phase: LaunchPhase
     image: str
     requested_gpus: int
+    ref: str
 
 
 class PendingJson(TypedDict):
-    phase: str
+    phase: LaunchPhase
     idempotent: bool
     image: str
+    ref: str
 
 
 LaunchJson = StartedJson | RunningJson | PullingJson | PendingJson
 
 
-def launch_json(result: results.LaunchResult) -> LaunchJson:
+def launch_json(result: results.LaunchResult, *, ref: str) -> LaunchJson:
+    """What the launch did, and the ``ref`` it made (the name every other verb takes:
+    a run id outside ``[a-zA-Z0-9_.-]`` gets a hashed one)."""
     if isinstance(result, results.Started):
-        return {"phase": "running", "container_id": result.container_id, "gpus": [*result.gpus]}
+        gpus = [*result.gpus]
+        return {"phase": "running", "container_id": result.container_id, "gpus": gpus, "ref": ref}
     if isinstance(result, results.AlreadyRunning):
-        return {"phase": "running", "idempotent": True, "gpus": [*result.gpus]}
+        return {"phase": "running", "idempotent": True, "gpus": [*result.gpus], "ref": ref}
     if isinstance(result, results.Pulling):
-        return {"phase": "pulling", "image": result.image, "requested_gpus": result.requested_gpus}
+        wanted = result.requested_gpus
+        return {"phase": "pulling", "image": result.image, "requested_gpus": wanted, "ref": ref}
     assert isinstance(result, results.AlreadyPending)
-    return {"phase": result.phase, "idempotent": True, "image": result.image}
+    return {"phase": result.phase, "idempotent": True, "image": result.image, "ref": ref}
 
 
 class OkJson(TypedDict):
@@ -312,8 +352,19 @@ class LogsJson(_LogsOptional):
     logs: str
 
 
-class ErrorJson(TypedDict):
+class FieldErrorJson(TypedDict):
+    field: str
+    code: str
     detail: str
+
+
+class _ErrorOptional(TypedDict, total=False):
+    errors: list[FieldErrorJson]  # a request error's bad fields, the detail's first
+
+
+class ErrorJson(_ErrorOptional):
+    detail: str
+    code: str
 
 
 OK: OkJson = {"ok": True}
@@ -331,8 +382,14 @@ def logs_json(text: LogText) -> LogsJson:
     return answer
 
 
-def error_json(detail: str) -> ErrorJson:
-    return {"detail": detail}
+def error_json(detail: str, code: str, errors: Sequence[FieldError] = ()) -> ErrorJson:
+    """0.3.15's ``detail``, the error's ``code``, and a request error's bad fields."""
+    answer: ErrorJson = {"detail": detail, "code": code}
+    if errors:
+        answer["errors"] = [
+            {"field": error.field, "code": error.code, "detail": error.detail} for error in errors
+        ]
+    return answer
 
 
 # --- answers: health ---------------------------------------------------------------------
@@ -351,7 +408,7 @@ class DiskJson(TypedDict):
 
 class PendingPullJson(TypedDict):
     image: str
-    phase: str
+    phase: PendingPhase
     error: str | None
 
 
@@ -420,9 +477,13 @@ class HealthJson(GpuFieldsJson, _HealthOptional):
     disk: DiskJson | None
     pending_pulls: dict[str, PendingPullJson]
     node_state: NodeStateJson
+    protocols: list[int]
+    features: list[str]
 
 
-def health_json(status: NodeStatus) -> HealthJson:
+def health_json(status: NodeStatus, *, features: Sequence[str] = ()) -> HealthJson:
+    """Health; ``features``: the optional features the node serves (the daemon's
+    routes say which)."""
     answer: dict[str, Any] = {
         "ok": status.ok,
         "protocol": PROTOCOL,
@@ -440,6 +501,7 @@ def health_json(status: NodeStatus) -> HealthJson:
         answer["error"] = status.error or "the cards' occupancy could not be read"
     answer.update(_GPU_FIELDS.of(status.occupancy))
     answer["node_state"] = node_state_json(status.node)  # new beside 0.3.15's: after them
+    answer |= {"protocols": list(PROTOCOLS), "features": list(features)}
     return cast(HealthJson, answer)
 
 
@@ -590,9 +652,12 @@ class InventoryJson(TypedDict):
     fabrics: list[FabricJson]
     node_state: NodeStateJson
     cpu_affinity: str
+    protocols: list[int]
+    features: list[str]
 
 
-def inventory_json(facts: Inventory) -> InventoryJson:
+def inventory_json(facts: Inventory, *, features: Sequence[str] = ()) -> InventoryJson:
+    """What the machine has; ``features`` as health's."""
     machine, gpus = facts.machine, facts.gpus
     return {
         "accelerator_series": machine.series,
@@ -614,6 +679,8 @@ def inventory_json(facts: Inventory) -> InventoryJson:
         "fabrics": [fabric_json(fabric) for fabric in machine.fabrics],
         "node_state": node_state_json(facts.node),
         "cpu_affinity": facts.cpu_affinity,
+        "protocols": list(PROTOCOLS),
+        "features": list(features),
     }
 
 
@@ -646,7 +713,7 @@ def fabric_json(fabric: FabricFacts) -> FabricJson:
 
 
 class NodeStateJson(TypedDict):
-    state: str
+    state: NodeStateName
     reason: str | None
     since: str | None
 

@@ -11,11 +11,16 @@ the syntax Python and ECMA-262 share: no \\d, \\w or named groups.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ParamSpec, TypeVar, cast
+
+from tuneplane_node.errors import MAX_FIELD_ERRORS, InvalidField, UnknownField
 
 Schema = Mapping[str, Any]
+P = ParamSpec("P")
+T = TypeVar("T")
 NO_NUL = "^[^\\x00]*$"
 EMPTY: Schema = {"type": "string", "const": ""}
 NULL: Schema = {"type": "null"}
@@ -34,6 +39,16 @@ class Given:
     @property
     def value(self) -> Any:
         return self.body.get(self.field.rsplit(".", 1)[-1])
+
+
+@dataclass(frozen=True)
+class Words:
+    """The words a string of an answer can be (``Annotated[str, Words(...)]``): an enum
+    the OpenAPI document names once, as ``name``."""
+
+    name: str
+    values: tuple[str, ...]
+    doc: str
 
 
 @dataclass(frozen=True)
@@ -58,12 +73,13 @@ class Field:
 @dataclass(frozen=True)
 class Body:
     """A request's JSON object, or a query: its fields in order, and its name in the
-    OpenAPI document. ``closed``: any other field is refused by name (a launch: a typo
-    must never run the image's own entrypoint); otherwise other fields are ignored."""
+    OpenAPI document. ``closed``: any other field is refused by name (``stop
+    {"timout": 600}`` must not become a SIGKILL after 30 s); otherwise other fields are
+    ignored."""
 
     name: str
     fields: tuple[Field, ...]
-    closed: bool = False
+    closed: bool = True
     doc: str = ""
 
     @property
@@ -116,3 +132,51 @@ def or_null(schema: Schema) -> Schema:
 def or_empty(*schemas: Schema) -> Schema:
     """One of ``schemas``, or 0.3.15's ``""`` or null for a field left empty."""
     return {"anyOf": [*schemas, EMPTY, NULL]}
+
+
+class Refusals:
+    """The bad fields of one request, gathered so that its 422 lists every one of them
+    rather than the first. Used as ``with Refusals() as refusals:``, the block reads each
+    field through `read`; leaving it raises what was refused as one `InvalidField` (the
+    first refusal's sentence and code, every bad field in its ``errors``)."""
+
+    def __init__(self) -> None:
+        self.found: list[InvalidField] = []
+
+    def __enter__(self) -> Refusals:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        if kind is None and self.found:
+            raise self.error()
+
+    def error(self) -> InvalidField:
+        """Every refusal so far as one error (raised by the block that cannot go on)."""
+        return InvalidField.of(self.found)
+
+    def read(self, parse: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """What ``parse`` returns; when it refuses, the refusal is kept and None returned
+        (a value only the block sees: leaving the block raises)."""
+        try:
+            return parse(*args, **kwargs)
+        except InvalidField as exc:
+            self.found.append(exc)
+            return cast(T, None)
+
+    def refuse(self, error: InvalidField) -> None:
+        self.found.append(error)
+
+    @property
+    def full(self) -> bool:
+        """Whether enough is refused for one answer: a body of 10,000 typos is not
+        read to its end."""
+        return sum(len(error.errors) for error in self.found) >= MAX_FIELD_ERRORS
+
+    def unknown(self, given: Mapping[str, Any], body: Body, *, prefix: str = "") -> None:
+        """Refuse each field of ``given`` that a closed ``body`` does not have."""
+        if not body.closed:
+            return
+        for key in given:
+            if key not in body.names and not self.full:
+                shown = key if key.isidentifier() else json.dumps(key)[:100]
+                self.refuse(UnknownField(f"{prefix}{shown}", known=body.names))

@@ -21,15 +21,21 @@ entrypoint.
 
 from __future__ import annotations
 
-import json
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timezone
 from typing import Any
 
 from tuneplane_node.clock import parse_rfc3339
-from tuneplane_node.errors import InvalidCursor, InvalidField
+from tuneplane_node.errors import (
+    INVALID,
+    MISSING,
+    OUT_OF_RANGE,
+    REPEATED,
+    InvalidCursor,
+    InvalidField,
+)
 from tuneplane_node.jobs.results import (
     IF_NOT_PRESENT,
     PULL_POLICIES,
@@ -55,6 +61,7 @@ from tuneplane_node.wire.fields import (
     Body,
     Field,
     Given,
+    Refusals,
     Schema,
     anchored,
     closed_object,
@@ -153,41 +160,56 @@ def _named(names: tuple[str, ...]) -> str:
 
 
 def parse_launch(body: Mapping[str, Any]) -> LaunchRequest:
-    _known(body, LAUNCH_FIELDS, prefix="")
+    """The launch, every bad field of it refused in one 422 (the first named as before:
+    unknown fields, ``run_id``, the container's unknown fields, ``gpus``,
+    ``requested_gpus``, then `CHECKED`'s order)."""
+    with Refusals() as refusals:
+        refusals.unknown(body, LAUNCH)
+        run_id = refusals.read(_run_id, body)
+        container = body.get("container")
+        if not isinstance(container, Mapping):
+            problem = MISSING if container is None else INVALID
+            refusals.refuse(InvalidField("container", "required, an object", problem=problem))
+            raise refusals.error()  # nothing more to read
+        refusals.unknown(container, CONTAINER, prefix="container.")
+        # A bad run id is refused above; the container's readers still see what was sent.
+        seen = run_id if run_id is not None else str(body.get("run_id") or "")
+        gpus = refusals.read(_gpus, Given(container, "container.gpus", seen))
+        requested = refusals.read(_requested_gpus, body.get("requested_gpus"), gpus)
+        spec = refusals.read(parse_container, container, seen)
+        auth = refusals.read(_registry_auth, Given(container, "container.registry_auth", seen))
+        policy = refusals.read(_pull_policy, Given(container, "container.pull_policy", seen))
+    return LaunchRequest(run_id, requested, spec, auth=auth, pull_policy=policy)
+
+
+def _run_id(body: Mapping[str, Any]) -> str:
     run_id = _text(body, "run_id", required=True, limit=MAX_RUN_ID)
     if CONTROL.search(run_id):
         raise InvalidField("run_id", "must not hold control characters")
-    container = body.get("container")
-    if not isinstance(container, Mapping):
-        raise InvalidField("container", "required, an object")
-    _known(container, CONTAINER_FIELDS, prefix="container.")
-    gpus = _gpus(Given(container, "container.gpus", run_id))
-    requested = body.get("requested_gpus")
+    return run_id
+
+
+def _requested_gpus(requested: object, gpus: list[Any] | None) -> int:
     if requested is None:  # 0.3.15 consoles may say it only through container.gpus
         requested = len(gpus or [])
-    if not _is_int(requested) or not 0 <= requested <= MAX_GPUS:
-        raise InvalidField("requested_gpus", f"must be a whole number from 0 to {MAX_GPUS}")
-    spec = parse_container(container, run_id)
-    auth = _registry_auth(Given(container, "container.registry_auth", run_id))
-    policy = _pull_policy(Given(container, "container.pull_policy", run_id))
-    return LaunchRequest(run_id, int(requested), spec, auth=auth, pull_policy=policy)
+    whole = requested if isinstance(requested, int) and _is_int(requested) else None
+    if whole is None or not 0 <= whole <= MAX_GPUS:
+        problem = INVALID if whole is None else OUT_OF_RANGE
+        why = f"must be a whole number from 0 to {MAX_GPUS}"
+        raise InvalidField("requested_gpus", why, problem=problem)
+    return whole
 
 
 def parse_container(body: Mapping[str, Any], run_id: str) -> ContainerSpec:
-    """The ContainerSpec the table's readers make of the container object."""
-    return ContainerSpec(**{
-        field.name: field.read(Given(body, f"container.{field.name}", run_id))
-        for field in CHECKED
-        if field.read is not None
-    })  # fmt: skip
-
-
-def _known(body: Mapping[str, Any], fields: tuple[str, ...], *, prefix: str) -> None:
-    """Refuse a field the contract does not have: a typo must not pass unnoticed."""
-    for key in body:
-        if key not in fields:
-            shown = key if key.isidentifier() else json.dumps(key)[:100]
-            raise InvalidField(f"{prefix}{shown}", f"unknown field; known: {', '.join(fields)}")
+    """The ContainerSpec the table's readers make of the container object; every bad
+    field of it refused at once."""
+    with Refusals() as refusals:
+        values = {
+            field.name: refusals.read(field.read, Given(body, f"container.{field.name}", run_id))
+            for field in CHECKED
+            if field.read is not None
+        }
+    return ContainerSpec(**values)
 
 
 def _key(field: str) -> str:
@@ -203,10 +225,13 @@ def _text(body: Mapping[str, Any], field: str, *, required: bool = False, limit:
     value = body.get(_key(field))
     if value is None or value == "":
         if required:
-            raise InvalidField(field, "required, a non-empty string")
+            raise InvalidField(field, "required, a non-empty string", problem=MISSING)
         return ""
     if not isinstance(value, str) or len(value) > limit or "\x00" in value:
-        raise InvalidField(field, f"must be a string of at most {limit} characters")
+        problem = OUT_OF_RANGE if isinstance(value, str) and len(value) > limit else INVALID
+        raise InvalidField(
+            field, f"must be a string of at most {limit} characters", problem=problem
+        )
     return value
 
 
@@ -242,37 +267,52 @@ def _argv(given: Given) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(arg, str) for arg in value):
         raise InvalidField(given.field, "must be a list of strings (an argv)")
     if len(value) > MAX_ARGS or any("\x00" in arg or len(arg) > MAX_VALUE for arg in value):
-        raise InvalidField(given.field, f"at most {MAX_ARGS} arguments of {MAX_VALUE} characters")
+        raise InvalidField(
+            given.field,
+            f"at most {MAX_ARGS} arguments of {MAX_VALUE} characters",
+            problem=OUT_OF_RANGE,
+        )
     if value and not value[0]:  # docker refuses it ("No command specified"): a 502 before
         raise InvalidField(given.field, "the program (the first argument) is empty")
     return tuple(value)
 
 
-def _string_map(given: Given, *, limit: int) -> dict[str, str]:
+def _string_map(
+    given: Given, *, limit: int, rule: Callable[[str, str], None] | None = None
+) -> dict[str, str]:
+    """An object of strings, each entry read; then ``rule`` of each entry read well.
+    Every bad entry is refused at once, the same one first as when one was."""
     field, value = given.field, _empty_as(given.value, {})
     if not isinstance(value, Mapping):
         raise InvalidField(field, "must be an object of strings")
     if len(value) > limit:
-        raise InvalidField(field, f"at most {limit} entries")
-    result = {}
-    for key, item in value.items():
-        if not 0 < len(key) <= MAX_KEY or "\x00" in key:
-            raise InvalidField(field, f"keys must be 1 to {MAX_KEY} characters")
-        if isinstance(item, bool) or not isinstance(item, (str, int, float)):
-            raise InvalidField(f"{field}.{key}", "must be a string")
-        string = str(item)
-        if len(string) > MAX_VALUE or "\x00" in string:
-            raise InvalidField(f"{field}.{key}", f"at most {MAX_VALUE} characters, no NUL")
-        result[str(key)] = string
+        raise InvalidField(field, f"at most {limit} entries", problem=OUT_OF_RANGE)
+    with Refusals() as refusals:
+        read = {key: refusals.read(_map_entry, field, key, item) for key, item in value.items()}
+        result = {str(key): item for key, item in read.items() if item is not None}
+        for key, item in result.items():
+            if rule is not None and not refusals.full:
+                refusals.read(rule, key, item)
     return result
 
 
+def _map_entry(field: str, key: str, item: object) -> str:
+    if not 0 < len(key) <= MAX_KEY or "\x00" in key:
+        raise InvalidField(field, f"keys must be 1 to {MAX_KEY} characters")
+    if isinstance(item, bool) or not isinstance(item, (str, int, float)):
+        raise InvalidField(f"{field}.{key}", "must be a string")
+    string = str(item)
+    if len(string) > MAX_VALUE or "\x00" in string:
+        raise InvalidField(f"{field}.{key}", f"at most {MAX_VALUE} characters, no NUL")
+    return string
+
+
 def _env(given: Given) -> dict[str, str]:
-    env = _string_map(given, limit=MAX_ENV)
-    for key in env:
+    def named(key: str, _: str) -> None:
         if "=" in key:
             raise InvalidField(f"{given.field}.{key}", "a variable's name cannot hold '='")
-    return env
+
+    return _string_map(given, limit=MAX_ENV, rule=named)
 
 
 def _gpus(given: Given) -> list[Any] | None:
@@ -280,7 +320,10 @@ def _gpus(given: Given) -> list[Any] | None:
     node chooses the cards (this reader makes no ContainerSpec attribute)."""
     gpus = _empty_as(given.value, None)
     if gpus is not None and (not isinstance(gpus, list) or len(gpus) > MAX_GPUS):
-        raise InvalidField(given.field, f"must be a list of at most {MAX_GPUS} card indices")
+        problem = OUT_OF_RANGE if isinstance(gpus, list) else INVALID
+        raise InvalidField(
+            given.field, f"must be a list of at most {MAX_GPUS} card indices", problem=problem
+        )
     return gpus
 
 
@@ -288,9 +331,15 @@ def _mounts(given: Given) -> tuple[Mount, ...]:
     value = _empty_as(given.value, [])
     if not isinstance(value, list) or len(value) > MAX_MOUNTS:
         raise InvalidField(
-            given.field, f"must be a list of at most {MAX_MOUNTS} [host, container, read_only]"
+            given.field,
+            f"must be a list of at most {MAX_MOUNTS} [host, container, read_only]",
+            problem=OUT_OF_RANGE if isinstance(value, list) else INVALID,
         )
-    return tuple(_mount(entry, f"{given.field}[{i}]") for i, entry in enumerate(value))
+    with Refusals() as refusals:
+        mounts = [
+            refusals.read(_mount, entry, f"{given.field}[{i}]") for i, entry in enumerate(value)
+        ]
+    return tuple(mounts)
 
 
 def _mount(entry: object, field: str) -> Mount:
@@ -330,13 +379,15 @@ def _absolute(path: object) -> bool:
 
 def _labels(given: Given) -> dict[str, str]:
     """The console's labels and the run id's, which the node writes on every job."""
-    labels = _string_map(given, limit=MAX_LABELS)
-    for key, value in labels.items():
+
+    def allowed(key: str, value: str) -> None:
         if key.startswith(ENGINE_LABELS):
             # Engine tooling acts on these (io.containers.autoupdate pulls and restarts).
             raise InvalidField(f"{given.field}.{key}", "the engines' own namespace")
         if key in NODE_LABELS and (key, value) != (LABEL_RUN_ID, given.run_id):
             raise InvalidField(given.field, f"{', '.join(NODE_LABELS)} are the node's")
+
+    labels = _string_map(given, limit=MAX_LABELS, rule=allowed)
     return {**labels, LABEL_RUN_ID: given.run_id}
 
 
@@ -356,6 +407,7 @@ def _size(given: Given, *, least: int) -> str | None:
         raise InvalidField(
             given.field,
             f"must be a size like 512m, 16g or a number of bytes, from {least} bytes to 1 PiB",
+            problem=INVALID if size is None else OUT_OF_RANGE,
         )
     return str(value).lower()
 
@@ -379,7 +431,9 @@ def _cpus(given: Given) -> float | None:
         raise InvalidField(given.field, 'must be a number of CPUs, like 2 or "0.5"')
     # Compared as given: an int of 400 digits would overflow a float.
     if not ((isinstance(value, int) or math.isfinite(value)) and 0 < value <= MAX_CPUS):
-        raise InvalidField(given.field, f"must be more than 0 and at most {MAX_CPUS:g}")
+        raise InvalidField(
+            given.field, f"must be more than 0 and at most {MAX_CPUS:g}", problem=OUT_OF_RANGE
+        )
     return float(value)
 
 
@@ -674,26 +728,102 @@ CHECKED = sorted(CONTAINER.fields, key=lambda field: field.name != "labels")
 # --- the other verbs ----------------------------------------------------------------------
 
 
+# Each verb's body is read whole: its unknown fields and every bad one refused in one 422.
+
+
+def parse_observe(body: Mapping[str, Any]) -> list[str]:
+    (refs,) = _body(body, REFS, parse_refs)
+    return refs  # type: ignore[no-any-return]
+
+
+def parse_stop_body(body: Mapping[str, Any]) -> tuple[str, StopPlan]:
+    """A stop's ``ref`` and how to stop it."""
+    ref, plan = _body(body, STOP, parse_ref, parse_stop)
+    return ref, plan
+
+
+def parse_signal_body(body: Mapping[str, Any]) -> tuple[str, str]:
+    """The signal verb's ``ref`` and the signal's name."""
+    ref, sent = _body(body, SIGNAL_BODY, parse_ref, parse_sent_signal)
+    return ref, sent
+
+
+def parse_remove(body: Mapping[str, Any]) -> str:
+    (ref,) = _body(body, REF_BODY, parse_ref)
+    return ref  # type: ignore[no-any-return]
+
+
+def parse_reap(body: Mapping[str, Any]) -> float | None:
+    (max_age,) = _body(body, REAP, parse_max_age)
+    return max_age  # type: ignore[no-any-return]
+
+
+def parse_cordon(body: Mapping[str, Any]) -> str | None:
+    (reason,) = _body(body, CORDON, parse_reason)
+    return reason  # type: ignore[no-any-return]
+
+
+def parse_drain(body: Mapping[str, Any]) -> tuple[str | None, StopPlan]:
+    """A drain's ``reason`` and how it stops every job."""
+    reason, plan = _body(body, DRAIN, parse_reason, parse_drain_plan)
+    return reason, plan
+
+
+def parse_uncordon(body: Mapping[str, Any]) -> None:
+    _body(body, UNCORDON)
+
+
+def _body(body: Mapping[str, Any], table: Body, *reads: Callable[[Mapping[str, Any]], Any]) -> Any:
+    """What each of ``reads`` reads of a body of ``table``: its unknown fields and every
+    bad one refused in one 422."""
+    with Refusals() as refusals:
+        refusals.unknown(body, table)
+        values = tuple(refusals.read(read, body) for read in reads)
+    return values
+
+
+def parse_logs(pairs: Iterable[tuple[str, str]]) -> tuple[str, int, datetime | None, bool]:
+    """The logs query: ``ref``, ``tail``, ``since``, ``follow``."""
+    with Refusals() as refusals:
+        query = _query(pairs, LOGS, refusals)
+        ref = refusals.read(parse_ref, query)
+        tail = refusals.read(parse_tail, query.get("tail"))
+        since = refusals.read(parse_since, query.get("since"))
+        follow = refusals.read(parse_follow, query.get("follow"))
+    return ref, tail, since, follow
+
+
 def parse_refs(body: Mapping[str, Any]) -> list[str]:
     refs = body.get("refs")
     if not isinstance(refs, list) or not all(
         isinstance(ref, str) and 0 < len(ref) <= MAX_REF for ref in refs
     ):
-        raise InvalidField("refs", f"required, a list of container names (1 to {MAX_REF} long)")
+        problem = MISSING if refs is None else INVALID
+        why = f"required, a list of container names (1 to {MAX_REF} long)"
+        raise InvalidField("refs", why, problem=problem)
     if len(refs) > MAX_REFS:
-        raise InvalidField("refs", f"at most {MAX_REFS} per call")
+        raise InvalidField("refs", f"at most {MAX_REFS} per call", problem=OUT_OF_RANGE)
     return refs
 
 
 def parse_query(pairs: Iterable[tuple[str, str]], query: Body) -> dict[str, str]:
-    """A query's parameters, each of ``query``'s at most once: ``tail=5&tail=9`` has no
-    one meaning (a proxy and the node could each read another). Others are ignored."""
-    known = {field.name for field in query.fields}
+    """A query's parameters, each at most once (``tail=5&tail=9`` has no one meaning: a
+    proxy and the node could each read another), none but ``query``'s."""
+    with Refusals() as refusals:
+        found = _query(pairs, query, refusals)
+    return found
+
+
+def _query(pairs: Iterable[tuple[str, str]], query: Body, refusals: Refusals) -> dict[str, str]:
     found: dict[str, str] = {}
     for name, value in pairs:
-        if name in found and name in known:
-            raise InvalidField(name, "given more than once")
+        if name not in query.names:
+            refusals.unknown({name: value}, query)
+        elif name in found:
+            refusals.refuse(InvalidField(name, "given more than once", problem=REPEATED))
         found.setdefault(name, value)
+        if refusals.full:
+            break
     return found
 
 
@@ -708,7 +838,7 @@ def parse_seconds(body: Mapping[str, Any], field: str, *, most: float) -> float 
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidField(field, "must be a number of seconds")
     if not (isinstance(value, int) or math.isfinite(value)) or not 0 <= value <= most:
-        raise InvalidField(field, f"must be from 0 to {most:g} seconds")
+        raise InvalidField(field, f"must be from 0 to {most:g} seconds", problem=OUT_OF_RANGE)
     return float(value)
 
 
@@ -734,27 +864,36 @@ def parse_max_age(body: Mapping[str, Any]) -> float | None:
 
 def parse_stop(body: Mapping[str, Any]) -> StopPlan:
     """A stop's ``timeout``, ``signal`` and warning (``warn_signal``, ``warn_s``)."""
-    return StopPlan(grace=parse_grace(body), signal=parse_signal(body, "signal"), **_warning(body))
+    with Refusals() as refusals:
+        grace = refusals.read(parse_grace, body)
+        signal = refusals.read(parse_signal, body, "signal")
+        warning = refusals.read(_warning, body)
+    return StopPlan(grace=grace, signal=signal, **warning)
 
 
 def parse_drain_plan(body: Mapping[str, Any]) -> StopPlan:
     """How a drain stops every job: its ``grace_s`` and warning."""
-    return StopPlan(grace=parse_drain_grace(body), **_warning(body))
+    with Refusals() as refusals:
+        grace = refusals.read(parse_drain_grace, body)
+        warning = refusals.read(_warning, body)
+    return StopPlan(grace=grace, **warning)
 
 
 def parse_sent_signal(body: Mapping[str, Any]) -> str:
     """The signal verb's ``signal``, which it needs."""
     name = parse_signal(body, "signal")
     if name is None:
-        raise InvalidField("signal", f"required: {SIGNALS_DOC}")
+        raise InvalidField("signal", f"required: {SIGNALS_DOC}", problem=MISSING)
     return name
 
 
 def _warning(body: Mapping[str, Any]) -> dict[str, Any]:
-    warn_signal = parse_signal(body, "warn_signal")
-    warn_s = parse_seconds(body, "warn_s", most=MAX_GRACE_S)
-    if warn_s is not None and warn_signal is None:
-        raise InvalidField("warn_s", "needs warn_signal: the signal to warn the job with")
+    with Refusals() as refusals:
+        warn_signal = refusals.read(parse_signal, body, "warn_signal")
+        warn_s = refusals.read(parse_seconds, body, "warn_s", most=MAX_GRACE_S)
+        if warn_s is not None and body.get("warn_signal") in (None, ""):
+            why = "needs warn_signal: the signal to warn the job with"
+            refusals.refuse(InvalidField("warn_s", why, problem=MISSING))
     return {"warn_signal": warn_signal, "warn_s": warn_s}
 
 
@@ -787,7 +926,8 @@ def parse_tail(value: str | None) -> int:
         return DEFAULT_TAIL
     # isascii: "²" is a digit to str.isdigit, and not a number to int().
     if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= MAX_TAIL:
-        raise InvalidField("tail", f"must be a whole number from 1 to {MAX_TAIL}")
+        problem = OUT_OF_RANGE if value.isascii() and value.isdigit() else INVALID
+        raise InvalidField("tail", f"must be a whole number from 1 to {MAX_TAIL}", problem=problem)
     return int(value)
 
 

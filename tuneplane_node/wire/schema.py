@@ -8,18 +8,32 @@ that ``contrib/dev/api_docs.py`` writes and a test keeps current.
 
 from __future__ import annotations
 
+import enum
 import functools
 import json
 import types
 import typing
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, WithJsonSchema, create_model
 
-from tuneplane_node.wire import MAX_BODY_BYTES, PROTOCOL, PROTOCOL_HEADER, answers, stats
-from tuneplane_node.wire.fields import Body
+from tuneplane_node.errors import (
+    BadRequest,
+    EngineRefused,
+    EngineUnavailable,
+    InvalidField,
+    MissingProtocol,
+    NodeError,
+    PayloadTooLarge,
+    ProtocolMismatch,
+    Unauthorized,
+    UnknownField,
+)
+from tuneplane_node.wire import MAX_BODY_BYTES, PROTOCOL, PROTOCOL_HEADER, PROTOCOLS, answers, stats
+from tuneplane_node.wire.fields import Body, Words
 from tuneplane_node.wire.fields import Field as RequestField
 
 API_PREFIX = "/node/v1/"
@@ -30,19 +44,22 @@ ERRORS = {
     401: "Wrong or missing bearer token.",
     403: "A private image the node pulled with credentials, and this launch has none its "
     "registry accepts for it; nothing was created.",
-    409: "Well-formed, but the node will not do it now (the detail says why); also a "
+    409: "Well-formed, but the node will not do it now (the code says why); also a "
     "protocol header of another version.",
     413: f"The body is over {MAX_BODY_BYTES} bytes.",
-    422: "A field is missing, unknown or out of its bounds; the detail starts with its name.",
+    422: "A field is missing, unknown or out of its bounds; the detail starts with the first "
+    "one's name, and `errors` lists every bad field.",
     429: "Every slot for following a log is taken: try again later, or without follow.",
     500: "A bug in the node, or its state file could not be written.",
     502: "The engine answered and refused; its words follow.",
     503: "The engine could not be reached: nothing is known, nothing is reported gone.",
 }
-# Which errors each kind of operation can answer, beyond its own.
-GUARDED = (400, 401, 409, 500)  # every /node/v1 path: the token and the protocol header
-BODY = (413, 422)  # reads and parses a JSON body
-ENGINE = (502, 503)  # calls the engine
+# Which errors each kind of operation can answer, beyond its own (and NodeError's 500).
+Raised = type[NodeError] | int  # an int: a status whose codes are not declared
+GUARDED: tuple[Raised, ...] = (MissingProtocol, Unauthorized, ProtocolMismatch)  # /node/v1/
+BODY: tuple[Raised, ...] = (BadRequest, PayloadTooLarge, InvalidField, UnknownField)
+QUERY: tuple[Raised, ...] = (InvalidField, UnknownField)
+ENGINE: tuple[Raised, ...] = (EngineUnavailable, EngineRefused)  # calls the engine
 # A builder may widen a shape with its subclasses' keys: the document lists each form.
 WIDENED: dict[Any, tuple[Any, ...]] = {
     answers.StateJson: (answers.PendingStateJson, answers.StoppedStateJson, answers.StateJson),
@@ -55,8 +72,9 @@ SELF = Annotated[dict[str, Any], WithJsonSchema({"type": "object", "required": [
 @dataclass(frozen=True)
 class Operation:
     """One route as the document says it: the 200's JSON shape (``answer``; None: none),
-    the request's body or query, the errors beyond those every operation of its kind can
-    answer, and ``text``, the media type of a text/plain 200."""
+    the request's body or query, the errors (`NodeError` classes) beyond those every
+    operation of its kind can answer, ``text``, the media type of a text/plain 200, and
+    the optional ``feature`` it serves (health's and inventory's ``features``)."""
 
     method: str
     path: str
@@ -64,21 +82,28 @@ class Operation:
     answer: Any
     body: Body | None = None
     query: Body | None = None
-    errors: tuple[int, ...] = ()
+    errors: tuple[Raised, ...] = ()
     text: str | None = None
+    feature: str | None = None
 
     @property
     def guarded(self) -> bool:
         return self.path.startswith(API_PREFIX)
 
     @property
+    def codes(self) -> dict[int, list[str]]:
+        """Each status the operation may answer, with the codes it answers it with."""
+        raised = [*self.errors, *(GUARDED if self.guarded else ()), NodeError]
+        raised += [*(BODY if self.body else ()), *(QUERY if self.query else ())]
+        found: dict[int, set[str]] = {}
+        for kind in raised:
+            status, codes = (kind, ()) if isinstance(kind, int) else (kind.status, (kind.code,))
+            found.setdefault(status, set()).update(codes)
+        return {status: sorted(found[status]) for status in sorted(found)}
+
+    @property
     def statuses(self) -> list[int]:
-        errors = {*self.errors, *(GUARDED if self.guarded else ()), 500}
-        if self.body is not None:
-            errors.update(BODY)
-        if self.query is not None:
-            errors.add(422)
-        return sorted(errors)
+        return list(self.codes)
 
 
 class Components:
@@ -140,7 +165,9 @@ def document(operations: Iterable[Operation]) -> dict[str, Any]:
             "version": str(PROTOCOL),
             "description": "The node daemon's API, wire protocol "
             f"{PROTOCOL}. Every /node/v1 path needs the bearer token and the "
-            f"{PROTOCOL_HEADER} header; every error is {{'detail': <sentence>}}.",
+            f"{PROTOCOL_HEADER} header; every error is {{'detail': <sentence>, 'code': "
+            "<word>}, and a request error lists its bad fields in 'errors'. The codes each "
+            "answer may carry are listed in its x-codes.",
         },
         "paths": paths,
         "components": {
@@ -162,9 +189,11 @@ def _operation(operation: Operation, components: Components) -> dict[str, Any]:
         "operationId": operation.path.strip("/").replace("/", "_").replace(".", "_"),
         "responses": {
             "200": {"description": "Done.", "content": _content(operation, components)},
-            **{str(status): _error(status) for status in operation.statuses},
+            **{str(status): _error(status, codes) for status, codes in operation.codes.items()},
         },
     }
+    if operation.feature is not None:
+        spec["x-feature"] = operation.feature
     if 401 in operation.statuses:
         spec["security"] = [{"bearer": []}]
     parameters = [*_query(operation.query, components)] if operation.query else []
@@ -189,10 +218,14 @@ def _content(operation: Operation, components: Components) -> dict[str, Any]:
     return content
 
 
-def _error(status: int) -> dict[str, Any]:
+def _error(status: int, codes: list[str]) -> dict[str, Any]:
+    """An error answer: its ``code`` is one of ``codes`` (a string in the schema: a newer
+    node may add a kind, which a console then tells by its status)."""
+    listed = f" Codes: {', '.join(f'`{code}`' for code in codes)}." if codes else ""
     return {
-        "description": ERRORS[status],
+        "description": ERRORS.get(status, f"{HTTPStatus(status).phrase}.") + listed,
         "content": {"application/json": {"schema": {"$ref": REFS.format(model="ErrorJson")}}},
+        "x-codes": codes,
     }
 
 
@@ -210,7 +243,7 @@ def _protocol_header() -> dict[str, Any]:
         "in": "header",
         "required": True,
         "description": "Missing: 400. Another version: 409.",
-        "schema": {"type": "string", "enum": [str(PROTOCOL)]},
+        "schema": {"type": "string", "enum": [str(spoken) for spoken in PROTOCOLS]},
     }
 
 
@@ -227,6 +260,9 @@ def portable(shape: Any) -> Any:
     """
     if shape in WIDENED:
         return typing.Union[tuple(_model(form) for form in WIDENED[shape])]  # noqa: UP007
+    words = [meta for meta in getattr(shape, "__metadata__", ()) if isinstance(meta, Words)]
+    if words:
+        return _enum(words[0])
     if typing.is_typeddict(shape):
         return _model(shape)
     origin, args = typing.get_origin(shape), typing.get_args(shape)
@@ -237,10 +273,19 @@ def portable(shape: Any) -> Any:
     return origin[tuple(portable(arg) for arg in args)]
 
 
+@functools.cache
+def _enum(words: Words) -> type[enum.Enum]:
+    """The words as an enum, which the document names once (``JobStatus``): a generated
+    client gets one enum class, not one per field that holds it."""
+    shape = enum.Enum(words.name, {word: word for word in words.values}, type=str)  # type: ignore[misc]
+    shape.__doc__ = words.doc
+    return shape
+
+
 # One class per TypedDict: a shape met twice in one schema must be one definition.
 @functools.cache
 def _model(shape: Any) -> type[BaseModel]:
-    hints = typing.get_type_hints(shape)
+    hints = typing.get_type_hints(shape, include_extras=True)
     fields: dict[str, Any] = {
         key: (portable(hint), ... if key in shape.__required_keys__ else Field(None))
         for key, hint in hints.items()

@@ -12,12 +12,17 @@ from collections.abc import Mapping
 from typing import Any, TypedDict
 
 from tuneplane_node.jobs.stats import CardSample, JobSample, JobStats
-from tuneplane_node.wire.requests import parse_refs
+from tuneplane_node.wire.answers import JobStatus
+from tuneplane_node.wire.fields import Refusals
+from tuneplane_node.wire.requests import STATS, parse_refs
 
 
 def parse_stats(body: Mapping[str, Any]) -> list[str] | None:
     """The refs asked for; None (no ``refs``): every running job of the node."""
-    return None if "refs" not in body else parse_refs(body)
+    with Refusals() as refusals:
+        refusals.unknown(body, STATS)
+        refs = None if "refs" not in body else refusals.read(parse_refs, body)
+    return refs
 
 
 class ProcessMemoryJson(TypedDict):
@@ -37,7 +42,7 @@ class CardUsageJson(TypedDict):
 
 class AbsentJson(TypedDict):
     exists: bool
-    status: str | None
+    status: JobStatus | None
 
 
 class UsageJson(AbsentJson):

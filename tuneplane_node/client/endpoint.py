@@ -119,7 +119,7 @@ def reason(exc: BaseException) -> str:
             return f"TLS: {seen.verify_message}"
         if isinstance(seen, OSError) and (seen.errno or seen.strerror):
             # asyncio's own words ("Connect call failed (...)") say less than the errno's
-            said = os.strerror(seen.errno) if seen.errno else seen.strerror
+            said = os.strerror(seen.errno) if seen.errno else str(seen.strerror)
             return f"{said}: {seen.filename}" if seen.filename else said
         seen = seen.__cause__ or seen.__context__
     return str(exc) or type(exc).__name__

@@ -8,10 +8,13 @@ setup.cfg.
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
+import socket
 import subprocess
 import sys
 import tarfile
+import zipfile
 from pathlib import Path
 from types import ModuleType
 
@@ -130,3 +133,104 @@ def collected(root: Path) -> int:
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     last = result.stdout.strip().splitlines()[-1]  # "790 tests collected in 2.1s"
     return int(last.split()[0])
+
+
+# --- the consoles' client, a distribution of its own -------------------------------------
+
+CLIENT = REPO / "clients" / "python"
+CLIENT_PROJECT = tomllib.loads((CLIENT / "pyproject.toml").read_text())["project"]
+
+
+def test_the_client_distribution_bounds_httpx_as_the_daemon_does() -> None:
+    (httpx,) = [text for text in DEPENDENCIES if Requirement(text).name == "httpx"]
+    assert CLIENT_PROJECT["dependencies"] == [httpx]
+    assert CLIENT_PROJECT["requires-python"] == OPTIONS["python_requires"]
+    # Its sources are the daemon's: a link in the checkout, copies in the sdist.
+    shipped = {p.name: p.read_bytes() for p in (CLIENT / "tuneplane_node/client").glob("*.py")}
+    assert shipped == {
+        p.name: p.read_bytes() for p in (REPO / "tuneplane_node/client").glob("*.py")
+    }
+
+
+def build_client_wheel(into: Path) -> Path:
+    """clients/python's wheel, built with this venv's setuptools (no index)."""
+    build = [sys.executable, "-m", "build", "--wheel", "--no-isolation", "-o", str(into)]
+    subprocess.run([*build, str(CLIENT)], check=True, capture_output=True, timeout=120)
+    (wheel,) = into.glob("tuneplane_node_client-*.whl")
+    return wheel
+
+
+def closure(name: str) -> set[str]:
+    """The distribution and every one it needs here, as installed in this venv."""
+    found, todo = set(), [name]
+    while todo:
+        dist = importlib.metadata.distribution(todo.pop())
+        if dist.metadata["Name"] in found:
+            continue
+        found.add(dist.metadata["Name"])
+        for text in dist.requires or []:
+            requirement = Requirement(text)
+            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+                todo.append(requirement.name)
+    return found
+
+
+CONSOLE = """
+import importlib.util, sys
+from tuneplane_node.client import NodeClient, Unreachable
+import tuneplane_node
+assert not hasattr(tuneplane_node, "__version__")  # a namespace: the daemon is not here
+for sdk in ("docker", "podman", "pynvml", "aiohttp", "pydantic", "orjson", "requests"):
+    assert importlib.util.find_spec(sdk) is None, sdk
+try:
+    NodeClient(sys.argv[1], token="t").health()
+except Unreachable as error:
+    print(error)
+"""
+
+
+@pytest.mark.slow
+def test_the_client_wheel_is_the_client_alone_and_runs_with_httpx_alone(tmp_path: Path) -> None:
+    """A console's interpreter: the client's wheel and httpx's closure, nothing of the
+    daemon; it imports and asks (a node that is not there: Unreachable)."""
+    wheel = build_client_wheel(tmp_path / "dist")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        metadata = archive.read(next(n for n in names if n.endswith("/METADATA"))).decode()
+        site = tmp_path / "site"
+        archive.extractall(site)
+    modules = {n for n in names if not n.split("/")[0].endswith(".dist-info")}
+    ours = {
+        f"tuneplane_node/client/{p.name}" for p in (REPO / "tuneplane_node/client").glob("*.py")
+    }
+    assert modules == ours  # no tuneplane_node/__init__.py: the daemon's package is not shadowed
+    assert f"Version: {tuneplane_node.__version__}\n" in metadata
+    assert [line for line in metadata.splitlines() if line.startswith("Requires-Dist")] == [
+        f"Requires-Dist: {Requirement(CLIENT_PROJECT['dependencies'][0])}"
+    ]
+    for name in closure("httpx"):
+        dist = importlib.metadata.distribution(name)
+        for file in dist.files or []:
+            if file.suffix != ".pyc" and not str(file).startswith(".."):
+                target = site / file
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(Path(str(dist.locate_file(file))).read_bytes())
+    port = socket.socket()
+    port.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{port.getsockname()[1]}"
+    port.close()
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-I",
+            "-S",
+            "-c",
+            f"import sys; sys.path[:0] = [{str(site)!r}]\n" + CONSOLE,
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"cannot reach the node at {url}: Connection refused\n"

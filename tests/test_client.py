@@ -6,16 +6,20 @@ what a console installs: the client alone, with none of the daemon's SDKs."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import json
+import re
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+import tuneplane_node.client as client_package
 from tests.conftest import IMAGE, MakeFakeNode
 from tests.fakes import FakeClock, FakeRuntime
 from tests.helpers import TOKEN, Console, free_port, python_path, unique, wait_until
@@ -504,3 +508,16 @@ def test_the_client_imports_none_of_the_daemons_sdks() -> None:
     assert not [m for m in modules if m.split(".")[0] in DAEMON_ONLY]
     ours = {m for m in modules if m.startswith("tuneplane_node")}
     assert {m for m in ours if not m.startswith("tuneplane_node.client")} == {"tuneplane_node"}
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/api.md", "clients/python/README.md"])
+def test_the_examples_for_console_authors_parse_and_name_what_the_client_has(doc: str) -> None:
+    text = (Path(__file__).resolve().parent.parent / doc).read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert blocks
+    for block in blocks:
+        tree = ast.parse(block)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module == "tuneplane_node.client":
+                missing = [a.name for a in node.names if not hasattr(client_package, a.name)]
+                assert not missing, f"{doc}: {missing}"

@@ -304,6 +304,29 @@ def test_an_error_page_that_is_no_json_is_its_text() -> None:
     assert error.detail == "<html>Bad Gateway</html>" and error.errors == ()
 
 
+async def test_every_call_carries_the_token_and_the_protocol_and_follows_no_redirect() -> None:
+    seen: list[httpx.Request] = []
+
+    def node(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if request.url.path == "/node/v1/remove":
+            return httpx.Response(307, headers={"Location": "http://elsewhere/"})
+        return httpx.Response(200, json={"ok": True, "protocol": 1})
+
+    async with AsyncNodeClient("http://n:1", token="tok", transport=httpx.MockTransport(node)) as a:
+        await a.health()
+        with pytest.raises(RequestError) as moved:
+            await a.remove("x")
+    with NodeClient("http://n:1", token="tok", transport=httpx.MockTransport(node)) as sync:
+        sync.signal("x", "SIGUSR1")
+    assert moved.value.status == 307 and len(seen) == 3  # never to elsewhere
+    for request in seen:
+        assert request.headers["Authorization"] == "Bearer tok"
+        assert request.headers[PROTOCOL_HEADER] == str(PROTOCOL)
+    assert json.loads(seen[2].content) == {"ref": "x", "signal": "SIGUSR1"}
+    assert "tok" not in repr(a.endpoint)
+
+
 # --- answers a newer or older node gives ---------------------------------------------------
 
 

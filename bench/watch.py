@@ -5,13 +5,14 @@ blocking query (``GET /node/v1/jobs?index=&wait=``, a kept-alive connection, orj
 waits from the index before the job exits; the time from the engine's own die event
 (its ``timeNano``, read from the bench's own event stream) to the query's answer showing
 the exit is the node's share, printed beside the engine's (``FinishedAt`` to that
-``timeNano``). Goals: the node's share median < 5 ms, p99 < 20 ms.
+``timeNano``), and the same path on the in-memory engine without the machine's other
+processes. Goals: the node's share median < 5 ms, p99 < 20 ms.
 (2) ``GET /node/v1/jobs`` of ``--jobs`` jobs (1,000), on the in-memory engine of the
 tests behind the real state cache and daemon, in a process of its own (nobody else's
 jobs change under it, as the shared engine's do): median < 10 ms.
 (3) 64 waiting queries, nothing changing: the daemon's CPU time over ``--idle`` seconds
-against the same time with none waiting, in windows (goal: no more than the quiet
-windows' spread). Then the daemon is stopped: how soon all 64 are answered.
+against the same time with none waiting, in windows (goal: under a thousandth of a
+core more). Then the daemon is stopped: how soon all 64 are answered.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from harness import (
     Fleet,
     arguments,
     fleet,
+    free_port,
     machine,
     median,
     ms,
@@ -133,30 +135,53 @@ def exits(api: Api, made: Fleet, count: int) -> None:
 # --- the in-memory engine's daemon -----------------------------------------------------
 
 
-def serve_fake(jobs: int, port: int) -> None:
-    """The daemon on the tests' in-memory engine with ``jobs`` running jobs, behind the
-    real state cache: nobody else's jobs change under it (the shared engine's do)."""
-    from aiohttp import web
-
+async def fake_node(jobs: int) -> tuple[Any, Any, Any]:
+    """The daemon's app on the tests' in-memory engine with ``jobs`` running jobs, behind
+    the real state cache: (the app, the cache, the engine). Nobody else's jobs change
+    under it, as the shared engine's do."""
     from tests.fakes import FakeProbe, FakeRuntime
     from tuneplane_node.daemon.app import create_node_app
     from tuneplane_node.gpu.allocator import GpuAllocator
-    from tuneplane_node.runtime.base import LABEL_RUN_ID, ContainerSpec
     from tuneplane_node.runtime.cache import CachedRuntime
     from tuneplane_node.settings import load_settings
 
+    fake = FakeRuntime(images=("bench/image:1",))
+    for index in range(jobs):
+        fake.create_outside(fake_job(index))
+    # No stats sampler: its read of 1,000 jobs' usage every 5 s is the idle daemon's
+    # largest cost, and would hide (3)'s figure in its noise.
+    settings = load_settings(
+        node_token=TOKEN,
+        local_gpu_count=4,
+        node_state_dir=tempfile.mkdtemp(prefix="tuneplane-bench-watch-"),
+        stats_interval_s=3600,
+    )
+    cached = CachedRuntime(fake, relist_s=3600, sync_timeout=30)
+    await cached.start()
+    allocator = GpuAllocator(cached, settings, probe=FakeProbe(4))
+    app = create_node_app(settings, runtime=cached, allocator=allocator, sweep=False)
+    return app, cached, fake
+
+
+def state_dir(app: Any) -> Path:
+    from tuneplane_node.daemon.state import SETTINGS
+
+    return Path(app[SETTINGS].state_dir)
+
+
+def fake_job(index: int) -> Any:
+    from tuneplane_node.runtime.base import LABEL_RUN_ID, ContainerSpec
+
+    labels = {LABEL_RUN_ID: f"bench-{index}"}
+    return ContainerSpec(f"tuneplane-bench-{index:05d}", "bench/image:1", labels=labels)
+
+
+def serve_fake(jobs: int, port: int) -> None:
+    """`fake_node` served on ``port`` until SIGTERM."""
+    from aiohttp import web
+
     async def run() -> None:
-        fake = FakeRuntime(images=("bench/image:1",))
-        for index in range(jobs):
-            labels = {LABEL_RUN_ID: f"bench-{index}"}
-            spec = ContainerSpec(f"tuneplane-bench-{index:04d}", "bench/image:1", labels=labels)
-            fake.create_outside(spec)
-        state = tempfile.mkdtemp(prefix="tuneplane-bench-watch-")
-        settings = load_settings(node_token=TOKEN, local_gpu_count=4, node_state_dir=state)
-        cached = CachedRuntime(fake, relist_s=3600, sync_timeout=30)
-        await cached.start()
-        allocator = GpuAllocator(cached, settings, probe=FakeProbe(4))
-        app = create_node_app(settings, runtime=cached, allocator=allocator, sweep=False)
+        app, cached, fake = await fake_node(jobs)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", port).start()
@@ -166,9 +191,50 @@ def serve_fake(jobs: int, port: int) -> None:
         await runner.cleanup()
         await cached.cache.close()
         await fake.close()
-        shutil.rmtree(state, ignore_errors=True)
+        shutil.rmtree(state_dir(app), ignore_errors=True)
 
     asyncio.run(run())
+
+
+def exits_in_process(count: int) -> None:
+    """(1) without the engine and the machine's other processes: the in-memory engine's
+    exit (its event, through the cache's event thread as docker's) to the answer, the
+    client in the daemon's own loop."""
+    import aiohttp
+    from aiohttp import web
+
+    async def run() -> list[float]:
+        app, cached, fake = await fake_node(0)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        url, heard = f"http://127.0.0.1:{port}/node/v1/jobs", []
+        async with aiohttp.ClientSession(headers=HEADERS) as session:
+            for index in range(count):
+                job = fake.create_outside(fake_job(index))
+                await asyncio.sleep(0.01)  # its create and start are in
+                async with session.get(url) as listed:
+                    cursor = (await listed.json())["index"]
+                query = asyncio.ensure_future(session.get(f"{url}?index={cursor}&wait=30"))
+                await asyncio.sleep(0.01)  # the query waits
+                started = time.perf_counter()
+                fake.exit(job.spec.name, 1)
+                answer = await query
+                await answer.read()
+                heard.append(time.perf_counter() - started)
+        await runner.cleanup()
+        await cached.cache.close()
+        await fake.close()
+        shutil.rmtree(state_dir(app), ignore_errors=True)
+        return heard
+
+    heard = asyncio.run(run())
+    print(
+        f"    the same on the in-memory engine, the client in the daemon's loop: median "
+        f"{ms(median(heard))}, p90 {ms(percentile(heard, 90))}, p99 "
+        f"{ms(percentile(heard, 99))} ({count} exits: the node's own path)"
+    )
 
 
 class FakeDaemon(Daemon):
@@ -233,12 +299,12 @@ def waiting_costs(daemon: Daemon, idle: float, windows: int = 3) -> None:
     print(
         f"\n(3) the daemon's CPU in {windows} windows of {idle / windows:g} s, nothing "
         f"changing: none waiting {', '.join(map(ms, quiet))}; {WAITERS} queries waiting "
-        f"{', '.join(map(ms, busy))} (its heartbeat, lag meter and sampler run in both)"
+        f"{', '.join(map(ms, busy))} (the engine's heartbeat and the lag meter run in both)"
     )
-    met = median(busy) <= max(quiet)
+    more = (median(busy) - median(quiet)) / (idle / windows)
     print(
-        f"    goal: no more CPU while waiting: {'MET' if met else 'MISSED'} (the waiting "
-        "windows' median within the quiet windows' spread)"
+        f"    goal: no CPU for waiting (under a thousandth of a core): "
+        f"{'MET' if more < 0.001 else 'MISSED'} ({ms(more)} more per second)"
     )
     stopped = time.time()
     assert daemon.process is not None
@@ -300,6 +366,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             with profiled(daemon, args.profile):
                 exits(api, made, args.exits)
             api.close()
+        exits_in_process(args.exits)
     with FakeDaemon(args.jobs) as fake:
         listing(fake, args.jobs, args.rounds)
         waiting_costs(fake, args.idle)

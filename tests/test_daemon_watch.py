@@ -429,3 +429,19 @@ async def test_a_console_applying_every_answer_holds_what_the_list_holds(
 ) -> None:
     copy = await Walk(fake_node, fake, clock, SEED).run(WALK_STEPS)
     assert copy.seen, "the walk changed nothing"
+
+
+async def test_a_failed_pull_reaches_a_waiting_query_with_its_reason(
+    fake_node: MakeFakeNode, fake: FakeRuntime
+) -> None:
+    node = await fake_node()
+    ref, _ = await node.launch(image=MISSING, gpus=1)
+    await fake.pulling.wait()
+    copy = Copy(await node.jobs())
+    query = asyncio.ensure_future(node.watch(copy.index))
+    await waiting(node, 1)
+    fake.pull_of(MISSING).fail("manifest unknown")
+    copy.apply(await asyncio.wait_for(query, 10))
+    state = copy.jobs[ref]
+    assert (state["status"], state["pending_phase"]) == ("dead", "failed")
+    assert "manifest unknown" in state["pending_error"]

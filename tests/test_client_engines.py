@@ -1,8 +1,8 @@
 """`tuneplane_node.client` against the daemon on the shared Docker engine, over a real
 socket: every verb of a job's life, the refusals a real engine gives, and `watch()`
-told of an exit by the engine's own event. What a test launches is removed at the end
-(`make_node` tracks every container its daemon made); nothing else is touched: no reap
-of other people's jobs, no drain."""
+told of an exit by the engine's own event (there on podman too). What a test launches
+is removed at the end (`make_node` tracks every container its daemon made); nothing else
+is touched: no reap of other people's jobs, no drain."""
 
 from __future__ import annotations
 
@@ -33,12 +33,12 @@ Connect = Callable[..., Awaitable[AsyncNodeClient]]
 
 @pytest.fixture
 async def connect(make_node: MakeNode) -> AsyncIterator[Connect]:
-    """A client of a fresh daemon on the shared Docker engine (4 cards in labels), with
-    these settings."""
+    """A client of a fresh daemon on a shared engine (Docker unless told; 4 cards in
+    labels), with these settings."""
     clients: list[AsyncNodeClient] = []
 
-    async def open_one(**settings: Any) -> AsyncNodeClient:
-        node: Console = await make_node("docker", **settings)
+    async def open_one(engine: str = "docker", **settings: Any) -> AsyncNodeClient:
+        node: Console = await make_node(engine, **settings)
         client = AsyncNodeClient(str(node.client.make_url("")).rstrip("/"), token=TOKEN)
         clients.append(client)
         return client
@@ -119,8 +119,9 @@ async def test_a_real_engines_refusals_are_their_families(connect: Connect) -> N
     assert [entry.field for entry in refused.value.errors] == ["container.command"]
 
 
-async def test_watch_is_told_of_an_exit_by_the_engines_event(connect: Connect) -> None:
-    client = await connect()
+@pytest.mark.parametrize("engine", ["docker", "podman"])
+async def test_watch_is_told_of_an_exit_by_the_engines_event(connect: Connect, engine: str) -> None:
+    client = await connect(engine)
     name = f"tuneplane-{unique('client')}"
     await client.launch(unique("client"), job(name, "sleep 2; exit 7"))
     copy: dict[str, JobState] = {}

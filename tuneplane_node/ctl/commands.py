@@ -282,10 +282,11 @@ def jobs(ctl: Ctl, args: argparse.Namespace) -> int:
         ctl.line(listing.raw)
     live = ctl.out.is_terminal and not ctl.json
     table = _jobs_table(jobs)
-    with Live(table, console=ctl.out, auto_refresh=False) if live else NO_LIVE as shown:
-        if not live and not ctl.json:
-            ctl.out.print(table)
-        try:  # from here the client rides out an engine outage or a daemon restart
+    try:  # how a watch ends, even during the first draw: not a failure
+        with Live(table, console=ctl.out, auto_refresh=False) if live else NO_LIVE as shown:
+            if not live and not ctl.json:
+                ctl.out.print(table)
+            # From here the client rides out an engine outage or a daemon restart.
             for answer in ctl.client.watch(wait=WATCH_WAIT_S, index=listing.index):
                 answer.apply(jobs)
                 if ctl.json:
@@ -294,8 +295,8 @@ def jobs(ctl: Ctl, args: argparse.Namespace) -> int:
                     shown.update(_jobs_table(jobs), refresh=True)
                 else:
                     ctl.out.print(_jobs_table(jobs))
-        except KeyboardInterrupt:  # how a watch ends: not a failure
-            return 0
+    except KeyboardInterrupt:
+        pass
     return 0
 
 
@@ -315,14 +316,14 @@ def stats(ctl: Ctl, args: argparse.Namespace) -> int:
     answer = {"stats": raw(ctl.client.stats(refs))}
     if ctl.json or not ctl.out.is_terminal:
         return ctl.show(answer, lambda out, a: out.print(render.stats_table(a["stats"])))
-    with Live(render.stats_table(answer["stats"]), console=ctl.out, auto_refresh=False) as live:
-        try:
+    try:  # how a live view ends, even during its first draw: not a failure
+        with Live(render.stats_table(answer["stats"]), console=ctl.out, auto_refresh=False) as live:
             while True:
                 time.sleep(max(0.1, args.interval))
                 answer = {"stats": raw(ctl.client.stats(refs))}
                 live.update(render.stats_table(answer["stats"]), refresh=True)
-        except KeyboardInterrupt:  # how a live view ends: not a failure
-            return 0
+    except KeyboardInterrupt:
+        return 0
 
 
 def stop(ctl: Ctl, args: argparse.Namespace) -> int:

@@ -8,7 +8,9 @@ setup.cfg.
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
+import socket
 import subprocess
 import sys
 import tarfile
@@ -81,7 +83,7 @@ def test_what_the_code_imports_is_declared() -> None:
     declared = {Requirement(text).name for text in DEPENDENCIES}
     # requests and urllib3: the adapters translate their exceptions (runtime/docker.py).
     imported = {"aiohttp", "docker", "podman", "pydantic", "pydantic-settings", "requests"}
-    imported |= {"urllib3", "nvidia-ml-py", "prometheus-client", "rich"}
+    imported |= {"urllib3", "nvidia-ml-py", "prometheus-client", "rich", "httpx"}
     assert imported <= declared
 
 
@@ -133,54 +135,102 @@ def collected(root: Path) -> int:
     return int(last.split()[0])
 
 
-# --- the consoles' client, a distribution of its own ---------------------------------------
+# --- the consoles' client, a distribution of its own -------------------------------------
+
+CLIENT = REPO / "clients" / "python"
+CLIENT_PROJECT = tomllib.loads((CLIENT / "pyproject.toml").read_text())["project"]
 
 
-def test_the_client_needs_what_the_daemons_client_extra_installs() -> None:
-    # Read as text: its license file is staged beside it only when it is built.
-    client = load_lowest().declared(REPO / "contrib" / "client" / "setup.cfg")
-    extras = OPTIONS["extras_require"]
-    assert client == extras["client"]
-    assert set(extras["client"]) <= set(extras["test"])  # its tests run in the test venv
+def test_the_client_distribution_bounds_httpx_as_the_daemon_does() -> None:
+    (httpx,) = [text for text in DEPENDENCIES if Requirement(text).name == "httpx"]
+    assert CLIENT_PROJECT["dependencies"] == [httpx]
+    assert CLIENT_PROJECT["requires-python"] == OPTIONS["python_requires"]
+    # Its sources are the daemon's: a link in the checkout, copies in the sdist.
+    shipped = {p.name: p.read_bytes() for p in (CLIENT / "tuneplane_node/client").glob("*.py")}
+    assert shipped == {
+        p.name: p.read_bytes() for p in (REPO / "tuneplane_node/client").glob("*.py")
+    }
+
+
+def build_client_wheel(into: Path) -> Path:
+    """clients/python's wheel, built with this venv's setuptools (no index)."""
+    build = [sys.executable, "-m", "build", "--wheel", "--no-isolation", "-o", str(into)]
+    subprocess.run([*build, str(CLIENT)], check=True, capture_output=True, timeout=120)
+    (wheel,) = into.glob("tuneplane_node_client-*.whl")
+    return wheel
+
+
+def closure(name: str) -> set[str]:
+    """The distribution and every one it needs here, as installed in this venv."""
+    found, todo = set(), [name]
+    while todo:
+        dist = importlib.metadata.distribution(todo.pop())
+        if dist.metadata["Name"] in found:
+            continue
+        found.add(dist.metadata["Name"])
+        for text in dist.requires or []:
+            requirement = Requirement(text)
+            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+                todo.append(requirement.name)
+    return found
+
+
+CONSOLE = """
+import importlib.util, sys
+from tuneplane_node.client import NodeClient, Unreachable
+import tuneplane_node
+assert not hasattr(tuneplane_node, "__version__")  # a namespace: the daemon is not here
+for sdk in ("docker", "podman", "pynvml", "aiohttp", "pydantic", "orjson", "requests"):
+    assert importlib.util.find_spec(sdk) is None, sdk
+try:
+    NodeClient(sys.argv[1], token="t").health()
+except Unreachable as error:
+    print(error)
+"""
 
 
 @pytest.mark.slow
-def test_the_client_distribution_is_the_client_alone_and_imports_without_the_daemon(
-    tmp_path: Path,
-) -> None:
-    build = load_script("contrib/client/build.py")
-    (wheel,) = build.build(tmp_path / "dist", wheel_only=True)
+def test_the_client_wheel_is_the_client_alone_and_runs_with_httpx_alone(tmp_path: Path) -> None:
+    """A console's interpreter: the client's wheel and httpx's closure, nothing of the
+    daemon; it imports and asks (a node that is not there: Unreachable)."""
+    wheel = build_client_wheel(tmp_path / "dist")
     with zipfile.ZipFile(wheel) as archive:
-        names = [name for name in archive.namelist() if ".dist-info/" not in name]
-        metadata = archive.read(next(n for n in archive.namelist() if n.endswith("METADATA")))
-        archive.extractall(tmp_path / "site")
-    sources = sorted(p.name for p in (REPO / "tuneplane_node" / "client").glob("*.py"))
-    assert sorted(names) == ["tuneplane_node/__init__.py"] + [
-        f"tuneplane_node/client/{name}" for name in sources
+        names = archive.namelist()
+        metadata = archive.read(next(n for n in names if n.endswith("/METADATA"))).decode()
+        site = tmp_path / "site"
+        archive.extractall(site)
+    modules = {n for n in names if not n.split("/")[0].endswith(".dist-info")}
+    ours = {
+        f"tuneplane_node/client/{p.name}" for p in (REPO / "tuneplane_node/client").glob("*.py")
+    }
+    assert modules == ours  # no tuneplane_node/__init__.py: the daemon's package is not shadowed
+    assert f"Version: {tuneplane_node.__version__}\n" in metadata
+    assert [line for line in metadata.splitlines() if line.startswith("Requires-Dist")] == [
+        f"Requires-Dist: {Requirement(CLIENT_PROJECT['dependencies'][0])}"
     ]
-    required = [line for line in metadata.decode().splitlines() if line.startswith("Requires-")]
-    assert required == ["Requires-Python: >=3.10", "Requires-Dist: httpx>=0.28.1"]
-    code = (
-        "import importlib.util, tuneplane_node.client as c; print(c.__file__); "
-        "print(importlib.util.find_spec('tuneplane_node.daemon'))"
-    )
-    ran = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=tmp_path,
-        env={"PYTHONPATH": str(tmp_path / "site"), "PATH": "/usr/bin:/bin"},
+    for name in closure("httpx"):
+        dist = importlib.metadata.distribution(name)
+        for file in dist.files or []:
+            if file.suffix != ".pyc" and not str(file).startswith(".."):
+                target = site / file
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(Path(str(dist.locate_file(file))).read_bytes())
+    port = socket.socket()
+    port.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{port.getsockname()[1]}"
+    port.close()
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-I",
+            "-S",
+            "-c",
+            f"import sys; sys.path[:0] = [{str(site)!r}]\n" + CONSOLE,
+            url,
+        ],
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert ran.stdout.splitlines() == [
-        str(tmp_path / "site" / "tuneplane_node" / "client" / "__init__.py"),
-        "None",
-    ], ran.stderr
-
-
-def load_script(relative: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(Path(relative).stem, REPO / relative)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"cannot reach the node at {url}: Connection refused\n"

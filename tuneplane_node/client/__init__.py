@@ -1,20 +1,21 @@
-"""A client of the node's API for consoles: `NodeClient` (async) and `SyncNodeClient`,
-one method per verb, the answers as typed objects (`answers`), a refusal as
-`NodeRefused` carrying the node's ``code`` and bad fields.
+"""A console's client of the node's HTTP API: `NodeClient` (sync) and `AsyncNodeClient`
+(asyncio), one method per verb, the answers as typed objects (`answers`), every failure
+a `NodeError` of its code's family (`errors`), and `watch()` over the blocking query.
 
-It imports nothing of the daemon (no engine SDK, no NVML, no aiohttp): a console installs
-it alone as the ``tuneplane-node-client`` distribution (``contrib/client``), or with the
-daemon as ``tuneplane-node[client]``.
+It stands on httpx alone and imports nothing else of ``tuneplane_node``, so a console
+installs it without the daemon (the ``tuneplane-node-client`` distribution,
+``clients/python``); ``tuneplane-node ctl`` is one of its users::
 
-    async with NodeClient("http://node-7:8470", token=token) as node:
-        launched = await node.launch("r-1", {"image": "reg/trainer:1"}, requested_gpus=2)
-        async for page in node.watch():
-            ...  # page.full: every job; else page.jobs changed, page.removed gone
+    async with AsyncNodeClient("https://gpu-7:8470", token=token, tls=Tls(cacert=ca)) as node:
+        launched = await node.launch("run-1", Container(image="trainer:1"), requested_gpus=1)
+        jobs: dict[str, JobState] = {}
+        async for answer in node.watch():
+            answer.apply(jobs)
 """
 
-from __future__ import annotations
-
+from tuneplane_node.client.aio import AsyncNodeClient
 from tuneplane_node.client.answers import (
+    CardUsage,
     Health,
     Inventory,
     Jobs,
@@ -22,27 +23,82 @@ from tuneplane_node.client.answers import (
     Launched,
     Logs,
     NodeState,
-    Pending,
+    Runtime,
+    Stopping,
     Usage,
 )
-from tuneplane_node.client.errors import ClientError, FieldError, NodeRefused, Unreachable
-from tuneplane_node.client.nodes import PROTOCOL, NodeClient, SyncNodeClient
+from tuneplane_node.client.calls import Call, Container, Mount
+from tuneplane_node.client.endpoint import PROTOCOL, PROTOCOL_HEADER, Tls
+from tuneplane_node.client.errors import (
+    BadRequest,
+    ClientError,
+    ConfigError,
+    Conflict,
+    Cordoned,
+    EngineRefused,
+    EngineUnavailable,
+    FieldError,
+    Forbidden,
+    InsufficientStorage,
+    InvalidRequest,
+    NameHeld,
+    NoCapacity,
+    NodeError,
+    NotFound,
+    NotRunning,
+    PayloadTooLarge,
+    ProtocolMismatch,
+    RequestError,
+    ServerError,
+    TooManyRequests,
+    Unauthorized,
+    Unreachable,
+)
+from tuneplane_node.client.sync import NodeClient
+from tuneplane_node.client.watch import Backoff
 
 __all__ = [
     "PROTOCOL",
+    "PROTOCOL_HEADER",
+    "AsyncNodeClient",
+    "Backoff",
+    "BadRequest",
+    "Call",
+    "CardUsage",
     "ClientError",
+    "ConfigError",
+    "Conflict",
+    "Container",
+    "Cordoned",
+    "EngineRefused",
+    "EngineUnavailable",
     "FieldError",
+    "Forbidden",
     "Health",
+    "InsufficientStorage",
+    "InvalidRequest",
     "Inventory",
     "JobState",
     "Jobs",
     "Launched",
     "Logs",
+    "Mount",
+    "NameHeld",
+    "NoCapacity",
     "NodeClient",
-    "NodeRefused",
+    "NodeError",
     "NodeState",
-    "Pending",
-    "SyncNodeClient",
+    "NotFound",
+    "NotRunning",
+    "PayloadTooLarge",
+    "ProtocolMismatch",
+    "RequestError",
+    "Runtime",
+    "ServerError",
+    "Stopping",
+    "Tls",
+    "TooManyRequests",
+    "Unauthorized",
     "Unreachable",
     "Usage",
 ]

@@ -1,240 +1,258 @@
-"""The node's answers as typed objects, each read from its JSON by ``of``.
+"""The node's answers as typed objects.
 
-Only the fields a console acts on are attributes; every answer keeps its whole JSON in
-``raw``, so a field a newer node adds is there before this client names it. ``None`` is
-unknown, never zero, as the node says it.
+Tolerant on purpose: a key this client does not know (a newer node's) is skipped, and a
+key the node did not send (an older node's) is its field's default, so neither end
+breaks the other. Every object keeps the answer it was read from in ``raw``, so a newer
+field is one ``raw["..."]`` away. A value is taken as the node gave it: the node's
+OpenAPI document (``GET /node/v1/openapi.json``) holds the types.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import Any, ClassVar, TypeVar
+
+Json = Mapping[str, Any]
 
 
-def _tuple(value: Any) -> tuple[Any, ...]:
-    return tuple(value) if isinstance(value, list) else ()
+class Answer:
+    """An answer's object. ``raw``: the JSON it was read from, every key of it.
+    ``convert``: how a field is read from its JSON value (a nested object, a list)."""
+
+    raw: Json = MappingProxyType({})
+    convert: ClassVar[Mapping[str, Callable[[Any], Any]]] = {}
 
 
-@dataclass(frozen=True)
-class Launched:
-    """What a launch did: ``phase`` running (``container_id`` and ``gpus``), pulling,
-    starting or failed (``image``); ``idempotent``: the run was there already."""
-
-    ref: str
-    phase: str
-    idempotent: bool = False
-    container_id: str | None = None
-    gpus: tuple[int, ...] = ()
-    image: str | None = None
-    requested_gpus: int | None = None
-    raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
-
-    @classmethod
-    def of(cls, answer: Mapping[str, Any]) -> Launched:
-        return cls(
-            ref=answer["ref"],
-            phase=answer["phase"],
-            idempotent=bool(answer.get("idempotent", False)),
-            container_id=answer.get("container_id"),
-            gpus=_tuple(answer.get("gpus")),
-            image=answer.get("image"),
-            requested_gpus=answer.get("requested_gpus"),
-            raw=answer,
-        )
+A = TypeVar("A", bound=Answer)
 
 
-@dataclass(frozen=True)
-class Pending:
-    """A launch without a container yet: its pull's phase and progress."""
+def build(cls: type[A], data: object) -> A:
+    """``cls`` from an answer's object: its known keys, converted as ``cls.convert`` says."""
+    given: Json = data if isinstance(data, Mapping) else {}
+    values: dict[str, Any] = {}
+    for spec in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if spec.name in given:
+            convert = cls.convert.get(spec.name)
+            value = given[spec.name]
+            values[spec.name] = value if convert is None or value is None else convert(value)
+    answer = cls(**values)
+    object.__setattr__(answer, "raw", dict(given))  # frozen, and no field: never compared
+    return answer
 
-    phase: str
-    image: str
-    elapsed_s: float
-    gpus: int
-    bytes_done: int
-    bytes_total: int
-    error: str | None
 
-    @classmethod
-    def of(cls, state: Mapping[str, Any]) -> Pending | None:
-        if "pending_phase" not in state:
-            return None
-        return cls(
-            phase=state["pending_phase"],
-            image=state["pending_image"],
-            elapsed_s=state["pending_elapsed_s"],
-            gpus=state["pending_gpus"],
-            bytes_done=state["pending_bytes_done"],
-            bytes_total=state["pending_bytes_total"],
-            error=state["pending_error"],
-        )
+def each(cls: type[A]) -> Callable[[Any], tuple[A, ...]]:
+    return lambda items: tuple(build(cls, item) for item in items)
+
+
+def by_ref(cls: type[A]) -> Callable[[Any], dict[str, A]]:
+    return lambda items: {str(ref): build(cls, item) for ref, item in dict(items).items()}
+
+
+def one(cls: type[A]) -> Callable[[Any], A]:
+    return lambda item: build(cls, item)
 
 
 @dataclass(frozen=True)
-class JobState:
-    """A job as observe shows it; ``pending`` for a launch still pulling or starting."""
+class Stopping(Answer):
+    """A stop under way: ``phase`` (warned, stopping, killing) and since when."""
 
-    name: str
-    exists: bool
-    status: str | None
-    exit_code: int | None
-    labels: Mapping[str, str]
-    created_at: str | None
-    started_at: str | None
-    finished_at: str | None
-    oom_killed: bool
-    stop_signal: str | None
-    stop_reason: str | None = None
-    pending: Pending | None = None
-    raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    phase: str = ""
+    since: str = ""
 
-    @classmethod
-    def of(cls, state: Mapping[str, Any]) -> JobState:
-        return cls(
-            name=state["name"],
-            exists=state["exists"],
-            status=state["status"],
-            exit_code=state["exit_code"],
-            labels=dict(state.get("labels") or {}),
-            created_at=state.get("created_at"),
-            started_at=state.get("started_at"),
-            finished_at=state.get("finished_at"),
-            oom_killed=bool(state.get("oom_killed")),
-            stop_signal=state.get("stop_signal"),
-            stop_reason=state.get("stop_reason"),
-            pending=Pending.of(state),
-            raw=state,
-        )
+
+@dataclass(frozen=True)
+class JobState(Answer):
+    """One job as observe, the list and the watch show it: a container, or a pending
+    launch (``pending_phase`` set: pulling, then starting, or failed)."""
+
+    name: str = ""
+    exists: bool = False
+    status: str | None = None  # created, running, exited, dead...; None: no container
+    exit_code: int | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    created_at: str | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    oom_killed: bool = False
+    stop_signal: str | None = None
+    stop_reason: str | None = None  # the node stopped it itself (a drain)
+    stopping: Stopping | None = None
+    pending_phase: str | None = None
+    pending_image: str | None = None
+    pending_elapsed_s: float | None = None
+    pending_gpus: int | None = None
+    pending_bytes_done: int | None = None
+    pending_bytes_total: int | None = None
+    pending_layers_done: int | None = None
+    pending_layers_total: int | None = None
+    pending_error: str | None = None
+
+    convert: ClassVar = {"stopping": one(Stopping)}
 
     @property
-    def run_id(self) -> str | None:
-        return self.labels.get("tuneplane.run-id")
+    def pending(self) -> bool:
+        """A launch with no container yet (or one that failed before it had one)."""
+        return self.pending_phase is not None
 
-
-def states(answer: Mapping[str, Any], key: str = "states") -> dict[str, JobState]:
-    return {ref: JobState.of(state) for ref, state in (answer.get(key) or {}).items()}
+    @property
+    def running(self) -> bool:
+        return self.status == "running"
 
 
 @dataclass(frozen=True)
-class NodeState:
+class Launched(Answer):
+    """A launch's answer: ``phase`` running (it has a container) or pulling (it waits
+    for its image; observe or watch it); ``idempotent``: the same run was already there."""
+
+    phase: str = ""
+    ref: str = ""  # the job's ref; "" from a node before the launch answer carried it
+    container_id: str | None = None
+    gpus: tuple[int, ...] = ()
+    idempotent: bool = False
+    image: str | None = None
+    requested_gpus: int | None = None
+
+    convert: ClassVar = {"gpus": tuple}
+
+
+@dataclass(frozen=True)
+class NodeState(Answer):
     """Whether the node takes launches: ready, cordoned, draining or drained."""
 
-    state: str
-    reason: str | None
-    since: str | None
-
-    @classmethod
-    def of(cls, answer: Mapping[str, Any]) -> NodeState:
-        return cls(answer["state"], answer.get("reason"), answer.get("since"))
+    state: str = ""
+    reason: str | None = None
+    since: str | None = None
 
 
 @dataclass(frozen=True)
-class Health:
-    """Whether the node can serve, its cards, and what it speaks and serves."""
-
-    ok: bool
-    error: str | None
-    protocols: tuple[int, ...]
-    features: tuple[str, ...]
-    gpus_total: int | None
-    gpus_free: int | None
-    by_job: Mapping[str, str] | None
-    node_state: NodeState
-    raw: Mapping[str, Any] = field(repr=False)
-
-    @classmethod
-    def of(cls, answer: Mapping[str, Any]) -> Health:
-        return cls(
-            ok=answer["ok"],
-            error=answer.get("error"),
-            protocols=_tuple(answer.get("protocols")) or (answer["protocol"],),
-            features=_tuple(answer.get("features")),
-            gpus_total=answer.get("gpus_total"),
-            gpus_free=answer.get("gpus_free"),
-            by_job=answer.get("by_job"),
-            node_state=NodeState.of(answer["node_state"]),
-            raw=answer,
-        )
+class Runtime(Answer):
+    name: str = ""
+    version: str | None = None
 
 
 @dataclass(frozen=True)
-class Inventory:
-    """What the machine has; the whole of it in ``raw``."""
+class Health(Answer):
+    """The node's health. A GPU figure is None when the node cannot know it (never 0)."""
 
-    node_id: str | None
-    hostname: str | None
-    agent_version: str
-    accelerator_count: int | None
-    features: tuple[str, ...]
-    protocols: tuple[int, ...]
-    raw: Mapping[str, Any] = field(repr=False)
+    ok: bool = False
+    error: str | None = None  # when not ok: why
+    protocol: int | None = None
+    protocols: tuple[int, ...] = ()  # (): a node that does not say
+    features: tuple[str, ...] = ()
+    runtime: Runtime | None = None
+    series: str | None = None
+    gpus_total: int | None = None
+    gpus_free: int | None = None
+    gpus_reserved: int | None = None
+    free_gpus: tuple[int, ...] | None = None
+    by_job: Mapping[str, str] | None = None
+    node_state: NodeState | None = None
 
-    @classmethod
-    def of(cls, answer: Mapping[str, Any]) -> Inventory:
-        return cls(
-            node_id=answer.get("node_id"),
-            hostname=answer.get("hostname"),
-            agent_version=answer["agent_version"],
-            accelerator_count=answer.get("accelerator_count"),
-            features=_tuple(answer.get("features")),
-            protocols=_tuple(answer.get("protocols")),
-            raw=answer,
-        )
+    convert: ClassVar = {"runtime": one(Runtime), "node_state": one(NodeState), "free_gpus": tuple}
+    convert |= {"protocols": tuple, "features": tuple}
 
 
 @dataclass(frozen=True)
-class Logs:
-    text: str
-    truncated: bool = False
+class Inventory(Answer):
+    """What the machine has; ``raw`` holds its cards, storage and fabrics whole."""
 
-    @classmethod
-    def of(cls, answer: Mapping[str, Any]) -> Logs:
-        return cls(answer["logs"], bool(answer.get("truncated", False)))
+    node_id: str | None = None
+    hostname: str | None = None
+    agent_version: str = ""
+    protocols: tuple[int, ...] = ()
+    features: tuple[str, ...] = ()
+    accelerator_series: str | None = None
+    accelerator_name: str | None = None
+    accelerator_count: int | None = None
+    driver: str | None = None
+    cuda_version: str | None = None
+    runtime: str | None = None
+    cpu_count: int | None = None
+    memory_bytes: int | None = None
+    disk_free_bytes: int | None = None
+    cpu_affinity: str = ""
+    node_state: NodeState | None = None
+
+    convert: ClassVar = {"node_state": one(NodeState), "protocols": tuple, "features": tuple}
 
 
 @dataclass(frozen=True)
-class Usage:
-    """A job's figures from the node's latest sample (None: unknown); only ``exists``
-    and ``status`` for a job that is not running."""
+class CardUsage(Answer):
+    index: int = -1
+    utilization_ratio: float | None = None
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    power_watts: float | None = None
+    temperature_celsius: int | None = None
 
-    exists: bool
-    status: str | None
+
+@dataclass(frozen=True)
+class Usage(Answer):
+    """What a job uses, from the node's latest sample; only ``exists`` and ``status``
+    for a job that is not running."""
+
+    exists: bool = False
+    status: str | None = None
     cpu_ratio: float | None = None
     memory_bytes: int | None = None
+    memory_limit_bytes: int | None = None
     pids: int | None = None
     sampled_at: str | None = None
-    raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    gpus: tuple[CardUsage, ...] = ()
 
-    @classmethod
-    def of(cls, entry: Mapping[str, Any]) -> Usage:
-        return cls(
-            exists=entry["exists"],
-            status=entry["status"],
-            cpu_ratio=entry.get("cpu_ratio"),
-            memory_bytes=entry.get("memory_bytes"),
-            pids=entry.get("pids"),
-            sampled_at=entry.get("sampled_at"),
-            raw=entry,
-        )
+    convert: ClassVar = {"gpus": each(CardUsage)}
 
 
 @dataclass(frozen=True)
-class Jobs:
-    """A page of ``GET /node/v1/jobs``: ``full``, every job of the node (the console's
-    copy is replaced by it); otherwise what changed after the cursor it was asked with
-    (``jobs`` changed or created, ``removed`` gone). ``index``: the next cursor."""
+class Logs(Answer):
+    logs: str = ""
+    truncated: bool = False  # the node's cap cut older output
 
-    index: str
-    jobs: Mapping[str, JobState]
+
+@dataclass(frozen=True)
+class Jobs(Answer):
+    """The node's jobs by ref, and the ``index`` to watch on from.
+
+    ``full``: ``jobs`` is every job of the node (the list; or a watch's resync after a
+    daemon restart or a cursor past the node's history), so a copy is replaced by it.
+    Else it is a delta: ``jobs`` the jobs changed since the last index, as they are now,
+    and ``removed`` the refs gone. `apply` does either to a console's copy."""
+
+    index: str = ""
+    jobs: Mapping[str, JobState] = field(default_factory=dict)
     removed: tuple[str, ...] = ()
-    full: bool = True
+    full: bool = True  # the list itself has no "full": it is every job
 
-    @classmethod
-    def of(cls, answer: Mapping[str, Any]) -> Jobs:
-        return cls(
-            index=str(answer["index"]),
-            jobs=states(answer, "jobs"),
-            removed=_tuple(answer.get("removed")),
-            full=bool(answer.get("full", True)),
-        )
+    convert: ClassVar = {"jobs": by_ref(JobState), "removed": tuple}
+
+    def apply(self, copy: MutableMapping[str, JobState]) -> None:
+        """Bring ``copy`` (ref -> state) to what the node holds as of ``index``."""
+        if self.full:
+            copy.clear()
+        copy.update(self.jobs)
+        for ref in self.removed:
+            copy.pop(ref, None)
+
+
+def states(answer: object) -> dict[str, JobState]:
+    """Observe's answer: the state of each ref asked for."""
+    return by_ref(JobState)(_member(answer, "states"))
+
+
+def usages(answer: object) -> dict[str, Usage]:
+    return by_ref(Usage)(_member(answer, "stats"))
+
+
+def removed_count(answer: object) -> int:
+    return int(_member(answer, "removed") or 0)
+
+
+def nothing(answer: object) -> None:
+    """``{"ok": true}``: the verb was done."""
+
+
+def _member(answer: object, key: str) -> Any:
+    return answer.get(key) or {} if isinstance(answer, Mapping) else {}

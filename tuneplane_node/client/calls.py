@@ -1,10 +1,16 @@
-"""Each verb of the API as a `Call`: the request to send and how its answer is read. The
-async and the sync client send the same calls, so a verb's request is written once."""
+"""Each verb of the API as one `Call`: its method, path, body or query, and how its
+answer is read. The sync and the async client send the same calls, so a verb's wire form
+is written once, here.
+
+A body holds only what the caller gave: a field left out is the node's default, as ""
+is for a 0.3.15 console.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Generic, TypeVar
 
 from tuneplane_node.client import answers
@@ -19,97 +25,187 @@ class Call(Generic[T]):
     read: Callable[[Any], T]
     body: Mapping[str, Any] | None = None
     query: Mapping[str, str] | None = None
-    wait_s: float = 0.0  # how long the node may hold it (a blocking query), beyond the timeout
+    wait_s: float = 0.0  # how much longer than a plain answer the node may take
 
 
-def given(**fields: Any) -> dict[str, Any]:
-    """The fields that are given (None: left out, as the node reads an absent field)."""
-    return {name: value for name, value in fields.items() if value is not None}
+STOP_ALLOWANCE_S = 300.0
+"""What a stop without a ``timeout`` may take: the node's default grace period
+(``TUNEPLANE_LOCAL_STOP_TIMEOUT``, 30 s unless its operator changed it), with room."""
+
+
+@dataclass(frozen=True)
+class Mount:
+    host: str
+    container: str
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
+class Container:
+    """A launch's container. A field left at its default is not sent: the node's own
+    default applies. ``fields``: any other field of the contract, by its wire name
+    (one newer than this client), sent as given."""
+
+    image: str
+    name: str = ""  # the job's ref; "": the node's (tuneplane-<run id>)
+    command: Sequence[str] = ()  # the argv; (): the image's own
+    env: Mapping[str, str] = field(default_factory=dict)
+    mounts: Sequence[Mount] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)
+    workdir: str = ""
+    shm_size: int | str = ""
+    cpu_limit: float | str = ""
+    memory_limit: int | str = ""
+    network: str = ""
+    user: str = ""
+    stop_signal: str = ""
+    rdma: bool | None = None
+    pull_policy: str = ""
+    registry_auth: Mapping[str, str] | None = field(default=None, repr=False)  # a secret
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"image": self.image}
+        for name in _PLAIN:
+            if (value := getattr(self, name)) not in ("", {}):
+                body[name] = dict(value) if isinstance(value, Mapping) else value
+        if self.command:
+            body["command"] = list(self.command)
+        if self.mounts:
+            body["mounts"] = [[m.host, m.container, m.read_only] for m in self.mounts]
+        if self.rdma is not None:
+            body["rdma"] = self.rdma
+        if self.registry_auth is not None:
+            body["registry_auth"] = dict(self.registry_auth)
+        return {**body, **self.fields}
+
+
+_PLAIN: tuple[str, ...] = (
+    *("name", "env", "labels", "workdir", "shm_size", "cpu_limit", "memory_limit"),
+    *("network", "user", "stop_signal", "pull_policy"),
+)
+"""The container's fields sent as they are, when given."""
 
 
 def launch(
-    run_id: str, container: Mapping[str, Any], requested_gpus: int | None = None
+    run_id: str, container: Container | Mapping[str, Any], requested_gpus: int | None
 ) -> Call[answers.Launched]:
-    body = given(run_id=run_id, requested_gpus=requested_gpus, container=dict(container))
-    return Call("POST", "/node/v1/launch", answers.Launched.of, body)
+    spec = container.to_json() if isinstance(container, Container) else dict(container)
+    body: dict[str, Any] = {"run_id": run_id, "container": spec}
+    if requested_gpus is not None:
+        body["requested_gpus"] = requested_gpus
+    return Call("POST", "/node/v1/launch", lambda a: answers.build(answers.Launched, a), body)
 
 
-def observe(refs: Iterable[str]) -> Call[dict[str, answers.JobState]]:
+def observe(refs: Sequence[str]) -> Call[dict[str, answers.JobState]]:
     return Call("POST", "/node/v1/observe", answers.states, {"refs": list(refs)})
 
 
-def stats(refs: Iterable[str] | None) -> Call[dict[str, answers.Usage]]:
-    def read(answer: Mapping[str, Any]) -> dict[str, answers.Usage]:
-        return {ref: answers.Usage.of(entry) for ref, entry in answer["stats"].items()}
+def jobs(index: str = "", wait: float | None = None) -> Call[answers.Jobs]:
+    """The list; with ``index``, the blocking query (the node adds up to a sixteenth of
+    ``wait``, or of its default, 60 s)."""
+    query = {"index": index} if index else {}
+    if index and wait is not None:
+        query["wait"] = f"{wait:g}"
+    held = (60.0 if wait is None else wait) * 17 / 16 if index else 0.0
+    return Call("GET", "/node/v1/jobs", _jobs, query=query, wait_s=held)
 
-    body = {} if refs is None else {"refs": list(refs)}
-    return Call("POST", "/node/v1/stats", read, body)
+
+def _jobs(answer: Any) -> answers.Jobs:
+    return answers.build(answers.Jobs, answer)
+
+
+def stats(refs: Sequence[str] | None) -> Call[dict[str, answers.Usage]]:
+    return Call("POST", "/node/v1/stats", answers.usages, {} if refs is None else {"refs": [*refs]})
 
 
 def stop(
     ref: str,
     *,
-    timeout: float | None = None,
-    signal: str | int | None = None,
-    warn_signal: str | int | None = None,
-    warn_s: float | None = None,
+    timeout: float | None,
+    signal: str | None,
+    warn_signal: str | None,
+    warn_s: float | None,
 ) -> Call[None]:
     body = given(ref=ref, timeout=timeout, signal=signal, warn_signal=warn_signal, warn_s=warn_s)
-    return Call("POST", "/node/v1/stop", _ok, body)
+    grace = STOP_ALLOWANCE_S if timeout is None else timeout
+    return Call("POST", "/node/v1/stop", answers.nothing, body, wait_s=grace + (warn_s or grace))
 
 
-def signal(ref: str, sent: str | int) -> Call[None]:
-    return Call("POST", "/node/v1/signal", _ok, {"ref": ref, "signal": sent})
+def signal(ref: str, signal: str) -> Call[None]:
+    return Call("POST", "/node/v1/signal", answers.nothing, {"ref": ref, "signal": signal})
 
 
 def remove(ref: str) -> Call[None]:
-    return Call("POST", "/node/v1/remove", _ok, {"ref": ref})
+    return Call("POST", "/node/v1/remove", answers.nothing, {"ref": ref})
 
 
-def logs(ref: str, *, tail: int | None = None, since: str | None = None) -> Call[answers.Logs]:
-    query = given(ref=ref, tail=None if tail is None else str(tail), since=since)
-    return Call("GET", "/node/v1/logs", answers.Logs.of, query=query)
+def reap(max_age_s: float | None) -> Call[int]:
+    return Call("POST", "/node/v1/reap", answers.removed_count, given(max_age_s=max_age_s))
 
 
-def reap(max_age_s: float | None = None) -> Call[int]:
-    return Call("POST", "/node/v1/reap", lambda a: int(a["removed"]), given(max_age_s=max_age_s))
+def logs(
+    ref: str, *, tail: int | None, since: float | str | datetime | None, follow: bool = False
+) -> Call[answers.Logs]:
+    query = {"ref": ref}
+    if tail is not None:
+        query["tail"] = str(tail)
+    if since is not None:
+        query["since"] = since.isoformat() if isinstance(since, datetime) else str(since)
+    if follow:
+        query["follow"] = "1"
+    return Call("GET", "/node/v1/logs", lambda a: answers.build(answers.Logs, a), query=query)
+
+
+def images() -> Call[dict[str, Any]]:
+    """The node's images and pulls, as its JSON (``{"images": [...], "pulls": [...]}``)."""
+    return Call("GET", "/node/v1/images", dict)
+
+
+def pull_image(
+    image: str, registry_auth: Mapping[str, str] | None, pull_policy: str
+) -> Call[dict[str, Any]]:
+    """A prefetch: ``{"image", "phase": "pulling" | "present"}``."""
+    body: dict[str, Any] = {"image": image}
+    if registry_auth is not None:
+        body["registry_auth"] = dict(registry_auth)
+    if pull_policy:
+        body["pull_policy"] = pull_policy
+    return Call("POST", "/node/v1/images/pull", dict, body)
+
+
+def image_gc() -> Call[dict[str, Any]]:
+    """One image GC run now: what it removed and the store after, as the node's JSON."""
+    return Call("POST", "/node/v1/images/gc", dict, {}, wait_s=STOP_ALLOWANCE_S)
 
 
 def health() -> Call[answers.Health]:
-    return Call("GET", "/node/v1/health", answers.Health.of)
+    return Call("GET", "/node/v1/health", lambda a: answers.build(answers.Health, a))
 
 
 def inventory() -> Call[answers.Inventory]:
-    return Call("GET", "/node/v1/inventory", answers.Inventory.of)
+    return Call("GET", "/node/v1/inventory", lambda a: answers.build(answers.Inventory, a))
 
 
-def cordon(reason: str | None = None) -> Call[answers.NodeState]:
-    return Call("POST", "/node/v1/cordon", answers.NodeState.of, given(reason=reason))
-
-
-def drain(
-    reason: str | None = None,
-    *,
-    grace_s: float | None = None,
-    warn_signal: str | int | None = None,
-    warn_s: float | None = None,
-) -> Call[answers.NodeState]:
-    body = given(reason=reason, grace_s=grace_s, warn_signal=warn_signal, warn_s=warn_s)
-    return Call("POST", "/node/v1/drain", answers.NodeState.of, body)
+def cordon(reason: str) -> Call[answers.NodeState]:
+    return Call("POST", "/node/v1/cordon", _node_state, {"reason": reason})
 
 
 def uncordon() -> Call[answers.NodeState]:
-    return Call("POST", "/node/v1/uncordon", answers.NodeState.of, {})
+    return Call("POST", "/node/v1/uncordon", _node_state, {})
 
 
-def jobs(index: str | None = None, *, wait_s: float = 60.0) -> Call[answers.Jobs]:
-    """Every job; with ``index``, a blocking query: what changed after that cursor. The
-    node holds it up to ``wait_s`` and 1/16 of it more (its jitter)."""
-    if index is None:
-        return Call("GET", "/node/v1/jobs", answers.Jobs.of)
-    query = {"index": index, "wait": f"{wait_s:g}"}
-    return Call("GET", "/node/v1/jobs", answers.Jobs.of, query=query, wait_s=wait_s * 17 / 16)
+def drain(
+    reason: str, *, grace_s: float | None, warn_signal: str | None, warn_s: float | None
+) -> Call[answers.NodeState]:
+    body = given(reason=reason, grace_s=grace_s, warn_signal=warn_signal, warn_s=warn_s)
+    return Call("POST", "/node/v1/drain", _node_state, body)
 
 
-def _ok(answer: Any) -> None:
-    return None
+def _node_state(answer: Any) -> answers.NodeState:
+    return answers.build(answers.NodeState, answer)
+
+
+def given(**fields: Any) -> dict[str, Any]:
+    """The fields that were given (not None): the others are the node's defaults."""
+    return {name: value for name, value in fields.items() if value is not None}

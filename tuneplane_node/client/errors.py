@@ -1,60 +1,214 @@
-"""What a call to a node can fail with: the node's refusal, carrying its ``code`` and bad
-fields (a console's program reads those, never the sentence), or no answer at all.
+"""What the client raises: every failure of a call is a `NodeError` carrying the node's
+``status``, ``code``, ``detail`` and ``errors``, of the class of its code's family, so a
+console's retry rule is an ``except`` clause, never a sentence compared::
 
-    ClientError
-    ├── Unreachable        no answer: the connection failed or timed out
-    └── NodeRefused        the node answered 4xx or 5xx: ``status``, ``code``, ``detail``,
-                           ``errors`` (a request error's bad fields)
+    ClientError                     base of everything this package raises
+    ├── ConfigError                 this side cannot even ask: a bad URL, unreadable TLS files
+    └── NodeError                   a call failed; status 0: no answer came
+        ├── Unreachable (0)         no answer: refused, timed out, a failed TLS handshake,
+        │                           broken off, or an answer that is no JSON
+        ├── RequestError (4xx)      the node refused this request: asking again will not help
+        │   ├── BadRequest (400)        unreadable; ``missing_protocol``
+        │   ├── Unauthorized (401)      wrong or missing token
+        │   ├── Forbidden (403)         ``forbidden_image``: a private image without credentials
+        │   ├── NotFound (404)          a route this node does not have (an older node)
+        │   ├── PayloadTooLarge (413)
+        │   ├── InvalidRequest (422)    ``invalid_field``, ``unknown_field``, ...: see ``errors``
+        │   ├── TooManyRequests (429)   every slot (follows, watches) taken: later, it may
+        │   └── Conflict (409)          well-formed, but not now
+        │       ├── ProtocolMismatch    ``protocol_mismatch``
+        │       ├── NoCapacity          ``no_capacity``: not enough cards free now
+        │       ├── NameHeld            ``name_held``: the name is another run's
+        │       ├── Cordoned            ``cordoned``: the node takes no launches
+        │       └── NotRunning          ``not_running``: a signal for a job that is not
+        └── ServerError (5xx)       the node or its engine failed
+            ├── EngineRefused (502)     the engine answered and refused
+            ├── EngineUnavailable (503) the engine did not answer: nothing is known, nothing
+            │                           is gone; ask again
+            └── InsufficientStorage (507)
+
+A code this client does not know (a newer node's) gets its status's class; a node that
+sends no code (before codes) gets its status's family word (`STATUS_CODES`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
+
+MAX_DETAIL = 2000  # of a non-JSON error page: enough to read, not a whole HTML dump
 
 
 class ClientError(Exception):
     """Base of every error of the client."""
 
 
-class Unreachable(ClientError):
-    """No answer from the node: nothing is known of what it did (a launch may have run,
-    so repeat it: launches are idempotent)."""
+class ConfigError(ClientError, ValueError):
+    """The client was given something it cannot use (raised before any request)."""
 
 
 @dataclass(frozen=True)
 class FieldError:
-    """One bad field of a refused request: its path, its code, its sentence."""
+    """One bad field of a refused request (an answer's ``errors[]``)."""
 
     field: str
     code: str
     detail: str
 
 
-class NodeRefused(ClientError):
-    """The node answered with an error: ``code`` is its kind (``no_capacity``,
-    ``cordoned``, ``name_held``, ``invalid_field``, ``engine_unavailable``, ...; a code
-    this client does not know is still given as the node said it)."""
+class NodeError(ClientError):
+    """A call that failed, with the node's own words and codes."""
+
+    family: ClassVar[str] = ""  # the code an answer without one gets
 
     def __init__(
-        self, *, status: int, code: str, detail: str, errors: tuple[FieldError, ...] = ()
+        self,
+        message: str,
+        *,
+        status: int = 0,
+        code: str = "",
+        detail: str = "",
+        errors: Sequence[FieldError] = (),
     ) -> None:
-        super().__init__(f"the node refused ({status} {code}): {detail}")
+        super().__init__(message)
         self.status = status
-        self.code = code
-        self.detail = detail
-        self.errors = errors
-
-    @classmethod
-    def of(cls, status: int, answer: object) -> NodeRefused:
-        """The refusal an answer's JSON says; a body that is not the node's, as text."""
-        if not isinstance(answer, Mapping):
-            return cls(status=status, code="", detail=str(answer)[:500])
-        errors = tuple(_field_error(entry) for entry in answer.get("errors") or ())
-        detail, code = str(answer.get("detail", "")), str(answer.get("code", ""))
-        return cls(status=status, code=code, detail=detail, errors=errors)
+        self.code = code or self.family
+        self.detail = detail or message
+        self.errors = tuple(errors)
 
 
-def _field_error(entry: Any) -> FieldError:
-    return FieldError(str(entry.get("field")), str(entry.get("code")), str(entry.get("detail")))
+class Unreachable(NodeError):
+    family = "unreachable"
+
+
+class RequestError(NodeError):
+    pass
+
+
+class BadRequest(RequestError):
+    family = "bad_request"
+
+
+class Unauthorized(RequestError):
+    family = "unauthorized"
+
+
+class Forbidden(RequestError):
+    family = "forbidden_image"
+
+
+class NotFound(RequestError):
+    family = "not_found"
+
+
+class PayloadTooLarge(RequestError):
+    family = "payload_too_large"
+
+
+class InvalidRequest(RequestError):
+    family = "invalid_field"
+
+
+class TooManyRequests(RequestError):
+    family = "too_many_requests"
+
+
+class Conflict(RequestError):
+    family = "conflict"
+
+
+class ProtocolMismatch(Conflict):
+    family = "protocol_mismatch"
+
+
+class NoCapacity(Conflict):
+    family = "no_capacity"
+
+
+class NameHeld(Conflict):
+    family = "name_held"
+
+
+class Cordoned(Conflict):
+    family = "cordoned"
+
+
+class NotRunning(Conflict):
+    family = "not_running"
+
+
+class ServerError(NodeError):
+    family = "internal"
+
+
+class EngineRefused(ServerError):
+    family = "engine_refused"
+
+
+class EngineUnavailable(ServerError):
+    family = "engine_unavailable"
+
+
+class InsufficientStorage(ServerError):
+    family = "insufficient_storage"
+
+
+BY_CODE: Mapping[str, type[NodeError]] = {
+    cls.family: cls for cls in (ProtocolMismatch, NoCapacity, NameHeld, Cordoned, NotRunning)
+}
+"""The codes whose class is narrower than their status's."""
+BY_STATUS: Mapping[int, type[NodeError]] = {
+    400: BadRequest,
+    401: Unauthorized,
+    403: Forbidden,
+    404: NotFound,
+    413: PayloadTooLarge,
+    422: InvalidRequest,
+    409: Conflict,
+    429: TooManyRequests,
+    502: EngineRefused,
+    503: EngineUnavailable,
+    507: InsufficientStorage,
+}
+STATUS_CODES: Mapping[int, str] = {status: cls.family for status, cls in BY_STATUS.items()}
+
+
+def refusal(status: int, raw: bytes, *, url: str) -> NodeError:
+    """The error for a 4xx or 5xx answer: its class from its code, else its status."""
+    body = _json_object(raw)
+    detail = body.get("detail")
+    if not isinstance(detail, str):
+        detail = raw.decode("utf-8", "replace").strip()[:MAX_DETAIL] or "(no detail)"
+    code = body.get("code")
+    code = code if isinstance(code, str) else ""
+    cls = BY_CODE.get(code) or BY_STATUS.get(status)
+    if cls is None:
+        cls = RequestError if status < 500 else ServerError
+    if status < 500:
+        message = f"the node refused ({status}): {detail}"
+    else:
+        message = f"the node at {url} failed ({status}): {detail}"
+    errors = _field_errors(body.get("errors"))
+    return cls(message, status=status, code=code, detail=detail, errors=errors)
+
+
+def _json_object(raw: bytes) -> dict[str, Any]:
+    try:
+        answer = json.loads(raw)
+    except ValueError:
+        return {}
+    return answer if isinstance(answer, dict) else {}
+
+
+def _field_errors(value: object) -> list[FieldError]:
+    """The ``errors`` list, each entry's strings as given; what is no such entry is skipped."""
+    if not isinstance(value, list):
+        return []
+    found = []
+    for entry in value:
+        if isinstance(entry, dict):
+            texts = [entry.get(key) for key in ("field", "code", "detail")]
+            found.append(FieldError(*(text if isinstance(text, str) else "" for text in texts)))
+    return found

@@ -22,16 +22,18 @@ from typing import Any
 from rich.console import Console
 from rich.live import Live
 
+from tuneplane_node.client import ClientError, JobState, NodeClient, Tls
 from tuneplane_node.ctl import render
-from tuneplane_node.ctl.client import DEFAULT_URL, URL_ENV, CtlError, NodeClient, Tls, read_token
+from tuneplane_node.ctl.client import DEFAULT_URL, URL_ENV, CtlError, exit_code, read_token
+from tuneplane_node.printable import printable
 from tuneplane_node.wire.fields import Body, Field, Schema
 from tuneplane_node.wire.requests import CONTAINER, PULL_POLICIES, job_signal
 
 POLL_S = 0.5
 STATS_S = 2.0
-WATCH_WAIT_S = 20.0
-"""A watch query's wait: under the client's timeout for an answer (`TIMEOUT_S`)."""
+WATCH_WAIT_S = 60.0  # the node's default: an idle watch asks once a minute
 NO_LIVE = contextlib.nullcontext(None)
+DONE = {"ok": True}  # the answer of stop, signal and remove
 NAME_PREFIX = "tuneplane-"  # the node's own default, so ctl's jobs read like a console's
 _PLAIN_RUN_ID = re.compile(r"[a-zA-Z0-9_.-]{1,120}")
 
@@ -62,18 +64,19 @@ class Ctl:
 def run(args: argparse.Namespace) -> int:
     """Run the verb; every failure is one line on stderr and its exit code."""
     try:
-        client = NodeClient(
+        with NodeClient(
             args.url or os.environ.get(URL_ENV) or DEFAULT_URL,
             token=read_token(args.token_file),
             tls=Tls(args.cacert, args.cert, args.key),
-        )
-        verb: Verb = args.ctl_run
-        # No emoji codes either: ":skull:" in a registry's words stays text.
-        return verb(Ctl(client, Console(highlight=False, emoji=False), args.json), args)
-    except CtlError as exc:
-        # One line whatever the node's words hold: a log reader takes a line per failure.
-        print(f"tuneplane-node ctl: {' '.join(str(exc).splitlines())}", file=sys.stderr)
-        return exc.exit_code
+        ) as client:
+            verb: Verb = args.ctl_run
+            # No emoji codes either: ":skull:" in a registry's words stays text.
+            return verb(Ctl(client, Console(highlight=False, emoji=False), args.json), args)
+    except (CtlError, ClientError) as exc:
+        # One line whatever the node's words hold (a log reader takes a line per failure),
+        # its controls escaped: a registry's or engine's words, onto a terminal.
+        print(f"tuneplane-node ctl: {printable(' '.join(str(exc).splitlines()))}", file=sys.stderr)
+        return exit_code(exc)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # the reader (head, less) went away: nothing more to say
@@ -165,12 +168,7 @@ def _signal(text: str) -> str:
 
 
 def _warning(args: argparse.Namespace) -> dict[str, Any]:
-    body: dict[str, Any] = {}
-    if args.warn_signal is not None:
-        body["warn_signal"] = args.warn_signal
-    if args.warn is not None:
-        body["warn_s"] = args.warn
-    return body
+    return {"warn_signal": args.warn_signal, "warn_s": args.warn}
 
 
 def _common(*, defaults: bool) -> argparse.ArgumentParser:
@@ -276,15 +274,15 @@ def _mount(text: str) -> list[str | bool]:
 
 
 def health(ctl: Ctl, args: argparse.Namespace) -> int:
-    return ctl.show(ctl.client.get("/node/v1/health"), render.show_health)
+    return ctl.show(ctl.client.health().raw, render.show_health)
 
 
 def inventory(ctl: Ctl, args: argparse.Namespace) -> int:
-    return ctl.show(ctl.client.get("/node/v1/inventory"), render.show_inventory)
+    return ctl.show(ctl.client.inventory().raw, render.show_inventory)
 
 
 def observe(ctl: Ctl, args: argparse.Namespace) -> int:
-    answer = ctl.client.post("/node/v1/observe", {"refs": args.refs})
+    answer = {"states": raw(ctl.client.observe(args.refs))}
     return ctl.show(answer, lambda out, body: render.show_states(out, body["states"]))
 
 
@@ -292,134 +290,108 @@ def jobs(ctl: Ctl, args: argparse.Namespace) -> int:
     """The table of every job; ``--watch``: again at each change, from blocking queries
     (a terminal redraws it in place; a pipe gets it anew; ``--json`` each answer as a
     line of its own)."""
-    answer = ctl.client.get("/node/v1/jobs")
+    listing = ctl.client.jobs()  # a node that cannot answer ends the command here
     if not args.watch:
-        return ctl.show(answer, lambda out, a: render.show_states(out, a["jobs"]))
-    watch = JobsWatch(answer)
+        return ctl.show(listing.raw, lambda out, a: render.show_states(out, a["jobs"]))
+    jobs: dict[str, JobState] = {}
+    listing.apply(jobs)
     if ctl.json:
-        ctl.line(answer)
+        ctl.line(listing.raw)
     live = ctl.out.is_terminal and not ctl.json
-    with Live(watch.table(), console=ctl.out, auto_refresh=False) if live else NO_LIVE as shown:
-        if not live and not ctl.json:
-            ctl.out.print(watch.table())
-        try:
-            while True:
-                answer = ctl.client.get("/node/v1/jobs", watch.query())
-                if not watch.apply(answer):
-                    continue  # the wait ended with nothing new
+    table = _jobs_table(jobs)
+    try:  # how a watch ends, even during the first draw: not a failure
+        with Live(table, console=ctl.out, auto_refresh=False) if live else NO_LIVE as shown:
+            if not live and not ctl.json:
+                ctl.out.print(table)
+            # From here the client rides out an engine outage or a daemon restart.
+            for answer in ctl.client.watch(wait=WATCH_WAIT_S, index=listing.index):
+                answer.apply(jobs)
                 if ctl.json:
-                    ctl.line(answer)
+                    ctl.line(answer.raw)
                 elif shown is not None:
-                    shown.update(watch.table(), refresh=True)
+                    shown.update(_jobs_table(jobs), refresh=True)
                 else:
-                    ctl.out.print(watch.table())
-        except KeyboardInterrupt:  # how a watch ends: not a failure
-            return 0
+                    ctl.out.print(_jobs_table(jobs))
+    except KeyboardInterrupt:
+        pass
+    return 0
 
 
-class JobsWatch:
-    """A console's copy of the node's jobs, kept by applying each answer to it."""
+def _jobs_table(jobs: Mapping[str, JobState]) -> Any:
+    return render.states_table({ref: state.raw for ref, state in sorted(jobs.items())})
 
-    def __init__(self, listing: Mapping[str, Any]) -> None:
-        self.index = str(listing["index"])
-        self.jobs: dict[str, Any] = dict(listing["jobs"])
 
-    def query(self) -> dict[str, str]:
-        return {"index": self.index, "wait": f"{WATCH_WAIT_S:g}"}
-
-    def apply(self, answer: Mapping[str, Any]) -> bool:
-        """Take one answer in; whether the copy changed."""
-        self.index = str(answer["index"])
-        if answer.get("full"):
-            self.jobs = dict(answer["jobs"])
-            return True
-        self.jobs.update(answer["jobs"])
-        for ref in answer.get("removed", ()):
-            self.jobs.pop(ref, None)
-        return bool(answer["jobs"] or answer.get("removed"))
-
-    def table(self) -> Any:
-        return render.states_table(dict(sorted(self.jobs.items())))
+def raw(states: Mapping[str, Any]) -> dict[str, Any]:
+    """Typed answers by ref as the API gave them."""
+    return {ref: state.raw for ref, state in states.items()}
 
 
 def stats(ctl: Ctl, args: argparse.Namespace) -> int:
     """``--json``: the answer once. A terminal: the table redrawn every ``--interval``
     until Ctrl-C, as `docker stats`; a pipe: the table once."""
-    body = {"refs": args.refs} if args.refs else {}
-    answer = ctl.client.post("/node/v1/stats", body)
+    refs = args.refs or None
+    answer = {"stats": raw(ctl.client.stats(refs))}
     if ctl.json or not ctl.out.is_terminal:
         return ctl.show(answer, lambda out, a: out.print(render.stats_table(a["stats"])))
-    with Live(render.stats_table(answer["stats"]), console=ctl.out, auto_refresh=False) as live:
-        try:
+    try:  # how a live view ends, even during its first draw: not a failure
+        with Live(render.stats_table(answer["stats"]), console=ctl.out, auto_refresh=False) as live:
             while True:
                 time.sleep(max(0.1, args.interval))
-                answer = ctl.client.post("/node/v1/stats", body)
+                answer = {"stats": raw(ctl.client.stats(refs))}
                 live.update(render.stats_table(answer["stats"]), refresh=True)
-        except KeyboardInterrupt:  # how a live view ends: not a failure
-            return 0
+    except KeyboardInterrupt:
+        return 0
 
 
 def stop(ctl: Ctl, args: argparse.Namespace) -> int:
-    body: dict[str, Any] = {"ref": args.ref, **_warning(args)}
-    if args.timeout is not None:
-        body["timeout"] = args.timeout
-    if args.signal is not None:
-        body["signal"] = args.signal
-    answer = ctl.client.post("/node/v1/stop", body)
-    return ctl.show(answer, lambda out, _: out.print(f"stopped {args.ref}"))
+    ctl.client.stop(args.ref, timeout=args.timeout, signal=args.signal, **_warning(args))
+    return ctl.show(DONE, lambda out, _: out.print(f"stopped {args.ref}"))
 
 
 def signal(ctl: Ctl, args: argparse.Namespace) -> int:
-    answer = ctl.client.post("/node/v1/signal", {"ref": args.ref, "signal": args.signal})
-    return ctl.show(answer, lambda out, _: out.print(f"sent {args.signal} to {args.ref}"))
+    ctl.client.signal(args.ref, args.signal)
+    return ctl.show(DONE, lambda out, _: out.print(f"sent {args.signal} to {args.ref}"))
 
 
 def remove(ctl: Ctl, args: argparse.Namespace) -> int:
-    answer = ctl.client.post("/node/v1/remove", {"ref": args.ref})
-    return ctl.show(answer, lambda out, _: out.print(f"removed {args.ref}"))
+    ctl.client.remove(args.ref)
+    return ctl.show(DONE, lambda out, _: out.print(f"removed {args.ref}"))
 
 
 def reap(ctl: Ctl, args: argparse.Namespace) -> int:
-    body = {} if args.max_age is None else {"max_age_s": args.max_age}
-    answer = ctl.client.post("/node/v1/reap", body)
+    answer = {"removed": ctl.client.reap(max_age_s=args.max_age)}
     return ctl.show(answer, lambda out, a: out.print(f"removed {a['removed']} exited job(s)"))
 
 
 def gc(ctl: Ctl, args: argparse.Namespace) -> int:
-    return ctl.show(ctl.client.post("/node/v1/images/gc", {}), render.show_image_gc)
+    return ctl.show(ctl.client.image_gc(), render.show_image_gc)
 
 
 def cordon(ctl: Ctl, args: argparse.Namespace) -> int:
-    answer = ctl.client.post("/node/v1/cordon", {"reason": args.reason})
-    return ctl.show(answer, render.show_node_state)
+    return ctl.show(ctl.client.cordon(args.reason).raw, render.show_node_state)
 
 
 def uncordon(ctl: Ctl, args: argparse.Namespace) -> int:
-    return ctl.show(ctl.client.post("/node/v1/uncordon", {}), render.show_node_state)
+    return ctl.show(ctl.client.uncordon().raw, render.show_node_state)
 
 
 def drain(ctl: Ctl, args: argparse.Namespace) -> int:
-    body: dict[str, Any] = {"reason": args.reason, **_warning(args)}
-    if args.grace is not None:
-        body["grace_s"] = args.grace
-    return ctl.show(ctl.client.post("/node/v1/drain", body), render.show_node_state)
+    answer = ctl.client.drain(args.reason, grace_s=args.grace, **_warning(args))
+    return ctl.show(answer.raw, render.show_node_state)
 
 
 def logs(ctl: Ctl, args: argparse.Namespace) -> int:
-    query = {"ref": args.ref}
-    if args.tail is not None:
-        query["tail"] = str(args.tail)
     if args.follow:
-        for chunk in ctl.client.stream("/node/v1/logs", {**query, "follow": "1"}):
-            sys.stdout.buffer.write(chunk)
-            sys.stdout.buffer.flush()
+        for text in ctl.client.follow(args.ref, tail=args.tail):
+            sys.stdout.write(text)
+            sys.stdout.flush()
         return 0
-    answer = ctl.client.get("/node/v1/logs", query)
+    answer = ctl.client.logs(args.ref, tail=args.tail)
     if ctl.json:
-        ctl.raw(answer)
+        ctl.raw(answer.raw)
         return 0
-    sys.stdout.write(answer["logs"])
-    if answer.get("truncated"):
+    sys.stdout.write(answer.logs)
+    if answer.truncated:
         print("(older output was cut: the node caps a logs answer)", file=sys.stderr)
     return 0
 
@@ -428,13 +400,13 @@ def logs(ctl: Ctl, args: argparse.Namespace) -> int:
 
 
 def images(ctl: Ctl, args: argparse.Namespace) -> int:
-    return ctl.show(ctl.client.get("/node/v1/images"), render.show_images)
+    return ctl.show(ctl.client.images(), render.show_images)
 
 
 def pull(ctl: Ctl, args: argparse.Namespace) -> int:
     """A prefetch; ``--wait``: its bar until the image is here (0) or the pull failed
     or went (1)."""
-    answer = ctl.client.post("/node/v1/images/pull", pull_body(args))
+    answer = ctl.client.pull_image(args.image, **pull_body(args))
     image = render.as_text(args.image)  # the registry's words and the image's are text
     ctl.show(answer, lambda out, a: out.print(f"{image}: [cyan]{render.as_text(a['phase'])}[/]"))
     if not args.wait or answer.get("phase") == "present":
@@ -454,9 +426,8 @@ def pull(ctl: Ctl, args: argparse.Namespace) -> int:
 
 
 def pull_body(args: argparse.Namespace) -> dict[str, Any]:
-    body: dict[str, Any] = {"image": args.image}
-    if args.pull_policy:
-        body["pull_policy"] = args.pull_policy
+    """The prefetch's fields beside its image: the pull policy and the credentials."""
+    body: dict[str, Any] = {"pull_policy": args.pull_policy or ""}
     if args.password_stdin and not args.username:
         raise CtlError("--password-stdin needs --username")
     if args.username:
@@ -472,7 +443,7 @@ def _await_prefetch(ctl: Ctl, image: str) -> Mapping[str, Any]:
     failed pull (or {} when neither: the pull went without the image)."""
     with render.PullProgress(ctl.out, image, shown=not ctl.json) as bar:
         while True:
-            answer = ctl.client.get("/node/v1/images")
+            answer = ctl.client.images()
             pulls = [p for p in answer["pulls"] if p.get("image") == image]
             running = [p for p in pulls if p.get("phase") == "pulling"]
             if running:
@@ -489,7 +460,10 @@ def _await_prefetch(ctl: Ctl, image: str) -> Mapping[str, Any]:
 
 def launch(ctl: Ctl, args: argparse.Namespace) -> int:
     ref = args.name or default_name(args.run_id)
-    answer = ctl.client.post("/node/v1/launch", launch_body(args, name=ref))
+    body = launch_body(args, name=ref)
+    answer = ctl.client.launch(
+        body["run_id"], body["container"], requested_gpus=body["requested_gpus"]
+    ).raw
     ctl.show(answer, lambda out, _: out.print(launched(ref, answer)))
     if not args.wait or answer.get("phase") == "running":
         return 0
@@ -540,8 +514,7 @@ def _await_pull(ctl: Ctl, ref: str, image: str) -> Mapping[str, Any]:
     """Observe the pending launch until it is a container or has failed."""
     with render.PullProgress(ctl.out, image, shown=not ctl.json) as bar:
         while True:
-            answer = ctl.client.post("/node/v1/observe", {"refs": [ref]})
-            state: Mapping[str, Any] = answer["states"][ref]
+            state: Mapping[str, Any] = ctl.client.observe([ref])[ref].raw
             if state.get("pending_phase") in (None, "failed"):
                 return state
             bar.update(state)

@@ -1,0 +1,1 @@
+../../../tuneplane_node/__init__.py

@@ -1,0 +1,201 @@
+"""AsyncNodeClient: the node's API for a console on asyncio, one method per verb."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from datetime import datetime
+from types import TracebackType
+from typing import Any, TypeVar
+
+import httpx
+
+from tuneplane_node.client import answers, calls
+from tuneplane_node.client.calls import Call, Container
+from tuneplane_node.client.endpoint import NO_TLS, TIMEOUT_S, Endpoint, Tls
+from tuneplane_node.client.errors import NodeError
+from tuneplane_node.client.watch import DEFAULT_WAIT_S, Backoff, Watch
+
+T = TypeVar("T")
+
+
+class AsyncNodeClient:
+    """A node at ``url`` (``http://host:port`` or ``https://...``), asked with ``token``.
+
+    Use it as ``async with AsyncNodeClient(...) as node:``, or `aclose` it: it keeps
+    its connections to the node open between calls. Every failure is a
+    `tuneplane_node.client.errors.NodeError`. ``transport``: httpx's, for a test or a
+    proxy."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str,
+        tls: Tls = NO_TLS,
+        timeout: float = TIMEOUT_S,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.endpoint = Endpoint(url, token=token, tls=tls)
+        self.timeout = timeout
+        self._http = httpx.AsyncClient(**self.endpoint.options(timeout), transport=transport)
+
+    async def __aenter__(self) -> AsyncNodeClient:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def call(self, call: Call[T]) -> T:
+        """Send one call and read its answer (every verb below is one)."""
+        with self.endpoint.unreachable():
+            response = await self._http.request(
+                call.method,
+                call.path,
+                json=call.body,
+                params=call.query,
+                timeout=self.timeout + call.wait_s,
+            )
+        return call.read(self.endpoint.answer(response.status_code, response.content))
+
+    # --- the verbs ------------------------------------------------------------------------
+
+    async def launch(
+        self,
+        run_id: str,
+        container: Container | Mapping[str, Any],
+        *,
+        requested_gpus: int | None = None,
+    ) -> answers.Launched:
+        return await self.call(calls.launch(run_id, container, requested_gpus))
+
+    async def observe(self, refs: Sequence[str]) -> dict[str, answers.JobState]:
+        return await self.call(calls.observe(refs))
+
+    async def jobs(self) -> answers.Jobs:
+        """Every job of the node, and the index to watch from."""
+        return await self.call(calls.jobs())
+
+    async def changes(self, index: str, *, wait: float | None = None) -> answers.Jobs:
+        """One blocking query: what changed since ``index``, within ``wait`` seconds."""
+        return await self.call(calls.jobs(index, wait))
+
+    async def stats(self, refs: Sequence[str] | None = None) -> dict[str, answers.Usage]:
+        """What the jobs use; ``None``: every running job."""
+        return await self.call(calls.stats(refs))
+
+    async def stop(
+        self,
+        ref: str,
+        *,
+        timeout: float | None = None,
+        signal: str | None = None,
+        warn_signal: str | None = None,
+        warn_s: float | None = None,
+    ) -> None:
+        """Stop a job: ``warn_signal`` first if given, then its stop signal, then SIGKILL
+        after ``timeout``; the answer comes once it has ended."""
+        call = calls.stop(
+            ref, timeout=timeout, signal=signal, warn_signal=warn_signal, warn_s=warn_s
+        )
+        await self.call(call)
+
+    async def signal(self, ref: str, signal: str) -> None:
+        await self.call(calls.signal(ref, signal))
+
+    async def remove(self, ref: str) -> None:
+        await self.call(calls.remove(ref))
+
+    async def reap(self, *, max_age_s: float | None = None) -> int:
+        """Remove the node's jobs that ended ``max_age_s`` ago; how many it removed."""
+        return await self.call(calls.reap(max_age_s))
+
+    async def logs(
+        self, ref: str, *, tail: int | None = None, since: float | str | datetime | None = None
+    ) -> answers.Logs:
+        return await self.call(calls.logs(ref, tail=tail, since=since))
+
+    async def follow(
+        self, ref: str, *, tail: int | None = None, since: float | str | datetime | None = None
+    ) -> AsyncIterator[str]:
+        """A job's output as it comes, until the job exits (text chunks, not lines)."""
+        call = calls.logs(ref, tail=tail, since=since, follow=True)
+        forever = httpx.Timeout(self.timeout, read=None)
+        with self.endpoint.unreachable():
+            async with self._http.stream(
+                "GET", call.path, params=call.query, timeout=forever
+            ) as response:
+                if response.status_code >= 300 or "json" in response.headers.get(
+                    "content-type", ""
+                ):
+                    raw = await response.aread()  # an error, or a node that does not stream
+                    yield call.read(self.endpoint.answer(response.status_code, raw)).logs
+                    return
+                async for text in response.aiter_text():
+                    yield text
+
+    async def images(self) -> dict[str, Any]:
+        return await self.call(calls.images())
+
+    async def pull_image(
+        self, image: str, *, registry_auth: Mapping[str, str] | None = None, pull_policy: str = ""
+    ) -> dict[str, Any]:
+        return await self.call(calls.pull_image(image, registry_auth, pull_policy))
+
+    async def image_gc(self) -> dict[str, Any]:
+        return await self.call(calls.image_gc())
+
+    async def health(self) -> answers.Health:
+        return await self.call(calls.health())
+
+    async def inventory(self) -> answers.Inventory:
+        return await self.call(calls.inventory())
+
+    async def cordon(self, reason: str) -> answers.NodeState:
+        return await self.call(calls.cordon(reason))
+
+    async def uncordon(self) -> answers.NodeState:
+        return await self.call(calls.uncordon())
+
+    async def drain(
+        self,
+        reason: str,
+        *,
+        grace_s: float | None = None,
+        warn_signal: str | None = None,
+        warn_s: float | None = None,
+    ) -> answers.NodeState:
+        return await self.call(
+            calls.drain(reason, grace_s=grace_s, warn_signal=warn_signal, warn_s=warn_s)
+        )
+
+    async def watch(
+        self, *, wait: float = DEFAULT_WAIT_S, index: str = "", backoff: Backoff | None = None
+    ) -> AsyncIterator[answers.Jobs]:
+        """Every job (``full``), then each change as it happens, from blocking queries
+        of ``wait`` seconds; keep a copy with ``answer.apply(copy)``. ``index``: go on
+        from an earlier answer's instead of listing first. Outlives an engine outage and
+        a daemon restart (`tuneplane_node.client.watch`); ends on any other error."""
+        watch = Watch(wait=wait, index=index, backoff=backoff or Backoff())
+        while True:
+            started = time.monotonic()
+            try:
+                answer = await self.call(watch.call())
+            except NodeError as error:
+                await asyncio.sleep(watch.failed(error))
+                continue
+            handed = watch.answered(answer, elapsed=time.monotonic() - started)
+            if isinstance(handed, answers.Jobs):
+                yield handed
+            elif handed:
+                await asyncio.sleep(handed)
+
+
+def _json(response: httpx.Response) -> bool:
+    return "json" in response.headers.get("content-type", "")

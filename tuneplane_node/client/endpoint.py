@@ -1,0 +1,125 @@
+"""Where and how to reach a node: its URL, the headers every call sends (the bearer
+token and the protocol header), TLS, and the one place httpx's errors become ours
+(`unreachable`), as httpx itself maps httpcore's in one place."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import ssl
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from tuneplane_node.client.errors import ConfigError, Unreachable, refusal
+
+PROTOCOL = 1
+"""The wire protocol this client speaks (the node's `tuneplane_node.wire.PROTOCOL`)."""
+PROTOCOL_HEADER = "X-TunePlane-Node-Protocol"
+TIMEOUT_S = 30.0
+"""Seconds to connect and for each answer, unless a call says otherwise (a blocking
+query waits its ``wait`` more; a followed log as long as the job runs)."""
+
+
+@dataclass(frozen=True)
+class Tls:
+    """``cacert``: the CA that signed the node's certificate (else the system's CAs);
+    ``cert`` and ``key``: this client's, for a node that asks for one (mutual TLS)."""
+
+    cacert: Path | str | None = None
+    cert: Path | str | None = None
+    key: Path | str | None = None
+
+    def given(self) -> bool:
+        return any((self.cacert, self.cert, self.key))
+
+    def context(self) -> ssl.SSLContext:
+        if self.key is not None and self.cert is None:
+            raise ConfigError("a TLS key needs its certificate (cert)")
+        try:
+            context = ssl.create_default_context(cafile=self.cacert)
+            if self.cert is not None:
+                context.load_cert_chain(self.cert, self.key)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"cannot use the TLS files: {reason(exc)}") from exc
+        return context
+
+
+NO_TLS = Tls()
+
+
+class Endpoint:
+    """A node's base URL and what every request to it carries."""
+
+    def __init__(self, url: str, *, token: str, tls: Tls = Tls()) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(f"{url}: must be http://host[:port] or https://host[:port]")
+        if tls.given() and parts.scheme != "https":
+            raise ConfigError(f"{url}: a CA, certificate or key need an https:// URL")
+        try:
+            parts.port  # noqa: B018 (reading it is the check)
+        except ValueError:
+            raise ConfigError(f"{url}: bad port") from None
+        if not token or any(c in token for c in "\r\n"):
+            raise ConfigError("the token must be one non-empty line")
+        self.url = url.rstrip("/")
+        self.verify: ssl.SSLContext | bool = tls.context() if parts.scheme == "https" else True
+        self.headers = {
+            "Authorization": f"Bearer {token}",
+            PROTOCOL_HEADER: str(PROTOCOL),
+            "User-Agent": f"tuneplane-node-client (protocol {PROTOCOL})",
+        }
+
+    def __repr__(self) -> str:  # never the token
+        return f"Endpoint({self.url!r})"
+
+    def options(self, timeout: float) -> dict[str, Any]:
+        """httpx.Client's and httpx.AsyncClient's arguments."""
+        return {
+            "base_url": self.url,
+            "headers": self.headers,
+            "verify": self.verify,
+            "timeout": timeout,
+            "follow_redirects": False,  # a redirect would carry the token elsewhere
+        }
+
+    def answer(self, status: int, raw: bytes) -> Any:
+        """A 2xx answer's JSON; else the node's refusal, raised."""
+        if 200 <= status < 300:
+            try:
+                return json.loads(raw)
+            except ValueError:
+                raise Unreachable(f"the node at {self.url} answered with no JSON") from None
+        raise refusal(status, raw, url=self.url)
+
+    @contextlib.contextmanager
+    def unreachable(self) -> Iterator[None]:
+        """httpx's failures as `Unreachable`, with the cause chained."""
+        try:
+            yield
+        except httpx.TimeoutException as exc:
+            raise Unreachable(f"the node at {self.url} did not answer in time") from exc
+        except httpx.ConnectError as exc:
+            raise Unreachable(f"cannot reach the node at {self.url}: {reason(exc)}") from exc
+        except httpx.HTTPError as exc:  # a read or write broken off, a protocol error
+            raise Unreachable(f"the node at {self.url} broke off: {reason(exc)}") from exc
+
+
+def reason(exc: BaseException) -> str:
+    """An error as a sentence: the OS's or TLS's words from deepest in its chain."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return f"TLS: {seen.verify_message}"
+        if isinstance(seen, OSError) and (seen.errno or seen.strerror):
+            # asyncio's own words ("Connect call failed (...)") say less than the errno's
+            said = os.strerror(seen.errno) if seen.errno else str(seen.strerror)
+            return f"{said}: {seen.filename}" if seen.filename else said
+        seen = seen.__cause__ or seen.__context__
+    return str(exc) or type(exc).__name__

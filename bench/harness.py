@@ -277,9 +277,13 @@ class Daemon:
         }
         return env | self.extra_env
 
-    def start(self, *, timeout: float = 120) -> Daemon:
+    def argv(self) -> list[str]:
+        """The daemon's command line: ``serve`` on loopback (a bench may serve another)."""
         argv = [sys.executable, *self.python_args, "-m", "tuneplane_node", "serve"]
-        argv += ["--host", "127.0.0.1", "--port", str(self.port)]
+        return [*argv, "--host", "127.0.0.1", "--port", str(self.port)]
+
+    def start(self, *, timeout: float = 120) -> Daemon:
+        argv = self.argv()
         log = open(self.dir / "daemon.log", "wb")  # noqa: SIM115 (the child keeps it open)
         self.process = subprocess.Popen(
             argv, cwd=self.dir, env=self.environment(), stdout=log, stderr=subprocess.STDOUT

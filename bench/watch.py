@@ -23,7 +23,6 @@ import contextlib
 import http.client
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -244,15 +243,8 @@ class FakeDaemon(Daemon):
         super().__init__()
         self.jobs = jobs
 
-    def start(self, *, timeout: float = 120) -> Daemon:
-        argv = [sys.executable, __file__, "--serve-fake", str(self.port), "--jobs", str(self.jobs)]
-        log = open(self.dir / "daemon.log", "wb")  # noqa: SIM115 (the child keeps it open)
-        self.process = subprocess.Popen(
-            argv, cwd=self.dir, env=self.environment(), stdout=log, stderr=subprocess.STDOUT
-        )
-        log.close()
-        self._wait_ready(timeout)
-        return self
+    def argv(self) -> list[str]:
+        return [sys.executable, __file__, "--serve-fake", str(self.port), "--jobs", str(self.jobs)]
 
 
 # --- (2) the list of 1,000 jobs ----------------------------------------------------------

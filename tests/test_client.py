@@ -544,3 +544,21 @@ def test_the_examples_for_console_authors_parse_and_name_what_the_client_has(doc
             if isinstance(node, ast.ImportFrom) and node.module == "tuneplane_node.client":
                 missing = [a.name for a in node.names if not hasattr(client_package, a.name)]
                 assert not missing, f"{doc}: {missing}"
+
+
+def test_a_call_carrying_registry_credentials_never_shows_them() -> None:
+    """A console logs what it sends (``repr`` of a call, a container): the password and
+    the identity token stay out of it; they travel in the body alone."""
+    from tuneplane_node.client import calls
+
+    secret = {"username": "u", "password": "pw-7f3a9c"}
+    container = calls.Container(image="r/x:1", registry_auth=secret)
+    sent = [
+        calls.launch("r-1", container, None),
+        calls.pull_image("r/x:1", secret, ""),
+        calls.pull_image("r/x:1", {"identity_token": "pw-7f3a9c"}, "always"),
+    ]
+    for call in sent:
+        assert "pw-7f3a9c" not in repr(call), call
+        assert "pw-7f3a9c" in json.dumps(call.body)  # ...and they are sent
+    assert "pw-7f3a9c" not in repr(container)

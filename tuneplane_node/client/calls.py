@@ -23,7 +23,7 @@ class Call(Generic[T]):
     method: str
     path: str
     read: Callable[[Any], T]
-    body: Mapping[str, Any] | None = None
+    body: Mapping[str, Any] | None = field(default=None, repr=False)  # may hold credentials
     query: Mapping[str, str] | None = None
     wait_s: float = 0.0  # how much longer than a plain answer the node may take
 

@@ -553,7 +553,7 @@ def test_a_call_carrying_registry_credentials_never_shows_them() -> None:
 
     secret = {"username": "u", "password": "pw-7f3a9c"}
     container = calls.Container(image="r/x:1", registry_auth=secret)
-    sent = [
+    sent: list[calls.Call[Any]] = [
         calls.launch("r-1", container, None),
         calls.pull_image("r/x:1", secret, ""),
         calls.pull_image("r/x:1", {"identity_token": "pw-7f3a9c"}, "always"),

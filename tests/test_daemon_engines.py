@@ -335,13 +335,15 @@ async def test_with_the_init_a_missing_command_is_a_job_that_fails_at_once_sayin
     assert body["detail"].startswith(f"container.user: {engine} refused to run")
 
 
-async def test_an_engine_refusal_of_the_nodes_own_making_is_a_502_with_its_words(
+async def test_a_card_launch_an_engine_cannot_serve_is_a_409_naming_the_fix_not_a_502(
     make_node: MakeNode,
 ) -> None:
-    node = await make_node(local_gpu_passthrough=True)  # no NVIDIA runtime on this engine
-    ref, body = await node.launch(gpus=1, expect=502)
-    assert body["detail"].startswith(f"docker refused to run {ref}: ")
-    assert "device driver" in body["detail"]
+    """This engine has no NVIDIA runtime: the engine's 502 ("could not select device
+    driver") is never reached; the node says why first (issue 25, finding 1)."""
+    node = await make_node(local_gpu_passthrough=True)
+    ref, body = await node.launch(gpus=1, expect=409)
+    assert body["code"] == "gpu_not_ready"
+    assert "nvidia-ctk" in body["detail"] and "device driver" not in body["detail"]
     assert (await node.state(ref))["exists"] is False
     assert (await node.health())["gpus_free"] == 4
 

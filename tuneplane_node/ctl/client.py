@@ -23,11 +23,16 @@ __all__ = ["DEFAULT_URL", "TOKEN_ENV", "URL_ENV", "CtlError", "NodeClient", "Tls
 
 
 class CtlError(Exception):
-    """ctl's own usage failure (the token): exit code 2."""
+    """ctl's own failure: a usage error (the token) is exit code 2; a kind of its own
+    (a waited launch that failed) may say another."""
+
+    exit_code = 2
 
 
 def exit_code(error: ClientError | CtlError) -> int:
-    if isinstance(error, (CtlError, ConfigError)):
+    if isinstance(error, CtlError):
+        return error.exit_code
+    if isinstance(error, ConfigError):
         return 2
     return 1 if isinstance(error, RequestError) else 3
 

@@ -112,7 +112,9 @@ CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # The distribution reference grammar (github.com/distribution/reference): what the
 # engines accept as an image, and nothing that reads as a flag, a path or a URL.
 _DOMAIN_PART = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
-_DOMAIN = rf"(?:{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*|\[[a-fA-F0-9:]+\])(?::[0-9]+)?"
+# No bracketed IPv6 host: docker 20.10's reference parser refuses one ("invalid reference
+# format", which reached the console as a 502).
+_DOMAIN = rf"{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*(?::[0-9]+)?"
 _PATH_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _NAME_PART = rf"(?:{_DOMAIN}/)?{_PATH_PART}(?:/{_PATH_PART})*"
 _TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"  # \w would take any letter: é

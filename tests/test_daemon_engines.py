@@ -326,7 +326,7 @@ async def test_with_the_init_a_missing_command_is_a_job_that_fails_at_once_sayin
     ref, _ = await node.launch(["/no/such/binary"], gpus=1)
     state = await node.wait_for(ref, "status", "exited", timeout=30)
     assert state["exit_code"] != 0
-    deadline = time.monotonic() + 10  # the engine's log writer may lag the exit
+    deadline = time.monotonic() + 30  # the engine's log writer may lag the exit (podman)
     while "No such file or directory" not in (log := await node.logs(ref)):
         assert time.monotonic() < deadline, log
         await asyncio.sleep(0.1)

@@ -17,6 +17,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -231,8 +232,15 @@ async def test_deeply_nested_json_is_a_400(tmp_path: Path) -> None:
                     assert (await response.json())["detail"] == "request body is nested too deeply"
 
 
+OLD_TLS = pytest.mark.skipif(
+    sys.version_info < (3, 11),
+    reason="on Python 3.10 asyncio does the TLS handshake (its start_tls resets a handed-over "
+    "connection): the guard does not count a silent TLS connection there (docs/operating.md)",
+)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("tls", [False, True], ids=["http", "tls"])
+@pytest.mark.parametrize("tls", [False, pytest.param(True, marks=OLD_TLS)], ids=["http", "tls"])
 def test_a_thousand_idle_and_trickling_connections_do_not_take_the_node(
     tmp_path: Path, tls: bool
 ) -> None:

@@ -318,8 +318,12 @@ class GuardedSite(web.TCPSite):
             where = {"host": self._host, "port": self._port, "reuse_address": self._reuse_address}
         # TLS is the guard's (its handshakes count, within the header timeout), not
         # asyncio's: asyncio's waits 60 s for a ClientHello, out of the guard's sight.
+        tls = self._ssl_context
+        if tls is not None and sys.version_info < (3, 11):  # 3.10's start_tls resets it
+            where |= {"ssl": self._ssl_context, "ssl_handshake_timeout": self.handshake_s}
+            tls = None  # asyncio's handshake, within the header timeout, out of the guard's sight
         self._server = await asyncio.get_running_loop().create_server(
-            self.guard.factory(server, tls=self._ssl_context, handshake_s=self.handshake_s),
+            self.guard.factory(server, tls=tls, handshake_s=self.handshake_s),
             backlog=self._backlog,
             **where,
         )

@@ -244,6 +244,11 @@ def test_a_bad_launch_is_refused_naming_the_field(body: dict[str, Any], field: s
         "x" * 256,
         "[::1]:5000/x:1",  # docker 20.10 refuses a bracketed IPv6 host: a 502, once
         "[A]:01/x:1",  # the fuzz's find on /node/v1/images/pull
+        # 251 characters, 261 once docker.io/ is added: the engines count that (a 502, once)
+        "a/" + "b" * 249 + ":1",
+        "b" * 240,  # docker.io/library/ makes it 258
+        "r.io:65536/x",  # no such port
+        "r.io:1127293092/x",
     ],
 )
 def test_an_image_that_is_not_a_reference_is_refused_before_the_engine(image: str) -> None:
@@ -262,6 +267,10 @@ def test_an_image_that_is_not_a_reference_is_refused_before_the_engine(image: st
         "UPPER.example.com/x",
         "x@sha256:" + "ab" * 32,
         "x:1@sha256:" + "ab" * 32,
+        "a/" + "b" * 243,  # docker.io/a/...: 255 characters, the engines' most
+        "b" * 237,  # docker.io/library/...: 255
+        "r.io/" + "b" * 250,  # a host of its own: counted as given
+        "r.io:65535/x",
     ],
 )
 def test_image_references_of_the_grammar_are_accepted(image: str) -> None:

@@ -114,7 +114,9 @@ CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _DOMAIN_PART = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
 # No bracketed IPv6 host: docker 20.10's reference parser refuses one ("invalid reference
 # format", which reached the console as a 502).
-_DOMAIN = rf"{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*(?::[0-9]+)?"
+# A port the host can have: a larger one reaches the engine only to fail its dial.
+_PORT = r"(?:[0-9]{1,4}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
+_DOMAIN = rf"{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*(?::{_PORT})?"
 _PATH_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _NAME_PART = rf"(?:{_DOMAIN}/)?{_PATH_PART}(?:/{_PATH_PART})*"
 _TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"  # \w would take any letter: é
@@ -123,6 +125,7 @@ _TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"  # \w would take any letter: é
 _DIGEST = r"(?:sha256:[0-9a-f]{64}|sha384:[0-9a-f]{96}|sha512:[0-9a-f]{128})"
 IMAGE_REFERENCE = re.compile(rf"(?P<name>{_NAME_PART})(?::{_TAG})?(?:@{_DIGEST})?")
 MAX_IMAGE_NAME = 255
+"""The longest name the engines take, counted as they count it: after normalising."""
 MAX_CREDENTIAL = 8192  # a cloud registry's identity token runs to a few KiB
 MAX_USERNAME = 512
 AUTH_FORMS = ({"username", "password"}, {"identity_token"})
@@ -261,11 +264,20 @@ def _name(given: Given) -> str:
 def _image(given: Given) -> str:
     image = _text(given.body, given.field, required=True, limit=MAX_IMAGE)
     match = IMAGE_REFERENCE.fullmatch(image)
-    if match is None or len(match.group("name")) > MAX_IMAGE_NAME:
+    if match is None or len(_normalised(match.group("name"))) > MAX_IMAGE_NAME:
         raise InvalidField(
             given.field, "must be an image reference like registry/name:tag (lower case)"
         )
     return image
+
+
+def _normalised(name: str) -> str:
+    """The name as the engines count it: Docker Hub's host (and `library/`) added when the
+    first part is no host, as distribution/reference's normaliser does before its 255 check."""
+    first, slash, _ = name.partition("/")
+    if slash and ("." in first or ":" in first or first == "localhost" or first != first.lower()):
+        return name
+    return f"docker.io/{name}" if slash else f"docker.io/library/{name}"
 
 
 def _argv(given: Given) -> tuple[str, ...]:

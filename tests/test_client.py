@@ -35,6 +35,10 @@ from tuneplane_node.client import (
     Container,
     Cordoned,
     EngineUnavailable,
+    Image,
+    ImageGc,
+    ImagePull,
+    ImageStore,
     InvalidRequest,
     JobState,
     NameHeld,
@@ -135,6 +139,49 @@ async def test_health_inventory_cordon_and_drain_answer_typed(client: AsyncNodeC
     assert (await client.uncordon()).state == "ready"
     drained = await client.drain("retiring", grace_s=0)
     assert drained.state in ("draining", "drained") and drained.reason == "retiring"
+
+
+async def test_prefetch_images_and_gc_answer_typed(
+    client: AsyncNodeClient, node: Console, fake: FakeRuntime
+) -> None:
+    image = f"registry.example.com/team/{unique('trainer')}:1"
+    prefetch = await client.pull_image(image)
+    assert (prefetch.image, prefetch.phase) == (image, "pulling")
+    await fake.pulling.wait()
+    fake.pull_of(image).report(4_000, 10_000, 1, 3)
+    pull = await _polled(lambda: _pull(client, image), lambda p: p and p.bytes_done == 4_000)
+    assert isinstance(pull, ImagePull) and (pull.phase, pull.layers_total) == ("pulling", 3)
+    assert pull.waiting == () and pull.error is None and pull.raw["image"] == image
+
+    fake.pull_of(image).finish()
+    listed = await _polled(lambda: _image(client, image), lambda i: i is not None)
+    assert isinstance(listed, Image) and listed.id and listed.pulled_at and not listed.private
+    assert listed.in_use_by == () and listed.last_used_at is None
+    assert (await client.pull_image(image)).phase == "present"
+
+    gc = await client.image_gc()
+    assert isinstance(gc, ImageGc) and gc.scope == "node" and gc.removed == ()
+    assert isinstance(gc.image_store, ImageStore) and gc.freed_bytes == 0
+    health = await client.health()
+    assert health.image_store is not None and health.image_store.path == gc.image_store.path
+
+
+async def _polled(read: Callable[[], Any], done: Callable[[Any], object]) -> Any:
+    """``read()``'s answer once ``done`` holds of it (the node's pull runs in the background)."""
+    for _ in range(500):
+        answer = await read()
+        if done(answer):
+            return answer
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"never got there: {answer}")
+
+
+async def _pull(client: AsyncNodeClient, image: str) -> ImagePull | None:
+    return next((p for p in (await client.images()).pulls if p.image == image), None)
+
+
+async def _image(client: AsyncNodeClient, image: str) -> Image | None:
+    return next((i for i in (await client.images()).images if i.image == image), None)
 
 
 async def test_the_sync_client_is_the_async_one_without_a_loop(

@@ -140,15 +140,15 @@ class AsyncNodeClient:
                 async for text in response.aiter_text():
                     yield text
 
-    async def images(self) -> dict[str, Any]:
+    async def images(self) -> answers.Images:
         return await self.call(calls.images())
 
     async def pull_image(
         self, image: str, *, registry_auth: Mapping[str, str] | None = None, pull_policy: str = ""
-    ) -> dict[str, Any]:
+    ) -> answers.Prefetch:
         return await self.call(calls.pull_image(image, registry_auth, pull_policy))
 
-    async def image_gc(self) -> dict[str, Any]:
+    async def image_gc(self) -> answers.ImageGc:
         return await self.call(calls.image_gc())
 
     async def health(self) -> answers.Health:

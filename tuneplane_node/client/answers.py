@@ -134,6 +134,18 @@ class Runtime(Answer):
 
 
 @dataclass(frozen=True)
+class ImageStore(Answer):
+    """The filesystem of the engine's data root; a figure is None when the node cannot
+    know it (a remote engine, the process runtime)."""
+
+    path: str | None = None
+    total_bytes: int | None = None
+    free_bytes: int | None = None
+    used_ratio: float | None = None
+    pressure: bool | None = None
+
+
+@dataclass(frozen=True)
 class Health(Answer):
     """The node's health. A GPU figure is None when the node cannot know it (never 0)."""
 
@@ -150,9 +162,12 @@ class Health(Answer):
     free_gpus: tuple[int, ...] | None = None
     by_job: Mapping[str, str] | None = None
     node_state: NodeState | None = None
+    gpu_ready: bool | None = None  # None: a machine without cards by design
+    gpu_not_ready_reason: str | None = None
+    image_store: ImageStore | None = None
 
     convert: ClassVar = {"runtime": one(Runtime), "node_state": one(NodeState), "free_gpus": tuple}
-    convert |= {"protocols": tuple, "features": tuple}
+    convert |= {"protocols": tuple, "features": tuple, "image_store": one(ImageStore)}
 
 
 @dataclass(frozen=True)
@@ -175,8 +190,10 @@ class Inventory(Answer):
     disk_free_bytes: int | None = None
     cpu_affinity: str = ""
     node_state: NodeState | None = None
+    image_store: ImageStore | None = None
 
     convert: ClassVar = {"node_state": one(NodeState), "protocols": tuple, "features": tuple}
+    convert |= {"image_store": one(ImageStore)}
 
 
 @dataclass(frozen=True)
@@ -235,6 +252,78 @@ class Jobs(Answer):
         copy.update(self.jobs)
         for ref in self.removed:
             copy.pop(ref, None)
+
+
+@dataclass(frozen=True)
+class Image(Answer):
+    """An image the node pulled, or that its own containers are made from."""
+
+    image: str = ""
+    id: str = ""
+    size_bytes: int | None = None
+    pulled_at: str | None = None  # None: the node never pulled it
+    last_used_at: str | None = None
+    in_use_by: tuple[str, ...] = ()
+    private: bool = False
+
+    convert: ClassVar = {"in_use_by": tuple}
+
+
+@dataclass(frozen=True)
+class ImagePull(Answer):
+    """One download, however many launches wait on it: pulling, or failed (``error``)."""
+
+    image: str = ""
+    phase: str = ""
+    bytes_done: int | None = None
+    bytes_total: int | None = None
+    layers_done: int | None = None
+    layers_total: int | None = None
+    rate_bytes_per_s: float | None = None
+    eta_s: float | None = None
+    started_at: str | None = None
+    waiting: tuple[str, ...] = ()
+    error: str | None = None
+
+    convert: ClassVar = {"waiting": tuple}
+
+
+@dataclass(frozen=True)
+class Images(Answer):
+    """``GET /node/v1/images``: the node's images and its pulls."""
+
+    images: tuple[Image, ...] = ()
+    pulls: tuple[ImagePull, ...] = ()
+
+    convert: ClassVar = {"images": each(Image), "pulls": each(ImagePull)}
+
+
+@dataclass(frozen=True)
+class Prefetch(Answer):
+    """A prefetch's answer: ``phase`` present (nothing pulled) or pulling."""
+
+    image: str = ""
+    phase: str = ""
+
+
+@dataclass(frozen=True)
+class RemovedImage(Answer):
+    image: str = ""
+    id: str = ""
+    size_bytes: int | None = None
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class ImageGc(Answer):
+    """One image GC run: what it removed (least recently used first) and the store after."""
+
+    scope: str = ""
+    freed_bytes: int = 0
+    removed: tuple[RemovedImage, ...] = ()
+    image_store: ImageStore | None = None
+
+    convert: ClassVar = {"removed": each(RemovedImage), "image_store": one(ImageStore)}
 
 
 def states(answer: object) -> dict[str, JobState]:

@@ -157,26 +157,27 @@ def logs(
     return Call("GET", "/node/v1/logs", lambda a: answers.build(answers.Logs, a), query=query)
 
 
-def images() -> Call[dict[str, Any]]:
-    """The node's images and pulls, as its JSON (``{"images": [...], "pulls": [...]}``)."""
-    return Call("GET", "/node/v1/images", dict)
+def images() -> Call[answers.Images]:
+    """The node's images and pulls."""
+    return Call("GET", "/node/v1/images", lambda a: answers.build(answers.Images, a))
 
 
 def pull_image(
     image: str, registry_auth: Mapping[str, str] | None, pull_policy: str
-) -> Call[dict[str, Any]]:
-    """A prefetch: ``{"image", "phase": "pulling" | "present"}``."""
+) -> Call[answers.Prefetch]:
+    """A prefetch: its ``phase`` is pulling or present."""
     body: dict[str, Any] = {"image": image}
     if registry_auth is not None:
         body["registry_auth"] = dict(registry_auth)
     if pull_policy:
         body["pull_policy"] = pull_policy
-    return Call("POST", "/node/v1/images/pull", dict, body)
+    return Call("POST", "/node/v1/images/pull", lambda a: answers.build(answers.Prefetch, a), body)
 
 
-def image_gc() -> Call[dict[str, Any]]:
-    """One image GC run now: what it removed and the store after, as the node's JSON."""
-    return Call("POST", "/node/v1/images/gc", dict, {}, wait_s=STOP_ALLOWANCE_S)
+def image_gc() -> Call[answers.ImageGc]:
+    """One image GC run now: what it removed and the store after."""
+    build = lambda a: answers.build(answers.ImageGc, a)  # noqa: E731
+    return Call("POST", "/node/v1/images/gc", build, {}, wait_s=STOP_ALLOWANCE_S)
 
 
 def health() -> Call[answers.Health]:

@@ -137,15 +137,15 @@ class NodeClient:
                 return
             yield from response.iter_text()
 
-    def images(self) -> dict[str, Any]:
+    def images(self) -> answers.Images:
         return self.call(calls.images())
 
     def pull_image(
         self, image: str, *, registry_auth: Mapping[str, str] | None = None, pull_policy: str = ""
-    ) -> dict[str, Any]:
+    ) -> answers.Prefetch:
         return self.call(calls.pull_image(image, registry_auth, pull_policy))
 
-    def image_gc(self) -> dict[str, Any]:
+    def image_gc(self) -> answers.ImageGc:
         return self.call(calls.image_gc())
 
     def health(self) -> answers.Health:

@@ -364,7 +364,7 @@ def reap(ctl: Ctl, args: argparse.Namespace) -> int:
 
 
 def gc(ctl: Ctl, args: argparse.Namespace) -> int:
-    return ctl.show(ctl.client.image_gc(), render.show_image_gc)
+    return ctl.show(ctl.client.image_gc().raw, render.show_image_gc)
 
 
 def cordon(ctl: Ctl, args: argparse.Namespace) -> int:
@@ -400,7 +400,7 @@ def logs(ctl: Ctl, args: argparse.Namespace) -> int:
 
 
 def images(ctl: Ctl, args: argparse.Namespace) -> int:
-    return ctl.show(ctl.client.images(), render.show_images)
+    return ctl.show(ctl.client.images().raw, render.show_images)
 
 
 def pull(ctl: Ctl, args: argparse.Namespace) -> int:
@@ -408,8 +408,9 @@ def pull(ctl: Ctl, args: argparse.Namespace) -> int:
     or went (1)."""
     answer = ctl.client.pull_image(args.image, **pull_body(args))
     image = render.as_text(args.image)  # the registry's words and the image's are text
-    ctl.show(answer, lambda out, a: out.print(f"{image}: [cyan]{render.as_text(a['phase'])}[/]"))
-    if not args.wait or answer.get("phase") == "present":
+    phase = render.as_text(answer.phase)
+    ctl.show(answer.raw, lambda out, _: out.print(f"{image}: [cyan]{phase}[/]"))
+    if not args.wait or answer.phase == "present":
         return 0
     found = _await_prefetch(ctl, args.image)
     if found.get("phase") == "failed":
@@ -440,19 +441,19 @@ def pull_body(args: argparse.Namespace) -> dict[str, Any]:
 
 def _await_prefetch(ctl: Ctl, image: str) -> Mapping[str, Any]:
     """Read the node's images until the image's pull ends: the image as listed, or the
-    failed pull (or {} when neither: the pull went without the image)."""
+    failed pull (or {} when neither: the pull went without the image), as the node's JSON."""
     with render.PullProgress(ctl.out, image, shown=not ctl.json) as bar:
         while True:
             answer = ctl.client.images()
-            pulls = [p for p in answer["pulls"] if p.get("image") == image]
-            running = [p for p in pulls if p.get("phase") == "pulling"]
+            pulls = [p for p in answer.pulls if p.image == image]
+            running = [p for p in pulls if p.phase == "pulling"]
             if running:
-                bar.update(running[0], prefix="")
+                bar.update(running[0].raw, prefix="")
                 time.sleep(POLL_S)
                 continue
-            listed = [i for i in answer["images"] if i.get("image") == image]
-            found: Mapping[str, Any] = (pulls or listed or [{}])[0]
-            return found
+            listed = [i for i in answer.images if i.image == image]
+            found = (pulls or listed or [None])[0]
+            return {} if found is None else found.raw
 
 
 # --- launch ---------------------------------------------------------------------------

@@ -133,7 +133,8 @@ CASES: list[tuple[str, dict[str, Any], bool]] = [
     ("no image", launch(image=""), False),
     ("an upper-case path", launch(image="registry/Trainer:1"), False),
     ("an image with a unicode tag", launch(image="busybox:\u00e9"), False),  # the engine's 5xx
-    ("an image at 1000 characters", launch(image="a/" + "b" * 250 + ":" + "t" * 127), True),
+    # The engines' longest name (255, counted after a docker.io/ they would add) and tag.
+    ("an image at its limits", launch(image="r.io/" + "b" * 250 + ":" + "t" * 127), True),
     ("a name", launch(name="job-1"), True),
     ("a name at its limit", launch(name="z" * 201), True),
     ("a name over it", launch(name="z" * 202), False),

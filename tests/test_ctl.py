@@ -534,6 +534,7 @@ def test_signal_and_a_warned_stop_reach_a_job(ctl: Ctl, process_node: Node, tmp_
     assert marker.read_text() == "usr1\nusr1\n"
 
 
+@pytest.mark.slow  # a daemon process of its own
 def test_jobs_lists_every_job_and_watch_redraws_at_each_change(
     ctl: Ctl, process_node: Node
 ) -> None:
@@ -986,6 +987,7 @@ def test_a_registrys_words_reach_the_terminal_as_text(
 # --- images and pull -----------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a daemon process of its own
 def test_pull_of_a_present_image_says_so_and_images_lists_the_nodes(
     ctl: Ctl, process_node: Node
 ) -> None:
@@ -998,6 +1000,7 @@ def test_pull_of_a_present_image_says_so_and_images_lists_the_nodes(
     assert code == 0 and json.loads(out) == api(process_node, "/node/v1/images")
 
 
+@pytest.mark.slow  # a daemon process of its own
 def test_pull_exits_as_the_other_verbs(
     ctl: Ctl, process_node: Node, engine_down_node: Node
 ) -> None:

@@ -442,6 +442,7 @@ class Walk:
         await wait_until(lambda: cache.synced and cache.syncs > syncs, timeout=10)
 
 
+@pytest.mark.slow  # a model walk of a second and more
 async def test_a_console_applying_every_answer_holds_what_the_list_holds(
     fake_node: MakeFakeNode, fake: FakeRuntime, clock: FakeClock
 ) -> None:

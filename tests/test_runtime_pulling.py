@@ -134,6 +134,7 @@ async def test_a_cancelled_pull_returns_at_once_and_closes_its_stream(pool: Bloc
     assert stream.closed.wait(1)
 
 
+@pytest.mark.slow  # a second and more of the loop held, as SIGSTOP holds it
 async def test_time_the_node_did_not_run_is_no_stall(pool: BlockingPool) -> None:
     """Finding 14 of issue 25: after a SIGSTOP of the daemon longer than the stall
     deadline, pulls failed "no progress" while the engine had gone on downloading: the
@@ -157,6 +158,7 @@ async def test_time_the_node_did_not_run_is_no_stall(pool: BlockingPool) -> None
     assert seen[-1] == PullProgress(1000, 1000, 1, 1)
 
 
+@pytest.mark.slow  # a second and more of the loop held, as SIGSTOP holds it
 async def test_a_pull_stalled_before_the_node_stopped_still_meets_its_deadline(
     pool: BlockingPool,
 ) -> None:

@@ -30,6 +30,7 @@ from tuneplane_node.runtime.base import (
     LINUX_CAPABILITIES,
     Confinement,
     ContainerSpec,
+    DeviceSupport,
     LogQuery,
     Mount,
 )
@@ -184,6 +185,8 @@ def adapter(kind: str, **settings: Any) -> EngineRuntime:
 
 async def test_docker_options_replace_the_entrypoint_and_request_the_cards() -> None:
     runtime = adapter("docker")
+    assert isinstance(runtime, DockerRuntime)
+    runtime.support = DeviceSupport(runtimes=("nvidia", "runc"))  # the NVIDIA toolkit's
     options = runtime.create_options(SPEC)
     await runtime.close()
 
@@ -198,6 +201,31 @@ async def test_docker_options_replace_the_entrypoint_and_request_the_cards() -> 
     ]
     (request,) = options["device_requests"]
     assert (request["DeviceIDs"], request["Capabilities"]) == (["1", "3"], [["gpu"]])
+
+
+@pytest.mark.parametrize(
+    ("support", "driver", "ids"),
+    [
+        (
+            DeviceSupport(runtimes=("runc",), cdi_dirs=("/etc/cdi",)),
+            "cdi",
+            ["nvidia.com/gpu=1", "nvidia.com/gpu=3"],
+        ),
+        (DeviceSupport(runtimes=("nvidia", "runc"), cdi_dirs=("/etc/cdi",)), "", ["1", "3"]),
+    ],
+)
+async def test_docker_without_the_nvidia_runtime_gets_the_cards_as_cdi_devices(
+    support: DeviceSupport, driver: str, ids: list[str]
+) -> None:
+    """Docker 25+ reading CDI specifications and no nvidia runtime: readiness says ready,
+    so the cards go as its `cdi` driver's devices (`--device nvidia.com/gpu=1`); a GPU
+    device request there is docker's 'could not select device driver'."""
+    runtime = adapter("docker")
+    assert isinstance(runtime, DockerRuntime)
+    runtime.support = support
+    (request,) = runtime.create_options(SPEC)["device_requests"]
+    await runtime.close()
+    assert (request["Driver"], request["DeviceIDs"]) == (driver, ids)
 
 
 async def test_podman_options_say_the_same_in_libpods_words() -> None:

@@ -15,8 +15,9 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
+from tuneplane_node.runtime.base import CDI_GPU_KIND as GPU_KIND
+
 log = logging.getLogger(__name__)
-GPU_KIND = "nvidia.com/gpu"
 SUFFIXES = (".json", ".yaml", ".yml")
 MAX_SPEC_BYTES = 4 * 2**20  # a spec of 8 cards is ~20 KB
 _KIND = re.compile(r"""^kind:\s*["']?([^"'\s#]+)""")

@@ -20,8 +20,8 @@ import asyncio
 from dataclasses import dataclass
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
-from tuneplane_node.gpu.cdi import GPU_KIND, gpu_devices
-from tuneplane_node.runtime.base import ContainerRuntime, DeviceSupport
+from tuneplane_node.gpu.cdi import gpu_devices
+from tuneplane_node.runtime.base import CDI_GPU_KIND, ContainerRuntime, DeviceSupport
 from tuneplane_node.settings import NodeSettings, env_name
 
 READING_TTL_S = 10.0
@@ -78,8 +78,8 @@ def needs_engine(*, engine: str, count: int, settings: NodeSettings) -> bool:
 def _docker(engine: str, support: DeviceSupport, count: int, cdi: set[str]) -> GpuReadiness:
     if "nvidia" in support.runtimes:
         return READY
-    if support.cdi_dirs and not _missing(count, cdi):
-        return READY
+    if support.cards_by_cdi and not _missing(count, cdi):
+        return READY  # the cards are handed as CDI devices
     runtimes = ", ".join(support.runtimes) or "none"
     fix = (
         f"{TOOLKIT} and run `sudo nvidia-ctk runtime configure --runtime=docker`, then "
@@ -95,7 +95,7 @@ def _cdi(engine: str, support: DeviceSupport, count: int, cdi: set[str]) -> GpuR
     missing = _missing(count, cdi)
     if not missing:
         return READY
-    named = ", ".join(f"{GPU_KIND}={index}" for index in missing)
+    named = ", ".join(f"{CDI_GPU_KIND}={index}" for index in missing)
     where = ", ".join(support.cdi_dirs)
     return GpuReadiness(
         False,

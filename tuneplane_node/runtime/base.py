@@ -258,6 +258,10 @@ class RuntimeHealth:
     error: str | None = None
 
 
+CDI_GPU_KIND = "nvidia.com/gpu"
+"""The CDI kind of an NVIDIA card: the device ``nvidia.com/gpu=<index>``."""
+
+
 @dataclass(frozen=True)
 class DeviceSupport:
     """How an engine can hand cards to a container, as it says of itself.
@@ -272,6 +276,12 @@ class DeviceSupport:
     cdi_dirs: tuple[str, ...] = ()
     cdi_local: bool = True
     error: str | None = None
+
+    @property
+    def cards_by_cdi(self) -> bool:
+        """Whether docker must be given the cards as CDI devices (its ``cdi`` driver):
+        no ``nvidia`` runtime for its GPU device request, but CDI specifications read."""
+        return "nvidia" not in self.runtimes and bool(self.cdi_dirs)
 
 
 @dataclass(frozen=True)

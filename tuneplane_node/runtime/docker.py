@@ -22,6 +22,7 @@ import urllib3.exceptions
 
 from tuneplane_node.runtime import dockerformat as fmt
 from tuneplane_node.runtime.base import (
+    CDI_GPU_KIND,
     RDMA_CAPABILITY,
     Brief,
     Confinement,
@@ -84,6 +85,7 @@ class DockerRuntime(EngineRuntime, errors=ERRORS):
     """The ContainerRuntime of a Docker engine."""
 
     client: docker.DockerClient
+    support: DeviceSupport | None = None  # the engine's last word on handing out cards
 
     def _connect(self, settings: NodeSettings) -> docker.DockerClient:
         options: dict[str, Any] = {
@@ -117,16 +119,23 @@ class DockerRuntime(EngineRuntime, errors=ERRORS):
         if mems:
             options["cpuset_mems"] = mems
         if cards := self.handed_cards(spec):
-            ids = [str(gpu) for gpu in cards]
-            options["device_requests"] = [
-                docker.types.DeviceRequest(device_ids=ids, capabilities=[["gpu"]])
-            ]
+            options["device_requests"] = [self._card_request(cards)]
         if spec.rdma_devices:
             options["devices"] = spec.rdma_mappings()
             memlock = -1 if spec.rdma_memlock is None else spec.rdma_memlock  # -1: unlimited
             options["ulimits"] = [docker.types.Ulimit(name="memlock", soft=memlock, hard=memlock)]
             options["cap_add"] = [*options["cap_add"], RDMA_CAPABILITY]
         return options
+
+    def _card_request(self, cards: tuple[int, ...]) -> docker.types.DeviceRequest:
+        """The NVIDIA device request (``--gpus``), or the cards as CDI devices on a docker
+        that has no nvidia runtime but reads CDI specifications (what readiness accepts)."""
+        support = self.support or self._device_support()
+        if support.cards_by_cdi:
+            ids = [f"{CDI_GPU_KIND}={gpu}" for gpu in cards]
+            return docker.types.DeviceRequest(driver="cdi", device_ids=ids)
+        ids = [str(gpu) for gpu in cards]
+        return docker.types.DeviceRequest(device_ids=ids, capabilities=[["gpu"]])
 
     def _inspect(self, ref: str) -> ContainerState:
         return fmt.state_from_inspect(self.api.inspect_container(ref))
@@ -194,12 +203,13 @@ class DockerRuntime(EngineRuntime, errors=ERRORS):
     def _device_support(self) -> DeviceSupport:
         info = self.api.info()
         local = self.settings.docker_host or os.environ.get("DOCKER_HOST") or "unix://"
-        return DeviceSupport(
+        self.support = DeviceSupport(
             runtimes=tuple(sorted(info.get("Runtimes") or {})),
             # Docker 25 and later, with the cdi feature on; absent or empty before.
             cdi_dirs=tuple(info.get("CDISpecDirs") or ()),
             cdi_local=local.startswith("unix://"),
         )
+        return self.support
 
     def _remaps_users(self) -> bool:
         options = self.api.info().get("SecurityOptions") or []

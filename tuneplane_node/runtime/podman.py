@@ -25,6 +25,7 @@ import requests.exceptions
 from tuneplane_node.runtime import dockerformat as fmt
 from tuneplane_node.runtime import seccomp
 from tuneplane_node.runtime.base import (
+    CDI_GPU_KIND,
     LABEL_RUN_ID,
     RDMA_CAPABILITY,
     UNLIMITED,
@@ -114,7 +115,7 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
             options["cpuset_cpus"] = cpus
         if mems:
             options["cpuset_mems"] = mems
-        devices = [f"nvidia.com/gpu={gpu}" for gpu in self.handed_cards(spec)]
+        devices = [f"{CDI_GPU_KIND}={gpu}" for gpu in self.handed_cards(spec)]
         if devices or spec.rdma_devices:
             options["devices"] = devices + spec.rdma_mappings()
         if spec.rdma_devices:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -83,6 +84,13 @@ async def restart_own_engine(*args: str) -> None:
 
 def podman_url() -> str:
     return os.environ.get("TUNEPLANE_TEST_PODMAN_URL", "unix:///run/podman/podman.sock")
+
+
+def interruptible() -> None:
+    """A child's ``preexec_fn``: Ctrl-C (SIGINT) ends it, as on a terminal. A suite started
+    in the background (``cmd &`` in a script, as a CI runner may) ignores SIGINT, and
+    an ignored signal stays ignored across exec: a child sent SIGINT would never hear it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def under_ci() -> bool:

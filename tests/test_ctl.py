@@ -45,6 +45,7 @@ from tests.helpers import (
     engine_settings,
     forget_image,
     free_port,
+    interruptible,
     podman_url,
     python_path,
     spawn_daemon,
@@ -555,6 +556,7 @@ def test_jobs_lists_every_job_and_watch_redraws_at_each_change(
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        preexec_fn=interruptible,  # it is ended with Ctrl-C
     )
     try:
         assert watch.stdout is not None
@@ -657,7 +659,7 @@ async def spawn_in_terminal(
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "tuneplane_node", *argv,
-        stdin=slave, stdout=slave, stderr=slave, env=env,
+        stdin=slave, stdout=slave, stderr=slave, env=env, preexec_fn=interruptible,
     )  # fmt: skip
     os.close(slave)  # the child holds it: the master reads EIO once the child is gone
     return process, master
@@ -839,7 +841,7 @@ async def test_stats_draws_a_live_table_in_a_terminal(tmp_path: Path) -> None:
         # Two pids: the job's shell and its init.
         live = re.compile(rf"│ {ref} +│ running +│ \d\.\d\d cores +│ .*B / [\d.]+ [kMGT]B +│ 2 ")
         code, drawn = await interrupt_in_terminal(
-            ["ctl", "stats", ref, "--interval", "0.5"], env, until=live
+            ["ctl", "stats", ref, "--interval", "0.5"], env, until=live, times=2
         )
     finally:
         await _remove([ref])
@@ -851,15 +853,20 @@ async def test_stats_draws_a_live_table_in_a_terminal(tmp_path: Path) -> None:
 
 
 async def interrupt_in_terminal(
-    argv: list[str], env: dict[str, str], *, until: re.Pattern[str], timeout: float = 60
+    argv: list[str],
+    env: dict[str, str],
+    *,
+    until: re.Pattern[str],
+    times: int = 1,
+    timeout: float = 60,
 ) -> tuple[int, str]:
     """``python -m tuneplane_node ARGV`` on a pseudo-terminal until what it drew matches
-    ``until``, then Ctrl-C: its exit code and what it drew, escapes removed."""
+    ``until`` ``times`` times, then Ctrl-C: its exit code and what it drew, escapes removed."""
     process, master = await spawn_in_terminal(argv, env, columns=160)
     drawn = bytearray()
     deadline = time.monotonic() + timeout
     try:
-        while not until.search(ANSI.sub("", drawn.decode("utf-8", "replace"))):
+        while len(until.findall(ANSI.sub("", drawn.decode("utf-8", "replace")))) < times:
             assert time.monotonic() < deadline, ANSI.sub("", drawn.decode("utf-8", "replace"))
             drawn.extend(await asyncio.to_thread(_read_some, master))
         process.send_signal(signal.SIGINT)

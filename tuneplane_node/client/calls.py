@@ -159,7 +159,7 @@ def logs(
 
 def images() -> Call[answers.Images]:
     """The node's images and pulls."""
-    return Call("GET", "/node/v1/images", lambda a: answers.build(answers.Images, a))
+    return Call("GET", "/node/v1/images", answers.one(answers.Images))
 
 
 def pull_image(
@@ -171,13 +171,13 @@ def pull_image(
         body["registry_auth"] = dict(registry_auth)
     if pull_policy:
         body["pull_policy"] = pull_policy
-    return Call("POST", "/node/v1/images/pull", lambda a: answers.build(answers.Prefetch, a), body)
+    return Call("POST", "/node/v1/images/pull", answers.one(answers.Prefetch), body)
 
 
 def image_gc() -> Call[answers.ImageGc]:
     """One image GC run now: what it removed and the store after."""
-    build = lambda a: answers.build(answers.ImageGc, a)  # noqa: E731
-    return Call("POST", "/node/v1/images/gc", build, {}, wait_s=STOP_ALLOWANCE_S)
+    read = answers.one(answers.ImageGc)
+    return Call("POST", "/node/v1/images/gc", read, {}, wait_s=STOP_ALLOWANCE_S)
 
 
 def health() -> Call[answers.Health]:

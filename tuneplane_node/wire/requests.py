@@ -537,7 +537,9 @@ def parse_signal(body: Mapping[str, Any], field: str) -> str | None:
 IMAGE_SCHEMA = text(most=MAX_IMAGE, least=1, pattern=anchored(IMAGE_REFERENCE.pattern))
 IMAGE_DOC = (
     "Image reference, by the distribution grammar (`registry:port/path/name:tag@sha256:...`, "
-    f"lower-case path, the name before the tag at most {MAX_IMAGE_NAME} characters); "
+    f"lower-case path, a port up to 65535, the name before the tag at most {MAX_IMAGE_NAME} "
+    "characters counted as the engines count it, with `docker.io/` (and `library/`) added "
+    "to a name without a registry); "
     "anything else (`UPPER/Case`, `--help`, `../containers/x`) is refused before the "
     "engine sees it."
 )

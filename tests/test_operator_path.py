@@ -59,7 +59,10 @@ class Machine:
         return line.replace("dist/", f"{self.root}/dist/")
 
     def run(self, line: str) -> subprocess.CompletedProcess[str]:
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.root)}
+        """One line in the operator's root shell: this environment (pip's index, proxies)
+        but no TUNEPLANE_ setting, which comes from the env file alone, and no
+        PYTHONPATH: the installed wheel runs, not the checkout."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("TUNEPLANE_", "PYTHON"))}
         env["TUNEPLANE_CTL_URL"] = f"http://127.0.0.1:{self.port}"
         return subprocess.run(
             ["bash", "-c", self.moved(line)],

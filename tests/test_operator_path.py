@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import DEV_DOCKER_SOCK, IMAGE, REPO, engine_missing, free_port, unique
-from tests.test_deploy import systemd_tool
+from tests.test_deploy import systemd_tool, unit_settings
 from tuneplane_node.wire import PROTOCOL, PROTOCOL_HEADER
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
@@ -89,8 +89,8 @@ class Machine:
         """What ``systemctl enable --now`` starts: the socket unit's port held outside the
         daemon, the service's ExecStart with its EnvironmentFile, in its directory."""
         units = self.file("/etc/systemd/system/")
-        service = unit_keys(units / "tuneplane-node.service")
-        assert unit_keys(units / "tuneplane-node.socket")["ListenStream"] == "8470"
+        service = {k: v[-1] for k, v in unit_settings(units / "tuneplane-node.service").items()}
+        assert unit_settings(units / "tuneplane-node.socket")["ListenStream"] == ["8470"]
         settings = env_file(self.moved(service["EnvironmentFile"]))
         workdir = self.file(service["WorkingDirectory"])  # systemd makes it: StateDirectory=
         workdir.mkdir(parents=True, exist_ok=True)
@@ -134,16 +134,6 @@ def answer_of(raw: bytes) -> Any:
         return json.loads(raw)
     except ValueError:
         return raw.decode()
-
-
-def unit_keys(path: Path) -> dict[str, str]:
-    """A unit file's keys (the last of each), as systemd reads them."""
-    keys = {}
-    for line in path.read_text().splitlines():
-        if "=" in line and not line.startswith(("#", ";", "[")):
-            key, value = line.split("=", 1)
-            keys[key.strip()] = value.strip()
-    return keys
 
 
 def env_file(path: str) -> dict[str, str]:

@@ -212,7 +212,12 @@ async def test_fifty_stops_in_their_warning_phase_hold_no_thread_and_health_stay
 
     plan: dict[str, Any] = {"warn_signal": "SIGUSR1", "warn_s": 20}
     stops = [asyncio.create_task(node.stop(ref, timeout=600, **plan)) for ref in refs]
-    await asyncio.sleep(1)  # every warning is out; the 50 stops wait out warn_s
+    # Every warning out (50 stop requests reach the node in about a second, longer under
+    # load); then the 50 stops wait out warn_s.
+    deadline = time.monotonic() + 15
+    while not all("stopping" in state for state in [await node.state(ref) for ref in refs]):
+        assert time.monotonic() < deadline, "a stop never reached its warning"
+        await asyncio.sleep(0.2)
     assert {(await node.state(ref))["stopping"]["phase"] for ref in refs} == {"warned"}
     took = []
     for _ in range(10):

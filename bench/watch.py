@@ -104,7 +104,7 @@ def one_exit(api: Api, made: Fleet, dies: DieWatcher, index: int) -> tuple[float
 
 
 def exits(api: Api, made: Fleet, count: int) -> None:
-    dies = DieWatcher(made.client, made.session)
+    dies = DieWatcher(made.client, made.session, inspect=False)
     node, engine, after = [], [], []
     for index in range(count):
         ours, theirs, since_delivery = one_exit(api, made, dies, index)

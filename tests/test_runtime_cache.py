@@ -22,6 +22,7 @@ from tests.helpers import job, wait_until
 from tuneplane_node.errors import EngineRefused, EngineUnavailable
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs import JobService, LaunchRequest, Started
+from tuneplane_node.runtime import cache as cache_module
 from tuneplane_node.runtime.base import (
     EXIT_SIGKILL,
     LABEL_RUN_ID,
@@ -294,6 +295,46 @@ class RefusingInspects:
             reason = "read /proc/11946/cgroup: no such process"
             raise EngineRefused(engine="fake", action=f"inspect {ref}", reason=reason)
         return self.fake.inspect_now(ref)
+
+
+class WatchedInspects:
+    """The fake engine, noting what the cache said of a container as each inspect after
+    an event began (read from the event thread: a dict lookup)."""
+
+    def __init__(self, fake: FakeRuntime) -> None:
+        self.fake = fake
+        self.cache: StateCache | None = None
+        self.seen: list[str | None] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.fake, name)
+
+    def inspect_now(self, ref: str) -> ContainerState:
+        assert self.cache is not None
+        known = self.cache.states.get(self.cache.names.get(ref, ""))
+        self.seen.append(known.status if known else None)
+        return self.fake.inspect_now(ref)
+
+
+async def test_a_die_is_on_the_loop_before_its_inspect_takes_the_thread(
+    fake: FakeRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The inspect's Python would hold the GIL the loop needs to tell the exit: the loop
+    takes the die first, so a waiting watch hears of it without waiting on the inspect."""
+    monkeypatch.setattr(cache_module, "HANDOVER_S", 5.0)  # a loaded machine's loop too
+    feed = WatchedInspects(fake)
+    cached = CachedRuntime(feed, relist_s=3600, sync_timeout=5, clock=fake.clock)
+    feed.cache = cached.cache
+    await cached.start()
+    try:
+        name = await running(fake)
+        await wait_until(lambda: cached.cache.states.get(name) is not None, timeout=5)
+        feed.seen.clear()
+        fake.exit(name, 4)
+        await wait_until(lambda: len(feed.seen) == 1, timeout=5)
+        assert feed.seen == ["exited"]  # the provisional exit was written first
+    finally:
+        await cached.cache.close()
 
 
 @pytest.mark.parametrize(("refusals", "stale"), [(2, False), (3, True)])

@@ -46,7 +46,8 @@ def root_logging_restored() -> Iterator[None]:
     handlers, level = list(root.handlers), root.level
     yield
     root.handlers[:] = handlers
-    root.setLevel(level)
+    if root.level != level:  # setLevel clears every logger's cache: not on each test
+        root.setLevel(level)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

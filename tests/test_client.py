@@ -463,14 +463,14 @@ async def test_watch_rides_out_an_engine_outage_without_a_busy_loop(
     client = AsyncNodeClient(url_of(node), token=TOKEN, transport=counting)
     answers: list[Jobs] = []
     copy: dict[str, JobState] = {}
-    backoff = Backoff(first=0.02, most=0.1)
+    backoff = Backoff(first=0.01, most=0.05)
     watcher = asyncio.ensure_future(collect(client, answers, copy, wait=30, backoff=backoff))
     try:
         await until(lambda: answers)
         fake.up = False
         await settled(node)
         before = counting.requests
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.25)
         asked = counting.requests - before
         assert 2 <= asked <= 20, asked  # asked again and again, each after a pause
         assert not watcher.done()  # a 503 is waited out, not raised

@@ -110,7 +110,7 @@ async def test_a_job_deaf_to_the_warning_gets_its_stop_signal_after_warn_s_then_
             await asyncio.sleep(0.01)
 
     watching = asyncio.create_task(watch())
-    plan = StopPlan(grace=0.2, warn_signal="SIGUSR1", warn_s=0.2)
+    plan = StopPlan(grace=0.1, warn_signal="SIGUSR1", warn_s=0.1)
     await service.stop("tuneplane-r1", plan)
     await watching
 

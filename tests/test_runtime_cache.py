@@ -474,7 +474,7 @@ async def test_the_reconnect_backoff_starts_again_once_a_stream_has_synced(
     backoff doubling across restarts. An engine down for the same time each restart
     costs the same time each restart."""
     runtime = CachedRuntime(
-        fake, relist_s=3600, sync_timeout=5, clock=fake.clock, backoff_s=(0.05, 5.0)
+        fake, relist_s=3600, sync_timeout=5, clock=fake.clock, backoff_s=(0.01, 5.0)
     )
     await runtime.start()
     outages = []
@@ -482,14 +482,14 @@ async def test_the_reconnect_backoff_starts_again_once_a_stream_has_synced(
         for _ in range(5):
             fake.up = False
             await wait_until(lambda: not runtime.cache.synced, timeout=5)
-            await asyncio.sleep(0.12)  # down a while: two tries fail (0.05 s, then 0.1 s)
+            await asyncio.sleep(0.025)  # down a while: two tries fail (0.01 s, then 0.02 s)
             fake.up = True
             back = time.monotonic()
             await wait_until(lambda: runtime.cache.synced, timeout=10)
             outages.append(time.monotonic() - back)
     finally:
         await runtime.cache.close()
-    # Without the reset the fifth waits 0.05 * 2**7 s = 6.4 s, capped at 5 s.
+    # Without the reset the fifth waits 0.01 * 2**7 s = 1.28 s.
     assert max(outages) < 0.5, outages
 
 

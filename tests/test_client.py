@@ -23,6 +23,7 @@ import tuneplane_node.client as client_package
 from tests.conftest import IMAGE, MakeFakeNode
 from tests.fakes import FakeClock, FakeRuntime
 from tests.helpers import TOKEN, Console, free_port, python_path, unique, wait_until
+from tests.test_daemon_server import make_ca
 from tuneplane_node import wire
 from tuneplane_node.client import (
     PROTOCOL,
@@ -55,6 +56,7 @@ from tuneplane_node.client import (
     Unreachable,
 )
 from tuneplane_node.client.answers import Health, Jobs, build
+from tuneplane_node.client.endpoint import Endpoint, Tls
 from tuneplane_node.client.errors import refusal
 from tuneplane_node.client.watch import Watch
 from tuneplane_node.daemon.state import JOBS
@@ -320,6 +322,20 @@ async def test_no_answer_is_unreachable_and_a_bad_setup_fails_before_asking() ->
             NodeClient(bad, token=TOKEN)
     with pytest.raises(ConfigError):
         NodeClient("http://node:8470", token="two\nlines")
+
+
+def test_clients_share_the_systems_tls_context_and_one_with_its_own_ca_has_its_own(
+    tmp_path: Path,
+) -> None:
+    """A console talks to thousands of nodes: a context per client read the CA bundle
+    again each time (about 15 ms and a certificate store each), http:// ones included."""
+    plain = [Endpoint(f"http://node-{n}:8470", token=TOKEN) for n in range(3)]
+    secure = [Endpoint(f"https://node-{n}:8470", token=TOKEN) for n in range(3)]
+    assert len({id(endpoint.verify) for endpoint in plain + secure}) == 1
+    own = Endpoint("https://node:8470", token=TOKEN, tls=Tls(cacert=make_ca(tmp_path, "ca")))
+    assert own.verify is not secure[0].verify
+    subjects = [ca["subject"] for ca in own.verify.get_ca_certs()]
+    assert subjects == [((("commonName", "ca"),),)]
 
 
 @pytest.mark.parametrize(

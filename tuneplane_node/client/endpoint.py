@@ -5,6 +5,7 @@ token and the protocol header), TLS, and the one place httpx's errors become our
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import ssl
@@ -39,6 +40,8 @@ class Tls:
         return any((self.cacert, self.cert, self.key))
 
     def context(self) -> ssl.SSLContext:
+        if not self.given():
+            return system_context()
         if self.key is not None and self.cert is None:
             raise ConfigError("a TLS key needs its certificate (cert)")
         try:
@@ -51,6 +54,14 @@ class Tls:
 
 
 NO_TLS = Tls()
+
+
+@functools.cache
+def system_context() -> ssl.SSLContext:
+    """The system's CAs, loaded once for every client of the process. A context per
+    client read the bundle again each time, about 15 ms and a certificate store per node
+    a console talks to, and httpx makes one even for an http:// URL unless given one."""
+    return ssl.create_default_context()
 
 
 class Endpoint:
@@ -69,7 +80,7 @@ class Endpoint:
         if not token or any(c in token for c in "\r\n"):
             raise ConfigError("the token must be one non-empty line")
         self.url = url.rstrip("/")
-        self.verify: ssl.SSLContext | bool = tls.context() if parts.scheme == "https" else True
+        self.verify = tls.context() if parts.scheme == "https" else system_context()
         self.headers = {
             "Authorization": f"Bearer {token}",
             PROTOCOL_HEADER: str(PROTOCOL),

@@ -60,7 +60,9 @@ NO_TLS = Tls()
 def system_context() -> ssl.SSLContext:
     """The system's CAs, loaded once for every client of the process. A context per
     client read a bundle again each time, 40 ms and 830 KiB per node a console talks to
-    (bench/clients.py), and httpx makes one even for an http:// URL unless given one."""
+    (bench/clients.py), and httpx makes one even for an http:// URL unless given one.
+    Shared safely while no client speaks HTTP/2: httpcore sets the context's ALPN on each
+    connection, to the same ``http/1.1`` for every client."""
     return ssl.create_default_context()
 
 

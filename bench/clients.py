@@ -16,26 +16,15 @@ import platform
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-TOKEN = "bench-token-0123456789"
+import httpx
+from harness import TOKEN, proc_status_kib  # it puts the checkout on sys.path
 
-
-def resident_kib() -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
+from tuneplane_node.client import NodeClient
 
 
 def make(variant: str, scheme: str, count: int) -> None:
     """In this process: ``count`` clients of ``variant``, then one line of figures."""
-    sys.path.insert(0, str(REPO))  # from a checkout, not an install
-    import httpx
-
-    from tuneplane_node.client import NodeClient
 
     def one(n: int) -> object:
         url = f"{scheme}://node-{n}.example:8470"
@@ -44,10 +33,10 @@ def make(variant: str, scheme: str, count: int) -> None:
         return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"})
 
     one(-1)  # imports and first-use costs out of the figures
-    before, started = resident_kib(), time.perf_counter()
+    before, started = proc_status_kib("VmRSS"), time.perf_counter()
     clients = [one(n) for n in range(count)]
     elapsed = time.perf_counter() - started
-    grown = resident_kib() - before
+    grown = proc_status_kib("VmRSS") - before
     each_ms, each_kib = elapsed / count * 1000, grown / count
     print(f"{variant:5s} {scheme:5s}: {each_ms:7.2f} ms and {each_kib:6.0f} KiB a client")
     assert len(clients) == count

@@ -14,18 +14,10 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from harness import Api, Daemon, arguments, fleet, machine, median
+from harness import Api, Daemon, arguments, fleet, machine, median, proc_status_kib
 
 SETTLE_S = 1.0
 CONCURRENT = 200
-
-
-def status_kb(daemon: Daemon, field: str) -> int:
-    with open(f"/proc/{daemon.pid}/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"no {field} line")
 
 
 def warm(api: Api, names: Sequence[str]) -> int:
@@ -58,10 +50,10 @@ def fresh(names: Sequence[str], *, burst: bool) -> tuple[int, int, int]:
     with Daemon() as daemon:
         api = Api(daemon.url)
         cached = warm(api, names)
-        rss = status_kb(daemon, "VmRSS")
+        rss = proc_status_kib("VmRSS", daemon.pid)
         if burst:
             serve_burst(daemon.url, names)
-        after = status_kb(daemon, "VmRSS")
+        after = proc_status_kib("VmRSS", daemon.pid)
         api.close()
     return rss, after, cached
 
@@ -76,12 +68,12 @@ def main() -> None:
     with fleet("footprint") as made, Daemon() as lived:
         api = Api(lived.url)
         idle = [fresh([], burst=False) for _ in range(args.rounds)]
-        lived_idle = (status_kb(lived, "VmRSS"), warm(api, []))
+        lived_idle = (proc_status_kib("VmRSS", lived.pid), warm(api, []))
         names = made.create(args.containers)
         api.wait_tracked(names)
-        lived_loaded = (status_kb(lived, "VmRSS"), warm(api, names))
+        lived_loaded = (proc_status_kib("VmRSS", lived.pid), warm(api, names))
         loaded = [fresh(names, burst=True) for _ in range(args.rounds)]
-        peak = status_kb(lived, "VmHWM")
+        peak = proc_status_kib("VmHWM", lived.pid)
         api.close()
     report(idle, loaded, lived_idle, lived_loaded, peak)
 

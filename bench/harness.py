@@ -113,6 +113,15 @@ def meminfo(field: str) -> int:
     return 0
 
 
+def proc_status_kib(field: str, pid: int | str = "self") -> int:
+    """A memory line of /proc/<pid>/status (``VmRSS``, ``VmHWM``), in KiB."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no {field} line in /proc/{pid}/status")
+
+
 # --- statistics -------------------------------------------------------------------------
 
 

@@ -57,6 +57,7 @@ from harness import (
     machine,
     median,
     percentile,
+    proc_status_kib,
     remove_container,
 )
 
@@ -271,7 +272,7 @@ class Soak:
         return Sample(
             cycle=cycle,
             seconds=time.monotonic() - self.started,
-            rss_kib=vm_rss_kib(),
+            rss_kib=proc_status_kib("VmRSS"),
             fds=len(os.listdir("/proc/self/fd")),
             threads=threading.active_count(),
             tasks=sum(1 for task in asyncio.all_tasks() if task is not current),
@@ -284,22 +285,6 @@ class Soak:
             objects=len(gc.get_objects()),
             containers=len(session_containers(self.engine, self.session)),
         )
-
-
-def vm_rss_kib() -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise RuntimeError("no VmRSS line in /proc/self/status")
-
-
-def vm_hwm_kib() -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    return 0
 
 
 def session_containers(engine: docker.DockerClient, session: str) -> list[str]:
@@ -428,7 +413,7 @@ def report(soak: Soak, samples: Sequence[Sample], latencies: Latencies) -> int:
         f"{verb} {median(seconds) * 1000:.1f} ms" for verb, seconds in soak.verb_seconds.items()
     )
     print(f"per request (median, warm-up included): {verbs}")
-    print(f"peak RSS (VmHWM): {vm_hwm_kib() / MIB:.1f} MiB")
+    print(f"peak RSS (VmHWM): {proc_status_kib('VmHWM') / MIB:.1f} MiB")
     growth = (final.objects - base.objects) / max(cycles, 1)
     print(f"gc-tracked objects: {base.objects} -> {final.objects} ({growth:+.2f} per cycle)")
     return verdict(base, final, soak.failures)

@@ -1,0 +1,111 @@
+"""Driving a live daemon from its OpenAPI document with schemathesis: every operation's
+generated cases, each answer held to the document (no 5xx, the schema, the codes). Its
+own module, imported by the fuzz tests alone: schemathesis takes a fifth of a second to
+import, which the fast suite, running none of them, should not pay."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import schemathesis
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis.errors import Unsatisfiable
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    negative_data_rejection,
+    response_headers_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from tests.helpers import TOKEN
+from tuneplane_node.daemon.routes import document
+
+
+def code_declared(ctx: Any, response: Any, case: schemathesis.Case) -> bool | None:
+    """An error's ``code`` is one its operation's document lists for its status."""
+    if response.status_code < 400:
+        return None
+    operation = document()["paths"][case.operation.path][case.operation.method.lower()]
+    declared = operation["responses"].get(str(response.status_code), {}).get("x-codes")
+    code = response.json().get("code")
+    assert declared is not None and code in declared, (response.status_code, code, declared)
+    return None
+
+
+CONFORMANCE = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+    response_headers_conformance,
+    code_declared,
+]
+
+
+def negative_data_refused(ctx: Any, response: Any, case: schemathesis.Case) -> bool | None:
+    """schemathesis' negative_data_rejection, but for a blank body: the API reads an
+    empty body, whitespace or not, as {} (docs/api.md, "API reference")."""
+    if isinstance(case.body, (str, bytes)) and not case.body.strip():
+        return None
+    return negative_data_rejection(ctx, response, case)  # type: ignore[no-any-return]
+
+
+AUTH = {"Authorization": f"Bearer {TOKEN}"}  # the protocol header is the case's own
+Adjust = Callable[[schemathesis.Case], None]
+
+
+def fuzz(
+    base_url: str,
+    *,
+    examples: int,
+    negative: bool = False,
+    skip: frozenset[str] = frozenset(),
+    adjust: Adjust = lambda case: None,
+) -> int:
+    """Drive every operation (but ``skip``) from the document; the requests sent."""
+    api = schemathesis.openapi.from_dict(document())
+    modes = [schemathesis.GenerationMode.POSITIVE]
+    modes += [schemathesis.GenerationMode.NEGATIVE] if negative else []
+    sent = itertools.count()
+    for result in api.get_all_operations():
+        operation = result.ok()
+        for mode in modes if operation.path not in skip else []:
+            send = sender(operation, mode, base_url=base_url, adjust=adjust, sent=sent)
+            try:
+                settings(max_examples=examples, **QUICK)(send)()
+            except Unsatisfiable:  # nothing to get wrong (/healthz): no negative case
+                assert mode == schemathesis.GenerationMode.NEGATIVE, operation.label
+    return next(sent)
+
+
+QUICK: dict[str, Any] = {
+    "deadline": None,
+    "database": None,  # every run starts fresh: no example replayed from another
+    "phases": [Phase.explicit, Phase.generate, Phase.shrink],
+    "suppress_health_check": list(HealthCheck),
+}
+
+
+def sender(
+    operation: schemathesis.APIOperation,
+    mode: schemathesis.GenerationMode,
+    *,
+    base_url: str,
+    adjust: Adjust,
+    sent: itertools.count[int],
+) -> Callable[[], None]:
+    """A hypothesis test sending the operation's cases and checking each answer."""
+    negative = mode == schemathesis.GenerationMode.NEGATIVE
+    checks = [*CONFORMANCE, *([negative_data_refused] if negative else [])]
+
+    @given(operation.as_strategy(generation_mode=mode))
+    def send(case: schemathesis.Case) -> None:
+        adjust(case)
+        next(sent)
+        case.call_and_validate(base_url=base_url, headers=AUTH, checks=checks, timeout=30)
+
+    return send  # type: ignore[no-any-return]

@@ -7,9 +7,11 @@ from __future__ import annotations
 import base64
 import json
 import platform
+import ssl
 import threading
 import urllib.parse
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -198,3 +200,29 @@ def test_a_pulls_size_is_its_platforms_layers_and_config_and_no_blob_is_asked_fo
 def test_a_registry_that_does_not_say_sizes_nothing(manifests: str) -> None:
     assert registry.compressed_size(f"{manifests}/team/none:1", None, timeout=5) is None
     assert registry.compressed_size("127.0.0.1:9/team/big:1", None, timeout=2) is None
+
+
+def test_checks_share_one_tls_context_across_requests_and_threads(
+    manifests: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each request built a context before, loading the CA bundle (50 ms of CPU) up to
+    four times a check (bench/registry.py)."""
+    built: list[ssl.SSLContext] = []
+    create = ssl.create_default_context
+
+    def counted() -> ssl.SSLContext:
+        built.append(create())
+        return built[-1]
+
+    def size(_: int) -> int | None:
+        return registry.compressed_size(f"{manifests}/team/big:1", None, timeout=5)
+
+    monkeypatch.setattr(ssl, "create_default_context", counted)
+    registry._loaded_tls.cache_clear()
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            sizes = list(pool.map(size, range(8)))
+    finally:
+        registry._loaded_tls.cache_clear()
+    assert sizes == [1000 + 7_000_000 + 2_461_458] * 8
+    assert len(built) == 1

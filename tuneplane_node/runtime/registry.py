@@ -16,11 +16,13 @@ over plain http, which is what both engines allow by default for loopback.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import logging
 import platform
 import re
 import ssl
+import threading
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -43,6 +45,24 @@ MANIFESTS = ", ".join((
 CHALLENGE = re.compile(r'(\w+)="([^"]*)"')
 MAX_MANIFEST_BYTES = 4 * 2**20  # registries refuse manifests past 4 MiB
 ARCHITECTURES = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "i686": "386"}
+
+
+_TLS_LOCK = threading.Lock()
+
+
+def system_tls() -> ssl.SSLContext:
+    """The system's CAs, loaded once per process: building a context reads the whole
+    bundle (40 ms of CPU on the development machine), and a check makes up to three
+    requests (the challenge, the token, the manifest). One context serves every pool
+    thread at once, as OpenSSL allows; a CA added to the system needs a restart, as it
+    does for the engines' own pulls."""
+    with _TLS_LOCK:  # the first checks can come at once, from several pool threads
+        return _loaded_tls()
+
+
+@functools.cache
+def _loaded_tls() -> ssl.SSLContext:
+    return ssl.create_default_context()
 
 
 class RegistryUnreachable(OSError):
@@ -132,7 +152,7 @@ def _fetch(
     """The status, the challenge of a 401, and the body (a manifest at most)."""
     request = urllib.request.Request(url, method=method, headers={"Accept": MANIFESTS, **headers})
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
+        with urllib.request.urlopen(request, timeout=timeout, context=system_tls()) as response:
             return response.status, "", response.read(MAX_MANIFEST_BYTES)
     except urllib.error.HTTPError as exc:
         return exc.code, exc.headers.get("WWW-Authenticate", "") if exc.headers else "", b""
@@ -175,7 +195,7 @@ def _token(
         url = f"{params['realm']}?{urllib.parse.urlencode(query)}"
         request = urllib.request.Request(url, headers={"Authorization": _basic(auth)})
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
+        with urllib.request.urlopen(request, timeout=timeout, context=system_tls()) as response:
             answer = json.loads(response.read(1 << 20))
     except urllib.error.HTTPError as exc:
         log.debug("token service of %s answered %d", name.registry, exc.code)

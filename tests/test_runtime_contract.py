@@ -69,6 +69,10 @@ class Subject:
     image: str
     fake: FakeRuntime | None = None
     has_images: bool = True  # the process runtime has none: every image is "there"
+    # How long a job is watched to show a signal did not end it. A wrongly ended job
+    # reads exited within: the fake at once, the process runtime one poll of its pid
+    # (20 ms) after the shell's loop turns, an engine after its event and inspect.
+    quiet_s: float = 0.3
 
     def spec(self, command: list[str], **fields: object) -> ContainerSpec:
         return job(command, image=self.image, **fields)
@@ -111,7 +115,7 @@ class Subject:
         its handler is in place."""
         action = "''" if exit_code is None else f"'exit {exit_code}'"
         script = f"trap {action} TERM; trap 'echo got-usr1' USR1; echo {READY}; "
-        script += "while true; do sleep 0.1; done"
+        script += "while true; do sleep 0.02; done"  # a trap runs once the sleep ends
         spec = await self.started(["/bin/sh", "-c", script])
         if self.fake is not None:
             container = self.fake.containers[spec.name]
@@ -121,7 +125,7 @@ class Subject:
         deadline = time.monotonic() + 20
         while READY not in await log_text(self.runtime, spec.name):
             assert time.monotonic() < deadline, "the job never said it was ready"
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.01)
         return spec
 
     async def foreign(self) -> ContainerSpec:
@@ -158,7 +162,8 @@ async def subject(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
         inner = await open_runtime(kind, local_gpu_passthrough=False)
     runtime = TrackingRuntime(inner)
     image = FAKE_IMAGE if fake is not None else IMAGE
-    yield Subject(kind, runtime, image, fake=fake, has_images=kind != "process")
+    quiet_s = {"fake": 0.02, "process": 0.1}.get(kind, 0.3)
+    yield Subject(kind, runtime, image, fake=fake, has_images=kind != "process", quiet_s=quiet_s)
     await runtime.cleanup()
     await inner.close()
 
@@ -307,7 +312,7 @@ async def test_a_trapped_signal_reaches_the_job_which_runs_on(subject: Subject) 
     if subject.fake is not None:
         subject.fake.containers[spec.name].handlers["SIGUSR1"] = None
     await subject.runtime.kill(spec.name, "SIGUSR1")
-    assert not await subject.runtime.wait_exited(spec.name, 0.3)
+    assert not await subject.runtime.wait_exited(spec.name, subject.quiet_s)
     if subject.fake is None:
         assert "got-usr1" in await log_text(subject.runtime, spec.name)
     await subject.runtime.kill(spec.name, "SIGTERM")
@@ -319,7 +324,7 @@ async def test_a_job_ignoring_sigterm_runs_on_until_sigkill(subject: Subject) ->
     spec = await subject.handling_sigterm(exit_code=None)
 
     await subject.runtime.kill(spec.name, "SIGTERM")
-    assert not await subject.runtime.wait_exited(spec.name, 0.2)  # it ignored it
+    assert not await subject.runtime.wait_exited(spec.name, subject.quiet_s)  # ignored
     assert (await subject.runtime.inspect(spec.name)).status == "running"
 
     await subject.runtime.kill(spec.name, "SIGKILL")

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
 from tests.fakes import FakeClock, FakeProbe, FakeRuntime
 from tests.helpers import (
@@ -109,14 +110,12 @@ IMAGE = "registry.test/trainer:1"
 
 class _GivenSettings(NodeSettings):
     """The node's settings from the arguments alone: the fast suite's nodes read no
-    environment or `.env` (a developer's TUNEPLANE_ variables cannot change a test), and
-    skipping the sources' per-field work keeps the suite fast. Validation is the same."""
+    environment or `.env` (a developer's TUNEPLANE_ variables cannot change a test).
+    Validation is the same, the model's own; only pydantic-settings' sources are skipped,
+    whose building was three quarters of each of the suite's 600 settings (1 ms)."""
 
-    @classmethod
-    def settings_customise_sources(
-        cls, settings_cls: Any, init_settings: Any, *sources: Any, **named: Any
-    ) -> tuple[Any, ...]:
-        return (init_settings,)
+    def __init__(self, **values: Any) -> None:
+        BaseModel.__init__(self, **values)
 
 
 def fake_settings(tmp_path: Any, **overrides: Any) -> NodeSettings:

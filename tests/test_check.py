@@ -18,6 +18,9 @@ from tests.helpers import docker_host, engine_missing, free_port, podman_url
 from tuneplane_node import cli
 from tuneplane_node.cli import main
 
+# Slow: the check command end to end: ports, files, TLS and engines tried for real.
+pytestmark = pytest.mark.slow
+
 Check = Callable[..., tuple[int, dict[str, str], str]]
 
 

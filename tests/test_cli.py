@@ -34,6 +34,9 @@ from tests.helpers import (
 from tuneplane_node.cli import main
 from tuneplane_node.runtime.docker import DockerRuntime
 
+# Slow: the daemon's command line end to end.
+pytestmark = pytest.mark.slow
+
 
 def cli_env(home: Path, **settings: str) -> dict[str, str]:
     """A minimal environment: nothing from the caller's shell leaks into the settings."""
@@ -353,7 +356,6 @@ def test_an_unknown_log_level_setting_is_named(
     assert "TUNEPLANE_LOG_LEVEL" in err and "'LOUD'" in err and "Traceback" not in err
 
 
-@pytest.mark.slow
 def test_json_log_lines_parse_and_carry_the_job(tmp_path: Path, serve: Serve) -> None:
     """TUNEPLANE_LOG_FORMAT=json: every line the daemon writes is one JSON object."""
     process, port = serve(

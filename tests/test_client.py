@@ -61,6 +61,9 @@ from tuneplane_node.client.errors import refusal
 from tuneplane_node.client.watch import Watch
 from tuneplane_node.daemon.state import JOBS
 
+# Slow: every verb end to end over a real socket, watches through outages.
+pytestmark = pytest.mark.slow
+
 
 def url_of(node: Console) -> str:
     return str(node.client.make_url("")).rstrip("/")

@@ -59,6 +59,9 @@ from tuneplane_node.runtime.docker import DockerRuntime
 from tuneplane_node.wire.fields import Body
 from tuneplane_node.wire.requests import CONTAINER, CONTAINER_FIELDS, LAUNCH_FIELDS, parse_launch
 
+# Slow: the ctl command end to end against a node over a real socket.
+pytestmark = pytest.mark.slow
+
 Ctl = Callable[..., tuple[int, str, str]]
 ENGINE_DOWN = "unix:///nonexistent/engine.sock"
 
@@ -407,7 +410,6 @@ def https_node(start_node: StartNode, cert: Path, key: Path, **settings: str) ->
     return start_node("https", TUNEPLANE_LOCAL_RUNTIME="process", **files, **settings)
 
 
-@pytest.mark.slow
 def test_https_with_the_nodes_ca_and_without(
     ctl: Ctl, start_node: StartNode, tmp_path: Path
 ) -> None:
@@ -423,7 +425,6 @@ def test_https_with_the_nodes_ca_and_without(
     assert code == 2 and "need an https:// URL" in err
 
 
-@pytest.mark.slow
 def test_mutual_tls_needs_the_client_certificate(
     ctl: Ctl, start_node: StartNode, tmp_path: Path
 ) -> None:
@@ -439,7 +440,6 @@ def test_mutual_tls_needs_the_client_certificate(
 # --- the image GC ---------------------------------------------------------------------------
 
 
-@pytest.mark.slow
 def test_gc_prints_what_it_removed_and_health_the_image_store(ctl: Ctl, process_node: Node) -> None:
     """The process runtime has no images: nothing removed, every figure unknown."""
     url = process_node.url
@@ -486,7 +486,6 @@ def test_gc_shows_each_image_removed_and_the_pressure() -> None:
 # --- cordon, drain ------------------------------------------------------------------------
 
 
-@pytest.mark.slow
 def test_cordon_refuses_launches_until_uncordon(ctl: Ctl, process_node: Node) -> None:
     url = process_node.url
     code, out, _ = ctl("cordon", "--reason", "kernel upgrade", url=url)
@@ -500,7 +499,6 @@ def test_cordon_refuses_launches_until_uncordon(ctl: Ctl, process_node: Node) ->
     assert json.loads(ctl("health", "--json", url=url)[1])["node_state"]["state"] == "ready"
 
 
-@pytest.mark.slow
 def test_drain_answers_the_node_state_and_health_shows_it(ctl: Ctl, process_node: Node) -> None:
     url = process_node.url
     code, out, _ = ctl("drain", "--reason", "retiring", "--grace", "1", "--json", url=url)
@@ -512,7 +510,6 @@ def test_drain_answers_the_node_state_and_health_shows_it(ctl: Ctl, process_node
     )
 
 
-@pytest.mark.slow
 def test_signal_and_a_warned_stop_reach_a_job(ctl: Ctl, process_node: Node, tmp_path: Path) -> None:
     """`ctl signal REF usr1` and `ctl stop REF --warn-signal USR1 --warn 10`, against a
     process job that notes the signal, then checkpoints and exits 0 on the second."""

@@ -19,6 +19,9 @@ from tuneplane_node.errors import ConfigError
 from tuneplane_node.settings import load_settings
 from tuneplane_node.wire import PROTOCOL_HEADER
 
+# Slow: the daemon end to end over a real socket.
+pytestmark = pytest.mark.slow
+
 MISSING = "registry.test/missing:1"
 
 # --- the guard -------------------------------------------------------------------------------

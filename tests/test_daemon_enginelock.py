@@ -31,6 +31,9 @@ from tuneplane_node.daemon.enginelock import EngineLock, EngineTaken, engine_add
 from tuneplane_node.runtime.base import LABEL_RUN_ID, ContainerSpec
 from tuneplane_node.settings import load_settings
 
+# Slow: flocks held by real processes.
+pytestmark = pytest.mark.slow
+
 ADDRESS = "unix:///run/tuneplane-test/engine.sock"
 
 
@@ -137,7 +140,6 @@ def healthy(port: int, process: subprocess.Popen[bytes], log: Path) -> dict[str,
 
 
 @pytest.mark.engine
-@pytest.mark.slow
 @pytest.mark.parametrize("engine", ["docker", "podman"])
 def test_a_second_daemon_on_one_engine_refuses_until_the_first_is_killed(
     tmp_path: Path, engine: str

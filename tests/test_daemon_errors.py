@@ -14,6 +14,9 @@ from tests.helpers import console_0315
 from tuneplane_node.daemon.routes import OPERATIONS, document
 from tuneplane_node.runtime.base import container_name
 
+# Slow: every verb's refusals end to end over a real socket.
+pytestmark = pytest.mark.slow
+
 
 async def test_a_bad_launch_lists_every_bad_field_beside_the_first_ones_detail(
     fake_node: MakeFakeNode, fake: FakeRuntime

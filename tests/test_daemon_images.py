@@ -16,6 +16,9 @@ from tuneplane_node.jobs.pending import FAILED_RECORD_TTL_S
 from tuneplane_node.jobs.pullrate import WINDOW_S
 from tuneplane_node.runtime.dockerformat import ImageName
 
+# Slow: prefetch and the image list end to end over a real socket.
+pytestmark = pytest.mark.slow
+
 BIG = "registry.test/big:1"
 PULL = "/node/v1/images/pull"
 PULL_KEYS = {

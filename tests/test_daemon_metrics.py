@@ -27,6 +27,9 @@ from tuneplane_node.daemon.state import JOBS
 from tuneplane_node.logformat import JsonFormatter
 from tuneplane_node.runtime.pool import BlockingPool
 
+# Slow: the metrics and audit lines end to end over a real socket.
+pytestmark = pytest.mark.slow
+
 MISSING = "registry.test/missing:1"
 DASHBOARD = Path(__file__).resolve().parent.parent / "contrib/grafana/tuneplane-node.json"
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]

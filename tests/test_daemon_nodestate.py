@@ -23,6 +23,9 @@ from tuneplane_node.daemon.app import create_node_app
 from tuneplane_node.jobs.drain import DRAIN_AGAIN_S
 from tuneplane_node.jobs.nodestate import NodeState, NodeStateFile
 
+# Slow: cordon, drain and their file end to end over a real socket.
+pytestmark = pytest.mark.slow
+
 MISSING = "registry.test/missing:1"
 STATE_FILE = "state/node-state.json"
 

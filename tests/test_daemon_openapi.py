@@ -18,6 +18,9 @@ from tuneplane_node.wire import PROTOCOL_HEADER, schema
 if TYPE_CHECKING:
     import schemathesis
 
+# Slow: the served document and the fuzz end to end over a real socket.
+pytestmark = pytest.mark.slow
+
 AUTH = {"Authorization": f"Bearer {TOKEN}"}  # the protocol header is the case's own
 
 
@@ -37,7 +40,6 @@ def base_url(console: Console) -> str:
     return str(console.client.make_url("")).rstrip("/")
 
 
-@pytest.mark.slow
 async def test_on_the_fake_engine_every_answer_is_documented_and_none_is_a_5xx(
     fake_node: MakeFakeNode,
 ) -> None:

@@ -36,6 +36,9 @@ from tuneplane_node.daemon.server import LoopSlices, serve
 from tuneplane_node.settings import NodeSettings, load_settings
 from tuneplane_node.wire.answers import encode
 
+# Slow: the real server on real sockets, TLS handshakes, header timeouts, signals.
+pytestmark = pytest.mark.slow
+
 TOKEN = "t0ken-for-the-server-tests"
 
 
@@ -174,7 +177,6 @@ async def test_a_wildcard_host_with_one_family_taken_serves_neither(
     assert bind_as_a_job(socket.AF_INET, "0.0.0.0", port) is None  # the IPv4 half let go
 
 
-@pytest.mark.slow
 def test_a_taken_port_is_one_line_and_exit_1_before_the_start_up(tmp_path: Path) -> None:
     """Exit 1, not 2: systemd restarts it (the port may free up). No traceback, and no
     "node ready" before it: the port is asked for first."""
@@ -239,7 +241,6 @@ OLD_TLS = pytest.mark.skipif(
 )
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("tls", [False, pytest.param(True, marks=OLD_TLS)], ids=["http", "tls"])
 def test_a_thousand_idle_and_trickling_connections_do_not_take_the_node(
     tmp_path: Path, tls: bool
@@ -658,7 +659,6 @@ async def test_a_waiting_request_that_is_cancelled_holds_up_nobody() -> None:
     assert tasks[1].cancelled()
 
 
-@pytest.mark.slow
 async def test_a_burst_over_many_slices_is_answered_whole(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

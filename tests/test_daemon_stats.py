@@ -15,6 +15,9 @@ from tuneplane_node.daemon.state import JOBS
 from tuneplane_node.gpu.probe import CardFacts
 from tuneplane_node.runtime.base import ContainerSpec, Usage
 
+# Slow: stats end to end over a real socket.
+pytestmark = pytest.mark.slow
+
 MIB = 2**20
 FIGURES = ["cpu_ratio", "memory_bytes", "memory_limit_bytes", "pids", "sampled_at", "gpus"]
 CARD = [

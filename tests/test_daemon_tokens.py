@@ -20,6 +20,9 @@ from tuneplane_node.daemon.tokens import TokenSet, parse_line
 from tuneplane_node.errors import ConfigError
 from tuneplane_node.wire import PROTOCOL, PROTOCOL_HEADER
 
+# Slow: the tokens end to end over a real socket.
+pytestmark = pytest.mark.slow
+
 OBSERVER = "observer-0123456789abcdef"
 SCRAPER = "scraper-0123456789abcdef"
 CONSOLE = "console-0123456789abcdef"

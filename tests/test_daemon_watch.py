@@ -20,6 +20,9 @@ from tests.helpers import HEADERS, Console, job, node_cache, wait_until
 from tuneplane_node.daemon.state import JOBS
 from tuneplane_node.jobs.watch import ChangeLog
 
+# Slow: the list and the watch end to end over a real socket.
+pytestmark = pytest.mark.slow
+
 MISSING = "registry.test/missing:1"
 WALK_STEPS = int(os.environ.get("TUNEPLANE_WATCH_WALK_STEPS", "150"))
 SEED = int(os.environ.get("TUNEPLANE_MODEL_SEED", "20261130"))

@@ -16,7 +16,6 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import kubernetes_validate
 import pytest
 import yaml
 
@@ -48,6 +47,7 @@ def systemd_analyze() -> str:
 # --- the unit ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
     """The service and its socket: no unknown key, no bad value (verify only warns on
     those: any output fails)."""
@@ -66,6 +66,7 @@ def test_the_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
     assert result.returncode == 0 and not (result.stdout + result.stderr).strip(), result
 
 
+@pytest.mark.slow
 def test_the_unit_is_sandboxed_to_an_exposure_of_4_or_less() -> None:
     result = subprocess.run(
         [systemd_analyze(), "security", "--offline=yes", str(UNIT)],
@@ -234,9 +235,12 @@ def test_serve_under_socket_activation_serves_the_socket_it_is_given(tmp_path: P
 MANIFESTS = sorted((REPO / "contrib" / "k8s").glob("*.yaml"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("manifest", MANIFESTS, ids=lambda path: path.name)
 def test_every_manifest_is_valid_against_the_kubernetes_schemas(manifest: Path) -> None:
     """Offline, strict (an unknown field is an error): kubernetes-validate's schemas."""
+    import kubernetes_validate  # a fifth of a second to import: only this slow test needs it
+
     version = kubernetes_validate.latest_version()
     for document in yaml.safe_load_all(manifest.read_text()):
         kubernetes_validate.validate(document, version, strict=True)

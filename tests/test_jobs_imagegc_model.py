@@ -9,8 +9,9 @@ the GC's promises checked at every removal and after every step.
     above low left only images some rule keeps
     health's image_store says the engine's disk
 
-Against the in-memory engine: 300 steps in the fast suite per scope;
-``TUNEPLANE_MODEL_STEPS`` and ``TUNEPLANE_MODEL_SEED`` as for the launch walk.
+Against the in-memory engine, per scope, marked slow: 2,000 steps, 10,000 in CI through
+``TUNEPLANE_MODEL_STEPS``; ``TUNEPLANE_MODEL_SEED`` as for the launch walk. (The fast
+suite walks the launch model's short run, tests/test_jobs_model.py.)
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from tuneplane_node.jobs.results import PrefetchRequest
 from tuneplane_node.runtime.base import LABEL_RUN_ID, ContainerSpec, EngineImage, container_name
 from tuneplane_node.settings import NodeSettings
 
-STEPS = int(os.environ.get("TUNEPLANE_MODEL_STEPS", "300"))
+STEPS = int(os.environ.get("TUNEPLANE_MODEL_STEPS", "2000"))  # CI walks 10,000
 SEED = int(os.environ.get("TUNEPLANE_MODEL_SEED", "20261201"))
 IMAGES = [f"registry.test/team/model-{n}:1" for n in range(10)]
 RUNS = [f"run-{n}" for n in range(8)]
@@ -177,10 +178,12 @@ def _age(now: datetime, then: datetime) -> float:
     return (now - then).total_seconds()
 
 
+@pytest.mark.slow  # the launch walk's short run (tests/test_jobs_model.py) is the fast one
 @pytest.mark.parametrize("scope", ["node", "all"])
 async def test_the_image_gc_keeps_its_promises_along_a_random_walk(
     scope: str, tmp_path: Path
 ) -> None:
+    steps = STEPS
     settings = fake_settings(
         tmp_path,
         image_gc=scope,
@@ -192,8 +195,9 @@ async def test_the_image_gc_keeps_its_promises_along_a_random_walk(
     world = World(random.Random(f"{SEED}-{scope}"), settings)
     await world.service.start()
     try:
-        for _ in range(STEPS):
+        for _ in range(steps):
             await world.step()
     finally:
         await world.close()
-    assert world.runs > 10 and world.removed > 5, (world.runs, world.removed)
+    # The walk exercised the GC: it ran and removed (10 and 5 of each 300 steps, at least).
+    assert world.runs >= steps // 30 and world.removed >= steps // 60, (world.runs, world.removed)

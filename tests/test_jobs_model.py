@@ -9,7 +9,7 @@ every step.
     observe never says exists: false for a container of the node that exists
     no container is left created and never started once a sweep has run
 
-Against the in-memory engine: a short walk of 300 steps in the fast suite, and the long
+Against the in-memory engine: a short walk of 100 steps in the fast suite, and the long
 one (marked slow: 2,000 steps, 10,000 in CI through ``TUNEPLANE_MODEL_STEPS``, set by
 ``.ci/run``); ``TUNEPLANE_MODEL_SEED`` changes the walk. `test_daemon_model.py` walks
 the real Docker engine.
@@ -33,7 +33,7 @@ from tuneplane_node.runtime.base import LABEL_RUN_ID, ContainerSpec, container_n
 from tuneplane_node.settings import NodeSettings
 
 STEPS = int(os.environ.get("TUNEPLANE_MODEL_STEPS", "2000"))  # CI walks 10,000
-SHORT_STEPS = 300
+SHORT_STEPS = 100
 SEED = int(os.environ.get("TUNEPLANE_MODEL_SEED", "20261130"))
 RUNS = [f"run-{n}" for n in range(20)]
 PRESENT, MISSING = "registry.test/present:1", "registry.test/missing:1"

@@ -575,6 +575,7 @@ async def test_a_stop_waiting_out_its_grace_holds_no_lock_and_a_remove_kills_at_
     assert ("tuneplane-r1", "SIGKILL") not in fake.signals  # remove killed it, not the stop
 
 
+@pytest.mark.slow
 async def test_a_stop_never_kills_the_container_that_replaced_its_job(
     service: JobService, fake: FakeRuntime
 ) -> None:
@@ -826,6 +827,7 @@ async def test_a_followed_log_gives_the_tail_then_new_lines_until_the_exit(
     assert fake.following == 0
 
 
+@pytest.mark.slow
 async def test_an_engine_ending_the_follow_of_a_running_job_is_an_error_not_an_end(
     service: JobService, fake: FakeRuntime
 ) -> None:

@@ -94,6 +94,7 @@ async def test_a_job_that_checkpoints_on_the_warning_ends_with_its_own_code(
     assert fake.containers["tuneplane-r1"].exit_code == 0
 
 
+@pytest.mark.slow
 async def test_a_job_deaf_to_the_warning_gets_its_stop_signal_after_warn_s_then_sigkill(
     service: JobService, fake: FakeRuntime
 ) -> None:
@@ -125,6 +126,7 @@ async def test_a_job_deaf_to_the_warning_gets_its_stop_signal_after_warn_s_then_
     assert not hasattr((await service.observe(["tuneplane-r1"]))["tuneplane-r1"], "stopping")
 
 
+@pytest.mark.slow
 async def test_a_warning_without_its_time_waits_as_long_as_the_grace_period(
     service: JobService, fake: FakeRuntime
 ) -> None:
@@ -137,6 +139,7 @@ async def test_a_warning_without_its_time_waits_as_long_as_the_grace_period(
     assert fake.containers["tuneplane-r1"].exit_code == 143
 
 
+@pytest.mark.slow
 async def test_a_job_replaced_during_the_warning_gets_no_stop_signal(
     service: JobService, fake: FakeRuntime
 ) -> None:

@@ -364,6 +364,7 @@ async def test_a_docker_stops_four_events_cost_one_inspect(fake: FakeRuntime) ->
         await cached.cache.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("refusals", "stale"), [(2, False), (3, True)])
 async def test_an_inspect_refused_after_an_event_is_asked_again_before_the_stream_breaks(
     fake: FakeRuntime, refusals: int, stale: bool
@@ -494,6 +495,7 @@ async def test_an_engine_that_stops_answering_makes_the_cache_stale_until_it_ans
     await runtime.cache.close()
 
 
+@pytest.mark.slow
 async def test_the_reconnect_backoff_starts_again_once_a_stream_has_synced(
     fake: FakeRuntime,
 ) -> None:

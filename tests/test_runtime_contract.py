@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import IMAGE as FAKE_IMAGE
-from tests.conftest import open_runtime
+from tests.conftest import fake_settings, open_runtime
 from tests.fakes import FakeClock, FakeRuntime
 from tests.helpers import (
     IMAGE,
@@ -46,7 +46,6 @@ from tuneplane_node.runtime.base import (
 from tuneplane_node.runtime.docker import DockerRuntime
 from tuneplane_node.runtime.podman import PodmanRuntime
 from tuneplane_node.runtime.process import ProcessRuntime
-from tuneplane_node.settings import load_settings
 
 RUNTIMES = [
     "fake",
@@ -90,10 +89,10 @@ class Subject:
     async def exited(self, code: int, *lines: str) -> ContainerState:
         """A job that prints ``lines``, exits ``code`` by itself, and has ended.
 
-        It runs 50 ms at least: the process runtime dates a job's end by its rc file's
-        mtime, from the kernel's coarse clock (a few ms a tick), and a job that ends
-        sooner reads finished before it started."""
-        script = "".join(f"echo {line}; " for line in lines) + f"sleep 0.05; exit {code}"
+        It runs 20 ms at least: the process runtime dates a job's end by its rc file's
+        mtime, from the kernel's coarse clock (4 ms a tick on the development machine),
+        and a job that ends sooner can read finished before it started."""
+        script = "".join(f"echo {line}; " for line in lines) + f"sleep 0.02; exit {code}"
         spec = await self.started(["/bin/sh", "-c", script])
         if self.fake is not None:
             self.fake.containers[spec.name].output.extend(lines)
@@ -157,7 +156,7 @@ async def subject(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
     if kind == "fake":
         inner = fake = FakeRuntime(clock=FakeClock(), images=(FAKE_IMAGE,))
     elif kind == "process":
-        inner = ProcessRuntime(load_settings(), state_dir=tmp_path / "jobs")
+        inner = ProcessRuntime(fake_settings(tmp_path), state_dir=tmp_path / "jobs")
     else:
         inner = await open_runtime(kind, local_gpu_passthrough=False)
     runtime = TrackingRuntime(inner)
@@ -178,7 +177,7 @@ async def down(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[
         runtime.up = False
     elif kind == "process":
         (tmp_path / "a-file").write_text("")  # its state directory cannot be made or read
-        runtime = ProcessRuntime(load_settings(), state_dir=tmp_path / "a-file" / "jobs")
+        runtime = ProcessRuntime(fake_settings(tmp_path), state_dir=tmp_path / "a-file" / "jobs")
     elif kind == "docker":
         runtime = DockerRuntime(engine_settings("docker", docker_host=ENGINE_DOWN))
     else:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import fake_settings
 from tests.helpers import log_text, wait_until
 from tests.helpers import wait_status as shared_wait_status
 from tuneplane_node.clock import parse_rfc3339 as parse_time
@@ -28,7 +29,10 @@ from tuneplane_node.runtime.base import (
     PullLimits,
 )
 from tuneplane_node.runtime.process import ProcessRuntime
-from tuneplane_node.settings import load_settings
+
+# Slow: each test starts, signals and reaps real processes (the contract suite over this
+# runtime, tests/test_runtime_contract.py, is in the fast suite).
+pytestmark = pytest.mark.slow
 
 STAMPED = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z) (.*)$")
 
@@ -58,7 +62,7 @@ def kill_leftovers(root: Path) -> None:
 
 @pytest.fixture
 async def runtime(tmp_path: Path) -> AsyncIterator[ProcessRuntime]:
-    rt = ProcessRuntime(load_settings(node_state_dir=tmp_path / "state"))
+    rt = ProcessRuntime(fake_settings(tmp_path))
     yield rt
     kill_leftovers(state_dir(tmp_path))
     await rt.close()
@@ -177,7 +181,6 @@ async def test_argv_is_passed_literally_never_through_a_shell(
     assert [STAMPED.match(line).group(2) for line in lines] == hostile  # type: ignore[union-attr]
 
 
-@pytest.mark.slow
 async def test_a_followed_log_gives_the_tail_then_lines_as_they_come_until_the_end(
     runtime: ProcessRuntime,
 ) -> None:
@@ -222,7 +225,7 @@ async def test_logs_are_timestamped_and_hold_stdout_and_stderr_in_order(
 
 
 async def test_output_after_a_daemon_restart_is_still_stamped(tmp_path: Path) -> None:
-    settings = load_settings(node_state_dir=tmp_path / "state")
+    settings = fake_settings(tmp_path)
     first = ProcessRuntime(settings)
     spec = job("restart", ["sh", "-c", "echo before; sleep 0.3; echo after; exit 4"])
     try:
@@ -278,7 +281,7 @@ async def test_a_job_killed_from_outside_reads_exited_137(
 
 async def test_a_recycled_pid_is_not_taken_for_the_job(tmp_path: Path) -> None:
     """After a reboot the recorded pid may belong to a stranger: the job is over."""
-    settings = load_settings(node_state_dir=tmp_path / "state")
+    settings = fake_settings(tmp_path)
     first = ProcessRuntime(settings)
     spec = job("reboot", ["true"])
     stranger = subprocess.Popen(["sleep", "300"])

@@ -96,6 +96,7 @@ async def test_a_full_disk_is_named_before_the_engines_words(pool: BlockingPool)
     assert refused.value.reason == f"the engine's disk is full: {error}"
 
 
+@pytest.mark.slow
 async def test_a_pull_without_progress_is_abandoned_and_its_stream_closed(
     pool: BlockingPool,
 ) -> None:
@@ -109,6 +110,7 @@ async def test_a_pull_without_progress_is_abandoned_and_its_stream_closed(
     assert time.monotonic() - started < 2
 
 
+@pytest.mark.slow
 async def test_a_pull_that_moves_but_never_ends_meets_the_overall_deadline(
     pool: BlockingPool,
 ) -> None:
@@ -120,6 +122,7 @@ async def test_a_pull_that_moves_but_never_ends_meets_the_overall_deadline(
     assert moving.closed.is_set()
 
 
+@pytest.mark.slow
 async def test_a_cancelled_pull_returns_at_once_and_closes_its_stream(pool: BlockingPool) -> None:
     stream = Stream([layer("a", 10)], end=False)
     task = asyncio.ensure_future(pull(pool, stream, PullLimits(60, 60), []))

@@ -20,6 +20,9 @@ import pytest
 from tuneplane_node.runtime import registry
 from tuneplane_node.runtime.base import RegistryAuth
 
+# Slow: an HTTP registry stand-in on loopback, with its token service.
+pytestmark = pytest.mark.slow
+
 USER, PASSWORD, TOKEN = "ci", "right-password", "refresh-token"
 PATH = "/v2/team/trainer/manifests/1"
 

@@ -92,6 +92,7 @@ async def test_an_ended_that_raises_is_logged_as_the_tasks_failure(
     assert record.getMessage() == "launch r3: recording its end failed" and record.exc_info
 
 
+@pytest.mark.slow
 async def test_a_task_its_awaiters_report_is_not_logged_nor_left_unretrieved(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

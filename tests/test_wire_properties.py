@@ -17,6 +17,9 @@ from tuneplane_node.errors import InvalidField
 from tuneplane_node.runtime.base import LABEL_RUN_ID
 from tuneplane_node.wire import requests as wire
 
+# Slow: hypothesis generates hundreds of bodies a test.
+pytestmark = pytest.mark.slow
+
 QUICK = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SCALARS = (
     st.none()
@@ -43,7 +46,6 @@ def refused_by_name(error: InvalidField) -> bool:
 
 @QUICK
 @given(st.dictionaries(st.text(max_size=20), JSON, max_size=5))
-@pytest.mark.slow
 def test_any_body_is_a_launch_or_a_named_refusal(body: dict[str, Any]) -> None:
     try:
         wire.parse_launch(body)

@@ -67,6 +67,7 @@ def test_every_route_the_daemon_serves_is_documented_and_nothing_else() -> None:
     assert documented == served
 
 
+@pytest.mark.slow
 def test_every_schema_is_valid_json_schema_2020_12() -> None:
     assert DOCUMENT["openapi"] == "3.1.0"
     for definition in DOCUMENT["components"]["schemas"].values():
@@ -308,6 +309,7 @@ def test_index_agrees_with_its_parser(index: str) -> None:
 PATH_TEXT = st.text(alphabet="/.a\x00", max_size=12)
 
 
+@pytest.mark.slow
 @QUICK
 @given(PATH_TEXT)
 def test_the_absolute_path_pattern_is_the_parsers_rule(path: str) -> None:

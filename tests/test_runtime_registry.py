@@ -12,6 +12,7 @@ import threading
 import urllib.parse
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -83,17 +84,26 @@ class Registry(BaseHTTPRequestHandler):
             self._answer(401, {})
 
 
-@pytest.fixture
-def served() -> Iterator[str]:
-    """The stand-in on a free loopback port; its ``host:port``."""
-    Registry.seen = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Registry)
+@contextmanager
+def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """A stand-in registry on a free loopback port; its ``host:port``. (bench/registry.py
+    serves `Manifests` with it too.)"""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
     thread.start()
-    yield f"127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-    thread.join()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+@pytest.fixture
+def served() -> Iterator[str]:
+    Registry.seen = []
+    with serving(Registry) as host:
+        yield host
 
 
 @pytest.mark.parametrize("scheme", ["Basic", "Bearer"])
@@ -181,13 +191,8 @@ class Manifests(BaseHTTPRequestHandler):
 @pytest.fixture
 def manifests() -> Iterator[str]:
     Manifests.seen = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Manifests)
-    thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
-    thread.start()
-    yield f"127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-    thread.join()
+    with serving(Manifests) as host:
+        yield host
 
 
 def test_a_pulls_size_is_its_platforms_layers_and_config_and_no_blob_is_asked_for(
@@ -208,8 +213,8 @@ def test_a_registry_that_does_not_say_sizes_nothing(manifests: str) -> None:
 def test_checks_share_one_tls_context_across_requests_and_threads(
     manifests: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Each request built a context before, loading the CA bundle (50 ms of CPU) up to
-    four times a check (bench/registry.py)."""
+    """Each https request built a context before, loading the CA bundle (50 ms of CPU)
+    for each of a check's requests (bench/registry.py)."""
     built: list[ssl.SSLContext] = []
     create = ssl.create_default_context
 

@@ -52,10 +52,10 @@ _TLS_LOCK = threading.Lock()
 
 def system_tls() -> ssl.SSLContext:
     """The system's CAs, loaded once per process: building a context reads the whole
-    bundle (40 ms of CPU on the development machine), and a check makes up to three
-    requests (the challenge, the token, the manifest). One context serves every pool
-    thread at once, as OpenSSL allows; a CA added to the system needs a restart, as it
-    does for the engines' own pulls."""
+    bundle (40 ms of CPU on the development machine), and each document a check reads
+    takes up to three requests (the challenge, the token, the document). One context
+    serves every pool thread at once, as OpenSSL allows; a CA added to the system needs
+    a restart, as it does for the engines' own pulls."""
     with _TLS_LOCK:  # the first checks can come at once, from several pool threads
         return _loaded_tls()
 

@@ -17,15 +17,17 @@ import itertools
 import queue
 import secrets
 import threading
-from collections.abc import AsyncGenerator, Callable, Collection, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from types import MappingProxyType
+from typing import Any, TypeVar
 
 from tuneplane_node.clock import Clock, rfc3339
 from tuneplane_node.errors import EngineConflict, EngineRefused, EngineUnavailable
 from tuneplane_node.gpu.probe import CardFacts, GpuProcess, GpuSnapshot
 from tuneplane_node.inventory import Space
+from tuneplane_node.references import ID_PREFIX, canonical
 from tuneplane_node.runtime.base import (
     EXIT_SIGKILL,
     LABEL_RUN_ID,
@@ -54,6 +56,8 @@ from tuneplane_node.runtime.base import (
 from tuneplane_node.runtime.dockerformat import LogFold
 from tuneplane_node.runtime.pool import BlockingPool
 from tuneplane_node.signals import JOB_SIGNALS
+
+T = TypeVar("T")
 
 ENGINE = "fake"
 MIB = 2**20
@@ -222,6 +226,43 @@ class EventStream:
         return not self.closed and self.taken < self.sent
 
 
+class References(set[str]):
+    """The references an engine has: every spelling of one is one (`canonical`), as the
+    engines normalise them."""
+
+    def __init__(self, refs: Iterable[str] = ()) -> None:
+        super().__init__(canonical(ref) for ref in refs)
+
+    def add(self, ref: str) -> None:
+        super().add(canonical(ref))
+
+    def discard(self, ref: object) -> None:
+        if isinstance(ref, str):
+            super().discard(canonical(ref))
+
+    def remove(self, ref: str) -> None:
+        super().remove(canonical(ref))
+
+    def __contains__(self, ref: object) -> bool:
+        return isinstance(ref, str) and super().__contains__(canonical(ref))
+
+
+class ByReference(dict[str, T]):
+    """A fact of an image, by reference (every spelling of one is one)."""
+
+    def __setitem__(self, ref: str, value: T) -> None:
+        super().__setitem__(canonical(ref), value)
+
+    def __getitem__(self, ref: str) -> T:
+        return super().__getitem__(canonical(ref))
+
+    def __contains__(self, ref: object) -> bool:
+        return isinstance(ref, str) and super().__contains__(canonical(ref))
+
+    def get(self, ref: str, default: Any = None) -> Any:
+        return super().get(canonical(ref), default)
+
+
 class FakeRuntime:
     """An engine in memory. Every verb is also an EngineFeed call, blocking or not."""
 
@@ -230,7 +271,7 @@ class FakeRuntime:
     def __init__(self, *, clock: FakeClock | None = None, images: tuple[str, ...] = ()) -> None:
         self.clock = clock or FakeClock()
         self.containers: dict[str, FakeContainer] = {}
-        self.images: set[str] = set(images)  # the references the engine has
+        self.images = References(images)  # the references the engine has
         self.image_size = 1000  # an image's size when the test names none (`image_sizes`)
         # The data root's size; None (unless a test says): not measurable, as a remote
         # engine's, so no launch asks a registry for an image's size.
@@ -238,9 +279,9 @@ class FakeRuntime:
         self.disk_other = 0  # bytes on the engine's disk that are not images
         self.refuse_image_removal: set[str] = set()  # ids the engine calls in use anyway
         self.image_removals: list[str] = []  # ids removed, in order
-        self.stop_signals: dict[str, str] = {}  # an image's STOPSIGNAL, by image
-        self.image_ids: dict[str, str] = {}  # an image's id, by name (else one from the name)
-        self.image_sizes: dict[str, int] = {}  # an image's size, by name (else image_size)
+        self.stop_signals: ByReference[str] = ByReference()  # an image's STOPSIGNAL, by image
+        self.image_ids: ByReference[str] = ByReference()  # an image's id (else one from its name)
+        self.image_sizes: ByReference[int] = ByReference()  # its size (else image_size)
         self._up = True
         self.calls: collections.Counter[str] = collections.Counter()
         self.pulls: list[FakePull] = []
@@ -489,8 +530,12 @@ class FakeRuntime:
         return image in self.images
 
     def image_id(self, image: str) -> str:
-        """The id the engine holds ``image`` by: set by the test, else one of its name."""
-        return self.image_ids.get(image) or "sha256:" + hashlib.sha256(image.encode()).hexdigest()
+        """The id the engine holds ``image`` by: set by the test, else one of its name
+        (an id is its own)."""
+        if image.startswith(ID_PREFIX):
+            return image
+        name = canonical(image)
+        return self.image_ids.get(name) or "sha256:" + hashlib.sha256(name.encode()).hexdigest()
 
     async def image_info(self, image: str) -> ImageInfo | None:
         self._answer("image_info")
@@ -543,12 +588,7 @@ class FakeRuntime:
 
     async def remove_image(self, image: EngineImage) -> bool:
         self._answer("remove_image")
-        used = {
-            self.image_id(c.spec.image)
-            for c in self.containers.values()
-            if c.spec.image in self.images
-        }
-        if image.id in used or image.id in self.refuse_image_removal:
+        if image.id in self.used_ids() or image.id in self.refuse_image_removal:
             return False
         self.images -= {ref for ref in self.images if self.image_id(ref) == image.id}
         self.image_removals.append(image.id)
@@ -640,12 +680,27 @@ class FakeRuntime:
             spec=spec,
             labels=labels,
             created_at=rfc3339(self.clock.now()),
-            image_stop_signal=self.stop_signals.get(spec.image),
-            image_id=self.image_id(spec.image) if spec.image in self.images else None,
+            image_stop_signal=self._stop_signal(spec.image),
+            image_id=self._made_from(spec.image),
         )
         self.containers[spec.name] = container
         self._emit(container, "create")
         return container
+
+    def _names(self, image: str) -> list[str]:
+        """The references of ``image`` (a reference or an id) the engine has."""
+        if image.startswith(ID_PREFIX):
+            return sorted(ref for ref in self.images if self.image_id(ref) == image)
+        return [canonical(image)] if image in self.images else []
+
+    def _made_from(self, image: str) -> str | None:
+        names = self._names(image)
+        return self.image_id(names[0]) if names else None
+
+    def _stop_signal(self, image: str) -> str | None:
+        return next(
+            (self.stop_signals[n] for n in self._names(image) if n in self.stop_signals), None
+        )
 
     def _start(self, container: FakeContainer) -> None:
         container.status = "running"

@@ -38,6 +38,12 @@ HOSTILE: list[Any] = [
     [["/", "/host", False]], {"NVIDIA_VISIBLE_DEVICES": "all"}, {"tuneplane.gpus": "0"},
     "16g", "1k", "-5", 2**63, 1e308, "²", "🚀", "tuneplane-x", float("inf"), float("nan"),
 ]  # fmt: skip
+# Spellings an engine would read as an image id or prefix, or match by suffix (issue 32).
+IMAGE_SPELLINGS = [
+    f"sha256:{'0' * 64}", "0" * 64, "d0", "0123456789ab", "sha256:latest",
+    "index.docker.io/tuneplane-test/busybox:1", "registry-1.docker.io/library/busybox",
+    "busybox:1", "tuneplane-test/busybox@sha256:" + "a" * 64,
+]  # fmt: skip
 
 
 class Fuzzer:
@@ -81,7 +87,8 @@ class Fuzzer:
         )
 
     def _launch(self, run_id: str) -> dict[str, Any]:
-        image = self.rng.choice([IMAGE] * 6 + [f"{REGISTRY}/fuzz/none:{self.n}"])
+        others = [f"{REGISTRY}/fuzz/none:{self.n}", self.rng.choice(IMAGE_SPELLINGS)]
+        image = self.rng.choice([IMAGE] * 6 + others)
         container = {"name": "", "image": image, "command": ["/bin/true"], "env": {}, "gpus": [],
                      "mounts": [], "labels": {}, "workdir": "", "shm_size": "", "cpu_limit": "",
                      "memory_limit": "", "network": "", "user": ""}  # fmt: skip

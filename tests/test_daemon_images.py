@@ -14,7 +14,7 @@ from tuneplane_node.daemon.state import JOBS
 from tuneplane_node.jobs.images import PrivateImage
 from tuneplane_node.jobs.pending import FAILED_RECORD_TTL_S
 from tuneplane_node.jobs.pullrate import WINDOW_S
-from tuneplane_node.runtime.dockerformat import ImageName
+from tuneplane_node.references import ImageName
 
 # Slow: prefetch and the image list end to end over a real socket.
 pytestmark = pytest.mark.slow

@@ -244,3 +244,72 @@ async def test_pull_policy_always_picks_up_a_tag_pushed_again(
             await node.remove(ref)
         await forget(node, image)
         own_docker("rmi", "-f", image, config=tmp_path)
+
+
+async def engine_of(node: Console) -> Any:
+    cached = node.app[JOBS].runtime
+    assert isinstance(cached, CachedRuntime)
+    return cached.inner.inner  # type: ignore[attr-defined]  # TrackingRuntime's
+
+
+async def tag(node: Console, image: str, new: str) -> None:
+    """A second name for the image on the node's engine, as an operator's `docker tag`."""
+    engine = await engine_of(node)
+    repository, _, version = new.rpartition(":")
+    if engine.name == "docker":
+        await engine.pool.call(lambda: engine.api.tag(image, repository, version))
+    else:
+        await engine.pool.call(lambda: engine.client.images.get(image).tag(repository, version))
+
+
+async def refused(node: Console, image: str) -> int:
+    """A launch and a prefetch of ``image`` without credentials: refused (403 or 422),
+    the same answer whether it is here or not, and nothing made."""
+    ref, answer = await node.launch(SHOW, image=image, gpus=1, expect=answer_status(image))
+    assert answer["code"] in ("forbidden_image", "invalid_field"), answer
+    assert (await node.state(ref))["exists"] is False
+    status, prefetch = await node.call("POST", "/node/v1/images/pull", json={"image": image})
+    assert (status, prefetch["code"]) == (answer_status(image), answer["code"]), prefetch
+    return status
+
+
+def answer_status(image: str) -> int:
+    """422 for a spelling a console never needs (an id or a prefix); 403 for a name."""
+    return 403 if "/" in image else 422
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_a_private_image_is_refused_by_every_spelling_of_it_and_runs_for_its_owner(
+    make_node: MakeNode, engine: str, login: dict[str, str]
+) -> None:
+    node = await make_node(engine)
+    await forget(node, PRIVATE)
+    first, _ = await node.launch(SHOW, image=PRIVATE, registry_auth=login)
+    assert SHOWN in await run_to_exit(node, first)
+    inspected = await (await engine_of(node)).image_info(PRIVATE)
+    assert inspected is not None
+    hexid = inspected.id.removeprefix("sha256:")
+    (digest,) = {d.rpartition("@")[2] for d in inspected.digests}
+    other_tag = f"{PRIVATE_REGISTRY}/tuneplane-test/trainer:{unique('tag')}"
+    retagged = f"127.0.0.1:5000/tuneplane-test/{unique('looks-public')}:1"
+    await tag(node, PRIVATE, other_tag)
+    await tag(node, PRIVATE, retagged)
+    try:
+        by_digest = f"{PRIVATE_REGISTRY}/tuneplane-test/trainer@{digest}"
+        for spelling in (f"sha256:{hexid}", hexid, hexid[:12], hexid[:2]):
+            assert await refused(node, spelling) == 422
+        for spelling in (PRIVATE, by_digest, other_tag, retagged):
+            assert await refused(node, spelling) == 403
+        for spelling in (PRIVATE, by_digest, other_tag, retagged):  # the owner runs each
+            ref, answer = await node.launch(SHOW, image=spelling, registry_auth=login)
+            assert answer["phase"] == "running", (spelling, answer)
+            assert SHOWN in await run_to_exit(node, ref)
+        # A short name is Docker Hub's image, not this one: never run from the store.
+        ref, answer = await node.launch(SHOW, image="tuneplane-test/trainer:1")
+        assert answer["phase"] == "pulling"
+        await node.remove(ref)
+        listed = (await node.ok("GET", "/node/v1/images"))["images"]
+        assert [i["image"] for i in listed if i["id"] == inspected.id] == [PRIVATE]
+    finally:
+        for name in (other_tag, retagged):
+            await forget(node, name)

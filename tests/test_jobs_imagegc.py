@@ -61,7 +61,7 @@ def pulled(service: JobService, fake: FakeRuntime, image: str, *, prefetch: bool
 
 def used(service: JobService, fake: FakeRuntime, image: str) -> None:
     """A container of the node was made from the image now (and is gone again)."""
-    service.ledger.record_use(image, fake.image_id(image), fake.clock.now())
+    service.ledger.record_use(fake.image_id(image), fake.clock.now())
 
 
 def spec(run: str, image: str) -> ContainerSpec:
@@ -222,7 +222,7 @@ async def test_an_image_younger_than_the_minimum_age_stays(
 async def test_node_scope_leaves_the_operators_image_and_all_scope_takes_it_oldest_first(
     make_node: MakeNode, fake: FakeRuntime, clock: FakeClock
 ) -> None:
-    loaded = "operator/tools:1"
+    loaded = "docker.io/operator/tools:1"
     fake.arrived(loaded)  # loaded by hand: the node never pulled it nor ran it
     node = await make_node()
     await node.gc.collect()  # the node sees it first now: its age starts here
@@ -343,21 +343,47 @@ async def test_a_pull_too_big_for_the_room_below_high_frees_it_first(
 
     def sizer(image: str, auth: RegistryAuth | None) -> int:
         asked.append((image, auth))
-        return 25 * MIB
+        return 4 * MIB
 
     service.gc.sizer = sizer
     old = images(4)
     for name in old:
         pulled(service, fake, name)
         clock.advance(60)
-    fill(fake, 70)  # room below 85%: 15 MiB, the image needs 25
+    fill(fake, 84)  # room below 85%: 1 MiB, the image needs 4; 4 MiB above low 80%
     auth = RegistryAuth(username="u", password="p")
     request = LaunchRequest("run-a", 0, spec("run-a", "registry.test/team/big:1"), auth=auth)
 
     assert isinstance(await service.launch(request), Pulling)
 
     assert asked == [("registry.test/team/big:1", auth)]  # with the pull's credentials
-    assert fake.image_removals == [fake.image_id(old[0])]  # 10 MiB more room: 25 fits
+    assert fake.image_removals == [fake.image_id(old[0])]  # 10 MiB more room: it fits
+
+
+async def test_a_pull_that_would_not_fit_after_a_run_removes_nothing_and_says_the_figures(
+    make_node: MakeNode, fake: FakeRuntime, clock: FakeClock
+) -> None:
+    service = await make_node()
+    service.gc.sizer = lambda image, auth: 50 * MIB  # a manifest that claims too much
+    for name in images(4):
+        pulled(service, fake, name)
+        clock.advance(60)
+    fill(fake, 84)
+    free = fake.disk_total - fake.disk_other - fake.images_bytes()  # type: ignore[operator]
+    request = LaunchRequest("run-a", 0, spec("run-a", "registry.test/team/claims-a-lot:1"))
+
+    with pytest.raises(InsufficientStorage) as refused:
+        await service.launch(request)
+
+    above_low = DISK * 84 // 100 - DISK * 80 // 100  # what a run may free: down to low
+    assert refused.value.figures() == {
+        "needed_bytes": 50 * MIB,
+        "free_bytes": free,
+        "freeable_bytes": above_low,
+        "high_percent": 85,
+    }
+    assert fake.image_removals == [] and not fake.pulls  # the cache is untouched
+    assert "nothing was removed" in refused.value.message
 
 
 async def test_a_pull_that_cannot_fit_is_refused_naming_both_figures(

@@ -20,7 +20,7 @@ ID_A, ID_B = "sha256:" + "a" * 64, "sha256:" + "b" * 64
 async def test_pulls_and_uses_are_kept_across_a_restart(tmp_path: Path) -> None:
     ledger = ImageLedger(tmp_path)
     ledger.record_pull("reg.test/big:1", ID_A, T0, prefetch=True)
-    ledger.record_use("reg.test/big:1", ID_A, T0 + timedelta(minutes=5))
+    ledger.record_use(ID_A, T0 + timedelta(minutes=5))
     ledger.record_pull("reg.test/small:1", ID_B, T0 + timedelta(hours=1), prefetch=False)
     await ledger.close()  # on disk
 
@@ -64,7 +64,7 @@ async def test_a_broken_ledger_starts_empty_and_is_written_over(tmp_path: Path) 
     await ledger.load()
     assert ledger.entries() == []
 
-    ledger.record_use("reg.test/big:1", ID_A, T0)
+    ledger.record_use(ID_A, T0)
     await ledger.close()
     document = json.loads((tmp_path / LEDGER_FILE).read_text())
     assert document["images"][0]["last_used_at"] == "2026-12-01T12:00:00Z"

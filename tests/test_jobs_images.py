@@ -13,17 +13,32 @@ import pytest
 
 from tests.conftest import IMAGE
 from tests.fakes import FakeClock, FakeRuntime
-from tests.helpers import settle
-from tuneplane_node.errors import ConfigError, ImageAccessDenied
+from tests.helpers import settle, wait_until
+from tuneplane_node.errors import (
+    ConfigError,
+    ImageAccessDenied,
+    InvalidField,
+    PrivateRecordUnwritable,
+)
 from tuneplane_node.jobs import JobService, LaunchRequest, Pulling, Started
-from tuneplane_node.jobs.images import RECORD_FILE, ImageKeeper
-from tuneplane_node.jobs.results import ALWAYS
-from tuneplane_node.runtime.base import LABEL_RUN_ID, ContainerSpec, RegistryAuth, container_name
+from tuneplane_node.jobs.images import RECORD_FILE, RETRY_S, ImageKeeper
+from tuneplane_node.jobs.results import ALWAYS, PrefetchRequest
+from tuneplane_node.runtime.base import (
+    LABEL_RUN_ID,
+    ContainerSpec,
+    ImageInfo,
+    RegistryAuth,
+    container_name,
+)
 from tuneplane_node.settings import NodeSettings
 
 RIGHT = RegistryAuth(username="ci", password="s3cret-right")
 OTHER = RegistryAuth(username="ci", password="s3cret-other")
 REPOSITORY = "registry.test/trainer"
+
+
+def fake_id(image: str) -> str:
+    return FakeRuntime().image_id(image)
 
 
 class Registry:
@@ -164,9 +179,12 @@ async def test_the_record_survives_a_restart_and_holds_no_secret(
 
     restarted = ImageKeeper(settings, credentials=None, clock=clock, check=Registry())
     await restarted.start()
+    info = ImageInfo(fake_id(IMAGE))
     with pytest.raises(ImageAccessDenied):
-        await restarted.admit(IMAGE, None)
-    await restarted.admit(IMAGE, RIGHT)  # the hash matches: the same salt was kept
+        await restarted.admit(IMAGE, info, None)
+    await restarted.admit(IMAGE, info, RIGHT)  # the hash matches: the same salt was kept
+    with pytest.raises(ImageAccessDenied):  # the id is recorded: any name of it
+        await restarted.admit("registry.test/public:1", info, None)
 
 
 async def test_a_pull_without_credentials_makes_the_repository_public_again(
@@ -186,7 +204,7 @@ async def test_the_check_turned_off_runs_it_for_anyone(
         check=private,
     )
     await off.start()
-    await off.admit(IMAGE, None)
+    await off.admit(IMAGE, ImageInfo(fake_id(IMAGE)), None)
 
 
 async def test_an_unreadable_record_stops_the_start(
@@ -249,17 +267,179 @@ def test_the_record_file_is_json_of_hashes(tmp_path: Path) -> None:
     assert len(auth.fingerprint(b"a")) == 64 and json.dumps(auth.fingerprint(b"a"))
 
 
-async def test_a_record_the_disk_refuses_still_holds_until_a_restart(
+async def test_a_private_pull_whose_record_cannot_be_written_is_refused_before_it_starts(
+    service: JobService, fake: FakeRuntime, settings: NodeSettings
+) -> None:
+    await service.images.start()
+    fake.images.discard(IMAGE)
+    # Where the record's temporary file goes, a directory: the write fails (even as root).
+    (settings.state_dir / f".{RECORD_FILE}.{os.getpid()}.tmp").mkdir(parents=True)
+    with pytest.raises(PrivateRecordUnwritable) as refused:
+        await service.launch(launch("first", auth=RIGHT))
+    assert (refused.value.status, refused.value.code) == (507, "insufficient_storage")
+    assert (
+        fake.pulls == []
+        and not (await service.observe(["tuneplane-first"]))["tuneplane-first"].exists
+    )
+    assert (await service.allocator.occupancy()).reserved == frozenset()
+
+
+async def test_a_record_the_disk_refuses_after_the_pull_admits_only_its_credentials_until_written(
     service: JobService,
     fake: FakeRuntime,
     settings: NodeSettings,
+    clock: FakeClock,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     await service.images.start()
-    # Where the record's temporary file goes, a directory: the write fails (even as root).
-    (settings.state_dir / f".{RECORD_FILE}.{os.getpid()}.tmp").mkdir(parents=True)
-    await pull_then_run(service, fake, "first", RIGHT)  # the launch still runs
-    assert "private-image record" in caplog.text and "not written" in caplog.text
-    assert not (settings.state_dir / RECORD_FILE).exists()
+    service.images.check = Registry(RIGHT, OTHER)  # the registry would say yes to both
+    fake.images.discard(IMAGE)
+    assert isinstance(await service.launch(launch("first", auth=RIGHT)), Pulling)
+    await fake.pulling.wait()
+    blocker = settings.state_dir / f".{RECORD_FILE}.{os.getpid()}.tmp"
+    blocker.mkdir(parents=True)  # the write after the pull fails
+    record = service.pending.get(container_name("first"))
+    assert record is not None and record.task is not None
+    fake.pull_of(IMAGE).finish()
+    await record.task  # the launch still runs: the image is here
+    assert caplog.text.count("not written") == 1
+    with pytest.raises(ImageAccessDenied, match="not written yet"):
+        await service.launch(launch("other", auth=OTHER))
+    assert isinstance(await service.launch(launch("again", auth=RIGHT)), Started)
+
+    blocker.rmdir()
+    clock.advance(RETRY_S)
+    await wait_until(lambda: not service.images.unwritten)
+    recorded = json.loads((settings.state_dir / RECORD_FILE).read_text())["images"]
+    assert recorded[REPOSITORY]["ids"] == [fake.image_id(IMAGE)]
+    assert isinstance(await service.launch(launch("other", auth=OTHER)), Started)
+    await service.images.close()
+
+
+# --- by identity: what the engine runs, however it is spelt ----------------------------
+
+
+async def test_the_container_is_made_from_the_id_its_reference_resolved_to(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    assert isinstance(await service.launch(launch("by-id")), Started)
+    spec = fake.containers[container_name("by-id")].spec
+    assert spec.image == fake.image_id(IMAGE)  # nothing can re-point it after the check
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    ["registry.test/public:1", "registry.test/trainer:other-tag"],
+    ids=["re-tagged-by-the-operator", "another-tag-of-the-id"],
+)
+async def test_another_name_of_a_recorded_id_is_private_too(
+    service: JobService, fake: FakeRuntime, private: Registry, spelling: str
+) -> None:
+    fake.tag(IMAGE, spelling)
     with pytest.raises(ImageAccessDenied):
-        await service.launch(launch("second"))
+        await service.launch(launch("renamed", image=spelling))
+    assert container_name("renamed") not in fake.containers
+    assert isinstance(await service.launch(launch("owner", image=spelling, auth=RIGHT)), Started)
+
+
+async def test_registry_is_asked_about_the_recorded_repository_not_the_launchs_spelling(
+    service: JobService, fake: FakeRuntime, private: Registry
+) -> None:
+    fake.tag(IMAGE, "registry.test/public:1")
+    private.accepts.add(OTHER)
+    asked: list[str] = []
+    check = service.images.check
+
+    def asking(image: str, auth: RegistryAuth) -> bool:
+        asked.append(image)
+        return check(image, auth)
+
+    service.images.check = asking
+    assert isinstance(
+        await service.launch(launch("o", image="registry.test/public:1", auth=OTHER)), Started
+    )
+    assert asked == [IMAGE]
+
+
+async def test_docker_hubs_other_spellings_are_one_repository(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    await service.images.start()
+    service.images.check = Registry(RIGHT)
+    hub = "docker.io/tenant/private:1"
+    fake.images.discard(hub)
+    assert isinstance(await service.launch(launch("hub", image=hub, auth=RIGHT)), Pulling)
+    await fake.pulling.wait()
+    fake.pull_of(hub).finish()
+    await settle()
+    for spelling in ("index.docker.io/tenant/private:1", "registry-1.docker.io/tenant/private:1",
+                     "tenant/private:1"):  # fmt: skip
+        with pytest.raises(ImageAccessDenied):
+            await service.launch(launch("spelt", image=spelling))
+    assert fake.pulls[-1].image == hub  # the engine is told the canonical name
+
+
+@pytest.mark.parametrize("spelling", ["d0", "0123456789ab", "cafe"])
+async def test_a_hex_string_that_names_no_repository_the_node_pulled_is_refused(
+    service: JobService, fake: FakeRuntime, spelling: str
+) -> None:
+    with pytest.raises(InvalidField, match=r"container\.image: .*not an image id"):
+        await service.launch(launch("hex", image=spelling))
+    with pytest.raises(InvalidField, match=r"^image: "):
+        await service.catalog.prefetch(PrefetchRequest(spelling))
+    assert fake.calls["image_info"] == fake.calls["image_exists"] == 0  # no oracle
+    assert fake.pulls == []
+
+
+async def test_a_hex_name_the_node_pulled_a_repository_by_stays_a_name(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    fake.images.discard("cafe")
+    first = launch("first", image="docker.io/library/cafe:latest")  # spelt in full once
+    assert isinstance(await service.launch(first), Pulling)
+    await fake.pulling.wait()
+    fake.pull_of("docker.io/library/cafe:latest").finish()
+    await settle()
+    assert isinstance(await service.launch(launch("again", image="cafe")), Started)
+
+
+async def test_a_prefetch_of_a_private_image_without_credentials_is_403_never_present(
+    service: JobService, fake: FakeRuntime, private: Registry
+) -> None:
+    fake.tag(IMAGE, "registry.test/public:1")
+    for image in (IMAGE, "registry.test/public:1"):
+        with pytest.raises(ImageAccessDenied):
+            await service.catalog.prefetch(PrefetchRequest(image))
+    present = await service.catalog.prefetch(PrefetchRequest(IMAGE, auth=RIGHT))
+    assert present.phase == "present"
+
+
+async def test_the_images_list_names_an_image_by_the_reference_it_was_pulled_by(
+    service: JobService, fake: FakeRuntime, private: Registry
+) -> None:
+    fake.tag(IMAGE, "registry.test/alias:1")
+    await service.launch(launch("alias", image="registry.test/alias:1", auth=RIGHT))
+    (listed,) = [i for i in (await service.catalog.view()).images if i.id == fake.image_id(IMAGE)]
+    assert listed.image == IMAGE and listed.private
+
+
+async def test_at_start_an_image_the_ledger_says_was_pulled_privately_is_private(
+    service: JobService, fake: FakeRuntime, settings: NodeSettings, clock: FakeClock
+) -> None:
+    await service.ledger.load()
+    service.ledger.record_pull(
+        IMAGE, fake.image_id(IMAGE), clock.now(), prefetch=False, private=True
+    )
+    await service.ledger.flush()
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    leftover = settings.state_dir / f".{RECORD_FILE}.4242.tmp"
+    leftover.write_text("{half")
+    keeper = ImageKeeper(
+        settings, credentials=None, clock=clock, check=Registry(RIGHT), ledger=service.ledger
+    )
+    await keeper.start()
+    assert not leftover.exists()
+    info = ImageInfo(fake.image_id(IMAGE))
+    with pytest.raises(ImageAccessDenied):
+        await keeper.admit("registry.test/public:1", info, None)
+    await keeper.admit(IMAGE, info, RIGHT)  # its registry's yes still admits

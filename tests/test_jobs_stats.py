@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 from tests.conftest import IMAGE
 from tests.fakes import FakeClock, FakeProbe, FakeRuntime
@@ -47,7 +48,7 @@ async def test_a_relaunch_under_the_same_name_starts_afresh(
     await service.sampler.sample_once()
     fake.exit(ref, 0)
     run_id = fake.containers[ref].labels[LABEL_RUN_ID]
-    await service.launch(LaunchRequest(run_id, 0, fake.containers[ref].spec))
+    await service.launch(LaunchRequest(run_id, 0, replace(fake.containers[ref].spec, image=IMAGE)))
     clock.advance(5)
     fake.usages[ref] = Usage(cpu_seconds=1.0)
     await service.sampler.sample_once()

@@ -34,6 +34,8 @@ LAYERS = [
         "logformat",
         "telemetry",
         "sizes",
+        "references",
+        "durable",
         "signals",
         "watched",
         "printable",

@@ -11,10 +11,11 @@ import pytest
 
 from tests.conftest import fake_settings
 from tuneplane_node.errors import ConfigError, EngineRefused, RegistryRefused
+from tuneplane_node.references import ImageName
 from tuneplane_node.runtime import dockerauth
 from tuneplane_node.runtime.base import RegistryAuth
 from tuneplane_node.runtime.dockerauth import AuthFile
-from tuneplane_node.runtime.dockerformat import ImageName, auth_header
+from tuneplane_node.runtime.dockerformat import auth_header
 from tuneplane_node.runtime.pulling import pull_headers, refusal_of_pull
 
 REGISTRY = "registry.test:5005"

@@ -29,8 +29,10 @@ are translated there (one table per engine, `runtime/engine.py`) with the cause 
     ├── TooManyFollows (429) too_many_requests   every slot for following a log is taken
     ├── InsufficientStorage (507) insufficient_storage   the engine's image store has no
     │   │                      room for a pull
-    │   └── StateDiskFull insufficient_storage   the node's own disk (its state
-    │                          directory) is full
+    │   ├── StateDiskFull insufficient_storage   the node's own disk (its state
+    │   │                      directory) is full
+    │   └── PrivateRecordUnwritable insufficient_storage   a private pull's record
+    │                          cannot be written (the state directory)
     ├── TooManyWatches (429) too_many_requests   every slot for a waiting watch is taken
     ├── Conflict (409) conflict             well-formed, but this node will not do it now
     │   ├── ProtocolMismatch protocol_mismatch   console and node speak other versions
@@ -266,8 +268,10 @@ class NoClientCertificate(NodeError):
 
 class InsufficientStorage(NodeError):
     """A pull refused before it starts: the filesystem of the engine's data root is at
-    or above the high threshold after a GC run, or the image (the registry's compressed
-    size) would not fit in the room left below it. Nothing was reserved or created."""
+    or above the high threshold, or the image (the registry's compressed size) would not
+    fit in the room left below it, even with every image a GC run may remove gone
+    (``freeable_bytes``; then nothing was removed). Nothing was reserved or created. Its
+    figures are fields of the answer too (`figures`)."""
 
     status = 507
     code: ClassVar[str] = "insufficient_storage"
@@ -280,6 +284,7 @@ class InsufficientStorage(NodeError):
         high_percent: int,
         needed_bytes: int | None = None,
         room_bytes: int | None = None,
+        freeable_bytes: int | None = None,
     ) -> None:
         if needed_bytes is None:
             why = f"the engine's image store is at or above its {high_percent}% threshold"
@@ -288,15 +293,30 @@ class InsufficientStorage(NodeError):
                 f"it is {needed_bytes} bytes compressed, and the engine's image store has "
                 f"{room_bytes} bytes left below its {high_percent}% threshold"
             )
+        if freeable_bytes is not None:
+            why += f", and image GC could free {freeable_bytes} bytes: nothing was removed"
+        else:
+            why += " after image GC"
         super().__init__(
-            f"no room to pull {image}: {why} after image GC ({free_bytes} bytes free, "
-            f"threshold {high_percent}%)"
+            f"no room to pull {image}: {why} ({free_bytes} bytes free, threshold {high_percent}%)"
         )
         self.image = image
         self.free_bytes = free_bytes
         self.high_percent = high_percent
         self.needed_bytes = needed_bytes
         self.room_bytes = room_bytes
+        self.freeable_bytes = freeable_bytes
+
+    def figures(self) -> dict[str, int | None] | None:
+        """The answer's fields: bytes the pull needs below the threshold (null when the
+        store is at it already), free now, and what a GC run could free (null: not
+        counted)."""
+        return {
+            "needed_bytes": self.needed_bytes,
+            "free_bytes": self.free_bytes,
+            "freeable_bytes": self.freeable_bytes,
+            "high_percent": self.high_percent,
+        }
 
 
 class StateDiskFull(InsufficientStorage):
@@ -314,6 +334,29 @@ class StateDiskFull(InsufficientStorage):
         self.state = state
         self.path = path
         self.reason = reason
+
+    def figures(self) -> dict[str, int | None] | None:
+        return None  # the node's own disk: the engine's figures do not apply
+
+
+class PrivateRecordUnwritable(InsufficientStorage):
+    """A pull with credentials refused before it starts: the private-image record could
+    not be written, and an image pulled without its record would run for anyone."""
+
+    code = "insufficient_storage"
+
+    def __init__(self, *, image: str, path: str, reason: str) -> None:
+        NodeError.__init__(
+            self,
+            f"no pull of {image} with credentials: the private-image record {path} could "
+            f"not be written ({reason}); free space on that disk and launch again",
+        )
+        self.image = image
+        self.path = path
+        self.reason = reason
+
+    def figures(self) -> dict[str, int | None] | None:
+        return None  # the node's own disk: the engine's figures do not apply
 
 
 class Conflict(NodeError):

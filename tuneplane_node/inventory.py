@@ -33,6 +33,7 @@ from typing import TypeVar
 
 from tuneplane_node import __version__
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
+from tuneplane_node.durable import fsync_dir
 from tuneplane_node.errors import ConfigError
 from tuneplane_node.settings import Fabric, NodeSettings, env_name
 from tuneplane_node.tasks import BackgroundTasks
@@ -223,15 +224,6 @@ def _create_node_id(path: Path) -> str:
         os.unlink(tmp)
     fsync_dir(path.parent)
     return new_id
-
-
-def fsync_dir(directory: Path) -> None:
-    """Make a new name in the directory survive a power cut (a rename, a created file)."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # --- storage ---------------------------------------------------------------------------

@@ -212,7 +212,7 @@ build_images() {
     if docker image inspect "$IMAGE" >/dev/null 2>&1 &&
         curl -sf "http://$REGISTRY/v2/${BIG_IMAGE%:*}/manifests/${BIG_IMAGE##*:}" -o /dev/null -H \
             'Accept: application/vnd.docker.distribution.manifest.v2+json' &&
-        podman image exists "$IMAGE"; then
+        podman image exists "docker.io/$IMAGE"; then
         return
     fi
     log "building $IMAGE and $BIG_IMAGE from busybox-static"
@@ -234,8 +234,10 @@ build_images() {
     done
     # The big image lives in the registry only: pulling it must really download.
     docker rmi "$BIG_IMAGE" "$REGISTRY/$BIG_IMAGE" >/dev/null
+    # Fully qualified: the node hands podman canonical names only (docker.io/ for a
+    # name without a registry), never a short name it would match against localhost/.
     podman import --change 'ENTRYPOINT ["/bin/echo", "image-entrypoint-was-not-replaced"]' \
-        "$work/busybox.tar" "$IMAGE" >/dev/null
+        "$work/busybox.tar" "docker.io/$IMAGE" >/dev/null
     rm -rf "$work"
 }
 

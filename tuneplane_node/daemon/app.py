@@ -35,6 +35,7 @@ from tuneplane_node.daemon.state import JOBS, METRICS, REGISTRY_AUTH, SETTINGS, 
 from tuneplane_node.daemon.tokens import TokenSet
 from tuneplane_node.errors import (
     ConfigError,
+    InsufficientStorage,
     MissingProtocol,
     NodeError,
     PayloadTooLarge,
@@ -59,7 +60,8 @@ METHODS = frozenset({"GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH"}
 
 
 def error_response(exc: NodeError) -> web.Response:
-    return answer(error_json(exc.message, exc.code, exc.errors), exc.status)
+    figures = exc.figures() if isinstance(exc, InsufficientStorage) else None
+    return answer(error_json(exc.message, exc.code, exc.errors, figures), exc.status)
 
 
 def http_error(status: int, detail: str) -> web.Response:

@@ -98,7 +98,7 @@ class ImageCatalog:
             pulled_at=_stamp(record.pulled_at if record else None),
             last_used_at=_stamp(max(used) if used else None),
             in_use_by=tuple(sorted(state.name for state in users)),
-            private=self.images.private(names),
+            private=self.images.private(names, info.id),
         )
 
     def _pulls(self) -> Iterable[PullView]:

@@ -34,9 +34,9 @@ from tuneplane_node.clock import Clock
 from tuneplane_node.errors import InsufficientStorage, NodeError
 from tuneplane_node.jobs.pulls import PullCoordinator
 from tuneplane_node.jobs.results import GcRun, ImageStore, RemovedImage
+from tuneplane_node.references import ImageName
 from tuneplane_node.runtime import registry
 from tuneplane_node.runtime.base import ContainerRuntime, EngineImage, RegistryAuth
-from tuneplane_node.runtime.dockerformat import ImageName
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.tasks import BackgroundTasks
 
@@ -231,8 +231,10 @@ class ImageCollector:
         candidates = sorted(self._candidates(images, now), key=lambda c: c.last_use)
         removed: list[RemovedImage] = []
         freeing = store.pressure or (room_for > 0 and (store.room(self.high) or 0) < room_for)
+        store_at_start = store
         for candidate in candidates:
-            why = self._why(candidate, store if freeing else ImageStore(), now, room_for)
+            seen = store if freeing else ImageStore()
+            why = self._why(candidate, seen, now, room_for, to_low=bool(store_at_start.pressure))
             # Held since the list was read (a launch came): kept. Checked on the loop
             # right before the removal, which nothing can come between.
             if why is None or self._held(candidate.image):
@@ -275,18 +277,23 @@ class ImageCollector:
         used = record.last_used_at if record is not None else None
         return used is None or used < fetched
 
-    def _why(self, candidate: Candidate, store: ImageStore, now: datetime, room: int) -> str | None:
-        """Why the candidate goes now, or None: the disk needs no more (at or below low,
-        and room for the pull), and it is not past the max unused age."""
+    def _why(
+        self, candidate: Candidate, store: ImageStore, now: datetime, room: int, *, to_low: bool
+    ) -> str | None:
+        """Why the candidate goes now, or None: past the max unused age; else, for a
+        pull, while it does not fit below high (never freeing below low); else, in a run
+        that began under pressure (``to_low``), until the disk is at or below low."""
         unused = (now - candidate.last_use).total_seconds()
         if self.max_unused_s and unused >= self.max_unused_s:
             return f"unused for {unused:.0f} s (max {self.max_unused_s:g} s)"
         if store.used_ratio is None:
             return None
         used = store.used_ratio * 100
+        if used <= self.low:
+            return None
         if room > 0 and (store.room(self.high) or 0) < room:
             return f"disk {used:.1f}% used: {room} bytes to pull below high {self.high}%"
-        if used > self.low:
+        if to_low:
             return f"disk {used:.1f}% used (high {self.high}%, freeing to low {self.low}%)"
         return None
 
@@ -314,7 +321,9 @@ class ImageCollector:
         """Return when a pull of the image may start; else `InsufficientStorage`, before
         anything is downloaded: the store at or above high after a run, or the image
         (the registry's size; not asked for an image here already, whose pull downloads
-        what changed only) larger than the room left below high after a run."""
+        what changed only) larger than the room left below high. A pull that would not
+        fit even with every image a run may remove gone (down to low, never below) is
+        refused before anything is removed: the cache is never emptied for nothing."""
         store = await self.store()
         room = store.room(self.high)
         # The registry is asked only where the answer can refuse: a store of known size.
@@ -325,6 +334,10 @@ class ImageCollector:
             if self.scope != "off":
                 self.kick()  # the run before every pull, awaited by nobody
             return
+        if short and size is not None and room is not None:
+            freeable = await self.freeable(store) if self.scope != "off" else 0
+            if size > room + freeable:
+                raise self._refusal(image, store, needed=size, room=room, freeable=freeable)
         if self.scope != "off":
             store = (await self.collect(room_for=size if short and size else 0)).store
         if store.pressure:
@@ -333,8 +346,25 @@ class ImageCollector:
         if size is not None and room is not None and size > room:
             raise self._refusal(image, store, needed=size, room=room)
 
+    async def freeable(self, store: ImageStore) -> int:
+        """Bytes a run could free now: the images no rule keeps, down to the low
+        threshold at most (a run for a pull never goes below it)."""
+        above_low = store.room(self.low)
+        if above_low is None:
+            return 0
+        images = await self.runtime.list_images()
+        now = self.clock.now()
+        candidates = sum(c.image.size for c in self._candidates(images, now))
+        return max(0, min(candidates, -above_low))
+
     def _refusal(
-        self, image: str, store: ImageStore, *, needed: int | None = None, room: int | None = None
+        self,
+        image: str,
+        store: ImageStore,
+        *,
+        needed: int | None = None,
+        room: int | None = None,
+        freeable: int | None = None,
     ) -> InsufficientStorage:
         return InsufficientStorage(
             image=image,
@@ -342,6 +372,7 @@ class ImageCollector:
             high_percent=self.high,
             needed_bytes=needed,
             room_bytes=None if room is None else max(0, room),
+            freeable_bytes=freeable,
         )
 
     async def close(self) -> None:

@@ -9,9 +9,11 @@ It holds names, ids and times only, never a secret.
 
 The API, for its callers:
 
-- ``record_pull(image, id, at, prefetch=...)``: a pull of ``image`` (a reference) ended
-  with the engine holding ``id``; ``prefetch``: it was a prefetch, not a launch's.
-- ``record_use(image, id, at)``: the node created a container from it.
+- ``record_pull(image, id, at, prefetch=..., private=...)``: a pull of ``image`` (a
+  reference) ended with the engine holding ``id``; ``prefetch``: it was a prefetch, not a
+  launch's; ``private``: it pulled with credentials.
+- ``record_use(id, at)``: the node created a container from it. Only a pull names an
+  image: a launch's spelling of it (another tag, an id) never does.
 - ``entries()``: every `ImageRecord`, oldest pull first; ``get(id)``: one.
 - ``forget(id)``: the image is gone (removed); its record goes too.
 
@@ -26,14 +28,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from tuneplane_node.clock import parse_rfc3339, rfc3339
-from tuneplane_node.inventory import fsync_dir
+from tuneplane_node.durable import remove_leftovers, write_atomically
+from tuneplane_node.references import ImageName
 from tuneplane_node.tasks import BackgroundTasks
 
 log = logging.getLogger(__name__)
@@ -50,13 +52,15 @@ class ImageRecord:
     newest last (a tag that moved to another image leaves this one). ``pulled_at``: the
     node's newest pull or prefetch of it, None if it never pulled it (the operator's image
     its containers use); ``prefetched_at``: the newest prefetch, None if never;
-    ``last_used_at``: the newest creation of one of the node's containers from it."""
+    ``last_used_at``: the newest creation of one of the node's containers from it;
+    ``private``: a pull of it had credentials (the private-image record's backstop)."""
 
     id: str
     references: tuple[str, ...] = ()
     pulled_at: datetime | None = None
     prefetched_at: datetime | None = None
     last_used_at: datetime | None = None
+    private: bool = False
 
     @property
     def touched(self) -> datetime | None:
@@ -82,6 +86,7 @@ class ImageLedgerFile:
         """The saved records; none saved, or a file that cannot be read, is none (said in
         the log): forgetting images only keeps a collector from removing them."""
         try:
+            remove_leftovers(self.path)
             with self.path.open("rb") as file:
                 raw = file.read(MAX_FILE_BYTES + 1)
         except FileNotFoundError:
@@ -96,15 +101,7 @@ class ImageLedgerFile:
             return {}
 
     def save(self, document: dict[str, Any]) -> None:
-        """Atomically: a crash leaves the old file or the new one, never half of one."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = self.path.with_name(f".{LEDGER_FILE}.{os.getpid()}.tmp")
-        with temporary.open("wb") as file:
-            file.write(json.dumps(document, indent=1).encode())
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, self.path)
-        fsync_dir(self.path.parent)
+        write_atomically(self.path, json.dumps(document, indent=1).encode())
 
 
 class ImageLedger:
@@ -133,15 +130,30 @@ class ImageLedger:
     def get(self, image_id: str) -> ImageRecord | None:
         return self._records.get(image_id)
 
-    def record_pull(self, image: str, id: str, at: datetime, *, prefetch: bool) -> None:
+    def record_pull(
+        self, image: str, id: str, at: datetime, *, prefetch: bool, private: bool = False
+    ) -> None:
         """A pull (or a prefetch) of ``image`` ended with the engine holding ``id``."""
         record = self._claim(image, id).named(image)
         prefetched = at if prefetch else record.prefetched_at
-        self._put(replace(record, pulled_at=at, prefetched_at=prefetched))
+        private = private or record.private
+        self._put(replace(record, pulled_at=at, prefetched_at=prefetched, private=private))
 
-    def record_use(self, image: str, id: str, at: datetime) -> None:
-        """The node created a container from ``image``, which is ``id``."""
-        self._put(replace(self._claim(image, id).named(image), last_used_at=at))
+    def record_use(self, id: str, at: datetime) -> None:
+        """The node created a container from the image ``id``."""
+        self._put(replace(self._records.get(id) or ImageRecord(id=id), last_used_at=at))
+
+    def pulled_repositories(self) -> set[str]:
+        """The repositories of every reference the node pulled an image by."""
+        return {
+            ImageName.parse(name).repository
+            for record in self._records.values()
+            for name in record.references
+        }
+
+    def pulled_privately(self) -> list[tuple[str, tuple[str, ...]]]:
+        """(id, references) of each image a pull with credentials left."""
+        return [(r.id, r.references) for r in self._records.values() if r.private]
 
     def forget(self, id: str) -> None:
         """The image is gone from the engine: its record goes."""
@@ -223,6 +235,7 @@ def _parse(raw: bytes) -> dict[str, ImageRecord]:
             pulled_at=_time(entry.get("pulled_at")),
             prefetched_at=_time(entry.get("prefetched_at")),
             last_used_at=_time(entry.get("last_used_at")),
+            private=entry.get("private") is True,
         )
         records[record.id] = record
     return records
@@ -237,6 +250,7 @@ def _unparse(records: dict[str, ImageRecord]) -> dict[str, Any]:
                 "pulled_at": _stamp(record.pulled_at),
                 "prefetched_at": _stamp(record.prefetched_at),
                 "last_used_at": _stamp(record.last_used_at),
+                "private": record.private,
             }
             for record in sorted(records.values(), key=_pull_order)
         ]

@@ -29,7 +29,14 @@ from tuneplane_node.jobs.pulls import PullCoordinator
 from tuneplane_node.jobs.results import LaunchRequest, Pulling, Started
 from tuneplane_node.jobs.watch import ChangeLog
 from tuneplane_node.logformat import job_fields
-from tuneplane_node.runtime.base import DEVICES_ENV, ContainerRuntime, ContainerSpec, Mount
+from tuneplane_node.references import canonical
+from tuneplane_node.runtime.base import (
+    DEVICES_ENV,
+    ContainerRuntime,
+    ContainerSpec,
+    ImageInfo,
+    Mount,
+)
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.tasks import BackgroundTasks
 
@@ -118,24 +125,35 @@ class Launcher:
     async def start(self, request: LaunchRequest) -> Started | Pulling:
         """Run the image that is here (a private one only for credentials it admits:
         `ImageAccessDenied` before anything is made), or pull it first: when it is
-        missing, or the pull policy says pull again."""
+        missing, or the pull policy says pull again. The image is resolved to its id
+        once, and the container is created from that id: what was checked is what runs."""
         image = request.spec.image
+        self.images.refuse_id(image, field="container.image")
         request = replace(request, auth=await self.images.credentials(request))
         with self.gc.holds.hold(image):  # no GC run takes it between the look and the use
-            present = await self.runtime.image_exists(image)
-            if present:
-                await self.images.admit(image, request.auth)
+            info = await self.runtime.image_info(canonical(image))
+            present = info is not None or await self._imageless(image)
+            if info is not None:
+                await self.images.admit(image, info, request.auth)
             if present and not self.images.must_pull(image, request.pull_policy):
-                return await self.start_now(request)
+                return await self.start_now(request, info)
             await self.gc.fit(image, request.auth, present=present)  # else 507, nothing held
+            await self.images.before_pull(image, request.auth)  # else 507: no record, no pull
             return await self.start_pending(request)
 
-    async def start_now(self, request: LaunchRequest) -> Started:
-        """The container, with the cards it was given; its image is here."""
+    async def _imageless(self, image: str) -> bool:
+        """A runtime that has an image it cannot describe: the process runtime's "every
+        image is here" (it runs no image). An engine that lacks the image says False."""
+        return await self.runtime.image_exists(canonical(image))
+
+    async def start_now(self, request: LaunchRequest, info: ImageInfo | None) -> Started:
+        """The container, from the image id the reference resolved to, with the cards it
+        was given."""
         async with Reservation(self.allocator, request) as cards:
-            container_id = await self.runtime.run(await self._placed(request.spec, cards))
+            spec = await self._placed(_from(request.spec, info), cards)
+            container_id = await self.runtime.run(spec)
         # The label holds the cards now, or nobody does.
-        await self._used(request)
+        self._used(request, info)
         log.info(
             "launch %s: running with gpus %s", request.ref, list(cards),
             extra=about(request, gpus=list(cards)),
@@ -177,14 +195,15 @@ class Launcher:
             await self.pulls.wait(pull)
         finally:
             pull.listeners.remove(progressed)
-        await self.images.pulled(record.image, auth)
+        info = await self.runtime.image_info(canonical(record.image))
+        await self.images.pulled(record.image, info, auth)
         record.phase = STARTING
         self.pending.changed(record.ref)
-        # A pull takes minutes, in which a job could swap a mount's directory for a link.
+        # Opened now, after the pull: a job could swap a mount's directory meanwhile.
         mounts = await self._checked_mounts(record.request.spec)
         cards = await reservation.claim()
-        spec = await self._placed(replace(record.request.spec, mounts=mounts), cards)
-        start = asyncio.ensure_future(self.runtime.run(spec))
+        spec = replace(_from(record.request.spec, info), mounts=mounts)
+        start = asyncio.ensure_future(self.runtime.run(await self._placed(spec, cards)))
         try:
             await asyncio.shield(start)
         except asyncio.CancelledError:
@@ -194,21 +213,12 @@ class Launcher:
                 await start
             await self._teardown(record.request)
             raise
-        await self._used(record.request)
+        self._used(record.request, info)
 
-    async def _used(self, request: LaunchRequest) -> None:
-        """Write the container's image's use in the ledger: the image id the engine made
-        it from (the tag may have moved since). The container runs either way."""
-        ledger = self.pulls.ledger
-        if ledger is None:
-            return
-        try:
-            state = await self.runtime.inspect(request.spec.name)
-        except NodeError as exc:
-            log.warning("launch %s: its image's use is not recorded: %s", request.ref, exc.message)
-            return
-        if state.image_id is not None:
-            ledger.record_use(request.spec.image, state.image_id, self.clock.now())
+    def _used(self, request: LaunchRequest, info: ImageInfo | None) -> None:
+        """Write the container's image's use in the ledger, by the id it was made from."""
+        if self.pulls.ledger is not None and info is not None:
+            self.pulls.ledger.record_use(info.id, self.clock.now())
 
     async def _placed(self, spec: ContainerSpec, cards: tuple[int, ...]) -> ContainerSpec:
         """The spec on the cards it was given, with their CPUs and memory (`CpuAffinity`)."""
@@ -265,6 +275,12 @@ class Launcher:
         await self.pulls.close()
         await self.changes.close()
         await self.gc.close()
+
+
+def _from(spec: ContainerSpec, info: ImageInfo | None) -> ContainerSpec:
+    """The spec created from the image's id: nothing between the check and the create
+    can re-point a name. A runtime without images runs it by its reference."""
+    return replace(spec, image=info.id) if info is not None and info.id else spec
 
 
 def about(request: LaunchRequest, **more: object) -> dict[str, object]:

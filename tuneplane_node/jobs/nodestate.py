@@ -10,12 +10,10 @@ for observe to report after a restart. `NodeStateStore` holds the state in force
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import itertools
 import json
 import logging
-import os
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -23,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from tuneplane_node.clock import Clock, rfc3339
+from tuneplane_node.durable import write_atomically
 from tuneplane_node.errors import NodeError, StateDiskFull
-from tuneplane_node.inventory import fsync_dir
 from tuneplane_node.runtime.base import ContainerState
 from tuneplane_node.signals import job_signal
 
@@ -116,20 +114,7 @@ class NodeStateFile:
             self._written = sequence
 
     def _write(self, state: NodeState) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = self.path.with_name(f".{STATE_FILE}.{os.getpid()}.tmp")
-        data = json.dumps(_unparse(state), indent=1).encode()
-        try:
-            with temporary.open("wb") as file:
-                file.write(data)
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(temporary, self.path)
-        except OSError:
-            with contextlib.suppress(OSError):  # a full disk leaves no empty file behind
-                temporary.unlink()
-            raise
-        fsync_dir(self.path.parent)  # the rename survives a power cut
+        write_atomically(self.path, json.dumps(_unparse(state), indent=1).encode())
 
 
 class NodeStateStore:

@@ -26,6 +26,7 @@ from tuneplane_node.jobs.images import ImageKeeper
 from tuneplane_node.jobs.pending import FAILED_RECORD_TTL_S, PULLING
 from tuneplane_node.jobs.pulls import PullCoordinator, SharedPull
 from tuneplane_node.jobs.results import Prefetched, PrefetchRequest
+from tuneplane_node.references import canonical
 from tuneplane_node.runtime.base import ContainerRuntime, RegistryAuth
 from tuneplane_node.tasks import BackgroundTasks
 
@@ -75,21 +76,25 @@ class Prefetcher:
         private one only for credentials it admits: else `ImageAccessDenied`); else
         ``pulling``: the pull runs in the background, shared with launches of the image."""
         image = request.image
+        self.images.refuse_id(image, field="image")
         auth = await self.images.credentials_for(image, request.auth)
-        record = self._records.get((image, auth))
+        record = self._records.get((canonical(image), auth))
         if record is not None and record.error is None:
             return Prefetched(image, PULLING)  # under way: the same pull, not a second
-        present = await self.runtime.image_exists(image)
-        if present:
-            await self.images.admit(image, auth)
+        info = await self.runtime.image_info(canonical(image))
+        # A runtime without images (the process runtime) has every one "here".
+        present = info is not None or await self.runtime.image_exists(canonical(image))
+        if info is not None:  # a private one only for credentials it admits, else 403
+            await self.images.admit(image, info, auth)
         if present and not self.images.must_pull(image, request.pull_policy):
             return Prefetched(image, PRESENT)
-        await self.gc.fit(image, auth, present=present)  # no room: 507, nothing started
+        await self.gc.fit(image, auth, present=present)  # no room: 507
+        await self.images.before_pull(image, auth)  # no record, no pull: 507
         self._start(Prefetch(replace(request, auth=auth)))
         return Prefetched(image, PULLING)
 
     def _start(self, record: Prefetch) -> None:
-        key = (record.image, record.request.auth)
+        key = (canonical(record.image), record.request.auth)
         self._records[key] = record
         self.tasks.spawn(
             self._pull(record),
@@ -102,7 +107,8 @@ class Prefetcher:
         auth = record.request.auth
         record.pull = self.pulls.join(record.image, auth, prefetch=True)
         await self.pulls.wait(record.pull)
-        await self.images.pulled(record.image, auth)
+        info = await self.runtime.image_info(canonical(record.image))
+        await self.images.pulled(record.image, info, auth)
 
     def _ended(
         self, key: tuple[str, RegistryAuth | None], record: Prefetch, task: asyncio.Task[None]

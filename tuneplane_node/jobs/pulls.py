@@ -3,7 +3,9 @@
 As Nomad's docker driver keeps its coordinator apart from the driver: launches join a
 pull, watch its progress, and leave it; the download stops when the last one leaves.
 A pull is shared by the launches of one image with the same credentials: a launch with
-wrong ones must not ride on another's right ones, nor fail them.
+wrong ones must not ride on another's right ones, nor fail them. One image is one
+canonical reference (`references.canonical`), however a launch spells it, and the engine
+is told that reference: podman never sees a short name to match against its store.
 Every pull is a task of the coordinator's (`BackgroundTasks`), cancelled and awaited on
 close; its error is its waiters' to report. A pull that ends with the image is written
 in the node's image ledger (`ImageLedger`), a prefetch's as one.
@@ -23,6 +25,7 @@ from tuneplane_node.errors import NodeError
 from tuneplane_node.jobs.imageledger import ImageLedger
 from tuneplane_node.jobs.pullrate import PullRate
 from tuneplane_node.logformat import job_fields
+from tuneplane_node.references import canonical
 from tuneplane_node.runtime.base import ContainerRuntime, PullLimits, PullProgress, RegistryAuth
 from tuneplane_node.tasks import BackgroundTasks, by_awaiters
 from tuneplane_node.telemetry import NO_TELEMETRY, Telemetry
@@ -97,11 +100,12 @@ class PullCoordinator:
     ) -> SharedPull:
         """The pull of ``image`` with ``auth`` in flight, or a new one, started now; the
         launch joining it (``ref``, ``run_id``) is named by its log line."""
-        pull = self.pulls.get((image, auth))
+        key = (canonical(image), auth)
+        pull = self.pulls.get(key)
         if pull is None:
             pull = SharedPull(image, auth, self.clock)
             pull.task = self.tasks.spawn(self._pull(pull), name=f"pull {image}", ended=by_awaiters)
-            self.pulls[(image, auth)] = pull
+            self.pulls[key] = pull
         pull.waiters += 1
         pull.prefetch = pull.prefetch or prefetch
         if ref:
@@ -128,7 +132,7 @@ class PullCoordinator:
         started, outcome = time.monotonic(), "failed"
         try:
             await self.runtime.pull(
-                pull.image, limits=self.limits, on_progress=pull.update, auth=pull.auth
+                canonical(pull.image), limits=self.limits, on_progress=pull.update, auth=pull.auth
             )
             await self._record(pull)
             outcome = "ok"
@@ -161,13 +165,16 @@ class PullCoordinator:
         if self.ledger is None:
             return
         try:
-            info = await self.runtime.image_info(pull.image)
+            info = await self.runtime.image_info(canonical(pull.image))
         except NodeError as exc:
             log.warning("pulled %s, but its id is not known: %s", pull.image, exc.message)
             return
         if info is not None:
             at = self.clock.now()
-            self.ledger.record_pull(pull.image, info.id, at, prefetch=pull.prefetch)
+            private = pull.auth is not None
+            self.ledger.record_pull(
+                pull.image, info.id, at, prefetch=pull.prefetch, private=private
+            )
 
     def in_flight(self) -> int:
         return len(self.pulls)
@@ -177,8 +184,9 @@ class PullCoordinator:
         return [pull.image for pull in self.pulls.values()]
 
     def _forget(self, pull: SharedPull) -> None:
-        if self.pulls.get((pull.image, pull.auth)) is pull:
-            del self.pulls[(pull.image, pull.auth)]
+        key = (canonical(pull.image), pull.auth)
+        if self.pulls.get(key) is pull:
+            del self.pulls[key]
 
     async def close(self) -> None:
         """Cancel every pull (shutdown) and wait for them to end."""

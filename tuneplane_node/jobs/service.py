@@ -81,9 +81,9 @@ class JobService:
         self.clock = clock
         self.locks = RefLocks()
         limits = PullLimits(settings.local_image_pull_timeout_s, settings.local_image_pull_stall_s)
-        self.ledger = ImageLedger(settings.state_dir)  # what the node pulled and ran
-        self.pulls = PullCoordinator(runtime, limits, telemetry, ledger=self.ledger, clock=clock)
-        self.images = ImageKeeper(settings, credentials=credentials, clock=clock)
+        self.ledger = ledger = ImageLedger(settings.state_dir)  # what the node pulled and ran
+        self.pulls = PullCoordinator(runtime, limits, telemetry, ledger=ledger, clock=clock)
+        self.images = ImageKeeper(settings, credentials=credentials, clock=clock, ledger=ledger)
         self.launcher = Launcher(
             runtime, allocator, self.pulls, images=self.images, settings=settings, clock=clock
         )
@@ -273,10 +273,9 @@ class JobService:
     # --- cordon and drain ---------------------------------------------------------------
 
     async def start(self) -> None:
-        """Read the operator's decision and the private-image record from disk; an
-        unfinished drain goes on."""
-        await self.images.start()
+        """Read the node's files (the ledger backs the private-image record); a drain goes on."""
         await self.ledger.load()
+        await self.images.start()
         await self.keeper.start()
 
     async def cordon(self, reason: str | None) -> NodeState:
@@ -310,4 +309,5 @@ class JobService:
         await self.keeper.close()
         await self.launcher.close()
         await self.ledger.close()
+        await self.images.close()
         await self.health.close()

@@ -358,11 +358,13 @@ def tells_no_changes(runtime: object, listener: ChangeListener) -> bool:
 @dataclass(frozen=True)
 class ImageInfo:
     """An image as the engine holds it: its id (``sha256:...``, the same on both
-    engines), its size on disk, and the names (``repo:tag``) it goes by there."""
+    engines), its size on disk, the names (``repo:tag``) it goes by there, and the
+    registry digests (``repo@sha256:...``) it was pulled as."""
 
     id: str
     size_bytes: int | None = None
     names: tuple[str, ...] = ()
+    digests: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, repr=False)

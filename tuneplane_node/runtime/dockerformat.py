@@ -13,7 +13,7 @@ import re
 from collections import deque
 from collections.abc import Callable, Collection, Iterator, Mapping
 from datetime import datetime, timezone
-from typing import Any, NamedTuple
+from typing import Any
 
 from tuneplane_node.clock import normalise, rfc3339
 from tuneplane_node.runtime.base import (
@@ -76,6 +76,7 @@ def image_from_inspect(data: Mapping[str, Any]) -> ImageInfo:
         id=image_id(data.get("Id")) or "",
         size_bytes=int(size) if isinstance(size, (int, float)) and size >= 0 else None,
         names=tuple(str(name) for name in data.get("RepoTags") or ()),
+        digests=tuple(str(d) for d in data.get("RepoDigests") or () if d and "<none>" not in d),
     )
 
 
@@ -161,7 +162,6 @@ def pull_params(image: str) -> dict[str, str]:
     return {"fromImage": image, "tag": "latest"}
 
 
-DOCKER_HUB = "docker.io"
 PULL_DENIED = re.compile(
     r"unauthorized|authentication required|no basic auth credentials|denied|forbidden"
     r"|401 Unauthorized|403 Forbidden",
@@ -169,44 +169,6 @@ PULL_DENIED = re.compile(
 )
 """What docker 20.10+ and podman 4 say when the registry refuses a pull's credentials
 (or, deliberately alike, has no such repository)."""
-
-
-class ImageName(NamedTuple):
-    """An image reference as the engines read it: the registry's host, the repository's
-    path there (``library/x`` for a bare Docker Hub name), and the tag or digest."""
-
-    registry: str
-    path: str
-    reference: str
-
-    @classmethod
-    def parse(cls, image: str) -> ImageName:
-        name, _, digest = image.partition("@")
-        first, _, rest = name.partition("/")
-        if rest and ("." in first or ":" in first or first == "localhost"):
-            registry, path = first, rest
-        else:
-            registry, path = DOCKER_HUB, name
-        tag = ""
-        if ":" in path.rsplit("/", 1)[-1]:
-            path, tag = path.rsplit(":", 1)
-        if registry == DOCKER_HUB and "/" not in path:
-            path = f"library/{path}"
-        return cls(registry, path, digest or tag or "latest")
-
-    @property
-    def repository(self) -> str:
-        """``registry/path``: every tag and digest of one repository."""
-        return f"{self.registry}/{self.path}"
-
-    @property
-    def by_digest(self) -> bool:
-        return ":" in self.reference
-
-    @property
-    def canonical(self) -> str:
-        """``registry/path:tag`` or ``registry/path@digest``: one spelling per image."""
-        return f"{self.repository}{'@' if self.by_digest else ':'}{self.reference}"
 
 
 def auth_header(auth: RegistryAuth, registry: str) -> str:

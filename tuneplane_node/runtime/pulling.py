@@ -18,6 +18,7 @@ from typing import Any
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.errors import EngineRefused, RegistryRefused
+from tuneplane_node.references import ImageName
 from tuneplane_node.runtime import dockerformat as fmt
 from tuneplane_node.runtime.base import ProgressCallback, PullLimits, RegistryAuth
 from tuneplane_node.runtime.dockerformat import ProgressFold
@@ -137,7 +138,7 @@ def pull_headers(image: str, auth: RegistryAuth | None) -> dict[str, str]:
     engine's or the host's credential stores."""
     if auth is None:
         return {}
-    registry = fmt.ImageName.parse(image).registry
+    registry = ImageName.parse(image).registry
     return {"X-Registry-Auth": fmt.auth_header(auth, registry)}
 
 

@@ -29,8 +29,8 @@ import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
+from tuneplane_node.references import DOCKER_HUB, ImageName
 from tuneplane_node.runtime.base import RegistryAuth
-from tuneplane_node.runtime.dockerformat import DOCKER_HUB, ImageName
 
 log = logging.getLogger(__name__)
 TIMEOUT_S = 10.0

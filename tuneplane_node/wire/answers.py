@@ -364,6 +364,11 @@ class FieldErrorJson(TypedDict):
 
 class _ErrorOptional(TypedDict, total=False):
     errors: list[FieldErrorJson]  # a request error's bad fields, the detail's first
+    # An insufficient_storage of the engine's store: its figures (null when unknown).
+    needed_bytes: int | None
+    free_bytes: int | None
+    freeable_bytes: int | None
+    high_percent: int | None
 
 
 class ErrorJson(_ErrorOptional):
@@ -386,9 +391,17 @@ def logs_json(text: LogText) -> LogsJson:
     return answer
 
 
-def error_json(detail: str, code: str, errors: Sequence[FieldError] = ()) -> ErrorJson:
-    """0.3.15's ``detail``, the error's ``code``, and a request error's bad fields."""
+def error_json(
+    detail: str,
+    code: str,
+    errors: Sequence[FieldError] = (),
+    figures: Mapping[str, int | None] | None = None,
+) -> ErrorJson:
+    """0.3.15's ``detail``, the error's ``code``, a request error's bad fields, and a
+    storage refusal's figures."""
     answer: ErrorJson = {"detail": detail, "code": code}
+    if figures:
+        answer.update(figures)  # type: ignore[typeddict-item]  # the four keys above
     if errors:
         answer["errors"] = [
             {"field": error.field, "code": error.code, "detail": error.detail} for error in errors

@@ -47,6 +47,7 @@ from tuneplane_node.jobs.results import (
 )
 from tuneplane_node.jobs.results import PULL_POLICIES as PULL_POLICIES  # ctl's choices too
 from tuneplane_node.jobs.watch import DEFAULT_WAIT_S, MAX_WAIT_S
+from tuneplane_node.references import FULL_ID, ID_PREFIX, ImageName
 from tuneplane_node.runtime.base import (
     LABEL_RUN_ID,
     NODE_LABELS,
@@ -124,6 +125,8 @@ _TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"  # \w would take any letter: é
 # the grammar's looser form reaches the engine only to be refused there (a 502).
 _DIGEST = r"(?:sha256:[0-9a-f]{64}|sha384:[0-9a-f]{96}|sha512:[0-9a-f]{128})"
 IMAGE_REFERENCE = re.compile(rf"(?P<name>{_NAME_PART})(?::{_TAG})?(?:@{_DIGEST})?")
+# An image id, which the engines run whoever pulled it: never an image a console names.
+IMAGE_ID = rf"(?!{ID_PREFIX}|{FULL_ID.pattern}$)"
 MAX_IMAGE_NAME = 255
 """The longest name the engines take, counted as they count it: after normalising."""
 MAX_CREDENTIAL = 8192  # a cloud registry's identity token runs to a few KiB
@@ -264,20 +267,13 @@ def _name(given: Given) -> str:
 def _image(given: Given) -> str:
     image = _text(given.body, given.field, required=True, limit=MAX_IMAGE)
     match = IMAGE_REFERENCE.fullmatch(image)
-    if match is None or len(_normalised(match.group("name"))) > MAX_IMAGE_NAME:
+    if match is None or len(ImageName.parse(match.group("name")).repository) > MAX_IMAGE_NAME:
         raise InvalidField(
             given.field, "must be an image reference like registry/name:tag (lower case)"
         )
+    if image.startswith(ID_PREFIX) or FULL_ID.fullmatch(image):
+        raise InvalidField(given.field, "must name a repository, not an image id")
     return image
-
-
-def _normalised(name: str) -> str:
-    """The name as the engines count it: Docker Hub's host (and `library/`) added when the
-    first part is no host, as distribution/reference's normaliser does before its 255 check."""
-    first, slash, _ = name.partition("/")
-    if slash and ("." in first or ":" in first or first == "localhost" or first != first.lower()):
-        return name
-    return f"docker.io/{name}" if slash else f"docker.io/library/{name}"
 
 
 def _argv(given: Given) -> tuple[str, ...]:
@@ -534,12 +530,13 @@ def parse_signal(body: Mapping[str, Any], field: str) -> str | None:
     return name
 
 
-IMAGE_SCHEMA = text(most=MAX_IMAGE, least=1, pattern=anchored(IMAGE_REFERENCE.pattern))
+IMAGE_SCHEMA = text(most=MAX_IMAGE, least=1, pattern=anchored(IMAGE_ID + IMAGE_REFERENCE.pattern))
 IMAGE_DOC = (
     "Image reference, by the distribution grammar (`registry:port/path/name:tag@sha256:...`, "
     f"lower-case path, a port up to 65535, the name before the tag at most {MAX_IMAGE_NAME} "
     "characters counted as the engines count it, with `docker.io/` (and `library/`) added "
-    "to a name without a registry); "
+    "to a name without a registry); an image id (`sha256:...`, 64 hex digits) is "
+    "refused, and so is a bare hex string the node pulled no repository by (an id prefix); "
     "anything else (`UPPER/Case`, `--help`, `../containers/x`) is refused before the "
     "engine sees it."
 )

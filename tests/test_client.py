@@ -40,6 +40,7 @@ from tuneplane_node.client import (
     ImageGc,
     ImagePull,
     ImageStore,
+    InsufficientStorage,
     InvalidRequest,
     JobState,
     NameHeld,
@@ -363,6 +364,17 @@ def test_a_code_picks_the_class_and_a_status_stands_in_for_a_missing_one(
         code,
         "d",
     )
+
+
+def test_a_507_carries_the_nodes_figures_and_none_where_it_gave_none() -> None:
+    body = {"detail": "d", "code": "insufficient_storage", "needed_bytes": 9, "free_bytes": 4,
+            "freeable_bytes": 2, "high_percent": 85}  # fmt: skip
+    error = refusal(507, json.dumps(body).encode(), url="http://n")
+    assert isinstance(error, InsufficientStorage)
+    figures = (error.needed_bytes, error.free_bytes, error.freeable_bytes, error.high_percent)
+    assert figures == (9, 4, 2, 85)
+    older = refusal(507, b'{"detail": "d", "needed_bytes": "x"}', url="http://n")
+    assert isinstance(older, InsufficientStorage) and older.needed_bytes is None
 
 
 def test_an_error_page_that_is_no_json_is_its_text() -> None:

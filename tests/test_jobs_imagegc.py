@@ -343,43 +343,42 @@ async def test_a_pull_too_big_for_the_room_below_high_frees_it_first(
 
     def sizer(image: str, auth: RegistryAuth | None) -> int:
         asked.append((image, auth))
-        return 4 * MIB
+        return 25 * MIB
 
     service.gc.sizer = sizer
     old = images(4)
     for name in old:
         pulled(service, fake, name)
         clock.advance(60)
-    fill(fake, 84)  # room below 85%: 1 MiB, the image needs 4; 4 MiB above low 80%
+    fill(fake, 70)  # room below 85%: 15 MiB, the image needs 25
     auth = RegistryAuth(username="u", password="p")
     request = LaunchRequest("run-a", 0, spec("run-a", "registry.test/team/big:1"), auth=auth)
 
     assert isinstance(await service.launch(request), Pulling)
 
     assert asked == [("registry.test/team/big:1", auth)]  # with the pull's credentials
-    assert fake.image_removals == [fake.image_id(old[0])]  # 10 MiB more room: it fits
+    assert fake.image_removals == [fake.image_id(old[0])]  # 10 MiB more room: 25 fits
 
 
 async def test_a_pull_that_would_not_fit_after_a_run_removes_nothing_and_says_the_figures(
     make_node: MakeNode, fake: FakeRuntime, clock: FakeClock
 ) -> None:
     service = await make_node()
-    service.gc.sizer = lambda image, auth: 50 * MIB  # a manifest that claims too much
+    service.gc.sizer = lambda image, auth: 60 * MIB  # a manifest that claims too much
     for name in images(4):
         pulled(service, fake, name)
         clock.advance(60)
-    fill(fake, 84)
+    fill(fake, 70)  # 15 MiB below high, and 40 MiB of images the node may remove
     free = fake.disk_total - fake.disk_other - fake.images_bytes()  # type: ignore[operator]
     request = LaunchRequest("run-a", 0, spec("run-a", "registry.test/team/claims-a-lot:1"))
 
     with pytest.raises(InsufficientStorage) as refused:
         await service.launch(request)
 
-    above_low = DISK * 84 // 100 - DISK * 80 // 100  # what a run may free: down to low
     assert refused.value.figures() == {
-        "needed_bytes": 50 * MIB,
+        "needed_bytes": 60 * MIB,
         "free_bytes": free,
-        "freeable_bytes": above_low,
+        "freeable_bytes": 4 * SIZE,
         "high_percent": 85,
     }
     assert fake.image_removals == [] and not fake.pulls  # the cache is untouched

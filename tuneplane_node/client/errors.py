@@ -152,7 +152,18 @@ class EngineUnavailable(ServerError):
 
 
 class InsufficientStorage(ServerError):
+    """No room for a pull. ``needed_bytes``, ``free_bytes``, ``freeable_bytes`` (what an
+    image GC run could free) and ``high_percent``: the node's figures, None when it gave
+    none (the node's own disk, or a node older than them)."""
+
     family = "insufficient_storage"
+    needed_bytes: int | None = None
+    free_bytes: int | None = None
+    freeable_bytes: int | None = None
+    high_percent: int | None = None
+
+
+FIGURES = ("needed_bytes", "free_bytes", "freeable_bytes", "high_percent")
 
 
 BY_CODE: Mapping[str, type[NodeError]] = {
@@ -191,7 +202,13 @@ def refusal(status: int, raw: bytes, *, url: str) -> NodeError:
     else:
         message = f"the node at {url} failed ({status}): {detail}"
     errors = _field_errors(body.get("errors"))
-    return cls(message, status=status, code=code, detail=detail, errors=errors)
+    error = cls(message, status=status, code=code, detail=detail, errors=errors)
+    if isinstance(error, InsufficientStorage):
+        for name in FIGURES:
+            figure = body.get(name)
+            if isinstance(figure, int) and not isinstance(figure, bool):
+                setattr(error, name, figure)
+    return error
 
 
 def _json_object(raw: bytes) -> dict[str, Any]:

@@ -281,19 +281,17 @@ class ImageCollector:
         self, candidate: Candidate, store: ImageStore, now: datetime, room: int, *, to_low: bool
     ) -> str | None:
         """Why the candidate goes now, or None: past the max unused age; else, for a
-        pull, while it does not fit below high (never freeing below low); else, in a run
-        that began under pressure (``to_low``), until the disk is at or below low."""
+        pull, while it does not fit below high (and no further); else, in a run that
+        began under pressure (``to_low``), until the disk is at or below low."""
         unused = (now - candidate.last_use).total_seconds()
         if self.max_unused_s and unused >= self.max_unused_s:
             return f"unused for {unused:.0f} s (max {self.max_unused_s:g} s)"
         if store.used_ratio is None:
             return None
         used = store.used_ratio * 100
-        if used <= self.low:
-            return None
         if room > 0 and (store.room(self.high) or 0) < room:
             return f"disk {used:.1f}% used: {room} bytes to pull below high {self.high}%"
-        if to_low:
+        if to_low and used > self.low:
             return f"disk {used:.1f}% used (high {self.high}%, freeing to low {self.low}%)"
         return None
 
@@ -322,8 +320,8 @@ class ImageCollector:
         anything is downloaded: the store at or above high after a run, or the image
         (the registry's size; not asked for an image here already, whose pull downloads
         what changed only) larger than the room left below high. A pull that would not
-        fit even with every image a run may remove gone (down to low, never below) is
-        refused before anything is removed: the cache is never emptied for nothing."""
+        fit even with every image a run may remove gone is refused before anything is
+        removed: the cache is never emptied for nothing."""
         store = await self.store()
         room = store.room(self.high)
         # The registry is asked only where the answer can refuse: a store of known size.
@@ -334,8 +332,8 @@ class ImageCollector:
             if self.scope != "off":
                 self.kick()  # the run before every pull, awaited by nobody
             return
-        if short and size is not None and room is not None:
-            freeable = await self.freeable(store) if self.scope != "off" else 0
+        if short and not store.pressure and size is not None and room is not None:
+            freeable = await self.freeable() if self.scope != "off" else 0
             if size > room + freeable:
                 raise self._refusal(image, store, needed=size, room=room, freeable=freeable)
         if self.scope != "off":
@@ -346,16 +344,11 @@ class ImageCollector:
         if size is not None and room is not None and size > room:
             raise self._refusal(image, store, needed=size, room=room)
 
-    async def freeable(self, store: ImageStore) -> int:
-        """Bytes a run could free now: the images no rule keeps, down to the low
-        threshold at most (a run for a pull never goes below it)."""
-        above_low = store.room(self.low)
-        if above_low is None:
-            return 0
+    async def freeable(self) -> int:
+        """Bytes a run could free now: the sizes of the images no rule keeps (shared
+        layers counted in each, as the engines state sizes: an upper bound)."""
         images = await self.runtime.list_images()
-        now = self.clock.now()
-        candidates = sum(c.image.size for c in self._candidates(images, now))
-        return max(0, min(candidates, -above_low))
+        return sum(c.image.size for c in self._candidates(images, self.clock.now()))
 
     def _refusal(
         self,

@@ -60,11 +60,10 @@ ERRORS = {
     503: "The engine could not be reached: nothing is known, nothing is reported gone.",
     507: "No room: the engine's image store is at or above the image GC's high threshold, "
     "or the image (its registry's compressed size) is larger than the room left below it "
-    "even after a GC run, which never frees below the low threshold (then nothing is "
-    "removed; `needed_bytes`, `free_bytes`, `freeable_bytes` and `high_percent` are fields "
-    "of the answer; nothing was reserved or created); or the node's state file, or the "
-    "private-image record a pull with credentials needs first, could not be written for "
-    "want of space.",
+    "even after a GC run (then nothing is removed; `needed_bytes`, `free_bytes`, "
+    "`freeable_bytes` and `high_percent` are fields of the answer; nothing was reserved or "
+    "created); or the node's state file, or the private-image record a pull with "
+    "credentials needs first, could not be written for want of space.",
 }
 # Which errors each kind of operation can answer, beyond its own (and NodeError's 500).
 Raised = type[NodeError] | int  # an int: a status whose codes are not declared

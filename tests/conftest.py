@@ -28,6 +28,7 @@ from tests.helpers import (
     engine_missing,
     engine_settings,
     own_docker_host,
+    state_dir,
 )
 from tuneplane_node.daemon.app import create_node_app
 from tuneplane_node.gpu.allocator import GpuAllocator
@@ -161,7 +162,7 @@ def fake_settings(tmp_path: Any, **overrides: Any) -> NodeSettings:
         "local_runtime": "docker",
         "local_gpu_count": 4,
         "storage_root": tmp_path,
-        "node_state_dir": tmp_path / "state",
+        "node_state_dir": state_dir(tmp_path),
         "local_stop_timeout": 0.05,  # real seconds: a grace period is waited, not faked
     }
     return _GivenSettings(**{**base, **overrides})
@@ -341,7 +342,7 @@ async def make_node(aiohttp_client: Any, tmp_path: Any) -> AsyncIterator[MakeNod
             "local_gpu_passthrough": False,  # no GPU here: label the cards, hand none over
             "local_gpu_count": 4,
             "storage_root": tmp_path,
-            "node_state_dir": tmp_path / "state",
+            "node_state_dir": state_dir(tmp_path),
             **overrides,
         }
         settings = engine_settings(engine, **options)

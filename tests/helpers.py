@@ -58,6 +58,12 @@ REGISTRY_IMAGE = f"{REGISTRY}/{IMAGE}"
 BIG_IMAGE = f"{REGISTRY}/tuneplane-test/big:1"  # in the registry only: a pull downloads ~9 MB
 
 
+def state_dir(tmp_path: Path) -> Path:
+    """A test node's state directory: beside ``tmp_path`` (its storage root), never in it:
+    a mount root may not hold the node's own files."""
+    return tmp_path.with_name(tmp_path.name + ".state")
+
+
 def docker_host() -> str | None:
     explicit = os.environ.get("TUNEPLANE_TEST_DOCKER_HOST")
     if explicit:
@@ -301,7 +307,7 @@ def spawn_daemon(
         "HOME": str(tmp_path),
         "PYTHONPATH": python_path(),
         "TUNEPLANE_NODE_TOKEN": TOKEN,
-        "TUNEPLANE_NODE_STATE_DIR": str(tmp_path / "state"),
+        "TUNEPLANE_NODE_STATE_DIR": str(state_dir(tmp_path)),
         "TUNEPLANE_STORAGE_ROOT": str(tmp_path),
         "TUNEPLANE_DEV_SHARED_ENGINE": "true",
         **(settings_of or {}),

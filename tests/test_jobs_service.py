@@ -918,11 +918,14 @@ async def test_a_link_planted_by_one_tenant_into_anothers_files_is_refused(
     (tmp_path / "tenantA" / "ckpt").symlink_to(tmp_path / "tenantB" / "ckpt")
     (tmp_path / "linked").symlink_to(tmp_path / "tenantA")  # a link higher up, too
 
-    for host in (tmp_path / "tenantA" / "ckpt", tmp_path / "linked" / "x"):
+    for host, link in (
+        (tmp_path / "tenantA" / "ckpt", "ckpt"),
+        (tmp_path / "linked" / "x", "linked"),
+    ):
         with pytest.raises(InvalidField) as refused:
             await service.launch(with_mounts("r1", Mount(str(host), "/ckpt")))
         assert refused.value.field == "container.mounts[0]"
-        assert refused.value.reason == f"{host} is not its own real path: a component is a symlink"
+        assert refused.value.reason == f"{host} is not its own real path: {link} is a symlink"
 
     assert not fake.containers and fake.calls["run"] == 0
     assert list((tmp_path / "tenantB" / "ckpt").iterdir()) == []
@@ -946,7 +949,7 @@ async def test_a_mount_swapped_for_a_link_during_the_pull_fails_the_launch(
 
     view = (await service.observe(["tuneplane-r1"]))["tuneplane-r1"]
     assert isinstance(view, PendingView) and view.failed
-    assert view.error is not None and "a component is a symlink" in view.error
+    assert view.error is not None and "mine is a symlink" in view.error
     assert not fake.containers
     assert await reserved(service) == frozenset()
 

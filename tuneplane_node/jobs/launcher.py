@@ -13,23 +13,35 @@ import asyncio
 import contextlib
 import functools
 import logging
+from collections.abc import Mapping
 from dataclasses import replace
+from pathlib import Path
 
 from tuneplane_node.clock import Clock
-from tuneplane_node.errors import NodeError
+from tuneplane_node.errors import ConfigError, InvalidField, NodeError
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs.affinity import CpuAffinity
 from tuneplane_node.jobs.confinement import JobRules
 from tuneplane_node.jobs.imagegc import ImageCollector
 from tuneplane_node.jobs.images import ImageKeeper
-from tuneplane_node.jobs.mounts import MountPolicy
+from tuneplane_node.jobs.mounts import SETTING, MountPolicy
 from tuneplane_node.jobs.pending import STARTING, PendingLaunch, PendingTable
 from tuneplane_node.jobs.prefetch import Prefetcher
 from tuneplane_node.jobs.pulls import PullCoordinator
 from tuneplane_node.jobs.results import LaunchRequest, Pulling, Started
+from tuneplane_node.jobs.staging import MountStaging
 from tuneplane_node.jobs.watch import ChangeLog
 from tuneplane_node.logformat import job_fields
-from tuneplane_node.runtime.base import DEVICES_ENV, ContainerRuntime, ContainerSpec, Mount
+from tuneplane_node.runtime.base import (
+    DEVICES_ENV,
+    LABEL_MOUNTS,
+    REMOTE,
+    STAGED,
+    ContainerRuntime,
+    ContainerSpec,
+    Mount,
+    MountSupport,
+)
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.tasks import BackgroundTasks
 
@@ -94,7 +106,13 @@ class Launcher:
         self.tasks = BackgroundTasks(log)  # the pending launches'
         self.rules = JobRules(settings)
         self.affinity = CpuAffinity(settings)
-        self.mounts = MountPolicy(settings.mount_roots, never_a_root=settings.never_a_root)
+        self.mounts = MountPolicy(
+            settings.mount_roots,
+            never_a_root=settings.never_a_root,
+            node_files=settings.node_files(),
+        )
+        self.staging = MountStaging(settings.state_dir)
+        self._support: MountSupport | None = None  # the engine's answer, once it gave one
         self.gc = ImageCollector(runtime, settings, pulls=pulls, clock=clock)
         self.prefetcher = Prefetcher(runtime, pulls, images=images, gc=self.gc, clock=clock)
 
@@ -110,10 +128,94 @@ class Launcher:
                 extra=about(request),
             )  # fmt: skip
         spec = await asyncio.to_thread(self.rules.apply, replace(spec, env=env), cards=cards)
-        return replace(request, spec=replace(spec, mounts=await self._checked_mounts(spec)))
+        if spec.mounts:  # refused now; opened for good when the container is made
+            await self._usable(spec.mounts)
+            await asyncio.to_thread(self.mounts.vet, spec.mounts)
+        return replace(request, spec=spec)
 
-    async def _checked_mounts(self, spec: ContainerSpec) -> tuple[Mount, ...]:
-        return await asyncio.to_thread(self.mounts.check, spec.mounts) if spec.mounts else ()
+    # --- mounts -------------------------------------------------------------------------
+
+    async def mount_support(self) -> MountSupport:
+        """The engine's word on mounts, asked until it answers; its own directories are
+        never mounted from then on."""
+        if self._support is None:
+            support = await self.runtime.mount_support()
+            what = f"the {self.runtime.name} engine's own directory"
+            self.mounts.forbid((Path(path), what) for path in support.engine_dirs)
+            self._support = support
+        return self._support
+
+    async def _usable(self, mounts: tuple[Mount, ...]) -> MountSupport:
+        """The engine's support, or a 422 for each mount of an engine on another machine."""
+        support = await self.mount_support()
+        if support.mode == REMOTE:
+            reason = (
+                f"the {self.runtime.name} engine is on another machine: the node cannot "
+                "hand it a host path it opened, so it takes no host mounts"
+            )
+            refusals = [InvalidField(f"container.mounts[{i}]", reason) for i in range(len(mounts))]
+            raise InvalidField.of(refusals)
+        return support
+
+    async def _staged(self, spec: ContainerSpec) -> ContainerSpec:
+        """The spec with each mount opened and bound at its staging path (`MountStaging`),
+        the key of its staging on its label; a runtime that mounts nothing (the process
+        runtime) gets the paths as given, opened and refused alike."""
+        if not spec.mounts:
+            return spec
+        if (await self._usable(spec.mounts)).mode != STAGED:
+            return replace(spec, mounts=await asyncio.to_thread(self.mounts.vet, spec.mounts))
+        key = self.staging.new_key(spec.name)
+        mounts = await asyncio.to_thread(self._open_and_stage, key, spec.mounts)
+        return replace(spec, mounts=mounts, labels={**spec.labels, LABEL_MOUNTS: key})
+
+    def _open_and_stage(self, key: str, mounts: tuple[Mount, ...]) -> tuple[Mount, ...]:
+        opened = self.mounts.open(mounts)
+        try:
+            return self.staging.stage(key, opened)
+        finally:
+            for each in opened:
+                each.close()
+
+    async def release_mounts(self, labels: Mapping[str, str]) -> None:
+        """Unmount a container's staged mounts (its label names them): it is gone."""
+        key = labels.get(LABEL_MOUNTS)
+        if not key:
+            return
+        try:
+            await asyncio.to_thread(self.staging.release, key)
+        except OSError as exc:
+            log.error("could not remove the staged mounts %s: %s (swept at next start)", key, exc)
+
+    async def start_mounts(self, names: Mapping[str, Mapping[str, str]] | None) -> None:
+        """At start, before the first launch: the engine's own directories learnt (a mount
+        root holding one is a `ConfigError`), the staging a killed daemon left swept
+        (``names``: every container's labels; None when the engine could not list them),
+        and a node that cannot mount said so."""
+        try:
+            support = await self.mount_support()
+        except NodeError as exc:
+            log.warning("the engine's directories are unknown until it answers: %s", exc.message)
+            return
+        self._refuse_roots(support)
+        if names is not None:
+            keep = {labels.get(LABEL_MOUNTS, "") for labels in names.values()}
+            await asyncio.to_thread(self.staging.sweep, keep)
+        if support.mode == STAGED and self.mounts.roots:
+            reason = await asyncio.to_thread(self.staging.probe)
+            if reason is not None:
+                log.error("launches with host mounts will be refused: %s", reason)
+
+    def _refuse_roots(self, support: MountSupport) -> None:
+        for root in self.mounts.roots:
+            held = next(
+                (Path(d) for d in support.engine_dirs if Path(d).is_relative_to(root)), None
+            )
+            if held is not None:
+                raise ConfigError(
+                    f"{SETTING}: {root} is or holds {held} (the {self.runtime.name} engine's "
+                    "own directory), which a job may never mount; keep it out of the mount roots"
+                )
 
     async def start(self, request: LaunchRequest) -> Started | Pulling:
         """Run the image that is here (a private one only for credentials it admits:
@@ -133,7 +235,12 @@ class Launcher:
     async def start_now(self, request: LaunchRequest) -> Started:
         """The container, with the cards it was given; its image is here."""
         async with Reservation(self.allocator, request) as cards:
-            container_id = await self.runtime.run(await self._placed(request.spec, cards))
+            spec = await self._staged(await self._placed(request.spec, cards))
+            try:
+                container_id = await self.runtime.run(spec)
+            except BaseException:
+                await self.release_mounts(spec.labels)  # the launch failed: nothing uses them
+                raise
         # The label holds the cards now, or nobody does.
         await self._used(request)
         log.info(
@@ -180,10 +287,9 @@ class Launcher:
         await self.images.pulled(record.image, auth)
         record.phase = STARTING
         self.pending.changed(record.ref)
-        # A pull takes minutes, in which a job could swap a mount's directory for a link.
-        mounts = await self._checked_mounts(record.request.spec)
         cards = await reservation.claim()
-        spec = await self._placed(replace(record.request.spec, mounts=mounts), cards)
+        # Opened now, after the pull: what is mounted is what the walk opened at create.
+        spec = await self._staged(await self._placed(record.request.spec, cards))
         start = asyncio.ensure_future(self.runtime.run(spec))
         try:
             await asyncio.shield(start)
@@ -193,6 +299,10 @@ class Launcher:
             with contextlib.suppress(Exception):
                 await start
             await self._teardown(record.request)
+            await self.release_mounts(spec.labels)
+            raise
+        except BaseException:
+            await self.release_mounts(spec.labels)
             raise
         await self._used(record.request)
 

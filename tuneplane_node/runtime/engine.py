@@ -36,7 +36,9 @@ from tuneplane_node.runtime import dockerformat as fmt
 from tuneplane_node.runtime.base import (
     DEVICES_ENV,
     LABEL_RUN_ID,
+    REMOTE,
     RUNNING,
+    STAGED,
     Brief,
     CacheStatus,
     Confinement,
@@ -50,6 +52,7 @@ from tuneplane_node.runtime.base import (
     LogQuery,
     LogStream,
     LogText,
+    MountSupport,
     ProgressCallback,
     PullLimits,
     RegistryAuth,
@@ -545,6 +548,14 @@ class EngineRuntime(EngineImages):
 
     @abstractmethod
     def _remaps_users(self) -> bool: ...
+
+    async def mount_support(self) -> MountSupport:
+        dirs = await self._call("report its directories", self._engine_dirs)
+        return MountSupport(STAGED if self._local() else REMOTE, tuple(d for d in dirs if d))
+
+    @abstractmethod
+    def _engine_dirs(self) -> list[str]:
+        """The engine's own directories as its info gives them (data root, run root)."""
 
     async def image_exists(self, image: str) -> bool:
         return await self.image_info(image) is not None

@@ -35,6 +35,7 @@ from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.gpu.factory import make_probe
 from tuneplane_node.gpu.probe import GpuProbe, NoDriverProbe
 from tuneplane_node.jobs import JobService
+from tuneplane_node.jobs.staging import MountStaging
 from tuneplane_node.runtime.cache import CachedRuntime
 from tuneplane_node.runtime.docker import DockerRuntime
 from tuneplane_node.runtime.engine import EngineRuntime
@@ -376,6 +377,7 @@ async def make_node(aiohttp_client: Any, tmp_path: Any) -> AsyncIterator[MakeNod
         for name in names:
             await runtime.remove(name)
         await runtime.close()
+    MountStaging(state_dir(tmp_path)).sweep(())  # the staged mounts of what was removed
 
 
 @pytest.fixture

@@ -13,17 +13,18 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import fake_settings
 from tuneplane_node.errors import InvalidField
 from tuneplane_node.jobs.mounts import MountPolicy, Refused, walk
 from tuneplane_node.runtime.base import Mount
-from tuneplane_node.settings import NodeSettings
 
 RENAME_EXCHANGE = 2
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
 def policy(root: Path, *node_files: tuple[Path, str]) -> MountPolicy:
-    return MountPolicy([root], never_a_root=NodeSettings().never_a_root, node_files=node_files)
+    never_a_root = fake_settings(root).never_a_root
+    return MountPolicy([root], never_a_root=never_a_root, node_files=node_files)
 
 
 def refusal(policy: MountPolicy, host: Path | str) -> str:

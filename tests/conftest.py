@@ -29,6 +29,7 @@ from tests.helpers import (
     engine_settings,
     own_docker_host,
     state_dir,
+    storage_root,
 )
 from tuneplane_node.daemon.app import create_node_app
 from tuneplane_node.gpu.allocator import GpuAllocator
@@ -162,7 +163,7 @@ def fake_settings(tmp_path: Any, **overrides: Any) -> NodeSettings:
         "node_token": TOKEN,
         "local_runtime": "docker",
         "local_gpu_count": 4,
-        "storage_root": tmp_path,
+        "storage_root": storage_root(tmp_path),
         "node_state_dir": state_dir(tmp_path),
         "local_stop_timeout": 0.05,  # real seconds: a grace period is waited, not faked
     }
@@ -342,7 +343,7 @@ async def make_node(aiohttp_client: Any, tmp_path: Any) -> AsyncIterator[MakeNod
             "node_token": TOKEN,
             "local_gpu_passthrough": False,  # no GPU here: label the cards, hand none over
             "local_gpu_count": 4,
-            "storage_root": tmp_path,
+            "storage_root": storage_root(tmp_path),
             "node_state_dir": state_dir(tmp_path),
             **overrides,
         }

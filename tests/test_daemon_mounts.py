@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import MakeNode
-from tests.helpers import IMAGE, Console, state_dir, unique
+from tests.helpers import IMAGE, Console, state_dir, storage_root, unique
 from tests.test_jobs_mounts import swap
 from tuneplane_node.errors import ConfigError
 from tuneplane_node.jobs.staging import DIRECTORY
@@ -33,7 +33,9 @@ def staged(tmp_path: Path) -> tuple[list[str], list[str]]:
 
 
 def tenants(tmp_path: Path) -> tuple[Path, Path]:
-    mine, theirs = tmp_path / "A" / "ckpt", tmp_path / "B" / "ckpt"
+    """Two tenants' checkpoint directories in the node's storage root, each saying whose."""
+    storage = storage_root(tmp_path)
+    mine, theirs = storage / "A" / "ckpt", storage / "B" / "ckpt"
     for owner, directory in (("A", mine), ("B", theirs)):
         directory.mkdir(parents=True)
         (directory / "owner").write_text(owner + "\n")
@@ -49,9 +51,9 @@ async def test_a_job_swapping_its_directory_never_gets_another_tenants(
     each is refused in words (422) or reads and writes A's own directory."""
     node = await make_node(engine)
     mine, theirs = tenants(tmp_path)
-    (tmp_path / "A" / "swap").symlink_to(theirs)
+    (mine.parent / "swap").symlink_to(theirs)
     stop = threading.Event()
-    swapper = threading.Thread(target=swap, args=(mine, tmp_path / "A" / "swap", stop))
+    swapper = threading.Thread(target=swap, args=(mine, mine.parent / "swap", stop))
     answers: collections.Counter[int] = collections.Counter()
     started = []
     swapper.start()

@@ -32,7 +32,7 @@ def basic(user: str, password: str) -> str:
 
 def loaded(tmp_path: Path, document: object) -> AuthFile:
     path = config_json(tmp_path / "config.json", document)
-    auth_file = AuthFile.from_settings(fake_settings(tmp_path / "storage", registry_auth_file=path))
+    auth_file = AuthFile.from_settings(fake_settings(tmp_path, registry_auth_file=path))
     assert auth_file is not None
     return auth_file
 
@@ -68,7 +68,7 @@ def test_a_malformed_file_is_one_start_up_line_naming_the_variable(
     path = tmp_path / "config.json"
     path.write_text(text)
     with pytest.raises(ConfigError) as error:
-        AuthFile.from_settings(fake_settings(tmp_path / "storage", registry_auth_file=path))
+        AuthFile.from_settings(fake_settings(tmp_path, registry_auth_file=path))
     assert error.value.message.startswith("TUNEPLANE_REGISTRY_AUTH_FILE: ")
     assert why in error.value.message and "\n" not in error.value.message
 
@@ -76,7 +76,7 @@ def test_a_malformed_file_is_one_start_up_line_naming_the_variable(
 def test_an_unreadable_file_stops_the_start(tmp_path: Path) -> None:
     missing = tmp_path / "absent.json"
     with pytest.raises(ConfigError, match=r"TUNEPLANE_REGISTRY_AUTH_FILE: .*absent\.json"):
-        AuthFile.from_settings(fake_settings(tmp_path / "storage", registry_auth_file=missing))
+        AuthFile.from_settings(fake_settings(tmp_path, registry_auth_file=missing))
 
 
 async def test_a_bad_new_version_keeps_the_last_good_one(tmp_path: Path) -> None:

@@ -179,6 +179,7 @@ def check(settings: NodeSettings) -> int:
         check_gpus,
         check_storage,
         check_mount_roots,
+        check_mounts,
         check_state_dir,
         check_fabrics,
         check_port,
@@ -466,6 +467,52 @@ def check_mount_roots(settings: NodeSettings) -> list[Finding]:
     default = settings.storage_root is None and missing == [DEFAULT_STORAGE.resolve()]
     named = ", ".join(str(root) for root in missing)
     return [(WARN if default else FAIL, f"mount roots: {named} missing; mounts from it fail")]
+
+
+def check_mounts(settings: NodeSettings) -> list[Finding]:
+    """How the engine takes host mounts, as a launch would: the start-up's refusal of a
+    root holding the engine's own directories, and whether this process can stage."""
+    return asyncio.run(_mount_findings(settings))
+
+
+async def _mount_findings(settings: NodeSettings) -> list[Finding]:
+    from tuneplane_node.errors import NodeError
+    from tuneplane_node.jobs.mounts import MountPolicy
+    from tuneplane_node.runtime import detect_runtime
+    from tuneplane_node.runtime.base import DIRECT, REMOTE
+
+    try:
+        runtime = await detect_runtime(settings, cache=False)
+    except ConfigError:
+        return []  # the engine step has said so
+    try:
+        support = await runtime.mount_support()
+    except NodeError:
+        return []  # the engine step has said so
+    finally:
+        await runtime.close()
+    policy = MountPolicy(settings.mount_roots, never_a_root=settings.never_a_root)
+    problem = policy.root_holding(support.engine_dirs, engine=runtime.name)
+    if problem is not None:
+        return [(FAIL, f"mounts: {problem}")]
+    if support.mode == REMOTE:
+        return [(WARN, f"mounts: {runtime.name} is on another machine: host mounts are refused")]
+    if support.mode == DIRECT:
+        return [(WARN, "mounts: the process runtime mounts nothing; jobs see host paths as given")]
+    return [_staging_finding(settings)]
+
+
+def _staging_finding(settings: NodeSettings) -> Finding:
+    from tuneplane_node.jobs.staging import MountStaging
+
+    staging = MountStaging(settings.state_dir)
+    try:
+        reason = staging.probe()
+    except OSError as exc:
+        reason = f"cannot make {staging.root}: {exc.strerror}"
+    if reason is not None:
+        return (FAIL, f"mounts: {reason}")
+    return (OK, f"mounts: opened without links, bound by descriptor under {staging.root}")
 
 
 def check_state_dir(settings: NodeSettings) -> list[Finding]:

@@ -24,7 +24,7 @@ from tuneplane_node.jobs.affinity import CpuAffinity
 from tuneplane_node.jobs.confinement import JobRules
 from tuneplane_node.jobs.imagegc import ImageCollector
 from tuneplane_node.jobs.images import ImageKeeper
-from tuneplane_node.jobs.mounts import SETTING, MountPolicy
+from tuneplane_node.jobs.mounts import MountPolicy
 from tuneplane_node.jobs.pending import STARTING, PendingLaunch, PendingTable
 from tuneplane_node.jobs.prefetch import Prefetcher
 from tuneplane_node.jobs.pulls import PullCoordinator
@@ -207,15 +207,9 @@ class Launcher:
                 log.error("launches with host mounts will be refused: %s", reason)
 
     def _refuse_roots(self, support: MountSupport) -> None:
-        for root in self.mounts.roots:
-            held = next(
-                (Path(d) for d in support.engine_dirs if Path(d).is_relative_to(root)), None
-            )
-            if held is not None:
-                raise ConfigError(
-                    f"{SETTING}: {root} is or holds {held} (the {self.runtime.name} engine's "
-                    "own directory), which a job may never mount; keep it out of the mount roots"
-                )
+        problem = self.mounts.root_holding(support.engine_dirs, engine=self.runtime.name)
+        if problem is not None:
+            raise ConfigError(problem)
 
     async def start(self, request: LaunchRequest) -> Started | Pulling:
         """Run the image that is here (a private one only for credentials it admits:

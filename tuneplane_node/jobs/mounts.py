@@ -68,6 +68,19 @@ class MountPolicy:
             for form in dict.fromkeys((Path(os.path.normpath(path)), Path(os.path.realpath(path)))):
                 self.node_files.append((form, what))
 
+    def root_holding(self, engine_dirs: Iterable[str], *, engine: str) -> str | None:
+        """Why the mount roots cannot be used with this engine (start-up's refusal and
+        check's line): one that is or holds one of its own directories; None if none."""
+        dirs = [Path(path) for path in engine_dirs]
+        for root in self.roots:
+            held = next((path for path in dirs if path.is_relative_to(root)), None)
+            if held is not None:
+                return (
+                    f"{SETTING}: {root} is or holds {held} (the {engine} engine's own "
+                    "directory), which a job may never mount; keep it out of the mount roots"
+                )
+        return None
+
     def open(self, mounts: Sequence[Mount]) -> list[Opened]:
         """Every mount's host path opened, or one InvalidField naming every bad one (and
         nothing left open). Blocking (it reads the filesystem): run it off the loop."""

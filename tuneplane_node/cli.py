@@ -13,9 +13,9 @@ import platform
 import sys
 import tempfile
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from tuneplane_node import __version__, ctl, inventory, logformat
 from tuneplane_node.errors import ConfigError
@@ -25,9 +25,11 @@ from tuneplane_node.wire import answers
 if TYPE_CHECKING:
     from tuneplane_node.gpu.probe import GpuProbe, GpuSnapshot
     from tuneplane_node.jobs.confinement import JobRules
+    from tuneplane_node.runtime.base import ContainerRuntime
     from tuneplane_node.runtime.engine import EngineRuntime
 
 log = logging.getLogger("tuneplane_node")
+T = TypeVar("T")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -476,30 +478,42 @@ def check_mounts(settings: NodeSettings) -> list[Finding]:
 
 
 async def _mount_findings(settings: NodeSettings) -> list[Finding]:
-    from tuneplane_node.errors import NodeError
     from tuneplane_node.jobs.mounts import MountPolicy
-    from tuneplane_node.runtime import detect_runtime
     from tuneplane_node.runtime.base import DIRECT, REMOTE
+
+    answer = await _engine_answer(settings, lambda runtime: runtime.mount_support())
+    if answer is None:
+        return []  # the engine step has said why
+    engine, support = answer
+    policy = MountPolicy(settings.mount_roots, never_a_root=settings.never_a_root)
+    problem = policy.root_holding(support.engine_dirs, engine=engine)
+    if problem is not None:
+        return [(FAIL, f"mounts: {problem}")]
+    if support.mode == REMOTE:
+        return [(WARN, f"mounts: {engine} is on another machine: host mounts are refused")]
+    if support.mode == DIRECT:
+        return [(WARN, "mounts: the process runtime mounts nothing; jobs see host paths as given")]
+    return [_staging_finding(settings)]
+
+
+async def _engine_answer(
+    settings: NodeSettings, ask: Callable[[ContainerRuntime], Awaitable[T]]
+) -> tuple[str, T] | None:
+    """The engine's name and its answer to ``ask``; None when there is no engine or it
+    did not answer (the engine step says which)."""
+    from tuneplane_node.errors import NodeError
+    from tuneplane_node.runtime import detect_runtime
 
     try:
         runtime = await detect_runtime(settings, cache=False)
     except ConfigError:
-        return []  # the engine step has said so
+        return None
     try:
-        support = await runtime.mount_support()
+        return runtime.name, await ask(runtime)
     except NodeError:
-        return []  # the engine step has said so
+        return None
     finally:
         await runtime.close()
-    policy = MountPolicy(settings.mount_roots, never_a_root=settings.never_a_root)
-    problem = policy.root_holding(support.engine_dirs, engine=runtime.name)
-    if problem is not None:
-        return [(FAIL, f"mounts: {problem}")]
-    if support.mode == REMOTE:
-        return [(WARN, f"mounts: {runtime.name} is on another machine: host mounts are refused")]
-    if support.mode == DIRECT:
-        return [(WARN, "mounts: the process runtime mounts nothing; jobs see host paths as given")]
-    return [_staging_finding(settings)]
 
 
 def _staging_finding(settings: NodeSettings) -> Finding:

@@ -275,7 +275,7 @@ async def test_a_host_network_job_cannot_take_the_nodes_port(tmp_path: Path, eng
     settings = engine_settings(
         engine,
         node_token=TOKEN,
-        storage_root=tmp_path,
+        storage_root=storage_root(tmp_path),
         node_state_dir=tmp_path / "state",
         local_gpu_count=0,
         local_gpu_passthrough=False,

@@ -12,6 +12,7 @@ relaunch and wreckage sweeps all remove through the stopper) or its launch fails
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import secrets
@@ -96,7 +97,7 @@ class MountStaging:
         try:
             mountapi.detach(path)
         except OSError as exc:
-            if exc.errno != 22:  # EINVAL: not a mount point (the launch failed before it)
+            if exc.errno != errno.EINVAL:  # not a mount point: the launch failed before it
                 raise
 
     def keys(self) -> list[str]:

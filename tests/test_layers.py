@@ -37,6 +37,7 @@ LAYERS = [
         "signals",
         "watched",
         "printable",
+        "mountapi",
         "__init__",
     },
 ]

@@ -187,20 +187,18 @@ class Launcher:
         except OSError as exc:
             log.error("could not remove the staged mounts %s: %s (swept at next start)", key, exc)
 
-    async def start_mounts(self, names: Mapping[str, Mapping[str, str]] | None) -> None:
+    async def start_mounts(self) -> None:
         """At start, before the first launch: the engine's own directories learnt (a mount
-        root holding one is a `ConfigError`), the staging a killed daemon left swept
-        (``names``: every container's labels; None when the engine could not list them),
-        and a node that cannot mount said so."""
+        root holding one is a `ConfigError`), the staging a killed daemon left swept (the
+        keys no container's label names), and a node that cannot mount said so."""
         try:
             support = await self.mount_support()
+            keep = {state.labels.get(LABEL_MOUNTS, "") for state in await self.runtime.ps()}
         except NodeError as exc:
-            log.warning("the engine's directories are unknown until it answers: %s", exc.message)
+            log.warning("staged mounts not swept (the engine did not answer): %s", exc.message)
             return
         self._refuse_roots(support)
-        if names is not None:
-            keep = {labels.get(LABEL_MOUNTS, "") for labels in names.values()}
-            await asyncio.to_thread(self.staging.sweep, keep)
+        await asyncio.to_thread(self.staging.sweep, keep)
         if support.mode == STAGED and self.mounts.roots:
             reason = await asyncio.to_thread(self.staging.probe)
             if reason is not None:

@@ -18,11 +18,11 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from datetime import datetime
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
-from tuneplane_node.errors import NameTaken, NodeCordoned, NodeError
+from tuneplane_node.errors import NameTaken, NodeCordoned
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs.catalog import ImageCatalog
 from tuneplane_node.jobs.drain import NodeStateKeeper
@@ -273,20 +273,11 @@ class JobService:
     # --- cordon and drain ---------------------------------------------------------------
 
     async def start(self) -> None:
-        """Read the operator's decision and the private-image record from disk; an
-        unfinished drain goes on."""
+        """At start: the node state (a drain goes on), the images' records, staged mounts."""
         await self.images.start()
         await self.ledger.load()
         await self.keeper.start()
-        await self.launcher.start_mounts(await self._labels())
-
-    async def _labels(self) -> dict[str, Mapping[str, str]] | None:
-        """Every container of the node's labels, by name; None when the engine is down."""
-        try:
-            return {state.name: state.labels for state in await self.runtime.ps()}
-        except NodeError as exc:
-            log.warning("the staged mounts are not swept: %s", exc.message)
-            return None
+        await self.launcher.start_mounts()
 
     async def cordon(self, reason: str | None) -> NodeState:
         return await self.keeper.cordon(reason)

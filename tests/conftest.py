@@ -28,12 +28,15 @@ from tests.helpers import (
     engine_missing,
     engine_settings,
     own_docker_host,
+    state_dir,
+    storage_root,
 )
 from tuneplane_node.daemon.app import create_node_app
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.gpu.factory import make_probe
 from tuneplane_node.gpu.probe import GpuProbe, NoDriverProbe
 from tuneplane_node.jobs import JobService
+from tuneplane_node.jobs.staging import MountStaging
 from tuneplane_node.runtime.cache import CachedRuntime
 from tuneplane_node.runtime.docker import DockerRuntime
 from tuneplane_node.runtime.engine import EngineRuntime
@@ -160,8 +163,8 @@ def fake_settings(tmp_path: Any, **overrides: Any) -> NodeSettings:
         "node_token": TOKEN,
         "local_runtime": "docker",
         "local_gpu_count": 4,
-        "storage_root": tmp_path,
-        "node_state_dir": tmp_path / "state",
+        "storage_root": storage_root(tmp_path),
+        "node_state_dir": state_dir(tmp_path),
         "local_stop_timeout": 0.05,  # real seconds: a grace period is waited, not faked
     }
     return _GivenSettings(**{**base, **overrides})
@@ -340,8 +343,8 @@ async def make_node(aiohttp_client: Any, tmp_path: Any) -> AsyncIterator[MakeNod
             "node_token": TOKEN,
             "local_gpu_passthrough": False,  # no GPU here: label the cards, hand none over
             "local_gpu_count": 4,
-            "storage_root": tmp_path,
-            "node_state_dir": tmp_path / "state",
+            "storage_root": storage_root(tmp_path),
+            "node_state_dir": state_dir(tmp_path),
             **overrides,
         }
         settings = engine_settings(engine, **options)
@@ -375,6 +378,7 @@ async def make_node(aiohttp_client: Any, tmp_path: Any) -> AsyncIterator[MakeNod
         for name in names:
             await runtime.remove(name)
         await runtime.close()
+    MountStaging(state_dir(tmp_path)).sweep(())  # the staged mounts of what was removed
 
 
 @pytest.fixture

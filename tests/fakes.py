@@ -29,6 +29,7 @@ from tuneplane_node.gpu.probe import CardFacts, GpuProcess, GpuSnapshot
 from tuneplane_node.inventory import Space
 from tuneplane_node.references import ID_PREFIX, canonical
 from tuneplane_node.runtime.base import (
+    DIRECT,
     EXIT_SIGKILL,
     LABEL_RUN_ID,
     RUNNING,
@@ -44,6 +45,7 @@ from tuneplane_node.runtime.base import (
     LogQuery,
     LogStream,
     LogText,
+    MountSupport,
     ProgressCallback,
     PullLimits,
     PullProgress,
@@ -277,6 +279,7 @@ class FakeRuntime:
         # engine's, so no launch asks a registry for an image's size.
         self.disk_total: int | None = None
         self.disk_other = 0  # bytes on the engine's disk that are not images
+        self.mount_mode = DIRECT  # how it takes host mounts (`MountSupport`)
         self.refuse_image_removal: set[str] = set()  # ids the engine calls in use anyway
         self.image_removals: list[str] = []  # ids removed, in order
         self.stop_signals: ByReference[str] = ByReference()  # an image's STOPSIGNAL, by image
@@ -567,6 +570,11 @@ class FakeRuntime:
             raise
         if image not in self.images:
             raise EngineRefused(engine=ENGINE, action=f"pull {image}", reason="no image after")
+
+    async def mount_support(self) -> MountSupport:
+        """DIRECT by default: the fast suite opens mounts but binds none (no privilege)."""
+        self._answer("mount_support")
+        return MountSupport(self.mount_mode, (DATA_ROOT,))
 
     async def data_root(self) -> DataRoot | None:
         self._answer("data_root")

@@ -58,6 +58,19 @@ REGISTRY_IMAGE = f"{REGISTRY}/{IMAGE}"
 BIG_IMAGE = f"{REGISTRY}/tuneplane-test/big:1"  # in the registry only: a pull downloads ~9 MB
 
 
+def state_dir(tmp_path: Path) -> Path:
+    """A test node's state directory."""
+    return tmp_path / "state"
+
+
+def storage_root(tmp_path: Path) -> Path:
+    """A test node's storage root (made): a directory of its own, beside the node's state
+    and the test's token, TLS and auth files, which a mount root may not hold."""
+    root = tmp_path / "storage"
+    root.mkdir(exist_ok=True)
+    return root
+
+
 def docker_host() -> str | None:
     explicit = os.environ.get("TUNEPLANE_TEST_DOCKER_HOST")
     if explicit:
@@ -301,8 +314,8 @@ def spawn_daemon(
         "HOME": str(tmp_path),
         "PYTHONPATH": python_path(),
         "TUNEPLANE_NODE_TOKEN": TOKEN,
-        "TUNEPLANE_NODE_STATE_DIR": str(tmp_path / "state"),
-        "TUNEPLANE_STORAGE_ROOT": str(tmp_path),
+        "TUNEPLANE_NODE_STATE_DIR": str(state_dir(tmp_path)),
+        "TUNEPLANE_STORAGE_ROOT": str(storage_root(tmp_path)),
         "TUNEPLANE_DEV_SHARED_ENGINE": "true",
         **(settings_of or {}),
         **settings,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import docker_host, engine_missing, free_port, podman_url
+from tests.helpers import docker_host, engine_missing, free_port, podman_url, storage_root
 from tuneplane_node import cli
 from tuneplane_node.cli import main
 
@@ -41,7 +41,7 @@ def check(
             "TUNEPLANE_NODE_TOKEN": "s3cret-t0ken-0123456789",
             "TUNEPLANE_NODE_PORT": str(free_port()),
             "TUNEPLANE_LOCAL_RUNTIME": "process",
-            "TUNEPLANE_STORAGE_ROOT": str(tmp_path),
+            "TUNEPLANE_STORAGE_ROOT": str(storage_root(tmp_path)),
             "TUNEPLANE_NODE_STATE_DIR": str(tmp_path / "state"),
             "TUNEPLANE_LOCAL_GPU_COUNT": "0",  # a machine without cards, by design
         }
@@ -63,11 +63,12 @@ def test_a_sound_machine_passes_and_no_secret_is_printed(check: Check, tmp_path:
     code, lines, out = check()
     assert code == 0, out
     assert lines["token"] == "ok token: 1 accepted (full 1), from TUNEPLANE_NODE_TOKEN"
-    assert lines["storage root"].startswith(f"ok storage root: {tmp_path} on ")
+    assert lines["storage root"].startswith(f"ok storage root: {storage_root(tmp_path)} on ")
     assert lines["state dir"].startswith(f"ok state dir: {tmp_path / 'state'} writable")
     assert lines["engine"].startswith("warn engine: process runtime")
     assert lines["tls"].startswith("warn tls: off")
-    assert {"gpu", "mount roots", "fabrics", "port"} <= lines.keys()
+    assert {"gpu", "mount roots", "mounts", "fabrics", "port"} <= lines.keys()
+    assert lines["mounts"].startswith("warn mounts: the process runtime mounts nothing")
     assert "s3cret" not in out
 
 
@@ -336,3 +337,42 @@ def test_the_registry_auth_file_is_read_as_the_daemon_reads_it_and_shows_no_secr
     code, lines, _ = check(TUNEPLANE_REGISTRY_AUTH_FILE=str(config))
     assert lines["registry auth"].startswith("FAIL registry auth: TUNEPLANE_REGISTRY_AUTH_FILE: ")
     assert code == 1
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("engine", ["docker", "podman"])
+def test_mounts_say_how_they_are_staged_and_refuse_a_root_holding_the_engines_dirs(
+    check: Check, tmp_path: Path, engine: str
+) -> None:
+    """Issue 33: the line the start-up refusal would be, before any start."""
+    settings = {"TUNEPLANE_LOCAL_RUNTIME": engine, "TUNEPLANE_DOCKER_HOST": str(docker_host())}
+    settings["TUNEPLANE_PODMAN_URL"] = podman_url()
+    code, lines, out = check(**settings)
+    if "FAIL engine" in out:
+        engine_missing(engine, lines["engine"])
+    staging = tmp_path / "state" / "mounts"
+    staged = f"ok mounts: opened without links, bound by descriptor under {staging}"
+    assert lines["mounts"] == staged
+    data_root = _data_root(engine)
+    code, lines, out = check(**settings, TUNEPLANE_ALLOWED_MOUNT_ROOTS=json.dumps([data_root]))
+    assert code == 1, out
+    assert lines["mounts"] == (
+        f"FAIL mounts: TUNEPLANE_ALLOWED_MOUNT_ROOTS: {data_root} is or holds {data_root} (the "
+        f"{engine} engine's own directory), which a job may never mount; keep it out of the "
+        "mount roots"
+    )
+
+
+def _data_root(engine: str) -> str:
+    import asyncio
+
+    from tests.conftest import open_runtime
+
+    async def ask() -> str:
+        runtime = await open_runtime(engine)
+        try:
+            return (await runtime.mount_support()).engine_dirs[0]
+        finally:
+            await runtime.close()
+
+    return asyncio.run(ask())

@@ -30,6 +30,7 @@ from tests.helpers import (
     engine_settings,
     podman_url,
     python_path,
+    storage_root,
 )
 from tuneplane_node.cli import main
 from tuneplane_node.runtime.docker import DockerRuntime
@@ -293,7 +294,7 @@ def test_inventory_prints_the_console_fields_as_json(
 ) -> None:
     settings = {
         **docker_settings,
-        "TUNEPLANE_STORAGE_ROOT": str(tmp_path),
+        "TUNEPLANE_STORAGE_ROOT": str(storage_root(tmp_path)),
         "TUNEPLANE_LOCAL_GPU_COUNT": "2",
         "TUNEPLANE_CLUSTER_PROFILE": "H100-Lab",
     }
@@ -331,7 +332,8 @@ def test_check_tries_the_port_on_both_families_as_serve_binds(
     port = free_port()
     settings = {"TUNEPLANE_NODE_TOKEN": "t0ken-0123456789abcdef"}
     settings |= {"TUNEPLANE_LOCAL_RUNTIME": "process"}
-    settings |= {"TUNEPLANE_NODE_PORT": str(port), "TUNEPLANE_STORAGE_ROOT": str(tmp_path)}
+    settings |= {"TUNEPLANE_NODE_PORT": str(port)}
+    settings |= {"TUNEPLANE_STORAGE_ROOT": str(storage_root(tmp_path))}
     with socket.socket(socket.AF_INET6) as job:
         job.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         try:

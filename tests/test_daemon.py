@@ -12,7 +12,7 @@ import pytest
 from tests import helpers
 from tests.conftest import IMAGE, MakeFakeNode, fake_settings
 from tests.fakes import FakeRuntime
-from tests.helpers import HEADERS, TOKEN, settle
+from tests.helpers import HEADERS, TOKEN, settle, storage_root
 from tuneplane_node.daemon.app import create_node_app
 from tuneplane_node.daemon.state import JOBS
 from tuneplane_node.errors import ConfigError
@@ -376,7 +376,7 @@ async def test_health_and_inventory_shapes(fake_node: MakeFakeNode, tmp_path: An
     assert health["ok"] is True and health["protocol"] == 1
     assert health["runtime"] == {"name": "fake", "version": "1.0-fake"}
     assert health["series"] == "h100-sxm"
-    assert health["disk"]["path"] == str(tmp_path.resolve())
+    assert health["disk"]["path"] == str(storage_root(tmp_path).resolve())
     assert health["state_cache"]["synced"] is True  # the node's cache over the fake engine
     assert health["state_cache"]["containers"] == 0
     assert (health["external"], health["external_pids"]) == ([], {})

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import MakeNode
-from tests.helpers import IMAGE, TrackingRuntime, unique
+from tests.helpers import IMAGE, TrackingRuntime, storage_root, unique
 from tuneplane_node.runtime.base import ContainerSpec
 
 pytestmark = pytest.mark.engine
@@ -112,7 +112,7 @@ async def test_a_job_sees_only_the_cards_the_node_chose(make_node: MakeNode, eng
 async def test_a_mount_of_the_storage_root_works_and_one_beside_it_does_not(
     make_node: MakeNode, tmp_path: Any
 ) -> None:
-    data = tmp_path / "run-data"
+    data = storage_root(tmp_path) / "run-data"
     data.mkdir()
     (data / "in.txt").write_text("from-the-root\n")
     node = await make_node()

@@ -37,6 +37,7 @@ from tests.helpers import (
     node_cache,
     own_docker_host,
     spawn_daemon,
+    storage_root,
     under_ci,
     unique,
     wait_until,
@@ -356,7 +357,7 @@ async def test_health_reports_the_engine_the_disk_and_the_cache(
 
     assert health["ok"] is True and health["protocol"] == 1
     assert health["runtime"]["name"] == "docker" and health["runtime"]["version"]
-    assert health["disk"]["path"] == str(tmp_path.resolve())
+    assert health["disk"]["path"] == str(storage_root(tmp_path).resolve())
     assert health["disk"]["free_gib"] > 0 and 0 <= health["disk"]["used_pct"] <= 100
     assert health["state_cache"]["synced"] is True
     assert health["gpu_probe"] == {"source": "none", "ok": False, "error": "test"}

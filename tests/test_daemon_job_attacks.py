@@ -27,6 +27,7 @@ from tests.helpers import (
     console_0315,
     docker_host,
     engine_settings,
+    storage_root,
     unique,
 )
 from tests.test_daemon_server import served
@@ -220,18 +221,19 @@ async def test_a_link_planted_into_another_tenants_files_is_refused(
     make_node: MakeNode, tmp_path: Path
 ) -> None:
     """Tenant A's job left tenantA/ckpt -> tenantB/ckpt in the shared storage root."""
-    (tmp_path / "tenantB" / "ckpt").mkdir(parents=True)
-    (tmp_path / "tenantA").mkdir()
-    (tmp_path / "tenantA" / "ckpt").symlink_to(tmp_path / "tenantB" / "ckpt")
+    storage = storage_root(tmp_path)
+    (storage / "tenantB" / "ckpt").mkdir(parents=True)
+    (storage / "tenantA").mkdir()
+    (storage / "tenantA" / "ckpt").symlink_to(storage / "tenantB" / "ckpt")
     node = await make_node("docker")
 
-    mount = [str(tmp_path / "tenantA" / "ckpt"), "/ckpt", False]
+    mount = [str(storage / "tenantA" / "ckpt"), "/ckpt", False]
     ref, body = await node.launch(["/bin/touch", "/ckpt/x"], mounts=[mount], expect=422)
 
     assert body["detail"].startswith("container.mounts[0]: ")
     assert "symlink" in body["detail"]
     assert (await node.state(ref))["exists"] is False
-    assert list((tmp_path / "tenantB" / "ckpt").iterdir()) == []
+    assert list((storage / "tenantB" / "ckpt").iterdir()) == []
 
 
 BINDER_SOURCE = r"""
@@ -273,7 +275,7 @@ async def test_a_host_network_job_cannot_take_the_nodes_port(tmp_path: Path, eng
     settings = engine_settings(
         engine,
         node_token=TOKEN,
-        storage_root=tmp_path,
+        storage_root=storage_root(tmp_path),
         node_state_dir=tmp_path / "state",
         local_gpu_count=0,
         local_gpu_passthrough=False,

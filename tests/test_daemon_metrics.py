@@ -19,7 +19,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import IMAGE, MakeFakeNode, MakeNode
 from tests.fakes import FakeRuntime
-from tests.helpers import HEADERS, TOKEN, Console, console_0315, engine_settings, under_ci
+from tests.helpers import (
+    HEADERS,
+    TOKEN,
+    Console,
+    console_0315,
+    engine_settings,
+    storage_root,
+    under_ci,
+)
 from tuneplane_node import __version__
 from tuneplane_node.daemon.app import create_node_app
 from tuneplane_node.daemon.metrics import Metrics
@@ -287,7 +295,7 @@ async def test_the_daemon_times_its_engine_calls(aiohttp_client: Any, tmp_path: 
         node_token=TOKEN,
         local_gpu_passthrough=False,
         local_gpu_count=2,
-        storage_root=tmp_path,
+        storage_root=storage_root(tmp_path),
         node_state_dir=tmp_path / "state",
     )
     node = Console(await aiohttp_client(create_node_app(settings, sweep=False)))

@@ -29,7 +29,7 @@ from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
 from tests.fakes import FakeClock
-from tests.helpers import free_port, settle, spawn_daemon
+from tests.helpers import free_port, settle, spawn_daemon, storage_root
 from tuneplane_node.daemon import server
 from tuneplane_node.daemon.listener import CannotListen
 from tuneplane_node.daemon.server import LoopSlices, serve
@@ -47,7 +47,7 @@ def node_settings(tmp_path: Path, **overrides: Any) -> NodeSettings:
         "node_token": TOKEN,
         "local_runtime": "process",
         "node_state_dir": tmp_path / "state",
-        "storage_root": tmp_path,
+        "storage_root": storage_root(tmp_path),
         "local_gpu_count": 0,
         "local_stop_timeout": 0,  # a stopped test daemon waits for no request
         **overrides,

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import REPO, free_port, python_path, spawn_daemon, under_ci
+from tests.helpers import REPO, free_port, python_path, spawn_daemon, storage_root, under_ci
 from tuneplane_node.daemon.notify import notify, socket_address
 
 UNIT = REPO / "contrib" / "systemd" / "tuneplane-node.service"
@@ -94,11 +94,30 @@ def test_the_unit_runs_the_venv_and_gives_up_on_a_configuration_error() -> None:
     assert settings["ExecStart"] == [f"{EXEC_START} serve"]
     assert settings["Type"] == ["notify"]
     assert settings["RestartPreventExitStatus"] == ["2"]
-    assert settings["ProtectSystem"] == ["strict"]
     # What it must still reach: the host's /dev (NVML) and every pid's cgroup file.
     assert settings.get("PrivateDevices", ["no"]) == ["no"]
     assert "ProtectProc" not in settings
     assert settings["OOMScoreAdjust"] == ["-900"]  # a job (500) is killed before the node
+
+
+# systemd.exec(5): each of these puts the unit in a mount namespace of its own, whose mounts
+# the engine (in the host's) never sees.
+MOUNT_NAMESPACE = (
+    "PrivateMounts", "ProtectSystem", "ProtectHome", "PrivateTmp", "ProtectKernelTunables",
+    "ProtectKernelModules", "ProtectKernelLogs", "ProtectControlGroups", "ReadOnlyPaths",
+    "ReadWritePaths", "InaccessiblePaths", "TemporaryFileSystem", "BindPaths", "ProtectProc",
+)  # fmt: skip
+
+
+def test_the_unit_can_stage_mounts_the_engine_sees_and_nothing_more() -> None:
+    """Issue 33: the node binds each job's mounts at its staging path: the host's mount
+    namespace, CAP_SYS_ADMIN and the mount calls; no other capability, privileged calls
+    still refused."""
+    settings = unit_settings()
+    assert not [name for name in MOUNT_NAMESPACE if name in settings]
+    assert settings["CapabilityBoundingSet"] == ["CAP_SYS_ADMIN"]
+    assert settings["NoNewPrivileges"] == ["yes"]
+    assert settings["SystemCallFilter"] == ["@system-service @mount", "~@privileged @resources"]
 
 
 def test_the_socket_unit_holds_the_port_on_both_families_for_one_daemon() -> None:
@@ -198,7 +217,7 @@ def test_serve_under_socket_activation_serves_the_socket_it_is_given(tmp_path: P
         "TUNEPLANE_NODE_PORT": str(own_port),
         "TUNEPLANE_LOCAL_RUNTIME": "process",
         "TUNEPLANE_NODE_STATE_DIR": str(tmp_path / "state"),
-        "TUNEPLANE_STORAGE_ROOT": str(tmp_path),
+        "TUNEPLANE_STORAGE_ROOT": str(storage_root(tmp_path)),
     }
     # It passes on only PATH, HOME, TERM and USER of its own environment, and the -E ones.
     argv = [activate, "-l", f"127.0.0.1:{port}", *(f"-E{k}={v}" for k, v in settings.items())]
@@ -246,17 +265,23 @@ def test_every_manifest_is_valid_against_the_kubernetes_schemas(manifest: Path) 
         kubernetes_validate.validate(document, version, strict=True)
 
 
-def test_the_daemonset_runs_without_privilege_and_reads_its_token_from_a_secret() -> None:
+def test_the_daemonset_stages_mounts_the_host_sees_and_reads_its_token_from_a_secret() -> None:
+    """Issue 33: privileged only for Bidirectional propagation, and only on the state
+    dir, where the staged mounts are made; the root file system stays read-only."""
     (daemonset,) = yaml.safe_load_all((REPO / "contrib/k8s/daemonset.yaml").read_text())
     pod = daemonset["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert pod["priorityClassName"] == "system-node-critical"
     assert pod["automountServiceAccountToken"] is False
     security = container["securityContext"]
-    assert security["allowPrivilegeEscalation"] is False
+    assert security["privileged"] is True  # Kubernetes' condition for Bidirectional
     assert security["readOnlyRootFilesystem"] is True
-    assert security["capabilities"]["drop"] == ["ALL"]
-    assert "privileged" not in security
+    propagation = {
+        mount["mountPath"]: mount.get("mountPropagation") for mount in container["volumeMounts"]
+    }
+    env_state = {item["name"]: item.get("value") for item in container["env"]}
+    state = env_state["TUNEPLANE_NODE_STATE_DIR"]
+    assert [path for path, how in propagation.items() if how == "Bidirectional"] == [state]
     assert container["startupProbe"]["httpGet"]["path"] == "/healthz"
     env = {item["name"]: item for item in container["env"]}
     assert "TUNEPLANE_NODE_TOKEN" not in env  # not in the pod spec for all to read

@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import IMAGE, MakeFakeNode
 from tests.fakes import FakeClock, FakeProbe, FakeRuntime, Gate
-from tests.helpers import settle
+from tests.helpers import settle, storage_root
 from tuneplane_node.errors import (
     Conflict,
     EngineConflict,
@@ -892,53 +892,62 @@ async def test_a_followed_log_the_engine_refuses_is_a_sentence(
 # --- the token buys job verbs, never the host -------------------------------------------
 
 
+@pytest.fixture
+def storage(tmp_path: Path) -> Path:
+    """The node's storage root (the fixtures' settings): its only mount root."""
+    return storage_root(tmp_path)
+
+
 def with_mounts(run_id: str, *mounts: Mount, **env: str) -> LaunchRequest:
     base = request(run_id)
     return replace(base, spec=replace(base.spec, mounts=mounts, env=env))
 
 
 async def test_a_real_path_under_the_storage_root_reaches_the_engine_as_given(
-    service: JobService, fake: FakeRuntime, tmp_path: Path
+    service: JobService, fake: FakeRuntime, storage: Path
 ) -> None:
-    (tmp_path / "data").mkdir()
+    (storage / "data").mkdir()
 
-    await service.launch(with_mounts("r1", Mount(str(tmp_path / "data") + "/", "/data", True)))
+    await service.launch(with_mounts("r1", Mount(str(storage / "data") + "/", "/data", True)))
 
     mounts = fake.containers["tuneplane-r1"].spec.mounts
-    assert mounts == (Mount(str(tmp_path / "data"), "/data", True),)
+    assert mounts == (Mount(str(storage / "data"), "/data", True),)
 
 
 async def test_a_link_planted_by_one_tenant_into_anothers_files_is_refused(
-    service: JobService, fake: FakeRuntime, tmp_path: Path
+    service: JobService, fake: FakeRuntime, storage: Path
 ) -> None:
     """Tenant A's job leaves tenantA/ckpt -> tenantB/ckpt; A's next launch mounting
     tenantA/ckpt would read and write B's checkpoint: both lie under the storage root."""
-    (tmp_path / "tenantB" / "ckpt").mkdir(parents=True)
-    (tmp_path / "tenantA").mkdir()
-    (tmp_path / "tenantA" / "ckpt").symlink_to(tmp_path / "tenantB" / "ckpt")
-    (tmp_path / "linked").symlink_to(tmp_path / "tenantA")  # a link higher up, too
+    (storage / "tenantB" / "ckpt").mkdir(parents=True)
+    (storage / "tenantA").mkdir()
+    (storage / "tenantA" / "ckpt").symlink_to(storage / "tenantB" / "ckpt")
+    (storage / "linked").symlink_to(storage / "tenantA")  # a link higher up, too
 
-    for host in (tmp_path / "tenantA" / "ckpt", tmp_path / "linked" / "x"):
+    for host, link in (
+        (storage / "tenantA" / "ckpt", "ckpt"),
+        (storage / "linked" / "x", "linked"),
+    ):
         with pytest.raises(InvalidField) as refused:
             await service.launch(with_mounts("r1", Mount(str(host), "/ckpt")))
         assert refused.value.field == "container.mounts[0]"
-        assert refused.value.reason == f"{host} is not its own real path: a component is a symlink"
+        assert refused.value.reason == f"{host} is not its own real path: {link} is a symlink"
 
     assert not fake.containers and fake.calls["run"] == 0
-    assert list((tmp_path / "tenantB" / "ckpt").iterdir()) == []
+    assert list((storage / "tenantB" / "ckpt").iterdir()) == []
 
 
 async def test_a_mount_swapped_for_a_link_during_the_pull_fails_the_launch(
-    service: JobService, fake: FakeRuntime, tmp_path: Path
+    service: JobService, fake: FakeRuntime, storage: Path
 ) -> None:
-    (tmp_path / "mine").mkdir()
-    (tmp_path / "theirs").mkdir()
-    launch = with_mounts("r1", Mount(str(tmp_path / "mine"), "/ckpt"))
+    (storage / "mine").mkdir()
+    (storage / "theirs").mkdir()
+    launch = with_mounts("r1", Mount(str(storage / "mine"), "/ckpt"))
     await service.launch(replace(launch, spec=replace(launch.spec, image=MISSING)))
     await fake.pulling.wait()
 
-    (tmp_path / "mine").rmdir()
-    (tmp_path / "mine").symlink_to(tmp_path / "theirs")
+    (storage / "mine").rmdir()
+    (storage / "mine").symlink_to(storage / "theirs")
     record = service.pending.get("tuneplane-r1")
     assert record is not None and record.task is not None
     fake.pull_of(MISSING).finish()
@@ -946,7 +955,7 @@ async def test_a_mount_swapped_for_a_link_during_the_pull_fails_the_launch(
 
     view = (await service.observe(["tuneplane-r1"]))["tuneplane-r1"]
     assert isinstance(view, PendingView) and view.failed
-    assert view.error is not None and "a component is a symlink" in view.error
+    assert view.error is not None and "mine is a symlink" in view.error
     assert not fake.containers
     assert await reserved(service) == frozenset()
 
@@ -963,11 +972,11 @@ async def test_a_mount_swapped_for_a_link_during_the_pull_fails_the_launch(
     ],
 )  # fmt: skip
 async def test_a_mount_outside_the_mount_roots_is_refused_and_starts_nothing(
-    service: JobService, fake: FakeRuntime, tmp_path: Path, host: str, why: str
+    service: JobService, fake: FakeRuntime, storage: Path, host: str, why: str
 ) -> None:
     """The refusal offers the setting only where the setting could allow the path: a
     mount root may never be or hold a system directory (finding 16 of issue 25)."""
-    fine = Mount(str(tmp_path), "/data")
+    fine = Mount(str(storage), "/data")
     with pytest.raises(InvalidField) as refused:
         await service.launch(with_mounts("r1", fine, Mount(host, "/host")))
 
@@ -978,21 +987,21 @@ async def test_a_mount_outside_the_mount_roots_is_refused_and_starts_nothing(
 
 
 async def test_a_link_out_of_the_storage_root_is_refused(
-    service: JobService, fake: FakeRuntime, tmp_path: Path
+    service: JobService, fake: FakeRuntime, storage: Path
 ) -> None:
-    (tmp_path / "escape").symlink_to("/etc")  # a job with a writable mount left this
+    (storage / "escape").symlink_to("/etc")  # a job with a writable mount left this
 
     with pytest.raises(InvalidField, match=r"^container\.mounts\[0\]: .*escape is not its own"):
-        await service.launch(with_mounts("r1", Mount(str(tmp_path / "escape"), "/x")))
+        await service.launch(with_mounts("r1", Mount(str(storage / "escape"), "/x")))
 
     assert not fake.containers
 
 
 async def test_every_bad_mount_is_named_in_one_refusal(
-    service: JobService, fake: FakeRuntime, tmp_path: Path
+    service: JobService, fake: FakeRuntime, storage: Path
 ) -> None:
-    fine = Mount(str(tmp_path), "/data")
-    missing, outside = Mount(str(tmp_path / "nope"), "/x"), Mount("/var/lib", "/y")
+    fine = Mount(str(storage), "/data")
+    missing, outside = Mount(str(storage / "nope"), "/x"), Mount("/var/lib", "/y")
     with pytest.raises(InvalidField) as refused:
         await service.launch(with_mounts("r1", missing, fine, outside))
     assert refused.value.message.startswith("container.mounts[0]: ")
@@ -1004,10 +1013,10 @@ async def test_every_bad_mount_is_named_in_one_refusal(
 
 
 async def test_a_mount_that_does_not_exist_is_a_422_not_an_engine_refusal(
-    service: JobService, tmp_path: Path
+    service: JobService, storage: Path
 ) -> None:
     with pytest.raises(InvalidField, match=r"^container\.mounts\[0\]: .* does not exist"):
-        await service.launch(with_mounts("r1", Mount(str(tmp_path / "nope"), "/x")))
+        await service.launch(with_mounts("r1", Mount(str(storage / "nope"), "/x")))
 
 
 async def test_the_node_alone_says_which_cards_a_container_sees(

@@ -39,6 +39,7 @@ LAYERS = [
         "signals",
         "watched",
         "printable",
+        "mountapi",
         "__init__",
     },
 ]

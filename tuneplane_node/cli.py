@@ -13,9 +13,9 @@ import platform
 import sys
 import tempfile
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from tuneplane_node import __version__, ctl, inventory, logformat
 from tuneplane_node.errors import ConfigError
@@ -25,9 +25,11 @@ from tuneplane_node.wire import answers
 if TYPE_CHECKING:
     from tuneplane_node.gpu.probe import GpuProbe, GpuSnapshot
     from tuneplane_node.jobs.confinement import JobRules
+    from tuneplane_node.runtime.base import ContainerRuntime
     from tuneplane_node.runtime.engine import EngineRuntime
 
 log = logging.getLogger("tuneplane_node")
+T = TypeVar("T")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -179,6 +181,7 @@ def check(settings: NodeSettings) -> int:
         check_gpus,
         check_storage,
         check_mount_roots,
+        check_mounts,
         check_state_dir,
         check_fabrics,
         check_port,
@@ -466,6 +469,64 @@ def check_mount_roots(settings: NodeSettings) -> list[Finding]:
     default = settings.storage_root is None and missing == [DEFAULT_STORAGE.resolve()]
     named = ", ".join(str(root) for root in missing)
     return [(WARN if default else FAIL, f"mount roots: {named} missing; mounts from it fail")]
+
+
+def check_mounts(settings: NodeSettings) -> list[Finding]:
+    """How the engine takes host mounts, as a launch would: the start-up's refusal of a
+    root holding the engine's own directories, and whether this process can stage."""
+    return asyncio.run(_mount_findings(settings))
+
+
+async def _mount_findings(settings: NodeSettings) -> list[Finding]:
+    from tuneplane_node.jobs.mounts import MountPolicy
+    from tuneplane_node.runtime.base import DIRECT, REMOTE
+
+    answer = await _engine_answer(settings, lambda runtime: runtime.mount_support())
+    if answer is None:
+        return []  # the engine step has said why
+    engine, support = answer
+    policy = MountPolicy(settings.mount_roots, never_a_root=settings.never_a_root)
+    problem = policy.root_holding(support.engine_dirs, engine=engine)
+    if problem is not None:
+        return [(FAIL, f"mounts: {problem}")]
+    if support.mode == REMOTE:
+        return [(WARN, f"mounts: {engine} is on another machine: host mounts are refused")]
+    if support.mode == DIRECT:
+        return [(WARN, "mounts: the process runtime mounts nothing; jobs see host paths as given")]
+    return [_staging_finding(settings)]
+
+
+async def _engine_answer(
+    settings: NodeSettings, ask: Callable[[ContainerRuntime], Awaitable[T]]
+) -> tuple[str, T] | None:
+    """The engine's name and its answer to ``ask``; None when there is no engine or it
+    did not answer (the engine step says which)."""
+    from tuneplane_node.errors import NodeError
+    from tuneplane_node.runtime import detect_runtime
+
+    try:
+        runtime = await detect_runtime(settings, cache=False)
+    except ConfigError:
+        return None
+    try:
+        return runtime.name, await ask(runtime)
+    except NodeError:
+        return None
+    finally:
+        await runtime.close()
+
+
+def _staging_finding(settings: NodeSettings) -> Finding:
+    from tuneplane_node.jobs.staging import MountStaging
+
+    staging = MountStaging(settings.state_dir)
+    try:
+        reason = staging.probe()
+    except OSError as exc:
+        reason = f"cannot make {staging.root}: {exc.strerror}"
+    if reason is not None:
+        return (FAIL, f"mounts: {reason}")
+    return (OK, f"mounts: opened without links, bound by descriptor under {staging.root}")
 
 
 def check_state_dir(settings: NodeSettings) -> list[Finding]:

@@ -316,7 +316,29 @@ class NodeSettings(BaseSettings):
                     f"{source}: {root} is or holds {bad}, which a job may never "
                     f"mount; set {env_name('allowed_mount_roots')} to directories for job data"
                 )
+            own = next((f for f in self.node_files() if f[0].is_relative_to(root)), None)
+            if own is not None:
+                raise ValueError(
+                    f"{source}: {root} is or holds {own[0]} ({own[1]}), which a job may "
+                    f"never mount; keep the node's own files out of the mount roots"
+                )
         return self
+
+    def node_files(self) -> list[tuple[Path, str]]:
+        """The node's own files, each with the setting that names it, which no job may
+        mount nor a mount root hold: the token file and its directory, the TLS key and
+        certificate, the registry auth file, the state directory (the staged mounts of
+        every job are in it)."""
+        files: list[tuple[Path, str]] = []
+        if self.node_token_file is not None:
+            token = _absolute(self.node_token_file)
+            setting = env_name("node_token_file")
+            files += [(token, setting), (token.parent, f"the directory of {setting}")]
+        for name in ("tls_key_file", "tls_cert_file", "registry_auth_file"):
+            path = getattr(self, name)
+            if path is not None:
+                files.append((_absolute(path), env_name(name)))
+        return [*files, (_absolute(self.state_dir), env_name("node_state_dir"))]
 
     def never_a_root(self, root: Path) -> Path | None:
         """The path a job may never mount that ``root`` is, holds or lies in; None when
@@ -350,6 +372,11 @@ class NodeSettings(BaseSettings):
         if roots is None:
             roots = [self.storage, *self.model_dirs]
         return [root.expanduser().resolve() for root in roots]
+
+
+def _absolute(path: Path) -> Path:
+    """The path as a mount would name it: absolute, each link resolved."""
+    return path.expanduser().resolve()
 
 
 def _address(address: str, schemes: tuple[str, ...]) -> str:

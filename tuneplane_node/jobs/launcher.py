@@ -13,10 +13,12 @@ import asyncio
 import contextlib
 import functools
 import logging
+from collections.abc import Mapping
 from dataclasses import replace
+from pathlib import Path
 
 from tuneplane_node.clock import Clock
-from tuneplane_node.errors import NodeError
+from tuneplane_node.errors import ConfigError, InvalidField, NodeError
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs.affinity import CpuAffinity
 from tuneplane_node.jobs.confinement import JobRules
@@ -27,15 +29,20 @@ from tuneplane_node.jobs.pending import STARTING, PendingLaunch, PendingTable
 from tuneplane_node.jobs.prefetch import Prefetcher
 from tuneplane_node.jobs.pulls import PullCoordinator
 from tuneplane_node.jobs.results import LaunchRequest, Pulling, Started
+from tuneplane_node.jobs.staging import MountStaging
 from tuneplane_node.jobs.watch import ChangeLog
 from tuneplane_node.logformat import job_fields
 from tuneplane_node.references import canonical
 from tuneplane_node.runtime.base import (
     DEVICES_ENV,
+    LABEL_MOUNTS,
+    REMOTE,
+    STAGED,
     ContainerRuntime,
     ContainerSpec,
     ImageInfo,
     Mount,
+    MountSupport,
 )
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.tasks import BackgroundTasks
@@ -101,7 +108,13 @@ class Launcher:
         self.tasks = BackgroundTasks(log)  # the pending launches'
         self.rules = JobRules(settings)
         self.affinity = CpuAffinity(settings)
-        self.mounts = MountPolicy(settings.mount_roots, never_a_root=settings.never_a_root)
+        self.mounts = MountPolicy(
+            settings.mount_roots,
+            never_a_root=settings.never_a_root,
+            node_files=settings.node_files(),
+        )
+        self.staging = MountStaging(settings.state_dir)
+        self._support: MountSupport | None = None  # the engine's answer, once it gave one
         self.gc = ImageCollector(runtime, settings, pulls=pulls, clock=clock)
         self.prefetcher = Prefetcher(runtime, pulls, images=images, gc=self.gc, clock=clock)
 
@@ -117,10 +130,86 @@ class Launcher:
                 extra=about(request),
             )  # fmt: skip
         spec = await asyncio.to_thread(self.rules.apply, replace(spec, env=env), cards=cards)
-        return replace(request, spec=replace(spec, mounts=await self._checked_mounts(spec)))
+        if spec.mounts:  # refused now; opened for good when the container is made
+            await self._usable(spec.mounts)
+            await asyncio.to_thread(self.mounts.vet, spec.mounts)
+        return replace(request, spec=spec)
 
-    async def _checked_mounts(self, spec: ContainerSpec) -> tuple[Mount, ...]:
-        return await asyncio.to_thread(self.mounts.check, spec.mounts) if spec.mounts else ()
+    # --- mounts -------------------------------------------------------------------------
+
+    async def mount_support(self) -> MountSupport:
+        """The engine's word on mounts, asked until it answers; its own directories are
+        never mounted from then on."""
+        if self._support is None:
+            support = await self.runtime.mount_support()
+            what = f"the {self.runtime.name} engine's own directory"
+            self.mounts.forbid((Path(path), what) for path in support.engine_dirs)
+            self._support = support
+        return self._support
+
+    async def _usable(self, mounts: tuple[Mount, ...]) -> MountSupport:
+        """The engine's support, or a 422 for each mount of an engine on another machine."""
+        support = await self.mount_support()
+        if support.mode == REMOTE:
+            reason = (
+                f"the {self.runtime.name} engine is on another machine: the node cannot "
+                "hand it a host path it opened, so it takes no host mounts"
+            )
+            refusals = [InvalidField(f"container.mounts[{i}]", reason) for i in range(len(mounts))]
+            raise InvalidField.of(refusals)
+        return support
+
+    async def _staged(self, spec: ContainerSpec) -> ContainerSpec:
+        """The spec with each mount opened and bound at its staging path (`MountStaging`),
+        the key of its staging on its label; a runtime that mounts nothing (the process
+        runtime) gets the paths as given, opened and refused alike."""
+        if not spec.mounts:
+            return spec
+        if (await self._usable(spec.mounts)).mode != STAGED:
+            return replace(spec, mounts=await asyncio.to_thread(self.mounts.vet, spec.mounts))
+        key = self.staging.new_key(spec.name)
+        mounts = await asyncio.to_thread(self._open_and_stage, key, spec.mounts)
+        return replace(spec, mounts=mounts, labels={**spec.labels, LABEL_MOUNTS: key})
+
+    def _open_and_stage(self, key: str, mounts: tuple[Mount, ...]) -> tuple[Mount, ...]:
+        opened = self.mounts.open(mounts)
+        try:
+            return self.staging.stage(key, opened)
+        finally:
+            for each in opened:
+                each.close()
+
+    async def release_mounts(self, labels: Mapping[str, str]) -> None:
+        """Unmount a container's staged mounts (its label names them): it is gone."""
+        key = labels.get(LABEL_MOUNTS)
+        if not key:
+            return
+        try:
+            await asyncio.to_thread(self.staging.release, key)
+        except OSError as exc:
+            log.error("could not remove the staged mounts %s: %s (swept at next start)", key, exc)
+
+    async def start_mounts(self) -> None:
+        """At start, before the first launch: the engine's own directories learnt (a mount
+        root holding one is a `ConfigError`), the staging a killed daemon left swept (the
+        keys no container's label names), and a node that cannot mount said so."""
+        try:
+            support = await self.mount_support()
+            keep = {state.labels.get(LABEL_MOUNTS, "") for state in await self.runtime.ps()}
+        except NodeError as exc:
+            log.warning("staged mounts not swept (the engine did not answer): %s", exc.message)
+            return
+        self._refuse_roots(support)
+        await asyncio.to_thread(self.staging.sweep, keep)
+        if support.mode == STAGED and self.mounts.roots:
+            reason = await asyncio.to_thread(self.staging.probe)
+            if reason is not None:
+                log.error("launches with host mounts will be refused: %s", reason)
+
+    def _refuse_roots(self, support: MountSupport) -> None:
+        problem = self.mounts.root_holding(support.engine_dirs, engine=self.runtime.name)
+        if problem is not None:
+            raise ConfigError(problem)
 
     async def start(self, request: LaunchRequest) -> Started | Pulling:
         """Run the image that is here (a private one only for credentials it admits:
@@ -150,8 +239,12 @@ class Launcher:
         """The container, from the image id the reference resolved to, with the cards it
         was given."""
         async with Reservation(self.allocator, request) as cards:
-            spec = await self._placed(_from(request.spec, info), cards)
-            container_id = await self.runtime.run(spec)
+            spec = await self._staged(await self._placed(_from(request.spec, info), cards))
+            try:
+                container_id = await self.runtime.run(spec)
+            except BaseException:
+                await self.release_mounts(spec.labels)  # the launch failed: nothing uses them
+                raise
         # The label holds the cards now, or nobody does.
         self._used(request, info)
         log.info(
@@ -199,11 +292,10 @@ class Launcher:
         await self.images.pulled(record.image, info, auth)
         record.phase = STARTING
         self.pending.changed(record.ref)
-        # Opened now, after the pull: a job could swap a mount's directory meanwhile.
-        mounts = await self._checked_mounts(record.request.spec)
         cards = await reservation.claim()
-        spec = replace(_from(record.request.spec, info), mounts=mounts)
-        start = asyncio.ensure_future(self.runtime.run(await self._placed(spec, cards)))
+        # Opened now, after the pull: what is mounted is what the walk opened at create.
+        spec = await self._staged(await self._placed(_from(record.request.spec, info), cards))
+        start = asyncio.ensure_future(self.runtime.run(spec))
         try:
             await asyncio.shield(start)
         except asyncio.CancelledError:
@@ -212,6 +304,10 @@ class Launcher:
             with contextlib.suppress(Exception):
                 await start
             await self._teardown(record.request)
+            await self.release_mounts(spec.labels)
+            raise
+        except BaseException:
+            await self.release_mounts(spec.labels)
             raise
         self._used(record.request, info)
 

@@ -273,10 +273,12 @@ class JobService:
     # --- cordon and drain ---------------------------------------------------------------
 
     async def start(self) -> None:
-        """Read the node's files (the ledger backs the private-image record); a drain goes on."""
+        """At start: the image ledger, then the private-image record it backs, the node
+        state (a drain goes on), staged mounts."""
         await self.ledger.load()
         await self.images.start()
         await self.keeper.start()
+        await self.launcher.start_mounts()
 
     async def cordon(self, reason: str | None) -> NodeState:
         return await self.keeper.cordon(reason)

@@ -148,4 +148,5 @@ class Stopper:
         """Remove a container already read, under its ref's lock, and the reason the node
         kept for having stopped it."""
         await self.runtime.remove(state.handle)
+        await self.launcher.release_mounts(state.labels)
         await self.store.forget(state)

@@ -41,7 +41,9 @@ LABEL_GPUS = "tuneplane.gpus"
 
 LABEL_NETWORK = "tuneplane.network"
 """Set only when the node ran a job on another network than it asked for: which one."""
-NODE_LABELS = (LABEL_RUN_ID, LABEL_GPUS, LABEL_NETWORK)
+LABEL_MOUNTS = "tuneplane.mounts"
+"""The key of the job's staged mounts (``<state dir>/mounts/<key>``), set when it has any."""
+NODE_LABELS = (LABEL_RUN_ID, LABEL_GPUS, LABEL_NETWORK, LABEL_MOUNTS)
 
 LIVE_STATUSES = frozenset({"running", "created", "paused", "restarting"})
 """A container in one of these holds its cards: it runs, or may run without asking us."""
@@ -422,6 +424,23 @@ class DataRoot:
     space: Space | None
 
 
+STAGED, DIRECT, REMOTE = "staged", "direct", "remote"
+
+
+@dataclass(frozen=True)
+class MountSupport:
+    """How a runtime takes a job's host mounts. `STAGED`: the engine shares this
+    machine's filesystem, and is handed the node's staging path of each mount (`jobs.
+    staging`). `DIRECT`: the process runtime (development only), which mounts nothing.
+    `REMOTE`: the engine is another machine's (tcp://, ssh://): no host path of this
+    one means anything there, and a staged one could not be handed over, so host mounts
+    are refused. ``engine_dirs``: the engine's own directories as it reports them (its
+    data root, podman's run root), which no job may mount."""
+
+    mode: str
+    engine_dirs: tuple[str, ...] = ()
+
+
 @dataclass(frozen=True)
 class Usage:
     """What one running container uses now, each figure None where it cannot be read.
@@ -551,6 +570,10 @@ class ContainerRuntime(Protocol):
     async def data_root(self) -> DataRoot | None:
         """Where the engine keeps its images (its info, asked once) and a statvfs of that
         path now; None for a runtime without images (the process runtime)."""
+
+    async def mount_support(self) -> MountSupport:
+        """How host mounts reach the engine, and the engine's own directories (its info,
+        asked once it answers)."""
 
     async def list_images(self) -> list[EngineImage]:
         """Every image of the engine (intermediate layers left out), each saying whether

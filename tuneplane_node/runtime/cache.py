@@ -50,6 +50,7 @@ from tuneplane_node.runtime.base import (
     LogQuery,
     LogStream,
     LogText,
+    MountSupport,
     ProgressCallback,
     PullLimits,
     RegistryAuth,
@@ -635,6 +636,9 @@ class CachedRuntime:
 
     async def data_root(self) -> DataRoot | None:
         return await self.inner.data_root()
+
+    async def mount_support(self) -> MountSupport:
+        return await self.inner.mount_support()
 
     async def list_images(self) -> list[EngineImage]:
         return await self.inner.list_images()  # images are not cached: a GC run asks

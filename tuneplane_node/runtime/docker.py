@@ -211,6 +211,10 @@ class DockerRuntime(EngineRuntime, errors=ERRORS):
         )
         return self.support
 
+    def _engine_dirs(self) -> list[str]:
+        # Docker reports no exec root (its --exec-root, /run/docker by default: under /run).
+        return [str(self.api.info().get("DockerRootDir") or "")]
+
     def _remaps_users(self) -> bool:
         options = self.api.info().get("SecurityOptions") or []
         return any("name=userns" in str(option) for option in options)

@@ -36,7 +36,9 @@ from tuneplane_node.runtime import dockerformat as fmt
 from tuneplane_node.runtime.base import (
     DEVICES_ENV,
     LABEL_RUN_ID,
+    REMOTE,
     RUNNING,
+    STAGED,
     Brief,
     CacheStatus,
     Confinement,
@@ -50,6 +52,7 @@ from tuneplane_node.runtime.base import (
     LogQuery,
     LogStream,
     LogText,
+    MountSupport,
     ProgressCallback,
     PullLimits,
     RegistryAuth,
@@ -278,7 +281,25 @@ class EngineImages(ABC):
         return True
 
 
-class EngineRuntime(EngineImages):
+class EngineMounts(ABC):
+    """How an engine runtime takes host mounts (`MountSupport`): staged when the engine is
+    this machine's, refused when it is another's; and the directories it calls its own."""
+
+    @abstractmethod
+    async def _call(self, action: str, fn: Callable[..., T], *args: Any) -> T: ...
+    @abstractmethod
+    def _local(self) -> bool: ...
+
+    @abstractmethod
+    def _engine_dirs(self) -> list[str]:
+        """The engine's own directories as its info gives them (data root, run root)."""
+
+    async def mount_support(self) -> MountSupport:
+        dirs = await self._call("report its directories", self._engine_dirs)
+        return MountSupport(STAGED if self._local() else REMOTE, tuple(d for d in dirs if d))
+
+
+class EngineRuntime(EngineImages, EngineMounts):
     """A ContainerRuntime and EngineFeed over a synchronous engine SDK."""
 
     name: str

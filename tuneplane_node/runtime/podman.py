@@ -234,6 +234,10 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
         local = self.settings.podman_url.startswith(("unix://", "http+unix://"))
         return DeviceSupport(cdi_dirs=CDI_DIRS, cdi_local=local)
 
+    def _engine_dirs(self) -> list[str]:
+        store = self.client.info().get("store") or {}  # type: ignore[no-untyped-call]
+        return [str(store.get("graphRoot") or ""), str(store.get("runRoot") or "")]
+
     def _remaps_users(self) -> bool:
         # A rootful service maps users only where containers.conf says userns = "auto";
         # that file is the service's, not readable through the API: rootless is what it says.

@@ -25,6 +25,7 @@ from tuneplane_node.clock import SYSTEM_CLOCK, Clock, rfc3339
 from tuneplane_node.errors import EngineConflict, EngineRefused, InvalidField
 from tuneplane_node.logformat import job_fields
 from tuneplane_node.runtime.base import (
+    DIRECT,
     LABEL_RUN_ID,
     CacheStatus,
     ContainerSpec,
@@ -36,6 +37,7 @@ from tuneplane_node.runtime.base import (
     LogQuery,
     LogStream,
     LogText,
+    MountSupport,
     ProgressCallback,
     PullLimits,
     RegistryAuth,
@@ -252,6 +254,9 @@ class ProcessRuntime:
     # (the image GC has nothing to do, and health's image_store is unknown).
     async def data_root(self) -> DataRoot | None:
         return None
+
+    async def mount_support(self) -> MountSupport:
+        return MountSupport(DIRECT)  # it mounts nothing: a job sees the host (development)
 
     async def list_images(self) -> list[EngineImage]:
         return []

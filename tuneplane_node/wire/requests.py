@@ -616,9 +616,14 @@ CONTAINER = Body(
             "(`read_only` may be left out: false); both paths absolute, without `..`. "
             '`{"host", "container", "read_only"}` objects are accepted too. The host path '
             "must exist, lie under one of `TUNEPLANE_ALLOWED_MOUNT_ROOTS` (by default the "
-            "storage root and the model dirs) and be its own real path: no component a "
-            f"symlink. As for the container path, {UNMOUNTABLE}. A bad mount is a `422` "
-            "naming `container.mounts[i]`.",
+            "storage root and the model dirs) on that root's filesystem, and be its own real "
+            "path: the node opens it from the root one component at a time without "
+            "following a symlink, and the engine mounts what was opened (a path swapped "
+            "for a link meanwhile is refused, never followed). It may not be, hold or lie "
+            "in the node's own files (token, TLS key, registry auth file, state directory) "
+            "nor the engine's directories. An engine on another machine takes no host "
+            f"mounts. As for the container path, {UNMOUNTABLE}. A bad mount is a `422` "
+            "naming `container.mounts[i]`, with the reason in words.",
             read=_mounts,
         ),
         Field(

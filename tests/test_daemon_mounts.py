@@ -1,0 +1,153 @@
+"""Mounts a job cannot redirect (issue 33), through the API on docker AND podman: the
+swap race a hostile tenant runs, the staging tree left clean after every way a job ends,
+and the engine's own directories never mounted.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import MakeNode
+from tests.helpers import IMAGE, Console, state_dir, storage_root, unique
+from tests.test_jobs_mounts import swap
+from tuneplane_node.errors import ConfigError
+from tuneplane_node.jobs.staging import DIRECTORY
+
+pytestmark = pytest.mark.engine
+ENGINES = ["docker", "podman"]
+LAUNCHES = 200  # the issue's bar: about 25 s an engine on two cores
+READ_AND_WRITE = "cat /ckpt/owner; touch /ckpt/written-by-a-job"
+
+
+def staged(tmp_path: Path) -> tuple[list[str], list[str]]:
+    """What is left of the staging tree: its mounts (this process's mountinfo) and entries."""
+    tree = state_dir(tmp_path) / DIRECTORY
+    mounts = [line for line in Path("/proc/self/mountinfo").read_text().splitlines()
+              if f" {tree}/" in line]  # fmt: skip
+    return mounts, sorted(os.listdir(tree)) if tree.exists() else []
+
+
+def tenants(tmp_path: Path) -> tuple[Path, Path]:
+    """Two tenants' checkpoint directories in the node's storage root, each saying whose."""
+    storage = storage_root(tmp_path)
+    mine, theirs = storage / "A" / "ckpt", storage / "B" / "ckpt"
+    for owner, directory in (("A", mine), ("B", theirs)):
+        directory.mkdir(parents=True)
+        (directory / "owner").write_text(owner + "\n")
+    return mine, theirs
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_a_job_swapping_its_directory_never_gets_another_tenants(
+    make_node: MakeNode, tmp_path: Path, engine: str
+) -> None:
+    """Tenant A's running job swaps ``A/ckpt`` with a link to ``B/ckpt`` in a tight loop
+    (renameat2 RENAME_EXCHANGE, here on the host side); A's next jobs mount ``A/ckpt``:
+    each is refused in words (422) or reads and writes A's own directory."""
+    node = await make_node(engine)
+    mine, theirs = tenants(tmp_path)
+    (mine.parent / "swap").symlink_to(theirs)
+    stop = threading.Event()
+    swapper = threading.Thread(target=swap, args=(mine, mine.parent / "swap", stop))
+    answers: collections.Counter[int] = collections.Counter()
+    started = []
+    swapper.start()
+    try:
+        for _ in range(LAUNCHES):
+            body = launch(mine)
+            status, answer = await node.call("POST", "/node/v1/launch", json=body)
+            answers[status] += 1
+            assert status in (200, 422), (status, answer)
+            if status == 200:
+                started.append(body["container"]["name"])  # type: ignore[index]
+                (node.made or []).append(started[-1])
+    finally:
+        stop.set()
+        swapper.join()
+    seen = collections.Counter([await owner_seen(node, ref) for ref in started])
+    assert seen["B"] == 0 and seen["A"] > 0, (seen, answers)
+    assert list(theirs.iterdir()) == [theirs / "owner"], "a job wrote into tenant B's directory"
+    assert not [status for status in answers if status >= 500], answers
+    print(f"{engine}: {LAUNCHES} launches, answers {dict(answers)}, jobs saw {dict(seen)}")
+
+
+def launch(host: Path) -> dict[str, object]:
+    run_id = unique("swap")
+    return {
+        "run_id": run_id,
+        "requested_gpus": 0,
+        "container": {
+            "name": f"tuneplane-{run_id}",
+            "image": IMAGE,
+            "command": ["/bin/sh", "-c", READ_AND_WRITE],
+            "mounts": [[str(host), "/ckpt", False]],
+        },
+    }
+
+
+async def owner_seen(node: Console, ref: str) -> str:
+    """Whose ``owner`` file the job read: A or B (or nothing, said as "empty")."""
+    await node.wait_for(ref, "status", "exited", timeout=120)
+    words = (await node.logs(ref)).split()
+    return words[-1] if words else "empty"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_nothing_is_left_staged_after_remove_reap_failure_and_restart(
+    make_node: MakeNode, tmp_path: Path, engine: str
+) -> None:
+    mine, _ = tenants(tmp_path)
+    node = await make_node(engine)
+    mount = [[str(mine), "/ckpt", True]]
+    removed, _ = await node.launch(["/bin/sleep", "300"], mounts=mount)
+    reaped, _ = await node.launch(["/bin/true"], mounts=mount)
+    assert len(staged(tmp_path)[0]) == 2  # one staged mount each, read-only
+    assert all(" ro," in line or " ro " in line for line in staged(tmp_path)[0])
+
+    await node.remove(removed)
+    await node.wait_for(reaped, "status", "exited")
+    assert (await node.ok("POST", "/node/v1/reap", json={"max_age_s": 0}))["removed"] >= 1
+    # The engine refuses to start it (a user the image has not): the launch fails.
+    _, body = await node.launch(mounts=mount, user="no-such-user", expect=422)
+    assert body["detail"].startswith("container.user"), body
+    assert staged(tmp_path) == ([], [])
+
+    # A daemon killed with a job's mounts staged, whose container goes while it is down:
+    # the next start sweeps them (the kernel's mounts outlive the process that made them).
+    killed, _ = await node.launch(["/bin/sleep", "300"], mounts=mount)
+    kept, _ = await node.launch(["/bin/sleep", "300"], mounts=mount)
+    from tests.conftest import open_runtime
+
+    engine_runtime = await open_runtime(engine)
+    try:
+        await engine_runtime.remove(killed)
+    finally:
+        await engine_runtime.close()
+    restarted = await make_node(engine)
+    mounts, keys = staged(tmp_path)
+    assert len(mounts) == 1 and len(keys) == 1 and keys[0].startswith(kept), (mounts, keys)
+    await restarted.remove(kept)
+    assert staged(tmp_path) == ([], [])
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_a_root_holding_the_engines_data_root_refuses_the_start(
+    make_node: MakeNode, tmp_path: Path, engine: str
+) -> None:
+    from tests.conftest import open_runtime
+
+    runtime = await open_runtime(engine)
+    try:
+        (data_root, *_) = (await runtime.mount_support()).engine_dirs
+    finally:
+        await runtime.close()
+    root = Path(data_root)  # the root is the data root (its parent may be a system path)
+    with pytest.raises(ConfigError) as refused:
+        await make_node(engine, allowed_mount_roots=[root])
+    (line,) = refused.value.message.splitlines()
+    assert line.startswith(f"TUNEPLANE_ALLOWED_MOUNT_ROOTS: {root} is or holds {data_root}"), line

@@ -104,6 +104,19 @@ class Mount(NamedTuple):
     read_only: bool = False
 
 
+class Tmpfs(NamedTuple):
+    """A tmpfs a job writes in, of at most ``size_bytes`` (its pages are charged to the
+    job's memory cgroup, as any page cache of the job's)."""
+
+    path: str
+    size_bytes: int
+
+    def options(self) -> str:
+        """The mount options both engines take: writable, programs may run from it (a
+        compiler's cache does), no setuid or devices, a sticky /tmp as on any host."""
+        return f"rw,exec,nosuid,nodev,size={self.size_bytes},mode=1777"
+
+
 LINUX_CAPABILITIES = (
     "CHOWN", "DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "FSETID", "KILL", "SETGID",
     "SETUID", "SETPCAP", "LINUX_IMMUTABLE", "NET_BIND_SERVICE", "NET_BROADCAST", "NET_ADMIN",
@@ -181,6 +194,11 @@ class ContainerSpec:
     # job's cards, set at create only; () for none (every CPU, every node).
     cpuset_cpus: tuple[int, ...] = ()
     cpuset_mems: tuple[int, ...] = ()
+    # The console's word (None: not asked), then the node's decision (the operator's
+    # TUNEPLANE_JOB_READ_ONLY_ROOT or the console's true): the image's filesystem
+    # read-only, the job writing only in its tmpfs (and mounts).
+    read_only_root: bool | None = None
+    tmpfs: tuple[Tmpfs, ...] = ()
     confinement: Confinement = field(default_factory=Confinement)
 
     def cpuset(self) -> tuple[str | None, str | None]:

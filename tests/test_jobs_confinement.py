@@ -248,6 +248,7 @@ async def test_a_read_only_launch_reaches_the_engine_with_its_tmpfs(
     made = fake.containers["tuneplane-r1"].spec
     assert made.read_only_root is True
     assert tmpfs_of(made) == {"/tmp": 512 * MIB, "/run": 64 * MIB}
+    assert (await node.state("tuneplane-r1"))["read_only_root"] is True  # observe says it
 
 
 @pytest.mark.parametrize("value", ["yes", 1, "true", []])

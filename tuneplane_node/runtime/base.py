@@ -233,6 +233,7 @@ class ContainerState:
     id: str | None = None
     stop_signal: str | None = None  # what a stop sends first; None: not known (a list entry)
     image_id: str | None = None  # the engine's id of its image (``sha256:...``); None: not known
+    read_only_root: bool | None = None  # its image filesystem read-only; None: not known
 
     @classmethod
     def missing(cls, name: str) -> ContainerState:

@@ -209,3 +209,21 @@ def _refused(pids_dir: Path) -> int:
         if key == "max":
             return int(number)
     return 0
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_a_parent_gone_is_made_and_bounded_again_at_the_next_launch(
+    parent: str, make_node: MakeNode, engine: str
+) -> None:
+    """As after a reboot, or an operator's rmdir: the node's figures come back."""
+    node = await make_node(engine, job_cgroup_parent=parent, system_reserved_pids=1000)
+    first, _ = await node.launch()
+    await node.wait_for(first, "status", "running")
+    await node.remove(first)
+    for directory in _parent_dirs(parent):
+        await _remove_tree(directory)
+
+    second, _ = await node.launch()
+    await node.wait_for(second, "status", "running")
+    (pids_dir,) = [d for d in _parent_dirs(parent) if (d / "pids.max").exists()]
+    assert (pids_dir / "pids.max").read_text().strip() == str((pid_max() or 0) - 1000)

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import fake_settings
-from tuneplane_node.cli import parent_fix
+from tests.helpers import engine_settings
+from tuneplane_node.cli import _parent_finding, parent_fix
 from tuneplane_node.errors import ConfigError
 from tuneplane_node.runtime.cgroupparent import (
     Bounds,
@@ -22,6 +23,7 @@ from tuneplane_node.runtime.cgroupparent import (
     wanted,
     write,
 )
+from tuneplane_node.runtime.docker import DockerRuntime
 from tuneplane_node.runtime.engine import describe_parent
 
 GIB = 2**30
@@ -158,3 +160,15 @@ def test_check_says_who_cannot_write_a_cgroupfs_parent() -> None:
         "figures: pids 100, memory unbounded; not bounded by the node: read-only here"
     )
     assert "ProtectControlGroups" in parent_fix(report)
+
+
+async def test_check_says_a_remote_engines_parent_is_its_own_hosts_to_bound() -> None:
+    runtime = DockerRuntime(engine_settings("docker", docker_host="tcp://127.0.0.1:9"))
+    runtime.parent = JobParent("tuneplane-jobs", driver="cgroupfs", unified=False)
+    try:
+        ((level, text),) = await _parent_finding(runtime)
+    finally:
+        await runtime.close()
+    assert level == "warn"
+    assert text.startswith("jobs: parent cgroup /tuneplane-jobs (cgroupfs driver, cgroup v1)")
+    assert "not bounded by the node: the engine is remote: its cgroups are its own host's" in text

@@ -402,8 +402,8 @@ def parent_fix(report: ParentReport) -> str:
             f"{' and '.join(lines) or 'its bounds'} in a drop-in"
         )
     return (
-        f"bound {parent.path} (pids.max, memory) on the host, or let the node write the "
-        "cgroup tree (a unit without ProtectControlGroups=yes)"
+        f"bound {parent.path} (pids.max and its memory limit) on the engine's host, or let "
+        "the node write the cgroup tree there (a unit without ProtectControlGroups=yes)"
     )
 
 

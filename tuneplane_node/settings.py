@@ -209,7 +209,10 @@ class NodeSettings(BaseSettings):
     job_tmpfs_size: str | int = "1g"
     """The size of a read-only-root job's /tmp (a size such as ``1g`` or bytes), lowered
     to half its memory limit; its /run takes at most 64 MiB of the same."""
-    job_cgroup_parent: str = Field("tuneplane-jobs", pattern=r"^[a-zA-Z0-9_][a-zA-Z0-9_-]{0,99}$")
+    # Dashes only between words: systemd nests a slice by them, and refuses "a--b.slice".
+    job_cgroup_parent: str = Field(
+        "tuneplane-jobs", max_length=100, pattern=r"^[a-zA-Z0-9_]+(-[a-zA-Z0-9_]+)*$"
+    )
     """The cgroup every job is created under, the node's own (kubelet's kubepods): a
     directory at the root of the cgroup tree (``/<name>``), or the systemd slice
     ``<name>.slice`` where the engine's cgroup driver is systemd."""

@@ -150,6 +150,7 @@ class FakeContainer:
             id=self.id,
             stop_signal=self.spec.stop_signal or self.image_stop_signal or "SIGTERM",
             image_id=self.image_id,
+            read_only_root=bool(self.spec.read_only_root),
         )
 
     def exit_on(self, signal: str) -> int | None:

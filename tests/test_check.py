@@ -311,6 +311,32 @@ def test_whether_the_engine_remaps_users_is_said(check: Check, engine: str) -> N
     assert "warn jobs: no init (TUNEPLANE_JOB_INIT=false): a shell entrypoint" in out
 
 
+def test_a_pids_reserve_larger_than_pid_max_fails(check: Check) -> None:
+    code, lines, _ = check(TUNEPLANE_SYSTEM_RESERVED_PIDS="4194304")
+    assert code == 1
+    assert lines["jobs"].startswith("FAIL jobs: TUNEPLANE_SYSTEM_RESERVED_PIDS: reserving 4194304")
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("engine", ["docker", "podman"])
+def test_the_jobs_parent_cgroup_is_said_with_its_bounds_and_who_holds_them(
+    check: Check, engine: str
+) -> None:
+    """This machine's engines use the cgroupfs driver (cgroup v1), and check runs where
+    it may write the tree: the node will make and bound a parent not there yet."""
+    settings = {"TUNEPLANE_LOCAL_RUNTIME": engine, "TUNEPLANE_JOB_CGROUP_PARENT": "tp-check-none"}
+    if engine == "docker":
+        settings["TUNEPLANE_DOCKER_HOST"] = str(docker_host())
+    else:
+        settings["TUNEPLANE_PODMAN_URL"] = podman_url()
+    _, _, out = check(**settings, TUNEPLANE_SYSTEM_RESERVED_PIDS="1000")
+    (line,) = [line for line in out.splitlines() if "parent cgroup" in line]
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    assert line.startswith("ok   jobs: parent cgroup /tp-check-none (cgroupfs driver, cgroup v1)")
+    assert f"the node's figures: pids {pid_max - 1000}, memory " in line
+    assert line.endswith("the node makes and bounds it at its first launch")
+
+
 @pytest.mark.engine
 def test_podman_without_its_init_program_fails_the_check(
     check: Check, monkeypatch: pytest.MonkeyPatch

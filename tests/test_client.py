@@ -215,6 +215,16 @@ async def test_the_sync_client_is_the_async_one_without_a_loop(
     assert logs.endswith("hello\n")
 
 
+async def test_a_read_only_root_is_asked_for_and_reaches_the_engine(
+    client: AsyncNodeClient, fake: FakeRuntime
+) -> None:
+    assert "read_only_root" not in job().to_json()  # not given: the node's rule
+    name = f"tuneplane-{unique('ro')}"
+    await client.launch(unique("ro"), job(name, read_only_root=True))
+    assert fake.containers[name].spec.read_only_root is True
+    await client.remove(name)
+
+
 async def test_a_run_id_that_makes_no_name_is_launched_and_found_by_the_ref_answered(
     client: AsyncNodeClient,
 ) -> None:

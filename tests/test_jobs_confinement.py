@@ -13,13 +13,15 @@ from tests.fakes import FakeRuntime
 from tests.helpers import console_0315
 from tuneplane_node.errors import ConfigError, InvalidField
 from tuneplane_node.jobs import JobService
-from tuneplane_node.jobs.confinement import JobRules
+from tuneplane_node.jobs.confinement import JobRules, job_tmpfs
 from tuneplane_node.jobs.results import LaunchRequest
 from tuneplane_node.runtime.base import (
     KEPT_CAPABILITIES,
     LABEL_NETWORK,
     LABEL_RUN_ID,
     ContainerSpec,
+    Mount,
+    Tmpfs,
 )
 from tuneplane_node.settings import load_settings
 
@@ -169,4 +171,94 @@ async def test_an_engine_namespace_label_is_a_422_naming_it(
 
     assert status == 422
     assert body["detail"] == "container.labels.io.containers.autoupdate: the engines' own namespace"
+    assert not fake.containers
+
+
+# --- a read-only root and its tmpfs ------------------------------------------------------------
+
+MIB = 2**20
+
+
+def tmpfs_of(spec: ContainerSpec) -> dict[str, int]:
+    return {each.path: each.size_bytes for each in spec.tmpfs}
+
+
+def test_by_default_the_root_is_writable_and_has_no_tmpfs_of_the_nodes(tmp_path: Path) -> None:
+    spec = rules(tmp_path).apply(SPEC)
+    assert (spec.read_only_root, spec.tmpfs) == (False, ())
+
+
+@pytest.mark.parametrize(
+    ("operator", "asked"), [(False, True), (True, None), (True, False), (True, True)]
+)
+def test_the_root_is_read_only_when_the_launch_asks_or_the_operator_says(
+    tmp_path: Path, operator: bool, asked: bool | None
+) -> None:
+    """A launch's false is not asked: it never undoes the operator's true."""
+    spec = rules(tmp_path, job_read_only_root=operator).apply(replace(SPEC, read_only_root=asked))
+    assert spec.read_only_root is True
+    assert tmpfs_of(spec) == {"/tmp": GIB, "/run": 64 * MIB}  # 32 GiB machine: the setting
+
+
+@pytest.mark.parametrize(
+    ("memory_limit", "setting", "tmp", "run"),
+    [
+        ("512m", "1g", 256 * MIB, 64 * MIB),  # half the job's memory
+        ("64m", "1g", 32 * MIB, 32 * MIB),
+        ("64g", "2g", 2 * GIB, 64 * MIB),  # the setting
+        (None, "8m", 8 * MIB, 8 * MIB),  # the machine's memory less the reserve: the setting
+    ],
+)
+def test_tmp_takes_at_most_the_setting_and_half_the_jobs_memory(
+    tmp_path: Path, memory_limit: str | None, setting: str, tmp: int, run: int
+) -> None:
+    spec = replace(SPEC, read_only_root=True, memory_limit=memory_limit)
+    confined = rules(tmp_path, job_tmpfs_size=setting).apply(spec)
+    assert tmpfs_of(confined) == {"/tmp": tmp, "/run": run}
+
+
+def test_a_job_without_any_memory_limit_is_held_by_the_tmpfs_size_alone() -> None:
+    """Only where the machine's memory cannot be read (no default limit either)."""
+    assert job_tmpfs(2 * GIB, None) == (Tmpfs("/tmp", 2 * GIB), Tmpfs("/run", 64 * MIB))
+
+
+def test_a_consoles_own_mount_on_tmp_is_where_the_job_writes_there(tmp_path: Path) -> None:
+    spec = replace(SPEC, read_only_root=True, mounts=(Mount(str(tmp_path), "/tmp/", False),))
+    assert tmpfs_of(rules(tmp_path).apply(spec)) == {"/run": 64 * MIB}
+
+
+@pytest.mark.parametrize("size", ["lots", "512k", "0", "2p"])
+def test_a_tmpfs_size_that_is_not_one_is_a_config_error(size: str) -> None:
+    with pytest.raises(ConfigError, match=r"TUNEPLANE_JOB_TMPFS_SIZE: must be a size"):
+        load_settings(node_token="t", job_tmpfs_size=size)
+
+
+def test_a_pids_reserve_that_leaves_jobs_nothing_stops_the_start(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^TUNEPLANE_SYSTEM_RESERVED_PIDS: reserving"):
+        rules(tmp_path, system_reserved_pids=4194304)
+
+
+async def test_a_read_only_launch_reaches_the_engine_with_its_tmpfs(
+    fake_node: MakeFakeNode, fake: FakeRuntime
+) -> None:
+    node = await fake_node()
+    launch = console_0315("r1", 0, image=IMAGE, read_only_root=True, memory_limit="1g")
+    await node.ok("POST", "/node/v1/launch", json=launch)
+
+    made = fake.containers["tuneplane-r1"].spec
+    assert made.read_only_root is True
+    assert tmpfs_of(made) == {"/tmp": 512 * MIB, "/run": 64 * MIB}
+    assert (await node.state("tuneplane-r1"))["read_only_root"] is True  # observe says it
+
+
+@pytest.mark.parametrize("value", ["yes", 1, "true", []])
+async def test_read_only_root_that_is_not_a_boolean_is_a_422_naming_it(
+    fake_node: MakeFakeNode, fake: FakeRuntime, value: object
+) -> None:
+    node = await fake_node()
+    launch = console_0315("r1", 0, image=IMAGE, read_only_root=value)
+    status, body = await node.call("POST", "/node/v1/launch", json=launch)
+
+    assert status == 422
+    assert body["detail"] == "container.read_only_root: must be true or false"
     assert not fake.containers

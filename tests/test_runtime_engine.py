@@ -33,7 +33,9 @@ from tuneplane_node.runtime.base import (
     DeviceSupport,
     LogQuery,
     Mount,
+    Tmpfs,
 )
+from tuneplane_node.runtime.cgroupparent import JobParent
 from tuneplane_node.runtime.docker import ERRORS as DOCKER_ERRORS
 from tuneplane_node.runtime.docker import DockerRuntime
 from tuneplane_node.runtime.engine import EngineRuntime, ErrorTable
@@ -284,6 +286,55 @@ async def test_every_job_starts_from_no_capability_and_is_bounded(kind: str) -> 
     else:
         assert "cap_add" not in options  # podman makes added ones ambient for any user
         assert set(options["cap_drop"]) == set(LINUX_CAPABILITIES) - set(KEPT_CAPABILITIES)
+
+
+READ_ONLY = replace(
+    SPEC, read_only_root=True, tmpfs=(Tmpfs("/tmp", 512 * 2**20), Tmpfs("/run", 64 * 2**20))
+)
+
+
+async def test_docker_mounts_a_read_only_root_and_its_bounded_tmpfs() -> None:
+    runtime = adapter("docker")
+    options = runtime.create_options(READ_ONLY)
+    writable = runtime.create_options(SPEC)
+    await runtime.close()
+
+    assert options["read_only"] is True
+    # exec spelt out: docker's tmpfs is noexec unless told.
+    assert options["tmpfs"] == {
+        "/tmp": f"rw,exec,nosuid,nodev,size={512 * 2**20},mode=1777",
+        "/run": f"rw,exec,nosuid,nodev,size={64 * 2**20},mode=1777",
+    }
+    assert "read_only" not in writable and "tmpfs" not in writable
+
+
+async def test_podman_says_the_same_with_tmpfs_mounts_and_none_of_its_own() -> None:
+    runtime = adapter("podman")
+    options = runtime.create_options(READ_ONLY)
+    await runtime.close()
+
+    assert (options["read_only"], options["read_write_tmpfs"]) == (True, False)
+    tmpfs = [mount for mount in options["mounts"] if mount["type"] == "tmpfs"]
+    assert tmpfs == [
+        {"type": "tmpfs", "source": "tmpfs", "target": "/tmp", "size": str(512 * 2**20),
+         "mode": "1777"},
+        {"type": "tmpfs", "source": "tmpfs", "target": "/run", "size": str(64 * 2**20),
+         "mode": "1777"},
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["docker", "podman"])
+@pytest.mark.parametrize(
+    ("driver", "form"), [("cgroupfs", "/tuneplane-jobs"), ("systemd", "tuneplane-jobs.slice")]
+)
+async def test_every_job_is_created_under_the_parent_in_the_drivers_form(
+    kind: str, driver: str, form: str
+) -> None:
+    runtime = adapter(kind)
+    runtime.parent = JobParent("tuneplane-jobs", driver=driver, unified=False)
+    options = runtime.create_options(SPEC)
+    await runtime.close()
+    assert options["cgroup_parent"] == form
 
 
 async def test_docker_rotates_the_log_and_sets_no_new_privileges() -> None:

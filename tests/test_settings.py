@@ -206,6 +206,10 @@ def test_the_settings_table_names_the_old_timeout_variable() -> None:
         ("TUNEPLANE_ALLOWED_MOUNT_ROOTS", '["/var"]', "/var/run"),
         ("TUNEPLANE_ALLOWED_MOUNT_ROOTS", '["/proc/1"]', "/proc"),
         ("TUNEPLANE_TLS_CERT_FILE", "/etc/ssl/x.pem", "go together"),
+        ("TUNEPLANE_JOB_CGROUP_PARENT", "/jobs", "should match pattern"),
+        ("TUNEPLANE_JOB_CGROUP_PARENT", "jobs.slice", "should match pattern"),
+        ("TUNEPLANE_JOB_CGROUP_PARENT", "a--b", "should match pattern"),
+        ("TUNEPLANE_SYSTEM_RESERVED_PIDS", "-1", "greater than or equal to 0"),
     ],
 )
 def test_a_setting_that_would_break_the_node_stops_its_start(

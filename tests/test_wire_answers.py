@@ -67,7 +67,8 @@ STATE_KEYS = [
     "started_at",
     "finished_at",
     "oom_killed",
-    "stop_signal",  # after 0.3.15's keys: a new one
+    "stop_signal",  # after 0.3.15's keys: new ones
+    "read_only_root",
 ]
 PENDING_KEYS = [
     "pending_phase",
@@ -125,6 +126,7 @@ def test_a_container_state() -> None:
         oom_killed=True,
         id="f" * 64,
         stop_signal="SIGINT",
+        read_only_root=True,
     )
     assert state_json(state) == {
         "name": "tuneplane-a",
@@ -137,6 +139,7 @@ def test_a_container_state() -> None:
         "finished_at": "2026-11-29T21:22:04.305352Z",
         "oom_killed": True,
         "stop_signal": "SIGINT",
+        "read_only_root": True,
     }
 
 
@@ -152,6 +155,7 @@ def test_a_missing_container_is_exists_false_with_nulls() -> None:
         "finished_at": None,
         "oom_killed": False,
         "stop_signal": None,
+        "read_only_root": None,  # unknown, not false
     }
 
 
@@ -182,6 +186,7 @@ def test_a_pending_launch_reads_as_a_created_container_with_its_pull() -> None:
         "finished_at": None,
         "oom_killed": False,
         "stop_signal": None,  # the image's: known once it runs
+        "read_only_root": None,
         "pending_phase": "pulling",
         "pending_image": "reg/big:1",
         "pending_elapsed_s": 0.147,

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from tuneplane_node.gpu.probe import GpuProbe, GpuSnapshot
     from tuneplane_node.jobs.confinement import JobRules
     from tuneplane_node.runtime.base import ContainerRuntime
+    from tuneplane_node.runtime.cgroupparent import ParentReport
     from tuneplane_node.runtime.engine import EngineRuntime
 
 log = logging.getLogger("tuneplane_node")
@@ -299,8 +300,16 @@ def describe_confinement(rules: JobRules) -> str:
         f"oom_score_adj {bounds.oom_score_adj}",
         f"memory limit when the console gives none: {memory}",
         f"host network: {rules.host_network}",
+        _root(rules),
     ]
     return "; ".join(facts)
+
+
+def _root(rules: JobRules) -> str:
+    tmp = f"/tmp tmpfs of at most {rules.tmpfs_bytes / 2**20:g} MiB and half the job's memory"
+    if rules.read_only_root:
+        return f"root read-only ({tmp})"
+    return f"root writable unless a launch asks read-only ({tmp})"
 
 
 async def _isolation_findings(settings: NodeSettings) -> list[Finding]:
@@ -315,7 +324,7 @@ async def _isolation_findings(settings: NodeSettings) -> list[Finding]:
         if not isinstance(runtime, EngineRuntime):
             return [(WARN, "jobs: the process runtime applies none of these bounds")]
         found = [*await _remap_finding(runtime), *await _seccomp_findings(runtime)]
-        return [*found, _init_finding(runtime, settings)]
+        return [*found, _init_finding(runtime, settings), *await _parent_finding(runtime)]
     finally:
         await runtime.close()
 
@@ -360,6 +369,45 @@ async def _remap_finding(runtime: EngineRuntime) -> list[Finding]:
         f"per-user kernel limits (inotify, keyrings); {fix} removes that"
     )
     return [(WARN, text)]
+
+
+async def _parent_finding(runtime: EngineRuntime) -> list[Finding]:
+    """The jobs' parent cgroup: what it holds against the node's figures, and who bounds
+    it (the node under cgroupfs, systemd's slice under the systemd driver)."""
+    from tuneplane_node.errors import EngineUnavailable, NodeError
+    from tuneplane_node.runtime.engine import describe_parent
+
+    try:
+        report = await runtime.cgroup_parent()
+    except EngineUnavailable:
+        return []  # the engine step has said so
+    except NodeError as exc:
+        return [(WARN, f"jobs: cannot ask {runtime.name} its cgroup driver: {exc.message}")]
+    text = f"jobs: parent cgroup {describe_parent(report)}"
+    if report.bounded:
+        return [(OK, text)]
+    if report.parent.owned and report.error is None:
+        return [(OK, f"{text}; the node makes and bounds it at its first launch")]
+    return [(WARN, f"{text}; {parent_fix(report)}")]
+
+
+def parent_fix(report: ParentReport) -> str:
+    """What the operator does so that the parent holds the node's figures."""
+    wanted, parent = report.wanted, report.parent
+    if not parent.owned:
+        lines = []
+        if wanted.pids is not None:
+            lines.append(f"TasksMax={wanted.pids}")
+        if wanted.memory_bytes is not None:
+            lines.append(f"MemoryMax={wanted.memory_bytes}")
+        return (
+            f"install contrib/systemd/{parent.engine_form}, or give it "
+            f"{' and '.join(lines) or 'its bounds'} in a drop-in"
+        )
+    return (
+        f"bound {parent.path} (pids.max and its memory limit) on the engine's host, or let "
+        "the node write the cgroup tree there (a unit without ProtectControlGroups=yes)"
+    )
 
 
 async def _seccomp_findings(runtime: EngineRuntime) -> list[Finding]:

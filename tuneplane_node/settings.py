@@ -28,6 +28,7 @@ ENV_PREFIX = "TUNEPLANE_"
 DEFAULT_STORAGE = Path(".tuneplane-data/storage")
 DAY = 86400.0
 GIB = 2**30
+MIN_TMPFS = 2**20
 DOCKER_SCHEMES = ("unix", "tcp", "http", "https", "ssh")
 PODMAN_SCHEMES = ("unix", "http+unix", "tcp", "http", "https", "ssh")
 # Never mountable into a job, nor inside a root that holds one of them: the host itself.
@@ -202,6 +203,22 @@ class NodeSettings(BaseSettings):
     job_oom_score_adj: int = Field(500, ge=-1000, le=1000)
     """Every job's ``oom_score_adj``: above the node's (its unit: -900) and the engine's
     (-500), so the kernel's OOM killer takes a job first."""
+    job_read_only_root: bool = False
+    """Every job's image filesystem read-only, with bounded tmpfs on /tmp and /run
+    (``false``: only for launches that ask, ``container.read_only_root``)."""
+    job_tmpfs_size: str | int = "1g"
+    """The size of a read-only-root job's /tmp (a size such as ``1g`` or bytes), lowered
+    to half its memory limit; its /run takes at most 64 MiB of the same."""
+    # Dashes only between words: systemd nests a slice by them, and refuses "a--b.slice".
+    job_cgroup_parent: str = Field(
+        "tuneplane-jobs", max_length=100, pattern=r"^[a-zA-Z0-9_]+(-[a-zA-Z0-9_]+)*$"
+    )
+    """The cgroup every job is created under, the node's own (kubelet's kubepods): a
+    directory at the root of the cgroup tree (``/<name>``), or the systemd slice
+    ``<name>.slice`` where the engine's cgroup driver is systemd."""
+    system_reserved_pids: int | None = Field(None, ge=0, le=4194304)
+    """PIDs kept from all jobs together: the parent cgroup's pids limit is the kernel's
+    pid_max less this. Unset: a tenth of pid_max, at least 1024."""
 
     gpu_simulation_file: Path | None = None
     """Development aid: a JSON file read instead of the GPU driver (docs/operating.md)."""
@@ -287,6 +304,18 @@ class NodeSettings(BaseSettings):
             raise ValueError("must be a size like 4g or 512m, or a number of bytes")
         return size
 
+    @field_validator("job_tmpfs_size")
+    @classmethod
+    def _a_tmpfs_size(cls, size: str | int) -> str | int:
+        bytes_ = size_in_bytes(size)
+        if bytes_ is None or not MIN_TMPFS <= bytes_ <= MAX_SIZE:
+            raise ValueError("must be a size like 1g or 512m, at least 1m")
+        return size
+
+    @property
+    def job_tmpfs_bytes(self) -> int:
+        return int(size_in_bytes(self.job_tmpfs_size) or 0)
+
     @model_validator(mode="after")
     def _tls_pair(self) -> NodeSettings:
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
@@ -360,6 +389,12 @@ class NodeSettings(BaseSettings):
         if self.system_reserved_memory is not None:
             return int(size_in_bytes(self.system_reserved_memory) or 0)
         return max(GIB, machine_bytes // 20)
+
+    def reserved_pids(self, pid_max: int) -> int:
+        """PIDs of the machine kept from all jobs together."""
+        if self.system_reserved_pids is not None:
+            return self.system_reserved_pids
+        return max(1024, pid_max // 10)
 
     @property
     def state_dir(self) -> Path:

@@ -78,6 +78,7 @@ class JobState(Answer):
     finished_at: str | None = None
     oom_killed: bool = False
     stop_signal: str | None = None
+    read_only_root: bool | None = None  # its image filesystem read-only; None: not known
     stop_reason: str | None = None  # the node stopped it itself (a drain)
     stopping: Stopping | None = None
     pending_phase: str | None = None

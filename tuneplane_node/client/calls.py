@@ -60,6 +60,7 @@ class Container:
     user: str = ""
     stop_signal: str = ""
     rdma: bool | None = None
+    read_only_root: bool | None = None  # None: the node's rule (its operator's true holds)
     pull_policy: str = ""
     registry_auth: Mapping[str, str] | None = field(default=None, repr=False)  # a secret
     fields: Mapping[str, Any] = field(default_factory=dict)
@@ -73,8 +74,9 @@ class Container:
             body["command"] = list(self.command)
         if self.mounts:
             body["mounts"] = [[m.host, m.container, m.read_only] for m in self.mounts]
-        if self.rdma is not None:
-            body["rdma"] = self.rdma
+        for flag in ("rdma", "read_only_root"):
+            if (value := getattr(self, flag)) is not None:
+                body[flag] = value
         if self.registry_auth is not None:
             body["registry_auth"] = dict(self.registry_auth)
         return {**body, **self.fields}

@@ -3,25 +3,30 @@
 A job is a customer's code. It gets the capabilities a trainer needs and no more, runs
 with no-new-privileges, a pids limit, a rotated log, an OOM score above the node's, a
 memory limit even when the console gave none, and (where the operator says so) no host
-network, on which it could sniff loopback or take the node's port.
+network, on which it could sniff loopback or take the node's port, and a read-only root
+whose only writable places are bounded tmpfs.
 """
 
 from __future__ import annotations
 
 import logging
+import posixpath
 from dataclasses import replace
 
 from tuneplane_node import inventory
 from tuneplane_node.errors import ConfigError, InvalidField, NoRdma
 from tuneplane_node.logformat import job_fields
+from tuneplane_node.runtime import cgroupparent
 from tuneplane_node.runtime.base import (
     KEPT_CAPABILITIES,
     LABEL_NETWORK,
     LABEL_RUN_ID,
     Confinement,
     ContainerSpec,
+    Tmpfs,
 )
 from tuneplane_node.settings import NodeSettings, env_name
+from tuneplane_node.sizes import size_in_bytes
 
 log = logging.getLogger(__name__)
 LEAST_JOB_MEMORY = 64 * 2**20
@@ -29,6 +34,8 @@ LEAST_JOB_MEMORY = 64 * 2**20
 HOST_NETWORK = env_name("job_host_network")
 RDMA = env_name("rdma")
 NCCL_IB_HCA = "NCCL_IB_HCA"
+RUN_TMPFS_MAX = 64 * 2**20
+"""A read-only-root job's /run: pid files and sockets, never data."""
 
 
 def confinement(settings: NodeSettings) -> Confinement:
@@ -59,6 +66,16 @@ def default_memory_limit(settings: NodeSettings, machine_bytes: int | None) -> i
     return limit
 
 
+def job_tmpfs(tmp_bytes: int, memory_limit: str | None) -> tuple[Tmpfs, Tmpfs]:
+    """/tmp and /run of a read-only-root job: /tmp at most ``tmp_bytes`` and half its
+    memory limit (its pages are charged to the job's memory: a full /tmp is ENOSPC, not
+    the OOM killer), /run at most 64 MiB of the same. Without a memory limit, the
+    tmpfs' own size is the bound."""
+    memory = size_in_bytes(memory_limit) if memory_limit else None
+    tmp = tmp_bytes if memory is None else min(tmp_bytes, int(memory) // 2)
+    return Tmpfs("/tmp", tmp), Tmpfs("/run", min(RUN_TMPFS_MAX, tmp))
+
+
 class JobRules:
     """The operator's rules applied to each launch's spec, decided once at start-up."""
 
@@ -67,11 +84,18 @@ class JobRules:
         if machine_bytes is None:
             machine_bytes = inventory.memory_total()
         self.memory_limit = default_memory_limit(settings, machine_bytes)
+        # All jobs together (their parent cgroup's), refused at start when a reserve
+        # leaves them next to nothing.
+        self.parent_bounds = cgroupparent.wanted(
+            settings, pids=cgroupparent.pid_max(), machine_bytes=machine_bytes
+        )
         self.host_network = settings.job_host_network
         self.rdma = settings.rdma
         self.rdma_dir = settings.rdma_device_dir
         self.rdma_memlock = settings.rdma_memlock_bytes
         self.hcas = ",".join(hca for fabric in settings.fabrics for hca in fabric.hcas)
+        self.read_only_root = settings.job_read_only_root
+        self.tmpfs_bytes = settings.job_tmpfs_bytes
 
     def apply(self, spec: ContainerSpec, *, cards: int = 0) -> ContainerSpec:
         """The spec confined, for a job of that many cards; InvalidField when the
@@ -79,7 +103,18 @@ class JobRules:
         spec = replace(spec, confinement=self.confinement)
         if spec.memory_limit is None and self.memory_limit is not None:
             spec = replace(spec, memory_limit=str(self.memory_limit))
-        return self._rdma(self._network(spec), cards)
+        return self._root(self._rdma(self._network(spec), cards))
+
+    def _root(self, spec: ContainerSpec) -> ContainerSpec:
+        """Read-only when the operator says so or the launch asks (a launch's false is
+        not asked: it never undoes the operator's true), with its tmpfs; a console's own
+        mount on /tmp or /run is where the job writes there instead."""
+        if not (self.read_only_root or spec.read_only_root):
+            return replace(spec, read_only_root=False, tmpfs=())
+        mounted = {posixpath.normpath(mount.container) for mount in spec.mounts}
+        tmpfs = job_tmpfs(self.tmpfs_bytes, spec.memory_limit)
+        kept = tuple(each for each in tmpfs if each.path not in mounted)
+        return replace(spec, read_only_root=True, tmpfs=kept)
 
     def _rdma(self, spec: ContainerSpec, cards: int) -> ContainerSpec:
         """The RDMA devices when the rule (or the launch) says so, and what NCCL needs."""

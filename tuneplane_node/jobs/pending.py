@@ -56,6 +56,7 @@ class PendingLaunch:
             progress=self.pull.progress if self.pull else PullProgress(),
             error=self.error,
             stop_signal=self.request.spec.stop_signal,
+            read_only_root=self.request.spec.read_only_root,
             rate_bytes_per_s=rate,
             eta_s=eta,
         )

@@ -173,6 +173,7 @@ class PendingView:
     progress: PullProgress
     error: str | None
     stop_signal: str | None = None  # the launch's; None: the image's, known once it runs
+    read_only_root: bool | None = None  # the node's decision for it
     rate_bytes_per_s: float | None = None  # the pull's, while it runs (`PullRate`)
     eta_s: float | None = None
 

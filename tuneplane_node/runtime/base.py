@@ -106,6 +106,19 @@ class Mount(NamedTuple):
     read_only: bool = False
 
 
+class Tmpfs(NamedTuple):
+    """A tmpfs a job writes in, of at most ``size_bytes`` (its pages are charged to the
+    job's memory cgroup, as any page cache of the job's)."""
+
+    path: str
+    size_bytes: int
+
+    def options(self) -> str:
+        """The mount options both engines take: writable, programs may run from it (a
+        compiler's cache does), no setuid or devices, a sticky /tmp as on any host."""
+        return f"rw,exec,nosuid,nodev,size={self.size_bytes},mode=1777"
+
+
 LINUX_CAPABILITIES = (
     "CHOWN", "DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "FSETID", "KILL", "SETGID",
     "SETUID", "SETPCAP", "LINUX_IMMUTABLE", "NET_BIND_SERVICE", "NET_BROADCAST", "NET_ADMIN",
@@ -183,6 +196,11 @@ class ContainerSpec:
     # job's cards, set at create only; () for none (every CPU, every node).
     cpuset_cpus: tuple[int, ...] = ()
     cpuset_mems: tuple[int, ...] = ()
+    # The console's word (None: not asked), then the node's decision (the operator's
+    # TUNEPLANE_JOB_READ_ONLY_ROOT or the console's true): the image's filesystem
+    # read-only, the job writing only in its tmpfs (and mounts).
+    read_only_root: bool | None = None
+    tmpfs: tuple[Tmpfs, ...] = ()
     confinement: Confinement = field(default_factory=Confinement)
 
     def cpuset(self) -> tuple[str | None, str | None]:
@@ -217,6 +235,7 @@ class ContainerState:
     id: str | None = None
     stop_signal: str | None = None  # what a stop sends first; None: not known (a list entry)
     image_id: str | None = None  # the engine's id of its image (``sha256:...``); None: not known
+    read_only_root: bool | None = None  # its image filesystem read-only; None: not known
 
     @classmethod
     def missing(cls, name: str) -> ContainerState:

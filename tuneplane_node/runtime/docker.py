@@ -120,6 +120,9 @@ class DockerRuntime(EngineRuntime, errors=ERRORS):
             options["cpuset_mems"] = mems
         if cards := self.handed_cards(spec):
             options["device_requests"] = [self._card_request(cards)]
+        if spec.read_only_root:
+            options["read_only"] = True
+            options["tmpfs"] = {each.path: each.options() for each in spec.tmpfs}
         if spec.rdma_devices:
             options["devices"] = spec.rdma_mappings()
             memlock = -1 if spec.rdma_memlock is None else spec.rdma_memlock  # -1: unlimited
@@ -214,6 +217,9 @@ class DockerRuntime(EngineRuntime, errors=ERRORS):
     def _engine_dirs(self) -> list[str]:
         # Docker reports no exec root (its --exec-root, /run/docker by default: under /run).
         return [str(self.api.info().get("DockerRootDir") or "")]
+
+    def _cgroup_driver(self) -> str:
+        return str(self.api.info().get("CgroupDriver") or "cgroupfs")
 
     def _remaps_users(self) -> bool:
         options = self.api.info().get("SecurityOptions") or []

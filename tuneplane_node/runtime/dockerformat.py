@@ -55,6 +55,7 @@ def state_from_inspect(data: Mapping[str, Any]) -> ContainerState:
         id=data.get("Id"),
         stop_signal=engine_stop_signal(config.get("StopSignal")),
         image_id=image_id(data.get("Image")),
+        read_only_root=bool((data.get("HostConfig") or {}).get("ReadonlyRootfs")),
     )
 
 

@@ -34,6 +34,7 @@ from tuneplane_node.runtime.base import (
     ContainerSpec,
     ContainerState,
     DeviceSupport,
+    Tmpfs,
 )
 from tuneplane_node.runtime.engine import (
     OURS_FILTER,
@@ -75,6 +76,18 @@ def _rdma_ulimits(memlock: int | None, pids_limit: int) -> list[dict[str, Any]]:
     ]
 
 
+def _tmpfs_mount(tmpfs: Tmpfs) -> dict[str, Any]:
+    """A tmpfs mount: libpod's options for one are rw, nosuid, nodev and exec (unlike
+    its ``--tmpfs``), what `Tmpfs.options` says for docker."""
+    return {
+        "type": "tmpfs",
+        "source": "tmpfs",  # without it podman-py's mount is a directory, not a tmpfs
+        "target": tmpfs.path,
+        "size": str(tmpfs.size_bytes),
+        "mode": "1777",
+    }
+
+
 class PodmanRuntime(EngineRuntime, errors=ERRORS):
     """The ContainerRuntime of a podman API service."""
 
@@ -106,6 +119,12 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
             {"type": "bind", "source": m.host, "target": m.container, "read_only": m.read_only}
             for m in spec.mounts
         ]
+        if spec.read_only_root:
+            # podman-py refuses tmpfs=: tmpfs mounts say the same; none of podman's own
+            # on /var/tmp (read_write_tmpfs).
+            options["read_only"] = True
+            options["read_write_tmpfs"] = False
+            options["mounts"] += [_tmpfs_mount(each) for each in spec.tmpfs]
         if spec.cpu_limit:
             # podman-py ignores nano_cpus; a CFS quota says the same thing.
             options["cpu_period"] = CPU_PERIOD_US
@@ -237,6 +256,10 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
     def _engine_dirs(self) -> list[str]:
         store = self.client.info().get("store") or {}  # type: ignore[no-untyped-call]
         return [str(store.get("graphRoot") or ""), str(store.get("runRoot") or "")]
+
+    def _cgroup_driver(self) -> str:
+        host = self.client.info().get("host") or {}  # type: ignore[no-untyped-call]
+        return str(host.get("cgroupManager") or "cgroupfs")
 
     def _remaps_users(self) -> bool:
         # A rootful service maps users only where containers.conf says userns = "auto";

@@ -329,6 +329,7 @@ class ProcessRuntime:
             labels=job.labels,
             created_at=job.created_at,
             stop_signal=job.stop_signal,
+            read_only_root=False,  # a bare process writes wherever its user may
         )
         if job.main is None:
             return state  # never started (or the daemon died while starting it)

@@ -83,6 +83,7 @@ class StateJson(TypedDict):
     finished_at: str | None
     oom_killed: bool
     stop_signal: str | None
+    read_only_root: bool | None
 
 
 class StoppingJson(TypedDict):
@@ -141,6 +142,7 @@ def _container_json(view: ContainerState) -> StateJson:
         "finished_at": view.finished_at,
         "oom_killed": view.oom_killed,
         "stop_signal": view.stop_signal if view.exists else None,
+        "read_only_root": view.read_only_root if view.exists else None,
     }
 
 
@@ -158,6 +160,7 @@ def _pending_json(view: PendingView) -> PendingStateJson:
         "finished_at": None,
         "oom_killed": False,
         "stop_signal": view.stop_signal,
+        "read_only_root": view.read_only_root,
         "pending_phase": view.phase,
         "pending_image": view.image,
         "pending_elapsed_s": view.elapsed_s,

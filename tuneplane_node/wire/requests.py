@@ -495,7 +495,8 @@ def _user(given: Given) -> str | None:
     return user or None
 
 
-def _rdma(given: Given) -> bool | None:
+def _flag(given: Given) -> bool | None:
+    """True or false; None when not given."""
     value = given.value
     if value is None or value == "":
         return None
@@ -697,7 +698,17 @@ CONTAINER = Body(
             "a job holding a card gets them when the machine has any). A job given them "
             "sees them under `/dev/infiniband`, with memlock unlimited, `IPC_LOCK`, and "
             "`NCCL_IB_HCA` set to `TUNEPLANE_FABRICS`' HCAs unless `env` sets it.",
-            read=_rdma,
+            read=_flag,
+        ),
+        Field(
+            "read_only_root",
+            or_empty({"type": "boolean"}),
+            "`true`: the image's filesystem is read-only; the job writes only in `/tmp` "
+            "and `/run` (tmpfs, bounded by `TUNEPLANE_JOB_TMPFS_SIZE` and half its "
+            "`memory_limit`, counted against its memory) and its mounts, so its writable "
+            "layer cannot grow. `false` or none: the operator's rule, "
+            "`TUNEPLANE_JOB_READ_ONLY_ROOT`, whose `true` a launch cannot undo.",
+            read=_flag,
         ),
         Field(
             "registry_auth",

@@ -1,0 +1,209 @@
+"""The one parent cgroup every job is created under, the node's own (kubelet's kubepods).
+
+Each job keeps its own pids and memory limits; the parent bounds them all together, at
+what the node may give jobs: PIDs at the kernel's ``pid_max`` less the host's reserve
+(``TUNEPLANE_SYSTEM_RESERVED_PIDS``), memory at the machine's less
+``TUNEPLANE_SYSTEM_RESERVED_MEMORY``. Two jobs forking without end then leave the host
+its PIDs, whatever each job's own limit.
+
+The engine's cgroup driver decides the parent's form (`JobParent.engine_form`):
+``cgroupfs`` takes a path (``/tuneplane-jobs``), which the node owns and bounds itself
+where it may write the cgroup tree; ``systemd`` takes a slice (``tuneplane-jobs.slice``,
+nested by its dashes: ``/tuneplane.slice/tuneplane-jobs.slice``), which is systemd's: the
+shipped unit bounds it (``TasksMax=``, ``MemoryMax=``) and the node only reads it. On
+cgroup v1 each controller has its own tree (``pids/``, ``memory/``), on v2 one directory
+holds both. Nothing here asks an engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from tuneplane_node.errors import ConfigError
+from tuneplane_node.runtime.cgroups import CGROUP_ROOT, V1_UNLIMITED
+from tuneplane_node.settings import NodeSettings, env_name
+
+log = logging.getLogger(__name__)
+SYSTEMD = "systemd"
+CGROUPFS = "cgroupfs"
+PID_MAX = Path("/proc/sys/kernel/pid_max")
+LEAST_PIDS = 64
+"""Below this, what the reserve leaves all jobs is a mistake in the settings."""
+CONTROLLERS = ("pids", "memory")
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """PIDs and memory of the parent; None: no bound (or, wanted, unknown)."""
+
+    pids: int | None
+    memory_bytes: int | None
+
+    def within(self, wanted: Bounds) -> bool:
+        """Whether every bound wanted is held, at that figure or below."""
+        pairs = ((self.pids, wanted.pids), (self.memory_bytes, wanted.memory_bytes))
+        return all(want is None or (held is not None and held <= want) for held, want in pairs)
+
+    def described(self) -> str:
+        pids = "unbounded" if self.pids is None else str(self.pids)
+        memory = "unbounded"
+        if self.memory_bytes is not None:
+            memory = f"{self.memory_bytes / 2**30:.1f} GiB ({self.memory_bytes} bytes)"
+        return f"pids {pids}, memory {memory}"
+
+
+@dataclass(frozen=True)
+class JobParent:
+    """The parent as one engine names it: ``name`` (the setting), the engine's cgroup
+    ``driver``, and whether this machine's tree is cgroup v2 (``unified``)."""
+
+    name: str
+    driver: str
+    unified: bool
+
+    @property
+    def engine_form(self) -> str:
+        """What ``cgroup_parent`` is on create: a slice for systemd, a path otherwise."""
+        return f"{self.name}.slice" if self.driver == SYSTEMD else f"/{self.name}"
+
+    @property
+    def path(self) -> str:
+        """Where it is in the cgroup tree."""
+        return slice_path(self.engine_form) if self.driver == SYSTEMD else self.engine_form
+
+    @property
+    def owned(self) -> bool:
+        """Whether the node bounds it itself (a slice's bounds are systemd's)."""
+        return self.driver != SYSTEMD
+
+    def dirs(self, root: Path = CGROUP_ROOT) -> dict[str, Path]:
+        """Its directory in each controller's tree: one for both on v2."""
+        where = self.path.lstrip("/")
+        return {c: root / where if self.unified else root / c / where for c in CONTROLLERS}
+
+
+def slice_path(unit: str) -> str:
+    """systemd's path of a slice, nested by its dashes: ``a-b.slice`` is
+    ``/a.slice/a-b.slice``."""
+    parts = unit.removesuffix(".slice").split("-")
+    return "".join(f"/{'-'.join(parts[: n + 1])}.slice" for n in range(len(parts)))
+
+
+def is_unified(root: Path = CGROUP_ROOT) -> bool:
+    """cgroup v2 alone; a hybrid host (v1 controllers, an empty v2 tree) is v1."""
+    return (root / "cgroup.controllers").exists()
+
+
+def pid_max(path: Path = PID_MAX) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def wanted(settings: NodeSettings, *, pids: int | None, machine_bytes: int | None) -> Bounds:
+    """What the node may give all jobs together: ``pids`` (the kernel's pid_max) and
+    the machine's memory, each less its reserve. ConfigError when a reserve leaves jobs
+    next to nothing."""
+    left = None if pids is None else pids - settings.reserved_pids(pids)
+    if left is not None and left < LEAST_PIDS:
+        raise ConfigError(
+            f"{env_name('system_reserved_pids')}: reserving {settings.reserved_pids(pids or 0)} "
+            f"of pid_max {pids} leaves all jobs {max(left, 0)} PIDs"
+        )
+    memory = None
+    if machine_bytes is not None:
+        memory = machine_bytes - settings.reserved_memory(machine_bytes)
+    return Bounds(pids=left, memory_bytes=memory if memory is None or memory > 0 else None)
+
+
+# Per version: (pids file, memory file).
+FILES = {True: ("pids.max", "memory.max"), False: ("pids.max", "memory.limit_in_bytes")}
+
+
+def read(parent: JobParent, root: Path = CGROUP_ROOT) -> Bounds | None:
+    """The bounds the parent holds now; None when it does not exist here."""
+    dirs = parent.dirs(root)
+    if not all(directory.is_dir() for directory in dirs.values()):
+        return None
+    pids_file, memory_file = FILES[parent.unified]
+    return Bounds(
+        pids=_bound(dirs["pids"] / pids_file),
+        memory_bytes=_bound(dirs["memory"] / memory_file),
+    )
+
+
+def _bound(path: Path) -> int | None:
+    """A limit file's figure; None for ``max``, v1's near-2**63 "none", or unreadable."""
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    if not text.isdigit() or int(text) >= V1_UNLIMITED:
+        return None
+    return int(text)
+
+
+def writable(parent: JobParent, root: Path = CGROUP_ROOT) -> bool:
+    """Whether this process may make and bound the parent: a read-only cgroup tree (a
+    unit's ``ProtectControlGroups=yes``, a container's) says no."""
+    for directory in parent.dirs(root).values():
+        existing = directory if directory.exists() else directory.parent
+        if not os.access(existing, os.W_OK):
+            return False
+    return True
+
+
+def write(parent: JobParent, bounds: Bounds, root: Path = CGROUP_ROOT) -> None:
+    """Make the parent (cgroupfs: the node's own) and write ``bounds`` into it; an
+    OSError says why not. Idempotent: the node's figure, raised or lowered."""
+    dirs = parent.dirs(root)
+    if parent.unified:
+        _enable_controllers(dirs["pids"].parent)
+    for directory in dirs.values():
+        directory.mkdir(exist_ok=True)
+    pids_file, memory_file = FILES[parent.unified]
+    if not parent.unified:
+        _hierarchical(dirs["memory"])
+    if bounds.pids is not None:
+        (dirs["pids"] / pids_file).write_text(str(bounds.pids))
+    if bounds.memory_bytes is not None:
+        (dirs["memory"] / memory_file).write_text(str(bounds.memory_bytes))
+
+
+def _enable_controllers(directory: Path) -> None:
+    """v2: a child has pids.max and memory.max only where its parent hands them down."""
+    control = directory / "cgroup.subtree_control"
+    present = set(control.read_text().split())
+    missing = [c for c in CONTROLLERS if c not in present]
+    if missing:
+        control.write_text(" ".join(f"+{c}" for c in missing))
+
+
+def _hierarchical(memory_dir: Path) -> None:
+    """v1 before Linux 6.0: a memory cgroup bounds its children only with use_hierarchy
+    (set while it has none; always on, and not writable, since)."""
+    flag = memory_dir / "memory.use_hierarchy"
+    try:
+        if flag.read_text().strip() == "0":
+            flag.write_text("1")
+    except OSError as exc:
+        log.warning("the jobs' parent %s: cannot set use_hierarchy: %s", memory_dir, exc)
+
+
+@dataclass(frozen=True)
+class ParentReport:
+    """The parent as `check` says it: where, what the node wants, what it holds
+    (None: not here yet, or not visible from here), and the node's part."""
+
+    parent: JobParent
+    wanted: Bounds
+    held: Bounds | None
+    error: str | None = None  # why the node could not bound it
+
+    @property
+    def bounded(self) -> bool:
+        return self.held is not None and self.held.within(self.wanted)

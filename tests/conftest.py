@@ -94,11 +94,19 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     gc.freeze()
 
 
+FAST_TIMEOUT_S = 60
+"""The fast suite's per-test bound (its tests take milliseconds); others have
+pyproject.toml's `timeout`, or their own `pytest.mark.timeout`."""
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         used = sorted(name for name in ENGINE_FIXTURES if _uses_ours(item, name))
         if used and item.get_closest_marker("engine") is None:
             raise pytest.UsageError(f"{item.nodeid} uses {used}: mark it engine")
+        marked = {name for name in ("engine", "slow", "timeout") if item.get_closest_marker(name)}
+        if not marked:
+            item.add_marker(pytest.mark.timeout(FAST_TIMEOUT_S))
 
 
 def _uses_ours(item: pytest.Item, name: str) -> bool:

@@ -327,6 +327,7 @@ async def throwaway_docker() -> AsyncIterator[ThrowawayDocker]:
     `make_node`, so that the nodes' clean-up comes first, while the engine is there."""
     if os.geteuid() != 0 or shutil.which("dockerd") is None:
         engine_missing("a throwaway docker engine", "dockerd and root are needed to start one")
+    await asyncio.to_thread(ThrowawayDocker.clear_stale)
     engine = ThrowawayDocker()
     try:
         await asyncio.to_thread(engine.start)

@@ -80,12 +80,14 @@ class ThrowawayDocker:
     leave an engine another test uses in a state it did not expect (the suite's own
     engine once wedged after them, and every later container start hung)."""
 
-    def __init__(self) -> None:
-        name = f"throwaway-{uuid.uuid4().hex[:8]}"
-        self.data_root = DEV_ROOT / name
-        self.exec_root = RUN_DIR / f"{name}-exec"
-        self.socket = RUN_DIR / f"{name}.sock"
-        self.log = DEV_ROOT / "log" / f"{name}.log"
+    def __init__(self, name: str | None = None) -> None:
+        self.name = name or f"throwaway-{uuid.uuid4().hex[:8]}"
+        self.data_root = DEV_ROOT / self.name
+        self.exec_root = RUN_DIR / f"{self.name}-exec"
+        self.socket = RUN_DIR / f"{self.name}.sock"
+        self.log = DEV_ROOT / "log" / f"{self.name}.log"
+        self.pid_file = self.exec_root / "dockerd.pid"
+        self.owner = self.exec_root / "owner"  # the pid of the test process it serves
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -94,17 +96,25 @@ class ThrowawayDocker:
 
     @property
     def pid(self) -> int:
-        assert self.process is not None, "not started"
-        return self.process.pid
+        return self.process.pid if self.process is not None else int(self.pid_file.read_text())
+
+    @classmethod
+    def clear_stale(cls) -> None:
+        """Remove the throwaway engines whose test process is gone (a suite killed before
+        its clean-up): never one another running suite holds."""
+        for owner in RUN_DIR.glob("throwaway-*-exec/owner"):
+            if not _alive(int(owner.read_text() or 0)):
+                cls(owner.parent.name.removesuffix("-exec")).close()
 
     def start(self, *, live_restore: bool = True) -> None:
         """Start the engine and return once it answers (a minute at most)."""
         for path in (self.data_root, self.exec_root, self.log.parent):
             path.mkdir(parents=True, exist_ok=True)
+        self.owner.write_text(str(os.getpid()))
         flags = ["--iptables=false", "--ip6tables=false", "--bridge=none"]
         flags += ["--live-restore"] if live_restore else []
         flags += ["--data-root", str(self.data_root), "--exec-root", str(self.exec_root)]
-        flags += ["--pidfile", str(self.exec_root / "dockerd.pid"), "-H", self.host]
+        flags += ["--pidfile", str(self.pid_file), "-H", self.host]
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
                 ["dockerd", *flags],
@@ -121,6 +131,13 @@ class ThrowawayDocker:
 
     def _answers(self) -> bool:
         return self.docker("version", check=False).returncode == 0
+
+    def _running(self) -> bool:
+        if self.process is not None:
+            return self.process.poll() is None
+        with contextlib.suppress(OSError, ValueError):
+            return _alive(self.pid)
+        return False
 
     def docker(
         self, *args: str, check: bool = True, **options: Any
@@ -140,15 +157,19 @@ class ThrowawayDocker:
 
     def stop(self) -> None:
         """SIGTERM, and wait until dockerd is gone (SIGKILL after a minute); thawed first."""
-        if self.process is None or self.process.poll() is not None:
+        if not self._running():
             return
-        self.process.send_signal(signal.SIGCONT)
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        pid = self.pid
+        os.kill(pid, signal.SIGCONT)
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while self._running():
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+            time.sleep(0.1)
+            if self.process is not None:
+                self.process.poll()  # reaped: a child of ours
+        self.process = None
 
     def restart(self, *, live_restore: bool = True) -> None:
         self.stop()
@@ -156,8 +177,8 @@ class ThrowawayDocker:
 
     def close(self) -> None:
         """Every container removed, the engine stopped, its roots deleted."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGCONT)
+        if self._running():
+            os.kill(self.pid, signal.SIGCONT)
             listed = self.docker("ps", "-aq", check=False).stdout.split()
             if listed:
                 self.docker("rm", "-f", *(entry.decode() for entry in listed), check=False)
@@ -169,6 +190,16 @@ class ThrowawayDocker:
             for mount in reversed(_mounts_under(root)):
                 subprocess.run(["umount", "-l", mount], check=False, capture_output=True)
             shutil.rmtree(root, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def _mounts_under(root: Path) -> list[str]:

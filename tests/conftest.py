@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import re
+import shutil
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -24,12 +26,14 @@ from tests.helpers import (
     TOKEN,
     Console,
     ThrottlingProxy,
+    ThrowawayDocker,
     TrackingRuntime,
     engine_missing,
     engine_settings,
     own_docker_host,
     state_dir,
     storage_root,
+    swept,
 )
 from tuneplane_node.daemon.app import create_node_app
 from tuneplane_node.gpu.allocator import GpuAllocator
@@ -43,7 +47,9 @@ from tuneplane_node.runtime.engine import EngineRuntime
 from tuneplane_node.runtime.podman import PodmanRuntime
 from tuneplane_node.settings import NodeSettings
 
-ENGINE_FIXTURES = frozenset({"runtime", "docker_runtime", "make_node", "proxy", "own_docker"})
+ENGINE_FIXTURES = frozenset(
+    {"runtime", "docker_runtime", "make_node", "proxy", "own_docker", "throwaway_docker"}
+)
 
 
 @pytest.fixture
@@ -91,11 +97,19 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     gc.freeze()
 
 
+FAST_TIMEOUT_S = 60
+"""The fast suite's per-test bound (its tests take milliseconds); others have
+pyproject.toml's `timeout`, or their own `pytest.mark.timeout`."""
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         used = sorted(name for name in ENGINE_FIXTURES if _uses_ours(item, name))
         if used and item.get_closest_marker("engine") is None:
             raise pytest.UsageError(f"{item.nodeid} uses {used}: mark it engine")
+        marked = {name for name in ("engine", "slow", "timeout") if item.get_closest_marker(name)}
+        if not marked:
+            item.add_marker(pytest.mark.timeout(FAST_TIMEOUT_S))
 
 
 def _uses_ours(item: pytest.Item, name: str) -> bool:
@@ -310,6 +324,23 @@ async def clear_own_engine(runtime: EngineRuntime) -> None:
 
 
 @pytest.fixture
+async def throwaway_docker() -> AsyncIterator[ThrowawayDocker]:
+    """A Docker engine of this test's own, with the test image, for a test that restarts
+    or freezes its engine; removed with all it holds after the test. Asked for before
+    `make_node`, so that the nodes' clean-up comes first, while the engine is there."""
+    if os.geteuid() != 0 or shutil.which("dockerd") is None:
+        engine_missing("a throwaway docker engine", "dockerd and root are needed to start one")
+    await asyncio.to_thread(ThrowawayDocker.clear_stale)
+    engine = ThrowawayDocker()
+    try:
+        await asyncio.to_thread(engine.start)
+        await asyncio.to_thread(engine.load_test_image)
+        yield engine
+    finally:
+        await asyncio.to_thread(engine.close)
+
+
+@pytest.fixture
 async def proxy() -> AsyncIterator[ThrottlingProxy]:
     server = await ThrottlingProxy().start()
     yield server
@@ -365,9 +396,9 @@ async def make_node(aiohttp_client: Any, tmp_path: Any) -> AsyncIterator[MakeNod
         if probe is None:
             probe = make_probe(settings) if settings.gpu_simulation_file else NoDriverProbe("test")
         allocator = GpuAllocator(cached, settings, probe=probe)
-        # The development engine holds other people's nodes: only the suite's own engine
-        # is swept of wreckage.
-        own = settings.docker_host == own_docker_host() and engine == "docker"
+        # The development engine holds other people's nodes: only the suite's own engines
+        # are swept of wreckage.
+        own = engine == "docker" and swept(settings.docker_host)
         app = create_node_app(settings, runtime=cached, allocator=allocator, sweep=own)
         return Console(await aiohttp_client(app), made=made_by[id(cached)])
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -43,11 +44,11 @@ from tuneplane_node.wire import PROTOCOL, PROTOCOL_HEADER
 
 # --- where the test engines are (contrib/dev/engines.sh starts them) ---------------------
 
-DEV_DOCKER_SOCK = Path("/run/tuneplane-dev/docker.sock")
-# A Docker engine of the tests' own, for what acts on every container of the node (reap,
-# an engine restart): the shared engine holds other people's jobs.
+RUN_DIR = Path("/run/tuneplane-dev")
+DEV_DOCKER_SOCK = RUN_DIR / "docker.sock"
+# A Docker engine of the tests' own, for what acts on every container of the node (reap):
+# the shared engine holds other people's jobs. A restart goes to a `ThrowawayDocker`.
 OWN_DOCKER_SOCK = Path("/run/tuneplane-dev/docker-own.sock")
-OWN_DOCKER_PID = Path("/run/tuneplane-dev/docker-own.pid")  # to freeze it (SIGSTOP)
 DEV_ROOT = Path(os.environ.get("TUNEPLANE_DEV_ROOT", "/var/lib/tuneplane-dev"))  # engines.sh's
 # A Docker engine whose data root is a small tmpfs of its own, which a test fills up.
 FULL_DOCKER_SOCK = Path("/run/tuneplane-dev/docker-full.sock")
@@ -84,15 +85,147 @@ def own_docker_host() -> str:
     return os.environ.get("TUNEPLANE_TEST_OWN_DOCKER_HOST", f"unix://{OWN_DOCKER_SOCK}")
 
 
-async def restart_own_engine(*args: str) -> None:
-    """`engines.sh restart-own [no-live-restore]`: the suite's own engine, restarted."""
-    process = await asyncio.create_subprocess_exec(
-        str(REPO / "contrib" / "dev" / "engines.sh"),
-        "restart-own",
-        *args,
-        stdout=asyncio.subprocess.DEVNULL,
-    )
-    assert await process.wait() == 0
+class ThrowawayDocker:
+    """A Docker engine of one test's own, for the tests that restart or freeze their
+    engine: started with the flags of `engines.sh`'s engines on a socket, data root and
+    exec root of its own (the test image loaded from the development engine), and
+    removed with everything on it when the test ends. A restart or a SIGSTOP cannot
+    leave an engine another test uses in a state it did not expect (the suite's own
+    engine once wedged after them, and every later container start hung)."""
+
+    def __init__(self, name: str | None = None) -> None:
+        self.name = name or f"throwaway-{uuid.uuid4().hex[:8]}"
+        self.data_root = DEV_ROOT / self.name
+        self.exec_root = RUN_DIR / f"{self.name}-exec"
+        self.socket = RUN_DIR / f"{self.name}.sock"
+        self.log = DEV_ROOT / "log" / f"{self.name}.log"
+        self.pid_file = self.exec_root / "dockerd.pid"
+        self.owner = self.exec_root / "owner"  # the pid of the test process it serves
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def host(self) -> str:
+        return f"unix://{self.socket}"
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid if self.process is not None else int(self.pid_file.read_text())
+
+    @classmethod
+    def clear_stale(cls) -> None:
+        """Remove the throwaway engines whose test process is gone (a suite killed before
+        its clean-up): never one another running suite holds."""
+        for owner in RUN_DIR.glob("throwaway-*-exec/owner"):
+            if not _alive(int(owner.read_text() or 0)):
+                cls(owner.parent.name.removesuffix("-exec")).close()
+
+    def start(self, *, live_restore: bool = True) -> None:
+        """Start the engine and return once it answers (a minute at most)."""
+        for path in (self.data_root, self.exec_root, self.log.parent):
+            path.mkdir(parents=True, exist_ok=True)
+        self.owner.write_text(str(os.getpid()))
+        flags = ["--iptables=false", "--ip6tables=false", "--bridge=none"]
+        flags += ["--live-restore"] if live_restore else []
+        flags += ["--data-root", str(self.data_root), "--exec-root", str(self.exec_root)]
+        flags += ["--pidfile", str(self.pid_file), "-H", self.host]
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(
+                ["dockerd", *flags],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # a Ctrl-C of the suite is not the engine's
+            )
+        deadline = time.monotonic() + 60
+        while not self._answers():
+            assert self.process.poll() is None, f"dockerd exited: see {self.log}"
+            assert time.monotonic() < deadline, f"dockerd never answered: see {self.log}"
+            time.sleep(0.1)
+
+    def _answers(self) -> bool:
+        return self.docker("version", check=False).returncode == 0
+
+    def _running(self) -> bool:
+        if self.process is not None:
+            return self.process.poll() is None
+        with contextlib.suppress(OSError, ValueError):
+            return _alive(self.pid)
+        return False
+
+    def docker(
+        self, *args: str, check: bool = True, **options: Any
+    ) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            ["docker", "-H", self.host, *args], check=check, capture_output=True, **options
+        )
+
+    def load_test_image(self) -> None:
+        """The test image, from the development engine (as `engines.sh` fills its own)."""
+        saved = subprocess.run(
+            ["docker", "-H", f"unix://{DEV_DOCKER_SOCK}", "save", IMAGE],
+            check=True,
+            capture_output=True,
+        ).stdout
+        self.docker("load", "-q", input=saved)
+
+    def stop(self) -> None:
+        """SIGTERM, and wait until dockerd is gone (SIGKILL after a minute); thawed first."""
+        if not self._running():
+            return
+        pid = self.pid
+        os.kill(pid, signal.SIGCONT)
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while self._running():
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+            time.sleep(0.1)
+            if self.process is not None:
+                self.process.poll()  # reaped: a child of ours
+        self.process = None
+
+    def restart(self, *, live_restore: bool = True) -> None:
+        self.stop()
+        self.start(live_restore=live_restore)
+
+    def close(self) -> None:
+        """Every container removed, the engine stopped, its roots deleted."""
+        if self._running():
+            os.kill(self.pid, signal.SIGCONT)
+            listed = self.docker("ps", "-aq", check=False).stdout.split()
+            if listed:
+                self.docker("rm", "-f", *(entry.decode() for entry in listed), check=False)
+        self.stop()
+        containerd = self.exec_root / "containerd" / "containerd.pid"
+        with contextlib.suppress(OSError, ValueError):  # a killed dockerd leaves its own
+            os.kill(int(containerd.read_text()), signal.SIGKILL)
+        for root in (self.exec_root, self.data_root):
+            for mount in reversed(_mounts_under(root)):
+                subprocess.run(["umount", "-l", mount], check=False, capture_output=True)
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _mounts_under(root: Path) -> list[str]:
+    with open("/proc/self/mounts") as mounts:
+        points = [line.split()[1] for line in mounts]
+    return [point for point in points if point.startswith(f"{root}/") or point == str(root)]
+
+
+def swept(host: str | None) -> bool:
+    """Whether a node on this engine may sweep its wreckage: the suite's own engines
+    only (its own, and throwaway ones), never one that holds other people's nodes."""
+    throwaway = f"unix://{RUN_DIR}/throwaway-"
+    return host is not None and (host == own_docker_host() or host.startswith(throwaway))
 
 
 def podman_url() -> str:
@@ -474,6 +607,18 @@ class Console:
                 return state
             assert time.monotonic() < deadline, f"{ref}: {key} never became {wanted}: {state}"
             await asyncio.sleep(0.05)
+
+    async def stopping(self, refs: list[str], timeout: float = 30) -> dict[str, Any]:
+        """The states of ``refs`` once each shows a stop under way (its first signal sent),
+        asked in one observe at a time; fails the test after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            states = await self.observe(*refs)
+            if all("stopping" in state for state in states.values()):
+                return states
+            waiting = [ref for ref, state in states.items() if "stopping" not in state]
+            assert time.monotonic() < deadline, f"no stop under way for {waiting}"
+            await asyncio.sleep(0.1)
 
     async def stop(self, ref: str, timeout: float | None = None, **fields: Any) -> Any:
         """A stop; ``fields``: its others (``signal``, ``warn_signal``, ``warn_s``)."""

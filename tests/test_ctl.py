@@ -514,14 +514,17 @@ def test_signal_and_a_warned_stop_reach_a_job(ctl: Ctl, process_node: Node, tmp_
     """`ctl signal REF usr1` and `ctl stop REF --warn-signal USR1 --warn 10`, against a
     process job that notes the signal, then checkpoints and exits 0 on the second."""
     url, run_id = process_node.url, unique("ctl")
-    marker = tmp_path / "signals"
+    marker, trapped = tmp_path / "signals", tmp_path / "trapped"
     script = f"n=0; trap 'n=$((n+1)); echo usr1 >> {marker}; [ $n -ge 2 ] && exit 0' USR1; "
-    script += "while true; do sleep 0.1; done"
+    script += f"touch {trapped}; while true; do sleep 0.1; done"
     code, _, err = ctl("launch", "--run-id", run_id, "--image", "none", "--stop-signal",
                        "SIGUSR2", "--", "/bin/sh", "-c", script, url=url)  # fmt: skip
     assert code == 0, err
     ref = commands.default_name(run_id)
-    time.sleep(0.3)  # the shell has set its trap
+    deadline = time.monotonic() + 30
+    while not trapped.exists():  # the shell has set its trap
+        assert time.monotonic() < deadline, "the job never set its trap"
+        time.sleep(0.02)
     code, out, _ = ctl("signal", ref, "usr1", url=url)
     assert (code, out.strip()) == (0, f"sent SIGUSR1 to {ref}")
     assert ctl("signal", ref, "SIGKILL", url=url)[0] == 2  # a usage error: never sent

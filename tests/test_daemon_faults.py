@@ -2,7 +2,8 @@
 down, slow or lying, an engine whose disk is full, an engine restarted without
 --live-restore, and the daemon itself killed at any moment of a launch. After each, the
 node tells the truth: a job is running, or failed with a reason, or was stopped; a card
-is held by one live container or by nobody."""
+is held by one live container or by nobody. A test that restarts or freezes its engine
+does it to one of its own (`throwaway_docker`), thrown away after it."""
 
 from __future__ import annotations
 
@@ -30,8 +31,8 @@ from tests.helpers import (
     FULL_DOCKER_SOCK,
     HEADERS,
     IMAGE,
-    OWN_DOCKER_PID,
     ThrottlingProxy,
+    ThrowawayDocker,
     TrackingRuntime,
     WedgeProxy,
     engine_missing,
@@ -40,7 +41,6 @@ from tests.helpers import (
     free_port,
     node_cache,
     own_docker_host,
-    restart_own_engine,
     spawn_daemon,
     unique,
     wait_until,
@@ -170,7 +170,7 @@ async def test_a_registry_that_stalls_fails_the_launch_at_the_stall_deadline(
     image = await proxy.big_image(docker_runtime, rate=50_000)  # bytes trickle...
     node = await make_node(feed=docker_runtime, local_image_pull_stall_s=2)
     ref, _ = await node.launch(gpus=2, image=image)
-    await asyncio.sleep(1)
+    await wait_until(lambda: proxy.bytes_sent > 0, timeout=30)
     proxy.pause()  # ...then stop
     state = await node.failed(ref)
     assert "no progress for 2 s" in state["pending_error"]
@@ -237,43 +237,41 @@ async def test_a_pull_onto_a_full_disk_fails_the_launch_saying_the_disk_is_full(
 
 
 async def test_jobs_killed_by_an_engine_restart_read_exited_and_free_their_cards(
-    make_node: MakeNode, own_docker: TrackingRuntime
+    throwaway_docker: ThrowawayDocker, make_node: MakeNode
 ) -> None:
-    await restart_own_engine("no-live-restore")  # the restart to come will take the jobs
-    try:
-        node = await make_node(feed=own_docker, docker_host=own_docker_host(), heartbeat_s=0.5)
-        gentle, _ = await node.launch(
-            ["/bin/sh", "-c", "trap 'exit 143' TERM; sleep 300 & wait"], gpus=2
-        )
-        done, _ = await node.launch(["/bin/sh", "-c", "exit 3"], gpus=1)
-        await node.wait_for(done, "status", "exited")
-        cache = node_cache(node).cache
+    engine = throwaway_docker  # the restart to come will take the jobs:
+    await asyncio.to_thread(engine.restart, live_restore=False)
+    node = await make_node(docker_host=engine.host, heartbeat_s=0.5)
+    gentle, _ = await node.launch(
+        ["/bin/sh", "-c", "trap 'exit 143' TERM; sleep 300 & wait"], gpus=2
+    )
+    done, _ = await node.launch(["/bin/sh", "-c", "exit 3"], gpus=1)
+    await node.wait_for(done, "status", "exited")
+    cache = node_cache(node).cache
 
-        await restart_own_engine("no-live-restore")
-        await wait_until(lambda: cache.synced and cache.syncs >= 2, timeout=60)
+    await asyncio.to_thread(engine.restart, live_restore=False)
+    await wait_until(lambda: cache.synced and cache.syncs >= 2, timeout=60)
 
-        states = await node.observe(gentle, done)
-        assert (states[gentle]["status"], states[gentle]["exit_code"]) == ("exited", 143)
-        assert (states[done]["status"], states[done]["exit_code"]) == ("exited", 3)
-        health = await node.health()
-        assert health["by_job"] == {} and health["gpus_free"] == 4  # nothing reads running
-    finally:
-        await restart_own_engine()  # live-restore again, as engines.sh keeps it
+    states = await node.observe(gentle, done)
+    assert (states[gentle]["status"], states[gentle]["exit_code"]) == ("exited", 143)
+    assert (states[done]["status"], states[done]["exit_code"]) == ("exited", 3)
+    health = await node.health()
+    assert health["by_job"] == {} and health["gpus_free"] == 4  # nothing reads running
 
 
 @pytest.mark.slow
 async def test_each_engine_restart_costs_the_node_as_little_as_the_first(
-    make_node: MakeNode, own_docker: TrackingRuntime
+    throwaway_docker: ThrowawayDocker, make_node: MakeNode
 ) -> None:
     """Finding 12 of issue 25: the event stream's reconnect backoff never started again,
     so each restart of the engine cost more 503s than the last (0.4, 0.9, 1.9, 4.0, 7.9,
     9.9 s over six). Once a stream has synced, the next break waits the first backoff."""
-    node = await make_node(feed=own_docker, docker_host=own_docker_host())
+    node = await make_node(docker_host=throwaway_docker.host)
     cache = node_cache(node).cache
     outages = []
     for _ in range(5):
         syncs = cache.syncs
-        await restart_own_engine()  # returns once the engine answers again
+        await asyncio.to_thread(throwaway_docker.restart)  # returns once it answers again
         back = time.monotonic()
         await wait_until(lambda: cache.synced and cache.syncs > syncs, timeout=60)  # noqa: B023
         outages.append(round(time.monotonic() - back, 1))
@@ -284,12 +282,12 @@ async def test_each_engine_restart_costs_the_node_as_little_as_the_first(
 
 
 async def test_health_answers_within_2_s_while_the_engine_is_frozen(
-    make_node: MakeNode, own_docker: TrackingRuntime
+    throwaway_docker: ThrowawayDocker, make_node: MakeNode
 ) -> None:
     """Finding 13 of issue 25: health blocked 18 s during a 20 s SIGSTOP of dockerd. It
     answers within 2 s whatever the engine does, and says what it could not learn."""
-    node = await make_node(feed=own_docker, docker_host=own_docker_host())
-    dockerd = int(OWN_DOCKER_PID.read_text())  # the suite's own engine: nobody else's
+    node = await make_node(docker_host=throwaway_docker.host)
+    dockerd = throwaway_docker.pid  # an engine of this test's own: nobody else's
     os.kill(dockerd, signal.SIGSTOP)
     try:
         frozen, answers = time.monotonic(), []

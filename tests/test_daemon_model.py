@@ -1,4 +1,4 @@
-"""The model walk of `test_jobs_model.py` on the real Docker engine (the suite's own):
+"""The model walk of `test_jobs_model.py` on a real Docker engine (a throwaway one):
 1,000 seeded random steps over 20 run ids and 4 simulated cards, the engine restarted
 without --live-restore now and then, the daemon restarted and killed between create and
 start. After every step the six promises listed in `test_jobs_model.py` are checked
@@ -32,10 +32,9 @@ from tests.helpers import (
     BIG_IMAGE,
     IMAGE,
     REGISTRY,
+    ThrowawayDocker,
     check_promises,
     engine_settings,
-    own_docker_host,
-    restart_own_engine,
     unique,
 )
 from tuneplane_node.clock import parse_rfc3339
@@ -73,13 +72,14 @@ STEP_LIMIT_S = 120.0  # an engine restart takes about 10 s; a step never needs m
 class RealWorld:
     """The job service over the cached Docker runtime, as the daemon builds it."""
 
-    def __init__(self, rng: random.Random, settings: NodeSettings) -> None:
+    def __init__(self, rng: random.Random, settings: NodeSettings, engine: ThrowawayDocker) -> None:
         self.rng = rng
         self.settings = settings
+        self.engine = engine
         self.session = unique("model")
         self.runs = [f"{self.session}-{n}" for n in range(20)]
         self.names = {container_name(run) for run in self.runs}
-        self.client = docker.DockerClient(base_url=own_docker_host(), timeout=30)
+        self.client = docker.DockerClient(base_url=engine.host, timeout=30)
         self.probe = FakeProbe(cards=CARDS)
         self.done: collections.Counter[str] = collections.Counter()
         self.checks = 0
@@ -137,7 +137,7 @@ class RealWorld:
     async def remove(self) -> None:
         await self.service.remove(container_name(self.rng.choice(self.runs)))
 
-    async def reap(self) -> None:  # the suite's own engine: every exited job of it is ours
+    async def reap(self) -> None:  # the walk's own engine: every exited job of it is ours
         await self.service.reap(self.rng.choice([0, 3600]))
 
     async def observe(self) -> None:
@@ -182,7 +182,7 @@ class RealWorld:
     async def engine_restart(self) -> None:
         """Without live-restore: the running jobs die with the engine."""
         syncs = self.runtime.cache.syncs
-        await restart_own_engine("no-live-restore")
+        await asyncio.to_thread(self.engine.restart, live_restore=False)
         deadline = time.monotonic() + 60
         while not (self.runtime.cache.synced and self.runtime.cache.syncs > syncs):
             assert time.monotonic() < deadline, "the cache never caught up with the restart"
@@ -240,10 +240,10 @@ async def within(seconds: float, work: Coroutine[Any, Any, None], what: str) -> 
 
 
 @pytest.fixture
-async def world() -> AsyncIterator[RealWorld]:
+async def world(throwaway_docker: ThrowawayDocker) -> AsyncIterator[RealWorld]:
     settings = engine_settings(
         "docker",
-        docker_host=own_docker_host(),
+        docker_host=throwaway_docker.host,
         local_gpu_passthrough=False,
         local_stop_timeout=0,
         local_container_ttl_s=60,
@@ -251,8 +251,9 @@ async def world() -> AsyncIterator[RealWorld]:
         local_api_timeout=5,  # the sweep's age for wreckage, and every call's deadline
         state_relist_s=2,
     )
-    await restart_own_engine("no-live-restore")  # so that an engine restart takes the jobs
-    world = RealWorld(random.Random(SEED), settings)
+    # Without live-restore, so that an engine restart takes the jobs.
+    await asyncio.to_thread(throwaway_docker.restart, live_restore=False)
+    world = RealWorld(random.Random(SEED), settings, throwaway_docker)
     try:
         await world.open()
         yield world
@@ -260,7 +261,6 @@ async def world() -> AsyncIterator[RealWorld]:
         with contextlib.suppress(AttributeError):  # open may have failed midway
             await world.close()
         await world.clean_up()
-        await restart_own_engine()  # live-restore again, as engines.sh keeps it
 
 
 async def test_a_random_walk_on_real_docker_keeps_every_promise(world: RealWorld) -> None:

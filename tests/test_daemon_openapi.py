@@ -40,6 +40,7 @@ def base_url(console: Console) -> str:
     return str(console.client.make_url("")).rstrip("/")
 
 
+@pytest.mark.once  # the daemon's answers, the same on every Python and dependency release
 async def test_on_the_fake_engine_every_answer_is_documented_and_none_is_a_5xx(
     fake_node: MakeFakeNode,
 ) -> None:

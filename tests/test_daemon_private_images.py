@@ -10,7 +10,6 @@ password is nowhere a person could read it.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import os
@@ -22,7 +21,15 @@ from typing import Any
 import pytest
 
 from tests.conftest import MakeNode
-from tests.helpers import HEADERS, IMAGE, OWN_DOCKER_SOCK, Console, engine_missing, unique
+from tests.helpers import (
+    HEADERS,
+    IMAGE,
+    OWN_DOCKER_SOCK,
+    Console,
+    engine_missing,
+    unique,
+    wait_until,
+)
 from tuneplane_node.daemon.state import JOBS
 from tuneplane_node.jobs.images import RECORD_FILE
 from tuneplane_node.logformat import JsonFormatter
@@ -132,8 +139,11 @@ async def test_the_node_file_stands_in_and_its_rotation_needs_no_restart(
     stale, _ = await node.launch(SHOW, image=PRIVATE)
     assert REFUSED in (await node.failed(stale))["pending_error"]
 
+    read = f"registry auth file {config} read"
+    before = sum(read in message for message in debug_logs.messages)
     auth_file(config, PRIVATE_REGISTRY, login["username"], login["password"])
-    await asyncio.sleep(1.5)  # the file is watched twice a second
+    # The file is watched twice a second: read again once the node says so.
+    await wait_until(lambda: sum(read in m for m in debug_logs.messages) > before)
     ref, answer = await node.launch(SHOW, image=PRIVATE)
 
     assert answer["phase"] == "pulling"

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import MakeNode
-from tests.helpers import IMAGE, Console, engine_settings, unique
+from tests.helpers import IMAGE, Console, engine_settings, unique, wait_until
 from tuneplane_node.runtime.docker import DockerRuntime
 from tuneplane_node.runtime.podman import PodmanRuntime
 
@@ -146,23 +146,39 @@ async def test_a_shell_job_ends_by_sigterm_at_once_with_the_init_and_is_killed_w
 
     without = await make_node(engine, job_init=False)
     ref, _ = await without.launch(shell)
-    await asyncio.sleep(0.5)  # the shell is up, its sleep started
+    pid = await main_pid(engine, ref)
+    await wait_until(lambda: "sleep 300" in commands_of(family(pid)))  # the shell is up
     started = time.monotonic()
     await without.stop(ref, timeout=3)
     assert time.monotonic() - started >= 3
     assert (await without.state(ref))["exit_code"] == 137
 
 
-def zombies_of(pid: int) -> int:
-    """Zombie processes whose parent is ``pid`` (on this machine: the job's PID 1)."""
-    count = 0
+def family(pid: int) -> list[dict[str, str]]:
+    """The ``/proc/PID/status`` fields of ``pid`` and of its children (on this machine:
+    the job's PID 1, and the orphans it took on), with its ``Cmdline``."""
+    found = []
     for status in Path("/proc").glob("[0-9]*/status"):
         with contextlib.suppress(OSError):
             fields = dict(
                 line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line
             )
-            count += fields.get("PPid") == str(pid) and fields.get("State", "").startswith("Z")
-    return count
+            if fields.get("Pid") == str(pid) or fields.get("PPid") == str(pid):
+                command = (status.parent / "cmdline").read_bytes()
+                fields["Cmdline"] = command.rstrip(b"\0").replace(b"\0", b" ").decode()
+                found.append(fields)
+    return found
+
+
+def commands_of(processes: list[dict[str, str]], *, zombies: bool = False) -> list[str]:
+    """The command lines of the processes alive (or, with ``zombies``, of the zombies:
+    a zombie has none, so those are all "")."""
+    return [p["Cmdline"] for p in processes if p.get("State", "").startswith("Z") == zombies]
+
+
+def zombies_of(pid: int) -> int:
+    """Zombie processes whose parent is ``pid`` (on this machine: the job's PID 1)."""
+    return len(commands_of([p for p in family(pid) if p["PPid"] == str(pid)], zombies=True))
 
 
 async def main_pid(engine: str, ref: str) -> int:
@@ -173,6 +189,11 @@ async def main_pid(engine: str, ref: str) -> int:
         return int(document["State"]["Pid"])
     finally:
         await runtime.close()
+
+
+def orphans_ended(pid: int) -> bool:
+    commands = commands_of(family(pid))
+    return "sleep 300" in commands and "sleep 0.1" not in commands
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -187,8 +208,13 @@ async def test_the_children_a_job_leaves_are_reaped_by_its_init(
     for init in (True, False):
         node = await make_node(engine, job_init=init)
         ref, _ = await node.launch(orphans)
-        await asyncio.sleep(1.5)  # the orphans have ended
-        seen[init] = zombies_of(await main_pid(engine, ref))
+        pid = await main_pid(engine, ref)
+        # The orphans have ended: the command made all five, then became its `sleep`.
+        await wait_until(lambda: orphans_ended(pid), timeout=30)  # noqa: B023
+        deadline = time.monotonic() + 10  # an init reaps each a moment after its end
+        while init and zombies_of(pid) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        seen[init] = zombies_of(pid)
         await node.remove(ref)
     assert seen == {True: 0, False: 5}
 
@@ -214,11 +240,8 @@ async def test_fifty_stops_in_their_warning_phase_hold_no_thread_and_health_stay
     stops = [asyncio.create_task(node.stop(ref, timeout=600, **plan)) for ref in refs]
     # Every warning out (50 stop requests reach the node in about a second, longer under
     # load); then the 50 stops wait out warn_s.
-    deadline = time.monotonic() + 15
-    while not all("stopping" in state for state in [await node.state(ref) for ref in refs]):
-        assert time.monotonic() < deadline, "a stop never reached its warning"
-        await asyncio.sleep(0.2)
-    assert {(await node.state(ref))["stopping"]["phase"] for ref in refs} == {"warned"}
+    states = await node.stopping(refs)
+    assert {state["stopping"]["phase"] for state in states.values()} == {"warned"}
     took = []
     for _ in range(10):
         started = time.monotonic()

@@ -13,6 +13,7 @@ import pytest
 
 from tests.conftest import IMAGE, MakeFakeNode
 from tests.fakes import FakeRuntime
+from tests.helpers import wait_until
 from tuneplane_node.errors import NotRunning
 from tuneplane_node.jobs import JobService, LaunchRequest, StopPlan
 from tuneplane_node.jobs.nodestate import DRAINING, STATE_FILE, NodeState, NodeStateFile
@@ -147,7 +148,7 @@ async def test_a_job_replaced_during_the_warning_gets_no_stop_signal(
     fake.containers["tuneplane-r1"].handlers["SIGUSR1"] = None
     plan = StopPlan(grace=5, warn_signal="SIGUSR1", warn_s=0.3)
     stopping = asyncio.create_task(service.stop("tuneplane-r1", plan))
-    await asyncio.sleep(0.05)
+    await wait_until(lambda: fake.signals)  # the warning is sent
     await service.remove("tuneplane-r1")
     await service.launch(request("r1"))  # relaunched while the first stop waited
     await stopping

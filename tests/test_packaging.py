@@ -74,6 +74,14 @@ def test_every_runtime_dependency_is_pinned_to_its_floor_for_the_lowest_step() -
         assert requirement.specifier.contains(version), f"{pin} is outside {declared}"
 
 
+def test_the_lowest_step_pins_the_timeout_plugin_at_its_floor() -> None:
+    """pyproject's `timeout` is pytest-timeout's: the lowest step runs with its floor."""
+    extra = OPTIONS["extras_require"]["test"]
+    (declared,) = [text for text in extra if Requirement(text).name == "pytest-timeout"]
+    assert load_lowest().floored_tools() == [declared]
+    assert "timeout" in PYPROJECT["tool"]["pytest"]["ini_options"]
+
+
 def test_a_dependency_without_a_floor_is_refused_not_left_at_its_newest() -> None:
     with pytest.raises(ValueError, match="nvidia-ml-py"):
         load_lowest().lowest(["aiohttp>=3.14.4", "nvidia-ml-py"])
@@ -105,6 +113,7 @@ def test_mypy_checks_against_the_lowest_supported_python() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.once  # the whole suite's run builds it: the same on every Python
 def test_the_sdist_carries_its_tests_and_they_collect(tmp_path: Path) -> None:
     """An unpacked sdist collects as many tests as the checkout (conftest and helpers
     shipped), and carries the version the package says."""
@@ -190,6 +199,7 @@ except Unreachable as error:
 
 
 @pytest.mark.slow
+@pytest.mark.once
 def test_the_client_wheel_is_the_client_alone_and_runs_with_httpx_alone(tmp_path: Path) -> None:
     """A console's interpreter: the client's wheel and httpx's closure, nothing of the
     daemon; it imports and asks (a node that is not there: Unreachable)."""

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import wait_until
 from tuneplane_node.errors import EngineRefused
 from tuneplane_node.runtime.base import PullLimits, PullProgress
 from tuneplane_node.runtime.pool import BlockingPool
@@ -124,9 +125,9 @@ async def test_a_pull_that_moves_but_never_ends_meets_the_overall_deadline(
 
 @pytest.mark.slow
 async def test_a_cancelled_pull_returns_at_once_and_closes_its_stream(pool: BlockingPool) -> None:
-    stream = Stream([layer("a", 10)], end=False)
-    task = asyncio.ensure_future(pull(pool, stream, PullLimits(60, 60), []))
-    await asyncio.sleep(0.05)
+    stream, seen = Stream([layer("a", 10)], end=False), list[PullProgress]()
+    task = asyncio.ensure_future(pull(pool, stream, PullLimits(60, 60), seen))
+    await wait_until(lambda: seen)  # the pull is reading its stream
 
     started = time.monotonic()
     task.cancel()

@@ -2,7 +2,8 @@
 # Brings up, idempotently, the real engines the tests talk to on a Debian machine:
 #   - a Docker engine on its own socket and data root (shared with people's own jobs),
 #   - a second Docker engine that only the test suite uses, for the tests that act on
-#     every container of the node (reap) or restart the engine,
+#     every container of the node (reap); a test that restarts or freezes an engine
+#     starts one of its own (tests/helpers.py, ThrowawayDocker),
 #   - a third Docker engine whose data root is a small tmpfs, which a test fills up,
 #   - a fourth Docker engine and a second podman service, each with its data root on a
 #     small tmpfs of its own, for the image GC's tests (which remove any image there),
@@ -317,25 +318,6 @@ down() {
     pkill -f "docker-registry serve $DEV_ROOT/private-registry.yml" || true
 }
 
-stop_docker() { # stop_docker NAME: stop the engine and wait until it is gone (a minute at most)
-    local pid_file=$RUN_DIR/$1.pid pid deadline=$((SECONDS + 60))
-    [[ -f $pid_file ]] || return 0
-    pid=$(cat "$pid_file")
-    kill "$pid" 2>/dev/null || return 0
-    while kill -0 "$pid" 2>/dev/null; do
-        if ((SECONDS >= deadline)); then
-            log "dockerd $1 did not stop within a minute: killing it"
-            kill -KILL "$pid" 2>/dev/null || true
-        fi
-        sleep 0.2
-    done
-}
-
-restart_own() { # the tests' own engine, again; "no-live-restore": its jobs die with it
-    stop_docker docker-own
-    start_docker docker-own "${1:-}"
-}
-
 gc_engines() { # only the image GC tests' engines (the others left as they are)
     mkdir -p "$DEV_ROOT" "$RUN_DIR" "$LOG_DIR"
     start_gc_docker
@@ -346,6 +328,5 @@ case ${1:-up} in
 up) up ;;
 gc-engines) gc_engines ;;
 down) down ;;
-restart-own) restart_own "${2:-}" ;;
-*) echo "usage: $0 [up|down|gc-engines|restart-own [no-live-restore]]" >&2; exit 2 ;;
+*) echo "usage: $0 [up|down|gc-engines]" >&2; exit 2 ;;
 esac

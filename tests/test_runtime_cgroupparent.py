@@ -17,6 +17,7 @@ from tuneplane_node.runtime.cgroupparent import (
     Bounds,
     JobParent,
     ParentReport,
+    describe_parent,
     is_unified,
     read,
     slice_path,
@@ -24,7 +25,6 @@ from tuneplane_node.runtime.cgroupparent import (
     write,
 )
 from tuneplane_node.runtime.docker import DockerRuntime
-from tuneplane_node.runtime.engine import describe_parent
 
 GIB = 2**30
 

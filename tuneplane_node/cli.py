@@ -375,7 +375,7 @@ async def _parent_finding(runtime: EngineRuntime) -> list[Finding]:
     """The jobs' parent cgroup: what it holds against the node's figures, and who bounds
     it (the node under cgroupfs, systemd's slice under the systemd driver)."""
     from tuneplane_node.errors import EngineUnavailable, NodeError
-    from tuneplane_node.runtime.engine import describe_parent
+    from tuneplane_node.runtime.cgroupparent import describe_parent
 
     try:
         report = await runtime.cgroup_parent()

@@ -273,8 +273,7 @@ class JobService:
     # --- cordon and drain ---------------------------------------------------------------
 
     async def start(self) -> None:
-        """At start: the image ledger, then the private-image record it backs, the node
-        state (a drain goes on), staged mounts."""
+        """The ledger, the private record it backs, the node state, the staged mounts."""
         await self.ledger.load()
         await self.images.start()
         await self.keeper.start()

@@ -12,21 +12,28 @@ where it may write the cgroup tree; ``systemd`` takes a slice (``tuneplane-jobs.
 nested by its dashes: ``/tuneplane.slice/tuneplane-jobs.slice``), which is systemd's: the
 shipped unit bounds it (``TasksMax=``, ``MemoryMax=``) and the node only reads it. On
 cgroup v1 each controller has its own tree (``pids/``, ``memory/``), on v2 one directory
-holds both. Nothing here asks an engine.
+holds both. `EngineParent` is an engine runtime's part in it, as `EngineImages` is in the
+images; nothing here imports an SDK.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
+from tuneplane_node import inventory
 from tuneplane_node.errors import ConfigError
+from tuneplane_node.runtime.base import ContainerSpec
 from tuneplane_node.runtime.cgroups import CGROUP_ROOT, V1_UNLIMITED
 from tuneplane_node.settings import NodeSettings, env_name
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 SYSTEMD = "systemd"
 CGROUPFS = "cgroupfs"
 PID_MAX = Path("/proc/sys/kernel/pid_max")
@@ -207,3 +214,102 @@ class ParentReport:
     @property
     def bounded(self) -> bool:
         return self.held is not None and self.held.within(self.wanted)
+
+
+def describe_parent(report: ParentReport) -> str:
+    """One line: where the parent is, what it holds against what the node wants, who
+    bounds it."""
+    parent = report.parent
+    where = f"{parent.engine_form} ({parent.driver} driver, cgroup v{2 if parent.unified else 1})"
+    held = "not there yet" if report.held is None else report.held.described()
+    text = f"{where}: holds {held}; the node's figures: {report.wanted.described()}"
+    if report.error is not None:
+        return f"{text}; not bounded by the node: {report.error}"
+    return text
+
+
+class EngineParent(ABC):
+    """An engine runtime's part in the jobs' parent: it learns the engine's driver at the
+    first launch, creates every job under the parent (``_create``, with the
+    ``cgroup_parent`` of ``create_options``), bounds a parent the node owns, and says
+    what the parent holds (`check`). `EngineRuntime` supplies the seam (``_call``,
+    ``_local``, the settings, the create options), an adapter the driver."""
+
+    settings: NodeSettings
+    client: Any  # the SDK's
+    parent: JobParent | None = None  # once the engine said its cgroup driver
+
+    @abstractmethod
+    async def _call(self, action: str, fn: Callable[..., T], *args: Any) -> T: ...
+    @abstractmethod
+    def _local(self) -> bool: ...
+    @abstractmethod
+    def create_options(self, spec: ContainerSpec) -> dict[str, Any]: ...
+
+    def _create(self, spec: ContainerSpec) -> Any:
+        """Create (not start) the container, under the jobs' parent; the SDK's object."""
+        self._ready_parent()
+        return self.client.containers.create(**self.create_options(spec))
+
+    @abstractmethod
+    def _cgroup_driver(self) -> str:
+        """The engine's cgroup driver, as its info says: ``cgroupfs`` or ``systemd``."""
+
+    def _ready_parent(self) -> None:
+        """The jobs' parent: learnt at the first launch (the engine's driver decides its
+        form), and, where the node owns it, made and bounded whenever it is missing (a
+        reboot, an operator's rmdir). A parent the node cannot bound is logged, and
+        jobs go under it with their own limits (`check` says so)."""
+        if self.parent is None:
+            self.parent = self._learn_parent()
+            report = self._bound_parent(self.parent)
+            level = logging.INFO if report.bounded else logging.WARNING
+            log.log(level, "jobs' parent cgroup: %s", describe_parent(report))
+        elif self.parent.owned and self._local() and read(self.parent) is None:
+            self._bound_parent(self.parent)
+
+    def _learn_parent(self) -> JobParent:
+        return JobParent(
+            self.settings.job_cgroup_parent,
+            driver=self._cgroup_driver(),
+            unified=is_unified(),
+        )
+
+    def _bound_parent(self, parent: JobParent) -> ParentReport:
+        """Write the node's bounds into a parent it owns on this machine."""
+        wanted = self._wanted_bounds()
+        error = self._why_unbounded(parent)
+        if error is None and parent.owned:
+            try:
+                write(parent, wanted)
+            except OSError as exc:
+                error = f"cannot write the cgroup tree: {exc.strerror or exc}"
+        return self._parent_report(parent, wanted, error)
+
+    def _wanted_bounds(self) -> Bounds:
+        pids, memory = pid_max(), inventory.memory_total()
+        try:
+            return wanted(self.settings, pids=pids, machine_bytes=memory)
+        except ConfigError:  # refused at start (`JobRules`): not here
+            return Bounds(pids=None, memory_bytes=None)
+
+    def _why_unbounded(self, parent: JobParent) -> str | None:
+        if not self._local():
+            return "the engine is remote: its cgroups are its own host's"
+        if parent.owned and not writable(parent):
+            return "this process cannot write the cgroup tree (read-only here)"
+        return None
+
+    def _parent_report(self, parent: JobParent, wanted: Bounds, error: str | None) -> ParentReport:
+        held = read(parent) if self._local() else None
+        return ParentReport(parent, wanted, held, error)
+
+    async def cgroup_parent(self) -> ParentReport:
+        """The jobs' parent as it is now, and whether the node could bound it; changes
+        nothing (`check`)."""
+        return await self._call("report its cgroup driver", self._read_parent)
+
+    def _read_parent(self) -> ParentReport:
+        parent = self.parent or self._learn_parent()
+        wanted = self._wanted_bounds()
+        return self._parent_report(parent, wanted, self._why_unbounded(parent))

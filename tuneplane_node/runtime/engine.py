@@ -24,7 +24,6 @@ from typing import Any, TypeVar
 from tuneplane_node import inventory
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.errors import (
-    ConfigError,
     EngineConflict,
     EngineRefused,
     EngineUnavailable,
@@ -32,7 +31,7 @@ from tuneplane_node.errors import (
     SpecRefused,
     is_name_conflict,
 )
-from tuneplane_node.runtime import cgroupparent, cgroups
+from tuneplane_node.runtime import cgroups
 from tuneplane_node.runtime import dockerformat as fmt
 from tuneplane_node.runtime.base import (
     DEVICES_ENV,
@@ -63,6 +62,7 @@ from tuneplane_node.runtime.base import (
     job_labels,
     tells_no_changes,
 )
+from tuneplane_node.runtime.cgroupparent import EngineParent
 from tuneplane_node.runtime.dockerformat import LogFold
 from tuneplane_node.runtime.logstream import LogRelay, unbound_reads
 from tuneplane_node.runtime.pool import BlockingPool
@@ -176,18 +176,6 @@ def common_options(spec: ContainerSpec) -> dict[str, Any]:
     }
     options.update({key: value for key, value in optional.items() if value is not None})
     return {**options, **confinement_options(spec.confinement)}
-
-
-def describe_parent(report: cgroupparent.ParentReport) -> str:
-    """One line: where the parent is, what it holds against what the node wants, who
-    bounds it."""
-    parent = report.parent
-    where = f"{parent.engine_form} ({parent.driver} driver, cgroup v{2 if parent.unified else 1})"
-    held = "not there yet" if report.held is None else report.held.described()
-    text = f"{where}: holds {held}; the node's figures: {report.wanted.described()}"
-    if report.error is not None:
-        return f"{text}; not bounded by the node: {report.error}"
-    return text
 
 
 def confinement_options(confinement: Confinement) -> dict[str, Any]:
@@ -312,12 +300,11 @@ class EngineMounts(ABC):
         return MountSupport(STAGED if self._local() else REMOTE, tuple(d for d in dirs if d))
 
 
-class EngineRuntime(EngineImages, EngineMounts):
+class EngineRuntime(EngineImages, EngineMounts, EngineParent):
     """A ContainerRuntime and EngineFeed over a synchronous engine SDK."""
 
     name: str
     errors: ErrorTable
-    parent: cgroupparent.JobParent | None = None  # once the engine said its cgroup driver
 
     def __init_subclass__(cls, *, errors: ErrorTable | None = None, **options: Any) -> None:
         """``class DockerRuntime(EngineRuntime, errors=ERRORS)``: the table names the engine."""
@@ -364,76 +351,6 @@ class EngineRuntime(EngineImages, EngineMounts):
     @abstractmethod
     def _engine_options(self, spec: ContainerSpec) -> dict[str, Any]:
         """The create() arguments this SDK spells its own way (mounts, CPUs, cards...)."""
-
-    def _create(self, spec: ContainerSpec) -> Any:
-        """Create (not start) the container, under the jobs' parent; the SDK's object."""
-        self._ready_parent()
-        return self.client.containers.create(**self.create_options(spec))
-
-    @abstractmethod
-    def _cgroup_driver(self) -> str:
-        """The engine's cgroup driver, as its info says: ``cgroupfs`` or ``systemd``."""
-
-    def _ready_parent(self) -> None:
-        """The jobs' parent: learnt at the first launch (the engine's driver decides its
-        form), and, where the node owns it, made and bounded whenever it is missing (a
-        reboot, an operator's rmdir). A parent the node cannot bound is logged, and
-        jobs go under it with their own limits (`check` says so)."""
-        if self.parent is None:
-            self.parent = self._learn_parent()
-            report = self._bound_parent(self.parent)
-            level = logging.INFO if report.bounded else logging.WARNING
-            log.log(level, "jobs' parent cgroup: %s", describe_parent(report))
-        elif self.parent.owned and self._local() and cgroupparent.read(self.parent) is None:
-            self._bound_parent(self.parent)
-
-    def _learn_parent(self) -> cgroupparent.JobParent:
-        return cgroupparent.JobParent(
-            self.settings.job_cgroup_parent,
-            driver=self._cgroup_driver(),
-            unified=cgroupparent.is_unified(),
-        )
-
-    def _bound_parent(self, parent: cgroupparent.JobParent) -> cgroupparent.ParentReport:
-        """Write the node's bounds into a parent it owns on this machine."""
-        wanted = self._wanted_bounds()
-        error = self._why_unbounded(parent)
-        if error is None and parent.owned:
-            try:
-                cgroupparent.write(parent, wanted)
-            except OSError as exc:
-                error = f"cannot write the cgroup tree: {exc.strerror or exc}"
-        return self._parent_report(parent, wanted, error)
-
-    def _wanted_bounds(self) -> cgroupparent.Bounds:
-        pids, memory = cgroupparent.pid_max(), inventory.memory_total()
-        try:
-            return cgroupparent.wanted(self.settings, pids=pids, machine_bytes=memory)
-        except ConfigError:  # refused at start (`JobRules`): not here
-            return cgroupparent.Bounds(pids=None, memory_bytes=None)
-
-    def _why_unbounded(self, parent: cgroupparent.JobParent) -> str | None:
-        if not self._local():
-            return "the engine is remote: its cgroups are its own host's"
-        if parent.owned and not cgroupparent.writable(parent):
-            return "this process cannot write the cgroup tree (read-only here)"
-        return None
-
-    def _parent_report(
-        self, parent: cgroupparent.JobParent, wanted: cgroupparent.Bounds, error: str | None
-    ) -> cgroupparent.ParentReport:
-        held = cgroupparent.read(parent) if self._local() else None
-        return cgroupparent.ParentReport(parent, wanted, held, error)
-
-    async def cgroup_parent(self) -> cgroupparent.ParentReport:
-        """The jobs' parent as it is now, and whether the node could bound it; changes
-        nothing (`check`)."""
-        return await self._call("report its cgroup driver", self._read_parent)
-
-    def _read_parent(self) -> cgroupparent.ParentReport:
-        parent = self.parent or self._learn_parent()
-        wanted = self._wanted_bounds()
-        return self._parent_report(parent, wanted, self._why_unbounded(parent))
 
     def handed_cards(self, spec: ContainerSpec) -> tuple[int, ...]:
         """The cards the container is given as devices; none without passthrough (the

@@ -279,8 +279,9 @@ def test_the_launch_body_is_a_whole_0315_launch_the_node_parses() -> None:
 TEXT_FIELDS = [
     f.name
     for f in CONTAINER.fields
-    if f.name not in {"name", "image", "command", "env", "gpus", "mounts", "labels", "rdma"}
+    if f.name not in {"name", "image", "command", "env", "gpus", "mounts", "labels"}
     and not isinstance(f.schema, Body)
+    and not commands._is_boolean(f)  # --x / --no-x, tested by rdma's test
     and f.name != "registry_auth"  # an object, and a secret: no command line's
 ]
 

@@ -222,7 +222,7 @@ class Metrics(Telemetry):
         self.watching.set(jobs.changes.waiting)
         self._cards(status.occupancy)
         try:
-            self._counts(await jobs.job_counts())
+            self._counts(await jobs.health.job_counts(jobs.pending))
         except NodeError:  # the engine down: how many jobs is unknown, not zero
             self.jobs.clear()
         if self.per_job is not None:

@@ -264,6 +264,10 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
         store = self.client.info().get("store") or {}  # type: ignore[no-untyped-call]
         return str(store.get("graphRoot") or "")
 
+    def _storage_status(self) -> object:
+        store = self.client.info().get("store") or {}  # type: ignore[no-untyped-call]
+        return store.get("graphStatus")
+
     def _local(self) -> bool:
         return self.settings.podman_url.startswith(("unix://", "http+unix://"))
 

@@ -31,6 +31,7 @@ from tuneplane_node.runtime.base import (
     ContainerState,
     DataRoot,
     DeviceSupport,
+    DiskUse,
     EngineImage,
     ImageInfo,
     LogQuery,
@@ -252,6 +253,11 @@ class ProcessRuntime:
     # (the image GC has nothing to do, and health's image_store is unknown).
     async def data_root(self) -> DataRoot | None:
         return None
+
+    async def disk_usage(self, ref: str, *, budget_s: float) -> DiskUse | None:
+        """Unknown: a bare process writes wherever its user may, not in a layer."""
+        names = await self._pool.call(self._files.names)
+        return DiskUse(None) if ref in names else None
 
     async def list_images(self) -> list[EngineImage]:
         return []

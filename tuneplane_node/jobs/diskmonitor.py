@@ -1,0 +1,199 @@
+"""The disk monitor: every job held to its disk limit, and the filler of a full store
+stopped before the image GC touches the other tenants' cache.
+
+Every ``TUNEPLANE_JOB_DISK_CHECK_S`` it measures what each running job of the node has
+written to the engine's disk (its writable layer and anonymous volumes, walked by the
+runtime within `WALK_BUDGET_S`, one job at a time on the pool, so a walk never holds
+more than one of its threads). It is the backstop wherever the kernel does not hold the
+limit (project quotas), and the only bound where it cannot.
+
+A job past its limit (its `LABEL_DISK_LIMIT`) is stopped as a stop would (its stop
+signal, the grace period, SIGKILL), its reason written first in the node state, which
+outlives the daemon: observe then says ``stop_reason: "disk_limit"`` with the bytes.
+
+While the store is at or above the image GC's high threshold (``disk_pressure``), the
+node (1) stops the jobs over their limit, then (2) the job with the largest writable
+layer, when it holds more than its fair share: the store's size divided among the
+running jobs and the image cache, counted as one more tenant (``disk_pressure`` is its
+reason); (3) the image GC runs only after that (`relieve` is its hook), and removes no
+image for the pressure in a run where a job was stopped for it: the filler's layer stays
+on the disk until its container is removed, and the other tenants' cache is not what
+should pay for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from tuneplane_node.errors import NodeError
+from tuneplane_node.jobs.imagegc import ImageCollector
+from tuneplane_node.jobs.nodestate import NodeStateStore
+from tuneplane_node.jobs.results import DiskFigures, ImageStore
+from tuneplane_node.jobs.stopper import Stopper
+from tuneplane_node.logformat import job_fields
+from tuneplane_node.runtime.base import ContainerRuntime, ContainerState
+from tuneplane_node.settings import NodeSettings
+from tuneplane_node.tasks import BackgroundTasks
+
+log = logging.getLogger(__name__)
+WALK_BUDGET_S = 2.0
+"""The longest one job's walk may take; past it, what was counted is a lower bound."""
+DISK_LIMIT, DISK_PRESSURE = "disk_limit", "disk_pressure"
+DISK_REASONS = (DISK_LIMIT, DISK_PRESSURE)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One running job's latest measure: of that very container (``id``)."""
+
+    id: str | None
+    figures: DiskFigures
+    complete: bool = True
+
+
+class DiskMonitor:
+    """Measures the running jobs' disk, stops those past their limit, and the filler of
+    a store under pressure. Used on the loop only."""
+
+    def __init__(
+        self,
+        runtime: ContainerRuntime,
+        settings: NodeSettings,
+        *,
+        stopper: Stopper,
+        store: NodeStateStore,
+        gc: ImageCollector,
+    ) -> None:
+        self.runtime = runtime
+        self.stopper = stopper
+        self.store = store
+        self.gc = gc
+        self.clock = gc.clock
+        self.telemetry = gc.telemetry
+        self.interval_s = settings.job_disk_check_s
+        self.measured: dict[str, Measured] = {}  # container name -> its latest measure
+        self.walk_s: float | None = None  # the last pass's walks, in all
+        self._stops: dict[str, asyncio.Task[None]] = {}  # container name -> its stop
+        self._tasks = BackgroundTasks(log)
+        self._pass = asyncio.Lock()
+        gc.relievers.append(self.relieve)
+
+    # --- what observe and stats show -------------------------------------------------
+
+    def figures(self, state: ContainerState) -> DiskFigures | None:
+        """A running job's latest measure, or what a job the node stopped for its disk
+        had written then (kept in the node state, after a restart too); None: neither."""
+        if not state.exists:
+            return None
+        stopped = self.store.node.disk_used.get(state.handle)
+        if stopped is not None:
+            return DiskFigures(stopped, state.disk_limit_bytes)
+        seen = self.measured.get(state.name)
+        if state.status != "running" or seen is None or seen.id != state.id:
+            return None
+        return seen.figures
+
+    # --- the passes ---------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """A pass now, then every interval, as long as the node runs."""
+        while True:
+            try:
+                await self.check()
+            except NodeError as exc:
+                log.warning("disk monitor: %s; trying again in %g s", exc.message, self.interval_s)
+            await self.clock.sleep(self.interval_s)
+
+    async def check(self) -> bool:
+        """One pass: measure, stop who is past their limit, then relieve a store under
+        pressure. True when a job is being stopped for its disk now."""
+        async with self._pass:
+            running = [s for s in await self.runtime.ps() if s.ours and s.status == "running"]
+            await self._measure(running)
+            for state in running:
+                figures = self.figures(state)
+                if figures is not None and figures.over:
+                    self._stop(state, figures, DISK_LIMIT)
+            store = await self.gc.store()
+            if store.pressure:
+                self._relieve(running, store)
+            return any(not task.done() for task in self._stops.values())
+
+    async def relieve(self) -> bool:
+        """The image GC's hook, before it removes anything for the pressure: steps 1
+        and 2, waited for. True when a job was stopped for its disk."""
+        stopping = await self.check()
+        tasks = [task for task in self._stops.values() if not task.done()]
+        if tasks:
+            await asyncio.gather(*(asyncio.shield(task) for task in tasks), return_exceptions=True)
+        return stopping
+
+    async def _measure(self, running: list[ContainerState]) -> None:
+        measured: dict[str, Measured] = {}
+        took = 0.0
+        for state in running:
+            use = await self.runtime.disk_usage(state.handle, budget_s=WALK_BUDGET_S)
+            if use is None:
+                continue  # gone, or stopped, since the list
+            took += use.walk_s
+            self.telemetry.disk_walked(use.walk_s)
+            figures = DiskFigures(use.used_bytes, state.disk_limit_bytes)
+            measured[state.name] = Measured(state.id, figures, use.complete)
+            if not use.complete:
+                log.warning(
+                    "disk monitor: %s: walk past %g s, %s bytes counted so far",
+                    state.name, WALK_BUDGET_S, use.used_bytes,
+                    extra=job_fields(state.name, state.run_id),
+                )  # fmt: skip
+        self.measured, self.walk_s = measured, took
+
+    def _relieve(self, running: list[ContainerState], store: ImageStore) -> None:
+        """Step 2: the largest writer, when it holds more than its fair share."""
+        share = fair_share(store, len(running))
+        sized = [(self.figures(s), s) for s in running]
+        known = [(f.used_bytes, s) for f, s in sized if f is not None and f.used_bytes is not None]
+        if share is None or not known:
+            return
+        used, largest = max(known, key=lambda pair: pair[0])
+        if used > share:
+            figures = DiskFigures(used, largest.disk_limit_bytes)
+            self._stop(largest, figures, DISK_PRESSURE, share=share)
+
+    def _stop(
+        self, state: ContainerState, figures: DiskFigures, reason: str, *, share: int | None = None
+    ) -> None:
+        if (task := self._stops.get(state.name)) is not None and not task.done():
+            return
+        why = f"limit {figures.limit_bytes}" if share is None else f"fair share {share}"
+        log.warning(
+            "disk monitor: stopping %s: %s bytes written (%s bytes), %s",
+            state.name, figures.used_bytes, why, reason,
+            extra=job_fields(state.name, state.run_id),
+        )  # fmt: skip
+        self._stops[state.name] = self._tasks.spawn(
+            self._stopped(state, figures, reason), name=f"disk stop {state.name}"
+        )
+        self._stops = {name: t for name, t in self._stops.items() if not t.done()}
+
+    async def _stopped(self, state: ContainerState, figures: DiskFigures, reason: str) -> None:
+        """The reason first, in the node state (a restart keeps it), then the stop."""
+        node = self.store.node.stopped([state.handle], reason, disk_used=figures.used_bytes)
+        try:
+            await self.store.save(node)
+        except NodeError as exc:  # in force all the same: the job must stop
+            log.warning("%s", exc.message)
+        await self.stopper.stop(state.name)
+
+    async def close(self) -> None:
+        await self._tasks.close()
+
+
+def fair_share(store: ImageStore, jobs: int) -> int | None:
+    """The bytes a job may hold of a store under pressure before it is the one stopped:
+    the store's size divided among the running jobs and the image cache (one more
+    tenant). None: the store's size is unknown."""
+    if store.total_bytes is None or jobs <= 0:
+        return None
+    return store.total_bytes // (jobs + 1)

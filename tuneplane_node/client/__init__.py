@@ -16,6 +16,7 @@ installs it without the daemon (the ``tuneplane-node-client`` distribution,
 from tuneplane_node.client.aio import AsyncNodeClient
 from tuneplane_node.client.answers import (
     CardUsage,
+    Conditions,
     Health,
     Image,
     ImageGc,
@@ -73,6 +74,7 @@ __all__ = [
     "Call",
     "CardUsage",
     "ClientError",
+    "Conditions",
     "ConfigError",
     "Conflict",
     "Container",

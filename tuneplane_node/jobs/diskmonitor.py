@@ -51,6 +51,7 @@ class Measured:
     id: str | None
     figures: DiskFigures
     complete: bool = True
+    run_id: str | None = None
 
 
 class DiskMonitor:
@@ -84,7 +85,8 @@ class DiskMonitor:
 
     def figures(self, state: ContainerState) -> DiskFigures | None:
         """A running job's latest measure, or what a job the node stopped for its disk
-        had written then (kept in the node state, after a restart too); None: neither."""
+        had written then (kept in the node state, after a restart too); None: neither,
+        or not measurable from here."""
         if not state.exists:
             return None
         stopped = self.store.node.disk_used.get(state.handle)
@@ -93,7 +95,7 @@ class DiskMonitor:
         seen = self.measured.get(state.name)
         if state.status != "running" or seen is None or seen.id != state.id:
             return None
-        return seen.figures
+        return seen.figures if seen.figures.used_bytes is not None else None
 
     # --- the passes ---------------------------------------------------------------------
 
@@ -140,7 +142,7 @@ class DiskMonitor:
             took += use.walk_s
             self.telemetry.disk_walked(use.walk_s)
             figures = DiskFigures(use.used_bytes, state.disk_limit_bytes)
-            measured[state.name] = Measured(state.id, figures, use.complete)
+            measured[state.name] = Measured(state.id, figures, use.complete, state.run_id)
             if not use.complete:
                 log.warning(
                     "disk monitor: %s: walk past %g s, %s bytes counted so far",

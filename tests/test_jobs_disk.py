@@ -140,7 +140,7 @@ async def test_under_pressure_the_filler_goes_and_no_cached_image_with_it(
     fake.arrived(OTHER)  # another tenant's cache, unused now
     await service.launch(launch("filler"))
     await service.launch(launch("tenant"))
-    fake.written[named("filler")] = 800 * MIB  # more than its share: 1000 / 3
+    fake.written[named("filler")] = 800 * MIB  # more than its share: 850 / 3
     fake.written[named("tenant")] = 50 * MIB
     assert (await service.status()).conditions.disk_pressure is True
 
@@ -155,6 +155,8 @@ async def test_under_pressure_the_filler_goes_and_no_cached_image_with_it(
     assert run.removed == () and OTHER in fake.images  # the cache did not pay for it
     view = (await service.observe([named("filler")]))[named("filler")]
     assert isinstance(view, StoppedView) and view.stop_reason == "disk_pressure"
+    again = await service.gc.collect()  # its layer is still the pressure: still none
+    assert again.removed == () and (await service.status()).conditions.disk_pressure
 
     await service.remove(named("filler"))  # the console removes it: the disk is free
     assert (await service.gc.store()).pressure is False
@@ -171,11 +173,25 @@ async def test_a_pressure_of_images_is_the_gcs_not_the_jobs(
     assert fake.containers[named("small")].status == "running"
 
 
+async def test_a_small_job_stopped_for_its_limit_does_not_keep_the_gc_from_images(
+    make_node: MakeNode, fake: FakeRuntime
+) -> None:
+    service = await make_node(image_gc_high_percent=85, image_gc_low_percent=50)
+    fake.arrived(OTHER)
+    await service.launch(launch("small", disk_limit="10m"))
+    fake.written[named("small")] = 20 * MIB
+    await service.monitor.check()
+    await wait_until(lambda: fake.containers[named("small")].status == "exited")
+    fake.disk_other = 900 * MIB  # the pressure is not its 20 MiB
+    run = await service.gc.collect()
+    assert OTHER in [image.image for image in run.removed]  # the GC did its part
+
+
 def test_the_fair_share_counts_the_cache_as_one_more_tenant() -> None:
     store = ImageStore("/d", 1000, 100, 0.9, True)
-    assert fair_share(store, 1) == 500
-    assert fair_share(store, 4) == 200
-    assert fair_share(ImageStore(), 3) is None  # a store of unknown size: no one
+    assert fair_share(store, 1, high_percent=80) == 400  # 800 below high, for two
+    assert fair_share(store, 4, high_percent=80) == 160
+    assert fair_share(ImageStore(), 3, high_percent=80) is None  # unknown size: no one
 
 
 async def test_a_remote_store_knows_no_disk_and_stops_no_one(

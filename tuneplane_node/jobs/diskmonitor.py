@@ -13,12 +13,13 @@ outlives the daemon: observe then says ``stop_reason: "disk_limit"`` with the by
 
 While the store is at or above the image GC's high threshold (``disk_pressure``), the
 node (1) stops the jobs over their limit, then (2) the job with the largest writable
-layer, when it holds more than its fair share: the store's size divided among the
-running jobs and the image cache, counted as one more tenant (``disk_pressure`` is its
-reason); (3) the image GC runs only after that (`relieve` is its hook), and removes no
-image for the pressure in a run where a job was stopped for it: the filler's layer stays
-on the disk until its container is removed, and the other tenants' cache is not what
-should pay for it.
+layer, when it holds more than its fair share: the store below its high threshold
+divided among the running jobs and the image cache, counted as one more tenant
+(``disk_pressure`` is its reason); (3) the image GC runs only after that (`relieve` is
+its hook), and removes no image for the pressure while a job is being stopped for it,
+or while the jobs stopped for their disk hold more than the store is over its
+threshold: a stopped job's layer stays on the disk until its container is removed (the
+console's `remove`, or `reap`), and the other tenants' cache should not pay for it.
 """
 
 from __future__ import annotations
@@ -110,9 +111,12 @@ class DiskMonitor:
 
     async def check(self) -> bool:
         """One pass: measure, stop who is past their limit, then relieve a store under
-        pressure. True when a job is being stopped for its disk now."""
+        pressure. True when the jobs stopped for their disk are its pressure: one is
+        being stopped now, or those stopped hold more than the store is over its high
+        threshold (their removal, the console's, ends it)."""
         async with self._pass:
-            running = [s for s in await self.runtime.ps() if s.ours and s.status == "running"]
+            states = [s for s in await self.runtime.ps() if s.ours]
+            running = [s for s in states if s.status == "running"]
             await self._measure(running)
             for state in running:
                 figures = self.figures(state)
@@ -121,7 +125,17 @@ class DiskMonitor:
             store = await self.gc.store()
             if store.pressure:
                 self._relieve(running, store)
-            return any(not task.done() for task in self._stops.values())
+            if any(not task.done() for task in self._stops.values()):
+                return True
+            return bool(store.pressure) and self._held(states) >= over_high(store, self.gc.high)
+
+    def _held(self, states: list[ContainerState]) -> int:
+        """Bytes the node's stopped-for-disk containers that ran no more had written."""
+        return sum(
+            self.store.node.disk_used.get(s.handle, 0)
+            for s in states
+            if s.status != "running" and self.store.stop_reason(s) in DISK_REASONS
+        )
 
     async def relieve(self) -> bool:
         """The image GC's hook, before it removes anything for the pressure: steps 1
@@ -153,7 +167,7 @@ class DiskMonitor:
 
     def _relieve(self, running: list[ContainerState], store: ImageStore) -> None:
         """Step 2: the largest writer, when it holds more than its fair share."""
-        share = fair_share(store, len(running))
+        share = fair_share(store, len(running), high_percent=self.gc.high)
         sized = [(self.figures(s), s) for s in running]
         known = [(f.used_bytes, s) for f, s in sized if f is not None and f.used_bytes is not None]
         if share is None or not known:
@@ -192,10 +206,16 @@ class DiskMonitor:
         await self._tasks.close()
 
 
-def fair_share(store: ImageStore, jobs: int) -> int | None:
+def over_high(store: ImageStore, high_percent: int) -> int:
+    """Bytes the store holds above its high threshold (0: none, or unknown)."""
+    room = store.room(high_percent)
+    return max(0, -room) if room is not None else 0
+
+
+def fair_share(store: ImageStore, jobs: int, *, high_percent: int) -> int | None:
     """The bytes a job may hold of a store under pressure before it is the one stopped:
-    the store's size divided among the running jobs and the image cache (one more
-    tenant). None: the store's size is unknown."""
+    the store below its high threshold divided among the running jobs and the image
+    cache (one more tenant). None: the store's size is unknown."""
     if store.total_bytes is None or jobs <= 0:
         return None
-    return store.total_bytes // (jobs + 1)
+    return store.total_bytes * high_percent // 100 // (jobs + 1)

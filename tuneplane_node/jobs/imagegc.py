@@ -151,8 +151,8 @@ class ImageCollector:
         self.pin_s = settings.image_pin_s
         self.holds = ImageHolds()
         # Under pressure, run before any image is removed for it (the disk monitor's
-        # stops of the jobs filling the store); True: one stopped a job, and this run
-        # removes nothing for the pressure (the filler's layer is what fills it).
+        # stops of the jobs filling the store); True: the jobs it stopped are the
+        # pressure, and this run removes nothing for it (their layers fill the store).
         self.relievers: list[Callable[[], Awaitable[bool]]] = []
         self.last_store = ImageStore()
         self._first_seen: dict[str, datetime] = {}  # id -> when a run first listed it

@@ -343,6 +343,7 @@ INVENTORY_KEYS = [
     "cpu_affinity",
     "image_store",  # issue 21
     "conditions",  # issue 34
+    "job_disk",
     "protocols",
     "features",
 ]

@@ -187,6 +187,15 @@ async def test_a_small_job_stopped_for_its_limit_does_not_keep_the_gc_from_image
     assert OTHER in [image.image for image in run.removed]  # the GC did its part
 
 
+async def test_health_says_what_holds_a_jobs_disk(make_node: MakeNode) -> None:
+    service = await make_node(job_disk_limit="20g")
+    assert (await service.status()).job_disk.held_by is None  # not asked yet: unknown
+    await service.monitor.check()
+    rule = (await service.status()).job_disk
+    assert (rule.limit, rule.held_by) == ("20g", "monitor")  # no project quotas here
+    assert (await service.inventory()).job_disk == rule
+
+
 def test_the_fair_share_counts_the_cache_as_one_more_tenant() -> None:
     store = ImageStore("/d", 1000, 100, 0.9, True)
     assert fair_share(store, 1, high_percent=80) == 400  # 800 below high, for two

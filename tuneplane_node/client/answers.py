@@ -157,6 +157,15 @@ class Conditions(Answer):
 
 
 @dataclass(frozen=True)
+class JobDisk(Answer):
+    """The node's disk limit for a job, and what holds it: ``project_quotas``,
+    ``monitor``, or None (not known, or nothing: a remote engine)."""
+
+    limit: str = ""
+    held_by: str | None = None
+
+
+@dataclass(frozen=True)
 class Health(Answer):
     """The node's health. A GPU figure is None when the node cannot know it (never 0)."""
 
@@ -177,10 +186,11 @@ class Health(Answer):
     gpu_not_ready_reason: str | None = None
     image_store: ImageStore | None = None
     conditions: Conditions | None = None
+    job_disk: JobDisk | None = None
 
     convert: ClassVar = {"runtime": one(Runtime), "node_state": one(NodeState), "free_gpus": tuple}
     convert |= {"protocols": tuple, "features": tuple, "image_store": one(ImageStore)}
-    convert |= {"conditions": one(Conditions)}
+    convert |= {"conditions": one(Conditions), "job_disk": one(JobDisk)}
 
 
 @dataclass(frozen=True)
@@ -205,9 +215,11 @@ class Inventory(Answer):
     node_state: NodeState | None = None
     image_store: ImageStore | None = None
     conditions: Conditions | None = None
+    job_disk: JobDisk | None = None
 
     convert: ClassVar = {"node_state": one(NodeState), "protocols": tuple, "features": tuple}
     convert |= {"image_store": one(ImageStore), "conditions": one(Conditions)}
+    convert |= {"job_disk": one(JobDisk)}
 
 
 @dataclass(frozen=True)

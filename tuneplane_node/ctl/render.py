@@ -140,6 +140,9 @@ def _health_facts(answer: Mapping[str, Any], now: datetime) -> Table:
         table.add_row("image store", image_store(answer["image_store"]))
     if isinstance(answer.get("conditions"), Mapping):
         table.add_row("conditions", conditions(answer["conditions"]))
+    if isinstance(rule := answer.get("job_disk"), Mapping):
+        held = rule.get("held_by") or "nothing known yet"
+        table.add_row("job disk", f"limit {rule.get('limit')}, held by {held}")
     return table
 
 

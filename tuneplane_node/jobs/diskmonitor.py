@@ -77,6 +77,7 @@ class DiskMonitor:
         self.interval_s = settings.job_disk_check_s
         self.measured: dict[str, Measured] = {}  # container name -> its latest measure
         self.walk_s: float | None = None  # the last pass's walks, in all
+        self.held_by: str | None = None  # what holds a job to its limit, once known
         self._stops: dict[str, asyncio.Task[None]] = {}  # container name -> its stop
         self._tasks = BackgroundTasks(log)
         self._pass = asyncio.Lock()
@@ -115,6 +116,8 @@ class DiskMonitor:
         being stopped now, or those stopped hold more than the store is over its high
         threshold (their removal, the console's, ends it)."""
         async with self._pass:
+            if self.held_by is None:
+                self.held_by = await self._holder()
             states = [s for s in await self.runtime.ps() if s.ours]
             running = [s for s in states if s.status == "running"]
             await self._measure(running)
@@ -145,6 +148,14 @@ class DiskMonitor:
         if tasks:
             await asyncio.gather(*(asyncio.shield(task) for task in tasks), return_exceptions=True)
         return stopping
+
+    async def _holder(self) -> str | None:
+        """``project_quotas`` where the engine's store has them, else ``monitor``; None
+        for a store not on this machine (nothing holds the limit there)."""
+        root = await self.runtime.data_root()
+        if root is None or root.space is None:
+            return None
+        return "project_quotas" if root.project_quotas else "monitor"
 
     async def _measure(self, running: list[ContainerState]) -> None:
         measured: dict[str, Measured] = {}

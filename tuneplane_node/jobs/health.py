@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import math
+from collections.abc import Callable
 from dataclasses import replace
 
 from tuneplane_node import inventory
@@ -15,7 +17,7 @@ from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs.imagegc import ImageCollector
 from tuneplane_node.jobs.nodestate import NodeState
 from tuneplane_node.jobs.pending import PendingTable
-from tuneplane_node.jobs.results import Conditions, ImageStore, Inventory, NodeStatus
+from tuneplane_node.jobs.results import Conditions, DiskRule, ImageStore, Inventory, NodeStatus
 from tuneplane_node.runtime.base import ContainerRuntime
 from tuneplane_node.settings import NodeSettings
 
@@ -32,9 +34,12 @@ class HealthReader:
         *,
         clock: Clock,
         gc: ImageCollector,
+        held_by: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.runtime = runtime
         self.gc = gc
+        self.held_by = held_by  # the disk monitor's word
+        self._host: tuple[float, Conditions] = (-math.inf, Conditions())
         self.allocator = allocator
         self.settings = settings
         self.clock = clock
@@ -63,8 +68,19 @@ class HealthReader:
             node=node,
             gpu=gpu,
             image_store=store,
-            conditions=await conditions(store),
+            conditions=await self.conditions(store),
+            job_disk=self.disk_rule(),
         )
+
+    async def conditions(self, store: ImageStore) -> Conditions:
+        """The store's pressure now; the host's read at most once a second (/proc)."""
+        now = self.clock.monotonic()
+        if now - self._host[0] > 1.0:
+            self._host = (now, await conditions(store))
+        return replace(self._host[1], disk_pressure=store.pressure)
+
+    def disk_rule(self) -> DiskRule:
+        return DiskRule(self.settings.job_disk_limit, self.held_by())
 
     async def job_counts(self, pending: PendingTable) -> collections.Counter[str]:
         """The node's containers by status, and its pending launches by phase."""
@@ -75,7 +91,8 @@ class HealthReader:
     async def inventory(self, node: NodeState) -> Inventory:
         facts = await read_inventory(self.runtime, self.allocator, self.settings, node)
         store = await self.gc.reading()
-        return replace(facts, image_store=store, conditions=await conditions(store))
+        facts = replace(facts, image_store=store, conditions=await self.conditions(store))
+        return replace(facts, job_disk=self.disk_rule())
 
     async def close(self) -> None:
         await self.disk.close()

@@ -329,6 +329,16 @@ class Conditions:
 
 
 @dataclass(frozen=True)
+class DiskRule:
+    """How jobs' disk is bounded here: ``TUNEPLANE_JOB_DISK_LIMIT`` as set, and what
+    holds a job to it: ``project_quotas`` (the kernel), ``monitor``, or None (not known
+    yet, or a store not on this machine: nothing does)."""
+
+    limit: str = ""
+    held_by: str | None = None
+
+
+@dataclass(frozen=True)
 class NodeStatus:
     """Everything health says. ``occupancy`` None: the cards' state is unknown."""
 
@@ -343,6 +353,7 @@ class NodeStatus:
     gpu: GpuReadiness = NO_CARDS  # whether a GPU job can run here
     image_store: ImageStore = ImageStore()
     conditions: Conditions = Conditions()
+    job_disk: DiskRule = DiskRule()
 
     @property
     def ok(self) -> bool:
@@ -361,6 +372,7 @@ class Inventory:
     cpu_affinity: str = "numa"  # TUNEPLANE_CPU_AFFINITY: numa or off
     image_store: ImageStore = ImageStore()
     conditions: Conditions = Conditions()
+    job_disk: DiskRule = DiskRule()
 
 
 class LogNote:

@@ -94,7 +94,9 @@ class JobService:
         self.store = NodeStateStore(settings.state_dir, clock=clock)
         self._compose()
         self.gc = self.launcher.gc  # the image GC, and the pull gate of launches
+        monitor = self.monitor
         self.health = HealthReader(runtime, allocator, settings, clock=clock, gc=self.gc)
+        self.health.held_by = lambda: monitor.held_by
         self.reader = LogsReader(runtime, settings, own=self._own, pending=self.pending)
         self.follow_limit = self.reader.follow_limit
         interval = settings.stats_interval_s

@@ -453,6 +453,17 @@ def conditions_json(conditions: results.Conditions) -> ConditionsJson:
     }
 
 
+class JobDiskJson(TypedDict):
+    """``TUNEPLANE_JOB_DISK_LIMIT`` as set, and what holds a job to it."""
+
+    limit: str
+    held_by: str | None
+
+
+def job_disk_json(rule: results.DiskRule) -> JobDiskJson:
+    return {"limit": rule.limit, "held_by": rule.held_by}
+
+
 class RemovedImageJson(TypedDict):
     image: str
     id: str
@@ -559,6 +570,7 @@ class HealthJson(GpuFieldsJson, _HealthOptional):
     gpu_not_ready_reason: str | None
     image_store: ImageStoreJson
     conditions: ConditionsJson
+    job_disk: JobDiskJson
     protocols: list[int]
     features: list[str]
 
@@ -587,6 +599,7 @@ def health_json(status: NodeStatus, *, features: Sequence[str] = ()) -> HealthJs
     answer["gpu_not_ready_reason"] = status.gpu.reason
     answer["image_store"] = image_store_json(status.image_store)
     answer["conditions"] = conditions_json(status.conditions)
+    answer["job_disk"] = job_disk_json(status.job_disk)
     answer |= {"protocols": list(PROTOCOLS), "features": list(features)}
     return cast(HealthJson, answer)
 
@@ -740,6 +753,7 @@ class InventoryJson(TypedDict):
     cpu_affinity: str
     image_store: ImageStoreJson
     conditions: ConditionsJson
+    job_disk: JobDiskJson
     protocols: list[int]
     features: list[str]
 
@@ -769,6 +783,7 @@ def inventory_json(facts: Inventory, *, features: Sequence[str] = ()) -> Invento
         "cpu_affinity": facts.cpu_affinity,
         "image_store": image_store_json(facts.image_store),
         "conditions": conditions_json(facts.conditions),
+        "job_disk": job_disk_json(facts.job_disk),
         "protocols": list(PROTOCOLS),
         "features": list(features),
     }

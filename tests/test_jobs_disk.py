@@ -187,6 +187,48 @@ async def test_a_small_job_stopped_for_its_limit_does_not_keep_the_gc_from_image
     assert OTHER in [image.image for image in run.removed]  # the GC did its part
 
 
+async def test_a_job_is_walked_again_only_when_it_could_have_passed_its_limit(
+    make_node: MakeNode, fake: FakeRuntime, clock: FakeClock
+) -> None:
+    """The store's growth bounds every job's: an idle store costs one walk a minute."""
+    service = await make_node(job_disk_check_s=5)
+    await service.launch(launch("quiet", disk_limit="100m"))
+    fake.written[named("quiet")] = 10 * MIB
+    await service.monitor.check()
+    walks = fake.calls["disk_usage"]
+
+    for _ in range(3):  # the store idle: nothing to walk
+        clock.advance(5)
+        await service.monitor.check()
+    assert fake.calls["disk_usage"] == walks
+
+    fake.disk_other += 50 * MIB  # it grew, but not by its 90 MiB of room
+    await service.monitor.check()
+    assert fake.calls["disk_usage"] == walks
+    fake.written[named("quiet")] = 150 * MIB  # +140 MiB: it could be past its limit
+    await service.monitor.check()
+    assert fake.calls["disk_usage"] == walks + 1
+    await wait_until(lambda: fake.containers[named("quiet")].status == "exited")
+
+
+async def test_every_job_is_walked_once_a_minute_whatever_the_store_says(
+    make_node: MakeNode, fake: FakeRuntime, clock: FakeClock
+) -> None:
+    service = await make_node(job_disk_check_s=5)
+    await service.launch(launch("hidden", disk_limit="100m"))
+    fake.written[named("hidden")] = 10 * MIB
+    fake.disk_other = 500 * MIB
+    await service.monitor.check()
+    fake.written[named("hidden")] = 300 * MIB  # as much freed elsewhere: the store's
+    fake.disk_other = 210 * MIB  # figure does not move
+    clock.advance(5)
+    await service.monitor.check()
+    assert fake.containers[named("hidden")].status == "running"  # hidden for now
+    clock.advance(55)
+    await service.monitor.check()  # the minute's full walk finds it
+    await wait_until(lambda: fake.containers[named("hidden")].status == "exited")
+
+
 async def test_health_says_what_holds_a_jobs_disk(make_node: MakeNode) -> None:
     service = await make_node(job_disk_limit="20g")
     assert (await service.status()).job_disk.held_by is None  # not asked yet: unknown

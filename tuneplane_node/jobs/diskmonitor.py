@@ -4,7 +4,11 @@ stopped before the image GC touches the other tenants' cache.
 Every ``TUNEPLANE_JOB_DISK_CHECK_S`` it measures what each running job of the node has
 written to the engine's disk (its writable layer and anonymous volumes, walked by the
 runtime within `WALK_BUDGET_S`, one job at a time on the pool, so a walk never holds
-more than one of its threads). It is the backstop wherever the kernel does not hold the
+more than one of its threads). A job is walked again only when it could have passed its
+limit since its last walk (the store grew by more than its room: no job grows by more
+than the store does), when the store is under pressure, or once `FULL_WALK_PASSES`
+passes have gone: walking 50 layers of 100,000 files every 5 s would take more CPU
+than the jobs. It is the backstop wherever the kernel does not hold the
 limit (project quotas), and the only bound where it cannot.
 
 A job past its limit (its `LABEL_DISK_LIMIT`) is stopped as a stop would (its stop
@@ -41,6 +45,10 @@ from tuneplane_node.tasks import BackgroundTasks
 log = logging.getLogger(__name__)
 WALK_BUDGET_S = 2.0
 """The longest one job's walk may take; past it, what was counted is a lower bound."""
+FULL_WALK_PASSES = 12
+"""Every job is walked at least once in this many passes (a minute at 5 s), whatever
+the store's growth says: space freed meanwhile (an image, a container removed) can hide
+a job's growth from the store's figure."""
 DISK_LIMIT, DISK_PRESSURE = "disk_limit", "disk_pressure"
 DISK_REASONS = (DISK_LIMIT, DISK_PRESSURE)
 
@@ -53,6 +61,8 @@ class Measured:
     figures: DiskFigures
     complete: bool = True
     run_id: str | None = None
+    at: float = 0.0  # when (the monitor's clock)
+    store_used: int | None = None  # the store's used bytes then
 
 
 class DiskMonitor:
@@ -120,12 +130,12 @@ class DiskMonitor:
                 self.held_by = await self._holder()
             states = [s for s in await self.runtime.ps() if s.ours]
             running = [s for s in states if s.status == "running"]
-            await self._measure(running)
+            store = await self.gc.store()
+            await self._measure(running, store)
             for state in running:
                 figures = self.figures(state)
                 if figures is not None and figures.over:
                     self._stop(state, figures, DISK_LIMIT)
-            store = await self.gc.store()
             if store.pressure:
                 self._relieve(running, store)
             if any(not task.done() for task in self._stops.values()):
@@ -157,17 +167,23 @@ class DiskMonitor:
             return None
         return "project_quotas" if root.project_quotas else "monitor"
 
-    async def _measure(self, running: list[ContainerState]) -> None:
+    async def _measure(self, running: list[ContainerState], store: ImageStore) -> None:
         measured: dict[str, Measured] = {}
-        took = 0.0
+        took, used, now = 0.0, store_used(store), self.clock.monotonic()
         for state in running:
+            seen = self.measured.get(state.name)
+            if seen is not None and seen.id == state.id and not self._due(seen, used, store, now):
+                measured[state.name] = seen
+                continue
             use = await self.runtime.disk_usage(state.handle, budget_s=WALK_BUDGET_S)
             if use is None:
                 continue  # gone, or stopped, since the list
             took += use.walk_s
             self.telemetry.disk_walked(use.walk_s)
             figures = DiskFigures(use.used_bytes, state.disk_limit_bytes)
-            measured[state.name] = Measured(state.id, figures, use.complete, state.run_id)
+            measured[state.name] = Measured(
+                state.id, figures, use.complete, state.run_id, at=now, store_used=used
+            )
             if not use.complete:
                 log.warning(
                     "disk monitor: %s: walk past %g s, %s bytes counted so far",
@@ -175,6 +191,20 @@ class DiskMonitor:
                     extra=job_fields(state.name, state.run_id),
                 )  # fmt: skip
         self.measured, self.walk_s = measured, took
+
+    def _due(self, seen: Measured, used: int | None, store: ImageStore, now: float) -> bool:
+        """Whether a job measured before must be walked again now: under pressure (the
+        fair share needs every size), once `FULL_WALK_PASSES` passes have gone, or when
+        the store has grown enough since its last walk that it could be past its limit
+        (no job grows by more than the store does)."""
+        if store.pressure or not seen.complete or used is None or seen.store_used is None:
+            return True
+        if now - seen.at >= FULL_WALK_PASSES * self.interval_s:
+            return True
+        limit, before = seen.figures.limit_bytes, seen.figures.used_bytes
+        if limit is None or before is None:
+            return False  # no limit to pass: its size matters under pressure only
+        return before + max(0, used - seen.store_used) > limit
 
     def _relieve(self, running: list[ContainerState], store: ImageStore) -> None:
         """Step 2: the largest writer, when it holds more than its fair share."""
@@ -215,6 +245,13 @@ class DiskMonitor:
 
     async def close(self) -> None:
         await self._tasks.close()
+
+
+def store_used(store: ImageStore) -> int | None:
+    """The store's bytes in use (counting what only root may use); None: unknown."""
+    if store.total_bytes is None or store.free_bytes is None:
+        return None
+    return store.total_bytes - store.free_bytes
 
 
 def over_high(store: ImageStore, high_percent: int) -> int:

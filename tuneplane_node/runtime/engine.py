@@ -263,6 +263,8 @@ class EngineImages(ABC):
     def _disk_bound(self, spec: ContainerSpec) -> dict[str, Any]:
         """The create option that holds the writable layer to the job's disk limit,
         where the store has project quotas (blocking: asked once)."""
+        if spec.disk_limit_bytes is None:
+            return {}  # nothing to bound: the engine is not asked
         return quotas.size_option(spec.disk_limit_bytes, self.project_quotas())
 
     async def disk_usage(self, ref: str, *, budget_s: float) -> DiskUse | None:

@@ -86,7 +86,6 @@ class DiskMonitor:
         self.telemetry = gc.telemetry
         self.interval_s = settings.job_disk_check_s
         self.measured: dict[str, Measured] = {}  # container name -> its latest measure
-        self.walk_s: float | None = None  # the last pass's walks, in all
         self.held_by: str | None = None  # what holds a job to its limit, once known
         self._stops: dict[str, asyncio.Task[None]] = {}  # container name -> its stop
         self._tasks = BackgroundTasks(log)
@@ -140,7 +139,8 @@ class DiskMonitor:
                 self._relieve(running, store)
             if any(not task.done() for task in self._stops.values()):
                 return True
-            return bool(store.pressure) and self._held(states) >= over_high(store, self.gc.high)
+            held = self._held(states)
+            return bool(store.pressure) and held > 0 and held >= over_high(store, self.gc.high)
 
     def _held(self, states: list[ContainerState]) -> int:
         """Bytes the node's stopped-for-disk containers that ran no more had written."""
@@ -169,7 +169,7 @@ class DiskMonitor:
 
     async def _measure(self, running: list[ContainerState], store: ImageStore) -> None:
         measured: dict[str, Measured] = {}
-        took, used, now = 0.0, store_used(store), self.clock.monotonic()
+        used, now = store_used(store), self.clock.monotonic()
         for state in running:
             seen = self.measured.get(state.name)
             if seen is not None and seen.id == state.id and not self._due(seen, used, store, now):
@@ -178,7 +178,6 @@ class DiskMonitor:
             use = await self.runtime.disk_usage(state.handle, budget_s=WALK_BUDGET_S)
             if use is None:
                 continue  # gone, or stopped, since the list
-            took += use.walk_s
             self.telemetry.disk_walked(use.walk_s)
             figures = DiskFigures(use.used_bytes, state.disk_limit_bytes)
             measured[state.name] = Measured(
@@ -190,7 +189,7 @@ class DiskMonitor:
                     state.name, WALK_BUDGET_S, use.used_bytes,
                     extra=job_fields(state.name, state.run_id),
                 )  # fmt: skip
-        self.measured, self.walk_s = measured, took
+        self.measured = measured
 
     def _due(self, seen: Measured, used: int | None, store: ImageStore, now: float) -> bool:
         """Whether a job measured before must be walked again now: under pressure (the

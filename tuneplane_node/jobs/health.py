@@ -34,11 +34,11 @@ class HealthReader:
         *,
         clock: Clock,
         gc: ImageCollector,
-        held_by: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.runtime = runtime
         self.gc = gc
-        self.held_by = held_by  # the disk monitor's word
+        # What holds a job's disk, as the disk monitor learnt it (the service says where).
+        self.held_by: Callable[[], str | None] = lambda: None
         self._host: tuple[float, Conditions] = (-math.inf, Conditions())
         self.allocator = allocator
         self.settings = settings

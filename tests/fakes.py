@@ -39,6 +39,7 @@ from tuneplane_node.runtime.base import (
     ContainerState,
     DataRoot,
     DeviceSupport,
+    DiskUse,
     EngineEvent,
     EngineImage,
     ImageInfo,
@@ -301,6 +302,7 @@ class FakeRuntime:
         self.changed = asyncio.Event()  # set on every change to any container
         self.refs: list[tuple[str, str]] = []  # (verb, the ref it was given) of every verb
         self.usages: dict[str, Usage] = {}  # container name -> what usage() reads for it
+        self.written: dict[str, int] = {}  # container name -> bytes it wrote to the disk
         self.holders: dict[int, str] = {}  # pid -> the handle of the container it runs in
         self.support = DeviceSupport(runtimes=("nvidia", "runc"))  # device_support()'s answer
         self.pool = BlockingPool(2, name="fake")
@@ -519,6 +521,15 @@ class FakeRuntime:
             if c is not None and c.status == "running"
         }
 
+    async def disk_usage(self, ref: str, *, budget_s: float) -> DiskUse | None:
+        """What the test set in ``written`` for the running container (unknown without
+        an entry); what it wrote fills the data root, as a writable layer does."""
+        self._answer("disk_usage")
+        container = self.find(ref)
+        if container is None or container.status not in RUNNING:
+            return None
+        return DiskUse(self.written.get(container.spec.name), walk_s=0.001)
+
     async def health(self) -> RuntimeHealth:
         self.calls["health"] += 1
         if not self.up:
@@ -581,7 +592,8 @@ class FakeRuntime:
         self._answer("data_root")
         if self.disk_total is None:
             return DataRoot(DATA_ROOT, None)
-        free = max(0, self.disk_total - self.disk_other - self.images_bytes())
+        layers = sum(self.written.get(name, 0) for name in self.containers)
+        free = max(0, self.disk_total - self.disk_other - self.images_bytes() - layers)
         return DataRoot(DATA_ROOT, Space(self.disk_total, free, free))
 
     async def list_images(self) -> list[EngineImage]:

@@ -488,6 +488,8 @@ INVENTORY_KEYS = [
     "node_state",  # added after every field of 0.3.15
     "cpu_affinity",
     "image_store",  # issue 21
+    "conditions",  # issue 34
+    "job_disk",
     "protocols",
     "features",
 ]

@@ -147,6 +147,18 @@ def test_the_engine_up_passes_naming_its_version_and_address(check: Check) -> No
     assert code == 0, out
     assert lines["engine"].startswith("ok engine: docker ")
     assert lines["engine"].endswith(f" at {address}")
+    # This kernel has no quota support: the monitor is what holds a job's disk here.
+    assert lines["job disk"].startswith(
+        "ok job disk: TUNEPLANE_JOB_DISK_LIMIT=50%, held by the disk monitor every 5 s ("
+    )
+
+
+def test_a_runtime_without_a_store_says_nothing_holds_a_jobs_disk(check: Check) -> None:
+    _, lines, _ = check(TUNEPLANE_JOB_DISK_LIMIT="20g")
+    assert lines["job disk"] == (
+        "warn job disk: TUNEPLANE_JOB_DISK_LIMIT=20g is held by nothing (no store): "
+        "no job is measured"
+    )
 
 
 def test_cards_come_from_the_simulation_file_and_a_bad_file_fails(

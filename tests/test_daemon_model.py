@@ -95,7 +95,7 @@ class RealWorld:
         allocator = GpuAllocator(self.runtime, self.settings, probe=self.probe)
         self.service = JobService(self.runtime, allocator, self.settings)
         await self.service.sweep_wreckage(older_than_s=0)
-        self.sweeping = asyncio.create_task(self.service.maintain())  # as the daemon does
+        self.sweeping = asyncio.create_task(self.service.reaper.maintain())  # as the daemon does
 
     async def close(self) -> None:
         self.sweeping.cancel()

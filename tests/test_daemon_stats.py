@@ -20,6 +20,7 @@ pytestmark = pytest.mark.slow
 
 MIB = 2**20
 FIGURES = ["cpu_ratio", "memory_bytes", "memory_limit_bytes", "pids", "sampled_at", "gpus"]
+FIGURES += ["disk_used_bytes", "disk_limit_bytes"]  # issue 34: the disk monitor's
 CARD = [
     "index",
     "utilization_ratio",
@@ -59,6 +60,7 @@ async def test_a_running_job_reads_its_figures_and_cards(
         None,
     )
     assert state["sampled_at"].endswith("Z")
+    assert (state["disk_used_bytes"], state["disk_limit_bytes"]) == (None, None)  # not measured
     (gpu,) = state["gpus"]
     assert list(gpu) == CARD
     assert gpu == {

@@ -324,15 +324,21 @@ async def test_a_launch_onto_a_full_disk_answers_507_and_holds_nothing(
     assert not (await service.allocator.occupancy()).reserved  # no card held for it
 
 
-async def test_a_launch_whose_image_is_here_runs_on_a_full_disk(
+async def test_a_launch_whose_image_is_here_is_refused_under_disk_pressure(
     make_node: MakeNode, fake: FakeRuntime
 ) -> None:
+    """Issue 34: its writable layer would fill a store that is full already."""
     service = await make_node()
     fake.arrived("registry.test/team/here:1")
     fake.disk_other = DISK - fake.images_bytes()
     request = LaunchRequest("run-a", 0, spec("run-a", "registry.test/team/here:1"))
-    result = await service.launch(request)
-    assert isinstance(result, Started)  # nothing to download, nothing refused
+    with pytest.raises(InsufficientStorage) as refused:
+        await service.launch(request)
+    assert refused.value.code == "insufficient_storage" and "disk pressure" in str(refused.value)
+    assert not fake.containers and not fake.pulls  # before anything is made
+
+    fake.disk_other = 0  # the pressure gone, the same launch runs
+    assert isinstance(await service.launch(request), Started)
 
 
 async def test_a_pull_too_big_for_the_room_below_high_frees_it_first(

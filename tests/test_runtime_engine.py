@@ -40,7 +40,7 @@ from tuneplane_node.runtime.docker import ERRORS as DOCKER_ERRORS
 from tuneplane_node.runtime.docker import DockerRuntime
 from tuneplane_node.runtime.engine import EngineRuntime, ErrorTable
 from tuneplane_node.runtime.podman import ERRORS as PODMAN_ERRORS
-from tuneplane_node.runtime.podman import PodmanRuntime
+from tuneplane_node.runtime.podman import PodmanRuntime, create_body
 
 TABLES = [(DOCKER_ERRORS, docker.errors), (PODMAN_ERRORS, podman.errors)]
 
@@ -232,6 +232,30 @@ async def test_docker_without_the_nvidia_runtime_gets_the_cards_as_cdi_devices(
     (request,) = runtime.create_options(SPEC)["device_requests"]
     await runtime.close()
     assert (request["Driver"], request["DeviceIDs"]) == (driver, ids)
+
+
+@pytest.mark.parametrize("kind", ["docker", "podman"])
+async def test_a_disk_limit_bounds_the_layer_only_where_the_store_has_project_quotas(
+    kind: str,
+) -> None:
+    """This kernel has no quota support: the decision is what can be tested here."""
+    runtime = adapter(kind)
+    bounded = replace(SPEC, disk_limit_bytes=100 * 2**20)
+    runtime._quotas = True  # xfs with pquota, as the engine and the mount table said
+    with_quotas = runtime.create_options(bounded)
+    runtime._quotas = False
+    without = runtime.create_options(bounded)
+    await runtime.close()
+    assert with_quotas["storage_opt"] == {"size": str(100 * 2**20)}
+    assert "storage_opt" not in without  # the disk monitor holds it there
+
+
+def test_podman_is_given_the_size_in_libpods_own_field() -> None:
+    """podman-py refuses ``storage_opt``: the body is its rendering plus ``storage_opts``."""
+    options = {"image": "busybox", "name": "j", "entrypoint": ["sh"], "labels": {"a": "b"}}
+    body = create_body(options, {"size": "104857600"})
+    assert body["storage_opts"] == {"size": "104857600"}
+    assert body["entrypoint"] == ["sh"] and body["name"] == "j"  # podman-py's own rendering
 
 
 async def test_podman_options_say_the_same_in_libpods_words() -> None:

@@ -248,6 +248,8 @@ HEALTH_KEYS = [
     "gpu_ready",  # issue 25
     "gpu_not_ready_reason",
     "image_store",  # issue 21
+    "conditions",  # issue 34
+    "job_disk",
     "protocols",
     "features",
 ]
@@ -361,8 +363,9 @@ def test_health_with_the_engine_down_says_why_and_knows_no_card() -> None:
     assert answer["ok"] is False
     assert answer["error"] == "engine unreachable: docker: gone"
     assert list(answer)[:8] == [*HEALTH_KEYS[:6], "state_cache", "error"]
-    assert all(answer[key] is None for key in HEALTH_KEYS[6:-6])  # type: ignore[literal-required]
+    assert all(answer[key] is None for key in HEALTH_KEYS[6:-8])  # type: ignore[literal-required]
     assert set(answer["image_store"].values()) == {None}  # unknown, never 0
+    assert set(answer["conditions"].values()) == {None}  # unknown, never false
 
 
 def test_health_of_the_process_runtime_has_no_state_cache() -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from tuneplane_node import __version__, ctl, inventory, logformat
-from tuneplane_node.errors import ConfigError
+from tuneplane_node.errors import ConfigError, NodeError
 from tuneplane_node.settings import DEFAULT_STORAGE, NodeSettings, env_name, load_settings
 from tuneplane_node.wire import answers
 
@@ -180,6 +180,7 @@ def check(settings: NodeSettings) -> int:
         check_engine,
         check_jobs,
         check_gpus,
+        check_disk,
         check_storage,
         check_mount_roots,
         check_mounts,
@@ -483,6 +484,37 @@ async def _ready_finding(settings: NodeSettings, probe: GpuProbe) -> list[Findin
         setting = f"{env_name('local_gpu_passthrough')}=false"
         return [(WARN, f"gpu jobs: {setting}: jobs are labelled with cards but see none")]
     return [(OK, f"gpu jobs: ready, {runtime.name} can hand the cards to containers")]
+
+
+def check_disk(settings: NodeSettings) -> list[Finding]:
+    return [asyncio.run(_disk_finding(settings))]
+
+
+async def _disk_finding(settings: NodeSettings) -> Finding:
+    """What bounds a job's disk: project quotas, the monitor, or nothing (a remote store)."""
+    from tuneplane_node.runtime import detect_runtime
+
+    limit = f"{env_name('job_disk_limit')}={settings.job_disk_limit}"
+    try:
+        runtime = await detect_runtime(settings, cache=False)
+    except ConfigError:
+        return WARN, f"job disk: {limit}; the engine does not answer (see engine)"
+    try:
+        root = await runtime.data_root()
+    except NodeError as exc:
+        return WARN, f"job disk: {limit}; the engine's store unknown: {exc.message}"
+    finally:
+        await runtime.close()
+    if root is None or root.space is None:
+        where = "no store" if root is None else f"{root.path} is not on this machine"
+        return WARN, f"job disk: {limit} is held by nothing ({where}): no job is measured"
+    every = f"every {settings.job_disk_check_s:g} s"
+    if root.project_quotas:
+        return OK, f"job disk: {limit}, held by project quotas on {root.path} (monitor {every})"
+    return OK, (
+        f"job disk: {limit}, held by the disk monitor {every} ({root.path} has no project "
+        "quotas: a job may write past its limit until the next pass)"
+    )
 
 
 def check_storage(settings: NodeSettings) -> list[Finding]:

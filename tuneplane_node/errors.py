@@ -29,6 +29,8 @@ are translated there (one table per engine, `runtime/engine.py`) with the cause 
     ├── TooManyFollows (429) too_many_requests   every slot for following a log is taken
     ├── InsufficientStorage (507) insufficient_storage   the engine's image store has no
     │   │                      room for a pull
+    │   ├── DiskPressure insufficient_storage   a launch while the engine's store is
+    │   │                      above its high threshold (disk pressure)
     │   ├── StateDiskFull insufficient_storage   the node's own disk (its state
     │   │                      directory) is full
     │   └── PrivateRecordUnwritable insufficient_storage   a private pull's record
@@ -317,6 +319,31 @@ class InsufficientStorage(NodeError):
             "freeable_bytes": self.freeable_bytes,
             "high_percent": self.high_percent,
         }
+
+
+class DiskPressure(InsufficientStorage):
+    """A launch refused before anything is made: the filesystem of the engine's data root
+    is at or above its high threshold (the node's ``disk_pressure`` condition)."""
+
+    code = "insufficient_storage"
+
+    def __init__(
+        self, *, used_ratio: float, free_bytes: int, total_bytes: int, high_percent: int
+    ) -> None:
+        NodeError.__init__(
+            self,
+            f"disk pressure: the engine's store is {used_ratio * 100:.1f}% used "
+            f"({free_bytes} bytes free of {total_bytes}), at or above its {high_percent}% "
+            "threshold; no job is launched here until it is below",
+        )
+        self.image = ""
+        self.used_ratio = used_ratio
+        self.total_bytes = total_bytes
+        self.free_bytes = free_bytes
+        self.high_percent = high_percent
+        self.needed_bytes = None
+        self.room_bytes = None
+        self.freeable_bytes = None
 
 
 class StateDiskFull(InsufficientStorage):

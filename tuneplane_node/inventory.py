@@ -45,6 +45,12 @@ U = TypeVar("U")
 IB_SYSFS = Path("/sys/class/infiniband")
 MOUNTINFO = Path("/proc/self/mountinfo")
 MEMINFO = Path("/proc/meminfo")
+LOADAVG = Path("/proc/loadavg")
+PID_MAX = Path("/proc/sys/kernel/pid_max")
+MEMORY_AVAILABLE_LOW = 100 * 2**20
+"""memory_pressure below this much MemAvailable: kubelet's default (memory.available<100Mi)."""
+PIDS_AVAILABLE_LOW = 0.10
+"""pid_pressure below this share of pid_max left (threads count: each takes a PID)."""
 NODE_ID_FILE = "node-id"
 
 # Network and cluster filesystems: their space belongs to every node that mounts them.
@@ -451,6 +457,43 @@ def memory_total(meminfo: Path = MEMINFO) -> int | None:
         if key == "MemTotal" and value.split():
             return int(value.split()[0]) * 1024
     return None
+
+
+def memory_pressure(meminfo: Path = MEMINFO) -> bool | None:
+    """Whether MemAvailable is below `MEMORY_AVAILABLE_LOW`; None if unreadable."""
+    for line in (_read(meminfo) or "").splitlines():
+        key, _, value = line.partition(":")
+        if key == "MemAvailable" and value.split() and value.split()[0].isdigit():
+            return int(value.split()[0]) * 1024 < MEMORY_AVAILABLE_LOW
+    return None
+
+
+def pid_pressure(loadavg: Path = LOADAVG, pid_max: Path = PID_MAX) -> bool | None:
+    """Whether less than `PIDS_AVAILABLE_LOW` of pid_max is left: the kernel's count
+    of tasks (every thread holds a PID) is loadavg's fourth field, after its slash."""
+    fields = (_read(loadavg) or "").split()
+    tasks = fields[3].partition("/")[2] if len(fields) > 3 else ""
+    most = (_read(pid_max) or "").strip()
+    if not (tasks.isdigit() and most.isdigit() and int(most) > 0):
+        return None
+    return (int(most) - int(tasks)) / int(most) < PIDS_AVAILABLE_LOW
+
+
+def superoptions(path: Path, mountinfo: Path = MOUNTINFO) -> str | None:
+    """The filesystem options (``rw,prjquota``) of the mount holding ``path``; None if
+    unknown. Of mounts stacked on one point, the last (the one on top)."""
+    try:
+        text = mountinfo.read_text(encoding="utf-8", errors="surrogateescape")
+    except OSError:
+        return None
+    best: tuple[Path, str] | None = None
+    for fields in (line.split() for line in text.splitlines()):
+        if "-" not in fields[6:] or len(fields) < fields.index("-", 6) + 4:
+            continue
+        point, options = Path(_unescape(fields[4])), fields[fields.index("-", 6) + 3]
+        if path.is_relative_to(point) and (best is None or len(point.parts) >= len(best[0].parts)):
+            best = (point, options)
+    return best[1] if best is not None else None
 
 
 # --- the whole -------------------------------------------------------------------------

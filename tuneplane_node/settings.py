@@ -200,6 +200,16 @@ class NodeSettings(BaseSettings):
     system_reserved_memory: str | int | None = None
     """Memory kept from jobs without a ``memory_limit`` (a size such as ``4g`` or bytes):
     such a job's limit is the machine's memory less this. Unset: 5% of it, at least 1 GiB."""
+    job_disk_limit: str = "50%"
+    """What a job may write to the engine's disk, its writable layer and anonymous
+    volumes together: a size (``100g``), a percentage of the engine's store (``50%``:
+    of the size of its data root's filesystem), or ``unlimited``. The limit of a job
+    whose launch gives no ``disk_limit``, and the most one may ask for. Held by the
+    kernel where the store has project quotas, else by the disk monitor."""
+    job_disk_check_s: float = Field(5.0, ge=0.1, le=3600, allow_inf_nan=False)
+    """Seconds between two measures of the running jobs' writable layers and anonymous
+    volumes by the disk monitor (which stops a job past its limit, and the filler of a
+    store under pressure)."""
     job_oom_score_adj: int = Field(500, ge=-1000, le=1000)
     """Every job's ``oom_score_adj``: above the node's (its unit: -900) and the engine's
     (-500), so the kernel's OOM killer takes a job first."""
@@ -295,6 +305,26 @@ class NodeSettings(BaseSettings):
         if self.rdma_memlock == "unlimited":
             return None
         return int(size_in_bytes(self.rdma_memlock) or 0)
+
+    @field_validator("job_disk_limit")
+    @classmethod
+    def _a_size_or_share(cls, limit: str) -> str:
+        limit = limit.strip().lower()
+        if limit == "unlimited" or _share(limit) is not None:
+            return limit
+        bytes_ = size_in_bytes(limit)
+        if bytes_ is None or not 0 < bytes_ <= MAX_SIZE:
+            raise ValueError("must be a size like 100g, a percentage like 50%, or unlimited")
+        return limit
+
+    def job_disk_ceiling(self, store_bytes: int | None) -> int | None:
+        """The most bytes a job may write to the engine's disk; None: no limit (or a
+        percentage of a store whose size is unknown)."""
+        limit = self.job_disk_limit
+        share = _share(limit)
+        if share is not None:
+            return None if store_bytes is None else int(store_bytes * share / 100)
+        return None if limit == "unlimited" else int(size_in_bytes(limit) or 0)
 
     @field_validator("system_reserved_memory")
     @classmethod
@@ -412,6 +442,15 @@ class NodeSettings(BaseSettings):
 def _absolute(path: Path) -> Path:
     """The path as a mount would name it: absolute, each link resolved."""
     return path.expanduser().resolve()
+
+
+def _share(limit: str) -> float | None:
+    """The percentage a ``50%`` names (more than 0, at most 100); None for anything else."""
+    number = limit.removesuffix("%")
+    if number == limit or not re.fullmatch(r"[0-9]+(\.[0-9]+)?", number):
+        return None
+    share = float(number)
+    return share if 0 < share <= 100 else None
 
 
 def _address(address: str, schemes: tuple[str, ...]) -> str:

@@ -1,7 +1,7 @@
 """Telemetry: what the layers below the daemon report as it happens.
 
 The runtime's thread pool reports every engine call, the pull coordinator every pull,
-the image GC every run and every image it removes.
+the image GC every run and every image it removes, the disk monitor every walk.
 This base class does nothing with it; the daemon's `Metrics` overrides it to feed
 Prometheus, so nothing below ``daemon/`` knows the metrics library.
 """
@@ -21,6 +21,9 @@ class Telemetry:
 
     def image_removed(self, image: str, image_id: str, size_bytes: int, why: str) -> None:
         """The image GC removed an image (its audit line, and the counts)."""
+
+    def disk_walked(self, seconds: float) -> None:
+        """The disk monitor walked one job's writable layer and volumes."""
 
 
 NO_TELEMETRY = Telemetry()

@@ -79,8 +79,10 @@ class JobState(Answer):
     oom_killed: bool = False
     stop_signal: str | None = None
     read_only_root: bool | None = None  # its image filesystem read-only; None: not known
-    stop_reason: str | None = None  # the node stopped it itself (a drain)
+    stop_reason: str | None = None  # the node stopped it itself (a drain, disk_limit...)
     stopping: Stopping | None = None
+    disk_used_bytes: int | None = None  # written to the engine's disk (running, or at a stop)
+    disk_limit_bytes: int | None = None
     pending_phase: str | None = None
     pending_image: str | None = None
     pending_elapsed_s: float | None = None
@@ -147,6 +149,24 @@ class ImageStore(Answer):
 
 
 @dataclass(frozen=True)
+class Conditions(Answer):
+    """What a console may schedule by; None: the node cannot say (or does not)."""
+
+    disk_pressure: bool | None = None
+    pid_pressure: bool | None = None
+    memory_pressure: bool | None = None
+
+
+@dataclass(frozen=True)
+class JobDisk(Answer):
+    """The node's disk limit for a job, and what holds it: ``project_quotas``,
+    ``monitor``, or None (not known, or nothing: a remote engine)."""
+
+    limit: str = ""
+    held_by: str | None = None
+
+
+@dataclass(frozen=True)
 class Health(Answer):
     """The node's health. A GPU figure is None when the node cannot know it (never 0)."""
 
@@ -166,9 +186,12 @@ class Health(Answer):
     gpu_ready: bool | None = None  # None: a machine without cards by design
     gpu_not_ready_reason: str | None = None
     image_store: ImageStore | None = None
+    conditions: Conditions | None = None
+    job_disk: JobDisk | None = None
 
     convert: ClassVar = {"runtime": one(Runtime), "node_state": one(NodeState), "free_gpus": tuple}
     convert |= {"protocols": tuple, "features": tuple, "image_store": one(ImageStore)}
+    convert |= {"conditions": one(Conditions), "job_disk": one(JobDisk)}
 
 
 @dataclass(frozen=True)
@@ -192,9 +215,12 @@ class Inventory(Answer):
     cpu_affinity: str = ""
     node_state: NodeState | None = None
     image_store: ImageStore | None = None
+    conditions: Conditions | None = None
+    job_disk: JobDisk | None = None
 
     convert: ClassVar = {"node_state": one(NodeState), "protocols": tuple, "features": tuple}
-    convert |= {"image_store": one(ImageStore)}
+    convert |= {"image_store": one(ImageStore), "conditions": one(Conditions)}
+    convert |= {"job_disk": one(JobDisk)}
 
 
 @dataclass(frozen=True)
@@ -220,6 +246,8 @@ class Usage(Answer):
     pids: int | None = None
     sampled_at: str | None = None
     gpus: tuple[CardUsage, ...] = ()
+    disk_used_bytes: int | None = None  # the disk monitor's latest measure
+    disk_limit_bytes: int | None = None
 
     convert: ClassVar = {"gpus": each(CardUsage)}
 

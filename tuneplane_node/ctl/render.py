@@ -138,7 +138,18 @@ def _health_facts(answer: Mapping[str, Any], now: datetime) -> Table:
         table.add_row("disk", f"{disk['path']}: {disk['free_gib']} GiB free")
     if isinstance(answer.get("image_store"), Mapping):
         table.add_row("image store", image_store(answer["image_store"]))
+    if isinstance(answer.get("conditions"), Mapping):
+        table.add_row("conditions", conditions(answer["conditions"]))
+    if isinstance(rule := answer.get("job_disk"), Mapping):
+        held = rule.get("held_by") or "nothing known yet"
+        table.add_row("job disk", f"limit {rule.get('limit')}, held by {held}")
     return table
+
+
+def conditions(shown: Mapping[str, Any]) -> str:
+    """``disk_pressure: [red]yes[/], pid_pressure: no, memory_pressure: unknown``."""
+    words = {True: "[red]yes[/]", False: "no", None: UNKNOWN}
+    return ", ".join(f"{name}: {words.get(value, UNKNOWN)}" for name, value in shown.items())
 
 
 def image_store(store: Mapping[str, Any]) -> str:

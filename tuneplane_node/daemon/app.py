@@ -276,9 +276,10 @@ async def _take_lock(settings: NodeSettings, runtime: ContainerRuntime) -> Engin
 async def _start_background(app: web.Application, jobs: JobService, *, sweep: bool) -> None:
     tasks = app[TASKS]
     tasks.spawn(jobs.sampler.run(), name="stats sampler")
+    tasks.spawn(jobs.monitor.run(), name="disk monitor")
     if sweep:  # wreckage of a daemon killed between create and start, before serving
         await _sweep_at_start(jobs)
-        tasks.spawn(jobs.maintain(), name="wreckage sweep")
+        tasks.spawn(jobs.reaper.maintain(), name="wreckage sweep")
     tasks.spawn(jobs.gc.maintain(), name="image gc")
     tasks.spawn(app[TOKENS].watch(), name="token file watch")
     if REGISTRY_AUTH in app:

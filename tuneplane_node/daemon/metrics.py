@@ -29,6 +29,7 @@ from tuneplane_node.daemon import audit
 from tuneplane_node.errors import NodeError
 from tuneplane_node.gpu.allocator import Occupancy
 from tuneplane_node.jobs import JobService
+from tuneplane_node.jobs.diskmonitor import Measured
 from tuneplane_node.jobs.nodestate import STATES
 from tuneplane_node.jobs.stats import JobSample
 from tuneplane_node.runtime.base import CacheStatus
@@ -107,6 +108,12 @@ class Metrics(Telemetry):
         self.pull_bytes = CounterMetric(
             f"{PREFIX}_pull_bytes", "Bytes downloaded by image pulls.", registry=registry
         )
+        self.disk_walks = Histogram(
+            f"{PREFIX}_disk_walk_seconds",
+            "The disk monitor's walks of one job's writable layer and anonymous volumes.",
+            buckets=ENGINE_BUCKETS,
+            registry=registry,
+        )
         self.gc_runs = CounterMetric(
             f"{PREFIX}_image_gc_runs", "Image GC runs ended.", registry=registry
         )
@@ -166,6 +173,10 @@ class Metrics(Telemetry):
         self.store_free = gauge(
             "image_store_free_bytes", "Bytes free there (to others than root); NaN: unknown."
         )
+        self.conditions = gauge(
+            "condition", "1 while the node is under that pressure, 0 not; NaN unknown.",
+            ("condition",),
+        )  # fmt: skip
 
     # --- events (Telemetry) -------------------------------------------------------------
 
@@ -181,6 +192,9 @@ class Metrics(Telemetry):
 
     def image_gc_run(self) -> None:
         self.gc_runs.inc()
+
+    def disk_walked(self, seconds: float) -> None:
+        self.disk_walks.observe(seconds)
 
     def image_removed(self, image: str, image_id: str, size_bytes: int, why: str) -> None:
         self.gc_removed.inc()
@@ -218,15 +232,18 @@ class Metrics(Telemetry):
         store = status.image_store
         self.store_total.set(_known(store.total_bytes))
         self.store_free.set(_known(store.free_bytes))
+        for name, value in vars(status.conditions).items():
+            self.conditions.labels(name).set(float("nan") if value is None else float(value))
         self.pulls.set(jobs.pulls.in_flight())
         self.watching.set(jobs.changes.waiting)
         self._cards(status.occupancy)
         try:
-            self._counts(await jobs.job_counts())
+            self._counts(await jobs.health.job_counts(jobs.pending))
         except NodeError:  # the engine down: how many jobs is unknown, not zero
             self.jobs.clear()
         if self.per_job is not None:
             self.per_job.update(jobs.sampler.samples.values())
+            self.per_job.disk(jobs.monitor.measured.values())
 
     def _cache(self, cache: CacheStatus | None) -> None:
         """No cache (the process runtime) is always in step with itself."""
@@ -293,12 +310,26 @@ class _PerJob:
             "memory_limit_bytes": gauge("memory_limit_bytes", "Memory limit; none: unlimited."),
             "pids": gauge("pids", "Processes and threads."),
         }
+        self.disks = {
+            "used_bytes": gauge(
+                "disk_used_bytes", "Written to the engine's disk (layer, volumes)."
+            ),
+            "limit_bytes": gauge("disk_limit_bytes", "Its disk limit; none: unlimited."),
+        }
         self.cards = {
             "utilization_ratio": gauge("gpu_utilization_ratio", "Busy share per card.", card),
             "memory_used_bytes": gauge("gpu_memory_used_bytes", "Memory in use per card.", card),
             "power_watts": gauge("gpu_power_watts", "Power drawn per card.", card),
             "temperature_celsius": gauge("gpu_temperature_celsius", "Temperature per card.", card),
         }
+
+    def disk(self, measured: Iterable[Measured]) -> None:
+        for gauge in self.disks.values():
+            gauge.clear()
+        for seen in measured:
+            for name, gauge in self.disks.items():
+                if (value := getattr(seen.figures, name)) is not None:
+                    gauge.labels(seen.run_id or "").set(value)
 
     def update(self, samples: Iterable[JobSample]) -> None:
         for gauge in (*self.job.values(), *self.cards.values()):

@@ -5,6 +5,9 @@ inventory (the machine, its cards, its engine)."""
 from __future__ import annotations
 
 import asyncio
+import collections
+import math
+from collections.abc import Callable
 from dataclasses import replace
 
 from tuneplane_node import inventory
@@ -14,7 +17,7 @@ from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs.imagegc import ImageCollector
 from tuneplane_node.jobs.nodestate import NodeState
 from tuneplane_node.jobs.pending import PendingTable
-from tuneplane_node.jobs.results import ImageStore, Inventory, NodeStatus
+from tuneplane_node.jobs.results import Conditions, DiskRule, ImageStore, Inventory, NodeStatus
 from tuneplane_node.runtime.base import ContainerRuntime
 from tuneplane_node.settings import NodeSettings
 
@@ -34,6 +37,9 @@ class HealthReader:
     ) -> None:
         self.runtime = runtime
         self.gc = gc
+        # What holds a job's disk, as the disk monitor learnt it (the service says where).
+        self.held_by: Callable[[], str | None] = lambda: None
+        self._host: tuple[float, Conditions] = (-math.inf, Conditions())
         self.allocator = allocator
         self.settings = settings
         self.clock = clock
@@ -50,6 +56,7 @@ class HealthReader:
                 error = exc.message
         gpu = await self.allocator.ready(occupancy.gpus if occupancy is not None else None)
         now = self.clock.monotonic()
+        store = await self.gc.reading()
         return NodeStatus(
             engine=engine,
             series=self.settings.cluster_profile.lower() or None,
@@ -60,12 +67,32 @@ class HealthReader:
             error=error,
             node=node,
             gpu=gpu,
-            image_store=await self.gc.reading(),
+            image_store=store,
+            conditions=await self.conditions(store),
+            job_disk=self.disk_rule(),
         )
+
+    async def conditions(self, store: ImageStore) -> Conditions:
+        """The store's pressure now; the host's read at most once a second (/proc)."""
+        now = self.clock.monotonic()
+        if now - self._host[0] > 1.0:
+            self._host = (now, await conditions(store))
+        return replace(self._host[1], disk_pressure=store.pressure)
+
+    def disk_rule(self) -> DiskRule:
+        return DiskRule(self.settings.job_disk_limit, self.held_by())
+
+    async def job_counts(self, pending: PendingTable) -> collections.Counter[str]:
+        """The node's containers by status, and its pending launches by phase."""
+        counts = collections.Counter(record.phase for record in pending.records())
+        counts.update(state.status for state in await self.runtime.ps())
+        return counts
 
     async def inventory(self, node: NodeState) -> Inventory:
         facts = await read_inventory(self.runtime, self.allocator, self.settings, node)
-        return replace(facts, image_store=await self.gc.reading())
+        store = await self.gc.reading()
+        facts = replace(facts, image_store=store, conditions=await self.conditions(store))
+        return replace(facts, job_disk=self.disk_rule())
 
     async def close(self) -> None:
         await self.disk.close()
@@ -85,8 +112,18 @@ async def read_inventory(
         runtime=f"{engine.engine}://{engine.version}" if engine.version else None,
         node=node,
         cpu_affinity=settings.cpu_affinity,
-        image_store=await image_store(runtime, settings),
+        image_store=(store := await image_store(runtime, settings)),
+        conditions=await conditions(store),
     )
+
+
+async def conditions(store: ImageStore) -> Conditions:
+    """The node's conditions: the store's pressure, the host's PIDs and memory (small
+    /proc files, read off the loop)."""
+    pids, memory = await asyncio.to_thread(
+        lambda: (inventory.pid_pressure(), inventory.memory_pressure())
+    )
+    return Conditions(disk_pressure=store.pressure, pid_pressure=pids, memory_pressure=memory)
 
 
 async def image_store(runtime: ContainerRuntime, settings: NodeSettings) -> ImageStore:

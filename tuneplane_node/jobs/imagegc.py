@@ -25,7 +25,7 @@ import collections
 import contextlib
 import logging
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
@@ -150,6 +150,10 @@ class ImageCollector:
         self.interval_s = settings.image_gc_interval_s
         self.pin_s = settings.image_pin_s
         self.holds = ImageHolds()
+        # Under pressure, run before any image is removed for it (the disk monitor's
+        # stops of the jobs filling the store); True: the jobs it stopped are the
+        # pressure, and this run removes nothing for it (their layers fill the store).
+        self.relievers: list[Callable[[], Awaitable[bool]]] = []
         self.last_store = ImageStore()
         self._first_seen: dict[str, datetime] = {}  # id -> when a run first listed it
         self._run: asyncio.Task[GcRun] | None = None
@@ -226,11 +230,13 @@ class ImageCollector:
         store = await self.store()
         if self.scope == "off":
             return GcRun((), store, self.scope)
+        relieved = store.pressure and any([await relieve() for relieve in self.relievers])
         now = self.clock.now()
         images = await self.runtime.list_images()
         candidates = sorted(self._candidates(images, now), key=lambda c: c.last_use)
         removed: list[RemovedImage] = []
-        freeing = store.pressure or (room_for > 0 and (store.room(self.high) or 0) < room_for)
+        short = room_for > 0 and (store.room(self.high) or 0) < room_for
+        freeing = (store.pressure or short) and not relieved
         store_at_start = store
         for candidate in candidates:
             seen = store if freeing else ImageStore()

@@ -22,6 +22,7 @@ from tuneplane_node.errors import ConfigError, InvalidField, NodeError
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs.affinity import CpuAffinity
 from tuneplane_node.jobs.confinement import JobRules
+from tuneplane_node.jobs.disklimit import DiskLimits
 from tuneplane_node.jobs.imagegc import ImageCollector
 from tuneplane_node.jobs.images import ImageKeeper
 from tuneplane_node.jobs.mounts import MountPolicy
@@ -107,6 +108,7 @@ class Launcher:
         self.pending = PendingTable(clock=clock, on_change=self.changes.changed)
         self.tasks = BackgroundTasks(log)  # the pending launches'
         self.rules = JobRules(settings)
+        self.disk = DiskLimits(settings)
         self.affinity = CpuAffinity(settings)
         self.mounts = MountPolicy(
             settings.mount_roots,
@@ -121,7 +123,8 @@ class Launcher:
     async def vetted(self, request: LaunchRequest) -> LaunchRequest:
         """The launch with its spec as the node allows it: the operator's confinement
         (`JobRules`, RDMA by the cards it asks for), real mount paths under the mount
-        roots, and the cards the node chose as the only ones the container may see."""
+        roots, the bytes it may write to the engine's disk, and the cards the node chose
+        as the only ones the container may see."""
         spec, cards = request.spec, request.requested_gpus
         env = dict(spec.env)
         if env.pop(DEVICES_ENV, None) is not None:
@@ -130,6 +133,7 @@ class Launcher:
                 extra=about(request),
             )  # fmt: skip
         spec = await asyncio.to_thread(self.rules.apply, replace(spec, env=env), cards=cards)
+        spec = self.disk.apply(spec, await self.gc.store())
         if spec.mounts:  # refused now; opened for good when the container is made
             await self._usable(spec.mounts)
             await asyncio.to_thread(self.mounts.vet, spec.mounts)
@@ -215,7 +219,9 @@ class Launcher:
         """Run the image that is here (a private one only for credentials it admits:
         `ImageAccessDenied` before anything is made), or pull it first: when it is
         missing, or the pull policy says pull again. The image is resolved to its id
-        once, and the container is created from that id: what was checked is what runs."""
+        once, and the container is created from that id: what was checked is what runs.
+        Under disk pressure, nothing: `DiskPressure` (507)."""
+        self.disk.check_room(await self.gc.store())
         image = request.spec.image
         self.images.refuse_id(image, field="container.image")
         request = replace(request, auth=await self.images.credentials(request))

@@ -48,6 +48,7 @@ class NodeState:
     warn_signal: str | None = None
     warn_s: float | None = None
     stop_reasons: Mapping[str, str] = field(default_factory=dict)  # container id (or name) -> why
+    disk_used: Mapping[str, int] = field(default_factory=dict)  # id -> bytes when stopped for them
 
     @property
     def open(self) -> bool:
@@ -59,20 +60,32 @@ class NodeState:
         moved = since if state != self.state else self.since
         return replace(self, state=state, reason=reason, since=moved)
 
-    def stopped(self, container_ids: Iterable[str], reason: str) -> NodeState:
-        return replace(
-            self, stop_reasons={**self.stop_reasons, **dict.fromkeys(container_ids, reason)}
-        )
+    def stopped(
+        self, container_ids: Iterable[str], reason: str, *, disk_used: int | None = None
+    ) -> NodeState:
+        """Why the node stops these containers; ``disk_used``: the bytes they had written,
+        when that is why."""
+        ids = list(container_ids)
+        used = {**self.disk_used, **dict.fromkeys(ids, disk_used)} if disk_used else self.disk_used
+        reasons = {**self.stop_reasons, **dict.fromkeys(ids, reason)}
+        return replace(self, stop_reasons=reasons, disk_used=used)
 
     def forgetting(self, container_id: str) -> NodeState:
-        kept = {cid: why for cid, why in self.stop_reasons.items() if cid != container_id}
-        return replace(self, stop_reasons=kept)
+        return self._only(cid for cid in self.stop_reasons if cid != container_id)
 
     def keeping(self, container_ids: Iterable[str]) -> NodeState:
         """Forget the stop reasons of containers that are gone."""
         alive = set(container_ids)
-        kept = {cid: why for cid, why in self.stop_reasons.items() if cid in alive}
-        return self if len(kept) == len(self.stop_reasons) else replace(self, stop_reasons=kept)
+        kept = self._only(cid for cid in self.stop_reasons if cid in alive)
+        return self if len(kept.stop_reasons) == len(self.stop_reasons) else kept
+
+    def _only(self, ids: Iterable[str]) -> NodeState:
+        kept = set(ids)
+        return replace(
+            self,
+            stop_reasons={cid: why for cid, why in self.stop_reasons.items() if cid in kept},
+            disk_used={cid: used for cid, used in self.disk_used.items() if cid in kept},
+        )
 
 
 class NodeStateFile:
@@ -176,6 +189,11 @@ def _parse(raw: bytes) -> NodeState:
         isinstance(k, str) and isinstance(v, str) for k, v in reasons.items()
     ):
         raise ValueError("'stop_reasons' must map container ids to reasons")
+    used = data.get("disk_used") or {}
+    if not isinstance(used, dict) or not all(
+        isinstance(k, str) and type(v) is int for k, v in used.items()
+    ):
+        raise ValueError("'disk_used' must map container ids to bytes")
     warn_signal = job_signal(data.get("warn_signal")) if data.get("warn_signal") else None
     return NodeState(
         state=data["state"],
@@ -185,6 +203,7 @@ def _parse(raw: bytes) -> NodeState:
         warn_signal=warn_signal,
         warn_s=_optional_seconds(data.get("warn_s")) if warn_signal else None,
         stop_reasons=reasons,
+        disk_used=used,
     )
 
 
@@ -209,4 +228,5 @@ def _unparse(state: NodeState) -> dict[str, Any]:
         "warn_signal": state.warn_signal,
         "warn_s": state.warn_s,
         "stop_reasons": dict(state.stop_reasons),
+        "disk_used": dict(state.disk_used),
     }

@@ -188,14 +188,31 @@ class PendingView:
 
 
 @dataclass(frozen=True)
+class DiskFigures:
+    """What a job has written to the engine's disk (its writable layer and anonymous
+    volumes), and its limit; each None where unknown (no limit: None)."""
+
+    used_bytes: int | None
+    limit_bytes: int | None = None
+
+    @property
+    def over(self) -> bool:
+        """Past its limit (the monitor stops it)."""
+        used, limit = self.used_bytes, self.limit_bytes
+        return used is not None and limit is not None and used > limit
+
+
+@dataclass(frozen=True)
 class StoppedView:
-    """A container the node stopped itself (a drain), with why, or one a stop is under
-    way for, with its phase: the service's facts, kept beside the runtime's state rather
-    than in it, so the state stays the cache's object."""
+    """A container the node stopped itself (a drain, its disk), with why, or one a stop
+    is under way for, with its phase, or a running one with its disk's figures: the
+    service's facts, kept beside the runtime's state rather than in it, so the state
+    stays the cache's object."""
 
     state: ContainerState
     stop_reason: str | None
     stopping: Stopping | None = None
+    disk: DiskFigures | None = None
 
     @property
     def exists(self) -> bool:
@@ -301,6 +318,28 @@ class GcRun:
 
 
 @dataclass(frozen=True)
+class Conditions:
+    """What the console may schedule by, each None when unknown: the engine's store at or
+    above its high threshold (``disk_pressure``), less than a tenth of the host's PIDs
+    left (``pid_pressure``), less than 100 MiB of memory available
+    (``memory_pressure``)."""
+
+    disk_pressure: bool | None = None
+    pid_pressure: bool | None = None
+    memory_pressure: bool | None = None
+
+
+@dataclass(frozen=True)
+class DiskRule:
+    """How jobs' disk is bounded here: ``TUNEPLANE_JOB_DISK_LIMIT`` as set, and what
+    holds a job to it: ``project_quotas`` (the kernel), ``monitor``, or None (not known
+    yet, or a store not on this machine: nothing does)."""
+
+    limit: str = ""
+    held_by: str | None = None
+
+
+@dataclass(frozen=True)
 class NodeStatus:
     """Everything health says. ``occupancy`` None: the cards' state is unknown."""
 
@@ -314,6 +353,8 @@ class NodeStatus:
     node: NodeState
     gpu: GpuReadiness = NO_CARDS  # whether a GPU job can run here
     image_store: ImageStore = ImageStore()
+    conditions: Conditions = Conditions()
+    job_disk: DiskRule = DiskRule()
 
     @property
     def ok(self) -> bool:
@@ -331,6 +372,8 @@ class Inventory:
     node: NodeState
     cpu_affinity: str = "numa"  # TUNEPLANE_CPU_AFFINITY: numa or off
     image_store: ImageStore = ImageStore()
+    conditions: Conditions = Conditions()
+    job_disk: DiskRule = DiskRule()
 
 
 class LogNote:

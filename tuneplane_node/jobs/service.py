@@ -15,7 +15,6 @@ other. The GPU allocation lock covers only choosing cards and recording the clai
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import logging
 from collections.abc import Iterable
@@ -25,6 +24,7 @@ from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.errors import NameTaken, NodeCordoned
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs.catalog import ImageCatalog
+from tuneplane_node.jobs.diskmonitor import DiskMonitor
 from tuneplane_node.jobs.drain import NodeStateKeeper
 from tuneplane_node.jobs.health import HealthReader
 from tuneplane_node.jobs.imageledger import ImageLedger
@@ -94,7 +94,9 @@ class JobService:
         self.store = NodeStateStore(settings.state_dir, clock=clock)
         self._compose()
         self.gc = self.launcher.gc  # the image GC, and the pull gate of launches
+        monitor = self.monitor
         self.health = HealthReader(runtime, allocator, settings, clock=clock, gc=self.gc)
+        self.health.held_by = lambda: monitor.held_by
         self.reader = LogsReader(runtime, settings, own=self._own, pending=self.pending)
         self.follow_limit = self.reader.follow_limit
         interval = settings.stats_interval_s
@@ -130,6 +132,9 @@ class JobService:
             launcher=self.launcher,
             stopper=self.stopper,
             clock=self.clock,
+        )
+        self.monitor = DiskMonitor(  # it relieves the store before the image GC runs
+            runtime, settings, stopper=self.stopper, store=self.store, gc=self.launcher.gc
         )
 
     @property
@@ -223,13 +228,15 @@ class JobService:
                 continue
             state = await self._own(ref)
             sample = self.sampler.latest(state) if state.status == "running" else None
-            answers[ref] = JobStats(state.exists, state.status or None, sample)
+            disk = self.monitor.figures(state) if sample else None
+            answers[ref] = JobStats(state.exists, state.status or None, sample, disk)
         return answers
 
     def _why(self, state: ContainerState) -> ContainerState | StoppedView:
         reason = self.store.stop_reason(state)  # and how far a stop under way is:
         stopping = self.stopper.stopping.get(state.name) if state.exists else None
-        return StoppedView(state, reason, stopping) if reason or stopping else state
+        disk = self.monitor.figures(state)  # a running job's, or why it was stopped
+        return StoppedView(state, reason, stopping, disk) if reason or stopping or disk else state
 
     async def logs(self, ref: str, tail: int, since: datetime | None = None) -> LogText:
         """The container's last lines, at most ``TUNEPLANE_LOGS_MAX_BYTES`` of the newest;
@@ -266,10 +273,6 @@ class JobService:
         """Remove the created, never-started containers no launch is making."""
         return await self.reaper.sweep_wreckage(older_than_s=older_than_s)
 
-    async def maintain(self) -> None:
-        """Sweep wreckage once a relist period, as long as the node runs."""
-        await self.reaper.maintain()
-
     # --- cordon and drain ---------------------------------------------------------------
 
     async def start(self) -> None:
@@ -294,12 +297,6 @@ class JobService:
         """What health reports: the engine, the cards, the pending launches, the disk."""
         return await self.health.status(pending=self.pending, node=self.node)
 
-    async def job_counts(self) -> collections.Counter[str]:
-        """The node's containers by status, and its pending launches by phase."""
-        counts = collections.Counter(record.phase for record in self.pending.records())
-        counts.update(state.status for state in await self.runtime.ps())
-        return counts
-
     async def inventory(self) -> Inventory:
         return await self.health.inventory(self.node)
 
@@ -308,6 +305,7 @@ class JobService:
         background launch and pull, the disk's refresh. A drain is resumed by the next
         start: its state is on disk."""
         await self.keeper.close()
+        await self.monitor.close()
         await self.launcher.close()
         await self.ledger.close()
         await self.images.close()

@@ -43,7 +43,10 @@ LABEL_NETWORK = "tuneplane.network"
 """Set only when the node ran a job on another network than it asked for: which one."""
 LABEL_MOUNTS = "tuneplane.mounts"
 """The key of the job's staged mounts (``<state dir>/mounts/<key>``), set when it has any."""
-NODE_LABELS = (LABEL_RUN_ID, LABEL_GPUS, LABEL_NETWORK, LABEL_MOUNTS)
+LABEL_DISK_LIMIT = "tuneplane.disk-limit"
+"""The bytes a job may write to the engine's disk (writable layer and anonymous volumes),
+as the node decided at its launch: what the disk monitor holds it to, after a restart too."""
+NODE_LABELS = (LABEL_RUN_ID, LABEL_GPUS, LABEL_NETWORK, LABEL_MOUNTS, LABEL_DISK_LIMIT)
 
 LIVE_STATUSES = frozenset({"running", "created", "paused", "restarting"})
 """A container in one of these holds its cards: it runs, or may run without asking us."""
@@ -201,6 +204,10 @@ class ContainerSpec:
     # read-only, the job writing only in its tmpfs (and mounts).
     read_only_root: bool | None = None
     tmpfs: tuple[Tmpfs, ...] = ()
+    disk_limit: str | None = None  # the console's word; None: the node's default
+    # The node's decision (TUNEPLANE_JOB_DISK_LIMIT): the bytes it may write to the
+    # engine's disk, written in its LABEL_DISK_LIMIT; None: no limit.
+    disk_limit_bytes: int | None = None
     confinement: Confinement = field(default_factory=Confinement)
 
     def cpuset(self) -> tuple[str | None, str | None]:
@@ -214,8 +221,11 @@ class ContainerSpec:
 
 
 def job_labels(spec: ContainerSpec) -> dict[str, str]:
-    """The labels a job container carries: the spec's, and its cards."""
-    return {**spec.labels, LABEL_GPUS: format_gpus(spec.gpus)}
+    """The labels a job container carries: the spec's, its cards, its disk limit."""
+    labels = {**spec.labels, LABEL_GPUS: format_gpus(spec.gpus)}
+    if spec.disk_limit_bytes is not None:
+        labels[LABEL_DISK_LIMIT] = str(spec.disk_limit_bytes)
+    return labels
 
 
 @dataclass(frozen=True)
@@ -261,6 +271,12 @@ class ContainerState:
         (engines try ids before names, so a name could reach another container), else the
         name (the process runtime has no ids)."""
         return self.id or self.name
+
+    @property
+    def disk_limit_bytes(self) -> int | None:
+        """The disk limit its label holds; None: none (or a label that is no number)."""
+        label = self.labels.get(LABEL_DISK_LIMIT, "")
+        return int(label) if label.isdigit() else None
 
     @property
     def never_started(self) -> bool:
@@ -437,10 +453,24 @@ class DataRoot:
     """Where the engine keeps its images (docker's DockerRootDir, podman's graphRoot),
     and the size of its filesystem: None when that path is not on this machine (an
     engine not reached through a unix socket: its path says nothing of the disks here),
-    or cannot be measured."""
+    or cannot be measured. ``project_quotas``: whether its filesystem holds a job's
+    writable layer to its disk limit itself (`runtime.quotas`); None: unknown."""
 
     path: str
     space: Space | None
+    project_quotas: bool | None = None
+
+
+@dataclass(frozen=True)
+class DiskUse:
+    """What a container has written to the engine's disk (`runtime.diskwalk`):
+    ``used_bytes`` None when it cannot be measured from here (a remote engine, a storage
+    driver without an upper directory); ``complete`` false when the walk's time budget
+    ran out first, so the figure is a lower bound; ``walk_s``: how long the walk took."""
+
+    used_bytes: int | None
+    complete: bool = True
+    walk_s: float = 0.0
 
 
 STAGED, DIRECT, REMOTE = "staged", "direct", "remote"
@@ -609,6 +639,13 @@ class ContainerRuntime(Protocol):
         request). Read from the container's cgroup files where this machine can reach
         them, else from the engine's one-shot stats. A ref that is gone or not running is
         left out; one whose figures cannot be read maps to a `Usage` of Nones."""
+
+    async def disk_usage(self, ref: str, *, budget_s: float) -> DiskUse | None:
+        """What the running container has written to the engine's disk: its writable
+        layer and anonymous volumes, walked on this machine (`runtime.diskwalk`) within
+        ``budget_s``, on the pool, never with the engine's size inspect; asked of running
+        containers. None when it is gone (or not running when first asked);
+        ``used_bytes`` None when this machine cannot see its layer."""
 
     def holders_of(self, pids: Collection[int]) -> dict[int, str | None]:
         """For each process, the container it runs in, named as the node acts on it

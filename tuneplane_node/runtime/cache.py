@@ -43,6 +43,7 @@ from tuneplane_node.runtime.base import (
     ContainerState,
     DataRoot,
     DeviceSupport,
+    DiskUse,
     EngineEvent,
     EngineFeed,
     EngineImage,
@@ -588,6 +589,9 @@ class CachedRuntime:
 
     async def usage(self, refs: Sequence[str]) -> dict[str, Usage]:
         return await self.inner.usage(refs)  # figures are read now, never cached
+
+    async def disk_usage(self, ref: str, *, budget_s: float) -> DiskUse | None:
+        return await self.inner.disk_usage(ref, budget_s=budget_s)  # walked now, never cached
 
     def holders_of(self, pids: Collection[int]) -> dict[int, str | None]:
         return self.inner.holders_of(pids)

@@ -246,6 +246,9 @@ class DockerRuntime(EngineRuntime, errors=ERRORS):
     def _data_root(self) -> str:
         return str(self.api.info().get("DockerRootDir") or "")
 
+    def _storage_status(self) -> object:
+        return self.api.info().get("DriverStatus")
+
     def _local(self) -> bool:
         address = self.settings.docker_host or os.environ.get("DOCKER_HOST") or "unix://"
         return address.startswith(("unix://", "npipe://"))

@@ -31,7 +31,7 @@ from tuneplane_node.errors import (
     SpecRefused,
     is_name_conflict,
 )
-from tuneplane_node.runtime import cgroups
+from tuneplane_node.runtime import cgroups, diskwalk, quotas
 from tuneplane_node.runtime import dockerformat as fmt
 from tuneplane_node.runtime.base import (
     DEVICES_ENV,
@@ -46,6 +46,7 @@ from tuneplane_node.runtime.base import (
     ContainerState,
     DataRoot,
     DeviceSupport,
+    DiskUse,
     EngineEvent,
     EngineImage,
     ImageInfo,
@@ -198,12 +199,16 @@ OURS_FILTER = {"label": [LABEL_RUN_ID]}
 
 
 class EngineImages(ABC):
-    """The image verbs of an engine runtime (the image GC's): its data root measured,
-    its images listed with whether a container uses each, one removed. `EngineRuntime`
-    supplies the seam (`_call`, `_or`, the error table), an adapter the SDK calls."""
+    """The store verbs of an engine runtime: its data root measured (the image GC's),
+    its images listed with whether a container uses each, one removed; what a container
+    has written there (the disk monitor's), and whether the store bounds it itself.
+    `EngineRuntime` supplies the seam (`_call`, `_or`, the error table), an adapter the
+    SDK calls."""
 
     errors: ErrorTable
     _root: str | None = None  # the data root, once the engine said it
+    _quotas: bool | None = None  # whether it has project quotas, once known
+    _layers: diskwalk.LayerMeter | None = None  # where each container writes
 
     @abstractmethod
     async def _call(self, action: str, fn: Callable[..., T], *args: Any) -> T: ...
@@ -213,6 +218,15 @@ class EngineImages(ABC):
     @abstractmethod
     def _data_root(self) -> str:
         """The engine's own word for where it keeps images (its info); "" if none."""
+
+    @abstractmethod
+    def _document(self, ref: str) -> Mapping[str, Any]:
+        """The engine's inspect document of the container, as the engine wrote it."""
+
+    @abstractmethod
+    def _storage_status(self) -> object:
+        """The storage driver's status as the engine's info says it (docker's
+        ``DriverStatus`` pairs, podman's ``store.graphStatus``)."""
 
     @abstractmethod
     def _local(self) -> bool:
@@ -235,7 +249,36 @@ class EngineImages(ABC):
             self._root = self._data_root()  # the engine's word, once: it never moves
         if not self._root:
             return None
-        return DataRoot(self._root, self._space(self._root) if self._local() else None)
+        if not self._local():
+            return DataRoot(self._root, None)
+        return DataRoot(self._root, self._space(self._root), self.project_quotas())
+
+    def project_quotas(self) -> bool | None:
+        """Whether the store holds a writable layer to a size (`runtime.quotas`): asked
+        once of the engine and the mount table; None for a store not on this machine."""
+        if self._quotas is None and self._local():
+            if self._root is None:
+                self._root = self._data_root()
+            backing = quotas.backing_filesystem(self._storage_status())
+            options = inventory.superoptions(Path(self._root)) if self._root else None
+            self._quotas = quotas.project_quotas(backing, options)
+        return self._quotas
+
+    def _disk_bound(self, spec: ContainerSpec) -> dict[str, Any]:
+        """The create option that holds the writable layer to the job's disk limit,
+        where the store has project quotas (blocking: asked once)."""
+        if spec.disk_limit_bytes is None:
+            return {}  # nothing to bound: the engine is not asked
+        return quotas.size_option(spec.disk_limit_bytes, self.project_quotas())
+
+    async def disk_usage(self, ref: str, *, budget_s: float) -> DiskUse | None:
+        return await self._call(f"measure the disk of {ref}", self._disk_usage, ref, budget_s)
+
+    def _disk_usage(self, ref: str, budget_s: float) -> DiskUse | None:
+        if self._layers is None:
+            self._layers = diskwalk.LayerMeter()
+        document = functools.partial(self._or, None, self._document, ref)
+        return self._layers.measure(ref, document, local=self._local(), budget_s=budget_s)
 
     @staticmethod
     def _space(path: str) -> inventory.Space | None:
@@ -346,7 +389,7 @@ class EngineRuntime(EngineImages, EngineMounts, EngineParent):
         options["environment"][DEVICES_ENV] = format_gpus(self.handed_cards(spec)) or "void"
         if self.parent is not None:
             options["cgroup_parent"] = self.parent.engine_form
-        return {**options, **self._engine_options(spec)}
+        return {**options, **self._engine_options(spec), **self._disk_bound(spec)}
 
     @abstractmethod
     def _engine_options(self, spec: ContainerSpec) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from tuneplane_node.runtime.base import (
     ContainerState,
     DataRoot,
     DeviceSupport,
+    DiskUse,
     EngineImage,
     ImageInfo,
     LogQuery,
@@ -257,6 +258,11 @@ class ProcessRuntime:
 
     async def mount_support(self) -> MountSupport:
         return MountSupport(DIRECT)  # it mounts nothing: a job sees the host (development)
+
+    async def disk_usage(self, ref: str, *, budget_s: float) -> DiskUse | None:
+        """Unknown: a bare process writes wherever its user may, not in a layer."""
+        names = await self._pool.call(self._files.names)
+        return DiskUse(None) if ref in names else None
 
     async def list_images(self) -> list[EngineImage]:
         return []

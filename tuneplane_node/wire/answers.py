@@ -94,6 +94,8 @@ class StoppingJson(TypedDict):
 class StoppedStateJson(StateJson, total=False):
     stop_reason: str
     stopping: StoppingJson
+    disk_used_bytes: int | None
+    disk_limit_bytes: int | None
 
 
 class PendingStateJson(StateJson):
@@ -112,8 +114,9 @@ class PendingStateJson(StateJson):
 
 def state_json(view: JobView) -> StateJson:
     """One shape for a container and a pending launch (which adds its ``pending_*``);
-    a container the node stopped itself (a drain) adds its ``stop_reason``, one a stop is
-    under way for its ``stopping``."""
+    a container the node stopped itself (a drain, its disk) adds its ``stop_reason``, one
+    a stop is under way for its ``stopping``, a running one the disk monitor measured
+    (or one stopped for its disk) its ``disk_used_bytes`` and ``disk_limit_bytes``."""
     if isinstance(view, PendingView):
         return _pending_json(view)
     if isinstance(view, StoppedView):
@@ -127,6 +130,9 @@ def _stopped_json(view: StoppedView) -> StoppedStateJson:
         shown["stop_reason"] = view.stop_reason
     if view.stopping:
         shown["stopping"] = {"phase": view.stopping.phase, "since": view.stopping.since}
+    if view.disk:
+        shown["disk_used_bytes"] = view.disk.used_bytes
+        shown["disk_limit_bytes"] = view.disk.limit_bytes
     return shown
 
 
@@ -224,7 +230,7 @@ def _behind(view: JobView) -> tuple[ContainerState | PendingView, object]:
     """The state behind a view (the cache's object for a container), and the facts the
     service paired with it (the stop reason, the stop under way)."""
     if isinstance(view, StoppedView):
-        return view.state, (view.stop_reason, view.stopping)
+        return view.state, (view.stop_reason, view.stopping, view.disk)
     return view, None
 
 
@@ -447,6 +453,33 @@ def image_store_json(store: results.ImageStore) -> ImageStoreJson:
     }
 
 
+class ConditionsJson(TypedDict):
+    """What a console may schedule by; each null when unknown."""
+
+    disk_pressure: bool | None
+    pid_pressure: bool | None
+    memory_pressure: bool | None
+
+
+def conditions_json(conditions: results.Conditions) -> ConditionsJson:
+    return {
+        "disk_pressure": conditions.disk_pressure,
+        "pid_pressure": conditions.pid_pressure,
+        "memory_pressure": conditions.memory_pressure,
+    }
+
+
+class JobDiskJson(TypedDict):
+    """``TUNEPLANE_JOB_DISK_LIMIT`` as set, and what holds a job to it."""
+
+    limit: str
+    held_by: str | None
+
+
+def job_disk_json(rule: results.DiskRule) -> JobDiskJson:
+    return {"limit": rule.limit, "held_by": rule.held_by}
+
+
 class RemovedImageJson(TypedDict):
     image: str
     id: str
@@ -552,6 +585,8 @@ class HealthJson(GpuFieldsJson, _HealthOptional):
     each card); null on a node without cards. False: ``gpu_not_ready_reason`` says why."""
     gpu_not_ready_reason: str | None
     image_store: ImageStoreJson
+    conditions: ConditionsJson
+    job_disk: JobDiskJson
     protocols: list[int]
     features: list[str]
 
@@ -579,6 +614,8 @@ def health_json(status: NodeStatus, *, features: Sequence[str] = ()) -> HealthJs
     answer["gpu_ready"] = status.gpu.ready
     answer["gpu_not_ready_reason"] = status.gpu.reason
     answer["image_store"] = image_store_json(status.image_store)
+    answer["conditions"] = conditions_json(status.conditions)
+    answer["job_disk"] = job_disk_json(status.job_disk)
     answer |= {"protocols": list(PROTOCOLS), "features": list(features)}
     return cast(HealthJson, answer)
 
@@ -731,6 +768,8 @@ class InventoryJson(TypedDict):
     node_state: NodeStateJson
     cpu_affinity: str
     image_store: ImageStoreJson
+    conditions: ConditionsJson
+    job_disk: JobDiskJson
     protocols: list[int]
     features: list[str]
 
@@ -759,6 +798,8 @@ def inventory_json(facts: Inventory, *, features: Sequence[str] = ()) -> Invento
         "node_state": node_state_json(facts.node),
         "cpu_affinity": facts.cpu_affinity,
         "image_store": image_store_json(facts.image_store),
+        "conditions": conditions_json(facts.conditions),
+        "job_disk": job_disk_json(facts.job_disk),
         "protocols": list(PROTOCOLS),
         "features": list(features),
     }

@@ -100,6 +100,7 @@ MAX_REASON = 1024
 MAX_AGE_S = 3650 * 86400.0
 """The oldest reap age a console may give: 10 years."""
 MIN_MEMORY = 6 * 2**20  # the engines refuse less
+MIN_DISK = 2**20
 MAX_EPOCH = 253402300799.0  # 9999-12-31T23:59:59Z: datetime's last second
 
 NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]{0,200}")
@@ -435,6 +436,10 @@ def _memory_limit(given: Given) -> str | None:
     return _size(given, least=MIN_MEMORY)
 
 
+def _disk_limit(given: Given) -> str | None:
+    return _size(given, least=MIN_DISK)
+
+
 def _cpus(given: Given) -> float | None:
     """A number of CPUs: a number, or 0.3.15's string (``""`` no limit, ``"2"``, ``"0.5"``)."""
     value = _empty_as(given.value, None)
@@ -667,6 +672,18 @@ CONTAINER = Body(
             "less) to 1 PiB. None: the machine's memory less "
             "`TUNEPLANE_SYSTEM_RESERVED_MEMORY`.",
             read=_memory_limit,
+        ),
+        Field(
+            "disk_limit",
+            or_empty(number(least=MIN_DISK, most=MAX_SIZE, whole=True), SIZE_TEXT),
+            f"What the job may write to the engine's disk, its writable layer and "
+            f"anonymous volumes together: a size like `shm_size`'s, from "
+            f"{MIN_DISK // 2**20} MiB to 1 PiB, at most the node's "
+            "`TUNEPLANE_JOB_DISK_LIMIT` (more is a `422` naming `container.disk_limit`). "
+            "None: that limit. Held by the kernel where the engine's store has project "
+            "quotas; else a job past it is stopped as a stop would (its stop signal, the "
+            'grace period, SIGKILL), and observe says `stop_reason: "disk_limit"`.',
+            read=_disk_limit,
         ),
         Field(
             "network",

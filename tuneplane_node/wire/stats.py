@@ -52,6 +52,8 @@ class UsageJson(AbsentJson):
     pids: int | None
     sampled_at: str | None
     gpus: list[CardUsageJson]
+    disk_used_bytes: int | None
+    disk_limit_bytes: int | None
 
 
 class StatsJson(TypedDict):
@@ -79,6 +81,8 @@ def usage_json(job: JobStats, sample: JobSample) -> UsageJson:
         "pids": sample.pids,
         "sampled_at": sample.sampled_at,
         "gpus": [card_usage_json(card) for card in sample.gpus],
+        "disk_used_bytes": job.disk.used_bytes if job.disk else None,
+        "disk_limit_bytes": job.disk.limit_bytes if job.disk else None,
     }
 
 

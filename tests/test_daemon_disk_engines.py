@@ -1,0 +1,49 @@
+"""Issue 34 on real engines, end to end: a job that writes past its disk limit into its
+root is stopped within seconds of passing it, observe says why with the bytes, and
+another tenant's job and the cached image are untouched. This kernel has no project
+quotas (CONFIG_QUOTA off): the monitor is what holds the limit here, on both engines.
+The filler on a full store is `test_daemon_disk_full.py`'s, on the small engine."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from tests.conftest import MakeNode
+from tests.helpers import IMAGE
+from tuneplane_node.daemon.state import JOBS
+
+pytestmark = pytest.mark.engine
+MIB = 2**20
+FILL = ["/bin/sh", "-c", "dd if=/dev/zero of=/fill bs=1M count=1024; sleep 300"]
+
+
+@pytest.mark.parametrize("engine", ["docker", "podman"])
+async def test_a_job_past_its_disk_limit_is_stopped_and_the_tenant_runs_on(
+    make_node: MakeNode, engine: str
+) -> None:
+    node = await make_node(engine, job_disk_check_s=1, local_stop_timeout=5)
+    tenant, _ = await node.launch(disk_limit="100m")
+    started = time.monotonic()
+    filler, answer = await node.launch(FILL, disk_limit="100m")
+    assert answer["phase"] == "running"
+
+    state = await node.state(filler)
+    while state["status"] == "running" and time.monotonic() - started < 30:
+        await asyncio.sleep(0.1)
+        state = await node.state(filler)
+    stopped_after = time.monotonic() - started
+
+    assert state["status"] == "exited", state
+    assert stopped_after < 10  # it passed 100 MiB within its first second of writing
+    assert state["stop_reason"] == "disk_limit"
+    assert state["disk_limit_bytes"] == 100 * MIB
+    assert 100 * MIB < state["disk_used_bytes"] <= 1024 * MIB + MIB
+    assert state["labels"]["tuneplane.disk-limit"] == str(100 * MIB)
+    other = await node.state(tenant)
+    assert other["status"] == "running" and "stop_reason" not in other
+    assert other["disk_used_bytes"] < MIB  # measured: it wrote nothing
+    assert (await node.health())["conditions"]["disk_pressure"] is False
+    assert await node.app[JOBS].runtime.image_exists(IMAGE)  # the cache untouched

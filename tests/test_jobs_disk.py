@@ -1,0 +1,257 @@
+"""Issue 34 against the in-memory engine: a job's disk limit decided at its launch, the
+monitor that stops a job past it (observe says why, after a restart too), and a store
+under pressure relieved of its filler before the image GC touches another tenant's
+cache. No sleeps: a pass of the monitor is called, and the fake engine's layers are the
+bytes a test says each job wrote (`FakeRuntime.written`), on its disk."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import fake_settings
+from tests.fakes import MIB, FakeClock, FakeProbe, FakeRuntime
+from tests.helpers import wait_until
+from tuneplane_node.errors import InsufficientStorage, InvalidField
+from tuneplane_node.gpu.allocator import GpuAllocator
+from tuneplane_node.jobs import JobService, LaunchRequest, StoppedView
+from tuneplane_node.jobs.diskmonitor import fair_share
+from tuneplane_node.jobs.results import ImageStore
+from tuneplane_node.runtime.base import LABEL_DISK_LIMIT
+from tuneplane_node.runtime.base import container_name as named
+from tuneplane_node.wire.answers import state_json
+from tuneplane_node.wire.requests import parse_launch
+
+DISK = 1000 * MIB
+IMAGE = "registry.test/team/trainer:1"
+OTHER = "registry.test/other/cached:1"
+MakeNode = Callable[..., Awaitable[JobService]]
+
+
+@pytest.fixture
+async def make_node(
+    fake: FakeRuntime, probe: FakeProbe, clock: FakeClock, tmp_path: Path
+) -> AsyncIterator[MakeNode]:
+    """A job service over a fake engine whose store is 1000 MiB; another from the same
+    state directory is the daemon restarted."""
+    fake.disk_total = DISK
+    fake.image_size = 10 * MIB
+    fake.arrived(IMAGE)
+    made: list[JobService] = []
+
+    async def make(**overrides: Any) -> JobService:
+        gc = {"image_gc_min_age_s": 0, "image_pin_s": 0, "image_gc": "all"}
+        settings = fake_settings(tmp_path, **{**gc, **overrides})
+        service = JobService(fake, GpuAllocator(fake, settings, probe=probe), settings, clock=clock)
+        await service.start()
+        made.append(service)
+        return service
+
+    yield make
+    for service in made:
+        await service.close()
+
+
+def launch(run: str, **container: Any) -> LaunchRequest:
+    return parse_launch({"run_id": run, "container": {"image": IMAGE, **container}})
+
+
+async def test_a_launch_gets_the_nodes_limit_or_its_own_and_no_more(
+    make_node: MakeNode, fake: FakeRuntime
+) -> None:
+    service = await make_node()  # 50% of the store by default: 500 MiB
+    await service.launch(launch("default"))
+    await service.launch(launch("own", disk_limit="100m"))
+    assert fake.containers[named("default")].labels[LABEL_DISK_LIMIT] == str(DISK // 2)
+    assert fake.containers[named("own")].labels[LABEL_DISK_LIMIT] == str(100 * MIB)
+
+    with pytest.raises(InvalidField) as refused:
+        await service.launch(launch("greedy", disk_limit="600m"))
+    assert refused.value.status == 422 and refused.value.code == "invalid_field"
+    assert [e.field for e in refused.value.errors] == ["container.disk_limit"]
+    assert "TUNEPLANE_JOB_DISK_LIMIT=50%" in refused.value.message
+    assert named("greedy") not in fake.containers  # refused before anything is made
+
+
+async def test_unlimited_on_the_node_writes_no_limit_and_takes_any(
+    make_node: MakeNode, fake: FakeRuntime
+) -> None:
+    service = await make_node(job_disk_limit="unlimited")
+    await service.launch(launch("free"))
+    await service.launch(launch("big", disk_limit="2000g"))
+    assert LABEL_DISK_LIMIT not in fake.containers[named("free")].labels
+    assert fake.containers[named("big")].labels[LABEL_DISK_LIMIT] == str(2000 * 2**30)
+
+
+@pytest.mark.parametrize("limit", ["x", "0", "1k", True, "-5m"])
+def test_an_unreadable_disk_limit_is_a_422_naming_it(limit: object) -> None:
+    with pytest.raises(InvalidField) as refused:
+        launch("bad", disk_limit=limit)
+    assert [e.field for e in refused.value.errors] == ["container.disk_limit"]
+
+
+async def test_a_job_past_its_limit_is_stopped_and_observe_says_why_after_a_restart(
+    make_node: MakeNode, fake: FakeRuntime
+) -> None:
+    service = await make_node()
+    await service.launch(launch("filler", disk_limit="100m"))
+    await service.launch(launch("tenant", disk_limit="100m"))
+    fake.written[named("filler")] = 150 * MIB
+    fake.written[named("tenant")] = 60 * MIB
+
+    await service.monitor.check()
+    await wait_until(lambda: fake.containers[named("filler")].status == "exited")
+
+    assert fake.signals == [(named("filler"), "SIGTERM")]  # its stop signal, as a stop
+    assert fake.containers[named("tenant")].status == "running"  # the other tenant runs on
+    shown = await service.observe([named("filler"), named("tenant")])
+    filler = state_json(shown[named("filler")])
+    assert filler["stop_reason"] == "disk_limit"  # type: ignore[typeddict-item]
+    assert filler["disk_used_bytes"] == 150 * MIB  # type: ignore[typeddict-item]
+    assert filler["disk_limit_bytes"] == 100 * MIB  # type: ignore[typeddict-item]
+    tenant = state_json(shown[named("tenant")])
+    assert "stop_reason" not in tenant and tenant["disk_used_bytes"] == 60 * MIB  # type: ignore[typeddict-item]
+
+    await service.close()
+    restarted = await make_node()  # the reason and the bytes were on disk
+    view = (await restarted.observe([named("filler")]))[named("filler")]
+    assert isinstance(view, StoppedView) and view.stop_reason == "disk_limit"
+    assert view.disk is not None and view.disk.used_bytes == 150 * MIB
+
+
+async def test_stats_show_a_running_jobs_disk(make_node: MakeNode, fake: FakeRuntime) -> None:
+    service = await make_node()
+    await service.launch(launch("job"))
+    fake.written[named("job")] = 5 * MIB
+    await service.sampler.sample_once()
+    await service.monitor.check()
+    stats = (await service.stats([named("job")]))[named("job")]
+    assert stats.disk is not None
+    assert (stats.disk.used_bytes, stats.disk.limit_bytes) == (5 * MIB, DISK // 2)
+
+
+async def test_under_pressure_the_filler_goes_and_no_cached_image_with_it(
+    make_node: MakeNode, fake: FakeRuntime
+) -> None:
+    service = await make_node(job_disk_limit="unlimited")
+    fake.arrived(OTHER)  # another tenant's cache, unused now
+    await service.launch(launch("filler"))
+    await service.launch(launch("tenant"))
+    fake.written[named("filler")] = 800 * MIB  # more than its share: 850 / 3
+    fake.written[named("tenant")] = 50 * MIB
+    assert (await service.status()).conditions.disk_pressure is True
+
+    with pytest.raises(InsufficientStorage) as refused:  # nothing new meanwhile
+        await service.launch(launch("late"))
+    assert refused.value.status == 507 and named("late") not in fake.containers
+
+    run = await service.gc.collect()  # the GC's run: the monitor's steps go first
+
+    assert fake.containers[named("filler")].status == "exited"
+    assert fake.containers[named("tenant")].status == "running"
+    assert run.removed == () and OTHER in fake.images  # the cache did not pay for it
+    view = (await service.observe([named("filler")]))[named("filler")]
+    assert isinstance(view, StoppedView) and view.stop_reason == "disk_pressure"
+    again = await service.gc.collect()  # its layer is still the pressure: still none
+    assert again.removed == () and (await service.status()).conditions.disk_pressure
+
+    await service.remove(named("filler"))  # the console removes it: the disk is free
+    assert (await service.gc.store()).pressure is False
+
+
+async def test_a_pressure_of_images_is_the_gcs_not_the_jobs(
+    make_node: MakeNode, fake: FakeRuntime
+) -> None:
+    service = await make_node()
+    await service.launch(launch("small"))
+    fake.written[named("small")] = 10 * MIB
+    fake.disk_other = 900 * MIB  # not the jobs' bytes
+    assert not await service.monitor.check()
+    assert fake.containers[named("small")].status == "running"
+
+
+async def test_a_small_job_stopped_for_its_limit_does_not_keep_the_gc_from_images(
+    make_node: MakeNode, fake: FakeRuntime
+) -> None:
+    service = await make_node(image_gc_high_percent=85, image_gc_low_percent=50)
+    fake.arrived(OTHER)
+    await service.launch(launch("small", disk_limit="10m"))
+    fake.written[named("small")] = 20 * MIB
+    await service.monitor.check()
+    await wait_until(lambda: fake.containers[named("small")].status == "exited")
+    fake.disk_other = 900 * MIB  # the pressure is not its 20 MiB
+    run = await service.gc.collect()
+    assert OTHER in [image.image for image in run.removed]  # the GC did its part
+
+
+async def test_a_job_is_walked_again_only_when_it_could_have_passed_its_limit(
+    make_node: MakeNode, fake: FakeRuntime, clock: FakeClock
+) -> None:
+    """The store's growth bounds every job's: an idle store costs one walk a minute."""
+    service = await make_node(job_disk_check_s=5)
+    await service.launch(launch("quiet", disk_limit="100m"))
+    fake.written[named("quiet")] = 10 * MIB
+    await service.monitor.check()
+    walks = fake.calls["disk_usage"]
+
+    for _ in range(3):  # the store idle: nothing to walk
+        clock.advance(5)
+        await service.monitor.check()
+    assert fake.calls["disk_usage"] == walks
+
+    fake.disk_other += 50 * MIB  # it grew, but not by its 90 MiB of room
+    await service.monitor.check()
+    assert fake.calls["disk_usage"] == walks
+    fake.written[named("quiet")] = 150 * MIB  # +140 MiB: it could be past its limit
+    await service.monitor.check()
+    assert fake.calls["disk_usage"] == walks + 1
+    await wait_until(lambda: fake.containers[named("quiet")].status == "exited")
+
+
+async def test_every_job_is_walked_once_a_minute_whatever_the_store_says(
+    make_node: MakeNode, fake: FakeRuntime, clock: FakeClock
+) -> None:
+    service = await make_node(job_disk_check_s=5)
+    await service.launch(launch("hidden", disk_limit="100m"))
+    fake.written[named("hidden")] = 10 * MIB
+    fake.disk_other = 500 * MIB
+    await service.monitor.check()
+    fake.written[named("hidden")] = 300 * MIB  # as much freed elsewhere: the store's
+    fake.disk_other = 210 * MIB  # figure does not move
+    clock.advance(5)
+    await service.monitor.check()
+    assert fake.containers[named("hidden")].status == "running"  # hidden for now
+    clock.advance(55)
+    await service.monitor.check()  # the minute's full walk finds it
+    await wait_until(lambda: fake.containers[named("hidden")].status == "exited")
+
+
+async def test_health_says_what_holds_a_jobs_disk(make_node: MakeNode) -> None:
+    service = await make_node(job_disk_limit="20g")
+    assert (await service.status()).job_disk.held_by is None  # not asked yet: unknown
+    await service.monitor.check()
+    rule = (await service.status()).job_disk
+    assert (rule.limit, rule.held_by) == ("20g", "monitor")  # no project quotas here
+    assert (await service.inventory()).job_disk == rule
+
+
+def test_the_fair_share_counts_the_cache_as_one_more_tenant() -> None:
+    store = ImageStore("/d", 1000, 100, 0.9, True)
+    assert fair_share(store, 1, high_percent=80) == 400  # 800 below high, for two
+    assert fair_share(store, 4, high_percent=80) == 160
+    assert fair_share(ImageStore(), 3, high_percent=80) is None  # unknown size: no one
+
+
+async def test_a_remote_store_knows_no_disk_and_stops_no_one(
+    make_node: MakeNode, fake: FakeRuntime
+) -> None:
+    service = await make_node()
+    fake.disk_total = None  # the store's size unknown: no percentage to take
+    await service.launch(launch("job"))
+    assert LABEL_DISK_LIMIT not in fake.containers[named("job")].labels
+    assert not await service.monitor.check()
+    view = (await service.observe([named("job")]))[named("job")]
+    assert not isinstance(view, StoppedView)  # no figure: unknown, never 0

@@ -1,0 +1,55 @@
+"""A job's disk limit, decided at its launch, and the launch refused under disk pressure.
+
+The limit bounds what a job writes to the engine's disk (its writable layer and its
+anonymous volumes together): the launch's ``disk_limit``, else the operator's
+``TUNEPLANE_JOB_DISK_LIMIT``, which is also the most a launch may ask for. A percentage
+is of the engine's store as measured at the launch. The bytes are written on the
+container (`LABEL_DISK_LIMIT`): what the disk monitor holds it to, after a restart too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tuneplane_node.errors import OUT_OF_RANGE, DiskPressure, InvalidField
+from tuneplane_node.jobs.results import ImageStore
+from tuneplane_node.runtime.base import ContainerSpec
+from tuneplane_node.settings import NodeSettings, env_name
+from tuneplane_node.sizes import size_in_bytes
+
+FIELD = "container.disk_limit"
+
+
+class DiskLimits:
+    """The operator's disk rules applied to a launch."""
+
+    def __init__(self, settings: NodeSettings) -> None:
+        self.settings = settings
+        self.high = settings.image_gc_high_percent
+
+    def apply(self, spec: ContainerSpec, store: ImageStore) -> ContainerSpec:
+        """The spec with the bytes it may write; InvalidField (422) when it asks for
+        more than the node allows."""
+        ceiling = self.settings.job_disk_ceiling(store.total_bytes)
+        asked = size_in_bytes(spec.disk_limit) if spec.disk_limit is not None else None
+        if asked is None:
+            return replace(spec, disk_limit_bytes=ceiling)
+        if ceiling is not None and asked > ceiling:
+            raise InvalidField(
+                FIELD,
+                f"at most {ceiling} bytes on this node "
+                f"({env_name('job_disk_limit')}={self.settings.job_disk_limit})",
+                problem=OUT_OF_RANGE,
+            )
+        return replace(spec, disk_limit_bytes=int(asked))
+
+    def check_room(self, store: ImageStore) -> None:
+        """`DiskPressure` (507) while the store is at or above its high threshold: a
+        launch then is refused before anything is made."""
+        if store.pressure and store.used_ratio is not None:
+            raise DiskPressure(
+                used_ratio=store.used_ratio,
+                free_bytes=store.free_bytes or 0,
+                total_bytes=store.total_bytes or 0,
+                high_percent=self.high,
+            )

@@ -1,0 +1,268 @@
+"""The disk monitor: every job held to its disk limit, and the filler of a full store
+stopped before the image GC touches the other tenants' cache.
+
+Every ``TUNEPLANE_JOB_DISK_CHECK_S`` it measures what each running job of the node has
+written to the engine's disk (its writable layer and anonymous volumes, walked by the
+runtime within `WALK_BUDGET_S`, one job at a time on the pool, so a walk never holds
+more than one of its threads). A job is walked again only when it could have passed its
+limit since its last walk (the store grew by more than its room: no job grows by more
+than the store does), when the store is under pressure, or once `FULL_WALK_PASSES`
+passes have gone: walking 50 layers of 100,000 files every 5 s would take more CPU
+than the jobs. It is the backstop wherever the kernel does not hold the
+limit (project quotas), and the only bound where it cannot.
+
+A job past its limit (its `LABEL_DISK_LIMIT`) is stopped as a stop would (its stop
+signal, the grace period, SIGKILL), its reason written first in the node state, which
+outlives the daemon: observe then says ``stop_reason: "disk_limit"`` with the bytes.
+
+While the store is at or above the image GC's high threshold (``disk_pressure``), the
+node (1) stops the jobs over their limit, then (2) the job with the largest writable
+layer, when it holds more than its fair share: the store below its high threshold
+divided among the running jobs and the image cache, counted as one more tenant
+(``disk_pressure`` is its reason); (3) the image GC runs only after that (`relieve` is
+its hook), and removes no image for the pressure while a job is being stopped for it,
+or while the jobs stopped for their disk hold more than the store is over its
+threshold: a stopped job's layer stays on the disk until its container is removed (the
+console's `remove`, or `reap`), and the other tenants' cache should not pay for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from tuneplane_node.errors import NodeError
+from tuneplane_node.jobs.imagegc import ImageCollector
+from tuneplane_node.jobs.nodestate import NodeStateStore
+from tuneplane_node.jobs.results import DiskFigures, ImageStore
+from tuneplane_node.jobs.stopper import Stopper
+from tuneplane_node.logformat import job_fields
+from tuneplane_node.runtime.base import ContainerRuntime, ContainerState
+from tuneplane_node.settings import NodeSettings
+from tuneplane_node.tasks import BackgroundTasks
+
+log = logging.getLogger(__name__)
+WALK_BUDGET_S = 2.0
+"""The longest one job's walk may take; past it, what was counted is a lower bound."""
+FULL_WALK_PASSES = 12
+"""Every job is walked at least once in this many passes (a minute at 5 s), whatever
+the store's growth says: space freed meanwhile (an image, a container removed) can hide
+a job's growth from the store's figure."""
+DISK_LIMIT, DISK_PRESSURE = "disk_limit", "disk_pressure"
+DISK_REASONS = (DISK_LIMIT, DISK_PRESSURE)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One running job's latest measure: of that very container (``id``)."""
+
+    id: str | None
+    figures: DiskFigures
+    complete: bool = True
+    run_id: str | None = None
+    at: float = 0.0  # when (the monitor's clock)
+    store_used: int | None = None  # the store's used bytes then
+
+
+class DiskMonitor:
+    """Measures the running jobs' disk, stops those past their limit, and the filler of
+    a store under pressure. Used on the loop only."""
+
+    def __init__(
+        self,
+        runtime: ContainerRuntime,
+        settings: NodeSettings,
+        *,
+        stopper: Stopper,
+        store: NodeStateStore,
+        gc: ImageCollector,
+    ) -> None:
+        self.runtime = runtime
+        self.stopper = stopper
+        self.store = store
+        self.gc = gc
+        self.clock = gc.clock
+        self.telemetry = gc.telemetry
+        self.interval_s = settings.job_disk_check_s
+        self.measured: dict[str, Measured] = {}  # container name -> its latest measure
+        self.held_by: str | None = None  # what holds a job to its limit, once known
+        self._stops: dict[str, asyncio.Task[None]] = {}  # container name -> its stop
+        self._tasks = BackgroundTasks(log)
+        self._pass = asyncio.Lock()
+        gc.relievers.append(self.relieve)
+
+    # --- what observe and stats show -------------------------------------------------
+
+    def figures(self, state: ContainerState) -> DiskFigures | None:
+        """A running job's latest measure, or what a job the node stopped for its disk
+        had written then (kept in the node state, after a restart too); None: neither,
+        or not measurable from here."""
+        if not state.exists:
+            return None
+        stopped = self.store.node.disk_used.get(state.handle)
+        if stopped is not None:
+            return DiskFigures(stopped, state.disk_limit_bytes)
+        seen = self.measured.get(state.name)
+        if state.status != "running" or seen is None or seen.id != state.id:
+            return None
+        return seen.figures if seen.figures.used_bytes is not None else None
+
+    # --- the passes ---------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """A pass now, then every interval, as long as the node runs."""
+        while True:
+            try:
+                await self.check()
+            except NodeError as exc:
+                log.warning("disk monitor: %s; trying again in %g s", exc.message, self.interval_s)
+            await self.clock.sleep(self.interval_s)
+
+    async def check(self) -> bool:
+        """One pass: measure, stop who is past their limit, then relieve a store under
+        pressure. True when the jobs stopped for their disk are its pressure: one is
+        being stopped now, or those stopped hold more than the store is over its high
+        threshold (their removal, the console's, ends it)."""
+        async with self._pass:
+            if self.held_by is None:
+                self.held_by = await self._holder()
+            states = [s for s in await self.runtime.ps() if s.ours]
+            running = [s for s in states if s.status == "running"]
+            store = await self.gc.store()
+            await self._measure(running, store)
+            for state in running:
+                figures = self.figures(state)
+                if figures is not None and figures.over:
+                    self._stop(state, figures, DISK_LIMIT)
+            if store.pressure:
+                self._relieve(running, store)
+            if any(not task.done() for task in self._stops.values()):
+                return True
+            held = self._held(states)
+            return bool(store.pressure) and held > 0 and held >= over_high(store, self.gc.high)
+
+    def _held(self, states: list[ContainerState]) -> int:
+        """Bytes the node's stopped-for-disk containers that ran no more had written."""
+        return sum(
+            self.store.node.disk_used.get(s.handle, 0)
+            for s in states
+            if s.status != "running" and self.store.stop_reason(s) in DISK_REASONS
+        )
+
+    async def relieve(self) -> bool:
+        """The image GC's hook, before it removes anything for the pressure: steps 1
+        and 2, waited for. True when a job was stopped for its disk."""
+        stopping = await self.check()
+        tasks = [task for task in self._stops.values() if not task.done()]
+        if tasks:
+            await asyncio.gather(*(asyncio.shield(task) for task in tasks), return_exceptions=True)
+        return stopping
+
+    async def _holder(self) -> str | None:
+        """``project_quotas`` where the engine's store has them, else ``monitor``; None
+        for a store not on this machine (nothing holds the limit there)."""
+        root = await self.runtime.data_root()
+        if root is None or root.space is None:
+            return None
+        return "project_quotas" if root.project_quotas else "monitor"
+
+    async def _measure(self, running: list[ContainerState], store: ImageStore) -> None:
+        measured: dict[str, Measured] = {}
+        used, now = store_used(store), self.clock.monotonic()
+        for state in running:
+            seen = self.measured.get(state.name)
+            if seen is not None and seen.id == state.id and not self._due(seen, used, store, now):
+                measured[state.name] = seen
+                continue
+            use = await self.runtime.disk_usage(state.handle, budget_s=WALK_BUDGET_S)
+            if use is None:
+                continue  # gone, or stopped, since the list
+            self.telemetry.disk_walked(use.walk_s)
+            figures = DiskFigures(use.used_bytes, state.disk_limit_bytes)
+            measured[state.name] = Measured(
+                state.id, figures, use.complete, state.run_id, at=now, store_used=used
+            )
+            if not use.complete:
+                log.warning(
+                    "disk monitor: %s: walk past %g s, %s bytes counted so far",
+                    state.name, WALK_BUDGET_S, use.used_bytes,
+                    extra=job_fields(state.name, state.run_id),
+                )  # fmt: skip
+        self.measured = measured
+
+    def _due(self, seen: Measured, used: int | None, store: ImageStore, now: float) -> bool:
+        """Whether a job measured before must be walked again now: under pressure (the
+        fair share needs every size), once `FULL_WALK_PASSES` passes have gone, or when
+        the store has grown enough since its last walk that it could be past its limit
+        (no job grows by more than the store does)."""
+        if store.pressure or not seen.complete or used is None or seen.store_used is None:
+            return True
+        if now - seen.at >= FULL_WALK_PASSES * self.interval_s:
+            return True
+        limit, before = seen.figures.limit_bytes, seen.figures.used_bytes
+        if limit is None or before is None:
+            return False  # no limit to pass: its size matters under pressure only
+        return before + max(0, used - seen.store_used) > limit
+
+    def _relieve(self, running: list[ContainerState], store: ImageStore) -> None:
+        """Step 2: the largest writer, when it holds more than its fair share."""
+        share = fair_share(store, len(running), high_percent=self.gc.high)
+        sized = [(self.figures(s), s) for s in running]
+        known = [(f.used_bytes, s) for f, s in sized if f is not None and f.used_bytes is not None]
+        if share is None or not known:
+            return
+        used, largest = max(known, key=lambda pair: pair[0])
+        if used > share:
+            figures = DiskFigures(used, largest.disk_limit_bytes)
+            self._stop(largest, figures, DISK_PRESSURE, share=share)
+
+    def _stop(
+        self, state: ContainerState, figures: DiskFigures, reason: str, *, share: int | None = None
+    ) -> None:
+        if (task := self._stops.get(state.name)) is not None and not task.done():
+            return
+        why = f"limit {figures.limit_bytes}" if share is None else f"fair share {share}"
+        log.warning(
+            "disk monitor: stopping %s: %s bytes written (%s bytes), %s",
+            state.name, figures.used_bytes, why, reason,
+            extra=job_fields(state.name, state.run_id),
+        )  # fmt: skip
+        self._stops[state.name] = self._tasks.spawn(
+            self._stopped(state, figures, reason), name=f"disk stop {state.name}"
+        )
+        self._stops = {name: t for name, t in self._stops.items() if not t.done()}
+
+    async def _stopped(self, state: ContainerState, figures: DiskFigures, reason: str) -> None:
+        """The reason first, in the node state (a restart keeps it), then the stop."""
+        node = self.store.node.stopped([state.handle], reason, disk_used=figures.used_bytes)
+        try:
+            await self.store.save(node)
+        except NodeError as exc:  # in force all the same: the job must stop
+            log.warning("%s", exc.message)
+        await self.stopper.stop(state.name)
+
+    async def close(self) -> None:
+        await self._tasks.close()
+
+
+def store_used(store: ImageStore) -> int | None:
+    """The store's bytes in use (counting what only root may use); None: unknown."""
+    if store.total_bytes is None or store.free_bytes is None:
+        return None
+    return store.total_bytes - store.free_bytes
+
+
+def over_high(store: ImageStore, high_percent: int) -> int:
+    """Bytes the store holds above its high threshold (0: none, or unknown)."""
+    room = store.room(high_percent)
+    return max(0, -room) if room is not None else 0
+
+
+def fair_share(store: ImageStore, jobs: int, *, high_percent: int) -> int | None:
+    """The bytes a job may hold of a store under pressure before it is the one stopped:
+    the store below its high threshold divided among the running jobs and the image
+    cache (one more tenant). None: the store's size is unknown."""
+    if store.total_bytes is None or jobs <= 0:
+        return None
+    return store.total_bytes * high_percent // 100 // (jobs + 1)

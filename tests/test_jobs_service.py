@@ -45,6 +45,7 @@ from tuneplane_node.jobs.pending import FAILED_RECORD_TTL_S
 from tuneplane_node.runtime.base import (
     LABEL_GPUS,
     LABEL_RUN_ID,
+    REMOTE,
     ContainerSpec,
     ContainerState,
     LogStream,
@@ -1262,3 +1263,21 @@ async def drained(service: JobService, clock: FakeClock) -> None:
     while service.node.state != "drained":
         clock.advance(DRAIN_AGAIN_S)
         await settle()
+
+
+async def test_an_engine_on_another_machine_takes_no_host_mount(
+    service: JobService, fake: FakeRuntime, storage: Path
+) -> None:
+    """A path of this machine means nothing there, and a staged one cannot be handed
+    over: a 422 for each mount, never the path as given (issue 33)."""
+    fake.mount_mode = REMOTE
+    with pytest.raises(InvalidField) as refused:
+        await service.launch(with_mounts("r1", Mount(str(storage), "/a"), Mount("/x", "/b")))
+    assert [error.field for error in refused.value.errors] == [
+        "container.mounts[0]",
+        "container.mounts[1]",
+    ]
+    assert "engine is on another machine" in refused.value.reason
+    assert not fake.containers
+    await service.launch(with_mounts("r2"))  # without mounts it runs
+    assert "tuneplane-r2" in fake.containers

@@ -94,10 +94,13 @@ class MountStaging:
 
     @staticmethod
     def _unmount(path: str) -> None:
+        """EINVAL: not a mount point (the bind failed); EPERM: a node that cannot mount
+        made none here. Either way the removal that follows says whether one is left
+        (EBUSY), so a refusal is never hidden behind its clean-up."""
         try:
             mountapi.detach(path)
         except OSError as exc:
-            if exc.errno != errno.EINVAL:  # not a mount point: the launch failed before it
+            if exc.errno not in (errno.EINVAL, errno.EPERM):
                 raise
 
     def keys(self) -> list[str]:

@@ -338,7 +338,7 @@ async def test_with_the_init_a_missing_command_is_a_job_that_fails_at_once_sayin
     # No wait for the log: both engines write a job's last output before they say it
     # exited (docker's log copier and podman's conmon drain the job's pipes first).
     log = await node.logs(ref)
-    if engine == "podman" and await tail_drops_pieces(node):
+    if engine == "podman" and await tail_drops_pieces(podman_of(node)):
         entries = await podman_log_entries(node, ref)
         if not any(MISSING in text for whole, text in entries if whole):
             assert MISSING in "".join(text for _, text in entries), entries  # recorded
@@ -350,18 +350,23 @@ async def test_with_the_init_a_missing_command_is_a_job_that_fails_at_once_sayin
     assert body["detail"].startswith(f"container.user: {engine} refused to run")
 
 
-async def tail_drops_pieces(node: Console) -> bool:
-    """Whether the node's podman is one whose tail reads drop a line's first pieces."""
-    version = (await node.health())["runtime"]["version"]
+def podman_of(node: Console) -> PodmanRuntime:
+    feed = node_cache(node).inner
+    engine = feed.inner if isinstance(feed, TrackingRuntime) else feed
+    assert isinstance(engine, PodmanRuntime), engine
+    return engine
+
+
+async def tail_drops_pieces(engine: PodmanRuntime) -> bool:
+    """Whether this podman is one whose tail reads drop a line's first pieces."""
+    version = await engine.pool.call(engine._version)
     return tuple(int(part) for part in version.split(".")[:2]) < (4, 7)
 
 
 async def podman_log_entries(node: Console, ref: str) -> list[tuple[bool, str]]:
     """Podman's log file of the job, entry by entry (k8s-file: ``TIME STREAM P|F TEXT``):
     whether the entry ends its line (F, else a piece: P), and its text."""
-    feed = node_cache(node).inner
-    engine = feed.inner if isinstance(feed, TrackingRuntime) else feed
-    assert isinstance(engine, PodmanRuntime), engine
+    engine = podman_of(node)
     document = await engine.pool.call(engine._document, ref)
     path = Path(document["HostConfig"]["LogConfig"]["Path"])
     entries = []

@@ -349,6 +349,7 @@ async def check_the_truth(
     assert not left, f"wreckage left after a restart: {left}"
 
 
+@pytest.mark.timeout(1800)  # minutes on a quiet machine, several times that on a loaded one
 async def test_a_daemon_killed_at_random_moments_of_launches_leaves_the_truth(
     own_docker: TrackingRuntime, proxy: ThrottlingProxy, tmp_path: Path
 ) -> None:
@@ -363,38 +364,46 @@ async def test_a_daemon_killed_at_random_moments_of_launches_leaves_the_truth(
         "TUNEPLANE_LOCAL_GPU_PASSTHROUGH": "false",
     }
     moments = collections.Counter[str]()
-    async with aiohttp.ClientSession(headers=HEADERS) as session:
-        for n in range(KILLS):
-            run_id, image = f"killed-{n}", rng.choice([IMAGE, IMAGE, slow])
-            if image == slow:
-                await forget_image(own_docker, slow)
-            port = free_port()
-            daemon = spawn_daemon(tmp_path, port, settings_of=settings)
-            base = f"http://127.0.0.1:{port}"
-            await answering(session, base)
-            container = {"image": image, "command": ["/bin/sleep", "300"]}
-            body = {"run_id": run_id, "requested_gpus": rng.choice([1, 2]), "container": container}
-            launch = asyncio.create_task(session.post(f"{base}/node/v1/launch", json=body))
-            await asyncio.sleep(rng.uniform(0, 0.6 if image == slow else 0.25))
-            daemon.kill()  # SIGKILL: no clean-up of any kind
-            daemon.wait()
-            with contextlib.suppress(aiohttp.ClientError):
-                moments["answered" if (await launch).status == 200 else "refused"] += 1
-            moments["killed"] += 1
+    daemon = None
+    try:
+        async with aiohttp.ClientSession(headers=HEADERS) as session:
+            for n in range(KILLS):
+                run_id, image = f"killed-{n}", rng.choice([IMAGE, IMAGE, slow])
+                if image == slow:
+                    await forget_image(own_docker, slow)
+                port = free_port()
+                daemon = spawn_daemon(tmp_path, port, settings_of=settings)
+                base = f"http://127.0.0.1:{port}"
+                await answering(session, base)
+                container = {"image": image, "command": ["/bin/sleep", "300"]}
+                gpus = rng.choice([1, 2])
+                body = {"run_id": run_id, "requested_gpus": gpus, "container": container}
+                launch = asyncio.create_task(session.post(f"{base}/node/v1/launch", json=body))
+                await asyncio.sleep(rng.uniform(0, 0.6 if image == slow else 0.25))
+                daemon.kill()  # SIGKILL: no clean-up of any kind
+                daemon.wait()
+                with contextlib.suppress(aiohttp.ClientError):
+                    moments["answered" if (await launch).status == 200 else "refused"] += 1
+                moments["killed"] += 1
 
-            port = free_port()
-            daemon = spawn_daemon(tmp_path, port, settings_of=settings)
-            base = f"http://127.0.0.1:{port}"
-            await answering(session, base)
-            await check_the_truth(session, base, engine, young=run_id)
-            async with session.post(f"{base}/node/v1/launch", json=body) as again:
-                assert again.status == 200, await again.text()
-            await until_running(session, base, f"tuneplane-{run_id}")
-            await check_the_truth(session, base, engine)
-            async with session.post(f"{base}/node/v1/remove", json={"ref": f"tuneplane-{run_id}"}):
-                pass
-            daemon.terminate()
-            assert daemon.wait(timeout=30) == 0
+                port = free_port()
+                daemon = spawn_daemon(tmp_path, port, settings_of=settings)
+                base = f"http://127.0.0.1:{port}"
+                await answering(session, base)
+                await check_the_truth(session, base, engine, young=run_id)
+                async with session.post(f"{base}/node/v1/launch", json=body) as again:
+                    assert again.status == 200, await again.text()
+                await until_running(session, base, f"tuneplane-{run_id}")
+                await check_the_truth(session, base, engine)
+                ref = f"tuneplane-{run_id}"
+                async with session.post(f"{base}/node/v1/remove", json={"ref": ref}):
+                    pass
+                daemon.terminate()
+                assert daemon.wait(timeout=30) == 0
+    finally:  # a failed or interrupted walk leaves no daemon behind
+        if daemon is not None and daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
     print(f"\nkilled the daemon {KILLS} times mid-launch: {dict(moments)}")
 
 

@@ -139,6 +139,7 @@ class Fuzzer:
         return {**HEADERS, "X-TunePlane-Node-Protocol": self.rng.choice(["2", "", "1.0", "x"])}
 
 
+@pytest.mark.timeout(1800)  # minutes on a quiet machine, several times that on a loaded one
 async def test_ten_thousand_hostile_requests_get_no_5xx_and_start_nothing_refused(
     make_node: MakeNode, own_docker: TrackingRuntime, caplog: pytest.LogCaptureFixture
 ) -> None:

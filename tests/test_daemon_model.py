@@ -263,6 +263,7 @@ async def world(throwaway_docker: ThrowawayDocker) -> AsyncIterator[RealWorld]:
         await world.clean_up()
 
 
+@pytest.mark.timeout(1800)  # minutes on a quiet machine, several times that on a loaded one
 async def test_a_random_walk_on_real_docker_keeps_every_promise(world: RealWorld) -> None:
     started = time.monotonic()
     for _ in range(STEPS):

@@ -230,10 +230,15 @@ class TooManyWatches(NodeError):
     status = 429
     code: ClassVar[str] = "too_many_requests"
 
-    def __init__(self, *, limit: int) -> None:
+    def __init__(self, *, limit: int, observers: bool = False) -> None:
+        held = (
+            "of tokens other than full waiting, the most this node holds for them (the rest "
+            "of TUNEPLANE_WATCH_MAX is kept for consoles)"
+            if observers
+            else "waiting, the most this node holds at once (TUNEPLANE_WATCH_MAX)"
+        )
         super().__init__(
-            f"already {limit} watch queries waiting, the most this node holds at once "
-            "(TUNEPLANE_WATCH_MAX); try again later, or ask with wait=0"
+            f"already {limit} watch queries {held}; try again later, or ask with wait=0"
         )
         self.limit = limit
 

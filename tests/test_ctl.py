@@ -360,19 +360,28 @@ def test_the_token_comes_from_a_file_before_the_environment(
     assert ctl("health", token=TOKEN, url=engine_down_node.url)[0] == 0  # the environment
 
 
+def node_of_one_token(
+    start_node: StartNode, tmp_path: Path, line: str
+) -> tuple[Node, tuple[str, str]]:
+    """A daemon on the process runtime whose token file holds ``line``; ctl's options
+    for that file."""
+    tokens = tmp_path / "one.token"
+    tokens.write_text(line)
+    node = start_node(
+        TUNEPLANE_LOCAL_RUNTIME="process",
+        TUNEPLANE_LOCAL_GPU_COUNT="2",
+        TUNEPLANE_NODE_TOKEN_FILE=str(tokens),
+    )
+    return node, ("--token-file", str(tokens))
+
+
 @pytest.mark.slow  # a daemon process of its own
 def test_an_observe_token_serves_the_read_verbs_and_is_refused_the_rest(
     ctl: Ctl, start_node: StartNode, tmp_path: Path
 ) -> None:
     """Issue 25, finding 2: the daemon's own token file, as it is, is ctl's token file."""
-    observer = tmp_path / "observer.token"
-    observer.write_text("# the dashboard's\nobserver-0123456789abcdef name=grafana scope=observe\n")
-    node = start_node(
-        TUNEPLANE_LOCAL_RUNTIME="process",
-        TUNEPLANE_LOCAL_GPU_COUNT="2",
-        TUNEPLANE_NODE_TOKEN_FILE=str(observer),
-    )
-    file = ("--token-file", str(observer))
+    line = "# the dashboard's\nobserver-0123456789abcdef name=grafana scope=observe\n"
+    node, file = node_of_one_token(start_node, tmp_path, line)
     for verb in (("health",), ("inventory",), ("observe", "tuneplane-x"), ("stats",)):
         code, _, err = ctl(*verb, *file, token=None, url=node.url)
         assert code == 0, (verb, err)
@@ -380,7 +389,31 @@ def test_an_observe_token_serves_the_read_verbs_and_is_refused_the_rest(
     assert code == 1
     assert err == (
         "tuneplane-node ctl: the node refused (403): this token's scope is observe: "
-        "POST /node/v1/cordon needs a token of scope full\n"
+        "POST /node/v1/cordon needs a token of scope operate\n"
+    )
+
+
+@pytest.mark.slow  # a daemon process of its own
+def test_an_operate_token_serves_the_operators_verbs_and_no_jobs(
+    ctl: Ctl, start_node: StartNode, tmp_path: Path
+) -> None:
+    """Issue 36, finding 2: an operator's ctl could not list images, cordon or drain
+    without the console's token, which launches too."""
+    line = "operator-0123456789abcdef name=ops scope=operate\n"
+    node, file = node_of_one_token(start_node, tmp_path, line)
+    for verb in (
+        ("images",),
+        ("cordon", "--reason", "x"),
+        ("drain", "--reason", "y"),
+        ("uncordon",),
+    ):
+        code, _, err = ctl(*verb, *file, token=None, url=node.url)
+        assert code == 0, (verb, err)
+    code, _, err = ctl("stop", "tuneplane-x", *file, token=None, url=node.url)
+    assert (code, err) == (
+        1,
+        "tuneplane-node ctl: the node refused (403): this token's scope is operate: "
+        "POST /node/v1/stop needs a token of scope full\n",
     )
 
 

@@ -343,9 +343,11 @@ def test_a_5xx_exits_3_with_the_nodes_detail(ctl: Ctl, engine_down_node: Node) -
 
 @pytest.mark.slow  # a daemon process of its own
 def test_health_of_a_node_without_its_engine_says_not_ok(ctl: Ctl, engine_down_node: Node) -> None:
+    """Issue 36, finding 7: health exited 0 when ok was false."""
     code, out, _ = ctl("health", url=engine_down_node.url)
-    assert code == 0  # the node answered; what it said is on the screen
+    assert code == 4  # the node answered, not ok; what it said is on the screen
     assert "NOT OK" in out and "engine unreachable" in out
+    assert ctl("health", "--json", url=engine_down_node.url)[0] == 4
     assert "unknown total" in out  # the cards are unknown, not zero
 
 
@@ -355,9 +357,10 @@ def test_the_token_comes_from_a_file_before_the_environment(
 ) -> None:
     (tmp_path / "token").write_text(f"# the console's token\n\n  {TOKEN}  \nnext-token\n")
     file = ("--token-file", str(tmp_path / "token"))
-    assert ctl("health", *file, token="wrong", url=engine_down_node.url)[0] == 0
-    assert ctl("health", *file, token=None, url=engine_down_node.url)[0] == 0
-    assert ctl("health", token=TOKEN, url=engine_down_node.url)[0] == 0  # the environment
+    # 4: the node answered (and is not ok), so the token was taken
+    assert ctl("health", *file, token="wrong", url=engine_down_node.url)[0] == 4
+    assert ctl("health", *file, token=None, url=engine_down_node.url)[0] == 4
+    assert ctl("health", token=TOKEN, url=engine_down_node.url)[0] == 4  # the environment
 
 
 def node_of_one_token(
@@ -440,7 +443,8 @@ def self_signed(directory: Path, name: str) -> tuple[Path, Path]:
 
 def https_node(start_node: StartNode, cert: Path, key: Path, **settings: str) -> Node:
     files = {"TUNEPLANE_TLS_CERT_FILE": str(cert), "TUNEPLANE_TLS_KEY_FILE": str(key)}
-    return start_node("https", TUNEPLANE_LOCAL_RUNTIME="process", **files, **settings)
+    ready = {"TUNEPLANE_LOCAL_RUNTIME": "process", "TUNEPLANE_LOCAL_GPU_COUNT": "2"}
+    return start_node("https", **ready, **files, **settings)
 
 
 def test_https_with_the_nodes_ca_and_without(
@@ -622,10 +626,26 @@ def test_json_health_is_the_apis_own_answer(ctl: Ctl, docker_node: Node) -> None
 
 
 @pytest.mark.engine
+def test_health_says_card_jobs_cannot_run_and_exits_5(ctl: Ctl, start_node: StartNode) -> None:
+    """Issue 36, finding 3: "health ok, 2 free" while every card launch was a 409."""
+    error = asyncio.run(_docker_error())
+    if error is not None:
+        engine_missing("docker", error)
+    node = start_node(**{**docker_node_settings(), "TUNEPLANE_LOCAL_GPU_PASSTHROUGH": "true"})
+    code, out, _ = ctl("health", url=node.url)
+    assert code == 5, out
+    assert re.search(r"health +ok", out)
+    assert re.search(r"card jobs +CANNOT RUN: docker has no nvidia runtime", out), out
+    assert "nvidia-ctk runtime configure" in " ".join(out.split())  # the fix, maybe wrapped
+    assert ctl("health", "--json", url=node.url)[0] == 5
+
+
+@pytest.mark.engine
 def test_health_and_inventory_render_as_tables(ctl: Ctl, docker_node: Node, tmp_path: Path) -> None:
     code, out, _ = ctl("health", url=docker_node.url)
     assert code == 0
     assert re.search(r"health +ok", out) and re.search(r"engine +docker \d", out)
+    assert re.search(r"card jobs +can run", out)
     assert "2 total, 2 free, 0 reserved" in out
     assert re.search(r"│ 0 +│ unknown .*│ free +│", out)  # card 0 in the cards table
     code, out, _ = ctl("inventory", url=docker_node.url)

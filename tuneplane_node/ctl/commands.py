@@ -29,6 +29,11 @@ from tuneplane_node.printable import printable
 from tuneplane_node.wire.fields import Body, Field, Schema
 from tuneplane_node.wire.requests import CONTAINER, PULL_POLICIES, job_signal
 
+NOT_OK = 4
+"""``health``'s exit code: the node answered, and it is not ok (``ok: false``)."""
+NO_CARD_JOBS = 5
+"""``health``'s exit code: the node is ok, and a launch asking for cards would be a 409
+(``gpu_ready: false``)."""
 POLL_S = 0.5
 STATS_S = 2.0
 WATCH_WAIT_S = 60.0  # the node's default: an idle watch asks once a minute
@@ -93,7 +98,8 @@ def add_parser(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         parents=[_common(defaults=True)],
         help="talk to a node's API: health, launch, observe, logs, stop, cordon...",
         description="A client of the node's HTTP API. Exit codes: 0 done, 1 the node "
-        "refused (4xx), 2 usage, 3 node unreachable or failed (5xx).",
+        "refused (4xx), 2 usage, 3 node unreachable or failed (5xx); health: 4 the node is "
+        "not ok, 5 it cannot run the card jobs it has.",
     )
     sub = ctl.add_subparsers(dest="ctl_verb", metavar="VERB", required=True)
     common = _common(defaults=False)
@@ -274,7 +280,14 @@ def _mount(text: str) -> list[str | bool]:
 
 
 def health(ctl: Ctl, args: argparse.Namespace) -> int:
-    return ctl.show(ctl.client.health().raw, render.show_health)
+    """The table (or the JSON); the exit code says the verdict, for a script or a probe:
+    `NOT_OK` when the node is not ok, `NO_CARD_JOBS` when it has cards and cannot run
+    card jobs (``gpu_ready: false``)."""
+    answer = ctl.client.health().raw
+    ctl.show(answer, render.show_health)
+    if answer.get("ok") is not True:
+        return NOT_OK
+    return NO_CARD_JOBS if answer.get("gpu_ready") is False else 0
 
 
 def inventory(ctl: Ctl, args: argparse.Namespace) -> int:

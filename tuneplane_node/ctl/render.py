@@ -116,6 +116,7 @@ def _health_facts(answer: Mapping[str, Any], now: datetime) -> Table:
     table = _facts()
     ok = answer.get("ok")
     table.add_row("health", "[green]ok[/]" if ok else f"[red]NOT OK[/]: {answer.get('error', '')}")
+    table.add_row("card jobs", card_jobs(answer))
     if isinstance(answer.get("node_state"), Mapping):
         table.add_row("node", node_state(answer["node_state"], now))
     runtime = answer.get("runtime") or {}
@@ -139,6 +140,16 @@ def _health_facts(answer: Mapping[str, Any], now: datetime) -> Table:
     if isinstance(answer.get("image_store"), Mapping):
         table.add_row("image store", image_store(answer["image_store"]))
     return table
+
+
+def card_jobs(answer: Mapping[str, Any]) -> str:
+    """Whether a launch asking for cards can run: health's ``gpu_ready`` and its reason."""
+    ready = answer.get("gpu_ready")
+    if ready is True:
+        return "[green]can run[/]"
+    if ready is False:
+        return f"[red]CANNOT RUN[/]: {answer.get('gpu_not_ready_reason') or UNKNOWN}"
+    return "none: the node has no cards" if answer.get("gpus_total") == 0 else UNKNOWN
 
 
 def image_store(store: Mapping[str, Any]) -> str:

@@ -40,6 +40,7 @@ are translated there (one table per engine, `runtime/engine.py`) with the cause 
     │   ├── GpuNotReady gpu_not_ready       the engine cannot hand this node's cards to a
     │   │                                   container
     │   ├── NameTaken name_held             the container name is held by another run
+    │   ├── RunConflict run_conflict        the run's container was launched with another spec
     │   ├── NodeCordoned cordoned           the operator took the node out of service
     │   ├── NotRunning not_running          a signal for a job that is not running
     │   ├── NoRdma no_rdma                  a launch needs RDMA devices the node lacks
@@ -431,6 +432,22 @@ class NameTaken(Conflict):
         super().__init__(f"the container name {ref} is held by run {run_id}")
         self.ref = ref
         self.run_id = run_id
+
+
+class RunConflict(Conflict):
+    """A launch of a run whose container (or pending launch) exists with another spec: a
+    retry is idempotent only when it asks for the same job; nothing is done."""
+
+    code: ClassVar[str] = "run_conflict"
+
+    def __init__(self, *, ref: str, run_id: str, fields: Sequence[str]) -> None:
+        super().__init__(
+            f"run {run_id} already has {ref}, launched with another spec ({', '.join(fields)} "
+            "differ): remove it to launch the new one, or send the spec it was launched with"
+        )
+        self.ref = ref
+        self.run_id = run_id
+        self.fields = tuple(fields)
 
 
 class NodeCordoned(Conflict):

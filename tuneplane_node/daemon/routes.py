@@ -36,13 +36,14 @@ from tuneplane_node.errors import (
     NoRdma,
     NotRunning,
     RegistryRefused,
+    RunConflict,
     SpecRefused,
     TooManyAuthFailures,
     TooManyFollows,
     TooManyWatches,
     Unauthorized,
 )
-from tuneplane_node.jobs import AlreadyPending, AlreadyRunning, Pulling, Started
+from tuneplane_node.jobs import AlreadyExited, AlreadyPending, AlreadyRunning, Pulling, Started
 from tuneplane_node.jobs.pending import PULLING
 from tuneplane_node.wire import answers, images, requests, schema
 from tuneplane_node.wire.fields import Body
@@ -58,6 +59,7 @@ LAUNCH_ERRORS: tuple[schema.Raised, ...] = (
     NoCapacity,
     GpuNotReady,
     NameTaken,
+    RunConflict,
     NodeCordoned,
     NoRdma,
     EngineConflict,
@@ -68,6 +70,7 @@ LAUNCH_ERRORS: tuple[schema.Raised, ...] = (
 LAUNCH_OUTCOMES = {
     Started: "started",
     AlreadyRunning: "running",
+    AlreadyExited: "exited",
     Pulling: "pulling",
     AlreadyPending: "pending",
 }

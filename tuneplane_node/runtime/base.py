@@ -41,7 +41,13 @@ LABEL_GPUS = "tuneplane.gpus"
 
 LABEL_NETWORK = "tuneplane.network"
 """Set only when the node ran a job on another network than it asked for: which one."""
-NODE_LABELS = (LABEL_RUN_ID, LABEL_GPUS, LABEL_NETWORK)
+LABEL_SPEC = "tuneplane.spec"
+"""A digest of each field of the spec the run was launched with (`jobs.retries`): a
+retry with another spec is told apart. The node's own: observe never shows it."""
+NODE_LABELS = (LABEL_RUN_ID, LABEL_GPUS, LABEL_NETWORK, LABEL_SPEC)
+HIDDEN_LABELS = frozenset({LABEL_SPEC})
+"""Labels the node keeps for itself: no answer shows them (a 0.3.15 console's observe
+reads the labels it always did)."""
 
 LIVE_STATUSES = frozenset({"running", "created", "paused", "restarting"})
 """A container in one of these holds its cards: it runs, or may run without asking us."""

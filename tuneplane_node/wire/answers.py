@@ -27,7 +27,7 @@ from tuneplane_node.jobs.results import (
     StoppedView,
 )
 from tuneplane_node.jobs.stopper import SIGNALLED, WARNED
-from tuneplane_node.runtime.base import CacheStatus, ContainerState, LogText
+from tuneplane_node.runtime.base import HIDDEN_LABELS, CacheStatus, ContainerState, LogText
 from tuneplane_node.wire import PROTOCOL, PROTOCOLS
 from tuneplane_node.wire.fields import Words
 
@@ -51,7 +51,9 @@ PendingPhase = Annotated[
 LaunchPhase = Annotated[
     str,
     Words(
-        "LaunchPhase", ("running", PULLING, STARTING, FAILED), "What a launch did: runs, or pends."
+        "LaunchPhase",
+        ("running", "exited", PULLING, STARTING, FAILED),
+        "What a launch did: runs, or pends; `exited` only for `relaunch: false`.",
     ),
 ]
 StopPhase = Annotated[
@@ -135,13 +137,18 @@ def _container_json(view: ContainerState) -> StateJson:
         "exists": view.exists,
         "status": view.status if view.exists else None,
         "exit_code": view.exit_code,
-        "labels": dict(view.labels),
+        "labels": shown_labels(view.labels),
         "created_at": view.created_at,
         "started_at": view.started_at,
         "finished_at": view.finished_at,
         "oom_killed": view.oom_killed,
         "stop_signal": view.stop_signal if view.exists else None,
     }
+
+
+def shown_labels(labels: Mapping[str, str]) -> dict[str, str]:
+    """A job's labels as answers show them: the node's own (`HIDDEN_LABELS`) left out."""
+    return {key: value for key, value in labels.items() if key not in HIDDEN_LABELS}
 
 
 def _pending_json(view: PendingView) -> PendingStateJson:
@@ -152,7 +159,7 @@ def _pending_json(view: PendingView) -> PendingStateJson:
         "exists": True,
         "status": "dead" if view.failed else "created",
         "exit_code": None,
-        "labels": dict(view.labels),
+        "labels": shown_labels(view.labels),
         "created_at": None,
         "started_at": None,
         "finished_at": None,
@@ -308,6 +315,13 @@ class RunningJson(TypedDict):
     ref: str
 
 
+class ExitedJson(TypedDict):
+    phase: LaunchPhase
+    idempotent: bool
+    exit_code: int | None
+    ref: str
+
+
 class PullingJson(TypedDict):
     phase: LaunchPhase
     image: str
@@ -322,7 +336,7 @@ class PendingJson(TypedDict):
     ref: str
 
 
-LaunchJson = StartedJson | RunningJson | PullingJson | PendingJson
+LaunchJson = StartedJson | RunningJson | ExitedJson | PullingJson | PendingJson
 
 
 def launch_json(result: results.LaunchResult, *, ref: str) -> LaunchJson:
@@ -333,6 +347,8 @@ def launch_json(result: results.LaunchResult, *, ref: str) -> LaunchJson:
         return {"phase": "running", "container_id": result.container_id, "gpus": gpus, "ref": ref}
     if isinstance(result, results.AlreadyRunning):
         return {"phase": "running", "idempotent": True, "gpus": [*result.gpus], "ref": ref}
+    if isinstance(result, results.AlreadyExited):
+        return {"phase": "exited", "idempotent": True, "exit_code": result.exit_code, "ref": ref}
     if isinstance(result, results.Pulling):
         wanted = result.requested_gpus
         return {"phase": "pulling", "image": result.image, "requested_gpus": wanted, "ref": ref}

@@ -192,7 +192,16 @@ def parse_launch(body: Mapping[str, Any]) -> LaunchRequest:
         spec = refusals.read(parse_container, container, seen)
         auth = refusals.read(_registry_auth, Given(container, "container.registry_auth", seen))
         policy = refusals.read(_pull_policy, Given(container, "container.pull_policy", seen))
-    return LaunchRequest(run_id, requested, spec, auth=auth, pull_policy=policy)
+        relaunch = refusals.read(_relaunch, body.get("relaunch"))
+    return LaunchRequest(run_id, requested, spec, auth=auth, pull_policy=policy, relaunch=relaunch)
+
+
+def _relaunch(value: object) -> bool:
+    """``true`` (the default, also for ``""`` and null) or ``false``."""
+    value = _empty_as(value, True)
+    if not isinstance(value, bool):
+        raise InvalidField("relaunch", "must be true or false")
+    return value
 
 
 def _run_id(body: Mapping[str, Any]) -> str:
@@ -735,6 +744,17 @@ LAUNCH = Body(
             "length of `container.gpus`.",
         ),
         Field("container", CONTAINER, "An object:", required=True),
+        Field(
+            "relaunch",
+            or_empty({"type": "boolean"}),
+            "What a launch of a run whose container exited does. `true` (the default, as "
+            'in 0.3.15; also for `""`): the exited container (its exit code and logs) '
+            "is removed and the job launched again. `false`: at most once: the exited "
+            "job is the answer (`phase: exited`, its `exit_code`, `idempotent: true`), "
+            "nothing removed or started. Either way, a launch of a run whose container "
+            "or pending launch exists with another spec is a `409` (`run_conflict`) "
+            "naming the fields that differ, and one with the same spec is idempotent.",
+        ),
     ),
 )
 LAUNCH_FIELDS = LAUNCH.names

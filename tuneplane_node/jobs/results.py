@@ -63,6 +63,7 @@ class Stopping:
 
     phase: str
     since: str
+    note: str | None = None  # why the stop went otherwise than asked
 
 
 # --- launch -----------------------------------------------------------------------------

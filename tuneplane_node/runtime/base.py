@@ -511,6 +511,13 @@ class ContainerRuntime(Protocol):
         the process runtime. Missing, or not running: nothing to do. Returns at once: the
         job's exit arrives later (`wait_exited`)."""
 
+    async def catches(self, ref: str, signal: str) -> bool | None:
+        """Whether a process of the running job (below its init) has a handler for
+        ``signal`` (`sigcatch`): the warning phase of a stop is only for a job that
+        hears it. None where this machine cannot read the job's processes (a remote
+        engine, another pid namespace, the process runtime) or the job is not running:
+        the caller sends as asked."""
+
     async def wait_exited(self, name: str, timeout: float) -> bool:
         """Wait at most ``timeout`` seconds until the container (by exact name) runs no
         more: exited, dead or gone. True when it does. Holds no thread while it waits:

@@ -87,7 +87,11 @@ class StateJson(TypedDict):
     stop_signal: str | None
 
 
-class StoppingJson(TypedDict):
+class _StoppingOptional(TypedDict, total=False):
+    note: str  # "warning skipped: not caught": the job has no handler for the warning
+
+
+class StoppingJson(_StoppingOptional):
     phase: StopPhase
     since: str
 
@@ -127,7 +131,10 @@ def _stopped_json(view: StoppedView) -> StoppedStateJson:
     if view.stop_reason:
         shown["stop_reason"] = view.stop_reason
     if view.stopping:
-        shown["stopping"] = {"phase": view.stopping.phase, "since": view.stopping.since}
+        stopping: StoppingJson = {"phase": view.stopping.phase, "since": view.stopping.since}
+        if view.stopping.note:
+            stopping["note"] = view.stopping.note
+        shown["stopping"] = stopping
     return shown
 
 

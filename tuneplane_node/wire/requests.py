@@ -1046,7 +1046,10 @@ WARNING = (
         "warn_signal",
         or_null(SIGNAL),
         f"A signal sent before the stop signal, for the job to checkpoint and end by "
-        f"itself: {SIGNALS_DOC}. Absent: no warning.",
+        f"itself: {SIGNALS_DOC}. Absent: no warning. Sent only to a job that catches it "
+        "(a process below its init has a handler): to one that does not, it would be "
+        "the end at once, so that job gets its stop signal without the warning phase "
+        "(observe: `warning skipped: not caught`).",
     ),
     _seconds(
         "warn_s",

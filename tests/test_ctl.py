@@ -335,6 +335,31 @@ def test_a_wrong_token_exits_1(ctl: Ctl, engine_down_node: Node) -> None:
 
 
 @pytest.mark.slow  # a daemon process of its own
+def test_json_failures_are_the_nodes_own_error_answers(ctl: Ctl, engine_down_node: Node) -> None:
+    """Issue 36, finding 7: ``--json`` printed a sentence on a refusal."""
+    url = engine_down_node.url
+    code, out, err = ctl("--json", "reap", "--max-age", "-1", url=url)
+    refused = json.loads(err)
+    assert (code, out, refused["code"]) == (1, "", "invalid_field")
+    assert refused["errors"][0]["field"] == "max_age_s" and "must be from 0" in refused["detail"]
+    code, _, err = ctl("--json", "observe", "tuneplane-x", url=url)
+    assert code == 3 and json.loads(err)["code"] == "engine_unavailable"
+    code, _, err = ctl("--json", "health", token=None, url=url)
+    assert (code, json.loads(err)["code"]) == (2, "usage")
+
+
+@pytest.mark.slow  # a daemon process of its own
+def test_tables_in_a_pipe_are_as_wide_as_their_rows(
+    ctl: Ctl, process_node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 36, finding 7: piped tables cut names at 80 columns."""
+    monkeypatch.delenv("COLUMNS")
+    ref = "tuneplane-" + "x" * 110
+    code, out, _ = ctl("observe", ref, url=process_node.url)
+    assert code == 0 and ref in out, out
+
+
+@pytest.mark.slow  # a daemon process of its own
 def test_a_5xx_exits_3_with_the_nodes_detail(ctl: Ctl, engine_down_node: Node) -> None:
     code, _, err = ctl("observe", "tuneplane-x", url=engine_down_node.url)
     assert code == 3
@@ -516,8 +541,8 @@ def test_gc_shows_each_image_removed_and_the_pressure() -> None:
     )
     text = console.export_text()
     assert "Images removed (all scope)" in text and "r/a:1" in text and "abababababab" in text
-    assert "removed 1 image(s), 10.0 MB freed" in text
-    assert "/var/lib/docker: 10.0 GB free of 100.0 GB (90.0% used, PRESSURE)" in text
+    assert "removed 1 image(s), 9.5 MiB freed" in text  # IEC units, as everywhere
+    assert "/var/lib/docker: 9.3 GiB free of 93.1 GiB (90.0% used, PRESSURE)" in text
 
 
 # --- cordon, drain ------------------------------------------------------------------------
@@ -776,7 +801,9 @@ async def test_launch_wait_draws_the_pull_and_ends_running(
         await asyncio.to_thread(daemon.wait, 10)
     assert code == 0, drawn
     assert f"tuneplane-{run_id}: pulling {image}" in drawn
-    bar = re.search(r"pulling \S+ .*?(\d+(\.\d+)?/\d+(\.\d+)? [kM]B) +(\d+(\.\d+)? [kM]B/s)", drawn)
+    bar = re.search(
+        r"pulling \S+ .*?(\d+(\.\d+)?/\d+(\.\d+)? [KM]iB) +(\d+(\.\d+)? [KM]iB/s)", drawn
+    )
     assert bar is not None, drawn  # bytes done of total, and the rate
     assert re.search(r"[01]/1 layers", drawn), drawn
     assert drawn.rstrip().endswith(f"tuneplane-{run_id}: running"), drawn
@@ -889,7 +916,7 @@ async def test_stats_draws_a_live_table_in_a_terminal(tmp_path: Path) -> None:
         assert launched[0] == 0, launched[1]
         # The limit is the node's default: the machine's memory less its reserve.
         # Two pids: the job's shell and its init.
-        live = re.compile(rf"│ {ref} +│ running +│ \d\.\d\d cores +│ .*B / [\d.]+ [kMGT]B +│ 2 ")
+        live = re.compile(rf"│ {ref} +│ running +│ \d\.\d\d cores +│ .*B / [\d.]+ [KMGT]iB +│ 2 ")
         code, drawn = await interrupt_in_terminal(
             ["ctl", "stats", ref, "--interval", "0.5"], env, until=live, times=2
         )
@@ -1092,7 +1119,7 @@ async def test_pull_wait_draws_the_bar_with_rate_and_eta_and_ends_present(
     assert code == 0, drawn
     assert f"{image}: pulling" in drawn
     bar = re.search(
-        r"pulling \S+ .*?\d+(\.\d+)?/\d+(\.\d+)? MB +\d+(\.\d+)? [kM]B/s +ETA \d", drawn
+        r"pulling \S+ .*?\d+(\.\d+)?/\d+(\.\d+)? MiB +\d+(\.\d+)? [KM]iB/s +ETA \d", drawn
     )
     assert bar is not None, drawn  # bytes done of total, the node's rate and time left
     assert re.search(r"\d/\d layers", drawn), drawn

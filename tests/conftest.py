@@ -25,6 +25,7 @@ from tests.helpers import (
     DEV_ROOT,
     TOKEN,
     Console,
+    ServedAsServe,
     ThrottlingProxy,
     ThrowawayDocker,
     TrackingRuntime,
@@ -225,17 +226,19 @@ async def fake_node(
     """The real daemon over a real socket, in front of the fake engine, behind the
     event-fed state cache as in production. With a simulation file in the settings, the
     cards are the file's (the probe the daemon itself would make), else ``probe``'s.
-    Every request waits until the cache has taken the engine's events (`cache_settled`)."""
+    Every request waits until the cache has taken the engine's events (`cache_settled`).
+    ``as_served``: a handler is not cancelled when its client goes (`ServedAsServe`)."""
     caches: list[CachedRuntime] = []
 
-    async def make(**overrides: Any) -> Console:
+    async def make(*, as_served: bool = False, **overrides: Any) -> Console:
         settings = fake_settings(tmp_path, **overrides)
         cached = await fake_cache(fake, settings, clock)
         caches.append(cached)
         cards = make_probe(settings, clock=clock) if settings.gpu_simulation_file else probe
         allocator = GpuAllocator(cached, settings, probe=cards)
         app = create_node_app(settings, runtime=cached, allocator=allocator, clock=clock)
-        return Console(await aiohttp_client(app), settle=lambda: cache_settled(fake, cached))
+        server = ServedAsServe(app) if as_served else app
+        return Console(await aiohttp_client(server), settle=lambda: cache_settled(fake, cached))
 
     yield make
     for cached in caches:

@@ -304,6 +304,7 @@ class FakeRuntime:
         self.usages: dict[str, Usage] = {}  # container name -> what usage() reads for it
         self.written: dict[str, int] = {}  # container name -> bytes it wrote to the disk
         self.holders: dict[int, str] = {}  # pid -> the handle of the container it runs in
+        self.caught: dict[str, bool | None] = {}  # name -> whether it catches a warning
         self.support = DeviceSupport(runtimes=("nvidia", "runc"))  # device_support()'s answer
         self.pool = BlockingPool(2, name="fake")
         self._streams: list[EventStream] = []
@@ -509,6 +510,15 @@ class FakeRuntime:
 
     def holders_of(self, pids: Collection[int]) -> dict[int, str | None]:
         return {pid: self.holders.get(pid) for pid in pids}
+
+    async def catches(self, ref: str, signal: str) -> bool | None:
+        """What the test set in ``caught`` for the job (by name), else True: a job that
+        hears every warning, as the node assumed before it could tell."""
+        self._answer("catches")
+        container = self.find(ref)
+        if container is None or container.status not in RUNNING:
+            return None
+        return self.caught.get(container.spec.name, True)
 
     async def usage(self, refs: Sequence[str]) -> dict[str, Usage]:
         """What the test set in ``usages`` for each running container asked for (by id or

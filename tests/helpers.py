@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient
+from aiohttp.test_utils import TestClient, TestServer
 
 from tuneplane_node.daemon.state import JOBS
 from tuneplane_node.jobs import JobService, PendingView
@@ -513,6 +513,15 @@ def console_0315(run_id: str, requested: int = 2, **container: Any) -> dict[str,
         "user": "",
     }
     return {"run_id": run_id, "requested_gpus": requested, "container": {**spec, **container}}
+
+
+class ServedAsServe(TestServer):
+    """aiohttp's test server without its handler cancellation, which `serve`'s runner
+    does not have: what the node does about a client that went away is tested as it
+    runs (aiohttp's test server cancels such a handler itself)."""
+
+    async def _make_runner(self, **kwargs: Any) -> web.AppRunner:
+        return web.AppRunner(self.app, **{**kwargs, "handler_cancellation": False})
 
 
 TOKEN = "test-token-0123456789"

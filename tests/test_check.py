@@ -5,16 +5,25 @@ the process runtime stands in for an engine where the engine is not the point.""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import socket
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import docker_host, engine_missing, free_port, podman_url, storage_root
+from tests.helpers import (
+    docker_host,
+    engine_missing,
+    free_port,
+    podman_url,
+    spawn_daemon,
+    storage_root,
+)
 from tuneplane_node import cli
 from tuneplane_node.cli import main
 
@@ -278,6 +287,32 @@ def test_the_node_port_in_use_fails(check: Check) -> None:
     )
 
 
+def test_a_serving_node_is_reported_not_failed_on_its_own_port(
+    check: Check, tmp_path: Path
+) -> None:
+    """Issue 36, finding 8: check on a serving node failed on the node's own port."""
+    port, served = free_port(), tmp_path / "served"
+    served.mkdir()
+    daemon = spawn_daemon(served, port, TUNEPLANE_LOCAL_RUNTIME="process")
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert daemon.poll() is None and time.monotonic() < deadline
+            with contextlib.suppress(OSError):
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            time.sleep(0.1)
+        code, lines, _ = check(TUNEPLANE_NODE_HOST="127.0.0.1", TUNEPLANE_NODE_PORT=str(port))
+    finally:
+        daemon.kill()
+        daemon.wait(timeout=10)
+    assert lines["port"] == (
+        f"ok port: 127.0.0.1:{port}: served by a running tuneplane-node "
+        f"(pid {daemon.pid}, port {port})"
+    ), lines["port"]
+    assert code == 0
+
+
 def test_the_jobs_bounds_are_said_and_a_reachable_plain_api_is_warned_of(check: Check) -> None:
     code, _, out = check(TUNEPLANE_JOB_PIDS_LIMIT="2048")
     jobs = [line for line in out.splitlines() if " jobs: " in line]
@@ -305,7 +340,7 @@ def test_a_reserve_larger_than_the_machine_fails(check: Check) -> None:
 
 @pytest.mark.engine
 @pytest.mark.parametrize("engine", ["docker", "podman"])
-def test_whether_the_engine_remaps_users_is_said(check: Check, engine: str) -> None:
+def test_whether_the_engine_remaps_users_is_said(check: Check, engine: str, tmp_path: Path) -> None:
     settings = {"TUNEPLANE_LOCAL_RUNTIME": engine}
     if engine == "docker":
         settings["TUNEPLANE_DOCKER_HOST"] = str(docker_host())
@@ -318,6 +353,7 @@ def test_whether_the_engine_remaps_users_is_said(check: Check, engine: str) -> N
     assert remap[0].startswith(f"warn jobs: {engine} does not remap users: a root job shares")
     if engine == "podman":
         assert "ok   jobs: podman seccomp profile " in out
+    assert not (tmp_path / "state").exists()  # issue 36, finding 8: check creates nothing
     assert f"ok   jobs: {engine}'s init is PID 1 of every job" in out  # catatonit installed
     code, _, out = check(**settings, TUNEPLANE_JOB_INIT="false")
     assert "warn jobs: no init (TUNEPLANE_JOB_INIT=false): a shell entrypoint" in out

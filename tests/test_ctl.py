@@ -336,6 +336,31 @@ def test_a_wrong_token_exits_1(ctl: Ctl, engine_down_node: Node) -> None:
 
 
 @pytest.mark.slow  # a daemon process of its own
+def test_json_failures_are_the_nodes_own_error_answers(ctl: Ctl, engine_down_node: Node) -> None:
+    """Issue 36, finding 7: ``--json`` printed a sentence on a refusal."""
+    url = engine_down_node.url
+    code, out, err = ctl("--json", "reap", "--max-age", "-1", url=url)
+    refused = json.loads(err)
+    assert (code, out, refused["code"]) == (1, "", "invalid_field")
+    assert refused["errors"][0]["field"] == "max_age_s" and "must be from 0" in refused["detail"]
+    code, _, err = ctl("--json", "observe", "tuneplane-x", url=url)
+    assert code == 3 and json.loads(err)["code"] == "engine_unavailable"
+    code, _, err = ctl("--json", "health", token=None, url=url)
+    assert (code, json.loads(err)["code"]) == (2, "usage")
+
+
+@pytest.mark.slow  # a daemon process of its own
+def test_tables_in_a_pipe_are_as_wide_as_their_rows(
+    ctl: Ctl, process_node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 36, finding 7: piped tables cut names at 80 columns."""
+    monkeypatch.delenv("COLUMNS")
+    ref = "tuneplane-" + "x" * 110
+    code, out, _ = ctl("observe", ref, url=process_node.url)
+    assert code == 0 and ref in out, out
+
+
+@pytest.mark.slow  # a daemon process of its own
 def test_a_5xx_exits_3_with_the_nodes_detail(ctl: Ctl, engine_down_node: Node) -> None:
     code, _, err = ctl("observe", "tuneplane-x", url=engine_down_node.url)
     assert code == 3
@@ -344,9 +369,11 @@ def test_a_5xx_exits_3_with_the_nodes_detail(ctl: Ctl, engine_down_node: Node) -
 
 @pytest.mark.slow  # a daemon process of its own
 def test_health_of_a_node_without_its_engine_says_not_ok(ctl: Ctl, engine_down_node: Node) -> None:
+    """Issue 36, finding 7: health exited 0 when ok was false."""
     code, out, _ = ctl("health", url=engine_down_node.url)
-    assert code == 0  # the node answered; what it said is on the screen
+    assert code == 4  # the node answered, not ok; what it said is on the screen
     assert "NOT OK" in out and "engine unreachable" in out
+    assert ctl("health", "--json", url=engine_down_node.url)[0] == 4
     assert "unknown total" in out  # the cards are unknown, not zero
 
 
@@ -356,9 +383,25 @@ def test_the_token_comes_from_a_file_before_the_environment(
 ) -> None:
     (tmp_path / "token").write_text(f"# the console's token\n\n  {TOKEN}  \nnext-token\n")
     file = ("--token-file", str(tmp_path / "token"))
-    assert ctl("health", *file, token="wrong", url=engine_down_node.url)[0] == 0
-    assert ctl("health", *file, token=None, url=engine_down_node.url)[0] == 0
-    assert ctl("health", token=TOKEN, url=engine_down_node.url)[0] == 0  # the environment
+    # 4: the node answered (and is not ok), so the token was taken
+    assert ctl("health", *file, token="wrong", url=engine_down_node.url)[0] == 4
+    assert ctl("health", *file, token=None, url=engine_down_node.url)[0] == 4
+    assert ctl("health", token=TOKEN, url=engine_down_node.url)[0] == 4  # the environment
+
+
+def node_of_one_token(
+    start_node: StartNode, tmp_path: Path, line: str
+) -> tuple[Node, tuple[str, str]]:
+    """A daemon on the process runtime whose token file holds ``line``; ctl's options
+    for that file."""
+    tokens = tmp_path / "one.token"
+    tokens.write_text(line)
+    node = start_node(
+        TUNEPLANE_LOCAL_RUNTIME="process",
+        TUNEPLANE_LOCAL_GPU_COUNT="2",
+        TUNEPLANE_NODE_TOKEN_FILE=str(tokens),
+    )
+    return node, ("--token-file", str(tokens))
 
 
 @pytest.mark.slow  # a daemon process of its own
@@ -366,14 +409,8 @@ def test_an_observe_token_serves_the_read_verbs_and_is_refused_the_rest(
     ctl: Ctl, start_node: StartNode, tmp_path: Path
 ) -> None:
     """Issue 25, finding 2: the daemon's own token file, as it is, is ctl's token file."""
-    observer = tmp_path / "observer.token"
-    observer.write_text("# the dashboard's\nobserver-0123456789abcdef name=grafana scope=observe\n")
-    node = start_node(
-        TUNEPLANE_LOCAL_RUNTIME="process",
-        TUNEPLANE_LOCAL_GPU_COUNT="2",
-        TUNEPLANE_NODE_TOKEN_FILE=str(observer),
-    )
-    file = ("--token-file", str(observer))
+    line = "# the dashboard's\nobserver-0123456789abcdef name=grafana scope=observe\n"
+    node, file = node_of_one_token(start_node, tmp_path, line)
     for verb in (("health",), ("inventory",), ("observe", "tuneplane-x"), ("stats",)):
         code, _, err = ctl(*verb, *file, token=None, url=node.url)
         assert code == 0, (verb, err)
@@ -381,7 +418,31 @@ def test_an_observe_token_serves_the_read_verbs_and_is_refused_the_rest(
     assert code == 1
     assert err == (
         "tuneplane-node ctl: the node refused (403): this token's scope is observe: "
-        "POST /node/v1/cordon needs a token of scope full\n"
+        "POST /node/v1/cordon needs a token of scope operate\n"
+    )
+
+
+@pytest.mark.slow  # a daemon process of its own
+def test_an_operate_token_serves_the_operators_verbs_and_no_jobs(
+    ctl: Ctl, start_node: StartNode, tmp_path: Path
+) -> None:
+    """Issue 36, finding 2: an operator's ctl could not list images, cordon or drain
+    without the console's token, which launches too."""
+    line = "operator-0123456789abcdef name=ops scope=operate\n"
+    node, file = node_of_one_token(start_node, tmp_path, line)
+    for verb in (
+        ("images",),
+        ("cordon", "--reason", "x"),
+        ("drain", "--reason", "y"),
+        ("uncordon",),
+    ):
+        code, _, err = ctl(*verb, *file, token=None, url=node.url)
+        assert code == 0, (verb, err)
+    code, _, err = ctl("stop", "tuneplane-x", *file, token=None, url=node.url)
+    assert (code, err) == (
+        1,
+        "tuneplane-node ctl: the node refused (403): this token's scope is operate: "
+        "POST /node/v1/stop needs a token of scope full\n",
     )
 
 
@@ -408,7 +469,8 @@ def self_signed(directory: Path, name: str) -> tuple[Path, Path]:
 
 def https_node(start_node: StartNode, cert: Path, key: Path, **settings: str) -> Node:
     files = {"TUNEPLANE_TLS_CERT_FILE": str(cert), "TUNEPLANE_TLS_KEY_FILE": str(key)}
-    return start_node("https", TUNEPLANE_LOCAL_RUNTIME="process", **files, **settings)
+    ready = {"TUNEPLANE_LOCAL_RUNTIME": "process", "TUNEPLANE_LOCAL_GPU_COUNT": "2"}
+    return start_node("https", **ready, **files, **settings)
 
 
 def test_https_with_the_nodes_ca_and_without(
@@ -480,8 +542,8 @@ def test_gc_shows_each_image_removed_and_the_pressure() -> None:
     )
     text = console.export_text()
     assert "Images removed (all scope)" in text and "r/a:1" in text and "abababababab" in text
-    assert "removed 1 image(s), 10.0 MB freed" in text
-    assert "/var/lib/docker: 10.0 GB free of 100.0 GB (90.0% used, PRESSURE)" in text
+    assert "removed 1 image(s), 9.5 MiB freed" in text  # IEC units, as everywhere
+    assert "/var/lib/docker: 9.3 GiB free of 93.1 GiB (90.0% used, PRESSURE)" in text
 
 
 # --- cordon, drain ------------------------------------------------------------------------
@@ -593,10 +655,26 @@ def test_json_health_is_the_apis_own_answer(ctl: Ctl, docker_node: Node) -> None
 
 
 @pytest.mark.engine
+def test_health_says_card_jobs_cannot_run_and_exits_5(ctl: Ctl, start_node: StartNode) -> None:
+    """Issue 36, finding 3: "health ok, 2 free" while every card launch was a 409."""
+    error = asyncio.run(_docker_error())
+    if error is not None:
+        engine_missing("docker", error)
+    node = start_node(**{**docker_node_settings(), "TUNEPLANE_LOCAL_GPU_PASSTHROUGH": "true"})
+    code, out, _ = ctl("health", url=node.url)
+    assert code == 5, out
+    assert re.search(r"health +ok", out)
+    assert re.search(r"card jobs +CANNOT RUN: docker has no nvidia runtime", out), out
+    assert "nvidia-ctk runtime configure" in " ".join(out.split())  # the fix, maybe wrapped
+    assert ctl("health", "--json", url=node.url)[0] == 5
+
+
+@pytest.mark.engine
 def test_health_and_inventory_render_as_tables(ctl: Ctl, docker_node: Node, tmp_path: Path) -> None:
     code, out, _ = ctl("health", url=docker_node.url)
     assert code == 0
     assert re.search(r"health +ok", out) and re.search(r"engine +docker \d", out)
+    assert re.search(r"card jobs +can run", out)
     assert "2 total, 2 free, 0 reserved" in out
     assert re.search(r"│ 0 +│ unknown .*│ free +│", out)  # card 0 in the cards table
     code, out, _ = ctl("inventory", url=docker_node.url)
@@ -727,7 +805,9 @@ async def test_launch_wait_draws_the_pull_and_ends_running(
         await asyncio.to_thread(daemon.wait, 10)
     assert code == 0, drawn
     assert f"tuneplane-{run_id}: pulling {image}" in drawn
-    bar = re.search(r"pulling \S+ .*?(\d+(\.\d+)?/\d+(\.\d+)? [kM]B) +(\d+(\.\d+)? [kM]B/s)", drawn)
+    bar = re.search(
+        r"pulling \S+ .*?(\d+(\.\d+)?/\d+(\.\d+)? [KM]iB) +(\d+(\.\d+)? [KM]iB/s)", drawn
+    )
     assert bar is not None, drawn  # bytes done of total, and the rate
     assert re.search(r"[01]/1 layers", drawn), drawn
     assert drawn.rstrip().endswith(f"tuneplane-{run_id}: running"), drawn
@@ -840,7 +920,7 @@ async def test_stats_draws_a_live_table_in_a_terminal(tmp_path: Path) -> None:
         assert launched[0] == 0, launched[1]
         # The limit is the node's default: the machine's memory less its reserve.
         # Two pids: the job's shell and its init.
-        live = re.compile(rf"│ {ref} +│ running +│ \d\.\d\d cores +│ .*B / [\d.]+ [kMGT]B +│ 2 ")
+        live = re.compile(rf"│ {ref} +│ running +│ \d\.\d\d cores +│ .*B / [\d.]+ [KMGT]iB +│ 2 ")
         code, drawn = await interrupt_in_terminal(
             ["ctl", "stats", ref, "--interval", "0.5"], env, until=live, times=2
         )
@@ -1043,7 +1123,7 @@ async def test_pull_wait_draws_the_bar_with_rate_and_eta_and_ends_present(
     assert code == 0, drawn
     assert f"{image}: pulling" in drawn
     bar = re.search(
-        r"pulling \S+ .*?\d+(\.\d+)?/\d+(\.\d+)? MB +\d+(\.\d+)? [kM]B/s +ETA \d", drawn
+        r"pulling \S+ .*?\d+(\.\d+)?/\d+(\.\d+)? MiB +\d+(\.\d+)? [KM]iB/s +ETA \d", drawn
     )
     assert bar is not None, drawn  # bytes done of total, the node's rate and time left
     assert re.search(r"\d/\d layers", drawn), drawn

@@ -217,6 +217,52 @@ async def test_a_0315_console_launches_observes_stops_and_removes(
     assert (await node.state("tuneplane-r-1"))["exists"] is False
 
 
+async def test_a_retry_with_another_spec_is_a_409_naming_the_fields_that_differ(
+    fake_node: MakeFakeNode, fake: FakeRuntime
+) -> None:
+    """Issue 36, finding 4: a launch of the run with another spec while it ran was
+    answered ``idempotent: true`` with the old job. The same spec, in 0.3.15's spelling
+    or without its empty fields, stays idempotent."""
+    node = await fake_node()
+    first = console_0315("r-1", gpus=1, env={"A": "1", "B": "2"})
+    await node.ok("POST", "/node/v1/launch", json=first)
+    same = {**first, "container": {"image": IMAGE, "command": ["python", "-m", "train"],
+                                   "env": {"B": "2", "A": "1"}}}  # fmt: skip
+    assert (await node.ok("POST", "/node/v1/launch", json=same))["idempotent"] is True
+    other = console_0315("r-1", gpus=2, command=["python", "-m", "eval"])
+    status, body = await node.call("POST", "/node/v1/launch", json=other)
+    assert (status, body["code"]) == (409, "run_conflict"), body
+    assert "(requested_gpus, container.command, container.env differ)" in body["detail"]
+    state = await node.state("tuneplane-r-1")
+    assert (state["status"], fake.calls["run"]) == ("running", 1)  # nothing done
+    pending = console_0315("r-2", image=MISSING)  # a pending launch holds its spec too
+    await node.ok("POST", "/node/v1/launch", json=pending)
+    pending["container"]["workdir"] = "/work"
+    status, body = await node.call("POST", "/node/v1/launch", json=pending)
+    assert (status, body["code"]) == (409, "run_conflict")
+    assert "(container.workdir differ)" in body["detail"]
+
+
+async def test_relaunch_false_answers_an_exited_job_as_it_is(
+    fake_node: MakeFakeNode, fake: FakeRuntime
+) -> None:
+    """Issue 36, finding 4: a retry after the job exited removed its container, exit code
+    and logs, and ran it again. ``relaunch: false`` asks for at most once."""
+    node = await fake_node()
+    launch = console_0315("r-1", gpus=0)
+    await node.ok("POST", "/node/v1/launch", json=launch)
+    fake.exit("tuneplane-r-1", 3)
+    again = await node.ok("POST", "/node/v1/launch", json={**launch, "relaunch": False})
+    assert again == {"phase": "exited", "idempotent": True, "exit_code": 3, "ref": "tuneplane-r-1"}
+    assert (await node.state("tuneplane-r-1"))["exit_code"] == 3  # nothing removed
+    assert fake.calls["run"] == 1
+    status, body = await node.call("POST", "/node/v1/launch", json={**launch, "relaunch": 1})
+    assert (status, body["errors"][0]["field"]) == (422, "relaunch")
+    again = await node.ok("POST", "/node/v1/launch", json={**launch, "relaunch": ""})
+    assert again["phase"] == "running" and "idempotent" not in again  # 0.3.15's: launched again
+    assert (await node.state("tuneplane-r-1"))["exit_code"] is None
+
+
 async def test_a_pull_is_followed_through_observe_and_health(
     fake_node: MakeFakeNode, fake: FakeRuntime
 ) -> None:

@@ -33,6 +33,7 @@ from tuneplane_node.daemon.app import create_node_app
 from tuneplane_node.daemon.metrics import Metrics
 from tuneplane_node.daemon.state import JOBS
 from tuneplane_node.logformat import JsonFormatter
+from tuneplane_node.runtime.base import DeviceSupport
 from tuneplane_node.runtime.pool import BlockingPool
 
 # Slow: the metrics and audit lines end to end over a real socket.
@@ -78,6 +79,17 @@ async def test_metrics_need_the_token_but_not_the_protocol(fake_node: MakeFakeNo
             assert await response.json() == {"detail": "invalid node token", "code": "unauthorized"}
     samples = await scrape(node)  # the token alone, no protocol header
     assert value(samples, "tuneplane_node_build_info", version=__version__) == 1
+
+
+async def test_gpu_readiness_is_a_series(fake_node: MakeFakeNode, fake: FakeRuntime) -> None:
+    """Issue 36, finding 3: a node whose every card launch was a 409 looked healthy on
+    the board; 1 ready, 0 not, NaN without cards."""
+    assert value(await scrape(await fake_node()), "tuneplane_node_gpu_ready") == 1
+    assert math.isnan(
+        value(await scrape(await fake_node(local_gpu_count=0)), "tuneplane_node_gpu_ready")
+    )
+    fake.support = DeviceSupport(runtimes=("runc",))
+    assert value(await scrape(await fake_node()), "tuneplane_node_gpu_ready") == 0
 
 
 async def test_public_metrics_need_no_token_and_the_api_still_does(

@@ -130,6 +130,26 @@ async def test_a_warned_job_that_checkpoints_and_exits_ends_with_its_own_code(
 
 
 @pytest.mark.parametrize("engine", ENGINES)
+async def test_a_job_that_catches_no_warning_gets_its_stop_signal_without_it(
+    make_node: MakeNode, engine: str
+) -> None:
+    """Issue 36, finding 5: SIGUSR1 to a job without a handler ended it at once (exit
+    138), no SIGTERM, no grace. Now it gets its stop signal, and observe says why."""
+    node = await make_node(engine)
+    ref, _ = await node.launch(trapping("'echo got TERM; sleep 1; echo saved; exit 15' TERM"))
+    await ready(node, ref)
+    stop = asyncio.ensure_future(node.stop(ref, timeout=30, warn_signal="SIGUSR1", warn_s=60))
+    seen: dict[str, Any] = {}
+    while not stop.done() and "stopping" not in seen:
+        seen = await node.state(ref)
+    await stop
+    assert seen["stopping"]["note"] == "warning skipped: not caught", seen
+    state = await node.state(ref)
+    assert (state["status"], state["exit_code"]) == ("exited", 15)  # its own TERM trap
+    assert "saved" in await node.logs(ref)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 async def test_a_shell_job_ends_by_sigterm_at_once_with_the_init_and_is_killed_without(
     make_node: MakeNode, engine: str
 ) -> None:

@@ -26,6 +26,7 @@ pytestmark = pytest.mark.slow
 OBSERVER = "observer-0123456789abcdef"
 SCRAPER = "scraper-0123456789abcdef"
 CONSOLE = "console-0123456789abcdef"
+OPERATOR = "operator-0123456789abcdef"
 
 
 def headers(token: str, scheme: str = "Bearer") -> dict[str, str]:
@@ -36,7 +37,7 @@ async def scoped_node(fake_node: MakeFakeNode, tmp_path: Path, **overrides: Any)
     tokens = tmp_path / "tokens"
     tokens.write_text(
         f"{CONSOLE} name=console\n{OBSERVER} name=grafana scope=observe\n"
-        f"{SCRAPER} scope=metrics name=prometheus\n"
+        f"{SCRAPER} scope=metrics name=prometheus\n{OPERATOR} name=ops scope=operate\n"
     )
     return await fake_node(node_token=None, node_token_file=tokens, **overrides)
 
@@ -54,15 +55,38 @@ READS: list[tuple[str, str, dict[str, Any]]] = [
     ("GET", "/node/v1/openapi.json", {}),
     ("GET", "/metrics", {}),
 ]
-ACTS: list[tuple[str, str, dict[str, Any]]] = [
-    ("POST", "/node/v1/launch", {"json": {}}),
-    ("POST", "/node/v1/stop", {"json": {"ref": "job-x"}}),
-    ("POST", "/node/v1/remove", {"json": {"ref": "job-x"}}),
-    ("POST", "/node/v1/reap", {"json": {}}),
+CARE: list[tuple[str, str, dict[str, Any]]] = [
+    ("GET", "/node/v1/images", {}),
+    ("POST", "/node/v1/images/pull", {"json": {"image": "registry.test/trainer:1"}}),
+    ("POST", "/node/v1/images/gc", {"json": {}}),
     ("POST", "/node/v1/cordon", {"json": {}}),
     ("POST", "/node/v1/drain", {"json": {}}),
+    ("POST", "/node/v1/uncordon", {"json": {}}),
+]
+"""An operator's verbs: an ``operate`` token's, besides the reads."""
+JOB_VERBS: list[tuple[str, str, dict[str, Any]]] = [
+    ("POST", "/node/v1/launch", {"json": {}}),
+    ("POST", "/node/v1/stop", {"json": {"ref": "job-x"}}),
+    ("POST", "/node/v1/signal", {"json": {"ref": "job-x", "signal": "SIGUSR1"}}),
+    ("POST", "/node/v1/remove", {"json": {"ref": "job-x"}}),
+    ("POST", "/node/v1/reap", {"json": {}}),
     ("GET", "/node/v1/logs", {"params": {"ref": "job-x"}}),
 ]
+ACTS = CARE + JOB_VERBS
+
+
+async def refused(node: Any, token: str, verbs: list[tuple[str, str, dict[str, Any]]]) -> None:
+    """Each verb is a 403 naming its scope, and does nothing."""
+    for method, path, kwargs in verbs:
+        async with node.client.request(method, path, headers=headers(token), **kwargs) as response:
+            assert response.status == 403, path
+            detail = (await response.json())["detail"]
+        needed = "full" if (method, path, kwargs) in JOB_VERBS else "operate"
+        scope = "observe" if token == OBSERVER else "operate"
+        assert (
+            detail
+            == f"this token's scope is {scope}: {method} {path} needs a token of scope {needed}"
+        )
 
 
 async def test_an_observe_token_reads_and_never_acts(
@@ -71,15 +95,32 @@ async def test_an_observe_token_reads_and_never_acts(
     node = await scoped_node(fake_node, tmp_path)
     for method, path, kwargs in READS:
         assert await status_of(node, method, path, OBSERVER, **kwargs) == 200, path
-    for method, path, kwargs in ACTS:
-        async with node.client.request(
-            method, path, headers=headers(OBSERVER), **kwargs
-        ) as response:
-            assert response.status == 403, path
-            assert (await response.json())["detail"] == (
-                f"this token's scope is observe: {method} {path} needs a token of scope full"
-            )
+    await refused(node, OBSERVER, ACTS)
+    assert (await node_state(node)) == "ready"
     assert await status_of(node, "POST", "/node/v1/cordon", CONSOLE, json={}) == 200
+
+
+async def test_an_operate_token_looks_after_the_node_and_never_touches_a_job(
+    fake_node: MakeFakeNode, tmp_path: Path
+) -> None:
+    """Issue 36, finding 2: cordon, drain, GC and prefetch needed the console's token,
+    which launches too; the operator's observe token could not even list the images."""
+    node = await scoped_node(fake_node, tmp_path)
+    job = {"image": "registry.test/trainer:1", "command": ["/bin/sleep", "300"]}
+    body = {"run_id": "job-x", "container": job}
+    await node.ok("POST", "/node/v1/launch", json=body, headers=headers(CONSOLE))
+    await refused(node, OPERATOR, JOB_VERBS)
+    observe = {"json": {"refs": ["tuneplane-job-x"]}, "headers": headers(OPERATOR)}
+    state = (await node.ok("POST", "/node/v1/observe", **observe))["states"]["tuneplane-job-x"]
+    assert state["status"] == "running"  # nothing stopped or removed
+    for method, path, kwargs in READS + CARE:
+        assert await status_of(node, method, path, OPERATOR, **kwargs) in (200, 202), path
+    assert (await node_state(node)) == "ready"  # cordoned, drained, and back
+
+
+async def node_state(node: Any) -> str:
+    health = await node.ok("GET", "/node/v1/health", headers=headers(OPERATOR))
+    return str(health["node_state"]["state"])
 
 
 async def test_a_metrics_token_buys_the_scrape_alone(
@@ -179,7 +220,7 @@ def test_a_token_line_carries_a_name_and_a_scope() -> None:
     named = parse_line(f"{'b' * 20} scope=metrics name=prom", 2)
     assert (named.name, named.scope) == ("prom", "metrics")
     for bad, why in (
-        (f"{'c' * 20} scope=admin", "scope 'admin' is not one of full, observe, metrics"),
+        (f"{'c' * 20} scope=admin", "scope 'admin' is not one of full, operate, observe, metrics"),
         (f"{'c' * 20} role=x", "'role' is not name=... or scope=..."),
         ("short", "a token of 5 characters is too easy to guess"),
     ):

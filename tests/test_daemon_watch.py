@@ -8,17 +8,21 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import time
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from tests.conftest import IMAGE, MakeFakeNode
 from tests.fakes import FakeClock, FakeRuntime
-from tests.helpers import HEADERS, Console, job, node_cache, wait_until
+from tests.helpers import HEADERS, TOKEN, Console, job, node_cache, wait_until
 from tuneplane_node.daemon.state import JOBS
 from tuneplane_node.jobs.watch import ChangeLog
+from tuneplane_node.wire import PROTOCOL, PROTOCOL_HEADER
 
 # Slow: the list and the watch end to end over a real socket.
 pytestmark = pytest.mark.slow
@@ -26,6 +30,7 @@ pytestmark = pytest.mark.slow
 MISSING = "registry.test/missing:1"
 WALK_STEPS = int(os.environ.get("TUNEPLANE_WATCH_WALK_STEPS", "150"))
 SEED = int(os.environ.get("TUNEPLANE_MODEL_SEED", "20261130"))
+OBSERVER = "observer-0123456789abcdef"
 
 
 def changes_of(node: Console) -> ChangeLog:
@@ -324,6 +329,84 @@ async def test_past_the_most_waiting_queries_the_next_is_a_429(fake_node: MakeFa
     assert (await node.call("GET", "/node/v1/jobs", params={"index": index, "wait": "0"}))[0] == 200
     for query in queries:
         query.cancel()
+
+
+async def vanishing_watch(node: Console, index: str, token: str = TOKEN) -> asyncio.StreamWriter:
+    """A watch query sent over a socket of its own, for its client to vanish from."""
+    server = node.client.server
+    _, writer = await asyncio.open_connection(server.host, server.port)
+    writer.write(
+        f"GET /node/v1/jobs?index={index}&wait=300 HTTP/1.1\r\nHost: node\r\n"
+        f"Authorization: Bearer {token}\r\n{PROTOCOL_HEADER}: {PROTOCOL}\r\n\r\n".encode()
+    )
+    await writer.drain()
+    return writer
+
+
+async def freed_within_a_second(node: Console) -> None:
+    started = time.monotonic()
+    await wait_until(lambda: changes_of(node).waiting == 0, timeout=5)
+    assert time.monotonic() - started < 1.0
+
+
+async def test_clients_that_vanish_free_their_watch_slots_within_a_second(
+    fake_node: MakeFakeNode,
+) -> None:
+    """Issue 36, finding 1: slots stayed taken for the queries' wait (300 s) after their
+    clients went, and the console's watch was a 429 meanwhile."""
+    node = await fake_node(watch_max=4, as_served=True)
+    index = (await node.jobs())["index"]
+    writers = [await vanishing_watch(node, index) for _ in range(4)]
+    await waiting(node, 4)
+    assert (await node.call("GET", "/node/v1/jobs", params={"index": index}))[0] == 429
+    for number, writer in enumerate(writers):  # a clean close, or a reset
+        writer.close() if number % 2 else writer.transport.abort()
+    await freed_within_a_second(node)
+    query = asyncio.ensure_future(node.watch(index))
+    await waiting(node, 1)
+    ref, _ = await node.launch(image=IMAGE)
+    assert ref in (await asyncio.wait_for(query, 10))["jobs"]
+
+
+async def test_a_console_timing_out_before_its_wait_leaves_no_slot_behind(
+    fake_node: MakeFakeNode,
+) -> None:
+    """A console's HTTP timeout shorter than its ``wait``: each query it gave up on is
+    let go, so the next one is never a 429."""
+    node = await fake_node(watch_max=1, as_served=True)
+    index = (await node.jobs())["index"]
+    for _ in range(3):
+        with pytest.raises(asyncio.TimeoutError):
+            await node.client.get(
+                "/node/v1/jobs",
+                params={"index": index, "wait": "300"},
+                headers=HEADERS,
+                timeout=aiohttp.ClientTimeout(total=0.2),
+            )
+        await freed_within_a_second(node)
+
+
+async def test_observers_never_take_the_slots_kept_for_consoles(
+    fake_node: MakeFakeNode, tmp_path: Path
+) -> None:
+    """A quarter of the slots (at least one) waits for ``full`` tokens: dashboards
+    filling the rest leave the console's watch working."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"{TOKEN} name=console\n{OBSERVER} name=grafana scope=observe\n")
+    node = await fake_node(node_token=None, node_token_file=tokens, watch_max=4, as_served=True)
+    index = (await node.jobs())["index"]
+    writers = [await vanishing_watch(node, index, OBSERVER) for _ in range(3)]
+    await waiting(node, 3)
+    observer = {**HEADERS, "Authorization": f"Bearer {OBSERVER}"}
+    params = {"index": index}
+    status, body = await node.call("GET", "/node/v1/jobs", params=params, headers=observer)
+    assert status == 429 and "kept for consoles" in body["detail"], body
+    query = asyncio.ensure_future(node.watch(index))
+    await waiting(node, 4)
+    ref, _ = await node.launch(image=IMAGE)
+    assert ref in (await asyncio.wait_for(query, 10))["jobs"]
+    for writer in writers:
+        writer.close()
 
 
 async def test_while_the_engine_is_down_a_waiting_query_is_a_503_never_removed(

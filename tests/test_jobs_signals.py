@@ -95,6 +95,38 @@ async def test_a_job_that_checkpoints_on_the_warning_ends_with_its_own_code(
     assert fake.containers["tuneplane-r1"].exit_code == 0
 
 
+async def test_a_job_that_catches_no_warning_gets_its_stop_without_one(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    """Issue 36, finding 5: SIGUSR1 ended a job without a handler at once (exit 138): no
+    SIGTERM, no grace, nothing saved."""
+    ref = await catching_nothing(service, fake)
+    await service.stop(ref, StopPlan(grace=5, warn_signal="SIGUSR1", warn_s=120))
+    assert (fake.signals, fake.containers[ref].exit_code) == ([(ref, "SIGTERM")], 143)
+
+
+async def catching_nothing(service: JobService, fake: FakeRuntime) -> str:
+    """A running job none of whose processes has a handler for a warning signal."""
+    await service.launch(request("r1"))
+    fake.caught["tuneplane-r1"] = False
+    return "tuneplane-r1"
+
+
+@pytest.mark.slow
+async def test_observe_says_the_warning_was_skipped_while_the_stop_goes_on(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    fake.containers[await catching_nothing(service, fake)].ignores_sigterm = True
+    plan = StopPlan(grace=0.5, warn_signal="SIGUSR1", warn_s=120)
+    stopping = asyncio.create_task(service.stop("tuneplane-r1", plan))
+    while not fake.signals:
+        await asyncio.sleep(0.01)
+    view: Any = (await service.observe(["tuneplane-r1"]))["tuneplane-r1"]
+    assert (view.stopping.phase, view.stopping.note) == ("signalled", "warning skipped: not caught")
+    await stopping
+    assert fake.signals == [("tuneplane-r1", "SIGTERM"), ("tuneplane-r1", "SIGKILL")]
+
+
 @pytest.mark.slow
 async def test_a_job_deaf_to_the_warning_gets_its_stop_signal_after_warn_s_then_sigkill(
     service: JobService, fake: FakeRuntime

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
 
 from tests.conftest import IMAGE
 from tests.fakes import FakeClock, FakeProbe, FakeRuntime
@@ -43,12 +42,14 @@ async def test_cpu_ratio_is_cores_over_the_period_between_two_samples(
 async def test_a_relaunch_under_the_same_name_starts_afresh(
     service: JobService, fake: FakeRuntime, clock: FakeClock
 ) -> None:
-    ref = await launch(service)
+    spec = job(["/bin/sleep", "300"], image=IMAGE)
+    request = LaunchRequest(spec.labels[LABEL_RUN_ID], 0, spec)
+    await service.launch(request)
+    ref = spec.name
     fake.usages[ref] = Usage(cpu_seconds=100.0)
     await service.sampler.sample_once()
     fake.exit(ref, 0)
-    run_id = fake.containers[ref].labels[LABEL_RUN_ID]
-    await service.launch(LaunchRequest(run_id, 0, replace(fake.containers[ref].spec, image=IMAGE)))
+    await service.launch(request)  # the same spec, launched again
     clock.advance(5)
     fake.usages[ref] = Usage(cpu_seconds=1.0)
     await service.sampler.sample_once()

@@ -58,6 +58,7 @@ SDKS = {
         "daemon/server.py",
         "daemon/audit.py",
         "daemon/follow.py",
+        "daemon/presence.py",
         "daemon/guard.py",
     },
     "prometheus_client": {"daemon/metrics.py"},

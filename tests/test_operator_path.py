@@ -3,7 +3,7 @@ lines run one by one with its paths moved under a temporary root and ``sudo`` dr
 (the suite runs as root). The wheel goes into a virtual environment of its own, the
 settings and token files are made as written, ``check`` fails on what a GPU machine
 without the NVIDIA runtime lacks and passes once the fix it names is applied, and the
-installed units' daemon serves ``ctl`` with the observe token, Prometheus with the
+installed units' daemon serves ``ctl`` with the operate token, Prometheus with the
 metrics one and the console with the full one, on the development docker. No systemd
 runs here (it is not this machine's init): ``systemctl enable --now`` is the unit files'
 own ``EnvironmentFile=`` and ``ExecStart=`` under ``systemd-socket-activate`` with the
@@ -236,7 +236,7 @@ def check_fails_then_passes_once_fixed(machine: Machine, line: str) -> None:
     assert lines["token"].startswith("ok token: 3 accepted (") and lines["token"].endswith(
         f"), from TUNEPLANE_NODE_TOKEN_FILE {machine.file('/etc/tuneplane-node/tokens')}"
     ), lines["token"]
-    assert all(f"{scope} 1" in lines["token"] for scope in ("full", "observe", "metrics"))
+    assert all(f"{scope} 1" in lines["token"] for scope in ("full", "operate", "metrics"))
     assert lines["gpu"].startswith("ok gpu: simulation file ")
     with env.open("a") as file:
         file.write("TUNEPLANE_LOCAL_GPU_PASSTHROUGH=false\n")
@@ -250,13 +250,17 @@ def check_fails_then_passes_once_fixed(machine: Machine, line: str) -> None:
 def the_running_node_serves_each_token_its_scope(
     machine: Machine, line: str, health: subprocess.CompletedProcess[str]
 ) -> None:
-    """ctl with the file's first token (observe) reads and cannot launch; Prometheus's
-    token scrapes and reads nothing else; the console's launches a card job on docker."""
+    """ctl with the file's first token (operate) lists images, cordons and uncordons,
+    and cannot stop a job; Prometheus's token scrapes and reads nothing else; the
+    console's launches a card job on docker."""
     assert health.returncode == 0, health.stdout + health.stderr
     assert "docker" in health.stdout
     tokens = machine.tokens()
     ctl = line.removesuffix(" health")  # the README's ctl, for other verbs
-    refused = machine.run(f"{ctl} cordon --reason try")
+    for verb in ("images", "cordon --reason try", "uncordon"):
+        done = machine.run(f"{ctl} {verb}")
+        assert done.returncode == 0, (verb, done.stdout + done.stderr)
+    refused = machine.run(f"{ctl} stop tuneplane-x")
     assert refused.returncode != 0 and "needs a token of scope full" in refused.stderr
 
     status, metrics = machine.ask("GET", "/metrics", tokens["prometheus"])

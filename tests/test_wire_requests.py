@@ -11,6 +11,7 @@ import pytest
 
 from tests.helpers import console_0315
 from tuneplane_node.errors import InvalidField
+from tuneplane_node.jobs import retries
 from tuneplane_node.runtime.base import LABEL_RUN_ID, Mount, RegistryAuth
 from tuneplane_node.wire.fields import Field
 from tuneplane_node.wire.requests import (
@@ -521,6 +522,13 @@ def refusal(parse: Any, body: Any) -> InvalidField:
 
 def listed(error: InvalidField) -> list[tuple[str, str]]:
     return [(each.field, each.code) for each in error.errors]
+
+
+def test_the_spec_fingerprint_covers_every_container_field_a_console_gives() -> None:
+    """A field added to the contract and left out of the fingerprint would let a retry
+    change it unseen; the cards are counted by ``requested_gpus``."""
+    given = {field.name for field in CONTAINER.fields if field.read is not None}
+    assert set(retries.CONTAINER_FIELDS) == given
 
 
 def test_a_launch_with_many_bad_fields_lists_each_and_says_the_first_as_before() -> None:

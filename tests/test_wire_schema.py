@@ -376,6 +376,7 @@ def test_each_error_answer_lists_the_codes_it_may_carry() -> None:
         "no_capacity",
         "no_rdma",
         "protocol_mismatch",
+        "run_conflict",
     ]
     assert launch["422"]["x-codes"] == ["invalid_field", "spec_refused", "unknown_field"]
     assert "`no_capacity`" in launch["409"]["description"]
@@ -402,7 +403,7 @@ def test_statuses_and_phases_are_enums_named_once() -> None:
     assert schemas["JobStatus"]["enum"] == [
         "created", "running", "paused", "restarting", "removing", "stopping", "exited", "dead",
     ]  # fmt: skip
-    assert schemas["LaunchPhase"]["enum"] == ["running", "pulling", "starting", "failed"]
+    assert schemas["LaunchPhase"]["enum"] == ["running", "exited", "pulling", "starting", "failed"]
     status = {"anyOf": [{"$ref": "#/components/schemas/JobStatus"}, {"type": "null"}]}
     assert schemas["StateJson"]["properties"]["status"] == status
     assert schemas["AbsentJson"]["properties"]["status"] == status

@@ -412,14 +412,16 @@ def parent_fix(report: ParentReport) -> str:
 
 
 async def _seccomp_findings(runtime: EngineRuntime) -> list[Finding]:
+    from tuneplane_node.runtime import seccomp
     from tuneplane_node.runtime.podman import PodmanRuntime
 
     if not isinstance(runtime, PodmanRuntime):
         return []  # docker's default profile refuses user namespaces itself
-    profile = await asyncio.to_thread(lambda: runtime.seccomp_profile)
-    if profile is None:
+    derived = None if runtime.remote else await asyncio.to_thread(seccomp.derive_profile)
+    if derived is None:
         return [(WARN, "jobs: podman's own seccomp profile: jobs may create user namespaces")]
-    return [(OK, f"jobs: podman seccomp profile {profile} (no user namespaces)")]
+    profile = runtime.settings.state_dir / seccomp.PROFILE_NAME  # serve writes it, check never
+    return [(OK, f"jobs: podman seccomp profile {profile} from {derived[0]} (no user namespaces)")]
 
 
 def check_gpus(settings: NodeSettings) -> list[Finding]:
@@ -638,6 +640,32 @@ def check_fabrics(settings: NodeSettings) -> list[Finding]:
     ]
 
 
+def serving_node(settings: NodeSettings) -> str | None:
+    """``pid 1234, port 8470`` when a tuneplane-node answers ``/healthz`` on the node's
+    port (a check on a serving node: no fault); None when what holds it is not one."""
+    import ssl
+    import urllib.request
+
+    from tuneplane_node.daemon.listener import port_holders
+
+    host, port = settings.node_host, settings.node_port
+    host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    scheme = "https" if settings.tls_cert_file else "http"
+    context = None
+    if scheme == "https":  # who answers, not a secret sent: its certificate is not checked
+        context = ssl.create_default_context()
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    url = f"{scheme}://{host if ':' not in host else f'[{host}]'}:{port}/healthz"
+    try:
+        with urllib.request.urlopen(url, timeout=3, context=context) as answer:
+            if json.loads(answer.read()) != {"ok": True}:
+                return None
+    except (OSError, ValueError):
+        return None
+    pids = ", ".join(str(pid) for pid in port_holders(port)) or "unknown"
+    return f"pid {pids}, port {port}"
+
+
 def check_port(settings: NodeSettings) -> list[Finding]:
     from tuneplane_node.daemon.listener import CannotListen, bind, describe
 
@@ -645,6 +673,9 @@ def check_port(settings: NodeSettings) -> list[Finding]:
     try:
         sockets = bind(host, port, backlog=1)  # as serve binds: both families for 0.0.0.0
     except CannotListen as exc:
+        serving = serving_node(settings)
+        if serving is not None:
+            return [(OK, f"port: {exc.address}: served by a running tuneplane-node ({serving})")]
         return [(FAIL, f"port: {exc.address}: {exc.reason} (a node already serving?)")]
     named = " and ".join(describe(sock) for sock in sockets)
     for sock in sockets:

@@ -42,6 +42,7 @@ are translated there (one table per engine, `runtime/engine.py`) with the cause 
     │   ├── GpuNotReady gpu_not_ready       the engine cannot hand this node's cards to a
     │   │                                   container
     │   ├── NameTaken name_held             the container name is held by another run
+    │   ├── RunConflict run_conflict        the run's container was launched with another spec
     │   ├── NodeCordoned cordoned           the operator took the node out of service
     │   ├── NotRunning not_running          a signal for a job that is not running
     │   ├── NoRdma no_rdma                  a launch needs RDMA devices the node lacks
@@ -232,10 +233,15 @@ class TooManyWatches(NodeError):
     status = 429
     code: ClassVar[str] = "too_many_requests"
 
-    def __init__(self, *, limit: int) -> None:
+    def __init__(self, *, limit: int, observers: bool = False) -> None:
+        held = (
+            "of tokens other than full waiting, the most this node holds for them (the rest "
+            "of TUNEPLANE_WATCH_MAX is kept for consoles)"
+            if observers
+            else "waiting, the most this node holds at once (TUNEPLANE_WATCH_MAX)"
+        )
         super().__init__(
-            f"already {limit} watch queries waiting, the most this node holds at once "
-            "(TUNEPLANE_WATCH_MAX); try again later, or ask with wait=0"
+            f"already {limit} watch queries {held}; try again later, or ask with wait=0"
         )
         self.limit = limit
 
@@ -453,6 +459,22 @@ class NameTaken(Conflict):
         super().__init__(f"the container name {ref} is held by run {run_id}")
         self.ref = ref
         self.run_id = run_id
+
+
+class RunConflict(Conflict):
+    """A launch of a run whose container (or pending launch) exists with another spec: a
+    retry is idempotent only when it asks for the same job; nothing is done."""
+
+    code: ClassVar[str] = "run_conflict"
+
+    def __init__(self, *, ref: str, run_id: str, fields: Sequence[str]) -> None:
+        super().__init__(
+            f"run {run_id} already has {ref}, launched with another spec ({', '.join(fields)} "
+            "differ): remove it to launch the new one, or send the spec it was launched with"
+        )
+        self.ref = ref
+        self.run_id = run_id
+        self.fields = tuple(fields)
 
 
 class NodeCordoned(Conflict):

@@ -300,7 +300,8 @@ class NodeSettings(JobSettings):
     """Changes the change log behind ``GET /node/v1/jobs?index=`` keeps (each job's
     latest); a console's cursor older than them is answered with every job (``full``)."""
     watch_max: int = Field(64, ge=1, le=10_000)
-    """Watch queries (``GET /node/v1/jobs?index=&wait=``) waiting at once; the next is a 429."""
+    """Watch queries (``GET /node/v1/jobs?index=&wait=``) waiting at once; the next is a 429.
+    A quarter of them (at least one) is kept for ``full`` tokens (the console's)."""
 
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Least severe log lines written (``--log-level`` overrides it). DEBUG adds one

@@ -108,7 +108,8 @@ class JobState(Answer):
 @dataclass(frozen=True)
 class Launched(Answer):
     """A launch's answer: ``phase`` running (it has a container) or pulling (it waits
-    for its image; observe or watch it); ``idempotent``: the same run was already there."""
+    for its image; observe or watch it), or exited (``relaunch=False``: the run's job
+    ended, with ``exit_code``); ``idempotent``: the same run was already there."""
 
     phase: str = ""
     ref: str = ""  # the job's ref; "" from a node before the launch answer carried it
@@ -117,6 +118,7 @@ class Launched(Answer):
     idempotent: bool = False
     image: str | None = None
     requested_gpus: int | None = None
+    exit_code: int | None = None
 
     convert: ClassVar = {"gpus": tuple}
 

@@ -90,12 +90,17 @@ _PLAIN: tuple[str, ...] = (
 
 
 def launch(
-    run_id: str, container: Container | Mapping[str, Any], requested_gpus: int | None
+    run_id: str,
+    container: Container | Mapping[str, Any],
+    requested_gpus: int | None,
+    relaunch: bool | None = None,
 ) -> Call[answers.Launched]:
     spec = container.to_json() if isinstance(container, Container) else dict(container)
     body: dict[str, Any] = {"run_id": run_id, "container": spec}
     if requested_gpus is not None:
         body["requested_gpus"] = requested_gpus
+    if relaunch is not None:
+        body["relaunch"] = relaunch
     return Call("POST", "/node/v1/launch", lambda a: answers.build(answers.Launched, a), body)
 
 

@@ -72,8 +72,11 @@ class NodeClient:
         container: Container | Mapping[str, Any],
         *,
         requested_gpus: int | None = None,
+        relaunch: bool | None = None,
     ) -> answers.Launched:
-        return self.call(calls.launch(run_id, container, requested_gpus))
+        """``relaunch=False``: an exited job of the run is the answer (phase ``exited``),
+        never launched again; None: the node's default (relaunch)."""
+        return self.call(calls.launch(run_id, container, requested_gpus, relaunch))
 
     def observe(self, refs: Sequence[str]) -> dict[str, answers.JobState]:
         return self.call(calls.observe(refs))

@@ -6,6 +6,8 @@ token come from, and the exit code each failure ends the command with::
        (CtlError, tuneplane_node.client.ConfigError)
     1  the node refused (4xx; RequestError): its ``detail`` is the sentence
     3  no answer, a failed TLS handshake, or a 5xx (Unreachable, ServerError)
+
+``health`` adds its verdict: 4 not ok, 5 cannot run the card jobs it has (commands.py).
 """
 
 from __future__ import annotations

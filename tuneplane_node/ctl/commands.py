@@ -22,14 +22,21 @@ from typing import Any
 from rich.console import Console
 from rich.live import Live
 
-from tuneplane_node.client import ClientError, JobState, NodeClient, Tls
+from tuneplane_node.client import ClientError, JobState, NodeClient, NodeError, Tls
 from tuneplane_node.ctl import render
 from tuneplane_node.ctl.client import DEFAULT_URL, URL_ENV, CtlError, exit_code, read_token
 from tuneplane_node.printable import printable
 from tuneplane_node.wire.fields import Body, Field, Schema
 from tuneplane_node.wire.requests import CONTAINER, PULL_POLICIES, job_signal
 
+NOT_OK = 4
+"""``health``'s exit code: the node answered, and it is not ok (``ok: false``)."""
+NO_CARD_JOBS = 5
+"""``health``'s exit code: the node is ok, and a launch asking for cards would be a 409
+(``gpu_ready: false``)."""
 POLL_S = 0.5
+PIPE_WIDTH = 10_000
+"""Columns of ctl's output in a pipe: no line of a table is cut or wrapped."""
 STATS_S = 2.0
 WATCH_WAIT_S = 60.0  # the node's default: an idle watch asks once a minute
 NO_LIVE = contextlib.nullcontext(None)
@@ -70,18 +77,36 @@ def run(args: argparse.Namespace) -> int:
             tls=Tls(args.cacert, args.cert, args.key),
         ) as client:
             verb: Verb = args.ctl_run
-            # No emoji codes either: ":skull:" in a registry's words stays text.
-            return verb(Ctl(client, Console(highlight=False, emoji=False), args.json), args)
+            return verb(Ctl(client, console(), args.json), args)
     except (CtlError, ClientError) as exc:
         # One line whatever the node's words hold (a log reader takes a line per failure),
         # its controls escaped: a registry's or engine's words, onto a terminal.
-        print(f"tuneplane-node ctl: {printable(' '.join(str(exc).splitlines()))}", file=sys.stderr)
+        said = json.dumps(failure_json(exc)) if args.json else " ".join(str(exc).splitlines())
+        print(f"tuneplane-node ctl: {printable(said)}" if not args.json else said, file=sys.stderr)
         return exit_code(exc)
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # the reader (head, less) went away: nothing more to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error
         return 0
+
+
+def console() -> Console:
+    """Rich's console: a terminal's width, or, in a pipe, as wide as a line is (a table
+    cut at 80 columns loses the ends of names). No emoji codes either: ":skull:" in a
+    registry's words stays text."""
+    width = None if sys.stdout.isatty() else PIPE_WIDTH
+    return Console(highlight=False, emoji=False, width=width)
+
+
+def failure_json(exc: CtlError | ClientError) -> dict[str, Any]:
+    """``--json``'s failure: the node's own ``{detail, code, errors}``; for a failure of
+    this side (``usage``) or no answer (``unreachable``), the sentence and a word."""
+    if isinstance(exc, NodeError):
+        errors = [{"field": e.field, "code": e.code, "detail": e.detail} for e in exc.errors]
+        return {"detail": exc.detail, "code": exc.code, "errors": errors}
+    code = "usage" if exit_code(exc) == 2 else "failed"
+    return {"detail": " ".join(str(exc).splitlines()), "code": code, "errors": []}
 
 
 # --- the command line -----------------------------------------------------------------
@@ -93,7 +118,8 @@ def add_parser(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         parents=[_common(defaults=True)],
         help="talk to a node's API: health, launch, observe, logs, stop, cordon...",
         description="A client of the node's HTTP API. Exit codes: 0 done, 1 the node "
-        "refused (4xx), 2 usage, 3 node unreachable or failed (5xx).",
+        "refused (4xx), 2 usage, 3 node unreachable or failed (5xx); health: 4 the node is "
+        "not ok, 5 it cannot run the card jobs it has.",
     )
     sub = ctl.add_subparsers(dest="ctl_verb", metavar="VERB", required=True)
     common = _common(defaults=False)
@@ -240,6 +266,11 @@ def _launch_options(parser: argparse.ArgumentParser) -> None:
         else:
             parser.add_argument(f"--{option}", default="", help=doc)
     parser.add_argument("--wait", action="store_true", help="until it runs or fails")
+    parser.add_argument(
+        "--no-relaunch",
+        action="store_true",
+        help="an exited job of the run is the answer, never launched again (at most once)",
+    )
     parser.add_argument("command", nargs="*", metavar="-- CMD", help="the argv (replaces the "
                         "image's ENTRYPOINT); none: the image's own")  # fmt: skip
 
@@ -274,7 +305,14 @@ def _mount(text: str) -> list[str | bool]:
 
 
 def health(ctl: Ctl, args: argparse.Namespace) -> int:
-    return ctl.show(ctl.client.health().raw, render.show_health)
+    """The table (or the JSON); the exit code says the verdict, for a script or a probe:
+    `NOT_OK` when the node is not ok, `NO_CARD_JOBS` when it has cards and cannot run
+    card jobs (``gpu_ready: false``)."""
+    answer = ctl.client.health().raw
+    ctl.show(answer, render.show_health)
+    if answer.get("ok") is not True:
+        return NOT_OK
+    return NO_CARD_JOBS if answer.get("gpu_ready") is False else 0
 
 
 def inventory(ctl: Ctl, args: argparse.Namespace) -> int:
@@ -498,7 +536,9 @@ def launch_body(args: argparse.Namespace, *, name: str) -> dict[str, Any]:
         "labels": dict(args.label),
     }
     container = {field: own.get(field, getattr(args, field, "")) for field in CONTAINER.names}
-    return {"run_id": args.run_id, "requested_gpus": args.gpus, "container": container}
+    relaunch = not getattr(args, "no_relaunch", False)
+    body = {"run_id": args.run_id, "requested_gpus": args.gpus, "container": container}
+    return {**body, "relaunch": relaunch}
 
 
 def launched(ref: str, answer: Mapping[str, Any]) -> str:
@@ -508,6 +548,8 @@ def launched(ref: str, answer: Mapping[str, Any]) -> str:
     if phase == "running":
         container = f", container {answer['container_id']}" if "container_id" in answer else ""
         return f"{ref}: {again}[green]running[/] on cards {answer.get('gpus')}{container}"
+    if phase == "exited":
+        return f"{ref}: already exited ({answer.get('exit_code')}), not launched again"
     return f"{ref}: {again}[cyan]{phase}[/] {answer.get('image', '')}"
 
 

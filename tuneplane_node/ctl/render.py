@@ -14,7 +14,6 @@ from types import TracebackType
 from typing import Any
 
 from rich.console import Console
-from rich.filesize import decimal
 from rich.markup import escape
 from rich.progress import (
     BarColumn,
@@ -57,8 +56,24 @@ def _known(value: object, suffix: str = "") -> str:
     return UNKNOWN if value is None else f"{value}{suffix}"
 
 
+IEC_UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
+
+
+def iec(size: int) -> str:
+    """``9.5 MiB``: powers of 1024, the units the node's settings, health and docs use
+    (one system everywhere: never a GB beside a GiB)."""
+    if size < 1024:
+        return f"{size} byte" if size == 1 else f"{size} bytes"
+    value = float(size)
+    for unit in IEC_UNITS:
+        value /= 1024
+        if value < 1024 or unit == IEC_UNITS[-1]:
+            break
+    return f"{value:.1f} {unit}"
+
+
 def _size(value: object) -> str:
-    return decimal(value) if isinstance(value, int) else UNKNOWN
+    return iec(value) if isinstance(value, int) else UNKNOWN
 
 
 def age(moment: str | None, now: datetime) -> str:
@@ -116,6 +131,7 @@ def _health_facts(answer: Mapping[str, Any], now: datetime) -> Table:
     table = _facts()
     ok = answer.get("ok")
     table.add_row("health", "[green]ok[/]" if ok else f"[red]NOT OK[/]: {answer.get('error', '')}")
+    table.add_row("card jobs", card_jobs(answer))
     if isinstance(answer.get("node_state"), Mapping):
         table.add_row("node", node_state(answer["node_state"], now))
     runtime = answer.get("runtime") or {}
@@ -150,6 +166,16 @@ def conditions(shown: Mapping[str, Any]) -> str:
     """``disk_pressure: [red]yes[/], pid_pressure: no, memory_pressure: unknown``."""
     words = {True: "[red]yes[/]", False: "no", None: UNKNOWN}
     return ", ".join(f"{name}: {words.get(value, UNKNOWN)}" for name, value in shown.items())
+
+
+def card_jobs(answer: Mapping[str, Any]) -> str:
+    """Whether a launch asking for cards can run: health's ``gpu_ready`` and its reason."""
+    ready = answer.get("gpu_ready")
+    if ready is True:
+        return "[green]can run[/]"
+    if ready is False:
+        return f"[red]CANNOT RUN[/]: {answer.get('gpu_not_ready_reason') or UNKNOWN}"
+    return "none: the node has no cards" if answer.get("gpus_total") == 0 else UNKNOWN
 
 
 def image_store(store: Mapping[str, Any]) -> str:
@@ -371,7 +397,7 @@ def _limit(value: object) -> str:
 
 
 def _card(card: Mapping[str, Any]) -> str:
-    """``0: 87% 40.1 GB/85.5 GB 312 W 65 °C``, unknown parts left out."""
+    """``0: 87% 37.3 GiB/79.6 GiB 312 W 65 °C``, unknown parts left out."""
     parts = [f"{card.get('index')}:"]
     busy = card.get("utilization_ratio")
     parts.append(UNKNOWN if busy is None else f"{busy:.0%}")
@@ -403,7 +429,7 @@ class PullProgress:
         self.progress = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
-            DownloadColumn(),
+            DownloadColumn(binary_units=True),
             TextColumn("{task.fields[rate]}"),
             TextColumn("ETA {task.fields[eta]}"),
             TextColumn("{task.fields[layers]} layers"),
@@ -450,8 +476,8 @@ class PullProgress:
 
 
 def rate(value: object) -> str:
-    """The node's download rate, ``12.3 MB/s``; ``?/s`` while it does not know it."""
-    return f"{decimal(int(value))}/s" if isinstance(value, (int, float)) else "?/s"
+    """The node's download rate, ``11.7 MiB/s``; ``?/s`` while it does not know it."""
+    return f"{iec(int(value))}/s" if isinstance(value, (int, float)) else "?/s"
 
 
 def eta(value: object) -> str:
@@ -494,7 +520,7 @@ def image_pulls_table(pulls: list[Mapping[str, Any]], now: datetime) -> Table:
         table.add_row(
             pull.get("image", ""),
             pull.get("phase", ""),
-            f"{decimal(done)} / {decimal(total)}" if total else decimal(done),
+            f"{iec(done)} / {iec(total)}" if total else iec(done),
             f"{pull.get('layers_done', 0)}/{pull.get('layers_total', 0)}",
             rate(pull.get("rate_bytes_per_s")),
             eta(pull.get("eta_s")),

@@ -1,10 +1,10 @@
 """Streaming a followed log to its client: chunked text/plain, until the job stops or
 the client goes.
 
-aiohttp does not cancel a handler whose client went away, and a quiet job gives it no
-write to fail on: so the wait for the next chunk looks at the connection every
-`WATCH_S`, and a client gone (or one that took nothing for `WRITE_STALL_S`) ends the
-stream, which releases the engine's stream, its thread and the follow slot at once.
+A quiet job gives the handler no write to fail on: so the wait for the next chunk looks
+at the connection (`presence`), and a client gone (or one that took nothing for
+`WRITE_STALL_S`) ends the stream, which releases the engine's stream, its thread and the
+follow slot at once.
 """
 
 from __future__ import annotations
@@ -17,14 +17,13 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from tuneplane_node.daemon.presence import unless_gone
 from tuneplane_node.errors import NodeError
 
 if TYPE_CHECKING:
     from tuneplane_node.runtime.base import LogStream
 
 log = logging.getLogger(__name__)
-WATCH_S = 0.5
-"""How often a stream waiting for the job's next line checks that its client is there."""
 WRITE_STALL_S = 60.0
 """A client that takes nothing for this long is gone: the stream ends (follow again,
 with ``since``, to go on)."""
@@ -60,13 +59,7 @@ async def stream_log(
 async def _relay(request: web.Request, response: web.StreamResponse, chunks: LogStream) -> None:
     """Write each chunk once the client has room: the next is read only after it."""
     while True:
-        step = asyncio.ensure_future(anext(chunks, b""))
-        try:
-            chunk = await _while_connected(request, step)
-        finally:
-            if not step.done():
-                step.cancel()
-                await asyncio.wait({step})
+        chunk = await unless_gone(request, anext(chunks, b""))
         if chunk is None or not chunk:
             return
         try:
@@ -74,17 +67,6 @@ async def _relay(request: web.Request, response: web.StreamResponse, chunks: Log
         except (ConnectionError, asyncio.TimeoutError):
             _drop(request)
             return
-
-
-async def _while_connected(request: web.Request, step: asyncio.Future[bytes]) -> bytes | None:
-    """The step's chunk; None when the client went away first."""
-    while True:
-        done, _ = await asyncio.wait({step}, timeout=WATCH_S)
-        if done:
-            return step.result()
-        transport = request.transport
-        if transport is None or transport.is_closing():
-            return None
 
 
 def _drop(request: web.Request) -> None:

@@ -1,9 +1,10 @@
 """Who may ask what: the bearer token and its scope, per route, and a brake on guessing.
 
-A verb needs the ``full`` scope unless the table below says less: the read verbs an
-``observe`` token buys (a dashboard, an operator's ``ctl``), and ``/metrics``, which a
-``metrics`` token buys alone (a scraper). A verb outside the token's scope is a 403
-naming the scope it needs.
+A verb needs the ``full`` scope unless the tables below say less: the node's care an
+``operate`` token buys (an operator's ``ctl``: images, prefetch, GC, cordon, drain), the
+read verbs an ``observe`` token buys (a dashboard), and ``/metrics``, which a ``metrics``
+token buys alone (a scraper). A verb outside the token's scope is a 403 naming the
+scope it needs.
 
 A wrong token costs its sender: every failure is counted (``tuneplane_node_auth_failures``)
 and said at most once a second with the peer and the count; past `SLOW_AFTER` failures
@@ -25,7 +26,7 @@ from typing import NoReturn
 from aiohttp import web
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
-from tuneplane_node.daemon.tokens import FULL, METRICS, OBSERVE, Token, TokenSet
+from tuneplane_node.daemon.tokens import FULL, METRICS, OBSERVE, OPERATE, Token, TokenSet
 from tuneplane_node.errors import InsufficientScope, TooManyAuthFailures, Unauthorized
 from tuneplane_node.wire.schema import DOCUMENT_PATH
 
@@ -43,6 +44,19 @@ READ_VERBS = frozenset(
 )
 """What an ``observe`` token buys besides ``/metrics``: reading, never acting, never logs
 (a job's output is the customer's)."""
+OPERATE_VERBS = frozenset(
+    {
+        ("GET", "/node/v1/images"),
+        ("POST", "/node/v1/images/pull"),
+        ("POST", "/node/v1/images/gc"),
+        ("POST", "/node/v1/cordon"),
+        ("POST", "/node/v1/uncordon"),
+        ("POST", "/node/v1/drain"),
+    }
+)
+"""What an ``operate`` token buys besides the reads: the node's care, never a job's verb
+(launch, stop, signal, remove, reap) nor its logs. A drain stops every job, as an
+operator taking the node out of service must."""
 TOKEN_KEY = web.RequestKey("token", Token)
 WINDOW_S = 10.0
 SLOW_AFTER = 5
@@ -61,7 +75,9 @@ def needed_scope(method: str, path: str) -> str:
     verb = ("GET" if method == "HEAD" else method, path)
     if verb == ("GET", METRICS_PATH):
         return METRICS
-    return OBSERVE if verb in READ_VERBS else FULL
+    if verb in READ_VERBS:
+        return OBSERVE
+    return OPERATE if verb in OPERATE_VERBS else FULL
 
 
 class AuthFailures:

@@ -15,6 +15,7 @@ import errno
 import logging
 import os
 import socket
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,10 @@ class CannotListen(Exception):
         self.address = address
         self.reason = error.strerror or str(error)
         super().__init__(f"cannot listen on {address}: {error}")
+
+
+PROC = Path("/proc")
+LISTEN = "0A"  # a socket's state in /proc/net/tcp: listening
 
 
 def listen(host: str, port: int, *, backlog: int) -> list[socket.socket]:
@@ -173,3 +178,35 @@ def display(family: int, address: object) -> str:
     if family == socket.AF_INET and isinstance(address, tuple):
         return f"{address[0]}:{address[1]}"
     return str(address)
+
+
+def port_holders(port: int, *, proc: Path = PROC) -> list[int]:
+    """The processes holding a listening TCP socket on ``port`` (IPv4 or IPv6), from
+    ``/proc/net/tcp*`` and each process's descriptors; those this user may not read are
+    left out (root reads all)."""
+    inodes: set[str] = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = (proc / "net" / table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if (
+                len(fields) > 9
+                and fields[3] == LISTEN
+                and int(fields[1].rsplit(":", 1)[1], 16) == port
+            ):
+                inodes.add(f"socket:[{fields[9]}]")
+    return sorted(pid for pid in _pids(proc) if inodes & _descriptors(proc / str(pid)))
+
+
+def _pids(proc: Path) -> list[int]:
+    return [int(entry.name) for entry in proc.iterdir() if entry.name.isdigit()]
+
+
+def _descriptors(process: Path) -> set[str]:
+    try:
+        return {os.readlink(fd) for fd in (process / "fd").iterdir()}
+    except OSError:  # gone, or not ours to read
+        return set()

@@ -167,6 +167,11 @@ class Metrics(Telemetry):
             "event_loop_lag_seconds", "Worst event-loop delay since the previous scrape."
         )
         self.node_state = gauge("node_state", "1 for the node's state.", ("state",))
+        self.gpu_ready = gauge(
+            "gpu_ready",
+            "1: a launch asking for cards can run here; 0: it cannot (health's "
+            "gpu_not_ready_reason says why); NaN on a node without cards.",
+        )
         self.store_total = gauge(
             "image_store_total_bytes", "Size of the filesystem of the engine's data root."
         )
@@ -228,6 +233,7 @@ class Metrics(Telemetry):
     async def _read_states(self, jobs: JobService) -> None:
         status = await jobs.status()
         self._node_state(status.node.state)
+        self.gpu_ready.set(_known(status.gpu.ready))
         self._cache(status.cache)
         store = status.image_store
         self.store_total.set(_known(store.total_bytes))
@@ -290,7 +296,7 @@ class Metrics(Telemetry):
             self.worst_lag = max(self.worst_lag, late)
 
 
-def _known(value: int | None) -> float:
+def _known(value: int | bool | None) -> float:
     return float("nan") if value is None else value  # NaN: unknown, never a 0
 
 

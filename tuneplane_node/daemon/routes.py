@@ -16,8 +16,11 @@ from aiohttp import web
 
 from tuneplane_node.daemon.audit import audited
 from tuneplane_node.daemon.follow import stream_log
+from tuneplane_node.daemon.guard import TOKEN_KEY
 from tuneplane_node.daemon.metrics import CONTENT_TYPE
+from tuneplane_node.daemon.presence import GONE, unless_gone
 from tuneplane_node.daemon.state import JOBS, METRICS
+from tuneplane_node.daemon.tokens import FULL
 from tuneplane_node.errors import (
     BadRequest,
     EngineConflict,
@@ -33,13 +36,14 @@ from tuneplane_node.errors import (
     NoRdma,
     NotRunning,
     RegistryRefused,
+    RunConflict,
     SpecRefused,
     TooManyAuthFailures,
     TooManyFollows,
     TooManyWatches,
     Unauthorized,
 )
-from tuneplane_node.jobs import AlreadyPending, AlreadyRunning, Pulling, Started
+from tuneplane_node.jobs import AlreadyExited, AlreadyPending, AlreadyRunning, Pulling, Started
 from tuneplane_node.jobs.pending import PULLING
 from tuneplane_node.wire import answers, images, requests, schema
 from tuneplane_node.wire.fields import Body
@@ -55,6 +59,7 @@ LAUNCH_ERRORS: tuple[schema.Raised, ...] = (
     NoCapacity,
     GpuNotReady,
     NameTaken,
+    RunConflict,
     NodeCordoned,
     NoRdma,
     EngineConflict,
@@ -65,6 +70,7 @@ LAUNCH_ERRORS: tuple[schema.Raised, ...] = (
 LAUNCH_OUTCOMES = {
     Started: "started",
     AlreadyRunning: "running",
+    AlreadyExited: "exited",
     Pulling: "pulling",
     AlreadyPending: "pending",
 }
@@ -234,12 +240,18 @@ async def jobs(request: web.Request) -> web.Response:
     now, each once) and the refs removed, at once when anything changed, else at the
     next change or after `wait`. `full: true`: the cursor was of another daemon process
     or older than the node's history, and `jobs` is every job. While the engine does
-    not answer: 503, never a job removed. Past `TUNEPLANE_WATCH_MAX` waiting: 429."""
+    not answer: 503, never a job removed. Past `TUNEPLANE_WATCH_MAX` waiting: 429 (a
+    quarter of them, at least one, kept for `full` tokens). A query whose client goes
+    away is cancelled, its slot freed within a second."""
     cursor, wait = requests.parse_jobs(request.query.items())
     changes = request.app[JOBS].changes
     if cursor is None:
         return encoded(answers.encode_jobs(await changes.list(), watched=False))
-    result = await changes.query(cursor, wait=wait)
+    token = request.get(TOKEN_KEY)
+    console = token is None or token.scope == FULL
+    result = await unless_gone(request, changes.query(cursor, wait=wait, console=console))
+    if result is None:
+        return web.Response(status=GONE)
     request.app[METRICS].watch_answered(full=result.full)
     return encoded(answers.encode_jobs(result, watched=True))
 

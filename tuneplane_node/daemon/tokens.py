@@ -2,9 +2,10 @@
 
 ``TUNEPLANE_NODE_TOKEN`` and every line of ``TUNEPLANE_NODE_TOKEN_FILE`` are accepted,
 so an operator rotates by adding the new token to the file, moving the consoles over,
-then removing the old one. A line is ``<token> [name=<name>] [scope=full|observe|metrics]``
+then removing the old one. A line is ``<token> [name=<name>] [scope=full|operate|observe|metrics]``
 (a bare token is ``full``): the scraper gets a ``metrics`` token, a dashboard an
-``observe`` one, and only the console the token that launches containers. The name is
+``observe`` one, an operator an ``operate`` one (images, cordon, drain), and only the
+console the token that launches containers. The name is
 what logs say of a token; an unnamed one is named by a fingerprint (``sha256:`` and 8 hex
 digits of its hash), never by the token. The file is read again when it changes (watched
 twice a second, off the loop) and on SIGHUP. A file that turns empty or unreadable keeps
@@ -27,8 +28,13 @@ from tuneplane_node.watched import FileStamp
 
 log = logging.getLogger(__name__)
 WATCH_S = 0.5
-FULL, OBSERVE, METRICS = "full", "observe", "metrics"
-GRANTS = {FULL: {FULL, OBSERVE, METRICS}, OBSERVE: {OBSERVE, METRICS}, METRICS: {METRICS}}
+FULL, OPERATE, OBSERVE, METRICS = "full", "operate", "observe", "metrics"
+GRANTS = {
+    FULL: {FULL, OPERATE, OBSERVE, METRICS},
+    OPERATE: {OPERATE, OBSERVE, METRICS},
+    OBSERVE: {OBSERVE, METRICS},
+    METRICS: {METRICS},
+}
 """What each scope buys: a scope buys the narrower ones too."""
 MIN_TOKEN_CHARS = 16
 """Shorter is guessable from outside; ``openssl rand -hex 32`` makes 64."""

@@ -3,6 +3,7 @@
 from tuneplane_node.jobs.health import read_inventory
 from tuneplane_node.jobs.reaper import reapable
 from tuneplane_node.jobs.results import (
+    AlreadyExited,
     AlreadyPending,
     AlreadyRunning,
     Inventory,
@@ -20,6 +21,7 @@ from tuneplane_node.jobs.results import (
 from tuneplane_node.jobs.service import JobService
 
 __all__ = [
+    "AlreadyExited",
     "AlreadyPending",
     "AlreadyRunning",
     "Inventory",

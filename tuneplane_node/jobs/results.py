@@ -36,6 +36,7 @@ class LaunchRequest:
     spec: ContainerSpec
     auth: RegistryAuth | None = None
     pull_policy: str = IF_NOT_PRESENT
+    relaunch: bool = True  # False: an exited container of the run is the answer
 
     @property
     def ref(self) -> str:
@@ -62,6 +63,7 @@ class Stopping:
 
     phase: str
     since: str
+    note: str | None = None  # why the stop went otherwise than asked
 
 
 # --- launch -----------------------------------------------------------------------------
@@ -83,6 +85,14 @@ class AlreadyRunning:
 
 
 @dataclass(frozen=True)
+class AlreadyExited:
+    """The run's container exited, and the launch asked for no relaunch: nothing was
+    done (at most once)."""
+
+    exit_code: int | None
+
+
+@dataclass(frozen=True)
 class Pulling:
     """The image is being pulled in the background; the cards are reserved."""
 
@@ -98,7 +108,7 @@ class AlreadyPending:
     image: str
 
 
-LaunchResult = Started | AlreadyRunning | Pulling | AlreadyPending
+LaunchResult = Started | AlreadyRunning | AlreadyExited | Pulling | AlreadyPending
 
 
 # --- images -----------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from datetime import datetime
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
-from tuneplane_node.errors import NameTaken, NodeCordoned
+from tuneplane_node.errors import NodeCordoned
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs.catalog import ImageCatalog
 from tuneplane_node.jobs.diskmonitor import DiskMonitor
@@ -38,7 +38,6 @@ from tuneplane_node.jobs.pulls import PullCoordinator
 from tuneplane_node.jobs.reaper import Reaper
 from tuneplane_node.jobs.results import (
     AlreadyPending,
-    AlreadyRunning,
     Inventory,
     JobView,
     LaunchRequest,
@@ -47,6 +46,7 @@ from tuneplane_node.jobs.results import (
     StoppedView,
     StopPlan,
 )
+from tuneplane_node.jobs.retries import check_run, retried, stamped
 from tuneplane_node.jobs.stats import JobStats, StatsSampler
 from tuneplane_node.jobs.stopper import NO_PLAN, Stopper
 from tuneplane_node.runtime.base import (
@@ -166,23 +166,22 @@ class JobService:
 
         A live container of the run is the answer itself (idempotent); an exited one, or
         the wreckage of a launch that died before its start, is removed and launched
-        again. A name held by another run is refused.
+        again (an exited one is the answer without ``relaunch``). A name held by another
+        run is refused, and so is another spec of the same run (`retries`).
         """
         ref = request.ref
-        request = await self.launcher.vetted(request)
+        request = await self.launcher.vetted(stamped(request))
         async with self.locks.hold(ref):
             record = self.pending.get(ref)
             if record is not None and record.phase != FAILED:
-                self._check_holder(ref, record.request.run_id, request.run_id)
+                check_run(ref, record.request.run_id, record.request.spec.labels, request)
                 return AlreadyPending(record.phase, record.image)
             self.pending.pop(ref)  # a failed record is replaced by the retry
             state = await self._own(ref)
             if state.live:  # "running" is acted on at once: the engine's word, not the cache's
                 state = await self._own(ref, fresh=True)
-            if state.exists:
-                self._check_holder(ref, state.run_id, request.run_id)
-                if state.live and not state.never_started:
-                    return AlreadyRunning(state.gpus)
+            if state.exists and (answer := retried(state, request)) is not None:
+                return answer
             self._check_open()
             if state.exists:
                 await self.stopper.discard_for_relaunch(state)
@@ -191,11 +190,6 @@ class JobService:
     def _check_open(self) -> None:
         if not self.node.open:
             raise NodeCordoned(state=self.node.state, reason=self.node.reason)
-
-    @staticmethod
-    def _check_holder(ref: str, holder: str | None, run_id: str) -> None:
-        if holder != run_id:
-            raise NameTaken(ref=ref, run_id=holder)
 
     # --- observe and logs ---------------------------------------------------------------
 

@@ -22,6 +22,9 @@ from tuneplane_node.signals import DEFAULT_STOP_SIGNAL
 log = logging.getLogger(__name__)
 NO_PLAN = StopPlan()
 WARNED, SIGNALLED = "warned", "signalled"
+NOT_CAUGHT = "warning skipped: not caught"
+"""Observe's note of a stop whose job has no handler for the warning signal: the warning
+would have killed it by the signal's default action, so it got the stop signal alone."""
 
 
 class Stopper:
@@ -64,12 +67,14 @@ class Stopper:
             if seen.status not in RUNNING:
                 return
             stop_signal = plan.signal or await self._stop_signal_of(seen)
-            first = plan.warn_signal or stop_signal
+            warning = await self._warning(seen, plan)
+            first = warning or stop_signal
             await self.runtime.kill(seen.handle, first)
-        mark = self._mark(ref, WARNED if plan.warn_signal else SIGNALLED)
+        skipped = NOT_CAUGHT if plan.warn_signal and not warning else None
+        mark = self._mark(ref, WARNED if warning else SIGNALLED, note=skipped)
         job = job_fields(ref, seen.run_id)
         try:
-            if plan.warn_signal:
+            if warning:
                 warn_s = grace if plan.warn_s is None else plan.warn_s
                 log.info(
                     "stopping %s: %s, %s after %g s", ref, first, stop_signal, warn_s, extra=job
@@ -106,8 +111,22 @@ class Stopper:
             state = await self.runtime.inspect_fresh(state.name)
         return state.stop_signal or DEFAULT_STOP_SIGNAL
 
-    def _mark(self, ref: str, phase: str) -> Stopping:
-        mark = Stopping(phase, rfc3339(self.clock.now()))
+    async def _warning(self, seen: ContainerState, plan: StopPlan) -> str | None:
+        """The plan's warning signal, unless no process of the job catches it (its
+        default action would end the job at once, nothing saved); sent as asked where
+        the node cannot tell."""
+        if not plan.warn_signal:
+            return None
+        if await self.runtime.catches(seen.handle, plan.warn_signal) is not False:
+            return plan.warn_signal
+        log.info(
+            "stopping %s: no process of it catches %s: its stop signal without the warning",
+            seen.name, plan.warn_signal, extra=job_fields(seen.name, seen.run_id),
+        )  # fmt: skip
+        return None
+
+    def _mark(self, ref: str, phase: str, *, note: str | None = None) -> Stopping:
+        mark = Stopping(phase, rfc3339(self.clock.now()), note)
         self.stopping[ref] = mark
         self.launcher.changes.changed(ref)  # observe shows the stop's phase
         return mark

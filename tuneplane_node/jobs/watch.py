@@ -23,7 +23,7 @@ import logging
 import random
 import secrets
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
 
 from tuneplane_node.clock import Clock
@@ -40,6 +40,10 @@ PROGRESS_S = 1.0
 """A pending launch's pull progress is a change at most this often."""
 DEFAULT_WAIT_S = 60.0
 MAX_WAIT_S = 300.0
+CONSOLE_SHARE = 4
+"""A quarter of the waiting slots (at least one) is kept for consoles (``full``
+tokens): observers' queries may never take every slot and hold the console's watch at
+429."""
 
 Read = Callable[[Iterable[str]], Awaitable[Mapping[str, JobView]]]
 """The service's observe: each ref's view, missing when it is neither pending nor a
@@ -55,9 +59,11 @@ class ChangeLog:
         self.epoch = secrets.token_hex(8)  # this process: a restart's cursors are new
         self.history = settings.watch_history
         self.limit = settings.watch_max
+        self.observers_limit = self.limit - kept_for_consoles(self.limit)
         self.clock = clock
         self.position = 0
         self.waiting = 0  # queries waiting now
+        self.observing = 0  # of them, observers' (not a console's)
         self._entries: OrderedDict[str, int] = OrderedDict()  # ref -> its latest change
         self._views: dict[str, JobView] = {}  # every job, as last read
         self._floor = 0  # the newest change dropped from the history
@@ -190,14 +196,16 @@ class ChangeLog:
         await self._settled()
         return self._listing()
 
-    async def query(self, cursor: Cursor, *, wait: float) -> JobChanges:
+    async def query(self, cursor: Cursor, *, wait: float, console: bool = True) -> JobChanges:
         """What changed after ``cursor``, at once when anything did; otherwise after the
         next change, or ``wait`` seconds and up to a sixteenth more (Nomad's spread, so
         a fleet's consoles do not all ask again at once). Every job (``full``) for a
-        cursor of another process or older than the history."""
+        cursor of another process or older than the history. Not ``console`` (an
+        observer's): it may wait only in the slots not kept for consoles."""
         await self._settled()
         if not self._stale(cursor) and self.position == cursor.position and wait > 0:
-            await self._wait(cursor, wait + random.uniform(0, wait / 16))
+            with self._slot(console=console):
+                await self._wait(cursor, wait + random.uniform(0, wait / 16))
         if self._stale(cursor):
             return self._listing()
         return self._since(cursor)
@@ -209,24 +217,34 @@ class ChangeLog:
             or cursor.position > self.position
         )
 
-    async def _wait(self, cursor: Cursor, timeout: float) -> None:
+    @contextlib.contextmanager
+    def _slot(self, *, console: bool) -> Iterator[None]:
+        """One waiting slot, held until the query ends, answered or cancelled (its
+        client gone): a 429 when every slot its kind may take is taken."""
         if self.waiting >= self.limit:
             raise TooManyWatches(limit=self.limit)
+        if not console and self.observing >= self.observers_limit:
+            raise TooManyWatches(limit=self.observers_limit, observers=True)
         self.waiting += 1
-        deadline = self.clock.monotonic() + timeout
+        self.observing += not console
         try:
-            while self.position == cursor.position and not self._closing:
-                remaining = deadline - self.clock.monotonic()
-                if remaining <= 0:
-                    return
-                step = remaining if self.fed else min(remaining, POLL_S)
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await self.clock.wait_for(asyncio.shield(self._future()), step)
-                if not self.fed:
-                    self._everything = True
-                await self._settled()  # the engine lost meanwhile: its 503
+            yield
         finally:
             self.waiting -= 1
+            self.observing -= not console
+
+    async def _wait(self, cursor: Cursor, timeout: float) -> None:
+        deadline = self.clock.monotonic() + timeout
+        while self.position == cursor.position and not self._closing:
+            remaining = deadline - self.clock.monotonic()
+            if remaining <= 0:
+                return
+            step = remaining if self.fed else min(remaining, POLL_S)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await self.clock.wait_for(asyncio.shield(self._future()), step)
+            if not self.fed:
+                self._everything = True
+            await self._settled()  # the engine lost meanwhile: its 503
 
     def _future(self) -> asyncio.Future[None]:
         if self._next is None:
@@ -263,6 +281,11 @@ class ChangeLog:
     async def close(self) -> None:
         self.stop()
         await self._tasks.close()
+
+
+def kept_for_consoles(limit: int) -> int:
+    """The waiting slots of ``limit`` only a console's query may take."""
+    return max(1, limit // CONSOLE_SHARE)
 
 
 def _same(old: JobView, new: JobView) -> bool:

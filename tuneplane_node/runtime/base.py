@@ -46,7 +46,13 @@ LABEL_MOUNTS = "tuneplane.mounts"
 LABEL_DISK_LIMIT = "tuneplane.disk-limit"
 """The bytes a job may write to the engine's disk (writable layer and anonymous volumes),
 as the node decided at its launch: what the disk monitor holds it to, after a restart too."""
-NODE_LABELS = (LABEL_RUN_ID, LABEL_GPUS, LABEL_NETWORK, LABEL_MOUNTS, LABEL_DISK_LIMIT)
+LABEL_SPEC = "tuneplane.spec"
+"""A digest of each field of the spec the run was launched with (`jobs.retries`): a
+retry with another spec is told apart. The node's own: observe never shows it."""
+NODE_LABELS = (LABEL_RUN_ID, LABEL_GPUS, LABEL_NETWORK, LABEL_MOUNTS, LABEL_DISK_LIMIT, LABEL_SPEC)
+HIDDEN_LABELS = frozenset({LABEL_SPEC, LABEL_MOUNTS, LABEL_DISK_LIMIT})
+"""Labels the node keeps for itself: no answer shows them (a 0.3.15 console's observe
+reads the labels it always did)."""
 
 LIVE_STATUSES = frozenset({"running", "created", "paused", "restarting"})
 """A container in one of these holds its cards: it runs, or may run without asking us."""
@@ -572,6 +578,13 @@ class ContainerRuntime(Protocol):
         through its init to the job's command on an engine, to the whole process group on
         the process runtime. Missing, or not running: nothing to do. Returns at once: the
         job's exit arrives later (`wait_exited`)."""
+
+    async def catches(self, ref: str, signal: str) -> bool | None:
+        """Whether a process of the running job (below its init) has a handler for
+        ``signal`` (`sigcatch`): the warning phase of a stop is only for a job that
+        hears it. None where this machine cannot read the job's processes (a remote
+        engine, another pid namespace, the process runtime) or the job is not running:
+        the caller sends as asked."""
 
     async def wait_exited(self, name: str, timeout: float) -> bool:
         """Wait at most ``timeout`` seconds until the container (by exact name) runs no

@@ -569,6 +569,9 @@ class CachedRuntime:
     async def kill(self, ref: str, signal: str) -> None:
         await self.inner.kill(ref, signal)  # the exit arrives as an event
 
+    async def catches(self, ref: str, signal: str) -> bool | None:
+        return await self.inner.catches(ref, signal)  # the processes now, never cached
+
     async def wait_exited(self, name: str, timeout: float) -> bool:
         return await self.cache.wait_exited(name, timeout)
 

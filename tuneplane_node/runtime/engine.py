@@ -31,7 +31,7 @@ from tuneplane_node.errors import (
     SpecRefused,
     is_name_conflict,
 )
-from tuneplane_node.runtime import cgroups, diskwalk, quotas
+from tuneplane_node.runtime import cgroups, diskwalk, quotas, sigcatch
 from tuneplane_node.runtime import dockerformat as fmt
 from tuneplane_node.runtime.base import (
     DEVICES_ENV,
@@ -69,6 +69,7 @@ from tuneplane_node.runtime.logstream import LogRelay, unbound_reads
 from tuneplane_node.runtime.pool import BlockingPool
 from tuneplane_node.runtime.pulling import PullStream, drive_pull, pull_headers
 from tuneplane_node.settings import NodeSettings
+from tuneplane_node.signals import JOB_SIGNALS
 from tuneplane_node.telemetry import NO_TELEMETRY, Telemetry
 
 log = logging.getLogger(__name__)
@@ -343,7 +344,34 @@ class EngineMounts(ABC):
         return MountSupport(STAGED if self._local() else REMOTE, tuple(d for d in dirs if d))
 
 
-class EngineRuntime(EngineImages, EngineMounts, EngineParent):
+class EngineProcesses(ABC):
+    """What this machine sees of the jobs' processes, for an engine on it: the container
+    a process is in, and whether a job catches a signal (`sigcatch`). `EngineRuntime`
+    supplies the seam (`_call`, `_or`, the inspect document)."""
+
+    @abstractmethod
+    async def _call(self, action: str, fn: Callable[..., T], *args: Any) -> T: ...
+    @abstractmethod
+    def _or(self, missing: T, fn: Callable[..., T], *args: Any) -> T: ...
+    @abstractmethod
+    def _document(self, ref: str) -> Mapping[str, Any]: ...
+
+    def holders_of(self, pids: Collection[int]) -> dict[int, str | None]:
+        return {pid: cgroups.container_id_of_pid(pid) for pid in pids}
+
+    async def catches(self, ref: str, signal: str) -> bool | None:
+        return await self._call("read the caught signals", self._catches, ref, JOB_SIGNALS[signal])
+
+    def _catches(self, ref: str, number: int) -> bool | None:
+        doc = self._or(None, self._document, ref)
+        pid = int(((doc or {}).get("State") or {}).get("Pid") or 0)
+        # The engine's pid is a process of this machine only when it is in the container.
+        if doc is None or not pid or cgroups.container_id_of_pid(pid) != doc.get("Id"):
+            return None
+        return sigcatch.caught(pid, number)
+
+
+class EngineRuntime(EngineImages, EngineMounts, EngineParent, EngineProcesses):
     """A ContainerRuntime and EngineFeed over a synchronous engine SDK."""
 
     name: str
@@ -647,9 +675,6 @@ class EngineRuntime(EngineImages, EngineMounts, EngineParent):
 
     async def usage(self, refs: Sequence[str]) -> dict[str, Usage]:
         return await self._call("read usage", self._usage_all, list(refs))
-
-    def holders_of(self, pids: Collection[int]) -> dict[int, str | None]:
-        return {pid: cgroups.container_id_of_pid(pid) for pid in pids}
 
     def _usage_all(self, refs: list[str]) -> dict[str, Usage]:
         # Only the refs asked for stay located: the memo never outgrows the running jobs.

@@ -190,12 +190,17 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
     def seccomp_profile(self) -> Path | None:
         """The node's profile for podman jobs (`seccomp`), on this machine; None for a
         remote service, which cannot read a file of ours."""
-        if not self.settings.podman_url.startswith(("unix://", "http+unix://")):
+        if self.remote:
             # The scheme only: an ssh:// or https:// address may carry a user's password.
             scheme = self.settings.podman_url.split("://", 1)[0]
             log.warning("podman is remote (%s): its jobs keep its own seccomp profile", scheme)
             return None
         return seccomp.write_profile(self.settings.state_dir)
+
+    @property
+    def remote(self) -> bool:
+        """Whether the service is another machine's (no file of ours reaches it)."""
+        return not self.settings.podman_url.startswith(("unix://", "http+unix://"))
 
     def _inspect(self, ref: str) -> ContainerState:
         return fmt.state_from_inspect(self.client.containers.get(ref).attrs)

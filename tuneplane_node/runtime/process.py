@@ -176,6 +176,11 @@ class ProcessRuntime:
         if job is not None and job.main is not None:
             await self._pool.call(self._groups.signal, job.main, _SIGNALS[signal], group=True)
 
+    async def catches(self, ref: str, signal: str) -> bool | None:
+        """Not read: a job's signals go to its whole process group, the warning as
+        asked (a development runtime)."""
+        return None
+
     async def wait_exited(self, name: str, timeout: float) -> bool:
         job = await self._pool.call(self._files.load, name)
         if job is None or job.main is None:

@@ -63,14 +63,28 @@ def write_profile(state_dir: Path, *, defaults: Sequence[Path] = DEFAULT_PROFILE
     """The derived profile, written under the node's state dir; None (said once) when no
     default profile is readable: podman's built-in one then applies, user namespaces
     included."""
+    derived = derive_profile(defaults)
+    if derived is None:
+        return None
+    try:
+        return _write(state_dir / PROFILE_NAME, json.dumps(derived[1], indent=1))
+    except OSError as exc:
+        log.error("cannot write the seccomp profile (%s): jobs may create user namespaces", exc)
+        return None
+
+
+def derive_profile(
+    defaults: Sequence[Path] = DEFAULT_PROFILES,
+) -> tuple[Path, dict[str, Any]] | None:
+    """The default profile read and the node's derived from it, written nowhere (what
+    ``check`` needs: it creates nothing); None, said, when none is readable."""
     source = next((path for path in defaults if path.is_file()), None)
     if source is None:
         log.error("no podman seccomp profile in %s: jobs may create user namespaces",
                   " or ".join(map(str, defaults)))  # fmt: skip
         return None
     try:
-        profile = without_user_namespaces(json.loads(source.read_text()))
-        return _write(state_dir / PROFILE_NAME, json.dumps(profile, indent=1))
+        return source, without_user_namespaces(json.loads(source.read_text()))
     except (OSError, ValueError, TypeError, AttributeError) as exc:
         log.error("cannot derive a seccomp profile from %s (%s): jobs may create user "
                   "namespaces", source, exc)  # fmt: skip

@@ -27,7 +27,7 @@ from tuneplane_node.jobs.results import (
     StoppedView,
 )
 from tuneplane_node.jobs.stopper import SIGNALLED, WARNED
-from tuneplane_node.runtime.base import CacheStatus, ContainerState, LogText
+from tuneplane_node.runtime.base import HIDDEN_LABELS, CacheStatus, ContainerState, LogText
 from tuneplane_node.wire import PROTOCOL, PROTOCOLS
 from tuneplane_node.wire.fields import Words
 
@@ -51,7 +51,9 @@ PendingPhase = Annotated[
 LaunchPhase = Annotated[
     str,
     Words(
-        "LaunchPhase", ("running", PULLING, STARTING, FAILED), "What a launch did: runs, or pends."
+        "LaunchPhase",
+        ("running", "exited", PULLING, STARTING, FAILED),
+        "What a launch did: runs, or pends; `exited` only for `relaunch: false`.",
     ),
 ]
 StopPhase = Annotated[
@@ -86,7 +88,11 @@ class StateJson(TypedDict):
     read_only_root: bool | None
 
 
-class StoppingJson(TypedDict):
+class _StoppingOptional(TypedDict, total=False):
+    note: str  # "warning skipped: not caught": the job has no handler for the warning
+
+
+class StoppingJson(_StoppingOptional):
     phase: StopPhase
     since: str
 
@@ -129,7 +135,10 @@ def _stopped_json(view: StoppedView) -> StoppedStateJson:
     if view.stop_reason:
         shown["stop_reason"] = view.stop_reason
     if view.stopping:
-        shown["stopping"] = {"phase": view.stopping.phase, "since": view.stopping.since}
+        stopping: StoppingJson = {"phase": view.stopping.phase, "since": view.stopping.since}
+        if view.stopping.note:
+            stopping["note"] = view.stopping.note
+        shown["stopping"] = stopping
     if view.disk:
         shown["disk_used_bytes"] = view.disk.used_bytes
         shown["disk_limit_bytes"] = view.disk.limit_bytes
@@ -142,7 +151,7 @@ def _container_json(view: ContainerState) -> StateJson:
         "exists": view.exists,
         "status": view.status if view.exists else None,
         "exit_code": view.exit_code,
-        "labels": dict(view.labels),
+        "labels": shown_labels(view.labels),
         "created_at": view.created_at,
         "started_at": view.started_at,
         "finished_at": view.finished_at,
@@ -150,6 +159,11 @@ def _container_json(view: ContainerState) -> StateJson:
         "stop_signal": view.stop_signal if view.exists else None,
         "read_only_root": view.read_only_root if view.exists else None,
     }
+
+
+def shown_labels(labels: Mapping[str, str]) -> dict[str, str]:
+    """A job's labels as answers show them: the node's own (`HIDDEN_LABELS`) left out."""
+    return {key: value for key, value in labels.items() if key not in HIDDEN_LABELS}
 
 
 def _pending_json(view: PendingView) -> PendingStateJson:
@@ -160,7 +174,7 @@ def _pending_json(view: PendingView) -> PendingStateJson:
         "exists": True,
         "status": "dead" if view.failed else "created",
         "exit_code": None,
-        "labels": dict(view.labels),
+        "labels": shown_labels(view.labels),
         "created_at": None,
         "started_at": None,
         "finished_at": None,
@@ -317,6 +331,13 @@ class RunningJson(TypedDict):
     ref: str
 
 
+class ExitedJson(TypedDict):
+    phase: LaunchPhase
+    idempotent: bool
+    exit_code: int | None
+    ref: str
+
+
 class PullingJson(TypedDict):
     phase: LaunchPhase
     image: str
@@ -331,7 +352,7 @@ class PendingJson(TypedDict):
     ref: str
 
 
-LaunchJson = StartedJson | RunningJson | PullingJson | PendingJson
+LaunchJson = StartedJson | RunningJson | ExitedJson | PullingJson | PendingJson
 
 
 def launch_json(result: results.LaunchResult, *, ref: str) -> LaunchJson:
@@ -342,6 +363,8 @@ def launch_json(result: results.LaunchResult, *, ref: str) -> LaunchJson:
         return {"phase": "running", "container_id": result.container_id, "gpus": gpus, "ref": ref}
     if isinstance(result, results.AlreadyRunning):
         return {"phase": "running", "idempotent": True, "gpus": [*result.gpus], "ref": ref}
+    if isinstance(result, results.AlreadyExited):
+        return {"phase": "exited", "idempotent": True, "exit_code": result.exit_code, "ref": ref}
     if isinstance(result, results.Pulling):
         wanted = result.requested_gpus
         return {"phase": "pulling", "image": result.image, "requested_gpus": wanted, "ref": ref}

@@ -193,7 +193,16 @@ def parse_launch(body: Mapping[str, Any]) -> LaunchRequest:
         spec = refusals.read(parse_container, container, seen)
         auth = refusals.read(_registry_auth, Given(container, "container.registry_auth", seen))
         policy = refusals.read(_pull_policy, Given(container, "container.pull_policy", seen))
-    return LaunchRequest(run_id, requested, spec, auth=auth, pull_policy=policy)
+        relaunch = refusals.read(_relaunch, body.get("relaunch"))
+    return LaunchRequest(run_id, requested, spec, auth=auth, pull_policy=policy, relaunch=relaunch)
+
+
+def _relaunch(value: object) -> bool:
+    """``true`` (the default, also for ``""`` and null) or ``false``."""
+    value = _empty_as(value, True)
+    if not isinstance(value, bool):
+        raise InvalidField("relaunch", "must be true or false")
+    return value
 
 
 def _run_id(body: Mapping[str, Any]) -> str:
@@ -768,6 +777,17 @@ LAUNCH = Body(
             "length of `container.gpus`.",
         ),
         Field("container", CONTAINER, "An object:", required=True),
+        Field(
+            "relaunch",
+            or_empty({"type": "boolean"}),
+            "What a launch of a run whose container exited does. `true` (the default, as "
+            'in 0.3.15; also for `""`): the exited container (its exit code and logs) '
+            "is removed and the job launched again. `false`: at most once: the exited "
+            "job is the answer (`phase: exited`, its `exit_code`, `idempotent: true`), "
+            "nothing removed or started. Either way, a launch of a run whose container "
+            "or pending launch exists with another spec is a `409` (`run_conflict`) "
+            "naming the fields that differ, and one with the same spec is idempotent.",
+        ),
     ),
 )
 LAUNCH_FIELDS = LAUNCH.names
@@ -1059,7 +1079,10 @@ WARNING = (
         "warn_signal",
         or_null(SIGNAL),
         f"A signal sent before the stop signal, for the job to checkpoint and end by "
-        f"itself: {SIGNALS_DOC}. Absent: no warning.",
+        f"itself: {SIGNALS_DOC}. Absent: no warning. Sent only to a job that catches it "
+        "(a process below its init has a handler): to one that does not, it would be "
+        "the end at once, so that job gets its stop signal without the warning phase "
+        "(observe: `warning skipped: not caught`).",
     ),
     _seconds(
         "warn_s",

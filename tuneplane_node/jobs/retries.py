@@ -1,0 +1,102 @@
+"""A launch of a run that exists already: a retry, told from another job.
+
+The console's retry of a launch whose answer it lost is idempotent only when it asks
+for the same job. So each container carries (label ``tuneplane.spec``) a digest of each
+field of the spec the console sent, as the node parsed it (``""`` and a field left out
+read alike, a map's order does not count); a launch of the run finds the fields that
+differ. Registry credentials are not part of it: a retry with rotated credentials asks
+for the same job, and no digest of a secret is written on a container. A container
+without the label (made by an older node) is taken as the same spec, as 0.3.15 did.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from tuneplane_node.errors import NameTaken, RunConflict
+from tuneplane_node.jobs.results import AlreadyExited, AlreadyRunning, LaunchRequest, LaunchResult
+from tuneplane_node.runtime.base import LABEL_SPEC, ContainerState
+
+CONTAINER_FIELDS = (
+    "name", "image", "command", "env", "mounts", "labels", "workdir", "shm_size",
+    "cpu_limit", "memory_limit", "network", "user", "stop_signal", "rdma", "read_only_root",
+    "disk_limit",
+)  # fmt: skip
+"""The container fields a console gives (the spec's others are the node's choices)."""
+DIGEST_CHARS = 12
+
+
+def fingerprint(request: LaunchRequest) -> str:
+    """``field=digest`` for each field of the console's spec, space-separated."""
+    return " ".join(f"{name}={_digest(value)}" for name, value in _fields(request).items())
+
+
+def stamped(request: LaunchRequest) -> LaunchRequest:
+    """The request, its spec labelled with its fingerprint (before the node's changes)."""
+    labels = {**request.spec.labels, LABEL_SPEC: fingerprint(request)}
+    return replace(request, spec=replace(request.spec, labels=labels))
+
+
+def retried(state: ContainerState, request: LaunchRequest) -> LaunchResult | None:
+    """The answer to a `stamped` launch of the run of ``state`` (a container that
+    exists): idempotent while it runs, or, exited, without ``relaunch``; None: launch it
+    again (exited, or never started). Another run's name, or another spec, raises."""
+    check_run(state.name, state.run_id, state.labels, request)
+    if state.live and not state.never_started:
+        return AlreadyRunning(state.gpus)
+    if not (request.relaunch or state.live or state.never_started):
+        return AlreadyExited(state.exit_code)
+    return None
+
+
+def check_run(
+    ref: str, holder: str | None, labels: Mapping[str, str], request: LaunchRequest
+) -> None:
+    """NameTaken when the name is another run's; RunConflict when the run's recorded
+    spec (``labels``) is not the request's."""
+    if holder != request.run_id:
+        raise NameTaken(ref=ref, run_id=holder)
+    check_same(ref, labels, request)
+
+
+def check_same(ref: str, labels: Mapping[str, str], request: LaunchRequest) -> None:
+    """Raise RunConflict naming the fields a `stamped` request changes from the spec the
+    labels record; nothing when they record none. The stamp, not the request, is
+    compared: the node changes the request after (a default memory limit, a network)."""
+    recorded, asked = labels.get(LABEL_SPEC), request.spec.labels.get(LABEL_SPEC)
+    if recorded is None or asked is None:
+        return
+    before = dict(entry.partition("=")[::2] for entry in recorded.split())
+    now = dict(entry.partition("=")[::2] for entry in asked.split())
+    differ = [name for name in now.keys() | before.keys() if now.get(name) != before.get(name)]
+    if differ:
+        order = list(now)
+        differ.sort(key=lambda name: order.index(name) if name in order else len(order))
+        raise RunConflict(ref=ref, run_id=request.run_id, fields=differ)
+
+
+def _fields(request: LaunchRequest) -> dict[str, Any]:
+    spec = request.spec
+    labels = {key: value for key, value in spec.labels.items() if key != LABEL_SPEC}
+    values: dict[str, Any] = {"requested_gpus": request.requested_gpus}
+    for name in CONTAINER_FIELDS:
+        values[f"container.{name}"] = labels if name == "labels" else getattr(spec, name)
+    values["container.pull_policy"] = request.pull_policy
+    return values
+
+
+def _digest(value: object) -> str:
+    canonical = json.dumps(_plain(value), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:DIGEST_CHARS]
+
+
+def _plain(value: object) -> object:
+    if isinstance(value, Mapping):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, (tuple, list)):
+        return [_plain(item) for item in value]
+    return value

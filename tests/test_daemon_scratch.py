@@ -87,6 +87,12 @@ async def test_a_job_filling_its_scratch_gets_enospc_keeps_running_and_leaves_no
 
         await node.remove(ref)
         assert left(tmp_path) == ([], [], [])
+
+        # The engine refuses to start it (a user the image has not): the launch fails.
+        scratch = {"path": "/scratch", "size": "50m"}
+        _, body = await node.launch(scratch=scratch, user="no-such-user", expect=422)
+        assert body["detail"].startswith("container.user"), body
+        assert left(tmp_path) == ([], [], [])
     finally:
         await remove_directly(engine, names)
         sweep(tmp_path)

@@ -12,11 +12,25 @@ from typing import Any
 
 import pytest
 
-from tuneplane_node.errors import InvalidField
+from tests.conftest import IMAGE
+from tests.fakes import FakeRuntime
+from tuneplane_node.errors import InvalidField, NodeError
 from tuneplane_node.jobs.confinement import JobRules
-from tuneplane_node.jobs.scratch import ScratchSpaces, vet
-from tuneplane_node.runtime.base import ContainerSpec, Mount, Scratch
-from tuneplane_node.settings import load_settings
+from tuneplane_node.jobs.results import LaunchRequest
+from tuneplane_node.jobs.scratch import SUFFIX, ScratchSpaces, vet
+from tuneplane_node.jobs.service import JobService
+from tuneplane_node.runtime.base import (
+    DIRECT,
+    LABEL_MOUNTS,
+    LABEL_RUN_ID,
+    REMOTE,
+    STAGED,
+    ContainerSpec,
+    Mount,
+    Scratch,
+    container_name,
+)
+from tuneplane_node.settings import NodeSettings, load_settings
 from tuneplane_node.wire.requests import parse_launch
 
 MIB = 2**20
@@ -156,4 +170,58 @@ def test_a_scratch_that_cannot_be_made_is_a_422_and_leaves_nothing(tmp_path: Pat
     with pytest.raises(InvalidField) as again:  # the same key: its file is there
         spaces.make("taken.1", Scratch("/scratch", 2 * MIB))
     assert again.value.field == "container.scratch"
+    assert left(spaces) == ([], [], [])
+
+
+# --- the launch's lifecycle, on the in-memory engine -----------------------------------------
+
+
+def with_scratch(run_id: str, size: int = 2 * MIB) -> LaunchRequest:
+    spec = ContainerSpec(
+        container_name(run_id), IMAGE, labels={LABEL_RUN_ID: run_id},
+        scratch=Scratch("/scratch", size),
+    )  # fmt: skip
+    return LaunchRequest(run_id, 0, spec)
+
+
+@pytest.mark.parametrize(("mode", "words"), [(DIRECT, "mounts nothing"), (REMOTE, "another")])
+async def test_a_runtime_that_takes_no_mount_refuses_a_scratch(
+    service: JobService, fake: FakeRuntime, mode: str, words: str
+) -> None:
+    """The process runtime mounts nothing; an engine on another machine cannot be handed
+    a path of this one: a 422 naming the field, nothing made."""
+    fake.mount_mode = mode
+    with pytest.raises(InvalidField) as refused:
+        await service.launch(with_scratch("r1"))
+    assert refused.value.field == "container.scratch" and words in refused.value.reason
+    assert not fake.containers
+
+
+async def test_a_scratch_over_the_nodes_bound_is_refused_before_anything_is_made(
+    service: JobService, fake: FakeRuntime
+) -> None:
+    fake.mount_mode = STAGED
+    with pytest.raises(InvalidField) as refused:
+        await service.launch(with_scratch("r1", size=200 * 2**30))  # the default: 100g
+    assert refused.value.field == "container.scratch.size"
+    assert not fake.containers
+
+
+@needs_loop
+async def test_a_scratch_goes_with_its_container_and_with_a_failed_launch(
+    service: JobService, fake: FakeRuntime, settings: NodeSettings
+) -> None:
+    fake.mount_mode = STAGED
+    spaces = ScratchSpaces(settings)
+    await service.launch(with_scratch("r1"))
+    made = fake.containers["tuneplane-r1"]
+    (mount,) = made.spec.mounts
+    assert mount.container == "/scratch" and not mount.read_only
+    assert made.labels[LABEL_MOUNTS] + SUFFIX in left(spaces)[0]
+    await service.remove("tuneplane-r1")
+    assert left(spaces) == ([], [], [])
+
+    fake.refuse_start = "no such user"
+    with pytest.raises(NodeError):
+        await service.launch(with_scratch("r2"))
     assert left(spaces) == ([], [], [])

@@ -202,7 +202,7 @@ class Launcher:
                 opened.append(self.scratch.make(key, scratch))
             return self.staging.stage(key, opened)
         except BaseException:
-            self.scratch.release(key)  # after the staging's own release: its binds first
+            self.scratch.release_quietly(key)  # after the staging's release: its binds first
             raise
         finally:
             for each in opened:

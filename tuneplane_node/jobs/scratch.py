@@ -84,10 +84,18 @@ class ScratchSpaces:
         try:
             return self._make(key, scratch)
         except BaseException as exc:
-            self.release(key)
+            self.release_quietly(key)
             if isinstance(exc, (OSError, ScratchError)):
                 raise InvalidField(FIELD, f"the node could not make it: {exc}") from None
             raise
+
+    def release_quietly(self, key: str) -> None:
+        """`release` on a failed launch's path: a failure there is logged (the start's
+        sweep takes what is left), never raised over the launch's own error."""
+        try:
+            self.release(key)
+        except (OSError, ScratchError) as exc:
+            log.error("could not remove the scratch space %s: %s (swept at next start)", key, exc)
 
     def _make(self, key: str, scratch: Scratch) -> Opened:
         self.files.mkdir(mode=0o700, parents=True, exist_ok=True)

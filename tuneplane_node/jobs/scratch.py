@@ -21,6 +21,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import shutil
 import subprocess
 from collections.abc import Collection
 from pathlib import Path
@@ -142,6 +143,11 @@ class ScratchSpaces:
             log.warning("removing the scratch space of %s: no container has it", key)
             self.release(key)
         return len(gone)
+
+
+def missing_tools() -> list[str]:
+    """The programs a scratch needs that this machine lacks (``check`` says them)."""
+    return [tool for tool in (MKFS[0], "losetup", "mount") if shutil.which(tool) is None]
 
 
 def _entries(directory: Path) -> list[Path]:

@@ -15,7 +15,14 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import MakeNode
-from tests.helpers import Console, free_port, spawn_daemon, state_dir
+from tests.helpers import (
+    Console,
+    TrackingRuntime,
+    free_port,
+    own_docker_host,
+    spawn_daemon,
+    state_dir,
+)
 from tests.test_daemon_enginelock import engine_settings_of, healthy
 from tests.test_daemon_mounts import kill_and_remove, post, remove_directly
 from tuneplane_node.jobs.scratch import MOUNTS, SUFFIX, ScratchSpaces
@@ -95,6 +102,21 @@ async def test_a_job_filling_its_scratch_gets_enospc_keeps_running_and_leaves_no
         assert left(tmp_path) == ([], [], [])
     finally:
         await remove_directly(engine, names)
+        sweep(tmp_path)
+
+
+async def test_a_reaped_job_leaves_no_scratch(
+    make_node: MakeNode, own_docker: TrackingRuntime, tmp_path: Path
+) -> None:
+    """On the suite's own engine: a reap takes every exited job of the engine's."""
+    node = await make_node(feed=own_docker, docker_host=own_docker_host())
+    try:
+        reaped, _ = await node.launch(["/bin/true"], scratch={"path": "/s", "size": "8m"})
+        assert len(left(tmp_path)[0]) == 1
+        await node.wait_for(reaped, "status", "exited")
+        assert (await node.ok("POST", "/node/v1/reap", json={"max_age_s": 0}))["removed"] == 1
+        assert left(tmp_path) == ([], [], [])
+    finally:
         sweep(tmp_path)
 
 

@@ -160,6 +160,8 @@ def test_the_engine_up_passes_naming_its_version_and_address(check: Check) -> No
     assert lines["job disk"].startswith(
         "ok job disk: TUNEPLANE_JOB_DISK_LIMIT=50%, held by the disk monitor every 5 s ("
     )
+    assert lines["scratch"].startswith("ok scratch: sparse ext4 files in ")
+    assert lines["scratch"].endswith(", up to TUNEPLANE_JOB_SCRATCH_MAX=100g a job")
 
 
 def test_a_runtime_without_a_store_says_nothing_holds_a_jobs_disk(check: Check) -> None:
@@ -167,6 +169,9 @@ def test_a_runtime_without_a_store_says_nothing_holds_a_jobs_disk(check: Check) 
     assert lines["job disk"] == (
         "warn job disk: TUNEPLANE_JOB_DISK_LIMIT=20g is held by nothing (no store): "
         "no job is measured"
+    )
+    assert lines["scratch"] == (
+        "warn scratch: the process runtime mounts nothing: container.scratch is refused"
     )
 
 

@@ -9,6 +9,7 @@ import collections
 import ctypes
 import json
 import os
+import subprocess
 import threading
 import urllib.error
 import urllib.request
@@ -277,9 +278,7 @@ async def test_a_daemon_killed_with_mounts_staged_sweeps_them_at_its_restart(
             body["container"]["command"] = ["/bin/sleep", "300"]  # type: ignore[index]
             assert post(port, "/node/v1/launch", body)[0] == 200
         assert len(staged(tmp_path)[0]) == 2
-        daemon.kill()
-        daemon.wait(timeout=30)
-        await remove_directly(engine, names[:1])
+        await kill_and_remove(daemon, engine, names[:1])
         assert len(staged(tmp_path)[0]) == 2  # the kernel's mounts outlive the daemon
         daemon = spawn_daemon(tmp_path, port, settings_of=settings)
         healthy(port, daemon, tmp_path / "serve.log")
@@ -292,6 +291,13 @@ async def test_a_daemon_killed_with_mounts_staged_sweeps_them_at_its_restart(
         daemon.wait(timeout=60)
         await remove_directly(engine, names)
         MountStaging(state_dir(tmp_path)).sweep(())  # what a failure left
+
+
+async def kill_and_remove(daemon: subprocess.Popen[bytes], engine: str, names: list[str]) -> None:
+    """SIGKILL the daemon, then remove these containers behind its back."""
+    daemon.kill()
+    daemon.wait(timeout=30)
+    await remove_directly(engine, names)
 
 
 async def remove_directly(engine: str, names: list[str]) -> None:

@@ -572,10 +572,28 @@ async def _mount_findings(settings: NodeSettings) -> list[Finding]:
     if problem is not None:
         return [(FAIL, f"mounts: {problem}")]
     if support.mode == REMOTE:
-        return [(WARN, f"mounts: {engine} is on another machine: host mounts are refused")]
+        return [
+            (WARN, f"mounts: {engine} is on another machine: host mounts are refused"),
+            (WARN, f"scratch: {engine} is on another machine: container.scratch is refused"),
+        ]
     if support.mode == DIRECT:
-        return [(WARN, "mounts: the process runtime mounts nothing; jobs see host paths as given")]
-    return [_staging_finding(settings)]
+        return [
+            (WARN, "mounts: the process runtime mounts nothing; jobs see host paths as given"),
+            (WARN, "scratch: the process runtime mounts nothing: container.scratch is refused"),
+        ]
+    return [_staging_finding(settings), _scratch_finding(settings)]
+
+
+def _scratch_finding(settings: NodeSettings) -> Finding:
+    """Whether a launch's scratch can be made here: the tools it runs, and where."""
+    from tuneplane_node.jobs.scratch import missing_tools
+
+    missing = missing_tools()
+    if missing:
+        found = f"{', '.join(missing)} not found"
+        return WARN, f"scratch: {found}: launches with container.scratch fail (422)"
+    most = f"{env_name('job_scratch_max')}={settings.job_scratch_max}"
+    return OK, f"scratch: sparse ext4 files in {settings.scratch_dir}, up to {most} a job"
 
 
 async def _engine_answer(

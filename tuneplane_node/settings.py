@@ -29,6 +29,7 @@ DEFAULT_STORAGE = Path(".tuneplane-data/storage")
 DAY = 86400.0
 GIB = 2**30
 MIN_TMPFS = 2**20
+MIN_SCRATCH = 2**20
 DOCKER_SCHEMES = ("unix", "tcp", "http", "https", "ssh")
 PODMAN_SCHEMES = ("unix", "http+unix", "tcp", "http", "https", "ssh")
 # Never mountable into a job, nor inside a root that holds one of them: the host itself.
@@ -96,6 +97,9 @@ class JobSettings(BaseSettings):
     job_read_only_root: bool = False
     """Every job's image filesystem read-only, with bounded tmpfs on /tmp and /run
     (``false``: only for launches that ask, ``container.read_only_root``)."""
+    job_scratch_max: str | int = "100g"
+    """The largest ``container.scratch`` a launch may ask for (a size such as ``100g`` or
+    bytes, at least 1 MiB): the most one job's scratch adds to the scratch root's disk."""
     job_tmpfs_size: str | int = "1g"
     """The size of a read-only-root job's /tmp (a size such as ``1g`` or bytes), lowered
     to half its memory limit; its /run takes at most 64 MiB of the same."""
@@ -145,6 +149,18 @@ class JobSettings(BaseSettings):
         if bytes_ is None or not MIN_TMPFS <= bytes_ <= MAX_SIZE:
             raise ValueError("must be a size like 1g or 512m, at least 1m")
         return size
+
+    @field_validator("job_scratch_max")
+    @classmethod
+    def _a_scratch_max(cls, size: str | int) -> str | int:
+        bytes_ = size_in_bytes(size)
+        if bytes_ is None or not MIN_SCRATCH <= bytes_ <= MAX_SIZE:
+            raise ValueError("must be a size like 100g or 512m, at least 1m")
+        return size
+
+    @property
+    def job_scratch_max_bytes(self) -> int:
+        return int(size_in_bytes(self.job_scratch_max) or 0)
 
     @property
     def job_tmpfs_bytes(self) -> int:
@@ -269,6 +285,11 @@ class NodeSettings(JobSettings):
     allowed_mount_roots: list[Path] | None = None
     """Host directories a job's mounts may come from (JSON list); unset: the storage root
     and every model dir. None may be, or hold, the host's system directories."""
+    scratch_root: Path | None = None
+    """Directory of the jobs' scratch files (``container.scratch``: one sparse ext4 file
+    per job, loop-mounted); unset: ``scratch`` in the state directory. Neither a mount
+    root nor inside or holding one; one node's alone (its start removes the files no
+    container of its engine names)."""
     fabrics: list[Fabric] = []
     """InfiniBand fabrics, JSON list of {"name", "hcas"}: the operator names them."""
     rdma: Literal["auto", "off", "all"] = "auto"
@@ -405,8 +426,8 @@ class NodeSettings(JobSettings):
     def node_files(self) -> list[tuple[Path, str]]:
         """The node's own files, each with the setting that names it, which no job may
         mount nor a mount root hold: the token file and its directory, the TLS key and
-        certificate, the registry auth file, the state directory (the staged mounts of
-        every job are in it)."""
+        certificate, the registry auth file, the scratch root, the state directory (the
+        staged mounts of every job are in it)."""
         files: list[tuple[Path, str]] = []
         if self.node_token_file is not None:
             token = _absolute(self.node_token_file)
@@ -416,6 +437,8 @@ class NodeSettings(JobSettings):
             path = getattr(self, name)
             if path is not None:
                 files.append((_absolute(path), env_name(name)))
+        if self.scratch_root is not None:  # else in the state directory
+            files.append((_absolute(self.scratch_root), env_name("scratch_root")))
         return [*files, (_absolute(self.state_dir), env_name("node_state_dir"))]
 
     def never_a_root(self, root: Path) -> Path | None:
@@ -436,6 +459,12 @@ class NodeSettings(JobSettings):
     @property
     def state_dir(self) -> Path:
         return self.node_state_dir.expanduser()
+
+    @property
+    def scratch_dir(self) -> Path:
+        """Where the jobs' scratch files are (`scratch_root`, else in the state dir)."""
+        root = self.scratch_root
+        return root.expanduser() if root is not None else self.state_dir / "scratch"
 
     @property
     def mount_roots(self) -> list[Path]:

@@ -64,6 +64,7 @@ install_packages() {
     command -v systemd-analyze >/dev/null || missing+=(systemd)     # verifies the unit
     command -v debootstrap >/dev/null || missing+=(debootstrap)     # the image test's base
     command -v promtool >/dev/null || missing+=(prometheus) # checks the /metrics exposition
+    command -v mkfs.ext4 >/dev/null || missing+=(e2fsprogs) # a job's scratch space (ext4)
     # The hostile-job tests build static binaries (a setuid one, a port binder) with gcc.
     command -v gcc >/dev/null || missing+=(gcc)
     dpkg -s libc6-dev >/dev/null 2>&1 || missing+=(libc6-dev)

@@ -36,7 +36,7 @@ from tuneplane_node.client.answers import (
     Stopping,
     Usage,
 )
-from tuneplane_node.client.calls import Call, Container, Mount
+from tuneplane_node.client.calls import Call, Container, Mount, Scratch
 from tuneplane_node.client.endpoint import PROTOCOL, PROTOCOL_HEADER, Tls
 from tuneplane_node.client.errors import (
     BadRequest,
@@ -112,6 +112,7 @@ __all__ = [
     "RemovedImage",
     "RequestError",
     "Runtime",
+    "Scratch",
     "ServerError",
     "Stopping",
     "Tls",

@@ -41,6 +41,14 @@ class Mount:
 
 
 @dataclass(frozen=True)
+class Scratch:
+    """Scratch space with a hard size: a filesystem of the job's own at ``path``."""
+
+    path: str
+    size: int | str  # a size like "50g", or bytes
+
+
+@dataclass(frozen=True)
 class Container:
     """A launch's container. A field left at its default is not sent: the node's own
     default applies. ``fields``: any other field of the contract, by its wire name
@@ -61,6 +69,7 @@ class Container:
     stop_signal: str = ""
     rdma: bool | None = None
     read_only_root: bool | None = None  # None: the node's rule (its operator's true holds)
+    scratch: Scratch | None = None  # None: no scratch space
     pull_policy: str = ""
     registry_auth: Mapping[str, str] | None = field(default=None, repr=False)  # a secret
     fields: Mapping[str, Any] = field(default_factory=dict)
@@ -74,6 +83,8 @@ class Container:
             body["command"] = list(self.command)
         if self.mounts:
             body["mounts"] = [[m.host, m.container, m.read_only] for m in self.mounts]
+        if self.scratch is not None:
+            body["scratch"] = {"path": self.scratch.path, "size": self.scratch.size}
         for flag in ("rdma", "read_only_root"):
             if (value := getattr(self, flag)) is not None:
                 body[flag] = value

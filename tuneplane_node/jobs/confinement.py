@@ -108,10 +108,12 @@ class JobRules:
     def _root(self, spec: ContainerSpec) -> ContainerSpec:
         """Read-only when the operator says so or the launch asks (a launch's false is
         not asked: it never undoes the operator's true), with its tmpfs; a console's own
-        mount on /tmp or /run is where the job writes there instead."""
+        mount or scratch on /tmp or /run is where the job writes there instead."""
         if not (self.read_only_root or spec.read_only_root):
             return replace(spec, read_only_root=False, tmpfs=())
-        mounted = {posixpath.normpath(mount.container) for mount in spec.mounts}
+        targets = [mount.container for mount in spec.mounts]
+        targets += [spec.scratch.path] if spec.scratch is not None else []
+        mounted = {posixpath.normpath(target) for target in targets}
         tmpfs = job_tmpfs(self.tmpfs_bytes, spec.memory_limit)
         kept = tuple(each for each in tmpfs if each.path not in mounted)
         return replace(spec, read_only_root=True, tmpfs=kept)

@@ -30,6 +30,8 @@ from tuneplane_node.jobs.pending import STARTING, PendingLaunch, PendingTable
 from tuneplane_node.jobs.prefetch import Prefetcher
 from tuneplane_node.jobs.pulls import PullCoordinator
 from tuneplane_node.jobs.results import LaunchRequest, Pulling, Started
+from tuneplane_node.jobs.scratch import FIELD as SCRATCH
+from tuneplane_node.jobs.scratch import ScratchError, ScratchSpaces
 from tuneplane_node.jobs.staging import MountStaging
 from tuneplane_node.jobs.watch import ChangeLog
 from tuneplane_node.logformat import job_fields
@@ -44,6 +46,7 @@ from tuneplane_node.runtime.base import (
     ImageInfo,
     Mount,
     MountSupport,
+    Scratch,
 )
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.tasks import BackgroundTasks
@@ -116,6 +119,7 @@ class Launcher:
             node_files=settings.node_files(),
         )
         self.staging = MountStaging(settings.state_dir)
+        self.scratch = ScratchSpaces(settings)
         self._support: MountSupport | None = None  # the engine's answer, once it gave one
         self.gc = ImageCollector(runtime, settings, pulls=pulls, clock=clock)
         self.prefetcher = Prefetcher(runtime, pulls, images=images, gc=self.gc, clock=clock)
@@ -137,6 +141,8 @@ class Launcher:
         if spec.mounts:  # refused now; opened for good when the container is made
             await self._usable(spec.mounts)
             await asyncio.to_thread(self.mounts.vet, spec.mounts)
+        if spec.scratch is not None:  # made when the container is
+            await self._scratch_usable(self.scratch.vet(spec))
         return replace(request, spec=spec)
 
     # --- mounts -------------------------------------------------------------------------
@@ -163,22 +169,41 @@ class Launcher:
             raise InvalidField.of(refusals)
         return support
 
+    async def _scratch_usable(self, spec: ContainerSpec) -> None:
+        """A 422 for a scratch a runtime cannot be handed: the process runtime mounts
+        nothing, an engine on another machine takes no path of this one."""
+        support = await self.mount_support()
+        if support.mode != STAGED:
+            where = "is on another machine" if support.mode == REMOTE else "mounts nothing"
+            why = f"the {self.runtime.name} runtime {where}: it takes no scratch space"
+            raise InvalidField(SCRATCH, why)
+
     async def _staged(self, spec: ContainerSpec) -> ContainerSpec:
         """The spec with each mount opened and bound at its staging path (`MountStaging`),
-        the key of its staging on its label; a runtime that mounts nothing (the process
-        runtime) gets the paths as given, opened and refused alike."""
-        if not spec.mounts:
+        its scratch made and bound there too (`ScratchSpaces`), the key of its staging on
+        its label; a runtime that mounts nothing (the process runtime) gets the paths as
+        given, opened and refused alike."""
+        if not spec.mounts and spec.scratch is None:
             return spec
-        if (await self._usable(spec.mounts)).mode != STAGED:
+        if spec.scratch is not None:
+            await self._scratch_usable(spec)  # a staging engine's, which takes host mounts
+        elif (await self._usable(spec.mounts)).mode != STAGED:
             return replace(spec, mounts=await asyncio.to_thread(self.mounts.vet, spec.mounts))
         key = self.staging.new_key(spec.name)
-        mounts = await asyncio.to_thread(self._open_and_stage, key, spec.mounts)
+        mounts = await asyncio.to_thread(self._open_and_stage, key, spec.mounts, spec.scratch)
         return replace(spec, mounts=mounts, labels={**spec.labels, LABEL_MOUNTS: key})
 
-    def _open_and_stage(self, key: str, mounts: tuple[Mount, ...]) -> tuple[Mount, ...]:
+    def _open_and_stage(
+        self, key: str, mounts: tuple[Mount, ...], scratch: Scratch | None
+    ) -> tuple[Mount, ...]:
         opened = self.mounts.open(mounts)
         try:
+            if scratch is not None:
+                opened.append(self.scratch.make(key, scratch))
             return self.staging.stage(key, opened)
+        except BaseException:
+            self.scratch.release_quietly(key)  # after the staging's release: its binds first
+            raise
         finally:
             for each in opened:
                 each.close()
@@ -190,7 +215,8 @@ class Launcher:
             return
         try:
             await asyncio.to_thread(self.staging.release, key)
-        except OSError as exc:
+            await asyncio.to_thread(self.scratch.release, key)
+        except (OSError, ScratchError) as exc:
             log.error("could not remove the staged mounts %s: %s (swept at next start)", key, exc)
 
     async def start_mounts(self) -> None:
@@ -205,6 +231,10 @@ class Launcher:
             return
         self._refuse_roots(support)
         await asyncio.to_thread(self.staging.sweep, keep)
+        try:
+            await asyncio.to_thread(self.scratch.sweep, keep)
+        except (OSError, ScratchError) as exc:
+            log.error("could not remove a scratch space no container has: %s", exc)
         if support.mode == STAGED and self.mounts.roots:
             reason = await asyncio.to_thread(self.staging.probe)
             if reason is not None:

@@ -31,11 +31,13 @@ STEP = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 
 @dataclass
 class Opened:
-    """A mount's host path, opened (``fd``, an ``O_PATH`` descriptor the holder closes)."""
+    """A mount's host path, opened (``fd``, an ``O_PATH`` descriptor the holder closes);
+    ``field``: what a refusal names (empty: ``container.mounts[i]``)."""
 
     mount: Mount
     fd: int
     directory: bool
+    field: str = ""
 
     def close(self) -> None:
         if self.fd >= 0:

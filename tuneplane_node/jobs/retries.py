@@ -24,7 +24,7 @@ from tuneplane_node.runtime.base import LABEL_SPEC, ContainerState
 CONTAINER_FIELDS = (
     "name", "image", "command", "env", "mounts", "labels", "workdir", "shm_size",
     "cpu_limit", "memory_limit", "network", "user", "stop_signal", "rdma", "read_only_root",
-    "disk_limit",
+    "disk_limit", "scratch",
 )  # fmt: skip
 """The container fields a console gives (the spec's others are the node's choices)."""
 DIGEST_CHARS = 12

@@ -52,7 +52,8 @@ class MountStaging:
         try:
             job.mkdir(mode=0o700, parents=True)
             for i, each in enumerate(opened):
-                staged.append(self._bind(job / str(i), each, f"container.mounts[{i}]"))
+                field = each.field or f"container.mounts[{i}]"
+                staged.append(self._bind(job / str(i), each, field))
         except BaseException:
             self.release(key)
             raise

@@ -115,6 +115,14 @@ class Mount(NamedTuple):
     read_only: bool = False
 
 
+class Scratch(NamedTuple):
+    """A job's scratch space: a filesystem of its own of ``size_bytes`` at ``path`` (the
+    node makes it and binds it in as one of the job's mounts, `jobs.scratch`)."""
+
+    path: str
+    size_bytes: int
+
+
 class Tmpfs(NamedTuple):
     """A tmpfs a job writes in, of at most ``size_bytes`` (its pages are charged to the
     job's memory cgroup, as any page cache of the job's)."""
@@ -211,6 +219,7 @@ class ContainerSpec:
     read_only_root: bool | None = None
     tmpfs: tuple[Tmpfs, ...] = ()
     disk_limit: str | None = None  # the console's word; None: the node's default
+    scratch: Scratch | None = None  # the console's word; None: no scratch space
     # The node's decision (TUNEPLANE_JOB_DISK_LIMIT): the bytes it may write to the
     # engine's disk, written in its LABEL_DISK_LIMIT; None: no limit.
     disk_limit_bytes: int | None = None

@@ -54,6 +54,7 @@ from tuneplane_node.runtime.base import (
     ContainerSpec,
     Mount,
     RegistryAuth,
+    Scratch,
     container_name,
 )
 from tuneplane_node.signals import JOB_SIGNALS
@@ -101,6 +102,7 @@ MAX_AGE_S = 3650 * 86400.0
 """The oldest reap age a console may give: 10 years."""
 MIN_MEMORY = 6 * 2**20  # the engines refuse less
 MIN_DISK = 2**20
+MIN_SCRATCH = 2**20
 MAX_EPOCH = 253402300799.0  # 9999-12-31T23:59:59Z: datetime's last second
 
 NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]{0,200}")
@@ -449,6 +451,37 @@ def _disk_limit(given: Given) -> str | None:
     return _size(given, least=MIN_DISK)
 
 
+def _scratch(given: Given) -> Scratch | None:
+    """``{"path", "size"}``, both required; ``""`` or null: none. Each bad part is
+    refused by its own name (``container.scratch.size``); the node's ceiling,
+    `TUNEPLANE_JOB_SCRATCH_MAX`, is the launcher's to hold."""
+    value = _empty_as(given.value, None)
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or set(value) - {"path", "size"}:
+        raise InvalidField(given.field, 'must be {"path": "/scratch", "size": "50g"}')
+    with Refusals() as refusals:
+        path = refusals.read(_scratch_path, value.get("path"), f"{given.field}.path")
+        size = refusals.read(_scratch_size, Given(value, f"{given.field}.size", given.run_id))
+    return Scratch(path, size)
+
+
+def _scratch_path(path: object, field: str) -> str:
+    if path is None or path == "":
+        raise InvalidField(field, "required, an absolute path", problem=MISSING)
+    if not _absolute(path):
+        raise InvalidField(field, "must be an absolute path without '..'")
+    if not _mountable_target(str(path)):
+        raise InvalidField(field, f"{path}: {UNMOUNTABLE}")
+    return str(path)
+
+
+def _scratch_size(given: Given) -> int:
+    if given.value is None or given.value == "":
+        raise InvalidField(given.field, "required, a size like 50g", problem=MISSING)
+    return int(size_in_bytes(_size(given, least=MIN_SCRATCH)) or 0)
+
+
 def _cpus(given: Given) -> float | None:
     """A number of CPUs: a number, or 0.3.15's string (``""`` no limit, ``"2"``, ``"0.5"``)."""
     value = _empty_as(given.value, None)
@@ -693,6 +726,30 @@ CONTAINER = Body(
             "quotas; else a job past it is stopped as a stop would (its stop signal, the "
             'grace period, SIGKILL), and observe says `stop_reason: "disk_limit"`.',
             read=_disk_limit,
+        ),
+        Field(
+            "scratch",
+            or_empty(
+                closed_object(
+                    path=PATH,
+                    size={
+                        "anyOf": [number(least=MIN_SCRATCH, most=MAX_SIZE, whole=True), SIZE_TEXT]
+                    },
+                )
+            ),
+            'Scratch space with a hard size, `{"path": "/scratch", "size": "50g"}`: '
+            "a filesystem of the job's own (ext4 in a sparse file of the node's "
+            "`TUNEPLANE_SCRATCH_ROOT`, loop-mounted, nosuid and nodev, its root writable "
+            "by any user of the job), bound at `path`. A write past `size` is `ENOSPC` "
+            "in the job; the node's disk grows by at most `size`, which the job's "
+            "`disk_limit` does not count. It is deleted with the container (remove, reap, "
+            f"a failed launch). `size`: like `shm_size`'s, from {MIN_SCRATCH // 2**20} MiB "
+            "to `TUNEPLANE_JOB_SCRATCH_MAX`; `path`: absolute, not another mount's "
+            f"target, and as for mounts, {UNMOUNTABLE}. A bad one is a `422` naming "
+            '`container.scratch.path` or `container.scratch.size`. `""` or none: no '
+            "scratch. The process runtime and an engine on another machine refuse it "
+            "(`422`).",
+            read=_scratch,
         ),
         Field(
             "network",

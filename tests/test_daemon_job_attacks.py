@@ -137,7 +137,9 @@ def static_image(tmp_path: Path, engine: str, source: str, *, mode: int) -> str:
 
     with tarfile.open(tmp_path / "image.tar", "w") as tar:
         tar.add(binary, arcname="job", filter=root_owned)
-    image = f"tuneplane-test/static:{unique('t')}"
+    # Fully qualified: the node hands the engine canonical names (docker.io/ added), and
+    # podman would store a short name as localhost/.
+    image = f"docker.io/tuneplane-test/static:{unique('t')}"
     archive = str(tmp_path / "image.tar")
     subprocess.run([*engine_cli(engine), "import", archive, image], check=True, capture_output=True)
     return image

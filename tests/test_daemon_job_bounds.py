@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import MakeNode, open_runtime
-from tests.helpers import Console, unique
+from tests.helpers import Console, storage_root, unique
 from tuneplane_node.runtime.cgroupparent import pid_max
 from tuneplane_node.runtime.cgroups import CGROUP_ROOT
 
@@ -166,7 +166,7 @@ async def test_two_jobs_forking_without_end_share_the_parents_pids_and_the_host_
     node = await make_node(
         engine, job_cgroup_parent=parent, system_reserved_pids=kernel_max - PARENT_PIDS
     )
-    go = tmp_path / "go"
+    go = storage_root(tmp_path) / "go"  # a mount comes from under a mount root
     go.mkdir()
     refs = [
         (await node.launch(["/bin/sh", "-c", BOMB], mounts=[[str(go), "/go", True]]))[0]

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import MakeNode
-from tests.helpers import IMAGE, Console, engine_settings, unique, wait_until
+from tests.helpers import IMAGE, Console, engine_settings, storage_root, unique, wait_until
 from tuneplane_node.runtime.docker import DockerRuntime
 from tuneplane_node.runtime.podman import PodmanRuntime
 
@@ -50,13 +50,14 @@ async def stopsignal_image(request: pytest.FixtureRequest) -> AsyncIterator[Call
 
     def image(engine: str) -> str:
         runtime = sdk(engine)
-        name = f"tuneplane-test/stopsignal-{unique('img')}"
+        # Fully qualified: the node hands the engine canonical names (docker.io/ added).
+        name = f"docker.io/tuneplane-test/stopsignal-{unique('img')}"
         container: Any
         if isinstance(runtime, DockerRuntime):
             container = runtime.client.containers.create(IMAGE, ["true"])
             committed = container.commit(name, "1", conf={"StopSignal": "SIGINT"})
         else:
-            container = runtime.client.containers.create(f"localhost/{IMAGE}", ["true"])
+            container = runtime.client.containers.create(f"docker.io/{IMAGE}", ["true"])
             committed = container.commit(repository=name, tag="1", changes=["STOPSIGNAL SIGINT"])
         container.remove()
         made.append((runtime, str(committed.id)))
@@ -115,8 +116,9 @@ async def test_a_warned_job_that_checkpoints_and_exits_ends_with_its_own_code(
     """The job writes its checkpoint to a mount on SIGUSR1 and exits 0: no SIGTERM."""
     node = await make_node(engine)
     save = "'echo saving > /ckpt/step; echo saved; exit 0' USR1"
+    ckpt = storage_root(tmp_path)  # a mount comes from under a mount root
     ref, _ = await node.launch(
-        trapping(save, "'echo got TERM; exit 15' TERM"), mounts=[[str(tmp_path), "/ckpt"]]
+        trapping(save, "'echo got TERM; exit 15' TERM"), mounts=[[str(ckpt), "/ckpt"]]
     )
     await ready(node, ref)
     started = time.monotonic()
@@ -126,7 +128,7 @@ async def test_a_warned_job_that_checkpoints_and_exits_ends_with_its_own_code(
     assert (state["status"], state["exit_code"]) == ("exited", 0)
     log = await node.logs(ref)
     assert "saved" in log and "got TERM" not in log
-    assert (tmp_path / "step").read_text() == "saving\n"
+    assert (ckpt / "step").read_text() == "saving\n"
 
 
 @pytest.mark.parametrize("engine", ENGINES)

@@ -156,7 +156,9 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
     def _create(self, spec: ContainerSpec) -> Any:
         """podman-py refuses ``storage_opt`` (it maps no field of libpod's for it): with a
         size to hold the writable layer to (project quotas), the body is podman-py's own
-        rendering with libpod's ``storage_opts`` added, posted as its create posts it."""
+        rendering with libpod's ``storage_opts`` added, posted as its create posts it.
+        Under the jobs' parent, made and bounded first as `EngineParent._create` does."""
+        self._ready_parent()
         options = self.create_options(spec)
         storage = options.pop("storage_opt", None)
         if storage is None:

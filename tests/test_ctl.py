@@ -284,6 +284,7 @@ TEXT_FIELDS = [
     and not isinstance(f.schema, Body)
     and not commands._is_boolean(f)  # --x / --no-x, tested by rdma's test
     and f.name != "registry_auth"  # an object, and a secret: no command line's
+    and f.name != "scratch"  # an object: no option of its own
 ]
 
 

@@ -617,16 +617,19 @@ async def _engine_answer(
 
 
 def _staging_finding(settings: NodeSettings) -> Finding:
+    """Whether this process can stage a mount, tried in a temporary directory: check
+    creates nothing of the node's (the privilege is the process's, wherever it mounts)."""
     from tuneplane_node.jobs.staging import MountStaging
 
-    staging = MountStaging(settings.state_dir)
-    try:
-        reason = staging.probe()
-    except OSError as exc:
-        reason = f"cannot make {staging.root}: {exc.strerror}"
+    root = MountStaging(settings.state_dir).root
+    with tempfile.TemporaryDirectory(prefix=".tuneplane-check-") as scratch:
+        try:
+            reason = MountStaging(Path(scratch)).probe()
+        except OSError as exc:
+            reason = f"cannot make a staging directory: {exc.strerror}"
     if reason is not None:
         return (FAIL, f"mounts: {reason}")
-    return (OK, f"mounts: opened without links, bound by descriptor under {staging.root}")
+    return (OK, f"mounts: opened without links, bound by descriptor under {root}")
 
 
 def check_state_dir(settings: NodeSettings) -> list[Finding]:

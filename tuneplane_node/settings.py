@@ -145,18 +145,12 @@ class JobSettings(BaseSettings):
     @field_validator("job_tmpfs_size")
     @classmethod
     def _a_tmpfs_size(cls, size: str | int) -> str | int:
-        bytes_ = size_in_bytes(size)
-        if bytes_ is None or not MIN_TMPFS <= bytes_ <= MAX_SIZE:
-            raise ValueError("must be a size like 1g or 512m, at least 1m")
-        return size
+        return _size_from(size, MIN_TMPFS, example="1g")
 
     @field_validator("job_scratch_max")
     @classmethod
     def _a_scratch_max(cls, size: str | int) -> str | int:
-        bytes_ = size_in_bytes(size)
-        if bytes_ is None or not MIN_SCRATCH <= bytes_ <= MAX_SIZE:
-            raise ValueError("must be a size like 100g or 512m, at least 1m")
-        return size
+        return _size_from(size, MIN_SCRATCH, example="100g")
 
     @property
     def job_scratch_max_bytes(self) -> int:
@@ -478,6 +472,14 @@ class NodeSettings(JobSettings):
 def _absolute(path: Path) -> Path:
     """The path as a mount would name it: absolute, each link resolved."""
     return path.expanduser().resolve()
+
+
+def _size_from(size: str | int, least: int, *, example: str) -> str | int:
+    """``size`` when it reads as ``least`` bytes to `MAX_SIZE` (the settings' sizes)."""
+    bytes_ = size_in_bytes(size)
+    if bytes_ is None or not least <= bytes_ <= MAX_SIZE:
+        raise ValueError(f"must be a size like {example} or 512m, at least 1m")
+    return size
 
 
 def _share(limit: str) -> float | None:

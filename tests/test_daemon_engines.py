@@ -695,7 +695,10 @@ async def test_three_reads_of_a_200_mb_line_stay_small_and_keep_health_fast(
         assert answer["truncated"] is True
         assert 8 * 2**20 - 100 <= len(answer["logs"]) <= 8 * 2**20
         assert answer["logs"].endswith("done\n") and "x" * 100_000 in answer["logs"]
-    assert slowest < 0.1, f"health took {slowest:.3f} s during the reads"
+    # Not a timing figure (bench/ measures that): a loop held by a read would stall health
+    # for the whole of a read, seconds for 8 MiB of a 200 MB line; a second is far above
+    # any answer from a free loop, far below a held one.
+    assert slowest < 1, f"health took {slowest:.3f} s during the reads"
     assert peak < 200, f"the daemon peaked at {peak:.0f} MiB"
     print(f"\nlogs: 3 reads of a 200 MB line; health <= {slowest * 1000:.0f} ms; {peak:.0f} MiB")
 

@@ -91,14 +91,14 @@ async def test_a_wedged_engine_is_said_within_the_deadline_and_the_node_recovers
                 assert status in (200, 503), answer  # logs may say "no logs for ...": 200
             assert elapsed < deadline + 1.5, (path, elapsed, answer)
         elapsed, (status, _) = await timed(node.call("GET", "/healthz", headers={}))
-        assert status == 200 and elapsed < 0.5
+        assert status == 200 and elapsed < deadline / 2  # not the engine's deadline
 
         end = time.monotonic() + 0.5 + deadline + 3  # a heartbeat, its deadline, a margin
         while (await node.call("POST", "/node/v1/observe", json={"refs": [ref]}))[0] != 503:
             assert time.monotonic() < end, "observe never said the engine is unreachable"
             await asyncio.sleep(0.1)
         elapsed, health = await timed(node.health())
-        assert health["ok"] is False and elapsed < 0.5
+        assert health["ok"] is False and elapsed < deadline / 2  # from the heartbeat
 
         proxy.resume()
         end = time.monotonic() + 30

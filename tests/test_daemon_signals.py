@@ -275,7 +275,9 @@ async def test_fifty_stops_in_their_warning_phase_hold_no_thread_and_health_stay
 
     assert answer["phase"] == "running"
     assert loaded < normal + 2, (normal, loaded)
-    assert sorted(took)[5] < 0.1, took  # the median health call: milliseconds
+    # A health call waiting on a held thread would wait for warn_s (20 s); a free one is
+    # milliseconds (the figure is bench's), so a second tells them apart under any load.
+    assert sorted(took)[5] < 1, took
     assert not any(stop.done() for stop in stops)
     await asyncio.gather(*(node.remove(ref) for ref in refs))
     assert await asyncio.wait_for(asyncio.gather(*stops), 30) == [{"ok": True}] * 50

@@ -178,7 +178,7 @@ async def test_a_guessing_peer_is_slowed_then_refused_and_a_right_token_never(
     assert statuses.count(401) >= guard.SLOW_AFTER and statuses.count(429) >= 30, statuses
     started = time.monotonic()
     assert await status_of(node, "GET", "/node/v1/health", TOKEN) == 200  # never slowed
-    assert time.monotonic() - started < 0.5
+    assert time.monotonic() - started < guard.MAX_DELAY_S  # not a failure's delay
     async with node.client.get("/metrics", headers=headers(TOKEN)) as response:
         text = await response.text()
     counted = {

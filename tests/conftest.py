@@ -360,6 +360,7 @@ async def make_node(aiohttp_client: Any, tmp_path: Any) -> AsyncIterator[MakeNod
     opened: list[tuple[EngineRuntime, list[str]]] = []
     caches: list[CachedRuntime] = []
     made_by: dict[int, list[str]] = {}  # a cache's id -> names launched through it
+    consoles: list[Console] = []
 
     async def make(
         engine: str = "docker",
@@ -403,9 +404,14 @@ async def make_node(aiohttp_client: Any, tmp_path: Any) -> AsyncIterator[MakeNod
         # are swept of wreckage.
         own = engine == "docker" and swept(settings.docker_host)
         app = create_node_app(settings, runtime=cached, allocator=allocator, sweep=own)
-        return Console(await aiohttp_client(app), made=made_by[id(cached)])
+        consoles.append(Console(await aiohttp_client(app), made=made_by[id(cached)]))
+        return consoles[-1]
 
     yield make
+    # The apps shut down first, as in production: a pull finishing meanwhile still has its
+    # runtime (aiohttp_client would close them only after this teardown).
+    for console in consoles:
+        await console.client.close()
     for cache in caches:
         await cache.cache.close()  # the engine runtime under it is closed below
     for runtime, names in opened:

@@ -210,7 +210,8 @@ async def refused_without_credentials(node: Console) -> None:
     ref, answer = await node.launch(SHOW, image=PRIVATE, gpus=1, expect=403)
     assert PRIVATE in answer["detail"]
     assert (await node.state(ref))["exists"] is False  # nothing created
-    assert (await node.health())["gpus_free"] == 4
+    health = await node.health()
+    assert health["gpus_free"] == 4, health
 
 
 def own_docker(*args: str, config: Path) -> None:

@@ -18,7 +18,7 @@ from tests.helpers import wait_until
 from tuneplane_node.errors import InsufficientStorage, InvalidField
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs import JobService, LaunchRequest, StoppedView
-from tuneplane_node.jobs.diskmonitor import fair_share
+from tuneplane_node.jobs.diskmonitor import FULL_WALK_S, fair_share
 from tuneplane_node.jobs.results import ImageStore
 from tuneplane_node.runtime.base import LABEL_DISK_LIMIT
 from tuneplane_node.runtime.base import container_name as named
@@ -190,7 +190,7 @@ async def test_a_small_job_stopped_for_its_limit_does_not_keep_the_gc_from_image
 async def test_a_job_is_walked_again_only_when_it_could_have_passed_its_limit(
     make_node: MakeNode, fake: FakeRuntime, clock: FakeClock
 ) -> None:
-    """The store's growth bounds every job's: an idle store costs one walk a minute."""
+    """The store's growth bounds every job's: an idle store costs no walk."""
     service = await make_node(job_disk_check_s=5)
     await service.launch(launch("quiet", disk_limit="100m"))
     fake.written[named("quiet")] = 10 * MIB
@@ -211,21 +211,43 @@ async def test_a_job_is_walked_again_only_when_it_could_have_passed_its_limit(
     await wait_until(lambda: fake.containers[named("quiet")].status == "exited")
 
 
-async def test_every_job_is_walked_once_a_minute_whatever_the_store_says(
+async def test_space_freed_before_a_job_grows_hides_none_of_its_growth(
     make_node: MakeNode, fake: FakeRuntime, clock: FakeClock
 ) -> None:
+    """The store's rises are added up: an image removed an hour ago (the store's net
+    figure fell) does not let a job write past its limit unwalked."""
+    service = await make_node(job_disk_check_s=5)
+    await service.launch(launch("grower", disk_limit="100m"))
+    fake.written[named("grower")] = 10 * MIB
+    fake.disk_other = 500 * MIB
+    await service.monitor.check()
+    walks = fake.calls["disk_usage"]
+    fake.disk_other = 200 * MIB  # 300 MiB freed
+    clock.advance(5)
+    await service.monitor.check()
+    assert fake.calls["disk_usage"] == walks  # nothing grew: no walk
+    fake.written[named("grower")] = 200 * MIB  # the store is still 110 MiB under its start
+    clock.advance(5)
+    await service.monitor.check()
+    await wait_until(lambda: fake.containers[named("grower")].status == "exited")
+
+
+async def test_every_job_is_walked_every_hour_whatever_the_store_says(
+    make_node: MakeNode, fake: FakeRuntime, clock: FakeClock
+) -> None:
+    """What one pass frees can hide as much growth in that pass: the slow floor."""
     service = await make_node(job_disk_check_s=5)
     await service.launch(launch("hidden", disk_limit="100m"))
     fake.written[named("hidden")] = 10 * MIB
     fake.disk_other = 500 * MIB
     await service.monitor.check()
-    fake.written[named("hidden")] = 300 * MIB  # as much freed elsewhere: the store's
-    fake.disk_other = 210 * MIB  # figure does not move
+    fake.written[named("hidden")] = 300 * MIB  # as much freed elsewhere in the same
+    fake.disk_other = 210 * MIB  # pass: the store's figure does not move
     clock.advance(5)
     await service.monitor.check()
     assert fake.containers[named("hidden")].status == "running"  # hidden for now
-    clock.advance(55)
-    await service.monitor.check()  # the minute's full walk finds it
+    clock.advance(FULL_WALK_S - 5)
+    await service.monitor.check()  # the floor's full walk finds it
     await wait_until(lambda: fake.containers[named("hidden")].status == "exited")
 
 

@@ -5,11 +5,14 @@ Every ``TUNEPLANE_JOB_DISK_CHECK_S`` it measures what each running job of the no
 written to the engine's disk (its writable layer and anonymous volumes, walked by the
 runtime within `WALK_BUDGET_S`, one job at a time on the pool, so a walk never holds
 more than one of its threads). A job is walked again only when it could have passed its
-limit since its last walk (the store grew by more than its room: no job grows by more
-than the store does), when the store is under pressure, or once `FULL_WALK_PASSES`
-passes have gone: walking 50 layers of 100,000 files every 5 s would take more CPU
-than the jobs. It is the backstop wherever the kernel does not hold the
-limit (project quotas), and the only bound where it cannot.
+limit since its last walk (the store's growth since then, every pass's rise added up,
+is more than its room: no job grows by more than the store does), when the store is
+under pressure, or once `FULL_WALK_S` has gone: walking 50 layers of 100,000 files
+every 5 s would take more CPU than the jobs. The rises are added up, not the store's
+net change, so space freed (an image, a removed container) hides no growth but what
+the same pass frees, which a job's own deletes bound: it must have written them first.
+It is the backstop wherever the kernel does not hold the limit (project quotas), and the
+only bound where it cannot.
 
 A job past its limit (its `LABEL_DISK_LIMIT`) is stopped as a stop would (its stop
 signal, the grace period, SIGKILL), its reason written first in the node state, which
@@ -45,10 +48,9 @@ from tuneplane_node.tasks import BackgroundTasks
 log = logging.getLogger(__name__)
 WALK_BUDGET_S = 2.0
 """The longest one job's walk may take; past it, what was counted is a lower bound."""
-FULL_WALK_PASSES = 12
-"""Every job is walked at least once in this many passes (a minute at 5 s), whatever
-the store's growth says: space freed meanwhile (an image, a container removed) can hide
-a job's growth from the store's figure."""
+FULL_WALK_S = 60 * 60.0
+"""Every job is walked at least this often, whatever the store's growth says: what one
+pass frees can hide as much growth in that pass."""
 DISK_LIMIT, DISK_PRESSURE = "disk_limit", "disk_pressure"
 DISK_REASONS = (DISK_LIMIT, DISK_PRESSURE)
 
@@ -62,7 +64,7 @@ class Measured:
     complete: bool = True
     run_id: str | None = None
     at: float = 0.0  # when (the monitor's clock)
-    store_used: int | None = None  # the store's used bytes then
+    store_grown: int | None = None  # the store's growth so far (`DiskMonitor.grown`) then
 
 
 class DiskMonitor:
@@ -87,6 +89,8 @@ class DiskMonitor:
         self.interval_s = settings.job_disk_check_s
         self.measured: dict[str, Measured] = {}  # container name -> its latest measure
         self.held_by: str | None = None  # what holds a job to its limit, once known
+        self.grown: int | None = 0  # the store's rises added up, pass by pass; None: unknown
+        self._used: int | None = None  # the store's used bytes at the last pass
         self._stops: dict[str, asyncio.Task[None]] = {}  # container name -> its stop
         self._tasks = BackgroundTasks(log)
         self._pass = asyncio.Lock()
@@ -169,10 +173,10 @@ class DiskMonitor:
 
     async def _measure(self, running: list[ContainerState], store: ImageStore) -> None:
         measured: dict[str, Measured] = {}
-        used, now = store_used(store), self.clock.monotonic()
+        grown, now = self._grown(store), self.clock.monotonic()
         for state in running:
             seen = self.measured.get(state.name)
-            if seen is not None and seen.id == state.id and not self._due(seen, used, store, now):
+            if seen is not None and seen.id == state.id and not self._due(seen, grown, store, now):
                 measured[state.name] = seen
                 continue
             use = await self.runtime.disk_usage(state.handle, budget_s=WALK_BUDGET_S)
@@ -181,7 +185,7 @@ class DiskMonitor:
             self.telemetry.disk_walked(use.walk_s)
             figures = DiskFigures(use.used_bytes, state.disk_limit_bytes)
             measured[state.name] = Measured(
-                state.id, figures, use.complete, state.run_id, at=now, store_used=used
+                state.id, figures, use.complete, state.run_id, at=now, store_grown=grown
             )
             if not use.complete:
                 log.warning(
@@ -191,19 +195,30 @@ class DiskMonitor:
                 )  # fmt: skip
         self.measured = measured
 
-    def _due(self, seen: Measured, used: int | None, store: ImageStore, now: float) -> bool:
+    def _grown(self, store: ImageStore) -> int | None:
+        """The store's rises so far, this pass's added; None once its size was unknown
+        (every job is walked then, and the count starts again)."""
+        used = store_used(store)
+        if used is None or self.grown is None or self._used is None:
+            self.grown = None if used is None else 0
+        else:
+            self.grown += max(0, used - self._used)
+        self._used = used
+        return self.grown
+
+    def _due(self, seen: Measured, grown: int | None, store: ImageStore, now: float) -> bool:
         """Whether a job measured before must be walked again now: under pressure (the
-        fair share needs every size), once `FULL_WALK_PASSES` passes have gone, or when
-        the store has grown enough since its last walk that it could be past its limit
-        (no job grows by more than the store does)."""
-        if store.pressure or not seen.complete or used is None or seen.store_used is None:
+        fair share needs every size), once `FULL_WALK_S` has gone, or when the store has
+        grown enough since its last walk that it could be past its limit (no job grows
+        by more than the store does)."""
+        if store.pressure or not seen.complete or grown is None or seen.store_grown is None:
             return True
-        if now - seen.at >= FULL_WALK_PASSES * self.interval_s:
+        if now - seen.at >= FULL_WALK_S:
             return True
         limit, before = seen.figures.limit_bytes, seen.figures.used_bytes
         if limit is None or before is None:
             return False  # no limit to pass: its size matters under pressure only
-        return before + max(0, used - seen.store_used) > limit
+        return before + grown - seen.store_grown > limit
 
     def _relieve(self, running: list[ContainerState], store: ImageStore) -> None:
         """Step 2: the largest writer, when it holds more than its fair share."""

@@ -151,6 +151,7 @@ class ProcessRuntime:
 
     async def _follow(self, job: Job, query: LogQuery) -> AsyncGenerator[bytes, None]:
         path = job.dir / LOG_FILE
+        await self._drain(job)  # an ended job's tail counts its last lines, as logs' does
         text, offset = await self._pool.call(tail_at, path, query)
         if text.text:
             yield text.text.encode()

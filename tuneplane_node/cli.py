@@ -250,7 +250,16 @@ def _serving_pid(settings: NodeSettings) -> int | None:
     pids = port_holders(settings.node_port)
     if not pids or serving_node(settings) is None:
         return None
-    return pids[0]
+    # Under the socket unit systemd (pid 1) holds the port too: the node is the one named.
+    named = [pid for pid in pids if b"tuneplane" in _cmdline(pid)]
+    return (named or pids)[0]
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def check_token(settings: NodeSettings) -> list[Finding]:

@@ -400,8 +400,8 @@ async def make_node(aiohttp_client: Any, tmp_path: Any) -> AsyncIterator[MakeNod
         if probe is None:
             probe = make_probe(settings) if settings.gpu_simulation_file else NoDriverProbe("test")
         allocator = GpuAllocator(cached, settings, probe=probe)
-        # The development engine holds other people's nodes: only the suite's own engines
-        # are swept of wreckage.
+        # The suite's shared engines hold the nodes of many tests at once: only the
+        # engines one test has to itself (own, throwaway) are swept of wreckage.
         own = engine == "docker" and swept(settings.docker_host)
         app = create_node_app(settings, runtime=cached, allocator=allocator, sweep=own)
         consoles.append(Console(await aiohttp_client(app), made=made_by[id(cached)]))

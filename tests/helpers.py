@@ -45,7 +45,13 @@ from tuneplane_node.wire import PROTOCOL, PROTOCOL_HEADER
 # --- where the test engines are (contrib/dev/engines.sh starts them) ---------------------
 
 RUN_DIR = Path("/run/tuneplane-dev")
+# The developer's engines (a daemon from the README runs there): no test touches them.
 DEV_DOCKER_SOCK = RUN_DIR / "docker.sock"
+DEV_PODMAN_SOCK = Path("/run/podman/podman.sock")
+# The suite's own Docker engine and podman service, where the engine tests and their
+# daemons run (issue 36: a README daemon's card jobs and engine lock failed tests).
+TESTS_DOCKER_SOCK = RUN_DIR / "docker-tests.sock"
+TESTS_PODMAN_SOCK = RUN_DIR / "podman-tests.sock"
 # A Docker engine of the tests' own, for what acts on every container of the node (reap):
 # the shared engine holds other people's jobs. A restart goes to a `ThrowawayDocker`.
 OWN_DOCKER_SOCK = Path("/run/tuneplane-dev/docker-own.sock")
@@ -72,13 +78,9 @@ def storage_root(tmp_path: Path) -> Path:
     return root
 
 
-def docker_host() -> str | None:
-    explicit = os.environ.get("TUNEPLANE_TEST_DOCKER_HOST")
-    if explicit:
-        return explicit
-    if DEV_DOCKER_SOCK.exists():
-        return f"unix://{DEV_DOCKER_SOCK}"
-    return os.environ.get("DOCKER_HOST")  # None: the docker SDK's default socket
+def docker_host() -> str:
+    """The engine tests' Docker engine: the suite's own, never the developer's."""
+    return os.environ.get("TUNEPLANE_TEST_DOCKER_HOST") or f"unix://{TESTS_DOCKER_SOCK}"
 
 
 def own_docker_host() -> str:
@@ -88,7 +90,7 @@ def own_docker_host() -> str:
 class ThrowawayDocker:
     """A Docker engine of one test's own, for the tests that restart or freeze their
     engine: started with the flags of `engines.sh`'s engines on a socket, data root and
-    exec root of its own (the test image loaded from the development engine), and
+    exec root of its own (the test image loaded from the suite's engine), and
     removed with everything on it when the test ends. A restart or a SIGSTOP cannot
     leave an engine another test uses in a state it did not expect (the suite's own
     engine once wedged after them, and every later container start hung)."""
@@ -160,9 +162,9 @@ class ThrowawayDocker:
         )
 
     def load_test_image(self) -> None:
-        """The test image, from the development engine (as `engines.sh` fills its own)."""
+        """The test image, from the suite's engine (as `engines.sh` fills its own)."""
         saved = subprocess.run(
-            ["docker", "-H", f"unix://{DEV_DOCKER_SOCK}", "save", IMAGE],
+            ["docker", "-H", docker_host(), "save", IMAGE],
             check=True,
             capture_output=True,
         ).stdout
@@ -229,7 +231,8 @@ def swept(host: str | None) -> bool:
 
 
 def podman_url() -> str:
-    return os.environ.get("TUNEPLANE_TEST_PODMAN_URL", "unix:///run/podman/podman.sock")
+    """The engine tests' podman service: its own store and socket, never the developer's."""
+    return os.environ.get("TUNEPLANE_TEST_PODMAN_URL") or f"unix://{TESTS_PODMAN_SOCK}"
 
 
 def interruptible() -> None:
@@ -441,7 +444,7 @@ def spawn_daemon(
     """`python -m tuneplane_node serve` on loopback, its output in ``serve.log``; only
     the given settings (``settings_of`` and keywords; a state dir and storage root under
     ``tmp_path``) apply. ``TUNEPLANE_DEV_SHARED_ENGINE`` is on unless given: the
-    development engines hold the daemons of every test (and every engineer) at once."""
+    suite's engines hold the daemons of every test at once."""
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(tmp_path),

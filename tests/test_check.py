@@ -11,12 +11,15 @@ import os
 import socket
 import subprocess
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.helpers import (
+    TOKEN,
     docker_host,
     engine_missing,
     free_port,
@@ -26,6 +29,7 @@ from tests.helpers import (
 )
 from tuneplane_node import cli
 from tuneplane_node.cli import main
+from tuneplane_node.wire import PROTOCOL, PROTOCOL_HEADER
 
 # Slow: the check command end to end: ports, files, TLS and engines tried for real.
 pytestmark = pytest.mark.slow
@@ -84,7 +88,9 @@ def test_a_sound_machine_passes_and_no_secret_is_printed(check: Check, tmp_path:
 def test_a_missing_token_fails(check: Check) -> None:
     code, lines, _ = check(TUNEPLANE_NODE_TOKEN="")
     assert code == 1
-    assert lines["token"].startswith("FAIL token: TUNEPLANE_NODE_TOKEN is not set")
+    assert lines["token"].startswith(
+        "FAIL token: neither TUNEPLANE_NODE_TOKEN nor TUNEPLANE_NODE_TOKEN_FILE is set"
+    )
 
 
 def test_a_token_file_is_counted_never_shown(check: Check, tmp_path: Path) -> None:
@@ -316,6 +322,60 @@ def test_a_serving_node_is_reported_not_failed_on_its_own_port(
         f"(pid {daemon.pid}, port {port})"
     ), lines["port"]
     assert code == 0
+
+
+def test_check_beside_a_serving_node_resolves_paths_in_its_working_directory(
+    check: Check, tmp_path: Path
+) -> None:
+    """Issue 36, finding 8: check run from another directory resolved a relative storage
+    root against its own working directory, not the serving node's."""
+    port, served = free_port(), tmp_path / "served"
+    (served / "data").mkdir(parents=True)
+    relative = {"TUNEPLANE_STORAGE_ROOT": "data", "TUNEPLANE_NODE_STATE_DIR": "state"}
+    daemon = spawn_daemon(served, port, TUNEPLANE_LOCAL_RUNTIME="process", settings_of=relative)
+    try:
+        inventory = served_inventory(daemon, port)
+        code, lines, out = check(
+            TUNEPLANE_NODE_HOST="127.0.0.1", TUNEPLANE_NODE_PORT=str(port), **relative
+        )
+    finally:
+        daemon.kill()
+        daemon.wait(timeout=10)
+    assert Path.cwd() == served  # check moved to where serve resolves its paths
+    assert (served / "data").resolve() in map(Path, inventory["storage"][0]["paths"])
+    assert lines["storage root"].startswith(f"ok storage root: {served / 'data'} on "), out
+    assert lines["state dir"].startswith("ok state dir: state writable"), out
+    assert lines["paths"] == (
+        f"ok paths: relative ones from {served}, the working directory of the serving "
+        f"node (pid {daemon.pid})"
+    )
+    assert code == 0, out
+    assert not (tmp_path / "data").exists() and not (tmp_path / "state").exists()
+
+
+def test_check_without_a_serving_node_says_where_relative_paths_start(
+    check: Check, tmp_path: Path
+) -> None:
+    (tmp_path / "data").mkdir()
+    code, lines, out = check(TUNEPLANE_STORAGE_ROOT="data")
+    assert lines["paths"].startswith(f"ok paths: relative ones from {tmp_path}, "), out
+    assert lines["storage root"].startswith(f"ok storage root: {tmp_path / 'data'} on ")
+    assert code == 0, out
+
+
+def served_inventory(daemon: subprocess.Popen[bytes], port: int) -> dict[str, Any]:
+    """The inventory of a daemon just spawned, once it answers."""
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/node/v1/inventory",
+        headers={"Authorization": f"Bearer {TOKEN}", PROTOCOL_HEADER: str(PROTOCOL)},
+    )
+    deadline = time.monotonic() + 30
+    while True:
+        assert daemon.poll() is None and time.monotonic() < deadline
+        with contextlib.suppress(OSError), urllib.request.urlopen(request, timeout=5) as answer:
+            found: dict[str, Any] = json.loads(answer.read())
+            return found
+        time.sleep(0.1)
 
 
 def test_the_jobs_bounds_are_said_and_a_reachable_plain_api_is_warned_of(check: Check) -> None:

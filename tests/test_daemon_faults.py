@@ -25,12 +25,12 @@ from aiohttp import web
 from tests.conftest import MakeNode
 from tests.helpers import (
     BIG_IMAGE,
-    DEV_DOCKER_SOCK,
     ENGINE_LIVE,
     FULL_DOCKER_ROOT,
     FULL_DOCKER_SOCK,
     HEADERS,
     IMAGE,
+    TESTS_DOCKER_SOCK,
     ThrottlingProxy,
     ThrowawayDocker,
     TrackingRuntime,
@@ -65,9 +65,9 @@ async def timed(call: Any) -> tuple[float, Any]:
 async def test_a_wedged_engine_is_said_within_the_deadline_and_the_node_recovers(
     make_node: MakeNode, tmp_path: Path
 ) -> None:
-    if not DEV_DOCKER_SOCK.exists():
-        engine_missing("docker", f"no socket at {DEV_DOCKER_SOCK} to wedge")
-    proxy = await WedgeProxy(tmp_path / "docker.sock", DEV_DOCKER_SOCK).start()
+    if not TESTS_DOCKER_SOCK.exists():
+        engine_missing("docker", f"no socket at {TESTS_DOCKER_SOCK} to wedge")
+    proxy = await WedgeProxy(tmp_path / "docker.sock", TESTS_DOCKER_SOCK).start()
     deadline = 2  # TUNEPLANE_LOCAL_API_TIMEOUT
     options = {"local_api_timeout": deadline, "local_gpu_passthrough": False}
     settings = engine_settings("docker", docker_host=f"unix://{proxy.path}", **options)

@@ -2,7 +2,7 @@
 small tmpfs of their own (`contrib/dev/engines.sh`: docker-gc, podman-gc; nobody else's
 images are there, and `all` scope may take any of them).
 
-The images are the test's own, made on the development docker with random ballast (so
+The images are the test's own, made on the suite's docker with random ballast (so
 none shares its bytes), pushed under unique names to the registry, and taken out of it
 again at the end. The disk's fill is set with a file beside the engine's data.
 """
@@ -25,7 +25,7 @@ import docker
 import pytest
 
 from tests.conftest import MakeNode, open_runtime
-from tests.helpers import DEV_DOCKER_SOCK, IMAGE, REGISTRY, TrackingRuntime, unique
+from tests.helpers import IMAGE, REGISTRY, TESTS_DOCKER_SOCK, TrackingRuntime, unique
 from tuneplane_node.runtime.base import PullLimits
 from tuneplane_node.runtime.engine import EngineRuntime
 
@@ -113,7 +113,7 @@ async def clear(runtime: EngineRuntime) -> None:
 def gc_images() -> Iterator[list[str]]:
     """Seven images in the registry, each of the busybox test image and 6 MiB of random
     bytes of its own, under unique names; out of the registry again at the end."""
-    client = docker.DockerClient(base_url=f"unix://{DEV_DOCKER_SOCK}", version="1.41")
+    client = docker.DockerClient(base_url=f"unix://{TESTS_DOCKER_SOCK}", version="1.41")
     tag = unique("gc")
     names = [f"{REGISTRY}/tuneplane-test/{tag}-{n}:1" for n in range(7)]
     try:

@@ -27,6 +27,7 @@ from tests.helpers import (
     console_0315,
     docker_host,
     engine_settings,
+    podman_url,
     storage_root,
     unique,
 )
@@ -156,7 +157,7 @@ def suid_image(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
 
 def engine_cli(engine: str) -> list[str]:
     if engine == "podman":
-        return ["podman"]
+        return ["podman", "--remote", "--url", podman_url()]
     host = docker_host()
     return ["docker", *(["-H", host] if host else [])]
 

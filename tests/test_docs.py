@@ -7,6 +7,7 @@ pointing at a file or a heading that is no longer there: these tests find them.
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 from collections.abc import Iterator
@@ -115,3 +116,25 @@ def test_a_moved_section_is_found_by_its_broken_links(tmp_path: Path) -> None:
         "other.md#not-a-heading: no heading #not-a-heading in other.md",
         "missing.md: no missing.md",
     ]
+
+
+def ctl_verbs() -> set[str]:
+    """The verbs `tuneplane-node ctl` takes, from its own parser."""
+    from tuneplane_node.cli import parser
+
+    def choices(of: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+        found: dict[str, argparse.ArgumentParser] = {}
+        for action in of._actions:  # argparse has no public walk of its subcommands
+            if isinstance(action, argparse._SubParsersAction):
+                found.update(action.choices)
+        return found
+
+    return set(choices(choices(parser())["ctl"]))
+
+
+def test_the_ctl_verb_table_lists_every_verb() -> None:
+    """Issue 36, finding 9: the table lacked `jobs`, `signal` and `gc`."""
+    text = (REPO / "docs" / "operating.md").read_text()
+    table = text.partition("### Verbs")[2].partition("\n### ")[0]
+    listed = set(re.findall(r"^\| `([a-z]+)", table, re.MULTILINE))
+    assert listed == ctl_verbs()

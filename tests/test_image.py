@@ -32,6 +32,7 @@ from tests.helpers import (
     DEV_DOCKER_SOCK,
     IMAGE,
     REPO,
+    TESTS_DOCKER_SOCK,
     TOKEN,
     engine_missing,
     free_port,
@@ -48,8 +49,8 @@ DEBIAN_MIRROR = "http://deb.debian.org/debian"
 
 @pytest.fixture(scope="module")
 def client() -> Iterator[docker.DockerClient]:
-    """The shared dev engine only: the image test never touches the suite's own."""
-    engine = docker.DockerClient(base_url=f"unix://{DEV_DOCKER_SOCK}", timeout=300)
+    """The suite's engine: the image test never touches the developer's."""
+    engine = docker.DockerClient(base_url=f"unix://{TESTS_DOCKER_SOCK}", timeout=300)
     try:
         engine.ping()
     except docker.errors.DockerException as exc:
@@ -61,7 +62,7 @@ def client() -> Iterator[docker.DockerClient]:
 def base_image(client: docker.DockerClient, workdir: Path) -> str:
     """The slim Python base: present, pulled, or made from Debian packages."""
     for tag in (PULLED_BASE, MADE_BASE):
-        if has_image(client, tag):
+        if has_image(client, tag) or copied_from_development_engine(tag):
             return tag
     try:
         client.images.pull(PULLED_BASE)
@@ -70,6 +71,19 @@ def base_image(client: docker.DockerClient, workdir: Path) -> str:
         pass  # no registry: make one
     make_debian_base(client, workdir / "rootfs")
     return MADE_BASE
+
+
+def copied_from_development_engine(tag: str) -> bool:
+    """A base the development engine holds (read there, as engines.sh copies the test
+    image), loaded into the suite's engine: no second debootstrap."""
+    saved = subprocess.run(
+        ["docker", "-H", f"unix://{DEV_DOCKER_SOCK}", "save", tag], capture_output=True
+    )
+    if saved.returncode != 0:
+        return False
+    load = ["docker", "-H", f"unix://{TESTS_DOCKER_SOCK}", "load", "-q"]
+    subprocess.run(load, input=saved.stdout, check=True, capture_output=True)
+    return True
 
 
 def has_image(client: docker.DockerClient, tag: str) -> bool:
@@ -161,8 +175,8 @@ def run_node(client: docker.DockerClient, image: str, made: list[str], port: int
         network_mode="host",
         read_only=True,
         tmpfs={"/var/lib/tuneplane-node": "uid=10001,mode=0700"},
-        group_add=[str(DEV_DOCKER_SOCK.stat().st_gid)],
-        volumes={str(DEV_DOCKER_SOCK): {"bind": "/var/run/docker.sock", "mode": "rw"}},
+        group_add=[str(TESTS_DOCKER_SOCK.stat().st_gid)],
+        volumes={str(TESTS_DOCKER_SOCK): {"bind": "/var/run/docker.sock", "mode": "rw"}},
         environment={
             "TUNEPLANE_NODE_TOKEN": TOKEN,
             "TUNEPLANE_NODE_PORT": str(port),

@@ -4,7 +4,7 @@ lines run one by one with its paths moved under a temporary root and ``sudo`` dr
 settings and token files are made as written, ``check`` fails on what a GPU machine
 without the NVIDIA runtime lacks and passes once the fix it names is applied, and the
 installed units' daemon serves ``ctl`` with the operate token, Prometheus with the
-metrics one and the console with the full one, on the development docker. No systemd
+metrics one and the console with the full one, on the suite's docker. No systemd
 runs here (it is not this machine's init): ``systemctl enable --now`` is the unit files'
 own ``EnvironmentFile=`` and ``ExecStart=`` under ``systemd-socket-activate`` with the
 socket unit's port, as systemd would run them."""
@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import DEV_DOCKER_SOCK, IMAGE, REPO, engine_missing, free_port, unique
+from tests.helpers import IMAGE, REPO, TESTS_DOCKER_SOCK, engine_missing, free_port, unique
 from tests.test_deploy import systemd_tool, unit_settings
 from tuneplane_node.wire import PROTOCOL, PROTOCOL_HEADER
 
@@ -158,7 +158,7 @@ def check_lines(output: str) -> dict[str, str]:
 
 
 def development_settings(machine: Machine) -> str:
-    """The operator's edit of the env file on this machine: the development docker, a
+    """The operator's edit of the env file on this machine: the suite's docker, a
     port of its own, and a GPU machine of two cards (the simulation file: no driver here)."""
     cards = [{"index": i, "name": "NVIDIA H100 80GB HBM3"} for i in range(2)]
     simulation = machine.root / "gpus.json"
@@ -168,7 +168,7 @@ def development_settings(machine: Machine) -> str:
         f"{key}={value}\n"
         for key, value in {
             "TUNEPLANE_LOCAL_RUNTIME": "docker",
-            "TUNEPLANE_DOCKER_HOST": f"unix://{DEV_DOCKER_SOCK}",
+            "TUNEPLANE_DOCKER_HOST": f"unix://{TESTS_DOCKER_SOCK}",
             "TUNEPLANE_NODE_STATE_DIR": machine.file("/var/lib/tuneplane-node"),
             "TUNEPLANE_STORAGE_ROOT": machine.root / "data",
             "TUNEPLANE_NODE_HOST": "127.0.0.1",
@@ -186,8 +186,8 @@ def build_wheel(dist: Path) -> None:
 
 
 def test_the_readme_operator_path_from_a_wheel_to_a_scraped_node(tmp_path: Path) -> None:
-    if not DEV_DOCKER_SOCK.exists():
-        engine_missing("docker", f"no socket at {DEV_DOCKER_SOCK}")
+    if not TESTS_DOCKER_SOCK.exists():
+        engine_missing("docker", f"no socket at {TESTS_DOCKER_SOCK}")
     machine = Machine(tmp_path)
     build_wheel(tmp_path / "dist")
     lines = operator_lines()

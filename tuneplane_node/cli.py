@@ -189,11 +189,77 @@ def check(settings: NodeSettings) -> int:
         check_port,
     )
     failed = False
+    base, settings = path_base(settings)
+    if base is not None:
+        print(f"{base[0]:<4} {base[1]}", flush=True)
     for step in steps:
         for level, text in step(settings):
             print(f"{level:<4} {text}", flush=True)
             failed |= level == FAIL
     return 1 if failed else 0
+
+
+def path_base(settings: NodeSettings) -> tuple[Finding | None, NodeSettings]:
+    """Where relative paths start, as serve resolves them: a node serving on the port
+    resolves them (and read its ``.env``) in its own working directory, so check moves
+    there and reads the settings again; else in this one, as a serve started here would.
+    The finding is None when every path setting is absolute."""
+    serving = _serving_pid(settings)
+    if serving is not None:
+        try:
+            directory = Path(os.readlink(f"/proc/{serving}/cwd"))
+            os.chdir(directory)
+        except OSError as exc:
+            here = Path.cwd()
+            return (
+                WARN,
+                f"paths: relative ones from {here}: the serving node's (pid "
+                f"{serving}) working directory is unreadable: {exc.strerror}",
+            ), settings
+        settings = load_settings()
+        if _relative_paths(settings):
+            return (
+                OK,
+                f"paths: relative ones from {directory}, the working directory of "
+                f"the serving node (pid {serving})",
+            ), settings
+        return None, settings
+    if _relative_paths(settings):
+        return (
+            OK,
+            f"paths: relative ones from {Path.cwd()}, the working directory "
+            "(a serve started elsewhere resolves them there)",
+        ), settings
+    return None, settings
+
+
+def _relative_paths(settings: NodeSettings) -> list[Path]:
+    paths = [settings.storage, settings.state_dir, settings.scratch_dir, *settings.model_dirs]
+    paths += settings.allowed_mount_roots or []
+    for name in ("node_token_file", "tls_cert_file", "tls_key_file", "tls_client_ca_file",
+                 "registry_auth_file", "gpu_simulation_file"):  # fmt: skip
+        path = getattr(settings, name)
+        paths += [path] if path is not None else []
+    return [path for path in paths if not path.expanduser().is_absolute()]
+
+
+def _serving_pid(settings: NodeSettings) -> int | None:
+    """The pid of the tuneplane-node serving on the node's port, if one is."""
+    from tuneplane_node.daemon.listener import port_holders
+
+    pids = port_holders(settings.node_port)
+    if not pids or serving_node(settings) is None:
+        return None
+    # Under the socket unit systemd (pid 1) holds the port too: the node is the one named.
+    named = [pid for pid in pids if b"tuneplane" in _cmdline(pid)]
+    return (named or pids)[0]
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def check_token(settings: NodeSettings) -> list[Finding]:

@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
-# Brings up, idempotently, the real engines the tests talk to on a Debian machine:
-#   - a Docker engine on its own socket and data root (shared with people's own jobs),
+# Brings up, idempotently, the real engines of a development machine (Debian):
+#   - for people: a Docker engine on its own socket and data root, and the podman API
+#     service (podman's default store), which a daemon started from the README uses;
+#     no test touches them (issue 36: a README daemon's card jobs and engine lock failed
+#     a concurrent suite's tests),
+#   - for the tests: a Docker engine and a podman service of the suite's own (their own
+#     data root, store, locks and socket), where the engine tests and their daemons run,
 #   - a second Docker engine that only the test suite uses, for the tests that act on
 #     every container of the node (reap); a test that restarts or freezes an engine
 #     starts one of its own (tests/helpers.py, ThrowawayDocker),
@@ -20,6 +25,9 @@ RUN_DIR=/run/tuneplane-dev
 LOG_DIR=$DEV_ROOT/log
 DOCKER_SOCK=$RUN_DIR/docker.sock
 OWN_SOCK=$RUN_DIR/docker-own.sock
+TESTS_SOCK=$RUN_DIR/docker-tests.sock
+TESTS_PODMAN_ROOT=$DEV_ROOT/podman-tests
+TESTS_PODMAN_SOCK=$RUN_DIR/podman-tests.sock
 FULL_ROOT=$DEV_ROOT/docker-full
 FULL_ROOT_SIZE=64m
 PODMAN_SOCK=/run/podman/podman.sock
@@ -261,25 +269,41 @@ start_gc_docker() { # the image GC tests' docker: images on a tmpfs nobody else 
 
 start_gc_podman() { # the image GC tests' podman: its own store, database, locks and socket
     tmpfs_at "$GC_PODMAN_ROOT" tuneplane-podman-gc
-    if curl -sf --unix-socket "$GC_PODMAN_SOCK" http://d/_ping >/dev/null 2>&1; then return; fi
-    log "starting a second podman API service on $GC_PODMAN_SOCK"
-    mkdir -p "$RUN_DIR/podman-gc-run"
-    # File locks, and its own static and tmp dirs: the shared service's shm locks and
-    # database are not this one's.
-    sed "s|^\[engine\]|[engine]\nlock_type = \"file\"\nstatic_dir = \"$GC_PODMAN_ROOT/libpod\"\ntmp_dir = \"$RUN_DIR/podman-gc-run/libpod\"|" \
-        /etc/containers/containers.conf >"$DEV_ROOT/podman-gc-containers.conf"
-    rm -f "$GC_PODMAN_SOCK"
-    CONTAINERS_CONF=$DEV_ROOT/podman-gc-containers.conf setsid podman \
-        --root "$GC_PODMAN_ROOT/storage" --runroot "$RUN_DIR/podman-gc-run/storage" \
-        system service --time=0 "unix://$GC_PODMAN_SOCK" \
-        >>"$LOG_DIR/podman-gc.log" 2>&1 </dev/null &
-    wait_for 60 "podman-gc" curl -sf --unix-socket "$GC_PODMAN_SOCK" http://d/_ping
+    start_own_podman podman-gc "$GC_PODMAN_ROOT" "$GC_PODMAN_SOCK"
 }
 
-copy_image_to_own_engine() {
-    if docker -H "unix://$OWN_SOCK" image inspect "$IMAGE" >/dev/null 2>&1; then return; fi
-    log "copying $IMAGE to the tests' own engine"
-    docker save "$IMAGE" | docker -H "unix://$OWN_SOCK" load -q >/dev/null
+start_own_podman() { # start_own_podman NAME ROOT SOCK: a podman service on a store of its own
+    local name=$1 root=$2 sock=$3
+    if curl -sf --unix-socket "$sock" http://d/_ping >/dev/null 2>&1; then return; fi
+    log "starting a podman API service of its own on $sock"
+    mkdir -p "$root" "$RUN_DIR/$name-run"
+    # File locks, and its own static and tmp dirs: the shared service's shm locks and
+    # database are not this one's.
+    sed "s|^\[engine\]|[engine]\nlock_type = \"file\"\nstatic_dir = \"$root/libpod\"\ntmp_dir = \"$RUN_DIR/$name-run/libpod\"|" \
+        /etc/containers/containers.conf >"$DEV_ROOT/$name-containers.conf"
+    rm -f "$sock"
+    CONTAINERS_CONF=$DEV_ROOT/$name-containers.conf setsid podman \
+        --root "$root/storage" --runroot "$RUN_DIR/$name-run/storage" \
+        system service --time=0 "unix://$sock" \
+        >>"$LOG_DIR/$name.log" 2>&1 </dev/null &
+    wait_for 60 "$name" curl -sf --unix-socket "$sock" http://d/_ping
+}
+
+tests_podman() { # podman on the tests' own store (its CLI, as the service sees it)
+    CONTAINERS_CONF=$DEV_ROOT/podman-tests-containers.conf podman \
+        --root "$TESTS_PODMAN_ROOT/storage" --runroot "$RUN_DIR/podman-tests-run/storage" "$@"
+}
+
+copy_image_to_tests_podman() {
+    if tests_podman image exists "docker.io/$IMAGE"; then return; fi
+    log "copying docker.io/$IMAGE to the tests' own podman store"
+    podman save "docker.io/$IMAGE" | tests_podman load -q >/dev/null
+}
+
+copy_image_to_own_engine() { # copy_image_to_own_engine SOCK: the test image there
+    if docker -H "unix://$1" image inspect "$IMAGE" >/dev/null 2>&1; then return; fi
+    log "copying $IMAGE to the tests' engine on $1"
+    docker save "$IMAGE" | docker -H "unix://$1" load -q >/dev/null
 }
 
 up() {
@@ -289,20 +313,29 @@ up() {
     start_registry
     start_docker docker
     start_docker docker-own
+    start_docker docker-tests
     start_full_docker
     start_gc_docker
     start_podman
     start_gc_podman
+    start_own_podman podman-tests "$TESTS_PODMAN_ROOT" "$TESTS_PODMAN_SOCK"
     build_images
     start_private_registry
     push_private_image
-    copy_image_to_own_engine
+    copy_image_to_own_engine "$OWN_SOCK"
+    copy_image_to_own_engine "$TESTS_SOCK"
+    copy_image_to_tests_podman
     cat <<EOF
-docker:   DOCKER_HOST=unix://$DOCKER_SOCK
-tests':   unix://$OWN_SOCK (the suite's own Docker engine)
+For people (a daemon from the README; no test touches these):
+docker:   TUNEPLANE_DOCKER_HOST=unix://$DOCKER_SOCK
+podman:   TUNEPLANE_PODMAN_URL=unix://$PODMAN_SOCK
+For the tests only (never point a daemon of yours at these):
+docker:   unix://$TESTS_SOCK (the engine tests and their daemons)
+podman:   unix://$TESTS_PODMAN_SOCK (the engine tests and their daemons; store $TESTS_PODMAN_ROOT)
+own:      unix://$OWN_SOCK (the tests that reap every job of the node)
 full:     unix://$RUN_DIR/docker-full.sock (data root: a $FULL_ROOT_SIZE tmpfs at $FULL_ROOT)
 gc:       unix://$RUN_DIR/docker-gc.sock, unix://$GC_PODMAN_SOCK (image GC tests; $GC_ROOT_SIZE tmpfs each)
-podman:   TUNEPLANE_PODMAN_URL=unix://$PODMAN_SOCK
+Shared by both:
 registry: http://$REGISTRY (images: $REGISTRY/$IMAGE, $REGISTRY/$BIG_IMAGE)
 private:  http://$PRIVATE_REGISTRY (image: $PRIVATE_REGISTRY/$PRIVATE_IMAGE; user:password in $PRIVATE_AUTH)
 logs:     $LOG_DIR
@@ -310,11 +343,12 @@ EOF
 }
 
 down() {
-    for name in docker docker-own docker-full docker-gc; do
+    for name in docker docker-own docker-tests docker-full docker-gc; do
         [[ -f $RUN_DIR/$name.pid ]] && kill "$(cat "$RUN_DIR/$name.pid")" 2>/dev/null || true
     done
     pkill -f "podman system service --time=0 unix://$PODMAN_SOCK" || true
     pkill -f "system service --time=0 unix://$GC_PODMAN_SOCK" || true
+    pkill -f "system service --time=0 unix://$TESTS_PODMAN_SOCK" || true
     pkill -f "docker-registry serve $DEV_ROOT/registry.yml" || true
     pkill -f "docker-registry serve $DEV_ROOT/private-registry.yml" || true
 }

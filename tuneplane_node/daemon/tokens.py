@@ -133,7 +133,9 @@ class TokenSet:
                 raise ConfigError(f"{env_name('node_token_file')}: {tokens.path} holds no token")
         if static is None and not from_file:
             raise ConfigError(
-                f"{env_name('node_token')} is not set: the node refuses to start without a token"
+                f"neither {env_name('node_token')} nor {env_name('node_token_file')} is set: "
+                "the node refuses to start without a token (16 characters at least: "
+                "`openssl rand -hex 32`)"
             )
         tokens._use(from_file)
         return tokens

@@ -86,6 +86,7 @@ from tuneplane_node.client.errors import (
     UnknownField,
     Unreachable,
 )
+from tuneplane_node.client.retry import NO_RETRY, Retry
 from tuneplane_node.client.sync import NodeClient
 from tuneplane_node.client.watch import Backoff
 from tuneplane_node.client.words import (
@@ -100,6 +101,7 @@ from tuneplane_node.client.words import (
 )
 
 __all__ = [
+    "NO_RETRY",
     "PROTOCOL",
     "PROTOCOL_HEADER",
     "AsyncNodeClient",
@@ -169,6 +171,7 @@ __all__ = [
     "RegistryRefused",
     "RemovedImage",
     "RequestError",
+    "Retry",
     "RunConflict",
     "Runtime",
     "Scratch",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import datetime
@@ -15,6 +16,7 @@ from tuneplane_node.client import answers, calls
 from tuneplane_node.client.calls import Call, Container
 from tuneplane_node.client.endpoint import NO_TLS, TIMEOUT_S, Endpoint, Tls
 from tuneplane_node.client.errors import NodeError
+from tuneplane_node.client.retry import Retry
 from tuneplane_node.client.watch import DEFAULT_WAIT_S, Backoff, Watch
 
 T = TypeVar("T")
@@ -36,9 +38,11 @@ class AsyncNodeClient:
         tls: Tls = NO_TLS,
         timeout: float = TIMEOUT_S,
         transport: httpx.AsyncBaseTransport | None = None,
+        retry: Retry = Retry(),  # noqa: B008 (frozen: one shared default is safe)
     ) -> None:
         self.endpoint = Endpoint(url, token=token, tls=tls)
         self.timeout = timeout
+        self.retry = retry
         self._http = httpx.AsyncClient(**self.endpoint.options(timeout), transport=transport)
 
     async def __aenter__(self) -> AsyncNodeClient:
@@ -53,7 +57,31 @@ class AsyncNodeClient:
         await self._http.aclose()
 
     async def call(self, call: Call[T]) -> T:
-        """Send one call and read its answer (every verb below is one)."""
+        """Send one call and read its answer (every verb below is one); a safe verb that
+        failed saying nothing was done is asked again as ``retry`` says (`retry`)."""
+        delays = self.retry.delays()
+        while True:
+            try:
+                return await self._ask(call)
+            except NodeError as error:
+                delay = next(delays, None)
+                if delay is None or not self.retry.covers(call.path, error):
+                    raise
+            await asyncio.sleep(delay)
+
+    def options(
+        self, *, timeout: float | None = None, retry: Retry | None = None
+    ) -> AsyncNodeClient:
+        """This client with another timeout or retry policy, for the calls made through
+        it; it shares this client's connections (close this one, not it).
+
+        Example: ``node.options(timeout=2.0, retry=NO_RETRY).health()``."""
+        other = copy.copy(self)
+        other.timeout = self.timeout if timeout is None else timeout
+        other.retry = self.retry if retry is None else retry
+        return other
+
+    async def _ask(self, call: Call[T]) -> T:
         with self.endpoint.unreachable():
             response = await self._http.request(
                 call.method,

@@ -14,9 +14,11 @@ retried: a console decides those again itself.
 
 from __future__ import annotations
 
+import copy
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 from tuneplane_node.client.errors import (
     EngineUnavailable,
@@ -78,3 +80,20 @@ class Retry:
 
 NO_RETRY = Retry(attempts=1)
 """Every call asked once (0.3.15's client)."""
+
+
+class Tunable(Protocol):
+    timeout: float
+    retry: Retry
+
+
+C = TypeVar("C", bound=Tunable)
+
+
+def tuned(client: C, *, timeout: float | None, retry: Retry | None) -> C:
+    """A shallow copy of ``client`` (its connections shared) with another timeout or
+    retry policy; None keeps the client's own."""
+    other = copy.copy(client)
+    other.timeout = client.timeout if timeout is None else timeout
+    other.retry = client.retry if retry is None else retry
+    return other

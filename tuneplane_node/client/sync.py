@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
@@ -16,7 +15,7 @@ from tuneplane_node.client import answers, calls
 from tuneplane_node.client.calls import Call, Container
 from tuneplane_node.client.endpoint import NO_TLS, TIMEOUT_S, Endpoint, Tls
 from tuneplane_node.client.errors import NodeError
-from tuneplane_node.client.retry import Retry
+from tuneplane_node.client.retry import Retry, tuned
 from tuneplane_node.client.watch import DEFAULT_WAIT_S, Backoff, Watch
 
 T = TypeVar("T")
@@ -74,10 +73,7 @@ class NodeClient:
         it; it shares this client's connections (close this one, not it).
 
         Example: ``node.options(timeout=2.0, retry=NO_RETRY).health()``."""
-        other = copy.copy(self)
-        other.timeout = self.timeout if timeout is None else timeout
-        other.retry = self.retry if retry is None else retry
-        return other
+        return tuned(self, timeout=timeout, retry=retry)
 
     def _ask(self, call: Call[T]) -> T:
         with self.endpoint.unreachable():

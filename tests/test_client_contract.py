@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from tuneplane_node import errors as node_errors
+from tuneplane_node.client import AsyncNodeClient, NodeClient, words
 from tuneplane_node.client import answers as client
 from tuneplane_node.client import errors as client_errors
-from tuneplane_node.client import words
 from tuneplane_node.wire import answers, images, stats
 from tuneplane_node.wire.fields import Words
 
@@ -201,3 +201,11 @@ def test_the_codes_the_issue_named_have_classes() -> None:
     assert client_errors.BY_CODE["gpu_not_ready"] is client_errors.GpuNotReady
     assert client_errors.BY_CODE["insufficient_scope"] is client_errors.InsufficientScope
     assert client_errors.BY_CODE["run_conflict"] is client_errors.RunConflict
+
+
+@pytest.mark.parametrize("cls", [NodeClient, AsyncNodeClient], ids=lambda cls: cls.__name__)
+def test_every_public_method_says_what_it_does_with_an_example(cls: type) -> None:
+    public = [name for name in vars(cls) if not name.startswith("_") and callable(vars(cls)[name])]
+    assert len(public) >= 20  # the walk saw the verbs
+    lacking = [name for name in public if "Example:" not in (getattr(cls, name).__doc__ or "")]
+    assert lacking == []

@@ -1,4 +1,5 @@
-"""The handlers: parse with `wire`, act through the job service, render with `wire`.
+"""The handlers: parse with `wire`, act through the job service, answer with `render` (and
+`machine`), in the shapes `wire` declares.
 
 Each route is declared once, by `api` on its handler: its method and path, what its
 request holds and what it answers. The OpenAPI document (`document`) is made of those

@@ -1,4 +1,5 @@
-"""What the job service takes and returns: plain, typed data. `wire` gives it JSON shape."""
+"""What the job service takes and returns: plain, typed data. The daemon's `render` fills
+the contract's JSON shapes (`wire`) from it."""
 
 from __future__ import annotations
 

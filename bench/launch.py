@@ -33,9 +33,16 @@ from harness import (
     timed,
 )
 
+from tuneplane_node.jobs.launcher import launch_request
+from tuneplane_node.jobs.results import LaunchRequest
 from tuneplane_node.runtime.docker import DockerRuntime
 from tuneplane_node.settings import load_settings
-from tuneplane_node.wire.requests import parse_launch
+from tuneplane_node.wire.requests import parse_launch as read_launch
+
+
+def parse_launch(body: Any) -> LaunchRequest:
+    """A launch as the contract reads it and the launcher makes the service's request of it."""
+    return launch_request(read_launch(body))
 
 
 def launch_body(name: str, session: str, cards: int = 0) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from tuneplane_node.client import (
     Conflict,
     Container,
     Cordoned,
+    EngineConflict,
     EngineUnavailable,
     Image,
     ImageGc,
@@ -53,6 +54,7 @@ from tuneplane_node.client import (
     PayloadTooLarge,
     RequestError,
     ServerError,
+    SpecRefused,
     TooManyRequests,
     Unauthorized,
     Unreachable,
@@ -198,7 +200,7 @@ async def test_the_sync_client_is_the_async_one_without_a_loop(
     run_id = unique("sync")
     name = f"tuneplane-{run_id}"
 
-    def console() -> tuple[str, bool, str, type[NodeError]]:
+    def console() -> tuple[str | None, bool, str, type[NodeError]]:
         with NodeClient(url_of(node), token=TOKEN) as client:
             launched = client.launch(run_id, job(name))
             running = client.observe([name])[name].running
@@ -357,9 +359,10 @@ def test_clients_share_the_systems_tls_context_and_one_with_its_own_ca_has_its_o
     ("status", "body", "expected", "code"),
     [
         (409, {"detail": "d", "code": "no_capacity"}, NoCapacity, "no_capacity"),
-        (409, {"detail": "d", "code": "engine_conflict"}, Conflict, "engine_conflict"),
+        # A class per code, under its status's: `except Conflict` still catches it.
+        (409, {"detail": "d", "code": "engine_conflict"}, EngineConflict, "engine_conflict"),
         (409, {"detail": "d"}, Conflict, "conflict"),  # a node before codes
-        (422, {"detail": "d", "code": "spec_refused"}, InvalidRequest, "spec_refused"),
+        (422, {"detail": "d", "code": "spec_refused"}, SpecRefused, "spec_refused"),
         (429, {"detail": "d", "code": "too_many_requests"}, TooManyRequests, "too_many_requests"),
         (418, {"detail": "d", "code": "teapot"}, RequestError, "teapot"),  # a newer node's
         (503, {"detail": "d"}, EngineUnavailable, "engine_unavailable"),
@@ -370,6 +373,7 @@ def test_a_code_picks_the_class_and_a_status_stands_in_for_a_missing_one(
     status: int, body: dict[str, str], expected: type[NodeError], code: str
 ) -> None:
     error = refusal(status, json.dumps(body).encode(), url="http://n")
+    assert isinstance(error, RequestError if status < 500 else ServerError)
     assert type(error) is expected and (error.status, error.code, error.detail) == (
         status,
         code,

@@ -7,8 +7,11 @@ is touched: no reap of other people's jobs, no drain."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +25,7 @@ from tuneplane_node.client import (
     InvalidRequest,
     Jobs,
     JobState,
+    JobStatus,
     NameHeld,
     NoCapacity,
     NotRunning,
@@ -137,3 +141,33 @@ async def test_watch_is_told_of_an_exit_by_the_engines_event(connect: Connect, e
     assert time.monotonic() - started < 15  # told by the event, not at a wait's end
     listed = (await client.jobs()).jobs[name]  # the die event's exit; its inspect may since
     assert (listed.status, listed.exit_code) == ("exited", 7)  # have refined finished_at
+
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "clients/python/examples/console.py"
+
+
+async def test_the_console_example_runs_a_job_to_its_end(
+    connect: Connect, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The README's typed console (clients/python/examples, held to mypy --strict) does
+    what it says against a daemon on a real engine; and the answers it reads are typed:
+    a status is its enum's member, a time an aware datetime."""
+    client = await connect()
+    spec = importlib.util.spec_from_file_location("console_example", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    run_id = unique("example")
+    url = str(client.endpoint.url)
+    assert await asyncio.to_thread(example.run, url, TOKEN, IMAGE, run_id) == 0
+    printed = capsys.readouterr().out
+    assert f"tuneplane-{run_id}: running" in printed and "exit 0, started " in printed
+    name = f"tuneplane-{run_id}"
+    launched = await client.launch(run_id, job(name, "sleep 30"))
+    try:
+        state = (await client.observe([name]))[name]
+        assert state.status is JobStatus.RUNNING and f"{state.status}" == "running"
+        assert isinstance(state.created_at, datetime) and state.created_at.tzinfo is not None
+        assert isinstance(state.started_at, datetime) and state.finished_at is None
+    finally:
+        await client.remove(launched.ref)

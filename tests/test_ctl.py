@@ -55,10 +55,19 @@ from tests.helpers import (
 from tests.test_daemon_prefetch import REPOSITORY, prefetch_image
 from tuneplane_node.cli import main, parser
 from tuneplane_node.ctl import commands
+from tuneplane_node.jobs.launcher import launch_request
+from tuneplane_node.jobs.results import LaunchRequest
 from tuneplane_node.runtime.base import Mount
 from tuneplane_node.runtime.docker import DockerRuntime
 from tuneplane_node.wire.fields import Body
-from tuneplane_node.wire.requests import CONTAINER, CONTAINER_FIELDS, LAUNCH_FIELDS, parse_launch
+from tuneplane_node.wire.requests import CONTAINER, CONTAINER_FIELDS, LAUNCH_FIELDS
+from tuneplane_node.wire.requests import parse_launch as read_launch
+
+
+def parse_launch(body: Any) -> LaunchRequest:
+    """A launch as the contract reads it and the launcher makes the service's request of it."""
+    return launch_request(read_launch(body))
+
 
 # Slow: the ctl command end to end against a node over a real socket.
 pytestmark = pytest.mark.slow

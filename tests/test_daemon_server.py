@@ -32,9 +32,11 @@ from tests.fakes import FakeClock
 from tests.helpers import free_port, settle, spawn_daemon, storage_root
 from tuneplane_node.daemon import server
 from tuneplane_node.daemon.listener import CannotListen
+from tuneplane_node.daemon.render import (
+    encode,
+)
 from tuneplane_node.daemon.server import LoopSlices, serve
 from tuneplane_node.settings import NodeSettings, load_settings
-from tuneplane_node.wire.answers import encode
 
 # Slow: the real server on real sockets, TLS handshakes, header timeouts, signals.
 pytestmark = pytest.mark.slow

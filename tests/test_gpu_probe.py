@@ -9,13 +9,15 @@ from typing import Any
 import pytest
 
 from tests.fakes import FakeClock
+from tuneplane_node.daemon.machine import (
+    card_json,
+)
 from tuneplane_node.gpu import numa
 from tuneplane_node.gpu.factory import make_probe
 from tuneplane_node.gpu.probe import GpuProcess, NoDriverProbe
 from tuneplane_node.gpu.simulation import SimulatedProbe
 from tuneplane_node.runtime.cgroups import container_id_of_pid
 from tuneplane_node.settings import NodeSettings
-from tuneplane_node.wire.answers import card_json
 
 H100 = {
     "name": "NVIDIA H100 80GB HBM3",

@@ -15,15 +15,24 @@ import pytest
 from tests.conftest import fake_settings
 from tests.fakes import MIB, FakeClock, FakeProbe, FakeRuntime
 from tests.helpers import wait_until
+from tuneplane_node.daemon.render import (
+    state_json,
+)
 from tuneplane_node.errors import InsufficientStorage, InvalidField
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs import JobService, LaunchRequest, StoppedView
 from tuneplane_node.jobs.diskmonitor import FULL_WALK_S, fair_share
+from tuneplane_node.jobs.launcher import launch_request
 from tuneplane_node.jobs.results import ImageStore
 from tuneplane_node.runtime.base import LABEL_DISK_LIMIT
 from tuneplane_node.runtime.base import container_name as named
-from tuneplane_node.wire.answers import state_json
-from tuneplane_node.wire.requests import parse_launch
+from tuneplane_node.wire.requests import parse_launch as read_launch
+
+
+def parse_launch(body: Any) -> LaunchRequest:
+    """A launch as the contract reads it and the launcher makes the service's request of it."""
+    return launch_request(read_launch(body))
+
 
 DISK = 1000 * MIB
 IMAGE = "registry.test/team/trainer:1"

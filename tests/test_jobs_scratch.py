@@ -16,6 +16,7 @@ from tests.conftest import IMAGE
 from tests.fakes import FakeRuntime
 from tuneplane_node.errors import InvalidField, NodeError
 from tuneplane_node.jobs.confinement import JobRules
+from tuneplane_node.jobs.launcher import launch_request
 from tuneplane_node.jobs.results import LaunchRequest
 from tuneplane_node.jobs.scratch import SUFFIX, ScratchSpaces, vet
 from tuneplane_node.jobs.service import JobService
@@ -31,7 +32,13 @@ from tuneplane_node.runtime.base import (
     container_name,
 )
 from tuneplane_node.settings import NodeSettings, load_settings
-from tuneplane_node.wire.requests import parse_launch
+from tuneplane_node.wire.requests import parse_launch as read_launch
+
+
+def parse_launch(body: Any) -> LaunchRequest:
+    """A launch as the contract reads it and the launcher makes the service's request of it."""
+    return launch_request(read_launch(body))
+
 
 MIB = 2**20
 

@@ -165,7 +165,7 @@ def build_client_wheel(into: Path) -> Path:
     """clients/python's wheel, built with this venv's setuptools (no index)."""
     build = [sys.executable, "-m", "build", "--wheel", "--no-isolation", "-o", str(into)]
     subprocess.run([*build, str(CLIENT)], check=True, capture_output=True, timeout=120)
-    (wheel,) = into.glob("tuneplane_node_client-*.whl")
+    (wheel,) = into.glob("tuneplane_node_sdk-*.whl")
     return wheel
 
 
@@ -213,7 +213,9 @@ def test_the_client_wheel_is_the_client_alone_and_runs_with_httpx_alone(tmp_path
     ours = {
         f"tuneplane_node/client/{p.name}" for p in (REPO / "tuneplane_node/client").glob("*.py")
     }
-    assert modules == ours  # no tuneplane_node/__init__.py: the daemon's package is not shadowed
+    # no tuneplane_node/__init__.py: the daemon's package is not shadowed; py.typed: PEP 561
+    assert modules == ours | {"tuneplane_node/client/py.typed"}
+    assert "Name: tuneplane-node-sdk\n" in metadata  # not openapi-python-client's name
     assert f"Version: {tuneplane_node.__version__}\n" in metadata
     assert [line for line in metadata.splitlines() if line.startswith("Requires-Dist")] == [
         f"Requires-Dist: {Requirement(CLIENT_PROJECT['dependencies'][0])}"

@@ -12,6 +12,20 @@ from types import MappingProxyType
 from typing import Any
 
 from tests.helpers import INVENTORY_KEYS
+from tuneplane_node.daemon.machine import (
+    health_json,
+    inventory_json,
+)
+from tuneplane_node.daemon.render import (
+    EncodedStates,
+    encode,
+    encode_jobs,
+    encode_observe,
+    jobs_json,
+    launch_json,
+    observe_json,
+    state_json,
+)
 from tuneplane_node.gpu.allocator import Occupancy
 from tuneplane_node.gpu.probe import CardFacts, GpuProcess, GpuSnapshot
 from tuneplane_node.inventory import (
@@ -41,18 +55,6 @@ from tuneplane_node.runtime.base import (
     ContainerState,
     PullProgress,
     RuntimeHealth,
-)
-from tuneplane_node.wire.answers import (
-    EncodedStates,
-    encode,
-    encode_jobs,
-    encode_observe,
-    health_json,
-    inventory_json,
-    jobs_json,
-    launch_json,
-    observe_json,
-    state_json,
 )
 
 # --- what 0.3.15 consoles read --------------------------------------------------------------

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from tests.helpers import console_0315
 from tuneplane_node.errors import InvalidField
+from tuneplane_node.jobs.launcher import launch_request
 from tuneplane_node.runtime.base import LABEL_RUN_ID
 from tuneplane_node.wire import requests as wire
 
@@ -64,7 +65,7 @@ def test_one_hostile_field_in_a_0315_launch_is_read_or_refused_by_its_name(
     except InvalidField as error:
         assert error.field.startswith(f"container.{field}") or error.field == "requested_gpus"
         return
-    spec = request.spec
+    spec = launch_request(request).spec
     assert spec.labels[LABEL_RUN_ID] == "r-1"
     assert spec.network in wire.NETWORKS
     assert wire.IMAGE_REFERENCE.fullmatch(spec.image)

@@ -12,6 +12,8 @@ import pytest
 from tests.helpers import console_0315
 from tuneplane_node.errors import InvalidField
 from tuneplane_node.jobs import retries
+from tuneplane_node.jobs.launcher import launch_request
+from tuneplane_node.jobs.results import LaunchRequest
 from tuneplane_node.runtime.base import LABEL_RUN_ID, Mount, RegistryAuth
 from tuneplane_node.wire.fields import Field
 from tuneplane_node.wire.requests import (
@@ -22,7 +24,6 @@ from tuneplane_node.wire.requests import (
     parse_drain,
     parse_follow,
     parse_grace,
-    parse_launch,
     parse_logs,
     parse_max_age,
     parse_observe,
@@ -37,6 +38,15 @@ from tuneplane_node.wire.requests import (
     parse_tail,
     parse_uncordon,
 )
+from tuneplane_node.wire.requests import (
+    parse_launch as read_launch,
+)
+
+
+def parse_launch(body: Any) -> LaunchRequest:
+    """A launch as the contract reads it and the launcher makes the service's request of it."""
+    return launch_request(read_launch(body))
+
 
 # --- what 0.3.15 consoles send -------------------------------------------------------------
 

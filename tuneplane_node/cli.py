@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, TypeVar
 from tuneplane_node import __version__, ctl, inventory, logformat
 from tuneplane_node.errors import ConfigError, NodeError
 from tuneplane_node.settings import DEFAULT_STORAGE, NodeSettings, env_name, load_settings
-from tuneplane_node.wire import answers
 
 if TYPE_CHECKING:
     from tuneplane_node.gpu.probe import GpuProbe, GpuSnapshot
@@ -159,9 +158,10 @@ async def print_inventory(settings: NodeSettings) -> int:
     finally:
         await allocator.close()
         await runtime.close()
+    from tuneplane_node.daemon import machine
     from tuneplane_node.daemon.routes import features  # what a daemon of this build serves
 
-    print(json.dumps(answers.inventory_json(facts, features=features()), indent=2))
+    print(json.dumps(machine.inventory_json(facts, features=features()), indent=2))
     return 0
 
 

@@ -2,7 +2,7 @@
 ``GET /node/v1/inventory``, ``tuneplane-node inventory`` and health's ``disk``.
 
 The cards are the GPU probe's to tell and the engine the runtime's: the job service
-puts the three together, and `wire` gives the whole its JSON shape.
+puts the three together, and the daemon gives the whole the JSON shape `wire` declares.
 
 Collecting the inventory never raises: each part is guarded, and a fact the machine
 cannot answer stays empty (None, [] or {}), which the console reads as unknown, never as

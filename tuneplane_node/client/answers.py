@@ -3,8 +3,11 @@
 Tolerant on purpose: a key this client does not know (a newer node's) is skipped, and a
 key the node did not send (an older node's) is its field's default, so neither end
 breaks the other. Every object keeps the answer it was read from in ``raw``, so a newer
-field is one ``raw["..."]`` away. A value is taken as the node gave it: the node's
-OpenAPI document (``GET /node/v1/openapi.json``) holds the types.
+field is one ``raw["..."]`` away. Statuses and phases are `str` enums and times aware
+`datetime`s (`words`); any other value is taken as the node gave it. Each class holds
+the fields of one shape of the contract, every one of them: `tests/test_client_contract.py`
+fails when a class and the node's shape (`tuneplane_node.wire`) differ by a field, either
+way.
 """
 
 from __future__ import annotations
@@ -12,8 +15,21 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from types import MappingProxyType
 from typing import Any, ClassVar, TypeVar
+
+from tuneplane_node.client.words import (
+    JobStatus,
+    LaunchPhase,
+    NodeStateName,
+    PendingPhase,
+    PrefetchPhase,
+    PullPhase,
+    StopPhase,
+    moment,
+    word,
+)
 
 Json = Mapping[str, Any]
 
@@ -57,10 +73,14 @@ def one(cls: type[A]) -> Callable[[Any], A]:
 
 @dataclass(frozen=True)
 class Stopping(Answer):
-    """A stop under way: ``phase`` (warned, stopping, killing) and since when."""
+    """A stop under way: ``phase`` (warned, signalled) and since when; ``note``: why it
+    went otherwise than asked (``warning skipped: not caught``)."""
 
-    phase: str = ""
-    since: str = ""
+    phase: StopPhase | None = None
+    since: datetime | None = None
+    note: str | None = None
+
+    convert: ClassVar = {"phase": word(StopPhase), "since": moment}
 
 
 @dataclass(frozen=True)
@@ -70,12 +90,12 @@ class JobState(Answer):
 
     name: str = ""
     exists: bool = False
-    status: str | None = None  # created, running, exited, dead...; None: no container
+    status: JobStatus | None = None  # None: no container
     exit_code: int | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
-    created_at: str | None = None
-    started_at: str | None = None
-    finished_at: str | None = None
+    created_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
     oom_killed: bool = False
     stop_signal: str | None = None
     read_only_root: bool | None = None  # its image filesystem read-only; None: not known
@@ -83,7 +103,7 @@ class JobState(Answer):
     stopping: Stopping | None = None
     disk_used_bytes: int | None = None  # written to the engine's disk (running, or at a stop)
     disk_limit_bytes: int | None = None
-    pending_phase: str | None = None
+    pending_phase: PendingPhase | None = None
     pending_image: str | None = None
     pending_elapsed_s: float | None = None
     pending_gpus: int | None = None
@@ -92,8 +112,12 @@ class JobState(Answer):
     pending_layers_done: int | None = None
     pending_layers_total: int | None = None
     pending_error: str | None = None
+    pending_rate_bytes_per_s: float | None = None  # None while unknown, never 0
+    pending_eta_s: float | None = None
 
-    convert: ClassVar = {"stopping": one(Stopping)}
+    convert: ClassVar = {"stopping": one(Stopping), "status": word(JobStatus)}
+    convert |= {"created_at": moment, "started_at": moment, "finished_at": moment}
+    convert |= {"pending_phase": word(PendingPhase)}
 
     @property
     def pending(self) -> bool:
@@ -111,7 +135,7 @@ class Launched(Answer):
     for its image; observe or watch it), or exited (``relaunch=False``: the run's job
     ended, with ``exit_code``); ``idempotent``: the same run was already there."""
 
-    phase: str = ""
+    phase: LaunchPhase | None = None
     ref: str = ""  # the job's ref; "" from a node before the launch answer carried it
     container_id: str | None = None
     gpus: tuple[int, ...] = ()
@@ -120,16 +144,18 @@ class Launched(Answer):
     requested_gpus: int | None = None
     exit_code: int | None = None
 
-    convert: ClassVar = {"gpus": tuple}
+    convert: ClassVar = {"gpus": tuple, "phase": word(LaunchPhase)}
 
 
 @dataclass(frozen=True)
 class NodeState(Answer):
     """Whether the node takes launches: ready, cordoned, draining or drained."""
 
-    state: str = ""
+    state: NodeStateName | None = None
     reason: str | None = None
-    since: str | None = None
+    since: datetime | None = None
+
+    convert: ClassVar = {"state": word(NodeStateName), "since": moment}
 
 
 @dataclass(frozen=True)
@@ -169,6 +195,78 @@ class JobDisk(Answer):
 
 
 @dataclass(frozen=True)
+class Disk(Answer):
+    """The filesystem of the node's storage root."""
+
+    path: str = ""
+    used_pct: float | None = None
+    free_gib: float | None = None
+
+
+@dataclass(frozen=True)
+class Cache(Answer):
+    """The node's state cache of the engine (docker and podman only)."""
+
+    synced: bool = False
+    last_event_age_s: float | None = None
+    last_relist_age_s: float | None = None
+    containers: int | None = None
+
+
+@dataclass(frozen=True)
+class PendingPull(Answer):
+    """A pending launch's pull, as health lists it by ref."""
+
+    image: str = ""
+    phase: PendingPhase | None = None
+    error: str | None = None
+
+    convert: ClassVar = {"phase": word(PendingPhase)}
+
+
+@dataclass(frozen=True)
+class Process(Answer):
+    """A process on a card, and the card memory it uses (None: not known)."""
+
+    pid: int = -1
+    used_mib: int | None = None
+
+
+@dataclass(frozen=True)
+class Card(Answer):
+    """A card as the driver describes it; each figure None where it said nothing."""
+
+    index: int = -1
+    uuid: str | None = None
+    name: str | None = None
+    pci_bus_id: str | None = None
+    memory_total_mib: int | None = None
+    memory_used_mib: int | None = None
+    temperature_c: int | None = None
+    unhealthy: str | None = None
+    processes: tuple[Process, ...] = ()
+    numa_node: int | None = None
+
+    convert: ClassVar = {"processes": each(Process)}
+
+
+@dataclass(frozen=True)
+class CardState(Card):
+    """A card in health's ``gpu_detail``, and where it is (free, a job's, external...)."""
+
+    state: str = ""
+
+
+@dataclass(frozen=True)
+class Probe(Answer):
+    """Where the card facts come from, and why they are missing when they are."""
+
+    source: str = ""
+    ok: bool = False
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class Health(Answer):
     """The node's health. A GPU figure is None when the node cannot know it (never 0)."""
 
@@ -184,6 +282,16 @@ class Health(Answer):
     gpus_reserved: int | None = None
     free_gpus: tuple[int, ...] | None = None
     by_job: Mapping[str, str] | None = None
+    external: tuple[int, ...] | None = None  # cards another process holds
+    external_pids: Mapping[str, tuple[int, ...]] | None = None
+    external_probe_ok: bool | None = None
+    unhealthy: Mapping[str, str] | None = None  # card index -> why
+    gpu_detail: tuple[CardState, ...] | None = None
+    explain: tuple[str, ...] | None = None
+    gpu_probe: Probe | None = None
+    disk: Disk | None = None
+    state_cache: Cache | None = None
+    pending_pulls: Mapping[str, PendingPull] = field(default_factory=dict)
     node_state: NodeState | None = None
     gpu_ready: bool | None = None  # None: a machine without cards by design
     gpu_not_ready_reason: str | None = None
@@ -193,12 +301,47 @@ class Health(Answer):
 
     convert: ClassVar = {"runtime": one(Runtime), "node_state": one(NodeState), "free_gpus": tuple}
     convert |= {"protocols": tuple, "features": tuple, "image_store": one(ImageStore)}
-    convert |= {"conditions": one(Conditions), "job_disk": one(JobDisk)}
+    convert |= {"conditions": one(Conditions), "job_disk": one(JobDisk), "external": tuple}
+    convert |= {"external_pids": lambda pids: {k: tuple(v) for k, v in dict(pids).items()}}
+    convert |= {"gpu_detail": each(CardState), "explain": tuple, "gpu_probe": one(Probe)}
+    convert |= {"disk": one(Disk), "state_cache": one(Cache)}
+    convert |= {"pending_pulls": by_ref(PendingPull)}
+
+
+@dataclass(frozen=True)
+class Filesystem(Answer):
+    """One filesystem a job may write to, and the paths of the node's on it."""
+
+    paths: tuple[str, ...] = ()
+    fs_type: str | None = None
+    shared: bool = False
+    free_bytes: int | None = None
+    total_bytes: int | None = None
+
+    convert: ClassVar = {"paths": tuple}
+
+
+@dataclass(frozen=True)
+class LocalDisk(Answer):
+    free_bytes: int | None = None
+    total_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class Fabric(Answer):
+    """A network fabric of the machine (InfiniBand, RoCE) and its adapters."""
+
+    fabric: str = ""
+    hcas: tuple[str, ...] = ()
+    rate_gbps: float | None = None
+    rdma_to_jobs: bool = False
+
+    convert: ClassVar = {"hcas": tuple}
 
 
 @dataclass(frozen=True)
 class Inventory(Answer):
-    """What the machine has; ``raw`` holds its cards, storage and fabrics whole."""
+    """What the machine has: its cards, storage and fabrics among the rest."""
 
     node_id: str | None = None
     hostname: str | None = None
@@ -215,14 +358,27 @@ class Inventory(Answer):
     memory_bytes: int | None = None
     disk_free_bytes: int | None = None
     cpu_affinity: str = ""
+    storage_root_visible: bool | None = None
+    gpus: tuple[Card, ...] = ()
+    storage: tuple[Filesystem, ...] = ()
+    local_disk: LocalDisk | None = None
+    fabrics: tuple[Fabric, ...] = ()
     node_state: NodeState | None = None
     image_store: ImageStore | None = None
     conditions: Conditions | None = None
     job_disk: JobDisk | None = None
 
     convert: ClassVar = {"node_state": one(NodeState), "protocols": tuple, "features": tuple}
+    convert |= {"gpus": each(Card), "storage": each(Filesystem), "fabrics": each(Fabric)}
+    convert |= {"local_disk": one(LocalDisk)}
     convert |= {"image_store": one(ImageStore), "conditions": one(Conditions)}
     convert |= {"job_disk": one(JobDisk)}
+
+
+@dataclass(frozen=True)
+class ProcessMemory(Answer):
+    pid: int = -1
+    memory_used_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -233,6 +389,9 @@ class CardUsage(Answer):
     memory_total_bytes: int | None = None
     power_watts: float | None = None
     temperature_celsius: int | None = None
+    processes: tuple[ProcessMemory, ...] | None = None  # None: the driver cannot say
+
+    convert: ClassVar = {"processes": each(ProcessMemory)}
 
 
 @dataclass(frozen=True)
@@ -241,17 +400,18 @@ class Usage(Answer):
     for a job that is not running."""
 
     exists: bool = False
-    status: str | None = None
+    status: JobStatus | None = None
     cpu_ratio: float | None = None
     memory_bytes: int | None = None
     memory_limit_bytes: int | None = None
     pids: int | None = None
-    sampled_at: str | None = None
+    sampled_at: datetime | None = None
     gpus: tuple[CardUsage, ...] = ()
     disk_used_bytes: int | None = None  # the disk monitor's latest measure
     disk_limit_bytes: int | None = None
 
-    convert: ClassVar = {"gpus": each(CardUsage)}
+    convert: ClassVar = {"gpus": each(CardUsage), "status": word(JobStatus)}
+    convert |= {"sampled_at": moment}
 
 
 @dataclass(frozen=True)
@@ -292,12 +452,12 @@ class Image(Answer):
     image: str = ""
     id: str = ""
     size_bytes: int | None = None
-    pulled_at: str | None = None  # None: the node never pulled it
-    last_used_at: str | None = None
+    pulled_at: datetime | None = None  # None: the node never pulled it
+    last_used_at: datetime | None = None
     in_use_by: tuple[str, ...] = ()
     private: bool = False
 
-    convert: ClassVar = {"in_use_by": tuple}
+    convert: ClassVar = {"in_use_by": tuple, "pulled_at": moment, "last_used_at": moment}
 
 
 @dataclass(frozen=True)
@@ -305,18 +465,18 @@ class ImagePull(Answer):
     """One download, however many launches wait on it: pulling, or failed (``error``)."""
 
     image: str = ""
-    phase: str = ""
+    phase: PullPhase | None = None
     bytes_done: int | None = None
     bytes_total: int | None = None
     layers_done: int | None = None
     layers_total: int | None = None
     rate_bytes_per_s: float | None = None
     eta_s: float | None = None
-    started_at: str | None = None
+    started_at: datetime | None = None
     waiting: tuple[str, ...] = ()
     error: str | None = None
 
-    convert: ClassVar = {"waiting": tuple}
+    convert: ClassVar = {"waiting": tuple, "phase": word(PullPhase), "started_at": moment}
 
 
 @dataclass(frozen=True)
@@ -334,7 +494,9 @@ class Prefetch(Answer):
     """A prefetch's answer: ``phase`` present (nothing pulled) or pulling."""
 
     image: str = ""
-    phase: str = ""
+    phase: PrefetchPhase | None = None
+
+    convert: ClassVar = {"phase": word(PrefetchPhase)}
 
 
 @dataclass(frozen=True)

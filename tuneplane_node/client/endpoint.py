@@ -86,7 +86,7 @@ class Endpoint:
         self.headers = {
             "Authorization": f"Bearer {token}",
             PROTOCOL_HEADER: str(PROTOCOL),
-            "User-Agent": f"tuneplane-node-client (protocol {PROTOCOL})",
+            "User-Agent": f"tuneplane-node-sdk (protocol {PROTOCOL})",
         }
 
     def __repr__(self) -> str:  # never the token

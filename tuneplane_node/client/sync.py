@@ -15,6 +15,7 @@ from tuneplane_node.client import answers, calls
 from tuneplane_node.client.calls import Call, Container
 from tuneplane_node.client.endpoint import NO_TLS, TIMEOUT_S, Endpoint, Tls
 from tuneplane_node.client.errors import NodeError
+from tuneplane_node.client.retry import Retry, tuned
 from tuneplane_node.client.watch import DEFAULT_WAIT_S, Backoff, Watch
 
 T = TypeVar("T")
@@ -36,9 +37,11 @@ class NodeClient:
         tls: Tls = NO_TLS,
         timeout: float = TIMEOUT_S,
         transport: httpx.BaseTransport | None = None,
+        retry: Retry = Retry(),  # noqa: B008 (frozen: one shared default is safe)
     ) -> None:
         self.endpoint = Endpoint(url, token=token, tls=tls)
         self.timeout = timeout
+        self.retry = retry
         self._http = httpx.Client(**self.endpoint.options(timeout), transport=transport)
 
     def __enter__(self) -> NodeClient:
@@ -50,10 +53,34 @@ class NodeClient:
         self.close()
 
     def close(self) -> None:
+        """Close the client's connections.
+
+        Example: ``node.close()``."""
         self._http.close()
 
     def call(self, call: Call[T]) -> T:
-        """Send one call and read its answer (every verb below is one)."""
+        """Send one call and read its answer (every verb below is one); a safe verb that
+        failed saying nothing was done is asked again as ``retry`` says (`retry`).
+
+        Example: ``node.call(calls.health()).ok``."""
+        delays = self.retry.delays()
+        while True:
+            try:
+                return self._ask(call)
+            except NodeError as error:
+                delay = next(delays, None)
+                if delay is None or not self.retry.covers(call.path, error):
+                    raise
+            time.sleep(delay)
+
+    def options(self, *, timeout: float | None = None, retry: Retry | None = None) -> NodeClient:
+        """This client with another timeout or retry policy, for the calls made through
+        it; it shares this client's connections (close this one, not it).
+
+        Example: ``node.options(timeout=2.0, retry=NO_RETRY).health()``."""
+        return tuned(self, timeout=timeout, retry=retry)
+
+    def _ask(self, call: Call[T]) -> T:
         with self.endpoint.unreachable():
             response = self._http.request(
                 call.method,
@@ -75,22 +102,33 @@ class NodeClient:
         relaunch: bool | None = None,
     ) -> answers.Launched:
         """``relaunch=False``: an exited job of the run is the answer (phase ``exited``),
-        never launched again; None: the node's default (relaunch)."""
+        never launched again; None: the node's default (relaunch).
+
+        Example: ``node.launch("run-1", Container(image="trainer:1"), requested_gpus=2).ref``."""
         return self.call(calls.launch(run_id, container, requested_gpus, relaunch))
 
     def observe(self, refs: Sequence[str]) -> dict[str, answers.JobState]:
+        """Each ref's state: a container, a pending launch, or ``exists`` False.
+
+        Example: ``node.observe(["tuneplane-run-1"])["tuneplane-run-1"].status``."""
         return self.call(calls.observe(refs))
 
     def jobs(self) -> answers.Jobs:
-        """Every job of the node, and the index to watch from."""
+        """Every job of the node, and the index to watch from.
+
+        Example: ``node.jobs().jobs``."""
         return self.call(calls.jobs())
 
     def changes(self, index: str, *, wait: float | None = None) -> answers.Jobs:
-        """One blocking query: what changed since ``index``, within ``wait`` seconds."""
+        """One blocking query: what changed since ``index``, within ``wait`` seconds.
+
+        Example: ``node.changes(listed.index, wait=30).removed``."""
         return self.call(calls.jobs(index, wait))
 
     def stats(self, refs: Sequence[str] | None = None) -> dict[str, answers.Usage]:
-        """What the jobs use; ``None``: every running job."""
+        """What the jobs use; ``None``: every running job.
+
+        Example: ``node.stats(["tuneplane-run-1"])["tuneplane-run-1"].cpu_ratio``."""
         return self.call(calls.stats(refs))
 
     def stop(
@@ -103,31 +141,46 @@ class NodeClient:
         warn_s: float | None = None,
     ) -> None:
         """Stop a job: ``warn_signal`` first if given, then its stop signal, then SIGKILL
-        after ``timeout``; the answer comes once it has ended."""
+        after ``timeout``; the answer comes once it has ended.
+
+        Example: ``node.stop("tuneplane-run-1", timeout=60, warn_signal="SIGUSR1", warn_s=30)``."""
         call = calls.stop(
             ref, timeout=timeout, signal=signal, warn_signal=warn_signal, warn_s=warn_s
         )
         self.call(call)
 
     def signal(self, ref: str, signal: str) -> None:
+        """Send a running job a signal (`NotRunning` if it is not).
+
+        Example: ``node.signal("tuneplane-run-1", "SIGUSR1")``."""
         self.call(calls.signal(ref, signal))
 
     def remove(self, ref: str) -> None:
+        """Remove a job's container (stopped first if it runs).
+
+        Example: ``node.remove("tuneplane-run-1")``."""
         self.call(calls.remove(ref))
 
     def reap(self, *, max_age_s: float | None = None) -> int:
-        """Remove the node's jobs that ended ``max_age_s`` ago; how many it removed."""
+        """Remove the node's jobs that ended ``max_age_s`` ago; how many it removed.
+
+        Example: ``node.reap(max_age_s=3600)``."""
         return self.call(calls.reap(max_age_s))
 
     def logs(
         self, ref: str, *, tail: int | None = None, since: float | str | datetime | None = None
     ) -> answers.Logs:
+        """A job's output so far: its last ``tail`` lines, those after ``since``.
+
+        Example: ``node.logs("tuneplane-run-1", tail=100).logs``."""
         return self.call(calls.logs(ref, tail=tail, since=since))
 
     def follow(
         self, ref: str, *, tail: int | None = None, since: float | str | datetime | None = None
     ) -> Iterator[str]:
-        """A job's output as it comes, until the job exits (text chunks, not lines)."""
+        """A job's output as it comes, until the job exits (text chunks, not lines).
+
+        Example: ``for chunk in node.follow("tuneplane-run-1"): print(chunk, end="")``."""
         call = calls.logs(ref, tail=tail, since=since, follow=True)
         forever = httpx.Timeout(self.timeout, read=None)
         with (
@@ -141,26 +194,47 @@ class NodeClient:
             yield from response.iter_text()
 
     def images(self) -> answers.Images:
+        """The node's images, and its pulls with their progress.
+
+        Example: ``node.images().pulls``."""
         return self.call(calls.images())
 
     def pull_image(
         self, image: str, *, registry_auth: Mapping[str, str] | None = None, pull_policy: str = ""
     ) -> answers.Prefetch:
+        """Prefetch an image: ``phase`` pulling (in the background) or present.
+
+        Example: ``node.pull_image("registry/trainer:1").phase``."""
         return self.call(calls.pull_image(image, registry_auth, pull_policy))
 
     def image_gc(self) -> answers.ImageGc:
+        """Run the image GC now: what it removed, and the store after.
+
+        Example: ``node.image_gc().freed_bytes``."""
         return self.call(calls.image_gc())
 
     def health(self) -> answers.Health:
+        """The node's health: ok, its cards, whether card jobs can run, its disk.
+
+        Example: ``node.health().gpus_free``."""
         return self.call(calls.health())
 
     def inventory(self) -> answers.Inventory:
+        """What the machine has: cards, CPUs, memory, storage, fabrics.
+
+        Example: ``node.inventory().accelerator_count``."""
         return self.call(calls.inventory())
 
     def cordon(self, reason: str) -> answers.NodeState:
+        """Take no more launches (jobs that run go on).
+
+        Example: ``node.cordon("kernel upgrade").state``."""
         return self.call(calls.cordon(reason))
 
     def uncordon(self) -> answers.NodeState:
+        """Take launches again.
+
+        Example: ``node.uncordon().state``."""
         return self.call(calls.uncordon())
 
     def drain(
@@ -171,6 +245,9 @@ class NodeClient:
         warn_signal: str | None = None,
         warn_s: float | None = None,
     ) -> answers.NodeState:
+        """Cordon, then stop every job (warned first if ``warn_signal``).
+
+        Example: ``node.drain("maintenance", grace_s=120).state``."""
         return self.call(
             calls.drain(reason, grace_s=grace_s, warn_signal=warn_signal, warn_s=warn_s)
         )
@@ -181,7 +258,9 @@ class NodeClient:
         """Every job (``full``), then each change as it happens, from blocking queries
         of ``wait`` seconds; keep a copy with ``answer.apply(copy)``. ``index``: go on
         from an earlier answer's instead of listing first. Outlives an engine outage and
-        a daemon restart (`tuneplane_node.client.watch`); ends on any other error."""
+        a daemon restart (`tuneplane_node.client.watch`); ends on any other error.
+
+        Example: ``for answer in node.watch(): answer.apply(jobs)``."""
         watch = Watch(wait=wait, index=index, backoff=backoff or Backoff())
         while True:
             started = time.monotonic()

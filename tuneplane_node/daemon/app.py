@@ -30,6 +30,7 @@ from tuneplane_node.daemon.guard import (
     needed_scope,
 )
 from tuneplane_node.daemon.metrics import Metrics
+from tuneplane_node.daemon.render import error_json
 from tuneplane_node.daemon.routes import answer, routes
 from tuneplane_node.daemon.state import JOBS, METRICS, REGISTRY_AUTH, SETTINGS, TASKS, TOKENS
 from tuneplane_node.daemon.tokens import TokenSet
@@ -51,7 +52,6 @@ from tuneplane_node.runtime.dockerauth import AuthFile
 from tuneplane_node.settings import NodeSettings, env_name
 from tuneplane_node.tasks import BackgroundTasks
 from tuneplane_node.wire import MAX_BODY_BYTES, PROTOCOL, PROTOCOL_HEADER, PROTOCOLS
-from tuneplane_node.wire.answers import error_json
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("tuneplane_node.access")

@@ -1,4 +1,5 @@
-"""The handlers: parse with `wire`, act through the job service, render with `wire`.
+"""The handlers: parse with `wire`, act through the job service, answer with `render` (and
+`machine`), in the shapes `wire` declares.
 
 Each route is declared once, by `api` on its handler: its method and path, what its
 request holds and what it answers. The OpenAPI document (`document`) is made of those
@@ -14,6 +15,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
+from tuneplane_node.daemon import machine, render
 from tuneplane_node.daemon.audit import audited
 from tuneplane_node.daemon.follow import stream_log
 from tuneplane_node.daemon.guard import TOKEN_KEY
@@ -44,11 +46,12 @@ from tuneplane_node.errors import (
     Unauthorized,
 )
 from tuneplane_node.jobs import AlreadyExited, AlreadyPending, AlreadyRunning, Pulling, Started
+from tuneplane_node.jobs import launch_request as launch_request_of
 from tuneplane_node.jobs.pending import PULLING
 from tuneplane_node.wire import answers, images, requests, schema
 from tuneplane_node.wire.fields import Body
 from tuneplane_node.wire.schema import ENGINE
-from tuneplane_node.wire.stats import StatsJson, parse_stats, stats_json
+from tuneplane_node.wire.stats import StatsJson, parse_stats
 
 Handler = TypeVar("Handler", bound=Callable[[web.Request], Awaitable[web.StreamResponse]])
 routes = web.RouteTableDef()
@@ -137,7 +140,7 @@ def document() -> dict[str, Any]:
 
 
 def answer(data: object, status: int = 200) -> web.Response:
-    return encoded(answers.encode(data), status)
+    return encoded(render.encode(data), status)
 
 
 def encoded(body: bytes, status: int = 200) -> web.Response:
@@ -169,7 +172,7 @@ async def healthz(request: web.Request) -> web.Response:
 @api("post", "/node/v1/launch", answers.LaunchJson, body=requests.LAUNCH, errors=LAUNCH_ERRORS)
 async def launch(request: web.Request) -> web.Response:
     """Launch a job's container, or start its image's pull."""
-    launch_request = requests.parse_launch(await read_object(request))
+    launch_request = launch_request_of(requests.parse_launch(await read_object(request)))
     spec = launch_request.spec
     facts = {"run_id": launch_request.run_id, "ref": spec.name, "image": spec.image}
     with audited(request, "launch", **facts) as outcome:
@@ -181,7 +184,7 @@ async def launch(request: web.Request) -> web.Response:
         outcome.result = LAUNCH_OUTCOMES[type(result)]
         outcome.gpus = getattr(result, "gpus", None)
     request.app[METRICS].launch(outcome.result)
-    return answer(answers.launch_json(result, ref=launch_request.ref))
+    return answer(render.launch_json(result, ref=launch_request.ref))
 
 
 @api(
@@ -204,7 +207,7 @@ async def prefetch(request: web.Request) -> web.Response:
         result = await request.app[JOBS].catalog.prefetch(prefetch_request)
         outcome.result = result.phase
     status = 202 if result.phase == PULLING else 200
-    return answer(images.prefetch_json(result), status)
+    return answer(render.prefetch_json(result), status)
 
 
 @api("get", "/node/v1/images", images.ImagesJson, errors=ENGINE, feature="images")
@@ -214,14 +217,14 @@ async def list_images(request: web.Request) -> web.Response:
     Not every image of the engine: only the node's. Each pull with its bytes, layers,
     rate and time left (null while unknown); a failed prefetch stays with its error as
     long as a failed launch's record."""
-    return answer(images.images_json(await request.app[JOBS].catalog.view()))
+    return answer(render.images_json(await request.app[JOBS].catalog.view()))
 
 
 @api("post", "/node/v1/observe", answers.ObserveJson, body=requests.REFS, errors=ENGINE)
 async def observe(request: web.Request) -> web.Response:
     """The state of each ref."""
     refs = requests.parse_observe(await read_object(request))
-    return encoded(answers.encode_observe(await request.app[JOBS].observe(refs)))
+    return encoded(render.encode_observe(await request.app[JOBS].observe(refs)))
 
 
 @api(
@@ -246,14 +249,14 @@ async def jobs(request: web.Request) -> web.Response:
     cursor, wait = requests.parse_jobs(request.query.items())
     changes = request.app[JOBS].changes
     if cursor is None:
-        return encoded(answers.encode_jobs(await changes.list(), watched=False))
+        return encoded(render.encode_jobs(await changes.list(), watched=False))
     token = request.get(TOKEN_KEY)
     console = token is None or token.scope == FULL
     result = await unless_gone(request, changes.query(cursor, wait=wait, console=console))
     if result is None:
         return web.Response(status=GONE)
     request.app[METRICS].watch_answered(full=result.full)
-    return encoded(answers.encode_jobs(result, watched=True))
+    return encoded(render.encode_jobs(result, watched=True))
 
 
 @api("post", "/node/v1/stats", StatsJson, body=requests.STATS, errors=ENGINE, feature="stats")
@@ -262,7 +265,7 @@ async def stats(request: web.Request) -> web.Response:
 
     Answered from the background samples: a request never samples."""
     refs = parse_stats(await read_object(request))
-    return answer(stats_json(await request.app[JOBS].stats(refs)))
+    return answer(render.stats_json(await request.app[JOBS].stats(refs)))
 
 
 @api("post", "/node/v1/stop", answers.OkJson, body=requests.STOP, errors=ENGINE)
@@ -322,7 +325,7 @@ async def logs(request: web.Request) -> web.StreamResponse:
     ref, tail, since, follow = requests.parse_logs(request.query.items())
     if follow:
         return await stream_log(request, request.app[JOBS].follow(ref, tail, since))
-    return answer(answers.logs_json(await request.app[JOBS].logs(ref, tail, since)))
+    return answer(render.logs_json(await request.app[JOBS].logs(ref, tail, since)))
 
 
 @api("post", "/node/v1/reap", answers.ReapJson, body=requests.REAP, errors=ENGINE)
@@ -332,7 +335,7 @@ async def reap(request: web.Request) -> web.Response:
     with audited(request, "reap", max_age_s=max_age) as outcome:
         removed = await request.app[JOBS].reap(max_age)
         outcome.result = f"removed {removed}"
-    return answer(answers.reap_json(removed))
+    return answer(render.reap_json(removed))
 
 
 @api("post", "/node/v1/images/gc", answers.ImageGcJson, body=requests.IMAGE_GC, errors=ENGINE)
@@ -345,21 +348,21 @@ async def image_gc(request: web.Request) -> web.Response:
     with audited(request, "image gc") as outcome:
         run = await request.app[JOBS].gc.collect()
         outcome.result = f"removed {len(run.removed)}, freed {run.freed_bytes} bytes"
-    return answer(answers.image_gc_json(run))
+    return answer(machine.image_gc_json(run))
 
 
 @api("get", "/node/v1/health", answers.HealthJson)
 async def health(request: web.Request) -> web.Response:
     """Whether the node can serve, and why."""
     status = await request.app[JOBS].status()
-    return answer(answers.health_json(status, features=features()))
+    return answer(machine.health_json(status, features=features()))
 
 
 @api("get", "/node/v1/inventory", answers.InventoryJson)
 async def inventory(request: web.Request) -> web.Response:
     """What the machine has."""
     facts = await request.app[JOBS].inventory()
-    return answer(answers.inventory_json(facts, features=features()))
+    return answer(machine.inventory_json(facts, features=features()))
 
 
 @api(
@@ -376,7 +379,7 @@ async def cordon(request: web.Request) -> web.Response:
     with audited(request, "cordon", reason=reason) as outcome:
         node = await request.app[JOBS].cordon(reason)
         outcome.result = node.state
-    return answer(answers.node_state_json(node))
+    return answer(machine.node_state_json(node))
 
 
 @api(
@@ -396,7 +399,7 @@ async def drain(request: web.Request) -> web.Response:
     with audited(request, "drain", reason=reason, **facts) as outcome:
         node = await request.app[JOBS].drain(reason, plan)
         outcome.result = node.state
-    return answer(answers.node_state_json(node))
+    return answer(machine.node_state_json(node))
 
 
 @api(
@@ -413,7 +416,7 @@ async def uncordon(request: web.Request) -> web.Response:
     with audited(request, "uncordon") as outcome:
         node = await request.app[JOBS].uncordon()
         outcome.result = node.state
-    return answer(answers.node_state_json(node))
+    return answer(machine.node_state_json(node))
 
 
 @api("get", schema.DOCUMENT_PATH, schema.SELF, feature="openapi")

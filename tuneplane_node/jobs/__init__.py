@@ -1,6 +1,7 @@
 """The job service: every rule about the node's jobs, between HTTP and the engines."""
 
 from tuneplane_node.jobs.health import read_inventory
+from tuneplane_node.jobs.launcher import launch_request
 from tuneplane_node.jobs.reaper import reapable
 from tuneplane_node.jobs.results import (
     AlreadyExited,
@@ -36,6 +37,7 @@ __all__ = [
     "StopPlan",
     "StoppedView",
     "Stopping",
+    "launch_request",
     "read_inventory",
     "reapable",
 ]

@@ -47,11 +47,28 @@ from tuneplane_node.runtime.base import (
     Mount,
     MountSupport,
     Scratch,
+    container_name,
 )
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.tasks import BackgroundTasks
+from tuneplane_node.wire.values import Launch
 
 log = logging.getLogger(__name__)
+
+
+def launch_request(launch: Launch) -> LaunchRequest:
+    """The launch as the service takes it: the runtime's spec made of the contract's
+    container values, named ``tuneplane-<run id>`` where the console gave no name."""
+    values = dict(launch.container)
+    spec = ContainerSpec(**{**values, "name": values.get("name") or container_name(launch.run_id)})
+    return LaunchRequest(
+        launch.run_id,
+        launch.requested_gpus,
+        spec,
+        auth=launch.auth,
+        pull_policy=launch.pull_policy,
+        relaunch=launch.relaunch,
+    )
 
 
 class Reservation:

@@ -25,12 +25,15 @@ from tuneplane_node.durable import write_atomically
 from tuneplane_node.errors import NodeError, StateDiskFull
 from tuneplane_node.runtime.base import ContainerState
 from tuneplane_node.signals import job_signal
+from tuneplane_node.wire.values import CORDONED as CORDONED
+from tuneplane_node.wire.values import DRAINED as DRAINED
+from tuneplane_node.wire.values import DRAINING as DRAINING
+from tuneplane_node.wire.values import READY as READY
+from tuneplane_node.wire.values import STATES as STATES
 
 log = logging.getLogger(__name__)
 
 STATE_FILE = "node-state.json"
-READY, CORDONED, DRAINING, DRAINED = "ready", "cordoned", "draining", "drained"
-STATES = (READY, CORDONED, DRAINING, DRAINED)
 MAX_REASON_CHARS = 1024
 MAX_FILE_BYTES = 4 * 2**20  # reasons for every container a node can hold, and then some
 NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})

@@ -16,10 +16,11 @@ from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.jobs.pulls import SharedPull
 from tuneplane_node.jobs.results import LaunchRequest, PendingView
 from tuneplane_node.runtime.base import PullProgress
+from tuneplane_node.wire.values import FAILED as FAILED
+from tuneplane_node.wire.values import PULLING as PULLING
+from tuneplane_node.wire.values import STARTING as STARTING
 
 FAILED_RECORD_TTL_S = 1800.0
-
-PULLING, STARTING, FAILED = "pulling", "starting", "failed"
 
 
 @dataclass

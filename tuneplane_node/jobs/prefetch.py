@@ -29,9 +29,9 @@ from tuneplane_node.jobs.results import Prefetched, PrefetchRequest
 from tuneplane_node.references import canonical
 from tuneplane_node.runtime.base import ContainerRuntime, RegistryAuth
 from tuneplane_node.tasks import BackgroundTasks
+from tuneplane_node.wire.values import PRESENT as PRESENT
 
 log = logging.getLogger(__name__)
-PRESENT = "present"
 
 
 @dataclass

@@ -1,8 +1,8 @@
-"""What the job service takes and returns: plain, typed data. `wire` gives it JSON shape."""
+"""What the job service takes and returns: plain, typed data. The daemon's `render` fills
+the contract's JSON shapes (`wire`) from it."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
@@ -19,10 +19,27 @@ from tuneplane_node.runtime.base import (
     RegistryAuth,
     RuntimeHealth,
 )
-
-IF_NOT_PRESENT = "if_not_present"
-ALWAYS = "always"
-PULL_POLICIES = (IF_NOT_PRESENT, ALWAYS)
+from tuneplane_node.wire.values import (  # the contract's, shared
+    ALWAYS as ALWAYS,
+)
+from tuneplane_node.wire.values import (
+    CURSOR_EPOCH as CURSOR_EPOCH,
+)
+from tuneplane_node.wire.values import (
+    IF_NOT_PRESENT as IF_NOT_PRESENT,
+)
+from tuneplane_node.wire.values import (
+    PULL_POLICIES as PULL_POLICIES,
+)
+from tuneplane_node.wire.values import (
+    Cursor as Cursor,
+)
+from tuneplane_node.wire.values import (
+    PrefetchRequest as PrefetchRequest,
+)
+from tuneplane_node.wire.values import (
+    StopPlan as StopPlan,
+)
 
 
 @dataclass(frozen=True)
@@ -41,19 +58,6 @@ class LaunchRequest:
     @property
     def ref(self) -> str:
         return self.spec.name
-
-
-@dataclass(frozen=True)
-class StopPlan:
-    """How a stop goes. With ``warn_signal``: that signal first, and up to ``warn_s`` (None:
-    as long as the grace period) for the job to end by itself. Then ``signal`` (None: the
-    job's own stop signal), then SIGKILL once ``grace`` has passed (None: the node's
-    ``TUNEPLANE_LOCAL_STOP_TIMEOUT``)."""
-
-    grace: float | None = None
-    signal: str | None = None
-    warn_signal: str | None = None
-    warn_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -112,15 +116,6 @@ LaunchResult = Started | AlreadyRunning | AlreadyExited | Pulling | AlreadyPendi
 
 
 # --- images -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PrefetchRequest:
-    """A pull ahead of the launches that will need it. ``auth`` as a launch's."""
-
-    image: str
-    auth: RegistryAuth | None = None
-    pull_policy: str = IF_NOT_PRESENT
 
 
 @dataclass(frozen=True)
@@ -230,31 +225,6 @@ class StoppedView:
 
 
 JobView = ContainerState | StoppedView | PendingView
-
-
-@dataclass(frozen=True)
-class Cursor:
-    """A position in one daemon process's change log: opaque to the console, which
-    sends back the ``index`` it was given. ``epoch`` names the process."""
-
-    epoch: str
-    position: int
-
-    def __str__(self) -> str:
-        return f"{self.epoch}-{self.position}"
-
-    @classmethod
-    def read(cls, text: str) -> Cursor | None:
-        """The cursor a ``str`` made; None for anything else."""
-        epoch, _, position = text.partition("-")
-        if not (CURSOR_EPOCH.fullmatch(epoch) and position.isascii() and position.isdigit()):
-            return None
-        if len(position) > 19:  # past any position a process reaches
-            return None
-        return cls(epoch, int(position))
-
-
-CURSOR_EPOCH = re.compile(r"[0-9a-f]{16}")
 
 
 @dataclass(frozen=True)

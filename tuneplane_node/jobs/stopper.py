@@ -18,10 +18,11 @@ from tuneplane_node.logformat import job_fields
 from tuneplane_node.runtime.base import RUNNING, ContainerRuntime, ContainerState
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.signals import DEFAULT_STOP_SIGNAL
+from tuneplane_node.wire.values import SIGNALLED as SIGNALLED
+from tuneplane_node.wire.values import WARNED as WARNED
 
 log = logging.getLogger(__name__)
 NO_PLAN = StopPlan()
-WARNED, SIGNALLED = "warned", "signalled"
 NOT_CAUGHT = "warning skipped: not caught"
 """Observe's note of a stop whose job has no handler for the warning signal: the warning
 would have killed it by the signal's default action, so it got the stop signal alone."""

@@ -32,14 +32,14 @@ from tuneplane_node.jobs.results import Cursor, JobChanges, JobView, PendingView
 from tuneplane_node.runtime.base import ContainerRuntime
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.tasks import BackgroundTasks
+from tuneplane_node.wire.values import DEFAULT_WAIT_S as DEFAULT_WAIT_S
+from tuneplane_node.wire.values import MAX_WAIT_S as MAX_WAIT_S
 
 log = logging.getLogger(__name__)
 POLL_S = 1.0
 """How often a runtime that tells no changes is read whole while a query waits."""
 PROGRESS_S = 1.0
 """A pending launch's pull progress is a change at most this often."""
-DEFAULT_WAIT_S = 60.0
-MAX_WAIT_S = 300.0
 CONSOLE_SHARE = 4
 """A quarter of the waiting slots (at least one) is kept for consoles (``full``
 tokens): observers' queries may never take every slot and hold the console's watch at

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import hmac
 import logging
 import re
 from collections.abc import (
@@ -28,31 +27,44 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from tuneplane_node.inventory import Space
+from tuneplane_node.wire.values import (  # the contract's, shared
+    HIDDEN_LABELS as HIDDEN_LABELS,
+)
+from tuneplane_node.wire.values import (
+    LABEL_DISK_LIMIT as LABEL_DISK_LIMIT,
+)
+from tuneplane_node.wire.values import (
+    LABEL_GPUS as LABEL_GPUS,
+)
+from tuneplane_node.wire.values import (
+    LABEL_MOUNTS as LABEL_MOUNTS,
+)
+from tuneplane_node.wire.values import (
+    LABEL_NETWORK as LABEL_NETWORK,
+)
+from tuneplane_node.wire.values import (
+    LABEL_RUN_ID as LABEL_RUN_ID,
+)
+from tuneplane_node.wire.values import (
+    LABEL_SPEC as LABEL_SPEC,
+)
+from tuneplane_node.wire.values import (
+    NODE_LABELS as NODE_LABELS,
+)
+from tuneplane_node.wire.values import (
+    Mount as Mount,
+)
+from tuneplane_node.wire.values import (
+    RegistryAuth as RegistryAuth,
+)
+from tuneplane_node.wire.values import (
+    Scratch as Scratch,
+)
 
 if TYPE_CHECKING:
     from tuneplane_node.runtime.pool import BlockingPool
 
 log = logging.getLogger(__name__)
-
-LABEL_RUN_ID = "tuneplane.run-id"
-"""The label that makes a container the node's: its run id. Without it, not ours."""
-LABEL_GPUS = "tuneplane.gpus"
-"""The cards a container holds, ``0,3``: the only record of which cards are taken."""
-
-LABEL_NETWORK = "tuneplane.network"
-"""Set only when the node ran a job on another network than it asked for: which one."""
-LABEL_MOUNTS = "tuneplane.mounts"
-"""The key of the job's staged mounts (``<state dir>/mounts/<key>``), set when it has any."""
-LABEL_DISK_LIMIT = "tuneplane.disk-limit"
-"""The bytes a job may write to the engine's disk (writable layer and anonymous volumes),
-as the node decided at its launch: what the disk monitor holds it to, after a restart too."""
-LABEL_SPEC = "tuneplane.spec"
-"""A digest of each field of the spec the run was launched with (`jobs.retries`): a
-retry with another spec is told apart. The node's own: observe never shows it."""
-NODE_LABELS = (LABEL_RUN_ID, LABEL_GPUS, LABEL_NETWORK, LABEL_MOUNTS, LABEL_DISK_LIMIT, LABEL_SPEC)
-HIDDEN_LABELS = frozenset({LABEL_SPEC, LABEL_MOUNTS, LABEL_DISK_LIMIT})
-"""Labels the node keeps for itself: no answer shows them (a 0.3.15 console's observe
-reads the labels it always did)."""
 
 LIVE_STATUSES = frozenset({"running", "created", "paused", "restarting"})
 """A container in one of these holds its cards: it runs, or may run without asking us."""
@@ -107,20 +119,6 @@ def parse_gpus(label: str | None) -> tuple[int, ...]:
         else:
             log.warning("ignoring bad entry %r in %s label %r", part, LABEL_GPUS, label)
     return tuple(sorted(cards))
-
-
-class Mount(NamedTuple):
-    host: str
-    container: str
-    read_only: bool = False
-
-
-class Scratch(NamedTuple):
-    """A job's scratch space: a filesystem of its own of ``size_bytes`` at ``path`` (the
-    node makes it and binds it in as one of the job's mounts, `jobs.scratch`)."""
-
-    path: str
-    size_bytes: int
 
 
 class Tmpfs(NamedTuple):
@@ -417,35 +415,6 @@ class ImageInfo:
     size_bytes: int | None = None
     names: tuple[str, ...] = ()
     digests: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, repr=False)
-class RegistryAuth:
-    """Credentials for the registry of one pull: a user and password, or an identity
-    token. ``source`` says where they came from (``launch``, ``file``), for the logs.
-
-    Its repr and str name the source only: a credential passes through, it never reaches
-    a log line, an error or an answer (design, principle 10)."""
-
-    username: str = ""
-    password: str = ""
-    identity_token: str = ""
-    source: str = "launch"
-
-    def __repr__(self) -> str:
-        return f"RegistryAuth(source={self.source!r}, <hidden>)"
-
-    __str__ = __repr__
-
-    @property
-    def secrets(self) -> tuple[str, ...]:
-        """What must never be shown, to scrub an engine's words with."""
-        return tuple(s for s in (self.password, self.identity_token) if s)
-
-    def fingerprint(self, salt: bytes) -> str:
-        """A salted hash of the credential: what the node may keep and compare."""
-        material = "\x00".join((self.username, self.password, self.identity_token))
-        return hmac.new(salt, material.encode(), hashlib.sha256).hexdigest()
 
 
 @dataclass(frozen=True)

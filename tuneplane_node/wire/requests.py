@@ -38,25 +38,7 @@ from tuneplane_node.errors import (
     InvalidCursor,
     InvalidField,
 )
-from tuneplane_node.jobs.results import (
-    IF_NOT_PRESENT,
-    Cursor,
-    LaunchRequest,
-    PrefetchRequest,
-    StopPlan,
-)
-from tuneplane_node.jobs.results import PULL_POLICIES as PULL_POLICIES  # ctl's choices too
-from tuneplane_node.jobs.watch import DEFAULT_WAIT_S, MAX_WAIT_S
 from tuneplane_node.references import FULL_ID, ID_PREFIX, ImageName
-from tuneplane_node.runtime.base import (
-    LABEL_RUN_ID,
-    NODE_LABELS,
-    ContainerSpec,
-    Mount,
-    RegistryAuth,
-    Scratch,
-    container_name,
-)
 from tuneplane_node.signals import JOB_SIGNALS
 from tuneplane_node.signals import job_signal as job_signal  # ctl reads signals so too
 from tuneplane_node.sizes import MAX_SIZE, SIZE, size_in_bytes
@@ -76,6 +58,21 @@ from tuneplane_node.wire.fields import (
     or_null,
     text,
 )
+from tuneplane_node.wire.values import (
+    DEFAULT_WAIT_S,
+    IF_NOT_PRESENT,
+    LABEL_RUN_ID,
+    MAX_WAIT_S,
+    NODE_LABELS,
+    Cursor,
+    Launch,
+    Mount,
+    PrefetchRequest,
+    RegistryAuth,
+    Scratch,
+    StopPlan,
+)
+from tuneplane_node.wire.values import PULL_POLICIES as PULL_POLICIES  # ctl's choices too
 
 NETWORKS = ("host", "bridge", "none")
 UNMOUNTABLE = "a job may not mount onto /, /etc, nor under /proc, /sys, /dev, /run/nvidia*"
@@ -175,7 +172,7 @@ def _named(names: tuple[str, ...]) -> str:
 # --- launch -------------------------------------------------------------------------------
 
 
-def parse_launch(body: Mapping[str, Any]) -> LaunchRequest:
+def parse_launch(body: Mapping[str, Any]) -> Launch:
     """The launch, every bad field of it refused in one 422 (the first named as before:
     unknown fields, ``run_id``, the container's unknown fields, ``gpus``,
     ``requested_gpus``, then `CHECKED`'s order)."""
@@ -192,11 +189,11 @@ def parse_launch(body: Mapping[str, Any]) -> LaunchRequest:
         seen = run_id if run_id is not None else str(body.get("run_id") or "")
         gpus = refusals.read(_gpus, Given(container, "container.gpus", seen))
         requested = refusals.read(_requested_gpus, body.get("requested_gpus"), gpus)
-        spec = refusals.read(parse_container, container, seen)
+        values = refusals.read(parse_container, container, seen)
         auth = refusals.read(_registry_auth, Given(container, "container.registry_auth", seen))
         policy = refusals.read(_pull_policy, Given(container, "container.pull_policy", seen))
         relaunch = refusals.read(_relaunch, body.get("relaunch"))
-    return LaunchRequest(run_id, requested, spec, auth=auth, pull_policy=policy, relaunch=relaunch)
+    return Launch(run_id, requested, values, auth=auth, pull_policy=policy, relaunch=relaunch)
 
 
 def _relaunch(value: object) -> bool:
@@ -225,16 +222,17 @@ def _requested_gpus(requested: object, gpus: list[Any] | None) -> int:
     return whole
 
 
-def parse_container(body: Mapping[str, Any], run_id: str) -> ContainerSpec:
-    """The ContainerSpec the table's readers make of the container object; every bad
-    field of it refused at once."""
+def parse_container(body: Mapping[str, Any], run_id: str) -> dict[str, Any]:
+    """What the table's readers make of the container object, by the runtime spec's
+    attribute names (the launcher makes the spec of them); every bad field of it
+    refused at once."""
     with Refusals() as refusals:
         values = {
             field.name: refusals.read(field.read, Given(body, f"container.{field.name}", run_id))
             for field in CHECKED
             if field.read is not None
         }
-    return ContainerSpec(**values)
+    return values
 
 
 def _key(field: str) -> str:
@@ -273,7 +271,7 @@ def _name(given: Given) -> str:
         raise InvalidField(given.field, "must match [a-zA-Z0-9][a-zA-Z0-9_.-]*")
     if name and LOOKS_LIKE_ID.fullmatch(name):
         raise InvalidField(given.field, "must not look like a container id (hex digits)")
-    return name or container_name(given.run_id)
+    return name  # empty: the launcher names it after the run id
 
 
 def _image(given: Given) -> str:

@@ -11,18 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, TypedDict
 
-from tuneplane_node.jobs.stats import CardSample, JobSample, JobStats
 from tuneplane_node.wire.answers import JobStatus
 from tuneplane_node.wire.fields import Refusals
 from tuneplane_node.wire.requests import STATS, parse_refs
-
-
-def parse_stats(body: Mapping[str, Any]) -> list[str] | None:
-    """The refs asked for; None (no ``refs``): every running job of the node."""
-    with Refusals() as refusals:
-        refusals.unknown(body, STATS)
-        refs = None if "refs" not in body else refusals.read(parse_refs, body)
-    return refs
 
 
 class ProcessMemoryJson(TypedDict):
@@ -60,42 +51,9 @@ class StatsJson(TypedDict):
     stats: dict[str, AbsentJson]
 
 
-def stats_json(stats: Mapping[str, JobStats]) -> StatsJson:
-    return {"stats": {ref: job_stats_json(job) for ref, job in stats.items()}}
-
-
-def job_stats_json(job: JobStats) -> AbsentJson:
-    """A running job's figures; only ``exists`` and ``status`` for any other ref."""
-    if job.sample is None:
-        return {"exists": job.exists, "status": job.status}
-    return usage_json(job, job.sample)
-
-
-def usage_json(job: JobStats, sample: JobSample) -> UsageJson:
-    return {
-        "exists": job.exists,
-        "status": job.status,
-        "cpu_ratio": sample.cpu_ratio,
-        "memory_bytes": sample.memory_bytes,
-        "memory_limit_bytes": sample.memory_limit_bytes,
-        "pids": sample.pids,
-        "sampled_at": sample.sampled_at,
-        "gpus": [card_usage_json(card) for card in sample.gpus],
-        "disk_used_bytes": job.disk.used_bytes if job.disk else None,
-        "disk_limit_bytes": job.disk.limit_bytes if job.disk else None,
-    }
-
-
-def card_usage_json(card: CardSample) -> CardUsageJson:
-    processes = card.processes
-    return {
-        "index": card.index,
-        "utilization_ratio": card.utilization_ratio,
-        "memory_used_bytes": card.memory_used_bytes,
-        "memory_total_bytes": card.memory_total_bytes,
-        "power_watts": card.power_watts,
-        "temperature_celsius": card.temperature_celsius,
-        "processes": None
-        if processes is None
-        else [{"pid": p.pid, "memory_used_bytes": p.memory_used_bytes} for p in processes],
-    }
+def parse_stats(body: Mapping[str, Any]) -> list[str] | None:
+    """The refs asked for; None (no ``refs``): every running job of the node."""
+    with Refusals() as refusals:
+        refusals.unknown(body, STATS)
+        refs = None if "refs" not in body else refusals.read(parse_refs, body)
+    return refs

@@ -1,0 +1,275 @@
+"""The node's answers: health, inventory and the node state (cordon, drain, uncordon),
+each a JSON shape of the contract (`wire.answers`) filled from the job service's result
+(the jobs' answers are `render`'s).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, cast
+
+from tuneplane_node.gpu.allocator import Occupancy
+from tuneplane_node.gpu.probe import CardFacts, GpuSnapshot
+from tuneplane_node.inventory import DiskReading, FabricFacts, Filesystem, LocalDisk
+from tuneplane_node.jobs import results
+from tuneplane_node.jobs.nodestate import NodeState
+from tuneplane_node.jobs.results import (
+    Inventory,
+    NodeStatus,
+)
+from tuneplane_node.runtime.base import CacheStatus
+from tuneplane_node.wire import PROTOCOL, PROTOCOLS
+from tuneplane_node.wire.answers import (
+    GIB,
+    CacheJson,
+    CardJson,
+    CardStateJson,
+    ConditionsJson,
+    DiskJson,
+    FabricJson,
+    FilesystemJson,
+    GpuFieldsJson,
+    HealthJson,
+    ImageGcJson,
+    ImageStoreJson,
+    InventoryJson,
+    JobDiskJson,
+    LocalDiskJson,
+    NodeStateJson,
+    ProbeJson,
+)
+
+# --- answers: health ---------------------------------------------------------------------
+
+
+def image_store_json(store: results.ImageStore) -> ImageStoreJson:
+    return {
+        "path": store.path,
+        "total_bytes": store.total_bytes,
+        "free_bytes": store.free_bytes,
+        "used_ratio": store.used_ratio,
+        "pressure": store.pressure,
+    }
+
+
+def conditions_json(conditions: results.Conditions) -> ConditionsJson:
+    return {
+        "disk_pressure": conditions.disk_pressure,
+        "pid_pressure": conditions.pid_pressure,
+        "memory_pressure": conditions.memory_pressure,
+    }
+
+
+def job_disk_json(rule: results.DiskRule) -> JobDiskJson:
+    return {"limit": rule.limit, "held_by": rule.held_by}
+
+
+def image_gc_json(run: results.GcRun) -> ImageGcJson:
+    return {
+        "scope": run.scope,
+        "removed": [
+            {"image": r.image, "id": r.id, "size_bytes": r.size_bytes, "why": r.why}
+            for r in run.removed
+        ],
+        "freed_bytes": run.freed_bytes,
+        "image_store": image_store_json(run.store),
+    }
+
+
+def health_json(status: NodeStatus, *, features: Sequence[str] = ()) -> HealthJson:
+    """Health; ``features``: the optional features the node serves (the daemon's
+    routes say which)."""
+    answer: dict[str, Any] = {
+        "ok": status.ok,
+        "protocol": PROTOCOL,
+        "runtime": {"name": status.engine.engine, "version": status.engine.version},
+        "series": status.series,
+        "disk": disk_json(status.disk),
+        "pending_pulls": {
+            ref: {"image": view.image, "phase": view.phase, "error": view.error}
+            for ref, view in status.pending.items()
+        },
+    }
+    if status.cache is not None:
+        answer["state_cache"] = cache_json(status.cache)
+    if not status.ok:
+        answer["error"] = status.error or "the cards' occupancy could not be read"
+    answer.update(_GPU_FIELDS.of(status.occupancy))
+    answer["node_state"] = node_state_json(status.node)  # new beside 0.3.15's: after them
+    answer["gpu_ready"] = status.gpu.ready
+    answer["gpu_not_ready_reason"] = status.gpu.reason
+    answer["image_store"] = image_store_json(status.image_store)
+    answer["conditions"] = conditions_json(status.conditions)
+    answer["job_disk"] = job_disk_json(status.job_disk)
+    answer |= {"protocols": list(PROTOCOLS), "features": list(features)}
+    return cast(HealthJson, answer)
+
+
+def disk_json(reading: DiskReading | None) -> DiskJson | None:
+    if reading is None:
+        return None
+    space = reading.space
+    used = round(100.0 * (space.total - space.free) / space.total, 1) if space.total else None
+    return {"path": reading.path, "used_pct": used, "free_gib": round(space.available / GIB, 2)}
+
+
+def cache_json(cache: CacheStatus) -> CacheJson:
+    return {
+        "synced": cache.synced,
+        "last_event_age_s": cache.last_event_age_s,
+        "last_relist_age_s": cache.last_relist_age_s,
+        "containers": cache.containers,
+    }
+
+
+def gpu_fields_json(occupancy: Occupancy | None) -> GpuFieldsJson:
+    """The GPU part of health; all unknown (null) when the engine could not be read."""
+    if occupancy is None:
+        return {
+            "gpus_total": None,
+            "gpus_free": None,
+            "gpus_reserved": None,
+            "free_gpus": None,
+            "external": None,
+            "external_pids": None,
+            "external_probe_ok": None,
+            "unhealthy": None,
+            "by_job": None,
+            "gpu_detail": None,
+            "explain": None,
+            "gpu_probe": None,
+        }
+    return {
+        "gpus_total": occupancy.total if occupancy.known else None,
+        "gpus_free": len(occupancy.available),
+        "gpus_reserved": len(occupancy.reserved),
+        "free_gpus": list(occupancy.free),
+        "external": sorted(occupancy.external),
+        "external_pids": {str(k): list(v) for k, v in sorted(occupancy.external.items())},
+        "external_probe_ok": occupancy.external_probe_ok,
+        "unhealthy": {str(k): v for k, v in occupancy.unhealthy.items()},
+        "by_job": {str(k): v for k, v in occupancy.by_job.items()},
+        "gpu_detail": _gpu_detail(occupancy),
+        "explain": occupancy.explain(),
+        "gpu_probe": probe_json(occupancy.gpus),
+    }
+
+
+class LastGpuFields:
+    """The GPU part of health for the last occupancy object, which the allocator hands
+    out again until a container, a claim or the probe's reading changes: building it
+    for 8 cards was 25 us of every health call. Callers only read what it returns."""
+
+    def __init__(self) -> None:
+        self._last: tuple[Occupancy | None, GpuFieldsJson] = (None, gpu_fields_json(None))
+
+    def of(self, occupancy: Occupancy | None) -> GpuFieldsJson:
+        last, fields = self._last
+        if occupancy is not last:
+            fields = gpu_fields_json(occupancy)
+            self._last = (occupancy, fields)
+        return fields
+
+
+_GPU_FIELDS = LastGpuFields()
+
+
+def _gpu_detail(occupancy: Occupancy) -> list[CardStateJson]:
+    """Per card: the driver's facts (null where it said nothing) and where the card is."""
+    cards = {card.index: card for card in occupancy.gpus.cards} if occupancy.gpus else {}
+    return [
+        card_state_json(cards.get(index, CardFacts(index)), occupancy.card_state(index))
+        for index in range(occupancy.total)
+    ]
+
+
+def card_json(card: CardFacts) -> CardJson:
+    return {
+        "index": card.index,
+        "uuid": card.uuid,
+        "name": card.name,
+        "pci_bus_id": card.pci_bus_id,
+        "memory_total_mib": card.memory_total_mib,
+        "memory_used_mib": card.memory_used_mib,
+        "temperature_c": card.temperature_c,
+        "unhealthy": card.unhealthy,
+        "processes": [{"pid": p.pid, "used_mib": p.used_mib} for p in card.processes],
+        "numa_node": card.numa_node,
+    }
+
+
+def card_state_json(card: CardFacts, state: str) -> CardStateJson:
+    return {**card_json(card), "state": state}
+
+
+def probe_json(gpus: GpuSnapshot | None) -> ProbeJson | None:
+    """Where the GPU facts come from, and why they are missing when they are."""
+    if gpus is None:
+        return None
+    return {"source": gpus.source, "ok": gpus.ok, "error": gpus.error}
+
+
+# --- answers: inventory ------------------------------------------------------------------
+
+
+def inventory_json(facts: Inventory, *, features: Sequence[str] = ()) -> InventoryJson:
+    """What the machine has; ``features`` as health's."""
+    machine, gpus = facts.machine, facts.gpus
+    return {
+        "accelerator_series": machine.series,
+        "accelerator_name": gpus.common_name() if gpus else None,
+        "accelerator_count": facts.accelerator_count,
+        "driver": gpus.driver if gpus else None,
+        "runtime": facts.runtime,
+        "storage_root_visible": machine.storage_root_visible,
+        "disk_free_bytes": machine.disk_free_bytes,
+        "cpu_count": machine.cpu_count,
+        "memory_bytes": machine.memory_bytes,
+        "node_id": machine.node_id,
+        "hostname": machine.hostname,
+        "agent_version": machine.agent_version,
+        "cuda_version": gpus.cuda if gpus else None,
+        "gpus": [card_json(card) for card in gpus.cards] if gpus else [],
+        "storage": [filesystem_json(entry) for entry in machine.storage],
+        "local_disk": local_disk_json(machine.local_disk),
+        "fabrics": [fabric_json(fabric) for fabric in machine.fabrics],
+        "node_state": node_state_json(facts.node),
+        "cpu_affinity": facts.cpu_affinity,
+        "image_store": image_store_json(facts.image_store),
+        "conditions": conditions_json(facts.conditions),
+        "job_disk": job_disk_json(facts.job_disk),
+        "protocols": list(PROTOCOLS),
+        "features": list(features),
+    }
+
+
+def filesystem_json(entry: Filesystem) -> FilesystemJson:
+    return {
+        "paths": list(entry.paths),
+        "fs_type": entry.fs_type,
+        "shared": entry.shared,
+        "free_bytes": entry.free_bytes,
+        "total_bytes": entry.total_bytes,
+    }
+
+
+def local_disk_json(disk: LocalDisk | None) -> LocalDiskJson | None:
+    if disk is None:
+        return None
+    return {"free_bytes": disk.free_bytes, "total_bytes": disk.total_bytes}
+
+
+def fabric_json(fabric: FabricFacts) -> FabricJson:
+    return {
+        "fabric": fabric.fabric,
+        "hcas": list(fabric.hcas),
+        "rate_gbps": fabric.rate_gbps,
+        "rdma_to_jobs": fabric.rdma_to_jobs,
+    }
+
+
+# --- answers: cordon, drain, uncordon ------------------------------------------------------
+
+
+def node_state_json(node: NodeState) -> NodeStateJson:
+    return {"state": node.state, "reason": node.reason, "since": node.since}

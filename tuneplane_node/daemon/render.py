@@ -1,0 +1,372 @@
+"""Answers made of the job service's results: each JSON shape of the contract
+(`wire.answers`, `wire.images`, `wire.stats`) filled from the typed result it answers,
+and its JSON text.
+
+The contract's shapes stay at the bottom (`wire` imports nothing above `errors`), so a
+client reads them without the daemon; turning a result into one is the daemon's, beside
+the routes that answer with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import orjson
+
+from tuneplane_node.errors import FieldError
+from tuneplane_node.jobs import results
+from tuneplane_node.jobs.results import (
+    ImagesView,
+    ImageView,
+    JobChanges,
+    JobView,
+    PendingView,
+    Prefetched,
+    PullView,
+    StoppedView,
+)
+from tuneplane_node.jobs.stats import CardSample, JobSample, JobStats
+from tuneplane_node.runtime.base import HIDDEN_LABELS, ContainerState, LogText
+from tuneplane_node.wire.answers import (
+    ErrorJson,
+    JobsJson,
+    LaunchJson,
+    LogsJson,
+    ObserveJson,
+    PendingStateJson,
+    ReapJson,
+    StateJson,
+    StoppedStateJson,
+    StoppingJson,
+)
+from tuneplane_node.wire.images import ImageJson, ImagesJson, PrefetchJson, PullJson
+from tuneplane_node.wire.stats import AbsentJson, CardUsageJson, StatsJson, UsageJson
+
+
+def encode(answer: object) -> bytes:
+    """An answer's JSON text. orjson: 37 us where json.dumps takes 509 for a 300-ref observe.
+    The same keys, values and order as json.dumps; compact, and UTF-8 where json.dumps
+    escapes (both are the same JSON to any reader)."""
+    return orjson.dumps(answer)
+
+
+# --- answers: observe ------------------------------------------------------------------
+
+
+def state_json(view: JobView) -> StateJson:
+    """One shape for a container and a pending launch (which adds its ``pending_*``);
+    a container the node stopped itself (a drain, its disk) adds its ``stop_reason``, one
+    a stop is under way for its ``stopping``, a running one the disk monitor measured
+    (or one stopped for its disk) its ``disk_used_bytes`` and ``disk_limit_bytes``."""
+    if isinstance(view, PendingView):
+        return _pending_json(view)
+    if isinstance(view, StoppedView):
+        return _stopped_json(view)
+    return _container_json(view)
+
+
+def _stopped_json(view: StoppedView) -> StoppedStateJson:
+    shown: StoppedStateJson = {**_container_json(view.state)}  # type: ignore[typeddict-item]
+    if view.stop_reason:
+        shown["stop_reason"] = view.stop_reason
+    if view.stopping:
+        stopping: StoppingJson = {"phase": view.stopping.phase, "since": view.stopping.since}
+        if view.stopping.note:
+            stopping["note"] = view.stopping.note
+        shown["stopping"] = stopping
+    if view.disk:
+        shown["disk_used_bytes"] = view.disk.used_bytes
+        shown["disk_limit_bytes"] = view.disk.limit_bytes
+    return shown
+
+
+def _container_json(view: ContainerState) -> StateJson:
+    return {
+        "name": view.name,
+        "exists": view.exists,
+        "status": view.status if view.exists else None,
+        "exit_code": view.exit_code,
+        "labels": shown_labels(view.labels),
+        "created_at": view.created_at,
+        "started_at": view.started_at,
+        "finished_at": view.finished_at,
+        "oom_killed": view.oom_killed,
+        "stop_signal": view.stop_signal if view.exists else None,
+        "read_only_root": view.read_only_root if view.exists else None,
+    }
+
+
+def shown_labels(labels: Mapping[str, str]) -> dict[str, str]:
+    """A job's labels as answers show them: the node's own (`HIDDEN_LABELS`) left out."""
+    return {key: value for key, value in labels.items() if key not in HIDDEN_LABELS}
+
+
+def _pending_json(view: PendingView) -> PendingStateJson:
+    """A pending launch reads as a container that exists: created, or dead once failed."""
+    progress = view.progress
+    return {
+        "name": view.ref,
+        "exists": True,
+        "status": "dead" if view.failed else "created",
+        "exit_code": None,
+        "labels": shown_labels(view.labels),
+        "created_at": None,
+        "started_at": None,
+        "finished_at": None,
+        "oom_killed": False,
+        "stop_signal": view.stop_signal,
+        "read_only_root": view.read_only_root,
+        "pending_phase": view.phase,
+        "pending_image": view.image,
+        "pending_elapsed_s": view.elapsed_s,
+        "pending_gpus": view.requested_gpus,
+        "pending_bytes_done": progress.bytes_done,
+        "pending_bytes_total": progress.bytes_total,
+        "pending_layers_done": progress.layers_done,
+        "pending_layers_total": progress.layers_total,
+        "pending_error": view.error,
+        "pending_rate_bytes_per_s": view.rate_bytes_per_s,
+        "pending_eta_s": view.eta_s,
+    }
+
+
+def observe_json(views: Mapping[str, JobView]) -> ObserveJson:
+    return {"states": {ref: state_json(view) for ref, view in views.items()}}
+
+
+def encode_observe(views: Mapping[str, JobView]) -> bytes:
+    """``encode(observe_json(views))``, byte for byte, with each cached state's JSON
+    encoded once (building and encoding 300 states' dicts was half of observe's time)."""
+    parts = [_STATES.entry(ref, view) for ref, view in views.items()]
+    return b'{"states":{' + b",".join(parts) + b"}}"
+
+
+class EncodedStates:
+    """A container's ``"name":{state}`` member of an observe answer, by the state object:
+    the state cache hands out the same object from one observe to the next until the
+    engine changes it.
+
+    A stopped container's view is a new pair on every call around the cache's same
+    state: it is kept by that state and its reason. An entry keeps its state alive (an
+    ``id`` names one object only while it lives), so the memo is cleared whenever it
+    holds ``limit``: old states go, memory stays bounded. Used on the event loop only."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self.limit = limit
+        self._memo: dict[int, tuple[ContainerState, object, bytes]] = {}
+
+    def entry(self, ref: str, view: JobView) -> bytes:
+        state, reason = _behind(view)
+        # Only a cached state asked by its name: a pending launch's progress moves, and a
+        # missing container is a new object on every call.
+        if not (isinstance(state, ContainerState) and state.exists and state.name == ref):
+            return _member(ref, view)
+        hit = self._memo.get(id(state))
+        if hit is not None and hit[0] is state and hit[1] == reason:
+            return hit[2]
+        if len(self._memo) >= self.limit:
+            self._memo.clear()
+        data = _member(ref, view)
+        self._memo[id(state)] = (state, reason, data)
+        return data
+
+
+def _behind(view: JobView) -> tuple[ContainerState | PendingView, object]:
+    """The state behind a view (the cache's object for a container), and the facts the
+    service paired with it (the stop reason, the stop under way)."""
+    if isinstance(view, StoppedView):
+        return view.state, (view.stop_reason, view.stopping, view.disk)
+    return view, None
+
+
+def _member(ref: str, view: JobView) -> bytes:
+    return orjson.dumps(ref) + b":" + orjson.dumps(state_json(view))
+
+
+_STATES = EncodedStates()
+
+
+# --- answers: the jobs list and its watch ------------------------------------------------
+
+
+def jobs_json(changes: JobChanges, *, watched: bool) -> JobsJson:
+    """Every job (the list), or with ``watched`` what changed since the query's index."""
+    answer: JobsJson = {
+        "index": str(changes.index),
+        "jobs": {ref: state_json(view) for ref, view in changes.jobs.items()},
+    }
+    if watched:
+        answer["removed"] = list(changes.removed)
+        answer["full"] = changes.full
+    return answer
+
+
+def encode_jobs(changes: JobChanges, *, watched: bool) -> bytes:
+    """``encode(jobs_json(...))``, byte for byte, each cached state encoded once (as
+    `encode_observe`); the list, once per index: the change log's position names one set
+    of views, so consoles listing a node that did not change get the same bytes."""
+    if not watched:
+        return _LISTING.of(changes)
+    return _encode_jobs(changes, watched=True)
+
+
+class LastListing:
+    """The list's answer for the last index it was built for. Used on the loop only."""
+
+    def __init__(self) -> None:
+        self._last: tuple[str, bytes] = ("", b"")
+
+    def of(self, changes: JobChanges) -> bytes:
+        index = str(changes.index)
+        if self._last[0] != index:
+            self._last = (index, _encode_jobs(changes, watched=False))
+        return self._last[1]
+
+
+_LISTING = LastListing()
+
+
+def _encode_jobs(changes: JobChanges, *, watched: bool) -> bytes:
+    parts = [_STATES.entry(ref, view) for ref, view in changes.jobs.items()]
+    head = b'{"index":' + orjson.dumps(str(changes.index)) + b',"jobs":{' + b",".join(parts)
+    if not watched:
+        return head + b"}}"
+    full = b"true" if changes.full else b"false"
+    return head + b'},"removed":' + orjson.dumps(list(changes.removed)) + b',"full":' + full + b"}"
+
+
+# --- answers: launch and the other verbs -------------------------------------------------
+
+
+def launch_json(result: results.LaunchResult, *, ref: str) -> LaunchJson:
+    """What the launch did, and the ``ref`` it made (the name every other verb takes:
+    a run id outside ``[a-zA-Z0-9_.-]`` gets a hashed one)."""
+    if isinstance(result, results.Started):
+        gpus = [*result.gpus]
+        return {"phase": "running", "container_id": result.container_id, "gpus": gpus, "ref": ref}
+    if isinstance(result, results.AlreadyRunning):
+        return {"phase": "running", "idempotent": True, "gpus": [*result.gpus], "ref": ref}
+    if isinstance(result, results.AlreadyExited):
+        return {"phase": "exited", "idempotent": True, "exit_code": result.exit_code, "ref": ref}
+    if isinstance(result, results.Pulling):
+        wanted = result.requested_gpus
+        return {"phase": "pulling", "image": result.image, "requested_gpus": wanted, "ref": ref}
+    assert isinstance(result, results.AlreadyPending)
+    return {"phase": result.phase, "idempotent": True, "image": result.image, "ref": ref}
+
+
+def reap_json(removed: int) -> ReapJson:
+    return {"removed": removed}
+
+
+def logs_json(text: LogText) -> LogsJson:
+    """0.3.15's shape; ``truncated`` is added only when the cap cut the answer."""
+    answer: LogsJson = {"logs": text.text}
+    if text.truncated:
+        answer["truncated"] = True
+    return answer
+
+
+def error_json(
+    detail: str,
+    code: str,
+    errors: Sequence[FieldError] = (),
+    figures: Mapping[str, int | None] | None = None,
+) -> ErrorJson:
+    """0.3.15's ``detail``, the error's ``code``, a request error's bad fields, and a
+    storage refusal's figures."""
+    answer: ErrorJson = {"detail": detail, "code": code}
+    if figures:
+        answer.update(figures)  # type: ignore[typeddict-item]  # the four keys above
+    if errors:
+        answer["errors"] = [
+            {"field": error.field, "code": error.code, "detail": error.detail} for error in errors
+        ]
+    return answer
+
+
+# --- the image verbs -----------------------------------------------------------------
+
+
+def prefetch_json(result: Prefetched) -> PrefetchJson:
+    return {"image": result.image, "phase": result.phase}
+
+
+def images_json(view: ImagesView) -> ImagesJson:
+    return {
+        "images": [image_json(image) for image in view.images],
+        "pulls": [pull_json(pull) for pull in view.pulls],
+    }
+
+
+def image_json(image: ImageView) -> ImageJson:
+    return {
+        "image": image.image,
+        "id": image.id,
+        "size_bytes": image.size_bytes,
+        "pulled_at": image.pulled_at,
+        "last_used_at": image.last_used_at,
+        "in_use_by": list(image.in_use_by),
+        "private": image.private,
+    }
+
+
+def pull_json(pull: PullView) -> PullJson:
+    progress = pull.progress
+    return {
+        "image": pull.image,
+        "phase": pull.phase,
+        "bytes_done": progress.bytes_done,
+        "bytes_total": progress.bytes_total,
+        "layers_done": progress.layers_done,
+        "layers_total": progress.layers_total,
+        "rate_bytes_per_s": pull.rate_bytes_per_s,
+        "eta_s": pull.eta_s,
+        "started_at": pull.started_at,
+        "waiting": list(pull.waiting),
+        "error": pull.error,
+    }
+
+
+# --- stats -----------------------------------------------------------------------------
+
+
+def stats_json(stats: Mapping[str, JobStats]) -> StatsJson:
+    return {"stats": {ref: job_stats_json(job) for ref, job in stats.items()}}
+
+
+def job_stats_json(job: JobStats) -> AbsentJson:
+    """A running job's figures; only ``exists`` and ``status`` for any other ref."""
+    if job.sample is None:
+        return {"exists": job.exists, "status": job.status}
+    return usage_json(job, job.sample)
+
+
+def usage_json(job: JobStats, sample: JobSample) -> UsageJson:
+    return {
+        "exists": job.exists,
+        "status": job.status,
+        "cpu_ratio": sample.cpu_ratio,
+        "memory_bytes": sample.memory_bytes,
+        "memory_limit_bytes": sample.memory_limit_bytes,
+        "pids": sample.pids,
+        "sampled_at": sample.sampled_at,
+        "gpus": [card_usage_json(card) for card in sample.gpus],
+        "disk_used_bytes": job.disk.used_bytes if job.disk else None,
+        "disk_limit_bytes": job.disk.limit_bytes if job.disk else None,
+    }
+
+
+def card_usage_json(card: CardSample) -> CardUsageJson:
+    processes = card.processes
+    return {
+        "index": card.index,
+        "utilization_ratio": card.utilization_ratio,
+        "memory_used_bytes": card.memory_used_bytes,
+        "memory_total_bytes": card.memory_total_bytes,
+        "power_watts": card.power_watts,
+        "temperature_celsius": card.temperature_celsius,
+        "processes": None
+        if processes is None
+        else [{"pid": p.pid, "memory_used_bytes": p.memory_used_bytes} for p in processes],
+    }

@@ -1,0 +1,163 @@
+"""What the contract's requests are read into, and the words its answers use: plain data
+the parsers (`requests`) make, at the bottom of the package so the job service, the
+engines and the clients below and beside it take the same values without importing
+anything above `errors`. The runtime's `ContainerSpec` is not here: the launcher makes
+one of a `Launch` (`jobs.launcher.launch_request`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, NamedTuple
+
+# --- the words of the answers' phases and states ------------------------------------------
+
+PULLING, STARTING, FAILED = "pulling", "starting", "failed"
+"""A pending launch's phases (and a pull's: pulling or failed)."""
+PRESENT = "present"
+"""A prefetch whose image is here already."""
+WARNED, SIGNALLED = "warned", "signalled"
+"""Which signal of a stop under way went out."""
+READY, CORDONED, DRAINING, DRAINED = "ready", "cordoned", "draining", "drained"
+STATES = (READY, CORDONED, DRAINING, DRAINED)
+"""The node's states: whether it takes launches."""
+
+# --- request values -----------------------------------------------------------------------
+
+IF_NOT_PRESENT = "if_not_present"
+ALWAYS = "always"
+PULL_POLICIES = (IF_NOT_PRESENT, ALWAYS)
+
+DEFAULT_WAIT_S = 60.0
+MAX_WAIT_S = 300.0
+"""A watch query's wait for a change: its default and its bound, in seconds."""
+
+LABEL_RUN_ID = "tuneplane.run-id"
+"""The label that makes a container the node's: its run id. Without it, not ours."""
+LABEL_GPUS = "tuneplane.gpus"
+"""The cards a container holds, ``0,3``: the only record of which cards are taken."""
+
+LABEL_NETWORK = "tuneplane.network"
+"""Set only when the node ran a job on another network than it asked for: which one."""
+LABEL_MOUNTS = "tuneplane.mounts"
+"""The key of the job's staged mounts (``<state dir>/mounts/<key>``), set when it has any."""
+LABEL_DISK_LIMIT = "tuneplane.disk-limit"
+"""The bytes a job may write to the engine's disk (writable layer and anonymous volumes),
+as the node decided at its launch: what the disk monitor holds it to, after a restart too."""
+LABEL_SPEC = "tuneplane.spec"
+"""A digest of each field of the spec the run was launched with (`jobs.retries`): a
+retry with another spec is told apart. The node's own: observe never shows it."""
+NODE_LABELS = (LABEL_RUN_ID, LABEL_GPUS, LABEL_NETWORK, LABEL_MOUNTS, LABEL_DISK_LIMIT, LABEL_SPEC)
+HIDDEN_LABELS = frozenset({LABEL_SPEC, LABEL_MOUNTS, LABEL_DISK_LIMIT})
+"""Labels the node keeps for itself: no answer shows them (a 0.3.15 console's observe
+reads the labels it always did)."""
+
+
+class Mount(NamedTuple):
+    host: str
+    container: str
+    read_only: bool = False
+
+
+class Scratch(NamedTuple):
+    """A job's scratch space: a filesystem of its own of ``size_bytes`` at ``path`` (the
+    node makes it and binds it in as one of the job's mounts, `jobs.scratch`)."""
+
+    path: str
+    size_bytes: int
+
+
+@dataclass(frozen=True, repr=False)
+class RegistryAuth:
+    """Credentials for the registry of one pull: a user and password, or an identity
+    token. ``source`` says where they came from (``launch``, ``file``), for the logs.
+
+    Its repr and str name the source only: a credential passes through, it never reaches
+    a log line, an error or an answer (design, principle 10)."""
+
+    username: str = ""
+    password: str = ""
+    identity_token: str = ""
+    source: str = "launch"
+
+    def __repr__(self) -> str:
+        return f"RegistryAuth(source={self.source!r}, <hidden>)"
+
+    __str__ = __repr__
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """What must never be shown, to scrub an engine's words with."""
+        return tuple(s for s in (self.password, self.identity_token) if s)
+
+    def fingerprint(self, salt: bytes) -> str:
+        """A salted hash of the credential: what the node may keep and compare."""
+        material = "\x00".join((self.username, self.password, self.identity_token))
+        return hmac.new(salt, material.encode(), hashlib.sha256).hexdigest()
+
+
+@dataclass(frozen=True)
+class StopPlan:
+    """How a stop goes. With ``warn_signal``: that signal first, and up to ``warn_s`` (None:
+    as long as the grace period) for the job to end by itself. Then ``signal`` (None: the
+    job's own stop signal), then SIGKILL once ``grace`` has passed (None: the node's
+    ``TUNEPLANE_LOCAL_STOP_TIMEOUT``)."""
+
+    grace: float | None = None
+    signal: str | None = None
+    warn_signal: str | None = None
+    warn_s: float | None = None
+
+
+@dataclass(frozen=True)
+class PrefetchRequest:
+    """A pull ahead of the launches that will need it. ``auth`` as a launch's."""
+
+    image: str
+    auth: RegistryAuth | None = None
+    pull_policy: str = IF_NOT_PRESENT
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """A position in one daemon process's change log: opaque to the console, which
+    sends back the ``index`` it was given. ``epoch`` names the process."""
+
+    epoch: str
+    position: int
+
+    def __str__(self) -> str:
+        return f"{self.epoch}-{self.position}"
+
+    @classmethod
+    def read(cls, text: str) -> Cursor | None:
+        """The cursor a ``str`` made; None for anything else."""
+        epoch, _, position = text.partition("-")
+        if not (CURSOR_EPOCH.fullmatch(epoch) and position.isascii() and position.isdigit()):
+            return None
+        if len(position) > 19:  # past any position a process reaches
+            return None
+        return cls(epoch, int(position))
+
+
+CURSOR_EPOCH = re.compile(r"[0-9a-f]{16}")
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A launch as the contract reads it. ``container``: each container field's value,
+    by the runtime spec's attribute name, ``name`` empty where the console gave none;
+    the launcher makes the runtime's spec of it. ``auth``: the launch's own registry
+    credentials (their repr hides them)."""
+
+    run_id: str
+    requested_gpus: int
+    container: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    auth: RegistryAuth | None = None
+    pull_policy: str = IF_NOT_PRESENT
+    relaunch: bool = True  # False: an exited container of the run is the answer

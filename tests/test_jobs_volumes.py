@@ -23,14 +23,6 @@ pytestmark = pytest.mark.slow
 DATA = os.urandom(3 * 2**20 + 12345)  # a few batches, and a tail
 
 
-@pytest.fixture
-async def server() -> AsyncIterator[FileServer]:
-    files = FileServer()
-    await files.start()
-    yield files
-    await files.close()
-
-
 def fills_of(root: Path, *, limit: int = 4, stall_s: float = 30.0) -> VolumeFills:
     return VolumeFills(VolumeStore(root), Fetcher(stall_s=stall_s), limit=limit, backoff_s=0.01)
 
@@ -49,53 +41,53 @@ def body_bytes(server: FileServer, name: str) -> int:
 
 
 async def test_five_launches_of_one_volume_download_it_once(
-    server: FileServer, fills: VolumeFills
+    file_server: FileServer, fills: VolumeFills
 ) -> None:
-    url = server.add("weights", DATA)
+    url = file_server.add("weights", DATA)
 
     entries = await asyncio.gather(*(fills.ensure(sha256(DATA), url) for _ in range(5)))
 
     assert {entry.path for entry in entries} == {entries[0].path}
     assert entries[0].path.read_bytes() == DATA
-    assert body_bytes(server, "weights") == len(DATA)
+    assert body_bytes(file_server, "weights") == len(DATA)
     assert entries[0].path.stat().st_mode & 0o777 == 0o444
     # Present now: a later launch downloads nothing.
     await fills.ensure(sha256(DATA), url)
-    assert body_bytes(server, "weights") == len(DATA)
+    assert body_bytes(file_server, "weights") == len(DATA)
 
 
 async def test_a_dropped_connection_resumes_from_where_it_stopped(
-    server: FileServer, fills: VolumeFills
+    file_server: FileServer, fills: VolumeFills
 ) -> None:
-    url = server.add("weights", DATA)
-    server.drop_after["weights"] = 1 + 2**20 + 777  # the probe's byte, then a MiB and some
+    url = file_server.add("weights", DATA)
+    file_server.drop_after["weights"] = 1 + 2**20 + 777  # the probe's byte, then a MiB and some
 
     entry = await fills.ensure(sha256(DATA), url)
 
     assert entry.path.read_bytes() == DATA
-    assert body_bytes(server, "weights") == len(DATA)  # no byte fetched twice
-    resumed = [asked for _, asked in server.requests if asked not in ("", "bytes=0-0")]
+    assert body_bytes(file_server, "weights") == len(DATA)  # no byte fetched twice
+    resumed = [asked for _, asked in file_server.requests if asked not in ("", "bytes=0-0")]
     assert resumed == [f"bytes={2**20 + 777}-"]
 
 
 async def test_a_restart_resumes_the_partial_file_a_killed_fill_left(
-    server: FileServer, fills: VolumeFills
+    file_server: FileServer, fills: VolumeFills
 ) -> None:
-    url = server.add("weights", DATA)
+    url = file_server.add("weights", DATA)
     half = len(DATA) // 2
     fills.store.partial(sha256(DATA)).write_bytes(DATA[:half])  # what a SIGKILLed daemon left
 
     entry = await fills.ensure(sha256(DATA), url)
 
     assert entry.path.read_bytes() == DATA
-    assert body_bytes(server, "weights") == len(DATA) - half
+    assert body_bytes(file_server, "weights") == len(DATA) - half
 
 
 async def test_a_server_without_ranges_sends_it_all_again_and_the_fill_still_matches(
-    server: FileServer, fills: VolumeFills
+    file_server: FileServer, fills: VolumeFills
 ) -> None:
-    server.ranges = False
-    url = server.add("weights", DATA)
+    file_server.ranges = False
+    url = file_server.add("weights", DATA)
     fills.store.partial(sha256(DATA)).write_bytes(b"x" * 1000)
 
     entry = await fills.ensure(sha256(DATA), url)
@@ -104,10 +96,10 @@ async def test_a_server_without_ranges_sends_it_all_again_and_the_fill_still_mat
 
 
 async def test_wrong_bytes_are_no_entry_and_the_fill_says_why(
-    server: FileServer, fills: VolumeFills
+    file_server: FileServer, fills: VolumeFills
 ) -> None:
-    url = server.add("weights", DATA)
-    server.wrong.add("weights")
+    url = file_server.add("weights", DATA)
+    file_server.wrong.add("weights")
 
     with pytest.raises(VolumeFillFailed, match="hash to sha256:") as raised:
         await fills.ensure(sha256(DATA), url)
@@ -118,47 +110,49 @@ async def test_wrong_bytes_are_no_entry_and_the_fill_says_why(
 
 
 async def test_a_missing_file_fails_the_fill_at_once(
-    server: FileServer, fills: VolumeFills
+    file_server: FileServer, fills: VolumeFills
 ) -> None:
     with pytest.raises(VolumeFillFailed, match="404"):
-        await fills.ensure(sha256(b"none"), f"{server.url}/none")
+        await fills.ensure(sha256(b"none"), f"{file_server.url}/none")
 
-    assert len(server.requests) == 0  # refused before any file was served
+    assert len(file_server.requests) == 0  # refused before any file was served
     assert fills.fills == {}
 
 
 async def test_a_small_fill_does_not_wait_behind_big_ones(
-    server: FileServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    file_server: FileServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Two slots; the big fill stalls in its slot, the small one still gets the other."""
     monkeypatch.setattr("tuneplane_node.jobs.volumes.lanes.LARGE_BYTES", 2**20)
     big, small = DATA, os.urandom(1000)
-    server.stall["big"] = asyncio.Event()
+    file_server.stall["big"] = asyncio.Event()
     fills = fills_of(tmp_path / "volumes", limit=2)
     try:
-        big_fill = asyncio.create_task(fills.ensure(sha256(big), server.add("big", big)))
+        big_fill = asyncio.create_task(fills.ensure(sha256(big), file_server.add("big", big)))
         second_big = asyncio.create_task(
-            fills.ensure(sha256(big + b"2"), server.add("big2", big + b"2"))
+            fills.ensure(sha256(big + b"2"), file_server.add("big2", big + b"2"))
         )
-        entry = await asyncio.wait_for(fills.ensure(sha256(small), server.add("small", small)), 30)
+        entry = await asyncio.wait_for(
+            fills.ensure(sha256(small), file_server.add("small", small)), 30
+        )
         assert entry.path.read_bytes() == small, "the small fill finished first"
         assert not big_fill.done()
         # The second big one waits for the one big slot (two slots less one kept).
-        assert body_bytes(server, "big2") == 0
-        server.stall["big"].set()
+        assert body_bytes(file_server, "big2") == 0
+        file_server.stall["big"].set()
         await asyncio.gather(big_fill, second_big)
     finally:
         await fills.close()
 
 
 async def test_the_last_waiter_leaving_stops_the_download_and_keeps_its_bytes(
-    server: FileServer, fills: VolumeFills
+    file_server: FileServer, fills: VolumeFills
 ) -> None:
-    url = server.add("weights", DATA)
-    server.stall["weights"] = asyncio.Event()
+    url = file_server.add("weights", DATA)
+    file_server.stall["weights"] = asyncio.Event()
     fill = fills.join(sha256(DATA), url)
     waiting = asyncio.create_task(fills.wait(fill))
-    while not any(asked != "bytes=0-0" for _, asked in server.requests):
+    while not any(asked != "bytes=0-0" for _, asked in file_server.requests):
         await asyncio.sleep(0.01)
 
     waiting.cancel()

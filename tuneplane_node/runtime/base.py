@@ -123,6 +123,15 @@ class Scratch(NamedTuple):
     size_bytes: int
 
 
+class Volume(NamedTuple):
+    """A file of the node's volume store a job sees read-only at ``path``: the bytes of
+    ``source`` (an ``https://`` URL) whose sha256 is ``sha256`` (hex)."""
+
+    source: str
+    path: str
+    sha256: str
+
+
 class Tmpfs(NamedTuple):
     """A tmpfs a job writes in, of at most ``size_bytes`` (its pages are charged to the
     job's memory cgroup, as any page cache of the job's)."""
@@ -220,6 +229,7 @@ class ContainerSpec:
     tmpfs: tuple[Tmpfs, ...] = ()
     disk_limit: str | None = None  # the console's word; None: the node's default
     scratch: Scratch | None = None  # the console's word; None: no scratch space
+    volumes: tuple[Volume, ...] = ()  # the console's word; bound read-only at start
     # The node's decision (TUNEPLANE_JOB_DISK_LIMIT): the bytes it may write to the
     # engine's disk, written in its LABEL_DISK_LIMIT; None: no limit.
     disk_limit_bytes: int | None = None

@@ -127,6 +127,8 @@ class VolumeFills:
 
     async def _fill(self, fill: VolumeFill) -> Entry:
         try:
+            if (present := await self.entry(fill.digest)) is not None:
+                return present  # another fill made it since the caller looked
             fill.bytes_total = await self._retried(fill, lambda: self.fetcher.size(fill.source))
             async with self.lanes.slot(fill.bytes_total):
                 await self._retried(fill, lambda: self._download(fill))

@@ -1,0 +1,102 @@
+"""Volumes (issue 39) through the API on docker AND podman: launches naming one volume
+that is not on the node answer ``phase: pulling`` at once, the file is downloaded once
+for all of them (counted at the server), each job reads it and gets EROFS on write; a
+fill of other bytes fails its launch with the reason and lets its cards go.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from tests.conftest import MakeNode
+from tests.test_daemon_mounts import remove_directly
+from tests.test_daemon_scratch import logged
+from tests.volumeserver import FileServer, sha256
+
+pytestmark = pytest.mark.engine
+ENGINES = ["docker", "podman"]
+DATA = os.urandom(8 * 2**20 + 7)
+READ = (
+    "sha256sum /models/w; wc -c < /models/w; echo x > /models/w; echo write-exit=$?; exec sleep 300"
+)
+
+
+def insecure(server: FileServer) -> dict[str, object]:
+    return {"volume_insecure_hosts": [server.url.removeprefix("http://")]}
+
+
+def weights(server: FileServer) -> dict[str, str]:
+    """DATA served as ``weights``, the volume naming it at /models/w."""
+    return {"source": server.add("weights", DATA), "path": "/models/w", "sha256": sha256(DATA)}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_five_launches_of_one_volume_download_it_once_and_each_reads_it_read_only(
+    make_node: MakeNode, file_server: FileServer, engine: str
+) -> None:
+    node = await make_node(engine, **insecure(file_server))
+    volume = weights(file_server)
+    file_server.stall["weights"] = asyncio.Event()  # held: every launch finds it missing
+    names: list[str] = []
+    try:
+        for i in range(5):
+            ref, body = await node.launch(["/bin/sh", "-c", READ], gpus=i % 2, volumes=[volume])
+            names.append(ref)
+            assert body["phase"] == "pulling", body
+        pending = await node.state(names[1])
+        assert pending["pending_phase"] == "pulling", pending
+        assert pending["pending_layers_total"] == 1, pending  # the volume: one progress
+        # The cards of the pending launches are held: two of four.
+        _, refused = await node.launch(["/bin/true"], gpus=3, expect=409)
+        assert "reserved for pending launches" in refused["detail"], refused
+        file_server.stall["weights"].set()
+        for ref in names:
+            said = await logged(node, ref, "write-exit=")
+            assert sha256(DATA) in said, said
+            assert "Read-only file system" in said and "write-exit=1" in said, said
+            assert f"{len(DATA)}" in said, said
+        # One download for all five: the body once, and one size probe's byte.
+        assert file_server.sent["weights"] == len(DATA) + 1
+        # Present now: a launch starts at once.
+        ref, body = await node.launch(["/bin/sh", "-c", READ], volumes=[volume])
+        names.append(ref)
+        assert body.get("phase") != "pulling", body
+    finally:
+        await remove_directly(engine, names)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_a_fill_of_other_bytes_fails_its_launch_and_lets_its_cards_go(
+    make_node: MakeNode, file_server: FileServer, engine: str
+) -> None:
+    node = await make_node(engine, **insecure(file_server))
+    volume = weights(file_server)
+    file_server.wrong.add("weights")
+    file_server.stall["weights"] = asyncio.Event()
+    names: list[str] = []
+    try:
+        ref, body = await node.launch(["/bin/true"], gpus=1, volumes=[volume])
+        names.append(ref)
+        assert body["phase"] == "pulling", body
+        _, held = await node.launch(["/bin/true"], gpus=5, expect=409)  # more than there are
+        assert "1 reserved for pending launches" in held["detail"], held
+        file_server.stall["weights"].set()
+        failed = await node.wait_for(ref, "pending_phase", "failed")
+        assert "hash to sha256:" in failed["pending_error"], failed
+        _, held = await node.launch(["/bin/true"], gpus=5, expect=409)
+        assert "reserved for pending launches" not in held["detail"], held  # its card is free
+    finally:
+        await remove_directly(engine, names)
+
+
+async def test_a_plain_http_volume_of_an_unlisted_host_is_a_422_naming_it(
+    make_node: MakeNode, file_server: FileServer
+) -> None:
+    node = await make_node("docker")
+    volume = {"source": file_server.add("w", DATA), "path": "/w", "sha256": sha256(DATA)}
+    _, body = await node.launch(["/bin/true"], volumes=[volume], expect=422)
+    assert body["errors"][0]["field"] == "container.volumes[0].source", body
+    assert "TUNEPLANE_VOLUME_INSECURE_HOSTS" in body["detail"], body

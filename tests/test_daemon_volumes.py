@@ -7,12 +7,17 @@ fill of other bytes fails its launch with the reason and lets its cards go.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import time
+from pathlib import Path
 
 import pytest
 
 from tests.conftest import MakeNode
-from tests.test_daemon_mounts import remove_directly
+from tests.helpers import IMAGE, free_port, spawn_daemon, state_dir
+from tests.test_daemon_enginelock import engine_settings_of, healthy
+from tests.test_daemon_mounts import post, remove_directly
 from tests.test_daemon_scratch import logged
 from tests.volumeserver import FileServer, sha256
 
@@ -100,3 +105,58 @@ async def test_a_plain_http_volume_of_an_unlisted_host_is_a_422_naming_it(
     _, body = await node.launch(["/bin/true"], volumes=[volume], expect=422)
     assert body["errors"][0]["field"] == "container.volumes[0].source", body
     assert "TUNEPLANE_VOLUME_INSECURE_HOSTS" in body["detail"], body
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_a_fill_killed_at_half_resumes_after_a_restart_from_where_it_stopped(
+    tmp_path: Path, file_server: FileServer, engine: str
+) -> None:
+    """The daemon SIGKILLed with half the file written; the console resubmits (a pending
+    launch lives in memory only) and the restarted daemon asks for the rest with Range."""
+    volume = weights(file_server)
+    file_server.hold_after["weights"] = len(DATA) // 2
+    settings = {
+        **engine_settings_of(engine),
+        "TUNEPLANE_DEV_SHARED_ENGINE": "true",
+        "TUNEPLANE_VOLUME_INSECURE_HOSTS": json.dumps(
+            insecure(file_server)["volume_insecure_hosts"]
+        ),
+    }
+    port = free_port()
+    run_id = f"volume-{os.getpid()}-{port}"
+    container = {"image": IMAGE, "command": ["/bin/sh", "-c", READ], "volumes": [volume]}
+    launch = {"run_id": run_id, "requested_gpus": 0, "container": container}
+    partial = state_dir(tmp_path) / "volumes" / "partial" / sha256(DATA)
+    daemon = spawn_daemon(tmp_path, port, settings_of=settings)
+    try:
+        await asyncio.to_thread(healthy, port, daemon, tmp_path / "serve.log")
+        status, body = await asyncio.to_thread(post, port, "/node/v1/launch", launch)
+        assert (status, body.get("phase")) == (200, "pulling"), body
+        await asyncio.wait_for(file_server.holding.wait(), 60)
+        while not partial.exists() or partial.stat().st_size < 2**20 * 4:  # 4 batches on disk
+            await asyncio.sleep(0.05)
+        daemon.kill()
+        await asyncio.to_thread(daemon.wait, 30)
+        kept, sent = partial.stat().st_size, file_server.sent["weights"]
+        file_server.stall["weights"].set()
+
+        daemon = spawn_daemon(tmp_path, port, settings_of=settings)
+        await asyncio.to_thread(healthy, port, daemon, tmp_path / "serve.log")
+        status, body = await asyncio.to_thread(post, port, "/node/v1/launch", launch)
+        assert status == 200, body
+        ref = f"tuneplane-{run_id}"
+        deadline = time.monotonic() + 120
+        while True:
+            _, observed = await asyncio.to_thread(post, port, "/node/v1/observe", {"refs": [ref]})
+            if observed["states"][ref].get("status") == "running":
+                break
+            assert time.monotonic() < deadline, observed
+            await asyncio.sleep(0.2)
+        assert file_server.requests[-1] == ("weights", f"bytes={kept}-")
+        assert file_server.sent["weights"] - sent == len(DATA) - kept + 1  # and a probe's byte
+        entry = state_dir(tmp_path) / "volumes" / "sha256" / sha256(DATA)
+        assert entry.read_bytes() == DATA and not partial.exists()
+    finally:
+        daemon.terminate()
+        await asyncio.to_thread(daemon.wait, 60)
+        await remove_directly(engine, [f"tuneplane-{run_id}"])

@@ -3,8 +3,9 @@
 Serves ``/<name>`` for each file given to `FileServer.add`; counts the body bytes it
 sends per file (`sent`); can drop the connection once after some bytes (`drop_after`),
 serve other bytes than those added (`wrong`), or hold a request until released
-(`stall`; a size probe, ``Range: bytes=0-0``, is never held). Runs in the test's own
-loop on 127.0.0.1.
+(`stall`; a size probe, ``Range: bytes=0-0``, is never held), or after some bytes
+(`hold_after`: `holding` is set, and the rest waits for the file's `stall`). Runs in the
+test's own loop on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ class FileServer:
     drop_after: dict[str, int] = field(default_factory=dict)  # once, then served whole
     wrong: set[str] = field(default_factory=set)
     stall: dict[str, asyncio.Event] = field(default_factory=dict)
+    hold_after: dict[str, int] = field(default_factory=dict)  # then wait for its stall
+    holding: asyncio.Event = field(default_factory=asyncio.Event)  # set when one holds
     ranges: bool = True
     runner: web.AppRunner | None = None
     url: str = ""
@@ -99,3 +102,7 @@ class FileServer:
                 return
             await response.write(piece)
             self.sent[name] += len(piece)
+            if self.sent[name] >= self.hold_after.get(name, self.sent[name] + 1):
+                del self.hold_after[name]
+                self.holding.set()
+                await self.stall.setdefault(name, asyncio.Event()).wait()

@@ -20,6 +20,7 @@ from tests.test_daemon_enginelock import engine_settings_of, healthy
 from tests.test_daemon_mounts import post, remove_directly
 from tests.test_daemon_scratch import logged
 from tests.volumeserver import FileServer, sha256
+from tuneplane_node.jobs.staging import MountStaging
 
 pytestmark = pytest.mark.engine
 ENGINES = ["docker", "podman"]
@@ -35,7 +36,8 @@ def insecure(server: FileServer) -> dict[str, object]:
 
 def weights(server: FileServer) -> dict[str, str]:
     """DATA served as ``weights``, the volume naming it at /models/w."""
-    return {"source": server.add("weights", DATA), "path": "/models/w", "sha256": sha256(DATA)}
+    source = server.add("weights", DATA) + "?sig=s3cr3t"  # a signed URL's token
+    return {"source": source, "path": "/models/w", "sha256": sha256(DATA)}
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -57,6 +59,14 @@ async def test_five_launches_of_one_volume_download_it_once_and_each_reads_it_re
         # The cards of the pending launches are held: two of four.
         _, refused = await node.launch(["/bin/true"], gpus=3, expect=409)
         assert "reserved for pending launches" in refused["detail"], refused
+        listed = await node.ok("GET", "/node/v1/volumes")
+        [fill] = listed["fills"]
+        assert (fill["sha256"], fill["waiting"], fill["bytes_total"]) == (
+            sha256(DATA),
+            5,
+            len(DATA),
+        ), fill
+        assert fill["source"] == file_server.url + "/weights", fill  # no query: its token
         file_server.stall["weights"].set()
         for ref in names:
             said = await logged(node, ref, "write-exit=")
@@ -65,6 +75,9 @@ async def test_five_launches_of_one_volume_download_it_once_and_each_reads_it_re
             assert f"{len(DATA)}" in said, said
         # One download for all five: the body once, and one size probe's byte.
         assert file_server.sent["weights"] == len(DATA) + 1
+        listed = await node.ok("GET", "/node/v1/volumes")
+        assert listed["fills"] == [], listed
+        assert {"sha256": sha256(DATA), "size_bytes": len(DATA)} in listed["entries"], listed
         # Present now: a launch starts at once.
         ref, body = await node.launch(["/bin/sh", "-c", READ], volumes=[volume])
         names.append(ref)
@@ -158,6 +171,9 @@ async def test_a_fill_killed_at_half_resumes_after_a_restart_from_where_it_stopp
         entry = state_dir(tmp_path) / "volumes" / "sha256" / sha256(DATA)
         assert entry.read_bytes() == DATA and not partial.exists()
     finally:
+        if daemon.poll() is None:  # removed through it: its staged mounts go too
+            await asyncio.to_thread(post, port, "/node/v1/remove", {"ref": f"tuneplane-{run_id}"})
         daemon.terminate()
         await asyncio.to_thread(daemon.wait, 60)
         await remove_directly(engine, [f"tuneplane-{run_id}"])
+        MountStaging(state_dir(tmp_path)).sweep(())

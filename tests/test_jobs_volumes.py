@@ -129,6 +129,8 @@ async def test_a_small_fill_does_not_wait_behind_big_ones(
     fills = fills_of(tmp_path / "volumes", limit=2)
     try:
         big_fill = asyncio.create_task(fills.ensure(sha256(big), file_server.add("big", big)))
+        while ("big", "") not in file_server.requests:  # it holds the one big slot
+            await asyncio.sleep(0.01)
         second_big = asyncio.create_task(
             fills.ensure(sha256(big + b"2"), file_server.add("big2", big + b"2"))
         )

@@ -15,6 +15,7 @@ import asyncio
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -27,12 +28,21 @@ CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 DROPPED = (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, asyncio.TimeoutError)
 
 
+def shown(url: str) -> str:
+    """The URL as an answer, error or log line may show it: no query, fragment or user
+    (a signed URL's token is in its query; secrets pass through, never stay)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{host}{port}{parts.path}"
+
+
 class Download:
     """An answer of the server, its body not read yet."""
 
     def __init__(self, response: aiohttp.ClientResponse, *, url: str, offset: int) -> None:
         self._response = response
-        self.url = url
+        self.url = shown(url)
         self.resumed = response.status == 206 and offset > 0
         self.total = _total(response, offset)
 
@@ -88,6 +98,7 @@ class Fetcher:
         """The server's answer to a GET of ``url`` from byte ``offset`` (only its first
         byte: ``first_byte``); a 4xx or 5xx is a `VolumeFillFailed` (a 5xx retryable), as
         is a connection that cannot be made."""
+        said = shown(url)
         headers = {"Range": f"bytes={offset}-"} if offset else {}
         if first_byte:
             headers = {"Range": "bytes=0-0"}
@@ -96,18 +107,18 @@ class Fetcher:
                 url, headers=headers, max_redirects=MAX_REDIRECTS
             ) as response:
                 if response.status == 416 and offset:  # nothing past the offset
-                    raise VolumeFillFailed(source=url, reason="the file got shorter")
+                    raise VolumeFillFailed(source=said, reason="the file got shorter")
                 if response.status >= 400:
                     raise VolumeFillFailed(
-                        source=url,
+                        source=said,
                         reason=f"the server answered {response.status} {response.reason}",
                         retryable=response.status >= 500,
                     )
                 yield Download(response, url=url, offset=offset)
         except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
-            raise VolumeFillFailed(source=url, reason=_said(exc), retryable=True) from exc
+            raise VolumeFillFailed(source=said, reason=_said(exc), retryable=True) from exc
         except aiohttp.ClientError as exc:
-            raise VolumeFillFailed(source=url, reason=_said(exc)) from exc
+            raise VolumeFillFailed(source=said, reason=_said(exc)) from exc
 
     async def size(self, url: str) -> int | None:
         """The file's size, from the headers of a GET of its first byte (an S3 URL signed

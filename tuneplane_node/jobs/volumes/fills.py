@@ -29,7 +29,7 @@ from tuneplane_node.errors import VolumeFillFailed
 from tuneplane_node.jobs.pullrate import PullRate
 from tuneplane_node.jobs.volumes.lanes import FillLanes
 from tuneplane_node.jobs.volumes.store import Entry, Hasher, VolumeStore
-from tuneplane_node.runtime.fetching import Fetcher
+from tuneplane_node.runtime.fetching import Fetcher, shown
 from tuneplane_node.tasks import BackgroundTasks, by_awaiters
 
 log = logging.getLogger(__name__)
@@ -96,6 +96,10 @@ class VolumeFills:
         """The complete entry of ``digest``, None while it is not in the store."""
         return await self._io(self.store.entry, digest)
 
+    async def entries(self) -> list[Entry]:
+        """Every complete entry of the store."""
+        return await self._io(self.store.entries)
+
     def join(self, digest: str, source: str) -> VolumeFill:
         """The fill of ``digest`` in flight, or a new one from ``source``, started now."""
         fill = self.fills.get(digest)
@@ -144,7 +148,7 @@ class VolumeFills:
         log.info(
             "volume sha256:%s filled from %s: %d bytes, %d fetched",
             fill.digest,
-            fill.source,
+            shown(fill.source),
             entry.size,
             fill.fetched,
         )
@@ -200,7 +204,7 @@ class VolumeFills:
         if got != fill.digest:
             self.store.discard(fill.digest)
             raise VolumeFillFailed(
-                source=fill.source,
+                source=shown(fill.source),
                 reason=f"its bytes hash to sha256:{got}, not the sha256:{fill.digest} asked",
             )
         return self.store.commit(fill.digest)

@@ -18,7 +18,7 @@ from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.errors import InvalidField
 from tuneplane_node.jobs.mounts import Opened
 from tuneplane_node.jobs.volumes.fills import VolumeFill, VolumeFills
-from tuneplane_node.jobs.volumes.store import VolumeStore
+from tuneplane_node.jobs.volumes.store import Entry, VolumeStore
 from tuneplane_node.runtime.base import Mount, Volume
 from tuneplane_node.runtime.fetching import Fetcher
 from tuneplane_node.settings import NodeSettings, env_name
@@ -107,6 +107,11 @@ class VolumeKeeper:
             raise InvalidField(field, f"sha256:{volume.sha256} is not in the volume store")
         fd = os.open(entry.path, OPEN)
         return Opened(Mount(str(entry.path), volume.path, True), fd, False, field)
+
+    async def view(self) -> tuple[list[Entry], list[VolumeFill]]:
+        """The store's entries (read in the fills' threads) and the fills under way."""
+        entries = await self.fills.entries()
+        return entries, list(self.fills.fills.values())
 
     async def close(self) -> None:
         await self.fills.close()

@@ -36,6 +36,7 @@ from tests.helpers import (
     storage_root,
     swept,
 )
+from tests.volumeserver import FileServer
 from tuneplane_node.daemon.app import create_node_app
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.gpu.factory import make_probe
@@ -436,3 +437,12 @@ def debug_logs(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
     """Every line the node logs, DEBUG's access lines and the audit log included."""
     caplog.set_level(logging.DEBUG)
     return caplog
+
+
+@pytest.fixture
+async def file_server() -> AsyncIterator[FileServer]:
+    """A file server of the test's own (tests/volumeserver.py), closed at the end."""
+    files = FileServer()
+    await files.start()
+    yield files
+    await files.close()

@@ -62,6 +62,8 @@ SDKS = {
         "daemon/follow.py",
         "daemon/presence.py",
         "daemon/guard.py",
+        # Its client: the volume store's downloads, translated to VolumeFillFailed there.
+        "runtime/fetching.py",
     },
     "prometheus_client": {"daemon/metrics.py"},
     # The consoles' client: its two clients, and the one place its errors are translated.

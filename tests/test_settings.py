@@ -210,6 +210,9 @@ def test_the_settings_table_names_the_old_timeout_variable() -> None:
         ("TUNEPLANE_JOB_CGROUP_PARENT", "jobs.slice", "should match pattern"),
         ("TUNEPLANE_JOB_CGROUP_PARENT", "a--b", "should match pattern"),
         ("TUNEPLANE_SYSTEM_RESERVED_PIDS", "-1", "greater than or equal to 0"),
+        ("TUNEPLANE_VOLUME_INSECURE_HOSTS", '["mirror.lan"]', "is not host:port"),
+        ("TUNEPLANE_VOLUME_INSECURE_HOSTS", '["mirror.lan:0"]', "is not host:port"),
+        ("TUNEPLANE_VOLUME_FILLS", "0", "greater than or equal to 1"),
     ],
 )
 def test_a_setting_that_would_break_the_node_stops_its_start(
@@ -239,3 +242,12 @@ def test_the_default_mount_roots_are_the_storage_root_and_the_model_dirs(tmp_pat
     settings = load_settings(storage_root=tmp_path / "s", model_dirs=[tmp_path / "m"])
     assert settings.mount_roots == [(tmp_path / "s").resolve(), (tmp_path / "m").resolve()]
     assert load_settings(allowed_mount_roots=[tmp_path]).mount_roots == [tmp_path.resolve()]
+
+
+def test_the_volume_store_may_not_be_a_mount_root_nor_lie_in_one(tmp_path: Path) -> None:
+    """A job that could mount the store could read every tenant's weights and rewrite
+    what other jobs are handed; it sees its entries only through its own read-only binds."""
+    with pytest.raises(ConfigError, match="TUNEPLANE_VOLUME_ROOT"):
+        load_settings(storage_root=tmp_path, volume_root=tmp_path / "volumes")
+    default = load_settings(storage_root=tmp_path / "s", node_state_dir=tmp_path / "state")
+    assert default.volume_dir == tmp_path / "state" / "volumes"

@@ -35,6 +35,8 @@ are translated there (one table per engine, `runtime/engine.py`) with the cause 
     │   │                      directory) is full
     │   └── PrivateRecordUnwritable insufficient_storage   a private pull's record
     │                          cannot be written (the state directory)
+    ├── VolumeFillFailed (502) volume_fill_failed   a volume's source did not give the
+    │                          bytes its sha256 names (refused, missing, other bytes)
     ├── TooManyWatches (429) too_many_requests   every slot for a waiting watch is taken
     ├── Conflict (409) conflict             well-formed, but this node will not do it now
     │   ├── ProtocolMismatch protocol_mismatch   console and node speak other versions
@@ -390,6 +392,21 @@ class PrivateRecordUnwritable(InsufficientStorage):
 
     def figures(self) -> dict[str, int | None] | None:
         return None  # the node's own disk: the engine's figures do not apply
+
+
+class VolumeFillFailed(NodeError):
+    """A volume could not be filled from its source: the server refused or has no such
+    file, the connection kept dropping, or the bytes hash to another digest (then nothing
+    of them is kept). ``retryable``: a dropped connection, which a fill resumes."""
+
+    status = 502
+    code: ClassVar[str] = "volume_fill_failed"
+
+    def __init__(self, *, source: str, reason: str, retryable: bool = False) -> None:
+        super().__init__(f"volume {source} cannot be filled: {reason}")
+        self.source = source
+        self.reason = reason
+        self.retryable = retryable
 
 
 class Conflict(NodeError):

@@ -284,6 +284,17 @@ class NodeSettings(JobSettings):
     per job, loop-mounted); unset: ``scratch`` in the state directory. Neither a mount
     root nor inside or holding one; one node's alone (its start removes the files no
     container of its engine names)."""
+    volume_root: Path | None = None
+    """Directory of the node's volume store (``container.volumes``: each file by its
+    sha256, filled once per machine); unset: ``volumes`` in the state directory. Never a
+    mount root nor inside or holding one: jobs see its entries only through their own
+    read-only binds."""
+    volume_insecure_hosts: list[str] = []
+    """Hosts (``host:port``, JSON list) whose volumes may be fetched over plain
+    ``http://``; every other volume URL must be ``https://``."""
+    volume_fills: int = Field(4, ge=1, le=64)
+    """Volume fills downloading at once. Fills of a file over 1 GiB (or of an unknown
+    size) take at most one less, so a small fill never waits behind big ones."""
     fabrics: list[Fabric] = []
     """InfiniBand fabrics, JSON list of {"name", "hcas"}: the operator names them."""
     rdma: Literal["auto", "off", "all"] = "auto"
@@ -397,6 +408,15 @@ class NodeSettings(JobSettings):
             )
         return self
 
+    @field_validator("volume_insecure_hosts")
+    @classmethod
+    def _host_and_port(cls, hosts: list[str]) -> list[str]:
+        for host in hosts:
+            name, _, port = host.rpartition(":")
+            if not name or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"{host!r} is not host:port")
+        return [host.lower() for host in hosts]
+
     @model_validator(mode="after")
     def _safe_mount_roots(self) -> NodeSettings:
         source = env_name("allowed_mount_roots")
@@ -433,6 +453,8 @@ class NodeSettings(JobSettings):
                 files.append((_absolute(path), env_name(name)))
         if self.scratch_root is not None:  # else in the state directory
             files.append((_absolute(self.scratch_root), env_name("scratch_root")))
+        if self.volume_root is not None:  # else in the state directory
+            files.append((_absolute(self.volume_root), env_name("volume_root")))
         return [*files, (_absolute(self.state_dir), env_name("node_state_dir"))]
 
     def never_a_root(self, root: Path) -> Path | None:
@@ -459,6 +481,12 @@ class NodeSettings(JobSettings):
         """Where the jobs' scratch files are (`scratch_root`, else in the state dir)."""
         root = self.scratch_root
         return root.expanduser() if root is not None else self.state_dir / "scratch"
+
+    @property
+    def volume_dir(self) -> Path:
+        """Where the volume store is (`volume_root`, else in the state dir)."""
+        root = self.volume_root
+        return root.expanduser() if root is not None else self.state_dir / "volumes"
 
     @property
     def mount_roots(self) -> list[Path]:

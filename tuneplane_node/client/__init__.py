@@ -85,6 +85,7 @@ from tuneplane_node.client.errors import (
     Unauthorized,
     UnknownField,
     Unreachable,
+    VolumeFillFailed,
 )
 from tuneplane_node.client.retry import NO_RETRY, Retry
 from tuneplane_node.client.sync import NodeClient
@@ -186,5 +187,6 @@ __all__ = [
     "UnknownField",
     "Unreachable",
     "Usage",
+    "VolumeFillFailed",
     "Word",
 ]

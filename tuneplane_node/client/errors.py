@@ -34,7 +34,8 @@ console's retry rule is an ``except`` clause, never a sentence compared::
         └── ServerError (5xx)       the node or its engine failed
             ├── EngineError (500)       ``engine_error``
             ├── EngineRefused (502)     the engine answered and refused
-            │   └── RegistryRefused     ``registry_refused``: the registry refused a pull
+            │   ├── RegistryRefused     ``registry_refused``: the registry refused a pull
+            │   └── VolumeFillFailed    ``volume_fill_failed``: a volume's source failed
             ├── EngineUnavailable (503) the engine did not answer: nothing is known, nothing
             │                           is gone; ask again
             └── InsufficientStorage (507)
@@ -210,6 +211,13 @@ class RegistryRefused(EngineRefused):
     family = "registry_refused"
 
 
+class VolumeFillFailed(EngineRefused):
+    """A launch's volume could not be filled from its source (refused, missing, dropping,
+    or bytes of another digest): the launch failed, its cards are free."""
+
+    family = "volume_fill_failed"
+
+
 class EngineUnavailable(ServerError):
     family = "engine_unavailable"
 
@@ -247,6 +255,7 @@ NARROWER = (
     EngineConflict,
     EngineError,
     RegistryRefused,
+    VolumeFillFailed,
 )
 BY_CODE: Mapping[str, type[NodeError]] = {
     cls.family: cls

@@ -47,6 +47,7 @@ READ_VERBS = frozenset(
 OPERATE_VERBS = frozenset(
     {
         ("GET", "/node/v1/images"),
+        ("GET", "/node/v1/volumes"),
         ("POST", "/node/v1/images/pull"),
         ("POST", "/node/v1/images/gc"),
         ("POST", "/node/v1/cordon"),

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 
 import orjson
 
+from tuneplane_node.clock import rfc3339
 from tuneplane_node.errors import FieldError
 from tuneplane_node.jobs import results
 from tuneplane_node.jobs.results import (
@@ -26,7 +27,10 @@ from tuneplane_node.jobs.results import (
     StoppedView,
 )
 from tuneplane_node.jobs.stats import CardSample, JobSample, JobStats
+from tuneplane_node.jobs.volumes.fills import VolumeFill
+from tuneplane_node.jobs.volumes.store import Entry
 from tuneplane_node.runtime.base import HIDDEN_LABELS, ContainerState, LogText
+from tuneplane_node.runtime.fetching import shown
 from tuneplane_node.wire.answers import (
     ErrorJson,
     JobsJson,
@@ -41,6 +45,7 @@ from tuneplane_node.wire.answers import (
 )
 from tuneplane_node.wire.images import ImageJson, ImagesJson, PrefetchJson, PullJson
 from tuneplane_node.wire.stats import AbsentJson, CardUsageJson, StatsJson, UsageJson
+from tuneplane_node.wire.volumes import VolumeFillJson, VolumesJson
 
 
 def encode(answer: object) -> bytes:
@@ -369,4 +374,29 @@ def card_usage_json(card: CardSample) -> CardUsageJson:
         "processes": None
         if processes is None
         else [{"pid": p.pid, "memory_used_bytes": p.memory_used_bytes} for p in processes],
+    }
+
+
+# --- volumes ---------------------------------------------------------------------------
+
+
+def volumes_json(entries: list[Entry], fills: list[VolumeFill]) -> VolumesJson:
+    return {
+        "entries": [{"sha256": e.digest, "size_bytes": e.size} for e in entries],
+        "fills": [fill_json(fill) for fill in fills],
+    }
+
+
+def fill_json(fill: VolumeFill) -> VolumeFillJson:
+    rate = fill.rate.rate(fill.clock.monotonic())
+    left = None if fill.bytes_total is None else fill.bytes_total - fill.bytes_done
+    return {
+        "sha256": fill.digest,
+        "source": shown(fill.source),
+        "bytes_done": fill.bytes_done,
+        "bytes_total": fill.bytes_total,
+        "rate_bytes_per_s": rate,
+        "eta_s": None if not rate or left is None else round(left / rate, 3),
+        "started_at": rfc3339(fill.started_at),
+        "waiting": fill.waiters,
     }

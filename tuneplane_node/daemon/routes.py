@@ -48,7 +48,7 @@ from tuneplane_node.errors import (
 from tuneplane_node.jobs import AlreadyExited, AlreadyPending, AlreadyRunning, Pulling, Started
 from tuneplane_node.jobs import launch_request as launch_request_of
 from tuneplane_node.jobs.pending import PULLING
-from tuneplane_node.wire import answers, images, requests, schema
+from tuneplane_node.wire import answers, images, requests, schema, volumes
 from tuneplane_node.wire.fields import Body
 from tuneplane_node.wire.schema import ENGINE
 from tuneplane_node.wire.stats import StatsJson, parse_stats
@@ -218,6 +218,16 @@ async def list_images(request: web.Request) -> web.Response:
     rate and time left (null while unknown); a failed prefetch stays with its error as
     long as a failed launch's record."""
     return answer(render.images_json(await request.app[JOBS].catalog.view()))
+
+
+@api("get", "/node/v1/volumes", volumes.VolumesJson, feature="volumes")
+async def list_volumes(request: web.Request) -> web.Response:
+    """The entries of the node's volume store and the fills under way.
+
+    Each entry by its sha256 with its size; each fill with its bytes, rate and time left
+    (null while unknown), and how many launches wait for it. A source is shown without
+    its query."""
+    return answer(render.volumes_json(*await request.app[JOBS].launcher.volumes.view()))
 
 
 @api("post", "/node/v1/observe", answers.ObserveJson, body=requests.REFS, errors=ENGINE)

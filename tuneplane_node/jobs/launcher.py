@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -33,6 +33,8 @@ from tuneplane_node.jobs.results import LaunchRequest, Pulling, Started
 from tuneplane_node.jobs.scratch import FIELD as SCRATCH
 from tuneplane_node.jobs.scratch import ScratchError, ScratchSpaces
 from tuneplane_node.jobs.staging import MountStaging
+from tuneplane_node.jobs.volumes.keeper import FIELD as VOLUMES
+from tuneplane_node.jobs.volumes.keeper import VolumeKeeper
 from tuneplane_node.jobs.watch import ChangeLog
 from tuneplane_node.logformat import job_fields
 from tuneplane_node.references import canonical
@@ -46,7 +48,6 @@ from tuneplane_node.runtime.base import (
     ImageInfo,
     Mount,
     MountSupport,
-    Scratch,
     container_name,
 )
 from tuneplane_node.settings import NodeSettings
@@ -137,6 +138,7 @@ class Launcher:
         )
         self.staging = MountStaging(settings.state_dir)
         self.scratch = ScratchSpaces(settings)
+        self.volumes = VolumeKeeper(settings, clock=clock)
         self._support: MountSupport | None = None  # the engine's answer, once it gave one
         self.gc = ImageCollector(runtime, settings, pulls=pulls, clock=clock)
         self.prefetcher = Prefetcher(runtime, pulls, images=images, gc=self.gc, clock=clock)
@@ -160,6 +162,9 @@ class Launcher:
             await asyncio.to_thread(self.mounts.vet, spec.mounts)
         if spec.scratch is not None:  # made when the container is
             await self._scratch_usable(self.scratch.vet(spec))
+        if spec.volumes:  # filled before the container is made, bound when it is
+            self.volumes.vet(spec.volumes)
+            await self._scratch_usable(spec, field=VOLUMES)
         return replace(request, spec=spec)
 
     # --- mounts -------------------------------------------------------------------------
@@ -186,35 +191,36 @@ class Launcher:
             raise InvalidField.of(refusals)
         return support
 
-    async def _scratch_usable(self, spec: ContainerSpec) -> None:
-        """A 422 for a scratch a runtime cannot be handed: the process runtime mounts
-        nothing, an engine on another machine takes no path of this one."""
+    async def _scratch_usable(self, spec: ContainerSpec, *, field: str = SCRATCH) -> None:
+        """A 422 for a scratch (or volumes: ``field``) a runtime cannot be handed: the
+        process runtime mounts nothing, an engine on another machine takes no path of
+        this one."""
         support = await self.mount_support()
         if support.mode != STAGED:
             where = "is on another machine" if support.mode == REMOTE else "mounts nothing"
-            why = f"the {self.runtime.name} runtime {where}: it takes no scratch space"
-            raise InvalidField(SCRATCH, why)
+            what = "scratch space" if field == SCRATCH else "volumes"
+            why = f"the {self.runtime.name} runtime {where}: it takes no {what}"
+            raise InvalidField(field, why)
 
     async def _staged(self, spec: ContainerSpec) -> ContainerSpec:
         """The spec with each mount opened and bound at its staging path (`MountStaging`),
         its scratch made and bound there too (`ScratchSpaces`), the key of its staging on
         its label; a runtime that mounts nothing (the process runtime) gets the paths as
         given, opened and refused alike."""
-        if not spec.mounts and spec.scratch is None:
+        if not spec.mounts and spec.scratch is None and not spec.volumes:
             return spec
-        if spec.scratch is not None:
-            await self._scratch_usable(spec)  # a staging engine's, which takes host mounts
+        if spec.scratch is not None or spec.volumes:  # a staging engine's: host mounts
+            await self._scratch_usable(spec, field=SCRATCH if spec.scratch else VOLUMES)
         elif (await self._usable(spec.mounts)).mode != STAGED:
             return replace(spec, mounts=await asyncio.to_thread(self.mounts.vet, spec.mounts))
         key = self.staging.new_key(spec.name)
-        mounts = await asyncio.to_thread(self._open_and_stage, key, spec.mounts, spec.scratch)
+        mounts = await asyncio.to_thread(self._open_and_stage, key, spec)
         return replace(spec, mounts=mounts, labels={**spec.labels, LABEL_MOUNTS: key})
 
-    def _open_and_stage(
-        self, key: str, mounts: tuple[Mount, ...], scratch: Scratch | None
-    ) -> tuple[Mount, ...]:
-        opened = self.mounts.open(mounts)
+    def _open_and_stage(self, key: str, spec: ContainerSpec) -> tuple[Mount, ...]:
+        opened, scratch = self.mounts.open(spec.mounts), spec.scratch
         try:
+            opened += self.volumes.open(spec.volumes)
             if scratch is not None:
                 opened.append(self.scratch.make(key, scratch))
             return self.staging.stage(key, opened)
@@ -277,8 +283,11 @@ class Launcher:
             present = info is not None or await self._imageless(image)
             if info is not None:
                 await self.images.admit(image, info, request.auth)
-            if present and not self.images.must_pull(image, request.pull_policy):
+            pull = not present or self.images.must_pull(image, request.pull_policy)
+            if not pull and not await self.volumes.missing(request.spec.volumes):
                 return await self.start_now(request, info)
+            if not pull:
+                return await self.start_pending(request, pull=False)
             await self.gc.fit(image, request.auth, present=present)  # else 507, nothing held
             await self.images.before_pull(image, request.auth)  # else 507: no record, no pull
             return await self.start_pending(request)
@@ -306,12 +315,13 @@ class Launcher:
         )  # fmt: skip
         return Started(container_id[:12], cards)
 
-    async def start_pending(self, request: LaunchRequest) -> Pulling:
+    async def start_pending(self, request: LaunchRequest, *, pull: bool = True) -> Pulling:
         """Reserve the cards now (an accepted launch cannot lose them mid-pull), pull the
-        image in the background, then start the container."""
+        image (``pull``) and fill the volumes in the background, then start the
+        container."""
         reservation = Reservation(self.allocator, request)
         await reservation.claim()
-        record = PendingLaunch(request, accepted=self.clock.monotonic())
+        record = PendingLaunch(request, accepted=self.clock.monotonic(), needs_pull=pull)
         self.pending.add(record)
         record.task = self.tasks.spawn(
             self._complete(record, reservation),
@@ -330,19 +340,21 @@ class Launcher:
             await self._pull_and_run(record, reservation)
 
     async def _pull_and_run(self, record: PendingLaunch, reservation: Reservation) -> None:
-        auth = record.request.auth
-        request = record.request
-        record.pull = pull = self.pulls.join(
-            record.image, auth, ref=request.ref, run_id=request.run_id
-        )
         progressed = functools.partial(self.changes.progressed, record.ref)
-        pull.listeners.append(progressed)
+        missing = await self.volumes.missing(record.request.spec.volumes)
+        record.fills = self.volumes.join(missing, progressed)
+        filled = asyncio.ensure_future(self.volumes.wait_all(record.fills, progressed))
         try:
-            await self.pulls.wait(pull)
+            if record.needs_pull:
+                await self._pull(record, progressed)
+            await filled
         finally:
-            pull.listeners.remove(progressed)
+            if not filled.done():
+                filled.cancel()
+                await asyncio.wait({filled})
         info = await self.runtime.image_info(canonical(record.image))
-        await self.images.pulled(record.image, info, auth)
+        if record.needs_pull:
+            await self.images.pulled(record.image, info, record.request.auth)
         record.phase = STARTING
         self.pending.changed(record.ref)
         cards = await reservation.claim()
@@ -363,6 +375,17 @@ class Launcher:
             await self.release_mounts(spec.labels)
             raise
         self._used(record.request, info)
+
+    async def _pull(self, record: PendingLaunch, progressed: Callable[[], None]) -> None:
+        request = record.request
+        record.pull = pull = self.pulls.join(
+            record.image, request.auth, ref=request.ref, run_id=request.run_id
+        )
+        pull.listeners.append(progressed)
+        try:
+            await self.pulls.wait(pull)
+        finally:
+            pull.listeners.remove(progressed)
 
     def _used(self, request: LaunchRequest, info: ImageInfo | None) -> None:
         """Write the container's image's use in the ledger, by the id it was made from."""
@@ -422,6 +445,7 @@ class Launcher:
         await self.tasks.close()
         await self.prefetcher.close()
         await self.pulls.close()
+        await self.volumes.close()
         await self.changes.close()
         await self.gc.close()
 

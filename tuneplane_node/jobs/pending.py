@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.jobs.pulls import SharedPull
 from tuneplane_node.jobs.results import LaunchRequest, PendingView
+from tuneplane_node.jobs.volumes.fills import VolumeFill
 from tuneplane_node.runtime.base import PullProgress
 from tuneplane_node.wire.values import FAILED as FAILED
 from tuneplane_node.wire.values import PULLING as PULLING
@@ -31,6 +32,8 @@ class PendingLaunch:
     error: str | None = None
     failed_at: float | None = None
     pull: SharedPull | None = None
+    needs_pull: bool = True  # else only its volumes are missing
+    fills: list[VolumeFill] = field(default_factory=list)  # its volumes' fills
     task: asyncio.Task[None] | None = None
 
     @property
@@ -45,8 +48,7 @@ class PendingLaunch:
         self.phase, self.error, self.failed_at = FAILED, reason, at
 
     def view(self, now: float) -> PendingView:
-        pulling = self.pull is not None and self.phase == PULLING
-        rate, eta = self.pull.rate_now() if self.pull is not None and pulling else (None, None)
+        progress, rate, eta = self._progress()
         return PendingView(
             ref=self.ref,
             labels=self.request.spec.labels,
@@ -54,13 +56,39 @@ class PendingLaunch:
             image=self.image,
             elapsed_s=round((self.failed_at or now) - self.accepted, 3),
             requested_gpus=self.request.requested_gpus,
-            progress=self.pull.progress if self.pull else PullProgress(),
+            progress=progress,
             error=self.error,
             stop_signal=self.request.spec.stop_signal,
             read_only_root=self.request.spec.read_only_root,
             rate_bytes_per_s=rate,
             eta_s=eta,
         )
+
+    def _progress(self) -> tuple[PullProgress, float | None, float | None]:
+        """One progress for the image's pull and the volumes' fills (each fill one more
+        "layer"), their rates summed, and the time left at that rate; None while any
+        part is unknown."""
+        pull = self.pull.progress if self.pull is not None else PullProgress()
+        if self.phase != PULLING:
+            return pull, None, None
+        rate, eta = self.pull.rate_now() if self.pull is not None else (None, None)
+        if not self.fills:
+            return pull, rate, eta
+        done = pull.bytes_done + sum(fill.bytes_done for fill in self.fills)
+        total = pull.bytes_total + sum(fill.bytes_total or 0 for fill in self.fills)
+        filled = sum(1 for fill in self.fills if fill.task is not None and fill.task.done())
+        progress = PullProgress(
+            done, total, pull.layers_done + filled, pull.layers_total + len(self.fills)
+        )
+        rates = [fill.rate.rate(fill.clock.monotonic()) for fill in self.fills]
+        if self.pull is not None:
+            rates.append(rate)
+        if any(each is None for each in rates):
+            return progress, None, None
+        summed = sum(each for each in rates if each is not None)
+        unknown = any(fill.bytes_total is None for fill in self.fills)
+        eta = None if unknown or summed <= 0 else max(0.0, (total - done) / summed)
+        return progress, summed, eta
 
 
 class PendingTable:

@@ -60,6 +60,9 @@ from tuneplane_node.wire.values import (
 from tuneplane_node.wire.values import (
     Scratch as Scratch,
 )
+from tuneplane_node.wire.values import (
+    Volume as Volume,
+)
 
 if TYPE_CHECKING:
     from tuneplane_node.runtime.pool import BlockingPool
@@ -218,6 +221,7 @@ class ContainerSpec:
     tmpfs: tuple[Tmpfs, ...] = ()
     disk_limit: str | None = None  # the console's word; None: the node's default
     scratch: Scratch | None = None  # the console's word; None: no scratch space
+    volumes: tuple[Volume, ...] = ()  # the console's word; bound read-only at start
     # The node's decision (TUNEPLANE_JOB_DISK_LIMIT): the bytes it may write to the
     # engine's disk, written in its LABEL_DISK_LIMIT; None: no limit.
     disk_limit_bytes: int | None = None

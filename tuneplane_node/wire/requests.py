@@ -71,6 +71,7 @@ from tuneplane_node.wire.values import (
     RegistryAuth,
     Scratch,
     StopPlan,
+    Volume,
 )
 from tuneplane_node.wire.values import PULL_POLICIES as PULL_POLICIES  # ctl's choices too
 
@@ -87,6 +88,10 @@ MAX_ARGS = 4096
 MAX_ENV = 1000
 MAX_LABELS = 100
 MAX_MOUNTS = 64
+MAX_VOLUMES = 16
+MAX_URL = 2048
+URL = re.compile(r"https?://[\x21-\x7e]+")
+SHA256 = re.compile(r"(?:sha256:)?([0-9a-f]{64})")
 MAX_PATH = 4096
 MAX_VALUE = 65536
 MAX_KEY = 256  # an env variable's or a label's name
@@ -352,14 +357,20 @@ def _gpus(given: Given) -> list[Any] | None:
     return gpus
 
 
-def _mounts(given: Given) -> tuple[Mount, ...]:
+def _list_of(given: Given, *, most: int, what: str) -> list[Any]:
+    """A list of at most ``most`` entries (``""`` or null: none), else a 422 saying so."""
     value = _empty_as(given.value, [])
-    if not isinstance(value, list) or len(value) > MAX_MOUNTS:
+    if not isinstance(value, list) or len(value) > most:
         raise InvalidField(
             given.field,
-            f"must be a list of at most {MAX_MOUNTS} [host, container, read_only]",
+            f"must be a list of at most {most} {what}",
             problem=OUT_OF_RANGE if isinstance(value, list) else INVALID,
         )
+    return value
+
+
+def _mounts(given: Given) -> tuple[Mount, ...]:
+    value = _list_of(given, most=MAX_MOUNTS, what="[host, container, read_only]")
     with Refusals() as refusals:
         mounts = [
             refusals.read(_mount, entry, f"{given.field}[{i}]") for i, entry in enumerate(value)
@@ -478,6 +489,52 @@ def _scratch_size(given: Given) -> int:
     if given.value is None or given.value == "":
         raise InvalidField(given.field, "required, a size like 50g", problem=MISSING)
     return int(size_in_bytes(_size(given, least=MIN_SCRATCH)) or 0)
+
+
+def _volumes(given: Given) -> tuple[Volume, ...]:
+    """``[{"source", "path", "sha256"}]``, each part refused by its own name
+    (``container.volumes[1].sha256``); the insecure-host rule is the launcher's."""
+    value = _list_of(given, most=MAX_VOLUMES, what='{"source", "path", "sha256"}')
+    with Refusals() as refusals:
+        volumes = [
+            refusals.read(_volume, entry, f"{given.field}[{i}]") for i, entry in enumerate(value)
+        ]
+        paths = [volume.path for volume in volumes if volume is not None]
+        for i, path in enumerate(paths):
+            if path in paths[:i]:
+                refusals.refuse(InvalidField(f"{given.field}[{i}].path", f"{path}: given twice"))
+    return tuple(volumes)
+
+
+def _volume(entry: object, field: str) -> Volume:
+    if not isinstance(entry, Mapping) or set(entry) - {"source", "path", "sha256"}:
+        raise InvalidField(field, 'must be {"source": "https://...", "path": ..., "sha256": ...}')
+    with Refusals() as refusals:
+        source = refusals.read(_volume_source, entry.get("source"), f"{field}.source")
+        path = refusals.read(_scratch_path, entry.get("path"), f"{field}.path")
+        digest = refusals.read(_volume_digest, entry.get("sha256"), f"{field}.sha256")
+    return Volume(source, path, digest)
+
+
+def _volume_source(source: object, field: str) -> str:
+    if source is None or source == "":
+        raise InvalidField(field, "required, an https:// URL", problem=MISSING)
+    if not isinstance(source, str) or len(source) > MAX_URL or not URL.fullmatch(source):
+        raise InvalidField(
+            field,
+            f"must be an https:// URL of at most {MAX_URL} printable ASCII characters "
+            "(registry sources are not served by this node yet)",
+        )
+    return source
+
+
+def _volume_digest(digest: object, field: str) -> str:
+    if digest is None or digest == "":
+        raise InvalidField(field, "required for a URL: the file's sha256", problem=MISSING)
+    found = SHA256.fullmatch(digest) if isinstance(digest, str) else None
+    if found is None:
+        raise InvalidField(field, "must be 64 lower-case hex digits (sha256:... too)")
+    return found[1]
 
 
 def _cpus(given: Given) -> float | None:
@@ -748,6 +805,35 @@ CONTAINER = Body(
             "scratch. The process runtime and an engine on another machine refuse it "
             "(`422`).",
             read=_scratch,
+        ),
+        Field(
+            "volumes",
+            or_empty(
+                {
+                    "type": "array",
+                    "maxItems": MAX_VOLUMES,
+                    "items": closed_object(
+                        source=text(most=MAX_URL, pattern=anchored(URL.pattern)),
+                        path=PATH,
+                        sha256=text(most=71, pattern=anchored(SHA256.pattern)),
+                    ),
+                }
+            ),
+            f"At most {MAX_VOLUMES} read-only files of the node's volume store, each "
+            '`{"source": "https://...", "path": "/models/base.safetensors", "sha256": '
+            '"<64 hex>"}`: the node downloads `source` once per machine however many jobs '
+            "name it (resumed with `Range` after a dropped connection or a restart), checks "
+            "its sha256, keeps it under `TUNEPLANE_VOLUME_ROOT`, and binds it read-only at "
+            "`path` (a write is `EROFS`). Plain `http://` only for the hosts in "
+            "`TUNEPLANE_VOLUME_INSECURE_HOSTS`. A launch whose volumes are not all in the "
+            "store answers `phase: pulling` at once, holds its cards, and starts when "
+            "every volume and its image are there; a fill that fails (the server's `404`, "
+            "other bytes than the sha256 names) fails the launch with the reason and lets "
+            "its cards go. `path`: absolute, not another volume's, and as for mounts, "
+            f"{UNMOUNTABLE}. A bad one is a `422` naming `container.volumes[i].source`, "
+            '`.path` or `.sha256`. `""` or none: no volumes. The process runtime and an '
+            "engine on another machine refuse them (`422`).",
+            read=_volumes,
         ),
         Field(
             "network",

@@ -72,6 +72,15 @@ class Scratch(NamedTuple):
     size_bytes: int
 
 
+class Volume(NamedTuple):
+    """A file of the node's volume store a job sees read-only at ``path``: the bytes of
+    ``source`` (an ``https://`` URL) whose sha256 is ``sha256`` (hex)."""
+
+    source: str
+    path: str
+    sha256: str
+
+
 @dataclass(frozen=True, repr=False)
 class RegistryAuth:
     """Credentials for the registry of one pull: a user and password, or an identity

@@ -1,0 +1,111 @@
+"""volumes (issue 39): a volume's fill against curl of the same bytes, in one run.
+
+One aiohttp file server on 127.0.0.1 (``web.FileResponse``: sendfile, Range) serves a
+file of ``--mib`` MiB of random bytes. Alternating within each round: the node's fill
+(`VolumeFills.ensure`: size probe, download on the loop, writes and sha256 in its
+thread, fsync, rename) into a fresh store, against ``curl -o`` of the same URL onto the
+same disk, and ``curl | sha256sum`` (what checking the bytes costs a plain download).
+Goal (the issue): the fill within 1.1x of curl. The server runs in a thread of its own,
+so the fill's loop does not share it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import os
+import shutil
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from aiohttp import web
+
+from tuneplane_node.jobs.volumes.fills import VolumeFills
+from tuneplane_node.jobs.volumes.store import VolumeStore
+from tuneplane_node.runtime.fetching import Fetcher
+
+
+def serve(directory: Path) -> tuple[str, asyncio.AbstractEventLoop]:
+    """The file server, in a thread with its own loop; its base URL."""
+    loop = asyncio.new_event_loop()
+    ready: list[str] = []
+
+    async def start() -> None:
+        app = web.Application()
+        app.router.add_static("/", directory)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        ready.append(f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}")  # type: ignore[union-attr]
+
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    asyncio.run_coroutine_threadsafe(start(), loop).result(30)
+    return ready[0], loop
+
+
+def fill(url: str, digest: str, work: Path) -> float:
+    store = work / "store"
+    shutil.rmtree(store, ignore_errors=True)
+
+    async def once() -> float:
+        fills = VolumeFills(VolumeStore(store), Fetcher(stall_s=60), limit=4)
+        try:
+            started = time.perf_counter()
+            await fills.ensure(digest, url)
+            return time.perf_counter() - started
+        finally:
+            await fills.close()
+
+    return asyncio.run(once())
+
+
+def curl(url: str, work: Path, *, hashed: bool) -> float:
+    target = work / "curl.out"
+    started = time.perf_counter()
+    if hashed:
+        subprocess.run(f"curl -sf {url} | tee {target} | sha256sum", shell=True, check=True,
+                       capture_output=True)  # fmt: skip
+    else:
+        subprocess.run(["curl", "-sf", "-o", str(target), url], check=True)
+    os.sync()
+    elapsed = time.perf_counter() - started
+    target.unlink()
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--mib", type=int, default=2048)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR", "/var/tmp")) as temp:
+        work = Path(temp)
+        (work / "served").mkdir()
+        data, hasher = work / "served" / "weights", hashlib.sha256()
+        with data.open("wb") as out:
+            for _ in range(args.mib):
+                block = os.urandom(2**20)
+                hasher.update(block)
+                out.write(block)
+        url, _ = serve(work / "served")
+        url += "/weights"
+        times: dict[str, list[float]] = {"fill": [], "curl -o": [], "curl | sha256sum": []}
+        for _ in range(args.rounds):
+            times["fill"].append(fill(url, hasher.hexdigest(), work))
+            times["curl -o"].append(curl(url, work, hashed=False))
+            times["curl | sha256sum"].append(curl(url, work, hashed=True))
+        for name, each in times.items():
+            best = statistics.median(each)
+            print(f"{name:18} median {best:6.2f} s  {args.mib / best:7.0f} MiB/s  {each}")
+        ratio = statistics.median(times["fill"]) / statistics.median(times["curl -o"])
+        print(f"fill / curl -o: {ratio:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

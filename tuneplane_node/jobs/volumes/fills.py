@@ -1,0 +1,232 @@
+"""VolumeFills: one fill per digest, shared by every launch that names it.
+
+As `PullCoordinator` does for images: a launch joins the fill of its volume's digest (or
+starts it), watches its progress, and leaves it; the download stops when the last one
+leaves, and its partial file stays for the next fill to resume. A fill first asks the
+file's size (the lane it takes, `FillLanes`), then downloads from the end of its partial
+file with ``Range``, again after a dropped connection (up to `RETRIES` times in a row
+without a byte), hashing as it writes; the entry appears only if the digest matches,
+else the bytes are discarded and the fill fails. Downloads run on the event loop
+(aiohttp's client, `Fetcher`); writes, hashing and every file call run in the fills' own
+threads, one per lane slot, never on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import IO, TypeVar
+
+from tuneplane_node.clock import SYSTEM_CLOCK, Clock
+from tuneplane_node.errors import VolumeFillFailed
+from tuneplane_node.jobs.pullrate import PullRate
+from tuneplane_node.jobs.volumes.lanes import FillLanes
+from tuneplane_node.jobs.volumes.store import Entry, Hasher, VolumeStore
+from tuneplane_node.runtime.fetching import Fetcher, shown
+from tuneplane_node.tasks import BackgroundTasks, by_awaiters
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+RETRIES = 5
+BACKOFF_S = 1.0
+
+
+@dataclass
+class VolumeFill:
+    """One fill of one digest; ``bytes_done`` counts its partial file's bytes (those a
+    resume found included), ``bytes_total`` the file's size (None while unknown)."""
+
+    digest: str
+    source: str
+    clock: Clock = SYSTEM_CLOCK
+    task: asyncio.Task[Entry] | None = None
+    waiters: int = 0
+    bytes_done: int = 0
+    bytes_total: int | None = None
+    fetched: int = 0  # bytes this fill downloaded (not those it resumed from)
+    hasher: Hasher | None = None  # the partial file's bytes so far
+    listeners: list[Callable[[], None]] = field(default_factory=list)
+    started_at: datetime = field(init=False)
+    rate: PullRate = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.started_at = self.clock.now()
+        self.rate = PullRate(self.clock.monotonic())
+
+    def update(self, bytes_done: int) -> None:
+        self.bytes_done = bytes_done
+        self.rate.add(self.clock.monotonic(), bytes_done)
+        for listener in self.listeners:
+            listener()
+
+
+class VolumeFills:
+    """The fills of a store; `close` cancels them (their partial files stay)."""
+
+    def __init__(
+        self,
+        store: VolumeStore,
+        fetcher: Fetcher,
+        *,
+        limit: int,
+        clock: Clock = SYSTEM_CLOCK,
+        backoff_s: float = BACKOFF_S,
+    ) -> None:
+        self.store = store
+        self.fetcher = fetcher
+        self.clock = clock
+        self.backoff_s = backoff_s
+        self.lanes = FillLanes(limit)
+        self.fills: dict[str, VolumeFill] = {}
+        self.tasks = BackgroundTasks(log)
+        self._threads = ThreadPoolExecutor(max_workers=limit, thread_name_prefix="volume-fill")
+
+    async def _io(self, call: Callable[..., T], *args: object) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._threads, functools.partial(call, *args))
+
+    async def entry(self, digest: str) -> Entry | None:
+        """The complete entry of ``digest``, None while it is not in the store."""
+        return await self._io(self.store.entry, digest)
+
+    async def entries(self) -> list[Entry]:
+        """Every complete entry of the store."""
+        return await self._io(self.store.entries)
+
+    def join(self, digest: str, source: str) -> VolumeFill:
+        """The fill of ``digest`` in flight, or a new one from ``source``, started now."""
+        fill = self.fills.get(digest)
+        if fill is None:
+            fill = VolumeFill(digest, source, self.clock)
+            fill.task = self.tasks.spawn(
+                self._fill(fill), name=f"volume fill sha256:{digest}", ended=by_awaiters
+            )
+            self.fills[digest] = fill
+        fill.waiters += 1
+        return fill
+
+    async def wait(self, fill: VolumeFill) -> Entry:
+        """The entry, once the joined fill has made it (its error raised); the fill left
+        whatever happens, and cancelled when its last waiter leaves."""
+        assert fill.task is not None
+        try:
+            return await asyncio.shield(fill.task)
+        finally:
+            fill.waiters -= 1
+            if fill.waiters == 0 and not fill.task.done():
+                self._forget(fill)
+                fill.task.cancel()
+
+    async def ensure(self, digest: str, source: str) -> Entry:
+        """The entry of ``digest``, filled from ``source`` first when it is not there."""
+        entry = await self.entry(digest)
+        return entry if entry is not None else await self.wait(self.join(digest, source))
+
+    async def _fill(self, fill: VolumeFill) -> Entry:
+        try:
+            if (present := await self.entry(fill.digest)) is not None:
+                return present  # another fill made it since the caller looked
+            fill.bytes_total = await self._retried(fill, lambda: self.fetcher.size(fill.source))
+            async with self.lanes.slot(fill.bytes_total):
+                await self._retried(fill, lambda: self._download(fill))
+            entry = await self._io(self._verified, fill)
+        except asyncio.CancelledError:
+            log.info("volume fill of sha256:%s cancelled: nobody waits for it", fill.digest)
+            raise
+        except VolumeFillFailed as exc:
+            log.warning("volume fill of sha256:%s failed: %s", fill.digest, exc.message)
+            raise
+        finally:
+            self._forget(fill)
+        log.info(
+            "volume sha256:%s filled from %s: %d bytes, %d fetched",
+            fill.digest,
+            shown(fill.source),
+            entry.size,
+            fill.fetched,
+        )
+        return entry
+
+    async def _retried(self, fill: VolumeFill, step: Callable[[], Awaitable[T]]) -> T:
+        """``step()`` again after a retryable failure, while each try brings bytes
+        or until `RETRIES` tries in a row brought none."""
+        fruitless = 0
+        while True:
+            before = fill.bytes_done
+            try:
+                return await step()
+            except VolumeFillFailed as exc:
+                fruitless = 0 if fill.bytes_done > before else fruitless + 1
+                if not exc.retryable or fruitless >= RETRIES:
+                    raise
+                log.info("volume fill of sha256:%s resumes: %s", fill.digest, exc.reason)
+            await self.clock.sleep(self.backoff_s)
+
+    async def _download(self, fill: VolumeFill) -> None:
+        offset, fill.hasher = await self._io(self.store.resume, fill.digest)
+        if fill.bytes_total is not None and offset > fill.bytes_total:
+            offset, fill.hasher = 0, hashlib.sha256()  # not this file's: start again
+        fill.update(offset)
+        if offset and offset == fill.bytes_total:  # all there: a restart before its check
+            return
+        async with self.fetcher.open(fill.source, offset=offset) as download:
+            if offset and not download.resumed:  # the server sends it all again
+                offset, fill.hasher = 0, hashlib.sha256()
+                fill.update(0)
+            if download.total is not None:
+                fill.bytes_total = download.total
+            partial = await self._io(self._opened, fill.digest, offset)
+            try:
+                async for batch in download.batches():
+                    await self._io(_write, partial, fill.hasher, batch)
+                    fill.fetched += len(batch)
+                    fill.update(fill.bytes_done + len(batch))
+            finally:
+                await self._io(_closed, partial)
+
+    def _opened(self, digest: str, offset: int) -> IO[bytes]:
+        path = self.store.partial(digest)
+        partial = open(path, "r+b" if path.exists() else "w+b")  # noqa: SIM115 (closed by _closed)
+        partial.truncate(offset)
+        partial.seek(offset)
+        return partial
+
+    def _verified(self, fill: VolumeFill) -> Entry:
+        """The entry made of the partial file, if it is the file asked; else it goes."""
+        got = fill.hasher.hexdigest() if fill.hasher is not None else ""
+        if got != fill.digest:
+            self.store.discard(fill.digest)
+            raise VolumeFillFailed(
+                source=shown(fill.source),
+                reason=f"its bytes hash to sha256:{got}, not the sha256:{fill.digest} asked",
+            )
+        return self.store.commit(fill.digest)
+
+    def _forget(self, fill: VolumeFill) -> None:
+        if self.fills.get(fill.digest) is fill:
+            del self.fills[fill.digest]
+
+    async def close(self) -> None:
+        """Cancel every fill and wait for them to end; then the threads and connections."""
+        await self.tasks.close()
+        self.fills.clear()
+        await self.fetcher.close()
+        self._threads.shutdown(wait=True)
+
+
+def _write(partial: IO[bytes], hasher: Hasher, batch: bytes) -> None:
+    partial.write(batch)
+    hasher.update(batch)
+
+
+def _closed(partial: IO[bytes]) -> None:
+    partial.flush()
+    os.fsync(partial.fileno())
+    partial.close()

@@ -324,14 +324,20 @@ def test_the_jobs_bounds_are_said_and_a_reachable_plain_api_is_warned_of(check: 
     assert code == 0, out
     assert jobs[0].startswith("ok   jobs: capabilities CHOWN, DAC_OVERRIDE, ")
     assert "no-new-privileges on; pids 2048; log 10485760 bytes x 5; oom_score_adj 500" in jobs[0]
-    assert any(line.startswith("warn jobs: host-network jobs are allowed and the API is plain HTTP")
+    assert any(line.startswith("ok   jobs: a launch asking for the host network gets it only "
+                               "holding every card") and "socket unit" in line
                for line in jobs)  # fmt: skip
     assert "warn jobs: the process runtime applies none of these bounds" in jobs
+
+    _, _, allowed = check(TUNEPLANE_JOB_HOST_NETWORK="allow")
+    assert "warn jobs: host-network jobs are allowed beside each other" in allowed
+    assert "the API is plain HTTP" in allowed
 
     _, _, bridged = check(
         TUNEPLANE_JOB_HOST_NETWORK="bridge", TUNEPLANE_JOB_CAPABILITIES="restricted"
     )
     assert "host-network jobs are allowed" not in bridged
+    assert "ok   jobs: a launch asking for the host network is bridged" in bridged
     assert "jobs: capabilities none;" in bridged
 
 

@@ -94,7 +94,7 @@ async def launch_0315(node: Console, command: list[str]) -> str:
 async def test_a_host_network_job_cannot_sniff_nor_escape_its_bounds(
     make_node: MakeNode, engine: str
 ) -> None:
-    node = await make_node(engine)
+    node = await make_node(engine, job_host_network="allow")  # 0.3.15's rule: the host's
     ref = await launch_0315(node, ["/bin/sh", "-c", PROBE])
     state = await node.wait_for(ref, "status", "exited", timeout=120)
     logs = await node.logs(ref)
@@ -282,6 +282,7 @@ async def test_a_host_network_job_cannot_take_the_nodes_port(tmp_path: Path, eng
         local_gpu_count=0,
         local_gpu_passthrough=False,
         local_stop_timeout=0,
+        job_host_network="allow",  # on the host's network as under 0.3.15
     )
     try:
         async with served(settings, host="0.0.0.0") as port:

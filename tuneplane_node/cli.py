@@ -279,13 +279,34 @@ def check_jobs(settings: NodeSettings) -> list[Finding]:
     except ConfigError as exc:
         return [(FAIL, f"jobs: {exc.message}")]
     found = [(OK, f"jobs: {describe_confinement(rules)}")]
-    if settings.job_host_network == "allow" and settings.tls_cert_file is None:
-        found.append((WARN, (
-            "jobs: host-network jobs are allowed and the API is plain HTTP: a job on the "
-            f"host network reaches it and every loopback service; set {env_name('tls_cert_file')} "
-            f"or {env_name('job_host_network')}=bridge"
-        )))  # fmt: skip
+    found.extend(host_network_findings(settings))
     return [*found, *asyncio.run(_isolation_findings(settings))]
+
+
+def host_network_findings(settings: NodeSettings) -> list[Finding]:
+    """Which network a job asking for ``host`` gets, and where jobs of different tenants
+    would share the host's."""
+    from tuneplane_node.jobs.network import PORT_NOT_HELD
+
+    mode, plain = settings.job_host_network, settings.tls_cert_file is None
+    if mode == "allow":
+        tls = "; the API is plain HTTP: a job on the host network reaches it" if plain else ""
+        return [(WARN, (
+            "jobs: host-network jobs are allowed beside each other: jobs of different tenants "
+            f"share the host's network and its loopback services{tls}; set "
+            f"{env_name('job_host_network')}=whole-node"
+        ))]  # fmt: skip
+    if mode != "whole-node":
+        done = "refused" if mode == "refuse" else "bridged"
+        return [(OK, f"jobs: a launch asking for the host network is {done}")]
+    whole = (
+        "jobs: a launch asking for the host network gets it only holding every card with no "
+        "other job on the machine (a job beside it, or on fewer cards, is bridged)"
+    )
+    if plain:
+        return [(OK, f"{whole}, and only under systemd's socket unit: under a plain serve, "
+                     f"{PORT_NOT_HELD}")]  # fmt: skip
+    return [(OK, f"{whole}; the API is served over TLS")]
 
 
 def describe_confinement(rules: JobRules) -> str:
@@ -300,7 +321,7 @@ def describe_confinement(rules: JobRules) -> str:
         f"log {bounds.log_max_bytes} bytes x {bounds.log_max_files}",
         f"oom_score_adj {bounds.oom_score_adj}",
         f"memory limit when the console gives none: {memory}",
-        f"host network: {rules.host_network}",
+        f"host network: {rules.network.mode}",
         _root(rules),
     ]
     return "; ".join(facts)

@@ -14,13 +14,11 @@ import posixpath
 from dataclasses import replace
 
 from tuneplane_node import inventory
-from tuneplane_node.errors import ConfigError, InvalidField, NoRdma
-from tuneplane_node.logformat import job_fields
+from tuneplane_node.errors import ConfigError, NoRdma
+from tuneplane_node.jobs.network import NetworkRule
 from tuneplane_node.runtime import cgroupparent
 from tuneplane_node.runtime.base import (
     KEPT_CAPABILITIES,
-    LABEL_NETWORK,
-    LABEL_RUN_ID,
     Confinement,
     ContainerSpec,
     Tmpfs,
@@ -31,7 +29,6 @@ from tuneplane_node.sizes import size_in_bytes
 log = logging.getLogger(__name__)
 LEAST_JOB_MEMORY = 64 * 2**20
 """Below this, what the reserve leaves jobs is a mistake in the settings, not a limit."""
-HOST_NETWORK = env_name("job_host_network")
 RDMA = env_name("rdma")
 NCCL_IB_HCA = "NCCL_IB_HCA"
 RUN_TMPFS_MAX = 64 * 2**20
@@ -79,7 +76,13 @@ def job_tmpfs(tmp_bytes: int, memory_limit: str | None) -> tuple[Tmpfs, Tmpfs]:
 class JobRules:
     """The operator's rules applied to each launch's spec, decided once at start-up."""
 
-    def __init__(self, settings: NodeSettings, *, machine_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        settings: NodeSettings,
+        *,
+        machine_bytes: int | None = None,
+        port_held: bool = False,
+    ) -> None:
         self.confinement = confinement(settings)
         if machine_bytes is None:
             machine_bytes = inventory.memory_total()
@@ -89,7 +92,7 @@ class JobRules:
         self.parent_bounds = cgroupparent.wanted(
             settings, pids=cgroupparent.pid_max(), machine_bytes=machine_bytes
         )
-        self.host_network = settings.job_host_network
+        self.network = NetworkRule(settings, port_held=port_held)
         self.rdma = settings.rdma
         self.rdma_dir = settings.rdma_device_dir
         self.rdma_memlock = settings.rdma_memlock_bytes
@@ -103,7 +106,7 @@ class JobRules:
         spec = replace(spec, confinement=self.confinement)
         if spec.memory_limit is None and self.memory_limit is not None:
             spec = replace(spec, memory_limit=str(self.memory_limit))
-        return self._root(self._rdma(self._network(spec), cards))
+        return self._root(self._rdma(self.network.vetted(spec), cards))
 
     def _root(self, spec: ContainerSpec) -> ContainerSpec:
         """Read-only when the operator says so or the launch asks (a launch's false is
@@ -133,18 +136,3 @@ class JobRules:
             env.setdefault(NCCL_IB_HCA, self.hcas)  # the console's own wins
         handed = tuple(map(str, devices))
         return replace(spec, rdma_devices=handed, rdma_memlock=self.rdma_memlock, env=env)
-
-    def _network(self, spec: ContainerSpec) -> ContainerSpec:
-        if spec.network != "host" or self.host_network == "allow":
-            return spec
-        if self.host_network == "refuse":
-            raise InvalidField(
-                "container.network",
-                f"host networking is refused on this node ({HOST_NETWORK}=refuse): "
-                "use bridge or none",
-            )
-        log.info(
-            "launch %s: host network asked, run on the bridge (%s)", spec.name, HOST_NETWORK,
-            extra=job_fields(spec.name, spec.labels.get(LABEL_RUN_ID), image=spec.image),
-        )  # fmt: skip
-        return replace(spec, network="bridge", labels={**spec.labels, LABEL_NETWORK: "bridge"})

@@ -74,6 +74,7 @@ class JobService:
         clock: Clock = SYSTEM_CLOCK,
         telemetry: Telemetry = NO_TELEMETRY,
         credentials: CredentialSource | None = None,  # the node's registry auth file
+        port_held: bool = False,  # systemd holds the node's port across restarts
     ) -> None:
         self.runtime = runtime
         self.allocator = allocator
@@ -85,7 +86,13 @@ class JobService:
         self.pulls = PullCoordinator(runtime, limits, telemetry, ledger=ledger, clock=clock)
         self.images = ImageKeeper(settings, credentials=credentials, clock=clock, ledger=ledger)
         self.launcher = Launcher(
-            runtime, allocator, self.pulls, images=self.images, settings=settings, clock=clock
+            runtime,
+            allocator,
+            self.pulls,
+            images=self.images,
+            settings=settings,
+            clock=clock,
+            port_held=port_held,
         )
         self.pending, self.changes = self.launcher.pending, self.launcher.changes  # watch's
         self.catalog = ImageCatalog.of(self.launcher, self.ledger)  # prefetch, GET images

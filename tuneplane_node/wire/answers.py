@@ -27,7 +27,13 @@ from tuneplane_node.jobs.results import (
     StoppedView,
 )
 from tuneplane_node.jobs.stopper import SIGNALLED, WARNED
-from tuneplane_node.runtime.base import HIDDEN_LABELS, CacheStatus, ContainerState, LogText
+from tuneplane_node.runtime.base import (
+    HIDDEN_LABELS,
+    LABEL_NETWORK,
+    CacheStatus,
+    ContainerState,
+    LogText,
+)
 from tuneplane_node.wire import PROTOCOL, PROTOCOLS
 from tuneplane_node.wire.fields import Words
 
@@ -86,6 +92,7 @@ class StateJson(TypedDict):
     oom_killed: bool
     stop_signal: str | None
     read_only_root: bool | None
+    network: str | None
 
 
 class _StoppingOptional(TypedDict, total=False):
@@ -158,6 +165,7 @@ def _container_json(view: ContainerState) -> StateJson:
         "oom_killed": view.oom_killed,
         "stop_signal": view.stop_signal if view.exists else None,
         "read_only_root": view.read_only_root if view.exists else None,
+        "network": (view.labels.get(LABEL_NETWORK) or None) if view.exists else None,
     }
 
 
@@ -181,6 +189,7 @@ def _pending_json(view: PendingView) -> PendingStateJson:
         "oom_killed": False,
         "stop_signal": view.stop_signal,
         "read_only_root": view.read_only_root,
+        "network": None,  # decided when its container is made, beside the jobs there then
         "pending_phase": view.phase,
         "pending_image": view.image,
         "pending_elapsed_s": view.elapsed_s,

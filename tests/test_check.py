@@ -461,3 +461,45 @@ def _data_root(engine: str) -> str:
             await runtime.close()
 
     return asyncio.run(ask())
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("engine", ["docker", "podman"])
+def test_an_engine_that_cannot_lock_rdma_jobs_memory_fails_naming_the_fix(
+    check: Check, tmp_path: Path, engine: str
+) -> None:
+    """Issue 38: the development engines' hard memlock is this machine's (8 MiB, a stock
+    engine under systemd's): the default ``unlimited`` fails, a size within it passes."""
+    import resource
+
+    from tests.test_jobs_rdma import rdma_dir
+
+    hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+    if hard == resource.RLIM_INFINITY:
+        pytest.skip("this machine's hard memlock is unlimited: the engine's may be too")
+    settings = {
+        "TUNEPLANE_LOCAL_RUNTIME": engine,
+        "TUNEPLANE_DOCKER_HOST": str(docker_host()),
+        "TUNEPLANE_PODMAN_URL": podman_url(),
+        "TUNEPLANE_RDMA_DEVICE_DIR": str(rdma_dir(tmp_path)),
+    }
+    code, lines, out = check(**settings)
+    if "FAIL engine" in out:
+        engine_missing(engine, lines["engine"])
+    assert code == 1, out
+    assert lines["rdma"].startswith(f"FAIL rdma: 3 devices, and the {engine} engine cannot give")
+    assert f"hard limit is {hard} bytes" in lines["rdma"]
+    assert "LimitMEMLOCK=infinity" in lines["rdma"]
+    _, lines, _ = check(**settings, TUNEPLANE_RDMA_MEMLOCK=str(hard // 2))
+    assert lines["rdma"].startswith("ok rdma: 3 devices;")
+
+
+def test_rdma_on_a_runtime_whose_limit_is_unknown_is_warned_of(
+    check: Check, tmp_path: Path
+) -> None:
+    from tests.test_jobs_rdma import rdma_dir
+
+    _, lines, _ = check(TUNEPLANE_RDMA_DEVICE_DIR=str(rdma_dir(tmp_path)))
+    assert lines["rdma"].startswith("warn rdma: 3 devices; the engine's locked-memory limit")
+    _, lines, _ = check(TUNEPLANE_RDMA="off")
+    assert lines["rdma"] == "ok rdma: off"

@@ -186,6 +186,7 @@ def check(settings: NodeSettings) -> int:
         check_mounts,
         check_state_dir,
         check_fabrics,
+        check_rdma,
         check_port,
     )
     failed = False
@@ -680,6 +681,36 @@ def check_fabrics(settings: NodeSettings) -> list[Finding]:
         else (OK, f"fabric {fact.fabric}: {', '.join(fact.hcas)} at {fact.rate_gbps:g} Gb/s")
         for fact in inventory.fabrics(settings.fabrics)
     ]
+
+
+def check_rdma(settings: NodeSettings) -> list[Finding]:
+    """Whether a job given RDMA devices can have its memlock: the engine's process's own
+    hard limit bounds it (`runtime.memlock`)."""
+    from tuneplane_node.runtime import memlock
+
+    devices = inventory.rdma_devices(settings.rdma_device_dir) if settings.rdma != "off" else ()
+    if not devices:
+        why = "off" if settings.rdma == "off" else f"no devices under {settings.rdma_device_dir}"
+        return [(OK, f"rdma: {why}")]
+    wanted = settings.rdma_memlock_bytes
+    engine = settings.local_runtime
+    found = memlock.read(settings, "docker" if engine == "auto" else engine)
+    if engine == "auto" and not found.known:  # auto: docker, else podman
+        engine = "podman"
+        found = memlock.read(settings, engine)
+    asked = f"{env_name('rdma_memlock')}={settings.rdma_memlock}"
+    if not found.known:
+        return [(WARN, f"rdma: {len(devices)} devices; the engine's locked-memory limit is "
+                       f"unknown ({found.source}): {asked} may be refused")]  # fmt: skip
+    refused = found.refusal(wanted)
+    if refused is not None:
+        return [(FAIL, (
+            f"rdma: {len(devices)} devices, and the {engine} engine cannot give "
+            f"a job {asked}: {refused}; every card job would be refused (memlock_unavailable): "
+            f"set LimitMEMLOCK=infinity in the engine's unit, or {env_name('rdma_memlock')} "
+            f"to at most {found.hard}"
+        ))]  # fmt: skip
+    return [(OK, f"rdma: {len(devices)} devices; {asked} within the engine's hard limit")]
 
 
 def serving_node(settings: NodeSettings) -> str | None:

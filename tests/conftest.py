@@ -231,13 +231,17 @@ async def fake_node(
     ``as_served``: a handler is not cancelled when its client goes (`ServedAsServe`)."""
     caches: list[CachedRuntime] = []
 
-    async def make(*, as_served: bool = False, **overrides: Any) -> Console:
+    async def make(
+        *, as_served: bool = False, port_held: bool = False, **overrides: Any
+    ) -> Console:
         settings = fake_settings(tmp_path, **overrides)
         cached = await fake_cache(fake, settings, clock)
         caches.append(cached)
         cards = make_probe(settings, clock=clock) if settings.gpu_simulation_file else probe
         allocator = GpuAllocator(cached, settings, probe=cards)
-        app = create_node_app(settings, runtime=cached, allocator=allocator, clock=clock)
+        app = create_node_app(
+            settings, runtime=cached, allocator=allocator, clock=clock, port_held=port_held
+        )
         server = ServedAsServe(app) if as_served else app
         return Console(await aiohttp_client(server), settle=lambda: cache_settled(fake, cached))
 
@@ -370,11 +374,12 @@ async def make_node(aiohttp_client: Any, tmp_path: Any) -> AsyncIterator[MakeNod
         cached: CachedRuntime | None = None,
         probe: GpuProbe | None = None,
         heartbeat_s: float = 2.0,
+        port_held: bool = False,
         **overrides: Any,
     ) -> Console:
         """``feed``: an engine runtime whose owner (another fixture, or the test itself)
         removes what was made; ``cached``: the cache of an earlier node, for a restarted
-        daemon."""
+        daemon; ``port_held``: as `serve` under systemd's socket unit."""
         options = {
             "node_token": TOKEN,
             "local_gpu_passthrough": False,  # no GPU here: label the cards, hand none over
@@ -404,7 +409,9 @@ async def make_node(aiohttp_client: Any, tmp_path: Any) -> AsyncIterator[MakeNod
         # The suite's shared engines hold the nodes of many tests at once: only the
         # engines one test has to itself (own, throwaway) are swept of wreckage.
         own = engine == "docker" and swept(settings.docker_host)
-        app = create_node_app(settings, runtime=cached, allocator=allocator, sweep=own)
+        app = create_node_app(
+            settings, runtime=cached, allocator=allocator, sweep=own, port_held=port_held
+        )
         consoles.append(Console(await aiohttp_client(app), made=made_by[id(cached)]))
         return consoles[-1]
 

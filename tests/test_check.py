@@ -384,14 +384,20 @@ def test_the_jobs_bounds_are_said_and_a_reachable_plain_api_is_warned_of(check: 
     assert code == 0, out
     assert jobs[0].startswith("ok   jobs: capabilities CHOWN, DAC_OVERRIDE, ")
     assert "no-new-privileges on; pids 2048; log 10485760 bytes x 5; oom_score_adj 500" in jobs[0]
-    assert any(line.startswith("warn jobs: host-network jobs are allowed and the API is plain HTTP")
+    assert any(line.startswith("ok   jobs: a launch asking for the host network gets it only "
+                               "holding every card") and "socket unit" in line
                for line in jobs)  # fmt: skip
     assert "warn jobs: the process runtime applies none of these bounds" in jobs
+
+    _, _, allowed = check(TUNEPLANE_JOB_HOST_NETWORK="allow")
+    assert "warn jobs: host-network jobs are allowed beside each other" in allowed
+    assert "the API is plain HTTP" in allowed
 
     _, _, bridged = check(
         TUNEPLANE_JOB_HOST_NETWORK="bridge", TUNEPLANE_JOB_CAPABILITIES="restricted"
     )
     assert "host-network jobs are allowed" not in bridged
+    assert "ok   jobs: a launch asking for the host network is bridged" in bridged
     assert "jobs: capabilities none;" in bridged
 
 
@@ -515,3 +521,45 @@ def _data_root(engine: str) -> str:
             await runtime.close()
 
     return asyncio.run(ask())
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("engine", ["docker", "podman"])
+def test_an_engine_that_cannot_lock_rdma_jobs_memory_fails_naming_the_fix(
+    check: Check, tmp_path: Path, engine: str
+) -> None:
+    """Issue 38: the development engines' hard memlock is this machine's (8 MiB, a stock
+    engine under systemd's): the default ``unlimited`` fails, a size within it passes."""
+    import resource
+
+    from tests.test_jobs_rdma import rdma_dir
+
+    hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+    if hard == resource.RLIM_INFINITY:
+        pytest.skip("this machine's hard memlock is unlimited: the engine's may be too")
+    settings = {
+        "TUNEPLANE_LOCAL_RUNTIME": engine,
+        "TUNEPLANE_DOCKER_HOST": str(docker_host()),
+        "TUNEPLANE_PODMAN_URL": podman_url(),
+        "TUNEPLANE_RDMA_DEVICE_DIR": str(rdma_dir(tmp_path)),
+    }
+    code, lines, out = check(**settings)
+    if "FAIL engine" in out:
+        engine_missing(engine, lines["engine"])
+    assert code == 1, out
+    assert lines["rdma"].startswith(f"FAIL rdma: 3 devices, and the {engine} engine cannot give")
+    assert f"hard limit is {hard} bytes" in lines["rdma"]
+    assert "LimitMEMLOCK=infinity" in lines["rdma"]
+    _, lines, _ = check(**settings, TUNEPLANE_RDMA_MEMLOCK=str(hard // 2))
+    assert lines["rdma"].startswith("ok rdma: 3 devices;")
+
+
+def test_rdma_on_a_runtime_whose_limit_is_unknown_is_warned_of(
+    check: Check, tmp_path: Path
+) -> None:
+    from tests.test_jobs_rdma import rdma_dir
+
+    _, lines, _ = check(TUNEPLANE_RDMA_DEVICE_DIR=str(rdma_dir(tmp_path)))
+    assert lines["rdma"].startswith("warn rdma: 3 devices; the engine's locked-memory limit")
+    _, lines, _ = check(TUNEPLANE_RDMA="off")
+    assert lines["rdma"] == "ok rdma: off"

@@ -7,11 +7,12 @@ The jobs are busybox shell scripts and one static binary: what a malicious image
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import subprocess
 import tarfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +28,15 @@ from tests.helpers import (
     console_0315,
     docker_host,
     engine_settings,
+    free_port,
     podman_url,
     storage_root,
     unique,
 )
-from tests.test_daemon_server import served
+from tests.test_daemon_server import served, until_serving
+from tuneplane_node.daemon.server import serve
 from tuneplane_node.jobs.confinement import JobRules
+from tuneplane_node.settings import NodeSettings
 
 pytestmark = pytest.mark.engine
 ENGINES = ["docker", "podman"]
@@ -95,7 +99,7 @@ async def launch_0315(node: Console, command: list[str]) -> str:
 async def test_a_host_network_job_cannot_sniff_nor_escape_its_bounds(
     make_node: MakeNode, engine: str
 ) -> None:
-    node = await make_node(engine)
+    node = await make_node(engine, job_host_network="allow")  # 0.3.15's rule: the host's
     ref = await launch_0315(node, ["/bin/sh", "-c", PROBE])
     state = await node.wait_for(ref, "status", "exited", timeout=120)
     logs = await node.logs(ref)
@@ -275,15 +279,8 @@ async def test_a_host_network_job_cannot_take_the_nodes_port(tmp_path: Path, eng
     """`serve` itself on 0.0.0.0; a 0.3.15 console's job on the host network binds
     [::]:<port> and 0.0.0.0:<port>, as a job hoping to answer the consoles would."""
     image = static_image(tmp_path, engine, BINDER_SOURCE, mode=0o755)
-    settings = engine_settings(
-        engine,
-        node_token=TOKEN,
-        storage_root=storage_root(tmp_path),
-        node_state_dir=tmp_path / "state",
-        local_gpu_count=0,
-        local_gpu_passthrough=False,
-        local_stop_timeout=0,
-    )
+    # On the host's network as under 0.3.15 (`allow`).
+    settings = served_settings(tmp_path, engine, job_host_network="allow")
     try:
         async with served(settings, host="0.0.0.0") as port:
             logs = await job_on(port, console_0315(unique("binder"), 0, image=image,
@@ -302,13 +299,121 @@ async def job_on(port: int, launch: dict[str, Any]) -> str:
         async with http.post("/node/v1/launch", json=launch) as answer:
             assert answer.status == 200, await answer.text()
         try:
-            for _ in range(600):
-                async with http.post("/node/v1/observe", json={"refs": [ref]}) as answer:
-                    if (await answer.json())["states"][ref]["status"] == "exited":
-                        break
-                await asyncio.sleep(0.1)
-            async with http.get("/node/v1/logs", params={"ref": ref}) as answer:
-                return str((await answer.json())["logs"])
+            return await exited_logs(http, ref)
         finally:
             async with http.post("/node/v1/remove", json={"ref": ref}) as answer:
                 assert answer.status == 200
+
+
+SQUATTER_SOURCE = r"""
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/select.h>
+#include <sys/socket.h>
+#include <unistd.h>
+/* A job waiting in a bind loop for the node's port, to answer the next console request. */
+int main(int argc, char **argv) {
+    int one = 1, s = -1, tries;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(atoi(argv[1]))};
+    for (tries = 0; tries < 3000; tries++) { /* 30 s */
+        s = socket(AF_INET, SOCK_STREAM, 0);
+        setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        setsockopt(s, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
+        if (bind(s, (struct sockaddr *)&a, sizeof a) == 0 && listen(s, 8) == 0) break;
+        close(s), s = -1;
+        usleep(10000);
+    }
+    printf(s < 0 ? "never bound\n" : "bound\n");
+    fflush(stdout);
+    if (s < 0) return 0;
+    fd_set ready;
+    FD_ZERO(&ready);
+    FD_SET(s, &ready);
+    struct timeval wait = {.tv_sec = 20};
+    if (select(s + 1, &ready, NULL, NULL, &wait) == 1) {
+        char got[256] = {0};
+        int c = accept(s, NULL, NULL);
+        read(c, got, sizeof got - 1);
+        printf("got a request: %s\n", got);
+    } else printf("no request\n");
+    return 0;
+}
+"""
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_a_job_in_a_bind_loop_across_a_restart_gets_nothing(
+    tmp_path: Path, engine: str
+) -> None:
+    """Issue 38: `serve` on a plain port (no socket unit, no TLS), a 0.3.15 console's job
+    asking for the host network and looping on bind() for the node's port. The daemon
+    restarts; the job must not get the port, nor the console's next request and token:
+    under the default rule (whole-node) it runs on a network of its own."""
+    image = static_image(tmp_path, engine, SQUATTER_SOURCE, mode=0o755)
+    settings = served_settings(tmp_path, engine)  # the default rule, whole-node
+    port = free_port()
+    launch = console_0315(unique("squat"), 0, image=image, command=["/job", str(port)])
+    ref = f"tuneplane-{launch['run_id']}"
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with (
+            serving(settings, port),
+            aiohttp.ClientSession(url, headers=HEADERS) as http,
+            http.post("/node/v1/launch", json=launch) as answer,
+        ):
+            assert answer.status == 200, await answer.text()
+            assert (await answer.json())["phase"] == "running"
+        await asyncio.sleep(1.0)  # the daemon is down: the job loops on bind() meanwhile
+        async with (  # CannotListen if the job had the port
+            serving(settings, port),
+            aiohttp.ClientSession(url, headers=HEADERS) as http,
+        ):
+            async with http.get("/node/v1/health") as answer:
+                assert answer.status == 200  # the node's answer, to the token's holder
+            logs = await exited_logs(http, ref)
+            async with http.post("/node/v1/remove", json={"ref": ref}) as answer:
+                assert answer.status == 200
+    finally:
+        subprocess.run([*engine_cli(engine), "rm", "-f", ref], check=False, capture_output=True)
+        subprocess.run([*engine_cli(engine), "rmi", "-f", image], check=False, capture_output=True)
+
+    assert "got a request" not in logs, logs
+    assert "bound" in logs, logs  # it bound, in a network of its own: the node's port is not
+
+
+def served_settings(tmp_path: Path, engine: str, **more: Any) -> NodeSettings:
+    """A node on ``engine`` without cards, to be served (`serve`) by the test itself."""
+    return engine_settings(
+        engine,
+        node_token=TOKEN,
+        storage_root=storage_root(tmp_path),
+        node_state_dir=tmp_path / "state",
+        local_gpu_count=0,
+        local_gpu_passthrough=False,
+        local_stop_timeout=0,
+        **more,
+    )
+
+
+@contextlib.asynccontextmanager
+async def serving(settings: NodeSettings, port: int) -> AsyncIterator[None]:
+    """`serve` on 0.0.0.0 at ``port``, stopped (a restart's first half) at the end."""
+    task = asyncio.create_task(serve(settings, host="0.0.0.0", port=port), name="serving")
+    try:
+        await until_serving(port, task, tls=False)
+        yield
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def exited_logs(http: aiohttp.ClientSession, ref: str) -> str:
+    """The logs of ``ref`` once it has exited (or after a minute)."""
+    for _ in range(600):
+        async with http.post("/node/v1/observe", json={"refs": [ref]}) as answer:
+            if (await answer.json())["states"][ref]["status"] == "exited":
+                break
+        await asyncio.sleep(0.1)
+    async with http.get("/node/v1/logs", params={"ref": ref}) as answer:
+        return str((await answer.json())["logs"])

@@ -59,3 +59,24 @@ async def test_a_job_with_a_card_gets_the_rdma_devices_memlock_and_ipc_lock_and_
     assert not int(without["caps"], 16) & (1 << IPC_LOCK_BIT)
     opted_out = await probed(node, gpus=1, rdma=False)
     assert opted_out["devices"] == "" and opted_out["memlock"] != WANTED
+
+
+@pytest.mark.parametrize("engine", ["docker", "podman"])
+async def test_unlimited_memlock_on_an_engine_that_cannot_give_it_is_a_409_not_a_502(
+    make_node: MakeNode, engine: str, tmp_path: Path
+) -> None:
+    """The development engines' own hard limit is this machine's (8 MiB, as a stock engine
+    under systemd): the default ``unlimited`` is refused before the engine is asked, and
+    health says why card jobs cannot start."""
+    node = await make_node(engine, rdma_device_dir=rdma_dir(tmp_path))  # memlock unlimited
+    if _HARD == resource.RLIM_INFINITY:
+        pytest.skip("this machine's hard memlock is unlimited: the engine's may be too")
+    _, refused = await node.launch(gpus=1, expect=409)
+    assert refused["code"] == "memlock_unavailable", refused
+    assert "LimitMEMLOCK=infinity" in refused["detail"]
+    assert f"hard limit is {_HARD} bytes" in refused["detail"]
+
+    health = await node.health()
+    assert health["gpu_ready"] is False
+    assert "cannot lock their memory" in health["gpu_not_ready_reason"]
+    await node.launch(gpus=0)  # no card under auto: no RDMA, no memlock, it runs

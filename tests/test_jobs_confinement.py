@@ -99,9 +99,9 @@ def test_the_operator_sets_every_bound(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("network", ["host", "bridge", "none"])
-def test_host_networking_is_allowed_by_default(tmp_path: Path, network: str) -> None:
-    spec = rules(tmp_path).apply(replace(SPEC, network=network))
-    assert spec.network == network and LABEL_NETWORK not in spec.labels
+def test_host_networking_is_allowed_when_the_operator_says_so(tmp_path: Path, network: str) -> None:
+    spec = rules(tmp_path, job_host_network="allow").apply(replace(SPEC, network=network))
+    assert spec.network == network and LABEL_NETWORK not in spec.labels  # written when placed
 
 
 def test_host_networking_runs_on_the_bridge_when_the_operator_says_so(tmp_path: Path) -> None:

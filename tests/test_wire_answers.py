@@ -50,6 +50,7 @@ from tuneplane_node.jobs import (
 from tuneplane_node.jobs.nodestate import NodeState
 from tuneplane_node.jobs.results import Cursor, JobChanges
 from tuneplane_node.runtime.base import (
+    LABEL_NETWORK,
     LABEL_RUN_ID,
     CacheStatus,
     ContainerState,
@@ -71,6 +72,7 @@ STATE_KEYS = [
     "oom_killed",
     "stop_signal",  # after 0.3.15's keys: new ones
     "read_only_root",
+    "network",
 ]
 PENDING_KEYS = [
     "pending_phase",
@@ -121,7 +123,9 @@ def test_a_container_state() -> None:
         exists=True,
         status="exited",
         exit_code=137,
-        labels=MappingProxyType({"tuneplane.gpus": "0", LABEL_RUN_ID: "a"}),
+        labels=MappingProxyType(
+            {"tuneplane.gpus": "0", LABEL_RUN_ID: "a", LABEL_NETWORK: "bridge"}
+        ),
         created_at="2026-11-29T21:21:54.164779Z",
         started_at="2026-11-29T21:21:54.33328Z",
         finished_at="2026-11-29T21:22:04.305352Z",
@@ -135,13 +139,14 @@ def test_a_container_state() -> None:
         "exists": True,
         "status": "exited",
         "exit_code": 137,
-        "labels": {"tuneplane.gpus": "0", LABEL_RUN_ID: "a"},
+        "labels": {"tuneplane.gpus": "0", LABEL_RUN_ID: "a", LABEL_NETWORK: "bridge"},
         "created_at": "2026-11-29T21:21:54.164779Z",
         "started_at": "2026-11-29T21:21:54.33328Z",
         "finished_at": "2026-11-29T21:22:04.305352Z",
         "oom_killed": True,
         "stop_signal": "SIGINT",
         "read_only_root": True,
+        "network": "bridge",  # what it got, its label's
     }
 
 
@@ -158,6 +163,7 @@ def test_a_missing_container_is_exists_false_with_nulls() -> None:
         "oom_killed": False,
         "stop_signal": None,
         "read_only_root": None,  # unknown, not false
+        "network": None,
     }
 
 
@@ -189,6 +195,7 @@ def test_a_pending_launch_reads_as_a_created_container_with_its_pull() -> None:
         "oom_killed": False,
         "stop_signal": None,  # the image's: known once it runs
         "read_only_root": None,
+        "network": None,  # decided when its container is made
         "pending_phase": "pulling",
         "pending_image": "reg/big:1",
         "pending_elapsed_s": 0.147,

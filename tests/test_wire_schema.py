@@ -372,6 +372,7 @@ def test_each_error_answer_lists_the_codes_it_may_carry() -> None:
         "cordoned",
         "engine_conflict",
         "gpu_not_ready",
+        "memlock_unavailable",
         "name_held",
         "no_capacity",
         "no_rdma",

@@ -186,6 +186,7 @@ def check(settings: NodeSettings) -> int:
         check_mounts,
         check_state_dir,
         check_fabrics,
+        check_rdma,
         check_port,
     )
     failed = False
@@ -345,13 +346,34 @@ def check_jobs(settings: NodeSettings) -> list[Finding]:
     except ConfigError as exc:
         return [(FAIL, f"jobs: {exc.message}")]
     found = [(OK, f"jobs: {describe_confinement(rules)}")]
-    if settings.job_host_network == "allow" and settings.tls_cert_file is None:
-        found.append((WARN, (
-            "jobs: host-network jobs are allowed and the API is plain HTTP: a job on the "
-            f"host network reaches it and every loopback service; set {env_name('tls_cert_file')} "
-            f"or {env_name('job_host_network')}=bridge"
-        )))  # fmt: skip
+    found.extend(host_network_findings(settings))
     return [*found, *asyncio.run(_isolation_findings(settings))]
+
+
+def host_network_findings(settings: NodeSettings) -> list[Finding]:
+    """Which network a job asking for ``host`` gets, and where jobs of different tenants
+    would share the host's."""
+    from tuneplane_node.jobs.network import PORT_NOT_HELD
+
+    mode, plain = settings.job_host_network, settings.tls_cert_file is None
+    if mode == "allow":
+        tls = "; the API is plain HTTP: a job on the host network reaches it" if plain else ""
+        return [(WARN, (
+            "jobs: host-network jobs are allowed beside each other: jobs of different tenants "
+            f"share the host's network and its loopback services{tls}; set "
+            f"{env_name('job_host_network')}=whole-node"
+        ))]  # fmt: skip
+    if mode != "whole-node":
+        done = "refused" if mode == "refuse" else "bridged"
+        return [(OK, f"jobs: a launch asking for the host network is {done}")]
+    whole = (
+        "jobs: a launch asking for the host network gets it only holding every card with no "
+        "other job on the machine (a job beside it, or on fewer cards, is bridged)"
+    )
+    if plain:
+        return [(OK, f"{whole}, and only under systemd's socket unit: under a plain serve, "
+                     f"{PORT_NOT_HELD}")]  # fmt: skip
+    return [(OK, f"{whole}; the API is served over TLS")]
 
 
 def describe_confinement(rules: JobRules) -> str:
@@ -366,7 +388,7 @@ def describe_confinement(rules: JobRules) -> str:
         f"log {bounds.log_max_bytes} bytes x {bounds.log_max_files}",
         f"oom_score_adj {bounds.oom_score_adj}",
         f"memory limit when the console gives none: {memory}",
-        f"host network: {rules.host_network}",
+        f"host network: {rules.network.mode}",
         _root(rules),
     ]
     return "; ".join(facts)
@@ -725,6 +747,36 @@ def check_fabrics(settings: NodeSettings) -> list[Finding]:
         else (OK, f"fabric {fact.fabric}: {', '.join(fact.hcas)} at {fact.rate_gbps:g} Gb/s")
         for fact in inventory.fabrics(settings.fabrics)
     ]
+
+
+def check_rdma(settings: NodeSettings) -> list[Finding]:
+    """Whether a job given RDMA devices can have its memlock: the engine's process's own
+    hard limit bounds it (`runtime.memlock`)."""
+    from tuneplane_node.runtime import memlock
+
+    devices = inventory.rdma_devices(settings.rdma_device_dir) if settings.rdma != "off" else ()
+    if not devices:
+        why = "off" if settings.rdma == "off" else f"no devices under {settings.rdma_device_dir}"
+        return [(OK, f"rdma: {why}")]
+    wanted = settings.rdma_memlock_bytes
+    engine = settings.local_runtime
+    found = memlock.read(settings, "docker" if engine == "auto" else engine)
+    if engine == "auto" and not found.known:  # auto: docker, else podman
+        engine = "podman"
+        found = memlock.read(settings, engine)
+    asked = f"{env_name('rdma_memlock')}={settings.rdma_memlock}"
+    if not found.known:
+        return [(WARN, f"rdma: {len(devices)} devices; the engine's locked-memory limit is "
+                       f"unknown ({found.source}): {asked} may be refused")]  # fmt: skip
+    refused = found.refusal(wanted)
+    if refused is not None:
+        return [(FAIL, (
+            f"rdma: {len(devices)} devices, and the {engine} engine cannot give "
+            f"a job {asked}: {refused}; every card job would be refused (memlock_unavailable): "
+            f"set LimitMEMLOCK=infinity in the engine's unit, or {env_name('rdma_memlock')} "
+            f"to at most {found.hard}"
+        ))]  # fmt: skip
+    return [(OK, f"rdma: {len(devices)} devices; {asked} within the engine's hard limit")]
 
 
 def serving_node(settings: NodeSettings) -> str | None:

@@ -48,6 +48,8 @@ are translated there (one table per engine, `runtime/engine.py`) with the cause 
     │   ├── NodeCordoned cordoned           the operator took the node out of service
     │   ├── NotRunning not_running          a signal for a job that is not running
     │   ├── NoRdma no_rdma                  a launch needs RDMA devices the node lacks
+    │   ├── MemlockUnavailable memlock_unavailable   a launch needs RDMA devices and a
+    │   │                                   memlock above the engine's own hard limit
     │   └── EngineConflict                  (also an EngineRefused) name in use
     └── EngineError engine_error            the container engine
         ├── EngineUnavailable (503) engine_unavailable   did not answer: facts are
@@ -524,6 +526,22 @@ class NoRdma(Conflict):
 
     def __init__(self, *, why: str) -> None:
         super().__init__(f"container.rdma: this node hands jobs no RDMA devices ({why})")
+        self.why = why
+
+
+class MemlockUnavailable(Conflict):
+    """A launch that would get RDMA devices, whose memlock (``TUNEPLANE_RDMA_MEMLOCK``) is
+    above the engine's own hard limit: the engine would refuse to start it (a 502)."""
+
+    code: ClassVar[str] = "memlock_unavailable"
+
+    def __init__(self, *, engine: str, why: str) -> None:
+        super().__init__(
+            f"container.rdma: the {engine} engine cannot give a job with RDMA devices its "
+            f"locked memory: {why}; set LimitMEMLOCK=infinity in the engine's unit, or "
+            "TUNEPLANE_RDMA_MEMLOCK to a size within the limit"
+        )
+        self.engine = engine
         self.why = why
 
 

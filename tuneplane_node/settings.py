@@ -68,9 +68,12 @@ class JobSettings(BaseSettings):
     """Run the engine's init (docker-init, podman's catatonit) as PID 1 of every job, so a
     stop signal reaches the job's command (a shell entrypoint would ignore it as PID 1)
     and the zombies of its children are reaped."""
-    job_host_network: Literal["allow", "bridge", "refuse"] = "allow"
-    """A launch asking for ``network: host``: ``allow`` it (0.3.15's default), run it on
-    the engine's ``bridge`` network instead, or ``refuse`` it (422)."""
+    job_host_network: Literal["whole-node", "allow", "bridge", "refuse"] = "whole-node"
+    """A launch asking for ``network: host``: ``whole-node`` gives it the host network only
+    when it holds every card of the machine and no other job of the node runs, and only
+    where the node's port is held across restarts (systemd socket activation) or the API
+    is served over TLS, else the engine's ``bridge`` network; ``allow`` it (0.3.15's
+    default), run it on the ``bridge`` instead, or ``refuse`` it (422)."""
     job_log_max_bytes: int = Field(10 * 2**20, ge=64 * 2**10, le=2**40)
     """Bytes of a job's log file before the engine rotates it (podman, which keeps one
     file, truncates at this times the file count)."""

@@ -99,6 +99,7 @@ class JobState(Answer):
     oom_killed: bool = False
     stop_signal: str | None = None
     read_only_root: bool | None = None  # its image filesystem read-only; None: not known
+    network: str | None = None  # the network it got: host, bridge, none; None: not known
     stop_reason: str | None = None  # the node stopped it itself (a drain, disk_limit...)
     stopping: Stopping | None = None
     disk_used_bytes: int | None = None  # written to the engine's disk (running, or at a stop)

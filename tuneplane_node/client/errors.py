@@ -30,6 +30,7 @@ console's retry rule is an ``except`` clause, never a sentence compared::
         │       ├── Cordoned            ``cordoned``: the node takes no launches
         │       ├── NotRunning          ``not_running``: a signal for a job that is not
         │       ├── NoRdma              ``no_rdma``: RDMA asked of a node without it
+        │       ├── MemlockUnavailable  ``memlock_unavailable``: the engine's memlock limit
         │       └── EngineConflict      ``engine_conflict``
         └── ServerError (5xx)       the node or its engine failed
             ├── EngineError (500)       ``engine_error``
@@ -191,6 +192,13 @@ class NoRdma(Conflict):
     family = "no_rdma"
 
 
+class MemlockUnavailable(Conflict):
+    """Card jobs would get RDMA devices, but the engine's hard locked-memory limit is
+    below ``TUNEPLANE_RDMA_MEMLOCK``: the engine's unit or that setting must change."""
+
+    family = "memlock_unavailable"
+
+
 class EngineConflict(Conflict):
     family = "engine_conflict"
 
@@ -252,6 +260,7 @@ NARROWER = (
     Cordoned,
     NotRunning,
     NoRdma,
+    MemlockUnavailable,
     EngineConflict,
     EngineError,
     RegistryRefused,

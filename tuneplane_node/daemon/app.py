@@ -32,7 +32,15 @@ from tuneplane_node.daemon.guard import (
 from tuneplane_node.daemon.metrics import Metrics
 from tuneplane_node.daemon.render import error_json
 from tuneplane_node.daemon.routes import answer, routes
-from tuneplane_node.daemon.state import JOBS, METRICS, REGISTRY_AUTH, SETTINGS, TASKS, TOKENS
+from tuneplane_node.daemon.state import (
+    JOBS,
+    METRICS,
+    PORT_HELD,
+    REGISTRY_AUTH,
+    SETTINGS,
+    TASKS,
+    TOKENS,
+)
 from tuneplane_node.daemon.tokens import TokenSet
 from tuneplane_node.errors import (
     ConfigError,
@@ -165,6 +173,7 @@ def create_node_app(
     middlewares: tuple[Middleware, ...] = (),
     sweep: bool = True,
     engine_lock: bool = False,
+    port_held: bool = False,
 ) -> web.Application:
     """The daemon. A runtime or allocator passed in is the caller's to start and close.
 
@@ -172,7 +181,8 @@ def create_node_app(
     ``sweep``: remove the node's wreckage at start and once a relist period (off only
     for a test daemon on an engine shared with other people's nodes). ``engine_lock``:
     refuse to start while another daemon of this machine manages the engine (`serve`'s
-    rule, `enginelock`; raises EngineTaken at start-up).
+    rule, `enginelock`; raises EngineTaken at start-up). ``port_held``: systemd holds
+    the node's port across restarts (`serve` says so once it has its sockets).
     """
     tokens = TokenSet.from_settings(settings, clock=clock)  # no token, no app
     metrics = Metrics(per_job=settings.metrics_per_job)
@@ -184,6 +194,7 @@ def create_node_app(
         client_max_size=MAX_BODY_BYTES,
     )
     app[SETTINGS] = settings
+    app[PORT_HELD] = port_held
     app[TOKENS] = tokens
     auth_file = AuthFile.from_settings(settings, clock=clock)  # a bad file: no app either
     if auth_file is not None:
@@ -234,6 +245,7 @@ def _lifecycle(
             clock=clock,
             telemetry=telemetry,
             credentials=app.get(REGISTRY_AUTH),
+            port_held=app[PORT_HELD],
         )
         await jobs.start()  # the operator's cordon or drain, before the first request
         await _start_background(app, jobs, sweep=sweep)

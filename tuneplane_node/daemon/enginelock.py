@@ -27,11 +27,11 @@ import os
 import tempfile
 from pathlib import Path
 
+from tuneplane_node.runtime import memlock
 from tuneplane_node.settings import NodeSettings
 
 log = logging.getLogger(__name__)
 LOCK_DIR = Path("/run/tuneplane-node")
-DOCKER_DEFAULT = "unix:///var/run/docker.sock"
 
 
 class EngineTaken(Exception):
@@ -49,16 +49,11 @@ class EngineTaken(Exception):
 
 def engine_address(settings: NodeSettings, engine: str) -> str | None:
     """The engine's address as a lock key; None for the process runtime (no engine)."""
-    if engine == "docker":
-        address = settings.docker_host or os.environ.get("DOCKER_HOST") or DOCKER_DEFAULT
-    elif engine == "podman":
-        address = settings.podman_url
-    else:
+    address = memlock.engine_address(settings, engine)
+    if address is None:
         return None
-    scheme, _, rest = address.partition("://")
-    if scheme in ("unix", "http+unix"):
-        return "unix://" + os.path.realpath(rest)
-    return address
+    path = memlock.unix_path(address)
+    return address if path is None else "unix://" + os.path.realpath(path)
 
 
 def lock_dir() -> Path:

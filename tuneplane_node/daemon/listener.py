@@ -43,15 +43,16 @@ PROC = Path("/proc")
 LISTEN = "0A"  # a socket's state in /proc/net/tcp: listening
 
 
-def listen(host: str, port: int, *, backlog: int) -> list[socket.socket]:
-    """The sockets to serve: systemd's when it passed some to this process, else bound
-    here (see `bind`). Raises CannotListen."""
+def listen(host: str, port: int, *, backlog: int) -> tuple[list[socket.socket], bool]:
+    """The sockets to serve, and whether systemd holds them across the node's restarts:
+    systemd's when it passed some to this process, else bound here (see `bind`). Raises
+    CannotListen."""
     sockets = inherited()
     if not sockets:
-        return bind(host, port, backlog=backlog)
+        return bind(host, port, backlog=backlog), False
     named = ", ".join(describe(sock) for sock in sockets)
     log.info("serving the sockets systemd passed (LISTEN_FDS): %s; host and port unused", named)
-    return sockets
+    return sockets, True
 
 
 def bind(host: str, port: int, *, backlog: int) -> list[socket.socket]:

@@ -29,7 +29,7 @@ from tuneplane_node.jobs.results import (
 from tuneplane_node.jobs.stats import CardSample, JobSample, JobStats
 from tuneplane_node.jobs.volumes.fills import VolumeFill
 from tuneplane_node.jobs.volumes.store import Entry
-from tuneplane_node.runtime.base import HIDDEN_LABELS, ContainerState, LogText
+from tuneplane_node.runtime.base import HIDDEN_LABELS, LABEL_NETWORK, ContainerState, LogText
 from tuneplane_node.runtime.fetching import shown
 from tuneplane_node.wire.answers import (
     ErrorJson,
@@ -98,6 +98,7 @@ def _container_json(view: ContainerState) -> StateJson:
         "oom_killed": view.oom_killed,
         "stop_signal": view.stop_signal if view.exists else None,
         "read_only_root": view.read_only_root if view.exists else None,
+        "network": (view.labels.get(LABEL_NETWORK) or None) if view.exists else None,
     }
 
 
@@ -121,6 +122,7 @@ def _pending_json(view: PendingView) -> PendingStateJson:
         "oom_killed": False,
         "stop_signal": view.stop_signal,
         "read_only_root": view.read_only_root,
+        "network": None,  # decided when its container is made, beside the jobs there then
         "pending_phase": view.phase,
         "pending_image": view.image,
         "pending_elapsed_s": view.elapsed_s,

@@ -37,7 +37,7 @@ from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.daemon.app import create_node_app, error_response
 from tuneplane_node.daemon.listener import describe, listen
 from tuneplane_node.daemon.notify import notify
-from tuneplane_node.daemon.state import REGISTRY_AUTH, TASKS, TOKENS
+from tuneplane_node.daemon.state import PORT_HELD, REGISTRY_AUTH, TASKS, TOKENS
 from tuneplane_node.errors import ConfigError, NoClientCertificate
 from tuneplane_node.settings import NodeSettings, env_name
 
@@ -402,7 +402,7 @@ async def serve(settings: NodeSettings, *, host: str, port: int) -> None:
     app = create_node_app(settings, middlewares=tuple(middlewares), engine_lock=True)
     # The port before the start-up (the cache's sync can take seconds): a job looping on
     # bind() during a restart would take it meanwhile. Clients wait in the backlog.
-    sockets = listen(host, port, backlog=BACKLOG)
+    sockets, app[PORT_HELD] = listen(host, port, backlog=BACKLOG)  # read at start-up
     try:
         await _run(app, settings, guard, sockets=sockets, context=context)
     finally:

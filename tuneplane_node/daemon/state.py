@@ -15,6 +15,9 @@ SETTINGS = web.AppKey("settings", NodeSettings)
 JOBS = web.AppKey("jobs", JobService)
 TOKENS = web.AppKey("tokens", TokenSet)
 METRICS = web.AppKey("metrics", Metrics)
+PORT_HELD = web.AppKey("port_held", bool)
+"""Whether systemd holds the node's port across its restarts (socket activation): a
+host-network job cannot take it meanwhile (`jobs.network`)."""
 REGISTRY_AUTH = web.AppKey("registry_auth", AuthFile)
 """The node's registry credentials file; absent when none is set."""
 TASKS = web.AppKey("tasks", BackgroundTasks)

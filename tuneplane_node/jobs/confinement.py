@@ -14,24 +14,22 @@ import posixpath
 from dataclasses import replace
 
 from tuneplane_node import inventory
-from tuneplane_node.errors import ConfigError, InvalidField, NoRdma
-from tuneplane_node.logformat import job_fields
-from tuneplane_node.runtime import cgroupparent
+from tuneplane_node.errors import ConfigError, MemlockUnavailable, NoRdma
+from tuneplane_node.jobs.network import NetworkRule
+from tuneplane_node.runtime import cgroupparent, memlock
 from tuneplane_node.runtime.base import (
     KEPT_CAPABILITIES,
-    LABEL_NETWORK,
-    LABEL_RUN_ID,
     Confinement,
     ContainerSpec,
     Tmpfs,
 )
+from tuneplane_node.runtime.memlock import EngineMemlock
 from tuneplane_node.settings import NodeSettings, env_name
 from tuneplane_node.sizes import size_in_bytes
 
 log = logging.getLogger(__name__)
 LEAST_JOB_MEMORY = 64 * 2**20
 """Below this, what the reserve leaves jobs is a mistake in the settings, not a limit."""
-HOST_NETWORK = env_name("job_host_network")
 RDMA = env_name("rdma")
 NCCL_IB_HCA = "NCCL_IB_HCA"
 RUN_TMPFS_MAX = 64 * 2**20
@@ -79,7 +77,13 @@ def job_tmpfs(tmp_bytes: int, memory_limit: str | None) -> tuple[Tmpfs, Tmpfs]:
 class JobRules:
     """The operator's rules applied to each launch's spec, decided once at start-up."""
 
-    def __init__(self, settings: NodeSettings, *, machine_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        settings: NodeSettings,
+        *,
+        machine_bytes: int | None = None,
+        port_held: bool = False,
+    ) -> None:
         self.confinement = confinement(settings)
         if machine_bytes is None:
             machine_bytes = inventory.memory_total()
@@ -89,10 +93,14 @@ class JobRules:
         self.parent_bounds = cgroupparent.wanted(
             settings, pids=cgroupparent.pid_max(), machine_bytes=machine_bytes
         )
-        self.host_network = settings.job_host_network
+        self.network = NetworkRule(settings, port_held=port_held)
         self.rdma = settings.rdma
         self.rdma_dir = settings.rdma_device_dir
         self.rdma_memlock = settings.rdma_memlock_bytes
+        self.settings = settings
+        self.engine = ""  # and the next two: `engine_limits`, at start
+        self.memlock_refused: str | None = None
+        self.rdma_present = False
         self.hcas = ",".join(hca for fabric in settings.fabrics for hca in fabric.hcas)
         self.read_only_root = settings.job_read_only_root
         self.tmpfs_bytes = settings.job_tmpfs_bytes
@@ -103,7 +111,7 @@ class JobRules:
         spec = replace(spec, confinement=self.confinement)
         if spec.memory_limit is None and self.memory_limit is not None:
             spec = replace(spec, memory_limit=str(self.memory_limit))
-        return self._root(self._rdma(self._network(spec), cards))
+        return self._root(self._rdma(self.network.vetted(spec), cards))
 
     def _root(self, spec: ContainerSpec) -> ContainerSpec:
         """Read-only when the operator says so or the launch asks (a launch's false is
@@ -118,6 +126,33 @@ class JobRules:
         kept = tuple(each for each in tmpfs if each.path not in mounted)
         return replace(spec, read_only_root=True, tmpfs=kept)
 
+    def engine_limits(self, engine: str, memlock: EngineMemlock) -> str | None:
+        """What the engine's process allows, read at start: why a job given RDMA devices
+        cannot get its memlock there (then each such launch is `MemlockUnavailable`), or
+        None when it can or the limit is unknown. Blocking (it lists the devices)."""
+        self.engine, self.memlock_refused = engine, memlock.refusal(self.rdma_memlock)
+        self.rdma_present = self.rdma != "off" and bool(inventory.rdma_devices(self.rdma_dir))
+        return self.memlock_refused
+
+    def read_engine(self, engine: str) -> None:
+        """The engine's hard memlock, read at start (`engine_limits`), an error logged
+        when it refuses what RDMA jobs get here. Blocking."""
+        self.engine_limits(engine, memlock.read(self.settings, engine))
+        refused = self.card_jobs_refused()
+        if refused is not None:
+            log.error("launches given RDMA devices will be refused: %s", refused)
+
+    def card_jobs_refused(self) -> str | None:
+        """Why no card job can start here (each would get RDMA devices the engine cannot
+        lock memory for: `MemlockUnavailable`); None when they can. Health's GPU readiness."""
+        if self.memlock_refused is None or not self.rdma_present:
+            return None
+        return (
+            f"card jobs get RDMA devices and the {self.engine} engine cannot lock their "
+            f"memory: {self.memlock_refused}; set LimitMEMLOCK=infinity in the engine's "
+            "unit, or TUNEPLANE_RDMA_MEMLOCK to a size within the limit"
+        )
+
     def _rdma(self, spec: ContainerSpec, cards: int) -> ContainerSpec:
         """The RDMA devices when the rule (or the launch) says so, and what NCCL needs."""
         if spec.rdma is False or (spec.rdma is None and self.rdma == "off"):
@@ -128,23 +163,10 @@ class JobRules:
             raise NoRdma(why=why)
         if not devices or (spec.rdma is None and self.rdma == "auto" and cards == 0):
             return spec
+        if self.memlock_refused is not None:  # the engine would refuse it: a 502 in runc's words
+            raise MemlockUnavailable(engine=self.engine, why=self.memlock_refused)
         env = dict(spec.env)
         if self.hcas:
             env.setdefault(NCCL_IB_HCA, self.hcas)  # the console's own wins
         handed = tuple(map(str, devices))
         return replace(spec, rdma_devices=handed, rdma_memlock=self.rdma_memlock, env=env)
-
-    def _network(self, spec: ContainerSpec) -> ContainerSpec:
-        if spec.network != "host" or self.host_network == "allow":
-            return spec
-        if self.host_network == "refuse":
-            raise InvalidField(
-                "container.network",
-                f"host networking is refused on this node ({HOST_NETWORK}=refuse): "
-                "use bridge or none",
-            )
-        log.info(
-            "launch %s: host network asked, run on the bridge (%s)", spec.name, HOST_NETWORK,
-            extra=job_fields(spec.name, spec.labels.get(LABEL_RUN_ID), image=spec.image),
-        )  # fmt: skip
-        return replace(spec, network="bridge", labels={**spec.labels, LABEL_NETWORK: "bridge"})

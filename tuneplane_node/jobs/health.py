@@ -14,6 +14,7 @@ from tuneplane_node import inventory
 from tuneplane_node.clock import Clock
 from tuneplane_node.errors import NodeError
 from tuneplane_node.gpu.allocator import GpuAllocator
+from tuneplane_node.gpu.readiness import GpuReadiness
 from tuneplane_node.jobs.imagegc import ImageCollector
 from tuneplane_node.jobs.nodestate import NodeState
 from tuneplane_node.jobs.pending import PendingTable
@@ -39,6 +40,8 @@ class HealthReader:
         self.gc = gc
         # What holds a job's disk, as the disk monitor learnt it (the service says where).
         self.held_by: Callable[[], str | None] = lambda: None
+        # Why no card job can start though the engine hands out cards (the service says).
+        self.cards_refused: Callable[[], str | None] = lambda: None
         self._host: tuple[float, Conditions] = (-math.inf, Conditions())
         self.allocator = allocator
         self.settings = settings
@@ -55,6 +58,9 @@ class HealthReader:
             except NodeError as exc:
                 error = exc.message
         gpu = await self.allocator.ready(occupancy.gpus if occupancy is not None else None)
+        refused = self.cards_refused()
+        if gpu.ready and refused is not None:
+            gpu = GpuReadiness(False, refused)
         now = self.clock.monotonic()
         store = await self.gc.reading()
         return NodeStatus(

@@ -26,6 +26,7 @@ from tuneplane_node.jobs.disklimit import DiskLimits
 from tuneplane_node.jobs.imagegc import ImageCollector
 from tuneplane_node.jobs.images import ImageKeeper
 from tuneplane_node.jobs.mounts import MountPolicy
+from tuneplane_node.jobs.network import neighbours
 from tuneplane_node.jobs.pending import STARTING, PendingLaunch, PendingTable
 from tuneplane_node.jobs.prefetch import Prefetcher
 from tuneplane_node.jobs.pulls import PullCoordinator
@@ -119,6 +120,7 @@ class Launcher:
         images: ImageKeeper,
         settings: NodeSettings,
         clock: Clock,
+        port_held: bool = False,
     ) -> None:
         self.runtime = runtime
         self.allocator = allocator
@@ -128,7 +130,7 @@ class Launcher:
         self.changes = ChangeLog(runtime, settings, clock=clock)  # watch's, fed by the table
         self.pending = PendingTable(clock=clock, on_change=self.changes.changed)
         self.tasks = BackgroundTasks(log)  # the pending launches'
-        self.rules = JobRules(settings)
+        self.rules = JobRules(settings, port_held=port_held)
         self.disk = DiskLimits(settings)
         self.affinity = CpuAffinity(settings)
         self.mounts = MountPolicy(
@@ -393,8 +395,15 @@ class Launcher:
             self.pulls.ledger.record_use(info.id, self.clock.now())
 
     async def _placed(self, spec: ContainerSpec, cards: tuple[int, ...]) -> ContainerSpec:
-        """The spec on the cards it was given, with their CPUs and memory (`CpuAffinity`)."""
-        spec = replace(spec, gpus=cards)
+        """The spec on the cards it was given, with their CPUs and memory (`CpuAffinity`),
+        on the network it gets beside the node's other jobs (`NetworkRule`)."""
+        spec, network = replace(spec, gpus=cards), self.rules.network
+        around = None
+        if network.needs_neighbours(spec):
+            around = await neighbours(
+                spec.name, runtime=self.runtime, allocator=self.allocator, pending=self.pending
+            )
+        spec = network.placed(spec, around)
         return self.affinity.apply(spec, await self.allocator.snapshot()) if cards else spec
 
     def _ended(

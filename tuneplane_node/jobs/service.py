@@ -15,6 +15,7 @@ other. The GPU allocation lock covers only choosing cards and recording the clai
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Iterable
@@ -74,6 +75,7 @@ class JobService:
         clock: Clock = SYSTEM_CLOCK,
         telemetry: Telemetry = NO_TELEMETRY,
         credentials: CredentialSource | None = None,  # the node's registry auth file
+        port_held: bool = False,  # systemd holds the node's port across restarts
     ) -> None:
         self.runtime = runtime
         self.allocator = allocator
@@ -85,8 +87,9 @@ class JobService:
         self.pulls = PullCoordinator(runtime, limits, telemetry, ledger=ledger, clock=clock)
         self.images = ImageKeeper(settings, credentials=credentials, clock=clock, ledger=ledger)
         self.launcher = Launcher(
-            runtime, allocator, self.pulls, images=self.images, settings=settings, clock=clock
-        )
+            runtime, allocator, self.pulls, images=self.images, settings=settings, clock=clock,
+            port_held=port_held,
+        )  # fmt: skip
         self.pending, self.changes = self.launcher.pending, self.launcher.changes  # watch's
         self.catalog = ImageCatalog.of(self.launcher, self.ledger)  # prefetch, GET images
         self.changes.reads(self.observe, lambda: [r.ref for r in self.pending.records()])
@@ -97,6 +100,7 @@ class JobService:
         monitor = self.monitor
         self.health = HealthReader(runtime, allocator, settings, clock=clock, gc=self.gc)
         self.health.held_by = lambda: monitor.held_by
+        self.health.cards_refused = self.rules.card_jobs_refused
         self.reader = LogsReader(runtime, settings, own=self._own, pending=self.pending)
         self.follow_limit = self.reader.follow_limit
         interval = settings.stats_interval_s
@@ -275,6 +279,7 @@ class JobService:
         await self.images.start()
         await self.keeper.start()
         await self.launcher.start_mounts()
+        await asyncio.to_thread(self.rules.read_engine, self.runtime.name)  # its memlock
 
     async def cordon(self, reason: str | None) -> NodeState:
         return await self.keeper.cordon(reason)

@@ -57,6 +57,7 @@ class StateJson(TypedDict):
     oom_killed: bool
     stop_signal: str | None
     read_only_root: bool | None
+    network: str | None
 
 
 class _StoppingOptional(TypedDict, total=False):

@@ -840,7 +840,9 @@ CONTAINER = Body(
             or_empty({"enum": list(NETWORKS)}),
             "`host` (the default, as in 0.3.15), `bridge` or `none`. Joining another "
             "container's namespaces (`container:<x>`) is refused. What `host` gets is the "
-            "operator's: `TUNEPLANE_JOB_HOST_NETWORK`.",
+            "operator's, `TUNEPLANE_JOB_HOST_NETWORK`: by default (`whole-node`) the host "
+            "network only for a job holding every card of the machine with no other job "
+            "there, else the engine's bridge; observe's `network` says which.",
             read=_network,
         ),
         Field(

@@ -1,0 +1,185 @@
+"""Which network a job asking for ``host`` gets (`TUNEPLANE_JOB_HOST_NETWORK`), on the fake
+engine: under ``whole-node`` (the default) the host's only with every card of the machine
+and no other job, where the node's port is held across restarts or the API is TLS."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import IMAGE, MakeFakeNode, fake_settings
+from tests.fakes import FakeClock, FakeProbe, FakeRuntime
+from tests.helpers import console_0315
+from tuneplane_node.gpu.allocator import GpuAllocator
+from tuneplane_node.jobs import JobService
+from tuneplane_node.jobs.results import LaunchRequest
+from tuneplane_node.runtime.base import LABEL_NETWORK, LABEL_RUN_ID, ContainerSpec
+
+MakeService = Callable[..., JobService]
+
+
+@pytest.fixture
+async def make_service(
+    fake: FakeRuntime, probe: FakeProbe, clock: FakeClock, tmp_path: Path
+) -> AsyncIterator[MakeService]:
+    """A job service on the 4-card fake machine; ``port_held`` as `serve` under systemd."""
+    made: list[JobService] = []
+
+    def make(*, port_held: bool = True, **overrides: Any) -> JobService:
+        settings = fake_settings(tmp_path, **overrides)
+        allocator = GpuAllocator(fake, settings, probe=probe)
+        made.append(JobService(fake, allocator, settings, clock=clock, port_held=port_held))
+        return made[-1]
+
+    yield make
+    for service in made:
+        await service.close()
+
+
+def launch(run_id: str, gpus: int, network: str = "host") -> LaunchRequest:
+    spec = ContainerSpec(
+        name=f"tuneplane-{run_id}", image=IMAGE, labels={LABEL_RUN_ID: run_id}, network=network
+    )
+    return LaunchRequest(run_id, gpus, spec)
+
+
+def network_of(fake: FakeRuntime, run_id: str) -> tuple[str, str | None]:
+    """The network the engine was asked for, and the label that says it."""
+    spec = fake.containers[f"tuneplane-{run_id}"].spec
+    return spec.network, spec.labels.get(LABEL_NETWORK)
+
+
+async def test_a_job_with_every_card_and_alone_gets_the_host_network(
+    make_service: MakeService, fake: FakeRuntime
+) -> None:
+    await make_service().launch(launch("whole", 4))
+    assert network_of(fake, "whole") == ("host", "host")
+
+
+async def test_a_job_on_some_of_the_cards_is_bridged(
+    make_service: MakeService, fake: FakeRuntime
+) -> None:
+    await make_service().launch(launch("part", 3))
+    assert network_of(fake, "part") == ("bridge", "bridge")
+
+
+async def test_a_job_beside_a_host_network_job_is_bridged_whatever_it_asks(
+    make_service: MakeService, fake: FakeRuntime
+) -> None:
+    service = make_service()
+    await service.launch(launch("whole", 4))
+    await service.launch(launch("beside", 0))
+    await service.launch(launch("none", 0, network="none"))
+
+    assert network_of(fake, "whole") == ("host", "host")
+    assert network_of(fake, "beside") == ("bridge", "bridge")
+    assert network_of(fake, "none") == ("none", "none")  # what it asked, written
+
+
+async def test_a_whole_machine_job_beside_another_job_is_bridged_until_it_is_gone(
+    make_service: MakeService, fake: FakeRuntime
+) -> None:
+    service = make_service()
+    await service.launch(launch("small", 0, network="bridge"))
+    await service.launch(launch("whole", 4))
+    assert network_of(fake, "whole") == ("bridge", "bridge")
+
+    await service.remove("tuneplane-small")
+    await service.remove("tuneplane-whole")
+    await service.launch(launch("again", 4))
+    assert network_of(fake, "again") == ("host", "host")
+
+
+async def test_an_exited_job_is_no_neighbour(make_service: MakeService, fake: FakeRuntime) -> None:
+    service = make_service()
+    await service.launch(launch("done", 0, network="bridge"))
+    fake.exit("tuneplane-done", 0)
+    await service.launch(launch("whole", 4))
+    assert network_of(fake, "whole") == ("host", "host")
+
+
+async def test_without_the_port_held_nor_tls_every_host_job_is_bridged_said_once(
+    make_service: MakeService, fake: FakeRuntime, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="tuneplane_node.jobs.network")
+    service = make_service(port_held=False)
+    await service.launch(launch("one", 4))
+    assert network_of(fake, "one") == ("bridge", "bridge")
+    await service.remove("tuneplane-one")
+    await service.launch(launch("two", 4))
+
+    assert network_of(fake, "two") == ("bridge", "bridge")
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert len(said) == 1, said
+    assert "socket unit or set TUNEPLANE_TLS_CERT_FILE" in said[0]
+
+
+async def test_an_api_over_tls_is_as_safe_as_a_held_port(
+    make_service: MakeService, fake: FakeRuntime, tmp_path: Path
+) -> None:
+    for name in ("cert.pem", "key.pem"):  # never read: the rule asks only whether TLS is set
+        (tmp_path / name).write_text("")
+    service = make_service(
+        port_held=False, tls_cert_file=tmp_path / "cert.pem", tls_key_file=tmp_path / "key.pem"
+    )
+    await service.launch(launch("whole", 4))
+    assert network_of(fake, "whole") == ("host", "host")
+
+
+async def test_a_machine_whose_cards_are_unknown_bridges_host_jobs(
+    make_service: MakeService, fake: FakeRuntime, probe: FakeProbe
+) -> None:
+    probe.ok = False
+    await make_service(local_gpu_count=None).launch(launch("blind", 0))
+    assert network_of(fake, "blind") == ("bridge", "bridge")
+
+
+async def test_allow_keeps_0315s_behaviour(make_service: MakeService, fake: FakeRuntime) -> None:
+    service = make_service(port_held=False, job_host_network="allow")
+    await service.launch(launch("part", 1))
+    await service.launch(launch("beside", 0))
+    assert network_of(fake, "part") == ("host", "host")
+    assert network_of(fake, "beside") == ("host", "host")
+
+
+# --- through the API, as a 0.3.15 console sees it ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("setting", "gpus", "got"),
+    [
+        ({}, 1, "bridge"),  # the default, whole-node: 1 of 2 cards
+        ({}, 2, "host"),
+        ({"job_host_network": "allow"}, 1, "host"),
+        ({"job_host_network": "bridge"}, 2, "bridge"),
+    ],
+)
+async def test_a_0315_launch_runs_under_every_setting_but_refuse_and_observe_says_where(
+    fake_node: MakeFakeNode, fake: FakeRuntime, setting: dict[str, str], gpus: int, got: str
+) -> None:
+    node = await fake_node(port_held=True, local_gpu_count=2, **setting)
+    answer = await node.ok("POST", "/node/v1/launch", json=console_0315("r1", gpus, image=IMAGE))
+
+    assert answer["phase"] == "running"
+    state = await node.state("tuneplane-r1")
+    assert state["network"] == got
+    assert state["labels"][LABEL_NETWORK] == got
+    assert fake.containers["tuneplane-r1"].spec.network == got
+
+
+async def test_a_pending_launch_has_no_network_yet(fake_node: MakeFakeNode) -> None:
+    node = await fake_node(port_held=True)
+    answer = await node.ok(
+        "POST", "/node/v1/launch", json=console_0315("r1", 0, image="registry/absent:1")
+    )
+    assert answer["phase"] == "pulling"
+    assert (await node.state("tuneplane-r1"))["network"] is None
+
+
+def test_the_default_is_whole_node(tmp_path: Path) -> None:
+    settings = fake_settings(tmp_path)
+    assert settings.job_host_network == "whole-node"

@@ -1,0 +1,124 @@
+"""Which network a job gets (``TUNEPLANE_JOB_HOST_NETWORK``), written on its container.
+
+The host network is a room shared with the node and every other job: a job on it reaches
+the loopback services (the node's API, a local registry), another job's rendezvous port,
+and during a restart the node's own port. So under ``whole-node`` (the default) a job
+asking for ``host`` gets it only when it holds every card of the machine while no other
+job of the node runs or is being launched, and only where a job cannot take the node's
+port across a restart: the port is held by systemd (socket activation) or the API is
+served over TLS (a squatter cannot present the node's certificate). Any other such job
+runs on the engine's ``bridge`` network, its own. A job launched beside a host-network
+job holds no card of the machine, so it is bridged whatever it asks. ``allow`` gives
+every job what it asks, ``bridge`` bridges every host request, ``refuse`` refuses it.
+
+The network a job got is its container's label (`LABEL_NETWORK`): observe shows it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+
+from tuneplane_node.errors import InvalidField
+from tuneplane_node.gpu.allocator import GpuAllocator
+from tuneplane_node.jobs.pending import FAILED, PendingTable
+from tuneplane_node.logformat import job_fields
+from tuneplane_node.runtime.base import (
+    LABEL_NETWORK,
+    LABEL_RUN_ID,
+    ContainerRuntime,
+    ContainerSpec,
+)
+from tuneplane_node.settings import NodeSettings, env_name
+
+log = logging.getLogger(__name__)
+HOST, BRIDGE = "host", "bridge"
+HOST_NETWORK = env_name("job_host_network")
+WHOLE_NODE = "whole-node"
+PORT_NOT_HELD = (
+    "the node's port is not held across its restarts (no systemd socket activation) and "
+    f"its API is plain HTTP: a host-network job could take the port and the console's "
+    f"token; run it under contrib/systemd's socket unit or set {env_name('tls_cert_file')}"
+)
+
+PORT_UNSAFE = "the node's port is not held across restarts and the API is plain HTTP"
+
+
+@dataclass(frozen=True)
+class Neighbours:
+    """What the ``whole-node`` rule looks at, for one launch: the machine's cards (None:
+    unknown) and the node's other jobs (running, created or being launched)."""
+
+    cards: int | None
+    others: int
+
+
+class NetworkRule:
+    """The operator's rule for a launch asking for ``host``, decided once at start-up."""
+
+    def __init__(self, settings: NodeSettings, *, port_held: bool = False) -> None:
+        self.mode = settings.job_host_network
+        self.port_safe = port_held or settings.tls_cert_file is not None
+        self._port_said = False
+
+    def vetted(self, spec: ContainerSpec) -> ContainerSpec:
+        """Before the cards are chosen: `InvalidField` under ``refuse``, the bridge under
+        ``bridge``; ``whole-node`` decides at placement (`placed`)."""
+        if spec.network != HOST or self.mode in ("allow", WHOLE_NODE):
+            return spec
+        if self.mode == "refuse":
+            raise InvalidField(
+                "container.network",
+                f"host networking is refused on this node ({HOST_NETWORK}=refuse): "
+                "use bridge or none",
+            )
+        return self._bridged(spec, f"{HOST_NETWORK}=bridge")
+
+    def needs_neighbours(self, spec: ContainerSpec) -> bool:
+        return spec.network == HOST and self.mode == WHOLE_NODE
+
+    def placed(self, spec: ContainerSpec, around: Neighbours | None = None) -> ContainerSpec:
+        """The spec on the network it gets, written in its label. ``around``: the
+        machine around a launch `needs_neighbours` says is to be decided."""
+        if around is not None and self.needs_neighbours(spec):
+            why = self._not_whole(spec, around)
+            if why is not None:
+                return self._bridged(spec, why)
+        return replace(spec, labels={**spec.labels, LABEL_NETWORK: spec.network})
+
+    def _not_whole(self, spec: ContainerSpec, around: Neighbours) -> str | None:
+        """Why the launch may not have the host network, None when it may."""
+        if not self.port_safe:
+            if not self._port_said:  # the operator's setup: said once, not at each launch
+                self._port_said = True
+                log.warning("host-network jobs run on the bridge: %s", PORT_NOT_HELD)
+            return PORT_UNSAFE
+        if around.cards is None or around.cards == 0:
+            return "the machine's cards are unknown or none: no job holds the whole machine"
+        if len(spec.gpus) < around.cards:
+            return f"it holds {len(spec.gpus)} of the machine's {around.cards} cards"
+        if around.others:
+            return f"{around.others} other job(s) of the node run on this machine"
+        return None
+
+    def _bridged(self, spec: ContainerSpec, why: str) -> ContainerSpec:
+        log.log(
+            logging.DEBUG if why == PORT_UNSAFE else logging.INFO,
+            "launch %s: host network asked, run on the bridge (%s: %s)", spec.name,
+            HOST_NETWORK, why,
+            extra=job_fields(spec.name, spec.labels.get(LABEL_RUN_ID), image=spec.image),
+        )  # fmt: skip
+        return replace(spec, network=BRIDGE, labels={**spec.labels, LABEL_NETWORK: BRIDGE})
+
+
+async def neighbours(
+    ref: str, *, runtime: ContainerRuntime, allocator: GpuAllocator, pending: PendingTable
+) -> Neighbours:
+    """The machine's cards and the node's jobs other than ``ref``: live containers, launches
+    pending a pull, and launches holding cards whose container is being made."""
+    occupancy = await allocator.occupancy()
+    others = {state.name for state in await runtime.ps() if state.live and state.ours}
+    others |= {record.ref for record in pending.records() if record.phase != FAILED}
+    others |= set(occupancy.claims)
+    others.discard(ref)
+    return Neighbours(occupancy.total if occupancy.known else None, len(others))

@@ -6,6 +6,7 @@ bytes a test says each job wrote (`FakeRuntime.written`), on its disk."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import pytest
 from tests.conftest import fake_settings
 from tests.fakes import MIB, FakeClock, FakeProbe, FakeRuntime
 from tests.helpers import wait_until
+from tuneplane_node import inventory
 from tuneplane_node.errors import InsufficientStorage, InvalidField
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs import JobService, LaunchRequest, StoppedView
@@ -255,3 +257,25 @@ async def test_a_remote_store_knows_no_disk_and_stops_no_one(
     assert not await service.monitor.check()
     view = (await service.observe([named("job")]))[named("job")]
     assert not isinstance(view, StoppedView)  # no figure: unknown, never 0
+
+
+async def test_a_launch_reads_the_store_once_and_a_burst_of_health_the_host_once(
+    make_node: MakeNode, fake: FakeRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 40: a launch's disk limit and room check share one reading of the store; a
+    burst of health reads the host's /proc files once, not once per request."""
+    service = await make_node()
+    before = fake.calls["data_root"]
+    await service.launch(launch("job"))
+    assert fake.calls["data_root"] - before == 1
+
+    reads: list[int] = []
+
+    def pid_pressure() -> bool:
+        reads.append(1)
+        return False
+
+    monkeypatch.setattr(inventory, "pid_pressure", pid_pressure)
+    burst = await asyncio.gather(*(service.status() for _ in range(50)))
+    assert len(reads) == 1
+    assert {status.conditions.pid_pressure for status in burst} == {False}

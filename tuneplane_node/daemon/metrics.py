@@ -67,6 +67,7 @@ class Metrics(Telemetry):
         self.per_job = _PerJob(registry) if per_job else None
 
     def _events(self, registry: CollectorRegistry) -> None:
+        self._http_children: dict[tuple[str, str, int], Histogram] = {}
         self.http = Histogram(
             f"{PREFIX}_http_request_duration_seconds",
             "API requests by route template, method and status.",
@@ -208,7 +209,13 @@ class Metrics(Telemetry):
         audit.node_action("image gc", "removed", **facts)
 
     def request(self, route: str, method: str, status: int, seconds: float) -> None:
-        self.http.labels(route, method, str(status)).observe(seconds)
+        # The labelled child once per (route template, method, status), a bounded set:
+        # `labels()` checks and locks on every call, the hottest line of a burst.
+        key = (route, method, status)
+        child = self._http_children.get(key)
+        if child is None:
+            child = self._http_children[key] = self.http.labels(route, method, str(status))
+        child.observe(seconds)
 
     def auth_failed(self, status: int) -> None:
         self.auth_failures.labels(str(status)).inc()

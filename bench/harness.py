@@ -298,6 +298,20 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def settle(pid: int, *, busy: float = 0.15, window_s: float = 1.0, timeout_s: float = 45) -> None:
+    """Wait until a daemon is done starting: its CPU over ``window_s`` under ``busy`` of
+    one core. A fresh daemon's first passes (the disk monitor asks the engine where each
+    running container writes, once per container) would fall into the first bursts,
+    and they are a start-up's cost, not a request's."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        before = cpu_seconds(pid)
+        time.sleep(window_s)
+        if (cpu_seconds(pid) - before) / window_s < busy:
+            break
+    print(f"daemon settled after {time.monotonic() - started:.1f} s", flush=True)
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -48,6 +48,7 @@ from harness import (
     percentile,
     profiled,
     rotated,
+    settle,
 )
 
 KINDS = ("mixed", "observe", "health")
@@ -261,6 +262,7 @@ def measured_daemon(
     with Daemon(python_args=python_args, checkout=checkout) as daemon:
         api = Api(daemon.url)
         api.wait_tracked(names)
+        settle(daemon.pid)
         print(f"daemon {code_version(checkout)}; cache: {api.health()['state_cache']}")
         cpu = daemon.cpu_seconds()
         with profiled(daemon, args.profile):

@@ -50,6 +50,7 @@ from harness import (
     peer_checkout,
     profiled,
     rotated,
+    settle,
     timed,
 )
 
@@ -253,6 +254,7 @@ def measured_daemon(
     with Daemon(checkout=checkout) as daemon:
         api = Api(daemon.url)
         api.wait_tracked(names)
+        settle(daemon.pid)
         check(api, names)
         engine = EngineSocket(docker_host().removeprefix("unix://"))
         lean = LeanApi(daemon.url)

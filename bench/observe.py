@@ -167,10 +167,11 @@ def report(times: dict[tuple[str, int], list[float]]) -> None:
     )
     for size in sizes:
         api, lean = median(times["api", size]), median(times["lean", size])
-        raw, cli = median(times["raw", size]), median(times["cli", size])
+        raw, clis = median(times["raw", size]), times.get(("cli", size), [])
+        cli = median(clis) if clis else float("nan")  # left out (--peer): nan
         print(
             f"{size:4d} | {ms(api)} | {ms(lean)} (spread {spread(times['lean', size])}) "
-            f"| {ms(raw)} | {ms(cli)} ({len(times['cli', size])} rounds)"
+            f"| {ms(raw)} | {ms(cli)} ({len(clis)} rounds)"
             f" | {raw / lean:.1f}x | {cli / lean:.1f}x"
         )
     top = sizes[-1]

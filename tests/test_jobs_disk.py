@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -279,3 +280,24 @@ async def test_a_launch_reads_the_store_once_and_a_burst_of_health_the_host_once
     burst = await asyncio.gather(*(service.status() for _ in range(50)))
     assert len(reads) == 1
     assert {status.conditions.pid_pressure for status in burst} == {False}
+
+
+async def test_observe_keeps_a_running_jobs_view_until_its_figures_change(
+    make_node: MakeNode, fake: FakeRuntime
+) -> None:
+    """Issue 40: a view is made once per state object and its facts (300 running jobs,
+    each with its disk's figures, made 300 views per observe); new figures show at once."""
+    service = await make_node()
+    await service.launch(launch("job"))
+    fake.written[named("job")] = 5 * MIB
+    await service.monitor.check()
+    first = (await service.observe([named("job")]))[named("job")]
+    assert isinstance(first, StoppedView) and first.disk is not None
+    assert first.disk.used_bytes == 5 * MIB
+    # the state cache hands out one object per state (the fake copies): asked directly
+    assert service.views.of(first.state, None, None, first.disk) is first
+    assert service.views.of(first.state, None, None, replace(first.disk)) is first
+
+    grown = replace(first.disk, used_bytes=7 * MIB)  # the monitor's next measure
+    later = service.views.of(first.state, None, None, grown)
+    assert later is not first and later.disk == grown

@@ -71,6 +71,14 @@ def arguments(description: str, *, containers: int, rounds: int) -> argparse.Arg
     return parser
 
 
+def peer_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--peer`` and ``--pairs``, for a script that compares two checkouts' daemons."""
+    parser.add_argument(
+        "--peer", metavar="CHECKOUT", help="another checkout's daemon, run alternately with this"
+    )
+    parser.add_argument("--pairs", type=int, default=3, help="with --peer: runs of each (>= 3)")
+
+
 def machine() -> str:
     """One line: cpus, cpu model, memory, python, docker engine version."""
     model = "unknown cpu"
@@ -83,7 +91,7 @@ def machine() -> str:
     client = engine_client(pool=1)
     engine = client.version().get("Version", "?")
     client.close()
-    load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    load = load_average()
     return (
         f"machine: {os.cpu_count()} cpu ({model}), {memory_kb / 2**20:.1f} GiB, "
         f"python {platform.python_version()}, docker engine {engine}, {platform.release()}; "
@@ -91,9 +99,9 @@ def machine() -> str:
     )
 
 
-def code_version() -> str:
-    """The commit the daemon's code is at, and whether tuneplane_node/ differs from it."""
-    git = ["git", "-C", str(REPO)]
+def code_version(checkout: Path = REPO) -> str:
+    """The commit a checkout's daemon code is at, and whether tuneplane_node/ differs."""
+    git = ["git", "-C", str(checkout)]
     try:
         head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True)
         dirty = subprocess.run(
@@ -154,6 +162,45 @@ def rotated(items: Sequence[Any], round_index: int) -> list[Any]:
     """The compared methods in a different order each round (interleaving)."""
     shift = round_index % len(items)
     return [*items[shift:], *items[:shift]]
+
+
+def peer_checkout(path: str | None) -> Path | None:
+    """``--peer PATH``: another checkout (a worktree at the commit to compare with)."""
+    if path is None:
+        return None
+    checkout = Path(path).resolve()
+    if not (checkout / "tuneplane_node" / "__init__.py").is_file():
+        raise SystemExit(f"--peer {path}: no tuneplane_node/ there")
+    return checkout
+
+
+def alternate(peer: Path, pairs: int, measure: Callable[[Path], dict[str, float]]) -> None:
+    """``measure`` this checkout's daemon and the peer's, one at a time, the first of each
+    pair alternating; then each figure of both and its ratio per pair (this / peer). A
+    figure named ``... (x)`` is a ratio itself, any other a time in seconds."""
+    checkouts = {"this": REPO, "peer": peer}
+    runs: dict[str, list[dict[str, float]]] = {"this": [], "peer": []}
+    for index in range(pairs):
+        for which in ("this", "peer") if index % 2 == 0 else ("peer", "this"):
+            version = code_version(checkouts[which])
+            print(f"\n=== pair {index + 1}, {which} ({version}), load average {load_average()}")
+            runs[which].append(measure(checkouts[which]))
+    print(f"\n=== this {code_version()} against the peer {code_version(peer)}, per pair:")
+    for figure in runs["this"][0]:
+        shown: Callable[[float], str] = (lambda v: f"{v:.1f}x") if figure.endswith("(x)") else ms
+        mine = [run[figure] for run in runs["this"]]
+        theirs = [run[figure] for run in runs["peer"]]
+        ratios = [a / b for a, b in zip(mine, theirs, strict=True)]
+        print(f"{figure}: this {', '.join(map(shown, mine))}; peer {', '.join(map(shown, theirs))}")
+        print(
+            f"  this / peer: {', '.join(f'{r:.3f}' for r in ratios)} "
+            f"(median {median(ratios):.3f}, max {max(ratios):.3f})"
+        )
+    print(f"load average at the end: {load_average()}")
+
+
+def load_average() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 # --- the fleet of containers -------------------------------------------------------------
@@ -251,6 +298,20 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def settle(pid: int, *, busy: float = 0.15, window_s: float = 1.0, timeout_s: float = 45) -> None:
+    """Wait until a daemon is done starting: its CPU over ``window_s`` under ``busy`` of
+    one core. A fresh daemon's first passes (the disk monitor asks the engine where each
+    running container writes, once per container) would fall into the first bursts,
+    and they are a start-up's cost, not a request's."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        before = cpu_seconds(pid)
+        time.sleep(window_s)
+        if (cpu_seconds(pid) - before) / window_s < busy:
+            break
+    print(f"daemon settled after {time.monotonic() - started:.1f} s", flush=True)
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -260,8 +321,15 @@ def free_port() -> int:
 class Daemon:
     """``python3 -m tuneplane_node serve`` as a real subprocess, in a throwaway directory."""
 
-    def __init__(self, *, python_args: Sequence[str] = (), env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        *,
+        python_args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+        checkout: Path = REPO,
+    ):
         self.python_args = list(python_args)
+        self.checkout = checkout  # whose tuneplane_node runs: this one, or a peer's
         self.extra_env = env or {}
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -276,7 +344,7 @@ class Daemon:
     def environment(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("TUNEPLANE_")}
         env |= {
-            "PYTHONPATH": str(REPO),
+            "PYTHONPATH": str(self.checkout),
             "TUNEPLANE_NODE_TOKEN": TOKEN,
             "TUNEPLANE_LOCAL_RUNTIME": "docker",
             "TUNEPLANE_DOCKER_HOST": docker_host(),

@@ -20,6 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
+Lifecycle = Callable[[web.Application], AsyncIterator[None]]
 TICK_S = 0.001
 RECORD_OVER_S = 0.001
 
@@ -35,7 +36,7 @@ async def measure(lags: list[tuple[float, float]], ticks: list[int]) -> None:
             lags.append((time.monotonic(), lag))
 
 
-def meter(out: Path) -> Callable[[web.Application], AsyncIterator[None]]:
+def meter(out: Path) -> Lifecycle:
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         lags: list[tuple[float, float]] = []
         ticks = [0]
@@ -48,26 +49,32 @@ def meter(out: Path) -> Callable[[web.Application], AsyncIterator[None]]:
     return lifecycle
 
 
-def install(out: Path) -> None:
+def install(lifecycle: Lifecycle) -> None:
+    """Give the daemon's app one more cleanup context (the daemon's code untouched)."""
     import tuneplane_node.daemon.app as daemon_app
 
     original = daemon_app.create_node_app
 
     def create_node_app(*args: Any, **kwargs: Any) -> web.Application:
         app = original(*args, **kwargs)
-        app.cleanup_ctx.append(meter(out))
+        app.cleanup_ctx.append(lifecycle)
         return app
 
     daemon_app.create_node_app = create_node_app  # cli.serve imports it when called
 
 
-def main() -> None:
+def wrap(usage: str, lifecycle_of: Callable[[Path], Lifecycle]) -> None:
+    """``SCRIPT OUT -m MODULE ARGS...``: the module run with ``lifecycle_of(OUT)`` added."""
     out, flag, module, *rest = sys.argv[1:]
     if flag != "-m":
-        raise SystemExit("usage: lagmeter.py OUT.json -m MODULE ARGS...")
-    install(Path(out))
+        raise SystemExit(f"usage: {usage} -m MODULE ARGS...")
+    install(lifecycle_of(Path(out)))
     sys.argv = [module, *rest]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+def main() -> None:
+    wrap("lagmeter.py OUT.json", meter)
 
 
 if __name__ == "__main__":

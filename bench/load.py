@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import http.client
+import itertools
 import json
 import signal
 import subprocess
@@ -28,19 +29,26 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import aiohttp
+import loopprofile
 from harness import (
     HEADERS,
+    REPO,
     Api,
     Daemon,
+    alternate,
     arguments,
+    code_version,
     cpu_seconds,
     fleet,
     machine,
     median,
     ms,
+    peer_arguments,
+    peer_checkout,
     percentile,
     profiled,
     rotated,
+    settle,
 )
 
 KINDS = ("mixed", "observe", "health")
@@ -242,15 +250,20 @@ def in_process_lags(path: Path, bursts: list[dict[str, Any]]) -> None:
     print(f"  between the bursts (idle gaps): worst lag {ms(max(calm, default=0.0))}")
 
 
-def measured_daemon(args: argparse.Namespace, lag_file: Path) -> list[dict[str, Any]]:
+def measured_daemon(
+    args: argparse.Namespace, names: list[str], lag_file: Path, *, checkout: Path = REPO
+) -> dict[str, Any]:
+    """One daemon of ``checkout`` over the fleet: its bursts, reported; their summary."""
     python_args = (
         [] if args.no_lag_meter else [str(Path(__file__).with_name("lagmeter.py")), str(lag_file)]
     )
-    with fleet("load") as made, Daemon(python_args=python_args) as daemon:
+    if args.cprofile:  # instead of the lag meter: one wrapper at a time
+        python_args = [str(Path(__file__).with_name("loopprofile.py")), args.cprofile]
+    with Daemon(python_args=python_args, checkout=checkout) as daemon:
         api = Api(daemon.url)
-        names = made.create(args.containers)
         api.wait_tracked(names)
-        print(f"daemon cache: {api.health()['state_cache']}")
+        settle(daemon.pid)
+        print(f"daemon {code_version(checkout)}; cache: {api.health()['state_cache']}")
         cpu = daemon.cpu_seconds()
         with profiled(daemon, args.profile):
             bursts, samples = run_load(daemon, names, args.rounds)
@@ -262,7 +275,23 @@ def measured_daemon(args: argparse.Namespace, lag_file: Path) -> list[dict[str, 
             f"{ms(cpu / served)} per request on average"
         )
         api.close()
-    return bursts
+    if args.cprofile:
+        print(loopprofile.top(Path(args.cprofile)))
+    elif not args.no_lag_meter:
+        in_process_lags(lag_file, bursts)
+    return summary(bursts)
+
+
+def summary(bursts: list[dict[str, Any]]) -> dict[str, float]:
+    """What a pair compares: the mixed bursts' pooled p99, each kind's CPU per request."""
+    figures = {}
+    for kind in KINDS:
+        mine = [b for b in bursts if b["kind"] == kind]
+        requests = sum(len(b["latencies"]) for b in mine)
+        figures[f"cpu {kind}"] = sum(b["cpu"] for b in mine) / requests
+    mixed = [lat for b in bursts if b["kind"] == "mixed" for _, lat in b["latencies"]]
+    figures["p99 mixed"] = percentile(mixed, 99)
+    return figures
 
 
 def main() -> None:
@@ -275,13 +304,28 @@ def main() -> None:
         return None
     parser = arguments(__doc__.splitlines()[0], containers=300, rounds=5)
     parser.add_argument("--no-lag-meter", action="store_true", help="run the bare daemon")
+    parser.add_argument(
+        "--cprofile", metavar="OUT.prof", help="cProfile the loop's thread (loopprofile.py)"
+    )
+    peer_arguments(parser)
     args = parser.parse_args()
+    peer = peer_checkout(args.peer)
     print(machine())
-    with tempfile.TemporaryDirectory(prefix="tuneplane-bench-lag-") as folder:
-        lag_file = Path(folder) / "lags.json"
-        bursts = measured_daemon(args, lag_file)
-        if not args.no_lag_meter:
-            in_process_lags(lag_file, bursts)
+    with (
+        tempfile.TemporaryDirectory(prefix="tuneplane-bench-lag-") as folder,
+        fleet("load") as made,
+    ):
+        names = made.create(args.containers)
+        if peer is None:
+            measured_daemon(args, names, Path(folder) / "lags.json")
+        else:
+            runs = itertools.count()
+
+            def one_run(checkout: Path) -> dict[str, float]:
+                lag_file = Path(folder) / f"lags-{next(runs)}.json"
+                return measured_daemon(args, names, lag_file, checkout=checkout)
+
+            alternate(peer, args.pairs, one_run)
     return None
 
 

@@ -14,6 +14,7 @@ Goals at 300 refs: the lean API median under 2 ms and at least 50x faster than (
 
 from __future__ import annotations
 
+import argparse
 import functools
 import http.client
 import json
@@ -24,15 +25,20 @@ import sys
 import time
 import urllib.parse
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import orjson
 from harness import (
     HEADERS,
     LABEL_BENCH,
+    REPO,
     Api,
     Daemon,
+    Fleet,
+    alternate,
     arguments,
+    code_version,
     cpu_seconds,
     docker_host,
     fleet,
@@ -40,8 +46,11 @@ from harness import (
     machine,
     median,
     ms,
+    peer_arguments,
+    peer_checkout,
     profiled,
     rotated,
+    settle,
     timed,
 )
 
@@ -158,10 +167,11 @@ def report(times: dict[tuple[str, int], list[float]]) -> None:
     )
     for size in sizes:
         api, lean = median(times["api", size]), median(times["lean", size])
-        raw, cli = median(times["raw", size]), median(times["cli", size])
+        raw, clis = median(times["raw", size]), times.get(("cli", size), [])
+        cli = median(clis) if clis else float("nan")  # left out (--peer): nan
         print(
             f"{size:4d} | {ms(api)} | {ms(lean)} (spread {spread(times['lean', size])}) "
-            f"| {ms(raw)} | {ms(cli)} ({len(times['cli', size])} rounds)"
+            f"| {ms(raw)} | {ms(cli)} ({len(clis)} rounds)"
             f" | {raw / lean:.1f}x | {cli / lean:.1f}x"
         )
     top = sizes[-1]
@@ -185,7 +195,9 @@ web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log
 """
 
 
-def daemon_cpu(daemon: Daemon, lean: LeanApi, names: Sequence[str], calls: int = 300) -> None:
+def daemon_cpu(
+    daemon: Daemon, lean: LeanApi, names: Sequence[str], calls: int = 300
+) -> dict[str, float]:
     """The daemon's own CPU per request (its /proc figures), apart from any client: the
     bare HTTP floor (/healthz), health, and observe of every name, back to back; and the
     peer: an aiohttp app of one handler and no middleware answering the same way."""
@@ -194,8 +206,7 @@ def daemon_cpu(daemon: Daemon, lean: LeanApi, names: Sequence[str], calls: int =
         "GET /node/v1/health": lambda: lean.ask("GET", "/node/v1/health"),
         f"observe of {len(names)} refs": lambda: lean.observe(names),
     }
-    for what, ask in asks.items():
-        cpu_per_call(what, daemon.pid, ask, calls)
+    figures = {what: cpu_per_call(what, daemon.pid, ask, calls) for what, ask in asks.items()}
     port = free_port()
     bare = subprocess.Popen([sys.executable, "-c", BARE_APP, str(port)])
     try:
@@ -206,9 +217,10 @@ def daemon_cpu(daemon: Daemon, lean: LeanApi, names: Sequence[str], calls: int =
     finally:
         bare.terminate()
         bare.wait()
+    return figures
 
 
-def cpu_per_call(what: str, pid: int, ask: Callable[[], Any], calls: int) -> None:
+def cpu_per_call(what: str, pid: int, ask: Callable[[], Any], calls: int) -> float:
     for _ in range(20):  # warm
         ask()
     before, started = cpu_seconds(pid), time.monotonic()
@@ -219,6 +231,7 @@ def cpu_per_call(what: str, pid: int, ask: Callable[[], Any], calls: int) -> Non
         f"CPU per request, {what}: {ms(cpu / calls)} "
         f"({calls} back to back, {ms(wall / calls)} each end to end)"
     )
+    return cpu / calls
 
 
 def wait_listening(peer: LeanApi) -> None:
@@ -234,31 +247,56 @@ def wait_listening(peer: LeanApi) -> None:
             time.sleep(0.05)
 
 
-def main() -> None:
-    parser = arguments(__doc__.splitlines()[0], containers=300, rounds=5)
-    parser.add_argument("--cli-rounds", type=int, default=5, help="rounds of (b), the slow one")
-    args = parser.parse_args()
-    print(machine())
-    with fleet("observe") as made, Daemon() as daemon:
-        names = made.create(args.containers)
+def measured_daemon(
+    args: argparse.Namespace, made: Fleet, names: Sequence[str], *, checkout: Path = REPO
+) -> dict[str, float]:
+    """One daemon of ``checkout`` over the fleet: the table, the CPU lines; their summary
+    (with a peer the CLI sweep is left out: it measures the engine, not the daemon)."""
+    with Daemon(checkout=checkout) as daemon:
         api = Api(daemon.url)
         api.wait_tracked(names)
+        settle(daemon.pid)
         check(api, names)
         engine = EngineSocket(docker_host().removeprefix("unix://"))
         lean = LeanApi(daemon.url)
-        print(f"{len(names)} tracked containers; daemon cache: {api.health()['state_cache']}")
+        print(f"daemon {code_version(checkout)}; cache: {api.health()['state_cache']}")
+        calls = methods(api, lean, engine, made.session)
+        if args.peer is not None:
+            del calls["cli"]
         with profiled(daemon, args.profile):
-            times = measure(
-                methods(api, lean, engine, made.session),
-                names,
-                rounds=args.rounds,
-                cli_rounds=args.cli_rounds,
-            )
+            times = measure(calls, names, rounds=args.rounds, cli_rounds=args.cli_rounds)
             report(times)
-            daemon_cpu(daemon, lean, names)
+            cpu = daemon_cpu(daemon, lean, names)
         lean.close()
         engine.close()
         api.close()
+    top = max(size for _, size in times)
+    raw, fast = median(times["raw", top]), median(times["lean", top])
+    return {
+        f"lean observe({top})": fast,
+        f"raw sweep / lean observe({top}) (x)": raw / fast,
+        "cpu health": cpu["GET /node/v1/health"],
+        f"cpu observe({top})": cpu[f"observe of {len(names)} refs"],
+    }
+
+
+def main() -> None:
+    parser = arguments(__doc__.splitlines()[0], containers=300, rounds=5)
+    parser.add_argument("--cli-rounds", type=int, default=5, help="rounds of (b), the slow one")
+    peer_arguments(parser)
+    args = parser.parse_args()
+    peer = peer_checkout(args.peer)
+    print(machine())
+    with fleet("observe") as made:
+        names = made.create(args.containers)
+        if peer is None:
+            measured_daemon(args, made, names)
+        else:
+            alternate(
+                peer,
+                args.pairs,
+                lambda checkout: measured_daemon(args, made, names, checkout=checkout),
+            )
 
 
 if __name__ == "__main__":

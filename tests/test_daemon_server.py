@@ -424,6 +424,26 @@ async def test_a_changed_token_file_is_read_without_a_signal(tmp_path: Path) -> 
         await asyncio.gather(watching, return_exceptions=True)
 
 
+async def test_a_header_that_matched_is_forgotten_with_its_token(tmp_path: Path) -> None:
+    """Issue 40: a matched header is known again from memory, never past a reload that
+    dropped its token, and a wrong one is never remembered."""
+    from tuneplane_node.daemon.tokens import TokenSet
+
+    tokens = tmp_path / "tokens"
+    tokens.write_text("old-token-0123456789 name=console\n")
+    accepted = TokenSet.from_settings(
+        node_settings(tmp_path, node_token=None, node_token_file=tokens)
+    )
+    header = "Bearer old-token-0123456789"
+    first = accepted.match(header)
+    assert first is not None and accepted.match(header) is first
+    assert accepted.match("Bearer old-token-0123456788") is None
+    tokens.write_text("new-token-0123456789\n")
+    await accepted.reload()
+    assert accepted.match(header) is None
+    assert accepted.match("Bearer new-token-0123456789") is not None
+
+
 async def test_a_sighup_reload_that_fails_is_logged_with_its_name(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -6,7 +6,9 @@ bytes a test says each job wrote (`FakeRuntime.written`), on its disk."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ import pytest
 from tests.conftest import fake_settings
 from tests.fakes import MIB, FakeClock, FakeProbe, FakeRuntime
 from tests.helpers import wait_until
+from tuneplane_node import inventory
 from tuneplane_node.daemon.render import (
     state_json,
 )
@@ -286,3 +289,46 @@ async def test_a_remote_store_knows_no_disk_and_stops_no_one(
     assert not await service.monitor.check()
     view = (await service.observe([named("job")]))[named("job")]
     assert not isinstance(view, StoppedView)  # no figure: unknown, never 0
+
+
+async def test_a_launch_reads_the_store_once_and_a_burst_of_health_the_host_once(
+    make_node: MakeNode, fake: FakeRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 40: a launch's disk limit and room check share one reading of the store; a
+    burst of health reads the host's /proc files once, not once per request."""
+    service = await make_node()
+    before = fake.calls["data_root"]
+    await service.launch(launch("job"))
+    assert fake.calls["data_root"] - before == 1
+
+    reads: list[int] = []
+
+    def pid_pressure() -> bool:
+        reads.append(1)
+        return False
+
+    monkeypatch.setattr(inventory, "pid_pressure", pid_pressure)
+    burst = await asyncio.gather(*(service.status() for _ in range(50)))
+    assert len(reads) == 1
+    assert {status.conditions.pid_pressure for status in burst} == {False}
+
+
+async def test_observe_keeps_a_running_jobs_view_until_its_figures_change(
+    make_node: MakeNode, fake: FakeRuntime
+) -> None:
+    """Issue 40: a view is made once per state object and its facts (300 running jobs,
+    each with its disk's figures, made 300 views per observe); new figures show at once."""
+    service = await make_node()
+    await service.launch(launch("job"))
+    fake.written[named("job")] = 5 * MIB
+    await service.monitor.check()
+    first = (await service.observe([named("job")]))[named("job")]
+    assert isinstance(first, StoppedView) and first.disk is not None
+    assert first.disk.used_bytes == 5 * MIB
+    # the state cache hands out one object per state (the fake copies): asked directly
+    assert service.views.of(first.state, None, None, first.disk) is first
+    assert service.views.of(first.state, None, None, replace(first.disk)) is first
+
+    grown = replace(first.disk, used_bytes=7 * MIB)  # the monitor's next measure
+    later = service.views.of(first.state, None, None, grown)
+    assert later is not first and later.disk == grown

@@ -147,12 +147,13 @@ def measure_middleware(metrics: Metrics) -> Middleware:
             route = resource.canonical if resource is not None else "unmatched"
             method = request.method if request.method in METHODS else "other"
             metrics.request(route, method, status, seconds)
-            token = request.get(TOKEN_KEY)
-            name = token.name if token is not None else "-"
-            access_log.debug(
-                "%s %s %d %.1f ms by %s", method, route, status, seconds * 1000, name,
-                extra={"client": request.remote, "status": status, "token": name},
-            )  # fmt: skip
+            if access_log.isEnabledFor(logging.DEBUG):  # else its arguments cost for nothing
+                token = request.get(TOKEN_KEY)
+                name = token.name if token is not None else "-"
+                access_log.debug(
+                    "%s %s %d %.1f ms by %s", method, route, status, seconds * 1000, name,
+                    extra={"client": request.remote, "status": status, "token": name},
+                )  # fmt: skip
 
     return measure
 

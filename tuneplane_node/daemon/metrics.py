@@ -67,6 +67,7 @@ class Metrics(Telemetry):
         self.per_job = _PerJob(registry) if per_job else None
 
     def _events(self, registry: CollectorRegistry) -> None:
+        self._children: dict[tuple[object, ...], Histogram] = {}
         self.http = Histogram(
             f"{PREFIX}_http_request_duration_seconds",
             "API requests by route template, method and status.",
@@ -186,7 +187,7 @@ class Metrics(Telemetry):
     # --- events (Telemetry) -------------------------------------------------------------
 
     def engine_call(self, call: str, seconds: float, *, failed: bool) -> None:
-        self.engine.labels(call).observe(seconds)
+        self._child(self.engine, call).observe(seconds)
         if failed:
             self.engine_errors.labels(call).inc()
 
@@ -208,7 +209,17 @@ class Metrics(Telemetry):
         audit.node_action("image gc", "removed", **facts)
 
     def request(self, route: str, method: str, status: int, seconds: float) -> None:
-        self.http.labels(route, method, str(status)).observe(seconds)
+        self._child(self.http, route, method, str(status)).observe(seconds)
+
+    def _child(self, family: Histogram, *labels: str) -> Histogram:
+        """A histogram's labelled series, looked up once per bounded label set (route
+        templates, methods, statuses, SDK calls): `labels()` checks and locks on every
+        call, and a burst makes hundreds."""
+        key = (id(family), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = family.labels(*labels)
+        return child
 
     def auth_failed(self, status: int) -> None:
         self.auth_failures.labels(str(status)).inc()

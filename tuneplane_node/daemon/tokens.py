@@ -39,6 +39,8 @@ GRANTS = {
 MIN_TOKEN_CHARS = 16
 """Shorter is guessable from outside; ``openssl rand -hex 32`` makes 64."""
 MAX_NAME_CHARS = 64
+MAX_MATCHED = 64
+"""Authorization headers remembered as matched: the set's tokens, written a few ways."""
 STATIC_NAME = "env"
 """The name of ``TUNEPLANE_NODE_TOKEN`` in logs."""
 
@@ -115,6 +117,7 @@ class TokenSet:
         self.clock = clock  # the watch's period
         self.stamp = FileStamp(path) if path is not None else None
         self._tokens: tuple[Token, ...] = ()
+        self._matched: dict[str, Token] = {}  # Authorization headers that matched
 
     @classmethod
     def from_settings(cls, settings: NodeSettings, *, clock: Clock = SYSTEM_CLOCK) -> TokenSet:
@@ -142,7 +145,23 @@ class TokenSet:
 
     def match(self, authorization: str) -> Token | None:
         """The token of the set an Authorization header carries, or None. Every token is
-        compared, in constant time, whatever matched: the timing tells nothing."""
+        compared, in constant time, whatever matched: the timing tells nothing.
+
+        A header that matched before is answered from memory (until the set changes): a
+        console sends the same header on every request. Only a right header is kept, so
+        a miss always takes the full comparison; the lookup's hash is keyed per process
+        (SipHash), so its timing tells nothing either."""
+        known = self._matched.get(authorization)
+        if known is not None:
+            return known
+        matched = self._compare(authorization)
+        if matched is not None:
+            if len(self._matched) >= MAX_MATCHED:
+                self._matched.clear()
+            self._matched[authorization] = matched
+        return matched
+
+    def _compare(self, authorization: str) -> Token | None:
         given = bearer(authorization)
         if given is None:
             return None
@@ -190,6 +209,7 @@ class TokenSet:
         for token in static + from_file:  # the same token twice: its first line holds
             unique.setdefault(token.secret, token)
         self._tokens = tuple(unique.values())
+        self._matched = {}  # a token removed must not match from memory
 
     def _read(self) -> list[Token]:
         assert self.path is not None and self.stamp is not None

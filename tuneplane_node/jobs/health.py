@@ -22,6 +22,9 @@ from tuneplane_node.jobs.results import Conditions, DiskRule, ImageStore, Invent
 from tuneplane_node.runtime.base import ContainerRuntime
 from tuneplane_node.settings import NodeSettings
 
+HOST_TTL_S = 1.0
+"""How long the host's PIDs and memory readings are answered again (/proc, a thread hop)."""
+
 
 class HealthReader:
     """Assembles `NodeStatus`: one engine health call, then the cards only if the engine
@@ -43,6 +46,7 @@ class HealthReader:
         # Why no card job can start though the engine hands out cards (the service says).
         self.cards_refused: Callable[[], str | None] = lambda: None
         self._host: tuple[float, Conditions] = (-math.inf, Conditions())
+        self._reading: asyncio.Future[None] | None = None  # the host's, in flight
         self.allocator = allocator
         self.settings = settings
         self.clock = clock
@@ -79,11 +83,25 @@ class HealthReader:
         )
 
     async def conditions(self, store: ImageStore) -> Conditions:
-        """The store's pressure now; the host's read at most once a second (/proc)."""
-        now = self.clock.monotonic()
-        if now - self._host[0] > 1.0:
+        """The store's pressure now; the host's read at most once a second (/proc), by
+        one thread hop that every request arriving meanwhile waits for (a burst of health
+        requests must not send one read each to the threads)."""
+        if self.clock.monotonic() - self._host[0] > HOST_TTL_S:
+            if self._reading is None:
+                self._reading = asyncio.ensure_future(self._read_host(store))
+            await asyncio.shield(self._reading)
+        at, host = self._host
+        if host.disk_pressure != store.pressure:  # kept: the pressure changes rarely
+            host = replace(host, disk_pressure=store.pressure)
+            self._host = (at, host)
+        return host
+
+    async def _read_host(self, store: ImageStore) -> None:
+        try:
+            now = self.clock.monotonic()
             self._host = (now, await conditions(store))
-        return replace(self._host[1], disk_pressure=store.pressure)
+        finally:
+            self._reading = None
 
     def disk_rule(self) -> DiskRule:
         return DiskRule(self.settings.job_disk_limit, self.held_by())

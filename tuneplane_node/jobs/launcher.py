@@ -158,7 +158,8 @@ class Launcher:
                 extra=about(request),
             )  # fmt: skip
         spec = await asyncio.to_thread(self.rules.apply, replace(spec, env=env), cards=cards)
-        spec = self.disk.apply(spec, await self.gc.store())
+        store = await self.gc.store()  # the launch's one reading (`LaunchRequest.store`)
+        spec = self.disk.apply(spec, store)
         if spec.mounts:  # refused now; opened for good when the container is made
             await self._usable(spec.mounts)
             await asyncio.to_thread(self.mounts.vet, spec.mounts)
@@ -167,7 +168,7 @@ class Launcher:
         if spec.volumes:  # filled before the container is made, bound when it is
             self.volumes.vet(spec.volumes)
             await self._scratch_usable(spec, field=VOLUMES)
-        return replace(request, spec=spec)
+        return replace(request, spec=spec, store=store)
 
     # --- mounts -------------------------------------------------------------------------
 
@@ -276,7 +277,8 @@ class Launcher:
         missing, or the pull policy says pull again. The image is resolved to its id
         once, and the container is created from that id: what was checked is what runs.
         Under disk pressure, nothing: `DiskPressure` (507)."""
-        self.disk.check_room(await self.gc.store())
+        store = request.store if request.store is not None else await self.gc.store()
+        self.disk.check_room(store)
         image = request.spec.image
         self.images.refuse_id(image, field="container.image")
         request = replace(request, auth=await self.images.credentials(request))

@@ -54,6 +54,9 @@ class LaunchRequest:
     auth: RegistryAuth | None = None
     pull_policy: str = IF_NOT_PRESENT
     relaunch: bool = True  # False: an exited container of the run is the answer
+    store: ImageStore | None = None
+    """The engine's image store as vetting read it: one reading per launch serves the
+    disk limit and the room check (None: not vetted yet)."""
 
     @property
     def ref(self) -> str:

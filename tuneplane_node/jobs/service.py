@@ -50,6 +50,7 @@ from tuneplane_node.jobs.results import (
 from tuneplane_node.jobs.retries import check_run, retried, stamped
 from tuneplane_node.jobs.stats import JobStats, StatsSampler
 from tuneplane_node.jobs.stopper import NO_PLAN, Stopper
+from tuneplane_node.jobs.views import StoppedViews
 from tuneplane_node.runtime.base import (
     ContainerRuntime,
     ContainerState,
@@ -140,6 +141,7 @@ class JobService:
         self.monitor = DiskMonitor(  # it relieves the store before the image GC runs
             runtime, settings, stopper=self.stopper, store=self.store, gc=self.launcher.gc
         )
+        self.views = StoppedViews()
 
     @property
     def node(self) -> NodeState:
@@ -234,7 +236,7 @@ class JobService:
         reason = self.store.stop_reason(state)  # and how far a stop under way is:
         stopping = self.stopper.stopping.get(state.name) if state.exists else None
         disk = self.monitor.figures(state)  # a running job's, or why it was stopped
-        return StoppedView(state, reason, stopping, disk) if reason or stopping or disk else state
+        return self.views.of(state, reason, stopping, disk) if reason or stopping or disk else state
 
     async def logs(self, ref: str, tail: int, since: datetime | None = None) -> LogText:
         """The container's last lines, at most ``TUNEPLANE_LOGS_MAX_BYTES`` of the newest;

@@ -37,6 +37,7 @@ from tuneplane_node.jobs.nodestate import NodeState
 from tuneplane_node.jobs.results import Cursor, JobChanges
 from tuneplane_node.runtime.base import (
     LABEL_RUN_ID,
+    LABEL_USERNS,
     CacheStatus,
     ContainerState,
     PullProgress,
@@ -69,6 +70,9 @@ STATE_KEYS = [
     "oom_killed",
     "stop_signal",  # after 0.3.15's keys: new ones
     "read_only_root",
+    "userns",
+    "userns_note",
+    "runtime",
 ]
 PENDING_KEYS = [
     "pending_phase",
@@ -119,7 +123,9 @@ def test_a_container_state() -> None:
         exists=True,
         status="exited",
         exit_code=137,
-        labels=MappingProxyType({"tuneplane.gpus": "0", LABEL_RUN_ID: "a"}),
+        labels=MappingProxyType(
+            {"tuneplane.gpus": "0", LABEL_RUN_ID: "a", LABEL_USERNS: "host: a job with cards"}
+        ),
         created_at="2026-11-29T21:21:54.164779Z",
         started_at="2026-11-29T21:21:54.33328Z",
         finished_at="2026-11-29T21:22:04.305352Z",
@@ -127,6 +133,7 @@ def test_a_container_state() -> None:
         id="f" * 64,
         stop_signal="SIGINT",
         read_only_root=True,
+        engine_runtime="runsc",
     )
     assert state_json(state) == {
         "name": "tuneplane-a",
@@ -140,6 +147,9 @@ def test_a_container_state() -> None:
         "oom_killed": True,
         "stop_signal": "SIGINT",
         "read_only_root": True,
+        "userns": "host",  # the label's own word, hidden from labels
+        "userns_note": "a job with cards",
+        "runtime": "runsc",
     }
 
 
@@ -156,6 +166,9 @@ def test_a_missing_container_is_exists_false_with_nulls() -> None:
         "oom_killed": False,
         "stop_signal": None,
         "read_only_root": None,  # unknown, not false
+        "userns": None,
+        "userns_note": None,
+        "runtime": None,
     }
 
 
@@ -187,6 +200,9 @@ def test_a_pending_launch_reads_as_a_created_container_with_its_pull() -> None:
         "oom_killed": False,
         "stop_signal": None,  # the image's: known once it runs
         "read_only_root": None,
+        "userns": None,
+        "userns_note": None,
+        "runtime": None,
         "pending_phase": "pulling",
         "pending_image": "reg/big:1",
         "pending_elapsed_s": 0.147,

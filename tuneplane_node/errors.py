@@ -46,6 +46,10 @@ are translated there (one table per engine, `runtime/engine.py`) with the cause 
     │   ├── NodeCordoned cordoned           the operator took the node out of service
     │   ├── NotRunning not_running          a signal for a job that is not running
     │   ├── NoRdma no_rdma                  a launch needs RDMA devices the node lacks
+    │   ├── SandboxUnavailable sandbox_unavailable   a sandbox the engine lacks (or
+    │   │                                   cannot give this job)
+    │   ├── UsernsUnavailable userns_unavailable   TUNEPLANE_JOB_USERNS=always, and a
+    │   │                                   writable mount the engine cannot id-map
     │   └── EngineConflict                  (also an EngineRefused) name in use
     └── EngineError engine_error            the container engine
         ├── EngineUnavailable (503) engine_unavailable   did not answer: facts are
@@ -507,6 +511,30 @@ class NoRdma(Conflict):
 
     def __init__(self, *, why: str) -> None:
         super().__init__(f"container.rdma: this node hands jobs no RDMA devices ({why})")
+        self.why = why
+
+
+class SandboxUnavailable(Conflict):
+    """A job the node would sandbox (its rule, or ``container.isolation: "sandbox"``)
+    that the engine cannot run under the sandbox runtime: never run under runc instead."""
+
+    code: ClassVar[str] = "sandbox_unavailable"
+
+    def __init__(self, *, runtime: str, why: str, fix: str) -> None:
+        super().__init__(f"container.isolation: no sandbox runtime {runtime} for it: {why}; {fix}")
+        self.runtime = runtime
+        self.why = why
+
+
+class UsernsUnavailable(Conflict):
+    """``TUNEPLANE_JOB_USERNS=always`` and a writable host mount the engine cannot id-map
+    into the job's own user namespace (its root could not write it)."""
+
+    code: ClassVar[str] = "userns_unavailable"
+
+    def __init__(self, *, mount: str, why: str, fix: str) -> None:
+        super().__init__(f"{mount}: {why}, under TUNEPLANE_JOB_USERNS=always; {fix}")
+        self.mount = mount
         self.why = why
 
 

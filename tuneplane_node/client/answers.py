@@ -79,6 +79,9 @@ class JobState(Answer):
     oom_killed: bool = False
     stop_signal: str | None = None
     read_only_root: bool | None = None  # its image filesystem read-only; None: not known
+    userns: str | None = None  # "own": a user namespace of its own; "host"; None: not known
+    userns_note: str | None = None  # why it keeps the host's
+    runtime: str | None = None  # its OCI runtime (runsc: sandboxed); None: not known
     stop_reason: str | None = None  # the node stopped it itself (a drain, disk_limit...)
     stopping: Stopping | None = None
     disk_used_bytes: int | None = None  # written to the engine's disk (running, or at a stop)

@@ -25,6 +25,7 @@ from tuneplane_node.jobs.confinement import JobRules
 from tuneplane_node.jobs.disklimit import DiskLimits
 from tuneplane_node.jobs.imagegc import ImageCollector
 from tuneplane_node.jobs.images import ImageKeeper
+from tuneplane_node.jobs.isolation import IsolationRules
 from tuneplane_node.jobs.mounts import MountPolicy
 from tuneplane_node.jobs.pending import STARTING, PendingLaunch, PendingTable
 from tuneplane_node.jobs.prefetch import Prefetcher
@@ -44,6 +45,7 @@ from tuneplane_node.runtime.base import (
     ContainerRuntime,
     ContainerSpec,
     ImageInfo,
+    IsolationSupport,
     Mount,
     MountSupport,
     Scratch,
@@ -111,6 +113,8 @@ class Launcher:
         self.pending = PendingTable(clock=clock, on_change=self.changes.changed)
         self.tasks = BackgroundTasks(log)  # the pending launches'
         self.rules = JobRules(settings)
+        self.isolation = IsolationRules(settings)
+        self._isolation: IsolationSupport | None = None  # the engine's answer, once given
         self.disk = DiskLimits(settings)
         self.affinity = CpuAffinity(settings)
         self.mounts = MountPolicy(
@@ -137,6 +141,8 @@ class Launcher:
                 extra=about(request),
             )  # fmt: skip
         spec = await asyncio.to_thread(self.rules.apply, replace(spec, env=env), cards=cards)
+        support = await self.isolation_support()
+        spec = self.isolation.apply(spec, cards=cards, support=support, engine=self.runtime.name)
         spec = self.disk.apply(spec, await self.gc.store())
         if spec.mounts:  # refused now; opened for good when the container is made
             await self._usable(spec.mounts)
@@ -144,6 +150,15 @@ class Launcher:
         if spec.scratch is not None:  # made when the container is
             await self._scratch_usable(self.scratch.vet(spec))
         return replace(request, spec=spec)
+
+    async def isolation_support(self) -> IsolationSupport:
+        """The engine's runtimes and namespaces, asked until it answers."""
+        if self._isolation is None:
+            support = await self.runtime.isolation_support()
+            if support.error is not None:
+                return support
+            self._isolation = support
+        return self._isolation
 
     # --- mounts -------------------------------------------------------------------------
 

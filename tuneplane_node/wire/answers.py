@@ -86,6 +86,9 @@ class StateJson(TypedDict):
     oom_killed: bool
     stop_signal: str | None
     read_only_root: bool | None
+    userns: str | None
+    userns_note: str | None
+    runtime: str | None
 
 
 class _StoppingOptional(TypedDict, total=False):
@@ -158,6 +161,9 @@ def _container_json(view: ContainerState) -> StateJson:
         "oom_killed": view.oom_killed,
         "stop_signal": view.stop_signal if view.exists else None,
         "read_only_root": view.read_only_root if view.exists else None,
+        "userns": view.userns,
+        "userns_note": view.userns_note,
+        "runtime": view.runtime,
     }
 
 
@@ -181,6 +187,9 @@ def _pending_json(view: PendingView) -> PendingStateJson:
         "oom_killed": False,
         "stop_signal": view.stop_signal,
         "read_only_root": view.read_only_root,
+        "userns": None,  # decided, and said, once the container is made
+        "userns_note": None,
+        "runtime": None,
         "pending_phase": view.phase,
         "pending_image": view.image,
         "pending_elapsed_s": view.elapsed_s,

@@ -1,0 +1,122 @@
+"""How far a job is kept from the host, by the operator's rules: a user namespace of its
+own (`TUNEPLANE_JOB_USERNS`) and a sandboxed OCI runtime (`TUNEPLANE_JOB_SANDBOX`).
+
+A launch may ask for more (``container.isolation: "sandbox"``), never less. What the
+engine cannot give is said, never given silently less: a sandbox it lacks is a 409
+(`SandboxUnavailable`); a writable mount it cannot id-map keeps the job in the host's
+user namespace under ``auto`` (the label and observe say why), and is a 409 under
+``always`` (`UsernsUnavailable`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+from tuneplane_node.errors import SandboxUnavailable, UsernsUnavailable
+from tuneplane_node.logformat import job_fields
+from tuneplane_node.runtime.base import LABEL_RUN_ID, SANDBOX, ContainerSpec, IsolationSupport
+from tuneplane_node.settings import NodeSettings, env_name
+
+log = logging.getLogger(__name__)
+USERNS = env_name("job_userns")
+USERNS_CARDS = env_name("job_userns_cards")
+JOB_SANDBOX = env_name("job_sandbox")
+NVPROXY = "--nvproxy"
+RUNSC_NETWORK = "--network=host"
+"""gVisor's host networking, inside whatever namespace the engine gave the container: its
+own network stack refuses the engine's namespaces (even docker's ``none``)."""
+
+
+def registration(runtime: str) -> str:
+    """How an operator registers the sandbox runtime, in words for an error or `check`."""
+    return (
+        f'register it: docker\'s daemon.json "runtimes": {{"{runtime}": {{"path": '
+        f'"/usr/bin/{runtime}", "runtimeArgs": ["{RUNSC_NETWORK}"]}}}} and a reload; '
+        f"podman's containers.conf [engine] runtime, for every container"
+    )
+
+
+def writable_mounts(spec: ContainerSpec) -> list[str]:
+    """The fields of the job's writable host mounts: its read-write mounts and its
+    scratch (a loop mount bound in like them). Read-only mounts need no mapping."""
+    fields = [f"container.mounts[{i}]" for i, m in enumerate(spec.mounts) if not m.read_only]
+    return fields + (["container.scratch"] if spec.scratch is not None else [])
+
+
+class IsolationRules:
+    """The operator's isolation rules, applied to each launch against the engine's word."""
+
+    def __init__(self, settings: NodeSettings) -> None:
+        self.userns = settings.job_userns
+        self.userns_cards = settings.job_userns_cards
+        self.sandbox = settings.job_sandbox
+        self.runtime = settings.sandbox_runtime
+
+    def apply(
+        self, spec: ContainerSpec, *, cards: int, support: IsolationSupport, engine: str
+    ) -> ContainerSpec:
+        """The spec with its runtime and user namespace decided; a `Conflict` for what
+        the engine cannot give."""
+        spec = self._sandboxed(spec, cards, support, engine)
+        own, note = self.own_userns(spec, cards, support, engine)
+        if note:
+            log.info(
+                "launch %s: keeps the host's user namespace: %s", spec.name, note,
+                extra=job_fields(spec.name, spec.labels.get(LABEL_RUN_ID), image=spec.image),
+            )  # fmt: skip
+        return replace(spec, own_userns=own, userns_note=note)
+
+    def wants_sandbox(self, spec: ContainerSpec, cards: int) -> bool:
+        if spec.isolation == SANDBOX or self.sandbox == "all":
+            return True
+        return self.sandbox == "cpu" and cards == 0
+
+    def _sandboxed(
+        self, spec: ContainerSpec, cards: int, support: IsolationSupport, engine: str
+    ) -> ContainerSpec:
+        if not self.wants_sandbox(spec, cards):
+            return spec
+        runtime = self.runtime
+        if support.error is not None or runtime not in support.runtimes:
+            has = ", ".join(sorted(support.runtimes)) or "none known"
+            why = support.error or f"the {engine} engine has no runtime {runtime} (it has {has})"
+            raise SandboxUnavailable(runtime=runtime, why=why, fix=registration(runtime))
+        if cards and not any(arg.startswith(NVPROXY) for arg in support.runtimes[runtime]):
+            raise SandboxUnavailable(
+                runtime=runtime,
+                why=f"a job with cards needs its GPU proxy, and {runtime} is registered "
+                f"without {NVPROXY}",
+                fix=f"register it with {NVPROXY}=true once gVisor supports this machine's "
+                f"cards and driver (contrib/dev/gpu_check.py), or {JOB_SANDBOX}=cpu",
+            )
+        return replace(spec, runtime=runtime)
+
+    def own_userns(
+        self, spec: ContainerSpec, cards: int, support: IsolationSupport, engine: str
+    ) -> tuple[bool, str]:
+        """(own, why not): whether the job gets a user namespace of its own, and why it
+        keeps the host's ("" where nothing is to be said: the rule is off, or the runtime
+        tells nothing of namespaces, as the process runtime)."""
+        if self.userns == "off" or not support.default_runtime:
+            return False, ""
+        if support.remaps_users:
+            return False, f"the {engine} engine maps every job's users (its own namespace)"
+        if not support.per_job_userns:
+            why = f"the {engine} engine gives no job a user namespace of its own"
+            self._refuse_always("container", why, "use podman, or docker's userns-remap")
+            return False, why
+        if cards and not self.userns_cards:
+            return False, f"a job with cards ({USERNS_CARDS}=false)"
+        unmapped = [] if support.idmap_mounts else writable_mounts(spec)
+        if unmapped:
+            runtime = f"{support.default_runtime} {support.runtime_version}".strip()
+            why = f"{unmapped[0]} is writable and the engine's runtime ({runtime}) cannot id-map it"
+            fix = "mount it read-only, or give the engine runc 1.2 or later or crun"
+            self._refuse_always(unmapped[0], why, fix)
+            return False, why
+        return True, ""
+
+    def _refuse_always(self, mount: str, why: str, fix: str) -> None:
+        if self.userns == "always":
+            raise UsernsUnavailable(mount=mount, why=why, fix=f"{fix}, or {USERNS}=auto")

@@ -37,11 +37,13 @@ from tuneplane_node.errors import (
     NotRunning,
     RegistryRefused,
     RunConflict,
+    SandboxUnavailable,
     SpecRefused,
     TooManyAuthFailures,
     TooManyFollows,
     TooManyWatches,
     Unauthorized,
+    UsernsUnavailable,
 )
 from tuneplane_node.jobs import AlreadyExited, AlreadyPending, AlreadyRunning, Pulling, Started
 from tuneplane_node.jobs.pending import PULLING
@@ -62,6 +64,8 @@ LAUNCH_ERRORS: tuple[schema.Raised, ...] = (
     RunConflict,
     NodeCordoned,
     NoRdma,
+    SandboxUnavailable,
+    UsernsUnavailable,
     EngineConflict,
     SpecRefused,
     RegistryRefused,

@@ -105,6 +105,9 @@ OWN_USERNS = {
 ranges of /etc/subuid and /etc/subgid (podman-py has no field for idmappings)."""
 
 
+HOST_SYS = {"type": "bind", "source": "/sys", "target": "/sys", "read_only": True}
+
+
 def create_body(
     options: Mapping[str, Any],
     storage: Mapping[str, str] | None = None,
@@ -156,6 +159,11 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
             | ({"options": ["idmap"]} if spec.own_userns and not m.read_only else {})
             for m in spec.mounts
         ]
+        if spec.own_userns and spec.network == "host":
+            # A user namespace of its own may not mount the sysfs of the host's network
+            # namespace (runc: "mount sysfs:/sys: operation not permitted"): the host's,
+            # read-only, as a root job of the host network sees it anyway.
+            options["mounts"].append(HOST_SYS)
         if spec.read_only_root:
             # podman-py refuses tmpfs=: tmpfs mounts say the same; none of podman's own
             # on /var/tmp (read_write_tmpfs).

@@ -8,26 +8,17 @@ jobs without cards under gVisor, and a sandbox an engine lacks is a 409.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import MakeNode
 from tests.helpers import Console, ThrowawayDocker, engine_missing, storage_root
+from tests.test_daemon_scratch import logged
 
 pytestmark = pytest.mark.engine
 UID_MAP = ["/bin/sh", "-c", "cat /proc/self/uid_map; echo mapped; exec sleep 300"]
 HOST_MAP = (0, 0, 4294967295)
-
-
-async def logged(node: Console, ref: str, words: str, timeout: float = 60) -> str:
-    deadline = time.monotonic() + timeout
-    while words not in (said := await node.logs(ref)):
-        assert time.monotonic() < deadline, said
-        await asyncio.sleep(0.3)
-    return said
 
 
 async def uid_map(node: Console, ref: str) -> tuple[int, ...]:

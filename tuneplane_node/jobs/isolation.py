@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from pathlib import Path
 
 from tuneplane_node.errors import SandboxUnavailable, UsernsUnavailable
 from tuneplane_node.logformat import job_fields
@@ -120,3 +121,84 @@ class IsolationRules:
     def _refuse_always(self, mount: str, why: str, fix: str) -> None:
         if self.userns == "always":
             raise UsernsUnavailable(mount=mount, why=why, fix=f"{fix}, or {USERNS}=auto")
+
+
+SUBID_FILES = (Path("/etc/subuid"), Path("/etc/subgid"))
+SUBID_USER = "containers"
+"""The user whose ranges podman's ``userns=auto`` takes each job's ids from."""
+
+
+def subid_ranges(files: tuple[Path, ...] = SUBID_FILES) -> list[str]:
+    """The files of ``files`` that lack a range for `SUBID_USER` (unreadable included)."""
+    lacking = []
+    for path in files:
+        try:
+            lines = path.read_text().splitlines()
+        except OSError:
+            lines = []
+        if not any(line.startswith(f"{SUBID_USER}:") for line in lines):
+            lacking.append(str(path))
+    return lacking
+
+
+def findings(
+    rules: IsolationRules, support: IsolationSupport, *, engine: str, local: bool = True
+) -> list[tuple[bool | None, str]]:
+    """What an operator reads of the engine's isolation, for `check` and the daemon's
+    start: (True: fine, None: a warning, False: the rules cannot be kept; text)."""
+    if support.error is not None:
+        return [(None, f"jobs: cannot ask {engine} its runtimes: {support.error}")]
+    listed = ", ".join(
+        f"{name}{' ' + ' '.join(args) if args else ''}"
+        for name, args in sorted(support.runtimes.items())
+    )
+    default = support.default_runtime
+    found: list[tuple[bool | None, str]] = [
+        (True, f"jobs: {engine} runtimes: {listed or 'none listed'} (default {default})")
+    ]
+    found.append(_userns_finding(rules, support, engine, local))
+    if rules.sandbox != "off" or rules.runtime in support.runtimes:
+        found.append(_sandbox_finding(rules, support, engine))
+    return found
+
+
+def _userns_finding(
+    rules: IsolationRules, support: IsolationSupport, engine: str, local: bool
+) -> tuple[bool | None, str]:
+    if rules.userns == "off":
+        return None, f"jobs: no user namespace of their own ({USERNS}=off)"
+    if not support.per_job_userns:
+        return None, f"jobs: {engine} gives no job a user namespace of its own"
+    lacking = subid_ranges() if local else []
+    if lacking:
+        fix = f'add "{SUBID_USER}:2147483647:2147483648" to {" and ".join(lacking)}'
+        return (
+            False,
+            f"jobs: no {SUBID_USER} ranges for userns=auto: every launch would fail; {fix}",
+        )
+    mapped = (
+        "id-mapped"
+        if support.idmap_mounts
+        else "kept in the host's namespace (runtime cannot id-map)"
+    )
+    cards = "" if rules.userns_cards else f"; card jobs keep the host's ({USERNS_CARDS}=false)"
+    return True, (
+        f"jobs: each gets its own user namespace (userns=auto, 65536 ids); writable "
+        f"mounts {mapped}{cards}"
+    )
+
+
+def _sandbox_finding(
+    rules: IsolationRules, support: IsolationSupport, engine: str
+) -> tuple[bool | None, str]:
+    runtime, rule = rules.runtime, f"{JOB_SANDBOX}={rules.sandbox}"
+    if runtime not in support.runtimes:
+        return False, f"jobs: {rule} and {engine} has no {runtime}: {registration(runtime)}"
+    args = support.runtimes[runtime]
+    if runtime == "runsc" and RUNSC_NETWORK not in args and engine == "docker":
+        return None, (
+            f"jobs: {runtime} is registered without {RUNSC_NETWORK}: gVisor refuses the "
+            "engine's network namespaces, every sandboxed launch would fail; "
+            f"{registration(runtime)}"
+        )
+    return True, f"jobs: sandbox {runtime} ({rule}; card jobs need {NVPROXY})"

@@ -26,6 +26,7 @@ from tuneplane_node.jobs.disklimit import DiskLimits
 from tuneplane_node.jobs.imagegc import ImageCollector
 from tuneplane_node.jobs.images import ImageKeeper
 from tuneplane_node.jobs.isolation import IsolationRules
+from tuneplane_node.jobs.isolation import findings as isolation_findings
 from tuneplane_node.jobs.mounts import MountPolicy
 from tuneplane_node.jobs.pending import STARTING, PendingLaunch, PendingTable
 from tuneplane_node.jobs.prefetch import Prefetcher
@@ -152,12 +153,15 @@ class Launcher:
         return replace(request, spec=spec)
 
     async def isolation_support(self) -> IsolationSupport:
-        """The engine's runtimes and namespaces, asked until it answers."""
+        """The engine's runtimes and namespaces, asked until it answers; what the rules
+        cannot have on it said once (the daemon's start asks first)."""
         if self._isolation is None:
             support = await self.runtime.isolation_support()
             if support.error is not None:
                 return support
             self._isolation = support
+            for fine, text in isolation_findings(self.isolation, support, engine=self.runtime.name):
+                log.log(logging.INFO if fine else logging.WARNING, "%s", text)
         return self._isolation
 
     # --- mounts -------------------------------------------------------------------------

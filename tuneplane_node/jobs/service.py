@@ -275,6 +275,7 @@ class JobService:
         await self.images.start()
         await self.keeper.start()
         await self.launcher.start_mounts()
+        await self.launcher.isolation_support()  # the runtimes' registration, said at start
 
     async def cordon(self, reason: str | None) -> NodeState:
         return await self.keeper.cordon(reason)

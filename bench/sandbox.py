@@ -42,7 +42,12 @@ class Rounds:
         if method == "runsc":
             body["container"]["isolation"] = "sandbox"
         try:
-            launched = timed(lambda: (self.api.launch(body), running(self.api, name)))
+
+            def launch() -> None:
+                self.api.launch(body)
+                running(self.api, name)
+
+            launched = timed(launch)
             answer = self.api.observe([name])[name]
             assert answer["runtime"] == method, answer
             stop = {"ref": name, "timeout": 10}

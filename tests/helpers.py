@@ -492,6 +492,7 @@ INVENTORY_KEYS = [
     "job_disk",
     "protocols",
     "features",
+    "isolation",  # issue 37
 ]
 
 

@@ -39,6 +39,15 @@ async def test_podman_jobs_get_disjoint_ranges_of_their_own(make_node: MakeNode)
     assert abs(host_a - host_b) >= 65536  # disjoint
     states = await node.observe(first, second)
     assert {s["userns"] for s in states.values()} == {"own"}
+    isolation = (await node.ok("GET", "/node/v1/inventory"))["isolation"]
+    assert isolation == {
+        "userns": "auto",
+        "sandbox": "off",
+        "sandbox_runtime": "runsc",
+        "own_userns": True,
+        "sandbox_available": False,  # podman 4.3 runs every container under its own
+        "runtimes": ["runc"],
+    }
 
 
 async def test_a_writable_mount_runc_cannot_map_keeps_the_host_namespace_and_says_why(
@@ -107,6 +116,9 @@ async def test_the_cpu_rule_runs_jobs_without_cards_under_gvisor(
     sandbox_docker: ThrowawayDocker, make_node: MakeNode, network: str
 ) -> None:
     node = await make_node(docker_host=sandbox_docker.host, job_sandbox="cpu")
+    isolation = (await node.ok("GET", "/node/v1/inventory"))["isolation"]
+    assert isolation["sandbox_available"] is True and isolation["own_userns"] is False
+    assert "runsc" in isolation["runtimes"]
     done, _ = await node.launch(
         ["/bin/sh", "-c", "cat /proc/version; echo said; exit 3"], network=network
     )

@@ -6,6 +6,7 @@ mypy holds the builders to it, and `tests/test_wire.py` pins them key by key.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, TypedDict, cast
 
@@ -512,6 +513,23 @@ def job_disk_json(rule: results.DiskRule) -> JobDiskJson:
     return {"limit": rule.limit, "held_by": rule.held_by}
 
 
+class IsolationJson(TypedDict):
+    """``TUNEPLANE_JOB_USERNS``, ``TUNEPLANE_JOB_SANDBOX`` and ``TUNEPLANE_SANDBOX_RUNTIME``
+    as set; whether the engine gives jobs their own user namespace and has the sandbox
+    runtime (null: it could not say), and its runtimes."""
+
+    userns: str
+    sandbox: str
+    sandbox_runtime: str
+    own_userns: bool | None
+    sandbox_available: bool | None
+    runtimes: list[str]
+
+
+def isolation_json(rule: results.IsolationRule) -> IsolationJson:
+    return {**dataclasses.asdict(rule), "runtimes": list(rule.runtimes)}  # type: ignore[typeddict-item]  # the same keys
+
+
 class RemovedImageJson(TypedDict):
     image: str
     id: str
@@ -804,6 +822,7 @@ class InventoryJson(TypedDict):
     job_disk: JobDiskJson
     protocols: list[int]
     features: list[str]
+    isolation: IsolationJson
 
 
 def inventory_json(facts: Inventory, *, features: Sequence[str] = ()) -> InventoryJson:
@@ -834,6 +853,7 @@ def inventory_json(facts: Inventory, *, features: Sequence[str] = ()) -> Invento
         "job_disk": job_disk_json(facts.job_disk),
         "protocols": list(PROTOCOLS),
         "features": list(features),
+        "isolation": isolation_json(facts.isolation),
     }
 
 

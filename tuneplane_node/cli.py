@@ -375,7 +375,7 @@ async def _remap_finding(runtime: EngineRuntime) -> list[Finding]:
         return [(OK, f"jobs: {runtime.name} remaps users: uid 0 in a job is not the host's root")]
     fix = "docker's userns-remap"
     if runtime.name == "podman":
-        fix = 'userns = "auto" in containers.conf, or a rootless podman,'
+        fix = "TUNEPLANE_JOB_USERNS (each job a range of its own, below),"
     text = (
         f"jobs: {runtime.name} does not remap users: a root job shares the host root's "
         f"per-user kernel limits (inotify, keyrings); {fix} removes that"

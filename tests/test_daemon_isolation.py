@@ -136,3 +136,15 @@ async def test_the_cpu_rule_runs_jobs_without_cards_under_gvisor(
     await node.wait_for(card, "status", "exited")
     assert (await node.state(card))["runtime"] == "runc"
     assert "Linux version 4.4.0" not in await node.logs(card)
+
+
+async def test_a_job_of_its_own_namespace_is_removed_once_it_exits(make_node: MakeNode) -> None:
+    """podman 4.3 answers its remove with "userdata/shm: device or resource busy" after
+    removing everything: the node reads the container gone, not a 502."""
+    node = await make_node("podman")
+    for _ in range(3):
+        ref, _ = await node.launch(["/bin/sh", "-c", "exit 0"], network="none")
+        await node.wait_for(ref, "status", "exited")
+        assert (await node.state(ref))["userns"] == "own"
+        await node.remove(ref)
+        assert (await node.state(ref))["exists"] is False

@@ -43,6 +43,7 @@ from tuneplane_node.runtime.base import (
     EngineEvent,
     EngineImage,
     ImageInfo,
+    IsolationSupport,
     LogQuery,
     LogStream,
     LogText,
@@ -282,6 +283,7 @@ class FakeRuntime:
         self.disk_total: int | None = None
         self.disk_other = 0  # bytes on the engine's disk that are not images
         self.mount_mode = DIRECT  # how it takes host mounts (`MountSupport`)
+        self.isolation = IsolationSupport()  # its runtimes and namespaces
         self.refuse_image_removal: set[str] = set()  # ids the engine calls in use anyway
         self.image_removals: list[str] = []  # ids removed, in order
         self.stop_signals: ByReference[str] = ByReference()  # an image's STOPSIGNAL, by image
@@ -597,6 +599,11 @@ class FakeRuntime:
         """DIRECT by default: the fast suite opens mounts but binds none (no privilege)."""
         self._answer("mount_support")
         return MountSupport(self.mount_mode, (DATA_ROOT,))
+
+    async def isolation_support(self) -> IsolationSupport:
+        """What `isolation` says (none by default: no runtime, no namespaces)."""
+        self._answer("isolation_support")
+        return self.isolation
 
     async def data_root(self) -> DataRoot | None:
         self._answer("data_root")

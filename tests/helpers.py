@@ -495,6 +495,7 @@ INVENTORY_KEYS = [
     "job_disk",
     "protocols",
     "features",
+    "isolation",  # issue 37
 ]
 
 

@@ -563,3 +563,14 @@ def test_rdma_on_a_runtime_whose_limit_is_unknown_is_warned_of(
     assert lines["rdma"].startswith("warn rdma: 3 devices; the engine's locked-memory limit")
     _, lines, _ = check(TUNEPLANE_RDMA="off")
     assert lines["rdma"] == "ok rdma: off"
+
+
+def test_the_engines_runtimes_and_isolation_are_said(check: Check) -> None:
+    settings = {"TUNEPLANE_LOCAL_RUNTIME": "podman", "TUNEPLANE_PODMAN_URL": podman_url()}
+    code, _, out = check(**settings)
+    assert code == 0, out
+    assert "ok   jobs: podman runtimes: runc (default runc)" in out
+    assert "ok   jobs: each gets its own user namespace (userns=auto, 65536 ids)" in out
+    code, _, out = check(**settings, TUNEPLANE_JOB_SANDBOX="cpu")
+    assert code == 1
+    assert "FAIL jobs: TUNEPLANE_JOB_SANDBOX=cpu and podman has no runsc: register it" in out

@@ -42,6 +42,7 @@ SHAPES: dict[type[client.Answer], tuple[Any, ...]] = {
     client.ImageStore: (answers.ImageStoreJson,),
     client.Conditions: (answers.ConditionsJson,),
     client.JobDisk: (answers.JobDiskJson,),
+    client.Isolation: (answers.IsolationJson,),
     client.Disk: (answers.DiskJson,),
     client.Cache: (answers.CacheJson,),
     client.PendingPull: (answers.PendingPullJson,),

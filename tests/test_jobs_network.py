@@ -113,7 +113,11 @@ async def test_without_the_port_held_nor_tls_every_host_job_is_bridged_said_once
     await service.launch(launch("two", 4))
 
     assert network_of(fake, "two") == ("bridge", "bridge")
-    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    said = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.INFO and r.name == "tuneplane_node.jobs.network"
+    ]
     assert len(said) == 1, said
     assert "socket unit or set TUNEPLANE_TLS_CERT_FILE" in said[0]
 

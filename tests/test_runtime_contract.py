@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -26,7 +27,9 @@ from tests.fakes import FakeClock, FakeRuntime
 from tests.helpers import (
     IMAGE,
     REGISTRY,
+    ThrowawayDocker,
     TrackingRuntime,
+    engine_missing,
     engine_settings,
     job,
     log_text,
@@ -47,12 +50,15 @@ from tuneplane_node.runtime.docker import DockerRuntime
 from tuneplane_node.runtime.podman import PodmanRuntime
 from tuneplane_node.runtime.process import ProcessRuntime
 
+SANDBOXED = "docker-sandbox"
 RUNTIMES = [
     "fake",
     "process",
     pytest.param("docker", marks=pytest.mark.engine),
     pytest.param("podman", marks=pytest.mark.engine),
 ]
+SUBJECTS = [*RUNTIMES, pytest.param(SANDBOXED, marks=pytest.mark.engine)]
+"""The runtimes, and docker's jobs under gVisor (runsc) on an engine of the module's own."""
 ENGINE_DOWN = "unix:///nonexistent/engine.sock"
 ABSENT_IMAGE = f"{REGISTRY}/tuneplane-test/none:1"
 READY = "ready"  # what a script prints once its signal handling is in place
@@ -74,6 +80,8 @@ class Subject:
     quiet_s: float = 0.3
 
     def spec(self, command: list[str], **fields: object) -> ContainerSpec:
+        if self.kind == SANDBOXED:
+            fields.setdefault("runtime", "runsc")
         return job(command, image=self.image, **fields)
 
     async def started(self, command: list[str], **fields: object) -> ContainerSpec:
@@ -148,7 +156,26 @@ class Subject:
         return self.spec(["/bin/true"], user="no-such-user")
 
 
-@pytest.fixture(params=RUNTIMES)
+@pytest.fixture(scope="module")
+def sandbox_engine() -> Iterator[ThrowawayDocker]:
+    """A throwaway docker engine (it reads /etc/docker/daemon.json, where `engines.sh`
+    registers runsc), shared by this module's sandboxed subjects."""
+    if os.geteuid() != 0 or shutil.which("dockerd") is None:
+        engine_missing("a throwaway docker engine", "dockerd and root are needed to start one")
+    ThrowawayDocker.clear_stale()
+    engine = ThrowawayDocker()
+    try:
+        engine.start()
+        runtimes = engine.docker("info", "--format", "{{json .Runtimes}}").stdout
+        if b"runsc" not in runtimes:
+            engine_missing("runsc in docker's runtimes", "engines.sh registers it")
+        engine.load_test_image()
+        yield engine
+    finally:
+        engine.close()
+
+
+@pytest.fixture(params=SUBJECTS)
 async def subject(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Subject]:
     kind: str = request.param
     inner: ContainerRuntime
@@ -157,6 +184,9 @@ async def subject(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
         inner = fake = FakeRuntime(clock=FakeClock(), images=(FAKE_IMAGE,))
     elif kind == "process":
         inner = ProcessRuntime(fake_settings(tmp_path), state_dir=tmp_path / "jobs")
+    elif kind == SANDBOXED:
+        engine: ThrowawayDocker = request.getfixturevalue("sandbox_engine")
+        inner = await open_runtime("docker", docker_host=engine.host, local_gpu_passthrough=False)
     else:
         inner = await open_runtime(kind, local_gpu_passthrough=False)
     runtime = TrackingRuntime(inner)
@@ -217,6 +247,8 @@ async def test_a_running_job_shows_its_labels_and_cards_and_no_exit(subject: Sub
     if subject.fake is None:  # the fake's clock is the test's, far from now
         assert before <= created <= started
     assert not state.never_started
+    if subject.kind == SANDBOXED:
+        assert state.runtime == "runsc"  # the engine's word: the suite ran under gVisor
 
 
 async def test_a_job_that_exits_reports_its_code_and_times(subject: Subject) -> None:

@@ -52,6 +52,7 @@ from tuneplane_node.jobs.results import Cursor, JobChanges
 from tuneplane_node.runtime.base import (
     LABEL_NETWORK,
     LABEL_RUN_ID,
+    LABEL_USERNS,
     CacheStatus,
     ContainerState,
     PullProgress,
@@ -73,6 +74,9 @@ STATE_KEYS = [
     "stop_signal",  # after 0.3.15's keys: new ones
     "read_only_root",
     "network",
+    "userns",
+    "userns_note",
+    "runtime",
 ]
 PENDING_KEYS = [
     "pending_phase",
@@ -124,7 +128,12 @@ def test_a_container_state() -> None:
         status="exited",
         exit_code=137,
         labels=MappingProxyType(
-            {"tuneplane.gpus": "0", LABEL_RUN_ID: "a", LABEL_NETWORK: "bridge"}
+            {
+                "tuneplane.gpus": "0",
+                LABEL_RUN_ID: "a",
+                LABEL_NETWORK: "bridge",
+                LABEL_USERNS: "host: a job with cards",
+            }
         ),
         created_at="2026-11-29T21:21:54.164779Z",
         started_at="2026-11-29T21:21:54.33328Z",
@@ -133,6 +142,7 @@ def test_a_container_state() -> None:
         id="f" * 64,
         stop_signal="SIGINT",
         read_only_root=True,
+        engine_runtime="runsc",
     )
     assert state_json(state) == {
         "name": "tuneplane-a",
@@ -147,6 +157,9 @@ def test_a_container_state() -> None:
         "stop_signal": "SIGINT",
         "read_only_root": True,
         "network": "bridge",  # what it got, its label's
+        "userns": "host",  # the label's own word, hidden from labels
+        "userns_note": "a job with cards",
+        "runtime": "runsc",
     }
 
 
@@ -164,6 +177,9 @@ def test_a_missing_container_is_exists_false_with_nulls() -> None:
         "stop_signal": None,
         "read_only_root": None,  # unknown, not false
         "network": None,
+        "userns": None,
+        "userns_note": None,
+        "runtime": None,
     }
 
 
@@ -196,6 +212,9 @@ def test_a_pending_launch_reads_as_a_created_container_with_its_pull() -> None:
         "stop_signal": None,  # the image's: known once it runs
         "read_only_root": None,
         "network": None,  # decided when its container is made
+        "userns": None,
+        "userns_note": None,
+        "runtime": None,
         "pending_phase": "pulling",
         "pending_image": "reg/big:1",
         "pending_elapsed_s": 0.147,

@@ -378,6 +378,8 @@ def test_each_error_answer_lists_the_codes_it_may_carry() -> None:
         "no_rdma",
         "protocol_mismatch",
         "run_conflict",
+        "sandbox_unavailable",
+        "userns_unavailable",
     ]
     assert launch["422"]["x-codes"] == ["invalid_field", "spec_refused", "unknown_field"]
     assert "`no_capacity`" in launch["409"]["description"]

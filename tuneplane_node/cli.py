@@ -413,6 +413,7 @@ async def _isolation_findings(settings: NodeSettings) -> list[Finding]:
         if not isinstance(runtime, EngineRuntime):
             return [(WARN, "jobs: the process runtime applies none of these bounds")]
         found = [*await _remap_finding(runtime), *await _seccomp_findings(runtime)]
+        found += await _runtime_findings(runtime, settings)
         return [*found, _init_finding(runtime, settings), *await _parent_finding(runtime)]
     finally:
         await runtime.close()
@@ -439,6 +440,16 @@ def _init_finding(runtime: EngineRuntime, settings: NodeSettings) -> Finding:
     return (OK, f"jobs: {runtime.name}'s init is PID 1 of every job (signals reach the command)")
 
 
+async def _runtime_findings(runtime: EngineRuntime, settings: NodeSettings) -> list[Finding]:
+    """The engine's runtimes with their arguments, user namespaces and the sandbox."""
+    from tuneplane_node.jobs.isolation import IsolationRules, findings
+
+    support = await runtime.isolation_support()  # an engine that cannot say is a warning
+    rules = IsolationRules(settings)
+    said = findings(rules, support, engine=runtime.name, local=runtime._local())
+    return [({True: OK, None: WARN, False: FAIL}[fine], text) for fine, text in said]
+
+
 async def _remap_finding(runtime: EngineRuntime) -> list[Finding]:
     from tuneplane_node.errors import EngineUnavailable, NodeError
 
@@ -452,7 +463,7 @@ async def _remap_finding(runtime: EngineRuntime) -> list[Finding]:
         return [(OK, f"jobs: {runtime.name} remaps users: uid 0 in a job is not the host's root")]
     fix = "docker's userns-remap"
     if runtime.name == "podman":
-        fix = 'userns = "auto" in containers.conf, or a rootless podman,'
+        fix = "TUNEPLANE_JOB_USERNS (each job a range of its own, below),"
     text = (
         f"jobs: {runtime.name} does not remap users: a root job shares the host root's "
         f"per-user kernel limits (inotify, keyrings); {fix} removes that"

@@ -50,6 +50,10 @@ are translated there (one table per engine, `runtime/engine.py`) with the cause 
     │   ├── NoRdma no_rdma                  a launch needs RDMA devices the node lacks
     │   ├── MemlockUnavailable memlock_unavailable   a launch needs RDMA devices and a
     │   │                                   memlock above the engine's own hard limit
+    │   ├── SandboxUnavailable sandbox_unavailable   a sandbox the engine lacks (or
+    │   │                                   cannot give this job)
+    │   ├── UsernsUnavailable userns_unavailable   TUNEPLANE_JOB_USERNS=always, and a
+    │   │                                   writable mount the engine cannot id-map
     │   └── EngineConflict                  (also an EngineRefused) name in use
     └── EngineError engine_error            the container engine
         ├── EngineUnavailable (503) engine_unavailable   did not answer: facts are
@@ -542,6 +546,29 @@ class MemlockUnavailable(Conflict):
             "TUNEPLANE_RDMA_MEMLOCK to a size within the limit"
         )
         self.engine = engine
+
+
+class SandboxUnavailable(Conflict):
+    """A job the node would sandbox (its rule, or ``container.isolation: "sandbox"``)
+    that the engine cannot run under the sandbox runtime: never run under runc instead."""
+
+    code: ClassVar[str] = "sandbox_unavailable"
+
+    def __init__(self, *, runtime: str, why: str, fix: str) -> None:
+        super().__init__(f"container.isolation: no sandbox runtime {runtime} for it: {why}; {fix}")
+        self.runtime = runtime
+        self.why = why
+
+
+class UsernsUnavailable(Conflict):
+    """``TUNEPLANE_JOB_USERNS=always`` and a writable host mount the engine cannot id-map
+    into the job's own user namespace (its root could not write it)."""
+
+    code: ClassVar[str] = "userns_unavailable"
+
+    def __init__(self, *, mount: str, why: str, fix: str) -> None:
+        super().__init__(f"{mount}: {why}, under TUNEPLANE_JOB_USERNS=always; {fix}")
+        self.mount = mount
         self.why = why
 
 

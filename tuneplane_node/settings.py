@@ -62,6 +62,23 @@ class JobSettings(BaseSettings):
     """A job's Linux capabilities: ``default`` keeps CHOWN, DAC_OVERRIDE, FOWNER, FSETID,
     KILL, SETGID, SETUID, SETPCAP and SYS_CHROOT (the engines' defaults less NET_RAW,
     NET_BIND_SERVICE, MKNOD, AUDIT_WRITE and SETFCAP); ``restricted``: none at all."""
+    job_userns: Literal["auto", "always", "off"] = "auto"
+    """A job's own user namespace (podman: ``userns=auto``, 65,536 ids of the
+    ``containers`` ranges in /etc/subuid and /etc/subgid): ``auto`` for every job but one
+    whose writable host mounts the engine's OCI runtime cannot id-map (it keeps the host's,
+    and observe says why), ``always`` (such a launch is a 409, ``userns_unavailable``),
+    ``off`` (the host's namespace, as before). Docker has no per-job namespaces: its
+    ``userns-remap`` is the daemon's."""
+    job_userns_cards: bool = False
+    """Card jobs get their own user namespace too (``false``: they keep the host's, as the
+    NVIDIA stack under user namespaces is not dependable; check it on the driver first)."""
+    job_sandbox: Literal["off", "cpu", "all"] = "off"
+    """Which jobs run under ``TUNEPLANE_SANDBOX_RUNTIME``: none, the jobs without cards
+    (``cpu``), or all (card jobs need the runtime's GPU proxy: refused otherwise). A
+    launch may ask for it with ``container.isolation: "sandbox"``."""
+    sandbox_runtime: str = Field("runsc", min_length=1, max_length=100, pattern=r"^[\w.-]+$")
+    """The engine's OCI runtime for sandboxed jobs, by its registered name (gVisor's
+    ``runsc``, registered with ``--network=host``; a Kata runtime works the same way)."""
     job_no_new_privileges: bool = True
     """Start every job with no-new-privileges: a setuid binary cannot regain what was dropped."""
     job_init: bool = True

@@ -73,6 +73,7 @@ install_packages() {
     command -v debootstrap >/dev/null || missing+=(debootstrap)     # the image test's base
     command -v promtool >/dev/null || missing+=(prometheus) # checks the /metrics exposition
     command -v mkfs.ext4 >/dev/null || missing+=(e2fsprogs) # a job's scratch space (ext4)
+    command -v runsc >/dev/null || missing+=(runsc) # gVisor: sandboxed jobs (issue 37)
     # The hostile-job tests build static binaries (a setuid one, a port binder) with gcc.
     command -v gcc >/dev/null || missing+=(gcc)
     dpkg -s libc6-dev >/dev/null 2>&1 || missing+=(libc6-dev)
@@ -98,7 +99,35 @@ start_docker() { # start_docker NAME [no-live-restore]: the engine $RUN_DIR/NAME
     wait_for 60 "dockerd $name" docker -H "unix://$sock" version
 }
 
+write_subids() { # podman's userns=auto takes each job's ids from the containers ranges
+    local file
+    for file in /etc/subuid /etc/subgid; do
+        grep -q '^containers:' "$file" 2>/dev/null || echo "containers:2147483647:2147483648" >>"$file"
+    done
+}
+
+register_runsc() { # runsc in every docker engine's runtimes, read from /etc/docker/daemon.json
+    # gVisor's own network stack refuses the engine's namespaces (even --network none):
+    # --network=host is its host networking inside whatever namespace the container has;
+    # ptrace, as this machine has no KVM for it (--platform=kvm hangs).
+    mkdir -p /etc/docker
+    if [[ -f /etc/docker/daemon.json ]]; then
+        grep -q '"runsc"' /etc/docker/daemon.json || log "add runsc to the runtimes of /etc/docker/daemon.json by hand"
+        return
+    fi
+    echo '{"runtimes": {"runsc": {"path": "/usr/bin/runsc", "runtimeArgs": ["--network=host", "--platform=ptrace"]}}}' \
+        >/etc/docker/daemon.json
+}
+
+reload_docker() { # reload_docker NAME: a running engine reads its runtimes again (SIGHUP, no restart)
+    local pid=$RUN_DIR/$1.pid
+    [[ -f $pid ]] || return 0
+    docker -H "unix://$RUN_DIR/$1.sock" info --format '{{json .Runtimes}}' 2>/dev/null | grep -q runsc && return
+    kill -HUP "$(cat "$pid")" || true
+}
+
 configure_podman() {
+    write_subids
     mkdir -p /etc/containers/registries.conf.d
     # podman's default rlimits exceed this sandbox's hard limits: stay under them.
     local nofile nproc
@@ -310,12 +339,14 @@ up() {
     [[ $(id -u) == 0 ]] || { log "run me as root"; exit 1; }
     mkdir -p "$DEV_ROOT" "$RUN_DIR" "$LOG_DIR"
     install_packages
+    register_runsc
     start_registry
     start_docker docker
     start_docker docker-own
     start_docker docker-tests
     start_full_docker
     start_gc_docker
+    for name in docker docker-own docker-full docker-gc; do reload_docker "$name"; done
     start_podman
     start_gc_podman
     start_own_podman podman-tests "$TESTS_PODMAN_ROOT" "$TESTS_PODMAN_SOCK"

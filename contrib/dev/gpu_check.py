@@ -17,6 +17,14 @@ on the process runtime, with ``python3`` from PATH or ``--python``):
    card's CPUs, TUNEPLANE_CPU_AFFINITY=numa); then the job stopped and removed (the card
    free again).
 
+3. With ``--isolation IMAGE`` (an image with ``nvidia-smi``; podman and/or runsc needed),
+   what issue 37 leaves to the operator: whether a card job runs in a user namespace of
+   its own (podman ``--userns=auto:size=65536`` with the card as a CDI device, the same
+   as the node's; if it lists the card, ``TUNEPLANE_JOB_USERNS_CARDS=true`` can be
+   tried), and whether gVisor's GPU proxy supports this driver (``runsc nvproxy
+   list-supported-drivers`` against NVML's driver version: a card job may be sandboxed
+   only then, with runsc registered with ``--nvproxy=true``).
+
 Prints what it saw and one line per expectation, ``ok`` or ``FAILED``; exits 1 if any
 failed. The facts a virtual machine does not give (power, temperature) are printed, not
 checked.
@@ -333,6 +341,61 @@ def daemon_check(cards: int, cpusets: dict[int, str], python: str, hold_s: float
         shutil.rmtree(folder, ignore_errors=True)
 
 
+# --- 3. isolation (issue 37) -------------------------------------------------------------
+
+
+def driver_version() -> str:
+    """The driver's version as NVML gives it (``550.54.15``)."""
+    from tuneplane_node.gpu.factory import make_probe
+    from tuneplane_node.settings import load_settings
+
+    probe = make_probe(load_settings(node_token=TOKEN))
+    try:
+        return str(probe.snapshot().driver or "")
+    finally:
+        probe.close()
+
+
+def isolation_check(image: str, driver: str) -> None:
+    """A card job in its own user namespace on podman, and gVisor's GPU proxy's drivers."""
+    if shutil.which("podman"):
+        argv = ["podman", "run", "--rm", "--userns=auto:size=65536"]
+        argv += [
+            "--device",
+            "nvidia.com/gpu=0",
+            image,
+            "sh",
+            "-c",
+            "cat /proc/self/uid_map; nvidia-smi -L",
+        ]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+        print(
+            "podman, a card job of its own user namespace:",
+            done.stdout.strip(),
+            done.stderr.strip()[-500:],
+        )
+        mapped = (
+            done.returncode == 0 and "GPU 0" in done.stdout and " 0          0 " not in done.stdout
+        )
+        expect(
+            "a card job in its own user namespace sees its card (JOB_USERNS_CARDS may be true)",
+            mapped,
+        )
+    else:
+        print("podman: not installed, the user namespace check skipped")
+    if shutil.which("runsc"):
+        argv = ["runsc", "nvproxy", "list-supported-drivers"]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+        drivers = done.stdout.split()
+        print(f"runsc's nvproxy drivers: {drivers or done.stderr.strip()[-300:]}")
+        expect(
+            f"gVisor's nvproxy supports driver {driver} (card jobs may be sandboxed)",
+            driver in drivers,
+        )
+    else:
+        print("runsc: not installed, the nvproxy check skipped")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -341,10 +404,13 @@ def main() -> int:
         help="the Python (with torch) the job and the outsider run on",
     )
     parser.add_argument("--hold-s", type=float, default=20, help="how long each holds its card")
+    parser.add_argument("--isolation", metavar="IMAGE", help="an image with nvidia-smi: step 3")
     args = parser.parse_args()
     cards, cpusets = probe_check()
     if cards:
         daemon_check(cards, cpusets, args.python, args.hold_s)
+    if cards and args.isolation:
+        isolation_check(args.isolation, driver_version())
     print(f"{len(failures)} failed: {failures}" if failures else "every expectation met")
     return 1 if failures else 0
 

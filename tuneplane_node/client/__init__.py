@@ -30,6 +30,7 @@ from tuneplane_node.client.answers import (
     Images,
     ImageStore,
     Inventory,
+    Isolation,
     JobDisk,
     Jobs,
     JobState,
@@ -79,6 +80,7 @@ from tuneplane_node.client.errors import (
     RegistryRefused,
     RequestError,
     RunConflict,
+    SandboxUnavailable,
     ServerError,
     SpecRefused,
     TooManyAuthFailures,
@@ -86,6 +88,7 @@ from tuneplane_node.client.errors import (
     Unauthorized,
     UnknownField,
     Unreachable,
+    UsernsUnavailable,
     VolumeFillFailed,
 )
 from tuneplane_node.client.retry import NO_RETRY, Retry
@@ -140,6 +143,7 @@ __all__ = [
     "InsufficientStorage",
     "InvalidRequest",
     "Inventory",
+    "Isolation",
     "JobDisk",
     "JobState",
     "JobStatus",
@@ -177,6 +181,7 @@ __all__ = [
     "Retry",
     "RunConflict",
     "Runtime",
+    "SandboxUnavailable",
     "Scratch",
     "ServerError",
     "SpecRefused",
@@ -189,6 +194,7 @@ __all__ = [
     "UnknownField",
     "Unreachable",
     "Usage",
+    "UsernsUnavailable",
     "VolumeFillFailed",
     "Word",
 ]

@@ -100,6 +100,9 @@ class JobState(Answer):
     stop_signal: str | None = None
     read_only_root: bool | None = None  # its image filesystem read-only; None: not known
     network: str | None = None  # the network it got: host, bridge, none; None: not known
+    userns: str | None = None  # "own": a user namespace of its own; "host"; None: not known
+    userns_note: str | None = None  # why it keeps the host's
+    runtime: str | None = None  # its OCI runtime (runsc: sandboxed); None: not known
     stop_reason: str | None = None  # the node stopped it itself (a drain, disk_limit...)
     stopping: Stopping | None = None
     disk_used_bytes: int | None = None  # written to the engine's disk (running, or at a stop)
@@ -193,6 +196,23 @@ class JobDisk(Answer):
 
     limit: str = ""
     held_by: str | None = None
+
+
+@dataclass(frozen=True)
+class Isolation(Answer):
+    """How far the node keeps jobs from the host: its rules (``TUNEPLANE_JOB_USERNS``,
+    ``TUNEPLANE_JOB_SANDBOX``, ``TUNEPLANE_SANDBOX_RUNTIME``), whether the engine gives
+    jobs a user namespace of their own and has the sandbox runtime (None: it could not
+    say), and the engine's runtimes."""
+
+    userns: str = ""
+    sandbox: str = ""
+    sandbox_runtime: str = ""
+    own_userns: bool | None = None
+    sandbox_available: bool | None = None
+    runtimes: tuple[str, ...] = ()
+
+    convert: ClassVar = {"runtimes": tuple}
 
 
 @dataclass(frozen=True)
@@ -368,12 +388,13 @@ class Inventory(Answer):
     image_store: ImageStore | None = None
     conditions: Conditions | None = None
     job_disk: JobDisk | None = None
+    isolation: Isolation | None = None
 
     convert: ClassVar = {"node_state": one(NodeState), "protocols": tuple, "features": tuple}
     convert |= {"gpus": each(Card), "storage": each(Filesystem), "fabrics": each(Fabric)}
     convert |= {"local_disk": one(LocalDisk)}
     convert |= {"image_store": one(ImageStore), "conditions": one(Conditions)}
-    convert |= {"job_disk": one(JobDisk)}
+    convert |= {"job_disk": one(JobDisk), "isolation": one(Isolation)}
 
 
 @dataclass(frozen=True)

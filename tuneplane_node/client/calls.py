@@ -67,6 +67,7 @@ class Container:
     network: str = ""
     user: str = ""
     stop_signal: str = ""
+    isolation: str = ""  # "sandbox": under the node's sandbox runtime; "": the node's rule
     rdma: bool | None = None
     read_only_root: bool | None = None  # None: the node's rule (its operator's true holds)
     scratch: Scratch | None = None  # None: no scratch space
@@ -95,7 +96,7 @@ class Container:
 
 _PLAIN: tuple[str, ...] = (
     *("name", "env", "labels", "workdir", "shm_size", "cpu_limit", "memory_limit"),
-    *("network", "user", "stop_signal", "pull_policy"),
+    *("network", "user", "stop_signal", "pull_policy", "isolation"),
 )
 """The container's fields sent as they are, when given."""
 

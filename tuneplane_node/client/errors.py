@@ -31,6 +31,8 @@ console's retry rule is an ``except`` clause, never a sentence compared::
         │       ├── NotRunning          ``not_running``: a signal for a job that is not
         │       ├── NoRdma              ``no_rdma``: RDMA asked of a node without it
         │       ├── MemlockUnavailable  ``memlock_unavailable``: the engine's memlock limit
+        │       ├── SandboxUnavailable  ``sandbox_unavailable``: no sandbox runtime for it
+        │       ├── UsernsUnavailable   ``userns_unavailable``: a mount it cannot id-map
         │       └── EngineConflict      ``engine_conflict``
         └── ServerError (5xx)       the node or its engine failed
             ├── EngineError (500)       ``engine_error``
@@ -199,6 +201,19 @@ class MemlockUnavailable(Conflict):
     family = "memlock_unavailable"
 
 
+class SandboxUnavailable(Conflict):
+    """A job the node would sandbox that the engine cannot run under the sandbox runtime
+    (not registered, or not for this job): never run under runc instead."""
+
+    family = "sandbox_unavailable"
+
+
+class UsernsUnavailable(Conflict):
+    """``TUNEPLANE_JOB_USERNS=always`` and a writable mount the engine cannot id-map."""
+
+    family = "userns_unavailable"
+
+
 class EngineConflict(Conflict):
     family = "engine_conflict"
 
@@ -261,6 +276,8 @@ NARROWER = (
     NotRunning,
     NoRdma,
     MemlockUnavailable,
+    SandboxUnavailable,
+    UsernsUnavailable,
     EngineConflict,
     EngineError,
     RegistryRefused,

@@ -5,6 +5,7 @@ each a JSON shape of the contract (`wire.answers`) filled from the job service's
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -33,6 +34,7 @@ from tuneplane_node.wire.answers import (
     ImageGcJson,
     ImageStoreJson,
     InventoryJson,
+    IsolationJson,
     JobDiskJson,
     LocalDiskJson,
     NodeStateJson,
@@ -212,6 +214,10 @@ def probe_json(gpus: GpuSnapshot | None) -> ProbeJson | None:
 # --- answers: inventory ------------------------------------------------------------------
 
 
+def isolation_json(rule: results.IsolationRule) -> IsolationJson:
+    return {**dataclasses.asdict(rule), "runtimes": list(rule.runtimes)}  # type: ignore[typeddict-item]  # the same keys
+
+
 def inventory_json(facts: Inventory, *, features: Sequence[str] = ()) -> InventoryJson:
     """What the machine has; ``features`` as health's."""
     machine, gpus = facts.machine, facts.gpus
@@ -240,6 +246,7 @@ def inventory_json(facts: Inventory, *, features: Sequence[str] = ()) -> Invento
         "job_disk": job_disk_json(facts.job_disk),
         "protocols": list(PROTOCOLS),
         "features": list(features),
+        "isolation": isolation_json(facts.isolation),
     }
 
 

@@ -99,6 +99,9 @@ def _container_json(view: ContainerState) -> StateJson:
         "stop_signal": view.stop_signal if view.exists else None,
         "read_only_root": view.read_only_root if view.exists else None,
         "network": (view.labels.get(LABEL_NETWORK) or None) if view.exists else None,
+        "userns": view.userns,
+        "userns_note": view.userns_note,
+        "runtime": view.runtime,
     }
 
 
@@ -123,6 +126,9 @@ def _pending_json(view: PendingView) -> PendingStateJson:
         "stop_signal": view.stop_signal,
         "read_only_root": view.read_only_root,
         "network": None,  # decided when its container is made, beside the jobs there then
+        "userns": None,  # decided, and said, once the container is made
+        "userns_note": None,
+        "runtime": None,
         "pending_phase": view.phase,
         "pending_image": view.image,
         "pending_elapsed_s": view.elapsed_s,

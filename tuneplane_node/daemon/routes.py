@@ -40,11 +40,13 @@ from tuneplane_node.errors import (
     NotRunning,
     RegistryRefused,
     RunConflict,
+    SandboxUnavailable,
     SpecRefused,
     TooManyAuthFailures,
     TooManyFollows,
     TooManyWatches,
     Unauthorized,
+    UsernsUnavailable,
 )
 from tuneplane_node.jobs import AlreadyExited, AlreadyPending, AlreadyRunning, Pulling, Started
 from tuneplane_node.jobs import launch_request as launch_request_of
@@ -67,6 +69,8 @@ LAUNCH_ERRORS: tuple[schema.Raised, ...] = (
     NodeCordoned,
     NoRdma,
     MemlockUnavailable,
+    SandboxUnavailable,
+    UsernsUnavailable,
     EngineConflict,
     SpecRefused,
     RegistryRefused,

@@ -18,7 +18,14 @@ from tuneplane_node.gpu.readiness import GpuReadiness
 from tuneplane_node.jobs.imagegc import ImageCollector
 from tuneplane_node.jobs.nodestate import NodeState
 from tuneplane_node.jobs.pending import PendingTable
-from tuneplane_node.jobs.results import Conditions, DiskRule, ImageStore, Inventory, NodeStatus
+from tuneplane_node.jobs.results import (
+    Conditions,
+    DiskRule,
+    ImageStore,
+    Inventory,
+    IsolationRule,
+    NodeStatus,
+)
 from tuneplane_node.runtime.base import ContainerRuntime
 from tuneplane_node.settings import NodeSettings
 
@@ -116,7 +123,20 @@ class HealthReader:
         facts = await read_inventory(self.runtime, self.allocator, self.settings, node)
         store = await self.gc.reading()
         facts = replace(facts, image_store=store, conditions=await self.conditions(store))
-        return replace(facts, job_disk=self.disk_rule())
+        return replace(facts, job_disk=self.disk_rule(), isolation=await self.isolation())
+
+    async def isolation(self) -> IsolationRule:
+        """The isolation rules beside the engine's word on them (asked now)."""
+        settings = self.settings
+        rule = IsolationRule(settings.job_userns, settings.job_sandbox, settings.sandbox_runtime)
+        support = await self.runtime.isolation_support()
+        if support.error is not None or not support.default_runtime:
+            return rule  # unknown: an engine that cannot say, the process runtime
+        own = support.per_job_userns and settings.job_userns != "off"
+        available = settings.sandbox_runtime in support.runtimes
+        return replace(
+            rule, own_userns=own, sandbox_available=available, runtimes=tuple(support.runtimes)
+        )
 
     async def close(self) -> None:
         await self.disk.close()

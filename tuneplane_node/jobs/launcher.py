@@ -25,6 +25,7 @@ from tuneplane_node.jobs.confinement import JobRules
 from tuneplane_node.jobs.disklimit import DiskLimits
 from tuneplane_node.jobs.imagegc import ImageCollector
 from tuneplane_node.jobs.images import ImageKeeper
+from tuneplane_node.jobs.isolation import Isolation
 from tuneplane_node.jobs.mounts import MountPolicy
 from tuneplane_node.jobs.network import neighbours
 from tuneplane_node.jobs.pending import STARTING, PendingLaunch, PendingTable
@@ -71,6 +72,16 @@ def launch_request(launch: Launch) -> LaunchRequest:
         pull_policy=launch.pull_policy,
         relaunch=launch.relaunch,
     )
+
+
+def refuse_unstaged(support: MountSupport, runtime: str, field: str) -> None:
+    """A 422 for a scratch (or volumes: ``field``) a runtime cannot be handed: the
+    process runtime mounts nothing, an engine on another machine takes no path of this
+    one."""
+    if support.mode != STAGED:
+        where = "is on another machine" if support.mode == REMOTE else "mounts nothing"
+        what = "scratch space" if field == SCRATCH else "volumes"
+        raise InvalidField(field, f"the {runtime} runtime {where}: it takes no {what}")
 
 
 class Reservation:
@@ -131,6 +142,7 @@ class Launcher:
         self.pending = PendingTable(clock=clock, on_change=self.changes.changed)
         self.tasks = BackgroundTasks(log)  # the pending launches'
         self.rules = JobRules(settings, port_held=port_held)
+        self.isolation = Isolation(settings, runtime)
         self.disk = DiskLimits(settings)
         self.affinity = CpuAffinity(settings)
         self.mounts = MountPolicy(
@@ -158,6 +170,7 @@ class Launcher:
                 extra=about(request),
             )  # fmt: skip
         spec = await asyncio.to_thread(self.rules.apply, replace(spec, env=env), cards=cards)
+        spec = await self.isolation.apply(spec, cards=cards)
         store = await self.gc.store()  # the launch's one reading (`LaunchRequest.store`)
         spec = self.disk.apply(spec, store)
         if spec.mounts:  # refused now; opened for good when the container is made
@@ -195,15 +208,7 @@ class Launcher:
         return support
 
     async def _scratch_usable(self, spec: ContainerSpec, *, field: str = SCRATCH) -> None:
-        """A 422 for a scratch (or volumes: ``field``) a runtime cannot be handed: the
-        process runtime mounts nothing, an engine on another machine takes no path of
-        this one."""
-        support = await self.mount_support()
-        if support.mode != STAGED:
-            where = "is on another machine" if support.mode == REMOTE else "mounts nothing"
-            what = "scratch space" if field == SCRATCH else "volumes"
-            why = f"the {self.runtime.name} runtime {where}: it takes no {what}"
-            raise InvalidField(field, why)
+        refuse_unstaged(await self.mount_support(), self.runtime.name, field)
 
     async def _staged(self, spec: ContainerSpec) -> ContainerSpec:
         """The spec with each mount opened and bound at its staging path (`MountStaging`),

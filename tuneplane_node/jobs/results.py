@@ -345,6 +345,20 @@ class NodeStatus:
 
 
 @dataclass(frozen=True)
+class IsolationRule:
+    """The operator's isolation rules, and what the engine makes of them: whether its jobs
+    get a user namespace of their own, whether the sandbox runtime is registered in it,
+    and the runtimes it has (None and empty: the engine could not say)."""
+
+    userns: str = "auto"
+    sandbox: str = "off"
+    sandbox_runtime: str = "runsc"
+    own_userns: bool | None = None
+    sandbox_available: bool | None = None
+    runtimes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Inventory:
     """What the machine has: its own facts, the cards, and the engine."""
 
@@ -357,6 +371,7 @@ class Inventory:
     image_store: ImageStore = ImageStore()
     conditions: Conditions = Conditions()
     job_disk: DiskRule = DiskRule()
+    isolation: IsolationRule = IsolationRule()
 
 
 class LogNote:

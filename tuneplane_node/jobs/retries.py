@@ -24,7 +24,7 @@ from tuneplane_node.runtime.base import LABEL_SPEC, ContainerState
 CONTAINER_FIELDS = (
     "name", "image", "command", "env", "mounts", "labels", "workdir", "shm_size",
     "cpu_limit", "memory_limit", "network", "user", "stop_signal", "rdma", "read_only_root",
-    "disk_limit", "scratch", "volumes",
+    "disk_limit", "scratch", "volumes", "isolation",
 )  # fmt: skip
 """The container fields a console gives (the spec's others are the node's choices)."""
 DIGEST_CHARS = 12
@@ -84,6 +84,8 @@ def _fields(request: LaunchRequest) -> dict[str, Any]:
     labels = {key: value for key, value in spec.labels.items() if key != LABEL_SPEC}
     values: dict[str, Any] = {"requested_gpus": request.requested_gpus}
     for name in CONTAINER_FIELDS:
+        if name == "isolation" and not spec.isolation:
+            continue  # only when asked: a run launched before the field is the same spec
         values[f"container.{name}"] = labels if name == "labels" else getattr(spec, name)
     if not spec.volumes:  # as the labels of containers made before volumes record it
         del values["container.volumes"]

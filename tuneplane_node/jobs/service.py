@@ -282,6 +282,7 @@ class JobService:
         await self.keeper.start()
         await self.launcher.start_mounts()
         await asyncio.to_thread(self.rules.read_engine, self.runtime.name)  # its memlock
+        await self.launcher.isolation.support()  # the runtimes' registration, said at start
 
     async def cordon(self, reason: str | None) -> NodeState:
         return await self.keeper.cordon(reason)

@@ -46,10 +46,19 @@ from tuneplane_node.wire.values import (
     LABEL_RUN_ID as LABEL_RUN_ID,
 )
 from tuneplane_node.wire.values import (
+    LABEL_RUNTIME as LABEL_RUNTIME,
+)
+from tuneplane_node.wire.values import (
     LABEL_SPEC as LABEL_SPEC,
 )
 from tuneplane_node.wire.values import (
+    LABEL_USERNS as LABEL_USERNS,
+)
+from tuneplane_node.wire.values import (
     NODE_LABELS as NODE_LABELS,
+)
+from tuneplane_node.wire.values import (
+    SANDBOX as SANDBOX,
 )
 from tuneplane_node.wire.values import (
     Mount as Mount,
@@ -226,6 +235,12 @@ class ContainerSpec:
     # engine's disk, written in its LABEL_DISK_LIMIT; None: no limit.
     disk_limit_bytes: int | None = None
     confinement: Confinement = field(default_factory=Confinement)
+    isolation: str = ""  # the console's word: "sandbox", or "" for the node's rule
+    # The node's decisions (`jobs.isolation`): a user namespace of the job's own (why
+    # not, where the host's is kept), and the OCI runtime asked for (None: the default).
+    own_userns: bool = False
+    userns_note: str = ""
+    runtime: str | None = None
 
     def cpuset(self) -> tuple[str | None, str | None]:
         """(cpus, mems) in the kernel's list format, None for each not set."""
@@ -242,6 +257,10 @@ def job_labels(spec: ContainerSpec) -> dict[str, str]:
     labels = {**spec.labels, LABEL_GPUS: format_gpus(spec.gpus)}
     if spec.disk_limit_bytes is not None:
         labels[LABEL_DISK_LIMIT] = str(spec.disk_limit_bytes)
+    if spec.own_userns or spec.userns_note:
+        labels[LABEL_USERNS] = "own" if spec.own_userns else f"host: {spec.userns_note}"
+    if spec.runtime:
+        labels[LABEL_RUNTIME] = spec.runtime
     return labels
 
 
@@ -263,6 +282,7 @@ class ContainerState:
     stop_signal: str | None = None  # what a stop sends first; None: not known (a list entry)
     image_id: str | None = None  # the engine's id of its image (``sha256:...``); None: not known
     read_only_root: bool | None = None  # its image filesystem read-only; None: not known
+    engine_runtime: str | None = None  # the engine's OCI runtime for it; None: not known
 
     @classmethod
     def missing(cls, name: str) -> ContainerState:
@@ -294,6 +314,24 @@ class ContainerState:
         """The disk limit its label holds; None: none (or a label that is no number)."""
         label = self.labels.get(LABEL_DISK_LIMIT, "")
         return int(label) if label.isdigit() else None
+
+    @property
+    def userns(self) -> str | None:
+        """``own`` or ``host`` as its label says; None for a job launched without one."""
+        label = self.labels.get(LABEL_USERNS)
+        return None if label is None else label.split(":", 1)[0]
+
+    @property
+    def userns_note(self) -> str | None:
+        """Why a job keeps the host's user namespace, as its label says."""
+        parts = self.labels.get(LABEL_USERNS, "").split(": ", 1)
+        return parts[1] if len(parts) == 2 else None
+
+    @property
+    def runtime(self) -> str | None:
+        """The OCI runtime it runs under: the engine's word, else the one the node asked
+        for; None where neither is known (a list entry, the process runtime)."""
+        return self.engine_runtime or self.labels.get(LABEL_RUNTIME)
 
     @property
     def never_started(self) -> bool:
@@ -479,6 +517,27 @@ class MountSupport:
 
 
 @dataclass(frozen=True)
+class IsolationSupport:
+    """What an engine can isolate a job with, as it says of itself.
+
+    ``default_runtime``: the OCI runtime its containers get unless told otherwise, with its
+    ``runtime_version`` where the engine says it. ``runtimes``: each runtime a container
+    may be given by name, with the arguments it is registered with. ``per_job_userns``:
+    whether each container can get a user namespace of its own (podman's ``userns=auto``).
+    ``idmap_mounts``: whether a bind mount can be id-mapped into one (runc 1.2 and later,
+    crun). ``remaps_users``: the engine maps every container's users (docker's
+    ``userns-remap``, rootless podman). ``error``: the engine could not be asked."""
+
+    default_runtime: str = ""
+    runtime_version: str = ""
+    runtimes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    per_job_userns: bool = False
+    idmap_mounts: bool = False
+    remaps_users: bool = False
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class Usage:
     """What one running container uses now, each figure None where it cannot be read.
 
@@ -618,6 +677,10 @@ class ContainerRuntime(Protocol):
     async def mount_support(self) -> MountSupport:
         """How host mounts reach the engine, and the engine's own directories (its info,
         asked once it answers)."""
+
+    async def isolation_support(self) -> IsolationSupport:
+        """The engine's runtimes and user namespaces (its info, asked each time); the
+        error in the answer, never raised, when it cannot be asked."""
 
     async def list_images(self) -> list[EngineImage]:
         """Every image of the engine (intermediate layers left out), each saying whether

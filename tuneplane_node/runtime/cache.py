@@ -48,6 +48,7 @@ from tuneplane_node.runtime.base import (
     EngineFeed,
     EngineImage,
     ImageInfo,
+    IsolationSupport,
     LogQuery,
     LogStream,
     LogText,
@@ -646,6 +647,9 @@ class CachedRuntime:
 
     async def mount_support(self) -> MountSupport:
         return await self.inner.mount_support()
+
+    async def isolation_support(self) -> IsolationSupport:
+        return await self.inner.isolation_support()
 
     async def list_images(self) -> list[EngineImage]:
         return await self.inner.list_images()  # images are not cached: a GC run asks

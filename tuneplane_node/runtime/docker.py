@@ -29,6 +29,7 @@ from tuneplane_node.runtime.base import (
     ContainerSpec,
     ContainerState,
     DeviceSupport,
+    IsolationSupport,
 )
 from tuneplane_node.runtime.engine import (
     OURS_FILTER,
@@ -37,6 +38,7 @@ from tuneplane_node.runtime.engine import (
     Events,
     asked_support,
 )
+from tuneplane_node.runtime.isolation import registered
 from tuneplane_node.runtime.pulling import PullStream
 from tuneplane_node.settings import NodeSettings
 
@@ -222,8 +224,17 @@ class DockerRuntime(EngineRuntime, errors=ERRORS):
         return str(self.api.info().get("CgroupDriver") or "cgroupfs")
 
     def _remaps_users(self) -> bool:
-        options = self.api.info().get("SecurityOptions") or []
-        return any("name=userns" in str(option) for option in options)
+        return self._isolation_support().remaps_users
+
+    def _isolation_support(self) -> IsolationSupport:
+        # No per-container user namespaces before docker 28's: the daemon's remap only.
+        info = self.api.info()
+        options = info.get("SecurityOptions") or []
+        return IsolationSupport(
+            default_runtime=str(info.get("DefaultRuntime") or ""),
+            runtimes=registered(info.get("Runtimes") or {}),
+            remaps_users=any("name=userns" in str(option) for option in options),
+        )
 
     def _inspect_image(self, image: str) -> Mapping[str, Any]:
         return self.api.inspect_image(image)  # type: ignore[no-untyped-call,no-any-return]  # untyped in the stubs

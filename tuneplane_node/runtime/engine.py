@@ -65,6 +65,7 @@ from tuneplane_node.runtime.base import (
 )
 from tuneplane_node.runtime.cgroupparent import EngineParent
 from tuneplane_node.runtime.dockerformat import LogFold
+from tuneplane_node.runtime.isolation import EngineIsolation
 from tuneplane_node.runtime.logstream import LogRelay, unbound_reads
 from tuneplane_node.runtime.pool import BlockingPool
 from tuneplane_node.runtime.pulling import PullStream, drive_pull, pull_headers
@@ -176,6 +177,8 @@ def common_options(spec: ContainerSpec) -> dict[str, Any]:
         "shm_size": spec.shm_size,
         "mem_limit": spec.memory_limit,
     }
+    if spec.runtime:  # both SDKs' create() take it (docker's Runtime, libpod's oci_runtime)
+        options["runtime"] = spec.runtime
     options.update({key: value for key, value in optional.items() if value is not None})
     return {**options, **confinement_options(spec.confinement)}
 
@@ -371,7 +374,7 @@ class EngineProcesses(ABC):
         return sigcatch.caught(pid, number)
 
 
-class EngineRuntime(EngineImages, EngineMounts, EngineParent, EngineProcesses):
+class EngineRuntime(EngineImages, EngineMounts, EngineParent, EngineProcesses, EngineIsolation):
     """A ContainerRuntime and EngineFeed over a synchronous engine SDK."""
 
     name: str

@@ -24,6 +24,7 @@ import podman.domain.containers_create
 import podman.errors
 import requests.exceptions
 
+from tuneplane_node.errors import SandboxUnavailable
 from tuneplane_node.runtime import dockerformat as fmt
 from tuneplane_node.runtime import seccomp
 from tuneplane_node.runtime.base import (
@@ -36,6 +37,7 @@ from tuneplane_node.runtime.base import (
     ContainerSpec,
     ContainerState,
     DeviceSupport,
+    IsolationSupport,
     Tmpfs,
 )
 from tuneplane_node.runtime.engine import (
@@ -45,6 +47,7 @@ from tuneplane_node.runtime.engine import (
     Events,
     asked_support,
 )
+from tuneplane_node.runtime.isolation import maps_mount_ids
 from tuneplane_node.runtime.pulling import PullStream, close_http_stream
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.signals import JOB_SIGNALS
@@ -90,11 +93,35 @@ def _tmpfs_mount(tmpfs: Tmpfs) -> dict[str, Any]:
     }
 
 
-def create_body(options: Mapping[str, Any], storage: Mapping[str, str]) -> dict[str, Any]:
-    """libpod's create body for these create() options, with ``storage_opts``."""
+USERNS_SIZE = 65536
+"""The ids of a job's own user namespace (podman's ``auto`` default is 1024: too few for
+an image whose files belong to ``nobody``, 65534)."""
+OWN_USERNS = {
+    "userns": {"nsmode": "auto", "value": f"size={USERNS_SIZE}"},
+    # podman 4.3's service reads the range from idmappings alone (the CLI sets both).
+    "idmappings": {"AutoUserNs": True, "AutoUserNsOpts": {"Size": USERNS_SIZE}},
+}
+"""libpod's create fields for a user namespace of the job's own, from the ``containers``
+ranges of /etc/subuid and /etc/subgid (podman-py has no field for idmappings)."""
+
+
+HOST_SYS = {"type": "bind", "source": "/sys", "target": "/sys", "read_only": True}
+
+
+def create_body(
+    options: Mapping[str, Any],
+    storage: Mapping[str, str] | None = None,
+    *,
+    own_userns: bool = False,
+) -> dict[str, Any]:
+    """libpod's create body for these create() options, with ``storage_opts`` and a
+    user namespace of the job's own where asked."""
     render: Any = podman.domain.containers_create.CreateMixin._render_payload  # private
     body: dict[str, Any] = render({**options})
-    body["storage_opts"] = dict(storage)
+    if storage is not None:
+        body["storage_opts"] = dict(storage)
+    if own_userns:
+        body.update(OWN_USERNS)
     return body
 
 
@@ -127,8 +154,16 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
         options.update(self._bounds(spec.confinement))
         options["mounts"] = [
             {"type": "bind", "source": m.host, "target": m.container, "read_only": m.read_only}
+            # A writable mount into the job's own namespace is id-mapped: the host sees its
+            # owner's files written (`jobs.isolation` decided only where the runtime can).
+            | ({"options": ["idmap"]} if spec.own_userns and not m.read_only else {})
             for m in spec.mounts
         ]
+        if spec.own_userns and spec.network == "host":
+            # A user namespace of its own may not mount the sysfs of the host's network
+            # namespace (runc: "mount sysfs:/sys: operation not permitted"): the host's,
+            # read-only, as a root job of the host network sees it anyway.
+            options["mounts"].append(HOST_SYS)
         if spec.read_only_root:
             # podman-py refuses tmpfs=: tmpfs mounts say the same; none of podman's own
             # on /var/tmp (read_write_tmpfs).
@@ -161,15 +196,33 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
         self._ready_parent()
         options = self.create_options(spec)
         storage = options.pop("storage_opt", None)
-        if storage is None:
-            return self.client.containers.create(**options)
-        response = self.api.post(
-            "/containers/create",
-            headers={"content-type": "application/json"},
-            data=podman.api.prepare_body(create_body(options, storage)),
-        )
-        response.raise_for_status()
-        return self.client.containers.get(response.json()["Id"])
+        if storage is None and not spec.own_userns:
+            container = self.client.containers.create(**options)
+        else:
+            response = self.api.post(
+                "/containers/create",
+                headers={"content-type": "application/json"},
+                data=podman.api.prepare_body(
+                    create_body(options, storage, own_userns=spec.own_userns)
+                ),
+            )
+            response.raise_for_status()
+            container = self.client.containers.get(response.json()["Id"])
+        if spec.runtime:
+            self._check_runtime(container, spec.runtime)
+        return container
+
+    def _check_runtime(self, container: Any, wanted: str) -> None:
+        """The runtime the container was made with, as asked: podman 4.3's API drops a
+        container's oci_runtime and would run a sandboxed job under runc, unsaid."""
+        got = str(container.attrs.get("OCIRuntime") or "")
+        if got != wanted:
+            self._or(None, self._remove, container.id)
+            raise SandboxUnavailable(
+                runtime=wanted,
+                why=f"the podman engine made the container with {got or 'its default'}",
+                fix=f"make {wanted} podman's runtime in containers.conf ([engine] runtime)",
+            )
 
     def _bounds(self, confinement: Confinement) -> dict[str, Any]:
         """The capabilities kept, the log bounded (libpod keeps one file and truncates it at
@@ -253,7 +306,16 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
         # timeout=0: a forced remove kills at once; podman-py's remove() cannot say it,
         # and libpod then waits 10 s for a job that ignores SIGTERM (docker kills at once).
         params = {"force": True, "v": True, "volumes": True, "timeout": 0}
-        self.api.delete(f"/containers/{name}", params=params).raise_for_status()
+        response = self.api.delete(f"/containers/{name}", params=params)
+        if not response.ok and self._gone(name):
+            # podman 4.3 and a job of its own user namespace: "unlinkat .../userdata/shm:
+            # device or resource busy" once all is removed (record, layer, mounts).
+            log.debug("podman's remove of %s erred, but it is gone", name)
+            return
+        response.raise_for_status()
+
+    def _gone(self, name: str) -> bool:
+        return bool(self.api.get(f"/containers/{name}/json").status_code == 404)
 
     def _list_brief(self) -> list[Brief]:
         params = {"all": "true", "filters": json.dumps(OURS_FILTER)}
@@ -293,6 +355,22 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
     def _cgroup_driver(self) -> str:
         host = self.client.info().get("host") or {}  # type: ignore[no-untyped-call]
         return str(host.get("cgroupManager") or "cgroupfs")
+
+    def _isolation_support(self) -> IsolationSupport:
+        # libpod lists no other runtimes in its info, and podman 4.3's API drops a
+        # container's oci_runtime: its configured one is the only one a job is sure of
+        # (a sandbox asked for is checked on the container made, `_create`).
+        host = self.client.info().get("host") or {}  # type: ignore[no-untyped-call]
+        runtime = host.get("ociRuntime") or {}
+        name, version = str(runtime.get("name") or ""), str(runtime.get("version") or "")
+        return IsolationSupport(
+            default_runtime=name,
+            runtime_version=version.splitlines()[0] if version else "",
+            runtimes={name: ()} if name else {},
+            per_job_userns=not (host.get("security") or {}).get("rootless"),
+            idmap_mounts=maps_mount_ids(name, version),
+            remaps_users=self._remaps_users(),
+        )
 
     def _remaps_users(self) -> bool:
         # A rootful service maps users only where containers.conf says userns = "auto";

@@ -35,6 +35,7 @@ from tuneplane_node.runtime.base import (
     DiskUse,
     EngineImage,
     ImageInfo,
+    IsolationSupport,
     LogQuery,
     LogStream,
     LogText,
@@ -264,6 +265,9 @@ class ProcessRuntime:
 
     async def mount_support(self) -> MountSupport:
         return MountSupport(DIRECT)  # it mounts nothing: a job sees the host (development)
+
+    async def isolation_support(self) -> IsolationSupport:
+        return IsolationSupport()  # no OCI runtime, no namespaces: a bare process
 
     async def disk_usage(self, ref: str, *, budget_s: float) -> DiskUse | None:
         """Unknown: a bare process writes wherever its user may, not in a layer."""

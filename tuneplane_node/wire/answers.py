@@ -58,6 +58,9 @@ class StateJson(TypedDict):
     stop_signal: str | None
     read_only_root: bool | None
     network: str | None
+    userns: str | None
+    userns_note: str | None
+    runtime: str | None
 
 
 class _StoppingOptional(TypedDict, total=False):
@@ -218,6 +221,19 @@ class JobDiskJson(TypedDict):
     held_by: str | None
 
 
+class IsolationJson(TypedDict):
+    """``TUNEPLANE_JOB_USERNS``, ``TUNEPLANE_JOB_SANDBOX`` and ``TUNEPLANE_SANDBOX_RUNTIME``
+    as set; whether the engine gives jobs their own user namespace and has the sandbox
+    runtime (null: it could not say), and its runtimes."""
+
+    userns: str
+    sandbox: str
+    sandbox_runtime: str
+    own_userns: bool | None
+    sandbox_available: bool | None
+    runtimes: list[str]
+
+
 class RemovedImageJson(TypedDict):
     image: str
     id: str
@@ -362,6 +378,7 @@ class InventoryJson(TypedDict):
     job_disk: JobDiskJson
     protocols: list[int]
     features: list[str]
+    isolation: IsolationJson
 
 
 class NodeStateJson(TypedDict):

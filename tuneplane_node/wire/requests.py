@@ -64,6 +64,7 @@ from tuneplane_node.wire.values import (
     LABEL_RUN_ID,
     MAX_WAIT_S,
     NODE_LABELS,
+    SANDBOX,
     Cursor,
     Launch,
     Mount,
@@ -607,6 +608,13 @@ def _flag(given: Given) -> bool | None:
     return value
 
 
+def _isolation(given: Given) -> str:
+    isolation = _text(given.body, given.field, limit=100)
+    if isolation not in ("", SANDBOX):
+        raise InvalidField(given.field, f'must be "{SANDBOX}" or "" (the node\'s rule)')
+    return isolation
+
+
 def _stop_signal(given: Given) -> str | None:
     return parse_signal(given.body, given.field)
 
@@ -878,6 +886,19 @@ CONTAINER = Body(
             "layer cannot grow. `false` or none: the operator's rule, "
             "`TUNEPLANE_JOB_READ_ONLY_ROOT`, whose `true` a launch cannot undo.",
             read=_flag,
+        ),
+        Field(
+            "isolation",
+            or_empty({"enum": [SANDBOX]}),
+            f'`"{SANDBOX}"`: the job runs under the node\'s sandbox runtime '
+            "(`TUNEPLANE_SANDBOX_RUNTIME`, gVisor's `runsc` by default), whatever the "
+            "node's rule; an engine without it, or a job with cards where the runtime "
+            "has no GPU proxy, is a `409` (`sandbox_unavailable`) naming the runtime and "
+            'the fix, never a run under runc. `""` or none: the node\'s rule, '
+            "`TUNEPLANE_JOB_SANDBOX`. A launch can ask for more isolation, never less. "
+            "Observe's `runtime` says which runtime a job has, `userns` whether it has "
+            "a user namespace of its own (`TUNEPLANE_JOB_USERNS`).",
+            read=_isolation,
         ),
         Field(
             "registry_auth",

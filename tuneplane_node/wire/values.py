@@ -43,7 +43,7 @@ LABEL_GPUS = "tuneplane.gpus"
 """The cards a container holds, ``0,3``: the only record of which cards are taken."""
 
 LABEL_NETWORK = "tuneplane.network"
-"""Set only when the node ran a job on another network than it asked for: which one."""
+"""The network the node gave the job (`host`, `bridge`, `none`): observe's ``network``."""
 LABEL_MOUNTS = "tuneplane.mounts"
 """The key of the job's staged mounts (``<state dir>/mounts/<key>``), set when it has any."""
 LABEL_DISK_LIMIT = "tuneplane.disk-limit"
@@ -52,8 +52,18 @@ as the node decided at its launch: what the disk monitor holds it to, after a re
 LABEL_SPEC = "tuneplane.spec"
 """A digest of each field of the spec the run was launched with (`jobs.retries`): a
 retry with another spec is told apart. The node's own: observe never shows it."""
-NODE_LABELS = (LABEL_RUN_ID, LABEL_GPUS, LABEL_NETWORK, LABEL_MOUNTS, LABEL_DISK_LIMIT, LABEL_SPEC)
-HIDDEN_LABELS = frozenset({LABEL_SPEC, LABEL_MOUNTS, LABEL_DISK_LIMIT})
+LABEL_USERNS = "tuneplane.userns"
+"""Whether the job has a user namespace of its own: ``own``, or ``host: <why>`` where the
+node left it the host's (`jobs.isolation`). Observe shows it as ``userns``."""
+LABEL_RUNTIME = "tuneplane.runtime"
+"""The OCI runtime the node asked for the job (a sandbox's); absent: the engine's default."""
+SANDBOX = "sandbox"
+"""``container.isolation``'s one value: the job runs under the node's sandbox runtime."""
+NODE_LABELS = (
+    LABEL_RUN_ID, LABEL_GPUS, LABEL_NETWORK, LABEL_MOUNTS, LABEL_DISK_LIMIT, LABEL_SPEC,
+    LABEL_USERNS, LABEL_RUNTIME,
+)  # fmt: skip
+HIDDEN_LABELS = frozenset({LABEL_SPEC, LABEL_MOUNTS, LABEL_DISK_LIMIT, LABEL_USERNS, LABEL_RUNTIME})
 """Labels the node keeps for itself: no answer shows them (a 0.3.15 console's observe
 reads the labels it always did)."""
 

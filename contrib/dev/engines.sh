@@ -346,7 +346,7 @@ up() {
     start_docker docker-tests
     start_full_docker
     start_gc_docker
-    for name in docker docker-own docker-full docker-gc; do reload_docker "$name"; done
+    for name in docker docker-own docker-tests docker-full docker-gc; do reload_docker "$name"; done
     start_podman
     start_gc_podman
     start_own_podman podman-tests "$TESTS_PODMAN_ROOT" "$TESTS_PODMAN_SOCK"

@@ -24,7 +24,7 @@ from types import MappingProxyType
 from typing import Any, TypeVar
 
 from tuneplane_node.clock import Clock, rfc3339
-from tuneplane_node.errors import EngineConflict, EngineRefused, EngineUnavailable
+from tuneplane_node.errors import EngineConflict, EngineRefused, EngineUnavailable, NodeError
 from tuneplane_node.gpu.probe import CardFacts, GpuProcess, GpuSnapshot
 from tuneplane_node.inventory import Space
 from tuneplane_node.references import ID_PREFIX, canonical
@@ -601,8 +601,12 @@ class FakeRuntime:
         return MountSupport(self.mount_mode, (DATA_ROOT,))
 
     async def isolation_support(self) -> IsolationSupport:
-        """What `isolation` says (none by default: no runtime, no namespaces)."""
-        self._answer("isolation_support")
+        """What `isolation` says (none by default: no runtime, no namespaces); an engine
+        that does not answer says its error, as the engines' adapters do."""
+        try:
+            self._answer("isolation_support")
+        except NodeError as exc:
+            return IsolationSupport(error=exc.message)
         return self.isolation
 
     async def data_root(self) -> DataRoot | None:

@@ -9,6 +9,7 @@ import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from tests.volumeserver import FileServer, sha256
@@ -165,3 +166,20 @@ async def test_the_last_waiter_leaving_stops_the_download_and_keeps_its_bytes(
     assert fill.task.cancelled()
     assert fills.fills == {}
     assert fills.store.partial(sha256(DATA)).exists()  # the next fill resumes it
+
+
+def test_the_clients_own_words_never_carry_a_signed_urls_token() -> None:
+    """aiohttp names the URL in its errors (a redirect's too), query and all."""
+    from multidict import CIMultiDict, CIMultiDictProxy
+    from yarl import URL
+
+    from tuneplane_node.runtime.fetching import _said
+
+    signed = URL("https://bucket.example:8443/weights?X-Amz-Signature=s3cr3t")
+    info = aiohttp.RequestInfo(signed, "GET", CIMultiDictProxy(CIMultiDict()), signed)
+    error = aiohttp.TooManyRedirects(info, (), status=302, message="Found")
+
+    said = _said(error)
+
+    assert "s3cr3t" in str(error)  # the client's words as they are
+    assert "s3cr3t" not in said and "https://bucket.example:8443/weights" in said

@@ -58,11 +58,10 @@ class Download:
         except DROPPED as exc:
             if buffer:
                 yield bytes(buffer)
-            raise VolumeFillFailed(
-                source=self.url, reason=f"the connection dropped: {_said(exc)}", retryable=True
-            ) from exc
+            dropped = f"the connection dropped: {_said(exc)}"
+            raise VolumeFillFailed(source=shown(self.url), reason=dropped, retryable=True) from exc
         except aiohttp.ClientError as exc:
-            raise VolumeFillFailed(source=self.url, reason=_said(exc)) from exc
+            raise VolumeFillFailed(source=shown(self.url), reason=_said(exc)) from exc
         if buffer:
             yield bytes(buffer)
 
@@ -75,8 +74,13 @@ def _total(response: aiohttp.ClientResponse, offset: int) -> int | None:
     return response.content_length
 
 
+URL = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>]+")
+
+
 def _said(exc: BaseException) -> str:
-    return str(exc) or type(exc).__name__
+    """The client's own words, every URL in them as `shown` (aiohttp names the URL, a
+    redirect's too, with its query: a signed URL's token)."""
+    return URL.sub(lambda found: shown(found[0]), str(exc)) or type(exc).__name__
 
 
 class Fetcher:

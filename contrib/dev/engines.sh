@@ -337,6 +337,9 @@ copy_image_to_own_engine() { # copy_image_to_own_engine SOCK: the test image the
 
 up() {
     [[ $(id -u) == 0 ]] || { log "run me as root"; exit 1; }
+    # The engines outlive this call: from /, so none keeps a checkout as its working
+    # directory (podman's conmon fails on every job once that directory is deleted).
+    cd /
     mkdir -p "$DEV_ROOT" "$RUN_DIR" "$LOG_DIR"
     install_packages
     register_runsc
@@ -385,6 +388,7 @@ down() {
 }
 
 gc_engines() { # only the image GC tests' engines (the others left as they are)
+    cd / # as up's: no engine keeps a checkout as its working directory
     mkdir -p "$DEV_ROOT" "$RUN_DIR" "$LOG_DIR"
     start_gc_docker
     start_gc_podman

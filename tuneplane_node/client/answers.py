@@ -42,6 +42,7 @@ class Answer:
     convert: ClassVar[Mapping[str, Callable[[Any], Any]]] = {}
 
 
+Converters = dict[str, Any]  # a field's name -> what reads it (3.10 reads the hint)
 A = TypeVar("A", bound=Answer)
 
 
@@ -80,7 +81,7 @@ class Stopping(Answer):
     since: datetime | None = None
     note: str | None = None
 
-    convert: ClassVar = {"phase": word(StopPhase), "since": moment}
+    convert: ClassVar[Converters] = {"phase": word(StopPhase), "since": moment}
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,7 @@ class JobState(Answer):
     pending_rate_bytes_per_s: float | None = None  # None while unknown, never 0
     pending_eta_s: float | None = None
 
-    convert: ClassVar = {"stopping": one(Stopping), "status": word(JobStatus)}
+    convert: ClassVar[Converters] = {"stopping": one(Stopping), "status": word(JobStatus)}
     convert |= {"created_at": moment, "started_at": moment, "finished_at": moment}
     convert |= {"pending_phase": word(PendingPhase)}
 
@@ -148,7 +149,7 @@ class Launched(Answer):
     requested_gpus: int | None = None
     exit_code: int | None = None
 
-    convert: ClassVar = {"gpus": tuple, "phase": word(LaunchPhase)}
+    convert: ClassVar[Converters] = {"gpus": tuple, "phase": word(LaunchPhase)}
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,7 @@ class NodeState(Answer):
     reason: str | None = None
     since: datetime | None = None
 
-    convert: ClassVar = {"state": word(NodeStateName), "since": moment}
+    convert: ClassVar[Converters] = {"state": word(NodeStateName), "since": moment}
 
 
 @dataclass(frozen=True)
@@ -212,7 +213,7 @@ class Isolation(Answer):
     sandbox_available: bool | None = None
     runtimes: tuple[str, ...] = ()
 
-    convert: ClassVar = {"runtimes": tuple}
+    convert: ClassVar[Converters] = {"runtimes": tuple}
 
 
 @dataclass(frozen=True)
@@ -242,7 +243,7 @@ class PendingPull(Answer):
     phase: PendingPhase | None = None
     error: str | None = None
 
-    convert: ClassVar = {"phase": word(PendingPhase)}
+    convert: ClassVar[Converters] = {"phase": word(PendingPhase)}
 
 
 @dataclass(frozen=True)
@@ -268,7 +269,7 @@ class Card(Answer):
     processes: tuple[Process, ...] = ()
     numa_node: int | None = None
 
-    convert: ClassVar = {"processes": each(Process)}
+    convert: ClassVar[Converters] = {"processes": each(Process)}
 
 
 @dataclass(frozen=True)
@@ -320,7 +321,11 @@ class Health(Answer):
     conditions: Conditions | None = None
     job_disk: JobDisk | None = None
 
-    convert: ClassVar = {"runtime": one(Runtime), "node_state": one(NodeState), "free_gpus": tuple}
+    convert: ClassVar[Converters] = {
+        "runtime": one(Runtime),
+        "node_state": one(NodeState),
+        "free_gpus": tuple,
+    }
     convert |= {"protocols": tuple, "features": tuple, "image_store": one(ImageStore)}
     convert |= {"conditions": one(Conditions), "job_disk": one(JobDisk), "external": tuple}
     convert |= {"external_pids": lambda pids: {k: tuple(v) for k, v in dict(pids).items()}}
@@ -339,7 +344,7 @@ class Filesystem(Answer):
     free_bytes: int | None = None
     total_bytes: int | None = None
 
-    convert: ClassVar = {"paths": tuple}
+    convert: ClassVar[Converters] = {"paths": tuple}
 
 
 @dataclass(frozen=True)
@@ -357,7 +362,7 @@ class Fabric(Answer):
     rate_gbps: float | None = None
     rdma_to_jobs: bool = False
 
-    convert: ClassVar = {"hcas": tuple}
+    convert: ClassVar[Converters] = {"hcas": tuple}
 
 
 @dataclass(frozen=True)
@@ -390,7 +395,11 @@ class Inventory(Answer):
     job_disk: JobDisk | None = None
     isolation: Isolation | None = None
 
-    convert: ClassVar = {"node_state": one(NodeState), "protocols": tuple, "features": tuple}
+    convert: ClassVar[Converters] = {
+        "node_state": one(NodeState),
+        "protocols": tuple,
+        "features": tuple,
+    }
     convert |= {"gpus": each(Card), "storage": each(Filesystem), "fabrics": each(Fabric)}
     convert |= {"local_disk": one(LocalDisk)}
     convert |= {"image_store": one(ImageStore), "conditions": one(Conditions)}
@@ -413,7 +422,7 @@ class CardUsage(Answer):
     temperature_celsius: int | None = None
     processes: tuple[ProcessMemory, ...] | None = None  # None: the driver cannot say
 
-    convert: ClassVar = {"processes": each(ProcessMemory)}
+    convert: ClassVar[Converters] = {"processes": each(ProcessMemory)}
 
 
 @dataclass(frozen=True)
@@ -432,7 +441,7 @@ class Usage(Answer):
     disk_used_bytes: int | None = None  # the disk monitor's latest measure
     disk_limit_bytes: int | None = None
 
-    convert: ClassVar = {"gpus": each(CardUsage), "status": word(JobStatus)}
+    convert: ClassVar[Converters] = {"gpus": each(CardUsage), "status": word(JobStatus)}
     convert |= {"sampled_at": moment}
 
 
@@ -456,7 +465,7 @@ class Jobs(Answer):
     removed: tuple[str, ...] = ()
     full: bool = True  # the list itself has no "full": it is every job
 
-    convert: ClassVar = {"jobs": by_ref(JobState), "removed": tuple}
+    convert: ClassVar[Converters] = {"jobs": by_ref(JobState), "removed": tuple}
 
     def apply(self, copy: MutableMapping[str, JobState]) -> None:
         """Bring ``copy`` (ref -> state) to what the node holds as of ``index``."""
@@ -479,7 +488,11 @@ class Image(Answer):
     in_use_by: tuple[str, ...] = ()
     private: bool = False
 
-    convert: ClassVar = {"in_use_by": tuple, "pulled_at": moment, "last_used_at": moment}
+    convert: ClassVar[Converters] = {
+        "in_use_by": tuple,
+        "pulled_at": moment,
+        "last_used_at": moment,
+    }
 
 
 @dataclass(frozen=True)
@@ -498,7 +511,11 @@ class ImagePull(Answer):
     waiting: tuple[str, ...] = ()
     error: str | None = None
 
-    convert: ClassVar = {"waiting": tuple, "phase": word(PullPhase), "started_at": moment}
+    convert: ClassVar[Converters] = {
+        "waiting": tuple,
+        "phase": word(PullPhase),
+        "started_at": moment,
+    }
 
 
 @dataclass(frozen=True)
@@ -508,7 +525,7 @@ class Images(Answer):
     images: tuple[Image, ...] = ()
     pulls: tuple[ImagePull, ...] = ()
 
-    convert: ClassVar = {"images": each(Image), "pulls": each(ImagePull)}
+    convert: ClassVar[Converters] = {"images": each(Image), "pulls": each(ImagePull)}
 
 
 @dataclass(frozen=True)
@@ -518,7 +535,7 @@ class Prefetch(Answer):
     image: str = ""
     phase: PrefetchPhase | None = None
 
-    convert: ClassVar = {"phase": word(PrefetchPhase)}
+    convert: ClassVar[Converters] = {"phase": word(PrefetchPhase)}
 
 
 @dataclass(frozen=True)
@@ -538,7 +555,7 @@ class ImageGc(Answer):
     removed: tuple[RemovedImage, ...] = ()
     image_store: ImageStore | None = None
 
-    convert: ClassVar = {"removed": each(RemovedImage), "image_store": one(ImageStore)}
+    convert: ClassVar[Converters] = {"removed": each(RemovedImage), "image_store": one(ImageStore)}
 
 
 def states(answer: object) -> dict[str, JobState]:

@@ -110,7 +110,8 @@ def moment(value: object) -> datetime | None:
     (Python 3.10's ``fromisoformat`` takes neither)."""
     if not isinstance(value, str):
         return None
-    text = _FRACTION.sub(r"\1", value.strip(), count=1)
+    # 3.10 takes 3 or 6 digits only: cut to microseconds, then pad to six
+    text = _FRACTION.sub(lambda found: found[1].ljust(7, "0"), value.strip(), count=1)
     if text.endswith(("Z", "z")):
         text = text[:-1] + "+00:00"
     try:

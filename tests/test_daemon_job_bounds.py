@@ -193,8 +193,12 @@ async def test_two_jobs_forking_without_end_share_the_parents_pids_and_the_host_
     assert PARENT_PIDS - 5 <= held <= PARENT_PIDS, held
     jobs = [d for d in pids_dir.iterdir() if d.is_dir() and d.name != "conmon"]
     assert len(jobs) == 2
-    for job_dir in jobs:
-        assert 2 < int((job_dir / "pids.current").read_text()) < PARENT_PIDS  # both forked
+    # Which bomb took the most is the scheduler's to say (one may take all before the
+    # other forks once): both are alive, and between them they hold what the parent holds.
+    by_job = [int((job_dir / "pids.current").read_text()) for job_dir in jobs]
+    assert all(pids >= 2 for pids in by_job), by_job  # each job's init and its sleep
+    monitors = [int((d / "pids.current").read_text()) for d in pids_dir.glob("conmon")]
+    assert sum(by_job) + sum(monitors) == held, (by_job, monitors, held)  # podman's conmon
     # A fork refused: v1 counts it in the job's cgroup, where it was tried; v2 in the
     # parent, whose bound refused it.
     assert sum(_refused(d) for d in [pids_dir, *jobs]) >= 2

@@ -451,3 +451,35 @@ async def test_a_tail_longer_than_the_log_reads_it_once_whole() -> None:
     text = await runtime.logs("a", LogQuery(tail=10, max_bytes=10_000))
     await runtime.close()
     assert text is not None and text.text.count("\n") == 2 and runtime.asked == [11]
+
+
+class RacedRemove:
+    """libpod's API as a job ending during a forced remove meets it: the first DELETE
+    answers 500 "container state improper", the next removes it."""
+
+    def __init__(self) -> None:
+        self.deletes = 0
+
+    def delete(self, path: str, params: Any) -> requests.Response:
+        self.deletes += 1
+        if self.deletes > 1:
+            return http_response(204)
+        response = http_response(500)
+        response._content = (
+            b'{"cause": "container state improper", "message": "cannot remove container'
+            b' as it could not be stopped: container state improper: stopped"}'
+        )
+        return response
+
+    def get(self, path: str) -> requests.Response:
+        return http_response(200)  # still there
+
+
+def test_a_podman_remove_that_raced_the_jobs_end_is_tried_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    runtime = adapter("podman")
+    api = RacedRemove()
+    monkeypatch.setattr(PodmanRuntime, "api", property(lambda self: api))
+    runtime._remove("tuneplane-job-1")  # no error: the second try removed it
+    assert api.deletes == 2

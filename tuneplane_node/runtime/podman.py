@@ -54,6 +54,10 @@ from tuneplane_node.signals import JOB_SIGNALS
 
 log = logging.getLogger(__name__)
 ENGINE = "podman"
+REMOVE_TRIES = 3
+"""A forced remove that raced the job's own end is tried again, this many times in all."""
+STATE_RACE = "container state improper"
+"""libpod's word when a kill meets a container that has just stopped."""
 CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
 """Where podman reads CDI specifications (containers.conf's ``cdi_spec_dirs`` default)."""
 CPU_PERIOD_US = 100_000
@@ -306,12 +310,20 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
         # timeout=0: a forced remove kills at once; podman-py's remove() cannot say it,
         # and libpod then waits 10 s for a job that ignores SIGTERM (docker kills at once).
         params = {"force": True, "v": True, "volumes": True, "timeout": 0}
-        response = self.api.delete(f"/containers/{name}", params=params)
-        if not response.ok and self._gone(name):
-            # podman 4.3 and a job of its own user namespace: "unlinkat .../userdata/shm:
-            # device or resource busy" once all is removed (record, layer, mounts).
-            log.debug("podman's remove of %s erred, but it is gone", name)
-            return
+        for _ in range(REMOVE_TRIES):
+            response = self.api.delete(f"/containers/{name}", params=params)
+            if response.ok:
+                return
+            if self._gone(name):
+                # podman 4.3 and a job of its own user namespace: "unlinkat .../userdata/shm:
+                # device or resource busy" once all is removed (record, layer, mounts).
+                log.debug("podman's remove of %s erred, but it is gone", name)
+                return
+            if STATE_RACE not in response.text:
+                break
+            # The job ended between libpod's look at its state and its SIGKILL ("container
+            # state improper: stopped"): the next try finds it stopped and removes it.
+            log.debug("podman's remove of %s raced the job's end: trying again", name)
         response.raise_for_status()
 
     def _gone(self, name: str) -> bool:

@@ -1079,6 +1079,29 @@ async def test_the_sweep_removes_never_started_containers_past_the_age(
     assert "tuneplane-young" not in fake.containers
 
 
+async def test_the_sweep_asks_the_engine_before_it_removes_a_container(
+    service: JobService, fake: FakeRuntime, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The state cache can lag the engine (the inspect after a job's create lands after
+    its start's): a job that ran must not be taken for wreckage on the cache's word."""
+    await service.launch(request("ran"))
+    ran = fake.containers["tuneplane-ran"].state()
+    lagging = replace(ran, status="created", started_at=None)
+
+    async def cached(*names: str) -> ContainerState:
+        return lagging
+
+    async def listed() -> list[ContainerState]:
+        return [lagging]
+
+    monkeypatch.setattr(fake, "inspect", cached)
+    monkeypatch.setattr(fake, "ps", listed)
+    clock.advance(60)
+
+    assert await service.sweep_wreckage(older_than_s=30) == 0
+    assert fake.containers["tuneplane-ran"].status == "running"
+
+
 async def test_the_sweep_never_takes_a_container_a_launch_is_making(
     service: JobService, fake: FakeRuntime
 ) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Iterable
 from datetime import datetime
@@ -123,7 +124,8 @@ class JobService:
         self.reaper = Reaper(
             runtime,
             settings,
-            own=self._own,
+            # What it removes is what the engine says now: the cache can lag a start.
+            own=functools.partial(self._own, fresh=True),
             locks=locks,
             pending=self.pending,
             stopper=self.stopper,

@@ -223,8 +223,8 @@ def class_lines(path: Path) -> dict[str, int]:
 def test_the_job_service_only_composes_its_collaborators() -> None:
     """The rules that are the service's own stay in it; each mechanism (launching,
     stopping, reaping, logs, the node state) is a collaborator of its own."""
-    lines = class_lines(JOBS / "service.py")["JobService"]
-    assert lines < SERVICE_MAX_LINES, f"JobService is {lines} lines"
+    lines = class_lines(JOBS / "service.py")["Node"]
+    assert lines < SERVICE_MAX_LINES, f"Node is {lines} lines"
 
 
 @pytest.mark.parametrize("path", sorted(JOBS.rglob("*.py")), ids=lambda p: p.name)
@@ -237,11 +237,11 @@ def test_no_collaborator_of_the_job_service_imports_it() -> None:
     """A collaborator gets what it needs as constructor arguments, never the service:
     only the package's front door (``jobs/__init__.py``) names ``jobs/service.py``."""
     graph = import_graph()
-    service = "tuneplane_node.jobs.service"
-    users = {name for name, targets in graph.items() if service in targets}
+    node = "tuneplane_node.jobs.service"
+    users = {name for name, targets in graph.items() if node in targets}
     assert users <= {"tuneplane_node.jobs"}, sorted(users)
     collaborators = {name for name in graph if name.startswith("tuneplane_node.jobs.")}
-    assert len(collaborators - {service}) >= 8  # the walk saw the package's modules
+    assert len(collaborators - {node}) >= 8  # the walk saw the package's modules
 
 
 def test_no_class_of_the_package_is_over_the_limit() -> None:

@@ -1,9 +1,10 @@
 """The launcher: a launch the service decided on, started at once or after its pull.
 
-It owns the pending launches (their table and their background tasks) and the
-`Reservation` that pairs a launch's card claim with its release, and the image GC
-(`ImageCollector`), whose pull gate a launch passes before it reserves anything and whose
-holds keep its image from a run from its first look until its container exists. What a
+It runs the pending launches (their background tasks, in the table it is handed) and the
+`Reservation` that pairs a launch's card claim with its release, and passes the image
+GC's (`ImageCollector`) pull gate before it reserves anything; the GC's holds keep its
+image from a run from its first look until its container exists. It makes none of its
+collaborators: `jobs.node.build_node` hands them over. What a
 launch does with what it finds is the service's rule; this is how it is carried out.
 """
 
@@ -29,7 +30,6 @@ from tuneplane_node.jobs.isolation import Isolation
 from tuneplane_node.jobs.mounts import MountPolicy
 from tuneplane_node.jobs.network import neighbours
 from tuneplane_node.jobs.pending import STARTING, PendingLaunch, PendingTable
-from tuneplane_node.jobs.prefetch import Prefetcher
 from tuneplane_node.jobs.pulls import PullCoordinator
 from tuneplane_node.jobs.results import LaunchRequest, Pulling, Started
 from tuneplane_node.jobs.scratch import FIELD as SCRATCH
@@ -52,7 +52,6 @@ from tuneplane_node.runtime.base import (
     MountSupport,
     container_name,
 )
-from tuneplane_node.settings import NodeSettings
 from tuneplane_node.tasks import BackgroundTasks
 from tuneplane_node.wire.values import Launch
 
@@ -129,33 +128,38 @@ class Launcher:
         pulls: PullCoordinator,
         *,
         images: ImageKeeper,
-        settings: NodeSettings,
         clock: Clock,
-        port_held: bool = False,
+        changes: ChangeLog,
+        pending: PendingTable,
+        tasks: BackgroundTasks,
+        rules: JobRules,
+        isolation: Isolation,
+        disk: DiskLimits,
+        affinity: CpuAffinity,
+        mounts: MountPolicy,
+        staging: MountStaging,
+        scratch: ScratchSpaces,
+        volumes: VolumeKeeper,
+        gc: ImageCollector,
     ) -> None:
         self.runtime = runtime
         self.allocator = allocator
         self.pulls = pulls
         self.images = images
         self.clock = clock
-        self.changes = ChangeLog(runtime, settings, clock=clock)  # watch's, fed by the table
-        self.pending = PendingTable(clock=clock, on_change=self.changes.changed)
-        self.tasks = BackgroundTasks(log)  # the pending launches'
-        self.rules = JobRules(settings, port_held=port_held)
-        self.isolation = Isolation(settings, runtime)
-        self.disk = DiskLimits(settings)
-        self.affinity = CpuAffinity(settings)
-        self.mounts = MountPolicy(
-            settings.mount_roots,
-            never_a_root=settings.never_a_root,
-            node_files=settings.node_files(),
-        )
-        self.staging = MountStaging(settings.state_dir)
-        self.scratch = ScratchSpaces(settings)
-        self.volumes = VolumeKeeper(settings, clock=clock)
+        self.changes = changes  # watch's, fed by the table
+        self.pending = pending
+        self.tasks = tasks  # the pending launches'
+        self.rules = rules
+        self.isolation = isolation
+        self.disk = disk
+        self.affinity = affinity
+        self.mounts = mounts
+        self.staging = staging
+        self.scratch = scratch
+        self.volumes = volumes
+        self.gc = gc
         self._support: MountSupport | None = None  # the engine's answer, once it gave one
-        self.gc = ImageCollector(runtime, settings, pulls=pulls, clock=clock)
-        self.prefetcher = Prefetcher(runtime, pulls, images=images, gc=self.gc, clock=clock)
 
     async def vetted(self, request: LaunchRequest) -> LaunchRequest:
         """The launch with its spec as the node allows it: the operator's confinement
@@ -456,14 +460,9 @@ class Launcher:
             )
 
     async def close(self) -> None:
-        """Cancel every background launch and prefetch, then every pull (shutdown): a
-        launch cancelled while its pull runs leaves it first, as a stop would."""
+        """Cancel every background launch (shutdown; `Node.close` then closes the pulls:
+        a launch cancelled while its pull runs leaves it first, as a stop would)."""
         await self.tasks.close()
-        await self.prefetcher.close()
-        await self.pulls.close()
-        await self.volumes.close()
-        await self.changes.close()
-        await self.gc.close()
 
 
 def _from(spec: ContainerSpec, info: ImageInfo | None) -> ContainerSpec:

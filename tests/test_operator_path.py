@@ -89,17 +89,17 @@ class Machine:
         """What ``systemctl enable --now`` starts: the socket unit's port held outside the
         daemon, the service's ExecStart with its EnvironmentFile, in its directory."""
         units = self.file("/etc/systemd/system/")
-        node = {k: v[-1] for k, v in unit_settings(units / "tuneplane-node.service").items()}
+        service = {k: v[-1] for k, v in unit_settings(units / "tuneplane-node.service").items()}
         assert unit_settings(units / "tuneplane-node.socket")["ListenStream"] == ["8470"]
-        settings = env_file(self.moved(node["EnvironmentFile"]))
-        workdir = self.file(node["WorkingDirectory"])  # systemd makes it: StateDirectory=
+        settings = env_file(self.moved(service["EnvironmentFile"]))
+        workdir = self.file(service["WorkingDirectory"])  # systemd makes it: StateDirectory=
         workdir.mkdir(parents=True, exist_ok=True)
         activate = systemd_tool("systemd-socket-activate", "/lib/systemd/systemd-socket-activate")
         listen = ["-l", f"127.0.0.1:{self.port}"]  # 8470 may be another node's here
         argv = [activate, *listen, *(f"-E{k}={v}" for k, v in settings.items())]
         with (self.root / "serve.log").open("w") as log:
             self.daemon = subprocess.Popen(
-                [*argv, *self.moved(node["ExecStart"]).split()],
+                [*argv, *self.moved(service["ExecStart"]).split()],
                 cwd=workdir,
                 env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
                 stdout=log,

@@ -40,8 +40,8 @@ from tuneplane_node.jobs import (
     reapable,
 )
 from tuneplane_node.jobs.drain import DRAIN_AGAIN_S
-from tuneplane_node.jobs.launcher import Reservation
 from tuneplane_node.jobs.pending import FAILED_RECORD_TTL_S
+from tuneplane_node.jobs.reservation import Reservation
 from tuneplane_node.runtime.base import (
     LABEL_GPUS,
     LABEL_RUN_ID,

@@ -29,6 +29,7 @@ from tuneplane_node.jobs.isolation import Isolation
 from tuneplane_node.jobs.launcher import Launcher
 from tuneplane_node.jobs.locks import RefLocks
 from tuneplane_node.jobs.logs import LogsReader
+from tuneplane_node.jobs.mounting import LaunchMounts
 from tuneplane_node.jobs.mounts import MountPolicy
 from tuneplane_node.jobs.nodestate import NodeStateStore
 from tuneplane_node.jobs.ours import OursRule
@@ -72,6 +73,7 @@ class Node:
     prefetcher: Prefetcher
     gc: ImageCollector  # the image GC, and the pull gate of launches
     volumes: VolumeKeeper  # the volume store
+    mounts: LaunchMounts  # a launch's host paths, scratch and volumes, staged
     store: NodeStateStore  # the node state on disk
     stopper: Stopper
     reaper: Reaper  # the reap verb and the wreckage sweep
@@ -90,7 +92,7 @@ class Node:
         await self.ledger.load()
         await self.images.start()
         await self.keeper.start()
-        await self.launcher.start_mounts()
+        await self.mounts.start()
         await asyncio.to_thread(self.rules.read_engine, self.runtime.name)
         await self.isolation.support()  # the runtimes' registration, said at start
 
@@ -134,16 +136,18 @@ def build_node(
     rules = JobRules(settings, port_held=port_held)
     isolation = Isolation(settings, runtime)
     volumes = VolumeKeeper(settings, clock=clock)
+    policy = MountPolicy(
+        settings.mount_roots, never_a_root=settings.never_a_root, node_files=settings.node_files()
+    )
+    mounts = LaunchMounts(
+        runtime, policy=policy, staging=MountStaging(settings.state_dir),
+        scratch=ScratchSpaces(settings), volumes=volumes,
+    )  # fmt: skip
     launcher = Launcher(
         runtime, allocator, pulls, images=images, clock=clock, changes=changes,
         pending=pending, tasks=BackgroundTasks(launches_log), rules=rules,
         isolation=isolation, disk=DiskLimits(settings), affinity=CpuAffinity(settings),
-        mounts=MountPolicy(
-            settings.mount_roots, never_a_root=settings.never_a_root,
-            node_files=settings.node_files(),
-        ),
-        staging=MountStaging(settings.state_dir), scratch=ScratchSpaces(settings),
-        volumes=volumes, gc=gc,
+        mounts=mounts, volumes=volumes, gc=gc,
     )  # fmt: skip
     catalog = ImageCatalog(
         runtime, ledger=ledger, images=images, pulls=pulls, prefetcher=prefetcher,
@@ -178,6 +182,7 @@ def build_node(
         runtime=runtime, allocator=allocator, settings=settings, jobs=jobs,
         launcher=launcher, pending=pending, changes=changes, pulls=pulls, ledger=ledger,
         images=images, catalog=catalog, prefetcher=prefetcher, gc=gc, volumes=volumes,
+        mounts=mounts,
         store=store, stopper=stopper, reaper=reaper, keeper=keeper, monitor=monitor,
         health=health, reader=reader, sampler=sampler, rules=rules, isolation=isolation,
     )  # fmt: skip

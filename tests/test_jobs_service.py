@@ -1066,11 +1066,11 @@ async def test_the_sweep_removes_never_started_containers_past_the_age(
 
 
 async def test_the_sweep_asks_the_engine_before_it_removes_a_container(
-    service: JobService, fake: FakeRuntime, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+    node: Node, fake: FakeRuntime, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The state cache can lag the engine (the inspect after a job's create lands after
     its start's): a job that ran must not be taken for wreckage on the cache's word."""
-    await service.launch(request("ran"))
+    await node.jobs.launch(request("ran"))
     ran = fake.containers["tuneplane-ran"].state()
     lagging = replace(ran, status="created", started_at=None)
 
@@ -1084,7 +1084,7 @@ async def test_the_sweep_asks_the_engine_before_it_removes_a_container(
     monkeypatch.setattr(fake, "ps", listed)
     clock.advance(60)
 
-    assert await service.sweep_wreckage(older_than_s=30) == 0
+    assert await node.jobs.sweep_wreckage(older_than_s=30) == 0
     assert fake.containers["tuneplane-ran"].status == "running"
 
 

@@ -147,9 +147,8 @@ def test_what_an_sdk_raises_inside_translated_leaves_it_as_the_nodes_error() -> 
     refused = docker.errors.APIError(
         "500 Server Error", response=http_response(500), explanation="driver failed"
     )
-    with pytest.raises(EngineRefused) as raised:
-        with DOCKER_ERRORS.translated("start tuneplane-a"):
-            raise refused
+    with pytest.raises(EngineRefused) as raised, DOCKER_ERRORS.translated("start tuneplane-a"):
+        raise refused
     assert raised.value.message == "docker refused to start tuneplane-a: driver failed"
     assert raised.value.__cause__ is refused  # the engine's own exception, for the log
     mine = EngineUnavailable(engine="docker", reason="stale")

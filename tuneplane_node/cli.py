@@ -330,11 +330,7 @@ async def _engine_finding(settings: NodeSettings) -> Finding:
 
 
 def engine_address(settings: NodeSettings, engine: str) -> str:
-    if engine == "podman":
-        return settings.podman_url
-    if engine == "process":
-        return "this host"
-    return settings.docker_host or os.environ.get("DOCKER_HOST") or "the default docker socket"
+    return settings.engine_address(engine) or "this host"
 
 
 def check_jobs(settings: NodeSettings) -> list[Finding]:

@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "tuneplane_node"
 
 # Top to bottom; a module may import only from its own layer's module itself or below.
 LAYERS = [
-    {"cli", "__main__", "ctl"},
+    {"cli", "__main__", "ctl", "checks"},
     {"client"},
     {"daemon"},
     {"jobs"},

@@ -77,7 +77,9 @@ async def test_five_launches_of_one_volume_download_it_once_and_each_reads_it_re
         assert file_server.sent["weights"] == len(DATA) + 1
         listed = await node.ok("GET", "/node/v1/volumes")
         assert listed["fills"] == [], listed
-        assert {"sha256": sha256(DATA), "size_bytes": len(DATA)} in listed["entries"], listed
+        assert [(e["sha256"], e["size_bytes"]) for e in listed["entries"]] == [
+            (sha256(DATA), len(DATA))
+        ], listed
         # Present now: a launch starts at once.
         ref, body = await node.launch(["/bin/sh", "-c", READ], volumes=[volume])
         names.append(ref)

@@ -90,6 +90,7 @@ from tuneplane_node.client.errors import (
     Unreachable,
     UsernsUnavailable,
     VolumeFillFailed,
+    VolumeStoreFull,
 )
 from tuneplane_node.client.retry import NO_RETRY, Retry
 from tuneplane_node.client.sync import NodeClient
@@ -196,5 +197,6 @@ __all__ = [
     "Usage",
     "UsernsUnavailable",
     "VolumeFillFailed",
+    "VolumeStoreFull",
     "Word",
 ]

@@ -43,6 +43,7 @@ from tuneplane_node.references import canonical
 from tuneplane_node.runtime.base import (
     DEVICES_ENV,
     LABEL_MOUNTS,
+    LABEL_VOLUMES,
     REMOTE,
     STAGED,
     ContainerRuntime,
@@ -152,7 +153,7 @@ class Launcher:
         )
         self.staging = MountStaging(settings.state_dir)
         self.scratch = ScratchSpaces(settings)
-        self.volumes = VolumeKeeper(settings, clock=clock)
+        self.volumes = VolumeKeeper(settings, clock=clock, ps=runtime.ps, telemetry=pulls.telemetry)
         self._support: MountSupport | None = None  # the engine's answer, once it gave one
         self.gc = ImageCollector(runtime, settings, pulls=pulls, clock=clock)
         self.prefetcher = Prefetcher(runtime, pulls, images=images, gc=self.gc, clock=clock)
@@ -223,7 +224,10 @@ class Launcher:
             return replace(spec, mounts=await asyncio.to_thread(self.mounts.vet, spec.mounts))
         key = self.staging.new_key(spec.name)
         mounts = await asyncio.to_thread(self._open_and_stage, key, spec)
-        return replace(spec, mounts=mounts, labels={**spec.labels, LABEL_MOUNTS: key})
+        labels = {**spec.labels, LABEL_MOUNTS: key}
+        if spec.volumes:  # eviction's truth: what the container binds
+            labels[LABEL_VOLUMES] = ",".join(dict.fromkeys(v.sha256 for v in spec.volumes))
+        return replace(spec, mounts=mounts, labels=labels)
 
     def _open_and_stage(self, key: str, spec: ContainerSpec) -> tuple[Mount, ...]:
         opened, scratch = self.mounts.open(spec.mounts), spec.scratch
@@ -287,6 +291,13 @@ class Launcher:
         image = request.spec.image
         self.images.refuse_id(image, field="container.image")
         request = replace(request, auth=await self.images.credentials(request))
+        release = self.volumes.hold(request.spec.volumes)  # no eviction between look and use
+        try:
+            return await self._start_held(request, image)
+        finally:
+            release()
+
+    async def _start_held(self, request: LaunchRequest, image: str) -> Started | Pulling:
         with self.gc.holds.hold(image):  # no GC run takes it between the look and the use
             info = await self.runtime.image_info(canonical(image))
             present = info is not None or await self._imageless(image)
@@ -331,6 +342,7 @@ class Launcher:
         reservation = Reservation(self.allocator, request)
         await reservation.claim()
         record = PendingLaunch(request, accepted=self.clock.monotonic(), needs_pull=pull)
+        record.volumes_held = self.volumes.hold(request.spec.volumes)  # until it ends
         self.pending.add(record)
         record.task = self.tasks.spawn(
             self._complete(record, reservation),
@@ -420,6 +432,7 @@ class Launcher:
         same step as its cards are let go. A done callback, because a task cancelled
         before it first ran never enters its body, so no ``finally`` of its own runs."""
         reservation.release()
+        record.volumes_held()
         if task.cancelled():
             return
         error, job = task.exception(), about(record.request)

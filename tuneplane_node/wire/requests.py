@@ -996,6 +996,53 @@ PREFETCH = Body(
 )
 
 
+def parse_volume_pull(body: Mapping[str, Any]) -> tuple[Volume, bool]:
+    """``POST /node/v1/volumes/pull``: a volume as one of ``container.volumes`` names it
+    (its ``source`` and ``sha256``; no ``path``), each part refused by its own name, and
+    whether the answer waits for the fill (``wait``)."""
+    with Refusals() as refusals:
+        refusals.unknown(body, VOLUME_PULL)
+        source = refusals.read(_volume_source, body.get("source"), "source")
+        digest = refusals.read(_volume_digest, body.get("sha256"), "sha256")
+        wait = refusals.read(_flag, Given(body, "wait", ""))
+    return Volume(source, "", digest), bool(wait)
+
+
+def parse_volume_gc(body: Mapping[str, Any]) -> None:
+    _body(body, VOLUME_GC)
+
+
+VOLUME_PULL = Body(
+    "VolumePullBody",
+    closed=True,
+    fields=(
+        Field(
+            "source",
+            text(most=MAX_URL, pattern=anchored(URL.pattern)),
+            "Where the file is, as a launch's `container.volumes[i].source`: an `https://` "
+            "URL (plain `http://` only for the hosts in `TUNEPLANE_VOLUME_INSECURE_HOSTS`). "
+            "Shown without its query.",
+            required=True,
+        ),
+        Field(
+            "sha256",
+            text(most=71, pattern=anchored(SHA256.pattern)),
+            "The file's sha256 (64 hex digits, `sha256:` before them too): the entry's "
+            "name, which its bytes must hash to.",
+            required=True,
+        ),
+        Field(
+            "wait",
+            or_empty({"type": "boolean"}),
+            "`true`: answer when the fill has ended (`200`, or its error: `502` "
+            "`volume_fill_failed`); `false` (the default): answer once the fill is admitted "
+            "(`202`), its room found and its size asked.",
+        ),
+    ),
+)
+VOLUME_GC = Body("VolumeGcBody", (), doc="Nothing is read from it.")
+
+
 # --- the other verbs ----------------------------------------------------------------------
 
 

@@ -53,6 +53,7 @@ class VolumeFill:
     fetched: int = 0  # bytes this fill downloaded (not those it resumed from)
     hasher: Hasher | None = None  # the partial file's bytes so far
     listeners: list[Callable[[], None]] = field(default_factory=list)
+    admitted: asyncio.Event = field(default_factory=asyncio.Event)  # past its room check
     started_at: datetime = field(init=False)
     rate: PullRate = field(init=False)
 
@@ -78,8 +79,12 @@ class VolumeFills:
         limit: int,
         clock: Clock = SYSTEM_CLOCK,
         backoff_s: float = BACKOFF_S,
+        admit: Callable[[VolumeFill], Awaitable[None]] | None = None,
+        fetched: Callable[[int], None] | None = None,
     ) -> None:
         self.store = store
+        self.admit = admit  # before the first byte: raises when the file cannot fit
+        self.fetched = fetched  # told of every batch downloaded (a metric)
         self.fetcher = fetcher
         self.clock = clock
         self.backoff_s = backoff_s
@@ -134,6 +139,9 @@ class VolumeFills:
             if (present := await self.entry(fill.digest)) is not None:
                 return present  # another fill made it since the caller looked
             fill.bytes_total = await self._retried(fill, lambda: self.fetcher.size(fill.source))
+            if self.admit is not None:
+                await self.admit(fill)
+            fill.admitted.set()
             async with self.lanes.slot(fill.bytes_total):
                 await self._retried(fill, lambda: self._download(fill))
             entry = await self._io(self._verified, fill)
@@ -187,6 +195,8 @@ class VolumeFills:
                 async for batch in download.batches():
                     await self._io(_write, partial, fill.hasher, batch)
                     fill.fetched += len(batch)
+                    if self.fetched is not None:
+                        self.fetched(len(batch))
                     fill.update(fill.bytes_done + len(batch))
             finally:
                 await self._io(_closed, partial)

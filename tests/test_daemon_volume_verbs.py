@@ -79,7 +79,7 @@ async def test_a_pull_of_an_entry_here_is_200_present_and_pins_it(
     assert (answer["phase"], answer["size_bytes"], answer["fill"]) == ("present", len(DATA), None)
     listed = await node.ok("GET", "/node/v1/volumes")
     [entry] = listed["entries"]
-    assert entry["pinned_until"] == answer["pinned_until"], listed
+    assert entry["pin_expires_at"] == answer["pin_expires_at"], listed
     assert entry["in_use_by"] == [] and entry["phase"] == "present", entry
     store = listed["volume_store"]
     assert store["used_bytes"] == len(DATA) and store["total_bytes"] > 0, store
@@ -158,7 +158,7 @@ async def test_a_pull_is_202_filling_with_its_progress_then_present(
     assert (status, answer["phase"], answer["size_bytes"]) == (200, "present", len(DATA))
     assert file_server.sent["weights"] == len(DATA) + 1  # the body once, a probe's byte
     listed = await node.ok("GET", "/node/v1/volumes")
-    assert listed["fills"] == [] and listed["entries"][0]["pinned_until"], listed
+    assert listed["fills"] == [] and listed["entries"][0]["pin_expires_at"], listed
 
 
 async def test_a_fill_that_fails_while_the_pull_waits_is_a_502_and_stays_listed(

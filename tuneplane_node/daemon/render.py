@@ -422,7 +422,7 @@ def volume_entry_json(view: EntryView) -> VolumeEntryJson:
         "phase": PRESENT,
         "last_used_at": rfc3339(view.last_used_at) if view.last_used_at else None,
         "in_use_by": None if view.in_use_by is None else list(view.in_use_by),
-        "pinned_until": rfc3339(view.pinned_until) if view.pinned_until else None,
+        "pin_expires_at": rfc3339(view.pin_expires_at) if view.pin_expires_at else None,
     }
 
 
@@ -475,7 +475,7 @@ def volume_pull_json(result: VolumePrefetched) -> VolumePullJson:
     return {
         "sha256": result.digest,
         "phase": result.phase,
-        "pinned_until": rfc3339(result.pinned_until),
+        "pin_expires_at": rfc3339(result.pin_expires_at),
         "size_bytes": result.entry.size if result.entry is not None else None,
         "fill": fill_json(result.fill) if result.fill is not None else None,
     }

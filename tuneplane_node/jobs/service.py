@@ -102,6 +102,7 @@ class JobService:
         self.health = HealthReader(runtime, allocator, settings, clock=clock, gc=self.gc)
         self.health.held_by = lambda: monitor.held_by
         self.health.cards_refused = self.rules.card_jobs_refused
+        self.health.volume_store = self.launcher.volumes.store_view
         self.reader = LogsReader(runtime, settings, own=self._own, pending=self.pending)
         self.follow_limit = self.reader.follow_limit
         interval = settings.stats_interval_s

@@ -44,7 +44,7 @@ class VolumeEntryJson(TypedDict):
     phase: VolumePhase
     last_used_at: str | None
     in_use_by: list[str] | None  # null: the engine did not say
-    pinned_until: str | None
+    pin_expires_at: str | None
 
 
 class VolumeFillJson(TypedDict):
@@ -69,7 +69,7 @@ class VolumesJson(TypedDict):
 class VolumePullJson(TypedDict):
     sha256: str
     phase: VolumePhase
-    pinned_until: str
+    pin_expires_at: str
     size_bytes: int | None  # the entry's; null while it fills
     fill: VolumeFillJson | None  # the fill's progress; null once present
 

@@ -54,6 +54,7 @@ class VolumeFill:
     hasher: Hasher | None = None  # the partial file's bytes so far
     listeners: list[Callable[[], None]] = field(default_factory=list)
     admitted: asyncio.Event = field(default_factory=asyncio.Event)  # past its room check
+    retrying: asyncio.Event = field(default_factory=asyncio.Event)  # a try failed, retried
     started_at: datetime = field(init=False)
     rate: PullRate = field(init=False)
 
@@ -175,6 +176,7 @@ class VolumeFills:
                 if not exc.retryable or fruitless >= RETRIES:
                     raise
                 log.info("volume fill of sha256:%s resumes: %s", fill.digest, exc.reason)
+                fill.retrying.set()
             await self.clock.sleep(self.backoff_s)
 
     async def _download(self, fill: VolumeFill) -> None:

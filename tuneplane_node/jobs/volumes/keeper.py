@@ -51,7 +51,7 @@ class Prefetched:
 
     digest: str
     phase: str
-    pinned_until: datetime
+    pin_expires_at: datetime
     entry: Entry | None = None
     fill: VolumeFill | None = None
 
@@ -69,7 +69,7 @@ class EntryView:
     entry: Entry
     last_used_at: datetime | None
     in_use_by: tuple[str, ...] | None  # None: the engine did not say
-    pinned_until: datetime | None
+    pin_expires_at: datetime | None
 
 
 @dataclass(frozen=True)
@@ -227,7 +227,7 @@ class VolumeKeeper:
 
         return release
 
-    def pinned_until(self, digest: str) -> datetime | None:
+    def pin_expires_at(self, digest: str) -> datetime | None:
         left = self.pins.get(digest, 0.0) - self.clock.monotonic()
         return self.clock.now() + timedelta(seconds=left) if left > 0 else None
 
@@ -241,8 +241,9 @@ class VolumeKeeper:
     async def prefetch(self, volume: Volume, *, wait: bool = False) -> Prefetched:
         """The entry of ``volume`` pinned for `pin_s`, and filled in the background when
         it is missing. Returns once the fill is admitted (its room found: else
-        `VolumeStoreFull`; its source's size asked: else `VolumeFillFailed`), or, with
-        ``wait``, once it ended (its error raised)."""
+        `VolumeStoreFull`; its source's size asked: else `VolumeFillFailed`) or retries a
+        dropped connection in the background, or, with ``wait``, once it ended (its error
+        raised)."""
         self.vet([volume], field="")
         digest = volume.sha256
         self.pins[digest] = self.clock.monotonic() + self.pin_s
@@ -257,11 +258,13 @@ class VolumeKeeper:
             self._kept(fill), name=f"volume prefetch sha256:{digest}", ended=by_awaiters
         )
         assert fill.task is not None
-        admitted = asyncio.ensure_future(fill.admitted.wait())
+        # Until admitted, refused, or retrying a dropped connection (then in the background).
+        steps = {asyncio.ensure_future(event.wait()) for event in (fill.admitted, fill.retrying)}
         try:
-            await asyncio.wait({admitted, fill.task}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({*steps, fill.task}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            admitted.cancel()
+            for step in steps:
+                step.cancel()
         if wait or fill.task.done():
             entry = await asyncio.shield(kept)  # the fill's error, raised
             return Prefetched(digest, PRESENT, pinned, entry=entry)
@@ -405,7 +408,7 @@ class VolumeKeeper:
                 None
                 if users is None
                 else tuple(sorted(state.name for state in users.get(entry.digest, []))),
-                self.pinned_until(entry.digest),
+                self.pin_expires_at(entry.digest),
             )
             for entry in entries
         ]

@@ -57,6 +57,14 @@ class Prefetched:
 
 
 @dataclass(frozen=True)
+class Pin:
+    """A prefetch's pin: its end on the monotonic clock (what counts) and the wall's."""
+
+    until: float
+    wall: datetime
+
+
+@dataclass(frozen=True)
 class FailedFill:
     digest: str
     source: str
@@ -129,7 +137,7 @@ class VolumeKeeper:
         self.ps = ps
         self.space_of = space_of
         self.telemetry = telemetry
-        self.pins: dict[str, float] = {}  # digest -> monotonic time its pin ends
+        self.pins: dict[str, Pin] = {}  # digest -> when its pin ends
         self.holds: collections.Counter[str] = collections.Counter()
         self._held_since: set[str] = set()  # every digest held since the run began
         self.failed: dict[str, FailedFill] = {}
@@ -228,12 +236,12 @@ class VolumeKeeper:
         return release
 
     def pin_expires_at(self, digest: str) -> datetime | None:
-        left = self.pins.get(digest, 0.0) - self.clock.monotonic()
-        return self.clock.now() + timedelta(seconds=left) if left > 0 else None
+        pin = self.pins.get(digest)
+        return pin.wall if pin is not None and pin.until > self.clock.monotonic() else None
 
     def _pinned(self) -> set[str]:
         now = self.clock.monotonic()
-        self.pins = {digest: until for digest, until in self.pins.items() if until > now}
+        self.pins = {digest: pin for digest, pin in self.pins.items() if pin.until > now}
         return set(self.pins)
 
     # --- prefetch -----------------------------------------------------------------------
@@ -246,8 +254,8 @@ class VolumeKeeper:
         raised)."""
         self.vet([volume], field="")
         digest = volume.sha256
-        self.pins[digest] = self.clock.monotonic() + self.pin_s
         pinned = self.clock.now() + timedelta(seconds=self.pin_s)
+        self.pins[digest] = Pin(self.clock.monotonic() + self.pin_s, pinned)
         entry = await self.fills.entry(digest)
         if entry is not None:
             await self.fills._io(self.store.touch, digest)

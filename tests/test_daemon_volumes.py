@@ -214,3 +214,24 @@ async def test_an_entry_a_running_job_binds_survives_gc_and_an_unused_one_goes(
         assert "tuneplane.volumes" not in str(state), state  # the node's own label: hidden
     finally:
         await remove_directly(engine, names)
+
+
+async def test_a_launch_whose_volume_cannot_fit_fails_with_the_reason_before_a_byte(
+    make_node: MakeNode, file_server: FileServer
+) -> None:
+    """The size is known only once the server said it: the launch answers ``pulling``,
+    then fails with ``volume_store_full``'s sentence, and nothing of the file came."""
+    node = await make_node(
+        "docker", volume_gc_high_percent=1, volume_gc_low_percent=0, **insecure(file_server)
+    )  # any disk is above 1%: no room at all
+    names: list[str] = []
+    try:
+        ref, body = await node.launch(["/bin/true"], gpus=1, volumes=[weights(file_server)])
+        names.append(ref)
+        assert body["phase"] == "pulling", body
+        failed = await node.wait_for(ref, "pending_phase", "failed")
+        assert "no room to fill volume" in failed["pending_error"], failed
+        assert "s3cr3t" not in failed["pending_error"], failed
+        assert file_server.sent["weights"] <= 1  # the size probe's byte at most
+    finally:
+        await remove_directly("docker", names)

@@ -838,7 +838,8 @@ CONTAINER = Body(
             "every volume and its image are there; a fill that fails (the server's `404`, "
             "other bytes than the sha256 names, a file that does not fit below "
             "`TUNEPLANE_VOLUME_GC_HIGH_PERCENT` of the store even after eviction) fails the "
-            "launch with the reason and lets its cards go. `path`: absolute, not another volume's, and as for mounts, "
+            "launch with the reason and lets its cards go. `path`: absolute, not another "
+            "volume's, and as for mounts, "
             f"{UNMOUNTABLE}. A bad one is a `422` naming `container.volumes[i].source`, "
             '`.path` or `.sha256`. `""` or none: no volumes. The process runtime and an '
             "engine on another machine refuse them (`422`).",

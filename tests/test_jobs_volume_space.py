@@ -144,8 +144,12 @@ async def test_a_run_evicts_the_least_recently_used_down_to_low(
 
 async def test_below_high_a_run_removes_nothing(keeper: VolumeKeeper) -> None:
     put(keeper, A, 1000, 100.0)  # 70%
+    taken = keeper.store.root / "evicted" / B  # a daemon killed between rename and unlink
+    taken.parent.mkdir()
+    taken.write_bytes(b"x")
     run = await keeper.collect()
     assert run.removed == [] and left(keeper) == {A}
+    assert not taken.exists()  # its bytes freed by the next run
 
 
 async def test_an_entry_a_container_binds_is_never_evicted(

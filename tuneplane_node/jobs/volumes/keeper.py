@@ -258,7 +258,7 @@ class VolumeKeeper:
         self.pins[digest] = Pin(self.clock.monotonic() + self.pin_s, pinned)
         entry = await self.fills.entry(digest)
         if entry is not None:
-            await self.fills._io(self.store.touch, digest)
+            await self.fills.io(self.store.touch, digest)
             return Prefetched(digest, PRESENT, pinned, entry=entry)
         self.failed.pop(digest, None)
         fill = self.fills.join(digest, volume.source)
@@ -297,8 +297,8 @@ class VolumeKeeper:
         """The store's filesystem now, with the store's own bytes; None when it cannot be
         read."""
         try:
-            found = await self.fills._io(self.space_of, self.store.root)
-            used = await self.fills._io(self.store.used_bytes)
+            found = await self.fills.io(self.space_of, self.store.root)
+            used = await self.fills.io(self.store.used_bytes)
         except OSError as exc:
             log.warning("volume store %s: cannot read its space: %s", self.store.root, exc)
             return None
@@ -314,7 +314,7 @@ class VolumeKeeper:
             space = await self.space()
             if space is None or space.total_bytes == 0:
                 return
-            partial = await self.fills._io(_size_of, self.store.partial(fill.digest))
+            partial = await self.fills.io(_size_of, self.store.partial(fill.digest))
             reserved = sum(
                 max(0, (other.bytes_total or 0) - other.bytes_done)
                 for other in self.fills.fills.values()
@@ -337,6 +337,7 @@ class VolumeKeeper:
         """One eviction run now: at or above the high threshold, the least recently used
         entries no rule keeps go until the use is at the low one. Runs one at a time."""
         async with self._evicting:
+            await self.fills.io(self.store.empty_trash)
             space = await self.space()
             if space is None or not space.above(self.high):
                 return VolumeGcRun([], self._store_view(space))
@@ -374,7 +375,7 @@ class VolumeKeeper:
             taken = self.store.take_out(digest)
             if taken is None:
                 continue
-            await self.fills._io(self.store.removed, taken)
+            await self.fills.io(self.store.removed, taken)
             removed.append(Evicted(candidate.entry, candidate.last_used))
             self.telemetry.volume_evicted(digest, candidate.entry.size)
             log.info(

@@ -100,6 +100,11 @@ class VolumeStore:
         """A taken-out entry's bytes freed (a job that bound it keeps its inode)."""
         taken.unlink(missing_ok=True)
 
+    def empty_trash(self) -> None:
+        """The entries taken out but not yet removed (a daemon killed between the two)."""
+        for path in self._listed(TRASH):
+            self.removed(path)
+
     def used_bytes(self) -> int:
         """Bytes of the store's entries and partial files."""
         total = 0

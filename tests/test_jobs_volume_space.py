@@ -259,3 +259,21 @@ async def test_a_prefetch_of_a_plain_http_host_not_listed_names_source(
     with pytest.raises(InvalidField) as refused:
         await keeper.prefetch(Volume("http://h/a", "", A))
     assert refused.value.field == "source"
+
+
+async def test_an_entry_held_and_let_go_while_the_run_read_the_engine_is_kept(
+    keeper: VolumeKeeper, engine: Engine
+) -> None:
+    """A launch that held it while ps was answered may have made its container after the
+    answer: its label is not in what the run read, so the hold itself keeps it."""
+    three(keeper)
+    read = engine.ps
+
+    async def ps_while_a_launch_comes() -> list[ContainerState]:
+        states = await read()
+        keeper.hold([Volume("https://h/a", "/m/a", A)])()  # held, its container made, let go
+        return states
+
+    keeper.ps = ps_while_a_launch_comes
+    run = await keeper.collect()
+    assert [each.entry.digest for each in run.removed] == [B]

@@ -461,6 +461,8 @@ class RacedRemove:
         self.deletes = 0
 
     def delete(self, path: str, params: Any) -> requests.Response:
+        if path.startswith("/networks/"):
+            return http_response(404)  # the job had no network of its own
         self.deletes += 1
         if self.deletes > 1:
             return http_response(204)
@@ -471,8 +473,11 @@ class RacedRemove:
         )
         return response
 
-    def get(self, path: str) -> requests.Response:
-        return http_response(200)  # still there
+    def get(self, path: str, params: Any = None) -> requests.Response:
+        response = http_response(200)  # still there
+        if path == "/networks/json":
+            response._content = b"[]"  # no job network to prune
+        return response
 
 
 def test_a_podman_remove_that_raced_the_jobs_end_is_tried_again(

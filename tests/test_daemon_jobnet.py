@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import MakeNode
-from tests.helpers import Console, ThrowawayDocker, engine_missing, engine_settings
+from tests.helpers import Console, ThrowawayDocker, engine_missing, engine_settings, unique
 from tuneplane_node.runtime.jobnetwork import (
     LABEL_NETWORK_OF,
     LABEL_NETWORK_STORE,
@@ -120,7 +120,7 @@ async def test_a_foreign_network_of_the_nodes_name_is_refused_never_used(
     _, answer = await node.launch(network="bridge", expect=502)
 
     assert answer["code"] == "engine_refused"
-    assert "network tuneplane-jobs exists" in answer["error"], answer
+    assert "network tuneplane-jobs exists" in answer["detail"], answer
     listed = throwaway_docker.docker("ps", "-aq").stdout.split()
     assert listed == []  # nothing made on it
 
@@ -187,16 +187,15 @@ async def test_podman_jobs_on_their_own_networks_cannot_reach_each_other(
     assert "peer=" in logs and ("peer=secret" in logs) is reached, logs
 
 
-async def test_a_podman_network_whose_job_is_gone_is_pruned_at_the_next_launch(
-    make_node: MakeNode, podman: PodmanRuntime
-) -> None:
-    gone = own_network("tuneplane-gone-job")
+async def leftover(podman: PodmanRuntime, owner: str) -> str:
+    """A job network whose container is gone, as a killed daemon leaves it."""
+    name = own_network(owner)
     body = {
-        "name": gone,
+        "name": name,
         "driver": "bridge",
         "labels": {
             LABEL_NODE_NETWORK: "isolated",
-            LABEL_NETWORK_OF: "tuneplane-gone-job",
+            LABEL_NETWORK_OF: owner,
             LABEL_NETWORK_STORE: await asyncio.to_thread(podman._data_root),
         },
     }
@@ -204,9 +203,51 @@ async def test_a_podman_network_whose_job_is_gone_is_pruned_at_the_next_launch(
         lambda: podman.api.post("/networks/create", data=json.dumps(body))
     )
     created.raise_for_status()
-    try:
-        node = await make_node("podman", job_network="isolated")
-        await node.launch(network="bridge")
-        assert gone not in await networks(podman)
-    finally:
-        await asyncio.to_thread(lambda: podman.api.delete(f"/networks/{gone}"))
+    return name
+
+
+@pytest.fixture
+async def leftovers(podman: PodmanRuntime) -> AsyncIterator[list[str]]:
+    """The leftovers a test made: removed at its end if the node did not."""
+    made: list[str] = []
+    yield made
+    for name in made:
+        await asyncio.to_thread(podman.api.delete, f"/networks/{name}")
+
+
+async def test_a_podman_network_whose_job_is_gone_is_pruned_at_start(
+    make_node: MakeNode, podman: PodmanRuntime, leftovers: list[str]
+) -> None:
+    leftovers.append(await leftover(podman, unique("tuneplane-gone")))
+    await make_node("podman", job_network="isolated")
+    assert leftovers[0] not in await networks(podman)
+
+
+async def test_a_podman_network_whose_job_is_gone_is_pruned_at_the_next_launch(
+    make_node: MakeNode, podman: PodmanRuntime, leftovers: list[str]
+) -> None:
+    node = await make_node("podman", job_network="isolated")
+    leftovers.append(await leftover(podman, unique("tuneplane-gone")))
+    await node.launch(network="bridge")
+    assert leftovers[0] not in await networks(podman)
+
+
+async def test_a_podman_network_of_another_store_is_never_pruned(
+    make_node: MakeNode, podman: PodmanRuntime, leftovers: list[str]
+) -> None:
+    """Podman services on one machine share the CNI configuration: another service's job
+    network is not this one's to judge."""
+    name = own_network(unique("tuneplane-elsewhere"))
+    body = {
+        "name": name,
+        "driver": "bridge",
+        "labels": {LABEL_NETWORK_OF: "tuneplane-elsewhere", LABEL_NETWORK_STORE: "/else"},
+    }
+    created = await asyncio.to_thread(
+        lambda: podman.api.post("/networks/create", data=json.dumps(body))
+    )
+    created.raise_for_status()
+    leftovers.append(name)
+    node = await make_node("podman", job_network="isolated")
+    await node.launch(network="bridge")
+    assert name in await networks(podman)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
 from typing import Any
@@ -55,6 +56,8 @@ ENGINE = "docker"
 # The oldest engine we support (20.10). Pinned so that building the client asks the
 # engine nothing: a daemon must start, and say "unreachable", while the engine is down.
 API_VERSION = "1.41"
+NETWORK_LOCK = threading.Lock()
+"""Held while the jobs' network is looked for and made (docker's duplicate check races)."""
 ERRORS = ErrorTable(
     engine=ENGINE,
     unreachable=(
@@ -144,7 +147,8 @@ class DockerRuntime(EngineRuntime, errors=ERRORS):
 
     def _create(self, spec: ContainerSpec) -> Any:
         if spec.network in NODE_NETWORKS:
-            self._ready_network(spec.network)
+            with NETWORK_LOCK:  # two launches at once make one network, not two
+                self._ready_network(spec.network)
         return super()._create(spec)
 
     def _ready_network(self, kind: str) -> None:

@@ -200,6 +200,7 @@ class ThrowawayDocker:
             stdout=subprocess.PIPE,
             start_new_session=True,
         )
+        (self.exec_root / "listener").write_text(str(self.listener.pid))  # for `close`
         assert self.listener.stdout is not None
         assert self.listener.stdout.readline() == b"listening\n"
 
@@ -260,13 +261,14 @@ class ThrowawayDocker:
         containerd = self.exec_root / "containerd" / "containerd.pid"
         with contextlib.suppress(OSError, ValueError):  # a killed dockerd leaves its own
             os.kill(int(containerd.read_text()), signal.SIGKILL)
+        with contextlib.suppress(OSError, ValueError):  # the outside's server, ours or stale
+            os.kill(int((self.exec_root / "listener").read_text()), signal.SIGKILL)
         for root in (self.exec_root, self.data_root):
             for mount in reversed(_mounts_under(root)):
                 subprocess.run(["umount", "-l", mount], check=False, capture_output=True)
             shutil.rmtree(root, ignore_errors=True)
         if self.listener is not None:
-            self.listener.kill()
-            self.listener.wait()
+            self.listener.wait()  # killed above: reaped
         for namespace in (self.namespace, self.outside):  # their veth pair goes with them
             if Path(f"/run/netns/{namespace}").exists():
                 subprocess.run(["ip", "netns", "del", namespace], check=False)

@@ -148,18 +148,20 @@ async def networks(podman: PodmanRuntime) -> dict[str, dict[str, Any]]:
     return {net["name"]: net for net in await asyncio.to_thread(listed)}
 
 
+@pytest.mark.parametrize("kind", ["isolated", "sealed"])
 async def test_podman_gives_each_job_a_network_of_its_own_removed_with_it(
-    make_node: MakeNode, podman: PodmanRuntime
+    make_node: MakeNode, podman: PodmanRuntime, kind: str
 ) -> None:
-    node = await make_node("podman", job_network="isolated")
+    node = await make_node("podman", job_network=kind)
     server, _ = await node.launch(SERVE, network="bridge")
     await node.wait_for(server, "status", "running")
-    assert (await node.state(server))["network"] == "isolated"
+    assert (await node.state(server))["network"] == kind
 
     made = (await networks(podman))[own_network(server)]
     assert made["labels"][LABEL_NETWORK_OF] == server
+    assert made["labels"][LABEL_NODE_NETWORK] == kind
     assert made["options"] == {"isolate": "true"}
-    assert made["internal"] is False
+    assert made["internal"] is (kind == "sealed")
 
     await node.ok("POST", "/node/v1/remove", json={"ref": server})
     assert own_network(server) not in await networks(podman)

@@ -89,8 +89,9 @@ class JobSettings(BaseSettings):
     """A launch asking for ``network: host``: ``whole-node`` gives it the host network only
     when it holds every card of the machine and no other job of the node runs, and only
     where the node's port is held across restarts (systemd socket activation) or the API
-    is served over TLS, else the engine's ``bridge`` network; ``allow`` it (0.3.15's
-    default), run it on the ``bridge`` instead, or ``refuse`` it (422)."""
+    is served over TLS, else the node's job network (``TUNEPLANE_JOB_NETWORK``); ``allow``
+    it (0.3.15's default), run it on the job network instead (``bridge``), or ``refuse``
+    it (422)."""
     job_network: Literal["isolated", "sealed", "bridge"] = "isolated"
     """The network of a job not on the host's (one that asks for ``bridge``, or is
     bridged by ``TUNEPLANE_JOB_HOST_NETWORK``): ``isolated``, where it cannot reach

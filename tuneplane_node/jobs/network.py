@@ -7,7 +7,7 @@ asking for ``host`` gets it only when it holds every card of the machine while n
 job of the node runs or is being launched, and only where a job cannot take the node's
 port across a restart: the port is held by systemd (socket activation) or the API is
 served over TLS (a squatter cannot present the node's certificate). Any other such job
-runs on the engine's ``bridge`` network, its own. A job launched beside a host-network
+runs on the node's job network (bridged, below). A job launched beside a host-network
 job holds no card of the machine, so it is bridged whatever it asks. ``allow`` gives
 every job what it asks, ``bridge`` bridges every host request, ``refuse`` refuses it.
 

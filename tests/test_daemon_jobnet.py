@@ -14,12 +14,21 @@ import json
 import os
 import shutil
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import MakeNode
-from tests.helpers import Console, ThrowawayDocker, engine_missing, engine_settings, unique
+from tests.helpers import (
+    Console,
+    ThrowawayDocker,
+    engine_missing,
+    engine_settings,
+    job,
+    unique,
+)
+from tuneplane_node.errors import EngineError
 from tuneplane_node.runtime.jobnetwork import (
     LABEL_NETWORK_OF,
     LABEL_NETWORK_STORE,
@@ -27,6 +36,7 @@ from tuneplane_node.runtime.jobnetwork import (
     own_network,
 )
 from tuneplane_node.runtime.podman import PodmanRuntime
+from tuneplane_node.wire.values import Mount
 
 pytestmark = pytest.mark.engine
 PEER_PORT = 9000
@@ -253,3 +263,16 @@ async def test_a_podman_network_of_another_store_is_never_pruned(
     node = await make_node("podman", job_network="isolated")
     await node.launch(network="bridge")
     assert name in await networks(podman)
+
+
+async def test_a_podman_job_whose_container_cannot_be_made_leaves_no_network(
+    podman: PodmanRuntime, tmp_path: Path
+) -> None:
+    missing = Mount(host=str(tmp_path / "absent"), container="/data", read_only=True)
+    spec = job(["/bin/true"], network="isolated", mounts=(missing,))
+    try:
+        with pytest.raises(EngineError):
+            await podman.run(spec)
+        assert own_network(spec.name) not in await networks(podman)
+    finally:
+        await podman.remove(spec.name)  # the container, had it been made, and its network

@@ -209,9 +209,18 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
         rendering with libpod's ``storage_opts`` added, posted as its create posts it.
         Under the jobs' parent, made and bounded first as `EngineParent._create` does."""
         self._ready_parent()
-        if spec.network in NODE_NETWORKS:
-            self._tidy(self._prune_networks)
-            self._make_network(spec)
+        if spec.network not in NODE_NETWORKS:
+            return self._create_container(spec)
+        self._tidy(self._prune_networks)
+        self._make_network(spec)
+        try:
+            return self._create_container(spec)
+        except Exception:
+            # No container, so no removal to take it: gone now, not at the next prune.
+            self._tidy(self._remove_network, own_network(spec.name))
+            raise
+
+    def _create_container(self, spec: ContainerSpec) -> Any:
         options = self.create_options(spec)
         storage = options.pop("storage_opt", None)
         if storage is None and not spec.own_userns:

@@ -97,10 +97,23 @@ class ThrowawayDocker:
     exec root of its own (the test image loaded from the suite's engine), and
     removed with everything on it when the test ends. A restart or a SIGSTOP cannot
     leave an engine another test uses in a state it did not expect (the suite's own
-    engine once wedged after them, and every later container start hung)."""
+    engine once wedged after them, and every later container start hung).
 
-    def __init__(self, name: str | None = None) -> None:
+    ``netns=True``: an engine with what the development engines lack, its default bridge
+    and its firewall rules, run in a network namespace of its own (the machine's own
+    interfaces and rules are never touched), wired by a veth pair to a second namespace,
+    "the outside world", where `OUTSIDE` answers on `OUTSIDE_PORT` (`listen_outside`)."""
+
+    OUTSIDE = "198.51.100.2"  # TEST-NET-2: the outside namespace's end of the veth pair
+    ENGINE_SIDE = "198.51.100.1"
+    OUTSIDE_PORT = 8000
+
+    def __init__(self, name: str | None = None, *, netns: bool = False) -> None:
         self.name = name or f"throwaway-{uuid.uuid4().hex[:8]}"
+        self.netns = netns
+        self.namespace = f"tp-{self.name}"  # `ip netns` names, made and deleted here
+        self.outside = f"{self.namespace}-out"
+        self.listener: subprocess.Popen[bytes] | None = None
         self.data_root = DEV_ROOT / self.name
         self.exec_root = RUN_DIR / f"{self.name}-exec"
         self.socket = RUN_DIR / f"{self.name}.sock"
@@ -131,12 +144,16 @@ class ThrowawayDocker:
             path.mkdir(parents=True, exist_ok=True)
         self.owner.write_text(str(os.getpid()))
         flags = ["--iptables=false", "--ip6tables=false", "--bridge=none"]
+        prefix: list[str] = []
+        if self.netns:  # the bridge and the firewall rules, in a namespace of its own
+            self._make_namespaces()
+            flags, prefix = [], ["nsenter", f"--net=/run/netns/{self.namespace}"]
         flags += ["--live-restore"] if live_restore else []
         flags += ["--data-root", str(self.data_root), "--exec-root", str(self.exec_root)]
         flags += ["--pidfile", str(self.pid_file), "-H", self.host]
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
-                ["dockerd", *flags],
+                [*prefix, "dockerd", *flags],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -147,6 +164,49 @@ class ThrowawayDocker:
             assert self.process.poll() is None, f"dockerd exited: see {self.log}"
             assert time.monotonic() < deadline, f"dockerd never answered: see {self.log}"
             time.sleep(0.1)
+
+    def _make_namespaces(self) -> None:
+        """The engine's namespace (loopback up) and the outside one, joined by a veth
+        pair; kept across a restart of the engine."""
+        if Path(f"/run/netns/{self.namespace}").exists():
+            return
+        veth = f"vt{uuid.uuid4().hex[:8]}"
+        for command in (
+            ["ip", "netns", "add", self.namespace],
+            ["ip", "netns", "add", self.outside],
+            ["ip", "-n", self.namespace, "link", "set", "lo", "up"],
+            ["ip", "-n", self.outside, "link", "set", "lo", "up"],
+            ["ip", "-n", self.namespace, "link", "add", veth, "type", "veth", "peer", "name",
+             f"{veth}o", "netns", self.outside],
+            ["ip", "-n", self.namespace, "addr", "add", f"{self.ENGINE_SIDE}/30", "dev", veth],
+            ["ip", "-n", self.outside, "addr", "add", f"{self.OUTSIDE}/30", "dev", f"{veth}o"],
+            ["ip", "-n", self.namespace, "link", "set", veth, "up"],
+            ["ip", "-n", self.outside, "link", "set", f"{veth}o", "up"],
+        ):  # fmt: skip
+            subprocess.run(command, check=True, capture_output=True)
+
+    def listen_outside(self) -> None:
+        """A TCP server in the outside namespace: each connection reads ``outside``."""
+        server = (
+            "import socket\n"
+            "s = socket.socket()\n"
+            "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+            f"s.bind(({self.OUTSIDE!r}, {self.OUTSIDE_PORT}))\n"
+            "s.listen()\n"
+            "print('listening', flush=True)\n"
+            "while True:\n"
+            "    c, _ = s.accept()\n"
+            "    c.sendall(b'outside\\n')\n"
+            "    c.close()\n"
+        )
+        self.listener = subprocess.Popen(
+            ["nsenter", f"--net=/run/netns/{self.outside}", sys.executable, "-c", server],
+            stdout=subprocess.PIPE,
+            start_new_session=True,
+        )
+        (self.exec_root / "listener").write_text(str(self.listener.pid))  # for `close`
+        assert self.listener.stdout is not None
+        assert self.listener.stdout.readline() == b"listening\n"
 
     def _answers(self) -> bool:
         return self.docker("version", check=False).returncode == 0
@@ -205,10 +265,17 @@ class ThrowawayDocker:
         containerd = self.exec_root / "containerd" / "containerd.pid"
         with contextlib.suppress(OSError, ValueError):  # a killed dockerd leaves its own
             os.kill(int(containerd.read_text()), signal.SIGKILL)
+        with contextlib.suppress(OSError, ValueError):  # the outside's server, ours or stale
+            os.kill(int((self.exec_root / "listener").read_text()), signal.SIGKILL)
         for root in (self.exec_root, self.data_root):
             for mount in reversed(_mounts_under(root)):
                 subprocess.run(["umount", "-l", mount], check=False, capture_output=True)
             shutil.rmtree(root, ignore_errors=True)
+        if self.listener is not None:
+            self.listener.wait()  # killed above: reaped
+        for namespace in (self.namespace, self.outside):  # their veth pair goes with them
+            if Path(f"/run/netns/{namespace}").exists():
+                subprocess.run(["ip", "netns", "del", namespace], check=False)
 
 
 def _alive(pid: int) -> bool:
@@ -299,6 +366,9 @@ def engine_settings(engine: str, **overrides: object) -> NodeSettings:
         "podman_url": podman_url(),
         "local_api_timeout": 30,
         "runtime_threads": 8,
+        # The development engines run --bridge=none --iptables=false: docker's isolation
+        # would hold nothing there. The network tests ask for theirs (test_daemon_jobnet).
+        "job_network": "bridge",
     }
     base.update(overrides)
     return NodeSettings(**base)  # type: ignore[arg-type]

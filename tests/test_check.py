@@ -411,6 +411,10 @@ def test_the_jobs_bounds_are_said_and_a_reachable_plain_api_is_warned_of(check: 
     assert "host-network jobs are allowed" not in bridged
     assert "ok   jobs: a launch asking for the host network is bridged" in bridged
     assert "jobs: capabilities none;" in bridged
+    assert "ok   jobs: a bridged job runs isolated: it cannot reach another job" in bridged
+
+    _, _, shared = check(TUNEPLANE_JOB_NETWORK="bridge")
+    assert "warn jobs: a bridged job runs on the engine's default bridge" in shared
 
 
 def test_a_reserve_larger_than_the_machine_fails(check: Check) -> None:

@@ -208,9 +208,9 @@ async def test_a_0315_console_launches_observes_stops_and_removes(
     state = await node.state("tuneplane-r-1")
     assert (state["exists"], state["status"], state["exit_code"]) == (True, "running", None)
     # Its 2 cards of 4 are not the whole node: under the default (`whole-node`) its
-    # `network: host` is the bridge, which the label says as 0.3.15's `bridge` rule did.
-    labels = {"tuneplane.run-id": "r-1", "tuneplane.gpus": "0,1", "tuneplane.network": "bridge"}
-    assert (state["labels"], state["network"]) == (labels, "bridge")
+    # `network: host` is the node's job network (`isolated`), which the label says.
+    labels = {"tuneplane.run-id": "r-1", "tuneplane.gpus": "0,1", "tuneplane.network": "isolated"}
+    assert (state["labels"], state["network"]) == (labels, "isolated")
 
     assert await node.stop("tuneplane-r-1", timeout=5) == {"ok": True}
     assert fake.signals == [("tuneplane-r-1", "SIGTERM")]

@@ -106,8 +106,8 @@ def test_host_networking_is_allowed_when_the_operator_says_so(tmp_path: Path, ne
 
 def test_host_networking_runs_on_the_bridge_when_the_operator_says_so(tmp_path: Path) -> None:
     spec = rules(tmp_path, job_host_network="bridge").apply(replace(SPEC, network="host"))
-    assert spec.network == "bridge"
-    assert spec.labels == {LABEL_RUN_ID: "r1", LABEL_NETWORK: "bridge"}  # observe shows it
+    assert spec.network == "isolated"  # the node's job network (TUNEPLANE_JOB_NETWORK)
+    assert spec.labels == {LABEL_RUN_ID: "r1", LABEL_NETWORK: "isolated"}  # observe shows it
 
 
 def test_host_networking_is_refused_when_the_operator_says_so(tmp_path: Path) -> None:
@@ -140,12 +140,24 @@ async def test_every_launch_reaches_the_engine_confined(
 async def test_a_0315_launch_on_a_bridging_node_runs_on_the_bridge_and_says_so(
     fake_node: MakeFakeNode, fake: FakeRuntime
 ) -> None:
-    node = await fake_node(job_host_network="bridge")
+    node = await fake_node(job_host_network="bridge", job_network="bridge")
     answer = await node.ok("POST", "/node/v1/launch", json=console_0315("r1", 0, image=IMAGE))
 
     assert answer["phase"] == "running"
     assert fake.containers["tuneplane-r1"].spec.network == "bridge"
     assert (await node.state("tuneplane-r1"))["labels"][LABEL_NETWORK] == "bridge"
+
+
+@pytest.mark.parametrize("kind", ["isolated", "sealed"])
+async def test_a_bridged_job_runs_on_the_nodes_job_network_and_observe_says_which(
+    fake_node: MakeFakeNode, fake: FakeRuntime, kind: str
+) -> None:
+    node = await fake_node(job_host_network="bridge", job_network=kind)
+    await node.ok("POST", "/node/v1/launch", json=console_0315("r1", 0, image=IMAGE))
+
+    assert fake.containers["tuneplane-r1"].spec.network == kind
+    state = await node.state("tuneplane-r1")
+    assert (state["network"], state["labels"][LABEL_NETWORK]) == (kind, kind)
 
 
 async def test_a_host_network_launch_on_a_refusing_node_is_a_422_and_makes_nothing(

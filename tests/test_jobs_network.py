@@ -66,7 +66,7 @@ async def test_a_job_on_some_of_the_cards_is_bridged(
     make_service: MakeService, fake: FakeRuntime
 ) -> None:
     await make_service().jobs.launch(launch("part", 3))
-    assert network_of(fake, "part") == ("bridge", "bridge")
+    assert network_of(fake, "part") == ("isolated", "isolated")
 
 
 async def test_a_job_beside_a_host_network_job_is_bridged_whatever_it_asks(
@@ -78,7 +78,7 @@ async def test_a_job_beside_a_host_network_job_is_bridged_whatever_it_asks(
     await node.jobs.launch(launch("none", 0, network="none"))
 
     assert network_of(fake, "whole") == ("host", "host")
-    assert network_of(fake, "beside") == ("bridge", "bridge")
+    assert network_of(fake, "beside") == ("isolated", "isolated")
     assert network_of(fake, "none") == ("none", "none")  # what it asked, written
 
 
@@ -88,7 +88,7 @@ async def test_a_whole_machine_job_beside_another_job_is_bridged_until_it_is_gon
     node = make_service()
     await node.jobs.launch(launch("small", 0, network="bridge"))
     await node.jobs.launch(launch("whole", 4))
-    assert network_of(fake, "whole") == ("bridge", "bridge")
+    assert network_of(fake, "whole") == ("isolated", "isolated")
 
     await node.jobs.remove("tuneplane-small")
     await node.jobs.remove("tuneplane-whole")
@@ -110,11 +110,11 @@ async def test_without_the_port_held_nor_tls_every_host_job_is_bridged_said_once
     caplog.set_level(logging.INFO, logger="tuneplane_node.jobs.network")
     node = make_service(port_held=False)
     await node.jobs.launch(launch("one", 4))
-    assert network_of(fake, "one") == ("bridge", "bridge")
+    assert network_of(fake, "one") == ("isolated", "isolated")
     await node.jobs.remove("tuneplane-one")
     await node.jobs.launch(launch("two", 4))
 
-    assert network_of(fake, "two") == ("bridge", "bridge")
+    assert network_of(fake, "two") == ("isolated", "isolated")
     said = [
         r.getMessage()
         for r in caplog.records
@@ -141,7 +141,7 @@ async def test_a_machine_whose_cards_are_unknown_bridges_host_jobs(
 ) -> None:
     probe.ok = False
     await make_service(local_gpu_count=None).jobs.launch(launch("blind", 0))
-    assert network_of(fake, "blind") == ("bridge", "bridge")
+    assert network_of(fake, "blind") == ("isolated", "isolated")
 
 
 async def test_allow_keeps_0315s_behaviour(make_service: MakeService, fake: FakeRuntime) -> None:
@@ -158,10 +158,12 @@ async def test_allow_keeps_0315s_behaviour(make_service: MakeService, fake: Fake
 @pytest.mark.parametrize(
     ("setting", "gpus", "got"),
     [
-        ({}, 1, "bridge"),  # the default, whole-node: 1 of 2 cards
+        ({}, 1, "isolated"),  # the default, whole-node: 1 of 2 cards
         ({}, 2, "host"),
         ({"job_host_network": "allow"}, 1, "host"),
-        ({"job_host_network": "bridge"}, 2, "bridge"),
+        ({"job_host_network": "bridge"}, 2, "isolated"),
+        ({"job_host_network": "bridge", "job_network": "sealed"}, 2, "sealed"),
+        ({"job_host_network": "bridge", "job_network": "bridge"}, 2, "bridge"),
     ],
 )
 async def test_a_0315_launch_runs_under_every_setting_but_refuse_and_observe_says_where(

@@ -39,6 +39,7 @@ from tuneplane_node.runtime.cgroupparent import JobParent
 from tuneplane_node.runtime.docker import ERRORS as DOCKER_ERRORS
 from tuneplane_node.runtime.docker import DockerRuntime
 from tuneplane_node.runtime.engine import EngineRuntime, ErrorTable
+from tuneplane_node.runtime.jobnetwork import checked
 from tuneplane_node.runtime.podman import ERRORS as PODMAN_ERRORS
 from tuneplane_node.runtime.podman import PodmanRuntime, create_body
 
@@ -475,6 +476,8 @@ class RacedRemove:
         self.deletes = 0
 
     def delete(self, path: str, params: Any) -> requests.Response:
+        if path.startswith("/networks/"):
+            return http_response(404)  # the job had no network of its own
         self.deletes += 1
         if self.deletes > 1:
             return http_response(204)
@@ -485,8 +488,11 @@ class RacedRemove:
         )
         return response
 
-    def get(self, path: str) -> requests.Response:
-        return http_response(200)  # still there
+    def get(self, path: str, params: Any = None) -> requests.Response:
+        response = http_response(200)  # still there
+        if path == "/networks/json":
+            response._content = b"[]"  # no job network to prune
+        return response
 
 
 def test_a_podman_remove_that_raced_the_jobs_end_is_tried_again(
@@ -497,3 +503,50 @@ def test_a_podman_remove_that_raced_the_jobs_end_is_tried_again(
     monkeypatch.setattr(PodmanRuntime, "api", property(lambda self: api))
     runtime._remove("tuneplane-job-1")  # no error: the second try removed it
     assert api.deletes == 2
+
+
+# --- the node's job networks (TUNEPLANE_JOB_NETWORK) -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("network", "mode"),
+    [("isolated", "tuneplane-jobs"), ("sealed", "tuneplane-jobs-sealed"), ("bridge", "bridge")],
+)
+def test_docker_puts_a_job_on_the_nodes_network_of_its_kind(network: str, mode: str) -> None:
+    options = adapter("docker").create_options(replace(SPEC, network=network))
+    assert options["network_mode"] == mode
+
+
+@pytest.mark.parametrize("network", ["isolated", "sealed"])
+def test_podman_puts_a_job_on_a_network_of_its_own(network: str) -> None:
+    options = adapter("podman").create_options(replace(SPEC, network=network))
+    assert options["network_mode"] == "bridge"
+    assert options["networks"] == {f"tuneplane-jobs-{SPEC.name}": {}}
+    bridged = adapter("podman").create_options(replace(SPEC, network="bridge"))
+    assert bridged["network_mode"] == "bridge" and "networks" not in bridged
+
+
+NODE_MADE = {
+    "Labels": {"tuneplane.node-network": "isolated"},
+    "Options": {"com.docker.network.bridge.enable_icc": "false"},
+    "Internal": False,
+}
+
+
+@pytest.mark.parametrize(
+    ("found", "why"),
+    [
+        ({**NODE_MADE, "Labels": {}}, "it is not the node's"),
+        ({**NODE_MADE, "Labels": {"tuneplane.node-network": "sealed"}}, "it is not the node's"),
+        ({**NODE_MADE, "Options": {}}, "it lets containers reach each other"),
+        ({**NODE_MADE, "Internal": True}, "it is internal"),
+    ],
+)
+def test_a_network_of_the_nodes_name_that_is_not_as_the_node_makes_it_is_refused(
+    found: dict[str, Any], why: str
+) -> None:
+    with pytest.raises(EngineRefused) as refused:
+        checked("docker", "tuneplane-jobs", "isolated", found)
+    assert refused.value.status == 502 and refused.value.code == "engine_refused"
+    assert f"network tuneplane-jobs exists and {why}" in refused.value.message
+    checked("docker", "tuneplane-jobs", "isolated", NODE_MADE)  # the node's own: used

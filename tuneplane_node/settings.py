@@ -91,8 +91,18 @@ class JobSettings(BaseSettings):
     """A launch asking for ``network: host``: ``whole-node`` gives it the host network only
     when it holds every card of the machine and no other job of the node runs, and only
     where the node's port is held across restarts (systemd socket activation) or the API
-    is served over TLS, else the engine's ``bridge`` network; ``allow`` it (0.3.15's
-    default), run it on the ``bridge`` instead, or ``refuse`` it (422)."""
+    is served over TLS, else the node's job network (``TUNEPLANE_JOB_NETWORK``); ``allow``
+    it (0.3.15's default), run it on the job network instead (``bridge``), or ``refuse``
+    it (422)."""
+    job_network: Literal["isolated", "sealed", "bridge"] = "isolated"
+    """The network of a job not on the host's (one that asks for ``bridge``, or is
+    bridged by ``TUNEPLANE_JOB_HOST_NETWORK``): ``isolated``, where it cannot reach
+    another job (docker: the node's network ``tuneplane-jobs``, inter-container traffic
+    off, held by the engine's firewall rules, so not under ``--iptables=false``; podman: a
+    bridge network of the job's own, ``isolate=true``, removed with it), and reaches the
+    outside world; ``sealed``, the same without the outside world (an internal network:
+    docker's ``tuneplane-jobs-sealed``); ``bridge``, the engine's default bridge, shared
+    with every other container there (0.3.15's). Observe's ``network`` says which."""
     job_log_max_bytes: int = Field(10 * 2**20, ge=64 * 2**10, le=2**40)
     """Bytes of a job's log file before the engine rotates it (podman, which keeps one
     file, truncates at this times the file count)."""

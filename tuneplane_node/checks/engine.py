@@ -55,6 +55,7 @@ def check_jobs(settings: NodeSettings) -> list[Finding]:
         return [(FAIL, f"jobs: {exc.message}")]
     found = [(OK, f"jobs: {describe_confinement(rules)}")]
     found.extend(host_network_findings(settings))
+    found.append(job_network_finding(settings))
     return [*found, *asyncio.run(_isolation_findings(settings))]
 
 
@@ -82,6 +83,22 @@ def host_network_findings(settings: NodeSettings) -> list[Finding]:
         return [(OK, f"{whole}, and only under systemd's socket unit: under a plain serve, "
                      f"{PORT_NOT_HELD}")]  # fmt: skip
     return [(OK, f"{whole}; the API is served over TLS")]
+
+
+def job_network_finding(settings: NodeSettings) -> Finding:
+    """The network a job off the host's gets, and whether jobs there reach each other."""
+    kind = settings.job_network
+    if kind == "bridge":
+        return (WARN, (
+            "jobs: a bridged job runs on the engine's default bridge, where jobs reach each "
+            f"other's ports; set {env_name('job_network')}=isolated"
+        ))  # fmt: skip
+    world = "and the outside world" if kind == "sealed" else "but reaches the outside world"
+    where = (
+        "docker: the node's network, inter-container traffic off, held by docker's "
+        "firewall rules (none under --iptables=false); podman: a network of each job's own"
+    )
+    return (OK, f"jobs: a bridged job runs {kind}: it cannot reach another job {world} ({where})")
 
 
 def describe_confinement(rules: JobRules) -> str:

@@ -7,11 +7,15 @@ asking for ``host`` gets it only when it holds every card of the machine while n
 job of the node runs or is being launched, and only where a job cannot take the node's
 port across a restart: the port is held by systemd (socket activation) or the API is
 served over TLS (a squatter cannot present the node's certificate). Any other such job
-runs on the engine's ``bridge`` network, its own. A job launched beside a host-network
+runs on the node's job network (bridged, below). A job launched beside a host-network
 job holds no card of the machine, so it is bridged whatever it asks. ``allow`` gives
 every job what it asks, ``bridge`` bridges every host request, ``refuse`` refuses it.
 
-The network a job got is its container's label (`LABEL_NETWORK`): observe shows it.
+A job off the host's network runs on the node's job network (``TUNEPLANE_JOB_NETWORK``):
+``isolated`` or ``sealed`` (the runtime makes the engine's network for it, where jobs
+cannot reach each other), or the engine's own ``bridge``. The network a job got is its
+container's label (`LABEL_NETWORK`: ``host``, ``isolated``, ``sealed``, ``bridge`` or
+``none``): observe shows it.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ class NetworkRule:
 
     def __init__(self, settings: NodeSettings, *, port_held: bool = False) -> None:
         self.mode = settings.job_host_network
+        self.bridge = settings.job_network  # what a bridged job runs on
         self.port_safe = port_held or settings.tls_cert_file is not None
         self._port_said = False
 
@@ -84,6 +89,8 @@ class NetworkRule:
             why = self._not_whole(spec, around)
             if why is not None:
                 return self._bridged(spec, why)
+        if spec.network == BRIDGE:
+            return self._on_job_network(spec)
         return replace(spec, labels={**spec.labels, LABEL_NETWORK: spec.network})
 
     def _not_whole(self, spec: ContainerSpec, around: Neighbours) -> str | None:
@@ -108,7 +115,12 @@ class NetworkRule:
             HOST_NETWORK, why,
             extra=job_fields(spec.name, spec.labels.get(LABEL_RUN_ID), image=spec.image),
         )  # fmt: skip
-        return replace(spec, network=BRIDGE, labels={**spec.labels, LABEL_NETWORK: BRIDGE})
+        return self._on_job_network(spec)
+
+    def _on_job_network(self, spec: ContainerSpec) -> ContainerSpec:
+        """Off the host's network: on the node's job network, which its label names."""
+        network = self.bridge
+        return replace(spec, network=network, labels={**spec.labels, LABEL_NETWORK: network})
 
 
 async def neighbours(

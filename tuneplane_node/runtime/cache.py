@@ -519,6 +519,7 @@ class CachedRuntime:
 
     async def start(self) -> None:
         await self.cache.start()
+        await self.inner.start()  # the engine's own start-up sweep (podman's job networks)
 
     async def close(self) -> None:
         if self._asking is not None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
 from typing import Any
@@ -38,6 +40,14 @@ from tuneplane_node.runtime.engine import (
     asked_support,
 )
 from tuneplane_node.runtime.isolation import registered
+from tuneplane_node.runtime.jobnetwork import (
+    LABEL_NODE_NETWORK,
+    NO_ICC,
+    NODE_NETWORKS,
+    SEALED,
+    checked,
+    docker_network,
+)
 from tuneplane_node.runtime.pulling import PullStream
 from tuneplane_node.settings import NodeSettings, local_engine, unix_socket
 
@@ -46,6 +56,8 @@ ENGINE = "docker"
 # The oldest engine we support (20.10). Pinned so that building the client asks the
 # engine nothing: a daemon must start, and say "unreachable", while the engine is down.
 API_VERSION = "1.41"
+NETWORK_LOCK = threading.Lock()
+"""Held while the jobs' network is looked for and made (docker's duplicate check races)."""
 ERRORS = ErrorTable(
     engine=ENGINE,
     unreachable=(
@@ -107,6 +119,8 @@ class DockerRuntime(EngineRuntime, errors=ERRORS):
         if spec.stop_signal:  # else the image's STOPSIGNAL, else SIGTERM: docker's own rule
             options["stop_signal"] = spec.stop_signal
         options["detach"] = True
+        if spec.network in NODE_NETWORKS:  # made before the container (`_create`)
+            options["network_mode"] = docker_network(spec.network)
         options.update(_bounds(spec.confinement))
         options["mounts"] = [
             docker.types.Mount(m.container, m.host, type="bind", read_only=m.read_only)
@@ -130,6 +144,35 @@ class DockerRuntime(EngineRuntime, errors=ERRORS):
             options["ulimits"] = [docker.types.Ulimit(name="memlock", soft=memlock, hard=memlock)]
             options["cap_add"] = [*options["cap_add"], RDMA_CAPABILITY]
         return options
+
+    def _create(self, spec: ContainerSpec) -> Any:
+        if spec.network in NODE_NETWORKS:
+            with NETWORK_LOCK:  # two launches at once make one network, not two
+                self._ready_network(spec.network)
+        return super()._create(spec)
+
+    def _ready_network(self, kind: str) -> None:
+        """The node's network of that kind, made when missing; one of that name the node
+        did not make is refused (`checked`), never used."""
+        name = docker_network(kind)
+        try:
+            found = self.api.inspect_network(name)
+        except docker.errors.NotFound:
+            try:
+                self.api.create_network(
+                    name,
+                    driver="bridge",
+                    options={NO_ICC: "false"},
+                    internal=kind == SEALED,
+                    labels={LABEL_NODE_NETWORK: kind},
+                    check_duplicate=True,
+                )
+                log.info("made the jobs' network %s (%s)", name, kind)
+            except docker.errors.APIError as exc:
+                if exc.status_code != 409:  # 409: another node made it first
+                    raise
+            found = self.api.inspect_network(name)
+        checked(ENGINE, name, kind, found)
 
     def _card_request(self, cards: tuple[int, ...]) -> docker.types.DeviceRequest:
         """The NVIDIA device request (``--gpus``), or the cards as CDI devices on a docker

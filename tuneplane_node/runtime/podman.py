@@ -24,7 +24,7 @@ import podman.domain.containers_create
 import podman.errors
 import requests.exceptions
 
-from tuneplane_node.errors import SandboxUnavailable
+from tuneplane_node.errors import NodeError, SandboxUnavailable
 from tuneplane_node.runtime import dockerformat as fmt
 from tuneplane_node.runtime import seccomp
 from tuneplane_node.runtime.base import (
@@ -48,6 +48,14 @@ from tuneplane_node.runtime.engine import (
     asked_support,
 )
 from tuneplane_node.runtime.isolation import maps_mount_ids
+from tuneplane_node.runtime.jobnetwork import (
+    LABEL_NETWORK_OF,
+    LABEL_NETWORK_STORE,
+    LABEL_NODE_NETWORK,
+    NODE_NETWORKS,
+    SEALED,
+    own_network,
+)
 from tuneplane_node.runtime.pulling import PullStream, close_http_stream
 from tuneplane_node.settings import NodeSettings, local_engine
 from tuneplane_node.signals import JOB_SIGNALS
@@ -168,6 +176,9 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
             # namespace (runc: "mount sysfs:/sys: operation not permitted"): the host's,
             # read-only, as a root job of the host network sees it anyway.
             options["mounts"].append(HOST_SYS)
+        if spec.network in NODE_NETWORKS:  # its own, made before it (`_create`)
+            options["network_mode"] = "bridge"
+            options["networks"] = {own_network(spec.name): {}}
         if spec.read_only_root:
             # podman-py refuses tmpfs=: tmpfs mounts say the same; none of podman's own
             # on /var/tmp (read_write_tmpfs).
@@ -198,6 +209,18 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
         rendering with libpod's ``storage_opts`` added, posted as its create posts it.
         Under the jobs' parent, made and bounded first as `EngineParent._create` does."""
         self._ready_parent()
+        if spec.network not in NODE_NETWORKS:
+            return self._create_container(spec)
+        self._tidy(self._prune_networks)
+        self._make_network(spec)
+        try:
+            return self._create_container(spec)
+        except Exception:
+            # No container, so no removal to take it: gone now, not at the next prune.
+            self._tidy(self._remove_network, own_network(spec.name))
+            raise
+
+    def _create_container(self, spec: ContainerSpec) -> Any:
         options = self.create_options(spec)
         storage = options.pop("storage_opt", None)
         if storage is None and not spec.own_userns:
@@ -215,6 +238,69 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
         if spec.runtime:
             self._check_runtime(container, spec.runtime)
         return container
+
+    def _make_network(self, spec: ContainerSpec) -> None:
+        """The job's network of its own: a bridge whose traffic to other bridges is
+        dropped (``isolate``), internal when sealed; removed with the job (`_remove`)."""
+        name = own_network(spec.name)
+        body = {
+            "name": name,
+            "driver": "bridge",
+            "options": {"isolate": "true"},
+            "internal": spec.network == SEALED,
+            "labels": {
+                LABEL_NODE_NETWORK: spec.network,
+                LABEL_NETWORK_OF: spec.name,
+                LABEL_NETWORK_STORE: self._store(),
+            },
+        }
+        response = self.api.post(
+            "/networks/create",
+            headers={"content-type": "application/json"},
+            data=json.dumps(body),
+        )
+        if response.status_code == 409:  # a leftover of a launch of that name: made anew
+            self._remove_network(name)
+            response = self.api.post(
+                "/networks/create",
+                headers={"content-type": "application/json"},
+                data=json.dumps(body),
+            )
+        response.raise_for_status()
+
+    def _remove_network(self, name: str) -> None:
+        """Gone, whether it was there or not."""
+        response = self.api.delete(f"/networks/{name}", params={"force": True})
+        if response.status_code != 404:
+            response.raise_for_status()
+
+    def _prune_networks(self) -> int:
+        """Remove the job networks of this store whose container is gone (a daemon or a
+        launch that died between the two); how many."""
+        params = {"filters": json.dumps({"label": [LABEL_NETWORK_OF]})}
+        response = self.api.get("/networks/json", params=params)
+        response.raise_for_status()
+        pruned = 0
+        for network in response.json() or []:
+            labels = network.get("labels") or {}
+            owner = str(labels.get(LABEL_NETWORK_OF) or "")
+            if labels.get(LABEL_NETWORK_STORE) != self._store() or not self._gone(owner):
+                continue
+            self._remove_network(str(network.get("name")))
+            log.info("removed the network %s, whose job is gone", network.get("name"))
+            pruned += 1
+        return pruned
+
+    @functools.cache  # noqa: B019  # one service, one store, for the runtime's life
+    def _store(self) -> str:
+        return self._data_root()
+
+    async def start(self) -> None:
+        """The job networks whose container is gone pruned (a killed daemon's)."""
+        try:
+            await self._call("prune job networks", self._prune_networks)
+        except NodeError as exc:
+            log.warning("job networks not pruned (the engine did not answer): %s", exc.message)
 
     def _check_runtime(self, container: Any, wanted: str) -> None:
         """The runtime the container was made with, as asked: podman 4.3's API drops a
@@ -313,8 +399,10 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
         for _ in range(REMOVE_TRIES):
             response = self.api.delete(f"/containers/{name}", params=params)
             if response.ok:
+                self._forget_network(name)
                 return
             if self._gone(name):
+                self._forget_network(name)
                 # podman 4.3 and a job of its own user namespace: "unlinkat .../userdata/shm:
                 # device or resource busy" once all is removed (record, layer, mounts).
                 log.debug("podman's remove of %s erred, but it is gone", name)
@@ -325,6 +413,19 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
             # state improper: stopped"): the next try finds it stopped and removes it.
             log.debug("podman's remove of %s raced the job's end: trying again", name)
         response.raise_for_status()
+
+    def _forget_network(self, name: str) -> None:
+        """After its container: the job's own network, and any other whose job is gone."""
+        self._tidy(self._remove_network, own_network(name))
+        self._tidy(self._prune_networks)
+
+    def _tidy(self, fn: Callable[..., object], *args: str) -> None:
+        """A network clean-up that fails is logged, never the verb's failure: what it
+        leaves, the next launch, removal or start prunes."""
+        try:
+            fn(*args)
+        except (podman.errors.APIError, requests.exceptions.RequestException) as exc:
+            log.warning("job networks not tidied (pruned later): %s", exc)
 
     def _gone(self, name: str) -> bool:
         return bool(self.api.get(f"/containers/{name}/json").status_code == 404)

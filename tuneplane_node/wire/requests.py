@@ -849,10 +849,12 @@ CONTAINER = Body(
             "network",
             or_empty({"enum": list(NETWORKS)}),
             "`host` (the default, as in 0.3.15), `bridge` or `none`. Joining another "
-            "container's namespaces (`container:<x>`) is refused. What `host` gets is the "
-            "operator's, `TUNEPLANE_JOB_HOST_NETWORK`: by default (`whole-node`) the host "
-            "network only for a job holding every card of the machine with no other job "
-            "there, else the engine's bridge; observe's `network` says which.",
+            "container's namespaces (`container:<x>`) is refused. `bridge` is the node's "
+            "job network, `TUNEPLANE_JOB_NETWORK` (by default `isolated`: no other job's "
+            "ports reachable). What `host` gets is the operator's, "
+            "`TUNEPLANE_JOB_HOST_NETWORK`: by default (`whole-node`) the host network only "
+            "for a job holding every card of the machine with no other job there, else the "
+            "node's job network; observe's `network` says which.",
             read=_network,
         ),
         Field(

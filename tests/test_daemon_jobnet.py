@@ -1,0 +1,278 @@
+"""The node's job network (``TUNEPLANE_JOB_NETWORK``) on real engines, as the jobs see it.
+
+Docker's isolation is its firewall rules, which the development engines run without
+(``--bridge=none --iptables=false``): its tests get an engine of their own with its
+bridge and rules, in a network namespace of its own (`ThrowawayDocker` ``netns=True``),
+whose veth peer stands for the outside world. Podman's per-job networks are made on the
+suite's podman service, as its bridged jobs always were.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import MakeNode
+from tests.helpers import (
+    Console,
+    ThrowawayDocker,
+    engine_missing,
+    engine_settings,
+    job,
+    unique,
+)
+from tuneplane_node.errors import EngineError
+from tuneplane_node.runtime.jobnetwork import (
+    LABEL_NETWORK_OF,
+    LABEL_NETWORK_STORE,
+    LABEL_NODE_NETWORK,
+    own_network,
+)
+from tuneplane_node.runtime.podman import PodmanRuntime
+from tuneplane_node.wire.values import Mount
+
+pytestmark = pytest.mark.engine
+PEER_PORT = 9000
+SERVE = ["/bin/sh", "-c", f"while true; do echo secret | nc -l -p {PEER_PORT}; done"]
+
+
+def reach(peer: str) -> list[str]:
+    """A job that tries the peer's port and the outside world, and says what it read."""
+    outside = f"{ThrowawayDocker.OUTSIDE} {ThrowawayDocker.OUTSIDE_PORT}"
+    script = (
+        f"echo peer=$(nc -w 3 {peer} {PEER_PORT} </dev/null 2>&1); "
+        f"echo out=$(nc -w 3 {outside} </dev/null 2>&1)"
+    )
+    return ["/bin/sh", "-c", script]
+
+
+@pytest.fixture
+async def netns_docker() -> AsyncIterator[ThrowawayDocker]:
+    """A Docker engine with its bridge and firewall rules, in namespaces of its own."""
+    if os.geteuid() != 0 or not (shutil.which("dockerd") and shutil.which("nsenter")):
+        engine_missing("a docker engine in a network namespace", "root, dockerd, nsenter")
+    await asyncio.to_thread(ThrowawayDocker.clear_stale)
+    engine = ThrowawayDocker(netns=True)
+    try:
+        await asyncio.to_thread(engine.start)
+        await asyncio.to_thread(engine.load_test_image)
+        await asyncio.to_thread(engine.listen_outside)
+        yield engine
+    finally:
+        await asyncio.to_thread(engine.close)
+
+
+def address_of(engine: ThrowawayDocker, ref: str) -> str:
+    inspected = json.loads(engine.docker("inspect", ref).stdout)[0]
+    networks = inspected["NetworkSettings"]["Networks"]
+    (address,) = [net["IPAddress"] for net in networks.values() if net["IPAddress"]]
+    return str(address)
+
+
+async def peer_and_reach(node: Console, engine: ThrowawayDocker) -> str:
+    """One job listening, another trying it and the outside: the second's log."""
+    server, _ = await node.launch(SERVE, network="bridge")
+    await node.wait_for(server, "status", "running")
+    peer = address_of(engine, server)
+    client, _ = await node.launch(reach(peer), network="bridge")
+    state = await node.wait_for(client, "status", "exited", timeout=60)
+    assert state["exit_code"] == 0
+    return await node.logs(client)
+
+
+@pytest.mark.parametrize(
+    ("kind", "peer", "outside"),
+    [
+        ("isolated", False, True),
+        ("sealed", False, False),
+        ("bridge", True, True),  # 0.3.15's: the engine's shared bridge
+    ],
+)
+async def test_docker_jobs_reach_what_their_network_allows(
+    netns_docker: ThrowawayDocker, make_node: MakeNode, kind: str, peer: bool, outside: bool
+) -> None:
+    node = await make_node("docker", docker_host=netns_docker.host, job_network=kind)
+    logs = await peer_and_reach(node, netns_docker)
+
+    assert ("peer=secret" in logs) is peer, logs
+    assert ("out=outside" in logs) is outside, logs
+    ref = node.made[-1] if node.made else ""
+    assert (await node.state(ref))["network"] == kind
+
+
+async def test_docker_makes_its_network_once_labelled_with_no_inter_container_traffic(
+    netns_docker: ThrowawayDocker, make_node: MakeNode
+) -> None:
+    node = await make_node("docker", docker_host=netns_docker.host, job_network="isolated")
+    await node.launch(network="bridge")
+    await node.launch(network="bridge")
+
+    listed = netns_docker.docker("network", "ls", "-q", "--filter", "name=tuneplane-jobs")
+    assert len(listed.stdout.split()) == 1
+    network = json.loads(netns_docker.docker("network", "inspect", "tuneplane-jobs").stdout)[0]
+    assert network["Labels"] == {LABEL_NODE_NETWORK: "isolated"}
+    assert network["Options"]["com.docker.network.bridge.enable_icc"] == "false"
+    assert network["Internal"] is False
+
+
+async def test_a_foreign_network_of_the_nodes_name_is_refused_never_used(
+    throwaway_docker: ThrowawayDocker, make_node: MakeNode
+) -> None:
+    throwaway_docker.docker("network", "create", "tuneplane-jobs")
+    node = await make_node("docker", docker_host=throwaway_docker.host, job_network="isolated")
+    _, answer = await node.launch(network="bridge", expect=502)
+
+    assert answer["code"] == "engine_refused"
+    assert "network tuneplane-jobs exists" in answer["detail"], answer
+    listed = throwaway_docker.docker("ps", "-aq").stdout.split()
+    assert listed == []  # nothing made on it
+
+
+# --- podman: a network of each job's own ---------------------------------------------------
+
+
+@pytest.fixture
+async def podman() -> AsyncIterator[PodmanRuntime]:
+    runtime = PodmanRuntime(engine_settings("podman"))
+    health = await runtime.health()
+    if not health.ok:
+        await runtime.close()
+        engine_missing("podman", health.error or "no answer")
+    yield runtime
+    await runtime.close()
+
+
+async def networks(podman: PodmanRuntime) -> dict[str, dict[str, Any]]:
+    def listed() -> Any:
+        response = podman.api.get("/networks/json")
+        response.raise_for_status()
+        return response.json()
+
+    return {net["name"]: net for net in await asyncio.to_thread(listed)}
+
+
+@pytest.mark.parametrize("kind", ["isolated", "sealed"])
+async def test_podman_gives_each_job_a_network_of_its_own_removed_with_it(
+    make_node: MakeNode, podman: PodmanRuntime, kind: str
+) -> None:
+    node = await make_node("podman", job_network=kind)
+    server, _ = await node.launch(SERVE, network="bridge")
+    await node.wait_for(server, "status", "running")
+    assert (await node.state(server))["network"] == kind
+
+    made = (await networks(podman))[own_network(server)]
+    assert made["labels"][LABEL_NETWORK_OF] == server
+    assert made["labels"][LABEL_NODE_NETWORK] == kind
+    assert made["options"] == {"isolate": "true"}
+    assert made["internal"] is (kind == "sealed")
+
+    await node.ok("POST", "/node/v1/remove", json={"ref": server})
+    assert own_network(server) not in await networks(podman)
+
+
+@pytest.mark.parametrize(("kind", "reached"), [("isolated", False), ("bridge", True)])
+async def test_podman_jobs_on_their_own_networks_cannot_reach_each_other(
+    make_node: MakeNode, podman: PodmanRuntime, kind: str, reached: bool
+) -> None:
+    node = await make_node("podman", job_network=kind)
+    server, _ = await node.launch(SERVE, network="bridge")
+    await node.wait_for(server, "status", "running")
+    inspected = await asyncio.to_thread(lambda: podman.client.containers.get(server).attrs)
+    (peer,) = [
+        net["IPAddress"]
+        for net in inspected["NetworkSettings"]["Networks"].values()
+        if net["IPAddress"]
+    ]
+    client, _ = await node.launch(
+        ["/bin/sh", "-c", f"echo peer=$(nc -w 3 {peer} {PEER_PORT} </dev/null 2>&1)"],
+        network="bridge",
+    )
+    await node.wait_for(client, "status", "exited", timeout=60)
+    logs = await node.logs(client)
+    assert "peer=" in logs and ("peer=secret" in logs) is reached, logs
+
+
+async def leftover(podman: PodmanRuntime, owner: str) -> str:
+    """A job network whose container is gone, as a killed daemon leaves it."""
+    name = own_network(owner)
+    body = {
+        "name": name,
+        "driver": "bridge",
+        "labels": {
+            LABEL_NODE_NETWORK: "isolated",
+            LABEL_NETWORK_OF: owner,
+            LABEL_NETWORK_STORE: await asyncio.to_thread(podman._data_root),
+        },
+    }
+    created = await asyncio.to_thread(
+        lambda: podman.api.post("/networks/create", data=json.dumps(body))
+    )
+    created.raise_for_status()
+    return name
+
+
+@pytest.fixture
+async def leftovers(podman: PodmanRuntime) -> AsyncIterator[list[str]]:
+    """The leftovers a test made: removed at its end if the node did not."""
+    made: list[str] = []
+    yield made
+    for name in made:
+        await asyncio.to_thread(podman.api.delete, f"/networks/{name}")
+
+
+async def test_a_podman_network_whose_job_is_gone_is_pruned_at_start(
+    make_node: MakeNode, podman: PodmanRuntime, leftovers: list[str]
+) -> None:
+    leftovers.append(await leftover(podman, unique("tuneplane-gone")))
+    await make_node("podman", job_network="isolated")
+    assert leftovers[0] not in await networks(podman)
+
+
+async def test_a_podman_network_whose_job_is_gone_is_pruned_at_the_next_launch(
+    make_node: MakeNode, podman: PodmanRuntime, leftovers: list[str]
+) -> None:
+    node = await make_node("podman", job_network="isolated")
+    leftovers.append(await leftover(podman, unique("tuneplane-gone")))
+    await node.launch(network="bridge")
+    assert leftovers[0] not in await networks(podman)
+
+
+async def test_a_podman_network_of_another_store_is_never_pruned(
+    make_node: MakeNode, podman: PodmanRuntime, leftovers: list[str]
+) -> None:
+    """Podman services on one machine share the CNI configuration: another service's job
+    network is not this one's to judge."""
+    name = own_network(unique("tuneplane-elsewhere"))
+    body = {
+        "name": name,
+        "driver": "bridge",
+        "labels": {LABEL_NETWORK_OF: "tuneplane-elsewhere", LABEL_NETWORK_STORE: "/else"},
+    }
+    created = await asyncio.to_thread(
+        lambda: podman.api.post("/networks/create", data=json.dumps(body))
+    )
+    created.raise_for_status()
+    leftovers.append(name)
+    node = await make_node("podman", job_network="isolated")
+    await node.launch(network="bridge")
+    assert name in await networks(podman)
+
+
+async def test_a_podman_job_whose_container_cannot_be_made_leaves_no_network(
+    podman: PodmanRuntime, tmp_path: Path
+) -> None:
+    missing = Mount(host=str(tmp_path / "absent"), container="/data", read_only=True)
+    spec = job(["/bin/true"], network="isolated", mounts=(missing,))
+    try:
+        with pytest.raises(EngineError):
+            await podman.run(spec)
+        assert own_network(spec.name) not in await networks(podman)
+    finally:
+        await podman.remove(spec.name)  # the container, had it been made, and its network

@@ -31,7 +31,7 @@ from tests.helpers import (
     wait_until,
 )
 from tuneplane_node.daemon.state import NODE
-from tuneplane_node.jobs.images import RECORD_FILE
+from tuneplane_node.jobs.images.keeper import RECORD_FILE
 from tuneplane_node.logformat import JsonFormatter
 from tuneplane_node.runtime.cache import CachedRuntime
 

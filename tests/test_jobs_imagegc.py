@@ -158,7 +158,7 @@ async def test_an_image_a_pending_launch_waits_for_stays(
 
 
 async def test_an_image_being_pulled_or_launched_right_now_is_held() -> None:
-    from tuneplane_node.jobs.imagegc import ImageHolds
+    from tuneplane_node.jobs.images.gc import ImageHolds
 
     holds = ImageHolds()
     with holds.hold("team/a:1"):

@@ -11,7 +11,7 @@ from tests.fakes import FakeClock, FakeRuntime
 from tests.helpers import wait_until
 from tests.test_jobs_service import MISSING, request
 from tuneplane_node.jobs import Node
-from tuneplane_node.jobs.imageledger import LEDGER_FILE, ImageLedger, ImageRecord
+from tuneplane_node.jobs.images.ledger import LEDGER_FILE, ImageLedger, ImageRecord
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
 ID_A, ID_B = "sha256:" + "a" * 64, "sha256:" + "b" * 64

@@ -9,7 +9,7 @@ import pytest
 from tests.fakes import FakeRuntime
 from tests.helpers import settle
 from tuneplane_node.errors import EngineRefused
-from tuneplane_node.jobs.pulls import PullCoordinator
+from tuneplane_node.jobs.images.pulls import PullCoordinator
 from tuneplane_node.runtime.base import PullLimits, PullProgress
 
 IMAGE = "registry.test/big:1"

@@ -48,7 +48,7 @@ from tuneplane_node.runtime.base import (
 )
 from tuneplane_node.runtime.docker import DockerRuntime
 from tuneplane_node.runtime.podman import PodmanRuntime
-from tuneplane_node.runtime.process import ProcessRuntime
+from tuneplane_node.runtime.process.runtime import ProcessRuntime
 
 SANDBOXED = "docker-sandbox"
 RUNTIMES = [

@@ -28,7 +28,7 @@ from tuneplane_node.runtime.base import (
     LogQuery,
     PullLimits,
 )
-from tuneplane_node.runtime.process import ProcessRuntime
+from tuneplane_node.runtime.process.runtime import ProcessRuntime
 
 # Slow: each test starts, signals and reaps real processes (the contract suite over this
 # runtime, tests/test_runtime_contract.py, is in the fast suite).

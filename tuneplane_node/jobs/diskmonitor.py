@@ -36,7 +36,7 @@ import logging
 from dataclasses import dataclass
 
 from tuneplane_node.errors import NodeError
-from tuneplane_node.jobs.imagegc import ImageCollector
+from tuneplane_node.jobs.images.gc import ImageCollector
 from tuneplane_node.jobs.nodestate import NodeStateStore
 from tuneplane_node.jobs.results import DiskFigures, ImageStore
 from tuneplane_node.jobs.stopper import Stopper

@@ -15,7 +15,7 @@ from tuneplane_node.clock import Clock
 from tuneplane_node.errors import NodeError
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.gpu.readiness import GpuReadiness
-from tuneplane_node.jobs.imagegc import ImageCollector
+from tuneplane_node.jobs.images.gc import ImageCollector
 from tuneplane_node.jobs.nodestate import NodeState
 from tuneplane_node.jobs.pending import PendingTable
 from tuneplane_node.jobs.results import (

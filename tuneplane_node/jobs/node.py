@@ -17,15 +17,17 @@ from dataclasses import dataclass
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs.affinity import CpuAffinity
-from tuneplane_node.jobs.catalog import ImageCatalog
 from tuneplane_node.jobs.confinement import JobRules
 from tuneplane_node.jobs.disklimit import DiskLimits
 from tuneplane_node.jobs.diskmonitor import DiskMonitor
 from tuneplane_node.jobs.drain import NodeStateKeeper
 from tuneplane_node.jobs.health import HealthReader
-from tuneplane_node.jobs.imagegc import ImageCollector
-from tuneplane_node.jobs.imageledger import ImageLedger
-from tuneplane_node.jobs.images import CredentialSource, ImageKeeper
+from tuneplane_node.jobs.images.catalog import ImageCatalog
+from tuneplane_node.jobs.images.gc import ImageCollector
+from tuneplane_node.jobs.images.keeper import CredentialSource, ImageKeeper
+from tuneplane_node.jobs.images.ledger import ImageLedger
+from tuneplane_node.jobs.images.prefetch import Prefetcher
+from tuneplane_node.jobs.images.pulls import PullCoordinator
 from tuneplane_node.jobs.isolation import Isolation
 from tuneplane_node.jobs.launcher import Launcher
 from tuneplane_node.jobs.locks import RefLocks
@@ -35,8 +37,6 @@ from tuneplane_node.jobs.mounts import MountPolicy
 from tuneplane_node.jobs.nodestate import NodeStateStore
 from tuneplane_node.jobs.ours import OursRule
 from tuneplane_node.jobs.pending import PendingTable
-from tuneplane_node.jobs.prefetch import Prefetcher
-from tuneplane_node.jobs.pulls import PullCoordinator
 from tuneplane_node.jobs.reaper import Reaper
 from tuneplane_node.jobs.scratch import ScratchSpaces
 from tuneplane_node.jobs.service import JobService

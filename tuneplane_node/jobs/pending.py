@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
-from tuneplane_node.jobs.pulls import SharedPull
+from tuneplane_node.jobs.images.pulls import SharedPull
 from tuneplane_node.jobs.results import LaunchRequest, PendingView
 from tuneplane_node.jobs.volumes.fills import VolumeFill
 from tuneplane_node.runtime.base import PullProgress

@@ -36,7 +36,7 @@ def make_runtime(
         engine = _engine(settings, kind, telemetry=telemetry, clock=clock)
         return cached(engine, settings, clock=clock) if cache else engine
     if kind == "process":
-        from tuneplane_node.runtime.process import ProcessRuntime
+        from tuneplane_node.runtime.process.runtime import ProcessRuntime
 
         log.warning("process runtime: jobs run as bare processes; development machines only")
         return ProcessRuntime(settings, telemetry=telemetry, clock=clock)

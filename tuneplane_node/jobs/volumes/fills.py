@@ -26,7 +26,7 @@ from typing import IO, TypeVar
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.errors import VolumeFillFailed
-from tuneplane_node.jobs.pullrate import PullRate
+from tuneplane_node.jobs.images.pullrate import PullRate
 from tuneplane_node.jobs.volumes.lanes import FillLanes
 from tuneplane_node.jobs.volumes.store import Entry, Hasher, VolumeStore
 from tuneplane_node.runtime.fetching import Fetcher, shown

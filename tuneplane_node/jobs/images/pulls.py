@@ -22,8 +22,8 @@ from datetime import datetime
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.errors import NodeError
-from tuneplane_node.jobs.imageledger import ImageLedger
-from tuneplane_node.jobs.pullrate import PullRate
+from tuneplane_node.jobs.images.ledger import ImageLedger
+from tuneplane_node.jobs.images.pullrate import PullRate
 from tuneplane_node.logformat import job_fields
 from tuneplane_node.references import canonical
 from tuneplane_node.runtime.base import ContainerRuntime, PullLimits, PullProgress, RegistryAuth

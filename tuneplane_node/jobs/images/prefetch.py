@@ -21,10 +21,10 @@ from dataclasses import dataclass, replace
 
 from tuneplane_node.clock import Clock
 from tuneplane_node.errors import NodeError
-from tuneplane_node.jobs.imagegc import ImageCollector
-from tuneplane_node.jobs.images import ImageKeeper
+from tuneplane_node.jobs.images.gc import ImageCollector
+from tuneplane_node.jobs.images.keeper import ImageKeeper
+from tuneplane_node.jobs.images.pulls import PullCoordinator, SharedPull
 from tuneplane_node.jobs.pending import FAILED_RECORD_TTL_S, PULLING
-from tuneplane_node.jobs.pulls import PullCoordinator, SharedPull
 from tuneplane_node.jobs.results import Prefetched, PrefetchRequest
 from tuneplane_node.references import canonical
 from tuneplane_node.runtime.base import ContainerRuntime, RegistryAuth

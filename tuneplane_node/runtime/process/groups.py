@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tuneplane_node.runtime.base import ContainerSpec, Usage, format_gpus
-from tuneplane_node.runtime.processlogs import STAMPER
+from tuneplane_node.runtime.process.logs import STAMPER
 
 JOB_DIR_ENV = "TUNEPLANE_JOB_DIR"
 _DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

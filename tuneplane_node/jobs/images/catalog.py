@@ -19,11 +19,11 @@ from collections.abc import Iterable
 from datetime import datetime
 
 from tuneplane_node.clock import parse_rfc3339, rfc3339
-from tuneplane_node.jobs.imageledger import ImageLedger, ImageRecord
-from tuneplane_node.jobs.images import ImageKeeper
+from tuneplane_node.jobs.images.keeper import ImageKeeper
+from tuneplane_node.jobs.images.ledger import ImageLedger, ImageRecord
+from tuneplane_node.jobs.images.prefetch import Prefetcher
+from tuneplane_node.jobs.images.pulls import PullCoordinator, SharedPull
 from tuneplane_node.jobs.pending import PendingTable
-from tuneplane_node.jobs.prefetch import Prefetcher
-from tuneplane_node.jobs.pulls import PullCoordinator, SharedPull
 from tuneplane_node.jobs.results import ImagesView, ImageView, Prefetched, PrefetchRequest, PullView
 from tuneplane_node.runtime.base import ContainerRuntime, ContainerState, ImageInfo
 

@@ -48,12 +48,12 @@ from tuneplane_node.runtime.base import (
     tells_no_changes,
 )
 from tuneplane_node.runtime.pool import BlockingPool
-from tuneplane_node.runtime.processfiles import ENGINE as ENGINE
-from tuneplane_node.runtime.processfiles import LOG_FILE as LOG_FILE
-from tuneplane_node.runtime.processfiles import PROC_FILE as PROC_FILE
-from tuneplane_node.runtime.processfiles import RC_FILE as RC_FILE
-from tuneplane_node.runtime.processfiles import SPEC_FILE as SPEC_FILE
-from tuneplane_node.runtime.processfiles import (
+from tuneplane_node.runtime.process.files import ENGINE as ENGINE
+from tuneplane_node.runtime.process.files import LOG_FILE as LOG_FILE
+from tuneplane_node.runtime.process.files import PROC_FILE as PROC_FILE
+from tuneplane_node.runtime.process.files import RC_FILE as RC_FILE
+from tuneplane_node.runtime.process.files import SPEC_FILE as SPEC_FILE
+from tuneplane_node.runtime.process.files import (
     Job,
     JobFiles,
     exit_record,
@@ -62,7 +62,7 @@ from tuneplane_node.runtime.processfiles import (
     write_spec,
     write_started,
 )
-from tuneplane_node.runtime.processgroups import (
+from tuneplane_node.runtime.process.groups import (
     HAS_PROC,
     KILL_GRACE_S,
     Proc,
@@ -72,8 +72,8 @@ from tuneplane_node.runtime.processgroups import (
     job_environment,
     proc_of,
 )
-from tuneplane_node.runtime.processgroups import JOB_DIR_ENV as JOB_DIR_ENV
-from tuneplane_node.runtime.processlogs import read_at, tail, tail_at
+from tuneplane_node.runtime.process.groups import JOB_DIR_ENV as JOB_DIR_ENV
+from tuneplane_node.runtime.process.logs import read_at, tail, tail_at
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.signals import JOB_SIGNALS
 from tuneplane_node.telemetry import NO_TELEMETRY, Telemetry

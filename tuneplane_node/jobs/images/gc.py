@@ -32,7 +32,7 @@ from typing import Protocol
 
 from tuneplane_node.clock import Clock
 from tuneplane_node.errors import InsufficientStorage, NodeError
-from tuneplane_node.jobs.pulls import PullCoordinator
+from tuneplane_node.jobs.images.pulls import PullCoordinator
 from tuneplane_node.jobs.results import GcRun, ImageStore, RemovedImage
 from tuneplane_node.references import ImageName
 from tuneplane_node.runtime import registry

@@ -63,7 +63,7 @@ from harness import (
 
 from tuneplane_node.daemon.app import create_node_app
 from tuneplane_node.daemon.server import BACKLOG, ConnectionGuard, GuardedSite, connection_limit
-from tuneplane_node.daemon.state import JOBS
+from tuneplane_node.daemon.state import NODE
 from tuneplane_node.runtime.cache import CachedRuntime
 from tuneplane_node.settings import NodeSettings, load_settings
 
@@ -265,8 +265,8 @@ class Soak:
 
     def sample(self, cycle: int) -> Sample:
         gc.collect()
-        jobs = self.app[JOBS]
-        cache = jobs.runtime.cache if isinstance(jobs.runtime, CachedRuntime) else None
+        node = self.app[NODE]
+        cache = node.runtime.cache if isinstance(node.runtime, CachedRuntime) else None
         mine = self.name("")
         current = asyncio.current_task()
         return Sample(
@@ -276,10 +276,10 @@ class Soak:
             fds=len(os.listdir("/proc/self/fd")),
             threads=threading.active_count(),
             tasks=sum(1 for task in asyncio.all_tasks() if task is not current),
-            locks=len(jobs.locks),
-            pending=len(list(jobs.pending.records())),
-            claims=len(jobs.allocator._claims),  # private: no public count exists
-            pulls=len(jobs.pulls.pulls),
+            locks=len(node.jobs.locks),
+            pending=len(list(node.pending.records())),
+            claims=len(node.allocator._claims),  # private: no public count exists
+            pulls=len(node.pulls.pulls),
             cached=sum(1 for name in cache.states if name.startswith(mine)) if cache else -1,
             touched=len(cache.touched) if cache else -1,
             objects=len(gc.get_objects()),

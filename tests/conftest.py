@@ -31,6 +31,7 @@ from tests.helpers import (
     TrackingRuntime,
     engine_missing,
     engine_settings,
+    fake_node_of,
     own_docker_host,
     state_dir,
     storage_root,
@@ -41,7 +42,7 @@ from tuneplane_node.daemon.app import create_node_app
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.gpu.factory import make_probe
 from tuneplane_node.gpu.probe import GpuProbe, NoDriverProbe
-from tuneplane_node.jobs import JobService
+from tuneplane_node.jobs import Node
 from tuneplane_node.jobs.staging import MountStaging
 from tuneplane_node.runtime.cache import CachedRuntime
 from tuneplane_node.runtime.docker import DockerRuntime
@@ -209,12 +210,13 @@ def settings(tmp_path: Any) -> NodeSettings:
 
 
 @pytest.fixture
-async def service(
+async def node(
     fake: FakeRuntime, probe: FakeProbe, settings: NodeSettings, clock: FakeClock
-) -> AsyncIterator[JobService]:
-    jobs = JobService(fake, GpuAllocator(fake, settings, probe=probe), settings, clock=clock)
-    yield jobs
-    await jobs.close()
+) -> AsyncIterator[Node]:
+    """The node's services over the fake engine, built as the daemon builds them."""
+    built = fake_node_of(fake, settings, probe=probe, clock=clock)
+    yield built
+    await built.close()
 
 
 MakeFakeNode = Callable[..., Awaitable[Console]]

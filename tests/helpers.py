@@ -25,8 +25,12 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from tuneplane_node.daemon.state import JOBS
-from tuneplane_node.jobs import JobService, PendingView
+from tuneplane_node.clock import SYSTEM_CLOCK, Clock
+from tuneplane_node.daemon.state import NODE
+from tuneplane_node.gpu.allocator import GpuAllocator
+from tuneplane_node.gpu.probe import GpuProbe
+from tuneplane_node.jobs import Node, PendingView
+from tuneplane_node.jobs.node import build_node
 from tuneplane_node.jobs.pending import FAILED
 from tuneplane_node.runtime.base import (
     LABEL_RUN_ID,
@@ -323,9 +327,27 @@ def engine_missing(what: str, why: str) -> None:
 
 def node_cache(node: Console) -> CachedRuntime:
     """The state cache a daemon on an engine sits on (`make_node`'s, as in production)."""
-    runtime = node.app[JOBS].runtime
+    runtime = node.app[NODE].runtime
     assert isinstance(runtime, CachedRuntime), runtime
     return runtime
+
+
+def fake_node_of(
+    runtime: ContainerRuntime,
+    settings: NodeSettings,
+    *,
+    probe: GpuProbe | None = None,
+    allocator: GpuAllocator | None = None,
+    clock: Clock = SYSTEM_CLOCK,
+    port_held: bool = False,
+) -> Node:
+    """The node's services over a test's runtime and cards, made as production makes
+    them (`build_node`); the test starts and closes it."""
+    if allocator is None:
+        allocator = GpuAllocator(runtime, settings, probe=probe)
+    return build_node(
+        settings, runtime=runtime, allocator=allocator, clock=clock, port_held=port_held
+    )
 
 
 def unique(prefix: str = "t") -> str:
@@ -452,7 +474,7 @@ ENGINE_LIVE = frozenset({"running", "created", "restarting", "paused"})  # holds
 
 
 async def check_promises(
-    service: JobService,
+    node: Node,
     truth: Mapping[str, tuple[str, tuple[int, ...]]],
     *,
     cards: int,
@@ -464,9 +486,9 @@ async def check_promises(
     live = {name: held for name, (status, held) in truth.items() if status in ENGINE_LIVE}
     labelled = [card for held in live.values() for card in held]
     assert len(labelled) == len(set(labelled)), f"a card on two jobs: {live}"
-    occupancy = await service.allocator.occupancy()
+    occupancy = await node.allocator.occupancy()
     assert set(occupancy.by_job) == set(labelled), (dict(occupancy.by_job), labelled)
-    pending = {r.ref: r for r in service.pending.records() if r.phase != FAILED}
+    pending = {r.ref: r for r in node.pending.records() if r.phase != FAILED}
     claimed = {ref for ref, claim in occupancy.claims.items() if claim}
     wanted = {ref for ref, r in pending.items() if r.request.requested_gpus}
     assert claimed == wanted, (claimed, wanted)
@@ -480,7 +502,7 @@ async def check_promises(
     wrecks = {n for n, (status, _) in truth.items() if status == "created" and n not in pending}
     stray = wrecks - set(wrecks_allowed)
     assert not stray, f"created, never started, no launch making them: {stray}"
-    views = await service.observe([*truth, *pending])
+    views = await node.jobs.observe([*truth, *pending])
     for ref, view in views.items():
         assert view.exists, f"{ref} exists, observe says not"
         assert isinstance(view, PendingView) == (ref in pending)

@@ -27,7 +27,7 @@ from tests.helpers import (
     spawn_daemon,
     storage_root,
 )
-from tuneplane_node import cli
+from tuneplane_node.checks import engine as engine_checks
 from tuneplane_node.cli import main
 from tuneplane_node.wire import PROTOCOL, PROTOCOL_HEADER
 
@@ -478,7 +478,7 @@ def test_podman_without_its_init_program_fails_the_check(
 ) -> None:
     """The places podman looks for catatonit, none of them there: every launch would
     fail to start, which the operator learns here rather than from the first job."""
-    monkeypatch.setattr(cli, "PODMAN_INITS", ("/nonexistent/catatonit",))
+    monkeypatch.setattr(engine_checks, "PODMAN_INITS", ("/nonexistent/catatonit",))
     code, _, out = check(TUNEPLANE_LOCAL_RUNTIME="podman", TUNEPLANE_PODMAN_URL=podman_url())
     assert code == 1
     assert "FAIL jobs: podman's init (catatonit) is not installed" in out

@@ -63,7 +63,7 @@ from tuneplane_node.client.answers import Health, Jobs, build
 from tuneplane_node.client.endpoint import Endpoint, Tls
 from tuneplane_node.client.errors import refusal
 from tuneplane_node.client.watch import Watch
-from tuneplane_node.daemon.state import JOBS
+from tuneplane_node.daemon.state import NODE
 
 # Slow: every verb end to end over a real socket, watches through outages.
 pytestmark = pytest.mark.slow
@@ -535,7 +535,7 @@ async def test_a_quiet_node_is_asked_once_a_wait_and_empty_answers_are_not_hande
     node: Console, clock: FakeClock
 ) -> None:
     counting = Counting()
-    changes = node.app[JOBS].changes
+    changes = node.app[NODE].changes
     async with AsyncNodeClient(url_of(node), token=TOKEN, transport=counting) as quiet:
         answers: list[Jobs] = []
         backoff = Backoff(first=0.01, most=0.01)
@@ -581,7 +581,7 @@ async def test_past_the_watch_limit_a_query_is_refused_429(fake_node: MakeFakeNo
         index = (await client.jobs()).index
         holding = asyncio.ensure_future(client.changes(index, wait=30))
         try:
-            await wait_until(lambda: node.app[JOBS].changes.waiting == 1, timeout=10)
+            await wait_until(lambda: node.app[NODE].changes.waiting == 1, timeout=10)
             with pytest.raises(TooManyRequests):
                 await client.changes(index, wait=30)
         finally:

@@ -14,7 +14,7 @@ from tests.conftest import IMAGE, MakeFakeNode, fake_settings
 from tests.fakes import FakeRuntime
 from tests.helpers import HEADERS, TOKEN, settle, storage_root
 from tuneplane_node.daemon.app import create_node_app
-from tuneplane_node.daemon.state import JOBS
+from tuneplane_node.daemon.state import NODE
 from tuneplane_node.errors import ConfigError
 from tuneplane_node.settings import load_settings
 from tuneplane_node.wire import PROTOCOL_HEADER
@@ -352,7 +352,7 @@ async def test_a_follow_the_engine_ends_while_the_job_runs_is_cut_not_ended(
     stream of a running job makes the answer break off, so no client takes it for the
     exit (it checks observe and follows again)."""
     node = await fake_node()
-    node.app[JOBS].reader.end_grace_s = 0.2
+    node.app[NODE].reader.end_grace_s = 0.2
     await node.ok("POST", "/node/v1/launch", json=console_0315("r-5", gpus=0))
     fake.containers["tuneplane-r-5"].output = ["n1"]
     fake.end_follows_early = True

@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import MakeNode
 from tests.helpers import IMAGE
-from tuneplane_node.daemon.state import JOBS
+from tuneplane_node.daemon.state import NODE
 
 pytestmark = pytest.mark.engine
 MIB = 2**20
@@ -46,4 +46,4 @@ async def test_a_job_past_its_disk_limit_is_stopped_and_the_tenant_runs_on(
     assert other["status"] == "running" and "stop_reason" not in other
     assert other["disk_used_bytes"] < MIB  # measured: it wrote nothing
     assert (await node.health())["conditions"]["disk_pressure"] is False
-    assert await node.app[JOBS].runtime.image_exists(IMAGE)  # the cache untouched
+    assert await node.app[NODE].runtime.image_exists(IMAGE)  # the cache untouched

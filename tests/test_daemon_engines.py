@@ -39,7 +39,7 @@ from tests.helpers import (
     unique,
     wait_until,
 )
-from tuneplane_node.daemon.state import JOBS
+from tuneplane_node.daemon.state import NODE
 from tuneplane_node.runtime.base import LABEL_RUN_ID, ContainerSpec, container_name
 from tuneplane_node.runtime.docker import DockerRuntime
 from tuneplane_node.runtime.podman import PodmanRuntime
@@ -444,7 +444,7 @@ async def test_a_restarted_daemon_finds_its_jobs_and_cards_from_labels(make_node
 
 
 def _runtime_of(node: Console) -> Any:
-    return node.app[JOBS].runtime
+    return node.app[NODE].runtime
 
 
 # --- the pull path ---------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 from tests.conftest import IMAGE, MakeFakeNode
 from tests.fakes import FakeClock, FakeRuntime
 from tests.helpers import HEADERS, Console, console_0315, settle
-from tuneplane_node.daemon.state import JOBS
+from tuneplane_node.daemon.state import NODE
 from tuneplane_node.jobs.images import PrivateImage
 from tuneplane_node.jobs.pending import FAILED_RECORD_TTL_S
 from tuneplane_node.jobs.pullrate import WINDOW_S
@@ -200,7 +200,7 @@ async def test_a_present_private_image_is_no_free_pass_for_a_prefetch_either(
     fake_node: MakeFakeNode, fake: FakeRuntime
 ) -> None:
     node = await fake_node()
-    keeper = node.app[JOBS].images
+    keeper = node.app[NODE].images
     keeper.record.images[ImageName.parse(IMAGE).repository] = PrivateImage("registry.test")
 
     status, answer = await prefetch(node, IMAGE)
@@ -219,7 +219,7 @@ async def test_what_the_node_pulled_is_known_after_a_restart(
     fake.pull_of(BIG).finish()
     await settle()
     [before] = (await images(node))["images"]
-    await node.app[JOBS].ledger.flush()
+    await node.app[NODE].ledger.flush()
 
     again = await fake_node()  # a second daemon on the same state directory
 

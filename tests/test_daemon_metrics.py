@@ -31,7 +31,7 @@ from tests.helpers import (
 from tuneplane_node import __version__
 from tuneplane_node.daemon.app import create_node_app
 from tuneplane_node.daemon.metrics import Metrics
-from tuneplane_node.daemon.state import JOBS
+from tuneplane_node.daemon.state import NODE
 from tuneplane_node.logformat import JsonFormatter
 from tuneplane_node.runtime.base import DeviceSupport
 from tuneplane_node.runtime.pool import BlockingPool
@@ -207,7 +207,7 @@ async def test_an_image_gc_run_counts_and_audits_each_image_it_removed(
 ) -> None:
     fake.disk_total, fake.disk_other = 100 * 2**20, 90 * 2**20
     node = await fake_node(image_gc_min_age_s=0, image_pin_s=0)
-    jobs = node.app[JOBS]
+    jobs = node.app[NODE]
     for name in ("registry.test/team/a:1", "registry.test/team/b:1"):
         fake.arrived(name, size=6 * 2**20)
         jobs.ledger.record_pull(name, fake.image_id(name), fake.clock.now(), prefetch=False)

@@ -35,12 +35,13 @@ from tests.helpers import (
     ThrowawayDocker,
     check_promises,
     engine_settings,
+    fake_node_of,
     unique,
 )
 from tuneplane_node.clock import parse_rfc3339
 from tuneplane_node.errors import Conflict, NodeError
 from tuneplane_node.gpu.allocator import GpuAllocator
-from tuneplane_node.jobs import AlreadyRunning, JobService, LaunchRequest, StopPlan
+from tuneplane_node.jobs import AlreadyRunning, LaunchRequest, StopPlan
 from tuneplane_node.runtime.base import (
     LABEL_GPUS,
     LABEL_RUN_ID,
@@ -93,15 +94,15 @@ class RealWorld:
         )
         await self.runtime.start()
         allocator = GpuAllocator(self.runtime, self.settings, probe=self.probe)
-        self.service = JobService(self.runtime, allocator, self.settings)
-        await self.service.sweep_wreckage(older_than_s=0)
-        self.sweeping = asyncio.create_task(self.service.reaper.maintain())  # as the daemon does
+        self.node = fake_node_of(self.runtime, self.settings, allocator=allocator)
+        await self.node.jobs.sweep_wreckage(older_than_s=0)
+        self.sweeping = asyncio.create_task(self.node.reaper.maintain())  # as the daemon does
 
     async def close(self) -> None:
         self.sweeping.cancel()
         await asyncio.gather(self.sweeping, return_exceptions=True)
-        await self.service.close()
-        await self.service.allocator.close()
+        await self.node.close()
+        await self.node.allocator.close()
         await self.runtime.close()
 
     async def step(self) -> None:
@@ -124,7 +125,7 @@ class RealWorld:
             labels={LABEL_RUN_ID: run},
         )
         asked = datetime.now(timezone.utc)
-        result = await self.service.launch(LaunchRequest(run, self.rng.choice([0, 1, 2]), spec))
+        result = await self.node.jobs.launch(LaunchRequest(run, self.rng.choice([0, 1, 2]), spec))
         if isinstance(result, AlreadyRunning):  # never "running" for what does not run
             state = await self.inner.inspect(spec.name)
             finished = parse_rfc3339(state.finished_at)  # a short job may end since
@@ -132,16 +133,16 @@ class RealWorld:
             assert state.status == "running" or ran_on, state
 
     async def stop(self) -> None:
-        await self.service.stop(container_name(self.rng.choice(self.runs)), StopPlan(grace=0))
+        await self.node.jobs.stop(container_name(self.rng.choice(self.runs)), StopPlan(grace=0))
 
     async def remove(self) -> None:
-        await self.service.remove(container_name(self.rng.choice(self.runs)))
+        await self.node.jobs.remove(container_name(self.rng.choice(self.runs)))
 
     async def reap(self) -> None:  # the walk's own engine: every exited job of it is ours
-        await self.service.reap(self.rng.choice([0, 3600]))
+        await self.node.jobs.reap(self.rng.choice([0, 3600]))
 
     async def observe(self) -> None:
-        await self.service.observe(container_name(run) for run in self.rng.sample(self.runs, 5))
+        await self.node.jobs.observe(container_name(run) for run in self.rng.sample(self.runs, 5))
 
     async def forget_image(self) -> None:
         """The next launch of the big image pulls it again (unless a container uses it)."""
@@ -159,7 +160,7 @@ class RealWorld:
     async def crash_mid_launch(self) -> None:
         """The daemon died between create and start: a created container carries cards."""
         run = self.rng.choice(self.runs)
-        occupancy = await self.service.allocator.occupancy()
+        occupancy = await self.node.allocator.occupancy()
         taken = {c.name for c in await asyncio.to_thread(self.client.containers.list, all=True)}
         if container_name(run) in taken:
             return
@@ -214,7 +215,7 @@ class RealWorld:
         # remove then: the periodic sweep takes it once older than the API deadline.
         grace = self.settings.local_api_timeout + self.settings.state_relist_s + 3
         young = {e["Names"][0].lstrip("/") for e in listed if time.time() - e["Created"] <= grace}
-        await check_promises(self.service, truth, cards=CARDS, wrecks_allowed=young)
+        await check_promises(self.node, truth, cards=CARDS, wrecks_allowed=young)
 
     async def clean_up(self) -> None:
         """Removes this walk's containers, and no one else's."""

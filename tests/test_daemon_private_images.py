@@ -30,7 +30,7 @@ from tests.helpers import (
     unique,
     wait_until,
 )
-from tuneplane_node.daemon.state import JOBS
+from tuneplane_node.daemon.state import NODE
 from tuneplane_node.jobs.images import RECORD_FILE
 from tuneplane_node.logformat import JsonFormatter
 from tuneplane_node.runtime.cache import CachedRuntime
@@ -47,7 +47,7 @@ SHOWN = "a private test image"
 async def forget(node: Console, image: str) -> None:
     """Untag the image on the node's engine (only this name: the suite's own), so a
     launch must pull it."""
-    cached = node.app[JOBS].runtime
+    cached = node.app[NODE].runtime
     assert isinstance(cached, CachedRuntime)
     engine: Any = cached.inner.inner  # type: ignore[attr-defined]  # TrackingRuntime's
     if engine.name == "docker":
@@ -68,7 +68,7 @@ async def everything_shown(node: Console, caplog: pytest.LogCaptureFixture, *ref
     parts.append(json.dumps(await node.observe(*refs)))
     async with node.client.get("/metrics", headers=HEADERS) as response:
         parts.append(await response.text())
-    state_dir = node.app[JOBS].settings.state_dir
+    state_dir = node.app[NODE].settings.state_dir
     parts += [p.read_text(errors="replace") for p in state_dir.glob("*") if p.is_file()]
     return "\n".join(parts)
 
@@ -108,7 +108,7 @@ async def test_a_launch_with_credentials_runs_and_one_without_fails_at_once(
 
 
 async def container_labels_and_env(node: Console, ref: str) -> tuple[Any, Any]:
-    cached = node.app[JOBS].runtime
+    cached = node.app[NODE].runtime
     assert isinstance(cached, CachedRuntime)
     engine: Any = cached.inner.inner  # type: ignore[attr-defined]
     state = await cached.inspect(ref)
@@ -258,7 +258,7 @@ async def test_pull_policy_always_picks_up_a_tag_pushed_again(
 
 
 async def engine_of(node: Console) -> Any:
-    cached = node.app[JOBS].runtime
+    cached = node.app[NODE].runtime
     assert isinstance(cached, CachedRuntime)
     return cached.inner.inner  # type: ignore[attr-defined]  # TrackingRuntime's
 

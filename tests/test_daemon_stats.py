@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.conftest import IMAGE, MakeFakeNode
 from tests.fakes import FakeProbe, FakeRuntime
 from tests.helpers import TOKEN, Console
-from tuneplane_node.daemon.state import JOBS
+from tuneplane_node.daemon.state import NODE
 from tuneplane_node.gpu.probe import CardFacts
 from tuneplane_node.runtime.base import ContainerSpec, Usage
 
@@ -39,7 +39,7 @@ async def stats(node: Console, body: dict[str, Any]) -> dict[str, Any]:
 
 
 async def sampled(node: Console) -> None:
-    await node.app[JOBS].sampler.sample_once()
+    await node.app[NODE].sampler.sample_once()
 
 
 async def test_a_running_job_reads_its_figures_and_cards(

@@ -20,7 +20,7 @@ import pytest
 from tests.conftest import IMAGE, MakeFakeNode
 from tests.fakes import FakeClock, FakeRuntime
 from tests.helpers import HEADERS, TOKEN, Console, job, node_cache, wait_until
-from tuneplane_node.daemon.state import JOBS
+from tuneplane_node.daemon.state import NODE
 from tuneplane_node.jobs.watch import ChangeLog
 from tuneplane_node.wire import PROTOCOL, PROTOCOL_HEADER
 
@@ -34,7 +34,7 @@ OBSERVER = "observer-0123456789abcdef"
 
 
 def changes_of(node: Console) -> ChangeLog:
-    return node.app[JOBS].changes
+    return node.app[NODE].changes
 
 
 async def waiting(node: Console, count: int) -> None:

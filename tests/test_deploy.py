@@ -145,7 +145,8 @@ def notify_socket(
         else:
             name = str(tmp_path / "notify")
         listener.bind(socket_address(name) or "")
-        listener.settimeout(30)
+        # A wait that ends at the datagram: long enough for a start on a loaded machine.
+        listener.settimeout(120)
         yield name, listener
 
 

@@ -12,7 +12,7 @@ from tests.conftest import IMAGE, MakeFakeNode, fake_settings
 from tests.fakes import FakeRuntime
 from tests.helpers import console_0315
 from tuneplane_node.errors import ConfigError, InvalidField
-from tuneplane_node.jobs import JobService
+from tuneplane_node.jobs import Node
 from tuneplane_node.jobs.confinement import JobRules, job_tmpfs
 from tuneplane_node.jobs.results import LaunchRequest
 from tuneplane_node.runtime.base import (
@@ -120,18 +120,18 @@ def test_host_networking_is_refused_when_the_operator_says_so(tmp_path: Path) ->
 
 
 async def test_every_launch_reaches_the_engine_confined(
-    tmp_path: Path, fake: FakeRuntime, service: JobService
+    tmp_path: Path, fake: FakeRuntime, node: Node
 ) -> None:
     """The console's spec carries no confinement of its own: the node's replaces it."""
     loose = replace(SPEC.confinement, capabilities=("SYS_ADMIN",), pids_limit=10**9)
     request = LaunchRequest("r1", 0, replace(SPEC, confinement=loose))
 
-    await service.launch(request)
+    await node.jobs.launch(request)
 
     made = fake.containers["tuneplane-r1"].spec
-    assert made.confinement == service.rules.confinement
+    assert made.confinement == node.rules.confinement
     assert made.confinement.capabilities == KEPT_CAPABILITIES
-    assert made.memory_limit == str(service.rules.memory_limit)
+    assert made.memory_limit == str(node.rules.memory_limit)
 
 
 # --- through the API, as a console sees it ---------------------------------------------------

@@ -16,14 +16,13 @@ import pytest
 
 from tests.conftest import fake_settings
 from tests.fakes import MIB, FakeClock, FakeProbe, FakeRuntime
-from tests.helpers import wait_until
+from tests.helpers import fake_node_of, wait_until
 from tuneplane_node import inventory
 from tuneplane_node.daemon.render import (
     state_json,
 )
 from tuneplane_node.errors import InsufficientStorage, InvalidField
-from tuneplane_node.gpu.allocator import GpuAllocator
-from tuneplane_node.jobs import JobService, LaunchRequest, StoppedView
+from tuneplane_node.jobs import LaunchRequest, Node, StoppedView
 from tuneplane_node.jobs.diskmonitor import FULL_WALK_S, fair_share
 from tuneplane_node.jobs.launcher import launch_request
 from tuneplane_node.jobs.results import ImageStore
@@ -40,7 +39,7 @@ def parse_launch(body: Any) -> LaunchRequest:
 DISK = 1000 * MIB
 IMAGE = "registry.test/team/trainer:1"
 OTHER = "registry.test/other/cached:1"
-MakeNode = Callable[..., Awaitable[JobService]]
+MakeNode = Callable[..., Awaitable[Node]]
 
 
 @pytest.fixture
@@ -52,19 +51,19 @@ async def make_node(
     fake.disk_total = DISK
     fake.image_size = 10 * MIB
     fake.arrived(IMAGE)
-    made: list[JobService] = []
+    made: list[Node] = []
 
-    async def make(**overrides: Any) -> JobService:
+    async def make(**overrides: Any) -> Node:
         gc = {"image_gc_min_age_s": 0, "image_pin_s": 0, "image_gc": "all"}
         settings = fake_settings(tmp_path, **{**gc, **overrides})
-        service = JobService(fake, GpuAllocator(fake, settings, probe=probe), settings, clock=clock)
-        await service.start()
-        made.append(service)
-        return service
+        node = fake_node_of(fake, settings, probe=probe, clock=clock)
+        await node.start()
+        made.append(node)
+        return node
 
     yield make
-    for service in made:
-        await service.close()
+    for node in made:
+        await node.close()
 
 
 def launch(run: str, **container: Any) -> LaunchRequest:
@@ -74,14 +73,14 @@ def launch(run: str, **container: Any) -> LaunchRequest:
 async def test_a_launch_gets_the_nodes_limit_or_its_own_and_no_more(
     make_node: MakeNode, fake: FakeRuntime
 ) -> None:
-    service = await make_node()  # 50% of the store by default: 500 MiB
-    await service.launch(launch("default"))
-    await service.launch(launch("own", disk_limit="100m"))
+    node = await make_node()  # 50% of the store by default: 500 MiB
+    await node.jobs.launch(launch("default"))
+    await node.jobs.launch(launch("own", disk_limit="100m"))
     assert fake.containers[named("default")].labels[LABEL_DISK_LIMIT] == str(DISK // 2)
     assert fake.containers[named("own")].labels[LABEL_DISK_LIMIT] == str(100 * MIB)
 
     with pytest.raises(InvalidField) as refused:
-        await service.launch(launch("greedy", disk_limit="600m"))
+        await node.jobs.launch(launch("greedy", disk_limit="600m"))
     assert refused.value.status == 422 and refused.value.code == "invalid_field"
     assert [e.field for e in refused.value.errors] == ["container.disk_limit"]
     assert "TUNEPLANE_JOB_DISK_LIMIT=50%" in refused.value.message
@@ -91,9 +90,9 @@ async def test_a_launch_gets_the_nodes_limit_or_its_own_and_no_more(
 async def test_unlimited_on_the_node_writes_no_limit_and_takes_any(
     make_node: MakeNode, fake: FakeRuntime
 ) -> None:
-    service = await make_node(job_disk_limit="unlimited")
-    await service.launch(launch("free"))
-    await service.launch(launch("big", disk_limit="2000g"))
+    node = await make_node(job_disk_limit="unlimited")
+    await node.jobs.launch(launch("free"))
+    await node.jobs.launch(launch("big", disk_limit="2000g"))
     assert LABEL_DISK_LIMIT not in fake.containers[named("free")].labels
     assert fake.containers[named("big")].labels[LABEL_DISK_LIMIT] == str(2000 * 2**30)
 
@@ -108,18 +107,18 @@ def test_an_unreadable_disk_limit_is_a_422_naming_it(limit: object) -> None:
 async def test_a_job_past_its_limit_is_stopped_and_observe_says_why_after_a_restart(
     make_node: MakeNode, fake: FakeRuntime
 ) -> None:
-    service = await make_node()
-    await service.launch(launch("filler", disk_limit="100m"))
-    await service.launch(launch("tenant", disk_limit="100m"))
+    node = await make_node()
+    await node.jobs.launch(launch("filler", disk_limit="100m"))
+    await node.jobs.launch(launch("tenant", disk_limit="100m"))
     fake.written[named("filler")] = 150 * MIB
     fake.written[named("tenant")] = 60 * MIB
 
-    await service.monitor.check()
+    await node.monitor.check()
     await wait_until(lambda: fake.containers[named("filler")].status == "exited")
 
     assert fake.signals == [(named("filler"), "SIGTERM")]  # its stop signal, as a stop
     assert fake.containers[named("tenant")].status == "running"  # the other tenant runs on
-    shown = await service.observe([named("filler"), named("tenant")])
+    shown = await node.jobs.observe([named("filler"), named("tenant")])
     filler = state_json(shown[named("filler")])
     assert filler["stop_reason"] == "disk_limit"  # type: ignore[typeddict-item]
     assert filler["disk_used_bytes"] == 150 * MIB  # type: ignore[typeddict-item]
@@ -127,20 +126,20 @@ async def test_a_job_past_its_limit_is_stopped_and_observe_says_why_after_a_rest
     tenant = state_json(shown[named("tenant")])
     assert "stop_reason" not in tenant and tenant["disk_used_bytes"] == 60 * MIB  # type: ignore[typeddict-item]
 
-    await service.close()
+    await node.close()
     restarted = await make_node()  # the reason and the bytes were on disk
-    view = (await restarted.observe([named("filler")]))[named("filler")]
+    view = (await restarted.jobs.observe([named("filler")]))[named("filler")]
     assert isinstance(view, StoppedView) and view.stop_reason == "disk_limit"
     assert view.disk is not None and view.disk.used_bytes == 150 * MIB
 
 
 async def test_stats_show_a_running_jobs_disk(make_node: MakeNode, fake: FakeRuntime) -> None:
-    service = await make_node()
-    await service.launch(launch("job"))
+    node = await make_node()
+    await node.jobs.launch(launch("job"))
     fake.written[named("job")] = 5 * MIB
-    await service.sampler.sample_once()
-    await service.monitor.check()
-    stats = (await service.stats([named("job")]))[named("job")]
+    await node.sampler.sample_once()
+    await node.monitor.check()
+    stats = (await node.jobs.stats([named("job")]))[named("job")]
     assert stats.disk is not None
     assert (stats.disk.used_bytes, stats.disk.limit_bytes) == (5 * MIB, DISK // 2)
 
@@ -148,54 +147,54 @@ async def test_stats_show_a_running_jobs_disk(make_node: MakeNode, fake: FakeRun
 async def test_under_pressure_the_filler_goes_and_no_cached_image_with_it(
     make_node: MakeNode, fake: FakeRuntime
 ) -> None:
-    service = await make_node(job_disk_limit="unlimited")
+    node = await make_node(job_disk_limit="unlimited")
     fake.arrived(OTHER)  # another tenant's cache, unused now
-    await service.launch(launch("filler"))
-    await service.launch(launch("tenant"))
+    await node.jobs.launch(launch("filler"))
+    await node.jobs.launch(launch("tenant"))
     fake.written[named("filler")] = 800 * MIB  # more than its share: 850 / 3
     fake.written[named("tenant")] = 50 * MIB
-    assert (await service.status()).conditions.disk_pressure is True
+    assert (await node.jobs.status()).conditions.disk_pressure is True
 
     with pytest.raises(InsufficientStorage) as refused:  # nothing new meanwhile
-        await service.launch(launch("late"))
+        await node.jobs.launch(launch("late"))
     assert refused.value.status == 507 and named("late") not in fake.containers
 
-    run = await service.gc.collect()  # the GC's run: the monitor's steps go first
+    run = await node.gc.collect()  # the GC's run: the monitor's steps go first
 
     assert fake.containers[named("filler")].status == "exited"
     assert fake.containers[named("tenant")].status == "running"
     assert run.removed == () and OTHER in fake.images  # the cache did not pay for it
-    view = (await service.observe([named("filler")]))[named("filler")]
+    view = (await node.jobs.observe([named("filler")]))[named("filler")]
     assert isinstance(view, StoppedView) and view.stop_reason == "disk_pressure"
-    again = await service.gc.collect()  # its layer is still the pressure: still none
-    assert again.removed == () and (await service.status()).conditions.disk_pressure
+    again = await node.gc.collect()  # its layer is still the pressure: still none
+    assert again.removed == () and (await node.jobs.status()).conditions.disk_pressure
 
-    await service.remove(named("filler"))  # the console removes it: the disk is free
-    assert (await service.gc.store()).pressure is False
+    await node.jobs.remove(named("filler"))  # the console removes it: the disk is free
+    assert (await node.gc.store()).pressure is False
 
 
 async def test_a_pressure_of_images_is_the_gcs_not_the_jobs(
     make_node: MakeNode, fake: FakeRuntime
 ) -> None:
-    service = await make_node()
-    await service.launch(launch("small"))
+    node = await make_node()
+    await node.jobs.launch(launch("small"))
     fake.written[named("small")] = 10 * MIB
     fake.disk_other = 900 * MIB  # not the jobs' bytes
-    assert not await service.monitor.check()
+    assert not await node.monitor.check()
     assert fake.containers[named("small")].status == "running"
 
 
 async def test_a_small_job_stopped_for_its_limit_does_not_keep_the_gc_from_images(
     make_node: MakeNode, fake: FakeRuntime
 ) -> None:
-    service = await make_node(image_gc_high_percent=85, image_gc_low_percent=50)
+    node = await make_node(image_gc_high_percent=85, image_gc_low_percent=50)
     fake.arrived(OTHER)
-    await service.launch(launch("small", disk_limit="10m"))
+    await node.jobs.launch(launch("small", disk_limit="10m"))
     fake.written[named("small")] = 20 * MIB
-    await service.monitor.check()
+    await node.monitor.check()
     await wait_until(lambda: fake.containers[named("small")].status == "exited")
     fake.disk_other = 900 * MIB  # the pressure is not its 20 MiB
-    run = await service.gc.collect()
+    run = await node.gc.collect()
     assert OTHER in [image.image for image in run.removed]  # the GC did its part
 
 
@@ -203,22 +202,22 @@ async def test_a_job_is_walked_again_only_when_it_could_have_passed_its_limit(
     make_node: MakeNode, fake: FakeRuntime, clock: FakeClock
 ) -> None:
     """The store's growth bounds every job's: an idle store costs no walk."""
-    service = await make_node(job_disk_check_s=5)
-    await service.launch(launch("quiet", disk_limit="100m"))
+    node = await make_node(job_disk_check_s=5)
+    await node.jobs.launch(launch("quiet", disk_limit="100m"))
     fake.written[named("quiet")] = 10 * MIB
-    await service.monitor.check()
+    await node.monitor.check()
     walks = fake.calls["disk_usage"]
 
     for _ in range(3):  # the store idle: nothing to walk
         clock.advance(5)
-        await service.monitor.check()
+        await node.monitor.check()
     assert fake.calls["disk_usage"] == walks
 
     fake.disk_other += 50 * MIB  # it grew, but not by its 90 MiB of room
-    await service.monitor.check()
+    await node.monitor.check()
     assert fake.calls["disk_usage"] == walks
     fake.written[named("quiet")] = 150 * MIB  # +140 MiB: it could be past its limit
-    await service.monitor.check()
+    await node.monitor.check()
     assert fake.calls["disk_usage"] == walks + 1
     await wait_until(lambda: fake.containers[named("quiet")].status == "exited")
 
@@ -228,19 +227,19 @@ async def test_space_freed_before_a_job_grows_hides_none_of_its_growth(
 ) -> None:
     """The store's rises are added up: an image removed an hour ago (the store's net
     figure fell) does not let a job write past its limit unwalked."""
-    service = await make_node(job_disk_check_s=5)
-    await service.launch(launch("grower", disk_limit="100m"))
+    node = await make_node(job_disk_check_s=5)
+    await node.jobs.launch(launch("grower", disk_limit="100m"))
     fake.written[named("grower")] = 10 * MIB
     fake.disk_other = 500 * MIB
-    await service.monitor.check()
+    await node.monitor.check()
     walks = fake.calls["disk_usage"]
     fake.disk_other = 200 * MIB  # 300 MiB freed
     clock.advance(5)
-    await service.monitor.check()
+    await node.monitor.check()
     assert fake.calls["disk_usage"] == walks  # nothing grew: no walk
     fake.written[named("grower")] = 200 * MIB  # the store is still 110 MiB under its start
     clock.advance(5)
-    await service.monitor.check()
+    await node.monitor.check()
     await wait_until(lambda: fake.containers[named("grower")].status == "exited")
 
 
@@ -248,28 +247,28 @@ async def test_every_job_is_walked_every_hour_whatever_the_store_says(
     make_node: MakeNode, fake: FakeRuntime, clock: FakeClock
 ) -> None:
     """What one pass frees can hide as much growth in that pass: the slow floor."""
-    service = await make_node(job_disk_check_s=5)
-    await service.launch(launch("hidden", disk_limit="100m"))
+    node = await make_node(job_disk_check_s=5)
+    await node.jobs.launch(launch("hidden", disk_limit="100m"))
     fake.written[named("hidden")] = 10 * MIB
     fake.disk_other = 500 * MIB
-    await service.monitor.check()
+    await node.monitor.check()
     fake.written[named("hidden")] = 300 * MIB  # as much freed elsewhere in the same
     fake.disk_other = 210 * MIB  # pass: the store's figure does not move
     clock.advance(5)
-    await service.monitor.check()
+    await node.monitor.check()
     assert fake.containers[named("hidden")].status == "running"  # hidden for now
     clock.advance(FULL_WALK_S - 5)
-    await service.monitor.check()  # the floor's full walk finds it
+    await node.monitor.check()  # the floor's full walk finds it
     await wait_until(lambda: fake.containers[named("hidden")].status == "exited")
 
 
 async def test_health_says_what_holds_a_jobs_disk(make_node: MakeNode) -> None:
-    service = await make_node(job_disk_limit="20g")
-    assert (await service.status()).job_disk.held_by is None  # not asked yet: unknown
-    await service.monitor.check()
-    rule = (await service.status()).job_disk
+    node = await make_node(job_disk_limit="20g")
+    assert (await node.jobs.status()).job_disk.held_by is None  # not asked yet: unknown
+    await node.monitor.check()
+    rule = (await node.jobs.status()).job_disk
     assert (rule.limit, rule.held_by) == ("20g", "monitor")  # no project quotas here
-    assert (await service.inventory()).job_disk == rule
+    assert (await node.jobs.inventory()).job_disk == rule
 
 
 def test_the_fair_share_counts_the_cache_as_one_more_tenant() -> None:
@@ -282,12 +281,12 @@ def test_the_fair_share_counts_the_cache_as_one_more_tenant() -> None:
 async def test_a_remote_store_knows_no_disk_and_stops_no_one(
     make_node: MakeNode, fake: FakeRuntime
 ) -> None:
-    service = await make_node()
+    node = await make_node()
     fake.disk_total = None  # the store's size unknown: no percentage to take
-    await service.launch(launch("job"))
+    await node.jobs.launch(launch("job"))
     assert LABEL_DISK_LIMIT not in fake.containers[named("job")].labels
-    assert not await service.monitor.check()
-    view = (await service.observe([named("job")]))[named("job")]
+    assert not await node.monitor.check()
+    view = (await node.jobs.observe([named("job")]))[named("job")]
     assert not isinstance(view, StoppedView)  # no figure: unknown, never 0
 
 
@@ -296,9 +295,9 @@ async def test_a_launch_reads_the_store_once_and_a_burst_of_health_the_host_once
 ) -> None:
     """Issue 40: a launch's disk limit and room check share one reading of the store; a
     burst of health reads the host's /proc files once, not once per request."""
-    service = await make_node()
+    node = await make_node()
     before = fake.calls["data_root"]
-    await service.launch(launch("job"))
+    await node.jobs.launch(launch("job"))
     assert fake.calls["data_root"] - before == 1
 
     reads: list[int] = []
@@ -308,7 +307,7 @@ async def test_a_launch_reads_the_store_once_and_a_burst_of_health_the_host_once
         return False
 
     monkeypatch.setattr(inventory, "pid_pressure", pid_pressure)
-    burst = await asyncio.gather(*(service.status() for _ in range(50)))
+    burst = await asyncio.gather(*(node.jobs.status() for _ in range(50)))
     assert len(reads) == 1
     assert {status.conditions.pid_pressure for status in burst} == {False}
 
@@ -318,17 +317,17 @@ async def test_observe_keeps_a_running_jobs_view_until_its_figures_change(
 ) -> None:
     """Issue 40: a view is made once per state object and its facts (300 running jobs,
     each with its disk's figures, made 300 views per observe); new figures show at once."""
-    service = await make_node()
-    await service.launch(launch("job"))
+    node = await make_node()
+    await node.jobs.launch(launch("job"))
     fake.written[named("job")] = 5 * MIB
-    await service.monitor.check()
-    first = (await service.observe([named("job")]))[named("job")]
+    await node.monitor.check()
+    first = (await node.jobs.observe([named("job")]))[named("job")]
     assert isinstance(first, StoppedView) and first.disk is not None
     assert first.disk.used_bytes == 5 * MIB
     # the state cache hands out one object per state (the fake copies): asked directly
-    assert service.views.of(first.state, None, None, first.disk) is first
-    assert service.views.of(first.state, None, None, replace(first.disk)) is first
+    assert node.jobs.views.of(first.state, None, None, first.disk) is first
+    assert node.jobs.views.of(first.state, None, None, replace(first.disk)) is first
 
     grown = replace(first.disk, used_bytes=7 * MIB)  # the monitor's next measure
-    later = service.views.of(first.state, None, None, grown)
+    later = node.jobs.views.of(first.state, None, None, grown)
     assert later is not first and later.disk == grown

@@ -14,10 +14,9 @@ import pytest
 
 from tests.conftest import fake_settings
 from tests.fakes import MIB, FakeClock, FakeProbe, FakeRuntime
-from tests.helpers import settle, wait_until
+from tests.helpers import fake_node_of, settle, wait_until
 from tuneplane_node.errors import ConfigError, InsufficientStorage
-from tuneplane_node.gpu.allocator import GpuAllocator
-from tuneplane_node.jobs import JobService, LaunchRequest, Pulling, Started
+from tuneplane_node.jobs import LaunchRequest, Node, Pulling, Started
 from tuneplane_node.jobs.results import PrefetchRequest
 from tuneplane_node.runtime.base import LABEL_RUN_ID, ContainerSpec, RegistryAuth, container_name
 from tuneplane_node.settings import load_settings
@@ -25,7 +24,7 @@ from tuneplane_node.settings import load_settings
 DISK = 100 * MIB
 SIZE = 10 * MIB
 GC = {"image_gc_min_age_s": 0, "image_pin_s": 0}  # unless a test says: every rule off but use
-MakeNode = Callable[..., Awaitable[JobService]]
+MakeNode = Callable[..., Awaitable[Node]]
 
 
 @pytest.fixture
@@ -36,32 +35,32 @@ async def make_node(
     one from the same state directory is the daemon restarted."""
     fake.disk_total = DISK
     fake.image_size = SIZE
-    made: list[JobService] = []
+    made: list[Node] = []
 
-    async def make(**overrides: Any) -> JobService:
+    async def make(**overrides: Any) -> Node:
         settings = fake_settings(tmp_path, **{**GC, **overrides})
-        service = JobService(fake, GpuAllocator(fake, settings, probe=probe), settings, clock=clock)
-        service.gc.sizer = lambda image, auth: None  # the registry states no size
-        await service.start()
-        made.append(service)
-        return service
+        node = fake_node_of(fake, settings, probe=probe, clock=clock)
+        node.gc.sizer = lambda image, auth: None  # the registry states no size
+        await node.start()
+        made.append(node)
+        return node
 
     yield make
-    for service in made:
-        await service.close()
+    for node in made:
+        await node.close()
 
 
-def pulled(service: JobService, fake: FakeRuntime, image: str, *, prefetch: bool = False) -> str:
+def pulled(node: Node, fake: FakeRuntime, image: str, *, prefetch: bool = False) -> str:
     """An image the node pulled now (a launch's pull, or a prefetch); its id."""
     fake.arrived(image)
     image_id = fake.image_id(image)
-    service.ledger.record_pull(image, image_id, fake.clock.now(), prefetch=prefetch)
+    node.ledger.record_pull(image, image_id, fake.clock.now(), prefetch=prefetch)
     return image_id
 
 
-def used(service: JobService, fake: FakeRuntime, image: str) -> None:
+def used(node: Node, fake: FakeRuntime, image: str) -> None:
     """A container of the node was made from the image now (and is gone again)."""
-    service.ledger.record_use(fake.image_id(image), fake.clock.now())
+    node.ledger.record_use(fake.image_id(image), fake.clock.now())
 
 
 def spec(run: str, image: str) -> ContainerSpec:
@@ -80,16 +79,16 @@ def images(n: int) -> list[str]:
 async def test_a_run_removes_the_least_recently_used_until_the_disk_is_at_low(
     make_node: MakeNode, fake: FakeRuntime, clock: FakeClock
 ) -> None:
-    service = await make_node()
+    node = await make_node()
     names = images(5)
     ids = []
     for name in names:
-        ids.append(pulled(service, fake, name))
+        ids.append(pulled(node, fake, name))
         clock.advance(60)
-    used(service, fake, names[0])  # the oldest pull, the newest use
+    used(node, fake, names[0])  # the oldest pull, the newest use
     fill(fake, 95)
 
-    run = await service.gc.collect()
+    run = await node.gc.collect()
 
     # 95% -> 75%: two images of 10% each, the least recently used (1 and 2, not 0).
     assert [r.id for r in run.removed] == [ids[1], ids[2]]
@@ -99,38 +98,38 @@ async def test_a_run_removes_the_least_recently_used_until_the_disk_is_at_low(
     assert run.freed_bytes == 2 * SIZE
     assert run.store.used_ratio == 0.75 and run.store.pressure is False
     assert run.store.free_bytes == DISK - (DISK * 95 // 100 - 2 * SIZE)
-    assert service.ledger.get(ids[1]) is None  # the record goes with the image
+    assert node.ledger.get(ids[1]) is None  # the record goes with the image
     assert names[0] in fake.images and names[3] in fake.images
 
 
 async def test_below_high_nothing_is_removed_and_the_store_is_said(
     make_node: MakeNode, fake: FakeRuntime
 ) -> None:
-    service = await make_node()
-    pulled(service, fake, images(1)[0])
+    node = await make_node()
+    pulled(node, fake, images(1)[0])
     fill(fake, 84)
-    run = await service.gc.collect()
+    run = await node.gc.collect()
     assert run.removed == () and fake.image_removals == []
     assert run.store.path == "/fake/data-root" and run.store.total_bytes == DISK
     assert run.store.pressure is False and run.store.used_ratio == 0.84
     fill(fake, 85)
-    assert (await service.gc.store()).pressure is True  # at high is pressure
+    assert (await node.gc.store()).pressure is True  # at high is pressure
 
 
 async def test_an_image_any_container_uses_stays_whoever_made_it(
     make_node: MakeNode, fake: FakeRuntime, clock: FakeClock
 ) -> None:
-    service = await make_node()
+    node = await make_node()
     old, ours, newest = images(3)
     for name in (old, ours, newest):
-        pulled(service, fake, name)
+        pulled(node, fake, name)
         clock.advance(60)
     fake.create_outside(spec("someone", old), start=False)  # a person's, never started
-    await service.launch(LaunchRequest("run-a", 0, spec("run-a", ours)))
+    await node.jobs.launch(LaunchRequest("run-a", 0, spec("run-a", ours)))
     fake.exit(container_name("run-a"), 0)  # exited, not removed: it still uses its image
     fill(fake, 95)
 
-    run = await service.gc.collect()
+    run = await node.gc.collect()
 
     assert [r.image for r in run.removed] == [newest]
     assert old in fake.images and ours in fake.images
@@ -140,19 +139,19 @@ async def test_an_image_any_container_uses_stays_whoever_made_it(
 async def test_an_image_a_pending_launch_waits_for_stays(
     make_node: MakeNode, fake: FakeRuntime, clock: FakeClock
 ) -> None:
-    service = await make_node()
+    node = await make_node()
     waited, other = images(2)
-    pulled(service, fake, waited)
-    pulled(service, fake, other)
+    pulled(node, fake, waited)
+    pulled(node, fake, other)
     clock.advance(60)
     # A launch pulls its image again (policy always): it waits, and the image is here.
     request = LaunchRequest("run-a", 0, spec("run-a", waited), pull_policy="always")
-    assert isinstance(await service.launch(request), Pulling)
+    assert isinstance(await node.jobs.launch(request), Pulling)
     await fake.pulling.wait()
     await settle()
     fill(fake, 95)
 
-    run = await service.gc.collect()
+    run = await node.gc.collect()
 
     assert [r.image for r in run.removed] == [other]  # the older pull, and free
     assert waited in fake.images and run.store.pressure is True
@@ -175,48 +174,48 @@ async def test_an_image_being_pulled_or_launched_right_now_is_held() -> None:
 async def test_a_fresh_prefetch_is_pinned_until_used_or_its_pin_passes(
     make_node: MakeNode, fake: FakeRuntime, clock: FakeClock
 ) -> None:
-    service = await make_node(image_pin_s=3600)
+    node = await make_node(image_pin_s=3600)
     prefetched, old = images(2)
-    pulled(service, fake, old)
+    pulled(node, fake, old)
     clock.advance(60)
-    pulled(service, fake, prefetched, prefetch=True)
+    pulled(node, fake, prefetched, prefetch=True)
     clock.advance(60)
     fake.disk_other = DISK - fake.images_bytes()  # full
 
-    run = await service.gc.collect()
+    run = await node.gc.collect()
     assert [r.image for r in run.removed] == [old]  # the prefetch stays, full or not
 
     clock.advance(3600)  # the pin passes, unused
     fill(fake, 95)
-    assert [r.image for r in (await service.gc.collect()).removed] == [prefetched]
+    assert [r.image for r in (await node.gc.collect()).removed] == [prefetched]
 
 
 async def test_a_prefetch_used_since_is_no_longer_pinned(
     make_node: MakeNode, fake: FakeRuntime, clock: FakeClock
 ) -> None:
-    service = await make_node(image_pin_s=3600)
+    node = await make_node(image_pin_s=3600)
     (prefetched,) = images(1)
-    pulled(service, fake, prefetched, prefetch=True)
+    pulled(node, fake, prefetched, prefetch=True)
     clock.advance(10)
-    used(service, fake, prefetched)
+    used(node, fake, prefetched)
     clock.advance(10)
     fill(fake, 95)
-    assert [r.image for r in (await service.gc.collect()).removed] == [prefetched]
+    assert [r.image for r in (await node.gc.collect()).removed] == [prefetched]
 
 
 async def test_an_image_younger_than_the_minimum_age_stays(
     make_node: MakeNode, fake: FakeRuntime, clock: FakeClock
 ) -> None:
-    service = await make_node(image_gc_min_age_s=120)
+    node = await make_node(image_gc_min_age_s=120)
     young, old = images(2)
-    pulled(service, fake, old)
+    pulled(node, fake, old)
     clock.advance(200)
-    pulled(service, fake, young)
+    pulled(node, fake, young)
     clock.advance(60)
     fill(fake, 99)
-    assert [r.image for r in (await service.gc.collect()).removed] == [old]
+    assert [r.image for r in (await node.gc.collect()).removed] == [old]
     clock.advance(60)  # now 120 s old
-    assert [r.image for r in (await service.gc.collect()).removed] == [young]
+    assert [r.image for r in (await node.gc.collect()).removed] == [young]
 
 
 async def test_node_scope_leaves_the_operators_image_and_all_scope_takes_it_oldest_first(
@@ -262,40 +261,40 @@ async def test_the_order_survives_a_restart(
 async def test_a_removal_the_engine_refuses_is_skipped_and_the_run_goes_on(
     make_node: MakeNode, fake: FakeRuntime, clock: FakeClock
 ) -> None:
-    service = await make_node()
+    node = await make_node()
     first, second = images(2)
-    refused = pulled(service, fake, first)
+    refused = pulled(node, fake, first)
     clock.advance(60)
-    pulled(service, fake, second)
+    pulled(node, fake, second)
     fake.refuse_image_removal.add(refused)  # a container came between the list and it
     fill(fake, 90)
 
-    run = await service.gc.collect()
+    run = await node.gc.collect()
 
     assert [r.image for r in run.removed] == [second]
-    assert first in fake.images and service.ledger.get(refused) is not None
+    assert first in fake.images and node.ledger.get(refused) is not None
 
 
 async def test_an_image_unused_past_the_max_age_goes_whatever_the_disk(
     make_node: MakeNode, fake: FakeRuntime, clock: FakeClock
 ) -> None:
-    service = await make_node(image_gc_max_unused_s=3600)
+    node = await make_node(image_gc_max_unused_s=3600)
     stale, fresh = images(2)
-    pulled(service, fake, stale)
+    pulled(node, fake, stale)
     clock.advance(3000)
-    pulled(service, fake, fresh)
+    pulled(node, fake, fresh)
     clock.advance(600)  # stale: unused 3600 s; fresh: 600 s
-    run = await service.gc.collect()
+    run = await node.gc.collect()
     assert [r.image for r in run.removed] == [stale]
     assert run.removed[0].why.startswith("unused for 3600 s")
     assert run.store.pressure is False
 
 
 async def test_off_removes_nothing(make_node: MakeNode, fake: FakeRuntime) -> None:
-    service = await make_node(image_gc="off")
-    pulled(service, fake, images(1)[0])
+    node = await make_node(image_gc="off")
+    pulled(node, fake, images(1)[0])
     fake.disk_other = DISK - fake.images_bytes()
-    run = await service.gc.collect()
+    run = await node.gc.collect()
     assert run.removed == () and run.store.pressure is True and run.scope == "off"
 
 
@@ -310,57 +309,57 @@ def test_low_must_be_below_high() -> None:
 async def test_a_launch_onto_a_full_disk_answers_507_and_holds_nothing(
     make_node: MakeNode, fake: FakeRuntime
 ) -> None:
-    service = await make_node()
+    node = await make_node()
     fill(fake, 90)  # not the node's to free
     request = LaunchRequest("run-a", 2, spec("run-a", "registry.test/team/new:1"))
 
     with pytest.raises(InsufficientStorage) as refused:
-        await service.launch(request)
+        await node.jobs.launch(request)
 
     assert refused.value.status == 507 and refused.value.code == "insufficient_storage"
     assert refused.value.free_bytes == DISK // 10 and refused.value.high_percent == 85
     assert f"{DISK // 10} bytes free" in refused.value.message and "85%" in refused.value.message
-    assert not fake.pulls and len(service.pending) == 0
-    assert not (await service.allocator.occupancy()).reserved  # no card held for it
+    assert not fake.pulls and len(node.pending) == 0
+    assert not (await node.allocator.occupancy()).reserved  # no card held for it
 
 
 async def test_a_launch_whose_image_is_here_is_refused_under_disk_pressure(
     make_node: MakeNode, fake: FakeRuntime
 ) -> None:
     """Issue 34: its writable layer would fill a store that is full already."""
-    service = await make_node()
+    node = await make_node()
     fake.arrived("registry.test/team/here:1")
     fake.disk_other = DISK - fake.images_bytes()
     request = LaunchRequest("run-a", 0, spec("run-a", "registry.test/team/here:1"))
     with pytest.raises(InsufficientStorage) as refused:
-        await service.launch(request)
+        await node.jobs.launch(request)
     assert refused.value.code == "insufficient_storage" and "disk pressure" in str(refused.value)
     assert not fake.containers and not fake.pulls  # before anything is made
 
     fake.disk_other = 0  # the pressure gone, the same launch runs
-    assert isinstance(await service.launch(request), Started)
+    assert isinstance(await node.jobs.launch(request), Started)
 
 
 async def test_a_pull_too_big_for_the_room_below_high_frees_it_first(
     make_node: MakeNode, fake: FakeRuntime, clock: FakeClock
 ) -> None:
-    service = await make_node()
+    node = await make_node()
     asked: list[tuple[str, RegistryAuth | None]] = []
 
     def sizer(image: str, auth: RegistryAuth | None) -> int:
         asked.append((image, auth))
         return 25 * MIB
 
-    service.gc.sizer = sizer
+    node.gc.sizer = sizer
     old = images(4)
     for name in old:
-        pulled(service, fake, name)
+        pulled(node, fake, name)
         clock.advance(60)
     fill(fake, 70)  # room below 85%: 15 MiB, the image needs 25
     auth = RegistryAuth(username="u", password="p")
     request = LaunchRequest("run-a", 0, spec("run-a", "registry.test/team/big:1"), auth=auth)
 
-    assert isinstance(await service.launch(request), Pulling)
+    assert isinstance(await node.jobs.launch(request), Pulling)
 
     assert asked == [("registry.test/team/big:1", auth)]  # with the pull's credentials
     assert fake.image_removals == [fake.image_id(old[0])]  # 10 MiB more room: 25 fits
@@ -369,17 +368,17 @@ async def test_a_pull_too_big_for_the_room_below_high_frees_it_first(
 async def test_a_pull_that_would_not_fit_after_a_run_removes_nothing_and_says_the_figures(
     make_node: MakeNode, fake: FakeRuntime, clock: FakeClock
 ) -> None:
-    service = await make_node()
-    service.gc.sizer = lambda image, auth: 60 * MIB  # a manifest that claims too much
+    node = await make_node()
+    node.gc.sizer = lambda image, auth: 60 * MIB  # a manifest that claims too much
     for name in images(4):
-        pulled(service, fake, name)
+        pulled(node, fake, name)
         clock.advance(60)
     fill(fake, 70)  # 15 MiB below high, and 40 MiB of images the node may remove
     free = fake.disk_total - fake.disk_other - fake.images_bytes()  # type: ignore[operator]
     request = LaunchRequest("run-a", 0, spec("run-a", "registry.test/team/claims-a-lot:1"))
 
     with pytest.raises(InsufficientStorage) as refused:
-        await service.launch(request)
+        await node.jobs.launch(request)
 
     assert refused.value.figures() == {
         "needed_bytes": 60 * MIB,
@@ -394,30 +393,30 @@ async def test_a_pull_that_would_not_fit_after_a_run_removes_nothing_and_says_th
 async def test_a_pull_that_cannot_fit_is_refused_naming_both_figures(
     make_node: MakeNode, fake: FakeRuntime
 ) -> None:
-    service = await make_node()
-    service.gc.sizer = lambda image, auth: 40 * MIB
+    node = await make_node()
+    node.gc.sizer = lambda image, auth: 40 * MIB
     fill(fake, 70)
     request = LaunchRequest("run-a", 1, spec("run-a", "registry.test/team/huge:1"))
 
     with pytest.raises(InsufficientStorage) as refused:
-        await service.launch(request)
+        await node.jobs.launch(request)
 
     room = DISK * 30 // 100 - DISK * 15 // 100
     assert refused.value.needed_bytes == 40 * MIB and refused.value.room_bytes == room
     assert f"{40 * MIB} bytes compressed" in refused.value.message
     assert f"{room} bytes left below its 85% threshold" in refused.value.message
-    assert not fake.pulls and len(service.pending) == 0  # no byte downloaded
+    assert not fake.pulls and len(node.pending) == 0  # no byte downloaded
 
 
 async def test_a_pull_that_filled_the_disk_runs_the_gc(
     make_node: MakeNode, fake: FakeRuntime, clock: FakeClock
 ) -> None:
-    service = await make_node()
+    node = await make_node()
     (old,) = images(1)
-    pulled(service, fake, old)
+    pulled(node, fake, old)
     clock.advance(60)
     request = LaunchRequest("run-a", 0, spec("run-a", "registry.test/team/new:1"))
-    assert isinstance(await service.launch(request), Pulling)
+    assert isinstance(await node.jobs.launch(request), Pulling)
     await fake.pulling.wait()
     await settle()
     fill(fake, 99)  # the pull wrote until the disk was full
@@ -431,34 +430,34 @@ async def test_a_pull_that_filled_the_disk_runs_the_gc(
 async def test_a_prefetch_onto_a_full_disk_is_refused_and_a_fresh_one_is_pinned(
     make_node: MakeNode, fake: FakeRuntime, clock: FakeClock
 ) -> None:
-    service = await make_node(image_pin_s=3600)
+    node = await make_node(image_pin_s=3600)
     fill(fake, 90)
     with pytest.raises(InsufficientStorage):
-        await service.catalog.prefetch(PrefetchRequest("registry.test/team/next:1"))
+        await node.catalog.prefetch(PrefetchRequest("registry.test/team/next:1"))
     assert not fake.pulls  # nothing started
 
     fill(fake, 50)
-    prefetched = await service.catalog.prefetch(PrefetchRequest("registry.test/team/next:1"))
+    prefetched = await node.catalog.prefetch(PrefetchRequest("registry.test/team/next:1"))
     assert prefetched.phase == "pulling"
     await fake.pulling.wait()
     fake.pull_of("registry.test/team/next:1").finish()
     await settle()
-    await service.ledger.flush()
-    record = service.ledger.get(fake.image_id("registry.test/team/next:1"))
+    await node.ledger.flush()
+    record = node.ledger.get(fake.image_id("registry.test/team/next:1"))
     assert record is not None and record.prefetched_at is not None
     clock.advance(60)
     fill(fake, 99)
-    run = await service.gc.collect()
+    run = await node.gc.collect()
     assert "registry.test/team/next:1" in fake.images and run.store.pressure is True
 
 
 async def test_a_run_comes_every_interval_and_before_every_pull(
     make_node: MakeNode, fake: FakeRuntime, clock: FakeClock
 ) -> None:
-    service = await make_node(image_gc_max_unused_s=600, image_gc_interval_s=300)
+    node = await make_node(image_gc_max_unused_s=600, image_gc_interval_s=300)
     first, second = images(2)
-    pulled(service, fake, first)
-    loop = asyncio.create_task(service.gc.maintain())
+    pulled(node, fake, first)
+    loop = asyncio.create_task(node.gc.maintain())
     try:
         await clock.sleeping(300)
         clock.advance(600)  # past the max unused age, and the interval
@@ -466,7 +465,7 @@ async def test_a_run_comes_every_interval_and_before_every_pull(
     finally:
         loop.cancel()
         await asyncio.gather(loop, return_exceptions=True)
-    pulled(service, fake, second)
+    pulled(node, fake, second)
     clock.advance(600)  # no interval runs now: only a pull does
-    await service.launch(LaunchRequest("run-a", 0, spec("run-a", "registry.test/team/x:1")))
+    await node.jobs.launch(LaunchRequest("run-a", 0, spec("run-a", "registry.test/team/x:1")))
     await wait_until(lambda: second not in fake.images)

@@ -26,10 +26,10 @@ import pytest
 
 from tests.conftest import fake_settings
 from tests.fakes import MIB, FakeClock, FakeProbe, FakeRuntime
-from tests.helpers import settle
+from tests.helpers import fake_node_of, settle
 from tuneplane_node.errors import Conflict, InsufficientStorage, NodeError
 from tuneplane_node.gpu.allocator import GpuAllocator
-from tuneplane_node.jobs import JobService, LaunchRequest
+from tuneplane_node.jobs import LaunchRequest, Node
 from tuneplane_node.jobs.results import PrefetchRequest
 from tuneplane_node.runtime.base import LABEL_RUN_ID, ContainerSpec, EngineImage, container_name
 from tuneplane_node.settings import NodeSettings
@@ -63,26 +63,26 @@ class World:
         self.engine.disk_total, self.engine.image_size = DISK, SIZE
         self.engine.arrived("operator/tools:1")  # the operator's, loaded by hand
         self.probe = FakeProbe(cards=4)
-        self.service = self._service()
+        self.node = self._service()
         self.removed = 0
         self.runs = 0
 
-    def _service(self) -> JobService:
+    def _service(self) -> Node:
         allocator = GpuAllocator(self.engine, self.settings, probe=self.probe)
-        service = JobService(self.engine, allocator, self.settings, clock=self.clock)
-        service.gc.sizer = lambda image, auth: SIZE if self.rng.random() < 0.5 else None
-        return service
+        node = fake_node_of(self.engine, self.settings, allocator=allocator, clock=self.clock)
+        node.gc.sizer = lambda image, auth: SIZE if self.rng.random() < 0.5 else None
+        return node
 
     # --- the promises -------------------------------------------------------------------
 
     def kept_by(self, image: EngineImage) -> str | None:
         """The rule that keeps the image now, or None."""
-        gc, now = self.service.gc, self.clock.now()
+        gc, now = self.node.gc, self.clock.now()
         if image.id in self.engine.used_ids():
             return "in use"
         if gc._held(image):
             return "held"
-        record = self.service.ledger.get(image.id)
+        record = self.node.ledger.get(image.id)
         if record is None and self.settings.image_gc != "all":
             return "not the node's"
         if record is not None:
@@ -101,10 +101,10 @@ class World:
         self.removed += 1
 
     async def check(self) -> None:
-        engine, store = self.engine, await self.service.gc.store()
+        engine, store = self.engine, await self.node.gc.store()
         free = DISK - engine.disk_other - engine.images_bytes()
         assert (store.total_bytes, store.free_bytes) == (DISK, max(0, free))
-        health = await self.service.status()
+        health = await self.node.jobs.status()
         assert health.image_store.path == "/fake/data-root"
 
     # --- the steps ----------------------------------------------------------------------
@@ -123,11 +123,11 @@ class World:
         run = self.rng.choice(RUNS)
         image = self.rng.choice(IMAGES)
         spec = ContainerSpec(name=container_name(run), image=image, labels={LABEL_RUN_ID: run})
-        await self.service.launch(LaunchRequest(run, 0, spec))
+        await self.node.jobs.launch(LaunchRequest(run, 0, spec))
 
     async def prefetch(self) -> None:
         """A prefetch (the node's verb): a pull nobody's launch waits for."""
-        await self.service.catalog.prefetch(PrefetchRequest(self.rng.choice(IMAGES)))
+        await self.node.catalog.prefetch(PrefetchRequest(self.rng.choice(IMAGES)))
 
     async def pull(self) -> None:
         pending = [p for p in self.engine.pulls if not p.done.done() and not p.cancelled]
@@ -145,11 +145,11 @@ class World:
 
     async def remove(self) -> None:
         with contextlib.suppress(NodeError):
-            await self.service.remove(container_name(self.rng.choice(RUNS)))
+            await self.node.jobs.remove(container_name(self.rng.choice(RUNS)))
 
     async def gc(self) -> None:
-        before = await self.service.gc.store()
-        run = await self.service.gc.collect()
+        before = await self.node.gc.store()
+        run = await self.node.gc.collect()
         self.runs += 1
         free = max(0, DISK - self.engine.disk_other - self.engine.images_bytes())
         assert run.store.free_bytes == free  # the engine's disk, as it is after the run
@@ -165,12 +165,12 @@ class World:
         self.engine.disk_other = self.rng.randrange(0, 60) * MIB
 
     async def restart(self) -> None:
-        await self.service.close()
-        self.service = self._service()
-        await self.service.start()
+        await self.node.close()
+        self.node = self._service()
+        await self.node.start()
 
     async def close(self) -> None:
-        await self.service.close()
+        await self.node.close()
         await self.engine.close()
 
 
@@ -193,7 +193,7 @@ async def test_the_image_gc_keeps_its_promises_along_a_random_walk(
         image_gc_low_percent=50,
     )
     world = World(random.Random(f"{SEED}-{scope}"), settings)
-    await world.service.start()
+    await world.node.start()
     try:
         for _ in range(steps):
             await world.step()

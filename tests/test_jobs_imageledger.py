@@ -10,7 +10,7 @@ from tests.conftest import IMAGE
 from tests.fakes import FakeClock, FakeRuntime
 from tests.helpers import wait_until
 from tests.test_jobs_service import MISSING, request
-from tuneplane_node.jobs import JobService
+from tuneplane_node.jobs import Node
 from tuneplane_node.jobs.imageledger import LEDGER_FILE, ImageLedger, ImageRecord
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
@@ -72,16 +72,16 @@ async def test_a_broken_ledger_starts_empty_and_is_written_over(tmp_path: Path) 
 
 
 async def test_the_service_records_its_pull_and_its_container(
-    service: JobService, fake: FakeRuntime, clock: FakeClock
+    node: Node, fake: FakeRuntime, clock: FakeClock
 ) -> None:
-    await service.start()
-    await service.launch(request("r1", image=MISSING))
+    await node.start()
+    await node.jobs.launch(request("r1", image=MISSING))
     await fake.pulling.wait()
     fake.pull_of(MISSING).finish()
-    await wait_until(lambda: service.pending.get("tuneplane-r1") is None)  # started
-    await service.launch(request("r2"))  # a present image: a use, no pull
+    await wait_until(lambda: node.pending.get("tuneplane-r1") is None)  # started
+    await node.jobs.launch(request("r2"))  # a present image: a use, no pull
 
-    by_id = {record.id: record for record in service.ledger.entries()}
+    by_id = {record.id: record for record in node.ledger.entries()}
     pulled, present = by_id[fake.image_id(MISSING)], by_id[fake.image_id(IMAGE)]
     assert pulled.references == (MISSING,)
     assert pulled.pulled_at == pulled.last_used_at == clock.now()

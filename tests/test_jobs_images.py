@@ -20,7 +20,7 @@ from tuneplane_node.errors import (
     InvalidField,
     PrivateRecordUnwritable,
 )
-from tuneplane_node.jobs import JobService, LaunchRequest, Pulling, Started
+from tuneplane_node.jobs import LaunchRequest, Node, Pulling, Started
 from tuneplane_node.jobs.images import RECORD_FILE, RETRY_S, ImageKeeper
 from tuneplane_node.jobs.results import ALWAYS, PrefetchRequest
 from tuneplane_node.runtime.base import (
@@ -65,35 +65,33 @@ def launch(
 
 
 async def pull_then_run(
-    service: JobService, fake: FakeRuntime, run_id: str, auth: RegistryAuth | None
+    node: Node, fake: FakeRuntime, run_id: str, auth: RegistryAuth | None
 ) -> None:
     """A launch whose image the engine lacks, its pull finished, its container started."""
     fake.images.discard(IMAGE)
     fake.pulling.clear()
-    assert isinstance(await service.launch(launch(run_id, auth=auth)), Pulling)
+    assert isinstance(await node.jobs.launch(launch(run_id, auth=auth)), Pulling)
     await fake.pulling.wait()
-    record = service.pending.get(container_name(run_id))
+    record = node.pending.get(container_name(run_id))
     assert record is not None and record.task is not None
     fake.pull_of(IMAGE).finish()
     await record.task  # the pull recorded, the container made
-    assert service.pending.get(container_name(run_id)) is None
+    assert node.pending.get(container_name(run_id)) is None
 
 
 @pytest.fixture
-async def private(service: JobService, fake: FakeRuntime) -> Registry:
+async def private(node: Node, fake: FakeRuntime) -> Registry:
     """A node that pulled IMAGE with RIGHT; its registry accepts RIGHT only."""
-    await service.images.start()
-    registry = service.images.check = Registry(RIGHT)
-    await pull_then_run(service, fake, "first", RIGHT)
+    await node.images.start()
+    registry = node.images.check = Registry(RIGHT)
+    await pull_then_run(node, fake, "first", RIGHT)
     registry.asked.clear()
     return registry
 
 
-async def test_the_pull_gets_the_launchs_credentials(
-    service: JobService, fake: FakeRuntime
-) -> None:
+async def test_the_pull_gets_the_launchs_credentials(node: Node, fake: FakeRuntime) -> None:
     fake.images.discard(IMAGE)
-    await service.launch(launch("r1", auth=RIGHT))
+    await node.jobs.launch(launch("r1", auth=RIGHT))
     await fake.pulling.wait()
     assert fake.pull_of(IMAGE).auth == RIGHT
     fake.pull_of(IMAGE).finish()
@@ -101,11 +99,11 @@ async def test_the_pull_gets_the_launchs_credentials(
 
 
 async def test_launches_with_other_credentials_do_not_share_a_pull(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
     fake.images.discard(IMAGE)
     for run_id, auth in (("a", RIGHT), ("b", OTHER), ("c", RIGHT), ("d", None)):
-        await service.launch(launch(run_id, auth=auth))
+        await node.jobs.launch(launch(run_id, auth=auth))
     await settle()
     assert sorted(str(pull.auth and pull.auth.password) for pull in fake.pulls) == [
         "None", "s3cret-other", "s3cret-right",
@@ -113,66 +111,64 @@ async def test_launches_with_other_credentials_do_not_share_a_pull(
 
 
 async def test_a_cached_private_image_is_refused_without_credentials_and_nothing_is_made(
-    service: JobService, fake: FakeRuntime, private: Registry
+    node: Node, fake: FakeRuntime, private: Registry
 ) -> None:
     with pytest.raises(ImageAccessDenied, match=f"private image {IMAGE}") as refused:
-        await service.launch(launch("second"))
+        await node.jobs.launch(launch("second"))
     assert refused.value.status == 403
-    assert not (await service.observe(["tuneplane-second"]))["tuneplane-second"].exists
-    assert (await service.allocator.occupancy()).reserved == frozenset()
+    assert not (await node.jobs.observe(["tuneplane-second"]))["tuneplane-second"].exists
+    assert (await node.allocator.occupancy()).reserved == frozenset()
     assert private.asked == []  # no credentials: nothing to ask
 
 
 async def test_the_credentials_that_pulled_it_run_it_without_asking_the_registry(
-    service: JobService, private: Registry
+    node: Node, private: Registry
 ) -> None:
-    assert isinstance(await service.launch(launch("again", auth=RIGHT)), Started)
+    assert isinstance(await node.jobs.launch(launch("again", auth=RIGHT)), Started)
     assert private.asked == []
 
 
 async def test_other_credentials_run_it_when_the_registry_accepts_them_and_the_yes_is_kept(
-    service: JobService, private: Registry, clock: FakeClock
+    node: Node, private: Registry, clock: FakeClock
 ) -> None:
     private.accepts.add(OTHER)
-    assert isinstance(await service.launch(launch("o1", auth=OTHER)), Started)
-    assert isinstance(await service.launch(launch("o2", auth=OTHER)), Started)
+    assert isinstance(await node.jobs.launch(launch("o1", auth=OTHER)), Started)
+    assert isinstance(await node.jobs.launch(launch("o2", auth=OTHER)), Started)
     assert private.asked == [OTHER]  # once: the yes is kept
 
     private.accepts.discard(OTHER)  # revoked at the registry
     clock.advance(3600 + 1)
     with pytest.raises(ImageAccessDenied, match="does not accept"):
-        await service.launch(launch("o3", auth=OTHER))
+        await node.jobs.launch(launch("o3", auth=OTHER))
 
 
 async def test_credentials_the_registry_refuses_or_cannot_judge_are_refused(
-    service: JobService, private: Registry
+    node: Node, private: Registry
 ) -> None:
     with pytest.raises(ImageAccessDenied, match="does not accept"):
-        await service.launch(launch("wrong", auth=OTHER))
+        await node.jobs.launch(launch("wrong", auth=OTHER))
     private.down = True
     with pytest.raises(ImageAccessDenied, match="could not be asked"):
-        await service.launch(launch("unknown", auth=OTHER))
+        await node.jobs.launch(launch("unknown", auth=OTHER))
 
 
 async def test_every_tag_and_digest_of_a_private_repository_is_private(
-    service: JobService, fake: FakeRuntime, private: Registry
+    node: Node, fake: FakeRuntime, private: Registry
 ) -> None:
     for image in (f"{REPOSITORY}:2", f"{REPOSITORY}@sha256:{'a' * 64}"):
         fake.images.add(image)  # however it got here
         with pytest.raises(ImageAccessDenied):
-            await service.launch(launch("other-tag", image=image))
+            await node.jobs.launch(launch("other-tag", image=image))
 
 
-async def test_an_image_the_node_did_not_pull_is_not_checked(
-    service: JobService, private: Registry
-) -> None:
+async def test_an_image_the_node_did_not_pull_is_not_checked(node: Node, private: Registry) -> None:
     elsewhere = launch("operator", image="registry.test/operators-own:1")
-    service.runtime.images.add(elsewhere.spec.image)  # type: ignore[attr-defined]
-    assert isinstance(await service.launch(elsewhere), Started)
+    node.runtime.images.add(elsewhere.spec.image)  # type: ignore[attr-defined]
+    assert isinstance(await node.jobs.launch(elsewhere), Started)
 
 
 async def test_the_record_survives_a_restart_and_holds_no_secret(
-    service: JobService, private: Registry, settings: NodeSettings, clock: FakeClock
+    node: Node, private: Registry, settings: NodeSettings, clock: FakeClock
 ) -> None:
     text = (settings.state_dir / RECORD_FILE).read_text()
     assert RIGHT.password not in text and REPOSITORY in text
@@ -188,10 +184,10 @@ async def test_the_record_survives_a_restart_and_holds_no_secret(
 
 
 async def test_a_pull_without_credentials_makes_the_repository_public_again(
-    service: JobService, fake: FakeRuntime, private: Registry
+    node: Node, fake: FakeRuntime, private: Registry
 ) -> None:
-    await pull_then_run(service, fake, "public", None)
-    assert isinstance(await service.launch(launch("anyone")), Started)
+    await pull_then_run(node, fake, "public", None)
+    assert isinstance(await node.jobs.launch(launch("anyone")), Started)
 
 
 async def test_the_check_turned_off_runs_it_for_anyone(
@@ -242,15 +238,15 @@ async def test_the_launchs_credentials_come_first_then_the_node_files(
 
 
 async def test_pull_policy_always_pulls_a_present_tag_and_never_a_digest(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
-    assert isinstance(await service.launch(launch("a", policy=ALWAYS)), Pulling)
+    assert isinstance(await node.jobs.launch(launch("a", policy=ALWAYS)), Pulling)
     await fake.pulling.wait()
     fake.pull_of(IMAGE).finish()
     await settle()
     pinned = f"registry.test/trainer@sha256:{'b' * 64}"
     fake.images.add(pinned)
-    assert isinstance(await service.launch(launch("b", image=pinned, policy=ALWAYS)), Started)
+    assert isinstance(await node.jobs.launch(launch("b", image=pinned, policy=ALWAYS)), Started)
     assert [pull.image for pull in fake.pulls] == [IMAGE]
 
 
@@ -268,61 +264,61 @@ def test_the_record_file_is_json_of_hashes(tmp_path: Path) -> None:
 
 
 async def test_a_private_pull_whose_record_cannot_be_written_is_refused_before_it_starts(
-    service: JobService, fake: FakeRuntime, settings: NodeSettings
+    node: Node, fake: FakeRuntime, settings: NodeSettings
 ) -> None:
-    await service.images.start()
+    await node.images.start()
     fake.images.discard(IMAGE)
     # Where the record's temporary file goes, a directory: the write fails (even as root).
     (settings.state_dir / f".{RECORD_FILE}.{os.getpid()}.tmp").mkdir(parents=True)
     with pytest.raises(PrivateRecordUnwritable) as refused:
-        await service.launch(launch("first", auth=RIGHT))
+        await node.jobs.launch(launch("first", auth=RIGHT))
     assert (refused.value.status, refused.value.code) == (507, "insufficient_storage")
     assert (
         fake.pulls == []
-        and not (await service.observe(["tuneplane-first"]))["tuneplane-first"].exists
+        and not (await node.jobs.observe(["tuneplane-first"]))["tuneplane-first"].exists
     )
-    assert (await service.allocator.occupancy()).reserved == frozenset()
+    assert (await node.allocator.occupancy()).reserved == frozenset()
 
 
 async def test_a_record_the_disk_refuses_after_the_pull_admits_only_its_credentials_until_written(
-    service: JobService,
+    node: Node,
     fake: FakeRuntime,
     settings: NodeSettings,
     clock: FakeClock,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    await service.images.start()
-    service.images.check = Registry(RIGHT, OTHER)  # the registry would say yes to both
+    await node.images.start()
+    node.images.check = Registry(RIGHT, OTHER)  # the registry would say yes to both
     fake.images.discard(IMAGE)
-    assert isinstance(await service.launch(launch("first", auth=RIGHT)), Pulling)
+    assert isinstance(await node.jobs.launch(launch("first", auth=RIGHT)), Pulling)
     await fake.pulling.wait()
     blocker = settings.state_dir / f".{RECORD_FILE}.{os.getpid()}.tmp"
     blocker.mkdir(parents=True)  # the write after the pull fails
-    record = service.pending.get(container_name("first"))
+    record = node.pending.get(container_name("first"))
     assert record is not None and record.task is not None
     fake.pull_of(IMAGE).finish()
     await record.task  # the launch still runs: the image is here
     assert caplog.text.count("not written") == 1
     with pytest.raises(ImageAccessDenied, match="not written yet"):
-        await service.launch(launch("other", auth=OTHER))
-    assert isinstance(await service.launch(launch("again", auth=RIGHT)), Started)
+        await node.jobs.launch(launch("other", auth=OTHER))
+    assert isinstance(await node.jobs.launch(launch("again", auth=RIGHT)), Started)
 
     blocker.rmdir()
     clock.advance(RETRY_S)
-    await wait_until(lambda: not service.images.unwritten)
+    await wait_until(lambda: not node.images.unwritten)
     recorded = json.loads((settings.state_dir / RECORD_FILE).read_text())["images"]
     assert recorded[REPOSITORY]["ids"] == [fake.image_id(IMAGE)]
-    assert isinstance(await service.launch(launch("other", auth=OTHER)), Started)
-    await service.images.close()
+    assert isinstance(await node.jobs.launch(launch("other", auth=OTHER)), Started)
+    await node.images.close()
 
 
 # --- by identity: what the engine runs, however it is spelt ----------------------------
 
 
 async def test_the_container_is_made_from_the_id_its_reference_resolved_to(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
-    assert isinstance(await service.launch(launch("by-id")), Started)
+    assert isinstance(await node.jobs.launch(launch("by-id")), Started)
     spec = fake.containers[container_name("by-id")].spec
     assert spec.image == fake.image_id(IMAGE)  # nothing can re-point it after the check
 
@@ -333,109 +329,107 @@ async def test_the_container_is_made_from_the_id_its_reference_resolved_to(
     ids=["re-tagged-by-the-operator", "another-tag-of-the-id"],
 )
 async def test_another_name_of_a_recorded_id_is_private_too(
-    service: JobService, fake: FakeRuntime, private: Registry, spelling: str
+    node: Node, fake: FakeRuntime, private: Registry, spelling: str
 ) -> None:
     fake.tag(IMAGE, spelling)
     with pytest.raises(ImageAccessDenied):
-        await service.launch(launch("renamed", image=spelling))
+        await node.jobs.launch(launch("renamed", image=spelling))
     assert container_name("renamed") not in fake.containers
-    assert isinstance(await service.launch(launch("owner", image=spelling, auth=RIGHT)), Started)
+    assert isinstance(await node.jobs.launch(launch("owner", image=spelling, auth=RIGHT)), Started)
 
 
 async def test_registry_is_asked_about_the_recorded_repository_not_the_launchs_spelling(
-    service: JobService, fake: FakeRuntime, private: Registry
+    node: Node, fake: FakeRuntime, private: Registry
 ) -> None:
     fake.tag(IMAGE, "registry.test/public:1")
     private.accepts.add(OTHER)
     asked: list[str] = []
-    check = service.images.check
+    check = node.images.check
 
     def asking(image: str, auth: RegistryAuth) -> bool:
         asked.append(image)
         return check(image, auth)
 
-    service.images.check = asking
+    node.images.check = asking
     assert isinstance(
-        await service.launch(launch("o", image="registry.test/public:1", auth=OTHER)), Started
+        await node.jobs.launch(launch("o", image="registry.test/public:1", auth=OTHER)), Started
     )
     assert asked == [IMAGE]
 
 
 async def test_docker_hubs_other_spellings_are_one_repository(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
-    await service.images.start()
-    service.images.check = Registry(RIGHT)
+    await node.images.start()
+    node.images.check = Registry(RIGHT)
     hub = "docker.io/tenant/private:1"
     fake.images.discard(hub)
-    assert isinstance(await service.launch(launch("hub", image=hub, auth=RIGHT)), Pulling)
+    assert isinstance(await node.jobs.launch(launch("hub", image=hub, auth=RIGHT)), Pulling)
     await fake.pulling.wait()
     fake.pull_of(hub).finish()
     await settle()
     for spelling in ("index.docker.io/tenant/private:1", "registry-1.docker.io/tenant/private:1",
                      "tenant/private:1"):  # fmt: skip
         with pytest.raises(ImageAccessDenied):
-            await service.launch(launch("spelt", image=spelling))
+            await node.jobs.launch(launch("spelt", image=spelling))
     assert fake.pulls[-1].image == hub  # the engine is told the canonical name
 
 
 @pytest.mark.parametrize("spelling", ["d0", "0123456789ab", "cafe"])
 async def test_a_hex_string_that_names_no_repository_the_node_pulled_is_refused(
-    service: JobService, fake: FakeRuntime, spelling: str
+    node: Node, fake: FakeRuntime, spelling: str
 ) -> None:
     with pytest.raises(InvalidField, match=r"container\.image: .*not an image id"):
-        await service.launch(launch("hex", image=spelling))
+        await node.jobs.launch(launch("hex", image=spelling))
     with pytest.raises(InvalidField, match=r"^image: "):
-        await service.catalog.prefetch(PrefetchRequest(spelling))
+        await node.catalog.prefetch(PrefetchRequest(spelling))
     assert fake.calls["image_info"] == fake.calls["image_exists"] == 0  # no oracle
     assert fake.pulls == []
 
 
 async def test_a_hex_name_the_node_pulled_a_repository_by_stays_a_name(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
     fake.images.discard("cafe")
     first = launch("first", image="docker.io/library/cafe:latest")  # spelt in full once
-    assert isinstance(await service.launch(first), Pulling)
+    assert isinstance(await node.jobs.launch(first), Pulling)
     await fake.pulling.wait()
     fake.pull_of("docker.io/library/cafe:latest").finish()
     await settle()
-    assert isinstance(await service.launch(launch("again", image="cafe")), Started)
+    assert isinstance(await node.jobs.launch(launch("again", image="cafe")), Started)
 
 
 async def test_a_prefetch_of_a_private_image_without_credentials_is_403_never_present(
-    service: JobService, fake: FakeRuntime, private: Registry
+    node: Node, fake: FakeRuntime, private: Registry
 ) -> None:
     fake.tag(IMAGE, "registry.test/public:1")
     for image in (IMAGE, "registry.test/public:1"):
         with pytest.raises(ImageAccessDenied):
-            await service.catalog.prefetch(PrefetchRequest(image))
-    present = await service.catalog.prefetch(PrefetchRequest(IMAGE, auth=RIGHT))
+            await node.catalog.prefetch(PrefetchRequest(image))
+    present = await node.catalog.prefetch(PrefetchRequest(IMAGE, auth=RIGHT))
     assert present.phase == "present"
 
 
 async def test_the_images_list_names_an_image_by_the_reference_it_was_pulled_by(
-    service: JobService, fake: FakeRuntime, private: Registry
+    node: Node, fake: FakeRuntime, private: Registry
 ) -> None:
     fake.tag(IMAGE, "registry.test/alias:1")
-    await service.launch(launch("alias", image="registry.test/alias:1", auth=RIGHT))
-    (listed,) = [i for i in (await service.catalog.view()).images if i.id == fake.image_id(IMAGE)]
+    await node.jobs.launch(launch("alias", image="registry.test/alias:1", auth=RIGHT))
+    (listed,) = [i for i in (await node.catalog.view()).images if i.id == fake.image_id(IMAGE)]
     assert listed.image == IMAGE and listed.private
 
 
 async def test_at_start_an_image_the_ledger_says_was_pulled_privately_is_private(
-    service: JobService, fake: FakeRuntime, settings: NodeSettings, clock: FakeClock
+    node: Node, fake: FakeRuntime, settings: NodeSettings, clock: FakeClock
 ) -> None:
-    await service.ledger.load()
-    service.ledger.record_pull(
-        IMAGE, fake.image_id(IMAGE), clock.now(), prefetch=False, private=True
-    )
-    await service.ledger.flush()
+    await node.ledger.load()
+    node.ledger.record_pull(IMAGE, fake.image_id(IMAGE), clock.now(), prefetch=False, private=True)
+    await node.ledger.flush()
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     leftover = settings.state_dir / f".{RECORD_FILE}.4242.tmp"
     leftover.write_text("{half")
     keeper = ImageKeeper(
-        settings, credentials=None, clock=clock, check=Registry(RIGHT), ledger=service.ledger
+        settings, credentials=None, clock=clock, check=Registry(RIGHT), ledger=node.ledger
     )
     await keeper.start()
     assert not leftover.exists()

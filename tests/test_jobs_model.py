@@ -25,10 +25,10 @@ import random
 import pytest
 
 from tests.fakes import FakeClock, FakeProbe, FakeRuntime
-from tests.helpers import check_promises, settle
+from tests.helpers import check_promises, fake_node_of, settle
 from tuneplane_node.errors import Conflict, NodeError
 from tuneplane_node.gpu.allocator import GpuAllocator
-from tuneplane_node.jobs import AlreadyRunning, JobService, LaunchRequest, StopPlan
+from tuneplane_node.jobs import AlreadyRunning, LaunchRequest, Node, StopPlan
 from tuneplane_node.runtime.base import LABEL_RUN_ID, ContainerSpec, container_name, job_labels
 from tuneplane_node.settings import NodeSettings
 
@@ -49,14 +49,14 @@ class World:
         self.clock = FakeClock()
         self.engine = FakeRuntime(clock=self.clock, images=(PRESENT,))
         self.probe = FakeProbe(cards=CARDS)
-        self.service = self._service()
+        self.node = self._service()
         self.done: collections.Counter[str] = collections.Counter()
         self.checks = 0
         self.unswept: set[str] = set()  # wreckage the sweep at start did not reach
 
-    def _service(self) -> JobService:
+    def _service(self) -> Node:
         allocator = GpuAllocator(self.engine, self.settings, probe=self.probe)
-        return JobService(self.engine, allocator, self.settings, clock=self.clock)
+        return fake_node_of(self.engine, self.settings, allocator=allocator, clock=self.clock)
 
     async def step(self) -> None:
         action = self.rng.choices(
@@ -77,7 +77,9 @@ class World:
             command=("/bin/train",),
             labels={LABEL_RUN_ID: run},
         )
-        result = await self.service.launch(LaunchRequest(run, self.rng.choice([0, 1, 1, 2]), spec))
+        result = await self.node.jobs.launch(
+            LaunchRequest(run, self.rng.choice([0, 1, 1, 2]), spec)
+        )
         container = self.engine.containers.get(spec.name)
         if isinstance(result, AlreadyRunning):  # never "running" for what does not run
             assert container is not None and container.status == "running", container
@@ -85,16 +87,16 @@ class World:
             container.ignores_sigterm = self.rng.random() < 0.3
 
     async def stop(self) -> None:
-        await self.service.stop(container_name(self.rng.choice(RUNS)), StopPlan(grace=0))
+        await self.node.jobs.stop(container_name(self.rng.choice(RUNS)), StopPlan(grace=0))
 
     async def remove(self) -> None:
-        await self.service.remove(container_name(self.rng.choice(RUNS)))
+        await self.node.jobs.remove(container_name(self.rng.choice(RUNS)))
 
     async def reap(self) -> None:
-        await self.service.reap(self.rng.choice([0, 100]))
+        await self.node.jobs.reap(self.rng.choice([0, 100]))
 
     async def observe(self) -> None:
-        await self.service.observe(container_name(run) for run in self.rng.sample(RUNS, 5))
+        await self.node.jobs.observe(container_name(run) for run in self.rng.sample(RUNS, 5))
 
     async def pull(self) -> None:
         pulls = [p for p in self.engine.pulls if not p.done.done() and not p.cancelled]
@@ -118,22 +120,22 @@ class World:
         seconds = self.rng.choice([1, 30, 600, 2000])
         self.clock.advance(seconds)
         if seconds > self.settings.local_api_timeout:
-            await self.service.sweep_wreckage(older_than_s=self.settings.local_api_timeout)
+            await self.node.jobs.sweep_wreckage(older_than_s=self.settings.local_api_timeout)
             self.unswept.clear()
 
     async def daemon_restart(self, *, swept: bool = True) -> None:
         """Memory goes (pending launches and their pulls), the containers stay. Without
         ``swept`` the sweep at start could not reach the engine."""
-        await self.service.close()
-        self.service = self._service()
+        await self.node.close()
+        self.node = self._service()
         if swept:
-            await self.service.sweep_wreckage(older_than_s=0)
+            await self.node.jobs.sweep_wreckage(older_than_s=0)
             self.unswept.clear()
 
     async def crash_mid_launch(self) -> None:
         """The daemon dies between create and start: a created container holds the cards
         it had claimed; the daemon comes back."""
-        occupancy = await self.service.allocator.occupancy()
+        occupancy = await self.node.allocator.occupancy()
         run = self.rng.choice(RUNS)
         if occupancy.available and container_name(run) not in self.engine.containers:
             cards = occupancy.available[: self.rng.choice([1, 2])]
@@ -171,7 +173,7 @@ class World:
             for name, container in self.engine.containers.items()
             if LABEL_RUN_ID in container.labels
         }
-        await check_promises(self.service, truth, cards=CARDS, wrecks_allowed=self.unswept)
+        await check_promises(self.node, truth, cards=CARDS, wrecks_allowed=self.unswept)
 
 
 @pytest.mark.parametrize(
@@ -188,7 +190,7 @@ async def test_a_random_walk_keeps_every_promise(settings: NodeSettings, steps: 
                 raise AssertionError(f"after {dict(world.done)}: {exc.message}") from exc
             await world.check()
     finally:
-        await world.service.close()
+        await world.node.close()
         await world.engine.close()
     print(
         f"\nmodel: {steps} steps (seed {SEED}), {world.checks} checks "

@@ -13,13 +13,13 @@ import pytest
 
 from tests.conftest import IMAGE, MakeFakeNode, fake_settings
 from tests.fakes import FakeClock, FakeProbe, FakeRuntime
-from tests.helpers import console_0315
+from tests.helpers import console_0315, fake_node_of
 from tuneplane_node.gpu.allocator import GpuAllocator
-from tuneplane_node.jobs import JobService
+from tuneplane_node.jobs import Node
 from tuneplane_node.jobs.results import LaunchRequest
 from tuneplane_node.runtime.base import LABEL_NETWORK, LABEL_RUN_ID, ContainerSpec
 
-MakeService = Callable[..., JobService]
+MakeService = Callable[..., Node]
 
 
 @pytest.fixture
@@ -27,17 +27,19 @@ async def make_service(
     fake: FakeRuntime, probe: FakeProbe, clock: FakeClock, tmp_path: Path
 ) -> AsyncIterator[MakeService]:
     """A job service on the 4-card fake machine; ``port_held`` as `serve` under systemd."""
-    made: list[JobService] = []
+    made: list[Node] = []
 
-    def make(*, port_held: bool = True, **overrides: Any) -> JobService:
+    def make(*, port_held: bool = True, **overrides: Any) -> Node:
         settings = fake_settings(tmp_path, **overrides)
         allocator = GpuAllocator(fake, settings, probe=probe)
-        made.append(JobService(fake, allocator, settings, clock=clock, port_held=port_held))
+        made.append(
+            fake_node_of(fake, settings, allocator=allocator, clock=clock, port_held=port_held)
+        )
         return made[-1]
 
     yield make
-    for service in made:
-        await service.close()
+    for node in made:
+        await node.close()
 
 
 def launch(run_id: str, gpus: int, network: str = "host") -> LaunchRequest:
@@ -56,24 +58,24 @@ def network_of(fake: FakeRuntime, run_id: str) -> tuple[str, str | None]:
 async def test_a_job_with_every_card_and_alone_gets_the_host_network(
     make_service: MakeService, fake: FakeRuntime
 ) -> None:
-    await make_service().launch(launch("whole", 4))
+    await make_service().jobs.launch(launch("whole", 4))
     assert network_of(fake, "whole") == ("host", "host")
 
 
 async def test_a_job_on_some_of_the_cards_is_bridged(
     make_service: MakeService, fake: FakeRuntime
 ) -> None:
-    await make_service().launch(launch("part", 3))
+    await make_service().jobs.launch(launch("part", 3))
     assert network_of(fake, "part") == ("isolated", "isolated")
 
 
 async def test_a_job_beside_a_host_network_job_is_bridged_whatever_it_asks(
     make_service: MakeService, fake: FakeRuntime
 ) -> None:
-    service = make_service()
-    await service.launch(launch("whole", 4))
-    await service.launch(launch("beside", 0))
-    await service.launch(launch("none", 0, network="none"))
+    node = make_service()
+    await node.jobs.launch(launch("whole", 4))
+    await node.jobs.launch(launch("beside", 0))
+    await node.jobs.launch(launch("none", 0, network="none"))
 
     assert network_of(fake, "whole") == ("host", "host")
     assert network_of(fake, "beside") == ("isolated", "isolated")
@@ -83,22 +85,22 @@ async def test_a_job_beside_a_host_network_job_is_bridged_whatever_it_asks(
 async def test_a_whole_machine_job_beside_another_job_is_bridged_until_it_is_gone(
     make_service: MakeService, fake: FakeRuntime
 ) -> None:
-    service = make_service()
-    await service.launch(launch("small", 0, network="bridge"))
-    await service.launch(launch("whole", 4))
+    node = make_service()
+    await node.jobs.launch(launch("small", 0, network="bridge"))
+    await node.jobs.launch(launch("whole", 4))
     assert network_of(fake, "whole") == ("isolated", "isolated")
 
-    await service.remove("tuneplane-small")
-    await service.remove("tuneplane-whole")
-    await service.launch(launch("again", 4))
+    await node.jobs.remove("tuneplane-small")
+    await node.jobs.remove("tuneplane-whole")
+    await node.jobs.launch(launch("again", 4))
     assert network_of(fake, "again") == ("host", "host")
 
 
 async def test_an_exited_job_is_no_neighbour(make_service: MakeService, fake: FakeRuntime) -> None:
-    service = make_service()
-    await service.launch(launch("done", 0, network="bridge"))
+    node = make_service()
+    await node.jobs.launch(launch("done", 0, network="bridge"))
     fake.exit("tuneplane-done", 0)
-    await service.launch(launch("whole", 4))
+    await node.jobs.launch(launch("whole", 4))
     assert network_of(fake, "whole") == ("host", "host")
 
 
@@ -106,11 +108,11 @@ async def test_without_the_port_held_nor_tls_every_host_job_is_bridged_said_once
     make_service: MakeService, fake: FakeRuntime, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="tuneplane_node.jobs.network")
-    service = make_service(port_held=False)
-    await service.launch(launch("one", 4))
+    node = make_service(port_held=False)
+    await node.jobs.launch(launch("one", 4))
     assert network_of(fake, "one") == ("isolated", "isolated")
-    await service.remove("tuneplane-one")
-    await service.launch(launch("two", 4))
+    await node.jobs.remove("tuneplane-one")
+    await node.jobs.launch(launch("two", 4))
 
     assert network_of(fake, "two") == ("isolated", "isolated")
     said = [
@@ -127,10 +129,10 @@ async def test_an_api_over_tls_is_as_safe_as_a_held_port(
 ) -> None:
     for name in ("cert.pem", "key.pem"):  # never read: the rule asks only whether TLS is set
         (tmp_path / name).write_text("")
-    service = make_service(
+    node = make_service(
         port_held=False, tls_cert_file=tmp_path / "cert.pem", tls_key_file=tmp_path / "key.pem"
     )
-    await service.launch(launch("whole", 4))
+    await node.jobs.launch(launch("whole", 4))
     assert network_of(fake, "whole") == ("host", "host")
 
 
@@ -138,14 +140,14 @@ async def test_a_machine_whose_cards_are_unknown_bridges_host_jobs(
     make_service: MakeService, fake: FakeRuntime, probe: FakeProbe
 ) -> None:
     probe.ok = False
-    await make_service(local_gpu_count=None).launch(launch("blind", 0))
+    await make_service(local_gpu_count=None).jobs.launch(launch("blind", 0))
     assert network_of(fake, "blind") == ("isolated", "isolated")
 
 
 async def test_allow_keeps_0315s_behaviour(make_service: MakeService, fake: FakeRuntime) -> None:
-    service = make_service(port_held=False, job_host_network="allow")
-    await service.launch(launch("part", 1))
-    await service.launch(launch("beside", 0))
+    node = make_service(port_held=False, job_host_network="allow")
+    await node.jobs.launch(launch("part", 1))
+    await node.jobs.launch(launch("beside", 0))
     assert network_of(fake, "part") == ("host", "host")
     assert network_of(fake, "beside") == ("host", "host")
 

@@ -17,9 +17,9 @@ from tests.fakes import FakeRuntime
 from tuneplane_node.errors import InvalidField, NodeError
 from tuneplane_node.jobs.confinement import JobRules
 from tuneplane_node.jobs.launcher import launch_request
+from tuneplane_node.jobs.node import Node
 from tuneplane_node.jobs.results import LaunchRequest
 from tuneplane_node.jobs.scratch import SUFFIX, ScratchSpaces, vet
-from tuneplane_node.jobs.service import JobService
 from tuneplane_node.runtime.base import (
     DIRECT,
     LABEL_MOUNTS,
@@ -193,42 +193,42 @@ def with_scratch(run_id: str, size: int = 2 * MIB) -> LaunchRequest:
 
 @pytest.mark.parametrize(("mode", "words"), [(DIRECT, "mounts nothing"), (REMOTE, "another")])
 async def test_a_runtime_that_takes_no_mount_refuses_a_scratch(
-    service: JobService, fake: FakeRuntime, mode: str, words: str
+    node: Node, fake: FakeRuntime, mode: str, words: str
 ) -> None:
     """The process runtime mounts nothing; an engine on another machine cannot be handed
     a path of this one: a 422 naming the field, nothing made."""
     fake.mount_mode = mode
     with pytest.raises(InvalidField) as refused:
-        await service.launch(with_scratch("r1"))
+        await node.jobs.launch(with_scratch("r1"))
     assert refused.value.field == "container.scratch" and words in refused.value.reason
     assert not fake.containers
 
 
 async def test_a_scratch_over_the_nodes_bound_is_refused_before_anything_is_made(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
     fake.mount_mode = STAGED
     with pytest.raises(InvalidField) as refused:
-        await service.launch(with_scratch("r1", size=200 * 2**30))  # the default: 100g
+        await node.jobs.launch(with_scratch("r1", size=200 * 2**30))  # the default: 100g
     assert refused.value.field == "container.scratch.size"
     assert not fake.containers
 
 
 @needs_loop
 async def test_a_scratch_goes_with_its_container_and_with_a_failed_launch(
-    service: JobService, fake: FakeRuntime, settings: NodeSettings
+    node: Node, fake: FakeRuntime, settings: NodeSettings
 ) -> None:
     fake.mount_mode = STAGED
     spaces = ScratchSpaces(settings)
-    await service.launch(with_scratch("r1"))
+    await node.jobs.launch(with_scratch("r1"))
     made = fake.containers["tuneplane-r1"]
     (mount,) = made.spec.mounts
     assert mount.container == "/scratch" and not mount.read_only
     assert made.labels[LABEL_MOUNTS] + SUFFIX in left(spaces)[0]
-    await service.remove("tuneplane-r1")
+    await node.jobs.remove("tuneplane-r1")
     assert left(spaces) == ([], [], [])
 
     fake.refuse_start = "no such user"
     with pytest.raises(NodeError):
-        await service.launch(with_scratch("r2"))
+        await node.jobs.launch(with_scratch("r2"))
     assert left(spaces) == ([], [], [])

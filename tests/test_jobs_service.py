@@ -30,8 +30,8 @@ from tuneplane_node.errors import (
 from tuneplane_node.jobs import (
     AlreadyPending,
     AlreadyRunning,
-    JobService,
     LaunchRequest,
+    Node,
     PendingView,
     Pulling,
     Started,
@@ -40,8 +40,8 @@ from tuneplane_node.jobs import (
     reapable,
 )
 from tuneplane_node.jobs.drain import DRAIN_AGAIN_S
-from tuneplane_node.jobs.launcher import Reservation
 from tuneplane_node.jobs.pending import FAILED_RECORD_TTL_S
+from tuneplane_node.jobs.reservation import Reservation
 from tuneplane_node.runtime.base import (
     LABEL_GPUS,
     LABEL_RUN_ID,
@@ -68,37 +68,35 @@ def request(run_id: str, gpus: int = 0, *, image: str = IMAGE, name: str = "") -
     return LaunchRequest(run_id, gpus, spec)
 
 
-async def launch_pulling(
-    service: JobService, fake: FakeRuntime, run_id: str, gpus: int = 0
-) -> None:
+async def launch_pulling(node: Node, fake: FakeRuntime, run_id: str, gpus: int = 0) -> None:
     """A launch of an image the engine lacks, once its pull is under way."""
-    await service.launch(request(run_id, gpus, image=MISSING))
+    await node.jobs.launch(request(run_id, gpus, image=MISSING))
     await fake.pulling.wait()
 
 
-async def reserved(service: JobService) -> frozenset[int]:
-    return (await service.allocator.occupancy()).reserved
+async def reserved(node: Node) -> frozenset[int]:
+    return (await node.allocator.occupancy()).reserved
 
 
-async def available(service: JobService) -> tuple[int, ...]:
-    return (await service.allocator.occupancy()).available
+async def available(node: Node) -> tuple[int, ...]:
+    return (await node.allocator.occupancy()).available
 
 
-async def assert_nothing_left(service: JobService, fake: FakeRuntime, ref: str) -> None:
+async def assert_nothing_left(node: Node, fake: FakeRuntime, ref: str) -> None:
     assert ref not in fake.containers
-    assert service.pending.get(ref) is None
-    assert await reserved(service) == frozenset()
-    assert await available(service) == (0, 1, 2, 3)
-    assert len(service.locks) == 0
+    assert node.pending.get(ref) is None
+    assert await reserved(node) == frozenset()
+    assert await available(node) == (0, 1, 2, 3)
+    assert len(node.jobs.locks) == 0
 
 
 # --- launch with the image present -------------------------------------------------------
 
 
 async def test_a_launch_runs_the_container_with_the_cards_the_node_chose(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
-    result = await service.launch(request("r1", 2))
+    result = await node.jobs.launch(request("r1", 2))
 
     assert isinstance(result, Started)
     assert result.gpus == (0, 1)
@@ -106,33 +104,31 @@ async def test_a_launch_runs_the_container_with_the_cards_the_node_chose(
     assert result.container_id == container.id[:12]
     assert container.status == "running"
     assert container.labels[LABEL_GPUS] == "0,1"
-    assert await available(service) == (2, 3)
+    assert await available(node) == (2, 3)
 
 
-async def test_a_launch_without_cards_gets_none(service: JobService, fake: FakeRuntime) -> None:
-    result = await service.launch(request("r0"))
+async def test_a_launch_without_cards_gets_none(node: Node, fake: FakeRuntime) -> None:
+    result = await node.jobs.launch(request("r0"))
     assert isinstance(result, Started) and result.gpus == ()
     assert fake.containers["tuneplane-r0"].labels[LABEL_GPUS] == ""
 
 
-async def test_launching_a_running_run_again_is_idempotent(
-    service: JobService, fake: FakeRuntime
-) -> None:
-    first = await service.launch(request("r1", 1))
-    again = await service.launch(request("r1", 1))
+async def test_launching_a_running_run_again_is_idempotent(node: Node, fake: FakeRuntime) -> None:
+    first = await node.jobs.launch(request("r1", 1))
+    again = await node.jobs.launch(request("r1", 1))
 
     assert again == AlreadyRunning(gpus=first.gpus)  # type: ignore[union-attr]
     assert fake.calls["run"] == 1
-    assert await available(service) == (1, 2, 3)
+    assert await available(node) == (1, 2, 3)
 
 
 async def test_a_relaunch_after_exit_replaces_the_exited_container(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
-    first = await service.launch(request("r1"))
+    first = await node.jobs.launch(request("r1"))
     fake.exit("tuneplane-r1", 0)
 
-    second = await service.launch(request("r1"))
+    second = await node.jobs.launch(request("r1"))
 
     assert isinstance(first, Started) and isinstance(second, Started)
     assert second.container_id != first.container_id
@@ -140,12 +136,12 @@ async def test_a_relaunch_after_exit_replaces_the_exited_container(
 
 
 async def test_a_never_started_container_of_the_run_is_wreckage_and_is_replaced(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
     """A daemon killed between create and start leaves this; never answer 'running'."""
     wreck = fake.create_outside(request("r1").spec, start=False)
 
-    result = await service.launch(request("r1", 1))
+    result = await node.jobs.launch(request("r1", 1))
 
     assert isinstance(result, Started)
     assert fake.containers["tuneplane-r1"].id != wreck.id
@@ -153,15 +149,15 @@ async def test_a_never_started_container_of_the_run_is_wreckage_and_is_replaced(
 
 
 async def test_a_name_held_by_another_run_is_refused_and_left_alone(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
-    await service.launch(request("run-a", name="tuneplane-shared"))
+    await node.jobs.launch(request("run-a", name="tuneplane-shared"))
 
     with pytest.raises(NameTaken, match="held by run run-a"):
-        await service.launch(request("run-b", name="tuneplane-shared"))
+        await node.jobs.launch(request("run-b", name="tuneplane-shared"))
     fake.exit("tuneplane-shared", 0)
     with pytest.raises(NameTaken):
-        await service.launch(request("run-b", name="tuneplane-shared"))
+        await node.jobs.launch(request("run-b", name="tuneplane-shared"))
 
     container = fake.containers["tuneplane-shared"]
     assert container.labels[LABEL_RUN_ID] == "run-a"
@@ -169,50 +165,50 @@ async def test_a_name_held_by_another_run_is_refused_and_left_alone(
 
 
 async def test_a_foreign_container_under_the_name_is_refused_by_the_engine(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
     foreign = fake.create_outside(ContainerSpec(name="tuneplane-r1", image=IMAGE))
 
     with pytest.raises(EngineConflict, match="already in use"):
-        await service.launch(request("r1", 2))
+        await node.jobs.launch(request("r1", 2))
 
     assert fake.containers["tuneplane-r1"] is foreign and foreign.status == "running"
-    assert await available(service) == (0, 1, 2, 3)
+    assert await available(node) == (0, 1, 2, 3)
 
 
-async def test_not_enough_cards_says_where_every_card_is(service: JobService) -> None:
-    await service.launch(request("r1", 3))
+async def test_not_enough_cards_says_where_every_card_is(node: Node) -> None:
+    await node.jobs.launch(request("r1", 3))
 
     with pytest.raises(NoCapacity) as refused:
-        await service.launch(request("r2", 2))
+        await node.jobs.launch(request("r2", 2))
 
     assert refused.value.message == "not enough GPUs: asked for 2; 1 free [3], 3 held by jobs"
 
 
 async def test_unhealthy_and_externally_used_cards_are_never_given(
-    service: JobService, probe: FakeProbe
+    node: Node, probe: FakeProbe
 ) -> None:
     probe.set(0, unhealthy="uncorrectable ECC errors: 2")
     probe.set(1, pids=(999_999_999,))  # no such process: in no container of the node
 
-    result = await service.launch(request("r1", 2))
+    result = await node.jobs.launch(request("r1", 2))
     assert isinstance(result, Started) and result.gpus == (2, 3)
 
     with pytest.raises(NoCapacity) as refused:
-        await service.launch(request("r2", 1))
+        await node.jobs.launch(request("r2", 1))
     assert "1 used by processes outside the node [1]" in refused.value.message
     assert "1 unhealthy [0]" in refused.value.message
 
 
 async def test_the_allocation_lock_is_not_held_across_the_engine_call(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
     fake.create_gate = gate = Gate()
-    slow = asyncio.create_task(service.launch(request("slow", 1)))
+    slow = asyncio.create_task(node.jobs.launch(request("slow", 1)))
     await gate.entered.wait()  # its create is in the engine now
     fake.create_gate = None
 
-    fast = await service.launch(request("fast", 1))  # does not wait for the slow create
+    fast = await node.jobs.launch(request("fast", 1))  # does not wait for the slow create
 
     assert isinstance(fast, Started) and fast.gpus == (1,)
     gate.open()
@@ -220,9 +216,9 @@ async def test_the_allocation_lock_is_not_held_across_the_engine_call(
     assert isinstance(slow_result, Started) and slow_result.gpus == (0,)
 
 
-async def test_racing_launches_never_share_a_card(service: JobService, fake: FakeRuntime) -> None:
+async def test_racing_launches_never_share_a_card(node: Node, fake: FakeRuntime) -> None:
     results = await asyncio.gather(
-        *(service.launch(request(f"r{i}", 1)) for i in range(6)), return_exceptions=True
+        *(node.jobs.launch(request(f"r{i}", 1)) for i in range(6)), return_exceptions=True
     )
 
     started = [r for r in results if isinstance(r, Started)]
@@ -231,50 +227,50 @@ async def test_racing_launches_never_share_a_card(service: JobService, fake: Fak
 
 
 async def test_a_refused_start_frees_its_cards_and_leaves_no_container(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
     fake.refuse_start = "invalid mount config"
 
     with pytest.raises(EngineRefused, match="invalid mount config"):
-        await service.launch(request("r1", 2))
+        await node.jobs.launch(request("r1", 2))
 
-    await assert_nothing_left(service, fake, "tuneplane-r1")
+    await assert_nothing_left(node, fake, "tuneplane-r1")
 
 
 async def test_an_engine_that_is_down_fails_a_launch_as_unavailable(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
     fake.up = False
     with pytest.raises(EngineUnavailable):
-        await service.launch(request("r1", 1))
+        await node.jobs.launch(request("r1", 1))
     fake.up = True
-    assert await reserved(service) == frozenset()
+    assert await reserved(node) == frozenset()
 
 
 # --- launch with the image missing: the pending launch -----------------------------------
 
 
 async def test_a_missing_image_answers_pulling_at_once_and_reserves_the_cards(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
-    result = await service.launch(request("r1", 2, image=MISSING))
+    result = await node.jobs.launch(request("r1", 2, image=MISSING))
 
     assert result == Pulling(image=MISSING, requested_gpus=2)
-    assert await reserved(service) == {0, 1}
+    assert await reserved(node) == {0, 1}
     with pytest.raises(NoCapacity, match="2 reserved for pending launches"):
-        await service.launch(request("r2", 3))
-    assert isinstance(await service.launch(request("r3", 2)), Started)  # the others are free
+        await node.jobs.launch(request("r2", 3))
+    assert isinstance(await node.jobs.launch(request("r3", 2)), Started)  # the others are free
 
 
 async def test_observe_follows_the_pull_then_reads_the_container(
-    service: JobService, fake: FakeRuntime, clock: FakeClock
+    node: Node, fake: FakeRuntime, clock: FakeClock
 ) -> None:
-    await launch_pulling(service, fake, "r1", 2)
+    await launch_pulling(node, fake, "r1", 2)
     pull = fake.pull_of(MISSING)
     clock.advance(3)
     pull.report(500, 2000)
 
-    view = (await service.observe(["tuneplane-r1"]))["tuneplane-r1"]
+    view = (await node.jobs.observe(["tuneplane-r1"]))["tuneplane-r1"]
     assert isinstance(view, PendingView)
     assert (view.phase, view.image, view.requested_gpus) == ("pulling", MISSING, 2)
     assert (view.progress.bytes_done, view.progress.bytes_total) == (500, 2000)
@@ -283,17 +279,17 @@ async def test_observe_follows_the_pull_then_reads_the_container(
 
     pull.finish()
     await settle()
-    state = (await service.observe(["tuneplane-r1"]))["tuneplane-r1"]
+    state = (await node.jobs.observe(["tuneplane-r1"]))["tuneplane-r1"]
     assert isinstance(state, ContainerState) and state.status == "running"
     assert state.gpus == (0, 1)  # the cards it reserved
-    assert await reserved(service) == frozenset()
-    assert service.pending.get("tuneplane-r1") is None
+    assert await reserved(node) == frozenset()
+    assert node.pending.get("tuneplane-r1") is None
 
 
 async def test_a_pulled_launch_takes_other_cards_when_its_own_turned_bad(
-    service: JobService, fake: FakeRuntime, probe: FakeProbe
+    node: Node, fake: FakeRuntime, probe: FakeProbe
 ) -> None:
-    await launch_pulling(service, fake, "r1", 1)
+    await launch_pulling(node, fake, "r1", 1)
     probe.set(0, unhealthy="lost: not answering")  # its reserved card died meanwhile
 
     fake.pull_of(MISSING).finish()
@@ -302,65 +298,65 @@ async def test_a_pulled_launch_takes_other_cards_when_its_own_turned_bad(
     assert fake.containers["tuneplane-r1"].labels[LABEL_GPUS] == "1"
 
 
-async def test_a_pending_launch_is_idempotent(service: JobService, fake: FakeRuntime) -> None:
-    await service.launch(request("r1", 1, image=MISSING))
+async def test_a_pending_launch_is_idempotent(node: Node, fake: FakeRuntime) -> None:
+    await node.jobs.launch(request("r1", 1, image=MISSING))
 
-    again = await service.launch(request("r1", 1, image=MISSING))
+    again = await node.jobs.launch(request("r1", 1, image=MISSING))
 
     assert again == AlreadyPending(phase="pulling", image=MISSING)
-    assert await reserved(service) == {0}
+    assert await reserved(node) == {0}
     await fake.pulling.wait()
     assert fake.calls["pull"] == 1
 
 
 async def test_a_pending_launch_of_another_run_under_the_name_is_refused(
-    service: JobService,
+    node: Node,
 ) -> None:
-    await service.launch(request("run-a", image=MISSING, name="tuneplane-x"))
+    await node.jobs.launch(request("run-a", image=MISSING, name="tuneplane-x"))
     with pytest.raises(NameTaken, match="run-a"):
-        await service.launch(request("run-b", image=MISSING, name="tuneplane-x"))
+        await node.jobs.launch(request("run-b", image=MISSING, name="tuneplane-x"))
 
 
 async def test_a_failed_pull_leaves_a_failed_record_and_frees_the_cards(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
-    await launch_pulling(service, fake, "r1", 2)
+    await launch_pulling(node, fake, "r1", 2)
 
     fake.pull_of(MISSING).fail("manifest unknown")
     await settle()
 
-    view = (await service.observe(["tuneplane-r1"]))["tuneplane-r1"]
+    view = (await node.jobs.observe(["tuneplane-r1"]))["tuneplane-r1"]
     assert isinstance(view, PendingView) and view.failed
     assert view.error == f"fake refused to pull {MISSING}: manifest unknown"
-    assert await reserved(service) == frozenset()
-    status = await service.status()
+    assert await reserved(node) == frozenset()
+    status = await node.jobs.status()
     assert status.pending["tuneplane-r1"].phase == "failed"
     assert "tuneplane-r1" not in fake.containers
 
 
 async def test_a_failed_record_stays_half_an_hour_then_expires(
-    service: JobService, fake: FakeRuntime, clock: FakeClock
+    node: Node, fake: FakeRuntime, clock: FakeClock
 ) -> None:
-    await launch_pulling(service, fake, "r1")
+    await launch_pulling(node, fake, "r1")
     fake.pull_of(MISSING).fail("manifest unknown")
     await settle()
 
     clock.advance(FAILED_RECORD_TTL_S - 1)
-    assert isinstance((await service.observe(["tuneplane-r1"]))["tuneplane-r1"], PendingView)
+    assert isinstance((await node.jobs.observe(["tuneplane-r1"]))["tuneplane-r1"], PendingView)
     clock.advance(2)
 
-    assert (await service.observe(["tuneplane-r1"]))["tuneplane-r1"].exists is False
-    assert "tuneplane-r1" not in (await service.status()).pending
+    assert (await node.jobs.observe(["tuneplane-r1"]))["tuneplane-r1"].exists is False
+    assert "tuneplane-r1" not in (await node.jobs.status()).pending
 
 
 async def test_a_retry_replaces_a_failed_record_with_a_new_pull(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
-    await launch_pulling(service, fake, "r1", 1)
+    await launch_pulling(node, fake, "r1", 1)
     fake.pull_of(MISSING).fail("registry down")
     await settle()
 
-    assert await service.launch(request("r1", 1, image=MISSING)) == Pulling(MISSING, 1)
+    assert await node.jobs.launch(request("r1", 1, image=MISSING)) == Pulling(MISSING, 1)
     await settle()
     assert fake.calls["pull"] == 2
     fake.pull_of(MISSING).finish()
@@ -369,69 +365,67 @@ async def test_a_retry_replaces_a_failed_record_with_a_new_pull(
 
 
 async def test_a_start_that_fails_after_the_pull_leaves_a_failed_record(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
-    await launch_pulling(service, fake, "r1", 1)
+    await launch_pulling(node, fake, "r1", 1)
     fake.refuse_start = "no such device"
 
     fake.pull_of(MISSING).finish()
     await settle()
 
-    view = (await service.observe(["tuneplane-r1"]))["tuneplane-r1"]
+    view = (await node.jobs.observe(["tuneplane-r1"]))["tuneplane-r1"]
     assert isinstance(view, PendingView) and view.failed
     assert "no such device" in (view.error or "")
-    await assert_nothing_left_but_the_record(service, fake)
+    await assert_nothing_left_but_the_record(node, fake)
 
 
-async def assert_nothing_left_but_the_record(service: JobService, fake: FakeRuntime) -> None:
+async def assert_nothing_left_but_the_record(node: Node, fake: FakeRuntime) -> None:
     assert not fake.containers
-    assert await reserved(service) == frozenset()
+    assert await reserved(node) == frozenset()
 
 
 async def test_a_pulled_launch_failing_on_a_bug_says_so_and_frees_its_cards(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
-    await launch_pulling(service, fake, "r1", 2)
-    record = service.pending.get("tuneplane-r1")
+    await launch_pulling(node, fake, "r1", 2)
+    record = node.pending.get("tuneplane-r1")
     assert record is not None and record.task is not None
     fake.faults["run"] = KeyError("spec")
 
     fake.pull_of(MISSING).finish()
     await asyncio.wait({record.task})
 
-    view = (await service.observe(["tuneplane-r1"]))["tuneplane-r1"]
+    view = (await node.jobs.observe(["tuneplane-r1"]))["tuneplane-r1"]
     assert isinstance(view, PendingView) and view.error == "internal error: KeyError: 'spec'"
-    await assert_nothing_left_but_the_record(service, fake)
+    await assert_nothing_left_but_the_record(node, fake)
 
 
 async def test_a_reservation_lets_go_once_and_never_of_a_later_claim_of_its_ref(
-    service: JobService,
+    node: Node,
 ) -> None:
     """The allocator keeps claims by ref: a stale release must not free the next launch's."""
-    first = Reservation(service.allocator, request("r1", 2))
+    first = Reservation(node.allocator, request("r1", 2))
     assert len(await first.claim()) == 2
     first.release()
-    later = Reservation(service.allocator, request("r1", 1))
+    later = Reservation(node.allocator, request("r1", 1))
     cards = await later.claim()
 
     first.release()
 
-    assert await reserved(service) == frozenset(cards)
+    assert await reserved(node) == frozenset(cards)
     later.release()
-    assert await reserved(service) == frozenset()
+    assert await reserved(node) == frozenset()
 
 
-async def test_two_launches_of_one_image_share_one_pull(
-    service: JobService, fake: FakeRuntime
-) -> None:
-    await service.launch(request("r1", 1, image=MISSING))
-    await service.launch(request("r2", 1, image=MISSING))
+async def test_two_launches_of_one_image_share_one_pull(node: Node, fake: FakeRuntime) -> None:
+    await node.jobs.launch(request("r1", 1, image=MISSING))
+    await node.jobs.launch(request("r2", 1, image=MISSING))
     await settle()
 
     assert fake.calls["pull"] == 1
-    assert await reserved(service) == {0, 1}
+    assert await reserved(node) == {0, 1}
     fake.pull_of(MISSING).report(10, 10, 1, 1)
-    views = await service.observe(["tuneplane-r1", "tuneplane-r2"])
+    views = await node.jobs.observe(["tuneplane-r1", "tuneplane-r2"])
     assert all(v.progress.bytes_done == 10 for v in views.values())  # type: ignore[union-attr]
 
     fake.pull_of(MISSING).finish()
@@ -442,73 +436,67 @@ async def test_two_launches_of_one_image_share_one_pull(
 # --- a stop at every moment of a pending launch -------------------------------------------
 
 
-async def test_a_stop_before_the_pull_task_first_runs(
-    service: JobService, fake: FakeRuntime
-) -> None:
-    await service.launch(request("r1", 2, image=MISSING))
-    record = service.pending.get("tuneplane-r1")
+async def test_a_stop_before_the_pull_task_first_runs(node: Node, fake: FakeRuntime) -> None:
+    await node.jobs.launch(request("r1", 2, image=MISSING))
+    record = node.pending.get("tuneplane-r1")
     assert record is not None and record.task is not None
 
-    await service.stop(
+    await node.jobs.stop(
         "tuneplane-r1", StopPlan(grace=1)
     )  # no await in between has let the task run
 
     assert record.task.cancelled()
     assert fake.calls["pull"] == 0
-    await assert_nothing_left(service, fake, "tuneplane-r1")
+    await assert_nothing_left(node, fake, "tuneplane-r1")
 
 
-async def test_a_stop_during_the_pull_stops_the_download(
-    service: JobService, fake: FakeRuntime
-) -> None:
-    await launch_pulling(service, fake, "r1", 2)
+async def test_a_stop_during_the_pull_stops_the_download(node: Node, fake: FakeRuntime) -> None:
+    await launch_pulling(node, fake, "r1", 2)
 
-    await service.stop("tuneplane-r1", StopPlan(grace=1))
+    await node.jobs.stop("tuneplane-r1", StopPlan(grace=1))
     await settle()
 
     assert fake.pull_of(MISSING).cancelled
-    assert service.pulls.pulls == {}
-    await assert_nothing_left(service, fake, "tuneplane-r1")
+    assert node.pulls.pulls == {}
+    await assert_nothing_left(node, fake, "tuneplane-r1")
 
 
 async def test_a_stop_while_the_container_is_being_created_removes_it(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
-    await launch_pulling(service, fake, "r1", 2)
+    await launch_pulling(node, fake, "r1", 2)
     fake.create_gate = gate = Gate()
     fake.pull_of(MISSING).finish()
     await gate.entered.wait()  # created, not yet started: the launch has not heard
     assert "tuneplane-r1" in fake.containers
 
-    stopping = asyncio.create_task(service.stop("tuneplane-r1", StopPlan(grace=1)))
+    stopping = asyncio.create_task(node.jobs.stop("tuneplane-r1", StopPlan(grace=1)))
     await settle()
     gate.open()
     await stopping
 
-    await assert_nothing_left(service, fake, "tuneplane-r1")
+    await assert_nothing_left(node, fake, "tuneplane-r1")
 
 
-async def test_a_stop_after_the_pulled_job_started_stops_it(
-    service: JobService, fake: FakeRuntime
-) -> None:
-    await launch_pulling(service, fake, "r1", 2)
+async def test_a_stop_after_the_pulled_job_started_stops_it(node: Node, fake: FakeRuntime) -> None:
+    await launch_pulling(node, fake, "r1", 2)
     fake.pull_of(MISSING).finish()
     await settle()
 
-    await service.stop("tuneplane-r1", StopPlan(grace=7))
+    await node.jobs.stop("tuneplane-r1", StopPlan(grace=7))
 
     assert fake.containers["tuneplane-r1"].status == "exited"
     assert fake.signals == [("tuneplane-r1", "SIGTERM")]
-    assert await available(service) == (0, 1, 2, 3)
+    assert await available(node) == (0, 1, 2, 3)
 
 
 async def test_stopping_one_of_two_launches_sharing_a_pull_keeps_the_pull(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
-    await service.launch(request("r1", 1, image=MISSING))
-    await launch_pulling(service, fake, "r2", 1)
+    await node.jobs.launch(request("r1", 1, image=MISSING))
+    await launch_pulling(node, fake, "r2", 1)
 
-    await service.stop("tuneplane-r1", StopPlan(grace=1))
+    await node.jobs.stop("tuneplane-r1", StopPlan(grace=1))
     await settle()
     assert not fake.pull_of(MISSING).cancelled
 
@@ -519,57 +507,57 @@ async def test_stopping_one_of_two_launches_sharing_a_pull_keeps_the_pull(
 
 
 async def test_remove_cancels_a_pending_launch_and_clears_a_failed_record(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
-    await launch_pulling(service, fake, "r1", 1)
-    await service.remove("tuneplane-r1")
-    await assert_nothing_left(service, fake, "tuneplane-r1")
+    await launch_pulling(node, fake, "r1", 1)
+    await node.jobs.remove("tuneplane-r1")
+    await assert_nothing_left(node, fake, "tuneplane-r1")
 
-    await service.launch(request("r2", image=MISSING))
+    await node.jobs.launch(request("r2", image=MISSING))
     await settle()
     fake.pull_of(MISSING).fail("nope")
     await settle()
-    await service.remove("tuneplane-r2")
-    assert service.pending.get("tuneplane-r2") is None
+    await node.jobs.remove("tuneplane-r2")
+    assert node.pending.get("tuneplane-r2") is None
 
 
 # --- stop and remove ----------------------------------------------------------------------
 
 
 async def test_a_stop_sends_sigterm_and_a_job_that_heeds_it_gets_no_sigkill(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
-    await service.launch(request("r1"))
-    await service.stop("tuneplane-r1", StopPlan(grace=5))
+    await node.jobs.launch(request("r1"))
+    await node.jobs.stop("tuneplane-r1", StopPlan(grace=5))
     assert fake.signals == [("tuneplane-r1", "SIGTERM")]
     assert fake.containers["tuneplane-r1"].exit_code == 143
 
 
 async def test_a_job_ignoring_sigterm_gets_sigkill_when_the_grace_period_ends(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
-    await service.launch(request("r1", 2))
+    await node.jobs.launch(request("r1", 2))
     fake.containers["tuneplane-r1"].ignores_sigterm = True
 
     started = asyncio.get_running_loop().time()
-    await service.stop("tuneplane-r1", StopPlan(grace=None))  # the configured grace: 0.05 s here
+    await node.jobs.stop("tuneplane-r1", StopPlan(grace=None))  # the configured grace: 0.05 s here
 
     assert asyncio.get_running_loop().time() - started >= 0.05
     assert fake.signals == [("tuneplane-r1", "SIGTERM"), ("tuneplane-r1", "SIGKILL")]
     assert fake.containers["tuneplane-r1"].exit_code == 137
-    assert await available(service) == (0, 1, 2, 3)
+    assert await available(node) == (0, 1, 2, 3)
 
 
 async def test_a_stop_waiting_out_its_grace_holds_no_lock_and_a_remove_kills_at_once(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
-    await service.launch(request("r1"))
+    await node.jobs.launch(request("r1"))
     fake.containers["tuneplane-r1"].ignores_sigterm = True
-    stopping = asyncio.create_task(service.stop("tuneplane-r1", StopPlan(grace=3600)))
+    stopping = asyncio.create_task(node.jobs.stop("tuneplane-r1", StopPlan(grace=3600)))
     await settle()
-    assert len(service.locks) == 0  # nothing waits on the ref meanwhile
+    assert len(node.jobs.locks) == 0  # nothing waits on the ref meanwhile
 
-    await service.remove("tuneplane-r1")
+    await node.jobs.remove("tuneplane-r1")
     await asyncio.wait_for(stopping, 1)  # the stop sees its job gone, and is done
 
     assert "tuneplane-r1" not in fake.containers
@@ -578,132 +566,132 @@ async def test_a_stop_waiting_out_its_grace_holds_no_lock_and_a_remove_kills_at_
 
 @pytest.mark.slow
 async def test_a_stop_never_kills_the_container_that_replaced_its_job(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
-    await service.launch(request("r1"))
+    await node.jobs.launch(request("r1"))
     fake.containers["tuneplane-r1"].ignores_sigterm = True
-    stopping = asyncio.create_task(service.stop("tuneplane-r1", StopPlan(grace=0.2)))
+    stopping = asyncio.create_task(node.jobs.stop("tuneplane-r1", StopPlan(grace=0.2)))
     await settle()
-    await service.remove("tuneplane-r1")
-    await service.launch(request("r1"))  # relaunched before the grace period ended
+    await node.jobs.remove("tuneplane-r1")
+    await node.jobs.launch(request("r1"))  # relaunched before the grace period ended
     await stopping
 
     assert fake.containers["tuneplane-r1"].status == "running"
 
 
 async def test_stopping_a_created_or_exited_container_signals_nothing(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
     fake.create_outside(request("wreck").spec, start=False)
-    await service.launch(request("done"))
+    await node.jobs.launch(request("done"))
     fake.exit("tuneplane-done", 0)
 
-    await service.stop("tuneplane-wreck", StopPlan(grace=1))
-    await service.stop("tuneplane-done", StopPlan(grace=1))
+    await node.jobs.stop("tuneplane-wreck", StopPlan(grace=1))
+    await node.jobs.stop("tuneplane-done", StopPlan(grace=1))
 
     assert fake.signals == []
 
 
 async def test_stop_and_remove_of_unknown_refs_succeed_and_do_nothing(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
-    await service.stop("tuneplane-nobody", StopPlan(grace=1))
-    await service.remove("tuneplane-nobody")
+    await node.jobs.stop("tuneplane-nobody", StopPlan(grace=1))
+    await node.jobs.remove("tuneplane-nobody")
     assert fake.calls["stop"] == fake.calls["remove"] == 0
 
 
 async def test_a_foreign_container_is_never_stopped_or_removed(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
     foreign = fake.create_outside(ContainerSpec(name="someones-db", image="postgres:16"))
 
-    await service.stop("someones-db", StopPlan(grace=0))
-    await service.remove("someones-db")
+    await node.jobs.stop("someones-db", StopPlan(grace=0))
+    await node.jobs.remove("someones-db")
 
     assert fake.containers["someones-db"] is foreign and foreign.status == "running"
     assert fake.calls["stop"] == fake.calls["remove"] == 0
 
 
 async def test_remove_deletes_a_running_container_and_frees_its_cards(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
-    await service.launch(request("r1", 4))
-    await service.remove("tuneplane-r1")
-    await assert_nothing_left(service, fake, "tuneplane-r1")
+    await node.jobs.launch(request("r1", 4))
+    await node.jobs.remove("tuneplane-r1")
+    await assert_nothing_left(node, fake, "tuneplane-r1")
 
 
-async def test_control_locks_do_not_accumulate(service: JobService) -> None:
+async def test_control_locks_do_not_accumulate(node: Node) -> None:
     for i in range(5):
-        await service.launch(request(f"r{i}"))
-        await service.stop(f"tuneplane-r{i}", StopPlan(grace=0))
-        await service.remove(f"tuneplane-r{i}")
-    await service.reap(0)
-    assert len(service.locks) == 0
+        await node.jobs.launch(request(f"r{i}"))
+        await node.jobs.stop(f"tuneplane-r{i}", StopPlan(grace=0))
+        await node.jobs.remove(f"tuneplane-r{i}")
+    await node.jobs.reap(0)
+    assert len(node.jobs.locks) == 0
 
 
 # --- reap ---------------------------------------------------------------------------------
 
 
 async def test_reap_takes_exited_containers_past_the_age_and_nothing_else(
-    service: JobService, fake: FakeRuntime, clock: FakeClock
+    node: Node, fake: FakeRuntime, clock: FakeClock
 ) -> None:
-    await service.launch(request("old"))
-    await service.launch(request("young"))
-    await service.launch(request("running"))
+    await node.jobs.launch(request("old"))
+    await node.jobs.launch(request("young"))
+    await node.jobs.launch(request("running"))
     fake.exit("tuneplane-old", 0)
     clock.advance(100)
     fake.exit("tuneplane-young", 1)
     clock.advance(10)
 
-    assert await service.reap(60) == 1
+    assert await node.jobs.reap(60) == 1
 
     assert set(fake.containers) == {"tuneplane-young", "tuneplane-running"}
 
 
 async def test_reap_takes_never_started_containers_past_the_age(
-    service: JobService, fake: FakeRuntime, clock: FakeClock
+    node: Node, fake: FakeRuntime, clock: FakeClock
 ) -> None:
     fake.create_outside(request("wreck", 2).spec, start=False)
     clock.advance(30)
-    assert await service.reap(60) == 0
+    assert await node.jobs.reap(60) == 0
     clock.advance(31)
-    assert await service.reap(60) == 1
+    assert await node.jobs.reap(60) == 1
     assert not fake.containers
 
 
 async def test_reap_never_touches_foreign_or_pending_containers(
-    service: JobService, fake: FakeRuntime, clock: FakeClock
+    node: Node, fake: FakeRuntime, clock: FakeClock
 ) -> None:
     foreign = fake.create_outside(ContainerSpec(name="tuneplane-mine", image=IMAGE))
     fake.exit("tuneplane-mine", 0)
-    await service.launch(request("pending", image=MISSING))
+    await node.jobs.launch(request("pending", image=MISSING))
     clock.advance(10_000)
 
-    assert await service.reap(0) == 0
+    assert await node.jobs.reap(0) == 0
 
     assert fake.containers["tuneplane-mine"] is foreign
-    assert service.pending.get("tuneplane-pending") is not None
+    assert node.pending.get("tuneplane-pending") is not None
 
 
 async def test_reap_without_an_age_uses_the_configured_ttl(
-    service: JobService, fake: FakeRuntime, clock: FakeClock
+    node: Node, fake: FakeRuntime, clock: FakeClock
 ) -> None:
-    await service.launch(request("r1"))
+    await node.jobs.launch(request("r1"))
     fake.exit("tuneplane-r1", 0)
-    clock.advance(service.settings.local_container_ttl_s - 5)
-    assert await service.reap(None) == 0
+    clock.advance(node.settings.local_container_ttl_s - 5)
+    assert await node.jobs.reap(None) == 0
     clock.advance(10)
-    assert await service.reap(None) == 1
+    assert await node.jobs.reap(None) == 1
 
 
 async def test_reap_skips_a_container_relaunched_while_it_waited(
-    service: JobService, fake: FakeRuntime, clock: FakeClock
+    node: Node, fake: FakeRuntime, clock: FakeClock
 ) -> None:
-    await service.launch(request("r1"))
+    await node.jobs.launch(request("r1"))
     fake.exit("tuneplane-r1", 0)
     clock.advance(100)
-    async with service.locks.hold("tuneplane-r1"):  # a launch holds the ref meanwhile
-        reaping = asyncio.create_task(service.reap(60))
+    async with node.jobs.locks.hold("tuneplane-r1"):  # a launch holds the ref meanwhile
+        reaping = asyncio.create_task(node.jobs.reap(60))
         await settle()
         fake.containers.pop("tuneplane-r1")
         fake.create_outside(request("r1").spec)  # relaunched: running now
@@ -747,12 +735,12 @@ def test_reapable(state: dict[str, str], reaped: bool) -> None:
 
 
 async def test_observe_answers_each_ref_once_and_knows_nothing_of_foreign_ones(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
-    await service.launch(request("r1"))
+    await node.jobs.launch(request("r1"))
     fake.create_outside(ContainerSpec(name="tuneplane-foreign", image=IMAGE))
 
-    views = await service.observe(
+    views = await node.jobs.observe(
         ["tuneplane-r1", "tuneplane-nobody", "tuneplane-r1", "tuneplane-foreign"]
     )
 
@@ -763,44 +751,44 @@ async def test_observe_answers_each_ref_once_and_knows_nothing_of_foreign_ones(
 
 
 async def test_observe_with_the_engine_down_is_unknown_not_gone(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
-    await service.launch(request("r1"))
+    await node.jobs.launch(request("r1"))
     fake.up = False
     with pytest.raises(EngineUnavailable):
-        await service.observe(["tuneplane-r1"])
+        await node.jobs.observe(["tuneplane-r1"])
 
 
-async def test_logs_of_a_job_are_its_last_lines(service: JobService, fake: FakeRuntime) -> None:
-    await service.launch(request("r1"))
+async def test_logs_of_a_job_are_its_last_lines(node: Node, fake: FakeRuntime) -> None:
+    await node.jobs.launch(request("r1"))
     fake.containers["tuneplane-r1"].output = ["one", "two", "three"]
 
-    text = (await service.logs("tuneplane-r1", 2)).text
+    text = (await node.jobs.logs("tuneplane-r1", 2)).text
 
     assert [line.split(" ", 1)[1] for line in text.splitlines()] == ["two", "three"]
 
 
 async def test_logs_of_a_pending_missing_or_foreign_ref_are_a_sentence(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
-    await service.launch(request("r1", image=MISSING))
+    await node.jobs.launch(request("r1", image=MISSING))
     fake.create_outside(ContainerSpec(name="tuneplane-foreign", image=IMAGE)).output = ["secret"]
 
-    assert await service.logs("tuneplane-r1", 10) == LogText(
+    assert await node.jobs.logs("tuneplane-r1", 10) == LogText(
         f"no logs yet: tuneplane-r1 is pulling ({MISSING})"
     )
-    assert (await service.logs("tuneplane-x", 10)).text == (
+    assert (await node.jobs.logs("tuneplane-x", 10)).text == (
         "no logs: container tuneplane-x does not exist"
     )
-    assert "secret" not in (await service.logs("tuneplane-foreign", 10)).text
+    assert "secret" not in (await node.jobs.logs("tuneplane-foreign", 10)).text
 
 
 async def test_logs_the_engine_refuses_to_read_are_a_sentence(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
-    await service.launch(request("r1"))
+    await node.jobs.launch(request("r1"))
     fake.refuse_logs = "configured logging driver does not support reading"
-    text = await service.logs("tuneplane-r1", 10)
+    text = await node.jobs.logs("tuneplane-r1", 10)
     assert text == LogText(
         "no logs for tuneplane-r1: configured logging driver does not support reading"
     )
@@ -811,12 +799,12 @@ async def read_all(stream: LogStream) -> str:
 
 
 async def test_a_followed_log_gives_the_tail_then_new_lines_until_the_exit(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
-    await service.launch(request("r1"))
+    await node.jobs.launch(request("r1"))
     job = fake.containers["tuneplane-r1"]
     job.output = ["one", "two", "three"]
-    async with service.follow("tuneplane-r1", 2) as stream:
+    async with node.jobs.follow("tuneplane-r1", 2) as stream:
         first = (await anext(stream)).decode()
         job.output.append("four")
         second = (await anext(stream)).decode()
@@ -830,33 +818,33 @@ async def test_a_followed_log_gives_the_tail_then_new_lines_until_the_exit(
 
 @pytest.mark.slow
 async def test_an_engine_ending_the_follow_of_a_running_job_is_an_error_not_an_end(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
     """A clean end means the job stopped: an engine that ends the stream while the job
     runs (podman 4 was seen to) is reported, and the daemon cuts the connection."""
-    await service.launch(request("r1"))
+    await node.jobs.launch(request("r1"))
     fake.containers["tuneplane-r1"].output = ["one"]
     fake.end_follows_early = True
-    service.reader.end_grace_s = 0.2
-    async with service.follow("tuneplane-r1", 10) as stream:
+    node.reader.end_grace_s = 0.2
+    async with node.jobs.follow("tuneplane-r1", 10) as stream:
         assert (await anext(stream)).endswith(b" one\n")
         with pytest.raises(EngineUnavailable) as broke:
             await anext(stream)
     assert "ended the log stream of tuneplane-r1 while the job still runs" in str(broke.value)
 
     fake.exit("tuneplane-r1", 0)  # the same end once the job has stopped: a clean end
-    async with service.follow("tuneplane-r1", 10) as stream:
+    async with node.jobs.follow("tuneplane-r1", 10) as stream:
         assert await read_all(stream) != "" and fake.following == 0
 
 
 async def test_a_followed_log_of_a_pending_missing_or_foreign_ref_is_a_sentence(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
-    await service.launch(request("r1", image=MISSING))
+    await node.jobs.launch(request("r1", image=MISSING))
     fake.create_outside(ContainerSpec(name="tuneplane-foreign", image=IMAGE)).output = ["secret"]
     said = {}
     for ref in ("tuneplane-r1", "tuneplane-x", "tuneplane-foreign"):
-        async with service.follow(ref, 10) as stream:
+        async with node.jobs.follow(ref, 10) as stream:
             said[ref] = await read_all(stream)
 
     assert said["tuneplane-r1"] == f"no logs yet: tuneplane-r1 is pulling ({MISSING})"
@@ -866,26 +854,26 @@ async def test_a_followed_log_of_a_pending_missing_or_foreign_ref_is_a_sentence(
 
 
 async def test_follows_past_the_limit_are_refused_and_a_slot_frees_on_leaving(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
-    await service.launch(request("r1"))
-    assert service.follow_limit == 4  # a quarter of the 16 engine threads
+    await node.jobs.launch(request("r1"))
+    assert node.reader.follow_limit == 4  # a quarter of the 16 engine threads
     async with contextlib.AsyncExitStack() as held:
         for _ in range(4):
-            await held.enter_async_context(service.follow("tuneplane-r1", 10))
+            await held.enter_async_context(node.jobs.follow("tuneplane-r1", 10))
         with pytest.raises(TooManyFollows) as refused:
-            await held.enter_async_context(service.follow("tuneplane-r1", 10))
+            await held.enter_async_context(node.jobs.follow("tuneplane-r1", 10))
         assert refused.value.status == 429 and "already following 4 logs" in refused.value.message
-    async with service.follow("tuneplane-r1", 10) as stream:
+    async with node.jobs.follow("tuneplane-r1", 10) as stream:
         assert stream is not None  # every slot came back
 
 
 async def test_a_followed_log_the_engine_refuses_is_a_sentence(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
-    await service.launch(request("r1"))
+    await node.jobs.launch(request("r1"))
     fake.refuse_logs = "configured logging driver does not support reading"
-    async with service.follow("tuneplane-r1", 10) as stream:
+    async with node.jobs.follow("tuneplane-r1", 10) as stream:
         text = await read_all(stream)
     assert text == "no logs for tuneplane-r1: configured logging driver does not support reading"
 
@@ -905,18 +893,18 @@ def with_mounts(run_id: str, *mounts: Mount, **env: str) -> LaunchRequest:
 
 
 async def test_a_real_path_under_the_storage_root_reaches_the_engine_as_given(
-    service: JobService, fake: FakeRuntime, storage: Path
+    node: Node, fake: FakeRuntime, storage: Path
 ) -> None:
     (storage / "data").mkdir()
 
-    await service.launch(with_mounts("r1", Mount(str(storage / "data") + "/", "/data", True)))
+    await node.jobs.launch(with_mounts("r1", Mount(str(storage / "data") + "/", "/data", True)))
 
     mounts = fake.containers["tuneplane-r1"].spec.mounts
     assert mounts == (Mount(str(storage / "data"), "/data", True),)
 
 
 async def test_a_link_planted_by_one_tenant_into_anothers_files_is_refused(
-    service: JobService, fake: FakeRuntime, storage: Path
+    node: Node, fake: FakeRuntime, storage: Path
 ) -> None:
     """Tenant A's job leaves tenantA/ckpt -> tenantB/ckpt; A's next launch mounting
     tenantA/ckpt would read and write B's checkpoint: both lie under the storage root."""
@@ -930,7 +918,7 @@ async def test_a_link_planted_by_one_tenant_into_anothers_files_is_refused(
         (storage / "linked" / "x", "linked"),
     ):
         with pytest.raises(InvalidField) as refused:
-            await service.launch(with_mounts("r1", Mount(str(host), "/ckpt")))
+            await node.jobs.launch(with_mounts("r1", Mount(str(host), "/ckpt")))
         assert refused.value.field == "container.mounts[0]"
         assert refused.value.reason == f"{host} is not its own real path: {link} is a symlink"
 
@@ -939,26 +927,26 @@ async def test_a_link_planted_by_one_tenant_into_anothers_files_is_refused(
 
 
 async def test_a_mount_swapped_for_a_link_during_the_pull_fails_the_launch(
-    service: JobService, fake: FakeRuntime, storage: Path
+    node: Node, fake: FakeRuntime, storage: Path
 ) -> None:
     (storage / "mine").mkdir()
     (storage / "theirs").mkdir()
     launch = with_mounts("r1", Mount(str(storage / "mine"), "/ckpt"))
-    await service.launch(replace(launch, spec=replace(launch.spec, image=MISSING)))
+    await node.jobs.launch(replace(launch, spec=replace(launch.spec, image=MISSING)))
     await fake.pulling.wait()
 
     (storage / "mine").rmdir()
     (storage / "mine").symlink_to(storage / "theirs")
-    record = service.pending.get("tuneplane-r1")
+    record = node.pending.get("tuneplane-r1")
     assert record is not None and record.task is not None
     fake.pull_of(MISSING).finish()
     await asyncio.wait({record.task})  # the mounts are checked in a thread, not on the loop
 
-    view = (await service.observe(["tuneplane-r1"]))["tuneplane-r1"]
+    view = (await node.jobs.observe(["tuneplane-r1"]))["tuneplane-r1"]
     assert isinstance(view, PendingView) and view.failed
     assert view.error is not None and "mine is a symlink" in view.error
     assert not fake.containers
-    assert await reserved(service) == frozenset()
+    assert await reserved(node) == frozenset()
 
 
 @pytest.mark.parametrize(
@@ -973,38 +961,38 @@ async def test_a_mount_swapped_for_a_link_during_the_pull_fails_the_launch(
     ],
 )  # fmt: skip
 async def test_a_mount_outside_the_mount_roots_is_refused_and_starts_nothing(
-    service: JobService, fake: FakeRuntime, storage: Path, host: str, why: str
+    node: Node, fake: FakeRuntime, storage: Path, host: str, why: str
 ) -> None:
     """The refusal offers the setting only where the setting could allow the path: a
     mount root may never be or hold a system directory (finding 16 of issue 25)."""
     fine = Mount(str(storage), "/data")
     with pytest.raises(InvalidField) as refused:
-        await service.launch(with_mounts("r1", fine, Mount(host, "/host")))
+        await node.jobs.launch(with_mounts("r1", fine, Mount(host, "/host")))
 
     assert refused.value.field == "container.mounts[1]"
     assert refused.value.reason.startswith(why)
     assert not fake.containers and fake.calls["run"] == 0
-    assert await reserved(service) == frozenset()
+    assert await reserved(node) == frozenset()
 
 
 async def test_a_link_out_of_the_storage_root_is_refused(
-    service: JobService, fake: FakeRuntime, storage: Path
+    node: Node, fake: FakeRuntime, storage: Path
 ) -> None:
     (storage / "escape").symlink_to("/etc")  # a job with a writable mount left this
 
     with pytest.raises(InvalidField, match=r"^container\.mounts\[0\]: .*escape is not its own"):
-        await service.launch(with_mounts("r1", Mount(str(storage / "escape"), "/x")))
+        await node.jobs.launch(with_mounts("r1", Mount(str(storage / "escape"), "/x")))
 
     assert not fake.containers
 
 
 async def test_every_bad_mount_is_named_in_one_refusal(
-    service: JobService, fake: FakeRuntime, storage: Path
+    node: Node, fake: FakeRuntime, storage: Path
 ) -> None:
     fine = Mount(str(storage), "/data")
     missing, outside = Mount(str(storage / "nope"), "/x"), Mount("/var/lib", "/y")
     with pytest.raises(InvalidField) as refused:
-        await service.launch(with_mounts("r1", missing, fine, outside))
+        await node.jobs.launch(with_mounts("r1", missing, fine, outside))
     assert refused.value.message.startswith("container.mounts[0]: ")
     assert [error.field for error in refused.value.errors] == [
         "container.mounts[0]",
@@ -1014,28 +1002,26 @@ async def test_every_bad_mount_is_named_in_one_refusal(
 
 
 async def test_a_mount_that_does_not_exist_is_a_422_not_an_engine_refusal(
-    service: JobService, storage: Path
+    node: Node, storage: Path
 ) -> None:
     with pytest.raises(InvalidField, match=r"^container\.mounts\[0\]: .* does not exist"):
-        await service.launch(with_mounts("r1", Mount(str(storage / "nope"), "/x")))
+        await node.jobs.launch(with_mounts("r1", Mount(str(storage / "nope"), "/x")))
 
 
 async def test_the_node_alone_says_which_cards_a_container_sees(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
-    await service.launch(with_mounts("r1", NVIDIA_VISIBLE_DEVICES="all", EPOCHS="3"))
+    await node.jobs.launch(with_mounts("r1", NVIDIA_VISIBLE_DEVICES="all", EPOCHS="3"))
     assert fake.containers["tuneplane-r1"].spec.env == {"EPOCHS": "3"}
 
 
-async def test_the_verbs_act_on_the_id_the_node_holds(
-    service: JobService, fake: FakeRuntime
-) -> None:
-    await service.launch(request("r1"))
+async def test_the_verbs_act_on_the_id_the_node_holds(node: Node, fake: FakeRuntime) -> None:
+    await node.jobs.launch(request("r1"))
     container_id = fake.containers["tuneplane-r1"].id
 
-    await service.logs("tuneplane-r1", 10)
-    await service.stop("tuneplane-r1", StopPlan(grace=1))
-    await service.remove("tuneplane-r1")
+    await node.jobs.logs("tuneplane-r1", 10)
+    await node.jobs.stop("tuneplane-r1", StopPlan(grace=1))
+    await node.jobs.remove("tuneplane-r1")
 
     assert fake.refs == [
         ("logs", container_id),
@@ -1044,17 +1030,17 @@ async def test_the_verbs_act_on_the_id_the_node_holds(
     ]
 
 
-async def test_an_id_given_as_a_ref_reaches_nothing(service: JobService, fake: FakeRuntime) -> None:
+async def test_an_id_given_as_a_ref_reaches_nothing(node: Node, fake: FakeRuntime) -> None:
     """Refs are names: a foreign container's id, or even our own, names no container."""
     foreign = fake.create_outside(ContainerSpec(name="someones", image=IMAGE))
-    await service.launch(request("r1"))
+    await node.jobs.launch(request("r1"))
     ours = fake.containers["tuneplane-r1"]
 
     for ref in (foreign.id, foreign.id[:12], ours.id):
-        await service.stop(ref, StopPlan(grace=0))
-        await service.remove(ref)
-        assert "does not exist" in (await service.logs(ref, 10)).text
-        assert (await service.observe([ref]))[ref].exists is False
+        await node.jobs.stop(ref, StopPlan(grace=0))
+        await node.jobs.remove(ref)
+        assert "does not exist" in (await node.jobs.logs(ref, 10)).text
+        assert (await node.jobs.observe([ref]))[ref].exists is False
 
     assert foreign.status == ours.status == "running"
     assert fake.refs == []
@@ -1064,28 +1050,51 @@ async def test_an_id_given_as_a_ref_reaches_nothing(service: JobService, fake: F
 
 
 async def test_the_sweep_removes_never_started_containers_past_the_age(
-    service: JobService, fake: FakeRuntime, clock: FakeClock
+    node: Node, fake: FakeRuntime, clock: FakeClock
 ) -> None:
     fake.create_outside(request("old", 2).spec, start=False)
     clock.advance(60)
     fake.create_outside(request("young").spec, start=False)
-    await service.launch(request("running"))
+    await node.jobs.launch(request("running"))
     fake.create_outside(ContainerSpec(name="someones", image=IMAGE), start=False)
 
-    assert await service.sweep_wreckage(older_than_s=30) == 1
+    assert await node.jobs.sweep_wreckage(older_than_s=30) == 1
 
     assert set(fake.containers) == {"tuneplane-young", "tuneplane-running", "someones"}
-    assert await service.sweep_wreckage(older_than_s=0) == 1  # at start-up: any age
+    assert await node.jobs.sweep_wreckage(older_than_s=0) == 1  # at start-up: any age
     assert "tuneplane-young" not in fake.containers
 
 
+async def test_the_sweep_asks_the_engine_before_it_removes_a_container(
+    node: Node, fake: FakeRuntime, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The state cache can lag the engine (the inspect after a job's create lands after
+    its start's): a job that ran must not be taken for wreckage on the cache's word."""
+    await node.jobs.launch(request("ran"))
+    ran = fake.containers["tuneplane-ran"].state()
+    lagging = replace(ran, status="created", started_at=None)
+
+    async def cached(*names: str) -> ContainerState:
+        return lagging
+
+    async def listed() -> list[ContainerState]:
+        return [lagging]
+
+    monkeypatch.setattr(fake, "inspect", cached)
+    monkeypatch.setattr(fake, "ps", listed)
+    clock.advance(60)
+
+    assert await node.jobs.sweep_wreckage(older_than_s=30) == 0
+    assert fake.containers["tuneplane-ran"].status == "running"
+
+
 async def test_the_sweep_never_takes_a_container_a_launch_is_making(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
     fake.create_gate = gate = Gate()
-    launching = asyncio.create_task(service.launch(request("r1", 1)))
+    launching = asyncio.create_task(node.jobs.launch(request("r1", 1)))
     await gate.entered.wait()  # created, not started: it looks like wreckage
-    sweeping = asyncio.create_task(service.sweep_wreckage(older_than_s=0))
+    sweeping = asyncio.create_task(node.jobs.sweep_wreckage(older_than_s=0))
     await settle()
     gate.open()
 
@@ -1095,42 +1104,42 @@ async def test_the_sweep_never_takes_a_container_a_launch_is_making(
 
 
 async def test_the_sweep_never_takes_a_pulled_launch_being_started(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
-    await launch_pulling(service, fake, "r1")
+    await launch_pulling(node, fake, "r1")
     fake.create_gate = gate = Gate()
     fake.pull_of(MISSING).finish()
     await gate.entered.wait()
 
-    assert await service.sweep_wreckage(older_than_s=0) == 0
+    assert await node.jobs.sweep_wreckage(older_than_s=0) == 0
     gate.open()
     await settle()
     assert fake.containers["tuneplane-r1"].status == "running"
 
 
 async def test_the_wreckage_of_a_start_the_engine_broke_is_swept_despite_its_failed_record(
-    service: JobService, fake: FakeRuntime, clock: FakeClock, settings: NodeSettings
+    node: Node, fake: FakeRuntime, clock: FakeClock, settings: NodeSettings
 ) -> None:
     """The engine goes away between the create and the start of a pulled launch: the
     node cannot remove what it created, and the failed record stays for the console.
     The periodic sweep removes the container all the same once it is old enough."""
-    await launch_pulling(service, fake, "r1", 2)
+    await launch_pulling(node, fake, "r1", 2)
     fake.create_gate = gate = Gate()
     fake.pull_of(MISSING).finish()
     await gate.entered.wait()
     fake.up = False
     gate.open()
     await settle()
-    record = service.pending.get("tuneplane-r1")
+    record = node.pending.get("tuneplane-r1")
     assert record is not None and record.phase == "failed"
     assert fake.containers["tuneplane-r1"].status == "created"  # it could not be removed
 
     fake.up = True
     clock.advance(settings.local_api_timeout + 1)
-    assert await service.sweep_wreckage(older_than_s=settings.local_api_timeout) == 1
+    assert await node.jobs.sweep_wreckage(older_than_s=settings.local_api_timeout) == 1
 
     assert "tuneplane-r1" not in fake.containers
-    assert await available(service) == (0, 1, 2, 3)
+    assert await available(node) == (0, 1, 2, 3)
 
 
 async def test_a_node_starting_up_removes_wreckage_before_it_serves(
@@ -1147,12 +1156,12 @@ async def test_a_node_starting_up_removes_wreckage_before_it_serves(
 
 
 async def test_status_reports_engine_cards_pending_and_disk(
-    service: JobService, fake: FakeRuntime, tmp_path: object
+    node: Node, fake: FakeRuntime, tmp_path: object
 ) -> None:
-    await service.launch(request("r1", 1))
-    await service.launch(request("r2", 1, image=MISSING))
+    await node.jobs.launch(request("r1", 1))
+    await node.jobs.launch(request("r2", 1, image=MISSING))
 
-    status = await service.status()
+    status = await node.jobs.status()
 
     assert status.ok and status.error is None
     assert (status.engine.engine, status.engine.version) == ("fake", "1.0-fake")
@@ -1165,26 +1174,24 @@ async def test_status_reports_engine_cards_pending_and_disk(
 
 
 async def test_status_with_the_engine_down_knows_nothing_of_the_cards(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
     fake.up = False
-    status = await service.status()
+    status = await node.jobs.status()
     assert not status.ok
     assert status.occupancy is None
     assert status.error == "engine unreachable: fake: down"
 
 
-async def test_status_when_the_cards_cannot_be_read_says_why(
-    service: JobService, fake: FakeRuntime
-) -> None:
+async def test_status_when_the_cards_cannot_be_read_says_why(node: Node, fake: FakeRuntime) -> None:
     fake.ps_error = EngineUnavailable(engine="fake", reason="list timed out")
-    status = await service.status()
+    status = await node.jobs.status()
     assert not status.ok and status.occupancy is None
     assert status.error == "engine unreachable: fake: list timed out"
 
 
-async def test_inventory_puts_machine_cards_and_engine_together(service: JobService) -> None:
-    facts = await service.inventory()
+async def test_inventory_puts_machine_cards_and_engine_together(node: Node) -> None:
+    facts = await node.jobs.inventory()
 
     assert facts.runtime == "fake://1.0-fake"
     assert facts.accelerator_count == 4
@@ -1192,22 +1199,20 @@ async def test_inventory_puts_machine_cards_and_engine_together(service: JobServ
     assert facts.machine.storage_root_visible is True
 
 
-async def test_close_cancels_every_pending_launch_and_pull(
-    service: JobService, fake: FakeRuntime
-) -> None:
-    await service.launch(request("r1", 1, image=MISSING))
-    await service.launch(request("r2", 1, image="registry.test/other:2"))
+async def test_close_cancels_every_pending_launch_and_pull(node: Node, fake: FakeRuntime) -> None:
+    await node.jobs.launch(request("r1", 1, image=MISSING))
+    await node.jobs.launch(request("r2", 1, image="registry.test/other:2"))
     await settle()
 
-    await service.close()
+    await node.close()
 
     assert all(pull.cancelled for pull in fake.pulls)
-    assert service.pulls.pulls == {}
+    assert node.pulls.pulls == {}
 
 
-async def test_a_launch_request_keeps_its_spec_apart_from_the_cards(service: JobService) -> None:
+async def test_a_launch_request_keeps_its_spec_apart_from_the_cards(node: Node) -> None:
     original = request("r1", 1)
-    await service.launch(original)
+    await node.jobs.launch(original)
     assert original.spec.gpus == ()  # the chosen cards went into a copy
     assert replace(original.spec, gpus=(0,)).gpus == (0,)
 
@@ -1225,59 +1230,57 @@ async def test_every_refusal_of_the_node_is_a_conflict() -> None:
 
 
 async def test_a_drain_stops_the_jobs_and_observe_pairs_each_with_why(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
-    await service.launch(request("r1", 1))
-    await launch_pulling(service, fake, "r2", 1)
+    await node.jobs.launch(request("r1", 1))
+    await launch_pulling(node, fake, "r2", 1)
 
-    assert (await service.drain("kernel", StopPlan(grace=0))).state == "draining"
-    await asyncio.wait_for(drained(service, fake.clock), 5)
+    assert (await node.jobs.drain("kernel", StopPlan(grace=0))).state == "draining"
+    await asyncio.wait_for(drained(node, fake.clock), 5)
 
     assert fake.containers["tuneplane-r1"].status == "exited"
-    assert "tuneplane-r2" not in fake.containers and service.pending.get("tuneplane-r2") is None
-    assert await reserved(service) == frozenset()
-    view = (await service.observe(["tuneplane-r1"]))["tuneplane-r1"]
+    assert "tuneplane-r2" not in fake.containers and node.pending.get("tuneplane-r2") is None
+    assert await reserved(node) == frozenset()
+    view = (await node.jobs.observe(["tuneplane-r1"]))["tuneplane-r1"]
     assert isinstance(view, StoppedView) and view.stop_reason == "drain: kernel"
     assert view.state == await fake.inspect("tuneplane-r1")  # the runtime's state, unchanged
     with pytest.raises(Conflict):
-        await service.launch(request("r3"))
+        await node.jobs.launch(request("r3"))
 
 
-async def test_removing_a_job_the_drain_stopped_forgets_why(
-    service: JobService, fake: FakeRuntime
-) -> None:
-    await service.launch(request("r1"))
-    await service.drain(None, StopPlan(grace=0))
-    await asyncio.wait_for(drained(service, fake.clock), 5)
-    assert list(service.node.stop_reasons.values()) == ["drain: no reason given"]
+async def test_removing_a_job_the_drain_stopped_forgets_why(node: Node, fake: FakeRuntime) -> None:
+    await node.jobs.launch(request("r1"))
+    await node.jobs.drain(None, StopPlan(grace=0))
+    await asyncio.wait_for(drained(node, fake.clock), 5)
+    assert list(node.jobs.node.stop_reasons.values()) == ["drain: no reason given"]
 
-    await service.remove("tuneplane-r1")
+    await node.jobs.remove("tuneplane-r1")
 
-    assert service.node.stop_reasons == {}
-    assert (await service.uncordon()).state == "ready"
-    assert isinstance(await service.launch(request("r1")), Started)
+    assert node.jobs.node.stop_reasons == {}
+    assert (await node.jobs.uncordon()).state == "ready"
+    assert isinstance(await node.jobs.launch(request("r1")), Started)
 
 
-async def drained(service: JobService, clock: FakeClock) -> None:
+async def drained(node: Node, clock: FakeClock) -> None:
     """Until the drain is done, moving the clock past each pause between its passes."""
-    while service.node.state != "drained":
+    while node.jobs.node.state != "drained":
         clock.advance(DRAIN_AGAIN_S)
         await settle()
 
 
 async def test_an_engine_on_another_machine_takes_no_host_mount(
-    service: JobService, fake: FakeRuntime, storage: Path
+    node: Node, fake: FakeRuntime, storage: Path
 ) -> None:
     """A path of this machine means nothing there, and a staged one cannot be handed
     over: a 422 for each mount, never the path as given (issue 33)."""
     fake.mount_mode = REMOTE
     with pytest.raises(InvalidField) as refused:
-        await service.launch(with_mounts("r1", Mount(str(storage), "/a"), Mount("/x", "/b")))
+        await node.jobs.launch(with_mounts("r1", Mount(str(storage), "/a"), Mount("/x", "/b")))
     assert [error.field for error in refused.value.errors] == [
         "container.mounts[0]",
         "container.mounts[1]",
     ]
     assert "engine is on another machine" in refused.value.reason
     assert not fake.containers
-    await service.launch(with_mounts("r2"))  # without mounts it runs
+    await node.jobs.launch(with_mounts("r2"))  # without mounts it runs
     assert "tuneplane-r2" in fake.containers

@@ -15,7 +15,7 @@ from tests.conftest import IMAGE, MakeFakeNode
 from tests.fakes import FakeRuntime
 from tests.helpers import wait_until
 from tuneplane_node.errors import NotRunning
-from tuneplane_node.jobs import JobService, LaunchRequest, StopPlan
+from tuneplane_node.jobs import LaunchRequest, Node, StopPlan
 from tuneplane_node.jobs.nodestate import DRAINING, STATE_FILE, NodeState, NodeStateFile
 from tuneplane_node.runtime.base import LABEL_RUN_ID, ContainerSpec, container_name
 from tuneplane_node.signals import engine_stop_signal, job_signal
@@ -60,25 +60,23 @@ def test_an_engines_record_of_the_stop_signal_reads_as_a_name(recorded: object, 
 # --- the job's own stop signal ----------------------------------------------------------
 
 
-async def test_a_stop_sends_the_images_stopsignal_unasked(
-    service: JobService, fake: FakeRuntime
-) -> None:
+async def test_a_stop_sends_the_images_stopsignal_unasked(node: Node, fake: FakeRuntime) -> None:
     fake.stop_signals[IMAGE] = "SIGINT"
-    await service.launch(request("r1"))
-    assert (await service.observe(["tuneplane-r1"]))["tuneplane-r1"].stop_signal == "SIGINT"  # type: ignore[union-attr]
-    await service.stop("tuneplane-r1", StopPlan(grace=5))
+    await node.jobs.launch(request("r1"))
+    assert (await node.jobs.observe(["tuneplane-r1"]))["tuneplane-r1"].stop_signal == "SIGINT"  # type: ignore[union-attr]
+    await node.jobs.stop("tuneplane-r1", StopPlan(grace=5))
     assert fake.signals == [("tuneplane-r1", "SIGINT")]
     assert fake.containers["tuneplane-r1"].exit_code == 130  # 128 + 2: ended by it
 
 
 async def test_the_launchs_stop_signal_overrides_the_images_and_a_stops_overrides_both(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
     fake.stop_signals[IMAGE] = "SIGINT"
-    await service.launch(request("r1", stop_signal="SIGUSR2"))
-    await service.launch(request("r2", stop_signal="SIGUSR2"))
-    await service.stop("tuneplane-r1", StopPlan(grace=5))
-    await service.stop("tuneplane-r2", StopPlan(grace=5, signal="SIGQUIT"))
+    await node.jobs.launch(request("r1", stop_signal="SIGUSR2"))
+    await node.jobs.launch(request("r2", stop_signal="SIGUSR2"))
+    await node.jobs.stop("tuneplane-r1", StopPlan(grace=5))
+    await node.jobs.stop("tuneplane-r2", StopPlan(grace=5, signal="SIGQUIT"))
     assert fake.signals == [("tuneplane-r1", "SIGUSR2"), ("tuneplane-r2", "SIGQUIT")]
 
 
@@ -86,42 +84,42 @@ async def test_the_launchs_stop_signal_overrides_the_images_and_a_stops_override
 
 
 async def test_a_job_that_checkpoints_on_the_warning_ends_with_its_own_code(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
-    await service.launch(request("r1"))
+    await node.jobs.launch(request("r1"))
     fake.containers["tuneplane-r1"].handlers["SIGUSR1"] = 0  # checkpoints, exits 0
-    await service.stop("tuneplane-r1", StopPlan(grace=5, warn_signal="SIGUSR1", warn_s=5))
+    await node.jobs.stop("tuneplane-r1", StopPlan(grace=5, warn_signal="SIGUSR1", warn_s=5))
     assert fake.signals == [("tuneplane-r1", "SIGUSR1")]  # no SIGTERM ever
     assert fake.containers["tuneplane-r1"].exit_code == 0
 
 
 async def test_a_job_that_catches_no_warning_gets_its_stop_without_one(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
     """Issue 36, finding 5: SIGUSR1 ended a job without a handler at once (exit 138): no
     SIGTERM, no grace, nothing saved."""
-    ref = await catching_nothing(service, fake)
-    await service.stop(ref, StopPlan(grace=5, warn_signal="SIGUSR1", warn_s=120))
+    ref = await catching_nothing(node, fake)
+    await node.jobs.stop(ref, StopPlan(grace=5, warn_signal="SIGUSR1", warn_s=120))
     assert (fake.signals, fake.containers[ref].exit_code) == ([(ref, "SIGTERM")], 143)
 
 
-async def catching_nothing(service: JobService, fake: FakeRuntime) -> str:
+async def catching_nothing(node: Node, fake: FakeRuntime) -> str:
     """A running job none of whose processes has a handler for a warning signal."""
-    await service.launch(request("r1"))
+    await node.jobs.launch(request("r1"))
     fake.caught["tuneplane-r1"] = False
     return "tuneplane-r1"
 
 
 @pytest.mark.slow
 async def test_observe_says_the_warning_was_skipped_while_the_stop_goes_on(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
-    fake.containers[await catching_nothing(service, fake)].ignores_sigterm = True
+    fake.containers[await catching_nothing(node, fake)].ignores_sigterm = True
     plan = StopPlan(grace=0.5, warn_signal="SIGUSR1", warn_s=120)
-    stopping = asyncio.create_task(service.stop("tuneplane-r1", plan))
+    stopping = asyncio.create_task(node.jobs.stop("tuneplane-r1", plan))
     while not fake.signals:
         await asyncio.sleep(0.01)
-    view: Any = (await service.observe(["tuneplane-r1"]))["tuneplane-r1"]
+    view: Any = (await node.jobs.observe(["tuneplane-r1"]))["tuneplane-r1"]
     assert (view.stopping.phase, view.stopping.note) == ("signalled", "warning skipped: not caught")
     await stopping
     assert fake.signals == [("tuneplane-r1", "SIGTERM"), ("tuneplane-r1", "SIGKILL")]
@@ -129,9 +127,9 @@ async def test_observe_says_the_warning_was_skipped_while_the_stop_goes_on(
 
 @pytest.mark.slow
 async def test_a_job_deaf_to_the_warning_gets_its_stop_signal_after_warn_s_then_sigkill(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
-    await service.launch(request("r1"))
+    await node.jobs.launch(request("r1"))
     container = fake.containers["tuneplane-r1"]
     container.handlers["SIGUSR1"] = None  # traps it, runs on
     container.ignores_sigterm = True
@@ -139,13 +137,13 @@ async def test_a_job_deaf_to_the_warning_gets_its_stop_signal_after_warn_s_then_
 
     async def watch() -> None:
         while container.status == "running":
-            view = (await service.observe(["tuneplane-r1"]))["tuneplane-r1"]
+            view = (await node.jobs.observe(["tuneplane-r1"]))["tuneplane-r1"]
             phases.append(getattr(view, "stopping", None) and view.stopping.phase)  # type: ignore[union-attr]
             await asyncio.sleep(0.01)
 
     watching = asyncio.create_task(watch())
     plan = StopPlan(grace=0.1, warn_signal="SIGUSR1", warn_s=0.1)
-    await service.stop("tuneplane-r1", plan)
+    await node.jobs.stop("tuneplane-r1", plan)
     await watching
 
     assert fake.signals == [
@@ -156,17 +154,17 @@ async def test_a_job_deaf_to_the_warning_gets_its_stop_signal_after_warn_s_then_
     assert container.exit_code == 137
     assert phases[0] == "warned" and phases[-1] == "signalled"  # in that order, no other
     assert set(phases) == {"warned", "signalled"}
-    assert not hasattr((await service.observe(["tuneplane-r1"]))["tuneplane-r1"], "stopping")
+    assert not hasattr((await node.jobs.observe(["tuneplane-r1"]))["tuneplane-r1"], "stopping")
 
 
 @pytest.mark.slow
 async def test_a_warning_without_its_time_waits_as_long_as_the_grace_period(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
-    await service.launch(request("r1"))
+    await node.jobs.launch(request("r1"))
     fake.containers["tuneplane-r1"].handlers["SIGUSR1"] = None
     started = asyncio.get_running_loop().time()
-    await service.stop("tuneplane-r1", StopPlan(grace=0.1, warn_signal="SIGUSR1"))
+    await node.jobs.stop("tuneplane-r1", StopPlan(grace=0.1, warn_signal="SIGUSR1"))
     assert asyncio.get_running_loop().time() - started >= 0.1
     assert fake.signals == [("tuneplane-r1", "SIGUSR1"), ("tuneplane-r1", "SIGTERM")]
     assert fake.containers["tuneplane-r1"].exit_code == 143
@@ -174,15 +172,15 @@ async def test_a_warning_without_its_time_waits_as_long_as_the_grace_period(
 
 @pytest.mark.slow
 async def test_a_job_replaced_during_the_warning_gets_no_stop_signal(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
-    await service.launch(request("r1"))
+    await node.jobs.launch(request("r1"))
     fake.containers["tuneplane-r1"].handlers["SIGUSR1"] = None
     plan = StopPlan(grace=5, warn_signal="SIGUSR1", warn_s=0.3)
-    stopping = asyncio.create_task(service.stop("tuneplane-r1", plan))
+    stopping = asyncio.create_task(node.jobs.stop("tuneplane-r1", plan))
     await wait_until(lambda: fake.signals)  # the warning is sent
-    await service.remove("tuneplane-r1")
-    await service.launch(request("r1"))  # relaunched while the first stop waited
+    await node.jobs.remove("tuneplane-r1")
+    await node.jobs.launch(request("r1"))  # relaunched while the first stop waited
     await stopping
     assert fake.containers["tuneplane-r1"].status == "running"
     assert fake.signals == [("tuneplane-r1", "SIGUSR1")]
@@ -191,22 +189,20 @@ async def test_a_job_replaced_during_the_warning_gets_no_stop_signal(
 # --- a signal without a stop ------------------------------------------------------------
 
 
-async def test_a_signal_reaches_a_running_job_which_goes_on(
-    service: JobService, fake: FakeRuntime
-) -> None:
-    await service.launch(request("r1"))
+async def test_a_signal_reaches_a_running_job_which_goes_on(node: Node, fake: FakeRuntime) -> None:
+    await node.jobs.launch(request("r1"))
     fake.containers["tuneplane-r1"].handlers["SIGUSR1"] = None
-    await service.signal("tuneplane-r1", "SIGUSR1")
+    await node.jobs.signal("tuneplane-r1", "SIGUSR1")
     assert fake.signals == [("tuneplane-r1", "SIGUSR1")]
     assert fake.containers["tuneplane-r1"].status == "running"
 
 
 async def test_a_signal_for_a_job_not_running_or_pending_is_refused_and_sends_nothing(
-    service: JobService, fake: FakeRuntime
+    node: Node, fake: FakeRuntime
 ) -> None:
-    await service.launch(request("done"))
-    await service.stop("tuneplane-done", StopPlan(grace=1))
-    await service.launch(request("pulling", image=MISSING))
+    await node.jobs.launch(request("done"))
+    await node.jobs.stop("tuneplane-done", StopPlan(grace=1))
+    await node.jobs.launch(request("pulling", image=MISSING))
     await fake.pulling.wait()
     sent = len(fake.signals)
     for ref, said in [
@@ -215,7 +211,7 @@ async def test_a_signal_for_a_job_not_running_or_pending_is_refused_and_sends_no
         ("tuneplane-nobody", "(missing)"),
     ]:
         with pytest.raises(NotRunning) as refused:
-            await service.signal(ref, "SIGUSR1")
+            await node.jobs.signal(ref, "SIGUSR1")
         assert refused.value.status == 409 and said in refused.value.message
     assert len(fake.signals) == sent
 

@@ -6,6 +6,7 @@ Read from the source with `ast`, so a stray import fails here before it blurs a 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 from pathlib import Path
 
@@ -18,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "tuneplane_node"
 
 # Top to bottom; a module may import only from its own layer's module itself or below.
 LAYERS = [
-    {"cli", "__main__", "ctl"},
+    {"cli", "__main__", "ctl", "checks"},
     {"client"},
     {"daemon"},
     {"jobs"},
@@ -235,11 +236,12 @@ def test_no_class_of_the_job_service_is_over_the_limit(path: Path) -> None:
 
 def test_no_collaborator_of_the_job_service_imports_it() -> None:
     """A collaborator gets what it needs as constructor arguments, never the service:
-    only the package's front door (``jobs/__init__.py``) names ``jobs/service.py``."""
+    only the package's front door (``jobs/__init__.py``) and the one place that builds
+    the node (``jobs/node.py``) name ``jobs/service.py``."""
     graph = import_graph()
     service = "tuneplane_node.jobs.service"
     users = {name for name, targets in graph.items() if service in targets}
-    assert users <= {"tuneplane_node.jobs"}, sorted(users)
+    assert users <= {"tuneplane_node.jobs", "tuneplane_node.jobs.node"}, sorted(users)
     collaborators = {name for name in graph if name.startswith("tuneplane_node.jobs.")}
     assert len(collaborators - {service}) >= 8  # the walk saw the package's modules
 
@@ -265,3 +267,103 @@ def test_the_client_stands_alone() -> None:
             parts = name.split(".")
             if parts[0] == "tuneplane_node":
                 assert parts[1:2] == ["client"], f"client/{path.name} imports {name}"
+
+
+# --- one place builds the node ---------------------------------------------------------------
+
+# The classes handed their collaborators by `build_node`, and the modules they are in.
+BUILT = {"JobService": JOBS / "service.py", "Launcher": JOBS / "launcher.py"}
+
+
+def constructions(source: str, cls: str) -> list[str]:
+    """The package's classes that ``cls.__init__`` calls (makes): the names imported from
+    ``tuneplane_node`` that start with a capital, called in that method."""
+    tree = ast.parse(source)
+    ours = {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tuneplane_node")
+        for alias in node.names
+    }
+    ours |= {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
+    made = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.ClassDef) and node.name == cls):
+            continue
+        for method in node.body:
+            if isinstance(method, ast.FunctionDef) and method.name == "__init__":
+                for call in ast.walk(method):
+                    if isinstance(call, ast.Call):
+                        name = ast.unparse(call.func).split(".")[0]
+                        if name in ours and name[:1].isupper():
+                            made.append(name)
+    return made
+
+
+@pytest.mark.parametrize("cls", sorted(BUILT))
+def test_the_service_and_the_launcher_make_no_collaborator(cls: str) -> None:
+    """`jobs.node.build_node` makes every collaborator once; the service and the launcher
+    receive theirs, so that what a test hands them is what production does."""
+    assert constructions(BUILT[cls].read_text(), cls) == [], cls
+
+
+def test_the_construction_finder_finds_a_construction() -> None:
+    source = (
+        "from tuneplane_node.jobs.locks import RefLocks\n"
+        "class JobService:\n"
+        "    def __init__(self, runtime):\n"
+        "        self.runtime = runtime\n"
+        "        self.locks = RefLocks()\n"
+        "        self.names = dict()\n"
+    )
+    assert constructions(source, "JobService") == ["RefLocks"]
+
+
+def node_services() -> frozenset[str]:
+    from tuneplane_node.jobs.node import Node
+
+    return frozenset(field.name for field in dataclasses.fields(Node))
+
+
+def reach_throughs(source: str, services: frozenset[str]) -> list[str]:
+    """The attribute chains from the node (``app[NODE]``, or a name ``node``) that go
+    through one service to another (``app[NODE].jobs.launcher``,
+    ``app[NODE].launcher.volumes.view()``)."""
+    found: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Attribute):
+            continue
+        chain: list[str] = []
+        root: ast.expr = node
+        while isinstance(root, ast.Attribute):
+            chain.insert(0, root.attr)
+            root = root.value
+        from_node = (isinstance(root, ast.Subscript) and ast.unparse(root.slice) == "NODE") or (
+            isinstance(root, ast.Name) and root.id == "node"
+        )
+        if from_node and len(chain) == 2 and chain[0] in services and chain[1] in services:
+            found.append(ast.unparse(node))
+    return found
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "daemon").rglob("*.py")), ids=lambda p: p.name)
+def test_the_daemon_talks_to_each_service_directly(path: Path) -> None:
+    """A route asks the service that answers it (`app[NODE].catalog`), never one service
+    for another (`app[NODE].jobs.catalog`): the node is built in one place, and which
+    service holds which is not the daemon's to know."""
+    assert reach_throughs(path.read_text(), node_services()) == [], path.name
+
+
+def test_the_reach_through_finder_finds_one() -> None:
+    services = node_services()
+    assert {"jobs", "launcher", "volumes", "gc"} <= services
+    source = (
+        "a = request.app[NODE].launcher.volumes.view()\n"
+        "b = request.app[NODE].volumes.view()\n"
+        "c = node.jobs.launcher\n"
+        "d = node.jobs.launch(x)\n"
+    )
+    assert sorted(reach_throughs(source, services)) == [
+        "node.jobs.launcher",
+        "request.app[NODE].launcher.volumes",
+    ]

@@ -10,7 +10,7 @@ import logging
 import pytest
 
 from tests.fakes import FakeRuntime
-from tuneplane_node.jobs import JobService, LaunchRequest, StopPlan
+from tuneplane_node.jobs import LaunchRequest, Node, StopPlan
 from tuneplane_node.logformat import JsonFormatter
 from tuneplane_node.runtime.base import LABEL_RUN_ID, ContainerSpec
 
@@ -33,19 +33,19 @@ def lines_about(caplog: pytest.LogCaptureFixture, ref: str) -> list[dict[str, ob
 
 
 async def test_every_line_about_a_job_carries_its_run_id_and_ref(
-    service: JobService, fake: FakeRuntime, caplog: pytest.LogCaptureFixture
+    node: Node, fake: FakeRuntime, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="tuneplane_node")
-    await service.launch(request("pulled", 1, image=MISSING))
+    await node.jobs.launch(request("pulled", 1, image=MISSING))
     await fake.pulling.wait()
     fake.pulls[-1].fail("manifest unknown")
     for _ in range(100):
-        if service.pending.get("tuneplane-pulled").phase == "failed":  # type: ignore[union-attr]
+        if node.pending.get("tuneplane-pulled").phase == "failed":  # type: ignore[union-attr]
             break
         await asyncio.sleep(0.01)
-    await service.launch(request("stubborn", 2))
+    await node.jobs.launch(request("stubborn", 2))
     fake.containers["tuneplane-stubborn"].ignores_sigterm = True
-    await service.stop("tuneplane-stubborn", StopPlan(grace=None))  # SIGKILL after 0.05 s
+    await node.jobs.stop("tuneplane-stubborn", StopPlan(grace=None))  # SIGKILL after 0.05 s
 
     pulled = lines_about(caplog, "tuneplane-pulled")
     stubborn = lines_about(caplog, "tuneplane-stubborn")

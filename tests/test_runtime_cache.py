@@ -18,10 +18,9 @@ import pytest
 
 from tests.conftest import IMAGE as PRESENT
 from tests.fakes import FakeClock, FakeProbe, FakeRuntime, brief
-from tests.helpers import job, wait_until
+from tests.helpers import fake_node_of, job, wait_until
 from tuneplane_node.errors import EngineRefused, EngineUnavailable
-from tuneplane_node.gpu.allocator import GpuAllocator
-from tuneplane_node.jobs import JobService, LaunchRequest, Started
+from tuneplane_node.jobs import LaunchRequest, Started
 from tuneplane_node.runtime import cache as cache_module
 from tuneplane_node.runtime.base import (
     EXIT_SIGKILL,
@@ -399,10 +398,10 @@ async def test_a_relaunch_asks_the_engine_before_it_answers_running(
 ) -> None:
     """The job ended a moment ago and its event is still on the way: the cache says
     running, and a re-launch must not answer "running" on the cache's word."""
-    service = JobService(cached, GpuAllocator(cached, settings, probe=probe), settings)
+    node = fake_node_of(cached, settings, probe=probe)
     spec = job(["/bin/train"], image=PRESENT)
     run = spec.labels[LABEL_RUN_ID]
-    first = await service.launch(LaunchRequest(run, 0, spec))
+    first = await node.jobs.launch(LaunchRequest(run, 0, spec))
     assert isinstance(first, Started)
     seen = cached.cache.states.get
     await wait_until(lambda: (state := seen(spec.name)) and state.status == "running", timeout=5)
@@ -410,11 +409,11 @@ async def test_a_relaunch_asks_the_engine_before_it_answers_running(
     container.status, container.exit_code = "exited", 0  # no event: the cache lags
 
     assert (await cached.inspect(spec.name)).status == "running"
-    again = await service.launch(LaunchRequest(run, 0, spec))
+    again = await node.jobs.launch(LaunchRequest(run, 0, spec))
 
     assert isinstance(again, Started) and fake.containers[spec.name] is not container
     assert (await cached.inspect(spec.name)).status == "running"  # the new one
-    await service.close()
+    await node.close()
 
 
 async def test_an_engine_restart_goes_stale_then_resyncs(

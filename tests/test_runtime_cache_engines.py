@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import MakeNode
 from tests.helpers import IMAGE, TrackingRuntime, unique, wait_until
-from tuneplane_node.daemon.state import JOBS
+from tuneplane_node.daemon.state import NODE
 from tuneplane_node.errors import EngineUnavailable
 from tuneplane_node.runtime.base import LABEL_RUN_ID, ContainerSpec, container_name
 from tuneplane_node.runtime.cache import CachedRuntime, StateCache
@@ -52,7 +52,7 @@ class CountingRuntime(TrackingRuntime):
 
 
 def cache_of(node: Any) -> StateCache:
-    cached = node.app[JOBS].runtime
+    cached = node.app[NODE].runtime
     assert isinstance(cached, CachedRuntime)
     return cached.cache
 

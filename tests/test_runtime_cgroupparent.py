@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import fake_settings
 from tests.helpers import engine_settings
-from tuneplane_node.cli import _parent_finding, parent_fix
+from tuneplane_node.checks.engine import _parent_finding, parent_fix
 from tuneplane_node.errors import ConfigError
 from tuneplane_node.runtime.cgroupparent import (
     Bounds,

@@ -144,6 +144,20 @@ def test_an_error_already_the_nodes_passes_through() -> None:
     assert DOCKER_ERRORS.translate(mine, action="x") is mine
 
 
+def test_what_an_sdk_raises_inside_translated_leaves_it_as_the_nodes_error() -> None:
+    refused = docker.errors.APIError(
+        "500 Server Error", response=http_response(500), explanation="driver failed"
+    )
+    with pytest.raises(EngineRefused) as raised, DOCKER_ERRORS.translated("start tuneplane-a"):
+        raise refused
+    assert raised.value.message == "docker refused to start tuneplane-a: driver failed"
+    assert raised.value.__cause__ is refused  # the engine's own exception, for the log
+    mine = EngineUnavailable(engine="docker", reason="stale")
+    with pytest.raises(EngineUnavailable) as passed, DOCKER_ERRORS.translated("x"):
+        raise mine
+    assert passed.value is mine
+
+
 def test_an_unexpected_exception_is_a_refusal_naming_its_type() -> None:
     translated = DOCKER_ERRORS.translate(ValueError("odd"), action="inspect a")
     assert isinstance(translated, EngineRefused)

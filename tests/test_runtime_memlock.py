@@ -14,10 +14,10 @@ import pytest
 
 from tests.conftest import IMAGE, fake_settings
 from tests.fakes import FakeClock, FakeProbe, FakeRuntime
+from tests.helpers import fake_node_of
 from tests.test_jobs_rdma import rdma_dir
 from tuneplane_node.errors import MemlockUnavailable
-from tuneplane_node.gpu.allocator import GpuAllocator
-from tuneplane_node.jobs import JobService
+from tuneplane_node.jobs import Node
 from tuneplane_node.jobs.results import LaunchRequest
 from tuneplane_node.runtime.base import LABEL_RUN_ID, ContainerSpec
 from tuneplane_node.runtime.memlock import EngineMemlock, engine_memlock, process_memlock
@@ -99,25 +99,25 @@ def card_launch(run_id: str, gpus: int) -> LaunchRequest:
 @pytest.fixture
 async def rdma_service(
     fake: FakeRuntime, probe: FakeProbe, clock: FakeClock, tmp_path: Path
-) -> AsyncIterator[JobService]:
+) -> AsyncIterator[Node]:
     settings = fake_settings(tmp_path, rdma_device_dir=rdma_dir(tmp_path))
-    service = JobService(fake, GpuAllocator(fake, settings, probe=probe), settings, clock=clock)
-    await service.start()
-    yield service
-    await service.close()
+    node = fake_node_of(fake, settings, probe=probe, clock=clock)
+    await node.start()
+    yield node
+    await node.close()
 
 
-def refusing(service: JobService) -> None:
+def refusing(node: Node) -> None:
     """As `start` finds a stock engine under systemd: 8 MiB hard."""
-    assert service.rules.engine_limits("docker", EngineMemlock(True, 8 * MIB, "pid 7")) is not None
+    assert node.rules.engine_limits("docker", EngineMemlock(True, 8 * MIB, "pid 7")) is not None
 
 
 async def test_a_card_job_the_engine_cannot_lock_memory_for_is_a_409_naming_memlock(
-    rdma_service: JobService, fake: FakeRuntime
+    rdma_service: Node, fake: FakeRuntime
 ) -> None:
     refusing(rdma_service)
     with pytest.raises(MemlockUnavailable) as refused:
-        await rdma_service.launch(card_launch("r1", 1))
+        await rdma_service.jobs.launch(card_launch("r1", 1))
 
     assert (refused.value.status, refused.value.code) == (409, "memlock_unavailable")
     assert "hard limit is 8388608 bytes" in refused.value.message
@@ -125,15 +125,15 @@ async def test_a_card_job_the_engine_cannot_lock_memory_for_is_a_409_naming_meml
     assert "TUNEPLANE_RDMA_MEMLOCK" in refused.value.message
     assert fake.containers == {}  # nothing made, and no card held: all 4 refused alike
     with pytest.raises(MemlockUnavailable):
-        await rdma_service.launch(card_launch("r2", 4))
-    await rdma_service.launch(card_launch("r3", 0))  # no card under auto: no RDMA, runs
+        await rdma_service.jobs.launch(card_launch("r2", 4))
+    await rdma_service.jobs.launch(card_launch("r3", 0))  # no card under auto: no RDMA, runs
     assert "tuneplane-r3" in fake.containers
 
 
-async def test_health_says_why_card_jobs_cannot_start(rdma_service: JobService) -> None:
-    assert (await rdma_service.status()).gpu.ready is not False
+async def test_health_says_why_card_jobs_cannot_start(rdma_service: Node) -> None:
+    assert (await rdma_service.jobs.status()).gpu.ready is not False
     refusing(rdma_service)
-    gpu = (await rdma_service.status()).gpu
+    gpu = (await rdma_service.jobs.status()).gpu
     assert gpu.ready is False and gpu.reason is not None
     assert "cannot lock their memory" in gpu.reason and "LimitMEMLOCK=infinity" in gpu.reason
 
@@ -142,11 +142,11 @@ async def test_a_size_the_engine_allows_is_applied(
     fake: FakeRuntime, probe: FakeProbe, clock: FakeClock, tmp_path: Path
 ) -> None:
     settings = fake_settings(tmp_path, rdma_device_dir=rdma_dir(tmp_path), rdma_memlock="4m")
-    service = JobService(fake, GpuAllocator(fake, settings, probe=probe), settings, clock=clock)
+    node = fake_node_of(fake, settings, probe=probe, clock=clock)
     try:
-        assert service.rules.engine_limits("docker", EngineMemlock(True, 8 * MIB, "pid 7")) is None
-        await service.launch(card_launch("r1", 1))
+        assert node.rules.engine_limits("docker", EngineMemlock(True, 8 * MIB, "pid 7")) is None
+        await node.jobs.launch(card_launch("r1", 1))
         assert fake.containers["tuneplane-r1"].spec.rdma_memlock == 4 * MIB
-        assert (await service.status()).gpu.ready is not False
+        assert (await node.jobs.status()).gpu.ready is not False
     finally:
-        await service.close()
+        await node.close()

@@ -251,3 +251,19 @@ def test_the_volume_store_may_not_be_a_mount_root_nor_lie_in_one(tmp_path: Path)
         load_settings(storage_root=tmp_path, volume_root=tmp_path / "volumes")
     default = load_settings(storage_root=tmp_path / "s", node_state_dir=tmp_path / "state")
     assert default.volume_dir == tmp_path / "state" / "volumes"
+
+
+def test_an_engine_socket_named_only_by_docker_host_is_never_a_mount_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine's address has one meaning: the socket the docker SDK is pointed at by
+    DOCKER_HOST alone is the engine's as much as one in TUNEPLANE_DOCKER_HOST, and a job
+    that mounted it would command the engine."""
+    engine = tmp_path / "engines" / "docker.sock"
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{engine}")
+    settings = load_settings(storage_root=tmp_path / "data")
+    assert settings.engine_address("docker") == f"unix://{engine}"
+    assert settings.never_a_root(tmp_path / "engines") == engine.resolve()
+    assert settings.engine_address("process") == ""
+    with pytest.raises(ConfigError, match=r"docker\.sock, which a job may never mount"):
+        load_settings(storage_root=tmp_path)

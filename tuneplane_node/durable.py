@@ -1,6 +1,8 @@
 """Files the node keeps across restarts, written so that a crash or a full disk never
-leaves half of one: a temporary file beside it, fsynced, renamed over it, the directory
-fsynced. A temporary file left by a crash mid-write is removed at the next start.
+leaves half of one: a temporary file beside it, fsynced, renamed over it (or linked in
+place, for a file only its first writer makes), the directory fsynced. A temporary file
+left by a crash mid-write is removed at the next start. The one module that writes a
+file so: every other writes through it.
 """
 
 from __future__ import annotations
@@ -8,27 +10,53 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
 
-def write_atomically(path: Path, data: bytes) -> None:
+def write_atomically(path: Path, data: bytes, *, mode: int | None = None) -> None:
     """Replace ``path`` with ``data``: the old file or the new one, never half of one. A
-    failed write (a full disk) leaves no temporary file behind. Blocking."""
+    failed write (a full disk) leaves no temporary file behind. ``mode``: the file's
+    permissions (else the umask's). Blocking."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = _temporary(path, os.getpid())
     try:
-        with temporary.open("wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
+        _write_synced(temporary, data, mode)
         os.replace(temporary, path)
     except OSError:
         with contextlib.suppress(OSError):
             temporary.unlink()
         raise
     fsync_dir(path.parent)  # the rename survives a power cut
+
+
+def create_once(path: Path, data: bytes, *, mode: int | None = None) -> bytes:
+    """Make ``path`` hold ``data`` unless it exists: what the file holds, the first
+    writer's. A link, not a rename: it fails when the name exists, so two writers at
+    once agree on the first one's bytes instead of each keeping its own. Blocking."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = _temporary(path, f"{os.getpid()}.{secrets.token_hex(4)}")  # threads too
+    try:
+        _write_synced(temporary, data, mode)
+        os.link(temporary, path)
+    except FileExistsError:
+        return path.read_bytes()
+    finally:
+        with contextlib.suppress(OSError):
+            temporary.unlink()
+    fsync_dir(path.parent)  # the link survives a power cut
+    return data
+
+
+def _write_synced(path: Path, data: bytes, mode: int | None) -> None:
+    with path.open("wb") as file:
+        if mode is not None:
+            os.fchmod(file.fileno(), mode)
+        file.write(data)
+        file.flush()
+        os.fsync(file.fileno())
 
 
 def remove_leftovers(path: Path) -> int:

@@ -24,7 +24,6 @@ import os
 import re
 import socket
 import stat
-import tempfile
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ from typing import TypeVar
 
 from tuneplane_node import __version__
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
-from tuneplane_node.durable import fsync_dir
+from tuneplane_node.durable import create_once
 from tuneplane_node.errors import ConfigError
 from tuneplane_node.settings import Fabric, NodeSettings, env_name
 from tuneplane_node.tasks import BackgroundTasks
@@ -209,27 +208,10 @@ def _read_or_create(path: Path) -> str:
 
 
 def _create_node_id(path: Path) -> str:
-    """Write a new id beside ``path``, then hard-link it in place, fsynced.
-
-    A link, not a rename: it fails if the name exists, so two processes starting at
-    once agree on the first one's id instead of each keeping its own.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    new_id = f"{uuid.uuid4()}\n"
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{NODE_ID_FILE}.")
-    try:
-        with os.fdopen(fd, "w", encoding="ascii") as file:
-            os.fchmod(file.fileno(), 0o644)
-            file.write(new_id)
-            file.flush()
-            os.fsync(file.fileno())
-        os.link(tmp, path)
-    except FileExistsError:
-        return path.read_text(encoding="ascii")
-    finally:
-        os.unlink(tmp)
-    fsync_dir(path.parent)
-    return new_id
+    """A new id in place, fsynced; unless another process made one first: then its id
+    (`durable.create_once`), so two processes starting at once agree on one."""
+    new_id = f"{uuid.uuid4()}\n".encode("ascii")
+    return create_once(path, new_id, mode=0o644).decode("ascii")
 
 
 # --- storage ---------------------------------------------------------------------------

@@ -6,6 +6,7 @@ Every field is documented in docs/operating.md (a test keeps the two in step).
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Literal
@@ -42,6 +43,7 @@ NEVER_MOUNTED = tuple(
 )  # fmt: skip
 # A root may not even lie inside these: /proc/1/root is the host's whole filesystem.
 NEVER_UNDER = tuple(Path(p) for p in ("/proc", "/sys", "/dev", "/etc", "/boot"))
+DOCKER_DEFAULT = "unix:///var/run/docker.sock"  # the docker SDK's, without DOCKER_HOST
 TOKEN_PATTERN = re.compile(r"[\x21-\x7e]+")
 """A token: printable ASCII without spaces, what an HTTP header carries intact."""
 
@@ -495,8 +497,17 @@ class NodeSettings(JobSettings):
         return bad[0] if bad else None
 
     def _never_mounted(self) -> list[Path]:
-        sockets = [_socket_path(self.docker_host), _socket_path(self.podman_url)]
-        return [*NEVER_MOUNTED, *(path for path in sockets if path is not None)]
+        paths = [unix_socket(self.engine_address(engine)) for engine in ("docker", "podman")]
+        return [*NEVER_MOUNTED, *(Path(path).resolve() for path in paths if path is not None)]
+
+    def engine_address(self, engine: str) -> str:
+        """An engine's address, one meaning wherever it is used (the SDK's client, the
+        engine lock, its memlock, the sockets never mounted, ``check``): docker's setting,
+        else ``DOCKER_HOST`` as the docker SDK reads it, else the SDK's default socket;
+        podman's setting. The process runtime has none: ""."""
+        if engine == "docker":
+            return self.docker_host or os.environ.get("DOCKER_HOST") or DOCKER_DEFAULT
+        return self.podman_url if engine == "podman" else ""
 
     @property
     def storage(self) -> Path:
@@ -556,11 +567,16 @@ def _address(address: str, schemes: tuple[str, ...]) -> str:
     return address
 
 
-def _socket_path(address: str | None) -> Path | None:
-    """The engine socket of a unix:// address: never mountable."""
-    if address and address.startswith(("unix://", "http+unix://")):
-        return Path(address.split("://", 1)[1]).resolve()
-    return None
+def unix_socket(address: str) -> str | None:
+    """The socket path of an engine address on this machine (``unix://``,
+    ``http+unix://``); None for another machine's (or a Windows pipe)."""
+    scheme, _, rest = address.partition("://")
+    return rest if scheme in ("unix", "http+unix") and rest else None
+
+
+def local_engine(address: str) -> bool:
+    """Whether an engine address is this machine's: its socket, or a Windows pipe."""
+    return unix_socket(address) is not None or address.startswith("npipe://")
 
 
 def env_name(field: str) -> str:

@@ -33,8 +33,8 @@ from tuneplane_node.daemon.metrics import Metrics
 from tuneplane_node.daemon.render import error_json
 from tuneplane_node.daemon.routes import answer, routes
 from tuneplane_node.daemon.state import (
-    JOBS,
     METRICS,
+    NODE,
     PORT_HELD,
     REGISTRY_AUTH,
     SETTINGS,
@@ -53,7 +53,7 @@ from tuneplane_node.errors import (
     Unauthorized,
 )
 from tuneplane_node.gpu.allocator import GpuAllocator
-from tuneplane_node.jobs import JobService
+from tuneplane_node.jobs.node import Node, build_node
 from tuneplane_node.runtime import detect_runtime
 from tuneplane_node.runtime.base import ContainerRuntime
 from tuneplane_node.runtime.dockerauth import AuthFile
@@ -213,8 +213,8 @@ def create_node_app(
 async def _answer_watches(app: web.Application) -> None:
     """A stopping daemon answers its waiting watch queries now: before aiohttp waits for
     the requests in flight, which they would hold for up to their ``wait``."""
-    if JOBS in app:
-        app[JOBS].changes.stop()
+    if NODE in app:
+        app[NODE].changes.stop()
 
 
 def _lifecycle(
@@ -239,24 +239,24 @@ def _lifecycle(
                 raise
             await runtime.start()  # the state cache is filled before the first request
         allocator = given_allocator or GpuAllocator(runtime, settings, clock=clock)
-        jobs = app[JOBS] = JobService(
-            runtime,
-            allocator,
+        node = app[NODE] = build_node(
             settings,
+            runtime=runtime,
+            allocator=allocator,
             clock=clock,
             telemetry=telemetry,
             credentials=app.get(REGISTRY_AUTH),
             port_held=app[PORT_HELD],
         )
-        await jobs.start()  # the operator's cordon or drain, before the first request
-        await _start_background(app, jobs, sweep=sweep)
+        await node.start()  # the operator's cordon or drain, before the first request
+        await _start_background(app, node, sweep=sweep)
         log.info("node ready: runtime %s, protocol %s", runtime.name, PROTOCOL)
         yield
         # Shutdown in this order: the loops that call the service; the service (a drain,
         # the pending launches, their pulls: cancelled, not orphaned); the cards' probe;
         # the engine (its cache's relist and event thread).
         await app[TASKS].close()
-        await jobs.close()
+        await node.close()
         if given_allocator is None:
             await allocator.close()
         if given_runtime is None:
@@ -286,24 +286,24 @@ async def _take_lock(settings: NodeSettings, runtime: ContainerRuntime) -> Engin
         raise ConfigError(f"cannot make the engine lock: {exc}") from None
 
 
-async def _start_background(app: web.Application, jobs: JobService, *, sweep: bool) -> None:
+async def _start_background(app: web.Application, node: Node, *, sweep: bool) -> None:
     tasks = app[TASKS]
-    tasks.spawn(jobs.sampler.run(), name="stats sampler")
-    tasks.spawn(jobs.monitor.run(), name="disk monitor")
+    tasks.spawn(node.sampler.run(), name="stats sampler")
+    tasks.spawn(node.monitor.run(), name="disk monitor")
     if sweep:  # wreckage of a daemon killed between create and start, before serving
-        await _sweep_at_start(jobs)
-        tasks.spawn(jobs.reaper.maintain(), name="wreckage sweep")
-    tasks.spawn(jobs.gc.maintain(), name="image gc")
+        await _sweep_at_start(node)
+        tasks.spawn(node.reaper.maintain(), name="wreckage sweep")
+    tasks.spawn(node.gc.maintain(), name="image gc")
     tasks.spawn(app[TOKENS].watch(), name="token file watch")
     if REGISTRY_AUTH in app:
         tasks.spawn(app[REGISTRY_AUTH].watch(), name="registry auth file watch")
     tasks.spawn(app[METRICS].watch_lag(), name="event loop lag")
 
 
-async def _sweep_at_start(jobs: JobService) -> None:
+async def _sweep_at_start(node: Node) -> None:
     # Only what is older than the periodic sweep's grace: a container younger may be a
     # launch in flight of another daemon on this engine (a remote engine's other host).
     try:
-        await jobs.sweep_wreckage(older_than_s=jobs.reaper.wreck_grace_s)
+        await node.jobs.sweep_wreckage(older_than_s=node.reaper.wreck_grace_s)
     except NodeError as exc:  # the engine may be down: the periodic sweep will do it
         log.warning("could not sweep wreckage at start: %s", exc.message)

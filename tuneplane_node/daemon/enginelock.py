@@ -27,8 +27,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from tuneplane_node.runtime import memlock
-from tuneplane_node.settings import NodeSettings
+from tuneplane_node.settings import NodeSettings, unix_socket
 
 log = logging.getLogger(__name__)
 LOCK_DIR = Path("/run/tuneplane-node")
@@ -49,10 +48,10 @@ class EngineTaken(Exception):
 
 def engine_address(settings: NodeSettings, engine: str) -> str | None:
     """The engine's address as a lock key; None for the process runtime (no engine)."""
-    address = memlock.engine_address(settings, engine)
-    if address is None:
+    address = settings.engine_address(engine)
+    if not address:
         return None
-    path = memlock.unix_path(address)
+    path = unix_socket(address)
     return address if path is None else "unix://" + os.path.realpath(path)
 
 

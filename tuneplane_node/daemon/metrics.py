@@ -28,8 +28,8 @@ from tuneplane_node import __version__
 from tuneplane_node.daemon import audit
 from tuneplane_node.errors import NodeError
 from tuneplane_node.gpu.allocator import Occupancy
-from tuneplane_node.jobs import JobService
 from tuneplane_node.jobs.diskmonitor import Measured
+from tuneplane_node.jobs.node import Node
 from tuneplane_node.jobs.nodestate import STATES
 from tuneplane_node.jobs.stats import JobSample
 from tuneplane_node.runtime.base import CacheStatus
@@ -234,15 +234,15 @@ class Metrics(Telemetry):
 
     # --- a scrape -----------------------------------------------------------------------
 
-    async def scrape(self, jobs: JobService) -> bytes:
+    async def scrape(self, node: Node) -> bytes:
         """Read the states now, then write every series."""
-        await self._read_states(jobs)
+        await self._read_states(node)
         self.lag.set(self.worst_lag)
         self.worst_lag = 0.0
         return generate_latest(self.registry)
 
-    async def _read_states(self, jobs: JobService) -> None:
-        status = await jobs.status()
+    async def _read_states(self, node: Node) -> None:
+        status = await node.jobs.status()
         self._node_state(status.node.state)
         self.gpu_ready.set(_known(status.gpu.ready))
         self._cache(status.cache)
@@ -251,16 +251,16 @@ class Metrics(Telemetry):
         self.store_free.set(_known(store.free_bytes))
         for name, value in vars(status.conditions).items():
             self.conditions.labels(name).set(float("nan") if value is None else float(value))
-        self.pulls.set(jobs.pulls.in_flight())
-        self.watching.set(jobs.changes.waiting)
+        self.pulls.set(node.pulls.in_flight())
+        self.watching.set(node.changes.waiting)
         self._cards(status.occupancy)
         try:
-            self._counts(await jobs.health.job_counts(jobs.pending))
+            self._counts(await node.health.job_counts(node.pending))
         except NodeError:  # the engine down: how many jobs is unknown, not zero
             self.jobs.clear()
         if self.per_job is not None:
-            self.per_job.update(jobs.sampler.samples.values())
-            self.per_job.disk(jobs.monitor.measured.values())
+            self.per_job.update(node.sampler.samples.values())
+            self.per_job.disk(node.monitor.measured.values())
 
     def _cache(self, cache: CacheStatus | None) -> None:
         """No cache (the process runtime) is always in step with itself."""

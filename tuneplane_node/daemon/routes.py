@@ -21,7 +21,7 @@ from tuneplane_node.daemon.follow import stream_log
 from tuneplane_node.daemon.guard import TOKEN_KEY
 from tuneplane_node.daemon.metrics import CONTENT_TYPE
 from tuneplane_node.daemon.presence import GONE, unless_gone
-from tuneplane_node.daemon.state import JOBS, METRICS
+from tuneplane_node.daemon.state import METRICS, NODE
 from tuneplane_node.daemon.tokens import FULL
 from tuneplane_node.errors import (
     BadRequest,
@@ -165,7 +165,7 @@ async def metrics(request: web.Request) -> web.Response:
     """Prometheus' text format; the token unless TUNEPLANE_METRICS_PUBLIC.
 
     The guard asks for the token, and no protocol header: a scraper sends none."""
-    body = await request.app[METRICS].scrape(request.app[JOBS])
+    body = await request.app[METRICS].scrape(request.app[NODE])
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
@@ -183,7 +183,7 @@ async def launch(request: web.Request) -> web.Response:
     facts = {"run_id": launch_request.run_id, "ref": spec.name, "image": spec.image}
     with audited(request, "launch", **facts) as outcome:
         try:
-            result = await request.app[JOBS].launch(launch_request)
+            result = await request.app[NODE].jobs.launch(launch_request)
         except NodeError as exc:
             request.app[METRICS].launch("refused" if exc.status < 500 else "failed")
             raise
@@ -210,7 +210,7 @@ async def prefetch(request: web.Request) -> web.Response:
     fail it as they fail a launch: GET /node/v1/images shows the error."""
     prefetch_request = requests.parse_prefetch(await read_object(request))
     with audited(request, "prefetch", image=prefetch_request.image) as outcome:
-        result = await request.app[JOBS].catalog.prefetch(prefetch_request)
+        result = await request.app[NODE].catalog.prefetch(prefetch_request)
         outcome.result = result.phase
     status = 202 if result.phase == PULLING else 200
     return answer(render.prefetch_json(result), status)
@@ -223,7 +223,7 @@ async def list_images(request: web.Request) -> web.Response:
     Not every image of the engine: only the node's. Each pull with its bytes, layers,
     rate and time left (null while unknown); a failed prefetch stays with its error as
     long as a failed launch's record."""
-    return answer(render.images_json(await request.app[JOBS].catalog.view()))
+    return answer(render.images_json(await request.app[NODE].catalog.view()))
 
 
 @api("get", "/node/v1/volumes", volumes.VolumesJson, feature="volumes")
@@ -233,14 +233,14 @@ async def list_volumes(request: web.Request) -> web.Response:
     Each entry by its sha256 with its size; each fill with its bytes, rate and time left
     (null while unknown), and how many launches wait for it. A source is shown without
     its query."""
-    return answer(render.volumes_json(*await request.app[JOBS].launcher.volumes.view()))
+    return answer(render.volumes_json(*await request.app[NODE].volumes.view()))
 
 
 @api("post", "/node/v1/observe", answers.ObserveJson, body=requests.REFS, errors=ENGINE)
 async def observe(request: web.Request) -> web.Response:
     """The state of each ref."""
     refs = requests.parse_observe(await read_object(request))
-    return encoded(render.encode_observe(await request.app[JOBS].observe(refs)))
+    return encoded(render.encode_observe(await request.app[NODE].jobs.observe(refs)))
 
 
 @api(
@@ -263,7 +263,7 @@ async def jobs(request: web.Request) -> web.Response:
     quarter of them, at least one, kept for `full` tokens). A query whose client goes
     away is cancelled, its slot freed within a second."""
     cursor, wait = requests.parse_jobs(request.query.items())
-    changes = request.app[JOBS].changes
+    changes = request.app[NODE].changes
     if cursor is None:
         return encoded(render.encode_jobs(await changes.list(), watched=False))
     token = request.get(TOKEN_KEY)
@@ -281,7 +281,7 @@ async def stats(request: web.Request) -> web.Response:
 
     Answered from the background samples: a request never samples."""
     refs = parse_stats(await read_object(request))
-    return answer(render.stats_json(await request.app[JOBS].stats(refs)))
+    return answer(render.stats_json(await request.app[NODE].jobs.stats(refs)))
 
 
 @api("post", "/node/v1/stop", answers.OkJson, body=requests.STOP, errors=ENGINE)
@@ -295,7 +295,7 @@ async def stop(request: web.Request) -> web.Response:
     if plan.warn_signal:
         facts |= {"warn_signal": plan.warn_signal, "warn_s": plan.warn_s}
     with audited(request, "stop", ref=ref, **facts):
-        await request.app[JOBS].stop(ref, plan)
+        await request.app[NODE].jobs.stop(ref, plan)
     return answer(answers.OK)
 
 
@@ -314,7 +314,7 @@ async def signal(request: web.Request) -> web.Response:
     launch still pending, is a 409: nothing is sent."""
     ref, sent = requests.parse_signal_body(await read_object(request))
     with audited(request, "signal", ref=ref, signal=sent):
-        await request.app[JOBS].signal(ref, sent)
+        await request.app[NODE].jobs.signal(ref, sent)
     return answer(answers.OK)
 
 
@@ -323,7 +323,7 @@ async def remove(request: web.Request) -> web.Response:
     """Cancel a pending launch, force-remove the container."""
     ref = requests.parse_remove(await read_object(request))
     with audited(request, "remove", ref=ref):
-        await request.app[JOBS].remove(ref)
+        await request.app[NODE].jobs.remove(ref)
     return answer(answers.OK)
 
 
@@ -340,8 +340,8 @@ async def logs(request: web.Request) -> web.StreamResponse:
     """The newest lines of a job's output; with follow, a text/plain stream."""
     ref, tail, since, follow = requests.parse_logs(request.query.items())
     if follow:
-        return await stream_log(request, request.app[JOBS].follow(ref, tail, since))
-    return answer(render.logs_json(await request.app[JOBS].logs(ref, tail, since)))
+        return await stream_log(request, request.app[NODE].jobs.follow(ref, tail, since))
+    return answer(render.logs_json(await request.app[NODE].jobs.logs(ref, tail, since)))
 
 
 @api("post", "/node/v1/reap", answers.ReapJson, body=requests.REAP, errors=ENGINE)
@@ -349,7 +349,7 @@ async def reap(request: web.Request) -> web.Response:
     """Remove the node's containers that ended long enough ago."""
     max_age = requests.parse_reap(await read_object(request))
     with audited(request, "reap", max_age_s=max_age) as outcome:
-        removed = await request.app[JOBS].reap(max_age)
+        removed = await request.app[NODE].jobs.reap(max_age)
         outcome.result = f"removed {removed}"
     return answer(render.reap_json(removed))
 
@@ -362,7 +362,7 @@ async def image_gc(request: web.Request) -> web.Response:
     line of its own (image, id, size, why)."""
     requests.parse_image_gc(await read_object(request))  # {}: any field is refused
     with audited(request, "image gc") as outcome:
-        run = await request.app[JOBS].gc.collect()
+        run = await request.app[NODE].gc.collect()
         outcome.result = f"removed {len(run.removed)}, freed {run.freed_bytes} bytes"
     return answer(machine.image_gc_json(run))
 
@@ -370,14 +370,14 @@ async def image_gc(request: web.Request) -> web.Response:
 @api("get", "/node/v1/health", answers.HealthJson)
 async def health(request: web.Request) -> web.Response:
     """Whether the node can serve, and why."""
-    status = await request.app[JOBS].status()
+    status = await request.app[NODE].jobs.status()
     return answer(machine.health_json(status, features=features()))
 
 
 @api("get", "/node/v1/inventory", answers.InventoryJson)
 async def inventory(request: web.Request) -> web.Response:
     """What the machine has."""
-    facts = await request.app[JOBS].inventory()
+    facts = await request.app[NODE].jobs.inventory()
     return answer(machine.inventory_json(facts, features=features()))
 
 
@@ -393,7 +393,7 @@ async def cordon(request: web.Request) -> web.Response:
     """Refuse new launches."""
     reason = requests.parse_cordon(await read_object(request))
     with audited(request, "cordon", reason=reason) as outcome:
-        node = await request.app[JOBS].cordon(reason)
+        node = await request.app[NODE].jobs.cordon(reason)
         outcome.result = node.state
     return answer(machine.node_state_json(node))
 
@@ -413,7 +413,7 @@ async def drain(request: web.Request) -> web.Response:
     if plan.warn_signal:
         facts |= {"warn_signal": plan.warn_signal, "warn_s": plan.warn_s}
     with audited(request, "drain", reason=reason, **facts) as outcome:
-        node = await request.app[JOBS].drain(reason, plan)
+        node = await request.app[NODE].jobs.drain(reason, plan)
         outcome.result = node.state
     return answer(machine.node_state_json(node))
 
@@ -430,7 +430,7 @@ async def uncordon(request: web.Request) -> web.Response:
     """Take launches again."""
     requests.parse_uncordon(await read_object(request))  # {} or nothing
     with audited(request, "uncordon") as outcome:
-        node = await request.app[JOBS].uncordon()
+        node = await request.app[NODE].jobs.uncordon()
         outcome.result = node.state
     return answer(machine.node_state_json(node))
 

@@ -6,13 +6,14 @@ from aiohttp import web
 
 from tuneplane_node.daemon.metrics import Metrics
 from tuneplane_node.daemon.tokens import TokenSet
-from tuneplane_node.jobs import JobService
+from tuneplane_node.jobs.node import Node
 from tuneplane_node.runtime.dockerauth import AuthFile
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.tasks import BackgroundTasks
 
 SETTINGS = web.AppKey("settings", NodeSettings)
-JOBS = web.AppKey("jobs", JobService)
+NODE = web.AppKey("node", Node)
+"""The node's services (`build_node`): each route talks to the one it needs."""
 TOKENS = web.AppKey("tokens", TokenSet)
 METRICS = web.AppKey("metrics", Metrics)
 PORT_HELD = web.AppKey("port_held", bool)
@@ -23,4 +24,4 @@ REGISTRY_AUTH = web.AppKey("registry_auth", AuthFile)
 TASKS = web.AppKey("tasks", BackgroundTasks)
 """The daemon's own background tasks: the sampler, the wreckage sweep, the token file's
 watch, the registry auth file's, the loop's lag, a SIGHUP's reload. Closed first at
-shutdown, before the service."""
+shutdown, before the node's services."""

@@ -2,6 +2,7 @@
 
 from tuneplane_node.jobs.health import read_inventory
 from tuneplane_node.jobs.launcher import launch_request
+from tuneplane_node.jobs.node import Node, build_node
 from tuneplane_node.jobs.reaper import reapable
 from tuneplane_node.jobs.results import (
     AlreadyExited,
@@ -30,6 +31,7 @@ __all__ = [
     "JobView",
     "LaunchRequest",
     "LaunchResult",
+    "Node",
     "NodeStatus",
     "PendingView",
     "Pulling",
@@ -37,6 +39,7 @@ __all__ = [
     "StopPlan",
     "StoppedView",
     "Stopping",
+    "build_node",
     "launch_request",
     "read_inventory",
     "reapable",

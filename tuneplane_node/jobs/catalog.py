@@ -21,7 +21,6 @@ from datetime import datetime
 from tuneplane_node.clock import parse_rfc3339, rfc3339
 from tuneplane_node.jobs.imageledger import ImageLedger, ImageRecord
 from tuneplane_node.jobs.images import ImageKeeper
-from tuneplane_node.jobs.launcher import Launcher
 from tuneplane_node.jobs.pending import PendingTable
 from tuneplane_node.jobs.prefetch import Prefetcher
 from tuneplane_node.jobs.pulls import PullCoordinator, SharedPull
@@ -51,18 +50,6 @@ class ImageCatalog:
         self.pulls = pulls
         self.prefetcher = prefetcher
         self.pending = pending
-
-    @classmethod
-    def of(cls, launcher: Launcher, ledger: ImageLedger) -> ImageCatalog:
-        """The catalog of a launcher's pulls, prefetches and pending launches."""
-        return cls(
-            launcher.runtime,
-            ledger=ledger,
-            images=launcher.images,
-            pulls=launcher.pulls,
-            prefetcher=launcher.prefetcher,
-            pending=launcher.pending,
-        )
 
     async def prefetch(self, request: PrefetchRequest) -> Prefetched:
         """`Prefetcher.prefetch`: the verb beside what it shows."""

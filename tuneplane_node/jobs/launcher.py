@@ -1,9 +1,10 @@
 """The launcher: a launch the service decided on, started at once or after its pull.
 
-It owns the pending launches (their table and their background tasks) and the
-`Reservation` that pairs a launch's card claim with its release, and the image GC
-(`ImageCollector`), whose pull gate a launch passes before it reserves anything and whose
-holds keep its image from a run from its first look until its container exists. What a
+It runs the pending launches (their background tasks, in the table it is handed) and the
+`Reservation` that pairs a launch's card claim with its release, and passes the image
+GC's (`ImageCollector`) pull gate before it reserves anything; the GC's holds keep its
+image from a run from its first look until its container exists. It makes none of its
+collaborators: `jobs.node.build_node` hands them over. What a
 launch does with what it finds is the service's rule; this is how it is carried out.
 """
 
@@ -15,10 +16,9 @@ import functools
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from pathlib import Path
 
 from tuneplane_node.clock import Clock
-from tuneplane_node.errors import ConfigError, InvalidField, NodeError
+from tuneplane_node.errors import NodeError
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs.affinity import CpuAffinity
 from tuneplane_node.jobs.confinement import JobRules
@@ -26,33 +26,23 @@ from tuneplane_node.jobs.disklimit import DiskLimits
 from tuneplane_node.jobs.imagegc import ImageCollector
 from tuneplane_node.jobs.images import ImageKeeper
 from tuneplane_node.jobs.isolation import Isolation
-from tuneplane_node.jobs.mounts import MountPolicy
+from tuneplane_node.jobs.mounting import LaunchMounts
 from tuneplane_node.jobs.network import neighbours
 from tuneplane_node.jobs.pending import STARTING, PendingLaunch, PendingTable
-from tuneplane_node.jobs.prefetch import Prefetcher
 from tuneplane_node.jobs.pulls import PullCoordinator
+from tuneplane_node.jobs.reservation import Reservation
 from tuneplane_node.jobs.results import LaunchRequest, Pulling, Started
-from tuneplane_node.jobs.scratch import FIELD as SCRATCH
-from tuneplane_node.jobs.scratch import ScratchError, ScratchSpaces
-from tuneplane_node.jobs.staging import MountStaging
-from tuneplane_node.jobs.volumes.keeper import FIELD as VOLUMES
 from tuneplane_node.jobs.volumes.keeper import VolumeKeeper
 from tuneplane_node.jobs.watch import ChangeLog
 from tuneplane_node.logformat import job_fields
 from tuneplane_node.references import canonical
 from tuneplane_node.runtime.base import (
     DEVICES_ENV,
-    LABEL_MOUNTS,
-    REMOTE,
-    STAGED,
     ContainerRuntime,
     ContainerSpec,
     ImageInfo,
-    Mount,
-    MountSupport,
     container_name,
 )
-from tuneplane_node.settings import NodeSettings
 from tuneplane_node.tasks import BackgroundTasks
 from tuneplane_node.wire.values import Launch
 
@@ -74,50 +64,6 @@ def launch_request(launch: Launch) -> LaunchRequest:
     )
 
 
-def refuse_unstaged(support: MountSupport, runtime: str, field: str) -> None:
-    """A 422 for a scratch (or volumes: ``field``) a runtime cannot be handed: the
-    process runtime mounts nothing, an engine on another machine takes no path of this
-    one."""
-    if support.mode != STAGED:
-        where = "is on another machine" if support.mode == REMOTE else "mounts nothing"
-        what = "scratch space" if field == SCRATCH else "volumes"
-        raise InvalidField(field, f"the {runtime} runtime {where}: it takes no {what}")
-
-
-class Reservation:
-    """A launch's cards, from its acceptance until its container's label holds them or
-    the launch ends without one. The one place a launch claims cards (`claim`; again
-    after a pull, which keeps them if they are still free) and the one place it lets
-    them go (`release`, once: a second call does nothing). ``async with`` ties the
-    release to a block; a pending launch's task ends in `Launcher._ended`, which
-    releases it."""
-
-    def __init__(self, allocator: GpuAllocator, request: LaunchRequest) -> None:
-        self.allocator = allocator
-        self.request = request
-        self._held = False
-
-    async def claim(self) -> tuple[int, ...]:
-        """The cards, or `NoCapacity`; a refusal leaves an earlier claim held."""
-        request = self.request
-        cards = await self.allocator.claim(
-            request.ref, request.requested_gpus, run_id=request.run_id
-        )
-        self._held = True
-        return cards
-
-    def release(self) -> None:
-        if self._held:
-            self._held = False
-            self.allocator.release(self.request.ref)
-
-    async def __aenter__(self) -> tuple[int, ...]:
-        return await self.claim()
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        self.release()
-
-
 class Launcher:
     """Starts vetted launches: the container at once when its image is here, else a
     pending launch whose task pulls the image, then starts it."""
@@ -129,33 +75,33 @@ class Launcher:
         pulls: PullCoordinator,
         *,
         images: ImageKeeper,
-        settings: NodeSettings,
         clock: Clock,
-        port_held: bool = False,
+        changes: ChangeLog,
+        pending: PendingTable,
+        tasks: BackgroundTasks,
+        rules: JobRules,
+        isolation: Isolation,
+        disk: DiskLimits,
+        affinity: CpuAffinity,
+        mounts: LaunchMounts,
+        volumes: VolumeKeeper,
+        gc: ImageCollector,
     ) -> None:
         self.runtime = runtime
         self.allocator = allocator
         self.pulls = pulls
         self.images = images
         self.clock = clock
-        self.changes = ChangeLog(runtime, settings, clock=clock)  # watch's, fed by the table
-        self.pending = PendingTable(clock=clock, on_change=self.changes.changed)
-        self.tasks = BackgroundTasks(log)  # the pending launches'
-        self.rules = JobRules(settings, port_held=port_held)
-        self.isolation = Isolation(settings, runtime)
-        self.disk = DiskLimits(settings)
-        self.affinity = CpuAffinity(settings)
-        self.mounts = MountPolicy(
-            settings.mount_roots,
-            never_a_root=settings.never_a_root,
-            node_files=settings.node_files(),
-        )
-        self.staging = MountStaging(settings.state_dir)
-        self.scratch = ScratchSpaces(settings)
-        self.volumes = VolumeKeeper(settings, clock=clock)
-        self._support: MountSupport | None = None  # the engine's answer, once it gave one
-        self.gc = ImageCollector(runtime, settings, pulls=pulls, clock=clock)
-        self.prefetcher = Prefetcher(runtime, pulls, images=images, gc=self.gc, clock=clock)
+        self.changes = changes  # watch's, fed by the table
+        self.pending = pending
+        self.tasks = tasks  # the pending launches'
+        self.rules = rules
+        self.isolation = isolation
+        self.disk = disk
+        self.affinity = affinity
+        self.mounts = mounts  # host paths, scratch and volumes: vetted, staged, released
+        self.volumes = volumes
+        self.gc = gc
 
     async def vetted(self, request: LaunchRequest) -> LaunchRequest:
         """The launch with its spec as the node allows it: the operator's confinement
@@ -173,108 +119,12 @@ class Launcher:
         spec = await self.isolation.apply(spec, cards=cards)
         store = await self.gc.store()  # the launch's one reading (`LaunchRequest.store`)
         spec = self.disk.apply(spec, store)
-        if spec.mounts:  # refused now; opened for good when the container is made
-            await self._usable(spec.mounts)
-            await asyncio.to_thread(self.mounts.vet, spec.mounts)
-        if spec.scratch is not None:  # made when the container is
-            await self._scratch_usable(self.scratch.vet(spec))
-        if spec.volumes:  # filled before the container is made, bound when it is
-            self.volumes.vet(spec.volumes)
-            await self._scratch_usable(spec, field=VOLUMES)
+        await self.mounts.vet(spec)  # refused now; opened for good when the container is made
         return replace(request, spec=spec, store=store)
-
-    # --- mounts -------------------------------------------------------------------------
-
-    async def mount_support(self) -> MountSupport:
-        """The engine's word on mounts, asked until it answers; its own directories are
-        never mounted from then on."""
-        if self._support is None:
-            support = await self.runtime.mount_support()
-            what = f"the {self.runtime.name} engine's own directory"
-            self.mounts.forbid((Path(path), what) for path in support.engine_dirs)
-            self._support = support
-        return self._support
-
-    async def _usable(self, mounts: tuple[Mount, ...]) -> MountSupport:
-        """The engine's support, or a 422 for each mount of an engine on another machine."""
-        support = await self.mount_support()
-        if support.mode == REMOTE:
-            reason = (
-                f"the {self.runtime.name} engine is on another machine: the node cannot "
-                "hand it a host path it opened, so it takes no host mounts"
-            )
-            refusals = [InvalidField(f"container.mounts[{i}]", reason) for i in range(len(mounts))]
-            raise InvalidField.of(refusals)
-        return support
-
-    async def _scratch_usable(self, spec: ContainerSpec, *, field: str = SCRATCH) -> None:
-        refuse_unstaged(await self.mount_support(), self.runtime.name, field)
-
-    async def _staged(self, spec: ContainerSpec) -> ContainerSpec:
-        """The spec with each mount opened and bound at its staging path (`MountStaging`),
-        its scratch made and bound there too (`ScratchSpaces`), the key of its staging on
-        its label; a runtime that mounts nothing (the process runtime) gets the paths as
-        given, opened and refused alike."""
-        if not spec.mounts and spec.scratch is None and not spec.volumes:
-            return spec
-        if spec.scratch is not None or spec.volumes:  # a staging engine's: host mounts
-            await self._scratch_usable(spec, field=SCRATCH if spec.scratch else VOLUMES)
-        elif (await self._usable(spec.mounts)).mode != STAGED:
-            return replace(spec, mounts=await asyncio.to_thread(self.mounts.vet, spec.mounts))
-        key = self.staging.new_key(spec.name)
-        mounts = await asyncio.to_thread(self._open_and_stage, key, spec)
-        return replace(spec, mounts=mounts, labels={**spec.labels, LABEL_MOUNTS: key})
-
-    def _open_and_stage(self, key: str, spec: ContainerSpec) -> tuple[Mount, ...]:
-        opened, scratch = self.mounts.open(spec.mounts), spec.scratch
-        try:
-            opened += self.volumes.open(spec.volumes)
-            if scratch is not None:
-                opened.append(self.scratch.make(key, scratch))
-            return self.staging.stage(key, opened)
-        except BaseException:
-            self.scratch.release_quietly(key)  # after the staging's release: its binds first
-            raise
-        finally:
-            for each in opened:
-                each.close()
 
     async def release_mounts(self, labels: Mapping[str, str]) -> None:
         """Unmount a container's staged mounts (its label names them): it is gone."""
-        key = labels.get(LABEL_MOUNTS)
-        if not key:
-            return
-        try:
-            await asyncio.to_thread(self.staging.release, key)
-            await asyncio.to_thread(self.scratch.release, key)
-        except (OSError, ScratchError) as exc:
-            log.error("could not remove the staged mounts %s: %s (swept at next start)", key, exc)
-
-    async def start_mounts(self) -> None:
-        """At start, before the first launch: the engine's own directories learnt (a mount
-        root holding one is a `ConfigError`), the staging a killed daemon left swept (the
-        keys no container's label names), and a node that cannot mount said so."""
-        try:
-            support = await self.mount_support()
-            keep = {state.labels.get(LABEL_MOUNTS, "") for state in await self.runtime.ps()}
-        except NodeError as exc:
-            log.warning("staged mounts not swept (the engine did not answer): %s", exc.message)
-            return
-        self._refuse_roots(support)
-        await asyncio.to_thread(self.staging.sweep, keep)
-        try:
-            await asyncio.to_thread(self.scratch.sweep, keep)
-        except (OSError, ScratchError) as exc:
-            log.error("could not remove a scratch space no container has: %s", exc)
-        if support.mode == STAGED and self.mounts.roots:
-            reason = await asyncio.to_thread(self.staging.probe)
-            if reason is not None:
-                log.error("launches with host mounts will be refused: %s", reason)
-
-    def _refuse_roots(self, support: MountSupport) -> None:
-        problem = self.mounts.root_holding(support.engine_dirs, engine=self.runtime.name)
-        if problem is not None:
-            raise ConfigError(problem)
+        await self.mounts.release(labels)
 
     async def start(self, request: LaunchRequest) -> Started | Pulling:
         """Run the image that is here (a private one only for credentials it admits:
@@ -310,11 +160,11 @@ class Launcher:
         """The container, from the image id the reference resolved to, with the cards it
         was given."""
         async with Reservation(self.allocator, request) as cards:
-            spec = await self._staged(await self._placed(_from(request.spec, info), cards))
+            spec = await self.mounts.staged(await self._placed(_from(request.spec, info), cards))
             try:
                 container_id = await self.runtime.run(spec)
             except BaseException:
-                await self.release_mounts(spec.labels)  # the launch failed: nothing uses them
+                await self.mounts.release(spec.labels)  # the launch failed: nothing uses them
                 raise
         # The label holds the cards now, or nobody does.
         self._used(request, info)
@@ -368,7 +218,7 @@ class Launcher:
         self.pending.changed(record.ref)
         cards = await reservation.claim()
         # Opened now, after the pull: what is mounted is what the walk opened at create.
-        spec = await self._staged(await self._placed(_from(record.request.spec, info), cards))
+        spec = await self.mounts.staged(await self._placed(_from(record.request.spec, info), cards))
         start = asyncio.ensure_future(self.runtime.run(spec))
         try:
             await asyncio.shield(start)
@@ -378,10 +228,10 @@ class Launcher:
             with contextlib.suppress(Exception):
                 await start
             await self._teardown(record.request)
-            await self.release_mounts(spec.labels)
+            await self.mounts.release(spec.labels)
             raise
         except BaseException:
-            await self.release_mounts(spec.labels)
+            await self.mounts.release(spec.labels)
             raise
         self._used(record.request, info)
 
@@ -456,14 +306,9 @@ class Launcher:
             )
 
     async def close(self) -> None:
-        """Cancel every background launch and prefetch, then every pull (shutdown): a
-        launch cancelled while its pull runs leaves it first, as a stop would."""
+        """Cancel every background launch (shutdown; `Node.close` then closes the pulls:
+        a launch cancelled while its pull runs leaves it first, as a stop would)."""
         await self.tasks.close()
-        await self.prefetcher.close()
-        await self.pulls.close()
-        await self.volumes.close()
-        await self.changes.close()
-        await self.gc.close()
 
 
 def _from(spec: ContainerSpec, info: ImageInfo | None) -> ContainerSpec:

@@ -49,7 +49,8 @@ def _wreck(state: ContainerState, older_than_s: float, now: datetime) -> bool:
 
 class Reaper:
     """Removes what the node's containers left: through the stopper, under each ref's lock,
-    after reading the container again (it may have been relaunched meanwhile)."""
+    after reading the container again from the engine (``own``: it may have been
+    relaunched meanwhile, and the state cache may not yet know of its start)."""
 
     def __init__(
         self,

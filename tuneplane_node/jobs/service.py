@@ -2,11 +2,11 @@
 
 The one place the node's rules live: which containers are its own, what a launch does
 with what it finds, what observe and stats say of a ref. The mechanisms are its
-collaborators, each given what it needs and never the service: the launcher (pending
-launches, the card reservation, the change log behind watch), the stopper, the reaper,
-the logs reader, the node-state keeper (cordon and drain), the health reader, the image
-GC (the launcher's). It speaks the runtime contract below and typed results above; it
-knows no HTTP and no JSON.
+collaborators, each given what it needs and never the service, all made once by
+`jobs.node.build_node`: the launcher (pending launches, the card reservation), the
+stopper, the reaper, the logs reader, the node-state keeper (cordon and drain), the
+health reader, the disk monitor, the sampler. It speaks the runtime contract below and
+typed results above; it knows no HTTP and no JSON.
 
 Every verb that changes a container holds that container's control lock (`RefLocks`),
 so two verbs on one ref never interleave; verbs on different refs never wait for each
@@ -15,27 +15,22 @@ other. The GPU allocation lock covers only choosing cards and recording the clai
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import Iterable
 from datetime import datetime
 
-from tuneplane_node.clock import SYSTEM_CLOCK, Clock
+from tuneplane_node.clock import Clock
 from tuneplane_node.errors import NodeCordoned
-from tuneplane_node.gpu.allocator import GpuAllocator
-from tuneplane_node.jobs.catalog import ImageCatalog
 from tuneplane_node.jobs.diskmonitor import DiskMonitor
 from tuneplane_node.jobs.drain import NodeStateKeeper
 from tuneplane_node.jobs.health import HealthReader
-from tuneplane_node.jobs.imageledger import ImageLedger
-from tuneplane_node.jobs.images import CredentialSource, ImageKeeper
 from tuneplane_node.jobs.launcher import Launcher
 from tuneplane_node.jobs.locks import RefLocks
 from tuneplane_node.jobs.logs import LogsReader
 from tuneplane_node.jobs.nodestate import NodeState, NodeStateStore
-from tuneplane_node.jobs.pending import FAILED
-from tuneplane_node.jobs.pulls import PullCoordinator
+from tuneplane_node.jobs.ours import OursRule
+from tuneplane_node.jobs.pending import FAILED, PendingTable
 from tuneplane_node.jobs.reaper import Reaper
 from tuneplane_node.jobs.results import (
     AlreadyPending,
@@ -51,119 +46,53 @@ from tuneplane_node.jobs.retries import check_run, retried, stamped
 from tuneplane_node.jobs.stats import JobStats, StatsSampler
 from tuneplane_node.jobs.stopper import NO_PLAN, Stopper
 from tuneplane_node.jobs.views import StoppedViews
-from tuneplane_node.runtime.base import (
-    ContainerRuntime,
-    ContainerState,
-    LogStream,
-    LogText,
-    PullLimits,
-)
-from tuneplane_node.settings import NodeSettings
-from tuneplane_node.telemetry import NO_TELEMETRY, Telemetry
+from tuneplane_node.runtime.base import ContainerRuntime, ContainerState, LogStream, LogText
 
 log = logging.getLogger(__name__)
 
 
 class JobService:
-    """The job verbs over one runtime and one allocator."""
+    """The job verbs over the collaborators `build_node` made: it makes none itself."""
 
     def __init__(
         self,
-        runtime: ContainerRuntime,
-        allocator: GpuAllocator,
-        settings: NodeSettings,
         *,
-        clock: Clock = SYSTEM_CLOCK,
-        telemetry: Telemetry = NO_TELEMETRY,
-        credentials: CredentialSource | None = None,  # the node's registry auth file
-        port_held: bool = False,  # systemd holds the node's port across restarts
+        runtime: ContainerRuntime,
+        clock: Clock,
+        own: OursRule,
+        locks: RefLocks,
+        launcher: Launcher,
+        pending: PendingTable,
+        store: NodeStateStore,
+        stopper: Stopper,
+        reaper: Reaper,
+        keeper: NodeStateKeeper,
+        monitor: DiskMonitor,
+        views: StoppedViews,
+        health: HealthReader,
+        reader: LogsReader,
+        sampler: StatsSampler,
     ) -> None:
         self.runtime = runtime
-        self.allocator = allocator
-        self.settings = settings
         self.clock = clock
-        self.locks = RefLocks()
-        limits = PullLimits(settings.local_image_pull_timeout_s, settings.local_image_pull_stall_s)
-        self.ledger = ledger = ImageLedger(settings.state_dir)  # what the node pulled and ran
-        self.pulls = PullCoordinator(runtime, limits, telemetry, ledger=ledger, clock=clock)
-        self.images = ImageKeeper(settings, credentials=credentials, clock=clock, ledger=ledger)
-        self.launcher = Launcher(
-            runtime, allocator, self.pulls, images=self.images, settings=settings, clock=clock,
-            port_held=port_held,
-        )  # fmt: skip
-        self.pending, self.changes = self.launcher.pending, self.launcher.changes  # watch's
-        self.catalog = ImageCatalog.of(self.launcher, self.ledger)  # prefetch, GET images
-        self.changes.reads(self.observe, lambda: [r.ref for r in self.pending.records()])
-        self.rules = self.launcher.rules
-        self.store = NodeStateStore(settings.state_dir, clock=clock)
-        self._compose()
-        self.gc = self.launcher.gc  # the image GC, and the pull gate of launches
-        monitor = self.monitor
-        self.health = HealthReader(runtime, allocator, settings, clock=clock, gc=self.gc)
-        self.health.held_by = lambda: monitor.held_by
-        self.health.cards_refused = self.rules.card_jobs_refused
-        self.reader = LogsReader(runtime, settings, own=self._own, pending=self.pending)
-        self.follow_limit = self.reader.follow_limit
-        interval = settings.stats_interval_s
-        self.sampler = StatsSampler(runtime, allocator, interval_s=interval, clock=clock)
-
-    def _compose(self) -> None:
-        """The collaborators that act on containers: each under the ours rule and the
-        per-ref locks, which stay the service's."""
-        runtime, settings, locks = self.runtime, self.settings, self.locks
-        self.stopper = Stopper(
-            runtime,
-            settings,
-            own=self._own,
-            locks=locks,
-            launcher=self.launcher,
-            store=self.store,
-            clock=self.clock,
-        )
-        self.reaper = Reaper(
-            runtime,
-            settings,
-            own=self._own,
-            locks=locks,
-            pending=self.pending,
-            stopper=self.stopper,
-            clock=self.clock,
-        )
-        self.keeper = NodeStateKeeper(
-            runtime,
-            settings,
-            store=self.store,
-            locks=locks,
-            launcher=self.launcher,
-            stopper=self.stopper,
-            clock=self.clock,
-        )
-        self.monitor = DiskMonitor(  # it relieves the store before the image GC runs
-            runtime, settings, stopper=self.stopper, store=self.store, gc=self.launcher.gc
-        )
-        self.views = StoppedViews()
+        self.own = own  # the "ours" rule: every container read goes through it
+        self.locks = locks  # one verb at a time per ref
+        self.launcher = launcher
+        self.pending = pending
+        self.store = store
+        self.stopper = stopper
+        self.reaper = reaper
+        self.keeper = keeper
+        self.monitor = monitor
+        self.views = views
+        self.health = health
+        self.reader = reader
+        self.sampler = sampler
 
     @property
     def node(self) -> NodeState:
         """The node state in force: ready, cordoned, draining or drained."""
         return self.store.node
-
-    # --- the "ours" rule ----------------------------------------------------------------
-
-    async def _own(self, ref: str, *, fresh: bool = False) -> ContainerState:
-        """The node's container of that name, or missing: a container without the node's
-        run-id label is none of its business, whoever asks. ``fresh``: ask the engine
-        itself, not the cache (which may not yet know of an exit)."""
-        read = self.runtime.inspect_fresh if fresh else self.runtime.inspect
-        return self._mine(await read(ref), ref)
-
-    @staticmethod
-    def _mine(state: ContainerState, ref: str) -> ContainerState:
-        """The rule itself, for a state already read (observe reads many at once)."""
-        if state.exists and not state.ours:
-            log.debug("%s is not a container of this node: treated as missing", ref)
-            return ContainerState.missing(ref)
-        return state
 
     # --- launch -------------------------------------------------------------------------
 
@@ -183,9 +112,9 @@ class JobService:
                 check_run(ref, record.request.run_id, record.request.spec.labels, request)
                 return AlreadyPending(record.phase, record.image)
             self.pending.pop(ref)  # a failed record is replaced by the retry
-            state = await self._own(ref)
+            state = await self.own(ref)
             if state.live:  # "running" is acted on at once: the engine's word, not the cache's
-                state = await self._own(ref, fresh=True)
+                state = await self.own(ref, fresh=True)
             if state.exists and (answer := retried(state, request)) is not None:
                 return answer
             self._check_open()
@@ -212,7 +141,7 @@ class JobService:
             if record is not None:
                 views[ref] = record.view(now)
             else:
-                views[ref] = self._why(self._mine(state, ref))
+                views[ref] = self._why(self.own.mine(state, ref))
         return views
 
     async def stats(self, refs: Iterable[str] | None) -> dict[str, JobStats]:
@@ -226,7 +155,7 @@ class JobService:
             if record is not None:  # as observe shows it: created, or dead once failed
                 answers[ref] = JobStats(True, "dead" if record.phase == FAILED else "created")
                 continue
-            state = await self._own(ref)
+            state = await self.own(ref)
             sample = self.sampler.latest(state) if state.status == "running" else None
             disk = self.monitor.figures(state) if sample else None
             answers[ref] = JobStats(state.exists, state.status or None, sample, disk)
@@ -275,15 +204,6 @@ class JobService:
 
     # --- cordon and drain ---------------------------------------------------------------
 
-    async def start(self) -> None:
-        """The ledger, the private record it backs, the node state, the staged mounts."""
-        await self.ledger.load()
-        await self.images.start()
-        await self.keeper.start()
-        await self.launcher.start_mounts()
-        await asyncio.to_thread(self.rules.read_engine, self.runtime.name)  # its memlock
-        await self.launcher.isolation.support()  # the runtimes' registration, said at start
-
     async def cordon(self, reason: str | None) -> NodeState:
         return await self.keeper.cordon(reason)
 
@@ -301,14 +221,3 @@ class JobService:
 
     async def inventory(self) -> Inventory:
         return await self.health.inventory(self.node)
-
-    async def close(self) -> None:
-        """Shutdown, in this order: a drain in progress (it cancels launches), every
-        background launch and pull, the disk's refresh. A drain is resumed by the next
-        start: its state is on disk."""
-        await self.keeper.close()
-        await self.monitor.close()
-        await self.launcher.close()
-        await self.ledger.close()
-        await self.images.close()
-        await self.health.close()

@@ -82,8 +82,8 @@ async def detect_runtime(
         return make_runtime(
             settings, settings.local_runtime, cache=cache, telemetry=telemetry, clock=clock
         )
-    docker_address = settings.docker_host or os.environ.get("DOCKER_HOST")
-    candidates = [("docker", docker_address or "the default socket")]
+    docker_address = settings.docker_host or os.environ.get("DOCKER_HOST")  # one given
+    candidates = [("docker", settings.engine_address("docker"))]
     if not docker_address:
         candidates.append(("podman", settings.podman_url))
     tried = []

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
@@ -49,7 +48,7 @@ from tuneplane_node.runtime.jobnetwork import (
     docker_network,
 )
 from tuneplane_node.runtime.pulling import PullStream
-from tuneplane_node.settings import NodeSettings
+from tuneplane_node.settings import NodeSettings, local_engine, unix_socket
 
 log = logging.getLogger(__name__)
 ENGINE = "docker"
@@ -249,12 +248,12 @@ class DockerRuntime(EngineRuntime, errors=ERRORS):
 
     def _device_support(self) -> DeviceSupport:
         info = self.api.info()
-        local = self.settings.docker_host or os.environ.get("DOCKER_HOST") or "unix://"
+        local = unix_socket(self.settings.engine_address("docker")) is not None
         self.support = DeviceSupport(
             runtimes=tuple(sorted(info.get("Runtimes") or {})),
             # Docker 25 and later, with the cdi feature on; absent or empty before.
             cdi_dirs=tuple(info.get("CDISpecDirs") or ()),
-            cdi_local=local.startswith("unix://"),
+            cdi_local=local,
         )
         return self.support
 
@@ -303,8 +302,7 @@ class DockerRuntime(EngineRuntime, errors=ERRORS):
         return self.api.info().get("DriverStatus")
 
     def _local(self) -> bool:
-        address = self.settings.docker_host or os.environ.get("DOCKER_HOST") or "unix://"
-        return address.startswith(("unix://", "npipe://"))
+        return local_engine(self.settings.engine_address("docker"))
 
     def _image_entries(self) -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]:
         return self.api.images(), self.api.containers(all=True)

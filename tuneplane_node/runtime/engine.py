@@ -10,6 +10,7 @@ an SDK.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
@@ -104,6 +105,15 @@ class ErrorTable:
             return True
         words = str(getattr(exc, "explanation", None) or exc).lower()
         return isinstance(exc, self.api_error) and "no such container" in words
+
+    @contextlib.contextmanager
+    def translated(self, action: str) -> Iterator[None]:
+        """The SDK's exceptions raised inside surface as the node's own (`translate`), as
+        httpx maps httpcore's: the one place an engine's error becomes the node's."""
+        try:
+            yield
+        except Exception as exc:
+            raise self.translate(exc, action=action) from exc
 
     def translate(self, exc: BaseException, *, action: str) -> NodeError:
         if isinstance(exc, NodeError):
@@ -475,21 +485,28 @@ class EngineRuntime(EngineImages, EngineMounts, EngineParent, EngineProcesses, E
     async def _call(self, action: str, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn`` on the pool, within the deadline: a wedged engine may hold the
         thread until the SDK's own timeout, never the caller."""
-        call = args[1] if fn == self._or else fn  # the metrics name the call, not the wrapper
+        return await self._deadlined(action, fn.__name__, functools.partial(fn, *args))
+
+    async def _call_or(self, action: str, missing: T, fn: Callable[..., T], *args: Any) -> T:
+        """`_call`, with ``missing`` for an answer where the engine has no such container
+        or image (`_or`)."""
+        call = functools.partial(self._or, missing, fn, *args)
+        return await self._deadlined(action, fn.__name__, call)
+
+    async def _deadlined(self, action: str, name: str, call: Callable[[], T]) -> T:
+        """``call`` on the pool under the error table, within the deadline; ``name``, the
+        SDK call's, is what the pool's metrics count it as."""
         try:
             return await asyncio.wait_for(
-                self.pool.call_as(call.__name__, self._guarded, action, fn, *args),
-                self.deadline_s,
+                self.pool.call_as(name, self._guarded, action, call), self.deadline_s
             )
         except asyncio.TimeoutError:
             reason = f"no answer within {self.deadline_s:g} s ({action})"
             raise EngineUnavailable(engine=self.name, reason=reason) from None
 
     def _guarded(self, action: str, fn: Callable[..., T], *args: Any) -> T:
-        try:
+        with self.errors.translated(action):
             return fn(*args)
-        except Exception as exc:
-            raise self.errors.translate(exc, action=action) from exc
 
     def _or(self, missing: T, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)``, or ``missing`` when the engine has no such container or image."""
@@ -502,10 +519,8 @@ class EngineRuntime(EngineImages, EngineMounts, EngineParent, EngineProcesses, E
 
     def _translated(self, items: Iterator[T], *, action: str) -> Iterator[T]:
         """A stream whose SDK errors surface as the node's own."""
-        try:
+        with self.errors.translated(action):
             yield from items
-        except Exception as exc:
-            raise self.errors.translate(exc, action=action) from exc
 
     on_change = tells_no_changes  # the ContainerRuntime verbs; the state cache tells changes
 
@@ -546,7 +561,7 @@ class EngineRuntime(EngineImages, EngineMounts, EngineParent, EngineProcesses, E
 
     async def logs(self, ref: str, query: LogQuery) -> LogText | None:
         action = f"read the logs of {ref}"
-        return await self._call(action, self._or, None, self._read_logs, ref, query)
+        return await self._call_or(action, None, self._read_logs, ref, query)
 
     def _read_logs(self, ref: str, query: LogQuery) -> LogText:
         """The last ``tail`` lines, streamed through a `LogFold`.
@@ -591,7 +606,7 @@ class EngineRuntime(EngineImages, EngineMounts, EngineParent, EngineProcesses, E
             response.close()  # here, by the reading thread only (see `logstream`)
 
     async def kill(self, ref: str, signal: str) -> None:
-        await self._call(f"signal {ref}", self._or, None, self._quiet_kill, ref, signal)
+        await self._call_or(f"signal {ref}", None, self._quiet_kill, ref, signal)
 
     def _quiet_kill(self, ref: str, signal: str) -> None:
         try:
@@ -613,7 +628,7 @@ class EngineRuntime(EngineImages, EngineMounts, EngineParent, EngineProcesses, E
         return True
 
     async def remove(self, name: str) -> None:
-        await self._call(f"remove {name}", self._or, None, self._remove, name)
+        await self._call_or(f"remove {name}", None, self._remove, name)
 
     async def ps(self) -> list[ContainerState]:
         return await self._call("list containers", self._ps)
@@ -644,7 +659,7 @@ class EngineRuntime(EngineImages, EngineMounts, EngineParent, EngineProcesses, E
         return await self.image_info(image) is not None
 
     async def image_info(self, image: str) -> ImageInfo | None:
-        doc = await self._call(f"inspect image {image}", self._or, None, self._inspect_image, image)
+        doc = await self._call_or(f"inspect image {image}", None, self._inspect_image, image)
         return fmt.image_from_inspect(doc) if doc is not None else None
 
     async def pull(

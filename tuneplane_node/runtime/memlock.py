@@ -12,15 +12,13 @@ taken for a limit.
 
 from __future__ import annotations
 
-import os
 import socket
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuneplane_node.settings import NodeSettings
+from tuneplane_node.settings import NodeSettings, unix_socket
 
-DOCKER_DEFAULT = "unix:///var/run/docker.sock"
 PROC = Path("/proc")
 LIMIT_LINE = "Max locked memory"
 SOCKET_TIMEOUT_S = 2.0
@@ -46,30 +44,17 @@ class EngineMemlock:
         return f"its hard limit is {self.hard} bytes ({self.source}), below {asked}"
 
 
-def engine_address(settings: NodeSettings, engine: str) -> str | None:
-    """The engine's address as the SDK is given it; None for the process runtime."""
-    if engine == "docker":
-        return settings.docker_host or os.environ.get("DOCKER_HOST") or DOCKER_DEFAULT
-    return settings.podman_url if engine == "podman" else None
-
-
-def unix_path(address: str) -> str | None:
-    """The socket path of a local engine address (``unix://``, ``http+unix://``)."""
-    scheme, _, rest = address.partition("://")
-    return rest if scheme in ("unix", "http+unix") and rest else None
-
-
 def read(settings: NodeSettings, engine: str) -> EngineMemlock:
     """The hard memlock of the engine the settings name. Blocking."""
-    address = engine_address(settings, engine)
-    if address is None:
+    address = settings.engine_address(engine)
+    if not address:
         return EngineMemlock(False, source=f"the {engine} runtime is no engine")
     return engine_memlock(address)
 
 
 def engine_memlock(address: str) -> EngineMemlock:
     """The hard memlock of the process listening on the engine's socket. Blocking."""
-    path = unix_path(address)
+    path = unix_socket(address)
     if path is None:
         return EngineMemlock(False, source=f"{address} is not a local socket")
     try:

@@ -57,7 +57,7 @@ from tuneplane_node.runtime.jobnetwork import (
     own_network,
 )
 from tuneplane_node.runtime.pulling import PullStream, close_http_stream
-from tuneplane_node.settings import NodeSettings
+from tuneplane_node.settings import NodeSettings, local_engine
 from tuneplane_node.signals import JOB_SIGNALS
 
 log = logging.getLogger(__name__)
@@ -345,7 +345,7 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
     @property
     def remote(self) -> bool:
         """Whether the service is another machine's (no file of ours reaches it)."""
-        return not self.settings.podman_url.startswith(("unix://", "http+unix://"))
+        return not local_engine(self.settings.podman_url)
 
     def _inspect(self, ref: str) -> ContainerState:
         return fmt.state_from_inspect(self.client.containers.get(ref).attrs)
@@ -458,7 +458,7 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
 
     def _device_support(self) -> DeviceSupport:
         # containers.conf's cdi_spec_dirs, whose defaults these are, is not in the API.
-        local = self.settings.podman_url.startswith(("unix://", "http+unix://"))
+        local = local_engine(self.settings.podman_url)
         return DeviceSupport(cdi_dirs=CDI_DIRS, cdi_local=local)
 
     def _engine_dirs(self) -> list[str]:
@@ -520,7 +520,7 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
         return store.get("graphStatus")
 
     def _local(self) -> bool:
-        return self.settings.podman_url.startswith(("unix://", "http+unix://"))
+        return local_engine(self.settings.podman_url)
 
     def _image_entries(self) -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]:
         # The compat lists: docker's shapes, which `dockerformat` reads.

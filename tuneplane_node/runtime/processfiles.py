@@ -17,9 +17,7 @@ import contextlib
 import dataclasses
 import json
 import logging
-import os
 import re
-import secrets
 import shutil
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -28,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from tuneplane_node.clock import rfc3339
+from tuneplane_node.durable import create_once, write_atomically
 from tuneplane_node.errors import EngineRefused, EngineUnavailable
 from tuneplane_node.logformat import job_fields
 from tuneplane_node.runtime.base import EXIT_SIGKILL, ContainerSpec, job_labels
@@ -131,14 +130,10 @@ def exit_record(rc_file: Path) -> tuple[int | None, str | None]:
 
     A job gone without writing its code was killed (SIGKILL to its group, the OOM
     killer, a reboot): it is given 137, once, and the moment it was found dead becomes
-    its finish time. ``os.link`` never replaces, so a code the wrapper wrote stays.
+    its finish time. ``create_once`` never replaces, so a code the wrapper wrote stays.
     """
     if not rc_file.exists():
-        tmp = rc_file.with_name(f".{rc_file.name}.{secrets.token_hex(4)}.tmp")
-        tmp.write_text(str(EXIT_SIGKILL))
-        with contextlib.suppress(FileExistsError):
-            os.link(tmp, rc_file)
-        tmp.unlink()
+        create_once(rc_file, str(EXIT_SIGKILL).encode())
     text = rc_file.read_text().strip()
     finished = rfc3339(datetime.fromtimestamp(rc_file.stat().st_mtime, timezone.utc))
     if not text.isdigit():
@@ -180,6 +175,4 @@ def _jsonable(value: object) -> object:
 
 def _write_atomic(path: Path, text: str) -> None:
     """Readers see the old file or the new one, never half of it."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    write_atomically(path, text.encode())

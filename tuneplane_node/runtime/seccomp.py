@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from tuneplane_node.durable import write_atomically
 
 log = logging.getLogger(__name__)
 CLONE_NEWUSER = 0x10000000
@@ -92,10 +92,5 @@ def derive_profile(
 
 
 def _write(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=".seccomp-")
-    with os.fdopen(fd, "w") as file:
-        file.write(text)
-    os.chmod(temporary, 0o644)  # the engine reads it
-    os.replace(temporary, path)
+    write_atomically(path, text.encode(), mode=0o644)  # the engine reads it
     return path

@@ -1,0 +1,170 @@
+"""A launch's host paths: its mounts, scratch and volumes, from the vetting to the release.
+
+The launcher's mount room: it asks the engine once how it takes mounts (`MountSupport`),
+refuses what the engine cannot be handed, and, when the container is made, opens each
+path without following links (`MountPolicy`), makes the scratch (`ScratchSpaces`), opens
+the volumes (`VolumeKeeper`) and binds them all at the staging path (`MountStaging`)
+whose key the container's label carries; the container gone, it lets them go.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+
+from tuneplane_node.errors import ConfigError, InvalidField, NodeError
+from tuneplane_node.jobs.mounts import MountPolicy
+from tuneplane_node.jobs.scratch import FIELD as SCRATCH
+from tuneplane_node.jobs.scratch import ScratchError, ScratchSpaces
+from tuneplane_node.jobs.staging import MountStaging
+from tuneplane_node.jobs.volumes.keeper import FIELD as VOLUMES
+from tuneplane_node.jobs.volumes.keeper import VolumeKeeper
+from tuneplane_node.runtime.base import (
+    LABEL_MOUNTS,
+    REMOTE,
+    STAGED,
+    ContainerRuntime,
+    ContainerSpec,
+    Mount,
+    MountSupport,
+)
+
+log = logging.getLogger(__name__)
+
+
+def refuse_unstaged(support: MountSupport, runtime: str, field: str) -> None:
+    """A 422 for a scratch (or volumes: ``field``) a runtime cannot be handed: the
+    process runtime mounts nothing, an engine on another machine takes no path of this
+    one."""
+    if support.mode != STAGED:
+        where = "is on another machine" if support.mode == REMOTE else "mounts nothing"
+        what = "scratch space" if field == SCRATCH else "volumes"
+        raise InvalidField(field, f"the {runtime} runtime {where}: it takes no {what}")
+
+
+class LaunchMounts:
+    """The mounts, scratch and volumes of the node's launches, on one engine."""
+
+    def __init__(
+        self,
+        runtime: ContainerRuntime,
+        *,
+        policy: MountPolicy,
+        staging: MountStaging,
+        scratch: ScratchSpaces,
+        volumes: VolumeKeeper,
+    ) -> None:
+        self.runtime = runtime
+        self.policy = policy
+        self.staging = staging
+        self.scratch = scratch
+        self.volumes = volumes
+        self._support: MountSupport | None = None  # the engine's answer, once it gave one
+
+    async def support(self) -> MountSupport:
+        """The engine's word on mounts, asked until it answers; its own directories are
+        never mounted from then on."""
+        if self._support is None:
+            support = await self.runtime.mount_support()
+            what = f"the {self.runtime.name} engine's own directory"
+            self.policy.forbid((Path(path), what) for path in support.engine_dirs)
+            self._support = support
+        return self._support
+
+    async def vet(self, spec: ContainerSpec) -> None:
+        """Refuse now what the container could not be made with: a mount outside the
+        mount roots or of an engine on another machine, a scratch or volumes a runtime
+        cannot be handed. Opened for good when the container is made."""
+        if spec.mounts:
+            await self._usable(spec.mounts)
+            await asyncio.to_thread(self.policy.vet, spec.mounts)
+        if spec.scratch is not None:  # made when the container is
+            self.scratch.vet(spec)
+            await self._staging_usable(SCRATCH)
+        if spec.volumes:  # filled before the container is made, bound when it is
+            self.volumes.vet(spec.volumes)
+            await self._staging_usable(VOLUMES)
+
+    async def _usable(self, mounts: tuple[Mount, ...]) -> MountSupport:
+        """The engine's support, or a 422 for each mount of an engine on another machine."""
+        support = await self.support()
+        if support.mode == REMOTE:
+            reason = (
+                f"the {self.runtime.name} engine is on another machine: the node cannot "
+                "hand it a host path it opened, so it takes no host mounts"
+            )
+            refusals = [InvalidField(f"container.mounts[{i}]", reason) for i in range(len(mounts))]
+            raise InvalidField.of(refusals)
+        return support
+
+    async def _staging_usable(self, field: str) -> None:
+        refuse_unstaged(await self.support(), self.runtime.name, field)
+
+    async def staged(self, spec: ContainerSpec) -> ContainerSpec:
+        """The spec with each mount opened and bound at its staging path (`MountStaging`),
+        its scratch made and bound there too (`ScratchSpaces`), the key of its staging on
+        its label; a runtime that mounts nothing (the process runtime) gets the paths as
+        given, opened and refused alike."""
+        if not spec.mounts and spec.scratch is None and not spec.volumes:
+            return spec
+        if spec.scratch is not None or spec.volumes:  # a staging engine's: host mounts
+            await self._staging_usable(SCRATCH if spec.scratch else VOLUMES)
+        elif (await self._usable(spec.mounts)).mode != STAGED:
+            return replace(spec, mounts=await asyncio.to_thread(self.policy.vet, spec.mounts))
+        key = self.staging.new_key(spec.name)
+        mounts = await asyncio.to_thread(self._open_and_stage, key, spec)
+        return replace(spec, mounts=mounts, labels={**spec.labels, LABEL_MOUNTS: key})
+
+    def _open_and_stage(self, key: str, spec: ContainerSpec) -> tuple[Mount, ...]:
+        opened, scratch = self.policy.open(spec.mounts), spec.scratch
+        try:
+            opened += self.volumes.open(spec.volumes)
+            if scratch is not None:
+                opened.append(self.scratch.make(key, scratch))
+            return self.staging.stage(key, opened)
+        except BaseException:
+            self.scratch.release_quietly(key)  # after the staging's release: its binds first
+            raise
+        finally:
+            for each in opened:
+                each.close()
+
+    async def release(self, labels: Mapping[str, str]) -> None:
+        """Unmount a container's staged mounts (its label names them): it is gone."""
+        key = labels.get(LABEL_MOUNTS)
+        if not key:
+            return
+        try:
+            await asyncio.to_thread(self.staging.release, key)
+            await asyncio.to_thread(self.scratch.release, key)
+        except (OSError, ScratchError) as exc:
+            log.error("could not remove the staged mounts %s: %s (swept at next start)", key, exc)
+
+    async def start(self) -> None:
+        """At start, before the first launch: the engine's own directories learnt (a mount
+        root holding one is a `ConfigError`), the staging a killed daemon left swept (the
+        keys no container's label names), and a node that cannot mount said so."""
+        try:
+            support = await self.support()
+            keep = {state.labels.get(LABEL_MOUNTS, "") for state in await self.runtime.ps()}
+        except NodeError as exc:
+            log.warning("staged mounts not swept (the engine did not answer): %s", exc.message)
+            return
+        self._refuse_roots(support)
+        await asyncio.to_thread(self.staging.sweep, keep)
+        try:
+            await asyncio.to_thread(self.scratch.sweep, keep)
+        except (OSError, ScratchError) as exc:
+            log.error("could not remove a scratch space no container has: %s", exc)
+        if support.mode == STAGED and self.policy.roots:
+            reason = await asyncio.to_thread(self.staging.probe)
+            if reason is not None:
+                log.error("launches with host mounts will be refused: %s", reason)
+
+    def _refuse_roots(self, support: MountSupport) -> None:
+        problem = self.policy.root_holding(support.engine_dirs, engine=self.runtime.name)
+        if problem is not None:
+            raise ConfigError(problem)

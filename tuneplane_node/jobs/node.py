@@ -1,0 +1,191 @@
+"""The one place the node's services are made: `build_node`, and the `Node` it returns.
+
+Every collaborator is made here once and handed, by keyword, to those that use it: the
+job service and the launcher make none of their own. The daemon holds the `Node` and
+talks to each service it needs directly (the catalog for images, the GC for a collect,
+the sampler for stats), never through one service to another. `Node.start` and
+`Node.close` are the services' lifecycle, in the order each needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from dataclasses import dataclass
+
+from tuneplane_node.clock import SYSTEM_CLOCK, Clock
+from tuneplane_node.gpu.allocator import GpuAllocator
+from tuneplane_node.jobs.affinity import CpuAffinity
+from tuneplane_node.jobs.catalog import ImageCatalog
+from tuneplane_node.jobs.confinement import JobRules
+from tuneplane_node.jobs.disklimit import DiskLimits
+from tuneplane_node.jobs.diskmonitor import DiskMonitor
+from tuneplane_node.jobs.drain import NodeStateKeeper
+from tuneplane_node.jobs.health import HealthReader
+from tuneplane_node.jobs.imagegc import ImageCollector
+from tuneplane_node.jobs.imageledger import ImageLedger
+from tuneplane_node.jobs.images import CredentialSource, ImageKeeper
+from tuneplane_node.jobs.isolation import Isolation
+from tuneplane_node.jobs.launcher import Launcher
+from tuneplane_node.jobs.locks import RefLocks
+from tuneplane_node.jobs.logs import LogsReader
+from tuneplane_node.jobs.mounting import LaunchMounts
+from tuneplane_node.jobs.mounts import MountPolicy
+from tuneplane_node.jobs.nodestate import NodeStateStore
+from tuneplane_node.jobs.ours import OursRule
+from tuneplane_node.jobs.pending import PendingTable
+from tuneplane_node.jobs.prefetch import Prefetcher
+from tuneplane_node.jobs.pulls import PullCoordinator
+from tuneplane_node.jobs.reaper import Reaper
+from tuneplane_node.jobs.scratch import ScratchSpaces
+from tuneplane_node.jobs.service import JobService
+from tuneplane_node.jobs.staging import MountStaging
+from tuneplane_node.jobs.stats import StatsSampler
+from tuneplane_node.jobs.stopper import Stopper
+from tuneplane_node.jobs.views import StoppedViews
+from tuneplane_node.jobs.volumes.keeper import VolumeKeeper
+from tuneplane_node.jobs.watch import ChangeLog
+from tuneplane_node.runtime.base import ContainerRuntime, PullLimits
+from tuneplane_node.settings import NodeSettings
+from tuneplane_node.tasks import BackgroundTasks
+from tuneplane_node.telemetry import NO_TELEMETRY, Telemetry
+
+log = logging.getLogger(__name__)
+launches_log = logging.getLogger("tuneplane_node.jobs.launcher")  # the launches' tasks
+
+
+@dataclass(frozen=True)
+class Node:
+    """The node's services, each made once (`build_node`). The daemon talks to the one
+    it needs: ``jobs`` for the job verbs, the others for what they alone know."""
+
+    runtime: ContainerRuntime
+    allocator: GpuAllocator
+    settings: NodeSettings
+    jobs: JobService  # the job verbs and the "ours" rule
+    launcher: Launcher  # pending launches and their card reservations
+    pending: PendingTable  # launches waiting for their image or volumes
+    changes: ChangeLog  # the change log behind watch
+    pulls: PullCoordinator  # one pull per image
+    ledger: ImageLedger  # what the node pulled and ran
+    images: ImageKeeper  # credentials and private images
+    catalog: ImageCatalog  # GET /images and prefetch
+    prefetcher: Prefetcher
+    gc: ImageCollector  # the image GC, and the pull gate of launches
+    volumes: VolumeKeeper  # the volume store
+    mounts: LaunchMounts  # a launch's host paths, scratch and volumes, staged
+    store: NodeStateStore  # the node state on disk
+    stopper: Stopper
+    reaper: Reaper  # the reap verb and the wreckage sweep
+    keeper: NodeStateKeeper  # cordon and drain
+    monitor: DiskMonitor  # a job's disk limit, and the store's relief
+    health: HealthReader  # health and inventory
+    reader: LogsReader
+    sampler: StatsSampler  # the usage samples
+    rules: JobRules  # what a job is confined to
+    isolation: Isolation
+
+    async def start(self) -> None:
+        """Before the first request: the ledger, the private record it backs, the node
+        state (an operator's cordon or drain), the staged mounts, the engine's memlock
+        and its runtimes' registration."""
+        await self.ledger.load()
+        await self.images.start()
+        await self.keeper.start()
+        await self.mounts.start()
+        await asyncio.to_thread(self.rules.read_engine, self.runtime.name)
+        await self.isolation.support()  # the runtimes' registration, said at start
+
+    async def close(self) -> None:
+        """Shutdown, in this order: a drain in progress (it cancels launches), the disk's
+        refresh, every background launch, prefetch and pull (a launch cancelled while its
+        pull runs leaves it first, as a stop would), the fills, the watch, the GC, the
+        ledger. A drain is resumed by the next start: its state is on disk."""
+        await self.keeper.close()
+        await self.monitor.close()
+        await self.launcher.close()
+        await self.prefetcher.close()
+        await self.pulls.close()
+        await self.volumes.close()
+        await self.changes.close()
+        await self.gc.close()
+        await self.ledger.close()
+        await self.images.close()
+        await self.health.close()
+
+
+def build_node(
+    settings: NodeSettings,
+    *,
+    runtime: ContainerRuntime,
+    allocator: GpuAllocator,
+    clock: Clock = SYSTEM_CLOCK,
+    telemetry: Telemetry = NO_TELEMETRY,
+    credentials: CredentialSource | None = None,  # the node's registry auth file
+    port_held: bool = False,  # systemd holds the node's port across restarts
+) -> Node:
+    """Every collaborator, made once, each handed what it uses."""
+    ledger = ImageLedger(settings.state_dir)
+    limits = PullLimits(settings.local_image_pull_timeout_s, settings.local_image_pull_stall_s)
+    pulls = PullCoordinator(runtime, limits, telemetry, ledger=ledger, clock=clock)
+    images = ImageKeeper(settings, credentials=credentials, clock=clock, ledger=ledger)
+    changes = ChangeLog(runtime, settings, clock=clock)  # fed by the pending table
+    pending = PendingTable(clock=clock, on_change=changes.changed)
+    gc = ImageCollector(runtime, settings, pulls=pulls, clock=clock)
+    prefetcher = Prefetcher(runtime, pulls, images=images, gc=gc, clock=clock)
+    rules = JobRules(settings, port_held=port_held)
+    isolation = Isolation(settings, runtime)
+    volumes = VolumeKeeper(settings, clock=clock)
+    policy = MountPolicy(
+        settings.mount_roots, never_a_root=settings.never_a_root, node_files=settings.node_files()
+    )
+    mounts = LaunchMounts(
+        runtime, policy=policy, staging=MountStaging(settings.state_dir),
+        scratch=ScratchSpaces(settings), volumes=volumes,
+    )  # fmt: skip
+    launcher = Launcher(
+        runtime, allocator, pulls, images=images, clock=clock, changes=changes,
+        pending=pending, tasks=BackgroundTasks(launches_log), rules=rules,
+        isolation=isolation, disk=DiskLimits(settings), affinity=CpuAffinity(settings),
+        mounts=mounts, volumes=volumes, gc=gc,
+    )  # fmt: skip
+    catalog = ImageCatalog(
+        runtime, ledger=ledger, images=images, pulls=pulls, prefetcher=prefetcher,
+        pending=pending,
+    )  # fmt: skip
+    own, locks = OursRule(runtime), RefLocks()
+    store = NodeStateStore(settings.state_dir, clock=clock)
+    stopper = Stopper(
+        runtime, settings, own=own, locks=locks, launcher=launcher, store=store, clock=clock
+    )
+    # What the reaper removes is what the engine says now: the cache can lag a start.
+    fresh = functools.partial(own, fresh=True)
+    reaper = Reaper(
+        runtime, settings, own=fresh, locks=locks, pending=pending, stopper=stopper, clock=clock
+    )
+    keeper = NodeStateKeeper(
+        runtime, settings, store=store, locks=locks, launcher=launcher, stopper=stopper,
+        clock=clock,
+    )  # fmt: skip
+    # It relieves the store before the image GC runs.
+    monitor = DiskMonitor(runtime, settings, stopper=stopper, store=store, gc=gc)
+    health = HealthReader(runtime, allocator, settings, clock=clock, gc=gc)
+    health.held_by = lambda: monitor.held_by
+    health.cards_refused = rules.card_jobs_refused
+    reader = LogsReader(runtime, settings, own=own, pending=pending)
+    sampler = StatsSampler(runtime, allocator, interval_s=settings.stats_interval_s, clock=clock)
+    jobs = JobService(
+        runtime=runtime, clock=clock, own=own, locks=locks, launcher=launcher,
+        pending=pending, store=store, stopper=stopper, reaper=reaper, keeper=keeper,
+        monitor=monitor, views=StoppedViews(), health=health, reader=reader, sampler=sampler,
+    )  # fmt: skip
+    changes.reads(jobs.observe, lambda: [r.ref for r in pending.records()])
+    return Node(
+        runtime=runtime, allocator=allocator, settings=settings, jobs=jobs,
+        launcher=launcher, pending=pending, changes=changes, pulls=pulls, ledger=ledger,
+        images=images, catalog=catalog, prefetcher=prefetcher, gc=gc, volumes=volumes,
+        mounts=mounts,
+        store=store, stopper=stopper, reaper=reaper, keeper=keeper, monitor=monitor,
+        health=health, reader=reader, sampler=sampler, rules=rules, isolation=isolation,
+    )  # fmt: skip

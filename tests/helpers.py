@@ -588,6 +588,7 @@ INVENTORY_KEYS = [
     "protocols",
     "features",
     "isolation",  # issue 37
+    "volume_store",  # issue 39
 ]
 
 

@@ -22,7 +22,7 @@ from tuneplane_node import errors as node_errors
 from tuneplane_node.client import AsyncNodeClient, NodeClient, words
 from tuneplane_node.client import answers as client
 from tuneplane_node.client import errors as client_errors
-from tuneplane_node.wire import answers, images, stats
+from tuneplane_node.wire import answers, images, stats, volumes
 from tuneplane_node.wire.fields import Words
 
 # Each class of the client, and the shape(s) of the contract it reads (a launch answers
@@ -66,6 +66,13 @@ SHAPES: dict[type[client.Answer], tuple[Any, ...]] = {
     client.Prefetch: (images.PrefetchJson,),
     client.RemovedImage: (answers.RemovedImageJson,),
     client.ImageGc: (answers.ImageGcJson,),
+    client.VolumeStore: (volumes.VolumeStoreJson,),
+    client.VolumeEntry: (volumes.VolumeEntryJson,),
+    client.VolumeFill: (volumes.VolumeFillJson,),
+    client.Volumes: (volumes.VolumesJson,),
+    client.VolumePull: (volumes.VolumePullJson,),
+    client.EvictedVolume: (volumes.EvictedVolumeJson,),
+    client.VolumeGc: (volumes.VolumeGcJson,),
 }
 # Shapes with no class of their own, and what the client makes of them instead.
 NO_CLASS = {
@@ -83,7 +90,7 @@ TIMES = ("_at", "since")  # the contract's RFC 3339 times, by their names
 def shapes_of_the_contract() -> dict[str, Any]:
     """Every TypedDict of the contract's answers, by name (the private halves aside)."""
     found = {}
-    for module in (answers, images, stats):
+    for module in (answers, images, stats, volumes):
         for name, value in vars(module).items():
             if typing.is_typeddict(value) and not name.startswith("_"):
                 found[name] = value

@@ -53,6 +53,7 @@ from tests.helpers import (
     unique,
 )
 from tests.test_daemon_prefetch import REPOSITORY, prefetch_image
+from tests.test_runtime_registry import serving
 from tuneplane_node.cli import main, parser
 from tuneplane_node.ctl import commands
 from tuneplane_node.jobs.launcher import launch_request
@@ -555,6 +556,86 @@ def test_gc_shows_each_image_removed_and_the_pressure() -> None:
     assert "Images removed (all scope)" in text and "r/a:1" in text and "abababababab" in text
     assert "removed 1 image(s), 9.5 MiB freed" in text  # IEC units, as everywhere
     assert "/var/lib/docker: 9.3 GiB free of 93.1 GiB (90.0% used, PRESSURE)" in text
+
+
+# --- volumes ------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def served(data: bytes) -> Iterator[str]:
+    """``data`` served over plain HTTP on loopback (no Range: the node sends it all)."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    with serving(Handler) as host:
+        yield host
+
+
+@pytest.mark.slow  # a daemon process of its own
+def test_volume_pull_wait_fills_it_and_volumes_and_volume_gc_show_it(
+    ctl: Ctl, start_node: StartNode
+) -> None:
+    import hashlib
+
+    data = os.urandom(100_000)
+    digest = hashlib.sha256(data).hexdigest()
+    with served(data) as host:
+        node = start_node(
+            TUNEPLANE_LOCAL_RUNTIME="process",
+            TUNEPLANE_VOLUME_INSECURE_HOSTS=json.dumps([host]),
+        )
+        source = f"http://{host}/w?sig=s3cr3t"
+        code, out, err = ctl("volume-pull", source, digest, "--wait", url=node.url)
+        assert (code, out) == (0, f"{digest[:12]}: present (97.7 KiB)\n"), err
+    code, out, _ = ctl("volumes", url=node.url)
+    assert code == 0 and digest[:12] in out and "volume store:" in out, out
+    assert "evicts at 85%, to 80%" in out, out
+    code, out, _ = ctl("--json", "volumes", url=node.url)
+    assert json.loads(out) == api(node, "/node/v1/volumes")
+    code, out, _ = ctl("volume-gc", url=node.url)
+    assert code == 0 and out.startswith("evicted 0 volume(s), 0 bytes freed\n"), out
+    code, _, err = ctl("volume-pull", source, "xyz", url=node.url)
+    assert code == 1 and "sha256: must be 64 lower-case hex digits" in err, err
+
+
+def test_volume_gc_and_volumes_show_each_entry() -> None:
+    from rich.console import Console
+
+    from tuneplane_node.ctl import render
+
+    console = Console(width=200, record=True, color_system=None)
+    store = {
+        "path": "/v", "total_bytes": 100 * 2**30, "free_bytes": 10 * 2**30,
+        "used_bytes": 2**30, "high_percent": 85, "low_percent": 80,
+    }  # fmt: skip
+    evicted = {"sha256": "ab" * 32, "size_bytes": 2**30, "last_used_at": "2026-01-01T00:00:00Z"}
+    render.show_volume_gc(
+        console, {"removed": [evicted], "freed_bytes": 2**30, "volume_store": store}
+    )
+    entry = {
+        "sha256": "cd" * 32, "size_bytes": 2**20, "phase": "present", "last_used_at": None,
+        "in_use_by": None, "pin_expires_at": "2999-01-01T00:00:00Z",
+    }  # fmt: skip
+    fill = {
+        "sha256": "ef" * 32, "source": "https://h/w", "phase": "failed", "bytes_done": 0,
+        "bytes_total": None, "rate_bytes_per_s": None, "eta_s": None,
+        "started_at": "2026-01-01T00:00:00Z", "waiting": 0, "error": "the server answered 404",
+    }  # fmt: skip
+    render.show_volumes(console, {"entries": [entry], "fills": [fill], "volume_store": store})
+    text = console.export_text()
+    assert "Volumes evicted" in text and "abababababab" in text
+    assert "evicted 1 volume(s), 1.0 GiB freed" in text
+    assert "/v: 10.0 GiB free of 100.0 GiB, 1.0 GiB of entries (evicts at 85%, to 80%)" in text
+    assert "cdcdcdcdcdcd" in text and "unknown" in text  # its users: the engine did not say
+    assert "the server answered 404" in text
 
 
 # --- cordon, drain ------------------------------------------------------------------------

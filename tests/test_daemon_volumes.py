@@ -77,7 +77,9 @@ async def test_five_launches_of_one_volume_download_it_once_and_each_reads_it_re
         assert file_server.sent["weights"] == len(DATA) + 1
         listed = await node.ok("GET", "/node/v1/volumes")
         assert listed["fills"] == [], listed
-        assert {"sha256": sha256(DATA), "size_bytes": len(DATA)} in listed["entries"], listed
+        assert [(e["sha256"], e["size_bytes"]) for e in listed["entries"]] == [
+            (sha256(DATA), len(DATA))
+        ], listed
         # Present now: a launch starts at once.
         ref, body = await node.launch(["/bin/sh", "-c", READ], volumes=[volume])
         names.append(ref)
@@ -177,3 +179,59 @@ async def test_a_fill_killed_at_half_resumes_after_a_restart_from_where_it_stopp
         await asyncio.to_thread(daemon.wait, 60)
         await remove_directly(engine, [f"tuneplane-{run_id}"])
         MountStaging(state_dir(tmp_path)).sweep(())
+
+
+@pytest.mark.parametrize("engine", ["docker"])
+async def test_an_entry_a_running_job_binds_survives_gc_and_an_unused_one_goes(
+    make_node: MakeNode, tmp_path: Path, engine: str
+) -> None:
+    """Eviction reads the jobs' ``tuneplane.volumes`` labels back from the engine: the
+    bound entry stays however old and however full the disk (any disk is above 1%)."""
+    root = tmp_path / "volume-store"
+    (root / "sha256").mkdir(parents=True)
+    other = os.urandom(4096)
+    for data, used_at in ((DATA, 1.0), (other, 2.0)):  # the bound one is the oldest
+        (root / "sha256" / sha256(data)).write_bytes(data)
+        os.utime(root / "sha256" / sha256(data), (used_at, used_at))
+    node = await make_node(
+        engine, volume_root=root, volume_gc_high_percent=1, volume_gc_low_percent=0
+    )
+    volume = {"source": "https://example.invalid/w", "path": "/models/w", "sha256": sha256(DATA)}
+    names: list[str] = []
+    try:
+        ref, body = await node.launch(["/bin/sh", "-c", READ], volumes=[volume])
+        names.append(ref)
+        assert body.get("phase") != "pulling", body  # present: no fill, nothing fetched
+
+        run = await node.ok("POST", "/node/v1/volumes/gc", json={})
+
+        assert [each["sha256"] for each in run["removed"]] == [sha256(other)], run
+        [entry] = (await node.ok("GET", "/node/v1/volumes"))["entries"]
+        assert entry["sha256"] == sha256(DATA) and len(entry["in_use_by"]) == 1, entry
+        said = await logged(node, ref, "write-exit=")
+        assert sha256(DATA) in said and "write-exit=1" in said, said
+        state = await node.state(ref)
+        assert "tuneplane.volumes" not in str(state), state  # the node's own label: hidden
+    finally:
+        await remove_directly(engine, names)
+
+
+async def test_a_launch_whose_volume_cannot_fit_fails_with_the_reason_before_a_byte(
+    make_node: MakeNode, file_server: FileServer
+) -> None:
+    """The size is known only once the server said it: the launch answers ``pulling``,
+    then fails with ``volume_store_full``'s sentence, and nothing of the file came."""
+    node = await make_node(
+        "docker", volume_gc_high_percent=1, volume_gc_low_percent=0, **insecure(file_server)
+    )  # any disk is above 1%: no room at all
+    names: list[str] = []
+    try:
+        ref, body = await node.launch(["/bin/true"], gpus=1, volumes=[weights(file_server)])
+        names.append(ref)
+        assert body["phase"] == "pulling", body
+        failed = await node.wait_for(ref, "pending_phase", "failed")
+        assert "no room to fill volume" in failed["pending_error"], failed
+        assert "s3cr3t" not in failed["pending_error"], failed
+        assert file_server.sent["weights"] <= 1  # the size probe's byte at most
+    finally:
+        await remove_directly("docker", names)

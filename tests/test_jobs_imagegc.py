@@ -171,7 +171,7 @@ async def test_an_image_being_pulled_or_launched_right_now_is_held() -> None:
     assert not holds.held(["team/a:1"])
 
 
-async def test_a_fresh_prefetch_is_pinned_until_used_or_its_pin_passes(
+async def test_a_fresh_prefetch_is_pin_expires_at_used_or_its_pin_passes(
     make_node: MakeNode, fake: FakeRuntime, clock: FakeClock
 ) -> None:
     node = await make_node(image_pin_s=3600)

@@ -235,6 +235,8 @@ VERBS = [
     ("UncordonBody", wire.parse_uncordon, {}),
     ("PrefetchBody", wire.parse_prefetch, {"image": "registry/trainer:1"}),
     ("ImageGcBody", wire.parse_image_gc, {}),
+    ("VolumePullBody", wire.parse_volume_pull, {"source": "https://h/w", "sha256": "a" * 64}),
+    ("VolumeGcBody", wire.parse_volume_gc, {}),
 ]
 
 

@@ -33,8 +33,10 @@ are translated there (one table per engine, `runtime/engine.py`) with the cause 
     │   │                      above its high threshold (disk pressure)
     │   ├── StateDiskFull insufficient_storage   the node's own disk (its state
     │   │                      directory) is full
-    │   └── PrivateRecordUnwritable insufficient_storage   a private pull's record
-    │                          cannot be written (the state directory)
+    │   ├── PrivateRecordUnwritable insufficient_storage   a private pull's record
+    │   │                      cannot be written (the state directory)
+    │   └── VolumeStoreFull volume_store_full   a volume fill cannot fit below the
+    │                          volume store's high threshold, even after eviction
     ├── VolumeFillFailed (502) volume_fill_failed   a volume's source did not give the
     │                          bytes its sha256 names (refused, missing, other bytes)
     ├── TooManyWatches (429) too_many_requests   every slot for a waiting watch is taken
@@ -413,6 +415,33 @@ class VolumeFillFailed(NodeError):
         self.source = source
         self.reason = reason
         self.retryable = retryable
+
+
+class VolumeStoreFull(InsufficientStorage):
+    """A volume fill refused before its first byte: the file (its size as its server
+    said, less what a partial file of it holds) does not fit below the store's high
+    threshold, even with every entry eviction may remove gone (then nothing was
+    removed). Its figures are fields of the answer too (`figures`)."""
+
+    code = "volume_store_full"
+
+    def __init__(
+        self, *, source: str, needed_bytes: int, room_bytes: int, freeable_bytes: int,
+        free_bytes: int, high_percent: int,
+    ) -> None:  # fmt: skip
+        NodeError.__init__(
+            self,
+            f"no room to fill volume {source}: it needs {needed_bytes} bytes, the volume "
+            f"store has {room_bytes} bytes left below its {high_percent}% threshold and "
+            f"eviction could free {freeable_bytes} bytes: nothing was removed "
+            f"({free_bytes} bytes free)",
+        )
+        self.source = source
+        self.room_bytes = room_bytes
+        self.needed_bytes = needed_bytes
+        self.free_bytes = free_bytes
+        self.freeable_bytes = freeable_bytes
+        self.high_percent = high_percent
 
 
 class Conflict(NodeError):

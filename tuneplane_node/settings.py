@@ -327,6 +327,16 @@ class NodeSettings(JobSettings):
     volume_fills: int = Field(4, ge=1, le=64)
     """Volume fills downloading at once. Fills of a file over 1 GiB (or of an unknown
     size) take at most one less, so a small fill never waits behind big ones."""
+    volume_gc_high_percent: int = Field(85, ge=1, le=100)
+    """Use of the volume store's filesystem, in percent, at which the least recently
+    used entries are evicted; a fill that would cross it, even after eviction, is
+    refused before its first byte (507 ``volume_store_full``)."""
+    volume_gc_low_percent: int = Field(80, ge=0, le=99)
+    """Use, in percent, eviction brings the volume store's filesystem down to; below
+    the high one."""
+    volume_pin_s: float = Field(3600.0, ge=0, le=30 * DAY, allow_inf_nan=False)
+    """Seconds an entry prefetched by ``POST /node/v1/volumes/pull`` is kept from
+    eviction (from the prefetch; in the daemon's memory: a restart forgets the pin)."""
     fabrics: list[Fabric] = []
     """InfiniBand fabrics, JSON list of {"name", "hcas"}: the operator names them."""
     rdma: Literal["auto", "off", "all"] = "auto"
@@ -437,6 +447,11 @@ class NodeSettings(JobSettings):
             raise ValueError(
                 f"{env_name('image_gc_low_percent')} ({self.image_gc_low_percent}) must be "
                 f"below {env_name('image_gc_high_percent')} ({self.image_gc_high_percent})"
+            )
+        if self.volume_gc_low_percent >= self.volume_gc_high_percent:
+            raise ValueError(
+                f"{env_name('volume_gc_low_percent')} ({self.volume_gc_low_percent}) must "
+                f"be below {env_name('volume_gc_high_percent')} ({self.volume_gc_high_percent})"
             )
         return self
 

@@ -21,6 +21,7 @@ from tuneplane_node.client.answers import (
     CardUsage,
     Conditions,
     Disk,
+    EvictedVolume,
     Fabric,
     Filesystem,
     Health,
@@ -47,6 +48,12 @@ from tuneplane_node.client.answers import (
     Runtime,
     Stopping,
     Usage,
+    VolumeEntry,
+    VolumeFill,
+    VolumeGc,
+    VolumePull,
+    Volumes,
+    VolumeStore,
 )
 from tuneplane_node.client.calls import Call, Container, Mount, Scratch
 from tuneplane_node.client.endpoint import PROTOCOL, PROTOCOL_HEADER, Tls
@@ -90,6 +97,7 @@ from tuneplane_node.client.errors import (
     Unreachable,
     UsernsUnavailable,
     VolumeFillFailed,
+    VolumeStoreFull,
 )
 from tuneplane_node.client.retry import NO_RETRY, Retry
 from tuneplane_node.client.sync import NodeClient
@@ -102,6 +110,7 @@ from tuneplane_node.client.words import (
     PrefetchPhase,
     PullPhase,
     StopPhase,
+    VolumePhase,
     Word,
 )
 
@@ -128,6 +137,7 @@ __all__ = [
     "EngineError",
     "EngineRefused",
     "EngineUnavailable",
+    "EvictedVolume",
     "Fabric",
     "FieldError",
     "Filesystem",
@@ -195,6 +205,14 @@ __all__ = [
     "Unreachable",
     "Usage",
     "UsernsUnavailable",
+    "VolumeEntry",
+    "VolumeFill",
     "VolumeFillFailed",
+    "VolumeGc",
+    "VolumePhase",
+    "VolumePull",
+    "VolumeStore",
+    "VolumeStoreFull",
+    "Volumes",
     "Word",
 ]

@@ -212,6 +212,28 @@ class AsyncNodeClient:
         Example: ``(await node.pull_image("registry/trainer:1")).phase``."""
         return await self.call(calls.pull_image(image, registry_auth, pull_policy))
 
+    async def volumes(self) -> answers.Volumes:
+        """The volume store's entries (size, last use, users, pin), its fills with their
+        progress, and the store.
+
+        Example: ``(await node.volumes()).entries``."""
+        return await self.call(calls.volumes())
+
+    async def pull_volume(
+        self, source: str, sha256: str, *, wait: bool = False
+    ) -> answers.VolumePull:
+        """Prefetch a volume: ``phase`` filling (in the background) or present; pinned
+        against eviction. ``wait``: until the fill has ended (its error raised).
+
+        Example: ``(await node.pull_volume("https://models/w", "9f2c...")).phase``."""
+        return await self.call(calls.pull_volume(source, sha256, wait=wait))
+
+    async def volume_gc(self) -> answers.VolumeGc:
+        """Run the volume store's eviction now: what it removed, and the store after.
+
+        Example: ``(await node.volume_gc()).freed_bytes``."""
+        return await self.call(calls.volume_gc())
+
     async def image_gc(self) -> answers.ImageGc:
         """Run the image GC now: what it removed, and the store after.
 

@@ -27,6 +27,7 @@ from tuneplane_node.client.words import (
     PrefetchPhase,
     PullPhase,
     StopPhase,
+    VolumePhase,
     moment,
     word,
 )
@@ -182,6 +183,19 @@ class ImageStore(Answer):
 
 
 @dataclass(frozen=True)
+class VolumeStore(Answer):
+    """The volume store's filesystem (a figure None when it cannot be read), the bytes
+    of its own entries and partial files, and its eviction thresholds."""
+
+    path: str = ""
+    total_bytes: int | None = None
+    free_bytes: int | None = None
+    used_bytes: int | None = None
+    high_percent: int | None = None
+    low_percent: int | None = None
+
+
+@dataclass(frozen=True)
 class Conditions(Answer):
     """What a console may schedule by; None: the node cannot say (or does not)."""
 
@@ -320,6 +334,7 @@ class Health(Answer):
     image_store: ImageStore | None = None
     conditions: Conditions | None = None
     job_disk: JobDisk | None = None
+    volume_store: VolumeStore | None = None
 
     convert: ClassVar[Converters] = {
         "runtime": one(Runtime),
@@ -328,6 +343,7 @@ class Health(Answer):
     }
     convert |= {"protocols": tuple, "features": tuple, "image_store": one(ImageStore)}
     convert |= {"conditions": one(Conditions), "job_disk": one(JobDisk), "external": tuple}
+    convert |= {"volume_store": one(VolumeStore)}
     convert |= {"external_pids": lambda pids: {k: tuple(v) for k, v in dict(pids).items()}}
     convert |= {"gpu_detail": each(CardState), "explain": tuple, "gpu_probe": one(Probe)}
     convert |= {"disk": one(Disk), "state_cache": one(Cache)}
@@ -394,6 +410,7 @@ class Inventory(Answer):
     conditions: Conditions | None = None
     job_disk: JobDisk | None = None
     isolation: Isolation | None = None
+    volume_store: VolumeStore | None = None
 
     convert: ClassVar[Converters] = {
         "node_state": one(NodeState),
@@ -404,6 +421,7 @@ class Inventory(Answer):
     convert |= {"local_disk": one(LocalDisk)}
     convert |= {"image_store": one(ImageStore), "conditions": one(Conditions)}
     convert |= {"job_disk": one(JobDisk), "isolation": one(Isolation)}
+    convert |= {"volume_store": one(VolumeStore)}
 
 
 @dataclass(frozen=True)
@@ -577,3 +595,96 @@ def nothing(answer: object) -> None:
 
 def _member(answer: object, key: str) -> Any:
     return answer.get(key) or {} if isinstance(answer, Mapping) else {}
+
+
+@dataclass(frozen=True)
+class VolumeEntry(Answer):
+    """An entry of the volume store: its size, last use, the containers that bind it
+    (None: the engine did not say) and its prefetch's pin."""
+
+    sha256: str = ""
+    size_bytes: int | None = None
+    phase: VolumePhase | None = None
+    last_used_at: datetime | None = None
+    in_use_by: tuple[str, ...] | None = None
+    pin_expires_at: datetime | None = None
+
+    convert: ClassVar[Converters] = {
+        "phase": word(VolumePhase),
+        "last_used_at": moment,
+        "in_use_by": tuple,
+        "pin_expires_at": moment,
+    }
+
+
+@dataclass(frozen=True)
+class VolumeFill(Answer):
+    """One fill, however many launches wait on it: filling, or failed (``error``)."""
+
+    sha256: str = ""
+    source: str = ""
+    phase: VolumePhase | None = None
+    bytes_done: int | None = None
+    bytes_total: int | None = None
+    rate_bytes_per_s: float | None = None
+    eta_s: float | None = None
+    started_at: datetime | None = None
+    waiting: int | None = None
+    error: str | None = None
+
+    convert: ClassVar[Converters] = {"phase": word(VolumePhase), "started_at": moment}
+
+
+@dataclass(frozen=True)
+class Volumes(Answer):
+    """``GET /node/v1/volumes``: the store's entries, its fills, the store."""
+
+    entries: tuple[VolumeEntry, ...] = ()
+    fills: tuple[VolumeFill, ...] = ()
+    volume_store: VolumeStore | None = None
+
+    convert: ClassVar[Converters] = {
+        "entries": each(VolumeEntry),
+        "fills": each(VolumeFill),
+        "volume_store": one(VolumeStore),
+    }
+
+
+@dataclass(frozen=True)
+class VolumePull(Answer):
+    """A volume prefetch's answer: present (``size_bytes``) or filling (``fill``)."""
+
+    sha256: str = ""
+    phase: VolumePhase | None = None
+    pin_expires_at: datetime | None = None
+    size_bytes: int | None = None
+    fill: VolumeFill | None = None
+
+    convert: ClassVar[Converters] = {
+        "phase": word(VolumePhase),
+        "pin_expires_at": moment,
+        "fill": one(VolumeFill),
+    }
+
+
+@dataclass(frozen=True)
+class EvictedVolume(Answer):
+    sha256: str = ""
+    size_bytes: int | None = None
+    last_used_at: datetime | None = None
+
+    convert: ClassVar[Converters] = {"last_used_at": moment}
+
+
+@dataclass(frozen=True)
+class VolumeGc(Answer):
+    """One eviction run: what it removed (least recently used first) and the store after."""
+
+    freed_bytes: int = 0
+    removed: tuple[EvictedVolume, ...] = ()
+    volume_store: VolumeStore | None = None
+
+    convert: ClassVar[Converters] = {
+        "removed": each(EvictedVolume),
+        "volume_store": one(VolumeStore),
+    }

@@ -28,6 +28,8 @@ class Call(Generic[T]):
     wait_s: float = 0.0  # how much longer than a plain answer the node may take
 
 
+WAIT_FILL_S = 3600.0
+"""What a volume prefetch with ``wait`` may take beyond a plain answer: an hour's fill."""
 STOP_ALLOWANCE_S = 300.0
 """What a stop without a ``timeout`` may take: the node's default grace period
 (``TUNEPLANE_LOCAL_STOP_TIMEOUT``, 30 s unless its operator changed it), with room."""
@@ -191,6 +193,27 @@ def pull_image(
     if pull_policy:
         body["pull_policy"] = pull_policy
     return Call("POST", "/node/v1/images/pull", answers.one(answers.Prefetch), body)
+
+
+def volumes() -> Call[answers.Volumes]:
+    """The volume store's entries, its fills and the store."""
+    return Call("GET", "/node/v1/volumes", answers.one(answers.Volumes))
+
+
+def pull_volume(source: str, sha256: str, *, wait: bool) -> Call[answers.VolumePull]:
+    """A volume prefetch: its ``phase`` is filling or present. ``wait``: the answer
+    comes when the fill has ended (at most `WAIT_FILL_S` more than a plain answer)."""
+    body: dict[str, Any] = {"source": source, "sha256": sha256}
+    if wait:
+        body["wait"] = True
+    read = answers.one(answers.VolumePull)
+    return Call("POST", "/node/v1/volumes/pull", read, body, wait_s=WAIT_FILL_S if wait else 0.0)
+
+
+def volume_gc() -> Call[answers.VolumeGc]:
+    """One eviction run of the volume store now: what it removed and the store after."""
+    read = answers.one(answers.VolumeGc)
+    return Call("POST", "/node/v1/volumes/gc", read, {}, wait_s=STOP_ALLOWANCE_S)
 
 
 def image_gc() -> Call[answers.ImageGc]:

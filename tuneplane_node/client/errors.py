@@ -42,6 +42,7 @@ console's retry rule is an ``except`` clause, never a sentence compared::
             ├── EngineUnavailable (503) the engine did not answer: nothing is known, nothing
             │                           is gone; ask again
             └── InsufficientStorage (507)
+                └── VolumeStoreFull     ``volume_store_full``: a volume fill cannot fit
 
 There is a class for every code of the node's code table (`BY_CODE`;
 `tests/test_client_contract.py` fails on a code without one).
@@ -257,6 +258,14 @@ class InsufficientStorage(ServerError):
     high_percent: int | None = None
 
 
+class VolumeStoreFull(InsufficientStorage):
+    """No room for a volume fill below the volume store's high threshold, even with
+    every entry eviction could remove gone (then nothing was removed); refused before
+    its first byte. Its figures as `InsufficientStorage`'s."""
+
+    family = "volume_store_full"
+
+
 FIGURES = ("needed_bytes", "free_bytes", "freeable_bytes", "high_percent")
 
 
@@ -282,6 +291,7 @@ NARROWER = (
     EngineError,
     RegistryRefused,
     VolumeFillFailed,
+    VolumeStoreFull,
 )
 BY_CODE: Mapping[str, type[NodeError]] = {
     cls.family: cls

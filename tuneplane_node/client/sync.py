@@ -207,6 +207,26 @@ class NodeClient:
         Example: ``node.pull_image("registry/trainer:1").phase``."""
         return self.call(calls.pull_image(image, registry_auth, pull_policy))
 
+    def volumes(self) -> answers.Volumes:
+        """The volume store's entries (size, last use, users, pin), its fills with their
+        progress, and the store.
+
+        Example: ``node.volumes().entries``."""
+        return self.call(calls.volumes())
+
+    def pull_volume(self, source: str, sha256: str, *, wait: bool = False) -> answers.VolumePull:
+        """Prefetch a volume: ``phase`` filling (in the background) or present; pinned
+        against eviction. ``wait``: until the fill has ended (its error raised).
+
+        Example: ``node.pull_volume("https://models/w", "9f2c...").phase``."""
+        return self.call(calls.pull_volume(source, sha256, wait=wait))
+
+    def volume_gc(self) -> answers.VolumeGc:
+        """Run the volume store's eviction now: what it removed, and the store after.
+
+        Example: ``node.volume_gc().freed_bytes``."""
+        return self.call(calls.volume_gc())
+
     def image_gc(self) -> answers.ImageGc:
         """Run the image GC now: what it removed, and the store after.
 

@@ -88,6 +88,14 @@ class PullPhase(Word):
     FAILED = "failed"
 
 
+class VolumePhase(Word):
+    """A volume store entry: present; a fill: filling, or failed."""
+
+    PRESENT = "present"
+    FILLING = "filling"
+    FAILED = "failed"
+
+
 def word(kind: type[E]) -> Callable[[object], E]:
     """The reader of one enum's words: its member, or the node's own string if the word
     is newer than this client (typed as the enum: compare it with strings or members)."""

@@ -156,6 +156,12 @@ def add_parser(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     verb("images", images, "the images the node pulled or its jobs use, and its pulls")
     _pull_options(verb("pull", pull, "pull an image before the jobs that need it"))
     verb("gc", gc, "run the image GC now: what it removed, and the image store after")
+    verb("volumes", volumes, "the volume store's entries, its fills, and the store")
+    volume_pull = verb("volume-pull", pull_volume, "fill a volume before the jobs that name it")
+    volume_pull.add_argument("source", metavar="SOURCE", help="its https:// URL")
+    volume_pull.add_argument("sha256", metavar="SHA256", help="its sha256 (64 hex digits)")
+    volume_pull.add_argument("--wait", action="store_true", help="until it is filled or fails")
+    verb("volume-gc", volume_gc, "evict volumes now: what went, and the volume store after")
     verb("cordon", cordon, "take no new launches").add_argument("--reason", required=True)
     verb("uncordon", uncordon, "take launches again")
     draining = verb("drain", drain, "cordon, then stop every job after a grace period")
@@ -492,6 +498,24 @@ def _await_prefetch(ctl: Ctl, image: str) -> Mapping[str, Any]:
             listed = [i for i in answer.images if i.image == image]
             found = (pulls or listed or [None])[0]
             return {} if found is None else found.raw
+
+
+# --- volumes --------------------------------------------------------------------------
+
+
+def volumes(ctl: Ctl, args: argparse.Namespace) -> int:
+    return ctl.show(ctl.client.volumes().raw, render.show_volumes)
+
+
+def pull_volume(ctl: Ctl, args: argparse.Namespace) -> int:
+    """A volume prefetch; ``--wait``: the node answers when the fill has ended (its
+    error: exit 1, as every refusal)."""
+    answer = ctl.client.pull_volume(args.source, args.sha256, wait=args.wait)
+    return ctl.show(answer.raw, render.show_volume_pull)
+
+
+def volume_gc(ctl: Ctl, args: argparse.Namespace) -> int:
+    return ctl.show(ctl.client.volume_gc().raw, render.show_volume_gc)
 
 
 # --- launch ---------------------------------------------------------------------------

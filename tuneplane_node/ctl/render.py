@@ -80,11 +80,17 @@ def age(moment: str | None, now: datetime) -> str:
     """``5s``, ``3m``, ``2h``, ``4d`` since an RFC 3339 time; "" when there is none."""
     if not moment:
         return ""
+    since = age_s(moment, now)
+    return "?" if since is None else seconds(since)
+
+
+def age_s(moment: str, now: datetime) -> float | None:
+    """Seconds since an RFC 3339 time (negative: to come); None when it is not one."""
     try:  # the wire's times are UTC with Z; 3.10's fromisoformat takes neither Z nor ns
         then = datetime.fromisoformat(moment.rstrip("Z")[:26]).replace(tzinfo=timezone.utc)
     except ValueError:
-        return "?"
-    return seconds((now - then).total_seconds())
+        return None
+    return (now - then).total_seconds()
 
 
 def seconds(value: float) -> str:
@@ -529,3 +535,95 @@ def image_pulls_table(pulls: list[Mapping[str, Any]], now: datetime) -> Table:
             pull.get("error") or "",
         )
     return table
+
+
+# --- volumes ------------------------------------------------------------------------------
+
+
+def volume_store(store: Mapping[str, Any]) -> str:
+    """``/var/lib/tuneplane/volumes: 12.0 GiB free of 100.0 GiB, 40.0 GiB of entries
+    (evicts at 85%, to 80%)``."""
+    thresholds = f"(evicts at {store.get('high_percent')}%, to {store.get('low_percent')}%)"
+    if store.get("total_bytes") is None:
+        return f"{_known(store.get('path'))}: figures unknown {thresholds}"
+    free, total = _size(store.get("free_bytes")), _size(store.get("total_bytes"))
+    used = _size(store.get("used_bytes"))
+    return f"{store.get('path')}: {free} free of {total}, {used} of entries {thresholds}"
+
+
+def show_volumes(console: Console, answer: Mapping[str, Any]) -> None:
+    answer, now = as_text(answer), datetime.now(timezone.utc)
+    table = Table(title="Volumes", title_justify="left")
+    for column in ("sha256", "size", "used", "in use by", "pinned for"):
+        table.add_column(column)
+    for entry in answer.get("entries", []):
+        users = entry.get("in_use_by")
+        table.add_row(
+            str(entry.get("sha256", ""))[:12],
+            _size(entry.get("size_bytes")),
+            age(entry.get("last_used_at"), now) or "-",
+            UNKNOWN if users is None else ", ".join(users),
+            _left(entry.get("pin_expires_at"), now),
+        )
+    console.print(table)
+    if answer.get("fills"):
+        console.print(volume_fills_table(answer["fills"], now))
+    if isinstance(answer.get("volume_store"), Mapping):
+        console.print(f"volume store: {volume_store(answer['volume_store'])}")
+
+
+def volume_fills_table(fills: list[Mapping[str, Any]], now: datetime) -> Table:
+    table = Table(title="Fills", title_justify="left")
+    for column in ("sha256", "source", "phase", "bytes", "rate", "ETA", "age", "waiting", "error"):
+        table.add_column(column)
+    for fill in fills:
+        done, total = fill.get("bytes_done", 0), fill.get("bytes_total")
+        table.add_row(
+            str(fill.get("sha256", ""))[:12],
+            fill.get("source", ""),
+            fill.get("phase", ""),
+            f"{iec(done)} / {iec(total)}" if total else iec(done),
+            rate(fill.get("rate_bytes_per_s")),
+            eta(fill.get("eta_s")),
+            age(fill.get("started_at"), now),
+            str(fill.get("waiting", 0)),
+            fill.get("error") or "",
+        )
+    return table
+
+
+def show_volume_pull(console: Console, answer: Mapping[str, Any]) -> None:
+    answer = as_text(answer)
+    digest, phase = str(answer.get("sha256", ""))[:12], answer.get("phase", "")
+    fill = answer.get("fill")
+    if isinstance(fill, Mapping) and fill.get("bytes_total"):
+        console.print(f"{digest}: [cyan]{phase}[/] ({iec(fill['bytes_total'])})")
+    else:
+        size = _size(answer.get("size_bytes"))
+        shown = f"[green]{phase}[/] ({size})" if phase == "present" else f"[cyan]{phase}[/]"
+        console.print(f"{digest}: {shown}")
+
+
+def show_volume_gc(console: Console, answer: Mapping[str, Any]) -> None:
+    """What an eviction run removed, one line each, then the store after it."""
+    removed, now = answer.get("removed") or [], datetime.now(timezone.utc)
+    table = Table(title="Volumes evicted", title_justify="left")
+    for column in ("sha256", "size", "last used"):
+        table.add_column(column)
+    for entry in removed:
+        table.add_row(
+            str(entry.get("sha256", ""))[:12],
+            _size(entry.get("size_bytes")),
+            age(entry.get("last_used_at"), now) or "-",
+        )
+    if removed:
+        console.print(table)
+    console.print(f"evicted {len(removed)} volume(s), {_size(answer.get('freed_bytes'))} freed")
+    if isinstance(answer.get("volume_store"), Mapping):
+        console.print(f"volume store: {volume_store(answer['volume_store'])}")
+
+
+def _left(stamp: str | None, now: datetime) -> str:
+    """How long until ``stamp`` (an RFC 3339 time), ``-`` when none or past."""
+    since = age_s(stamp, now) if stamp else None
+    return "-" if since is None or since >= 0 else seconds(-since)

@@ -50,6 +50,8 @@ OPERATE_VERBS = frozenset(
         ("GET", "/node/v1/volumes"),
         ("POST", "/node/v1/images/pull"),
         ("POST", "/node/v1/images/gc"),
+        ("POST", "/node/v1/volumes/pull"),
+        ("POST", "/node/v1/volumes/gc"),
         ("POST", "/node/v1/cordon"),
         ("POST", "/node/v1/uncordon"),
         ("POST", "/node/v1/drain"),

@@ -9,6 +9,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any, cast
 
+from tuneplane_node.daemon.render import volume_store_json
 from tuneplane_node.gpu.allocator import Occupancy
 from tuneplane_node.gpu.probe import CardFacts, GpuSnapshot
 from tuneplane_node.inventory import DiskReading, FabricFacts, Filesystem, LocalDisk
@@ -18,6 +19,7 @@ from tuneplane_node.jobs.results import (
     Inventory,
     NodeStatus,
 )
+from tuneplane_node.jobs.volumes.keeper import StoreView
 from tuneplane_node.runtime.base import CacheStatus
 from tuneplane_node.wire import PROTOCOL, PROTOCOLS
 from tuneplane_node.wire.answers import (
@@ -40,6 +42,7 @@ from tuneplane_node.wire.answers import (
     NodeStateJson,
     ProbeJson,
 )
+from tuneplane_node.wire.volumes import VolumeStoreJson
 
 # --- answers: health ---------------------------------------------------------------------
 
@@ -103,6 +106,7 @@ def health_json(status: NodeStatus, *, features: Sequence[str] = ()) -> HealthJs
     answer["image_store"] = image_store_json(status.image_store)
     answer["conditions"] = conditions_json(status.conditions)
     answer["job_disk"] = job_disk_json(status.job_disk)
+    answer["volume_store"] = store_json(status.volume_store)
     answer |= {"protocols": list(PROTOCOLS), "features": list(features)}
     return cast(HealthJson, answer)
 
@@ -247,6 +251,7 @@ def inventory_json(facts: Inventory, *, features: Sequence[str] = ()) -> Invento
         "protocols": list(PROTOCOLS),
         "features": list(features),
         "isolation": isolation_json(facts.isolation),
+        "volume_store": store_json(facts.volume_store),
     }
 
 
@@ -280,3 +285,7 @@ def fabric_json(fabric: FabricFacts) -> FabricJson:
 
 def node_state_json(node: NodeState) -> NodeStateJson:
     return {"state": node.state, "reason": node.reason, "since": node.since}
+
+
+def store_json(store: StoreView | None) -> VolumeStoreJson | None:
+    return volume_store_json(store) if store is not None else None

@@ -126,6 +126,21 @@ class Metrics(Telemetry):
             "Bytes of the images the image GC removed, as the engine stated their sizes.",
             registry=registry,
         )
+        self.volume_fetched_bytes = CounterMetric(
+            f"{PREFIX}_volume_fetched_bytes",
+            "Bytes downloaded by volume fills.",
+            registry=registry,
+        )
+        self.volume_served_bytes = CounterMetric(
+            f"{PREFIX}_volume_served_bytes",
+            "Bytes of volume store entries handed to jobs (bound, not downloaded again).",
+            registry=registry,
+        )
+        self.volume_evictions = CounterMetric(
+            f"{PREFIX}_volume_evictions",
+            "Entries of the volume store evicted (least recently used, unused, unpinned).",
+            registry=registry,
+        )
         self.image_pulls = CounterMetric(
             f"{PREFIX}_image_pulls",
             "Image pulls (launches' and prefetches' alike, one per download) by result: "
@@ -207,6 +222,16 @@ class Metrics(Telemetry):
         self.gc_freed.inc(size_bytes)
         facts = {"image": image, "image_id": image_id, "size_bytes": size_bytes, "why": why}
         audit.node_action("image gc", "removed", **facts)
+
+    def volume_fetched(self, size_bytes: int) -> None:
+        self.volume_fetched_bytes.inc(size_bytes)
+
+    def volume_served(self, size_bytes: int) -> None:
+        self.volume_served_bytes.inc(size_bytes)
+
+    def volume_evicted(self, digest: str, size_bytes: int) -> None:
+        self.volume_evictions.inc()
+        audit.node_action("volume gc", "removed", sha256=digest, size_bytes=size_bytes)
 
     def request(self, route: str, method: str, status: int, seconds: float) -> None:
         self._child(self.http, route, method, str(status)).observe(seconds)

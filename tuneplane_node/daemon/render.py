@@ -28,7 +28,14 @@ from tuneplane_node.jobs.results import (
 )
 from tuneplane_node.jobs.stats import CardSample, JobSample, JobStats
 from tuneplane_node.jobs.volumes.fills import VolumeFill
-from tuneplane_node.jobs.volumes.store import Entry
+from tuneplane_node.jobs.volumes.keeper import (
+    EntryView,
+    FailedFill,
+    StoreView,
+    VolumeGcRun,
+    VolumesView,
+)
+from tuneplane_node.jobs.volumes.keeper import Prefetched as VolumePrefetched
 from tuneplane_node.runtime.base import HIDDEN_LABELS, LABEL_NETWORK, ContainerState, LogText
 from tuneplane_node.runtime.fetching import shown
 from tuneplane_node.wire.answers import (
@@ -45,7 +52,16 @@ from tuneplane_node.wire.answers import (
 )
 from tuneplane_node.wire.images import ImageJson, ImagesJson, PrefetchJson, PullJson
 from tuneplane_node.wire.stats import AbsentJson, CardUsageJson, StatsJson, UsageJson
-from tuneplane_node.wire.volumes import VolumeFillJson, VolumesJson
+from tuneplane_node.wire.values import FAILED, PRESENT
+from tuneplane_node.wire.volumes import (
+    FILLING,
+    VolumeEntryJson,
+    VolumeFillJson,
+    VolumeGcJson,
+    VolumePullJson,
+    VolumesJson,
+    VolumeStoreJson,
+)
 
 
 def encode(answer: object) -> bytes:
@@ -388,10 +404,25 @@ def card_usage_json(card: CardSample) -> CardUsageJson:
 # --- volumes ---------------------------------------------------------------------------
 
 
-def volumes_json(entries: list[Entry], fills: list[VolumeFill]) -> VolumesJson:
+def volumes_json(view: VolumesView) -> VolumesJson:
     return {
-        "entries": [{"sha256": e.digest, "size_bytes": e.size} for e in entries],
-        "fills": [fill_json(fill) for fill in fills],
+        "entries": [volume_entry_json(each) for each in view.entries],
+        "fills": [
+            *(fill_json(fill) for fill in view.fills),
+            *(failed_fill_json(failed) for failed in view.failed),
+        ],
+        "volume_store": volume_store_json(view.store),
+    }
+
+
+def volume_entry_json(view: EntryView) -> VolumeEntryJson:
+    return {
+        "sha256": view.entry.digest,
+        "size_bytes": view.entry.size,
+        "phase": PRESENT,
+        "last_used_at": rfc3339(view.last_used_at) if view.last_used_at else None,
+        "in_use_by": None if view.in_use_by is None else list(view.in_use_by),
+        "pin_expires_at": rfc3339(view.pin_expires_at) if view.pin_expires_at else None,
     }
 
 
@@ -401,10 +432,65 @@ def fill_json(fill: VolumeFill) -> VolumeFillJson:
     return {
         "sha256": fill.digest,
         "source": shown(fill.source),
+        "phase": FILLING,
         "bytes_done": fill.bytes_done,
         "bytes_total": fill.bytes_total,
         "rate_bytes_per_s": rate,
         "eta_s": None if not rate or left is None else round(left / rate, 3),
         "started_at": rfc3339(fill.started_at),
         "waiting": fill.waiters,
+        "error": None,
+    }
+
+
+def failed_fill_json(failed: FailedFill) -> VolumeFillJson:
+    """A failed prefetch's fill, with its error, until the next prefetch of it."""
+    return {
+        "sha256": failed.digest,
+        "source": shown(failed.source),
+        "phase": FAILED,
+        "bytes_done": 0,
+        "bytes_total": None,
+        "rate_bytes_per_s": None,
+        "eta_s": None,
+        "started_at": rfc3339(failed.at),
+        "waiting": 0,
+        "error": failed.error,
+    }
+
+
+def volume_store_json(store: StoreView) -> VolumeStoreJson:
+    space = store.space
+    return {
+        "path": str(store.path),
+        "total_bytes": space.total_bytes if space else None,
+        "free_bytes": space.free_bytes if space else None,
+        "used_bytes": space.used_bytes if space else None,
+        "high_percent": store.high_percent,
+        "low_percent": store.low_percent,
+    }
+
+
+def volume_pull_json(result: VolumePrefetched) -> VolumePullJson:
+    return {
+        "sha256": result.digest,
+        "phase": result.phase,
+        "pin_expires_at": rfc3339(result.pin_expires_at),
+        "size_bytes": result.entry.size if result.entry is not None else None,
+        "fill": fill_json(result.fill) if result.fill is not None else None,
+    }
+
+
+def volume_gc_json(run: VolumeGcRun) -> VolumeGcJson:
+    return {
+        "removed": [
+            {
+                "sha256": each.entry.digest,
+                "size_bytes": each.entry.size,
+                "last_used_at": rfc3339(each.last_used_at),
+            }
+            for each in run.removed
+        ],
+        "freed_bytes": run.freed_bytes,
+        "volume_store": volume_store_json(run.store),
     }

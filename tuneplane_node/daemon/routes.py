@@ -47,6 +47,8 @@ from tuneplane_node.errors import (
     TooManyWatches,
     Unauthorized,
     UsernsUnavailable,
+    VolumeFillFailed,
+    VolumeStoreFull,
 )
 from tuneplane_node.jobs import AlreadyExited, AlreadyPending, AlreadyRunning, Pulling, Started
 from tuneplane_node.jobs import launch_request as launch_request_of
@@ -226,14 +228,64 @@ async def list_images(request: web.Request) -> web.Response:
     return answer(render.images_json(await request.app[NODE].catalog.view()))
 
 
-@api("get", "/node/v1/volumes", volumes.VolumesJson, feature="volumes")
+@api("get", "/node/v1/volumes", volumes.VolumesJson, errors=ENGINE, feature="volumes")
 async def list_volumes(request: web.Request) -> web.Response:
-    """The entries of the node's volume store and the fills under way.
+    """The entries of the node's volume store, the fills under way or failed, the store.
 
-    Each entry by its sha256 with its size; each fill with its bytes, rate and time left
-    (null while unknown), and how many launches wait for it. A source is shown without
-    its query."""
-    return answer(render.volumes_json(*await request.app[NODE].volumes.view()))
+    Each entry by its sha256 with its size, its last use, the containers that bind it
+    (read from their labels; null when the engine did not answer) and its prefetch's pin;
+    each fill with its bytes, rate and time left (null while unknown), how many wait for
+    it, and a failed prefetch's error. A source is shown without its query."""
+    return answer(render.volumes_json(await request.app[NODE].volumes.view()))
+
+
+@api(
+    "post",
+    "/node/v1/volumes/pull",
+    volumes.VolumePullJson,
+    body=requests.VOLUME_PULL,
+    errors=(VolumeStoreFull, VolumeFillFailed, *ENGINE),
+    accepted=True,
+    feature="volumes",
+)
+async def volume_pull(request: web.Request) -> web.Response:
+    """Fill a volume before the launches that name it: 202 filling, or 200 present.
+
+    The fill runs in the background, shared with launches of the same sha256, and its
+    entry is pinned against eviction for `TUNEPLANE_VOLUME_PIN_S`. The answer comes once
+    the fill is admitted: its size asked of the server (a refusal is `502`
+    `volume_fill_failed`) and room found below the high threshold (else `507`
+    `volume_store_full`, before its first byte, nothing evicted). With `wait`, once the
+    fill has ended. A later failure shows in GET /node/v1/volumes. Cordon does not
+    refuse it."""
+    volume, wait = requests.parse_volume_pull(await read_object(request))
+    with audited(request, "volume pull", sha256=volume.sha256) as outcome:
+        result = await request.app[NODE].volumes.prefetch(volume, wait=wait)
+        outcome.result = result.phase
+    status = 200 if result.fill is None else 202
+    return answer(render.volume_pull_json(result), status)
+
+
+@api(
+    "post",
+    "/node/v1/volumes/gc",
+    volumes.VolumeGcJson,
+    body=requests.VOLUME_GC,
+    errors=ENGINE,
+    feature="volumes",
+)
+async def volume_gc(request: web.Request) -> web.Response:
+    """Run the volume store's eviction now: what it removed, and the store after.
+
+    At or above `TUNEPLANE_VOLUME_GC_HIGH_PERCENT` of its filesystem, the least recently
+    used entries go until the use is at `TUNEPLANE_VOLUME_GC_LOW_PERCENT`; never one a
+    job binds (its container's label), a launch holds or a prefetch pinned. One run at a
+    time. Each entry removed is an audit line of its own."""
+    requests.parse_volume_gc(await read_object(request))  # {}: any field is refused
+    with audited(request, "volume gc") as outcome:
+        run = await request.app[NODE].volumes.collect()
+        outcome.result = f"removed {len(run.removed)}, freed {run.freed_bytes} bytes"
+    return answer(render.volume_gc_json(run))
 
 
 @api("post", "/node/v1/observe", answers.ObserveJson, body=requests.REFS, errors=ENGINE)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from tuneplane_node import inventory
@@ -26,6 +26,7 @@ from tuneplane_node.jobs.results import (
     IsolationRule,
     NodeStatus,
 )
+from tuneplane_node.jobs.volumes.keeper import StoreView
 from tuneplane_node.runtime.base import ContainerRuntime
 from tuneplane_node.settings import NodeSettings
 
@@ -52,6 +53,8 @@ class HealthReader:
         self.held_by: Callable[[], str | None] = lambda: None
         # Why no card job can start though the engine hands out cards (the service says).
         self.cards_refused: Callable[[], str | None] = lambda: None
+        # The volume store now (the service says where); None: not known.
+        self.volume_store: Callable[[], Awaitable[StoreView | None]] = _unknown
         self._host: tuple[float, Conditions] = (-math.inf, Conditions())
         self._reading: asyncio.Future[None] | None = None  # the host's, in flight
         self.allocator = allocator
@@ -87,6 +90,7 @@ class HealthReader:
             image_store=store,
             conditions=await self.conditions(store),
             job_disk=self.disk_rule(),
+            volume_store=await self.volume_store(),
         )
 
     async def conditions(self, store: ImageStore) -> Conditions:
@@ -123,7 +127,8 @@ class HealthReader:
         facts = await read_inventory(self.runtime, self.allocator, self.settings, node)
         store = await self.gc.reading()
         facts = replace(facts, image_store=store, conditions=await self.conditions(store))
-        return replace(facts, job_disk=self.disk_rule(), isolation=await self.isolation())
+        facts = replace(facts, job_disk=self.disk_rule(), isolation=await self.isolation())
+        return replace(facts, volume_store=await self.volume_store())
 
     async def isolation(self) -> IsolationRule:
         """The isolation rules beside the engine's word on them (asked now)."""
@@ -180,3 +185,7 @@ async def image_store(runtime: ContainerRuntime, settings: NodeSettings) -> Imag
     if root is None:
         return ImageStore()
     return ImageStore.of(root.path, root.space, high_percent=settings.image_gc_high_percent)
+
+
+async def _unknown() -> StoreView | None:
+    return None

@@ -137,6 +137,13 @@ class Launcher:
         image = request.spec.image
         self.images.refuse_id(image, field="container.image")
         request = replace(request, auth=await self.images.credentials(request))
+        release = self.volumes.hold(request.spec.volumes)  # no eviction between look and use
+        try:
+            return await self._start_held(request, image)
+        finally:
+            release()
+
+    async def _start_held(self, request: LaunchRequest, image: str) -> Started | Pulling:
         with self.gc.holds.hold(image):  # no GC run takes it between the look and the use
             info = await self.runtime.image_info(canonical(image))
             present = info is not None or await self._imageless(image)
@@ -181,6 +188,7 @@ class Launcher:
         reservation = Reservation(self.allocator, request)
         await reservation.claim()
         record = PendingLaunch(request, accepted=self.clock.monotonic(), needs_pull=pull)
+        record.volumes_held = self.volumes.hold(request.spec.volumes)  # until it ends
         self.pending.add(record)
         record.task = self.tasks.spawn(
             self._complete(record, reservation),
@@ -270,6 +278,7 @@ class Launcher:
         same step as its cards are let go. A done callback, because a task cancelled
         before it first ran never enters its body, so no ``finally`` of its own runs."""
         reservation.release()
+        record.volumes_held()
         if task.cancelled():
             return
         error, job = task.exception(), about(record.request)

@@ -24,6 +24,7 @@ from tuneplane_node.jobs.volumes.keeper import FIELD as VOLUMES
 from tuneplane_node.jobs.volumes.keeper import VolumeKeeper
 from tuneplane_node.runtime.base import (
     LABEL_MOUNTS,
+    LABEL_VOLUMES,
     REMOTE,
     STAGED,
     ContainerRuntime,
@@ -116,7 +117,10 @@ class LaunchMounts:
             return replace(spec, mounts=await asyncio.to_thread(self.policy.vet, spec.mounts))
         key = self.staging.new_key(spec.name)
         mounts = await asyncio.to_thread(self._open_and_stage, key, spec)
-        return replace(spec, mounts=mounts, labels={**spec.labels, LABEL_MOUNTS: key})
+        labels = {**spec.labels, LABEL_MOUNTS: key}
+        if spec.volumes:  # eviction's truth: what the container binds
+            labels[LABEL_VOLUMES] = ",".join(dict.fromkeys(v.sha256 for v in spec.volumes))
+        return replace(spec, mounts=mounts, labels=labels)
 
     def _open_and_stage(self, key: str, spec: ContainerSpec) -> tuple[Mount, ...]:
         opened, scratch = self.policy.open(spec.mounts), spec.scratch

@@ -136,7 +136,7 @@ def build_node(
     prefetcher = Prefetcher(runtime, pulls, images=images, gc=gc, clock=clock)
     rules = JobRules(settings, port_held=port_held)
     isolation = Isolation(settings, runtime)
-    volumes = VolumeKeeper(settings, clock=clock)
+    volumes = VolumeKeeper(settings, clock=clock, ps=runtime.ps, telemetry=telemetry)
     policy = MountPolicy(
         settings.mount_roots, never_a_root=settings.never_a_root, node_files=settings.node_files()
     )
@@ -173,6 +173,7 @@ def build_node(
     health = HealthReader(runtime, allocator, settings, clock=clock, gc=gc)
     health.held_by = lambda: monitor.held_by
     health.cards_refused = rules.card_jobs_refused
+    health.volume_store = volumes.store_view
     reader = LogsReader(runtime, settings, own=own, pending=pending)
     sampler = StatsSampler(runtime, allocator, interval_s=settings.stats_interval_s, clock=clock)
     jobs = JobService(

@@ -34,6 +34,7 @@ class PendingLaunch:
     pull: SharedPull | None = None
     needs_pull: bool = True  # else only its volumes are missing
     fills: list[VolumeFill] = field(default_factory=list)  # its volumes' fills
+    volumes_held: Callable[[], None] = lambda: None  # its volumes' hold, let go as it ends
     task: asyncio.Task[None] | None = None
 
     @property

@@ -11,6 +11,7 @@ from tuneplane_node.gpu.probe import GpuSnapshot
 from tuneplane_node.gpu.readiness import NO_CARDS, GpuReadiness
 from tuneplane_node.inventory import DiskReading, MachineFacts, Space
 from tuneplane_node.jobs.nodestate import NodeState
+from tuneplane_node.jobs.volumes.keeper import StoreView
 from tuneplane_node.runtime.base import (
     CacheStatus,
     ContainerSpec,
@@ -338,6 +339,7 @@ class NodeStatus:
     image_store: ImageStore = ImageStore()
     conditions: Conditions = Conditions()
     job_disk: DiskRule = DiskRule()
+    volume_store: StoreView | None = None  # None: not known (the CLI's inventory)
 
     @property
     def ok(self) -> bool:
@@ -372,6 +374,7 @@ class Inventory:
     conditions: Conditions = Conditions()
     job_disk: DiskRule = DiskRule()
     isolation: IsolationRule = IsolationRule()
+    volume_store: StoreView | None = None  # None: not known (the CLI's inventory)
 
 
 class LogNote:

@@ -55,6 +55,9 @@ from tuneplane_node.wire.values import (
     LABEL_USERNS as LABEL_USERNS,
 )
 from tuneplane_node.wire.values import (
+    LABEL_VOLUMES as LABEL_VOLUMES,
+)
+from tuneplane_node.wire.values import (
     NODE_LABELS as NODE_LABELS,
 )
 from tuneplane_node.wire.values import (

@@ -11,6 +11,7 @@ from typing import Annotated, TypedDict
 
 from tuneplane_node.wire.fields import Words
 from tuneplane_node.wire.values import FAILED, PULLING, SIGNALLED, STARTING, STATES, WARNED
+from tuneplane_node.wire.volumes import VolumeStoreJson
 
 GIB = 2**30
 
@@ -331,6 +332,8 @@ class HealthJson(GpuFieldsJson, _HealthOptional):
     job_disk: JobDiskJson
     protocols: list[int]
     features: list[str]
+    volume_store: VolumeStoreJson | None
+    """The node's volume store (`GET /node/v1/volumes`' figures); null when not known."""
 
 
 class FilesystemJson(TypedDict):
@@ -379,6 +382,8 @@ class InventoryJson(TypedDict):
     protocols: list[int]
     features: list[str]
     isolation: IsolationJson
+    volume_store: VolumeStoreJson | None
+    """The node's volume store; null when not known (`tuneplane-node inventory`)."""
 
 
 class NodeStateJson(TypedDict):

@@ -836,8 +836,10 @@ CONTAINER = Body(
             "`TUNEPLANE_VOLUME_INSECURE_HOSTS`. A launch whose volumes are not all in the "
             "store answers `phase: pulling` at once, holds its cards, and starts when "
             "every volume and its image are there; a fill that fails (the server's `404`, "
-            "other bytes than the sha256 names) fails the launch with the reason and lets "
-            "its cards go. `path`: absolute, not another volume's, and as for mounts, "
+            "other bytes than the sha256 names, a file that does not fit below "
+            "`TUNEPLANE_VOLUME_GC_HIGH_PERCENT` of the store even after eviction) fails the "
+            "launch with the reason and lets its cards go. `path`: absolute, not another "
+            "volume's, and as for mounts, "
             f"{UNMOUNTABLE}. A bad one is a `422` naming `container.volumes[i].source`, "
             '`.path` or `.sha256`. `""` or none: no volumes. The process runtime and an '
             "engine on another machine refuse them (`422`).",
@@ -996,6 +998,53 @@ PREFETCH = Body(
         ),
     ),
 )
+
+
+def parse_volume_pull(body: Mapping[str, Any]) -> tuple[Volume, bool]:
+    """``POST /node/v1/volumes/pull``: a volume as one of ``container.volumes`` names it
+    (its ``source`` and ``sha256``; no ``path``), each part refused by its own name, and
+    whether the answer waits for the fill (``wait``)."""
+    with Refusals() as refusals:
+        refusals.unknown(body, VOLUME_PULL)
+        source = refusals.read(_volume_source, body.get("source"), "source")
+        digest = refusals.read(_volume_digest, body.get("sha256"), "sha256")
+        wait = refusals.read(_flag, Given(body, "wait", ""))
+    return Volume(source, "", digest), bool(wait)
+
+
+def parse_volume_gc(body: Mapping[str, Any]) -> None:
+    _body(body, VOLUME_GC)
+
+
+VOLUME_PULL = Body(
+    "VolumePullBody",
+    closed=True,
+    fields=(
+        Field(
+            "source",
+            text(most=MAX_URL, pattern=anchored(URL.pattern)),
+            "Where the file is, as a launch's `container.volumes[i].source`: an `https://` "
+            "URL (plain `http://` only for the hosts in `TUNEPLANE_VOLUME_INSECURE_HOSTS`). "
+            "Shown without its query.",
+            required=True,
+        ),
+        Field(
+            "sha256",
+            text(most=71, pattern=anchored(SHA256.pattern)),
+            "The file's sha256 (64 hex digits, `sha256:` before them too): the entry's "
+            "name, which its bytes must hash to.",
+            required=True,
+        ),
+        Field(
+            "wait",
+            or_empty({"type": "boolean"}),
+            "`true`: answer when the fill has ended (`200`, or its error: `502` "
+            "`volume_fill_failed`); `false` (the default): answer once the fill is admitted "
+            "(`202`), its room found and its size asked.",
+        ),
+    ),
+)
+VOLUME_GC = Body("VolumeGcBody", (), doc="Nothing is read from it.")
 
 
 # --- the other verbs ----------------------------------------------------------------------

@@ -57,13 +57,18 @@ LABEL_USERNS = "tuneplane.userns"
 node left it the host's (`jobs.isolation`). Observe shows it as ``userns``."""
 LABEL_RUNTIME = "tuneplane.runtime"
 """The OCI runtime the node asked for the job (a sandbox's); absent: the engine's default."""
+LABEL_VOLUMES = "tuneplane.volumes"
+"""The sha256 of each volume store entry a job binds, ``<hex>,<hex>``: what eviction
+never removes while the container exists. The node's own: no answer shows it."""
 SANDBOX = "sandbox"
 """``container.isolation``'s one value: the job runs under the node's sandbox runtime."""
 NODE_LABELS = (
     LABEL_RUN_ID, LABEL_GPUS, LABEL_NETWORK, LABEL_MOUNTS, LABEL_DISK_LIMIT, LABEL_SPEC,
-    LABEL_USERNS, LABEL_RUNTIME,
+    LABEL_USERNS, LABEL_RUNTIME, LABEL_VOLUMES,
 )  # fmt: skip
-HIDDEN_LABELS = frozenset({LABEL_SPEC, LABEL_MOUNTS, LABEL_DISK_LIMIT, LABEL_USERNS, LABEL_RUNTIME})
+HIDDEN_LABELS = frozenset(
+    {LABEL_SPEC, LABEL_MOUNTS, LABEL_DISK_LIMIT, LABEL_USERNS, LABEL_RUNTIME, LABEL_VOLUMES}
+)
 """Labels the node keeps for itself: no answer shows them (a 0.3.15 console's observe
 reads the labels it always did)."""
 

@@ -53,6 +53,8 @@ class VolumeFill:
     fetched: int = 0  # bytes this fill downloaded (not those it resumed from)
     hasher: Hasher | None = None  # the partial file's bytes so far
     listeners: list[Callable[[], None]] = field(default_factory=list)
+    admitted: asyncio.Event = field(default_factory=asyncio.Event)  # past its room check
+    retrying: asyncio.Event = field(default_factory=asyncio.Event)  # a try failed, retried
     started_at: datetime = field(init=False)
     rate: PullRate = field(init=False)
 
@@ -78,8 +80,12 @@ class VolumeFills:
         limit: int,
         clock: Clock = SYSTEM_CLOCK,
         backoff_s: float = BACKOFF_S,
+        admit: Callable[[VolumeFill], Awaitable[None]] | None = None,
+        fetched: Callable[[int], None] | None = None,
     ) -> None:
         self.store = store
+        self.admit = admit  # before the first byte: raises when the file cannot fit
+        self.fetched = fetched  # told of every batch downloaded (a metric)
         self.fetcher = fetcher
         self.clock = clock
         self.backoff_s = backoff_s
@@ -88,17 +94,18 @@ class VolumeFills:
         self.tasks = BackgroundTasks(log)
         self._threads = ThreadPoolExecutor(max_workers=limit, thread_name_prefix="volume-fill")
 
-    async def _io(self, call: Callable[..., T], *args: object) -> T:
+    async def io(self, call: Callable[..., T], *args: object) -> T:
+        """``call(*args)`` in the fills' threads: every file call of the store goes there."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._threads, functools.partial(call, *args))
 
     async def entry(self, digest: str) -> Entry | None:
         """The complete entry of ``digest``, None while it is not in the store."""
-        return await self._io(self.store.entry, digest)
+        return await self.io(self.store.entry, digest)
 
     async def entries(self) -> list[Entry]:
         """Every complete entry of the store."""
-        return await self._io(self.store.entries)
+        return await self.io(self.store.entries)
 
     def join(self, digest: str, source: str) -> VolumeFill:
         """The fill of ``digest`` in flight, or a new one from ``source``, started now."""
@@ -134,9 +141,12 @@ class VolumeFills:
             if (present := await self.entry(fill.digest)) is not None:
                 return present  # another fill made it since the caller looked
             fill.bytes_total = await self._retried(fill, lambda: self.fetcher.size(fill.source))
+            if self.admit is not None:
+                await self.admit(fill)
+            fill.admitted.set()
             async with self.lanes.slot(fill.bytes_total):
                 await self._retried(fill, lambda: self._download(fill))
-            entry = await self._io(self._verified, fill)
+            entry = await self.io(self._verified, fill)
         except asyncio.CancelledError:
             log.info("volume fill of sha256:%s cancelled: nobody waits for it", fill.digest)
             raise
@@ -167,10 +177,11 @@ class VolumeFills:
                 if not exc.retryable or fruitless >= RETRIES:
                     raise
                 log.info("volume fill of sha256:%s resumes: %s", fill.digest, exc.reason)
+                fill.retrying.set()
             await self.clock.sleep(self.backoff_s)
 
     async def _download(self, fill: VolumeFill) -> None:
-        offset, fill.hasher = await self._io(self.store.resume, fill.digest)
+        offset, fill.hasher = await self.io(self.store.resume, fill.digest)
         if fill.bytes_total is not None and offset > fill.bytes_total:
             offset, fill.hasher = 0, hashlib.sha256()  # not this file's: start again
         fill.update(offset)
@@ -182,14 +193,16 @@ class VolumeFills:
                 fill.update(0)
             if download.total is not None:
                 fill.bytes_total = download.total
-            partial = await self._io(self._opened, fill.digest, offset)
+            partial = await self.io(self._opened, fill.digest, offset)
             try:
                 async for batch in download.batches():
-                    await self._io(_write, partial, fill.hasher, batch)
+                    await self.io(_write, partial, fill.hasher, batch)
                     fill.fetched += len(batch)
+                    if self.fetched is not None:
+                        self.fetched(len(batch))
                     fill.update(fill.bytes_done + len(batch))
             finally:
-                await self._io(_closed, partial)
+                await self.io(_closed, partial)
 
     def _opened(self, digest: str, offset: int) -> IO[bytes]:
         path = self.store.partial(digest)

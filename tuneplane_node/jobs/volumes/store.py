@@ -9,13 +9,14 @@ fills call them in their own threads).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-ENTRIES, PARTIAL = "sha256", "partial"
+ENTRIES, PARTIAL, TRASH = "sha256", "partial", "evicted"
 READ = 4 * 2**20
 
 
@@ -31,6 +32,7 @@ class Entry:
     digest: str  # hex
     size: int
     path: Path
+    used_at: float = 0.0  # its last use (a job's bind, a prefetch): its mtime, epoch seconds
 
 
 class VolumeStore:
@@ -41,9 +43,10 @@ class VolumeStore:
         """The complete entry of ``digest``; None while it is not."""
         path = self.root / ENTRIES / digest
         try:
-            return Entry(digest, path.stat().st_size, path)
+            found = path.stat()
         except FileNotFoundError:
             return None
+        return Entry(digest, found.st_size, path, found.st_mtime)
 
     def entries(self) -> list[Entry]:
         """Every complete entry."""
@@ -73,7 +76,42 @@ class VolumeStore:
         os.chmod(partial, 0o444)
         target = self.root / ENTRIES / digest
         os.rename(partial, target)
-        return Entry(digest, target.stat().st_size, target)
+        found = target.stat()
+        return Entry(digest, found.st_size, target, found.st_mtime)
+
+    def touch(self, digest: str) -> None:
+        """The entry's last use now (its mtime); an entry gone meanwhile is no error."""
+        with contextlib.suppress(FileNotFoundError):
+            os.utime(self.root / ENTRIES / digest)
+
+    def take_out(self, digest: str) -> Path | None:
+        """The entry out of the store at once (renamed away: no launch opens it from now
+        on), to be `removed`; None when it was gone."""
+        (self.root / TRASH).mkdir(mode=0o700, parents=True, exist_ok=True)
+        target = self.root / TRASH / digest
+        try:
+            os.rename(self.root / ENTRIES / digest, target)
+        except FileNotFoundError:
+            return None
+        return target
+
+    @staticmethod
+    def removed(taken: Path) -> None:
+        """A taken-out entry's bytes freed (a job that bound it keeps its inode)."""
+        taken.unlink(missing_ok=True)
+
+    def empty_trash(self) -> None:
+        """The entries taken out but not yet removed (a daemon killed between the two)."""
+        for path in self._listed(TRASH):
+            self.removed(path)
+
+    def used_bytes(self) -> int:
+        """Bytes of the store's entries and partial files."""
+        total = 0
+        for path in (*self._listed(ENTRIES), *self._listed(PARTIAL)):
+            with contextlib.suppress(FileNotFoundError):  # evicted or committed meanwhile
+                total += path.stat().st_size
+        return total
 
     def discard(self, digest: str) -> None:
         """The partial file of ``digest`` gone (its bytes were not the ones asked)."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tuneplane_node.jobs.diskmonitor import FULL_WALK_S
+from tuneplane_node.jobs.disk.monitor import FULL_WALK_S
 from tuneplane_node.runtime.diskwalk import measure
 
 PER_DIR = 1000  # files a directory of the layer holds

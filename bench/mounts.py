@@ -34,8 +34,8 @@ from harness import (
 )
 from launch import launch_body, sdk_options
 
-from tuneplane_node.jobs.mounts import MountPolicy
-from tuneplane_node.jobs.staging import MountStaging
+from tuneplane_node.jobs.mounts.policy import MountPolicy
+from tuneplane_node.jobs.mounts.staging import MountStaging
 from tuneplane_node.runtime.base import Mount
 
 MOUNTS = 4

@@ -18,8 +18,8 @@ from typing import Any
 from harness import Api, Daemon, Fleet, arguments, fleet, machine, median, ms, rotated, timed
 from launch import launch_body
 
-from tuneplane_node.jobs.scratch import ScratchSpaces
-from tuneplane_node.jobs.staging import MountStaging
+from tuneplane_node.jobs.mounts.scratch import ScratchSpaces
+from tuneplane_node.jobs.mounts.staging import MountStaging
 from tuneplane_node.runtime.base import Scratch
 from tuneplane_node.settings import load_settings
 

@@ -43,7 +43,7 @@ from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.gpu.factory import make_probe
 from tuneplane_node.gpu.probe import GpuProbe, NoDriverProbe
 from tuneplane_node.jobs import Node
-from tuneplane_node.jobs.staging import MountStaging
+from tuneplane_node.jobs.mounts.staging import MountStaging
 from tuneplane_node.runtime.cache import CachedRuntime
 from tuneplane_node.runtime.docker import DockerRuntime
 from tuneplane_node.runtime.engine import EngineRuntime

@@ -36,7 +36,7 @@ from tests.helpers import (
 from tests.test_daemon_enginelock import engine_settings_of, healthy
 from tests.test_jobs_mounts import swap
 from tuneplane_node.errors import ConfigError
-from tuneplane_node.jobs.staging import DIRECTORY, MountStaging
+from tuneplane_node.jobs.mounts.staging import DIRECTORY, MountStaging
 
 pytestmark = pytest.mark.engine
 ENGINES = ["docker", "podman"]

@@ -25,8 +25,8 @@ from tests.helpers import (
 )
 from tests.test_daemon_enginelock import engine_settings_of, healthy
 from tests.test_daemon_mounts import kill_and_remove, post, remove_directly
-from tuneplane_node.jobs.scratch import MOUNTS, SUFFIX, ScratchSpaces
-from tuneplane_node.jobs.staging import DIRECTORY
+from tuneplane_node.jobs.mounts.scratch import MOUNTS, SUFFIX, ScratchSpaces
+from tuneplane_node.jobs.mounts.staging import DIRECTORY
 from tuneplane_node.settings import load_settings
 
 pytestmark = pytest.mark.engine

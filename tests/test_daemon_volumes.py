@@ -20,7 +20,7 @@ from tests.test_daemon_enginelock import engine_settings_of, healthy
 from tests.test_daemon_mounts import post, remove_directly
 from tests.test_daemon_scratch import logged
 from tests.volumeserver import FileServer, sha256
-from tuneplane_node.jobs.staging import MountStaging
+from tuneplane_node.jobs.mounts.staging import MountStaging
 
 pytestmark = pytest.mark.engine
 ENGINES = ["docker", "podman"]

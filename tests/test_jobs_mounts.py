@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import fake_settings
 from tuneplane_node.errors import InvalidField
-from tuneplane_node.jobs.mounts import MountPolicy, Refused, walk
+from tuneplane_node.jobs.mounts.policy import MountPolicy, Refused, walk
 from tuneplane_node.runtime.base import Mount
 
 RENAME_EXCHANGE = 2

@@ -93,7 +93,7 @@ def check_mounts(settings: NodeSettings) -> list[Finding]:
 
 
 async def _mount_findings(settings: NodeSettings) -> list[Finding]:
-    from tuneplane_node.jobs.mounts import MountPolicy
+    from tuneplane_node.jobs.mounts.policy import MountPolicy
     from tuneplane_node.runtime.base import DIRECT, REMOTE
 
     answer = await _engine_answer(settings, lambda runtime: runtime.mount_support())
@@ -119,7 +119,7 @@ async def _mount_findings(settings: NodeSettings) -> list[Finding]:
 
 def _scratch_finding(settings: NodeSettings) -> Finding:
     """Whether a launch's scratch can be made here: the tools it runs, and where."""
-    from tuneplane_node.jobs.scratch import missing_tools
+    from tuneplane_node.jobs.mounts.scratch import missing_tools
 
     missing = missing_tools()
     if missing:
@@ -152,7 +152,7 @@ async def _engine_answer(
 def _staging_finding(settings: NodeSettings) -> Finding:
     """Whether this process can stage a mount, tried in a temporary directory: check
     creates nothing of the node's (the privilege is the process's, wherever it mounts)."""
-    from tuneplane_node.jobs.staging import MountStaging
+    from tuneplane_node.jobs.mounts.staging import MountStaging
 
     root = MountStaging(settings.state_dir).root
     with tempfile.TemporaryDirectory(prefix=".tuneplane-check-") as scratch:

@@ -28,7 +28,7 @@ from tuneplane_node import __version__
 from tuneplane_node.daemon import audit
 from tuneplane_node.errors import NodeError
 from tuneplane_node.gpu.allocator import Occupancy
-from tuneplane_node.jobs.diskmonitor import Measured
+from tuneplane_node.jobs.disk.monitor import Measured
 from tuneplane_node.jobs.node import Node
 from tuneplane_node.jobs.nodestate import STATES
 from tuneplane_node.jobs.stats import JobSample

@@ -22,12 +22,12 @@ from tuneplane_node.errors import NodeError
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs.affinity import CpuAffinity
 from tuneplane_node.jobs.confinement import JobRules
-from tuneplane_node.jobs.disklimit import DiskLimits
+from tuneplane_node.jobs.disk.limit import DiskLimits
 from tuneplane_node.jobs.images.gc import ImageCollector
 from tuneplane_node.jobs.images.keeper import ImageKeeper
 from tuneplane_node.jobs.images.pulls import PullCoordinator
 from tuneplane_node.jobs.isolation import Isolation
-from tuneplane_node.jobs.mounting import LaunchMounts
+from tuneplane_node.jobs.mounts.launch import LaunchMounts
 from tuneplane_node.jobs.network import neighbours
 from tuneplane_node.jobs.pending import STARTING, PendingLaunch, PendingTable
 from tuneplane_node.jobs.reservation import Reservation

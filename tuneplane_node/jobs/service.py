@@ -22,7 +22,7 @@ from datetime import datetime
 
 from tuneplane_node.clock import Clock
 from tuneplane_node.errors import NodeCordoned
-from tuneplane_node.jobs.diskmonitor import DiskMonitor
+from tuneplane_node.jobs.disk.monitor import DiskMonitor
 from tuneplane_node.jobs.drain import NodeStateKeeper
 from tuneplane_node.jobs.health import HealthReader
 from tuneplane_node.jobs.launcher import Launcher

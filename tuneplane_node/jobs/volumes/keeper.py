@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock, parse_rfc3339
 from tuneplane_node.errors import InvalidField, NodeError, VolumeStoreFull
-from tuneplane_node.jobs.mounts import Opened
+from tuneplane_node.jobs.mounts.policy import Opened
 from tuneplane_node.jobs.volumes.fills import VolumeFill, VolumeFills
 from tuneplane_node.jobs.volumes.space import Candidate, Space, evictable, filesystem, to_evict
 from tuneplane_node.jobs.volumes.store import Entry, VolumeStore

@@ -16,10 +16,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from tuneplane_node.errors import ConfigError, InvalidField, NodeError
-from tuneplane_node.jobs.mounts import MountPolicy
-from tuneplane_node.jobs.scratch import FIELD as SCRATCH
-from tuneplane_node.jobs.scratch import ScratchError, ScratchSpaces
-from tuneplane_node.jobs.staging import MountStaging
+from tuneplane_node.jobs.mounts.policy import MountPolicy
+from tuneplane_node.jobs.mounts.scratch import FIELD as SCRATCH
+from tuneplane_node.jobs.mounts.scratch import ScratchError, ScratchSpaces
+from tuneplane_node.jobs.mounts.staging import MountStaging
 from tuneplane_node.jobs.volumes.keeper import FIELD as VOLUMES
 from tuneplane_node.jobs.volumes.keeper import VolumeKeeper
 from tuneplane_node.runtime.base import (

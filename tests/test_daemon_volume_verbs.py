@@ -54,6 +54,8 @@ def put(tmp_path: Path, data: bytes, used_at: float) -> str:
         ({"source": "https://h/w", "sha256": "a" * 64, "wait": "yes"}, "wait"),
         ({"source": "https://h/w", "sha256": "a" * 64, "path": "/w"}, "path"),
         ({"source": "http://10.0.0.1:80/w", "sha256": "a" * 64}, "source"),  # not listed
+        ({"source": "https://h:99999/w", "sha256": "a" * 64}, "source"),
+        ({"source": "https://:443/w", "sha256": "a" * 64}, "source"),
     ],
 )
 async def test_a_bad_pull_is_a_422_naming_its_field(

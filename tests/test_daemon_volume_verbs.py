@@ -161,6 +161,8 @@ async def test_a_pull_is_202_filling_with_its_progress_then_present(
     assert file_server.sent["weights"] == len(DATA) + 1  # the body once, a probe's byte
     listed = await node.ok("GET", "/node/v1/volumes")
     assert listed["fills"] == [] and listed["entries"][0]["pin_expires_at"], listed
+    samples = await scrape(node)
+    assert samples[("tuneplane_node_volume_fetched_bytes_total", ())] == len(DATA), samples
 
 
 async def test_a_fill_that_fails_while_the_pull_waits_is_a_502_and_stays_listed(

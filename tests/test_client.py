@@ -25,6 +25,7 @@ from tests.conftest import IMAGE, MakeFakeNode
 from tests.fakes import FakeClock, FakeRuntime
 from tests.helpers import TOKEN, Console, free_port, python_path, unique, wait_until
 from tests.test_daemon_server import make_ca
+from tests.volumeserver import FileServer, sha256
 from tuneplane_node import wire
 from tuneplane_node.client import (
     PROTOCOL,
@@ -58,6 +59,10 @@ from tuneplane_node.client import (
     TooManyRequests,
     Unauthorized,
     Unreachable,
+    VolumeGc,
+    Volumes,
+    VolumeStore,
+    VolumeStoreFull,
 )
 from tuneplane_node.client.answers import Health, Jobs, build
 from tuneplane_node.client.endpoint import Endpoint, Tls
@@ -655,3 +660,30 @@ def test_a_call_carrying_registry_credentials_never_shows_them() -> None:
         assert "pw-7f3a9c" not in repr(call), call
         assert "pw-7f3a9c" in json.dumps(call.body)  # ...and they are sent
     assert "pw-7f3a9c" not in repr(container)
+
+
+async def test_volume_verbs_answer_typed_and_a_full_store_is_volume_store_full(
+    fake_node: MakeFakeNode, file_server: FileServer, tmp_path: Path
+) -> None:
+    data = b"w" * 4096
+    source = file_server.add("w", data)
+    node = await fake_node(
+        volume_root=tmp_path / "volumes",
+        volume_gc_high_percent=1,
+        volume_gc_low_percent=0,
+        volume_insecure_hosts=[file_server.url.removeprefix("http://")],
+    )  # any disk is above 1%: no fill fits
+    async with AsyncNodeClient(url_of(node), token=TOKEN) as client:
+        with pytest.raises(VolumeStoreFull) as full:
+            await client.pull_volume(source, sha256(data), wait=True)
+        assert isinstance(full.value, InsufficientStorage), full.value  # its family's too
+        assert full.value.needed_bytes == len(data) and full.value.high_percent == 1
+        listed = await client.volumes()
+        assert isinstance(listed, Volumes) and listed.entries == (), listed
+        [failed] = listed.fills  # the failed prefetch, with its reason
+        assert failed.phase == "failed" and "no room to fill volume" in (failed.error or "")
+        assert isinstance(listed.volume_store, VolumeStore) and listed.volume_store.low_percent == 0
+        gc = await client.volume_gc()
+        assert isinstance(gc, VolumeGc) and gc.removed == () and gc.freed_bytes == 0
+        health = await client.health()
+        assert health.volume_store is not None and health.volume_store.high_percent == 1

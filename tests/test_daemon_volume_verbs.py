@@ -54,6 +54,8 @@ def put(tmp_path: Path, data: bytes, used_at: float) -> str:
         ({"source": "https://h/w", "sha256": "a" * 64, "wait": "yes"}, "wait"),
         ({"source": "https://h/w", "sha256": "a" * 64, "path": "/w"}, "path"),
         ({"source": "http://10.0.0.1:80/w", "sha256": "a" * 64}, "source"),  # not listed
+        ({"source": "https://h:99999/w", "sha256": "a" * 64}, "source"),
+        ({"source": "https://:443/w", "sha256": "a" * 64}, "source"),
     ],
 )
 async def test_a_bad_pull_is_a_422_naming_its_field(
@@ -159,6 +161,8 @@ async def test_a_pull_is_202_filling_with_its_progress_then_present(
     assert file_server.sent["weights"] == len(DATA) + 1  # the body once, a probe's byte
     listed = await node.ok("GET", "/node/v1/volumes")
     assert listed["fills"] == [] and listed["entries"][0]["pin_expires_at"], listed
+    samples = await scrape(node)
+    assert samples[("tuneplane_node_volume_fetched_bytes_total", ())] == len(DATA), samples
 
 
 async def test_a_fill_that_fails_while_the_pull_waits_is_a_502_and_stays_listed(

@@ -17,6 +17,7 @@ import pytest
 from tests.conftest import MakeNode
 from tests.helpers import IMAGE, free_port, spawn_daemon, state_dir
 from tests.test_daemon_enginelock import engine_settings_of, healthy
+from tests.test_daemon_metrics import scrape
 from tests.test_daemon_mounts import post, remove_directly
 from tests.test_daemon_scratch import logged
 from tests.volumeserver import FileServer, sha256
@@ -212,6 +213,9 @@ async def test_an_entry_a_running_job_binds_survives_gc_and_an_unused_one_goes(
         assert sha256(DATA) in said and "write-exit=1" in said, said
         state = await node.state(ref)
         assert "tuneplane.volumes" not in str(state), state  # the node's own label: hidden
+        samples = await scrape(node)
+        assert samples[("tuneplane_node_volume_served_bytes_total", ())] == len(DATA), samples
+        assert samples[("tuneplane_node_volume_evictions_total", ())] == 1, samples
     finally:
         await remove_directly(engine, names)
 

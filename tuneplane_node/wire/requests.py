@@ -28,6 +28,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timezone
 from typing import Any
+from urllib.parse import urlsplit
 
 from tuneplane_node.clock import parse_rfc3339
 from tuneplane_node.errors import (
@@ -526,6 +527,13 @@ def _volume_source(source: object, field: str) -> str:
             f"must be an https:// URL of at most {MAX_URL} printable ASCII characters "
             "(registry sources are not served by this node yet)",
         )
+    try:
+        parts = urlsplit(source)
+        parts.port  # noqa: B018 (read for its ValueError: a port past 65535)
+    except ValueError:
+        parts = None
+    if parts is None or not parts.hostname:
+        raise InvalidField(field, "must name a host, and a port from 1 to 65535 if any")
     return source
 
 

@@ -23,6 +23,7 @@ from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs.affinity import CpuAffinity
 from tuneplane_node.jobs.confinement import JobRules
 from tuneplane_node.jobs.disklimit import DiskLimits
+from tuneplane_node.jobs.fabric import FabricAddresses
 from tuneplane_node.jobs.imagegc import ImageCollector
 from tuneplane_node.jobs.images import ImageKeeper
 from tuneplane_node.jobs.isolation import Isolation
@@ -85,16 +86,19 @@ def refuse_unstaged(support: MountSupport, runtime: str, field: str) -> None:
 
 
 class Reservation:
-    """A launch's cards, from its acceptance until its container's label holds them or
-    the launch ends without one. The one place a launch claims cards (`claim`; again
-    after a pull, which keeps them if they are still free) and the one place it lets
-    them go (`release`, once: a second call does nothing). ``async with`` ties the
+    """A launch's cards (and fabric address), from its acceptance until its container's
+    label holds them or the launch ends without one. The one place a launch claims cards
+    (`claim`; again after a pull, which keeps them if they are still free) and the one
+    place it lets them go (`release`, once: a second call does nothing). ``async with`` ties the
     release to a block; a pending launch's task ends in `Launcher._ended`, which
     releases it."""
 
-    def __init__(self, allocator: GpuAllocator, request: LaunchRequest) -> None:
+    def __init__(
+        self, allocator: GpuAllocator, request: LaunchRequest, fabric: FabricAddresses | None = None
+    ) -> None:
         self.allocator = allocator
         self.request = request
+        self.fabric = fabric  # its fabric address (`_placed`), let go with the cards
         self._held = False
 
     async def claim(self) -> tuple[int, ...]:
@@ -107,6 +111,8 @@ class Reservation:
         return cards
 
     def release(self) -> None:
+        if self.fabric is not None:
+            self.fabric.release(self.request.ref)
         if self._held:
             self._held = False
             self.allocator.release(self.request.ref)
@@ -145,6 +151,7 @@ class Launcher:
         self.isolation = Isolation(settings, runtime)
         self.disk = DiskLimits(settings)
         self.affinity = CpuAffinity(settings)
+        self.fabric = FabricAddresses(settings.fabric_network, runtime)
         self.mounts = MountPolicy(
             settings.mount_roots,
             never_a_root=settings.never_a_root,
@@ -309,7 +316,7 @@ class Launcher:
     async def start_now(self, request: LaunchRequest, info: ImageInfo | None) -> Started:
         """The container, from the image id the reference resolved to, with the cards it
         was given."""
-        async with Reservation(self.allocator, request) as cards:
+        async with Reservation(self.allocator, request, self.fabric) as cards:
             spec = await self._staged(await self._placed(_from(request.spec, info), cards))
             try:
                 container_id = await self.runtime.run(spec)
@@ -328,7 +335,7 @@ class Launcher:
         """Reserve the cards now (an accepted launch cannot lose them mid-pull), pull the
         image (``pull``) and fill the volumes in the background, then start the
         container."""
-        reservation = Reservation(self.allocator, request)
+        reservation = Reservation(self.allocator, request, self.fabric)
         await reservation.claim()
         record = PendingLaunch(request, accepted=self.clock.monotonic(), needs_pull=pull)
         self.pending.add(record)
@@ -410,7 +417,7 @@ class Launcher:
             around = await neighbours(
                 spec.name, runtime=self.runtime, allocator=self.allocator, pending=self.pending
             )
-        spec = network.placed(spec, around)
+        spec = await self.fabric.addressed(network.placed(spec, around))  # held: `Reservation`
         return self.affinity.apply(spec, await self.allocator.snapshot()) if cards else spec
 
     def _ended(

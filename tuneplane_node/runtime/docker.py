@@ -20,9 +20,12 @@ import docker.types
 import requests.exceptions
 import urllib3.exceptions
 
+from tuneplane_node.errors import ConfigError
 from tuneplane_node.runtime import dockerformat as fmt
 from tuneplane_node.runtime.base import (
     CDI_GPU_KIND,
+    FABRIC,
+    LABEL_FABRIC_ADDRESS,
     RDMA_CAPABILITY,
     Brief,
     Confinement,
@@ -40,15 +43,18 @@ from tuneplane_node.runtime.engine import (
 )
 from tuneplane_node.runtime.isolation import registered
 from tuneplane_node.runtime.jobnetwork import (
+    FABRIC_KIND,
     LABEL_NODE_NETWORK,
     NO_ICC,
     NODE_NETWORKS,
     SEALED,
     checked,
     docker_network,
+    fabric_checked,
+    fabric_network,
 )
 from tuneplane_node.runtime.pulling import PullStream
-from tuneplane_node.settings import NodeSettings
+from tuneplane_node.settings import Fabric, NodeSettings, env_name
 
 log = logging.getLogger(__name__)
 ENGINE = "docker"
@@ -118,6 +124,8 @@ class DockerRuntime(EngineRuntime, errors=ERRORS):
         options["detach"] = True
         if spec.network in NODE_NETWORKS:  # made before the container (`_create`)
             options["network_mode"] = docker_network(spec.network)
+        if spec.network == FABRIC:  # made before the container (`_create`)
+            options.update(self._fabric_options(spec))
         options.update(_bounds(spec.confinement))
         options["mounts"] = [
             docker.types.Mount(m.container, m.host, type="bind", read_only=m.read_only)
@@ -145,7 +153,58 @@ class DockerRuntime(EngineRuntime, errors=ERRORS):
     def _create(self, spec: ContainerSpec) -> Any:
         if spec.network in NODE_NETWORKS:
             self._ready_network(spec.network)
+        if spec.network == FABRIC:
+            self._ready_fabric(self._fabric())
         return super()._create(spec)
+
+    def _fabric(self) -> Fabric:
+        fabric = self.settings.fabric_network
+        if fabric is None:  # the rule puts no job there without one
+            raise ConfigError(f"a fabric-network job, and no network in {env_name('fabrics')}")
+        return fabric
+
+    def _fabric_options(self, spec: ContainerSpec) -> dict[str, Any]:
+        """On the fabric network only, at the address its label holds (a static IP)."""
+        name = fabric_network(self._fabric())
+        endpoint = self.api.create_endpoint_config(ipv4_address=spec.labels[LABEL_FABRIC_ADDRESS])
+        return {"network_mode": name, "network": name, "networking_config": {name: endpoint}}
+
+    def _ready_fabric(self, fabric: Fabric) -> None:
+        """The fabric's network, made when missing; one of that name that is not the
+        settings' is refused (`fabric_checked`), never used."""
+        name = fabric_network(fabric)
+        try:
+            found = self.api.inspect_network(name)
+        except docker.errors.NotFound:
+            pool = docker.types.IPAMPool(
+                subnet=str(fabric.subnet),
+                iprange=str(fabric.range),
+                gateway=str(fabric.gateway) if fabric.gateway is not None else None,
+            )
+            try:
+                self.api.create_network(
+                    name,
+                    driver=fabric.network,
+                    options={"parent": fabric.interface},
+                    ipam=docker.types.IPAMConfig(pool_configs=[pool]),
+                    labels={LABEL_NODE_NETWORK: FABRIC_KIND},
+                    check_duplicate=True,
+                )
+                log.info(
+                    "made the fabric network %s (%s on %s)", name, fabric.network, fabric.interface
+                )
+            except docker.errors.APIError as exc:
+                if exc.status_code != 409:  # 409: another launch made it first
+                    raise
+            found = self.api.inspect_network(name)
+        configs = (found.get("IPAM") or {}).get("Config") or []
+        fabric_checked(
+            ENGINE, fabric,
+            labels=found.get("Labels") or {},
+            driver=str(found.get("Driver") or ""),
+            parent=str((found.get("Options") or {}).get("parent") or ""),
+            subnets=[str(config.get("Subnet")) for config in configs],
+        )  # fmt: skip
 
     def _ready_network(self, kind: str) -> None:
         """The node's network of that kind, made when missing; one of that name the node

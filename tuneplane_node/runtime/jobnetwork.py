@@ -7,6 +7,11 @@ kind, inter-container traffic off (held by the engine's firewall rules), labelle
 used. Podman 4.3 (CNI) has no such option for a shared bridge: each job gets a bridge of
 its own (``isolate=true``), labelled `LABEL_NETWORK_OF` with its container, removed with
 it; one whose container is gone is pruned. No SDK here: the adapters make the calls.
+
+The fabric network (``TUNEPLANE_FABRICS``, a spec's network `FABRIC`) is one per node on
+both engines: ``tuneplane-fabric-<name>``, a ``macvlan``/``ipvlan`` network on the fabric's
+interface, labelled ``tuneplane.node-network=fabric``, each job given its address (its
+label) as a static IP; one of that name that is not so is refused, never used.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tuneplane_node.errors import EngineRefused
+from tuneplane_node.settings import Fabric
 
 ISOLATED, SEALED = "isolated", "sealed"
 NODE_NETWORKS = (ISOLATED, SEALED)
@@ -59,4 +65,36 @@ def checked(engine: str, name: str, kind: str, found: Mapping[str, Any]) -> None
             engine=engine,
             action=f"put a job on network {name}",
             reason=f"network {name} exists and {why}: remove or rename it",
+        )
+
+
+FABRIC_KIND = "fabric"
+"""`LABEL_NODE_NETWORK` on the fabric network the node made."""
+FABRIC_PREFIX = "tuneplane-fabric-"
+
+
+def fabric_network(fabric: Fabric) -> str:
+    """The engines' name of the fabric's network."""
+    return f"{FABRIC_PREFIX}{fabric.name}"
+
+
+def fabric_checked(
+    engine: str, fabric: Fabric, *, labels: Mapping[str, Any], driver: str, parent: str,
+    subnets: list[str],
+) -> None:  # fmt: skip
+    """`EngineRefused` unless the fabric network found is the one the operator's settings
+    describe (a changed setting is a network to remove by hand: jobs may be on it)."""
+    name, why = fabric_network(fabric), None
+    if labels.get(LABEL_NODE_NETWORK) != FABRIC_KIND:
+        why = f"it is not the node's (no label {LABEL_NODE_NETWORK}={FABRIC_KIND})"
+    elif driver != fabric.network or parent != fabric.interface:
+        found, wanted = f"{driver} on {parent or '-'}", f"{fabric.network} on {fabric.interface}"
+        why = f"it is {found}, not {wanted}"
+    elif str(fabric.subnet) not in subnets:
+        why = f"its subnets are {', '.join(subnets) or 'none'}, not {fabric.subnet}"
+    if why is not None:
+        raise EngineRefused(
+            engine=engine,
+            action=f"put a job on network {name}",
+            reason=f"network {name} exists and {why}: remove it (with its jobs) or rename it",
         )

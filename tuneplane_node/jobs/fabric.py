@@ -24,6 +24,7 @@ from tuneplane_node.runtime.base import (
     ContainerRuntime,
     ContainerSpec,
 )
+from tuneplane_node.runtime.jobnetwork import gateway
 from tuneplane_node.settings import Fabric
 
 log = logging.getLogger(__name__)
@@ -41,8 +42,7 @@ def addresses(fabric: Fabric) -> Iterator[IPv4Address]:
     both engines reserve as the network's gateway)."""
     assert fabric.subnet is not None and fabric.range is not None
     subnet = fabric.subnet
-    gateway = fabric.gateway if fabric.gateway is not None else subnet.network_address + 1
-    never = {subnet.network_address, subnet.broadcast_address, gateway}
+    never = {subnet.network_address, subnet.broadcast_address, gateway(fabric)}
     return (address for address in fabric.range if address not in never)
 
 

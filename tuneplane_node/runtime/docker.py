@@ -52,6 +52,7 @@ from tuneplane_node.runtime.jobnetwork import (
     docker_network,
     fabric_checked,
     fabric_network,
+    gateway,
 )
 from tuneplane_node.runtime.pulling import PullStream
 from tuneplane_node.settings import Fabric, NodeSettings, env_name
@@ -176,10 +177,9 @@ class DockerRuntime(EngineRuntime, errors=ERRORS):
         try:
             found = self.api.inspect_network(name)
         except docker.errors.NotFound:
+            # The gateway always given: docker's own choice is the range's first address.
             pool = docker.types.IPAMPool(
-                subnet=str(fabric.subnet),
-                iprange=str(fabric.range),
-                gateway=str(fabric.gateway) if fabric.gateway is not None else None,
+                subnet=str(fabric.subnet), iprange=str(fabric.range), gateway=str(gateway(fabric))
             )
             try:
                 self.api.create_network(

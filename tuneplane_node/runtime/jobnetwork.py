@@ -17,6 +17,7 @@ label) as a static IP; one of that name that is not so is refused, never used.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from ipaddress import IPv4Address
 from typing import Any
 
 from tuneplane_node.errors import EngineRefused
@@ -76,6 +77,13 @@ FABRIC_PREFIX = "tuneplane-fabric-"
 def fabric_network(fabric: Fabric) -> str:
     """The engines' name of the fabric's network."""
     return f"{FABRIC_PREFIX}{fabric.name}"
+
+
+def gateway(fabric: Fabric) -> IPv4Address:
+    """The fabric network's gateway: the operator's, else the subnet's first address (as
+    podman chooses), which the node never hands to a job (`jobs.fabric.addresses`)."""
+    assert fabric.subnet is not None
+    return fabric.gateway if fabric.gateway is not None else fabric.subnet.network_address + 1
 
 
 def fabric_checked(

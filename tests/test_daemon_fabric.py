@@ -12,13 +12,16 @@ import functools
 import json
 import re
 import subprocess
+import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import podman
 import pytest
 
 from tests.conftest import MakeNode
-from tests.helpers import Console, ThrowawayDocker
+from tests.helpers import Console, ThrowawayDocker, engine_missing, podman_url
 from tests.test_daemon_jobnet import netns_docker  # noqa: F401 (the fixture)
 from tuneplane_node import inventory
 from tuneplane_node.runtime.base import LABEL_FABRIC_ADDRESS
@@ -71,16 +74,17 @@ async def seen(node: Console, ref: str) -> tuple[str, str]:
     raise AssertionError(f"{ref} said nothing: {await node.logs(ref)}")
 
 
-async def test_docker_fabric_jobs_get_their_own_addresses_kept_across_a_restart(
-    fabric_docker: ThrowawayDocker, make_node: MakeNode
+async def fabric_jobs_keep_their_own_addresses(
+    make_node: MakeNode, engine: str, fabric_name: str, **settings: Any
 ) -> None:
-    settings = {"docker_host": fabric_docker.host, "fabrics": fabric()}
-    node = await make_node("docker", **settings)
-    first, _ = await node.launch(SAY)  # asks host (as 0.3.15), holds 0 of 4 cards
+    """Two jobs asking for host (as 0.3.15) with 0 of 4 cards, a daemon with nothing in
+    memory, a third: distinct addresses from the range, seen inside as on eth0, kept."""
+    node = await make_node(engine, **settings)
+    first, _ = await node.launch(SAY)
     second, _ = await node.launch(SAY)
     state = await node.wait_for(first, "status", "running")
 
-    assert state["network"] == "fabric:ib-t"
+    assert state["network"] == f"fabric:{fabric_name}"
     one, two = await seen(node, first), await seen(node, second)
     assert one[0] == two[0] == "eth0"
     assert one[1] != two[1]
@@ -88,11 +92,18 @@ async def test_docker_fabric_jobs_get_their_own_addresses_kept_across_a_restart(
     assert state["labels"][LABEL_FABRIC_ADDRESS] == one[1]
 
     # A daemon with nothing in memory: the addresses are read from the containers.
-    again = await make_node("docker", **settings)
+    again = await make_node(engine, **settings)
     assert (await again.state(first))["labels"][LABEL_FABRIC_ADDRESS] == one[1]
     third, _ = await again.launch(SAY)
     assert (await seen(again, third))[1] not in {one[1], two[1]}
     assert (await seen(again, first))[1] == one[1]
+
+
+async def test_docker_fabric_jobs_get_their_own_addresses_kept_across_a_restart(
+    fabric_docker: ThrowawayDocker, make_node: MakeNode
+) -> None:
+    settings = {"docker_host": fabric_docker.host, "fabrics": fabric()}
+    await fabric_jobs_keep_their_own_addresses(make_node, "docker", "ib-t", **settings)
     network = json.loads(fabric_docker.docker("network", "inspect", "tuneplane-fabric-ib-t").stdout)
     assert network[0]["Labels"] == {LABEL_NODE_NETWORK: "fabric"}
     assert network[0]["Driver"] == "macvlan"
@@ -109,3 +120,35 @@ async def test_docker_a_full_range_is_a_409_of_its_own(
     _, answer = await node.launch(expect=409)
     assert answer["code"] == "fabric_addresses_exhausted"
     assert "10.77.3.4/31" in answer["detail"]
+
+
+@pytest.fixture
+async def podman_fabric() -> AsyncIterator[dict[str, Any]]:
+    """A veth 'fabric' of a unique name in the machine's namespace (where the suite's
+    podman service runs) and a fabric of a unique name (podman services share the CNI
+    configuration); its network and the pair are removed at teardown, after the jobs."""
+    tag = uuid.uuid4().hex[:6]
+    interface, name = f"tpf{tag}", f"ib-{tag}"
+    made = [
+        ["ip", "link", "add", interface, "type", "veth", "peer", "name", f"{interface}p"],
+        ["ip", "link", "set", interface, "up"],
+        ["ip", "link", "set", f"{interface}p", "up"],
+    ]
+    try:
+        for command in made:
+            subprocess.run(command, check=True, capture_output=True)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        engine_missing("a veth interface for podman's fabric network", str(exc))
+    try:
+        yield {"fabric_name": name, "fabrics": fabric(name=name, interface=interface)}
+    finally:
+        with podman.PodmanClient(base_url=podman_url()) as client:
+            if client.networks.exists(f"tuneplane-fabric-{name}"):
+                client.networks.get(f"tuneplane-fabric-{name}").remove(force=True)
+        subprocess.run(["ip", "link", "del", interface], check=False, capture_output=True)
+
+
+async def test_podman_fabric_jobs_get_their_own_addresses_kept_across_a_restart(
+    podman_fabric: dict[str, Any], make_node: MakeNode
+) -> None:
+    await fabric_jobs_keep_their_own_addresses(make_node, "podman", **podman_fabric)

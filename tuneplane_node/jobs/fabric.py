@@ -24,14 +24,11 @@ from tuneplane_node.runtime.base import (
     ContainerRuntime,
     ContainerSpec,
 )
-from tuneplane_node.runtime.jobnetwork import gateway
+from tuneplane_node.runtime.jobnetwork import JOB_INTERFACE, gateway
 from tuneplane_node.settings import Fabric
 
 log = logging.getLogger(__name__)
 IB_SYSFS = Path("/sys/class/infiniband")
-JOB_INTERFACE = "eth0"
-"""The fabric network's interface inside a job: both engines name a container's only
-network's interface eth0 (checked by the engine tests)."""
 ROCE_V2 = "RoCE v2"
 IPV4_MAPPED = "0000:0000:0000:0000:0000:ffff:"
 

@@ -20,7 +20,6 @@ import docker.types
 import requests.exceptions
 import urllib3.exceptions
 
-from tuneplane_node.errors import ConfigError
 from tuneplane_node.runtime import dockerformat as fmt
 from tuneplane_node.runtime.base import (
     CDI_GPU_KIND,
@@ -49,13 +48,14 @@ from tuneplane_node.runtime.jobnetwork import (
     NODE_NETWORKS,
     SEALED,
     checked,
+    configured,
     docker_network,
     fabric_checked,
     fabric_network,
     gateway,
 )
 from tuneplane_node.runtime.pulling import PullStream
-from tuneplane_node.settings import Fabric, NodeSettings, env_name
+from tuneplane_node.settings import Fabric, NodeSettings
 
 log = logging.getLogger(__name__)
 ENGINE = "docker"
@@ -155,18 +155,12 @@ class DockerRuntime(EngineRuntime, errors=ERRORS):
         if spec.network in NODE_NETWORKS:
             self._ready_network(spec.network)
         if spec.network == FABRIC:
-            self._ready_fabric(self._fabric())
+            self._ready_fabric(configured(self.settings))
         return super()._create(spec)
-
-    def _fabric(self) -> Fabric:
-        fabric = self.settings.fabric_network
-        if fabric is None:  # the rule puts no job there without one
-            raise ConfigError(f"a fabric-network job, and no network in {env_name('fabrics')}")
-        return fabric
 
     def _fabric_options(self, spec: ContainerSpec) -> dict[str, Any]:
         """On the fabric network only, at the address its label holds (a static IP)."""
-        name = fabric_network(self._fabric())
+        name = fabric_network(configured(self.settings))
         endpoint = self.api.create_endpoint_config(ipv4_address=spec.labels[LABEL_FABRIC_ADDRESS])
         return {"network_mode": name, "network": name, "networking_config": {name: endpoint}}
 

@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from ipaddress import IPv4Address
 from typing import Any
 
-from tuneplane_node.errors import EngineRefused
-from tuneplane_node.settings import Fabric
+from tuneplane_node.errors import ConfigError, EngineRefused
+from tuneplane_node.settings import Fabric, NodeSettings, env_name
 
 ISOLATED, SEALED = "isolated", "sealed"
 NODE_NETWORKS = (ISOLATED, SEALED)
@@ -69,9 +69,37 @@ def checked(engine: str, name: str, kind: str, found: Mapping[str, Any]) -> None
         )
 
 
+JOB_INTERFACE = "eth0"
+"""The fabric network's interface inside a job: docker names a container's only network's
+interface eth0, podman is told to (checked by the engine tests)."""
 FABRIC_KIND = "fabric"
 """`LABEL_NODE_NETWORK` on the fabric network the node made."""
 FABRIC_PREFIX = "tuneplane-fabric-"
+
+
+def configured(settings: NodeSettings) -> Fabric:
+    """The fabric with a network, which a spec on `FABRIC` runs on."""
+    if settings.fabric_network is None:  # `NetworkRule` puts no job there without one
+        raise ConfigError(f"a fabric-network job, and no network in {env_name('fabrics')}")
+    return settings.fabric_network
+
+
+def podman_fabric_body(fabric: Fabric) -> dict[str, Any]:
+    """libpod's ``/networks/create`` body of the fabric's network."""
+    assert fabric.range is not None
+    first, last = fabric.range.network_address, fabric.range.broadcast_address
+    subnet = {
+        "subnet": str(fabric.subnet),
+        "gateway": str(gateway(fabric)),
+        "lease_range": {"start_ip": str(first), "end_ip": str(last)},
+    }
+    return {
+        "name": fabric_network(fabric),
+        "driver": fabric.network,
+        "network_interface": fabric.interface,
+        "subnets": [subnet],
+        "labels": {LABEL_NODE_NETWORK: FABRIC_KIND},
+    }
 
 
 def fabric_network(fabric: Fabric) -> str:

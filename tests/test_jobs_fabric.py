@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import IMAGE
+from tests.conftest import IMAGE, fake_settings
 from tests.fakes import FakeRuntime
 from tests.test_jobs_network import make_service as make_network_service  # noqa: F401 (fixture)
-from tuneplane_node.errors import ConfigError, FabricAddressesExhausted
+from tuneplane_node.cli import FAIL, OK, check_fabric_network
+from tuneplane_node.errors import ConfigError, FabricAddressesExhausted, InvalidField
 from tuneplane_node.jobs import JobService
 from tuneplane_node.jobs.fabric import FabricAddresses, addresses, gid_index
 from tuneplane_node.jobs.results import LaunchRequest
@@ -245,3 +246,34 @@ async def test_the_job_gets_the_gid_index_the_machine_has(
     await service.launch(launch("told", env={"NCCL_IB_GID_INDEX": "7"}))
     assert on(fake, "roce").env["NCCL_IB_GID_INDEX"] == "3"
     assert on(fake, "told").env["NCCL_IB_GID_INDEX"] == "7"
+
+
+# --- the operator's other rules, and check ---------------------------------------------------
+
+
+async def test_under_bridge_a_host_request_goes_on_the_fabric_and_refuse_still_refuses(
+    make_network_service: MakeService,  # noqa: F811 (the fixture)
+    fake: FakeRuntime,
+) -> None:
+    bridged = make_network_service(fabrics=[fabric()], job_host_network="bridge")
+    await bridged.launch(launch("b", 4))  # the whole machine: bridged anyway under bridge
+    assert on(fake, "b").labels[LABEL_NETWORK] == "fabric:ib-a"
+    refusing = make_network_service(fabrics=[fabric()], job_host_network="refuse")
+    with pytest.raises(InvalidField, match=r"container\.network"):
+        await refusing.launch(launch("r", 0))
+
+
+def test_check_names_the_fabric_network_and_fails_without_its_interface(
+    tmp_path: Path,
+) -> None:
+    settings = fake_settings(tmp_path, fabrics=[fabric()])
+    net = tmp_path / "net"
+    net.mkdir()
+    ((level, text),) = check_fabric_network(settings, net=net)
+    assert (level, text) == (FAIL, f"fabric network ib-a: ipvlan on ib0: no interface ib0 "
+                                     f"on this machine ({net})")  # fmt: skip
+    (net / "ib0").mkdir()
+    ((level, text),) = check_fabric_network(settings, net=net)
+    assert level == OK
+    assert "range 10.9.1.0/30 (4 addresses)" in text
+    assert check_fabric_network(fake_settings(tmp_path), net=net) == []

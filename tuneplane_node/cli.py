@@ -21,6 +21,8 @@ from tuneplane_node import __version__, ctl, inventory, logformat
 from tuneplane_node.errors import ConfigError, NodeError
 from tuneplane_node.settings import DEFAULT_STORAGE, NodeSettings, env_name, load_settings
 
+NET_SYSFS = Path("/sys/class/net")
+
 if TYPE_CHECKING:
     from tuneplane_node.gpu.probe import GpuProbe, GpuSnapshot
     from tuneplane_node.jobs.confinement import JobRules
@@ -186,6 +188,7 @@ def check(settings: NodeSettings) -> int:
         check_mounts,
         check_state_dir,
         check_fabrics,
+        check_fabric_network,
         check_rdma,
         check_port,
     )
@@ -758,6 +761,20 @@ def check_fabrics(settings: NodeSettings) -> list[Finding]:
         else (OK, f"fabric {fact.fabric}: {', '.join(fact.hcas)} at {fact.rate_gbps:g} Gb/s")
         for fact in inventory.fabrics(settings.fabrics)
     ]
+
+
+def check_fabric_network(settings: NodeSettings, *, net: Path = NET_SYSFS) -> list[Finding]:
+    """Where the jobs asking for the host network without the whole machine run, and
+    whether the fabric network's interface is here (else their launch is a 502)."""
+    fabric = settings.fabric_network
+    if fabric is None:
+        return []
+    where = f"fabric network {fabric.name}: {fabric.network} on {fabric.interface}"
+    if not (net / str(fabric.interface)).exists():
+        return [(FAIL, f"{where}: no interface {fabric.interface} on this machine ({net})")]
+    count = fabric.range.num_addresses if fabric.range is not None else 0
+    return [(OK, f"{where}, range {fabric.range} ({count} addresses): jobs asking for host "
+                 "that do not get it run there")]  # fmt: skip
 
 
 def check_rdma(settings: NodeSettings) -> list[Finding]:

@@ -97,6 +97,8 @@ class NetworkRule:
                 return self._bridged(spec, why)
         if spec.network == BRIDGE:
             return self._on_job_network(spec)
+        if spec.network == FABRIC:  # put there by `vetted`, its label says which
+            return spec
         return replace(spec, labels={**spec.labels, LABEL_NETWORK: spec.network})
 
     def _not_whole(self, spec: ContainerSpec, around: Neighbours) -> str | None:

@@ -152,3 +152,15 @@ async def test_podman_fabric_jobs_get_their_own_addresses_kept_across_a_restart(
     podman_fabric: dict[str, Any], make_node: MakeNode
 ) -> None:
     await fabric_jobs_keep_their_own_addresses(make_node, "podman", **podman_fabric)
+
+
+async def test_docker_a_foreign_network_of_the_fabrics_name_is_refused_never_used(
+    fabric_docker: ThrowawayDocker, make_node: MakeNode
+) -> None:
+    fabric_docker.docker("network", "create", "--subnet", SUBNET, "tuneplane-fabric-ib-t")
+    node = await make_node("docker", docker_host=fabric_docker.host, fabrics=fabric())
+    _, answer = await node.launch(expect=502)
+
+    assert answer["code"] == "engine_refused"
+    assert "network tuneplane-fabric-ib-t exists and it is not the node's" in answer["detail"]
+    assert fabric_docker.docker("ps", "-aq").stdout.split() == []  # nothing made on it

@@ -98,7 +98,7 @@ class FabricAddresses:
         address = await self.claim(spec.name)
         env = dict(spec.env)
         env.setdefault("NCCL_SOCKET_IFNAME", JOB_INTERFACE)
-        gid = gid_index(self.fabric)
+        gid = await asyncio.to_thread(gid_index, self.fabric)  # sysfs: off the loop
         if gid is not None:
             env.setdefault("NCCL_IB_GID_INDEX", str(gid))
         labels = {**spec.labels, LABEL_FABRIC_ADDRESS: str(address)}

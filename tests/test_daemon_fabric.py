@@ -76,9 +76,10 @@ async def seen(node: Console, ref: str) -> tuple[str, str]:
 
 async def fabric_jobs_keep_their_own_addresses(
     make_node: MakeNode, engine: str, fabric_name: str, **settings: Any
-) -> None:
+) -> tuple[str, str]:
     """Two jobs asking for host (as 0.3.15) with 0 of 4 cards, a daemon with nothing in
-    memory, a third: distinct addresses from the range, seen inside as on eth0, kept."""
+    memory, a third: distinct addresses from the range, seen inside as on eth0, kept.
+    The first job and its address."""
     node = await make_node(engine, **settings)
     first, _ = await node.launch(SAY)
     second, _ = await node.launch(SAY)
@@ -97,13 +98,16 @@ async def fabric_jobs_keep_their_own_addresses(
     third, _ = await again.launch(SAY)
     assert (await seen(again, third))[1] not in {one[1], two[1]}
     assert (await seen(again, first))[1] == one[1]
+    return first, one[1]
 
 
 async def test_docker_fabric_jobs_get_their_own_addresses_kept_across_a_restart(
     fabric_docker: ThrowawayDocker, make_node: MakeNode
 ) -> None:
     settings = {"docker_host": fabric_docker.host, "fabrics": fabric()}
-    await fabric_jobs_keep_their_own_addresses(make_node, "docker", "ib-t", **settings)
+    first = await fabric_jobs_keep_their_own_addresses(make_node, "docker", "ib-t", **settings)
+    now = fabric_docker.docker("exec", first[0], "ip", "-4", "-o", "addr", "show", "eth0")
+    assert f"inet {first[1]}/16" in now.stdout.decode()  # asked of the job now, after the restart
     network = json.loads(fabric_docker.docker("network", "inspect", "tuneplane-fabric-ib-t").stdout)
     assert network[0]["Labels"] == {LABEL_NODE_NETWORK: "fabric"}
     assert network[0]["Driver"] == "macvlan"

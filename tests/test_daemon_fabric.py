@@ -66,9 +66,8 @@ async def seen(node: Console, ref: str) -> tuple[str, str]:
     for _ in range(100):
         logs = await node.logs(ref)
         interface = re.search(r" if=(\S+)", logs)
-        if interface is not None:
-            found = re.search(rf"\d+: {interface.group(1)}\S*\s+inet (\S+)/", logs)
-            assert found is not None, logs
+        found = interface and re.search(rf"\d+: {interface.group(1)}\S*\s+inet (\S+)/", logs)
+        if interface is not None and found:  # the lines arrive one by one: wait for both
             return interface.group(1), found.group(1)
         await asyncio.sleep(0.2)
     raise AssertionError(f"{ref} said nothing: {await node.logs(ref)}")

@@ -56,6 +56,8 @@ are translated there (one table per engine, `runtime/engine.py`) with the cause 
     │   │                                   cannot give this job)
     │   ├── UsernsUnavailable userns_unavailable   TUNEPLANE_JOB_USERNS=always, and a
     │   │                                   writable mount the engine cannot id-map
+    │   ├── FabricAddressesExhausted fabric_addresses_exhausted   every address of the
+    │   │                                   fabric network's range is held by a job
     │   └── EngineConflict                  (also an EngineRefused) name in use
     └── EngineError engine_error            the container engine
         ├── EngineUnavailable (503) engine_unavailable   did not answer: facts are
@@ -599,6 +601,21 @@ class UsernsUnavailable(Conflict):
         super().__init__(f"{mount}: {why}, under TUNEPLANE_JOB_USERNS=always; {fix}")
         self.mount = mount
         self.why = why
+
+
+class FabricAddressesExhausted(Conflict):
+    """A launch for the fabric network while every address of the operator's range is
+    held by a container of the node (or a launch being made)."""
+
+    code: ClassVar[str] = "fabric_addresses_exhausted"
+
+    def __init__(self, *, fabric: str, range_: str, held: int) -> None:
+        super().__init__(
+            f"fabric {fabric}: all {held} addresses of its range {range_} are held by the "
+            "node's jobs; remove finished jobs or widen the range (TUNEPLANE_FABRICS)"
+        )
+        self.fabric = fabric
+        self.range = range_
 
 
 class EngineError(NodeError):

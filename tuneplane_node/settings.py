@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 from typing import Literal
 
@@ -48,11 +49,64 @@ TOKEN_PATTERN = re.compile(r"[\x21-\x7e]+")
 """A token: printable ASCII without spaces, what an HTTP header carries intact."""
 
 
-class Fabric(BaseModel):
-    """An InfiniBand fabric as the operator names it, with the HCAs attached to it."""
+INTERFACE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,14}$"
+"""A Linux network interface name (IFNAMSIZ: at most 15 characters)."""
 
-    name: str = Field(min_length=1)
+
+class Fabric(BaseModel):
+    """An InfiniBand (or RoCE) fabric as the operator names it, with the HCAs attached to
+    it, and optionally the fabric network of the jobs that span machines without holding
+    the whole machine: a ``macvlan`` or ``ipvlan`` network on the fabric's ``interface``
+    (ib0, an RoCE NIC), where each such job gets an IPv4 address of its own from
+    ``range`` (inside ``subnet``), routable from the other machines of the fabric."""
+
+    name: str = Field(min_length=1, max_length=40, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     hcas: list[str] = Field(min_length=1)
+    interface: str | None = Field(default=None, pattern=INTERFACE_PATTERN)
+    """The fabric's netdev on this machine; None: no fabric network for this fabric."""
+    network: Literal["macvlan", "ipvlan"] = "macvlan"
+    """The engine's driver of the fabric network (ipvlan for an InfiniBand netdev, whose
+    link layer macvlan cannot bridge; either for an RoCE NIC)."""
+    subnet: IPv4Network | None = None
+    """The fabric's IPv4 subnet (CIDR), as the other machines route it."""
+    range: IPv4Network | None = None
+    """The addresses (CIDR, inside ``subnet``) this node hands out, one per job: each
+    machine of the fabric is given a range of its own."""
+    gateway: IPv4Address | None = None
+    """The subnet's gateway, when it has one (inside ``subnet``, outside ``range``)."""
+
+    @model_validator(mode="after")
+    def _network_whole(self) -> Fabric:
+        """A fabric network is given whole (interface, subnet, range) or not at all."""
+        given = {"interface": self.interface, "subnet": self.subnet, "range": self.range}
+        if not any(given.values()) and self.gateway is None:
+            return self
+        missing = [key for key, value in given.items() if value is None]
+        if missing:
+            raise ValueError(
+                f"fabric {self.name}: a fabric network needs interface, subnet and range "
+                f"(missing: {', '.join(missing)})"
+            )
+        assert self.subnet is not None and self.range is not None
+        if not self.range.subnet_of(self.subnet):
+            raise ValueError(
+                f"fabric {self.name}: range {self.range} is not inside subnet {self.subnet}"
+            )
+        if self.gateway is not None:
+            if self.gateway not in self.subnet:
+                raise ValueError(
+                    f"fabric {self.name}: gateway {self.gateway} is not inside subnet {self.subnet}"
+                )
+            if self.gateway in self.range:
+                raise ValueError(
+                    f"fabric {self.name}: gateway {self.gateway} is inside range {self.range}: "
+                    "the node would hand it to a job"
+                )
+        return self
+
+    @property
+    def has_network(self) -> bool:
+        return self.interface is not None
 
 
 class JobSettings(BaseSettings):
@@ -338,7 +392,14 @@ class NodeSettings(JobSettings):
     """Seconds an entry prefetched by ``POST /node/v1/volumes/pull`` is kept from
     eviction (from the prefetch; in the daemon's memory: a restart forgets the pin)."""
     fabrics: list[Fabric] = []
-    """InfiniBand fabrics, JSON list of {"name", "hcas"}: the operator names them."""
+    """InfiniBand fabrics, JSON list of {"name", "hcas"}: the operator names them. An
+    entry may add a fabric network ("interface", "network": ``macvlan`` or ``ipvlan``,
+    "subnet", "range" inside it, optional "gateway"): a job asking for ``network: host``
+    that is not given the host network (``TUNEPLANE_JOB_HOST_NETWORK``) runs there instead
+    of the job network, with an address of its own from "range", written in its label
+    ``tuneplane.fabric-address`` and never handed to another while its container exists,
+    and ``NCCL_SOCKET_IFNAME`` (and ``NCCL_IB_GID_INDEX`` for RoCE) unless the console set
+    them. At most one fabric has a network."""
     rdma: Literal["auto", "off", "all"] = "auto"
     """Which jobs get the machine's RDMA devices (with memlock unlimited, IPC_LOCK and
     NCCL_IB_HCA): ``auto`` a job holding at least one card, ``all`` every job, ``off``
@@ -440,6 +501,21 @@ class NodeSettings(JobSettings):
                 f"{env_name('tls_cert_file')} and {env_name('tls_key_file')} go together"
             )
         return self
+
+    @model_validator(mode="after")
+    def _one_fabric_network(self) -> NodeSettings:
+        named = [fabric.name for fabric in self.fabrics if fabric.has_network]
+        if len(named) > 1:
+            raise ValueError(
+                f"{env_name('fabrics')}: at most one fabric has a network (interface, subnet, "
+                f"range); {', '.join(named)} do"
+            )
+        return self
+
+    @property
+    def fabric_network(self) -> Fabric | None:
+        """The fabric whose network the spanning jobs run on, None when none has one."""
+        return next((fabric for fabric in self.fabrics if fabric.has_network), None)
 
     @model_validator(mode="after")
     def _gc_thresholds(self) -> NodeSettings:

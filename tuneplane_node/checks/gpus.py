@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tuneplane_node import inventory
 from tuneplane_node.checks.findings import FAIL, OK, WARN, Finding
 from tuneplane_node.errors import ConfigError
 from tuneplane_node.settings import NodeSettings, env_name
+
+NET_SYSFS = Path("/sys/class/net")
 
 if TYPE_CHECKING:
     from tuneplane_node.gpu.probe import GpuProbe, GpuSnapshot
@@ -93,6 +96,20 @@ def check_fabrics(settings: NodeSettings) -> list[Finding]:
         else (OK, f"fabric {fact.fabric}: {', '.join(fact.hcas)} at {fact.rate_gbps:g} Gb/s")
         for fact in inventory.fabrics(settings.fabrics)
     ]
+
+
+def check_fabric_network(settings: NodeSettings, *, net: Path = NET_SYSFS) -> list[Finding]:
+    """Where the jobs asking for the host network without the whole machine run, and
+    whether the fabric network's interface is here (else their launch is a 502)."""
+    fabric = settings.fabric_network
+    if fabric is None:
+        return []
+    where = f"fabric network {fabric.name}: {fabric.network} on {fabric.interface}"
+    if not (net / str(fabric.interface)).exists():
+        return [(FAIL, f"{where}: no interface {fabric.interface} on this machine ({net})")]
+    count = fabric.range.num_addresses if fabric.range is not None else 0
+    return [(OK, f"{where}, range {fabric.range} ({count} addresses): jobs asking for host "
+                 "that do not get it run there")]  # fmt: skip
 
 
 def check_rdma(settings: NodeSettings) -> list[Finding]:

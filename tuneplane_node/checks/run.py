@@ -11,7 +11,12 @@ from pathlib import Path
 
 from tuneplane_node.checks.engine import check_engine, check_jobs
 from tuneplane_node.checks.findings import FAIL, OK, WARN, Finding
-from tuneplane_node.checks.gpus import check_fabrics, check_gpus, check_rdma
+from tuneplane_node.checks.gpus import (
+    check_fabric_network,
+    check_fabrics,
+    check_gpus,
+    check_rdma,
+)
 from tuneplane_node.checks.storage import (
     check_disk,
     check_mount_roots,
@@ -38,6 +43,7 @@ def check(settings: NodeSettings) -> int:
         check_mounts,
         check_state_dir,
         check_fabrics,
+        check_fabric_network,
         check_rdma,
         check_port,
     )

@@ -101,7 +101,7 @@ class JobState(Answer):
     oom_killed: bool = False
     stop_signal: str | None = None
     read_only_root: bool | None = None  # its image filesystem read-only; None: not known
-    network: str | None = None  # what it got: host, isolated, sealed, bridge, none; None: unknown
+    network: str | None = None  # host, isolated, sealed, bridge, none, fabric:<name>; None: unknown
     userns: str | None = None  # "own": a user namespace of its own; "host"; None: not known
     userns_note: str | None = None  # why it keeps the host's
     runtime: str | None = None  # its OCI runtime (runsc: sandboxed); None: not known

@@ -33,6 +33,8 @@ console's retry rule is an ``except`` clause, never a sentence compared::
         │       ├── MemlockUnavailable  ``memlock_unavailable``: the engine's memlock limit
         │       ├── SandboxUnavailable  ``sandbox_unavailable``: no sandbox runtime for it
         │       ├── UsernsUnavailable   ``userns_unavailable``: a mount it cannot id-map
+        │       ├── FabricAddressesExhausted  ``fabric_addresses_exhausted``: no address
+        │       │                       of the fabric network's range is free
         │       └── EngineConflict      ``engine_conflict``
         └── ServerError (5xx)       the node or its engine failed
             ├── EngineError (500)       ``engine_error``
@@ -215,6 +217,12 @@ class UsernsUnavailable(Conflict):
     family = "userns_unavailable"
 
 
+class FabricAddressesExhausted(Conflict):
+    """Every address of the node's fabric network range is held by one of its jobs."""
+
+    family = "fabric_addresses_exhausted"
+
+
 class EngineConflict(Conflict):
     family = "engine_conflict"
 
@@ -287,6 +295,7 @@ NARROWER = (
     MemlockUnavailable,
     SandboxUnavailable,
     UsernsUnavailable,
+    FabricAddressesExhausted,
     EngineConflict,
     EngineError,
     RegistryRefused,

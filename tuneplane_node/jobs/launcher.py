@@ -23,6 +23,7 @@ from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs.affinity import CpuAffinity
 from tuneplane_node.jobs.confinement import JobRules
 from tuneplane_node.jobs.disk.limit import DiskLimits
+from tuneplane_node.jobs.fabric import FabricAddresses
 from tuneplane_node.jobs.images.gc import ImageCollector
 from tuneplane_node.jobs.images.keeper import ImageKeeper
 from tuneplane_node.jobs.images.pulls import PullCoordinator
@@ -86,6 +87,7 @@ class Launcher:
         mounts: LaunchMounts,
         volumes: VolumeKeeper,
         gc: ImageCollector,
+        fabric: FabricAddresses,
     ) -> None:
         self.runtime = runtime
         self.allocator = allocator
@@ -102,6 +104,7 @@ class Launcher:
         self.mounts = mounts  # host paths, scratch and volumes: vetted, staged, released
         self.volumes = volumes
         self.gc = gc
+        self.fabric = fabric  # the fabric network's addresses
 
     async def vetted(self, request: LaunchRequest) -> LaunchRequest:
         """The launch with its spec as the node allows it: the operator's confinement
@@ -166,7 +169,7 @@ class Launcher:
     async def start_now(self, request: LaunchRequest, info: ImageInfo | None) -> Started:
         """The container, from the image id the reference resolved to, with the cards it
         was given."""
-        async with Reservation(self.allocator, request) as cards:
+        async with Reservation(self.allocator, request, self.fabric) as cards:
             spec = await self.mounts.staged(await self._placed(_from(request.spec, info), cards))
             try:
                 container_id = await self.runtime.run(spec)
@@ -185,7 +188,7 @@ class Launcher:
         """Reserve the cards now (an accepted launch cannot lose them mid-pull), pull the
         image (``pull``) and fill the volumes in the background, then start the
         container."""
-        reservation = Reservation(self.allocator, request)
+        reservation = Reservation(self.allocator, request, self.fabric)
         await reservation.claim()
         record = PendingLaunch(request, accepted=self.clock.monotonic(), needs_pull=pull)
         record.volumes_held = self.volumes.hold(request.spec.volumes)  # until it ends
@@ -268,7 +271,7 @@ class Launcher:
             around = await neighbours(
                 spec.name, runtime=self.runtime, allocator=self.allocator, pending=self.pending
             )
-        spec = network.placed(spec, around)
+        spec = await self.fabric.addressed(network.placed(spec, around))  # held: `Reservation`
         return self.affinity.apply(spec, await self.allocator.snapshot()) if cards else spec
 
     def _ended(

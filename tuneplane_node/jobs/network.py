@@ -16,6 +16,10 @@ A job off the host's network runs on the node's job network (``TUNEPLANE_JOB_NET
 cannot reach each other), or the engine's own ``bridge``. The network a job got is its
 container's label (`LABEL_NETWORK`: ``host``, ``isolated``, ``sealed``, ``bridge`` or
 ``none``): observe shows it.
+
+Where the operator gave a fabric network (``TUNEPLANE_FABRICS``), a job asking for
+``host`` that is not given it runs there instead (label ``fabric:<name>``): a 0.3.15
+console's multi-node job keeps an address the other machines reach.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs.pending import FAILED, PendingTable
 from tuneplane_node.logformat import job_fields
 from tuneplane_node.runtime.base import (
+    FABRIC,
     LABEL_NETWORK,
     LABEL_RUN_ID,
     ContainerRuntime,
@@ -64,6 +69,7 @@ class NetworkRule:
         self.mode = settings.job_host_network
         self.bridge = settings.job_network  # what a bridged job runs on
         self.port_safe = port_held or settings.tls_cert_file is not None
+        self.fabric = settings.fabric_network  # where a host request not granted runs
         self._port_said = False
 
     def vetted(self, spec: ContainerSpec) -> ContainerSpec:
@@ -91,6 +97,8 @@ class NetworkRule:
                 return self._bridged(spec, why)
         if spec.network == BRIDGE:
             return self._on_job_network(spec)
+        if spec.network == FABRIC:  # put there by `vetted`, its label says which
+            return spec
         return replace(spec, labels={**spec.labels, LABEL_NETWORK: spec.network})
 
     def _not_whole(self, spec: ContainerSpec, around: Neighbours) -> str | None:
@@ -115,12 +123,22 @@ class NetworkRule:
             HOST_NETWORK, why,
             extra=job_fields(spec.name, spec.labels.get(LABEL_RUN_ID), image=spec.image),
         )  # fmt: skip
+        if self.fabric is not None:
+            return self._on_fabric(spec)
         return self._on_job_network(spec)
 
     def _on_job_network(self, spec: ContainerSpec) -> ContainerSpec:
         """Off the host's network: on the node's job network, which its label names."""
         network = self.bridge
         return replace(spec, network=network, labels={**spec.labels, LABEL_NETWORK: network})
+
+    def _on_fabric(self, spec: ContainerSpec) -> ContainerSpec:
+        """A host request not granted, where the operator gave a fabric network: there,
+        so a job spanning machines still advertises an address they reach (its address
+        is chosen at placement: `jobs.fabric`)."""
+        assert self.fabric is not None
+        label = f"{FABRIC}:{self.fabric.name}"
+        return replace(spec, network=FABRIC, labels={**spec.labels, LABEL_NETWORK: label})
 
 
 async def neighbours(

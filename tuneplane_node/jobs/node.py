@@ -21,6 +21,7 @@ from tuneplane_node.jobs.confinement import JobRules
 from tuneplane_node.jobs.disk.limit import DiskLimits
 from tuneplane_node.jobs.disk.monitor import DiskMonitor
 from tuneplane_node.jobs.drain import NodeStateKeeper
+from tuneplane_node.jobs.fabric import FabricAddresses
 from tuneplane_node.jobs.health import HealthReader
 from tuneplane_node.jobs.images.catalog import ImageCatalog
 from tuneplane_node.jobs.images.gc import ImageCollector
@@ -149,6 +150,7 @@ def build_node(
         pending=pending, tasks=BackgroundTasks(launches_log), rules=rules,
         isolation=isolation, disk=DiskLimits(settings), affinity=CpuAffinity(settings),
         mounts=mounts, volumes=volumes, gc=gc,
+        fabric=FabricAddresses(settings.fabric_network, runtime),
     )  # fmt: skip
     catalog = ImageCatalog(
         runtime, ledger=ledger, images=images, pulls=pulls, prefetcher=prefetcher,

@@ -1,22 +1,27 @@
-"""A launch's cards, from its acceptance until its container's label holds them."""
+"""A launch's cards (and fabric address), from its acceptance until its container's label
+holds them."""
 
 from __future__ import annotations
 
 from tuneplane_node.gpu.allocator import GpuAllocator
+from tuneplane_node.jobs.fabric import FabricAddresses
 from tuneplane_node.jobs.results import LaunchRequest
 
 
 class Reservation:
-    """A launch's cards, from its acceptance until its container's label holds them or
-    the launch ends without one. The one place a launch claims cards (`claim`; again
-    after a pull, which keeps them if they are still free) and the one place it lets
-    them go (`release`, once: a second call does nothing). ``async with`` ties the
+    """A launch's cards (and fabric address), from its acceptance until its container's
+    label holds them or the launch ends without one. The one place a launch claims cards
+    (`claim`; again after a pull, which keeps them if they are still free) and the one
+    place it lets them go (`release`, once: a second call does nothing). ``async with`` ties the
     release to a block; a pending launch's task ends in `launcher.Launcher._ended`, which
     releases it."""
 
-    def __init__(self, allocator: GpuAllocator, request: LaunchRequest) -> None:
+    def __init__(
+        self, allocator: GpuAllocator, request: LaunchRequest, fabric: FabricAddresses | None = None
+    ) -> None:
         self.allocator = allocator
         self.request = request
+        self.fabric = fabric  # its fabric address (the launcher's `_placed`), let go with the cards
         self._held = False
 
     async def claim(self) -> tuple[int, ...]:
@@ -29,6 +34,8 @@ class Reservation:
         return cards
 
     def release(self) -> None:
+        if self.fabric is not None:
+            self.fabric.release(self.request.ref)
         if self._held:
             self._held = False
             self.allocator.release(self.request.ref)

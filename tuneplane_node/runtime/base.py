@@ -34,6 +34,9 @@ from tuneplane_node.wire.values import (
     LABEL_DISK_LIMIT as LABEL_DISK_LIMIT,
 )
 from tuneplane_node.wire.values import (
+    LABEL_FABRIC_ADDRESS as LABEL_FABRIC_ADDRESS,
+)
+from tuneplane_node.wire.values import (
     LABEL_GPUS as LABEL_GPUS,
 )
 from tuneplane_node.wire.values import (
@@ -192,6 +195,11 @@ class Confinement:
     def log_budget(self) -> int:
         """The most bytes of log one job keeps on the engine's disk."""
         return self.log_max_bytes * self.log_max_files
+
+
+FABRIC = "fabric"
+"""A spec's network for the node's fabric network (``TUNEPLANE_FABRICS``); its address is
+its `LABEL_FABRIC_ADDRESS`."""
 
 
 @dataclass(frozen=True)

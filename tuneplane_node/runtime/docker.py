@@ -23,6 +23,8 @@ import urllib3.exceptions
 from tuneplane_node.runtime import dockerformat as fmt
 from tuneplane_node.runtime.base import (
     CDI_GPU_KIND,
+    FABRIC,
+    LABEL_FABRIC_ADDRESS,
     RDMA_CAPABILITY,
     Brief,
     Confinement,
@@ -40,15 +42,20 @@ from tuneplane_node.runtime.engine import (
 )
 from tuneplane_node.runtime.isolation import registered
 from tuneplane_node.runtime.jobnetwork import (
+    FABRIC_KIND,
     LABEL_NODE_NETWORK,
     NO_ICC,
     NODE_NETWORKS,
     SEALED,
     checked,
+    configured,
     docker_network,
+    fabric_checked,
+    fabric_network,
+    gateway,
 )
 from tuneplane_node.runtime.pulling import PullStream
-from tuneplane_node.settings import NodeSettings, local_engine, unix_socket
+from tuneplane_node.settings import Fabric, NodeSettings, local_engine, unix_socket
 
 log = logging.getLogger(__name__)
 ENGINE = "docker"
@@ -120,6 +127,8 @@ class DockerRuntime(EngineRuntime, errors=ERRORS):
         options["detach"] = True
         if spec.network in NODE_NETWORKS:  # made before the container (`_create`)
             options["network_mode"] = docker_network(spec.network)
+        if spec.network == FABRIC:  # made before the container (`_create`)
+            options.update(self._fabric_options(spec))
         options.update(_bounds(spec.confinement))
         options["mounts"] = [
             docker.types.Mount(m.container, m.host, type="bind", read_only=m.read_only)
@@ -148,7 +157,51 @@ class DockerRuntime(EngineRuntime, errors=ERRORS):
         if spec.network in NODE_NETWORKS:
             with NETWORK_LOCK:  # two launches at once make one network, not two
                 self._ready_network(spec.network)
+        if spec.network == FABRIC:
+            self._ready_fabric(configured(self.settings))
         return super()._create(spec)
+
+    def _fabric_options(self, spec: ContainerSpec) -> dict[str, Any]:
+        """On the fabric network only, at the address its label holds (a static IP)."""
+        name = fabric_network(configured(self.settings))
+        endpoint = self.api.create_endpoint_config(ipv4_address=spec.labels[LABEL_FABRIC_ADDRESS])
+        return {"network_mode": name, "network": name, "networking_config": {name: endpoint}}
+
+    def _ready_fabric(self, fabric: Fabric) -> None:
+        """The fabric's network, made when missing; one of that name that is not the
+        settings' is refused (`fabric_checked`), never used."""
+        name = fabric_network(fabric)
+        try:
+            found = self.api.inspect_network(name)
+        except docker.errors.NotFound:
+            # The gateway always given: docker's own choice is the range's first address.
+            pool = docker.types.IPAMPool(
+                subnet=str(fabric.subnet), iprange=str(fabric.range), gateway=str(gateway(fabric))
+            )
+            try:
+                self.api.create_network(
+                    name,
+                    driver=fabric.network,
+                    options={"parent": fabric.interface},
+                    ipam=docker.types.IPAMConfig(pool_configs=[pool]),
+                    labels={LABEL_NODE_NETWORK: FABRIC_KIND},
+                    check_duplicate=True,
+                )
+                log.info(
+                    "made the fabric network %s (%s on %s)", name, fabric.network, fabric.interface
+                )
+            except docker.errors.APIError as exc:
+                if exc.status_code != 409:  # 409: another launch made it first
+                    raise
+            found = self.api.inspect_network(name)
+        configs = (found.get("IPAM") or {}).get("Config") or []
+        fabric_checked(
+            ENGINE, fabric,
+            labels=found.get("Labels") or {},
+            driver=str(found.get("Driver") or ""),
+            parent=str((found.get("Options") or {}).get("parent") or ""),
+            subnets=[str(config.get("Subnet")) for config in configs],
+        )  # fmt: skip
 
     def _ready_network(self, kind: str) -> None:
         """The node's network of that kind, made when missing; one of that name the node

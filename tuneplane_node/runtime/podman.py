@@ -29,6 +29,8 @@ from tuneplane_node.runtime import dockerformat as fmt
 from tuneplane_node.runtime import seccomp
 from tuneplane_node.runtime.base import (
     CDI_GPU_KIND,
+    FABRIC,
+    LABEL_FABRIC_ADDRESS,
     LABEL_RUN_ID,
     RDMA_CAPABILITY,
     UNLIMITED,
@@ -49,15 +51,20 @@ from tuneplane_node.runtime.engine import (
 )
 from tuneplane_node.runtime.isolation import maps_mount_ids
 from tuneplane_node.runtime.jobnetwork import (
+    JOB_INTERFACE,
     LABEL_NETWORK_OF,
     LABEL_NETWORK_STORE,
     LABEL_NODE_NETWORK,
     NODE_NETWORKS,
     SEALED,
+    configured,
+    fabric_checked,
+    fabric_network,
     own_network,
+    podman_fabric_body,
 )
 from tuneplane_node.runtime.pulling import PullStream, close_http_stream
-from tuneplane_node.settings import NodeSettings, local_engine
+from tuneplane_node.settings import Fabric, NodeSettings, local_engine
 from tuneplane_node.signals import JOB_SIGNALS
 
 log = logging.getLogger(__name__)
@@ -120,6 +127,35 @@ ranges of /etc/subuid and /etc/subgid (podman-py has no field for idmappings).""
 HOST_SYS = {"type": "bind", "source": "/sys", "target": "/sys", "read_only": True}
 
 
+def _fabric_endpoint(spec: ContainerSpec, fabric: Fabric) -> dict[str, Any]:
+    """The container on the fabric network only, at its label's address, as eth0."""
+    address = spec.labels[LABEL_FABRIC_ADDRESS]
+    return {fabric_network(fabric): {"static_ips": [address], "interface_name": JOB_INTERFACE}}
+
+
+def _ready_fabric(api: Any, fabric: Fabric) -> None:
+    """The fabric's network, made when missing; one of that name that is not the
+    settings' is refused (`fabric_checked`), never used."""
+    name, json_body = fabric_network(fabric), {"content-type": "application/json"}
+    found = api.get(f"/networks/{name}/json")
+    if found.status_code == 404:
+        body = json.dumps(podman_fabric_body(fabric))
+        made = api.post("/networks/create", headers=json_body, data=body)
+        if made.status_code != 409:  # 409: another launch made it first
+            made.raise_for_status()
+            log.info("made the fabric network %s (%s)", name, fabric.network)
+        found = api.get(f"/networks/{name}/json")
+    found.raise_for_status()
+    doc = found.json()
+    fabric_checked(
+        ENGINE, fabric,
+        labels=doc.get("labels") or {},
+        driver=str(doc.get("driver") or ""),
+        parent=str(doc.get("network_interface") or ""),
+        subnets=[str(each.get("subnet")) for each in doc.get("subnets") or []],
+    )  # fmt: skip
+
+
 def create_body(
     options: Mapping[str, Any],
     storage: Mapping[str, str] | None = None,
@@ -179,6 +215,9 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
         if spec.network in NODE_NETWORKS:  # its own, made before it (`_create`)
             options["network_mode"] = "bridge"
             options["networks"] = {own_network(spec.name): {}}
+        if spec.network == FABRIC:  # the node's, made before it (`_create`)
+            options["network_mode"] = "bridge"
+            options["networks"] = _fabric_endpoint(spec, configured(self.settings))
         if spec.read_only_root:
             # podman-py refuses tmpfs=: tmpfs mounts say the same; none of podman's own
             # on /var/tmp (read_write_tmpfs).
@@ -209,6 +248,8 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
         rendering with libpod's ``storage_opts`` added, posted as its create posts it.
         Under the jobs' parent, made and bounded first as `EngineParent._create` does."""
         self._ready_parent()
+        if spec.network == FABRIC:
+            _ready_fabric(self.api, configured(self.settings))
         if spec.network not in NODE_NETWORKS:
             return self._create_container(spec)
         self._tidy(self._prune_networks)

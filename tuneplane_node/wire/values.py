@@ -43,7 +43,8 @@ LABEL_GPUS = "tuneplane.gpus"
 """The cards a container holds, ``0,3``: the only record of which cards are taken."""
 
 LABEL_NETWORK = "tuneplane.network"
-"""The network the node gave the job (`host`, `bridge`, `none`): observe's ``network``."""
+"""The network the node gave the job (`host`, `isolated`, `sealed`, `bridge`, `none`,
+``fabric:<name>``): observe's ``network``."""
 LABEL_MOUNTS = "tuneplane.mounts"
 """The key of the job's staged mounts (``<state dir>/mounts/<key>``), set when it has any."""
 LABEL_DISK_LIMIT = "tuneplane.disk-limit"
@@ -55,6 +56,9 @@ retry with another spec is told apart. The node's own: observe never shows it.""
 LABEL_USERNS = "tuneplane.userns"
 """Whether the job has a user namespace of its own: ``own``, or ``host: <why>`` where the
 node left it the host's (`jobs.isolation`). Observe shows it as ``userns``."""
+LABEL_FABRIC_ADDRESS = "tuneplane.fabric-address"
+"""A fabric-network job's IPv4 address on the fabric (`jobs.fabric`): the only record of
+which addresses of the operator's range are taken. Shown: the console may pass it on."""
 LABEL_RUNTIME = "tuneplane.runtime"
 """The OCI runtime the node asked for the job (a sandbox's); absent: the engine's default."""
 LABEL_VOLUMES = "tuneplane.volumes"
@@ -64,7 +68,7 @@ SANDBOX = "sandbox"
 """``container.isolation``'s one value: the job runs under the node's sandbox runtime."""
 NODE_LABELS = (
     LABEL_RUN_ID, LABEL_GPUS, LABEL_NETWORK, LABEL_MOUNTS, LABEL_DISK_LIMIT, LABEL_SPEC,
-    LABEL_USERNS, LABEL_RUNTIME, LABEL_VOLUMES,
+    LABEL_USERNS, LABEL_RUNTIME, LABEL_VOLUMES, LABEL_FABRIC_ADDRESS,
 )  # fmt: skip
 HIDDEN_LABELS = frozenset(
     {LABEL_SPEC, LABEL_MOUNTS, LABEL_DISK_LIMIT, LABEL_USERNS, LABEL_RUNTIME, LABEL_VOLUMES}

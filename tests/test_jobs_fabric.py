@@ -18,7 +18,7 @@ from tests.test_jobs_network import make_service as make_network_service  # noqa
 from tuneplane_node.checks import FAIL, OK
 from tuneplane_node.checks.gpus import check_fabric_network
 from tuneplane_node.errors import ConfigError, FabricAddressesExhausted, InvalidField
-from tuneplane_node.jobs import JobService
+from tuneplane_node.jobs import JobService, Node
 from tuneplane_node.jobs.fabric import FabricAddresses, addresses, gid_index
 from tuneplane_node.jobs.results import LaunchRequest
 from tuneplane_node.runtime.base import (
@@ -30,6 +30,7 @@ from tuneplane_node.runtime.base import (
 from tuneplane_node.settings import Fabric, load_settings
 
 MakeService = Callable[..., JobService]
+MakeNode = Callable[..., Node]
 FABRIC = {
     "name": "ib-a",
     "hcas": ["mlx5_0"],
@@ -45,10 +46,10 @@ def fabric(**changes: Any) -> Fabric:
 
 
 @pytest.fixture
-def make_service(make_network_service: MakeService) -> MakeService:  # noqa: F811 (the fixture)
+def make_service(make_network_service: MakeNode) -> MakeService:  # noqa: F811 (the fixture)
     """A job service on the 4-card fake machine with a fabric network (changes to it
     as keyword arguments)."""
-    return lambda **changes: make_network_service(fabrics=[fabric(**changes)])
+    return lambda **changes: make_network_service(fabrics=[fabric(**changes)]).jobs
 
 
 def launch(run_id: str, gpus: int = 1, *, env: dict[str, str] | None = None) -> LaunchRequest:
@@ -253,13 +254,13 @@ async def test_the_job_gets_the_gid_index_the_machine_has(
 
 
 async def test_under_bridge_a_host_request_goes_on_the_fabric_and_refuse_still_refuses(
-    make_network_service: MakeService,  # noqa: F811 (the fixture)
+    make_network_service: MakeNode,  # noqa: F811 (the fixture)
     fake: FakeRuntime,
 ) -> None:
-    bridged = make_network_service(fabrics=[fabric()], job_host_network="bridge")
+    bridged = make_network_service(fabrics=[fabric()], job_host_network="bridge").jobs
     await bridged.launch(launch("b", 4))  # the whole machine: bridged anyway under bridge
     assert on(fake, "b").labels[LABEL_NETWORK] == "fabric:ib-a"
-    refusing = make_network_service(fabrics=[fabric()], job_host_network="refuse")
+    refusing = make_network_service(fabrics=[fabric()], job_host_network="refuse").jobs
     with pytest.raises(InvalidField, match=r"container\.network"):
         await refusing.launch(launch("r", 0))
 

@@ -494,42 +494,10 @@ class NodeSettings(JobSettings):
             return None
         return int(size_in_bytes(self.rdma_memlock) or 0)
 
-    @model_validator(mode="after")
-    def _tls_pair(self) -> NodeSettings:
-        if (self.tls_cert_file is None) != (self.tls_key_file is None):
-            raise ValueError(
-                f"{env_name('tls_cert_file')} and {env_name('tls_key_file')} go together"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _one_fabric_network(self) -> NodeSettings:
-        named = [fabric.name for fabric in self.fabrics if fabric.has_network]
-        if len(named) > 1:
-            raise ValueError(
-                f"{env_name('fabrics')}: at most one fabric has a network (interface, subnet, "
-                f"range); {', '.join(named)} do"
-            )
-        return self
-
     @property
     def fabric_network(self) -> Fabric | None:
         """The fabric whose network the spanning jobs run on, None when none has one."""
         return next((fabric for fabric in self.fabrics if fabric.has_network), None)
-
-    @model_validator(mode="after")
-    def _gc_thresholds(self) -> NodeSettings:
-        if self.image_gc_low_percent >= self.image_gc_high_percent:
-            raise ValueError(
-                f"{env_name('image_gc_low_percent')} ({self.image_gc_low_percent}) must be "
-                f"below {env_name('image_gc_high_percent')} ({self.image_gc_high_percent})"
-            )
-        if self.volume_gc_low_percent >= self.volume_gc_high_percent:
-            raise ValueError(
-                f"{env_name('volume_gc_low_percent')} ({self.volume_gc_low_percent}) must "
-                f"be below {env_name('volume_gc_high_percent')} ({self.volume_gc_high_percent})"
-            )
-        return self
 
     @field_validator("volume_insecure_hosts")
     @classmethod
@@ -541,23 +509,14 @@ class NodeSettings(JobSettings):
         return [host.lower() for host in hosts]
 
     @model_validator(mode="after")
-    def _safe_mount_roots(self) -> NodeSettings:
-        source = env_name("allowed_mount_roots")
-        if self.allowed_mount_roots is None:  # the defaults come from these two
-            source = f"{env_name('storage_root')} or {env_name('model_dirs')} (a mount root)"
-        for root in self.mount_roots:
-            bad = self.never_a_root(root)
-            if bad is not None:
-                raise ValueError(
-                    f"{source}: {root} is or holds {bad}, which a job may never "
-                    f"mount; set {env_name('allowed_mount_roots')} to directories for job data"
-                )
-            own = next((f for f in self.node_files() if f[0].is_relative_to(root)), None)
-            if own is not None:
-                raise ValueError(
-                    f"{source}: {root} is or holds {own[0]} ({own[1]}), which a job may "
-                    f"never mount; keep the node's own files out of the mount roots"
-                )
+    def _consistent(self) -> NodeSettings:
+        """What no one value says: the pairs that go together, the thresholds in order,
+        one fabric network, mount roots clear of what a job may never mount."""
+        _tls_pair(self)
+        _one_fabric_network(self)
+        _below(self, "image_gc_low_percent", "image_gc_high_percent")
+        _below(self, "volume_gc_low_percent", "volume_gc_high_percent")
+        _safe_mount_roots(self)
         return self
 
     def node_files(self) -> list[tuple[Path, str]]:
@@ -656,6 +615,48 @@ def _address(address: str, schemes: tuple[str, ...]) -> str:
     if not sep or scheme not in schemes or not rest:
         raise ValueError(f"must be {' or '.join(s + '://...' for s in schemes)}")
     return address
+
+
+def _tls_pair(settings: NodeSettings) -> None:
+    if (settings.tls_cert_file is None) != (settings.tls_key_file is None):
+        raise ValueError(f"{env_name('tls_cert_file')} and {env_name('tls_key_file')} go together")
+
+
+def _one_fabric_network(settings: NodeSettings) -> None:
+    named = [fabric.name for fabric in settings.fabrics if fabric.has_network]
+    if len(named) > 1:
+        raise ValueError(
+            f"{env_name('fabrics')}: at most one fabric has a network (interface, subnet, "
+            f"range); {', '.join(named)} do"
+        )
+
+
+def _below(settings: NodeSettings, low: str, high: str) -> None:
+    """A GC's low threshold under its high one."""
+    if getattr(settings, low) >= getattr(settings, high):
+        raise ValueError(
+            f"{env_name(low)} ({getattr(settings, low)}) must be below "
+            f"{env_name(high)} ({getattr(settings, high)})"
+        )
+
+
+def _safe_mount_roots(settings: NodeSettings) -> None:
+    source = env_name("allowed_mount_roots")
+    if settings.allowed_mount_roots is None:  # the defaults come from these two
+        source = f"{env_name('storage_root')} or {env_name('model_dirs')} (a mount root)"
+    for root in settings.mount_roots:
+        bad = settings.never_a_root(root)
+        if bad is not None:
+            raise ValueError(
+                f"{source}: {root} is or holds {bad}, which a job may never "
+                f"mount; set {env_name('allowed_mount_roots')} to directories for job data"
+            )
+        own = next((f for f in settings.node_files() if f[0].is_relative_to(root)), None)
+        if own is not None:
+            raise ValueError(
+                f"{source}: {root} is or holds {own[0]} ({own[1]}), which a job may "
+                f"never mount; keep the node's own files out of the mount roots"
+            )
 
 
 def unix_socket(address: str) -> str | None:

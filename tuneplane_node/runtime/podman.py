@@ -156,6 +156,78 @@ def _ready_fabric(api: Any, fabric: Fabric) -> None:
     )  # fmt: skip
 
 
+def _create_network(api: Any, body: Mapping[str, Any]) -> Any:
+    return api.post(
+        "/networks/create", headers={"content-type": "application/json"}, data=json.dumps(body)
+    )
+
+
+def _make_network(api: Any, spec: ContainerSpec, store: str) -> None:
+    """The job's network of its own: a bridge whose traffic to other bridges is
+    dropped (``isolate``), internal when sealed; removed with the job
+    (`PodmanRuntime._remove`). ``store``: the service's, which its labels name."""
+    name = own_network(spec.name)
+    body = {
+        "name": name,
+        "driver": "bridge",
+        "options": {"isolate": "true"},
+        "internal": spec.network == SEALED,
+        "labels": {
+            LABEL_NODE_NETWORK: spec.network,
+            LABEL_NETWORK_OF: spec.name,
+            LABEL_NETWORK_STORE: store,
+        },
+    }
+    response = _create_network(api, body)
+    if response.status_code == 409:  # a leftover of a launch of that name: made anew
+        _remove_network(api, name)
+        response = _create_network(api, body)
+    response.raise_for_status()
+
+
+def _remove_network(api: Any, name: str) -> None:
+    """Gone, whether it was there or not."""
+    response = api.delete(f"/networks/{name}", params={"force": True})
+    if response.status_code != 404:
+        response.raise_for_status()
+
+
+def _container_gone(api: Any, name: str) -> bool:
+    return bool(api.get(f"/containers/{name}/json").status_code == 404)
+
+
+def _prune_networks(api: Any, store: str) -> int:
+    """Remove the job networks of this store whose container is gone (a daemon or a
+    launch that died between the two); how many. Never another store's: every podman
+    service of the machine shares the CNI directory."""
+    params = {"filters": json.dumps({"label": [LABEL_NETWORK_OF]})}
+    response = api.get("/networks/json", params=params)
+    response.raise_for_status()
+    pruned = 0
+    for network in response.json() or []:
+        labels = network.get("labels") or {}
+        owner = str(labels.get(LABEL_NETWORK_OF) or "")
+        if labels.get(LABEL_NETWORK_STORE) != store or not _container_gone(api, owner):
+            continue
+        _remove_network(api, str(network.get("name")))
+        log.info("removed the network %s, whose job is gone", network.get("name"))
+        pruned += 1
+    return pruned
+
+
+def _confined(confinement: Confinement) -> dict[str, Any]:
+    options: dict[str, Any] = {
+        # Every other one dropped by name: podman hands what cap_add names to a
+        # non-root user as ambient capabilities, which docker never does.
+        "cap_drop": list(confinement.dropped),
+        "log_config": {"Type": "k8s-file", "Config": {"size": confinement.log_budget}},
+        "no_new_privileges": confinement.no_new_privileges,
+    }
+    if confinement.init:  # catatonit as PID 1: it passes signals on, reaps zombies
+        options["init"] = True
+    return options
+
+
 def create_body(
     options: Mapping[str, Any],
     storage: Mapping[str, str] | None = None,
@@ -252,13 +324,13 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
             _ready_fabric(self.api, configured(self.settings))
         if spec.network not in NODE_NETWORKS:
             return self._create_container(spec)
-        self._tidy(self._prune_networks)
-        self._make_network(spec)
+        self._tidy(_prune_networks, self.api, self._store())
+        _make_network(self.api, spec, self._store())
         try:
             return self._create_container(spec)
         except Exception:
             # No container, so no removal to take it: gone now, not at the next prune.
-            self._tidy(self._remove_network, own_network(spec.name))
+            self._tidy(_remove_network, self.api, own_network(spec.name))
             raise
 
     def _create_container(self, spec: ContainerSpec) -> Any:
@@ -280,58 +352,6 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
             self._check_runtime(container, spec.runtime)
         return container
 
-    def _make_network(self, spec: ContainerSpec) -> None:
-        """The job's network of its own: a bridge whose traffic to other bridges is
-        dropped (``isolate``), internal when sealed; removed with the job (`_remove`)."""
-        name = own_network(spec.name)
-        body = {
-            "name": name,
-            "driver": "bridge",
-            "options": {"isolate": "true"},
-            "internal": spec.network == SEALED,
-            "labels": {
-                LABEL_NODE_NETWORK: spec.network,
-                LABEL_NETWORK_OF: spec.name,
-                LABEL_NETWORK_STORE: self._store(),
-            },
-        }
-        response = self.api.post(
-            "/networks/create",
-            headers={"content-type": "application/json"},
-            data=json.dumps(body),
-        )
-        if response.status_code == 409:  # a leftover of a launch of that name: made anew
-            self._remove_network(name)
-            response = self.api.post(
-                "/networks/create",
-                headers={"content-type": "application/json"},
-                data=json.dumps(body),
-            )
-        response.raise_for_status()
-
-    def _remove_network(self, name: str) -> None:
-        """Gone, whether it was there or not."""
-        response = self.api.delete(f"/networks/{name}", params={"force": True})
-        if response.status_code != 404:
-            response.raise_for_status()
-
-    def _prune_networks(self) -> int:
-        """Remove the job networks of this store whose container is gone (a daemon or a
-        launch that died between the two); how many."""
-        params = {"filters": json.dumps({"label": [LABEL_NETWORK_OF]})}
-        response = self.api.get("/networks/json", params=params)
-        response.raise_for_status()
-        pruned = 0
-        for network in response.json() or []:
-            labels = network.get("labels") or {}
-            owner = str(labels.get(LABEL_NETWORK_OF) or "")
-            if labels.get(LABEL_NETWORK_STORE) != self._store() or not self._gone(owner):
-                continue
-            self._remove_network(str(network.get("name")))
-            log.info("removed the network %s, whose job is gone", network.get("name"))
-            pruned += 1
-        return pruned
-
     @functools.cache  # noqa: B019  # one service, one store, for the runtime's life
     def _store(self) -> str:
         return self._data_root()
@@ -339,7 +359,7 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
     async def start(self) -> None:
         """The job networks whose container is gone pruned (a killed daemon's)."""
         try:
-            await self._call("prune job networks", self._prune_networks)
+            await self._call("prune job networks", _prune_networks, self.api, self._store())
         except NodeError as exc:
             log.warning("job networks not pruned (the engine did not answer): %s", exc.message)
 
@@ -359,15 +379,7 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
         """The capabilities kept, the log bounded (libpod keeps one file and truncates it at
         its size: the same budget as docker's rotated files), no setuid regain, no user
         namespaces."""
-        options: dict[str, Any] = {
-            # Every other one dropped by name: podman hands what cap_add names to a
-            # non-root user as ambient capabilities, which docker never does.
-            "cap_drop": list(confinement.dropped),
-            "log_config": {"Type": "k8s-file", "Config": {"size": confinement.log_budget}},
-            "no_new_privileges": confinement.no_new_privileges,
-        }
-        if confinement.init:  # catatonit as PID 1: it passes signals on, reaps zombies
-            options["init"] = True
+        options = _confined(confinement)
         if self.seccomp_profile is not None:
             options["seccomp_profile_path"] = str(self.seccomp_profile)
         return options
@@ -457,10 +469,10 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
 
     def _forget_network(self, name: str) -> None:
         """After its container: the job's own network, and any other whose job is gone."""
-        self._tidy(self._remove_network, own_network(name))
-        self._tidy(self._prune_networks)
+        self._tidy(_remove_network, self.api, own_network(name))
+        self._tidy(_prune_networks, self.api, self._store())
 
-    def _tidy(self, fn: Callable[..., object], *args: str) -> None:
+    def _tidy(self, fn: Callable[..., object], *args: Any) -> None:
         """A network clean-up that fails is logged, never the verb's failure: what it
         leaves, the next launch, removal or start prunes."""
         try:
@@ -469,7 +481,7 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
             log.warning("job networks not tidied (pruned later): %s", exc)
 
     def _gone(self, name: str) -> bool:
-        return bool(self.api.get(f"/containers/{name}/json").status_code == 404)
+        return _container_gone(self.api, name)
 
     def _list_brief(self) -> list[Brief]:
         params = {"all": "true", "filters": json.dumps(OURS_FILTER)}

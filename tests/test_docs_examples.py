@@ -40,12 +40,14 @@ from tests.helpers import (
     engine_missing,
     free_port,
     spawn_daemon,
+    state_dir,
 )
 from tuneplane_node.wire import PROTOCOL, PROTOCOL_HEADER
 
 DOC_TOKEN = "change-me-to-a-long-secret"
 DOC_PORT = "127.0.0.1:8470"
 DOC_STORAGE = "/tmp/demo"
+DOC_STATE = "/root/.tuneplane-node"  # the default state dir of the README's daemon, as root
 END = "@@example-command-ended@@"
 
 
@@ -134,6 +136,7 @@ def test_the_examples_print_what_the_docs_show(path: Path, tmp_path: Path) -> No
 def readable_output(output: str, port: int, storage: Path) -> str:
     """The output as the docs show it: their port and storage, no trailing blanks."""
     output = output.replace(f"127.0.0.1:{port}", DOC_PORT).replace(str(storage), DOC_STORAGE)
+    output = output.replace(str(state_dir(storage.parent)), DOC_STATE)
     return "\n".join(line.rstrip() for line in output.splitlines())
 
 

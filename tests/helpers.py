@@ -107,13 +107,14 @@ class ThrowawayDocker:
     OUTSIDE = "198.51.100.2"  # TEST-NET-2: the outside namespace's end of the veth pair
     ENGINE_SIDE = "198.51.100.1"
     OUTSIDE_PORT = 8000
+    HOST_PORT = 8001
 
     def __init__(self, name: str | None = None, *, netns: bool = False) -> None:
         self.name = name or f"throwaway-{uuid.uuid4().hex[:8]}"
         self.netns = netns
         self.namespace = f"tp-{self.name}"  # `ip netns` names, made and deleted here
         self.outside = f"{self.namespace}-out"
-        self.listener: subprocess.Popen[bytes] | None = None
+        self.listeners: list[subprocess.Popen[bytes]] = []
         self.data_root = DEV_ROOT / self.name
         self.exec_root = RUN_DIR / f"{self.name}-exec"
         self.socket = RUN_DIR / f"{self.name}.sock"
@@ -186,27 +187,38 @@ class ThrowawayDocker:
             subprocess.run(command, check=True, capture_output=True)
 
     def listen_outside(self) -> None:
-        """A TCP server in the outside namespace: each connection reads ``outside``."""
+        """TCP servers that say where they are: one in the outside namespace (``outside``,
+        on `OUTSIDE`), one on every address of the engine's own namespace, the machine its
+        jobs run on (``host``, on `HOST_PORT`: a port the node's API on 0.0.0.0 stands for)."""
+        self.listeners = [
+            self._listen(self.outside, self.OUTSIDE, self.OUTSIDE_PORT, "outside"),
+            self._listen(self.namespace, "0.0.0.0", self.HOST_PORT, "host"),
+        ]
+        pids = "\n".join(str(listener.pid) for listener in self.listeners)
+        (self.exec_root / "listener").write_text(pids)  # for `close`
+
+    @staticmethod
+    def _listen(namespace: str, address: str, port: int, word: str) -> subprocess.Popen[bytes]:
         server = (
             "import socket\n"
             "s = socket.socket()\n"
             "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
-            f"s.bind(({self.OUTSIDE!r}, {self.OUTSIDE_PORT}))\n"
+            f"s.bind(({address!r}, {port}))\n"
             "s.listen()\n"
             "print('listening', flush=True)\n"
             "while True:\n"
             "    c, _ = s.accept()\n"
-            "    c.sendall(b'outside\\n')\n"
+            f"    c.sendall(b'{word}\\n')\n"
             "    c.close()\n"
         )
-        self.listener = subprocess.Popen(
-            ["nsenter", f"--net=/run/netns/{self.outside}", sys.executable, "-c", server],
+        listener = subprocess.Popen(
+            ["nsenter", f"--net=/run/netns/{namespace}", sys.executable, "-c", server],
             stdout=subprocess.PIPE,
             start_new_session=True,
         )
-        (self.exec_root / "listener").write_text(str(self.listener.pid))  # for `close`
-        assert self.listener.stdout is not None
-        assert self.listener.stdout.readline() == b"listening\n"
+        assert listener.stdout is not None
+        assert listener.stdout.readline() == b"listening\n"
+        return listener
 
     def _answers(self) -> bool:
         return self.docker("version", check=False).returncode == 0
@@ -265,14 +277,16 @@ class ThrowawayDocker:
         containerd = self.exec_root / "containerd" / "containerd.pid"
         with contextlib.suppress(OSError, ValueError):  # a killed dockerd leaves its own
             os.kill(int(containerd.read_text()), signal.SIGKILL)
-        with contextlib.suppress(OSError, ValueError):  # the outside's server, ours or stale
-            os.kill(int((self.exec_root / "listener").read_text()), signal.SIGKILL)
+        with contextlib.suppress(OSError, ValueError):  # the listeners, ours or stale
+            for pid in (self.exec_root / "listener").read_text().split():
+                with contextlib.suppress(OSError):
+                    os.kill(int(pid), signal.SIGKILL)
         for root in (self.exec_root, self.data_root):
             for mount in reversed(_mounts_under(root)):
                 subprocess.run(["umount", "-l", mount], check=False, capture_output=True)
             shutil.rmtree(root, ignore_errors=True)
-        if self.listener is not None:
-            self.listener.wait()  # killed above: reaped
+        for listener in self.listeners:
+            listener.wait()  # killed above: reaped
         for namespace in (self.namespace, self.outside):  # their veth pair goes with them
             if Path(f"/run/netns/{namespace}").exists():
                 subprocess.run(["ip", "netns", "del", namespace], check=False)

@@ -44,11 +44,14 @@ SERVE = ["/bin/sh", "-c", f"while true; do echo secret | nc -l -p {PEER_PORT}; d
 
 
 def reach(peer: str) -> list[str]:
-    """A job that tries the peer's port and the outside world, and says what it read."""
+    """A job that tries the peer's port, the outside world and a port its machine serves
+    on all its addresses (through its gateway), and says what it read."""
     outside = f"{ThrowawayDocker.OUTSIDE} {ThrowawayDocker.OUTSIDE_PORT}"
+    gateway = r"$(ip route | sed -n 's/^default via \([0-9.]*\).*/\1/p')"
     script = (
         f"echo peer=$(nc -w 3 {peer} {PEER_PORT} </dev/null 2>&1); "
-        f"echo out=$(nc -w 3 {outside} </dev/null 2>&1)"
+        f"echo out=$(nc -w 3 {outside} </dev/null 2>&1); "
+        f"echo host=$(nc -w 3 {gateway} {ThrowawayDocker.HOST_PORT} </dev/null 2>&1)"
     )
     return ["/bin/sh", "-c", script]
 
@@ -88,21 +91,29 @@ async def peer_and_reach(node: Console, engine: ThrowawayDocker) -> str:
 
 
 @pytest.mark.parametrize(
-    ("kind", "peer", "outside"),
+    ("kind", "peer", "outside", "host"),
     [
-        ("isolated", False, True),
-        ("sealed", False, False),
-        ("bridge", True, True),  # 0.3.15's: the engine's shared bridge
+        ("isolated", False, True, False),
+        ("sealed", False, False, False),
+        ("bridge", True, True, True),  # 0.3.15's: the engine's shared bridge
     ],
 )
 async def test_docker_jobs_reach_what_their_network_allows(
-    netns_docker: ThrowawayDocker, make_node: MakeNode, kind: str, peer: bool, outside: bool
+    netns_docker: ThrowawayDocker,
+    make_node: MakeNode,
+    kind: str,
+    peer: bool,
+    outside: bool,
+    host: bool,
 ) -> None:
+    """Another job's port, the outside world, and a port of the machine served on all its
+    addresses (the node's API on 0.0.0.0 stands for it), each from inside a job."""
     node = await make_node("docker", docker_host=netns_docker.host, job_network=kind)
     logs = await peer_and_reach(node, netns_docker)
 
     assert ("peer=secret" in logs) is peer, logs
     assert ("out=outside" in logs) is outside, logs
+    assert ("host=host" in logs) is host, logs
     ref = node.made[-1] if node.made else ""
     assert (await node.state(ref))["network"] == kind
 

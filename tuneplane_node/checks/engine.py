@@ -95,8 +95,9 @@ def job_network_finding(settings: NodeSettings) -> Finding:
         ))  # fmt: skip
     world = "and the outside world" if kind == "sealed" else "but reaches the outside world"
     where = (
-        "docker: the node's network, inter-container traffic off, held by docker's "
-        "firewall rules (none under --iptables=false); podman: a network of each job's own"
+        "docker: the node's network, inter-container traffic off and no new connection to "
+        "this machine's ports, held by firewall rules (none under --iptables=false); "
+        "podman: a network of each job's own, which still reaches this machine's ports"
     )
     return (OK, f"jobs: a bridged job runs {kind}: it cannot reach another job {world} ({where})")
 

@@ -7,8 +7,10 @@ close. The rest is `EngineRuntime`'s.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
@@ -21,6 +23,7 @@ import requests.exceptions
 import urllib3.exceptions
 
 from tuneplane_node.runtime import dockerformat as fmt
+from tuneplane_node.runtime import hostguard, memlock
 from tuneplane_node.runtime.base import (
     CDI_GPU_KIND,
     FABRIC,
@@ -63,6 +66,7 @@ ENGINE = "docker"
 # engine nothing: a daemon must start, and say "unreachable", while the engine is down.
 API_VERSION = "1.41"
 NETWORK_LOCK = threading.Lock()
+GUARDED: set[tuple[str, str]] = set()  # (engine, bridge): the host guard tried, under the lock
 """Held while the jobs' network is looked for and made (docker's duplicate check races)."""
 ERRORS = ErrorTable(
     engine=ENGINE,
@@ -225,6 +229,28 @@ class DockerRuntime(EngineRuntime, errors=ERRORS):
                     raise
             found = self.api.inspect_network(name)
         checked(ENGINE, name, kind, found)
+        self._guard_host(name, found)
+
+    def _guard_host(self, name: str, network: dict[str, Any]) -> None:
+        """The rule that keeps the network's jobs off this machine's ports (`hostguard`),
+        once per engine and network; where it cannot hold, said once in the log."""
+        address, interface = (
+            self.settings.engine_address(ENGINE),
+            hostguard.bridge_interface(network),
+        )
+        if (address, interface) in GUARDED:
+            return
+        GUARDED.add((address, interface))
+        why: str | None = "the engine is another machine's"
+        socket_path = unix_socket(address)
+        with contextlib.suppress(OSError):
+            pid = memlock.listener_pid(socket_path) if socket_path else 0
+            # systemd holds a socket-activated engine's socket: the engine is then in the
+            # machine's namespace, which is the node's own under its unit.
+            pid = os.getpid() if pid == 1 else pid
+            why = hostguard.guard(pid, interface) if pid else why
+        if why is not None:
+            log.warning("the jobs on %s can open this machine's ports: %s", name, why)
 
     def _card_request(self, cards: tuple[int, ...]) -> docker.types.DeviceRequest:
         """The NVIDIA device request (``--gpus``), or the cards as CDI devices on a docker

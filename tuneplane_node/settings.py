@@ -155,9 +155,10 @@ class JobSettings(BaseSettings):
     off, held by the engine's firewall rules, so not under ``--iptables=false``, and a
     rule of the node's that rejects its jobs' new connections to this machine's own
     ports; podman: a bridge network of the job's own, ``isolate=true``, removed with it),
-    and reaches the outside world; ``sealed``, the same without the outside world (an internal network:
-    docker's ``tuneplane-jobs-sealed``); ``bridge``, the engine's default bridge, shared
-    with every other container there (0.3.15's). Observe's ``network`` says which."""
+    and reaches the outside world; ``sealed``, the same without the outside world (an
+    internal network: docker's ``tuneplane-jobs-sealed``); ``bridge``, the engine's
+    default bridge, shared with every other container there (0.3.15's). Observe's
+    ``network`` says which."""
     job_log_max_bytes: int = Field(10 * 2**20, ge=64 * 2**10, le=2**40)
     """Bytes of a job's log file before the engine rotates it (podman, which keeps one
     file, truncates at this times the file count)."""

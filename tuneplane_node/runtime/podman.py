@@ -196,7 +196,7 @@ def _container_gone(api: Any, name: str) -> bool:
     return bool(api.get(f"/containers/{name}/json").status_code == 404)
 
 
-def _prune_networks(api: Any, store: str) -> int:
+def _prune_networks(api: Any, store: Callable[[], str]) -> int:
     """Remove the job networks of this store whose container is gone (a daemon or a
     launch that died between the two); how many. Never another store's: every podman
     service of the machine shares the CNI directory."""
@@ -207,7 +207,7 @@ def _prune_networks(api: Any, store: str) -> int:
     for network in response.json() or []:
         labels = network.get("labels") or {}
         owner = str(labels.get(LABEL_NETWORK_OF) or "")
-        if labels.get(LABEL_NETWORK_STORE) != store or not _container_gone(api, owner):
+        if labels.get(LABEL_NETWORK_STORE) != store() or not _container_gone(api, owner):
             continue
         _remove_network(api, str(network.get("name")))
         log.info("removed the network %s, whose job is gone", network.get("name"))
@@ -324,7 +324,7 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
             _ready_fabric(self.api, configured(self.settings))
         if spec.network not in NODE_NETWORKS:
             return self._create_container(spec)
-        self._tidy(_prune_networks, self.api, self._store())
+        self._tidy(self._prune_networks)
         _make_network(self.api, spec, self._store())
         try:
             return self._create_container(spec)
@@ -359,9 +359,14 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
     async def start(self) -> None:
         """The job networks whose container is gone pruned (a killed daemon's)."""
         try:
-            await self._call("prune job networks", _prune_networks, self.api, self._store())
+            await self._call("prune job networks", self._prune_networks)
         except NodeError as exc:
             log.warning("job networks not pruned (the engine did not answer): %s", exc.message)
+
+    def _prune_networks(self) -> int:
+        """This store's job networks whose container is gone removed. The store is asked
+        (podman's info, slow) only where there is a job network to weigh."""
+        return _prune_networks(self.api, self._store)
 
     def _check_runtime(self, container: Any, wanted: str) -> None:
         """The runtime the container was made with, as asked: podman 4.3's API drops a
@@ -470,7 +475,7 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
     def _forget_network(self, name: str) -> None:
         """After its container: the job's own network, and any other whose job is gone."""
         self._tidy(_remove_network, self.api, own_network(name))
-        self._tidy(_prune_networks, self.api, self._store())
+        self._tidy(self._prune_networks)
 
     def _tidy(self, fn: Callable[..., object], *args: Any) -> None:
         """A network clean-up that fails is logged, never the verb's failure: what it

@@ -8,12 +8,25 @@ jobs without cards under gVisor, and a sandbox an engine lacks is a 409.
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import MakeNode
-from tests.helpers import Console, ThrowawayDocker, engine_missing, storage_root
+from tests.helpers import (
+    DEV_ROOT,
+    RUN_DIR,
+    Console,
+    ThrowawayDocker,
+    engine_missing,
+    interruptible,
+    storage_root,
+)
 from tests.test_daemon_scratch import logged
 
 pytestmark = pytest.mark.engine
@@ -39,6 +52,7 @@ async def test_podman_jobs_get_disjoint_ranges_of_their_own(make_node: MakeNode)
     assert abs(host_a - host_b) >= 65536  # disjoint
     states = await node.observe(first, second)
     assert {s["userns"] for s in states.values()} == {"own"}
+    assert {s["runtime"] for s in states.values()} == {"runc"}  # libpod's word, not "oci"
     isolation = (await node.ok("GET", "/node/v1/inventory"))["isolation"]
     assert isolation == {
         "userns": "auto",
@@ -148,3 +162,55 @@ async def test_a_job_of_its_own_namespace_is_removed_once_it_exits(make_node: Ma
         assert (await node.state(ref))["userns"] == "own"
         await node.remove(ref)
         assert (await node.state(ref))["exists"] is False
+
+
+@pytest.fixture
+def runsc_podman(tmp_path: Path) -> Iterator[str]:
+    """A podman service whose own runtime is gVisor (``podman --runtime runsc``, as an
+    operator's containers.conf would make it), on the tests' store (its image is there),
+    on a socket of its own: podman 4.3's API takes no runtime per container."""
+    conf = DEV_ROOT / "podman-tests-containers.conf"
+    if shutil.which("runsc") is None or not conf.exists():
+        engine_missing("runsc and the tests' podman", "engines.sh installs and writes them")
+    sock = tmp_path / "runsc-podman.sock"
+    service = subprocess.Popen(
+        ["podman", "--root", str(DEV_ROOT / "podman-tests/storage"),
+         "--runroot", str(RUN_DIR / "podman-tests-run/storage"),
+         "--runtime", "runsc", "--runtime-flag", "network=host",
+         "--runtime-flag", "platform=ptrace", "system", "service", "--time=0", f"unix://{sock}"],
+        env={**os.environ, "CONTAINERS_CONF": str(conf)},
+        cwd="/",  # conmon keeps the service's directory: never the test's, removed later
+        stdout=subprocess.DEVNULL, stderr=(tmp_path / "podman.log").open("w"),
+        preexec_fn=interruptible,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not sock.exists():
+            assert service.poll() is None, (tmp_path / "podman.log").read_text()
+            assert time.monotonic() < deadline, "the runsc podman service never listened"
+            time.sleep(0.05)
+        yield f"unix://{sock}"
+    finally:
+        service.terminate()
+        service.wait(timeout=30)
+
+
+async def test_a_podman_whose_runtime_is_gvisor_sandboxes_its_jobs_and_refuses_card_jobs(
+    runsc_podman: str, make_node: MakeNode
+) -> None:
+    node = await make_node("podman", podman_url=runsc_podman, job_sandbox="all")
+    isolation = (await node.ok("GET", "/node/v1/inventory"))["isolation"]
+    assert isolation["sandbox_available"] is True and isolation["runtimes"] == ["runsc"]
+    done, _ = await node.launch(["/bin/sh", "-c", "cat /proc/version; echo said; exit 3"])
+    await node.wait_for(done, "status", "exited")
+    state = await node.state(done)
+    assert state["exit_code"] == 3 and state["runtime"] == "runsc"
+    assert state["userns"] == "host" and "runs under runsc" in state["userns_note"]
+    said = await node.logs(done)
+    assert "said" in said and "Linux version 4.4.0" in said  # gVisor's, not the host's
+    sleeper, _ = await node.launch(["/bin/sleep", "300"])
+    await node.wait_for(sleeper, "status", "running")
+    await node.stop(sleeper, timeout=5)
+    assert (await node.state(sleeper))["status"] == "exited"
+    _, refused = await node.launch(gpus=1, expect=409)  # no GPU proxy registered
+    assert refused["code"] == "sandbox_unavailable" and "--nvproxy" in refused["detail"]

@@ -137,3 +137,31 @@ def test_docker_runtimes_are_read_with_their_arguments() -> None:
         "runsc": {"path": "/usr/bin/runsc", "runtimeArgs": ["--network=host"]},
     }
     assert registered(info) == {"runc": (), "runsc": ("--network=host",)}
+
+
+PODMAN_RUNSC = IsolationSupport(
+    default_runtime="runsc", runtimes={"runsc": ()}, per_job_userns=True
+)  # a podman service whose own runtime is gVisor (podman --runtime runsc, containers.conf)
+
+
+def test_a_podman_whose_runtime_is_the_sandbox_sandboxes_every_job_in_no_namespace() -> None:
+    for rule in ("off", "cpu", "all"):
+        decided = decide(SPEC, PODMAN_RUNSC, job_sandbox=rule)
+        assert not decided.own_userns  # runsc under userns=auto fails at its start
+        assert "runs under runsc" in decided.userns_note
+    assert decide(SPEC, PODMAN_RUNSC, job_sandbox="all").runtime == "runsc"
+    with pytest.raises(UsernsUnavailable) as caught:
+        decide(SPEC, PODMAN_RUNSC, job_userns="always")
+    assert "TUNEPLANE_JOB_SANDBOX=off" in caught.value.message
+
+
+def test_a_card_job_on_a_podman_whose_runtime_is_the_sandbox_is_refused_without_its_proxy() -> None:
+    for rule in ("off", "cpu"):  # the rule spares card jobs; the engine cannot
+        with pytest.raises(SandboxUnavailable) as caught:
+            decide(SPEC, PODMAN_RUNSC, cards=1, job_sandbox=rule)
+        assert "--nvproxy" in caught.value.message and "podman" in caught.value.message
+    proxied = IsolationSupport(
+        default_runtime="runsc", runtimes={"runsc": ("--nvproxy=true",)}, per_job_userns=True
+    )
+    assert decide(SPEC, proxied, cards=1).runtime is None  # the engine's own: runsc
+    assert decide(SPEC, PODMAN_RUNC_11, cards=1, job_sandbox="cpu").runtime is None

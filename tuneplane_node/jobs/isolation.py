@@ -23,6 +23,7 @@ from tuneplane_node.runtime.base import (
     ContainerSpec,
     IsolationSupport,
 )
+from tuneplane_node.runtime.isolation import maps_users
 from tuneplane_node.settings import NodeSettings, env_name
 
 log = logging.getLogger(__name__)
@@ -82,22 +83,27 @@ class IsolationRules:
     def _sandboxed(
         self, spec: ContainerSpec, cards: int, support: IsolationSupport, engine: str
     ) -> ContainerSpec:
-        if not self.wants_sandbox(spec, cards):
-            return spec
         runtime = self.runtime
-        if support.error is not None or runtime not in support.runtimes:
-            has = ", ".join(sorted(support.runtimes)) or "none known"
-            why = support.error or f"the {engine} engine has no runtime {runtime} (it has {has})"
-            raise SandboxUnavailable(runtime=runtime, why=why, fix=registration(runtime))
-        if cards and not any(arg.startswith(NVPROXY) for arg in support.runtimes[runtime]):
+        if self.wants_sandbox(spec, cards):
+            if support.error is not None or runtime not in support.runtimes:
+                has = ", ".join(sorted(support.runtimes)) or "none known"
+                lacks = f"the {engine} engine has no runtime {runtime} (it has {has})"
+                why = support.error or lacks
+                raise SandboxUnavailable(runtime=runtime, why=why, fix=registration(runtime))
+            spec = replace(spec, runtime=runtime)
+        # A podman engine whose own runtime is the sandbox runs every job under it (its
+        # API takes no runtime per container): a card job there needs the proxy as well.
+        under = spec.runtime or support.default_runtime
+        if cards and under == runtime and not _proxies_cards(support, runtime):
             raise SandboxUnavailable(
                 runtime=runtime,
-                why=f"a job with cards needs its GPU proxy, and {runtime} is registered "
-                f"without {NVPROXY}",
+                why=f"a job with cards needs its GPU proxy, and {runtime} (which the "
+                f"{engine} engine would run it under) is registered without {NVPROXY}",
                 fix=f"register it with {NVPROXY}=true once gVisor supports this machine's "
-                f"cards and driver (contrib/dev/gpu_check.py), or {JOB_SANDBOX}=cpu",
+                f"cards and driver (contrib/dev/gpu_check.py), or {JOB_SANDBOX}=cpu on an "
+                "engine whose own runtime is runc",
             )
-        return replace(spec, runtime=runtime)
+        return spec
 
     def own_userns(
         self, spec: ContainerSpec, cards: int, support: IsolationSupport, engine: str
@@ -113,6 +119,13 @@ class IsolationRules:
             why = f"the {engine} engine gives no job a user namespace of its own"
             self._refuse_always("container", why, "use podman, or docker's userns-remap")
             return False, why
+        under = spec.runtime or support.default_runtime
+        if not maps_users(under):
+            # runsc under podman's userns=auto fails at its start ("cannot read client
+            # sync file", gVisor on this machine): the sandbox's kernel is the boundary.
+            why = f"the job runs under {under}, which {engine} gives no user namespace"
+            self._refuse_always("container", why, f"{JOB_SANDBOX}=off for jobs that need one")
+            return False, why
         if cards and not self.userns_cards:
             return False, f"a job with cards ({USERNS_CARDS}=false)"
         unmapped = [] if support.idmap_mounts else writable_mounts(spec)
@@ -127,6 +140,10 @@ class IsolationRules:
     def _refuse_always(self, mount: str, why: str, fix: str) -> None:
         if self.userns == "always":
             raise UsernsUnavailable(mount=mount, why=why, fix=f"{fix}, or {USERNS}=auto")
+
+
+def _proxies_cards(support: IsolationSupport, runtime: str) -> bool:
+    return any(arg.startswith(NVPROXY) for arg in support.runtimes.get(runtime, ()))
 
 
 SUBID_FILES = (Path("/etc/subuid"), Path("/etc/subgid"))
@@ -201,6 +218,11 @@ def _userns_finding(
         return None, f"jobs: no user namespace of their own ({USERNS}=off)"
     if not support.per_job_userns:
         return None, f"jobs: {engine} gives no job a user namespace of its own"
+    if not maps_users(support.default_runtime):
+        return None, (
+            f"jobs: {engine} runs every job under {support.default_runtime}: none gets a "
+            f"user namespace of its own, and card jobs need {NVPROXY}"
+        )
     lacking = subid_ranges() if local else []
     if lacking:
         fix = f'add "{SUBID_USER}:2147483647:2147483648" to {" and ".join(lacking)}'

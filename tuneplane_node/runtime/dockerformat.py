@@ -56,8 +56,8 @@ def state_from_inspect(data: Mapping[str, Any]) -> ContainerState:
         stop_signal=engine_stop_signal(config.get("StopSignal")),
         image_id=image_id(data.get("Image")),
         read_only_root=bool((data.get("HostConfig") or {}).get("ReadonlyRootfs")),
-        # docker's HostConfig.Runtime, libpod's OCIRuntime
-        engine_runtime=(data.get("HostConfig") or {}).get("Runtime") or data.get("OCIRuntime"),
+        # libpod's OCIRuntime first: its HostConfig.Runtime is "oci" whatever runs the job
+        engine_runtime=data.get("OCIRuntime") or (data.get("HostConfig") or {}).get("Runtime"),
     )
 
 

@@ -365,31 +365,37 @@ async def test_a_daemon_killed_at_random_moments_of_launches_leaves_the_truth(
     }
     moments = collections.Counter[str]()
     daemon = None
+
+    async def started() -> str:
+        nonlocal daemon
+        port = free_port()
+        daemon = spawn_daemon(tmp_path, port, settings_of=settings)
+        base = f"http://127.0.0.1:{port}"
+        await answering(session, base)
+        return base
+
     try:
         async with aiohttp.ClientSession(headers=HEADERS) as session:
+            # Each restarted daemon, once it has shown the truth, takes the next launch
+            # and its kill: one start per kill (a start is a second or more of the walk).
+            base = await started()
             for n in range(KILLS):
                 run_id, image = f"killed-{n}", rng.choice([IMAGE, IMAGE, slow])
                 if image == slow:
                     await forget_image(own_docker, slow)
-                port = free_port()
-                daemon = spawn_daemon(tmp_path, port, settings_of=settings)
-                base = f"http://127.0.0.1:{port}"
-                await answering(session, base)
                 container = {"image": image, "command": ["/bin/sleep", "300"]}
                 gpus = rng.choice([1, 2])
                 body = {"run_id": run_id, "requested_gpus": gpus, "container": container}
                 launch = asyncio.create_task(session.post(f"{base}/node/v1/launch", json=body))
                 await asyncio.sleep(rng.uniform(0, 0.6 if image == slow else 0.25))
+                assert daemon is not None
                 daemon.kill()  # SIGKILL: no clean-up of any kind
                 daemon.wait()
                 with contextlib.suppress(aiohttp.ClientError):
                     moments["answered" if (await launch).status == 200 else "refused"] += 1
                 moments["killed"] += 1
 
-                port = free_port()
-                daemon = spawn_daemon(tmp_path, port, settings_of=settings)
-                base = f"http://127.0.0.1:{port}"
-                await answering(session, base)
+                base = await started()
                 await check_the_truth(session, base, engine, young=run_id)
                 async with session.post(f"{base}/node/v1/launch", json=body) as again:
                     assert again.status == 200, await again.text()
@@ -398,8 +404,9 @@ async def test_a_daemon_killed_at_random_moments_of_launches_leaves_the_truth(
                 ref = f"tuneplane-{run_id}"
                 async with session.post(f"{base}/node/v1/remove", json={"ref": ref}):
                     pass
-                daemon.terminate()
-                assert daemon.wait(timeout=30) == 0
+            assert daemon is not None
+            daemon.terminate()
+            assert daemon.wait(timeout=30) == 0
     finally:  # a failed or interrupted walk leaves no daemon behind
         if daemon is not None and daemon.poll() is None:
             daemon.kill()

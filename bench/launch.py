@@ -34,8 +34,8 @@ from harness import (
 )
 
 from tuneplane_node.jobs.launcher import launch_request
-from tuneplane_node.jobs.results import LaunchRequest
-from tuneplane_node.runtime.docker import DockerRuntime
+from tuneplane_node.jobs.observe.results import LaunchRequest
+from tuneplane_node.runtime.engines.docker import DockerRuntime
 from tuneplane_node.settings import load_settings
 from tuneplane_node.wire.requests import parse_launch as read_launch
 

@@ -45,9 +45,9 @@ from tuneplane_node.gpu.probe import GpuProbe, NoDriverProbe
 from tuneplane_node.jobs import Node
 from tuneplane_node.jobs.mounts.staging import MountStaging
 from tuneplane_node.runtime.cache import CachedRuntime
-from tuneplane_node.runtime.docker import DockerRuntime
-from tuneplane_node.runtime.engine import EngineRuntime
-from tuneplane_node.runtime.podman import PodmanRuntime
+from tuneplane_node.runtime.engines.docker import DockerRuntime
+from tuneplane_node.runtime.engines.engine import EngineRuntime
+from tuneplane_node.runtime.engines.podman import PodmanRuntime
 from tuneplane_node.settings import NodeSettings
 
 ENGINE_FIXTURES = frozenset(

@@ -57,7 +57,7 @@ from tuneplane_node.runtime.base import (
     job_labels,
     tells_no_changes,
 )
-from tuneplane_node.runtime.dockerformat import LogFold
+from tuneplane_node.runtime.engines.dockerformat import LogFold
 from tuneplane_node.runtime.pool import BlockingPool
 from tuneplane_node.signals import JOB_SIGNALS
 

@@ -41,8 +41,8 @@ from tuneplane_node.runtime.base import (
     container_name,
 )
 from tuneplane_node.runtime.cache import CachedRuntime
-from tuneplane_node.runtime.docker import DockerRuntime
-from tuneplane_node.runtime.podman import PodmanRuntime
+from tuneplane_node.runtime.engines.docker import DockerRuntime
+from tuneplane_node.runtime.engines.podman import PodmanRuntime
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.wire import PROTOCOL, PROTOCOL_HEADER
 

@@ -33,7 +33,7 @@ from tests.helpers import (
     storage_root,
 )
 from tuneplane_node.cli import main
-from tuneplane_node.runtime.docker import DockerRuntime
+from tuneplane_node.runtime.engines.docker import DockerRuntime
 
 # Slow: the daemon's command line end to end.
 pytestmark = pytest.mark.slow

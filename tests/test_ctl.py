@@ -57,9 +57,9 @@ from tests.test_runtime_registry import serving
 from tuneplane_node.cli import main, parser
 from tuneplane_node.ctl import commands
 from tuneplane_node.jobs.launcher import launch_request
-from tuneplane_node.jobs.results import LaunchRequest
+from tuneplane_node.jobs.observe.results import LaunchRequest
 from tuneplane_node.runtime.base import Mount
-from tuneplane_node.runtime.docker import DockerRuntime
+from tuneplane_node.runtime.engines.docker import DockerRuntime
 from tuneplane_node.wire.fields import Body
 from tuneplane_node.wire.requests import CONTAINER, CONTAINER_FIELDS, LAUNCH_FIELDS
 from tuneplane_node.wire.requests import parse_launch as read_launch

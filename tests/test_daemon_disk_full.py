@@ -25,7 +25,7 @@ from tests.helpers import (
     forget_image,
 )
 from tuneplane_node.runtime.base import PullLimits
-from tuneplane_node.runtime.docker import DockerRuntime
+from tuneplane_node.runtime.engines.docker import DockerRuntime
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 SMALL_IMAGE = f"{REGISTRY}/tuneplane-test/busybox:1"

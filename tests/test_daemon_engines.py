@@ -41,8 +41,8 @@ from tests.helpers import (
 )
 from tuneplane_node.daemon.state import NODE
 from tuneplane_node.runtime.base import LABEL_RUN_ID, ContainerSpec, container_name
-from tuneplane_node.runtime.docker import DockerRuntime
-from tuneplane_node.runtime.podman import PodmanRuntime
+from tuneplane_node.runtime.engines.docker import DockerRuntime
+from tuneplane_node.runtime.engines.podman import PodmanRuntime
 
 pytestmark = pytest.mark.engine
 

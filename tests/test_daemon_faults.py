@@ -46,7 +46,7 @@ from tests.helpers import (
     wait_until,
 )
 from tuneplane_node.runtime.base import LABEL_GPUS, LABEL_RUN_ID, parse_gpus
-from tuneplane_node.runtime.docker import DockerRuntime
+from tuneplane_node.runtime.engines.docker import DockerRuntime
 
 OURS = {"label": [LABEL_RUN_ID]}
 

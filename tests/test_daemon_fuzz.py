@@ -24,7 +24,7 @@ import pytest
 from tests.conftest import MakeNode
 from tests.helpers import HEADERS, IMAGE, REGISTRY, Console, TrackingRuntime
 from tuneplane_node.runtime.base import LABEL_RUN_ID
-from tuneplane_node.runtime.docker import DockerRuntime
+from tuneplane_node.runtime.engines.docker import DockerRuntime
 
 pytestmark = pytest.mark.engine
 REQUESTS = int(os.environ.get("TUNEPLANE_FUZZ_REQUESTS", "10000"))

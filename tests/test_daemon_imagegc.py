@@ -27,7 +27,7 @@ import pytest
 from tests.conftest import MakeNode, open_runtime
 from tests.helpers import IMAGE, REGISTRY, TESTS_DOCKER_SOCK, TrackingRuntime, unique
 from tuneplane_node.runtime.base import PullLimits
-from tuneplane_node.runtime.engine import EngineRuntime
+from tuneplane_node.runtime.engines.engine import EngineRuntime
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 

@@ -35,7 +35,7 @@ from tests.helpers import (
 )
 from tests.test_daemon_server import served, until_serving
 from tuneplane_node.daemon.server import serve
-from tuneplane_node.jobs.confinement import JobRules
+from tuneplane_node.jobs.rules.confinement import JobRules
 from tuneplane_node.settings import NodeSettings
 
 pytestmark = pytest.mark.engine

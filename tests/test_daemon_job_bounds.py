@@ -21,8 +21,8 @@ import pytest
 
 from tests.conftest import MakeNode, open_runtime
 from tests.helpers import Console, storage_root, unique
-from tuneplane_node.runtime.cgroupparent import pid_max
 from tuneplane_node.runtime.cgroups import CGROUP_ROOT
+from tuneplane_node.runtime.engines.cgroupparent import pid_max
 
 pytestmark = pytest.mark.engine
 ENGINES = ["docker", "podman"]

@@ -29,13 +29,13 @@ from tests.helpers import (
     unique,
 )
 from tuneplane_node.errors import EngineError
-from tuneplane_node.runtime.jobnetwork import (
+from tuneplane_node.runtime.engines.jobnetwork import (
     LABEL_NETWORK_OF,
     LABEL_NETWORK_STORE,
     LABEL_NODE_NETWORK,
     own_network,
 )
-from tuneplane_node.runtime.podman import PodmanRuntime
+from tuneplane_node.runtime.engines.podman import PodmanRuntime
 from tuneplane_node.wire.values import Mount
 
 pytestmark = pytest.mark.engine

@@ -51,7 +51,7 @@ from tuneplane_node.runtime.base import (
     parse_gpus,
 )
 from tuneplane_node.runtime.cache import CachedRuntime
-from tuneplane_node.runtime.docker import DockerRuntime
+from tuneplane_node.runtime.engines.docker import DockerRuntime
 from tuneplane_node.settings import NodeSettings
 
 pytestmark = pytest.mark.engine

@@ -396,7 +396,7 @@ async def until_status(url: str, token: str, status: int, *, within: float) -> N
 
 
 async def test_a_changed_token_file_is_read_without_a_signal(tmp_path: Path) -> None:
-    from tuneplane_node.daemon.tokens import WATCH_S, TokenSet
+    from tuneplane_node.daemon.access.tokens import WATCH_S, TokenSet
 
     tokens = tmp_path / "tokens"
     tokens.write_text("old-token-0123456789\n")
@@ -427,7 +427,7 @@ async def test_a_changed_token_file_is_read_without_a_signal(tmp_path: Path) -> 
 async def test_a_header_that_matched_is_forgotten_with_its_token(tmp_path: Path) -> None:
     """Issue 40: a matched header is known again from memory, never past a reload that
     dropped its token, and a wrong one is never remembered."""
-    from tuneplane_node.daemon.tokens import TokenSet
+    from tuneplane_node.daemon.access.tokens import TokenSet
 
     tokens = tmp_path / "tokens"
     tokens.write_text("old-token-0123456789 name=console\n")
@@ -449,9 +449,9 @@ async def test_a_sighup_reload_that_fails_is_logged_with_its_name(
 ) -> None:
     """The reload runs as one of the app's background tasks: a failure of it is an ERROR
     line naming it, with the traceback, never swallowed."""
+    from tuneplane_node.daemon.access.tokens import TokenSet
     from tuneplane_node.daemon.app import create_node_app
     from tuneplane_node.daemon.state import TASKS, TOKENS
-    from tuneplane_node.daemon.tokens import TokenSet
 
     class BrokenTokens(TokenSet):
         async def reload(self) -> None:
@@ -470,7 +470,7 @@ async def test_a_sighup_reload_that_fails_is_logged_with_its_name(
 
 
 def test_an_empty_or_missing_token_file_stops_the_start(tmp_path: Path) -> None:
-    from tuneplane_node.daemon.tokens import TokenSet
+    from tuneplane_node.daemon.access.tokens import TokenSet
     from tuneplane_node.errors import ConfigError
 
     (tmp_path / "empty").write_text("# nobody\n\n")

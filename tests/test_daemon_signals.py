@@ -15,8 +15,8 @@ import pytest
 
 from tests.conftest import MakeNode
 from tests.helpers import IMAGE, Console, engine_settings, storage_root, unique, wait_until
-from tuneplane_node.runtime.docker import DockerRuntime
-from tuneplane_node.runtime.podman import PodmanRuntime
+from tuneplane_node.runtime.engines.docker import DockerRuntime
+from tuneplane_node.runtime.engines.podman import PodmanRuntime
 
 pytestmark = pytest.mark.engine
 ENGINES = ["docker", "podman"]

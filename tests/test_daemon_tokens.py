@@ -14,9 +14,9 @@ import pytest
 from tests.conftest import MakeFakeNode
 from tests.fakes import FakeClock
 from tests.helpers import TOKEN
-from tuneplane_node.daemon import guard
-from tuneplane_node.daemon.guard import AuthFailures, delay_s
-from tuneplane_node.daemon.tokens import TokenSet, parse_line
+from tuneplane_node.daemon.access import guard
+from tuneplane_node.daemon.access.guard import AuthFailures, delay_s
+from tuneplane_node.daemon.access.tokens import TokenSet, parse_line
 from tuneplane_node.errors import ConfigError
 from tuneplane_node.wire import PROTOCOL, PROTOCOL_HEADER
 
@@ -168,7 +168,7 @@ async def test_a_guessing_peer_is_slowed_then_refused_and_a_right_token_never(
     fake_node: MakeFakeNode, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Issue 25, finding 9: 4,900 bad tokens a second, no 429 and not one log line."""
-    caplog.set_level(logging.WARNING, logger="tuneplane_node.daemon.guard")
+    caplog.set_level(logging.WARNING, logger="tuneplane_node.daemon.access.guard")
     node = await fake_node()
 
     async def guess(n: int) -> int:
@@ -188,7 +188,9 @@ async def test_a_guessing_peer_is_slowed_then_refused_and_a_right_token_never(
         if line.startswith(f'tuneplane_node_auth_failures_total{{status="{status}"}}')
     }
     assert counted == {"401": statuses.count(401), "429": statuses.count(429)}
-    said = [r.getMessage() for r in caplog.records if r.name == "tuneplane_node.daemon.guard"]
+    said = [
+        r.getMessage() for r in caplog.records if r.name == "tuneplane_node.daemon.access.guard"
+    ]
     assert 1 <= len(said) <= 3, said  # at most one a second, with the peer and the count
     assert "127.0.0.1" in said[0] and "failed authentication" in said[0]
 

@@ -21,7 +21,7 @@ from tests.conftest import IMAGE, MakeFakeNode
 from tests.fakes import FakeClock, FakeRuntime
 from tests.helpers import HEADERS, TOKEN, Console, job, node_cache, wait_until
 from tuneplane_node.daemon.state import NODE
-from tuneplane_node.jobs.watch import ChangeLog
+from tuneplane_node.jobs.observe.watch import ChangeLog
 from tuneplane_node.wire import PROTOCOL, PROTOCOL_HEADER
 
 # Slow: the list and the watch end to end over a real socket.

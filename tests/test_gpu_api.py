@@ -34,7 +34,7 @@ from tuneplane_node.runtime.base import (
     ContainerSpec,
     container_name,
 )
-from tuneplane_node.runtime.docker import DockerRuntime
+from tuneplane_node.runtime.engines.docker import DockerRuntime
 
 Make = Callable[..., Awaitable[Console]]
 

@@ -16,7 +16,7 @@ from tests.helpers import job
 from tuneplane_node.gpu import numa
 from tuneplane_node.gpu.probe import CardFacts, GpuSnapshot
 from tuneplane_node.gpu.simulation import SimulatedProbe
-from tuneplane_node.jobs.affinity import CpuAffinity
+from tuneplane_node.jobs.rules.affinity import CpuAffinity
 from tuneplane_node.runtime.base import format_cpulist
 
 REPO = Path(__file__).resolve().parent.parent
@@ -71,7 +71,7 @@ def test_no_cpuset_when_the_cards_place_is_unknown_or_too_small(
     limit: float | None,
     why: str | None,
 ) -> None:
-    caplog.set_level(logging.INFO, "tuneplane_node.jobs.affinity")
+    caplog.set_level(logging.INFO, "tuneplane_node.jobs.rules.affinity")
     spec = affinity(tmp_path).apply(job(["train"], gpus=gpus, cpu_limit=limit), GPUS)
     assert spec.cpuset() == (None, None)
     said = [r.getMessage() for r in caplog.records]

@@ -19,8 +19,8 @@ from tuneplane_node.checks import FAIL, OK
 from tuneplane_node.checks.gpus import check_fabric_network
 from tuneplane_node.errors import ConfigError, FabricAddressesExhausted, InvalidField
 from tuneplane_node.jobs import JobService, Node
-from tuneplane_node.jobs.fabric import FabricAddresses, addresses, gid_index
-from tuneplane_node.jobs.results import LaunchRequest
+from tuneplane_node.jobs.observe.results import LaunchRequest
+from tuneplane_node.jobs.rules.fabric import FabricAddresses, addresses, gid_index
 from tuneplane_node.runtime.base import (
     LABEL_FABRIC_ADDRESS,
     LABEL_NETWORK,
@@ -242,7 +242,7 @@ async def test_the_job_gets_the_gid_index_the_machine_has(
 ) -> None:
     sysfs = tmp_path / "sys"
     port(sysfs, "mlx5_0", link="Ethernet", gids={3: ("RoCE v2", V4, "ib0")})
-    monkeypatch.setattr("tuneplane_node.jobs.fabric.IB_SYSFS", sysfs)
+    monkeypatch.setattr("tuneplane_node.jobs.rules.fabric.IB_SYSFS", sysfs)
     service = make_service()
     await service.launch(launch("roce"))
     await service.launch(launch("told", env={"NCCL_IB_GID_INDEX": "7"}))

@@ -30,7 +30,7 @@ from tests.helpers import fake_node_of, settle
 from tuneplane_node.errors import Conflict, InsufficientStorage, NodeError
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs import LaunchRequest, Node
-from tuneplane_node.jobs.results import PrefetchRequest
+from tuneplane_node.jobs.observe.results import PrefetchRequest
 from tuneplane_node.runtime.base import LABEL_RUN_ID, ContainerSpec, EngineImage, container_name
 from tuneplane_node.settings import NodeSettings
 

@@ -22,7 +22,7 @@ from tuneplane_node.errors import (
 )
 from tuneplane_node.jobs import LaunchRequest, Node, Pulling, Started
 from tuneplane_node.jobs.images.keeper import RECORD_FILE, RETRY_S, ImageKeeper
-from tuneplane_node.jobs.results import ALWAYS, PrefetchRequest
+from tuneplane_node.jobs.observe.results import ALWAYS, PrefetchRequest
 from tuneplane_node.runtime.base import (
     LABEL_RUN_ID,
     ContainerSpec,

@@ -1,4 +1,4 @@
-"""The isolation rules' decisions (`jobs.isolation`): a job's own user namespace, and a
+"""The isolation rules' decisions (`jobs.rules.isolation`): a job's own user namespace, and a
 sandboxed runtime, against what the engine says it can do."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tuneplane_node.errors import SandboxUnavailable, UsernsUnavailable
-from tuneplane_node.jobs.isolation import IsolationRules
+from tuneplane_node.jobs.rules.isolation import IsolationRules
 from tuneplane_node.runtime.base import (
     LABEL_RUNTIME,
     LABEL_USERNS,
@@ -16,7 +16,7 @@ from tuneplane_node.runtime.base import (
     Scratch,
     job_labels,
 )
-from tuneplane_node.runtime.isolation import maps_mount_ids, registered
+from tuneplane_node.runtime.engines.isolation import maps_mount_ids, registered
 from tuneplane_node.settings import NodeSettings
 
 PODMAN_RUNC_11 = IsolationSupport(

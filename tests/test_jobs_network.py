@@ -16,7 +16,7 @@ from tests.fakes import FakeClock, FakeProbe, FakeRuntime
 from tests.helpers import console_0315, fake_node_of
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs import Node
-from tuneplane_node.jobs.results import LaunchRequest
+from tuneplane_node.jobs.observe.results import LaunchRequest
 from tuneplane_node.runtime.base import LABEL_NETWORK, LABEL_RUN_ID, ContainerSpec
 
 MakeService = Callable[..., Node]
@@ -107,7 +107,7 @@ async def test_an_exited_job_is_no_neighbour(make_service: MakeService, fake: Fa
 async def test_without_the_port_held_nor_tls_every_host_job_is_bridged_said_once(
     make_service: MakeService, fake: FakeRuntime, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="tuneplane_node.jobs.network")
+    caplog.set_level(logging.INFO, logger="tuneplane_node.jobs.rules.network")
     node = make_service(port_held=False)
     await node.jobs.launch(launch("one", 4))
     assert network_of(fake, "one") == ("isolated", "isolated")
@@ -118,7 +118,7 @@ async def test_without_the_port_held_nor_tls_every_host_job_is_bridged_said_once
     said = [
         r.getMessage()
         for r in caplog.records
-        if r.levelno >= logging.INFO and r.name == "tuneplane_node.jobs.network"
+        if r.levelno >= logging.INFO and r.name == "tuneplane_node.jobs.rules.network"
     ]
     assert len(said) == 1, said
     assert "socket unit or set TUNEPLANE_TLS_CERT_FILE" in said[0]

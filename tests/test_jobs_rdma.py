@@ -16,7 +16,7 @@ from tests.conftest import IMAGE, MakeFakeNode, fake_settings
 from tests.fakes import FakeRuntime
 from tuneplane_node import inventory
 from tuneplane_node.errors import NoRdma
-from tuneplane_node.jobs.confinement import JobRules
+from tuneplane_node.jobs.rules.confinement import JobRules
 from tuneplane_node.runtime.base import LABEL_RUN_ID, ContainerSpec
 from tuneplane_node.settings import Fabric
 

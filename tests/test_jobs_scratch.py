@@ -15,11 +15,11 @@ import pytest
 from tests.conftest import IMAGE
 from tests.fakes import FakeRuntime
 from tuneplane_node.errors import InvalidField, NodeError
-from tuneplane_node.jobs.confinement import JobRules
 from tuneplane_node.jobs.launcher import launch_request
 from tuneplane_node.jobs.mounts.scratch import SUFFIX, ScratchSpaces, vet
 from tuneplane_node.jobs.node import Node
-from tuneplane_node.jobs.results import LaunchRequest
+from tuneplane_node.jobs.observe.results import LaunchRequest
+from tuneplane_node.jobs.rules.confinement import JobRules
 from tuneplane_node.runtime.base import (
     DIRECT,
     LABEL_MOUNTS,

@@ -9,7 +9,7 @@ from tests.fakes import FakeClock, FakeProbe, FakeRuntime
 from tests.helpers import job, unique
 from tuneplane_node.gpu.probe import CardFacts, GpuProcess
 from tuneplane_node.jobs import LaunchRequest, Node
-from tuneplane_node.jobs.stats import CardSample, ProcessMemory
+from tuneplane_node.jobs.observe.stats import CardSample, ProcessMemory
 from tuneplane_node.runtime.base import LABEL_RUN_ID, ContainerSpec, Usage, container_name
 
 MIB = 2**20

@@ -42,7 +42,6 @@ LAYERS = [
         "signals",
         "watched",
         "printable",
-        "mountapi",
         "__init__",
     },
 ]
@@ -51,18 +50,18 @@ CTL_MAY_IMPORT = {"client", "wire", "printable", "__init__", "__version__"}
 # Each third-party SDK is imported by exactly these modules, and translated there.
 SDKS = {
     # docker.auth reads the registry auth file (config.json) for both engines.
-    "docker": {"runtime/docker.py", "runtime/dockerauth.py"},
-    "podman": {"runtime/podman.py"},
+    "docker": {"runtime/engines/docker.py", "runtime/engines/dockerauth.py"},
+    "podman": {"runtime/engines/podman.py"},
     "pynvml": {"gpu/nvml.py"},
     "aiohttp": {
         "daemon/app.py",
         "daemon/routes.py",
         "daemon/state.py",
         "daemon/server.py",
-        "daemon/audit.py",
+        "daemon/access/audit.py",
         "daemon/follow.py",
         "daemon/presence.py",
-        "daemon/guard.py",
+        "daemon/access/guard.py",
         # Its client: the volume store's downloads, translated to VolumeFillFailed there.
         "runtime/fetching.py",
     },
@@ -257,6 +256,22 @@ def test_no_class_of_the_package_is_over_the_limit() -> None:
     }
     assert not too_long, too_long
     assert len(MODULES) >= 50  # the walk saw the package
+
+
+FOLDER_MAX_MODULES = 15
+"""A folder past it is a floor without rooms: its wings get folders (issue 35)."""
+
+
+def test_no_folder_holds_more_than_fifteen_modules() -> None:
+    folders = {path.parent for path in MODULES}
+    crowded = {
+        str(folder.relative_to(PACKAGE.parent)): n
+        for folder in folders
+        if (n := len([p for p in folder.glob("*.py") if p.name != "__init__.py"]))
+        > FOLDER_MAX_MODULES
+    }
+    assert not crowded, crowded
+    assert len(folders) >= 10  # the walk saw the package's folders
 
 
 def test_the_client_stands_alone() -> None:

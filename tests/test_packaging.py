@@ -89,7 +89,7 @@ def test_a_dependency_without_a_floor_is_refused_not_left_at_its_newest() -> Non
 
 def test_what_the_code_imports_is_declared() -> None:
     declared = {Requirement(text).name for text in DEPENDENCIES}
-    # requests and urllib3: the adapters translate their exceptions (runtime/docker.py).
+    # requests and urllib3: the adapters translate their exceptions (runtime/engines/docker.py).
     imported = {"aiohttp", "docker", "podman", "pydantic", "pydantic-settings", "requests"}
     imported |= {"urllib3", "nvidia-ml-py", "prometheus-client", "rich", "httpx"}
     assert imported <= declared

@@ -13,7 +13,7 @@ from tests.conftest import fake_settings
 from tests.helpers import engine_settings
 from tuneplane_node.checks.engine import _parent_finding, parent_fix
 from tuneplane_node.errors import ConfigError
-from tuneplane_node.runtime.cgroupparent import (
+from tuneplane_node.runtime.engines.cgroupparent import (
     Bounds,
     JobParent,
     ParentReport,
@@ -24,7 +24,7 @@ from tuneplane_node.runtime.cgroupparent import (
     wanted,
     write,
 )
-from tuneplane_node.runtime.docker import DockerRuntime
+from tuneplane_node.runtime.engines.docker import DockerRuntime
 
 GIB = 2**30
 

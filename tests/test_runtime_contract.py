@@ -46,8 +46,8 @@ from tuneplane_node.runtime.base import (
     LogQuery,
     container_name,
 )
-from tuneplane_node.runtime.docker import DockerRuntime
-from tuneplane_node.runtime.podman import PodmanRuntime
+from tuneplane_node.runtime.engines.docker import DockerRuntime
+from tuneplane_node.runtime.engines.podman import PodmanRuntime
 from tuneplane_node.runtime.process.runtime import ProcessRuntime
 
 SANDBOXED = "docker-sandbox"

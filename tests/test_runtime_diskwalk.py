@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from tuneplane_node import inventory
-from tuneplane_node.runtime import diskwalk, quotas
+from tuneplane_node.runtime import diskwalk
+from tuneplane_node.runtime.engines import quotas
 
 MIB = 2**20
 

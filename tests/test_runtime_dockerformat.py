@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tuneplane_node.runtime.base import Brief, EngineEvent, ImageInfo, PullProgress
-from tuneplane_node.runtime.dockerformat import (
+from tuneplane_node.runtime.engines.dockerformat import (
     LogFold,
     ProgressFold,
     brief_from_list,

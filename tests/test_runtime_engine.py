@@ -35,13 +35,13 @@ from tuneplane_node.runtime.base import (
     Mount,
     Tmpfs,
 )
-from tuneplane_node.runtime.cgroupparent import JobParent
-from tuneplane_node.runtime.docker import ERRORS as DOCKER_ERRORS
-from tuneplane_node.runtime.docker import DockerRuntime
-from tuneplane_node.runtime.engine import EngineRuntime, ErrorTable
-from tuneplane_node.runtime.jobnetwork import checked
-from tuneplane_node.runtime.podman import ERRORS as PODMAN_ERRORS
-from tuneplane_node.runtime.podman import PodmanRuntime, create_body
+from tuneplane_node.runtime.engines.cgroupparent import JobParent
+from tuneplane_node.runtime.engines.docker import ERRORS as DOCKER_ERRORS
+from tuneplane_node.runtime.engines.docker import DockerRuntime
+from tuneplane_node.runtime.engines.engine import EngineRuntime, ErrorTable
+from tuneplane_node.runtime.engines.jobnetwork import checked
+from tuneplane_node.runtime.engines.podman import ERRORS as PODMAN_ERRORS
+from tuneplane_node.runtime.engines.podman import PodmanRuntime, create_body
 
 TABLES = [(DOCKER_ERRORS, docker.errors), (PODMAN_ERRORS, podman.errors)]
 

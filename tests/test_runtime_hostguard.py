@@ -1,4 +1,4 @@
-"""The host guard's decisions (`runtime.hostguard`); the rule itself is tested from inside
+"""The host guard's decisions (`runtime.engines.hostguard`); the rule itself is tested from inside
 jobs on an engine of its own (tests/test_daemon_jobnet.py)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from tuneplane_node.runtime import hostguard
+from tuneplane_node.runtime.engines import hostguard
 
 
 def test_the_bridge_is_the_networks_named_one_or_docker_s_own_name_for_it() -> None:

@@ -18,9 +18,9 @@ from tests.helpers import fake_node_of
 from tests.test_jobs_rdma import rdma_dir
 from tuneplane_node.errors import MemlockUnavailable
 from tuneplane_node.jobs import Node
-from tuneplane_node.jobs.results import LaunchRequest
+from tuneplane_node.jobs.observe.results import LaunchRequest
 from tuneplane_node.runtime.base import LABEL_RUN_ID, ContainerSpec
-from tuneplane_node.runtime.memlock import EngineMemlock, engine_memlock, process_memlock
+from tuneplane_node.runtime.engines.memlock import EngineMemlock, engine_memlock, process_memlock
 
 MIB = 2**20
 LIMITS = """Limit                     Soft Limit           Hard Limit           Units

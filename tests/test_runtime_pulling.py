@@ -17,8 +17,8 @@ import pytest
 from tests.helpers import wait_until
 from tuneplane_node.errors import EngineRefused
 from tuneplane_node.runtime.base import PullLimits, PullProgress
+from tuneplane_node.runtime.engines.pulling import drive_pull
 from tuneplane_node.runtime.pool import BlockingPool
-from tuneplane_node.runtime.pulling import drive_pull
 
 
 class Stream:

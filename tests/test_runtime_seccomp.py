@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from tuneplane_node.runtime import seccomp
-from tuneplane_node.runtime.seccomp import CLONE_NEWUSER, without_user_namespaces
+from tuneplane_node.runtime.engines import seccomp
+from tuneplane_node.runtime.engines.seccomp import CLONE_NEWUSER, without_user_namespaces
 
 PODMAN_DEFAULT = Path("/usr/share/containers/seccomp.json")
 SMALL: dict[str, Any] = {

@@ -48,7 +48,7 @@ from tuneplane_node.jobs import (
     Stopping,
 )
 from tuneplane_node.jobs.nodestate import NodeState
-from tuneplane_node.jobs.results import Cursor, JobChanges
+from tuneplane_node.jobs.observe.results import Cursor, JobChanges
 from tuneplane_node.runtime.base import (
     LABEL_NETWORK,
     LABEL_RUN_ID,

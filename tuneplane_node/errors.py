@@ -7,7 +7,7 @@ Every error carries its facts as fields and builds its own sentence; one middlew
 and a request error adds ``"errors": [{"field", "code", "detail"}, ...]``, one entry per
 bad field (`FIELD_CODES`). Each class declares its own ``code`` (a test walks the
 tree). Third-party SDK errors never travel past the module that imports the SDK: they
-are translated there (one table per engine, `runtime/engine.py`) with the cause chained.
+are translated there (one table per engine, `runtime/engines/engine.py`) with the cause chained.
 
     ConfigError                a setting is wrong; the daemon does not start (no status)
     NodeError (500) internal   a bug, or an error nobody classified

@@ -13,9 +13,9 @@ from tuneplane_node.errors import ConfigError, NodeError
 from tuneplane_node.settings import NodeSettings, env_name
 
 if TYPE_CHECKING:
-    from tuneplane_node.jobs.confinement import JobRules
-    from tuneplane_node.runtime.cgroupparent import ParentReport
-    from tuneplane_node.runtime.engine import EngineRuntime
+    from tuneplane_node.jobs.rules.confinement import JobRules
+    from tuneplane_node.runtime.engines.cgroupparent import ParentReport
+    from tuneplane_node.runtime.engines.engine import EngineRuntime
 
 
 def check_engine(settings: NodeSettings) -> list[Finding]:
@@ -47,7 +47,7 @@ def engine_address(settings: NodeSettings, engine: str) -> str:
 
 def check_jobs(settings: NodeSettings) -> list[Finding]:
     """What every job gets, and what it still shares with the host or the node."""
-    from tuneplane_node.jobs.confinement import JobRules
+    from tuneplane_node.jobs.rules.confinement import JobRules
 
     try:
         rules = JobRules(settings)
@@ -62,7 +62,7 @@ def check_jobs(settings: NodeSettings) -> list[Finding]:
 def host_network_findings(settings: NodeSettings) -> list[Finding]:
     """Which network a job asking for ``host`` gets, and where jobs of different tenants
     would share the host's."""
-    from tuneplane_node.jobs.network import PORT_NOT_HELD
+    from tuneplane_node.jobs.rules.network import PORT_NOT_HELD
 
     mode, plain = settings.job_host_network, settings.tls_cert_file is None
     if mode == "allow":
@@ -129,7 +129,7 @@ def _root(rules: JobRules) -> str:
 
 async def _isolation_findings(settings: NodeSettings) -> list[Finding]:
     from tuneplane_node.runtime import detect_runtime
-    from tuneplane_node.runtime.engine import EngineRuntime
+    from tuneplane_node.runtime.engines.engine import EngineRuntime
 
     try:
         runtime = await detect_runtime(settings, cache=False)
@@ -170,7 +170,7 @@ def _init_finding(runtime: EngineRuntime, settings: NodeSettings) -> Finding:
 
 async def _runtime_findings(runtime: EngineRuntime, settings: NodeSettings) -> list[Finding]:
     """The engine's runtimes with their arguments, user namespaces and the sandbox."""
-    from tuneplane_node.jobs.isolation import IsolationRules, findings
+    from tuneplane_node.jobs.rules.isolation import IsolationRules, findings
 
     support = await runtime.isolation_support()  # an engine that cannot say is a warning
     rules = IsolationRules(settings)
@@ -203,7 +203,7 @@ async def _parent_finding(runtime: EngineRuntime) -> list[Finding]:
     """The jobs' parent cgroup: what it holds against the node's figures, and who bounds
     it (the node under cgroupfs, systemd's slice under the systemd driver)."""
     from tuneplane_node.errors import EngineUnavailable
-    from tuneplane_node.runtime.cgroupparent import describe_parent
+    from tuneplane_node.runtime.engines.cgroupparent import describe_parent
 
     try:
         report = await runtime.cgroup_parent()
@@ -239,8 +239,8 @@ def parent_fix(report: ParentReport) -> str:
 
 
 async def _seccomp_findings(runtime: EngineRuntime) -> list[Finding]:
-    from tuneplane_node.runtime import seccomp
-    from tuneplane_node.runtime.podman import PodmanRuntime
+    from tuneplane_node.runtime.engines import seccomp
+    from tuneplane_node.runtime.engines.podman import PodmanRuntime
 
     if not isinstance(runtime, PodmanRuntime):
         return []  # docker's default profile refuses user namespaces itself

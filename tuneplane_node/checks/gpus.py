@@ -50,7 +50,7 @@ def _cards_finding(settings: NodeSettings, snapshot: GpuSnapshot) -> Finding:
 
 def check_affinity(settings: NodeSettings, snapshot: GpuSnapshot) -> Finding:
     """Where a one-card job of each card would run, as a launch would decide it."""
-    from tuneplane_node.jobs.affinity import CpuAffinity
+    from tuneplane_node.jobs.rules.affinity import CpuAffinity
 
     if settings.cpu_affinity == "off":
         return (OK, f"cpu affinity: off ({env_name('cpu_affinity')}): jobs run on every CPU")
@@ -114,8 +114,8 @@ def check_fabric_network(settings: NodeSettings, *, net: Path = NET_SYSFS) -> li
 
 def check_rdma(settings: NodeSettings) -> list[Finding]:
     """Whether a job given RDMA devices can have its memlock: the engine's process's own
-    hard limit bounds it (`runtime.memlock`)."""
-    from tuneplane_node.runtime import memlock
+    hard limit bounds it (`runtime.engines.memlock`)."""
+    from tuneplane_node.runtime.engines import memlock
 
     devices = inventory.rdma_devices(settings.rdma_device_dir) if settings.rdma != "off" else ()
     if not devices:

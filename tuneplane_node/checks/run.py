@@ -122,7 +122,7 @@ def _cmdline(pid: int) -> bytes:
 
 
 def check_token(settings: NodeSettings) -> list[Finding]:
-    from tuneplane_node.daemon.tokens import TokenSet
+    from tuneplane_node.daemon.access.tokens import TokenSet
 
     try:
         tokens = TokenSet.from_settings(settings)
@@ -153,7 +153,7 @@ def check_tls(settings: NodeSettings) -> list[Finding]:
 
 def check_registry_auth(settings: NodeSettings) -> list[Finding]:
     """The auth file as the daemon reads it; its registries, never a credential."""
-    from tuneplane_node.runtime.dockerauth import AuthFile
+    from tuneplane_node.runtime.engines.dockerauth import AuthFile
 
     try:
         auth_file = AuthFile.from_settings(settings)

@@ -21,14 +21,15 @@ from aiohttp.typedefs import Handler, Middleware
 
 from tuneplane_node import inventory
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
-from tuneplane_node.daemon.enginelock import EngineLock, engine_address
-from tuneplane_node.daemon.guard import (
+from tuneplane_node.daemon.access.guard import (
     METRICS_PATH,
     TOKEN_KEY,
     AuthFailures,
     authenticate,
     needed_scope,
 )
+from tuneplane_node.daemon.access.tokens import TokenSet
+from tuneplane_node.daemon.enginelock import EngineLock, engine_address
 from tuneplane_node.daemon.metrics import Metrics
 from tuneplane_node.daemon.render import error_json
 from tuneplane_node.daemon.routes import answer, routes
@@ -41,7 +42,6 @@ from tuneplane_node.daemon.state import (
     TASKS,
     TOKENS,
 )
-from tuneplane_node.daemon.tokens import TokenSet
 from tuneplane_node.errors import (
     ConfigError,
     InsufficientStorage,
@@ -56,7 +56,7 @@ from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs.node import Node, build_node
 from tuneplane_node.runtime import detect_runtime
 from tuneplane_node.runtime.base import ContainerRuntime
-from tuneplane_node.runtime.dockerauth import AuthFile
+from tuneplane_node.runtime.engines.dockerauth import AuthFile
 from tuneplane_node.settings import NodeSettings, env_name
 from tuneplane_node.tasks import BackgroundTasks
 from tuneplane_node.wire import MAX_BODY_BYTES, PROTOCOL, PROTOCOL_HEADER, PROTOCOLS

@@ -13,9 +13,9 @@ from tuneplane_node.daemon.render import volume_store_json
 from tuneplane_node.gpu.allocator import Occupancy
 from tuneplane_node.gpu.probe import CardFacts, GpuSnapshot
 from tuneplane_node.inventory import DiskReading, FabricFacts, Filesystem, LocalDisk
-from tuneplane_node.jobs import results
 from tuneplane_node.jobs.nodestate import NodeState
-from tuneplane_node.jobs.results import (
+from tuneplane_node.jobs.observe import results
+from tuneplane_node.jobs.observe.results import (
     Inventory,
     NodeStatus,
 )

@@ -15,8 +15,8 @@ import orjson
 
 from tuneplane_node.clock import rfc3339
 from tuneplane_node.errors import FieldError
-from tuneplane_node.jobs import results
-from tuneplane_node.jobs.results import (
+from tuneplane_node.jobs.observe import results
+from tuneplane_node.jobs.observe.results import (
     ImagesView,
     ImageView,
     JobChanges,
@@ -26,7 +26,7 @@ from tuneplane_node.jobs.results import (
     PullView,
     StoppedView,
 )
-from tuneplane_node.jobs.stats import CardSample, JobSample, JobStats
+from tuneplane_node.jobs.observe.stats import CardSample, JobSample, JobStats
 from tuneplane_node.jobs.volumes.fills import VolumeFill
 from tuneplane_node.jobs.volumes.keeper import (
     EntryView,

@@ -16,13 +16,13 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from tuneplane_node.daemon import machine, render
-from tuneplane_node.daemon.audit import audited
+from tuneplane_node.daemon.access.audit import audited
+from tuneplane_node.daemon.access.guard import TOKEN_KEY
+from tuneplane_node.daemon.access.tokens import FULL
 from tuneplane_node.daemon.follow import stream_log
-from tuneplane_node.daemon.guard import TOKEN_KEY
 from tuneplane_node.daemon.metrics import CONTENT_TYPE
 from tuneplane_node.daemon.presence import GONE, unless_gone
 from tuneplane_node.daemon.state import METRICS, NODE
-from tuneplane_node.daemon.tokens import FULL
 from tuneplane_node.errors import (
     BadRequest,
     EngineConflict,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from tuneplane_node.daemon.access.tokens import TokenSet
 from tuneplane_node.daemon.metrics import Metrics
-from tuneplane_node.daemon.tokens import TokenSet
 from tuneplane_node.jobs.node import Node
-from tuneplane_node.runtime.dockerauth import AuthFile
+from tuneplane_node.runtime.engines.dockerauth import AuthFile
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.tasks import BackgroundTasks
 
@@ -18,7 +18,7 @@ TOKENS = web.AppKey("tokens", TokenSet)
 METRICS = web.AppKey("metrics", Metrics)
 PORT_HELD = web.AppKey("port_held", bool)
 """Whether systemd holds the node's port across its restarts (socket activation): a
-host-network job cannot take it meanwhile (`jobs.network`)."""
+host-network job cannot take it meanwhile (`jobs.rules.network`)."""
 REGISTRY_AUTH = web.AppKey("registry_auth", AuthFile)
 """The node's registry credentials file; absent when none is set."""
 TASKS = web.AppKey("tasks", BackgroundTasks)

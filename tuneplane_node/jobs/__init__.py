@@ -3,8 +3,7 @@
 from tuneplane_node.jobs.health import read_inventory
 from tuneplane_node.jobs.launcher import launch_request
 from tuneplane_node.jobs.node import Node, build_node
-from tuneplane_node.jobs.reaper import reapable
-from tuneplane_node.jobs.results import (
+from tuneplane_node.jobs.observe.results import (
     AlreadyExited,
     AlreadyPending,
     AlreadyRunning,
@@ -20,6 +19,7 @@ from tuneplane_node.jobs.results import (
     Stopping,
     StopPlan,
 )
+from tuneplane_node.jobs.reaper import reapable
 from tuneplane_node.jobs.service import JobService
 
 __all__ = [

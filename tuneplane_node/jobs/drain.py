@@ -25,7 +25,7 @@ from tuneplane_node.jobs.nodestate import (
     NodeState,
     NodeStateStore,
 )
-from tuneplane_node.jobs.results import StopPlan
+from tuneplane_node.jobs.observe.results import StopPlan
 from tuneplane_node.jobs.stopper import Stopper
 from tuneplane_node.runtime.base import RUNNING, ContainerRuntime
 from tuneplane_node.settings import NodeSettings

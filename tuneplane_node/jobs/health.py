@@ -17,8 +17,7 @@ from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.gpu.readiness import GpuReadiness
 from tuneplane_node.jobs.images.gc import ImageCollector
 from tuneplane_node.jobs.nodestate import NodeState
-from tuneplane_node.jobs.pending import PendingTable
-from tuneplane_node.jobs.results import (
+from tuneplane_node.jobs.observe.results import (
     Conditions,
     DiskRule,
     ImageStore,
@@ -26,6 +25,7 @@ from tuneplane_node.jobs.results import (
     IsolationRule,
     NodeStatus,
 )
+from tuneplane_node.jobs.pending import PendingTable
 from tuneplane_node.jobs.volumes.keeper import StoreView
 from tuneplane_node.runtime.base import ContainerRuntime
 from tuneplane_node.settings import NodeSettings

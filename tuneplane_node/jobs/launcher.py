@@ -20,21 +20,21 @@ from dataclasses import replace
 from tuneplane_node.clock import Clock
 from tuneplane_node.errors import NodeError
 from tuneplane_node.gpu.allocator import GpuAllocator
-from tuneplane_node.jobs.affinity import CpuAffinity
-from tuneplane_node.jobs.confinement import JobRules
 from tuneplane_node.jobs.disk.limit import DiskLimits
-from tuneplane_node.jobs.fabric import FabricAddresses
 from tuneplane_node.jobs.images.gc import ImageCollector
 from tuneplane_node.jobs.images.keeper import ImageKeeper
 from tuneplane_node.jobs.images.pulls import PullCoordinator
-from tuneplane_node.jobs.isolation import Isolation
 from tuneplane_node.jobs.mounts.launch import LaunchMounts
-from tuneplane_node.jobs.network import neighbours
+from tuneplane_node.jobs.observe.results import LaunchRequest, Pulling, Started
+from tuneplane_node.jobs.observe.watch import ChangeLog
 from tuneplane_node.jobs.pending import STARTING, PendingLaunch, PendingTable
 from tuneplane_node.jobs.reservation import Reservation
-from tuneplane_node.jobs.results import LaunchRequest, Pulling, Started
+from tuneplane_node.jobs.rules.affinity import CpuAffinity
+from tuneplane_node.jobs.rules.confinement import JobRules
+from tuneplane_node.jobs.rules.fabric import FabricAddresses
+from tuneplane_node.jobs.rules.isolation import Isolation
+from tuneplane_node.jobs.rules.network import neighbours
 from tuneplane_node.jobs.volumes.keeper import VolumeKeeper
-from tuneplane_node.jobs.watch import ChangeLog
 from tuneplane_node.logformat import job_fields
 from tuneplane_node.references import canonical
 from tuneplane_node.runtime.base import (

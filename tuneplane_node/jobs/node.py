@@ -16,12 +16,9 @@ from dataclasses import dataclass
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.gpu.allocator import GpuAllocator
-from tuneplane_node.jobs.affinity import CpuAffinity
-from tuneplane_node.jobs.confinement import JobRules
 from tuneplane_node.jobs.disk.limit import DiskLimits
 from tuneplane_node.jobs.disk.monitor import DiskMonitor
 from tuneplane_node.jobs.drain import NodeStateKeeper
-from tuneplane_node.jobs.fabric import FabricAddresses
 from tuneplane_node.jobs.health import HealthReader
 from tuneplane_node.jobs.images.catalog import ImageCatalog
 from tuneplane_node.jobs.images.gc import ImageCollector
@@ -29,24 +26,27 @@ from tuneplane_node.jobs.images.keeper import CredentialSource, ImageKeeper
 from tuneplane_node.jobs.images.ledger import ImageLedger
 from tuneplane_node.jobs.images.prefetch import Prefetcher
 from tuneplane_node.jobs.images.pulls import PullCoordinator
-from tuneplane_node.jobs.isolation import Isolation
 from tuneplane_node.jobs.launcher import Launcher
 from tuneplane_node.jobs.locks import RefLocks
-from tuneplane_node.jobs.logs import LogsReader
 from tuneplane_node.jobs.mounts.launch import LaunchMounts
 from tuneplane_node.jobs.mounts.policy import MountPolicy
 from tuneplane_node.jobs.mounts.scratch import ScratchSpaces
 from tuneplane_node.jobs.mounts.staging import MountStaging
 from tuneplane_node.jobs.nodestate import NodeStateStore
+from tuneplane_node.jobs.observe.logs import LogsReader
+from tuneplane_node.jobs.observe.stats import StatsSampler
+from tuneplane_node.jobs.observe.views import StoppedViews
+from tuneplane_node.jobs.observe.watch import ChangeLog
 from tuneplane_node.jobs.ours import OursRule
 from tuneplane_node.jobs.pending import PendingTable
 from tuneplane_node.jobs.reaper import Reaper
+from tuneplane_node.jobs.rules.affinity import CpuAffinity
+from tuneplane_node.jobs.rules.confinement import JobRules
+from tuneplane_node.jobs.rules.fabric import FabricAddresses
+from tuneplane_node.jobs.rules.isolation import Isolation
 from tuneplane_node.jobs.service import JobService
-from tuneplane_node.jobs.stats import StatsSampler
 from tuneplane_node.jobs.stopper import Stopper
-from tuneplane_node.jobs.views import StoppedViews
 from tuneplane_node.jobs.volumes.keeper import VolumeKeeper
-from tuneplane_node.jobs.watch import ChangeLog
 from tuneplane_node.runtime.base import ContainerRuntime, PullLimits
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.tasks import BackgroundTasks

@@ -4,8 +4,8 @@ holds them."""
 from __future__ import annotations
 
 from tuneplane_node.gpu.allocator import GpuAllocator
-from tuneplane_node.jobs.fabric import FabricAddresses
-from tuneplane_node.jobs.results import LaunchRequest
+from tuneplane_node.jobs.observe.results import LaunchRequest
+from tuneplane_node.jobs.rules.fabric import FabricAddresses
 
 
 class Reservation:

@@ -18,7 +18,12 @@ from dataclasses import replace
 from typing import Any
 
 from tuneplane_node.errors import NameTaken, RunConflict
-from tuneplane_node.jobs.results import AlreadyExited, AlreadyRunning, LaunchRequest, LaunchResult
+from tuneplane_node.jobs.observe.results import (
+    AlreadyExited,
+    AlreadyRunning,
+    LaunchRequest,
+    LaunchResult,
+)
 from tuneplane_node.runtime.base import LABEL_SPEC, ContainerState
 
 CONTAINER_FIELDS = (

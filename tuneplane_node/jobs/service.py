@@ -27,12 +27,9 @@ from tuneplane_node.jobs.drain import NodeStateKeeper
 from tuneplane_node.jobs.health import HealthReader
 from tuneplane_node.jobs.launcher import Launcher
 from tuneplane_node.jobs.locks import RefLocks
-from tuneplane_node.jobs.logs import LogsReader
 from tuneplane_node.jobs.nodestate import NodeState, NodeStateStore
-from tuneplane_node.jobs.ours import OursRule
-from tuneplane_node.jobs.pending import FAILED, PendingTable
-from tuneplane_node.jobs.reaper import Reaper
-from tuneplane_node.jobs.results import (
+from tuneplane_node.jobs.observe.logs import LogsReader
+from tuneplane_node.jobs.observe.results import (
     AlreadyPending,
     Inventory,
     JobView,
@@ -42,10 +39,13 @@ from tuneplane_node.jobs.results import (
     StoppedView,
     StopPlan,
 )
+from tuneplane_node.jobs.observe.stats import JobStats, StatsSampler
+from tuneplane_node.jobs.observe.views import StoppedViews
+from tuneplane_node.jobs.ours import OursRule
+from tuneplane_node.jobs.pending import FAILED, PendingTable
+from tuneplane_node.jobs.reaper import Reaper
 from tuneplane_node.jobs.retries import check_run, retried, stamped
-from tuneplane_node.jobs.stats import JobStats, StatsSampler
 from tuneplane_node.jobs.stopper import NO_PLAN, Stopper
-from tuneplane_node.jobs.views import StoppedViews
 from tuneplane_node.runtime.base import ContainerRuntime, ContainerState, LogStream, LogText
 
 log = logging.getLogger(__name__)

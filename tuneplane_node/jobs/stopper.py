@@ -13,7 +13,7 @@ from tuneplane_node.errors import NotRunning
 from tuneplane_node.jobs.launcher import Launcher
 from tuneplane_node.jobs.locks import RefLocks
 from tuneplane_node.jobs.nodestate import NodeStateStore
-from tuneplane_node.jobs.results import Own, Stopping, StopPlan
+from tuneplane_node.jobs.observe.results import Own, Stopping, StopPlan
 from tuneplane_node.logformat import job_fields
 from tuneplane_node.runtime.base import RUNNING, ContainerRuntime, ContainerState
 from tuneplane_node.settings import NodeSettings

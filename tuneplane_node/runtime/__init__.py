@@ -45,10 +45,10 @@ def make_runtime(
 
 def _engine(settings: NodeSettings, kind: str, *, telemetry: Telemetry, clock: Clock) -> EngineFeed:
     if kind == "docker":
-        from tuneplane_node.runtime.docker import DockerRuntime
+        from tuneplane_node.runtime.engines.docker import DockerRuntime
 
         return DockerRuntime(settings, telemetry=telemetry, clock=clock)
-    from tuneplane_node.runtime.podman import PodmanRuntime
+    from tuneplane_node.runtime.engines.podman import PodmanRuntime
 
     return PodmanRuntime(settings, telemetry=telemetry, clock=clock)
 

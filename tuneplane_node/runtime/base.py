@@ -174,7 +174,7 @@ managers in a training image need stays."""
 @dataclass(frozen=True)
 class Confinement:
     """What the node imposes on every job, whatever the console asked: the operator's
-    settings decide it (`jobs.confinement`), the console never can. Every runtime starts
+    settings decide it (`jobs.rules.confinement`), the console never can. Every runtime starts
     from no capability at all and adds ``capabilities``, so an engine configured with a
     wider default set hands a job nothing more. The defaults are the node's own."""
 
@@ -247,7 +247,7 @@ class ContainerSpec:
     disk_limit_bytes: int | None = None
     confinement: Confinement = field(default_factory=Confinement)
     isolation: str = ""  # the console's word: "sandbox", or "" for the node's rule
-    # The node's decisions (`jobs.isolation`): a user namespace of the job's own (why
+    # The node's decisions (`jobs.rules.isolation`): a user namespace of the job's own (why
     # not, where the host's is kept), and the OCI runtime asked for (None: the default).
     own_userns: bool = False
     userns_note: str = ""
@@ -491,7 +491,7 @@ class DataRoot:
     and the size of its filesystem: None when that path is not on this machine (an
     engine not reached through a unix socket: its path says nothing of the disks here),
     or cannot be measured. ``project_quotas``: whether its filesystem holds a job's
-    writable layer to its disk limit itself (`runtime.quotas`); None: unknown."""
+    writable layer to its disk limit itself (`runtime.engines.quotas`); None: unknown."""
 
     path: str
     space: Space | None

@@ -55,9 +55,9 @@ LABEL_SPEC = "tuneplane.spec"
 retry with another spec is told apart. The node's own: observe never shows it."""
 LABEL_USERNS = "tuneplane.userns"
 """Whether the job has a user namespace of its own: ``own``, or ``host: <why>`` where the
-node left it the host's (`jobs.isolation`). Observe shows it as ``userns``."""
+node left it the host's (`jobs.rules.isolation`). Observe shows it as ``userns``."""
 LABEL_FABRIC_ADDRESS = "tuneplane.fabric-address"
-"""A fabric-network job's IPv4 address on the fabric (`jobs.fabric`): the only record of
+"""A fabric-network job's IPv4 address on the fabric (`jobs.rules.fabric`): the only record of
 which addresses of the operator's range are taken. Shown: the console may pass it on."""
 LABEL_RUNTIME = "tuneplane.runtime"
 """The OCI runtime the node asked for the job (a sandbox's); absent: the engine's default."""

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from tuneplane_node.errors import NodeError
 from tuneplane_node.jobs.images.gc import ImageCollector
 from tuneplane_node.jobs.nodestate import NodeStateStore
-from tuneplane_node.jobs.results import DiskFigures, ImageStore
+from tuneplane_node.jobs.observe.results import DiskFigures, ImageStore
 from tuneplane_node.jobs.stopper import Stopper
 from tuneplane_node.logformat import job_fields
 from tuneplane_node.runtime.base import ContainerRuntime, ContainerState

@@ -23,8 +23,14 @@ from tuneplane_node.jobs.images.keeper import ImageKeeper
 from tuneplane_node.jobs.images.ledger import ImageLedger, ImageRecord
 from tuneplane_node.jobs.images.prefetch import Prefetcher
 from tuneplane_node.jobs.images.pulls import PullCoordinator, SharedPull
+from tuneplane_node.jobs.observe.results import (
+    ImagesView,
+    ImageView,
+    Prefetched,
+    PrefetchRequest,
+    PullView,
+)
 from tuneplane_node.jobs.pending import PendingTable
-from tuneplane_node.jobs.results import ImagesView, ImageView, Prefetched, PrefetchRequest, PullView
 from tuneplane_node.runtime.base import ContainerRuntime, ContainerState, ImageInfo
 
 log = logging.getLogger(__name__)

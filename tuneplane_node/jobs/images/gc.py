@@ -33,7 +33,7 @@ from typing import Protocol
 from tuneplane_node.clock import Clock
 from tuneplane_node.errors import InsufficientStorage, NodeError
 from tuneplane_node.jobs.images.pulls import PullCoordinator
-from tuneplane_node.jobs.results import GcRun, ImageStore, RemovedImage
+from tuneplane_node.jobs.observe.results import GcRun, ImageStore, RemovedImage
 from tuneplane_node.references import ImageName
 from tuneplane_node.runtime import registry
 from tuneplane_node.runtime.base import ContainerRuntime, EngineImage, RegistryAuth
@@ -43,7 +43,7 @@ from tuneplane_node.tasks import BackgroundTasks
 log = logging.getLogger(__name__)
 READ_TTL_S = 1.0
 READ_WAIT_S = 0.25  # a wedged engine must not hold health (0.5 s, the promise)
-DISK_FULL = ("disk is full", "no space left on device")  # runtime/pulling.py's words
+DISK_FULL = ("disk is full", "no space left on device")  # runtime/engines/pulling.py's words
 
 
 class ImageRecord(Protocol):

@@ -45,7 +45,7 @@ from tuneplane_node.errors import (
     InvalidField,
     PrivateRecordUnwritable,
 )
-from tuneplane_node.jobs.results import ALWAYS, LaunchRequest
+from tuneplane_node.jobs.observe.results import ALWAYS, LaunchRequest
 from tuneplane_node.references import ImageName, names_an_id
 from tuneplane_node.runtime import registry
 from tuneplane_node.runtime.base import ImageInfo, RegistryAuth
@@ -61,7 +61,7 @@ RETRY_S = 5.0  # a record that could not be written is tried again this often
 
 
 class CredentialSource(Protocol):
-    """The node's own credentials (`runtime.dockerauth.AuthFile`)."""
+    """The node's own credentials (`runtime.engines.dockerauth.AuthFile`)."""
 
     def lookup(self, registry: str) -> RegistryAuth | None:
         """The credentials for ``registry``, or None. Blocking."""

@@ -24,8 +24,8 @@ from tuneplane_node.errors import NodeError
 from tuneplane_node.jobs.images.gc import ImageCollector
 from tuneplane_node.jobs.images.keeper import ImageKeeper
 from tuneplane_node.jobs.images.pulls import PullCoordinator, SharedPull
+from tuneplane_node.jobs.observe.results import Prefetched, PrefetchRequest
 from tuneplane_node.jobs.pending import FAILED_RECORD_TTL_S, PULLING
-from tuneplane_node.jobs.results import Prefetched, PrefetchRequest
 from tuneplane_node.references import canonical
 from tuneplane_node.runtime.base import ContainerRuntime, RegistryAuth
 from tuneplane_node.tasks import BackgroundTasks

@@ -4,7 +4,7 @@
 and a random suffix, is written on the container as its ``tuneplane.mounts`` label) and
 one mount point per mount, made 0700 by root in the node's own directory: no job can
 write there, and no mount may reach it (`MountPolicy` refuses the state directory). Each
-is the copy of a mount that `MountPolicy.open` opened (`mountapi`): the engine binds a
+is the copy of a mount that `MountPolicy.open` opened (`jobs.mounts.mountapi`): the engine binds a
 path nobody can swap. A launch's staging goes when its container is removed (reap,
 relaunch and wreckage sweeps all remove through the stopper) or its launch fails, and
 `sweep` at start takes what a killed daemon left: the keys no container's label names.
@@ -19,8 +19,8 @@ import secrets
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
-from tuneplane_node import mountapi
 from tuneplane_node.errors import InvalidField
+from tuneplane_node.jobs.mounts import mountapi
 from tuneplane_node.jobs.mounts.policy import Opened
 from tuneplane_node.runtime.base import Mount
 

@@ -32,8 +32,7 @@ from tuneplane_node.errors import (
     SpecRefused,
     is_name_conflict,
 )
-from tuneplane_node.runtime import cgroups, diskwalk, quotas, sigcatch
-from tuneplane_node.runtime import dockerformat as fmt
+from tuneplane_node.runtime import cgroups, diskwalk, sigcatch
 from tuneplane_node.runtime.base import (
     DEVICES_ENV,
     LABEL_RUN_ID,
@@ -64,12 +63,14 @@ from tuneplane_node.runtime.base import (
     job_labels,
     tells_no_changes,
 )
-from tuneplane_node.runtime.cgroupparent import EngineParent
-from tuneplane_node.runtime.dockerformat import LogFold
-from tuneplane_node.runtime.isolation import EngineIsolation
+from tuneplane_node.runtime.engines import dockerformat as fmt
+from tuneplane_node.runtime.engines import quotas
+from tuneplane_node.runtime.engines.cgroupparent import EngineParent
+from tuneplane_node.runtime.engines.dockerformat import LogFold
+from tuneplane_node.runtime.engines.isolation import EngineIsolation
+from tuneplane_node.runtime.engines.pulling import PullStream, drive_pull, pull_headers
 from tuneplane_node.runtime.logstream import LogRelay, unbound_reads
 from tuneplane_node.runtime.pool import BlockingPool
-from tuneplane_node.runtime.pulling import PullStream, drive_pull, pull_headers
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.signals import JOB_SIGNALS
 from tuneplane_node.telemetry import NO_TELEMETRY, Telemetry
@@ -268,7 +269,7 @@ class EngineImages(ABC):
         return DataRoot(self._root, self._space(self._root), self.project_quotas())
 
     def project_quotas(self) -> bool | None:
-        """Whether the store holds a writable layer to a size (`runtime.quotas`): asked
+        """Whether the store holds a writable layer to a size (`runtime.engines.quotas`): asked
         once of the engine and the mount table; None for a store not on this machine."""
         if self._quotas is None and self._local():
             if self._root is None:

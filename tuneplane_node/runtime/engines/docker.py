@@ -22,8 +22,6 @@ import docker.types
 import requests.exceptions
 import urllib3.exceptions
 
-from tuneplane_node.runtime import dockerformat as fmt
-from tuneplane_node.runtime import hostguard, memlock
 from tuneplane_node.runtime.base import (
     CDI_GPU_KIND,
     FABRIC,
@@ -36,15 +34,17 @@ from tuneplane_node.runtime.base import (
     DeviceSupport,
     IsolationSupport,
 )
-from tuneplane_node.runtime.engine import (
+from tuneplane_node.runtime.engines import dockerformat as fmt
+from tuneplane_node.runtime.engines import hostguard, memlock
+from tuneplane_node.runtime.engines.engine import (
     OURS_FILTER,
     EngineRuntime,
     ErrorTable,
     Events,
     asked_support,
 )
-from tuneplane_node.runtime.isolation import registered
-from tuneplane_node.runtime.jobnetwork import (
+from tuneplane_node.runtime.engines.isolation import registered
+from tuneplane_node.runtime.engines.jobnetwork import (
     FABRIC_KIND,
     LABEL_NODE_NETWORK,
     NO_ICC,
@@ -57,7 +57,7 @@ from tuneplane_node.runtime.jobnetwork import (
     fabric_network,
     gateway,
 )
-from tuneplane_node.runtime.pulling import PullStream
+from tuneplane_node.runtime.engines.pulling import PullStream
 from tuneplane_node.settings import Fabric, NodeSettings, local_engine, unix_socket
 
 log = logging.getLogger(__name__)

@@ -25,8 +25,6 @@ import podman.errors
 import requests.exceptions
 
 from tuneplane_node.errors import NodeError, SandboxUnavailable
-from tuneplane_node.runtime import dockerformat as fmt
-from tuneplane_node.runtime import seccomp
 from tuneplane_node.runtime.base import (
     CDI_GPU_KIND,
     FABRIC,
@@ -42,15 +40,17 @@ from tuneplane_node.runtime.base import (
     IsolationSupport,
     Tmpfs,
 )
-from tuneplane_node.runtime.engine import (
+from tuneplane_node.runtime.engines import dockerformat as fmt
+from tuneplane_node.runtime.engines import seccomp
+from tuneplane_node.runtime.engines.engine import (
     OURS_FILTER,
     EngineRuntime,
     ErrorTable,
     Events,
     asked_support,
 )
-from tuneplane_node.runtime.isolation import maps_mount_ids
-from tuneplane_node.runtime.jobnetwork import (
+from tuneplane_node.runtime.engines.isolation import maps_mount_ids
+from tuneplane_node.runtime.engines.jobnetwork import (
     JOB_INTERFACE,
     LABEL_NETWORK_OF,
     LABEL_NETWORK_STORE,
@@ -63,7 +63,7 @@ from tuneplane_node.runtime.jobnetwork import (
     own_network,
     podman_fabric_body,
 )
-from tuneplane_node.runtime.pulling import PullStream, close_http_stream
+from tuneplane_node.runtime.engines.pulling import PullStream, close_http_stream
 from tuneplane_node.settings import Fabric, NodeSettings, local_engine
 from tuneplane_node.signals import JOB_SIGNALS
 
@@ -275,7 +275,7 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
         options["mounts"] = [
             {"type": "bind", "source": m.host, "target": m.container, "read_only": m.read_only}
             # A writable mount into the job's own namespace is id-mapped: the host sees its
-            # owner's files written (`jobs.isolation` decided only where the runtime can).
+            # owner's files written (`jobs.rules.isolation` decided only where the runtime can).
             | ({"options": ["idmap"]} if spec.own_userns and not m.read_only else {})
             for m in spec.mounts
         ]

@@ -23,7 +23,7 @@ from tuneplane_node.runtime.base import (
     ContainerSpec,
     IsolationSupport,
 )
-from tuneplane_node.runtime.isolation import maps_users
+from tuneplane_node.runtime.engines.isolation import maps_users
 from tuneplane_node.settings import NodeSettings, env_name
 
 log = logging.getLogger(__name__)

@@ -19,9 +19,9 @@ from typing import Any
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.errors import EngineRefused, RegistryRefused
 from tuneplane_node.references import ImageName
-from tuneplane_node.runtime import dockerformat as fmt
 from tuneplane_node.runtime.base import ProgressCallback, PullLimits, RegistryAuth
-from tuneplane_node.runtime.dockerformat import ProgressFold
+from tuneplane_node.runtime.engines import dockerformat as fmt
+from tuneplane_node.runtime.engines.dockerformat import ProgressFold
 from tuneplane_node.runtime.pool import BlockingPool
 
 log = logging.getLogger(__name__)

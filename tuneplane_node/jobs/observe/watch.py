@@ -28,7 +28,7 @@ from dataclasses import replace
 
 from tuneplane_node.clock import Clock
 from tuneplane_node.errors import NodeError, TooManyWatches
-from tuneplane_node.jobs.results import Cursor, JobChanges, JobView, PendingView
+from tuneplane_node.jobs.observe.results import Cursor, JobChanges, JobView, PendingView
 from tuneplane_node.runtime.base import ContainerRuntime
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.tasks import BackgroundTasks

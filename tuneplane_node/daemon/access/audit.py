@@ -13,7 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tuneplane_node.daemon.guard import TOKEN_KEY
+from tuneplane_node.daemon.access.guard import TOKEN_KEY
 from tuneplane_node.errors import NodeError
 
 log = logging.getLogger("tuneplane_node.audit")

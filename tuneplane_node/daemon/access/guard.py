@@ -26,7 +26,7 @@ from typing import NoReturn
 from aiohttp import web
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
-from tuneplane_node.daemon.tokens import FULL, METRICS, OBSERVE, OPERATE, Token, TokenSet
+from tuneplane_node.daemon.access.tokens import FULL, METRICS, OBSERVE, OPERATE, Token, TokenSet
 from tuneplane_node.errors import InsufficientScope, TooManyAuthFailures, Unauthorized
 from tuneplane_node.wire.schema import DOCUMENT_PATH
 

@@ -12,9 +12,9 @@ from collections.abc import AsyncIterator
 from datetime import datetime
 
 from tuneplane_node.errors import EngineRefused, TooManyFollows
-from tuneplane_node.jobs.followed import END_GRACE_S, EndedWithJob
+from tuneplane_node.jobs.observe.followed import END_GRACE_S, EndedWithJob
+from tuneplane_node.jobs.observe.results import LogNote, Own
 from tuneplane_node.jobs.pending import PendingTable
-from tuneplane_node.jobs.results import LogNote, Own
 from tuneplane_node.runtime.base import (
     ContainerRuntime,
     ContainerState,

@@ -1,7 +1,7 @@
 """The fabric network's addresses, and what NCCL needs to use them (``TUNEPLANE_FABRICS``).
 
 A job that spans machines without holding the whole machine runs on the fabric network
-(a ``macvlan``/``ipvlan`` network on the fabric's interface, `runtime.jobnetwork`) with
+(a ``macvlan``/``ipvlan`` network on the fabric's interface, `runtime.engines.jobnetwork`) with
 an IPv4 address of its own from the operator's range, so the address NCCL advertises is
 one the other machines reach. The address is written on the container
 (`LABEL_FABRIC_ADDRESS`): labels are the truth, so after a restart the node reads the
@@ -24,7 +24,7 @@ from tuneplane_node.runtime.base import (
     ContainerRuntime,
     ContainerSpec,
 )
-from tuneplane_node.runtime.jobnetwork import JOB_INTERFACE, gateway
+from tuneplane_node.runtime.engines.jobnetwork import JOB_INTERFACE, gateway
 from tuneplane_node.settings import Fabric
 
 log = logging.getLogger(__name__)

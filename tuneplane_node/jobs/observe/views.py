@@ -4,7 +4,7 @@ makes no 300 new views (a frozen dataclass costs microseconds to make)."""
 
 from __future__ import annotations
 
-from tuneplane_node.jobs.results import DiskFigures, StoppedView, Stopping
+from tuneplane_node.jobs.observe.results import DiskFigures, StoppedView, Stopping
 from tuneplane_node.runtime.base import ContainerState
 
 MAX_KEPT = 4096

@@ -109,7 +109,7 @@ def fabric_network(fabric: Fabric) -> str:
 
 def gateway(fabric: Fabric) -> IPv4Address:
     """The fabric network's gateway: the operator's, else the subnet's first address (as
-    podman chooses), which the node never hands to a job (`jobs.fabric.addresses`)."""
+    podman chooses), which the node never hands to a job (`jobs.rules.fabric.addresses`)."""
     assert fabric.subnet is not None
     return fabric.gateway if fabric.gateway is not None else fabric.subnet.network_address + 1
 

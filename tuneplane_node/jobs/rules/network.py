@@ -135,7 +135,7 @@ class NetworkRule:
     def _on_fabric(self, spec: ContainerSpec) -> ContainerSpec:
         """A host request not granted, where the operator gave a fabric network: there,
         so a job spanning machines still advertises an address they reach (its address
-        is chosen at placement: `jobs.fabric`)."""
+        is chosen at placement: `jobs.rules.fabric`)."""
         assert self.fabric is not None
         label = f"{FABRIC}:{self.fabric.name}"
         return replace(spec, network=FABRIC, labels={**spec.labels, LABEL_NETWORK: label})

@@ -14,6 +14,7 @@ threads, one per lane slot, never on the loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import logging
@@ -194,15 +195,33 @@ class VolumeFills:
             if download.total is not None:
                 fill.bytes_total = download.total
             partial = await self.io(self._opened, fill.digest, offset)
+            # One batch is written and hashed on the fill's thread while the loop reads
+            # the next: the download never waits for the disk and the hash, nor they for it.
+            writing: asyncio.Future[int] | None = None
             try:
                 async for batch in download.batches():
-                    await self.io(_write, partial, fill.hasher, batch)
-                    fill.fetched += len(batch)
-                    if self.fetched is not None:
-                        self.fetched(len(batch))
-                    fill.update(fill.bytes_done + len(batch))
+                    if writing is not None:
+                        self._written(fill, await writing)
+                    writing = asyncio.ensure_future(self.io(_write, partial, fill.hasher, batch))
+                if writing is not None:
+                    self._written(fill, await writing)
             finally:
+                if writing is not None and not writing.done():
+                    await self._last_written(fill, writing)
                 await self.io(_closed, partial)
+
+    async def _last_written(self, fill: VolumeFill, writing: asyncio.Future[int]) -> None:
+        """The batch in the thread's hands when the download ended early (a drop, a
+        cancel): awaited, as its thread holds the file, and counted if written (the next
+        try's progress is judged by it); its own failure gives way to the download's."""
+        with contextlib.suppress(OSError):
+            self._written(fill, await asyncio.shield(writing))
+
+    def _written(self, fill: VolumeFill, size: int) -> None:
+        fill.fetched += size
+        if self.fetched is not None:
+            self.fetched(size)
+        fill.update(fill.bytes_done + size)
 
     def _opened(self, digest: str, offset: int) -> IO[bytes]:
         path = self.store.partial(digest)
@@ -234,9 +253,10 @@ class VolumeFills:
         self._threads.shutdown(wait=True)
 
 
-def _write(partial: IO[bytes], hasher: Hasher, batch: bytes) -> None:
+def _write(partial: IO[bytes], hasher: Hasher, batch: bytes) -> int:
     partial.write(batch)
     hasher.update(batch)
+    return len(batch)
 
 
 def _closed(partial: IO[bytes]) -> None:

@@ -28,14 +28,6 @@ WEIGHTS = tarball(Item("models", kind="dir"), file("models/w.bin", b"W" * 70000)
 TOKENIZER = tarball(file("tokenizer.json", "{}"), file("models/.wh.w.bin"), gzipped=False)
 
 
-@pytest.fixture
-async def registry() -> AsyncIterator[Registry]:
-    served = Registry()
-    await served.start()
-    yield served
-    await served.close()
-
-
 def fills_of(root: Path, registry: Registry) -> VolumeFills:
     fetcher = Fetcher(stall_s=30.0)
     client = OciRegistry(fetcher, insecure=frozenset({registry.host}))
@@ -43,8 +35,8 @@ def fills_of(root: Path, registry: Registry) -> VolumeFills:
 
 
 @pytest.fixture
-async def fills(tmp_path: Path, registry: Registry) -> AsyncIterator[VolumeFills]:
-    made = fills_of(tmp_path / "volumes", registry)
+async def fills(tmp_path: Path, oci_registry: Registry) -> AsyncIterator[VolumeFills]:
+    made = fills_of(tmp_path / "volumes", oci_registry)
     yield made
     await made.close()
 
@@ -57,27 +49,27 @@ async def filled(fills: VolumeFills, ref: str, auth: RegistryAuth | None = None)
 
 
 async def test_two_tags_of_one_artifact_are_one_entry_fetched_once(
-    registry: Registry, fills: VolumeFills
+    oci_registry: Registry, fills: VolumeFills
 ) -> None:
-    digest = registry.push("models/base", "v1", [WEIGHTS])
-    registry.push("models/base", "latest", [WEIGHTS])
+    digest = oci_registry.push("models/base", "v1", [WEIGHTS])
+    oci_registry.push("models/base", "latest", [WEIGHTS])
 
     paths = await asyncio.gather(
-        *(filled(fills, registry.ref("models/base", tag)) for tag in ("v1", "latest", "v1"))
+        *(filled(fills, oci_registry.ref("models/base", tag)) for tag in ("v1", "latest", "v1"))
     )
 
     assert set(paths) == {fills.store.root / "sha256" / digest}
     assert (paths[0] / "models/w.bin").read_bytes() == b"W" * 70000
-    assert registry.blob_bytes[hexdigest(WEIGHTS)] == len(WEIGHTS)
+    assert oci_registry.blob_bytes[hexdigest(WEIGHTS)] == len(WEIGHTS)
     assert sorted(p.name for p in (fills.store.root / "partial").iterdir()) == []
 
 
 async def test_layers_apply_in_order_and_a_whiteout_removes_the_lower_file(
-    registry: Registry, fills: VolumeFills
+    oci_registry: Registry, fills: VolumeFills
 ) -> None:
-    registry.push("models/base", "v2", [WEIGHTS, TOKENIZER])
+    oci_registry.push("models/base", "v2", [WEIGHTS, TOKENIZER])
 
-    tree = await filled(fills, registry.ref("models/base", "v2"))
+    tree = await filled(fills, oci_registry.ref("models/base", "v2"))
 
     assert sorted(str(p.relative_to(tree)) for p in tree.rglob("*")) == [
         "models",
@@ -86,51 +78,52 @@ async def test_layers_apply_in_order_and_a_whiteout_removes_the_lower_file(
 
 
 async def test_a_layer_of_other_bytes_is_no_entry_and_says_which(
-    registry: Registry, fills: VolumeFills
+    oci_registry: Registry, fills: VolumeFills
 ) -> None:
-    digest = registry.push("models/base", "v1", [WEIGHTS])
-    registry.wrong.add(hexdigest(WEIGHTS))
+    digest = oci_registry.push("models/base", "v1", [WEIGHTS])
+    oci_registry.wrong.add(hexdigest(WEIGHTS))
 
     with pytest.raises(VolumeFillFailed, match=f"not the sha256:{hexdigest(WEIGHTS)}"):
-        await filled(fills, registry.ref("models/base", "v1"))
+        await filled(fills, oci_registry.ref("models/base", "v1"))
 
     assert fills.store.entry(digest) is None
     assert list((fills.store.root / "partial").iterdir()) == []
 
 
 async def test_a_hostile_layer_fails_the_fill_and_leaves_nothing(
-    registry: Registry, fills: VolumeFills, tmp_path: Path
+    oci_registry: Registry, fills: VolumeFills, tmp_path: Path
 ) -> None:
     evil = tarball(Item("out", kind="symlink", target=str(tmp_path)), file("out/planted"))
-    registry.push("models/evil", "v1", [evil])
+    oci_registry.push("models/evil", "v1", [evil])
 
     with pytest.raises(VolumeFillFailed, match="through a link"):
-        await filled(fills, registry.ref("models/evil", "v1"))
+        await filled(fills, oci_registry.ref("models/evil", "v1"))
 
     assert not (tmp_path / "planted").exists()
     assert list((fills.store.root / "partial").iterdir()) == []
 
 
 async def test_a_digest_the_registry_serves_other_bytes_for_is_refused(
-    registry: Registry, fills: VolumeFills
+    oci_registry: Registry, fills: VolumeFills
 ) -> None:
-    digest = registry.push("models/base", "v1", [WEIGHTS])
-    registry.manifests[f"models/base@sha256:{'0' * 64}"] = registry.manifests["models/base:v1"]
+    digest = oci_registry.push("models/base", "v1", [WEIGHTS])
+    manifests = oci_registry.manifests
+    manifests[f"models/base@sha256:{'0' * 64}"] = manifests["models/base:v1"]
     assert fills.registry is not None
 
     with pytest.raises(VolumeFillFailed, match="manifest is not sha256:0000"):
-        await fills.registry.resolve(f"{registry.host}/models/base@sha256:{'0' * 64}", None)
+        await fills.registry.resolve(f"{oci_registry.host}/models/base@sha256:{'0' * 64}", None)
     assert digest != "0" * 64
 
 
 @pytest.mark.parametrize("scheme", ["basic", "bearer"])
 async def test_a_registry_that_wants_credentials_gets_them_and_never_sees_them_logged(
-    registry: Registry, fills: VolumeFills, scheme: str, caplog: pytest.LogCaptureFixture
+    oci_registry: Registry, fills: VolumeFills, scheme: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    registry.auth = scheme
-    registry.push("private/data", "v1", [WEIGHTS])
-    ref = registry.ref("private/data", "v1")
+    oci_registry.auth = scheme
+    oci_registry.push("private/data", "v1", [WEIGHTS])
+    ref = oci_registry.ref("private/data", "v1")
 
     with pytest.raises(VolumeFillFailed, match=r"refused it without credentials \(401\)"):
         await filled(fills, ref)
@@ -143,48 +136,48 @@ async def test_a_registry_that_wants_credentials_gets_them_and_never_sees_them_l
 
 
 async def test_an_index_is_followed_to_this_machines_linux_manifest(
-    registry: Registry, fills: VolumeFills
+    oci_registry: Registry, fills: VolumeFills
 ) -> None:
-    amd = registry.push("multi/arch", "amd", [WEIGHTS])
-    arm = registry.push("multi/arch", "arm", [TOKENIZER])
-    index = registry.push_index("multi/arch", "v1", {"linux/amd64": amd, "linux/arm64": arm})
+    amd = oci_registry.push("multi/arch", "amd", [WEIGHTS])
+    arm = oci_registry.push("multi/arch", "arm", [TOKENIZER])
+    index = oci_registry.push_index("multi/arch", "v1", {"linux/amd64": amd, "linux/arm64": arm})
 
-    tree = await filled(fills, registry.ref("multi/arch", "v1"))
+    tree = await filled(fills, oci_registry.ref("multi/arch", "v1"))
 
     assert tree.name == index  # the entry is named by what the reference names
     assert (tree / "models/w.bin").exists()
 
 
 async def test_an_index_without_this_machines_platform_is_refused_clearly(
-    registry: Registry, fills: VolumeFills
+    oci_registry: Registry, fills: VolumeFills
 ) -> None:
-    arm = registry.push("multi/arch", "arm", [TOKENIZER])
-    registry.push_index("multi/arch", "v1", {"linux/arm64": arm, "windows/amd64": arm})
+    arm = oci_registry.push("multi/arch", "arm", [TOKENIZER])
+    oci_registry.push_index("multi/arch", "v1", {"linux/arm64": arm, "windows/amd64": arm})
 
     with pytest.raises(VolumeFillFailed, match="names no manifest for linux/amd64"):
-        await filled(fills, registry.ref("multi/arch", "v1"))
+        await filled(fills, oci_registry.ref("multi/arch", "v1"))
 
 
 async def test_zstd_layers_and_unknown_references_are_refused_clearly(
-    registry: Registry, fills: VolumeFills
+    oci_registry: Registry, fills: VolumeFills
 ) -> None:
     zstd = b"\x28\xb5\x2f\xfd" + b"\0" * 32
-    registry.push("models/z", "v1", [zstd], media="application/vnd.oci.image.layer.v1.tar+zstd")
+    oci_registry.push("models/z", "v1", [zstd], media="application/vnd.oci.image.layer.v1.tar+zstd")
 
     with pytest.raises(VolumeFillFailed, match="zstd layer is not served"):
-        await filled(fills, registry.ref("models/z", "v1"))
+        await filled(fills, oci_registry.ref("models/z", "v1"))
     with pytest.raises(VolumeFillFailed, match="no such manifest"):
-        await filled(fills, registry.ref("models/none", "v1"))
+        await filled(fills, oci_registry.ref("models/none", "v1"))
 
 
 async def test_plain_http_is_never_tried_for_a_host_not_listed(
-    registry: Registry, tmp_path: Path
+    oci_registry: Registry, tmp_path: Path
 ) -> None:
-    registry.push("models/base", "v1", [WEIGHTS])
+    oci_registry.push("models/base", "v1", [WEIGHTS])
     client = OciRegistry(Fetcher(stall_s=5.0), insecure=frozenset())
     try:
         with pytest.raises(VolumeFillFailed):  # https to a plain server: no answer
-            await client.resolve(registry.ref("models/base", "v1"), None)
+            await client.resolve(oci_registry.ref("models/base", "v1"), None)
     finally:
         await client.fetcher.close()
-    assert registry.requests == []
+    assert oci_registry.requests == []

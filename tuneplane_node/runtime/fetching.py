@@ -32,6 +32,8 @@ DROPPED = (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, asyncio.
 def shown(url: str) -> str:
     """The URL as an answer, error or log line may show it: no query, fragment or user
     (a signed URL's token is in its query; secrets pass through, never stay)."""
+    if "://" not in url:
+        return url  # an OCI reference: no query, no user
     parts = urlsplit(url)
     host = parts.hostname or ""
     port = f":{parts.port}" if parts.port else ""

@@ -15,8 +15,9 @@ from tests.ocilayers import Item, file, tarball
 from tests.ociserver import PASSWORD, USER, Registry, hexdigest
 from tuneplane_node.errors import VolumeFillFailed
 from tuneplane_node.jobs.volumes.fills import VolumeFills
+from tuneplane_node.jobs.volumes.sources import VolumeSources
 from tuneplane_node.jobs.volumes.store import VolumeStore
-from tuneplane_node.runtime.base import RegistryAuth
+from tuneplane_node.runtime.base import RegistryAuth, Volume
 from tuneplane_node.runtime.fetching import Fetcher
 from tuneplane_node.runtime.ociregistry import OciRegistry, by_digest
 
@@ -181,3 +182,51 @@ async def test_plain_http_is_never_tried_for_a_host_not_listed(
     finally:
         await client.fetcher.close()
     assert oci_registry.requests == []
+
+
+async def test_a_layer_a_killed_fill_left_half_of_resumes_from_where_it_stopped(
+    oci_registry: Registry, fills: VolumeFills
+) -> None:
+    digest = oci_registry.push("models/base", "v1", [WEIGHTS])
+    half = len(WEIGHTS) // 2
+    fills.store.partial(f"{digest}.{hexdigest(WEIGHTS)}").write_bytes(WEIGHTS[:half])
+    (fills.store.partial(f"{digest}.d") / "stale").mkdir(parents=True)  # an unpacking cut off
+
+    tree = await filled(fills, oci_registry.ref("models/base", "v1"))
+
+    assert oci_registry.blob_bytes[hexdigest(WEIGHTS)] == len(WEIGHTS) - half
+    assert sorted(p.name for p in tree.iterdir()) == ["models"]  # unpacked afresh
+
+
+async def test_a_tag_that_names_another_digest_than_the_one_given_is_refused(
+    oci_registry: Registry, tmp_path: Path
+) -> None:
+    oci_registry.push("models/base", "v1", [WEIGHTS])
+    fetcher = Fetcher(stall_s=5.0)
+    sources = VolumeSources(OciRegistry(fetcher, insecure=frozenset({oci_registry.host})))
+    asked = Volume(oci_registry.ref("models/base", "v1"), "/m", "e" * 64)
+
+    async def nothing_here(digest: str) -> bool:
+        return False
+
+    try:
+        with pytest.raises(VolumeFillFailed, match=f"not the sha256:{'e' * 64} asked"):
+            await sources.resolved([asked], present=nothing_here)
+    finally:
+        await fetcher.close()
+
+
+async def test_an_evicted_directory_entry_goes_with_all_it_holds(
+    oci_registry: Registry, fills: VolumeFills
+) -> None:
+    digest = oci_registry.push("models/base", "v1", [WEIGHTS])
+    tree = await filled(fills, oci_registry.ref("models/base", "v1"))
+    entry = fills.store.entry(digest)
+    assert entry is not None and entry.size == 70000
+    assert fills.store.used_bytes() == 70000
+
+    taken = fills.store.take_out(digest)
+    assert taken is not None and fills.store.entry(digest) is None
+    fills.store.removed(taken)
+
+    assert not taken.exists() and not tree.exists() and fills.store.used_bytes() == 0

@@ -102,7 +102,8 @@ class OciRegistry:
         return f"{scheme}://{host}/v2/{name.path}/{tail}"
 
     def _insecure(self, host: str) -> bool:
-        return (host if ":" in host else f"{host}:443") in self.insecure
+        """Listed as ``host:port``; a host without a port would be asked on 80."""
+        return (host if ":" in host else f"{host}:80") in self.insecure
 
     async def resolve(self, source: str, auth: RegistryAuth | None) -> str:
         """The sha256 (hex) of the manifest document ``source`` names."""

@@ -3,7 +3,8 @@ Basic or Bearer challenge on demand, in the test's own loop on 127.0.0.1.
 
 `push` stores layers and a manifest under a tag and returns the manifest's digest (hex);
 `push_index` wraps manifests in an index. ``auth`` (``basic`` or ``bearer``) makes every
-``/v2`` request want `USER`/`PASSWORD` (Bearer: through ``/token``). `blob_bytes` counts
+``/v2`` request want `USER`/`PASSWORD` (Bearer: through ``/token``, which takes
+`IDENTITY` as a refresh-token grant too). `blob_bytes` counts
 the body bytes served per layer digest; `wrong` serves other bytes for a layer.
 """
 
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 USER, PASSWORD = "tester", "s3cret-volume-pass"
+IDENTITY = "s3cret-refresh-token"  # an identity token, as a cloud registry's login gives
 MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 INDEX = "application/vnd.oci.image.index.v1+json"
 LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
@@ -77,6 +79,7 @@ class Registry:
     async def start(self) -> None:
         app = web.Application()
         app.router.add_get("/token", self._token)
+        app.router.add_post("/token", self._grant)
         app.router.add_route("*", "/v2/{repo:.+}/manifests/{ref}", self._manifest)
         app.router.add_get("/v2/{repo:.+}/blobs/sha256:{digest}", self._blob)
         self.runner = web.AppRunner(app)
@@ -109,6 +112,12 @@ class Registry:
         if not self._basic_ok(request.headers.get("Authorization", "")):
             return web.Response(status=401)
         return web.json_response({"token": "good-token", "expires_in": 300})
+
+    async def _grant(self, request: web.Request) -> web.Response:
+        form = await request.post()
+        if (form.get("grant_type"), form.get("refresh_token")) != ("refresh_token", IDENTITY):
+            return web.Response(status=401)
+        return web.json_response({"access_token": "good-token", "expires_in": 300})
 
     async def _manifest(self, request: web.Request) -> web.Response:
         self.requests.append(f"{request.method} {request.path}")

@@ -137,3 +137,16 @@ async def test_a_prefetch_of_a_tag_fills_the_entry_its_digest_names(
 
     assert (answer["phase"], answer["sha256"]) == ("present", digest), answer
     assert (root_of(tmp_path) / "sha256" / digest / "config.json").exists()
+
+
+async def test_a_launchs_credentials_never_reach_another_registry_than_its_images(
+    node: Console, oci_registry: Registry
+) -> None:
+    oci_registry.auth = "basic"
+    oci_registry.push("private/data", "v1", [LAYER])
+    volume = {"source": oci_registry.ref("private/data", "v1"), "path": "/data"}
+
+    _, refused = await node.launch(image=IMAGE, volumes=[volume], registry_auth=AUTH, expect=502)
+
+    assert "refused it without credentials (401)" in refused["detail"], refused
+    assert set(oci_registry.authorizations) == {""}, oci_registry.authorizations

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.ocilayers import Item, file, tarball
-from tests.ociserver import PASSWORD, USER, Registry, hexdigest
+from tests.ociserver import IDENTITY, PASSWORD, USER, Registry, hexdigest
 from tuneplane_node.errors import VolumeFillFailed
 from tuneplane_node.jobs.volumes.fills import VolumeFills
 from tuneplane_node.jobs.volumes.sources import VolumeSources
@@ -134,6 +134,21 @@ async def test_a_registry_that_wants_credentials_gets_them_and_never_sees_them_l
 
     assert (tree / "models/w.bin").exists()
     assert PASSWORD not in caplog.text
+
+
+async def test_an_identity_token_is_a_refresh_token_grant_of_the_token_service(
+    oci_registry: Registry, fills: VolumeFills, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    oci_registry.auth = "bearer"
+    oci_registry.push("private/data", "v1", [WEIGHTS])
+
+    tree = await filled(
+        fills, oci_registry.ref("private/data", "v1"), RegistryAuth(identity_token=IDENTITY)
+    )
+
+    assert (tree / "models/w.bin").exists()
+    assert IDENTITY not in caplog.text
 
 
 async def test_an_index_is_followed_to_this_machines_linux_manifest(

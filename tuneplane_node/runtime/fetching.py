@@ -143,15 +143,22 @@ class Fetcher:
             raise VolumeFillFailed(source=said, reason=_said(exc)) from exc
 
     async def request(
-        self, method: str, url: str, *, headers: Mapping[str, str], limit: int
+        self,
+        method: str,
+        url: str,
+        *,
+        headers: Mapping[str, str],
+        limit: int,
+        form: Mapping[str, str] | None = None,
     ) -> Answer:
-        """A small request's whole answer (a manifest, a token): its status, headers and
-        up to ``limit`` bytes of body (more is a `VolumeFillFailed`); no redirect past
-        `MAX_REDIRECTS`. A connection that cannot be made is a retryable failure."""
+        """A small request's whole answer (a manifest, a token; ``form``: a POST's
+        fields): its status, headers and up to ``limit`` bytes of body (more is a
+        `VolumeFillFailed`); no redirect past `MAX_REDIRECTS`. A connection that cannot
+        be made is a retryable failure."""
         said = shown(url)
         try:
             async with self._client().request(
-                method, url, headers=dict(headers), max_redirects=MAX_REDIRECTS
+                method, url, headers=dict(headers), data=form, max_redirects=MAX_REDIRECTS
             ) as response:
                 body = await response.content.read(limit + 1)
                 if len(body) > limit:

@@ -9,10 +9,11 @@ what it names), checked against the bytes; an index is followed to this machine'
 
 A registry that wants credentials answers 401 with a challenge: ``Basic`` takes the user
 and password on the next request; ``Bearer`` sends the node to its token service (the
-user and password as Basic there, or an identity token as a refresh token), whose token
-is kept per repository until it expires. The scheme is https; plain http only for the
-``host:port`` the operator listed (``TUNEPLANE_VOLUME_INSECURE_HOSTS``), a token
-service's too. No secret reaches an error: they say the status, never a header.
+user and password as Basic there, or an identity token as an OAuth2 refresh token, as
+docker asks), whose token is kept per repository until it expires. The scheme is
+https; plain http only for the ``host:port`` the operator listed
+(``TUNEPLANE_VOLUME_INSECURE_HOSTS``), a token service's too. No secret reaches an
+error: they say the status, never a header.
 """
 
 from __future__ import annotations
@@ -193,10 +194,7 @@ class OciRegistry:
                 source=source, reason="its token service is not https, nor an insecure host"
             )
         query = {"service": params.get("service", ""), "scope": f"repository:{name.path}:pull"}
-        headers = {"Authorization": _basic(auth)} if auth is not None and auth.username else {}
-        answer = await self.fetcher.request(
-            "GET", f"{realm}?{urlencode(query)}", headers=headers, limit=MAX_TOKEN_BYTES
-        )
+        answer = await self._asked(realm, query, auth)
         if answer.status != 200:
             raise _refused(source, answer.status, auth)
         try:
@@ -208,6 +206,22 @@ class OciRegistry:
         if not token:
             raise VolumeFillFailed(source=source, reason="its token service gave no token")
         return f"Bearer {token}", max(0.0, lifetime - 10)  # renewed before it lapses
+
+    async def _asked(
+        self, realm: str, query: Mapping[str, str], auth: RegistryAuth | None
+    ) -> Answer:
+        """The token service's answer: a refresh-token grant for an identity token (as
+        docker asks), else a GET with the user and password as Basic, or anonymous."""
+        if auth is not None and auth.identity_token:
+            form = {**query, "grant_type": "refresh_token", "client_id": "tuneplane-node"}
+            form["refresh_token"] = auth.identity_token
+            return await self.fetcher.request(
+                "POST", realm, headers={}, limit=MAX_TOKEN_BYTES, form=form
+            )
+        basic = auth is not None and auth.username
+        headers = {"Authorization": _basic(auth)} if auth is not None and basic else {}
+        url = f"{realm}?{urlencode(query)}"
+        return await self.fetcher.request("GET", url, headers=headers, limit=MAX_TOKEN_BYTES)
 
 
 def _hex(body: bytes) -> str:

@@ -36,7 +36,7 @@ def tarball(*items: Item, gzipped: bool = True) -> bytes:
         for item in items:
             info = tarfile.TarInfo(item.name)
             info.type = KINDS[item.kind]
-            info.mode = item.mode if item.kind != "dir" else 0o755
+            info.mode = item.mode
             info.linkname = item.target
             info.size = len(item.data) if item.kind == "file" else 0
             tar.addfile(info, io.BytesIO(item.data) if item.kind == "file" else None)

@@ -77,10 +77,20 @@ def test_an_opaque_whiteout_keeps_what_its_own_layer_adds_before_it(tmp_path: Pa
 
 
 def test_setuid_and_group_write_bits_are_dropped_and_files_readable(tmp_path: Path) -> None:
-    tree = unpacked(tmp_path, tarball(file("bin/tool", "#!", mode=0o6777), file("key", mode=0)))
+    layer = tarball(Item("bin", kind="dir", mode=0o700), file("bin/tool", "#!", mode=0o6777),
+                    file("key", mode=0))  # fmt: skip
+    tree = unpacked(tmp_path, layer)
 
     assert (tree / "bin/tool").stat().st_mode & 0o7777 == 0o755
     assert (tree / "key").stat().st_mode & 0o7777 == 0o444
+    assert (tree / "bin").stat().st_mode & 0o7777 == 0o755
+
+
+def test_a_directory_entry_replaces_a_lower_layers_file_or_link(tmp_path: Path) -> None:
+    base = tarball(file("data", "a file"), Item("lib", kind="symlink", target="/usr/lib"))
+    top = tarball(Item("data", kind="dir"), file("data/x", "x"), Item("lib", kind="dir"))
+
+    assert listing(unpacked(tmp_path, base, top)) == {"data": "/", "data/x": "x", "lib": "/"}
 
 
 @pytest.mark.parametrize(

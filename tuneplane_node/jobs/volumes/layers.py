@@ -7,9 +7,10 @@ created there (``O_EXCL``), so no link a layer made, inside or out, redirects a 
 Symlinks are kept as they are (the job reads them in its own mount namespace; the node
 never follows one); a hard link must name a regular file the tree already holds; device
 nodes and FIFOs are refused; setuid, setgid, sticky and group/other write bits are
-dropped, every file readable. OCI whiteouts apply in layer order: ``.wh.<name>`` removes
-``<name>`` of the layers below, ``.wh..wh..opq`` everything below in its directory.
-Entries and bytes are bounded (`Budget`). Blocking: the fills run it in their threads.
+dropped, every file readable and every directory 0755 (a job runs as any user). OCI
+whiteouts apply in layer order: ``.wh.<name>`` removes ``<name>`` of the layers below,
+``.wh..wh..opq`` everything below in its directory. Entries and bytes are bounded
+(`Budget`). Blocking: the fills run it in their threads.
 """
 
 from __future__ import annotations
@@ -101,7 +102,9 @@ def _apply(layer: _Layer, tar: tarfile.TarFile, member: tarfile.TarInfo) -> None
     elif base.startswith(WHITEOUT):
         _whiteout(layer, (*parts[:-1], base[len(WHITEOUT) :]))
     elif member.isdir():
-        os.close(_directory(layer, parts, mode=member.mode))
+        if parts not in layer.made:  # a lower layer's file or link there: replaced
+            _whiteout(layer, parts, keep_directory=True)
+        os.close(_directory(layer, parts, readable=True))
     elif member.isreg():
         _file(layer, tar, member, parts)
     elif member.issym():
@@ -113,8 +116,9 @@ def _apply(layer: _Layer, tar: tarfile.TarFile, member: tarfile.TarInfo) -> None
     layer.made.add(parts)
 
 
-def _directory(layer: _Layer, parts: tuple[str, ...], *, mode: int | None = None) -> int:
-    """The directory ``parts`` opened (made where missing), never through a link."""
+def _directory(layer: _Layer, parts: tuple[str, ...], *, readable: bool = False) -> int:
+    """The directory ``parts`` opened (made where missing), never through a link;
+    ``readable``: mode 0755, whatever the layer said (its files are every job user's)."""
     fd = os.dup(layer.root)
     try:
         for i, part in enumerate(parts):
@@ -128,8 +132,8 @@ def _directory(layer: _Layer, parts: tuple[str, ...], *, mode: int | None = None
                 raise HostileLayer(f"a path through a link or a file: {where[:200]!r}") from exc
             os.close(fd)
             fd = child
-        if mode is not None:
-            os.fchmod(fd, (mode & 0o755) | 0o700)
+        if readable:
+            os.fchmod(fd, 0o755)
         return fd
     except BaseException:
         os.close(fd)
@@ -187,15 +191,25 @@ def _hardlink(layer: _Layer, parts: tuple[str, ...], target: tuple[str, ...]) ->
         os.close(held)
 
 
-def _whiteout(layer: _Layer, parts: tuple[str, ...]) -> None:
-    """``parts`` of the lower layers gone (a whiteout never removes its own layer's)."""
+def _whiteout(layer: _Layer, parts: tuple[str, ...], *, keep_directory: bool = False) -> None:
+    """``parts`` of the lower layers gone (a whiteout never removes its own layer's);
+    ``keep_directory``: unless it is a directory (a layer's directory entry over it)."""
     if parts in layer.made:
         return
     parent = _directory(layer, parts[:-1])
     try:
+        if keep_directory and _is_directory(parent, parts[-1]):
+            return
         _remove(parent, parts[-1])
     finally:
         os.close(parent)
+
+
+def _is_directory(parent: int, name: str) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(name, dir_fd=parent).st_mode)
+    except FileNotFoundError:
+        return False
 
 
 def _opaque(layer: _Layer, parts: tuple[str, ...]) -> None:

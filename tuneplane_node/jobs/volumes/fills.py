@@ -229,12 +229,13 @@ class VolumeFills:
         """The checked layer unpacked over ``into``, its blob gone; a layer unsafe to
         unpack fails the fill, and nothing of it stays."""
         blob = self.store.partial(f"{fill.digest}.{layer.digest}")
-        try:
-            unpack(blob, into, budget)
-        except HostileLayer as exc:
-            self.store.discard_tree(fill.digest)
-            raise VolumeFillFailed(source=shown(fill.source), reason=str(exc)) from None
-        blob.unlink()
+        with self.store.tree_lock(fill.digest):
+            try:
+                unpack(blob, into, budget)
+            except HostileLayer as exc:
+                self.store.discard_tree(fill.digest)
+                raise VolumeFillFailed(source=shown(fill.source), reason=str(exc)) from None
+            blob.unlink()
 
     async def _retried(self, fill: VolumeFill, step: Callable[[], Awaitable[T]]) -> T:
         """``step()`` again after a retryable failure, while each try brings bytes

@@ -16,6 +16,7 @@ import hashlib
 import os
 import shutil
 import stat
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -43,6 +44,12 @@ class VolumeStore:
     def __init__(self, root: Path) -> None:
         self.root = root
         self._tree_sizes: dict[str, int] = {}  # a directory entry's bytes: it never changes
+        self._trees: dict[str, threading.RLock] = {}  # held while a digest's tree is written
+
+    def tree_lock(self, digest: str) -> threading.RLock:
+        """Held around every write of ``digest``'s unpacked tree: a cancelled fill's
+        thread may still be unpacking a layer when the next fill of it starts afresh."""
+        return self._trees.setdefault(digest, threading.RLock())
 
     def entry(self, digest: str) -> Entry | None:
         """The complete entry of ``digest``; None while it is not."""
@@ -83,8 +90,9 @@ class VolumeStore:
         """An empty directory the layers of ``digest`` are unpacked into (what an
         interrupted fill left there gone: its layers are unpacked again)."""
         target = self.partial(f"{digest}.d")
-        _removed(target)
-        target.mkdir(mode=0o755)
+        with self.tree_lock(digest):
+            _removed(target)
+            target.mkdir(mode=0o755)
         return target
 
     def commit_tree(self, digest: str) -> Entry:
@@ -92,7 +100,8 @@ class VolumeStore:
         store."""
         (self.root / ENTRIES).mkdir(mode=0o755, parents=True, exist_ok=True)
         target = self.root / ENTRIES / digest
-        os.rename(self.partial(f"{digest}.d"), target)
+        with self.tree_lock(digest):
+            os.rename(self.partial(f"{digest}.d"), target)
         entry = self.entry(digest)
         assert entry is not None  # renamed in just now; only an eviction takes it
         return entry

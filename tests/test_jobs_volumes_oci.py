@@ -91,6 +91,17 @@ async def test_a_layer_of_other_bytes_is_no_entry_and_says_which(
     assert list((fills.store.root / "partial").iterdir()) == []
 
 
+async def test_a_blob_longer_than_its_manifest_says_is_cut_off_and_fails_the_fill(
+    oci_registry: Registry, fills: VolumeFills
+) -> None:
+    oci_registry.push("models/base", "v1", [WEIGHTS], short=100)
+
+    with pytest.raises(VolumeFillFailed, match="longer than its manifest's"):
+        await filled(fills, oci_registry.ref("models/base", "v1"))
+
+    assert list((fills.store.root / "partial").iterdir()) == []
+
+
 async def test_a_hostile_layer_fails_the_fill_and_leaves_nothing(
     oci_registry: Registry, fills: VolumeFills, tmp_path: Path
 ) -> None:

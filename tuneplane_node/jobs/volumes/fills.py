@@ -192,7 +192,7 @@ class VolumeFills:
         """An OCI reference's layers: its manifest asked (their summed sizes admitted),
         each blob downloaded and checked, unpacked in order, the directory renamed in."""
         registry = self.registry
-        assert registry is not None  # the keeper vets OCI sources only with a registry
+        assert registry is not None  # the keeper makes its fills with one
         manifest = await self._retried(fill, lambda: registry.manifest(fill.source, fill.auth))
         fill.bytes_total = manifest.size
         await self._admitted(fill)
@@ -216,7 +216,8 @@ class VolumeFills:
 
         async def step() -> None:
             await registry.authorize(fill.source, fill.auth)  # a token that lapsed
-            await self._download(fill, f"{fill.digest}.{layer.digest}", opened, base=base)
+            key = f"{fill.digest}.{layer.digest}"
+            await self._download(fill, key, opened, base=base, most=layer.size)
 
         await self._retried(fill, step)
         got = fill.hasher.hexdigest() if fill.hasher is not None else ""
@@ -260,9 +261,11 @@ class VolumeFills:
         opened: Callable[[int], AbstractAsyncContextManager[Download]],
         *,
         base: int = 0,
+        most: int | None = None,
     ) -> None:
         """The file ``opened`` answers, into the partial file ``key`` from its end;
-        ``base``: the bytes of the fill's earlier files (its progress counts them)."""
+        ``base``: the bytes of the fill's earlier files (its progress counts them);
+        ``most``: the file's size as its manifest says (a server sending more fails)."""
         offset, fill.hasher = await self.io(self.store.resume, key)
         known = fill.bytes_total if not base and not is_oci(fill.source) else None
         if known is not None and offset > known:
@@ -279,6 +282,10 @@ class VolumeFills:
             partial = await self.io(self._opened, key, offset)
             try:
                 async for batch in download.batches():
+                    if most is not None and fill.bytes_done - base + len(batch) > most:
+                        await self.io(self.store.discard_tree, fill.digest)
+                        reason = f"a layer's blob is longer than its manifest's {most} bytes"
+                        raise VolumeFillFailed(source=shown(fill.source), reason=reason)
                     await self.io(_write, partial, fill.hasher, batch)
                     fill.fetched += len(batch)
                     if self.fetched is not None:

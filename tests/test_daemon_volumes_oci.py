@@ -100,6 +100,9 @@ async def test_a_volume_pulled_with_credentials_is_private_by_tag_and_by_digest(
     _, body = await node.launch(image=image, volumes=[by_digest], registry_auth=AUTH)
     assert body.get("phase") != "pulling", body
     assert PASSWORD not in str(denied) and PASSWORD not in str(refused)
+    # A prefetch asks with the node file's credentials: none here.
+    status, answer = await node.call("POST", PULL, json={"source": by_digest["source"]})
+    assert (status, answer["code"]) == (403, "forbidden_image"), answer
 
 
 @pytest.mark.parametrize(

@@ -37,6 +37,7 @@ from tests.helpers import (
     storage_root,
     swept,
 )
+from tests.ociserver import Registry
 from tests.volumeserver import FileServer
 from tuneplane_node.daemon.app import create_node_app
 from tuneplane_node.gpu.allocator import GpuAllocator
@@ -446,6 +447,15 @@ def debug_logs(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
     """Every line the node logs, DEBUG's access lines and the audit log included."""
     caplog.set_level(logging.DEBUG)
     return caplog
+
+
+@pytest.fixture
+async def oci_registry() -> AsyncIterator[Registry]:
+    """A fake OCI registry of the test's own (tests/ociserver.py), closed at the end."""
+    served = Registry()
+    await served.start()
+    yield served
+    await served.close()
 
 
 @pytest.fixture

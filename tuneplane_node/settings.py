@@ -374,12 +374,13 @@ class NodeSettings(JobSettings):
     container of its engine names)."""
     volume_root: Path | None = None
     """Directory of the node's volume store (``container.volumes``: each file by its
-    sha256, filled once per machine); unset: ``volumes`` in the state directory. Never a
-    mount root nor inside or holding one: jobs see its entries only through their own
-    read-only binds."""
+    sha256, each OCI volume a directory by its manifest's, filled once per machine);
+    unset: ``volumes`` in the state directory. Never a mount root nor inside or holding
+    one: jobs see its entries only through their own read-only binds."""
     volume_insecure_hosts: list[str] = []
     """Hosts (``host:port``, JSON list) whose volumes may be fetched over plain
-    ``http://``; every other volume URL must be ``https://``."""
+    ``http://``: URLs, and OCI registries (and their token services) the node asks over
+    http; every other volume URL and registry is ``https://``."""
     volume_fills: int = Field(4, ge=1, le=64)
     """Volume fills downloading at once. Fills of a file over 1 GiB (or of an unknown
     size) take at most one less, so a small fill never waits behind big ones."""

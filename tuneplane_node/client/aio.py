@@ -220,7 +220,7 @@ class AsyncNodeClient:
         return await self.call(calls.volumes())
 
     async def pull_volume(
-        self, source: str, sha256: str, *, wait: bool = False
+        self, source: str, sha256: str = "", *, wait: bool = False
     ) -> answers.VolumePull:
         """Prefetch a volume: ``phase`` filling (in the background) or present; pinned
         against eviction. ``wait``: until the fill has ended (its error raised).

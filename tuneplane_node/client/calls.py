@@ -200,7 +200,7 @@ def volumes() -> Call[answers.Volumes]:
     return Call("GET", "/node/v1/volumes", answers.one(answers.Volumes))
 
 
-def pull_volume(source: str, sha256: str, *, wait: bool) -> Call[answers.VolumePull]:
+def pull_volume(source: str, sha256: str = "", *, wait: bool) -> Call[answers.VolumePull]:
     """A volume prefetch: its ``phase`` is filling or present. ``wait``: the answer
     comes when the fill has ended (at most `WAIT_FILL_S` more than a plain answer)."""
     body: dict[str, Any] = {"source": source, "sha256": sha256}

@@ -214,7 +214,9 @@ class NodeClient:
         Example: ``node.volumes().entries``."""
         return self.call(calls.volumes())
 
-    def pull_volume(self, source: str, sha256: str, *, wait: bool = False) -> answers.VolumePull:
+    def pull_volume(
+        self, source: str, sha256: str = "", *, wait: bool = False
+    ) -> answers.VolumePull:
         """Prefetch a volume: ``phase`` filling (in the background) or present; pinned
         against eviction. ``wait``: until the fill has ended (its error raised).
 

@@ -158,8 +158,13 @@ def add_parser(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     verb("gc", gc, "run the image GC now: what it removed, and the image store after")
     verb("volumes", volumes, "the volume store's entries, its fills, and the store")
     volume_pull = verb("volume-pull", pull_volume, "fill a volume before the jobs that name it")
-    volume_pull.add_argument("source", metavar="SOURCE", help="its https:// URL")
-    volume_pull.add_argument("sha256", metavar="SHA256", help="its sha256 (64 hex digits)")
+    volume_pull.add_argument(
+        "source", metavar="SOURCE", help="its https:// URL, or an OCI reference registry/repo:tag"
+    )
+    volume_pull.add_argument(
+        "sha256", metavar="SHA256", nargs="?", default="",
+        help="its sha256 (64 hex digits); an OCI reference's manifest digest, if given",
+    )  # fmt: skip
     volume_pull.add_argument("--wait", action="store_true", help="until it is filled or fails")
     verb("volume-gc", volume_gc, "evict volumes now: what went, and the volume store after")
     verb("cordon", cordon, "take no new launches").add_argument("--reason", required=True)

@@ -76,6 +76,7 @@ LAUNCH_ERRORS: tuple[schema.Raised, ...] = (
     EngineConflict,
     SpecRefused,
     RegistryRefused,
+    VolumeFillFailed,  # an OCI volume's reference its registry does not resolve
     *ENGINE,
 )
 LAUNCH_OUTCOMES = {
@@ -244,7 +245,7 @@ async def list_volumes(request: web.Request) -> web.Response:
     "/node/v1/volumes/pull",
     volumes.VolumePullJson,
     body=requests.VOLUME_PULL,
-    errors=(VolumeStoreFull, VolumeFillFailed, *ENGINE),
+    errors=(ImageAccessDenied, VolumeStoreFull, VolumeFillFailed, *ENGINE),
     accepted=True,
     feature="volumes",
 )

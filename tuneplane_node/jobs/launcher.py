@@ -140,11 +140,24 @@ class Launcher:
         image = request.spec.image
         self.images.refuse_id(image, field="container.image")
         request = replace(request, auth=await self.images.credentials(request))
+        request = await self._resolved(request)
         release = self.volumes.hold(request.spec.volumes)  # no eviction between look and use
         try:
             return await self._start_held(request, image)
         finally:
             release()
+
+    async def _resolved(self, request: LaunchRequest) -> LaunchRequest:
+        """The launch with its OCI volumes named by digest, each one's credentials kept
+        for its fill (a private entry these credentials may not use: `ImageAccessDenied`)."""
+        if not request.spec.volumes:
+            return request
+        resolved = await self.volumes.sources.resolved(
+            request.spec.volumes, present=self.volumes.present, image=request.spec.image,
+            auth=request.auth,
+        )  # fmt: skip
+        spec = replace(request.spec, volumes=resolved.volumes)
+        return replace(request, spec=spec, volume_auth=resolved.auth)
 
     async def _start_held(self, request: LaunchRequest, image: str) -> Started | Pulling:
         with self.gc.holds.hold(image):  # no GC run takes it between the look and the use
@@ -212,7 +225,7 @@ class Launcher:
     async def _pull_and_run(self, record: PendingLaunch, reservation: Reservation) -> None:
         progressed = functools.partial(self.changes.progressed, record.ref)
         missing = await self.volumes.missing(record.request.spec.volumes)
-        record.fills = self.volumes.join(missing, progressed)
+        record.fills = self.volumes.join(missing, progressed, record.request.volume_auth)
         filled = asyncio.ensure_future(self.volumes.wait_all(record.fills, progressed))
         try:
             if record.needs_pull:
@@ -222,6 +235,7 @@ class Launcher:
             if not filled.done():
                 filled.cancel()
                 await asyncio.wait({filled})
+        await self.volumes.sources.pulled(missing, record.request.volume_auth)
         info = await self.runtime.image_info(canonical(record.image))
         if record.needs_pull:
             await self.images.pulled(record.image, info, record.request.auth)

@@ -137,7 +137,7 @@ def build_node(
     prefetcher = Prefetcher(runtime, pulls, images=images, gc=gc, clock=clock)
     rules = JobRules(settings, port_held=port_held)
     isolation = Isolation(settings, runtime)
-    volumes = VolumeKeeper(settings, clock=clock, ps=runtime.ps, telemetry=telemetry)
+    volumes = VolumeKeeper(settings, clock=clock, ps=runtime.ps, telemetry=telemetry, images=images)
     policy = MountPolicy(
         settings.mount_roots, never_a_root=settings.never_a_root, node_files=settings.node_files()
     )

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -31,10 +32,21 @@ DROPPED = (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, asyncio.
 def shown(url: str) -> str:
     """The URL as an answer, error or log line may show it: no query, fragment or user
     (a signed URL's token is in its query; secrets pass through, never stay)."""
+    if "://" not in url:
+        return url  # an OCI reference: no query, no user
     parts = urlsplit(url)
     host = parts.hostname or ""
     port = f":{parts.port}" if parts.port else ""
     return f"{parts.scheme}://{host}{port}{parts.path}"
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A small answer, read whole."""
+
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
 
 
 class Download:
@@ -97,18 +109,24 @@ class Fetcher:
 
     @asynccontextmanager
     async def open(
-        self, url: str, *, offset: int = 0, first_byte: bool = False
+        self,
+        url: str,
+        *,
+        offset: int = 0,
+        first_byte: bool = False,
+        headers: Mapping[str, str] | None = None,
     ) -> AsyncIterator[Download]:
         """The server's answer to a GET of ``url`` from byte ``offset`` (only its first
-        byte: ``first_byte``); a 4xx or 5xx is a `VolumeFillFailed` (a 5xx retryable), as
+        byte: ``first_byte``), with ``headers`` besides (a registry's token); a 4xx or 5xx
+        is a `VolumeFillFailed` (a 5xx retryable), as
         is a connection that cannot be made."""
         said = shown(url)
-        headers = {"Range": f"bytes={offset}-"} if offset else {}
+        asked = {"Range": f"bytes={offset}-"} if offset else {}
         if first_byte:
-            headers = {"Range": "bytes=0-0"}
+            asked = {"Range": "bytes=0-0"}
         try:
             async with self._client().get(
-                url, headers=headers, max_redirects=MAX_REDIRECTS
+                url, headers={**(headers or {}), **asked}, max_redirects=MAX_REDIRECTS
             ) as response:
                 if response.status == 416 and offset:  # nothing past the offset
                     raise VolumeFillFailed(source=said, reason="the file got shorter")
@@ -119,6 +137,33 @@ class Fetcher:
                         retryable=response.status >= 500,
                     )
                 yield Download(response, url=url, offset=offset)
+        except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+            raise VolumeFillFailed(source=said, reason=_said(exc), retryable=True) from exc
+        except aiohttp.ClientError as exc:
+            raise VolumeFillFailed(source=said, reason=_said(exc)) from exc
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        headers: Mapping[str, str],
+        limit: int,
+        form: Mapping[str, str] | None = None,
+    ) -> Answer:
+        """A small request's whole answer (a manifest, a token; ``form``: a POST's
+        fields): its status, headers and up to ``limit`` bytes of body (more is a
+        `VolumeFillFailed`); no redirect past `MAX_REDIRECTS`. A connection that cannot
+        be made is a retryable failure."""
+        said = shown(url)
+        try:
+            async with self._client().request(
+                method, url, headers=dict(headers), data=form, max_redirects=MAX_REDIRECTS
+            ) as response:
+                body = await response.content.read(limit + 1)
+                if len(body) > limit:
+                    raise VolumeFillFailed(source=said, reason=f"an answer past {limit} bytes")
+                return Answer(response.status, response.headers.copy(), body)
         except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
             raise VolumeFillFailed(source=said, reason=_said(exc), retryable=True) from exc
         except aiohttp.ClientError as exc:

@@ -39,7 +39,7 @@ from tuneplane_node.errors import (
     InvalidCursor,
     InvalidField,
 )
-from tuneplane_node.references import FULL_ID, ID_PREFIX, ImageName
+from tuneplane_node.references import FULL_ID, ID_PREFIX, ImageName, names_an_id
 from tuneplane_node.signals import JOB_SIGNALS
 from tuneplane_node.signals import job_signal as job_signal  # ctl reads signals so too
 from tuneplane_node.sizes import MAX_SIZE, SIZE, size_in_bytes
@@ -514,18 +514,22 @@ def _volume(entry: object, field: str) -> Volume:
     with Refusals() as refusals:
         source = refusals.read(_volume_source, entry.get("source"), f"{field}.source")
         path = refusals.read(_scratch_path, entry.get("path"), f"{field}.path")
-        digest = refusals.read(_volume_digest, entry.get("sha256"), f"{field}.sha256")
+        digest = refusals.read(_volume_digest, entry.get("sha256"), f"{field}.sha256", source)
     return Volume(source, path, digest)
 
 
 def _volume_source(source: object, field: str) -> str:
+    """An ``https://`` URL (``http://`` too: the insecure-host rule is the launcher's), or
+    an OCI reference (``registry/repo:tag``, ``@sha256:...``) as images are read."""
     if source is None or source == "":
-        raise InvalidField(field, "required, an https:// URL", problem=MISSING)
+        raise InvalidField(field, "required, an https:// URL or an OCI reference", problem=MISSING)
+    if isinstance(source, str) and "://" not in source and len(source) <= MAX_IMAGE:
+        return _volume_reference(source, field)
     if not isinstance(source, str) or len(source) > MAX_URL or not URL.fullmatch(source):
         raise InvalidField(
             field,
-            f"must be an https:// URL of at most {MAX_URL} printable ASCII characters "
-            "(registry sources are not served by this node yet)",
+            f"must be an https:// URL of at most {MAX_URL} printable ASCII characters, or "
+            "an OCI reference like registry/repo:tag",
         )
     try:
         parts = urlsplit(source)
@@ -537,13 +541,37 @@ def _volume_source(source: object, field: str) -> str:
     return source
 
 
-def _volume_digest(digest: object, field: str) -> str:
+def _volume_reference(source: str, field: str) -> str:
+    match = IMAGE_REFERENCE.fullmatch(source)
+    if match is None or len(ImageName.parse(match.group("name")).repository) > MAX_IMAGE_NAME:
+        raise InvalidField(field, "must be an OCI reference like registry/repo:tag (lower case)")
+    if names_an_id(source) or FULL_ID.fullmatch(source):
+        raise InvalidField(field, "must name a repository, not an image id")
+    if "@" in source and not source.rpartition("@")[2].startswith(ID_PREFIX):
+        raise InvalidField(field, "a volume's digest must be a sha256")
+    return source
+
+
+def _volume_digest(digest: object, field: str, source: str | None) -> str:
+    """The hex of a URL's file or of an OCI manifest (``""``: an OCI reference's tag
+    resolves it, or its own digest pins it). ``source`` None: refused already."""
+    oci = source is not None and "://" not in source
     if digest is None or digest == "":
+        if oci or source is None:
+            return _pinned(source or "")
         raise InvalidField(field, "required for a URL: the file's sha256", problem=MISSING)
     found = SHA256.fullmatch(digest) if isinstance(digest, str) else None
     if found is None:
         raise InvalidField(field, "must be 64 lower-case hex digits (sha256:... too)")
+    if oci and _pinned(source or "") not in ("", found[1]):
+        raise InvalidField(field, "must be the digest the source names, or left out")
     return found[1]
+
+
+def _pinned(source: str) -> str:
+    """The sha256 an OCI reference names by digest (hex), else ``""``."""
+    found = SHA256.fullmatch(source.rpartition("@")[2]) if "@" in source else None
+    return found[1] if found is not None else ""
 
 
 def _cpus(given: Given) -> float | None:
@@ -650,6 +678,12 @@ def parse_signal(body: Mapping[str, Any], field: str) -> str | None:
 
 
 IMAGE_SCHEMA = text(most=MAX_IMAGE, least=1, pattern=anchored(IMAGE_ID + IMAGE_REFERENCE.pattern))
+VOLUME_SOURCE = {
+    "anyOf": [
+        text(most=MAX_URL, pattern=anchored(URL.pattern)),
+        text(most=MAX_IMAGE, least=1, pattern=anchored(IMAGE_ID + IMAGE_REFERENCE.pattern)),
+    ]
+}
 IMAGE_DOC = (
     "Image reference, by the distribution grammar (`registry:port/path/name:tag@sha256:...`, "
     f"lower-case path, a port up to 65535, the name before the tag at most {MAX_IMAGE_NAME} "
@@ -828,29 +862,47 @@ CONTAINER = Body(
                 {
                     "type": "array",
                     "maxItems": MAX_VOLUMES,
-                    "items": closed_object(
-                        source=text(most=MAX_URL, pattern=anchored(URL.pattern)),
-                        path=PATH,
-                        sha256=text(most=71, pattern=anchored(SHA256.pattern)),
-                    ),
+                    "items": {
+                        **closed_object(
+                            source=VOLUME_SOURCE,
+                            path=PATH,
+                            sha256=or_empty(text(most=71, pattern=anchored(SHA256.pattern))),
+                        ),
+                        "required": ["source", "path"],
+                    },
                 }
             ),
-            f"At most {MAX_VOLUMES} read-only files of the node's volume store, each "
-            '`{"source": "https://...", "path": "/models/base.safetensors", "sha256": '
-            '"<64 hex>"}`: the node downloads `source` once per machine however many jobs '
-            "name it (resumed with `Range` after a dropped connection or a restart), checks "
-            "its sha256, keeps it under `TUNEPLANE_VOLUME_ROOT`, and binds it read-only at "
-            "`path` (a write is `EROFS`). Plain `http://` only for the hosts in "
-            "`TUNEPLANE_VOLUME_INSECURE_HOSTS`. A launch whose volumes are not all in the "
-            "store answers `phase: pulling` at once, holds its cards, and starts when "
-            "every volume and its image are there; a fill that fails (the server's `404`, "
-            "other bytes than the sha256 names, a file that does not fit below "
-            "`TUNEPLANE_VOLUME_GC_HIGH_PERCENT` of the store even after eviction) fails the "
-            "launch with the reason and lets its cards go. `path`: absolute, not another "
-            "volume's, and as for mounts, "
-            f"{UNMOUNTABLE}. A bad one is a `422` naming `container.volumes[i].source`, "
-            '`.path` or `.sha256`. `""` or none: no volumes. The process runtime and an '
-            "engine on another machine refuse them (`422`).",
+            f"At most {MAX_VOLUMES} read-only files or directories of the node's volume "
+            'store, each `{"source": "https://...", "path": "/models/base.safetensors", '
+            '"sha256": "<64 hex>"}` or `{"source": "registry/repo:tag", "path": '
+            '"/models/base"}`: the node fetches `source` once per machine however many jobs '
+            "name it, checks every byte, keeps it under `TUNEPLANE_VOLUME_ROOT`, and binds it "
+            "read-only at `path` (a write is `EROFS`). A URL is one file, resumed with "
+            "`Range` after a dropped connection or a restart, and its `sha256` is required. "
+            "An OCI reference (`registry/repo:tag` or `registry/repo@sha256:...`, read as "
+            "`container.image` is) names an artifact or image whose layers (tar, gzip'd or "
+            "not; zstd refused) the node unpacks in order, whiteouts applied, into one "
+            "directory: the entry is named by the manifest's digest (two tags of one "
+            "content are one entry; an index is followed to this machine's `linux` "
+            "manifest, or refused), `sha256` is optional and, if given, must be that "
+            "digest. The node asks the registry itself with the launch's "
+            "`registry_auth` (only where the volume's registry is the image's), else the "
+            "node's `TUNEPLANE_REGISTRY_AUTH_FILE`; a volume pulled with credentials is "
+            "private as a private image is: a later launch naming it, by any tag or digest, "
+            "needs credentials its registry accepts (`403` `forbidden_image`). Layers "
+            "with absolute paths, `..`, paths through links, device nodes or more bytes "
+            "than 20 times their size fail the fill. Plain `http://` (a URL's, a "
+            "registry's) only for the hosts in `TUNEPLANE_VOLUME_INSECURE_HOSTS`. A launch "
+            "whose volumes are not all in the store answers `phase: pulling` at once, holds "
+            "its cards, and starts when every volume and its image are there; a fill that "
+            "fails (the server's `404`, other bytes than the digest names, a volume that "
+            "does not fit below `TUNEPLANE_VOLUME_GC_HIGH_PERCENT` of the store even after "
+            "eviction: the sum of an OCI manifest's layer sizes) fails the launch with the "
+            "reason and lets its cards go. `path`: absolute, not another volume's, and as "
+            f"for mounts, {UNMOUNTABLE}. A bad one is a `422` naming "
+            '`container.volumes[i].source`, `.path` or `.sha256`. `""` or none: no '
+            'volumes (a `""` `sha256` is none given). The process runtime and an engine '
+            "on another machine refuse them (`422`).",
             read=_volumes,
         ),
         Field(
@@ -1015,7 +1067,7 @@ def parse_volume_pull(body: Mapping[str, Any]) -> tuple[Volume, bool]:
     with Refusals() as refusals:
         refusals.unknown(body, VOLUME_PULL)
         source = refusals.read(_volume_source, body.get("source"), "source")
-        digest = refusals.read(_volume_digest, body.get("sha256"), "sha256")
+        digest = refusals.read(_volume_digest, body.get("sha256"), "sha256", source)
         wait = refusals.read(_flag, Given(body, "wait", ""))
     return Volume(source, "", digest), bool(wait)
 
@@ -1030,18 +1082,20 @@ VOLUME_PULL = Body(
     fields=(
         Field(
             "source",
-            text(most=MAX_URL, pattern=anchored(URL.pattern)),
-            "Where the file is, as a launch's `container.volumes[i].source`: an `https://` "
-            "URL (plain `http://` only for the hosts in `TUNEPLANE_VOLUME_INSECURE_HOSTS`). "
-            "Shown without its query.",
+            VOLUME_SOURCE,
+            "Where the volume is, as a launch's `container.volumes[i].source`: an "
+            "`https://` URL (shown without its query) or an OCI reference "
+            "(`registry/repo:tag`, `@sha256:...`), asked with the node's "
+            "`TUNEPLANE_REGISTRY_AUTH_FILE` credentials for its registry (plain `http://` "
+            "only for the hosts in `TUNEPLANE_VOLUME_INSECURE_HOSTS`).",
             required=True,
         ),
         Field(
             "sha256",
-            text(most=71, pattern=anchored(SHA256.pattern)),
+            or_empty(text(most=71, pattern=anchored(SHA256.pattern))),
             "The file's sha256 (64 hex digits, `sha256:` before them too): the entry's "
-            "name, which its bytes must hash to.",
-            required=True,
+            "name, which its bytes must hash to. Required for a URL; for an OCI "
+            "reference, its manifest's digest (optional: the reference resolves it).",
         ),
         Field(
             "wait",

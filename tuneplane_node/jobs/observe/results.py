@@ -4,7 +4,7 @@ the contract's JSON shapes (`wire`) from it."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tuneplane_node.gpu.allocator import Occupancy
 from tuneplane_node.gpu.probe import GpuSnapshot
@@ -58,6 +58,8 @@ class LaunchRequest:
     store: ImageStore | None = None
     """The engine's image store as vetting read it: one reading per launch serves the
     disk limit and the room check (None: not vetted yet)."""
+    volume_auth: Mapping[str, RegistryAuth | None] = field(default_factory=dict)
+    """Each OCI volume's credentials, by its digest (`VolumeSources`): hidden as ``auth``."""
 
     @property
     def ref(self) -> str:

@@ -21,22 +21,31 @@ import logging
 import os
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import IO, TypeVar
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.errors import VolumeFillFailed
 from tuneplane_node.jobs.images.pullrate import PullRate
 from tuneplane_node.jobs.volumes.lanes import FillLanes
+from tuneplane_node.jobs.volumes.layers import Budget, HostileLayer, unpack
 from tuneplane_node.jobs.volumes.store import Entry, Hasher, VolumeStore
-from tuneplane_node.runtime.fetching import Fetcher, shown
+from tuneplane_node.runtime.base import RegistryAuth
+from tuneplane_node.runtime.fetching import Download, Fetcher, shown
+from tuneplane_node.runtime.ociregistry import Layer, OciRegistry, is_oci
 from tuneplane_node.tasks import BackgroundTasks, by_awaiters
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 RETRIES = 5
 BACKOFF_S = 1.0
+MAX_ENTRIES = 2**20  # files, directories and links of one OCI volume
+# What an OCI volume's layers may unpack to, past their compressed size: text datasets
+# compress about tenfold; a layer past that is a bomb.
+EXPANSION, SLACK_BYTES = 20, 2**30
 
 
 @dataclass
@@ -47,6 +56,7 @@ class VolumeFill:
     digest: str
     source: str
     clock: Clock = SYSTEM_CLOCK
+    auth: RegistryAuth | None = None  # an OCI source's credentials (its repr hides them)
     task: asyncio.Task[Entry] | None = None
     waiters: int = 0
     bytes_done: int = 0
@@ -78,6 +88,7 @@ class VolumeFills:
         store: VolumeStore,
         fetcher: Fetcher,
         *,
+        registry: OciRegistry | None = None,
         limit: int,
         clock: Clock = SYSTEM_CLOCK,
         backoff_s: float = BACKOFF_S,
@@ -88,6 +99,7 @@ class VolumeFills:
         self.admit = admit  # before the first byte: raises when the file cannot fit
         self.fetched = fetched  # told of every batch downloaded (a metric)
         self.fetcher = fetcher
+        self.registry = registry  # OCI sources' (none: URLs only)
         self.clock = clock
         self.backoff_s = backoff_s
         self.lanes = FillLanes(limit)
@@ -108,11 +120,12 @@ class VolumeFills:
         """Every complete entry of the store."""
         return await self.io(self.store.entries)
 
-    def join(self, digest: str, source: str) -> VolumeFill:
-        """The fill of ``digest`` in flight, or a new one from ``source``, started now."""
+    def join(self, digest: str, source: str, auth: RegistryAuth | None = None) -> VolumeFill:
+        """The fill of ``digest`` in flight, or a new one from ``source`` (with ``auth``:
+        an OCI source's credentials), started now."""
         fill = self.fills.get(digest)
         if fill is None:
-            fill = VolumeFill(digest, source, self.clock)
+            fill = VolumeFill(digest, source, self.clock, auth)
             fill.task = self.tasks.spawn(
                 self._fill(fill), name=f"volume fill sha256:{digest}", ended=by_awaiters
             )
@@ -132,22 +145,16 @@ class VolumeFills:
                 self._forget(fill)
                 fill.task.cancel()
 
-    async def ensure(self, digest: str, source: str) -> Entry:
+    async def ensure(self, digest: str, source: str, auth: RegistryAuth | None = None) -> Entry:
         """The entry of ``digest``, filled from ``source`` first when it is not there."""
         entry = await self.entry(digest)
-        return entry if entry is not None else await self.wait(self.join(digest, source))
+        return entry if entry is not None else await self.wait(self.join(digest, source, auth))
 
     async def _fill(self, fill: VolumeFill) -> Entry:
         try:
             if (present := await self.entry(fill.digest)) is not None:
                 return present  # another fill made it since the caller looked
-            fill.bytes_total = await self._retried(fill, lambda: self.fetcher.size(fill.source))
-            if self.admit is not None:
-                await self.admit(fill)
-            fill.admitted.set()
-            async with self.lanes.slot(fill.bytes_total):
-                await self._retried(fill, lambda: self._download(fill))
-            entry = await self.io(self._verified, fill)
+            entry = await (self._tree(fill) if is_oci(fill.source) else self._file(fill))
         except asyncio.CancelledError:
             log.info("volume fill of sha256:%s cancelled: nobody waits for it", fill.digest)
             raise
@@ -165,6 +172,73 @@ class VolumeFills:
         )
         return entry
 
+    async def _admitted(self, fill: VolumeFill) -> None:
+        if self.admit is not None:
+            await self.admit(fill)
+        fill.admitted.set()
+
+    async def _file(self, fill: VolumeFill) -> Entry:
+        """A URL's file: its size asked, admitted, downloaded, checked, renamed in."""
+        fill.bytes_total = await self._retried(fill, lambda: self.fetcher.size(fill.source))
+        await self._admitted(fill)
+
+        def opened(offset: int) -> AbstractAsyncContextManager[Download]:
+            return self.fetcher.open(fill.source, offset=offset)
+
+        async with self.lanes.slot(fill.bytes_total):
+            await self._retried(fill, lambda: self._download(fill, fill.digest, opened))
+        return await self.io(self._verified, fill)
+
+    async def _tree(self, fill: VolumeFill) -> Entry:
+        """An OCI reference's layers: its manifest asked (their summed sizes admitted),
+        each blob downloaded and checked, unpacked in order, the directory renamed in."""
+        registry = self.registry
+        assert registry is not None  # the keeper makes its fills with one
+        manifest = await self._retried(fill, lambda: registry.manifest(fill.source, fill.auth))
+        fill.bytes_total = manifest.size
+        await self._admitted(fill)
+        budget = Budget(entries=MAX_ENTRIES, bytes=manifest.size * EXPANSION + SLACK_BYTES)
+        async with self.lanes.slot(fill.bytes_total):
+            into = await self.io(self.store.unpacking, fill.digest)
+            done = 0
+            for layer in manifest.layers:
+                await self._layer(fill, registry, layer, base=done)
+                await self.io(self._unpacked, fill, layer, into, budget)
+                done += layer.size
+        return await self.io(self.store.commit_tree, fill.digest)
+
+    async def _layer(
+        self, fill: VolumeFill, registry: OciRegistry, layer: Layer, *, base: int
+    ) -> None:
+        """One layer's blob in its partial file (resumed), its sha256 checked."""
+
+        def opened(offset: int) -> AbstractAsyncContextManager[Download]:
+            return registry.blob(fill.source, layer, fill.auth, offset=offset)
+
+        async def step() -> None:
+            await registry.authorize(fill.source, fill.auth)  # a token that lapsed
+            key = f"{fill.digest}.{layer.digest}"
+            await self._download(fill, key, opened, base=base, most=layer.size)
+
+        await self._retried(fill, step)
+        got = fill.hasher.hexdigest() if fill.hasher is not None else ""
+        if got != layer.digest:
+            await self.io(self.store.discard_tree, fill.digest)
+            reason = f"a layer hashes to sha256:{got}, not the sha256:{layer.digest} it names"
+            raise VolumeFillFailed(source=shown(fill.source), reason=reason)
+
+    def _unpacked(self, fill: VolumeFill, layer: Layer, into: Path, budget: Budget) -> None:
+        """The checked layer unpacked over ``into``, its blob gone; a layer unsafe to
+        unpack fails the fill, and nothing of it stays."""
+        blob = self.store.partial(f"{fill.digest}.{layer.digest}")
+        with self.store.tree_lock(fill.digest):
+            try:
+                unpack(blob, into, budget)
+            except HostileLayer as exc:
+                self.store.discard_tree(fill.digest)
+                raise VolumeFillFailed(source=shown(fill.source), reason=str(exc)) from None
+            blob.unlink()
+
     async def _retried(self, fill: VolumeFill, step: Callable[[], Awaitable[T]]) -> T:
         """``step()`` again after a retryable failure, while each try brings bytes
         or until `RETRIES` tries in a row brought none."""
@@ -181,25 +255,45 @@ class VolumeFills:
                 fill.retrying.set()
             await self.clock.sleep(self.backoff_s)
 
-    async def _download(self, fill: VolumeFill) -> None:
-        offset, fill.hasher = await self.io(self.store.resume, fill.digest)
-        if fill.bytes_total is not None and offset > fill.bytes_total:
+    async def _download(
+        self,
+        fill: VolumeFill,
+        key: str,
+        opened: Callable[[int], AbstractAsyncContextManager[Download]],
+        *,
+        base: int = 0,
+        most: int | None = None,
+    ) -> None:
+        """The file ``opened`` answers, into the partial file ``key`` from its end;
+        ``base``: the bytes of the fill's earlier files (its progress counts them);
+        ``most``: the file's size as its manifest says (a server sending more fails)."""
+        offset, fill.hasher = await self.io(self.store.resume, key)
+        known = fill.bytes_total if not base and not is_oci(fill.source) else None
+        if known is not None and offset > known:
             offset, fill.hasher = 0, hashlib.sha256()  # not this file's: start again
-        fill.update(offset)
-        if offset and offset == fill.bytes_total:  # all there: a restart before its check
+        fill.update(base + offset)
+        if offset and offset == known:  # all there: a restart before its check
             return
-        async with self.fetcher.open(fill.source, offset=offset) as download:
+        async with opened(offset) as download:
             if offset and not download.resumed:  # the server sends it all again
                 offset, fill.hasher = 0, hashlib.sha256()
-                fill.update(0)
-            if download.total is not None:
+                fill.update(base)
+            if download.total is not None and not is_oci(fill.source):
                 fill.bytes_total = download.total
-            partial = await self.io(self._opened, fill.digest, offset)
+            partial = await self.io(self._opened, key, offset)
             # One batch is written and hashed on the fill's thread while the loop reads
             # the next: the download never waits for the disk and the hash, nor they for it.
             writing: asyncio.Future[int] | None = None
+            received = offset
             try:
                 async for batch in download.batches():
+                    received += len(batch)
+                    if most is not None and received > most:
+                        if writing is not None:
+                            await self._last_written(fill, writing)
+                        await self.io(self.store.discard_tree, fill.digest)
+                        reason = f"a layer's blob is longer than its manifest's {most} bytes"
+                        raise VolumeFillFailed(source=shown(fill.source), reason=reason)
                     if writing is not None:
                         self._written(fill, await writing)
                     writing = asyncio.ensure_future(self.io(_write, partial, fill.hasher, batch))
@@ -223,14 +317,14 @@ class VolumeFills:
             self.fetched(size)
         fill.update(fill.bytes_done + size)
 
-    def _opened(self, digest: str, offset: int) -> IO[bytes]:
-        path = self.store.partial(digest)
+    def _opened(self, key: str, offset: int) -> IO[bytes]:
+        path = self.store.partial(key)
         partial = open(path, "r+b" if path.exists() else "w+b")  # noqa: SIM115 (closed by _closed)
         partial.truncate(offset)
         partial.seek(offset)
         return partial
 
-    def _verified(self, fill: VolumeFill) -> Entry:
+    def _verified(self, fill: VolumeFill) -> Entry:  # a URL's file
         """The entry made of the partial file, if it is the file asked; else it goes."""
         got = fill.hasher.hexdigest() if fill.hasher is not None else ""
         if got != fill.digest:

@@ -18,7 +18,7 @@ import asyncio
 import collections
 import logging
 import os
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -28,10 +28,12 @@ from tuneplane_node.clock import SYSTEM_CLOCK, Clock, parse_rfc3339
 from tuneplane_node.errors import InvalidField, NodeError, VolumeStoreFull
 from tuneplane_node.jobs.mounts.policy import Opened
 from tuneplane_node.jobs.volumes.fills import VolumeFill, VolumeFills
+from tuneplane_node.jobs.volumes.sources import PrivateRule, VolumeSources
 from tuneplane_node.jobs.volumes.space import Candidate, Space, evictable, filesystem, to_evict
 from tuneplane_node.jobs.volumes.store import Entry, VolumeStore
-from tuneplane_node.runtime.base import ContainerState, Mount, Volume
+from tuneplane_node.runtime.base import ContainerState, Mount, RegistryAuth, Volume
 from tuneplane_node.runtime.fetching import Fetcher, shown
+from tuneplane_node.runtime.ociregistry import OciRegistry, is_oci
 from tuneplane_node.settings import NodeSettings, env_name
 from tuneplane_node.tasks import BackgroundTasks, by_awaiters
 from tuneplane_node.telemetry import NO_TELEMETRY, Telemetry
@@ -123,15 +125,18 @@ class VolumeKeeper:
         ps: Ps | None = None,
         space_of: Callable[[Path], Space] = filesystem,
         telemetry: Telemetry = NO_TELEMETRY,
+        images: PrivateRule | None = None,
     ) -> None:
         self.store = VolumeStore(settings.volume_dir)
         self.clock = clock
         fetcher = Fetcher(stall_s=settings.local_image_pull_stall_s)
-        self.fills = VolumeFills(
-            self.store, fetcher, limit=settings.volume_fills, clock=clock, admit=self.admit,
-            fetched=telemetry.volume_fetched,
-        )  # fmt: skip
         self.insecure = frozenset(settings.volume_insecure_hosts)
+        registry = OciRegistry(fetcher, insecure=self.insecure)
+        self.sources = VolumeSources(registry, images=images)  # OCI references' digests
+        self.fills = VolumeFills(
+            self.store, fetcher, registry=registry, limit=settings.volume_fills, clock=clock,
+            admit=self.admit, fetched=telemetry.volume_fetched,
+        )  # fmt: skip
         self.high, self.low = settings.volume_gc_high_percent, settings.volume_gc_low_percent
         self.pin_s = settings.volume_pin_s
         self.ps = ps
@@ -159,6 +164,8 @@ class VolumeKeeper:
             raise InvalidField.of(refused)
 
     def _secure_enough(self, source: str) -> bool:
+        if is_oci(source):
+            return True  # https, unless its registry is listed (`OciRegistry`)
         parts = urlsplit(source)
         if parts.scheme == "https":
             return True
@@ -172,10 +179,22 @@ class VolumeKeeper:
         """The volumes whose entry is not in the store now."""
         return [volume for volume in volumes if await self.fills.entry(volume.sha256) is None]
 
-    def join(self, volumes: Sequence[Volume], listener: Callable[[], None]) -> list[VolumeFill]:
-        """The fills of ``volumes`` (one per digest), started where none runs; each tells
-        ``listener`` of its progress until `wait_all` leaves it."""
-        fills = [self.fills.join(digest, source) for digest, source in _by_digest(volumes)]
+    async def present(self, digest: str) -> bool:
+        return await self.fills.entry(digest) is not None
+
+    def join(
+        self,
+        volumes: Sequence[Volume],
+        listener: Callable[[], None],
+        auth: Mapping[str, RegistryAuth | None] | None = None,
+    ) -> list[VolumeFill]:
+        """The fills of ``volumes`` (one per digest; ``auth``: an OCI digest's
+        credentials), started where none runs; each tells ``listener`` of its progress
+        until `wait_all` leaves it."""
+        fills = [
+            self.fills.join(digest, source, (auth or {}).get(digest))
+            for digest, source in _by_digest(volumes)
+        ]
         for fill in fills:
             fill.listeners.append(listener)
         return fills
@@ -218,7 +237,8 @@ class VolumeKeeper:
         fd = os.open(entry.path, OPEN)
         self.store.touch(volume.sha256)  # its last use: eviction takes the oldest first
         self.telemetry.volume_served(entry.size)
-        return Opened(Mount(str(entry.path), volume.path, True), fd, False, field)
+        is_tree = entry.path.is_dir()  # an OCI volume's: a directory
+        return Opened(Mount(str(entry.path), volume.path, True), fd, is_tree, field)
 
     # --- holds and pins ----------------------------------------------------------------
 
@@ -253,6 +273,8 @@ class VolumeKeeper:
         dropped connection in the background, or, with ``wait``, once it ended (its error
         raised)."""
         self.vet([volume], field="")
+        resolved = await self.sources.resolved([volume], present=self.present)
+        [volume] = resolved.volumes
         digest = volume.sha256
         pinned = self.clock.now() + timedelta(seconds=self.pin_s)
         self.pins[digest] = Pin(self.clock.monotonic() + self.pin_s, pinned)
@@ -261,9 +283,9 @@ class VolumeKeeper:
             await self.fills.io(self.store.touch, digest)
             return Prefetched(digest, PRESENT, pinned, entry=entry)
         self.failed.pop(digest, None)
-        fill = self.fills.join(digest, volume.source)
+        fill = self.fills.join(digest, volume.source, resolved.auth.get(digest))
         kept = self.tasks.spawn(
-            self._kept(fill), name=f"volume prefetch sha256:{digest}", ended=by_awaiters
+            self._kept(fill, volume), name=f"volume prefetch sha256:{digest}", ended=by_awaiters
         )
         assert fill.task is not None
         # Until admitted, refused, or retrying a dropped connection (then in the background).
@@ -278,11 +300,13 @@ class VolumeKeeper:
             return Prefetched(digest, PRESENT, pinned, entry=entry)
         return Prefetched(digest, FILLING, pinned, fill=fill)
 
-    async def _kept(self, fill: VolumeFill) -> Entry:
+    async def _kept(self, fill: VolumeFill, volume: Volume) -> Entry:
         """The prefetch's wait on its fill (it keeps the fill going); a failure is kept
-        for the list."""
+        for the list, a success told to the private record."""
         try:
-            return await self.fills.wait(fill)
+            entry = await self.fills.wait(fill)
+            await self.sources.pulled([volume], {fill.digest: fill.auth})
+            return entry
         except NodeError as exc:
             if len(self.failed) >= MAX_FAILED:
                 self.failed.pop(next(iter(self.failed)))

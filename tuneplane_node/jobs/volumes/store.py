@@ -3,8 +3,10 @@
 ``<root>/sha256/<hex>``: a complete entry, its bytes checked against its name, mode
 0444; ``<root>/partial/<hex>``: a fill in progress, kept across a restart so the next
 fill resumes from its end. An entry appears only by a rename of its partial file once
-its digest matched: no reader ever sees one half-written. Every method blocks (the
-fills call them in their own threads).
+its digest matched: no reader ever sees one half-written. An OCI volume's entry is a
+directory named by its manifest's digest, unpacked under ``partial/<hex>.d`` (its layer
+blobs beside it as ``partial/<hex>.<layer hex>``) and renamed in once every layer was
+checked and unpacked. Every method blocks (the fills call them in their own threads).
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import shutil
+import stat
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -38,15 +43,27 @@ class Entry:
 class VolumeStore:
     def __init__(self, root: Path) -> None:
         self.root = root
+        self._tree_sizes: dict[str, int] = {}  # a directory entry's bytes: it never changes
+        self._trees: dict[str, threading.RLock] = {}  # held while a digest's tree is written
+
+    def tree_lock(self, digest: str) -> threading.RLock:
+        """Held around every write of ``digest``'s unpacked tree: a cancelled fill's
+        thread may still be unpacking a layer when the next fill of it starts afresh."""
+        return self._trees.setdefault(digest, threading.RLock())
 
     def entry(self, digest: str) -> Entry | None:
         """The complete entry of ``digest``; None while it is not."""
         path = self.root / ENTRIES / digest
         try:
-            found = path.stat()
+            found = path.lstat()
         except FileNotFoundError:
             return None
-        return Entry(digest, found.st_size, path, found.st_mtime)
+        size = found.st_size
+        if stat.S_ISDIR(found.st_mode):
+            if digest not in self._tree_sizes:
+                self._tree_sizes[digest] = tree_bytes(path)
+            size = self._tree_sizes[digest]
+        return Entry(digest, size, path, found.st_mtime)
 
     def entries(self) -> list[Entry]:
         """Every complete entry."""
@@ -68,6 +85,26 @@ class VolumeStore:
                 return partial.tell(), hasher
         except FileNotFoundError:
             return 0, hasher
+
+    def unpacking(self, digest: str) -> Path:
+        """An empty directory the layers of ``digest`` are unpacked into (what an
+        interrupted fill left there gone: its layers are unpacked again)."""
+        target = self.partial(f"{digest}.d")
+        with self.tree_lock(digest):
+            _removed(target)
+            target.mkdir(mode=0o755)
+        return target
+
+    def commit_tree(self, digest: str) -> Entry:
+        """The unpacked directory of ``digest``, every layer checked, renamed into the
+        store."""
+        (self.root / ENTRIES).mkdir(mode=0o755, parents=True, exist_ok=True)
+        target = self.root / ENTRIES / digest
+        with self.tree_lock(digest):
+            os.rename(self.partial(f"{digest}.d"), target)
+        entry = self.entry(digest)
+        assert entry is not None  # renamed in just now; only an eviction takes it
+        return entry
 
     def commit(self, digest: str) -> Entry:
         """The partial file, whose digest matched, renamed into the store, read-only."""
@@ -93,12 +130,13 @@ class VolumeStore:
             os.rename(self.root / ENTRIES / digest, target)
         except FileNotFoundError:
             return None
+        self._tree_sizes.pop(digest, None)
         return target
 
     @staticmethod
     def removed(taken: Path) -> None:
         """A taken-out entry's bytes freed (a job that bound it keeps its inode)."""
-        taken.unlink(missing_ok=True)
+        _removed(taken)
 
     def empty_trash(self) -> None:
         """The entries taken out but not yet removed (a daemon killed between the two)."""
@@ -107,18 +145,52 @@ class VolumeStore:
 
     def used_bytes(self) -> int:
         """Bytes of the store's entries and partial files."""
-        total = 0
-        for path in (*self._listed(ENTRIES), *self._listed(PARTIAL)):
-            with contextlib.suppress(FileNotFoundError):  # evicted or committed meanwhile
-                total += path.stat().st_size
+        total = sum(entry.size for entry in self.entries())
+        for path in self._listed(PARTIAL):
+            with contextlib.suppress(FileNotFoundError):  # committed meanwhile
+                total += tree_bytes(path) if path.is_dir() else path.lstat().st_size
         return total
 
     def discard(self, digest: str) -> None:
         """The partial file of ``digest`` gone (its bytes were not the ones asked)."""
         self.partial(digest).unlink(missing_ok=True)
 
+    def discard_tree(self, digest: str) -> None:
+        """The unpacked directory and layer blobs of ``digest``'s fill gone (a layer was
+        not the one its manifest named, or not safe to unpack)."""
+        for path in self._listed(PARTIAL):
+            if path.name.startswith(f"{digest}."):
+                _removed(path)
+
     def _listed(self, name: str) -> list[Path]:
+        """The files and directories (never a link) under ``name``."""
         try:
-            return sorted(path for path in (self.root / name).iterdir() if path.is_file())
+            found = os.scandir(self.root / name)
         except FileNotFoundError:
             return []
+        with found:
+            return sorted(
+                Path(each.path)
+                for each in found
+                if each.is_file(follow_symlinks=False) or each.is_dir(follow_symlinks=False)
+            )
+
+
+def tree_bytes(path: Path) -> int:
+    """The bytes of the regular files under ``path`` (links not followed)."""
+    total = 0
+    for top, _, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(FileNotFoundError):
+                found = os.lstat(os.path.join(top, name))
+                total += found.st_size if stat.S_ISREG(found.st_mode) else 0
+    return total
+
+
+def _removed(path: Path) -> None:
+    """``path`` gone, a directory with all it holds (shutil's descriptor-based walk on
+    Linux: no link inside redirects it)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)

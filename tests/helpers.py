@@ -407,10 +407,10 @@ class ThrowawayPodman:
         self.podman("load", "-q", "-i", str(saved))
         saved.unlink()
 
-    def input_rules(self) -> str:
-        """``iptables -S INPUT`` in the service's namespace."""
+    def rules(self) -> str:
+        """``iptables -S`` (the filter table) in the service's namespace."""
         listed = subprocess.run(
-            [*self.net.enter(), "iptables", "-w", "5", "-S", "INPUT"],
+            [*self.net.enter(), "iptables", "-w", "5", "-S"],
             check=True,
             capture_output=True,
             text=True,

@@ -599,7 +599,7 @@ def test_a_machine_without_iptables_is_told_its_bridged_jobs_reach_its_ports(
 ) -> None:
     settings = engine_settings("podman", job_network="isolated")
     level, line = engine_checks.job_network_finding(settings)
-    assert level == OK and "podman: a network of each job's own and the same rule" in line
+    assert level == OK and "podman: a network of each job's own, the same rule" in line
     monkeypatch.setattr("shutil.which", lambda name: None if name == "iptables" else name)
     level, line = engine_checks.job_network_finding(settings)
     assert level == WARN, line

@@ -24,6 +24,7 @@ import pytest
 
 from tests.conftest import MakeNode
 from tests.helpers import (
+    IMAGE,
     Console,
     ThrowawayDocker,
     ThrowawayPodman,
@@ -33,7 +34,7 @@ from tests.helpers import (
     unique,
 )
 from tuneplane_node.errors import EngineError
-from tuneplane_node.runtime.hostguard import GUARD_PREFIX, guarded_bridges
+from tuneplane_node.runtime.hostguard import GUARD_PREFIX, guarded_bridges, podman_rules
 from tuneplane_node.runtime.jobnetwork import (
     LABEL_NETWORK_OF,
     LABEL_NETWORK_STORE,
@@ -48,15 +49,22 @@ PEER_PORT = 9000
 SERVE = ["/bin/sh", "-c", f"while true; do echo secret | nc -l -p {PEER_PORT}; done"]
 
 
-def reach(peer: str) -> list[str]:
+GATEWAY = r"$(ip route | sed -n 's/^default via \([0-9.]*\).*/\1/p')"
+"""The job's gateway, in its shell: an address of the machine it runs on."""
+
+
+def reach(peer: str, **also: str) -> list[str]:
     """A job that tries the peer's port, the outside world and a port its machine serves
-    on all its addresses (through its gateway), and says what it read."""
-    outside = f"{ThrowawayDocker.OUTSIDE} {ThrowawayDocker.OUTSIDE_PORT}"
-    gateway = r"$(ip route | sed -n 's/^default via \([0-9.]*\).*/\1/p')"
-    script = (
-        f"echo peer=$(nc -w 3 {peer} {PEER_PORT} </dev/null 2>&1); "
-        f"echo out=$(nc -w 3 {outside} </dev/null 2>&1); "
-        f"echo host=$(nc -w 3 {gateway} {ThrowawayDocker.HOST_PORT} </dev/null 2>&1)"
+    on all its addresses (through its gateway), and says what it read; ``also``: more
+    places ("address port") by the word it prints before each answer."""
+    tries = {
+        "peer": f"{peer} {PEER_PORT}",
+        "out": f"{ThrowawayDocker.OUTSIDE} {ThrowawayDocker.OUTSIDE_PORT}",
+        "host": f"{GATEWAY} {ThrowawayDocker.HOST_PORT}",
+        **also,
+    }
+    script = "; ".join(
+        f"echo {word}=$(nc -w 3 {where} </dev/null 2>&1)" for word, where in tries.items()
     )
     return ["/bin/sh", "-c", script]
 
@@ -154,9 +162,14 @@ async def test_a_foreign_network_of_the_nodes_name_is_refused_never_used(
 # --- podman: a network of each job's own, kept off the host's ports -----------------------
 
 
+PUBLISHED = 7000
+"""The port of the engine's other container (not the node's), published on the host."""
+
+
 @pytest.fixture(scope="module")
 def netns_podman() -> Iterator[ThrowawayPodman]:
-    """A podman service in namespaces of its own, for the module's podman tests."""
+    """A podman service in namespaces of its own, for the module's podman tests, with a
+    container of someone else's on its default network, publishing `PUBLISHED`."""
     if os.geteuid() != 0 or not (shutil.which("podman") and shutil.which("nsenter")):
         engine_missing("a podman service in a network namespace", "root, podman, nsenter")
     ThrowawayPodman.clear_stale()
@@ -165,6 +178,11 @@ def netns_podman() -> Iterator[ThrowawayPodman]:
         engine.start()
         engine.load_test_image()
         engine.net.listen()
+        engine.podman(
+            "run", "-d", "--name", "tp-other", "-p", f"{PUBLISHED}:{PUBLISHED}",
+            "--entrypoint", "/bin/sh", f"docker.io/{IMAGE}",
+            "-c", f"while true; do echo other | nc -l -p {PUBLISHED}; done",
+        )  # fmt: skip
         yield engine
     finally:
         engine.close()
@@ -197,11 +215,11 @@ def host_input() -> str:
 
 
 @pytest.mark.parametrize(
-    ("kind", "peer", "outside", "host"),
+    ("kind", "peer", "outside", "host", "other"),
     [
-        ("isolated", False, True, False),
-        ("sealed", False, False, False),
-        ("bridge", True, True, True),  # 0.3.15's: the engine's default network, no rule
+        ("isolated", False, True, False, False),
+        ("sealed", False, False, False, False),
+        ("bridge", True, True, True, True),  # 0.3.15's: the engine's default network
     ],
 )
 async def test_podman_jobs_reach_what_their_network_allows(
@@ -212,13 +230,20 @@ async def test_podman_jobs_reach_what_their_network_allows(
     peer: bool,
     outside: bool,
     host: bool,
+    other: bool,
 ) -> None:
-    """Another job's port, the outside world, and a port of the engine's machine served
-    on all its addresses (the node's API on 0.0.0.0 stands for it), each from inside a job."""
+    """Another job's port, the outside world, a port of the engine's machine served on
+    all its addresses (the node's API on 0.0.0.0 stands for it), and the engine's other
+    container by its address and by the port it publishes, each from inside a job."""
     node = await make_podman_node(make_node, netns_podman, kind)
     server, _ = await node.launch(SERVE, network="bridge")
     await node.wait_for(server, "status", "running")
-    client, _ = await node.launch(reach(await address(podman, server)), network="bridge")
+    others = {
+        "direct": f"{await address(podman, 'tp-other')} {PUBLISHED}",
+        "published": f"{GATEWAY} {PUBLISHED}",
+    }
+    serving = await address(podman, server)
+    client, _ = await node.launch(reach(serving, **others), network="bridge")
     state = await node.wait_for(client, "status", "exited", timeout=60)
     logs = await node.logs(client)
 
@@ -226,6 +251,8 @@ async def test_podman_jobs_reach_what_their_network_allows(
     assert ("peer=secret" in logs) is peer, logs
     assert ("out=outside" in logs) is outside, logs
     assert ("host=host" in logs) is host, logs
+    assert ("direct=other" in logs) is other, logs
+    assert ("published=other" in logs) is other, logs
     assert (await node.state(client))["network"] == kind
 
 
@@ -252,12 +279,12 @@ async def test_podman_gives_each_job_a_network_of_its_own_removed_with_it_and_it
     assert made["internal"] is (kind == "sealed")
     assert made["dns_enabled"] is False  # no name server on the gateway to keep open
     bridge = made["network_interface"]
-    assert bridge in guarded_bridges(netns_podman.input_rules())
+    assert bridge in guarded_bridges(netns_podman.rules())
     assert GUARD_PREFIX not in host_input()  # the engine's namespace, not the machine's
 
     await node.ok("POST", "/node/v1/remove", json={"ref": server})
     assert own_network(server) not in await networks(podman)
-    assert bridge not in guarded_bridges(netns_podman.input_rules())
+    assert bridge not in guarded_bridges(netns_podman.rules())
 
 
 async def leftover(podman: PodmanRuntime, owner: str) -> str:
@@ -278,13 +305,11 @@ async def leftover(podman: PodmanRuntime, owner: str) -> str:
     return str(created.json()["network_interface"])
 
 
-def leave_rule(engine: ThrowawayPodman, bridge: str) -> None:
-    """The node's rule for ``bridge``, as a daemon killed before its job's removal left it."""
-    rule = [
-        "INPUT", "-i", bridge, "-m", "conntrack", "--ctstate", "NEW",
-        "-m", "comment", "--comment", f"{GUARD_PREFIX}{bridge}", "-j", "REJECT",
-    ]  # fmt: skip
-    subprocess.run([*engine.net.enter(), "iptables", "-w", "5", "-I", *rule], check=True)
+def leave_rules(engine: ThrowawayPodman, bridge: str) -> None:
+    """The node's rules for ``bridge``, as a daemon killed before its job's removal left
+    them."""
+    for rule in podman_rules(bridge):
+        subprocess.run([*engine.net.enter(), "iptables", "-w", "5", "-I", *rule], check=True)
 
 
 async def test_a_killed_daemons_network_and_rule_are_swept_at_start_a_live_jobs_kept(
@@ -296,21 +321,21 @@ async def test_a_killed_daemons_network_and_rule_are_swept_at_start_a_live_jobs_
     live = (await networks(podman))[own_network(server)]["network_interface"]
     owner = unique("tuneplane-gone")
     gone = await leftover(podman, owner)
-    leave_rule(netns_podman, gone)
-    assert {live, gone} <= set(guarded_bridges(netns_podman.input_rules()))
+    leave_rules(netns_podman, gone)
+    assert {live, gone} <= set(guarded_bridges(netns_podman.rules()))
 
     await make_podman_node(make_node, netns_podman, "isolated")  # a restarted daemon
     assert own_network(owner) not in await networks(podman)
-    assert guarded_bridges(netns_podman.input_rules()).count(live) == 1
-    assert gone not in guarded_bridges(netns_podman.input_rules())
+    assert guarded_bridges(netns_podman.rules()).count(live) == 1
+    assert gone not in guarded_bridges(netns_podman.rules())
 
 
 async def test_a_rule_whose_bridge_is_no_networks_is_swept_at_start(
     netns_podman: ThrowawayPodman, make_node: MakeNode
 ) -> None:
-    leave_rule(netns_podman, "cni-podman99")  # its network removed by hand meanwhile
+    leave_rules(netns_podman, "cni-podman99")  # its network removed by hand meanwhile
     await make_podman_node(make_node, netns_podman, "isolated")
-    assert "cni-podman99" not in guarded_bridges(netns_podman.input_rules())
+    assert "cni-podman99" not in guarded_bridges(netns_podman.rules())
 
 
 @pytest.fixture
@@ -365,11 +390,11 @@ async def test_a_podman_job_whose_container_cannot_be_made_leaves_no_network_nor
 ) -> None:
     missing = Mount(host=str(tmp_path / "absent"), container="/data", read_only=True)
     spec = job(["/bin/true"], network="isolated", mounts=(missing,))
-    rules = guarded_bridges(netns_podman.input_rules())
+    rules = guarded_bridges(netns_podman.rules())
     try:
         with pytest.raises(EngineError):
             await podman.run(spec)
         assert own_network(spec.name) not in await networks(podman)
-        assert guarded_bridges(netns_podman.input_rules()) == rules
+        assert guarded_bridges(netns_podman.rules()) == rules
     finally:
         await podman.remove(spec.name)  # the container, had it been made, and its network

@@ -60,10 +60,11 @@ def test_a_refused_rule_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
     assert hostguard.guard(42, "br-x") == "refused"
 
 
-# --- podman: a rule per job network's bridge, swept where the bridge is gone ---------------
+# --- podman: rules per job network's bridge, swept where the bridge is gone ----------------
 
 LISTED = """-P INPUT ACCEPT
 -A INPUT -i cni-podman2 -m conntrack --ctstate NEW -m comment --comment "tuneplane-guard:cni-podman2" -j REJECT --reject-with icmp-port-unreachable
+-A FORWARD -i cni-podman2 -m conntrack --ctstate DNAT -m comment --comment "tuneplane-guard:cni-podman2" -j REJECT --reject-with icmp-port-unreachable
 -A INPUT -i br-1 -m conntrack --ctstate NEW -m comment --comment "tuneplane-node: the jobs of this network reach no port of this machine" -j REJECT --reject-with icmp-port-unreachable
 -A INPUT -i cni-podman5 -m comment --comment tuneplane-guard:cni-podman5 -j REJECT
 """  # noqa: E501  # iptables -S, as it prints them
@@ -94,13 +95,24 @@ def listing(monkeypatch: pytest.MonkeyPatch, text: str) -> list[list[str]]:
 
 
 @pytest.mark.usefixtures("engine")
-def test_a_job_networks_rule_names_its_bridge(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_job_networks_rules_name_its_bridge(monkeypatch: pytest.MonkeyPatch) -> None:
     asked = listing(monkeypatch, "")
     hostguard.BridgeGuard("/s").hold("cni-podman7")
-    assert [command[5] for command in asked] == ["-C", "-I"]
-    added = asked[1][6:]
-    assert added == hostguard.rule("cni-podman7", "tuneplane-guard:cni-podman7")
-    assert asked[1][:2] == ["nsenter", "--net=/proc/42/ns/net"]
+    assert [command[5] for command in asked] == ["-C", "-I"] * 3
+    added = [command[6:] for command in asked if command[5] == "-I"]
+    assert added == hostguard.podman_rules("cni-podman7")
+    assert all(command[:2] == ["nsenter", "--net=/proc/42/ns/net"] for command in asked)
+
+
+def test_a_job_network_is_kept_off_the_hosts_ports_and_the_engines_containers() -> None:
+    host, others, published = hostguard.podman_rules("cni-podman7")
+    assert host[:3] == ["INPUT", "-i", "cni-podman7"] and "NEW" in host
+    assert others[:5] == ["FORWARD", "-i", "cni-podman7", "-o", "cni-podman+"]  # any of podman's
+    assert published[:3] == ["FORWARD", "-i", "cni-podman7"] and "DNAT" in published
+    assert all(
+        rule[-3:] == ["tuneplane-guard:cni-podman7", "-j", "REJECT"]
+        for rule in (host, others, published)
+    )
 
 
 @pytest.mark.usefixtures("engine")
@@ -108,9 +120,13 @@ def test_the_sweep_removes_only_the_rules_of_bridges_no_network_has(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     asked = listing(monkeypatch, LISTED)
-    assert hostguard.BridgeGuard("/s").sweep(lambda: {"cni-podman0", "cni-podman5"}) == 1
-    (removed,) = [command for command in asked if "-D" in command]
-    assert removed[6:] == hostguard.rule("cni-podman2", "tuneplane-guard:cni-podman2")
+    assert hostguard.BridgeGuard("/s").sweep(lambda: {"cni-podman0", "cni-podman5"}) == 2
+    removed = [command[6:] for command in asked if "-D" in command]
+    assert [rule[:3] for rule in removed] == [
+        ["INPUT", "-i", "cni-podman2"],
+        ["FORWARD", "-i", "cni-podman2"],
+    ]
+    assert all("tuneplane-guard:cni-podman2" in rule for rule in removed)  # as listed, unquoted
 
 
 @pytest.mark.usefixtures("engine")
@@ -139,7 +155,7 @@ def test_a_guard_that_cannot_hold_says_why_once(
     guard.hold("cni-podman1")
     guard.hold("cni-podman2")
     said = [r.getMessage() for r in caplog.records if "this machine's ports" in r.getMessage()]
-    assert said == ["podman's job networks can open this machine's ports: another machine's"]
+    assert len(said) == 1 and said[0].endswith("other containers: another machine's"), said
 
 
 def test_podmans_iptables_is_the_one_holding_its_chains(

@@ -100,7 +100,8 @@ def job_network_finding(settings: NodeSettings) -> Finding:
     where = (
         "docker: the node's network, inter-container traffic off and no new connection to "
         "this machine's ports, held by firewall rules (none under --iptables=false); "
-        "podman: a network of each job's own and the same rule for its bridge"
+        "podman: a network of each job's own, the same rule for its bridge and rules "
+        "against the engine's other containers"
     )
     if (missing := hostguard.tools_missing()) is not None:
         return (

@@ -12,7 +12,11 @@ are untouched.
 
 Docker: one rule for its shared network, kept only where docker manages the firewall
 (its DOCKER-USER chain exists): an engine run with ``--iptables=false`` isolates nothing
-between jobs either. Podman: one rule per job network (`BridgeGuard`), commented with its
+between jobs either. Podman (`BridgeGuard`): per job network, that rule and two in
+FORWARD, for what podman's ``isolate`` leaves open: the engine's other containers on
+networks that are not isolated (the default one), by their address (a new connection
+out to a bridge of the engine's naming) or by a port they publish on the host (a
+connection whose destination was translated, DNAT). All three are commented with the
 bridge (`GUARD_PREFIX`), removed with the network, and swept where the bridge is no
 network's any more (a killed daemon's). Its networks are made without podman's DNS
 (`dns_enabled` false), so no port of the gateway is kept open. Blocking: on the engine's
@@ -25,6 +29,7 @@ import contextlib
 import logging
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import threading
@@ -57,6 +62,19 @@ def rule(interface: str, comment: str = COMMENT) -> list[str]:
         "INPUT", "-i", interface, "-m", "conntrack", "--ctstate", "NEW",
         "-m", "comment", "--comment", comment, "-j", "REJECT",
     ]  # fmt: skip
+
+
+def podman_rules(interface: str) -> list[list[str]]:
+    """A podman job network's rules: the host's ports, the engine's other containers by
+    address (``cni-podman3`` -> any ``cni-podman+``) and by published port."""
+    tag = ["-m", "comment", "--comment", f"{GUARD_PREFIX}{interface}", "-j", "REJECT"]
+    new = ["-m", "conntrack", "--ctstate", "NEW", *tag]
+    engines = f"{interface.rstrip('0123456789')}+"
+    return [
+        ["INPUT", "-i", interface, *new],
+        ["FORWARD", "-i", interface, "-o", engines, *new],
+        ["FORWARD", "-i", interface, "-m", "conntrack", "--ctstate", "DNAT", *tag],
+    ]
 
 
 def tools_missing() -> str | None:
@@ -119,13 +137,24 @@ def podman_iptables(pid: int) -> str | None:
 
 
 def guarded_bridges(listing: str) -> list[str]:
-    """The bridges of the podman rules in an ``iptables -S INPUT`` listing."""
-    return [found.group(1) for line in listing.splitlines() if (found := _GUARDED.search(line))]
+    """The bridges of the podman rules in an ``iptables -S`` listing, once each."""
+    return list(dict.fromkeys(bridge for bridge, _ in guarded_rules(listing)))
+
+
+def guarded_rules(listing: str) -> list[tuple[str, list[str]]]:
+    """The podman rules in an ``iptables -S`` listing: each one's bridge and its rule as
+    ``-D`` takes it."""
+    return [
+        (found.group(1), shlex.split(line)[1:])
+        for line in listing.splitlines()
+        if line.startswith("-A ") and (found := _GUARDED.search(line))
+    ]
 
 
 class BridgeGuard:
-    """The rules of one podman engine's job networks, one per network's bridge, in the
-    engine's namespace. A rule is added after its network is made (`hold`) and removed
+    """The rules of one podman engine's job networks (`podman_rules` of each network's
+    bridge), in the engine's namespace. They are added after their network is made
+    (`hold`) and removed
     where its bridge is no network's any more (`sweep`: after a removal, at start); one
     lock orders them, so a sweep never takes a rule added after its look at the networks.
     Where the guard cannot hold, the log says why once."""
@@ -137,31 +166,36 @@ class BridgeGuard:
         self._tools: dict[int, str] = {}  # engine pid -> the iptables found holding its rules
 
     def hold(self, interface: str) -> None:
-        """The rule for a network's bridge ``interface``, added unless it is there."""
+        """The rules for a network's bridge ``interface``, each added unless it is there."""
         with self._lock:
             iptables: list[str] = []
             why: str | None = "the engine named no bridge for a job network"
             if interface:
                 iptables, why = self._iptables()
-            if iptables:
-                why = _hold(iptables, rule(interface, f"{GUARD_PREFIX}{interface}"))
+            for wanted in podman_rules(interface) if iptables else ():
+                why = why or _hold(iptables, wanted)
             if why is not None and why not in self._said:
                 self._said.add(why)
-                log.warning("podman's job networks can open this machine's ports: %s", why)
+                log.warning(
+                    "podman's job networks can open this machine's ports and the engine's "
+                    "other containers: %s",
+                    why,
+                )
 
     def sweep(self, bridges: Callable[[], Collection[str]]) -> int:
-        """Remove the rules whose bridge is none of ``bridges()`` (the engine's networks'),
+        """Remove the rules whose bridge is none of ``bridges()`` (the engine's networks');
         how many. The rules are read first: one seen was added after its network was
         made, so the networks listed next name its bridge unless it is gone."""
         with self._lock:
             iptables, _ = self._iptables()
-            listed = _run([*iptables, "-S", "INPUT"]).stdout if iptables else ""
-            found = guarded_bridges(listed)
+            found = guarded_rules(_run([*iptables, "-S"]).stdout if iptables else "")
             live = bridges() if found else ()
-            stale = [bridge for bridge in found if bridge not in live]
-            for bridge in stale:
-                _run([*iptables, "-D", *rule(bridge, f"{GUARD_PREFIX}{bridge}")])
-                log.info("removed the host guard's rule of %s, whose network is gone", bridge)
+            stale = [(bridge, spec) for bridge, spec in found if bridge not in live]
+            for _, spec in stale:
+                _run([*iptables, "-D", *spec])
+            if stale:
+                gone = sorted({bridge for bridge, _ in stale})
+                log.info("removed the host guard's rules of %s: their networks are gone", gone)
             return len(stale)
 
     def _iptables(self) -> tuple[list[str], str | None]:

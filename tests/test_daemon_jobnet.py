@@ -180,8 +180,10 @@ def netns_podman() -> Iterator[ThrowawayPodman]:
         engine.net.listen()
         engine.podman(
             "run", "-d", "--name", "tp-other", "-p", f"{PUBLISHED}:{PUBLISHED}",
-            "--entrypoint", "/bin/sh", f"docker.io/{IMAGE}",
-            "-c", f"while true; do echo other | nc -l -p {PUBLISHED}; done",
+            # -ll: a server that answers every connection, never between two (a loop of
+            # nc -l refuses the one that comes while it starts again)
+            "--entrypoint", "/bin/nc", f"docker.io/{IMAGE}",
+            "-ll", "-p", str(PUBLISHED), "-e", "/bin/echo", "other",
         )  # fmt: skip
         yield engine
     finally:

@@ -75,8 +75,10 @@ def test_the_podman_rules_are_found_by_their_comment_and_dockers_is_not() -> Non
 
 
 @pytest.fixture
-def engine(monkeypatch: pytest.MonkeyPatch) -> None:
-    """An engine whose socket's listener is pid 42, and podman's chains in `iptables`."""
+def engine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """An engine whose socket's listener is pid 42, and podman's chains in `iptables`;
+    its namespace's interfaces unreadable (a test writes them in ``tmp_path``)."""
+    monkeypatch.setattr(hostguard, "PROC", tmp_path)
     monkeypatch.setattr(hostguard, "engine_pid", lambda socket_path: (42, None))
     monkeypatch.setattr(hostguard, "podman_iptables", lambda pid: "iptables")
 
@@ -187,3 +189,19 @@ def test_a_network_without_a_bridge_gets_no_rule_and_the_log_says_so(
     hostguard.BridgeGuard("/s").hold("")
     assert not [command for command in asked if "-I" in command]
     assert "named no bridge" in caplog.text
+
+
+@pytest.mark.usefixtures("engine")
+def test_the_sweep_keeps_a_rule_whose_bridge_is_still_an_interface_of_the_engine(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Another podman service in the namespace may keep its networks in a directory of
+    its own: its bridge is there, and its rules stay."""
+    (tmp_path / "42" / "net").mkdir(parents=True)
+    (tmp_path / "42" / "net" / "dev").write_text(
+        "Inter-|   Receive\n face |bytes\n    lo: 1 2 3\ncni-podman2: 4 5 6\n"
+    )
+    asked = listing(monkeypatch, LISTED)
+    assert hostguard.BridgeGuard("/s").sweep(lambda: set()) == 1
+    (removed,) = [command[6:] for command in asked if "-D" in command]
+    assert removed[:3] == ["INPUT", "-i", "cni-podman5"]

@@ -17,10 +17,10 @@ FORWARD, for what podman's ``isolate`` leaves open: the engine's other container
 networks that are not isolated (the default one), by their address (a new connection
 out to a bridge of the engine's naming) or by a port they publish on the host (a
 connection whose destination was translated, DNAT). All three are commented with the
-bridge (`GUARD_PREFIX`), removed with the network, and swept where the bridge is no
-network's any more (a killed daemon's). Its networks are made without podman's DNS
-(`dns_enabled` false), so no port of the gateway is kept open. Blocking: on the engine's
-pool.
+bridge (`GUARD_PREFIX`), removed with the network, and swept where the bridge is gone,
+no network's and no interface of the engine's namespace (a killed daemon's). Its
+networks are made without podman's DNS (`dns_enabled` false), so no port of the gateway
+is kept open. Blocking: on the engine's pool.
 """
 
 from __future__ import annotations
@@ -136,6 +136,15 @@ def podman_iptables(pid: int) -> str | None:
     return None
 
 
+def interfaces(pid: int) -> set[str]:
+    """The network interfaces of process ``pid``'s namespace; none where unreadable."""
+    try:
+        listed = (PROC / str(pid) / "net" / "dev").read_text().splitlines()[2:]
+    except OSError:
+        return set()
+    return {line.split(":", 1)[0].strip() for line in listed if ":" in line}
+
+
 def guarded_bridges(listing: str) -> list[str]:
     """The bridges of the podman rules in an ``iptables -S`` listing, once each."""
     return list(dict.fromkeys(bridge for bridge, _ in guarded_rules(listing)))
@@ -171,7 +180,7 @@ class BridgeGuard:
             iptables: list[str] = []
             why: str | None = "the engine named no bridge for a job network"
             if interface:
-                iptables, why = self._iptables()
+                _, iptables, why = self._iptables()
             for wanted in podman_rules(interface) if iptables else ():
                 why = why or _hold(iptables, wanted)
             if why is not None and why not in self._said:
@@ -183,13 +192,15 @@ class BridgeGuard:
                 )
 
     def sweep(self, bridges: Callable[[], Collection[str]]) -> int:
-        """Remove the rules whose bridge is none of ``bridges()`` (the engine's networks');
-        how many. The rules are read first: one seen was added after its network was
-        made, so the networks listed next name its bridge unless it is gone."""
+        """Remove the rules whose bridge is none of ``bridges()`` (the engine's networks')
+        nor an interface of the engine's namespace (another service's there may keep
+        its networks elsewhere); how many. The rules are read first: one seen was added
+        after its network was made, so the networks listed next name its bridge unless
+        it is gone."""
         with self._lock:
-            iptables, _ = self._iptables()
+            pid, iptables, _ = self._iptables()
             found = guarded_rules(_run([*iptables, "-S"]).stdout if iptables else "")
-            live = bridges() if found else ()
+            live = {*bridges(), *interfaces(pid)} if found else set()
             stale = [(bridge, spec) for bridge, spec in found if bridge not in live]
             for _, spec in stale:
                 _run([*iptables, "-D", *spec])
@@ -198,15 +209,16 @@ class BridgeGuard:
                 log.info("removed the host guard's rules of %s: their networks are gone", gone)
             return len(stale)
 
-    def _iptables(self) -> tuple[list[str], str | None]:
+    def _iptables(self) -> tuple[int, list[str], str | None]:
+        """The engine's pid and its iptables command; else why there is none."""
         if (missing := tools_missing()) is not None:
-            return [], missing
+            return 0, [], missing
         pid, why = engine_pid(self.socket_path)
         if not pid:
-            return [], why
+            return 0, [], why
         if pid not in self._tools and (found := podman_iptables(pid)):
             self._tools[pid] = found  # podman's own chains seen there: asked no more
-        return enter(pid, self._tools.get(pid, "iptables")), None
+        return pid, enter(pid, self._tools.get(pid, "iptables")), None
 
 
 def _run(command: list[str]) -> subprocess.CompletedProcess[str]:

@@ -190,11 +190,13 @@ def _make_network(api: Any, spec: ContainerSpec, store: str) -> str:
     return str(response.json().get("network_interface") or "")
 
 
-def _remove_network(api: Any, name: str) -> None:
-    """Gone, whether it was there or not."""
+def _remove_network(api: Any, name: str) -> bool:
+    """Gone, whether it was there or not; whether it was."""
     response = api.delete(f"/networks/{name}", params={"force": True})
-    if response.status_code != 404:
-        response.raise_for_status()
+    if response.status_code == 404:
+        return False
+    response.raise_for_status()
+    return True
 
 
 def _container_gone(api: Any, name: str) -> bool:
@@ -240,29 +242,30 @@ class JobNetworks:
         self.guard = hostguard.BridgeGuard(socket)
 
     def make(self, spec: ContainerSpec) -> None:
-        self.prune()
+        self.prune(sweep=False)
         self.guard.hold(_make_network(self.api(), spec, self.store()))
 
     def forget(self, container: str) -> None:
         """After its container (or its failed create): its network, any other whose job
         is gone, and the rules of the bridges gone with them."""
-        self.tidy(_remove_network, self.api(), own_network(container))
-        self.prune()
+        removed = self.tidy(_remove_network, self.api(), own_network(container))
+        self.prune(sweep=bool(removed))
 
-    def prune(self) -> None:
-        """This store's job networks whose container is gone removed, then the rules
-        whose bridge is no network's. The store is asked (podman's info, slow) only where
-        there is a job network to weigh."""
-        self.tidy(_prune_networks, self.api(), self.store)
-        self.tidy(self.guard.sweep, lambda: _bridges(self.api()))
+    def prune(self, *, sweep: bool = True) -> None:
+        """This store's job networks whose container is gone removed, then, where one was
+        (or ``sweep``), the rules whose bridge is gone. The store is asked (podman's info,
+        slow) only where there is a job network to weigh."""
+        if self.tidy(_prune_networks, self.api(), self.store) or sweep:
+            self.tidy(self.guard.sweep, lambda: _bridges(self.api()))
 
-    def tidy(self, fn: Callable[..., object], *args: Any) -> None:
+    def tidy(self, fn: Callable[..., object], *args: Any) -> object:
         """A network clean-up that fails is logged, never the verb's failure: what it
-        leaves, the next launch, removal or start prunes."""
+        leaves, the next launch, removal or start prunes. What ``fn`` answers, or None."""
         try:
-            fn(*args)
+            return fn(*args)
         except (podman.errors.APIError, requests.exceptions.RequestException) as exc:
             log.warning("job networks not tidied (pruned later): %s", exc)
+            return None
 
 
 def _confined(confinement: Confinement) -> dict[str, Any]:

@@ -34,7 +34,12 @@ from tests.helpers import (
     unique,
 )
 from tuneplane_node.errors import EngineError
-from tuneplane_node.runtime.hostguard import GUARD_PREFIX, guarded_bridges, podman_rules
+from tuneplane_node.runtime.hostguard import (
+    GUARD_PREFIX,
+    guarded_bridges,
+    guarded_rules,
+    podman_rules,
+)
 from tuneplane_node.runtime.jobnetwork import (
     LABEL_NETWORK_OF,
     LABEL_NETWORK_STORE,
@@ -314,22 +319,26 @@ def leave_rules(engine: ThrowawayPodman, bridge: str) -> None:
         subprocess.run([*engine.net.enter(), "iptables", "-w", "5", "-I", *rule], check=True)
 
 
-async def test_a_killed_daemons_network_and_rule_are_swept_at_start_a_live_jobs_kept(
+async def test_a_killed_daemons_network_and_rules_are_swept_at_start_a_live_jobs_kept(
     netns_podman: ThrowawayPodman, make_node: MakeNode, podman: PodmanRuntime
 ) -> None:
     first = await make_podman_node(make_node, netns_podman, "isolated")
-    server, _ = await first.launch(SERVE, network="bridge")
-    await first.wait_for(server, "status", "running")
-    live = (await networks(podman))[own_network(server)]["network_interface"]
-    owner = unique("tuneplane-gone")
-    gone = await leftover(podman, owner)
-    leave_rules(netns_podman, gone)
+    kept, _ = await first.launch(SERVE, network="bridge")
+    doomed, _ = await first.launch(SERVE, network="bridge")
+    for ref in (kept, doomed):
+        await first.wait_for(ref, "status", "running")
+    made = await networks(podman)
+    live, gone = (made[own_network(ref)]["network_interface"] for ref in (kept, doomed))
+    # The daemon killed, and the job's container removed meanwhile: its network and its
+    # rules are left as the node made them.
+    netns_podman.podman("rm", "-f", "-t", "0", doomed)
     assert {live, gone} <= set(guarded_bridges(netns_podman.rules()))
 
-    await make_podman_node(make_node, netns_podman, "isolated")  # a restarted daemon
-    assert own_network(owner) not in await networks(podman)
-    assert guarded_bridges(netns_podman.rules()).count(live) == 1
-    assert gone not in guarded_bridges(netns_podman.rules())
+    await make_podman_node(make_node, netns_podman, "isolated")  # the daemon's start
+    assert own_network(doomed) not in await networks(podman)
+    rules = [bridge for bridge, _ in guarded_rules(netns_podman.rules())]
+    assert gone not in rules
+    assert rules.count(live) == len(podman_rules(live))  # the live job's, each once
 
 
 async def test_a_rule_whose_bridge_is_no_networks_is_swept_at_start(

@@ -57,10 +57,11 @@ def bridge_interface(network: Mapping[str, Any]) -> str:
     return str(named or f"br-{str(network.get('Id') or '')[:12]}")
 
 
-def rule(interface: str, comment: str = COMMENT) -> list[str]:
+def rule(interface: str) -> list[str]:
+    """Docker's rule for its network's bridge ``interface``."""
     return [
         "INPUT", "-i", interface, "-m", "conntrack", "--ctstate", "NEW",
-        "-m", "comment", "--comment", comment, "-j", "REJECT",
+        "-m", "comment", "--comment", COMMENT, "-j", "REJECT",
     ]  # fmt: skip
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -42,6 +43,7 @@ from tuneplane_node.runtime.base import (
 )
 from tuneplane_node.runtime.cache import CachedRuntime
 from tuneplane_node.runtime.engines.docker import DockerRuntime
+from tuneplane_node.runtime.engines.jobnetwork import own_network
 from tuneplane_node.runtime.engines.podman import PodmanRuntime
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.wire import PROTOCOL, PROTOCOL_HEADER
@@ -91,6 +93,94 @@ def own_docker_host() -> str:
     return os.environ.get("TUNEPLANE_TEST_OWN_DOCKER_HOST", f"unix://{OWN_DOCKER_SOCK}")
 
 
+class Namespaces:
+    """A network namespace of an engine's own (loopback up) and a second one, "the outside
+    world", joined by a veth pair: an engine run there gets its bridges and firewall rules
+    without touching the machine's own interfaces and rules. `listen` serves `OUTSIDE` on
+    `OUTSIDE_PORT` and every address of the engine's namespace on `HOST_PORT`; ``pids``
+    records the listeners, for a `close` by a later process."""
+
+    OUTSIDE = "198.51.100.2"  # TEST-NET-2: the outside namespace's end of the veth pair
+    ENGINE_SIDE = "198.51.100.1"
+    OUTSIDE_PORT = 8000
+    HOST_PORT = 8001
+
+    def __init__(self, name: str, pids: Path) -> None:
+        self.namespace = f"tp-{name}"  # `ip netns` names, made and deleted here
+        self.outside = f"{self.namespace}-out"
+        self.pids = pids
+        self.listeners: list[subprocess.Popen[bytes]] = []
+
+    def enter(self) -> list[str]:
+        """The prefix of a command run in the engine's namespace."""
+        return ["nsenter", f"--net=/run/netns/{self.namespace}"]
+
+    def make(self) -> None:
+        """Both namespaces and their veth pair; kept across a restart of the engine."""
+        if Path(f"/run/netns/{self.namespace}").exists():
+            return
+        veth = f"vt{uuid.uuid4().hex[:8]}"
+        for command in (
+            ["ip", "netns", "add", self.namespace],
+            ["ip", "netns", "add", self.outside],
+            ["ip", "-n", self.namespace, "link", "set", "lo", "up"],
+            ["ip", "-n", self.outside, "link", "set", "lo", "up"],
+            ["ip", "-n", self.namespace, "link", "add", veth, "type", "veth", "peer", "name",
+             f"{veth}o", "netns", self.outside],
+            ["ip", "-n", self.namespace, "addr", "add", f"{self.ENGINE_SIDE}/30", "dev", veth],
+            ["ip", "-n", self.outside, "addr", "add", f"{self.OUTSIDE}/30", "dev", f"{veth}o"],
+            ["ip", "-n", self.namespace, "link", "set", veth, "up"],
+            ["ip", "-n", self.outside, "link", "set", f"{veth}o", "up"],
+        ):  # fmt: skip
+            subprocess.run(command, check=True, capture_output=True)
+
+    def listen(self) -> None:
+        """TCP servers that say where they are: one in the outside namespace (``outside``,
+        on `OUTSIDE`), one on every address of the engine's own namespace, the machine its
+        jobs run on (``host``, on `HOST_PORT`: a port the node's API on 0.0.0.0 stands for)."""
+        self.listeners = [
+            self._listen(self.outside, self.OUTSIDE, self.OUTSIDE_PORT, "outside"),
+            self._listen(self.namespace, "0.0.0.0", self.HOST_PORT, "host"),
+        ]
+        self.pids.write_text("\n".join(str(listener.pid) for listener in self.listeners))
+
+    @staticmethod
+    def _listen(namespace: str, address: str, port: int, word: str) -> subprocess.Popen[bytes]:
+        server = (
+            "import socket\n"
+            "s = socket.socket()\n"
+            "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+            f"s.bind(({address!r}, {port}))\n"
+            "s.listen()\n"
+            "print('listening', flush=True)\n"
+            "while True:\n"
+            "    c, _ = s.accept()\n"
+            f"    c.sendall(b'{word}\\n')\n"
+            "    c.close()\n"
+        )
+        listener = subprocess.Popen(
+            ["nsenter", f"--net=/run/netns/{namespace}", sys.executable, "-c", server],
+            stdout=subprocess.PIPE,
+            start_new_session=True,
+        )
+        assert listener.stdout is not None
+        assert listener.stdout.readline() == b"listening\n"
+        return listener
+
+    def close(self) -> None:
+        """The listeners (ours, or a killed suite's from ``pids``) and both namespaces
+        (their veth pair goes with them)."""
+        with contextlib.suppress(OSError, ValueError):
+            for pid in self.pids.read_text().split():
+                with contextlib.suppress(OSError):
+                    os.kill(int(pid), signal.SIGKILL)
+        for listener in self.listeners:
+            listener.wait()  # killed above: reaped
+        for namespace in (self.namespace, self.outside):
+            if Path(f"/run/netns/{namespace}").exists():
+                subprocess.run(["ip", "netns", "del", namespace], check=False)
+
+
 class ThrowawayDocker:
     """A Docker engine of one test's own, for the tests that restart or freeze their
     engine: started with the flags of `engines.sh`'s engines on a socket, data root and
@@ -104,19 +194,19 @@ class ThrowawayDocker:
     interfaces and rules are never touched), wired by a veth pair to a second namespace,
     "the outside world", where `OUTSIDE` answers on `OUTSIDE_PORT` (`listen_outside`)."""
 
-    OUTSIDE = "198.51.100.2"  # TEST-NET-2: the outside namespace's end of the veth pair
-    ENGINE_SIDE = "198.51.100.1"
-    OUTSIDE_PORT = 8000
-    HOST_PORT = 8001
+    OUTSIDE, OUTSIDE_PORT, HOST_PORT = (
+        Namespaces.OUTSIDE,
+        Namespaces.OUTSIDE_PORT,
+        Namespaces.HOST_PORT,
+    )
 
     def __init__(self, name: str | None = None, *, netns: bool = False) -> None:
         self.name = name or f"throwaway-{uuid.uuid4().hex[:8]}"
         self.netns = netns
-        self.namespace = f"tp-{self.name}"  # `ip netns` names, made and deleted here
-        self.outside = f"{self.namespace}-out"
-        self.listeners: list[subprocess.Popen[bytes]] = []
         self.data_root = DEV_ROOT / self.name
         self.exec_root = RUN_DIR / f"{self.name}-exec"
+        self.net = Namespaces(self.name, self.exec_root / "listener")
+        self.namespace = self.net.namespace
         self.socket = RUN_DIR / f"{self.name}.sock"
         self.log = DEV_ROOT / "log" / f"{self.name}.log"
         self.pid_file = self.exec_root / "dockerd.pid"
@@ -147,8 +237,8 @@ class ThrowawayDocker:
         flags = ["--iptables=false", "--ip6tables=false", "--bridge=none"]
         prefix: list[str] = []
         if self.netns:  # the bridge and the firewall rules, in a namespace of its own
-            self._make_namespaces()
-            flags, prefix = [], ["nsenter", f"--net=/run/netns/{self.namespace}"]
+            self.net.make()
+            flags, prefix = [], self.net.enter()
         flags += ["--live-restore"] if live_restore else []
         flags += ["--data-root", str(self.data_root), "--exec-root", str(self.exec_root)]
         flags += ["--pidfile", str(self.pid_file), "-H", self.host]
@@ -166,59 +256,8 @@ class ThrowawayDocker:
             assert time.monotonic() < deadline, f"dockerd never answered: see {self.log}"
             time.sleep(0.1)
 
-    def _make_namespaces(self) -> None:
-        """The engine's namespace (loopback up) and the outside one, joined by a veth
-        pair; kept across a restart of the engine."""
-        if Path(f"/run/netns/{self.namespace}").exists():
-            return
-        veth = f"vt{uuid.uuid4().hex[:8]}"
-        for command in (
-            ["ip", "netns", "add", self.namespace],
-            ["ip", "netns", "add", self.outside],
-            ["ip", "-n", self.namespace, "link", "set", "lo", "up"],
-            ["ip", "-n", self.outside, "link", "set", "lo", "up"],
-            ["ip", "-n", self.namespace, "link", "add", veth, "type", "veth", "peer", "name",
-             f"{veth}o", "netns", self.outside],
-            ["ip", "-n", self.namespace, "addr", "add", f"{self.ENGINE_SIDE}/30", "dev", veth],
-            ["ip", "-n", self.outside, "addr", "add", f"{self.OUTSIDE}/30", "dev", f"{veth}o"],
-            ["ip", "-n", self.namespace, "link", "set", veth, "up"],
-            ["ip", "-n", self.outside, "link", "set", f"{veth}o", "up"],
-        ):  # fmt: skip
-            subprocess.run(command, check=True, capture_output=True)
-
     def listen_outside(self) -> None:
-        """TCP servers that say where they are: one in the outside namespace (``outside``,
-        on `OUTSIDE`), one on every address of the engine's own namespace, the machine its
-        jobs run on (``host``, on `HOST_PORT`: a port the node's API on 0.0.0.0 stands for)."""
-        self.listeners = [
-            self._listen(self.outside, self.OUTSIDE, self.OUTSIDE_PORT, "outside"),
-            self._listen(self.namespace, "0.0.0.0", self.HOST_PORT, "host"),
-        ]
-        pids = "\n".join(str(listener.pid) for listener in self.listeners)
-        (self.exec_root / "listener").write_text(pids)  # for `close`
-
-    @staticmethod
-    def _listen(namespace: str, address: str, port: int, word: str) -> subprocess.Popen[bytes]:
-        server = (
-            "import socket\n"
-            "s = socket.socket()\n"
-            "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
-            f"s.bind(({address!r}, {port}))\n"
-            "s.listen()\n"
-            "print('listening', flush=True)\n"
-            "while True:\n"
-            "    c, _ = s.accept()\n"
-            f"    c.sendall(b'{word}\\n')\n"
-            "    c.close()\n"
-        )
-        listener = subprocess.Popen(
-            ["nsenter", f"--net=/run/netns/{namespace}", sys.executable, "-c", server],
-            stdout=subprocess.PIPE,
-            start_new_session=True,
-        )
-        assert listener.stdout is not None
-        assert listener.stdout.readline() == b"listening\n"
-        return listener
+        self.net.listen()
 
     def _answers(self) -> bool:
         return self.docker("version", check=False).returncode == 0
@@ -277,19 +316,154 @@ class ThrowawayDocker:
         containerd = self.exec_root / "containerd" / "containerd.pid"
         with contextlib.suppress(OSError, ValueError):  # a killed dockerd leaves its own
             os.kill(int(containerd.read_text()), signal.SIGKILL)
-        with contextlib.suppress(OSError, ValueError):  # the listeners, ours or stale
-            for pid in (self.exec_root / "listener").read_text().split():
-                with contextlib.suppress(OSError):
-                    os.kill(int(pid), signal.SIGKILL)
-        for root in (self.exec_root, self.data_root):
-            for mount in reversed(_mounts_under(root)):
-                subprocess.run(["umount", "-l", mount], check=False, capture_output=True)
-            shutil.rmtree(root, ignore_errors=True)
-        for listener in self.listeners:
-            listener.wait()  # killed above: reaped
-        for namespace in (self.namespace, self.outside):  # their veth pair goes with them
-            if Path(f"/run/netns/{namespace}").exists():
-                subprocess.run(["ip", "netns", "del", namespace], check=False)
+        self.net.close()  # before the exec root, which records the listeners
+        _remove_roots(self.exec_root, self.data_root)
+
+
+class ThrowawayPodman:
+    """A podman service of its own in a network namespace of its own (`Namespaces`), for
+    the tests of podman's job networks and the rules the node keeps for them: the
+    development services run in the machine's namespace, whose firewall no test touches.
+    Its own store, run root, network configuration and containers.conf (file locks, as
+    `engines.sh`'s own services), the test image loaded from the suite's service; removed
+    with everything on it."""
+
+    def __init__(self, name: str | None = None) -> None:
+        self.name = name or f"throwpod-{uuid.uuid4().hex[:8]}"
+        self.root = DEV_ROOT / self.name
+        self.run_root = RUN_DIR / f"{self.name}-run"
+        self.socket = self.run_root / "podman.sock"
+        self.net = Namespaces(self.name, self.run_root / "listener")
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def host(self) -> str:
+        return f"unix://{self.socket}"
+
+    @classmethod
+    def clear_stale(cls) -> None:
+        """Remove the services whose test process is gone (a suite killed before its
+        clean-up): never one another running suite holds."""
+        for owner in RUN_DIR.glob("throwpod-*-run/owner"):
+            if not _alive(int(owner.read_text() or 0)):
+                cls(owner.parent.name.removesuffix("-run")).close()
+
+    def start(self) -> None:
+        """Start the service and return once it answers (a minute at most)."""
+        for path in (self.root / "networks", self.run_root):
+            path.mkdir(parents=True, exist_ok=True)
+        (self.run_root / "owner").write_text(str(os.getpid()))
+        self.net.make()
+        command = [
+            *self.net.enter(), "podman", "--root", str(self.root / "storage"),
+            "--runroot", str(self.run_root / "storage"),
+            "system", "service", "--time=0", self.host,
+        ]  # fmt: skip
+        with (self.root / "podman.log").open("ab") as log:
+            self.process = subprocess.Popen(
+                command,
+                env={**os.environ, "CONTAINERS_CONF": str(self._write_conf())},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # a Ctrl-C of the suite is not the service's
+            )
+        (self.run_root / "podman.pid").write_text(str(self.process.pid))  # for `close`
+        deadline = time.monotonic() + 60
+        while self.podman("version", check=False).returncode != 0:
+            assert self.process.poll() is None, f"podman exited: see {self.root}/podman.log"
+            assert time.monotonic() < deadline, "podman never answered"
+            time.sleep(0.1)
+
+    def _write_conf(self) -> Path:
+        """The machine's containers.conf, with locks, run files and networks of its own."""
+        base = Path(os.environ.get("CONTAINERS_CONF", "/etc/containers/containers.conf"))
+        text = base.read_text() if base.exists() else "[engine]\n"
+        own = (
+            f'[engine]\nlock_type = "file"\nstatic_dir = "{self.root}/libpod"\n'
+            f'tmp_dir = "{self.run_root}/libpod"'
+        )
+        network = f'\n[network]\nnetwork_config_dir = "{self.root}/networks"\n'
+        conf = self.root / "containers.conf"
+        conf.write_text(text.replace("[engine]", own, 1) + network)
+        return conf
+
+    def podman(
+        self, *args: str, check: bool = True, **options: Any
+    ) -> subprocess.CompletedProcess[bytes]:
+        """The podman command line, as a client of this service."""
+        return subprocess.run(
+            ["podman", "--remote", "--url", self.host, *args],
+            check=check,
+            capture_output=True,
+            **options,
+        )
+
+    def load_test_image(self) -> None:
+        """The test image, from the suite's podman service."""
+        saved = self.root / "image.tar"
+        suite = ["podman", "--remote", "--url", podman_url()]
+        subprocess.run([*suite, "save", "-o", str(saved), f"docker.io/{IMAGE}"], check=True)
+        self.podman("load", "-q", "-i", str(saved))
+        saved.unlink()
+
+    def rules(self) -> str:
+        """``iptables -S`` (the filter table) in the service's namespace."""
+        listed = subprocess.run(
+            [*self.net.enter(), "iptables", "-w", "5", "-S"],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        return listed.stdout
+
+    def _stop(self) -> None:
+        """SIGTERM, SIGKILL after half a minute: ours, or a killed suite's by its pid."""
+        try:
+            pid = int((self.run_root / "podman.pid").read_text())
+        except (OSError, ValueError):
+            return
+        if self._running(pid):
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while self._running(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if self._running(pid):
+            os.kill(pid, signal.SIGKILL)
+        if self.process is not None:
+            self.process.wait()
+
+    def _running(self, pid: int) -> bool:
+        if self.process is not None:
+            return self.process.poll() is None  # reaped once it ends: a child of ours
+        return _alive(pid)
+
+    def close(self) -> None:
+        """Every container and network removed, the service stopped, its namespaces, its
+        roots and the address leases of its networks (``/var/lib/cni/networks``, the
+        machine's: CNI's host-local keeps them there) deleted."""
+        made = self._leased_networks()
+        if self.socket.exists():
+            self.podman("rm", "-af", "-t", "0", check=False)
+            self.podman("network", "prune", "-f", check=False)
+        self._stop()
+        for name in made:
+            shutil.rmtree(Path("/var/lib/cni/networks") / name, ignore_errors=True)
+        self.net.close()
+        _remove_roots(self.run_root, self.root)
+
+    def _leased_networks(self) -> set[str]:
+        """The networks of its own that leased an address: each job's (its events name the
+        jobs) and those still configured. Never the default network's, whose leases the
+        machine's podman shares."""
+        made = {conflist.stem for conflist in (self.root / "networks").glob("*.conflist")}
+        with contextlib.suppress(OSError):
+            for line in (
+                (self.run_root / "libpod" / "events" / "events.log").read_text().splitlines()
+            ):
+                with contextlib.suppress(ValueError):
+                    made.add(own_network(str(json.loads(line).get("Name"))))
+        return made
 
 
 def _alive(pid: int) -> bool:
@@ -300,6 +474,14 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def _remove_roots(*roots: Path) -> None:
+    """An engine's directories, what is mounted under them first."""
+    for root in roots:
+        for mount in reversed(_mounts_under(root)):
+            subprocess.run(["umount", "-l", mount], check=False, capture_output=True)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _mounts_under(root: Path) -> list[str]:

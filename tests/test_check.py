@@ -22,12 +22,14 @@ from tests.helpers import (
     TOKEN,
     docker_host,
     engine_missing,
+    engine_settings,
     free_port,
     podman_url,
     spawn_daemon,
     storage_root,
 )
 from tuneplane_node.checks import engine as engine_checks
+from tuneplane_node.checks.findings import OK, WARN
 from tuneplane_node.cli import main
 from tuneplane_node.wire import PROTOCOL, PROTOCOL_HEADER
 
@@ -590,3 +592,15 @@ def test_the_engines_runtimes_and_isolation_are_said(check: Check) -> None:
     code, _, out = check(**settings, TUNEPLANE_JOB_SANDBOX="cpu")
     assert code == 1
     assert "FAIL jobs: TUNEPLANE_JOB_SANDBOX=cpu and podman has no runsc: register it" in out
+
+
+def test_a_machine_without_iptables_is_told_its_bridged_jobs_reach_its_ports(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    settings = engine_settings("podman", job_network="isolated")
+    level, line = engine_checks.job_network_finding(settings)
+    assert level == OK and "podman: a network of each job's own, the same rule" in line
+    monkeypatch.setattr("shutil.which", lambda name: None if name == "iptables" else name)
+    level, line = engine_checks.job_network_finding(settings)
+    assert level == WARN, line
+    assert line.endswith("reaches this machine's ports: iptables or nsenter is not on this machine")

@@ -3,8 +3,10 @@
 Docker's isolation is its firewall rules, which the development engines run without
 (``--bridge=none --iptables=false``): its tests get an engine of their own with its
 bridge and rules, in a network namespace of its own (`ThrowawayDocker` ``netns=True``),
-whose veth peer stands for the outside world. Podman's per-job networks are made on the
-suite's podman service, as its bridged jobs always were.
+whose veth peer stands for the outside world. Podman's per-job networks, and the rules the
+node keeps for them in the engine's namespace, are made on a podman service of the
+module's own in such a namespace (`ThrowawayPodman`): the suite's service runs in the
+machine's, whose firewall no test touches.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import asyncio
 import json
 import os
 import shutil
-from collections.abc import AsyncIterator
+import subprocess
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +24,22 @@ import pytest
 
 from tests.conftest import MakeNode
 from tests.helpers import (
+    IMAGE,
     Console,
     ThrowawayDocker,
+    ThrowawayPodman,
     engine_missing,
     engine_settings,
     job,
     unique,
 )
 from tuneplane_node.errors import EngineError
+from tuneplane_node.runtime.engines.hostguard import (
+    GUARD_PREFIX,
+    guarded_bridges,
+    guarded_rules,
+    podman_rules,
+)
 from tuneplane_node.runtime.engines.jobnetwork import (
     LABEL_NETWORK_OF,
     LABEL_NETWORK_STORE,
@@ -43,15 +54,22 @@ PEER_PORT = 9000
 SERVE = ["/bin/sh", "-c", f"while true; do echo secret | nc -l -p {PEER_PORT}; done"]
 
 
-def reach(peer: str) -> list[str]:
+GATEWAY = r"$(ip route | sed -n 's/^default via \([0-9.]*\).*/\1/p')"
+"""The job's gateway, in its shell: an address of the machine it runs on."""
+
+
+def reach(peer: str, **also: str) -> list[str]:
     """A job that tries the peer's port, the outside world and a port its machine serves
-    on all its addresses (through its gateway), and says what it read."""
-    outside = f"{ThrowawayDocker.OUTSIDE} {ThrowawayDocker.OUTSIDE_PORT}"
-    gateway = r"$(ip route | sed -n 's/^default via \([0-9.]*\).*/\1/p')"
-    script = (
-        f"echo peer=$(nc -w 3 {peer} {PEER_PORT} </dev/null 2>&1); "
-        f"echo out=$(nc -w 3 {outside} </dev/null 2>&1); "
-        f"echo host=$(nc -w 3 {gateway} {ThrowawayDocker.HOST_PORT} </dev/null 2>&1)"
+    on all its addresses (through its gateway), and says what it read; ``also``: more
+    places ("address port") by the word it prints before each answer."""
+    tries = {
+        "peer": f"{peer} {PEER_PORT}",
+        "out": f"{ThrowawayDocker.OUTSIDE} {ThrowawayDocker.OUTSIDE_PORT}",
+        "host": f"{GATEWAY} {ThrowawayDocker.HOST_PORT}",
+        **also,
+    }
+    script = "; ".join(
+        f"echo {word}=$(nc -w 3 {where} </dev/null 2>&1)" for word, where in tries.items()
     )
     return ["/bin/sh", "-c", script]
 
@@ -146,18 +164,46 @@ async def test_a_foreign_network_of_the_nodes_name_is_refused_never_used(
     assert listed == []  # nothing made on it
 
 
-# --- podman: a network of each job's own ---------------------------------------------------
+# --- podman: a network of each job's own, kept off the host's ports -----------------------
+
+
+PUBLISHED = 7000
+"""The port of the engine's other container (not the node's), published on the host."""
+
+
+@pytest.fixture(scope="module")
+def netns_podman() -> Iterator[ThrowawayPodman]:
+    """A podman service in namespaces of its own, for the module's podman tests, with a
+    container of someone else's on its default network, publishing `PUBLISHED`."""
+    if os.geteuid() != 0 or not (shutil.which("podman") and shutil.which("nsenter")):
+        engine_missing("a podman service in a network namespace", "root, podman, nsenter")
+    ThrowawayPodman.clear_stale()
+    engine = ThrowawayPodman()
+    try:
+        engine.start()
+        engine.load_test_image()
+        engine.net.listen()
+        engine.podman(
+            "run", "-d", "--name", "tp-other", "-p", f"{PUBLISHED}:{PUBLISHED}",
+            # -ll: a server that answers every connection, never between two (a loop of
+            # nc -l refuses the one that comes while it starts again)
+            "--entrypoint", "/bin/nc", f"docker.io/{IMAGE}",
+            "-ll", "-p", str(PUBLISHED), "-e", "/bin/echo", "other",
+        )  # fmt: skip
+        yield engine
+    finally:
+        engine.close()
 
 
 @pytest.fixture
-async def podman() -> AsyncIterator[PodmanRuntime]:
-    runtime = PodmanRuntime(engine_settings("podman"))
-    health = await runtime.health()
-    if not health.ok:
-        await runtime.close()
-        engine_missing("podman", health.error or "no answer")
+async def podman(netns_podman: ThrowawayPodman) -> AsyncIterator[PodmanRuntime]:
+    runtime = PodmanRuntime(engine_settings("podman", podman_url=netns_podman.host))
     yield runtime
     await runtime.close()
+
+
+async def make_podman_node(make_node: MakeNode, engine: ThrowawayPodman, kind: str) -> Console:
+    return await make_node("podman", podman_url=engine.host, job_network=kind)
 
 
 async def networks(podman: PodmanRuntime) -> dict[str, dict[str, Any]]:
@@ -169,11 +215,66 @@ async def networks(podman: PodmanRuntime) -> dict[str, dict[str, Any]]:
     return {net["name"]: net for net in await asyncio.to_thread(listed)}
 
 
-@pytest.mark.parametrize("kind", ["isolated", "sealed"])
-async def test_podman_gives_each_job_a_network_of_its_own_removed_with_it(
-    make_node: MakeNode, podman: PodmanRuntime, kind: str
+def host_input() -> str:
+    """The machine's own INPUT chain, where no rule of a test's may land."""
+    listed = subprocess.run(["iptables", "-w", "5", "-S", "INPUT"], capture_output=True, text=True)
+    return listed.stdout
+
+
+@pytest.mark.parametrize(
+    ("kind", "peer", "outside", "host", "other"),
+    [
+        ("isolated", False, True, False, False),
+        ("sealed", False, False, False, False),
+        ("bridge", True, True, True, True),  # 0.3.15's: the engine's default network
+    ],
+)
+async def test_podman_jobs_reach_what_their_network_allows(
+    netns_podman: ThrowawayPodman,
+    make_node: MakeNode,
+    podman: PodmanRuntime,
+    kind: str,
+    peer: bool,
+    outside: bool,
+    host: bool,
+    other: bool,
 ) -> None:
-    node = await make_node("podman", job_network=kind)
+    """Another job's port, the outside world, a port of the engine's machine served on
+    all its addresses (the node's API on 0.0.0.0 stands for it), and the engine's other
+    container by its address and by the port it publishes, each from inside a job."""
+    node = await make_podman_node(make_node, netns_podman, kind)
+    server, _ = await node.launch(SERVE, network="bridge")
+    await node.wait_for(server, "status", "running")
+    others = {
+        "direct": f"{await address(podman, 'tp-other')} {PUBLISHED}",
+        "published": f"{GATEWAY} {PUBLISHED}",
+    }
+    serving = await address(podman, server)
+    client, _ = await node.launch(reach(serving, **others), network="bridge")
+    state = await node.wait_for(client, "status", "exited", timeout=60)
+    logs = await node.logs(client)
+
+    assert state["exit_code"] == 0, logs
+    assert ("peer=secret" in logs) is peer, logs
+    assert ("out=outside" in logs) is outside, logs
+    assert ("host=host" in logs) is host, logs
+    assert ("direct=other" in logs) is other, logs
+    assert ("published=other" in logs) is other, logs
+    assert (await node.state(client))["network"] == kind
+
+
+async def address(podman: PodmanRuntime, ref: str) -> str:
+    inspected = await asyncio.to_thread(lambda: podman.client.containers.get(ref).attrs)
+    networks = inspected["NetworkSettings"]["Networks"]
+    (found,) = [net["IPAddress"] for net in networks.values() if net["IPAddress"]]
+    return str(found)
+
+
+@pytest.mark.parametrize("kind", ["isolated", "sealed"])
+async def test_podman_gives_each_job_a_network_of_its_own_removed_with_it_and_its_rule(
+    netns_podman: ThrowawayPodman, make_node: MakeNode, podman: PodmanRuntime, kind: str
+) -> None:
+    node = await make_podman_node(make_node, netns_podman, kind)
     server, _ = await node.launch(SERVE, network="bridge")
     await node.wait_for(server, "status", "running")
     assert (await node.state(server))["network"] == kind
@@ -183,38 +284,20 @@ async def test_podman_gives_each_job_a_network_of_its_own_removed_with_it(
     assert made["labels"][LABEL_NODE_NETWORK] == kind
     assert made["options"] == {"isolate": "true"}
     assert made["internal"] is (kind == "sealed")
+    assert made["dns_enabled"] is False  # no name server on the gateway to keep open
+    bridge = made["network_interface"]
+    assert bridge in guarded_bridges(netns_podman.rules())
+    assert GUARD_PREFIX not in host_input()  # the engine's namespace, not the machine's
 
     await node.ok("POST", "/node/v1/remove", json={"ref": server})
     assert own_network(server) not in await networks(podman)
-
-
-@pytest.mark.parametrize(("kind", "reached"), [("isolated", False), ("bridge", True)])
-async def test_podman_jobs_on_their_own_networks_cannot_reach_each_other(
-    make_node: MakeNode, podman: PodmanRuntime, kind: str, reached: bool
-) -> None:
-    node = await make_node("podman", job_network=kind)
-    server, _ = await node.launch(SERVE, network="bridge")
-    await node.wait_for(server, "status", "running")
-    inspected = await asyncio.to_thread(lambda: podman.client.containers.get(server).attrs)
-    (peer,) = [
-        net["IPAddress"]
-        for net in inspected["NetworkSettings"]["Networks"].values()
-        if net["IPAddress"]
-    ]
-    client, _ = await node.launch(
-        ["/bin/sh", "-c", f"echo peer=$(nc -w 3 {peer} {PEER_PORT} </dev/null 2>&1)"],
-        network="bridge",
-    )
-    await node.wait_for(client, "status", "exited", timeout=60)
-    logs = await node.logs(client)
-    assert "peer=" in logs and ("peer=secret" in logs) is reached, logs
+    assert bridge not in guarded_bridges(netns_podman.rules())
 
 
 async def leftover(podman: PodmanRuntime, owner: str) -> str:
-    """A job network whose container is gone, as a killed daemon leaves it."""
-    name = own_network(owner)
+    """A job network whose container is gone, as a killed daemon leaves it; its bridge."""
     body = {
-        "name": name,
+        "name": own_network(owner),
         "driver": "bridge",
         "labels": {
             LABEL_NODE_NETWORK: "isolated",
@@ -226,37 +309,74 @@ async def leftover(podman: PodmanRuntime, owner: str) -> str:
         lambda: podman.api.post("/networks/create", data=json.dumps(body))
     )
     created.raise_for_status()
-    return name
+    return str(created.json()["network_interface"])
+
+
+def leave_rules(engine: ThrowawayPodman, bridge: str) -> None:
+    """The node's rules for ``bridge``, as a daemon killed before its job's removal left
+    them."""
+    for rule in podman_rules(bridge):
+        subprocess.run([*engine.net.enter(), "iptables", "-w", "5", "-I", *rule], check=True)
+
+
+async def test_a_killed_daemons_network_and_rules_are_swept_at_start_a_live_jobs_kept(
+    netns_podman: ThrowawayPodman, make_node: MakeNode, podman: PodmanRuntime
+) -> None:
+    first = await make_podman_node(make_node, netns_podman, "isolated")
+    kept, _ = await first.launch(SERVE, network="bridge")
+    doomed, _ = await first.launch(SERVE, network="bridge")
+    for ref in (kept, doomed):
+        await first.wait_for(ref, "status", "running")
+    made = await networks(podman)
+    live, gone = (made[own_network(ref)]["network_interface"] for ref in (kept, doomed))
+    # The daemon killed, and the job's container removed meanwhile: its network and its
+    # rules are left as the node made them.
+    netns_podman.podman("rm", "-f", "-t", "0", doomed)
+    assert {live, gone} <= set(guarded_bridges(netns_podman.rules()))
+
+    await make_podman_node(make_node, netns_podman, "isolated")  # the daemon's start
+    assert own_network(doomed) not in await networks(podman)
+    rules = [bridge for bridge, _ in guarded_rules(netns_podman.rules())]
+    assert gone not in rules
+    assert rules.count(live) == len(podman_rules(live))  # the live job's, each once
+
+
+async def test_a_rule_whose_bridge_is_no_networks_is_swept_at_start(
+    netns_podman: ThrowawayPodman, make_node: MakeNode
+) -> None:
+    leave_rules(netns_podman, "cni-podman99")  # its network removed by hand meanwhile
+    await make_podman_node(make_node, netns_podman, "isolated")
+    assert "cni-podman99" not in guarded_bridges(netns_podman.rules())
 
 
 @pytest.fixture
 async def leftovers(podman: PodmanRuntime) -> AsyncIterator[list[str]]:
-    """The leftovers a test made: removed at its end if the node did not."""
+    """The leftover networks a test made: removed at its end if the node did not."""
     made: list[str] = []
     yield made
     for name in made:
         await asyncio.to_thread(podman.api.delete, f"/networks/{name}")
 
 
-async def test_a_podman_network_whose_job_is_gone_is_pruned_at_start(
-    make_node: MakeNode, podman: PodmanRuntime, leftovers: list[str]
-) -> None:
-    leftovers.append(await leftover(podman, unique("tuneplane-gone")))
-    await make_node("podman", job_network="isolated")
-    assert leftovers[0] not in await networks(podman)
-
-
 async def test_a_podman_network_whose_job_is_gone_is_pruned_at_the_next_launch(
-    make_node: MakeNode, podman: PodmanRuntime, leftovers: list[str]
+    netns_podman: ThrowawayPodman,
+    make_node: MakeNode,
+    podman: PodmanRuntime,
+    leftovers: list[str],
 ) -> None:
-    node = await make_node("podman", job_network="isolated")
-    leftovers.append(await leftover(podman, unique("tuneplane-gone")))
+    node = await make_podman_node(make_node, netns_podman, "isolated")
+    owner = unique("tuneplane-gone")
+    leftovers.append(own_network(owner))
+    await leftover(podman, owner)
     await node.launch(network="bridge")
     assert leftovers[0] not in await networks(podman)
 
 
 async def test_a_podman_network_of_another_store_is_never_pruned(
-    make_node: MakeNode, podman: PodmanRuntime, leftovers: list[str]
+    netns_podman: ThrowawayPodman,
+    make_node: MakeNode,
+    podman: PodmanRuntime,
+    leftovers: list[str],
 ) -> None:
     """Podman services on one machine share the CNI configuration: another service's job
     network is not this one's to judge."""
@@ -271,19 +391,21 @@ async def test_a_podman_network_of_another_store_is_never_pruned(
     )
     created.raise_for_status()
     leftovers.append(name)
-    node = await make_node("podman", job_network="isolated")
+    node = await make_podman_node(make_node, netns_podman, "isolated")
     await node.launch(network="bridge")
     assert name in await networks(podman)
 
 
-async def test_a_podman_job_whose_container_cannot_be_made_leaves_no_network(
-    podman: PodmanRuntime, tmp_path: Path
+async def test_a_podman_job_whose_container_cannot_be_made_leaves_no_network_nor_rule(
+    netns_podman: ThrowawayPodman, podman: PodmanRuntime, tmp_path: Path
 ) -> None:
     missing = Mount(host=str(tmp_path / "absent"), container="/data", read_only=True)
     spec = job(["/bin/true"], network="isolated", mounts=(missing,))
+    rules = guarded_bridges(netns_podman.rules())
     try:
         with pytest.raises(EngineError):
             await podman.run(spec)
         assert own_network(spec.name) not in await networks(podman)
+        assert guarded_bridges(netns_podman.rules()) == rules
     finally:
         await podman.remove(spec.name)  # the container, had it been made, and its network

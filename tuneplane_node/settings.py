@@ -154,7 +154,8 @@ class JobSettings(BaseSettings):
     another job (docker: the node's network ``tuneplane-jobs``, inter-container traffic
     off, held by the engine's firewall rules, so not under ``--iptables=false``, and a
     rule of the node's that rejects its jobs' new connections to this machine's own
-    ports; podman: a bridge network of the job's own, ``isolate=true``, removed with it),
+    ports; podman: a bridge network of the job's own, ``isolate=true``, the same rule for
+    its bridge and rules against the engine's other containers, removed with it),
     and reaches the outside world; ``sealed``, the same without the outside world (an
     internal network: docker's ``tuneplane-jobs-sealed``); ``bridge``, the engine's
     default bridge, shared with every other container there (0.3.15's). Observe's

@@ -86,7 +86,10 @@ def host_network_findings(settings: NodeSettings) -> list[Finding]:
 
 
 def job_network_finding(settings: NodeSettings) -> Finding:
-    """The network a job off the host's gets, and whether jobs there reach each other."""
+    """The network a job off the host's gets, and whether jobs there reach each other
+    or this machine's ports."""
+    from tuneplane_node.runtime.engines import hostguard
+
     kind = settings.job_network
     if kind == "bridge":
         return (WARN, (
@@ -97,8 +100,14 @@ def job_network_finding(settings: NodeSettings) -> Finding:
     where = (
         "docker: the node's network, inter-container traffic off and no new connection to "
         "this machine's ports, held by firewall rules (none under --iptables=false); "
-        "podman: a network of each job's own, which still reaches this machine's ports"
+        "podman: a network of each job's own, the same rule for its bridge and rules "
+        "against the engine's other containers"
     )
+    if (missing := hostguard.tools_missing()) is not None:
+        return (
+            WARN,
+            f"jobs: a bridged job runs {kind}, but reaches this machine's ports: {missing}",
+        )
     return (OK, f"jobs: a bridged job runs {kind}: it cannot reach another job {world} ({where})")
 
 

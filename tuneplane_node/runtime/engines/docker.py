@@ -7,10 +7,8 @@ close. The rest is `EngineRuntime`'s.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
-import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
@@ -35,7 +33,7 @@ from tuneplane_node.runtime.base import (
     IsolationSupport,
 )
 from tuneplane_node.runtime.engines import dockerformat as fmt
-from tuneplane_node.runtime.engines import hostguard, memlock
+from tuneplane_node.runtime.engines import hostguard
 from tuneplane_node.runtime.engines.engine import (
     OURS_FILTER,
     EngineRuntime,
@@ -241,14 +239,8 @@ class DockerRuntime(EngineRuntime, errors=ERRORS):
         if (address, interface) in GUARDED:
             return
         GUARDED.add((address, interface))
-        why: str | None = "the engine is another machine's"
-        socket_path = unix_socket(address)
-        with contextlib.suppress(OSError):
-            pid = memlock.listener_pid(socket_path) if socket_path else 0
-            # systemd holds a socket-activated engine's socket: the engine is then in the
-            # machine's namespace, which is the node's own under its unit.
-            pid = os.getpid() if pid == 1 else pid
-            why = hostguard.guard(pid, interface) if pid else why
+        pid, why = hostguard.engine_pid(unix_socket(address))
+        why = hostguard.guard(pid, interface) if pid else why
         if why is not None:
             log.warning("the jobs on %s can open this machine's ports: %s", name, why)
 

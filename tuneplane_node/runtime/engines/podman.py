@@ -41,7 +41,7 @@ from tuneplane_node.runtime.base import (
     Tmpfs,
 )
 from tuneplane_node.runtime.engines import dockerformat as fmt
-from tuneplane_node.runtime.engines import seccomp
+from tuneplane_node.runtime.engines import hostguard, seccomp
 from tuneplane_node.runtime.engines.engine import (
     OURS_FILTER,
     EngineRuntime,
@@ -64,7 +64,7 @@ from tuneplane_node.runtime.engines.jobnetwork import (
     podman_fabric_body,
 )
 from tuneplane_node.runtime.engines.pulling import PullStream, close_http_stream
-from tuneplane_node.settings import Fabric, NodeSettings, local_engine
+from tuneplane_node.settings import Fabric, NodeSettings, local_engine, unix_socket
 from tuneplane_node.signals import JOB_SIGNALS
 
 log = logging.getLogger(__name__)
@@ -162,16 +162,20 @@ def _create_network(api: Any, body: Mapping[str, Any]) -> Any:
     )
 
 
-def _make_network(api: Any, spec: ContainerSpec, store: str) -> None:
+def _make_network(api: Any, spec: ContainerSpec, store: str) -> str:
     """The job's network of its own: a bridge whose traffic to other bridges is
     dropped (``isolate``), internal when sealed; removed with the job
-    (`PodmanRuntime._remove`). ``store``: the service's, which its labels name."""
+    (`PodmanRuntime._remove`). ``store``: the service's, which its labels name. Its
+    bridge's name is answered."""
     name = own_network(spec.name)
     body = {
         "name": name,
         "driver": "bridge",
         "options": {"isolate": "true"},
         "internal": spec.network == SEALED,
+        # No name server on the gateway: the host guard keeps no port of the host open
+        # (a job resolves through the servers of the machine's resolv.conf).
+        "dns_enabled": False,
         "labels": {
             LABEL_NODE_NETWORK: spec.network,
             LABEL_NETWORK_OF: spec.name,
@@ -183,13 +187,16 @@ def _make_network(api: Any, spec: ContainerSpec, store: str) -> None:
         _remove_network(api, name)
         response = _create_network(api, body)
     response.raise_for_status()
+    return str(response.json().get("network_interface") or "")
 
 
-def _remove_network(api: Any, name: str) -> None:
-    """Gone, whether it was there or not."""
+def _remove_network(api: Any, name: str) -> bool:
+    """Gone, whether it was there or not; whether it was."""
     response = api.delete(f"/networks/{name}", params={"force": True})
-    if response.status_code != 404:
-        response.raise_for_status()
+    if response.status_code == 404:
+        return False
+    response.raise_for_status()
+    return True
 
 
 def _container_gone(api: Any, name: str) -> bool:
@@ -213,6 +220,52 @@ def _prune_networks(api: Any, store: Callable[[], str]) -> int:
         log.info("removed the network %s, whose job is gone", network.get("name"))
         pruned += 1
     return pruned
+
+
+def _bridges(api: Any) -> set[str]:
+    """The bridges of every network the engine knows (other services' too: they share
+    the network configuration)."""
+    response = api.get("/networks/json")
+    response.raise_for_status()
+    return {str(each.get("network_interface") or "") for each in response.json() or []}
+
+
+class JobNetworks:
+    """Each job's network of its own (`jobnetwork`), made before its container and
+    removed after it, with the host guard's rule for its bridge (`hostguard`); those a
+    killed daemon left pruned at start. Blocking: on the engine's pool."""
+
+    def __init__(
+        self, api: Callable[[], Any], store: Callable[[], str], socket: str | None
+    ) -> None:
+        self.api, self.store = api, store
+        self.guard = hostguard.BridgeGuard(socket)
+
+    def make(self, spec: ContainerSpec) -> None:
+        self.prune(sweep=False)
+        self.guard.hold(_make_network(self.api(), spec, self.store()))
+
+    def forget(self, container: str) -> None:
+        """After its container (or its failed create): its network, any other whose job
+        is gone, and the rules of the bridges gone with them."""
+        removed = self.tidy(_remove_network, self.api(), own_network(container))
+        self.prune(sweep=bool(removed))
+
+    def prune(self, *, sweep: bool = True) -> None:
+        """This store's job networks whose container is gone removed, then, where one was
+        (or ``sweep``), the rules whose bridge is gone. The store is asked (podman's info,
+        slow) only where there is a job network to weigh."""
+        if self.tidy(_prune_networks, self.api(), self.store) or sweep:
+            self.tidy(self.guard.sweep, lambda: _bridges(self.api()))
+
+    def tidy(self, fn: Callable[..., object], *args: Any) -> object:
+        """A network clean-up that fails is logged, never the verb's failure: what it
+        leaves, the next launch, removal or start prunes. What ``fn`` answers, or None."""
+        try:
+            return fn(*args)
+        except (podman.errors.APIError, requests.exceptions.RequestException) as exc:
+            log.warning("job networks not tidied (pruned later): %s", exc)
+            return None
 
 
 def _confined(confinement: Confinement) -> dict[str, Any]:
@@ -324,13 +377,12 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
             _ready_fabric(self.api, configured(self.settings))
         if spec.network not in NODE_NETWORKS:
             return self._create_container(spec)
-        self._tidy(self._prune_networks)
-        _make_network(self.api, spec, self._store())
+        self.networks.make(spec)
         try:
             return self._create_container(spec)
         except Exception:
             # No container, so no removal to take it: gone now, not at the next prune.
-            self._tidy(_remove_network, self.api, own_network(spec.name))
+            self.networks.forget(spec.name)
             raise
 
     def _create_container(self, spec: ContainerSpec) -> Any:
@@ -356,17 +408,17 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
     def _store(self) -> str:
         return self._data_root()
 
+    @functools.cached_property
+    def networks(self) -> JobNetworks:
+        return JobNetworks(lambda: self.api, self._store, unix_socket(self.settings.podman_url))
+
     async def start(self) -> None:
-        """The job networks whose container is gone pruned (a killed daemon's)."""
+        """The job networks whose container is gone pruned, and their rules (a killed
+        daemon's)."""
         try:
-            await self._call("prune job networks", self._prune_networks)
+            await self._call("prune job networks", self.networks.prune)
         except NodeError as exc:
             log.warning("job networks not pruned (the engine did not answer): %s", exc.message)
-
-    def _prune_networks(self) -> int:
-        """This store's job networks whose container is gone removed. The store is asked
-        (podman's info, slow) only where there is a job network to weigh."""
-        return _prune_networks(self.api, self._store)
 
     def _check_runtime(self, container: Any, wanted: str) -> None:
         """The runtime the container was made with, as asked: podman 4.3's API drops a
@@ -457,10 +509,10 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
         for _ in range(REMOVE_TRIES):
             response = self.api.delete(f"/containers/{name}", params=params)
             if response.ok:
-                self._forget_network(name)
+                self.networks.forget(name)
                 return
             if self._gone(name):
-                self._forget_network(name)
+                self.networks.forget(name)
                 # podman 4.3 and a job of its own user namespace: "unlinkat .../userdata/shm:
                 # device or resource busy" once all is removed (record, layer, mounts).
                 log.debug("podman's remove of %s erred, but it is gone", name)
@@ -471,19 +523,6 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
             # state improper: stopped"): the next try finds it stopped and removes it.
             log.debug("podman's remove of %s raced the job's end: trying again", name)
         response.raise_for_status()
-
-    def _forget_network(self, name: str) -> None:
-        """After its container: the job's own network, and any other whose job is gone."""
-        self._tidy(_remove_network, self.api, own_network(name))
-        self._tidy(self._prune_networks)
-
-    def _tidy(self, fn: Callable[..., object], *args: Any) -> None:
-        """A network clean-up that fails is logged, never the verb's failure: what it
-        leaves, the next launch, removal or start prunes."""
-        try:
-            fn(*args)
-        except (podman.errors.APIError, requests.exceptions.RequestException) as exc:
-            log.warning("job networks not tidied (pruned later): %s", exc)
 
     def _gone(self, name: str) -> bool:
         return _container_gone(self.api, name)

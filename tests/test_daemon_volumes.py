@@ -25,7 +25,11 @@ from tuneplane_node.jobs.mounts.staging import MountStaging
 
 pytestmark = pytest.mark.engine
 ENGINES = ["docker", "podman"]
-DATA = os.urandom(8 * 2**20 + 7)
+# The scale (20 launches of one 500 MB volume) by hand: TUNEPLANE_TEST_VOLUME_
+# LAUNCHES=20 TUNEPLANE_TEST_VOLUME_MIB=500; the suite runs 5 launches of 8 MiB.
+LAUNCHES = int(os.environ.get("TUNEPLANE_TEST_VOLUME_LAUNCHES", "5"))
+MIB = int(os.environ.get("TUNEPLANE_TEST_VOLUME_MIB", "8"))
+DATA = os.urandom(MIB * 2**20 + 7)
 READ = (
     "sha256sum /models/w; wc -c < /models/w; echo x > /models/w; echo write-exit=$?; exec sleep 300"
 )
@@ -50,8 +54,9 @@ async def test_five_launches_of_one_volume_download_it_once_and_each_reads_it_re
     file_server.stall["weights"] = asyncio.Event()  # held: every launch finds it missing
     names: list[str] = []
     try:
-        for i in range(5):
-            ref, body = await node.launch(["/bin/sh", "-c", READ], gpus=i % 2, volumes=[volume])
+        for i in range(LAUNCHES):
+            cards = int(i in (1, 3))
+            ref, body = await node.launch(["/bin/sh", "-c", READ], gpus=cards, volumes=[volume])
             names.append(ref)
             assert body["phase"] == "pulling", body
         pending = await node.state(names[1])
@@ -64,17 +69,17 @@ async def test_five_launches_of_one_volume_download_it_once_and_each_reads_it_re
         [fill] = listed["fills"]
         assert (fill["sha256"], fill["waiting"], fill["bytes_total"]) == (
             sha256(DATA),
-            5,
+            LAUNCHES,
             len(DATA),
         ), fill
         assert fill["source"] == file_server.url + "/weights", fill  # no query: its token
         file_server.stall["weights"].set()
-        for ref in names:
-            said = await logged(node, ref, "write-exit=")
+        for ref in names:  # every job hashes the whole file: minutes at the scale
+            said = await logged(node, ref, "write-exit=", timeout=max(120, LAUNCHES * MIB))
             assert sha256(DATA) in said, said
             assert "Read-only file system" in said and "write-exit=1" in said, said
             assert f"{len(DATA)}" in said, said
-        # One download for all five: the body once, and one size probe's byte.
+        # One download for all of them: the body once, and one size probe's byte.
         assert file_server.sent["weights"] == len(DATA) + 1
         listed = await node.ok("GET", "/node/v1/volumes")
         assert listed["fills"] == [], listed

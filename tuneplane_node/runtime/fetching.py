@@ -58,24 +58,26 @@ class Download:
         self.resumed = response.status == 206 and offset > 0
         self.total = _total(response, offset)
 
-    async def batches(self) -> AsyncIterator[bytes]:
-        """The body, in batches of up to `BATCH` bytes."""
+    async def batches(self) -> AsyncIterator[bytearray]:
+        """The body, in batches of about `BATCH` bytes: each a buffer of its own, never
+        reused (the fill writes one on its thread while this reads the next), handed over
+        without a copy."""
         buffer = bytearray()
         try:
             while chunk := await self._response.content.readany():
                 buffer += chunk
                 if len(buffer) >= BATCH:
-                    yield bytes(buffer)
-                    buffer.clear()
+                    yield buffer
+                    buffer = bytearray()
         except DROPPED as exc:
             if buffer:
-                yield bytes(buffer)
+                yield buffer
             dropped = f"the connection dropped: {_said(exc)}"
             raise VolumeFillFailed(source=shown(self.url), reason=dropped, retryable=True) from exc
         except aiohttp.ClientError as exc:
             raise VolumeFillFailed(source=shown(self.url), reason=_said(exc)) from exc
         if buffer:
-            yield bytes(buffer)
+            yield buffer
 
 
 def _total(response: aiohttp.ClientResponse, offset: int) -> int | None:

@@ -6,6 +6,7 @@ The store is real files; the filesystem's figures and the engine's containers ar
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -277,3 +278,29 @@ async def test_an_entry_held_and_let_go_while_the_run_read_the_engine_is_kept(
     keeper.ps = ps_while_a_launch_comes
     run = await keeper.collect()
     assert [each.entry.digest for each in run.removed] == [B]
+
+
+async def test_a_burst_of_health_readings_reads_the_store_once_until_it_changes(
+    keeper: VolumeKeeper, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reads = 0
+    real = keeper.space
+
+    async def counted() -> Space | None:
+        nonlocal reads
+        reads += 1
+        return await real()
+
+    monkeypatch.setattr(keeper, "space", counted)
+    first = await asyncio.gather(*(keeper.reading() for _ in range(50)))
+    assert reads == 1 and all(view is first[0] for view in first)
+    assert await keeper.reading() is first[0]  # within the second: kept
+    partial = keeper.store.partial("a" * 64)
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    partial.write_bytes(b"x" * 1000)
+    keeper.store.commit("a" * 64)  # an entry made: the store's generation moves
+    changed = await keeper.reading()
+    assert reads == 2 and changed.space is not None and changed.space.used_bytes == 1000
+    clock.advance(1.5)
+    await keeper.reading()
+    assert reads == 3  # a second later: read again

@@ -175,7 +175,7 @@ def build_node(
     health = HealthReader(runtime, allocator, settings, clock=clock, gc=gc)
     health.held_by = lambda: monitor.held_by
     health.cards_refused = rules.card_jobs_refused
-    health.volume_store = volumes.store_view
+    health.volume_store = volumes.reading
     reader = LogsReader(runtime, settings, own=own, pending=pending)
     sampler = StatsSampler(runtime, allocator, interval_s=settings.stats_interval_s, clock=clock)
     jobs = JobService(

@@ -29,7 +29,14 @@ from tuneplane_node.errors import InvalidField, NodeError, VolumeStoreFull
 from tuneplane_node.jobs.mounts.policy import Opened
 from tuneplane_node.jobs.volumes.fills import VolumeFill, VolumeFills
 from tuneplane_node.jobs.volumes.sources import PrivateRule, VolumeSources
-from tuneplane_node.jobs.volumes.space import Candidate, Space, evictable, filesystem, to_evict
+from tuneplane_node.jobs.volumes.space import (
+    Candidate,
+    KeptReading,
+    Space,
+    evictable,
+    filesystem,
+    to_evict,
+)
 from tuneplane_node.jobs.volumes.store import Entry, VolumeStore
 from tuneplane_node.runtime.base import ContainerState, Mount, RegistryAuth, Volume
 from tuneplane_node.runtime.fetching import Fetcher, shown
@@ -148,6 +155,7 @@ class VolumeKeeper:
         self.failed: dict[str, FailedFill] = {}
         self.tasks = BackgroundTasks(log)  # the prefetches' waits
         self._evicting = asyncio.Lock()
+        self._reading = KeptReading(self.store_view, lambda: self.store.generation, clock)
 
     def vet(self, volumes: Sequence[Volume], *, field: str = FIELD) -> None:
         """A 422 naming each volume whose plain-HTTP host the operator did not list
@@ -370,8 +378,12 @@ class VolumeKeeper:
             return VolumeGcRun(removed, await self.store_view())
 
     async def store_view(self) -> StoreView:
-        """The store now, for health, inventory and the answers."""
+        """The store now, for the GC's runs and the volumes' list."""
         return self._store_view(await self.space())
+
+    async def reading(self) -> StoreView:
+        """The store for health and inventory (`KeptReading`)."""
+        return await self._reading.get()
 
     def _store_view(self, space: Space | None) -> StoreView:
         return StoreView(self.store.root, space, self.high, self.low)

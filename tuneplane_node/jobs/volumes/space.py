@@ -11,13 +11,19 @@ never evictable. Pure: the keeper reads the figures and removes the entries.
 
 from __future__ import annotations
 
+import asyncio
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Generic, TypeVar
 
+from tuneplane_node.clock import Clock
 from tuneplane_node.jobs.volumes.store import Entry
+
+T = TypeVar("T")
+READING_TTL_S = 1.0  # as health's reading of the host (jobs.health)
 
 
 @dataclass(frozen=True)
@@ -84,3 +90,34 @@ def to_evict(
         room_high += candidate.entry.size
         room_low += candidate.entry.size
     return chosen
+
+
+class KeptReading(Generic[T]):
+    """A reading of the store for health and inventory, read again after a second or
+    once the store's generation moved (an entry made or taken out), by one read the
+    requests arriving meanwhile share: a burst of health requests sent two thread hops
+    each (statvfs, the entries' sizes)."""
+
+    def __init__(
+        self, read: Callable[[], Awaitable[T]], generation: Callable[[], int], clock: Clock
+    ) -> None:
+        self.read, self.generation, self.clock = read, generation, clock
+        self._kept: tuple[float, int, T] | None = None  # (at, generation, reading)
+        self._reading: asyncio.Future[T] | None = None  # the read in flight
+
+    async def get(self) -> T:
+        kept, now = self._kept, self.clock.monotonic()
+        if kept is not None and kept[1] == self.generation() and now - kept[0] < READING_TTL_S:
+            return kept[2]
+        if self._reading is None:
+            self._reading = asyncio.ensure_future(self._read())
+        return await asyncio.shield(self._reading)
+
+    async def _read(self) -> T:
+        try:
+            at, generation = self.clock.monotonic(), self.generation()
+            value = await self.read()
+            self._kept = (at, generation, value)
+            return value
+        finally:
+            self._reading = None

@@ -45,6 +45,9 @@ class VolumeStore:
         self.root = root
         self._tree_sizes: dict[str, int] = {}  # a directory entry's bytes: it never changes
         self._trees: dict[str, threading.RLock] = {}  # held while a digest's tree is written
+        # One more at every entry made or taken out: a reading of the store is kept only
+        # while it holds (`VolumeKeeper.reading`).
+        self.generation = 0
 
     def tree_lock(self, digest: str) -> threading.RLock:
         """Held around every write of ``digest``'s unpacked tree: a cancelled fill's
@@ -102,6 +105,7 @@ class VolumeStore:
         target = self.root / ENTRIES / digest
         with self.tree_lock(digest):
             os.rename(self.partial(f"{digest}.d"), target)
+        self.generation += 1
         entry = self.entry(digest)
         assert entry is not None  # renamed in just now; only an eviction takes it
         return entry
@@ -113,6 +117,7 @@ class VolumeStore:
         os.chmod(partial, 0o444)
         target = self.root / ENTRIES / digest
         os.rename(partial, target)
+        self.generation += 1
         found = target.stat()
         return Entry(digest, found.st_size, target, found.st_mtime)
 
@@ -131,6 +136,7 @@ class VolumeStore:
         except FileNotFoundError:
             return None
         self._tree_sizes.pop(digest, None)
+        self.generation += 1
         return target
 
     @staticmethod

@@ -744,6 +744,12 @@ def spawn_daemon(
         **(settings_of or {}),
         **settings,
     }
+    if env.get("TUNEPLANE_LOCAL_RUNTIME") == "podman":
+        # The suite's podman runs in the machine's own network namespace, whose firewall
+        # the job networks' guard would write to (docker's run --iptables=false): its
+        # jobs are bridged, as engine_settings has it. The network tests' throwaway
+        # engines, in namespaces of their own, keep the node's default.
+        env.setdefault("TUNEPLANE_JOB_NETWORK", "bridge")
     argv = [sys.executable, "-m", "tuneplane_node", "serve", "--host", "127.0.0.1"]
     with (tmp_path / "serve.log").open("a") as output:
         return subprocess.Popen(

@@ -12,6 +12,7 @@ staging adds under 10 ms to a launch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ from harness import (
 )
 from launch import launch_body, sdk_options
 
-from tuneplane_node.jobs.mounts.policy import MountPolicy
+from tuneplane_node.jobs.mounts.policy import MountPolicy, Opened
 from tuneplane_node.jobs.mounts.staging import MountStaging
 from tuneplane_node.runtime.base import Mount
 
@@ -89,16 +90,22 @@ def staging_alone(
     """The node's own work for one job, in this process: the launch's (open 4 paths from
     their root, bind each at its staging path) and the removal's (release them)."""
     policy = MountPolicy([storage], never_a_root=lambda path: None)
-    staging = MountStaging(state)
     given = [Mount(host, target, read_only) for host, target, read_only in mounts]
+    return staged(lambda: policy.open(given), state, rounds)
+
+
+def staged(opened: Callable[[], list[Opened]], state: Path, rounds: int) -> dict[str, list[float]]:
+    """``rounds`` (after a warm-up) of one job's staging: what ``opened`` opens bound at
+    its staging path (the launch's part), then released (the removal's)."""
+    staging = MountStaging(state)
     times: dict[str, list[float]] = {"launch": [], "removal": []}
 
     def launch() -> None:
-        opened = policy.open(given)
+        each_opened = opened()
         try:
-            staging.stage("bench.0", opened)
+            staging.stage("bench.0", each_opened)
         finally:
-            for each in opened:
+            for each in each_opened:
                 each.close()
 
     for index in range(rounds + 1):  # the first is a warm-up

@@ -30,10 +30,10 @@ from harness import (
     timed,
 )
 from launch import launch_body
+from mounts import staged
 from volumes import serve
 
 from tuneplane_node.jobs.mounts.policy import Opened
-from tuneplane_node.jobs.mounts.staging import MountStaging
 from tuneplane_node.runtime.base import Mount
 
 OPEN = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC  # as the keeper opens an entry
@@ -84,26 +84,14 @@ def staging_alone(files: list[Path], state: Path, rounds: int) -> dict[str, list
     """The node's own work for 4 present volumes, in this process: each entry opened
     without links and bound read-only at the staging path (the launch's part), then
     released (the removal's)."""
-    staging = MountStaging(state)
-    times: dict[str, list[float]] = {"launch": [], "removal": []}
 
-    def launch() -> None:
-        opened = [
+    def opened() -> list[Opened]:
+        return [
             Opened(Mount(str(path), f"/v/{path.name}", True), os.open(path, OPEN), False)
             for path in files
         ]
-        try:
-            staging.stage("bench.0", opened)
-        finally:
-            for each in opened:
-                each.close()
 
-    for index in range(rounds + 1):  # the first is a warm-up
-        launched, removed = timed(launch), timed(lambda: staging.release("bench.0"))
-        if index:
-            times["launch"].append(launched)
-            times["removal"].append(removed)
-    return times
+    return staged(opened, state, rounds)
 
 
 def report(times: dict[str, list[float]], alone: dict[str, list[float]]) -> None:

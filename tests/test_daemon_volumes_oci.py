@@ -100,6 +100,13 @@ async def test_a_volume_pulled_with_credentials_is_private_by_tag_and_by_digest(
     _, body = await node.launch(image=image, volumes=[by_digest], registry_auth=AUTH)
     assert body.get("phase") != "pulling", body
     assert PASSWORD not in str(denied) and PASSWORD not in str(refused)
+    # Its digest spelt as a URL's file, which no registry's credentials guard: refused,
+    # the entry never bound.
+    by_url = {"source": "https://elsewhere.test/data", "path": "/data", "sha256": digest}
+    _, denied = await node.launch(image=IMAGE, volumes=[by_url], expect=422)
+    assert denied["code"] == "invalid_field", denied
+    assert denied["errors"][0]["field"] == "container.volumes[0]", denied
+    assert "registry volume" in denied["detail"], denied
     # A prefetch asks with the node file's credentials: none here.
     status, answer = await node.call("POST", PULL, json={"source": by_digest["source"]})
     assert (status, answer["code"]) == (403, "forbidden_image"), answer

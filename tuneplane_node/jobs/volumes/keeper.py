@@ -18,6 +18,7 @@ import asyncio
 import collections
 import logging
 import os
+import stat
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -243,9 +244,16 @@ class VolumeKeeper:
         if entry is None:
             raise InvalidField(field, f"sha256:{volume.sha256} is not in the volume store")
         fd = os.open(entry.path, OPEN)
+        is_tree = stat.S_ISDIR(os.fstat(fd).st_mode)  # an OCI volume's: a directory
+        if is_tree != is_oci(volume.source):
+            # A URL naming a registry volume's digest would skip the private rule that
+            # guards it (the registry's credentials), and the other way round.
+            os.close(fd)
+            kind = "a registry volume's directory" if is_tree else "a downloaded file"
+            said = f"sha256:{volume.sha256} is {kind} in the volume store"
+            raise InvalidField(field, f"{said}: a source of the other kind cannot name it")
         self.store.touch(volume.sha256)  # its last use: eviction takes the oldest first
         self.telemetry.volume_served(entry.size)
-        is_tree = entry.path.is_dir()  # an OCI volume's: a directory
         return Opened(Mount(str(entry.path), volume.path, True), fd, is_tree, field)
 
     # --- holds and pins ----------------------------------------------------------------

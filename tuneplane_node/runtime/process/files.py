@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import logging
 import re
 import shutil
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -39,6 +41,7 @@ ENGINE = "process"
 SPEC_FILE = "spec.json"
 PROC_FILE = "proc.json"
 LOG_FILE = "output.log"
+DELETE_PASSES, DELETE_PAUSE_S = 3, 0.05
 RC_FILE = "rc"
 _VALID_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]{0,254}")  # docker's rule: no "/" or ".."
 
@@ -100,12 +103,20 @@ class JobFiles:
             return sorted(entry.name for entry in self.root.iterdir() if entry.is_dir())
 
     def delete(self, name: str, job_dir: Path) -> None:
-        """Delete the job's files; already gone (or going, by another remove) is done."""
+        """Delete the job's files; already gone (or going, by another remove) is done.
+        A file made while the tree was deleted (a process of the job that left its
+        group, writing as it ended; seen once in CI) is deleted on a second pass."""
         with refusal(f"remove {name}"):
-            try:
-                shutil.rmtree(job_dir)
-            except FileNotFoundError:
-                return
+            for left in reversed(range(DELETE_PASSES)):
+                try:
+                    shutil.rmtree(job_dir)
+                    break
+                except FileNotFoundError:
+                    return
+                except OSError as exc:
+                    if exc.errno != errno.ENOTEMPTY or not left:
+                        raise
+                    time.sleep(DELETE_PAUSE_S)
         log.info("removed job %s", name, extra=job_fields(name))
 
 

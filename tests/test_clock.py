@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 
 from tests.fakes import FakeClock
 from tests.helpers import settle
-from tuneplane_node.clock import Clock, normalise, parse_rfc3339, rfc3339
+from tuneplane_node.clock import Clock, _within_310, normalise, parse_rfc3339, rfc3339, within
 
 
 def test_engine_times_parse_with_nanoseconds_and_zero() -> None:
@@ -82,3 +83,47 @@ async def test_a_wait_for_cancelled_leaves_neither_its_work_nor_its_timer() -> N
     with pytest.raises(asyncio.CancelledError):
         await waiting
     assert clock.sleepers == []
+
+
+# --- within: deadlines on real I/O --------------------------------------------------------
+
+WITHINS = [pytest.param(within, id="within"), pytest.param(_within_310, id="python-3.10")]
+
+
+@pytest.mark.parametrize("deadline", WITHINS)
+async def test_within_gives_the_result_or_times_out(deadline: Any) -> None:
+    assert await deadline(asyncio.sleep(0, result="done"), 5) == "done"
+    with pytest.raises(asyncio.TimeoutError):
+        await deadline(asyncio.Event().wait(), 0.01)
+
+
+@pytest.mark.parametrize("deadline", WITHINS)
+async def test_a_cancel_that_comes_as_the_awaitable_ends_is_not_lost(deadline: Any) -> None:
+    """`asyncio.wait_for` before 3.12 returns the result here instead (CPython
+    gh-86296): the one cancel of a shutdown lost, the loop that called it ran on, and a
+    daemon did not exit on SIGTERM."""
+    answer = asyncio.get_running_loop().create_future()
+    calls = 0
+
+    async def loop() -> None:  # a background loop's engine calls, as the sampler's
+        nonlocal calls
+        while calls < 3:  # bounded: a lost cancel ends the task here, not the suite
+            calls += 1
+            await deadline(answer, 10)
+
+    task = asyncio.ensure_future(loop())
+    await settle()
+    answer.set_result("inspected")
+    task.cancel()  # in the same turn of the loop as the answer
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert calls == 1
+
+
+@pytest.mark.parametrize("deadline", WITHINS)
+async def test_a_cancel_before_the_deadline_is_a_cancel_not_a_timeout(deadline: Any) -> None:
+    task = asyncio.ensure_future(deadline(asyncio.Event().wait(), 10))
+    await settle()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task

@@ -9,6 +9,8 @@ import logging
 import pytest
 
 from tests.helpers import settle
+from tuneplane_node import tasks as tasks_module
+from tuneplane_node.clock import within
 from tuneplane_node.tasks import BackgroundTasks, by_awaiters
 
 log = logging.getLogger("tests.tasks")
@@ -51,6 +53,33 @@ async def test_close_cancels_every_task_and_waits_until_each_has_ended(
     assert sorted(ended) == ["drain", "relist"] and all(task.cancelled() for task in made)
     assert len(tasks) == 0
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]  # a cancel is no failure
+
+
+async def test_close_cancels_again_a_task_that_lost_its_cancel(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loop that swallows the shutdown's cancel (as `asyncio.wait_for` did before
+    Python 3.12) is cancelled again and named: the close ends, the daemon exits."""
+    monkeypatch.setattr(tasks_module, "CANCEL_AGAIN_S", 0.05)
+    tasks = BackgroundTasks(log)
+    lost = 0
+
+    async def sampler() -> None:
+        nonlocal lost
+        while True:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                if lost:
+                    raise
+                lost += 1  # the first cancel lost
+
+    made = tasks.spawn(sampler(), name="stats sampler")
+    await settle()
+    await within(tasks.close(), 5)
+    assert made.cancelled() and lost == 1 and len(tasks) == 0
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warned == ["stats sampler: still running after its cancel; cancelled again"]
 
 
 async def test_cancel_waits_for_the_task_and_its_ended() -> None:

@@ -19,6 +19,7 @@ Not the clock's, on purpose:
   clock would only read zero; the loop's lag must read the loop's own time;
 - deadlines on real I/O (aiohttp's timeouts, a stalled socket write, the engine's answer
   to a follow, the turns of a pull's watch): no fake clock moves a socket or a thread;
+  they use `within`, never `asyncio.wait_for` (below);
 - waits on threads (the cache's event thread's backoff, NVML's XID thread) wait on a
   ``threading.Event``: a thread cannot await the loop;
 - the process runtime's log stamper, a process of the job's own.
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import sys
 import time
 from collections.abc import Awaitable
 from datetime import datetime, timezone
@@ -67,6 +69,45 @@ class Clock:
 
 
 SYSTEM_CLOCK = Clock()
+
+
+async def within(awaitable: Awaitable[T], seconds: float) -> T:
+    """``awaitable``'s result, or `asyncio.TimeoutError` after ``seconds`` of real time.
+
+    Not `asyncio.wait_for`: before Python 3.12 it loses a cancellation that arrives as
+    its awaitable ends (CPython gh-86296), and a background loop that loses the one
+    cancel of a shutdown runs on while the shutdown waits for it, forever. Seen as a
+    daemon that did not exit on SIGTERM. Here the awaitable runs in the caller's task
+    (3.11's `asyncio.timeout`), so a cancel reaches it as any other await's does."""
+    if sys.version_info >= (3, 11):
+        async with asyncio.timeout(seconds):
+            return await awaitable
+    return await _within_310(awaitable, seconds)
+
+
+async def _within_310(awaitable: Awaitable[T], seconds: float) -> T:
+    """`within` where `asyncio.timeout` is missing: the caller's task is cancelled at
+    the deadline, and that cancel alone becomes the timeout."""
+    task = asyncio.current_task()
+    assert task is not None, "within() runs in a task"
+    expired = False
+
+    def expire() -> None:
+        nonlocal expired
+        expired = True
+        task.cancel()
+
+    timer = asyncio.get_running_loop().call_later(seconds, expire)
+    try:
+        return await awaitable
+    except asyncio.CancelledError:
+        if expired:
+            raise asyncio.TimeoutError from None
+        raise
+    finally:
+        timer.cancel()
+
+
 _FRACTION = re.compile(r"\.(\d+)")
 
 

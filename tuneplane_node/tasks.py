@@ -26,6 +26,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+CANCEL_AGAIN_S = 2.0  # a cancelled task's grace before it counts as having lost the cancel
 Ended = Callable[["asyncio.Task[Any]"], None]
 
 
@@ -70,12 +71,19 @@ class BackgroundTasks:
 
     async def close(self) -> None:
         """Cancel every task and wait until all have ended (shutdown), those a cancelled
-        one started as it ended included."""
+        one started as it ended included. A task still running a while after its cancel
+        has lost it (a bug: `asyncio.wait_for` before Python 3.12 loses one that comes as
+        its awaitable ends) and is cancelled again, named in a warning: a shutdown that
+        waited on it would never end."""
         while self._tasks:
             tasks = list(self._tasks)
             for task in tasks:
                 task.cancel()
-            await asyncio.wait(tasks)
+            _, running = await asyncio.wait(tasks, timeout=CANCEL_AGAIN_S)
+            for task in running:
+                self.log.warning(
+                    "%s: still running after its cancel; cancelled again", task.get_name()
+                )
 
     def names(self) -> list[str]:
         """The tasks running now, by name."""

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from tuneplane_node.clock import within
 from tuneplane_node.daemon.presence import unless_gone
 from tuneplane_node.errors import NodeError
 
@@ -63,7 +64,7 @@ async def _relay(request: web.Request, response: web.StreamResponse, chunks: Log
         if chunk is None or not chunk:
             return
         try:
-            await asyncio.wait_for(response.write(chunk), WRITE_STALL_S)
+            await within(response.write(chunk), WRITE_STALL_S)
         except (ConnectionError, asyncio.TimeoutError):
             _drop(request)
             return

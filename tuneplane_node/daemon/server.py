@@ -487,8 +487,13 @@ async def _serve_on(
 async def _until_stopped(on_hangup: Callable[[], None]) -> None:
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
+
+    def stop(sig: signal.Signals) -> None:
+        log.info("%s: stopping (requests in flight finish first)", sig.name)
+        stopping.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stopping.set)
+        loop.add_signal_handler(sig, stop, sig)
     loop.add_signal_handler(signal.SIGHUP, on_hangup)
     try:
         await stopping.wait()

@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from tuneplane_node.clock import within
 from tuneplane_node.errors import EngineUnavailable
 from tuneplane_node.runtime.pool import BlockingPool
 
@@ -113,7 +114,7 @@ class LogRelay:
         engine that does not answer within the deadline is `EngineUnavailable`."""
         self._thread = asyncio.ensure_future(pool.call(self._read_followed, read))
         try:
-            return await asyncio.wait_for(asyncio.shield(self.opened), deadline_s)
+            return await within(asyncio.shield(self.opened), deadline_s)
         except asyncio.TimeoutError:
             await self.aclose()
             reason = f"no answer within {deadline_s:g} s (follow a log)"

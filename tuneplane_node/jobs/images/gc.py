@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-from tuneplane_node.clock import Clock
+from tuneplane_node.clock import Clock, within
 from tuneplane_node.errors import InsufficientStorage, NodeError
 from tuneplane_node.jobs.images.pulls import PullCoordinator
 from tuneplane_node.jobs.observe.results import GcRun, ImageStore, RemovedImage
@@ -174,7 +174,7 @@ class ImageCollector:
         if self._first and self._refresh is not None:
             self._first = False
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self._refresh), READ_WAIT_S)
+                await within(asyncio.shield(self._refresh), READ_WAIT_S)
         return self.last_store
 
     async def store(self) -> ImageStore:

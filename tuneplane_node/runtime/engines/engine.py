@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from tuneplane_node import inventory
-from tuneplane_node.clock import SYSTEM_CLOCK, Clock
+from tuneplane_node.clock import SYSTEM_CLOCK, Clock, within
 from tuneplane_node.errors import (
     EngineConflict,
     EngineRefused,
@@ -498,7 +498,7 @@ class EngineRuntime(EngineImages, EngineMounts, EngineParent, EngineProcesses, E
         """``call`` on the pool under the error table, within the deadline; ``name``, the
         SDK call's, is what the pool's metrics count it as."""
         try:
-            return await asyncio.wait_for(
+            return await within(
                 self.pool.call_as(name, self._guarded, action, call), self.deadline_s
             )
         except asyncio.TimeoutError:

@@ -382,3 +382,28 @@ def test_the_reach_through_finder_finds_one() -> None:
         "node.jobs.launcher",
         "request.app[NODE].launcher.volumes",
     ]
+
+
+# The modules of jobs/ that take the whole runtime: the builder, and those that use most
+# of its verbs. Every other collaborator declares the few it uses, where it uses them (as
+# Nomad's docker driver declares a three-method image client), so a reader sees what a
+# collaborator can do to the engine, and a test's fake needs only that (issue 35).
+WHOLE_RUNTIME = {
+    "node.py",
+    "service.py",
+    "launcher.py",
+    "health.py",
+    "mounts/launch.py",
+    "rules/fabric.py",
+    "rules/isolation.py",
+}
+
+
+def test_the_jobs_collaborators_declare_the_runtime_they_use() -> None:
+    takers = {
+        str(path.relative_to(JOBS))
+        for path in JOBS.rglob("*.py")
+        if "ContainerRuntime" in path.read_text()
+    }
+    assert takers <= WHOLE_RUNTIME, sorted(takers - WHOLE_RUNTIME)
+    assert "node.py" in takers  # the walk read the package

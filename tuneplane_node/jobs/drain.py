@@ -26,8 +26,9 @@ from tuneplane_node.jobs.nodestate import (
     NodeStateStore,
 )
 from tuneplane_node.jobs.observe.results import StopPlan
+from tuneplane_node.jobs.ours import Listing
 from tuneplane_node.jobs.stopper import Stopper
-from tuneplane_node.runtime.base import RUNNING, ContainerRuntime
+from tuneplane_node.runtime.base import RUNNING
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.tasks import BackgroundTasks
 
@@ -58,7 +59,7 @@ class NodeStateKeeper:
 
     def __init__(
         self,
-        runtime: ContainerRuntime,
+        runtime: Listing,
         settings: NodeSettings,
         *,
         store: NodeStateStore,

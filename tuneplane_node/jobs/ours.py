@@ -8,17 +8,32 @@ touch a container without the node's run-id label.
 from __future__ import annotations
 
 import logging
+from typing import Protocol
 
-from tuneplane_node.runtime.base import ContainerRuntime, ContainerState
+from tuneplane_node.runtime.base import ContainerState
 
 log = logging.getLogger(__name__)
+
+
+class Listing(Protocol):
+    """What a collaborator that walks the node's containers asks of the engine (the
+    reaper, the drain, the network's neighbours)."""
+
+    async def ps(self) -> list[ContainerState]: ...
+
+
+class Inspecting(Protocol):
+    """What telling the node's containers from others asks of the engine."""
+
+    async def inspect(self, name: str) -> ContainerState: ...
+    async def inspect_fresh(self, name: str) -> ContainerState: ...
 
 
 class OursRule:
     """A container of the node's, or missing: one without the run-id label is none of
     its business (`Own`, the collaborators' view of it)."""
 
-    def __init__(self, runtime: ContainerRuntime) -> None:
+    def __init__(self, runtime: Inspecting) -> None:
         self.runtime = runtime
 
     async def __call__(self, ref: str, *, fresh: bool = False) -> ContainerState:

@@ -14,10 +14,11 @@ from tuneplane_node.clock import Clock, parse_rfc3339
 from tuneplane_node.errors import EngineConflict, NodeError
 from tuneplane_node.jobs.locks import RefLocks
 from tuneplane_node.jobs.observe.results import Own
+from tuneplane_node.jobs.ours import Listing
 from tuneplane_node.jobs.pending import FAILED, PendingTable
 from tuneplane_node.jobs.stopper import Stopper
 from tuneplane_node.logformat import job_fields
-from tuneplane_node.runtime.base import ContainerRuntime, ContainerState
+from tuneplane_node.runtime.base import ContainerState
 from tuneplane_node.settings import NodeSettings
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ class Reaper:
 
     def __init__(
         self,
-        runtime: ContainerRuntime,
+        runtime: Listing,
         settings: NodeSettings,
         *,
         own: Own,

@@ -7,6 +7,7 @@ A missing or foreign container is nothing to do, and no error: the service's "ou
 from __future__ import annotations
 
 import logging
+from typing import Protocol
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock, rfc3339
 from tuneplane_node.errors import NotRunning
@@ -15,7 +16,7 @@ from tuneplane_node.jobs.locks import RefLocks
 from tuneplane_node.jobs.nodestate import NodeStateStore
 from tuneplane_node.jobs.observe.results import Own, Stopping, StopPlan
 from tuneplane_node.logformat import job_fields
-from tuneplane_node.runtime.base import RUNNING, ContainerRuntime, ContainerState
+from tuneplane_node.runtime.base import RUNNING, ContainerState
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.signals import DEFAULT_STOP_SIGNAL
 from tuneplane_node.wire.values import SIGNALLED as SIGNALLED
@@ -28,12 +29,22 @@ NOT_CAUGHT = "warning skipped: not caught"
 would have killed it by the signal's default action, so it got the stop signal alone."""
 
 
+class StoppingRuntime(Protocol):
+    """What a stop asks of the engine."""
+
+    async def inspect_fresh(self, name: str) -> ContainerState: ...
+    async def kill(self, ref: str, signal: str) -> None: ...
+    async def catches(self, ref: str, signal: str) -> bool | None: ...
+    async def wait_exited(self, name: str, timeout: float) -> bool: ...
+    async def remove(self, ref: str) -> None: ...
+
+
 class Stopper:
     """Ends jobs: a pending launch at whatever stage, a running one by its signals."""
 
     def __init__(
         self,
-        runtime: ContainerRuntime,
+        runtime: StoppingRuntime,
         settings: NodeSettings,
         *,
         own: Own,

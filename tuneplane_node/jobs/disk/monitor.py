@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
+from typing import Protocol
 
 from tuneplane_node.errors import NodeError
 from tuneplane_node.jobs.images.gc import ImageCollector
@@ -41,7 +42,7 @@ from tuneplane_node.jobs.nodestate import NodeStateStore
 from tuneplane_node.jobs.observe.results import DiskFigures, ImageStore
 from tuneplane_node.jobs.stopper import Stopper
 from tuneplane_node.logformat import job_fields
-from tuneplane_node.runtime.base import ContainerRuntime, ContainerState
+from tuneplane_node.runtime.base import ContainerState, DataRoot, DiskUse
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.tasks import BackgroundTasks
 
@@ -53,6 +54,14 @@ FULL_WALK_S = 60 * 60.0
 pass frees can hide as much growth in that pass."""
 DISK_LIMIT, DISK_PRESSURE = "disk_limit", "disk_pressure"
 DISK_REASONS = (DISK_LIMIT, DISK_PRESSURE)
+
+
+class DiskRuntime(Protocol):
+    """What the disk monitor asks of the engine: the jobs, their writes, its disk."""
+
+    async def ps(self) -> list[ContainerState]: ...
+    async def data_root(self) -> DataRoot | None: ...
+    async def disk_usage(self, ref: str, *, budget_s: float) -> DiskUse | None: ...
 
 
 @dataclass(frozen=True)
@@ -73,7 +82,7 @@ class DiskMonitor:
 
     def __init__(
         self,
-        runtime: ContainerRuntime,
+        runtime: DiskRuntime,
         settings: NodeSettings,
         *,
         stopper: Stopper,

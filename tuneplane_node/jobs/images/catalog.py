@@ -17,6 +17,7 @@ import asyncio
 import logging
 from collections.abc import Iterable
 from datetime import datetime
+from typing import Protocol
 
 from tuneplane_node.clock import parse_rfc3339, rfc3339
 from tuneplane_node.jobs.images.keeper import ImageKeeper
@@ -31,9 +32,16 @@ from tuneplane_node.jobs.observe.results import (
     PullView,
 )
 from tuneplane_node.jobs.pending import PendingTable
-from tuneplane_node.runtime.base import ContainerRuntime, ContainerState, ImageInfo
+from tuneplane_node.runtime.base import ContainerState, ImageInfo
 
 log = logging.getLogger(__name__)
+
+
+class CatalogRuntime(Protocol):
+    """What the catalog asks of the engine: the node's containers, and their images."""
+
+    async def ps(self) -> list[ContainerState]: ...
+    async def image_info(self, image: str) -> ImageInfo | None: ...
 
 
 class ImageCatalog:
@@ -42,7 +50,7 @@ class ImageCatalog:
 
     def __init__(
         self,
-        runtime: ContainerRuntime,
+        runtime: CatalogRuntime,
         *,
         ledger: ImageLedger,
         images: ImageKeeper,

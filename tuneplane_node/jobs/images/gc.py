@@ -36,7 +36,7 @@ from tuneplane_node.jobs.images.pulls import PullCoordinator
 from tuneplane_node.jobs.observe.results import GcRun, ImageStore, RemovedImage
 from tuneplane_node.references import ImageName
 from tuneplane_node.runtime import registry
-from tuneplane_node.runtime.base import ContainerRuntime, EngineImage, RegistryAuth
+from tuneplane_node.runtime.base import DataRoot, EngineImage, RegistryAuth
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.tasks import BackgroundTasks
 
@@ -44,6 +44,14 @@ log = logging.getLogger(__name__)
 READ_TTL_S = 1.0
 READ_WAIT_S = 0.25  # a wedged engine must not hold health (0.5 s, the promise)
 DISK_FULL = ("disk is full", "no space left on device")  # runtime/engines/pulling.py's words
+
+
+class ImageStoreRuntime(Protocol):
+    """What the collector asks of the engine: its images and its data root."""
+
+    async def data_root(self) -> DataRoot | None: ...
+    async def list_images(self) -> list[EngineImage]: ...
+    async def remove_image(self, image: EngineImage) -> bool: ...
 
 
 class ImageRecord(Protocol):
@@ -129,7 +137,7 @@ class ImageCollector:
 
     def __init__(
         self,
-        runtime: ContainerRuntime,
+        runtime: ImageStoreRuntime,
         settings: NodeSettings,
         *,
         pulls: PullCoordinator,

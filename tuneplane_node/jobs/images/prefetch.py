@@ -18,6 +18,7 @@ import functools
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from tuneplane_node.clock import Clock
 from tuneplane_node.errors import NodeError
@@ -27,11 +28,18 @@ from tuneplane_node.jobs.images.pulls import PullCoordinator, SharedPull
 from tuneplane_node.jobs.observe.results import Prefetched, PrefetchRequest
 from tuneplane_node.jobs.pending import FAILED_RECORD_TTL_S, PULLING
 from tuneplane_node.references import canonical
-from tuneplane_node.runtime.base import ContainerRuntime, RegistryAuth
+from tuneplane_node.runtime.base import ImageInfo, RegistryAuth
 from tuneplane_node.tasks import BackgroundTasks
 from tuneplane_node.wire.values import PRESENT as PRESENT
 
 log = logging.getLogger(__name__)
+
+
+class ImageLookup(Protocol):
+    """What a prefetch asks of the engine: whether it has the image."""
+
+    async def image_exists(self, image: str) -> bool: ...
+    async def image_info(self, image: str) -> ImageInfo | None: ...
 
 
 @dataclass
@@ -54,7 +62,7 @@ class Prefetcher:
 
     def __init__(
         self,
-        runtime: ContainerRuntime,
+        runtime: ImageLookup,
         pulls: PullCoordinator,
         *,
         images: ImageKeeper,

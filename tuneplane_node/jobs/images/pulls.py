@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Protocol
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.errors import NodeError
@@ -26,11 +27,31 @@ from tuneplane_node.jobs.images.ledger import ImageLedger
 from tuneplane_node.jobs.images.pullrate import PullRate
 from tuneplane_node.logformat import job_fields
 from tuneplane_node.references import canonical
-from tuneplane_node.runtime.base import ContainerRuntime, PullLimits, PullProgress, RegistryAuth
+from tuneplane_node.runtime.base import (
+    ImageInfo,
+    ProgressCallback,
+    PullLimits,
+    PullProgress,
+    RegistryAuth,
+)
 from tuneplane_node.tasks import BackgroundTasks, by_awaiters
 from tuneplane_node.telemetry import NO_TELEMETRY, Telemetry
 
 log = logging.getLogger(__name__)
+
+
+class PullingRuntime(Protocol):
+    """What a shared pull asks of the engine."""
+
+    async def image_info(self, image: str) -> ImageInfo | None: ...
+    async def pull(
+        self,
+        image: str,
+        *,
+        limits: PullLimits,
+        on_progress: ProgressCallback | None = None,
+        auth: RegistryAuth | None = None,
+    ) -> None: ...
 
 
 @dataclass
@@ -72,7 +93,7 @@ class SharedPull:
 class PullCoordinator:
     def __init__(
         self,
-        runtime: ContainerRuntime,
+        runtime: PullingRuntime,
         limits: PullLimits,
         telemetry: Telemetry = NO_TELEMETRY,
         *,

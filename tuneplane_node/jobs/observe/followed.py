@@ -8,12 +8,22 @@ layer turns into a cut connection: the client sees a broken answer and follows a
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from tuneplane_node.errors import EngineUnavailable
-from tuneplane_node.runtime.base import ContainerRuntime, LogStream
+from tuneplane_node.runtime.base import LogStream
 
 END_GRACE_S = 5.0
 """How long after the stream's end the job's exit may take to be known: the engine ends
 the stream as the job exits, and its exit event comes a moment later."""
+
+
+class JobExits(Protocol):
+    """What vouching for an end asks of the engine: whether the job has stopped."""
+
+    name: str
+
+    async def wait_exited(self, name: str, timeout: float) -> bool: ...
 
 
 class EndedWithJob:
@@ -22,7 +32,7 @@ class EndedWithJob:
     def __init__(
         self,
         stream: LogStream,
-        runtime: ContainerRuntime,
+        runtime: JobExits,
         *,
         name: str,
         grace_s: float = END_GRACE_S,

@@ -10,23 +10,25 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from datetime import datetime
+from typing import Protocol
 
 from tuneplane_node.errors import EngineRefused, TooManyFollows
-from tuneplane_node.jobs.observe.followed import END_GRACE_S, EndedWithJob
+from tuneplane_node.jobs.observe.followed import END_GRACE_S, EndedWithJob, JobExits
 from tuneplane_node.jobs.observe.results import LogNote, Own
 from tuneplane_node.jobs.pending import PendingTable
-from tuneplane_node.runtime.base import (
-    ContainerRuntime,
-    ContainerState,
-    LogQuery,
-    LogStream,
-    LogText,
-)
+from tuneplane_node.runtime.base import ContainerState, LogQuery, LogStream, LogText
 from tuneplane_node.settings import NodeSettings
 
 LOG_READERS = 1
 """Logs read at once. A read of a huge log keeps a thread busy in Python for a second or
 more; two at once starve the event loop of the GIL (health took 90 ms behind three)."""
+
+
+class LogRuntime(JobExits, Protocol):
+    """What reading a job's logs asks of the engine (a follow's end too)."""
+
+    async def logs(self, ref: str, query: LogQuery) -> LogText | None: ...
+    async def follow_logs(self, ref: str, query: LogQuery) -> LogStream | None: ...
 
 
 def follow_limit(settings: NodeSettings) -> int:
@@ -41,7 +43,7 @@ class LogsReader:
 
     def __init__(
         self,
-        runtime: ContainerRuntime,
+        runtime: LogRuntime,
         settings: NodeSettings,
         *,
         own: Own,

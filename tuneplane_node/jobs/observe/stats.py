@@ -14,18 +14,27 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock, rfc3339
 from tuneplane_node.errors import NodeError
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.gpu.probe import CardFacts, GpuSnapshot
 from tuneplane_node.jobs.observe.results import DiskFigures
-from tuneplane_node.runtime.base import ContainerRuntime, ContainerState, Usage
+from tuneplane_node.runtime.base import ContainerState, Usage
 
 log = logging.getLogger(__name__)
 MIB = 2**20
+
+
+class SampledRuntime(Protocol):
+    """What the sampler asks of the engine: the running jobs, their use, the cards' holders."""
+
+    async def ps(self) -> list[ContainerState]: ...
+    async def usage(self, refs: Sequence[str]) -> dict[str, Usage]: ...
+    def holders_of(self, pids: Collection[int]) -> dict[int, str | None]: ...
 
 
 @dataclass(frozen=True)
@@ -89,7 +98,7 @@ class StatsSampler:
 
     def __init__(
         self,
-        runtime: ContainerRuntime,
+        runtime: SampledRuntime,
         allocator: GpuAllocator,
         *,
         interval_s: float,

@@ -25,11 +25,12 @@ import secrets
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
+from typing import Protocol
 
 from tuneplane_node.clock import Clock
 from tuneplane_node.errors import NodeError, TooManyWatches
 from tuneplane_node.jobs.observe.results import Cursor, JobChanges, JobView, PendingView
-from tuneplane_node.runtime.base import ContainerRuntime
+from tuneplane_node.runtime.base import ChangeListener, ContainerState
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.tasks import BackgroundTasks
 from tuneplane_node.wire.values import DEFAULT_WAIT_S as DEFAULT_WAIT_S
@@ -51,10 +52,17 @@ container of the node."""
 Refs = Callable[[], Iterable[str]]
 
 
+class WatchedRuntime(Protocol):
+    """What the watch asks of the engine: its changes, else its list."""
+
+    async def ps(self) -> list[ContainerState]: ...
+    def on_change(self, listener: ChangeListener) -> bool: ...
+
+
 class ChangeLog:
     """Every job's view, numbered by its latest change. Used on the loop only."""
 
-    def __init__(self, runtime: ContainerRuntime, settings: NodeSettings, *, clock: Clock):
+    def __init__(self, runtime: WatchedRuntime, settings: NodeSettings, *, clock: Clock):
         self.runtime = runtime
         self.epoch = secrets.token_hex(8)  # this process: a restart's cursors are new
         self.history = settings.watch_history

@@ -29,13 +29,13 @@ from dataclasses import dataclass, replace
 
 from tuneplane_node.errors import InvalidField
 from tuneplane_node.gpu.allocator import GpuAllocator
+from tuneplane_node.jobs.ours import Listing
 from tuneplane_node.jobs.pending import FAILED, PendingTable
 from tuneplane_node.logformat import job_fields
 from tuneplane_node.runtime.base import (
     FABRIC,
     LABEL_NETWORK,
     LABEL_RUN_ID,
-    ContainerRuntime,
     ContainerSpec,
 )
 from tuneplane_node.settings import NodeSettings, env_name
@@ -142,7 +142,7 @@ class NetworkRule:
 
 
 async def neighbours(
-    ref: str, *, runtime: ContainerRuntime, allocator: GpuAllocator, pending: PendingTable
+    ref: str, *, runtime: Listing, allocator: GpuAllocator, pending: PendingTable
 ) -> Neighbours:
     """The machine's cards and the node's jobs other than ``ref``: live containers, launches
     pending a pull, and launches holding cards whose container is being made."""

@@ -27,7 +27,9 @@ from tuneplane_node.ctl import render
 from tuneplane_node.ctl.client import DEFAULT_URL, URL_ENV, CtlError, exit_code, read_token
 from tuneplane_node.printable import printable
 from tuneplane_node.wire.fields import Body, Field, Schema
-from tuneplane_node.wire.requests import CONTAINER, PULL_POLICIES, job_signal
+from tuneplane_node.wire.readers import job_signal
+from tuneplane_node.wire.requests import CONTAINER
+from tuneplane_node.wire.values import PULL_POLICIES
 
 NOT_OK = 4
 """``health``'s exit code: the node answered, and it is not ok (``ok: false``)."""

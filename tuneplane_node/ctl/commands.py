@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.live import Live
 
 from tuneplane_node.client import ClientError, JobState, NodeClient, NodeError, Tls
-from tuneplane_node.ctl import render
+from tuneplane_node.ctl import render, stores
 from tuneplane_node.ctl.client import DEFAULT_URL, URL_ENV, CtlError, exit_code, read_token
 from tuneplane_node.printable import printable
 from tuneplane_node.wire.fields import Body, Field, Schema
@@ -415,7 +415,7 @@ def reap(ctl: Ctl, args: argparse.Namespace) -> int:
 
 
 def gc(ctl: Ctl, args: argparse.Namespace) -> int:
-    return ctl.show(ctl.client.image_gc().raw, render.show_image_gc)
+    return ctl.show(ctl.client.image_gc().raw, stores.show_image_gc)
 
 
 def cordon(ctl: Ctl, args: argparse.Namespace) -> int:
@@ -451,7 +451,7 @@ def logs(ctl: Ctl, args: argparse.Namespace) -> int:
 
 
 def images(ctl: Ctl, args: argparse.Namespace) -> int:
-    return ctl.show(ctl.client.images().raw, render.show_images)
+    return ctl.show(ctl.client.images().raw, stores.show_images)
 
 
 def pull(ctl: Ctl, args: argparse.Namespace) -> int:
@@ -511,18 +511,18 @@ def _await_prefetch(ctl: Ctl, image: str) -> Mapping[str, Any]:
 
 
 def volumes(ctl: Ctl, args: argparse.Namespace) -> int:
-    return ctl.show(ctl.client.volumes().raw, render.show_volumes)
+    return ctl.show(ctl.client.volumes().raw, stores.show_volumes)
 
 
 def pull_volume(ctl: Ctl, args: argparse.Namespace) -> int:
     """A volume prefetch; ``--wait``: the node answers when the fill has ended (its
     error: exit 1, as every refusal)."""
     answer = ctl.client.pull_volume(args.source, args.sha256, wait=args.wait)
-    return ctl.show(answer.raw, render.show_volume_pull)
+    return ctl.show(answer.raw, stores.show_volume_pull)
 
 
 def volume_gc(ctl: Ctl, args: argparse.Namespace) -> int:
-    return ctl.show(ctl.client.volume_gc().raw, render.show_volume_gc)
+    return ctl.show(ctl.client.volume_gc().raw, stores.show_volume_gc)
 
 
 # --- launch ---------------------------------------------------------------------------

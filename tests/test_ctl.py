@@ -55,7 +55,7 @@ from tests.helpers import (
 from tests.test_daemon_prefetch import REPOSITORY, prefetch_image
 from tests.test_runtime_registry import serving
 from tuneplane_node.cli import main, parser
-from tuneplane_node.ctl import commands
+from tuneplane_node.ctl import commands, options
 from tuneplane_node.jobs.launcher import launch_request
 from tuneplane_node.jobs.observe.results import LaunchRequest
 from tuneplane_node.runtime.base import Mount
@@ -292,7 +292,7 @@ TEXT_FIELDS = [
     for f in CONTAINER.fields
     if f.name not in {"name", "image", "command", "env", "gpus", "mounts", "labels"}
     and not isinstance(f.schema, Body)
-    and not commands._is_boolean(f)  # --x / --no-x, tested by rdma's test
+    and not options._is_boolean(f)  # --x / --no-x, tested by rdma's test
     and f.name != "registry_auth"  # an object, and a secret: no command line's
     and f.name != "scratch"  # an object: no option of its own
 ]

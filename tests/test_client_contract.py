@@ -22,6 +22,8 @@ from tuneplane_node import errors as node_errors
 from tuneplane_node.client import AsyncNodeClient, NodeClient, words
 from tuneplane_node.client import answers as client
 from tuneplane_node.client import errors as client_errors
+from tuneplane_node.client import images as client_images
+from tuneplane_node.client import volumes as client_volumes
 from tuneplane_node.wire import answers, images, stats, volumes
 from tuneplane_node.wire.fields import Words
 
@@ -60,19 +62,19 @@ SHAPES: dict[type[client.Answer], tuple[Any, ...]] = {
     client.Usage: (stats.AbsentJson, stats.UsageJson),
     client.Logs: (answers.LogsJson,),
     client.Jobs: (answers.JobsJson,),
-    client.Image: (images.ImageJson,),
-    client.ImagePull: (images.PullJson,),
-    client.Images: (images.ImagesJson,),
-    client.Prefetch: (images.PrefetchJson,),
-    client.RemovedImage: (answers.RemovedImageJson,),
-    client.ImageGc: (answers.ImageGcJson,),
+    client_images.Image: (images.ImageJson,),
+    client_images.ImagePull: (images.PullJson,),
+    client_images.Images: (images.ImagesJson,),
+    client_images.Prefetch: (images.PrefetchJson,),
+    client_images.RemovedImage: (answers.RemovedImageJson,),
+    client_images.ImageGc: (answers.ImageGcJson,),
     client.VolumeStore: (volumes.VolumeStoreJson,),
-    client.VolumeEntry: (volumes.VolumeEntryJson,),
-    client.VolumeFill: (volumes.VolumeFillJson,),
-    client.Volumes: (volumes.VolumesJson,),
-    client.VolumePull: (volumes.VolumePullJson,),
-    client.EvictedVolume: (volumes.EvictedVolumeJson,),
-    client.VolumeGc: (volumes.VolumeGcJson,),
+    client_volumes.VolumeEntry: (volumes.VolumeEntryJson,),
+    client_volumes.VolumeFill: (volumes.VolumeFillJson,),
+    client_volumes.Volumes: (volumes.VolumesJson,),
+    client_volumes.VolumePull: (volumes.VolumePullJson,),
+    client_volumes.EvictedVolume: (volumes.EvictedVolumeJson,),
+    client_volumes.VolumeGc: (volumes.VolumeGcJson,),
 }
 # Shapes with no class of their own, and what the client makes of them instead.
 NO_CLASS = {

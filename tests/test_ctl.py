@@ -55,7 +55,7 @@ from tests.helpers import (
 from tests.test_daemon_prefetch import REPOSITORY, prefetch_image
 from tests.test_runtime_registry import serving
 from tuneplane_node.cli import main, parser
-from tuneplane_node.ctl import commands
+from tuneplane_node.ctl import commands, options
 from tuneplane_node.jobs.launcher import launch_request
 from tuneplane_node.jobs.observe.results import LaunchRequest
 from tuneplane_node.runtime.base import Mount
@@ -292,7 +292,7 @@ TEXT_FIELDS = [
     for f in CONTAINER.fields
     if f.name not in {"name", "image", "command", "env", "gpus", "mounts", "labels"}
     and not isinstance(f.schema, Body)
-    and not commands._is_boolean(f)  # --x / --no-x, tested by rdma's test
+    and not options._is_boolean(f)  # --x / --no-x, tested by rdma's test
     and f.name != "registry_auth"  # an object, and a secret: no command line's
     and f.name != "scratch"  # an object: no option of its own
 ]
@@ -533,7 +533,7 @@ def test_gc_prints_what_it_removed_and_health_the_image_store(ctl: Ctl, process_
 def test_gc_shows_each_image_removed_and_the_pressure() -> None:
     from rich.console import Console
 
-    from tuneplane_node.ctl import render
+    from tuneplane_node.ctl import stores
 
     console = Console(width=200, record=True, color_system=None)
     store = {"path": "/var/lib/docker", "total_bytes": 100 * 10**9, "free_bytes": 10 * 10**9}
@@ -543,7 +543,7 @@ def test_gc_shows_each_image_removed_and_the_pressure() -> None:
         "size_bytes": 10**7,
         "why": "disk 91%",
     }
-    render.show_image_gc(
+    stores.show_image_gc(
         console,
         {
             "scope": "all",
@@ -609,7 +609,7 @@ def test_volume_pull_wait_fills_it_and_volumes_and_volume_gc_show_it(
 def test_volume_gc_and_volumes_show_each_entry() -> None:
     from rich.console import Console
 
-    from tuneplane_node.ctl import render
+    from tuneplane_node.ctl import stores
 
     console = Console(width=200, record=True, color_system=None)
     store = {
@@ -617,7 +617,7 @@ def test_volume_gc_and_volumes_show_each_entry() -> None:
         "used_bytes": 2**30, "high_percent": 85, "low_percent": 80,
     }  # fmt: skip
     evicted = {"sha256": "ab" * 32, "size_bytes": 2**30, "last_used_at": "2026-01-01T00:00:00Z"}
-    render.show_volume_gc(
+    stores.show_volume_gc(
         console, {"removed": [evicted], "freed_bytes": 2**30, "volume_store": store}
     )
     entry = {
@@ -629,7 +629,7 @@ def test_volume_gc_and_volumes_show_each_entry() -> None:
         "bytes_total": None, "rate_bytes_per_s": None, "eta_s": None,
         "started_at": "2026-01-01T00:00:00Z", "waiting": 0, "error": "the server answered 404",
     }  # fmt: skip
-    render.show_volumes(console, {"entries": [entry], "fills": [fill], "volume_store": store})
+    stores.show_volumes(console, {"entries": [entry], "fills": [fill], "volume_store": store})
     text = console.export_text()
     assert "Volumes evicted" in text and "abababababab" in text
     assert "evicted 1 volume(s), 1.0 GiB freed" in text

@@ -16,7 +16,7 @@ from tests.helpers import console_0315
 from tuneplane_node.errors import InvalidField
 from tuneplane_node.jobs.launcher import launch_request
 from tuneplane_node.runtime.base import LABEL_RUN_ID
-from tuneplane_node.wire import requests as wire
+from tuneplane_node.wire import images, requests, verbs
 
 # Slow: hypothesis generates hundreds of bodies a test.
 pytestmark = pytest.mark.slow
@@ -49,7 +49,7 @@ def refused_by_name(error: InvalidField) -> bool:
 @given(st.dictionaries(st.text(max_size=20), JSON, max_size=5))
 def test_any_body_is_a_launch_or_a_named_refusal(body: dict[str, Any]) -> None:
     try:
-        wire.parse_launch(body)
+        requests.parse_launch(body)
     except InvalidField as error:
         assert refused_by_name(error)
 
@@ -61,35 +61,35 @@ def test_one_hostile_field_in_a_0315_launch_is_read_or_refused_by_its_name(
 ) -> None:
     body = console_0315("r-1", gpus, **{field: value})  # requested=gpus
     try:
-        request = wire.parse_launch(body)
+        request = requests.parse_launch(body)
     except InvalidField as error:
         assert error.field.startswith(f"container.{field}") or error.field == "requested_gpus"
         return
     spec = launch_request(request).spec
     assert spec.labels[LABEL_RUN_ID] == "r-1"
-    assert spec.network in wire.NETWORKS
-    assert wire.IMAGE_REFERENCE.fullmatch(spec.image)
+    assert spec.network in requests.NETWORKS
+    assert images.IMAGE_REFERENCE.fullmatch(spec.image)
     assert all(mount.host.startswith("/") and ".." not in mount.host for mount in spec.mounts)
-    assert spec.cpu_limit is None or 0 < spec.cpu_limit <= wire.MAX_CPUS
+    assert spec.cpu_limit is None or 0 < spec.cpu_limit <= requests.MAX_CPUS
 
 
 @QUICK
 @given(JSON)
 def test_refs_are_names_or_a_named_refusal(refs: Any) -> None:
     try:
-        parsed = wire.parse_refs({"refs": refs})
+        parsed = verbs.parse_refs({"refs": refs})
     except InvalidField as error:
         assert error.field == "refs"
         return
-    assert all(0 < len(ref) <= wire.MAX_REF for ref in parsed)
+    assert all(0 < len(ref) <= verbs.MAX_REF for ref in parsed)
 
 
 @QUICK
 @given(JSON, JSON, JSON)
 def test_seconds_are_within_their_bounds_or_refused(ref: Any, grace: Any, age: Any) -> None:
     for parse, field, most in (
-        (wire.parse_grace, "timeout", wire.MAX_GRACE_S),
-        (wire.parse_max_age, "max_age_s", wire.MAX_AGE_S),
+        (verbs.parse_grace, "timeout", verbs.MAX_GRACE_S),
+        (verbs.parse_max_age, "max_age_s", verbs.MAX_AGE_S),
     ):
         try:
             seconds = parse({field: grace if field == "timeout" else age})
@@ -98,7 +98,7 @@ def test_seconds_are_within_their_bounds_or_refused(ref: Any, grace: Any, age: A
             continue
         assert seconds is None or 0 <= seconds <= most
     try:
-        wire.parse_ref({"ref": ref})
+        verbs.parse_ref({"ref": ref})
     except InvalidField as error:
         assert error.field == "ref"
 
@@ -107,8 +107,8 @@ def test_seconds_are_within_their_bounds_or_refused(ref: Any, grace: Any, age: A
 @given(st.text(max_size=12))
 def test_a_tail_is_a_bounded_whole_number_or_refused(text: str) -> None:
     try:
-        tail = wire.parse_tail(text)
+        tail = verbs.parse_tail(text)
     except InvalidField as error:
         assert error.field == "tail"
         return
-    assert 1 <= tail <= wire.MAX_TAIL
+    assert 1 <= tail <= verbs.MAX_TAIL

@@ -16,9 +16,11 @@ from tuneplane_node.jobs.launcher import launch_request
 from tuneplane_node.jobs.observe.results import LaunchRequest
 from tuneplane_node.runtime.base import LABEL_RUN_ID, Mount, RegistryAuth
 from tuneplane_node.wire.fields import Field
+from tuneplane_node.wire.requests import CHECKED, CONTAINER
 from tuneplane_node.wire.requests import (
-    CHECKED,
-    CONTAINER,
+    parse_launch as read_launch,
+)
+from tuneplane_node.wire.verbs import (
     LOGS,
     MAX_TAIL,
     parse_drain,
@@ -37,9 +39,6 @@ from tuneplane_node.wire.requests import (
     parse_stop_body,
     parse_tail,
     parse_uncordon,
-)
-from tuneplane_node.wire.requests import (
-    parse_launch as read_launch,
 )
 
 

@@ -18,8 +18,7 @@ from tests.helpers import REPO, console_0315
 from tuneplane_node.daemon.routes import OPERATIONS, document, routes
 from tuneplane_node.errors import InvalidField, UnknownField
 from tuneplane_node.sizes import MAX_SIZE
-from tuneplane_node.wire import requests as wire
-from tuneplane_node.wire import schema
+from tuneplane_node.wire import images, mounts, readers, requests, schema, verbs, volumes
 from tuneplane_node.wire.stats import parse_stats
 
 COMMITTED = REPO / "contrib" / "openapi.json"
@@ -110,22 +109,22 @@ def accepts(parse: Callable[[Any], object], value: Any) -> bool:
 
 
 def parser_accepts(body: dict[str, Any]) -> bool:
-    return accepts(wire.parse_launch, body)
+    return accepts(requests.parse_launch, body)
 
 
 def launch(**container: Any) -> dict[str, Any]:
     return console_0315("r-1", 0, **container)
 
 
-LONG_PATH = "/" + "a" * (wire.MAX_PATH - 1)
+LONG_PATH = "/" + "a" * (readers.MAX_PATH - 1)
 CASES: list[tuple[str, dict[str, Any], bool]] = [
     ("0.3.15's empty strings", launch(), True),
     ("run_id at its limit", {**launch(), "run_id": "r" * 200}, True),
     ("run_id over it", {**launch(), "run_id": "r" * 201}, False),
     ("run_id empty", {**launch(), "run_id": ""}, False),
     ("run_id with a tab", {**launch(), "run_id": "a\tb"}, False),
-    ("requested_gpus at its limit", {**launch(), "requested_gpus": wire.MAX_GPUS}, True),
-    ("requested_gpus over it", {**launch(), "requested_gpus": wire.MAX_GPUS + 1}, False),
+    ("requested_gpus at its limit", {**launch(), "requested_gpus": requests.MAX_GPUS}, True),
+    ("requested_gpus over it", {**launch(), "requested_gpus": requests.MAX_GPUS + 1}, False),
     ("requested_gpus negative", {**launch(), "requested_gpus": -1}, False),
     ("requested_gpus true", {**launch(), "requested_gpus": True}, False),
     ("an unknown field", {**launch(), "priority": 1}, False),
@@ -141,30 +140,38 @@ CASES: list[tuple[str, dict[str, Any], bool]] = [
     ("a name over it", launch(name="z" * 202), False),
     ("a name like an id", launch(name="abcdef012345"), False),
     ("a name with a slash", launch(name="a/b"), False),
-    ("command at its count", launch(command=["x"] * wire.MAX_ARGS), True),
-    ("command over it", launch(command=["x"] * (wire.MAX_ARGS + 1)), False),
-    ("an argument at its length", launch(command=["x" * wire.MAX_VALUE]), True),
-    ("an argument over it", launch(command=["x" * (wire.MAX_VALUE + 1)]), False),
+    ("command at its count", launch(command=["x"] * requests.MAX_ARGS), True),
+    ("command over it", launch(command=["x"] * (requests.MAX_ARGS + 1)), False),
+    ("an argument at its length", launch(command=["x" * requests.MAX_VALUE]), True),
+    ("an argument over it", launch(command=["x" * (requests.MAX_VALUE + 1)]), False),
     ("an argument with NUL", launch(command=["a\x00"]), False),
     ("command as a string", launch(command="python -m train"), False),
     ("an empty program", launch(command=[""]), False),  # was docker's 502
     ("an empty argument", launch(command=["echo", ""]), True),
-    ("env at its count", launch(env={f"K{i}": "v" for i in range(wire.MAX_ENV)}), True),
-    ("env over it", launch(env={f"K{i}": "v" for i in range(wire.MAX_ENV + 1)}), False),
+    ("env at its count", launch(env={f"K{i}": "v" for i in range(requests.MAX_ENV)}), True),
+    ("env over it", launch(env={f"K{i}": "v" for i in range(requests.MAX_ENV + 1)}), False),
     ("env with a number", launch(env={"EPOCHS": 3, "LR": 0.1}), True),
     ("env with true", launch(env={"X": True}), False),
     ("env with null", launch(env={"X": None}), False),
     ("env with '=' in a name", launch(env={"A=B": "1"}), False),
     ("env with an empty name", launch(env={"": "1"}), False),
-    ("env name at its length", launch(env={"K" * wire.MAX_KEY: "1"}), True),
-    ("env name over it", launch(env={"K" * (wire.MAX_KEY + 1): "1"}), False),
-    ("env value over its length", launch(env={"K": "v" * (wire.MAX_VALUE + 1)}), False),
-    ("labels at their count", launch(labels={f"l{i}": "v" for i in range(wire.MAX_LABELS)}), True),
-    ("labels over it", launch(labels={f"l{i}": "v" for i in range(wire.MAX_LABELS + 1)}), False),
-    ("gpus at its count", {**launch(gpus=[0] * wire.MAX_GPUS), "requested_gpus": None}, True),
-    ("gpus over it", launch(gpus=[0] * (wire.MAX_GPUS + 1)), False),
-    ("mounts at their count", launch(mounts=[["/a", "/b"]] * wire.MAX_MOUNTS), True),
-    ("mounts over it", launch(mounts=[["/a", "/b"]] * (wire.MAX_MOUNTS + 1)), False),
+    ("env name at its length", launch(env={"K" * requests.MAX_KEY: "1"}), True),
+    ("env name over it", launch(env={"K" * (requests.MAX_KEY + 1): "1"}), False),
+    ("env value over its length", launch(env={"K": "v" * (requests.MAX_VALUE + 1)}), False),
+    (
+        "labels at their count",
+        launch(labels={f"l{i}": "v" for i in range(requests.MAX_LABELS)}),
+        True,
+    ),
+    (
+        "labels over it",
+        launch(labels={f"l{i}": "v" for i in range(requests.MAX_LABELS + 1)}),
+        False,
+    ),
+    ("gpus at its count", {**launch(gpus=[0] * requests.MAX_GPUS), "requested_gpus": None}, True),
+    ("gpus over it", launch(gpus=[0] * (requests.MAX_GPUS + 1)), False),
+    ("mounts at their count", launch(mounts=[["/a", "/b"]] * mounts.MAX_MOUNTS), True),
+    ("mounts over it", launch(mounts=[["/a", "/b"]] * (mounts.MAX_MOUNTS + 1)), False),
     ("a mount read-only", launch(mounts=[["/a", "/b", True]]), True),
     ("a mount with null", launch(mounts=[["/a", "/b", None]]), False),
     ("a mount of four", launch(mounts=[["/a", "/b", True, 1]]), False),
@@ -183,10 +190,10 @@ CASES: list[tuple[str, dict[str, Any], bool]] = [
     ("shm_size 16g", launch(shm_size="16g"), True),
     ("shm_size in Arabic-Indic digits", launch(shm_size="\u0661\u0666g"), False),
     ("shm_size 16 GiB", launch(shm_size="16 GiB"), False),
-    ("memory_limit at 6 MiB", launch(memory_limit=wire.MIN_MEMORY), True),
-    ("memory_limit under it", launch(memory_limit=wire.MIN_MEMORY - 1), False),
-    ("cpu_limit at its limit", launch(cpu_limit=wire.MAX_CPUS), True),
-    ("cpu_limit over it", launch(cpu_limit=wire.MAX_CPUS + 0.5), False),
+    ("memory_limit at 6 MiB", launch(memory_limit=requests.MIN_MEMORY), True),
+    ("memory_limit under it", launch(memory_limit=requests.MIN_MEMORY - 1), False),
+    ("cpu_limit at its limit", launch(cpu_limit=requests.MAX_CPUS), True),
+    ("cpu_limit over it", launch(cpu_limit=requests.MAX_CPUS + 0.5), False),
     ("cpu_limit 0", launch(cpu_limit=0), False),
     ("cpu_limit as 0.3.15 says it", launch(cpu_limit=" 0.5 "), True),
     ("cpu_limit two", launch(cpu_limit="two"), False),
@@ -206,9 +213,9 @@ def test_the_launch_schema_and_the_parser_agree_at_every_bound(
 
 
 SECONDS = [
-    ("StopBody", "timeout", wire.parse_stop_body, wire.MAX_GRACE_S),
-    ("ReapBody", "max_age_s", wire.parse_reap, wire.MAX_AGE_S),
-    ("DrainBody", "grace_s", wire.parse_drain, wire.MAX_GRACE_S),
+    ("StopBody", "timeout", verbs.parse_stop_body, verbs.MAX_GRACE_S),
+    ("ReapBody", "max_age_s", verbs.parse_reap, verbs.MAX_AGE_S),
+    ("DrainBody", "grace_s", verbs.parse_drain, verbs.MAX_GRACE_S),
 ]
 
 
@@ -224,19 +231,19 @@ def test_seconds_agree_with_their_parser(
 
 # Each verb's parser, and the least body it takes.
 VERBS = [
-    ("RefsBody", wire.parse_observe, {"refs": ["a"]}),
+    ("RefsBody", verbs.parse_observe, {"refs": ["a"]}),
     ("StatsBody", parse_stats, {}),
-    ("StopBody", wire.parse_stop_body, {"ref": "a"}),
-    ("SignalBody", wire.parse_signal_body, {"ref": "a", "signal": "SIGUSR1"}),
-    ("RefBody", wire.parse_remove, {"ref": "a"}),
-    ("ReapBody", wire.parse_reap, {}),
-    ("CordonBody", wire.parse_cordon, {}),
-    ("DrainBody", wire.parse_drain, {}),
-    ("UncordonBody", wire.parse_uncordon, {}),
-    ("PrefetchBody", wire.parse_prefetch, {"image": "registry/trainer:1"}),
-    ("ImageGcBody", wire.parse_image_gc, {}),
-    ("VolumePullBody", wire.parse_volume_pull, {"source": "https://h/w", "sha256": "a" * 64}),
-    ("VolumeGcBody", wire.parse_volume_gc, {}),
+    ("StopBody", verbs.parse_stop_body, {"ref": "a"}),
+    ("SignalBody", verbs.parse_signal_body, {"ref": "a", "signal": "SIGUSR1"}),
+    ("RefBody", verbs.parse_remove, {"ref": "a"}),
+    ("ReapBody", verbs.parse_reap, {}),
+    ("CordonBody", verbs.parse_cordon, {}),
+    ("DrainBody", verbs.parse_drain, {}),
+    ("UncordonBody", verbs.parse_uncordon, {}),
+    ("PrefetchBody", images.parse_prefetch, {"image": "registry/trainer:1"}),
+    ("ImageGcBody", images.parse_image_gc, {}),
+    ("VolumePullBody", volumes.parse_volume_pull, {"source": "https://h/w", "sha256": "a" * 64}),
+    ("VolumeGcBody", volumes.parse_volume_gc, {}),
 ]
 
 
@@ -258,24 +265,24 @@ def test_every_body_a_route_reads_has_a_verb_parser_here() -> None:
     assert bodies == {model for model, _, _ in VERBS}
 
 
-REF_CASES = [["a"], ["a" * wire.MAX_REF], ["a" * (wire.MAX_REF + 1)], [""], [1], "a", []]
+REF_CASES = [["a"], ["a" * verbs.MAX_REF], ["a" * (verbs.MAX_REF + 1)], [""], [1], "a", []]
 
 
 @pytest.mark.parametrize("refs", REF_CASES)
 def test_refs_agree_with_their_parser(refs: Any) -> None:
     body = {"refs": refs}
-    assert validator("RefsBody").is_valid(body) == accepts(wire.parse_observe, body)
+    assert validator("RefsBody").is_valid(body) == accepts(verbs.parse_observe, body)
 
 
 def test_refs_are_counted_as_the_parser_counts_them() -> None:
     body = validator("RefsBody").schema["components"]["schemas"]["RefsBody"]
-    assert body["properties"]["refs"]["maxItems"] == wire.MAX_REFS
+    assert body["properties"]["refs"]["maxItems"] == verbs.MAX_REFS
 
 
-@pytest.mark.parametrize("reason", ["", "r" * wire.MAX_REASON, "r" * (wire.MAX_REASON + 1), 3])
+@pytest.mark.parametrize("reason", ["", "r" * verbs.MAX_REASON, "r" * (verbs.MAX_REASON + 1), 3])
 def test_a_reason_agrees_with_its_parser(reason: Any) -> None:
     body = {"reason": reason}
-    assert validator("CordonBody").is_valid(body) == accepts(wire.parse_cordon, body)
+    assert validator("CordonBody").is_valid(body) == accepts(verbs.parse_cordon, body)
 
 
 def query(name: str, path: str = "/node/v1/logs") -> Draft202012Validator:
@@ -286,24 +293,24 @@ def query(name: str, path: str = "/node/v1/logs") -> Draft202012Validator:
 
 @pytest.mark.parametrize("value", ["", "1", "TRUE", "False", "0", "yes", "2"])
 def test_follow_agrees_with_its_parser(value: str) -> None:
-    assert query("follow").is_valid(value) == accepts(wire.parse_follow, value)
+    assert query("follow").is_valid(value) == accepts(verbs.parse_follow, value)
 
 
-@pytest.mark.parametrize("tail", [0, 1, wire.MAX_TAIL, wire.MAX_TAIL + 1])
+@pytest.mark.parametrize("tail", [0, 1, verbs.MAX_TAIL, verbs.MAX_TAIL + 1])
 def test_tail_agrees_with_its_parser(tail: int) -> None:
-    assert query("tail").is_valid(tail) == accepts(wire.parse_tail, str(tail))
+    assert query("tail").is_valid(tail) == accepts(verbs.parse_tail, str(tail))
 
 
 @pytest.mark.parametrize("wait", [0, 0.5, 300, 300.5, 301])
 def test_wait_agrees_with_its_parser(wait: float) -> None:
-    assert query("wait", "/node/v1/jobs").is_valid(wait) == accepts(wire.parse_wait, f"{wait:g}")
+    assert query("wait", "/node/v1/jobs").is_valid(wait) == accepts(verbs.parse_wait, f"{wait:g}")
 
 
 @pytest.mark.parametrize(
     "index", ["", "0123456789abcdef-0", "0123456789abcdef-" + "9" * 19, "0123456789abcdef", "x-1"]
 )
 def test_index_agrees_with_its_parser(index: str) -> None:
-    assert query("index", "/node/v1/jobs").is_valid(index) == accepts(wire.parse_index, index)
+    assert query("index", "/node/v1/jobs").is_valid(index) == accepts(verbs.parse_index, index)
 
 
 # --- hypothesis, near the bounds ------------------------------------------------------------
@@ -323,15 +330,15 @@ def around(bound: int) -> st.SearchStrategy[int]:
 
 
 FIELD_VALUES = st.one_of(
-    st.builds(lambda n: {"requested_gpus": n}, around(0) | around(wire.MAX_GPUS)),
+    st.builds(lambda n: {"requested_gpus": n}, around(0) | around(requests.MAX_GPUS)),
     st.builds(lambda n: {"run_id": "r" * n}, around(1) | around(200)),
     st.builds(lambda n: launch(shm_size=n), around(1) | around(MAX_SIZE)),
-    st.builds(lambda n: launch(memory_limit=n), around(wire.MIN_MEMORY)),
+    st.builds(lambda n: launch(memory_limit=n), around(requests.MIN_MEMORY)),
     st.builds(lambda n: launch(name="z" * n), around(201)),
     st.builds(lambda n: launch(user="u" * n), around(32)),
-    st.builds(lambda n: launch(command=["x"] * n), around(wire.MAX_ARGS)),
-    st.builds(lambda n: launch(mounts=[["/a", "/b"]] * n), around(wire.MAX_MOUNTS)),
-    st.builds(lambda n: launch(gpus=[1] * n, name=""), around(wire.MAX_GPUS)),
+    st.builds(lambda n: launch(command=["x"] * n), around(requests.MAX_ARGS)),
+    st.builds(lambda n: launch(mounts=[["/a", "/b"]] * n), around(mounts.MAX_MOUNTS)),
+    st.builds(lambda n: launch(gpus=[1] * n, name=""), around(requests.MAX_GPUS)),
     st.builds(lambda x: launch(cpu_limit=x), st.floats(-1, 2) | st.floats(9999, 10001)),
     st.builds(lambda s: launch(cpu_limit=s), st.from_regex(r"\A ?[0-9.]{0,4} ?\Z")),
     st.builds(lambda s: launch(shm_size=s), st.from_regex(r"\A[0-9.]{1,4}[bkmgBKMGx]?\Z")),

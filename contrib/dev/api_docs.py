@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Writes what is generated of the API's documents, from the routes' declarations
-(`tuneplane_node/daemon/routes.py`) and the request fields (`tuneplane_node/wire/requests.py`):
-the OpenAPI document, ``contrib/openapi.json``, and in ``docs/api.md`` every request's
-field table. Run it after changing a route or a field:
+(`tuneplane_node/daemon/routes.py`) and the request fields (`tuneplane_node/wire/`, the
+launch's in `requests.py`): the OpenAPI document, ``contrib/openapi.json``, and in
+``docs/api.md`` every request's field table. Run it after changing a route or a field:
 
     .venv/bin/python contrib/dev/api_docs.py            # write both
     .venv/bin/python contrib/dev/api_docs.py --check    # write nothing; exit 1 if stale

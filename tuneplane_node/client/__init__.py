@@ -21,14 +21,9 @@ from tuneplane_node.client.answers import (
     CardUsage,
     Conditions,
     Disk,
-    EvictedVolume,
     Fabric,
     Filesystem,
     Health,
-    Image,
-    ImageGc,
-    ImagePull,
-    Images,
     ImageStore,
     Inventory,
     Isolation,
@@ -40,19 +35,12 @@ from tuneplane_node.client.answers import (
     Logs,
     NodeState,
     PendingPull,
-    Prefetch,
     Probe,
     Process,
     ProcessMemory,
-    RemovedImage,
     Runtime,
     Stopping,
     Usage,
-    VolumeEntry,
-    VolumeFill,
-    VolumeGc,
-    VolumePull,
-    Volumes,
     VolumeStore,
 )
 from tuneplane_node.client.calls import Call, Container, Mount, Scratch
@@ -100,8 +88,17 @@ from tuneplane_node.client.errors import (
     VolumeFillFailed,
     VolumeStoreFull,
 )
+from tuneplane_node.client.images import Image, ImageGc, ImagePull, Images, Prefetch, RemovedImage
 from tuneplane_node.client.retry import NO_RETRY, Retry
 from tuneplane_node.client.sync import NodeClient
+from tuneplane_node.client.volumes import (
+    EvictedVolume,
+    VolumeEntry,
+    VolumeFill,
+    VolumeGc,
+    VolumePull,
+    Volumes,
+)
 from tuneplane_node.client.watch import Backoff
 from tuneplane_node.client.words import (
     JobStatus,

@@ -15,7 +15,9 @@ from tuneplane_node.client import answers, calls
 from tuneplane_node.client.calls import Call, Container
 from tuneplane_node.client.endpoint import NO_TLS, TIMEOUT_S, Endpoint, Tls
 from tuneplane_node.client.errors import NodeError
+from tuneplane_node.client.images import ImageGc, Images, Prefetch
 from tuneplane_node.client.retry import Retry, tuned
+from tuneplane_node.client.volumes import VolumeGc, VolumePull, Volumes
 from tuneplane_node.client.watch import DEFAULT_WAIT_S, Backoff, Watch
 
 T = TypeVar("T")
@@ -198,7 +200,7 @@ class AsyncNodeClient:
                 async for text in response.aiter_text():
                     yield text
 
-    async def images(self) -> answers.Images:
+    async def images(self) -> Images:
         """The node's images, and its pulls with their progress.
 
         Example: ``(await node.images()).pulls``."""
@@ -206,35 +208,33 @@ class AsyncNodeClient:
 
     async def pull_image(
         self, image: str, *, registry_auth: Mapping[str, str] | None = None, pull_policy: str = ""
-    ) -> answers.Prefetch:
+    ) -> Prefetch:
         """Prefetch an image: ``phase`` pulling (in the background) or present.
 
         Example: ``(await node.pull_image("registry/trainer:1")).phase``."""
         return await self.call(calls.pull_image(image, registry_auth, pull_policy))
 
-    async def volumes(self) -> answers.Volumes:
+    async def volumes(self) -> Volumes:
         """The volume store's entries (size, last use, users, pin), its fills with their
         progress, and the store.
 
         Example: ``(await node.volumes()).entries``."""
         return await self.call(calls.volumes())
 
-    async def pull_volume(
-        self, source: str, sha256: str = "", *, wait: bool = False
-    ) -> answers.VolumePull:
+    async def pull_volume(self, source: str, sha256: str = "", *, wait: bool = False) -> VolumePull:
         """Prefetch a volume: ``phase`` filling (in the background) or present; pinned
         against eviction. ``wait``: until the fill has ended (its error raised).
 
         Example: ``(await node.pull_volume("https://models/w", "9f2c...")).phase``."""
         return await self.call(calls.pull_volume(source, sha256, wait=wait))
 
-    async def volume_gc(self) -> answers.VolumeGc:
+    async def volume_gc(self) -> VolumeGc:
         """Run the volume store's eviction now: what it removed, and the store after.
 
         Example: ``(await node.volume_gc()).freed_bytes``."""
         return await self.call(calls.volume_gc())
 
-    async def image_gc(self) -> answers.ImageGc:
+    async def image_gc(self) -> ImageGc:
         """Run the image GC now: what it removed, and the store after.
 
         Example: ``(await node.image_gc()).freed_bytes``."""

@@ -1,4 +1,5 @@
-"""The node's answers as typed objects.
+"""The node's answers as typed objects (the image and volume verbs' in `images` and
+`volumes`, read the same way).
 
 Tolerant on purpose: a key this client does not know (a newer node's) is skipped, and a
 key the node did not send (an older node's) is its field's default, so neither end
@@ -24,10 +25,7 @@ from tuneplane_node.client.words import (
     LaunchPhase,
     NodeStateName,
     PendingPhase,
-    PrefetchPhase,
-    PullPhase,
     StopPhase,
-    VolumePhase,
     moment,
     word,
 )
@@ -494,88 +492,6 @@ class Jobs(Answer):
             copy.pop(ref, None)
 
 
-@dataclass(frozen=True)
-class Image(Answer):
-    """An image the node pulled, or that its own containers are made from."""
-
-    image: str = ""
-    id: str = ""
-    size_bytes: int | None = None
-    pulled_at: datetime | None = None  # None: the node never pulled it
-    last_used_at: datetime | None = None
-    in_use_by: tuple[str, ...] = ()
-    private: bool = False
-
-    convert: ClassVar[Converters] = {
-        "in_use_by": tuple,
-        "pulled_at": moment,
-        "last_used_at": moment,
-    }
-
-
-@dataclass(frozen=True)
-class ImagePull(Answer):
-    """One download, however many launches wait on it: pulling, or failed (``error``)."""
-
-    image: str = ""
-    phase: PullPhase | None = None
-    bytes_done: int | None = None
-    bytes_total: int | None = None
-    layers_done: int | None = None
-    layers_total: int | None = None
-    rate_bytes_per_s: float | None = None
-    eta_s: float | None = None
-    started_at: datetime | None = None
-    waiting: tuple[str, ...] = ()
-    error: str | None = None
-
-    convert: ClassVar[Converters] = {
-        "waiting": tuple,
-        "phase": word(PullPhase),
-        "started_at": moment,
-    }
-
-
-@dataclass(frozen=True)
-class Images(Answer):
-    """``GET /node/v1/images``: the node's images and its pulls."""
-
-    images: tuple[Image, ...] = ()
-    pulls: tuple[ImagePull, ...] = ()
-
-    convert: ClassVar[Converters] = {"images": each(Image), "pulls": each(ImagePull)}
-
-
-@dataclass(frozen=True)
-class Prefetch(Answer):
-    """A prefetch's answer: ``phase`` present (nothing pulled) or pulling."""
-
-    image: str = ""
-    phase: PrefetchPhase | None = None
-
-    convert: ClassVar[Converters] = {"phase": word(PrefetchPhase)}
-
-
-@dataclass(frozen=True)
-class RemovedImage(Answer):
-    image: str = ""
-    id: str = ""
-    size_bytes: int | None = None
-    why: str = ""
-
-
-@dataclass(frozen=True)
-class ImageGc(Answer):
-    """One image GC run: what it removed (least recently used first) and the store after."""
-
-    scope: str = ""
-    freed_bytes: int = 0
-    removed: tuple[RemovedImage, ...] = ()
-    image_store: ImageStore | None = None
-
-    convert: ClassVar[Converters] = {"removed": each(RemovedImage), "image_store": one(ImageStore)}
-
-
 def states(answer: object) -> dict[str, JobState]:
     """Observe's answer: the state of each ref asked for."""
     return by_ref(JobState)(_member(answer, "states"))
@@ -595,96 +511,3 @@ def nothing(answer: object) -> None:
 
 def _member(answer: object, key: str) -> Any:
     return answer.get(key) or {} if isinstance(answer, Mapping) else {}
-
-
-@dataclass(frozen=True)
-class VolumeEntry(Answer):
-    """An entry of the volume store: its size, last use, the containers that bind it
-    (None: the engine did not say) and its prefetch's pin."""
-
-    sha256: str = ""
-    size_bytes: int | None = None
-    phase: VolumePhase | None = None
-    last_used_at: datetime | None = None
-    in_use_by: tuple[str, ...] | None = None
-    pin_expires_at: datetime | None = None
-
-    convert: ClassVar[Converters] = {
-        "phase": word(VolumePhase),
-        "last_used_at": moment,
-        "in_use_by": tuple,
-        "pin_expires_at": moment,
-    }
-
-
-@dataclass(frozen=True)
-class VolumeFill(Answer):
-    """One fill, however many launches wait on it: filling, or failed (``error``)."""
-
-    sha256: str = ""
-    source: str = ""
-    phase: VolumePhase | None = None
-    bytes_done: int | None = None
-    bytes_total: int | None = None
-    rate_bytes_per_s: float | None = None
-    eta_s: float | None = None
-    started_at: datetime | None = None
-    waiting: int | None = None
-    error: str | None = None
-
-    convert: ClassVar[Converters] = {"phase": word(VolumePhase), "started_at": moment}
-
-
-@dataclass(frozen=True)
-class Volumes(Answer):
-    """``GET /node/v1/volumes``: the store's entries, its fills, the store."""
-
-    entries: tuple[VolumeEntry, ...] = ()
-    fills: tuple[VolumeFill, ...] = ()
-    volume_store: VolumeStore | None = None
-
-    convert: ClassVar[Converters] = {
-        "entries": each(VolumeEntry),
-        "fills": each(VolumeFill),
-        "volume_store": one(VolumeStore),
-    }
-
-
-@dataclass(frozen=True)
-class VolumePull(Answer):
-    """A volume prefetch's answer: present (``size_bytes``) or filling (``fill``)."""
-
-    sha256: str = ""
-    phase: VolumePhase | None = None
-    pin_expires_at: datetime | None = None
-    size_bytes: int | None = None
-    fill: VolumeFill | None = None
-
-    convert: ClassVar[Converters] = {
-        "phase": word(VolumePhase),
-        "pin_expires_at": moment,
-        "fill": one(VolumeFill),
-    }
-
-
-@dataclass(frozen=True)
-class EvictedVolume(Answer):
-    sha256: str = ""
-    size_bytes: int | None = None
-    last_used_at: datetime | None = None
-
-    convert: ClassVar[Converters] = {"last_used_at": moment}
-
-
-@dataclass(frozen=True)
-class VolumeGc(Answer):
-    """One eviction run: what it removed (least recently used first) and the store after."""
-
-    freed_bytes: int = 0
-    removed: tuple[EvictedVolume, ...] = ()
-    volume_store: VolumeStore | None = None
-
-    convert: ClassVar[Converters] = {
-        "removed": each(EvictedVolume),
-        "volume_store": one(VolumeStore),
-    }

@@ -14,6 +14,8 @@ from datetime import datetime
 from typing import Any, Generic, TypeVar
 
 from tuneplane_node.client import answers
+from tuneplane_node.client.images import ImageGc, Images, Prefetch
+from tuneplane_node.client.volumes import VolumeGc, VolumePull, Volumes
 
 T = TypeVar("T")
 
@@ -178,47 +180,47 @@ def logs(
     return Call("GET", "/node/v1/logs", lambda a: answers.build(answers.Logs, a), query=query)
 
 
-def images() -> Call[answers.Images]:
+def images() -> Call[Images]:
     """The node's images and pulls."""
-    return Call("GET", "/node/v1/images", answers.one(answers.Images))
+    return Call("GET", "/node/v1/images", answers.one(Images))
 
 
 def pull_image(
     image: str, registry_auth: Mapping[str, str] | None, pull_policy: str
-) -> Call[answers.Prefetch]:
+) -> Call[Prefetch]:
     """A prefetch: its ``phase`` is pulling or present."""
     body: dict[str, Any] = {"image": image}
     if registry_auth is not None:
         body["registry_auth"] = dict(registry_auth)
     if pull_policy:
         body["pull_policy"] = pull_policy
-    return Call("POST", "/node/v1/images/pull", answers.one(answers.Prefetch), body)
+    return Call("POST", "/node/v1/images/pull", answers.one(Prefetch), body)
 
 
-def volumes() -> Call[answers.Volumes]:
+def volumes() -> Call[Volumes]:
     """The volume store's entries, its fills and the store."""
-    return Call("GET", "/node/v1/volumes", answers.one(answers.Volumes))
+    return Call("GET", "/node/v1/volumes", answers.one(Volumes))
 
 
-def pull_volume(source: str, sha256: str = "", *, wait: bool) -> Call[answers.VolumePull]:
+def pull_volume(source: str, sha256: str = "", *, wait: bool) -> Call[VolumePull]:
     """A volume prefetch: its ``phase`` is filling or present. ``wait``: the answer
     comes when the fill has ended (at most `WAIT_FILL_S` more than a plain answer)."""
     body: dict[str, Any] = {"source": source, "sha256": sha256}
     if wait:
         body["wait"] = True
-    read = answers.one(answers.VolumePull)
+    read = answers.one(VolumePull)
     return Call("POST", "/node/v1/volumes/pull", read, body, wait_s=WAIT_FILL_S if wait else 0.0)
 
 
-def volume_gc() -> Call[answers.VolumeGc]:
+def volume_gc() -> Call[VolumeGc]:
     """One eviction run of the volume store now: what it removed and the store after."""
-    read = answers.one(answers.VolumeGc)
+    read = answers.one(VolumeGc)
     return Call("POST", "/node/v1/volumes/gc", read, {}, wait_s=STOP_ALLOWANCE_S)
 
 
-def image_gc() -> Call[answers.ImageGc]:
+def image_gc() -> Call[ImageGc]:
     """One image GC run now: what it removed and the store after."""
-    read = answers.one(answers.ImageGc)
+    read = answers.one(ImageGc)
     return Call("POST", "/node/v1/images/gc", read, {}, wait_s=STOP_ALLOWANCE_S)
 
 

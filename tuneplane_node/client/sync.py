@@ -15,7 +15,9 @@ from tuneplane_node.client import answers, calls
 from tuneplane_node.client.calls import Call, Container
 from tuneplane_node.client.endpoint import NO_TLS, TIMEOUT_S, Endpoint, Tls
 from tuneplane_node.client.errors import NodeError
+from tuneplane_node.client.images import ImageGc, Images, Prefetch
 from tuneplane_node.client.retry import Retry, tuned
+from tuneplane_node.client.volumes import VolumeGc, VolumePull, Volumes
 from tuneplane_node.client.watch import DEFAULT_WAIT_S, Backoff, Watch
 
 T = TypeVar("T")
@@ -193,7 +195,7 @@ class NodeClient:
                 return
             yield from response.iter_text()
 
-    def images(self) -> answers.Images:
+    def images(self) -> Images:
         """The node's images, and its pulls with their progress.
 
         Example: ``node.images().pulls``."""
@@ -201,35 +203,33 @@ class NodeClient:
 
     def pull_image(
         self, image: str, *, registry_auth: Mapping[str, str] | None = None, pull_policy: str = ""
-    ) -> answers.Prefetch:
+    ) -> Prefetch:
         """Prefetch an image: ``phase`` pulling (in the background) or present.
 
         Example: ``node.pull_image("registry/trainer:1").phase``."""
         return self.call(calls.pull_image(image, registry_auth, pull_policy))
 
-    def volumes(self) -> answers.Volumes:
+    def volumes(self) -> Volumes:
         """The volume store's entries (size, last use, users, pin), its fills with their
         progress, and the store.
 
         Example: ``node.volumes().entries``."""
         return self.call(calls.volumes())
 
-    def pull_volume(
-        self, source: str, sha256: str = "", *, wait: bool = False
-    ) -> answers.VolumePull:
+    def pull_volume(self, source: str, sha256: str = "", *, wait: bool = False) -> VolumePull:
         """Prefetch a volume: ``phase`` filling (in the background) or present; pinned
         against eviction. ``wait``: until the fill has ended (its error raised).
 
         Example: ``node.pull_volume("https://models/w", "9f2c...").phase``."""
         return self.call(calls.pull_volume(source, sha256, wait=wait))
 
-    def volume_gc(self) -> answers.VolumeGc:
+    def volume_gc(self) -> VolumeGc:
         """Run the volume store's eviction now: what it removed, and the store after.
 
         Example: ``node.volume_gc().freed_bytes``."""
         return self.call(calls.volume_gc())
 
-    def image_gc(self) -> answers.ImageGc:
+    def image_gc(self) -> ImageGc:
         """Run the image GC now: what it removed, and the store after.
 
         Example: ``node.image_gc().freed_bytes``."""

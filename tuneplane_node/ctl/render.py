@@ -1,4 +1,5 @@
-"""The node's answers as an operator reads them: rich tables, and a pull's progress bar.
+"""The node's answers as an operator reads them: rich tables, and a pull's progress bar
+(the image and volume stores' tables are in `stores`).
 
 Every function takes the answer's JSON as the API gives it; a field a node does not
 send (an older node, a field still to come) is shown as unknown, never as zero. The
@@ -52,7 +53,7 @@ def _facts(title: str | None = None) -> Table:
     return table
 
 
-def _known(value: object, suffix: str = "") -> str:
+def known(value: object, suffix: str = "") -> str:
     return UNKNOWN if value is None else f"{value}{suffix}"
 
 
@@ -72,7 +73,7 @@ def iec(size: int) -> str:
     return f"{value:.1f} {unit}"
 
 
-def _size(value: object) -> str:
+def known_size(value: object) -> str:
     return iec(value) if isinstance(value, int) else UNKNOWN
 
 
@@ -141,12 +142,12 @@ def _health_facts(answer: Mapping[str, Any], now: datetime) -> Table:
     if isinstance(answer.get("node_state"), Mapping):
         table.add_row("node", node_state(answer["node_state"], now))
     runtime = answer.get("runtime") or {}
-    table.add_row("engine", f"{runtime.get('name', '?')} {_known(runtime.get('version'))}")
+    table.add_row("engine", f"{runtime.get('name', '?')} {known(runtime.get('version'))}")
     table.add_row("protocol", str(answer.get("protocol")))
     table.add_row(
         "cards",
-        f"{_known(answer.get('gpus_total'))} total, {_known(answer.get('gpus_free'))} free, "
-        f"{_known(answer.get('gpus_reserved'))} reserved",
+        f"{known(answer.get('gpus_total'))} total, {known(answer.get('gpus_free'))} free, "
+        f"{known(answer.get('gpus_reserved'))} reserved",
     )
     probe = answer.get("gpu_probe") or {}
     if probe:
@@ -187,31 +188,12 @@ def card_jobs(answer: Mapping[str, Any]) -> str:
 def image_store(store: Mapping[str, Any]) -> str:
     """``/var/lib/docker: 12.0 GiB free of 100.0 GiB (88.0% used, PRESSURE)``."""
     if store.get("total_bytes") is None:
-        return f"{_known(store.get('path'))}: figures unknown"
+        return f"{known(store.get('path'))}: figures unknown"
     ratio = store.get("used_ratio")
     used = f"{ratio * 100:.1f}% used" if isinstance(ratio, (int, float)) else UNKNOWN
     flag = ", [red]PRESSURE[/]" if store.get("pressure") else ""
-    free, total = _size(store.get("free_bytes")), _size(store.get("total_bytes"))
+    free, total = known_size(store.get("free_bytes")), known_size(store.get("total_bytes"))
     return f"{store.get('path')}: {free} free of {total} ({used}{flag})"
-
-
-def show_image_gc(console: Console, answer: Mapping[str, Any]) -> None:
-    """What a GC run removed, one line each, then the store after it."""
-    removed = answer.get("removed") or []
-    table = Table(title=f"Images removed ({answer.get('scope')} scope)", title_justify="left")
-    for column in ("image", "id", "size", "why"):
-        table.add_column(column)
-    for image in removed:
-        short = str(image.get("id", "")).removeprefix("sha256:")[:12]
-        table.add_row(
-            image.get("image", ""), short, _size(image.get("size_bytes")), image.get("why", "")
-        )
-    if removed:
-        console.print(table)
-    freed = _size(answer.get("freed_bytes"))
-    console.print(f"removed {len(removed)} image(s), {freed} freed")
-    if isinstance(answer.get("image_store"), Mapping):
-        console.print(f"image store: {image_store(answer['image_store'])}")
 
 
 def _cards(cards: list[Mapping[str, Any]], *, title: str, states: bool) -> Table:
@@ -224,9 +206,9 @@ def _cards(cards: list[Mapping[str, Any]], *, title: str, states: bool) -> Table
         used, total = card.get("memory_used_mib"), card.get("memory_total_mib")
         row = [
             str(card.get("index")),
-            _known(card.get("name")),
-            f"{_known(used, ' MiB')} / {_known(total, ' MiB')}",
-            _known(card.get("temperature_c"), " °C"),
+            known(card.get("name")),
+            f"{known(used, ' MiB')} / {known(total, ' MiB')}",
+            known(card.get("temperature_c"), " °C"),
         ]
         if states:
             state = str(card.get("state", ""))
@@ -260,20 +242,20 @@ def show_inventory(console: Console, answer: Mapping[str, Any]) -> None:
 
 def _inventory_facts(answer: Mapping[str, Any], now: datetime) -> Table:
     table = _facts()
-    table.add_row("node id", _known(answer.get("node_id")))
-    table.add_row("hostname", _known(answer.get("hostname")))
+    table.add_row("node id", known(answer.get("node_id")))
+    table.add_row("hostname", known(answer.get("hostname")))
     if isinstance(answer.get("node_state"), Mapping):
         table.add_row("node", node_state(answer["node_state"], now))
-    table.add_row("agent", _known(answer.get("agent_version")))
-    table.add_row("engine", _known(answer.get("runtime")))
-    cards = f"{_known(answer.get('accelerator_count'))} x {_known(answer.get('accelerator_name'))}"
-    table.add_row("accelerators", f"{cards} (series {_known(answer.get('accelerator_series'))})")
-    driver = f"{_known(answer.get('driver'))}, CUDA {_known(answer.get('cuda_version'))}"
+    table.add_row("agent", known(answer.get("agent_version")))
+    table.add_row("engine", known(answer.get("runtime")))
+    cards = f"{known(answer.get('accelerator_count'))} x {known(answer.get('accelerator_name'))}"
+    table.add_row("accelerators", f"{cards} (series {known(answer.get('accelerator_series'))})")
+    driver = f"{known(answer.get('driver'))}, CUDA {known(answer.get('cuda_version'))}"
     table.add_row("driver", driver)
-    table.add_row("CPUs", _known(answer.get("cpu_count")))
-    table.add_row("memory", _size(answer.get("memory_bytes")))
+    table.add_row("CPUs", known(answer.get("cpu_count")))
+    table.add_row("memory", known_size(answer.get("memory_bytes")))
     local = answer.get("local_disk") or {}
-    free, total = _size(local.get("free_bytes")), _size(local.get("total_bytes"))
+    free, total = known_size(local.get("free_bytes")), known_size(local.get("total_bytes"))
     table.add_row("local disk", f"{free} free of {total}" if local else UNKNOWN)
     if isinstance(answer.get("image_store"), Mapping):
         table.add_row("image store", image_store(answer["image_store"]))
@@ -287,10 +269,10 @@ def _storage(entries: list[Mapping[str, Any]]) -> Table:
     for entry in entries:
         table.add_row(
             "\n".join(entry.get("paths", [])),
-            _known(entry.get("fs_type")),
+            known(entry.get("fs_type")),
             "yes" if entry.get("shared") else "no",
-            _size(entry.get("free_bytes")),
-            _size(entry.get("total_bytes")),
+            known_size(entry.get("free_bytes")),
+            known_size(entry.get("total_bytes")),
         )
     return table
 
@@ -390,8 +372,8 @@ def stats_table(stats: Mapping[str, Mapping[str, Any]]) -> Table:
             ref,
             status(job),
             UNKNOWN if cpu is None else f"{cpu:.2f} cores",
-            f"{_size(job.get('memory_bytes'))} / {_limit(job.get('memory_limit_bytes'))}",
-            _known(job.get("pids")),
+            f"{known_size(job.get('memory_bytes'))} / {_limit(job.get('memory_limit_bytes'))}",
+            known(job.get("pids")),
             "\n".join(_card(card) for card in job.get("gpus") or []),
             f"{age(job.get('sampled_at'), now)} ago" if job.get("sampled_at") else UNKNOWN,
         )
@@ -399,7 +381,7 @@ def stats_table(stats: Mapping[str, Mapping[str, Any]]) -> Table:
 
 
 def _limit(value: object) -> str:
-    return "no limit" if value is None else _size(value)
+    return "no limit" if value is None else known_size(value)
 
 
 def _card(card: Mapping[str, Any]) -> str:
@@ -409,7 +391,7 @@ def _card(card: Mapping[str, Any]) -> str:
     parts.append(UNKNOWN if busy is None else f"{busy:.0%}")
     used, total = card.get("memory_used_bytes"), card.get("memory_total_bytes")
     if used is not None:
-        parts.append(f"{_size(used)}/{_size(total)}")
+        parts.append(f"{known_size(used)}/{known_size(total)}")
     if card.get("power_watts") is not None:
         parts.append(f"{card['power_watts']:.0f} W")
     if card.get("temperature_celsius") is not None:
@@ -488,142 +470,3 @@ def rate(value: object) -> str:
 
 def eta(value: object) -> str:
     return seconds(float(value)) if isinstance(value, (int, float)) else "?"
-
-
-# --- images ---------------------------------------------------------------------------
-
-
-def show_images(console: Console, answer: Mapping[str, Any]) -> None:
-    answer, now = as_text(answer), datetime.now(timezone.utc)
-    console.print(images_table(answer.get("images", []), now))
-    if answer.get("pulls"):
-        console.print(image_pulls_table(answer["pulls"], now))
-
-
-def images_table(images: list[Mapping[str, Any]], now: datetime) -> Table:
-    table = Table(title="Images", title_justify="left")
-    for column in ("image", "id", "size", "pulled", "used", "in use by", "private"):
-        table.add_column(column)
-    for image in images:
-        table.add_row(
-            image.get("image", ""),
-            str(image.get("id", "")).removeprefix("sha256:")[:12],
-            _size(image.get("size_bytes")),
-            age(image.get("pulled_at"), now) or "-",
-            age(image.get("last_used_at"), now) or "-",
-            ", ".join(image.get("in_use_by", [])),
-            "yes" if image.get("private") else "",
-        )
-    return table
-
-
-def image_pulls_table(pulls: list[Mapping[str, Any]], now: datetime) -> Table:
-    table = Table(title="Pulls", title_justify="left")
-    for column in ("image", "phase", "bytes", "layers", "rate", "ETA", "age", "waiting", "error"):
-        table.add_column(column)
-    for pull in pulls:
-        done, total = pull.get("bytes_done", 0), pull.get("bytes_total", 0)
-        table.add_row(
-            pull.get("image", ""),
-            pull.get("phase", ""),
-            f"{iec(done)} / {iec(total)}" if total else iec(done),
-            f"{pull.get('layers_done', 0)}/{pull.get('layers_total', 0)}",
-            rate(pull.get("rate_bytes_per_s")),
-            eta(pull.get("eta_s")),
-            age(pull.get("started_at"), now),
-            ", ".join(pull.get("waiting", [])),
-            pull.get("error") or "",
-        )
-    return table
-
-
-# --- volumes ------------------------------------------------------------------------------
-
-
-def volume_store(store: Mapping[str, Any]) -> str:
-    """``/var/lib/tuneplane/volumes: 12.0 GiB free of 100.0 GiB, 40.0 GiB of entries
-    (evicts at 85%, to 80%)``."""
-    thresholds = f"(evicts at {store.get('high_percent')}%, to {store.get('low_percent')}%)"
-    if store.get("total_bytes") is None:
-        return f"{_known(store.get('path'))}: figures unknown {thresholds}"
-    free, total = _size(store.get("free_bytes")), _size(store.get("total_bytes"))
-    used = _size(store.get("used_bytes"))
-    return f"{store.get('path')}: {free} free of {total}, {used} of entries {thresholds}"
-
-
-def show_volumes(console: Console, answer: Mapping[str, Any]) -> None:
-    answer, now = as_text(answer), datetime.now(timezone.utc)
-    table = Table(title="Volumes", title_justify="left")
-    for column in ("sha256", "size", "used", "in use by", "pinned for"):
-        table.add_column(column)
-    for entry in answer.get("entries", []):
-        users = entry.get("in_use_by")
-        table.add_row(
-            str(entry.get("sha256", ""))[:12],
-            _size(entry.get("size_bytes")),
-            age(entry.get("last_used_at"), now) or "-",
-            UNKNOWN if users is None else ", ".join(users),
-            _left(entry.get("pin_expires_at"), now),
-        )
-    console.print(table)
-    if answer.get("fills"):
-        console.print(volume_fills_table(answer["fills"], now))
-    if isinstance(answer.get("volume_store"), Mapping):
-        console.print(f"volume store: {volume_store(answer['volume_store'])}")
-
-
-def volume_fills_table(fills: list[Mapping[str, Any]], now: datetime) -> Table:
-    table = Table(title="Fills", title_justify="left")
-    for column in ("sha256", "source", "phase", "bytes", "rate", "ETA", "age", "waiting", "error"):
-        table.add_column(column)
-    for fill in fills:
-        done, total = fill.get("bytes_done", 0), fill.get("bytes_total")
-        table.add_row(
-            str(fill.get("sha256", ""))[:12],
-            fill.get("source", ""),
-            fill.get("phase", ""),
-            f"{iec(done)} / {iec(total)}" if total else iec(done),
-            rate(fill.get("rate_bytes_per_s")),
-            eta(fill.get("eta_s")),
-            age(fill.get("started_at"), now),
-            str(fill.get("waiting", 0)),
-            fill.get("error") or "",
-        )
-    return table
-
-
-def show_volume_pull(console: Console, answer: Mapping[str, Any]) -> None:
-    answer = as_text(answer)
-    digest, phase = str(answer.get("sha256", ""))[:12], answer.get("phase", "")
-    fill = answer.get("fill")
-    if isinstance(fill, Mapping) and fill.get("bytes_total"):
-        console.print(f"{digest}: [cyan]{phase}[/] ({iec(fill['bytes_total'])})")
-    else:
-        size = _size(answer.get("size_bytes"))
-        shown = f"[green]{phase}[/] ({size})" if phase == "present" else f"[cyan]{phase}[/]"
-        console.print(f"{digest}: {shown}")
-
-
-def show_volume_gc(console: Console, answer: Mapping[str, Any]) -> None:
-    """What an eviction run removed, one line each, then the store after it."""
-    removed, now = answer.get("removed") or [], datetime.now(timezone.utc)
-    table = Table(title="Volumes evicted", title_justify="left")
-    for column in ("sha256", "size", "last used"):
-        table.add_column(column)
-    for entry in removed:
-        table.add_row(
-            str(entry.get("sha256", ""))[:12],
-            _size(entry.get("size_bytes")),
-            age(entry.get("last_used_at"), now) or "-",
-        )
-    if removed:
-        console.print(table)
-    console.print(f"evicted {len(removed)} volume(s), {_size(answer.get('freed_bytes'))} freed")
-    if isinstance(answer.get("volume_store"), Mapping):
-        console.print(f"volume store: {volume_store(answer['volume_store'])}")
-
-
-def _left(stamp: str | None, now: datetime) -> str:
-    """How long until ``stamp`` (an RFC 3339 time), ``-`` when none or past."""
-    since = age_s(stamp, now) if stamp else None
-    return "-" if since is None or since >= 0 else seconds(-since)

@@ -53,10 +53,10 @@ from tuneplane_node.errors import (
 from tuneplane_node.jobs import AlreadyExited, AlreadyPending, AlreadyRunning, Pulling, Started
 from tuneplane_node.jobs import launch_request as launch_request_of
 from tuneplane_node.jobs.pending import PULLING
-from tuneplane_node.wire import answers, images, requests, schema, volumes
+from tuneplane_node.wire import answers, images, requests, schema, verbs, volumes
 from tuneplane_node.wire.fields import Body
 from tuneplane_node.wire.schema import ENGINE
-from tuneplane_node.wire.stats import StatsJson, parse_stats
+from tuneplane_node.wire.stats import STATS, StatsJson, parse_stats
 
 Handler = TypeVar("Handler", bound=Callable[[web.Request], Awaitable[web.StreamResponse]])
 routes = web.RouteTableDef()
@@ -200,7 +200,7 @@ async def launch(request: web.Request) -> web.Response:
     "post",
     "/node/v1/images/pull",
     images.PrefetchJson,
-    body=requests.PREFETCH,
+    body=images.PREFETCH,
     errors=(ImageAccessDenied, RegistryRefused, InsufficientStorage, *ENGINE),
     accepted=True,
     feature="images",
@@ -211,7 +211,7 @@ async def prefetch(request: web.Request) -> web.Response:
     The pull runs in the background, shared with launches of the image (a launch made
     meanwhile waits on this one download). Cordon does not refuse it. Wrong credentials
     fail it as they fail a launch: GET /node/v1/images shows the error."""
-    prefetch_request = requests.parse_prefetch(await read_object(request))
+    prefetch_request = images.parse_prefetch(await read_object(request))
     with audited(request, "prefetch", image=prefetch_request.image) as outcome:
         result = await request.app[NODE].catalog.prefetch(prefetch_request)
         outcome.result = result.phase
@@ -244,7 +244,7 @@ async def list_volumes(request: web.Request) -> web.Response:
     "post",
     "/node/v1/volumes/pull",
     volumes.VolumePullJson,
-    body=requests.VOLUME_PULL,
+    body=volumes.VOLUME_PULL,
     errors=(ImageAccessDenied, VolumeStoreFull, VolumeFillFailed, *ENGINE),
     accepted=True,
     feature="volumes",
@@ -259,7 +259,7 @@ async def volume_pull(request: web.Request) -> web.Response:
     `volume_store_full`, before its first byte, nothing evicted). With `wait`, once the
     fill has ended. A later failure shows in GET /node/v1/volumes. Cordon does not
     refuse it."""
-    volume, wait = requests.parse_volume_pull(await read_object(request))
+    volume, wait = volumes.parse_volume_pull(await read_object(request))
     with audited(request, "volume pull", sha256=volume.sha256) as outcome:
         result = await request.app[NODE].volumes.prefetch(volume, wait=wait)
         outcome.result = result.phase
@@ -271,7 +271,7 @@ async def volume_pull(request: web.Request) -> web.Response:
     "post",
     "/node/v1/volumes/gc",
     volumes.VolumeGcJson,
-    body=requests.VOLUME_GC,
+    body=volumes.VOLUME_GC,
     errors=ENGINE,
     feature="volumes",
 )
@@ -282,17 +282,17 @@ async def volume_gc(request: web.Request) -> web.Response:
     used entries go until the use is at `TUNEPLANE_VOLUME_GC_LOW_PERCENT`; never one a
     job binds (its container's label), a launch holds or a prefetch pinned. One run at a
     time. Each entry removed is an audit line of its own."""
-    requests.parse_volume_gc(await read_object(request))  # {}: any field is refused
+    volumes.parse_volume_gc(await read_object(request))  # {}: any field is refused
     with audited(request, "volume gc") as outcome:
         run = await request.app[NODE].volumes.collect()
         outcome.result = f"removed {len(run.removed)}, freed {run.freed_bytes} bytes"
     return answer(render.volume_gc_json(run))
 
 
-@api("post", "/node/v1/observe", answers.ObserveJson, body=requests.REFS, errors=ENGINE)
+@api("post", "/node/v1/observe", answers.ObserveJson, body=verbs.REFS, errors=ENGINE)
 async def observe(request: web.Request) -> web.Response:
     """The state of each ref."""
-    refs = requests.parse_observe(await read_object(request))
+    refs = verbs.parse_observe(await read_object(request))
     return encoded(render.encode_observe(await request.app[NODE].jobs.observe(refs)))
 
 
@@ -300,7 +300,7 @@ async def observe(request: web.Request) -> web.Response:
     "get",
     "/node/v1/jobs",
     answers.JobsJson,
-    query=requests.JOBS,
+    query=verbs.JOBS,
     errors=(TooManyWatches, *ENGINE),
     feature="watch",
 )
@@ -315,7 +315,7 @@ async def jobs(request: web.Request) -> web.Response:
     not answer: 503, never a job removed. Past `TUNEPLANE_WATCH_MAX` waiting: 429 (a
     quarter of them, at least one, kept for `full` tokens). A query whose client goes
     away is cancelled, its slot freed within a second."""
-    cursor, wait = requests.parse_jobs(request.query.items())
+    cursor, wait = verbs.parse_jobs(request.query.items())
     changes = request.app[NODE].changes
     if cursor is None:
         return encoded(render.encode_jobs(await changes.list(), watched=False))
@@ -328,7 +328,7 @@ async def jobs(request: web.Request) -> web.Response:
     return encoded(render.encode_jobs(result, watched=True))
 
 
-@api("post", "/node/v1/stats", StatsJson, body=requests.STATS, errors=ENGINE, feature="stats")
+@api("post", "/node/v1/stats", StatsJson, body=STATS, errors=ENGINE, feature="stats")
 async def stats(request: web.Request) -> web.Response:
     """What each job uses, from the node's latest samples.
 
@@ -337,13 +337,13 @@ async def stats(request: web.Request) -> web.Response:
     return answer(render.stats_json(await request.app[NODE].jobs.stats(refs)))
 
 
-@api("post", "/node/v1/stop", answers.OkJson, body=requests.STOP, errors=ENGINE)
+@api("post", "/node/v1/stop", answers.OkJson, body=verbs.STOP, errors=ENGINE)
 async def stop(request: web.Request) -> web.Response:
     """Cancel a pending launch, stop the container: its warning, its stop signal, SIGKILL.
 
     Answered once the job has ended (or been killed): after the warning's time, if it
     asks for one, and the grace period at most."""
-    ref, plan = requests.parse_stop_body(await read_object(request))
+    ref, plan = verbs.parse_stop_body(await read_object(request))
     facts = {"timeout": plan.grace, "signal": plan.signal}
     if plan.warn_signal:
         facts |= {"warn_signal": plan.warn_signal, "warn_s": plan.warn_s}
@@ -356,7 +356,7 @@ async def stop(request: web.Request) -> web.Response:
     "post",
     "/node/v1/signal",
     answers.OkJson,
-    body=requests.SIGNAL_BODY,
+    body=verbs.SIGNAL_BODY,
     errors=(NotRunning, *ENGINE),
     feature="signal",
 )
@@ -365,16 +365,16 @@ async def signal(request: web.Request) -> web.Response:
 
     Delivered to the job's command through its init. A job that is not running, or a
     launch still pending, is a 409: nothing is sent."""
-    ref, sent = requests.parse_signal_body(await read_object(request))
+    ref, sent = verbs.parse_signal_body(await read_object(request))
     with audited(request, "signal", ref=ref, signal=sent):
         await request.app[NODE].jobs.signal(ref, sent)
     return answer(answers.OK)
 
 
-@api("post", "/node/v1/remove", answers.OkJson, body=requests.REF_BODY, errors=ENGINE)
+@api("post", "/node/v1/remove", answers.OkJson, body=verbs.REF_BODY, errors=ENGINE)
 async def remove(request: web.Request) -> web.Response:
     """Cancel a pending launch, force-remove the container."""
-    ref = requests.parse_remove(await read_object(request))
+    ref = verbs.parse_remove(await read_object(request))
     with audited(request, "remove", ref=ref):
         await request.app[NODE].jobs.remove(ref)
     return answer(answers.OK)
@@ -384,36 +384,36 @@ async def remove(request: web.Request) -> web.Response:
     "get",
     "/node/v1/logs",
     answers.LogsJson,
-    query=requests.LOGS,
+    query=verbs.LOGS,
     errors=(TooManyFollows, *ENGINE),
     text="text/plain; charset=utf-8",
     feature="follow",
 )
 async def logs(request: web.Request) -> web.StreamResponse:
     """The newest lines of a job's output; with follow, a text/plain stream."""
-    ref, tail, since, follow = requests.parse_logs(request.query.items())
+    ref, tail, since, follow = verbs.parse_logs(request.query.items())
     if follow:
         return await stream_log(request, request.app[NODE].jobs.follow(ref, tail, since))
     return answer(render.logs_json(await request.app[NODE].jobs.logs(ref, tail, since)))
 
 
-@api("post", "/node/v1/reap", answers.ReapJson, body=requests.REAP, errors=ENGINE)
+@api("post", "/node/v1/reap", answers.ReapJson, body=verbs.REAP, errors=ENGINE)
 async def reap(request: web.Request) -> web.Response:
     """Remove the node's containers that ended long enough ago."""
-    max_age = requests.parse_reap(await read_object(request))
+    max_age = verbs.parse_reap(await read_object(request))
     with audited(request, "reap", max_age_s=max_age) as outcome:
         removed = await request.app[NODE].jobs.reap(max_age)
         outcome.result = f"removed {removed}"
     return answer(render.reap_json(removed))
 
 
-@api("post", "/node/v1/images/gc", answers.ImageGcJson, body=requests.IMAGE_GC, errors=ENGINE)
+@api("post", "/node/v1/images/gc", answers.ImageGcJson, body=images.IMAGE_GC, errors=ENGINE)
 async def image_gc(request: web.Request) -> web.Response:
     """Run the image GC now: what it removed, and the engine's image store after.
 
     One run at a time: a run under way is waited for. Each image removed is an audit
     line of its own (image, id, size, why)."""
-    requests.parse_image_gc(await read_object(request))  # {}: any field is refused
+    images.parse_image_gc(await read_object(request))  # {}: any field is refused
     with audited(request, "image gc") as outcome:
         run = await request.app[NODE].gc.collect()
         outcome.result = f"removed {len(run.removed)}, freed {run.freed_bytes} bytes"
@@ -438,13 +438,13 @@ async def inventory(request: web.Request) -> web.Response:
     "post",
     "/node/v1/cordon",
     answers.NodeStateJson,
-    body=requests.CORDON,
+    body=verbs.CORDON,
     errors=(InsufficientStorage,),
     feature="cordon",
 )
 async def cordon(request: web.Request) -> web.Response:
     """Refuse new launches."""
-    reason = requests.parse_cordon(await read_object(request))
+    reason = verbs.parse_cordon(await read_object(request))
     with audited(request, "cordon", reason=reason) as outcome:
         node = await request.app[NODE].jobs.cordon(reason)
         outcome.result = node.state
@@ -455,13 +455,13 @@ async def cordon(request: web.Request) -> web.Response:
     "post",
     "/node/v1/drain",
     answers.NodeStateJson,
-    body=requests.DRAIN,
+    body=verbs.DRAIN,
     errors=(InsufficientStorage,),
     feature="cordon",
 )
 async def drain(request: web.Request) -> web.Response:
     """Cordon, cancel pending launches and stop every job."""
-    reason, plan = requests.parse_drain(await read_object(request))
+    reason, plan = verbs.parse_drain(await read_object(request))
     facts: dict[str, object] = {"grace_s": plan.grace}
     if plan.warn_signal:
         facts |= {"warn_signal": plan.warn_signal, "warn_s": plan.warn_s}
@@ -475,13 +475,13 @@ async def drain(request: web.Request) -> web.Response:
     "post",
     "/node/v1/uncordon",
     answers.NodeStateJson,
-    body=requests.UNCORDON,
+    body=verbs.UNCORDON,
     errors=(InsufficientStorage,),
     feature="cordon",
 )
 async def uncordon(request: web.Request) -> web.Response:
     """Take launches again."""
-    requests.parse_uncordon(await read_object(request))  # {} or nothing
+    verbs.parse_uncordon(await read_object(request))  # {} or nothing
     with audited(request, "uncordon") as outcome:
         node = await request.app[NODE].jobs.uncordon()
         outcome.result = node.state

@@ -1,6 +1,6 @@
-"""The wire contract with the console: every request parser (`requests`) and every JSON
-shape (`answers`) of the API. Pure data, no I/O: the only place a field name of the
-contract is spelt.
+"""The wire contract with the console: every request parser (`requests`, the launch;
+`verbs`, `images`, `volumes`) and every JSON shape (`answers`) of the API. Pure data, no
+I/O: the only place a field name of the contract is spelt.
 """
 
 PROTOCOL = 1

@@ -2,7 +2,7 @@
 
 A `Field` holds what every reader of the contract needs: its name, its value in JSON
 Schema, its one line of documentation and, on a launch's container, the function that
-reads it. The parsers (`requests`), the OpenAPI document (`schema`) and docs/api.md
+reads it. The parsers (`requests`, `verbs`, ...), the OpenAPI document (`schema`) and docs/api.md
 (``contrib/dev/api_docs.py``) all read the same declarations.
 
 Patterns are anchored here (JSON Schema searches; the parsers fullmatch) and written in

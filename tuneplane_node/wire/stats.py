@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from typing import Any, TypedDict
 
 from tuneplane_node.wire.answers import JobStatus
-from tuneplane_node.wire.fields import Refusals
-from tuneplane_node.wire.requests import STATS, parse_refs
+from tuneplane_node.wire.fields import Body, Field, Refusals
+from tuneplane_node.wire.verbs import REFS_DOC, REFS_LIST, parse_refs
 
 
 class ProcessMemoryJson(TypedDict):
@@ -49,6 +49,11 @@ class UsageJson(AbsentJson):
 
 class StatsJson(TypedDict):
     stats: dict[str, AbsentJson]
+
+
+STATS = Body(
+    "StatsBody", (Field("refs", REFS_LIST, f"{REFS_DOC} Absent: every running job of the node."),)
+)
 
 
 def parse_stats(body: Mapping[str, Any]) -> list[str] | None:

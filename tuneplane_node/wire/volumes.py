@@ -1,19 +1,42 @@
-"""The volume verbs' answers: ``POST /node/v1/volumes/pull``, ``GET /node/v1/volumes`` and
-``POST /node/v1/volumes/gc`` (filled by `daemon.render`).
+"""The volume verbs, their requests and their answers: ``POST /node/v1/volumes/pull``,
+``GET /node/v1/volumes`` and ``POST /node/v1/volumes/gc`` (the answers filled by
+`daemon.render`).
 
 The entries of the node's volume store (each by its sha256, with its size, last use,
 the containers that bind it and its pin) and the fills under way or failed, with their
 bytes, rate and time left (null while unknown, never 0); the store's filesystem. A fill's
 source is shown without its query (a signed URL's token). A prefetch answers its entry
 (``present``, 200) or its fill (``filling``, 202).
+
+A launch names its volumes in ``container.volumes`` (`VOLUMES`, the container's field and
+its reader) and a prefetch one of them (`VOLUME_PULL`), each read by the same rules: a
+URL with its sha256, or an OCI reference, each part refused by its own name.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, TypedDict
+import re
+from collections.abc import Mapping
+from typing import Annotated, Any, TypedDict
+from urllib.parse import urlsplit
 
-from tuneplane_node.wire.fields import Words
-from tuneplane_node.wire.values import FAILED, PRESENT
+from tuneplane_node.errors import MISSING, InvalidField
+from tuneplane_node.references import FULL_ID, ID_PREFIX, ImageName, names_an_id
+from tuneplane_node.wire.fields import (
+    Body,
+    Field,
+    Given,
+    Refusals,
+    Words,
+    anchored,
+    closed_object,
+    or_empty,
+    text,
+)
+from tuneplane_node.wire.images import IMAGE_ID, IMAGE_REFERENCE, MAX_IMAGE, MAX_IMAGE_NAME
+from tuneplane_node.wire.mounts import UNMOUNTABLE, read_target
+from tuneplane_node.wire.readers import PATH, read_body, read_flag, read_list
+from tuneplane_node.wire.values import FAILED, PRESENT, Volume
 
 FILLING = "filling"
 VolumePhase = Annotated[
@@ -86,3 +109,199 @@ class VolumeGcJson(TypedDict):
     removed: list[EvictedVolumeJson]
     freed_bytes: int
     volume_store: VolumeStoreJson
+
+
+# --- the requests: a launch's volumes, a prefetch, the GC ------------------------------------
+
+MAX_VOLUMES = 16
+MAX_URL = 2048
+URL = re.compile(r"https?://[\x21-\x7e]+")
+SHA256 = re.compile(r"(?:sha256:)?([0-9a-f]{64})")
+VOLUME_SOURCE = {
+    "anyOf": [
+        text(most=MAX_URL, pattern=anchored(URL.pattern)),
+        text(most=MAX_IMAGE, least=1, pattern=anchored(IMAGE_ID + IMAGE_REFERENCE.pattern)),
+    ]
+}
+
+
+def _volumes(given: Given) -> tuple[Volume, ...]:
+    """``[{"source", "path", "sha256"}]``, each part refused by its own name
+    (``container.volumes[1].sha256``); the insecure-host rule is the launcher's."""
+    value = read_list(given, most=MAX_VOLUMES, what='{"source", "path", "sha256"}')
+    with Refusals() as refusals:
+        volumes = [
+            refusals.read(_volume, entry, f"{given.field}[{i}]") for i, entry in enumerate(value)
+        ]
+        paths = [volume.path for volume in volumes if volume is not None]
+        for i, path in enumerate(paths):
+            if path in paths[:i]:
+                refusals.refuse(InvalidField(f"{given.field}[{i}].path", f"{path}: given twice"))
+    return tuple(volumes)
+
+
+def _volume(entry: object, field: str) -> Volume:
+    if not isinstance(entry, Mapping) or set(entry) - {"source", "path", "sha256"}:
+        raise InvalidField(field, 'must be {"source": "https://...", "path": ..., "sha256": ...}')
+    with Refusals() as refusals:
+        source = refusals.read(_volume_source, entry.get("source"), f"{field}.source")
+        path = refusals.read(read_target, entry.get("path"), f"{field}.path")
+        digest = refusals.read(_volume_digest, entry.get("sha256"), f"{field}.sha256", source)
+    return Volume(source, path, digest)
+
+
+def _volume_source(source: object, field: str) -> str:
+    """An ``https://`` URL (``http://`` too: the insecure-host rule is the launcher's), or
+    an OCI reference (``registry/repo:tag``, ``@sha256:...``) as images are read."""
+    if source is None or source == "":
+        raise InvalidField(field, "required, an https:// URL or an OCI reference", problem=MISSING)
+    if isinstance(source, str) and "://" not in source and len(source) <= MAX_IMAGE:
+        return _volume_reference(source, field)
+    if not isinstance(source, str) or len(source) > MAX_URL or not URL.fullmatch(source):
+        raise InvalidField(
+            field,
+            f"must be an https:// URL of at most {MAX_URL} printable ASCII characters, or "
+            "an OCI reference like registry/repo:tag",
+        )
+    try:
+        parts = urlsplit(source)
+        parts.port  # noqa: B018 (read for its ValueError: a port past 65535)
+    except ValueError:
+        parts = None
+    if parts is None or not parts.hostname:
+        raise InvalidField(field, "must name a host, and a port from 1 to 65535 if any")
+    return source
+
+
+def _volume_reference(source: str, field: str) -> str:
+    match = IMAGE_REFERENCE.fullmatch(source)
+    if match is None or len(ImageName.parse(match.group("name")).repository) > MAX_IMAGE_NAME:
+        raise InvalidField(field, "must be an OCI reference like registry/repo:tag (lower case)")
+    if names_an_id(source) or FULL_ID.fullmatch(source):
+        raise InvalidField(field, "must name a repository, not an image id")
+    if "@" in source and not source.rpartition("@")[2].startswith(ID_PREFIX):
+        raise InvalidField(field, "a volume's digest must be a sha256")
+    return source
+
+
+def _volume_digest(digest: object, field: str, source: str | None) -> str:
+    """The hex of a URL's file or of an OCI manifest (``""``: an OCI reference's tag
+    resolves it, or its own digest pins it). ``source`` None: refused already."""
+    oci = source is not None and "://" not in source
+    if digest is None or digest == "":
+        if oci or source is None:
+            return _pinned(source or "")
+        raise InvalidField(field, "required for a URL: the file's sha256", problem=MISSING)
+    found = SHA256.fullmatch(digest) if isinstance(digest, str) else None
+    if found is None:
+        raise InvalidField(field, "must be 64 lower-case hex digits (sha256:... too)")
+    if oci and _pinned(source or "") not in ("", found[1]):
+        raise InvalidField(field, "must be the digest the source names, or left out")
+    return found[1]
+
+
+def _pinned(source: str) -> str:
+    """The sha256 an OCI reference names by digest (hex), else ``""``."""
+    found = SHA256.fullmatch(source.rpartition("@")[2]) if "@" in source else None
+    return found[1] if found is not None else ""
+
+
+VOLUMES = Field(
+    "volumes",
+    or_empty(
+        {
+            "type": "array",
+            "maxItems": MAX_VOLUMES,
+            "items": {
+                **closed_object(
+                    source=VOLUME_SOURCE,
+                    path=PATH,
+                    sha256=or_empty(text(most=71, pattern=anchored(SHA256.pattern))),
+                ),
+                "required": ["source", "path"],
+            },
+        }
+    ),
+    f"At most {MAX_VOLUMES} read-only files or directories of the node's volume "
+    'store, each `{"source": "https://...", "path": "/models/base.safetensors", '
+    '"sha256": "<64 hex>"}` or `{"source": "registry/repo:tag", "path": '
+    '"/models/base"}`: the node fetches `source` once per machine however many jobs '
+    "name it, checks every byte, keeps it under `TUNEPLANE_VOLUME_ROOT`, and binds it "
+    "read-only at `path` (a write is `EROFS`). A URL is one file, resumed with "
+    "`Range` after a dropped connection or a restart, and its `sha256` is required. "
+    "An OCI reference (`registry/repo:tag` or `registry/repo@sha256:...`, read as "
+    "`container.image` is) names an artifact or image whose layers (tar, gzip'd or "
+    "not; zstd refused) the node unpacks in order, whiteouts applied, into one "
+    "directory: the entry is named by the manifest's digest (two tags of one "
+    "content are one entry; an index is followed to this machine's `linux` "
+    "manifest, or refused), `sha256` is optional and, if given, must be that "
+    "digest. The node asks the registry itself with the launch's "
+    "`registry_auth` (only where the volume's registry is the image's), else the "
+    "node's `TUNEPLANE_REGISTRY_AUTH_FILE`; a volume pulled with credentials is "
+    "private as a private image is: a later launch naming it, by any tag or digest, "
+    "needs credentials its registry accepts (`403` `forbidden_image`), and a URL "
+    "naming its digest is a `422` (a source binds only an entry of its kind). Layers "
+    "with absolute paths, `..`, paths through links, device nodes or more bytes "
+    "than 20 times their size fail the fill. Plain `http://` (a URL's, a "
+    "registry's) only for the hosts in `TUNEPLANE_VOLUME_INSECURE_HOSTS`. A launch "
+    "whose volumes are not all in the store answers `phase: pulling` at once, holds "
+    "its cards, and starts when every volume and its image are there; a fill that "
+    "fails (the server's `404`, other bytes than the digest names, a volume that "
+    "does not fit below `TUNEPLANE_VOLUME_GC_HIGH_PERCENT` of the store even after "
+    "eviction: the sum of an OCI manifest's layer sizes) fails the launch with the "
+    "reason and lets its cards go. `path`: absolute, not another volume's, and as "
+    f"for mounts, {UNMOUNTABLE}. A bad one is a `422` naming "
+    '`container.volumes[i].source`, `.path` or `.sha256`. `""` or none: no '
+    'volumes (a `""` `sha256` is none given). The process runtime and an engine '
+    "on another machine refuse them (`422`).",
+    read=_volumes,
+)
+
+
+def parse_volume_pull(body: Mapping[str, Any]) -> tuple[Volume, bool]:
+    """``POST /node/v1/volumes/pull``: a volume as one of ``container.volumes`` names it
+    (its ``source`` and ``sha256``; no ``path``), each part refused by its own name, and
+    whether the answer waits for the fill (``wait``)."""
+    with Refusals() as refusals:
+        refusals.unknown(body, VOLUME_PULL)
+        source = refusals.read(_volume_source, body.get("source"), "source")
+        digest = refusals.read(_volume_digest, body.get("sha256"), "sha256", source)
+        wait = refusals.read(read_flag, Given(body, "wait", ""))
+    return Volume(source, "", digest), bool(wait)
+
+
+def parse_volume_gc(body: Mapping[str, Any]) -> None:
+    read_body(body, VOLUME_GC)
+
+
+VOLUME_PULL = Body(
+    "VolumePullBody",
+    closed=True,
+    fields=(
+        Field(
+            "source",
+            VOLUME_SOURCE,
+            "Where the volume is, as a launch's `container.volumes[i].source`: an "
+            "`https://` URL (shown without its query) or an OCI reference "
+            "(`registry/repo:tag`, `@sha256:...`), asked with the node's "
+            "`TUNEPLANE_REGISTRY_AUTH_FILE` credentials for its registry (plain `http://` "
+            "only for the hosts in `TUNEPLANE_VOLUME_INSECURE_HOSTS`).",
+            required=True,
+        ),
+        Field(
+            "sha256",
+            or_empty(text(most=71, pattern=anchored(SHA256.pattern))),
+            "The file's sha256 (64 hex digits, `sha256:` before them too): the entry's "
+            "name, which its bytes must hash to. Required for a URL; for an OCI "
+            "reference, its manifest's digest (optional: the reference resolves it).",
+        ),
+        Field(
+            "wait",
+            or_empty({"type": "boolean"}),
+            "`true`: answer when the fill has ended (`200`, or its error: `502` "
+            "`volume_fill_failed`); `false` (the default): answer once the fill is admitted "
+            "(`202`), its room found and its size asked.",
+        ),
+    ),
+)
+VOLUME_GC = Body("VolumeGcBody", (), doc="Nothing is read from it.")

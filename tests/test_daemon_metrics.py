@@ -8,8 +8,6 @@ import json
 import logging
 import math
 import re
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -17,19 +15,15 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import IMAGE, MakeFakeNode, MakeNode
+from tests.conftest import IMAGE, MakeFakeNode
 from tests.fakes import FakeRuntime
 from tests.helpers import (
     HEADERS,
     TOKEN,
-    Console,
     console_0315,
-    engine_settings,
-    storage_root,
-    under_ci,
 )
+from tests.scrapes import parse, scrape, value
 from tuneplane_node import __version__
-from tuneplane_node.daemon.app import create_node_app
 from tuneplane_node.daemon.metrics import Metrics
 from tuneplane_node.daemon.state import NODE
 from tuneplane_node.logformat import JsonFormatter
@@ -41,27 +35,6 @@ pytestmark = pytest.mark.slow
 
 MISSING = "registry.test/missing:1"
 DASHBOARD = Path(__file__).resolve().parent.parent / "contrib/grafana/tuneplane-node.json"
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-async def scrape(node: Any, headers: dict[str, str] | None = None) -> Samples:
-    headers = {"Authorization": f"Bearer {TOKEN}"} if headers is None else headers
-    async with node.client.get("/metrics", headers=headers) as response:
-        assert response.status == 200, await response.text()
-        assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
-        return parse(await response.text())
-
-
-def parse(text: str) -> Samples:
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    return samples[(name, tuple(sorted(labels.items())))]
 
 
 def launch(run_id: str, gpus: int = 2, image: str = IMAGE) -> dict[str, Any]:
@@ -240,42 +213,6 @@ async def test_an_unknown_image_store_is_nan_not_zero(fake_node: MakeFakeNode) -
     assert math.isnan(value(samples, "tuneplane_node_image_store_free_bytes"))
 
 
-# --- on a real engine --------------------------------------------------------------------
-
-
-def promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        if under_ci():
-            pytest.fail("promtool is missing (Debian package prometheus; engines.sh installs it)")
-        pytest.skip("promtool is missing (apt-get install prometheus)")
-    return path
-
-
-@pytest.mark.engine
-async def test_a_scrape_on_a_real_engine_passes_promtool(make_node: MakeNode) -> None:
-    node = await make_node()
-    ref, _ = await node.launch(gpus=1)
-    async with node.client.get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"}) as got:
-        text = await got.text()
-    checked = subprocess.run(
-        [promtool(), "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
-    )
-    assert checked.returncode == 0, checked.stdout + checked.stderr
-    samples = parse(text)
-    assert value(samples, "tuneplane_node_gpus", state="held") == 1
-    assert value(samples, "tuneplane_node_launches_total", outcome="started") == 1
-    assert value(samples, "tuneplane_node_state_cache_synced") == 1
-    assert 0 <= value(samples, "tuneplane_node_state_cache_age_seconds") < 60
-    assert value(samples, "tuneplane_node_event_loop_lag_seconds") >= 0
-    running = value(samples, "tuneplane_node_jobs", status="running")
-    assert running >= 1  # the shared engine may hold other nodes' jobs too
-    assert value(samples, "tuneplane_node_image_store_total_bytes") > 0
-    assert value(samples, "tuneplane_node_image_store_free_bytes") > 0
-    assert value(samples, "tuneplane_node_image_gc_runs_total") >= 0
-    await node.stop(ref, timeout=0)
-
-
 async def test_every_metric_the_dashboard_queries_exists(fake_node: MakeFakeNode) -> None:
     """The Grafana dashboard in contrib/ is built on exactly the names the node serves."""
     node = await fake_node()
@@ -297,31 +234,6 @@ def served_names(text: str) -> set[str]:
         names.add(family.name)
         names.update(family.name + suffix for suffix in suffixes.get(family.type, ()))
     return names
-
-
-@pytest.mark.engine
-async def test_the_daemon_times_its_engine_calls(aiohttp_client: Any, tmp_path: Path) -> None:
-    """As `serve` builds it: the runtime made by the daemon reports every engine call."""
-    settings = engine_settings(
-        "docker",
-        node_token=TOKEN,
-        local_gpu_passthrough=False,
-        local_gpu_count=2,
-        storage_root=storage_root(tmp_path),
-        node_state_dir=tmp_path / "state",
-    )
-    node = Console(await aiohttp_client(create_node_app(settings, sweep=False)))
-    ref, _ = await node.launch(["/bin/sh", "-c", "exit 0"])
-    try:
-        samples = await scrape(node)
-    finally:
-        await node.remove(ref)
-    calls = {
-        dict(labels)["call"]: count
-        for (name, labels), count in samples.items()
-        if name == "tuneplane_node_engine_call_duration_seconds_count"
-    }
-    assert calls.get("run") == 1 and calls.get("inspect_image", 0) >= 1, calls  # create+start
 
 
 async def test_an_engine_call_that_raises_counts_as_an_error_under_its_name() -> None:

@@ -33,7 +33,7 @@ from tests.helpers import (
     storage_root,
     unique,
 )
-from tests.test_daemon_enginelock import engine_settings_of, healthy
+from tests.test_daemon_enginelock_engines import engine_settings_of, healthy
 from tests.test_jobs_mounts import swap
 from tuneplane_node.errors import ConfigError
 from tuneplane_node.jobs.mounts.staging import DIRECTORY, MountStaging

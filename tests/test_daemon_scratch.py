@@ -23,7 +23,7 @@ from tests.helpers import (
     spawn_daemon,
     state_dir,
 )
-from tests.test_daemon_enginelock import engine_settings_of, healthy
+from tests.test_daemon_enginelock_engines import engine_settings_of, healthy
 from tests.test_daemon_mounts import kill_and_remove, post, remove_directly
 from tuneplane_node.jobs.mounts.scratch import MOUNTS, SUFFIX, ScratchSpaces
 from tuneplane_node.jobs.mounts.staging import DIRECTORY

@@ -18,7 +18,7 @@ import pytest
 from tests.conftest import MakeFakeNode
 from tests.fakes import FakeRuntime
 from tests.helpers import IMAGE
-from tests.test_daemon_metrics import scrape
+from tests.scrapes import scrape
 from tests.volumeserver import FileServer, sha256
 from tuneplane_node.runtime.base import ContainerSpec
 

@@ -16,8 +16,8 @@ import pytest
 
 from tests.conftest import MakeNode
 from tests.helpers import IMAGE, free_port, spawn_daemon, state_dir
-from tests.test_daemon_enginelock import engine_settings_of, healthy
-from tests.test_daemon_metrics import scrape
+from tests.scrapes import scrape
+from tests.test_daemon_enginelock_engines import engine_settings_of, healthy
 from tests.test_daemon_mounts import post, remove_directly
 from tests.test_daemon_scratch import logged
 from tests.volumeserver import FileServer, sha256

@@ -19,7 +19,7 @@ from tests.conftest import MakeNode
 from tests.helpers import REGISTRY, unique
 from tests.ocilayers import file, tarball
 from tests.ociserver import LAYER, MANIFEST
-from tests.test_daemon_metrics import scrape
+from tests.scrapes import scrape
 from tests.test_daemon_mounts import remove_directly
 from tests.test_daemon_scratch import logged
 

@@ -5,15 +5,12 @@ The simulation file stands in for the driver and is rewritten while the daemon r
 card fails or a foreign process appears between two requests. Which cards a job holds is
 checked where it is true: the ``tuneplane.gpus`` labels in the engine. A process on a
 card is placed in a container by the fake's ``holders`` (its `holders_of`); on Docker,
-by the container's real pid.
-"""
+by the container's real pid."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -22,76 +19,26 @@ import pytest
 from tests.conftest import IMAGE as FAKE_IMAGE
 from tests.conftest import MakeFakeNode
 from tests.fakes import FakeClock, FakeRuntime
+from tests.gpusimulation import (
+    CUDA,
+    DRIVER,
+    ENGINE_LIVE,
+    H100,
+    Simulation,
+    card,
+    race,
+    run_id_of,
+    simulated_node,
+)
 from tests.helpers import (
     IMAGE,
-    Console,
-    TrackingRuntime,
     unique,
 )
 from tuneplane_node.runtime.base import (
     LABEL_GPUS,
     LABEL_RUN_ID,
     ContainerSpec,
-    container_name,
 )
-from tuneplane_node.runtime.engines.docker import DockerRuntime
-
-Make = Callable[..., Awaitable[Console]]
-
-DRIVER = "580.159.03"
-CUDA = "13.0"
-H100 = "NVIDIA H100 80GB HBM3"
-ENGINE_LIVE = {"running", "created", "paused", "restarting"}
-
-
-# --- the simulated machine ------------------------------------------------------------
-
-
-def card(index: int) -> dict[str, Any]:
-    return {
-        "index": index,
-        "name": H100,
-        "uuid": f"GPU-0000000{index}-aaaa-bbbb-cccc-dddddddddddd",
-        "pci_bus_id": f"00000000:{0x17 + index:02X}:00.0",
-        "memory_total_mib": 81559,
-        "memory_used_mib": 0,
-        "temperature_c": 40,
-        "ecc_uncorrected": 0,
-        "retired_pages_pending": False,
-        "xid": [],
-        "lost": False,
-        "processes": [],
-    }
-
-
-class Simulation:
-    """The simulation file the daemon's probe reads on every request; edit it live."""
-
-    def __init__(self, path: Path, *, cards: int = 4, links: list[list[Any]] | None = None):
-        self.path = path
-        self.data: dict[str, Any] = {
-            "driver": DRIVER,
-            "cuda": CUDA,
-            "cards": [card(index) for index in range(cards)],
-            "links": links or [],
-        }
-        self.write()
-
-    def set(self, index: int, **facts: Any) -> None:
-        self.data["cards"][index].update(facts)
-        self.write()
-
-    def write(self) -> None:
-        # Replaced whole, so the daemon never reads half a file.
-        partial = self.path.with_suffix(".partial")
-        with partial.open("w", encoding="utf-8") as file:
-            json.dump(self.data, file)
-        os.replace(partial, self.path)
-
-
-@pytest.fixture
-def sim(tmp_path: Path) -> Simulation:
-    return Simulation(tmp_path / "gpus.json")
 
 
 @pytest.fixture
@@ -100,12 +47,6 @@ async def fake(clock: FakeClock) -> AsyncIterator[FakeRuntime]:
     runtime = FakeRuntime(clock=clock, images=(IMAGE, FAKE_IMAGE))
     yield runtime
     await runtime.close()
-
-
-async def simulated_node(make: Make, sim: Simulation, **overrides: Any) -> Console:
-    """A node (over the fake, or an engine) whose cards are the simulation file's."""
-    options: dict[str, Any] = {"gpu_simulation_file": sim.path, "local_gpu_count": None}
-    return await make(**{**options, **overrides})
 
 
 def fake_cards(fake: FakeRuntime, run_ids: set[str]) -> dict[str, list[int]]:
@@ -117,41 +58,6 @@ def fake_cards(fake: FakeRuntime, run_ids: set[str]) -> dict[str, list[int]]:
         for container in fake.containers.values()
         if container.labels.get(LABEL_RUN_ID) in run_ids and container.status in ENGINE_LIVE
     }
-
-
-async def try_launch(node: Console, gpus: int, run_id: str | None = None) -> tuple[int, Any]:
-    """A launch that may be refused: (status, body), asserting nothing."""
-    run_id = run_id or unique("gpu")
-    body = {
-        "run_id": run_id,
-        "requested_gpus": gpus,
-        "container": {
-            "name": container_name(run_id),
-            "image": IMAGE,
-            "command": ["/bin/sleep", "300"],
-        },
-    }
-    return await node.call("POST", "/node/v1/launch", json=body)
-
-
-async def engine_cards(runtime: TrackingRuntime, run_ids: set[str]) -> dict[str, list[int]]:
-    """Cards per run, read from the labels of the live containers in the engine itself."""
-    inner = runtime.inner
-    assert isinstance(inner, DockerRuntime)
-    listed = await asyncio.to_thread(
-        inner.api.containers, all=True, filters={"label": LABEL_RUN_ID}
-    )
-    return {
-        entry["Labels"][LABEL_RUN_ID]: [
-            int(part) for part in entry["Labels"].get(LABEL_GPUS, "").split(",") if part
-        ]
-        for entry in listed
-        if entry["Labels"][LABEL_RUN_ID] in run_ids and entry["State"] in ENGINE_LIVE
-    }
-
-
-def run_id_of(ref: str) -> str:
-    return ref.removeprefix("tuneplane-")
 
 
 # --- what the machine has ------------------------------------------------------------
@@ -297,32 +203,6 @@ async def test_a_foreign_process_makes_its_card_external(
     assert health["external"] == [] and health["free_gpus"] == [2]
 
 
-async def container_pid(runtime: TrackingRuntime, name: str) -> int:
-    inner = runtime.inner
-    assert isinstance(inner, DockerRuntime)
-    info = await asyncio.to_thread(inner.api.inspect_container, name)
-    pid = int(info["State"]["Pid"])
-    assert pid > 0, info["State"]
-    return pid
-
-
-@pytest.mark.engine
-async def test_a_process_of_the_job_holding_the_card_is_not_external(
-    make_node: Make, sim: Simulation, docker_runtime: TrackingRuntime
-) -> None:
-    node = await simulated_node(make_node, sim)
-    ref, answer = await node.launch(gpus=1)
-    [held] = answer["gpus"]
-
-    sim.set(held, processes=[{"pid": await container_pid(docker_runtime, ref), "used_mib": 500}])
-
-    health = await node.health()
-    assert health["external_probe_ok"] is True
-    assert health["external"] == [] and health["external_pids"] == {}
-    assert health["by_job"] == {str(held): run_id_of(ref)}
-    assert f"gpu {held}: held by run {run_id_of(ref)}" in health["explain"]
-
-
 async def test_a_process_in_a_container_not_of_the_node_is_external(
     fake_node: MakeFakeNode, sim: Simulation, fake: FakeRuntime
 ) -> None:
@@ -361,44 +241,6 @@ async def test_a_job_running_on_a_card_it_was_not_given_keeps_that_card_busy(
     health = await node.health()
     assert 3 not in health["free_gpus"], health["explain"]
     await node.launch(gpus=3, expect=409)  # two jobs would share card 3
-
-
-# --- racing for cards -----------------------------------------------------------------
-
-
-async def race(node: Console, *, launches: int, gpus: int) -> dict[str, list[int]]:
-    """Start launches all at once; the cards each successful run was answered with."""
-    run_ids = [unique("race") for _ in range(launches)]
-    answers = await asyncio.gather(*(try_launch(node, gpus, run_id) for run_id in run_ids))
-    statuses = sorted(status for status, _ in answers)
-    assert set(statuses) <= {200, 409}, answers
-    for status, body in answers:
-        if status == 409:
-            assert "not enough GPUs" in body["detail"], body
-        else:
-            assert body["phase"] == "running" and len(body["gpus"]) == gpus, body
-    return {
-        run_id: body["gpus"]
-        for run_id, (status, body) in zip(run_ids, answers, strict=True)
-        if status == 200
-    }
-
-
-@pytest.mark.engine
-async def test_twenty_launches_racing_for_four_cards_never_share_one(
-    make_node: Make, sim: Simulation, docker_runtime: TrackingRuntime
-) -> None:
-    node = await simulated_node(make_node, sim)
-
-    granted = await race(node, launches=20, gpus=1)
-
-    assert len(granted) == 4
-    in_engine = await engine_cards(docker_runtime, set(granted))
-    assert in_engine == granted
-    cards = [gpu for gpus in in_engine.values() for gpu in gpus]
-    assert sorted(cards) == [0, 1, 2, 3]  # each card once
-    health = await node.health()
-    assert health["free_gpus"] == [] and len(health["by_job"]) == 4
 
 
 async def test_ten_two_card_launches_racing_for_four_cards(

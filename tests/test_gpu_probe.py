@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 from pathlib import Path
@@ -9,15 +8,14 @@ from typing import Any
 import pytest
 
 from tests.fakes import FakeClock
+from tests.nvmlprobe import nvml_library_loads, settings
 from tuneplane_node.daemon.machine import (
     card_json,
 )
-from tuneplane_node.gpu import numa
 from tuneplane_node.gpu.factory import make_probe
 from tuneplane_node.gpu.probe import GpuProcess, NoDriverProbe
 from tuneplane_node.gpu.simulation import SimulatedProbe
 from tuneplane_node.runtime.cgroups import container_id_of_pid
-from tuneplane_node.settings import NodeSettings
 
 H100 = {
     "name": "NVIDIA H100 80GB HBM3",
@@ -25,10 +23,6 @@ H100 = {
     "memory_used_mib": 0,
     "temperature_c": 40,
 }
-
-
-def settings(**values: Any) -> NodeSettings:
-    return NodeSettings(_env_file=None, **values)  # type: ignore[call-arg]
 
 
 def write(path: Path, cards: list[dict[str, Any]], **top: Any) -> None:
@@ -215,17 +209,6 @@ def test_several_faults_are_all_named(sim: Path, clock: FakeClock) -> None:
     assert "uncorrectable ECC errors: 1" in reason and "retired pages pending" in reason
 
 
-# --- choosing a probe -------------------------------------------------------------------
-
-
-def nvml_library_loads() -> bool:
-    try:
-        ctypes.CDLL("libnvidia-ml.so.1")
-    except OSError:
-        return False
-    return True
-
-
 def test_simulation_file_setting_gives_the_simulated_probe(sim: Path) -> None:
     write(sim, [{"index": 0}])
     probe = make_probe(settings(gpu_simulation_file=sim))
@@ -246,24 +229,6 @@ def test_no_driver_gives_a_probe_that_says_why(caplog: pytest.LogCaptureFixture)
         assert (snap.ok, snap.source, snap.cards, snap.processes_ok) == (False, "none", (), False)
         assert snap.error is not None and "NVML" in snap.error
         assert [r.getMessage() for r in caplog.records] == [f"GPU probe: none ({snap.error})"]
-    finally:
-        probe.close()
-
-
-@pytest.mark.engine  # real hardware: outside the fast suite, like an engine
-@pytest.mark.skipif(not nvml_library_loads(), reason="needs an NVIDIA driver")
-def test_driver_gives_an_nvml_probe_that_lists_cards() -> None:
-    probe = make_probe(settings())
-    try:
-        snap = probe.snapshot()
-        assert (snap.ok, snap.source) == (True, "nvml"), snap.error
-        assert snap.driver and snap.cards
-        assert all(c.memory_total_mib for c in snap.cards)
-        # A card's place, where the driver gives one, is on this machine (issue 23).
-        machine = numa.node_cpus()
-        for card in snap.cards:
-            assert card.numa_node is None or card.numa_node in machine, card
-            assert set(card.cpus) <= set(numa.online_cpus() or card.cpus), card
     finally:
         probe.close()
 

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.conftest import MakeFakeNode, MakeNode, fake_settings
+from tests.conftest import MakeFakeNode, fake_settings
 from tests.fakes import FakeClock, FakeProbe, FakeRuntime
 from tuneplane_node.errors import GpuNotReady
 from tuneplane_node.gpu.allocator import GpuAllocator
@@ -151,23 +150,3 @@ def test_docker_with_cdi_naming_each_card_is_ready(tmp_path: Path) -> None:
     assert judge(engine="docker", support=support, count=2, settings=settings, cdi={"0", "1"})
     verdict = judge(engine="docker", support=support, count=2, settings=settings, cdi={"0"})
     assert verdict.ready is False
-
-
-# --- the real engines -------------------------------------------------------------------
-
-
-@pytest.mark.engine
-@pytest.mark.parametrize("engine", ["docker", "podman"])
-async def test_a_card_launch_on_a_real_engine_without_gpu_support_is_a_409_not_a_502(
-    make_node: MakeNode, engine: str
-) -> None:
-    """Issue 25, finding 1: docker answered ``502 docker refused ... could not select
-    device driver "" with capabilities: [[gpu]]``, and health said ok."""
-    node = await make_node(engine, local_gpu_passthrough=True, local_gpu_count=2)
-    health = await node.health()
-    assert health["ok"] is True and health["gpu_ready"] is False, health
-    reason: Any = health["gpu_not_ready_reason"]
-    fix = "nvidia-ctk runtime configure" if engine == "docker" else "nvidia-ctk cdi generate"
-    assert fix in reason and "TUNEPLANE_LOCAL_GPU_PASSTHROUGH=false" in reason
-    _, answer = await node.launch(gpus=1, expect=409)
-    assert answer["detail"] == f"this node cannot run GPU jobs: {reason}"

@@ -1,5 +1,5 @@
 """`check` run in-process with only the settings a test gives: the `check` fixture of
-tests/test_check.py and tests/test_check_engines.py."""
+tests/http/test_check.py and tests/engines/test_check_engines.py."""
 
 from __future__ import annotations
 

@@ -129,6 +129,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.timeout(FAST_TIMEOUT_S))
 
 
+def refuse_engine_tests(item: pytest.Item) -> None:
+    """A kind's folder without engines (tests/unit/, tests/http/) holds no test marked
+    ``engine``: that one belongs in tests/engines/, which marks each of its own."""
+    if item.get_closest_marker("engine") is not None:
+        raise pytest.UsageError(f"{item.nodeid} is marked engine: move it to tests/engines/")
+
+
 def _uses_ours(item: pytest.Item, name: str) -> bool:
     """Whether the test uses this module's fixture of that name (not a local one)."""
     definitions = getattr(item, "_fixtureinfo", None)

@@ -1,5 +1,5 @@
-"""`ctl` in this process and `serve` daemons for it to talk to: what tests/test_ctl.py and
-tests/test_ctl_engines.py share."""
+"""`ctl` in this process and `serve` daemons for it to talk to: what tests/http/test_ctl.py and
+tests/engines/test_ctl_engines.py share."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The GPU simulation file a daemon's probe reads, edited live, and launches that ask for
-cards: what tests/test_gpu_api.py and tests/test_gpu_api_engines.py share."""
+cards: what tests/http/test_gpu_api.py and tests/engines/test_gpu_api_engines.py share."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Settings read from the arguments alone, and whether the NVIDIA driver's library loads:
-what tests/test_gpu_probe.py and tests/test_gpu_probe_engines.py share."""
+what tests/unit/test_gpu_probe.py and tests/engines/test_gpu_probe_engines.py share."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Where a test's daemon serves, as the OpenAPI fuzz asks it: what
-tests/test_daemon_openapi.py and tests/test_daemon_openapi_engines.py share."""
+tests/http/test_daemon_openapi.py and tests/engines/test_daemon_openapi_engines.py share."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""A scrape of `/metrics`, parsed into samples: what tests/test_daemon_metrics.py and
-tests/test_daemon_metrics_engines.py share."""
+"""A scrape of `/metrics`, parsed into samples: what tests/http/test_daemon_metrics.py and
+tests/engines/test_daemon_metrics_engines.py share."""
 
 from __future__ import annotations
 

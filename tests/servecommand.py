@@ -1,5 +1,5 @@
 """The daemon's command line in a process of its own (`serve`, its environment, its port):
-what tests/test_cli.py and tests/test_cli_engines.py share."""
+what tests/http/test_cli.py and tests/engines/test_cli_engines.py share."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ The parsers are the one source of the contract. Each field is a `Field` in the t
 at the end of each part (`LAUNCH` and its `CONTAINER`, then the other verbs' bodies):
 its name, its value in JSON Schema, its line of documentation and, in the container,
 its reader. `CONTAINER_FIELDS`, the OpenAPI document (`schema`) and docs/api.md all come
-from those tables, and `tests/test_wire_schema.py` holds each schema to its parser at
+from those tables, and `tests/unit/test_wire_schema.py` holds each schema to its parser at
 every bound. Chosen over pydantic models that validate: the parsers' exact refusals
 (``container.mounts[1]``, ``container.env.<KEY>``, ``""`` read as not given, numbers
 as strings) are what consoles act on, and a model would need a validator per field to

@@ -51,13 +51,15 @@ from tuneplane_node.runtime.engines.engine import EngineRuntime
 from tuneplane_node.runtime.engines.podman import PodmanRuntime
 from tuneplane_node.settings import NodeSettings
 
-# What both halves of a module split by kind use (its engine tests in test_*_engines.py),
-# fixtures included, each in a module of its own here: loaded as plugins, so that the
-# fixtures reach both halves and the asserts in them are rewritten as a test module's are.
+# What the modules split from one use (its engine tests in test_*_engines.py, a long
+# module's verbs each in its own), fixtures included, each in a module of its own here:
+# loaded as plugins, so that the fixtures reach every part and the asserts in them are
+# rewritten as a test module's are.
 pytest_plugins = [
     "tests.checkcommand",
     "tests.ctlcommand",
     "tests.gpusimulation",
+    "tests.jobservice",
     "tests.nvmlprobe",
     "tests.openapiserved",
     "tests.scrapes",

@@ -1,7 +1,7 @@
 """End to end on real engines: the daemon over a socket, the cache, docker and podman.
 
 A thin layer: the rules themselves are proven fast against the in-memory engine
-(`test_jobs_service.py`); here the real engines show they keep them. Tests that act on
+(`tests/unit/test_jobs_*.py`); here the real engines show they keep them. Tests that act on
 every container of the node (reap) run on the suite's own engine; one that restarts its
 engine, on a throwaway engine of its own.
 """

@@ -9,7 +9,7 @@ from pathlib import Path
 from tests.conftest import IMAGE
 from tests.fakes import FakeClock, FakeRuntime
 from tests.helpers import wait_until
-from tests.unit.test_jobs_service import MISSING, request
+from tests.jobservice import MISSING, request
 from tuneplane_node.jobs import Node
 from tuneplane_node.jobs.images.ledger import LEDGER_FILE, ImageLedger, ImageRecord
 

@@ -5,7 +5,7 @@
 # Run it with the host's network and the engine's socket (docs/operating.md, "An image"; the
 # Kubernetes example is contrib/k8s/daemonset.yaml). BASE must be a Debian with Python
 # 3.11 (the wheels are built for it): a private mirror's copy, or one made from Debian
-# packages (tests/test_image.py does that where no registry is reachable).
+# packages (tests/engines/test_image.py does that where no registry is reachable).
 ARG BASE=python:3.11-slim-bookworm
 
 FROM ${BASE} AS build

@@ -51,6 +51,21 @@ from tuneplane_node.runtime.engines.engine import EngineRuntime
 from tuneplane_node.runtime.engines.podman import PodmanRuntime
 from tuneplane_node.settings import NodeSettings
 
+# What the modules split from one use (its engine tests in test_*_engines.py, a long
+# module's verbs each in its own), fixtures included, each in a module of its own here:
+# loaded as plugins, so that the fixtures reach every part and the asserts in them are
+# rewritten as a test module's are.
+pytest_plugins = [
+    "tests.checkcommand",
+    "tests.ctlcommand",
+    "tests.gpusimulation",
+    "tests.jobservice",
+    "tests.nvmlprobe",
+    "tests.openapiserved",
+    "tests.scrapes",
+    "tests.servecommand",
+]
+
 ENGINE_FIXTURES = frozenset(
     {"runtime", "docker_runtime", "make_node", "proxy", "own_docker", "throwaway_docker"}
 )
@@ -114,6 +129,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         marked = {name for name in ("engine", "slow", "timeout") if item.get_closest_marker(name)}
         if not marked:
             item.add_marker(pytest.mark.timeout(FAST_TIMEOUT_S))
+
+
+def refuse_engine_tests(item: pytest.Item) -> None:
+    """A kind's folder without engines (tests/unit/, tests/http/) holds no test marked
+    ``engine``: that one belongs in tests/engines/, which marks each of its own."""
+    if item.get_closest_marker("engine") is not None:
+        raise pytest.UsageError(f"{item.nodeid} is marked engine: move it to tests/engines/")
 
 
 def _uses_ours(item: pytest.Item, name: str) -> bool:

@@ -3,11 +3,11 @@
 An example is a fenced ``console`` block: each ``$ `` line is a command (a line ending
 in ``\\``, or inside a single quote, goes on with the next), and the lines up to the next
 command are what it printed.
-Every example runs by default (`tests/test_docs_examples.py`, against a real daemon on
-the suite's engine); one that must not run says why in a comment on the line before its
-fence: ``<!-- example: not run: <reason> -->``. A ``sh`` block naming ``curl`` or ``ctl``
-is set-up or a listing, not an example: it carries a marker that says which (the operator
-path's, or the same ``not run`` with its reason).
+Every example runs by default (`tests/engines/test_docs_examples_engines.py`, against a
+real daemon on the suite's engine); one that must not run says why in a comment on the
+line before its fence: ``<!-- example: not run: <reason> -->``. A ``sh`` block naming
+``curl`` or ``ctl`` is set-up or a listing, not an example: it carries a marker that says
+which (the operator path's, or the same ``not run`` with its reason).
 """
 
 from __future__ import annotations

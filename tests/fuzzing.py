@@ -73,7 +73,7 @@ def unwaited(case: schemathesis.Case) -> None:
     """A volume prefetch answers without waiting for its fill: a generated source's host
     resolves nowhere, and a dropped connection is retried after backoff sleeps that the
     fake engine's clock never ends (a waited fill would outlast the request's timeout;
-    tests/test_daemon_volume_verbs.py waits for real fills)."""
+    tests/http/test_daemon_volume_verbs.py waits for real fills)."""
     body = case.body
     if case.operation.path == "/node/v1/volumes/pull" and isinstance(body, dict):
         body["wait"] = False if body.get("wait") is True else body.get("wait", False)

@@ -8,7 +8,7 @@ launch's in `requests.py`): the OpenAPI document, ``contrib/openapi.json``, and 
     .venv/bin/python contrib/dev/api_docs.py --check    # write nothing; exit 1 if stale
 
 A table stands between ``<!-- fields: <Body> -->`` and ``<!-- end fields -->``; every
-request body and query with fields has exactly one. tests/test_wire_schema.py fails
+request body and query with fields has exactly one. tests/unit/test_wire_schema.py fails
 while either file differs from what this writes.
 """
 

@@ -6,7 +6,7 @@ key the node did not send (an older node's) is its field's default, so neither e
 breaks the other. Every object keeps the answer it was read from in ``raw``, so a newer
 field is one ``raw["..."]`` away. Statuses and phases are `str` enums and times aware
 `datetime`s (`words`); any other value is taken as the node gave it. Each class holds
-the fields of one shape of the contract, every one of them: `tests/test_client_contract.py`
+the fields of one shape of the contract, every one of them: `tests/unit/test_client_contract.py`
 fails when a class and the node's shape (`tuneplane_node.wire`) differ by a field, either
 way.
 """

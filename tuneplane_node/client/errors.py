@@ -47,7 +47,7 @@ console's retry rule is an ``except`` clause, never a sentence compared::
                 └── VolumeStoreFull     ``volume_store_full``: a volume fill cannot fit
 
 There is a class for every code of the node's code table (`BY_CODE`;
-`tests/test_client_contract.py` fails on a code without one).
+`tests/unit/test_client_contract.py` fails on a code without one).
 
 A code this client does not know (a newer node's) gets its status's class; a node that
 sends no code (before codes) gets its status's family word (`STATUS_CODES`).

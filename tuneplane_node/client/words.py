@@ -4,7 +4,7 @@ timezone-aware `datetime`.
 
 Tolerant as the answers are: a word this client does not know (a newer node's) stays
 the plain ``str`` the node sent, and a time it cannot read is None (the answer's
-``raw`` keeps the text). `tests/test_client_contract.py` holds every enum to the
+``raw`` keeps the text). `tests/unit/test_client_contract.py` holds every enum to the
 contract's word list.
 """
 

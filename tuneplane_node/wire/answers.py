@@ -2,7 +2,7 @@
 `render` fills them from the job service's results).
 
 A console written for 0.3.15 reads these field by field: each shape is a TypedDict, so
-mypy holds the builders to it, and `tests/test_wire_answers.py` pins them key by key.
+mypy holds the builders to it, and `tests/unit/test_wire_answers.py` pins them key by key.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ container, its reader. A plain container field is one `Field` entry in `CONTAINE
 reader here and the runtime spec's attribute; a field with rules of its own is declared
 whole beside them (`mounts.MOUNTS`, `mounts.SCRATCH`, `volumes.VOLUMES`), and the
 readers every table shares are in `readers`. `CONTAINER_FIELDS`, the OpenAPI document
-(`schema`) and docs/api.md all come from those tables, and `tests/test_wire_schema.py`
+(`schema`) and docs/api.md all come from those tables, and `tests/unit/test_wire_schema.py`
 holds each schema to its parser at every bound. Chosen over pydantic models that
 validate: the parsers' exact refusals (``container.mounts[1]``, ``container.env.<KEY>``,
 ``""`` read as not given, numbers as strings) are what consoles act on, and a model

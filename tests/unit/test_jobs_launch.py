@@ -1,0 +1,191 @@
+"""A launch whose image is there: the cards the node chooses, idempotence, the names it
+refuses, the engine's refusals and its absence. The job service against the in-memory
+engine (tests/jobservice.py says how)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.conftest import IMAGE
+from tests.fakes import FakeProbe, FakeRuntime, Gate
+from tests.jobservice import (
+    assert_nothing_left,
+    available,
+    request,
+    reserved,
+)
+from tuneplane_node.errors import (
+    EngineConflict,
+    EngineRefused,
+    EngineUnavailable,
+    NameTaken,
+    NoCapacity,
+)
+from tuneplane_node.jobs import (
+    AlreadyRunning,
+    Node,
+    Started,
+)
+from tuneplane_node.runtime.base import (
+    LABEL_GPUS,
+    LABEL_RUN_ID,
+    ContainerSpec,
+)
+
+# --- launch with the image present -------------------------------------------------------
+
+
+async def test_a_launch_runs_the_container_with_the_cards_the_node_chose(
+    node: Node, fake: FakeRuntime
+) -> None:
+    result = await node.jobs.launch(request("r1", 2))
+
+    assert isinstance(result, Started)
+    assert result.gpus == (0, 1)
+    container = fake.containers["tuneplane-r1"]
+    assert result.container_id == container.id[:12]
+    assert container.status == "running"
+    assert container.labels[LABEL_GPUS] == "0,1"
+    assert await available(node) == (2, 3)
+
+
+async def test_a_launch_without_cards_gets_none(node: Node, fake: FakeRuntime) -> None:
+    result = await node.jobs.launch(request("r0"))
+    assert isinstance(result, Started) and result.gpus == ()
+    assert fake.containers["tuneplane-r0"].labels[LABEL_GPUS] == ""
+
+
+async def test_launching_a_running_run_again_is_idempotent(node: Node, fake: FakeRuntime) -> None:
+    first = await node.jobs.launch(request("r1", 1))
+    again = await node.jobs.launch(request("r1", 1))
+
+    assert again == AlreadyRunning(gpus=first.gpus)  # type: ignore[union-attr]
+    assert fake.calls["run"] == 1
+    assert await available(node) == (1, 2, 3)
+
+
+async def test_a_relaunch_after_exit_replaces_the_exited_container(
+    node: Node, fake: FakeRuntime
+) -> None:
+    first = await node.jobs.launch(request("r1"))
+    fake.exit("tuneplane-r1", 0)
+
+    second = await node.jobs.launch(request("r1"))
+
+    assert isinstance(first, Started) and isinstance(second, Started)
+    assert second.container_id != first.container_id
+    assert fake.containers["tuneplane-r1"].status == "running"
+
+
+async def test_a_never_started_container_of_the_run_is_wreckage_and_is_replaced(
+    node: Node, fake: FakeRuntime
+) -> None:
+    """A daemon killed between create and start leaves this; never answer 'running'."""
+    wreck = fake.create_outside(request("r1").spec, start=False)
+
+    result = await node.jobs.launch(request("r1", 1))
+
+    assert isinstance(result, Started)
+    assert fake.containers["tuneplane-r1"].id != wreck.id
+    assert fake.containers["tuneplane-r1"].status == "running"
+
+
+async def test_a_name_held_by_another_run_is_refused_and_left_alone(
+    node: Node, fake: FakeRuntime
+) -> None:
+    await node.jobs.launch(request("run-a", name="tuneplane-shared"))
+
+    with pytest.raises(NameTaken, match="held by run run-a"):
+        await node.jobs.launch(request("run-b", name="tuneplane-shared"))
+    fake.exit("tuneplane-shared", 0)
+    with pytest.raises(NameTaken):
+        await node.jobs.launch(request("run-b", name="tuneplane-shared"))
+
+    container = fake.containers["tuneplane-shared"]
+    assert container.labels[LABEL_RUN_ID] == "run-a"
+    assert (container.status, container.exit_code) == ("exited", 0)  # its exit code stays
+
+
+async def test_a_foreign_container_under_the_name_is_refused_by_the_engine(
+    node: Node, fake: FakeRuntime
+) -> None:
+    foreign = fake.create_outside(ContainerSpec(name="tuneplane-r1", image=IMAGE))
+
+    with pytest.raises(EngineConflict, match="already in use"):
+        await node.jobs.launch(request("r1", 2))
+
+    assert fake.containers["tuneplane-r1"] is foreign and foreign.status == "running"
+    assert await available(node) == (0, 1, 2, 3)
+
+
+async def test_not_enough_cards_says_where_every_card_is(node: Node) -> None:
+    await node.jobs.launch(request("r1", 3))
+
+    with pytest.raises(NoCapacity) as refused:
+        await node.jobs.launch(request("r2", 2))
+
+    assert refused.value.message == "not enough GPUs: asked for 2; 1 free [3], 3 held by jobs"
+
+
+async def test_unhealthy_and_externally_used_cards_are_never_given(
+    node: Node, probe: FakeProbe
+) -> None:
+    probe.set(0, unhealthy="uncorrectable ECC errors: 2")
+    probe.set(1, pids=(999_999_999,))  # no such process: in no container of the node
+
+    result = await node.jobs.launch(request("r1", 2))
+    assert isinstance(result, Started) and result.gpus == (2, 3)
+
+    with pytest.raises(NoCapacity) as refused:
+        await node.jobs.launch(request("r2", 1))
+    assert "1 used by processes outside the node [1]" in refused.value.message
+    assert "1 unhealthy [0]" in refused.value.message
+
+
+async def test_the_allocation_lock_is_not_held_across_the_engine_call(
+    node: Node, fake: FakeRuntime
+) -> None:
+    fake.create_gate = gate = Gate()
+    slow = asyncio.create_task(node.jobs.launch(request("slow", 1)))
+    await gate.entered.wait()  # its create is in the engine now
+    fake.create_gate = None
+
+    fast = await node.jobs.launch(request("fast", 1))  # does not wait for the slow create
+
+    assert isinstance(fast, Started) and fast.gpus == (1,)
+    gate.open()
+    slow_result = await slow
+    assert isinstance(slow_result, Started) and slow_result.gpus == (0,)
+
+
+async def test_racing_launches_never_share_a_card(node: Node, fake: FakeRuntime) -> None:
+    results = await asyncio.gather(
+        *(node.jobs.launch(request(f"r{i}", 1)) for i in range(6)), return_exceptions=True
+    )
+
+    started = [r for r in results if isinstance(r, Started)]
+    assert sorted(card for r in started for card in r.gpus) == [0, 1, 2, 3]
+    assert sum(isinstance(r, NoCapacity) for r in results) == 2
+
+
+async def test_a_refused_start_frees_its_cards_and_leaves_no_container(
+    node: Node, fake: FakeRuntime
+) -> None:
+    fake.refuse_start = "invalid mount config"
+
+    with pytest.raises(EngineRefused, match="invalid mount config"):
+        await node.jobs.launch(request("r1", 2))
+
+    await assert_nothing_left(node, fake, "tuneplane-r1")
+
+
+async def test_an_engine_that_is_down_fails_a_launch_as_unavailable(
+    node: Node, fake: FakeRuntime
+) -> None:
+    fake.up = False
+    with pytest.raises(EngineUnavailable):
+        await node.jobs.launch(request("r1", 1))
+    fake.up = True
+    assert await reserved(node) == frozenset()

@@ -1,0 +1,409 @@
+"""The layering of the package (README, "Layout"): imports point down, SDKs stay put.
+
+Read from the source with `ast`, so a stray import fails here before it blurs a seam.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+from pathlib import Path
+
+import pytest
+
+# Slow: it parses every module of the package (0.6 s of the fast suite's 15).
+pytestmark = pytest.mark.slow
+
+PACKAGE = Path(__file__).resolve().parents[2] / "tuneplane_node"
+
+# Top to bottom; a module may import only from its own layer's module itself or below.
+LAYERS = [
+    {"cli", "__main__", "ctl", "checks"},
+    {"client"},
+    {"daemon"},
+    {"jobs"},
+    {"gpu"},
+    {"runtime"},
+    {"inventory"},
+    # The contract at the bottom: every layer above reads its shapes and values, and it
+    # reads nothing above the package's bottom modules (errors, sizes, references, ...).
+    {"wire"},
+    {
+        "settings",
+        "errors",
+        "clock",
+        "tasks",
+        "logformat",
+        "telemetry",
+        "sizes",
+        "references",
+        "durable",
+        "signals",
+        "watched",
+        "printable",
+        "__init__",
+    },
+]
+# The operators' client speaks only HTTP: no daemon, service or engine code in it.
+CTL_MAY_IMPORT = {"client", "wire", "printable", "__init__", "__version__"}
+# Each third-party SDK is imported by exactly these modules, and translated there.
+SDKS = {
+    # docker.auth reads the registry auth file (config.json) for both engines.
+    "docker": {"runtime/engines/docker.py", "runtime/engines/dockerauth.py"},
+    "podman": {"runtime/engines/podman.py"},
+    "pynvml": {"gpu/nvml.py"},
+    "aiohttp": {
+        "daemon/app.py",
+        "daemon/routes.py",
+        "daemon/state.py",
+        "daemon/server.py",
+        "daemon/access/audit.py",
+        "daemon/follow.py",
+        "daemon/presence.py",
+        "daemon/access/guard.py",
+        # Its client: the volume store's downloads, translated to VolumeFillFailed there.
+        "runtime/fetching.py",
+    },
+    "prometheus_client": {"daemon/metrics.py"},
+    # The consoles' client: its two clients, and the one place its errors are translated.
+    "httpx": {"client/aio.py", "client/sync.py", "client/endpoint.py"},
+    "orjson": {"daemon/render.py"},
+}
+
+
+def unit(path: Path) -> str:
+    """The layer name of a module: its top-level module or package under tuneplane_node."""
+    return path.relative_to(PACKAGE).parts[0].removesuffix(".py")
+
+
+def layer(name: str) -> int:
+    return next(i for i, names in enumerate(LAYERS) if name in names)
+
+
+Fact = tuple[str, str, "str | int"]
+
+
+@functools.cache
+def facts(path: Path) -> tuple[Fact, ...]:
+    """What the tests here read of a module, parsed once for them all: each imported
+    name (``("import", name, "")``), each absolute from-import (``("from", module,
+    name)``) and each class (``("class", name, lines)``). Only these are kept, not the
+    trees: their 70,000 nodes made every later full collection of the suite slower."""
+    found: list[Fact] = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found += [("import", alias.name, "") for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found += [("from", node.module, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ClassDef) and node.end_lineno is not None:
+            found.append(("class", node.name, node.end_lineno - node.lineno + 1))
+    return tuple(found)
+
+
+@functools.cache
+def imports(path: Path) -> list[str]:
+    found = []
+    for kind, module, name in facts(path):
+        if kind == "import":
+            found.append(module)
+        elif kind == "from":
+            found += [module, f"{module}.{name}"]
+    return found
+
+
+MODULES = sorted(PACKAGE.rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_imports_point_down(path: Path) -> None:
+    here = layer(unit(path))
+    for name in imports(path):
+        parts = name.split(".")
+        if parts[0] != "tuneplane_node" or len(parts) == 1:
+            continue
+        target = parts[1] if parts[1] != "__version__" else "__init__"
+        if target in {"cli", "__main__"} | {n for names in LAYERS for n in names}:
+            assert layer(target) >= here, f"{path.name} imports {name}: that points up"
+
+
+@pytest.mark.parametrize("sdk", sorted(SDKS))
+def test_each_sdk_lives_in_its_own_module(sdk: str) -> None:
+    users = {
+        str(path.relative_to(PACKAGE))
+        for path in MODULES
+        if any(name == sdk or name.startswith(f"{sdk}.") for name in imports(path))
+    }
+    assert users == SDKS[sdk]
+
+
+def test_every_module_has_a_layer() -> None:
+    assert {unit(path) for path in MODULES} <= {n for names in LAYERS for n in names}
+
+
+def test_ctl_is_a_client_of_the_api_only() -> None:
+    for path in sorted((PACKAGE / "ctl").rglob("*.py")):
+        for name in imports(path):
+            parts = name.split(".")
+            if parts[0] == "tuneplane_node" and len(parts) > 1 and parts[1] != "ctl":
+                assert parts[1] in CTL_MAY_IMPORT, f"ctl/{path.name} imports {name}"
+
+
+def module_name(path: Path) -> str:
+    """``tuneplane_node.gpu.probe`` for gpu/probe.py; a package is its ``__init__``."""
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+@functools.cache
+def import_graph() -> dict[str, set[str]]:
+    """Each module of the package and the package's modules its import statements name."""
+    paths = {module_name(path): path for path in MODULES}
+    return {name: named_modules(path, set(paths)) - {name} for name, path in paths.items()}
+
+
+def named_modules(path: Path, known: set[str]) -> set[str]:
+    """The modules of ``known`` that ``path``'s import statements name: for
+    ``from pkg import x`` that is ``pkg.x`` when x is a module, else ``pkg``."""
+    found = set()
+    for kind, module, name in facts(path):
+        if kind == "import":
+            found.add(module)
+        elif kind == "from":
+            sub = f"{module}.{name}"
+            found.add(sub if sub in known else module)
+    return found & known
+
+
+def find_circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """The first circle a depth-first walk meets, as the modules along it; None if none."""
+    done: set[str] = set()
+
+    def walk(name: str, trail: list[str]) -> list[str] | None:
+        if name in trail:
+            return [*trail[trail.index(name) :], name]
+        if name in done:
+            return None
+        for target in sorted(graph[name]):
+            if circle := walk(target, [*trail, name]):
+                return circle
+        done.add(name)
+        return None
+
+    return next((c for name in sorted(graph) if (c := walk(name, []))), None)
+
+
+def test_no_module_imports_itself_round_a_circle() -> None:
+    """Every import statement counts, wherever it stands: one inside a function is a
+    dependency deferred, not removed (gpu/probe.py's factory once hid its NVML import so,
+    in a circle with gpu/nvml.py), and one under TYPE_CHECKING is one mypy and a reader
+    follow. Only the modules a statement names are edges, not the parent packages Python
+    runs first: those run before any of their submodules, so they close no circle."""
+    circle = find_circle(import_graph())
+    assert circle is None, " -> ".join(circle or [])
+
+
+def test_the_circle_finder_finds_a_circle_and_only_a_circle() -> None:
+    assert find_circle({"a": {"b"}, "b": {"c"}, "c": {"b"}}) == ["b", "c", "b"]
+    assert find_circle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+# --- the job service as collaborators it calls down to ------------------------------------
+
+JOBS = PACKAGE / "jobs"
+SERVICE_MAX_LINES = 250
+CLASS_MAX_LINES = 350
+
+
+def class_lines(path: Path) -> dict[str, int]:
+    """Each class of a module and its length in lines, from ``class`` to its last line."""
+    return {name: int(lines) for kind, name, lines in facts(path) if kind == "class"}
+
+
+def test_the_job_service_only_composes_its_collaborators() -> None:
+    """The rules that are the service's own stay in it; each mechanism (launching,
+    stopping, reaping, logs, the node state) is a collaborator of its own."""
+    lines = class_lines(JOBS / "service.py")["JobService"]
+    assert lines < SERVICE_MAX_LINES, f"JobService is {lines} lines"
+
+
+@pytest.mark.parametrize("path", sorted(JOBS.rglob("*.py")), ids=lambda p: p.name)
+def test_no_class_of_the_job_service_is_over_the_limit(path: Path) -> None:
+    too_long = {name: n for name, n in class_lines(path).items() if n > CLASS_MAX_LINES}
+    assert not too_long, f"{path.name}: {too_long}"
+
+
+def test_no_collaborator_of_the_job_service_imports_it() -> None:
+    """A collaborator gets what it needs as constructor arguments, never the service:
+    only the package's front door (``jobs/__init__.py``) and the one place that builds
+    the node (``jobs/node.py``) name ``jobs/service.py``."""
+    graph = import_graph()
+    service = "tuneplane_node.jobs.service"
+    users = {name for name, targets in graph.items() if service in targets}
+    assert users <= {"tuneplane_node.jobs", "tuneplane_node.jobs.node"}, sorted(users)
+    collaborators = {name for name in graph if name.startswith("tuneplane_node.jobs.")}
+    assert len(collaborators - {service}) >= 8  # the walk saw the package's modules
+
+
+def test_no_class_of_the_package_is_over_the_limit() -> None:
+    """The jobs/ bound, everywhere: a class past it holds more than one concern, whose
+    pieces belong in collaborators or module functions of their own (issue 19)."""
+    too_long = {
+        f"{path.relative_to(PACKAGE)}:{name}": n
+        for path in MODULES
+        for name, n in class_lines(path).items()
+        if n > CLASS_MAX_LINES
+    }
+    assert not too_long, too_long
+    assert len(MODULES) >= 50  # the walk saw the package
+
+
+FOLDER_MAX_MODULES = 15
+"""A folder past it is a floor without rooms: its wings get folders (issue 35)."""
+
+
+def test_no_folder_holds_more_than_fifteen_modules() -> None:
+    folders = {path.parent for path in MODULES}
+    crowded = {
+        str(folder.relative_to(PACKAGE.parent)): n
+        for folder in folders
+        if (n := len([p for p in folder.glob("*.py") if p.name != "__init__.py"]))
+        > FOLDER_MAX_MODULES
+    }
+    assert not crowded, crowded
+    assert len(folders) >= 10  # the walk saw the package's folders
+
+
+def test_the_client_stands_alone() -> None:
+    """A console installs `tuneplane_node.client` without the daemon (its own
+    distribution, clients/python): it imports nothing else of the package."""
+    for path in sorted((PACKAGE / "client").rglob("*.py")):
+        for name in imports(path):
+            parts = name.split(".")
+            if parts[0] == "tuneplane_node":
+                assert parts[1:2] == ["client"], f"client/{path.name} imports {name}"
+
+
+# --- one place builds the node ---------------------------------------------------------------
+
+# The classes handed their collaborators by `build_node`, and the modules they are in.
+BUILT = {"JobService": JOBS / "service.py", "Launcher": JOBS / "launcher.py"}
+
+
+def constructions(source: str, cls: str) -> list[str]:
+    """The package's classes that ``cls.__init__`` calls (makes): the names imported from
+    ``tuneplane_node`` that start with a capital, called in that method."""
+    tree = ast.parse(source)
+    ours = {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tuneplane_node")
+        for alias in node.names
+    }
+    ours |= {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
+    made = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.ClassDef) and node.name == cls):
+            continue
+        for method in node.body:
+            if isinstance(method, ast.FunctionDef) and method.name == "__init__":
+                for call in ast.walk(method):
+                    if isinstance(call, ast.Call):
+                        name = ast.unparse(call.func).split(".")[0]
+                        if name in ours and name[:1].isupper():
+                            made.append(name)
+    return made
+
+
+@pytest.mark.parametrize("cls", sorted(BUILT))
+def test_the_service_and_the_launcher_make_no_collaborator(cls: str) -> None:
+    """`jobs.node.build_node` makes every collaborator once; the service and the launcher
+    receive theirs, so that what a test hands them is what production does."""
+    assert constructions(BUILT[cls].read_text(), cls) == [], cls
+
+
+def test_the_construction_finder_finds_a_construction() -> None:
+    source = (
+        "from tuneplane_node.jobs.locks import RefLocks\n"
+        "class JobService:\n"
+        "    def __init__(self, runtime):\n"
+        "        self.runtime = runtime\n"
+        "        self.locks = RefLocks()\n"
+        "        self.names = dict()\n"
+    )
+    assert constructions(source, "JobService") == ["RefLocks"]
+
+
+def node_services() -> frozenset[str]:
+    from tuneplane_node.jobs.node import Node
+
+    return frozenset(field.name for field in dataclasses.fields(Node))
+
+
+def reach_throughs(source: str, services: frozenset[str]) -> list[str]:
+    """The attribute chains from the node (``app[NODE]``, or a name ``node``) that go
+    through one service to another (``app[NODE].jobs.launcher``,
+    ``app[NODE].launcher.volumes.view()``)."""
+    found: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Attribute):
+            continue
+        chain: list[str] = []
+        root: ast.expr = node
+        while isinstance(root, ast.Attribute):
+            chain.insert(0, root.attr)
+            root = root.value
+        from_node = (isinstance(root, ast.Subscript) and ast.unparse(root.slice) == "NODE") or (
+            isinstance(root, ast.Name) and root.id == "node"
+        )
+        if from_node and len(chain) == 2 and chain[0] in services and chain[1] in services:
+            found.append(ast.unparse(node))
+    return found
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "daemon").rglob("*.py")), ids=lambda p: p.name)
+def test_the_daemon_talks_to_each_service_directly(path: Path) -> None:
+    """A route asks the service that answers it (`app[NODE].catalog`), never one service
+    for another (`app[NODE].jobs.catalog`): the node is built in one place, and which
+    service holds which is not the daemon's to know."""
+    assert reach_throughs(path.read_text(), node_services()) == [], path.name
+
+
+def test_the_reach_through_finder_finds_one() -> None:
+    services = node_services()
+    assert {"jobs", "launcher", "volumes", "gc"} <= services
+    source = (
+        "a = request.app[NODE].launcher.volumes.view()\n"
+        "b = request.app[NODE].volumes.view()\n"
+        "c = node.jobs.launcher\n"
+        "d = node.jobs.launch(x)\n"
+    )
+    assert sorted(reach_throughs(source, services)) == [
+        "node.jobs.launcher",
+        "request.app[NODE].launcher.volumes",
+    ]
+
+
+# The modules of jobs/ that take the whole runtime: the builder, and those that use most
+# of its verbs. Every other collaborator declares the few it uses, where it uses them (as
+# Nomad's docker driver declares a three-method image client), so a reader sees what a
+# collaborator can do to the engine, and a test's fake needs only that (issue 35).
+WHOLE_RUNTIME = {
+    "node.py",
+    "service.py",
+    "launcher.py",
+    "health.py",
+    "mounts/launch.py",
+    "rules/fabric.py",
+    "rules/isolation.py",
+}
+
+
+def test_the_jobs_collaborators_declare_the_runtime_they_use() -> None:
+    takers = {
+        str(path.relative_to(JOBS))
+        for path in JOBS.rglob("*.py")
+        if "ContainerRuntime" in path.read_text()
+    }
+    assert takers <= WHOLE_RUNTIME, sorted(takers - WHOLE_RUNTIME)
+    assert "node.py" in takers  # the walk read the package

@@ -28,13 +28,9 @@ from tests.helpers import (
     TrackingRuntime,
     unique,
 )
-from tuneplane_node.runtime.base import (
-    LABEL_GPUS,
-    LABEL_RUN_ID,
-    ContainerSpec,
-    container_name,
-)
+from tuneplane_node.runtime.base import LABEL_GPUS, LABEL_RUN_ID
 from tuneplane_node.runtime.engines.docker import DockerRuntime
+from tuneplane_node.runtime.spec import ContainerSpec, container_name
 
 Make = Callable[..., Awaitable[Console]]
 

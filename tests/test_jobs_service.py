@@ -45,14 +45,13 @@ from tuneplane_node.jobs.reservation import Reservation
 from tuneplane_node.runtime.base import (
     LABEL_GPUS,
     LABEL_RUN_ID,
-    REMOTE,
-    ContainerSpec,
     ContainerState,
     LogStream,
     LogText,
     Mount,
-    container_name,
 )
+from tuneplane_node.runtime.facts import REMOTE
+from tuneplane_node.runtime.spec import ContainerSpec, container_name
 from tuneplane_node.settings import NodeSettings
 
 MISSING = "registry.test/missing:1"

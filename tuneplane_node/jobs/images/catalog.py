@@ -31,7 +31,8 @@ from tuneplane_node.jobs.observe.results import (
     PullView,
 )
 from tuneplane_node.jobs.pending import PendingTable
-from tuneplane_node.runtime.base import ContainerRuntime, ContainerState, ImageInfo
+from tuneplane_node.runtime.base import ContainerRuntime, ContainerState
+from tuneplane_node.runtime.facts import ImageInfo
 
 log = logging.getLogger(__name__)
 

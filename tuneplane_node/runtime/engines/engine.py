@@ -34,33 +34,18 @@ from tuneplane_node.errors import (
 )
 from tuneplane_node.runtime import cgroups, diskwalk, sigcatch
 from tuneplane_node.runtime.base import (
-    DEVICES_ENV,
     LABEL_RUN_ID,
-    REMOTE,
     RUNNING,
-    STAGED,
     Brief,
     CacheStatus,
-    Confinement,
-    ContainerSpec,
     ContainerState,
-    DataRoot,
-    DeviceSupport,
-    DiskUse,
     EngineEvent,
-    EngineImage,
-    ImageInfo,
     LogQuery,
     LogStream,
     LogText,
-    MountSupport,
     ProgressCallback,
     PullLimits,
     RegistryAuth,
-    RuntimeHealth,
-    Usage,
-    format_gpus,
-    job_labels,
     tells_no_changes,
 )
 from tuneplane_node.runtime.engines import dockerformat as fmt
@@ -69,8 +54,27 @@ from tuneplane_node.runtime.engines.cgroupparent import EngineParent
 from tuneplane_node.runtime.engines.dockerformat import LogFold
 from tuneplane_node.runtime.engines.isolation import EngineIsolation
 from tuneplane_node.runtime.engines.pulling import PullStream, drive_pull, pull_headers
+from tuneplane_node.runtime.facts import (
+    REMOTE,
+    STAGED,
+    DataRoot,
+    DeviceSupport,
+    DiskUse,
+    EngineImage,
+    ImageInfo,
+    MountSupport,
+    RuntimeHealth,
+    Usage,
+)
 from tuneplane_node.runtime.logstream import LogRelay, unbound_reads
 from tuneplane_node.runtime.pool import BlockingPool
+from tuneplane_node.runtime.spec import (
+    DEVICES_ENV,
+    Confinement,
+    ContainerSpec,
+    format_gpus,
+    job_labels,
+)
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.signals import JOB_SIGNALS
 from tuneplane_node.telemetry import NO_TELEMETRY, Telemetry

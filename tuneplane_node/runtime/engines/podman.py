@@ -25,21 +25,7 @@ import podman.errors
 import requests.exceptions
 
 from tuneplane_node.errors import NodeError, SandboxUnavailable
-from tuneplane_node.runtime.base import (
-    CDI_GPU_KIND,
-    FABRIC,
-    LABEL_FABRIC_ADDRESS,
-    LABEL_RUN_ID,
-    RDMA_CAPABILITY,
-    UNLIMITED,
-    Brief,
-    Confinement,
-    ContainerSpec,
-    ContainerState,
-    DeviceSupport,
-    IsolationSupport,
-    Tmpfs,
-)
+from tuneplane_node.runtime.base import LABEL_FABRIC_ADDRESS, LABEL_RUN_ID, Brief, ContainerState
 from tuneplane_node.runtime.engines import dockerformat as fmt
 from tuneplane_node.runtime.engines import hostguard, seccomp
 from tuneplane_node.runtime.engines.engine import (
@@ -64,6 +50,15 @@ from tuneplane_node.runtime.engines.jobnetwork import (
     podman_fabric_body,
 )
 from tuneplane_node.runtime.engines.pulling import PullStream, close_http_stream
+from tuneplane_node.runtime.facts import CDI_GPU_KIND, DeviceSupport, IsolationSupport
+from tuneplane_node.runtime.spec import (
+    FABRIC,
+    RDMA_CAPABILITY,
+    UNLIMITED,
+    Confinement,
+    ContainerSpec,
+    Tmpfs,
+)
 from tuneplane_node.settings import Fabric, NodeSettings, local_engine, unix_socket
 from tuneplane_node.signals import JOB_SIGNALS
 

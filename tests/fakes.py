@@ -29,36 +29,37 @@ from tuneplane_node.gpu.probe import CardFacts, GpuProcess, GpuSnapshot
 from tuneplane_node.inventory import Space
 from tuneplane_node.references import ID_PREFIX, canonical
 from tuneplane_node.runtime.base import (
-    DIRECT,
     EXIT_SIGKILL,
     LABEL_RUN_ID,
     RUNNING,
     Brief,
     CacheStatus,
-    ContainerSpec,
     ContainerState,
-    DataRoot,
-    DeviceSupport,
-    DiskUse,
     EngineEvent,
-    EngineImage,
-    ImageInfo,
-    IsolationSupport,
     LogQuery,
     LogStream,
     LogText,
-    MountSupport,
     ProgressCallback,
     PullLimits,
     PullProgress,
     RegistryAuth,
-    RuntimeHealth,
-    Usage,
-    job_labels,
     tells_no_changes,
 )
 from tuneplane_node.runtime.engines.dockerformat import LogFold
+from tuneplane_node.runtime.facts import (
+    DIRECT,
+    DataRoot,
+    DeviceSupport,
+    DiskUse,
+    EngineImage,
+    ImageInfo,
+    IsolationSupport,
+    MountSupport,
+    RuntimeHealth,
+    Usage,
+)
 from tuneplane_node.runtime.pool import BlockingPool
+from tuneplane_node.runtime.spec import ContainerSpec, job_labels
 from tuneplane_node.signals import JOB_SIGNALS
 
 T = TypeVar("T")

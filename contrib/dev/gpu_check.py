@@ -113,7 +113,7 @@ def numa_check(snap: Any) -> dict[int, str]:
     """Each card's NUMA node and CPUs as the driver gives them, beside sysfs's; the
     cpuset a one-card job of each known card should get (its CPUs that are online)."""
     from tuneplane_node.gpu import numa
-    from tuneplane_node.runtime.base import format_cpulist
+    from tuneplane_node.runtime.spec import format_cpulist
 
     machine = numa.node_cpus()
     print(f"machine NUMA nodes: { {n: format_cpulist(c) for n, c in machine.items()} }")

@@ -41,14 +41,13 @@ from tuneplane_node.runtime.base import (
     LABEL_GPUS,
     LABEL_RUN_ID,
     ContainerRuntime,
-    ContainerSpec,
     ContainerState,
     LogQuery,
-    container_name,
 )
 from tuneplane_node.runtime.engines.docker import DockerRuntime
 from tuneplane_node.runtime.engines.podman import PodmanRuntime
 from tuneplane_node.runtime.process.runtime import ProcessRuntime
+from tuneplane_node.runtime.spec import ContainerSpec, container_name
 
 SANDBOXED = "docker-sandbox"
 RUNTIMES = [

@@ -21,7 +21,7 @@ from tests.conftest import MakeNode, fake_settings
 from tests.helpers import Console
 from tuneplane_node.daemon.app import create_node_app
 from tuneplane_node.gpu import numa
-from tuneplane_node.runtime.base import format_cpulist
+from tuneplane_node.runtime.spec import format_cpulist
 
 pytestmark = pytest.mark.engine
 PROBE = [

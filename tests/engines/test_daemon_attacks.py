@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import MakeNode
 from tests.helpers import IMAGE, TrackingRuntime, storage_root, unique
-from tuneplane_node.runtime.base import ContainerSpec
+from tuneplane_node.runtime.spec import ContainerSpec
 
 pytestmark = pytest.mark.engine
 ENGINES = ["docker", "podman"]

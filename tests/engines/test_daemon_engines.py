@@ -40,9 +40,10 @@ from tests.helpers import (
     wait_until,
 )
 from tuneplane_node.daemon.state import NODE
-from tuneplane_node.runtime.base import LABEL_RUN_ID, ContainerSpec, container_name
+from tuneplane_node.runtime.base import LABEL_RUN_ID
 from tuneplane_node.runtime.engines.docker import DockerRuntime
 from tuneplane_node.runtime.engines.podman import PodmanRuntime
+from tuneplane_node.runtime.spec import ContainerSpec, container_name
 
 pytestmark = pytest.mark.engine
 

@@ -16,9 +16,9 @@ import pytest
 from tests.conftest import MakeNode
 from tests.helpers import IMAGE, Console, TrackingRuntime, engine_settings, job, unique
 from tuneplane_node.jobs.rules.confinement import JobRules
-from tuneplane_node.runtime.base import ContainerSpec
 from tuneplane_node.runtime.engines.dockerformat import usage_from_stats
 from tuneplane_node.runtime.engines.engine import MACHINE_MEMORY, EngineRuntime
+from tuneplane_node.runtime.spec import ContainerSpec
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 

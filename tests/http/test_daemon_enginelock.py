@@ -19,7 +19,8 @@ from tests.helpers import (
     python_path,
 )
 from tuneplane_node.daemon.enginelock import EngineLock, EngineTaken, engine_address
-from tuneplane_node.runtime.base import LABEL_RUN_ID, ContainerSpec
+from tuneplane_node.runtime.base import LABEL_RUN_ID
+from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.settings import load_settings
 
 # Slow: flocks held by real processes.

@@ -27,7 +27,7 @@ from tuneplane_node import __version__
 from tuneplane_node.daemon.metrics import Metrics
 from tuneplane_node.daemon.state import NODE
 from tuneplane_node.logformat import JsonFormatter
-from tuneplane_node.runtime.base import DeviceSupport
+from tuneplane_node.runtime.facts import DeviceSupport
 from tuneplane_node.runtime.pool import BlockingPool
 
 # Slow: the metrics and audit lines end to end over a real socket.

@@ -13,7 +13,8 @@ from tests.fakes import FakeProbe, FakeRuntime
 from tests.helpers import TOKEN, Console
 from tuneplane_node.daemon.state import NODE
 from tuneplane_node.gpu.probe import CardFacts
-from tuneplane_node.runtime.base import ContainerSpec, Usage
+from tuneplane_node.runtime.facts import Usage
+from tuneplane_node.runtime.spec import ContainerSpec
 
 # Slow: stats end to end over a real socket.
 pytestmark = pytest.mark.slow

@@ -20,7 +20,7 @@ from tests.fakes import FakeRuntime
 from tests.helpers import IMAGE
 from tests.scrapes import scrape
 from tests.volumeserver import FileServer, sha256
-from tuneplane_node.runtime.base import ContainerSpec
+from tuneplane_node.runtime.spec import ContainerSpec
 
 DATA = os.urandom(2**20 + 3)
 PULL = "/node/v1/volumes/pull"

@@ -19,7 +19,7 @@ from tests.helpers import Console
 from tests.http.test_daemon_volume_verbs import PULL, root_of
 from tests.ocilayers import file, tarball
 from tests.ociserver import PASSWORD, USER, Registry
-from tuneplane_node.runtime.base import STAGED
+from tuneplane_node.runtime.facts import STAGED
 
 # A real server on a socket (tests' own loop): slow by the suite's rule.
 pytestmark = pytest.mark.slow

@@ -17,7 +17,7 @@ from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.gpu.cdi import gpu_devices
 from tuneplane_node.gpu.probe import NoDriverProbe
 from tuneplane_node.gpu.readiness import judge
-from tuneplane_node.runtime.base import DeviceSupport
+from tuneplane_node.runtime.facts import DeviceSupport
 
 NO_NVIDIA = DeviceSupport(runtimes=("runc",))
 

@@ -17,7 +17,7 @@ from tuneplane_node.gpu import numa
 from tuneplane_node.gpu.probe import CardFacts, GpuSnapshot
 from tuneplane_node.gpu.simulation import SimulatedProbe
 from tuneplane_node.jobs.rules.affinity import CpuAffinity
-from tuneplane_node.runtime.base import format_cpulist
+from tuneplane_node.runtime.spec import format_cpulist
 
 REPO = Path(__file__).resolve().parents[2]
 TWO_NODES: dict[int, tuple[int, ...]] = {0: (0, 1), 1: (2, 3)}  # the machine a test says it is

@@ -15,14 +15,8 @@ from tuneplane_node.errors import ConfigError, InvalidField
 from tuneplane_node.jobs import Node
 from tuneplane_node.jobs.observe.results import LaunchRequest
 from tuneplane_node.jobs.rules.confinement import JobRules, job_tmpfs
-from tuneplane_node.runtime.base import (
-    KEPT_CAPABILITIES,
-    LABEL_NETWORK,
-    LABEL_RUN_ID,
-    ContainerSpec,
-    Mount,
-    Tmpfs,
-)
+from tuneplane_node.runtime.base import LABEL_NETWORK, LABEL_RUN_ID, Mount
+from tuneplane_node.runtime.spec import KEPT_CAPABILITIES, ContainerSpec, Tmpfs
 from tuneplane_node.settings import load_settings
 
 GIB = 2**30

@@ -27,7 +27,7 @@ from tuneplane_node.jobs.disk.monitor import FULL_WALK_S, fair_share
 from tuneplane_node.jobs.launcher import launch_request
 from tuneplane_node.jobs.observe.results import ImageStore
 from tuneplane_node.runtime.base import LABEL_DISK_LIMIT
-from tuneplane_node.runtime.base import container_name as named
+from tuneplane_node.runtime.spec import container_name as named
 from tuneplane_node.wire.requests import parse_launch as read_launch
 
 

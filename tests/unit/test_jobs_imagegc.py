@@ -18,7 +18,8 @@ from tests.helpers import fake_node_of, settle, wait_until
 from tuneplane_node.errors import ConfigError, InsufficientStorage
 from tuneplane_node.jobs import LaunchRequest, Node, Pulling, Started
 from tuneplane_node.jobs.observe.results import PrefetchRequest
-from tuneplane_node.runtime.base import LABEL_RUN_ID, ContainerSpec, RegistryAuth, container_name
+from tuneplane_node.runtime.base import LABEL_RUN_ID, RegistryAuth
+from tuneplane_node.runtime.spec import ContainerSpec, container_name
 from tuneplane_node.settings import load_settings
 
 DISK = 100 * MIB

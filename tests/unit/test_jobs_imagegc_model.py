@@ -31,7 +31,9 @@ from tuneplane_node.errors import Conflict, InsufficientStorage, NodeError
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs import LaunchRequest, Node
 from tuneplane_node.jobs.observe.results import PrefetchRequest
-from tuneplane_node.runtime.base import LABEL_RUN_ID, ContainerSpec, EngineImage, container_name
+from tuneplane_node.runtime.base import LABEL_RUN_ID
+from tuneplane_node.runtime.facts import EngineImage
+from tuneplane_node.runtime.spec import ContainerSpec, container_name
 from tuneplane_node.settings import NodeSettings
 
 STEPS = int(os.environ.get("TUNEPLANE_MODEL_STEPS", "2000"))  # CI walks 10,000

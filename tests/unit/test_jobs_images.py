@@ -23,13 +23,9 @@ from tuneplane_node.errors import (
 from tuneplane_node.jobs import LaunchRequest, Node, Pulling, Started
 from tuneplane_node.jobs.images.keeper import RECORD_FILE, RETRY_S, ImageKeeper
 from tuneplane_node.jobs.observe.results import ALWAYS, PrefetchRequest
-from tuneplane_node.runtime.base import (
-    LABEL_RUN_ID,
-    ContainerSpec,
-    ImageInfo,
-    RegistryAuth,
-    container_name,
-)
+from tuneplane_node.runtime.base import LABEL_RUN_ID, RegistryAuth
+from tuneplane_node.runtime.facts import ImageInfo
+from tuneplane_node.runtime.spec import ContainerSpec, container_name
 from tuneplane_node.settings import NodeSettings
 
 RIGHT = RegistryAuth(username="ci", password="s3cret-right")

@@ -7,16 +7,10 @@ import pytest
 
 from tuneplane_node.errors import SandboxUnavailable, UsernsUnavailable
 from tuneplane_node.jobs.rules.isolation import IsolationRules
-from tuneplane_node.runtime.base import (
-    LABEL_RUNTIME,
-    LABEL_USERNS,
-    ContainerSpec,
-    IsolationSupport,
-    Mount,
-    Scratch,
-    job_labels,
-)
+from tuneplane_node.runtime.base import LABEL_RUNTIME, LABEL_USERNS, Mount, Scratch
 from tuneplane_node.runtime.engines.isolation import maps_mount_ids, registered
+from tuneplane_node.runtime.facts import IsolationSupport
+from tuneplane_node.runtime.spec import ContainerSpec, job_labels
 from tuneplane_node.settings import NodeSettings
 
 PODMAN_RUNC_11 = IsolationSupport(

@@ -28,11 +28,8 @@ from tuneplane_node.jobs import (
     Node,
     Started,
 )
-from tuneplane_node.runtime.base import (
-    LABEL_GPUS,
-    LABEL_RUN_ID,
-    ContainerSpec,
-)
+from tuneplane_node.runtime.base import LABEL_GPUS, LABEL_RUN_ID
+from tuneplane_node.runtime.spec import ContainerSpec
 
 # --- launch with the image present -------------------------------------------------------
 

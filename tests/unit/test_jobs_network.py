@@ -17,7 +17,8 @@ from tests.helpers import console_0315, fake_node_of
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs import Node
 from tuneplane_node.jobs.observe.results import LaunchRequest
-from tuneplane_node.runtime.base import LABEL_NETWORK, LABEL_RUN_ID, ContainerSpec
+from tuneplane_node.runtime.base import LABEL_NETWORK, LABEL_RUN_ID
+from tuneplane_node.runtime.spec import ContainerSpec
 
 MakeService = Callable[..., Node]
 

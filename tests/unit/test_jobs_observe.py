@@ -21,12 +21,8 @@ from tuneplane_node.errors import (
 from tuneplane_node.jobs import (
     Node,
 )
-from tuneplane_node.runtime.base import (
-    ContainerSpec,
-    ContainerState,
-    LogStream,
-    LogText,
-)
+from tuneplane_node.runtime.base import ContainerState, LogStream, LogText
+from tuneplane_node.runtime.spec import ContainerSpec
 
 # --- observe and logs ---------------------------------------------------------------------
 

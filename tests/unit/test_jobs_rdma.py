@@ -17,7 +17,8 @@ from tests.fakes import FakeRuntime
 from tuneplane_node import inventory
 from tuneplane_node.errors import NoRdma
 from tuneplane_node.jobs.rules.confinement import JobRules
-from tuneplane_node.runtime.base import LABEL_RUN_ID, ContainerSpec
+from tuneplane_node.runtime.base import LABEL_RUN_ID
+from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.settings import Fabric
 
 SPEC = ContainerSpec(name="tuneplane-r1", image=IMAGE, labels={LABEL_RUN_ID: "r1"})

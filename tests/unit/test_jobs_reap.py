@@ -24,11 +24,8 @@ from tuneplane_node.jobs import (
     Started,
     reapable,
 )
-from tuneplane_node.runtime.base import (
-    LABEL_RUN_ID,
-    ContainerSpec,
-    ContainerState,
-)
+from tuneplane_node.runtime.base import LABEL_RUN_ID, ContainerState
+from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.settings import NodeSettings
 
 # --- reap ---------------------------------------------------------------------------------

@@ -22,9 +22,7 @@ from tuneplane_node.jobs import (
     Node,
     StopPlan,
 )
-from tuneplane_node.runtime.base import (
-    ContainerSpec,
-)
+from tuneplane_node.runtime.spec import ContainerSpec
 
 # --- a stop at every moment of a pending launch -------------------------------------------
 

@@ -28,11 +28,9 @@ from tuneplane_node.jobs import (
     PendingView,
     StopPlan,
 )
-from tuneplane_node.runtime.base import (
-    REMOTE,
-    ContainerSpec,
-    Mount,
-)
+from tuneplane_node.runtime.base import Mount
+from tuneplane_node.runtime.facts import REMOTE
+from tuneplane_node.runtime.spec import ContainerSpec
 
 # --- the token buys job verbs, never the host -------------------------------------------
 

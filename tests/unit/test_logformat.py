@@ -12,7 +12,8 @@ import pytest
 from tests.fakes import FakeRuntime
 from tuneplane_node.jobs import LaunchRequest, Node, StopPlan
 from tuneplane_node.logformat import JsonFormatter
-from tuneplane_node.runtime.base import LABEL_RUN_ID, ContainerSpec
+from tuneplane_node.runtime.base import LABEL_RUN_ID
+from tuneplane_node.runtime.spec import ContainerSpec
 
 MISSING = "registry.test/missing:1"
 IMAGE = "registry.test/trainer:1"

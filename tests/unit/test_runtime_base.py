@@ -4,16 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tuneplane_node.runtime.base import (
-    LABEL_GPUS,
-    LABEL_RUN_ID,
-    ContainerSpec,
-    ContainerState,
-    container_name,
-    format_gpus,
-    job_labels,
-    parse_gpus,
-)
+from tuneplane_node.runtime.base import LABEL_GPUS, LABEL_RUN_ID, ContainerState, parse_gpus
+from tuneplane_node.runtime.spec import ContainerSpec, container_name, format_gpus, job_labels
 
 
 def test_container_name_is_prefixed_and_safe() -> None:

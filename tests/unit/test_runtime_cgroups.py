@@ -11,8 +11,8 @@ import pytest
 from tests.fakes import FakeClock
 from tuneplane_node.gpu.simulation import SimulatedProbe
 from tuneplane_node.runtime import cgroups
-from tuneplane_node.runtime.base import Usage
 from tuneplane_node.runtime.engines.dockerformat import usage_from_stats
+from tuneplane_node.runtime.facts import Usage
 from tuneplane_node.settings import NodeSettings
 
 ID = "b2302a1ff99df4ea7bc46602d9d0a9c7c1ab32babd1a7a11cac371a3dd561289"

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tuneplane_node.runtime.base import Brief, EngineEvent, ImageInfo, PullProgress
+from tuneplane_node.runtime.base import Brief, EngineEvent, PullProgress
 from tuneplane_node.runtime.engines.dockerformat import (
     LogFold,
     ProgressFold,
@@ -24,6 +24,7 @@ from tuneplane_node.runtime.engines.dockerformat import (
     pull_params,
     state_from_inspect,
 )
+from tuneplane_node.runtime.facts import ImageInfo
 
 DOCKER_EXITED = {
     "Id": "f" * 64,

@@ -23,18 +23,7 @@ from tuneplane_node.errors import (
     NodeError,
     SpecRefused,
 )
-from tuneplane_node.runtime.base import (
-    KEPT_CAPABILITIES,
-    LABEL_GPUS,
-    LABEL_RUN_ID,
-    LINUX_CAPABILITIES,
-    Confinement,
-    ContainerSpec,
-    DeviceSupport,
-    LogQuery,
-    Mount,
-    Tmpfs,
-)
+from tuneplane_node.runtime.base import LABEL_GPUS, LABEL_RUN_ID, LogQuery, Mount
 from tuneplane_node.runtime.engines.cgroupparent import JobParent
 from tuneplane_node.runtime.engines.docker import ERRORS as DOCKER_ERRORS
 from tuneplane_node.runtime.engines.docker import DockerRuntime
@@ -42,6 +31,14 @@ from tuneplane_node.runtime.engines.engine import EngineRuntime, ErrorTable
 from tuneplane_node.runtime.engines.jobnetwork import checked
 from tuneplane_node.runtime.engines.podman import ERRORS as PODMAN_ERRORS
 from tuneplane_node.runtime.engines.podman import PodmanRuntime, create_body
+from tuneplane_node.runtime.facts import DeviceSupport
+from tuneplane_node.runtime.spec import (
+    KEPT_CAPABILITIES,
+    LINUX_CAPABILITIES,
+    Confinement,
+    ContainerSpec,
+    Tmpfs,
+)
 
 TABLES = [(DOCKER_ERRORS, docker.errors), (PODMAN_ERRORS, podman.errors)]
 

@@ -19,8 +19,9 @@ from tests.unit.test_jobs_rdma import rdma_dir
 from tuneplane_node.errors import MemlockUnavailable
 from tuneplane_node.jobs import Node
 from tuneplane_node.jobs.observe.results import LaunchRequest
-from tuneplane_node.runtime.base import LABEL_RUN_ID, ContainerSpec
+from tuneplane_node.runtime.base import LABEL_RUN_ID
 from tuneplane_node.runtime.engines.memlock import EngineMemlock, engine_memlock, process_memlock
+from tuneplane_node.runtime.spec import ContainerSpec
 
 MIB = 2**20
 LIMITS = """Limit                     Soft Limit           Hard Limit           Units

@@ -56,8 +56,8 @@ from tuneplane_node.runtime.base import (
     CacheStatus,
     ContainerState,
     PullProgress,
-    RuntimeHealth,
 )
+from tuneplane_node.runtime.facts import RuntimeHealth
 
 # --- what 0.3.15 consoles read --------------------------------------------------------------
 

@@ -94,7 +94,7 @@ def check_mounts(settings: NodeSettings) -> list[Finding]:
 
 async def _mount_findings(settings: NodeSettings) -> list[Finding]:
     from tuneplane_node.jobs.mounts.policy import MountPolicy
-    from tuneplane_node.runtime.base import DIRECT, REMOTE
+    from tuneplane_node.runtime.facts import DIRECT, REMOTE
 
     answer = await _engine_answer(settings, lambda runtime: runtime.mount_support())
     if answer is None:

@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from tuneplane_node.runtime.base import CDI_GPU_KIND as GPU_KIND
+from tuneplane_node.runtime.facts import CDI_GPU_KIND as GPU_KIND
 
 log = logging.getLogger(__name__)
 SUFFIXES = (".json", ".yaml", ".yml")

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.gpu.cdi import gpu_devices
-from tuneplane_node.runtime.base import CDI_GPU_KIND, ContainerRuntime, DeviceSupport
+from tuneplane_node.runtime.base import ContainerRuntime
+from tuneplane_node.runtime.facts import CDI_GPU_KIND, DeviceSupport
 from tuneplane_node.settings import NodeSettings, env_name
 
 READING_TTL_S = 10.0

@@ -37,13 +37,9 @@ from tuneplane_node.jobs.rules.network import neighbours
 from tuneplane_node.jobs.volumes.keeper import VolumeKeeper
 from tuneplane_node.logformat import job_fields
 from tuneplane_node.references import canonical
-from tuneplane_node.runtime.base import (
-    DEVICES_ENV,
-    ContainerRuntime,
-    ContainerSpec,
-    ImageInfo,
-    container_name,
-)
+from tuneplane_node.runtime.base import ContainerRuntime
+from tuneplane_node.runtime.facts import ImageInfo
+from tuneplane_node.runtime.spec import DEVICES_ENV, ContainerSpec, container_name
 from tuneplane_node.tasks import BackgroundTasks
 from tuneplane_node.wire.values import Launch
 

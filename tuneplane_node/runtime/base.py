@@ -1,32 +1,40 @@
 """The runtime contract: job containers as plain data, and the async interface over an engine.
 
 Nothing above `runtime/` sees an SDK object: the job service speaks `ContainerSpec` in
-and `ContainerState` out, through `ContainerRuntime`. `EngineFeed` is the narrower
-contract between an engine adapter and the state cache in front of it.
+(`runtime.spec`) and `ContainerState` out, through `ContainerRuntime`; what an engine
+says of itself is `runtime.facts`. `EngineFeed` is the narrower contract between an
+engine adapter and the state cache in front of it.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
-import re
 from collections.abc import (
     AsyncIterator,
     Callable,
     Collection,
-    Iterable,
     Iterator,
     Mapping,
     Sequence,
 )
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import PurePosixPath
 from types import MappingProxyType
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
-from tuneplane_node.inventory import Space
+from tuneplane_node.runtime.facts import (
+    DataRoot,
+    DeviceSupport,
+    DiskUse,
+    EngineImage,
+    ImageInfo,
+    IsolationSupport,
+    MountSupport,
+    RuntimeHealth,
+    Usage,
+)
+from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.wire.values import (  # the contract's, shared
     HIDDEN_LABELS as HIDDEN_LABELS,
 )
@@ -88,41 +96,8 @@ LIVE_STATUSES = frozenset({"running", "created", "paused", "restarting"})
 """A container in one of these holds its cards: it runs, or may run without asking us."""
 RUNNING = frozenset({"running", "paused", "restarting"})
 """A container in one of these has processes a signal can reach."""
-DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
-RDMA_DIR = "/dev/infiniband"  # where a job finds its RDMA devices, wherever the host's are
-RDMA_CAPABILITY = "IPC_LOCK"
-UNLIMITED = 2**64 - 1  # RLIM_INFINITY
-"""Which cards the NVIDIA container runtime shows a container: the node alone sets it."""
 EXIT_SIGKILL = 137
 """128 + SIGKILL: what engines report for a job killed by SIGKILL (the OOM killer too)."""
-
-NAME_PREFIX = "tuneplane-"
-_UNSAFE = re.compile(r"[^a-zA-Z0-9_.-]")
-_MAX_NAME = 120
-
-
-def container_name(run_id: str) -> str:
-    """``tuneplane-<safe id>``; ids that had to be changed get a hash so two never collide."""
-    safe = _UNSAFE.sub("-", run_id)
-    if safe == run_id and len(safe) <= _MAX_NAME:
-        return NAME_PREFIX + safe
-    digest = hashlib.sha256(run_id.encode()).hexdigest()[:10]
-    return f"{NAME_PREFIX}{safe[:_MAX_NAME]}-{digest}"
-
-
-def format_gpus(gpus: Iterable[int]) -> str:
-    return ",".join(str(g) for g in sorted(set(gpus)))
-
-
-def format_cpulist(numbers: Iterable[int]) -> str:
-    """Sorted numbers in the kernel's list format, runs joined: ``0-3,8``."""
-    runs: list[list[int]] = []
-    for number in sorted(set(numbers)):
-        if runs and number == runs[-1][1] + 1:
-            runs[-1][1] = number
-        else:
-            runs.append([number, number])
-    return ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in runs)
 
 
 def parse_gpus(label: str | None) -> tuple[int, ...]:
@@ -137,142 +112,6 @@ def parse_gpus(label: str | None) -> tuple[int, ...]:
         else:
             log.warning("ignoring bad entry %r in %s label %r", part, LABEL_GPUS, label)
     return tuple(sorted(cards))
-
-
-class Tmpfs(NamedTuple):
-    """A tmpfs a job writes in, of at most ``size_bytes`` (its pages are charged to the
-    job's memory cgroup, as any page cache of the job's)."""
-
-    path: str
-    size_bytes: int
-
-    def options(self) -> str:
-        """The mount options both engines take: writable, programs may run from it (a
-        compiler's cache does), no setuid or devices, a sticky /tmp as on any host."""
-        return f"rw,exec,nosuid,nodev,size={self.size_bytes},mode=1777"
-
-
-LINUX_CAPABILITIES = (
-    "CHOWN", "DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "FSETID", "KILL", "SETGID",
-    "SETUID", "SETPCAP", "LINUX_IMMUTABLE", "NET_BIND_SERVICE", "NET_BROADCAST", "NET_ADMIN",
-    "NET_RAW", "IPC_LOCK", "IPC_OWNER", "SYS_MODULE", "SYS_RAWIO", "SYS_CHROOT", "SYS_PTRACE",
-    "SYS_PACCT", "SYS_ADMIN", "SYS_BOOT", "SYS_NICE", "SYS_RESOURCE", "SYS_TIME",
-    "SYS_TTY_CONFIG", "MKNOD", "LEASE", "AUDIT_WRITE", "AUDIT_CONTROL", "SETFCAP",
-    "MAC_OVERRIDE", "MAC_ADMIN", "SYSLOG", "WAKE_ALARM", "BLOCK_SUSPEND", "AUDIT_READ",
-    "PERFMON", "BPF", "CHECKPOINT_RESTORE",
-)  # fmt: skip
-"""Every capability of Linux 5.9 and later, in the kernel's order (bits 0 to 40)."""
-KEPT_CAPABILITIES = (
-    "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID", "SETPCAP",
-    "SYS_CHROOT",
-)  # fmt: skip
-"""What a job keeps by default: the engines' default set less NET_RAW (a sniffer),
-NET_BIND_SERVICE (a privileged host port), MKNOD, AUDIT_WRITE and SETFCAP; what package
-managers in a training image need stays."""
-
-
-@dataclass(frozen=True)
-class Confinement:
-    """What the node imposes on every job, whatever the console asked: the operator's
-    settings decide it (`jobs.rules.confinement`), the console never can. Every runtime starts
-    from no capability at all and adds ``capabilities``, so an engine configured with a
-    wider default set hands a job nothing more. The defaults are the node's own."""
-
-    capabilities: tuple[str, ...] = KEPT_CAPABILITIES
-    no_new_privileges: bool = True
-    pids_limit: int = 16384
-    log_max_bytes: int = 10 * 2**20
-    log_max_files: int = 5
-    oom_score_adj: int = 500
-    init: bool = True  # the engine's init as PID 1: signals reach the command, zombies reaped
-
-    @property
-    def dropped(self) -> tuple[str, ...]:
-        """Every capability but those kept."""
-        return tuple(cap for cap in LINUX_CAPABILITIES if cap not in self.capabilities)
-
-    @property
-    def log_budget(self) -> int:
-        """The most bytes of log one job keeps on the engine's disk."""
-        return self.log_max_bytes * self.log_max_files
-
-
-FABRIC = "fabric"
-"""A spec's network for the node's fabric network (``TUNEPLANE_FABRICS``); its address is
-its `LABEL_FABRIC_ADDRESS`."""
-
-
-@dataclass(frozen=True)
-class ContainerSpec:
-    """One job container. ``command`` is the entry argv: it replaces the image ENTRYPOINT.
-
-    ``gpus`` are the cards the node chose; every runtime writes them in the
-    ``tuneplane.gpus`` label itself (`job_labels`), so the label never disagrees with
-    the devices.
-    """
-
-    name: str
-    image: str
-    command: tuple[str, ...] = ()
-    env: Mapping[str, str] = field(default_factory=dict)
-    gpus: tuple[int, ...] = ()
-    mounts: tuple[Mount, ...] = ()
-    labels: Mapping[str, str] = field(default_factory=dict)
-    workdir: str | None = None
-    shm_size: str | None = None
-    cpu_limit: float | None = None
-    memory_limit: str | None = None
-    network: str = "host"
-    user: str | None = None
-    stop_signal: str | None = None  # None: the image's STOPSIGNAL, else SIGTERM
-    rdma: bool | None = None  # the console's word: None for the node's rule (TUNEPLANE_RDMA)
-    # The node's decision: the host's RDMA devices, each handed in at RDMA_DIR/<name>,
-    # with memlock unlimited and RDMA_CAPABILITY (verbs pin the memory they register).
-    rdma_devices: tuple[str, ...] = ()
-    rdma_memlock: int | None = None  # bytes; None: unlimited
-    # The node's decision (TUNEPLANE_CPU_AFFINITY): the CPUs and memory nodes of the
-    # job's cards, set at create only; () for none (every CPU, every node).
-    cpuset_cpus: tuple[int, ...] = ()
-    cpuset_mems: tuple[int, ...] = ()
-    # The console's word (None: not asked), then the node's decision (the operator's
-    # TUNEPLANE_JOB_READ_ONLY_ROOT or the console's true): the image's filesystem
-    # read-only, the job writing only in its tmpfs (and mounts).
-    read_only_root: bool | None = None
-    tmpfs: tuple[Tmpfs, ...] = ()
-    disk_limit: str | None = None  # the console's word; None: the node's default
-    scratch: Scratch | None = None  # the console's word; None: no scratch space
-    volumes: tuple[Volume, ...] = ()  # the console's word; bound read-only at start
-    # The node's decision (TUNEPLANE_JOB_DISK_LIMIT): the bytes it may write to the
-    # engine's disk, written in its LABEL_DISK_LIMIT; None: no limit.
-    disk_limit_bytes: int | None = None
-    confinement: Confinement = field(default_factory=Confinement)
-    isolation: str = ""  # the console's word: "sandbox", or "" for the node's rule
-    # The node's decisions (`jobs.rules.isolation`): a user namespace of the job's own (why
-    # not, where the host's is kept), and the OCI runtime asked for (None: the default).
-    own_userns: bool = False
-    userns_note: str = ""
-    runtime: str | None = None
-
-    def cpuset(self) -> tuple[str | None, str | None]:
-        """(cpus, mems) in the kernel's list format, None for each not set."""
-        cpus, mems = self.cpuset_cpus, self.cpuset_mems
-        return (format_cpulist(cpus) if cpus else None, format_cpulist(mems) if mems else None)
-
-    def rdma_mappings(self) -> list[str]:
-        """``host:container:rwm`` for each RDMA device, as both engines take devices."""
-        return [f"{d}:{RDMA_DIR}/{PurePosixPath(d).name}:rwm" for d in self.rdma_devices]
-
-
-def job_labels(spec: ContainerSpec) -> dict[str, str]:
-    """The labels a job container carries: the spec's, its cards, its disk limit."""
-    labels = {**spec.labels, LABEL_GPUS: format_gpus(spec.gpus)}
-    if spec.disk_limit_bytes is not None:
-        labels[LABEL_DISK_LIMIT] = str(spec.disk_limit_bytes)
-    if spec.own_userns or spec.userns_note:
-        labels[LABEL_USERNS] = "own" if spec.own_userns else f"host: {spec.userns_note}"
-    if spec.runtime:
-        labels[LABEL_RUNTIME] = spec.runtime
-    return labels
 
 
 @dataclass(frozen=True)
@@ -354,40 +193,6 @@ class ContainerState:
 
 
 @dataclass(frozen=True)
-class RuntimeHealth:
-    ok: bool
-    engine: str
-    version: str | None = None
-    error: str | None = None
-
-
-CDI_GPU_KIND = "nvidia.com/gpu"
-"""The CDI kind of an NVIDIA card: the device ``nvidia.com/gpu=<index>``."""
-
-
-@dataclass(frozen=True)
-class DeviceSupport:
-    """How an engine can hand cards to a container, as it says of itself.
-
-    ``runtimes``: docker's OCI runtimes by name (an ``nvidia`` one means the NVIDIA
-    Container Toolkit is set up). ``cdi_dirs``: where the engine reads CDI specifications
-    (``nvidia.com/gpu=N`` devices), empty when it reads none; ``cdi_local``: whether
-    those directories are this machine's (an engine over TCP reads its own host's).
-    ``error``: the engine could not be asked."""
-
-    runtimes: tuple[str, ...] = ()
-    cdi_dirs: tuple[str, ...] = ()
-    cdi_local: bool = True
-    error: str | None = None
-
-    @property
-    def cards_by_cdi(self) -> bool:
-        """Whether docker must be given the cards as CDI devices (its ``cdi`` driver):
-        no ``nvidia`` runtime for its GPU device request, but CDI specifications read."""
-        return "nvidia" not in self.runtimes and bool(self.cdi_dirs)
-
-
-@dataclass(frozen=True)
 class CacheStatus:
     """How fresh a cached runtime's view is; ages in seconds, None when never."""
 
@@ -456,114 +261,6 @@ have changed (the state cache synced again, or lost the engine)."""
 def tells_no_changes(runtime: object, listener: ChangeListener) -> bool:
     """`ContainerRuntime.on_change` of a runtime that reads on every call."""
     return False
-
-
-@dataclass(frozen=True)
-class ImageInfo:
-    """An image as the engine holds it: its id (``sha256:...``, the same on both
-    engines), its size on disk, the names (``repo:tag``) it goes by there, and the
-    registry digests (``repo@sha256:...``) it was pulled as."""
-
-    id: str
-    size_bytes: int | None = None
-    names: tuple[str, ...] = ()
-    digests: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class EngineImage:
-    """One image of the engine: its id, the references it goes by (``repo:tag``, and
-    ``repo@digest``), its size on the engine's disk (shared layers counted in each
-    image that has them, as the engines report it), when it was built (RFC 3339, the
-    image's own date, not its arrival) and whether any container, the node's or not,
-    running or not, is made from it."""
-
-    id: str
-    refs: tuple[str, ...]
-    size: int
-    created: str | None = None
-    in_use: bool = False
-
-
-@dataclass(frozen=True)
-class DataRoot:
-    """Where the engine keeps its images (docker's DockerRootDir, podman's graphRoot),
-    and the size of its filesystem: None when that path is not on this machine (an
-    engine not reached through a unix socket: its path says nothing of the disks here),
-    or cannot be measured. ``project_quotas``: whether its filesystem holds a job's
-    writable layer to its disk limit itself (`runtime.engines.quotas`); None: unknown."""
-
-    path: str
-    space: Space | None
-    project_quotas: bool | None = None
-
-
-@dataclass(frozen=True)
-class DiskUse:
-    """What a container has written to the engine's disk (`runtime.diskwalk`):
-    ``used_bytes`` None when it cannot be measured from here (a remote engine, a storage
-    driver without an upper directory); ``complete`` false when the walk's time budget
-    ran out first, so the figure is a lower bound; ``walk_s``: how long the walk took."""
-
-    used_bytes: int | None
-    complete: bool = True
-    walk_s: float = 0.0
-
-
-STAGED, DIRECT, REMOTE = "staged", "direct", "remote"
-
-
-@dataclass(frozen=True)
-class MountSupport:
-    """How a runtime takes a job's host mounts. `STAGED`: the engine shares this
-    machine's filesystem, and is handed the node's staging path of each mount (`jobs.
-    staging`). `DIRECT`: the process runtime (development only), which mounts nothing.
-    `REMOTE`: the engine is another machine's (tcp://, ssh://): no host path of this
-    one means anything there, and a staged one could not be handed over, so host mounts
-    are refused. ``engine_dirs``: the engine's own directories as it reports them (its
-    data root, podman's run root), which no job may mount."""
-
-    mode: str
-    engine_dirs: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class IsolationSupport:
-    """What an engine can isolate a job with, as it says of itself.
-
-    ``default_runtime``: the OCI runtime its containers get unless told otherwise, with its
-    ``runtime_version`` where the engine says it. ``runtimes``: each runtime a container
-    may be given by name, with the arguments it is registered with. ``per_job_userns``:
-    whether each container can get a user namespace of its own (podman's ``userns=auto``).
-    ``idmap_mounts``: whether a bind mount can be id-mapped into one (runc 1.2 and later,
-    crun). ``remaps_users``: the engine maps every container's users (docker's
-    ``userns-remap``, rootless podman). ``error``: the engine could not be asked."""
-
-    default_runtime: str = ""
-    runtime_version: str = ""
-    runtimes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    per_job_userns: bool = False
-    idmap_mounts: bool = False
-    remaps_users: bool = False
-    error: str | None = None
-
-
-@dataclass(frozen=True)
-class Usage:
-    """What one running container uses now, each figure None where it cannot be read.
-
-    ``cpu_seconds`` is the CPU time its processes have used since it started (a counter:
-    the job service turns two readings into cores in use). ``memory_bytes`` is its working
-    set, what `docker stats` shows: charged memory less the page cache the kernel can drop
-    at once (inactive files). ``memory_limit_bytes`` is None when it has no limit.
-    ``source`` says where the figures came from: ``cgroup`` files, or the ``engine``'s stats.
-    """
-
-    cpu_seconds: float | None = None
-    memory_bytes: int | None = None
-    memory_limit_bytes: int | None = None
-    pids: int | None = None
-    source: str = "cgroup"
 
 
 class ContainerRuntime(Protocol):

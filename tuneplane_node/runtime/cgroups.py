@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuneplane_node.runtime.base import Usage
+from tuneplane_node.runtime.facts import Usage
 
 log = logging.getLogger(__name__)
 CGROUP_ROOT = Path("/sys/fs/cgroup")

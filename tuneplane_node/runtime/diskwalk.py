@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from tuneplane_node.runtime.base import DiskUse
+from tuneplane_node.runtime.facts import DiskUse
 
 BLOCK = 512  # st_blocks' unit, whatever the filesystem's block size
 CHECK_EVERY = 256  # entries between two looks at the clock

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from tuneplane_node.errors import OUT_OF_RANGE, DiskPressure, InvalidField
 from tuneplane_node.jobs.observe.results import ImageStore
-from tuneplane_node.runtime.base import ContainerSpec
+from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.settings import NodeSettings, env_name
 from tuneplane_node.sizes import size_in_bytes
 

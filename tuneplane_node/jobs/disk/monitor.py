@@ -42,7 +42,8 @@ from tuneplane_node.jobs.nodestate import NodeStateStore
 from tuneplane_node.jobs.observe.results import DiskFigures, ImageStore
 from tuneplane_node.jobs.stopper import Stopper
 from tuneplane_node.logformat import job_fields
-from tuneplane_node.runtime.base import ContainerState, DataRoot, DiskUse
+from tuneplane_node.runtime.base import ContainerState
+from tuneplane_node.runtime.facts import DataRoot, DiskUse
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.tasks import BackgroundTasks
 

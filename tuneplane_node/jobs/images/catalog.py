@@ -32,7 +32,8 @@ from tuneplane_node.jobs.observe.results import (
     PullView,
 )
 from tuneplane_node.jobs.pending import PendingTable
-from tuneplane_node.runtime.base import ContainerState, ImageInfo
+from tuneplane_node.runtime.base import ContainerState
+from tuneplane_node.runtime.facts import ImageInfo
 
 log = logging.getLogger(__name__)
 

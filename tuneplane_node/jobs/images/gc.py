@@ -36,7 +36,8 @@ from tuneplane_node.jobs.images.pulls import PullCoordinator
 from tuneplane_node.jobs.observe.results import GcRun, ImageStore, RemovedImage
 from tuneplane_node.references import ImageName
 from tuneplane_node.runtime import registry
-from tuneplane_node.runtime.base import DataRoot, EngineImage, RegistryAuth
+from tuneplane_node.runtime.base import RegistryAuth
+from tuneplane_node.runtime.facts import DataRoot, EngineImage
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.tasks import BackgroundTasks
 

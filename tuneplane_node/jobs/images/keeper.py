@@ -48,7 +48,8 @@ from tuneplane_node.errors import (
 from tuneplane_node.jobs.observe.results import ALWAYS, LaunchRequest
 from tuneplane_node.references import ImageName, names_an_id
 from tuneplane_node.runtime import registry
-from tuneplane_node.runtime.base import ImageInfo, RegistryAuth
+from tuneplane_node.runtime.base import RegistryAuth
+from tuneplane_node.runtime.facts import ImageInfo
 from tuneplane_node.settings import NodeSettings, env_name
 from tuneplane_node.tasks import BackgroundTasks
 

@@ -22,16 +22,9 @@ from tuneplane_node.jobs.mounts.scratch import ScratchError, ScratchSpaces
 from tuneplane_node.jobs.mounts.staging import MountStaging
 from tuneplane_node.jobs.volumes.keeper import FIELD as VOLUMES
 from tuneplane_node.jobs.volumes.keeper import VolumeKeeper
-from tuneplane_node.runtime.base import (
-    LABEL_MOUNTS,
-    LABEL_VOLUMES,
-    REMOTE,
-    STAGED,
-    ContainerRuntime,
-    ContainerSpec,
-    Mount,
-    MountSupport,
-)
+from tuneplane_node.runtime.base import LABEL_MOUNTS, LABEL_VOLUMES, ContainerRuntime, Mount
+from tuneplane_node.runtime.facts import REMOTE, STAGED, MountSupport
+from tuneplane_node.runtime.spec import ContainerSpec
 
 log = logging.getLogger(__name__)
 

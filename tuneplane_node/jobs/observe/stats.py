@@ -23,7 +23,8 @@ from tuneplane_node.errors import NodeError
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.gpu.probe import CardFacts, GpuSnapshot
 from tuneplane_node.jobs.observe.results import DiskFigures
-from tuneplane_node.runtime.base import ContainerState, Usage
+from tuneplane_node.runtime.base import ContainerState
+from tuneplane_node.runtime.facts import Usage
 
 log = logging.getLogger(__name__)
 MIB = 2**20

@@ -16,14 +16,9 @@ from dataclasses import replace
 from tuneplane_node import inventory
 from tuneplane_node.errors import ConfigError, MemlockUnavailable, NoRdma
 from tuneplane_node.jobs.rules.network import NetworkRule
-from tuneplane_node.runtime.base import (
-    KEPT_CAPABILITIES,
-    Confinement,
-    ContainerSpec,
-    Tmpfs,
-)
 from tuneplane_node.runtime.engines import cgroupparent, memlock
 from tuneplane_node.runtime.engines.memlock import EngineMemlock
+from tuneplane_node.runtime.spec import KEPT_CAPABILITIES, Confinement, ContainerSpec, Tmpfs
 from tuneplane_node.settings import NodeSettings, env_name
 from tuneplane_node.sizes import size_in_bytes
 

@@ -18,13 +18,9 @@ from ipaddress import IPv4Address
 from pathlib import Path
 
 from tuneplane_node.errors import FabricAddressesExhausted
-from tuneplane_node.runtime.base import (
-    FABRIC,
-    LABEL_FABRIC_ADDRESS,
-    ContainerRuntime,
-    ContainerSpec,
-)
+from tuneplane_node.runtime.base import LABEL_FABRIC_ADDRESS, ContainerRuntime
 from tuneplane_node.runtime.engines.jobnetwork import JOB_INTERFACE, gateway
+from tuneplane_node.runtime.spec import FABRIC, ContainerSpec
 from tuneplane_node.settings import Fabric
 
 log = logging.getLogger(__name__)

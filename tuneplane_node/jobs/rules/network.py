@@ -32,12 +32,8 @@ from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs.ours import Listing
 from tuneplane_node.jobs.pending import FAILED, PendingTable
 from tuneplane_node.logformat import job_fields
-from tuneplane_node.runtime.base import (
-    FABRIC,
-    LABEL_NETWORK,
-    LABEL_RUN_ID,
-    ContainerSpec,
-)
+from tuneplane_node.runtime.base import LABEL_NETWORK, LABEL_RUN_ID
+from tuneplane_node.runtime.spec import FABRIC, ContainerSpec
 from tuneplane_node.settings import NodeSettings, env_name
 
 log = logging.getLogger(__name__)

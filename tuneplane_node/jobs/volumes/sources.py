@@ -24,7 +24,8 @@ from typing import Protocol
 
 from tuneplane_node.errors import VolumeFillFailed
 from tuneplane_node.references import ImageName
-from tuneplane_node.runtime.base import ImageInfo, RegistryAuth, Volume
+from tuneplane_node.runtime.base import RegistryAuth, Volume
+from tuneplane_node.runtime.facts import ImageInfo
 from tuneplane_node.runtime.ociregistry import OciRegistry, by_digest, is_oci
 
 Present = Callable[[str], Awaitable[bool]]

@@ -15,26 +15,28 @@ from tuneplane_node.errors import NodeError
 from tuneplane_node.runtime.base import (
     CacheStatus,
     ChangeListener,
-    ContainerSpec,
     ContainerState,
-    DataRoot,
-    DeviceSupport,
-    DiskUse,
     EngineFeed,
-    EngineImage,
-    ImageInfo,
-    IsolationSupport,
     LogQuery,
     LogStream,
     LogText,
-    MountSupport,
     ProgressCallback,
     PullLimits,
     RegistryAuth,
+)
+from tuneplane_node.runtime.cache.state import ANSWER_S, BACKOFF_S, HEARTBEAT_S, StateCache
+from tuneplane_node.runtime.facts import (
+    DataRoot,
+    DeviceSupport,
+    DiskUse,
+    EngineImage,
+    ImageInfo,
+    IsolationSupport,
+    MountSupport,
     RuntimeHealth,
     Usage,
 )
-from tuneplane_node.runtime.cache.state import ANSWER_S, BACKOFF_S, HEARTBEAT_S, StateCache
+from tuneplane_node.runtime.spec import ContainerSpec
 
 log = logging.getLogger(__name__)
 

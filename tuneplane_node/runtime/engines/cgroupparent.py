@@ -28,8 +28,8 @@ from typing import Any, TypeVar
 
 from tuneplane_node import inventory
 from tuneplane_node.errors import ConfigError
-from tuneplane_node.runtime.base import ContainerSpec
 from tuneplane_node.runtime.cgroups import CGROUP_ROOT, V1_UNLIMITED
+from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.settings import NodeSettings, env_name
 
 log = logging.getLogger(__name__)

@@ -20,18 +20,7 @@ import docker.types
 import requests.exceptions
 import urllib3.exceptions
 
-from tuneplane_node.runtime.base import (
-    CDI_GPU_KIND,
-    FABRIC,
-    LABEL_FABRIC_ADDRESS,
-    RDMA_CAPABILITY,
-    Brief,
-    Confinement,
-    ContainerSpec,
-    ContainerState,
-    DeviceSupport,
-    IsolationSupport,
-)
+from tuneplane_node.runtime.base import LABEL_FABRIC_ADDRESS, Brief, ContainerState
 from tuneplane_node.runtime.engines import dockerformat as fmt
 from tuneplane_node.runtime.engines import hostguard
 from tuneplane_node.runtime.engines.engine import (
@@ -56,6 +45,8 @@ from tuneplane_node.runtime.engines.jobnetwork import (
     gateway,
 )
 from tuneplane_node.runtime.engines.pulling import PullStream
+from tuneplane_node.runtime.facts import CDI_GPU_KIND, DeviceSupport, IsolationSupport
+from tuneplane_node.runtime.spec import FABRIC, RDMA_CAPABILITY, Confinement, ContainerSpec
 from tuneplane_node.settings import Fabric, NodeSettings, local_engine, unix_socket
 
 log = logging.getLogger(__name__)

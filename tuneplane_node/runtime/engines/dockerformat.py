@@ -20,13 +20,11 @@ from tuneplane_node.runtime.base import (
     Brief,
     ContainerState,
     EngineEvent,
-    EngineImage,
-    ImageInfo,
     LogText,
     PullProgress,
     RegistryAuth,
-    Usage,
 )
+from tuneplane_node.runtime.facts import EngineImage, ImageInfo, Usage
 from tuneplane_node.signals import engine_stop_signal
 
 LIBPOD_STATUSES = {"configured": "created", "initialized": "created", "stopped": "exited"}

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from tuneplane_node.errors import NodeError
-from tuneplane_node.runtime.base import IsolationSupport
+from tuneplane_node.runtime.facts import IsolationSupport
 
 T = TypeVar("T")
 IDMAP_RUNC = (1, 2)

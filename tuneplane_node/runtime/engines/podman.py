@@ -3,7 +3,8 @@
 What differs from docker: mounts as plain dicts, the stop signal by number, a CFS quota
 for the CPU limit, GPUs as CDI devices (``nvidia.com/gpu=N``), and list, events and
 pulls through the docker-compatible endpoints (their shapes are docker's, and the pull
-stream reports bytes). The rest is `EngineRuntime`'s.
+stream reports bytes). The create's pieces libpod spells its own way are
+`runtime.engines.podmanoptions`'; the rest is `EngineRuntime`'s.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import functools
 import json
 import logging
 import math
-import resource
 from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
@@ -25,21 +25,7 @@ import podman.errors
 import requests.exceptions
 
 from tuneplane_node.errors import NodeError, SandboxUnavailable
-from tuneplane_node.runtime.base import (
-    CDI_GPU_KIND,
-    FABRIC,
-    LABEL_FABRIC_ADDRESS,
-    LABEL_RUN_ID,
-    RDMA_CAPABILITY,
-    UNLIMITED,
-    Brief,
-    Confinement,
-    ContainerSpec,
-    ContainerState,
-    DeviceSupport,
-    IsolationSupport,
-    Tmpfs,
-)
+from tuneplane_node.runtime.base import LABEL_RUN_ID, Brief, ContainerState
 from tuneplane_node.runtime.engines import dockerformat as fmt
 from tuneplane_node.runtime.engines import hostguard, seccomp
 from tuneplane_node.runtime.engines.engine import (
@@ -51,7 +37,6 @@ from tuneplane_node.runtime.engines.engine import (
 )
 from tuneplane_node.runtime.engines.isolation import maps_mount_ids
 from tuneplane_node.runtime.engines.jobnetwork import (
-    JOB_INTERFACE,
     LABEL_NETWORK_OF,
     LABEL_NETWORK_STORE,
     LABEL_NODE_NETWORK,
@@ -63,7 +48,23 @@ from tuneplane_node.runtime.engines.jobnetwork import (
     own_network,
     podman_fabric_body,
 )
+from tuneplane_node.runtime.engines.podmanoptions import (
+    CPU_PERIOD_US,
+    HOST_SYS,
+    OWN_USERNS,
+    confined,
+    fabric_endpoint,
+    rdma_ulimits,
+    tmpfs_mount,
+)
 from tuneplane_node.runtime.engines.pulling import PullStream, close_http_stream
+from tuneplane_node.runtime.facts import CDI_GPU_KIND, DeviceSupport, IsolationSupport
+from tuneplane_node.runtime.spec import (
+    FABRIC,
+    RDMA_CAPABILITY,
+    Confinement,
+    ContainerSpec,
+)
 from tuneplane_node.settings import Fabric, NodeSettings, local_engine, unix_socket
 from tuneplane_node.signals import JOB_SIGNALS
 
@@ -75,62 +76,12 @@ STATE_RACE = "container state improper"
 """libpod's word when a kill meets a container that has just stopped."""
 CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
 """Where podman reads CDI specifications (containers.conf's ``cdi_spec_dirs`` default)."""
-CPU_PERIOD_US = 100_000
 ERRORS = ErrorTable(
     engine=ENGINE,
     unreachable=(requests.exceptions.ConnectionError, requests.exceptions.Timeout, OSError),
     api_error=podman.errors.APIError,
     not_found=podman.errors.NotFound,
 )
-
-
-def _rdma_ulimits(memlock: int | None, pids_limit: int) -> list[dict[str, Any]]:
-    """memlock for an RDMA job (libpod reads limits as unsigned: RLIM_INFINITY where
-    docker takes -1). Podman 4 drops containers.conf's default_ulimits from a container
-    given any limit and sets nofile and nproc to 1048576, which an engine with lower hard
-    limits cannot grant: nofile is given at this process's own hard limit (the engine's
-    on a machine set up alike), nproc at the job's pids limit, which bounds it anyway."""
-    locked = UNLIMITED if memlock is None else memlock
-    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    nofile = UNLIMITED if nofile == resource.RLIM_INFINITY else nofile
-    return [
-        {"Name": "memlock", "Soft": locked, "Hard": locked},
-        {"Name": "nofile", "Soft": nofile, "Hard": nofile},
-        {"Name": "nproc", "Soft": pids_limit, "Hard": pids_limit},
-    ]
-
-
-def _tmpfs_mount(tmpfs: Tmpfs) -> dict[str, Any]:
-    """A tmpfs mount: libpod's options for one are rw, nosuid, nodev and exec (unlike
-    its ``--tmpfs``), what `Tmpfs.options` says for docker."""
-    return {
-        "type": "tmpfs",
-        "source": "tmpfs",  # without it podman-py's mount is a directory, not a tmpfs
-        "target": tmpfs.path,
-        "size": str(tmpfs.size_bytes),
-        "mode": "1777",
-    }
-
-
-USERNS_SIZE = 65536
-"""The ids of a job's own user namespace (podman's ``auto`` default is 1024: too few for
-an image whose files belong to ``nobody``, 65534)."""
-OWN_USERNS = {
-    "userns": {"nsmode": "auto", "value": f"size={USERNS_SIZE}"},
-    # podman 4.3's service reads the range from idmappings alone (the CLI sets both).
-    "idmappings": {"AutoUserNs": True, "AutoUserNsOpts": {"Size": USERNS_SIZE}},
-}
-"""libpod's create fields for a user namespace of the job's own, from the ``containers``
-ranges of /etc/subuid and /etc/subgid (podman-py has no field for idmappings)."""
-
-
-HOST_SYS = {"type": "bind", "source": "/sys", "target": "/sys", "read_only": True}
-
-
-def _fabric_endpoint(spec: ContainerSpec, fabric: Fabric) -> dict[str, Any]:
-    """The container on the fabric network only, at its label's address, as eth0."""
-    address = spec.labels[LABEL_FABRIC_ADDRESS]
-    return {fabric_network(fabric): {"static_ips": [address], "interface_name": JOB_INTERFACE}}
 
 
 def _ready_fabric(api: Any, fabric: Fabric) -> None:
@@ -268,19 +219,6 @@ class JobNetworks:
             return None
 
 
-def _confined(confinement: Confinement) -> dict[str, Any]:
-    options: dict[str, Any] = {
-        # Every other one dropped by name: podman hands what cap_add names to a
-        # non-root user as ambient capabilities, which docker never does.
-        "cap_drop": list(confinement.dropped),
-        "log_config": {"Type": "k8s-file", "Config": {"size": confinement.log_budget}},
-        "no_new_privileges": confinement.no_new_privileges,
-    }
-    if confinement.init:  # catatonit as PID 1: it passes signals on, reaps zombies
-        options["init"] = True
-    return options
-
-
 def create_body(
     options: Mapping[str, Any],
     storage: Mapping[str, str] | None = None,
@@ -342,13 +280,13 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
             options["networks"] = {own_network(spec.name): {}}
         if spec.network == FABRIC:  # the node's, made before it (`_create`)
             options["network_mode"] = "bridge"
-            options["networks"] = _fabric_endpoint(spec, configured(self.settings))
+            options["networks"] = fabric_endpoint(spec, configured(self.settings))
         if spec.read_only_root:
             # podman-py refuses tmpfs=: tmpfs mounts say the same; none of podman's own
             # on /var/tmp (read_write_tmpfs).
             options["read_only"] = True
             options["read_write_tmpfs"] = False
-            options["mounts"] += [_tmpfs_mount(each) for each in spec.tmpfs]
+            options["mounts"] += [tmpfs_mount(each) for each in spec.tmpfs]
         if spec.cpu_limit:
             # podman-py ignores nano_cpus; a CFS quota says the same thing.
             options["cpu_period"] = CPU_PERIOD_US
@@ -362,7 +300,7 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
         if devices or spec.rdma_devices:
             options["devices"] = devices + spec.rdma_mappings()
         if spec.rdma_devices:
-            options["ulimits"] = _rdma_ulimits(spec.rdma_memlock, spec.confinement.pids_limit)
+            options["ulimits"] = rdma_ulimits(spec.rdma_memlock, spec.confinement.pids_limit)
             options["cap_drop"] = [c for c in options["cap_drop"] if c != RDMA_CAPABILITY]
             options["cap_add"] = [RDMA_CAPABILITY]
         return options
@@ -436,7 +374,7 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
         """The capabilities kept, the log bounded (libpod keeps one file and truncates it at
         its size: the same budget as docker's rotated files), no setuid regain, no user
         namespaces."""
-        options = _confined(confinement)
+        options = confined(confinement)
         if self.seccomp_profile is not None:
             options["seccomp_profile_path"] = str(self.seccomp_profile)
         return options

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tuneplane_node.runtime.base import ContainerSpec, Usage, format_gpus
+from tuneplane_node.runtime.facts import Usage
 from tuneplane_node.runtime.process.logs import STAMPER
+from tuneplane_node.runtime.spec import ContainerSpec, format_gpus
 
 JOB_DIR_ENV = "TUNEPLANE_JOB_DIR"
 _DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

@@ -25,27 +25,28 @@ from tuneplane_node.clock import SYSTEM_CLOCK, Clock, rfc3339
 from tuneplane_node.errors import EngineConflict, EngineRefused, InvalidField
 from tuneplane_node.logformat import job_fields
 from tuneplane_node.runtime.base import (
-    DIRECT,
     LABEL_RUN_ID,
     CacheStatus,
-    ContainerSpec,
     ContainerState,
+    LogQuery,
+    LogStream,
+    LogText,
+    ProgressCallback,
+    PullLimits,
+    RegistryAuth,
+    tells_no_changes,
+)
+from tuneplane_node.runtime.facts import (
+    DIRECT,
     DataRoot,
     DeviceSupport,
     DiskUse,
     EngineImage,
     ImageInfo,
     IsolationSupport,
-    LogQuery,
-    LogStream,
-    LogText,
     MountSupport,
-    ProgressCallback,
-    PullLimits,
-    RegistryAuth,
     RuntimeHealth,
     Usage,
-    tells_no_changes,
 )
 from tuneplane_node.runtime.pool import BlockingPool
 from tuneplane_node.runtime.process.files import ENGINE as ENGINE
@@ -74,6 +75,7 @@ from tuneplane_node.runtime.process.groups import (
 )
 from tuneplane_node.runtime.process.groups import JOB_DIR_ENV as JOB_DIR_ENV
 from tuneplane_node.runtime.process.logs import read_at, tail, tail_at
+from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.signals import JOB_SIGNALS
 from tuneplane_node.telemetry import NO_TELEMETRY, Telemetry

@@ -1,39 +1,42 @@
-"""NodeSettings: what this machine itself must answer, read from ``TUNEPLANE_*`` and `.env`.
-
-Everything about jobs comes from the console; settings hold only facts about the node.
-Every field is documented in docs/operating.md (a test keeps the two in step).
-"""
+"""`NodeSettings`: every setting of the node, its views' included, and the rules across
+them (pairs that go together, thresholds in order, mount roots clear of the host's and
+the node's own files); `load_settings`, which says a bad one as a `ConfigError`."""
 
 from __future__ import annotations
 
 import os
-import re
-from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 from typing import Literal
 
 from pydantic import (
     AliasChoices,
-    BaseModel,
     Field,
     SecretStr,
     ValidationError,
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
+from pydantic_settings import SettingsConfigDict, SettingsError
 
 from tuneplane_node.errors import ConfigError
+from tuneplane_node.settings.fabric import Fabric
+from tuneplane_node.settings.jobs import JobSettings
+from tuneplane_node.settings.problems import describe_settings_error, describe_validation
+from tuneplane_node.settings.values import (
+    DAY,
+    DOCKER_DEFAULT,
+    DOCKER_SCHEMES,
+    ENV_PREFIX,
+    PODMAN_SCHEMES,
+    TOKEN_PATTERN,
+    absolute,
+    checked_address,
+    env_name,
+    unix_socket,
+)
 from tuneplane_node.sizes import MAX_SIZE, size_in_bytes
 
-ENV_PREFIX = "TUNEPLANE_"
 DEFAULT_STORAGE = Path(".tuneplane-data/storage")
-DAY = 86400.0
-GIB = 2**30
-MIN_TMPFS = 2**20
-MIN_SCRATCH = 2**20
-DOCKER_SCHEMES = ("unix", "tcp", "http", "https", "ssh")
-PODMAN_SCHEMES = ("unix", "http+unix", "tcp", "http", "https", "ssh")
 # Never mountable into a job, nor inside a root that holds one of them: the host itself.
 NEVER_MOUNTED = tuple(
     Path(p)
@@ -44,222 +47,6 @@ NEVER_MOUNTED = tuple(
 )  # fmt: skip
 # A root may not even lie inside these: /proc/1/root is the host's whole filesystem.
 NEVER_UNDER = tuple(Path(p) for p in ("/proc", "/sys", "/dev", "/etc", "/boot"))
-DOCKER_DEFAULT = "unix:///var/run/docker.sock"  # the docker SDK's, without DOCKER_HOST
-TOKEN_PATTERN = re.compile(r"[\x21-\x7e]+")
-"""A token: printable ASCII without spaces, what an HTTP header carries intact."""
-
-
-INTERFACE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,14}$"
-"""A Linux network interface name (IFNAMSIZ: at most 15 characters)."""
-
-
-class Fabric(BaseModel):
-    """An InfiniBand (or RoCE) fabric as the operator names it, with the HCAs attached to
-    it, and optionally the fabric network of the jobs that span machines without holding
-    the whole machine: a ``macvlan`` or ``ipvlan`` network on the fabric's ``interface``
-    (ib0, an RoCE NIC), where each such job gets an IPv4 address of its own from
-    ``range`` (inside ``subnet``), routable from the other machines of the fabric."""
-
-    name: str = Field(min_length=1, max_length=40, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-    hcas: list[str] = Field(min_length=1)
-    interface: str | None = Field(default=None, pattern=INTERFACE_PATTERN)
-    """The fabric's netdev on this machine; None: no fabric network for this fabric."""
-    network: Literal["macvlan", "ipvlan"] = "macvlan"
-    """The engine's driver of the fabric network (ipvlan for an InfiniBand netdev, whose
-    link layer macvlan cannot bridge; either for an RoCE NIC)."""
-    subnet: IPv4Network | None = None
-    """The fabric's IPv4 subnet (CIDR), as the other machines route it."""
-    range: IPv4Network | None = None
-    """The addresses (CIDR, inside ``subnet``) this node hands out, one per job: each
-    machine of the fabric is given a range of its own."""
-    gateway: IPv4Address | None = None
-    """The subnet's gateway, when it has one (inside ``subnet``, outside ``range``)."""
-
-    @model_validator(mode="after")
-    def _network_whole(self) -> Fabric:
-        """A fabric network is given whole (interface, subnet, range) or not at all."""
-        given = {"interface": self.interface, "subnet": self.subnet, "range": self.range}
-        if not any(given.values()) and self.gateway is None:
-            return self
-        missing = [key for key, value in given.items() if value is None]
-        if missing:
-            raise ValueError(
-                f"fabric {self.name}: a fabric network needs interface, subnet and range "
-                f"(missing: {', '.join(missing)})"
-            )
-        assert self.subnet is not None and self.range is not None
-        if not self.range.subnet_of(self.subnet):
-            raise ValueError(
-                f"fabric {self.name}: range {self.range} is not inside subnet {self.subnet}"
-            )
-        if self.gateway is not None:
-            if self.gateway not in self.subnet:
-                raise ValueError(
-                    f"fabric {self.name}: gateway {self.gateway} is not inside subnet {self.subnet}"
-                )
-            if self.gateway in self.range:
-                raise ValueError(
-                    f"fabric {self.name}: gateway {self.gateway} is inside range {self.range}: "
-                    "the node would hand it to a job"
-                )
-        return self
-
-    @property
-    def has_network(self) -> bool:
-        return self.interface is not None
-
-
-class JobSettings(BaseSettings):
-    """What every job gets, and the bounds of all of them together: its privileges, logs,
-    PIDs, memory, disk, root filesystem and parent cgroup (a view of `NodeSettings`, whose
-    environment names they keep: ``TUNEPLANE_JOB_*``, ``TUNEPLANE_SYSTEM_RESERVED_*``)."""
-
-    job_capabilities: Literal["default", "restricted"] = "default"
-    """A job's Linux capabilities: ``default`` keeps CHOWN, DAC_OVERRIDE, FOWNER, FSETID,
-    KILL, SETGID, SETUID, SETPCAP and SYS_CHROOT (the engines' defaults less NET_RAW,
-    NET_BIND_SERVICE, MKNOD, AUDIT_WRITE and SETFCAP); ``restricted``: none at all."""
-    job_userns: Literal["auto", "always", "off"] = "auto"
-    """A job's own user namespace (podman: ``userns=auto``, 65,536 ids of the
-    ``containers`` ranges in /etc/subuid and /etc/subgid): ``auto`` for every job but one
-    whose writable host mounts the engine's OCI runtime cannot id-map (it keeps the host's,
-    and observe says why), ``always`` (such a launch is a 409, ``userns_unavailable``),
-    ``off`` (the host's namespace, as before). Docker has no per-job namespaces: its
-    ``userns-remap`` is the daemon's."""
-    job_userns_cards: bool = False
-    """Card jobs get their own user namespace too (``false``: they keep the host's, as the
-    NVIDIA stack under user namespaces is not dependable; check it on the driver first)."""
-    job_sandbox: Literal["off", "cpu", "all"] = "off"
-    """Which jobs run under ``TUNEPLANE_SANDBOX_RUNTIME``: none, the jobs without cards
-    (``cpu``), or all (card jobs need the runtime's GPU proxy: refused otherwise). A
-    launch may ask for it with ``container.isolation: "sandbox"``."""
-    sandbox_runtime: str = Field("runsc", min_length=1, max_length=100, pattern=r"^[\w.-]+$")
-    """The engine's OCI runtime for sandboxed jobs, by its registered name (gVisor's
-    ``runsc``, registered with ``--network=host``; a Kata runtime works the same way)."""
-    job_no_new_privileges: bool = True
-    """Start every job with no-new-privileges: a setuid binary cannot regain what was dropped."""
-    job_init: bool = True
-    """Run the engine's init (docker-init, podman's catatonit) as PID 1 of every job, so a
-    stop signal reaches the job's command (a shell entrypoint would ignore it as PID 1)
-    and the zombies of its children are reaped."""
-    job_host_network: Literal["whole-node", "allow", "bridge", "refuse"] = "whole-node"
-    """A launch asking for ``network: host``: ``whole-node`` gives it the host network only
-    when it holds every card of the machine and no other job of the node runs, and only
-    where the node's port is held across restarts (systemd socket activation) or the API
-    is served over TLS, else the node's job network (``TUNEPLANE_JOB_NETWORK``); ``allow``
-    it (0.3.15's default), run it on the job network instead (``bridge``), or ``refuse``
-    it (422)."""
-    job_network: Literal["isolated", "sealed", "bridge"] = "isolated"
-    """The network of a job not on the host's (one that asks for ``bridge``, or is
-    bridged by ``TUNEPLANE_JOB_HOST_NETWORK``): ``isolated``, where it cannot reach
-    another job (docker: the node's network ``tuneplane-jobs``, inter-container traffic
-    off, held by the engine's firewall rules, so not under ``--iptables=false``, and a
-    rule of the node's that rejects its jobs' new connections to this machine's own
-    ports; podman: a bridge network of the job's own, ``isolate=true``, the same rule for
-    its bridge and rules against the engine's other containers, removed with it),
-    and reaches the outside world; ``sealed``, the same without the outside world (an
-    internal network: docker's ``tuneplane-jobs-sealed``); ``bridge``, the engine's
-    default bridge, shared with every other container there (0.3.15's). Observe's
-    ``network`` says which."""
-    job_log_max_bytes: int = Field(10 * 2**20, ge=64 * 2**10, le=2**40)
-    """Bytes of a job's log file before the engine rotates it (podman, which keeps one
-    file, truncates at this times the file count)."""
-    job_log_max_files: int = Field(5, ge=1, le=100)
-    """Log files the engine keeps per job, the newest included."""
-    job_pids_limit: int = Field(16384, ge=64, le=4194304)
-    """Processes and threads one job may have at once."""
-    system_reserved_memory: str | int | None = None
-    """Memory kept from jobs without a ``memory_limit`` (a size such as ``4g`` or bytes):
-    such a job's limit is the machine's memory less this. Unset: 5% of it, at least 1 GiB."""
-    job_disk_limit: str = "50%"
-    """What a job may write to the engine's disk, its writable layer and anonymous
-    volumes together: a size (``100g``), a percentage of the engine's store (``50%``:
-    of the size of its data root's filesystem), or ``unlimited``. The limit of a job
-    whose launch gives no ``disk_limit``, and the most one may ask for. Held by the
-    kernel where the store has project quotas, else by the disk monitor."""
-    job_disk_check_s: float = Field(5.0, ge=0.1, le=3600, allow_inf_nan=False)
-    """Seconds between two measures of the running jobs' writable layers and anonymous
-    volumes by the disk monitor (which stops a job past its limit, and the filler of a
-    store under pressure)."""
-    job_oom_score_adj: int = Field(500, ge=-1000, le=1000)
-    """Every job's ``oom_score_adj``: above the node's (its unit: -900) and the engine's
-    (-500), so the kernel's OOM killer takes a job first."""
-    job_read_only_root: bool = False
-    """Every job's image filesystem read-only, with bounded tmpfs on /tmp and /run
-    (``false``: only for launches that ask, ``container.read_only_root``)."""
-    job_scratch_max: str | int = "100g"
-    """The largest ``container.scratch`` a launch may ask for (a size such as ``100g`` or
-    bytes, at least 1 MiB): the most one job's scratch adds to the scratch root's disk."""
-    job_tmpfs_size: str | int = "1g"
-    """The size of a read-only-root job's /tmp (a size such as ``1g`` or bytes), lowered
-    to half its memory limit; its /run takes at most 64 MiB of the same."""
-    # Dashes only between words: systemd nests a slice by them, and refuses "a--b.slice".
-    job_cgroup_parent: str = Field(
-        "tuneplane-jobs", max_length=100, pattern=r"^[a-zA-Z0-9_]+(-[a-zA-Z0-9_]+)*$"
-    )
-    """The cgroup every job is created under, the node's own (kubelet's kubepods): a
-    directory at the root of the cgroup tree (``/<name>``), or the systemd slice
-    ``<name>.slice`` where the engine's cgroup driver is systemd."""
-    system_reserved_pids: int | None = Field(None, ge=0, le=4194304)
-    """PIDs kept from all jobs together: the parent cgroup's pids limit is the kernel's
-    pid_max less this. Unset: a tenth of pid_max, at least 1024."""
-
-    @field_validator("job_disk_limit")
-    @classmethod
-    def _a_size_or_share(cls, limit: str) -> str:
-        limit = limit.strip().lower()
-        if limit == "unlimited" or _share(limit) is not None:
-            return limit
-        bytes_ = size_in_bytes(limit)
-        if bytes_ is None or not 0 < bytes_ <= MAX_SIZE:
-            raise ValueError("must be a size like 100g, a percentage like 50%, or unlimited")
-        return limit
-
-    def job_disk_ceiling(self, store_bytes: int | None) -> int | None:
-        """The most bytes a job may write to the engine's disk; None: no limit (or a
-        percentage of a store whose size is unknown)."""
-        limit = self.job_disk_limit
-        share = _share(limit)
-        if share is not None:
-            return None if store_bytes is None else int(store_bytes * share / 100)
-        return None if limit == "unlimited" else int(size_in_bytes(limit) or 0)
-
-    @field_validator("system_reserved_memory")
-    @classmethod
-    def _a_size(cls, size: str | int | None) -> str | int | None:
-        bytes_ = size_in_bytes(size)
-        if size is not None and (bytes_ is None or not 0 <= bytes_ <= MAX_SIZE):
-            raise ValueError("must be a size like 4g or 512m, or a number of bytes")
-        return size
-
-    @field_validator("job_tmpfs_size")
-    @classmethod
-    def _a_tmpfs_size(cls, size: str | int) -> str | int:
-        return _size_from(size, MIN_TMPFS, example="1g")
-
-    @field_validator("job_scratch_max")
-    @classmethod
-    def _a_scratch_max(cls, size: str | int) -> str | int:
-        return _size_from(size, MIN_SCRATCH, example="100g")
-
-    @property
-    def job_scratch_max_bytes(self) -> int:
-        return int(size_in_bytes(self.job_scratch_max) or 0)
-
-    @property
-    def job_tmpfs_bytes(self) -> int:
-        return int(size_in_bytes(self.job_tmpfs_size) or 0)
-
-    def reserved_memory(self, machine_bytes: int) -> int:
-        """Bytes of the machine's memory kept from jobs without a limit of their own."""
-        if self.system_reserved_memory is not None:
-            return int(size_in_bytes(self.system_reserved_memory) or 0)
-        return max(GIB, machine_bytes // 20)
-
-    def reserved_pids(self, pid_max: int) -> int:
-        """PIDs of the machine kept from all jobs together."""
-        if self.system_reserved_pids is not None:
-            return self.system_reserved_pids
-        return max(1024, pid_max // 10)
 
 
 class NodeSettings(JobSettings):
@@ -474,12 +261,12 @@ class NodeSettings(JobSettings):
     @field_validator("docker_host")
     @classmethod
     def _docker_scheme(cls, address: str | None) -> str | None:
-        return address if address is None else _address(address, DOCKER_SCHEMES)
+        return address if address is None else checked_address(address, DOCKER_SCHEMES)
 
     @field_validator("podman_url")
     @classmethod
     def _podman_scheme(cls, address: str) -> str:
-        return _address(address, PODMAN_SCHEMES)
+        return checked_address(address, PODMAN_SCHEMES)
 
     @field_validator("rdma_memlock")
     @classmethod
@@ -530,18 +317,18 @@ class NodeSettings(JobSettings):
         staged mounts of every job are in it)."""
         files: list[tuple[Path, str]] = []
         if self.node_token_file is not None:
-            token = _absolute(self.node_token_file)
+            token = absolute(self.node_token_file)
             setting = env_name("node_token_file")
             files += [(token, setting), (token.parent, f"the directory of {setting}")]
         for name in ("tls_key_file", "tls_cert_file", "registry_auth_file"):
             path = getattr(self, name)
             if path is not None:
-                files.append((_absolute(path), env_name(name)))
+                files.append((absolute(path), env_name(name)))
         if self.scratch_root is not None:  # else in the state directory
-            files.append((_absolute(self.scratch_root), env_name("scratch_root")))
+            files.append((absolute(self.scratch_root), env_name("scratch_root")))
         if self.volume_root is not None:  # else in the state directory
-            files.append((_absolute(self.volume_root), env_name("volume_root")))
-        return [*files, (_absolute(self.state_dir), env_name("node_state_dir"))]
+            files.append((absolute(self.volume_root), env_name("volume_root")))
+        return [*files, (absolute(self.state_dir), env_name("node_state_dir"))]
 
     def never_a_root(self, root: Path) -> Path | None:
         """The path a job may never mount that ``root`` is, holds or lies in; None when
@@ -592,35 +379,6 @@ class NodeSettings(JobSettings):
         return [root.expanduser().resolve() for root in roots]
 
 
-def _absolute(path: Path) -> Path:
-    """The path as a mount would name it: absolute, each link resolved."""
-    return path.expanduser().resolve()
-
-
-def _size_from(size: str | int, least: int, *, example: str) -> str | int:
-    """``size`` when it reads as ``least`` bytes to `MAX_SIZE` (the settings' sizes)."""
-    bytes_ = size_in_bytes(size)
-    if bytes_ is None or not least <= bytes_ <= MAX_SIZE:
-        raise ValueError(f"must be a size like {example} or 512m, at least 1m")
-    return size
-
-
-def _share(limit: str) -> float | None:
-    """The percentage a ``50%`` names (more than 0, at most 100); None for anything else."""
-    number = limit.removesuffix("%")
-    if number == limit or not re.fullmatch(r"[0-9]+(\.[0-9]+)?", number):
-        return None
-    share = float(number)
-    return share if 0 < share <= 100 else None
-
-
-def _address(address: str, schemes: tuple[str, ...]) -> str:
-    scheme, sep, rest = address.partition("://")
-    if not sep or scheme not in schemes or not rest:
-        raise ValueError(f"must be {' or '.join(s + '://...' for s in schemes)}")
-    return address
-
-
 def _tls_pair(settings: NodeSettings) -> None:
     if (settings.tls_cert_file is None) != (settings.tls_key_file is None):
         raise ValueError(f"{env_name('tls_cert_file')} and {env_name('tls_key_file')} go together")
@@ -663,22 +421,6 @@ def _safe_mount_roots(settings: NodeSettings) -> None:
             )
 
 
-def unix_socket(address: str) -> str | None:
-    """The socket path of an engine address on this machine (``unix://``,
-    ``http+unix://``); None for another machine's (or a Windows pipe)."""
-    scheme, _, rest = address.partition("://")
-    return rest if scheme in ("unix", "http+unix") and rest else None
-
-
-def local_engine(address: str) -> bool:
-    """Whether an engine address is this machine's: its socket, or a Windows pipe."""
-    return unix_socket(address) is not None or address.startswith("npipe://")
-
-
-def env_name(field: str) -> str:
-    return ENV_PREFIX + field.upper()
-
-
 def load_settings(**overrides: object) -> NodeSettings:
     """Read the settings; a bad value is a ConfigError naming the variable, not a traceback."""
     try:
@@ -687,32 +429,3 @@ def load_settings(**overrides: object) -> NodeSettings:
         raise ConfigError(describe_validation(exc)) from exc
     except SettingsError as exc:  # a list setting that is not JSON
         raise ConfigError(describe_settings_error(exc)) from exc
-
-
-SECRET_FIELDS = frozenset({"node_token", "TUNEPLANE_NODE_TOKEN"})
-
-
-def describe_validation(exc: ValidationError) -> str:
-    """One line naming each bad variable; a secret's value is never repeated."""
-    problems = []
-    for error in exc.errors():
-        message = str(error["msg"]).removeprefix("Value error, ")
-        if not error["loc"]:  # a rule across settings: its message names them
-            problems.append(message)
-            continue
-        field = str(error["loc"][0])
-        name = field if field.startswith(ENV_PREFIX) else env_name(field)
-        inner = ".".join(str(part) for part in error["loc"][1:])
-        where = f"{name} ({inner})" if inner else name
-        shown = "" if field in SECRET_FIELDS else f" (got {error.get('input')!r})"
-        problems.append(f"{where}: {message}{shown}")
-    return "invalid settings: " + "; ".join(problems)
-
-
-def describe_settings_error(exc: SettingsError) -> str:
-    """pydantic-settings says 'error parsing value for field "fabrics"': name the variable."""
-    match = re.search(r'field "(\w+)"', str(exc))
-    name = env_name(match.group(1)) if match else "a TUNEPLANE_ setting"
-    return (
-        f"invalid settings: {name}: not valid JSON (lists are given as JSON, e.g. '[\"/models\"]')"
-    )

@@ -1,0 +1,80 @@
+"""How a podman job's create says what podman-py's create() does not spell, or spells
+otherwise than docker's: the CPU limit as a CFS quota, limits as libpod's unsigned
+ulimits, a tmpfs as a mount, a user namespace of the job's own, capabilities dropped by
+name, the fabric network's endpoint. Plain data for `runtime.engines.podman`, which
+assembles them; nothing here imports an SDK.
+"""
+
+from __future__ import annotations
+
+import resource
+from typing import Any
+
+from tuneplane_node.runtime.engines.jobnetwork import JOB_INTERFACE, fabric_network
+from tuneplane_node.runtime.spec import UNLIMITED, Confinement, ContainerSpec, Tmpfs
+from tuneplane_node.settings import Fabric
+from tuneplane_node.wire.values import LABEL_FABRIC_ADDRESS
+
+CPU_PERIOD_US = 100_000
+
+
+def rdma_ulimits(memlock: int | None, pids_limit: int) -> list[dict[str, Any]]:
+    """memlock for an RDMA job (libpod reads limits as unsigned: RLIM_INFINITY where
+    docker takes -1). Podman 4 drops containers.conf's default_ulimits from a container
+    given any limit and sets nofile and nproc to 1048576, which an engine with lower hard
+    limits cannot grant: nofile is given at this process's own hard limit (the engine's
+    on a machine set up alike), nproc at the job's pids limit, which bounds it anyway."""
+    locked = UNLIMITED if memlock is None else memlock
+    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    nofile = UNLIMITED if nofile == resource.RLIM_INFINITY else nofile
+    return [
+        {"Name": "memlock", "Soft": locked, "Hard": locked},
+        {"Name": "nofile", "Soft": nofile, "Hard": nofile},
+        {"Name": "nproc", "Soft": pids_limit, "Hard": pids_limit},
+    ]
+
+
+def tmpfs_mount(tmpfs: Tmpfs) -> dict[str, Any]:
+    """A tmpfs mount: libpod's options for one are rw, nosuid, nodev and exec (unlike
+    its ``--tmpfs``), what `Tmpfs.options` says for docker."""
+    return {
+        "type": "tmpfs",
+        "source": "tmpfs",  # without it podman-py's mount is a directory, not a tmpfs
+        "target": tmpfs.path,
+        "size": str(tmpfs.size_bytes),
+        "mode": "1777",
+    }
+
+
+USERNS_SIZE = 65536
+"""The ids of a job's own user namespace (podman's ``auto`` default is 1024: too few for
+an image whose files belong to ``nobody``, 65534)."""
+OWN_USERNS = {
+    "userns": {"nsmode": "auto", "value": f"size={USERNS_SIZE}"},
+    # podman 4.3's service reads the range from idmappings alone (the CLI sets both).
+    "idmappings": {"AutoUserNs": True, "AutoUserNsOpts": {"Size": USERNS_SIZE}},
+}
+"""libpod's create fields for a user namespace of the job's own, from the ``containers``
+ranges of /etc/subuid and /etc/subgid (podman-py has no field for idmappings)."""
+
+
+HOST_SYS = {"type": "bind", "source": "/sys", "target": "/sys", "read_only": True}
+
+
+def fabric_endpoint(spec: ContainerSpec, fabric: Fabric) -> dict[str, Any]:
+    """The container on the fabric network only, at its label's address, as eth0."""
+    address = spec.labels[LABEL_FABRIC_ADDRESS]
+    return {fabric_network(fabric): {"static_ips": [address], "interface_name": JOB_INTERFACE}}
+
+
+def confined(confinement: Confinement) -> dict[str, Any]:
+    options: dict[str, Any] = {
+        # Every other one dropped by name: podman hands what cap_add names to a
+        # non-root user as ambient capabilities, which docker never does.
+        "cap_drop": list(confinement.dropped),
+        "log_config": {"Type": "k8s-file", "Config": {"size": confinement.log_budget}},
+        "no_new_privileges": confinement.no_new_privileges,
+    }
+    if confinement.init:  # catatonit as PID 1: it passes signals on, reaps zombies
+        options["init"] = True
+    return options

@@ -1,0 +1,66 @@
+"""NodeSettings: what this machine itself must answer, read from ``TUNEPLANE_*`` and `.env`.
+
+Everything about jobs comes from the console; settings hold only facts about the node.
+Every field is documented in docs/operating.md (a test keeps the two in step).
+
+The variables stay flat (``TUNEPLANE_*``); in the code, settings are grouped by concern,
+as views `NodeSettings` is made of (`JobSettings`, jobs.py). The package's modules:
+`NodeSettings`, its rules across settings and `load_settings` (node.py); a fabric
+(fabric.py); one value read and checked (values.py); a bad setting said (problems.py).
+Every name is imported from here.
+"""
+
+from __future__ import annotations
+
+from tuneplane_node.settings.fabric import INTERFACE_PATTERN, Fabric
+from tuneplane_node.settings.jobs import MIN_SCRATCH, MIN_TMPFS, JobSettings
+from tuneplane_node.settings.node import (
+    DEFAULT_STORAGE,
+    NEVER_MOUNTED,
+    NEVER_UNDER,
+    NodeSettings,
+    load_settings,
+)
+from tuneplane_node.settings.problems import (
+    SECRET_FIELDS,
+    describe_settings_error,
+    describe_validation,
+)
+from tuneplane_node.settings.values import (
+    DAY,
+    DOCKER_DEFAULT,
+    DOCKER_SCHEMES,
+    ENV_PREFIX,
+    GIB,
+    PODMAN_SCHEMES,
+    TOKEN_PATTERN,
+    env_name,
+    local_engine,
+    unix_socket,
+)
+
+__all__ = [
+    "DAY",
+    "DEFAULT_STORAGE",
+    "DOCKER_DEFAULT",
+    "DOCKER_SCHEMES",
+    "ENV_PREFIX",
+    "GIB",
+    "INTERFACE_PATTERN",
+    "MIN_SCRATCH",
+    "MIN_TMPFS",
+    "NEVER_MOUNTED",
+    "NEVER_UNDER",
+    "PODMAN_SCHEMES",
+    "SECRET_FIELDS",
+    "TOKEN_PATTERN",
+    "Fabric",
+    "JobSettings",
+    "NodeSettings",
+    "describe_settings_error",
+    "describe_validation",
+    "env_name",
+    "load_settings",
+    "local_engine",
+    "unix_socket",
+]

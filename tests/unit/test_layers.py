@@ -274,6 +274,19 @@ def test_no_folder_holds_more_than_fifteen_modules() -> None:
     assert len(folders) >= 10  # the walk saw the package's folders
 
 
+MODULE_MAX_LINES = 600
+"""A module past it holds more than one concern: it is split by concern (issue 35)."""
+
+
+def test_no_module_is_over_six_hundred_lines() -> None:
+    long = {
+        str(path.relative_to(PACKAGE)): n
+        for path in MODULES
+        if (n := len(path.read_text().splitlines())) > MODULE_MAX_LINES
+    }
+    assert not long, long
+
+
 def test_the_client_stands_alone() -> None:
     """A console installs `tuneplane_node.client` without the daemon (its own
     distribution, clients/python): it imports nothing else of the package."""

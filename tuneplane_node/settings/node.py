@@ -4,9 +4,10 @@ the node's own files); `load_settings`, which says a bad one as a `ConfigError`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 from pydantic import (
     AliasChoices,
@@ -34,7 +35,15 @@ from tuneplane_node.settings.values import (
     env_name,
     unix_socket,
 )
+from tuneplane_node.settings.views import (
+    ImageSettings,
+    LifecycleSettings,
+    ObserveSettings,
+    VolumeSettings,
+)
 from tuneplane_node.sizes import MAX_SIZE, size_in_bytes
+
+View = TypeVar("View")
 
 DEFAULT_STORAGE = Path(".tuneplane-data/storage")
 # Never mountable into a job, nor inside a root that holds one of them: the host itself.
@@ -377,6 +386,31 @@ class NodeSettings(JobSettings):
         if roots is None:
             roots = [self.storage, *self.model_dirs]
         return [root.expanduser().resolve() for root in roots]
+
+    # The views by concern (views.py), each made when read: never cached, since a
+    # `model_copy(update=...)` would carry a cached view of the values it replaced.
+
+    @property
+    def images(self) -> ImageSettings:
+        return self._view(ImageSettings)
+
+    @property
+    def volumes(self) -> VolumeSettings:
+        return self._view(VolumeSettings)
+
+    @property
+    def lifecycle(self) -> LifecycleSettings:
+        return self._view(LifecycleSettings)
+
+    @property
+    def observe(self) -> ObserveSettings:
+        return self._view(ObserveSettings)
+
+    def _view(self, view: type[View]) -> View:
+        """A view's fields copied from the settings of their names, a list as a tuple."""
+        names = [field.name for field in dataclasses.fields(view)]  # type: ignore[arg-type]
+        values = {name: getattr(self, name) for name in names}
+        return view(**{n: tuple(v) if isinstance(v, list) else v for n, v in values.items()})
 
 
 def _tls_pair(settings: NodeSettings) -> None:

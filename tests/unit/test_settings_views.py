@@ -39,7 +39,7 @@ def setting_type(name: str) -> object:
 @pytest.mark.parametrize("view", sorted(VIEWS))
 def test_each_field_of_a_view_is_the_setting_of_its_name_and_type(view: str) -> None:
     """So ``env_name(field)`` is the variable a collaborator's message names, and the copy
-    by name (`NodeSettings._view`) hands over what mypy was told."""
+    by name (`made_from`) hands over what mypy was told."""
     hints = typing.get_type_hints(VIEWS[view])
     for field in dataclasses.fields(VIEWS[view]):
         expected = setting_type(field.name)

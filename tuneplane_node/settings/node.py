@@ -4,10 +4,9 @@ the node's own files); `load_settings`, which says a bad one as a `ConfigError`.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Literal
 
 from pydantic import (
     AliasChoices,
@@ -40,10 +39,9 @@ from tuneplane_node.settings.views import (
     LifecycleSettings,
     ObserveSettings,
     VolumeSettings,
+    made_from,
 )
 from tuneplane_node.sizes import MAX_SIZE, size_in_bytes
-
-View = TypeVar("View")
 
 DEFAULT_STORAGE = Path(".tuneplane-data/storage")
 # Never mountable into a job, nor inside a root that holds one of them: the host itself.
@@ -392,25 +390,19 @@ class NodeSettings(JobSettings):
 
     @property
     def images(self) -> ImageSettings:
-        return self._view(ImageSettings)
+        return made_from(self, ImageSettings)
 
     @property
     def volumes(self) -> VolumeSettings:
-        return self._view(VolumeSettings)
+        return made_from(self, VolumeSettings)
 
     @property
     def lifecycle(self) -> LifecycleSettings:
-        return self._view(LifecycleSettings)
+        return made_from(self, LifecycleSettings)
 
     @property
     def observe(self) -> ObserveSettings:
-        return self._view(ObserveSettings)
-
-    def _view(self, view: type[View]) -> View:
-        """A view's fields copied from the settings of their names, a list as a tuple."""
-        names = [field.name for field in dataclasses.fields(view)]  # type: ignore[arg-type]
-        values = {name: getattr(self, name) for name in names}
-        return view(**{n: tuple(v) if isinstance(v, list) else v for n, v in values.items()})
+        return made_from(self, ObserveSettings)
 
 
 def _tls_pair(settings: NodeSettings) -> None:

@@ -13,9 +13,20 @@ variable, and a message names it so), and its type, a list as a tuple;
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
+
+View = TypeVar("View")
+
+
+def made_from(settings: object, view: type[View]) -> View:
+    """The view of the settings: each of its fields copied from the setting of its name,
+    a list as a tuple (`NodeSettings`, which imports this module, calls it)."""
+    names = [field.name for field in dataclasses.fields(view)]  # type: ignore[arg-type]
+    values = {name: getattr(settings, name) for name in names}
+    return view(**{n: tuple(v) if isinstance(v, list) else v for n, v in values.items()})
 
 
 @dataclass(frozen=True)

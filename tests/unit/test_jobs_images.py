@@ -169,7 +169,7 @@ async def test_the_record_survives_a_restart_and_holds_no_secret(
     text = (settings.state_dir / RECORD_FILE).read_text()
     assert RIGHT.password not in text and REPOSITORY in text
 
-    restarted = ImageKeeper(settings, credentials=None, clock=clock, check=Registry())
+    restarted = ImageKeeper(settings.images, credentials=None, clock=clock, check=Registry())
     await restarted.start()
     info = ImageInfo(fake_id(IMAGE))
     with pytest.raises(ImageAccessDenied):
@@ -190,7 +190,7 @@ async def test_the_check_turned_off_runs_it_for_anyone(
     fake: FakeRuntime, settings: NodeSettings, clock: FakeClock, private: Registry
 ) -> None:
     off = ImageKeeper(
-        settings.model_copy(update={"private_image_check": False}),
+        settings.model_copy(update={"private_image_check": False}).images,
         credentials=None,
         clock=clock,
         check=private,
@@ -204,7 +204,7 @@ async def test_an_unreadable_record_stops_the_start(
 ) -> None:
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     (settings.state_dir / RECORD_FILE).write_text('{"salt": "zz"}')
-    keeper = ImageKeeper(settings, credentials=None, clock=clock, check=Registry())
+    keeper = ImageKeeper(settings.images, credentials=None, clock=clock, check=Registry())
     with pytest.raises(ConfigError, match=r"TUNEPLANE_NODE_STATE_DIR: .* not a private-image"):
         await keeper.start()
 
@@ -225,7 +225,7 @@ async def test_the_launchs_credentials_come_first_then_the_node_files(
     settings: NodeSettings, clock: FakeClock
 ) -> None:
     node_file = NodeFile(OTHER)
-    keeper = ImageKeeper(settings, credentials=node_file, clock=clock, check=Registry())
+    keeper = ImageKeeper(settings.images, credentials=node_file, clock=clock, check=Registry())
     assert await keeper.credentials(launch("own", auth=RIGHT)) == RIGHT
     assert await keeper.credentials(launch("none")) == OTHER
     assert node_file.asked == ["registry.test"]
@@ -425,7 +425,7 @@ async def test_at_start_an_image_the_ledger_says_was_pulled_privately_is_private
     leftover = settings.state_dir / f".{RECORD_FILE}.4242.tmp"
     leftover.write_text("{half")
     keeper = ImageKeeper(
-        settings, credentials=None, clock=clock, check=Registry(RIGHT), ledger=node.ledger
+        settings.images, credentials=None, clock=clock, check=Registry(RIGHT), ledger=node.ledger
     )
     await keeper.start()
     assert not leftover.exists()

@@ -75,7 +75,9 @@ async def keeper(
     tmp_path: Path, engine: Engine, clock: FakeClock, telemetry: Counted
 ) -> AsyncIterator[VolumeKeeper]:
     settings = fake_settings(tmp_path, volume_root=tmp_path / "volumes")
-    made = VolumeKeeper(settings, clock=clock, ps=engine.ps, space_of=Disk(), telemetry=telemetry)
+    made = VolumeKeeper(
+        settings.volumes, clock=clock, ps=engine.ps, space_of=Disk(), telemetry=telemetry
+    )
     yield made
     await made.close()
 

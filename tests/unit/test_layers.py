@@ -420,3 +420,55 @@ def test_the_jobs_collaborators_declare_the_runtime_they_use() -> None:
     }
     assert takers <= WHOLE_RUNTIME, sorted(takers - WHOLE_RUNTIME)
     assert "node.py" in takers  # the walk read the package
+
+
+# --- the settings a collaborator reads -------------------------------------------------------
+
+# The modules of jobs/ that still take the whole `NodeSettings`: the builder, which makes
+# each view, and those not yet given one. Every other collaborator reads the view of its
+# concern (settings/views.py: the image wing, the volume wing, the stopper, the reaper and
+# the drain, the change log and the logs reader), so a reader sees which settings it
+# depends on, and a test hands it just those (issue 35). A converted one stays converted.
+WHOLE_SETTINGS = {
+    "node.py",
+    "health.py",
+    "disk/limit.py",
+    "disk/monitor.py",
+    "mounts/scratch.py",
+    "rules/affinity.py",
+    "rules/confinement.py",
+    "rules/isolation.py",
+    "rules/network.py",
+}
+WHOLE = {"NodeSettings", "JobSettings"}
+
+
+def names_node_settings(path: Path) -> bool:
+    """Whether the module imports `NodeSettings` (or `JobSettings`, its base), by any
+    import: under TYPE_CHECKING or in a function, it still depends on every setting."""
+    return any(
+        kind == "from" and module.startswith("tuneplane_node.settings") and name in WHOLE
+        for kind, module, name in facts(path)
+    )
+
+
+def test_the_jobs_collaborators_read_the_view_of_their_concern() -> None:
+    takers = {
+        str(path.relative_to(JOBS)) for path in JOBS.rglob("*.py") if names_node_settings(path)
+    }
+    assert takers <= WHOLE_SETTINGS, sorted(takers - WHOLE_SETTINGS)
+    assert "node.py" in takers  # the walk read the package
+    for wing in ("images", "volumes", "observe"):
+        assert not any(taker.startswith(f"{wing}/") for taker in takers), wing
+
+
+def test_the_settings_finder_finds_an_import(tmp_path: Path) -> None:
+    whole, view = tmp_path / "whole.py", tmp_path / "view.py"
+    whole.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from tuneplane_node.settings.node import NodeSettings\n"
+    )
+    view.write_text("from tuneplane_node.settings import ImageSettings, env_name\n")
+    assert names_node_settings(whole)
+    assert not names_node_settings(view)

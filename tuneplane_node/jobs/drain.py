@@ -29,7 +29,7 @@ from tuneplane_node.jobs.observe.results import StopPlan
 from tuneplane_node.jobs.ours import Listing
 from tuneplane_node.jobs.stopper import Stopper
 from tuneplane_node.runtime.base import RUNNING
-from tuneplane_node.settings import NodeSettings
+from tuneplane_node.settings import LifecycleSettings
 from tuneplane_node.tasks import BackgroundTasks
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ class NodeStateKeeper:
     def __init__(
         self,
         runtime: Listing,
-        settings: NodeSettings,
+        settings: LifecycleSettings,
         *,
         store: NodeStateStore,
         locks: RefLocks,

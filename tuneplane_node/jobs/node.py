@@ -126,18 +126,22 @@ def build_node(
     credentials: CredentialSource | None = None,  # the node's registry auth file
     port_held: bool = False,  # systemd holds the node's port across restarts
 ) -> Node:
-    """Every collaborator, made once, each handed what it uses."""
-    ledger = ImageLedger(settings.state_dir)
-    limits = PullLimits(settings.local_image_pull_timeout_s, settings.local_image_pull_stall_s)
+    """Every collaborator, made once, each handed what it uses: of the settings, the view
+    of its concern where it has one (settings/views.py)."""
+    image, observe, lifecycle = settings.images, settings.observe, settings.lifecycle
+    ledger = ImageLedger(image.state_dir)
+    limits = PullLimits(image.local_image_pull_timeout_s, image.local_image_pull_stall_s)
     pulls = PullCoordinator(runtime, limits, telemetry, ledger=ledger, clock=clock)
-    images = ImageKeeper(settings, credentials=credentials, clock=clock, ledger=ledger)
-    changes = ChangeLog(runtime, settings, clock=clock)  # fed by the pending table
+    images = ImageKeeper(image, credentials=credentials, clock=clock, ledger=ledger)
+    changes = ChangeLog(runtime, observe, clock=clock)  # fed by the pending table
     pending = PendingTable(clock=clock, on_change=changes.changed)
-    gc = ImageCollector(runtime, settings, pulls=pulls, clock=clock)
+    gc = ImageCollector(runtime, image, pulls=pulls, clock=clock)
     prefetcher = Prefetcher(runtime, pulls, images=images, gc=gc, clock=clock)
     rules = JobRules(settings, port_held=port_held)
     isolation = Isolation(settings, runtime)
-    volumes = VolumeKeeper(settings, clock=clock, ps=runtime.ps, telemetry=telemetry, images=images)
+    volumes = VolumeKeeper(
+        settings.volumes, clock=clock, ps=runtime.ps, telemetry=telemetry, images=images
+    )
     policy = MountPolicy(
         settings.mount_roots, never_a_root=settings.never_a_root, node_files=settings.node_files()
     )
@@ -159,15 +163,15 @@ def build_node(
     own, locks = OursRule(runtime), RefLocks()
     store = NodeStateStore(settings.state_dir, clock=clock)
     stopper = Stopper(
-        runtime, settings, own=own, locks=locks, launcher=launcher, store=store, clock=clock
+        runtime, lifecycle, own=own, locks=locks, launcher=launcher, store=store, clock=clock
     )
     # What the reaper removes is what the engine says now: the cache can lag a start.
     fresh = functools.partial(own, fresh=True)
     reaper = Reaper(
-        runtime, settings, own=fresh, locks=locks, pending=pending, stopper=stopper, clock=clock
+        runtime, lifecycle, own=fresh, locks=locks, pending=pending, stopper=stopper, clock=clock
     )
     keeper = NodeStateKeeper(
-        runtime, settings, store=store, locks=locks, launcher=launcher, stopper=stopper,
+        runtime, lifecycle, store=store, locks=locks, launcher=launcher, stopper=stopper,
         clock=clock,
     )  # fmt: skip
     # It relieves the store before the image GC runs.
@@ -176,8 +180,8 @@ def build_node(
     health.held_by = lambda: monitor.held_by
     health.cards_refused = rules.card_jobs_refused
     health.volume_store = volumes.reading
-    reader = LogsReader(runtime, settings, own=own, pending=pending)
-    sampler = StatsSampler(runtime, allocator, interval_s=settings.stats_interval_s, clock=clock)
+    reader = LogsReader(runtime, observe, own=own, pending=pending)
+    sampler = StatsSampler(runtime, allocator, interval_s=observe.stats_interval_s, clock=clock)
     jobs = JobService(
         runtime=runtime, clock=clock, own=own, locks=locks, launcher=launcher,
         pending=pending, store=store, stopper=stopper, reaper=reaper, keeper=keeper,

@@ -19,7 +19,7 @@ from tuneplane_node.jobs.pending import FAILED, PendingTable
 from tuneplane_node.jobs.stopper import Stopper
 from tuneplane_node.logformat import job_fields
 from tuneplane_node.runtime.base import ContainerState
-from tuneplane_node.settings import NodeSettings
+from tuneplane_node.settings import LifecycleSettings
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class Reaper:
     def __init__(
         self,
         runtime: Listing,
-        settings: NodeSettings,
+        settings: LifecycleSettings,
         *,
         own: Own,
         locks: RefLocks,

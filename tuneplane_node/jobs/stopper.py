@@ -17,7 +17,7 @@ from tuneplane_node.jobs.nodestate import NodeStateStore
 from tuneplane_node.jobs.observe.results import Own, Stopping, StopPlan
 from tuneplane_node.logformat import job_fields
 from tuneplane_node.runtime.base import RUNNING, ContainerState
-from tuneplane_node.settings import NodeSettings
+from tuneplane_node.settings import LifecycleSettings
 from tuneplane_node.signals import DEFAULT_STOP_SIGNAL
 from tuneplane_node.wire.values import SIGNALLED as SIGNALLED
 from tuneplane_node.wire.values import WARNED as WARNED
@@ -45,7 +45,7 @@ class Stopper:
     def __init__(
         self,
         runtime: StoppingRuntime,
-        settings: NodeSettings,
+        settings: LifecycleSettings,
         *,
         own: Own,
         locks: RefLocks,

@@ -3,11 +3,13 @@
 Everything about jobs comes from the console; settings hold only facts about the node.
 Every field is documented in docs/operating.md (a test keeps the two in step).
 
-The variables stay flat (``TUNEPLANE_*``); in the code, settings are grouped by concern,
-as views `NodeSettings` is made of (`JobSettings`, jobs.py). The package's modules:
-`NodeSettings`, its rules across settings and `load_settings` (node.py); a fabric
-(fabric.py); one value read and checked (values.py); a bad setting said (problems.py).
-Every name is imported from here.
+The variables stay flat (``TUNEPLANE_*``); in the code, settings are grouped by concern:
+the jobs' are declared apart (`JobSettings`, jobs.py, which `NodeSettings` extends), and
+each wing of the node reads a frozen view of its own concern, made from `NodeSettings`
+(`ImageSettings`, `VolumeSettings`, ...: views.py). The package's modules: `NodeSettings`,
+its rules across settings and `load_settings` (node.py); a fabric (fabric.py); one value
+read and checked (values.py); a bad setting said (problems.py). Every name is imported
+from here.
 """
 
 from __future__ import annotations
@@ -38,6 +40,12 @@ from tuneplane_node.settings.values import (
     local_engine,
     unix_socket,
 )
+from tuneplane_node.settings.views import (
+    ImageSettings,
+    LifecycleSettings,
+    ObserveSettings,
+    VolumeSettings,
+)
 
 __all__ = [
     "DAY",
@@ -55,8 +63,12 @@ __all__ = [
     "SECRET_FIELDS",
     "TOKEN_PATTERN",
     "Fabric",
+    "ImageSettings",
     "JobSettings",
+    "LifecycleSettings",
     "NodeSettings",
+    "ObserveSettings",
+    "VolumeSettings",
     "describe_settings_error",
     "describe_validation",
     "env_name",

@@ -34,6 +34,13 @@ from tuneplane_node.settings.values import (
     env_name,
     unix_socket,
 )
+from tuneplane_node.settings.views import (
+    ImageSettings,
+    LifecycleSettings,
+    ObserveSettings,
+    VolumeSettings,
+    made_from,
+)
 from tuneplane_node.sizes import MAX_SIZE, size_in_bytes
 
 DEFAULT_STORAGE = Path(".tuneplane-data/storage")
@@ -377,6 +384,25 @@ class NodeSettings(JobSettings):
         if roots is None:
             roots = [self.storage, *self.model_dirs]
         return [root.expanduser().resolve() for root in roots]
+
+    # The views by concern (views.py), each made when read: never cached, since a
+    # `model_copy(update=...)` would carry a cached view of the values it replaced.
+
+    @property
+    def images(self) -> ImageSettings:
+        return made_from(self, ImageSettings)
+
+    @property
+    def volumes(self) -> VolumeSettings:
+        return made_from(self, VolumeSettings)
+
+    @property
+    def lifecycle(self) -> LifecycleSettings:
+        return made_from(self, LifecycleSettings)
+
+    @property
+    def observe(self) -> ObserveSettings:
+        return made_from(self, ObserveSettings)
 
 
 def _tls_pair(settings: NodeSettings) -> None:

@@ -38,7 +38,7 @@ from tuneplane_node.references import ImageName
 from tuneplane_node.runtime import registry
 from tuneplane_node.runtime.base import RegistryAuth
 from tuneplane_node.runtime.facts import DataRoot, EngineImage
-from tuneplane_node.settings import NodeSettings
+from tuneplane_node.settings import ImageSettings
 from tuneplane_node.tasks import BackgroundTasks
 
 log = logging.getLogger(__name__)
@@ -139,7 +139,7 @@ class ImageCollector:
     def __init__(
         self,
         runtime: ImageStoreRuntime,
-        settings: NodeSettings,
+        settings: ImageSettings,
         *,
         pulls: PullCoordinator,
         clock: Clock,

@@ -50,7 +50,7 @@ from tuneplane_node.references import ImageName, names_an_id
 from tuneplane_node.runtime import registry
 from tuneplane_node.runtime.base import RegistryAuth
 from tuneplane_node.runtime.facts import ImageInfo
-from tuneplane_node.settings import NodeSettings, env_name
+from tuneplane_node.settings import ImageSettings, env_name
 from tuneplane_node.tasks import BackgroundTasks
 
 log = logging.getLogger(__name__)
@@ -189,7 +189,7 @@ class ImageKeeper:
 
     def __init__(
         self,
-        settings: NodeSettings,
+        settings: ImageSettings,
         *,
         credentials: CredentialSource | None,
         clock: Clock,

@@ -17,7 +17,7 @@ from tuneplane_node.jobs.observe.followed import END_GRACE_S, EndedWithJob, JobE
 from tuneplane_node.jobs.observe.results import LogNote, Own
 from tuneplane_node.jobs.pending import PendingTable
 from tuneplane_node.runtime.base import ContainerState, LogQuery, LogStream, LogText
-from tuneplane_node.settings import NodeSettings
+from tuneplane_node.settings import ObserveSettings
 
 LOG_READERS = 1
 """Logs read at once. A read of a huge log keeps a thread busy in Python for a second or
@@ -31,7 +31,7 @@ class LogRuntime(JobExits, Protocol):
     async def follow_logs(self, ref: str, query: LogQuery) -> LogStream | None: ...
 
 
-def follow_limit(settings: NodeSettings) -> int:
+def follow_limit(settings: ObserveSettings) -> int:
     """Logs followed at once: each holds an engine thread for as long as it streams, so
     a quarter of the pool at most, and the other verbs always keep three quarters."""
     return max(1, settings.runtime_threads // 4)
@@ -44,7 +44,7 @@ class LogsReader:
     def __init__(
         self,
         runtime: LogRuntime,
-        settings: NodeSettings,
+        settings: ObserveSettings,
         *,
         own: Own,
         pending: PendingTable,

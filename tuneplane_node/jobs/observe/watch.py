@@ -31,7 +31,7 @@ from tuneplane_node.clock import Clock
 from tuneplane_node.errors import NodeError, TooManyWatches
 from tuneplane_node.jobs.observe.results import Cursor, JobChanges, JobView, PendingView
 from tuneplane_node.runtime.base import ChangeListener, ContainerState
-from tuneplane_node.settings import NodeSettings
+from tuneplane_node.settings import ObserveSettings
 from tuneplane_node.tasks import BackgroundTasks
 from tuneplane_node.wire.values import DEFAULT_WAIT_S as DEFAULT_WAIT_S
 from tuneplane_node.wire.values import MAX_WAIT_S as MAX_WAIT_S
@@ -62,7 +62,7 @@ class WatchedRuntime(Protocol):
 class ChangeLog:
     """Every job's view, numbered by its latest change. Used on the loop only."""
 
-    def __init__(self, runtime: WatchedRuntime, settings: NodeSettings, *, clock: Clock):
+    def __init__(self, runtime: WatchedRuntime, settings: ObserveSettings, *, clock: Clock):
         self.runtime = runtime
         self.epoch = secrets.token_hex(8)  # this process: a restart's cursors are new
         self.history = settings.watch_history

@@ -42,7 +42,7 @@ from tuneplane_node.jobs.volumes.store import Entry, VolumeStore
 from tuneplane_node.runtime.base import ContainerState, Mount, RegistryAuth, Volume
 from tuneplane_node.runtime.fetching import Fetcher, shown
 from tuneplane_node.runtime.ociregistry import OciRegistry, is_oci
-from tuneplane_node.settings import NodeSettings, env_name
+from tuneplane_node.settings import VolumeSettings, env_name
 from tuneplane_node.tasks import BackgroundTasks, by_awaiters
 from tuneplane_node.telemetry import NO_TELEMETRY, Telemetry
 from tuneplane_node.wire.values import LABEL_VOLUMES
@@ -127,7 +127,7 @@ class VolumeGcRun:
 class VolumeKeeper:
     def __init__(
         self,
-        settings: NodeSettings,
+        settings: VolumeSettings,
         *,
         clock: Clock = SYSTEM_CLOCK,
         ps: Ps | None = None,

@@ -385,13 +385,15 @@ class ThrowawayPodman:
     def podman(
         self, *args: str, check: bool = True, **options: Any
     ) -> subprocess.CompletedProcess[bytes]:
-        """The podman command line, as a client of this service."""
-        return subprocess.run(
-            ["podman", "--remote", "--url", self.host, *args],
-            check=check,
-            capture_output=True,
-            **options,
+        """The podman command line, as a client of this service; a failure raised with
+        what podman said (a bare exit status 125 says nothing)."""
+        done = subprocess.run(
+            ["podman", "--remote", "--url", self.host, *args], capture_output=True, **options
         )
+        if check and done.returncode:
+            said = done.stderr.decode(errors="replace").strip()
+            raise AssertionError(f"podman {' '.join(args)}: exit {done.returncode}: {said}")
+        return done
 
     def load_test_image(self) -> None:
         """The test image, from the suite's podman service."""

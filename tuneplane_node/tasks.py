@@ -26,7 +26,10 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
-CANCEL_AGAIN_S = 2.0  # a cancelled task's grace before it counts as having lost the cancel
+CANCEL_AGAIN_S = 10.0
+"""A cancelled task's grace before it counts as having lost the cancel: a teardown takes
+seconds (a launch cancelled mid-create lets the engine's create finish, then removes what
+it made), a lost cancel forever; under systemd's 45 s stop (contrib/systemd)."""
 Ended = Callable[["asyncio.Task[Any]"], None]
 
 

@@ -78,13 +78,35 @@ def storage_root(tmp_path: Path) -> Path:
     return root
 
 
+OWN_ENGINES_ONLY = "TUNEPLANE_TEST_OWN_ENGINES_ONLY"
+"""Set (CI's second engine lane, `-m own_engines`): the tests run beside the others, so
+none may use an engine the suite shares between its tests (`shared_engine`)."""
+
+
+def shared_engine(address: str) -> str:
+    """``address``, an engine the suite's tests share; a test of the ``own_engines`` lane
+    that asks for it fails: it would meet the other lane's jobs there (their cards,
+    their containers), so it is not a test with engines of its own."""
+    if os.environ.get(OWN_ENGINES_ONLY):
+        pytest.fail(
+            f"{address} is an engine the suite's tests share, and {OWN_ENGINES_ONLY} says "
+            "this run's tests use only engines of their own: this test is not own_engines"
+        )
+    return address
+
+
 def docker_host() -> str:
     """The engine tests' Docker engine: the suite's own, never the developer's."""
+    return shared_engine(suite_docker())
+
+
+def suite_docker() -> str:
     return os.environ.get("TUNEPLANE_TEST_DOCKER_HOST") or f"unix://{TESTS_DOCKER_SOCK}"
 
 
 def own_docker_host() -> str:
-    return os.environ.get("TUNEPLANE_TEST_OWN_DOCKER_HOST", f"unix://{OWN_DOCKER_SOCK}")
+    explicit = os.environ.get("TUNEPLANE_TEST_OWN_DOCKER_HOST")
+    return shared_engine(explicit or f"unix://{OWN_DOCKER_SOCK}")
 
 
 class Namespaces:
@@ -266,14 +288,19 @@ class ThrowawayDocker:
     def docker(
         self, *args: str, check: bool = True, **options: Any
     ) -> subprocess.CompletedProcess[bytes]:
-        return subprocess.run(
-            ["docker", "-H", self.host, *args], check=check, capture_output=True, **options
-        )
+        """The docker command line on this engine; a failure raised with what docker said
+        (a bare exit status 1 says nothing)."""
+        done = subprocess.run(["docker", "-H", self.host, *args], capture_output=True, **options)
+        if check and done.returncode:
+            said = done.stderr.decode(errors="replace").strip()
+            raise AssertionError(f"docker {' '.join(args)}: exit {done.returncode}: {said}")
+        return done
 
     def load_test_image(self) -> None:
-        """The test image, from the suite's engine (as `engines.sh` fills its own)."""
+        """The test image, from the suite's engine (as `engines.sh` fills its own): a
+        read, the one thing a test with engines of its own takes from a shared one."""
         saved = subprocess.run(
-            ["docker", "-H", docker_host(), "save", IMAGE],
+            ["docker", "-H", suite_docker(), "save", IMAGE],
             check=True,
             capture_output=True,
         ).stdout
@@ -306,6 +333,10 @@ class ThrowawayDocker:
             listed = self.docker("ps", "-aq", check=False).stdout.split()
             if listed:
                 self.docker("rm", "-f", *(entry.decode() for entry in listed), check=False)
+            # Its networks' bridges are the host's devices where it runs in the host's
+            # namespace: a stopped dockerd leaves them, and each took one of the address
+            # pools every engine of the machine draws from, until none was left.
+            self.docker("network", "prune", "-f", check=False)
         self.stop()
         containerd = self.exec_root / "containerd" / "containerd.pid"
         with contextlib.suppress(OSError, ValueError):  # a killed dockerd leaves its own
@@ -396,9 +427,9 @@ class ThrowawayPodman:
         return done
 
     def load_test_image(self) -> None:
-        """The test image, from the suite's podman service."""
+        """The test image, from the suite's podman service (a read, as docker's)."""
         saved = self.root / "image.tar"
-        suite = ["podman", "--remote", "--url", podman_url()]
+        suite = ["podman", "--remote", "--url", suite_podman()]
         subprocess.run([*suite, "save", "-o", str(saved), f"docker.io/{IMAGE}"], check=True)
         self.podman("load", "-q", "-i", str(saved))
         saved.unlink()
@@ -490,11 +521,15 @@ def swept(host: str | None) -> bool:
     """Whether a node on this engine may sweep its wreckage: the suite's own engines
     only (its own, and throwaway ones), never one that holds other people's nodes."""
     throwaway = f"unix://{RUN_DIR}/throwaway-"
-    return host is not None and (host == own_docker_host() or host.startswith(throwaway))
+    return host is not None and (host.startswith(throwaway) or host == own_docker_host())
 
 
 def podman_url() -> str:
     """The engine tests' podman service: its own store and socket, never the developer's."""
+    return shared_engine(suite_podman())
+
+
+def suite_podman() -> str:
     return os.environ.get("TUNEPLANE_TEST_PODMAN_URL") or f"unix://{TESTS_PODMAN_SOCK}"
 
 
@@ -554,8 +589,6 @@ def engine_settings(engine: str, **overrides: object) -> NodeSettings:
     base: dict[str, object] = {
         "local_runtime": engine,
         "node_state_dir": ENGINE_STATE_DIR,
-        "docker_host": docker_host(),
-        "podman_url": podman_url(),
         "local_api_timeout": 30,
         "runtime_threads": 8,
         # The development engines run --bridge=none --iptables=false: docker's isolation
@@ -563,6 +596,10 @@ def engine_settings(engine: str, **overrides: object) -> NodeSettings:
         "job_network": "bridge",
     }
     base.update(overrides)
+    # The suite's engines where the test names none; the one the node uses is asked
+    # through `shared_engine` (the other is never called).
+    base.setdefault("docker_host", docker_host() if engine == "docker" else suite_docker())
+    base.setdefault("podman_url", podman_url() if engine == "podman" else suite_podman())
     return NodeSettings(**base)  # type: ignore[arg-type]
 
 

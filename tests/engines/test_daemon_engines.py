@@ -531,17 +531,18 @@ async def test_a_stop_during_the_pull_abandons_the_download(
 
 
 class SlowStartRuntime(TrackingRuntime):
-    """Holds a launch open once the engine has made its container, until the stop
-    cancels it (a minute at most), so the stop lands in the middle."""
+    """Holds a launch open once the engine has made its container, until the test lets
+    it go (a minute at most), so that a stop lands in the middle of the engine's call."""
 
     def __init__(self, runtime: TrackingRuntime) -> None:
         super().__init__(runtime.inner, runtime.made)
         self.made_one = asyncio.Event()
+        self.go_on = asyncio.Event()
 
     async def run(self, spec: ContainerSpec) -> str:
         container_id = await super().run(spec)
         self.made_one.set()  # the engine has made it; the launch has not heard yet
-        await asyncio.sleep(60)
+        await asyncio.wait_for(self.go_on.wait(), timeout=60)
         return container_id
 
 
@@ -555,7 +556,14 @@ async def test_a_stop_while_the_container_is_being_created_leaves_nothing(
     await asyncio.wait_for(runtime.made_one.wait(), timeout=60)
     assert (await docker_runtime.inspect(ref)).exists  # it is there, mid-launch
 
-    await node.stop(ref)
+    stop = asyncio.ensure_future(node.stop(ref))
+    # The stop takes the pending launch out of the table and cancels it in one step:
+    # from then on the launch waits for the engine's call, which now ends.
+    pending = node.app[NODE].pending
+    await wait_until(lambda: pending.get(ref) is None, timeout=30)
+    assert not stop.done()  # it waits for the engine's call
+    runtime.go_on.set()
+    await stop
 
     assert not (await docker_runtime.inspect(ref)).exists
     health = await node.health()

@@ -58,6 +58,9 @@ RUNTIMES = [
 ]
 SUBJECTS = [*RUNTIMES, pytest.param(SANDBOXED, marks=pytest.mark.engine)]
 """The runtimes, and docker's jobs under gVisor (runsc) on an engine of the module's own."""
+DOWN = ["fake", "process", "docker", "podman"]
+"""The runtimes whose engine cannot be asked: no engine is needed to see that (an engine
+runtime at a socket that does not exist), so none is marked ``engine``."""
 ENGINE_DOWN = "unix:///nonexistent/engine.sock"
 ABSENT_IMAGE = f"{REGISTRY}/tuneplane-test/none:1"
 READY = "ready"  # what a script prints once its signal handling is in place
@@ -196,7 +199,7 @@ async def subject(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
     await inner.close()
 
 
-@pytest.fixture(params=RUNTIMES)
+@pytest.fixture(params=DOWN)
 async def down(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[ContainerRuntime]:
     """A runtime whose engine cannot be asked."""
     kind: str = request.param

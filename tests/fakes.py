@@ -752,6 +752,8 @@ class FakeRuntime:
 
     def _destroy(self, name: str) -> None:
         container = self.containers.pop(name)
+        for pid in [pid for pid, held_by in self.holders.items() if held_by == container.id]:
+            del self.holders[pid]  # a removed container's processes are gone
         self._emit(container, "destroy")
 
     def _emit(self, container: FakeContainer, action: str, *, exit_code: int | None = None) -> None:

@@ -82,15 +82,6 @@ async def wait_until_logged(node: Console, ref: str, text: str, timeout: float =
         await asyncio.sleep(0.1)
 
 
-@pytest.mark.parametrize("engine", ["docker", "podman"])
-async def test_logs_tail_through_the_api(make_node: MakeNode, engine: str) -> None:
-    node = await make_node(engine)
-    ref, _ = await node.launch(["/bin/sh", "-c", "for i in 1 2 3 4; do echo n$i; done"])
-    await node.wait_for(ref, "status", "exited")
-    lines = (await node.logs(ref, tail=2)).splitlines()
-    assert [line.split(" ", 1)[1] for line in lines] == ["n3", "n4"]
-
-
 # --- followed logs -------------------------------------------------------------------------
 
 
@@ -262,22 +253,6 @@ async def test_a_relaunch_after_exit_starts_a_new_container(make_node: MakeNode)
 
     assert second["phase"] == "running"  # started again: a container of its own
     assert second["container_id"] != first["container_id"]
-
-
-async def test_exit_code_and_times_are_reported(make_node: MakeNode) -> None:
-    node = await make_node()
-    ref, _ = await node.launch(["/bin/sh", "-c", "exit 3"])
-    state = await node.wait_for(ref, "status", "exited")
-    assert (state["exit_code"], state["oom_killed"]) == (3, False)
-    assert state["finished_at"] and state["started_at"] and state["created_at"]
-
-
-async def test_a_job_over_its_memory_limit_reads_oom_killed(make_node: MakeNode) -> None:
-    node = await make_node()
-    hog = 'a=$(dd if=/dev/zero bs=1M count=64 2>/dev/null | tr "\\0" x); echo ${#a}'
-    ref, _ = await node.launch(["/bin/sh", "-c", hog], memory_limit="16m")
-    state = await node.wait_for(ref, "status", "exited")
-    assert (state["oom_killed"], state["exit_code"]) == (True, 137)
 
 
 async def test_a_foreign_container_is_invisible_and_untouchable(

@@ -92,24 +92,6 @@ async def test_the_images_stopsignal_stops_it_unasked_and_the_launchs_own_overri
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-async def test_a_signal_reaches_a_job_that_traps_it_and_it_runs_on(
-    make_node: MakeNode, engine: str
-) -> None:
-    node = await make_node(engine)
-    ref, _ = await node.launch(trapping("'echo checkpoint requested' USR1"))
-    await ready(node, ref)
-    assert await node.signal(ref, "SIGUSR1") == (200, {"ok": True})
-    deadline = time.monotonic() + 10
-    while "checkpoint requested" not in await node.logs(ref):
-        assert time.monotonic() < deadline, await node.logs(ref)
-        await asyncio.sleep(0.05)
-    assert (await node.state(ref))["status"] == "running"
-    await node.remove(ref)
-    status, answer = await node.signal(ref, "SIGUSR1")
-    assert status == 409 and "not running" in answer["detail"]
-
-
-@pytest.mark.parametrize("engine", ENGINES)
 async def test_a_warned_job_that_checkpoints_and_exits_ends_with_its_own_code(
     make_node: MakeNode, engine: str, tmp_path: Path
 ) -> None:

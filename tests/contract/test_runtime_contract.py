@@ -87,6 +87,10 @@ class Subject:
     # The process runtime enforces no limit (a bare process has no cgroup of its own):
     # a job over its memory limit runs on to its end.
     enforces_memory_limit: bool = True
+    # Whether the engine learns that the OOM killer ended a job: podman 4.3's conmon on a
+    # cgroup v1 host does not (State.OOMKilled stays false; the exit code, 137, is what
+    # shows the kill), and the node reports the engine's word (docs/api.md says so).
+    reports_oom: bool = True
     # How long a job is watched to show a signal did not end it. A wrongly ended job
     # reads exited within: the fake at once, the process runtime one poll of its pid
     # (20 ms) after the shell's loop turns, an engine after its event and inspect.
@@ -273,6 +277,7 @@ async def subject(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
         has_images=kind != "process",
         not_found_exit=1 if kind == "podman" else 127,
         enforces_memory_limit=kind != "process",
+        reports_oom=kind != "podman",
         quiet_s={"fake": 0.02, "process": 0.1}.get(kind, 0.3),
     )
     await runtime.cleanup()
@@ -384,7 +389,8 @@ async def test_a_job_over_its_memory_limit_is_oom_killed(subject: Subject) -> No
     state = await subject.over_memory()
 
     if subject.enforces_memory_limit:
-        assert (state.status, state.exit_code, state.oom_killed) == ("exited", 137, True)
+        said = subject.reports_oom
+        assert (state.status, state.exit_code, state.oom_killed) == ("exited", 137, said)
     else:  # nothing bounds it: the job ran to its end and said how much it took
         assert (state.status, state.exit_code, state.oom_killed) == ("exited", 0, False)
         assert texts(await log_text(subject.runtime, state.handle)) == [str(64 * 2**20)]

@@ -78,26 +78,29 @@ def storage_root(tmp_path: Path) -> Path:
     return root
 
 
-OWN_ENGINES_ONLY = "TUNEPLANE_TEST_OWN_ENGINES_ONLY"
-"""Set (CI's second engine lane, `-m own_engines`): the tests run beside the others, so
-none may use an engine the suite shares between its tests (`shared_engine`)."""
+LANE = "TUNEPLANE_TEST_LANE"
+"""CI runs the engine tests in two processes at once (.ci/run): ``shared``, the tests on
+the two engines most tests share (docker-tests, podman-tests), and ``own``, those marked
+``own_engines``, whose engines no test of the other lane uses (throwaway ones, and the
+suite's single-purpose engines: docker-own, docker-full). Unset: every test, one at a
+time (the README's test command). An engine of the other lane asked for fails the test:
+it would meet that lane's jobs there, their cards and containers."""
 
 
-def shared_engine(address: str) -> str:
-    """``address``, an engine the suite's tests share; a test of the ``own_engines`` lane
-    that asks for it fails: it would meet the other lane's jobs there (their cards,
-    their containers), so it is not a test with engines of its own."""
-    if os.environ.get(OWN_ENGINES_ONLY):
+def lane_engine(address: str, lane: str) -> str:
+    """``address``, an engine of ``lane``'s tests; the test fails in the other lane."""
+    running = os.environ.get(LANE)
+    if running and running != lane:
         pytest.fail(
-            f"{address} is an engine the suite's tests share, and {OWN_ENGINES_ONLY} says "
-            "this run's tests use only engines of their own: this test is not own_engines"
+            f"{address} is an engine of the {lane!r} lane's tests, and this run is the "
+            f"{running!r} lane's ({LANE}): mark the test own_engines, or not, to match"
         )
     return address
 
 
 def docker_host() -> str:
     """The engine tests' Docker engine: the suite's own, never the developer's."""
-    return shared_engine(suite_docker())
+    return lane_engine(suite_docker(), "shared")
 
 
 def suite_docker() -> str:
@@ -106,7 +109,11 @@ def suite_docker() -> str:
 
 def own_docker_host() -> str:
     explicit = os.environ.get("TUNEPLANE_TEST_OWN_DOCKER_HOST")
-    return shared_engine(explicit or f"unix://{OWN_DOCKER_SOCK}")
+    return lane_engine(explicit or f"unix://{OWN_DOCKER_SOCK}", "own")
+
+
+def full_docker_host() -> str:
+    return lane_engine(f"unix://{FULL_DOCKER_SOCK}", "own")
 
 
 class Namespaces:
@@ -526,7 +533,7 @@ def swept(host: str | None) -> bool:
 
 def podman_url() -> str:
     """The engine tests' podman service: its own store and socket, never the developer's."""
-    return shared_engine(suite_podman())
+    return lane_engine(suite_podman(), "shared")
 
 
 def suite_podman() -> str:
@@ -597,7 +604,7 @@ def engine_settings(engine: str, **overrides: object) -> NodeSettings:
     }
     base.update(overrides)
     # The suite's engines where the test names none; the one the node uses is asked
-    # through `shared_engine` (the other is never called).
+    # for as the lane's (`lane_engine`; the other is never called).
     base.setdefault("docker_host", docker_host() if engine == "docker" else suite_docker())
     base.setdefault("podman_url", podman_url() if engine == "podman" else suite_podman())
     return NodeSettings(**base)  # type: ignore[arg-type]

@@ -59,7 +59,7 @@ RUNTIMES = [
     pytest.param("docker", marks=pytest.mark.engine),
     pytest.param("podman", marks=pytest.mark.engine),
 ]
-SUBJECTS = [*RUNTIMES, pytest.param(SANDBOXED, marks=pytest.mark.engine)]
+SUBJECTS = [*RUNTIMES, pytest.param(SANDBOXED, marks=[pytest.mark.engine, pytest.mark.own_engines])]
 """The runtimes, and docker's jobs under gVisor (runsc) on an engine of the module's own."""
 DOWN = ["fake", "process", "docker", "podman"]
 """The runtimes whose engine cannot be asked: no engine is needed to see that (an engine

@@ -17,17 +17,17 @@ import pytest
 from tests.conftest import MakeNode
 from tests.helpers import (
     BIG_IMAGE,
-    FULL_DOCKER_SOCK,
     REGISTRY,
     TrackingRuntime,
     engine_missing,
     engine_settings,
     forget_image,
+    full_docker_host,
 )
 from tuneplane_node.runtime.base import PullLimits
 from tuneplane_node.runtime.engines.docker import DockerRuntime
 
-pytestmark = [pytest.mark.engine, pytest.mark.slow]
+pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.own_engines]  # docker-full
 SMALL_IMAGE = f"{REGISTRY}/tuneplane-test/busybox:1"
 # 1 MiB every 0.2 s, on and on: slow enough for the monitor's passes to see it cross.
 FILL = [
@@ -41,7 +41,7 @@ FILL = [
 @pytest.fixture
 async def small_docker() -> AsyncIterator[TrackingRuntime]:
     """The small engine with the job's image and another tenant's, unused, cached."""
-    address = f"unix://{FULL_DOCKER_SOCK}"
+    address = full_docker_host()
     runtime = DockerRuntime(engine_settings("docker", docker_host=address))
     health = await runtime.health()
     if not health.ok:
@@ -65,7 +65,7 @@ async def test_the_filler_goes_before_any_image_and_the_pressure_with_it(
 ) -> None:
     node = await make_node(
         feed=small_docker,
-        docker_host=f"unix://{FULL_DOCKER_SOCK}",
+        docker_host=full_docker_host(),
         job_disk_limit="unlimited",  # no limit: only the pressure can stop it
         job_disk_check_s=0.5,
         local_stop_timeout=2,

@@ -549,6 +549,7 @@ async def test_a_stop_while_the_container_is_being_created_leaves_nothing(
 # --- on the suite's own engines: reap, and a restart on a throwaway one ------------------------
 
 
+@pytest.mark.own_engines
 async def test_reap_removes_exited_and_never_started_leaving_running(
     make_node: MakeNode, own_docker: TrackingRuntime
 ) -> None:
@@ -574,6 +575,7 @@ async def test_reap_removes_exited_and_never_started_leaving_running(
     assert states[running]["status"] == "running"
 
 
+@pytest.mark.own_engines
 async def test_an_engine_restart_goes_stale_then_shows_the_truth(
     throwaway_docker: ThrowawayDocker, make_node: MakeNode
 ) -> None:
@@ -644,6 +646,7 @@ def peak_rss_mib(pid: int) -> float:
     return int(status.split("VmHWM:")[1].split()[0]) / 1024
 
 
+@pytest.mark.own_engines
 async def test_three_reads_of_a_200_mb_line_stay_small_and_keep_health_fast(
     own_docker: TrackingRuntime, tmp_path: Path
 ) -> None:

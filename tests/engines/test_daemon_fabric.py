@@ -100,6 +100,7 @@ async def fabric_jobs_keep_their_own_addresses(
     return first, one[1]
 
 
+@pytest.mark.own_engines
 async def test_docker_fabric_jobs_get_their_own_addresses_kept_across_a_restart(
     fabric_docker: ThrowawayDocker, make_node: MakeNode
 ) -> None:
@@ -113,6 +114,7 @@ async def test_docker_fabric_jobs_get_their_own_addresses_kept_across_a_restart(
     assert network[0]["Options"]["parent"] == FABRIC_IF
 
 
+@pytest.mark.own_engines
 async def test_docker_a_full_range_is_a_409_of_its_own(
     fabric_docker: ThrowawayDocker, make_node: MakeNode
 ) -> None:
@@ -157,6 +159,7 @@ async def test_podman_fabric_jobs_get_their_own_addresses_kept_across_a_restart(
     await fabric_jobs_keep_their_own_addresses(make_node, "podman", **podman_fabric)
 
 
+@pytest.mark.own_engines
 async def test_docker_a_foreign_network_of_the_fabrics_name_is_refused_never_used(
     fabric_docker: ThrowawayDocker, make_node: MakeNode
 ) -> None:

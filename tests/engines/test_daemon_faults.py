@@ -27,7 +27,6 @@ from tests.helpers import (
     BIG_IMAGE,
     ENGINE_LIVE,
     FULL_DOCKER_ROOT,
-    FULL_DOCKER_SOCK,
     HEADERS,
     IMAGE,
     TESTS_DOCKER_SOCK,
@@ -39,6 +38,7 @@ from tests.helpers import (
     engine_settings,
     forget_image,
     free_port,
+    full_docker_host,
     node_cache,
     own_docker_host,
     spawn_daemon,
@@ -194,7 +194,7 @@ async def full_docker() -> AsyncIterator[TrackingRuntime]:
     """The engine on a tmpfs of its own, filled to its last 12 MiB for the test: room for
     the big image's 9.5 MB download by its registry's size, not for the download and its
     extraction together."""
-    runtime = DockerRuntime(engine_settings("docker", docker_host=f"unix://{FULL_DOCKER_SOCK}"))
+    runtime = DockerRuntime(engine_settings("docker", docker_host=full_docker_host()))
     health = await runtime.health()
     if not health.ok:
         await runtime.close()
@@ -214,6 +214,7 @@ async def full_docker() -> AsyncIterator[TrackingRuntime]:
         await runtime.close()
 
 
+@pytest.mark.own_engines
 async def test_a_pull_onto_a_full_disk_fails_the_launch_saying_the_disk_is_full(
     make_node: MakeNode, full_docker: TrackingRuntime, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -221,7 +222,7 @@ async def test_a_pull_onto_a_full_disk_fails_the_launch_saying_the_disk_is_full(
     high threshold at 100% refuses none before it), then runs the image GC."""
     node = await make_node(
         feed=full_docker,
-        docker_host=f"unix://{FULL_DOCKER_SOCK}",
+        docker_host=full_docker_host(),
         image_gc_high_percent=100,
         image_gc_low_percent=99,
     )
@@ -236,6 +237,7 @@ async def test_a_pull_onto_a_full_disk_fails_the_launch_saying_the_disk_is_full(
 # --- an engine restarted without --live-restore: its jobs die with it ------------------------
 
 
+@pytest.mark.own_engines
 async def test_jobs_killed_by_an_engine_restart_read_exited_and_free_their_cards(
     throwaway_docker: ThrowawayDocker, make_node: MakeNode
 ) -> None:
@@ -260,6 +262,7 @@ async def test_jobs_killed_by_an_engine_restart_read_exited_and_free_their_cards
 
 
 @pytest.mark.slow
+@pytest.mark.own_engines
 async def test_each_engine_restart_costs_the_node_as_little_as_the_first(
     throwaway_docker: ThrowawayDocker, make_node: MakeNode
 ) -> None:
@@ -281,6 +284,7 @@ async def test_each_engine_restart_costs_the_node_as_little_as_the_first(
     assert (await node.health())["ok"] is True
 
 
+@pytest.mark.own_engines
 async def test_health_answers_within_2_s_while_the_engine_is_frozen(
     throwaway_docker: ThrowawayDocker, make_node: MakeNode
 ) -> None:
@@ -350,6 +354,7 @@ async def check_the_truth(
 
 
 @pytest.mark.timeout(1800)  # minutes on a quiet machine, several times that on a loaded one
+@pytest.mark.own_engines
 async def test_a_daemon_killed_at_random_moments_of_launches_leaves_the_truth(
     own_docker: TrackingRuntime, proxy: ThrottlingProxy, tmp_path: Path
 ) -> None:
@@ -435,6 +440,7 @@ PULLS = 3
 
 
 @pytest.mark.slow
+@pytest.mark.own_engines
 async def test_a_paused_daemon_keeps_the_pulls_that_progressed(
     own_docker: TrackingRuntime, tmp_path: Path
 ) -> None:

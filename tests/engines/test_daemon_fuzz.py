@@ -22,11 +22,11 @@ from typing import Any
 import pytest
 
 from tests.conftest import MakeNode
-from tests.helpers import HEADERS, IMAGE, REGISTRY, Console, TrackingRuntime
+from tests.helpers import HEADERS, IMAGE, REGISTRY, Console, TrackingRuntime, own_docker_host
 from tuneplane_node.runtime.base import LABEL_RUN_ID
 from tuneplane_node.runtime.engines.docker import DockerRuntime
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.own_engines]  # docker-own
 REQUESTS = int(os.environ.get("TUNEPLANE_FUZZ_REQUESTS", "10000"))
 SEED = int(os.environ.get("TUNEPLANE_FUZZ_SEED", "20261130"))
 CONCURRENCY = 8
@@ -144,7 +144,9 @@ async def test_ten_thousand_hostile_requests_get_no_5xx_and_start_nothing_refuse
     make_node: MakeNode, own_docker: TrackingRuntime, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING)
-    node = await make_node(feed=own_docker, local_gpu_count=2, local_stop_timeout=0)
+    node = await make_node(
+        feed=own_docker, docker_host=own_docker_host(), local_gpu_count=2, local_stop_timeout=0
+    )
     fuzzer = Fuzzer(random.Random(SEED))
     statuses: collections.Counter[int] = collections.Counter()
     refused: set[str] = set()

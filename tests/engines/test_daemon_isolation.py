@@ -126,6 +126,7 @@ async def sandbox_docker(throwaway_docker: ThrowawayDocker) -> ThrowawayDocker:
 
 
 @pytest.mark.parametrize("network", ["none", "host"])
+@pytest.mark.own_engines
 async def test_the_cpu_rule_runs_jobs_without_cards_under_gvisor(
     sandbox_docker: ThrowawayDocker, make_node: MakeNode, network: str
 ) -> None:

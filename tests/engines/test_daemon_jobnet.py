@@ -50,7 +50,7 @@ from tuneplane_node.runtime.engines.jobnetwork import (
 from tuneplane_node.runtime.engines.podman import PodmanRuntime
 from tuneplane_node.wire.values import Mount
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.own_engines]  # engines in namespaces of their own
 PEER_PORT = 9000
 SERVE = ["/bin/sh", "-c", f"while true; do echo secret | nc -l -p {PEER_PORT}; done"]
 

@@ -48,7 +48,7 @@ from tuneplane_node.runtime.engines.docker import DockerRuntime
 from tuneplane_node.runtime.spec import ContainerSpec, container_name, job_labels
 from tuneplane_node.settings import NodeSettings
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.own_engines]  # a throwaway engine
 
 STEPS = int(os.environ.get("TUNEPLANE_REAL_MODEL_STEPS", "1000"))
 SEED = int(os.environ.get("TUNEPLANE_MODEL_SEED", "20261130"))

@@ -146,6 +146,7 @@ async def test_nothing_is_left_staged_after_remove_failure_and_restart(
     assert staged(tmp_path) == ([], [])
 
 
+@pytest.mark.own_engines
 async def test_a_reaped_job_leaves_nothing_staged(
     make_node: MakeNode, own_docker: TrackingRuntime, tmp_path: Path
 ) -> None:

@@ -105,6 +105,7 @@ async def test_a_job_filling_its_scratch_gets_enospc_keeps_running_and_leaves_no
         sweep(tmp_path)
 
 
+@pytest.mark.own_engines
 async def test_a_reaped_job_leaves_no_scratch(
     make_node: MakeNode, own_docker: TrackingRuntime, tmp_path: Path
 ) -> None:

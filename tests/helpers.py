@@ -36,7 +36,7 @@ from tuneplane_node.jobs.pending import FAILED
 from tuneplane_node.runtime.base import LABEL_RUN_ID, ContainerRuntime, ContainerState, LogQuery
 from tuneplane_node.runtime.cache import CachedRuntime
 from tuneplane_node.runtime.engines.docker import DockerRuntime
-from tuneplane_node.runtime.engines.jobnetwork import own_network
+from tuneplane_node.runtime.engines.networks.jobnetwork import own_network
 from tuneplane_node.runtime.engines.podman import PodmanRuntime
 from tuneplane_node.runtime.spec import ContainerSpec, container_name
 from tuneplane_node.settings import NodeSettings

@@ -25,7 +25,7 @@ from tests.engines.test_daemon_jobnet import netns_docker  # noqa: F401 (the fix
 from tests.helpers import Console, ThrowawayDocker, engine_missing, podman_url
 from tuneplane_node import inventory
 from tuneplane_node.runtime.base import LABEL_FABRIC_ADDRESS
-from tuneplane_node.runtime.engines.jobnetwork import LABEL_NODE_NETWORK
+from tuneplane_node.runtime.engines.networks.jobnetwork import LABEL_NODE_NETWORK
 
 pytestmark = pytest.mark.engine
 FABRIC_IF = "fab0"

@@ -35,13 +35,13 @@ from tests.helpers import (
     unique,
 )
 from tuneplane_node.errors import EngineError
-from tuneplane_node.runtime.engines.hostguard import (
+from tuneplane_node.runtime.engines.networks.hostguard import (
     GUARD_PREFIX,
     guarded_bridges,
     guarded_rules,
     podman_rules,
 )
-from tuneplane_node.runtime.engines.jobnetwork import (
+from tuneplane_node.runtime.engines.networks.jobnetwork import (
     LABEL_NETWORK_OF,
     LABEL_NETWORK_STORE,
     LABEL_NODE_NETWORK,

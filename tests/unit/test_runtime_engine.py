@@ -28,7 +28,7 @@ from tuneplane_node.runtime.engines.cgroupparent import JobParent
 from tuneplane_node.runtime.engines.docker import ERRORS as DOCKER_ERRORS
 from tuneplane_node.runtime.engines.docker import DockerRuntime
 from tuneplane_node.runtime.engines.engine import EngineRuntime, ErrorTable
-from tuneplane_node.runtime.engines.jobnetwork import checked
+from tuneplane_node.runtime.engines.networks.jobnetwork import checked
 from tuneplane_node.runtime.engines.podman import ERRORS as PODMAN_ERRORS
 from tuneplane_node.runtime.engines.podman import PodmanRuntime, create_body
 from tuneplane_node.runtime.facts import DeviceSupport

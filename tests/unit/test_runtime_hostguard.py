@@ -1,5 +1,5 @@
-"""The host guard's decisions (`runtime.engines.hostguard`); the rule itself is tested from inside
-jobs on an engine of its own (tests/engines/test_daemon_jobnet.py)."""
+"""The host guard's decisions (`runtime.engines.networks.hostguard`); the rule itself is
+tested from inside jobs on an engine of its own (tests/engines/test_daemon_jobnet.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tuneplane_node.runtime.engines import hostguard
+from tuneplane_node.runtime.engines.networks import hostguard
 
 
 def test_the_bridge_is_the_networks_named_one_or_docker_s_own_name_for_it() -> None:

@@ -88,7 +88,7 @@ def host_network_findings(settings: NodeSettings) -> list[Finding]:
 def job_network_finding(settings: NodeSettings) -> Finding:
     """The network a job off the host's gets, and whether jobs there reach each other
     or this machine's ports."""
-    from tuneplane_node.runtime.engines import hostguard
+    from tuneplane_node.runtime.engines.networks import hostguard
 
     kind = settings.job_network
     if kind == "bridge":

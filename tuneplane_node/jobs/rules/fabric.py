@@ -1,11 +1,12 @@
 """The fabric network's addresses, and what NCCL needs to use them (``TUNEPLANE_FABRICS``).
 
 A job that spans machines without holding the whole machine runs on the fabric network
-(a ``macvlan``/``ipvlan`` network on the fabric's interface, `runtime.engines.jobnetwork`) with
-an IPv4 address of its own from the operator's range, so the address NCCL advertises is
-one the other machines reach. The address is written on the container
-(`LABEL_FABRIC_ADDRESS`): labels are the truth, so after a restart the node reads the
-addresses held from the engine, and nothing but a launch being made is held in memory.
+(a ``macvlan``/``ipvlan`` network on the fabric's interface,
+`runtime.engines.networks.jobnetwork`) with an IPv4 address of its own from the
+operator's range, so the address NCCL advertises is one the other machines reach. The
+address is written on the container (`LABEL_FABRIC_ADDRESS`): labels are the truth, so
+after a restart the node reads the addresses held from the engine, and nothing but a
+launch being made is held in memory.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from tuneplane_node.errors import FabricAddressesExhausted
 from tuneplane_node.runtime.base import LABEL_FABRIC_ADDRESS, ContainerRuntime
-from tuneplane_node.runtime.engines.jobnetwork import JOB_INTERFACE, gateway
+from tuneplane_node.runtime.engines.networks.jobnetwork import JOB_INTERFACE, gateway
 from tuneplane_node.runtime.spec import FABRIC, ContainerSpec
 from tuneplane_node.settings import Fabric
 

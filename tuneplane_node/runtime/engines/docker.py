@@ -22,7 +22,6 @@ import urllib3.exceptions
 
 from tuneplane_node.runtime.base import LABEL_FABRIC_ADDRESS, Brief, ContainerState
 from tuneplane_node.runtime.engines import dockerformat as fmt
-from tuneplane_node.runtime.engines import hostguard
 from tuneplane_node.runtime.engines.engine import (
     OURS_FILTER,
     EngineRuntime,
@@ -31,7 +30,8 @@ from tuneplane_node.runtime.engines.engine import (
     asked_support,
 )
 from tuneplane_node.runtime.engines.isolation import registered
-from tuneplane_node.runtime.engines.jobnetwork import (
+from tuneplane_node.runtime.engines.networks import hostguard
+from tuneplane_node.runtime.engines.networks.jobnetwork import (
     FABRIC_KIND,
     LABEL_NODE_NETWORK,
     NO_ICC,

@@ -27,7 +27,7 @@ import requests.exceptions
 from tuneplane_node.errors import NodeError, SandboxUnavailable
 from tuneplane_node.runtime.base import LABEL_RUN_ID, Brief, ContainerState
 from tuneplane_node.runtime.engines import dockerformat as fmt
-from tuneplane_node.runtime.engines import hostguard, seccomp
+from tuneplane_node.runtime.engines import seccomp
 from tuneplane_node.runtime.engines.engine import (
     OURS_FILTER,
     EngineRuntime,
@@ -36,7 +36,8 @@ from tuneplane_node.runtime.engines.engine import (
     asked_support,
 )
 from tuneplane_node.runtime.engines.isolation import maps_mount_ids
-from tuneplane_node.runtime.engines.jobnetwork import (
+from tuneplane_node.runtime.engines.networks import hostguard
+from tuneplane_node.runtime.engines.networks.jobnetwork import (
     LABEL_NETWORK_OF,
     LABEL_NETWORK_STORE,
     LABEL_NODE_NETWORK,

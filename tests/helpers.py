@@ -108,8 +108,11 @@ def suite_docker() -> str:
 
 
 def own_docker_host() -> str:
-    explicit = os.environ.get("TUNEPLANE_TEST_OWN_DOCKER_HOST")
-    return lane_engine(explicit or f"unix://{OWN_DOCKER_SOCK}", "own")
+    return lane_engine(suite_own_docker(), "own")
+
+
+def suite_own_docker() -> str:
+    return os.environ.get("TUNEPLANE_TEST_OWN_DOCKER_HOST") or f"unix://{OWN_DOCKER_SOCK}"
 
 
 def full_docker_host() -> str:
@@ -528,7 +531,7 @@ def swept(host: str | None) -> bool:
     """Whether a node on this engine may sweep its wreckage: the suite's own engines
     only (its own, and throwaway ones), never one that holds other people's nodes."""
     throwaway = f"unix://{RUN_DIR}/throwaway-"
-    return host is not None and (host.startswith(throwaway) or host == own_docker_host())
+    return host is not None and (host.startswith(throwaway) or host == suite_own_docker())
 
 
 def podman_url() -> str:
@@ -605,8 +608,10 @@ def engine_settings(engine: str, **overrides: object) -> NodeSettings:
     base.update(overrides)
     # The suite's engines where the test names none; the one the node uses is asked
     # for as the lane's (`lane_engine`; the other is never called).
-    base.setdefault("docker_host", docker_host() if engine == "docker" else suite_docker())
-    base.setdefault("podman_url", podman_url() if engine == "podman" else suite_podman())
+    if "docker_host" not in base:
+        base["docker_host"] = docker_host() if engine == "docker" else suite_docker()
+    if "podman_url" not in base:
+        base["podman_url"] = podman_url() if engine == "podman" else suite_podman()
     return NodeSettings(**base)  # type: ignore[arg-type]
 
 

@@ -992,6 +992,16 @@ class Console:
     async def health(self) -> Any:
         return await self.ok("GET", "/node/v1/health")
 
+    async def answered_health(self, timeout: float = 30) -> Any:
+        """Health once the engine has answered it. Health waits 1.5 s for the engine
+        (its version, once per sync; an unanswered heartbeat) and else says it is silent,
+        the cards unknown: on a loaded machine a test of what the cards are waits for
+        the engine's word, as a console polls again."""
+        deadline = time.monotonic() + timeout
+        while not (health := await self.health())["ok"] and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        return health
+
     async def logs(self, ref: str, tail: int | None = None) -> str:
         params = {"ref": ref} if tail is None else {"ref": ref, "tail": str(tail)}
         return (await self.ok("GET", "/node/v1/logs", params=params))["logs"]  # type: ignore[no-any-return]

@@ -70,7 +70,7 @@ async def test_launch_observe_logs_stop_remove(make_node: MakeNode, engine: str)
     assert await node.stop(ref, timeout=5) == {"ok": True}
     state = await node.state(ref)
     assert (state["status"], state["exit_code"]) == ("exited", 0)
-    assert (await node.health())["gpus_free"] == 4
+    assert (await node.answered_health())["gpus_free"] == 4
     assert await node.remove(ref) == {"ok": True}
     assert (await node.state(ref))["exists"] is False
 
@@ -290,7 +290,7 @@ async def test_a_refusal_for_a_field_of_the_request_is_a_422_naming_it(
     _, body = await node.launch(user="nobody-here", expect=422)
     assert body["detail"].startswith(f"container.user: {engine} refused to run")
     assert (await node.state(ref))["exists"] is False
-    assert (await node.health())["gpus_free"] == 4
+    assert (await node.answered_health())["gpus_free"] == 4
 
 
 MISSING = "No such file or directory"
@@ -367,14 +367,14 @@ async def test_a_card_launch_an_engine_cannot_serve_is_a_409_naming_the_fix_not_
     assert body["code"] == "gpu_not_ready"
     assert "nvidia-ctk" in body["detail"] and "device driver" not in body["detail"]
     assert (await node.state(ref))["exists"] is False
-    assert (await node.health())["gpus_free"] == 4
+    assert (await node.answered_health())["gpus_free"] == 4
 
 
 async def test_health_reports_the_engine_the_disk_and_the_cache(
     make_node: MakeNode, tmp_path: Any
 ) -> None:
     node = await make_node()
-    health = await node.health()
+    health = await node.answered_health()
 
     assert health["ok"] is True and health["protocol"] == 1
     assert health["runtime"]["name"] == "docker" and health["runtime"]["version"]
@@ -412,7 +412,7 @@ async def test_a_restarted_daemon_finds_its_jobs_and_cards_from_labels(make_node
     await first.client.close()  # the daemon is gone; its engine and cache stay
 
     second = await make_node(cached=cached)
-    health = await second.health()
+    health = await second.answered_health()
 
     assert health["by_job"] == {
         str(card): ref.removeprefix("tuneplane-") for card in answer["gpus"]
@@ -436,7 +436,7 @@ async def test_a_pull_reserves_cards_reports_progress_then_runs(
 
     ref, answer = await node.launch(gpus=3, image=image)
     assert answer == {"phase": "pulling", "image": image, "requested_gpus": 3, "ref": ref}
-    health = await node.health()
+    health = await node.answered_health()
     assert (health["gpus_reserved"], health["gpus_free"]) == (3, 1)
     _, body = await node.launch(gpus=2, expect=409)  # the reservation holds
     assert "reserved" in body["detail"]
@@ -449,7 +449,7 @@ async def test_a_pull_reserves_cards_reports_progress_then_runs(
 
     assert state["status"] == "running" and "pending_phase" not in state
     assert len(set(seen)) >= 3, seen  # the bytes moved while we watched
-    health = await node.health()
+    health = await node.answered_health()
     assert health["gpus_reserved"] == 0 and health["pending_pulls"] == {}
     assert sorted(health["by_job"]) == ["0", "1", "2"]
     await docker_runtime.remove(ref)
@@ -483,7 +483,7 @@ async def test_two_launches_of_one_image_share_one_download(
     await node.wait_for(second, "status", "running")
     # One download: the big image is ~9.5 MB, so two would be ~19 MB through the proxy.
     assert 9_000_000 < proxy.bytes_sent < 14_000_000
-    assert (await node.health())["gpus_free"] == 2
+    assert (await node.answered_health())["gpus_free"] == 2
     for ref in (first, second):
         await docker_runtime.remove(ref)
     await forget_image(docker_runtime, image)
@@ -500,7 +500,7 @@ async def test_a_stop_during_the_pull_abandons_the_download(
     await node.stop(ref)
 
     assert (await node.state(ref))["exists"] is False
-    assert (await node.health())["gpus_free"] == 4
+    assert (await node.answered_health())["gpus_free"] == 4
     await wait_until(lambda: proxy.open_connections == 0, timeout=10)  # download abandoned
     assert not await docker_runtime.image_exists(image)
 
@@ -541,7 +541,7 @@ async def test_a_stop_while_the_container_is_being_created_leaves_nothing(
     await stop
 
     assert not (await docker_runtime.inspect(ref)).exists
-    health = await node.health()
+    health = await node.answered_health()
     assert health["gpus_free"] == 4 and health["gpus_reserved"] == 0
     await forget_image(docker_runtime, image)
 
@@ -597,7 +597,7 @@ async def test_an_engine_restart_goes_stale_then_shows_the_truth(
     states = await node.observe(ref, done)
     assert states[ref]["status"] == "running"  # --live-restore kept the job running
     assert states[done]["status"] == "exited"
-    health = await node.health()
+    health = await node.answered_health()
     assert health["by_job"] == {
         str(card): ref.removeprefix("tuneplane-") for card in answer["gpus"]
     }

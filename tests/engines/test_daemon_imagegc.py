@@ -307,7 +307,7 @@ async def test_a_pull_that_cannot_fit_is_refused_with_507_before_any_blob_is_ask
     assert answer["needed_bytes"] > 2 * 2**20 and answer["high_percent"] == high
     assert answer["freeable_bytes"] == 0 and answer["free_bytes"] > 0
     assert (await node.observe(ref))[ref]["exists"] is False  # nothing created
-    health = await node.health()
+    health = await node.answered_health()
     assert (health["gpus_reserved"], health["gpus_free"]) == (0, 4)  # nothing reserved
     assert blob_requests(image) == before  # no byte of it downloaded
 

@@ -94,7 +94,7 @@ async def test_a_launch_with_credentials_runs_and_one_without_fails_at_once(
         state = await node.wait_for(ref, "status", "dead")
         assert state["pending_phase"] == "failed" and REFUSED in state["pending_error"], state
     assert time.monotonic() - started < 20  # no retry loop, nowhere near the stall deadline
-    health = await node.health()
+    health = await node.answered_health()
     assert (health["gpus_reserved"], health["gpus_free"]) == (0, 4)  # both let go
 
     ref, answer = await node.launch(SHOW, gpus=1, image=PRIVATE, registry_auth=login)
@@ -210,7 +210,7 @@ async def refused_without_credentials(node: Console) -> None:
     ref, answer = await node.launch(SHOW, image=PRIVATE, gpus=1, expect=403)
     assert PRIVATE in answer["detail"]
     assert (await node.state(ref))["exists"] is False  # nothing created
-    health = await node.health()
+    health = await node.answered_health()
     assert health["gpus_free"] == 4, health
 
 

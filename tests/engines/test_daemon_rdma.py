@@ -76,7 +76,7 @@ async def test_unlimited_memlock_on_an_engine_that_cannot_give_it_is_a_409_not_a
     assert "LimitMEMLOCK=infinity" in refused["detail"]
     assert f"hard limit is {_HARD} bytes" in refused["detail"]
 
-    health = await node.health()
+    health = await node.answered_health()
     assert health["gpu_ready"] is False
     assert "cannot lock their memory" in health["gpu_not_ready_reason"]
     await node.launch(gpus=0)  # no card under auto: no RDMA, no memlock, it runs

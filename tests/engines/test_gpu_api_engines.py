@@ -62,7 +62,7 @@ async def test_a_process_of_the_job_holding_the_card_is_not_external(
 
     sim.set(held, processes=[{"pid": await container_pid(docker_runtime, ref), "used_mib": 500}])
 
-    health = await node.health()
+    health = await node.answered_health()
     assert health["external_probe_ok"] is True
     assert health["external"] == [] and health["external_pids"] == {}
     assert health["by_job"] == {str(held): run_id_of(ref)}
@@ -82,5 +82,5 @@ async def test_twenty_launches_racing_for_four_cards_never_share_one(
     assert in_engine == granted
     cards = [gpu for gpus in in_engine.values() for gpu in gpus]
     assert sorted(cards) == [0, 1, 2, 3]  # each card once
-    health = await node.health()
+    health = await node.answered_health()
     assert health["free_gpus"] == [] and len(health["by_job"]) == 4

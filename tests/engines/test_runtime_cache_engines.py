@@ -108,7 +108,7 @@ async def test_a_kill_outside_the_daemon_is_seen_without_any_verb(
 
     state = await node.wait_for(ref, "status", "exited", timeout=5)
     assert state["exit_code"] == 137
-    assert (await node.health())["gpus_free"] == 4  # its cards are free again
+    assert (await node.answered_health())["gpus_free"] == 4  # its cards are free again
 
 
 async def test_a_removal_outside_the_daemon_reads_gone(

@@ -88,15 +88,34 @@ start_docker() { # start_docker NAME [no-live-restore]: the engine $RUN_DIR/NAME
     local name=$1 sock=$RUN_DIR/$1.sock live_restore=--live-restore
     [[ ${2:-} == no-live-restore ]] && live_restore=
     if docker -H "unix://$sock" version >/dev/null 2>&1; then return; fi
-    log "starting dockerd on $sock"
-    # The sandboxes this runs in allow no iptables and no bridge; jobs use the host
-    # network anyway. --live-restore keeps jobs running across an engine restart. Each
-    # engine starts its own containerd under its exec root.
-    setsid dockerd --iptables=false --ip6tables=false --bridge=none $live_restore \
-        --data-root "$DEV_ROOT/$name" --exec-root "$RUN_DIR/$name-exec" \
-        --pidfile "$RUN_DIR/$name.pid" -H "unix://$sock" \
-        >>"$LOG_DIR/$name.log" 2>&1 </dev/null &
-    wait_for 60 "dockerd $name" docker -H "unix://$sock" version
+    # Twice: one CI run saw a dockerd that never answered where every run before it had
+    # (its log not kept); the first try's log tail says why, the second usually starts.
+    local try
+    for try in 1 2; do
+        log "starting dockerd on $sock"
+        # The sandboxes this runs in allow no iptables and no bridge; jobs use the host
+        # network anyway. --live-restore keeps jobs running across an engine restart.
+        # Each engine starts its own containerd under its exec root.
+        setsid dockerd --iptables=false --ip6tables=false --bridge=none $live_restore \
+            --data-root "$DEV_ROOT/$name" --exec-root "$RUN_DIR/$name-exec" \
+            --pidfile "$RUN_DIR/$name.pid" -H "unix://$sock" \
+            >>"$LOG_DIR/$name.log" 2>&1 </dev/null &
+        local pid=$!
+        if wait_for 90 "dockerd $name" docker -H "unix://$sock" version; then return; fi
+        log "dockerd $name, the end of its log:"
+        tail -n 25 "$LOG_DIR/$name.log" >&2 || true
+        stop_pid "$pid"
+    done
+    return 1
+}
+
+stop_pid() { # stop_pid PID: TERM, then KILL after 20 s; waits until it is gone
+    kill "$1" 2>/dev/null || return 0
+    local deadline=$((SECONDS + 20))
+    while kill -0 "$1" 2>/dev/null; do
+        ((SECONDS < deadline)) || kill -9 "$1" 2>/dev/null || true
+        sleep 0.5
+    done
 }
 
 write_subids() { # podman's userns=auto takes each job's ids from the containers ranges

@@ -478,5 +478,14 @@ class Api:
             time.sleep(0.2)
         raise RuntimeError("the daemon never showed every container running")
 
+    def metric(self, name: str) -> float:
+        """One sample of the daemon's /metrics (0 when absent): ``name`` with its labels."""
+        answer = self.session.get(self.url + "/metrics")
+        answer.raise_for_status()
+        for line in answer.text.splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        return 0.0
+
     def close(self) -> None:
         self.session.close()

@@ -56,6 +56,7 @@ CONCURRENCY = 200
 REFS_PER_OBSERVE = 10
 GAP_S = 0.7
 PROBE_PAUSE_S = 0.002
+WALKS = "tuneplane_node_disk_walk_seconds_count"
 
 # --- the generator process -----------------------------------------------------------
 
@@ -264,11 +265,14 @@ def measured_daemon(
         api.wait_tracked(names)
         settle(daemon.pid)
         print(f"daemon {code_version(checkout)}; cache: {api.health()['state_cache']}")
-        cpu = daemon.cpu_seconds()
+        cpu, walks = daemon.cpu_seconds(), api.metric(WALKS)
         with profiled(daemon, args.profile):
             bursts, samples = run_load(daemon, names, args.rounds)
         cpu = daemon.cpu_seconds() - cpu
         report(bursts, samples)
+        # The disk monitor's walks of writable layers during the run (none for a daemon
+        # without the monitor): work between the requests that their CPU includes.
+        print(f"disk monitor walks during the run: {api.metric(WALKS) - walks:.0f}")
         served = sum(len(b["latencies"]) for b in bursts) + len(samples)
         print(
             f"daemon CPU over the run: {cpu:.2f} s for {served} requests (bursts + probe), "

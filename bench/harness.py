@@ -9,6 +9,7 @@ people's containers on the same engine are never touched.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import platform
 import shutil
@@ -76,7 +77,12 @@ def peer_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--peer", metavar="CHECKOUT", help="another checkout's daemon, run alternately with this"
     )
-    parser.add_argument("--pairs", type=int, default=3, help="with --peer: runs of each (>= 3)")
+    parser.add_argument(
+        "--pairs",
+        type=int,
+        default=4,
+        help="with --peer: runs of each (even: each side first as often)",
+    )
 
 
 def machine() -> str:
@@ -176,10 +182,19 @@ def peer_checkout(path: str | None) -> Path | None:
 
 def alternate(peer: Path, pairs: int, measure: Callable[[Path], dict[str, float]]) -> None:
     """``measure`` this checkout's daemon and the peer's, one at a time, the first of each
-    pair alternating; then each figure of both and its ratio per pair (this / peer). A
-    figure named ``... (x)`` is a ratio itself, any other a time in seconds."""
+    pair alternating; then each figure of both and its ratio per pair (this / peer), and
+    the ratio of their geometric means over every run. A figure named ``... (x)`` is a
+    ratio itself, any other a time in seconds.
+
+    The first daemon of a pair measured higher CPU figures than the second, whichever it
+    was (by up to 1.4x on this machine): a ratio per pair leans on the order, and its
+    median over an odd number of pairs leans on the side that went first more often. The
+    means over an even number of pairs put each side first as often."""
     checkouts = {"this": REPO, "peer": peer}
     runs: dict[str, list[dict[str, float]]] = {"this": [], "peer": []}
+    if pairs % 2:
+        print(f"note: {pairs} pairs: `this` goes first once more than the peer")
+    quiet_machine()
     for index in range(pairs):
         for which in ("this", "peer") if index % 2 == 0 else ("peer", "this"):
             version = code_version(checkouts[which])
@@ -194,9 +209,36 @@ def alternate(peer: Path, pairs: int, measure: Callable[[Path], dict[str, float]
         print(f"{figure}: this {', '.join(map(shown, mine))}; peer {', '.join(map(shown, theirs))}")
         print(
             f"  this / peer: {', '.join(f'{r:.3f}' for r in ratios)} "
-            f"(median {median(ratios):.3f}, max {max(ratios):.3f})"
+            f"(median {median(ratios):.3f}, max {max(ratios):.3f}; "
+            f"of the means {geometric_mean(mine) / geometric_mean(theirs):.3f})"
         )
     print(f"load average at the end: {load_average()}")
+
+
+def geometric_mean(values: Sequence[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if all(values) else 0.0
+
+
+def quiet_machine(*, busy: float = 0.10, window_s: float = 2.0, timeout_s: float = 120) -> None:
+    """Until the machine's CPUs are under ``busy`` over ``window_s`` (the fleet's start
+    keeps the engine busy a while after its containers answer): the first pair would
+    pay for it."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        before = _cpu_times()
+        time.sleep(window_s)
+        after = _cpu_times()
+        total = after[0] - before[0]
+        if total and (after[1] - before[1]) / total < busy:
+            break
+    print(f"machine quiet after {time.monotonic() - started:.1f} s", flush=True)
+
+
+def _cpu_times() -> tuple[int, int]:
+    """(all, busy) jiffies of every CPU so far (/proc/stat)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return sum(fields[:8]), sum(fields[:8]) - idle
 
 
 def load_average() -> str:
@@ -292,10 +334,16 @@ def fleet(tag: str) -> Iterator[Fleet]:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time a process has used so far (all its threads)."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU time a process has used so far (all its threads, those gone
+    too), to the nanosecond: the process's CPU clock (Linux's clock id of another process,
+    CPUCLOCK_SCHED). /proc's figures count in ticks of 10 ms, a whole burst's cost or
+    30 health requests': the per-request ratios scattered by a third from that alone."""
+    try:
+        return time.clock_gettime(((~pid) << 3) | 2)
+    except OSError:  # another kernel: the ticks
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def settle(pid: int, *, busy: float = 0.15, window_s: float = 1.0, timeout_s: float = 45) -> None:

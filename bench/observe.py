@@ -196,7 +196,7 @@ web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log
 
 
 def daemon_cpu(
-    daemon: Daemon, lean: LeanApi, names: Sequence[str], calls: int = 300
+    daemon: Daemon, lean: LeanApi, names: Sequence[str], calls: int = 1000
 ) -> dict[str, float]:
     """The daemon's own CPU per request (its /proc figures), apart from any client: the
     bare HTTP floor (/healthz), health, and observe of every name, back to back; and the

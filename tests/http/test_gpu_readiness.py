@@ -5,6 +5,7 @@ the NVIDIA runtime nor a CDI specification on this machine)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -74,22 +75,36 @@ async def test_an_unknown_card_count_is_not_ready_and_names_the_setting(
 async def test_the_engines_answer_is_read_once_per_period(
     tmp_path: Path, fake: FakeRuntime
 ) -> None:
-    calls = 0
+    calls, answer = 0, NO_NVIDIA
 
     async def counted() -> DeviceSupport:
         nonlocal calls
         calls += 1
-        return NO_NVIDIA
+        return answer
 
     fake.device_support = counted  # type: ignore[method-assign]
     clock = FakeClock()
     allocator = GpuAllocator(fake, fake_settings(tmp_path), probe=FakeProbe(2), clock=clock)
     for _ in range(5):
         assert (await allocator.ready()).ready is False
+    assert calls == 1
     clock.advance(11)
-    await allocator.ready()
+    answer = DeviceSupport(runtimes=("nvidia", "runc"))  # the toolkit installed meanwhile
+    # A period later: the last answer at once, a burst sharing one look behind it ...
+    burst = await asyncio.gather(*(allocator.ready() for _ in range(20)))
+    assert {readiness.ready for readiness in burst} == {False}
+    # ... whose answer the next requests see.
+    await wait_until_ready(allocator)
     assert calls == 2
     await allocator.close()
+
+
+async def wait_until_ready(allocator: GpuAllocator) -> None:
+    for _ in range(500):
+        if (await allocator.ready()).ready:
+            return
+        await asyncio.sleep(0.01)
+    pytest.fail("the look behind the burst never landed")
 
 
 # --- CDI specifications ---------------------------------------------------------------

@@ -7,6 +7,7 @@ bytes a test says each job wrote (`FakeRuntime.written`), on its disk."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
@@ -310,6 +311,35 @@ async def test_a_launch_reads_the_store_once_and_a_burst_of_health_the_host_once
     burst = await asyncio.gather(*(node.jobs.status() for _ in range(50)))
     assert len(reads) == 1
     assert {status.conditions.pid_pressure for status in burst} == {False}
+
+
+async def test_a_burst_after_the_second_is_answered_at_once_while_one_read_runs_behind_it(
+    make_node: MakeNode, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 40: no health request waits on the host's /proc read once there is a reading;
+    the requests after the read has landed see its figures."""
+    node = await make_node()
+    await node.jobs.status()  # the first reading, waited for
+    held, reads = threading.Event(), []
+
+    def pid_pressure() -> bool:  # the next read hangs on its thread until released
+        reads.append(1)
+        held.wait(10)
+        return True
+
+    monkeypatch.setattr(inventory, "pid_pressure", pid_pressure)
+    clock.advance(1.5)
+    burst = await asyncio.gather(*(node.jobs.status() for _ in range(50)))
+    assert {status.conditions.pid_pressure for status in burst} == {False}  # the last one
+    await wait_until(lambda: reads)
+    held.set()
+    for _ in range(500):  # the requests after it has landed: its figures
+        if (await node.jobs.status()).conditions.pid_pressure:
+            break
+        await asyncio.sleep(0.01)
+    else:
+        pytest.fail("the read behind the burst never landed")
+    assert len(reads) == 1
 
 
 async def test_observe_keeps_a_running_jobs_view_until_its_figures_change(

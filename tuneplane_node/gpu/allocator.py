@@ -259,6 +259,8 @@ class GpuAllocator:
             self._claims_changed += 1
 
     async def close(self) -> None:
-        """Cancel a probe read in flight, then close the probe (shutdown)."""
+        """Cancel a probe read and a readiness look in flight, then close the probe
+        (shutdown)."""
         await self._tasks.close()
+        await self.readiness.close()
         self.probe.close()

@@ -17,6 +17,7 @@ device, development) or on the process runtime (a job sees its cards by
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
@@ -24,6 +25,9 @@ from tuneplane_node.gpu.cdi import gpu_devices
 from tuneplane_node.runtime.base import ContainerRuntime
 from tuneplane_node.runtime.facts import CDI_GPU_KIND, DeviceSupport
 from tuneplane_node.settings import NodeSettings, env_name
+from tuneplane_node.tasks import BackgroundTasks
+
+log = logging.getLogger(__name__)
 
 READING_TTL_S = 10.0
 """How long one look at the engine's runtimes and the CDI files serves: the toolkit is
@@ -124,6 +128,8 @@ class ReadinessReader:
         self.settings = settings
         self.clock = clock
         self._read: tuple[float, DeviceSupport, set[str]] | None = None
+        self._looking: asyncio.Task[tuple[DeviceSupport, set[str]]] | None = None
+        self._tasks = BackgroundTasks(log)
 
     async def read(self, count: int | None, driver_error: str | None = None) -> GpuReadiness:
         engine = self.runtime.name
@@ -140,13 +146,32 @@ class ReadinessReader:
         )
 
     async def _engine(self) -> tuple[DeviceSupport, set[str]]:
-        now = self.clock.monotonic()
-        if self._read is not None and now - self._read[0] < READING_TTL_S:
-            return self._read[1], self._read[2]
-        support = await self.runtime.device_support()
-        cdi: set[str] = set()
-        if support.cdi_dirs and support.cdi_local and support.error is None:
-            cdi = await asyncio.to_thread(gpu_devices, support.cdi_dirs)
-        if support.error is None:  # an engine down is asked again next time
-            self._read = (now, support, cdi)
-        return support, cdi
+        """The last look while it is younger than `READING_TTL_S`; an older one is
+        answered as it is while one new look runs behind it (a burst of health requests
+        neither sends one look each nor waits on one). Without a look, or after an engine
+        that could not say, the look in flight is waited for."""
+        kept = self._read
+        if kept is None or self.clock.monotonic() - kept[0] >= READING_TTL_S:
+            if self._looking is None:
+                self._looking = self._tasks.spawn(self._look(), name="gpu readiness look")
+            if kept is None:
+                return await asyncio.shield(self._looking)
+        assert kept is not None
+        return kept[1], kept[2]
+
+    async def _look(self) -> tuple[DeviceSupport, set[str]]:
+        try:
+            began = self.clock.monotonic()
+            support = await self.runtime.device_support()
+            cdi: set[str] = set()
+            if support.cdi_dirs and support.cdi_local and support.error is None:
+                cdi = await asyncio.to_thread(gpu_devices, support.cdi_dirs)
+            # An engine down is asked again next time (and that look waited for).
+            self._read = (began, support, cdi) if support.error is None else None
+            return support, cdi
+        finally:
+            self._looking = None
+
+    async def close(self) -> None:
+        """Cancel a look in flight (shutdown)."""
+        await self._tasks.close()

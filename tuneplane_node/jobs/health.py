@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
@@ -29,7 +30,9 @@ from tuneplane_node.jobs.pending import PendingTable
 from tuneplane_node.jobs.volumes.keeper import StoreView
 from tuneplane_node.runtime.base import ContainerRuntime
 from tuneplane_node.settings import NodeSettings
+from tuneplane_node.tasks import BackgroundTasks
 
+log = logging.getLogger(__name__)
 HOST_TTL_S = 1.0
 """How long the host's PIDs and memory readings are answered again (/proc, a thread hop)."""
 
@@ -56,7 +59,8 @@ class HealthReader:
         # The volume store now (the service says where); None: not known.
         self.volume_store: Callable[[], Awaitable[StoreView | None]] = _unknown
         self._host: tuple[float, Conditions] = (-math.inf, Conditions())
-        self._reading: asyncio.Future[None] | None = None  # the host's, in flight
+        self._reading: asyncio.Task[None] | None = None  # the host's, in flight
+        self._tasks = BackgroundTasks(log)
         self.allocator = allocator
         self.settings = settings
         self.clock = clock
@@ -94,12 +98,13 @@ class HealthReader:
         )
 
     async def conditions(self, store: ImageStore) -> Conditions:
-        """The store's pressure now; the host's read at most once a second (/proc), by
-        one thread hop that every request arriving meanwhile waits for (a burst of health
-        requests must not send one read each to the threads)."""
-        if self.clock.monotonic() - self._host[0] > HOST_TTL_S:
-            if self._reading is None:
-                self._reading = asyncio.ensure_future(self._read_host(store))
+        """The store's pressure now; the host's read at most once a second (/proc) by one
+        thread hop behind the last reading, which is answered meanwhile: a burst of
+        health requests must neither send one read each to the threads nor wait on one.
+        Only the first reading is waited for."""
+        if self.clock.monotonic() - self._host[0] > HOST_TTL_S and self._reading is None:
+            self._reading = self._tasks.spawn(self._read_host(store), name="host conditions")
+        if self._host[0] == -math.inf and self._reading is not None:
             await asyncio.shield(self._reading)
         at, host = self._host
         if host.disk_pressure != store.pressure:  # kept: the pressure changes rarely
@@ -109,8 +114,8 @@ class HealthReader:
 
     async def _read_host(self, store: ImageStore) -> None:
         try:
-            now = self.clock.monotonic()
-            self._host = (now, await conditions(store))
+            began = self.clock.monotonic()
+            self._host = (began, await conditions(store))
         finally:
             self._reading = None
 
@@ -144,6 +149,7 @@ class HealthReader:
         )
 
     async def close(self) -> None:
+        await self._tasks.close()
         await self.disk.close()
 
 

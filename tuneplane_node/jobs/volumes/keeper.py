@@ -154,9 +154,11 @@ class VolumeKeeper:
         self.holds: collections.Counter[str] = collections.Counter()
         self._held_since: set[str] = set()  # every digest held since the run began
         self.failed: dict[str, FailedFill] = {}
-        self.tasks = BackgroundTasks(log)  # the prefetches' waits
+        self.tasks = BackgroundTasks(log)  # the prefetches' waits, the store's readings
         self._evicting = asyncio.Lock()
-        self._reading = KeptReading(self.store_view, lambda: self.store.generation, clock)
+        self._reading = KeptReading(
+            self.store_view, lambda: self.store.generation, clock, self.tasks
+        )
 
     def vet(self, volumes: Sequence[Volume], *, field: str = FIELD) -> None:
         """A 422 naming each volume whose plain-HTTP host the operator did not list

@@ -539,6 +539,19 @@ def test_a_changed_state_is_never_answered_from_the_memo() -> None:
     assert member(states, "a", first)["status"] == "running"
 
 
+def test_a_new_view_around_the_same_state_is_never_answered_from_the_memo() -> None:
+    """The memo goes by the view: the same cached state with another stop reason, or
+    asked by another ref, is encoded anew."""
+    states = EncodedStates()
+    state = running("a", status="exited")
+    assert member(states, "a", state).get("stop_reason") is None
+    drained = StoppedView(state, "drained: cordon")
+    assert member(states, "a", drained)["stop_reason"] == "drained: cordon"
+    assert member(states, "a", drained)["stop_reason"] == "drained: cordon"  # kept
+    assert member(states, "a", state).get("stop_reason") is None
+    assert member(states, "b", state)["name"] == "a"  # asked by another ref: its own member
+
+
 def test_the_memo_of_encoded_states_stays_bounded() -> None:
     states = EncodedStates(limit=3)
     made = [running(f"j{i}") for i in range(10)]

@@ -171,41 +171,34 @@ def encode_observe(views: Mapping[str, JobView]) -> bytes:
 
 
 class EncodedStates:
-    """A container's ``"name":{state}`` member of an observe answer, by the state object:
-    the state cache hands out the same object from one observe to the next until the
-    engine changes it.
+    """A container's ``"name":{state}`` member of an observe answer, by the view object:
+    the state cache hands out the same state from one observe to the next until the
+    engine changes it, and the service the same view around it while its facts (stop
+    reason, stop under way, disk figures) hold (`StoppedViews`), so one identity check
+    says the member is the one encoded before.
 
-    A stopped container's view is a new pair on every call around the cache's same
-    state: it is kept by that state and its reason. An entry keeps its state alive (an
-    ``id`` names one object only while it lives), so the memo is cleared whenever it
-    holds ``limit``: old states go, memory stays bounded. Used on the event loop only."""
+    An entry keeps its view alive (an ``id`` names one object only while it lives), so
+    the memo is cleared whenever it holds ``limit``: old views go, memory stays bounded.
+    Used on the event loop only."""
 
     def __init__(self, limit: int = 4096) -> None:
         self.limit = limit
-        self._memo: dict[int, tuple[ContainerState, object, bytes]] = {}
+        self._memo: dict[int, tuple[JobView, str, bytes]] = {}
 
     def entry(self, ref: str, view: JobView) -> bytes:
-        state, reason = _behind(view)
+        hit = self._memo.get(id(view))
+        if hit is not None and hit[0] is view and hit[1] == ref:
+            return hit[2]
+        state = view.state if isinstance(view, StoppedView) else view
         # Only a cached state asked by its name: a pending launch's progress moves, and a
         # missing container is a new object on every call.
         if not (isinstance(state, ContainerState) and state.exists and state.name == ref):
             return _member(ref, view)
-        hit = self._memo.get(id(state))
-        if hit is not None and hit[0] is state and hit[1] == reason:
-            return hit[2]
         if len(self._memo) >= self.limit:
             self._memo.clear()
         data = _member(ref, view)
-        self._memo[id(state)] = (state, reason, data)
+        self._memo[id(view)] = (view, ref, data)
         return data
-
-
-def _behind(view: JobView) -> tuple[ContainerState | PendingView, object]:
-    """The state behind a view (the cache's object for a container), and the facts the
-    service paired with it (the stop reason, the stop under way)."""
-    if isinstance(view, StoppedView):
-        return view.state, (view.stop_reason, view.stopping, view.disk)
-    return view, None
 
 
 def _member(ref: str, view: JobView) -> bytes:

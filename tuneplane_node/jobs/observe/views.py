@@ -32,7 +32,7 @@ class StoppedViews:
             and kept.state is state
             and kept.stop_reason == reason
             and kept.stopping is stopping
-            and kept.disk == disk
+            and (kept.disk is disk or kept.disk == disk)
         ):
             return kept
         if len(self._kept) >= MAX_KEPT:

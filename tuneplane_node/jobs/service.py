@@ -136,12 +136,18 @@ class JobService:
         states = await self.runtime.inspect_many(asked)
         now = self.clock.monotonic()
         views: dict[str, JobView] = {}
+        node, measured, stops = self.store.node, self.monitor.measured, self.stopper.stopping
         for ref, state in zip(asked, states, strict=True):
             record = self.pending.get(ref)
             if record is not None:
                 views[ref] = record.view(now)
-            else:
-                views[ref] = self._why(self.own.mine(state, ref))
+                continue
+            stopping = stops.get(state.name)
+            view = self.views.answered(state, ref, node, measured, stopping)
+            if view is None:
+                view = self._why(self.own.mine(state, ref))
+                self.views.answer(state, ref, node, measured, stopping, view)
+            views[ref] = view
         return views
 
     async def stats(self, refs: Iterable[str] | None) -> dict[str, JobStats]:

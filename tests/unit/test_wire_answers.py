@@ -48,7 +48,7 @@ from tuneplane_node.jobs import (
     Stopping,
 )
 from tuneplane_node.jobs.nodestate import NodeState
-from tuneplane_node.jobs.observe.results import Cursor, JobChanges
+from tuneplane_node.jobs.observe.results import Cursor, ImageStore, JobChanges
 from tuneplane_node.runtime.base import (
     LABEL_NETWORK,
     LABEL_RUN_ID,
@@ -576,3 +576,23 @@ def test_health_answers_each_occupancy_as_it_is_when_asked_again() -> None:
     assert explain is not None and explain[1] == "gpu 1: held by run run-c"
     assert health_json(node_status(occupancy=None))["gpus_total"] is None
     assert health_json(first)["free_gpus"] == [1]
+
+
+def test_health_answers_each_reading_as_it_is_when_a_new_one_comes() -> None:
+    """Every part made once per object it is made of: a new node state, disk reading or
+    image store is in the very next answer, and the old one again when it comes back."""
+    first = node_status()
+    cordoned = node_status(node=NodeState(state="cordoned", reason="maintenance"))
+    assert health_json(cordoned)["node_state"]["state"] == "cordoned"
+    fuller = DiskReading("/srv/storage", Space(total=100 * GIB, free=1 * GIB, available=1 * GIB))
+    assert health_json(node_status(disk=fuller))["disk"] == {
+        "path": "/srv/storage",
+        "used_pct": 99.0,
+        "free_gib": 1.0,
+    }
+    pressed = ImageStore.of("/var/lib/docker", Space(100, 5, 5), high_percent=85)
+    assert health_json(node_status(image_store=pressed))["image_store"]["pressure"] is True
+    again = health_json(first)
+    assert again["node_state"]["state"] == "ready" and again["disk"] == health_json(first)["disk"]
+    assert again["disk"] is not None and again["disk"]["free_gib"] == 30.0
+    assert again["image_store"]["pressure"] is not True

@@ -6,8 +6,8 @@ each a JSON shape of the contract (`wire.answers`) filled from the job service's
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from typing import Any, cast
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar, cast
 
 from tuneplane_node.daemon.render import volume_store_json
 from tuneplane_node.gpu.allocator import Occupancy
@@ -43,6 +43,9 @@ from tuneplane_node.wire.answers import (
     ProbeJson,
 )
 from tuneplane_node.wire.volumes import VolumeStoreJson
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 # --- answers: health ---------------------------------------------------------------------
 
@@ -89,7 +92,7 @@ def health_json(status: NodeStatus, *, features: Sequence[str] = ()) -> HealthJs
         "protocol": PROTOCOL,
         "runtime": {"name": status.engine.engine, "version": status.engine.version},
         "series": status.series,
-        "disk": disk_json(status.disk),
+        "disk": _DISK.of(status.disk),
         "pending_pulls": {
             ref: {"image": view.image, "phase": view.phase, "error": view.error}
             for ref, view in status.pending.items()
@@ -100,13 +103,13 @@ def health_json(status: NodeStatus, *, features: Sequence[str] = ()) -> HealthJs
     if not status.ok:
         answer["error"] = status.error or "the cards' occupancy could not be read"
     answer.update(_GPU_FIELDS.of(status.occupancy))
-    answer["node_state"] = node_state_json(status.node)  # new beside 0.3.15's: after them
+    answer["node_state"] = _NODE_STATE.of(status.node)  # new beside 0.3.15's: after them
     answer["gpu_ready"] = status.gpu.ready
     answer["gpu_not_ready_reason"] = status.gpu.reason
-    answer["image_store"] = image_store_json(status.image_store)
-    answer["conditions"] = conditions_json(status.conditions)
-    answer["job_disk"] = job_disk_json(status.job_disk)
-    answer["volume_store"] = store_json(status.volume_store)
+    answer["image_store"] = _IMAGE_STORE.of(status.image_store)
+    answer["conditions"] = _CONDITIONS.of(status.conditions)
+    answer["job_disk"] = _JOB_DISK.of(status.job_disk)
+    answer["volume_store"] = _VOLUME_STORE.of(status.volume_store)
     answer |= {"protocols": list(PROTOCOLS), "features": list(features)}
     return cast(HealthJson, answer)
 
@@ -161,23 +164,26 @@ def gpu_fields_json(occupancy: Occupancy | None) -> GpuFieldsJson:
     }
 
 
-class LastGpuFields:
-    """The GPU part of health for the last occupancy object, which the allocator hands
-    out again until a container, a claim or the probe's reading changes: building it
-    for 8 cards was 25 us of every health call. Callers only read what it returns."""
+class Last(Generic[K, V]):
+    """A part of health made for the last object it was made of, which its source hands
+    out again until what it says changes (the allocator's occupancy, a reading, the node
+    state): building the GPU part for 8 cards was 25 us of every health call, and the
+    other parts a few more. Callers only read what it returns."""
 
-    def __init__(self) -> None:
-        self._last: tuple[Occupancy | None, GpuFieldsJson] = (None, gpu_fields_json(None))
+    def __init__(self, make: Callable[[K], V]) -> None:
+        self.make = make
+        self._last: tuple[K, V] | None = None
 
-    def of(self, occupancy: Occupancy | None) -> GpuFieldsJson:
-        last, fields = self._last
-        if occupancy is not last:
-            fields = gpu_fields_json(occupancy)
-            self._last = (occupancy, fields)
-        return fields
+    def of(self, value: K) -> V:
+        last = self._last
+        if last is not None and last[0] is value:
+            return last[1]
+        made = self.make(value)
+        self._last = (value, made)
+        return made
 
 
-_GPU_FIELDS = LastGpuFields()
+_GPU_FIELDS: Last[Occupancy | None, GpuFieldsJson] = Last(gpu_fields_json)
 
 
 def _gpu_detail(occupancy: Occupancy) -> list[CardStateJson]:
@@ -289,3 +295,12 @@ def node_state_json(node: NodeState) -> NodeStateJson:
 
 def store_json(store: StoreView | None) -> VolumeStoreJson | None:
     return volume_store_json(store) if store is not None else None
+
+
+# Health's parts by the last object each was made of (`Last`).
+_DISK: Last[DiskReading | None, DiskJson | None] = Last(disk_json)
+_NODE_STATE: Last[NodeState, NodeStateJson] = Last(node_state_json)
+_IMAGE_STORE: Last[results.ImageStore, ImageStoreJson] = Last(image_store_json)
+_CONDITIONS: Last[results.Conditions, ConditionsJson] = Last(conditions_json)
+_JOB_DISK: Last[results.DiskRule, JobDiskJson] = Last(job_disk_json)
+_VOLUME_STORE: Last[StoreView | None, VolumeStoreJson | None] = Last(store_json)

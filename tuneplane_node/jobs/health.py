@@ -61,6 +61,7 @@ class HealthReader:
         self._host: tuple[float, Conditions] = (-math.inf, Conditions())
         self._reading: asyncio.Task[None] | None = None  # the host's, in flight
         self._tasks = BackgroundTasks(log)
+        self._rule: DiskRule | None = None
         self.allocator = allocator
         self.settings = settings
         self.clock = clock
@@ -120,7 +121,12 @@ class HealthReader:
             self._reading = None
 
     def disk_rule(self) -> DiskRule:
-        return DiskRule(self.settings.job_disk_limit, self.held_by())
+        """The same object until what holds the limit changes (health's part is made
+        once per object)."""
+        held_by = self.held_by()
+        if self._rule is None or self._rule.held_by != held_by:
+            self._rule = DiskRule(self.settings.job_disk_limit, held_by)
+        return self._rule
 
     async def job_counts(self, pending: PendingTable) -> collections.Counter[str]:
         """The node's containers by status, and its pending launches by phase."""

@@ -22,8 +22,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Generic, TypeVar
+
+from tuneplane_node.clock import Clock
 
 T = TypeVar("T")
 CANCEL_AGAIN_S = 10.0
@@ -94,3 +96,48 @@ class BackgroundTasks:
 
     def __len__(self) -> int:
         return len(self._tasks)
+
+
+class KeptReading(Generic[T]):
+    """A reading that health and inventory ask for on every request (the host's /proc,
+    the volume store, the GPU readiness look), kept ``ttl_s`` and then read again by one
+    read in flight, which the callers arriving meanwhile share: a burst of requests sent
+    one thread hop each. A reading only older than ``ttl_s`` is answered as it is while
+    that read runs behind it, so no request of a burst waits on a thread; none yet, one
+    of another ``generation`` (what it reads changed), or one ``keep`` refused (an engine
+    that could not say) is waited for. Its read is a task of ``tasks``, named ``name``."""
+
+    def __init__(
+        self,
+        read: Callable[[], Awaitable[T]],
+        *,
+        ttl_s: float,
+        clock: Clock,
+        tasks: BackgroundTasks,
+        name: str,
+        generation: Callable[[], int] = lambda: 0,
+        keep: Callable[[T], bool] = lambda value: True,
+    ) -> None:
+        self.read, self.ttl_s, self.clock, self.tasks, self.name = read, ttl_s, clock, tasks, name
+        self.generation, self.keep = generation, keep
+        self._kept: tuple[float, int, T] | None = None  # (at, generation, reading)
+        self._reading: asyncio.Task[T] | None = None  # the read in flight
+
+    async def get(self) -> T:
+        kept = self._kept
+        if kept is not None and kept[1] == self.generation():
+            if self.clock.monotonic() - kept[0] >= self.ttl_s and self._reading is None:
+                self._reading = self.tasks.spawn(self._read(), name=self.name)
+            return kept[2]
+        if self._reading is None:
+            self._reading = self.tasks.spawn(self._read(), name=self.name)
+        return await asyncio.shield(self._reading)
+
+    async def _read(self) -> T:
+        try:
+            at, generation = self.clock.monotonic(), self.generation()
+            value = await self.read()
+            self._kept = (at, generation, value) if self.keep(value) else None
+            return value
+        finally:
+            self._reading = None

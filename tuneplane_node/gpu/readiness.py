@@ -25,7 +25,7 @@ from tuneplane_node.gpu.cdi import gpu_devices
 from tuneplane_node.runtime.base import ContainerRuntime
 from tuneplane_node.runtime.facts import CDI_GPU_KIND, DeviceSupport
 from tuneplane_node.settings import NodeSettings, env_name
-from tuneplane_node.tasks import BackgroundTasks
+from tuneplane_node.tasks import BackgroundTasks, KeptReading
 
 log = logging.getLogger(__name__)
 
@@ -127,15 +127,22 @@ class ReadinessReader:
         self.runtime = runtime
         self.settings = settings
         self.clock = clock
-        self._read: tuple[float, DeviceSupport, set[str]] | None = None
-        self._looking: asyncio.Task[tuple[DeviceSupport, set[str]]] | None = None
         self._tasks = BackgroundTasks(log)
+        # An engine down is asked again by the next request (and that look waited for).
+        self._look = KeptReading(
+            self._read,
+            ttl_s=READING_TTL_S,
+            clock=clock,
+            tasks=self._tasks,
+            name="gpu readiness look",
+            keep=lambda looked: looked[0].error is None,
+        )
 
     async def read(self, count: int | None, driver_error: str | None = None) -> GpuReadiness:
         engine = self.runtime.name
         support, cdi = None, None
         if count is not None and needs_engine(engine=engine, count=count, settings=self.settings):
-            support, cdi = await self._engine()
+            support, cdi = await self._look.get()  # the last look; a new one behind it
         return judge(
             engine=engine,
             support=support,
@@ -145,32 +152,12 @@ class ReadinessReader:
             cdi=cdi,
         )
 
-    async def _engine(self) -> tuple[DeviceSupport, set[str]]:
-        """The last look while it is younger than `READING_TTL_S`; an older one is
-        answered as it is while one new look runs behind it (a burst of health requests
-        neither sends one look each nor waits on one). Without a look, or after an engine
-        that could not say, the look in flight is waited for."""
-        kept = self._read
-        if kept is None or self.clock.monotonic() - kept[0] >= READING_TTL_S:
-            if self._looking is None:
-                self._looking = self._tasks.spawn(self._look(), name="gpu readiness look")
-            if kept is None:
-                return await asyncio.shield(self._looking)
-        assert kept is not None
-        return kept[1], kept[2]
-
-    async def _look(self) -> tuple[DeviceSupport, set[str]]:
-        try:
-            began = self.clock.monotonic()
-            support = await self.runtime.device_support()
-            cdi: set[str] = set()
-            if support.cdi_dirs and support.cdi_local and support.error is None:
-                cdi = await asyncio.to_thread(gpu_devices, support.cdi_dirs)
-            # An engine down is asked again next time (and that look waited for).
-            self._read = (began, support, cdi) if support.error is None else None
-            return support, cdi
-        finally:
-            self._looking = None
+    async def _read(self) -> tuple[DeviceSupport, set[str]]:
+        support = await self.runtime.device_support()
+        cdi: set[str] = set()
+        if support.cdi_dirs and support.cdi_local and support.error is None:
+            cdi = await asyncio.to_thread(gpu_devices, support.cdi_dirs)
+        return support, cdi
 
     async def close(self) -> None:
         """Cancel a look in flight (shutdown)."""

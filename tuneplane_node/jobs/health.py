@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import math
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
@@ -30,7 +29,7 @@ from tuneplane_node.jobs.pending import PendingTable
 from tuneplane_node.jobs.volumes.keeper import StoreView
 from tuneplane_node.runtime.base import ContainerRuntime
 from tuneplane_node.settings import NodeSettings
-from tuneplane_node.tasks import BackgroundTasks
+from tuneplane_node.tasks import BackgroundTasks, KeptReading
 
 log = logging.getLogger(__name__)
 HOST_TTL_S = 1.0
@@ -58,9 +57,15 @@ class HealthReader:
         self.cards_refused: Callable[[], str | None] = lambda: None
         # The volume store now (the service says where); None: not known.
         self.volume_store: Callable[[], Awaitable[StoreView | None]] = _unknown
-        self._host: tuple[float, Conditions] = (-math.inf, Conditions())
-        self._reading: asyncio.Task[None] | None = None  # the host's, in flight
         self._tasks = BackgroundTasks(log)
+        self._host = KeptReading(
+            lambda: conditions(ImageStore()),  # the pressure is the caller's store's
+            ttl_s=HOST_TTL_S,
+            clock=clock,
+            tasks=self._tasks,
+            name="host conditions",
+        )
+        self._pressed: tuple[Conditions, Conditions] | None = None  # (read, with the pressure)
         self._rule: DiskRule | None = None
         self.allocator = allocator
         self.settings = settings
@@ -99,26 +104,16 @@ class HealthReader:
         )
 
     async def conditions(self, store: ImageStore) -> Conditions:
-        """The store's pressure now; the host's read at most once a second (/proc) by one
-        thread hop behind the last reading, which is answered meanwhile: a burst of
-        health requests must neither send one read each to the threads nor wait on one.
-        Only the first reading is waited for."""
-        if self.clock.monotonic() - self._host[0] > HOST_TTL_S and self._reading is None:
-            self._reading = self._tasks.spawn(self._read_host(store), name="host conditions")
-        if self._host[0] == -math.inf and self._reading is not None:
-            await asyncio.shield(self._reading)
-        at, host = self._host
-        if host.disk_pressure != store.pressure:  # kept: the pressure changes rarely
-            host = replace(host, disk_pressure=store.pressure)
-            self._host = (at, host)
-        return host
-
-    async def _read_host(self, store: ImageStore) -> None:
-        try:
-            began = self.clock.monotonic()
-            self._host = (began, await conditions(store))
-        finally:
-            self._reading = None
+        """The store's pressure now beside the host's PIDs and memory, read at most once
+        a second (/proc, a thread hop: `KeptReading`)."""
+        host = await self._host.get()
+        if host.disk_pressure == store.pressure:
+            return host
+        pressed = self._pressed
+        if pressed is None or pressed[0] is not host or pressed[1].disk_pressure != store.pressure:
+            # kept: the pressure changes rarely, and health's part is made once per object
+            pressed = self._pressed = (host, replace(host, disk_pressure=store.pressure))
+        return pressed[1]
 
     def disk_rule(self) -> DiskRule:
         """The same object until what holds the limit changes (health's part is made

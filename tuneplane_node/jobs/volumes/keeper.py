@@ -32,10 +32,10 @@ from tuneplane_node.jobs.volumes.fills import VolumeFill, VolumeFills
 from tuneplane_node.jobs.volumes.sources import PrivateRule, VolumeSources
 from tuneplane_node.jobs.volumes.space import (
     Candidate,
-    KeptReading,
     Space,
     evictable,
     filesystem,
+    store_reading,
     to_evict,
 )
 from tuneplane_node.jobs.volumes.store import Entry, VolumeStore
@@ -156,7 +156,7 @@ class VolumeKeeper:
         self.failed: dict[str, FailedFill] = {}
         self.tasks = BackgroundTasks(log)  # the prefetches' waits, the store's readings
         self._evicting = asyncio.Lock()
-        self._reading = KeptReading(
+        self._reading = store_reading(
             self.store_view, lambda: self.store.generation, clock, self.tasks
         )
 

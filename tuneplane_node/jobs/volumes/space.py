@@ -11,17 +11,16 @@ never evictable. Pure: the keeper reads the figures and removes the entries.
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import TypeVar
 
 from tuneplane_node.clock import Clock
 from tuneplane_node.jobs.volumes.store import Entry
-from tuneplane_node.tasks import BackgroundTasks
+from tuneplane_node.tasks import BackgroundTasks, KeptReading
 
 T = TypeVar("T")
 READING_TTL_S = 1.0  # as health's reading of the host (jobs.health)
@@ -93,41 +92,19 @@ def to_evict(
     return chosen
 
 
-class KeptReading(Generic[T]):
-    """A reading of the store for health and inventory, read again after a second or
-    once the store's generation moved (an entry made or taken out), by one read the
-    requests arriving meanwhile share: a burst of health requests sent two thread hops
-    each (statvfs, the entries' sizes). A reading only older than a second is answered as
-    it is while its read runs behind it (a burst's requests then never wait on a thread);
-    one of another generation, or none yet, is waited for."""
-
-    def __init__(
-        self,
-        read: Callable[[], Awaitable[T]],
-        generation: Callable[[], int],
-        clock: Clock,
-        tasks: BackgroundTasks,
-    ) -> None:
-        self.read, self.generation, self.clock, self.tasks = read, generation, clock, tasks
-        self._kept: tuple[float, int, T] | None = None  # (at, generation, reading)
-        self._reading: asyncio.Future[T] | None = None  # the read in flight
-
-    async def get(self) -> T:
-        kept, now = self._kept, self.clock.monotonic()
-        current = kept is not None and kept[1] == self.generation()
-        if kept is not None and current and now - kept[0] < READING_TTL_S:
-            return kept[2]
-        if self._reading is None:
-            self._reading = self.tasks.spawn(self._read(), name="volume store reading")
-        if kept is not None and current:
-            return kept[2]
-        return await asyncio.shield(self._reading)
-
-    async def _read(self) -> T:
-        try:
-            at, generation = self.clock.monotonic(), self.generation()
-            value = await self.read()
-            self._kept = (at, generation, value)
-            return value
-        finally:
-            self._reading = None
+def store_reading(
+    read: Callable[[], Awaitable[T]],
+    generation: Callable[[], int],
+    clock: Clock,
+    tasks: BackgroundTasks,
+) -> KeptReading[T]:
+    """The store's reading for health and inventory: kept a second, or until an entry is
+    made or taken out (the store's ``generation``)."""
+    return KeptReading(
+        read,
+        ttl_s=READING_TTL_S,
+        clock=clock,
+        tasks=tasks,
+        name="volume store reading",
+        generation=generation,
+    )

@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from http import HTTPStatus
+from typing import NoReturn
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
@@ -27,6 +28,7 @@ from tuneplane_node.daemon.access.guard import (
     AuthFailures,
     authenticate,
     needed_scope,
+    refuse,
 )
 from tuneplane_node.daemon.access.tokens import TokenSet
 from tuneplane_node.daemon.enginelock import EngineLock, engine_address
@@ -63,6 +65,7 @@ from tuneplane_node.wire import MAX_BODY_BYTES, PROTOCOL, PROTOCOL_HEADER, PROTO
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("tuneplane_node.access")
+SPOKEN = frozenset(str(spoken) for spoken in PROTOCOLS)  # the protocol header's values
 API_PREFIX = "/node/v1/"
 METHODS = frozenset({"GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH"})
 
@@ -109,23 +112,28 @@ def guard_middleware(
 ) -> Middleware:
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path.startswith(API_PREFIX):
-            await check_token(tokens, failures, metrics, request)
-            check_protocol(request.headers.get(PROTOCOL_HEADER))
-        elif request.path == METRICS_PATH and not metrics_public:
-            # a scraper sends the token, not the protocol
-            await check_token(tokens, failures, metrics, request)
+        api = request.path.startswith(API_PREFIX)
+        # a scraper of the metrics sends the token, not the protocol
+        if api or (request.path == METRICS_PATH and not metrics_public):
+            if not check_token(tokens, failures, request):
+                await refused(failures, metrics, request)
+            if api:
+                check_protocol(request.headers.get(PROTOCOL_HEADER))
         return await handler(request)
 
     return guard
 
 
-async def check_token(
-    tokens: TokenSet, failures: AuthFailures, metrics: Metrics, request: web.Request
-) -> None:
+def check_token(tokens: TokenSet, failures: AuthFailures, request: web.Request) -> bool:
+    """Whether the request's token is one of the set (raises when it lacks the scope)."""
     scope = needed_scope(request.method, request.path)
+    return authenticate(tokens, failures, request, scope=scope) is not None
+
+
+async def refused(failures: AuthFailures, metrics: Metrics, request: web.Request) -> NoReturn:
+    """A token none of the set: counted, its answer after the peer's delay (`refuse`)."""
     try:
-        await authenticate(tokens, failures, request, scope=scope)
+        await refuse(failures, request.remote or "unknown")
     except (Unauthorized, TooManyAuthFailures) as exc:
         metrics.auth_failed(exc.status)
         raise
@@ -161,7 +169,7 @@ def measure_middleware(metrics: Metrics) -> Middleware:
 def check_protocol(value: str | None) -> None:
     if value is None or not value.strip():
         raise MissingProtocol(header=PROTOCOL_HEADER, node=PROTOCOL)
-    if value.strip() not in {str(spoken) for spoken in PROTOCOLS}:
+    if value.strip() not in SPOKEN:
         raise ProtocolMismatch(console=value.strip()[:40], node=PROTOCOL)
 
 

@@ -143,16 +143,16 @@ def delay_s(failures: int) -> float:
     return min(max(failures - SLOW_AFTER, 0) * DELAY_STEP_S, MAX_DELAY_S)
 
 
-async def authenticate(
+def authenticate(
     tokens: TokenSet, failures: AuthFailures, request: web.Request, *, scope: str
-) -> Token:
-    """The request's token, if it is one of the set and buys ``scope``; raises
-    Unauthorized or TooManyAuthFailures (after the peer's delay), or InsufficientScope."""
-    peer = request.remote or "unknown"
+) -> Token | None:
+    """The request's token, if it is one of the set and buys ``scope``; None when it is
+    none of the set (the caller awaits `refuse`); raises InsufficientScope. No coroutine
+    on the way of a right token: every request of a burst takes it."""
     token = tokens.match(request.headers.get("Authorization", ""))
     if token is None:
-        await refuse(failures, peer)
-    failures.succeeded(peer)
+        return None
+    failures.succeeded(request.remote or "unknown")
     request[TOKEN_KEY] = token
     if not token.grants(scope):
         raise InsufficientScope(

@@ -9,6 +9,7 @@ people's containers on the same engine are never touched.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import platform
@@ -82,6 +83,12 @@ def peer_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=4,
         help="with --peer: runs of each (even: each side first as often)",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=1,
+        help="with --peer: runs of the peer's daemon first, not counted",
     )
 
 
@@ -180,7 +187,9 @@ def peer_checkout(path: str | None) -> Path | None:
     return checkout
 
 
-def alternate(peer: Path, pairs: int, measure: Callable[[Path], dict[str, float]]) -> None:
+def alternate(
+    peer: Path, pairs: int, measure: Callable[[Path], dict[str, float]], *, warmup: int = 1
+) -> None:
     """``measure`` this checkout's daemon and the peer's, one at a time, the first of each
     pair alternating; then each figure of both and its ratio per pair (this / peer), and
     the ratio of their geometric means over every run. A figure named ``... (x)`` is a
@@ -189,12 +198,17 @@ def alternate(peer: Path, pairs: int, measure: Callable[[Path], dict[str, float]
     The first daemon of a pair measured higher CPU figures than the second, whichever it
     was (by up to 1.4x on this machine): a ratio per pair leans on the order, and its
     median over an odd number of pairs leans on the side that went first more often. The
-    means over an even number of pairs put each side first as often."""
+    means over an even number of pairs put each side first as often. And the first daemon
+    measured after the fleet is made ran 10 to 25 % hot in every series, whichever it
+    was: ``warmup`` runs of the peer go first, not counted."""
     checkouts = {"this": REPO, "peer": peer}
     runs: dict[str, list[dict[str, float]]] = {"this": [], "peer": []}
     if pairs % 2:
         print(f"note: {pairs} pairs: `this` goes first once more than the peer")
     quiet_machine()
+    for _ in range(warmup):
+        print(f"\n=== warm-up, peer ({code_version(peer)}), not counted")
+        measure(peer)
     for index in range(pairs):
         for which in ("this", "peer") if index % 2 == 0 else ("peer", "this"):
             version = code_version(checkouts[which])
@@ -213,6 +227,17 @@ def alternate(peer: Path, pairs: int, measure: Callable[[Path], dict[str, float]
             f"of the means {geometric_mean(mine) / geometric_mean(theirs):.3f})"
         )
     print(f"load average at the end: {load_average()}")
+
+
+def pin(pid: int) -> None:
+    """Every thread of the process ``pid`` (those it starts after inherit it) onto the
+    machine's last CPU, and this process and its children onto the others: neither the
+    scheduler's moves nor the clients' work land in the daemon's CPU figures."""
+    last = max(os.sched_getaffinity(0))
+    for thread in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+            os.sched_setaffinity(int(thread), {last})
+    os.sched_setaffinity(0, os.sched_getaffinity(0) - {last} or {last})
 
 
 def geometric_mean(values: Sequence[float]) -> float:

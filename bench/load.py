@@ -46,6 +46,7 @@ from harness import (
     peer_arguments,
     peer_checkout,
     percentile,
+    pin,
     profiled,
     rotated,
     settle,
@@ -264,6 +265,8 @@ def measured_daemon(
         api = Api(daemon.url)
         api.wait_tracked(names)
         settle(daemon.pid)
+        if args.pin:
+            pin(daemon.pid)
         print(f"daemon {code_version(checkout)}; cache: {api.health()['state_cache']}")
         cpu, walks = daemon.cpu_seconds(), api.metric(WALKS)
         with profiled(daemon, args.profile):
@@ -311,6 +314,11 @@ def main() -> None:
     parser.add_argument(
         "--cprofile", metavar="OUT.prof", help="cProfile the loop's thread (loopprofile.py)"
     )
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="the daemon on the last CPU, the load and the probe on the others",
+    )
     peer_arguments(parser)
     args = parser.parse_args()
     peer = peer_checkout(args.peer)
@@ -329,7 +337,7 @@ def main() -> None:
                 lag_file = Path(folder) / f"lags-{next(runs)}.json"
                 return measured_daemon(args, names, lag_file, checkout=checkout)
 
-            alternate(peer, args.pairs, one_run)
+            alternate(peer, args.pairs, one_run, warmup=args.warmup)
     return None
 
 

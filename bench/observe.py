@@ -296,6 +296,7 @@ def main() -> None:
                 peer,
                 args.pairs,
                 lambda checkout: measured_daemon(args, made, names, checkout=checkout),
+                warmup=args.warmup,
             )
 
 

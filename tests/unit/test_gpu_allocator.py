@@ -198,6 +198,14 @@ async def test_only_a_probe_that_does_io_is_read_on_a_worker_thread(
     assert NoDriverProbe("x").blocking is False  # says why from memory
 
 
+def test_a_probe_without_a_driver_answers_one_snapshot() -> None:
+    # The occupancy is kept while its snapshot is the same: compared by identity at
+    # once, where a new snapshot each health was compared field by field.
+    probe = NoDriverProbe("no NVML")
+    assert probe.snapshot() is probe.snapshot()
+    assert probe.snapshot().error == "no NVML" and not probe.snapshot().ok
+
+
 class DriverLikeProbe(FakeProbe):
     """Blocking, like the NVML probe: read on a worker thread, a reading kept a second."""
 

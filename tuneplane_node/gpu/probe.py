@@ -126,16 +126,19 @@ class DistinctWarnings:
 
 
 class NoDriverProbe:
-    """The probe of a machine whose GPU driver cannot be reached; says why every time."""
+    """The probe of a machine whose GPU driver cannot be reached; says why every time,
+    with one snapshot object: what is made of a snapshot (the occupancy, health's GPU
+    part) is kept by its identity, and a new one each call made them all again."""
 
     blocking = False
     reading_ttl_s = 0.0
 
     def __init__(self, reason: str) -> None:
         self.reason = reason
+        self._snapshot = GpuSnapshot.failed("none", reason)
 
     def snapshot(self) -> GpuSnapshot:
-        return GpuSnapshot.failed("none", self.reason)
+        return self._snapshot
 
     def close(self) -> None:
         return None

@@ -127,8 +127,8 @@ class DistinctWarnings:
 
 class NoDriverProbe:
     """The probe of a machine whose GPU driver cannot be reached; says why every time,
-    with one snapshot object: what is made of a snapshot (the occupancy, health's GPU
-    part) is kept by its identity, and a new one each call made them all again."""
+    with one snapshot object: the allocator keeps its occupancy while the snapshot is
+    the same, and a new one each call had it compared field by field on every health."""
 
     blocking = False
     reading_ttl_s = 0.0

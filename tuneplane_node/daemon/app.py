@@ -61,11 +61,10 @@ from tuneplane_node.runtime.base import ContainerRuntime
 from tuneplane_node.runtime.engines.dockerauth import AuthFile
 from tuneplane_node.settings import NodeSettings, env_name
 from tuneplane_node.tasks import BackgroundTasks
-from tuneplane_node.wire import MAX_BODY_BYTES, PROTOCOL, PROTOCOL_HEADER, PROTOCOLS
+from tuneplane_node.wire import MAX_BODY_BYTES, PROTOCOL, PROTOCOL_HEADER, SPOKEN
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("tuneplane_node.access")
-SPOKEN = frozenset(str(spoken) for spoken in PROTOCOLS)  # the protocol header's values
 API_PREFIX = "/node/v1/"
 METHODS = frozenset({"GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH"})
 

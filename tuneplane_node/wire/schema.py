@@ -35,7 +35,14 @@ from tuneplane_node.errors import (
     Unauthorized,
     UnknownField,
 )
-from tuneplane_node.wire import MAX_BODY_BYTES, PROTOCOL, PROTOCOL_HEADER, PROTOCOLS, answers, stats
+from tuneplane_node.wire import (
+    MAX_BODY_BYTES,
+    PROTOCOL,
+    PROTOCOL_HEADER,
+    SPOKEN,
+    answers,
+    stats,
+)
 from tuneplane_node.wire.fields import Body, Words
 from tuneplane_node.wire.fields import Field as RequestField
 
@@ -270,7 +277,7 @@ def _protocol_header() -> dict[str, Any]:
         "in": "header",
         "required": True,
         "description": "Missing: 400. Another version: 409.",
-        "schema": {"type": "string", "enum": [str(spoken) for spoken in PROTOCOLS]},
+        "schema": {"type": "string", "enum": list(SPOKEN)},
     }
 
 

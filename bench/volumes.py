@@ -1,12 +1,12 @@
 """volumes (issue 39): a volume's fill against curl of the same bytes, in one run.
 
 One aiohttp file server on 127.0.0.1 (``web.FileResponse``: sendfile, Range) serves a
-file of ``--mib`` MiB of random bytes. Alternating within each round
-(the order turned each round, one round first not counted): the node's fill
-(`VolumeFills.ensure`: size probe, download on the loop, writes and sha256 in its
-thread, fsync, rename) into a fresh store, against ``curl -o`` of the same URL onto the
-same disk (its file fsynced, as the fill's is); then, apart, ``curl | sha256sum`` (what
-checking the bytes costs a plain download).
+file of ``--mib`` MiB of random bytes. Alternating within each round (the order turned
+each round, one round first not counted): the node's fill (`VolumeFills.ensure`: size
+probe, download on the loop, writes and sha256 in its thread, fsync, rename) into a
+fresh store, against ``curl -o`` of the same URL onto the same disk (its file fsynced,
+as the fill's is); then, apart, ``curl | sha256sum`` (what checking the bytes costs a
+plain download).
 Goal (the issue): the fill within 1.1x of curl. The server is a process of its own, so
 the fill shares neither its loop nor its interpreter's lock with it.
 """
@@ -124,7 +124,7 @@ def main() -> None:
                     elapsed = pair[name]()
                     if number >= args.warmup:
                         times[name].append(elapsed)
-            # Apart from the pairs: a curl after it was measured slower, whichever it was.
+            # Apart from the pairs: a `curl -o` run right after it measured up to 2x slower.
             for _ in range(args.rounds):
                 times["curl | sha256sum"].append(curl(url, work, hashed=True))
         finally:

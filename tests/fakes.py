@@ -380,6 +380,9 @@ class FakeRuntime:
     def status(self) -> CacheStatus | None:
         return None
 
+    def cache_generation(self) -> int | None:
+        return None
+
     on_change = tells_no_changes  # the state cache in front of it tells them
 
     async def run(self, spec: ContainerSpec) -> str:

@@ -257,6 +257,9 @@ class GenerationalRuntime(FakeRuntime):
         synced = self.up  # a real cache marks itself unsynced when the engine goes
         return CacheStatus(synced, 0.0, 0.0, len(self.containers), generation=self.generation)
 
+    def cache_generation(self) -> int | None:
+        return self.generation if self.up else None
+
 
 async def test_occupancy_is_built_again_only_when_something_it_reads_changed(
     settings: NodeSettings, probe: FakeProbe

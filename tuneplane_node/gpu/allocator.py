@@ -154,9 +154,9 @@ class GpuAllocator:
         """
         if gpus is None:
             gpus = await self.snapshot()
-        cache, source = self.runtime.status(), None
-        if cache is not None and cache.synced:  # unsynced: ps() says why; no old answer
-            source = (cache.generation, self._claims_changed, gpus)
+        generation, source = self.runtime.cache_generation(), None
+        if generation is not None:  # no synced cache: ps() reads (or says why); no old answer
+            source = (generation, self._claims_changed, gpus)
         if source is not None and self._built is not None and self._built[0] == source:
             return self._built[1]
         occupancy = self.occupancy_from(await self.runtime.ps(), gpus)

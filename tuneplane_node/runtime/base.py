@@ -258,6 +258,12 @@ ChangeListener = Callable[[str | None], None]
 have changed (the state cache synced again, or lost the engine)."""
 
 
+def no_cache(runtime: object) -> None:
+    """`ContainerRuntime.status` and ``cache_generation`` of a runtime that reads on
+    every call."""
+    return None
+
+
 def tells_no_changes(runtime: object, listener: ChangeListener) -> bool:
     """`ContainerRuntime.on_change` of a runtime that reads on every call."""
     return False
@@ -286,6 +292,11 @@ class ContainerRuntime(Protocol):
 
     def status(self) -> CacheStatus | None:
         """The state cache's freshness; None for a runtime that reads on every call."""
+
+    def cache_generation(self) -> int | None:
+        """The state cache's generation while it is synced: it moves with every change
+        to any container, so a reader keeps what it derived until it does. None: no
+        cache, or one not synced (read again)."""
 
     def on_change(self, listener: ChangeListener) -> bool:
         """Tell ``listener`` of every change from now on; False: this runtime tells none

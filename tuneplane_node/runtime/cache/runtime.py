@@ -64,7 +64,9 @@ class CachedRuntime:
             backoff_s=backoff_s,
             heartbeat_s=heartbeat_s,
         )
-        self._version: tuple[int, str | None] | None = None  # (sync generation, version)
+        # (sync generation, the healthy answer): one object while it holds, so health's
+        # part made of it is made once
+        self._version: tuple[int, RuntimeHealth] | None = None
         self._asking: asyncio.Future[RuntimeHealth] | None = None  # health's question
 
     async def start(self) -> None:
@@ -80,6 +82,10 @@ class CachedRuntime:
 
     def status(self) -> CacheStatus:
         return self.cache.status()
+
+    def cache_generation(self) -> int | None:
+        cache = self.cache  # without the status's ages: health asks this on every call
+        return cache.generation if cache.synced else None
 
     def on_change(self, listener: ChangeListener) -> bool:
         self.cache.listeners.append(listener)
@@ -160,7 +166,7 @@ class CachedRuntime:
         not ok, at once, nor one whose heartbeat the engine has left unanswered: its
         containers' states are then its last word, which may no longer hold."""
         cache = self.cache
-        known = self._version[1] if self._version is not None else None
+        known = self._version[1].version if self._version is not None else None
         if not cache.synced:
             return RuntimeHealth(
                 ok=False, engine=self.name, version=known, error=cache.stale_reason
@@ -170,7 +176,7 @@ class CachedRuntime:
         if silent > ANSWER_S:
             return self._silent(known, f"has not answered for {silent:.0f} s")
         if self._version is not None and self._version[0] == cache.syncs:
-            return RuntimeHealth(ok=True, engine=self.name, version=known)
+            return self._version[1]
         # One question in flight, however many probes wait: each would hold a thread of
         # the engine's pool for as long as the engine is frozen.
         if self._asking is None or self._asking.done():
@@ -184,7 +190,7 @@ class CachedRuntime:
     def _learn(self, syncs: int, asked: asyncio.Future[RuntimeHealth]) -> None:
         """The version, once the engine says it: late, it is kept all the same."""
         if not asked.cancelled() and asked.exception() is None and asked.result().ok:
-            self._version = (syncs, asked.result().version)
+            self._version = (syncs, asked.result())
 
     def _silent(self, version: str | None, how: str) -> RuntimeHealth:
         error = (

@@ -36,7 +36,6 @@ from tuneplane_node.runtime.base import (
     LABEL_RUN_ID,
     RUNNING,
     Brief,
-    CacheStatus,
     ContainerState,
     EngineEvent,
     LogQuery,
@@ -45,6 +44,7 @@ from tuneplane_node.runtime.base import (
     ProgressCallback,
     PullLimits,
     RegistryAuth,
+    no_cache,
     tells_no_changes,
 )
 from tuneplane_node.runtime.engines import dockerformat as fmt
@@ -374,8 +374,7 @@ class EngineRuntime(EngineImages, EngineMounts, EngineParent, EngineProcesses, E
     async def start(self) -> None:
         return None  # nothing to fill: every read asks the engine
 
-    def status(self) -> CacheStatus | None:
-        return None
+    status = cache_generation = no_cache  # no cache: every read asks the engine
 
     async def run(self, spec: ContainerSpec) -> str:
         return await self._call(f"run {spec.name}", self._run, spec)

@@ -26,7 +26,6 @@ from tuneplane_node.errors import EngineConflict, EngineRefused, InvalidField
 from tuneplane_node.logformat import job_fields
 from tuneplane_node.runtime.base import (
     LABEL_RUN_ID,
-    CacheStatus,
     ContainerState,
     LogQuery,
     LogStream,
@@ -34,6 +33,7 @@ from tuneplane_node.runtime.base import (
     ProgressCallback,
     PullLimits,
     RegistryAuth,
+    no_cache,
     tells_no_changes,
 )
 from tuneplane_node.runtime.facts import (
@@ -119,8 +119,7 @@ class ProcessRuntime:
     async def start(self) -> None:
         return None  # nothing to fill: every read looks at the files
 
-    def status(self) -> CacheStatus | None:
-        return None
+    status = cache_generation = no_cache  # no cache: every read looks at the files
 
     on_change = tells_no_changes  # an exit is seen only by reading the files
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from tests.helpers import INVENTORY_KEYS
 from tuneplane_node.daemon.machine import (
+    HealthAnswers,
     health_json,
     inventory_json,
 )
@@ -596,3 +597,26 @@ def test_health_answers_each_reading_as_it_is_when_a_new_one_comes() -> None:
     assert again["node_state"]["state"] == "ready" and again["disk"] == health_json(first)["disk"]
     assert again["disk"] is not None and again["disk"]["free_gib"] == 30.0
     assert again["image_store"]["pressure"] is not True
+
+
+def test_health_is_encoded_as_its_shape_would_be_byte_for_byte() -> None:
+    """The route sends a kept health answer around the state cache's ages: the very bytes
+    encode(health_json) would, whichever part moves, and the ages as they are now."""
+    answers, features = HealthAnswers(), ("images", "volumes")
+    first = node_status()
+    moved = [
+        first,
+        replace(first, cache=CacheStatus(True, 1.5, 2.25, 3)),  # only the ages: later
+        node_status(pending={}),
+        node_status(pending={"tuneplane-b": pending("failed", 'no "such" image')}),
+        node_status(cache=None),
+        node_status(occupancy=None, error="the engine is down"),
+        node_status(node=NodeState(state="cordoned", reason="maintenance")),
+        first,
+    ]
+    for status in moved:
+        for asked in (features, ("images",)):
+            kept = answers.encode(status, features=asked)
+            assert kept == encode(health_json(status, features=asked))
+    later = answers.encode(replace(first, cache=CacheStatus(True, 9.0, 0.5, 4)), features=())
+    assert json.loads(later)["state_cache"]["last_event_age_s"] == 9.0

@@ -9,7 +9,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar, cast
 
-from tuneplane_node.daemon.render import volume_store_json
+from tuneplane_node.daemon.render import encode, volume_store_json
 from tuneplane_node.gpu.allocator import Occupancy
 from tuneplane_node.gpu.probe import CardFacts, GpuSnapshot
 from tuneplane_node.inventory import DiskReading, FabricFacts, Filesystem, LocalDisk
@@ -112,6 +112,50 @@ def health_json(status: NodeStatus, *, features: Sequence[str] = ()) -> HealthJs
     answer["volume_store"] = _VOLUME_STORE.of(status.volume_store)
     answer |= {"protocols": list(PROTOCOLS), "features": list(features)}
     return cast(HealthJson, answer)
+
+
+class HealthAnswers:
+    """Health's answer encoded, kept around the state cache's ages while every other
+    part is the object it was: their sources hand out the same object until what it
+    says changes (the engine's health, the occupancy, readiness, the readings, the node
+    state), so one comparison of the parts says the rest of the answer is the one
+    encoded before, and a health call encodes only the ages. Byte for byte
+    ``encode(health_json(status, features=features))``. Used on the event loop only."""
+
+    def __init__(self) -> None:
+        self._parts: tuple[object, ...] | None = None
+        self._around = (b"", b"")  # the answer before the state cache's value, and after
+
+    def encode(self, status: NodeStatus, *, features: Sequence[str]) -> bytes:
+        parts = _health_parts(status, features)
+        if parts != self._parts:  # each part by identity first (a tuple's comparison)
+            self._around = _around_cache(status, features)
+            self._parts = parts
+        head, tail = self._around
+        if status.cache is None:
+            return head
+        return b"".join((head, encode(cache_json(status.cache)), tail))
+
+
+def _health_parts(status: NodeStatus, features: Sequence[str]) -> tuple[object, ...]:
+    pending = tuple((ref, v.image, v.phase, v.error) for ref, v in status.pending.items())
+    return (
+        status.engine, status.series, status.disk, status.cache is None, status.occupancy,
+        status.error, status.node, status.gpu, status.image_store, status.conditions,
+        status.job_disk, status.volume_store, tuple(features), pending,
+    )  # fmt: skip
+
+
+def _around_cache(status: NodeStatus, features: Sequence[str]) -> tuple[bytes, bytes]:
+    """The answer's members before the state cache's value and after it, encoded."""
+    answer: dict[str, Any] = cast(dict[str, Any], health_json(status, features=features))
+    if "state_cache" not in answer:
+        return encode(answer), b""
+    keys = list(answer)
+    at = keys.index("state_cache")  # never first ("ok" is) nor last ("features" is)
+    before = encode({key: answer[key] for key in keys[:at]})
+    after = encode({key: answer[key] for key in keys[at + 1 :]})
+    return before[:-1] + b',"state_cache":', b"," + after[1:]
 
 
 def disk_json(reading: DiskReading | None) -> DiskJson | None:

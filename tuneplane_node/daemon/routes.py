@@ -420,11 +420,14 @@ async def image_gc(request: web.Request) -> web.Response:
     return answer(machine.image_gc_json(run))
 
 
+_HEALTH = machine.HealthAnswers()
+
+
 @api("get", "/node/v1/health", answers.HealthJson)
 async def health(request: web.Request) -> web.Response:
     """Whether the node can serve, and why."""
     status = await request.app[NODE].jobs.status()
-    return answer(machine.health_json(status, features=features()))
+    return encoded(_HEALTH.encode(status, features=features()))
 
 
 @api("get", "/node/v1/inventory", answers.InventoryJson)

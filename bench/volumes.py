@@ -3,10 +3,11 @@
 One aiohttp file server on 127.0.0.1 (``web.FileResponse``: sendfile, Range) serves a
 file of ``--mib`` MiB of random bytes. Alternating within each round (the order turned
 each round, one round first not counted): the node's fill (`VolumeFills.ensure`: size
-probe, download on the loop, writes and sha256 in its thread, fsync, rename) into a
-fresh store, against ``curl -o`` of the same URL onto the same disk (its file fsynced,
-as the fill's is); then, apart, ``curl | sha256sum`` (what checking the bytes costs a
-plain download).
+probe, download on the loop, writes started to disk as they go and sha256 on its threads,
+fsync, rename) into a fresh store, against ``curl -o`` of the same URL onto the same
+disk (its file fsynced, as the fill's is), and with ``--without-write-behind`` the fill
+with its write-behind off; then, apart, ``curl | sha256sum`` (what checking the bytes
+costs a plain download).
 Goal (the issue): the fill within 1.1x of curl. The server is a process of its own, so
 the fill shares neither its loop nor its interpreter's lock with it.
 """
@@ -26,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from tuneplane_node import durable
 from tuneplane_node.jobs.volumes.fills import VolumeFills
 from tuneplane_node.jobs.volumes.store import VolumeStore
 from tuneplane_node.runtime.fetching import Fetcher
@@ -56,10 +58,12 @@ def serve(directory: Path) -> tuple[str, subprocess.Popen[bytes]]:
         time.sleep(0.05)
 
 
-def fill(url: str, digest: str, work: Path) -> float:
+def fill(url: str, digest: str, work: Path, *, behind: bool = True) -> float:
     """The node's fill into a fresh store, gone after (as curl's file is: neither side
-    leaves its bytes in the page cache for the other)."""
+    leaves its bytes in the page cache for the other). ``behind`` False: the fill
+    without its write-behind (every byte left dirty for the fsync at the end)."""
     store = work / "store"
+    durable.write_behind = WRITE_BEHIND if behind else _not_behind
     os.sync()  # the last run's dirty pages are written before this one's clock starts
 
     async def once() -> float:
@@ -75,6 +79,13 @@ def fill(url: str, digest: str, work: Path) -> float:
         return asyncio.run(once())
     finally:
         shutil.rmtree(store, ignore_errors=True)
+
+
+WRITE_BEHIND = durable.write_behind
+
+
+def _not_behind(fd: int, offset: int, length: int) -> None:
+    return None
 
 
 def curl(url: str, work: Path, *, hashed: bool) -> float:
@@ -99,6 +110,11 @@ def main() -> None:
     parser.add_argument("--mib", type=int, default=2048)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1, help="rounds run first, not counted")
+    parser.add_argument(
+        "--without-write-behind",
+        action="store_true",
+        help="a third side: the fill with its write-behind off (what it saves)",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR", "/var/tmp")) as temp:
         work = Path(temp)
@@ -112,11 +128,14 @@ def main() -> None:
         os.sync()
         url, server = serve(work / "served")
         url += "/weights"
-        times: dict[str, list[float]] = {"fill": [], "curl -o": [], "curl | sha256sum": []}
+        digest = hasher.hexdigest()
         pair = {
-            "fill": lambda: fill(url, hasher.hexdigest(), work),
+            "fill": lambda: fill(url, digest, work),
             "curl -o": lambda: curl(url, work, hashed=False),
         }
+        if args.without_write_behind:
+            pair["fill, no write-behind"] = lambda: fill(url, digest, work, behind=False)
+        times: dict[str, list[float]] = {name: [] for name in [*pair, "curl | sha256sum"]}
         try:
             for number in range(args.warmup + args.rounds):
                 # Whoever goes first meets another page cache: the order turns each round.
@@ -132,10 +151,15 @@ def main() -> None:
             server.wait()
         for name, each in times.items():
             best = statistics.median(each)
-            print(f"{name:18} median {best:6.2f} s  {args.mib / best:7.0f} MiB/s  {each}")
+            print(f"{name:22} median {best:6.2f} s  {args.mib / best:7.0f} MiB/s  {each}")
         ratio = statistics.median(times["fill"]) / statistics.median(times["curl -o"])
         rounds = [f"{a / b:.2f}" for a, b in zip(times["fill"], times["curl -o"], strict=True)]
         print(f"fill / curl -o: {ratio:.2f}x (medians); each round: {', '.join(rounds)}")
+        if args.without_write_behind:
+            off = times["fill, no write-behind"]
+            ratio = statistics.median(off) / statistics.median(times["fill"])
+            rounds = [f"{a / b:.2f}" for a, b in zip(off, times["fill"], strict=True)]
+            print(f"no write-behind / fill: {ratio:.2f}x (medians); rounds: {', '.join(rounds)}")
 
 
 if __name__ == "__main__":

@@ -8,12 +8,18 @@ file so: every other writes through it.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import secrets
 from pathlib import Path
 
 log = logging.getLogger(__name__)
+_LIBC = ctypes.CDLL(None, use_errno=True)  # the process's own C library: no search
+_SYNC_FILE_RANGE = getattr(_LIBC, "sync_file_range", None)  # Linux's
+if _SYNC_FILE_RANGE is not None:
+    _SYNC_FILE_RANGE.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+SYNC_FILE_RANGE_WRITE = 2
 
 
 def write_atomically(path: Path, data: bytes, *, mode: int | None = None) -> None:
@@ -83,3 +89,15 @@ def fsync_dir(directory: Path) -> None:
 
 def _temporary(path: Path, pid: int | str) -> Path:
     return path.with_name(f".{path.name}.{pid}.tmp")
+
+
+def write_behind(fd: int, offset: int, length: int) -> None:
+    """Start the disk on ``length`` bytes of ``fd`` from ``offset`` now, without waiting
+    (Linux's ``sync_file_range(SYNC_FILE_RANGE_WRITE)``, as PostgreSQL's ``*_flush_after``
+    does): a large file written in one go reaches the disk while it is written instead
+    of lying dirty in memory for its fsync to write at the end, and it never holds
+    gigabytes of dirty pages that the node's other writers would be throttled behind.
+    A hint only: a filesystem that refuses it is written by the fsync all the same.
+    Blocking (it lets go of the interpreter's lock)."""
+    if _SYNC_FILE_RANGE is not None:
+        _SYNC_FILE_RANGE(fd, offset, length, SYNC_FILE_RANGE_WRITE)

@@ -27,6 +27,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO, TypeVar
 
+from tuneplane_node import durable
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.errors import VolumeFillFailed
 from tuneplane_node.jobs.images.pullrate import PullRate
@@ -316,7 +317,7 @@ class VolumeFills:
     async def _write(self, partial: IO[bytes], hasher: Hasher, batch: bytearray) -> int:
         """The batch written and hashed at once, on two of the fills' threads (both let
         go of the GIL): a batch costs the slower of the two, not their sum."""
-        await asyncio.gather(self.io(partial.write, batch), self.io(hasher.update, batch))
+        await asyncio.gather(self.io(_written_out, partial, batch), self.io(hasher.update, batch))
         return len(batch)
 
     def _written(self, fill: VolumeFill, size: int) -> None:
@@ -353,6 +354,15 @@ class VolumeFills:
         self.fills.clear()
         await self.fetcher.close()
         self._threads.shutdown(wait=True)
+
+
+def _written_out(partial: IO[bytes], batch: bytearray) -> None:
+    """The batch written, and the disk started on it at once (`write_behind`): a 2 GiB
+    fill then ends with a short fsync, not one that writes it all (on this project's
+    development machine, 2 GiB written so: 0.6 s to durable, against 1.0 to 5.5 s)."""
+    start = partial.tell()
+    partial.write(batch)
+    durable.write_behind(partial.fileno(), start, len(batch))
 
 
 def _closed(partial: IO[bytes]) -> None:

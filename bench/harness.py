@@ -193,7 +193,7 @@ def alternate(
     """``measure`` this checkout's daemon and the peer's, one at a time, the first of each
     pair alternating; then each figure of both and its ratio per pair (this / peer), and
     the ratio of their geometric means over every run. A figure named ``... (x)`` is a
-    ratio itself, any other a time in seconds.
+    ratio itself, any other a time in seconds (shown in us for a name ending ``(us)``).
 
     The first daemon of a pair measured higher CPU figures than the second, whichever it
     was (by up to 1.4x on this machine): a ratio per pair leans on the order, and its
@@ -216,7 +216,11 @@ def alternate(
             runs[which].append(measure(checkouts[which]))
     print(f"\n=== this {code_version()} against the peer {code_version(peer)}, per pair:")
     for figure in runs["this"][0]:
-        shown: Callable[[float], str] = (lambda v: f"{v:.1f}x") if figure.endswith("(x)") else ms
+        shown: Callable[[float], str] = ms
+        if figure.endswith("(x)"):
+            shown = lambda v: f"{v:.1f}x"  # noqa: E731
+        elif figure.endswith("(us)"):
+            shown = lambda v: f"{v * 1e6:.1f} us"  # noqa: E731
         mine = [run[figure] for run in runs["this"]]
         theirs = [run[figure] for run in runs["peer"]]
         ratios = [a / b for a, b in zip(mine, theirs, strict=True)]

@@ -2,7 +2,8 @@
 leaves half of one: a temporary file beside it, fsynced, renamed over it (or linked in
 place, for a file only its first writer makes), the directory fsynced. A temporary file
 left by a crash mid-write is removed at the next start. The one module that writes a
-file so: every other writes through it.
+file so: every other writes through it. And `write_behind`: a large file's bytes started
+to disk as they are written, so that its fsync has little left to do.
 """
 
 from __future__ import annotations

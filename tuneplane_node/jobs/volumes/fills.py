@@ -357,9 +357,9 @@ class VolumeFills:
 
 
 def _written_out(partial: IO[bytes], batch: bytearray) -> None:
-    """The batch written, and the disk started on it at once (`write_behind`): a 2 GiB
-    fill then ends with a short fsync, not one that writes it all (on this project's
-    development machine, 2 GiB written so: 0.6 s to durable, against 1.0 to 5.5 s)."""
+    """The batch written, and the disk started on it at once (`write_behind`): the fill
+    ends with a short fsync, not one that writes the whole file (0.65 to 0.8 s of a 2 GiB
+    fill on this project's development machine, now next to none: `bench/volumes.py`)."""
     start = partial.tell()
     partial.write(batch)
     durable.write_behind(partial.fileno(), start, len(batch))

@@ -3,8 +3,10 @@
 Image present, 0 GPUs. The SDK side gets the very options the daemon would use
 (``DockerRuntime.create_options`` of the spec the wire parses from the same body) and
 makes the same two calls the daemon's runtime makes (``containers.create`` then
-``start``). Each round does one of each, in alternating order; removal is not timed.
-Goal: the API within 10% of the SDK.
+``start``) on the same network (the node's job network, where a 0-card launch under a
+plain ``serve`` runs since issue 38); a third side starts it on the host's network, as
+0.3.15 did, for what that network costs. Each round does one of each, in an order that
+turns; removal is not timed. Goal: the API within 10% of the SDK.
 """
 
 from __future__ import annotations
@@ -36,8 +38,11 @@ from harness import (
 from tuneplane_node.jobs.launcher import launch_request
 from tuneplane_node.jobs.observe.results import LaunchRequest
 from tuneplane_node.runtime.engines.docker import DockerRuntime
+from tuneplane_node.runtime.engines.networks.jobnetwork import DOCKER_NAMES, ISOLATED
 from tuneplane_node.settings import load_settings
 from tuneplane_node.wire.requests import parse_launch as read_launch
+
+JOB_NETWORK = DOCKER_NAMES[ISOLATED]
 
 
 def parse_launch(body: Any) -> LaunchRequest:
@@ -82,8 +87,18 @@ class Launcher:
         return elapsed
 
     def through_sdk(self) -> float:
-        body = self.body("sdk")
-        options = sdk_options(body)  # outside the clock: the daemon builds these in-process
+        """On the network the API's launch gets: the node's job network (`isolated`, the
+        default since issue 38: a 0-card job under a plain `serve` is bridged)."""
+        return self._sdk("sdk", JOB_NETWORK)
+
+    def through_sdk_on_host(self) -> float:
+        """On the host's network (0.3.15's default): what the job network costs."""
+        return self._sdk("sdk-host", "host")
+
+    def _sdk(self, method: str, network: str) -> float:
+        body = self.body(method)
+        # Outside the clock: the daemon builds these in-process.
+        options = sdk_options(body) | {"network_mode": network}
         elapsed = timed(lambda: self.sdk.containers.create(**options).start())
         name = body["container"]["name"]
         # The two engine calls the API path makes beyond these: what each costs here.
@@ -95,14 +110,19 @@ class Launcher:
 
 
 def measure(launcher: Launcher, rounds: int) -> dict[str, list[float]]:
-    methods = {"api": launcher.through_api, "sdk": launcher.through_sdk}
-    for method in methods.values():  # warm-up: connections, image cache
+    methods = {
+        "api": launcher.through_api,
+        "sdk": launcher.through_sdk,
+        "sdk, host network": launcher.through_sdk_on_host,
+    }
+    for method in methods.values():  # warm-up: connections, image cache, the job network
         method()
     times: dict[str, list[float]] = {name: [] for name in methods}
     for index in range(rounds):
         for name in rotated(list(methods), index):
             times[name].append(methods[name]())
-        print(f"round {index + 1}: api {ms(times['api'][-1])}, sdk {ms(times['sdk'][-1])}")
+        each = ", ".join(f"{name} {ms(times[name][-1])}" for name in methods)
+        print(f"round {index + 1}: {each}")
     return times
 
 
@@ -118,6 +138,11 @@ def report(times: dict[str, list[float]], extra: dict[str, list[float]]) -> None
     print(f"goal: within 10%: {'MET' if api / sdk <= 1.10 else 'MISSED'}")
     calls = ", ".join(f"{call} {ms(median(values))}" for call, values in extra.items())
     print(f"engine calls the API path adds (SDK, median): {calls}")
+    host = median(times["sdk, host network"])
+    print(
+        f"create+start on the host's network (SDK): median {ms(host)}: the node's job "
+        f"network adds {ms(sdk - host)} to a start"
+    )
 
 
 def main() -> None:

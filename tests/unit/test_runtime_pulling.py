@@ -1,7 +1,9 @@
 """The pull's deadlines and cancel, over a scripted progress stream (no engine).
 
-A stream here is an iterator on the pool's thread and a "response" whose close() ends
-it, as closing the socket ends a real one.
+A stream here is an iterator on the pool's thread and a "response" whose socket's
+shutdown ends it, as it ends a real one; the reading thread closes the response after,
+which gives its connection back (never the watcher: the connection would go back to the
+pool while the reading thread still used it).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Iterator, Mapping
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -30,20 +33,29 @@ class Stream:
         self.messages = messages
         self.end = end
         self.every = every
-        self.closed = threading.Event()
+        self.aborted = threading.Event()  # its socket shut down: the watcher ended it
+        self.closed = threading.Event()  # the response closed: its connection given back
+        self.closed_by: threading.Thread | None = None
+        self.reader: threading.Thread | None = None
+        # requests' path to the socket under a streamed response (`close_http_stream`)
+        self.raw = SimpleNamespace(_fp=SimpleNamespace(fp=SimpleNamespace(raw=SimpleNamespace(
+            _sock=SimpleNamespace(shutdown=lambda how: self.aborted.set())
+        ))))  # fmt: skip
 
     def open(self) -> tuple[Iterator[Mapping[str, Any]], Any]:
+        self.reader = threading.current_thread()
         return self._read(), self
 
     def _read(self) -> Iterator[Mapping[str, Any]]:
         for message in self.messages:
-            if self.closed.wait(self.every):
+            if self.aborted.wait(self.every):
                 return
             yield message
         if not self.end:
-            self.closed.wait()
+            self.aborted.wait()
 
     def close(self) -> None:
+        self.closed_by = threading.current_thread()
         self.closed.set()
 
 
@@ -79,7 +91,8 @@ async def test_progress_is_reported_and_the_last_word_comes_at_the_end(pool: Blo
     await pull(pool, stream, PullLimits(10, 10), seen)
 
     assert seen[-1] == PullProgress(1000, 1000, 1, 1)
-    assert not stream.closed.is_set()  # ended on its own
+    assert not stream.aborted.is_set()  # ended on its own
+    assert stream.closed.is_set() and stream.closed_by is stream.reader  # given back
 
 
 async def test_an_error_in_the_stream_is_the_engines_refusal(pool: BlockingPool) -> None:
@@ -107,7 +120,7 @@ async def test_a_pull_without_progress_is_abandoned_and_its_stream_closed(
     with pytest.raises(EngineRefused, match=r"no progress for 0\.1 s"):
         await pull(pool, stream, PullLimits(60, 0.1), [])
 
-    assert stream.closed.is_set()
+    assert stream.aborted.is_set()
     assert time.monotonic() - started < 2
 
 
@@ -120,7 +133,7 @@ async def test_a_pull_that_moves_but_never_ends_meets_the_overall_deadline(
     with pytest.raises(EngineRefused, match=r"not done after 0\.15 s"):
         await pull(pool, moving, PullLimits(0.15, 0.05), [])
 
-    assert moving.closed.is_set()
+    assert moving.aborted.is_set()
 
 
 @pytest.mark.slow
@@ -135,7 +148,9 @@ async def test_a_cancelled_pull_returns_at_once_and_closes_its_stream(pool: Bloc
         await task
 
     assert time.monotonic() - started < 0.5
-    assert stream.closed.wait(1)
+    assert stream.aborted.wait(1)
+    # Closed by the thread that read it, once it stopped: not under it by the watcher.
+    assert stream.closed.wait(1) and stream.closed_by is stream.reader
 
 
 @pytest.mark.slow  # a second and more of the loop held, as SIGSTOP holds it

@@ -58,7 +58,7 @@ from tuneplane_node.runtime.engines.podmanoptions import (
     rdma_ulimits,
     tmpfs_mount,
 )
-from tuneplane_node.runtime.engines.pulling import PullStream, close_http_stream
+from tuneplane_node.runtime.engines.pulling import PullStream, close_http_stream, closed_after
 from tuneplane_node.runtime.facts import CDI_GPU_KIND, DeviceSupport, IsolationSupport
 from tuneplane_node.runtime.spec import (
     FABRIC,
@@ -481,7 +481,7 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
         response.raise_for_status()
         events = (
             fmt.event_from_docker(event)
-            for event in fmt.json_lines(response.iter_lines())
+            for event in closed_after(response, fmt.json_lines(response.iter_lines()))
             if LABEL_RUN_ID in fmt.event_labels(event)
         )
         return events, lambda: close_http_stream(response)

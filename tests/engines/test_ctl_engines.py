@@ -46,6 +46,7 @@ from tests.helpers import (
     spawn_daemon,
     storage_root,
     unique,
+    wait_until,
 )
 from tuneplane_node.runtime.engines.docker import DockerRuntime
 
@@ -102,6 +103,12 @@ VOLATILE = {"state_cache", "disk"}  # ages and free space move between two calls
 
 @pytest.mark.engine
 def test_json_health_is_the_apis_own_answer(ctl: Ctl, docker_node: Node) -> None:
+    # Once the disk monitor has said what holds a job's disk: a fresh node's first pass
+    # moves `job_disk.held_by` (null, then "monitor"), once, between two answers.
+    def held() -> object:
+        return api(docker_node, "/node/v1/health")["job_disk"]["held_by"]
+
+    asyncio.run(wait_until(lambda: held() is not None))
     for args in (("--json", "health"), ("health", "--json")):
         code, out, _ = ctl(*args, url=docker_node.url)
         assert code == 0

@@ -571,8 +571,9 @@ def test_jobs_lists_every_job_and_watch_redraws_at_each_change(
     code, out, _ = ctl("jobs", url=url)
     assert code == 0 and re.search(rf"│ {ref} +│ running ", out), out
     env = {**os.environ, "PYTHONPATH": python_path(), "TUNEPLANE_NODE_TOKEN": TOKEN}
+    argv = ["-X", "faulthandler", "-m", "tuneplane_node", "ctl", "--url", url, "jobs"]
     watch = subprocess.Popen(
-        [sys.executable, "-m", "tuneplane_node", "ctl", "--url", url, "jobs", "--watch", "--json"],
+        [sys.executable, *argv, "--watch", "--json"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -589,8 +590,37 @@ def test_jobs_lists_every_job_and_watch_redraws_at_each_change(
         assert change["index"] != first["index"]
     finally:
         watch.send_signal(signal.SIGINT)
-        assert watch.wait(timeout=10) == 0
         marker.unlink(missing_ok=True)
+        assert exit_code_within(watch, 10) == 0
+
+
+@pytest.mark.slow  # a daemon process of its own
+def test_a_watch_interrupted_as_it_shows_the_first_listing_exits_0(
+    ctl: Ctl, process_node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C once the watch began, even as its first line is written, is how a watch
+    ends (0), not an interrupted command (130): found by interrupting it at random."""
+    written = []
+
+    def interrupted(_ctl: commands.Ctl, answer: Any) -> None:
+        written.append(answer)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(commands.Ctl, "line", interrupted)
+    code, _, err = ctl("jobs", "--watch", "--json", url=process_node.url)
+    assert (code, err, len(written)) == (0, "", 1) and written[0]["jobs"] == {}
+
+
+def exit_code_within(process: subprocess.Popen[bytes], timeout: float) -> int | None:
+    """Its exit code; past ``timeout``, an assertion holding its threads' stacks (it
+    runs with faulthandler, which prints them on SIGABRT): a watch that once outlived
+    its Ctrl-C in CI (3.10, lowest dependencies) said nothing of where it was."""
+    try:
+        return process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGABRT)
+        _, err = process.communicate(timeout=10)
+        raise AssertionError(f"running {timeout} s after Ctrl-C:\n{err.decode()[-6000:]}") from None
 
 
 def test_version_names_the_node_python_the_sdks_and_nvml(

@@ -141,12 +141,12 @@ def jobs(ctl: Ctl, args: argparse.Namespace) -> int:
     if not args.watch:
         return ctl.show(listing.raw, lambda out, a: render.show_states(out, a["jobs"]))
     jobs: dict[str, JobState] = {}
-    listing.apply(jobs)
-    if ctl.json:
-        ctl.line(listing.raw)
     live = ctl.out.is_terminal and not ctl.json
-    table = _jobs_table(jobs)
-    try:  # how a watch ends, even during the first draw: not a failure
+    try:  # how a watch ends, from its first line or draw on: not a failure
+        listing.apply(jobs)
+        if ctl.json:
+            ctl.line(listing.raw)
+        table = _jobs_table(jobs)
         with Live(table, console=ctl.out, auto_refresh=False) if live else NO_LIVE as shown:
             if not live and not ctl.json:
                 ctl.out.print(table)

@@ -141,3 +141,38 @@ class KeptReading(Generic[T]):
             return value
         finally:
             self._reading = None
+
+
+class TurnShared(Generic[T]):
+    """What ``compute`` answered, shared by the callers that run after it in the same
+    turn of the event loop (and those the turn woke before it), computed again after.
+    Each of them was woken by a request read before that answer was made, so none
+    asked after it: a burst of 200 health calls read in one turn builds the node's
+    status once, not 200 times. A compute that waited (a thread, an engine) is not
+    shared: what it read before its wait may be older than another caller's request.
+    Used on the event loop only."""
+
+    def __init__(self, compute: Callable[[], Awaitable[T]]) -> None:
+        self.compute = compute
+        self._turn: object | None = None  # this turn's marker, until the next turn
+        self._value: tuple[T] | None = None  # this turn's answer
+
+    async def get(self) -> T:
+        if self._value is not None:
+            return self._value[0]
+        turn = self._this_turn()
+        value = await self.compute()
+        if self._turn is turn and self._value is None:  # it did not wait
+            self._value = (value,)
+        return value
+
+    def _this_turn(self) -> object:
+        if self._turn is None:
+            self._turn = object()
+            # Scheduled now, it runs in the next turn after the callbacks scheduled
+            # before it: the callers woken by requests read before this answer.
+            asyncio.get_running_loop().call_soon(self._next_turn)
+        return self._turn
+
+    def _next_turn(self) -> None:
+        self._turn = self._value = None

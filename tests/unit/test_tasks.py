@@ -1,4 +1,5 @@
-"""BackgroundTasks: every background task named, its failure logged once, ended at close."""
+"""BackgroundTasks: every background task named, its failure logged once, ended at close;
+TurnShared: one answer a turn of the loop."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from tests.helpers import settle
 from tuneplane_node import tasks as tasks_module
 from tuneplane_node.clock import within
-from tuneplane_node.tasks import BackgroundTasks, by_awaiters
+from tuneplane_node.tasks import BackgroundTasks, TurnShared, by_awaiters
 
 log = logging.getLogger("tests.tasks")
 
@@ -135,3 +136,47 @@ async def test_a_task_its_awaiters_report_is_not_logged_nor_left_unretrieved(
     del pull, lonely
     gc.collect()
     assert not caplog.records  # not "Task exception was never retrieved" either
+
+
+class Counted:
+    """A compute that answers how many times it ran; its first run waits on ``gate``
+    when one is given."""
+
+    def __init__(self, gate: asyncio.Future[None] | None = None) -> None:
+        self.runs, self.gate = 0, gate
+
+    async def __call__(self) -> int:
+        self.runs += 1
+        if self.runs == 1 and self.gate is not None:
+            await self.gate
+        return self.runs
+
+
+async def test_callers_of_one_turn_share_an_answer_and_the_next_turn_computes_again() -> None:
+    shared = TurnShared(Counted())
+    assert await asyncio.gather(*(shared.get() for _ in range(50))) == [1] * 50
+    await asyncio.sleep(0)  # a turn later: a request read now may follow a change
+    assert await shared.get() == 2
+    assert await shared.get() == 2  # still this turn: no await in between suspended
+
+
+async def test_an_answer_whose_compute_waited_is_not_shared() -> None:
+    """Waited across turns, it may hold what was read before a later caller's request:
+    the caller woken in the turn it ends in computes its own."""
+    loop = asyncio.get_running_loop()
+    compute = Counted(gate=loop.create_future())
+    shared = TurnShared(compute)
+    waited = asyncio.ensure_future(shared.get())
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # it waits on its gate, turns later
+    later: list[asyncio.Future[int]] = []
+
+    def open_gate_then_ask() -> None:  # the waiter resumes first, then the later caller
+        assert compute.gate is not None
+        compute.gate.set_result(None)
+        later.append(asyncio.ensure_future(shared.get()))
+
+    loop.call_soon(open_gate_then_ask)
+    assert await waited == 1
+    await asyncio.sleep(0)
+    assert await later[0] == 2 and compute.runs == 2

@@ -36,6 +36,7 @@ from tuneplane_node.daemon.metrics import Metrics
 from tuneplane_node.daemon.render import error_json
 from tuneplane_node.daemon.routes import answer, routes
 from tuneplane_node.daemon.state import (
+    HEALTH_STATUS,
     METRICS,
     NODE,
     PORT_HELD,
@@ -60,7 +61,7 @@ from tuneplane_node.runtime import detect_runtime
 from tuneplane_node.runtime.base import ContainerRuntime
 from tuneplane_node.runtime.engines.dockerauth import AuthFile
 from tuneplane_node.settings import NodeSettings, env_name
-from tuneplane_node.tasks import BackgroundTasks
+from tuneplane_node.tasks import BackgroundTasks, TurnShared
 from tuneplane_node.wire import MAX_BODY_BYTES, PROTOCOL, PROTOCOL_HEADER, SPOKEN
 
 log = logging.getLogger(__name__)
@@ -255,6 +256,7 @@ def _lifecycle(
             credentials=app.get(REGISTRY_AUTH),
             port_held=app[PORT_HELD],
         )
+        app[HEALTH_STATUS] = TurnShared(node.jobs.status)
         await node.start()  # the operator's cordon or drain, before the first request
         await _start_background(app, node, sweep=sweep)
         log.info("node ready: runtime %s, protocol %s", runtime.name, PROTOCOL)

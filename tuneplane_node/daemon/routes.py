@@ -22,7 +22,7 @@ from tuneplane_node.daemon.access.tokens import FULL
 from tuneplane_node.daemon.follow import stream_log
 from tuneplane_node.daemon.metrics import CONTENT_TYPE
 from tuneplane_node.daemon.presence import GONE, unless_gone
-from tuneplane_node.daemon.state import METRICS, NODE
+from tuneplane_node.daemon.state import HEALTH_STATUS, METRICS, NODE
 from tuneplane_node.errors import (
     BadRequest,
     EngineConflict,
@@ -426,7 +426,7 @@ _HEALTH = machine.HealthAnswers()
 @api("get", "/node/v1/health", answers.HealthJson)
 async def health(request: web.Request) -> web.Response:
     """Whether the node can serve, and why."""
-    status = await request.app[NODE].jobs.status()
+    status = await request.app[HEALTH_STATUS].get()  # a burst's requests share one
     return encoded(_HEALTH.encode(status, features=features()))
 
 

@@ -7,13 +7,16 @@ from aiohttp import web
 from tuneplane_node.daemon.access.tokens import TokenSet
 from tuneplane_node.daemon.metrics import Metrics
 from tuneplane_node.jobs.node import Node
+from tuneplane_node.jobs.observe.results import NodeStatus
 from tuneplane_node.runtime.engines.dockerauth import AuthFile
 from tuneplane_node.settings import NodeSettings
-from tuneplane_node.tasks import BackgroundTasks
+from tuneplane_node.tasks import BackgroundTasks, TurnShared
 
 SETTINGS = web.AppKey("settings", NodeSettings)
 NODE = web.AppKey("node", Node)
 """The node's services (`build_node`): each route talks to the one it needs."""
+HEALTH_STATUS = web.AppKey("health_status", TurnShared[NodeStatus])
+"""The node's status for health, one per turn of the loop (`TurnShared`)."""
 TOKENS = web.AppKey("tokens", TokenSet)
 METRICS = web.AppKey("metrics", Metrics)
 PORT_HELD = web.AppKey("port_held", bool)

@@ -125,16 +125,26 @@ class HealthAnswers:
     def __init__(self) -> None:
         self._parts: tuple[object, ...] | None = None
         self._around = (b"", b"")  # the answer before the state cache's value, and after
+        # The last answer whole, by the status and features it was made of: the health
+        # calls of one turn share one status (`TurnShared`), ages and all.
+        self._last: tuple[NodeStatus, Sequence[str], bytes] | None = None
 
     def encode(self, status: NodeStatus, *, features: Sequence[str]) -> bytes:
+        last = self._last
+        if last is not None and last[0] is status and last[1] is features:
+            return last[2]
         parts = _health_parts(status, features)
         if parts != self._parts:  # each part by identity first (a tuple's comparison)
             self._around = _around_cache(status, features)
             self._parts = parts
         head, tail = self._around
-        if status.cache is None:
-            return head
-        return b"".join((head, encode(cache_json(status.cache)), tail))
+        whole = (
+            head
+            if status.cache is None
+            else b"".join((head, encode(cache_json(status.cache)), tail))
+        )
+        self._last = (status, features, whole)
+        return whole
 
 
 def _health_parts(status: NodeStatus, features: Sequence[str]) -> tuple[object, ...]:

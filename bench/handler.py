@@ -7,8 +7,10 @@ the route's handler for ``GET /node/v1/health`` is called directly, with a mocke
 request, so the figures are the handler's own CPU (the node's status, the answer and its
 encoding), without aiohttp's, the middlewares' or a client's, which bursts over HTTP
 (`load.py`) measure with them and with their noise. Per side: the loop thread's CPU
-clock over ``--calls`` calls one at a time, and over the same number in gathers of 200
-(as a burst's requests wait on the loop together), each gather timed alone.
+clock over ``--calls`` calls one at a time (each timed alone, a turn of the loop between
+two, as requests that come one at a time are read in turns of their own), and over the
+same number in gathers of 200 (as a burst's requests wait on the loop together), each
+gather timed alone.
 """
 
 from __future__ import annotations
@@ -51,10 +53,13 @@ async def main(calls):
         size = len((await handler(request)).body)
         for _ in range(500):
             await handler(request)
-        started = time.thread_time()
+        alone = 0.0
         for _ in range(calls):
+            await asyncio.sleep(0)  # a turn of the loop between them, as requests come
+            started = time.thread_time()
             await handler(request)
-        alone = (time.thread_time() - started) / calls
+            alone += time.thread_time() - started
+        alone /= calls
         gathered = 0.0
         for _ in range(calls // 200):
             await asyncio.sleep(0.02)

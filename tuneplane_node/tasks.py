@@ -150,7 +150,8 @@ class TurnShared(Generic[T]):
     asked after it: a burst of 200 health calls read in one turn builds the node's
     status once, not 200 times. A compute that waited (a thread, an engine) is not
     shared: what it read before its wait may be older than another caller's request.
-    Used on the event loop only."""
+    Its owner calls `forget` when a change is answered in the turn (a request pipelined
+    after it may run there). Used on the event loop only."""
 
     def __init__(self, compute: Callable[[], Awaitable[T]]) -> None:
         self.compute = compute
@@ -165,6 +166,11 @@ class TurnShared(Generic[T]):
         if self._turn is turn and self._value is None:  # it did not wait
             self._value = (value,)
         return value
+
+    def forget(self) -> None:
+        """This turn's answer no longer holds (a change was answered meanwhile): the
+        next caller computes again."""
+        self._value = None
 
     def _this_turn(self) -> object:
         if self._turn is None:

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import make_mocked_request
 
 from tests.conftest import IMAGE, MakeFakeNode, fake_settings
 from tests.fakes import FakeClock, FakeRuntime
@@ -20,6 +22,7 @@ from tests.helpers import Console, settle
 from tests.helpers import console_0315 as console_launch
 from tuneplane_node.clock import parse_rfc3339
 from tuneplane_node.daemon.app import create_node_app
+from tuneplane_node.daemon.state import HEALTH_STATUS
 from tuneplane_node.jobs.drain import DRAIN_AGAIN_S
 from tuneplane_node.jobs.nodestate import NodeState, NodeStateFile
 
@@ -335,3 +338,21 @@ async def test_a_full_state_directory_is_a_507_saying_so_and_leaves_no_temporary
     (full_state_dir / "filler").unlink()
     assert (await node.ok("POST", "/node/v1/cordon", json={"reason": "bad fan"}))["reason"]
     assert json.loads((full_state_dir / "node-state.json").read_text())["state"] == "cordoned"
+
+
+async def test_a_change_answered_ends_the_sharing_of_healths_status(
+    fake_node: MakeFakeNode,
+) -> None:
+    """The health requests of one turn of the loop share one status; a change answered
+    in that turn ends it, so the next is made after the change: on one connection a
+    health request pipelined after a cordon runs in the cordon's turn when the cordon
+    never waited (Python 3.12's eager tasks)."""
+    node = await fake_node()
+    shared = node.app[HEALTH_STATUS]
+    await shared.get()
+    await asyncio.sleep(0.01)  # its readings made: the status is made without a wait
+    first = await shared.get()
+    for method, kept in (("GET", True), ("POST", False)):  # no awaits suspend: one turn
+        answered = make_mocked_request(method, "/node/v1/cordon", app=node.app)
+        await node.app.on_response_prepare.send(answered, web.Response())
+        assert (await shared.get() is first) is kept, method

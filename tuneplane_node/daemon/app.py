@@ -107,6 +107,15 @@ async def _no_server_header(request: web.Request, response: web.StreamResponse) 
     response.headers.popall("Server", None)
 
 
+async def _changes_seen(request: web.Request, response: web.StreamResponse) -> None:
+    """A request that may have changed the node (any method but GET) ends the sharing of
+    health's status (`TurnShared`) once answered: a health request pipelined after it on
+    the same connection may run in the same turn (Python 3.12's eager tasks), and must
+    see what it changed."""
+    if request.method != "GET" and HEALTH_STATUS in request.app:
+        request.app[HEALTH_STATUS].forget()
+
+
 def guard_middleware(
     tokens: TokenSet, metrics: Metrics, *, metrics_public: bool, failures: AuthFailures
 ) -> Middleware:
@@ -212,6 +221,7 @@ def create_node_app(
     app[TASKS] = BackgroundTasks(log)
     app.add_routes(routes)
     app.on_response_prepare.append(_no_server_header)
+    app.on_response_prepare.append(_changes_seen)
     lifecycle = _lifecycle(runtime, allocator, clock, sweep=sweep, engine_lock=engine_lock)
     app.cleanup_ctx.append(lifecycle)
     app.on_shutdown.append(_answer_watches)

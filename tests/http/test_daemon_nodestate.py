@@ -352,7 +352,9 @@ async def test_a_change_answered_ends_the_sharing_of_healths_status(
     await shared.get()
     await asyncio.sleep(0.01)  # its readings made: the status is made without a wait
     first = await shared.get()
-    for method, kept in (("GET", True), ("POST", False)):  # no awaits suspend: one turn
-        answered = make_mocked_request(method, "/node/v1/cordon", app=node.app)
+    answers = [("GET", "/node/v1/health", True), ("POST", "/node/v1/observe", True)]
+    answers.append(("POST", "/node/v1/cordon", False))
+    for method, path, kept in answers:  # no await here suspends: all in one turn
+        answered = make_mocked_request(method, path, app=node.app)
         await node.app.on_response_prepare.send(answered, web.Response())
-        assert (await shared.get() is first) is kept, method
+        assert (await shared.get() is first) is kept, path

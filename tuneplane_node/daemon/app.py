@@ -24,6 +24,7 @@ from tuneplane_node import inventory
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.daemon.access.guard import (
     METRICS_PATH,
+    READ_VERBS,
     TOKEN_KEY,
     AuthFailures,
     authenticate,
@@ -108,11 +109,14 @@ async def _no_server_header(request: web.Request, response: web.StreamResponse) 
 
 
 async def _changes_seen(request: web.Request, response: web.StreamResponse) -> None:
-    """A request that may have changed the node (any method but GET) ends the sharing of
-    health's status (`TurnShared`) once answered: a health request pipelined after it on
-    the same connection may run in the same turn (Python 3.12's eager tasks), and must
-    see what it changed."""
-    if request.method != "GET" and HEALTH_STATUS in request.app:
+    """A request that may have changed the node (a POST but the reads, observe and
+    stats) ends the sharing of health's status (`TurnShared`) once answered: a health
+    request pipelined after it on the same connection may run in the same turn (Python
+    3.12's eager tasks), and must see what it changed."""
+    method = request.method
+    if method in ("GET", "HEAD") or (method, request.path) in READ_VERBS:
+        return
+    if HEALTH_STATUS in request.app:
         request.app[HEALTH_STATUS].forget()
 
 

@@ -5,9 +5,10 @@ file of ``--mib`` MiB of random bytes. Alternating within each round (the order 
 each round, one round first not counted): the node's fill (`VolumeFills.ensure`: size
 probe, download on the loop, writes started to disk as they go and sha256 on its threads,
 fsync, rename) into a fresh store, against ``curl -o`` of the same URL onto the same
-disk (its file fsynced, as the fill's is), and with ``--without-write-behind`` the fill
-with its write-behind off; then, apart, ``curl | sha256sum`` (what checking the bytes
-costs a plain download).
+disk (its file fsynced, as the fill's is); with ``--without-write-behind`` the fill
+with its write-behind and drop-behind off, with ``--keeping-cache`` without its
+drop-behind; then, apart, ``curl | sha256sum`` (what checking the bytes costs a plain
+download).
 Goal (the issue): the fill within 1.1x of curl. The server is a process of its own, so
 the fill shares neither its loop nor its interpreter's lock with it.
 """
@@ -58,12 +59,15 @@ def serve(directory: Path) -> tuple[str, subprocess.Popen[bytes]]:
         time.sleep(0.05)
 
 
-def fill(url: str, digest: str, work: Path, *, behind: bool = True) -> float:
+def fill(url: str, digest: str, work: Path, *, behind: bool = True, drop: bool = True) -> float:
     """The node's fill into a fresh store, gone after (as curl's file is: neither side
     leaves its bytes in the page cache for the other). ``behind`` False: the fill
-    without its write-behind (every byte left dirty for the fsync at the end)."""
+    without its write-behind (every byte left dirty for the fsync at the end) nor its
+    drop-behind; ``drop`` False: without its drop-behind (every byte left in the page
+    cache, as before `drop_behind`)."""
     store = work / "store"
     durable.write_behind = WRITE_BEHIND if behind else _not_behind
+    durable.drop_behind = DROP_BEHIND if behind and drop else _not_behind
     os.sync()  # the last run's dirty pages are written before this one's clock starts
 
     async def once() -> float:
@@ -82,6 +86,7 @@ def fill(url: str, digest: str, work: Path, *, behind: bool = True) -> float:
 
 
 WRITE_BEHIND = durable.write_behind
+DROP_BEHIND = durable.drop_behind
 
 
 def _not_behind(fd: int, offset: int, length: int) -> None:
@@ -113,7 +118,12 @@ def main() -> None:
     parser.add_argument(
         "--without-write-behind",
         action="store_true",
-        help="a third side: the fill with its write-behind off (what it saves)",
+        help="one more side: the fill with its write-behind and drop-behind off",
+    )
+    parser.add_argument(
+        "--keeping-cache",
+        action="store_true",
+        help="one more side: the fill with its drop-behind off (what dropping saves)",
     )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR", "/var/tmp")) as temp:
@@ -135,6 +145,8 @@ def main() -> None:
         }
         if args.without_write_behind:
             pair["fill, no write-behind"] = lambda: fill(url, digest, work, behind=False)
+        if args.keeping_cache:
+            pair["fill, cache kept"] = lambda: fill(url, digest, work, drop=False)
         times: dict[str, list[float]] = {name: [] for name in [*pair, "curl | sha256sum"]}
         try:
             for number in range(args.warmup + args.rounds):
@@ -160,6 +172,11 @@ def main() -> None:
             ratio = statistics.median(off) / statistics.median(times["fill"])
             rounds = [f"{a / b:.2f}" for a, b in zip(off, times["fill"], strict=True)]
             print(f"no write-behind / fill: {ratio:.2f}x (medians); rounds: {', '.join(rounds)}")
+        if args.keeping_cache:
+            kept = times["fill, cache kept"]
+            ratio = statistics.median(kept) / statistics.median(times["fill"])
+            rounds = [f"{a / b:.2f}" for a, b in zip(kept, times["fill"], strict=True)]
+            print(f"cache kept / fill: {ratio:.2f}x (medians); rounds: {', '.join(rounds)}")
 
 
 if __name__ == "__main__":

@@ -283,6 +283,7 @@ class VolumeFills:
             if download.total is not None and not is_oci(fill.source):
                 fill.bytes_total = download.total
             partial = await self.io(self._opened, key, offset)
+            writer = WrittenOut(partial)
             # One batch is written and hashed on the fill's threads while the loop reads
             # the next: the download never waits for the disk and the hash, nor they for it.
             writing: asyncio.Future[int] | None = None
@@ -299,7 +300,7 @@ class VolumeFills:
                         raise VolumeFillFailed(source=shown(fill.source), reason=reason)
                     if writing is not None:
                         self._written(fill, await writing)
-                    writing = asyncio.ensure_future(self._write(partial, hasher, batch))
+                    writing = asyncio.ensure_future(self._write(writer, hasher, batch))
                 if writing is not None:
                     self._written(fill, await writing)
             finally:
@@ -314,10 +315,10 @@ class VolumeFills:
         with contextlib.suppress(OSError):
             self._written(fill, await asyncio.shield(writing))
 
-    async def _write(self, partial: IO[bytes], hasher: Hasher, batch: bytearray) -> int:
+    async def _write(self, writer: WrittenOut, hasher: Hasher, batch: bytearray) -> int:
         """The batch written and hashed at once, on two of the fills' threads (both let
         go of the GIL): a batch costs the slower of the two, not their sum."""
-        await asyncio.gather(self.io(_written_out, partial, batch), self.io(hasher.update, batch))
+        await asyncio.gather(self.io(writer, batch), self.io(hasher.update, batch))
         return len(batch)
 
     def _written(self, fill: VolumeFill, size: int) -> None:
@@ -356,13 +357,24 @@ class VolumeFills:
         self._threads.shutdown(wait=True)
 
 
-def _written_out(partial: IO[bytes], batch: bytearray) -> None:
-    """The batch written, and the disk started on it at once (`write_behind`): the fill
-    ends with a short fsync, not one that writes the whole file (0.65 to 0.8 s of a 2 GiB
-    fill on this project's development machine, now next to none: `bench/volumes.py`)."""
-    start = partial.tell()
-    partial.write(batch)
-    durable.write_behind(partial.fileno(), start, len(batch))
+class WrittenOut:
+    """A partial file's writer, one batch at a time on the fills' threads: the batch
+    written and the disk started on it at once (`write_behind`: the fill ends with a
+    short fsync, not one that writes the whole file, 0.65 to 0.8 s of a 2 GiB fill on
+    this project's development machine), and the batches before it, on the disk by
+    then, let go of by the page cache (`drop_behind`): a fill holds a few MiB of the
+    cache, never the whole file (`bench/volumes.py`)."""
+
+    def __init__(self, partial: IO[bytes]) -> None:
+        self.partial = partial
+        self.kept_from = partial.tell()  # where the bytes still in the cache begin
+
+    def __call__(self, batch: bytearray) -> None:
+        start, fd = self.partial.tell(), self.partial.fileno()
+        self.partial.write(batch)
+        durable.write_behind(fd, start, len(batch))
+        durable.drop_behind(fd, self.kept_from, start - self.kept_from)
+        self.kept_from = start
 
 
 def _closed(partial: IO[bytes]) -> None:

@@ -537,22 +537,25 @@ def test_signal_and_a_warned_stop_reach_a_job(ctl: Ctl, process_node: Node, tmp_
     assert code == 0, err
     ref = commands.default_name(run_id)
     deadline = time.monotonic() + 30
-    while not trapped.exists():  # the shell has set its trap
-        assert time.monotonic() < deadline, "the job never set its trap"
-        time.sleep(0.02)
+    made_by(trapped, deadline, "the job never set its trap")
     code, out, _ = ctl("signal", ref, "usr1", url=url)
     assert (code, out.strip()) == (0, f"sent SIGUSR1 to {ref}")
     # sh notes a caught signal as a flag until its trap runs: a second USR1 sent before
     # that is the same one (seen in CI), so the warning goes once the first was trapped.
-    while not marker.exists():
-        assert time.monotonic() < deadline, "the job never ran its trap"
-        time.sleep(0.02)
+    made_by(marker, deadline, "the job never ran its trap")
     assert ctl("signal", ref, "SIGKILL", url=url)[0] == 2  # a usage error: never sent
     code, _, _ = ctl("stop", ref, "--warn-signal", "USR1", "--warn", "10", url=url)
     assert code == 0
     state = json.loads(ctl("observe", ref, "--json", url=url)[1])["states"][ref]
     assert (state["exit_code"], state["stop_signal"]) == (0, "SIGUSR2")
     assert marker.read_text() == "usr1\nusr1\n"
+
+
+def made_by(path: Path, deadline: float, never: str) -> None:
+    """Once the job has made ``path``; ``never`` fails the test past the deadline."""
+    while not path.exists():
+        assert time.monotonic() < deadline, never
+        time.sleep(0.02)
 
 
 @pytest.mark.slow  # a daemon process of its own

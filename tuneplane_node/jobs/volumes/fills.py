@@ -283,7 +283,7 @@ class VolumeFills:
             if download.total is not None and not is_oci(fill.source):
                 fill.bytes_total = download.total
             partial = await self.io(self._opened, key, offset)
-            writer = WrittenOut(partial)
+            writer = WrittenOut(partial, offset)
             # One batch is written and hashed on the fill's threads while the loop reads
             # the next: the download never waits for the disk and the hash, nor they for it.
             writing: asyncio.Future[int] | None = None
@@ -365,9 +365,9 @@ class WrittenOut:
     then, let go of by the page cache (`drop_behind`): a fill holds a few MiB of the
     cache, never the whole file (`bench/volumes.py`)."""
 
-    def __init__(self, partial: IO[bytes]) -> None:
-        self.partial = partial
-        self.kept_from = partial.tell()  # where the bytes still in the cache begin
+    def __init__(self, partial: IO[bytes], offset: int) -> None:
+        self.partial = partial  # opened at ``offset`` (`_opened`): no file call on the loop
+        self.kept_from = offset  # where the bytes still in the cache begin
 
     def __call__(self, batch: bytearray) -> None:
         start, fd = self.partial.tell(), self.partial.fileno()

@@ -353,6 +353,22 @@ async def test_registry_is_asked_about_the_recorded_repository_not_the_launchs_s
     assert asked == [IMAGE]
 
 
+async def test_credentials_for_one_registry_never_go_to_the_registry_that_holds_the_image(
+    node: Node, fake: FakeRuntime, private: Registry
+) -> None:
+    """Issue 49, finding 3: a public registry's name resolving (podman: by digest alone) to
+    another tenant's private image must not send that name's credentials (a launch's, or
+    the node file's Docker Hub entry) to the private image's registry."""
+    fake.tag(IMAGE, "docker.io/library/anything:1")
+    private.accepts.add(OTHER)  # the other registry would say yes: it must not be asked
+
+    with pytest.raises(ImageAccessDenied, match="another registry than the one"):
+        await node.jobs.launch(launch("spelt", image="docker.io/library/anything:1", auth=OTHER))
+
+    assert private.asked == []
+    assert container_name("spelt") not in fake.containers
+
+
 async def test_docker_hubs_other_spellings_are_one_repository(
     node: Node, fake: FakeRuntime
 ) -> None:

@@ -21,6 +21,7 @@ from tuneplane_node.runtime.engines.dockerformat import (
     image_from_inspect,
     json_lines,
     log_pieces,
+    names_by_digest,
     pull_params,
     state_from_inspect,
 )
@@ -271,3 +272,14 @@ def test_an_image_id_reads_alike_from_docker_and_libpod() -> None:
     assert state_from_inspect({"Image": bare}).image_id == f"sha256:{bare}"  # libpod's
     assert brief_from_list({"ImageID": f"sha256:{bare}"}).image_id == f"sha256:{bare}"
     assert image_from_inspect({"Id": "x", "Size": -1}).size_bytes is None
+
+
+def test_a_digest_reference_names_an_image_only_by_its_own_repositorys_digest() -> None:
+    """Issue 49, finding 3: podman resolves ``repo@sha256:...`` by the digest alone; a
+    public name spelt with a private image's digest must not be that image."""
+    digest = "sha256:" + "a" * 64
+    info = ImageInfo("sha256:" + "1" * 64, digests=(f"127.0.0.1:5005/team/trainer@{digest}",))
+    assert names_by_digest(f"127.0.0.1:5005/team/trainer@{digest}", info)
+    assert not names_by_digest(f"docker.io/library/anything@{digest}", info)
+    assert not names_by_digest(f"127.0.0.1:5005/team/trainer@sha256:{'b' * 64}", info)
+    assert names_by_digest("docker.io/library/anything:1", info)  # a tag: the engine's

@@ -11,9 +11,11 @@ from tuneplane_node.errors.base import NodeError
 class InsufficientStorage(NodeError):
     """A pull refused before it starts: the filesystem of the engine's data root is at
     or above the high threshold, or the image (the registry's compressed size) would not
-    fit in the room left below it, even with every image a GC run may remove gone
-    (``freeable_bytes``; then nothing was removed). Nothing was reserved or created. Its
-    figures are fields of the answer too (`figures`)."""
+    fit in the room left below it, even with every image a GC run may remove gone (then
+    nothing was removed). Nothing was reserved or created. Its figures are fields of the
+    answer too (`figures`): what the pull needs and the disk's free bytes, never what a
+    GC run could free (``freeable_bytes`` is null: a tenant's size is no probe of the
+    other tenants' images)."""
 
     status = 507
     code: ClassVar[str] = "insufficient_storage"
@@ -29,16 +31,15 @@ class InsufficientStorage(NodeError):
         freeable_bytes: int | None = None,
     ) -> None:
         if needed_bytes is None:
-            why = f"the engine's image store is at or above its {high_percent}% threshold"
+            why = (
+                f"the engine's image store is at or above its {high_percent}% threshold "
+                "after image GC"
+            )
         else:
             why = (
-                f"it is {needed_bytes} bytes compressed, and the engine's image store has "
-                f"{room_bytes} bytes left below its {high_percent}% threshold"
+                f"it is {needed_bytes} bytes compressed, more than the engine's image store "
+                f"can hold below its {high_percent}% threshold: nothing was removed"
             )
-        if freeable_bytes is not None:
-            why += f", and image GC could free {freeable_bytes} bytes: nothing was removed"
-        else:
-            why += " after image GC"
         super().__init__(
             f"no room to pull {image}: {why} ({free_bytes} bytes free, threshold {high_percent}%)"
         )

@@ -7,6 +7,13 @@ filled the disk) removes images least recently used first while the data root's
 filesystem is at or above the high threshold, until it is at or below the low one;
 one unused past ``TUNEPLANE_IMAGE_GC_MAX_UNUSED_S`` goes whatever the disk.
 
+Room is made for bytes, never for a claim (design, principle 12): a pull whose size (its
+registry's word, a tenant's registry) does not fit below high even with every removable
+image gone is refused before it starts; one that fits only with images removed starts
+with nothing removed, and images go as its bytes come and need the room: while a pull
+runs, the room below high is kept `AHEAD_BYTES` ahead of what it has left (`ahead`).
+A manifest that claims 100 GB and a blob that sends 1 MB remove room for a window at most.
+
 Never removed: an image any container is made from (the engine's word, of every
 container, the node's or not, running or not); one the node holds now (`ImageHolds`:
 a pull in flight, a pending launch, a launch between its image check and its
@@ -32,7 +39,7 @@ from typing import Protocol
 
 from tuneplane_node.clock import Clock, within
 from tuneplane_node.errors import InsufficientStorage, NodeError
-from tuneplane_node.jobs.images.pulls import PullCoordinator
+from tuneplane_node.jobs.images.pulls import PullCoordinator, SharedPull
 from tuneplane_node.jobs.observe.results import GcRun, ImageStore, RemovedImage
 from tuneplane_node.references import ImageName
 from tuneplane_node.runtime import registry
@@ -45,6 +52,7 @@ log = logging.getLogger(__name__)
 READ_TTL_S = 1.0
 READ_WAIT_S = 0.25  # a wedged engine must not hold health (0.5 s, the promise)
 DISK_FULL = ("disk is full", "no space left on device")  # runtime/engines/pulling.py's words
+AHEAD_BYTES = 512 * 2**20  # room kept ahead of a pull's bytes, at most
 
 
 class ImageStoreRuntime(Protocol):
@@ -152,6 +160,7 @@ class ImageCollector:
         self.telemetry = pulls.telemetry
         self.sizer = sizer
         pulls.on_failure.append(self.after_failed_pull)
+        pulls.on_progress.append(self.ahead)
         self.scope = settings.image_gc
         self.high, self.low = settings.image_gc_high_percent, settings.image_gc_low_percent
         self.min_age_s = settings.image_gc_min_age_s
@@ -159,6 +168,7 @@ class ImageCollector:
         self.interval_s = settings.image_gc_interval_s
         self.pin_s = settings.image_pin_s
         self.holds = ImageHolds()
+        self.ahead_bytes = AHEAD_BYTES
         # Under pressure, run before any image is removed for it (the disk monitor's
         # stops of the jobs filling the store); True: the jobs it stopped are the
         # pressure, and this run removes nothing for it (their layers fill the store).
@@ -166,6 +176,7 @@ class ImageCollector:
         self.last_store = ImageStore()
         self._first_seen: dict[str, datetime] = {}  # id -> when a run first listed it
         self._run: asyncio.Task[GcRun] | None = None
+        self._ahead: asyncio.Task[None] | None = None
         self._refresh: asyncio.Task[ImageStore] | None = None
         self._read_at, self._first = -math.inf, True
         self._tasks = BackgroundTasks(log)
@@ -221,6 +232,27 @@ class ImageCollector:
         if any(words in error.message.lower() for words in DISK_FULL):
             log.warning("a pull filled the engine's disk: image GC runs now")
             self.kick()
+
+    def ahead(self, pull: SharedPull) -> None:
+        """A pull's bytes came: when the room below high is less than what it has left
+        (`AHEAD_BYTES` at most), a run makes that room (one such check at a time; the
+        store's kept reading, a second old at most: no engine call per report)."""
+        if self.scope == "off" or (self._ahead is not None and not self._ahead.done()):
+            return
+        progress = pull.progress
+        left = self.ahead_bytes
+        if progress.bytes_total:
+            left = min(left, max(0, progress.bytes_total - progress.bytes_done))
+        if left:
+            self._ahead = self._tasks.spawn(self._room_ahead(left), name="image gc ahead")
+
+    async def _room_ahead(self, left: int) -> None:
+        room = (await self.reading()).room(self.high)
+        if room is not None and room < left:
+            try:
+                await self.collect(room_for=left)
+            except NodeError as exc:
+                log.warning("image GC ahead of a pull: %s", exc.message)
 
     async def maintain(self) -> None:
         """A run every interval, as long as the node runs: one that fails is logged, and
@@ -334,9 +366,8 @@ class ImageCollector:
         """Return when a pull of the image may start; else `InsufficientStorage`, before
         anything is downloaded: the store at or above high after a run, or the image
         (the registry's size; not asked for an image here already, whose pull downloads
-        what changed only) larger than the room left below high. A pull that would not
-        fit even with every image a run may remove gone is refused before anything is
-        removed: the cache is never emptied for nothing."""
+        what changed only) larger than the room below high with every image a run may
+        remove gone. Nothing is removed for the size (`ahead` removes for bytes)."""
         store = await self.store()
         room = store.room(self.high)
         # The registry is asked only where the answer can refuse: a store of known size.
@@ -350,14 +381,18 @@ class ImageCollector:
         if short and not store.pressure and size is not None and room is not None:
             freeable = await self.freeable() if self.scope != "off" else 0
             if size > room + freeable:
-                raise self._refusal(image, store, needed=size, room=room, freeable=freeable)
+                log.warning(
+                    "pull of %s refused: %d bytes, %d left below %d%%, %d removable",
+                    image, size, room, self.high, freeable,
+                )  # fmt: skip
+                raise self._refusal(image, store, needed=size)
+            if self.scope != "off":
+                self.kick()
+            return  # admitted: its bytes have images removed as they come (`ahead`)
         if self.scope != "off":
-            store = (await self.collect(room_for=size if short and size else 0)).store
+            store = (await self.collect()).store
         if store.pressure:
             raise self._refusal(image, store)
-        room = store.room(self.high)
-        if size is not None and room is not None and size > room:
-            raise self._refusal(image, store, needed=size, room=room)
 
     async def freeable(self) -> int:
         """Bytes a run could free now: the sizes of the images no rule keeps (shared
@@ -366,21 +401,15 @@ class ImageCollector:
         return sum(c.image.size for c in self._candidates(images, self.clock.now()))
 
     def _refusal(
-        self,
-        image: str,
-        store: ImageStore,
-        *,
-        needed: int | None = None,
-        room: int | None = None,
-        freeable: int | None = None,
+        self, image: str, store: ImageStore, *, needed: int | None = None
     ) -> InsufficientStorage:
+        """What the launch is told: what its pull needs, never what the node could free
+        (a tenant's registry's size is no lever on the other tenants' images)."""
         return InsufficientStorage(
             image=image,
             free_bytes=store.free_bytes or 0,
             high_percent=self.high,
             needed_bytes=needed,
-            room_bytes=None if room is None else max(0, room),
-            freeable_bytes=freeable,
         )
 
     async def close(self) -> None:

@@ -295,16 +295,27 @@ class ImageKeeper:
         if self.unwritten:
             reason = "its record is not written yet, and only the credentials that pulled it may"
             raise ImageAccessDenied(image=image, reason=reason)
+        given_for = ImageName.parse(image).registry
         for repository, entry in guarding.items():
+            if entry.registry != given_for:
+                continue  # credentials go only to the registry they were given for
             if self._trusted(repository, digest) or await self._accepts(image, entry, auth):
                 self._yes[(repository, digest)] = self.clock.monotonic() + self.recheck_s
                 return
         reason = "its registry does not accept this launch's credentials for it"
+        if all(entry.registry != given_for for entry in guarding.values()):
+            reason = (
+                "the node pulled it from another registry than the one this launch's "
+                "credentials are for"
+            )
         raise ImageAccessDenied(image=image, reason=reason)
 
     async def _accepts(self, image: str, entry: PrivateImage, auth: RegistryAuth) -> bool:
         """The registry's word on the recorded repository (not the launch's spelling,
-        which may name a public registry's image of another content)."""
+        which may name a public registry's image of another content), asked only where
+        the credentials were given for that registry (`admit`): the node's auth file's
+        entry for a registry, or a launch's credentials for its image's, never reach
+        another host."""
         asked = entry.reference or image
         try:
             accepted = await asyncio.to_thread(self.check, asked, auth)

@@ -14,6 +14,7 @@ in the node's image ledger (`ImageLedger`), a prefetch's as one.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -104,6 +105,8 @@ class PullCoordinator:
         self.tasks = BackgroundTasks(log)
         # Told of every pull that failed (the image GC runs after one that filled the disk).
         self.on_failure: list[Callable[[NodeError], None]] = []
+        # Told of every pull's progress (the image GC keeps room ahead of its bytes).
+        self.on_progress: list[Callable[[SharedPull], None]] = []
 
     def join(
         self,
@@ -148,7 +151,10 @@ class PullCoordinator:
         started, outcome = time.monotonic(), "failed"
         try:
             await self.runtime.pull(
-                canonical(pull.image), limits=self.limits, on_progress=pull.update, auth=pull.auth
+                canonical(pull.image),
+                limits=self.limits,
+                on_progress=functools.partial(self._progressed, pull),
+                auth=pull.auth,
             )
             await self._record(pull)
             outcome = "ok"
@@ -174,6 +180,11 @@ class PullCoordinator:
                 extra={"image": pull.image, "result": outcome}
                 | job_fields(refs or None, run_ids or None),
             )
+
+    def _progressed(self, pull: SharedPull, progress: PullProgress) -> None:
+        pull.update(progress)
+        for told in self.on_progress:
+            told(pull)
 
     async def _record(self, pull: SharedPull) -> None:
         """Write the pulled image in the ledger. The image is here whatever happens: an

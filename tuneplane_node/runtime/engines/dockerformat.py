@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from tuneplane_node.clock import normalise, rfc3339
+from tuneplane_node.references import ImageName
 from tuneplane_node.runtime.base import (
     Brief,
     ContainerState,
@@ -79,6 +80,19 @@ def image_from_inspect(data: Mapping[str, Any]) -> ImageInfo:
         names=tuple(str(name) for name in data.get("RepoTags") or ()),
         digests=tuple(str(d) for d in data.get("RepoDigests") or () if d and "<none>" not in d),
     )
+
+
+def names_by_digest(image: str, info: ImageInfo) -> bool:
+    """Whether ``info`` is what ``image`` names, where ``image`` names a digest: one of
+    the image's registry digests is that digest of that repository. Podman resolves
+    ``repo@sha256:...`` by the digest alone, whatever the repository: a reference to a
+    public registry's name would resolve to another tenant's private image (pulled from
+    another registry), and the private rule would ask that registry with credentials
+    given for the public one. A reference by tag is the engine's to resolve."""
+    name = ImageName.parse(image)
+    if not name.by_digest:
+        return True
+    return any(ImageName.parse(digest) == name for digest in info.digests)
 
 
 def brief_from_list(entry: Mapping[str, Any]) -> Brief:

@@ -117,6 +117,7 @@ def main() -> None:
     base, _ = serve(daemon.dir / "served")
     host = base.removeprefix("http://")
     daemon.extra_env["TUNEPLANE_VOLUME_INSECURE_HOSTS"] = f'["{host}"]'
+    daemon.extra_env["TUNEPLANE_VOLUME_ALLOWED_NETWORKS"] = '["127.0.0.0/8"]'
     volumes = [
         {"source": f"{base}/{name}", "path": f"/v/{name}", "sha256": digest}
         for name, digest in files

@@ -32,6 +32,7 @@ from tuneplane_node import durable
 from tuneplane_node.jobs.volumes.fills import VolumeFills
 from tuneplane_node.jobs.volumes.store import VolumeStore
 from tuneplane_node.runtime.fetching import Fetcher
+from tuneplane_node.runtime.reach import Reach
 
 SERVER = """
 import sys
@@ -71,7 +72,9 @@ def fill(url: str, digest: str, work: Path, *, behind: bool = True, drop: bool =
     os.sync()  # the last run's dirty pages are written before this one's clock starts
 
     async def once() -> float:
-        fills = VolumeFills(VolumeStore(store), Fetcher(stall_s=60), limit=4)
+        host = url.split("/")[2]  # the bench's own server, on loopback over plain http
+        fetcher = Fetcher(stall_s=60, reach=Reach(["127.0.0.0/8"]), insecure=frozenset({host}))
+        fills = VolumeFills(VolumeStore(store), fetcher, limit=4)
         try:
             started = time.perf_counter()
             await fills.ensure(digest, url)

@@ -14,12 +14,26 @@ import asyncio
 import hashlib
 import re
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from tuneplane_node.runtime.fetching import Fetcher
+from tuneplane_node.runtime.reach import Reach
+
 RANGE = re.compile(r"bytes=(\d+)-(\d*)")
 WRITE = 64 * 2**10
+LOOPBACK = ["127.0.0.0/8", "::1/128"]
+"""The networks the tests' servers are on: a node refuses them to tenants by default
+(`Reach`), so a test of fills that are not about reach allows them, as an operator
+lists an internal mirror (``TUNEPLANE_VOLUME_ALLOWED_NETWORKS``)."""
+
+
+def local_fetcher(*, stall_s: float = 30.0, insecure: Iterable[str] = ()) -> Fetcher:
+    """A fetcher that may reach the tests' servers on loopback, over plain http for the
+    ``host:port`` in ``insecure``."""
+    return Fetcher(stall_s=stall_s, reach=Reach(LOOPBACK), insecure=frozenset(insecure))
 
 
 def sha256(data: bytes) -> str:
@@ -39,6 +53,11 @@ class FileServer:
     ranges: bool = True
     runner: web.AppRunner | None = None
     url: str = ""
+
+    @property
+    def host(self) -> str:
+        """``127.0.0.1:<port>``: what ``TUNEPLANE_VOLUME_INSECURE_HOSTS`` lists."""
+        return self.url.removeprefix("http://")
 
     def add(self, name: str, data: bytes) -> str:
         """The URL of ``data``, served as ``name``."""

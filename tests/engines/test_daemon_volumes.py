@@ -20,8 +20,10 @@ from tests.engines.test_daemon_mounts import post, remove_directly
 from tests.engines.test_daemon_scratch import logged
 from tests.helpers import IMAGE, free_port, spawn_daemon, state_dir
 from tests.scrapes import scrape
-from tests.volumeserver import FileServer, sha256
+from tests.volumeserver import LOOPBACK, FileServer, sha256
 from tuneplane_node.jobs.mounts.staging import MountStaging
+from tuneplane_node.jobs.volumes.access import Accesses
+from tuneplane_node.jobs.volumes.store import partial_key
 
 pytestmark = pytest.mark.engine
 ENGINES = ["docker", "podman"]
@@ -36,7 +38,7 @@ READ = (
 
 
 def insecure(server: FileServer) -> dict[str, object]:
-    return {"volume_insecure_hosts": [server.url.removeprefix("http://")]}
+    return {"volume_insecure_hosts": [server.host], "volume_allowed_networks": LOOPBACK}
 
 
 def weights(server: FileServer) -> dict[str, str]:
@@ -111,7 +113,7 @@ async def test_a_fill_of_other_bytes_fails_its_launch_and_lets_its_cards_go(
         assert "1 reserved for pending launches" in held["detail"], held
         file_server.stall["weights"].set()
         failed = await node.wait_for(ref, "pending_phase", "failed")
-        assert "hash to sha256:" in failed["pending_error"], failed
+        assert "bytes do not match the sha256:" in failed["pending_error"], failed
         _, held = await node.launch(["/bin/true"], gpus=5, expect=409)
         assert "reserved for pending launches" not in held["detail"], held  # its card is free
     finally:
@@ -139,18 +141,19 @@ async def test_a_fill_killed_at_half_resumes_after_a_restart_from_where_it_stopp
     settings = {
         **engine_settings_of(engine),
         "TUNEPLANE_DEV_SHARED_ENGINE": "true",
-        "TUNEPLANE_VOLUME_INSECURE_HOSTS": json.dumps(
-            insecure(file_server)["volume_insecure_hosts"]
-        ),
+        "TUNEPLANE_VOLUME_INSECURE_HOSTS": json.dumps([file_server.host]),
+        "TUNEPLANE_VOLUME_ALLOWED_NETWORKS": json.dumps(LOOPBACK),
     }
     port = free_port()
     run_id = f"volume-{os.getpid()}-{port}"
     container = {"image": IMAGE, "command": ["/bin/sh", "-c", READ], "volumes": [volume]}
     launch = {"run_id": run_id, "requested_gpus": 0, "container": container}
-    partial = state_dir(tmp_path) / "volumes" / "partial" / sha256(DATA)
     daemon = spawn_daemon(tmp_path, port, settings_of=settings)
     try:
         await asyncio.to_thread(healthy, port, daemon, tmp_path / "serve.log")
+        # Its name is the digest's and the URL's access (the store's salt is made at start).
+        access = Accesses(state_dir(tmp_path) / "volumes").of(volume["source"])
+        partial = state_dir(tmp_path) / "volumes" / "partial" / partial_key(sha256(DATA), access)
         status, body = await asyncio.to_thread(post, port, "/node/v1/launch", launch)
         assert (status, body.get("phase")) == (200, "pulling"), body
         await asyncio.wait_for(file_server.holding.wait(), 60)
@@ -199,6 +202,8 @@ async def test_an_entry_a_running_job_binds_survives_gc_and_an_unused_one_goes(
     for data, used_at in ((DATA, 1.0), (other, 2.0)):  # the bound one is the oldest
         (root / "sha256" / sha256(data)).write_bytes(data)
         os.utime(root / "sha256" / sha256(data), (used_at, used_at))
+    accesses = Accesses(root)  # as the fill from that URL recorded it
+    accesses.record(sha256(DATA), accesses.of("https://example.invalid/w"))
     node = await make_node(
         engine, volume_root=root, volume_gc_high_percent=1, volume_gc_low_percent=0
     )

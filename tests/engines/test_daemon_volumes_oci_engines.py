@@ -22,6 +22,7 @@ from tests.helpers import REGISTRY, unique
 from tests.ocilayers import file, tarball
 from tests.ociserver import LAYER, MANIFEST
 from tests.scrapes import scrape
+from tests.volumeserver import LOOPBACK
 
 pytestmark = pytest.mark.engine
 ENGINES = ["docker", "podman"]
@@ -79,7 +80,9 @@ async def test_two_launches_of_one_oci_volume_fetch_it_once_and_read_it_read_onl
 ) -> None:
     layer, words = artifact()
     source = await push(REGISTRY, f"tuneplane-test/volume-{unique('v')}", [layer])
-    node = await make_node(engine, volume_insecure_hosts=[REGISTRY])
+    node = await make_node(
+        engine, volume_insecure_hosts=[REGISTRY], volume_allowed_networks=LOOPBACK
+    )
     volume = {"source": source, "path": "/data"}
     names: list[str] = []
     try:
@@ -108,12 +111,17 @@ async def test_an_oci_volume_of_the_password_registry_is_fetched_with_the_node_f
     auth_file = tmp_path / "auth.json"
     auth_file.write_text(json.dumps({"auths": {PRIVATE_REGISTRY: {"auth": pair}}}))
     auth_file.chmod(0o600)
-    anonymous = await make_node(engine, volume_insecure_hosts=[PRIVATE_REGISTRY])
+    anonymous = await make_node(
+        engine, volume_insecure_hosts=[PRIVATE_REGISTRY], volume_allowed_networks=LOOPBACK
+    )
     _, refused = await anonymous.launch(["/bin/true"], volumes=[{"source": source, "path": "/d"}],
                                         expect=502)  # fmt: skip
     assert "refused it without credentials (401)" in refused["detail"], refused
     node = await make_node(
-        engine, volume_insecure_hosts=[PRIVATE_REGISTRY], registry_auth_file=auth_file
+        engine,
+        volume_insecure_hosts=[PRIVATE_REGISTRY],
+        registry_auth_file=auth_file,
+        volume_allowed_networks=LOOPBACK,
     )
     names: list[str] = []
     try:

@@ -25,7 +25,7 @@ from tests.conftest import IMAGE, MakeFakeNode
 from tests.fakes import FakeClock, FakeRuntime
 from tests.helpers import TOKEN, Console, free_port, python_path, unique, wait_until
 from tests.http.test_daemon_server import make_ca
-from tests.volumeserver import FileServer, sha256
+from tests.volumeserver import LOOPBACK, FileServer, sha256
 from tuneplane_node import wire
 from tuneplane_node.client import (
     PROTOCOL,
@@ -671,7 +671,8 @@ async def test_volume_verbs_answer_typed_and_a_full_store_is_volume_store_full(
         volume_root=tmp_path / "volumes",
         volume_gc_high_percent=1,
         volume_gc_low_percent=0,
-        volume_insecure_hosts=[file_server.url.removeprefix("http://")],
+        volume_insecure_hosts=[file_server.host],
+        volume_allowed_networks=LOOPBACK,
     )  # any disk is above 1%: no fill fits
     async with AsyncNodeClient(url_of(node), token=TOKEN) as client:
         with pytest.raises(VolumeStoreFull) as full:

@@ -34,6 +34,7 @@ from tests.helpers import (
     unique,
 )
 from tests.unit.test_runtime_registry import serving
+from tests.volumeserver import LOOPBACK
 from tuneplane_node.cli import main, parser
 from tuneplane_node.ctl import commands, options
 from tuneplane_node.jobs.launcher import launch_request
@@ -448,6 +449,7 @@ def test_volume_pull_wait_fills_it_and_volumes_and_volume_gc_show_it(
         node = start_node(
             TUNEPLANE_LOCAL_RUNTIME="process",
             TUNEPLANE_VOLUME_INSECURE_HOSTS=json.dumps([host]),
+            TUNEPLANE_VOLUME_ALLOWED_NETWORKS=json.dumps(LOOPBACK),
         )
         source = f"http://{host}/w?sig=s3cr3t"
         code, out, err = ctl("volume-pull", source, digest, "--wait", url=node.url)

@@ -19,7 +19,8 @@ from tests.conftest import MakeFakeNode
 from tests.fakes import FakeRuntime
 from tests.helpers import IMAGE
 from tests.scrapes import scrape
-from tests.volumeserver import FileServer, sha256
+from tests.volumeserver import LOOPBACK, FileServer, sha256
+from tuneplane_node.jobs.volumes.access import Accesses
 from tuneplane_node.runtime.spec import ContainerSpec
 
 DATA = os.urandom(2**20 + 3)
@@ -31,16 +32,19 @@ def root_of(tmp_path: Path) -> Path:
 
 
 def insecure(server: FileServer) -> dict[str, Any]:
-    return {"volume_insecure_hosts": [server.url.removeprefix("http://")]}
+    return {"volume_insecure_hosts": [server.host], "volume_allowed_networks": LOOPBACK}
 
 
-def put(tmp_path: Path, data: bytes, used_at: float) -> str:
-    """An entry already in the store (as a past fill left it), last used at ``used_at``."""
+def put(tmp_path: Path, data: bytes, used_at: float, *, source: str = "https://h/w") -> str:
+    """An entry already in the store (as a past fill from ``source`` left it, its
+    access recorded), last used at ``used_at``."""
     entries = root_of(tmp_path) / "sha256"
     entries.mkdir(parents=True, exist_ok=True)
     digest = sha256(data)
     (entries / digest).write_bytes(data)
     os.utime(entries / digest, (used_at, used_at))
+    accesses = Accesses(root_of(tmp_path))
+    accesses.record(digest, accesses.of(source))
     return digest
 
 
@@ -56,6 +60,13 @@ def put(tmp_path: Path, data: bytes, used_at: float) -> str:
         ({"source": "http://10.0.0.1:80/w", "sha256": "a" * 64}, "source"),  # not listed
         ({"source": "https://h:99999/w", "sha256": "a" * 64}, "source"),
         ({"source": "https://:443/w", "sha256": "a" * 64}, "source"),
+        # Hosts no DNS name spells are refused before any lookup (issue 52, the fuzzer's).
+        ({"source": "https://ij\u2039wnl1|+rp/w", "sha256": "a" * 64}, "source"),
+        ({"source": "https://ij|+rp.example/w", "sha256": "a" * 64}, "source"),
+        ({"source": "https://127.1/w", "sha256": "a" * 64}, "source"),  # legacy inet_aton
+        ({"source": "https://a..b/w", "sha256": "a" * 64}, "source"),
+        ({"source": "https://-a.example/w", "sha256": "a" * 64}, "source"),
+        ({"source": "https://[::zz]/w", "sha256": "a" * 64}, "source"),
     ],
 )
 async def test_a_bad_pull_is_a_422_naming_its_field(
@@ -70,7 +81,7 @@ async def test_a_bad_pull_is_a_422_naming_its_field(
 async def test_a_pull_of_an_entry_here_is_200_present_and_pins_it(
     fake_node: MakeFakeNode, tmp_path: Path
 ) -> None:
-    digest = put(tmp_path, DATA, 100.0)
+    digest = put(tmp_path, DATA, 100.0, source="https://h/w?sig=s3cr3t")
     node = await fake_node(volume_root=root_of(tmp_path))
 
     status, answer = await node.call(
@@ -93,7 +104,7 @@ async def test_gc_evicts_the_least_recently_used_entry_no_job_binds_and_no_pin_h
 ) -> None:
     oldest = put(tmp_path, b"a" * 1000, 100.0)
     bound = put(tmp_path, b"b" * 1000, 50.0)  # older still, but a job binds it
-    pinned = put(tmp_path, b"c" * 1000, 10.0)
+    pinned = put(tmp_path, b"c" * 1000, 10.0, source="https://h/c")
     newest = put(tmp_path, b"d" * 1000, 200.0)
     # Any real disk is above 1%: every entry no rule keeps goes.
     node = await fake_node(
@@ -133,7 +144,7 @@ async def test_a_fill_that_cannot_fit_is_a_507_before_its_first_byte(
     status, answer = await node.call("POST", PULL, json={"source": source, "sha256": sha256(DATA)})
 
     assert (status, answer["code"]) == (507, "volume_store_full"), answer
-    assert answer["needed_bytes"] == len(DATA) and answer["freeable_bytes"] == 0, answer
+    assert answer["needed_bytes"] == len(DATA) and answer["freeable_bytes"] is None, answer
     assert "s3cr3t" not in str(answer)
     assert file_server.sent["weights"] <= 1  # the size probe's byte at most: no body
     assert not (root_of(tmp_path) / "sha256" / sha256(DATA)).exists()
@@ -176,10 +187,12 @@ async def test_a_fill_that_fails_while_the_pull_waits_is_a_502_and_stays_listed(
     status, answer = await node.call("POST", PULL, json=body)
 
     assert (status, answer["code"]) == (502, "volume_fill_failed"), answer
-    assert "hash to sha256:" in answer["detail"], answer
+    assert "bytes do not match the sha256:" in answer["detail"], answer
+    served = sha256(bytes([DATA[0] ^ 0xFF]) + DATA[1:])  # what the source sent hashes to
     [failed] = (await node.ok("GET", "/node/v1/volumes"))["fills"]
     assert (failed["phase"], failed["sha256"]) == ("failed", sha256(DATA)), failed
-    assert "hash to sha256:" in failed["error"], failed
+    assert "bytes do not match" in failed["error"], failed
+    assert served not in str(answer) and served not in str(failed)  # issue 49, finding 1
     missing = await node.call(
         "POST", PULL, json={"source": file_server.url + "/nothing", "sha256": "e" * 64}
     )

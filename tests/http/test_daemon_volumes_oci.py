@@ -19,6 +19,7 @@ from tests.helpers import Console
 from tests.http.test_daemon_volume_verbs import PULL, root_of
 from tests.ocilayers import file, tarball
 from tests.ociserver import PASSWORD, USER, Registry
+from tests.volumeserver import LOOPBACK
 from tuneplane_node.runtime.facts import STAGED
 
 # A real server on a socket (tests' own loop): slow by the suite's rule.
@@ -30,7 +31,11 @@ AUTH = {"username": USER, "password": PASSWORD}
 
 
 def settings_of(registry: Registry, tmp_path: Path) -> dict[str, Any]:
-    return {"volume_root": root_of(tmp_path), "volume_insecure_hosts": [registry.host]}
+    return {
+        "volume_root": root_of(tmp_path),
+        "volume_insecure_hosts": [registry.host],
+        "volume_allowed_networks": LOOPBACK,
+    }
 
 
 @pytest.fixture

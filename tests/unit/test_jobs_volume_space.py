@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import fake_settings
 from tests.fakes import FakeClock
 from tuneplane_node.errors import InvalidField, VolumeStoreFull
-from tuneplane_node.jobs.volumes.fills import VolumeFill
+from tuneplane_node.jobs.volumes.fill import VolumeFill
 from tuneplane_node.jobs.volumes.keeper import VolumeKeeper
 from tuneplane_node.jobs.volumes.space import Candidate, Space, to_evict
 from tuneplane_node.jobs.volumes.store import Entry
@@ -36,7 +36,10 @@ class Disk:
         self.others = OTHERS
 
     def __call__(self, root: Path) -> Space:
-        held = sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) if root.exists() else 0
+        """The entries' and partial files' bytes (the salt and the access records are a
+        few bytes the store's figures leave out, as a real filesystem's blocks would)."""
+        files = [p for kind in ("sha256", "partial") for p in (root / kind).rglob("*")]
+        held = sum(p.stat().st_size for p in files if p.is_file())
         return Space(TOTAL, TOTAL - self.others - held)
 
 
@@ -83,12 +86,14 @@ async def keeper(
 
 
 def put(keeper: VolumeKeeper, digest: str, size: int, used_at: float) -> None:
-    """An entry of ``size`` bytes, last used at ``used_at`` (epoch seconds)."""
+    """An entry of ``size`` bytes, last used at ``used_at`` (epoch seconds), filled from
+    ``https://h/<its first letter>`` (that access recorded)."""
     entries = keeper.store.root / "sha256"
     entries.mkdir(parents=True, exist_ok=True)
     path = entries / digest
     path.write_bytes(b"x" * size)
     os.utime(path, (used_at, used_at))
+    keeper.accesses.record(digest, keeper.accesses.of(f"https://h/{digest[0]}"))
 
 
 def three(keeper: VolumeKeeper) -> None:
@@ -181,7 +186,7 @@ async def test_an_entry_a_launch_holds_and_one_a_prefetch_pinned_are_kept(
     assert [each.entry.digest for each in run.removed] == [C]  # the one left unkept
 
     release()
-    clock.advance(keeper.pin_s + 1)  # the pin is over
+    clock.advance(keeper.room.pin_s + 1)  # the pin is over
     os.utime(keeper.store.root / "sha256" / B, (50.0, 50.0))  # the oldest now
     put(keeper, C, 1000, 300.0)  # 90% again
     run = await keeper.collect()
@@ -191,21 +196,60 @@ async def test_an_entry_a_launch_holds_and_one_a_prefetch_pinned_are_kept(
 async def test_a_prefetch_refreshes_the_last_use(keeper: VolumeKeeper) -> None:
     three(keeper)
     await keeper.prefetch(Volume("https://h/a", "", A))  # A: used now
-    keeper.pins.clear()  # its pin aside: only the order counts here
+    keeper.room.pins.clear()  # its pin aside: only the order counts here
 
     run = await keeper.collect()
 
     assert [each.entry.digest for each in run.removed] == [B]
 
 
-async def test_a_fill_has_the_oldest_evicted_for_its_room(keeper: VolumeKeeper) -> None:
+async def test_a_fill_has_the_oldest_evicted_as_its_bytes_need_the_room(
+    keeper: VolumeKeeper,
+) -> None:
     put(keeper, A, 1000, 100.0)
     put(keeper, B, 1000, 200.0)  # 8000: room below 85% is 500
     fill = VolumeFill(D, "https://h/d", bytes_total=1200)
 
-    await keeper.admit(fill)
+    await keeper.room.admit(fill)
+    assert left(keeper) == {A, B}  # admitted: it fits with A gone, but nothing goes for a size
 
-    assert left(keeper) == {B}
+    await keeper.room.grant(fill, 400)  # its first bytes: room for them, and some ahead
+    assert left(keeper) == {B} and fill.granted == 1200
+
+
+async def test_a_size_claim_that_just_fits_evicts_only_for_the_bytes_that_come(
+    keeper: VolumeKeeper,
+) -> None:
+    """Finding 7 of issue 49: a lie that fits with every cached entry gone was a lever
+    on the other tenants' entries. Room is found a window ahead of the bytes instead."""
+    put(keeper, A, 1000, 100.0)
+    put(keeper, B, 1000, 200.0)  # room below 85%: 500
+    keeper.room.grant_bytes = 300
+    access = keeper.accesses.of("https://h/d")
+    liar = VolumeFill(D, "https://h/d", access, bytes_total=2400)  # fits with A and B gone
+    keeper.fills.fills[(D, access)] = liar  # under way: its partial file is not a leftover
+
+    await keeper.room.admit(liar)
+    await keeper.room.grant(liar, 100)  # its first bytes: room up to 400, here already
+
+    assert left(keeper) == {A, B} and liar.granted == 400
+    keeper.store.partial(liar.key).write_bytes(b"x" * 400)  # they came: 100 left below high
+    liar.bytes_done = 400
+    await keeper.room.grant(liar, 450)  # room up to 750: 250 more than there is, A goes
+    assert left(keeper) == {B} and liar.granted == 750
+    del keeper.fills.fills[(D, access)]
+
+
+async def test_a_partial_file_no_fill_writes_goes_before_any_entry(keeper: VolumeKeeper) -> None:
+    """Another source's bytes, a cancelled fill's: nobody resumes them but their own
+    access, so they are what room is made of first."""
+    put(keeper, A, 1000, 100.0)
+    keeper.store.partial(f"{D}~{'0' * 16}").write_bytes(b"x" * 1000)  # 8000: room 500
+    fill = VolumeFill(C, "https://h/c", keeper.accesses.of("https://h/c"), bytes_total=1000)
+
+    await keeper.room.grant(fill, 1)
+
+    assert left(keeper) == {A} and not keeper.store.partial(f"{D}~{'0' * 16}").exists()
 
 
 async def test_a_fill_that_cannot_fit_even_after_eviction_is_refused_and_nothing_goes(
@@ -217,28 +261,30 @@ async def test_a_fill_that_cannot_fit_even_after_eviction_is_refused_and_nothing
     fill = VolumeFill(D, "https://h/d?sig=s3cr3t", bytes_total=2000)
 
     with pytest.raises(VolumeStoreFull) as refused:
-        await keeper.admit(fill)
+        await keeper.room.admit(fill)
 
     assert refused.value.status == 507 and refused.value.code == "volume_store_full"
-    assert refused.value.needed_bytes == 2000 and refused.value.freeable_bytes == 1000
+    assert refused.value.needed_bytes == 2000 and refused.value.freeable_bytes is None
     assert "s3cr3t" not in refused.value.message
+    assert "1000" not in refused.value.message  # what eviction could free: not the tenant's
     assert left(keeper) == {A, B}
 
 
 async def test_a_fill_counts_its_partial_file_and_the_other_fills_room(
     keeper: VolumeKeeper,
 ) -> None:
-    keeper.store.partial(D).write_bytes(b"x" * 400)  # 6400 used: room 2100
-    fill = VolumeFill(D, "https://h/d", bytes_total=2400)
-    await keeper.admit(fill)  # 2000 more: fits
-    other = VolumeFill(C, "https://h/c", bytes_total=2400)
+    fill = VolumeFill(D, "https://h/d", keeper.accesses.of("https://h/d"), bytes_total=2400)
+    keeper.store.partial(fill.key).write_bytes(b"x" * 400)  # 6400 used: room 2100
+    await keeper.room.admit(fill)  # 2000 more: fits
+    other = VolumeFill(C, "https://h/c", keeper.accesses.of("https://h/c"), bytes_total=2400)
     other.admitted.set()
-    keeper.fills.fills[C] = other  # under way, none of its bytes written yet
+    other.granted = 2000  # room found for its bytes, none of them written yet
+    keeper.fills.fills[(C, other.access)] = other
     try:
         with pytest.raises(VolumeStoreFull):
-            await keeper.admit(fill)
+            await keeper.room.admit(fill)
     finally:
-        del keeper.fills.fills[C]
+        del keeper.fills.fills[(C, other.access)]
 
 
 async def test_an_engine_that_does_not_answer_evicts_nothing(keeper: VolumeKeeper) -> None:
@@ -247,7 +293,7 @@ async def test_an_engine_that_does_not_answer_evicts_nothing(keeper: VolumeKeepe
     async def down() -> list[ContainerState]:
         raise EngineUnavailable(engine="docker", reason="down")
 
-    keeper.ps = down
+    keeper.room.ps = down
     put(keeper, A, 3500, 100.0)
     with pytest.raises(EngineUnavailable):
         await keeper.collect()
@@ -277,7 +323,7 @@ async def test_an_entry_held_and_let_go_while_the_run_read_the_engine_is_kept(
         keeper.hold([Volume("https://h/a", "/m/a", A)])()  # held, its container made, let go
         return states
 
-    keeper.ps = ps_while_a_launch_comes
+    keeper.room.ps = ps_while_a_launch_comes
     run = await keeper.collect()
     assert [each.entry.digest for each in run.removed] == [B]
 
@@ -286,21 +332,21 @@ async def test_a_burst_of_health_readings_reads_the_store_once_until_it_changes(
     keeper: VolumeKeeper, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     reads = 0
-    real = keeper.space
+    real = keeper.room.space
 
     async def counted() -> Space | None:
         nonlocal reads
         reads += 1
         return await real()
 
-    monkeypatch.setattr(keeper, "space", counted)
+    monkeypatch.setattr(keeper.room, "space", counted)
     first = await asyncio.gather(*(keeper.reading() for _ in range(50)))
     assert reads == 1 and all(view is first[0] for view in first)
     assert await keeper.reading() is first[0]  # within the second: kept
     partial = keeper.store.partial("a" * 64)
     partial.parent.mkdir(parents=True, exist_ok=True)
     partial.write_bytes(b"x" * 1000)
-    keeper.store.commit("a" * 64)  # an entry made: the store's generation moves
+    keeper.store.commit("a" * 64, "a" * 64)  # an entry made: the store's generation moves
     changed = await keeper.reading()
     assert reads == 2 and changed.space is not None and changed.space.used_bytes == 1000
     clock.advance(1.5)

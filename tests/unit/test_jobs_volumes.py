@@ -12,11 +12,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.volumeserver import FileServer, sha256
+from tests.volumeserver import FileServer, local_fetcher, sha256
 from tuneplane_node.errors import VolumeFillFailed
 from tuneplane_node.jobs.volumes.fills import VolumeFills
-from tuneplane_node.jobs.volumes.store import VolumeStore
-from tuneplane_node.runtime.fetching import Fetcher
+from tuneplane_node.jobs.volumes.store import VolumeStore, partial_key
 
 # A real server on a socket (tests' own loop): slow by the suite's rule.
 pytestmark = pytest.mark.slow
@@ -24,15 +23,23 @@ pytestmark = pytest.mark.slow
 DATA = os.urandom(3 * 2**20 + 12345)  # a few batches, and a tail
 
 
-def fills_of(root: Path, *, limit: int = 4, stall_s: float = 30.0) -> VolumeFills:
-    return VolumeFills(VolumeStore(root), Fetcher(stall_s=stall_s), limit=limit, backoff_s=0.01)
+def fills_of(
+    root: Path, server: FileServer, *, limit: int = 4, stall_s: float = 30.0
+) -> VolumeFills:
+    fetcher = local_fetcher(stall_s=stall_s, insecure=[server.host])
+    return VolumeFills(VolumeStore(root), fetcher, limit=limit, backoff_s=0.01)
 
 
 @pytest.fixture
-async def fills(tmp_path: Path) -> AsyncIterator[VolumeFills]:
-    made = fills_of(tmp_path / "volumes")
+async def fills(tmp_path: Path, file_server: FileServer) -> AsyncIterator[VolumeFills]:
+    made = fills_of(tmp_path / "volumes", file_server)
     yield made
     await made.close()
+
+
+def partial_of(fills: VolumeFills, digest: str, url: str) -> Path:
+    """The partial file a fill of ``digest`` from ``url`` writes."""
+    return fills.store.partial(partial_key(digest, fills.accesses.of(url)))
 
 
 def body_bytes(server: FileServer, name: str) -> int:
@@ -76,7 +83,7 @@ async def test_a_restart_resumes_the_partial_file_a_killed_fill_left(
 ) -> None:
     url = file_server.add("weights", DATA)
     half = len(DATA) // 2
-    fills.store.partial(sha256(DATA)).write_bytes(DATA[:half])  # what a SIGKILLed daemon left
+    partial_of(fills, sha256(DATA), url).write_bytes(DATA[:half])  # a SIGKILLed daemon's
 
     entry = await fills.ensure(sha256(DATA), url)
 
@@ -89,7 +96,7 @@ async def test_a_server_without_ranges_sends_it_all_again_and_the_fill_still_mat
 ) -> None:
     file_server.ranges = False
     url = file_server.add("weights", DATA)
-    fills.store.partial(sha256(DATA)).write_bytes(b"x" * 1000)
+    partial_of(fills, sha256(DATA), url).write_bytes(b"x" * 1000)
 
     entry = await fills.ensure(sha256(DATA), url)
 
@@ -102,12 +109,14 @@ async def test_wrong_bytes_are_no_entry_and_the_fill_says_why(
     url = file_server.add("weights", DATA)
     file_server.wrong.add("weights")
 
-    with pytest.raises(VolumeFillFailed, match="hash to sha256:") as raised:
+    with pytest.raises(VolumeFillFailed, match="bytes do not match the sha256:") as raised:
         await fills.ensure(sha256(DATA), url)
 
     assert raised.value.status == 502 and raised.value.code == "volume_fill_failed"
+    served = bytes([DATA[0] ^ 0xFF]) + DATA[1:]
+    assert sha256(served) not in raised.value.message  # what they hash to is not said
     assert await fills.entry(sha256(DATA)) is None
-    assert not fills.store.partial(sha256(DATA)).exists()  # the next fill starts afresh
+    assert not partial_of(fills, sha256(DATA), url).exists()  # the next fill starts afresh
 
 
 async def test_a_missing_file_fails_the_fill_at_once(
@@ -127,7 +136,7 @@ async def test_a_small_fill_does_not_wait_behind_big_ones(
     monkeypatch.setattr("tuneplane_node.jobs.volumes.lanes.LARGE_BYTES", 2**20)
     big, small = DATA, os.urandom(1000)
     file_server.stall["big"] = asyncio.Event()
-    fills = fills_of(tmp_path / "volumes", limit=2)
+    fills = fills_of(tmp_path / "volumes", file_server, limit=2)
     try:
         big_fill = asyncio.create_task(fills.ensure(sha256(big), file_server.add("big", big)))
         while ("big", "") not in file_server.requests:  # it holds the one big slot
@@ -155,7 +164,7 @@ async def test_the_last_waiter_leaving_stops_the_download_and_keeps_its_bytes(
     file_server.stall["weights"] = asyncio.Event()
     fill = fills.join(sha256(DATA), url)
     waiting = asyncio.create_task(fills.wait(fill))
-    partial = fills.store.partial(sha256(DATA))
+    partial = partial_of(fills, sha256(DATA), url)
     # The download has begun once its file is open (the server's answer has come; its
     # body stalls): the request reaching the server is a moment earlier, and a cancel
     # then leaves nothing to keep (it failed so once on a loaded machine).

@@ -13,10 +13,11 @@ import pytest
 
 from tests.ocilayers import Item, file, tarball
 from tests.ociserver import IDENTITY, PASSWORD, USER, Registry, hexdigest
+from tests.volumeserver import local_fetcher
 from tuneplane_node.errors import VolumeFillFailed
 from tuneplane_node.jobs.volumes.fills import VolumeFills
 from tuneplane_node.jobs.volumes.sources import VolumeSources
-from tuneplane_node.jobs.volumes.store import VolumeStore
+from tuneplane_node.jobs.volumes.store import VolumeStore, partial_key
 from tuneplane_node.runtime.base import RegistryAuth, Volume
 from tuneplane_node.runtime.fetching import Fetcher
 from tuneplane_node.runtime.ociregistry import OciRegistry, by_digest
@@ -30,9 +31,17 @@ TOKENIZER = tarball(file("tokenizer.json", "{}"), file("models/.wh.w.bin"), gzip
 
 
 def fills_of(root: Path, registry: Registry) -> VolumeFills:
-    fetcher = Fetcher(stall_s=30.0)
-    client = OciRegistry(fetcher, insecure=frozenset({registry.host}))
+    fetcher = local_fetcher(insecure=[registry.host])
+    client = OciRegistry(fetcher)
     return VolumeFills(VolumeStore(root), fetcher, registry=client, limit=2, backoff_s=0.01)
+
+
+async def resolved(
+    client: OciRegistry, ref: str, auth: RegistryAuth | None = None, *, fetcher: Fetcher
+) -> str:
+    """The digest ``ref`` names, asked in a session of its own."""
+    async with fetcher.session() as http:
+        return await client.resolve(http, ref, auth)
 
 
 @pytest.fixture
@@ -44,7 +53,7 @@ async def fills(tmp_path: Path, oci_registry: Registry) -> AsyncIterator[VolumeF
 
 async def filled(fills: VolumeFills, ref: str, auth: RegistryAuth | None = None) -> Path:
     assert fills.registry is not None
-    digest = await fills.registry.resolve(ref, auth)
+    digest = await resolved(fills.registry, ref, auth, fetcher=fills.fetcher)
     entry = await fills.ensure(digest, by_digest(ref, digest), auth)
     return entry.path
 
@@ -84,7 +93,7 @@ async def test_a_layer_of_other_bytes_is_no_entry_and_says_which(
     digest = oci_registry.push("models/base", "v1", [WEIGHTS])
     oci_registry.wrong.add(hexdigest(WEIGHTS))
 
-    with pytest.raises(VolumeFillFailed, match=f"not the sha256:{hexdigest(WEIGHTS)}"):
+    with pytest.raises(VolumeFillFailed, match=f"match the sha256:{hexdigest(WEIGHTS)}"):
         await filled(fills, oci_registry.ref("models/base", "v1"))
 
     assert fills.store.entry(digest) is None
@@ -124,7 +133,8 @@ async def test_a_digest_the_registry_serves_other_bytes_for_is_refused(
     assert fills.registry is not None
 
     with pytest.raises(VolumeFillFailed, match="manifest is not sha256:0000"):
-        await fills.registry.resolve(f"{oci_registry.host}/models/base@sha256:{'0' * 64}", None)
+        ref = f"{oci_registry.host}/models/base@sha256:{'0' * 64}"
+        await resolved(fills.registry, ref, fetcher=fills.fetcher)
     assert digest != "0" * 64
 
 
@@ -201,12 +211,9 @@ async def test_plain_http_is_never_tried_for_a_host_not_listed(
     oci_registry: Registry, tmp_path: Path
 ) -> None:
     oci_registry.push("models/base", "v1", [WEIGHTS])
-    client = OciRegistry(Fetcher(stall_s=5.0), insecure=frozenset())
-    try:
-        with pytest.raises(VolumeFillFailed):  # https to a plain server: no answer
-            await client.resolve(oci_registry.ref("models/base", "v1"), None)
-    finally:
-        await client.fetcher.close()
+    fetcher = local_fetcher(stall_s=5.0)
+    with pytest.raises(VolumeFillFailed):  # https to a plain server: no answer
+        await resolved(OciRegistry(fetcher), oci_registry.ref("models/base", "v1"), fetcher=fetcher)
     assert oci_registry.requests == []
 
 
@@ -215,8 +222,10 @@ async def test_a_layer_a_killed_fill_left_half_of_resumes_from_where_it_stopped(
 ) -> None:
     digest = oci_registry.push("models/base", "v1", [WEIGHTS])
     half = len(WEIGHTS) // 2
-    fills.store.partial(f"{digest}.{hexdigest(WEIGHTS)}").write_bytes(WEIGHTS[:half])
-    (fills.store.partial(f"{digest}.d") / "stale").mkdir(parents=True)  # an unpacking cut off
+    ref = oci_registry.ref("models/base", "v1")
+    key = partial_key(digest, fills.accesses.of(by_digest(ref, digest)))
+    fills.store.partial(f"{key}.{hexdigest(WEIGHTS)}").write_bytes(WEIGHTS[:half])
+    (fills.store.partial(f"{key}.d") / "stale").mkdir(parents=True)  # an unpacking cut off
 
     tree = await filled(fills, oci_registry.ref("models/base", "v1"))
 
@@ -228,18 +237,16 @@ async def test_a_tag_that_names_another_digest_than_the_one_given_is_refused(
     oci_registry: Registry, tmp_path: Path
 ) -> None:
     oci_registry.push("models/base", "v1", [WEIGHTS])
-    fetcher = Fetcher(stall_s=5.0)
-    sources = VolumeSources(OciRegistry(fetcher, insecure=frozenset({oci_registry.host})))
+    fills = fills_of(tmp_path / "volumes", oci_registry)
+    assert fills.registry is not None
+    sources = VolumeSources(fills.registry, fills)
     asked = Volume(oci_registry.ref("models/base", "v1"), "/m", "e" * 64)
-
-    async def nothing_here(digest: str) -> bool:
-        return False
 
     try:
         with pytest.raises(VolumeFillFailed, match=f"not the sha256:{'e' * 64} asked"):
-            await sources.resolved([asked], present=nothing_here)
+            await sources.resolved([asked])
     finally:
-        await fetcher.close()
+        await fills.close()
 
 
 async def test_an_evicted_directory_entry_goes_with_all_it_holds(
@@ -256,3 +263,23 @@ async def test_an_evicted_directory_entry_goes_with_all_it_holds(
     fills.store.removed(taken)
 
     assert not taken.exists() and not tree.exists() and fills.store.used_bytes() == 0
+
+
+@pytest.mark.parametrize("scheme", ["basic", "bearer"])
+async def test_a_token_one_credential_got_never_serves_another_request(
+    oci_registry: Registry, fills: VolumeFills, scheme: str
+) -> None:
+    """Finding 2 of issue 49: tenant B filled ``weights:1`` with its credentials; tenant
+    A, without any, was sent B's Authorization for ``weights:2``, which B never fetched."""
+    oci_registry.auth = scheme
+    oci_registry.push("private/weights", "1", [WEIGHTS])
+    oci_registry.push("private/weights", "2", [TOKENIZER])
+    await filled(fills, oci_registry.ref("private/weights", "1"), AUTH)
+    seen = len(oci_registry.authorizations)
+
+    with pytest.raises(VolumeFillFailed, match=r"refused it without credentials \(401\)"):
+        await filled(fills, oci_registry.ref("private/weights", "2"))
+    with pytest.raises(VolumeFillFailed, match=r"with the launch credentials"):
+        await filled(fills, oci_registry.ref("private/weights", "2"), RegistryAuth(USER, "x"))
+
+    assert oci_registry.authorizations[seen] == ""  # A's first request: no one's login

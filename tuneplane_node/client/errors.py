@@ -13,6 +13,8 @@ console's retry rule is an ``except`` clause, never a sentence compared::
         │   ├── Unauthorized (401)      wrong or missing token
         │   │   └── NoClientCertificate ``no_client_certificate``
         │   ├── Forbidden (403)         ``forbidden_image``: a private image without credentials
+        │   │   ├── ForbiddenVolume     ``forbidden_volume``: a volume the node holds, its
+        │   │   │                       source not shown to hold the same bytes
         │   │   └── InsufficientScope   ``insufficient_scope``: the token may not do this verb
         │   ├── NotFound (404)          a route this node does not have (an older node)
         │   ├── PayloadTooLarge (413)
@@ -169,6 +171,13 @@ class NoClientCertificate(Unauthorized):
     family = "no_client_certificate"
 
 
+class ForbiddenVolume(Forbidden):
+    """A volume the node holds, named by a source that did not show it holds the same
+    bytes (or could not be asked): the launch made nothing."""
+
+    family = "forbidden_volume"
+
+
 class InsufficientScope(Forbidden):
     family = "insufficient_scope"
 
@@ -280,6 +289,7 @@ FIGURES = ("needed_bytes", "free_bytes", "freeable_bytes", "high_percent")
 NARROWER = (
     MissingProtocol,
     NoClientCertificate,
+    ForbiddenVolume,
     InsufficientScope,
     UnknownField,
     SpecRefused,

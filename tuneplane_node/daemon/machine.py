@@ -19,7 +19,7 @@ from tuneplane_node.jobs.observe.results import (
     Inventory,
     NodeStatus,
 )
-from tuneplane_node.jobs.volumes.keeper import StoreView
+from tuneplane_node.jobs.volumes.room import StoreView
 from tuneplane_node.runtime.base import CacheStatus
 from tuneplane_node.wire import PROTOCOL, PROTOCOLS
 from tuneplane_node.wire.answers import (

@@ -27,15 +27,10 @@ from tuneplane_node.jobs.observe.results import (
     StoppedView,
 )
 from tuneplane_node.jobs.observe.stats import CardSample, JobSample, JobStats
-from tuneplane_node.jobs.volumes.fills import VolumeFill
-from tuneplane_node.jobs.volumes.keeper import (
-    EntryView,
-    FailedFill,
-    StoreView,
-    VolumeGcRun,
-    VolumesView,
-)
+from tuneplane_node.jobs.volumes.fill import VolumeFill
+from tuneplane_node.jobs.volumes.keeper import EntryView, FailedFill, VolumesView
 from tuneplane_node.jobs.volumes.keeper import Prefetched as VolumePrefetched
+from tuneplane_node.jobs.volumes.room import StoreView, VolumeGcRun
 from tuneplane_node.runtime.base import HIDDEN_LABELS, LABEL_NETWORK, ContainerState, LogText
 from tuneplane_node.runtime.fetching import shown
 from tuneplane_node.wire.answers import (

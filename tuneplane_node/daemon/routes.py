@@ -47,6 +47,7 @@ from tuneplane_node.errors import (
     TooManyWatches,
     Unauthorized,
     UsernsUnavailable,
+    VolumeAccessDenied,
     VolumeFillFailed,
     VolumeStoreFull,
 )
@@ -63,6 +64,7 @@ routes = web.RouteTableDef()
 OPERATIONS: list[schema.Operation] = []
 LAUNCH_ERRORS: tuple[schema.Raised, ...] = (
     ImageAccessDenied,
+    VolumeAccessDenied,
     InsufficientStorage,
     NoCapacity,
     GpuNotReady,
@@ -245,7 +247,7 @@ async def list_volumes(request: web.Request) -> web.Response:
     "/node/v1/volumes/pull",
     volumes.VolumePullJson,
     body=volumes.VOLUME_PULL,
-    errors=(ImageAccessDenied, VolumeStoreFull, VolumeFillFailed, *ENGINE),
+    errors=(ImageAccessDenied, VolumeAccessDenied, VolumeStoreFull, VolumeFillFailed, *ENGINE),
     accepted=True,
     feature="volumes",
 )

@@ -22,6 +22,8 @@ are translated there (one table per engine, `runtime/engines/engine.py`) with th
     ├── PayloadTooLarge (413) payload_too_large   body over the limit
     ├── ImageAccessDenied (403) forbidden_image   a private image the node pulled,
     │                          without credentials its registry accepts for it now
+    ├── VolumeAccessDenied (403) forbidden_volume   a volume the node holds, named by a
+    │                          source that did not show it holds the same bytes
     ├── InvalidField (422) invalid_field    a field is missing or has a bad value;
     │   │                      names the field, ``errors`` lists every bad one
     │   ├── UnknownField unknown_field      a field the contract does not have
@@ -130,6 +132,7 @@ from tuneplane_node.errors.request import (
     TooManyWatches,
     Unauthorized,
     UnknownField,
+    VolumeAccessDenied,
 )
 from tuneplane_node.errors.storage import (
     DiskPressure,
@@ -187,6 +190,7 @@ __all__ = [
     "Unauthorized",
     "UnknownField",
     "UsernsUnavailable",
+    "VolumeAccessDenied",
     "VolumeFillFailed",
     "VolumeStoreFull",
     "is_name_conflict",

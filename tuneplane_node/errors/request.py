@@ -97,6 +97,21 @@ class ImageAccessDenied(NodeError):
         self.reason = reason
 
 
+class VolumeAccessDenied(NodeError):
+    """A volume the node holds is not handed to whoever names its sha256: this launch's
+    source did not show it holds the same bytes (a few ranges compared, or the whole
+    file hashed), or is not the kind of source that filled it."""
+
+    status = 403
+    code: ClassVar[str] = "forbidden_volume"
+
+    def __init__(self, *, digest: str, source: str, reason: str) -> None:
+        super().__init__(f"no access to the volume sha256:{digest} from {source}: {reason}")
+        self.digest = digest
+        self.source = source
+        self.reason = reason
+
+
 class InvalidField(NodeError):
     """A field is missing or has a bad value. ``errors`` lists every bad field of the
     request, this one first (`InvalidField.of`); the sentence and code are the first's."""

@@ -128,29 +128,28 @@ class PrivateRecordUnwritable(InsufficientStorage):
 
 
 class VolumeStoreFull(InsufficientStorage):
-    """A volume fill refused before its first byte: the file (its size as its server
-    said, less what a partial file of it holds) does not fit below the store's high
-    threshold, even with every entry eviction may remove gone (then nothing was
-    removed). Its figures are fields of the answer too (`figures`)."""
+    """A volume fill refused: before its first byte, the file (its size as its server
+    or manifest said, less what a partial file of it holds) does not fit below the
+    store's high threshold even with every entry eviction may remove gone (nothing was
+    removed); or later, its bytes found no room (the store filled meanwhile). It says
+    what the fill needs, never what eviction could free: a tenant's size is no lever on
+    the other tenants' entries. Its figures are fields of the answer too (`figures`)."""
 
     code = "volume_store_full"
 
     def __init__(
-        self, *, source: str, needed_bytes: int, room_bytes: int, freeable_bytes: int,
-        free_bytes: int, high_percent: int,
-    ) -> None:  # fmt: skip
+        self, *, source: str, needed_bytes: int, free_bytes: int, high_percent: int
+    ) -> None:
         NodeError.__init__(
             self,
-            f"no room to fill volume {source}: it needs {needed_bytes} bytes, the volume "
-            f"store has {room_bytes} bytes left below its {high_percent}% threshold and "
-            f"eviction could free {freeable_bytes} bytes: nothing was removed "
-            f"({free_bytes} bytes free)",
+            f"no room to fill volume {source}: it needs {needed_bytes} bytes below the "
+            f"volume store's {high_percent}% threshold ({free_bytes} bytes free)",
         )
         self.source = source
-        self.room_bytes = room_bytes
+        self.room_bytes = None
         self.needed_bytes = needed_bytes
         self.free_bytes = free_bytes
-        self.freeable_bytes = freeable_bytes
+        self.freeable_bytes = None
         self.high_percent = high_percent
 
 

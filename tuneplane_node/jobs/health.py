@@ -26,7 +26,7 @@ from tuneplane_node.jobs.observe.results import (
     NodeStatus,
 )
 from tuneplane_node.jobs.pending import PendingTable
-from tuneplane_node.jobs.volumes.keeper import StoreView
+from tuneplane_node.jobs.volumes.room import StoreView
 from tuneplane_node.runtime.base import ContainerRuntime
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.tasks import BackgroundTasks, KeptReading

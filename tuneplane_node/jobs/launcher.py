@@ -145,13 +145,13 @@ class Launcher:
 
     async def _resolved(self, request: LaunchRequest) -> LaunchRequest:
         """The launch with its OCI volumes named by digest, each one's credentials kept
-        for its fill (a private entry these credentials may not use: `ImageAccessDenied`)."""
+        for its fill (a private entry these credentials may not use: `ImageAccessDenied`),
+        and its URLs' entries proved (another source's bytes: `VolumeAccessDenied`)."""
         if not request.spec.volumes:
             return request
         resolved = await self.volumes.sources.resolved(
-            request.spec.volumes, present=self.volumes.present, image=request.spec.image,
-            auth=request.auth,
-        )  # fmt: skip
+            request.spec.volumes, image=request.spec.image, auth=request.auth
+        )
         spec = replace(request.spec, volumes=resolved.volumes)
         return replace(request, spec=spec, volume_auth=resolved.auth)
 

@@ -10,10 +10,13 @@ what it names), checked against the bytes; an index is followed to this machine'
 A registry that wants credentials answers 401 with a challenge: ``Basic`` takes the user
 and password on the next request; ``Bearer`` sends the node to its token service (the
 user and password as Basic there, or an identity token as an OAuth2 refresh token, as
-docker asks), whose token is kept per repository until it expires. The scheme is
-https; plain http only for the ``host:port`` the operator listed
-(``TUNEPLANE_VOLUME_INSECURE_HOSTS``), a token service's too. No secret reaches an
-error: they say the status, never a header.
+docker asks), whose token is kept until it expires for the registry, the repository and
+the credential that got it (a salted fingerprint; anonymous is a credential of its own):
+a request is sent only what its own credentials earned, never another tenant's login.
+The scheme is https; plain http only for the ``host:port`` the operator listed
+(``TUNEPLANE_VOLUME_INSECURE_HOSTS``), a token service's too. Every request goes
+through the caller's `Session` (its reach, no shared connection or cookie). No secret
+reaches an error: they say the status, never a header.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import json
 import logging
 import platform
 import re
+import secrets
 import time
 from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
@@ -34,7 +38,7 @@ from urllib.parse import urlencode, urlsplit
 from tuneplane_node.errors import VolumeFillFailed
 from tuneplane_node.references import DOCKER_HUB, ImageName
 from tuneplane_node.runtime.base import RegistryAuth
-from tuneplane_node.runtime.fetching import Answer, Download, Fetcher
+from tuneplane_node.runtime.fetching import Answer, Download, Fetcher, Session
 from tuneplane_node.runtime.registry import ARCHITECTURES, DOCKER_HUB_HOST
 
 log = logging.getLogger(__name__)
@@ -89,71 +93,85 @@ class _Token:
 
 
 class OciRegistry:
-    """The registries of the volume store's fills; ``insecure``: the ``host:port`` that
-    are asked over plain http."""
+    """The registries of the volume store's fills, asked through the fetcher's rules
+    (its reach, the hosts asked over plain http)."""
 
-    def __init__(self, fetcher: Fetcher, *, insecure: frozenset[str]) -> None:
+    def __init__(self, fetcher: Fetcher) -> None:
         self.fetcher = fetcher
-        self.insecure = insecure
-        self._tokens: dict[str, _Token] = {}  # repository -> its Authorization header
+        # (registry, repository, credential) -> its Authorization header; the salt is
+        # the process's: nothing of a credential is kept past it.
+        self._tokens: dict[tuple[str, str], _Token] = {}
+        self._salt = secrets.token_bytes(32)
 
     def url(self, name: ImageName, tail: str) -> str:
         host = DOCKER_HUB_HOST if name.registry == DOCKER_HUB else name.registry
-        scheme = "http" if self._insecure(host) else "https"
-        return f"{scheme}://{host}/v2/{name.path}/{tail}"
+        hostname, _, port = host.partition(":")
+        insecure = self.fetcher.insecure_host(hostname, int(port) if port else None)
+        return f"{'http' if insecure else 'https'}://{host}/v2/{name.path}/{tail}"
 
-    def _insecure(self, host: str) -> bool:
-        """Listed as ``host:port``; a host without a port would be asked on 80."""
-        return (host if ":" in host else f"{host}:80") in self.insecure
+    def _key(self, name: ImageName, auth: RegistryAuth | None) -> tuple[str, str]:
+        """The token's owner: the repository (its registry in it) and the credential."""
+        return name.repository, "" if auth is None else auth.fingerprint(self._salt)
 
-    async def resolve(self, source: str, auth: RegistryAuth | None) -> str:
+    async def resolve(self, http: Session, source: str, auth: RegistryAuth | None) -> str:
         """The sha256 (hex) of the manifest document ``source`` names."""
         name = ImageName.parse(source)
-        return _hex(await self._document(source, name, name.reference, auth))
+        return _hex(await self._document(http, source, name, name.reference, auth))
 
-    async def manifest(self, source: str, auth: RegistryAuth | None) -> Manifest:
+    async def manifest(self, http: Session, source: str, auth: RegistryAuth | None) -> Manifest:
         """The layers ``source`` names (by digest: checked), this machine's where it
         names an index."""
         name = ImageName.parse(source)
-        body = await self._document(source, name, name.reference, auth)
+        body = await self._document(http, source, name, name.reference, auth)
         document = _parsed(source, body)
         if document.get("mediaType") in INDEXES or "manifests" in document:
             chosen = _platform(source, document)
-            document = _parsed(source, await self._document(source, name, chosen, auth))
+            document = _parsed(source, await self._document(http, source, name, chosen, auth))
         return _layers(source, document)
 
     def blob(
-        self, source: str, layer: Layer, auth: RegistryAuth | None, *, offset: int
+        self, http: Session, source: str, layer: Layer, auth: RegistryAuth | None, *, offset: int
     ) -> AbstractAsyncContextManager[Download]:
-        """The layer's blob from ``offset`` (a token asked first where the last one
-        expired)."""
+        """The layer's blob from ``offset``, with the token these credentials hold."""
         name = ImageName.parse(source)
         url = self.url(name, f"blobs/sha256:{layer.digest}")
-        return self.fetcher.open(url, offset=offset, headers=self._held(name))
+        return http.open(url, offset=offset, headers=self._held(name, auth))
 
-    async def authorize(self, source: str, auth: RegistryAuth | None) -> None:
-        """A fresh token for ``source``'s repository when the kept one expired: a big
-        fill outlives a registry's 5-minute tokens."""
+    async def authorize(self, http: Session, source: str, auth: RegistryAuth | None) -> None:
+        """A fresh token for ``source``'s repository and these credentials when the kept
+        one expired: a big fill outlives a registry's 5-minute tokens."""
         name = ImageName.parse(source)
-        token = self._tokens.get(name.repository)
+        token = self._tokens.get(self._key(name, auth))
         if token is not None and token.until <= time.monotonic():
-            await self._document(source, name, name.reference, auth)
+            await self._document(http, source, name, name.reference, auth)
 
-    def _held(self, name: ImageName) -> dict[str, str]:
-        token = self._tokens.get(name.repository)
+    def _held(self, name: ImageName, auth: RegistryAuth | None) -> dict[str, str]:
+        """The Authorization header these credentials got for the repository, if it is
+        still good: another credential's (an anonymous request's none) never."""
+        key = self._key(name, auth)
+        token = self._tokens.get(key)
+        if token is not None and token.until <= time.monotonic():
+            del self._tokens[key]
+            token = None
         return {"Authorization": token.header} if token is not None else {}
 
     async def _document(
-        self, source: str, name: ImageName, reference: str, auth: RegistryAuth | None
+        self,
+        http: Session,
+        source: str,
+        name: ImageName,
+        reference: str,
+        auth: RegistryAuth | None,
     ) -> bytes:
         """The manifest (or index) document of ``reference``, its digest checked when
         the reference is one; through the registry's challenge."""
         url = self.url(name, f"manifests/{reference}")
-        headers = {"Accept": ACCEPT, **self._held(name)}
-        answer = await self._get(url, headers)
+        headers = {"Accept": ACCEPT, **self._held(name, auth)}
+        answer = await http.request("GET", url, headers=headers, limit=MAX_MANIFEST_BYTES)
         if answer.status == 401:
-            header = await self._challenged(source, name, answer, auth)
-            answer = await self._get(url, {"Accept": ACCEPT, "Authorization": header})
+            header = await self._challenged(http, source, name, answer, auth)
+            headers = {"Accept": ACCEPT, "Authorization": header}
+            answer = await http.request("GET", url, headers=headers, limit=MAX_MANIFEST_BYTES)
         if answer.status != 200:
             raise _refused(source, answer.status, auth)
         found = DIGEST.fullmatch(reference)
@@ -163,38 +181,46 @@ class OciRegistry:
             )
         return answer.body
 
-    async def _get(self, url: str, headers: Mapping[str, str]) -> Answer:
-        return await self.fetcher.request("GET", url, headers=headers, limit=MAX_MANIFEST_BYTES)
-
     async def _challenged(
-        self, source: str, name: ImageName, answer: Answer, auth: RegistryAuth | None
+        self,
+        http: Session,
+        source: str,
+        name: ImageName,
+        answer: Answer,
+        auth: RegistryAuth | None,
     ) -> str:
-        """The Authorization header the challenge asks for, kept for the repository."""
+        """The Authorization header the challenge asks for, kept for the repository and
+        these credentials."""
         scheme, _, rest = answer.headers.get("WWW-Authenticate", "").partition(" ")
         params = dict(CHALLENGE.findall(rest))
         if scheme.lower() == "basic" and auth is not None and auth.username:
             header, lifetime = _basic(auth), float("inf")
         elif scheme.lower() == "bearer" and "realm" in params:
-            header, lifetime = await self._token(source, name, params, auth)
+            header, lifetime = await self._token(http, source, name, params, auth)
         else:
             raise _refused(source, 401, auth)
-        self._tokens[name.repository] = _Token(header, time.monotonic() + lifetime)
+        self._tokens[self._key(name, auth)] = _Token(header, time.monotonic() + lifetime)
         return header
 
     async def _token(
-        self, source: str, name: ImageName, params: Mapping[str, str], auth: RegistryAuth | None
+        self,
+        http: Session,
+        source: str,
+        name: ImageName,
+        params: Mapping[str, str],
+        auth: RegistryAuth | None,
     ) -> tuple[str, float]:
         """A pull token of the registry's token service, and its lifetime."""
         realm = params["realm"]
         parts = urlsplit(realm)
         if parts.scheme != "https" and not (
-            parts.scheme == "http" and self._insecure(parts.netloc)
+            parts.scheme == "http" and self.fetcher.insecure_host(parts.hostname or "", parts.port)
         ):
             raise VolumeFillFailed(
                 source=source, reason="its token service is not https, nor an insecure host"
             )
         query = {"service": params.get("service", ""), "scope": f"repository:{name.path}:pull"}
-        answer = await self._asked(realm, query, auth)
+        answer = await self._asked(http, realm, query, auth)
         if answer.status != 200:
             raise _refused(source, answer.status, auth)
         try:
@@ -207,21 +233,20 @@ class OciRegistry:
             raise VolumeFillFailed(source=source, reason="its token service gave no token")
         return f"Bearer {token}", max(0.0, lifetime - 10)  # renewed before it lapses
 
+    @staticmethod
     async def _asked(
-        self, realm: str, query: Mapping[str, str], auth: RegistryAuth | None
+        http: Session, realm: str, query: Mapping[str, str], auth: RegistryAuth | None
     ) -> Answer:
         """The token service's answer: a refresh-token grant for an identity token (as
         docker asks), else a GET with the user and password as Basic, or anonymous."""
         if auth is not None and auth.identity_token:
             form = {**query, "grant_type": "refresh_token", "client_id": "tuneplane-node"}
             form["refresh_token"] = auth.identity_token
-            return await self.fetcher.request(
-                "POST", realm, headers={}, limit=MAX_TOKEN_BYTES, form=form
-            )
+            return await http.request("POST", realm, headers={}, limit=MAX_TOKEN_BYTES, form=form)
         basic = auth is not None and auth.username
         headers = {"Authorization": _basic(auth)} if auth is not None and basic else {}
         url = f"{realm}?{urlencode(query)}"
-        return await self.fetcher.request("GET", url, headers=headers, limit=MAX_TOKEN_BYTES)
+        return await http.request("GET", url, headers=headers, limit=MAX_TOKEN_BYTES)
 
 
 def _hex(body: bytes) -> str:

@@ -4,7 +4,8 @@ Everything about jobs comes from the console; settings hold only facts about the
 Every field is documented in docs/operating.md (a test keeps the two in step).
 
 The variables stay flat (``TUNEPLANE_*``); in the code, settings are grouped by concern:
-the jobs' are declared apart (`JobSettings`, jobs.py, which `NodeSettings` extends), and
+the jobs' and the volume store's are declared apart (`JobSettings`, jobs.py;
+`VolumeStoreSettings`, volumes.py: `NodeSettings` extends both), and
 each wing of the node reads a frozen view of its own concern, made from `NodeSettings`
 (`ImageSettings`, `VolumeSettings`, ...: views.py). The package's modules: `NodeSettings`,
 its rules across settings and `load_settings` (node.py); a fabric (fabric.py); one value
@@ -46,6 +47,7 @@ from tuneplane_node.settings.views import (
     ObserveSettings,
     VolumeSettings,
 )
+from tuneplane_node.settings.volumes import VolumeStoreSettings
 
 __all__ = [
     "DAY",
@@ -69,6 +71,7 @@ __all__ = [
     "NodeSettings",
     "ObserveSettings",
     "VolumeSettings",
+    "VolumeStoreSettings",
     "describe_settings_error",
     "describe_validation",
     "env_name",

@@ -41,6 +41,7 @@ from tuneplane_node.settings.views import (
     VolumeSettings,
     made_from,
 )
+from tuneplane_node.settings.volumes import VolumeStoreSettings
 from tuneplane_node.sizes import MAX_SIZE, size_in_bytes
 
 DEFAULT_STORAGE = Path(".tuneplane-data/storage")
@@ -56,7 +57,7 @@ NEVER_MOUNTED = tuple(
 NEVER_UNDER = tuple(Path(p) for p in ("/proc", "/sys", "/dev", "/etc", "/boot"))
 
 
-class NodeSettings(JobSettings):
+class NodeSettings(VolumeStoreSettings, JobSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
         env_file=".env",
@@ -167,28 +168,6 @@ class NodeSettings(JobSettings):
     per job, loop-mounted); unset: ``scratch`` in the state directory. Neither a mount
     root nor inside or holding one; one node's alone (its start removes the files no
     container of its engine names)."""
-    volume_root: Path | None = None
-    """Directory of the node's volume store (``container.volumes``: each file by its
-    sha256, each OCI volume a directory by its manifest's, filled once per machine);
-    unset: ``volumes`` in the state directory. Never a mount root nor inside or holding
-    one: jobs see its entries only through their own read-only binds."""
-    volume_insecure_hosts: list[str] = []
-    """Hosts (``host:port``, JSON list) whose volumes may be fetched over plain
-    ``http://``: URLs, and OCI registries (and their token services) the node asks over
-    http; every other volume URL and registry is ``https://``."""
-    volume_fills: int = Field(4, ge=1, le=64)
-    """Volume fills downloading at once. Fills of a file over 1 GiB (or of an unknown
-    size) take at most one less, so a small fill never waits behind big ones."""
-    volume_gc_high_percent: int = Field(85, ge=1, le=100)
-    """Use of the volume store's filesystem, in percent, at which the least recently
-    used entries are evicted; a fill that would cross it, even after eviction, is
-    refused before its first byte (507 ``volume_store_full``)."""
-    volume_gc_low_percent: int = Field(80, ge=0, le=99)
-    """Use, in percent, eviction brings the volume store's filesystem down to; below
-    the high one."""
-    volume_pin_s: float = Field(3600.0, ge=0, le=30 * DAY, allow_inf_nan=False)
-    """Seconds an entry prefetched by ``POST /node/v1/volumes/pull`` is kept from
-    eviction (from the prefetch; in the daemon's memory: a restart forgets the pin)."""
     fabrics: list[Fabric] = []
     """InfiniBand fabrics, JSON list of {"name", "hcas"}: the operator names them. An
     entry may add a fabric network ("interface", "network": ``macvlan`` or ``ipvlan``,
@@ -296,15 +275,6 @@ class NodeSettings(JobSettings):
     def fabric_network(self) -> Fabric | None:
         """The fabric whose network the spanning jobs run on, None when none has one."""
         return next((fabric for fabric in self.fabrics if fabric.has_network), None)
-
-    @field_validator("volume_insecure_hosts")
-    @classmethod
-    def _host_and_port(cls, hosts: list[str]) -> list[str]:
-        for host in hosts:
-            name, _, port = host.rpartition(":")
-            if not name or not port.isdigit() or not 0 < int(port) < 65536:
-                raise ValueError(f"{host!r} is not host:port")
-        return [host.lower() for host in hosts]
 
     @model_validator(mode="after")
     def _consistent(self) -> NodeSettings:

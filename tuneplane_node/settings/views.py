@@ -50,13 +50,18 @@ class ImageSettings:
 
 @dataclass(frozen=True)
 class VolumeSettings:
-    """The volume store's (jobs/volumes/): where it is, its fills (a download's stall
-    bound is an image pull's), the hosts asked over plain http, eviction and pins."""
+    """The volume store's (jobs/volumes/): where it is, where its fetches may reach
+    (the hosts asked over plain http, the internal networks allowed, the CAs trusted),
+    its fills (a download's stall bound is an image pull's) and their deadline, eviction
+    and pins."""
 
     volume_dir: Path
     local_image_pull_stall_s: float
     volume_insecure_hosts: tuple[str, ...]
+    volume_allowed_networks: tuple[str, ...]
+    volume_ca_file: Path | None
     volume_fills: int
+    volume_fill_timeout_s: float
     volume_gc_high_percent: int
     volume_gc_low_percent: int
     volume_pin_s: float

@@ -15,6 +15,7 @@ URL with its sha256, or an OCI reference, each part refused by its own name.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Mapping
 from typing import Annotated, Any, TypedDict
@@ -115,7 +116,16 @@ class VolumeGcJson(TypedDict):
 
 MAX_VOLUMES = 16
 MAX_URL = 2048
-URL = re.compile(r"https?://[\x21-\x7e]+")
+# A host as DNS names one (letters, digits, ``-`` and ``_`` in labels of at most 63, the
+# last not all digits), an IPv4 address, or an IPv6 one in brackets: anything else is
+# refused before any lookup.
+LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+TOP_LABEL = rf"(?=[A-Za-z0-9_-]*[A-Za-z_]){LABEL}"
+OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+IPV4 = rf"(?:{OCTET}\.){{3}}{OCTET}"
+HOST = rf"(?:\[[0-9A-Fa-f:.]+\]|{IPV4}|(?:{LABEL}\.)*{TOP_LABEL}\.?)"
+USER = r"(?:[A-Za-z0-9._~!$&'()*+,;=:%-]+@)?"
+URL = re.compile(rf"https?://{USER}{HOST}(?::[0-9]{{1,5}})?(?:[/?#][\x21-\x7e]*)?")
 SHA256 = re.compile(r"(?:sha256:)?([0-9a-f]{64})")
 VOLUME_SOURCE = {
     "anyOf": [
@@ -157,20 +167,31 @@ def _volume_source(source: object, field: str) -> str:
         raise InvalidField(field, "required, an https:// URL or an OCI reference", problem=MISSING)
     if isinstance(source, str) and "://" not in source and len(source) <= MAX_IMAGE:
         return _volume_reference(source, field)
-    if not isinstance(source, str) or len(source) > MAX_URL or not URL.fullmatch(source):
+    if not isinstance(source, str) or len(source) > MAX_URL or not is_url(source):
         raise InvalidField(
             field,
-            f"must be an https:// URL of at most {MAX_URL} printable ASCII characters, or "
-            "an OCI reference like registry/repo:tag",
+            f"must be an https:// URL of at most {MAX_URL} printable ASCII characters "
+            "naming a host (a DNS name, an IPv4 address or a bracketed IPv6 one) and a "
+            "port from 1 to 65535 if any, or an OCI reference like registry/repo:tag",
         )
+    return source
+
+
+def is_url(source: str) -> bool:
+    """Whether ``source`` is a URL the node fetches: http or https, a host as `HOST`
+    reads it, a port from 1 to 65535, printable ASCII. A redirect's target is held to
+    it too (`runtime.fetching`): nothing else is looked up."""
+    if len(source) > MAX_URL or not URL.fullmatch(source):
+        return False
     try:
         parts = urlsplit(source)
-        parts.port  # noqa: B018 (read for its ValueError: a port past 65535)
+        port = parts.port
+        host = parts.hostname or ""
+        if ":" in host:
+            ipaddress.IPv6Address(host)
     except ValueError:
-        parts = None
-    if parts is None or not parts.hostname:
-        raise InvalidField(field, "must name a host, and a port from 1 to 65535 if any")
-    return source
+        return False
+    return bool(host) and port != 0
 
 
 def _volume_reference(source: str, field: str) -> str:
@@ -235,7 +256,17 @@ VOLUMES = Field(
     "directory: the entry is named by the manifest's digest (two tags of one "
     "content are one entry; an index is followed to this machine's `linux` "
     "manifest, or refused), `sha256` is optional and, if given, must be that "
-    "digest. The node asks the registry itself with the launch's "
+    "digest. The node fetches for the launch with the launch's authority alone: "
+    "only public addresses (never loopback, link-local, private, CGNAT or the node's "
+    "own, unless the operator lists the network in `TUNEPLANE_VOLUME_ALLOWED_NETWORKS`), "
+    "redirects only to `https://`, no cookie or connection shared with another fill, "
+    "and a fill shared only by launches naming the same source (and credentials). An "
+    "entry the node holds is bound at once for a source that filled it or proved it "
+    "holds its bytes; any other URL proves it first (4 ranges of 64 KiB at random "
+    "offsets compared with the stored bytes; a server that ignores ranges sends the "
+    "whole file, hashed in the background while the launch is `pulling`), else `403` "
+    "`forbidden_volume`. A fill's failure never says what the bytes it got hash to. "
+    "The node asks the registry itself with the launch's "
     "`registry_auth` (only where the volume's registry is the image's), else the "
     "node's `TUNEPLANE_REGISTRY_AUTH_FILE`; a volume pulled with credentials is "
     "private as a private image is: a later launch naming it, by any tag or digest, "
@@ -248,8 +279,11 @@ VOLUMES = Field(
     "its cards, and starts when every volume and its image are there; a fill that "
     "fails (the server's `404`, other bytes than the digest names, a volume that "
     "does not fit below `TUNEPLANE_VOLUME_GC_HIGH_PERCENT` of the store even after "
-    "eviction: the sum of an OCI manifest's layer sizes) fails the launch with the "
-    "reason and lets its cards go. `path`: absolute, not another volume's, and as "
+    "eviction: the sum of an OCI manifest's layer sizes; entries are evicted only as "
+    "its bytes come, never for its claimed size; a source that brings less than a MiB "
+    "in `TUNEPLANE_LOCAL_IMAGE_PULL_STALL_S`, 5 times in a row; a fill past "
+    "`TUNEPLANE_VOLUME_FILL_TIMEOUT_S`) fails the launch with the reason and lets its "
+    "cards go. `path`: absolute, not another volume's, and as "
     f"for mounts, {UNMOUNTABLE}. A bad one is a `422` naming "
     '`container.volumes[i].source`, `.path` or `.sha256`. `""` or none: no '
     'volumes (a `""` `sha256` is none given). The process runtime and an engine '

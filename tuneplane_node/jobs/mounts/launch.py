@@ -20,8 +20,8 @@ from tuneplane_node.jobs.mounts.policy import MountPolicy
 from tuneplane_node.jobs.mounts.scratch import FIELD as SCRATCH
 from tuneplane_node.jobs.mounts.scratch import ScratchError, ScratchSpaces
 from tuneplane_node.jobs.mounts.staging import MountStaging
-from tuneplane_node.jobs.volumes.keeper import FIELD as VOLUMES
 from tuneplane_node.jobs.volumes.keeper import VolumeKeeper
+from tuneplane_node.jobs.volumes.sources import FIELD as VOLUMES
 from tuneplane_node.runtime.base import LABEL_MOUNTS, LABEL_VOLUMES, ContainerRuntime, Mount
 from tuneplane_node.runtime.facts import REMOTE, STAGED, MountSupport
 from tuneplane_node.runtime.spec import ContainerSpec

@@ -11,7 +11,7 @@ from tuneplane_node.gpu.probe import GpuSnapshot
 from tuneplane_node.gpu.readiness import NO_CARDS, GpuReadiness
 from tuneplane_node.inventory import DiskReading, MachineFacts, Space
 from tuneplane_node.jobs.nodestate import NodeState
-from tuneplane_node.jobs.volumes.keeper import StoreView
+from tuneplane_node.jobs.volumes.room import StoreView
 from tuneplane_node.runtime.base import CacheStatus, ContainerState, PullProgress, RegistryAuth
 from tuneplane_node.runtime.facts import RuntimeHealth
 from tuneplane_node.runtime.spec import ContainerSpec

@@ -1,5 +1,6 @@
-"""VolumeSources: a launch's OCI volumes resolved to the digests the store names them by,
-with the credentials their registry gets and the private rule images keep.
+"""VolumeSources: a launch's volumes as the store names them, and the rules that decide
+whether an entry the node holds may be handed to this launch: the private rule images
+keep (OCI volumes), and possession (URLs).
 
 A reference is resolved before anything is decided (as an image is to its id): a tag
 through its registry, a digest as given; ``sha256``, when given, pins the entry (a tag is
@@ -14,21 +15,34 @@ digest): an entry present is used only when `ImageKeeper.admit` allows these
 credentials (the digest as the "image id"), a missing one's repository is recorded
 before a fill with credentials, and a finished fill records them (or, without
 credentials, makes the repository public), as a pull does.
+
+Possession: a URL naming an entry the node holds, by an access the entry did not record
+(`Accesses`: another URL, or the same file's URL signed anew), shows first that its
+source holds the same bytes (`Possession`: a few ranges). A source that answers other
+bytes or does not answer is a `VolumeAccessDenied` (403) naming the volume; one that
+answers ranges with the whole file is left to a fill to prove (the launch waits in
+``pulling``, as for a missing volume).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from tuneplane_node.errors import VolumeFillFailed
+from tuneplane_node.errors import InvalidField, VolumeAccessDenied, VolumeFillFailed
+from tuneplane_node.jobs.volumes.fills import VolumeFills
+from tuneplane_node.jobs.volumes.possession import PROOF_S
 from tuneplane_node.references import ImageName
 from tuneplane_node.runtime.base import RegistryAuth, Volume
 from tuneplane_node.runtime.facts import ImageInfo
+from tuneplane_node.runtime.fetching import shown
 from tuneplane_node.runtime.ociregistry import OciRegistry, by_digest, is_oci
 
-Present = Callable[[str], Awaitable[bool]]
+log = logging.getLogger(__name__)
+FIELD = "container.volumes"
 
 
 class PrivateRule(Protocol):
@@ -52,6 +66,15 @@ class Resolved:
     auth: Mapping[str, RegistryAuth | None] = field(default_factory=dict)
 
 
+def other_kind(volume: Volume, field: str, *, is_tree: bool) -> InvalidField:
+    """A 422 for a source of one kind naming an entry of the other: a URL naming a
+    registry volume's digest would skip the private rule that guards it (the registry's
+    credentials), and a registry reference a file's would skip the possession rule."""
+    kind = "a registry volume's directory" if is_tree else "a downloaded file"
+    said = f"sha256:{volume.sha256} is {kind} in the volume store"
+    return InvalidField(field, f"{said}: a source of the other kind cannot name it")
+
+
 def info_of(volume: Volume) -> ImageInfo:
     """The resolved volume as the private record sees an image: its digest is its id."""
     repository = ImageName.parse(volume.source).repository
@@ -59,32 +82,73 @@ def info_of(volume: Volume) -> ImageInfo:
 
 
 class VolumeSources:
-    def __init__(self, registry: OciRegistry, *, images: PrivateRule | None = None) -> None:
+    def __init__(
+        self, registry: OciRegistry, fills: VolumeFills, *, images: PrivateRule | None = None
+    ) -> None:
         self.registry = registry
+        self.fills = fills  # the store's entries, their accesses and the proofs
         self.images = images  # None: no credentials, no private rule (tests of the store)
 
     async def resolved(
         self,
         volumes: Sequence[Volume],
         *,
-        present: Present,
         image: str | None = None,
         auth: RegistryAuth | None = None,
+        field: str = FIELD,
     ) -> Resolved:
-        """Each OCI volume by its digest (URLs as they are); `ImageAccessDenied` for a
-        private entry these credentials may not use; `VolumeFillFailed` for a reference
-        its registry does not resolve."""
+        """Each OCI volume by its digest, each URL as it is (its possession proved where
+        the node holds its entry for another access); `ImageAccessDenied` for a private
+        entry these credentials may not use; `VolumeAccessDenied` for a URL whose source
+        did not prove it; `VolumeFillFailed` for a reference its registry does not
+        resolve."""
         found: list[Volume] = []
         creds: dict[str, RegistryAuth | None] = {}
-        for volume in volumes:
+        if volumes:  # the store's salt, read (or made) in a thread: accesses are then pure
+            await self.fills.io(self.fills.accesses.load)
+        for i, volume in enumerate(volumes):
             if not is_oci(volume.source):
+                await self._possessed(volume, f"{field}[{i}]" if field else "source")
                 found.append(volume)
                 continue
             given = await self._credentials(volume.source, image, auth)
-            resolved = await self._resolved(volume, given, present)
+            resolved = await self._resolved(volume, given)
             creds[resolved.sha256] = given
             found.append(resolved)
         return Resolved(tuple(found), creds)
+
+    async def _possessed(self, volume: Volume, field: str) -> None:
+        """Return when the entry is missing (a fill makes it), recorded for this URL, or
+        its source proved it holds its bytes (recorded now); left to a fill's proof when
+        the source answers ranges with the whole file; else `VolumeAccessDenied` (a 422
+        naming ``field`` where the entry is a registry volume's)."""
+        fills, digest = self.fills, volume.sha256
+        entry = await fills.entry(digest)
+        access = fills.accesses.of(volume.source)
+        if entry is not None and await fills.io(entry.path.is_dir):
+            raise other_kind(volume, field, is_tree=True)
+        if entry is None or await fills.io(fills.accesses.holds, digest, access):
+            return
+        try:
+            proof = await fills.possession.ranged(volume.source, entry)
+        except VolumeFillFailed as exc:
+            raise VolumeAccessDenied(
+                digest=digest, source=shown(volume.source),
+                reason=f"its source did not show it holds the bytes: {exc.reason}",
+            ) from None  # fmt: skip
+        except asyncio.TimeoutError:
+            raise VolumeAccessDenied(
+                digest=digest, source=shown(volume.source),
+                reason=f"its source did not answer the node's ranges within {PROOF_S:g} s",
+            ) from None  # fmt: skip
+        if proof is False:
+            raise VolumeAccessDenied(
+                digest=digest, source=shown(volume.source),
+                reason="its source serves other bytes than the node holds for that sha256",
+            )  # fmt: skip
+        if proof:
+            await fills.io(fills.accesses.record, digest, access)
+            log.info("volume sha256:%s: %s proved it holds the bytes", digest, shown(volume.source))
 
     async def _credentials(
         self, source: str, image: str | None, auth: RegistryAuth | None
@@ -95,17 +159,19 @@ class VolumeSources:
             return own
         return await self.images.credentials_for(source, own)
 
-    async def _resolved(
-        self, volume: Volume, auth: RegistryAuth | None, present: Present
-    ) -> Volume:
+    async def _present(self, digest: str) -> bool:
+        return await self.fills.entry(digest) is not None
+
+    async def _resolved(self, volume: Volume, auth: RegistryAuth | None) -> Volume:
         digest = volume.sha256
-        here = bool(digest) and await present(digest)
+        here = bool(digest) and await self._present(digest)
         if not here and not ImageName.parse(volume.source).by_digest:
-            named = await self.registry.resolve(volume.source, auth)
+            async with self.fills.fetcher.session() as http:
+                named = await self.registry.resolve(http, volume.source, auth)
             if digest and named != digest:
                 reason = f"its tag names sha256:{named}, not the sha256:{digest} asked"
                 raise VolumeFillFailed(source=volume.source, reason=reason)
-            digest, here = named, await present(named)
+            digest, here = named, await self._present(named)
         resolved = Volume(by_digest(volume.source, digest), volume.path, digest)
         if self.images is not None and here:
             await self.images.admit(volume.source, info_of(resolved), auth)

@@ -13,6 +13,7 @@ service or a LAN host must show after an attack (zero).
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,19 @@ from aiohttp import web
 from tests.volumeserver import RANGE
 
 COOKIE = "session"
+
+
+def lan_address() -> str | None:
+    """An IPv4 address of this machine that is no loopback (its LAN's, here 192.0.2.0/24),
+    from the kernel's local routes; None on a machine with none."""
+    last = ""
+    for line in Path("/proc/net/fib_trie").read_text().splitlines():
+        text = line.strip()
+        if text.startswith("|-- "):
+            last = text[4:]
+        elif text.startswith("/32 host LOCAL") and not ipaddress.ip_address(last).is_loopback:
+            return last
+    return None
 
 
 @dataclass
@@ -42,6 +56,7 @@ class Tenant:
     sent: dict[str, int] = field(default_factory=dict)  # body bytes per path
     runner: web.AppRunner | None = None
     url: str = ""
+    closing: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def start(self) -> None:
         app = web.Application()
@@ -62,6 +77,7 @@ class Tenant:
         self.url = f"{'https' if context else 'http'}://{self.host}:{port}"
 
     async def close(self) -> None:
+        self.closing.set()  # a trickle ends: its fill may be a node's still
         if self.runner is not None:
             await self.runner.cleanup()
 
@@ -89,9 +105,10 @@ class Tenant:
         response = web.StreamResponse()
         response.content_length = 2**30
         await response.prepare(request)
-        while True:
+        while not self.closing.is_set():
             await response.write(b"x")
             await asyncio.sleep(self.trickle_s)
+        return response
 
     async def _file(self, request: web.Request) -> web.StreamResponse:
         self._seen(request)

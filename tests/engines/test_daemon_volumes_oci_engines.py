@@ -35,9 +35,11 @@ def basic(login: dict[str, str]) -> str:
     return base64.b64encode(pair).decode()
 
 
-async def push(registry: str, repo: str, layers: list[bytes], auth: str = "") -> str:
-    """``layers`` and a manifest pushed as ``registry/repo:1`` through the registry API
-    (``auth``: a Basic pair); the reference."""
+async def push(
+    registry: str, repo: str, layers: list[bytes], auth: str = "", *, tag: str = "1"
+) -> str:
+    """``layers`` and a manifest pushed as ``registry/repo:<tag>`` through the registry
+    API (``auth``: a Basic pair); the reference."""
     config = b"{}"
     headers = {"Authorization": f"Basic {auth}"} if auth else {}
     async with aiohttp.ClientSession(headers=headers) as session:
@@ -61,10 +63,10 @@ async def push(registry: str, repo: str, layers: list[bytes], auth: str = "") ->
                        for layer in layers],
         }  # fmt: skip
         headers = {"Content-Type": MANIFEST}
-        url = f"http://{registry}/v2/{repo}/manifests/1"
+        url = f"http://{registry}/v2/{repo}/manifests/{tag}"
         async with session.put(url, data=json.dumps(manifest), headers=headers) as put:
             assert put.status == 201, await put.text()
-    return f"{registry}/{repo}:1"
+    return f"{registry}/{repo}:{tag}"
 
 
 def artifact() -> tuple[bytes, str]:

@@ -57,7 +57,7 @@ async def test_a_redirect_to_the_metadata_service_over_http_is_refused_unasked(
     tenant: Tenant, metadata: Listener
 ) -> None:
     target = f"http://127.0.0.2:{metadata.port}/latest/meta-data/iam/security-credentials/"
-    with pytest.raises(VolumeFillFailed, match="plain http:// only") as refused:
+    with pytest.raises(VolumeFillFailed, match="a redirect to plain http://") as refused:
         await fetched(fetcher_for(tenant), f"{tenant.url}/redir?to={target}")
     assert not refused.value.retryable
     assert metadata.connections == 0

@@ -293,7 +293,8 @@ class Session:
             asked = {"Range": f"bytes={span[0]}-{span[1]}"}
         fetcher = self._fetcher
         with _translated(said):
-            async with self._followed("GET", url, {**(headers or {}), **asked}) as response:
+            headers = {**(headers or {}), **asked}
+            async with self._followed("GET", url, headers, said=said) as response:
                 if response.status == 416 and offset:  # nothing past the offset
                     raise VolumeFillFailed(source=said, reason="the file got shorter")
                 if response.status >= 400:
@@ -321,7 +322,7 @@ class Session:
         `VolumeFillFailed`). A connection that cannot be made is a retryable failure."""
         said = shown(url)
         with _translated(said):
-            async with self._followed(method, url, dict(headers), form) as response:
+            async with self._followed(method, url, dict(headers), form, said=said) as response:
                 body = await response.content.read(limit + 1)
                 if len(body) > limit:
                     raise VolumeFillFailed(source=said, reason=f"an answer past {limit} bytes")
@@ -340,11 +341,14 @@ class Session:
         url: str,
         headers: dict[str, str],
         form: Mapping[str, str] | None = None,
+        *,
+        said: str,
     ) -> AsyncIterator[aiohttp.ClientResponse]:
         """The answer at the end of ``url``'s redirects, each hop held to the rules
-        (`_hop`); ``Authorization`` dropped at the first hop to another origin."""
-        for _ in range(MAX_REDIRECTS + 1):
-            self._hop(url)
+        (`_hop`); ``Authorization`` dropped at the first hop to another origin. A failure
+        names the URL asked (``said``), never where its redirects led."""
+        for hop in range(MAX_REDIRECTS + 1):
+            self._hop(url, said, redirected=hop > 0)
             async with self._client.request(
                 method, url, headers=headers, data=form, allow_redirects=False
             ) as response:
@@ -354,26 +358,26 @@ class Session:
                     return
                 target = urljoin(str(response.url), location)
             if method not in ("GET", "HEAD"):
-                raise VolumeFillFailed(source=shown(url), reason=f"its {method} was redirected")
+                raise VolumeFillFailed(source=said, reason=f"its {method} was redirected")
             if _origin(target) != _origin(url):
                 headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
             url = target
-        raise VolumeFillFailed(source=shown(url), reason=f"more than {MAX_REDIRECTS} redirects")
+        raise VolumeFillFailed(source=said, reason=f"more than {MAX_REDIRECTS} redirects")
 
-    def _hop(self, url: str) -> None:
+    def _hop(self, url: str, said: str, *, redirected: bool) -> None:
         """A URL the session may ask: one `is_url` reads, over https, or plain http to a
         host the operator listed."""
         parts = urlsplit(url) if is_url(url) else None
+        where = "a redirect to " if redirected else ""
         if parts is None:
-            raise VolumeFillFailed(
-                source=shown(url), reason="a redirect to a URL that names no valid host"
-            )
+            raise VolumeFillFailed(source=said, reason=f"{where}a URL that names no valid host")
         if parts.scheme == "http" and not self._fetcher.insecure_host(
             parts.hostname or "", parts.port
         ):
             raise VolumeFillFailed(
-                source=shown(url),
-                reason=f"plain http:// only for the hosts in {env_name('volume_insecure_hosts')}",
+                source=said,
+                reason=f"{where}plain http://: only to the hosts in "
+                f"{env_name('volume_insecure_hosts')}",
             )
 
     async def close(self) -> None:

@@ -308,6 +308,9 @@ class FakeRuntime:
         self.written: dict[str, int] = {}  # container name -> bytes it wrote to the disk
         self.holders: dict[int, str] = {}  # pid -> the handle of the container it runs in
         self.caught: dict[str, bool | None] = {}  # name -> whether it catches a warning
+        # name -> the code it ends with by itself as the next signal goes out, which finds
+        # it stopped (a node that read it running a moment before: issue 52's race)
+        self.ending: dict[str, int] = {}
         self.support = DeviceSupport(runtimes=("nvidia", "runc"))  # device_support()'s answer
         self.pool = BlockingPool(2, name="fake")
         self._streams: list[EventStream] = []
@@ -477,16 +480,19 @@ class FakeRuntime:
         finally:
             self.following -= 1
 
-    async def kill(self, ref: str, signal: str) -> None:
+    async def kill(self, ref: str, signal: str) -> bool:
         self._answer("kill")
         container = self.find(ref)
         self.refs.append((signal, ref))
+        if container is not None and container.spec.name in self.ending:
+            self._end(container, self.ending.pop(container.spec.name))  # first: it won
         if container is None or container.status not in RUNNING:
-            return
+            return False
         self.signals.append((container.spec.name, signal))
         code = container.exit_on(signal)
         if code is not None:
             self._end(container, code)
+        return True
 
     async def wait_exited(self, name: str, timeout: float) -> bool:
         """Waits for real time (tests give short grace periods) on the fake's changes."""

@@ -1,11 +1,13 @@
 """Stops a training job can checkpoint in, on the real engines through the API: the
 image's STOPSIGNAL and the launch's own, a signal without a stop, a warning before the
-stop, the init that lets a shell entrypoint hear SIGTERM and reaps its zombies."""
+stop, the init that lets a shell entrypoint hear SIGTERM and reaps its zombies, a stop
+that races the job's own end."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -270,3 +272,28 @@ async def test_fifty_stops_in_their_warning_phase_hold_no_thread_and_health_stay
     assert not any(stop.done() for stop in stops)
     await asyncio.gather(*(node.remove(ref) for ref in refs))
     assert await asyncio.wait_for(asyncio.gather(*stops), 30) == [{"ok": True}] * 50
+
+
+STOP_RACES = int(os.environ.get("TUNEPLANE_STOP_RACES", "50"))
+"""Rounds of the stop race per engine (about 0.5 s each on podman, 0.3 s on docker). Here
+one round in ten meets podman's race, so 50 miss it 3 times in 1,000; issue 52 asked for
+200 on each engine, run by hand with ``TUNEPLANE_STOP_RACES=200``."""
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_a_stop_that_races_the_jobs_own_end_is_done_every_time(
+    make_node: MakeNode, engine: str
+) -> None:
+    """Issue 52: ``timeout: 0`` on podman raced a job's own end and answered ``502``
+    ("container state improper: stopped"). Each round's job ends by itself a moment
+    after its start, a moment that moves across the rounds, and is stopped at once: a
+    stop that meets a job already gone is a stop done, ``200`` every round."""
+    node = await make_node(engine)
+    for round_ in range(STOP_RACES):
+        after = (round_ % 10) / 50  # 0 to 0.18 s: before, during and after the stop
+        ref, _ = await node.launch(["/bin/sh", "-c", f"sleep {after}"])
+        status, answer = await node.call("POST", "/node/v1/stop", json={"ref": ref, "timeout": 0})
+        assert (status, answer) == (200, {"ok": True}), (round_, after)
+        state = await node.wait_for(ref, "status", "exited")
+        assert state["exit_code"] in (0, 137, 143), state
+        await node.remove(ref)

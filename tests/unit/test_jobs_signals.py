@@ -217,6 +217,23 @@ async def test_a_signal_for_a_job_not_running_or_pending_is_refused_and_sends_no
     assert len(fake.signals) == sent
 
 
+async def test_a_job_ending_by_itself_as_the_signal_goes_out_is_stopped_but_not_signalled(
+    node: Node, fake: FakeRuntime
+) -> None:
+    """Issue 52: the node read the job running, and it ended as the signal went out, the
+    engine finding it stopped (podman's "container state improper: stopped", a 502). A
+    stop is done, the job's own exit code kept; a signal sent nothing: the documented
+    409, saying the job's status as it is now."""
+    for run_id in ("stopped", "signalled"):
+        await node.jobs.launch(request(run_id))
+        fake.ending[container_name(run_id)] = 3
+    await node.jobs.stop("tuneplane-stopped", StopPlan(grace=0))
+    with pytest.raises(NotRunning, match=r"is not running \(exited\)"):
+        await node.jobs.signal("tuneplane-signalled", "SIGUSR1")
+    assert fake.signals == []
+    assert {fake.containers[name].exit_code for name in fake.containers} == {3}
+
+
 # --- over HTTP --------------------------------------------------------------------------
 
 

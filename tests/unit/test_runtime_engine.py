@@ -502,6 +502,53 @@ def test_a_podman_remove_that_raced_the_jobs_end_is_tried_again(
     assert api.deletes == 2
 
 
+class RefusedKills:
+    """An adapter whose engine answers every kill with a refusal saying ``words``."""
+
+    words = ""
+    module: Any
+
+    def _kill(self, ref: str, signal: str) -> None:
+        status = 409 if "is not running" in self.words else 500
+        raise self.module.errors.APIError(
+            f"{status} Server Error", response=http_response(status), explanation=self.words
+        )
+
+
+class DockerRefusingKills(RefusedKills, DockerRuntime):
+    module = docker
+
+
+class PodmanRefusingKills(RefusedKills, PodmanRuntime):
+    module = podman
+
+
+@pytest.mark.parametrize(
+    ("kind", "words"),
+    [
+        ("docker", "Cannot kill container: tuneplane-a: Container 3f2a is not running"),
+        ("podman", "can only kill running containers. 3f2a is in state exited: "
+                   "container state improper"),
+        # Issue 52: the job ended between libpod's look at its state and the runtime's
+        # kill. A stop with timeout 0 answered 502 on it.
+        ("podman", "container state improper: stopped"),
+    ],
+)  # fmt: skip
+async def test_a_kill_that_meets_a_job_already_ended_sent_nothing_and_is_no_error(
+    kind: str, words: str
+) -> None:
+    settings = engine_settings(kind)
+    runtime = DockerRefusingKills(settings) if kind == "docker" else PodmanRefusingKills(settings)
+    try:
+        runtime.words = words
+        assert await runtime.kill("tuneplane-a", "SIGKILL") is False
+        runtime.words = "permission denied"  # any other refusal is one
+        with pytest.raises(EngineRefused, match="permission denied"):
+            await runtime.kill("tuneplane-a", "SIGKILL")
+    finally:
+        await runtime.close()
+
+
 # --- the node's job networks (TUNEPLANE_JOB_NETWORK) -------------------------------------------
 
 

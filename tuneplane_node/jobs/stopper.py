@@ -33,7 +33,7 @@ class StoppingRuntime(Protocol):
     """What a stop asks of the engine."""
 
     async def inspect_fresh(self, name: str) -> ContainerState: ...
-    async def kill(self, ref: str, signal: str) -> None: ...
+    async def kill(self, ref: str, signal: str) -> bool: ...
     async def catches(self, ref: str, signal: str) -> bool | None: ...
     async def wait_exited(self, name: str, timeout: float) -> bool: ...
     async def remove(self, ref: str) -> None: ...
@@ -106,15 +106,17 @@ class Stopper:
 
     async def signal(self, ref: str, signal: str) -> None:
         """Send a running job a signal, the job going on (a checkpoint request): a pending
-        launch, or a job that is not running, is a `NotRunning` (409)."""
+        launch, or a job that is not running, is a `NotRunning` (409). So is one that
+        ended as the signal went out (the engine found it stopped): nothing was sent."""
         async with self.locks.hold(ref):
             record = self.launcher.pending.get(ref)
             if record is not None:
                 raise NotRunning(ref=ref, job_status=f"a pending launch ({record.phase})")
             state = await self.own(ref)
+            if state.status in RUNNING and not await self.runtime.kill(state.handle, signal):
+                state = await self.runtime.inspect_fresh(state.name)  # its end, as it is now
             if state.status not in RUNNING:
                 raise NotRunning(ref=ref, job_status=state.status if state.exists else "missing")
-            await self.runtime.kill(state.handle, signal)
         log.info("signalled %s: %s", ref, signal, extra=job_fields(ref, state.run_id))
 
     async def _stop_signal_of(self, state: ContainerState) -> str:

@@ -333,11 +333,13 @@ class ContainerRuntime(Protocol):
         never grows the node; the caller must ``aclose`` the stream. Opening it has the
         deadline of any call; waiting for lines has none (the job may be quiet)."""
 
-    async def kill(self, ref: str, signal: str) -> None:
+    async def kill(self, ref: str, signal: str) -> bool:
         """Send ``signal`` (SIGKILL or a name of `signals.JOB_SIGNALS`) to the container:
         through its init to the job's command on an engine, to the whole process group on
-        the process runtime. Missing, or not running: nothing to do. Returns at once: the
-        job's exit arrives later (`wait_exited`)."""
+        the process runtime. True once sent. Missing, or not running (the engine found it
+        stopped, even as the signal went out: the job's own end won the race): nothing
+        to do, and False, never an error. Returns at once: the job's exit arrives later
+        (`wait_exited`)."""
 
     async def catches(self, ref: str, signal: str) -> bool | None:
         """Whether a process of the running job (below its init) has a handler for

@@ -124,8 +124,8 @@ class CachedRuntime:
         finally:
             await self.refresh(spec.name)  # made, or torn down after a failed start
 
-    async def kill(self, ref: str, signal: str) -> None:
-        await self.inner.kill(ref, signal)  # the exit arrives as an event
+    async def kill(self, ref: str, signal: str) -> bool:
+        return await self.inner.kill(ref, signal)  # the exit arrives as an event
 
     async def catches(self, ref: str, signal: str) -> bool | None:
         return await self.inner.catches(ref, signal)  # the processes now, never cached

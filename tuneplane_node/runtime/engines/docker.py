@@ -69,6 +69,7 @@ ERRORS = ErrorTable(
     ),
     api_error=docker.errors.APIError,
     not_found=docker.errors.NotFound,  # ImageNotFound is one too
+    stopped=("is not running",),  # "Container <id> is not running" (409)
 )
 
 

@@ -69,7 +69,6 @@ from tuneplane_node.telemetry import NO_TELEMETRY, Telemetry
 
 T = TypeVar("T")
 POLL_S = 0.25
-NOT_RUNNING = ("is not running", "can only kill running containers")  # docker's, podman's
 MACHINE_MEMORY = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 Events = Iterator[EngineEvent]
 
@@ -83,20 +82,28 @@ class ErrorTable:
     ``explanation`` carry the engine's words. An api_error without an HTTP response is
     a transport failure the SDK wrapped (podman-py does). ``not_found``: no such
     container or image, which is never an error to the node (`EngineRuntime._or`).
+    ``stopped``: the engine's words for a container that was not running when a signal
+    (a kill, a forced remove's) reached it, or stopped as it did (`ended`).
     """
 
     engine: str
     unreachable: tuple[type[BaseException], ...]
     api_error: type[Exception]
     not_found: type[Exception]
+    stopped: tuple[str, ...]
 
     def missing(self, exc: BaseException) -> bool:
         """No such container or image. podman 4 says so with a 500 when a container goes
         between its lookup and its inspect: that is a removal, not a failing engine."""
         if isinstance(exc, self.not_found):
             return True
-        words = str(getattr(exc, "explanation", None) or exc).lower()
-        return isinstance(exc, self.api_error) and "no such container" in words
+        return isinstance(exc, self.api_error) and "no such container" in words(exc).lower()
+
+    def ended(self, answer: BaseException | str) -> bool:
+        """The engine's refusal (an error, or an answer's text) says the container had
+        stopped: a signal that met a job already ended, the job's own end won the race."""
+        said = answer if isinstance(answer, str) else words(answer)
+        return any(phrase in said for phrase in self.stopped)
 
     @contextlib.contextmanager
     def translated(self, action: str) -> Iterator[None]:
@@ -115,7 +122,7 @@ class ErrorTable:
             if getattr(exc, "response", None) is None:
                 cause = exc.__cause__ or exc
                 return EngineUnavailable(engine=self.engine, reason=str(cause) or _name(cause))
-            reason = str(getattr(exc, "explanation", None) or exc)
+            reason = words(exc)
             status = getattr(exc, "status_code", None)
             if is_name_conflict(status, reason):
                 return EngineConflict(engine=self.engine, action=action, reason=reason)
@@ -151,6 +158,11 @@ def blamed_field(reason: str) -> str | None:
 
 def _name(exc: BaseException) -> str:
     return type(exc).__name__
+
+
+def words(exc: BaseException) -> str:
+    """The engine's own words in an SDK error: its explanation, else the error's text."""
+    return str(getattr(exc, "explanation", None) or exc)
 
 
 def describe(exc: BaseException) -> str:
@@ -451,17 +463,17 @@ class EngineRuntime(EngineImages, EngineMounts, EngineParent, EngineProcesses, E
         finally:
             response.close()  # here, by the reading thread only (see `logstream`)
 
-    async def kill(self, ref: str, signal: str) -> None:
-        await self._call_or(f"signal {ref}", None, self._quiet_kill, ref, signal)
+    async def kill(self, ref: str, signal: str) -> bool:
+        return await self._call_or(f"signal {ref}", False, self._quiet_kill, ref, signal)
 
-    def _quiet_kill(self, ref: str, signal: str) -> None:
+    def _quiet_kill(self, ref: str, signal: str) -> bool:
         try:
             self._kill(ref, signal)
         except self.errors.api_error as exc:
-            # The job ended as the signal went out: what the signal was for.
-            words = str(getattr(exc, "explanation", None) or exc)
-            if not any(phrase in words for phrase in NOT_RUNNING):
-                raise
+            if self.errors.ended(exc):  # the job ended before the signal reached it
+                return False
+            raise
+        return True
 
     async def wait_exited(self, name: str, timeout: float) -> bool:
         """Polls (each look a short call on the pool): this runtime keeps no events."""

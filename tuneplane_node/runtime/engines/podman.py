@@ -73,8 +73,6 @@ log = logging.getLogger(__name__)
 ENGINE = "podman"
 REMOVE_TRIES = 3
 """A forced remove that raced the job's own end is tried again, this many times in all."""
-STATE_RACE = "container state improper"
-"""libpod's word when a kill meets a container that has just stopped."""
 CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
 """Where podman reads CDI specifications (containers.conf's ``cdi_spec_dirs`` default)."""
 ERRORS = ErrorTable(
@@ -82,6 +80,10 @@ ERRORS = ErrorTable(
     unreachable=(requests.exceptions.ConnectionError, requests.exceptions.Timeout, OSError),
     api_error=podman.errors.APIError,
     not_found=podman.errors.NotFound,
+    # libpod's words for a kill of a container that is not running, and for one whose
+    # runtime found it stopped as the signal went out ("container state improper:
+    # stopped"): a kill, a stop's, a forced remove's, that raced the job's own end.
+    stopped=("can only kill running containers", "container state improper"),
 )
 
 
@@ -456,7 +458,7 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
                 # device or resource busy" once all is removed (record, layer, mounts).
                 log.debug("podman's remove of %s erred, but it is gone", name)
                 return
-            if STATE_RACE not in response.text:
+            if not self.errors.ended(response.text):
                 break
             # The job ended between libpod's look at its state and its SIGKILL ("container
             # state improper: stopped"): the next try finds it stopped and removes it.

@@ -173,11 +173,12 @@ class ProcessRuntime:
         procs = [proc for proc in (job.main, job.stamper) if proc is not None]
         return any([await self._pool.call(self._groups.alive, proc) for proc in procs])
 
-    async def kill(self, ref: str, signal: str) -> None:
+    async def kill(self, ref: str, signal: str) -> bool:
         """The signal to the job's whole process group; no job, or ended: nothing to do."""
         job = await self._pool.call(self._files.load, ref)
-        if job is not None and job.main is not None:
-            await self._pool.call(self._groups.signal, job.main, _SIGNALS[signal], group=True)
+        if job is None or job.main is None:
+            return False
+        return await self._pool.call(self._groups.signal, job.main, _SIGNALS[signal], group=True)
 
     async def catches(self, ref: str, signal: str) -> bool | None:
         """Not read: a job's signals go to its whole process group, the warning as

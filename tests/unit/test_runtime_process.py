@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta, timezone
@@ -250,6 +251,35 @@ async def test_remove_kills_a_running_job_deletes_it_and_frees_the_name(
     assert not (state_dir(tmp_path) / spec.name).exists()
     await runtime.run(job("gone", ["true"]))
     assert (await wait_status(runtime, spec.name, "exited")).exit_code == 0
+
+
+HOLDER = """
+import mmap, os, time
+held = mmap.mmap(-1, 512 << 20)
+for page in range(0, len(held), mmap.PAGESIZE):
+    held[page] = 1
+with open("child.pid", "w") as out:
+    out.write(f"{os.getpid()}\\n")
+time.sleep(300)
+"""
+"""A child of the job that holds 512 MiB: after a SIGKILL the kernel takes about 80 ms
+here to free it, where the job's leader, a shell, is gone in a millisecond."""
+
+
+async def test_remove_returns_once_every_process_of_the_job_has_ended(
+    runtime: ProcessRuntime, tmp_path: Path
+) -> None:
+    """Issue 52: remove returned once the job's leader was gone, while a process it
+    started could still run (seen under load with a plain ``sleep``). A child slow to end
+    shows it on a quiet machine too: remove now waits for the whole group."""
+    command = ["sh", "-c", '"$0" -c "$1" & wait', sys.executable, HOLDER]
+    spec = job("holder", command, workdir=str(tmp_path))
+    await runtime.run(spec)
+    child = int(await wait_file(tmp_path / "child.pid"))
+
+    await runtime.remove(spec.name)
+
+    assert not pid_running(child)
 
 
 async def test_run_refuses_what_it_cannot_start_and_leaves_nothing(

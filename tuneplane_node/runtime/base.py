@@ -354,7 +354,8 @@ class ContainerRuntime(Protocol):
         a cached runtime waits for its events, others poll."""
 
     async def remove(self, ref: str) -> None:
-        """Force-remove the container, running or not, with its anonymous volumes."""
+        """Force-remove the container, running or not, with its anonymous volumes;
+        returns once every process of it has ended."""
 
     async def ps(self) -> list[ContainerState]:
         """Every container of the node (run-id label), exited ones included."""

@@ -139,6 +139,13 @@ class ProcessGroups:
             return child.returncode is None
         return pid_alive(proc)
 
+    def group_alive(self, proc: Proc) -> bool:
+        """Whether a process of the group ``proc`` leads still runs: the leader, or one
+        it started (a zombie has ended). The leader's end is not its group's: a SIGKILL
+        sent to the group ends each member when the kernel next runs it, and under load
+        the leader can be gone and reaped while a member has not run yet."""
+        return self.alive(proc) or group_running(proc.pid)
+
     def signal(self, proc: Proc, sig: int, *, group: bool) -> bool:
         """Signal our process (or its group) if it runs; False when it did not."""
         if not self.alive(proc):
@@ -186,6 +193,22 @@ def pid_alive(proc: Proc) -> bool:
     if stat is None or stat[0] in ("Z", "X"):
         return False
     return proc.ticks is None or stat[1] == proc.ticks
+
+
+def group_running(group: int) -> bool:
+    """Whether a process of the process group ``group`` runs (zombies are ended), in
+    one pass over /proc; without /proc, whether the group has any process."""
+    if not HAS_PROC:
+        try:
+            os.killpg(group, 0)
+        except OSError:
+            return False
+        return True
+    for entry in Path("/proc").iterdir():
+        fields = _stat_fields(entry) if entry.name.isdigit() else None
+        if fields is not None and int(fields[2]) == group and fields[0] not in ("Z", "X"):
+            return True
+    return False
 
 
 def group_of(pid: int) -> int | None:

@@ -192,7 +192,8 @@ class ProcessRuntime:
         return await self._wait_gone(job.main, timeout)
 
     async def remove(self, name: str) -> None:
-        """Kill the job if it runs, then delete its directory; no job is no-op."""
+        """Kill the job if it runs, then delete its directory, once every process of the
+        job has ended; no job is no-op."""
         job = await self._pool.call(self._files.load, name)
         if job is not None and job.main is not None:
             await self._kill_group(job, action=f"remove {name}")
@@ -374,20 +375,23 @@ class ProcessRuntime:
 
     # -- stopping -----------------------------------------------------------------------
 
-    async def _wait_gone(self, proc: Proc, timeout: float) -> bool:
-        """Poll (asleep between) until the process ends; False if it outlives ``timeout``."""
+    async def _wait_gone(self, proc: Proc, timeout: float, *, group: bool = False) -> bool:
+        """Poll (asleep between) until the process ends (``group``: every process of the
+        group it leads); False if it outlives ``timeout``."""
+        alive = self._groups.group_alive if group else self._groups.alive
         deadline = self._clock.monotonic() + timeout
-        while await self._pool.call(self._groups.alive, proc):
+        while await self._pool.call(alive, proc):
             if self._clock.monotonic() >= deadline:
                 return False
             await self._clock.sleep(_POLL_S)
         return True
 
     async def _kill_group(self, job: Job, *, action: str) -> None:
+        """SIGKILL to the job's group; returns once every process of it has ended."""
         assert job.main is not None
         await self._pool.call(self._groups.signal, job.main, signal.SIGKILL, group=True)
-        if not await self._wait_gone(job.main, KILL_GRACE_S):
-            reason = f"pid {job.main.pid} outlived SIGKILL for {KILL_GRACE_S:g} s"
+        if not await self._wait_gone(job.main, KILL_GRACE_S, group=True):
+            reason = f"the group of pid {job.main.pid} outlived SIGKILL for {KILL_GRACE_S:g} s"
             raise EngineRefused(engine=ENGINE, action=action, reason=reason)
 
     def _now(self) -> str:

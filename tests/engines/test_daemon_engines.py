@@ -27,6 +27,7 @@ from tests.helpers import (
     ThrottlingProxy,
     ThrowawayDocker,
     TrackingRuntime,
+    console_0315,
     engine_settings,
     forget_image,
     free_port,
@@ -253,20 +254,41 @@ class SlowReader:
             self.response = None
 
 
-async def test_a_relaunch_after_exit_starts_a_new_container(make_node: MakeNode) -> None:
-    node = await make_node()
-    run_id = unique("again")
-    command = ["/bin/sh", "-c", "exit 0"]
-    ref, first = await node.launch(command, run_id=run_id)
+@pytest.mark.parametrize("engine", ["docker", "podman"])
+async def test_a_0315_console_relaunches_an_exited_run_with_a_new_command(
+    make_node: MakeNode, engine: str
+) -> None:
+    """Issue 52: a 0.3.15 console resumes a run whose job exited by launching it again
+    with a new command (round 4 answered 409 run_conflict). A relaunch the node refuses
+    (more cards than the node has) leaves the exited job as it was, its exit code and
+    logs; so does ``relaunch: false`` with another spec, a 409."""
+    node = await make_node(engine)
+    train = ["/bin/sh", "-c", "echo epoch-1-saved; exit 3"]
+    launch = console_0315(unique("again"), 0, image=IMAGE, command=train)
+    first = await node.ok("POST", "/node/v1/launch", json=launch)
+    ref = first["ref"]
+    assert node.made is not None
+    node.made.append(ref)
     await node.wait_for(ref, "status", "exited")
-    # Another spec while the exited container exists: a 409 naming it (issue 36).
-    _, refused = await node.launch(["/bin/sleep", "300"], run_id=run_id, expect=409)
-    assert refused["code"] == "run_conflict" and "container.command" in refused["detail"]
+    resume = {**launch, "container": {**launch["container"], "command": [
+        "/bin/sh", "-c", "echo resumed-from-epoch-1; sleep 300"]}}  # fmt: skip
 
-    _, second = await node.launch(command, run_id=run_id)
+    for refused, code in [
+        ({**resume, "requested_gpus": 5}, "no_capacity"),
+        ({**resume, "relaunch": False}, "run_conflict"),
+    ]:
+        status, answer = await node.call("POST", "/node/v1/launch", json=refused)
+        assert (status, answer["code"]) == (409, code), answer
+        state = await node.state(ref)
+        assert (state["status"], state["exit_code"]) == ("exited", 3)
+        assert "epoch-1-saved" in await node.logs(ref)
+
+    second = await node.ok("POST", "/node/v1/launch", json=resume)
 
     assert second["phase"] == "running"  # started again: a container of its own
     assert second["container_id"] != first["container_id"]
+    await wait_until_logged(node, ref, "resumed-from-epoch-1", timeout=30)
+    assert "epoch-1-saved" not in await node.logs(ref)
 
 
 async def test_a_foreign_container_is_invisible_and_untouchable(

@@ -148,6 +148,19 @@ async def test_credentials_the_registry_refuses_or_cannot_judge_are_refused(
         await node.jobs.launch(launch("unknown", auth=OTHER))
 
 
+async def test_a_relaunch_refused_its_private_image_keeps_the_exited_job(
+    node: Node, fake: FakeRuntime, private: Registry
+) -> None:
+    """Issue 52: a relaunch is refused before the run's exited container goes (it went
+    first: a relaunch without credentials left the run with nothing)."""
+    exited = fake.containers["tuneplane-first"]
+    fake.exit("tuneplane-first", 3)
+    with pytest.raises(ImageAccessDenied):
+        await node.jobs.launch(launch("first", auth=OTHER))
+    assert fake.containers["tuneplane-first"] is exited and exited.exit_code == 3
+    assert isinstance(await node.jobs.launch(launch("first", auth=RIGHT)), Started)
+
+
 async def test_every_tag_and_digest_of_a_private_repository_is_private(
     node: Node, fake: FakeRuntime, private: Registry
 ) -> None:

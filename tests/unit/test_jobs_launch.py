@@ -5,12 +5,15 @@ engine (tests/jobservice.py says how)."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
+from typing import Any
 
 import pytest
 
 from tests.conftest import IMAGE
 from tests.fakes import FakeProbe, FakeRuntime, Gate
 from tests.jobservice import (
+    MISSING,
     assert_nothing_left,
     available,
     request,
@@ -22,9 +25,12 @@ from tuneplane_node.errors import (
     EngineUnavailable,
     NameTaken,
     NoCapacity,
+    RunConflict,
 )
 from tuneplane_node.jobs import (
+    AlreadyExited,
     AlreadyRunning,
+    LaunchRequest,
     Node,
     Started,
 )
@@ -87,6 +93,104 @@ async def test_a_never_started_container_of_the_run_is_wreckage_and_is_replaced(
     assert isinstance(result, Started)
     assert fake.containers["tuneplane-r1"].id != wreck.id
     assert fake.containers["tuneplane-r1"].status == "running"
+
+
+# --- another spec of the run: run_conflict, or a relaunch (issue 52) ---------------------
+
+
+def other(launch: LaunchRequest, *command: str, **changes: Any) -> LaunchRequest:
+    """The same run's launch with another command (a resume from its checkpoint)."""
+    spec = replace(launch.spec, command=command or ("/bin/resume",))
+    return replace(launch, spec=spec, **changes)
+
+
+async def test_an_exited_run_launched_with_another_spec_runs_the_new_one(
+    node: Node, fake: FakeRuntime
+) -> None:
+    """A 0.3.15 console resumes a run with a new command once its job exited: the node
+    removes the exited container and runs the new spec (round 4 answered 409)."""
+    await node.jobs.launch(request("r1", 1))
+    fake.exit("tuneplane-r1", 3)
+
+    again = await node.jobs.launch(other(request("r1", 2)))
+
+    assert isinstance(again, Started) and again.gpus == (0, 1)
+    container = fake.containers["tuneplane-r1"]
+    assert (container.status, container.spec.command) == ("running", ("/bin/resume",))
+    assert fake.calls["run"] == 2
+
+
+async def test_another_spec_is_a_run_conflict_while_the_job_runs_pends_or_is_kept(
+    node: Node, fake: FakeRuntime
+) -> None:
+    """Running, pending, or exited under ``relaunch: false``: another spec is refused
+    naming what differs, and nothing is done; the same spec is the answer."""
+    await node.jobs.launch(request("running"))
+    await node.jobs.launch(request("kept"))
+    fake.exit("tuneplane-kept", 3)
+    await node.jobs.launch(request("pending", image=MISSING))
+    cases = [
+        other(request("running")),
+        other(request("kept"), relaunch=False),
+        other(request("pending", image=MISSING)),
+    ]
+    for launch in cases:
+        with pytest.raises(RunConflict, match=r"\(container\.command differ\)"):
+            await node.jobs.launch(launch)
+
+    kept = await node.jobs.launch(replace(request("kept"), relaunch=False))
+    assert kept == AlreadyExited(3)
+    assert fake.calls["run"] == 2 and fake.containers["tuneplane-kept"].status == "exited"
+
+
+async def test_wreckage_is_replaced_by_a_launch_of_another_spec_even_without_relaunch(
+    node: Node, fake: FakeRuntime
+) -> None:
+    """A container made and never started ran no job: nothing to keep, nothing to
+    conflict with."""
+    wreck = fake.create_outside(request("r1").spec, start=False)
+    result = await node.jobs.launch(other(request("r1"), relaunch=False))
+    assert isinstance(result, Started) and fake.containers["tuneplane-r1"].id != wreck.id
+
+
+@pytest.mark.parametrize("image", [IMAGE, MISSING], ids=["present", "pulled"])
+@pytest.mark.parametrize("command", [(), ("/bin/resume",)], ids=["same", "another"])
+async def test_a_refused_relaunch_leaves_the_exited_job_its_exit_code_and_logs(
+    node: Node, fake: FakeRuntime, image: str, command: tuple[str, ...]
+) -> None:
+    """The relaunch is checked to its cards before the exited container goes (it went
+    first, and a refused relaunch left the run with nothing). ``pulled``: an image
+    gone since, which the relaunch would pull."""
+    fake.images.add(image)
+    await node.jobs.launch(request("r1", 2, image=image))
+    exited = fake.containers["tuneplane-r1"]
+    exited.output.append("epoch 3 saved")
+    fake.exit("tuneplane-r1", 3)
+    await node.jobs.launch(request("r2", 3))
+    fake.images.discard(MISSING)
+    relaunch = request("r1", 2, image=image)
+
+    with pytest.raises(NoCapacity):
+        await node.jobs.launch(other(relaunch, *command) if command else relaunch)
+
+    assert fake.containers["tuneplane-r1"] is exited and exited.exit_code == 3
+    logs = await node.jobs.logs("tuneplane-r1", tail=10)
+    assert logs.text.endswith(" epoch 3 saved\n")
+    assert node.pending.get("tuneplane-r1") is None and await reserved(node) == frozenset()
+
+
+async def test_a_relaunch_whose_exited_container_cannot_go_holds_nothing(
+    node: Node, fake: FakeRuntime
+) -> None:
+    await node.jobs.launch(request("r1"))
+    fake.exit("tuneplane-r1", 3)
+    fake.faults["remove"] = EngineUnavailable(engine="fake", reason="down")
+
+    with pytest.raises(EngineUnavailable):
+        await node.jobs.launch(other(request("r1", 2)))
+
+    assert fake.containers["tuneplane-r1"].exit_code == 3
+    assert await available(node) == (0, 1, 2, 3) and fake.calls["run"] == 1
 
 
 async def test_a_name_held_by_another_run_is_refused_and_left_alone(

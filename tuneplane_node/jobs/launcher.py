@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 
 from tuneplane_node.clock import Clock
@@ -44,6 +44,12 @@ from tuneplane_node.tasks import BackgroundTasks
 from tuneplane_node.wire.values import Launch
 
 log = logging.getLogger(__name__)
+Clear = Callable[[], Awaitable[None]]
+"""What a launch clears before its container is made: a relaunched run's exited one."""
+
+
+async def nothing_to_clear() -> None:
+    """A launch of a run that has no container."""
 
 
 def launch_request(launch: Launch) -> LaunchRequest:
@@ -125,12 +131,19 @@ class Launcher:
         """Unmount a container's staged mounts (its label names them): it is gone."""
         await self.mounts.release(labels)
 
-    async def start(self, request: LaunchRequest) -> Started | Pulling:
+    async def start(
+        self, request: LaunchRequest, *, clear: Clear = nothing_to_clear
+    ) -> Started | Pulling:
         """Run the image that is here (a private one only for credentials it admits:
         `ImageAccessDenied` before anything is made), or pull it first: when it is
         missing, or the pull policy says pull again. The image is resolved to its id
         once, and the container is created from that id: what was checked is what runs.
-        Under disk pressure, nothing: `DiskPressure` (507)."""
+        Under disk pressure, nothing: `DiskPressure` (507).
+
+        ``clear`` is awaited once every check has passed (credentials, the image and
+        volumes they may use, the room, the cards, the mounts staged), just before the
+        container is made or the pull starts: a launch refused before leaves what it
+        would replace as it was."""
         store = request.store if request.store is not None else await self.gc.store()
         self.disk.check_room(store)
         image = request.spec.image
@@ -139,7 +152,7 @@ class Launcher:
         request = await self._resolved(request)
         release = self.volumes.hold(request.spec.volumes)  # no eviction between look and use
         try:
-            return await self._start_held(request, image)
+            return await self._start_held(request, image, clear)
         finally:
             release()
 
@@ -155,7 +168,9 @@ class Launcher:
         spec = replace(request.spec, volumes=resolved.volumes)
         return replace(request, spec=spec, volume_auth=resolved.auth)
 
-    async def _start_held(self, request: LaunchRequest, image: str) -> Started | Pulling:
+    async def _start_held(
+        self, request: LaunchRequest, image: str, clear: Clear
+    ) -> Started | Pulling:
         with self.gc.holds.hold(image):  # no GC run takes it between the look and the use
             info = await self.runtime.image_info(canonical(image))
             present = info is not None or await self._imageless(image)
@@ -163,24 +178,27 @@ class Launcher:
                 await self.images.admit(image, info, request.auth)
             pull = not present or self.images.must_pull(image, request.pull_policy)
             if not pull and not await self.volumes.missing(request.spec.volumes):
-                return await self.start_now(request, info)
+                return await self.start_now(request, info, clear=clear)
             if not pull:
-                return await self.start_pending(request, pull=False)
+                return await self.start_pending(request, pull=False, clear=clear)
             await self.gc.fit(image, request.auth, present=present)  # else 507, nothing held
             await self.images.before_pull(image, request.auth)  # else 507: no record, no pull
-            return await self.start_pending(request)
+            return await self.start_pending(request, clear=clear)
 
     async def _imageless(self, image: str) -> bool:
         """A runtime that has an image it cannot describe: the process runtime's "every
         image is here" (it runs no image). An engine that lacks the image says False."""
         return await self.runtime.image_exists(canonical(image))
 
-    async def start_now(self, request: LaunchRequest, info: ImageInfo | None) -> Started:
+    async def start_now(
+        self, request: LaunchRequest, info: ImageInfo | None, *, clear: Clear = nothing_to_clear
+    ) -> Started:
         """The container, from the image id the reference resolved to, with the cards it
-        was given."""
+        was given; ``clear`` first, once the cards are held and the mounts staged."""
         async with Reservation(self.allocator, request, self.fabric) as cards:
             spec = await self.mounts.staged(await self._placed(_from(request.spec, info), cards))
             try:
+                await clear()
                 container_id = await self.runtime.run(spec)
             except BaseException:
                 await self.mounts.release(spec.labels)  # the launch failed: nothing uses them
@@ -193,12 +211,19 @@ class Launcher:
         )  # fmt: skip
         return Started(container_id[:12], cards)
 
-    async def start_pending(self, request: LaunchRequest, *, pull: bool = True) -> Pulling:
-        """Reserve the cards now (an accepted launch cannot lose them mid-pull), pull the
-        image (``pull``) and fill the volumes in the background, then start the
+    async def start_pending(
+        self, request: LaunchRequest, *, pull: bool = True, clear: Clear = nothing_to_clear
+    ) -> Pulling:
+        """Reserve the cards now (an accepted launch cannot lose them mid-pull), ``clear``,
+        pull the image (``pull``) and fill the volumes in the background, then start the
         container."""
         reservation = Reservation(self.allocator, request, self.fabric)
         await reservation.claim()
+        try:
+            await clear()
+        except BaseException:
+            reservation.release()
+            raise
         record = PendingLaunch(request, accepted=self.clock.monotonic(), needs_pull=pull)
         record.volumes_held = self.volumes.hold(request.spec.volumes)  # until it ends
         self.pending.add(record)

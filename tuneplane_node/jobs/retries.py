@@ -7,6 +7,8 @@ read alike, a map's order does not count); a launch of the run finds the fields 
 differ. Registry credentials are not part of it: a retry with rotated credentials asks
 for the same job, and no digest of a secret is written on a container. A container
 without the label (made by an older node) is taken as the same spec, as 0.3.15 did.
+Another spec is refused only where the run's job is live or kept (`retried`): an exited
+one is launched again with it.
 """
 
 from __future__ import annotations
@@ -48,14 +50,19 @@ def stamped(request: LaunchRequest) -> LaunchRequest:
 
 def retried(state: ContainerState, request: LaunchRequest) -> LaunchResult | None:
     """The answer to a `stamped` launch of the run of ``state`` (a container that
-    exists): idempotent while it runs, or, exited, without ``relaunch``; None: launch it
-    again (exited, or never started). Another run's name, or another spec, raises."""
-    check_run(state.name, state.run_id, state.labels, request)
-    if state.live and not state.never_started:
-        return AlreadyRunning(state.gpus)
-    if not (request.relaunch or state.live or state.never_started):
-        return AlreadyExited(state.exit_code)
-    return None
+    exists); None: launch the request, in place of the container.
+
+    Another run's name raises `NameTaken`. A live job is the answer (idempotent) to its
+    own spec and a `RunConflict` to another. An exited one is launched again whatever
+    the spec, as 0.3.15 did (a console resumes a run from its checkpoint with a new
+    command); without ``relaunch`` it is the answer to its own spec (at most once) and
+    a `RunConflict` to another. Wreckage (never started) is replaced either way: no job
+    of it ever ran."""
+    check_holder(state.name, state.run_id, request)
+    if state.never_started or (request.relaunch and not state.live):
+        return None
+    check_same(state.name, state.labels, request)
+    return AlreadyRunning(state.gpus) if state.live else AlreadyExited(state.exit_code)
 
 
 def check_run(
@@ -63,9 +70,14 @@ def check_run(
 ) -> None:
     """NameTaken when the name is another run's; RunConflict when the run's recorded
     spec (``labels``) is not the request's."""
+    check_holder(ref, holder, request)
+    check_same(ref, labels, request)
+
+
+def check_holder(ref: str, holder: str | None, request: LaunchRequest) -> None:
+    """NameTaken when the name is held by another run than the request's."""
     if holder != request.run_id:
         raise NameTaken(ref=ref, run_id=holder)
-    check_same(ref, labels, request)
 
 
 def check_same(ref: str, labels: Mapping[str, str], request: LaunchRequest) -> None:

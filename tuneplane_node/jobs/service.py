@@ -16,6 +16,7 @@ other. The GPU allocation lock covers only choosing cards and recording the clai
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Iterable
 from datetime import datetime
@@ -100,9 +101,12 @@ class JobService:
         """Start the run's container, or say what is already there.
 
         A live container of the run is the answer itself (idempotent); an exited one, or
-        the wreckage of a launch that died before its start, is removed and launched
-        again (an exited one is the answer without ``relaunch``). A name held by another
-        run is refused, and so is another spec of the same run (`retries`).
+        the wreckage of a launch that died before its start, is replaced by the launch,
+        whatever its spec (an exited one is the answer without ``relaunch``). A name held
+        by another run is refused, and so is another spec of a live or pending job, or of
+        an exited one kept (`retries`). What is replaced goes only once the launch has
+        passed every check of the node (`Launcher.start`): a refused relaunch leaves the
+        exited job, its exit code and logs, as it was.
         """
         ref = request.ref
         request = await self.launcher.vetted(stamped(request))
@@ -118,9 +122,10 @@ class JobService:
             if state.exists and (answer := retried(state, request)) is not None:
                 return answer
             self._check_open()
-            if state.exists:
-                await self.stopper.discard_for_relaunch(state)
-            return await self.launcher.start(request)
+            if not state.exists:
+                return await self.launcher.start(request)
+            clear = functools.partial(self.stopper.discard_for_relaunch, state)
+            return await self.launcher.start(request, clear=clear)
 
     def _check_open(self) -> None:
         if not self.node.open:

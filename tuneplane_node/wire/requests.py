@@ -552,12 +552,16 @@ LAUNCH = Body(
             "relaunch",
             or_empty({"type": "boolean"}),
             "What a launch of a run whose container exited does. `true` (the default, as "
-            'in 0.3.15; also for `""`): the exited container (its exit code and logs) '
-            "is removed and the job launched again. `false`: at most once: the exited "
-            "job is the answer (`phase: exited`, its `exit_code`, `idempotent: true`), "
-            "nothing removed or started. Either way, a launch of a run whose container "
-            "or pending launch exists with another spec is a `409` (`run_conflict`) "
-            "naming the fields that differ, and one with the same spec is idempotent.",
+            'in 0.3.15; also for `""`): the job is launched again, with this launch\'s '
+            "spec, the same or another (a console resumes a run with a new command), and "
+            "the exited container (its exit code and logs) is removed once the launch has "
+            "passed every check of the node (its fields, image and credentials, volumes, "
+            "mounts, cards): a refused relaunch leaves it as it was. `false`: at most "
+            "once: the exited job is the answer to its own spec (`phase: exited`, its "
+            "`exit_code`, `idempotent: true`), nothing removed or started, and another "
+            "spec is a `409` (`run_conflict`) naming the fields that differ. A launch of "
+            "a run whose container runs or whose launch is pending is idempotent with "
+            "the same spec and a `409` (`run_conflict`) with another, either way.",
         ),
     ),
 )

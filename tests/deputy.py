@@ -51,6 +51,7 @@ class Tenant:
     files: dict[str, bytes] = field(default_factory=dict)
     mine: bytes = b""  # what /mine serves to the cookie's holder
     trickle_s: float = 0.2
+    claims: int = 0  # the size /liar says its file is; it sends a MiB of it
     ranges: bool = True
     requests: list[Request] = field(default_factory=list)
     sent: dict[str, int] = field(default_factory=dict)  # body bytes per path
@@ -65,6 +66,7 @@ class Tenant:
         app.router.add_get("/mine", self._mine)
         app.router.add_get("/trickle", self._trickle)
         app.router.add_get("/files/{name}", self._file)
+        app.router.add_get("/liar", self._liar)
         self.runner = web.AppRunner(app)
         await self.runner.setup()
         context = None
@@ -108,6 +110,21 @@ class Tenant:
         while not self.closing.is_set():
             await response.write(b"x")
             await asyncio.sleep(self.trickle_s)
+        return response
+
+    async def _liar(self, request: web.Request) -> web.StreamResponse:
+        """A file of `claims` bytes, its size said as a real server would; a MiB of it
+        comes, then the connection ends (a dropped connection, again and again)."""
+        self._seen(request)
+        if request.headers.get("Range") == "bytes=0-0":
+            headers = {"Content-Range": f"bytes 0-0/{self.claims}"}
+            return web.Response(body=b"x", status=206, headers=headers)
+        response = web.StreamResponse()
+        response.content_length = self.claims
+        await response.prepare(request)
+        await response.write(b"x" * 2**20)
+        self.sent["/liar"] = self.sent.get("/liar", 0) + 2**20
+        request.transport.close() if request.transport is not None else None
         return response
 
     async def _file(self, request: web.Request) -> web.StreamResponse:

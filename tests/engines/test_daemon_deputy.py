@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -249,3 +250,51 @@ async def digests_of(engine: str, image_id: str) -> list[str]:
         return list(info.digests) if info is not None else []
     finally:
         await runtime.close()
+
+
+@pytest.fixture
+def small_store(tmp_path: Path) -> Iterator[Path]:
+    """A 2 GiB ext4 of its own for the volume store (a sparse image, loop-mounted): its
+    free space is what the test makes it."""
+    image, root = tmp_path / "store.img", tmp_path / "store"
+    with image.open("wb") as made:
+        made.truncate(2 * 2**30)
+    subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "0", str(image)], check=True)
+    root.mkdir()
+    subprocess.run(["mount", "-o", "loop", str(image), str(root)], check=True)
+    try:
+        yield root
+    finally:
+        subprocess.run(["umount", str(root)], check=True)
+
+
+def allocated(path: Path, size: int) -> None:
+    """A file of ``size`` bytes of blocks, written by nobody (fallocate: instant)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as made:
+        os.posix_fallocate(made.fileno(), 0, size)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_a_size_claim_that_just_fits_evicts_nothing_its_bytes_did_not_need(
+    make_node: MakeNode, engine: str, ca: Path, tenants: list[Tenant], small_store: Path
+) -> None:
+    """Finding 7: a size claim of the room left plus what eviction could free emptied the
+    cache before the fill failed. Entries go as bytes come, 64 MiB ahead of them: a
+    source that claims 350 MiB and sends a MiB at a time removes nothing."""
+    mib = 2**20
+    total = os.statvfs(small_store).f_blocks * os.statvfs(small_store).f_frsize
+    cached = ["a" * 64, "b" * 64]  # two tenants' entries, 150 MiB each
+    for digest in cached:
+        allocated(small_store / "sha256" / digest, 150 * mib)
+    used = total - os.statvfs(small_store).f_bavail * os.statvfs(small_store).f_frsize
+    allocated(small_store / "other", total * 85 // 100 - used - 100 * mib)  # room: 100 MiB
+    node = await deputy(make_node, engine, ca, volume_root=small_store)
+    liar = tenants[1]
+    liar.claims = 350 * mib  # fits only with both entries gone
+
+    said = await failure_of(node, {"source": f"{liar.url}/liar", "path": "/v", "sha256": "e" * 64})
+
+    assert "cannot be filled" in said, said
+    assert sorted(path.name for path in (small_store / "sha256").iterdir()) == cached
+    assert liar.sent["/liar"] >= mib  # it was admitted, and its bytes came

@@ -90,7 +90,7 @@ async def proof(url: str, store: VolumeStore, digest: str) -> float:
     return elapsed
 
 
-async def _io(call: Callable[..., object], *args: object) -> object:
+async def _io(call: Callable[..., bytes], *args: object) -> bytes:
     return await asyncio.to_thread(call, *args)
 
 
@@ -139,7 +139,7 @@ def main() -> None:
                 probes = [("guarded", guarded_probe), ("plain", plain_probe)]
                 for _ in range(args.probes):
                     for name, probe in probes if number % 2 == 0 else reversed(probes):
-                        times[name].append(timed(lambda probe=probe: probe(url)))
+                        times[name].append(asyncio.run(probe(url)))
                 times["proof"].append(timed(lambda: proof(url, stored, digest)))
                 times["fill"].append(timed(lambda: full_fill(url, work / "store", digest)))
         finally:

@@ -53,6 +53,8 @@ SHAPES: dict[type[client.Answer], tuple[Any, ...]] = {
     client.CardState: (answers.CardStateJson,),
     client.Probe: (answers.ProbeJson,),
     client.Health: (answers.HealthJson,),
+    client.Notice: (answers.NoticeJson,),
+    client.NodeEvent: (answers.NodeEventJson,),
     client.Filesystem: (answers.FilesystemJson,),
     client.LocalDisk: (answers.LocalDiskJson,),
     client.Fabric: (answers.FabricJson,),
@@ -86,7 +88,7 @@ NO_CLASS = {
     "FieldErrorJson": "errors.FieldError",
     "GpuFieldsJson": "part of HealthJson",
 }
-TIMES = ("_at", "since")  # the contract's RFC 3339 times, by their names
+TIMES = ("_at", "since", "deadline")  # the contract's RFC 3339 times, by their names
 
 
 def shapes_of_the_contract() -> dict[str, Any]:

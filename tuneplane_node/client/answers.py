@@ -301,6 +301,35 @@ class Probe(Answer):
 
 
 @dataclass(frozen=True)
+class Notice(Answer):
+    """A notice the node acts on: the cloud's (or the OS's) word that the machine goes
+    away (``ends_jobs``: the node drains for it), or may (it only cordons)."""
+
+    source: str = ""  # aws, gcp, azure, logind
+    kind: str = ""  # preempt, terminate, maintenance, rebalance, shutdown
+    reason: str = ""
+    ends_jobs: bool = False
+    deadline: datetime | None = None  # None: the source gave none
+    since: datetime | None = None
+    detail: str = ""
+
+    convert: ClassVar[Converters] = {"deadline": moment, "since": moment}
+
+
+@dataclass(frozen=True)
+class NodeEvent(Answer):
+    """The node's own change, as a watch tells it: its state, and the notices standing."""
+
+    state: NodeStateName | None = None
+    reason: str | None = None
+    since: datetime | None = None
+    notices: tuple[Notice, ...] = ()
+
+    convert: ClassVar[Converters] = {"state": word(NodeStateName), "since": moment}
+    convert |= {"notices": each(Notice)}
+
+
+@dataclass(frozen=True)
 class Health(Answer):
     """The node's health. A GPU figure is None when the node cannot know it (never 0)."""
 
@@ -333,6 +362,7 @@ class Health(Answer):
     conditions: Conditions | None = None
     job_disk: JobDisk | None = None
     volume_store: VolumeStore | None = None
+    notices: tuple[Notice, ...] = ()  # the cloud's notices the node acts on: reschedule
 
     convert: ClassVar[Converters] = {
         "runtime": one(Runtime),
@@ -341,7 +371,7 @@ class Health(Answer):
     }
     convert |= {"protocols": tuple, "features": tuple, "image_store": one(ImageStore)}
     convert |= {"conditions": one(Conditions), "job_disk": one(JobDisk), "external": tuple}
-    convert |= {"volume_store": one(VolumeStore)}
+    convert |= {"volume_store": one(VolumeStore), "notices": each(Notice)}
     convert |= {"external_pids": lambda pids: {k: tuple(v) for k, v in dict(pids).items()}}
     convert |= {"gpu_detail": each(CardState), "explain": tuple, "gpu_probe": one(Probe)}
     convert |= {"disk": one(Disk), "state_cache": one(Cache)}
@@ -480,8 +510,10 @@ class Jobs(Answer):
     jobs: Mapping[str, JobState] = field(default_factory=dict)
     removed: tuple[str, ...] = ()
     full: bool = True  # the list itself has no "full": it is every job
+    node: NodeEvent | None = None  # a watch's: the node changed (a notice, its state)
 
     convert: ClassVar[Converters] = {"jobs": by_ref(JobState), "removed": tuple}
+    convert |= {"node": one(NodeEvent)}
 
     def apply(self, copy: MutableMapping[str, JobState]) -> None:
         """Bring ``copy`` (ref -> state) to what the node holds as of ``index``."""

@@ -141,6 +141,8 @@ def _health_facts(answer: Mapping[str, Any], now: datetime) -> Table:
     table.add_row("card jobs", card_jobs(answer))
     if isinstance(answer.get("node_state"), Mapping):
         table.add_row("node", node_state(answer["node_state"], now))
+    for notice in answer.get("notices") or []:
+        table.add_row("[red]notice[/]", notice_line(notice))
     runtime = answer.get("runtime") or {}
     table.add_row("engine", f"{runtime.get('name', '?')} {known(runtime.get('version'))}")
     table.add_row("protocol", str(answer.get("protocol")))
@@ -167,6 +169,13 @@ def _health_facts(answer: Mapping[str, Any], now: datetime) -> Table:
         held = rule.get("held_by") or "nothing known yet"
         table.add_row("job disk", f"limit {rule.get('limit')}, held by {held}")
     return table
+
+
+def notice_line(notice: Mapping[str, Any]) -> str:
+    """``preempt: aws spot terminate, by 2026-12-06T10:02:00Z (drains)``."""
+    by = f", by {notice['deadline']}" if notice.get("deadline") else ""
+    acts = "drains" if notice.get("ends_jobs") else "cordons"
+    return f"{notice.get('kind')}: {notice.get('source')} {notice.get('detail', '')}{by} ({acts})"
 
 
 def conditions(shown: Mapping[str, Any]) -> str:

@@ -317,6 +317,8 @@ async def _start_background(app: web.Application, node: Node, *, sweep: bool) ->
         await _sweep_at_start(node)
         tasks.spawn(node.reaper.maintain(), name="wreckage sweep")
     tasks.spawn(node.gc.maintain(), name="image gc")
+    if node.watcher is not None:
+        tasks.spawn(node.watcher.run(), name="cloud notices")
     tasks.spawn(app[TOKENS].watch(), name="token file watch")
     if REGISTRY_AUTH in app:
         tasks.spawn(app[REGISTRY_AUTH].watch(), name="registry auth file watch")

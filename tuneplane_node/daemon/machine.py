@@ -9,11 +9,13 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar, cast
 
+from tuneplane_node.clock import rfc3339
 from tuneplane_node.daemon.render import encode, volume_store_json
 from tuneplane_node.gpu.allocator import Occupancy
 from tuneplane_node.gpu.probe import CardFacts, GpuSnapshot
 from tuneplane_node.inventory import DiskReading, FabricFacts, Filesystem, LocalDisk
 from tuneplane_node.jobs.nodestate import NodeState
+from tuneplane_node.jobs.notices.notice import Standing
 from tuneplane_node.jobs.observe import results
 from tuneplane_node.jobs.observe.results import (
     Inventory,
@@ -39,7 +41,9 @@ from tuneplane_node.wire.answers import (
     IsolationJson,
     JobDiskJson,
     LocalDiskJson,
+    NodeEventJson,
     NodeStateJson,
+    NoticeJson,
     ProbeJson,
 )
 from tuneplane_node.wire.volumes import VolumeStoreJson
@@ -111,6 +115,7 @@ def health_json(status: NodeStatus, *, features: Sequence[str] = ()) -> HealthJs
     answer["job_disk"] = _JOB_DISK.of(status.job_disk)
     answer["volume_store"] = _VOLUME_STORE.of(status.volume_store)
     answer |= {"protocols": list(PROTOCOLS), "features": list(features)}
+    answer["notices"] = _NOTICES.of(status.notices)
     return cast(HealthJson, answer)
 
 
@@ -152,7 +157,7 @@ def _health_parts(status: NodeStatus, features: Sequence[str]) -> tuple[object, 
     return (
         status.engine, status.series, status.disk, status.cache is None, status.occupancy,
         status.error, status.node, status.gpu, status.image_store, status.conditions,
-        status.job_disk, status.volume_store, tuple(features), pending,
+        status.job_disk, status.volume_store, tuple(features), pending, status.notices,
     )  # fmt: skip
 
 
@@ -347,6 +352,25 @@ def node_state_json(node: NodeState) -> NodeStateJson:
     return {"state": node.state, "reason": node.reason, "since": node.since}
 
 
+def notice_json(standing: Standing) -> NoticeJson:
+    notice = standing.notice
+    deadline = rfc3339(notice.deadline) if notice.deadline is not None else None
+    return {
+        "source": notice.source, "kind": notice.kind, "reason": notice.reason,
+        "ends_jobs": notice.ends_jobs, "deadline": deadline,
+        "since": rfc3339(standing.since), "detail": notice.detail,
+    }  # fmt: skip
+
+
+def notices_json(notices: tuple[Standing, ...]) -> list[NoticeJson]:
+    return [notice_json(standing) for standing in notices]
+
+
+def node_event_json(node: NodeState, notices: Sequence[Standing]) -> NodeEventJson:
+    """The node's own change, as a watch tells it."""
+    return {**node_state_json(node), "notices": notices_json(tuple(notices))}
+
+
 def store_json(store: StoreView | None) -> VolumeStoreJson | None:
     return volume_store_json(store) if store is not None else None
 
@@ -358,3 +382,4 @@ _IMAGE_STORE: Last[results.ImageStore, ImageStoreJson] = Last(image_store_json)
 _CONDITIONS: Last[results.Conditions, ConditionsJson] = Last(conditions_json)
 _JOB_DISK: Last[results.DiskRule, JobDiskJson] = Last(job_disk_json)
 _VOLUME_STORE: Last[StoreView | None, VolumeStoreJson | None] = Last(store_json)
+_NOTICES: Last[tuple[Standing, ...], list[NoticeJson]] = Last(notices_json)

@@ -183,6 +183,12 @@ class Metrics(Telemetry):
             "event_loop_lag_seconds", "Worst event-loop delay since the previous scrape."
         )
         self.node_state = gauge("node_state", "1 for the node's state.", ("state",))
+        self.notices = gauge(
+            "notice_deadline_seconds",
+            "A notice the node acts on (the cloud's, the OS's): its deadline, seconds since "
+            "the epoch (NaN: the source gave none).",
+            ("source", "kind"),
+        )
         self.gpu_ready = gauge(
             "gpu_ready",
             "1: a launch asking for cards can run here; 0: it cannot (health's "
@@ -269,6 +275,11 @@ class Metrics(Telemetry):
     async def _read_states(self, node: Node) -> None:
         status = await node.jobs.status()
         self._node_state(status.node.state)
+        self.notices.clear()
+        for standing in status.notices:
+            deadline = standing.notice.deadline
+            seconds = deadline.timestamp() if deadline is not None else float("nan")
+            self.notices.labels(standing.notice.source, standing.notice.kind).set(seconds)
         self.gpu_ready.set(_known(status.gpu.ready))
         self._cache(status.cache)
         store = status.image_store

@@ -218,13 +218,14 @@ def jobs_json(changes: JobChanges, *, watched: bool) -> JobsJson:
     return answer
 
 
-def encode_jobs(changes: JobChanges, *, watched: bool) -> bytes:
+def encode_jobs(changes: JobChanges, *, watched: bool, node: object = None) -> bytes:
     """``encode(jobs_json(...))``, byte for byte, each cached state encoded once (as
     `encode_observe`); the list, once per index: the change log's position names one set
-    of views, so consoles listing a node that did not change get the same bytes."""
+    of views, so consoles listing a node that did not change get the same bytes. A
+    watch's answer carries ``node`` (the node's own change, `NodeEventJson`) when given."""
     if not watched:
         return _LISTING.of(changes)
-    return _encode_jobs(changes, watched=True)
+    return _encode_jobs(changes, watched=True, node=node)
 
 
 class LastListing:
@@ -243,13 +244,17 @@ class LastListing:
 _LISTING = LastListing()
 
 
-def _encode_jobs(changes: JobChanges, *, watched: bool) -> bytes:
+def _encode_jobs(changes: JobChanges, *, watched: bool, node: object = None) -> bytes:
     parts = [_STATES.entry(ref, view) for ref, view in changes.jobs.items()]
     head = b'{"index":' + orjson.dumps(str(changes.index)) + b',"jobs":{' + b",".join(parts)
     if not watched:
         return head + b"}}"
     full = b"true" if changes.full else b"false"
-    return head + b'},"removed":' + orjson.dumps(list(changes.removed)) + b',"full":' + full + b"}"
+    tail = b',"node":' + orjson.dumps(node) if node is not None else b""
+    return (
+        head + b'},"removed":' + orjson.dumps(list(changes.removed)) + b',"full":' + full
+        + tail + b"}"
+    )  # fmt: skip
 
 
 # --- answers: launch and the other verbs -------------------------------------------------

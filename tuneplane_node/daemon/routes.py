@@ -327,7 +327,11 @@ async def jobs(request: web.Request) -> web.Response:
     if result is None:
         return web.Response(status=GONE)
     request.app[METRICS].watch_answered(full=result.full)
-    return encoded(render.encode_jobs(result, watched=True))
+    node = request.app[NODE]
+    event = None
+    if result.node:  # the node itself changed since the cursor: a notice, its state
+        event = machine.node_event_json(node.store.node, node.notices.current())
+    return encoded(render.encode_jobs(result, watched=True, node=event))
 
 
 @api("post", "/node/v1/stats", StatsJson, body=STATS, errors=ENGINE, feature="stats")

@@ -90,10 +90,12 @@ class NodeStateKeeper:
         if node.state == DRAINING:
             self._start_drain()
 
-    async def cordon(self, reason: str | None) -> NodeState:
-        """Refuse new launches; what runs goes on. A draining or drained node stays so."""
+    async def cordon(self, reason: str | None, *, notice: str | None = None) -> NodeState:
+        """Refuse new launches; what runs goes on. A draining or drained node stays so.
+        ``notice``: the notice that cordons it (its withdrawal undoes it), else the
+        operator."""
         if self.node.state in (READY, CORDONED):
-            await self.store.save(self.node.to(CORDONED, reason, self.store.stamp()))
+            await self.store.save(self.node.to(CORDONED, reason, self.store.stamp(), notice=notice))
         return self.node
 
     async def uncordon(self) -> NodeState:
@@ -102,16 +104,33 @@ class NodeStateKeeper:
         await self.store.save(self.node.to(READY, None, self.store.stamp()))
         return self.node
 
-    async def drain(self, reason: str | None, plan: StopPlan) -> NodeState:
+    async def withdrawn(self, notice: str) -> NodeState:
+        """The notice that made the node's state is withdrawn: the node takes launches
+        again (a drain of it ends: stops already sent stand). A state the operator made
+        since, or another notice's, stays."""
+        if self.node.notice == notice:
+            await self.uncordon()
+        return self.node
+
+    async def drain(
+        self,
+        reason: str | None,
+        plan: StopPlan,
+        *,
+        notice: str | None = None,
+        stopping_as: str | None = None,
+    ) -> NodeState:
         """Cordon, then cancel every pending launch and stop every running job as the
         plan says (its warning, the job's stop signal, SIGKILL after the grace period),
-        in the background: draining, then drained."""
+        in the background: draining, then drained. ``notice``: the notice that drains it,
+        else the operator; ``stopping_as``: how its stops are noted (``drain: <reason>``)."""
         grace = self.settings.local_stop_timeout if plan.grace is None else plan.grace
         await self.close()
-        draining = self.node.to(DRAINING, reason, self.store.stamp())
+        draining = self.node.to(DRAINING, reason, self.store.stamp(), notice=notice)
         draining = replace(
-            draining, grace_s=grace, warn_signal=plan.warn_signal, warn_s=plan.warn_s
-        )
+            draining, grace_s=grace, warn_signal=plan.warn_signal, warn_s=plan.warn_s,
+            stopping_as=stopping_as,
+        )  # fmt: skip
         await self.store.save(draining)
         self._start_drain()
         return self.node
@@ -126,14 +145,16 @@ class NodeStateKeeper:
         self._drain = self.tasks.spawn(self._drain_node(), name="drain")
 
     async def _drain_node(self) -> None:
-        why = f"drain: {self.node.reason or 'no reason given'}"
+        why = self.node.stopping_as or f"drain: {self.node.reason or 'no reason given'}"
         node = self.node
         grace = node.grace_s if node.grace_s is not None else 0.0
         plan = StopPlan(grace=grace, warn_signal=node.warn_signal, warn_s=node.warn_s)
         while (outcome := await self._drain_once(why, plan)) is not DrainPass.DRAINED:
             await self.clock.sleep(outcome.pause_s)
         log.info("node drained%s", _because(self.node.reason))
-        drained = self.node.to(DRAINED, self.node.reason, self.store.stamp())
+        drained = self.node.to(
+            DRAINED, self.node.reason, self.store.stamp(), notice=self.node.notice
+        )
         with contextlib.suppress(NodeError):  # the engine down: prune next time
             drained = drained.keeping(s.handle for s in await self.runtime.ps())
         try:

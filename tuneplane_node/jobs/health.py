@@ -17,6 +17,7 @@ from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.gpu.readiness import GpuReadiness
 from tuneplane_node.jobs.images.gc import ImageCollector
 from tuneplane_node.jobs.nodestate import NodeState
+from tuneplane_node.jobs.notices.notice import Standing
 from tuneplane_node.jobs.observe.results import (
     Conditions,
     DiskRule,
@@ -57,6 +58,7 @@ class HealthReader:
         self.cards_refused: Callable[[], str | None] = lambda: None
         # The volume store now (the service says where); None: not known.
         self.volume_store: Callable[[], Awaitable[StoreView | None]] = _unknown
+        self.notices: Callable[[], tuple[Standing, ...]] = tuple  # the cloud's, the OS's
         self._tasks = BackgroundTasks(log)
         self._host = KeptReading(
             lambda: conditions(ImageStore()),  # the pressure is the caller's store's
@@ -101,6 +103,7 @@ class HealthReader:
             conditions=await self.conditions(store),
             job_disk=self.disk_rule(),
             volume_store=await self.volume_store(),
+            notices=self.notices(),
         )
 
     async def conditions(self, store: ImageStore) -> Conditions:

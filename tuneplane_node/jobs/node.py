@@ -33,6 +33,8 @@ from tuneplane_node.jobs.mounts.policy import MountPolicy
 from tuneplane_node.jobs.mounts.scratch import ScratchSpaces
 from tuneplane_node.jobs.mounts.staging import MountStaging
 from tuneplane_node.jobs.nodestate import NodeStateStore
+from tuneplane_node.jobs.notices.reactor import NoticeReactor
+from tuneplane_node.jobs.notices.watcher import NoticeWatcher, watching
 from tuneplane_node.jobs.observe.logs import LogsReader
 from tuneplane_node.jobs.observe.stats import StatsSampler
 from tuneplane_node.jobs.observe.views import StoppedViews
@@ -86,6 +88,8 @@ class Node:
     sampler: StatsSampler  # the usage samples
     rules: JobRules  # what a job is confined to
     isolation: Isolation
+    notices: NoticeReactor  # the cloud's (and the OS's) notices, turned into drains
+    watcher: NoticeWatcher | None  # the cloud's metadata service, where one is watched
 
     async def start(self) -> None:
         """Before the first request: the ledger, the private record it backs, the node
@@ -180,6 +184,12 @@ def build_node(
     health.held_by = lambda: monitor.held_by
     health.cards_refused = rules.card_jobs_refused
     health.volume_store = volumes.reading
+    notices = NoticeReactor(
+        keeper, clock=clock, margin_s=settings.cloud_notice_margin_s,
+        stop_s=lifecycle.local_stop_timeout,
+    )  # fmt: skip
+    notices.listeners.append(changes.node_changed)  # a console's watch hears each notice
+    health.notices = notices.current
     reader = LogsReader(runtime, observe, own=own, pending=pending)
     sampler = StatsSampler(runtime, allocator, interval_s=observe.stats_interval_s, clock=clock)
     jobs = JobService(
@@ -195,4 +205,5 @@ def build_node(
         mounts=mounts,
         store=store, stopper=stopper, reaper=reaper, keeper=keeper, monitor=monitor,
         health=health, reader=reader, sampler=sampler, rules=rules, isolation=isolation,
+        notices=notices, watcher=watching(settings, reactor=notices, clock=clock),
     )  # fmt: skip

@@ -42,7 +42,10 @@ NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 @dataclass(frozen=True)
 class NodeState:
     """``since``: RFC 3339 UTC of the last change of ``state``; ``grace_s`` and the
-    warning (``warn_signal``, ``warn_s``): a drain's, which a resumed drain stops with."""
+    warning (``warn_signal``, ``warn_s``): a drain's, which a resumed drain stops with;
+    ``notice``: the key of the cloud's (or the OS's) notice that made this state, which
+    its withdrawal undoes, None where the operator made it; ``stopping_as``: what a
+    drain's stops are noted as (None: ``drain: <reason>``)."""
 
     state: str = READY
     reason: str | None = None
@@ -50,6 +53,8 @@ class NodeState:
     grace_s: float | None = None
     warn_signal: str | None = None
     warn_s: float | None = None
+    notice: str | None = None
+    stopping_as: str | None = None
     stop_reasons: Mapping[str, str] = field(default_factory=dict)  # container id (or name) -> why
     disk_used: Mapping[str, int] = field(default_factory=dict)  # id -> bytes when stopped for them
 
@@ -58,10 +63,13 @@ class NodeState:
         """Whether new launches are taken."""
         return self.state == READY
 
-    def to(self, state: str, reason: str | None, since: str) -> NodeState:
-        """The next state; ``since`` moves only when the state itself changes."""
+    def to(
+        self, state: str, reason: str | None, since: str, *, notice: str | None = None
+    ) -> NodeState:
+        """The next state, made by the operator or by ``notice``; ``since`` moves only
+        when the state itself changes."""
         moved = since if state != self.state else self.since
-        return replace(self, state=state, reason=reason, since=moved)
+        return replace(self, state=state, reason=reason, since=moved, notice=notice)
 
     def stopped(
         self, container_ids: Iterable[str], reason: str, *, disk_used: int | None = None
@@ -205,6 +213,8 @@ def _parse(raw: bytes) -> NodeState:
         grace_s=_optional_seconds(data.get("grace_s")),
         warn_signal=warn_signal,
         warn_s=_optional_seconds(data.get("warn_s")) if warn_signal else None,
+        notice=_optional_str(data.get("notice")),
+        stopping_as=_optional_str(data.get("stopping_as")),
         stop_reasons=reasons,
         disk_used=used,
     )
@@ -230,6 +240,8 @@ def _unparse(state: NodeState) -> dict[str, Any]:
         "grace_s": state.grace_s,
         "warn_signal": state.warn_signal,
         "warn_s": state.warn_s,
+        "notice": state.notice,
+        "stopping_as": state.stopping_as,
         "stop_reasons": dict(state.stop_reasons),
         "disk_used": dict(state.disk_used),
     }

@@ -316,13 +316,16 @@ class Session:
         headers: Mapping[str, str],
         limit: int,
         form: Mapping[str, str] | None = None,
+        body: bytes | None = None,
     ) -> Answer:
         """A small request's whole answer (a manifest, a token; ``form``: a POST's
-        fields): its status, headers and up to ``limit`` bytes of body (more is a
-        `VolumeFillFailed`). A connection that cannot be made is a retryable failure."""
+        fields, or ``body``: its bytes): its status, headers and up to ``limit`` bytes of
+        body (more is a `VolumeFillFailed`). A connection that cannot be made is a
+        retryable failure."""
         said = shown(url)
+        sent = form if form is not None else body
         with _translated(said):
-            async with self._followed(method, url, dict(headers), form, said=said) as response:
+            async with self._followed(method, url, dict(headers), sent, said=said) as response:
                 body = await response.content.read(limit + 1)
                 if len(body) > limit:
                     raise VolumeFillFailed(source=said, reason=f"an answer past {limit} bytes")
@@ -340,7 +343,7 @@ class Session:
         method: str,
         url: str,
         headers: dict[str, str],
-        form: Mapping[str, str] | None = None,
+        form: Mapping[str, str] | bytes | None = None,
         *,
         said: str,
     ) -> AsyncIterator[aiohttp.ClientResponse]:

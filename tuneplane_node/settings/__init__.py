@@ -24,6 +24,7 @@ from tuneplane_node.settings.node import (
     NodeSettings,
     load_settings,
 )
+from tuneplane_node.settings.notices import NoticeSettings
 from tuneplane_node.settings.problems import (
     SECRET_FIELDS,
     describe_settings_error,
@@ -69,6 +70,7 @@ __all__ = [
     "JobSettings",
     "LifecycleSettings",
     "NodeSettings",
+    "NoticeSettings",
     "ObserveSettings",
     "VolumeSettings",
     "VolumeStoreSettings",

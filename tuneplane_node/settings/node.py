@@ -21,6 +21,7 @@ from pydantic_settings import SettingsConfigDict, SettingsError
 from tuneplane_node.errors import ConfigError
 from tuneplane_node.settings.fabric import Fabric
 from tuneplane_node.settings.jobs import JobSettings
+from tuneplane_node.settings.notices import NoticeSettings
 from tuneplane_node.settings.problems import describe_settings_error, describe_validation
 from tuneplane_node.settings.values import (
     DAY,
@@ -57,7 +58,7 @@ NEVER_MOUNTED = tuple(
 NEVER_UNDER = tuple(Path(p) for p in ("/proc", "/sys", "/dev", "/etc", "/boot"))
 
 
-class NodeSettings(VolumeStoreSettings, JobSettings):
+class NodeSettings(NoticeSettings, VolumeStoreSettings, JobSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
         env_file=".env",

@@ -98,9 +98,35 @@ class ObserveJson(TypedDict):
     states: dict[str, StateJson]
 
 
+class NoticeJson(TypedDict):
+    """A notice the node acts on: the cloud's (or the OS's) word that the machine goes
+    away, or may. ``kind``: ``preempt``, ``terminate``, ``maintenance``, ``rebalance`` or
+    ``shutdown``; ``ends_jobs``: whether the node drains for it (else it only cordons);
+    ``deadline``: when the machine goes (null: the source gave none); ``since``: when
+    the node heard it."""
+
+    source: str
+    kind: str
+    reason: str
+    ends_jobs: bool
+    deadline: str | None
+    since: str
+    detail: str
+
+
+class NodeEventJson(TypedDict):
+    """The node's own change, as a watch hears it: its state and the notices standing."""
+
+    state: NodeStateName
+    reason: str | None
+    since: str | None
+    notices: list[NoticeJson]
+
+
 class _JobsWatched(TypedDict, total=False):
     removed: list[str]  # with index: the refs gone since it
     full: bool  # with index: true when ``jobs`` is every job (the cursor was too old)
+    node: NodeEventJson  # with index: the node itself changed since (a notice, its state)
 
 
 class JobsJson(_JobsWatched):
@@ -334,6 +360,9 @@ class HealthJson(GpuFieldsJson, _HealthOptional):
     features: list[str]
     volume_store: VolumeStoreJson | None
     """The node's volume store (`GET /node/v1/volumes`' figures); null when not known."""
+    notices: list[NoticeJson]
+    """The cloud's (or the OS's) notices the node acts on, the most urgent first: a
+    console reschedules by them before the machine is gone."""
 
 
 class FilesystemJson(TypedDict):

@@ -11,6 +11,7 @@ from tuneplane_node.gpu.probe import GpuSnapshot
 from tuneplane_node.gpu.readiness import NO_CARDS, GpuReadiness
 from tuneplane_node.inventory import DiskReading, MachineFacts, Space
 from tuneplane_node.jobs.nodestate import NodeState
+from tuneplane_node.jobs.notices.notice import Standing
 from tuneplane_node.jobs.volumes.room import StoreView
 from tuneplane_node.runtime.base import CacheStatus, ContainerState, PullProgress, RegistryAuth
 from tuneplane_node.runtime.facts import RuntimeHealth
@@ -231,12 +232,14 @@ JobView = ContainerState | StoppedView | PendingView
 @dataclass(frozen=True)
 class JobChanges:
     """Jobs as the change log holds them at ``index``: every job (``full``), or those
-    changed since the cursor asked with, and the refs gone since (``removed``)."""
+    changed since the cursor asked with, and the refs gone since (``removed``);
+    ``node``: the node itself changed since (a notice, its state)."""
 
     index: Cursor
     jobs: Mapping[str, JobView]
     removed: tuple[str, ...] = ()
     full: bool = True
+    node: bool = True
 
 
 Own = Callable[[str], Awaitable[ContainerState]]
@@ -337,6 +340,7 @@ class NodeStatus:
     conditions: Conditions = Conditions()
     job_disk: DiskRule = DiskRule()
     volume_store: StoreView | None = None  # None: not known (the CLI's inventory)
+    notices: tuple[Standing, ...] = ()  # the cloud's (or the OS's), most urgent first
 
     @property
     def ok(self) -> bool:

@@ -75,6 +75,7 @@ class ChangeLog:
         self._entries: OrderedDict[str, int] = OrderedDict()  # ref -> its latest change
         self._views: dict[str, JobView] = {}  # every job, as last read
         self._floor = 0  # the newest change dropped from the history
+        self._node_at = 0  # the node's latest change (its state, its notices)
         self._dirty: set[str] = set()
         self._everything = True  # read every job: at first, and after a sync of the cache
         self._unavailable: NodeError | None = None  # why the last read failed
@@ -102,6 +103,13 @@ class ChangeLog:
         """The ref may read differently now."""
         self._dirty.add(ref)
         self._kick()
+
+    def node_changed(self) -> None:
+        """The node itself changed (a notice came or went, its state with it): a change
+        every waiting query hears, as a node event."""
+        self.position += 1
+        self._node_at = self.position
+        self._wake()
 
     def progressed(self, ref: str) -> None:
         """A pending launch's pull moved: a change now, or a second after the last one."""
@@ -277,7 +285,8 @@ class ChangeLog:
         changed.reverse()
         jobs = {ref: self._views[ref] for ref in changed if ref in self._views}
         removed = tuple(ref for ref in changed if ref not in self._views)
-        return JobChanges(self.cursor, jobs, removed, full=False)
+        node = self._node_at > cursor.position
+        return JobChanges(self.cursor, jobs, removed, full=False, node=node)
 
     # --- shutdown ---------------------------------------------------------------------
 

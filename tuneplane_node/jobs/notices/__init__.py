@@ -1,0 +1,1 @@
+"""The cloud's notices and the machine's shutdown, turned into warned drains."""

@@ -69,6 +69,8 @@ SDKS = {
     # The consoles' client: its two clients, and the one place its errors are translated.
     "httpx": {"client/aio.py", "client/sync.py", "client/endpoint.py"},
     "orjson": {"daemon/render.py"},
+    # systemd-logind on the system bus: the OS's shutdown, a delay lock (issue 54).
+    "jeepney": {"runtime/logind.py"},
 }
 
 

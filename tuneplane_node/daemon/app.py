@@ -319,6 +319,8 @@ async def _start_background(app: web.Application, node: Node, *, sweep: bool) ->
     tasks.spawn(node.gc.maintain(), name="image gc")
     if node.watcher is not None:
         tasks.spawn(node.watcher.run(), name="cloud notices")
+    if node.shutdown is not None:
+        tasks.spawn(node.shutdown.run(), name="shutdown inhibitor")
     tasks.spawn(app[TOKENS].watch(), name="token file watch")
     if REGISTRY_AUTH in app:
         tasks.spawn(app[REGISTRY_AUTH].watch(), name="registry auth file watch")

@@ -34,6 +34,7 @@ from tuneplane_node.jobs.mounts.scratch import ScratchSpaces
 from tuneplane_node.jobs.mounts.staging import MountStaging
 from tuneplane_node.jobs.nodestate import NodeStateStore
 from tuneplane_node.jobs.notices.reactor import NoticeReactor
+from tuneplane_node.jobs.notices.shutdown import ShutdownWatcher
 from tuneplane_node.jobs.notices.watcher import NoticeWatcher, watching
 from tuneplane_node.jobs.observe.logs import LogsReader
 from tuneplane_node.jobs.observe.stats import StatsSampler
@@ -90,6 +91,7 @@ class Node:
     isolation: Isolation
     notices: NoticeReactor  # the cloud's (and the OS's) notices, turned into drains
     watcher: NoticeWatcher | None  # the cloud's metadata service, where one is watched
+    shutdown: ShutdownWatcher | None  # the OS's shutdown, heard from systemd-logind
 
     async def start(self) -> None:
         """Before the first request: the ledger, the private record it backs, the node
@@ -206,4 +208,7 @@ def build_node(
         store=store, stopper=stopper, reaper=reaper, keeper=keeper, monitor=monitor,
         health=health, reader=reader, sampler=sampler, rules=rules, isolation=isolation,
         notices=notices, watcher=watching(settings, reactor=notices, clock=clock),
+        shutdown=(
+            ShutdownWatcher(notices, clock=clock) if settings.shutdown_inhibit == "auto" else None
+        ),
     )  # fmt: skip

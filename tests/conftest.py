@@ -28,6 +28,7 @@ from tests.helpers import (
     ServedAsServe,
     ThrottlingProxy,
     ThrowawayDocker,
+    ThrowawayPodman,
     TrackingRuntime,
     engine_missing,
     engine_settings,
@@ -371,6 +372,42 @@ async def throwaway_docker() -> AsyncIterator[ThrowawayDocker]:
         yield engine
     finally:
         await asyncio.to_thread(engine.close)
+
+
+@pytest.fixture
+async def netns_docker() -> AsyncIterator[ThrowawayDocker]:
+    """A Docker engine with its bridge and firewall rules, in network namespaces of its
+    own (`ThrowawayDocker` ``netns=True``), the outside world's servers listening."""
+    if os.geteuid() != 0 or not (shutil.which("dockerd") and shutil.which("nsenter")):
+        engine_missing("a docker engine in a network namespace", "root, dockerd, nsenter")
+    await asyncio.to_thread(ThrowawayDocker.clear_stale)
+    engine = ThrowawayDocker(netns=True)
+    try:
+        await asyncio.to_thread(engine.start)
+        await asyncio.to_thread(engine.load_test_image)
+        await asyncio.to_thread(engine.listen_outside)
+        yield engine
+    finally:
+        await asyncio.to_thread(engine.close)
+
+
+def podman_in_namespaces(beside: ThrowawayDocker | None = None) -> ThrowawayPodman:
+    """A podman service of its own in network namespaces (its own, or ``beside``'s), the
+    test image loaded and, in namespaces of its own, the outside world's servers
+    listening; the caller closes it."""
+    if os.geteuid() != 0 or not (shutil.which("podman") and shutil.which("nsenter")):
+        engine_missing("a podman service in a network namespace", "root, podman, nsenter")
+    ThrowawayPodman.clear_stale()
+    engine = ThrowawayPodman(beside=beside)
+    try:
+        engine.start()
+        engine.load_test_image()
+        if beside is None:
+            engine.net.listen()
+    except BaseException:
+        engine.close()
+        raise
+    return engine
 
 
 @pytest.fixture

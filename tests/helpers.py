@@ -122,14 +122,22 @@ def full_docker_host() -> str:
 class Namespaces:
     """A network namespace of an engine's own (loopback up) and a second one, "the outside
     world", joined by a veth pair: an engine run there gets its bridges and firewall rules
-    without touching the machine's own interfaces and rules. `listen` serves `OUTSIDE` on
-    `OUTSIDE_PORT` and every address of the engine's namespace on `HOST_PORT`; ``pids``
-    records the listeners, for a `close` by a later process."""
+    without touching the machine's own interfaces and rules. The engine's default route
+    goes to the outside one, as a cloud machine's to its gateway, and the outside one
+    holds a cloud's addresses too: its metadata service (`METADATA`), a machine of the
+    LAN (`LAN`) and another there the operator lets jobs reach (`MIRROR`). `listen`
+    serves `OUTSIDE` on `OUTSIDE_PORT`, every address of the engine's namespace on
+    `HOST_PORT`, and every address of the outside one on `CLOUD_PORTS` (each answer is
+    the address reached); ``pids`` records the listeners, for a `close` by a later
+    process."""
 
     OUTSIDE = "198.51.100.2"  # TEST-NET-2: the outside namespace's end of the veth pair
     ENGINE_SIDE = "198.51.100.1"
     OUTSIDE_PORT = 8000
     HOST_PORT = 8001
+    METADATA = "169.254.169.254"
+    LAN, MIRROR = "203.0.113.10", "203.0.113.20"  # TEST-NET-3: this machine's LAN, say
+    CLOUD_PORTS = (80, 53)  # the metadata service's HTTP, a name server's TCP
 
     def __init__(self, name: str, pids: Path) -> None:
         self.namespace = f"tp-{name}"  # `ip netns` names, made and deleted here
@@ -157,6 +165,9 @@ class Namespaces:
             ["ip", "-n", self.outside, "addr", "add", f"{self.OUTSIDE}/30", "dev", f"{veth}o"],
             ["ip", "-n", self.namespace, "link", "set", veth, "up"],
             ["ip", "-n", self.outside, "link", "set", f"{veth}o", "up"],
+            ["ip", "-n", self.namespace, "route", "add", "default", "via", self.OUTSIDE],
+            *(["ip", "-n", self.outside, "addr", "add", f"{cloud}/32", "dev", "lo"]
+              for cloud in (self.METADATA, self.LAN, self.MIRROR)),
         ):  # fmt: skip
             subprocess.run(command, check=True, capture_output=True)
 
@@ -167,11 +178,16 @@ class Namespaces:
         self.listeners = [
             self._listen(self.outside, self.OUTSIDE, self.OUTSIDE_PORT, "outside"),
             self._listen(self.namespace, "0.0.0.0", self.HOST_PORT, "host"),
+            *(self._listen(self.outside, "0.0.0.0", port, None) for port in self.CLOUD_PORTS),
         ]
         self.pids.write_text("\n".join(str(listener.pid) for listener in self.listeners))
 
     @staticmethod
-    def _listen(namespace: str, address: str, port: int, word: str) -> subprocess.Popen[bytes]:
+    def _listen(
+        namespace: str, address: str, port: int, word: str | None
+    ) -> subprocess.Popen[bytes]:
+        """A server answering ``word`` (None: the address it was reached at) and closing."""
+        answer = "c.getsockname()[0].encode()" if word is None else repr(word.encode())
         server = (
             "import socket\n"
             "s = socket.socket()\n"
@@ -181,7 +197,7 @@ class Namespaces:
             "print('listening', flush=True)\n"
             "while True:\n"
             "    c, _ = s.accept()\n"
-            f"    c.sendall(b'{word}\\n')\n"
+            f"    c.sendall({answer} + b'\\n')\n"
             "    c.close()\n"
         )
         listener = subprocess.Popen(
@@ -363,12 +379,17 @@ class ThrowawayPodman:
     `engines.sh`'s own services), the test image loaded from the suite's service; removed
     with everything on it."""
 
-    def __init__(self, name: str | None = None) -> None:
+    def __init__(self, name: str | None = None, *, beside: ThrowawayDocker | None = None) -> None:
+        """``beside``: in that engine's namespaces (which it keeps and removes), as two
+        engines of one machine share its network namespace."""
         self.name = name or f"throwpod-{uuid.uuid4().hex[:8]}"
         self.root = DEV_ROOT / self.name
         self.run_root = RUN_DIR / f"{self.name}-run"
         self.socket = self.run_root / "podman.sock"
-        self.net = Namespaces(self.name, self.run_root / "listener")
+        self.owns_net = beside is None
+        self.net = (
+            Namespaces(self.name, self.run_root / "listener") if beside is None else beside.net
+        )
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -486,7 +507,8 @@ class ThrowawayPodman:
         self._stop()
         for name in made:
             shutil.rmtree(Path("/var/lib/cni/networks") / name, ignore_errors=True)
-        self.net.close()
+        if self.owns_net:
+            self.net.close()
         _remove_roots(self.run_root, self.root)
 
     def _leased_networks(self) -> set[str]:

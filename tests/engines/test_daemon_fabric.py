@@ -21,7 +21,6 @@ import podman
 import pytest
 
 from tests.conftest import MakeNode
-from tests.engines.test_daemon_jobnet import netns_docker  # noqa: F401 (the fixture)
 from tests.helpers import Console, ThrowawayDocker, engine_missing, podman_url
 from tuneplane_node import inventory
 from tuneplane_node.runtime.base import LABEL_FABRIC_ADDRESS
@@ -48,7 +47,7 @@ def an_hca(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def fabric_docker(netns_docker: ThrowawayDocker) -> ThrowawayDocker:  # noqa: F811 (the fixture)
+def fabric_docker(netns_docker: ThrowawayDocker) -> ThrowawayDocker:
     """A Docker engine in a network namespace of its own, with a veth 'fabric' there (the
     namespace, and the pair in it, go with the engine)."""
     for command in (

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import shutil
 import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -23,13 +21,12 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import MakeNode
+from tests.conftest import MakeNode, podman_in_namespaces
 from tests.helpers import (
     IMAGE,
     Console,
     ThrowawayDocker,
     ThrowawayPodman,
-    engine_missing,
     engine_settings,
     job,
     unique,
@@ -73,22 +70,6 @@ def reach(peer: str, **also: str) -> list[str]:
         f"echo {word}=$(nc -w 3 {where} </dev/null 2>&1)" for word, where in tries.items()
     )
     return ["/bin/sh", "-c", script]
-
-
-@pytest.fixture
-async def netns_docker() -> AsyncIterator[ThrowawayDocker]:
-    """A Docker engine with its bridge and firewall rules, in namespaces of its own."""
-    if os.geteuid() != 0 or not (shutil.which("dockerd") and shutil.which("nsenter")):
-        engine_missing("a docker engine in a network namespace", "root, dockerd, nsenter")
-    await asyncio.to_thread(ThrowawayDocker.clear_stale)
-    engine = ThrowawayDocker(netns=True)
-    try:
-        await asyncio.to_thread(engine.start)
-        await asyncio.to_thread(engine.load_test_image)
-        await asyncio.to_thread(engine.listen_outside)
-        yield engine
-    finally:
-        await asyncio.to_thread(engine.close)
 
 
 def address_of(engine: ThrowawayDocker, ref: str) -> str:
@@ -176,14 +157,8 @@ PUBLISHED = 7000
 def netns_podman() -> Iterator[ThrowawayPodman]:
     """A podman service in namespaces of its own, for the module's podman tests, with a
     container of someone else's on its default network, publishing `PUBLISHED`."""
-    if os.geteuid() != 0 or not (shutil.which("podman") and shutil.which("nsenter")):
-        engine_missing("a podman service in a network namespace", "root, podman, nsenter")
-    ThrowawayPodman.clear_stale()
-    engine = ThrowawayPodman()
+    engine = podman_in_namespaces()
     try:
-        engine.start()
-        engine.load_test_image()
-        engine.net.listen()
         engine.podman(
             "run", "-d", "--name", "tp-other", "-p", f"{PUBLISHED}:{PUBLISHED}",
             # -ll: a server that answers every connection, never between two (a loop of

@@ -28,7 +28,7 @@ def answers(monkeypatch: pytest.MonkeyPatch, *codes: int) -> list[list[str]]:
         asked.append(command)
         return subprocess.CompletedProcess(command, left.pop(0), "", "refused")
 
-    monkeypatch.setattr(hostguard, "_run", run)
+    monkeypatch.setattr(hostguard, "run", run)
     return asked
 
 
@@ -92,7 +92,7 @@ def listing(monkeypatch: pytest.MonkeyPatch, text: str) -> list[list[str]]:
         found = "-S" in command
         return subprocess.CompletedProcess(command, int("-C" in command), text if found else "")
 
-    monkeypatch.setattr(hostguard, "_run", run)
+    monkeypatch.setattr(hostguard, "run", run)
     return asked
 
 
@@ -171,7 +171,7 @@ def test_podmans_iptables_is_the_one_holding_its_chains(
         chains = "-N CNI-FORWARD\n" if command[2] == "iptables-legacy" else "-P FORWARD ACCEPT\n"
         return subprocess.CompletedProcess(command, 0, chains, "")
 
-    monkeypatch.setattr(hostguard, "_run", run)
+    monkeypatch.setattr(hostguard, "run", run)
     monkeypatch.setattr(hostguard, "PROC", tmp_path)
     (tmp_path / "42" / "net").mkdir(parents=True)
     (tmp_path / "42" / "net" / "ip_tables_names").write_text("")

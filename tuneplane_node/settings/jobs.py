@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, IPvAnyNetwork, field_validator
 from pydantic_settings import BaseSettings
 
 from tuneplane_node.settings.values import GIB, share_of, size_from
@@ -66,6 +66,21 @@ class JobSettings(BaseSettings):
     internal network: docker's ``tuneplane-jobs-sealed``); ``bridge``, the engine's
     default bridge, shared with every other container there (0.3.15's). Observe's
     ``network`` says which."""
+    job_egress_rule: bool = True
+    """The node's egress rule for the jobs of its job networks (and host-network jobs,
+    where the kernel can match them by cgroup): no new connection to the cloud's metadata
+    service (``169.254.0.0/16``, ``100.100.100.200``, ``fe80::/10``, ``fd00:ec2::254``),
+    to ``TUNEPLANE_JOB_EGRESS_DENY``, nor to this machine's other bridges (out only
+    through the engine namespace's default route). ``false``: none (a job reaches
+    whatever its engine lets it, the metadata service included)."""
+    job_egress_deny: list[IPvAnyNetwork] = []
+    """Networks (CIDRs, JSON list) no job of the node's job networks may open a new
+    connection to, beside the metadata service: the machine's LAN, RFC 1918,
+    ``100.64.0.0/10``."""
+    job_egress_allow: list[IPvAnyNetwork] = []
+    """Networks (CIDRs, JSON list) the jobs may reach before any denial of the egress
+    rule: an internal mirror, a dataset server (also through another interface than the
+    default route's)."""
     job_log_max_bytes: int = Field(10 * 2**20, ge=64 * 2**10, le=2**40)
     """Bytes of a job's log file before the engine rotates it (podman, which keeps one
     file, truncates at this times the file count)."""

@@ -7,6 +7,7 @@ close. The rest is `EngineRuntime`'s.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
@@ -20,6 +21,7 @@ import docker.types
 import requests.exceptions
 import urllib3.exceptions
 
+from tuneplane_node.errors import NodeError
 from tuneplane_node.runtime.base import LABEL_FABRIC_ADDRESS, Brief, ContainerState
 from tuneplane_node.runtime.engines import dockerformat as fmt
 from tuneplane_node.runtime.engines.engine import (
@@ -31,6 +33,11 @@ from tuneplane_node.runtime.engines.engine import (
 )
 from tuneplane_node.runtime.engines.isolation import registered
 from tuneplane_node.runtime.engines.networks import hostguard
+from tuneplane_node.runtime.engines.networks.egress import (
+    DOCKER_USER,
+    EgressPolicy,
+    EgressRule,
+)
 from tuneplane_node.runtime.engines.networks.jobnetwork import (
     FABRIC_KIND,
     LABEL_NODE_NETWORK,
@@ -223,11 +230,15 @@ class DockerRuntime(EngineRuntime, errors=ERRORS):
 
     def _guard_host(self, name: str, network: dict[str, Any]) -> None:
         """The rule that keeps the network's jobs off this machine's ports (`hostguard`),
-        once per engine and network; where it cannot hold, said once in the log."""
+        once per engine and network, and the egress rule (`egress`), once per runtime
+        and network (its settings'); where either cannot hold, said once in the log."""
         address, interface = (
             self.settings.engine_address(ENGINE),
             hostguard.bridge_interface(network),
         )
+        if interface not in self.egress_held:
+            self.egress_held.add(interface)
+            self.egress.hold(interface, ipv6=bool(network.get("EnableIPv6")))
         if (address, interface) in GUARDED:
             return
         GUARDED.add((address, interface))
@@ -235,6 +246,29 @@ class DockerRuntime(EngineRuntime, errors=ERRORS):
         why = hostguard.guard(pid, interface) if pid else why
         if why is not None:
             log.warning("the jobs on %s can open this machine's ports: %s", name, why)
+
+    @functools.cached_property
+    def egress(self) -> EgressRule:
+        """The egress rule of the node's networks (`egress`): jumped to from DOCKER-USER,
+        in the iptables docker's firewall uses."""
+        address = self.settings.engine_address(ENGINE)
+        return EgressRule(
+            EgressPolicy.of(self.settings), address=address, parent=lambda: DOCKER_USER,
+            socket_path=unix_socket(address), tool=lambda pid: "iptables", ipv6=True,
+        )  # fmt: skip
+
+    @functools.cached_property
+    def egress_held(self) -> set[str]:
+        """The bridges whose egress jump this runtime held (under `NETWORK_LOCK`)."""
+        return set()
+
+    async def start(self) -> None:
+        """The egress rule's jumps whose network is gone removed, its chain written with
+        this start's settings; with the rule off, all of it removed."""
+        try:
+            await self._call("sweep the egress rule", self.egress.sweep, set)
+        except NodeError as exc:
+            log.warning("the egress rule not swept (the engine did not answer): %s", exc.message)
 
     def _card_request(self, cards: tuple[int, ...]) -> docker.types.DeviceRequest:
         """The NVIDIA device request (``--gpus``), or the cards as CDI devices on a docker

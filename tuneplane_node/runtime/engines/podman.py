@@ -37,6 +37,11 @@ from tuneplane_node.runtime.engines.engine import (
 )
 from tuneplane_node.runtime.engines.isolation import maps_mount_ids
 from tuneplane_node.runtime.engines.networks import hostguard
+from tuneplane_node.runtime.engines.networks.egress import (
+    PODMAN_PARENTS,
+    EgressPolicy,
+    EgressRule,
+)
 from tuneplane_node.runtime.engines.networks.jobnetwork import (
     LABEL_NETWORK_OF,
     LABEL_NETWORK_STORE,
@@ -186,18 +191,34 @@ def _bridges(api: Any) -> set[str]:
 
 class JobNetworks:
     """Each job's network of its own (`jobnetwork`), made before its container and
-    removed after it, with the host guard's rule for its bridge (`hostguard`); those a
-    killed daemon left pruned at start. Blocking: on the engine's pool."""
+    removed after it, with the host guard's rules and the egress rule's jump for its
+    bridge (`hostguard`, `egress`); those a killed daemon left pruned at start. Blocking:
+    on the engine's pool."""
 
     def __init__(
-        self, api: Callable[[], Any], store: Callable[[], str], socket: str | None
+        self, api: Callable[[], Any], store: Callable[[], str], settings: NodeSettings
     ) -> None:
         self.api, self.store = api, store
+        socket = unix_socket(settings.podman_url)
         self.guard = hostguard.BridgeGuard(socket)
+        self.egress = EgressRule(
+            EgressPolicy.of(settings), address=settings.podman_url, parent=self.forward_chain,
+            socket_path=socket, tool=self.guard.tool,
+        )  # fmt: skip
+
+    @functools.cache  # noqa: B019  # one service, one backend, for the runtime's life
+    def forward_chain(self) -> str:
+        """Where the egress rule's jumps go: by the network backend podman's info names
+        (before podman 4.0 there was CNI alone)."""
+        host = self.api().get("/info").json().get("host") or {}
+        return PODMAN_PARENTS.get(str(host.get("networkBackend") or "cni"), PODMAN_PARENTS["cni"])
 
     def make(self, spec: ContainerSpec) -> None:
         self.prune(sweep=False)
-        self.guard.hold(_make_network(self.api(), spec, self.store()))
+        bridge = _make_network(self.api(), spec, self.store())
+        self.guard.hold(bridge)
+        if bridge:
+            self.egress.hold(bridge)
 
     def forget(self, container: str) -> None:
         """After its container (or its failed create): its network, any other whose job
@@ -211,6 +232,7 @@ class JobNetworks:
         slow) only where there is a job network to weigh."""
         if self.tidy(_prune_networks, self.api(), self.store) or sweep:
             self.tidy(self.guard.sweep, lambda: _bridges(self.api()))
+            self.tidy(self.egress.sweep, lambda: _bridges(self.api()))
 
     def tidy(self, fn: Callable[..., object], *args: Any) -> object:
         """A network clean-up that fails is logged, never the verb's failure: what it
@@ -351,7 +373,11 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
 
     @functools.cached_property
     def networks(self) -> JobNetworks:
-        return JobNetworks(lambda: self.api, self._store, unix_socket(self.settings.podman_url))
+        return JobNetworks(lambda: self.api, self._store, self.settings)
+
+    @property
+    def egress(self) -> EgressRule:
+        return self.networks.egress
 
     async def start(self) -> None:
         """The job networks whose container is gone pruned, and their rules (a killed

@@ -47,6 +47,9 @@ GUARD_PREFIX = "tuneplane-guard:"
 PODMAN_CHAINS = ("CNI-FORWARD", "NETAVARK_FORWARD")
 """Chains podman's firewall (CNI's plugin, netavark) makes: which iptables holds them."""
 TIMEOUT_S = 10.0
+NO_FIREWALL = "the engine keeps no firewall rules (--iptables=false): it isolates nothing"
+"""Docker without its DOCKER-USER chain: neither inter-container traffic nor any rule of
+the node's holds."""
 PROC = Path("/proc")
 _GUARDED = re.compile(rf'--comment "?{GUARD_PREFIX}(\S+?)"?(?:\s|$)')
 
@@ -110,15 +113,15 @@ def guard(pid: int, interface: str) -> str | None:
     if (missing := tools_missing()) is not None:
         return missing
     iptables = enter(pid)
-    if _run([*iptables, "-S", "DOCKER-USER"]).returncode != 0:
-        return "the engine keeps no firewall rules (--iptables=false): it isolates nothing"
+    if run([*iptables, "-S", "DOCKER-USER"]).returncode != 0:
+        return NO_FIREWALL
     return _hold(iptables, rule(interface))
 
 
 def _hold(iptables: list[str], wanted: list[str]) -> str | None:
-    if _run([*iptables, "-C", *wanted]).returncode == 0:
+    if run([*iptables, "-C", *wanted]).returncode == 0:
         return None
-    added = _run([*iptables, "-I", *wanted])
+    added = run([*iptables, "-I", *wanted])
     return None if added.returncode == 0 else (added.stderr.strip() or "iptables refused")
 
 
@@ -131,7 +134,7 @@ def podman_iptables(pid: int) -> str | None:
         if (PROC / str(pid) / "net" / "ip_tables_names").read_text().strip():
             tools.append("iptables-legacy")
     for tool in tools:
-        listed = _run([*enter(pid, tool), "-S", "FORWARD"]) if shutil.which(tool) else None
+        listed = run([*enter(pid, tool), "-S", "FORWARD"]) if shutil.which(tool) else None
         if listed is not None and any(chain in listed.stdout for chain in PODMAN_CHAINS):
             return tool
     return None
@@ -200,11 +203,11 @@ class BridgeGuard:
         it is gone."""
         with self._lock:
             pid, iptables, _ = self._iptables()
-            found = guarded_rules(_run([*iptables, "-S"]).stdout if iptables else "")
+            found = guarded_rules(run([*iptables, "-S"]).stdout if iptables else "")
             live = {*bridges(), *interfaces(pid)} if found else set()
             stale = [(bridge, spec) for bridge, spec in found if bridge not in live]
             for _, spec in stale:
-                _run([*iptables, "-D", *spec])
+                run([*iptables, "-D", *spec])
             if stale:
                 gone = sorted({bridge for bridge, _ in stale})
                 log.info("removed the host guard's rules of %s: their networks are gone", gone)
@@ -217,13 +220,22 @@ class BridgeGuard:
         pid, why = engine_pid(self.socket_path)
         if not pid:
             return 0, [], why
+        return pid, enter(pid, self.tool(pid)), None
+
+    def tool(self, pid: int) -> str:
+        """The iptables holding podman's rules in the namespace of ``pid`` (the node's
+        own rules go there too): ``iptables`` until podman's chains are seen."""
         if pid not in self._tools and (found := podman_iptables(pid)):
             self._tools[pid] = found  # podman's own chains seen there: asked no more
-        return pid, enter(pid, self._tools.get(pid, "iptables")), None
+        return self._tools.get(pid, "iptables")
 
 
-def _run(command: list[str]) -> subprocess.CompletedProcess[str]:
+def run(command: list[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """An iptables command (``stdin``: a restore's input); a failure to run it is a
+    failed run, never an exception."""
     try:
-        return subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S)
+        return subprocess.run(
+            command, input=stdin, capture_output=True, text=True, timeout=TIMEOUT_S
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return subprocess.CompletedProcess(command, 1, "", str(exc))

@@ -209,6 +209,16 @@ class Namespaces:
         assert listener.stdout.readline() == b"listening\n"
         return listener
 
+    def rules(self) -> str:
+        """``iptables -S`` (the filter table) in the engine's namespace."""
+        listed = subprocess.run(
+            [*self.enter(), "iptables", "-w", "5", "-S"],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        return listed.stdout
+
     def close(self) -> None:
         """The listeners (ours, or a killed suite's from ``pids``) and both namespaces
         (their veth pair goes with them)."""
@@ -467,13 +477,18 @@ class ThrowawayPodman:
 
     def rules(self) -> str:
         """``iptables -S`` (the filter table) in the service's namespace."""
-        listed = subprocess.run(
-            [*self.net.enter(), "iptables", "-w", "5", "-S"],
-            check=True,
-            capture_output=True,
-            text=True,
-        )
-        return listed.stdout
+        return self.net.rules()
+
+    def remove_by_hand(self, name: str) -> None:
+        """``podman rm -f`` of a running container, again until it is gone: podman 4.3's
+        first try fails now and then ("removing container ... root filesystem", exit 125,
+        seen in CI) while the container's processes are still being torn down."""
+        deadline = time.monotonic() + 30
+        while self.podman("container", "exists", name, check=False).returncode == 0:
+            tried = self.podman("rm", "-f", "-t", "0", name, check=False)
+            assert time.monotonic() < deadline, tried.stderr.decode(errors="replace")
+            if tried.returncode:
+                time.sleep(0.2)
 
     def _stop(self) -> None:
         """SIGTERM, SIGKILL after half a minute: ours, or a killed suite's by its pid."""

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -295,18 +294,6 @@ def leave_rules(engine: ThrowawayPodman, bridge: str) -> None:
         subprocess.run([*engine.net.enter(), "iptables", "-w", "5", "-I", *rule], check=True)
 
 
-def remove_by_hand(engine: ThrowawayPodman, name: str) -> None:
-    """``podman rm -f`` of a running container, again until it is gone: podman 4.3's
-    first try fails now and then ("removing container ... root filesystem", exit 125,
-    seen in CI) while the container's processes are still being torn down."""
-    deadline = time.monotonic() + 30
-    while engine.podman("container", "exists", name, check=False).returncode == 0:
-        tried = engine.podman("rm", "-f", "-t", "0", name, check=False)
-        assert time.monotonic() < deadline, tried.stderr.decode(errors="replace")
-        if tried.returncode:
-            time.sleep(0.2)
-
-
 async def test_a_killed_daemons_network_and_rules_are_swept_at_start_a_live_jobs_kept(
     netns_podman: ThrowawayPodman, make_node: MakeNode, podman: PodmanRuntime
 ) -> None:
@@ -319,7 +306,7 @@ async def test_a_killed_daemons_network_and_rules_are_swept_at_start_a_live_jobs
     live, gone = (made[own_network(ref)]["network_interface"] for ref in (kept, doomed))
     # The daemon killed, and the job's container removed meanwhile: its network and its
     # rules are left as the node made them.
-    remove_by_hand(netns_podman, doomed)
+    netns_podman.remove_by_hand(doomed)
     assert {live, gone} <= set(guarded_bridges(netns_podman.rules()))
 
     await make_podman_node(make_node, netns_podman, "isolated")  # the daemon's start

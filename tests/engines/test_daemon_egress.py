@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.checkcommand import Check
 from tests.conftest import MakeNode, podman_in_namespaces
 from tests.helpers import (
     IMAGE,
@@ -267,3 +268,54 @@ async def test_a_host_network_job_is_held_to_the_addresses_where_the_kernel_can_
     assert (said["mirror"], said["out"]) == (Namespaces.MIRROR, "outside")
     if rule and not held:
         assert "a host-network job reaches the cloud's metadata service" in caplog.text
+
+
+# --- check proves it -----------------------------------------------------------------------
+
+
+def check_settings(engine: Engine, **settings: str) -> dict[str, str]:
+    """``check``'s variables for a node on ``engine``, its throwaway job the test image."""
+    if isinstance(engine, ThrowawayDocker):
+        where = {"TUNEPLANE_LOCAL_RUNTIME": "docker", "TUNEPLANE_DOCKER_HOST": engine.host}
+        image = IMAGE
+    else:
+        where = {"TUNEPLANE_LOCAL_RUNTIME": "podman", "TUNEPLANE_PODMAN_URL": engine.host}
+        image = f"docker.io/{IMAGE}"
+    return {**where, "TUNEPLANE_CHECK_IMAGE": image, **settings}
+
+
+@pytest.mark.parametrize("rule", ["true", "false"])
+def test_check_fails_where_the_metadata_service_answers_a_job(
+    engine: Engine, check: Check, rule: str
+) -> None:
+    denied = json.dumps([f"{Namespaces.LAN}/32"])
+    settings = {"TUNEPLANE_JOB_EGRESS_RULE": rule, "TUNEPLANE_JOB_EGRESS_DENY": denied}
+    code, _, out = check(**check_settings(engine, **settings))
+    (probe,) = [line for line in out.splitlines() if "egress: a job on the isolated" in line]
+
+    if rule == "true":
+        assert probe == (
+            "ok   egress: a job on the isolated network reaches none of the cloud's metadata "
+            "service (169.254.169.254:80): refused; TUNEPLANE_JOB_EGRESS_DENY "
+            f"{Namespaces.LAN}/32 ({Namespaces.LAN}:80): refused"
+        ), out
+        assert "ok   egress: host-network jobs: the same addresses refused" in out
+    else:
+        assert probe.startswith(
+            "FAIL egress: a job on the isolated network reaches the cloud's metadata service "
+            "(169.254.169.254:80): open; TUNEPLANE_JOB_EGRESS_DENY"
+        ), out
+        assert code == 1
+
+
+def test_check_says_isolation_is_off_on_docker_without_its_firewall(
+    throwaway_docker: ThrowawayDocker, netns_docker: ThrowawayDocker, check: Check
+) -> None:
+    """``--iptables=false`` (the throwaway engine's, in the machine's namespace): no rule
+    of docker's nor of the node's holds; with its firewall, jobs run isolated."""
+    _, _, out = check(**check_settings(throwaway_docker, TUNEPLANE_CHECK_IMAGE="absent:1"))
+    assert "warn jobs: isolation is off: a bridged job runs isolated in name only" in out
+    assert "(--iptables=false)" in out
+    assert "warn egress: not proven: absent:1 is not on the docker engine" in out
+    _, _, out = check(**check_settings(netns_docker))
+    assert "ok   jobs: a bridged job runs isolated: it cannot reach another job" in out

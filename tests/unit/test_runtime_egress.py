@@ -172,6 +172,7 @@ def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> FakeIptables:
     """An engine of pid 42 whose namespace routes its default through ``eth0``."""
     iptables = FakeIptables()
     monkeypatch.setattr(egress, "run", iptables)
+    monkeypatch.setattr(hostguard, "run", iptables)
     monkeypatch.setattr(egress, "PROC", tmp_path)
     monkeypatch.setattr(hostguard, "PROC", tmp_path)
     monkeypatch.setattr(egress, "engine_pid", lambda socket_path: (42, None))

@@ -55,7 +55,6 @@ def check_jobs(settings: NodeSettings) -> list[Finding]:
         return [(FAIL, f"jobs: {exc.message}")]
     found = [(OK, f"jobs: {describe_confinement(rules)}")]
     found.extend(host_network_findings(settings))
-    found.append(job_network_finding(settings))
     return [*found, *asyncio.run(_isolation_findings(settings))]
 
 
@@ -85,12 +84,18 @@ def host_network_findings(settings: NodeSettings) -> list[Finding]:
     return [(OK, f"{whole}; the API is served over TLS")]
 
 
-def job_network_finding(settings: NodeSettings) -> Finding:
+def job_network_finding(settings: NodeSettings, firewall: str | None = None) -> Finding:
     """The network a job off the host's gets, and whether jobs there reach each other
-    or this machine's ports."""
+    or this machine's ports; ``firewall``: why the engine holds no rule at all (docker
+    under ``--iptables=false``)."""
     from tuneplane_node.runtime.engines.networks import hostguard
 
     kind = settings.job_network
+    if firewall is not None and kind != "bridge":
+        return (WARN, (
+            f"jobs: isolation is off: a bridged job runs {kind} in name only, and reaches "
+            f"other jobs, this machine's ports and the cloud's metadata service: {firewall}"
+        ))  # fmt: skip
     if kind == "bridge":
         return (WARN, (
             "jobs: a bridged job runs on the engine's default bridge, where jobs reach each "
@@ -143,15 +148,32 @@ async def _isolation_findings(settings: NodeSettings) -> list[Finding]:
     try:
         runtime = await detect_runtime(settings, cache=False)
     except ConfigError:
-        return []  # the engine step has said so
+        return [job_network_finding(settings)]  # the engine step has said why
     try:
         if not isinstance(runtime, EngineRuntime):
-            return [(WARN, "jobs: the process runtime applies none of these bounds")]
-        found = [*await _remap_finding(runtime), *await _seccomp_findings(runtime)]
+            return [
+                job_network_finding(settings),
+                (WARN, "jobs: the process runtime applies none of these bounds"),
+            ]
+        found = [job_network_finding(settings, await _firewall(runtime))]
+        found += [*await _remap_finding(runtime), *await _seccomp_findings(runtime)]
         found += await _runtime_findings(runtime, settings)
         return [*found, _init_finding(runtime, settings), *await _parent_finding(runtime)]
     finally:
         await runtime.close()
+
+
+async def _firewall(runtime: EngineRuntime) -> str | None:
+    """Why docker, on this machine, holds no rule for its jobs (``--iptables=false``);
+    None where it does, for podman, or where it cannot be told (a remote engine)."""
+    from tuneplane_node.runtime.engines.networks import hostguard
+    from tuneplane_node.settings import unix_socket
+
+    socket = unix_socket(runtime.settings.engine_address(runtime.name))
+    if runtime.name != "docker" or socket is None or hostguard.tools_missing():
+        return None
+    pid, _ = hostguard.engine_pid(socket)
+    return await asyncio.to_thread(hostguard.firewall_missing, pid) if pid else None
 
 
 # Where podman looks for its init (containers.conf's init_path, distributions' packages).

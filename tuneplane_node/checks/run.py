@@ -9,6 +9,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from tuneplane_node.checks.egress import check_egress
 from tuneplane_node.checks.engine import check_engine, check_jobs
 from tuneplane_node.checks.findings import FAIL, OK, WARN, Finding
 from tuneplane_node.checks.gpus import (
@@ -36,6 +37,7 @@ def check(settings: NodeSettings) -> int:
         check_registry_auth,
         check_engine,
         check_jobs,
+        check_egress,
         check_gpus,
         check_disk,
         check_storage,

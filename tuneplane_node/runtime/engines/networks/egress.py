@@ -51,10 +51,10 @@ from ipaddress import IPv4Network, IPv6Network, ip_network
 from pathlib import Path
 
 from tuneplane_node.runtime.engines.networks.hostguard import (
-    NO_FIREWALL,
     PROC,
     engine_pid,
     enter,
+    firewall_missing,
     interfaces,
     run,
     tools_missing,
@@ -248,8 +248,7 @@ class EgressRule:
             pid, why = self._engine()
             parent = self.parent()
             if why is None and parent == DOCKER_USER:
-                listed = run([*enter(pid, family_tool(self.tool(pid), 4)), "-S", parent])
-                why = NO_FIREWALL if listed.returncode else None
+                why = firewall_missing(pid)
             for family in (4, 6) if ipv6 else (4,):
                 why = why or self._hold(pid, family, jump(parent, bridge, self.chain))
             return self._once(why)

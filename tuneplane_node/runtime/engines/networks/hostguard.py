@@ -110,12 +110,15 @@ def enter(pid: int, tool: str = "iptables") -> list[str]:
 def guard(pid: int, interface: str) -> str | None:
     """Hold docker's rule for ``interface`` in the namespace of the engine's process; None
     once it holds (already, or now), else why it does not."""
-    if (missing := tools_missing()) is not None:
+    if (missing := tools_missing() or firewall_missing(pid)) is not None:
         return missing
-    iptables = enter(pid)
-    if run([*iptables, "-S", "DOCKER-USER"]).returncode != 0:
-        return NO_FIREWALL
-    return _hold(iptables, rule(interface))
+    return _hold(enter(pid), rule(interface))
+
+
+def firewall_missing(pid: int) -> str | None:
+    """`NO_FIREWALL` where docker, as the process ``pid``, keeps no firewall rules in its
+    namespace (no DOCKER-USER chain); None where it does."""
+    return NO_FIREWALL if run([*enter(pid), "-S", "DOCKER-USER"]).returncode else None
 
 
 def _hold(iptables: list[str], wanted: list[str]) -> str | None:

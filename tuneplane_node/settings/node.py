@@ -126,9 +126,7 @@ class NodeSettings(NoticeSettings, VolumeStoreSettings, JobSettings):
     ``credsStore``), for launches that bring none; read again when it changes and on
     SIGHUP."""
     check_image: str = Field("busybox:1.36", min_length=1, max_length=255)
-    """The image of ``check``'s throwaway job, which tries the metadata service and the
-    denied networks from the node's job network: ``sh`` and ``nc`` (busybox's). Used only
-    where the engine has it: ``check`` pulls nothing."""
+    """The image of ``check``'s throwaway job (egress): ``sh`` and ``nc``; never pulled."""
     private_image_check: bool = True
     """Run an image the node pulled with credentials only for a launch whose credentials
     are the ones it was pulled with, or which its registry accepts now."""

@@ -2,11 +2,11 @@
 
 The async verbs, the pool, the create options both engines take alike, error
 translation through one table, and the pull's deadlines live here; the store's verbs and
-the mounts' (`runtime.engines.store`), the jobs' parent cgroup (`cgroupparent`) and
-isolation (`isolation`) are its mixins. An adapter supplies
-its blocking SDK calls (``_create``, ``_inspect``, ...), its `ErrorTable` and the create
-options that truly differ (mounts, stop signal, CPU limit, GPUs). Nothing here imports
-an SDK.
+the mounts' (`runtime.engines.store`), the jobs' parent cgroup (`cgroupparent`, and the
+egress rule it matches host-network jobs by, `networks.egress`) and isolation
+(`isolation`) are its mixins. An adapter supplies its blocking SDK calls (``_create``,
+``_inspect``, ...), its `ErrorTable` and the create options that truly differ (mounts,
+stop signal, CPU limit, GPUs). Nothing here imports an SDK.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import logging
 import os
 import re
 from abc import ABC, abstractmethod
@@ -49,10 +48,9 @@ from tuneplane_node.runtime.base import (
     tells_no_changes,
 )
 from tuneplane_node.runtime.engines import dockerformat as fmt
-from tuneplane_node.runtime.engines.cgroupparent import EngineParent
 from tuneplane_node.runtime.engines.dockerformat import LogFold
 from tuneplane_node.runtime.engines.isolation import EngineIsolation
-from tuneplane_node.runtime.engines.networks.egress import DENY, EgressRule
+from tuneplane_node.runtime.engines.networks.egress import EngineEgress
 from tuneplane_node.runtime.engines.pulling import PullStream, drive_pull, pull_headers
 from tuneplane_node.runtime.engines.store import EngineImages, EngineMounts
 from tuneplane_node.runtime.facts import DeviceSupport, ImageInfo, RuntimeHealth, Usage
@@ -69,7 +67,6 @@ from tuneplane_node.settings import NodeSettings
 from tuneplane_node.signals import JOB_SIGNALS
 from tuneplane_node.telemetry import NO_TELEMETRY, Telemetry
 
-log = logging.getLogger(__name__)
 T = TypeVar("T")
 POLL_S = 0.25
 MACHINE_MEMORY = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -246,7 +243,7 @@ class EngineProcesses(ABC):
         return sigcatch.caught(pid, number)
 
 
-class EngineRuntime(EngineImages, EngineMounts, EngineParent, EngineProcesses, EngineIsolation):
+class EngineRuntime(EngineImages, EngineMounts, EngineEgress, EngineProcesses, EngineIsolation):
     """A ContainerRuntime and EngineFeed over a synchronous engine SDK."""
 
     name: str
@@ -293,11 +290,6 @@ class EngineRuntime(EngineImages, EngineMounts, EngineParent, EngineProcesses, E
         if self.parent is not None:
             options["cgroup_parent"] = self.parent.engine_form
         return {**options, **self._engine_options(spec), **self._disk_bound(spec)}
-
-    @property
-    @abstractmethod
-    def egress(self) -> EgressRule:
-        """The node's egress rule on this engine (`runtime.engines.networks.egress`)."""
 
     @abstractmethod
     def _engine_options(self, spec: ContainerSpec) -> dict[str, Any]:
@@ -402,27 +394,13 @@ class EngineRuntime(EngineImages, EngineMounts, EngineParent, EngineProcesses, E
     def _run(self, spec: ContainerSpec) -> str:
         container = self._create(spec)
         try:
-            if spec.network == "host":
-                self._egress_host(spec.name)
+            self._egress_host(spec)
             container.start()
         except Exception:
             # A created container carries GPU labels: left behind, it holds cards forever.
             self._or(None, self._remove, spec.name)
             raise
         return str(container.id)
-
-    def _egress_host(self, name: str) -> None:
-        """A host-network job's new connections held to the egress rule by the jobs'
-        parent cgroup (`egress`), before it starts; where they cannot be, its launch's
-        log says what it reaches."""
-        if self.parent is None or self.egress.policy is None:
-            return
-        why = self.egress.hold_host(self.parent.path, make=self.parent.owned)
-        if why is not None:
-            log.warning(
-                "launch %s: a host-network job reaches the cloud's metadata service and %s: %s",
-                name, DENY, why,
-            )  # fmt: skip
 
     async def inspect(self, name: str) -> ContainerState:
         return await self._call(f"inspect {name}", self._by_name, name)

@@ -38,9 +38,9 @@ from tuneplane_node.runtime.engines.engine import (
 from tuneplane_node.runtime.engines.isolation import maps_mount_ids
 from tuneplane_node.runtime.engines.networks import hostguard
 from tuneplane_node.runtime.engines.networks.egress import (
-    PODMAN_PARENTS,
     EgressPolicy,
     EgressRule,
+    podman_parent,
 )
 from tuneplane_node.runtime.engines.networks.jobnetwork import (
     LABEL_NETWORK_OF,
@@ -201,17 +201,11 @@ class JobNetworks:
         self.api, self.store = api, store
         socket = unix_socket(settings.podman_url)
         self.guard = hostguard.BridgeGuard(socket)
+        parent = functools.cache(lambda: podman_parent(self.api().get("/info").json()))
         self.egress = EgressRule(
-            EgressPolicy.of(settings), address=settings.podman_url, parent=self.forward_chain,
+            EgressPolicy.of(settings), address=settings.podman_url, parent=parent,
             socket_path=socket, tool=self.guard.tool,
         )  # fmt: skip
-
-    @functools.cache  # noqa: B019  # one service, one backend, for the runtime's life
-    def forward_chain(self) -> str:
-        """Where the egress rule's jumps go: by the network backend podman's info names
-        (before podman 4.0 there was CNI alone)."""
-        host = self.api().get("/info").json().get("host") or {}
-        return PODMAN_PARENTS.get(str(host.get("networkBackend") or "cni"), PODMAN_PARENTS["cni"])
 
     def make(self, spec: ContainerSpec) -> None:
         self.prune(sweep=False)

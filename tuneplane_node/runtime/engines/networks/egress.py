@@ -45,11 +45,14 @@ import shlex
 import shutil
 import subprocess
 import threading
-from collections.abc import Callable, Collection
+from abc import abstractmethod
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from ipaddress import IPv4Network, IPv6Network, ip_network
 from pathlib import Path
+from typing import Any
 
+from tuneplane_node.runtime.engines.cgroupparent import EngineParent
 from tuneplane_node.runtime.engines.networks.hostguard import (
     PROC,
     engine_pid,
@@ -59,6 +62,7 @@ from tuneplane_node.runtime.engines.networks.hostguard import (
     run,
     tools_missing,
 )
+from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.settings import NodeSettings, env_name
 
 log = logging.getLogger(__name__)
@@ -387,3 +391,33 @@ def v2_parent(path: str, *, make: bool) -> str | None:
     except OSError as exc:
         return f"cannot make {directory}: {exc.strerror or exc}"
     return None
+
+
+class EngineEgress(EngineParent):
+    """An engine runtime's part in the egress rule: its `EgressRule` (an adapter's), and a
+    host-network job held to it by the jobs' parent cgroup (`EngineParent`'s) before it
+    starts (`EngineRuntime` runs it between create and start)."""
+
+    @property
+    @abstractmethod
+    def egress(self) -> EgressRule:
+        """The node's egress rule on this engine."""
+
+    def _egress_host(self, spec: ContainerSpec) -> None:
+        """Where a host-network job's connections cannot be held, its launch's log says
+        what it reaches."""
+        if spec.network != "host" or self.parent is None or self.egress.policy is None:
+            return
+        why = self.egress.hold_host(self.parent.path, make=self.parent.owned)
+        if why is not None:
+            log.warning(
+                "launch %s: a host-network job reaches the cloud's metadata service and %s: %s",
+                spec.name, DENY, why,
+            )  # fmt: skip
+
+
+def podman_parent(info: Mapping[str, Any]) -> str:
+    """`PODMAN_PARENTS`' chain for the network backend podman's info names (CNI alone
+    before podman 4.0)."""
+    backend = str((info.get("host") or {}).get("networkBackend") or "cni")
+    return PODMAN_PARENTS.get(backend, PODMAN_PARENTS["cni"])

@@ -1,7 +1,8 @@
 """Per-job user namespaces and a sandboxed runtime (issue 37), through the API on real
 engines: on podman a job's root is an unprivileged range of its own (disjoint from the
-next job's), a writable mount runc 1.1 cannot id-map keeps the host's namespace and says
-why (``always``: a 409), ``off`` is the old behaviour; on a docker engine with runsc
+next job's), a writable mount or scratch runc 1.1 cannot id-map is handed to that range
+(issue 51; ``refuse``: a 409, ``host``: the host's namespace, said why), ``off`` is the old
+behaviour; on a docker engine with runsc
 registered (`engines.sh`: /etc/docker/daemon.json), ``TUNEPLANE_JOB_SANDBOX=cpu`` runs
 jobs without cards under gVisor, and a sandbox an engine lacks is a 409.
 """
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import MakeNode
-from tests.engines.test_daemon_scratch import logged
+from tests.engines.test_daemon_scratch import logged, sweep
 from tests.helpers import (
     DEV_ROOT,
     RUN_DIR,
@@ -64,12 +65,61 @@ async def test_podman_jobs_get_disjoint_ranges_of_their_own(make_node: MakeNode)
     }
 
 
-async def test_a_writable_mount_runc_cannot_map_keeps_the_host_namespace_and_says_why(
-    make_node: MakeNode, tmp_path: Path
-) -> None:
+def tenant_dir(tmp_path: Path) -> Path:
+    """A tenant's directory under the node's storage root (made, root's, as the host's)."""
     data = storage_root(tmp_path) / "data"
     data.mkdir()
+    return data
+
+
+WRITES = "cat /proc/self/uid_map; cat /data/old; touch /data/x && ls -ln /data && echo mapped"
+
+
+async def test_a_writable_mount_runc_cannot_map_is_handed_to_the_jobs_own_range(
+    make_node: MakeNode, tmp_path: Path
+) -> None:
+    """Issue 51: one writable mount gave the job the host's namespace under the default;
+    now it keeps its own, writes its mount, and the host sees its range own the files
+    (the one there before included: podman's ``U`` at its start)."""
+    data = tenant_dir(tmp_path)
+    (data / "old").write_text("before\n")
     node = await make_node("podman")
+    ref, _ = await node.launch(
+        ["/bin/sh", "-c", f"{WRITES}; exec sleep 300"], mounts=[[str(data), "/data", False]]
+    )
+    inside, host, count = await uid_map(node, ref)
+    assert (inside, count) == (0, 65536) and host != 0  # not the host's (0 0 4294967295)
+    said = await node.logs(ref)
+    assert "before" in said  # the tenant's file, readable in its own namespace
+    owners = {path.name: path.stat().st_uid for path in (data, data / "old", data / "x")}
+    assert owners == {"data": host, "old": host, "x": host}, said  # root in the job: the range
+    state = await node.state(ref)
+    assert state["userns"] == "own" and "handed to its range" in state["userns_note"]
+
+
+async def test_a_scratch_runc_cannot_map_is_the_jobs_own_too(
+    make_node: MakeNode, tmp_path: Path
+) -> None:
+    node = await make_node("podman")
+    ref, _ = await node.launch(
+        ["/bin/sh", "-c", "cat /proc/self/uid_map; touch /s/y && stat -c %u /s/y && echo mapped"],
+        scratch={"path": "/s", "size": "8m"},
+    )
+    try:
+        assert (await uid_map(node, ref))[1] != 0
+        said = await logged(node, ref, "mapped")
+        assert said.splitlines()[-2].split()[-1] == "0"  # its root's file, in its own namespace
+        assert (await node.state(ref))["userns"] == "own"
+    finally:
+        await node.remove(ref)  # the node's remove lets the scratch go
+        sweep(tmp_path)
+
+
+async def test_host_keeps_the_unmappable_mount_in_the_host_namespace_and_says_why(
+    make_node: MakeNode, tmp_path: Path
+) -> None:
+    data = tenant_dir(tmp_path)
+    node = await make_node("podman", job_userns_writable="host")
     ref, _ = await node.launch(
         ["/bin/sh", "-c", "cat /proc/self/uid_map; touch /data/x && echo mapped; exec sleep 300"],
         mounts=[[str(data), "/data", False]],
@@ -83,15 +133,20 @@ async def test_a_writable_mount_runc_cannot_map_keeps_the_host_namespace_and_say
     assert (await uid_map(node, read_only))[1] != 0  # read-only mounts need no mapping
 
 
-async def test_always_refuses_the_unmappable_mount_with_a_409(
+async def test_refuse_answers_the_unmappable_mount_a_409_naming_it(
     make_node: MakeNode, tmp_path: Path
 ) -> None:
-    data = storage_root(tmp_path) / "data"
-    data.mkdir()
-    node = await make_node("podman", job_userns="always")
+    data = tenant_dir(tmp_path)
+    node = await make_node("podman", job_userns_writable="refuse")
     _, answer = await node.launch(mounts=[[str(data), "/data", False]], expect=409)
     assert answer["code"] == "userns_unavailable"
-    assert "container.mounts[0]" in answer["detail"] and "read-only" in answer["detail"]
+    assert "container.mounts[0]" in answer["detail"]
+    assert "TUNEPLANE_JOB_USERNS_WRITABLE=chown" in answer["detail"]
+    try:
+        _, answer = await node.launch(scratch={"path": "/s", "size": "8m"}, expect=409)
+        assert "container.scratch" in answer["detail"]
+    finally:
+        sweep(tmp_path)  # refused before the scratch is made: nothing, unless it regressed
 
 
 async def test_off_and_card_jobs_keep_the_host_namespace(make_node: MakeNode) -> None:

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from tuneplane_node.errors import SandboxUnavailable, UsernsUnavailable
+from tuneplane_node.errors import InvalidField, SandboxUnavailable, UsernsUnavailable
+from tuneplane_node.jobs.launcher import launch_request
 from tuneplane_node.jobs.rules.isolation import IsolationRules
 from tuneplane_node.runtime.base import LABEL_RUNTIME, LABEL_USERNS, Mount, Scratch
 from tuneplane_node.runtime.engines.isolation import maps_mount_ids, registered
 from tuneplane_node.runtime.facts import IsolationSupport
 from tuneplane_node.runtime.spec import ContainerSpec, job_labels
 from tuneplane_node.settings import NodeSettings
+from tuneplane_node.wire.requests import parse_launch
 
 PODMAN_RUNC_11 = IsolationSupport(
     default_runtime="runc", runtime_version="runc version 1.1.5", runtimes={"runc": ()},
@@ -44,24 +46,65 @@ def test_a_job_without_writable_mounts_gets_its_own_namespace() -> None:
         assert decided.own_userns and job_labels(decided)[LABEL_USERNS] == "own"
 
 
-@pytest.mark.parametrize(
-    "spec", [WRITABLE, ContainerSpec(name="a", image="b", scratch=Scratch("/s", 2**30))]
-)
-def test_a_writable_mount_the_runtime_cannot_map_keeps_the_host_namespace_and_says_why(
-    spec: ContainerSpec,
+SCRATCH = ContainerSpec(name="a", image="b", scratch=Scratch("/s", 2**30))
+
+
+@pytest.mark.parametrize("spec", [WRITABLE, SCRATCH], ids=["mount", "scratch"])
+@pytest.mark.parametrize("userns", ["auto", "always"])
+def test_a_writable_mount_the_runtime_cannot_map_is_handed_to_the_jobs_own_namespace(
+    spec: ContainerSpec, userns: str
 ) -> None:
-    decided = decide(spec, PODMAN_RUNC_11)
-    assert not decided.own_userns
+    """Issue 51: one writable mount in a tenant's spec gave the job the host's namespace
+    (root in the job root on the host's files); by default it keeps its own, and podman
+    hands the mount to its range (``U``)."""
+    decided = decide(spec, PODMAN_RUNC_11, job_userns=userns)
+    assert decided.own_userns and decided.chown_mounts
     label = job_labels(decided)[LABEL_USERNS]
-    assert label.startswith("host: container.") and "runc version 1.1.5" in label
+    assert label.startswith("own: its writable mounts are handed to its range")
 
 
-def test_under_always_it_is_a_409_naming_the_mount_and_the_fix() -> None:
+def test_read_only_mounts_and_mapping_runtimes_are_never_chowned() -> None:
+    ro = ContainerSpec(name="a", image="b", mounts=(Mount("/d", "/d", read_only=True),))
+    for spec, support in ((ro, PODMAN_RUNC_11), (WRITABLE, PODMAN_CRUN)):
+        decided = decide(spec, support)
+        assert decided.own_userns and not decided.chown_mounts
+        assert job_labels(decided)[LABEL_USERNS] == "own"
+
+
+@pytest.mark.parametrize("userns", ["auto", "always"])
+def test_refuse_is_a_409_naming_the_mount_and_the_fix(userns: str) -> None:
     with pytest.raises(UsernsUnavailable) as caught:
-        decide(WRITABLE, PODMAN_RUNC_11, job_userns="always")
+        decide(SCRATCH, PODMAN_RUNC_11, job_userns=userns, job_userns_writable="refuse")
     assert caught.value.status == 409 and caught.value.code == "userns_unavailable"
-    assert "container.mounts[0]" in caught.value.message
-    assert "read-only" in caught.value.message and "runc 1.2" in caught.value.message
+    assert "container.scratch" in caught.value.message
+    assert "runc 1.2" in caught.value.message
+    assert "TUNEPLANE_JOB_USERNS_WRITABLE=chown" in caught.value.message
+
+
+def test_host_keeps_the_host_namespace_and_says_why_and_always_refuses_it() -> None:
+    decided = decide(WRITABLE, PODMAN_RUNC_11, job_userns_writable="host")
+    assert not decided.own_userns and not decided.chown_mounts
+    label = job_labels(decided)[LABEL_USERNS]
+    assert label.startswith("host: container.mounts[0]") and "runc version 1.1.5" in label
+    with pytest.raises(UsernsUnavailable) as caught:
+        decide(WRITABLE, PODMAN_RUNC_11, job_userns="always", job_userns_writable="host")
+    assert "container.mounts[0]" in caught.value.message and "read-only" in caught.value.message
+
+
+def test_no_field_of_a_launch_turns_a_boundary_off() -> None:
+    """A tenant may ask for more isolation, never less: a sandbox the operator's rule
+    gives is kept whatever the launch says, and no field names less."""
+    plain = launch_spec({"isolation": ""}, mounts=[["/d", "/d"]])
+    assert decide(plain, DOCKER, job_sandbox="all").runtime == "runsc"
+    assert decide(plain, PODMAN_RUNC_11).own_userns  # its writable mount changes nothing
+    for field, value in (("isolation", "none"), ("isolation", "runc"), ("userns", "host")):
+        with pytest.raises(InvalidField, match=rf"^container\.{field}: "):
+            launch_spec({field: value})
+
+
+def launch_spec(fields: dict[str, object], **more: object) -> ContainerSpec:
+    body = {"run_id": "r-1", "container": {"image": "busybox", **fields, **more}}
+    return launch_request(parse_launch(body)).spec
 
 
 def test_a_runtime_that_maps_mounts_gives_writable_mount_jobs_their_own_namespace() -> None:

@@ -101,7 +101,7 @@ class JobState(Answer):
     read_only_root: bool | None = None  # its image filesystem read-only; None: not known
     network: str | None = None  # host, isolated, sealed, bridge, none, fabric:<name>; None: unknown
     userns: str | None = None  # "own": a user namespace of its own; "host"; None: not known
-    userns_note: str | None = None  # why it keeps the host's
+    userns_note: str | None = None  # why it keeps the host's; how its mounts reach its own
     runtime: str | None = None  # its OCI runtime (runsc: sandboxed); None: not known
     stop_reason: str | None = None  # the node stopped it itself (a drain, disk_limit...)
     stopping: Stopping | None = None

@@ -173,7 +173,8 @@ class ContainerState:
 
     @property
     def userns_note(self) -> str | None:
-        """Why a job keeps the host's user namespace, as its label says."""
+        """A note on the job's user namespace, as its label says: why it keeps the host's,
+        or how its writable mounts reach its own."""
         parts = self.labels.get(LABEL_USERNS, "").split(": ", 1)
         return parts[1] if len(parts) == 2 else None
 

@@ -171,6 +171,8 @@ class ContainerSpec:
     # not, where the host's is kept), and the OCI runtime asked for (None: the default).
     own_userns: bool = False
     userns_note: str = ""
+    # Its writable mounts handed to its range (podman's U), where the runtime cannot id-map.
+    chown_mounts: bool = False
     runtime: str | None = None
 
     def cpuset(self) -> tuple[str | None, str | None]:
@@ -189,7 +191,8 @@ def job_labels(spec: ContainerSpec) -> dict[str, str]:
     if spec.disk_limit_bytes is not None:
         labels[LABEL_DISK_LIMIT] = str(spec.disk_limit_bytes)
     if spec.own_userns or spec.userns_note:
-        labels[LABEL_USERNS] = "own" if spec.own_userns else f"host: {spec.userns_note}"
+        kind = "own" if spec.own_userns else "host"
+        labels[LABEL_USERNS] = f"{kind}: {spec.userns_note}" if spec.userns_note else kind
     if spec.runtime:
         labels[LABEL_RUNTIME] = spec.runtime
     return labels

@@ -26,11 +26,18 @@ class JobSettings(BaseSettings):
     NET_BIND_SERVICE, MKNOD, AUDIT_WRITE and SETFCAP); ``restricted``: none at all."""
     job_userns: Literal["auto", "always", "off"] = "auto"
     """A job's own user namespace (podman: ``userns=auto``, 65,536 ids of the
-    ``containers`` ranges in /etc/subuid and /etc/subgid): ``auto`` for every job but one
-    whose writable host mounts the engine's OCI runtime cannot id-map (it keeps the host's,
-    and observe says why), ``always`` (such a launch is a 409, ``userns_unavailable``),
-    ``off`` (the host's namespace, as before). Docker has no per-job namespaces: its
-    ``userns-remap`` is the daemon's."""
+    ``containers`` ranges in /etc/subuid and /etc/subgid): ``auto`` for every job the
+    engine can give one (a job whose writable host mounts its OCI runtime cannot id-map:
+    ``TUNEPLANE_JOB_USERNS_WRITABLE``), ``always`` (a job it cannot is a 409,
+    ``userns_unavailable``), ``off`` (the host's namespace, as before). Docker has no
+    per-job namespaces: its ``userns-remap`` is the daemon's."""
+    job_userns_writable: Literal["chown", "refuse", "host"] = "chown"
+    """A job whose writable host mounts (or scratch) the engine's OCI runtime cannot
+    id-map (runc before 1.2): ``chown`` gives it its own namespace all the same, and podman
+    hands each such mount to the job's range (its ``U`` option: at every start, the files
+    not owned by the job's root are given to it); ``refuse`` answers the launch a 409
+    (``userns_unavailable``) naming the mount; ``host`` keeps it in the host's namespace
+    (root in the job is root on those files). No field of a launch chooses."""
     job_userns_cards: bool = False
     """Card jobs get their own user namespace too (``false``: they keep the host's, as the
     NVIDIA stack under user namespaces is not dependable; check it on the driver first)."""

@@ -54,8 +54,9 @@ LABEL_SPEC = "tuneplane.spec"
 """A digest of each field of the spec the run was launched with (`jobs.retries`): a
 retry with another spec is told apart. The node's own: observe never shows it."""
 LABEL_USERNS = "tuneplane.userns"
-"""Whether the job has a user namespace of its own: ``own``, or ``host: <why>`` where the
-node left it the host's (`jobs.rules.isolation`). Observe shows it as ``userns``."""
+"""Whether the job has a user namespace of its own: ``own`` (``own: <how>`` where its
+writable mounts are handed to its range), or ``host: <why>`` where the node left it the
+host's (`jobs.rules.isolation`). Observe shows it as ``userns`` and ``userns_note``."""
 LABEL_FABRIC_ADDRESS = "tuneplane.fabric-address"
 """A fabric-network job's IPv4 address on the fabric (`jobs.rules.fabric`): the only record of
 which addresses of the operator's range are taken. Shown: the console may pass it on."""

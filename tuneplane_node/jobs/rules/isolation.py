@@ -1,11 +1,13 @@
 """How far a job is kept from the host, by the operator's rules: a user namespace of its
 own (`TUNEPLANE_JOB_USERNS`) and a sandboxed OCI runtime (`TUNEPLANE_JOB_SANDBOX`).
 
-A launch may ask for more (``container.isolation: "sandbox"``), never less. What the
-engine cannot give is said, never given silently less: a sandbox it lacks is a 409
-(`SandboxUnavailable`); a writable mount it cannot id-map keeps the job in the host's
-user namespace under ``auto`` (the label and observe say why), and is a 409 under
-``always`` (`UsernsUnavailable`).
+A launch may ask for more (``container.isolation: "sandbox"``), never less: no field of
+it turns a boundary off. What the engine cannot give is said, never given silently less:
+a sandbox it lacks is a 409 (`SandboxUnavailable`); a writable mount its runtime cannot
+id-map is the operator's to rule (`TUNEPLANE_JOB_USERNS_WRITABLE`): by default the job
+keeps its own namespace and the mount is handed to its range (``chown``), or it is a 409
+(``refuse``, or ``always``'s), or the job keeps the host's namespace (``host``, the label
+and observe say why).
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ from tuneplane_node.settings import NodeSettings, env_name
 log = logging.getLogger(__name__)
 USERNS = env_name("job_userns")
 USERNS_CARDS = env_name("job_userns_cards")
+WRITABLE = env_name("job_userns_writable")
+CHOWNED = "its writable mounts are handed to its range at each start (the runtime cannot id-map)"
+"""The note of a job whose writable mounts podman chowns (``U``) to its own namespace."""
 JOB_SANDBOX = env_name("job_sandbox")
 NVPROXY = "--nvproxy"
 RUNSC_NETWORK = "--network=host"
@@ -53,6 +58,7 @@ class IsolationRules:
 
     def __init__(self, settings: NodeSettings) -> None:
         self.userns = settings.job_userns
+        self.writable = settings.job_userns_writable
         self.userns_cards = settings.job_userns_cards
         self.sandbox = settings.job_sandbox
         self.runtime = settings.sandbox_runtime
@@ -66,10 +72,11 @@ class IsolationRules:
         own, note = self.own_userns(spec, cards, support, engine)
         if note:
             log.info(
-                "launch %s: keeps the host's user namespace: %s", spec.name, note,
+                "launch %s: %s user namespace: %s", spec.name,
+                "its own" if own else "keeps the host's", note,
                 extra=job_fields(spec.name, spec.labels.get(LABEL_RUN_ID), image=spec.image),
             )  # fmt: skip
-        return replace(spec, own_userns=own, userns_note=note)
+        return replace(spec, own_userns=own, userns_note=note, chown_mounts=note == CHOWNED)
 
     def wants_sandbox(self, spec: ContainerSpec, cards: int) -> bool:
         if spec.isolation == SANDBOX or self.sandbox == "all":
@@ -125,17 +132,34 @@ class IsolationRules:
         if cards and not self.userns_cards:
             return False, f"a job with cards ({USERNS_CARDS}=false)"
         unmapped = [] if support.idmap_mounts else writable_mounts(spec)
-        if unmapped:
-            runtime = f"{support.default_runtime} {support.runtime_version}".strip()
-            why = f"{unmapped[0]} is writable and the engine's runtime ({runtime}) cannot id-map it"
-            fix = "mount it read-only, or give the engine runc 1.2 or later or crun"
-            self._refuse_always(unmapped[0], why, fix)
-            return False, why
-        return True, ""
+        return self._unmapped(unmapped[0], support) if unmapped else (True, "")
+
+    def _unmapped(self, field: str, support: IsolationSupport) -> tuple[bool, str]:
+        """A writable mount the runtime cannot id-map (``field``), as the operator rules:
+        handed to the job's range (own namespace), refused, or the host's namespace."""
+        if self.writable == "chown":
+            return True, CHOWNED
+        runtime = f"{support.default_runtime} {support.runtime_version}".strip()
+        why = f"{field} is writable and the engine's runtime ({runtime}) cannot id-map it"
+        fix = "mount it read-only, or give the engine runc 1.2 or later or crun"
+        if self.writable == "refuse":
+            raise UsernsUnavailable(mount=field, why=why, fix=f"{fix}, or {WRITABLE}=chown")
+        self._refuse_always(field, why, fix)
+        return False, why
 
     def _refuse_always(self, mount: str, why: str, fix: str) -> None:
         if self.userns == "always":
             raise UsernsUnavailable(mount=mount, why=why, fix=f"{fix}, or {USERNS}=auto")
+
+
+UNMAPPED = {
+    "chown": f"handed to each job's range at its start ({WRITABLE}=chown: the runtime "
+    "cannot id-map; podman walks the mount each start)",
+    "refuse": f"refused, 409 ({WRITABLE}=refuse: the runtime cannot id-map)",
+    "host": f"kept in the host's namespace ({WRITABLE}=host: the runtime cannot id-map)",
+}
+"""What `check` says of writable mounts, by the operator's rule, where the runtime cannot
+id-map them."""
 
 
 def _proxies_cards(support: IsolationSupport, runtime: str) -> bool:
@@ -226,11 +250,7 @@ def _userns_finding(
             False,
             f"jobs: no {SUBID_USER} ranges for userns=auto: every launch would fail; {fix}",
         )
-    mapped = (
-        "id-mapped"
-        if support.idmap_mounts
-        else "kept in the host's namespace (runtime cannot id-map)"
-    )
+    mapped = "id-mapped" if support.idmap_mounts else UNMAPPED[rules.writable]
     cards = "" if rules.userns_cards else f"; card jobs keep the host's ({USERNS_CARDS}=false)"
     return True, (
         f"jobs: each gets its own user namespace (userns=auto, 65536 ids); writable "

@@ -60,6 +60,7 @@ from tuneplane_node.runtime.engines.podmanoptions import (
     OWN_USERNS,
     confined,
     fabric_endpoint,
+    handover,
     rdma_ulimits,
     tmpfs_mount,
 )
@@ -242,16 +243,20 @@ def create_body(
     options: Mapping[str, Any],
     storage: Mapping[str, str] | None = None,
     *,
-    own_userns: bool = False,
+    own_userns: str | None = None,
 ) -> dict[str, Any]:
     """libpod's create body for these create() options, with ``storage_opts`` and a
-    user namespace of the job's own where asked."""
+    user namespace of the job's own where asked (``own_userns``: how its writable binds
+    reach it, `handover`; podman-py renders no mount option of libpod's own)."""
     render: Any = podman.domain.containers_create.CreateMixin._render_payload  # private
     body: dict[str, Any] = render({**options})
     if storage is not None:
         body["storage_opts"] = dict(storage)
-    if own_userns:
+    if own_userns is not None:
         body.update(OWN_USERNS)
+        for mount in body.get("mounts") or []:
+            if mount.get("type") == "bind" and "ro" not in mount.get("options", []):
+                mount["options"] = [*mount.get("options", []), own_userns]
     return body
 
 
@@ -284,9 +289,6 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
         options.update(self._bounds(spec.confinement))
         options["mounts"] = [
             {"type": "bind", "source": m.host, "target": m.container, "read_only": m.read_only}
-            # A writable mount into the job's own namespace is id-mapped: the host sees its
-            # owner's files written (`jobs.rules.isolation` decided only where the runtime can).
-            | ({"options": ["idmap"]} if spec.own_userns and not m.read_only else {})
             for m in spec.mounts
         ]
         if spec.own_userns and spec.network == "host":
@@ -352,7 +354,9 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
                 "/containers/create",
                 headers={"content-type": "application/json"},
                 data=podman.api.prepare_body(
-                    create_body(options, storage, own_userns=spec.own_userns)
+                    create_body(
+                        options, storage, own_userns=handover(spec) if spec.own_userns else None
+                    )
                 ),
             )
             response.raise_for_status()

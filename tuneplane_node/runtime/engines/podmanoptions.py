@@ -58,6 +58,14 @@ OWN_USERNS = {
 ranges of /etc/subuid and /etc/subgid (podman-py has no field for idmappings)."""
 
 
+def handover(spec: ContainerSpec) -> str:
+    """How a writable bind reaches a job of its own namespace, as `jobs.rules.isolation`
+    decided: id-mapped (the host sees its owner's files written), or, where the runtime
+    cannot, handed to the job's range by podman at each start (``U``: every file not
+    owned by the job's root is chowned to it)."""
+    return "U" if spec.chown_mounts else "idmap"
+
+
 HOST_SYS = {"type": "bind", "source": "/sys", "target": "/sys", "read_only": True}
 
 

@@ -80,7 +80,7 @@ async def test_a_writable_mount_runc_cannot_map_is_handed_to_the_jobs_own_range(
 ) -> None:
     """Issue 51: one writable mount gave the job the host's namespace under the default;
     now it keeps its own, writes its mount, and the host sees its range own the files
-    (the one there before included: podman's ``U`` at its start)."""
+    (the one there before included: the node's hand-over before its start)."""
     data = tenant_dir(tmp_path)
     (data / "old").write_text("before\n")
     node = await make_node("podman")

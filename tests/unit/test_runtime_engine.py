@@ -31,7 +31,6 @@ from tuneplane_node.runtime.engines.engine import EngineRuntime, ErrorTable
 from tuneplane_node.runtime.engines.networks.jobnetwork import checked
 from tuneplane_node.runtime.engines.podman import ERRORS as PODMAN_ERRORS
 from tuneplane_node.runtime.engines.podman import PodmanRuntime, create_body
-from tuneplane_node.runtime.engines.podmanoptions import handover
 from tuneplane_node.runtime.facts import DeviceSupport
 from tuneplane_node.runtime.spec import (
     KEPT_CAPABILITIES,
@@ -271,25 +270,25 @@ def test_podman_is_given_the_size_in_libpods_own_field() -> None:
     assert body["entrypoint"] == ["sh"] and body["name"] == "j"  # podman-py's own rendering
 
 
-@pytest.mark.parametrize(("chown", "option"), [(True, "U"), (False, "idmap")])
-async def test_a_job_of_its_own_namespace_gets_its_writable_binds_handed_over(
-    chown: bool, option: str
+@pytest.mark.parametrize(("chown", "options"), [(True, []), (False, ["idmap"])])
+async def test_a_job_of_its_own_namespace_has_its_writable_binds_id_mapped_or_handed_over(
+    chown: bool, options: list[str]
 ) -> None:
-    """podman-py renders no mount option of libpod's (an ``options`` list is dropped, and
-    its own ``U`` key is never matched): the body itself carries them, on writable binds
-    only. Before issue 51 a writable bind reached such a job without ``idmap``."""
+    """podman-py renders no mount option of libpod's (it drops an ``options`` list): the
+    body itself says ``idmap``, on writable binds only; the node hands them over itself
+    where the runtime cannot map (`handover`). Before issue 51 no bind was id-mapped."""
     runtime = adapter("podman")
     spec = replace(
         SPEC, mounts=(Mount("/d", "/rw"), Mount("/m", "/ro", read_only=True)),
         own_userns=True, chown_mounts=chown, network="bridge",
     )  # fmt: skip
-    options = runtime.create_options(spec)
+    created = runtime.create_options(spec)
     await runtime.close()
-    body = create_body(options, own_userns=handover(spec))
+    body = create_body(created, None, spec)
     binds = {m["destination"]: m["options"] for m in body["mounts"] if m["type"] == "bind"}
-    assert binds == {"/rw": [option], "/ro": ["ro"]}
+    assert binds == {"/rw": options, "/ro": ["ro"]}
     assert body["idmappings"]["AutoUserNs"] is True
-    assert all("idmap" not in m["options"] for m in create_body(options)["mounts"])
+    assert create_body(created).get("idmappings") is None  # the host's: no spec of its own
 
 
 async def test_podman_options_say_the_same_in_libpods_words() -> None:

@@ -33,9 +33,9 @@ class JobSettings(BaseSettings):
     per-job namespaces: its ``userns-remap`` is the daemon's."""
     job_userns_writable: Literal["chown", "refuse", "host"] = "chown"
     """A job whose writable host mounts (or scratch) the engine's OCI runtime cannot
-    id-map (runc before 1.2): ``chown`` gives it its own namespace all the same, and podman
-    hands each such mount to the job's range (its ``U`` option: at every start, the files
-    not owned by the job's root are given to it); ``refuse`` answers the launch a 409
+    id-map (runc before 1.2): ``chown`` gives it its own namespace all the same, and the
+    node hands each such mount to the job's root before its start (where the top directory
+    is not its already: every entry, by descriptor); ``refuse`` answers the launch a 409
     (``userns_unavailable``) naming the mount; ``host`` keeps it in the host's namespace
     (root in the job is root on those files). No field of a launch chooses."""
     job_userns_cards: bool = False

@@ -28,8 +28,9 @@ log = logging.getLogger(__name__)
 USERNS = env_name("job_userns")
 USERNS_CARDS = env_name("job_userns_cards")
 WRITABLE = env_name("job_userns_writable")
-CHOWNED = "its writable mounts are handed to its range at each start (the runtime cannot id-map)"
-"""The note of a job whose writable mounts podman chowns (``U``) to its own namespace."""
+CHOWNED = "its writable mounts are handed to its range before it starts (the runtime cannot id-map)"
+"""The note of a job whose writable mounts the node hands to its own namespace's root
+(`runtime.engines.handover`)."""
 JOB_SANDBOX = env_name("job_sandbox")
 NVPROXY = "--nvproxy"
 RUNSC_NETWORK = "--network=host"
@@ -153,8 +154,8 @@ class IsolationRules:
 
 
 UNMAPPED = {
-    "chown": f"handed to each job's range at its start ({WRITABLE}=chown: the runtime "
-    "cannot id-map; podman walks the mount each start)",
+    "chown": f"handed to each job's range before its start ({WRITABLE}=chown: the runtime "
+    "cannot id-map; a walk of the mount where its owner is not the job's)",
     "refuse": f"refused, 409 ({WRITABLE}=refuse: the runtime cannot id-map)",
     "host": f"kept in the host's namespace ({WRITABLE}=host: the runtime cannot id-map)",
 }

@@ -24,7 +24,7 @@ import podman.domain.containers_create
 import podman.errors
 import requests.exceptions
 
-from tuneplane_node.errors import NodeError, SandboxUnavailable
+from tuneplane_node.errors import NodeError, SandboxUnavailable, SpecRefused
 from tuneplane_node.runtime.base import LABEL_RUN_ID, Brief, ContainerState
 from tuneplane_node.runtime.engines import dockerformat as fmt
 from tuneplane_node.runtime.engines import seccomp
@@ -35,6 +35,7 @@ from tuneplane_node.runtime.engines.engine import (
     Events,
     asked_support,
 )
+from tuneplane_node.runtime.engines.handover import hand_over_mounts
 from tuneplane_node.runtime.engines.isolation import maps_mount_ids
 from tuneplane_node.runtime.engines.networks import hostguard
 from tuneplane_node.runtime.engines.networks.egress import (
@@ -57,10 +58,9 @@ from tuneplane_node.runtime.engines.networks.jobnetwork import (
 from tuneplane_node.runtime.engines.podmanoptions import (
     CPU_PERIOD_US,
     HOST_SYS,
-    OWN_USERNS,
     confined,
     fabric_endpoint,
-    handover,
+    own_userns,
     rdma_ulimits,
     tmpfs_mount,
 )
@@ -242,22 +242,15 @@ class JobNetworks:
 def create_body(
     options: Mapping[str, Any],
     storage: Mapping[str, str] | None = None,
-    *,
-    own_userns: str | None = None,
+    spec: ContainerSpec | None = None,
 ) -> dict[str, Any]:
-    """libpod's create body for these create() options, with ``storage_opts`` and a
-    user namespace of the job's own where asked (``own_userns``: how its writable binds
-    reach it, `handover`; podman-py renders no mount option of libpod's own)."""
+    """libpod's create body for these create() options, with ``storage_opts`` and the
+    spec's user namespace of its own where it has one (`own_userns`)."""
     render: Any = podman.domain.containers_create.CreateMixin._render_payload  # private
     body: dict[str, Any] = render({**options})
     if storage is not None:
         body["storage_opts"] = dict(storage)
-    if own_userns is not None:
-        body.update(OWN_USERNS)
-        for mount in body.get("mounts") or []:
-            if mount.get("type") == "bind" and "ro" not in mount.get("options", []):
-                mount["options"] = [*mount.get("options", []), own_userns]
-    return body
+    return own_userns(body, spec) if spec is not None and spec.own_userns else body
 
 
 class PodmanRuntime(EngineRuntime, errors=ERRORS):
@@ -353,16 +346,18 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
             response = self.api.post(
                 "/containers/create",
                 headers={"content-type": "application/json"},
-                data=podman.api.prepare_body(
-                    create_body(
-                        options, storage, own_userns=handover(spec) if spec.own_userns else None
-                    )
-                ),
+                data=podman.api.prepare_body(create_body(options, storage, spec)),
             )
             response.raise_for_status()
             container = self.client.containers.get(response.json()["Id"])
         if spec.runtime:
             self._check_runtime(container, spec.runtime)
+        try:
+            if spec.chown_mounts:  # its range chosen by the create: before its start
+                hand_over_mounts(container.attrs.get("HostConfig") or {}, spec.mounts)
+        except SpecRefused:
+            self._or(None, self._remove, container.id)
+            raise
         return container
 
     @functools.cache  # noqa: B019  # one service, one store, for the runtime's life

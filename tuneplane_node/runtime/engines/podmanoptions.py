@@ -58,12 +58,15 @@ OWN_USERNS = {
 ranges of /etc/subuid and /etc/subgid (podman-py has no field for idmappings)."""
 
 
-def handover(spec: ContainerSpec) -> str:
-    """How a writable bind reaches a job of its own namespace, as `jobs.rules.isolation`
-    decided: id-mapped (the host sees its owner's files written), or, where the runtime
-    cannot, handed to the job's range by podman at each start (``U``: every file not
-    owned by the job's root is chowned to it)."""
-    return "U" if spec.chown_mounts else "idmap"
+def own_userns(body: dict[str, Any], spec: ContainerSpec) -> dict[str, Any]:
+    """A create body given a user namespace of the job's own (`OWN_USERNS`), its writable
+    binds id-mapped unless the node hands them to its range (`handover`): podman-py
+    renders no mount option of libpod's (it drops ``options``), so the body says them."""
+    body.update(OWN_USERNS)
+    for mount in body.get("mounts") or [] if not spec.chown_mounts else ():
+        if mount.get("type") == "bind" and "ro" not in mount.get("options", []):
+            mount["options"] = [*mount.get("options", []), "idmap"]
+    return body
 
 
 HOST_SYS = {"type": "bind", "source": "/sys", "target": "/sys", "read_only": True}

@@ -201,7 +201,10 @@ def test_a_hold_writes_the_chain_once_then_adds_the_bridges_jump(fake: FakeIptab
 
     fake.asked.clear()
     assert held.hold("cni-podman8") is None
-    assert fake.verbs() == ["-C", "-I"]  # the chain is written: a launch costs two runs
+    assert fake.verbs() == ["-C", "-I"]  # the chain is written: the jump looked for, added
+    fake.asked.clear()
+    assert held.hold("cni-podman9", fresh=True) is None
+    assert fake.verbs() == ["-I"]  # podman's bridge, just made: a launch costs one run
 
 
 def test_a_moved_default_route_writes_the_chain_again(fake: FakeIptables, tmp_path: Path) -> None:

@@ -213,7 +213,7 @@ class JobNetworks:
         bridge = _make_network(self.api(), spec, self.store())
         self.guard.hold(bridge)
         if bridge:
-            self.egress.hold(bridge)
+            self.egress.hold(bridge, fresh=True)
 
     def forget(self, container: str) -> None:
         """After its container (or its failed create): its network, any other whose job

@@ -243,9 +243,11 @@ class EgressRule:
         self._written: dict[tuple[int, int, str], tuple[str, ...]] = {}  # -> its uplinks
         self._said: set[str] = set()
 
-    def hold(self, bridge: str, *, ipv6: bool = False) -> str | None:
+    def hold(self, bridge: str, *, ipv6: bool = False, fresh: bool = False) -> str | None:
         """The jump for a job network's ``bridge`` (its chain written first); None once
-        it holds (or the rule is off), else why not."""
+        it holds (or the rule is off), else why not. ``fresh``: a bridge just made (a
+        podman job's network), whose jump is added without a look first: a leftover of
+        an earlier bridge of its name is the same rule, and goes with it at the sweep."""
         if self.policy is None:
             return None
         with self._lock:
@@ -254,7 +256,8 @@ class EgressRule:
             if why is None and parent == DOCKER_USER:
                 why = firewall_missing(pid)
             for family in (4, 6) if ipv6 else (4,):
-                why = why or self._hold(pid, family, jump(parent, bridge, self.chain))
+                wanted = jump(parent, bridge, self.chain)
+                why = why or self._hold(pid, family, wanted, look=not fresh)
             return self._once(why)
 
     def hold_host(self, path: str, *, make: bool) -> str | None:
@@ -277,13 +280,14 @@ class EgressRule:
             return 0, "iptables-restore is not on this machine"
         return engine_pid(self.socket_path)
 
-    def _hold(self, pid: int, family: int, wanted: list[str]) -> str | None:
-        """``wanted`` added (after its chain) unless it is there; a chain gone behind
-        the node's back (a firewall's reload) is written again, and the jump with it."""
+    def _hold(self, pid: int, family: int, wanted: list[str], *, look: bool = True) -> str | None:
+        """``wanted`` added (after its chain) unless it is there (``look``); a chain gone
+        behind the node's back (a firewall's reload) is written again, and the jump with
+        it."""
         iptables = enter(pid, family_tool(self.tool(pid), family))
         chain = wanted[-1]
         why = self._write(pid, family, chain)
-        if why is not None or run([*iptables, "-C", *wanted]).returncode == 0:
+        if why is not None or (look and run([*iptables, "-C", *wanted]).returncode == 0):
             return why
         added = run([*iptables, "-I", *wanted])
         if added.returncode != 0:  # the chain gone, or the one jumped from not made yet

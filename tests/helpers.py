@@ -641,6 +641,10 @@ def engine_settings(engine: str, **overrides: object) -> NodeSettings:
         # The development engines run --bridge=none --iptables=false: docker's isolation
         # would hold nothing there. The network tests ask for theirs (test_daemon_jobnet).
         "job_network": "bridge",
+        # They run in the machine's network namespace, whose firewall no test touches: a
+        # host-network job's egress rule would land in its OUTPUT chain. The egress tests
+        # ask for it, on engines in namespaces of their own (test_daemon_egress).
+        "job_egress_rule": False,
     }
     base.update(overrides)
     # The suite's engines where the test names none; the one the node uses is asked

@@ -84,6 +84,8 @@ def netns_podman() -> Iterator[ThrowawayPodman]:
 
 
 async def engine_node(make_node: MakeNode, engine: Engine, **settings: Any) -> Console:
+    """A node on ``engine``, the egress rule on (the default) unless ``settings`` say."""
+    settings = {"job_egress_rule": True, **settings}  # the suite's engines have it off
     if isinstance(engine, ThrowawayDocker):
         return await make_node("docker", docker_host=engine.host, **settings)
     return await make_node("podman", podman_url=engine.host, **settings)

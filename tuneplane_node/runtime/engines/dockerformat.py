@@ -82,6 +82,13 @@ def image_from_inspect(data: Mapping[str, Any]) -> ImageInfo:
     )
 
 
+def image_named(image: str, doc: Mapping[str, Any] | None) -> ImageInfo | None:
+    """The image ``image`` names, of its inspect document (None: the engine has none,
+    or it is not what a reference by digest names: `names_by_digest`)."""
+    info = image_from_inspect(doc) if doc is not None else None
+    return info if info is None or names_by_digest(image, info) else None
+
+
 def names_by_digest(image: str, info: ImageInfo) -> bool:
     """Whether ``info`` is what ``image`` names, where ``image`` names a digest: one of
     the image's registry digests is that digest of that repository. Podman resolves

@@ -519,8 +519,7 @@ class EngineRuntime(EngineImages, EngineMounts, EngineEgress, EngineProcesses, E
 
     async def image_info(self, image: str) -> ImageInfo | None:
         doc = await self._call_or(f"inspect image {image}", None, self._inspect_image, image)
-        info = fmt.image_from_inspect(doc) if doc is not None else None
-        return info if info is None or fmt.names_by_digest(image, info) else None
+        return fmt.image_named(image, doc)
 
     async def pull(
         self,

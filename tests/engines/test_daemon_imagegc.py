@@ -303,9 +303,9 @@ async def test_a_pull_that_cannot_fit_is_refused_with_507_before_any_blob_is_ask
     ref, answer = await node.launch(image=image, gpus=1, expect=507)
 
     assert "bytes compressed" in answer["detail"] and f"threshold {high}%" in answer["detail"]
-    # Its figures as fields: nothing the node may remove, so nothing was.
+    # Its figures as fields; what a GC run could free is not the tenant's to learn.
     assert answer["needed_bytes"] > 2 * 2**20 and answer["high_percent"] == high
-    assert answer["freeable_bytes"] == 0 and answer["free_bytes"] > 0
+    assert answer["freeable_bytes"] is None and answer["free_bytes"] > 0
     assert (await node.observe(ref))[ref]["exists"] is False  # nothing created
     health = await node.answered_health()
     assert (health["gpus_reserved"], health["gpus_free"]) == (0, 4)  # nothing reserved

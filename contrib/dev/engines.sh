@@ -74,6 +74,7 @@ install_packages() {
     command -v promtool >/dev/null || missing+=(prometheus) # checks the /metrics exposition
     command -v mkfs.ext4 >/dev/null || missing+=(e2fsprogs) # a job's scratch space (ext4)
     command -v runsc >/dev/null || missing+=(runsc) # gVisor: sandboxed jobs (issue 37)
+    command -v dbus-daemon >/dev/null || missing+=(dbus-daemon) # a fake logind's bus
     # The hostile-job tests build static binaries (a setuid one, a port binder) with gcc.
     command -v gcc >/dev/null || missing+=(gcc)
     dpkg -s libc6-dev >/dev/null 2>&1 || missing+=(libc6-dev)

@@ -18,6 +18,7 @@ from tuneplane_node.checks.gpus import (
     check_gpus,
     check_rdma,
 )
+from tuneplane_node.checks.notices import check_notices
 from tuneplane_node.checks.storage import (
     check_disk,
     check_mount_roots,
@@ -47,6 +48,7 @@ def check(settings: NodeSettings) -> int:
         check_fabrics,
         check_fabric_network,
         check_rdma,
+        check_notices,
         check_port,
     )
     failed = False

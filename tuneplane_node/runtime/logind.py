@@ -33,6 +33,15 @@ PREPARE = MatchRule(
     member="PrepareForShutdown",
     path="/org/freedesktop/login1",
 )
+"""What the bus is asked to send: logind's own signal (the bus knows its owner)."""
+HEARD = MatchRule(
+    type="signal",
+    interface="org.freedesktop.login1.Manager",
+    member="PrepareForShutdown",
+    path="/org/freedesktop/login1",
+)
+"""How this connection picks it out: a signal carries its sender's unique name, not
+``org.freedesktop.login1``, and the bus delivers only what `PREPARE` lets through."""
 
 
 class LogindUnavailable(Exception):
@@ -57,7 +66,7 @@ class Logind:
             raise LogindUnavailable(f"the system bus does not answer: {exc}") from exc
         self._connection = connection
         self._filter = contextlib.ExitStack()
-        self._signals = self._filter.enter_context(connection.filter(PREPARE))
+        self._signals = self._filter.enter_context(connection.filter(HEARD))
 
     def delay_max_s(self) -> float:
         """logind's ``InhibitDelayMaxSec``: the most a delay lock holds a shutdown."""

@@ -33,6 +33,7 @@ class Notice:
     ends_jobs: bool
     deadline: datetime | None = None
     detail: str = ""
+    margin_s: float | None = None  # before the deadline every stop ends (None: the node's)
 
     @property
     def reason(self) -> str:

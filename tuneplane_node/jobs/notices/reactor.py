@@ -106,9 +106,8 @@ class NoticeReactor:
         node = self.keeper.node
         if node.notice == notice.key and node.state in (DRAINING, DRAINED):
             return
-        plan = plan_for(
-            notice.deadline, self.clock.now(), margin_s=self.margin_s, stop_s=self.stop_s
-        )
+        margin = self.margin_s if notice.margin_s is None else notice.margin_s
+        plan = plan_for(notice.deadline, self.clock.now(), margin_s=margin, stop_s=self.stop_s)
         log.warning(
             "draining for %s: warnings now, every stop over in %.0f s", notice.reason,
             (plan.grace or 0) + (plan.warn_s or 0),

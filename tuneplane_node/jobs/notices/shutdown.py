@@ -62,7 +62,11 @@ class ShutdownWatcher:
             pass
         delay = self.delay_s or 0.0
         deadline = self.clock.now() + timedelta(seconds=delay)
-        notice = Notice("logind", SHUTDOWN, KEY, True, deadline, "PrepareForShutdown")
+        # Its own margin: the lock goes RELEASE_EARLY_S before the delay ends, and a
+        # cloud's 10 s would be all of logind's default 5.
+        notice = Notice(
+            "logind", SHUTDOWN, KEY, True, deadline, "PrepareForShutdown", RELEASE_EARLY_S
+        )
         await self.reactor.react("logind", [notice])
 
     async def _drained_or_late(self) -> None:

@@ -71,6 +71,8 @@ class Container:
     network: str = ""
     user: str = ""
     stop_signal: str = ""
+    warn_signal: str = ""  # the warning before the node's own stops; "": the operator's
+    warn_s: float | str = ""  # seconds from it to the stop signal; "": the operator's
     isolation: str = ""  # "sandbox": under the node's sandbox runtime; "": the node's rule
     rdma: bool | None = None
     read_only_root: bool | None = None  # None: the node's rule (its operator's true holds)
@@ -100,7 +102,7 @@ class Container:
 
 _PLAIN: tuple[str, ...] = (
     *("name", "env", "labels", "workdir", "shm_size", "cpu_limit", "memory_limit"),
-    *("network", "user", "stop_signal", "pull_policy", "isolation"),
+    *("network", "user", "stop_signal", "pull_policy", "isolation", "warn_signal", "warn_s"),
 )
 """The container's fields sent as they are, when given."""
 

@@ -122,8 +122,10 @@ class NodeStateKeeper:
     ) -> NodeState:
         """Cordon, then cancel every pending launch and stop every running job as the
         plan says (its warning, the job's stop signal, SIGKILL after the grace period),
-        in the background: draining, then drained. ``notice``: the notice that drains it,
-        else the operator; ``stopping_as``: how its stops are noted (``drain: <reason>``)."""
+        in the background: draining, then drained. A plan without a warning warns each
+        job as it asked at launch, else as the operator said (`Stopper.warned`).
+        ``notice``: the notice that drains it, else the operator; ``stopping_as``: how its
+        stops are noted (``drain: <reason>``)."""
         grace = self.settings.local_stop_timeout if plan.grace is None else plan.grace
         await self.close()
         draining = self.node.to(DRAINING, reason, self.store.stamp(), notice=notice)
@@ -171,9 +173,7 @@ class NodeStateKeeper:
             running = [state for state in await self.runtime.ps() if state.status in RUNNING]
             if not running:
                 return DrainPass.AGAIN if len(self.launcher.pending) else DrainPass.DRAINED
-            await self.store.save(self.node.stopped((s.handle for s in running), why))
-            stops = [self.stopper.stop(state.name, plan) for state in running]
-            failed = [r for r in await asyncio.gather(*stops, return_exceptions=True) if r]
+            failed = await self.stopper.stop_by_node(running, why, plan)
         except NodeError as exc:
             log.warning("drain: %s; trying again in %g s", exc.message, DRAIN_RETRY_S)
             return DrainPass.LATER

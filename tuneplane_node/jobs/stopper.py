@@ -6,11 +6,14 @@ A missing or foreign container is nothing to do, and no error: the service's "ou
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Protocol
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock, rfc3339
-from tuneplane_node.errors import NotRunning
+from tuneplane_node.errors import NodeError, NotRunning
 from tuneplane_node.jobs.launcher import Launcher
 from tuneplane_node.jobs.locks import RefLocks
 from tuneplane_node.jobs.nodestate import NodeStateStore
@@ -18,7 +21,8 @@ from tuneplane_node.jobs.observe.results import Own, Stopping, StopPlan
 from tuneplane_node.logformat import job_fields
 from tuneplane_node.runtime.base import RUNNING, ContainerState
 from tuneplane_node.settings import LifecycleSettings
-from tuneplane_node.signals import DEFAULT_STOP_SIGNAL
+from tuneplane_node.signals import DEFAULT_STOP_SIGNAL, job_signal
+from tuneplane_node.wire.values import LABEL_WARN_S, LABEL_WARN_SIGNAL
 from tuneplane_node.wire.values import SIGNALLED as SIGNALLED
 from tuneplane_node.wire.values import WARNED as WARNED
 
@@ -104,6 +108,43 @@ class Stopper:
                 del self.stopping[ref]
                 self.launcher.changes.changed(ref)  # observe shows no stop under way now
 
+    async def stop_by_node(
+        self,
+        states: Sequence[ContainerState],
+        reason: str,
+        plan: StopPlan = NO_PLAN,
+        *,
+        disk_used: int | None = None,
+    ) -> list[BaseException]:
+        """Stop jobs the node decided to stop on its own (a card's fault, a notice, a
+        drain, disk pressure): ``reason`` first, in the node state (observe's
+        ``stop_reason``; a restart keeps it; ``disk_used``: the bytes written, when that
+        is why), then every job at once, each warned as `warned` says. Answers the
+        errors of the stops that failed (a drain tries those again)."""
+        node = self.store.node.stopped((s.handle for s in states), reason, disk_used=disk_used)
+        try:
+            await self.store.save(node)
+        except NodeError as exc:  # in force all the same: the jobs must stop
+            log.warning("%s", exc.message)
+        stops = [self.stop(state.name, self.warned(state, plan)) for state in states]
+        return [r for r in await asyncio.gather(*stops, return_exceptions=True) if r is not None]
+
+    def warned(self, state: ContainerState, plan: StopPlan = NO_PLAN) -> StopPlan:
+        """The plan of a stop the node makes on its own: a plan with a warning of its own
+        (an operator's drain that gave one) as it is; else the job's launch's warning
+        (its `LABEL_WARN_SIGNAL`, `LABEL_WARN_S`), else the operator's
+        (``TUNEPLANE_JOB_WARN_SIGNAL``, ``TUNEPLANE_JOB_WARN_S``), its time no longer than
+        the plan's ``warn_s`` where it has one (a notice's clock)."""
+        if plan.warn_signal:
+            return plan
+        labels = state.labels
+        signal = job_signal(labels.get(LABEL_WARN_SIGNAL)) or self.settings.job_warn_signal
+        if signal is None:
+            return plan
+        wanted = _seconds(labels.get(LABEL_WARN_S), self.settings.job_warn_s)
+        warn_s = wanted if plan.warn_s is None else min(wanted, plan.warn_s)
+        return replace(plan, warn_signal=signal, warn_s=warn_s)
+
     async def signal(self, ref: str, signal: str) -> None:
         """Send a running job a signal, the job going on (a checkpoint request): a pending
         launch, or a job that is not running, is a `NotRunning` (409). So is one that
@@ -183,3 +224,12 @@ class Stopper:
         await self.runtime.remove(state.handle)
         await self.launcher.release_mounts(state.labels)
         await self.store.forget(state)
+
+
+def _seconds(label: str | None, default: float) -> float:
+    """A label's seconds (written by the node: a number); else ``default``."""
+    try:
+        value = float(label) if label else default
+    except ValueError:
+        return default
+    return value if 0 <= value < float("inf") else default

@@ -19,6 +19,8 @@ from tuneplane_node.wire.values import (
     LABEL_GPUS,
     LABEL_RUNTIME,
     LABEL_USERNS,
+    LABEL_WARN_S,
+    LABEL_WARN_SIGNAL,
     Mount,
     Scratch,
     Volume,
@@ -145,6 +147,9 @@ class ContainerSpec:
     network: str = "host"
     user: str | None = None
     stop_signal: str | None = None  # None: the image's STOPSIGNAL, else SIGTERM
+    # The console's word for the node's own stops (labels LABEL_WARN_*); None: the operator's.
+    warn_signal: str | None = None
+    warn_s: float | None = None
     rdma: bool | None = None  # the console's word: None for the node's rule (TUNEPLANE_RDMA)
     # The node's decision: the host's RDMA devices, each handed in at RDMA_DIR/<name>,
     # with memlock unlimited and RDMA_CAPABILITY (verbs pin the memory they register).
@@ -195,4 +200,8 @@ def job_labels(spec: ContainerSpec) -> dict[str, str]:
         labels[LABEL_USERNS] = f"{kind}: {spec.userns_note}" if spec.userns_note else kind
     if spec.runtime:
         labels[LABEL_RUNTIME] = spec.runtime
+    if spec.warn_signal:
+        labels[LABEL_WARN_SIGNAL] = spec.warn_signal
+    if spec.warn_s is not None:
+        labels[LABEL_WARN_S] = f"{spec.warn_s:g}"
     return labels

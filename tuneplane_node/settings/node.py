@@ -43,6 +43,7 @@ from tuneplane_node.settings.views import (
     made_from,
 )
 from tuneplane_node.settings.volumes import VolumeStoreSettings
+from tuneplane_node.signals import JOB_SIGNALS, job_signal
 from tuneplane_node.sizes import MAX_SIZE, size_in_bytes
 
 DEFAULT_STORAGE = Path(".tuneplane-data/storage")
@@ -113,6 +114,13 @@ class NodeSettings(NoticeSettings, VolumeStoreSettings, JobSettings):
     """Seconds one engine call may take. TUNEPLANE_LOCAL_CLI_TIMEOUT is the old name."""
     local_stop_timeout: float = Field(30.0, ge=0, le=30 * DAY, allow_inf_nan=False)
     """Seconds between SIGTERM and SIGKILL when a job is stopped without a timeout."""
+    job_warn_signal: str | None = None
+    """The signal every stop the node makes on its own (a card's fault, a cloud's notice, a
+    drain without a warning of its own, disk pressure) warns a job with first, where its
+    launch gave no ``container.warn_signal``; unset: no warning (the stop signal alone)."""
+    job_warn_s: float = Field(30.0, ge=0, le=30 * DAY, allow_inf_nan=False)
+    """Seconds from that warning to the stop signal, where the launch gave no
+    ``container.warn_s`` (a notice whose deadline leaves less gives less)."""
     local_container_ttl_s: float = Field(DAY, ge=0, le=3650 * DAY, allow_inf_nan=False)
     """Seconds an exited (or never-started) job container is kept before reap removes it."""
     logs_max_bytes: int = Field(8 * 2**20, ge=1024, le=2**30)
@@ -236,6 +244,15 @@ class NodeSettings(NoticeSettings, VolumeStoreSettings, JobSettings):
     @classmethod
     def _lower_format(cls, fmt: object) -> object:
         return fmt.strip().lower() if isinstance(fmt, str) else fmt
+
+    @field_validator("job_warn_signal")
+    @classmethod
+    def _a_job_signal(cls, name: str | None) -> str | None:
+        if name is None or name == "":
+            return None
+        if (known := job_signal(name)) is None:
+            raise ValueError(f"must be one of {', '.join(JOB_SIGNALS)}")
+        return known
 
     @field_validator("node_token")
     @classmethod

@@ -72,12 +72,15 @@ class LifecycleSettings:
     """The end of a job's container (the stopper, the reaper, the drain): a stop's
     grace without one of its own, an engine call's deadline (a wait for an exit, the age
     of a never-started container that is wreckage), how long an exited one is kept, and
-    the relist period the wreckage sweep follows."""
+    the relist period the wreckage sweep follows; the warning a stop the node makes on
+    its own gives a job whose launch said none."""
 
     local_stop_timeout: float
     local_api_timeout: float
     local_container_ttl_s: float
     state_relist_s: float
+    job_warn_signal: str | None
+    job_warn_s: float
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,7 @@ from tuneplane_node.wire.values import (
     Launch,
 )
 from tuneplane_node.wire.volumes import VOLUMES
+from tuneplane_node.wire.warning import WARN_S, WARN_SIGNAL
 
 NETWORKS = ("host", "bridge", "none")
 ENGINE_LABELS = ("com.docker.", "io.containers.", "io.podman.", "org.opencontainers.")
@@ -473,6 +474,8 @@ CONTAINER = Body(
             "else `SIGTERM`. Observe's `stop_signal` says which one the job has.",
             read=_stop_signal,
         ),
+        WARN_SIGNAL,
+        WARN_S,
         Field(
             "rdma",
             or_empty({"type": "boolean"}),

@@ -65,11 +65,18 @@ LABEL_RUNTIME = "tuneplane.runtime"
 LABEL_VOLUMES = "tuneplane.volumes"
 """The sha256 of each volume store entry a job binds, ``<hex>,<hex>``: what eviction
 never removes while the container exists. The node's own: no answer shows it."""
+LABEL_WARN_SIGNAL = "tuneplane.warn-signal"
+"""The signal the job asked to be warned with (``container.warn_signal``) before a stop the
+node makes on its own; absent: the operator's ``TUNEPLANE_JOB_WARN_SIGNAL``."""
+LABEL_WARN_S = "tuneplane.warn-s"
+"""Seconds from that warning to the stop signal (``container.warn_s``); absent: the
+operator's ``TUNEPLANE_JOB_WARN_S``."""
 SANDBOX = "sandbox"
 """``container.isolation``'s one value: the job runs under the node's sandbox runtime."""
 NODE_LABELS = (
     LABEL_RUN_ID, LABEL_GPUS, LABEL_NETWORK, LABEL_MOUNTS, LABEL_DISK_LIMIT, LABEL_SPEC,
-    LABEL_USERNS, LABEL_RUNTIME, LABEL_VOLUMES, LABEL_FABRIC_ADDRESS,
+    LABEL_USERNS, LABEL_RUNTIME, LABEL_VOLUMES, LABEL_FABRIC_ADDRESS, LABEL_WARN_SIGNAL,
+    LABEL_WARN_S,
 )  # fmt: skip
 HIDDEN_LABELS = frozenset(
     {LABEL_SPEC, LABEL_MOUNTS, LABEL_DISK_LIMIT, LABEL_USERNS, LABEL_RUNTIME, LABEL_VOLUMES}

@@ -259,13 +259,11 @@ class DiskMonitor:
         self._stops = {name: t for name, t in self._stops.items() if not t.done()}
 
     async def _stopped(self, state: ContainerState, figures: DiskFigures, reason: str) -> None:
-        """The reason first, in the node state (a restart keeps it), then the stop."""
-        node = self.store.node.stopped([state.handle], reason, disk_used=figures.used_bytes)
-        try:
-            await self.store.save(node)
-        except NodeError as exc:  # in force all the same: the job must stop
-            log.warning("%s", exc.message)
-        await self.stopper.stop(state.name)
+        """The reason first, in the node state (a restart keeps it), then the stop,
+        warned as the job asked (`Stopper.stop_by_node`)."""
+        used = figures.used_bytes
+        for error in await self.stopper.stop_by_node([state], reason, disk_used=used):
+            log.warning("disk monitor: stopping %s failed: %s", state.name, error)
 
     async def close(self) -> None:
         await self._tasks.close()

@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Generic, TypeVar
 
 from tuneplane_node.clock import Clock
+from tuneplane_node.errors import NodeError
 
 T = TypeVar("T")
 CANCEL_AGAIN_S = 10.0
@@ -33,6 +34,24 @@ CANCEL_AGAIN_S = 10.0
 seconds (a launch cancelled mid-create lets the engine's create finish, then removes what
 it made), a lost cancel forever; under systemd's 45 s stop (contrib/systemd)."""
 Ended = Callable[["asyncio.Task[Any]"], None]
+
+
+async def periodically(
+    step: Callable[[], Awaitable[object]],
+    *,
+    period_s: float,
+    clock: Clock,
+    logger: logging.Logger,
+    what: str,
+) -> None:
+    """``step`` now, then every ``period_s``, as long as the node runs; an engine that
+    does not answer (a `NodeError`) is said, and tried again next period."""
+    while True:
+        try:
+            await step()
+        except NodeError as exc:
+            logger.warning("%s: %s; trying again in %g s", what, exc.message, period_s)
+        await clock.sleep(period_s)
 
 
 def by_awaiters(task: asyncio.Task[Any]) -> None:

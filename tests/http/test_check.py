@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import os
 import socket
 import subprocess
 import time
@@ -364,3 +365,26 @@ def test_a_machine_without_iptables_is_told_its_bridged_jobs_reach_its_ports(
     level, line = engine_checks.job_network_finding(settings)
     assert level == WARN, line
     assert line.endswith("reaches this machine's ports: iptables or nsenter is not on this machine")
+
+
+def test_a_card_left_with_a_process_or_out_for_a_fault_is_named(
+    check: Check, tmp_path: Path
+) -> None:
+    """Issue 53: a card no launch gets though no job of the node holds it."""
+    simulation = tmp_path / "gpus.json"
+    cards = [
+        {"index": 0, "xid": [48]},
+        {"index": 1, "processes": [{"pid": os.getpid(), "used_mib": 20480}]},
+        {"index": 2},
+    ]
+    simulation.write_text(json.dumps({"driver": "580.1", "cards": cards}))
+    code, lines, out = check(
+        TUNEPLANE_GPU_SIMULATION_FILE=str(simulation), TUNEPLANE_LOCAL_GPU_COUNT=""
+    )
+    assert code == 0, out
+    assert lines["gpu 0"].startswith("warn gpu 0: out: XID 48 at ")
+    assert lines["gpu 1"] == (
+        f"warn gpu 1: draining: compute process {os.getpid()} on it, no job of the node: "
+        "no launch gets it until it is gone"
+    )
+    assert "gpu 2" not in lines

@@ -50,6 +50,8 @@ SHAPES: dict[type[client.Answer], tuple[Any, ...]] = {
     client.PendingPull: (answers.PendingPullJson,),
     client.Process: (answers.ProcessJson,),
     client.Card: (answers.CardJson,),
+    client.CardFault: (answers.CardFaultJson,),
+    client.Breaker: (answers.BreakerJson,),
     client.CardState: (answers.CardStateJson,),
     client.Probe: (answers.ProbeJson,),
     client.Health: (answers.HealthJson,),

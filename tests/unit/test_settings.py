@@ -43,7 +43,13 @@ def test_defaults_are_the_documented_ones() -> None:
     assert settings.storage == Path(".tuneplane-data/storage")
     assert (settings.model_dirs, settings.fabrics) == ([], [])
     assert settings.gpu_simulation_file is None
-    assert settings.gpu_xid_ignore == [13, 31, 43, 45, 68, 109]
+    assert settings.gpu_xid_ignore == []
+    assert settings.gpu_xid_job == [13, 31, 43, 45, 68, 94]
+    assert (settings.gpu_xid_card, settings.gpu_xid_node) == (
+        [48, 63, 64, 74, 95, 109, 119, 120],
+        [79],
+    )
+    assert (settings.gpu_breaker_per_hour, settings.gpu_fault_poll_s) == (4, 2)
     assert settings.gpu_xid_quarantine_s == 600
 
 

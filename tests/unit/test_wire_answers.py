@@ -273,6 +273,8 @@ HEALTH_KEYS = [
     "gpu_detail",
     "explain",
     "gpu_probe",
+    "draining",  # issue 53
+    "gpu_breaker",
     "node_state",  # added after every field of 0.3.15
     "gpu_ready",  # issue 25
     "gpu_not_ready_reason",
@@ -295,6 +297,7 @@ CARD_KEYS = [
     "unhealthy",
     "processes",
     "numa_node",
+    "fault",  # issue 53
     "state",
 ]
 GIB = 2**30

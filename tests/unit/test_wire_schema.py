@@ -240,6 +240,7 @@ VERBS = [
     ("CordonBody", verbs.parse_cordon, {}),
     ("DrainBody", verbs.parse_drain, {}),
     ("UncordonBody", verbs.parse_uncordon, {}),
+    ("ResetBreakerBody", verbs.parse_reset_breaker, {}),
     ("PrefetchBody", images.parse_prefetch, {"image": "registry/trainer:1"}),
     ("ImageGcBody", images.parse_image_gc, {}),
     ("VolumePullBody", volumes.parse_volume_pull, {"source": "https://h/w", "sha256": "a" * 64}),

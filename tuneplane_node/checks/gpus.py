@@ -10,12 +10,13 @@ from typing import TYPE_CHECKING
 
 from tuneplane_node import inventory
 from tuneplane_node.checks.findings import FAIL, OK, WARN, Finding
-from tuneplane_node.errors import ConfigError
+from tuneplane_node.errors import ConfigError, NodeError
 from tuneplane_node.settings import NodeSettings, env_name
 
 NET_SYSFS = Path("/sys/class/net")
 
 if TYPE_CHECKING:
+    from tuneplane_node.gpu.allocator import GpuAllocator
     from tuneplane_node.gpu.probe import GpuProbe, GpuSnapshot
 
 
@@ -70,17 +71,38 @@ async def _ready_finding(settings: NodeSettings, probe: GpuProbe) -> list[Findin
     except ConfigError:
         return []  # the engine step has said so
     try:
-        readiness = await GpuAllocator(runtime, settings, probe=probe).ready()
+        allocator = GpuAllocator(runtime, settings, probe=probe)
+        readiness = await allocator.ready()
+        held = await _held_cards(allocator)
     finally:
         await runtime.close()
     if readiness.ready is None:
+        return [(OK, "gpu jobs: none here (no cards)"), *held]
         return [(OK, "gpu jobs: none here (no cards)")]
     if not readiness.ready:
-        return [(FAIL, f"gpu jobs: cannot run: {readiness.reason}")]
+        return [(FAIL, f"gpu jobs: cannot run: {readiness.reason}"), *held]
     if not settings.local_gpu_passthrough:
         setting = f"{env_name('local_gpu_passthrough')}=false"
-        return [(WARN, f"gpu jobs: {setting}: jobs are labelled with cards but see none")]
-    return [(OK, f"gpu jobs: ready, {runtime.name} can hand the cards to containers")]
+        return [(WARN, f"gpu jobs: {setting}: jobs are labelled with cards but see none"), *held]
+    return [(OK, f"gpu jobs: ready, {runtime.name} can hand the cards to containers"), *held]
+
+
+async def _held_cards(allocator: GpuAllocator) -> list[Finding]:
+    """The cards no launch gets now though no job of the node holds them: a compute
+    process left on one (a job's that outlived its container drains it: the daemon
+    keeps it out until it is gone), a fault that takes it out."""
+    try:
+        occupancy = await allocator.occupancy()
+    except NodeError:
+        return []  # the engine step has said so
+    found: list[Finding] = []
+    for index, pids in sorted(occupancy.external.items()):
+        listed = ", ".join(str(pid) for pid in pids)
+        found.append((WARN, f"gpu {index}: draining: compute process {listed} on it, no job of "
+                            "the node: no launch gets it until it is gone"))  # fmt: skip
+    for index, why in sorted(occupancy.unhealthy.items()):
+        found.append((WARN, f"gpu {index}: out: {why}"))
+    return found
 
 
 def check_fabrics(settings: NodeSettings) -> list[Finding]:

@@ -15,8 +15,10 @@ installs it without the daemon (the ``tuneplane-node-sdk`` distribution,
 
 from tuneplane_node.client.aio import AsyncNodeClient
 from tuneplane_node.client.answers import (
+    Breaker,
     Cache,
     Card,
+    CardFault,
     CardState,
     CardUsage,
     Conditions,
@@ -104,6 +106,7 @@ from tuneplane_node.client.volumes import (
 )
 from tuneplane_node.client.watch import Backoff
 from tuneplane_node.client.words import (
+    FaultScope,
     JobStatus,
     LaunchPhase,
     NodeStateName,
@@ -122,9 +125,11 @@ __all__ = [
     "AsyncNodeClient",
     "Backoff",
     "BadRequest",
+    "Breaker",
     "Cache",
     "Call",
     "Card",
+    "CardFault",
     "CardState",
     "CardUsage",
     "ClientError",
@@ -141,6 +146,7 @@ __all__ = [
     "EvictedVolume",
     "Fabric",
     "FabricAddressesExhausted",
+    "FaultScope",
     "FieldError",
     "Filesystem",
     "Forbidden",

@@ -258,6 +258,13 @@ class AsyncNodeClient:
         Example: ``(await node.cordon("kernel upgrade")).state``."""
         return await self.call(calls.cordon(reason))
 
+    async def reset_breaker(self) -> answers.Breaker:
+        """Reset the GPU circuit breaker (an ``operate`` token): the hour's count starts
+        again; the faulted cards it kept in stay in, no longer counted.
+
+        Example: ``(await node.reset_breaker()).tripped``."""
+        return await self.call(calls.reset_breaker())
+
     async def uncordon(self) -> answers.NodeState:
         """Take launches again.
 

@@ -21,6 +21,7 @@ from types import MappingProxyType
 from typing import Any, ClassVar, TypeVar
 
 from tuneplane_node.client.words import (
+    FaultScope,
     JobStatus,
     LaunchPhase,
     NodeStateName,
@@ -107,6 +108,7 @@ class JobState(Answer):
     stopping: Stopping | None = None
     disk_used_bytes: int | None = None  # written to the engine's disk (running, or at a stop)
     disk_limit_bytes: int | None = None
+    gpu_fault: str | None = None  # a job-scope fault of a card it holds (XID 13): no stop
     pending_phase: PendingPhase | None = None
     pending_image: str | None = None
     pending_elapsed_s: float | None = None
@@ -267,6 +269,29 @@ class Process(Answer):
 
 
 @dataclass(frozen=True)
+class CardFault(Answer):
+    """A card's fault as the node judged it: ``scope`` job (told), card (out until reset)
+    or node (cordoned, drained); ``cause``: ``XID 48``, ``GPU_RESET``, a standing fault."""
+
+    scope: FaultScope | None = None
+    cause: str = ""
+    since: datetime | None = None
+
+    convert: ClassVar[Converters] = {"since": moment, "scope": word(FaultScope)}
+
+
+@dataclass(frozen=True)
+class Breaker(Answer):
+    """The circuit breaker on cards taken out automatically: ``limit`` per hour, ``taken``
+    in the last hour, ``kept_in`` faulted cards it keeps in (``tripped`` while any)."""
+
+    limit: int = 0
+    taken: int = 0
+    kept_in: int = 0
+    tripped: bool = False
+
+
+@dataclass(frozen=True)
 class Card(Answer):
     """A card as the driver describes it; each figure None where it said nothing."""
 
@@ -280,8 +305,9 @@ class Card(Answer):
     unhealthy: str | None = None
     processes: tuple[Process, ...] = ()
     numa_node: int | None = None
+    fault: CardFault | None = None
 
-    convert: ClassVar[Converters] = {"processes": each(Process)}
+    convert: ClassVar[Converters] = {"processes": each(Process), "fault": one(CardFault)}
 
 
 @dataclass(frozen=True)
@@ -363,8 +389,11 @@ class Health(Answer):
     job_disk: JobDisk | None = None
     volume_store: VolumeStore | None = None
     notices: tuple[Notice, ...] = ()  # the cloud's notices the node acts on: reschedule
+    draining: Mapping[str, str] | None = None  # card index -> why it is not clean yet
+    gpu_breaker: Breaker | None = None
 
     convert: ClassVar[Converters] = {
+        "gpu_breaker": one(Breaker),
         "runtime": one(Runtime),
         "node_state": one(NodeState),
         "free_gpus": tuple,
@@ -486,6 +515,7 @@ class Usage(Answer):
     gpus: tuple[CardUsage, ...] = ()
     disk_used_bytes: int | None = None  # the disk monitor's latest measure
     disk_limit_bytes: int | None = None
+    gpu_fault: str | None = None  # a job-scope fault of a card it holds
 
     convert: ClassVar[Converters] = {"gpus": each(CardUsage), "status": word(JobStatus)}
     convert |= {"sampled_at": moment}

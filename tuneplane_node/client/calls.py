@@ -242,6 +242,12 @@ def uncordon() -> Call[answers.NodeState]:
     return Call("POST", "/node/v1/uncordon", _node_state, {})
 
 
+def reset_breaker() -> Call[answers.Breaker]:
+    return Call(
+        "POST", "/node/v1/gpus/reset-breaker", lambda a: answers.build(answers.Breaker, a), {}
+    )
+
+
 def drain(
     reason: str, *, grace_s: float | None, warn_signal: str | None, warn_s: float | None
 ) -> Call[answers.NodeState]:

@@ -253,6 +253,13 @@ class NodeClient:
         Example: ``node.cordon("kernel upgrade").state``."""
         return self.call(calls.cordon(reason))
 
+    def reset_breaker(self) -> answers.Breaker:
+        """Reset the GPU circuit breaker (an ``operate`` token): the hour's count starts
+        again; the faulted cards it kept in stay in, no longer counted.
+
+        Example: ``node.reset_breaker().tripped``."""
+        return self.call(calls.reset_breaker())
+
     def uncordon(self) -> answers.NodeState:
         """Take launches again.
 

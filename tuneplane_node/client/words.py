@@ -65,6 +65,15 @@ class StopPhase(Word):
     SIGNALLED = "signalled"
 
 
+class FaultScope(Word):
+    """What a card's fault reaches: the job on it (told), the card (out until reset), the
+    machine (cordoned, drained)."""
+
+    JOB = "job"
+    CARD = "card"
+    NODE = "node"
+
+
 class NodeStateName(Word):
     """Whether the node takes launches (ready) or not."""
 

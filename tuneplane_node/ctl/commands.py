@@ -218,6 +218,11 @@ def cordon(ctl: Ctl, args: argparse.Namespace) -> int:
     return ctl.show(ctl.client.cordon(args.reason).raw, render.show_node_state)
 
 
+def gpus(ctl: Ctl, args: argparse.Namespace) -> int:
+    """``gpus reset-breaker``: the GPU circuit breaker reset, and how it stands after."""
+    return ctl.show(ctl.client.reset_breaker().raw, render.show_breaker)
+
+
 def uncordon(ctl: Ctl, args: argparse.Namespace) -> int:
     return ctl.show(ctl.client.uncordon().raw, render.show_node_state)
 

@@ -14,6 +14,7 @@ from tuneplane_node.ctl.commands import (
     cordon,
     drain,
     gc,
+    gpus,
     health,
     images,
     inventory,
@@ -97,6 +98,8 @@ def add_parser(verbs: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     verb("volume-gc", volume_gc, "evict volumes now: what went, and the volume store after")
     verb("cordon", cordon, "take no new launches").add_argument("--reason", required=True)
     verb("uncordon", uncordon, "take launches again")
+    cards = verb("gpus", gpus, "the cards: reset-breaker resets the GPU circuit breaker")
+    cards.add_argument("action", choices=("reset-breaker",))
     draining = verb("drain", drain, "cordon, then stop every job after a grace period")
     draining.add_argument("--reason", required=True)
     draining.add_argument("--grace", type=float, help="seconds the jobs get before SIGKILL")

@@ -119,6 +119,14 @@ def show_node_state(console: Console, answer: Mapping[str, Any]) -> None:
     console.print(f"node {node_state(as_text(answer), datetime.now(timezone.utc))}")
 
 
+def show_breaker(console: Console, answer: Mapping[str, Any]) -> None:
+    state = "tripped" if answer.get("tripped") else "closed"
+    console.print(
+        f"gpu breaker {state}: {answer.get('taken')} of {answer.get('limit')} card(s) taken "
+        f"out this hour, {answer.get('kept_in')} kept in"
+    )
+
+
 # --- health ---------------------------------------------------------------------------
 
 

@@ -313,6 +313,7 @@ async def _start_background(app: web.Application, node: Node, *, sweep: bool) ->
     tasks = app[TASKS]
     tasks.spawn(node.sampler.run(), name="stats sampler")
     tasks.spawn(node.monitor.run(), name="disk monitor")
+    tasks.spawn(node.faults.run(), name="gpu faults")
     if sweep:  # wreckage of a daemon killed between create and start, before serving
         await _sweep_at_start(node)
         tasks.spawn(node.reaper.maintain(), name="wreckage sweep")

@@ -12,7 +12,8 @@ from typing import Any, Generic, TypeVar, cast
 from tuneplane_node.clock import rfc3339
 from tuneplane_node.daemon.render import encode, volume_store_json
 from tuneplane_node.gpu.allocator import Occupancy
-from tuneplane_node.gpu.probe import CardFacts, GpuSnapshot
+from tuneplane_node.gpu.breaker import BreakerState
+from tuneplane_node.gpu.probe import CardFacts, CardFault, GpuSnapshot
 from tuneplane_node.inventory import DiskReading, FabricFacts, Filesystem, LocalDisk
 from tuneplane_node.jobs.nodestate import NodeState
 from tuneplane_node.jobs.notices.notice import Standing
@@ -26,7 +27,9 @@ from tuneplane_node.runtime.base import CacheStatus
 from tuneplane_node.wire import PROTOCOL, PROTOCOLS
 from tuneplane_node.wire.answers import (
     GIB,
+    BreakerJson,
     CacheJson,
+    CardFaultJson,
     CardJson,
     CardStateJson,
     ConditionsJson,
@@ -206,6 +209,8 @@ def gpu_fields_json(occupancy: Occupancy | None) -> GpuFieldsJson:
             "gpu_detail": None,
             "explain": None,
             "gpu_probe": None,
+            "draining": None,
+            "gpu_breaker": None,
         }
     return {
         "gpus_total": occupancy.total if occupancy.known else None,
@@ -220,7 +225,16 @@ def gpu_fields_json(occupancy: Occupancy | None) -> GpuFieldsJson:
         "gpu_detail": _gpu_detail(occupancy),
         "explain": occupancy.explain(),
         "gpu_probe": probe_json(occupancy.gpus),
+        "draining": {str(k): v for k, v in occupancy.draining.items()},
+        "gpu_breaker": breaker_json(occupancy.breaker),
     }
+
+
+def breaker_json(state: BreakerState | None) -> BreakerJson | None:
+    if state is None:
+        return None
+    return {"limit": state.limit, "taken": state.taken, "kept_in": state.kept_in,
+            "tripped": state.tripped}  # fmt: skip
 
 
 class Last(Generic[K, V]):
@@ -266,7 +280,13 @@ def card_json(card: CardFacts) -> CardJson:
         "unhealthy": card.unhealthy,
         "processes": [{"pid": p.pid, "used_mib": p.used_mib} for p in card.processes],
         "numa_node": card.numa_node,
+        "fault": fault_json(card.fault),
     }
+
+
+def fault_json(fault: CardFault | None) -> CardFaultJson | None:
+    return None if fault is None else {"scope": fault.scope, "cause": fault.cause,
+                                       "since": fault.since}  # fmt: skip
 
 
 def card_state_json(card: CardFacts, state: str) -> CardStateJson:

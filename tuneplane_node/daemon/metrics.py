@@ -37,7 +37,7 @@ from tuneplane_node.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 PREFIX = "tuneplane_node"
-CARD_KINDS = ("free", "held", "reserved", "unhealthy", "external")
+CARD_KINDS = ("free", "held", "reserved", "unhealthy", "draining", "external")
 CARD_LABELS = ("gpu", "UUID", "modelName")
 """dcgm-exporter's labels of a card (index, UUID, the driver's name of it), so that a
 dashboard joins the node's series with DCGM's; "" where the driver does not say."""
@@ -183,6 +183,18 @@ class Metrics(Telemetry):
             "event_loop_lag_seconds", "Worst event-loop delay since the previous scrape."
         )
         self.node_state = gauge("node_state", "1 for the node's state.", ("state",))
+        self.breaker_tripped = gauge(
+            "gpu_breaker_tripped",
+            "1 while the GPU circuit breaker keeps faulted cards in (past "
+            "TUNEPLANE_GPU_BREAKER_PER_HOUR), until `ctl gpus reset-breaker`; 0 not.",
+        )
+        self.breaker_kept_in = gauge(
+            "gpu_breaker_kept_in", "Faulted cards the GPU circuit breaker keeps in now."
+        )
+        self.card_faults = gauge(
+            "gpu_fault", "1 per card with a fault, by its scope (job, card, node).",
+            ("gpu", "scope"),
+        )  # fmt: skip
         self.notices = gauge(
             "notice_deadline_seconds",
             "A notice the node acts on (the cloud's, the OS's): its deadline, seconds since "
@@ -315,10 +327,19 @@ class Metrics(Telemetry):
             self.jobs.labels(status).set(counts.get(status, 0))
 
     def _cards(self, occupancy: Occupancy | None) -> None:
-        for gauge in (self.gpus, self.gpu_memory, self.gpu_temperature, self.gpu_busy):
+        for gauge in (
+            self.gpus,
+            self.gpu_memory,
+            self.gpu_temperature,
+            self.gpu_busy,
+            self.card_faults,
+        ):
             gauge.clear()  # a card gone, or unknown now, is no series (never a stale 0)
         if occupancy is None or not occupancy.known:
             return
+        if occupancy.breaker is not None:
+            self.breaker_tripped.set(1 if occupancy.breaker.tripped else 0)
+            self.breaker_kept_in.set(occupancy.breaker.kept_in)
         kinds = Counter(occupancy.card_kind(index) for index in range(occupancy.total))
         for kind in CARD_KINDS:
             self.gpus.labels(kind).set(kinds.get(kind, 0))
@@ -330,6 +351,8 @@ class Metrics(Telemetry):
                 self.gpu_temperature.labels(*labels).set(card.temperature_c)
             if card.utilization_pct is not None:
                 self.gpu_busy.labels(*labels).set(card.utilization_pct / 100)
+            if card.fault is not None:
+                self.card_faults.labels(str(card.index), card.fault.scope).set(1)
 
     # --- the event loop's lag -----------------------------------------------------------
 

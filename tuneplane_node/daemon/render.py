@@ -93,6 +93,8 @@ def _stopped_json(view: StoppedView) -> StoppedStateJson:
     if view.disk:
         shown["disk_used_bytes"] = view.disk.used_bytes
         shown["disk_limit_bytes"] = view.disk.limit_bytes
+    if view.gpu_fault:
+        shown["gpu_fault"] = view.gpu_fault
     return shown
 
 
@@ -376,6 +378,7 @@ def usage_json(job: JobStats, sample: JobSample) -> UsageJson:
         "gpus": [card_usage_json(card) for card in sample.gpus],
         "disk_used_bytes": job.disk.used_bytes if job.disk else None,
         "disk_limit_bytes": job.disk.limit_bytes if job.disk else None,
+        "gpu_fault": job.gpu_fault,
     }
 
 

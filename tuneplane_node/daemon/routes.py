@@ -497,6 +497,25 @@ async def uncordon(request: web.Request) -> web.Response:
     return answer(machine.node_state_json(node))
 
 
+@api(
+    "post",
+    "/node/v1/gpus/reset-breaker",
+    answers.BreakerJson,
+    body=verbs.RESET_BREAKER,
+    feature="gpu-faults",
+)
+async def reset_breaker(request: web.Request) -> web.Response:
+    """Reset the GPU circuit breaker: the hour's count starts again; the faulted cards it
+    kept in stay in, no longer counted (a new fault is decided afresh)."""
+    verbs.parse_reset_breaker(await read_object(request))  # {} or nothing
+    allocator = request.app[NODE].allocator
+    with audited(request, "reset-breaker") as outcome:
+        allocator.reset_breaker()
+        breaker = (await allocator.occupancy()).breaker or allocator.breaker.state()
+        outcome.result = "tripped" if breaker.tripped else "closed"
+    return answer(machine.breaker_json(breaker))
+
+
 @api("get", schema.DOCUMENT_PATH, schema.SELF, feature="openapi")
 async def openapi(request: web.Request) -> web.Response:
     """This document.

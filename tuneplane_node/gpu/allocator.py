@@ -18,8 +18,10 @@ from dataclasses import dataclass, field
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.errors import GpuNotReady, NoCapacity
+from tuneplane_node.gpu.breaker import BreakerState, CardBreaker
+from tuneplane_node.gpu.cardreturn import CardReturns
 from tuneplane_node.gpu.factory import make_probe
-from tuneplane_node.gpu.probe import GpuProbe, GpuSnapshot
+from tuneplane_node.gpu.probe import CardFault, GpuProbe, GpuSnapshot
 from tuneplane_node.gpu.readiness import GpuReadiness, ReadinessReader
 from tuneplane_node.gpu.topology import choose_cards
 from tuneplane_node.logformat import job_fields
@@ -43,6 +45,9 @@ class Occupancy:
     unhealthy: Mapping[int, str]
     claims: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # ref -> cards
     gpus: GpuSnapshot | None = None
+    draining: Mapping[int, str] = field(default_factory=dict)  # job gone, card not clean yet
+    kept_in: Mapping[int, CardFault] = field(default_factory=dict)  # faults past the breaker
+    breaker: BreakerState | None = None  # as it stood when this was built
 
     @functools.cached_property
     def reserved(self) -> frozenset[int]:
@@ -63,6 +68,8 @@ class Occupancy:
         """One word per card, each card exactly one: what the metrics count."""
         if index in self.unhealthy:
             return "unhealthy"
+        if index in self.draining:
+            return "draining"
         if index in self.external and index not in self.by_job:
             return "external"
         if index in self.by_job:
@@ -74,6 +81,8 @@ class Occupancy:
             return f"unhealthy: {self.unhealthy[index]}"
         if index in self.by_job:
             return f"held by run {self.by_job[index]}"
+        if index in self.draining:
+            return f"draining: {self.draining[index]}"
         if index in self.external:
             pids = ", ".join(str(pid) for pid in self.external[index])
             return f"external pid {pids}"
@@ -113,10 +122,13 @@ class GpuAllocator:
         self.probe = probe if probe is not None else make_probe(settings, clock=clock)
         self.clock = clock
         self.readiness = ReadinessReader(runtime, settings, clock=clock)
+        self.breaker = CardBreaker(settings.gpu_breaker_per_hour, clock=clock)
+        self.returns = CardReturns(clock=clock, timeout_s=settings.gpu_drain_timeout_s)
         self._reading: tuple[float, GpuSnapshot] | None = None  # (read at, the reading)
         self._read: asyncio.Task[GpuSnapshot] | None = None
         self._tasks = BackgroundTasks(log)  # the probe's read, shared by its callers
         self._claims: dict[str, tuple[int, ...]] = {}
+        self._runs: dict[str, str] = {}  # a claim's run id
         self._claims_changed = 0
         self._lock = asyncio.Lock()
         # The last occupancy and what it was built from: health and every scrape ask
@@ -170,10 +182,11 @@ class GpuAllocator:
         live = [state for state in states if state.live and state.ours]
         by_job = {gpu: state.run_id or "" for state in live for gpu in state.gpus if gpu < total}
         holders = {gpu: state.handle for state in live for gpu in state.gpus}
-        unhealthy = {c.index: c.unhealthy for c in gpus.cards if c.unhealthy and c.index < total}
+        unhealthy, kept_in = self._taken_out(gpus, total)
         external, probe_ok = self._external(gpus, holders)
         external = {index: pids for index, pids in external.items() if index < total}
-        taken = set(by_job) | set(external) | set(unhealthy)
+        draining = self.returns.draining(by_job, gpus)
+        taken = set(by_job) | set(external) | set(unhealthy) | set(draining)
         return Occupancy(
             total=total,
             known=count is not None,
@@ -184,7 +197,36 @@ class GpuAllocator:
             unhealthy=unhealthy,
             claims=dict(self._claims),
             gpus=gpus,
+            draining=draining,
+            kept_in=kept_in,
+            breaker=self.breaker.state(),
         )
+
+    def _taken_out(
+        self, gpus: GpuSnapshot, total: int
+    ) -> tuple[dict[int, str], dict[int, CardFault]]:
+        """The unhealthy cards out, and the faulted ones the breaker keeps in."""
+        unhealthy: dict[int, str] = {}
+        kept_in: dict[int, CardFault] = {}
+        keys = []
+        for card in gpus.cards:
+            if not card.unhealthy or card.index >= total:
+                continue
+            fault = card.fault
+            if fault is not None:  # judged by the node: counted by the breaker
+                key = (card.index, fault.scope, fault.since)
+                keys.append(key)
+                if not self.breaker.admits(key, f"GPU {card.index} ({fault.cause})"):
+                    kept_in[card.index] = fault
+                    continue
+            unhealthy[card.index] = card.unhealthy
+        self.breaker.keep_only(keys)
+        return unhealthy, kept_in
+
+    def reset_breaker(self) -> None:
+        """The operator's reset (`CardBreaker.reset`): occupancy is built again."""
+        self.breaker.reset()
+        self._built = None
 
     def card_count(self, gpus: GpuSnapshot) -> int | None:
         """An explicit local_gpu_count wins; else what the driver answered; else unknown."""
@@ -247,6 +289,7 @@ class GpuAllocator:
             nodes = occupancy.gpus.numa_nodes() if occupancy.gpus else {}
             cards = tuple(choose_cards(usable, n, links, nodes=nodes))
             self._claims[ref] = cards
+            self._runs[ref] = run_id
             self._claims_changed += 1
         log.info(
             "run %s claims gpus %s", run_id, list(cards),
@@ -255,7 +298,11 @@ class GpuAllocator:
         return cards
 
     def release(self, ref: str) -> None:
-        if self._claims.pop(ref, None) is not None:
+        """The claim is over: its container's label holds the cards now, or the launch
+        failed. Either way the cards were the run's: they drain once it is gone."""
+        cards = self._claims.pop(ref, None)
+        if cards is not None:
+            self.returns.handed(cards, self._runs.pop(ref, ""))
             self._claims_changed += 1
 
     async def close(self) -> None:

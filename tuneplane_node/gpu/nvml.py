@@ -23,7 +23,7 @@ import pynvml
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.gpu import numa
-from tuneplane_node.gpu.health import CardFaults, HealthTracker
+from tuneplane_node.gpu.health import ACTIONS, CardFaults, HealthTracker
 from tuneplane_node.gpu.probe import (
     CardFacts,
     DistinctWarnings,
@@ -244,7 +244,25 @@ def read_faults(handle: Any, xids: tuple[int, ...]) -> CardFaults:
         retired_pages_pending=pending == pynvml.NVML_FEATURE_ENABLED,
         row_remap_failure=bool(remap[3]) if remap is not None else False,
         xids=xids,
+        recovery_action=read_recovery_action(handle),
     )
+
+
+_ACTIONS = {
+    getattr(pynvml, f"NVML_GPU_RECOVERY_ACTION_{name}", None): name for name in ACTIONS
+}  # an older binding lacks some: those read as unknown
+
+
+def read_recovery_action(handle: Any) -> str | None:
+    """The driver's recovery action for the card (driver 565+), by name; None: the driver
+    or the binding cannot say."""
+    field = getattr(pynvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
+    if field is None:
+        return None
+    values = _optional(pynvml.nvmlDeviceGetFieldValues, handle, [field])
+    if not values or values[0].nvmlReturn != pynvml.NVML_SUCCESS:
+        return None
+    return _ACTIONS.get(int(values[0].value.uiVal))
 
 
 def read_processes(handle: Any) -> tuple[GpuProcess, ...] | None:

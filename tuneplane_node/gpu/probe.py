@@ -23,6 +23,24 @@ LINK_KINDS = ("nvlink", "pcie_switch", "numa")
 """Link kinds between two cards, best first; a pair not listed meets across the system."""
 
 
+JOB, CARD, NODE = "job", "card", "node"
+SCOPES = (JOB, CARD, NODE)
+"""What a card's fault reaches, narrowest first: the job on it (told, nothing stopped),
+the card (out until reset and a clean probe, its job warned and stopped), the machine
+(the node cordoned, every job drained)."""
+
+
+@dataclass(frozen=True)
+class CardFault:
+    """A card's fault as the node judged it: its `SCOPES` entry, its cause (``XID 48``,
+    the driver's recovery action ``GPU_RESET``, ``uncorrectable ECC errors: 2``) and since
+    when (RFC 3339 UTC)."""
+
+    scope: str
+    cause: str
+    since: str
+
+
 @dataclass(frozen=True)
 class GpuProcess:
     """A compute process on a card; ``used_mib`` is None when the driver cannot say."""
@@ -48,6 +66,8 @@ class CardFacts:
     processes: tuple[GpuProcess, ...] = ()
     numa_node: int | None = None  # the NUMA node whose memory is nearest the card
     cpus: tuple[int, ...] = ()  # the CPUs of that node, as the driver says; (): unknown
+    fault: CardFault | None = None  # the widest fault that holds now; ``unhealthy`` is
+    # its text where it takes the card out (scope card or node)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from types import MappingProxyType
 from typing import TypeVar
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
-from tuneplane_node.gpu.health import CardFaults, HealthTracker
+from tuneplane_node.gpu.health import ACTIONS, CardFaults, HealthTracker
 from tuneplane_node.gpu.probe import (
     LINK_KINDS,
     CardFacts,
@@ -48,7 +48,10 @@ class SimulatedProbe:
     the CPUs of its node, and none (unknown) when either is missing.
 
     ``xid`` lists events since the previous read, so an XID left in the file counts
-    again on every read (and keeps restarting the quarantine). A file that cannot be
+    again on every read (and keeps restarting the quarantine). A card's optional
+    ``recovery_action`` is the driver's (``NONE``, ``GPU_RESET``, ``NODE_REBOOT``,
+    ``DRAIN_P2P``, ``DRAIN_AND_RESET``, ...) and ``resets`` how many times it was reset:
+    a simulated reset is that count raised (with the XID gone from the file). A file that cannot be
     read or has a bad entry gives ``ok=False`` and no cards: a half-read file must not
     hide a card that is busy or broken.
     """
@@ -136,11 +139,16 @@ def _parse_card(entry: object, where: str) -> tuple[CardFacts, CardFaults]:
         ),
     )
     xids = _expect(card.get("xid", []), list, f"{where}.xid")
+    action = _field(card, "recovery_action", str, where)
+    if action is not None and action not in ACTIONS:
+        raise SimulationError(f"{where}.recovery_action: one of {', '.join(ACTIONS)}")
     faults = CardFaults(
         ecc_uncorrected=_field(card, "ecc_uncorrected", int, where),
         retired_pages_pending=bool(_field(card, "retired_pages_pending", bool, where)),
         lost=bool(_field(card, "lost", bool, where)),
         xids=tuple(_expect(x, int, f"{where}.xid[{i}]") for i, x in enumerate(xids)),
+        recovery_action=action,
+        resets=_field(card, "resets", int, where),
     )
     return facts, faults
 

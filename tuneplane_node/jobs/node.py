@@ -19,6 +19,7 @@ from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs.disk.limit import DiskLimits
 from tuneplane_node.jobs.disk.monitor import DiskMonitor
 from tuneplane_node.jobs.drain import NodeStateKeeper
+from tuneplane_node.jobs.faults.reactor import FaultReactor
 from tuneplane_node.jobs.health import HealthReader
 from tuneplane_node.jobs.images.catalog import ImageCatalog
 from tuneplane_node.jobs.images.gc import ImageCollector
@@ -92,6 +93,7 @@ class Node:
     notices: NoticeReactor  # the cloud's (and the OS's) notices, turned into drains
     watcher: NoticeWatcher | None  # the cloud's metadata service, where one is watched
     shutdown: ShutdownWatcher | None  # the OS's shutdown, heard from systemd-logind
+    faults: FaultReactor  # the cards' faults, turned into notes, warned stops and drains
 
     async def start(self) -> None:
         """Before the first request: the ledger, the private record it backs, the node
@@ -110,6 +112,7 @@ class Node:
         pull runs leaves it first, as a stop would), the fills, the watch, the GC, the
         ledger. A drain is resumed by the next start: its state is on disk."""
         await self.keeper.close()
+        await self.faults.close()
         await self.monitor.close()
         await self.launcher.close()
         await self.prefetcher.close()
@@ -200,6 +203,12 @@ def build_node(
         monitor=monitor, views=StoppedViews(), health=health, reader=reader, sampler=sampler,
     )  # fmt: skip
     changes.reads(jobs.observe, lambda: [r.ref for r in pending.records()])
+    faults = FaultReactor(
+        allocator, runtime, stopper=stopper, keeper=keeper, clock=clock,
+        period_s=settings.gpu_fault_poll_s,
+    )  # fmt: skip
+    faults.changed, faults.node_changed = changes.changed, changes.node_changed
+    jobs.gpu_faults = lambda: faults.job_faults
     return Node(
         runtime=runtime, allocator=allocator, settings=settings, jobs=jobs,
         launcher=launcher, pending=pending, changes=changes, pulls=pulls, ledger=ledger,
@@ -211,4 +220,5 @@ def build_node(
         shutdown=(
             ShutdownWatcher(notices, clock=clock) if settings.shutdown_inhibit == "auto" else None
         ),
+        faults=faults,
     )  # fmt: skip

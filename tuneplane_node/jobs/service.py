@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 
 from tuneplane_node.clock import Clock
@@ -89,6 +89,8 @@ class JobService:
         self.health = health
         self.reader = reader
         self.sampler = sampler
+        # The job faults of the cards under each job, by container name (the fault reactor's).
+        self.gpu_faults: Callable[[], Mapping[str, str]] = dict
 
     @property
     def node(self) -> NodeState:
@@ -142,16 +144,17 @@ class JobService:
         now = self.clock.monotonic()
         views: dict[str, JobView] = {}
         node, measured, stops = self.store.node, self.monitor.measured, self.stopper.stopping
+        faults = self.gpu_faults()
         for ref, state in zip(asked, states, strict=True):
             record = self.pending.get(ref)
             if record is not None:
                 views[ref] = record.view(now)
                 continue
-            stopping = stops.get(state.name)
-            view = self.views.answered(state, ref, node, measured, stopping)
+            facts = (node, measured, stops.get(state.name), faults.get(state.name))
+            view = self.views.answered(state, ref, facts)
             if view is None:
                 view = self._why(self.own.mine(state, ref))
-                self.views.answer(state, ref, node, measured, stopping, view)
+                self.views.answer(state, ref, facts, view)
             views[ref] = view
         return views
 
@@ -169,14 +172,18 @@ class JobService:
             state = await self.own(ref)
             sample = self.sampler.latest(state) if state.status == "running" else None
             disk = self.monitor.figures(state) if sample else None
-            answers[ref] = JobStats(state.exists, state.status or None, sample, disk)
+            fault = self.gpu_faults().get(state.name) if sample else None
+            answers[ref] = JobStats(state.exists, state.status or None, sample, disk, fault)
         return answers
 
     def _why(self, state: ContainerState) -> ContainerState | StoppedView:
         reason = self.store.stop_reason(state)  # and how far a stop under way is:
         stopping = self.stopper.stopping.get(state.name) if state.exists else None
         disk = self.monitor.figures(state)  # a running job's, or why it was stopped
-        return self.views.of(state, reason, stopping, disk) if reason or stopping or disk else state
+        fault = self.gpu_faults().get(state.name) if state.exists else None
+        if not (reason or stopping or disk or fault):
+            return state
+        return self.views.of(state, reason, stopping, disk, fault)
 
     async def logs(self, ref: str, tail: int, since: datetime | None = None) -> LogText:
         """The container's last lines, at most ``TUNEPLANE_LOGS_MAX_BYTES`` of the newest;

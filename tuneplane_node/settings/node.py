@@ -20,6 +20,7 @@ from pydantic_settings import SettingsConfigDict, SettingsError
 
 from tuneplane_node.errors import ConfigError
 from tuneplane_node.settings.fabric import Fabric
+from tuneplane_node.settings.gpus import GpuSettings
 from tuneplane_node.settings.jobs import JobSettings
 from tuneplane_node.settings.notices import NoticeSettings
 from tuneplane_node.settings.problems import describe_settings_error, describe_validation
@@ -59,7 +60,7 @@ NEVER_MOUNTED = tuple(
 NEVER_UNDER = tuple(Path(p) for p in ("/proc", "/sys", "/dev", "/etc", "/boot"))
 
 
-class NodeSettings(NoticeSettings, VolumeStoreSettings, JobSettings):
+class NodeSettings(GpuSettings, NoticeSettings, VolumeStoreSettings, JobSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
         env_file=".env",
@@ -207,10 +208,6 @@ class NodeSettings(NoticeSettings, VolumeStoreSettings, JobSettings):
 
     gpu_simulation_file: Path | None = None
     """Development aid: a JSON file read instead of the GPU driver (docs/operating.md)."""
-    gpu_xid_ignore: list[int] = [13, 31, 43, 45, 68, 109]
-    """XID codes caused by the application itself, which do not make a card unhealthy."""
-    gpu_xid_quarantine_s: float = Field(600.0, ge=0, le=7 * DAY, allow_inf_nan=False)
-    """Seconds a card stays out after a critical XID before it may come back."""
     state_relist_s: float = Field(30.0, gt=0, le=DAY, allow_inf_nan=False)
     """Seconds between full relists that reconcile the container-state cache."""
     watch_history: int = Field(10_000, ge=1, le=1_000_000)

@@ -78,6 +78,7 @@ class StoppedStateJson(StateJson, total=False):
     stopping: StoppingJson
     disk_used_bytes: int | None
     disk_limit_bytes: int | None
+    gpu_fault: str  # a fault of a card it holds that is the job's own (XID 13): not stopped
 
 
 class PendingStateJson(StateJson):
@@ -295,6 +296,26 @@ class ProcessJson(TypedDict):
     used_mib: int | None
 
 
+FaultScope = Annotated[
+    str,
+    Words(
+        "FaultScope",
+        ("job", "card", "node"),
+        "What a card's fault reaches: the job on it (told), the card (out until reset), "
+        "the machine (cordoned, drained).",
+    ),
+]
+
+
+class CardFaultJson(TypedDict):
+    """A card's fault as the node judged it: ``cause`` is ``XID 48``, the driver's
+    recovery action (``GPU_RESET``) or a standing fault; ``since``: RFC 3339."""
+
+    scope: FaultScope
+    cause: str
+    since: str
+
+
 class CardJson(TypedDict):
     index: int
     uuid: str | None
@@ -306,6 +327,17 @@ class CardJson(TypedDict):
     unhealthy: str | None
     processes: list[ProcessJson]
     numa_node: int | None
+    fault: CardFaultJson | None
+
+
+class BreakerJson(TypedDict):
+    """The circuit breaker on automatic take-outs: ``limit`` per hour, ``taken`` in the
+    last hour, ``kept_in`` faulted cards it keeps in; ``tripped`` while any."""
+
+    limit: int
+    taken: int
+    kept_in: int
+    tripped: bool
 
 
 class CardStateJson(CardJson):
@@ -333,6 +365,8 @@ class GpuFieldsJson(TypedDict):
     gpu_detail: list[CardStateJson] | None
     explain: list[str] | None
     gpu_probe: ProbeJson | None
+    draining: dict[str, str] | None  # cards whose job is gone, not clean yet: why
+    gpu_breaker: BreakerJson | None
 
 
 class _HealthOptional(TypedDict, total=False):

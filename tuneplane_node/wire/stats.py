@@ -45,6 +45,7 @@ class UsageJson(AbsentJson):
     gpus: list[CardUsageJson]
     disk_used_bytes: int | None
     disk_limit_bytes: int | None
+    gpu_fault: str | None  # a job-scope fault of a card it holds: ``<uuid> XID 13 since ...``
 
 
 class StatsJson(TypedDict):

@@ -86,6 +86,10 @@ def parse_uncordon(body: Mapping[str, Any]) -> None:
     read_body(body, UNCORDON)
 
 
+def parse_reset_breaker(body: Mapping[str, Any]) -> None:
+    read_body(body, RESET_BREAKER)
+
+
 def parse_logs(pairs: Iterable[tuple[str, str]]) -> tuple[str, int, datetime | None, bool]:
     """The logs query: ``ref``, ``tail``, ``since``, ``follow``."""
     with Refusals() as refusals:
@@ -329,6 +333,7 @@ DRAIN = Body(
     ),
 )
 UNCORDON = Body("UncordonBody", (), doc="Nothing is read from it.")
+RESET_BREAKER = Body("ResetBreakerBody", (), doc="Nothing is read from it.")
 LOGS = Body(
     "LogsQuery",
     (

@@ -55,6 +55,7 @@ OPERATE_VERBS = frozenset(
         ("POST", "/node/v1/cordon"),
         ("POST", "/node/v1/uncordon"),
         ("POST", "/node/v1/drain"),
+        ("POST", "/node/v1/gpus/reset-breaker"),
     }
 )
 """What an ``operate`` token buys besides the reads: the node's care, never a job's verb

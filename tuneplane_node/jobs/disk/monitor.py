@@ -36,7 +36,6 @@ import logging
 from dataclasses import dataclass
 from typing import Protocol
 
-from tuneplane_node.errors import NodeError
 from tuneplane_node.jobs.images.gc import ImageCollector
 from tuneplane_node.jobs.nodestate import NodeStateStore
 from tuneplane_node.jobs.observe.results import DiskFigures, ImageStore
@@ -45,7 +44,7 @@ from tuneplane_node.logformat import job_fields
 from tuneplane_node.runtime.base import ContainerState
 from tuneplane_node.runtime.facts import DataRoot, DiskUse
 from tuneplane_node.settings import NodeSettings
-from tuneplane_node.tasks import BackgroundTasks
+from tuneplane_node.tasks import BackgroundTasks, periodically
 
 log = logging.getLogger(__name__)
 WALK_BUDGET_S = 2.0
@@ -126,12 +125,10 @@ class DiskMonitor:
 
     async def run(self) -> None:
         """A pass now, then every interval, as long as the node runs."""
-        while True:
-            try:
-                await self.check()
-            except NodeError as exc:
-                log.warning("disk monitor: %s; trying again in %g s", exc.message, self.interval_s)
-            await self.clock.sleep(self.interval_s)
+        await periodically(
+            self.check, period_s=self.interval_s, clock=self.clock, logger=log,
+            what="disk monitor",
+        )  # fmt: skip
 
     async def check(self) -> bool:
         """One pass: measure, stop who is past their limit, then relieve a store under

@@ -220,6 +220,7 @@ class StoppedView:
     stop_reason: str | None
     stopping: Stopping | None = None
     disk: DiskFigures | None = None
+    gpu_fault: str | None = None  # a job-scope fault of a card it holds
 
     @property
     def exists(self) -> bool:

@@ -91,6 +91,7 @@ class JobStats:
     status: str | None
     sample: JobSample | None = None
     disk: DiskFigures | None = None  # the disk monitor's latest measure
+    gpu_fault: str | None = None  # a job-scope fault of a card it holds
 
 
 class StatsSampler:

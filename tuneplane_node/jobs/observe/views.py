@@ -8,6 +8,9 @@ from tuneplane_node.jobs.observe.results import DiskFigures, StoppedView, Stoppi
 from tuneplane_node.runtime.base import ContainerState
 
 View = ContainerState | StoppedView
+Facts = tuple[object, object, object, str | None]
+"""What observe's view of a container is made of beside it: the node state, the disk
+monitor's measures, the stop under way, its card's job fault."""
 MAX_KEPT = 4096
 """Views kept at most; past it they are all dropped (old states go, memory stays bounded)."""
 
@@ -19,41 +22,24 @@ class StoppedViews:
 
     def __init__(self) -> None:
         self._kept: dict[int, StoppedView] = {}  # id(state) -> its view: it keeps it alive
-        # id(state) -> (state, ref, node state, measures, stop under way, observe's view)
-        self._answered: dict[int, tuple[ContainerState, str, object, object, object, View]] = {}
+        # id(state) -> (state, ref, the facts beside it, observe's view)
+        self._answered: dict[int, tuple[ContainerState, str, Facts, View]] = {}
 
-    def answered(
-        self, state: ContainerState, ref: str, node: object, measured: object, stopping: object
-    ) -> View | None:
+    def answered(self, state: ContainerState, ref: str, facts: Facts) -> View | None:
         """The view observe made of this state object for ``ref`` while the facts it was
-        made of are the same objects: the node state and the disk monitor's measures are
-        replaced, never changed, and a stop under way is one object per phase. None:
-        make it again, and keep it (`answer`). Observe of 300 refs made each view again
-        through four calls per ref."""
+        made of are the same: the node state and the disk monitor's measures are
+        replaced, never changed, a stop under way is one object per phase, and a card's
+        job fault is its text. None: make it again, and keep it (`answer`). Observe of
+        300 refs made each view again through four calls per ref."""
         kept = self._answered.get(id(state))
-        if (
-            kept is not None
-            and kept[0] is state
-            and kept[1] == ref
-            and kept[2] is node
-            and kept[3] is measured
-            and kept[4] is stopping
-        ):
-            return kept[5]
+        if kept is not None and kept[0] is state and kept[1] == ref and _same(kept[2], facts):
+            return kept[3]
         return None
 
-    def answer(
-        self,
-        state: ContainerState,
-        ref: str,
-        node: object,
-        measured: object,
-        stopping: object,
-        view: View,
-    ) -> View:
+    def answer(self, state: ContainerState, ref: str, facts: Facts, view: View) -> View:
         if len(self._answered) >= MAX_KEPT:
             self._answered.clear()
-        self._answered[id(state)] = (state, ref, node, measured, stopping, view)
+        self._answered[id(state)] = (state, ref, facts, view)
         return view
 
     def of(
@@ -62,6 +48,7 @@ class StoppedViews:
         reason: str | None,
         stopping: Stopping | None,
         disk: DiskFigures | None,
+        fault: str | None = None,
     ) -> StoppedView:
         kept = self._kept.get(id(state))
         if (
@@ -70,9 +57,14 @@ class StoppedViews:
             and kept.stop_reason == reason
             and kept.stopping is stopping
             and (kept.disk is disk or kept.disk == disk)
+            and kept.gpu_fault == fault
         ):
             return kept
         if len(self._kept) >= MAX_KEPT:
             self._kept.clear()
-        view = self._kept[id(state)] = StoppedView(state, reason, stopping, disk)
+        view = self._kept[id(state)] = StoppedView(state, reason, stopping, disk, fault)
         return view
+
+
+def _same(kept: Facts, facts: Facts) -> bool:
+    return all(a is b for a, b in zip(kept[:3], facts[:3], strict=True)) and kept[3] == facts[3]

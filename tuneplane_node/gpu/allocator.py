@@ -238,7 +238,7 @@ class GpuAllocator:
         """Whether the node can run a GPU job now (`readiness`): health's ``gpu_ready``."""
         if gpus is None:
             gpus = await self.snapshot()
-        return await self.readiness.read(self.card_count(gpus), gpus.error)
+        return await self.readiness.read(self.card_count(gpus), gpus.error, gpus)
 
     def _external(
         self, gpus: GpuSnapshot, holders: Mapping[int, str]

@@ -158,6 +158,7 @@ class NvmlProbe:
             cards=tuple(self._health.judge(r.card, r.faults) for r in readings),
             processes_ok=_processes_known(readings),
             links=self.links,
+            fabric=read_fabric(count),
         )
 
     def _read_card(self, index: int, xids: tuple[int, ...]) -> _Reading:
@@ -246,6 +247,30 @@ def read_faults(handle: Any, xids: tuple[int, ...]) -> CardFaults:
         xids=xids,
         recovery_action=read_recovery_action(handle),
     )
+
+
+_FABRIC = {
+    pynvml.NVML_GPU_FABRIC_STATE_NOT_STARTED: "Not Started",
+    pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS: "In Progress",
+    pynvml.NVML_GPU_FABRIC_STATE_COMPLETED: "Completed",
+}  # in the order a fabric comes up; NOT_SUPPORTED: not an NVSwitch machine
+
+
+def read_fabric(count: int) -> str | None:
+    """The NVSwitch fabric's state, the least advanced card's; None: no card is on one,
+    or the driver cannot say."""
+    states = []
+    for index in range(count):
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            info = _optional(pynvml.nvmlDeviceGetGpuFabricInfo, handle)
+        except Exception:  # a lost card says so in its own reading
+            continue
+        state = _FABRIC.get(getattr(info, "state", None))
+        if state is not None:
+            states.append(state)
+    order = list(_FABRIC.values())
+    return min(states, key=order.index) if states else None
 
 
 _ACTIONS = {

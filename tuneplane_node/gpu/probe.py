@@ -86,6 +86,12 @@ class GpuSnapshot:
     cards: tuple[CardFacts, ...]
     processes_ok: bool
     links: Mapping[tuple[int, int], str]
+    # The NVSwitch fabric's state as the cards say it (``Completed``, ``In Progress``,
+    # ``Not Started``), the least advanced card's; None: not an NVSwitch machine, or unknown.
+    fabric: str | None = None
+    # The NVIDIA Container Toolkit's version, where the source says it (the simulation
+    # file); None: read from the machine (`gpu.toolkit`).
+    toolkit: str | None = None
 
     @classmethod
     def failed(cls, source: str, error: str, *, driver: str | None = None) -> GpuSnapshot:

@@ -7,6 +7,10 @@ select device driver`` (docker without the NVIDIA runtime) or an unknown CDI dev
 ``check`` say so first, with the fix, and a launch asking for cards on such a node is a
 409 naming it (`GpuNotReady`), never the engine's 502.
 
+Counting misses some: fewer cards than ``TUNEPLANE_EXPECTED_GPUS``, an NVSwitch fabric
+manager not ``Completed`` (CUDA error 802 for every job), a Container Toolkit below
+``TUNEPLANE_GPU_TOOLKIT_MIN_VERSION`` (CVE-2025-23266): each is not ready, with the reason.
+
 Ready is ``None`` where the node has no cards by design (a count of 0, from
 ``TUNEPLANE_LOCAL_GPU_COUNT`` or the driver), and ``True`` without a look at the engine
 when ``TUNEPLANE_LOCAL_GPU_PASSTHROUGH=false`` (the operator's word: containers get no
@@ -22,6 +26,8 @@ from dataclasses import dataclass
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.gpu.cdi import gpu_devices
+from tuneplane_node.gpu.probe import GpuSnapshot
+from tuneplane_node.gpu.toolkit import installed_version, refusal
 from tuneplane_node.runtime.base import ContainerRuntime
 from tuneplane_node.runtime.facts import CDI_GPU_KIND, DeviceSupport
 from tuneplane_node.settings import NodeSettings, env_name
@@ -33,6 +39,7 @@ READING_TTL_S = 10.0
 """How long one look at the engine's runtimes and the CDI files serves: the toolkit is
 installed once, and health is asked every few seconds."""
 TOOLKIT = "install the NVIDIA Container Toolkit"
+FABRIC_UP = "Completed"
 GENERATE = "run `sudo nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml`"
 
 
@@ -56,9 +63,12 @@ def judge(
     settings: NodeSettings,
     driver_error: str | None = None,
     cdi: set[str] | None = None,
+    gpus: GpuSnapshot | None = None,
+    toolkit: str | None = None,
 ) -> GpuReadiness:
-    """The verdict from what is known. ``support`` and ``cdi`` are asked for only when
-    the verdict needs them (`needs_engine`)."""
+    """The verdict from what is known. ``support``, ``cdi`` and ``toolkit`` (the NVIDIA
+    Container Toolkit's version; None: not known) are asked for only when the verdict
+    needs them (`needs_engine`); ``gpus``: the driver's reading, for what counting misses."""
     if count is None:
         why = f" ({driver_error})" if driver_error else ""
         return GpuReadiness(
@@ -66,14 +76,41 @@ def judge(
             f"the card count is unknown: no GPU driver answered{why}; install the NVIDIA "
             f"driver, or set {env_name('local_gpu_count')} (0 on a machine without cards)",
         )
+    machine = machine_refusal(settings, gpus)
+    if machine is not None:
+        return GpuReadiness(False, machine)
     if not needs_engine(engine=engine, count=count, settings=settings):
         return NO_CARDS if count == 0 else READY
+    old = refusal(toolkit, settings.gpu_toolkit_min_version) if toolkit else None
+    if old is not None:
+        return GpuReadiness(False, old)
     assert support is not None
     if support.error is not None:
         return GpuReadiness(False, f"cannot ask {engine} how it hands out cards: {support.error}")
     if engine == "podman":  # cards are CDI devices, nvidia.com/gpu=N
         return _cdi(engine, support, count, cdi or set())
     return _docker(engine, support, count, cdi or set())  # a device request, or CDI
+
+
+def machine_refusal(settings: NodeSettings, gpus: GpuSnapshot | None) -> str | None:
+    """What the driver's reading says counting misses: fewer cards than the operator
+    expects, an NVSwitch fabric not up. None: nothing (or nothing read)."""
+    if gpus is None or not gpus.ok:
+        return None
+    expected = settings.expected_gpus
+    if expected is not None and len(gpus.cards) < expected:
+        return (
+            f"the driver shows {len(gpus.cards)} of the {expected} cards "
+            f"{env_name('expected_gpus')} expects: a card fell off the bus or the driver "
+            "lost one; reseat or reset it, or reboot"
+        )
+    if gpus.fabric is not None and gpus.fabric != FABRIC_UP:
+        return (
+            f"the NVSwitch fabric manager's state is {gpus.fabric!r}, not {FABRIC_UP!r}: "
+            "CUDA would fail every job (error 802, system not yet initialized); start "
+            "nvidia-fabricmanager (`systemctl start nvidia-fabricmanager`) and wait for it"
+        )
+    return None
 
 
 def needs_engine(*, engine: str, count: int, settings: NodeSettings) -> bool:
@@ -138,11 +175,15 @@ class ReadinessReader:
             keep=lambda looked: looked[0].error is None,
         )
 
-    async def read(self, count: int | None, driver_error: str | None = None) -> GpuReadiness:
+    async def read(
+        self, count: int | None, driver_error: str | None = None, gpus: GpuSnapshot | None = None
+    ) -> GpuReadiness:
         engine = self.runtime.name
-        support, cdi = None, None
+        support, cdi, toolkit = None, None, None
         if count is not None and needs_engine(engine=engine, count=count, settings=self.settings):
-            support, cdi = await self._look.get()  # the last look; a new one behind it
+            support, cdi, toolkit = await self._look.get()  # the last look; a new one behind it
+            if gpus is not None and gpus.source == "simulation":
+                toolkit = gpus.toolkit  # the file's word stands for the machine's
         return judge(
             engine=engine,
             support=support,
@@ -150,14 +191,19 @@ class ReadinessReader:
             settings=self.settings,
             driver_error=driver_error,
             cdi=cdi,
+            gpus=gpus,
+            toolkit=toolkit,
         )
 
-    async def _read(self) -> tuple[DeviceSupport, set[str]]:
+    async def _read(self) -> tuple[DeviceSupport, set[str], str | None]:
         support = await self.runtime.device_support()
         cdi: set[str] = set()
         if support.cdi_dirs and support.cdi_local and support.error is None:
             cdi = await asyncio.to_thread(gpu_devices, support.cdi_dirs)
-        return support, cdi
+        toolkit = None
+        if self.settings.gpu_simulation_file is None:
+            toolkit = await asyncio.to_thread(installed_version)
+        return support, cdi, toolkit
 
     async def close(self) -> None:
         """Cancel a look in flight (shutdown)."""

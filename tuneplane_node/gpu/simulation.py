@@ -51,7 +51,10 @@ class SimulatedProbe:
     again on every read (and keeps restarting the quarantine). A card's optional
     ``recovery_action`` is the driver's (``NONE``, ``GPU_RESET``, ``NODE_REBOOT``,
     ``DRAIN_P2P``, ``DRAIN_AND_RESET``, ...) and ``resets`` how many times it was reset:
-    a simulated reset is that count raised (with the XID gone from the file). A file that cannot be
+    a simulated reset is that count raised (with the XID gone from the file). The top
+    level's optional ``fabric_manager`` (``Completed``, ``In Progress``, ``Not Started``:
+    an NVSwitch machine's) and ``toolkit_version`` (what ``nvidia-ctk --version`` says)
+    stand in for the machine's. A file that cannot be
     read or has a bad entry gives ``ok=False`` and no cards: a half-read file must not
     hide a card that is busy or broken.
     """
@@ -114,7 +117,19 @@ class SimulatedProbe:
             cards=tuple(sorted(cards, key=lambda c: c.index)),
             processes_ok=True,
             links=MappingProxyType(links),
+            fabric=_fabric(top),
+            toolkit=_field(top, "toolkit_version", str, "top level"),
         )
+
+
+FABRIC_STATES = ("Completed", "In Progress", "Not Started")
+
+
+def _fabric(top: Mapping[str, object]) -> str | None:
+    state = _field(top, "fabric_manager", str, "top level")
+    if state is not None and state not in FABRIC_STATES:
+        raise SimulationError(f"top level.fabric_manager: one of {', '.join(FABRIC_STATES)}")
+    return state
 
 
 def _parse_card(entry: object, where: str) -> tuple[CardFacts, CardFaults]:

@@ -43,6 +43,16 @@ class GpuSettings(BaseSettings):
     """Seconds a card whose job's container is gone may stay ``draining`` (a process still
     on it, or its memory not back at its baseline) before health says it is stuck."""
 
+    expected_gpus: int | None = Field(None, ge=0, le=1024)
+    """The cards this machine should show. Fewer visible to the driver (a card fallen off
+    the bus, a driver install that lost one) is not ready, with the reason: counting alone
+    would take it as a smaller machine. Unset: whatever the driver shows."""
+    gpu_toolkit_min_version: str = Field("1.17.8", pattern=r"^\d+(\.\d+){0,3}$", max_length=40)
+    """The oldest NVIDIA Container Toolkit (``nvidia-ctk --version``) a node with cards is
+    ready with: 1.17.7 and older give a hostile image host root through the
+    createContainer hook (NVIDIAScape, CVE-2025-23266), CDI mode included. A toolkit the
+    node cannot read is not judged (``check`` says so)."""
+
     @field_validator("gpu_xid_ignore", "gpu_xid_job", "gpu_xid_card", "gpu_xid_node")
     @classmethod
     def _xids(cls, codes: list[int]) -> list[int]:

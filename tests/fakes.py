@@ -290,6 +290,7 @@ class FakeRuntime:
         self.stop_signals: ByReference[str] = ByReference()  # an image's STOPSIGNAL, by image
         self.image_ids: ByReference[str] = ByReference()  # an image's id (else one from its name)
         self.image_sizes: ByReference[int] = ByReference()  # its size (else image_size)
+        self.image_envs: ByReference[dict[str, str]] = ByReference()  # its CUDA env
         self._up = True
         self.calls: collections.Counter[str] = collections.Counter()
         self.pulls: list[FakePull] = []
@@ -581,7 +582,8 @@ class FakeRuntime:
         if not names:
             return None
         size = self.image_sizes.get(names[0], self.image_size)
-        return ImageInfo(self.image_id(names[0]), size, tuple(names))
+        env = self.image_envs.get(names[0], {})
+        return ImageInfo(self.image_id(names[0]), size, tuple(names), cuda_env=env)
 
     async def pull(
         self,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import MakeFakeNode
+from tests.conftest import IMAGE, MakeFakeNode
 from tests.fakes import FakeRuntime
 from tests.gpusimulation import Simulation, simulated_node
 from tests.nvmlprobe import settings
@@ -103,3 +103,33 @@ def test_versions_compare_by_their_numbers() -> None:
     assert toolkit.older("1.17.7", "1.17.8") and toolkit.older("1.9", "1.17.8")
     assert not toolkit.older("1.17.8", "1.17.8") and not toolkit.older("1.18", "1.17.8")
     assert toolkit.installed_version("no-such-nvidia-ctk") is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("env", "refused"),
+    [({"NVIDIA_REQUIRE_CUDA": "cuda>=13.0 brand=tesla,driver>=535,driver<536"}, "13.0"),
+     ({"CUDA_VERSION": "12.6.3"}, "12.6"),
+     ({"CUDA_VERSION": "12.4.1"}, None),
+     ({"NVIDIA_REQUIRE_CUDA": "cuda>=13.0", "NVIDIA_DISABLE_REQUIRE": "true"}, None),
+     ({}, None)],
+)  # fmt: skip
+async def test_an_image_needing_a_newer_cuda_than_the_drivers_is_refused_naming_both(
+    fake_node: MakeFakeNode, fake: FakeRuntime, sim: Simulation, env: dict[str, str],
+    refused: str | None,
+) -> None:  # fmt: skip
+    sim.data["cuda"] = "12.4"
+    sim.write()
+    node = await simulated_node(fake_node, sim)
+    fake.image_envs[IMAGE] = env
+    if refused is None:
+        await node.launch(image=IMAGE, gpus=1)
+        return
+    _, answer = await node.launch(image=IMAGE, gpus=1, expect=409)
+    assert answer["code"] == "driver_too_old"
+    assert answer["detail"].startswith(
+        f"the image {IMAGE} needs CUDA {refused}; this node's driver gives CUDA 12.4 "
+        "(driver 580.159.03)"
+    )
+    assert fake.calls["run"] == 0
+    await node.launch(image=IMAGE, gpus=0)  # without a card it needs no driver

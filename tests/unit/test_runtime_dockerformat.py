@@ -283,3 +283,16 @@ def test_a_digest_reference_names_an_image_only_by_its_own_repositorys_digest() 
     assert not names_by_digest(f"docker.io/library/anything@{digest}", info)
     assert not names_by_digest(f"127.0.0.1:5005/team/trainer@sha256:{'b' * 64}", info)
     assert names_by_digest("docker.io/library/anything:1", info)  # a tag: the engine's
+
+
+def test_an_images_cuda_requirement_is_kept_and_nothing_else_of_its_env() -> None:
+    doc = {
+        "Id": "sha256:" + "a" * 64,
+        "Config": {"Env": ["PATH=/usr/bin", "CUDA_VERSION=12.4.1", "SECRET=x",
+                           "NVIDIA_REQUIRE_CUDA=cuda>=12.4 brand=tesla,driver>=470"]},
+    }  # fmt: skip
+    info = image_from_inspect(doc)
+    assert info.cuda_env == {
+        "CUDA_VERSION": "12.4.1", "NVIDIA_REQUIRE_CUDA": "cuda>=12.4 brand=tesla,driver>=470"
+    }  # fmt: skip
+    assert image_from_inspect({"Id": "sha256:" + "b" * 64}).cuda_env == {}

@@ -380,6 +380,7 @@ def test_each_error_answer_lists_the_codes_it_may_carry() -> None:
     launch = responses("/node/v1/launch")
     assert launch["409"]["x-codes"] == [
         "cordoned",
+        "driver_too_old",
         "engine_conflict",
         "gpu_not_ready",
         "memlock_unavailable",

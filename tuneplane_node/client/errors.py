@@ -27,6 +27,7 @@ console's retry rule is an ``except`` clause, never a sentence compared::
         │       ├── ProtocolMismatch    ``protocol_mismatch``
         │       ├── NoCapacity          ``no_capacity``: not enough cards free now
         │       ├── GpuNotReady         ``gpu_not_ready``: cards the engine cannot hand out
+        │       ├── DriverTooOld        ``driver_too_old``: the image needs a newer CUDA
         │       ├── NameHeld            ``name_held``: the name is another run's
         │       ├── RunConflict         ``run_conflict``: the run exists with another spec
         │       ├── Cordoned            ``cordoned``: the node takes no launches
@@ -198,6 +199,12 @@ class GpuNotReady(Conflict):
     family = "gpu_not_ready"
 
 
+class DriverTooOld(Conflict):
+    """The image needs a newer CUDA than the node's driver gives: the sentence names both."""
+
+    family = "driver_too_old"
+
+
 class RunConflict(Conflict):
     family = "run_conflict"
 
@@ -297,6 +304,7 @@ NARROWER = (
     ProtocolMismatch,
     NoCapacity,
     GpuNotReady,
+    DriverTooOld,
     NameHeld,
     RunConflict,
     Cordoned,

@@ -25,6 +25,7 @@ from tuneplane_node.daemon.presence import GONE, unless_gone
 from tuneplane_node.daemon.state import HEALTH_STATUS, METRICS, NODE
 from tuneplane_node.errors import (
     BadRequest,
+    DriverTooOld,
     EngineConflict,
     GpuNotReady,
     ImageAccessDenied,
@@ -68,6 +69,7 @@ LAUNCH_ERRORS: tuple[schema.Raised, ...] = (
     InsufficientStorage,
     NoCapacity,
     GpuNotReady,
+    DriverTooOld,
     NameTaken,
     RunConflict,
     NodeCordoned,

@@ -47,6 +47,7 @@ are translated there (one table per engine, `runtime/engines/engine.py`) with th
     │   ├── NoCapacity no_capacity          not enough GPUs free for the job
     │   ├── GpuNotReady gpu_not_ready       the engine cannot hand this node's cards to a
     │   │                                   container
+    │   ├── DriverTooOld driver_too_old     the image needs a newer CUDA than the driver's
     │   ├── NameTaken name_held             the container name is held by another run
     │   ├── RunConflict run_conflict        the run's container was launched with another spec
     │   ├── NodeCordoned cordoned           the operator took the node out of service
@@ -96,6 +97,7 @@ from tuneplane_node.errors.base import (
 )
 from tuneplane_node.errors.conflicts import (
     Conflict,
+    DriverTooOld,
     FabricAddressesExhausted,
     GpuNotReady,
     MemlockUnavailable,
@@ -155,6 +157,7 @@ __all__ = [
     "ConfigError",
     "Conflict",
     "DiskPressure",
+    "DriverTooOld",
     "EngineConflict",
     "EngineError",
     "EngineRefused",

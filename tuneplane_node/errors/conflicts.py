@@ -67,6 +67,25 @@ class GpuNotReady(Conflict):
         self.reason = reason
 
 
+class DriverTooOld(Conflict):
+    """A launch asking for cards whose image needs a newer CUDA than the driver gives
+    (its ``NVIDIA_REQUIRE_CUDA`` or ``CUDA_VERSION``): it would run without a usable card
+    (a trainer on the CPU, silently). Refused before anything is made."""
+
+    code: ClassVar[str] = "driver_too_old"
+
+    def __init__(self, *, image: str, needs: str, driver_cuda: str, driver: str | None) -> None:
+        of = f" (driver {driver})" if driver else ""
+        super().__init__(
+            f"the image {image} needs CUDA {needs}; this node's driver gives CUDA "
+            f"{driver_cuda}{of}: run it on a node with a newer driver, or an image built "
+            f"for CUDA {driver_cuda} or older"
+        )
+        self.image = image
+        self.needs = needs
+        self.driver_cuda = driver_cuda
+
+
 class NameTaken(Conflict):
     """The container name belongs to another run: a launch never takes it over."""
 

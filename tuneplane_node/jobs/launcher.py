@@ -18,8 +18,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 
 from tuneplane_node.clock import Clock
-from tuneplane_node.errors import NodeError
+from tuneplane_node.errors import DriverTooOld, NodeError
 from tuneplane_node.gpu.allocator import GpuAllocator
+from tuneplane_node.gpu.cudareq import too_old
 from tuneplane_node.jobs.disk.limit import DiskLimits
 from tuneplane_node.jobs.images.gc import ImageCollector
 from tuneplane_node.jobs.images.keeper import ImageKeeper
@@ -176,6 +177,7 @@ class Launcher:
             present = info is not None or await self._imageless(image)
             if info is not None:
                 await self.images.admit(image, info, request.auth)
+                await self._runs_on_driver(request, info)
             pull = not present or self.images.must_pull(image, request.pull_policy)
             if not pull and not await self.volumes.missing(request.spec.volumes):
                 return await self.start_now(request, info, clear=clear)
@@ -184,6 +186,18 @@ class Launcher:
             await self.gc.fit(image, request.auth, present=present)  # else 507, nothing held
             await self.images.before_pull(image, request.auth)  # else 507: no record, no pull
             return await self.start_pending(request, clear=clear)
+
+    async def _runs_on_driver(self, request: LaunchRequest, info: ImageInfo) -> None:
+        """A card launch of an image needing a newer CUDA than the driver's is refused
+        (`DriverTooOld`, 409): it would run without a usable card (`gpu.cudareq`)."""
+        if request.requested_gpus <= 0 or not info.cuda_env:
+            return
+        gpus = await self.allocator.snapshot()
+        old = too_old(info.cuda_env, gpus.cuda)
+        if old is not None:
+            raise DriverTooOld(
+                image=request.spec.image, needs=old[0], driver_cuda=old[1], driver=gpus.driver
+            )
 
     async def _imageless(self, image: str) -> bool:
         """A runtime that has an image it cannot describe: the process runtime's "every
@@ -260,6 +274,8 @@ class Launcher:
         info = await self.runtime.image_info(canonical(record.image))
         if record.needs_pull:
             await self.images.pulled(record.image, info, record.request.auth)
+        if info is not None:
+            await self._runs_on_driver(record.request, info)
         record.phase = STARTING
         self.pending.changed(record.ref)
         cards = await reservation.claim()

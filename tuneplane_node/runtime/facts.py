@@ -6,7 +6,7 @@ Plain data, each answer of a `runtime.base.ContainerRuntime` method that reports
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from tuneplane_node.inventory import Space
@@ -46,6 +46,23 @@ class DeviceSupport:
         return "nvidia" not in self.runtimes and bool(self.cdi_dirs)
 
 
+CUDA_REQUIRE = "NVIDIA_REQUIRE_CUDA"
+CUDA_VERSION = "CUDA_VERSION"
+CUDA_DISABLE = "NVIDIA_DISABLE_REQUIRE"
+CUDA_KEYS = (CUDA_REQUIRE, CUDA_VERSION, CUDA_DISABLE)
+
+
+def cuda_env(env: Iterable[object]) -> dict[str, str]:
+    """An image's ``KEY=value`` entries that say its CUDA requirement (the rest are not
+    kept: `gpu.cudareq` reads these)."""
+    found = {}
+    for entry in env:
+        key, _, value = str(entry).partition("=")
+        if key in CUDA_KEYS:
+            found[key] = value[:4096]
+    return found
+
+
 @dataclass(frozen=True)
 class ImageInfo:
     """An image as the engine holds it: its id (``sha256:...``, the same on both
@@ -56,6 +73,9 @@ class ImageInfo:
     size_bytes: int | None = None
     names: tuple[str, ...] = ()
     digests: tuple[str, ...] = ()
+    # Its environment's CUDA requirement (``NVIDIA_REQUIRE_CUDA``, ``CUDA_VERSION``,
+    # ``NVIDIA_DISABLE_REQUIRE``; `gpu.cudareq`), the only entries kept.
+    cuda_env: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

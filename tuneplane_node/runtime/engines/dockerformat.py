@@ -25,7 +25,7 @@ from tuneplane_node.runtime.base import (
     PullProgress,
     RegistryAuth,
 )
-from tuneplane_node.runtime.facts import EngineImage, ImageInfo, Usage
+from tuneplane_node.runtime.facts import EngineImage, ImageInfo, Usage, cuda_env
 from tuneplane_node.signals import engine_stop_signal
 
 LIBPOD_STATUSES = {"configured": "created", "initialized": "created", "stopped": "exited"}
@@ -79,6 +79,7 @@ def image_from_inspect(data: Mapping[str, Any]) -> ImageInfo:
         size_bytes=int(size) if isinstance(size, (int, float)) and size >= 0 else None,
         names=tuple(str(name) for name in data.get("RepoTags") or ()),
         digests=tuple(str(d) for d in data.get("RepoDigests") or () if d and "<none>" not in d),
+        cuda_env=cuda_env((data.get("Config") or {}).get("Env") or ()),
     )
 
 

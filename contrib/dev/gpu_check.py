@@ -25,6 +25,12 @@ on the process runtime, with ``python3`` from PATH or ``--python``):
    list-supported-drivers`` against NVML's driver version: a card job may be sandboxed
    only then, with runsc registered with ``--nvproxy=true``).
 
+4. Issue 53's rules on real cards: each card's recovery action (NVML's field, driver
+   565+) and its fault as the node judges it now, the NVSwitch fabric manager's state, the
+   Container Toolkit's version (``nvidia-ctk --version``) against the floor; and in step
+   2, the card of a removed job ``draining`` while another process holds it, free once it
+   is clean (how long that took is printed).
+
 Prints what it saw and one line per expectation, ``ok`` or ``FAILED``; exits 1 if any
 failed. The facts a virtual machine does not give (power, temperature) are printed, not
 checked.
@@ -324,15 +330,21 @@ def daemon_check(cards: int, cpusets: dict[int, str], python: str, hold_s: float
         status, stopped = node.call("POST", "/node/v1/stop", {"ref": ref, "timeout": 5})
         status2, removed = node.call("POST", "/node/v1/remove", {"ref": ref})
         print("stop:", status, stopped, "remove:", status2, removed)
+        # Issue 53: the outsider still holds card 0's memory: the card drains, not free.
+        draining = node.call("GET", "/node/v1/health")[1].get("draining") or {}
+        print("draining, the outsider still on card 0:", draining)
+        expect("the job gone, its card drains while a process holds it", "0" in draining)
         outsider.terminate()
         outsider.wait(30)
         outsider = None
+        gone = time.monotonic()
         freed = wait_for(
             "card 0 free",
             lambda: node.call("GET", "/node/v1/health")[1].get("free_gpus") == list(range(cards)),
             timeout=30,
         )
-        expect("stopped and removed, the card is free again", bool(freed))
+        print(f"card 0 clean and free {time.monotonic() - gone:.1f} s after the process ended")
+        expect("stopped and removed, the card is free again once clean", bool(freed))
     finally:
         if outsider is not None:
             outsider.kill()
@@ -396,6 +408,57 @@ def isolation_check(image: str, driver: str) -> None:
         print("runsc: not installed, the nvproxy check skipped")
 
 
+# --- 4. faults and readiness (issue 53) ---------------------------------------------------
+
+
+def fault_check() -> None:
+    """What the node reads for its fault and readiness rules on this machine: each card's
+    recovery action (driver 565+), its fault as judged now, the NVSwitch fabric's state,
+    the Container Toolkit's version against the floor."""
+    from tuneplane_node.gpu import nvml, toolkit
+    from tuneplane_node.gpu.factory import make_probe
+    from tuneplane_node.settings import load_settings
+
+    settings = load_settings(node_token=TOKEN)
+    probe = make_probe(settings)
+    try:
+        snap = probe.snapshot()
+        import pynvml
+
+        actions = {}
+        for card in snap.cards:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(card.index)
+            actions[card.index] = nvml.read_recovery_action(handle)
+        print("recovery actions (None: the driver cannot say):", actions)
+        print("faults now:", {c.index: c.fault for c in snap.cards})
+        print("fabric manager:", snap.fabric or "not an NVSwitch machine (or unknown)")
+        expect(
+            "the recovery action reads NONE or unknown on an idle machine",
+            all(action in (None, "NONE") for action in actions.values()),
+            actions,
+        )
+        expect(
+            "no card is out for a fault on an idle machine",
+            all(c.fault is None or c.fault.scope == "job" for c in snap.cards),
+        )
+        expect(
+            "the NVSwitch fabric is up where there is one",
+            snap.fabric in (None, "Completed"),
+            snap.fabric,
+        )
+    finally:
+        probe.close()
+    version = toolkit.installed_version()
+    floor = settings.gpu_toolkit_min_version
+    print(f"nvidia-ctk: {version or 'not found'} (floor {floor})")
+    if version is not None:
+        expect(
+            f"the Container Toolkit is at the floor ({toolkit.CVE})",
+            not toolkit.older(version, floor),
+            version,
+        )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -408,6 +471,7 @@ def main() -> int:
     args = parser.parse_args()
     cards, cpusets = probe_check()
     if cards:
+        fault_check()
         daemon_check(cards, cpusets, args.python, args.hold_s)
     if cards and args.isolation:
         isolation_check(args.isolation, driver_version())

@@ -35,6 +35,16 @@ async def checkpointing(node: Console, ckpt: Path, name: str) -> tuple[str, int]
     return ref, answer["gpus"][0]
 
 
+async def machine(make: MakeNode, engine: str, tmp_path: Path) -> tuple[Simulation, Console, Path]:
+    """A daemon on ``engine`` whose 4 cards are a simulation file's, looked at every
+    `POLL_S`; and the folder its jobs checkpoint to."""
+    sim = Simulation(tmp_path / "gpus.json")
+    node = await make(
+        engine, gpu_simulation_file=sim.path, local_gpu_count=None, gpu_fault_poll_s=POLL_S
+    )
+    return sim, node, storage_root(tmp_path)
+
+
 async def until(what: str, check: object, timeout: float) -> float:
     """Seconds until ``check()`` is true."""
     started = time.monotonic()
@@ -48,11 +58,7 @@ async def until(what: str, check: object, timeout: float) -> float:
 async def test_an_xid_79_warns_every_job_cordons_the_node_and_the_watch_hears_it(
     make_node: MakeNode, engine: str, tmp_path: Path
 ) -> None:
-    sim = Simulation(tmp_path / "gpus.json")
-    node = await make_node(
-        engine, gpu_simulation_file=sim.path, local_gpu_count=None, gpu_fault_poll_s=POLL_S
-    )
-    ckpt = storage_root(tmp_path)
+    sim, node, ckpt = await machine(make_node, engine, tmp_path)
     jobs = [await checkpointing(node, ckpt, name) for name in ("first", "second")]
     [(_, card), (_, other)] = jobs
     index = (await node.jobs())["index"]
@@ -86,11 +92,7 @@ async def test_an_xid_79_warns_every_job_cordons_the_node_and_the_watch_hears_it
 async def test_an_xid_48_stops_its_cards_job_warned_and_an_xid_13_stops_nothing(
     make_node: MakeNode, engine: str, tmp_path: Path
 ) -> None:
-    sim = Simulation(tmp_path / "gpus.json")
-    node = await make_node(
-        engine, gpu_simulation_file=sim.path, local_gpu_count=None, gpu_fault_poll_s=POLL_S
-    )
-    ckpt = storage_root(tmp_path)
+    sim, node, ckpt = await machine(make_node, engine, tmp_path)
     (faulty, card), (bystander, other) = [
         await checkpointing(node, ckpt, name) for name in ("faulty", "bystander")
     ]

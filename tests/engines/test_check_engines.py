@@ -100,6 +100,25 @@ def test_an_engine_that_cannot_hand_out_the_cards_fails_naming_the_fix(
 
 
 @pytest.mark.engine
+def test_a_toolkit_below_the_floor_fails_naming_the_cve(check: Check, tmp_path: Path) -> None:
+    """Issue 53: NVIDIAScape (CVE-2025-23266) in toolkit 1.17.7 and older."""
+    settings = {"TUNEPLANE_LOCAL_RUNTIME": "docker", **two_cards(tmp_path)}
+    settings["TUNEPLANE_DOCKER_HOST"] = str(docker_host())
+    simulation = Path(settings["TUNEPLANE_GPU_SIMULATION_FILE"])
+    machine = json.loads(simulation.read_text())
+    simulation.write_text(json.dumps({**machine, "toolkit_version": "1.17.7"}))
+    code, lines, out = check(**settings)
+    if "FAIL engine" in out:
+        engine_missing("docker", lines["engine"])
+    assert code == 1, out
+    assert lines["gpu jobs"].startswith(
+        "FAIL gpu jobs: cannot run: the NVIDIA Container Toolkit is 1.17.7, older than "
+        "TUNEPLANE_GPU_TOOLKIT_MIN_VERSION=1.17.8: CVE-2025-23266 (NVIDIAScape) gives a "
+        "hostile image host root"
+    )
+
+
+@pytest.mark.engine
 @pytest.mark.parametrize("engine", ["docker", "podman"])
 def test_whether_the_engine_remaps_users_is_said(check: Check, engine: str, tmp_path: Path) -> None:
     settings = {"TUNEPLANE_LOCAL_RUNTIME": engine}

@@ -503,6 +503,13 @@ def test_volume_gc_and_volumes_show_each_entry() -> None:
 # --- cordon, drain ------------------------------------------------------------------------
 
 
+def test_gpus_reset_breaker_says_how_the_breaker_stands(ctl: Ctl, process_node: Node) -> None:
+    code, out, _ = ctl("gpus", "reset-breaker", url=process_node.url)
+    assert (code, out) == (0, "gpu breaker closed: 0 of 4 card(s) taken out this hour, 0 kept in\n")
+    code, _, err = ctl("gpus", "reset", url=process_node.url)
+    assert code == 2 and "invalid choice: 'reset'" in err
+
+
 def test_cordon_refuses_launches_until_uncordon(ctl: Ctl, process_node: Node) -> None:
     url = process_node.url
     code, out, _ = ctl("cordon", "--reason", "kernel upgrade", url=url)

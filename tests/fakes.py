@@ -306,6 +306,7 @@ class FakeRuntime:
         self.refs: list[tuple[str, str]] = []  # (verb, the ref it was given) of every verb
         self.usages: dict[str, Usage] = {}  # container name -> what usage() reads for it
         self.written: dict[str, int] = {}  # container name -> bytes it wrote to the disk
+        self.deleted_open: dict[str, int] = {}  # container name -> deleted bytes it holds open
         self.holders: dict[int, str] = {}  # pid -> the handle of the container it runs in
         self.caught: dict[str, bool | None] = {}  # name -> whether it catches a warning
         # name -> the code it ends with by itself as the next signal goes out, which finds
@@ -545,12 +546,17 @@ class FakeRuntime:
 
     async def disk_usage(self, ref: str, *, budget_s: float) -> DiskUse | None:
         """What the test set in ``written`` for the running container (unknown without
-        an entry); what it wrote fills the data root, as a writable layer does."""
+        an entry), with what ``deleted_open`` says its processes hold open deleted;
+        what it wrote fills the data root, as a writable layer does."""
         self._answer("disk_usage")
         container = self.find(ref)
         if container is None or container.status not in RUNNING:
             return None
-        return DiskUse(self.written.get(container.spec.name), walk_s=0.001)
+        name = container.spec.name
+        written, deleted = self.written.get(name), self.deleted_open.get(name)
+        if written is None or deleted is None:
+            return DiskUse(written, walk_s=0.001)
+        return DiskUse(written + deleted, walk_s=0.001, deleted_open_bytes=deleted)
 
     async def health(self) -> RuntimeHealth:
         self.calls["health"] += 1
@@ -623,7 +629,9 @@ class FakeRuntime:
         self._answer("data_root")
         if self.disk_total is None:
             return DataRoot(DATA_ROOT, None)
-        layers = sum(self.written.get(name, 0) for name in self.containers)
+        layers = sum(
+            self.written.get(name, 0) + self.deleted_open.get(name, 0) for name in self.containers
+        )
         free = max(0, self.disk_total - self.disk_other - self.images_bytes() - layers)
         return DataRoot(DATA_ROOT, Space(self.disk_total, free, free))
 

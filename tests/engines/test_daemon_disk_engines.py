@@ -8,15 +8,27 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 
 from tests.conftest import MakeNode
-from tests.helpers import IMAGE
+from tests.helpers import IMAGE, Console
 from tuneplane_node.daemon.state import NODE
 
 pytestmark = pytest.mark.engine
 MIB = 2**20
+
+
+async def ended(node: Console, ref: str, started: float) -> dict[str, Any]:
+    """Its state once it runs no more, or 30 s after ``started``."""
+    state = await node.state(ref)
+    while state["status"] == "running" and time.monotonic() - started < 30:
+        await asyncio.sleep(0.1)
+        state = await node.state(ref)
+    return state
+
+
 FILL = ["/bin/sh", "-c", "dd if=/dev/zero of=/fill bs=1M count=1024; sleep 300"]
 
 
@@ -30,10 +42,7 @@ async def test_a_job_past_its_disk_limit_is_stopped_and_the_tenant_runs_on(
     filler, answer = await node.launch(FILL, disk_limit="100m")
     assert answer["phase"] == "running"
 
-    state = await node.state(filler)
-    while state["status"] == "running" and time.monotonic() - started < 30:
-        await asyncio.sleep(0.1)
-        state = await node.state(filler)
+    state = await ended(node, filler, started)
     stopped_after = time.monotonic() - started
 
     assert state["status"] == "exited", state
@@ -46,4 +55,31 @@ async def test_a_job_past_its_disk_limit_is_stopped_and_the_tenant_runs_on(
     assert other["status"] == "running" and "stop_reason" not in other
     assert other["disk_used_bytes"] < MIB  # measured: it wrote nothing
     assert (await node.health())["conditions"]["disk_pressure"] is False
+    assert await node.app[NODE].runtime.image_exists(IMAGE)  # the cache untouched
+
+
+# Issue 50: written, then unlinked with the descriptor kept (3), so no walk sees it.
+UNLINKED = ["/bin/sh", "-c", "exec 3>/f; dd if=/dev/zero bs=1M count=300 >&3; rm /f; sleep 300"]
+MANY = "i=0; while [ $i -lt 100 ]; do exec 3>/f$i; dd if=/dev/zero bs=1M count=3 >&3; "
+MANY += "rm /f$i; eval exec $((i + 10))\\<\\&3; i=$((i + 1)); done; sleep 300"
+
+
+@pytest.mark.parametrize("engine", ["docker", "podman"])
+@pytest.mark.parametrize("script", [UNLINKED, ["/bin/sh", "-c", MANY]], ids=["one", "many"])
+async def test_deleted_files_a_job_holds_open_count_toward_its_limit(
+    make_node: MakeNode, engine: str, script: list[str]
+) -> None:
+    node = await make_node(engine, job_disk_check_s=1, local_stop_timeout=5)
+    started = time.monotonic()
+    holder, answer = await node.launch(script, disk_limit="64m")
+    assert answer["phase"] == "running"
+
+    state = await ended(node, holder, started)
+    assert state["status"] == "exited", state
+    assert time.monotonic() - started < 15  # 300 MB written in about a second, one check
+    assert state["stop_reason"] == "disk_limit"
+    assert state["disk_limit_bytes"] == 64 * MIB
+    deleted = state["disk_deleted_open_bytes"]
+    assert deleted is not None and 64 * MIB < deleted <= state["disk_used_bytes"]
+    assert state["disk_used_bytes"] < 64 * MIB + deleted  # what its walk saw: almost nothing
     assert await node.app[NODE].runtime.image_exists(IMAGE)  # the cache untouched

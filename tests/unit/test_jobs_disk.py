@@ -111,7 +111,8 @@ async def test_a_job_past_its_limit_is_stopped_and_observe_says_why_after_a_rest
     node = await make_node()
     await node.jobs.launch(launch("filler", disk_limit="100m"))
     await node.jobs.launch(launch("tenant", disk_limit="100m"))
-    fake.written[named("filler")] = 150 * MIB
+    fake.written[named("filler")] = 20 * MIB
+    fake.deleted_open[named("filler")] = 130 * MIB  # unlinked, its descriptors kept
     fake.written[named("tenant")] = 60 * MIB
 
     await node.monitor.check()
@@ -124,6 +125,7 @@ async def test_a_job_past_its_limit_is_stopped_and_observe_says_why_after_a_rest
     assert filler["stop_reason"] == "disk_limit"  # type: ignore[typeddict-item]
     assert filler["disk_used_bytes"] == 150 * MIB  # type: ignore[typeddict-item]
     assert filler["disk_limit_bytes"] == 100 * MIB  # type: ignore[typeddict-item]
+    assert filler["disk_deleted_open_bytes"] == 130 * MIB  # type: ignore[typeddict-item]
     tenant = state_json(shown[named("tenant")])
     assert "stop_reason" not in tenant and tenant["disk_used_bytes"] == 60 * MIB  # type: ignore[typeddict-item]
 
@@ -132,6 +134,7 @@ async def test_a_job_past_its_limit_is_stopped_and_observe_says_why_after_a_rest
     view = (await restarted.jobs.observe([named("filler")]))[named("filler")]
     assert isinstance(view, StoppedView) and view.stop_reason == "disk_limit"
     assert view.disk is not None and view.disk.used_bytes == 150 * MIB
+    assert view.disk.deleted_open_bytes == 130 * MIB
 
 
 async def test_stats_show_a_running_jobs_disk(make_node: MakeNode, fake: FakeRuntime) -> None:

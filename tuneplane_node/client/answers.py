@@ -107,6 +107,7 @@ class JobState(Answer):
     stopping: Stopping | None = None
     disk_used_bytes: int | None = None  # written to the engine's disk (running, or at a stop)
     disk_limit_bytes: int | None = None
+    disk_deleted_open_bytes: int | None = None  # of disk_used_bytes: deleted files held open
     pending_phase: PendingPhase | None = None
     pending_image: str | None = None
     pending_elapsed_s: float | None = None
@@ -486,6 +487,7 @@ class Usage(Answer):
     gpus: tuple[CardUsage, ...] = ()
     disk_used_bytes: int | None = None  # the disk monitor's latest measure
     disk_limit_bytes: int | None = None
+    disk_deleted_open_bytes: int | None = None  # of disk_used_bytes: deleted files held open
 
     convert: ClassVar[Converters] = {"gpus": each(CardUsage), "status": word(JobStatus)}
     convert |= {"sampled_at": moment}

@@ -57,6 +57,7 @@ class NodeState:
     stopping_as: str | None = None
     stop_reasons: Mapping[str, str] = field(default_factory=dict)  # container id (or name) -> why
     disk_used: Mapping[str, int] = field(default_factory=dict)  # id -> bytes when stopped for them
+    disk_deleted_open: Mapping[str, int] = field(default_factory=dict)  # id -> the deleted part
 
     @property
     def open(self) -> bool:
@@ -72,14 +73,22 @@ class NodeState:
         return replace(self, state=state, reason=reason, since=moved, notice=notice)
 
     def stopped(
-        self, container_ids: Iterable[str], reason: str, *, disk_used: int | None = None
+        self,
+        container_ids: Iterable[str],
+        reason: str,
+        *,
+        disk_used: int | None = None,
+        deleted_open: int | None = None,
     ) -> NodeState:
         """Why the node stops these containers; ``disk_used``: the bytes they had written,
-        when that is why."""
+        when that is why (``deleted_open``: of which deleted files they held open)."""
         ids = list(container_ids)
         used = {**self.disk_used, **dict.fromkeys(ids, disk_used)} if disk_used else self.disk_used
+        deleted = self.disk_deleted_open
+        if disk_used and deleted_open is not None:
+            deleted = {**deleted, **dict.fromkeys(ids, deleted_open)}
         reasons = {**self.stop_reasons, **dict.fromkeys(ids, reason)}
-        return replace(self, stop_reasons=reasons, disk_used=used)
+        return replace(self, stop_reasons=reasons, disk_used=used, disk_deleted_open=deleted)
 
     def forgetting(self, container_id: str) -> NodeState:
         return self._only(cid for cid in self.stop_reasons if cid != container_id)
@@ -96,6 +105,7 @@ class NodeState:
             self,
             stop_reasons={cid: why for cid, why in self.stop_reasons.items() if cid in kept},
             disk_used={cid: used for cid, used in self.disk_used.items() if cid in kept},
+            disk_deleted_open={c: n for c, n in self.disk_deleted_open.items() if c in kept},
         )
 
 
@@ -200,11 +210,7 @@ def _parse(raw: bytes) -> NodeState:
         isinstance(k, str) and isinstance(v, str) for k, v in reasons.items()
     ):
         raise ValueError("'stop_reasons' must map container ids to reasons")
-    used = data.get("disk_used") or {}
-    if not isinstance(used, dict) or not all(
-        isinstance(k, str) and type(v) is int for k, v in used.items()
-    ):
-        raise ValueError("'disk_used' must map container ids to bytes")
+    used, deleted = _bytes_by_id(data, "disk_used"), _bytes_by_id(data, "disk_deleted_open")
     warn_signal = job_signal(data.get("warn_signal")) if data.get("warn_signal") else None
     return NodeState(
         state=data["state"],
@@ -217,7 +223,17 @@ def _parse(raw: bytes) -> NodeState:
         stopping_as=_optional_str(data.get("stopping_as")),
         stop_reasons=reasons,
         disk_used=used,
+        disk_deleted_open=deleted,
     )
+
+
+def _bytes_by_id(data: Mapping[str, Any], key: str) -> dict[str, int]:
+    used = data.get(key) or {}
+    if not isinstance(used, dict) or not all(
+        isinstance(k, str) and type(v) is int for k, v in used.items()
+    ):
+        raise ValueError(f"'{key}' must map container ids to bytes")
+    return used
 
 
 def _optional_seconds(value: object) -> float | None:
@@ -244,4 +260,5 @@ def _unparse(state: NodeState) -> dict[str, Any]:
         "stopping_as": state.stopping_as,
         "stop_reasons": dict(state.stop_reasons),
         "disk_used": dict(state.disk_used),
+        "disk_deleted_open": dict(state.disk_deleted_open),
     }

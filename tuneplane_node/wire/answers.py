@@ -78,6 +78,7 @@ class StoppedStateJson(StateJson, total=False):
     stopping: StoppingJson
     disk_used_bytes: int | None
     disk_limit_bytes: int | None
+    disk_deleted_open_bytes: int | None
 
 
 class PendingStateJson(StateJson):

@@ -45,6 +45,7 @@ class UsageJson(AbsentJson):
     gpus: list[CardUsageJson]
     disk_used_bytes: int | None
     disk_limit_bytes: int | None
+    disk_deleted_open_bytes: int | None
 
 
 class StatsJson(TypedDict):

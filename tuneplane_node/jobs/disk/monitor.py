@@ -116,7 +116,8 @@ class DiskMonitor:
             return None
         stopped = self.store.node.disk_used.get(state.handle)
         if stopped is not None:
-            return DiskFigures(stopped, state.disk_limit_bytes)
+            deleted = self.store.node.disk_deleted_open.get(state.handle)
+            return DiskFigures(stopped, state.disk_limit_bytes, deleted)
         seen = self.measured.get(state.name)
         if state.status != "running" or seen is None or seen.id != state.id:
             return None
@@ -193,7 +194,7 @@ class DiskMonitor:
             if use is None:
                 continue  # gone, or stopped, since the list
             self.telemetry.disk_walked(use.walk_s)
-            figures = DiskFigures(use.used_bytes, state.disk_limit_bytes)
+            figures = DiskFigures(use.used_bytes, state.disk_limit_bytes, use.deleted_open_bytes)
             measured[state.name] = Measured(
                 state.id, figures, use.complete, state.run_id, at=now, store_grown=grown
             )
@@ -238,8 +239,7 @@ class DiskMonitor:
         if share is None or not known:
             return
         used, largest = max(known, key=lambda pair: pair[0])
-        if used > share:
-            figures = DiskFigures(used, largest.disk_limit_bytes)
+        if used > share and (figures := self.figures(largest)) is not None:
             self._stop(largest, figures, DISK_PRESSURE, share=share)
 
     def _stop(
@@ -260,7 +260,12 @@ class DiskMonitor:
 
     async def _stopped(self, state: ContainerState, figures: DiskFigures, reason: str) -> None:
         """The reason first, in the node state (a restart keeps it), then the stop."""
-        node = self.store.node.stopped([state.handle], reason, disk_used=figures.used_bytes)
+        node = self.store.node.stopped(
+            [state.handle],
+            reason,
+            disk_used=figures.used_bytes,
+            deleted_open=figures.deleted_open_bytes,
+        )
         try:
             await self.store.save(node)
         except NodeError as exc:  # in force all the same: the job must stop

@@ -197,10 +197,13 @@ class PendingView:
 @dataclass(frozen=True)
 class DiskFigures:
     """What a job has written to the engine's disk (its writable layer and anonymous
-    volumes), and its limit; each None where unknown (no limit: None)."""
+    volumes, and the deleted files its processes hold open there), and its limit; each
+    None where unknown (no limit: None). ``deleted_open_bytes``: the part of
+    ``used_bytes`` that is deleted files held open."""
 
     used_bytes: int | None
     limit_bytes: int | None = None
+    deleted_open_bytes: int | None = None
 
     @property
     def over(self) -> bool:

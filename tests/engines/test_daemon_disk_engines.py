@@ -83,3 +83,37 @@ async def test_deleted_files_a_job_holds_open_count_toward_its_limit(
     assert deleted is not None and 64 * MIB < deleted <= state["disk_used_bytes"]
     assert state["disk_used_bytes"] < 64 * MIB + deleted  # what its walk saw: almost nothing
     assert await node.app[NODE].runtime.image_exists(IMAGE)  # the cache untouched
+
+
+# 200,000 empty files: a few MB of blocks, 200,000 inodes (xargs: a few hundred touches).
+EMPTY_FILES = ["/bin/sh", "-c", "mkdir /m && cd /m && seq 200000 | xargs touch; sleep 300"]
+
+
+@pytest.mark.parametrize("engine", ["docker", "podman"])
+async def test_a_job_past_its_inode_limit_is_stopped(make_node: MakeNode, engine: str) -> None:
+    node = await make_node(engine, job_disk_check_s=1, local_stop_timeout=5)
+    started = time.monotonic()
+    maker, answer = await node.launch(EMPTY_FILES, inode_limit=50_000)
+    assert answer["phase"] == "running"
+
+    state = await ended(node, maker, started)
+
+    assert state["status"] == "exited", state
+    assert state["stop_reason"] == "inode_limit"
+    assert state["inode_limit"] == 50_000 and state["disk_inodes"] > 50_000
+    assert state["disk_used_bytes"] < 64 * MIB  # its bytes were never the reason
+
+
+async def test_a_store_at_its_inode_threshold_refuses_launches_naming_inodes(
+    make_node: MakeNode,
+) -> None:
+    # This machine's store is some percent used in inodes: a 1% threshold is passed.
+    node = await make_node(
+        "docker", inode_high_percent=1, inode_low_percent=0, image_gc="off", job_disk_check_s=3600
+    )
+    health = await node.health()
+    assert health["conditions"]["inode_pressure"] is True
+    assert health["image_store"]["inodes_total"] > health["image_store"]["inodes_free"] > 0
+    name, refused = await node.launch(expect=507)
+    assert refused["code"] == "insufficient_storage" and "inode" in refused["detail"], refused
+    assert (await node.state(name))["exists"] is False  # refused before anything was made

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 MIB = 2**20
 FIGURES = ["cpu_ratio", "memory_bytes", "memory_limit_bytes", "pids", "sampled_at", "gpus"]
 FIGURES += ["disk_used_bytes", "disk_limit_bytes"]  # issue 34: the disk monitor's
-FIGURES += ["disk_deleted_open_bytes"]  # issue 50: the part that is deleted files held open
+FIGURES += ["disk_deleted_open_bytes", "disk_inodes", "inode_limit"]  # issue 50
 CARD = [
     "index",
     "utilization_ratio",

@@ -150,3 +150,12 @@ def test_a_deleted_file_held_open_counts_once_and_memory_files_do_not(tmp_path: 
             os.close(memory)
     assert held.complete and held.bytes == 2 * MIB
     assert openfiles.processes(tmp_path / "no-such-cgroup") is None  # unknown, not zero
+
+
+def test_every_entry_is_an_inode_and_a_hard_link_one(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    for i in range(5):
+        (tmp_path / "d" / f"empty{i}").touch()  # no blocks, an inode each
+    os.link(tmp_path / "d" / "empty0", tmp_path / "again")
+    (tmp_path / "link").symlink_to("d")
+    assert diskwalk.measure([str(tmp_path)], budget_s=5).inodes == 7  # d, 5 files, the link

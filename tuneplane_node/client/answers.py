@@ -108,6 +108,8 @@ class JobState(Answer):
     disk_used_bytes: int | None = None  # written to the engine's disk (running, or at a stop)
     disk_limit_bytes: int | None = None
     disk_deleted_open_bytes: int | None = None  # of disk_used_bytes: deleted files held open
+    disk_inodes: int | None = None  # the inodes it made there
+    inode_limit: int | None = None
     pending_phase: PendingPhase | None = None
     pending_image: str | None = None
     pending_elapsed_s: float | None = None
@@ -179,6 +181,9 @@ class ImageStore(Answer):
     free_bytes: int | None = None
     used_ratio: float | None = None
     pressure: bool | None = None
+    inodes_total: int | None = None
+    inodes_free: int | None = None
+    inode_pressure: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -201,6 +206,7 @@ class Conditions(Answer):
     disk_pressure: bool | None = None
     pid_pressure: bool | None = None
     memory_pressure: bool | None = None
+    inode_pressure: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -488,6 +494,8 @@ class Usage(Answer):
     disk_used_bytes: int | None = None  # the disk monitor's latest measure
     disk_limit_bytes: int | None = None
     disk_deleted_open_bytes: int | None = None  # of disk_used_bytes: deleted files held open
+    disk_inodes: int | None = None  # the inodes it made there
+    inode_limit: int | None = None
 
     convert: ClassVar[Converters] = {"gpus": each(CardUsage), "status": word(JobStatus)}
     convert |= {"sampled_at": moment}

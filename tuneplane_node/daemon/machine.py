@@ -61,6 +61,9 @@ def image_store_json(store: results.ImageStore) -> ImageStoreJson:
         "free_bytes": store.free_bytes,
         "used_ratio": store.used_ratio,
         "pressure": store.pressure,
+        "inodes_total": store.inodes_total,
+        "inodes_free": store.inodes_free,
+        "inode_pressure": store.inode_pressure,
     }
 
 
@@ -69,6 +72,7 @@ def conditions_json(conditions: results.Conditions) -> ConditionsJson:
         "disk_pressure": conditions.disk_pressure,
         "pid_pressure": conditions.pid_pressure,
         "memory_pressure": conditions.memory_pressure,
+        "inode_pressure": conditions.inode_pressure,
     }
 
 

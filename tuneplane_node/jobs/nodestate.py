@@ -58,6 +58,7 @@ class NodeState:
     stop_reasons: Mapping[str, str] = field(default_factory=dict)  # container id (or name) -> why
     disk_used: Mapping[str, int] = field(default_factory=dict)  # id -> bytes when stopped for them
     disk_deleted_open: Mapping[str, int] = field(default_factory=dict)  # id -> the deleted part
+    disk_inodes: Mapping[str, int] = field(default_factory=dict)  # id -> its inodes then
 
     @property
     def open(self) -> bool:
@@ -79,16 +80,22 @@ class NodeState:
         *,
         disk_used: int | None = None,
         deleted_open: int | None = None,
+        inodes: int | None = None,
     ) -> NodeState:
         """Why the node stops these containers; ``disk_used``: the bytes they had written,
-        when that is why (``deleted_open``: of which deleted files they held open)."""
+        when their disk is why (``deleted_open``: of which deleted files they held open;
+        ``inodes``: the inodes they had made)."""
         ids = list(container_ids)
-        used = {**self.disk_used, **dict.fromkeys(ids, disk_used)} if disk_used else self.disk_used
-        deleted = self.disk_deleted_open
-        if disk_used and deleted_open is not None:
-            deleted = {**deleted, **dict.fromkeys(ids, deleted_open)}
         reasons = {**self.stop_reasons, **dict.fromkeys(ids, reason)}
-        return replace(self, stop_reasons=reasons, disk_used=used, disk_deleted_open=deleted)
+        if disk_used is None:
+            return replace(self, stop_reasons=reasons)
+        return replace(
+            self,
+            stop_reasons=reasons,
+            disk_used=_with(self.disk_used, ids, disk_used),
+            disk_deleted_open=_with(self.disk_deleted_open, ids, deleted_open),
+            disk_inodes=_with(self.disk_inodes, ids, inodes),
+        )
 
     def forgetting(self, container_id: str) -> NodeState:
         return self._only(cid for cid in self.stop_reasons if cid != container_id)
@@ -106,7 +113,12 @@ class NodeState:
             stop_reasons={cid: why for cid, why in self.stop_reasons.items() if cid in kept},
             disk_used={cid: used for cid, used in self.disk_used.items() if cid in kept},
             disk_deleted_open={c: n for c, n in self.disk_deleted_open.items() if c in kept},
+            disk_inodes={c: n for c, n in self.disk_inodes.items() if c in kept},
         )
+
+
+def _with(figures: Mapping[str, int], ids: list[str], value: int | None) -> Mapping[str, int]:
+    return figures if value is None else {**figures, **dict.fromkeys(ids, value)}
 
 
 class NodeStateFile:
@@ -211,6 +223,7 @@ def _parse(raw: bytes) -> NodeState:
     ):
         raise ValueError("'stop_reasons' must map container ids to reasons")
     used, deleted = _bytes_by_id(data, "disk_used"), _bytes_by_id(data, "disk_deleted_open")
+    inodes = _bytes_by_id(data, "disk_inodes")
     warn_signal = job_signal(data.get("warn_signal")) if data.get("warn_signal") else None
     return NodeState(
         state=data["state"],
@@ -224,6 +237,7 @@ def _parse(raw: bytes) -> NodeState:
         stop_reasons=reasons,
         disk_used=used,
         disk_deleted_open=deleted,
+        disk_inodes=inodes,
     )
 
 
@@ -261,4 +275,5 @@ def _unparse(state: NodeState) -> dict[str, Any]:
         "stop_reasons": dict(state.stop_reasons),
         "disk_used": dict(state.disk_used),
         "disk_deleted_open": dict(state.disk_deleted_open),
+        "disk_inodes": dict(state.disk_inodes),
     }

@@ -6,7 +6,8 @@ store (`runtime.openfiles`): blocks no walk sees, the job's all the same.
 
 The figure is allocated blocks (``st_blocks * 512``), as ``du`` counts: a sparse file
 counts what was written into it, not its apparent size, and a file with several links
-counts once. The walk follows no link and crosses into no other filesystem (a bind of
+counts once; its inodes are the entries it counts, each once. The walk follows no link
+and crosses into no other filesystem (a bind of
 the host's under a volume is not the job's writing), and stops when its time budget is
 spent: what it counted by then is a lower bound (``complete`` false). Never the engine's
 ``inspect --size``: 6.4 s for one 4 GB container, and it can hang. Blocking: callers run
@@ -132,6 +133,7 @@ def measure(
         complete=not walk.late and kept.complete,
         walk_s=clock() - start,
         deleted_open_bytes=kept.bytes,
+        inodes=walk.inodes + kept.inodes,
     )
 
 
@@ -141,6 +143,7 @@ class _Walk:
     def __init__(self, *, deadline: float, clock: Callable[[], float]) -> None:
         self.deadline, self.clock = deadline, clock
         self.bytes = 0
+        self.inodes = 0  # every entry under the tops, a file of several links once
         self.late = False
         self._linked: set[tuple[int, int]] = set()  # files of several links, counted once
         self._seen = 0
@@ -179,6 +182,7 @@ class _Walk:
                 return
             self._linked.add(key)
         self.bytes += info.st_blocks * BLOCK
+        self.inodes += 1
 
     def _out_of_time(self) -> bool:
         self._seen += 1

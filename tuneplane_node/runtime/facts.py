@@ -99,6 +99,7 @@ class DiskUse:
     complete: bool = True
     walk_s: float = 0.0
     deleted_open_bytes: int | None = None
+    inodes: int | None = None  # the files, directories and links counted, each once
 
 
 STAGED, DIRECT, REMOTE = "staged", "direct", "remote"

@@ -38,6 +38,7 @@ class HeldOpen:
     bytes: int | None
     complete: bool = True
     processes: int = 0
+    inodes: int = 0
 
 
 def procs_dir(dirs: CgroupDirs) -> Path | None:
@@ -80,7 +81,7 @@ def held_deleted(
         for link in _links(proc / str(pid) / "fd"):
             looked += 1
             if looked % CHECK_EVERY == 0 and clock() > deadline:
-                return HeldOpen(total, complete=False, processes=len(pids))
+                return HeldOpen(total, False, len(pids), len(counted))
             if link is None:
                 continue
             try:
@@ -93,7 +94,7 @@ def held_deleted(
             if info.st_dev in devices:
                 counted.add(key)
                 total += info.st_blocks * BLOCK
-    return HeldOpen(total, processes=len(pids))
+    return HeldOpen(total, processes=len(pids), inodes=len(counted))
 
 
 def _links(fd_dir: Path) -> Iterator[str | None]:

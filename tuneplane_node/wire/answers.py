@@ -79,6 +79,8 @@ class StoppedStateJson(StateJson, total=False):
     disk_used_bytes: int | None
     disk_limit_bytes: int | None
     disk_deleted_open_bytes: int | None
+    disk_inodes: int | None
+    inode_limit: int | None
 
 
 class PendingStateJson(StateJson):
@@ -232,6 +234,9 @@ class ImageStoreJson(TypedDict):
     free_bytes: int | None
     used_ratio: float | None
     pressure: bool | None
+    inodes_total: int | None
+    inodes_free: int | None
+    inode_pressure: bool | None
 
 
 class ConditionsJson(TypedDict):
@@ -240,6 +245,7 @@ class ConditionsJson(TypedDict):
     disk_pressure: bool | None
     pid_pressure: bool | None
     memory_pressure: bool | None
+    inode_pressure: bool | None
 
 
 class JobDiskJson(TypedDict):

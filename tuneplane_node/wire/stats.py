@@ -46,6 +46,8 @@ class UsageJson(AbsentJson):
     disk_used_bytes: int | None
     disk_limit_bytes: int | None
     disk_deleted_open_bytes: int | None
+    disk_inodes: int | None
+    inode_limit: int | None
 
 
 class StatsJson(TypedDict):

@@ -54,7 +54,8 @@ FULL_WALK_S = 60 * 60.0
 """Every job is walked at least this often, whatever the store's growth says: what one
 pass frees can hide as much growth in that pass."""
 DISK_LIMIT, DISK_PRESSURE = "disk_limit", "disk_pressure"
-DISK_REASONS = (DISK_LIMIT, DISK_PRESSURE)
+INODE_LIMIT, INODE_PRESSURE = "inode_limit", "inode_pressure"
+DISK_REASONS = (DISK_LIMIT, DISK_PRESSURE, INODE_LIMIT, INODE_PRESSURE)
 
 
 class DiskRuntime(Protocol):
@@ -75,6 +76,7 @@ class Measured:
     run_id: str | None = None
     at: float = 0.0  # when (the monitor's clock)
     store_grown: int | None = None  # the store's growth so far (`DiskMonitor.grown`) then
+    files_grown: int | None = None  # its inodes' likewise (`DiskMonitor.files`)
 
 
 class DiskMonitor:
@@ -101,6 +103,8 @@ class DiskMonitor:
         self.held_by: str | None = None  # what holds a job to its limit, once known
         self.grown: int | None = 0  # the store's rises added up, pass by pass; None: unknown
         self._used: int | None = None  # the store's used bytes at the last pass
+        self.files = Rises()  # the store's used inodes, likewise
+        self.inode_high = settings.inode_high_percent
         self._stops: dict[str, asyncio.Task[None]] = {}  # container name -> its stop
         self._tasks = BackgroundTasks(log)
         self._pass = asyncio.Lock()
@@ -114,10 +118,12 @@ class DiskMonitor:
         or not measurable from here."""
         if not state.exists:
             return None
-        stopped = self.store.node.disk_used.get(state.handle)
+        node = self.store.node
+        stopped = node.disk_used.get(state.handle)
         if stopped is not None:
-            deleted = self.store.node.disk_deleted_open.get(state.handle)
-            return DiskFigures(stopped, state.disk_limit_bytes, deleted)
+            deleted = node.disk_deleted_open.get(state.handle)
+            inodes = node.disk_inodes.get(state.handle)
+            return DiskFigures(stopped, state.disk_limit_bytes, deleted, inodes, state.inode_limit)
         seen = self.measured.get(state.name)
         if state.status != "running" or seen is None or seen.id != state.id:
             return None
@@ -150,8 +156,12 @@ class DiskMonitor:
                 figures = self.figures(state)
                 if figures is not None and figures.over:
                     self._stop(state, figures, DISK_LIMIT)
+                elif figures is not None and figures.over_inodes:
+                    self._stop(state, figures, INODE_LIMIT)
             if store.pressure:
                 self._relieve(running, store)
+            if store.inode_pressure:
+                self._relieve_inodes(running, store)
             if any(not task.done() for task in self._stops.values()):
                 return True
             held = self._held(states)
@@ -185,18 +195,32 @@ class DiskMonitor:
     async def _measure(self, running: list[ContainerState], store: ImageStore) -> None:
         measured: dict[str, Measured] = {}
         grown, now = self._grown(store), self.clock.monotonic()
+        files = self.files.add(store_files_used(store))
         for state in running:
             seen = self.measured.get(state.name)
-            if seen is not None and seen.id == state.id and not self._due(seen, grown, store, now):
+            due = seen is None or self._due(seen, grown, store, now) or _files_due(seen, files)
+            if seen is not None and seen.id == state.id and not due:
                 measured[state.name] = seen
                 continue
             use = await self.runtime.disk_usage(state.handle, budget_s=WALK_BUDGET_S)
             if use is None:
                 continue  # gone, or stopped, since the list
             self.telemetry.disk_walked(use.walk_s)
-            figures = DiskFigures(use.used_bytes, state.disk_limit_bytes, use.deleted_open_bytes)
+            figures = DiskFigures(
+                use.used_bytes,
+                state.disk_limit_bytes,
+                use.deleted_open_bytes,
+                use.inodes,
+                state.inode_limit,
+            )
             measured[state.name] = Measured(
-                state.id, figures, use.complete, state.run_id, at=now, store_grown=grown
+                state.id,
+                figures,
+                use.complete,
+                state.run_id,
+                at=now,
+                store_grown=grown,
+                files_grown=files,
             )
             if not use.complete:
                 log.warning(
@@ -222,7 +246,8 @@ class DiskMonitor:
         fair share needs every size), once `FULL_WALK_S` has gone, or when the store has
         grown enough since its last walk that it could be past its limit (no job grows
         by more than the store does)."""
-        if store.pressure or not seen.complete or grown is None or seen.store_grown is None:
+        pressed = store.pressed
+        if pressed or not seen.complete or grown is None or seen.store_grown is None:
             return True
         if now - seen.at >= FULL_WALK_S:
             return True
@@ -242,15 +267,30 @@ class DiskMonitor:
         if used > share and (figures := self.figures(largest)) is not None:
             self._stop(largest, figures, DISK_PRESSURE, share=share)
 
+    def _relieve_inodes(self, running: list[ContainerState], store: ImageStore) -> None:
+        """Under inode pressure: the largest maker of inodes, when it holds more than
+        its fair share of the store's inodes below their high threshold."""
+        if store.inodes_total is None or not running:
+            return
+        share = store.inodes_total * self.inode_high // 100 // (len(running) + 1)
+        sized = [(self.figures(s), s) for s in running]
+        known = [(f.inodes, f, s) for f, s in sized if f is not None and f.inodes is not None]
+        if known:
+            made, figures, largest = max(known, key=lambda made: made[0])
+            if made > share:
+                self._stop(largest, figures, INODE_PRESSURE, share=share)
+
     def _stop(
         self, state: ContainerState, figures: DiskFigures, reason: str, *, share: int | None = None
     ) -> None:
         if (task := self._stops.get(state.name)) is not None and not task.done():
             return
-        why = f"limit {figures.limit_bytes}" if share is None else f"fair share {share}"
+        inodes = reason in (INODE_LIMIT, INODE_PRESSURE)
+        limit = figures.inode_limit if inodes else figures.limit_bytes
+        why = f"limit {limit}" if share is None else f"fair share {share}"
         log.warning(
-            "disk monitor: stopping %s: %s bytes written (%s bytes), %s",
-            state.name, figures.used_bytes, why, reason,
+            "disk monitor: stopping %s: %s bytes, %s inodes written (%s), %s",
+            state.name, figures.used_bytes, figures.inodes, why, reason,
             extra=job_fields(state.name, state.run_id),
         )  # fmt: skip
         self._stops[state.name] = self._tasks.spawn(
@@ -265,6 +305,7 @@ class DiskMonitor:
             reason,
             disk_used=figures.used_bytes,
             deleted_open=figures.deleted_open_bytes,
+            inodes=figures.inodes,
         )
         try:
             await self.store.save(node)
@@ -281,6 +322,45 @@ def store_used(store: ImageStore) -> int | None:
     if store.total_bytes is None or store.free_bytes is None:
         return None
     return store.total_bytes - store.free_bytes
+
+
+def store_files_used(store: ImageStore) -> int | None:
+    """The store's inodes in use (counting what only root may use); None: unknown."""
+    if store.inodes_total is None or store.inodes_free is None:
+        return None
+    return store.inodes_total - store.inodes_free
+
+
+class Rises:
+    """A figure's rises added up, reading by reading (falls are not subtracted: what
+    one reading frees hides no growth but its own); None once a reading was unknown,
+    then counted again from 0."""
+
+    def __init__(self) -> None:
+        self.total: int | None = 0
+        self._last: int | None = None
+
+    def add(self, now: int | None) -> int | None:
+        if now is None or self.total is None or self._last is None:
+            self.total = None if now is None else 0
+        else:
+            self.total += max(0, now - self._last)
+        self._last = now
+        return self.total
+
+
+def _files_due(seen: Measured, files: int | None) -> bool:
+    """Whether the store's inodes grew enough since its last walk that it could be past
+    its inode limit (no job makes more inodes than the store gains). A store that
+    counts no inodes (btrfs) says nothing here: its bytes' growth and `FULL_WALK_S` do."""
+    if files is None:
+        return False
+    if seen.files_grown is None:
+        return True
+    made, limit = seen.figures.inodes, seen.figures.inode_limit
+    if made is None or limit is None:
+        return False
+    return made + files - seen.files_grown > limit
 
 
 def over_high(store: ImageStore, high_percent: int) -> int:

@@ -370,6 +370,7 @@ class Health(Answer):
     job_disk: JobDisk | None = None
     volume_store: VolumeStore | None = None
     notices: tuple[Notice, ...] = ()  # the cloud's notices the node acts on: reschedule
+    launch_refused_reason: str | None = None  # disk_pressure, inode_pressure: launches 507
 
     convert: ClassVar[Converters] = {
         "runtime": one(Runtime),

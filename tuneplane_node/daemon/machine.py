@@ -109,7 +109,7 @@ def health_json(status: NodeStatus, *, features: Sequence[str] = ()) -> HealthJs
     if status.cache is not None:
         answer["state_cache"] = cache_json(status.cache)
     if not status.ok:
-        answer["error"] = status.error or "the cards' occupancy could not be read"
+        answer["error"] = status.why_not_ok()
     answer.update(_GPU_FIELDS.of(status.occupancy))
     answer["node_state"] = _NODE_STATE.of(status.node)  # new beside 0.3.15's: after them
     answer["gpu_ready"] = status.gpu.ready
@@ -120,6 +120,7 @@ def health_json(status: NodeStatus, *, features: Sequence[str] = ()) -> HealthJs
     answer["volume_store"] = _VOLUME_STORE.of(status.volume_store)
     answer |= {"protocols": list(PROTOCOLS), "features": list(features)}
     answer["notices"] = _NOTICES.of(status.notices)
+    answer["launch_refused_reason"] = status.launch_refused
     return cast(HealthJson, answer)
 
 

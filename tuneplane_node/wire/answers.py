@@ -370,6 +370,10 @@ class HealthJson(GpuFieldsJson, _HealthOptional):
     notices: list[NoticeJson]
     """The cloud's (or the OS's) notices the node acts on, the most urgent first: a
     console reschedules by them before the machine is gone."""
+    launch_refused_reason: str | None
+    """The condition every launch is refused for now (``disk_pressure``,
+    ``inode_pressure``: a ``507``), and ``ok`` is false for it; null: launches are
+    taken. A console schedules elsewhere while it is set."""
 
 
 class FilesystemJson(TypedDict):

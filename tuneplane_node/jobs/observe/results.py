@@ -385,7 +385,26 @@ class NodeStatus:
 
     @property
     def ok(self) -> bool:
-        return self.engine.ok and self.occupancy is not None
+        """The engine answered, the cards' occupancy was read, and a launch is taken
+        (no disk or inode pressure refuses it)."""
+        return self.engine.ok and self.occupancy is not None and self.launch_refused is None
+
+    @property
+    def launch_refused(self) -> str | None:
+        """The condition every launch is refused for now (a `507`): ``disk_pressure``,
+        ``inode_pressure``; None: none."""
+        if self.conditions.disk_pressure:
+            return "disk_pressure"
+        return "inode_pressure" if self.conditions.inode_pressure else None
+
+    def why_not_ok(self) -> str:
+        if not self.engine.ok or self.occupancy is None:
+            return self.error or "the cards' occupancy could not be read"
+        what = "store" if self.launch_refused == "disk_pressure" else "store's inodes"
+        return (
+            f"{self.launch_refused}: the engine's {what} at or above the high threshold; "
+            "every launch is refused (507) until it is below"
+        )
 
 
 @dataclass(frozen=True)

@@ -201,9 +201,37 @@ async def test_a_small_job_stopped_for_its_limit_does_not_keep_the_gc_from_image
     fake.written[named("small")] = 20 * MIB
     await node.monitor.check()
     await wait_until(lambda: fake.containers[named("small")].status == "exited")
-    fake.disk_other = 900 * MIB  # the pressure is not its 20 MiB
+    fake.arrived(OTHER, size=900 * MIB)  # the pressure is the images', not its 20 MiB
     run = await node.gc.collect()
     assert OTHER in [image.image for image in run.removed]  # the GC did its part
+
+
+async def test_a_pressure_nobody_explains_is_said_and_no_image_or_job_pays_for_it(
+    make_node: MakeNode, fake: FakeRuntime, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 50: a file written on the host beside the store emptied the cache."""
+    node = await make_node(job_disk_limit="unlimited")
+    fake.arrived(OTHER)  # another tenant's cache, unused now
+    await node.jobs.launch(launch("writer"))
+    fake.written[named("writer")] = 500 * MIB  # the largest job, past its fair share: 850 / 2
+    await node.monitor.check()  # the first pass: the rest of the disk's baseline
+    assert (await node.jobs.status()).conditions.disk_pressure_unexplained is False
+
+    fake.disk_other = 600 * MIB  # the host writes beside the store
+    run = await node.gc.collect()
+
+    assert run.removed == () and OTHER in fake.images  # no image for it
+    assert fake.containers[named("writer")].status == "running"  # nor a job
+    status = await node.jobs.status()
+    assert status.conditions.disk_pressure and status.conditions.disk_pressure_unexplained
+    assert not status.ok and status.launch_refused == "disk_pressure"
+    said = [r for r in caplog.records if "not explained" in r.getMessage()]
+    await node.monitor.check()
+    assert len(said) == 1 == len([r for r in caplog.records if "not explained" in r.getMessage()])
+
+    fake.disk_other = 0  # the host's file removed
+    await node.monitor.check()
+    assert (await node.jobs.status()).conditions.disk_pressure_unexplained is False
 
 
 async def test_a_job_is_walked_again_only_when_it_could_have_passed_its_limit(

@@ -207,6 +207,7 @@ class Conditions(Answer):
     pid_pressure: bool | None = None
     memory_pressure: bool | None = None
     inode_pressure: bool | None = None
+    disk_pressure_unexplained: bool | None = None  # pressure no job, scratch or image made
 
 
 @dataclass(frozen=True)

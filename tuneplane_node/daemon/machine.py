@@ -73,6 +73,7 @@ def conditions_json(conditions: results.Conditions) -> ConditionsJson:
         "pid_pressure": conditions.pid_pressure,
         "memory_pressure": conditions.memory_pressure,
         "inode_pressure": conditions.inode_pressure,
+        "disk_pressure_unexplained": conditions.disk_pressure_unexplained,
     }
 
 

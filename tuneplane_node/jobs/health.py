@@ -59,6 +59,8 @@ class HealthReader:
         # The volume store now (the service says where); None: not known.
         self.volume_store: Callable[[], Awaitable[StoreView | None]] = _unknown
         self.notices: Callable[[], tuple[Standing, ...]] = tuple  # the cloud's, the OS's
+        # Whether the store's pressure is one nobody explains (the disk monitor says).
+        self.unexplained: Callable[[], bool | None] = lambda: None
         self._tasks = BackgroundTasks(log)
         self._host = KeptReading(
             lambda: conditions(ImageStore()),  # the pressure is the caller's store's
@@ -110,7 +112,12 @@ class HealthReader:
         """The store's pressure now beside the host's PIDs and memory, read at most once
         a second (/proc, a thread hop: `KeptReading`)."""
         host = await self._host.get()
-        now = replace(host, disk_pressure=store.pressure, inode_pressure=store.inode_pressure)
+        now = replace(
+            host,
+            disk_pressure=store.pressure,
+            inode_pressure=store.inode_pressure,
+            disk_pressure_unexplained=self.unexplained() if store.pressure else store.pressure,
+        )
         if now == host:
             return host
         pressed = self._pressed
@@ -188,6 +195,7 @@ async def conditions(store: ImageStore) -> Conditions:
         pid_pressure=pids,
         memory_pressure=memory,
         inode_pressure=store.inode_pressure,
+        disk_pressure_unexplained=None if store.pressure else store.pressure,
     )
 
 

@@ -184,6 +184,7 @@ def build_node(
     monitor = DiskMonitor(runtime, settings, stopper=stopper, store=store, gc=gc)
     health = HealthReader(runtime, allocator, settings, clock=clock, gc=gc)
     health.held_by = lambda: monitor.held_by
+    health.unexplained = lambda: monitor.account.unexplained
     health.cards_refused = rules.card_jobs_refused
     health.volume_store = volumes.reading
     notices = NoticeReactor(

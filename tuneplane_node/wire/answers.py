@@ -246,6 +246,7 @@ class ConditionsJson(TypedDict):
     pid_pressure: bool | None
     memory_pressure: bool | None
     inode_pressure: bool | None
+    disk_pressure_unexplained: bool | None
 
 
 class JobDiskJson(TypedDict):

@@ -37,13 +37,14 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from tuneplane_node.errors import NodeError
+from tuneplane_node.jobs.disk.accounting import PressureAccount
 from tuneplane_node.jobs.images.gc import ImageCollector
 from tuneplane_node.jobs.nodestate import NodeStateStore
 from tuneplane_node.jobs.observe.results import DiskFigures, ImageStore
 from tuneplane_node.jobs.stopper import Stopper
 from tuneplane_node.logformat import job_fields
 from tuneplane_node.runtime.base import ContainerState
-from tuneplane_node.runtime.facts import DataRoot, DiskUse
+from tuneplane_node.runtime.facts import DataRoot, DiskUse, EngineImage
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.tasks import BackgroundTasks
 
@@ -63,6 +64,7 @@ class DiskRuntime(Protocol):
 
     async def ps(self) -> list[ContainerState]: ...
     async def data_root(self) -> DataRoot | None: ...
+    async def list_images(self) -> list[EngineImage]: ...
     async def disk_usage(self, ref: str, *, budget_s: float) -> DiskUse | None: ...
 
 
@@ -104,6 +106,9 @@ class DiskMonitor:
         self.grown: int | None = 0  # the store's rises added up, pass by pass; None: unknown
         self._used: int | None = None  # the store's used bytes at the last pass
         self.files = Rises()  # the store's used inodes, likewise
+        dirs = (settings.scratch_dir, settings.volume_dir)
+        self.account = PressureAccount(runtime, dirs=dirs, high_percent=gc.high)
+        gc.chase = lambda: not self.account.unexplained
         self.inode_high = settings.inode_high_percent
         self._stops: dict[str, asyncio.Task[None]] = {}  # container name -> its stop
         self._tasks = BackgroundTasks(log)
@@ -158,13 +163,15 @@ class DiskMonitor:
                     self._stop(state, figures, DISK_LIMIT)
                 elif figures is not None and figures.over_inodes:
                     self._stop(state, figures, INODE_LIMIT)
-            if store.pressure:
+            held = self._held(states)
+            jobs = sum(f.used_bytes or 0 for f in (m.figures for m in self.measured.values()))
+            unexplained = await self.account.judge(store, jobs_bytes=jobs + held)
+            if store.pressure and unexplained is not True:  # step 2: the jobs' pressure only
                 self._relieve(running, store)
             if store.inode_pressure:
                 self._relieve_inodes(running, store)
             if any(not task.done() for task in self._stops.values()):
                 return True
-            held = self._held(states)
             return bool(store.pressure) and held > 0 and held >= over_high(store, self.gc.high)
 
     def _held(self, states: list[ContainerState]) -> int:

@@ -164,6 +164,9 @@ class ImageCollector:
         self.scope = settings.image_gc
         self.high, self.low = settings.image_gc_high_percent, settings.image_gc_low_percent
         self.inode_high, self.inode_low = settings.inode_high_percent, settings.inode_low_percent
+        # Whether a pressure is the GC's to chase down to low: not one the node cannot
+        # explain (the disk monitor says, `jobs.disk.accounting`).
+        self.chase: Callable[[], bool] = lambda: True
         self.min_age_s = settings.image_gc_min_age_s
         self.max_unused_s = settings.image_gc_max_unused_s
         self.interval_s = settings.image_gc_interval_s
@@ -234,7 +237,11 @@ class ImageCollector:
     def after_failed_pull(self, error: NodeError) -> None:
         if any(words in error.message.lower() for words in DISK_FULL):
             log.warning("a pull filled the engine's disk: image GC runs now")
-            self.kick()
+            # Room a pull needs (its size is not known here: a look ahead's worth), which a
+            # pressure nobody explains does not forbid.
+            if self._run is None or self._run.done():
+                run = self._collect(self.ahead_bytes)
+                self._run = self._tasks.spawn(run, name="image gc", ended=_warned)
 
     def ahead(self, pull: SharedPull) -> None:
         """A pull's bytes came: when the room below high is less than what it has left
@@ -275,16 +282,16 @@ class ImageCollector:
         if self.scope == "off":
             return GcRun((), store, self.scope)
         relieved = store.pressed and any([await relieve() for relieve in self.relievers])
+        chased = store.pressed and self.chase()
         now = self.clock.now()
         images = await self.runtime.list_images()
         candidates = sorted(self._candidates(images, now), key=lambda c: c.last_use)
         removed: list[RemovedImage] = []
         short = room_for > 0 and (store.room(self.high) or 0) < room_for
-        freeing = (store.pressed or short) and not relieved
-        store_at_start = store
+        freeing = (chased or short) and not relieved
         for candidate in candidates:
             seen = store if freeing else ImageStore()
-            why = self._why(candidate, seen, now, room_for, to_low=store_at_start.pressed)
+            why = self._why(candidate, seen, now, room_for, to_low=chased)
             # Held since the list was read (a launch came): kept. Checked on the loop
             # right before the removal, which nothing can come between.
             if why is None or self._held(candidate.image):

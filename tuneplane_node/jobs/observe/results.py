@@ -352,6 +352,9 @@ class Conditions:
     pid_pressure: bool | None = None
     memory_pressure: bool | None = None
     inode_pressure: bool | None = None  # the store's inodes at or above their threshold
+    # Under disk pressure, whether something other than the jobs, their scratches, the
+    # volume store and the images made it (`jobs.disk.accounting`); false without.
+    disk_pressure_unexplained: bool | None = None
 
 
 @dataclass(frozen=True)

@@ -101,6 +101,7 @@ class Node:
         await self.images.start()
         await self.keeper.start()
         await self.mounts.start()
+        self.mounts.watch()
         await asyncio.to_thread(self.rules.read_engine, self.runtime.name)
         await self.isolation.support()  # the runtimes' registration, said at start
 
@@ -112,6 +113,7 @@ class Node:
         await self.keeper.close()
         await self.monitor.close()
         await self.launcher.close()
+        await self.mounts.close()
         await self.prefetcher.close()
         await self.pulls.close()
         await self.volumes.close()

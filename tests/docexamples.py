@@ -30,7 +30,8 @@ VARYING = [
     # The machine's figures, and the engine's: sizes, ages, counts of the shared engine.
     (
         re.compile(
-            r'"(\w*(?:bytes|_age_s|_pct|_gib|ratio|elapsed_s|containers|cpu_count))": ?[\d.]+'
+            r'"(\w*(?:bytes|_age_s|_pct|_gib|ratio|elapsed_s|containers|cpu_count|inodes_\w+))"'
+            r": ?[\d.]+"
         ),
         r'"\1": <n>',
     ),

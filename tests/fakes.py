@@ -307,6 +307,10 @@ class FakeRuntime:
         self.refs: list[tuple[str, str]] = []  # (verb, the ref it was given) of every verb
         self.usages: dict[str, Usage] = {}  # container name -> what usage() reads for it
         self.written: dict[str, int] = {}  # container name -> bytes it wrote to the disk
+        self.deleted_open: dict[str, int] = {}  # container name -> deleted bytes it holds open
+        self.made: dict[str, int] = {}  # container name -> inodes it made on the disk
+        self.inodes_total: int | None = None  # the store's inodes; None: it counts none
+        self.inodes_other = 0  # inodes made outside any job
         self.holders: dict[int, str] = {}  # pid -> the handle of the container it runs in
         self.caught: dict[str, bool | None] = {}  # name -> whether it catches a warning
         # name -> the code it ends with by itself as the next signal goes out, which finds
@@ -546,12 +550,18 @@ class FakeRuntime:
 
     async def disk_usage(self, ref: str, *, budget_s: float) -> DiskUse | None:
         """What the test set in ``written`` for the running container (unknown without
-        an entry); what it wrote fills the data root, as a writable layer does."""
+        an entry), with what ``deleted_open`` says its processes hold open deleted;
+        what it wrote fills the data root, as a writable layer does."""
         self._answer("disk_usage")
         container = self.find(ref)
         if container is None or container.status not in RUNNING:
             return None
-        return DiskUse(self.written.get(container.spec.name), walk_s=0.001)
+        name = container.spec.name
+        written, deleted = self.written.get(name), self.deleted_open.get(name)
+        made = self.made.get(name)
+        if written is None or deleted is None:
+            return DiskUse(written, walk_s=0.001, inodes=made)
+        return DiskUse(written + deleted, walk_s=0.001, deleted_open_bytes=deleted, inodes=made)
 
     async def health(self) -> RuntimeHealth:
         self.calls["health"] += 1
@@ -625,9 +635,14 @@ class FakeRuntime:
         self._answer("data_root")
         if self.disk_total is None:
             return DataRoot(DATA_ROOT, None)
-        layers = sum(self.written.get(name, 0) for name in self.containers)
+        layers = sum(
+            self.written.get(name, 0) + self.deleted_open.get(name, 0) for name in self.containers
+        )
         free = max(0, self.disk_total - self.disk_other - self.images_bytes() - layers)
-        return DataRoot(DATA_ROOT, Space(self.disk_total, free, free))
+        if self.inodes_total is None:
+            return DataRoot(DATA_ROOT, Space(self.disk_total, free, free))
+        files = self.inodes_total - self.inodes_other - sum(self.made.values())
+        return DataRoot(DATA_ROOT, Space(self.disk_total, free, free, self.inodes_total, files))
 
     async def list_images(self) -> list[EngineImage]:
         self._answer("list_images")

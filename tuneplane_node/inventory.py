@@ -72,6 +72,8 @@ class Space:
     total: int
     free: int
     available: int
+    inodes: int | None = None  # f_files; None: the filesystem has no fixed count (btrfs)
+    inodes_available: int | None = None  # f_favail: to others than root
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,8 @@ def space(path: Path) -> Space | None:
         total=stat.f_blocks * stat.f_frsize,
         free=stat.f_bfree * stat.f_frsize,
         available=stat.f_bavail * stat.f_frsize,
+        inodes=stat.f_files or None,
+        inodes_available=stat.f_favail if stat.f_files else None,
     )
 
 

@@ -136,6 +136,29 @@ def test_health_says_card_jobs_cannot_run_and_exits_5(ctl: Ctl, start_node: Star
 
 
 @pytest.mark.engine
+def test_health_under_a_pressure_that_refuses_launches_is_not_ok(
+    ctl: Ctl, start_node: StartNode
+) -> None:
+    """Issue 50: every launch was a 507 while health said ``ok: true``. This machine's
+    store has some percent of its inodes used: a 1% threshold is passed (the GC off: the
+    shared engine's images are the other tests')."""
+    error = asyncio.run(_docker_error())
+    if error is not None:
+        engine_missing("docker", error)
+    pressed = {"TUNEPLANE_INODE_HIGH_PERCENT": "1", "TUNEPLANE_INODE_LOW_PERCENT": "0"}
+    node = start_node(**docker_node_settings(), **pressed, TUNEPLANE_IMAGE_GC="off")
+    code, out, _ = ctl("health", url=node.url)
+    assert code == 4, out
+    assert "NOT OK" in out and "inode_pressure" in out
+    answer = api(node, "/node/v1/health")
+    assert answer["ok"] is False and answer["launch_refused_reason"] == "inode_pressure"
+    assert answer["conditions"]["inode_pressure"] is True
+    scrape = urllib.request.Request(f"{node.url}/metrics", headers=HEADERS)
+    with urllib.request.urlopen(scrape, timeout=30) as reply:
+        assert b"tuneplane_node_health_ok 0.0" in reply.read()
+
+
+@pytest.mark.engine
 def test_health_and_inventory_render_as_tables(ctl: Ctl, docker_node: Node, tmp_path: Path) -> None:
     code, out, _ = ctl("health", url=docker_node.url)
     assert code == 0

@@ -8,15 +8,27 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 
 from tests.conftest import MakeNode
-from tests.helpers import IMAGE
+from tests.helpers import IMAGE, Console
 from tuneplane_node.daemon.state import NODE
 
 pytestmark = pytest.mark.engine
 MIB = 2**20
+
+
+async def ended(node: Console, ref: str, started: float) -> dict[str, Any]:
+    """Its state once it runs no more, or 30 s after ``started``."""
+    state = await node.state(ref)
+    while state["status"] == "running" and time.monotonic() - started < 30:
+        await asyncio.sleep(0.1)
+        state = await node.state(ref)
+    return state
+
+
 FILL = ["/bin/sh", "-c", "dd if=/dev/zero of=/fill bs=1M count=1024; sleep 300"]
 
 
@@ -30,10 +42,7 @@ async def test_a_job_past_its_disk_limit_is_stopped_and_the_tenant_runs_on(
     filler, answer = await node.launch(FILL, disk_limit="100m")
     assert answer["phase"] == "running"
 
-    state = await node.state(filler)
-    while state["status"] == "running" and time.monotonic() - started < 30:
-        await asyncio.sleep(0.1)
-        state = await node.state(filler)
+    state = await ended(node, filler, started)
     stopped_after = time.monotonic() - started
 
     assert state["status"] == "exited", state
@@ -47,3 +56,64 @@ async def test_a_job_past_its_disk_limit_is_stopped_and_the_tenant_runs_on(
     assert other["disk_used_bytes"] < MIB  # measured: it wrote nothing
     assert (await node.health())["conditions"]["disk_pressure"] is False
     assert await node.app[NODE].runtime.image_exists(IMAGE)  # the cache untouched
+
+
+# Issue 50: written, then unlinked with the descriptor kept (3), so no walk sees it.
+UNLINKED = ["/bin/sh", "-c", "exec 3>/f; dd if=/dev/zero bs=1M count=300 >&3; rm /f; sleep 300"]
+MANY = "i=0; while [ $i -lt 100 ]; do exec 3>/f$i; dd if=/dev/zero bs=1M count=3 >&3; "
+MANY += "rm /f$i; eval exec $((i + 10))\\<\\&3; i=$((i + 1)); done; sleep 300"
+
+
+@pytest.mark.parametrize("engine", ["docker", "podman"])
+@pytest.mark.parametrize("script", [UNLINKED, ["/bin/sh", "-c", MANY]], ids=["one", "many"])
+async def test_deleted_files_a_job_holds_open_count_toward_its_limit(
+    make_node: MakeNode, engine: str, script: list[str]
+) -> None:
+    node = await make_node(engine, job_disk_check_s=1, local_stop_timeout=5)
+    started = time.monotonic()
+    holder, answer = await node.launch(script, disk_limit="64m")
+    assert answer["phase"] == "running"
+
+    state = await ended(node, holder, started)
+    assert state["status"] == "exited", state
+    assert time.monotonic() - started < 15  # 300 MB written in about a second, one check
+    assert state["stop_reason"] == "disk_limit"
+    assert state["disk_limit_bytes"] == 64 * MIB
+    deleted = state["disk_deleted_open_bytes"]
+    assert deleted is not None and 64 * MIB < deleted <= state["disk_used_bytes"]
+    assert state["disk_used_bytes"] < 64 * MIB + deleted  # what its walk saw: almost nothing
+    assert await node.app[NODE].runtime.image_exists(IMAGE)  # the cache untouched
+
+
+# 200,000 empty files: a few MB of blocks, 200,000 inodes (xargs: a few hundred touches).
+EMPTY_FILES = ["/bin/sh", "-c", "mkdir /m && cd /m && seq 200000 | xargs touch; sleep 300"]
+
+
+@pytest.mark.parametrize("engine", ["docker", "podman"])
+async def test_a_job_past_its_inode_limit_is_stopped(make_node: MakeNode, engine: str) -> None:
+    node = await make_node(engine, job_disk_check_s=1, local_stop_timeout=5)
+    started = time.monotonic()
+    maker, answer = await node.launch(EMPTY_FILES, inode_limit=50_000)
+    assert answer["phase"] == "running"
+
+    state = await ended(node, maker, started)
+
+    assert state["status"] == "exited", state
+    assert state["stop_reason"] == "inode_limit"
+    assert state["inode_limit"] == 50_000 and state["disk_inodes"] > 50_000
+    assert state["disk_used_bytes"] < 64 * MIB  # its bytes were never the reason
+
+
+async def test_a_store_at_its_inode_threshold_refuses_launches_naming_inodes(
+    make_node: MakeNode,
+) -> None:
+    # This machine's store is some percent used in inodes: a 1% threshold is passed.
+    node = await make_node(
+        "docker", inode_high_percent=1, inode_low_percent=0, image_gc="off", job_disk_check_s=3600
+    )
+    health = await node.health()
+    assert health["conditions"]["inode_pressure"] is True
+    assert health["image_store"]["inodes_total"] > health["image_store"]["inodes_free"] > 0
+    name, refused = await node.launch(expect=507)
+    assert refused["code"] == "insufficient_storage" and "inode" in refused["detail"], refused
+    assert (await node.state(name))["exists"] is False  # refused before anything was made

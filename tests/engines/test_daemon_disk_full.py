@@ -9,8 +9,10 @@ engine is touched (the faults suite fills it with a file of its own: never both 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -100,3 +102,40 @@ async def test_the_filler_goes_before_any_image_and_the_pressure_with_it(
         health = await node.health()
     assert health["conditions"]["disk_pressure"] is False
     assert await small_docker.image_exists(BIG_IMAGE)
+
+
+async def test_a_disk_filled_beside_the_store_is_said_unexplained_and_costs_no_image(
+    make_node: MakeNode, small_docker: TrackingRuntime
+) -> None:
+    """Issue 50: a file written on the host beside the store emptied the cache."""
+    node = await make_node(
+        feed=small_docker,
+        docker_host=full_docker_host(),
+        job_disk_check_s=0.5,
+        image_gc="all",  # the cached images are the GC's to take, if it were let
+        image_gc_min_age_s=0,
+        image_gc_interval_s=1,
+    )
+    health = await node.health()
+    assert health["conditions"]["disk_pressure"] is False
+    root = await small_docker.data_root()
+    assert root is not None and root.space is not None
+    await asyncio.sleep(1)  # the monitor's first pass: the rest of the disk's baseline
+    beside = Path(root.path) / f"host-fill-{os.getpid()}"
+    try:
+        with beside.open("wb") as fill:  # up to 95% of the store: past its 85%
+            fill.write(b"\0" * max(0, root.space.available - root.space.total // 20))
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            health = await node.health()
+            if health["conditions"]["disk_pressure_unexplained"]:
+                break
+            await asyncio.sleep(0.2)
+        assert health["conditions"]["disk_pressure"] is True, health["conditions"]
+        assert health["conditions"]["disk_pressure_unexplained"] is True
+        assert health["ok"] is False and health["launch_refused_reason"] == "disk_pressure"
+        await asyncio.sleep(2.5)  # two GC runs under the pressure
+        assert await small_docker.image_exists(BIG_IMAGE)  # no image paid for it
+        assert await small_docker.image_exists(SMALL_IMAGE)
+    finally:
+        beside.unlink(missing_ok=True)

@@ -159,3 +159,25 @@ async def test_a_daemon_killed_with_scratch_sweeps_it_at_its_restart(
         daemon.wait(timeout=60)
         await remove_directly(engine, names)
         sweep(tmp_path)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_a_container_removed_behind_the_node_releases_its_scratch_at_once(
+    make_node: MakeNode, tmp_path: Path, engine: str
+) -> None:
+    """Issue 50: its loop device, mounts and file stayed until the node's next start."""
+    node = await make_node(engine)
+    ref, _ = await node.launch(scratch={"path": "/scratch", "size": "8m"})
+    try:
+        files, mounts, loops = left(tmp_path)
+        assert (len(files), len(mounts), len(loops)) == (1, 2, 1), (files, mounts, loops)
+
+        await remove_directly(engine, [ref])  # the engine's own remove, not the node's
+        deadline = time.monotonic() + 10  # the engine's event, then a sweep: well within
+        while left(tmp_path) != ([], [], []) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert left(tmp_path) == ([], [], []), "its scratch outlived its container"
+        assert (await node.health())["ok"] is True  # the daemon running on
+    finally:
+        await remove_directly(engine, [ref])
+        sweep(tmp_path)

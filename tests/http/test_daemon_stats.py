@@ -23,6 +23,7 @@ MIB = 2**20
 FIGURES = ["cpu_ratio", "memory_bytes", "memory_limit_bytes", "pids", "sampled_at", "gpus"]
 FIGURES += ["disk_used_bytes", "disk_limit_bytes"]  # issue 34: the disk monitor's
 FIGURES += ["gpu_fault"]  # issue 53: a job-scope fault of its card
+FIGURES += ["disk_deleted_open_bytes", "disk_inodes", "inode_limit"]  # issue 50
 CARD = [
     "index",
     "utilization_ratio",

@@ -27,7 +27,7 @@ from tuneplane_node.jobs import LaunchRequest, Node, StoppedView
 from tuneplane_node.jobs.disk.monitor import FULL_WALK_S, fair_share
 from tuneplane_node.jobs.launcher import launch_request
 from tuneplane_node.jobs.observe.results import ImageStore
-from tuneplane_node.runtime.base import LABEL_DISK_LIMIT
+from tuneplane_node.runtime.base import LABEL_DISK_LIMIT, LABEL_INODE_LIMIT
 from tuneplane_node.runtime.spec import container_name as named
 from tuneplane_node.wire.requests import parse_launch as read_launch
 
@@ -98,11 +98,15 @@ async def test_unlimited_on_the_node_writes_no_limit_and_takes_any(
     assert fake.containers[named("big")].labels[LABEL_DISK_LIMIT] == str(2000 * 2**30)
 
 
-@pytest.mark.parametrize("limit", ["x", "0", "1k", True, "-5m"])
-def test_an_unreadable_disk_limit_is_a_422_naming_it(limit: object) -> None:
+@pytest.mark.parametrize(
+    ("field", "limit"),
+    [("disk_limit", v) for v in ("x", "0", "1k", True, "-5m")]
+    + [("inode_limit", v) for v in ("x", 999, 2**32 + 1, True, 1.5)],  # issue 50
+)
+def test_an_unreadable_limit_is_a_422_naming_it(field: str, limit: object) -> None:
     with pytest.raises(InvalidField) as refused:
-        launch("bad", disk_limit=limit)
-    assert [e.field for e in refused.value.errors] == ["container.disk_limit"]
+        launch("bad", **{field: limit})
+    assert [e.field for e in refused.value.errors] == [f"container.{field}"]
 
 
 async def test_a_job_past_its_limit_is_stopped_and_observe_says_why_after_a_restart(
@@ -111,7 +115,8 @@ async def test_a_job_past_its_limit_is_stopped_and_observe_says_why_after_a_rest
     node = await make_node()
     await node.jobs.launch(launch("filler", disk_limit="100m"))
     await node.jobs.launch(launch("tenant", disk_limit="100m"))
-    fake.written[named("filler")] = 150 * MIB
+    fake.written[named("filler")] = 20 * MIB
+    fake.deleted_open[named("filler")] = 130 * MIB  # unlinked, its descriptors kept
     fake.written[named("tenant")] = 60 * MIB
 
     await node.monitor.check()
@@ -124,6 +129,7 @@ async def test_a_job_past_its_limit_is_stopped_and_observe_says_why_after_a_rest
     assert filler["stop_reason"] == "disk_limit"  # type: ignore[typeddict-item]
     assert filler["disk_used_bytes"] == 150 * MIB  # type: ignore[typeddict-item]
     assert filler["disk_limit_bytes"] == 100 * MIB  # type: ignore[typeddict-item]
+    assert filler["disk_deleted_open_bytes"] == 130 * MIB  # type: ignore[typeddict-item]
     tenant = state_json(shown[named("tenant")])
     assert "stop_reason" not in tenant and tenant["disk_used_bytes"] == 60 * MIB  # type: ignore[typeddict-item]
 
@@ -132,6 +138,7 @@ async def test_a_job_past_its_limit_is_stopped_and_observe_says_why_after_a_rest
     view = (await restarted.jobs.observe([named("filler")]))[named("filler")]
     assert isinstance(view, StoppedView) and view.stop_reason == "disk_limit"
     assert view.disk is not None and view.disk.used_bytes == 150 * MIB
+    assert view.disk.deleted_open_bytes == 130 * MIB
 
 
 async def test_stats_show_a_running_jobs_disk(make_node: MakeNode, fake: FakeRuntime) -> None:
@@ -194,9 +201,37 @@ async def test_a_small_job_stopped_for_its_limit_does_not_keep_the_gc_from_image
     fake.written[named("small")] = 20 * MIB
     await node.monitor.check()
     await wait_until(lambda: fake.containers[named("small")].status == "exited")
-    fake.disk_other = 900 * MIB  # the pressure is not its 20 MiB
+    fake.arrived(OTHER, size=900 * MIB)  # the pressure is the images', not its 20 MiB
     run = await node.gc.collect()
     assert OTHER in [image.image for image in run.removed]  # the GC did its part
+
+
+async def test_a_pressure_nobody_explains_is_said_and_no_image_or_job_pays_for_it(
+    make_node: MakeNode, fake: FakeRuntime, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 50: a file written on the host beside the store emptied the cache."""
+    node = await make_node(job_disk_limit="unlimited")
+    fake.arrived(OTHER)  # another tenant's cache, unused now
+    await node.jobs.launch(launch("writer"))
+    fake.written[named("writer")] = 500 * MIB  # the largest job, past its fair share: 850 / 2
+    await node.monitor.check()  # the first pass: the rest of the disk's baseline
+    assert (await node.jobs.status()).conditions.disk_pressure_unexplained is False
+
+    fake.disk_other = 600 * MIB  # the host writes beside the store
+    run = await node.gc.collect()
+
+    assert run.removed == () and OTHER in fake.images  # no image for it
+    assert fake.containers[named("writer")].status == "running"  # nor a job
+    status = await node.jobs.status()
+    assert status.conditions.disk_pressure and status.conditions.disk_pressure_unexplained
+    assert not status.ok and status.launch_refused == "disk_pressure"
+    said = [r for r in caplog.records if "not explained" in r.getMessage()]
+    await node.monitor.check()
+    assert len(said) == 1 == len([r for r in caplog.records if "not explained" in r.getMessage()])
+
+    fake.disk_other = 0  # the host's file removed
+    await node.monitor.check()
+    assert (await node.jobs.status()).conditions.disk_pressure_unexplained is False
 
 
 async def test_a_job_is_walked_again_only_when_it_could_have_passed_its_limit(
@@ -361,3 +396,89 @@ async def test_observe_keeps_a_running_jobs_view_until_its_figures_change(
     grown = replace(first.disk, used_bytes=7 * MIB)  # the monitor's next measure
     later = node.jobs.views.of(first.state, None, None, grown)
     assert later is not first and later.disk == grown
+
+
+# --- issue 50: inodes -------------------------------------------------------------------
+
+
+async def test_a_launch_gets_the_nodes_inode_limit_or_its_own_and_no_more(
+    make_node: MakeNode, fake: FakeRuntime
+) -> None:
+    node = await make_node(job_inode_limit=100_000)
+    await node.jobs.launch(launch("default", inode_limit=""))  # "": not given
+    await node.jobs.launch(launch("own", inode_limit=50_000))
+    assert fake.containers[named("default")].labels[LABEL_INODE_LIMIT] == "100000"
+    assert fake.containers[named("own")].labels[LABEL_INODE_LIMIT] == "50000"
+    with pytest.raises(InvalidField) as refused:
+        await node.jobs.launch(launch("greedy", inode_limit=200_000))
+    assert [e.field for e in refused.value.errors] == ["container.inode_limit"]
+    assert "TUNEPLANE_JOB_INODE_LIMIT=100000" in refused.value.message
+
+
+async def test_a_job_past_its_inode_limit_is_stopped_and_observe_says_why(
+    make_node: MakeNode, fake: FakeRuntime
+) -> None:
+    fake.inodes_total = 10_000_000
+    node = await make_node()
+    await node.jobs.launch(launch("maker", inode_limit=50_000))
+    await node.jobs.launch(launch("tenant", inode_limit=50_000))
+    fake.written[named("maker")] = 2 * MIB  # empty files: few bytes, many inodes
+    fake.made[named("maker")] = 200_000
+    fake.written[named("tenant")] = MIB
+    fake.made[named("tenant")] = 40_000
+
+    await node.monitor.check()
+    await wait_until(lambda: fake.containers[named("maker")].status == "exited")
+
+    assert fake.containers[named("tenant")].status == "running"
+    shown = await node.jobs.observe([named("maker"), named("tenant")])
+    maker = state_json(shown[named("maker")])
+    assert maker["stop_reason"] == "inode_limit"  # type: ignore[typeddict-item]
+    assert maker["disk_inodes"] == 200_000  # type: ignore[typeddict-item]
+    assert maker["inode_limit"] == 50_000  # type: ignore[typeddict-item]
+    assert state_json(shown[named("tenant")])["disk_inodes"] == 40_000  # type: ignore[typeddict-item]
+
+
+async def test_a_job_is_walked_again_when_the_stores_inodes_grew_past_its_room(
+    make_node: MakeNode, fake: FakeRuntime, clock: FakeClock
+) -> None:
+    fake.inodes_total = 10_000_000
+    node = await make_node(job_disk_check_s=5)
+    await node.jobs.launch(launch("quiet", inode_limit=50_000))
+    fake.written[named("quiet")] = MIB
+    fake.made[named("quiet")] = 1000
+    await node.monitor.check()
+    walks = fake.calls["disk_usage"]
+    clock.advance(5)
+    await node.monitor.check()
+    assert fake.calls["disk_usage"] == walks  # no inode made: nothing to walk
+
+    fake.made[named("quiet")] = 60_000  # its bytes the same: only its inodes grew
+    clock.advance(5)
+    await node.monitor.check()
+    await wait_until(lambda: fake.containers[named("quiet")].status == "exited")
+
+
+async def test_under_inode_pressure_launches_are_refused_and_the_largest_maker_goes(
+    make_node: MakeNode, fake: FakeRuntime
+) -> None:
+    fake.inodes_total = 100_000
+    node = await make_node()
+    await node.jobs.launch(launch("maker"))
+    await node.jobs.launch(launch("tenant"))
+    fake.written[named("maker")] = fake.written[named("tenant")] = MIB
+    fake.made[named("maker")] = 96_000  # under its own limit, over its share: 95,000 / 3
+    fake.made[named("tenant")] = 1000
+    status = await node.jobs.status()
+    assert status.conditions.inode_pressure is True and status.conditions.disk_pressure is False
+
+    with pytest.raises(InsufficientStorage) as refused:
+        await node.jobs.launch(launch("late"))
+    assert refused.value.status == 507 and "inode" in refused.value.message
+    assert named("late") not in fake.containers
+
+    await node.monitor.check()
+    await wait_until(lambda: fake.containers[named("maker")].status == "exited")
+    assert fake.containers[named("tenant")].status == "running"
+    view = (await node.jobs.observe([named("maker")]))[named("maker")]
+    assert isinstance(view, StoppedView) and view.stop_reason == "inode_pressure"

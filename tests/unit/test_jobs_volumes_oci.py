@@ -15,7 +15,7 @@ from tests.ocilayers import Item, file, tarball
 from tests.ociserver import IDENTITY, PASSWORD, USER, Registry, hexdigest
 from tests.volumeserver import local_fetcher
 from tuneplane_node.errors import VolumeFillFailed
-from tuneplane_node.jobs.volumes.fills import VolumeFills
+from tuneplane_node.jobs.volumes.fills import MAX_ENTRIES, VolumeFills, budget_of
 from tuneplane_node.jobs.volumes.sources import VolumeSources
 from tuneplane_node.jobs.volumes.store import VolumeStore, partial_key
 from tuneplane_node.runtime.base import RegistryAuth, Volume
@@ -122,6 +122,22 @@ async def test_a_hostile_layer_fails_the_fill_and_leaves_nothing(
 
     assert not (tmp_path / "planted").exists()
     assert list((fills.store.root / "partial").iterdir()) == []
+
+
+async def test_a_layer_of_more_entries_than_its_size_allows_fails_and_leaves_nothing(
+    oci_registry: Registry, fills: VolumeFills
+) -> None:
+    """Issue 50: 1.4 MB of layer unpacked to 63,921 inodes, under the 2^20 cap."""
+    empty = [file(f"d/{i}", b"") for i in range(15_000)]
+    layer = tarball(Item("d", kind="dir"), *empty)
+    assert budget_of(len(layer)).entries < 15_000 < MAX_ENTRIES  # small: its headers gzip
+    oci_registry.push("data/many", "v1", [layer])
+
+    with pytest.raises(VolumeFillFailed, match="more entries than its budget of"):
+        await filled(fills, oci_registry.ref("data/many", "v1"))
+
+    assert list((fills.store.root / "partial").iterdir()) == []
+    assert fills.store.entries() == []
 
 
 async def test_a_digest_the_registry_serves_other_bytes_for_is_refused(

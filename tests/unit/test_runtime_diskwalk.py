@@ -6,12 +6,13 @@ decision, which this machine's kernel (no CONFIG_QUOTA) can only be asked of on 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
 
 from tuneplane_node import inventory
-from tuneplane_node.runtime import diskwalk
+from tuneplane_node.runtime import diskwalk, openfiles
 from tuneplane_node.runtime.engines import quotas
 
 MIB = 2**20
@@ -123,3 +124,38 @@ def test_a_mounts_options_are_read_for_the_path_under_it(tmp_path: Path) -> None
     found = inventory.superoptions(Path("/var/lib/docker/overlay2"), proc / "mountinfo")
     assert found == "rw,attr2,prjquota"
     assert inventory.superoptions(Path("/home"), proc / "mountinfo") == "rw,errors=remount-ro"
+
+
+def test_a_deleted_file_held_open_counts_once_and_memory_files_do_not(tmp_path: Path) -> None:
+    cgroup = tmp_path / "cgroup"
+    (cgroup / "child").mkdir(parents=True)
+    (cgroup / "cgroup.procs").write_text("")
+    (cgroup / "child" / "cgroup.procs").write_text(f"{os.getpid()}\n")  # a job's own cgroup
+    kept = tmp_path / "kept"
+    kept.write_bytes(os.urandom(MIB))
+    with (tmp_path / "gone").open("wb") as gone, kept.open("rb"):
+        gone.write(os.urandom(2 * MIB))
+        gone.flush()
+        twice = os.dup(gone.fileno())
+        memory = os.memfd_create("not-the-store")
+        os.write(memory, os.urandom(MIB))
+        os.unlink(tmp_path / "gone")
+        try:
+            pids = openfiles.processes(cgroup)
+            assert pids == [os.getpid()]
+            devices = {os.stat(tmp_path).st_dev}
+            held = openfiles.held_deleted(pids, devices, deadline=time.monotonic() + 30)
+        finally:
+            os.close(twice)
+            os.close(memory)
+    assert held.complete and held.bytes == 2 * MIB
+    assert openfiles.processes(tmp_path / "no-such-cgroup") is None  # unknown, not zero
+
+
+def test_every_entry_is_an_inode_and_a_hard_link_one(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    for i in range(5):
+        (tmp_path / "d" / f"empty{i}").touch()  # no blocks, an inode each
+    os.link(tmp_path / "d" / "empty0", tmp_path / "again")
+    (tmp_path / "link").symlink_to("d")
+    assert diskwalk.measure([str(tmp_path)], budget_s=5).inodes == 7  # d, 5 files, the link

@@ -11,6 +11,8 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
+import pytest
+
 from tests.helpers import INVENTORY_KEYS
 from tuneplane_node.daemon.machine import (
     HealthAnswers,
@@ -49,7 +51,7 @@ from tuneplane_node.jobs import (
     Stopping,
 )
 from tuneplane_node.jobs.nodestate import NodeState
-from tuneplane_node.jobs.observe.results import Cursor, ImageStore, JobChanges
+from tuneplane_node.jobs.observe.results import Conditions, Cursor, ImageStore, JobChanges
 from tuneplane_node.runtime.base import (
     LABEL_NETWORK,
     LABEL_RUN_ID,
@@ -285,6 +287,7 @@ HEALTH_KEYS = [
     "features",
     "volume_store",  # issue 39
     "notices",  # issue 54
+    "launch_refused_reason",  # issue 50
 ]
 CARD_KEYS = [
     "index",
@@ -343,6 +346,16 @@ def node_status(**fields: Any) -> NodeStatus:
     return NodeStatus(**{**base, **fields})
 
 
+@pytest.mark.parametrize("pressure", ["disk_pressure", "inode_pressure"])
+def test_health_is_not_ok_while_a_pressure_refuses_every_launch(pressure: str) -> None:
+    """Issue 50: 0.3.15's ``ok`` and ``error`` say it, a new field names the condition."""
+    pressed = health_json(node_status(conditions=Conditions(**{pressure: True})))
+    assert pressed["ok"] is False and pressed["launch_refused_reason"] == pressure
+    assert pressure in pressed["error"] and "507" in pressed["error"]
+    calm = health_json(node_status(conditions=Conditions(disk_pressure=False)))
+    assert calm["ok"] is True and calm["launch_refused_reason"] is None and "error" not in calm
+
+
 def test_health_has_0315s_fields_and_says_where_every_card_is() -> None:
     answer = health_json(node_status())
 
@@ -397,7 +410,7 @@ def test_health_with_the_engine_down_says_why_and_knows_no_card() -> None:
     assert answer["ok"] is False
     assert answer["error"] == "engine unreachable: docker: gone"
     assert list(answer)[:8] == [*HEALTH_KEYS[:6], "state_cache", "error"]
-    assert all(answer[key] is None for key in HEALTH_KEYS[6:-10])  # type: ignore[literal-required]
+    assert all(answer[key] is None for key in HEALTH_KEYS[6:-11])  # type: ignore[literal-required]
     assert set(answer["image_store"].values()) == {None}  # unknown, never 0
     assert set(answer["conditions"].values()) == {None}  # unknown, never false
 

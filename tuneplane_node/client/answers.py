@@ -109,6 +109,9 @@ class JobState(Answer):
     disk_used_bytes: int | None = None  # written to the engine's disk (running, or at a stop)
     disk_limit_bytes: int | None = None
     gpu_fault: str | None = None  # a job-scope fault of a card it holds (XID 13): no stop
+    disk_deleted_open_bytes: int | None = None  # of disk_used_bytes: deleted files held open
+    disk_inodes: int | None = None  # the inodes it made there
+    inode_limit: int | None = None
     pending_phase: PendingPhase | None = None
     pending_image: str | None = None
     pending_elapsed_s: float | None = None
@@ -180,6 +183,9 @@ class ImageStore(Answer):
     free_bytes: int | None = None
     used_ratio: float | None = None
     pressure: bool | None = None
+    inodes_total: int | None = None
+    inodes_free: int | None = None
+    inode_pressure: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -202,6 +208,8 @@ class Conditions(Answer):
     disk_pressure: bool | None = None
     pid_pressure: bool | None = None
     memory_pressure: bool | None = None
+    inode_pressure: bool | None = None
+    disk_pressure_unexplained: bool | None = None  # pressure no job, scratch or image made
 
 
 @dataclass(frozen=True)
@@ -391,6 +399,7 @@ class Health(Answer):
     notices: tuple[Notice, ...] = ()  # the cloud's notices the node acts on: reschedule
     draining: Mapping[str, str] | None = None  # card index -> why it is not clean yet
     gpu_breaker: Breaker | None = None
+    launch_refused_reason: str | None = None  # disk_pressure, inode_pressure: launches 507
 
     convert: ClassVar[Converters] = {
         "gpu_breaker": one(Breaker),
@@ -516,6 +525,9 @@ class Usage(Answer):
     disk_used_bytes: int | None = None  # the disk monitor's latest measure
     disk_limit_bytes: int | None = None
     gpu_fault: str | None = None  # a job-scope fault of a card it holds
+    disk_deleted_open_bytes: int | None = None  # of disk_used_bytes: deleted files held open
+    disk_inodes: int | None = None  # the inodes it made there
+    inode_limit: int | None = None
 
     convert: ClassVar[Converters] = {"gpus": each(CardUsage), "status": word(JobStatus)}
     convert |= {"sampled_at": moment}

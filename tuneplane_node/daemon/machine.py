@@ -64,6 +64,9 @@ def image_store_json(store: results.ImageStore) -> ImageStoreJson:
         "free_bytes": store.free_bytes,
         "used_ratio": store.used_ratio,
         "pressure": store.pressure,
+        "inodes_total": store.inodes_total,
+        "inodes_free": store.inodes_free,
+        "inode_pressure": store.inode_pressure,
     }
 
 
@@ -72,6 +75,8 @@ def conditions_json(conditions: results.Conditions) -> ConditionsJson:
         "disk_pressure": conditions.disk_pressure,
         "pid_pressure": conditions.pid_pressure,
         "memory_pressure": conditions.memory_pressure,
+        "inode_pressure": conditions.inode_pressure,
+        "disk_pressure_unexplained": conditions.disk_pressure_unexplained,
     }
 
 
@@ -108,7 +113,7 @@ def health_json(status: NodeStatus, *, features: Sequence[str] = ()) -> HealthJs
     if status.cache is not None:
         answer["state_cache"] = cache_json(status.cache)
     if not status.ok:
-        answer["error"] = status.error or "the cards' occupancy could not be read"
+        answer["error"] = status.why_not_ok()
     answer.update(_GPU_FIELDS.of(status.occupancy))
     answer["node_state"] = _NODE_STATE.of(status.node)  # new beside 0.3.15's: after them
     answer["gpu_ready"] = status.gpu.ready
@@ -119,6 +124,7 @@ def health_json(status: NodeStatus, *, features: Sequence[str] = ()) -> HealthJs
     answer["volume_store"] = _VOLUME_STORE.of(status.volume_store)
     answer |= {"protocols": list(PROTOCOLS), "features": list(features)}
     answer["notices"] = _NOTICES.of(status.notices)
+    answer["launch_refused_reason"] = status.launch_refused
     return cast(HealthJson, answer)
 
 

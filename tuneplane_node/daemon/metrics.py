@@ -201,6 +201,11 @@ class Metrics(Telemetry):
             "the epoch (NaN: the source gave none).",
             ("source", "kind"),
         )
+        self.health_ok = gauge(
+            "health_ok",
+            "1 while health says ok; 0 not (the engine, the cards' occupancy, or a "
+            "pressure refusing every launch: health's error says which).",
+        )
         self.gpu_ready = gauge(
             "gpu_ready",
             "1: a launch asking for cards can run here; 0: it cannot (health's "
@@ -293,6 +298,7 @@ class Metrics(Telemetry):
             seconds = deadline.timestamp() if deadline is not None else float("nan")
             self.notices.labels(standing.notice.source, standing.notice.kind).set(seconds)
         self.gpu_ready.set(_known(status.gpu.ready))
+        self.health_ok.set(float(status.ok))
         self._cache(status.cache)
         store = status.image_store
         self.store_total.set(_known(store.total_bytes))

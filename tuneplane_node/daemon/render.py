@@ -73,7 +73,8 @@ def state_json(view: JobView) -> StateJson:
     """One shape for a container and a pending launch (which adds its ``pending_*``);
     a container the node stopped itself (a drain, its disk) adds its ``stop_reason``, one
     a stop is under way for its ``stopping``, a running one the disk monitor measured
-    (or one stopped for its disk) its ``disk_used_bytes`` and ``disk_limit_bytes``."""
+    (or one stopped for its disk) its ``disk_used_bytes``, ``disk_limit_bytes``,
+    ``disk_deleted_open_bytes``, ``disk_inodes`` and ``inode_limit``."""
     if isinstance(view, PendingView):
         return _pending_json(view)
     if isinstance(view, StoppedView):
@@ -93,6 +94,9 @@ def _stopped_json(view: StoppedView) -> StoppedStateJson:
     if view.disk:
         shown["disk_used_bytes"] = view.disk.used_bytes
         shown["disk_limit_bytes"] = view.disk.limit_bytes
+        shown["disk_deleted_open_bytes"] = view.disk.deleted_open_bytes
+        shown["disk_inodes"] = view.disk.inodes
+        shown["inode_limit"] = view.disk.inode_limit
     if view.gpu_fault:
         shown["gpu_fault"] = view.gpu_fault
     return shown
@@ -379,6 +383,9 @@ def usage_json(job: JobStats, sample: JobSample) -> UsageJson:
         "disk_used_bytes": job.disk.used_bytes if job.disk else None,
         "disk_limit_bytes": job.disk.limit_bytes if job.disk else None,
         "gpu_fault": job.gpu_fault,
+        "disk_deleted_open_bytes": job.disk.deleted_open_bytes if job.disk else None,
+        "disk_inodes": job.disk.inodes if job.disk else None,
+        "inode_limit": job.disk.inode_limit if job.disk else None,
     }
 
 

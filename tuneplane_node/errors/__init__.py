@@ -33,6 +33,8 @@ are translated there (one table per engine, `runtime/engines/engine.py`) with th
     │   │                      room for a pull
     │   ├── DiskPressure insufficient_storage   a launch while the engine's store is
     │   │                      above its high threshold (disk pressure)
+    │   ├── InodePressure insufficient_storage   a launch while the store's inodes are
+    │   │                      used above their high threshold (inode pressure)
     │   ├── StateDiskFull insufficient_storage   the node's own disk (its state
     │   │                      directory) is full
     │   ├── PrivateRecordUnwritable insufficient_storage   a private pull's record
@@ -138,6 +140,7 @@ from tuneplane_node.errors.request import (
 )
 from tuneplane_node.errors.storage import (
     DiskPressure,
+    InodePressure,
     InsufficientStorage,
     PrivateRecordUnwritable,
     StateDiskFull,
@@ -166,6 +169,7 @@ __all__ = [
     "FieldError",
     "GpuNotReady",
     "ImageAccessDenied",
+    "InodePressure",
     "InsufficientScope",
     "InsufficientStorage",
     "InvalidCursor",

@@ -87,6 +87,32 @@ class DiskPressure(InsufficientStorage):
         self.freeable_bytes = None
 
 
+class InodePressure(InsufficientStorage):
+    """A launch refused before anything is made: the inodes of the engine's data root's
+    filesystem are used at or above their high threshold (``inode_pressure``)."""
+
+    code = "insufficient_storage"
+
+    def __init__(self, *, inodes_free: int, inodes_total: int, high_percent: int) -> None:
+        NodeError.__init__(
+            self,
+            f"inode pressure: the engine's store has {inodes_free} inodes free of "
+            f"{inodes_total}, at or above its {high_percent}% threshold of inodes used; no "
+            "job is launched here until it is below",
+        )
+        self.image = ""
+        self.free_bytes = 0
+        self.high_percent = high_percent
+        self.inodes_free = inodes_free
+        self.inodes_total = inodes_total
+        self.needed_bytes = None
+        self.room_bytes = None
+        self.freeable_bytes = None
+
+    def figures(self) -> dict[str, int | None] | None:
+        return None  # its bytes are not what is short: the message says the inodes
+
+
 class StateDiskFull(InsufficientStorage):
     """The node state file could not be written for want of space. The state asked for
     is in force, but a restart would not keep it: the operator frees space, asks again."""

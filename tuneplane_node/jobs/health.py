@@ -59,6 +59,8 @@ class HealthReader:
         # The volume store now (the service says where); None: not known.
         self.volume_store: Callable[[], Awaitable[StoreView | None]] = _unknown
         self.notices: Callable[[], tuple[Standing, ...]] = tuple  # the cloud's, the OS's
+        # Whether the store's pressure is one nobody explains (the disk monitor says).
+        self.unexplained: Callable[[], bool | None] = lambda: None
         self._tasks = BackgroundTasks(log)
         self._host = KeptReading(
             lambda: conditions(ImageStore()),  # the pressure is the caller's store's
@@ -110,12 +112,18 @@ class HealthReader:
         """The store's pressure now beside the host's PIDs and memory, read at most once
         a second (/proc, a thread hop: `KeptReading`)."""
         host = await self._host.get()
-        if host.disk_pressure == store.pressure:
+        now = replace(
+            host,
+            disk_pressure=store.pressure,
+            inode_pressure=store.inode_pressure,
+            disk_pressure_unexplained=self.unexplained() if store.pressure else store.pressure,
+        )
+        if now == host:
             return host
         pressed = self._pressed
-        if pressed is None or pressed[0] is not host or pressed[1].disk_pressure != store.pressure:
+        if pressed is None or pressed[0] is not host or pressed[1] != now:
             # kept: the pressure changes rarely, and health's part is made once per object
-            pressed = self._pressed = (host, replace(host, disk_pressure=store.pressure))
+            pressed = self._pressed = (host, now)
         return pressed[1]
 
     def disk_rule(self) -> DiskRule:
@@ -182,7 +190,13 @@ async def conditions(store: ImageStore) -> Conditions:
     pids, memory = await asyncio.to_thread(
         lambda: (inventory.pid_pressure(), inventory.memory_pressure())
     )
-    return Conditions(disk_pressure=store.pressure, pid_pressure=pids, memory_pressure=memory)
+    return Conditions(
+        disk_pressure=store.pressure,
+        pid_pressure=pids,
+        memory_pressure=memory,
+        inode_pressure=store.inode_pressure,
+        disk_pressure_unexplained=None if store.pressure else store.pressure,
+    )
 
 
 async def image_store(runtime: ContainerRuntime, settings: NodeSettings) -> ImageStore:
@@ -194,7 +208,12 @@ async def image_store(runtime: ContainerRuntime, settings: NodeSettings) -> Imag
         return ImageStore()
     if root is None:
         return ImageStore()
-    return ImageStore.of(root.path, root.space, high_percent=settings.image_gc_high_percent)
+    return ImageStore.of(
+        root.path,
+        root.space,
+        high_percent=settings.image_gc_high_percent,
+        inode_percent=settings.inode_high_percent,
+    )
 
 
 async def _unknown() -> StoreView | None:

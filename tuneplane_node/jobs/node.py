@@ -103,6 +103,7 @@ class Node:
         await self.images.start()
         await self.keeper.start()
         await self.mounts.start()
+        self.mounts.watch()
         await asyncio.to_thread(self.rules.read_engine, self.runtime.name)
         await self.isolation.support()  # the runtimes' registration, said at start
 
@@ -115,6 +116,7 @@ class Node:
         await self.faults.close()
         await self.monitor.close()
         await self.launcher.close()
+        await self.mounts.close()
         await self.prefetcher.close()
         await self.pulls.close()
         await self.volumes.close()
@@ -187,6 +189,7 @@ def build_node(
     monitor = DiskMonitor(runtime, settings, stopper=stopper, store=store, gc=gc)
     health = HealthReader(runtime, allocator, settings, clock=clock, gc=gc)
     health.held_by = lambda: monitor.held_by
+    health.unexplained = lambda: monitor.account.unexplained
     health.cards_refused = rules.card_jobs_refused
     health.volume_store = volumes.reading
     notices = NoticeReactor(

@@ -57,6 +57,8 @@ class NodeState:
     stopping_as: str | None = None
     stop_reasons: Mapping[str, str] = field(default_factory=dict)  # container id (or name) -> why
     disk_used: Mapping[str, int] = field(default_factory=dict)  # id -> bytes when stopped for them
+    disk_deleted_open: Mapping[str, int] = field(default_factory=dict)  # id -> the deleted part
+    disk_inodes: Mapping[str, int] = field(default_factory=dict)  # id -> its inodes then
 
     @property
     def open(self) -> bool:
@@ -72,14 +74,28 @@ class NodeState:
         return replace(self, state=state, reason=reason, since=moved, notice=notice)
 
     def stopped(
-        self, container_ids: Iterable[str], reason: str, *, disk_used: int | None = None
+        self,
+        container_ids: Iterable[str],
+        reason: str,
+        *,
+        disk_used: int | None = None,
+        deleted_open: int | None = None,
+        inodes: int | None = None,
     ) -> NodeState:
         """Why the node stops these containers; ``disk_used``: the bytes they had written,
-        when that is why."""
+        when their disk is why (``deleted_open``: of which deleted files they held open;
+        ``inodes``: the inodes they had made)."""
         ids = list(container_ids)
-        used = {**self.disk_used, **dict.fromkeys(ids, disk_used)} if disk_used else self.disk_used
         reasons = {**self.stop_reasons, **dict.fromkeys(ids, reason)}
-        return replace(self, stop_reasons=reasons, disk_used=used)
+        if disk_used is None:
+            return replace(self, stop_reasons=reasons)
+        return replace(
+            self,
+            stop_reasons=reasons,
+            disk_used=_with(self.disk_used, ids, disk_used),
+            disk_deleted_open=_with(self.disk_deleted_open, ids, deleted_open),
+            disk_inodes=_with(self.disk_inodes, ids, inodes),
+        )
 
     def forgetting(self, container_id: str) -> NodeState:
         return self._only(cid for cid in self.stop_reasons if cid != container_id)
@@ -96,7 +112,13 @@ class NodeState:
             self,
             stop_reasons={cid: why for cid, why in self.stop_reasons.items() if cid in kept},
             disk_used={cid: used for cid, used in self.disk_used.items() if cid in kept},
+            disk_deleted_open={c: n for c, n in self.disk_deleted_open.items() if c in kept},
+            disk_inodes={c: n for c, n in self.disk_inodes.items() if c in kept},
         )
+
+
+def _with(figures: Mapping[str, int], ids: list[str], value: int | None) -> Mapping[str, int]:
+    return figures if value is None else {**figures, **dict.fromkeys(ids, value)}
 
 
 class NodeStateFile:
@@ -200,11 +222,8 @@ def _parse(raw: bytes) -> NodeState:
         isinstance(k, str) and isinstance(v, str) for k, v in reasons.items()
     ):
         raise ValueError("'stop_reasons' must map container ids to reasons")
-    used = data.get("disk_used") or {}
-    if not isinstance(used, dict) or not all(
-        isinstance(k, str) and type(v) is int for k, v in used.items()
-    ):
-        raise ValueError("'disk_used' must map container ids to bytes")
+    used, deleted = _bytes_by_id(data, "disk_used"), _bytes_by_id(data, "disk_deleted_open")
+    inodes = _bytes_by_id(data, "disk_inodes")
     warn_signal = job_signal(data.get("warn_signal")) if data.get("warn_signal") else None
     return NodeState(
         state=data["state"],
@@ -217,7 +236,18 @@ def _parse(raw: bytes) -> NodeState:
         stopping_as=_optional_str(data.get("stopping_as")),
         stop_reasons=reasons,
         disk_used=used,
+        disk_deleted_open=deleted,
+        disk_inodes=inodes,
     )
+
+
+def _bytes_by_id(data: Mapping[str, Any], key: str) -> dict[str, int]:
+    used = data.get(key) or {}
+    if not isinstance(used, dict) or not all(
+        isinstance(k, str) and type(v) is int for k, v in used.items()
+    ):
+        raise ValueError(f"'{key}' must map container ids to bytes")
+    return used
 
 
 def _optional_seconds(value: object) -> float | None:
@@ -244,4 +274,6 @@ def _unparse(state: NodeState) -> dict[str, Any]:
         "stopping_as": state.stopping_as,
         "stop_reasons": dict(state.stop_reasons),
         "disk_used": dict(state.disk_used),
+        "disk_deleted_open": dict(state.disk_deleted_open),
+        "disk_inodes": dict(state.disk_inodes),
     }

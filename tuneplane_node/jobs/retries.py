@@ -31,7 +31,7 @@ from tuneplane_node.runtime.base import LABEL_SPEC, ContainerState
 CONTAINER_FIELDS = (
     "name", "image", "command", "env", "mounts", "labels", "workdir", "shm_size",
     "cpu_limit", "memory_limit", "network", "user", "stop_signal", "rdma", "read_only_root",
-    "disk_limit", "scratch", "volumes", "isolation", "warn_signal", "warn_s",
+    "disk_limit", "scratch", "volumes", "isolation", "warn_signal", "warn_s", "inode_limit",
 )  # fmt: skip
 """The container fields a console gives (the spec's others are the node's choices)."""
 DIGEST_CHARS = 12

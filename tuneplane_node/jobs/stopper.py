@@ -113,15 +113,14 @@ class Stopper:
         states: Sequence[ContainerState],
         reason: str,
         plan: StopPlan = NO_PLAN,
-        *,
-        disk_used: int | None = None,
+        **disk: int | None,
     ) -> list[BaseException]:
         """Stop jobs the node decided to stop on its own (a card's fault, a notice, a
         drain, disk pressure): ``reason`` first, in the node state (observe's
-        ``stop_reason``; a restart keeps it; ``disk_used``: the bytes written, when that
-        is why), then every job at once, each warned as `warned` says. Answers the
-        errors of the stops that failed (a drain tries those again)."""
-        node = self.store.node.stopped((s.handle for s in states), reason, disk_used=disk_used)
+        ``stop_reason``; a restart keeps it; ``disk``: `NodeState.stopped`'s figures, when
+        the disk is why), then every job at once, each warned as `warned` says. Answers
+        the errors of the stops that failed (a drain tries those again)."""
+        node = self.store.node.stopped((s.handle for s in states), reason, **disk)
         try:
             await self.store.save(node)
         except NodeError as exc:  # in force all the same: the jobs must stop

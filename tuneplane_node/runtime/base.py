@@ -48,6 +48,9 @@ from tuneplane_node.wire.values import (
     LABEL_GPUS as LABEL_GPUS,
 )
 from tuneplane_node.wire.values import (
+    LABEL_INODE_LIMIT as LABEL_INODE_LIMIT,
+)
+from tuneplane_node.wire.values import (
     LABEL_MOUNTS as LABEL_MOUNTS,
 )
 from tuneplane_node.wire.values import (
@@ -163,6 +166,12 @@ class ContainerState:
     def disk_limit_bytes(self) -> int | None:
         """The disk limit its label holds; None: none (or a label that is no number)."""
         label = self.labels.get(LABEL_DISK_LIMIT, "")
+        return int(label) if label.isdigit() else None
+
+    @property
+    def inode_limit(self) -> int | None:
+        """The inode limit its label holds; None: none (a job of an older node)."""
+        label = self.labels.get(LABEL_INODE_LIMIT, "")
         return int(label) if label.isdigit() else None
 
     @property

@@ -111,11 +111,15 @@ class DiskUse:
     """What a container has written to the engine's disk (`runtime.diskwalk`):
     ``used_bytes`` None when it cannot be measured from here (a remote engine, a storage
     driver without an upper directory); ``complete`` false when the walk's time budget
-    ran out first, so the figure is a lower bound; ``walk_s``: how long the walk took."""
+    ran out first, so the figure is a lower bound; ``walk_s``: how long the walk took.
+    ``deleted_open_bytes``: the part of ``used_bytes`` that is deleted files its
+    processes hold open (`runtime.openfiles`); None where they cannot be read here."""
 
     used_bytes: int | None
     complete: bool = True
     walk_s: float = 0.0
+    deleted_open_bytes: int | None = None
+    inodes: int | None = None  # the files, directories and links counted, each once
 
 
 STAGED, DIRECT, REMOTE = "staged", "direct", "remote"

@@ -17,6 +17,7 @@ from typing import NamedTuple
 from tuneplane_node.wire.values import (
     LABEL_DISK_LIMIT,
     LABEL_GPUS,
+    LABEL_INODE_LIMIT,
     LABEL_RUNTIME,
     LABEL_USERNS,
     LABEL_WARN_S,
@@ -170,6 +171,9 @@ class ContainerSpec:
     # The node's decision (TUNEPLANE_JOB_DISK_LIMIT): the bytes it may write to the
     # engine's disk, written in its LABEL_DISK_LIMIT; None: no limit.
     disk_limit_bytes: int | None = None
+    # The console's word, then the node's decision (TUNEPLANE_JOB_INODE_LIMIT): the
+    # inodes it may make there, written in its LABEL_INODE_LIMIT; None: no limit.
+    inode_limit: int | None = None
     confinement: Confinement = field(default_factory=Confinement)
     isolation: str = ""  # the console's word: "sandbox", or "" for the node's rule
     # The node's decisions (`jobs.rules.isolation`): a user namespace of the job's own (why
@@ -195,6 +199,8 @@ def job_labels(spec: ContainerSpec) -> dict[str, str]:
     labels = {**spec.labels, LABEL_GPUS: format_gpus(spec.gpus)}
     if spec.disk_limit_bytes is not None:
         labels[LABEL_DISK_LIMIT] = str(spec.disk_limit_bytes)
+    if spec.inode_limit is not None:
+        labels[LABEL_INODE_LIMIT] = str(spec.inode_limit)
     if spec.own_userns or spec.userns_note:
         kind = "own" if spec.own_userns else "host"
         labels[LABEL_USERNS] = f"{kind}: {spec.userns_note}" if spec.userns_note else kind

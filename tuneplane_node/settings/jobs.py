@@ -104,6 +104,11 @@ class JobSettings(BaseSettings):
     of the size of its data root's filesystem), or ``unlimited``. The limit of a job
     whose launch gives no ``disk_limit``, and the most one may ask for. Held by the
     kernel where the store has project quotas, else by the disk monitor."""
+    job_inode_limit: int = Field(1_000_000, ge=1000, le=2**32)
+    """The files, directories and links (inodes) a job may make on the engine's disk,
+    its writable layer and anonymous volumes together: the limit of a job whose launch
+    gives no ``inode_limit``, and the most one may ask for. Held by the disk monitor,
+    which stops a job past it (``stop_reason: "inode_limit"``)."""
     job_disk_check_s: float = Field(5.0, ge=0.1, le=3600, allow_inf_nan=False)
     """Seconds between two measures of the running jobs' writable layers and anonymous
     volumes by the disk monitor (which stops a job past its limit, and the filler of a

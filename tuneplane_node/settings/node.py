@@ -149,6 +149,14 @@ class NodeSettings(GpuSettings, NoticeSettings, VolumeStoreSettings, JobSettings
     images, and at or above which a pull is refused (507)."""
     image_gc_low_percent: int = Field(80, ge=0, le=99)
     """Use, in percent, the GC brings the filesystem down to; below the high one."""
+    inode_high_percent: int = Field(95, ge=1, le=100)
+    """Use of the engine's data-root filesystem's inodes (statvfs' ``f_favail`` counted
+    as free), in percent, at or above which the node is under ``inode_pressure``
+    (kubelet's ``nodefs.inodesFree < 5%``): launches are refused (507), the jobs past
+    their inode limit then the largest holder are stopped, then the image GC runs."""
+    inode_low_percent: int = Field(90, ge=0, le=99)
+    """Inode use, in percent, the image GC brings the filesystem down to under inode
+    pressure; below the high one."""
     image_gc_min_age_s: float = Field(120.0, ge=0, le=30 * DAY, allow_inf_nan=False)
     """Seconds an image must have been on the node (since its pull, or since the node
     first saw it) before the GC may remove it."""
@@ -300,6 +308,7 @@ class NodeSettings(GpuSettings, NoticeSettings, VolumeStoreSettings, JobSettings
         _tls_pair(self)
         _one_fabric_network(self)
         _below(self, "image_gc_low_percent", "image_gc_high_percent")
+        _below(self, "inode_low_percent", "inode_high_percent")
         _below(self, "volume_gc_low_percent", "volume_gc_high_percent")
         _safe_mount_roots(self)
         return self

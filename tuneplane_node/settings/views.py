@@ -42,6 +42,8 @@ class ImageSettings:
     image_gc: Literal["node", "all", "off"]
     image_gc_high_percent: int
     image_gc_low_percent: int
+    inode_high_percent: int
+    inode_low_percent: int
     image_gc_min_age_s: float
     image_gc_max_unused_s: float
     image_gc_interval_s: float

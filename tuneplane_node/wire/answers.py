@@ -79,6 +79,9 @@ class StoppedStateJson(StateJson, total=False):
     disk_used_bytes: int | None
     disk_limit_bytes: int | None
     gpu_fault: str  # a fault of a card it holds that is the job's own (XID 13): not stopped
+    disk_deleted_open_bytes: int | None
+    disk_inodes: int | None
+    inode_limit: int | None
 
 
 class PendingStateJson(StateJson):
@@ -232,6 +235,9 @@ class ImageStoreJson(TypedDict):
     free_bytes: int | None
     used_ratio: float | None
     pressure: bool | None
+    inodes_total: int | None
+    inodes_free: int | None
+    inode_pressure: bool | None
 
 
 class ConditionsJson(TypedDict):
@@ -240,6 +246,8 @@ class ConditionsJson(TypedDict):
     disk_pressure: bool | None
     pid_pressure: bool | None
     memory_pressure: bool | None
+    inode_pressure: bool | None
+    disk_pressure_unexplained: bool | None
 
 
 class JobDiskJson(TypedDict):
@@ -397,6 +405,10 @@ class HealthJson(GpuFieldsJson, _HealthOptional):
     notices: list[NoticeJson]
     """The cloud's (or the OS's) notices the node acts on, the most urgent first: a
     console reschedules by them before the machine is gone."""
+    launch_refused_reason: str | None
+    """The condition every launch is refused for now (``disk_pressure``,
+    ``inode_pressure``: a ``507``), and ``ok`` is false for it; null: launches are
+    taken. A console schedules elsewhere while it is set."""
 
 
 class FilesystemJson(TypedDict):

@@ -96,6 +96,7 @@ MAX_KEY = 256  # an env variable's or a label's name
 MAX_RUN_ID = 200
 MIN_MEMORY = 6 * 2**20  # the engines refuse less
 MIN_DISK = 2**20
+MIN_INODES, MAX_INODES = 1000, 2**32  # a job's inode limit (TUNEPLANE_JOB_INODE_LIMIT's range)
 
 NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]{0,200}")
 # Engines resolve a full id, then an exact name, then an id prefix: a name that looks
@@ -295,6 +296,19 @@ def _disk_limit(given: Given) -> str | None:
     return read_size(given, least=MIN_DISK)
 
 
+def _inode_limit(given: Given) -> int | None:
+    value = empty_as(given.value, None)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidField(given.field, "must be a whole number of inodes")
+    if not MIN_INODES <= value <= MAX_INODES:
+        raise InvalidField(
+            given.field, f"must be from {MIN_INODES} to {MAX_INODES}", problem=OUT_OF_RANGE
+        )
+    return value
+
+
 def _cpus(given: Given) -> float | None:
     """A number of CPUs: a number, or 0.3.15's string (``""`` no limit, ``"2"``, ``"0.5"``)."""
     value = empty_as(given.value, None)
@@ -446,6 +460,16 @@ CONTAINER = Body(
             "quotas; else a job past it is stopped as a stop would (its stop signal, the "
             'grace period, SIGKILL), and observe says `stop_reason: "disk_limit"`.',
             read=_disk_limit,
+        ),
+        Field(
+            "inode_limit",
+            or_empty(number(least=MIN_INODES, most=MAX_INODES, whole=True)),
+            f"The files, directories and links the job may make on the engine's disk "
+            f"(inodes), its writable layer and anonymous volumes together: from "
+            f"{MIN_INODES} to at most the node's `TUNEPLANE_JOB_INODE_LIMIT` (more is a "
+            "`422` naming `container.inode_limit`). None: that limit. A job past it is "
+            'stopped as a stop would, and observe says `stop_reason: "inode_limit"`.',
+            read=_inode_limit,
         ),
         SCRATCH,
         VOLUMES,

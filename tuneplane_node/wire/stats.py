@@ -46,6 +46,9 @@ class UsageJson(AbsentJson):
     disk_used_bytes: int | None
     disk_limit_bytes: int | None
     gpu_fault: str | None  # a job-scope fault of a card it holds: ``<uuid> XID 13 since ...``
+    disk_deleted_open_bytes: int | None
+    disk_inodes: int | None
+    inode_limit: int | None
 
 
 class StatsJson(TypedDict):

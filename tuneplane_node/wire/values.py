@@ -50,6 +50,8 @@ LABEL_MOUNTS = "tuneplane.mounts"
 LABEL_DISK_LIMIT = "tuneplane.disk-limit"
 """The bytes a job may write to the engine's disk (writable layer and anonymous volumes),
 as the node decided at its launch: what the disk monitor holds it to, after a restart too."""
+LABEL_INODE_LIMIT = "tuneplane.inode-limit"
+"""The inodes a job may make on the engine's disk, as the node decided at its launch."""
 LABEL_SPEC = "tuneplane.spec"
 """A digest of each field of the spec the run was launched with (`jobs.retries`): a
 retry with another spec is told apart. The node's own: observe never shows it."""
@@ -76,10 +78,11 @@ SANDBOX = "sandbox"
 NODE_LABELS = (
     LABEL_RUN_ID, LABEL_GPUS, LABEL_NETWORK, LABEL_MOUNTS, LABEL_DISK_LIMIT, LABEL_SPEC,
     LABEL_USERNS, LABEL_RUNTIME, LABEL_VOLUMES, LABEL_FABRIC_ADDRESS, LABEL_WARN_SIGNAL,
-    LABEL_WARN_S,
+    LABEL_WARN_S, LABEL_INODE_LIMIT,
 )  # fmt: skip
 HIDDEN_LABELS = frozenset(
     {LABEL_SPEC, LABEL_MOUNTS, LABEL_DISK_LIMIT, LABEL_USERNS, LABEL_RUNTIME, LABEL_VOLUMES}
+    | {LABEL_INODE_LIMIT}
 )
 """Labels the node keeps for itself: no answer shows them (a 0.3.15 console's observe
 reads the labels it always did)."""

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tuneplane_node.errors import OUT_OF_RANGE, DiskPressure, InvalidField
+from tuneplane_node.errors import OUT_OF_RANGE, DiskPressure, InodePressure, InvalidField
 from tuneplane_node.jobs.observe.results import ImageStore
 from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.settings import NodeSettings, env_name
 from tuneplane_node.sizes import size_in_bytes
 
 FIELD = "container.disk_limit"
+INODE_FIELD = "container.inode_limit"
 
 
 class DiskLimits:
@@ -31,6 +32,7 @@ class DiskLimits:
         """The spec with the bytes it may write; InvalidField (422) when it asks for
         more than the node allows."""
         ceiling = self.settings.job_disk_ceiling(store.total_bytes)
+        spec = self._inodes(spec)
         asked = size_in_bytes(spec.disk_limit) if spec.disk_limit is not None else None
         if asked is None:
             return replace(spec, disk_limit_bytes=ceiling)
@@ -43,13 +45,33 @@ class DiskLimits:
             )
         return replace(spec, disk_limit_bytes=int(asked))
 
+    def _inodes(self, spec: ContainerSpec) -> ContainerSpec:
+        """The inodes it may make: its ``inode_limit``, at most the operator's."""
+        ceiling = self.settings.job_inode_limit
+        if spec.inode_limit is None:
+            return replace(spec, inode_limit=ceiling)
+        if spec.inode_limit > ceiling:
+            raise InvalidField(
+                INODE_FIELD,
+                f"at most {ceiling} on this node ({env_name('job_inode_limit')}={ceiling})",
+                problem=OUT_OF_RANGE,
+            )
+        return spec
+
     def check_room(self, store: ImageStore) -> None:
-        """`DiskPressure` (507) while the store is at or above its high threshold: a
-        launch then is refused before anything is made."""
+        """`DiskPressure` (507) while the store is at or above its high threshold, and
+        `InodePressure` while its inodes are: a launch then is refused before anything
+        is made."""
         if store.pressure and store.used_ratio is not None:
             raise DiskPressure(
                 used_ratio=store.used_ratio,
                 free_bytes=store.free_bytes or 0,
                 total_bytes=store.total_bytes or 0,
                 high_percent=self.high,
+            )
+        if store.inode_pressure and store.inodes_total is not None:
+            raise InodePressure(
+                inodes_free=store.inodes_free or 0,
+                inodes_total=store.inodes_total,
+                high_percent=self.settings.inode_high_percent,
             )

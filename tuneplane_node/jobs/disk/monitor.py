@@ -36,13 +36,14 @@ import logging
 from dataclasses import dataclass
 from typing import Protocol
 
+from tuneplane_node.jobs.disk.accounting import PressureAccount
 from tuneplane_node.jobs.images.gc import ImageCollector
 from tuneplane_node.jobs.nodestate import NodeStateStore
 from tuneplane_node.jobs.observe.results import DiskFigures, ImageStore
-from tuneplane_node.jobs.stopper import Stopper
+from tuneplane_node.jobs.stopper import NO_PLAN, Stopper
 from tuneplane_node.logformat import job_fields
 from tuneplane_node.runtime.base import ContainerState
-from tuneplane_node.runtime.facts import DataRoot, DiskUse
+from tuneplane_node.runtime.facts import DataRoot, DiskUse, EngineImage
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.tasks import BackgroundTasks, periodically
 
@@ -53,7 +54,8 @@ FULL_WALK_S = 60 * 60.0
 """Every job is walked at least this often, whatever the store's growth says: what one
 pass frees can hide as much growth in that pass."""
 DISK_LIMIT, DISK_PRESSURE = "disk_limit", "disk_pressure"
-DISK_REASONS = (DISK_LIMIT, DISK_PRESSURE)
+INODE_LIMIT, INODE_PRESSURE = "inode_limit", "inode_pressure"
+DISK_REASONS = (DISK_LIMIT, DISK_PRESSURE, INODE_LIMIT, INODE_PRESSURE)
 
 
 class DiskRuntime(Protocol):
@@ -61,6 +63,7 @@ class DiskRuntime(Protocol):
 
     async def ps(self) -> list[ContainerState]: ...
     async def data_root(self) -> DataRoot | None: ...
+    async def list_images(self) -> list[EngineImage]: ...
     async def disk_usage(self, ref: str, *, budget_s: float) -> DiskUse | None: ...
 
 
@@ -74,6 +77,7 @@ class Measured:
     run_id: str | None = None
     at: float = 0.0  # when (the monitor's clock)
     store_grown: int | None = None  # the store's growth so far (`DiskMonitor.grown`) then
+    files_grown: int | None = None  # its inodes' likewise (`DiskMonitor.files`)
 
 
 class DiskMonitor:
@@ -100,6 +104,11 @@ class DiskMonitor:
         self.held_by: str | None = None  # what holds a job to its limit, once known
         self.grown: int | None = 0  # the store's rises added up, pass by pass; None: unknown
         self._used: int | None = None  # the store's used bytes at the last pass
+        self.files = Rises()  # the store's used inodes, likewise
+        dirs = (settings.scratch_dir, settings.volume_dir)
+        self.account = PressureAccount(runtime, dirs=dirs, high_percent=gc.high)
+        gc.chase = lambda: not self.account.unexplained
+        self.inode_high = settings.inode_high_percent
         self._stops: dict[str, asyncio.Task[None]] = {}  # container name -> its stop
         self._tasks = BackgroundTasks(log)
         self._pass = asyncio.Lock()
@@ -113,9 +122,12 @@ class DiskMonitor:
         or not measurable from here."""
         if not state.exists:
             return None
-        stopped = self.store.node.disk_used.get(state.handle)
+        node = self.store.node
+        stopped = node.disk_used.get(state.handle)
         if stopped is not None:
-            return DiskFigures(stopped, state.disk_limit_bytes)
+            deleted = node.disk_deleted_open.get(state.handle)
+            inodes = node.disk_inodes.get(state.handle)
+            return DiskFigures(stopped, state.disk_limit_bytes, deleted, inodes, state.inode_limit)
         seen = self.measured.get(state.name)
         if state.status != "running" or seen is None or seen.id != state.id:
             return None
@@ -146,11 +158,17 @@ class DiskMonitor:
                 figures = self.figures(state)
                 if figures is not None and figures.over:
                     self._stop(state, figures, DISK_LIMIT)
-            if store.pressure:
+                elif figures is not None and figures.over_inodes:
+                    self._stop(state, figures, INODE_LIMIT)
+            held = self._held(states)
+            jobs = sum(f.used_bytes or 0 for f in (m.figures for m in self.measured.values()))
+            unexplained = await self.account.judge(store, jobs_bytes=jobs + held)
+            if store.pressure and unexplained is not True:  # step 2: the jobs' pressure only
                 self._relieve(running, store)
+            if store.inode_pressure:
+                self._relieve_inodes(running, store)
             if any(not task.done() for task in self._stops.values()):
                 return True
-            held = self._held(states)
             return bool(store.pressure) and held > 0 and held >= over_high(store, self.gc.high)
 
     def _held(self, states: list[ContainerState]) -> int:
@@ -181,18 +199,32 @@ class DiskMonitor:
     async def _measure(self, running: list[ContainerState], store: ImageStore) -> None:
         measured: dict[str, Measured] = {}
         grown, now = self._grown(store), self.clock.monotonic()
+        files = self.files.add(store_files_used(store))
         for state in running:
             seen = self.measured.get(state.name)
-            if seen is not None and seen.id == state.id and not self._due(seen, grown, store, now):
+            due = seen is None or self._due(seen, grown, store, now) or _files_due(seen, files)
+            if seen is not None and seen.id == state.id and not due:
                 measured[state.name] = seen
                 continue
             use = await self.runtime.disk_usage(state.handle, budget_s=WALK_BUDGET_S)
             if use is None:
                 continue  # gone, or stopped, since the list
             self.telemetry.disk_walked(use.walk_s)
-            figures = DiskFigures(use.used_bytes, state.disk_limit_bytes)
+            figures = DiskFigures(
+                use.used_bytes,
+                state.disk_limit_bytes,
+                use.deleted_open_bytes,
+                use.inodes,
+                state.inode_limit,
+            )
             measured[state.name] = Measured(
-                state.id, figures, use.complete, state.run_id, at=now, store_grown=grown
+                state.id,
+                figures,
+                use.complete,
+                state.run_id,
+                at=now,
+                store_grown=grown,
+                files_grown=files,
             )
             if not use.complete:
                 log.warning(
@@ -218,7 +250,8 @@ class DiskMonitor:
         fair share needs every size), once `FULL_WALK_S` has gone, or when the store has
         grown enough since its last walk that it could be past its limit (no job grows
         by more than the store does)."""
-        if store.pressure or not seen.complete or grown is None or seen.store_grown is None:
+        pressed = store.pressed
+        if pressed or not seen.complete or grown is None or seen.store_grown is None:
             return True
         if now - seen.at >= FULL_WALK_S:
             return True
@@ -235,19 +268,33 @@ class DiskMonitor:
         if share is None or not known:
             return
         used, largest = max(known, key=lambda pair: pair[0])
-        if used > share:
-            figures = DiskFigures(used, largest.disk_limit_bytes)
+        if used > share and (figures := self.figures(largest)) is not None:
             self._stop(largest, figures, DISK_PRESSURE, share=share)
+
+    def _relieve_inodes(self, running: list[ContainerState], store: ImageStore) -> None:
+        """Under inode pressure: the largest maker of inodes, when it holds more than
+        its fair share of the store's inodes below their high threshold."""
+        if store.inodes_total is None or not running:
+            return
+        share = store.inodes_total * self.inode_high // 100 // (len(running) + 1)
+        sized = [(self.figures(s), s) for s in running]
+        known = [(f.inodes, f, s) for f, s in sized if f is not None and f.inodes is not None]
+        if known:
+            made, figures, largest = max(known, key=lambda made: made[0])
+            if made > share:
+                self._stop(largest, figures, INODE_PRESSURE, share=share)
 
     def _stop(
         self, state: ContainerState, figures: DiskFigures, reason: str, *, share: int | None = None
     ) -> None:
         if (task := self._stops.get(state.name)) is not None and not task.done():
             return
-        why = f"limit {figures.limit_bytes}" if share is None else f"fair share {share}"
+        inodes = reason in (INODE_LIMIT, INODE_PRESSURE)
+        limit = figures.inode_limit if inodes else figures.limit_bytes
+        why = f"limit {limit}" if share is None else f"fair share {share}"
         log.warning(
-            "disk monitor: stopping %s: %s bytes written (%s bytes), %s",
-            state.name, figures.used_bytes, why, reason,
+            "disk monitor: stopping %s: %s bytes, %s inodes written (%s), %s",
+            state.name, figures.used_bytes, figures.inodes, why, reason,
             extra=job_fields(state.name, state.run_id),
         )  # fmt: skip
         self._stops[state.name] = self._tasks.spawn(
@@ -258,8 +305,9 @@ class DiskMonitor:
     async def _stopped(self, state: ContainerState, figures: DiskFigures, reason: str) -> None:
         """The reason first, in the node state (a restart keeps it), then the stop,
         warned as the job asked (`Stopper.stop_by_node`)."""
-        used = figures.used_bytes
-        for error in await self.stopper.stop_by_node([state], reason, disk_used=used):
+        figured = {"disk_used": figures.used_bytes, "inodes": figures.inodes}
+        figured["deleted_open"] = figures.deleted_open_bytes
+        for error in await self.stopper.stop_by_node([state], reason, NO_PLAN, **figured):
             log.warning("disk monitor: stopping %s failed: %s", state.name, error)
 
     async def close(self) -> None:
@@ -271,6 +319,45 @@ def store_used(store: ImageStore) -> int | None:
     if store.total_bytes is None or store.free_bytes is None:
         return None
     return store.total_bytes - store.free_bytes
+
+
+def store_files_used(store: ImageStore) -> int | None:
+    """The store's inodes in use (counting what only root may use); None: unknown."""
+    if store.inodes_total is None or store.inodes_free is None:
+        return None
+    return store.inodes_total - store.inodes_free
+
+
+class Rises:
+    """A figure's rises added up, reading by reading (falls are not subtracted: what
+    one reading frees hides no growth but its own); None once a reading was unknown,
+    then counted again from 0."""
+
+    def __init__(self) -> None:
+        self.total: int | None = 0
+        self._last: int | None = None
+
+    def add(self, now: int | None) -> int | None:
+        if now is None or self.total is None or self._last is None:
+            self.total = None if now is None else 0
+        else:
+            self.total += max(0, now - self._last)
+        self._last = now
+        return self.total
+
+
+def _files_due(seen: Measured, files: int | None) -> bool:
+    """Whether the store's inodes grew enough since its last walk that it could be past
+    its inode limit (no job makes more inodes than the store gains). A store that
+    counts no inodes (btrfs) says nothing here: its bytes' growth and `FULL_WALK_S` do."""
+    if files is None:
+        return False
+    if seen.files_grown is None:
+        return True
+    made, limit = seen.figures.inodes, seen.figures.inode_limit
+    if made is None or limit is None:
+        return False
+    return made + files - seen.files_grown > limit
 
 
 def over_high(store: ImageStore, high_percent: int) -> int:

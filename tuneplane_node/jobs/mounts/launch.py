@@ -4,7 +4,10 @@ The launcher's mount room: it asks the engine once how it takes mounts (`MountSu
 refuses what the engine cannot be handed, and, when the container is made, opens each
 path without following links (`MountPolicy`), makes the scratch (`ScratchSpaces`), opens
 the volumes (`VolumeKeeper`) and binds them all at the staging path (`MountStaging`)
-whose key the container's label carries; the container gone, it lets them go.
+whose key the container's label carries; the container gone, it lets them go: when the
+node removes it, and when the engine's events say it went behind the node's back (a
+``docker rm`` by hand): the staging and scratch (its loop device) no container's label
+names, nor a launch still making its container, are released then, not at the next start.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from tuneplane_node.jobs.volumes.sources import FIELD as VOLUMES
 from tuneplane_node.runtime.base import LABEL_MOUNTS, LABEL_VOLUMES, ContainerRuntime, Mount
 from tuneplane_node.runtime.facts import REMOTE, STAGED, MountSupport
 from tuneplane_node.runtime.spec import ContainerSpec
+from tuneplane_node.tasks import BackgroundTasks
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +61,11 @@ class LaunchMounts:
         self.scratch = scratch
         self.volumes = volumes
         self._support: MountSupport | None = None  # the engine's answer, once it gave one
+        self._making: set[str] = set()  # keys staged for a container not seen yet
+        self._releasing = asyncio.Lock()  # one release or sweep at a time: the same key
+        self._dirty = False  # a change came while a sweep ran: one more after it
+        self._sweeper: asyncio.Task[None] | None = None
+        self._tasks = BackgroundTasks(log)
 
     async def support(self) -> MountSupport:
         """The engine's word on mounts, asked until it answers; its own directories are
@@ -109,6 +118,7 @@ class LaunchMounts:
         elif (await self._usable(spec.mounts)).mode != STAGED:
             return replace(spec, mounts=await asyncio.to_thread(self.policy.vet, spec.mounts))
         key = self.staging.new_key(spec.name)
+        self._making.add(key)  # before the first bind: no sweep takes it meanwhile
         mounts = await asyncio.to_thread(self._open_and_stage, key, spec)
         labels = {**spec.labels, LABEL_MOUNTS: key}
         if spec.volumes:  # eviction's truth: what the container binds
@@ -134,11 +144,46 @@ class LaunchMounts:
         key = labels.get(LABEL_MOUNTS)
         if not key:
             return
-        try:
-            await asyncio.to_thread(self.staging.release, key)
-            await asyncio.to_thread(self.scratch.release, key)
-        except (OSError, ScratchError) as exc:
-            log.error("could not remove the staged mounts %s: %s (swept at next start)", key, exc)
+        self._making.discard(key)
+        async with self._releasing:
+            try:
+                await asyncio.to_thread(self.staging.release, key)
+                await asyncio.to_thread(self.scratch.release, key)
+            except (OSError, ScratchError) as exc:
+                log.error("could not remove the staged mounts %s: %s (swept later)", key, exc)
+
+    def watch(self) -> None:
+        """From now on, every change the engine's events tell sweeps what a container
+        removed behind the node left (a runtime without events: the start's sweep only)."""
+        self.runtime.on_change(self._changed)
+
+    def _changed(self, name: str | None) -> None:
+        if self._sweeper is not None and not self._sweeper.done():
+            self._dirty = True
+            return
+        self._sweeper = self._tasks.spawn(self._sweep_gone(), name="mounts sweep")
+
+    async def _sweep_gone(self) -> None:
+        """Release the staging and scratch of keys no container carries and no launch is
+        making: their container is gone. Again while changes came meanwhile."""
+        self._dirty = True
+        while self._dirty:
+            self._dirty = False
+            try:
+                live = {s.labels.get(LABEL_MOUNTS, "") for s in await self.runtime.ps()}
+            except NodeError:
+                return  # the engine not answering: nothing is known gone
+            self._making -= live  # made: its label is the truth now
+            keep = live | self._making
+            async with self._releasing:
+                try:
+                    await asyncio.to_thread(self.staging.sweep, keep)
+                    await asyncio.to_thread(self.scratch.sweep, keep)
+                except (OSError, ScratchError) as exc:
+                    log.error("could not remove the mounts of a removed container: %s", exc)
+
+    async def close(self) -> None:
+        await self._tasks.close()
 
     async def start(self) -> None:
         """At start, before the first launch: the engine's own directories learnt (a mount

@@ -4,7 +4,7 @@ the contract's JSON shapes (`wire`) from it."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tuneplane_node.gpu.allocator import Occupancy
 from tuneplane_node.gpu.probe import GpuSnapshot
@@ -197,16 +197,28 @@ class PendingView:
 @dataclass(frozen=True)
 class DiskFigures:
     """What a job has written to the engine's disk (its writable layer and anonymous
-    volumes), and its limit; each None where unknown (no limit: None)."""
+    volumes, and the deleted files its processes hold open there), and its limit; each
+    None where unknown (no limit: None). ``deleted_open_bytes``: the part of
+    ``used_bytes`` that is deleted files held open. ``inodes``: the files, directories
+    and links it made there, and their limit."""
 
     used_bytes: int | None
     limit_bytes: int | None = None
+    deleted_open_bytes: int | None = None
+    inodes: int | None = None
+    inode_limit: int | None = None
 
     @property
     def over(self) -> bool:
         """Past its limit (the monitor stops it)."""
         used, limit = self.used_bytes, self.limit_bytes
         return used is not None and limit is not None and used > limit
+
+    @property
+    def over_inodes(self) -> bool:
+        """Past its inode limit (the monitor stops it)."""
+        made, limit = self.inodes, self.inode_limit
+        return made is not None and limit is not None and made > limit
 
 
 @dataclass(frozen=True)
@@ -256,26 +268,54 @@ class ImageStore:
     """The filesystem of the engine's data root, where its images are; every figure None
     when the node cannot know it (a remote engine, a runtime without images).
     ``used_ratio`` counts what others than root may not use (statvfs' available) as
-    used, as kubelet does; ``pressure``: at or above the image GC's high threshold."""
+    used, as kubelet does; ``pressure``: at or above the image GC's high threshold.
+    Its inodes likewise (``f_favail`` free): ``inode_pressure`` at or above
+    ``TUNEPLANE_INODE_HIGH_PERCENT``; None for a filesystem without a fixed count."""
 
     path: str | None = None
     total_bytes: int | None = None
     free_bytes: int | None = None
     used_ratio: float | None = None
     pressure: bool | None = None
+    inodes_total: int | None = None
+    inodes_free: int | None = None
+    inode_pressure: bool | None = None
 
     @classmethod
-    def of(cls, path: str | None, space: Space | None, *, high_percent: int) -> ImageStore:
+    def of(
+        cls, path: str | None, space: Space | None, *, high_percent: int, inode_percent: int = 100
+    ) -> ImageStore:
         if space is None or space.total <= 0:
             return cls(path=path)
         used = (space.total - space.available) / space.total
-        return cls(path, space.total, space.available, round(used, 4), used * 100 >= high_percent)
+        store = cls(path, space.total, space.available, round(used, 4), used * 100 >= high_percent)
+        if not space.inodes or space.inodes_available is None:
+            return store
+        files_used = (space.inodes - space.inodes_available) * 100
+        pressed = files_used >= space.inodes * inode_percent
+        return replace(
+            store,
+            inodes_total=space.inodes,
+            inodes_free=space.inodes_available,
+            inode_pressure=pressed,
+        )
+
+    @property
+    def pressed(self) -> bool:
+        """Under pressure of either kind: launches are refused, jobs may be stopped."""
+        return bool(self.pressure or self.inode_pressure)
 
     def room(self, percent: int) -> int | None:
         """Bytes that may be written before use reaches ``percent``; None: unknown."""
         if self.total_bytes is None or self.free_bytes is None:
             return None
         return self.free_bytes - self.total_bytes * (100 - percent) // 100
+
+    def inode_room(self, percent: int) -> int | None:
+        """Inodes that may be made before their use reaches ``percent``; None: unknown."""
+        if self.inodes_total is None or self.inodes_free is None:
+            return None
+        return self.inodes_free - self.inodes_total * (100 - percent) // 100
 
 
 @dataclass(frozen=True)
@@ -312,6 +352,10 @@ class Conditions:
     disk_pressure: bool | None = None
     pid_pressure: bool | None = None
     memory_pressure: bool | None = None
+    inode_pressure: bool | None = None  # the store's inodes at or above their threshold
+    # Under disk pressure, whether something other than the jobs, their scratches, the
+    # volume store and the images made it (`jobs.disk.accounting`); false without.
+    disk_pressure_unexplained: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -345,7 +389,26 @@ class NodeStatus:
 
     @property
     def ok(self) -> bool:
-        return self.engine.ok and self.occupancy is not None
+        """The engine answered, the cards' occupancy was read, and a launch is taken
+        (no disk or inode pressure refuses it)."""
+        return self.engine.ok and self.occupancy is not None and self.launch_refused is None
+
+    @property
+    def launch_refused(self) -> str | None:
+        """The condition every launch is refused for now (a `507`): ``disk_pressure``,
+        ``inode_pressure``; None: none."""
+        if self.conditions.disk_pressure:
+            return "disk_pressure"
+        return "inode_pressure" if self.conditions.inode_pressure else None
+
+    def why_not_ok(self) -> str:
+        if not self.engine.ok or self.occupancy is None:
+            return self.error or "the cards' occupancy could not be read"
+        what = "store" if self.launch_refused == "disk_pressure" else "store's inodes"
+        return (
+            f"{self.launch_refused}: the engine's {what} at or above the high threshold; "
+            "every launch is refused (507) until it is below"
+        )
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,11 @@ T = TypeVar("T")
 RETRIES = 5
 BACKOFF_S = 1.0
 TIMEOUT_S = 6 * 3600.0  # TUNEPLANE_VOLUME_FILL_TIMEOUT_S's default
-MAX_ENTRIES = 2**20  # files, directories and links of one OCI volume
+MAX_ENTRIES = 2**20  # files, directories and links of one OCI volume, at most
+# Its entry budget, taken from its manifest: one entry per BYTES_PER_ENTRY compressed
+# bytes, ENTRY_SLACK more. A tar header of an empty file gzips to some 22 bytes: a layer
+# of 1.4 MB unpacked to 63,921 inodes; real files compress to more than 128 bytes each.
+BYTES_PER_ENTRY, ENTRY_SLACK = 128, 10_000
 # What an OCI volume's layers may unpack to, past their compressed size: text datasets
 # compress about tenfold; a layer past that is a bomb.
 EXPANSION, SLACK_BYTES = 20, 2**30
@@ -251,7 +255,7 @@ class VolumeFills:
         )
         fill.bytes_total = manifest.size
         await self._admitted(fill)
-        budget = Budget(entries=MAX_ENTRIES, bytes=manifest.size * EXPANSION + SLACK_BYTES)
+        budget = budget_of(manifest.size)
         async with self.lanes.slot(fill.bytes_total):
             into = await self.io(self.store.unpacking, fill.key)
             done = 0
@@ -343,3 +347,10 @@ class VolumeFills:
         await self.tasks.close()
         self.fills.clear()
         self._threads.shutdown(wait=True)
+
+
+def budget_of(compressed: int) -> Budget:
+    """What an OCI volume of ``compressed`` bytes (its manifest's layers) may unpack to:
+    entries and bytes, decided before its first byte, counted while it unpacks."""
+    entries = min(MAX_ENTRIES, ENTRY_SLACK + compressed // BYTES_PER_ENTRY)
+    return Budget(entries=entries, bytes=compressed * EXPANSION + SLACK_BYTES)

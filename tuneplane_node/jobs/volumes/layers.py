@@ -43,14 +43,24 @@ class Budget:
 
     entries: int
     bytes: int
+    given: tuple[int, int] = (0, 0)  # (entries, bytes) at first: what a refusal says
+
+    def __post_init__(self) -> None:
+        self.given = (self.entries, self.bytes)
 
     def spend(self, *, entries: int = 0, size: int = 0) -> None:
         self.entries -= entries
         self.bytes -= size
         if self.entries < 0:
-            raise HostileLayer("its layers hold more entries than a volume may")
+            raise HostileLayer(
+                f"its layers hold more entries than its budget of {self.given[0]} "
+                "(taken from its manifest's size)"
+            )
         if self.bytes < 0:
-            raise HostileLayer("its layers unpack to more bytes than a volume may")
+            raise HostileLayer(
+                f"its layers unpack to more bytes than its budget of {self.given[1]} "
+                "(taken from its manifest's size)"
+            )
 
 
 @dataclass

@@ -29,8 +29,9 @@ from tuneplane_node.errors import ConfigError
 from tuneplane_node.settings import NodeSettings, env_name, load_settings
 
 
-def check(settings: NodeSettings) -> int:
-    """One line per fact, as each is learnt; 1 when any is a FAIL. Starts no daemon."""
+def check(settings: NodeSettings, *, env_file: Path | None = None) -> int:
+    """One line per fact, as each is learnt; 1 when any is a FAIL. Starts no daemon.
+    ``env_file``: the ``--env-file`` the settings were read with (absolute)."""
     steps: tuple[Callable[[NodeSettings], list[Finding]], ...] = (
         check_token,
         check_tls,
@@ -50,7 +51,8 @@ def check(settings: NodeSettings) -> int:
         check_port,
     )
     failed = False
-    base, settings = path_base(settings)
+    base, settings = path_base(settings, env_file)
+    print(f"{OK:<4} {settings_read(env_file)}", flush=True)
     if base is not None:
         print(f"{base[0]:<4} {base[1]}", flush=True)
     for step in steps:
@@ -60,7 +62,37 @@ def check(settings: NodeSettings) -> int:
     return 1 if failed else 0
 
 
-def path_base(settings: NodeSettings) -> tuple[Finding | None, NodeSettings]:
+def settings_read(env_file: Path | None) -> str:
+    """Where the settings came from, in the order each wins over the one before: the
+    working directory's ``.env``, ``--env-file``, the environment's own variables (named:
+    a variable set in the shell wins over the file the daemon's unit reads)."""
+    read = [f"{Path.cwd() / '.env'}"] if Path(".env").is_file() else []
+    read += [f"{env_file} (--env-file)"] if env_file is not None else []
+    settings = {env_name(name) for name in NodeSettings.model_fields}
+    # An empty one is not given (env_ignore_empty): the file's value holds.
+    named = sorted(name for name, value in os.environ.items() if name.upper() in settings and value)
+    if named:
+        over = _overridden(env_file, named)
+        read.append(f"the environment ({', '.join(named)}{over})")
+    if not read:
+        return "settings: the defaults: no .env here, no --env-file, no TUNEPLANE_* variable"
+    return f"settings: from {', then '.join(read)}"
+
+
+def _overridden(env_file: Path | None, named: list[str]) -> str:
+    """``; over the file's: NAME, ...``: the file's variables the environment sets too."""
+    if env_file is None:
+        return ""
+    from dotenv import dotenv_values  # pydantic-settings' own reader of .env files
+
+    filed = {name.upper() for name in dotenv_values(env_file)}
+    both = [name for name in named if name.upper() in filed]
+    return f"; over the file's: {', '.join(both)}" if both else ""
+
+
+def path_base(
+    settings: NodeSettings, env_file: Path | None = None
+) -> tuple[Finding | None, NodeSettings]:
     """Where relative paths start, as serve resolves them: a node serving on the port
     resolves them (and read its ``.env``) in its own working directory, so check moves
     there and reads the settings again; else in this one, as a serve started here would.
@@ -77,7 +109,7 @@ def path_base(settings: NodeSettings) -> tuple[Finding | None, NodeSettings]:
                 f"paths: relative ones from {here}: the serving node's (pid "
                 f"{serving}) working directory is unreadable: {exc.strerror}",
             ), settings
-        settings = load_settings()
+        settings = load_settings(env_file)
         if _relative_paths(settings):
             return (
                 OK,

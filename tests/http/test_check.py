@@ -108,6 +108,22 @@ def test_tls_files_that_match_pass_and_a_foreign_key_fails(check: Check, tmp_pat
     assert lines["tls"].startswith("FAIL tls: TUNEPLANE_TLS_CERT_FILE: cannot use the TLS files")
 
 
+def test_the_volume_ca_file_is_loaded_as_the_fetches_load_it(check: Check, tmp_path: Path) -> None:
+    """A private mirror's CA (issue 52, part 9): said when it loads, a FAIL when it does
+    not (every https volume of that CA would fail at its first fetch)."""
+    cert, _ = key_pair(tmp_path, "mirror-ca")
+    code, lines, out = check(TUNEPLANE_VOLUME_CA_FILE=str(cert))
+    assert code == 0, out
+    assert lines["volume CA"] == (
+        f"ok volume CA: {cert}: 1 CA(s) trusted for https volume sources and registries"
+    )
+    (tmp_path / "junk.pem").write_text("not a certificate\n")
+    code, lines, _ = check(TUNEPLANE_VOLUME_CA_FILE=str(tmp_path / "junk.pem"))
+    assert code == 1
+    assert lines["volume CA"].startswith(f"FAIL volume CA: TUNEPLANE_VOLUME_CA_FILE {tmp_path}")
+    assert "volume CA" not in check(TUNEPLANE_VOLUME_CA_FILE="")[1]  # the system's alone
+
+
 def test_the_engine_down_fails_naming_its_address(check: Check) -> None:
     address = "unix:///nonexistent/no-engine.sock"  # not under the storage root: a mount root
     code, lines, _ = check(TUNEPLANE_LOCAL_RUNTIME="docker", TUNEPLANE_DOCKER_HOST=address)

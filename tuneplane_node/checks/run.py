@@ -36,6 +36,7 @@ def check(settings: NodeSettings, *, env_file: Path | None = None) -> int:
         check_token,
         check_tls,
         check_registry_auth,
+        check_volume_ca,
         check_engine,
         check_jobs,
         check_egress,
@@ -196,6 +197,26 @@ def check_registry_auth(settings: NodeSettings) -> list[Finding]:
     if auth_file is None:
         return []  # anonymous pulls, or the launch's own credentials
     return [(OK, f"registry auth: {auth_file.path}: {auth_file.described()}")]
+
+
+def check_volume_ca(settings: NodeSettings) -> list[Finding]:
+    """The CAs the volume fetches trust besides the system's, loaded as the fetcher
+    loads them: a file that does not load fails every https volume of a private CA."""
+    import ssl
+
+    path = settings.volume_ca_file
+    if path is None:
+        return []  # the system's CAs alone
+    context = ssl.create_default_context(cafile=None)
+    before = len(context.get_ca_certs())
+    try:
+        context.load_verify_locations(cafile=str(path))
+    except (OSError, ssl.SSLError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        return [(FAIL, f"volume CA: {env_name('volume_ca_file')} {path}: {why}")]
+    added = len(context.get_ca_certs()) - before
+    text = f"volume CA: {path}: {added} CA(s) trusted for https volume sources and registries"
+    return [(OK, text)]
 
 
 def serving_node(settings: NodeSettings) -> str | None:

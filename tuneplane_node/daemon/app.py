@@ -22,6 +22,7 @@ from aiohttp.typedefs import Handler, Middleware
 
 from tuneplane_node import inventory
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
+from tuneplane_node.daemon.access.audit import refused_for_scope
 from tuneplane_node.daemon.access.guard import (
     METRICS_PATH,
     READ_VERBS,
@@ -48,6 +49,7 @@ from tuneplane_node.daemon.state import (
 )
 from tuneplane_node.errors import (
     ConfigError,
+    InsufficientScope,
     InsufficientStorage,
     MissingProtocol,
     NodeError,
@@ -140,7 +142,11 @@ def guard_middleware(
 def check_token(tokens: TokenSet, failures: AuthFailures, request: web.Request) -> bool:
     """Whether the request's token is one of the set (raises when it lacks the scope)."""
     scope = needed_scope(request.method, request.path)
-    return authenticate(tokens, failures, request, scope=scope) is not None
+    try:
+        return authenticate(tokens, failures, request, scope=scope) is not None
+    except InsufficientScope as exc:
+        refused_for_scope(request, exc)
+        raise
 
 
 async def refused(failures: AuthFailures, metrics: Metrics, request: web.Request) -> NoReturn:

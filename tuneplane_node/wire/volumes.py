@@ -249,7 +249,9 @@ VOLUMES = Field(
     '"/models/base"}`: the node fetches `source` once per machine however many jobs '
     "name it, checks every byte, keeps it under `TUNEPLANE_VOLUME_ROOT`, and binds it "
     "read-only at `path` (a write is `EROFS`). A URL is one file, resumed with "
-    "`Range` after a dropped connection or a restart, and its `sha256` is required. "
+    "`Range` after a dropped connection or a restart, and its `sha256` is required; "
+    "a server whose certificate a private CA signed is trusted through the operator's "
+    "`TUNEPLANE_VOLUME_CA_FILE`. "
     "An OCI reference (`registry/repo:tag` or `registry/repo@sha256:...`, read as "
     "`container.image` is) names an artifact or image whose layers (tar, gzip'd or "
     "not; zstd refused) the node unpacks in order, whiteouts applied, into one "

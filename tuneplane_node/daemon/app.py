@@ -78,9 +78,14 @@ def error_response(exc: NodeError) -> web.Response:
     return answer(error_json(exc.message, exc.code, exc.errors, figures), exc.status)
 
 
-def http_error(status: int, detail: str) -> web.Response:
-    """aiohttp's own refusals (no such route, method): the status's name is the code."""
-    return answer(error_json(detail, HTTPStatus(status).phrase.lower().replace(" ", "_")), status)
+def http_error(status: int, detail: str, *, allow: str | None = None) -> web.Response:
+    """aiohttp's own refusals (no such route, method): the status's name is the code; a
+    405 says the methods the path has in ``Allow`` (RFC 9110, 15.5.6)."""
+    code = HTTPStatus(status).phrase.lower().replace(" ", "_")
+    response = answer(error_json(detail, code), status)
+    if allow is not None:
+        response.headers["Allow"] = allow
+    return response
 
 
 @web.middleware
@@ -98,7 +103,7 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return http_error(exc.status, exc.reason)
+        return http_error(exc.status, exc.reason, allow=exc.headers.get("Allow"))
     except Exception as exc:
         log.exception("%s %s failed on a bug", request.method, request.path)
         return error_response(NodeError(f"internal error: {type(exc).__name__}"))

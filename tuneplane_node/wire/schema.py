@@ -163,6 +163,8 @@ class Components:
             shape["required"] = required
         if body.doc:
             shape["description"] = body.doc
+        if body.rule is not None:
+            shape |= body.rule
         self.add(body.name, shape)
         return {"$ref": REFS.format(model=body.name)}
 

@@ -227,6 +227,15 @@ def _pinned(source: str) -> str:
     return found[1] if found is not None else ""
 
 
+# A URL names its file's sha256 (an OCI reference's tag or digest resolves it): in the
+# document as the node reads it (`_volume_digest`), so a generated pull of a URL has one.
+URL_NEEDS_SHA256 = {
+    "if": {"properties": {"source": {"type": "string", "pattern": "^https?://"}}},
+    "then": {
+        "properties": {"sha256": {"type": "string", "minLength": 64}},
+        "required": ["sha256"],
+    },
+}
 VOLUMES = Field(
     "volumes",
     or_empty(
@@ -240,6 +249,7 @@ VOLUMES = Field(
                     sha256=or_empty(text(most=71, pattern=anchored(SHA256.pattern))),
                 ),
                 "required": ["source", "path"],
+                **URL_NEEDS_SHA256,
             },
         }
     ),
@@ -339,5 +349,6 @@ VOLUME_PULL = Body(
             "(`202`), its room found and its size asked.",
         ),
     ),
+    rule=URL_NEEDS_SHA256,
 )
 VOLUME_GC = Body("VolumeGcBody", (), doc="Nothing is read from it.")

@@ -83,6 +83,7 @@ class Body:
     closed: bool = True
     doc: str = ""
     rule: Schema | None = None  # JSON Schema of a rule across fields (if/then), or None
+    examples: tuple[Schema, ...] = ()  # bodies the node takes, in the document
 
     @property
     def names(self) -> tuple[str, ...]:

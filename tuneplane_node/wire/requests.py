@@ -528,6 +528,23 @@ CONTAINER = Body(
 LAUNCH = Body(
     "LaunchBody",
     closed=True,
+    # A launch that runs (a fuzzer sends it first, its image the engine's own): the
+    # generated ones rarely name a program the image has.
+    examples=(
+        {
+            "run_id": "ft-7",
+            "container": {
+                "image": "registry.example/trainer:1",
+                "command": ["/bin/sh", "-c", "echo step 1; sleep 2; echo done"],
+                "env": {"STEPS": "100"},
+                "memory_limit": "1g",
+                "network": "bridge",
+                "read_only_root": True,
+            },
+            "requested_gpus": 0,
+            "relaunch": True,
+        },
+    ),
     fields=(
         Field(
             "run_id",

@@ -23,14 +23,15 @@ def check(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> Check:
     """``check`` with only the given settings (plus a token, a free port, the process
-    runtime, a storage root and state dir under tmp_path); returns the exit code, each
-    line keyed by its subject ("engine", "tls", ...) and the whole output."""
+    runtime, a storage root and state dir under tmp_path), ``argv`` after ``check``;
+    returns the exit code, each line keyed by its subject ("engine", "tls", ...) and
+    the whole output."""
     for name in list(os.environ):
         if name.startswith(("TUNEPLANE_", "DOCKER_")):
             monkeypatch.delenv(name)
     monkeypatch.chdir(tmp_path)
 
-    def run(**settings: str) -> tuple[int, dict[str, str], str]:
+    def run(*argv: str, **settings: str) -> tuple[int, dict[str, str], str]:
         base = {
             "TUNEPLANE_NODE_TOKEN": "s3cret-t0ken-0123456789",
             "TUNEPLANE_NODE_PORT": str(free_port()),
@@ -41,7 +42,7 @@ def check(
         }
         for name, value in {**base, **settings}.items():
             monkeypatch.setenv(name, value)
-        code = main(["check"])
+        code = main(["check", *argv])
         out = capsys.readouterr().out
         lines = {}
         for line in out.splitlines():

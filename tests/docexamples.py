@@ -89,6 +89,11 @@ def blocks(path: Path) -> list[Block]:
     return found
 
 
+def python_blocks(path: Path) -> list[Block]:
+    """The ``python`` blocks of ``path``: code a console author copies."""
+    return [block for block in blocks(path) if block.lang == "python"]
+
+
 def examples(path: Path) -> list[Example]:
     """The console blocks of ``path``, each parsed into its commands."""
     found = []

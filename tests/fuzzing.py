@@ -21,6 +21,7 @@ from schemathesis.specs.openapi.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
+from schemathesis.specs.openapi.examples import get_strategies_from_examples
 
 from tests.helpers import TOKEN
 from tuneplane_node.daemon.routes import document
@@ -81,6 +82,7 @@ def unwaited(case: schemathesis.Case) -> None:
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}  # the protocol header is the case's own
 Adjust = Callable[[schemathesis.Case], None]
+Seen = Callable[[schemathesis.Case, Any], None]  # a case and its answer, once checked
 
 
 def fuzz(
@@ -90,20 +92,35 @@ def fuzz(
     negative: bool = False,
     skip: frozenset[str] = frozenset(),
     adjust: Adjust = lambda case: None,
+    seen: Seen = lambda case, response: None,
 ) -> int:
-    """Drive every operation (but ``skip``) from the document; the requests sent."""
+    """Drive every operation (but ``skip``) from the document; the requests sent.
+    ``seen`` is told each case and its answer, once the answer passed the checks."""
     api = schemathesis.openapi.from_dict(document())
     modes = [schemathesis.GenerationMode.POSITIVE]
     modes += [schemathesis.GenerationMode.NEGATIVE] if negative else []
     sent = itertools.count()
     for result in api.get_all_operations():
         operation = result.ok()
-        for mode in modes if operation.path not in skip else []:
-            send = sender(operation, mode, base_url=base_url, adjust=adjust, sent=sent)
+        if operation.path in skip:
+            continue
+        # The document's own examples first (a launch that runs), once each.
+        for example in get_strategies_from_examples(operation):
+            send = sender(
+                operation, example, base_url=base_url, adjust=adjust, sent=sent, seen=seen
+            )
+            seed(SEED)(settings(max_examples=1, **QUICK)(send))()
+        for mode in modes:
+            strategy = operation.as_strategy(generation_mode=mode)
+            negative = mode == schemathesis.GenerationMode.NEGATIVE
+            send = sender(
+                operation, strategy, base_url=base_url, adjust=adjust, sent=sent, seen=seen,
+                negative=negative,
+            )  # fmt: skip
             try:
                 seed(SEED)(settings(max_examples=examples, **QUICK)(send))()
             except Unsatisfiable:  # nothing to get wrong (/healthz): no negative case
-                assert mode == schemathesis.GenerationMode.NEGATIVE, operation.label
+                assert negative, operation.label
     return next(sent)
 
 
@@ -120,21 +137,25 @@ QUICK: dict[str, Any] = {
 
 def sender(
     operation: schemathesis.APIOperation,
-    mode: schemathesis.GenerationMode,
+    strategy: Any,
     *,
     base_url: str,
     adjust: Adjust,
     sent: itertools.count[int],
+    seen: Seen,
+    negative: bool = False,
 ) -> Callable[[], None]:
-    """A hypothesis test sending the operation's cases and checking each answer."""
-    negative = mode == schemathesis.GenerationMode.NEGATIVE
+    """A hypothesis test sending the strategy's cases and checking each answer."""
     checks = [*CONFORMANCE, *([negative_data_refused] if negative else [])]
 
-    @given(operation.as_strategy(generation_mode=mode))
+    @given(strategy)
     def send(case: schemathesis.Case) -> None:
         adjust(case)
         unwaited(case)
         next(sent)
-        case.call_and_validate(base_url=base_url, headers=AUTH, checks=checks, timeout=30)
+        response = case.call_and_validate(
+            base_url=base_url, headers=AUTH, checks=checks, timeout=30
+        )
+        seen(case, response)
 
     return send  # type: ignore[no-any-return]

@@ -11,6 +11,7 @@ import logging
 import platform
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from tuneplane_node import __version__, ctl, logformat
 from tuneplane_node.checks import check
@@ -24,7 +25,8 @@ def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
         prog="tuneplane-node",
         description="Node daemon of the TunePlane fine-tuning platform. "
-        "Settings come from TUNEPLANE_* variables and .env (see docs/operating.md).",
+        "Settings come from TUNEPLANE_* variables, .env and --env-file (see "
+        "docs/operating.md).",
     )
     top.add_argument(
         "--version",
@@ -43,13 +45,24 @@ def parser() -> argparse.ArgumentParser:
         choices=logformat.FORMATS,
         help="text, or one JSON object per line (default TUNEPLANE_LOG_FORMAT, text)",
     )
+    # The node's settings, as serve, inventory and check read them alike.
+    settings = argparse.ArgumentParser(add_help=False)
+    settings.add_argument(
+        "--env-file",
+        type=Path,
+        metavar="PATH",
+        help="read TUNEPLANE_* settings from this file of VARIABLE=value lines (the "
+        "systemd unit's EnvironmentFile, /etc/tuneplane-node/env): over .env, under "
+        "the environment's own variables",
+    )
     verbs = top.add_subparsers(dest="verb", metavar="COMMAND")
-    serve = verbs.add_parser("serve", help="run the daemon's HTTP API")
+    serve = verbs.add_parser("serve", parents=[settings], help="run the daemon's HTTP API")
     serve.add_argument("--host", help="listen address (default TUNEPLANE_NODE_HOST, 0.0.0.0)")
     serve.add_argument("--port", type=int, help="listen port (default TUNEPLANE_NODE_PORT, 8470)")
-    verbs.add_parser("inventory", help="print what this machine has, as JSON")
+    verbs.add_parser("inventory", parents=[settings], help="print what this machine has, as JSON")
     verbs.add_parser(
         "check",
+        parents=[settings],
         help="check the settings, the engine, the cards and the disks",
         description="One line per fact, starting ok, warn or FAIL; exit 1 on any FAIL.",
     )
@@ -101,7 +114,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.verb == "ctl":
         return ctl.run(args)
     try:
-        settings = load_settings()
+        # Absolute: check may move to a serving node's working directory and read again.
+        env_file = args.env_file.absolute() if args.env_file is not None else None
+        settings = load_settings(env_file)
         logformat.configure(
             args.log_level or settings.log_level, args.log_format or settings.log_format
         )
@@ -109,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return serve(settings, host=args.host, port=args.port)
         if args.verb == "inventory":
             return asyncio.run(print_inventory(settings))
-        return check(settings)
+        return check(settings, env_file=env_file)
     except ConfigError as exc:
         print(f"tuneplane-node: {exc.message}", file=sys.stderr)
         return 2

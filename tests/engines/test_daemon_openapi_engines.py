@@ -8,6 +8,7 @@ This module holds the ones that need an engine; tests/http/test_daemon_openapi.p
 from __future__ import annotations
 
 import asyncio
+import collections
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -61,10 +62,21 @@ class Fence:
         self.launched.add(name)
 
 
+EXAMPLES = 60
+"""Generated cases per operation: about 1,200 requests, 40 s on the test engine here
+(26 s for 40 a quiet machine; two minutes and more under load is still in the bound)."""
+
+
 @pytest.mark.engine
+@pytest.mark.once  # the daemon's answers, the same on every Python and dependency release
 async def test_on_the_dev_engine_every_answer_is_documented_and_none_is_a_5xx(
     make_node: MakeNode,
 ) -> None:
+    """schemathesis against a daemon on the suite's docker engine, the document's
+    examples and `EXAMPLES` generated cases of every operation (a fixed seed): no 5xx,
+    every answer and header as the document says; and launches reach the engine and run
+    (issue 52, part 10: none of 4,300 fuzzed launches had started). Negative cases run
+    on the fake engine: the fence here would mend what they break."""
     console = await make_node("docker")
     fence = Fence()
     assert console.made is not None
@@ -74,7 +86,21 @@ async def test_on_the_dev_engine_every_answer_is_documented_and_none_is_a_5xx(
     await console.launch(command, name=fence.names[0], run_id=fence.names[0])
     from tests.fuzzing import fuzz
 
+    answers: collections.Counter[tuple[str, int]] = collections.Counter()
+    phases: collections.Counter[str] = collections.Counter()
+
+    def seen(case: schemathesis.Case, response: Any) -> None:
+        answers[(case.operation.path, response.status_code)] += 1
+        if case.operation.path == "/node/v1/launch" and response.status_code == 200:
+            phases[response.json()["phase"]] += 1
+
     sent = await asyncio.to_thread(
-        fuzz, base_url(console), examples=8, skip=EVERY_JOB, adjust=fence
+        fuzz,
+        base_url(console),
+        examples=EXAMPLES,
+        skip=EVERY_JOB,
+        adjust=fence,
+        seen=seen,
     )
-    assert sent > 50
+    assert sent > 500, answers
+    assert phases["running"] + phases["exited"] >= 2, (phases, answers)

@@ -206,7 +206,7 @@ def walk(machine: Machine, steps: Any) -> None:
         if SYSTEMCTL in line:
             machine.start_units()
             continue
-        if line.endswith("tuneplane-node check'"):
+        if " check --env-file " in line:
             check_fails_then_passes_once_fixed(machine, line)
             continue
         result = machine.run(line)
@@ -238,6 +238,7 @@ def check_fails_then_passes_once_fixed(machine: Machine, line: str) -> None:
     ), lines["token"]
     assert all(f"{scope} 1" in lines["token"] for scope in ("full", "operate", "metrics"))
     assert lines["gpu"].startswith("ok gpu: simulation file ")
+    assert lines["settings"] == f"ok settings: from {env} (--env-file)"  # the unit's file alone
     with env.open("a") as file:
         file.write("TUNEPLANE_LOCAL_GPU_PASSTHROUGH=false\n")
     second = machine.run(line)

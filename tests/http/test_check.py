@@ -28,6 +28,7 @@ from tests.helpers import (
 )
 from tuneplane_node.checks import engine as engine_checks
 from tuneplane_node.checks.findings import OK, WARN
+from tuneplane_node.cli import main
 from tuneplane_node.wire import PROTOCOL, PROTOCOL_HEADER
 
 # Slow: the check command end to end: ports, files, TLS and engines tried for real.
@@ -106,6 +107,22 @@ def test_tls_files_that_match_pass_and_a_foreign_key_fails(check: Check, tmp_pat
     code, lines, _ = check(TUNEPLANE_TLS_CERT_FILE=str(cert), TUNEPLANE_TLS_KEY_FILE=str(other_key))
     assert code == 1
     assert lines["tls"].startswith("FAIL tls: TUNEPLANE_TLS_CERT_FILE: cannot use the TLS files")
+
+
+def test_the_volume_ca_file_is_loaded_as_the_fetches_load_it(check: Check, tmp_path: Path) -> None:
+    """A private mirror's CA (issue 52, part 9): said when it loads, a FAIL when it does
+    not (every https volume of that CA would fail at its first fetch)."""
+    cert, _ = key_pair(tmp_path, "mirror-ca")
+    code, lines, out = check(TUNEPLANE_VOLUME_CA_FILE=str(cert))
+    assert code == 0, out
+    assert lines["volume CA"] == (
+        f"ok volume CA: {cert}: 1 CA(s) trusted for https volume sources and registries"
+    )
+    (tmp_path / "junk.pem").write_text("not a certificate\n")
+    code, lines, _ = check(TUNEPLANE_VOLUME_CA_FILE=str(tmp_path / "junk.pem"))
+    assert code == 1
+    assert lines["volume CA"].startswith(f"FAIL volume CA: TUNEPLANE_VOLUME_CA_FILE {tmp_path}")
+    assert "volume CA" not in check(TUNEPLANE_VOLUME_CA_FILE="")[1]  # the system's alone
 
 
 def test_the_engine_down_fails_naming_its_address(check: Check) -> None:
@@ -388,3 +405,62 @@ def test_a_card_left_with_a_process_or_out_for_a_fault_is_named(
         "no launch gets it until it is gone"
     )
     assert "gpu 2" not in lines
+
+
+# --- the settings it read ---------------------------------------------------------------------
+
+
+def test_the_env_file_is_read_as_the_unit_reads_it_and_named(check: Check, tmp_path: Path) -> None:
+    """The README's daemon and the systemd unit keep their settings in a file: a check
+    without it looked at another node (issue 52, part 7); with ``--env-file`` it reads
+    the file, and says so."""
+    env = tmp_path / "env"
+    env.write_text(
+        "# /etc/tuneplane-node/env\nTUNEPLANE_NODE_TOKEN=f1le-t0ken-0123456789\n"
+        "TUNEPLANE_LOCAL_GPU_COUNT=0\nTUNEPLANE_LOCAL_API_TIMEOUT=\n"
+    )
+    code, lines, out = check(TUNEPLANE_NODE_TOKEN="")
+    assert code == 1 and lines["token"].startswith("FAIL token: neither"), out
+    code, lines, out = check("--env-file", str(env), TUNEPLANE_NODE_TOKEN="")
+    assert code == 0, out
+    assert lines["token"] == "ok token: 1 accepted (full 1), from TUNEPLANE_NODE_TOKEN"
+    assert lines["settings"].startswith(f"ok settings: from {env} (--env-file), then the env")
+    assert "TUNEPLANE_NODE_TOKEN" not in lines["settings"] and "f1le" not in out
+    assert out.startswith("ok   settings: ")  # the first line: what the others were read from
+
+
+def test_a_variable_of_the_environment_wins_over_the_file_and_is_named(
+    check: Check, tmp_path: Path
+) -> None:
+    env = tmp_path / "env"
+    env.write_text("TUNEPLANE_NODE_TOKEN=short\nTUNEPLANE_LOCAL_RUNTIME=docker\n")
+    code, lines, out = check("--env-file", str(env))  # the fixture's token and runtime
+    assert code == 0, out
+    assert lines["engine"].startswith("warn engine: process runtime")
+    said = lines["settings"].partition("over the file's: ")[2]
+    assert said == "TUNEPLANE_LOCAL_RUNTIME, TUNEPLANE_NODE_TOKEN)"
+
+
+def test_an_env_file_that_cannot_be_read_is_a_setting_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["check", "--env-file", str(tmp_path / "absent")]) == 2
+    assert capsys.readouterr() == (
+        "",
+        (f"tuneplane-node: --env-file {tmp_path / 'absent'}: No such file or directory\n"),
+    )
+
+
+def test_inventory_reads_the_env_file(
+    check: Check, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``inventory`` reads what ``serve`` and ``check`` read (the fixture's environment
+    stands in for a shell that set nothing of the node's but a token)."""
+    storage = tmp_path / "elsewhere"
+    storage.mkdir()
+    (tmp_path / "env").write_text(f"TUNEPLANE_STORAGE_ROOT={storage}\n")
+    check(TUNEPLANE_STORAGE_ROOT="")  # the fixture's environment, without a storage root
+    assert main(["inventory", "--env-file", str(tmp_path / "env")]) == 0
+    facts = json.loads(capsys.readouterr().out)
+    assert facts["storage_root_visible"] is True
+    assert [entry["paths"] for entry in facts["storage"]] == [[str(storage)]]

@@ -36,6 +36,7 @@ from tests.helpers import (
 from tests.unit.test_runtime_registry import serving
 from tests.volumeserver import LOOPBACK
 from tuneplane_node.cli import main, parser
+from tuneplane_node.client import NO_RETRY, NodeClient, Unreachable
 from tuneplane_node.ctl import commands, options
 from tuneplane_node.jobs.launcher import launch_request
 from tuneplane_node.jobs.observe.results import LaunchRequest
@@ -356,6 +357,32 @@ def test_https_with_the_nodes_ca_and_without(
     assert code == 2 and "cannot use the TLS files" in err
     code, _, err = ctl("health", "--cacert", str(cert), url=node.url.replace("https", "http"))
     assert code == 2 and "need an https:// URL" in err
+
+
+def test_a_plain_http_call_to_a_tls_node_is_told_the_node_speaks_tls(
+    ctl: Ctl, start_node: StartNode, tmp_path: Path
+) -> None:
+    """A TLS node closes a plain call without a word: ctl and the client said "Server
+    disconnected without sending a response" (issue 52, part 9). They ask the port for a
+    TLS handshake, and say so; a port that closes in plain words is still broken off."""
+    cert, key = self_signed(tmp_path, "node")
+    node = https_node(start_node, cert, key, TUNEPLANE_TLS_CLIENT_CA_FILE=str(cert))
+    plain = node.url.replace("https://", "http://")
+    code, _, err = ctl("health", url=plain)
+    assert code == 3 and f"the node at {plain} speaks TLS: call {node.url}" in err, err
+    with (
+        NodeClient(plain, token=TOKEN, retry=NO_RETRY) as client,
+        pytest.raises(Unreachable, match=f"speaks TLS: call {re.escape(node.url)} "),
+    ):
+        client.health()
+    with serving(Closing) as address:  # reads a request, closes without a word
+        code, _, err = ctl("health", url=f"http://{address}")
+    assert code == 3 and "broke off: Server disconnected" in err and "TLS" not in err, err
+
+
+class Closing(http.server.BaseHTTPRequestHandler):
+    def handle(self) -> None:  # reads what came (unread, the close would be a reset)
+        self.connection.recv(65536)
 
 
 def test_mutual_tls_needs_the_client_certificate(

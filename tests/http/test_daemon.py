@@ -155,6 +155,15 @@ async def test_unknown_paths_and_methods_are_json_errors(fake_node: MakeFakeNode
         405,
         {"detail": "Method Not Allowed", "code": "method_not_allowed"},
     )
+    # RFC 9110: a 405 names the methods the path has (schemathesis found none, issue 52)
+    for method, path, allowed in [
+        ("GET", "/node/v1/launch", "POST"),
+        ("DELETE", "/node/v1/jobs", "GET,HEAD"),
+        ("PUT", "/healthz", "GET,HEAD"),
+        ("PATCH", "/metrics", "GET,HEAD"),
+    ]:
+        async with node.client.request(method, path, headers=HEADERS) as response:
+            assert (response.status, response.headers.get("Allow")) == (405, allowed), path
 
 
 async def test_a_bug_is_a_500_naming_only_its_type(

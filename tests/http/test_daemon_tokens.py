@@ -145,11 +145,21 @@ async def test_audit_and_access_lines_name_the_token_never_show_it(
     assert await status_of(node, "POST", "/node/v1/cordon", CONSOLE, json={}) == 200
     assert await status_of(node, "POST", "/node/v1/cordon", OBSERVER, json={}) == 403
     assert await status_of(node, "GET", "/metrics", SCRAPER) == 200
+    assert await status_of(node, "POST", "/node/v1/images/pull", SCRAPER, json={}) == 403
     audit = [r for r in caplog.records if r.name == "tuneplane_node.audit"]
-    assert [(r.action, r.token) for r in audit] == [("cordon", "console")]  # type: ignore[attr-defined]
+    assert [(r.action, r.token, r.result) for r in audit] == [  # type: ignore[attr-defined]
+        ("cordon", "console", "cordoned"),
+        ("cordon", "grafana", "refused"),  # issue 52, part 9: a scope refusal is audited
+        ("images pull", "prometheus", "refused"),
+    ]
     assert " with token console: " in audit[0].getMessage()
+    assert audit[1].getMessage() == (
+        "audit: cordon - by 127.0.0.1 with token grafana: refused: this token's scope is "
+        "observe: POST /node/v1/cordon needs a token of scope operate"
+    )
+    assert audit[1].status == 403  # type: ignore[attr-defined]
     access = [r for r in caplog.records if r.name == "tuneplane_node.access"]
-    assert [r.token for r in access] == ["console", "grafana", "prometheus"]  # type: ignore[attr-defined]
+    assert [r.token for r in access] == ["console", "grafana", "prometheus", "prometheus"]  # type: ignore[attr-defined]
     for secret in (CONSOLE, OBSERVER, SCRAPER):
         assert secret not in caplog.text
 

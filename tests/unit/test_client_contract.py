@@ -10,21 +10,25 @@ drifting, as it once did (`JobState` lacked ``pending_rate_bytes_per_s``)."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import inspect
+import re
 import types
 import typing
 from datetime import datetime, timezone
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tuneplane_node import errors as node_errors
-from tuneplane_node.client import AsyncNodeClient, NodeClient, words
+from tuneplane_node.client import AsyncNodeClient, Container, NodeClient, words
 from tuneplane_node.client import answers as client
 from tuneplane_node.client import errors as client_errors
 from tuneplane_node.client import images as client_images
 from tuneplane_node.client import volumes as client_volumes
-from tuneplane_node.wire import answers, images, stats, volumes
+from tuneplane_node.wire import answers, images, requests, stats, volumes
 from tuneplane_node.wire.fields import Words
 
 # Each class of the client, and the shape(s) of the contract it reads (a launch answers
@@ -223,3 +227,70 @@ def test_every_public_method_says_what_it_does_with_an_example(cls: type) -> Non
     assert len(public) >= 20  # the walk saw the verbs
     lacking = [name for name in public if "Example:" not in (getattr(cls, name).__doc__ or "")]
     assert lacking == []
+
+
+# --- the launch's fields ------------------------------------------------------------------
+
+# Launch fields of the contract the client carries under another name than its own.
+CARRIED_ELSEWHERE = {
+    "container.gpus": "launch(requested_gpus=...): the node reads container.gpus for its length",
+}
+CONSOLE = Path(__file__).resolve().parents[2] / "clients/python/examples/every_field.py"
+
+
+def every_field() -> Container:
+    """clients/python/examples/every_field.py's launch: a console's, every field set."""
+    spec = importlib.util.spec_from_file_location("every_field", CONSOLE)
+    assert spec is not None and spec.loader is not None
+    console = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(console)
+    made: Container = console.spec("every", "secret")
+    return made
+
+
+def test_the_container_carries_every_launch_field_of_the_contract_as_a_typed_field() -> None:
+    """A field the contract gains fails here until `Container` carries it: a console
+    then sets it typed, not through ``fields={...}``, which no type checker reads."""
+    mine = {field.name for field in dataclasses.fields(Container)} - {"fields"}
+    theirs = set(requests.CONTAINER_FIELDS)
+    elsewhere = {name.removeprefix("container.") for name in CARRIED_ELSEWHERE}
+    assert sorted(theirs - mine - elsewhere) == [], "launch fields the client's Container lacks"
+    assert sorted(mine - theirs) == [], "Container fields the contract does not have"
+    said = set(inspect.signature(NodeClient.launch).parameters) - {"self"}
+    assert said == set(requests.LAUNCH_FIELDS), "launch()'s parameters against the launch body"
+    assert said == set(inspect.signature(AsyncNodeClient.launch).parameters) - {"self"}
+
+
+def test_every_typed_field_reaches_the_node_as_it_reads_it() -> None:
+    """The body a Container with every field set makes is a launch the node accepts
+    (no 422), each field as the console gave it."""
+    body = every_field().to_json()
+    assert set(body) == set(requests.CONTAINER_FIELDS) - {"gpus"}
+    launch = requests.parse_launch({"run_id": "ft-every", "container": body, "relaunch": False})
+    assert launch.pull_policy == "if_not_present" and launch.relaunch is False
+    assert body["volumes"][1] == {
+        "source": "registry.example/tokenizers:7b",
+        "path": "/models/tokenizer",
+    }
+    assert body["volumes"][0]["sha256"] == "4f1c" * 16
+    assert body["scratch"] == {"path": "/scratch", "size": "200g"}
+    assert body["mounts"] == [["/srv/tuneplane/ckpt", "/ckpt", False]]
+    assert body["disk_limit"] == "50g" and body["read_only_root"] is True
+
+
+def test_a_field_left_at_its_default_is_not_sent() -> None:
+    assert Container(image="trainer:1").to_json() == {"image": "trainer:1"}
+
+
+def test_the_client_section_of_the_api_docs_names_every_public_method_and_launch_type() -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs/api.md").read_text()
+    section = doc[doc.index("## A client for consoles") : doc.index("## API reference")]
+    public = {
+        name
+        for cls in (NodeClient, AsyncNodeClient)
+        for name in vars(cls)
+        if not name.startswith("_")
+    }
+    named = public | {"Mount", "Scratch", "Volume", "Container"}
+    unnamed = [name for name in sorted(named) if not re.search(rf"[`.]{name}[`(]", section)]
+    assert unnamed == [], "docs/api.md's client section does not name these"

@@ -4,14 +4,25 @@ them against a real daemon."""
 
 from __future__ import annotations
 
+import ast
+import dataclasses
+import textwrap
 from pathlib import Path
 
+import mypy.api
+import pytest
+
 from tests.docexamples import (
+    REPO,
     SOURCES,
+    Block,
     examples,
     normalised,
+    python_blocks,
+    shown,
     unmarked_listings,
 )
+from tuneplane_node.client import Container
 
 # --- what the extractor finds (no engine) ---------------------------------------------------
 
@@ -43,3 +54,56 @@ def test_the_extractor_reads_commands_their_output_and_exclusions(tmp_path: Path
     assert normalised('{"id":"1e3ad4e2c7f8","at":"2026-12-01T13:23:04.290542Z"}') == (
         '{"id":"<id>","at":"<time>"}'
     )
+
+
+# --- the Python examples, under mypy --strict -----------------------------------------------
+
+PYTHON_SOURCES = [*SOURCES, REPO / "clients/python/README.md"]
+CONSOLES = sorted((REPO / "clients/python/examples").glob("*.py"))
+# What the docs' snippets take as given: the console's token.
+GIVEN = 'token = "change-me-to-a-long-secret"\n'
+
+
+def as_module(block: Block) -> str:
+    """A snippet as a module mypy reads: as written where it compiles, else (an
+    ``await`` or ``async with`` at its top, as a console's coroutine runs it) the body
+    of a coroutine."""
+    code = "\n".join(block.body) + "\n"
+    try:
+        compile(code, "example", "exec", dont_inherit=True)
+    except SyntaxError:
+        code = "async def example() -> None:\n" + textwrap.indent(code, "    ")
+    return GIVEN + code
+
+
+@pytest.mark.slow
+def test_the_python_examples_of_the_docs_and_the_consoles_pass_mypy_strict(
+    tmp_path: Path,
+) -> None:
+    """What a console author copies type-checks as a console's own code would: a
+    snippet that does not (``jobs = {}`` untyped) fails here, named by file and line."""
+    files = list(CONSOLES)
+    for path in PYTHON_SOURCES:
+        for block in python_blocks(path):
+            name = f"{shown(path).replace('/', '_').replace('.', '_')}_{block.line}.py"
+            (tmp_path / name).write_text(as_module(block))
+            files.append(tmp_path / name)
+    assert len(files) >= 5  # the README's, api.md's, the client README's, two consoles
+    options = ["--strict", "--python-version", "3.10", "--ignore-missing-imports"]
+    cache = ["--cache-dir", str(tmp_path / "cache")]
+    said, errors, status = mypy.api.run([*options, *cache, *map(str, files)])
+    assert status == 0, said + errors
+
+
+def test_the_every_field_console_sets_every_field_of_the_container() -> None:
+    """clients/python/examples/every_field.py is the console that proves each typed
+    field type-checks: a field the Container gains and this launch does not set fails."""
+    (console,) = [path for path in CONSOLES if path.name == "every_field.py"]
+    calls = [
+        node
+        for node in ast.walk(ast.parse(console.read_text()))
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "Container"
+    ]
+    given = {keyword.arg for call in calls for keyword in call.keywords}
+    fields = {field.name for field in dataclasses.fields(Container)} - {"fields"}
+    assert sorted(fields - given) == []

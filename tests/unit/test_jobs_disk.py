@@ -181,6 +181,23 @@ async def test_under_pressure_the_filler_goes_and_no_cached_image_with_it(
     assert (await node.gc.store()).pressure is False
 
 
+async def test_under_pressure_the_largest_writer_goes_whenever_it_was_launched(
+    make_node: MakeNode, fake: FakeRuntime
+) -> None:
+    """Issue 52: the first job launched (or listed) was stopped in place of the filler
+    and no test failed; the filler launched between two others goes, they stay."""
+    node = await make_node(job_disk_limit="unlimited")
+    for run in ("first", "filler", "last"):
+        await node.jobs.launch(launch(run))
+    fake.written[named("first")] = 60 * MIB
+    fake.written[named("filler")] = 700 * MIB  # over its share: 850 / 4
+    fake.written[named("last")] = 80 * MIB
+    await node.monitor.check()
+    await wait_until(lambda: fake.containers[named("filler")].status == "exited")
+    running = {run for run in ("first", "last") if fake.containers[named(run)].status == "running"}
+    assert running == {"first", "last"}
+
+
 async def test_a_pressure_of_images_is_the_gcs_not_the_jobs(
     make_node: MakeNode, fake: FakeRuntime
 ) -> None:

@@ -138,6 +138,19 @@ async def test_other_credentials_run_it_when_the_registry_accepts_them_and_the_y
         await node.jobs.launch(launch("o3", auth=OTHER))
 
 
+async def test_the_kept_yes_is_for_the_credentials_it_was_said_for_alone(
+    node: Node, private: Registry
+) -> None:
+    """Issue 52: a yes kept by repository alone let any credentials run the private
+    image for the recheck period once one other credential had been accepted."""
+    private.accepts.add(OTHER)
+    assert isinstance(await node.jobs.launch(launch("o1", auth=OTHER)), Started)
+    third = RegistryAuth(username="ci", password="s3cret-third")
+    with pytest.raises(ImageAccessDenied, match="does not accept"):
+        await node.jobs.launch(launch("t1", auth=third))
+    assert private.asked == [OTHER, third]  # asked for the third, not taken on the yes
+
+
 async def test_credentials_the_registry_refuses_or_cannot_judge_are_refused(
     node: Node, private: Registry
 ) -> None:

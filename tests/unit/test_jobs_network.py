@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ import pytest
 
 from tests.conftest import IMAGE, MakeFakeNode, fake_settings
 from tests.fakes import FakeClock, FakeProbe, FakeRuntime
-from tests.helpers import console_0315, fake_node_of
+from tests.helpers import console_0315, fake_node_of, wait_until
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs import Node
 from tuneplane_node.jobs.observe.results import LaunchRequest
@@ -95,6 +96,22 @@ async def test_a_whole_machine_job_beside_another_job_is_bridged_until_it_is_gon
     await node.jobs.remove("tuneplane-whole")
     await node.jobs.launch(launch("again", 4))
     assert network_of(fake, "again") == ("host", "host")
+
+
+async def test_a_cpu_launch_still_pulling_is_a_neighbour(
+    make_service: MakeService, fake: FakeRuntime
+) -> None:
+    """Issue 52: a launch holding no card, its image still pulling, has no container and
+    no claim; left out of the neighbours, the whole-machine job got the host network
+    beside it, and no test failed."""
+    node = make_service()
+    cpu = launch("cpu", 0, network="bridge")
+    await node.jobs.launch(replace(cpu, spec=replace(cpu.spec, image="registry.test/pulled:1")))
+    await fake.pulling.wait()
+    await node.jobs.launch(launch("whole", 4))
+    assert network_of(fake, "whole") == ("isolated", "isolated")
+    fake.pull_of("registry.test/pulled:1").finish()
+    await wait_until(lambda: "tuneplane-cpu" in fake.containers)
 
 
 async def test_an_exited_job_is_no_neighbour(make_service: MakeService, fake: FakeRuntime) -> None:

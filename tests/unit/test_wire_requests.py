@@ -374,6 +374,9 @@ def test_tail() -> None:
         ),
         ("1796040000", datetime(2026, 11, 30, 12, tzinfo=timezone.utc)),
         ("1796040000.25", datetime(2026, 11, 30, 12, 0, 0, 250000, tzinfo=timezone.utc)),
+        ("1.79604e9", datetime(2026, 11, 30, 12, tzinfo=timezone.utc)),  # a JSON number's
+        ("2026-11-30", datetime(2026, 11, 30, tzinfo=timezone.utc)),  # a date: its midnight
+        ("2026-11-30T12:00:00", datetime(2026, 11, 30, 12, tzinfo=timezone.utc)),  # UTC
         ("", None),
         (None, None),
     ],
@@ -382,7 +385,10 @@ def test_since_is_an_rfc3339_time_or_epoch_seconds(value: str | None, moment: An
     assert parse_since(value) == moment
 
 
-@pytest.mark.parametrize("value", ["yesterday", "-5", "1e9", "2026-13-40T00:00:00Z", "9" * 30, "²"])
+@pytest.mark.parametrize(
+    "value",
+    ["yesterday", "-5", "inf", "nan", "1_0", " 10", "2026-13-40T00:00:00Z", "9" * 41, "²"],
+)
 def test_a_bad_since_names_the_field(value: str) -> None:
     with pytest.raises(InvalidField, match=r"^since: "):
         parse_since(value)

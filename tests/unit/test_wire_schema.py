@@ -18,8 +18,9 @@ from tests.helpers import REPO, console_0315
 from tuneplane_node.daemon.routes import OPERATIONS, document, routes
 from tuneplane_node.errors import InvalidField, UnknownField
 from tuneplane_node.sizes import MAX_SIZE
-from tuneplane_node.wire import images, mounts, readers, requests, schema, verbs, volumes
+from tuneplane_node.wire import images, maps, mounts, readers, requests, schema, verbs, volumes
 from tuneplane_node.wire.stats import parse_stats
+from tuneplane_node.wire.values import MAX_WAIT_S
 
 COMMITTED = REPO / "contrib" / "openapi.json"
 DOCUMENT = document()
@@ -142,30 +143,30 @@ CASES: list[tuple[str, dict[str, Any], bool]] = [
     ("a name with a slash", launch(name="a/b"), False),
     ("command at its count", launch(command=["x"] * requests.MAX_ARGS), True),
     ("command over it", launch(command=["x"] * (requests.MAX_ARGS + 1)), False),
-    ("an argument at its length", launch(command=["x" * requests.MAX_VALUE]), True),
-    ("an argument over it", launch(command=["x" * (requests.MAX_VALUE + 1)]), False),
+    ("an argument at its length", launch(command=["x" * maps.MAX_VALUE]), True),
+    ("an argument over it", launch(command=["x" * (maps.MAX_VALUE + 1)]), False),
     ("an argument with NUL", launch(command=["a\x00"]), False),
     ("command as a string", launch(command="python -m train"), False),
     ("an empty program", launch(command=[""]), False),  # was docker's 502
     ("an empty argument", launch(command=["echo", ""]), True),
-    ("env at its count", launch(env={f"K{i}": "v" for i in range(requests.MAX_ENV)}), True),
-    ("env over it", launch(env={f"K{i}": "v" for i in range(requests.MAX_ENV + 1)}), False),
+    ("env at its count", launch(env={f"K{i}": "v" for i in range(maps.MAX_ENV)}), True),
+    ("env over it", launch(env={f"K{i}": "v" for i in range(maps.MAX_ENV + 1)}), False),
     ("env with a number", launch(env={"EPOCHS": 3, "LR": 0.1}), True),
     ("env with true", launch(env={"X": True}), False),
     ("env with null", launch(env={"X": None}), False),
     ("env with '=' in a name", launch(env={"A=B": "1"}), False),
     ("env with an empty name", launch(env={"": "1"}), False),
-    ("env name at its length", launch(env={"K" * requests.MAX_KEY: "1"}), True),
-    ("env name over it", launch(env={"K" * (requests.MAX_KEY + 1): "1"}), False),
-    ("env value over its length", launch(env={"K": "v" * (requests.MAX_VALUE + 1)}), False),
+    ("env name at its length", launch(env={"K" * maps.MAX_KEY: "1"}), True),
+    ("env name over it", launch(env={"K" * (maps.MAX_KEY + 1): "1"}), False),
+    ("env value over its length", launch(env={"K": "v" * (maps.MAX_VALUE + 1)}), False),
     (
         "labels at their count",
-        launch(labels={f"l{i}": "v" for i in range(requests.MAX_LABELS)}),
+        launch(labels={f"l{i}": "v" for i in range(maps.MAX_LABELS)}),
         True,
     ),
     (
         "labels over it",
-        launch(labels={f"l{i}": "v" for i in range(requests.MAX_LABELS + 1)}),
+        launch(labels={f"l{i}": "v" for i in range(maps.MAX_LABELS + 1)}),
         False,
     ),
     ("gpus at its count", {**launch(gpus=[0] * requests.MAX_GPUS), "requested_gpus": None}, True),
@@ -308,6 +309,27 @@ def test_wait_agrees_with_its_parser(wait: float) -> None:
 
 
 @pytest.mark.parametrize(
+    "text", ["1e1", "10.0", "1E+1", ".5", "300", "3e2", "3.01e2", "inf", "1_0", " 10", "0x10", "-1"]
+)
+def test_wait_as_a_query_writes_a_number_is_what_its_parser_reads(text: str) -> None:
+    """schemathesis wrote ``wait=1e1`` for the document's number and the node refused it
+    (issue 52, part 10): a JSON number's text is a number to the node too."""
+    number = readers.NUMBER_TEXT.fullmatch(text) is not None
+    in_range = number and 0 <= float(text) <= MAX_WAIT_S
+    assert in_range == accepts(verbs.parse_wait, text)
+    assert in_range == (text in ("1e1", "10.0", "1E+1", ".5", "300", "3e2"))
+
+
+@pytest.mark.parametrize(
+    "since",
+    ["1.7e9", "1700000000", "2026-12-01T13:23:04Z", "2026-12-01T13:23:04.5+02:00", "2026-12-01",
+     "2026-12-01 13:23", "", "yesterday", "inf", "-5", "1_0", "2026-12-01T13:23:04z"],
+)  # fmt: skip
+def test_since_agrees_with_its_parser(since: str) -> None:
+    assert query("since").is_valid(since) == accepts(verbs.parse_since, since)
+
+
+@pytest.mark.parametrize(
     "index", ["", "0123456789abcdef-0", "0123456789abcdef-" + "9" * 19, "0123456789abcdef", "x-1"]
 )
 def test_index_agrees_with_its_parser(index: str) -> None:
@@ -432,3 +454,23 @@ def test_statuses_and_phases_are_enums_named_once() -> None:
         if key in words and "$ref" not in str(field)
     ]
     assert inline == ["CardStateJson"]  # a card's state is a sentence: "held by run r-1"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"source": "https://models.example/w.bin"},
+        {"source": "https://models.example/w.bin", "sha256": ""},
+        {"source": "https://models.example/w.bin", "sha256": "ab" * 32},
+        {"source": "http://models.example:8080/w.bin", "sha256": None},
+        {"source": "registry.example/weights:7b"},
+        {"source": "registry.example/weights:7b", "sha256": "ab" * 32},
+    ],
+)
+def test_a_url_needs_its_sha256_in_the_document_as_in_the_parser(body: dict[str, Any]) -> None:
+    """The document said ``sha256`` was optional; the node requires it for a URL (issue
+    52, part 10): generated prefetches of a URL all stopped at a 422."""
+    assert validator("VolumePullBody").is_valid(body) == accepts(volumes.parse_volume_pull, body)
+    item = {**body, "path": "/models/w"}
+    launch_body = launch(volumes=[item])
+    assert LAUNCH.is_valid(launch_body) == parser_accepts(launch_body)

@@ -30,12 +30,14 @@ from tuneplane_node.errors import ConfigError
 from tuneplane_node.settings import NodeSettings, env_name, load_settings
 
 
-def check(settings: NodeSettings) -> int:
-    """One line per fact, as each is learnt; 1 when any is a FAIL. Starts no daemon."""
+def check(settings: NodeSettings, *, env_file: Path | None = None) -> int:
+    """One line per fact, as each is learnt; 1 when any is a FAIL. Starts no daemon.
+    ``env_file``: the ``--env-file`` the settings were read with (absolute)."""
     steps: tuple[Callable[[NodeSettings], list[Finding]], ...] = (
         check_token,
         check_tls,
         check_registry_auth,
+        check_volume_ca,
         check_engine,
         check_jobs,
         check_egress,
@@ -52,7 +54,8 @@ def check(settings: NodeSettings) -> int:
         check_port,
     )
     failed = False
-    base, settings = path_base(settings)
+    base, settings = path_base(settings, env_file)
+    print(f"{OK:<4} {settings_read(env_file)}", flush=True)
     if base is not None:
         print(f"{base[0]:<4} {base[1]}", flush=True)
     for step in steps:
@@ -62,7 +65,37 @@ def check(settings: NodeSettings) -> int:
     return 1 if failed else 0
 
 
-def path_base(settings: NodeSettings) -> tuple[Finding | None, NodeSettings]:
+def settings_read(env_file: Path | None) -> str:
+    """Where the settings came from, in the order each wins over the one before: the
+    working directory's ``.env``, ``--env-file``, the environment's own variables (named:
+    a variable set in the shell wins over the file the daemon's unit reads)."""
+    read = [f"{Path.cwd() / '.env'}"] if Path(".env").is_file() else []
+    read += [f"{env_file} (--env-file)"] if env_file is not None else []
+    settings = {env_name(name) for name in NodeSettings.model_fields}
+    # An empty one is not given (env_ignore_empty): the file's value holds.
+    named = sorted(name for name, value in os.environ.items() if name.upper() in settings and value)
+    if named:
+        over = _overridden(env_file, named)
+        read.append(f"the environment ({', '.join(named)}{over})")
+    if not read:
+        return "settings: the defaults: no .env here, no --env-file, no TUNEPLANE_* variable"
+    return f"settings: from {', then '.join(read)}"
+
+
+def _overridden(env_file: Path | None, named: list[str]) -> str:
+    """``; over the file's: NAME, ...``: the file's variables the environment sets too."""
+    if env_file is None:
+        return ""
+    from dotenv import dotenv_values  # pydantic-settings' own reader of .env files
+
+    filed = {name.upper() for name in dotenv_values(env_file)}
+    both = [name for name in named if name.upper() in filed]
+    return f"; over the file's: {', '.join(both)}" if both else ""
+
+
+def path_base(
+    settings: NodeSettings, env_file: Path | None = None
+) -> tuple[Finding | None, NodeSettings]:
     """Where relative paths start, as serve resolves them: a node serving on the port
     resolves them (and read its ``.env``) in its own working directory, so check moves
     there and reads the settings again; else in this one, as a serve started here would.
@@ -79,7 +112,7 @@ def path_base(settings: NodeSettings) -> tuple[Finding | None, NodeSettings]:
                 f"paths: relative ones from {here}: the serving node's (pid "
                 f"{serving}) working directory is unreadable: {exc.strerror}",
             ), settings
-        settings = load_settings()
+        settings = load_settings(env_file)
         if _relative_paths(settings):
             return (
                 OK,
@@ -166,6 +199,26 @@ def check_registry_auth(settings: NodeSettings) -> list[Finding]:
     if auth_file is None:
         return []  # anonymous pulls, or the launch's own credentials
     return [(OK, f"registry auth: {auth_file.path}: {auth_file.described()}")]
+
+
+def check_volume_ca(settings: NodeSettings) -> list[Finding]:
+    """The CAs the volume fetches trust besides the system's, loaded as the fetcher
+    loads them: a file that does not load fails every https volume of a private CA."""
+    import ssl
+
+    path = settings.volume_ca_file
+    if path is None:
+        return []  # the system's CAs alone
+    context = ssl.create_default_context(cafile=None)
+    before = len(context.get_ca_certs())
+    try:
+        context.load_verify_locations(cafile=str(path))
+    except (OSError, ssl.SSLError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        return [(FAIL, f"volume CA: {env_name('volume_ca_file')} {path}: {why}")]
+    added = len(context.get_ca_certs()) - before
+    text = f"volume CA: {path}: {added} CA(s) trusted for https volume sources and registries"
+    return [(OK, text)]
 
 
 def serving_node(settings: NodeSettings) -> str | None:

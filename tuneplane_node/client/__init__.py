@@ -47,7 +47,7 @@ from tuneplane_node.client.answers import (
     Usage,
     VolumeStore,
 )
-from tuneplane_node.client.calls import Call, Container, Mount, Scratch
+from tuneplane_node.client.calls import Call, Container, Mount, Scratch, Volume
 from tuneplane_node.client.endpoint import PROTOCOL, PROTOCOL_HEADER, Tls
 from tuneplane_node.client.errors import (
     BadRequest,
@@ -218,6 +218,7 @@ __all__ = [
     "Unreachable",
     "Usage",
     "UsernsUnavailable",
+    "Volume",
     "VolumeEntry",
     "VolumeFill",
     "VolumeFillFailed",

@@ -53,6 +53,21 @@ class Scratch:
 
 
 @dataclass(frozen=True)
+class Volume:
+    """A read-only file or directory of the node's volume store, bound at ``path``:
+    ``source`` an ``https://`` URL (its ``sha256`` required: 64 hex) or an OCI reference
+    (``registry/repo:tag``; ``sha256``, if given, its manifest's digest)."""
+
+    source: str
+    path: str
+    sha256: str = ""  # "": not given (an OCI reference's tag resolves it)
+
+    def to_json(self) -> dict[str, str]:
+        body = {"source": self.source, "path": self.path}
+        return body | {"sha256": self.sha256} if self.sha256 else body
+
+
+@dataclass(frozen=True)
 class Container:
     """A launch's container. A field left at its default is not sent: the node's own
     default applies. ``fields``: any other field of the contract, by its wire name
@@ -68,6 +83,8 @@ class Container:
     shm_size: int | str = ""
     cpu_limit: float | str = ""
     memory_limit: int | str = ""
+    disk_limit: int | str = ""  # what it may write to the engine's disk: "20g", or bytes
+    inode_limit: int | str = ""  # the inodes it may make there; "": the operator's
     network: str = ""
     user: str = ""
     stop_signal: str = ""
@@ -77,6 +94,7 @@ class Container:
     rdma: bool | None = None
     read_only_root: bool | None = None  # None: the node's rule (its operator's true holds)
     scratch: Scratch | None = None  # None: no scratch space
+    volumes: Sequence[Volume] = ()  # read-only files of the node's volume store
     pull_policy: str = ""
     registry_auth: Mapping[str, str] | None = field(default=None, repr=False)  # a secret
     fields: Mapping[str, Any] = field(default_factory=dict)
@@ -92,6 +110,8 @@ class Container:
             body["mounts"] = [[m.host, m.container, m.read_only] for m in self.mounts]
         if self.scratch is not None:
             body["scratch"] = {"path": self.scratch.path, "size": self.scratch.size}
+        if self.volumes:
+            body["volumes"] = [volume.to_json() for volume in self.volumes]
         for flag in ("rdma", "read_only_root"):
             if (value := getattr(self, flag)) is not None:
                 body[flag] = value
@@ -101,7 +121,8 @@ class Container:
 
 
 _PLAIN: tuple[str, ...] = (
-    *("name", "env", "labels", "workdir", "shm_size", "cpu_limit", "memory_limit"),
+    *("name", "env", "labels", "workdir", "shm_size", "cpu_limit", "memory_limit", "disk_limit"),
+    "inode_limit",
     *("network", "user", "stop_signal", "pull_policy", "isolation", "warn_signal", "warn_s"),
 )
 """The container's fields sent as they are, when given."""

@@ -8,6 +8,7 @@ import contextlib
 import functools
 import json
 import os
+import socket
 import ssl
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -120,8 +121,41 @@ class Endpoint:
             raise Unreachable(f"the node at {self.url} did not answer in time") from exc
         except httpx.ConnectError as exc:
             raise Unreachable(f"cannot reach the node at {self.url}: {reason(exc)}") from exc
-        except httpx.HTTPError as exc:  # a read or write broken off, a protocol error
+        except httpx.RemoteProtocolError as exc:  # closed with no answer, or not HTTP's
+            parts = urlsplit(self.url)
+            if parts.scheme == "http" and speaks_tls(parts.hostname or "", parts.port or 80):
+                https = parts._replace(scheme="https").geturl()
+                raise Unreachable(
+                    f"the node at {self.url} speaks TLS: call {https} (with its CA: "
+                    "--cacert, Tls(cacert=...))"
+                ) from exc
             raise Unreachable(f"the node at {self.url} broke off: {reason(exc)}") from exc
+        except httpx.HTTPError as exc:  # a read or write broken off
+            raise Unreachable(f"the node at {self.url} broke off: {reason(exc)}") from exc
+
+
+PROBE_S = 2.0
+"""How long the TLS probe may take, connecting and shaking hands (a node answers a
+handshake in milliseconds)."""
+
+
+def speaks_tls(host: str, port: int) -> bool:
+    """Whether ``host:port`` completes a TLS handshake, or answers one with a TLS alert
+    (a node asking for a client certificate): asked only when a plain ``http://`` call
+    was closed without an answer, which is what a TLS node does to one. Blocking, for
+    at most `PROBE_S`, on that failure alone (the async client's too)."""
+    context = ssl.create_default_context()  # who answers, not trust: nothing is sent
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    try:
+        with (
+            socket.create_connection((host, port), timeout=PROBE_S) as raw,
+            context.wrap_socket(raw, server_hostname=host or None),
+        ):
+            return True
+    except ssl.SSLError as exc:
+        return "ALERT" in (exc.reason or "")  # TLS's own refusal; not "wrong version"
+    except OSError:
+        return False
 
 
 def reason(exc: BaseException) -> str:

@@ -22,6 +22,7 @@ from aiohttp.typedefs import Handler, Middleware
 
 from tuneplane_node import inventory
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
+from tuneplane_node.daemon.access.audit import refused_for_scope
 from tuneplane_node.daemon.access.guard import (
     METRICS_PATH,
     READ_VERBS,
@@ -48,6 +49,7 @@ from tuneplane_node.daemon.state import (
 )
 from tuneplane_node.errors import (
     ConfigError,
+    InsufficientScope,
     InsufficientStorage,
     MissingProtocol,
     NodeError,
@@ -76,9 +78,14 @@ def error_response(exc: NodeError) -> web.Response:
     return answer(error_json(exc.message, exc.code, exc.errors, figures), exc.status)
 
 
-def http_error(status: int, detail: str) -> web.Response:
-    """aiohttp's own refusals (no such route, method): the status's name is the code."""
-    return answer(error_json(detail, HTTPStatus(status).phrase.lower().replace(" ", "_")), status)
+def http_error(status: int, detail: str, *, allow: str | None = None) -> web.Response:
+    """aiohttp's own refusals (no such route, method): the status's name is the code; a
+    405 says the methods the path has in ``Allow`` (RFC 9110, 15.5.6)."""
+    code = HTTPStatus(status).phrase.lower().replace(" ", "_")
+    response = answer(error_json(detail, code), status)
+    if allow is not None:
+        response.headers["Allow"] = allow
+    return response
 
 
 @web.middleware
@@ -96,7 +103,7 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return http_error(exc.status, exc.reason)
+        return http_error(exc.status, exc.reason, allow=exc.headers.get("Allow"))
     except Exception as exc:
         log.exception("%s %s failed on a bug", request.method, request.path)
         return error_response(NodeError(f"internal error: {type(exc).__name__}"))
@@ -140,7 +147,11 @@ def guard_middleware(
 def check_token(tokens: TokenSet, failures: AuthFailures, request: web.Request) -> bool:
     """Whether the request's token is one of the set (raises when it lacks the scope)."""
     scope = needed_scope(request.method, request.path)
-    return authenticate(tokens, failures, request, scope=scope) is not None
+    try:
+        return authenticate(tokens, failures, request, scope=scope) is not None
+    except InsufficientScope as exc:
+        refused_for_scope(request, exc)
+        raise
 
 
 async def refused(failures: AuthFailures, metrics: Metrics, request: web.Request) -> NoReturn:

@@ -443,10 +443,21 @@ def _safe_mount_roots(settings: NodeSettings) -> None:
             )
 
 
-def load_settings(**overrides: object) -> NodeSettings:
-    """Read the settings; a bad value is a ConfigError naming the variable, not a traceback."""
+def load_settings(env_file: Path | None = None, **overrides: object) -> NodeSettings:
+    """Read the settings; a bad value is a ConfigError naming the variable, not a traceback.
+    ``env_file``: a file of ``VARIABLE=value`` lines, the format of the systemd unit's
+    ``EnvironmentFile`` (``--env-file``), read over the working directory's ``.env``;
+    the process's own environment wins over both, as it does over ``.env``. A file
+    that cannot be read is a ConfigError (pydantic-settings skips a missing one)."""
+    files: tuple[Path | str, ...] = (".env",)
+    if env_file is not None:
+        try:
+            env_file.open("rb").close()
+        except OSError as exc:
+            raise ConfigError(f"--env-file {env_file}: {exc.strerror or exc}") from exc
+        files = (".env", env_file)
     try:
-        return NodeSettings(**overrides)  # type: ignore[arg-type]
+        return NodeSettings(_env_file=files, **overrides)  # type: ignore[arg-type, call-arg]
     except ValidationError as exc:
         raise ConfigError(describe_validation(exc)) from exc
     except SettingsError as exc:  # a list setting that is not JSON

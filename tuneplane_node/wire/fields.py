@@ -75,12 +75,15 @@ class Body:
     """A request's JSON object, or a query: its fields in order, and its name in the
     OpenAPI document. ``closed``: any other field is refused by name (``stop
     {"timout": 600}`` must not become a SIGKILL after 30 s); otherwise other fields are
-    ignored."""
+    ignored. ``rule``: what the fields' schemas alone cannot say (a field required
+    when another has some form), added to the body's schema as it is."""
 
     name: str
     fields: tuple[Field, ...]
     closed: bool = True
     doc: str = ""
+    rule: Schema | None = None  # JSON Schema of a rule across fields (if/then), or None
+    examples: tuple[Schema, ...] = ()  # bodies the node takes, in the document
 
     @property
     def names(self) -> tuple[str, ...]:

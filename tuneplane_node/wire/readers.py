@@ -20,6 +20,11 @@ from tuneplane_node.wire.fields import Body, Given, Refusals, Schema, anchored, 
 
 MAX_PATH = 4096
 DECIMAL = re.compile(r"[0-9]+(\.[0-9]+)?|\.[0-9]+")
+# A number in a query as a JSON Schema number is written (JSON's grammar, and Python's
+# repr of a float: ``10``, ``10.0``, ``1e+16``, ``1.7e9``), unsigned; never what float()
+# alone would take besides (``inf``, ``nan``, ``1_0``, `` 10``).
+NUMBER_TEXT = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+MAX_NUMBER_TEXT = 40
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 # The same rules in JSON Schema, for the tables.

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from tuneplane_node.errors import INVALID, MISSING, OUT_OF_RANGE, InvalidField
@@ -39,7 +39,6 @@ from tuneplane_node.wire.fields import (
     Field,
     Given,
     Refusals,
-    Schema,
     anchored,
     number,
     or_empty,
@@ -55,6 +54,16 @@ from tuneplane_node.wire.images import (
     read_image,
     read_pull_policy,
     read_registry_auth,
+)
+from tuneplane_node.wire.maps import (
+    ENGINE_LABELS,
+    MAX_ENV,
+    MAX_LABELS,
+    MAX_VALUE,
+    VALUE,
+    read_env,
+    read_labels,
+    string_map,
 )
 from tuneplane_node.wire.mounts import MOUNTS, SCRATCH
 from tuneplane_node.wire.readers import (
@@ -85,14 +94,9 @@ from tuneplane_node.wire.volumes import VOLUMES
 from tuneplane_node.wire.warning import WARN_S, WARN_SIGNAL
 
 NETWORKS = ("host", "bridge", "none")
-ENGINE_LABELS = ("com.docker.", "io.containers.", "io.podman.", "org.opencontainers.")
 MAX_GPUS = 1024
 MAX_CPUS = 10_000.0
 MAX_ARGS = 4096
-MAX_ENV = 1000
-MAX_LABELS = 100
-MAX_VALUE = 65536
-MAX_KEY = 256  # an env variable's or a label's name
 MAX_RUN_ID = 200
 MIN_MEMORY = 6 * 2**20  # the engines refuse less
 MIN_DISK = 2**20
@@ -103,16 +107,6 @@ NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]{0,200}")
 # like an id could reach a container that is not the node's.
 LOOKS_LIKE_ID = re.compile(r"[0-9a-fA-F]{12,}")
 USER = re.compile(r"[a-zA-Z0-9_][a-zA-Z0-9_.-]{0,31}(:[a-zA-Z0-9_][a-zA-Z0-9_.-]{0,31})?")
-VALUE = text(most=MAX_VALUE)
-
-
-def string_map(*, most: int, keys: str) -> Schema:
-    """An object of strings (numbers are turned into strings) with at most ``most``
-    entries, whose names match ``keys`` (propertyNames: patternProperties would let any
-    other name through)."""
-    names = {"minLength": 1, "maxLength": MAX_KEY, "pattern": keys}  # names: strings always
-    shape = {"type": "object", "maxProperties": most, "propertyNames": names}
-    return {**shape, "additionalProperties": {"anyOf": [VALUE, {"type": "number"}]}}
 
 
 def _named(names: tuple[str, ...]) -> str:
@@ -213,44 +207,6 @@ def _argv(given: Given) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _string_map(
-    given: Given, *, limit: int, rule: Callable[[str, str], None] | None = None
-) -> dict[str, str]:
-    """An object of strings, each entry read; then ``rule`` of each entry read well.
-    Every bad entry is refused at once, the same one first as when one was."""
-    field, value = given.field, empty_as(given.value, {})
-    if not isinstance(value, Mapping):
-        raise InvalidField(field, "must be an object of strings")
-    if len(value) > limit:
-        raise InvalidField(field, f"at most {limit} entries", problem=OUT_OF_RANGE)
-    with Refusals() as refusals:
-        read = {key: refusals.read(_map_entry, field, key, item) for key, item in value.items()}
-        result = {str(key): item for key, item in read.items() if item is not None}
-        for key, item in result.items():
-            if rule is not None and not refusals.full:
-                refusals.read(rule, key, item)
-    return result
-
-
-def _map_entry(field: str, key: str, item: object) -> str:
-    if not 0 < len(key) <= MAX_KEY or "\x00" in key:
-        raise InvalidField(field, f"keys must be 1 to {MAX_KEY} characters")
-    if isinstance(item, bool) or not isinstance(item, (str, int, float)):
-        raise InvalidField(f"{field}.{key}", "must be a string")
-    string = str(item)
-    if len(string) > MAX_VALUE or "\x00" in string:
-        raise InvalidField(f"{field}.{key}", f"at most {MAX_VALUE} characters, no NUL")
-    return string
-
-
-def _env(given: Given) -> dict[str, str]:
-    def named(key: str, _: str) -> None:
-        if "=" in key:
-            raise InvalidField(f"{given.field}.{key}", "a variable's name cannot hold '='")
-
-    return _string_map(given, limit=MAX_ENV, rule=named)
-
-
 def _gpus(given: Given) -> list[Any] | None:
     """Checked by parse_launch before the other fields, and read only for its length: the
     node chooses the cards (this reader makes no ContainerSpec attribute)."""
@@ -261,20 +217,6 @@ def _gpus(given: Given) -> list[Any] | None:
             given.field, f"must be a list of at most {MAX_GPUS} card indices", problem=problem
         )
     return gpus
-
-
-def _labels(given: Given) -> dict[str, str]:
-    """The console's labels and the run id's, which the node writes on every job."""
-
-    def allowed(key: str, value: str) -> None:
-        if key.startswith(ENGINE_LABELS):
-            # Engine tooling acts on these (io.containers.autoupdate pulls and restarts).
-            raise InvalidField(f"{given.field}.{key}", "the engines' own namespace")
-        if key in NODE_LABELS and (key, value) != (LABEL_RUN_ID, given.run_id):
-            raise InvalidField(given.field, f"{', '.join(NODE_LABELS)} are the node's")
-
-    labels = _string_map(given, limit=MAX_LABELS, rule=allowed)
-    return {**labels, LABEL_RUN_ID: given.run_id}
 
 
 def _workdir(given: Given) -> str | None:
@@ -399,7 +341,7 @@ CONTAINER = Body(
             "console's value is dropped (logged), and the node sets it to the cards it "
             "chose, or `void` for none, so a host whose default runtime is NVIDIA's shows "
             "a job no other card.",
-            read=_env,
+            read=read_env,
         ),
         Field(
             "gpus",
@@ -417,7 +359,7 @@ CONTAINER = Body(
             "`run_id`. Labels in the engines' own namespaces "
             f"({_named(ENGINE_LABELS)}), which engine tooling acts on, are a `422` naming "
             "the label.",
-            read=_labels,
+            read=read_labels,
         ),
         Field(
             "workdir",
@@ -555,6 +497,23 @@ CONTAINER = Body(
 LAUNCH = Body(
     "LaunchBody",
     closed=True,
+    # A launch that runs (a fuzzer sends it first, its image the engine's own): the
+    # generated ones rarely name a program the image has.
+    examples=(
+        {
+            "run_id": "ft-7",
+            "container": {
+                "image": "registry.example/trainer:1",
+                "command": ["/bin/sh", "-c", "echo step 1; sleep 2; echo done"],
+                "env": {"STEPS": "100"},
+                "memory_limit": "1g",
+                "network": "bridge",
+                "read_only_root": True,
+            },
+            "requested_gpus": 0,
+            "relaunch": True,
+        },
+    ),
     fields=(
         Field(
             "run_id",

@@ -163,6 +163,10 @@ class Components:
             shape["required"] = required
         if body.doc:
             shape["description"] = body.doc
+        if body.rule is not None:
+            shape |= body.rule
+        if body.examples:
+            shape["examples"] = [dict(example) for example in body.examples]
         self.add(body.name, shape)
         return {"$ref": REFS.format(model=body.name)}
 

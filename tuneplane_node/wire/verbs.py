@@ -7,6 +7,7 @@ its body or query whole: its unknown fields and every bad one refused in one 422
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 from typing import Any
@@ -22,7 +23,8 @@ from tuneplane_node.errors import (
 )
 from tuneplane_node.wire.fields import EMPTY, Body, Field, Refusals, either, number, or_null, text
 from tuneplane_node.wire.readers import (
-    DECIMAL,
+    MAX_NUMBER_TEXT,
+    NUMBER_TEXT,
     SIGNAL,
     SIGNALS_DOC,
     parse_signal,
@@ -205,16 +207,32 @@ def _warning(body: Mapping[str, Any]) -> dict[str, Any]:
     return {"warn_signal": warn_signal, "warn_s": warn_s}
 
 
+# ``since`` as a time: a date, then a time of day and a zone if any (RFC 3339's, and the
+# date and naive forms Python's isoformat() writes, which clients send).
+TIME_TEXT = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}"
+    r"(?:[Tt ][0-9]{2}:[0-9]{2}(?::[0-9]{2}(?:\.[0-9]{1,9})?)?(?:Z|[+-][0-9]{2}:[0-9]{2})?)?"
+)
+
+
 def parse_since(value: str | None) -> datetime | None:
-    """``since``: an RFC 3339 time, or seconds since the epoch; none: the whole log."""
+    """``since``: an RFC 3339 time, or seconds since the epoch (``1.7e9`` too); none: the
+    whole log. The forms are the document's pattern (`SINCE_SCHEMA`), checked first."""
     if value is None or value == "":
         return None
-    moment = parse_rfc3339(value) if "T" in value or "-" in value else None
-    if moment is None and DECIMAL.fullmatch(value) and len(value) <= 20:
+    moment = None
+    if len(value) <= MAX_NUMBER_TEXT and NUMBER_TEXT.fullmatch(value):
         moment = datetime.fromtimestamp(min(float(value), MAX_EPOCH), tz=timezone.utc)
+    elif TIME_TEXT.fullmatch(value):
+        moment = parse_rfc3339(value)
     if moment is None:
         raise InvalidField("since", "must be an RFC 3339 time or seconds since the epoch")
     return moment
+
+
+SINCE_SCHEMA = text(
+    most=MAX_NUMBER_TEXT, pattern=f"^(?:{NUMBER_TEXT.pattern}|{TIME_TEXT.pattern})?$"
+)
 
 
 FOLLOW_WORDS = {"1": True, "true": True, "0": False, "false": False}
@@ -345,8 +363,10 @@ LOGS = Body(
         ),
         Field(
             "since",
-            {"type": "string"},
-            "Only lines from then on: an RFC 3339 time, or seconds since the epoch.",
+            SINCE_SCHEMA,
+            "Only lines from then on: an RFC 3339 time (`2026-12-01T13:23:04Z`; a date "
+            "alone is its midnight, a time without a zone is UTC), or seconds since the "
+            "epoch (`1764595384`, `1.7e9`).",
         ),
         Field(
             "follow",
@@ -386,7 +406,8 @@ def parse_wait(value: str | None) -> float:
     """``wait``: seconds a watch query may wait for a change, 0 to `MAX_WAIT_S`."""
     if value is None or value == "":
         return DEFAULT_WAIT_S
-    seconds = float(value) if DECIMAL.fullmatch(value) and len(value) <= 20 else -1.0
+    number = len(value) <= MAX_NUMBER_TEXT and NUMBER_TEXT.fullmatch(value)
+    seconds = float(value) if number else -1.0  # 1e1 and 10.0 as well as 10
     if not 0 <= seconds <= MAX_WAIT_S:
         raise InvalidField("wait", f"must be a number of seconds from 0 to {MAX_WAIT_S:g}")
     return seconds

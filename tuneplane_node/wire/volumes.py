@@ -227,6 +227,15 @@ def _pinned(source: str) -> str:
     return found[1] if found is not None else ""
 
 
+# A URL names its file's sha256 (an OCI reference's tag or digest resolves it): in the
+# document as the node reads it (`_volume_digest`), so a generated pull of a URL has one.
+URL_NEEDS_SHA256 = {
+    "if": {"properties": {"source": {"type": "string", "pattern": "^https?://"}}},
+    "then": {
+        "properties": {"sha256": {"type": "string", "minLength": 64}},
+        "required": ["sha256"],
+    },
+}
 VOLUMES = Field(
     "volumes",
     or_empty(
@@ -240,6 +249,7 @@ VOLUMES = Field(
                     sha256=or_empty(text(most=71, pattern=anchored(SHA256.pattern))),
                 ),
                 "required": ["source", "path"],
+                **URL_NEEDS_SHA256,
             },
         }
     ),
@@ -249,7 +259,9 @@ VOLUMES = Field(
     '"/models/base"}`: the node fetches `source` once per machine however many jobs '
     "name it, checks every byte, keeps it under `TUNEPLANE_VOLUME_ROOT`, and binds it "
     "read-only at `path` (a write is `EROFS`). A URL is one file, resumed with "
-    "`Range` after a dropped connection or a restart, and its `sha256` is required. "
+    "`Range` after a dropped connection or a restart, and its `sha256` is required; "
+    "a server whose certificate a private CA signed is trusted through the operator's "
+    "`TUNEPLANE_VOLUME_CA_FILE`. "
     "An OCI reference (`registry/repo:tag` or `registry/repo@sha256:...`, read as "
     "`container.image` is) names an artifact or image whose layers (tar, gzip'd or "
     "not; zstd refused) the node unpacks in order, whiteouts applied, into one "
@@ -340,5 +352,6 @@ VOLUME_PULL = Body(
             "(`202`), its room found and its size asked.",
         ),
     ),
+    rule=URL_NEEDS_SHA256,
 )
 VOLUME_GC = Body("VolumeGcBody", (), doc="Nothing is read from it.")

@@ -41,6 +41,14 @@ def audited(request: web.Request, action: str, **facts: Any) -> Iterator[Outcome
     _write(request, action, outcome.result, facts, status=200)
 
 
+def refused_for_scope(request: web.Request, error: NodeError) -> None:
+    """A verb its token's scope does not buy (``403 insufficient_scope``): the token that
+    asked past its scope is named, as every verb's line names its token. The action is
+    the verb's path (``cordon``, ``images pull``): the route was never reached."""
+    action = request.path.removeprefix("/node/v1/").replace("/", " ") or request.path
+    _write(request, action, "refused", {}, status=error.status, reason=error.message)
+
+
 def _write(
     request: web.Request, action: str, result: str, facts: dict[str, Any], **more: Any
 ) -> None:

@@ -38,6 +38,7 @@ from tests.helpers import (
     storage_root,
     swept,
 )
+from tests.metadataserver import Metadata
 from tests.ociserver import Registry
 from tests.volumeserver import FileServer
 from tuneplane_node.daemon.app import create_node_app
@@ -506,6 +507,15 @@ def debug_logs(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
     """Every line the node logs, DEBUG's access lines and the audit log included."""
     caplog.set_level(logging.DEBUG)
     return caplog
+
+
+@pytest.fixture
+async def metadata() -> AsyncIterator[Metadata]:
+    """A fake cloud metadata service of the test's own (tests/metadataserver.py)."""
+    served = Metadata()
+    await served.start()
+    yield served
+    await served.close()
 
 
 @pytest.fixture

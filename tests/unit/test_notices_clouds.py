@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -28,14 +27,6 @@ from tuneplane_node.jobs.notices.watcher import metadata_fetcher
 from tuneplane_node.runtime.fetching import Fetcher
 
 pytestmark = pytest.mark.slow  # a real server on a socket
-
-
-@pytest.fixture
-async def metadata() -> AsyncIterator[Metadata]:
-    served = Metadata()
-    await served.start()
-    yield served
-    await served.close()
 
 
 def fetcher(metadata: Metadata) -> Fetcher:

@@ -138,3 +138,20 @@ def test_the_ctl_verb_table_lists_every_verb() -> None:
     table = text.partition("### Verbs")[2].partition("\n### ")[0]
     listed = set(re.findall(r"^\| `([a-z-]+)", table, re.MULTILINE))
     assert listed == ctl_verbs()
+
+
+def test_the_design_names_every_verb_of_the_runtime_seam() -> None:
+    """docs/design.md's Seams list `ContainerRuntime`'s verbs: read from the protocol,
+    so a verb added or renamed fails here until the list says it (it was stale three
+    times, issue 55)."""
+    from tuneplane_node.runtime.base import ContainerRuntime
+
+    verbs = [
+        name
+        for name, value in vars(ContainerRuntime).items()
+        if not name.startswith("_") and (callable(value) or isinstance(value, property))
+    ]
+    design = (REPO / "docs/design.md").read_text()
+    seam = design[design.index("- `ContainerRuntime` (") :].split("\n- ", 1)[0]
+    listed = re.findall(r"`(\w+)`", seam.split(":", 1)[1])
+    assert listed == verbs, "docs/design.md's ContainerRuntime verbs, in the protocol's order"

@@ -28,8 +28,7 @@ from tuneplane_node.jobs.observe.results import (
 )
 from tuneplane_node.jobs.observe.stats import CardSample, JobSample, JobStats
 from tuneplane_node.jobs.volumes.fill import VolumeFill
-from tuneplane_node.jobs.volumes.keeper import EntryView, FailedFill, VolumesView
-from tuneplane_node.jobs.volumes.keeper import Prefetched as VolumePrefetched
+from tuneplane_node.jobs.volumes.keeper import EntryView, FailedFill, VolumePrefetched, VolumesView
 from tuneplane_node.jobs.volumes.room import StoreView, VolumeGcRun
 from tuneplane_node.runtime.base import HIDDEN_LABELS, LABEL_NETWORK, ContainerState, LogText
 from tuneplane_node.runtime.fetching import shown

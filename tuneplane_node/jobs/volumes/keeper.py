@@ -43,16 +43,17 @@ from tuneplane_node.runtime.reach import Reach
 from tuneplane_node.settings import VolumeSettings, env_name
 from tuneplane_node.tasks import BackgroundTasks, by_awaiters
 from tuneplane_node.telemetry import NO_TELEMETRY, Telemetry
+from tuneplane_node.wire.values import PRESENT
+from tuneplane_node.wire.volumes import FILLING
 
 log = logging.getLogger(__name__)
 OPEN = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
-PRESENT, FILLING, FAILED = "present", "filling", "failed"
 MAX_FAILED = 100  # failed prefetches remembered for GET /node/v1/volumes
 Ps = Callable[[], Awaitable[list[ContainerState]]]
 
 
 @dataclass(frozen=True)
-class Prefetched:
+class VolumePrefetched:
     """A prefetch's answer: the entry (``present``) or its fill (``filling``)."""
 
     digest: str
@@ -253,7 +254,7 @@ class VolumeKeeper:
 
     # --- prefetch -----------------------------------------------------------------------
 
-    async def prefetch(self, volume: Volume, *, wait: bool = False) -> Prefetched:
+    async def prefetch(self, volume: Volume, *, wait: bool = False) -> VolumePrefetched:
         """The entry of ``volume`` pinned for `pin_s`, and filled in the background when
         it is missing. Returns once the fill is admitted (its room found: else
         `VolumeStoreFull`; its source's size asked: else `VolumeFillFailed`) or retries a
@@ -267,7 +268,7 @@ class VolumeKeeper:
         entry = await self._here(volume)
         if entry is not None:
             await self.fills.io(self.store.touch, digest)
-            return Prefetched(digest, PRESENT, pinned, entry=entry)
+            return VolumePrefetched(digest, PRESENT, pinned, entry=entry)
         self.failed.pop(digest, None)
         fill = self.fills.join(digest, volume.source, resolved.auth.get(digest))
         kept = self.tasks.spawn(
@@ -283,8 +284,8 @@ class VolumeKeeper:
                 step.cancel()
         if wait or fill.task.done():
             entry = await asyncio.shield(kept)  # the fill's error, raised
-            return Prefetched(digest, PRESENT, pinned, entry=entry)
-        return Prefetched(digest, FILLING, pinned, fill=fill)
+            return VolumePrefetched(digest, PRESENT, pinned, entry=entry)
+        return VolumePrefetched(digest, FILLING, pinned, fill=fill)
 
     async def _kept(self, fill: VolumeFill, volume: Volume) -> Entry:
         """The prefetch's wait on its fill (it keeps the fill going); a failure is kept

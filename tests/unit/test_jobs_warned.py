@@ -4,6 +4,9 @@
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import replace
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +15,10 @@ import pytest
 from tests.conftest import IMAGE, MakeFakeNode, fake_settings
 from tests.fakes import FakeRuntime
 from tests.helpers import fake_node_of
-from tuneplane_node.jobs import StopPlan
+from tests.jobservice import request
+from tests.unit.test_jobs_drain import drained
+from tuneplane_node.jobs import Node, StoppedView, StopPlan
+from tuneplane_node.jobs.notices.notice import PREEMPT, Notice
 from tuneplane_node.jobs.stopper import Stopper
 from tuneplane_node.runtime.base import ContainerState
 from tuneplane_node.wire.values import LABEL_WARN_S, LABEL_WARN_SIGNAL
@@ -98,3 +104,20 @@ async def test_a_notices_clock_bounds_the_warning_the_job_asked_for(
         assert warned(node.stopper, {LABEL_WARN_S: "nan"}, StopPlan()).warn_s == 30
     finally:
         await node.close()
+
+
+async def test_a_notices_drain_warns_a_job_with_its_own_signal(
+    node: Node, fake: FakeRuntime
+) -> None:
+    """Issue 54's drains stop through `Stopper.stop_by_node`: the job's warning first."""
+    spec = replace(request("r1").spec, warn_signal="SIGUSR1", warn_s=600)
+    await node.jobs.launch(replace(request("r1"), spec=spec))
+    fake.containers["tuneplane-r1"].handlers["SIGUSR1"] = 0
+    notice = Notice("aws", PREEMPT, "aws spot", True, fake.clock.now() + timedelta(seconds=120))
+
+    await node.notices.react("aws", [notice])
+    await asyncio.wait_for(drained(node, fake.clock), 5)
+
+    assert fake.signals == [("tuneplane-r1", "SIGUSR1")]
+    view = (await node.jobs.observe(["tuneplane-r1"]))["tuneplane-r1"]
+    assert isinstance(view, StoppedView) and view.stop_reason == "preempted: aws"

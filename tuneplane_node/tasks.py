@@ -45,12 +45,17 @@ async def periodically(
     what: str,
 ) -> None:
     """``step`` now, then every ``period_s``, as long as the node runs; an engine that
-    does not answer (a `NodeError`) is said, and tried again next period."""
+    does not answer (a `NodeError`) is said when it starts failing or fails otherwise
+    (not every period), and tried again next period."""
+    said = None
     while True:
         try:
             await step()
+            said = None
         except NodeError as exc:
-            logger.warning("%s: %s; trying again in %g s", what, exc.message, period_s)
+            if exc.message != said:
+                logger.warning("%s: %s; trying again every %g s", what, exc.message, period_s)
+            said = exc.message
         await clock.sleep(period_s)
 
 

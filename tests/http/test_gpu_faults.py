@@ -135,6 +135,10 @@ async def test_the_breaker_keeps_cards_in_past_its_rate_until_an_operator_resets
     assert len(health["unhealthy"]) == 2 and len(health["free_gpus"]) == 7
     assert health["gpu_breaker"] == {"limit": 2, "taken": 2, "kept_in": 7, "tripped": True}
     assert all(card["fault"]["scope"] == "card" for card in health["gpu_detail"])
+    kept = [line for line in health["explain"] if "kept in by the GPU breaker" in line]
+    assert len(kept) == 7 and kept[0].endswith(
+        ": free; its card fault XID 48 kept in by the GPU breaker"
+    )
     metrics = await (await node.client.get("/metrics", headers=HEADERS)).text()
     assert "tuneplane_node_gpu_breaker_tripped 1.0" in metrics
 

@@ -79,6 +79,14 @@ class Occupancy:
     def card_state(self, index: int) -> str:
         if index in self.unhealthy:
             return f"unhealthy: {self.unhealthy[index]}"
+        kept = self.kept_in.get(index)
+        if kept is not None:
+            where = self.card_state_in(index)
+            return f"{where}; its {kept.scope} fault {kept.cause} kept in by the GPU breaker"
+        return self.card_state_in(index)
+
+    def card_state_in(self, index: int) -> str:
+        """Where a card in the pool is (not out for a fault)."""
         if index in self.by_job:
             return f"held by run {self.by_job[index]}"
         if index in self.draining:

@@ -877,6 +877,7 @@ INVENTORY_KEYS = [
     "features",
     "isolation",  # issue 37
     "volume_store",  # issue 39
+    "gpus_draining",  # issue 53
 ]
 
 

@@ -161,6 +161,8 @@ async def test_a_card_whose_job_is_gone_drains_until_its_memory_is_back(
     assert "compute process 4242" in health["draining"][str(index)]
     assert index not in health["free_gpus"]
     assert health["gpu_detail"][index]["state"].startswith("draining: after run r1")
+    inventory = await node.ok("GET", "/node/v1/inventory")
+    assert inventory["gpus_draining"] == health["draining"]
     assert (await try_launch(node, 4))[0] == 409
 
     sim.set(index, processes=[])  # the process is gone; its memory is not yet

@@ -477,6 +477,7 @@ class Inventory(Answer):
     job_disk: JobDisk | None = None
     isolation: Isolation | None = None
     volume_store: VolumeStore | None = None
+    gpus_draining: Mapping[str, str] | None = None  # card index -> why; None: not known
 
     convert: ClassVar[Converters] = {
         "node_state": one(NodeState),

@@ -343,6 +343,9 @@ def inventory_json(facts: Inventory, *, features: Sequence[str] = ()) -> Invento
         "features": list(features),
         "isolation": isolation_json(facts.isolation),
         "volume_store": store_json(facts.volume_store),
+        "gpus_draining": (
+            None if facts.draining is None else {str(k): v for k, v in facts.draining.items()}
+        ),
     }
 
 

@@ -145,7 +145,11 @@ class HealthReader:
         store = await self.gc.reading()
         facts = replace(facts, image_store=store, conditions=await self.conditions(store))
         facts = replace(facts, job_disk=self.disk_rule(), isolation=await self.isolation())
-        return replace(facts, volume_store=await self.volume_store())
+        try:
+            draining = dict((await self.allocator.occupancy()).draining)
+        except NodeError:
+            draining = None  # the engine down: which cards drain is not known
+        return replace(facts, volume_store=await self.volume_store(), draining=draining)
 
     async def isolation(self) -> IsolationRule:
         """The isolation rules beside the engine's word on them (asked now)."""

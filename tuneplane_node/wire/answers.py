@@ -459,6 +459,9 @@ class InventoryJson(TypedDict):
     isolation: IsolationJson
     volume_store: VolumeStoreJson | None
     """The node's volume store; null when not known (`tuneplane-node inventory`)."""
+    gpus_draining: dict[str, str] | None
+    """Cards whose job's container is gone, not clean yet, and why; null when not known
+    (`tuneplane-node inventory`, or the engine down)."""
 
 
 class NodeStateJson(TypedDict):

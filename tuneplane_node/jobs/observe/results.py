@@ -440,6 +440,7 @@ class Inventory:
     job_disk: DiskRule = DiskRule()
     isolation: IsolationRule = IsolationRule()
     volume_store: StoreView | None = None  # None: not known (the CLI's inventory)
+    draining: Mapping[int, str] | None = None  # cards draining, and why; None: not known
 
 
 class LogNote:

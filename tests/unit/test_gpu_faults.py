@@ -13,6 +13,8 @@ import pytest
 from tests.fakes import FakeClock
 from tests.nvmlprobe import settings
 from tuneplane_node.gpu.breaker import CardBreaker
+from tuneplane_node.gpu.cardreturn import CardReturns
+from tuneplane_node.gpu.probe import CardFacts, GpuProcess, GpuSnapshot
 from tuneplane_node.gpu.simulation import SimulatedProbe
 
 
@@ -139,3 +141,18 @@ def test_the_breaker_counts_an_hour_and_decides_each_fault_once(clock: FakeClock
     assert breaker.admits(9, "GPU 9") is True  # an hour on: the count has room again
     breaker.reset()
     assert breaker.state().kept_in == 0 and breaker.admits(3, "GPU 3") is False  # stays in
+
+
+def test_a_draining_card_past_its_timeout_says_it_is_stuck(clock: FakeClock) -> None:
+    returns = CardReturns(clock=clock, timeout_s=600)
+    held = GpuSnapshot("simulation", True, None, None, None, (CardFacts(0),), True, {})
+    returns.draining({0: "r1"}, held)
+    leftover = (CardFacts(0, memory_used_mib=20480, processes=(GpuProcess(7, 20480),)),)
+    left = GpuSnapshot("simulation", True, None, None, None, leftover, True, {})
+    assert returns.draining({}, left) == {0: "after run r1: compute process 7 still on it"}
+    clock.t += 600
+    assert returns.draining({}, left)[0].endswith("; stuck for 600 s")
+    clean = GpuSnapshot(
+        "simulation", True, None, None, None, (CardFacts(0, memory_used_mib=300),), True, {}
+    )
+    assert returns.draining({}, clean) == {}

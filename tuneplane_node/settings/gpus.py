@@ -41,7 +41,8 @@ class GpuSettings(BaseSettings):
     a job on a faulted card hears its warning within one of these."""
     gpu_drain_timeout_s: float = Field(600.0, ge=0, le=DAY, allow_inf_nan=False)
     """Seconds a card whose job's container is gone may stay ``draining`` (a process still
-    on it, or its memory not back at its baseline) before health says it is stuck."""
+    on it, or its memory not back at its baseline) before its reason says it is stuck
+    (it stays out all the same)."""
 
     expected_gpus: int | None = Field(None, ge=0, le=1024)
     """The cards this machine should show. Fewer visible to the driver (a card fallen off

@@ -170,3 +170,14 @@ async def test_a_card_whose_job_is_gone_drains_until_its_memory_is_back(
     sim.set(index, memory_used_mib=0)
     health = await node.health()
     assert health["draining"] == {} and index in health["free_gpus"]
+
+
+async def test_a_node_fault_leaves_a_drain_under_way_as_it_is(
+    fake_node: MakeFakeNode, fake: FakeRuntime, sim: Simulation
+) -> None:
+    node = await simulated_node(fake_node, sim)
+    await node.ok("POST", "/node/v1/drain", json={"reason": "kernel"})
+    sim.set(2, xid=[79])
+    await look(node)
+    node_state = (await node.health())["node_state"]
+    assert node_state["reason"] == "kernel" and node_state["state"] in ("draining", "drained")

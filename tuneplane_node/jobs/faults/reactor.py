@@ -9,7 +9,8 @@ Each card's fault is scoped by the probe (`gpu.health`) and counted by the break
 - ``card``: the card is out (the allocator's), and the job on it is warned and stopped
   (`Stopper.stop_by_node`: its own warning, else the operator's), observe's
   ``stop_reason`` saying ``gpu_fault: <card uuid> <XID or action>``;
-- ``node``: the node is cordoned with that reason and drained, every job warned.
+- ``node``: the node is cordoned with that reason and drained, every job warned (a drain
+  already under way, a notice's on its clock or the operator's, goes on as it is).
 
 A fault the breaker keeps in is reported, not acted on. Every such event reaches the
 change log behind the watch (`changed`, `node_changed`), so a console waiting on
@@ -26,6 +27,7 @@ from tuneplane_node.errors import NodeError
 from tuneplane_node.gpu.allocator import GpuAllocator, Occupancy
 from tuneplane_node.gpu.probe import CARD, JOB, NODE, CardFacts
 from tuneplane_node.jobs.drain import NodeStateKeeper
+from tuneplane_node.jobs.nodestate import DRAINED, DRAINING
 from tuneplane_node.jobs.observe.results import StopPlan
 from tuneplane_node.jobs.ours import Listing
 from tuneplane_node.jobs.stopper import Stopper
@@ -117,6 +119,9 @@ class FaultReactor:
                 )  # fmt: skip
             if jobs:
                 self._tasks.spawn(self._stop(jobs, f"{GPU_FAULT}: {words}"), name="gpu fault stop")
+        elif scope == NODE and self.keeper.node.state in (DRAINING, DRAINED):
+            # A drain under way (a notice's on its clock, the operator's) goes on as it is.
+            log.error("GPU %d: node fault %s: the node drains already", card.index, words)
         elif scope == NODE:
             why = f"{GPU_FAULT}: {words}"
             log.error("GPU %d: node fault %s: cordoning and draining the node", card.index, words)

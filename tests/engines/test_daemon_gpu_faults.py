@@ -7,14 +7,23 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import MakeNode
-from tests.engines.test_daemon_signals import ENGINES, ready, trapping
+from tests.engines.test_daemon_signals import (
+    ENGINES,
+    committed,
+    ready,
+    remove_images,
+    trapping,
+)
 from tests.gpusimulation import Simulation
 from tests.helpers import Console, storage_root
+from tuneplane_node.runtime.engines.docker import DockerRuntime
+from tuneplane_node.runtime.engines.podman import PodmanRuntime
 
 pytestmark = pytest.mark.engine
 POLL_S = 0.5
@@ -76,7 +85,7 @@ async def test_an_xid_79_warns_every_job_cordons_the_node_and_the_watch_hears_it
 
     why = f"gpu_fault: {sim.data['cards'][other]['uuid']} XID 79"
     print(f"{engine}: watch heard {heard_s:.2f} s, both checkpoints {warned_s:.2f} s after")
-    health = await node.health()
+    health = await node.answered_health()
     assert health["node_state"]["reason"] == why
     assert health["node_state"]["state"] in ("draining", "drained")
     assert health["gpu_detail"][other]["fault"]["scope"] == "node"
@@ -106,5 +115,52 @@ async def test_an_xid_48_stops_its_cards_job_warned_and_an_xid_13_stops_nothing(
     kept = await node.state(bystander)
     assert kept["status"] == "running" and "XID 13" in kept["gpu_fault"]
     assert not (ckpt / "bystander").exists()
-    health = await node.health()
+    health = await node.answered_health()
     assert str(card) in health["unhealthy"] and health["node_state"]["state"] == "ready"
+
+
+@pytest.fixture
+async def cuda13_image() -> AsyncIterator[Callable[[str], str]]:
+    """``image(engine)``: the test image with ``ENV CUDA_VERSION=13.0.1`` (as NVIDIA's CUDA
+    images say it), made on that engine for this test and removed after it."""
+    made: list[tuple[DockerRuntime | PodmanRuntime, str]] = []
+
+    def image(engine: str) -> str:
+        return committed(engine, made, "cuda13", conf={"Env": ["CUDA_VERSION=13.0.1"]},
+                         changes=["ENV CUDA_VERSION=13.0.1"])  # fmt: skip
+
+    yield image
+    await remove_images(made)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_an_image_needing_cuda_13_on_a_cuda_12_4_driver_is_refused(
+    make_node: MakeNode, engine: str, tmp_path: Path, cuda13_image: Callable[[str], str]
+) -> None:
+    sim, node, _ = await machine(make_node, engine, tmp_path)
+    sim.data["cuda"] = "12.4"
+    sim.write()
+    image = cuda13_image(engine)
+    _, answer = await node.launch(image=image, gpus=1, expect=409)
+    assert answer["code"] == "driver_too_old"
+    assert "needs CUDA 13.0; this node's driver gives CUDA 12.4" in answer["detail"]
+    assert (await node.answered_health())["gpus_free"] == 4  # nothing was made, no card held
+    await node.launch(image=image, gpus=0)  # without a card it needs no driver
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_a_card_left_holding_memory_drains_until_it_is_back(
+    make_node: MakeNode, engine: str, tmp_path: Path
+) -> None:
+    sim, node, _ = await machine(make_node, engine, tmp_path)
+    ref, answer = await node.launch(gpus=1)
+    [card] = answer["gpus"]
+    sim.set(card, processes=[{"pid": 4242, "used_mib": 20480}], memory_used_mib=20480)
+    await node.ok("POST", "/node/v1/remove", json={"ref": ref})
+
+    health = await node.answered_health()
+    assert "compute process 4242" in health["draining"][str(card)], health
+    _, refused = await node.launch(gpus=4, expect=409)
+    assert refused["code"] == "no_capacity"
+    sim.set(card, processes=[], memory_used_mib=0)
+    await node.launch(gpus=4)

@@ -51,21 +51,39 @@ async def stopsignal_image(request: pytest.FixtureRequest) -> AsyncIterator[Call
     made: list[tuple[DockerRuntime | PodmanRuntime, str]] = []
 
     def image(engine: str) -> str:
-        runtime = sdk(engine)
-        # Fully qualified: the node hands the engine canonical names (docker.io/ added).
-        name = f"docker.io/tuneplane-test/stopsignal-{unique('img')}"
-        container: Any
-        if isinstance(runtime, DockerRuntime):
-            container = runtime.client.containers.create(IMAGE, ["true"])
-            committed = container.commit(name, "1", conf={"StopSignal": "SIGINT"})
-        else:
-            container = runtime.client.containers.create(f"docker.io/{IMAGE}", ["true"])
-            committed = container.commit(repository=name, tag="1", changes=["STOPSIGNAL SIGINT"])
-        container.remove()
-        made.append((runtime, str(committed.id)))
-        return f"{name}:1"
+        return committed(engine, made, "stopsignal", conf={"StopSignal": "SIGINT"},
+                         changes=["STOPSIGNAL SIGINT"])  # fmt: skip
 
     yield image
+    await remove_images(made)
+
+
+def committed(
+    engine: str,
+    made: list[tuple[DockerRuntime | PodmanRuntime, str]],
+    kind: str,
+    *,
+    conf: dict[str, Any],
+    changes: list[str],
+) -> str:
+    """The test image with docker's ``conf`` (podman's ``changes``, the same in
+    Dockerfile words), committed on that engine; its id added to ``made``."""
+    runtime = sdk(engine)
+    # Fully qualified: the node hands the engine canonical names (docker.io/ added).
+    name = f"docker.io/tuneplane-test/{kind}-{unique('img')}"
+    container: Any
+    if isinstance(runtime, DockerRuntime):
+        container = runtime.client.containers.create(IMAGE, ["true"])
+        image = container.commit(name, "1", conf=conf)
+    else:
+        container = runtime.client.containers.create(f"docker.io/{IMAGE}", ["true"])
+        image = container.commit(repository=name, tag="1", changes=changes)
+    container.remove()
+    made.append((runtime, str(image.id)))
+    return f"{name}:1"
+
+
+async def remove_images(made: list[tuple[DockerRuntime | PodmanRuntime, str]]) -> None:
     for runtime, image_id in made:
         with contextlib.suppress(Exception):
             runtime.client.images.remove(image_id, force=True)

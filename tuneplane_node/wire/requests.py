@@ -399,8 +399,9 @@ CONTAINER = Body(
             f"{MIN_DISK // 2**20} MiB to 1 PiB, at most the node's "
             "`TUNEPLANE_JOB_DISK_LIMIT` (more is a `422` naming `container.disk_limit`). "
             "None: that limit. Held by the kernel where the engine's store has project "
-            "quotas; else a job past it is stopped as a stop would (its stop signal, the "
-            'grace period, SIGKILL), and observe says `stop_reason: "disk_limit"`.',
+            "quotas; else a job past it is stopped as a stop would (its `warn_signal`, its "
+            'stop signal, the grace period, SIGKILL), and observe says `stop_reason: '
+            '"disk_limit"`.',
             read=_disk_limit,
         ),
         Field(

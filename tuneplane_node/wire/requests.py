@@ -400,7 +400,7 @@ CONTAINER = Body(
             "`TUNEPLANE_JOB_DISK_LIMIT` (more is a `422` naming `container.disk_limit`). "
             "None: that limit. Held by the kernel where the engine's store has project "
             "quotas; else a job past it is stopped as a stop would (its `warn_signal`, its "
-            'stop signal, the grace period, SIGKILL), and observe says `stop_reason: '
+            "stop signal, the grace period, SIGKILL), and observe says `stop_reason: "
             '"disk_limit"`.',
             read=_disk_limit,
         ),

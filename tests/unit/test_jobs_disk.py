@@ -7,6 +7,7 @@ bytes a test says each job wrote (`FakeRuntime.written`), on its disk."""
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
@@ -27,7 +28,7 @@ from tuneplane_node.jobs import LaunchRequest, Node, StoppedView
 from tuneplane_node.jobs.disk.monitor import FULL_WALK_S, fair_share
 from tuneplane_node.jobs.launcher import launch_request
 from tuneplane_node.jobs.observe.results import ImageStore
-from tuneplane_node.runtime.base import LABEL_DISK_LIMIT, LABEL_INODE_LIMIT
+from tuneplane_node.runtime.base import LABEL_DISK_LIMIT, LABEL_INODE_LIMIT, LABEL_MOUNTS
 from tuneplane_node.runtime.spec import container_name as named
 from tuneplane_node.wire.requests import parse_launch as read_launch
 
@@ -482,3 +483,28 @@ async def test_under_inode_pressure_launches_are_refused_and_the_largest_maker_g
     assert fake.containers[named("tenant")].status == "running"
     view = (await node.jobs.observe([named("maker")]))[named("maker")]
     assert isinstance(view, StoppedView) and view.stop_reason == "inode_pressure"
+
+
+@pytest.mark.slow  # 8 MiB written on this machine's disk, a thread's walk of it
+async def test_a_scratch_on_the_stores_filesystem_is_its_jobs_part_of_the_pressure(
+    make_node: MakeNode, fake: FakeRuntime, tmp_path: Path
+) -> None:
+    """Issue 50: the job with the smaller layer and a scratch is the larger holder."""
+    fake.root_path = str(tmp_path)  # the store's filesystem: the scratch root's
+    fake.disk_other = 300 * MIB  # there from the first pass: the baseline's
+    node = await make_node(job_disk_limit="unlimited")
+    await node.jobs.launch(launch("layer"))
+    await node.jobs.launch(launch("scratch"))
+    fake.written[named("layer")] = 300 * MIB
+    fake.written[named("scratch")] = 296 * MIB
+    key = "tuneplane-scratch.k1"  # as the node names a launch's mounts
+    fake.containers[named("scratch")].labels[LABEL_MOUNTS] = key
+    scratch_dir = node.settings.scratch_dir
+    scratch_dir.mkdir(parents=True)
+    (scratch_dir / f"{key}.ext4").write_bytes(os.urandom(8 * MIB))  # 8 MiB written in it
+
+    await node.monitor.check()
+    await wait_until(lambda: fake.containers[named("scratch")].status == "exited")
+    assert fake.containers[named("layer")].status == "running"
+    view = (await node.jobs.observe([named("scratch")]))[named("scratch")]
+    assert isinstance(view, StoppedView) and view.stop_reason == "disk_pressure"

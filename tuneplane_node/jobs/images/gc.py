@@ -239,9 +239,8 @@ class ImageCollector:
             log.warning("a pull filled the engine's disk: image GC runs now")
             # Room a pull needs (its size is not known here: a look ahead's worth), which a
             # pressure nobody explains does not forbid.
-            if self._run is None or self._run.done():
-                run = self._collect(self.ahead_bytes)
-                self._run = self._tasks.spawn(run, name="image gc", ended=_warned)
+            run = self.collect(room_for=self.ahead_bytes)  # after a run under way, if one
+            self._tasks.spawn(run, name="image gc for a pull", ended=_warned)
 
     def ahead(self, pull: SharedPull) -> None:
         """A pull's bytes came: when the room below high is less than what it has left

@@ -68,6 +68,8 @@ class Container:
     shm_size: int | str = ""
     cpu_limit: float | str = ""
     memory_limit: int | str = ""
+    disk_limit: int | str = ""  # "": the node's TUNEPLANE_JOB_DISK_LIMIT
+    inode_limit: int | str = ""  # "": the node's TUNEPLANE_JOB_INODE_LIMIT
     network: str = ""
     user: str = ""
     stop_signal: str = ""
@@ -100,6 +102,7 @@ class Container:
 
 _PLAIN: tuple[str, ...] = (
     *("name", "env", "labels", "workdir", "shm_size", "cpu_limit", "memory_limit"),
+    *("disk_limit", "inode_limit"),
     *("network", "user", "stop_signal", "pull_policy", "isolation"),
 )
 """The container's fields sent as they are, when given."""

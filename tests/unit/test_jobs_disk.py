@@ -25,6 +25,7 @@ from tuneplane_node.daemon.render import (
 )
 from tuneplane_node.errors import InsufficientStorage, InvalidField
 from tuneplane_node.jobs import LaunchRequest, Node, StoppedView
+from tuneplane_node.jobs.disk.accounting import PressureAccount
 from tuneplane_node.jobs.disk.monitor import FULL_WALK_S, fair_share
 from tuneplane_node.jobs.launcher import launch_request
 from tuneplane_node.jobs.observe.results import ImageStore
@@ -508,3 +509,33 @@ async def test_a_scratch_on_the_stores_filesystem_is_its_jobs_part_of_the_pressu
     assert fake.containers[named("layer")].status == "running"
     view = (await node.jobs.observe([named("scratch")]))[named("scratch")]
     assert isinstance(view, StoppedView) and view.stop_reason == "disk_pressure"
+
+
+async def test_a_pull_under_way_explains_the_growth_it_writes(tmp_path: Path) -> None:
+    """Issue 50: a pull's blobs and layers are on the store before its image is listed."""
+
+    class NoImages:
+        async def list_images(self) -> list[Any]:
+            return []
+
+    account = PressureAccount(NoImages(), dirs=(), high_percent=85)
+    calm = ImageStore(str(tmp_path), 1000 * MIB, 500 * MIB, 0.5, False)
+    assert await account.judge(calm, jobs_bytes=0) is False  # the baseline: 500 MiB
+    full = ImageStore(str(tmp_path), 1000 * MIB, 100 * MIB, 0.9, True)
+    account.pulling = lambda: 200 * MIB  # downloaded, and being unpacked
+    assert await account.judge(full, jobs_bytes=0) is False
+    account.pulling = lambda: 0  # nothing the node knows wrote the 400 MiB
+    assert await account.judge(full, jobs_bytes=0) is True
+
+
+async def test_under_inode_pressure_the_gc_removes_unused_images_after_the_jobs(
+    make_node: MakeNode, fake: FakeRuntime
+) -> None:
+    fake.inodes_total = 100_000
+    fake.inodes_other = 96_000  # the images' layers, say: no job made them
+    node = await make_node()
+    fake.arrived(OTHER)
+    run = await node.gc.collect()
+    assert [(r.image, r.why) for r in run.removed if r.image == OTHER] == [
+        (OTHER, "inodes over 90% used (high 95%)")
+    ]

@@ -114,6 +114,7 @@ class DiskMonitor:
         dirs = (settings.scratch_dir, settings.volume_dir)
         self.account = PressureAccount(runtime, dirs=dirs, high_percent=gc.high)
         gc.chase = lambda: not self.account.unexplained
+        self.account.pulling = gc.pulls.bytes_done
         self.inode_high = settings.inode_high_percent
         self._stops: dict[str, asyncio.Task[None]] = {}  # container name -> its stop
         self._tasks = BackgroundTasks(log)

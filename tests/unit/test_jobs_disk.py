@@ -28,7 +28,7 @@ from tuneplane_node.jobs import LaunchRequest, Node, StoppedView
 from tuneplane_node.jobs.disk.accounting import PressureAccount
 from tuneplane_node.jobs.disk.monitor import FULL_WALK_S, fair_share
 from tuneplane_node.jobs.launcher import launch_request
-from tuneplane_node.jobs.observe.results import ImageStore
+from tuneplane_node.jobs.observe.results import ImageStore, PrefetchRequest
 from tuneplane_node.runtime.base import LABEL_DISK_LIMIT, LABEL_INODE_LIMIT, LABEL_MOUNTS
 from tuneplane_node.runtime.spec import container_name as named
 from tuneplane_node.wire.requests import parse_launch as read_launch
@@ -539,3 +539,15 @@ async def test_under_inode_pressure_the_gc_removes_unused_images_after_the_jobs(
     assert [(r.image, r.why) for r in run.removed if r.image == OTHER] == [
         (OTHER, "inodes over 90% used (high 95%)")
     ]
+
+
+async def test_a_prefetch_under_inode_pressure_is_refused_naming_inodes(
+    make_node: MakeNode, fake: FakeRuntime
+) -> None:
+    fake.inodes_total = 100_000
+    fake.inodes_other = 96_000
+    node = await make_node(image_gc="off")  # nothing a run could free
+    with pytest.raises(InsufficientStorage) as refused:
+        await node.catalog.prefetch(PrefetchRequest("registry.test/team/next:1"))
+    assert refused.value.status == 507 and "inode pressure" in refused.value.message
+    assert fake.pulls == []  # refused before the registry was asked for a byte

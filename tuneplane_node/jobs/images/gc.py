@@ -38,7 +38,7 @@ from datetime import datetime
 from typing import Protocol
 
 from tuneplane_node.clock import Clock, within
-from tuneplane_node.errors import InsufficientStorage, NodeError
+from tuneplane_node.errors import InodePressure, InsufficientStorage, NodeError
 from tuneplane_node.jobs.images.pulls import PullCoordinator, SharedPull
 from tuneplane_node.jobs.observe.results import GcRun, ImageStore, RemovedImage
 from tuneplane_node.references import ImageName
@@ -381,6 +381,15 @@ class ImageCollector:
         what changed only) larger than the room below high with every image a run may
         remove gone. Nothing is removed for the size (`ahead` removes for bytes)."""
         store = await self.store()
+        if store.inode_pressure:  # a pull makes inodes: after a run, or refused
+            if self.scope != "off":
+                store = (await self.collect()).store
+            if store.inode_pressure and store.inodes_total is not None:
+                raise InodePressure(
+                    inodes_free=store.inodes_free or 0,
+                    inodes_total=store.inodes_total,
+                    high_percent=self.inode_high,
+                )
         room = store.room(self.high)
         # The registry is asked only where the answer can refuse: a store of known size.
         sized = not present and room is not None

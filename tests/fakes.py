@@ -311,6 +311,7 @@ class FakeRuntime:
         self.made: dict[str, int] = {}  # container name -> inodes it made on the disk
         self.inodes_total: int | None = None  # the store's inodes; None: it counts none
         self.inodes_other = 0  # inodes made outside any job
+        self.root_path = DATA_ROOT  # where its data root says it is (a test's real directory)
         self.holders: dict[int, str] = {}  # pid -> the handle of the container it runs in
         self.caught: dict[str, bool | None] = {}  # name -> whether it catches a warning
         # name -> the code it ends with by itself as the next signal goes out, which finds
@@ -640,9 +641,10 @@ class FakeRuntime:
         )
         free = max(0, self.disk_total - self.disk_other - self.images_bytes() - layers)
         if self.inodes_total is None:
-            return DataRoot(DATA_ROOT, Space(self.disk_total, free, free))
+            return DataRoot(self.root_path, Space(self.disk_total, free, free))
         files = self.inodes_total - self.inodes_other - sum(self.made.values())
-        return DataRoot(DATA_ROOT, Space(self.disk_total, free, free, self.inodes_total, files))
+        space = Space(self.disk_total, free, free, self.inodes_total, files)
+        return DataRoot(self.root_path, space)
 
     async def list_images(self) -> list[EngineImage]:
         self._answer("list_images")

@@ -118,6 +118,23 @@ class MachineFacts:
     fabrics: tuple[FabricFacts, ...]
 
 
+def same_filesystem(path: Path, other: Path) -> bool | None:
+    """Whether ``path`` (or, not made yet, its nearest existing parent) lies on the
+    filesystem of ``other``; None when either cannot be read."""
+    try:
+        device = os.stat(other).st_dev
+    except OSError:
+        return None
+    for where in (path, *path.parents):
+        try:
+            return os.stat(where).st_dev == device
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return None
+    return None
+
+
 def space(path: Path) -> Space | None:
     """The size of the filesystem holding ``path``; None when the path does not exist.
 

@@ -7,6 +7,7 @@ This module holds the ones that need an engine; tests/http/test_check.py has the
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -36,8 +37,19 @@ def test_the_engine_up_passes_naming_its_version_and_address(check: Check) -> No
     assert lines["job disk"].startswith(
         "ok job disk: TUNEPLANE_JOB_DISK_LIMIT=50%, held by the disk monitor every 5 s ("
     )
-    assert lines["scratch"].startswith("ok scratch: sparse ext4 files in ")
-    assert lines["scratch"].endswith(", up to TUNEPLANE_JOB_SCRATCH_MAX=100g a job")
+    # The state directory, where scratch is by default, is on the store's disk here.
+    assert lines["scratch"].startswith("warn scratch: sparse ext4 files in ")
+    assert "on the filesystem of the engine's store" in lines["scratch"]
+    assert lines["scratch"].endswith("set TUNEPLANE_SCRATCH_ROOT to another disk")
+    elsewhere = Path("/dev/shm") / f"tuneplane-check-{os.getpid()}"  # a tmpfs: another disk
+    code, lines, out = check(
+        TUNEPLANE_LOCAL_RUNTIME="docker",
+        TUNEPLANE_DOCKER_HOST=str(address),
+        TUNEPLANE_SCRATCH_ROOT=str(elsewhere),
+    )
+    assert lines["scratch"] == (
+        f"ok scratch: sparse ext4 files in {elsewhere}, up to TUNEPLANE_JOB_SCRATCH_MAX=100g a job"
+    )
 
 
 def two_cards(tmp_path: Path) -> dict[str, str]:

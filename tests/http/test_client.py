@@ -69,6 +69,7 @@ from tuneplane_node.client.endpoint import Endpoint, Tls
 from tuneplane_node.client.errors import refusal
 from tuneplane_node.client.watch import Watch
 from tuneplane_node.daemon.state import NODE
+from tuneplane_node.runtime.base import LABEL_DISK_LIMIT, LABEL_INODE_LIMIT
 
 # Slow: every verb end to end over a real socket, watches through outages.
 pytestmark = pytest.mark.slow
@@ -230,6 +231,18 @@ async def test_a_read_only_root_is_asked_for_and_reaches_the_engine(
     name = f"tuneplane-{unique('ro')}"
     await client.launch(unique("ro"), job(name, read_only_root=True))
     assert fake.containers[name].spec.read_only_root is True
+    await client.remove(name)
+
+
+async def test_disk_and_inode_limits_are_asked_for_and_reach_the_engine(
+    client: AsyncNodeClient, fake: FakeRuntime
+) -> None:
+    """Issue 50: ``inode_limit`` typed beside ``disk_limit``; "" (the default) not sent."""
+    assert "inode_limit" not in job().to_json() and "disk_limit" not in job().to_json()
+    name = f"tuneplane-{unique('limits')}"
+    await client.launch(unique("limits"), job(name, disk_limit="1g", inode_limit=50_000))
+    labels = fake.containers[name].labels
+    assert (labels[LABEL_DISK_LIMIT], labels[LABEL_INODE_LIMIT]) == (str(2**30), "50000")
     await client.remove(name)
 
 

@@ -7,6 +7,7 @@ bytes a test says each job wrote (`FakeRuntime.written`), on its disk."""
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
@@ -24,10 +25,11 @@ from tuneplane_node.daemon.render import (
 )
 from tuneplane_node.errors import InsufficientStorage, InvalidField
 from tuneplane_node.jobs import LaunchRequest, Node, StoppedView
+from tuneplane_node.jobs.disk.accounting import PressureAccount
 from tuneplane_node.jobs.disk.monitor import FULL_WALK_S, fair_share
 from tuneplane_node.jobs.launcher import launch_request
-from tuneplane_node.jobs.observe.results import ImageStore
-from tuneplane_node.runtime.base import LABEL_DISK_LIMIT, LABEL_INODE_LIMIT
+from tuneplane_node.jobs.observe.results import ImageStore, PrefetchRequest
+from tuneplane_node.runtime.base import LABEL_DISK_LIMIT, LABEL_INODE_LIMIT, LABEL_MOUNTS
 from tuneplane_node.runtime.spec import container_name as named
 from tuneplane_node.wire.requests import parse_launch as read_launch
 
@@ -499,3 +501,70 @@ async def test_under_inode_pressure_launches_are_refused_and_the_largest_maker_g
     assert fake.containers[named("tenant")].status == "running"
     view = (await node.jobs.observe([named("maker")]))[named("maker")]
     assert isinstance(view, StoppedView) and view.stop_reason == "inode_pressure"
+
+
+@pytest.mark.slow  # 8 MiB written on this machine's disk, a thread's walk of it
+async def test_a_scratch_on_the_stores_filesystem_is_its_jobs_part_of_the_pressure(
+    make_node: MakeNode, fake: FakeRuntime, tmp_path: Path
+) -> None:
+    """Issue 50: the job with the smaller layer and a scratch is the larger holder."""
+    fake.root_path = str(tmp_path)  # the store's filesystem: the scratch root's
+    fake.disk_other = 300 * MIB  # there from the first pass: the baseline's
+    node = await make_node(job_disk_limit="unlimited")
+    await node.jobs.launch(launch("layer"))
+    await node.jobs.launch(launch("scratch"))
+    fake.written[named("layer")] = 300 * MIB
+    fake.written[named("scratch")] = 296 * MIB
+    key = "tuneplane-scratch.k1"  # as the node names a launch's mounts
+    fake.containers[named("scratch")].labels[LABEL_MOUNTS] = key
+    scratch_dir = node.settings.scratch_dir
+    scratch_dir.mkdir(parents=True)
+    (scratch_dir / f"{key}.ext4").write_bytes(os.urandom(8 * MIB))  # 8 MiB written in it
+
+    await node.monitor.check()
+    await wait_until(lambda: fake.containers[named("scratch")].status == "exited")
+    assert fake.containers[named("layer")].status == "running"
+    view = (await node.jobs.observe([named("scratch")]))[named("scratch")]
+    assert isinstance(view, StoppedView) and view.stop_reason == "disk_pressure"
+
+
+async def test_a_pull_under_way_explains_the_growth_it_writes(tmp_path: Path) -> None:
+    """Issue 50: a pull's blobs and layers are on the store before its image is listed."""
+
+    class NoImages:
+        async def list_images(self) -> list[Any]:
+            return []
+
+    account = PressureAccount(NoImages(), dirs=(), high_percent=85)
+    calm = ImageStore(str(tmp_path), 1000 * MIB, 500 * MIB, 0.5, False)
+    assert await account.judge(calm, jobs_bytes=0) is False  # the baseline: 500 MiB
+    full = ImageStore(str(tmp_path), 1000 * MIB, 100 * MIB, 0.9, True)
+    account.pulling = lambda: 200 * MIB  # downloaded, and being unpacked
+    assert await account.judge(full, jobs_bytes=0) is False
+    account.pulling = lambda: 0  # nothing the node knows wrote the 400 MiB
+    assert await account.judge(full, jobs_bytes=0) is True
+
+
+async def test_under_inode_pressure_the_gc_removes_unused_images_after_the_jobs(
+    make_node: MakeNode, fake: FakeRuntime
+) -> None:
+    fake.inodes_total = 100_000
+    fake.inodes_other = 96_000  # the images' layers, say: no job made them
+    node = await make_node()
+    fake.arrived(OTHER)
+    run = await node.gc.collect()
+    assert [(r.image, r.why) for r in run.removed if r.image == OTHER] == [
+        (OTHER, "inodes over 90% used (high 95%)")
+    ]
+
+
+async def test_a_prefetch_under_inode_pressure_is_refused_naming_inodes(
+    make_node: MakeNode, fake: FakeRuntime
+) -> None:
+    fake.inodes_total = 100_000
+    fake.inodes_other = 96_000
+    node = await make_node(image_gc="off")  # nothing a run could free
+    with pytest.raises(InsufficientStorage) as refused:
+        await node.catalog.prefetch(PrefetchRequest("registry.test/team/next:1"))
+    assert refused.value.status == 507 and "inode pressure" in refused.value.message
+    assert fake.pulls == []  # refused before the registry was asked for a byte

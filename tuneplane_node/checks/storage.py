@@ -114,19 +114,24 @@ async def _mount_findings(settings: NodeSettings) -> list[Finding]:
             (WARN, "mounts: the process runtime mounts nothing; jobs see host paths as given"),
             (WARN, "scratch: the process runtime mounts nothing: container.scratch is refused"),
         ]
-    return [_staging_finding(settings), _scratch_finding(settings)]
+    store = next((d for d in support.engine_dirs if d), None)  # the data root first
+    return [_staging_finding(settings), _scratch_finding(settings, store)]
 
 
-def _scratch_finding(settings: NodeSettings) -> Finding:
-    """Whether a launch's scratch can be made here: the tools it runs, and where."""
-    from tuneplane_node.jobs.mounts.scratch import missing_tools
+def _scratch_finding(settings: NodeSettings, store: str | None = None) -> Finding:
+    """Whether a launch's scratch can be made here: the tools it runs, and where (not
+    on the engine's store's filesystem, whose pressure it would raise)."""
+    from tuneplane_node.jobs.mounts.scratch import missing_tools, scratch_on_store
 
     missing = missing_tools()
     if missing:
         found = f"{', '.join(missing)} not found"
         return WARN, f"scratch: {found}: launches with container.scratch fail (422)"
     most = f"{env_name('job_scratch_max')}={settings.job_scratch_max}"
-    return OK, f"scratch: sparse ext4 files in {settings.scratch_dir}, up to {most} a job"
+    where = f"scratch: sparse ext4 files in {settings.scratch_dir}, up to {most} a job"
+    if store is not None and inventory.same_filesystem(settings.scratch_dir, Path(store)):
+        return WARN, f"{where}; {scratch_on_store(store)}"
+    return OK, where
 
 
 async def _engine_answer(

@@ -83,8 +83,8 @@ class Container:
     shm_size: int | str = ""
     cpu_limit: float | str = ""
     memory_limit: int | str = ""
-    disk_limit: int | str = ""  # what it may write to the engine's disk: "20g", or bytes
-    inode_limit: int | str = ""  # the inodes it may make there; "": the operator's
+    disk_limit: int | str = ""  # "": the node's TUNEPLANE_JOB_DISK_LIMIT
+    inode_limit: int | str = ""  # "": the node's TUNEPLANE_JOB_INODE_LIMIT
     network: str = ""
     user: str = ""
     stop_signal: str = ""
@@ -121,8 +121,8 @@ class Container:
 
 
 _PLAIN: tuple[str, ...] = (
-    *("name", "env", "labels", "workdir", "shm_size", "cpu_limit", "memory_limit", "disk_limit"),
-    "inode_limit",
+    *("name", "env", "labels", "workdir", "shm_size", "cpu_limit", "memory_limit"),
+    *("disk_limit", "inode_limit"),
     *("network", "user", "stop_signal", "pull_policy", "isolation", "warn_signal", "warn_s"),
 )
 """The container's fields sent as they are, when given."""

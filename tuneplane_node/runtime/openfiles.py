@@ -85,7 +85,7 @@ def held_deleted(
             if link is None:
                 continue
             try:
-                info = os.stat(link)  # through the link: the open file itself
+                info = os.stat(link[1], dir_fd=link[0])  # through the link: the open file
             except OSError:
                 continue  # closed since the list
             key = (info.st_dev, info.st_ino)
@@ -97,16 +97,23 @@ def held_deleted(
     return HeldOpen(total, processes=len(pids), inodes=len(counted))
 
 
-def _links(fd_dir: Path) -> Iterator[str | None]:
-    """Each descriptor of one process: its link's path where it names a deleted file,
-    else None (a process that ended since the list has none)."""
+def _links(fd_dir: Path) -> Iterator[tuple[int, str] | None]:
+    """Each descriptor of one process: (the directory's descriptor, its name) where its
+    link names a deleted file, else None (a process that ended since the list has
+    none). Names are read relative to the opened directory: no path walk through /proc
+    for each descriptor."""
     try:
-        with os.scandir(fd_dir) as entries:
-            for entry in entries:
-                try:
-                    target = os.readlink(entry.path)
-                except OSError:
-                    target = ""  # closed since the list
-                yield entry.path if target.endswith(DELETED) else None
+        directory = os.open(fd_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
         return
+    try:
+        for name in os.listdir(directory):
+            try:
+                target = os.readlink(name, dir_fd=directory)
+            except OSError:
+                target = ""  # closed since the list
+            yield (directory, name) if target.endswith(DELETED) else None
+    except OSError:
+        return
+    finally:
+        os.close(directory)

@@ -4,7 +4,8 @@ host writing beside the store), which no stop and no image removal of the node r
 
 The store's used bytes less what the node can name (the images' sizes as the engine
 states them, each running job's last measure, the jobs stopped for their disk, the
-scratch files and the volume store where they lie on the store's filesystem) is the
+scratch files and the volume store where they lie on the store's filesystem, twice the
+bytes the pulls under way have downloaded: compressed, then unpacked) is the
 **rest**: the OS, the engine's own files, whatever the host wrote. Its smallest value
 seen is its baseline (taken at the first pass, then each time the store is under
 pressure); the pressure is **unexplained** when the rest has grown past its baseline by
@@ -19,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Protocol
 
@@ -44,6 +45,7 @@ class PressureAccount:
         self.high = high_percent
         self.baseline: int | None = None
         self.unexplained: bool | None = None  # None: not known (never under pressure)
+        self.pulling: Callable[[], int] = lambda: 0  # the pulls under way's bytes so far
 
     async def judge(self, store: ImageStore, *, jobs_bytes: int) -> bool | None:
         """The verdict for this pass: asked of the engine and the disk only at the first
@@ -69,7 +71,8 @@ class PressureAccount:
             return None
         images = sum(image.size for image in await self.runtime.list_images())
         beside = await asyncio.to_thread(_on_store, store.path, self.dirs)
-        return store.total_bytes - store.free_bytes - images - jobs_bytes - beside
+        pulls = 2 * self.pulling()  # the blobs, and the layers unpacked from them
+        return store.total_bytes - store.free_bytes - images - jobs_bytes - beside - pulls
 
     def _say(self, verdict: bool, *, growth: int = 0, over: int = 0) -> None:
         """One log line when the verdict turns."""

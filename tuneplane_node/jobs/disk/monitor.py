@@ -33,21 +33,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
+from tuneplane_node import inventory
 from tuneplane_node.jobs.disk.accounting import PressureAccount
 from tuneplane_node.jobs.images.gc import ImageCollector
 from tuneplane_node.jobs.nodestate import NodeStateStore
 from tuneplane_node.jobs.observe.results import DiskFigures, ImageStore
 from tuneplane_node.jobs.stopper import NO_PLAN, Stopper
 from tuneplane_node.logformat import job_fields
-from tuneplane_node.runtime.base import ContainerState
+from tuneplane_node.runtime.base import LABEL_MOUNTS, ContainerState
 from tuneplane_node.runtime.facts import DataRoot, DiskUse, EngineImage
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.tasks import BackgroundTasks, periodically
 
 log = logging.getLogger(__name__)
+SCRATCH_SUFFIX = ".ext4"  # `jobs.mounts.scratch`'s file, named by the job's mounts label
 WALK_BUDGET_S = 2.0
 """The longest one job's walk may take; past it, what was counted is a lower bound."""
 FULL_WALK_S = 60 * 60.0
@@ -105,9 +109,11 @@ class DiskMonitor:
         self.grown: int | None = 0  # the store's rises added up, pass by pass; None: unknown
         self._used: int | None = None  # the store's used bytes at the last pass
         self.files = Rises()  # the store's used inodes, likewise
+        self.scratch_dir = settings.scratch_dir
         dirs = (settings.scratch_dir, settings.volume_dir)
         self.account = PressureAccount(runtime, dirs=dirs, high_percent=gc.high)
         gc.chase = lambda: not self.account.unexplained
+        self.account.pulling = gc.pulls.bytes_done
         self.inode_high = settings.inode_high_percent
         self._stops: dict[str, asyncio.Task[None]] = {}  # container name -> its stop
         self._tasks = BackgroundTasks(log)
@@ -164,7 +170,8 @@ class DiskMonitor:
             jobs = sum(f.used_bytes or 0 for f in (m.figures for m in self.measured.values()))
             unexplained = await self.account.judge(store, jobs_bytes=jobs + held)
             if store.pressure and unexplained is not True:  # step 2: the jobs' pressure only
-                self._relieve(running, store)
+                scratch = await asyncio.to_thread(self._scratches, running, store.path)
+                self._relieve(running, store, scratch)
             if store.inode_pressure:
                 self._relieve_inodes(running, store)
             if any(not task.done() for task in self._stops.values()):
@@ -260,11 +267,35 @@ class DiskMonitor:
             return False  # no limit to pass: its size matters under pressure only
         return before + grown - seen.store_grown > limit
 
-    def _relieve(self, running: list[ContainerState], store: ImageStore) -> None:
-        """Step 2: the largest writer, when it holds more than its fair share."""
+    def _scratches(self, running: list[ContainerState], store_path: str | None) -> dict[str, int]:
+        """The allocated bytes of each job's scratch file where it lies on the store's
+        filesystem (there, it is the job's part of the pressure). Blocking."""
+        if store_path is None:
+            return {}
+        found = {}
+        for state in running:
+            key = state.labels.get(LABEL_MOUNTS, "")
+            file = self.scratch_dir / f"{key}{SCRATCH_SUFFIX}"
+            if not key or os.sep in key or not inventory.same_filesystem(file, Path(store_path)):
+                continue
+            try:
+                found[state.name] = file.stat().st_blocks * 512
+            except OSError:
+                continue  # none: a job without scratch
+        return found
+
+    def _relieve(
+        self, running: list[ContainerState], store: ImageStore, scratch: dict[str, int]
+    ) -> None:
+        """Step 2: the largest writer (its scratch on the store counted as its own), when
+        it holds more than its fair share."""
         share = fair_share(store, len(running), high_percent=self.gc.high)
         sized = [(self.figures(s), s) for s in running]
-        known = [(f.used_bytes, s) for f, s in sized if f is not None and f.used_bytes is not None]
+        known = [
+            (f.used_bytes + scratch.get(s.name, 0), s)
+            for f, s in sized
+            if f is not None and f.used_bytes is not None
+        ]
         if share is None or not known:
             return
         used, largest = max(known, key=lambda pair: pair[0])

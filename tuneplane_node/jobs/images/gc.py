@@ -38,7 +38,7 @@ from datetime import datetime
 from typing import Protocol
 
 from tuneplane_node.clock import Clock, within
-from tuneplane_node.errors import InsufficientStorage, NodeError
+from tuneplane_node.errors import InodePressure, InsufficientStorage, NodeError
 from tuneplane_node.jobs.images.pulls import PullCoordinator, SharedPull
 from tuneplane_node.jobs.observe.results import GcRun, ImageStore, RemovedImage
 from tuneplane_node.references import ImageName
@@ -239,9 +239,8 @@ class ImageCollector:
             log.warning("a pull filled the engine's disk: image GC runs now")
             # Room a pull needs (its size is not known here: a look ahead's worth), which a
             # pressure nobody explains does not forbid.
-            if self._run is None or self._run.done():
-                run = self._collect(self.ahead_bytes)
-                self._run = self._tasks.spawn(run, name="image gc", ended=_warned)
+            run = self.collect(room_for=self.ahead_bytes)  # after a run under way, if one
+            self._tasks.spawn(run, name="image gc for a pull", ended=_warned)
 
     def ahead(self, pull: SharedPull) -> None:
         """A pull's bytes came: when the room below high is less than what it has left
@@ -382,6 +381,15 @@ class ImageCollector:
         what changed only) larger than the room below high with every image a run may
         remove gone. Nothing is removed for the size (`ahead` removes for bytes)."""
         store = await self.store()
+        if store.inode_pressure:  # a pull makes inodes: after a run, or refused
+            if self.scope != "off":
+                store = (await self.collect()).store
+            if store.inode_pressure and store.inodes_total is not None:
+                raise InodePressure(
+                    inodes_free=store.inodes_free or 0,
+                    inodes_total=store.inodes_total,
+                    high_percent=self.inode_high,
+                )
         room = store.room(self.high)
         # The registry is asked only where the answer can refuse: a store of known size.
         sized = not present and room is not None

@@ -206,6 +206,10 @@ class PullCoordinator:
     def in_flight(self) -> int:
         return len(self.pulls)
 
+    def bytes_done(self) -> int:
+        """The bytes the pulls under way have downloaded (compressed, as the engine says)."""
+        return sum(pull.progress.bytes_done for pull in self.pulls.values())
+
     def images(self) -> list[str]:
         """The images being pulled now."""
         return [pull.image for pull in self.pulls.values()]

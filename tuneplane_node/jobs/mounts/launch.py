@@ -18,10 +18,11 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
+from tuneplane_node import inventory
 from tuneplane_node.errors import ConfigError, InvalidField, NodeError
 from tuneplane_node.jobs.mounts.policy import MountPolicy
 from tuneplane_node.jobs.mounts.scratch import FIELD as SCRATCH
-from tuneplane_node.jobs.mounts.scratch import ScratchError, ScratchSpaces
+from tuneplane_node.jobs.mounts.scratch import ScratchError, ScratchSpaces, scratch_on_store
 from tuneplane_node.jobs.mounts.staging import MountStaging
 from tuneplane_node.jobs.volumes.keeper import VolumeKeeper
 from tuneplane_node.jobs.volumes.sources import FIELD as VOLUMES
@@ -196,6 +197,10 @@ class LaunchMounts:
             log.warning("staged mounts not swept (the engine did not answer): %s", exc.message)
             return
         self._refuse_roots(support)
+        store = next((d for d in support.engine_dirs if d), None)  # the data root first
+        scratch = self.scratch.files
+        if store is not None and await asyncio.to_thread(_on, scratch, Path(store)):
+            log.warning("scratch root %s: %s", scratch, scratch_on_store(store))
         await asyncio.to_thread(self.staging.sweep, keep)
         try:
             await asyncio.to_thread(self.scratch.sweep, keep)
@@ -210,3 +215,7 @@ class LaunchMounts:
         problem = self.policy.root_holding(support.engine_dirs, engine=self.runtime.name)
         if problem is not None:
             raise ConfigError(problem)
+
+
+def _on(path: Path, filesystem_of: Path) -> bool:
+    return inventory.same_filesystem(path, filesystem_of) is True

@@ -146,6 +146,15 @@ class ScratchSpaces:
         return len(gone)
 
 
+def scratch_on_store(store: str) -> str:
+    """What check and the start say of a scratch root on the engine's store's disk."""
+    return (
+        f"on the filesystem of the engine's store ({store}): a job's scratch takes the "
+        f"store's room and raises its disk pressure; set {env_name('scratch_root')} to "
+        "another disk"
+    )
+
+
 def missing_tools() -> list[str]:
     """The programs a scratch needs that this machine lacks (``check`` says them)."""
     return [tool for tool in (MKFS[0], "losetup", "mount") if shutil.which(tool) is None]

@@ -260,6 +260,19 @@ def test_the_token_comes_from_a_file_before_the_environment(
     assert ctl("health", token=TOKEN, url=engine_down_node.url)[0] == 4  # the environment
 
 
+@pytest.mark.slow  # a daemon process of its own
+def test_a_node_without_cards_is_a_ready_cpu_node(ctl: Ctl, start_node: StartNode) -> None:
+    """The README's daemon (``TUNEPLANE_LOCAL_GPU_COUNT=0``): health ok, ctl health exits
+    0 saying it has no cards (issue 52, part 8: it read as broken, exit 5)."""
+    node = start_node(TUNEPLANE_LOCAL_RUNTIME="process", TUNEPLANE_LOCAL_GPU_COUNT="0")
+    code, out, err = ctl("health", url=node.url)
+    assert code == 0, err
+    assert re.search(r"card jobs +none: the node has no cards", out), out
+    assert re.search(r"node +ready", out) and re.search(r"health +ok", out), out
+    answer = json.loads(ctl("health", "--json", url=node.url)[1])
+    assert (answer["ok"], answer["gpu_ready"], answer["gpus_total"]) == (True, None, 0)
+
+
 def node_of_one_token(
     start_node: StartNode, tmp_path: Path, line: str
 ) -> tuple[Node, tuple[str, str]]:

@@ -277,6 +277,24 @@ async def test_a_job_is_walked_again_only_when_it_could_have_passed_its_limit(
     await wait_until(lambda: fake.containers[named("quiet")].status == "exited")
 
 
+async def test_a_job_near_its_limit_is_walked_again_when_the_store_grows_by_its_room(
+    make_node: MakeNode, fake: FakeRuntime, clock: FakeClock
+) -> None:
+    """What the job wrote before counts: 90 of its 100 MiB written, 20 MiB more is past
+    its limit, whatever the store held (issue 52: a re-walk rule forgetting the job's own
+    bytes let it write to 190 MiB unwalked, and no test failed)."""
+    node = await make_node(job_disk_check_s=5)
+    await node.jobs.launch(launch("near", disk_limit="100m"))
+    fake.written[named("near")] = 90 * MIB
+    await node.monitor.check()
+    walks = fake.calls["disk_usage"]
+    fake.written[named("near")] = 110 * MIB  # the store grows by 20 MiB: by its room and more
+    clock.advance(5)
+    await node.monitor.check()
+    assert fake.calls["disk_usage"] == walks + 1
+    await wait_until(lambda: fake.containers[named("near")].status == "exited")
+
+
 async def test_space_freed_before_a_job_grows_hides_none_of_its_growth(
     make_node: MakeNode, fake: FakeRuntime, clock: FakeClock
 ) -> None:

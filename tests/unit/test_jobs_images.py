@@ -4,6 +4,8 @@ and the recheck period passes on the fake clock)."""
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import json
 import os
 from dataclasses import replace
@@ -11,20 +13,21 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import IMAGE
-from tests.fakes import FakeClock, FakeRuntime
-from tests.helpers import settle, wait_until
+from tests.conftest import IMAGE, fake_settings
+from tests.fakes import FakeClock, FakeProbe, FakeRuntime
+from tests.helpers import fake_node_of, settle, wait_until
+from tests.volumeserver import LOOPBACK, FileServer
 from tuneplane_node.errors import (
     ConfigError,
     ImageAccessDenied,
     InvalidField,
     PrivateRecordUnwritable,
 )
-from tuneplane_node.jobs import LaunchRequest, Node, Pulling, Started
+from tuneplane_node.jobs import LaunchRequest, Node, PendingView, Pulling, Started
 from tuneplane_node.jobs.images.keeper import RECORD_FILE, RETRY_S, ImageKeeper
 from tuneplane_node.jobs.observe.results import ALWAYS, PrefetchRequest
-from tuneplane_node.runtime.base import LABEL_RUN_ID, RegistryAuth
-from tuneplane_node.runtime.facts import ImageInfo
+from tuneplane_node.runtime.base import LABEL_RUN_ID, RegistryAuth, Volume
+from tuneplane_node.runtime.facts import STAGED, ImageInfo
 from tuneplane_node.runtime.spec import ContainerSpec, container_name
 from tuneplane_node.settings import NodeSettings
 
@@ -475,3 +478,59 @@ async def test_at_start_an_image_the_ledger_says_was_pulled_privately_is_private
     with pytest.raises(ImageAccessDenied):
         await keeper.admit("registry.test/public:1", info, None)
     await keeper.admit(IMAGE, info, RIGHT)  # its registry's yes still admits
+
+
+async def test_a_pending_launch_is_made_from_the_id_its_pull_resolved_to(
+    node: Node, fake: FakeRuntime
+) -> None:
+    """Issue 52: the pending path created its container from the image's name (what a
+    tag says at create, not what was pulled and checked), and no test failed."""
+    await node.images.start()
+    await pull_then_run(node, fake, "pulled", None)
+    assert fake.containers[container_name("pulled")].spec.image == fake.image_id(IMAGE)
+
+
+@pytest.mark.slow  # a volume server on a socket
+async def test_a_name_re_pointed_while_the_volumes_fill_is_admitted_again(
+    fake: FakeRuntime, clock: FakeClock, probe: FakeProbe, tmp_path: Path, file_server: FileServer
+) -> None:
+    """A launch whose image is here waits for its volumes, then runs what its image's
+    name names then: a tag re-pointed meanwhile at a private image (the operator's
+    ``docker tag``) is that image, refused without its credentials (issue 52: the
+    pending path resolved the name again and skipped the private rule)."""
+    reach = {"volume_insecure_hosts": [file_server.host], "volume_allowed_networks": LOOPBACK}
+    fake.mount_mode = STAGED  # an engine that takes volumes (none is bound here: refused)
+    node = fake_node_of(fake, fake_settings(tmp_path, **reach), probe=probe, clock=clock)
+    await node.start()
+    try:
+        node.images.check = Registry(RIGHT)
+        await pull_then_run(node, fake, "owner", RIGHT)  # IMAGE is private now
+        public = "registry.test/public:1"
+        fake.arrived(public)
+        url = file_server.add("weights", b"w" * 4096)
+        file_server.stall["weights"] = held = asyncio.Event()
+        request = launch("late", image=public)
+        volume = Volume(url, "/models/w", hashlib.sha256(b"w" * 4096).hexdigest())
+        request = replace(request, spec=replace(request.spec, volumes=(volume,)))
+        assert isinstance(await node.jobs.launch(request), Pulling)
+        fake.tag(IMAGE, public)  # re-pointed while the fill runs
+        held.set()
+        view = await wait_for_end(node, "tuneplane-late")
+        assert view.error is not None and "private image" in view.error, view
+        assert "tuneplane-late" not in fake.containers
+    finally:
+        for name in list(fake.containers):  # a failure's container lets its binds go
+            await node.jobs.remove(name)
+        await node.close()
+
+
+async def wait_for_end(node: Node, ref: str) -> PendingView:
+    async def ended() -> PendingView | None:
+        view = (await node.jobs.observe([ref]))[ref]
+        return view if isinstance(view, PendingView) and view.failed else None
+
+    for _ in range(500):
+        if (view := await ended()) is not None:
+            return view
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{ref}: the pending launch did not end")

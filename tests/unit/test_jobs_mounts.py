@@ -79,6 +79,28 @@ def test_the_nodes_own_files_under_a_root_are_never_mounted(tmp_path: Path, what
     assert f"{tmp_path} holds {own} ({what})" in refusal(mounts, tmp_path)
 
 
+def test_an_engine_directory_named_through_a_link_is_refused_as_the_real_one(
+    tmp_path: Path,
+) -> None:
+    """The engine may say its data root by a link (``/srv/docker`` to a directory under
+    a mount root): the real directory is never mounted, nor one holding it (issue 52: a
+    policy keeping the path as the engine said it let both be mounted, and no test
+    failed)."""
+    real = tmp_path / "data" / "docker"
+    (real / "overlay2").mkdir(parents=True)
+    link = tmp_path.parent / f"{tmp_path.name}-docker-link"
+    link.symlink_to(real)
+    try:
+        mounts = policy(tmp_path)
+        mounts.forbid([(link, "the docker engine's data root")])
+        said = "(the docker engine's data root), which a job may never mount"
+        assert refusal(mounts, real).startswith(f"{real} is {real} {said}")
+        assert f"is in {real}" in refusal(mounts, real / "overlay2")
+        assert f"{tmp_path / 'data'} holds {real}" in refusal(mounts, tmp_path / "data")
+    finally:
+        link.unlink()
+
+
 @pytest.mark.slow  # 2.6 s: the swapping thread and the walk share two cores
 def test_a_swap_in_a_loop_never_opens_the_other_tenants_directory(tmp_path: Path) -> None:
     """Tenant A swaps its ckpt with a link to B's (RENAME_EXCHANGE) as fast as it can:

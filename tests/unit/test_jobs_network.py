@@ -162,6 +162,16 @@ async def test_a_machine_whose_cards_are_unknown_bridges_host_jobs(
     assert network_of(fake, "blind") == ("isolated", "isolated")
 
 
+async def test_a_machine_known_to_have_no_cards_bridges_host_jobs(
+    make_service: MakeService, fake: FakeRuntime
+) -> None:
+    """No job holds the whole of a machine without cards, alone or not (issue 52: a rule
+    reading 0 cards as "every card held" gave a lone CPU job the host network, and no
+    test failed)."""
+    await make_service(local_gpu_count=0).jobs.launch(launch("cpu", 0))
+    assert network_of(fake, "cpu") == ("isolated", "isolated")
+
+
 async def test_allow_keeps_0315s_behaviour(make_service: MakeService, fake: FakeRuntime) -> None:
     node = make_service(port_held=False, job_host_network="allow")
     await node.jobs.launch(launch("part", 1))

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.ocilayers import Item, file, tarball
-from tuneplane_node.jobs.volumes.layers import Budget, HostileLayer, unpack
+from tuneplane_node.jobs.volumes.layers import MAX_DEPTH, Budget, HostileLayer, unpack
 
 
 def unpacked(tmp_path: Path, *layers: bytes, budget: Budget | None = None) -> Path:
@@ -122,6 +122,16 @@ def test_a_hostile_layer_is_refused_and_writes_nothing_outside(
     assert outside.read_text() == "mine"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["layer0", "outside", "tree"]
     assert not Path("/etc/evil").exists()
+
+
+def test_a_path_as_deep_as_the_bound_unpacks_and_one_deeper_is_refused(tmp_path: Path) -> None:
+    """`MAX_DEPTH` components (each an open directory while the walk writes): one more is
+    a hostile layer (issue 52: the bound moved fourfold and no test failed)."""
+    deepest = "/".join(["d"] * (MAX_DEPTH - 1) + ["f"])
+    tree = unpacked(tmp_path / "ok", tarball(file(deepest)))
+    assert (tree / deepest).read_text() == "x"
+    with pytest.raises(HostileLayer, match=f"a path deeper than {MAX_DEPTH} in a layer"):
+        unpacked(tmp_path / "deeper", tarball(file("d/" + deepest)))
 
 
 def test_a_whiteout_through_a_link_removes_nothing_outside(tmp_path: Path) -> None:

@@ -274,6 +274,10 @@ class Launcher:
         info = await self.runtime.image_info(canonical(record.image))
         if record.needs_pull:
             await self.images.pulled(record.image, info, record.request.auth)
+        elif info is not None:
+            # Admitted before its fills, by what the name named then: a name re-pointed
+            # meanwhile (a tag) names another image, whose rule is asked now.
+            await self.images.admit(record.image, info, record.request.auth)
         if info is not None:
             await self._runs_on_driver(record.request, info)
         record.phase = STARTING

@@ -474,3 +474,57 @@ def test_a_url_needs_its_sha256_in_the_document_as_in_the_parser(body: dict[str,
     item = {**body, "path": "/models/w"}
     launch_body = launch(volumes=[item])
     assert LAUNCH.is_valid(launch_body) == parser_accepts(launch_body)
+
+
+# --- what schemathesis found the document allowed and the node refused (issue 52) ------------
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"ref": "j", "warn_s": 0.0},
+        {"ref": "j", "warn_s": 5, "warn_signal": None},
+        {"ref": "j", "warn_s": 5, "warn_signal": ""},
+        {"ref": "j", "warn_s": 5, "warn_signal": "SIGUSR1"},
+        {"ref": "j", "warn_s": None},
+        {"ref": "j", "warn_signal": "SIGUSR1"},
+        {"ref": "j", "warn_signal": "", "signal": ""},  # "": not given, as in 0.3.15
+    ],
+)
+def test_warn_s_needs_its_signal_in_the_document_as_in_the_parser(body: dict[str, Any]) -> None:
+    assert validator("StopBody").is_valid(body) == accepts(verbs.parse_stop_body, body)
+    drain = {key: value for key, value in body.items() if key != "ref"}
+    assert validator("DrainBody").is_valid(drain) == accepts(verbs.parse_drain, drain)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "registry.test/weights:7b",
+        f"registry.test/weights@sha256:{'a' * 64}",
+        f"registry.test/weights@sha512:{'a' * 128}",
+        f"registry.test/weights@sha384:{'a' * 96}",
+    ],
+)
+def test_a_volumes_digest_is_a_sha256_in_the_document_as_in_the_parser(source: str) -> None:
+    body = {"source": source}
+    assert validator("VolumePullBody").is_valid(body) == accepts(volumes.parse_volume_pull, body)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("memory_limit", 873121664.0),
+        ("disk_limit", 2.0e9),
+        ("shm_size", 1048576.0),
+        ("memory_limit", 873121664.5),
+        ("scratch", {"path": "/scratch", "size": 1048576.0}),
+    ],
+)
+def test_a_whole_number_written_as_a_float_is_that_number(field: str, value: Any) -> None:
+    """JSON Schema's integer takes 947.0; a client's JSON may write a size so."""
+    body = launch(**{field: value})
+    assert LAUNCH.is_valid(body) == parser_accepts(body)
+    for gpus in (2.0, 2.5):
+        body = {"run_id": "r", "container": {"image": "a/b:1"}, "requested_gpus": gpus}
+        assert LAUNCH.is_valid(body) == parser_accepts(body)

@@ -99,6 +99,8 @@ _TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"  # \w would take any letter: é
 # the grammar's looser form reaches the engine only to be refused there (a 502).
 _DIGEST = r"(?:sha256:[0-9a-f]{64}|sha384:[0-9a-f]{96}|sha512:[0-9a-f]{128})"
 IMAGE_REFERENCE = re.compile(rf"(?P<name>{_NAME_PART})(?::{_TAG})?(?:@{_DIGEST})?")
+# A volume's: its digest names the manifest it is kept by, a sha256 alone.
+SHA256_REFERENCE = re.compile(rf"(?P<name>{_NAME_PART})(?::{_TAG})?(?:@sha256:[0-9a-f]{{64}})?")
 # An image id, which the engines run whoever pulled it: never an image a console names.
 IMAGE_ID = rf"(?!{ID_PREFIX}|{FULL_ID.pattern}$)"
 MAX_IMAGE_NAME = 255

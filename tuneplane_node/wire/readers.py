@@ -66,6 +66,14 @@ def is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def whole(value: object) -> object:
+    """A float with no fraction (``947.0``) as its int: JSON Schema's integer, which a
+    client's JSON may write so; any other value as it is."""
+    if isinstance(value, float) and value.is_integer() and abs(value) <= 2**53:
+        return int(value)
+    return value
+
+
 def read_list(given: Given, *, most: int, what: str) -> list[Any]:
     """A list of at most ``most`` entries (``""`` or null: none), else a 422 saying so."""
     value = empty_as(given.value, [])
@@ -89,7 +97,7 @@ def is_absolute(path: object) -> bool:
 
 
 def read_size(given: Given, *, least: int) -> str | None:
-    value = given.value
+    value = whole(given.value)
     if value is None or value == "":
         return None
     size = size_in_bytes(value)

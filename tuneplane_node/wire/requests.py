@@ -83,6 +83,9 @@ from tuneplane_node.wire.readers import (
     read_size,
     read_text,
 )
+from tuneplane_node.wire.readers import (
+    whole as whole_number,
+)
 from tuneplane_node.wire.values import (
     IF_NOT_PRESENT,
     LABEL_RUN_ID,
@@ -158,6 +161,7 @@ def _run_id(body: Mapping[str, Any]) -> str:
 def _requested_gpus(requested: object, gpus: list[Any] | None) -> int:
     if requested is None:  # 0.3.15 consoles may say it only through container.gpus
         requested = len(gpus or [])
+    requested = whole_number(requested)
     whole = requested if isinstance(requested, int) and is_int(requested) else None
     if whole is None or not 0 <= whole <= MAX_GPUS:
         problem = INVALID if whole is None else OUT_OF_RANGE

@@ -21,7 +21,17 @@ from tuneplane_node.errors import (
     InvalidCursor,
     InvalidField,
 )
-from tuneplane_node.wire.fields import EMPTY, Body, Field, Refusals, either, number, or_null, text
+from tuneplane_node.wire.fields import (
+    EMPTY,
+    Body,
+    Field,
+    Refusals,
+    either,
+    number,
+    or_empty,
+    or_null,
+    text,
+)
 from tuneplane_node.wire.readers import (
     MAX_NUMBER_TEXT,
     NUMBER_TEXT,
@@ -289,7 +299,7 @@ REF_BODY = Body("RefBody", (REF_FIELD,))
 WARNING = (
     Field(
         "warn_signal",
-        or_null(SIGNAL),
+        or_empty(SIGNAL),
         f"A signal sent before the stop signal, for the job to checkpoint and end by "
         f"itself: {SIGNALS_DOC}. Absent: no warning. Sent only to a job that catches it "
         "(a process below its init has a handler): to one that does not, it would be "
@@ -303,6 +313,14 @@ WARNING = (
         "ended by then; default: as long as the grace period. Needs `warn_signal`.",
     ),
 )
+# `warn_s` given (a number) needs a `warn_signal` that is one: the parser's rule (`_warning`).
+WARN_S_NEEDS_SIGNAL = {
+    "if": {"required": ["warn_s"], "properties": {"warn_s": {"type": "number"}}},
+    "then": {
+        "required": ["warn_signal"],
+        "properties": {"warn_signal": {"not": {"enum": ["", None]}}},
+    },
+}
 STOP = Body(
     "StopBody",
     (
@@ -310,12 +328,13 @@ STOP = Body(
         _grace("timeout", jobs="the job"),
         Field(
             "signal",
-            or_null(SIGNAL),
+            or_empty(SIGNAL),
             f"The stop signal for this stop: {SIGNALS_DOC}. Absent: the job's own "
             "(`container.stop_signal`, else the image's `STOPSIGNAL`, else `SIGTERM`).",
         ),
         *WARNING,
     ),
+    rule=WARN_S_NEEDS_SIGNAL,
 )
 SIGNAL_BODY = Body(
     "SignalBody",
@@ -349,6 +368,7 @@ DRAIN = Body(
         _grace("grace_s", jobs="every job"),
         *WARNING,
     ),
+    rule=WARN_S_NEEDS_SIGNAL,
 )
 UNCORDON = Body("UncordonBody", (), doc="Nothing is read from it.")
 RESET_BREAKER = Body("ResetBreakerBody", (), doc="Nothing is read from it.")

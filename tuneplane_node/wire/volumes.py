@@ -34,7 +34,13 @@ from tuneplane_node.wire.fields import (
     or_empty,
     text,
 )
-from tuneplane_node.wire.images import IMAGE_ID, IMAGE_REFERENCE, MAX_IMAGE, MAX_IMAGE_NAME
+from tuneplane_node.wire.images import (
+    IMAGE_ID,
+    IMAGE_REFERENCE,
+    MAX_IMAGE,
+    MAX_IMAGE_NAME,
+    SHA256_REFERENCE,
+)
 from tuneplane_node.wire.mounts import UNMOUNTABLE, read_target
 from tuneplane_node.wire.readers import PATH, read_body, read_flag, read_list
 from tuneplane_node.wire.values import FAILED, PRESENT, Volume
@@ -130,7 +136,7 @@ SHA256 = re.compile(r"(?:sha256:)?([0-9a-f]{64})")
 VOLUME_SOURCE = {
     "anyOf": [
         text(most=MAX_URL, pattern=anchored(URL.pattern)),
-        text(most=MAX_IMAGE, least=1, pattern=anchored(IMAGE_ID + IMAGE_REFERENCE.pattern)),
+        text(most=MAX_IMAGE, least=1, pattern=anchored(IMAGE_ID + SHA256_REFERENCE.pattern)),
     ]
 }
 

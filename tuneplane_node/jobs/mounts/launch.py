@@ -170,18 +170,25 @@ class LaunchMounts:
         self._dirty = True
         while self._dirty:
             self._dirty = False
+            # Listed first: a key made after the list is no candidate (it is added to
+            # `_making` before its directory exists, so one listed is kept if making).
+            listed = await asyncio.to_thread(self._keys)
             try:
                 live = {s.labels.get(LABEL_MOUNTS, "") for s in await self.runtime.ps()}
             except NodeError:
                 return  # the engine not answering: nothing is known gone
             self._making -= live  # made: its label is the truth now
-            keep = live | self._making
-            async with self._releasing:
-                try:
-                    await asyncio.to_thread(self.staging.sweep, keep)
-                    await asyncio.to_thread(self.scratch.sweep, keep)
-                except (OSError, ScratchError) as exc:
-                    log.error("could not remove the mounts of a removed container: %s", exc)
+            for key in sorted(listed - live - self._making):
+                log.warning("releasing the mounts of %s: its container is gone", key)
+                async with self._releasing:
+                    try:
+                        await asyncio.to_thread(self.staging.release, key)
+                        await asyncio.to_thread(self.scratch.release, key)
+                    except (OSError, ScratchError) as exc:
+                        log.error("could not remove the mounts of %s: %s", key, exc)
+
+    def _keys(self) -> set[str]:
+        return set(self.staging.keys()) | self.scratch.keys()
 
     async def close(self) -> None:
         await self._tasks.close()

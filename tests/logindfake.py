@@ -12,6 +12,7 @@ import contextlib
 import os
 import select
 import shutil
+import socket
 import subprocess
 import threading
 import time
@@ -50,11 +51,21 @@ class PrivateBus:
         self.process = subprocess.Popen(
             ["dbus-daemon", f"--config-file={directory / 'bus.conf'}", "--nofork"]
         )
+        # Its socket exists once bound, a moment before it listens (a connect then is
+        # refused): up once a connect succeeds. 10 s: a loaded machine's margin.
         deadline = time.monotonic() + 10
-        while not self.path.exists():  # the daemon listens once its socket is there
+        while not self._listening():
             assert time.monotonic() < deadline and self.process.poll() is None, "no bus"
             time.sleep(0.02)
         self.address = f"unix:path={self.path}"
+
+    def _listening(self) -> bool:
+        with socket.socket(socket.AF_UNIX) as probe:
+            try:
+                probe.connect(str(self.path))
+            except OSError:  # not there yet, or not listening yet
+                return False
+        return True
 
     def close(self) -> None:
         self.process.terminate()

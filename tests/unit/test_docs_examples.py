@@ -9,7 +9,6 @@ import dataclasses
 import textwrap
 from pathlib import Path
 
-import mypy.api
 import pytest
 
 from tests.docexamples import (
@@ -76,12 +75,17 @@ def as_module(block: Block) -> str:
     return GIVEN + code
 
 
+# Once: mypy is the dev extra's, which the lowest-dependencies and newest-Python runs do
+# not install; what it checks does not depend on their releases.
 @pytest.mark.slow
+@pytest.mark.once
 def test_the_python_examples_of_the_docs_and_the_consoles_pass_mypy_strict(
     tmp_path: Path,
 ) -> None:
     """What a console author copies type-checks as a console's own code would: a
     snippet that does not (``jobs = {}`` untyped) fails here, named by file and line."""
+    import mypy.api  # the dev extra's (above)
+
     files = list(CONSOLES)
     for path in PYTHON_SOURCES:
         for block in python_blocks(path):

@@ -48,7 +48,7 @@ from harness import (
 )
 from launch import launch_body, parse_launch, sdk_options
 from launchtimer import ENV as TIMINGS_ENV
-from launchtimer import OPTIONS
+from launchtimer import OPTIONS, USERNS
 from networks import PODMAN_URL
 from volumelaunch import prefetch, volume_files
 from volumes import serve
@@ -198,7 +198,7 @@ def engine_options(body: dict[str, Any], recorded: dict[str, Any]) -> dict[str, 
     container's name and labels (the node's own labels would make it the node's job) and
     the body's mounts where they are (the node's were its staged copies, gone since)."""
     base = sdk_options(body)
-    kept = {key: value for key, value in recorded.items() if key not in ("name", "labels")}
+    kept = {k: v for k, v in recorded.items() if k not in ("name", "labels", USERNS)}
     return kept | {"name": base["name"], "labels": base["labels"], "mounts": base["mounts"]}
 
 
@@ -221,8 +221,10 @@ def podman_send(client: podman.PodmanClient) -> Start:
     start."""
 
     def start(body: dict[str, Any], recorded: dict[str, Any]) -> Callable[[], None]:
-        spec = replace(parse_launch(body).spec, gpus=(), network=ISOLATED, own_userns=True)
+        own = bool(recorded.get(USERNS))  # as the node's create body had it
+        spec = replace(parse_launch(body).spec, gpus=(), network=ISOLATED, own_userns=own)
         options = engine_options(body, recorded)
+        options.pop(USERNS, None)
         options["mounts"] = recorded.get("mounts", [])  # none staged: the node's own
         options["networks"] = {own_network(spec.name): {}}
         storage = options.pop("storage_opt", None)
@@ -379,7 +381,8 @@ def run_kinds(wanted: list[str], *, pairs: int, launches: int) -> None:
     with setup(wanted, names) as made:
         for kind in made.kinds.values():  # warm-up, not counted: connections, networks
             one(kind, names, "node")
-            kind.recorded = launched(kind)[-1][OPTIONS]
+            steps = launched(kind)[-1]
+            kind.recorded = steps[OPTIONS] | {USERNS: steps.get(USERNS, False)}
             one(kind, names, "sdk")
         for pair in range(pairs):
             for kind in made.kinds.values():
@@ -433,9 +436,11 @@ def breakdown(kind: Kind) -> None:
     if not launches:
         print(f"  {kind.name}: no timings")
         return
-    steps = sorted({step for each in launches for step in each if step != OPTIONS})
+    steps = sorted({step for each in launches for step, v in each.items() if type(v) is float})
     medians = {step: percentile([each.get(step, 0.0) for each in launches], 50) for step in steps}
-    print(f"  {kind.name} ({len(launches)} launches):")
+    userns = {each[USERNS] for each in launches if USERNS in each}
+    said = f", own user namespace: {sorted(userns)}" if userns else ""
+    print(f"  {kind.name} ({len(launches)} launches{said}):")
     for step in sorted(steps, key=lambda s: (not s.startswith("service"), -medians[s])):
         if medians[step] >= 0.0001:
             p90 = percentile([each.get(step, 0.0) for each in launches], 90)

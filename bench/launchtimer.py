@@ -57,12 +57,20 @@ STEPS = (
 )
 # Synchronous steps inside the engine's run (on the pool's thread).
 THREAD_STEPS = (
+    ("tuneplane_node.runtime.engines.docker", "DockerRuntime", "_create", "run: create"),
+    (
+        "tuneplane_node.runtime.engines.docker",
+        "DockerRuntime",
+        "_ready_network",
+        "run: create: network looked up (locked)",
+    ),
     ("tuneplane_node.runtime.engines.podman", "JobNetworks", "make", "run: job network made"),
     ("tuneplane_node.runtime.engines.podman", "JobNetworks", "prune", "run: job networks pruned"),
     ("tuneplane_node.runtime.engines.networks.hostguard", "BridgeGuard", "hold", "run: guard"),
     ("tuneplane_node.runtime.engines.networks.egress", "EgressRule", "hold", "run: egress rule"),
 )
 OPTIONS = "create options"
+USERNS = "own user namespace"  # podman: whether the create body gave the job its own
 NAMED = re.compile(r"^(containers|images|networks|volumes|exec)/(.+?)(/[a-z]+)?$")
 VERBS = {"create", "json", "prune"}
 
@@ -97,18 +105,24 @@ def timed_sync(fn: Callable[..., Any], step: str) -> Callable[..., Any]:
     return wrapper
 
 
-def options_kept(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``create_options``: what it answers kept in the launch's line, for the SDK's side."""
+def kept(fn: Callable[..., Any], key: str, said: Callable[[Any], Any]) -> Callable[..., Any]:
+    """``fn``'s answer, as ``said`` reads it, kept in the launch's line under ``key``:
+    ``create_options``' (what the SDK's side creates with), and whether podman's
+    ``create_body`` gave the job a user namespace of its own."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        options = fn(*args, **kwargs)
+        answer = fn(*args, **kwargs)
         steps = CURRENT.get()
         if steps is not None:
-            steps[OPTIONS] = json.loads(json.dumps(options, default=str))
-        return options
+            steps[key] = said(answer)
+        return answer
 
     return wrapper
+
+
+def as_json(options: Any) -> Any:
+    return json.loads(json.dumps(options, default=str))
 
 
 def launch_wrapped(fn: Callable[..., Any], path: str) -> Callable[..., Any]:
@@ -143,6 +157,7 @@ def pool_wrapped(fn: Callable[..., Any]) -> Callable[..., Any]:
 
         def on_thread(*args: Any, **kwargs: Any) -> Any:
             CURRENT.set(steps)  # the pool's thread: set for this call, cleared below
+            add("pool: queue wait", time.monotonic() - started)
             try:
                 return call(*args, **kwargs)
             finally:
@@ -177,6 +192,7 @@ def install() -> None:
     import requests
 
     from tuneplane_node.jobs.service import JobService
+    from tuneplane_node.runtime.engines import podman as podman_module
     from tuneplane_node.runtime.engines.docker import DockerRuntime
     from tuneplane_node.runtime.engines.podman import PodmanRuntime
     from tuneplane_node.runtime.pool import BlockingPool
@@ -188,8 +204,9 @@ def install() -> None:
         cls = getattr(importlib.import_module(module), owner)
         wrap = timed_async if (module, owner, method, step) in STEPS else timed_sync
         setattr(cls, method, wrap(getattr(cls, method), step))
+    podman_module.create_body = kept(podman_module.create_body, USERNS, lambda b: "userns" in b)
     for runtime in (DockerRuntime, PodmanRuntime):
-        runtime.create_options = options_kept(runtime.create_options)  # type: ignore[method-assign]
+        runtime.create_options = kept(runtime.create_options, OPTIONS, as_json)  # type: ignore[method-assign]
     send = requests.Session.send
 
     def sent(session: Any, request: Any, **kwargs: Any) -> Any:

@@ -59,7 +59,9 @@ from tuneplane_node.runtime.engines.podman import _make_network, create_body
 KINDS = ("plain", "mounts", "podman", "volume", "burst")
 BURST = 20
 GOALS = {"p50": 1.10, "p99": 1.25, "burst": 1.15}
-Start = Callable[[dict[str, Any], dict[str, Any]], Callable[[], None]]
+# The SDK's set-up of one launch: of the body, the node's create options and where its
+# calls' times go; it answers the send.
+Start = Callable[[dict[str, Any], dict[str, Any], dict[str, float]], Callable[[], None]]
 TIMER = Path(__file__).resolve().parent / "launchtimer.py"
 
 
@@ -105,10 +107,11 @@ class Kind:
     api: Api
     starts: Starts
     body: Callable[[str], dict[str, Any]]
-    sdk_start: Start  # set-up, of the body and the node's create options; the send
+    sdk_start: Start
     sdk_remove: Callable[[str], None]
     timings: Path  # the node's daemon's (bench/launchtimer.py)
     recorded: dict[str, Any] = field(default_factory=dict)
+    sdk_steps: list[dict[str, float]] = field(default_factory=list)  # each SDK launch's
     times: dict[str, list[float]] = field(default_factory=lambda: {"node": [], "sdk": []})
 
     def node(self, name: str) -> float:
@@ -121,7 +124,9 @@ class Kind:
         self.api.remove(name)
 
     def sdk(self, name: str) -> float:
-        send = self.sdk_start(self.body(name), self.recorded)
+        steps: dict[str, float] = {}
+        self.sdk_steps.append(steps)
+        send = self.sdk_start(self.body(name), self.recorded, steps)
         sent = time.time()
         send()
         return self.starts.wait(name) - sent
@@ -169,7 +174,11 @@ def burst(kind: Kind, names: Names, side: str, *, apis: list[Api]) -> list[float
             functools.partial(api.launch, body) for api, body in zip(apis, bodies, strict=True)
         ]
     else:
-        sends = [kind.sdk_start(kind.body(name), kind.recorded) for name in made]
+        kind.sdk_steps += [{} for _ in made]
+        sends = [
+            kind.sdk_start(kind.body(name), kind.recorded, steps)
+            for name, steps in zip(made, kind.sdk_steps[-BURST:], strict=True)
+        ]
     gate = threading.Barrier(BURST + 1)
 
     def go(send: Callable[[], Any]) -> None:
@@ -203,12 +212,30 @@ def engine_options(body: dict[str, Any], recorded: dict[str, Any]) -> dict[str, 
 
 
 def docker_send(sdk: docker.DockerClient, extra: Callable[[dict[str, Any]], None]) -> Start:
-    def start(body: dict[str, Any], recorded: dict[str, Any]) -> Callable[[], None]:
+    def start(
+        body: dict[str, Any], recorded: dict[str, Any], steps: dict[str, float]
+    ) -> Callable[[], None]:
         options = engine_options(body, recorded)
         extra(options)
-        return lambda: sdk.containers.create(**options).start()
+
+        def send() -> None:
+            with clocked(steps, "sdk: create (+ its inspect)"):
+                container = sdk.containers.create(**options)
+            with clocked(steps, "sdk: start"):
+                container.start()
+
+        return send
 
     return start
+
+
+@contextmanager
+def clocked(steps: dict[str, float], step: str) -> Iterator[None]:
+    started = time.monotonic()
+    try:
+        yield
+    finally:
+        steps[step] = steps.get(step, 0.0) + time.monotonic() - started
 
 
 def no_extra(options: dict[str, Any]) -> None:
@@ -220,7 +247,9 @@ def podman_send(client: podman.PodmanClient) -> Start:
     create body with a user namespace of its own (as the node's runtime posts it), the
     start."""
 
-    def start(body: dict[str, Any], recorded: dict[str, Any]) -> Callable[[], None]:
+    def start(
+        body: dict[str, Any], recorded: dict[str, Any], steps: dict[str, float]
+    ) -> Callable[[], None]:
         own = bool(recorded.get(USERNS))  # as the node's create body had it
         spec = replace(parse_launch(body).spec, gpus=(), network=ISOLATED, own_userns=own)
         options = engine_options(body, recorded)
@@ -231,12 +260,15 @@ def podman_send(client: podman.PodmanClient) -> Start:
         data = podman.api.prepare_body(create_body(options, storage, spec))
 
         def send() -> None:
-            _make_network(client.api, spec, "bench")
-            made = client.api.post(
-                "/containers/create", headers={"content-type": "application/json"}, data=data
-            )
-            made.raise_for_status()
-            client.api.post(f"/containers/{made.json()['Id']}/start").raise_for_status()
+            with clocked(steps, "sdk: the job's network made"):
+                _make_network(client.api, spec, "bench")
+            with clocked(steps, "sdk: create"):
+                made = client.api.post(
+                    "/containers/create", headers={"content-type": "application/json"}, data=data
+                )
+                made.raise_for_status()
+            with clocked(steps, "sdk: start"):
+                client.api.post(f"/containers/{made.json()['Id']}/start").raise_for_status()
 
         return send
 
@@ -419,7 +451,8 @@ def report(made: Setup, bursts: dict[str, list[list[float]]], loads: list[str]) 
             print(ratio_line("burst of 20, each launch", each["node"], each["sdk"], "burst"))
         else:
             print(ratio_line(name, kind.times["node"], kind.times["sdk"], "single"))
-    print("\nwhere the node's time goes (median per launch, its daemon's own clock):")
+    print("\nwhere the time goes (median per launch: the node's steps, by its daemon's clock;")
+    print("then the SDK's calls, `sdk:`)")
     for kind in made.kinds.values():
         breakdown(kind)
 
@@ -436,15 +469,22 @@ def breakdown(kind: Kind) -> None:
     if not launches:
         print(f"  {kind.name}: no timings")
         return
-    steps = sorted({step for each in launches for step, v in each.items() if type(v) is float})
+    steps = {step for each in launches for step, v in each.items() if type(v) is float}
     medians = {step: percentile([each.get(step, 0.0) for each in launches], 50) for step in steps}
     userns = {each[USERNS] for each in launches if USERNS in each}
     said = f", own user namespace: {sorted(userns)}" if userns else ""
     print(f"  {kind.name} ({len(launches)} launches{said}):")
-    for step in sorted(steps, key=lambda s: (not s.startswith("service"), -medians[s])):
-        if medians[step] >= 0.0001:
+    shown(launches, sorted(steps, key=lambda s: (not s.startswith("service"), -medians[s])))
+    sdk = kind.sdk_steps[1:]  # the warm-up's left out
+    shown(sdk, sorted({step for each in sdk for step in each}))
+
+
+def shown(launches: list[dict[str, Any]], steps: list[str]) -> None:
+    for step in steps:
+        median = percentile([each.get(step, 0.0) for each in launches], 50)
+        if median >= 0.0001:
             p90 = percentile([each.get(step, 0.0) for each in launches], 90)
-            print(f"    {step:44} {ms(medians[step]):>10} (p90 {ms(p90)})")
+            print(f"    {step:44} {ms(median):>10} (p90 {ms(p90)})")
 
 
 def kinds_arguments(parser: Any) -> None:

@@ -305,7 +305,6 @@ def setup(wanted: list[str], names: Names) -> Iterator[Setup]:
     with ExitStack() as stack:
         sdk = engine_client(pool=BURST + 4)
         stack.callback(sdk.close)
-        stack.callback(names.remove_all)
         work = Path(stack.enter_context(_tempdir()))
         docker_timings, podman_timings = work / "docker.jsonl", work / "podman.jsonl"
         storage = work / "storage"
@@ -389,6 +388,7 @@ def setup(wanted: list[str], names: Names) -> Iterator[Setup]:
         apis = [Api(daemon.url) for _ in range(BURST)]
         for each in apis:
             stack.callback(each.close)
+        stack.callback(names.remove_all)  # first at the end: its daemons and clients still up
         yield Setup(stack, {k: kinds[k] for k in wanted}, apis)
 
 

@@ -7,6 +7,10 @@ makes the same two calls the daemon's runtime makes (``containers.create`` then
 plain ``serve`` runs since issue 38); a third side starts it on the host's network, as
 0.3.15 did, for what that network costs. Each round does one of each, in an order that
 turns; removal is not timed. Goal: the API within 10% of the SDK.
+
+With ``--kinds plain,mounts,podman,volume,burst --pairs 4`` (issue 56), instead: each
+kind of launch against the SDK doing the same work, timed to the engine's start event,
+with the node's own breakdown (bench/launchkinds.py).
 """
 
 from __future__ import annotations
@@ -146,9 +150,17 @@ def report(times: dict[str, list[float]], extra: dict[str, list[float]]) -> None
 
 
 def main() -> None:
+    import launchkinds  # it imports this module's helpers
+
     parser = arguments(__doc__.splitlines()[0], containers=0, rounds=20)
+    launchkinds.kinds_arguments(parser)
     args = parser.parse_args()
     print(machine())
+    if args.kinds:
+        launchkinds.run_kinds(
+            launchkinds.wanted_kinds(args.kinds), pairs=args.pairs, launches=args.launches
+        )
+        return
     sdk = engine_client()
     with fleet("launch") as made, Daemon() as daemon:
         api = Api(daemon.url)

@@ -15,7 +15,8 @@ import pytest
 from tests.volumeserver import FileServer, local_fetcher, sha256
 from tuneplane_node.errors import VolumeFillFailed
 from tuneplane_node.jobs.volumes.fills import VolumeFills
-from tuneplane_node.jobs.volumes.store import VolumeStore, partial_key
+from tuneplane_node.jobs.volumes.store import VolumeStore
+from tuneplane_node.jobs.words import partial_key
 
 # A real server on a socket (tests' own loop): slow by the suite's rule.
 pytestmark = pytest.mark.slow

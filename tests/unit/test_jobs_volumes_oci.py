@@ -17,7 +17,8 @@ from tests.volumeserver import local_fetcher
 from tuneplane_node.errors import VolumeFillFailed
 from tuneplane_node.jobs.volumes.fills import MAX_ENTRIES, VolumeFills, budget_of
 from tuneplane_node.jobs.volumes.sources import VolumeSources
-from tuneplane_node.jobs.volumes.store import VolumeStore, partial_key
+from tuneplane_node.jobs.volumes.store import VolumeStore
+from tuneplane_node.jobs.words import partial_key
 from tuneplane_node.runtime.base import RegistryAuth, Volume
 from tuneplane_node.runtime.fetching import Fetcher
 from tuneplane_node.runtime.ociregistry import OciRegistry, by_digest

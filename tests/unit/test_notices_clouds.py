@@ -22,8 +22,8 @@ from tuneplane_node.jobs.notices.clouds import (
     detected,
     reader_of,
 )
-from tuneplane_node.jobs.notices.notice import MAINTENANCE, PREEMPT, REBALANCE, Notice
 from tuneplane_node.jobs.notices.watcher import metadata_fetcher
+from tuneplane_node.jobs.words import MAINTENANCE, PREEMPT, REBALANCE, Notice
 from tuneplane_node.runtime.fetching import Fetcher
 
 pytestmark = pytest.mark.slow  # a real server on a socket

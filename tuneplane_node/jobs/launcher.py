@@ -26,7 +26,6 @@ from tuneplane_node.jobs.images.gc import ImageCollector
 from tuneplane_node.jobs.images.keeper import ImageKeeper
 from tuneplane_node.jobs.images.pulls import PullCoordinator
 from tuneplane_node.jobs.mounts.launch import LaunchMounts
-from tuneplane_node.jobs.observe.results import LaunchRequest, Pulling, Started
 from tuneplane_node.jobs.observe.watch import ChangeLog
 from tuneplane_node.jobs.pending import STARTING, PendingLaunch, PendingTable
 from tuneplane_node.jobs.reservation import Reservation
@@ -36,6 +35,7 @@ from tuneplane_node.jobs.rules.fabric import FabricAddresses
 from tuneplane_node.jobs.rules.isolation import Isolation
 from tuneplane_node.jobs.rules.network import neighbours
 from tuneplane_node.jobs.volumes.keeper import VolumeKeeper
+from tuneplane_node.jobs.words.launch import LaunchRequest, Pulling, Started
 from tuneplane_node.logformat import job_fields
 from tuneplane_node.references import canonical
 from tuneplane_node.runtime.base import ContainerRuntime

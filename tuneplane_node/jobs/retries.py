@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Any
 
 from tuneplane_node.errors import NameTaken, RunConflict
-from tuneplane_node.jobs.observe.results import (
+from tuneplane_node.jobs.words.launch import (
     AlreadyExited,
     AlreadyRunning,
     LaunchRequest,

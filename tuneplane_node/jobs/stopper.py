@@ -17,12 +17,13 @@ from tuneplane_node.errors import NodeError, NotRunning
 from tuneplane_node.jobs.launcher import Launcher
 from tuneplane_node.jobs.locks import RefLocks
 from tuneplane_node.jobs.nodestate import NodeStateStore
-from tuneplane_node.jobs.observe.results import Own, Stopping, StopPlan
+from tuneplane_node.jobs.words.launch import Stopping
+from tuneplane_node.jobs.words.views import Own
 from tuneplane_node.logformat import job_fields
 from tuneplane_node.runtime.base import RUNNING, ContainerState
 from tuneplane_node.settings import LifecycleSettings
 from tuneplane_node.signals import DEFAULT_STOP_SIGNAL, job_signal
-from tuneplane_node.wire.values import LABEL_WARN_S, LABEL_WARN_SIGNAL
+from tuneplane_node.wire.values import LABEL_WARN_S, LABEL_WARN_SIGNAL, StopPlan
 from tuneplane_node.wire.values import SIGNALLED as SIGNALLED
 from tuneplane_node.wire.values import WARNED as WARNED
 

@@ -24,16 +24,11 @@ from tuneplane_node.jobs.images.keeper import ImageKeeper
 from tuneplane_node.jobs.images.ledger import ImageLedger, ImageRecord
 from tuneplane_node.jobs.images.prefetch import Prefetcher
 from tuneplane_node.jobs.images.pulls import PullCoordinator, SharedPull
-from tuneplane_node.jobs.observe.results import (
-    ImagesView,
-    ImageView,
-    Prefetched,
-    PrefetchRequest,
-    PullView,
-)
 from tuneplane_node.jobs.pending import PendingTable
+from tuneplane_node.jobs.words.images import ImagesView, ImageView, Prefetched, PullView
 from tuneplane_node.runtime.base import ContainerState
 from tuneplane_node.runtime.facts import ImageInfo
+from tuneplane_node.wire.values import PrefetchRequest
 
 log = logging.getLogger(__name__)
 

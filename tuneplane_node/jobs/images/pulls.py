@@ -25,7 +25,7 @@ from typing import Protocol
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.errors import NodeError
 from tuneplane_node.jobs.images.ledger import ImageLedger
-from tuneplane_node.jobs.images.pullrate import PullRate
+from tuneplane_node.jobs.words.rate import PullRate
 from tuneplane_node.logformat import job_fields
 from tuneplane_node.references import canonical
 from tuneplane_node.runtime.base import ProgressCallback, PullLimits, PullProgress, RegistryAuth

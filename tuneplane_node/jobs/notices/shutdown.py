@@ -18,8 +18,8 @@ from datetime import timedelta
 
 from tuneplane_node.clock import Clock
 from tuneplane_node.jobs.nodestate import DRAINED
-from tuneplane_node.jobs.notices.notice import SHUTDOWN, Notice
 from tuneplane_node.jobs.notices.reactor import NoticeReactor
+from tuneplane_node.jobs.words.notices import SHUTDOWN, Notice
 from tuneplane_node.runtime.logind import Logind, LogindUnavailable, release
 
 log = logging.getLogger(__name__)

@@ -26,8 +26,8 @@ from tuneplane_node.jobs.notices.clouds import (
     detected,
     reader_of,
 )
-from tuneplane_node.jobs.notices.notice import Notice
 from tuneplane_node.jobs.notices.reactor import NoticeReactor
+from tuneplane_node.jobs.words.notices import Notice
 from tuneplane_node.runtime.fetching import Fetcher, Session
 from tuneplane_node.runtime.reach import Reach
 from tuneplane_node.settings import NoticeSettings

@@ -15,8 +15,8 @@ from typing import IO, Protocol, TypeVar
 
 from tuneplane_node import durable
 from tuneplane_node.errors import VolumeFillFailed
-from tuneplane_node.jobs.volumes.fill import VolumeFill
-from tuneplane_node.jobs.volumes.store import Hasher, VolumeStore
+from tuneplane_node.jobs.volumes.store import VolumeStore
+from tuneplane_node.jobs.words.volumes import Hasher, VolumeFill
 from tuneplane_node.runtime.fetching import Download, shown
 from tuneplane_node.runtime.ociregistry import is_oci
 

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from tuneplane_node.clock import Clock
-from tuneplane_node.jobs.volumes.store import Entry
+from tuneplane_node.jobs.words.volumes import Entry
 from tuneplane_node.runtime.fetching import Fetcher, Session, shown
 
 log = logging.getLogger(__name__)

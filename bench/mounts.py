@@ -35,8 +35,9 @@ from harness import (
 )
 from launch import launch_body, sdk_options
 
-from tuneplane_node.jobs.mounts.policy import MountPolicy, Opened
+from tuneplane_node.jobs.mounts.policy import MountPolicy
 from tuneplane_node.jobs.mounts.staging import MountStaging
+from tuneplane_node.jobs.words import Opened
 from tuneplane_node.runtime.base import Mount
 
 MOUNTS = 4

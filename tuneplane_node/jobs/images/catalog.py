@@ -24,7 +24,6 @@ from tuneplane_node.jobs.images.keeper import ImageKeeper
 from tuneplane_node.jobs.images.ledger import ImageLedger, ImageRecord
 from tuneplane_node.jobs.images.prefetch import Prefetcher
 from tuneplane_node.jobs.images.pulls import PullCoordinator, SharedPull
-from tuneplane_node.jobs.pending import PendingTable
 from tuneplane_node.jobs.words.images import ImagesView, ImageView, Prefetched, PullView
 from tuneplane_node.runtime.base import ContainerState
 from tuneplane_node.runtime.facts import ImageInfo
@@ -40,6 +39,21 @@ class CatalogRuntime(Protocol):
     async def image_info(self, image: str) -> ImageInfo | None: ...
 
 
+class Waiting(Protocol):
+    """A pending launch, as far as the list reads it: its ref and the pull it waits on."""
+
+    @property
+    def ref(self) -> str: ...
+    @property
+    def pull(self) -> SharedPull | None: ...
+
+
+class WaitingLaunches(Protocol):
+    """The pending launches (`PendingTable`), as far as the list reads them."""
+
+    def records(self) -> Iterable[Waiting]: ...
+
+
 class ImageCatalog:
     """Reads the ledger, the engine, the pulls and the pending launches; changes nothing
     but the ledger's records of images that are gone."""
@@ -52,7 +66,7 @@ class ImageCatalog:
         images: ImageKeeper,
         pulls: PullCoordinator,
         prefetcher: Prefetcher,
-        pending: PendingTable,
+        pending: WaitingLaunches,
     ) -> None:
         self.runtime = runtime
         self.ledger = ledger

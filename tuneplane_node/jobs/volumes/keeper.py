@@ -23,13 +23,13 @@ from urllib.parse import urlsplit
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.errors import InvalidField, NodeError, VolumeAccessDenied
-from tuneplane_node.jobs.mounts.policy import Opened
 from tuneplane_node.jobs.volumes.access import Accesses
 from tuneplane_node.jobs.volumes.fills import VolumeFills
 from tuneplane_node.jobs.volumes.room import Thresholds, VolumeRoom
 from tuneplane_node.jobs.volumes.sources import FIELD, PrivateRule, VolumeSources, other_kind
 from tuneplane_node.jobs.volumes.space import filesystem
 from tuneplane_node.jobs.volumes.store import VolumeStore
+from tuneplane_node.jobs.words.mounts import Opened
 from tuneplane_node.jobs.words.volumes import (
     Entry,
     EntryView,

@@ -24,6 +24,7 @@ from tuneplane_node.jobs.words.launch import (
     Started,
     Stopping,
 )
+from tuneplane_node.jobs.words.mounts import Opened
 from tuneplane_node.jobs.words.notices import (
     KINDS,
     MAINTENANCE,
@@ -44,6 +45,7 @@ from tuneplane_node.jobs.words.status import (
     NodeStatus,
 )
 from tuneplane_node.jobs.words.views import (
+    FAILED_RECORD_TTL_S,
     DiskFigures,
     JobChanges,
     JobView,
@@ -68,6 +70,7 @@ from tuneplane_node.jobs.words.volumes import (
 )
 
 __all__ = [
+    "FAILED_RECORD_TTL_S",
     "KINDS",
     "MAINTENANCE",
     "MIN_SPAN_S",
@@ -101,6 +104,7 @@ __all__ = [
     "NodeState",
     "NodeStatus",
     "Notice",
+    "Opened",
     "Own",
     "PendingView",
     "Prefetched",

@@ -10,6 +10,8 @@ from tuneplane_node.jobs.words.launch import Stopping
 from tuneplane_node.runtime.base import ContainerState, PullProgress
 from tuneplane_node.wire.values import Cursor
 
+FAILED_RECORD_TTL_S = 1800.0  # how long a failed launch (or prefetch) is shown
+
 
 @dataclass(frozen=True)
 class PendingView:

@@ -33,7 +33,7 @@ from tests.helpers import (
     spawn_daemon,
     unique,
 )
-from tests.unit.test_runtime_registry import serving
+from tests.unit.test_fetch_registry import serving
 from tests.volumeserver import LOOPBACK
 from tuneplane_node.cli import main, parser
 from tuneplane_node.client import NO_RETRY, NodeClient, Unreachable

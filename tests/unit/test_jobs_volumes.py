@@ -187,7 +187,7 @@ def test_the_clients_own_words_never_carry_a_signed_urls_token() -> None:
     from multidict import CIMultiDict, CIMultiDictProxy
     from yarl import URL
 
-    from tuneplane_node.runtime.fetching import _said
+    from tuneplane_node.fetch.fetching import _said
 
     signed = URL("https://bucket.example:8443/weights?X-Amz-Signature=s3cr3t")
     info = aiohttp.RequestInfo(signed, "GET", CIMultiDictProxy(CIMultiDict()), signed)

@@ -24,6 +24,9 @@ LAYERS = [
     {"daemon"},
     {"jobs"},
     {"gpu"},
+    # The HTTP clients of what a tenant names (a volume's bytes, a registry's answers):
+    # below the job wings that use them, above the container runtimes.
+    {"fetch"},
     {"runtime"},
     {"inventory"},
     # The contract at the bottom: every layer above reads its shapes and values, and it
@@ -63,7 +66,7 @@ SDKS = {
         "daemon/presence.py",
         "daemon/access/guard.py",
         # Its client: the volume store's downloads, translated to VolumeFillFailed there.
-        "runtime/fetching.py",
+        "fetch/fetching.py",
     },
     "prometheus_client": {"daemon/metrics.py"},
     # The consoles' client: its two clients, and the one place its errors are translated.

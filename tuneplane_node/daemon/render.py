@@ -15,6 +15,7 @@ import orjson
 
 from tuneplane_node.clock import rfc3339
 from tuneplane_node.errors import FieldError
+from tuneplane_node.fetch.fetching import shown
 from tuneplane_node.jobs import words
 from tuneplane_node.jobs.observe.stats import CardSample, JobSample, JobStats
 from tuneplane_node.jobs.words import (
@@ -35,7 +36,6 @@ from tuneplane_node.jobs.words import (
     VolumesView,
 )
 from tuneplane_node.runtime.base import HIDDEN_LABELS, LABEL_NETWORK, ContainerState, LogText
-from tuneplane_node.runtime.fetching import shown
 from tuneplane_node.wire.answers import (
     ErrorJson,
     JobsJson,

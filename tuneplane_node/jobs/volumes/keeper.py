@@ -23,6 +23,8 @@ from urllib.parse import urlsplit
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.errors import InvalidField, NodeError, VolumeAccessDenied
+from tuneplane_node.fetch.fetching import Fetcher, shown
+from tuneplane_node.fetch.ociregistry import OciRegistry, is_oci
 from tuneplane_node.jobs.volumes.access import Accesses
 from tuneplane_node.jobs.volumes.fills import VolumeFills
 from tuneplane_node.jobs.volumes.room import Thresholds, VolumeRoom
@@ -42,8 +44,6 @@ from tuneplane_node.jobs.words.volumes import (
     VolumesView,
 )
 from tuneplane_node.runtime.base import ContainerState, Mount, RegistryAuth, Volume
-from tuneplane_node.runtime.fetching import Fetcher, shown
-from tuneplane_node.runtime.ociregistry import OciRegistry, is_oci
 from tuneplane_node.runtime.reach import Reach
 from tuneplane_node.settings import VolumeSettings, env_name
 from tuneplane_node.tasks import BackgroundTasks, by_awaiters

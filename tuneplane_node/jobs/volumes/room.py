@@ -26,6 +26,7 @@ from pathlib import Path
 
 from tuneplane_node.clock import Clock, parse_rfc3339
 from tuneplane_node.errors import VolumeStoreFull
+from tuneplane_node.fetch.fetching import shown
 from tuneplane_node.jobs.volumes.access import Accesses
 from tuneplane_node.jobs.volumes.space import Candidate, evictable, store_reading, to_evict
 from tuneplane_node.jobs.volumes.store import VolumeStore
@@ -38,7 +39,6 @@ from tuneplane_node.jobs.words.volumes import (
     VolumeGcRun,
 )
 from tuneplane_node.runtime.base import ContainerState, Volume
-from tuneplane_node.runtime.fetching import shown
 from tuneplane_node.tasks import BackgroundTasks
 from tuneplane_node.telemetry import Telemetry
 from tuneplane_node.wire.values import LABEL_VOLUMES

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tuneplane_node.runtime import registry
+from tuneplane_node.fetch import registry
 from tuneplane_node.runtime.base import RegistryAuth
 
 # Slow: an HTTP registry stand-in on loopback, with its token service.

@@ -20,7 +20,7 @@ from tuneplane_node.errors import VolumeFillFailed
 from tuneplane_node.fetch.fetching import Answer, Fetcher, Session
 from tuneplane_node.fetch.ociregistry import Layer, Manifest, OciRegistry
 from tuneplane_node.fetch.registry import ARCHITECTURES
-from tuneplane_node.runtime.base import RegistryAuth
+from tuneplane_node.wire.values import RegistryAuth
 
 REPO = "registry.test/models/base"
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"

@@ -21,7 +21,7 @@ from tuneplane_node.jobs.volumes.fills import MAX_ENTRIES, VolumeFills, budget_o
 from tuneplane_node.jobs.volumes.sources import VolumeSources
 from tuneplane_node.jobs.volumes.store import VolumeStore
 from tuneplane_node.jobs.words import partial_key
-from tuneplane_node.runtime.base import RegistryAuth, Volume
+from tuneplane_node.wire.values import RegistryAuth, Volume
 
 # A real server on a socket (tests' own loop): slow by the suite's rule.
 pytestmark = pytest.mark.slow

@@ -50,16 +50,9 @@ from tuneplane_node.jobs import (
     Stopping,
 )
 from tuneplane_node.jobs.words import Conditions, ImageStore, JobChanges, NodeState
-from tuneplane_node.runtime.base import (
-    LABEL_NETWORK,
-    LABEL_RUN_ID,
-    LABEL_USERNS,
-    CacheStatus,
-    ContainerState,
-    PullProgress,
-)
+from tuneplane_node.runtime.base import CacheStatus, ContainerState, PullProgress
 from tuneplane_node.runtime.facts import RuntimeHealth
-from tuneplane_node.wire.values import Cursor
+from tuneplane_node.wire.values import LABEL_NETWORK, LABEL_RUN_ID, LABEL_USERNS, Cursor
 
 # --- what 0.3.15 consoles read --------------------------------------------------------------
 

@@ -35,7 +35,7 @@ from tuneplane_node.jobs.words import (
     VolumePrefetched,
     VolumesView,
 )
-from tuneplane_node.runtime.base import HIDDEN_LABELS, LABEL_NETWORK, ContainerState, LogText
+from tuneplane_node.runtime.base import ContainerState, LogText
 from tuneplane_node.wire.answers import (
     ErrorJson,
     JobsJson,
@@ -50,7 +50,7 @@ from tuneplane_node.wire.answers import (
 )
 from tuneplane_node.wire.images import ImageJson, ImagesJson, PrefetchJson, PullJson
 from tuneplane_node.wire.stats import AbsentJson, CardUsageJson, StatsJson, UsageJson
-from tuneplane_node.wire.values import FAILED, PRESENT
+from tuneplane_node.wire.values import FAILED, HIDDEN_LABELS, LABEL_NETWORK, PRESENT
 from tuneplane_node.wire.volumes import (
     FILLING,
     VolumeEntryJson,

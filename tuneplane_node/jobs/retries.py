@@ -26,7 +26,8 @@ from tuneplane_node.jobs.words.launch import (
     LaunchRequest,
     LaunchResult,
 )
-from tuneplane_node.runtime.base import LABEL_SPEC, ContainerState
+from tuneplane_node.runtime.base import ContainerState
+from tuneplane_node.wire.values import LABEL_SPEC
 
 CONTAINER_FIELDS = (
     "name", "image", "command", "env", "mounts", "labels", "workdir", "shm_size",

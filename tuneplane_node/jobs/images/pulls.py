@@ -28,10 +28,11 @@ from tuneplane_node.jobs.images.ledger import ImageLedger
 from tuneplane_node.jobs.words.rate import PullRate
 from tuneplane_node.logformat import job_fields
 from tuneplane_node.references import canonical
-from tuneplane_node.runtime.base import ProgressCallback, PullLimits, PullProgress, RegistryAuth
+from tuneplane_node.runtime.base import ProgressCallback, PullLimits, PullProgress
 from tuneplane_node.runtime.facts import ImageInfo
 from tuneplane_node.tasks import BackgroundTasks, by_awaiters
 from tuneplane_node.telemetry import NO_TELEMETRY, Telemetry
+from tuneplane_node.wire.values import RegistryAuth
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from tuneplane_node.errors import InvalidField
 from tuneplane_node.jobs.words.mounts import Opened
-from tuneplane_node.runtime.base import Mount
 from tuneplane_node.settings import env_name
+from tuneplane_node.wire.values import Mount
 
 log = logging.getLogger(__name__)
 SETTING = env_name("allowed_mount_roots")

@@ -42,9 +42,9 @@ from tuneplane_node.jobs.volumes.layers import Budget, HostileLayer, unpack
 from tuneplane_node.jobs.volumes.possession import Possession
 from tuneplane_node.jobs.volumes.store import VolumeStore
 from tuneplane_node.jobs.words.volumes import Entry, VolumeFill
-from tuneplane_node.runtime.base import RegistryAuth
 from tuneplane_node.settings import env_name
 from tuneplane_node.tasks import BackgroundTasks, by_awaiters
+from tuneplane_node.wire.values import RegistryAuth
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -43,12 +43,12 @@ from tuneplane_node.jobs.words.volumes import (
     VolumePrefetched,
     VolumesView,
 )
-from tuneplane_node.runtime.base import ContainerState, Mount, RegistryAuth, Volume
+from tuneplane_node.runtime.base import ContainerState
 from tuneplane_node.runtime.reach import Reach
 from tuneplane_node.settings import VolumeSettings, env_name
 from tuneplane_node.tasks import BackgroundTasks, by_awaiters
 from tuneplane_node.telemetry import NO_TELEMETRY, Telemetry
-from tuneplane_node.wire.values import PRESENT
+from tuneplane_node.wire.values import PRESENT, Mount, RegistryAuth, Volume
 from tuneplane_node.wire.volumes import FILLING
 
 log = logging.getLogger(__name__)

@@ -38,10 +38,10 @@ from tuneplane_node.jobs.words.volumes import (
     VolumeFill,
     VolumeGcRun,
 )
-from tuneplane_node.runtime.base import ContainerState, Volume
+from tuneplane_node.runtime.base import ContainerState
 from tuneplane_node.tasks import BackgroundTasks
 from tuneplane_node.telemetry import Telemetry
-from tuneplane_node.wire.values import LABEL_VOLUMES
+from tuneplane_node.wire.values import LABEL_VOLUMES, Volume
 
 log = logging.getLogger(__name__)
 GRANT_BYTES = 64 * 2**20  # room found ahead of a fill's bytes, at most

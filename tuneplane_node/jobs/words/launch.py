@@ -7,9 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from tuneplane_node.jobs.words.images import ImageStore
-from tuneplane_node.runtime.base import RegistryAuth
 from tuneplane_node.runtime.spec import ContainerSpec
-from tuneplane_node.wire.values import IF_NOT_PRESENT
+from tuneplane_node.wire.values import IF_NOT_PRESENT, RegistryAuth
 
 
 @dataclass(frozen=True)

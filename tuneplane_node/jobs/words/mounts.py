@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from tuneplane_node.runtime.base import Mount
+from tuneplane_node.wire.values import Mount
 
 
 @dataclass

@@ -14,7 +14,7 @@ from typing import Protocol
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.fetch.fetching import Session
 from tuneplane_node.jobs.words.rate import PullRate
-from tuneplane_node.runtime.base import RegistryAuth
+from tuneplane_node.wire.values import RegistryAuth
 
 
 def partial_key(digest: str, access: str) -> str:

@@ -27,7 +27,7 @@ from tuneplane_node.jobs.images.keeper import ImageKeeper
 from tuneplane_node.jobs.images.pulls import PullCoordinator
 from tuneplane_node.jobs.mounts.launch import LaunchMounts
 from tuneplane_node.jobs.observe.watch import ChangeLog
-from tuneplane_node.jobs.pending import STARTING, PendingLaunch, PendingTable
+from tuneplane_node.jobs.pending import PendingLaunch, PendingTable
 from tuneplane_node.jobs.reservation import Reservation
 from tuneplane_node.jobs.rules.affinity import CpuAffinity
 from tuneplane_node.jobs.rules.confinement import JobRules
@@ -42,7 +42,7 @@ from tuneplane_node.runtime.base import ContainerRuntime
 from tuneplane_node.runtime.facts import ImageInfo
 from tuneplane_node.runtime.spec import DEVICES_ENV, ContainerSpec, container_name
 from tuneplane_node.tasks import BackgroundTasks
-from tuneplane_node.wire.values import Launch
+from tuneplane_node.wire.values import STARTING, Launch
 
 log = logging.getLogger(__name__)
 Clear = Callable[[], Awaitable[None]]

@@ -25,11 +25,7 @@ from tuneplane_node.errors import NodeError, StateDiskFull
 from tuneplane_node.jobs.words.status import NodeState
 from tuneplane_node.runtime.base import ContainerState
 from tuneplane_node.signals import job_signal
-from tuneplane_node.wire.values import CORDONED as CORDONED
-from tuneplane_node.wire.values import DRAINED as DRAINED
-from tuneplane_node.wire.values import DRAINING as DRAINING
-from tuneplane_node.wire.values import READY as READY
-from tuneplane_node.wire.values import STATES as STATES
+from tuneplane_node.wire.values import CORDONED, STATES
 
 log = logging.getLogger(__name__)
 

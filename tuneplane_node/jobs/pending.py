@@ -18,9 +18,7 @@ from tuneplane_node.jobs.words.launch import LaunchRequest
 from tuneplane_node.jobs.words.views import FAILED_RECORD_TTL_S, PendingView
 from tuneplane_node.jobs.words.volumes import VolumeFill
 from tuneplane_node.runtime.base import PullProgress
-from tuneplane_node.wire.values import FAILED as FAILED
-from tuneplane_node.wire.values import PULLING as PULLING
-from tuneplane_node.wire.values import STARTING as STARTING
+from tuneplane_node.wire.values import FAILED, PULLING
 
 
 @dataclass

@@ -24,9 +24,7 @@ from tuneplane_node.logformat import job_fields
 from tuneplane_node.runtime.base import RUNNING, ContainerState
 from tuneplane_node.settings import LifecycleSettings
 from tuneplane_node.signals import DEFAULT_STOP_SIGNAL, job_signal
-from tuneplane_node.wire.values import LABEL_WARN_S, LABEL_WARN_SIGNAL, StopPlan
-from tuneplane_node.wire.values import SIGNALLED as SIGNALLED
-from tuneplane_node.wire.values import WARNED as WARNED
+from tuneplane_node.wire.values import LABEL_WARN_S, LABEL_WARN_SIGNAL, SIGNALLED, WARNED, StopPlan
 
 log = logging.getLogger(__name__)
 NO_PLAN = StopPlan()

@@ -30,8 +30,7 @@ from tuneplane_node.jobs.words.views import FAILED_RECORD_TTL_S
 from tuneplane_node.references import canonical
 from tuneplane_node.runtime.facts import ImageInfo
 from tuneplane_node.tasks import BackgroundTasks
-from tuneplane_node.wire.values import PRESENT as PRESENT
-from tuneplane_node.wire.values import PULLING, PrefetchRequest, RegistryAuth
+from tuneplane_node.wire.values import PRESENT, PULLING, PrefetchRequest, RegistryAuth
 
 log = logging.getLogger(__name__)
 

@@ -33,10 +33,10 @@ import aiohttp
 from volumes import serve
 
 from tuneplane_node.clock import SYSTEM_CLOCK
+from tuneplane_node.fetch.fetching import Fetcher
 from tuneplane_node.jobs.volumes.fills import VolumeFills
 from tuneplane_node.jobs.volumes.possession import Possession
 from tuneplane_node.jobs.volumes.store import VolumeStore
-from tuneplane_node.runtime.fetching import Fetcher
 from tuneplane_node.runtime.reach import Reach
 
 LOOPBACK = ["127.0.0.0/8"]  # the bench's own server: the operator's listed network

@@ -34,8 +34,8 @@ import requests
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # the scripts run from a checkout, not an install
 
-from tuneplane_node.runtime.base import LABEL_GPUS, LABEL_RUN_ID  # noqa: E402
 from tuneplane_node.wire import PROTOCOL, PROTOCOL_HEADER  # noqa: E402
+from tuneplane_node.wire.values import LABEL_GPUS, LABEL_RUN_ID  # noqa: E402
 
 PREFIX = "tuneplane-bench-"
 IMAGE = "tuneplane-test/busybox:1"

@@ -40,7 +40,7 @@ from harness import (
 )
 
 from tuneplane_node.jobs.launcher import launch_request
-from tuneplane_node.jobs.observe.results import LaunchRequest
+from tuneplane_node.jobs.words import LaunchRequest
 from tuneplane_node.runtime.engines.docker import DockerRuntime
 from tuneplane_node.runtime.engines.networks.jobnetwork import DOCKER_NAMES, ISOLATED
 from tuneplane_node.settings import load_settings

@@ -35,9 +35,10 @@ from harness import (
 )
 from launch import launch_body, sdk_options
 
-from tuneplane_node.jobs.mounts.policy import MountPolicy, Opened
+from tuneplane_node.jobs.mounts.policy import MountPolicy
 from tuneplane_node.jobs.mounts.staging import MountStaging
-from tuneplane_node.runtime.base import Mount
+from tuneplane_node.jobs.words import Opened
+from tuneplane_node.wire.values import Mount
 
 MOUNTS = 4
 METHODS = ("api 4 mounts", "api none", "sdk 4 binds", "sdk none")

@@ -54,7 +54,7 @@ from harness import (
     timed,
 )
 
-from tuneplane_node.runtime.base import LABEL_RUN_ID
+from tuneplane_node.wire.values import LABEL_RUN_ID
 
 SIZES = (1, 10, 100, 300)
 

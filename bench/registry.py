@@ -8,7 +8,7 @@ requests (the challenge, the token, the document), https first. The node's varia
 its shared TLS context (`registry.system_tls`). The peer builds one per request, which
 is what the node did before against a registry that speaks https, as every real one
 does: `urllib.request.urlopen` without a context builds one per https connection. The
-stand-in is the size tests' (`tests/unit/test_runtime_registry.py`): plain http on loopback
+stand-in is the size tests' (`tests/unit/test_fetch_registry.py`): plain http on loopback
 behind a Bearer token service, an index then this platform's manifest. No engine, no
 daemon.
 """
@@ -24,8 +24,8 @@ from collections.abc import Callable
 
 import harness  # noqa: F401  (it puts the checkout on sys.path)
 
-from tests.unit.test_runtime_registry import Manifests, serving
-from tuneplane_node.runtime import registry
+from tests.unit.test_fetch_registry import Manifests, serving
+from tuneplane_node.fetch import registry
 
 
 def measured(check: Callable[[], object], rounds: int) -> tuple[float, float]:

@@ -20,8 +20,8 @@ from launch import launch_body
 
 from tuneplane_node.jobs.mounts.scratch import ScratchSpaces
 from tuneplane_node.jobs.mounts.staging import MountStaging
-from tuneplane_node.runtime.base import Scratch
 from tuneplane_node.settings import load_settings
+from tuneplane_node.wire.values import Scratch
 
 SIZES = {"50 MiB": 50 * 2**20, "1 GiB": 2**30, "50 GiB": 50 * 2**30}
 METHODS = ("api scratch 50g", "api none")

@@ -33,8 +33,8 @@ from launch import launch_body
 from mounts import staged
 from volumes import serve
 
-from tuneplane_node.jobs.mounts.policy import Opened
-from tuneplane_node.runtime.base import Mount
+from tuneplane_node.jobs.words import Opened
+from tuneplane_node.wire.values import Mount
 
 OPEN = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC  # as the keeper opens an entry
 

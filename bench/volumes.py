@@ -29,9 +29,9 @@ import time
 from pathlib import Path
 
 from tuneplane_node import durable
+from tuneplane_node.fetch.fetching import Fetcher
 from tuneplane_node.jobs.volumes.fills import VolumeFills
 from tuneplane_node.jobs.volumes.store import VolumeStore
-from tuneplane_node.runtime.fetching import Fetcher
 from tuneplane_node.runtime.reach import Reach
 
 SERVER = """

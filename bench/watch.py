@@ -169,8 +169,8 @@ def state_dir(app: Any) -> Path:
 
 
 def fake_job(index: int) -> Any:
-    from tuneplane_node.runtime.base import LABEL_RUN_ID
     from tuneplane_node.runtime.spec import ContainerSpec
+    from tuneplane_node.wire.values import LABEL_RUN_ID
 
     labels = {LABEL_RUN_ID: f"bench-{index}"}
     return ContainerSpec(f"tuneplane-bench-{index:05d}", "bench/image:1", labels=labels)

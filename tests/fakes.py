@@ -30,7 +30,6 @@ from tuneplane_node.inventory import Space
 from tuneplane_node.references import ID_PREFIX, canonical
 from tuneplane_node.runtime.base import (
     EXIT_SIGKILL,
-    LABEL_RUN_ID,
     RUNNING,
     Brief,
     CacheStatus,
@@ -42,7 +41,6 @@ from tuneplane_node.runtime.base import (
     ProgressCallback,
     PullLimits,
     PullProgress,
-    RegistryAuth,
     tells_no_changes,
 )
 from tuneplane_node.runtime.engines.dockerformat import LogFold
@@ -61,6 +59,7 @@ from tuneplane_node.runtime.facts import (
 from tuneplane_node.runtime.pool import BlockingPool
 from tuneplane_node.runtime.spec import ContainerSpec, job_labels
 from tuneplane_node.signals import JOB_SIGNALS
+from tuneplane_node.wire.values import LABEL_RUN_ID, RegistryAuth
 
 T = TypeVar("T")
 

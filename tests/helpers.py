@@ -32,8 +32,7 @@ from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.gpu.probe import GpuProbe
 from tuneplane_node.jobs import Node, PendingView
 from tuneplane_node.jobs.node import build_node
-from tuneplane_node.jobs.pending import FAILED
-from tuneplane_node.runtime.base import LABEL_RUN_ID, ContainerRuntime, ContainerState, LogQuery
+from tuneplane_node.runtime.base import ContainerRuntime, ContainerState, LogQuery
 from tuneplane_node.runtime.cache import CachedRuntime
 from tuneplane_node.runtime.engines.docker import DockerRuntime
 from tuneplane_node.runtime.engines.networks.jobnetwork import own_network
@@ -41,6 +40,7 @@ from tuneplane_node.runtime.engines.podman import PodmanRuntime
 from tuneplane_node.runtime.spec import ContainerSpec, container_name
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.wire import PROTOCOL, PROTOCOL_HEADER
+from tuneplane_node.wire.values import FAILED, LABEL_RUN_ID
 
 # --- where the test engines are (contrib/dev/engines.sh starts them) ---------------------
 

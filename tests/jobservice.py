@@ -15,8 +15,8 @@ from tuneplane_node.jobs import (
     LaunchRequest,
     Node,
 )
-from tuneplane_node.runtime.base import LABEL_RUN_ID
 from tuneplane_node.runtime.spec import ContainerSpec, container_name
+from tuneplane_node.wire.values import LABEL_RUN_ID
 
 MISSING = "registry.test/missing:1"
 

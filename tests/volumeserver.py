@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from tuneplane_node.runtime.fetching import Fetcher
+from tuneplane_node.fetch.fetching import Fetcher
 from tuneplane_node.runtime.reach import Reach
 
 RANGE = re.compile(r"bytes=(\d+)-(\d*)")

@@ -38,19 +38,13 @@ from tests.helpers import (
 )
 from tuneplane_node.clock import parse_rfc3339
 from tuneplane_node.errors import EngineConflict, EngineRefused, EngineUnavailable
-from tuneplane_node.runtime.base import (
-    LABEL_GPUS,
-    LABEL_RUN_ID,
-    ContainerRuntime,
-    ContainerState,
-    LogQuery,
-    LogStream,
-)
+from tuneplane_node.runtime.base import ContainerRuntime, ContainerState, LogQuery, LogStream
 from tuneplane_node.runtime.engines.docker import DockerRuntime
 from tuneplane_node.runtime.engines.engine import EngineRuntime
 from tuneplane_node.runtime.engines.podman import PodmanRuntime
 from tuneplane_node.runtime.process.runtime import ProcessRuntime
 from tuneplane_node.runtime.spec import ContainerSpec, container_name
+from tuneplane_node.wire.values import LABEL_GPUS, LABEL_RUN_ID
 
 SANDBOXED = "docker-sandbox"
 RUNTIMES = [

@@ -23,8 +23,8 @@ import pytest
 from tests.conftest import MakeNode
 from tests.helpers import Console, ThrowawayDocker, engine_missing, podman_url
 from tuneplane_node import inventory
-from tuneplane_node.runtime.base import LABEL_FABRIC_ADDRESS
 from tuneplane_node.runtime.engines.networks.jobnetwork import LABEL_NODE_NETWORK
+from tuneplane_node.wire.values import LABEL_FABRIC_ADDRESS
 
 pytestmark = pytest.mark.engine
 FABRIC_IF = "fab0"

@@ -23,8 +23,8 @@ import pytest
 
 from tests.conftest import MakeNode
 from tests.helpers import HEADERS, IMAGE, REGISTRY, Console, TrackingRuntime, own_docker_host
-from tuneplane_node.runtime.base import LABEL_RUN_ID
 from tuneplane_node.runtime.engines.docker import DockerRuntime
+from tuneplane_node.wire.values import LABEL_RUN_ID
 
 pytestmark = [pytest.mark.engine, pytest.mark.own_engines]  # docker-own
 REQUESTS = int(os.environ.get("TUNEPLANE_FUZZ_REQUESTS", "10000"))

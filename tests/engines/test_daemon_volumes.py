@@ -23,7 +23,7 @@ from tests.scrapes import scrape
 from tests.volumeserver import LOOPBACK, FileServer, sha256
 from tuneplane_node.jobs.mounts.staging import MountStaging
 from tuneplane_node.jobs.volumes.access import Accesses
-from tuneplane_node.jobs.volumes.store import partial_key
+from tuneplane_node.jobs.words import partial_key
 
 pytestmark = pytest.mark.engine
 ENGINES = ["docker", "podman"]

@@ -20,11 +20,8 @@ from tests.gpusimulation import (
 from tests.helpers import (
     TrackingRuntime,
 )
-from tuneplane_node.runtime.base import (
-    LABEL_GPUS,
-    LABEL_RUN_ID,
-)
 from tuneplane_node.runtime.engines.docker import DockerRuntime
+from tuneplane_node.wire.values import LABEL_GPUS, LABEL_RUN_ID
 
 
 async def engine_cards(runtime: TrackingRuntime, run_ids: set[str]) -> dict[str, list[int]]:

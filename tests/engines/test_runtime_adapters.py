@@ -21,11 +21,8 @@ from tests.helpers import (
     wait_status,
 )
 from tuneplane_node.errors import EngineRefused
-from tuneplane_node.runtime.base import (
-    Mount,
-    PullLimits,
-    PullProgress,
-)
+from tuneplane_node.runtime.base import PullLimits, PullProgress
+from tuneplane_node.wire.values import Mount
 
 pytestmark = pytest.mark.engine
 

@@ -15,9 +15,9 @@ from tests.conftest import MakeNode
 from tests.helpers import IMAGE, TrackingRuntime, unique, wait_until
 from tuneplane_node.daemon.state import NODE
 from tuneplane_node.errors import EngineUnavailable
-from tuneplane_node.runtime.base import LABEL_RUN_ID
 from tuneplane_node.runtime.cache import CachedRuntime, StateCache
 from tuneplane_node.runtime.spec import ContainerSpec, container_name
+from tuneplane_node.wire.values import LABEL_RUN_ID
 
 pytestmark = pytest.mark.engine
 

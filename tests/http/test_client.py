@@ -69,7 +69,7 @@ from tuneplane_node.client.endpoint import Endpoint, Tls
 from tuneplane_node.client.errors import refusal
 from tuneplane_node.client.watch import Watch
 from tuneplane_node.daemon.state import NODE
-from tuneplane_node.runtime.base import LABEL_DISK_LIMIT, LABEL_INODE_LIMIT
+from tuneplane_node.wire.values import LABEL_DISK_LIMIT, LABEL_INODE_LIMIT
 
 # Slow: every verb end to end over a real socket, watches through outages.
 pytestmark = pytest.mark.slow

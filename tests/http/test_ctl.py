@@ -33,17 +33,17 @@ from tests.helpers import (
     spawn_daemon,
     unique,
 )
-from tests.unit.test_runtime_registry import serving
+from tests.unit.test_fetch_registry import serving
 from tests.volumeserver import LOOPBACK
 from tuneplane_node.cli import main, parser
 from tuneplane_node.client import NO_RETRY, NodeClient, Unreachable
 from tuneplane_node.ctl import commands, options
 from tuneplane_node.jobs.launcher import launch_request
-from tuneplane_node.jobs.observe.results import LaunchRequest
-from tuneplane_node.runtime.base import Mount
+from tuneplane_node.jobs.words import LaunchRequest
 from tuneplane_node.wire.fields import Body
 from tuneplane_node.wire.requests import CONTAINER, CONTAINER_FIELDS, LAUNCH_FIELDS
 from tuneplane_node.wire.requests import parse_launch as read_launch
+from tuneplane_node.wire.values import Mount
 
 
 def parse_launch(body: Any) -> LaunchRequest:

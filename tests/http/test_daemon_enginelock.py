@@ -19,9 +19,9 @@ from tests.helpers import (
     python_path,
 )
 from tuneplane_node.daemon.enginelock import EngineLock, EngineTaken, engine_address
-from tuneplane_node.runtime.base import LABEL_RUN_ID
 from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.settings import load_settings
+from tuneplane_node.wire.values import LABEL_RUN_ID
 
 # Slow: flocks held by real processes.
 pytestmark = pytest.mark.slow

@@ -12,8 +12,7 @@ from tests.fakes import FakeClock, FakeRuntime
 from tests.helpers import HEADERS, Console, console_0315, settle
 from tuneplane_node.daemon.state import NODE
 from tuneplane_node.jobs.images.keeper import PrivateImage
-from tuneplane_node.jobs.images.pullrate import WINDOW_S
-from tuneplane_node.jobs.pending import FAILED_RECORD_TTL_S
+from tuneplane_node.jobs.words import FAILED_RECORD_TTL_S, WINDOW_S
 from tuneplane_node.references import ImageName
 
 # Slow: prefetch and the image list end to end over a real socket.

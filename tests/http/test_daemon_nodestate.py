@@ -24,7 +24,8 @@ from tuneplane_node.clock import parse_rfc3339
 from tuneplane_node.daemon.app import create_node_app
 from tuneplane_node.daemon.state import HEALTH_STATUS
 from tuneplane_node.jobs.drain import DRAIN_AGAIN_S
-from tuneplane_node.jobs.nodestate import NodeState, NodeStateFile
+from tuneplane_node.jobs.nodestate import NodeStateFile
+from tuneplane_node.jobs.words import NodeState
 
 # Slow: cordon, drain and their file end to end over a real socket.
 pytestmark = pytest.mark.slow

@@ -17,9 +17,10 @@ from tuneplane_node.errors import EngineUnavailable, GpuNotReady, NoCapacity
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.gpu.probe import NoDriverProbe
 from tuneplane_node.gpu.simulation import SimulatedProbe
-from tuneplane_node.runtime.base import LABEL_GPUS, CacheStatus
+from tuneplane_node.runtime.base import CacheStatus
 from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.settings import NodeSettings
+from tuneplane_node.wire.values import LABEL_GPUS
 
 
 def allocator(

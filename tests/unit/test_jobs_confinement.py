@@ -13,11 +13,11 @@ from tests.fakes import FakeRuntime
 from tests.helpers import console_0315
 from tuneplane_node.errors import ConfigError, InvalidField
 from tuneplane_node.jobs import Node
-from tuneplane_node.jobs.observe.results import LaunchRequest
 from tuneplane_node.jobs.rules.confinement import JobRules, job_tmpfs
-from tuneplane_node.runtime.base import LABEL_NETWORK, LABEL_RUN_ID, Mount
+from tuneplane_node.jobs.words import LaunchRequest
 from tuneplane_node.runtime.spec import KEPT_CAPABILITIES, ContainerSpec, Tmpfs
 from tuneplane_node.settings import load_settings
+from tuneplane_node.wire.values import LABEL_NETWORK, LABEL_RUN_ID, Mount
 
 GIB = 2**30
 SPEC = ContainerSpec(name="tuneplane-r1", image=IMAGE, labels={LABEL_RUN_ID: "r1"})

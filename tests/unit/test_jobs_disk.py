@@ -28,10 +28,15 @@ from tuneplane_node.jobs import LaunchRequest, Node, StoppedView
 from tuneplane_node.jobs.disk.accounting import PressureAccount
 from tuneplane_node.jobs.disk.monitor import FULL_WALK_S, fair_share
 from tuneplane_node.jobs.launcher import launch_request
-from tuneplane_node.jobs.observe.results import ImageStore, PrefetchRequest
-from tuneplane_node.runtime.base import LABEL_DISK_LIMIT, LABEL_INODE_LIMIT, LABEL_MOUNTS
+from tuneplane_node.jobs.words import ImageStore
 from tuneplane_node.runtime.spec import container_name as named
 from tuneplane_node.wire.requests import parse_launch as read_launch
+from tuneplane_node.wire.values import (
+    LABEL_DISK_LIMIT,
+    LABEL_INODE_LIMIT,
+    LABEL_MOUNTS,
+    PrefetchRequest,
+)
 
 
 def parse_launch(body: Any) -> LaunchRequest:

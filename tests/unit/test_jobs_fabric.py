@@ -19,11 +19,11 @@ from tuneplane_node.checks import FAIL, OK
 from tuneplane_node.checks.gpus import check_fabric_network
 from tuneplane_node.errors import ConfigError, FabricAddressesExhausted, InvalidField
 from tuneplane_node.jobs import JobService, Node
-from tuneplane_node.jobs.observe.results import LaunchRequest
 from tuneplane_node.jobs.rules.fabric import FabricAddresses, addresses, gid_index
-from tuneplane_node.runtime.base import LABEL_FABRIC_ADDRESS, LABEL_NETWORK, LABEL_RUN_ID
+from tuneplane_node.jobs.words import LaunchRequest
 from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.settings import Fabric, load_settings
+from tuneplane_node.wire.values import LABEL_FABRIC_ADDRESS, LABEL_NETWORK, LABEL_RUN_ID
 
 MakeService = Callable[..., JobService]
 MakeNode = Callable[..., Node]

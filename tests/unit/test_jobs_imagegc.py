@@ -17,10 +17,9 @@ from tests.fakes import MIB, FakeClock, FakeProbe, FakeRuntime
 from tests.helpers import fake_node_of, settle, wait_until
 from tuneplane_node.errors import ConfigError, InsufficientStorage
 from tuneplane_node.jobs import LaunchRequest, Node, Pulling, Started
-from tuneplane_node.jobs.observe.results import PrefetchRequest
-from tuneplane_node.runtime.base import LABEL_RUN_ID, RegistryAuth
 from tuneplane_node.runtime.spec import ContainerSpec, container_name
 from tuneplane_node.settings import load_settings
+from tuneplane_node.wire.values import LABEL_RUN_ID, PrefetchRequest, RegistryAuth
 
 DISK = 100 * MIB
 SIZE = 10 * MIB

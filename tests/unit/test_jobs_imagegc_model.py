@@ -30,11 +30,10 @@ from tests.helpers import fake_node_of, settle
 from tuneplane_node.errors import Conflict, InsufficientStorage, NodeError
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs import LaunchRequest, Node
-from tuneplane_node.jobs.observe.results import PrefetchRequest
-from tuneplane_node.runtime.base import LABEL_RUN_ID
 from tuneplane_node.runtime.facts import EngineImage
 from tuneplane_node.runtime.spec import ContainerSpec, container_name
 from tuneplane_node.settings import NodeSettings
+from tuneplane_node.wire.values import LABEL_RUN_ID, PrefetchRequest
 
 STEPS = int(os.environ.get("TUNEPLANE_MODEL_STEPS", "2000"))  # CI walks 10,000
 SEED = int(os.environ.get("TUNEPLANE_MODEL_SEED", "20261201"))

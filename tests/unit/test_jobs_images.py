@@ -25,11 +25,10 @@ from tuneplane_node.errors import (
 )
 from tuneplane_node.jobs import LaunchRequest, Node, PendingView, Pulling, Started
 from tuneplane_node.jobs.images.keeper import RECORD_FILE, RETRY_S, ImageKeeper
-from tuneplane_node.jobs.observe.results import ALWAYS, PrefetchRequest
-from tuneplane_node.runtime.base import LABEL_RUN_ID, RegistryAuth, Volume
 from tuneplane_node.runtime.facts import STAGED, ImageInfo
 from tuneplane_node.runtime.spec import ContainerSpec, container_name
 from tuneplane_node.settings import NodeSettings
+from tuneplane_node.wire.values import ALWAYS, LABEL_RUN_ID, PrefetchRequest, RegistryAuth, Volume
 
 RIGHT = RegistryAuth(username="ci", password="s3cret-right")
 OTHER = RegistryAuth(username="ci", password="s3cret-other")

@@ -8,12 +8,12 @@ import pytest
 from tuneplane_node.errors import InvalidField, SandboxUnavailable, UsernsUnavailable
 from tuneplane_node.jobs.launcher import launch_request
 from tuneplane_node.jobs.rules.isolation import IsolationRules
-from tuneplane_node.runtime.base import LABEL_RUNTIME, LABEL_USERNS, Mount, Scratch
 from tuneplane_node.runtime.engines.isolation import maps_mount_ids, registered
 from tuneplane_node.runtime.facts import IsolationSupport
 from tuneplane_node.runtime.spec import ContainerSpec, job_labels
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.wire.requests import parse_launch
+from tuneplane_node.wire.values import LABEL_RUNTIME, LABEL_USERNS, Mount, Scratch
 
 PODMAN_RUNC_11 = IsolationSupport(
     default_runtime="runc", runtime_version="runc version 1.1.5", runtimes={"runc": ()},

@@ -34,8 +34,8 @@ from tuneplane_node.jobs import (
     Node,
     Started,
 )
-from tuneplane_node.runtime.base import LABEL_GPUS, LABEL_RUN_ID
 from tuneplane_node.runtime.spec import ContainerSpec
+from tuneplane_node.wire.values import LABEL_GPUS, LABEL_RUN_ID
 
 # --- launch with the image present -------------------------------------------------------
 

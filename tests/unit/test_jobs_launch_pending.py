@@ -27,13 +27,10 @@ from tuneplane_node.jobs import (
     Pulling,
     Started,
 )
-from tuneplane_node.jobs.pending import FAILED_RECORD_TTL_S
 from tuneplane_node.jobs.reservation import Reservation
-from tuneplane_node.runtime.base import (
-    LABEL_GPUS,
-    LABEL_RUN_ID,
-    ContainerState,
-)
+from tuneplane_node.jobs.words import FAILED_RECORD_TTL_S
+from tuneplane_node.runtime.base import ContainerState
+from tuneplane_node.wire.values import LABEL_GPUS, LABEL_RUN_ID
 
 # --- launch with the image missing: the pending launch -----------------------------------
 

@@ -29,9 +29,9 @@ from tests.helpers import check_promises, fake_node_of, settle
 from tuneplane_node.errors import Conflict, NodeError
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs import AlreadyRunning, LaunchRequest, Node, StopPlan
-from tuneplane_node.runtime.base import LABEL_RUN_ID
 from tuneplane_node.runtime.spec import ContainerSpec, container_name, job_labels
 from tuneplane_node.settings import NodeSettings
+from tuneplane_node.wire.values import LABEL_RUN_ID
 
 STEPS = int(os.environ.get("TUNEPLANE_MODEL_STEPS", "2000"))  # CI walks 10,000
 SHORT_STEPS = 100

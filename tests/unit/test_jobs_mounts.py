@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import fake_settings
 from tuneplane_node.errors import InvalidField
 from tuneplane_node.jobs.mounts.policy import MountPolicy, Refused, walk
-from tuneplane_node.runtime.base import Mount
+from tuneplane_node.wire.values import Mount
 
 RENAME_EXCHANGE = 2
 _libc = ctypes.CDLL(None, use_errno=True)

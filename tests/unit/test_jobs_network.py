@@ -17,9 +17,9 @@ from tests.fakes import FakeClock, FakeProbe, FakeRuntime
 from tests.helpers import console_0315, fake_node_of, wait_until
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs import Node
-from tuneplane_node.jobs.observe.results import LaunchRequest
-from tuneplane_node.runtime.base import LABEL_NETWORK, LABEL_RUN_ID
+from tuneplane_node.jobs.words import LaunchRequest
 from tuneplane_node.runtime.spec import ContainerSpec
+from tuneplane_node.wire.values import LABEL_NETWORK, LABEL_RUN_ID
 
 MakeService = Callable[..., Node]
 

@@ -16,12 +16,12 @@ from tests.fakes import FakeClock, FakeRuntime
 from tests.helpers import settle
 from tests.jobservice import request
 from tests.unit.test_jobs_drain import drained
+from tuneplane_node.fetch.fetching import Fetcher
 from tuneplane_node.jobs import Node, StoppedView
 from tuneplane_node.jobs.notices.clouds import MetadataRefused
-from tuneplane_node.jobs.notices.notice import PREEMPT, REBALANCE, Notice
 from tuneplane_node.jobs.notices.reactor import plan_for
 from tuneplane_node.jobs.notices.watcher import NoticeWatcher
-from tuneplane_node.runtime.fetching import Fetcher
+from tuneplane_node.jobs.words import PREEMPT, REBALANCE, Notice
 
 MARGIN_S = 10.0  # TUNEPLANE_CLOUD_NOTICE_MARGIN_S's default
 

@@ -17,9 +17,9 @@ from tests.fakes import FakeRuntime
 from tuneplane_node import inventory
 from tuneplane_node.errors import NoRdma
 from tuneplane_node.jobs.rules.confinement import JobRules
-from tuneplane_node.runtime.base import LABEL_RUN_ID
 from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.settings import Fabric
+from tuneplane_node.wire.values import LABEL_RUN_ID
 
 SPEC = ContainerSpec(name="tuneplane-r1", image=IMAGE, labels={LABEL_RUN_ID: "r1"})
 NULL = os.stat("/dev/null").st_rdev

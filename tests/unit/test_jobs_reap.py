@@ -24,9 +24,10 @@ from tuneplane_node.jobs import (
     Started,
     reapable,
 )
-from tuneplane_node.runtime.base import LABEL_RUN_ID, ContainerState
+from tuneplane_node.runtime.base import ContainerState
 from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.settings import NodeSettings
+from tuneplane_node.wire.values import LABEL_RUN_ID
 
 # --- reap ---------------------------------------------------------------------------------
 

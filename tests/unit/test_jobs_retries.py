@@ -15,10 +15,11 @@ import pytest
 
 from tuneplane_node.errors import NameTaken, RunConflict
 from tuneplane_node.jobs.launcher import launch_request
-from tuneplane_node.jobs.observe.results import AlreadyExited, AlreadyRunning, LaunchRequest
 from tuneplane_node.jobs.retries import retried, stamped
-from tuneplane_node.runtime.base import LABEL_RUN_ID, ContainerState
+from tuneplane_node.jobs.words import AlreadyExited, AlreadyRunning, LaunchRequest
+from tuneplane_node.runtime.base import ContainerState
 from tuneplane_node.wire.requests import CONTAINER_FIELDS, parse_launch
+from tuneplane_node.wire.values import LABEL_RUN_ID
 
 RUN = "ft-1"
 BASE: dict[str, Any] = {"image": "registry.test/trainer:1", "command": ["/bin/train"]}

@@ -18,13 +18,13 @@ from tuneplane_node.errors import InvalidField, NodeError
 from tuneplane_node.jobs.launcher import launch_request
 from tuneplane_node.jobs.mounts.scratch import SUFFIX, ScratchSpaces, vet
 from tuneplane_node.jobs.node import Node
-from tuneplane_node.jobs.observe.results import LaunchRequest
 from tuneplane_node.jobs.rules.confinement import JobRules
-from tuneplane_node.runtime.base import LABEL_MOUNTS, LABEL_RUN_ID, Mount, Scratch
+from tuneplane_node.jobs.words import LaunchRequest
 from tuneplane_node.runtime.facts import DIRECT, REMOTE, STAGED
 from tuneplane_node.runtime.spec import ContainerSpec, container_name
 from tuneplane_node.settings import NodeSettings, load_settings
 from tuneplane_node.wire.requests import parse_launch as read_launch
+from tuneplane_node.wire.values import LABEL_MOUNTS, LABEL_RUN_ID, Mount, Scratch
 
 
 def parse_launch(body: Any) -> LaunchRequest:

@@ -16,10 +16,11 @@ from tests.fakes import FakeRuntime
 from tests.helpers import wait_until
 from tuneplane_node.errors import NotRunning
 from tuneplane_node.jobs import LaunchRequest, Node, StopPlan
-from tuneplane_node.jobs.nodestate import DRAINING, STATE_FILE, NodeState, NodeStateFile
-from tuneplane_node.runtime.base import LABEL_RUN_ID
+from tuneplane_node.jobs.nodestate import STATE_FILE, NodeStateFile
+from tuneplane_node.jobs.words import NodeState
 from tuneplane_node.runtime.spec import ContainerSpec, container_name
 from tuneplane_node.signals import engine_stop_signal, job_signal
+from tuneplane_node.wire.values import DRAINING, LABEL_RUN_ID
 
 MISSING = "registry.test/missing:1"
 

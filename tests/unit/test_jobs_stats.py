@@ -10,9 +10,9 @@ from tests.helpers import job, unique
 from tuneplane_node.gpu.probe import CardFacts, GpuProcess
 from tuneplane_node.jobs import LaunchRequest, Node
 from tuneplane_node.jobs.observe.stats import CardSample, ProcessMemory
-from tuneplane_node.runtime.base import LABEL_RUN_ID
 from tuneplane_node.runtime.facts import Usage
 from tuneplane_node.runtime.spec import ContainerSpec, container_name
+from tuneplane_node.wire.values import LABEL_RUN_ID
 
 MIB = 2**20
 

@@ -28,9 +28,9 @@ from tuneplane_node.jobs import (
     PendingView,
     StopPlan,
 )
-from tuneplane_node.runtime.base import Mount
 from tuneplane_node.runtime.facts import REMOTE
 from tuneplane_node.runtime.spec import ContainerSpec
+from tuneplane_node.wire.values import Mount
 
 # --- the token buys job verbs, never the host -------------------------------------------
 

@@ -16,14 +16,15 @@ import pytest
 from tests.deputy import Tenant
 from tests.volumeserver import LOOPBACK, sha256
 from tuneplane_node.errors import VolumeAccessDenied
+from tuneplane_node.fetch.fetching import Fetcher
+from tuneplane_node.fetch.ociregistry import OciRegistry
 from tuneplane_node.jobs.volumes.fills import VolumeFills
 from tuneplane_node.jobs.volumes.possession import PROOF_BYTES, PROOF_RANGES
 from tuneplane_node.jobs.volumes.sources import VolumeSources
-from tuneplane_node.jobs.volumes.store import VolumeStore, partial_key
-from tuneplane_node.runtime.base import Volume
-from tuneplane_node.runtime.fetching import Fetcher
-from tuneplane_node.runtime.ociregistry import OciRegistry
+from tuneplane_node.jobs.volumes.store import VolumeStore
+from tuneplane_node.jobs.words import partial_key
 from tuneplane_node.runtime.reach import Reach
+from tuneplane_node.wire.values import Volume
 
 # Real servers on sockets (tests' own loop): slow by the suite's rule.
 pytestmark = pytest.mark.slow

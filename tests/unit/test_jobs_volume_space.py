@@ -16,13 +16,12 @@ import pytest
 from tests.conftest import fake_settings
 from tests.fakes import FakeClock
 from tuneplane_node.errors import InvalidField, VolumeStoreFull
-from tuneplane_node.jobs.volumes.fill import VolumeFill
 from tuneplane_node.jobs.volumes.keeper import VolumeKeeper
-from tuneplane_node.jobs.volumes.space import Candidate, Space, to_evict
-from tuneplane_node.jobs.volumes.store import Entry
-from tuneplane_node.runtime.base import ContainerState, Volume
+from tuneplane_node.jobs.volumes.space import Candidate, to_evict
+from tuneplane_node.jobs.words import Entry, Space, VolumeFill
+from tuneplane_node.runtime.base import ContainerState
 from tuneplane_node.telemetry import Telemetry
-from tuneplane_node.wire.values import LABEL_VOLUMES
+from tuneplane_node.wire.values import LABEL_VOLUMES, Volume
 
 TOTAL = 10_000
 OTHERS = 6_000  # bytes of the filesystem that are not the store's

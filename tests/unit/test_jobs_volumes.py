@@ -15,7 +15,8 @@ import pytest
 from tests.volumeserver import FileServer, local_fetcher, sha256
 from tuneplane_node.errors import VolumeFillFailed
 from tuneplane_node.jobs.volumes.fills import VolumeFills
-from tuneplane_node.jobs.volumes.store import VolumeStore, partial_key
+from tuneplane_node.jobs.volumes.store import VolumeStore
+from tuneplane_node.jobs.words import partial_key
 
 # A real server on a socket (tests' own loop): slow by the suite's rule.
 pytestmark = pytest.mark.slow
@@ -186,7 +187,7 @@ def test_the_clients_own_words_never_carry_a_signed_urls_token() -> None:
     from multidict import CIMultiDict, CIMultiDictProxy
     from yarl import URL
 
-    from tuneplane_node.runtime.fetching import _said
+    from tuneplane_node.fetch.fetching import _said
 
     signed = URL("https://bucket.example:8443/weights?X-Amz-Signature=s3cr3t")
     info = aiohttp.RequestInfo(signed, "GET", CIMultiDictProxy(CIMultiDict()), signed)

@@ -15,12 +15,13 @@ from tests.ocilayers import Item, file, tarball
 from tests.ociserver import IDENTITY, PASSWORD, USER, Registry, hexdigest
 from tests.volumeserver import local_fetcher
 from tuneplane_node.errors import VolumeFillFailed
+from tuneplane_node.fetch.fetching import Fetcher
+from tuneplane_node.fetch.ociregistry import OciRegistry, by_digest
 from tuneplane_node.jobs.volumes.fills import MAX_ENTRIES, VolumeFills, budget_of
 from tuneplane_node.jobs.volumes.sources import VolumeSources
-from tuneplane_node.jobs.volumes.store import VolumeStore, partial_key
-from tuneplane_node.runtime.base import RegistryAuth, Volume
-from tuneplane_node.runtime.fetching import Fetcher
-from tuneplane_node.runtime.ociregistry import OciRegistry, by_digest
+from tuneplane_node.jobs.volumes.store import VolumeStore
+from tuneplane_node.jobs.words import partial_key
+from tuneplane_node.wire.values import RegistryAuth, Volume
 
 # A real server on a socket (tests' own loop): slow by the suite's rule.
 pytestmark = pytest.mark.slow

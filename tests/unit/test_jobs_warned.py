@@ -18,8 +18,8 @@ from tests.helpers import fake_node_of
 from tests.jobservice import request
 from tests.unit.test_jobs_drain import drained
 from tuneplane_node.jobs import Node, StoppedView, StopPlan
-from tuneplane_node.jobs.notices.notice import PREEMPT, Notice
 from tuneplane_node.jobs.stopper import Stopper
+from tuneplane_node.jobs.words import PREEMPT, Notice
 from tuneplane_node.runtime.base import ContainerState
 from tuneplane_node.wire.values import LABEL_WARN_S, LABEL_WARN_SIGNAL
 

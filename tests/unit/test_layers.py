@@ -24,6 +24,9 @@ LAYERS = [
     {"daemon"},
     {"jobs"},
     {"gpu"},
+    # The HTTP clients of what a tenant names (a volume's bytes, a registry's answers):
+    # below the job wings that use them, above the container runtimes.
+    {"fetch"},
     {"runtime"},
     {"inventory"},
     # The contract at the bottom: every layer above reads its shapes and values, and it
@@ -63,7 +66,7 @@ SDKS = {
         "daemon/presence.py",
         "daemon/access/guard.py",
         # Its client: the volume store's downloads, translated to VolumeFillFailed there.
-        "runtime/fetching.py",
+        "fetch/fetching.py",
     },
     "prometheus_client": {"daemon/metrics.py"},
     # The consoles' client: its two clients, and the one place its errors are translated.
@@ -208,6 +211,70 @@ def test_no_module_imports_itself_round_a_circle() -> None:
 def test_the_circle_finder_finds_a_circle_and_only_a_circle() -> None:
     assert find_circle({"a": {"b"}, "b": {"c"}, "c": {"b"}}) == ["b", "c", "b"]
     assert find_circle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+# --- the jobs floor's rooms: its words at the bottom, no import running back up ----------
+
+WORDS = "tuneplane_node.jobs.words"
+
+
+def room(name: str) -> str:
+    """The room of a module of ``jobs/``: its wing (``jobs/images``, the words'
+    ``jobs/words``) or its own module (``jobs.launcher``); the front door is ``jobs``."""
+    parts = name.split(".")[1:]
+    if len(parts) > 2 or (len(parts) == 2 and (JOBS / parts[1]).is_dir()):
+        return f"jobs/{parts[1]}"
+    return ".".join(parts)
+
+
+def room_graph() -> dict[str, set[str]]:
+    """Each room of ``jobs/`` and the other rooms of ``jobs/`` its modules import."""
+    rooms: dict[str, set[str]] = {}
+    for name, targets in import_graph().items():
+        if name.startswith("tuneplane_node.jobs"):
+            here = room(name)
+            inside = {room(t) for t in targets if t.startswith("tuneplane_node.jobs")}
+            rooms.setdefault(here, set()).update(inside - {here})
+    return rooms
+
+
+def test_no_import_inside_the_jobs_floor_runs_back_up() -> None:
+    """The rooms of ``jobs/`` stand in an order: the front door and the builder, the
+    service, its collaborators, their wings, the words at the bottom; each imports only
+    rooms below it. An import that ran back up would close a circle of rooms, found
+    here as module circles are (issue 55: the words once lived in a wing, and six
+    imports ran back up between wings for them)."""
+    rooms = room_graph()
+    circle = find_circle(rooms)
+    assert circle is None, " -> ".join(circle or [])
+    assert len(rooms) >= 20  # the walk saw the floor's rooms
+
+
+def test_the_jobs_words_import_no_service_of_the_floor() -> None:
+    """The ground floor imports the floors below ``jobs/`` and itself only, as httpx's
+    ``_models.py`` imports only leaf modules: every wing may read it."""
+    assert room_graph()["jobs/words"] == set()
+
+
+def test_above_the_jobs_floor_the_words_are_imported_by_their_public_names() -> None:
+    """Above ``jobs/`` (the daemon, the checks, the CLI), a word is imported from
+    ``tuneplane_node.jobs.words`` (or the floor's front door), never from the module
+    that holds it: those may split or merge without a change above."""
+    graph = import_graph()
+    inner = {
+        name: sorted(t for t in targets if t.startswith(f"{WORDS}."))
+        for name, targets in graph.items()
+        if not name.startswith("tuneplane_node.jobs")
+    }
+    assert not {name: found for name, found in inner.items() if found}
+    assert any(WORDS in targets for targets in graph.values())  # the words are read
+
+
+def test_the_room_finder_names_wings_and_modules() -> None:
+    assert room("tuneplane_node.jobs") == "jobs"
+    assert room("tuneplane_node.jobs.launcher") == "jobs.launcher"
+    assert room("tuneplane_node.jobs.words") == "jobs/words"
+    assert room("tuneplane_node.jobs.images.gc") == "jobs/images"
 
 
 # --- the job service as collaborators it calls down to ------------------------------------

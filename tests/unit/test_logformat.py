@@ -12,8 +12,8 @@ import pytest
 from tests.fakes import FakeRuntime
 from tuneplane_node.jobs import LaunchRequest, Node, StopPlan
 from tuneplane_node.logformat import JsonFormatter
-from tuneplane_node.runtime.base import LABEL_RUN_ID
 from tuneplane_node.runtime.spec import ContainerSpec
+from tuneplane_node.wire.values import LABEL_RUN_ID
 
 MISSING = "registry.test/missing:1"
 IMAGE = "registry.test/trainer:1"

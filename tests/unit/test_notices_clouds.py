@@ -13,6 +13,7 @@ import pytest
 from tests.fakes import FakeClock
 from tests.metadataserver import TOKEN, Metadata
 from tuneplane_node.errors import VolumeFillFailed
+from tuneplane_node.fetch.fetching import Fetcher
 from tuneplane_node.jobs.notices.clouds import (
     AwsReader,
     AzureReader,
@@ -22,9 +23,8 @@ from tuneplane_node.jobs.notices.clouds import (
     detected,
     reader_of,
 )
-from tuneplane_node.jobs.notices.notice import MAINTENANCE, PREEMPT, REBALANCE, Notice
 from tuneplane_node.jobs.notices.watcher import metadata_fetcher
-from tuneplane_node.runtime.fetching import Fetcher
+from tuneplane_node.jobs.words import MAINTENANCE, PREEMPT, REBALANCE, Notice
 
 pytestmark = pytest.mark.slow  # a real server on a socket
 

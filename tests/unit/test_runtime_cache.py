@@ -21,11 +21,12 @@ from tests.fakes import FakeClock, FakeProbe, FakeRuntime, brief
 from tests.helpers import fake_node_of, job, wait_until
 from tuneplane_node.errors import EngineRefused, EngineUnavailable
 from tuneplane_node.jobs import LaunchRequest, Started
-from tuneplane_node.runtime.base import EXIT_SIGKILL, LABEL_RUN_ID, ContainerState, EngineEvent
+from tuneplane_node.runtime.base import EXIT_SIGKILL, ContainerState, EngineEvent
 from tuneplane_node.runtime.cache import CachedRuntime, StateCache
 from tuneplane_node.runtime.cache import state as cache_module
 from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.settings import NodeSettings
+from tuneplane_node.wire.values import LABEL_RUN_ID
 
 
 @pytest.fixture

@@ -12,11 +12,11 @@ import pytest
 from tests.conftest import fake_settings
 from tuneplane_node.errors import ConfigError, EngineRefused, RegistryRefused
 from tuneplane_node.references import ImageName
-from tuneplane_node.runtime.base import RegistryAuth
 from tuneplane_node.runtime.engines import dockerauth
 from tuneplane_node.runtime.engines.dockerauth import AuthFile
 from tuneplane_node.runtime.engines.dockerformat import auth_header
 from tuneplane_node.runtime.engines.pulling import pull_headers, refusal_of_pull
+from tuneplane_node.wire.values import RegistryAuth
 
 REGISTRY = "registry.test:5005"
 PASSWORD = "pa55-w0rd"

@@ -23,7 +23,7 @@ from tuneplane_node.errors import (
     NodeError,
     SpecRefused,
 )
-from tuneplane_node.runtime.base import LABEL_GPUS, LABEL_RUN_ID, LogQuery, Mount
+from tuneplane_node.runtime.base import LogQuery
 from tuneplane_node.runtime.engines.cgroupparent import JobParent
 from tuneplane_node.runtime.engines.docker import ERRORS as DOCKER_ERRORS
 from tuneplane_node.runtime.engines.docker import DockerRuntime
@@ -39,6 +39,7 @@ from tuneplane_node.runtime.spec import (
     ContainerSpec,
     Tmpfs,
 )
+from tuneplane_node.wire.values import LABEL_GPUS, LABEL_RUN_ID, Mount
 
 TABLES = [(DOCKER_ERRORS, docker.errors), (PODMAN_ERRORS, podman.errors)]
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from tuneplane_node.errors import SpecRefused
-from tuneplane_node.runtime.base import Mount
 from tuneplane_node.runtime.engines.handover import hand_over, hand_over_mounts, root_ids
+from tuneplane_node.wire.values import Mount
 
 RANGE = 2_147_483_647  # the first id of the containers ranges engines.sh writes
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="only root gives files away")

@@ -18,10 +18,10 @@ from tests.helpers import fake_node_of
 from tests.unit.test_jobs_rdma import rdma_dir
 from tuneplane_node.errors import MemlockUnavailable
 from tuneplane_node.jobs import Node
-from tuneplane_node.jobs.observe.results import LaunchRequest
-from tuneplane_node.runtime.base import LABEL_RUN_ID
+from tuneplane_node.jobs.words import LaunchRequest
 from tuneplane_node.runtime.engines.memlock import EngineMemlock, engine_memlock, process_memlock
 from tuneplane_node.runtime.spec import ContainerSpec
+from tuneplane_node.wire.values import LABEL_RUN_ID
 
 MIB = 2**20
 LIMITS = """Limit                     Soft Limit           Hard Limit           Units

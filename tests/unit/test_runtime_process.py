@@ -23,9 +23,10 @@ from tests.helpers import log_text, wait_until
 from tests.helpers import wait_status as shared_wait_status
 from tuneplane_node.clock import parse_rfc3339 as parse_time
 from tuneplane_node.errors import EngineRefused, InvalidField
-from tuneplane_node.runtime.base import LABEL_RUN_ID, PullLimits
+from tuneplane_node.runtime.base import PullLimits
 from tuneplane_node.runtime.process.runtime import ProcessRuntime
 from tuneplane_node.runtime.spec import ContainerSpec
+from tuneplane_node.wire.values import LABEL_RUN_ID
 
 # Slow: each test starts, signals and reaps real processes (the contract suite over this
 # runtime, tests/contract/test_runtime_contract.py, is in the fast suite).

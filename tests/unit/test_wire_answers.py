@@ -29,8 +29,7 @@ from tuneplane_node.daemon.render import (
     observe_json,
     state_json,
 )
-from tuneplane_node.gpu.allocator import Occupancy
-from tuneplane_node.gpu.probe import CardFacts, GpuProcess, GpuSnapshot
+from tuneplane_node.gpu.probe import CardFacts, GpuProcess, GpuSnapshot, Occupancy
 from tuneplane_node.inventory import (
     DiskReading,
     FabricFacts,
@@ -50,17 +49,10 @@ from tuneplane_node.jobs import (
     StoppedView,
     Stopping,
 )
-from tuneplane_node.jobs.nodestate import NodeState
-from tuneplane_node.jobs.observe.results import Conditions, Cursor, ImageStore, JobChanges
-from tuneplane_node.runtime.base import (
-    LABEL_NETWORK,
-    LABEL_RUN_ID,
-    LABEL_USERNS,
-    CacheStatus,
-    ContainerState,
-    PullProgress,
-)
+from tuneplane_node.jobs.words import Conditions, ImageStore, JobChanges, NodeState
+from tuneplane_node.runtime.base import CacheStatus, ContainerState, PullProgress
 from tuneplane_node.runtime.facts import RuntimeHealth
+from tuneplane_node.wire.values import LABEL_NETWORK, LABEL_RUN_ID, LABEL_USERNS, Cursor
 
 # --- what 0.3.15 consoles read --------------------------------------------------------------
 

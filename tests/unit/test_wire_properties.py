@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from tests.helpers import console_0315
 from tuneplane_node.errors import InvalidField
 from tuneplane_node.jobs.launcher import launch_request
-from tuneplane_node.runtime.base import LABEL_RUN_ID
 from tuneplane_node.wire import images, requests, verbs
+from tuneplane_node.wire.values import LABEL_RUN_ID
 
 # Slow: hypothesis generates hundreds of bodies a test.
 pytestmark = pytest.mark.slow

@@ -13,13 +13,13 @@ from tests.helpers import console_0315
 from tuneplane_node.errors import InvalidField
 from tuneplane_node.jobs import retries
 from tuneplane_node.jobs.launcher import launch_request
-from tuneplane_node.jobs.observe.results import LaunchRequest
-from tuneplane_node.runtime.base import LABEL_RUN_ID, Mount, RegistryAuth
+from tuneplane_node.jobs.words import LaunchRequest
 from tuneplane_node.wire.fields import Field
 from tuneplane_node.wire.requests import CHECKED, CONTAINER
 from tuneplane_node.wire.requests import (
     parse_launch as read_launch,
 )
+from tuneplane_node.wire.values import LABEL_RUN_ID, Mount, RegistryAuth
 from tuneplane_node.wire.verbs import (
     LOGS,
     MAX_TAIL,

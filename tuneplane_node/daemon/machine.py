@@ -11,18 +11,11 @@ from typing import Any, Generic, TypeVar, cast
 
 from tuneplane_node.clock import rfc3339
 from tuneplane_node.daemon.render import encode, volume_store_json
-from tuneplane_node.gpu.allocator import Occupancy
 from tuneplane_node.gpu.breaker import BreakerState
-from tuneplane_node.gpu.probe import CardFacts, CardFault, GpuSnapshot
+from tuneplane_node.gpu.probe import CardFacts, CardFault, GpuSnapshot, Occupancy
 from tuneplane_node.inventory import DiskReading, FabricFacts, Filesystem, LocalDisk
-from tuneplane_node.jobs.nodestate import NodeState
-from tuneplane_node.jobs.notices.notice import Standing
-from tuneplane_node.jobs.observe import results
-from tuneplane_node.jobs.observe.results import (
-    Inventory,
-    NodeStatus,
-)
-from tuneplane_node.jobs.volumes.room import StoreView
+from tuneplane_node.jobs import words
+from tuneplane_node.jobs.words import Inventory, NodeState, NodeStatus, Standing, StoreView
 from tuneplane_node.runtime.base import CacheStatus
 from tuneplane_node.wire import PROTOCOL, PROTOCOLS
 from tuneplane_node.wire.answers import (
@@ -57,7 +50,7 @@ V = TypeVar("V")
 # --- answers: health ---------------------------------------------------------------------
 
 
-def image_store_json(store: results.ImageStore) -> ImageStoreJson:
+def image_store_json(store: words.ImageStore) -> ImageStoreJson:
     return {
         "path": store.path,
         "total_bytes": store.total_bytes,
@@ -70,7 +63,7 @@ def image_store_json(store: results.ImageStore) -> ImageStoreJson:
     }
 
 
-def conditions_json(conditions: results.Conditions) -> ConditionsJson:
+def conditions_json(conditions: words.Conditions) -> ConditionsJson:
     return {
         "disk_pressure": conditions.disk_pressure,
         "pid_pressure": conditions.pid_pressure,
@@ -80,11 +73,11 @@ def conditions_json(conditions: results.Conditions) -> ConditionsJson:
     }
 
 
-def job_disk_json(rule: results.DiskRule) -> JobDiskJson:
+def job_disk_json(rule: words.DiskRule) -> JobDiskJson:
     return {"limit": rule.limit, "held_by": rule.held_by}
 
 
-def image_gc_json(run: results.GcRun) -> ImageGcJson:
+def image_gc_json(run: words.GcRun) -> ImageGcJson:
     return {
         "scope": run.scope,
         "removed": [
@@ -309,7 +302,7 @@ def probe_json(gpus: GpuSnapshot | None) -> ProbeJson | None:
 # --- answers: inventory ------------------------------------------------------------------
 
 
-def isolation_json(rule: results.IsolationRule) -> IsolationJson:
+def isolation_json(rule: words.IsolationRule) -> IsolationJson:
     return {**dataclasses.asdict(rule), "runtimes": list(rule.runtimes)}  # type: ignore[typeddict-item]  # the same keys
 
 
@@ -407,8 +400,8 @@ def store_json(store: StoreView | None) -> VolumeStoreJson | None:
 # Health's parts by the last object each was made of (`Last`).
 _DISK: Last[DiskReading | None, DiskJson | None] = Last(disk_json)
 _NODE_STATE: Last[NodeState, NodeStateJson] = Last(node_state_json)
-_IMAGE_STORE: Last[results.ImageStore, ImageStoreJson] = Last(image_store_json)
-_CONDITIONS: Last[results.Conditions, ConditionsJson] = Last(conditions_json)
-_JOB_DISK: Last[results.DiskRule, JobDiskJson] = Last(job_disk_json)
+_IMAGE_STORE: Last[words.ImageStore, ImageStoreJson] = Last(image_store_json)
+_CONDITIONS: Last[words.Conditions, ConditionsJson] = Last(conditions_json)
+_JOB_DISK: Last[words.DiskRule, JobDiskJson] = Last(job_disk_json)
 _VOLUME_STORE: Last[StoreView | None, VolumeStoreJson | None] = Last(store_json)
 _NOTICES: Last[tuple[Standing, ...], list[NoticeJson]] = Last(notices_json)

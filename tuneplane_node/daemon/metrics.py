@@ -27,13 +27,13 @@ from prometheus_client import Counter as CounterMetric
 from tuneplane_node import __version__
 from tuneplane_node.daemon.access import audit
 from tuneplane_node.errors import NodeError
-from tuneplane_node.gpu.allocator import Occupancy
+from tuneplane_node.gpu.probe import Occupancy
 from tuneplane_node.jobs.disk.monitor import Measured
 from tuneplane_node.jobs.node import Node
-from tuneplane_node.jobs.nodestate import STATES
 from tuneplane_node.jobs.observe.stats import JobSample
 from tuneplane_node.runtime.base import CacheStatus
 from tuneplane_node.telemetry import Telemetry
+from tuneplane_node.wire.values import STATES
 
 log = logging.getLogger(__name__)
 PREFIX = "tuneplane_node"

@@ -15,8 +15,12 @@ import orjson
 
 from tuneplane_node.clock import rfc3339
 from tuneplane_node.errors import FieldError
-from tuneplane_node.jobs.observe import results
-from tuneplane_node.jobs.observe.results import (
+from tuneplane_node.fetch.fetching import shown
+from tuneplane_node.jobs import words
+from tuneplane_node.jobs.observe.stats import CardSample, JobSample, JobStats
+from tuneplane_node.jobs.words import (
+    EntryView,
+    FailedFill,
     ImagesView,
     ImageView,
     JobChanges,
@@ -25,13 +29,13 @@ from tuneplane_node.jobs.observe.results import (
     Prefetched,
     PullView,
     StoppedView,
+    StoreView,
+    VolumeFill,
+    VolumeGcRun,
+    VolumePrefetched,
+    VolumesView,
 )
-from tuneplane_node.jobs.observe.stats import CardSample, JobSample, JobStats
-from tuneplane_node.jobs.volumes.fill import VolumeFill
-from tuneplane_node.jobs.volumes.keeper import EntryView, FailedFill, VolumePrefetched, VolumesView
-from tuneplane_node.jobs.volumes.room import StoreView, VolumeGcRun
-from tuneplane_node.runtime.base import HIDDEN_LABELS, LABEL_NETWORK, ContainerState, LogText
-from tuneplane_node.runtime.fetching import shown
+from tuneplane_node.runtime.base import ContainerState, LogText
 from tuneplane_node.wire.answers import (
     ErrorJson,
     JobsJson,
@@ -46,7 +50,7 @@ from tuneplane_node.wire.answers import (
 )
 from tuneplane_node.wire.images import ImageJson, ImagesJson, PrefetchJson, PullJson
 from tuneplane_node.wire.stats import AbsentJson, CardUsageJson, StatsJson, UsageJson
-from tuneplane_node.wire.values import FAILED, PRESENT
+from tuneplane_node.wire.values import FAILED, HIDDEN_LABELS, LABEL_NETWORK, PRESENT
 from tuneplane_node.wire.volumes import (
     FILLING,
     VolumeEntryJson,
@@ -265,20 +269,20 @@ def _encode_jobs(changes: JobChanges, *, watched: bool, node: object = None) -> 
 # --- answers: launch and the other verbs -------------------------------------------------
 
 
-def launch_json(result: results.LaunchResult, *, ref: str) -> LaunchJson:
+def launch_json(result: words.LaunchResult, *, ref: str) -> LaunchJson:
     """What the launch did, and the ``ref`` it made (the name every other verb takes:
     a run id outside ``[a-zA-Z0-9_.-]`` gets a hashed one)."""
-    if isinstance(result, results.Started):
+    if isinstance(result, words.Started):
         gpus = [*result.gpus]
         return {"phase": "running", "container_id": result.container_id, "gpus": gpus, "ref": ref}
-    if isinstance(result, results.AlreadyRunning):
+    if isinstance(result, words.AlreadyRunning):
         return {"phase": "running", "idempotent": True, "gpus": [*result.gpus], "ref": ref}
-    if isinstance(result, results.AlreadyExited):
+    if isinstance(result, words.AlreadyExited):
         return {"phase": "exited", "idempotent": True, "exit_code": result.exit_code, "ref": ref}
-    if isinstance(result, results.Pulling):
+    if isinstance(result, words.Pulling):
         wanted = result.requested_gpus
         return {"phase": "pulling", "image": result.image, "requested_gpus": wanted, "ref": ref}
-    assert isinstance(result, results.AlreadyPending)
+    assert isinstance(result, words.AlreadyPending)
     return {"phase": result.phase, "idempotent": True, "image": result.image, "ref": ref}
 
 

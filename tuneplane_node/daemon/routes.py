@@ -54,11 +54,11 @@ from tuneplane_node.errors import (
 )
 from tuneplane_node.jobs import AlreadyExited, AlreadyPending, AlreadyRunning, Pulling, Started
 from tuneplane_node.jobs import launch_request as launch_request_of
-from tuneplane_node.jobs.pending import PULLING
 from tuneplane_node.wire import answers, images, requests, schema, verbs, volumes
 from tuneplane_node.wire.fields import Body
 from tuneplane_node.wire.schema import ENGINE
 from tuneplane_node.wire.stats import STATS, StatsJson, parse_stats
+from tuneplane_node.wire.values import PULLING
 
 Handler = TypeVar("Handler", bound=Callable[[web.Request], Awaitable[web.StreamResponse]])
 routes = web.RouteTableDef()

@@ -7,7 +7,7 @@ from aiohttp import web
 from tuneplane_node.daemon.access.tokens import TokenSet
 from tuneplane_node.daemon.metrics import Metrics
 from tuneplane_node.jobs.node import Node
-from tuneplane_node.jobs.observe.results import NodeStatus
+from tuneplane_node.jobs.words import NodeStatus
 from tuneplane_node.runtime.engines.dockerauth import AuthFile
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.tasks import BackgroundTasks, TurnShared

@@ -11,17 +11,15 @@ and releases its claim once the container's label holds the cards.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
-from tuneplane_node.errors import GpuNotReady, NoCapacity
-from tuneplane_node.gpu.breaker import BreakerState, CardBreaker
+from tuneplane_node.errors import GpuNotReady
+from tuneplane_node.gpu.breaker import CardBreaker
 from tuneplane_node.gpu.cardreturn import CardReturns
 from tuneplane_node.gpu.factory import make_probe
-from tuneplane_node.gpu.probe import CardFault, GpuProbe, GpuSnapshot
+from tuneplane_node.gpu.probe import CardFault, GpuProbe, GpuSnapshot, Occupancy
 from tuneplane_node.gpu.readiness import GpuReadiness, ReadinessReader
 from tuneplane_node.gpu.topology import choose_cards
 from tuneplane_node.logformat import job_fields
@@ -30,88 +28,6 @@ from tuneplane_node.settings import NodeSettings
 from tuneplane_node.tasks import BackgroundTasks, by_awaiters
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Occupancy:
-    """Where every card is, at one moment. Unhealthy and external cards are never free."""
-
-    total: int
-    known: bool  # False: no count configured and no driver answer, so total is unknown
-    free: tuple[int, ...]  # physically free: no job, no outside process, healthy
-    by_job: Mapping[int, str]
-    external: Mapping[int, tuple[int, ...]]
-    external_probe_ok: bool
-    unhealthy: Mapping[int, str]
-    claims: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # ref -> cards
-    gpus: GpuSnapshot | None = None
-    draining: Mapping[int, str] = field(default_factory=dict)  # job gone, card not clean yet
-    kept_in: Mapping[int, CardFault] = field(default_factory=dict)  # faults past the breaker
-    breaker: BreakerState | None = None  # as it stood when this was built
-
-    @functools.cached_property
-    def reserved(self) -> frozenset[int]:
-        """Cards promised to launches that have no container yet."""
-        return frozenset(card for cards in self.claims.values() for card in cards)
-
-    @property
-    def available(self) -> tuple[int, ...]:
-        """Cards a new launch could take: free and promised to nobody."""
-        return tuple(card for card in self.free if card not in self.reserved)
-
-    def available_to(self, ref: str) -> tuple[int, ...]:
-        """Free cards not promised to another launch (``ref``'s own claim counts as free)."""
-        others = {card for owner, cards in self.claims.items() if owner != ref for card in cards}
-        return tuple(card for card in self.free if card not in others)
-
-    def card_kind(self, index: int) -> str:
-        """One word per card, each card exactly one: what the metrics count."""
-        if index in self.unhealthy:
-            return "unhealthy"
-        if index in self.draining:
-            return "draining"
-        if index in self.external and index not in self.by_job:
-            return "external"
-        if index in self.by_job:
-            return "held"
-        return "reserved" if index in self.reserved else "free"
-
-    def card_state(self, index: int) -> str:
-        if index in self.unhealthy:
-            return f"unhealthy: {self.unhealthy[index]}"
-        kept = self.kept_in.get(index)
-        if kept is not None:
-            where = self.card_state_in(index)
-            return f"{where}; its {kept.scope} fault {kept.cause} kept in by the GPU breaker"
-        return self.card_state_in(index)
-
-    def card_state_in(self, index: int) -> str:
-        """Where a card in the pool is (not out for a fault)."""
-        if index in self.by_job:
-            return f"held by run {self.by_job[index]}"
-        if index in self.draining:
-            return f"draining: {self.draining[index]}"
-        if index in self.external:
-            pids = ", ".join(str(pid) for pid in self.external[index])
-            return f"external pid {pids}"
-        return "free"
-
-    def explain(self) -> list[str]:
-        """One readable line per card, and one for the reservations."""
-        lines = [f"gpu {index}: {self.card_state(index)}" for index in range(self.total)]
-        if self.reserved:
-            lines.append(f"{len(self.reserved)} free card(s) reserved for pending launches")
-        return lines
-
-    def refusal(self, requested: int) -> NoCapacity:
-        return NoCapacity(
-            requested=requested,
-            free=self.free,
-            held=self.by_job,
-            reserved=len(self.reserved),
-            external=sorted(self.external),
-            unhealthy=self.unhealthy,
-        )
 
 
 class GpuAllocator:

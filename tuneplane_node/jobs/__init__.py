@@ -3,24 +3,21 @@
 from tuneplane_node.jobs.health import read_inventory
 from tuneplane_node.jobs.launcher import launch_request
 from tuneplane_node.jobs.node import Node, build_node
-from tuneplane_node.jobs.observe.results import (
+from tuneplane_node.jobs.reaper import reapable
+from tuneplane_node.jobs.service import JobService
+from tuneplane_node.jobs.words.launch import (
     AlreadyExited,
     AlreadyPending,
     AlreadyRunning,
-    Inventory,
-    JobView,
     LaunchRequest,
     LaunchResult,
-    NodeStatus,
-    PendingView,
     Pulling,
     Started,
-    StoppedView,
     Stopping,
-    StopPlan,
 )
-from tuneplane_node.jobs.reaper import reapable
-from tuneplane_node.jobs.service import JobService
+from tuneplane_node.jobs.words.status import Inventory, NodeStatus
+from tuneplane_node.jobs.words.views import JobView, PendingView, StoppedView
+from tuneplane_node.wire.values import StopPlan
 
 __all__ = [
     "AlreadyExited",

@@ -17,20 +17,14 @@ from tuneplane_node.clock import Clock
 from tuneplane_node.errors import NodeError
 from tuneplane_node.jobs.launcher import Launcher
 from tuneplane_node.jobs.locks import RefLocks
-from tuneplane_node.jobs.nodestate import (
-    CORDONED,
-    DRAINED,
-    DRAINING,
-    READY,
-    NodeState,
-    NodeStateStore,
-)
-from tuneplane_node.jobs.observe.results import StopPlan
+from tuneplane_node.jobs.nodestate import NodeStateStore
 from tuneplane_node.jobs.ours import Listing
 from tuneplane_node.jobs.stopper import Stopper
+from tuneplane_node.jobs.words.status import NodeState
 from tuneplane_node.runtime.base import RUNNING
 from tuneplane_node.settings import LifecycleSettings
 from tuneplane_node.tasks import BackgroundTasks
+from tuneplane_node.wire.values import CORDONED, DRAINED, DRAINING, READY, StopPlan
 
 log = logging.getLogger(__name__)
 

@@ -16,18 +16,18 @@ from tuneplane_node.errors import NodeError
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.gpu.readiness import GpuReadiness
 from tuneplane_node.jobs.images.gc import ImageCollector
-from tuneplane_node.jobs.nodestate import NodeState
-from tuneplane_node.jobs.notices.notice import Standing
-from tuneplane_node.jobs.observe.results import (
+from tuneplane_node.jobs.pending import PendingTable
+from tuneplane_node.jobs.words.images import ImageStore
+from tuneplane_node.jobs.words.notices import Standing
+from tuneplane_node.jobs.words.status import (
     Conditions,
     DiskRule,
-    ImageStore,
     Inventory,
     IsolationRule,
+    NodeState,
     NodeStatus,
 )
-from tuneplane_node.jobs.pending import PendingTable
-from tuneplane_node.jobs.volumes.room import StoreView
+from tuneplane_node.jobs.words.volumes import StoreView
 from tuneplane_node.runtime.base import ContainerRuntime
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.tasks import BackgroundTasks, KeptReading

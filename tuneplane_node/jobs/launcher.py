@@ -26,9 +26,8 @@ from tuneplane_node.jobs.images.gc import ImageCollector
 from tuneplane_node.jobs.images.keeper import ImageKeeper
 from tuneplane_node.jobs.images.pulls import PullCoordinator
 from tuneplane_node.jobs.mounts.launch import LaunchMounts
-from tuneplane_node.jobs.observe.results import LaunchRequest, Pulling, Started
 from tuneplane_node.jobs.observe.watch import ChangeLog
-from tuneplane_node.jobs.pending import STARTING, PendingLaunch, PendingTable
+from tuneplane_node.jobs.pending import PendingLaunch, PendingTable
 from tuneplane_node.jobs.reservation import Reservation
 from tuneplane_node.jobs.rules.affinity import CpuAffinity
 from tuneplane_node.jobs.rules.confinement import JobRules
@@ -36,13 +35,14 @@ from tuneplane_node.jobs.rules.fabric import FabricAddresses
 from tuneplane_node.jobs.rules.isolation import Isolation
 from tuneplane_node.jobs.rules.network import neighbours
 from tuneplane_node.jobs.volumes.keeper import VolumeKeeper
+from tuneplane_node.jobs.words.launch import LaunchRequest, Pulling, Started
 from tuneplane_node.logformat import job_fields
 from tuneplane_node.references import canonical
 from tuneplane_node.runtime.base import ContainerRuntime
 from tuneplane_node.runtime.facts import ImageInfo
 from tuneplane_node.runtime.spec import DEVICES_ENV, ContainerSpec, container_name
 from tuneplane_node.tasks import BackgroundTasks
-from tuneplane_node.wire.values import Launch
+from tuneplane_node.wire.values import STARTING, Launch
 
 log = logging.getLogger(__name__)
 Clear = Callable[[], Awaitable[None]]

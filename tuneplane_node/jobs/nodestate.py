@@ -15,21 +15,17 @@ import itertools
 import json
 import logging
 import threading
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from tuneplane_node.clock import Clock, rfc3339
 from tuneplane_node.durable import write_atomically
 from tuneplane_node.errors import NodeError, StateDiskFull
+from tuneplane_node.jobs.words.status import NodeState
 from tuneplane_node.runtime.base import ContainerState
 from tuneplane_node.signals import job_signal
-from tuneplane_node.wire.values import CORDONED as CORDONED
-from tuneplane_node.wire.values import DRAINED as DRAINED
-from tuneplane_node.wire.values import DRAINING as DRAINING
-from tuneplane_node.wire.values import READY as READY
-from tuneplane_node.wire.values import STATES as STATES
+from tuneplane_node.wire.values import CORDONED, STATES
 
 log = logging.getLogger(__name__)
 
@@ -37,88 +33,6 @@ STATE_FILE = "node-state.json"
 MAX_REASON_CHARS = 1024
 MAX_FILE_BYTES = 4 * 2**20  # reasons for every container a node can hold, and then some
 NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
-
-
-@dataclass(frozen=True)
-class NodeState:
-    """``since``: RFC 3339 UTC of the last change of ``state``; ``grace_s`` and the
-    warning (``warn_signal``, ``warn_s``): a drain's, which a resumed drain stops with;
-    ``notice``: the key of the cloud's (or the OS's) notice that made this state, which
-    its withdrawal undoes, None where the operator made it; ``stopping_as``: what a
-    drain's stops are noted as (None: ``drain: <reason>``)."""
-
-    state: str = READY
-    reason: str | None = None
-    since: str | None = None
-    grace_s: float | None = None
-    warn_signal: str | None = None
-    warn_s: float | None = None
-    notice: str | None = None
-    stopping_as: str | None = None
-    stop_reasons: Mapping[str, str] = field(default_factory=dict)  # container id (or name) -> why
-    disk_used: Mapping[str, int] = field(default_factory=dict)  # id -> bytes when stopped for them
-    disk_deleted_open: Mapping[str, int] = field(default_factory=dict)  # id -> the deleted part
-    disk_inodes: Mapping[str, int] = field(default_factory=dict)  # id -> its inodes then
-
-    @property
-    def open(self) -> bool:
-        """Whether new launches are taken."""
-        return self.state == READY
-
-    def to(
-        self, state: str, reason: str | None, since: str, *, notice: str | None = None
-    ) -> NodeState:
-        """The next state, made by the operator or by ``notice``; ``since`` moves only
-        when the state itself changes."""
-        moved = since if state != self.state else self.since
-        return replace(self, state=state, reason=reason, since=moved, notice=notice)
-
-    def stopped(
-        self,
-        container_ids: Iterable[str],
-        reason: str,
-        *,
-        disk_used: int | None = None,
-        deleted_open: int | None = None,
-        inodes: int | None = None,
-    ) -> NodeState:
-        """Why the node stops these containers; ``disk_used``: the bytes they had written,
-        when their disk is why (``deleted_open``: of which deleted files they held open;
-        ``inodes``: the inodes they had made)."""
-        ids = list(container_ids)
-        reasons = {**self.stop_reasons, **dict.fromkeys(ids, reason)}
-        if disk_used is None:
-            return replace(self, stop_reasons=reasons)
-        return replace(
-            self,
-            stop_reasons=reasons,
-            disk_used=_with(self.disk_used, ids, disk_used),
-            disk_deleted_open=_with(self.disk_deleted_open, ids, deleted_open),
-            disk_inodes=_with(self.disk_inodes, ids, inodes),
-        )
-
-    def forgetting(self, container_id: str) -> NodeState:
-        return self._only(cid for cid in self.stop_reasons if cid != container_id)
-
-    def keeping(self, container_ids: Iterable[str]) -> NodeState:
-        """Forget the stop reasons of containers that are gone."""
-        alive = set(container_ids)
-        kept = self._only(cid for cid in self.stop_reasons if cid in alive)
-        return self if len(kept.stop_reasons) == len(self.stop_reasons) else kept
-
-    def _only(self, ids: Iterable[str]) -> NodeState:
-        kept = set(ids)
-        return replace(
-            self,
-            stop_reasons={cid: why for cid, why in self.stop_reasons.items() if cid in kept},
-            disk_used={cid: used for cid, used in self.disk_used.items() if cid in kept},
-            disk_deleted_open={c: n for c, n in self.disk_deleted_open.items() if c in kept},
-            disk_inodes={c: n for c, n in self.disk_inodes.items() if c in kept},
-        )
-
-
-def _with(figures: Mapping[str, int], ids: list[str], value: int | None) -> Mapping[str, int]:
-    return figures if value is None else {**figures, **dict.fromkeys(ids, value)}
 
 
 class NodeStateFile:

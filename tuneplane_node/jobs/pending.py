@@ -14,14 +14,11 @@ from dataclasses import dataclass, field
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.jobs.images.pulls import SharedPull
-from tuneplane_node.jobs.observe.results import LaunchRequest, PendingView
-from tuneplane_node.jobs.volumes.fill import VolumeFill
+from tuneplane_node.jobs.words.launch import LaunchRequest
+from tuneplane_node.jobs.words.views import FAILED_RECORD_TTL_S, PendingView
+from tuneplane_node.jobs.words.volumes import VolumeFill
 from tuneplane_node.runtime.base import PullProgress
-from tuneplane_node.wire.values import FAILED as FAILED
-from tuneplane_node.wire.values import PULLING as PULLING
-from tuneplane_node.wire.values import STARTING as STARTING
-
-FAILED_RECORD_TTL_S = 1800.0
+from tuneplane_node.wire.values import FAILED, PULLING
 
 
 @dataclass

@@ -13,13 +13,14 @@ from datetime import datetime
 from tuneplane_node.clock import Clock, parse_rfc3339
 from tuneplane_node.errors import EngineConflict, NodeError
 from tuneplane_node.jobs.locks import RefLocks
-from tuneplane_node.jobs.observe.results import Own
 from tuneplane_node.jobs.ours import Listing
-from tuneplane_node.jobs.pending import FAILED, PendingTable
+from tuneplane_node.jobs.pending import PendingTable
 from tuneplane_node.jobs.stopper import Stopper
+from tuneplane_node.jobs.words.views import Own
 from tuneplane_node.logformat import job_fields
 from tuneplane_node.runtime.base import ContainerState
 from tuneplane_node.settings import LifecycleSettings
+from tuneplane_node.wire.values import FAILED
 
 log = logging.getLogger(__name__)
 

@@ -4,8 +4,8 @@ holds them."""
 from __future__ import annotations
 
 from tuneplane_node.gpu.allocator import GpuAllocator
-from tuneplane_node.jobs.observe.results import LaunchRequest
 from tuneplane_node.jobs.rules.fabric import FabricAddresses
+from tuneplane_node.jobs.words.launch import LaunchRequest
 
 
 class Reservation:

@@ -20,13 +20,14 @@ from dataclasses import replace
 from typing import Any
 
 from tuneplane_node.errors import NameTaken, RunConflict
-from tuneplane_node.jobs.observe.results import (
+from tuneplane_node.jobs.words.launch import (
     AlreadyExited,
     AlreadyRunning,
     LaunchRequest,
     LaunchResult,
 )
-from tuneplane_node.runtime.base import LABEL_SPEC, ContainerState
+from tuneplane_node.runtime.base import ContainerState
+from tuneplane_node.wire.values import LABEL_SPEC
 
 CONTAINER_FIELDS = (
     "name", "image", "command", "env", "mounts", "labels", "workdir", "shm_size",

@@ -28,26 +28,20 @@ from tuneplane_node.jobs.drain import NodeStateKeeper
 from tuneplane_node.jobs.health import HealthReader
 from tuneplane_node.jobs.launcher import Launcher
 from tuneplane_node.jobs.locks import RefLocks
-from tuneplane_node.jobs.nodestate import NodeState, NodeStateStore
+from tuneplane_node.jobs.nodestate import NodeStateStore
 from tuneplane_node.jobs.observe.logs import LogsReader
-from tuneplane_node.jobs.observe.results import (
-    AlreadyPending,
-    Inventory,
-    JobView,
-    LaunchRequest,
-    LaunchResult,
-    NodeStatus,
-    StoppedView,
-    StopPlan,
-)
 from tuneplane_node.jobs.observe.stats import JobStats, StatsSampler
 from tuneplane_node.jobs.observe.views import StoppedViews
 from tuneplane_node.jobs.ours import OursRule
-from tuneplane_node.jobs.pending import FAILED, PendingTable
+from tuneplane_node.jobs.pending import PendingTable
 from tuneplane_node.jobs.reaper import Reaper
 from tuneplane_node.jobs.retries import check_run, retried, stamped
 from tuneplane_node.jobs.stopper import NO_PLAN, Stopper
+from tuneplane_node.jobs.words.launch import AlreadyPending, LaunchRequest, LaunchResult
+from tuneplane_node.jobs.words.status import Inventory, NodeState, NodeStatus
+from tuneplane_node.jobs.words.views import JobView, StoppedView
 from tuneplane_node.runtime.base import ContainerRuntime, ContainerState, LogStream, LogText
+from tuneplane_node.wire.values import FAILED, StopPlan
 
 log = logging.getLogger(__name__)
 

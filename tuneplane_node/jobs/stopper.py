@@ -8,29 +8,41 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Protocol
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock, rfc3339
 from tuneplane_node.errors import NodeError, NotRunning
-from tuneplane_node.jobs.launcher import Launcher
 from tuneplane_node.jobs.locks import RefLocks
 from tuneplane_node.jobs.nodestate import NodeStateStore
-from tuneplane_node.jobs.observe.results import Own, Stopping, StopPlan
+from tuneplane_node.jobs.observe.watch import ChangeLog
+from tuneplane_node.jobs.pending import PendingTable
+from tuneplane_node.jobs.words.launch import Stopping
+from tuneplane_node.jobs.words.views import Own
 from tuneplane_node.logformat import job_fields
 from tuneplane_node.runtime.base import RUNNING, ContainerState
 from tuneplane_node.settings import LifecycleSettings
 from tuneplane_node.signals import DEFAULT_STOP_SIGNAL, job_signal
-from tuneplane_node.wire.values import LABEL_WARN_S, LABEL_WARN_SIGNAL
-from tuneplane_node.wire.values import SIGNALLED as SIGNALLED
-from tuneplane_node.wire.values import WARNED as WARNED
+from tuneplane_node.wire.values import LABEL_WARN_S, LABEL_WARN_SIGNAL, SIGNALLED, WARNED, StopPlan
 
 log = logging.getLogger(__name__)
 NO_PLAN = StopPlan()
 NOT_CAUGHT = "warning skipped: not caught"
 """Observe's note of a stop whose job has no handler for the warning signal: the warning
 would have killed it by the signal's default action, so it got the stop signal alone."""
+
+
+class Launches(Protocol):
+    """The launcher (`Launcher`), as far as a stop needs it: its pending launches and
+    the change log they feed, a pending launch cancelled, a container's mounts let go."""
+
+    @property
+    def changes(self) -> ChangeLog: ...
+    @property
+    def pending(self) -> PendingTable: ...
+    async def cancel(self, ref: str) -> None: ...
+    async def release_mounts(self, labels: Mapping[str, str]) -> None: ...
 
 
 class StoppingRuntime(Protocol):
@@ -53,7 +65,7 @@ class Stopper:
         *,
         own: Own,
         locks: RefLocks,
-        launcher: Launcher,
+        launcher: Launches,
         store: NodeStateStore,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:

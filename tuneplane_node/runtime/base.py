@@ -36,58 +36,13 @@ from tuneplane_node.runtime.facts import (
 )
 from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.wire.values import (  # the contract's, shared
-    HIDDEN_LABELS as HIDDEN_LABELS,
-)
-from tuneplane_node.wire.values import (
-    LABEL_DISK_LIMIT as LABEL_DISK_LIMIT,
-)
-from tuneplane_node.wire.values import (
-    LABEL_FABRIC_ADDRESS as LABEL_FABRIC_ADDRESS,
-)
-from tuneplane_node.wire.values import (
-    LABEL_GPUS as LABEL_GPUS,
-)
-from tuneplane_node.wire.values import (
-    LABEL_INODE_LIMIT as LABEL_INODE_LIMIT,
-)
-from tuneplane_node.wire.values import (
-    LABEL_MOUNTS as LABEL_MOUNTS,
-)
-from tuneplane_node.wire.values import (
-    LABEL_NETWORK as LABEL_NETWORK,
-)
-from tuneplane_node.wire.values import (
-    LABEL_RUN_ID as LABEL_RUN_ID,
-)
-from tuneplane_node.wire.values import (
-    LABEL_RUNTIME as LABEL_RUNTIME,
-)
-from tuneplane_node.wire.values import (
-    LABEL_SPEC as LABEL_SPEC,
-)
-from tuneplane_node.wire.values import (
-    LABEL_USERNS as LABEL_USERNS,
-)
-from tuneplane_node.wire.values import (
-    LABEL_VOLUMES as LABEL_VOLUMES,
-)
-from tuneplane_node.wire.values import (
-    NODE_LABELS as NODE_LABELS,
-)
-from tuneplane_node.wire.values import (
-    SANDBOX as SANDBOX,
-)
-from tuneplane_node.wire.values import (
-    Mount as Mount,
-)
-from tuneplane_node.wire.values import (
-    RegistryAuth as RegistryAuth,
-)
-from tuneplane_node.wire.values import (
-    Scratch as Scratch,
-)
-from tuneplane_node.wire.values import (
-    Volume as Volume,
+    LABEL_DISK_LIMIT,
+    LABEL_GPUS,
+    LABEL_INODE_LIMIT,
+    LABEL_RUN_ID,
+    LABEL_RUNTIME,
+    LABEL_USERNS,
+    RegistryAuth,
 )
 
 if TYPE_CHECKING:

@@ -186,7 +186,7 @@ def _volume_source(source: object, field: str) -> str:
 def is_url(source: str) -> bool:
     """Whether ``source`` is a URL the node fetches: http or https, a host as `HOST`
     reads it, a port from 1 to 65535, printable ASCII. A redirect's target is held to
-    it too (`runtime.fetching`): nothing else is looked up."""
+    it too (`fetch.fetching`): nothing else is looked up."""
     if len(source) > MAX_URL or not URL.fullmatch(source):
         return False
     try:

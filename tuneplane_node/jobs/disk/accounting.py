@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Protocol
 
-from tuneplane_node.jobs.observe.results import ImageStore
+from tuneplane_node.jobs.words.images import ImageStore
 from tuneplane_node.runtime import diskwalk
 from tuneplane_node.runtime.facts import EngineImage
 

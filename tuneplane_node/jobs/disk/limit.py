@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tuneplane_node.errors import OUT_OF_RANGE, DiskPressure, InodePressure, InvalidField
-from tuneplane_node.jobs.observe.results import ImageStore
+from tuneplane_node.jobs.words.images import ImageStore
 from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.settings import NodeSettings, env_name
 from tuneplane_node.sizes import size_in_bytes

@@ -42,13 +42,15 @@ from tuneplane_node import inventory
 from tuneplane_node.jobs.disk.accounting import PressureAccount
 from tuneplane_node.jobs.images.gc import ImageCollector
 from tuneplane_node.jobs.nodestate import NodeStateStore
-from tuneplane_node.jobs.observe.results import DiskFigures, ImageStore
 from tuneplane_node.jobs.stopper import NO_PLAN, Stopper
+from tuneplane_node.jobs.words.images import ImageStore
+from tuneplane_node.jobs.words.views import DiskFigures
 from tuneplane_node.logformat import job_fields
-from tuneplane_node.runtime.base import LABEL_MOUNTS, ContainerState
+from tuneplane_node.runtime.base import ContainerState
 from tuneplane_node.runtime.facts import DataRoot, DiskUse, EngineImage
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.tasks import BackgroundTasks, periodically
+from tuneplane_node.wire.values import LABEL_MOUNTS
 
 log = logging.getLogger(__name__)
 SCRATCH_SUFFIX = ".ext4"  # `jobs.mounts.scratch`'s file, named by the job's mounts label

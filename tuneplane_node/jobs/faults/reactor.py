@@ -24,16 +24,15 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 
 from tuneplane_node.clock import Clock
 from tuneplane_node.errors import NodeError
-from tuneplane_node.gpu.allocator import GpuAllocator, Occupancy
-from tuneplane_node.gpu.probe import CARD, JOB, NODE, CardFacts
+from tuneplane_node.gpu.allocator import GpuAllocator
+from tuneplane_node.gpu.probe import CARD, JOB, NODE, CardFacts, Occupancy
 from tuneplane_node.jobs.drain import NodeStateKeeper
-from tuneplane_node.jobs.nodestate import DRAINED, DRAINING
-from tuneplane_node.jobs.observe.results import StopPlan
 from tuneplane_node.jobs.ours import Listing
 from tuneplane_node.jobs.stopper import Stopper
 from tuneplane_node.logformat import job_fields
 from tuneplane_node.runtime.base import RUNNING, ContainerState
 from tuneplane_node.tasks import BackgroundTasks, periodically
+from tuneplane_node.wire.values import DRAINED, DRAINING, StopPlan
 
 log = logging.getLogger(__name__)
 GPU_FAULT = "gpu_fault"

@@ -24,16 +24,10 @@ from tuneplane_node.jobs.images.keeper import ImageKeeper
 from tuneplane_node.jobs.images.ledger import ImageLedger, ImageRecord
 from tuneplane_node.jobs.images.prefetch import Prefetcher
 from tuneplane_node.jobs.images.pulls import PullCoordinator, SharedPull
-from tuneplane_node.jobs.observe.results import (
-    ImagesView,
-    ImageView,
-    Prefetched,
-    PrefetchRequest,
-    PullView,
-)
-from tuneplane_node.jobs.pending import PendingTable
+from tuneplane_node.jobs.words.images import ImagesView, ImageView, Prefetched, PullView
 from tuneplane_node.runtime.base import ContainerState
 from tuneplane_node.runtime.facts import ImageInfo
+from tuneplane_node.wire.values import PrefetchRequest
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +37,21 @@ class CatalogRuntime(Protocol):
 
     async def ps(self) -> list[ContainerState]: ...
     async def image_info(self, image: str) -> ImageInfo | None: ...
+
+
+class Waiting(Protocol):
+    """A pending launch, as far as the list reads it: its ref and the pull it waits on."""
+
+    @property
+    def ref(self) -> str: ...
+    @property
+    def pull(self) -> SharedPull | None: ...
+
+
+class WaitingLaunches(Protocol):
+    """The pending launches (`PendingTable`), as far as the list reads them."""
+
+    def records(self) -> Iterable[Waiting]: ...
 
 
 class ImageCatalog:
@@ -57,7 +66,7 @@ class ImageCatalog:
         images: ImageKeeper,
         pulls: PullCoordinator,
         prefetcher: Prefetcher,
-        pending: PendingTable,
+        pending: WaitingLaunches,
     ) -> None:
         self.runtime = runtime
         self.ledger = ledger

@@ -39,14 +39,14 @@ from typing import Protocol
 
 from tuneplane_node.clock import Clock, within
 from tuneplane_node.errors import InodePressure, InsufficientStorage, NodeError
+from tuneplane_node.fetch import registry
 from tuneplane_node.jobs.images.pulls import PullCoordinator, SharedPull
-from tuneplane_node.jobs.observe.results import GcRun, ImageStore, RemovedImage
+from tuneplane_node.jobs.words.images import GcRun, ImageStore, RemovedImage
 from tuneplane_node.references import ImageName
-from tuneplane_node.runtime import registry
-from tuneplane_node.runtime.base import RegistryAuth
 from tuneplane_node.runtime.facts import DataRoot, EngineImage
 from tuneplane_node.settings import ImageSettings
 from tuneplane_node.tasks import BackgroundTasks
+from tuneplane_node.wire.values import RegistryAuth
 
 log = logging.getLogger(__name__)
 READ_TTL_S = 1.0

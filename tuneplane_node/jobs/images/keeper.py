@@ -45,13 +45,13 @@ from tuneplane_node.errors import (
     InvalidField,
     PrivateRecordUnwritable,
 )
-from tuneplane_node.jobs.observe.results import ALWAYS, LaunchRequest
+from tuneplane_node.fetch import registry
+from tuneplane_node.jobs.words.launch import LaunchRequest
 from tuneplane_node.references import ImageName, names_an_id
-from tuneplane_node.runtime import registry
-from tuneplane_node.runtime.base import RegistryAuth
 from tuneplane_node.runtime.facts import ImageInfo
 from tuneplane_node.settings import ImageSettings, env_name
 from tuneplane_node.tasks import BackgroundTasks
+from tuneplane_node.wire.values import ALWAYS, RegistryAuth
 
 log = logging.getLogger(__name__)
 RECORD_FILE = "private-images.json"

@@ -25,13 +25,12 @@ from tuneplane_node.errors import NodeError
 from tuneplane_node.jobs.images.gc import ImageCollector
 from tuneplane_node.jobs.images.keeper import ImageKeeper
 from tuneplane_node.jobs.images.pulls import PullCoordinator, SharedPull
-from tuneplane_node.jobs.observe.results import Prefetched, PrefetchRequest
-from tuneplane_node.jobs.pending import FAILED_RECORD_TTL_S, PULLING
+from tuneplane_node.jobs.words.images import Prefetched
+from tuneplane_node.jobs.words.views import FAILED_RECORD_TTL_S
 from tuneplane_node.references import canonical
-from tuneplane_node.runtime.base import RegistryAuth
 from tuneplane_node.runtime.facts import ImageInfo
 from tuneplane_node.tasks import BackgroundTasks
-from tuneplane_node.wire.values import PRESENT as PRESENT
+from tuneplane_node.wire.values import PRESENT, PULLING, PrefetchRequest, RegistryAuth
 
 log = logging.getLogger(__name__)
 

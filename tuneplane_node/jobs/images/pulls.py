@@ -25,13 +25,14 @@ from typing import Protocol
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.errors import NodeError
 from tuneplane_node.jobs.images.ledger import ImageLedger
-from tuneplane_node.jobs.images.pullrate import PullRate
+from tuneplane_node.jobs.words.rate import PullRate
 from tuneplane_node.logformat import job_fields
 from tuneplane_node.references import canonical
-from tuneplane_node.runtime.base import ProgressCallback, PullLimits, PullProgress, RegistryAuth
+from tuneplane_node.runtime.base import ProgressCallback, PullLimits, PullProgress
 from tuneplane_node.runtime.facts import ImageInfo
 from tuneplane_node.tasks import BackgroundTasks, by_awaiters
 from tuneplane_node.telemetry import NO_TELEMETRY, Telemetry
+from tuneplane_node.wire.values import RegistryAuth
 
 log = logging.getLogger(__name__)
 

@@ -26,10 +26,11 @@ from tuneplane_node.jobs.mounts.scratch import ScratchError, ScratchSpaces, scra
 from tuneplane_node.jobs.mounts.staging import MountStaging
 from tuneplane_node.jobs.volumes.keeper import VolumeKeeper
 from tuneplane_node.jobs.volumes.sources import FIELD as VOLUMES
-from tuneplane_node.runtime.base import LABEL_MOUNTS, LABEL_VOLUMES, ContainerRuntime, Mount
+from tuneplane_node.runtime.base import ContainerRuntime
 from tuneplane_node.runtime.facts import REMOTE, STAGED, MountSupport
 from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.tasks import BackgroundTasks
+from tuneplane_node.wire.values import LABEL_MOUNTS, LABEL_VOLUMES, Mount
 
 log = logging.getLogger(__name__)
 

@@ -17,32 +17,16 @@ import logging
 import os
 import stat
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from tuneplane_node.errors import InvalidField
-from tuneplane_node.runtime.base import Mount
+from tuneplane_node.jobs.words.mounts import Opened
 from tuneplane_node.settings import env_name
+from tuneplane_node.wire.values import Mount
 
 log = logging.getLogger(__name__)
 SETTING = env_name("allowed_mount_roots")
 STEP = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-@dataclass
-class Opened:
-    """A mount's host path, opened (``fd``, an ``O_PATH`` descriptor the holder closes);
-    ``field``: what a refusal names (empty: ``container.mounts[i]``)."""
-
-    mount: Mount
-    fd: int
-    directory: bool
-    field: str = ""
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
 
 
 class MountPolicy:

@@ -28,10 +28,10 @@ from pathlib import Path
 
 from tuneplane_node.errors import OUT_OF_RANGE, InvalidField
 from tuneplane_node.jobs.mounts import mountapi
-from tuneplane_node.jobs.mounts.policy import Opened
-from tuneplane_node.runtime.base import Mount, Scratch
+from tuneplane_node.jobs.words.mounts import Opened
 from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.settings import NodeSettings, env_name
+from tuneplane_node.wire.values import Mount, Scratch
 
 log = logging.getLogger(__name__)
 FIELD = "container.scratch"

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from tuneplane_node.errors import InvalidField
 from tuneplane_node.jobs.mounts import mountapi
-from tuneplane_node.jobs.mounts.policy import Opened
-from tuneplane_node.runtime.base import Mount
+from tuneplane_node.jobs.words.mounts import Opened
+from tuneplane_node.wire.values import Mount
 
 log = logging.getLogger(__name__)
 DIRECTORY = "mounts"

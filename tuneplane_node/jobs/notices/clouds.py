@@ -32,14 +32,8 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
 
 from tuneplane_node.clock import Clock, parse_rfc3339
-from tuneplane_node.jobs.notices.notice import (
-    MAINTENANCE,
-    PREEMPT,
-    REBALANCE,
-    TERMINATE,
-    Notice,
-)
-from tuneplane_node.runtime.fetching import Answer, Session
+from tuneplane_node.fetch.fetching import Answer, Session
+from tuneplane_node.jobs.words.notices import MAINTENANCE, PREEMPT, REBALANCE, TERMINATE, Notice
 
 log = logging.getLogger(__name__)
 MAX_ANSWER = 2**20

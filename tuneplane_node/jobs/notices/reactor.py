@@ -22,9 +22,8 @@ from datetime import datetime
 from tuneplane_node.clock import Clock
 from tuneplane_node.errors import NodeError
 from tuneplane_node.jobs.drain import NodeStateKeeper
-from tuneplane_node.jobs.nodestate import DRAINED, DRAINING
-from tuneplane_node.jobs.notices.notice import Notice, Standing
-from tuneplane_node.jobs.observe.results import StopPlan
+from tuneplane_node.jobs.words.notices import Notice, Standing
+from tuneplane_node.wire.values import DRAINED, DRAINING, StopPlan
 
 log = logging.getLogger(__name__)
 

@@ -17,10 +17,10 @@ import logging
 from datetime import timedelta
 
 from tuneplane_node.clock import Clock
-from tuneplane_node.jobs.nodestate import DRAINED
-from tuneplane_node.jobs.notices.notice import SHUTDOWN, Notice
 from tuneplane_node.jobs.notices.reactor import NoticeReactor
+from tuneplane_node.jobs.words.notices import SHUTDOWN, Notice
 from tuneplane_node.runtime.logind import Logind, LogindUnavailable, release
+from tuneplane_node.wire.values import DRAINED
 
 log = logging.getLogger(__name__)
 LISTEN_S = 1.0  # a wait for logind's signal, in steps a cancel ends

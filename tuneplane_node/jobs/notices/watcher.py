@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 from tuneplane_node.clock import Clock
 from tuneplane_node.errors import VolumeFillFailed
+from tuneplane_node.fetch.fetching import Fetcher, Session
 from tuneplane_node.jobs.notices.clouds import (
     GCP_WAIT_S,
     AzureReader,
@@ -26,9 +27,8 @@ from tuneplane_node.jobs.notices.clouds import (
     detected,
     reader_of,
 )
-from tuneplane_node.jobs.notices.notice import Notice
 from tuneplane_node.jobs.notices.reactor import NoticeReactor
-from tuneplane_node.runtime.fetching import Fetcher, Session
+from tuneplane_node.jobs.words.notices import Notice
 from tuneplane_node.runtime.reach import Reach
 from tuneplane_node.settings import NoticeSettings
 

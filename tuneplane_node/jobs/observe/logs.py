@@ -14,8 +14,8 @@ from typing import Protocol
 
 from tuneplane_node.errors import EngineRefused, TooManyFollows
 from tuneplane_node.jobs.observe.followed import END_GRACE_S, EndedWithJob, JobExits
-from tuneplane_node.jobs.observe.results import LogNote, Own
 from tuneplane_node.jobs.pending import PendingTable
+from tuneplane_node.jobs.words.views import LogNote, Own
 from tuneplane_node.runtime.base import ContainerState, LogQuery, LogStream, LogText
 from tuneplane_node.settings import ObserveSettings
 

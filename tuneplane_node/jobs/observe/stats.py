@@ -22,7 +22,7 @@ from tuneplane_node.clock import SYSTEM_CLOCK, Clock, rfc3339
 from tuneplane_node.errors import NodeError
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.gpu.probe import CardFacts, GpuSnapshot
-from tuneplane_node.jobs.observe.results import DiskFigures
+from tuneplane_node.jobs.words.views import DiskFigures
 from tuneplane_node.runtime.base import ContainerState
 from tuneplane_node.runtime.facts import Usage
 

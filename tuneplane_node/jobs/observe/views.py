@@ -4,7 +4,8 @@ makes no 300 new views (a frozen dataclass costs microseconds to make)."""
 
 from __future__ import annotations
 
-from tuneplane_node.jobs.observe.results import DiskFigures, StoppedView, Stopping
+from tuneplane_node.jobs.words.launch import Stopping
+from tuneplane_node.jobs.words.views import DiskFigures, StoppedView
 from tuneplane_node.runtime.base import ContainerState
 
 View = ContainerState | StoppedView

@@ -29,12 +29,11 @@ from typing import Protocol
 
 from tuneplane_node.clock import Clock
 from tuneplane_node.errors import NodeError, TooManyWatches
-from tuneplane_node.jobs.observe.results import Cursor, JobChanges, JobView, PendingView
+from tuneplane_node.jobs.words.views import JobChanges, JobView, PendingView
 from tuneplane_node.runtime.base import ChangeListener, ContainerState
 from tuneplane_node.settings import ObserveSettings
 from tuneplane_node.tasks import BackgroundTasks
-from tuneplane_node.wire.values import DEFAULT_WAIT_S as DEFAULT_WAIT_S
-from tuneplane_node.wire.values import MAX_WAIT_S as MAX_WAIT_S
+from tuneplane_node.wire.values import Cursor
 
 log = logging.getLogger(__name__)
 POLL_S = 1.0

@@ -21,9 +21,9 @@ from dataclasses import dataclass, replace
 from tuneplane_node.gpu import numa
 from tuneplane_node.gpu.probe import GpuSnapshot
 from tuneplane_node.logformat import job_fields
-from tuneplane_node.runtime.base import LABEL_RUN_ID
 from tuneplane_node.runtime.spec import ContainerSpec, format_cpulist
 from tuneplane_node.settings import NodeSettings
+from tuneplane_node.wire.values import LABEL_RUN_ID
 
 log = logging.getLogger(__name__)
 

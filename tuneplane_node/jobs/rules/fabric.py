@@ -19,10 +19,11 @@ from ipaddress import IPv4Address
 from pathlib import Path
 
 from tuneplane_node.errors import FabricAddressesExhausted
-from tuneplane_node.runtime.base import LABEL_FABRIC_ADDRESS, ContainerRuntime
+from tuneplane_node.runtime.base import ContainerRuntime
 from tuneplane_node.runtime.engines.networks.jobnetwork import JOB_INTERFACE, gateway
 from tuneplane_node.runtime.spec import FABRIC, ContainerSpec
 from tuneplane_node.settings import Fabric
+from tuneplane_node.wire.values import LABEL_FABRIC_ADDRESS
 
 log = logging.getLogger(__name__)
 IB_SYSFS = Path("/sys/class/infiniband")

@@ -18,11 +18,12 @@ from pathlib import Path
 
 from tuneplane_node.errors import SandboxUnavailable, UsernsUnavailable
 from tuneplane_node.logformat import job_fields
-from tuneplane_node.runtime.base import LABEL_RUN_ID, SANDBOX, ContainerRuntime
+from tuneplane_node.runtime.base import ContainerRuntime
 from tuneplane_node.runtime.engines.isolation import maps_users
 from tuneplane_node.runtime.facts import IsolationSupport
 from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.settings import NodeSettings, env_name
+from tuneplane_node.wire.values import LABEL_RUN_ID, SANDBOX
 
 log = logging.getLogger(__name__)
 USERNS = env_name("job_userns")

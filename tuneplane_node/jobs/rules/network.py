@@ -30,11 +30,11 @@ from dataclasses import dataclass, replace
 from tuneplane_node.errors import InvalidField
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs.ours import Listing
-from tuneplane_node.jobs.pending import FAILED, PendingTable
+from tuneplane_node.jobs.pending import PendingTable
 from tuneplane_node.logformat import job_fields
-from tuneplane_node.runtime.base import LABEL_NETWORK, LABEL_RUN_ID
 from tuneplane_node.runtime.spec import FABRIC, ContainerSpec
 from tuneplane_node.settings import NodeSettings, env_name
+from tuneplane_node.wire.values import FAILED, LABEL_NETWORK, LABEL_RUN_ID
 
 log = logging.getLogger(__name__)
 HOST, BRIDGE = "host", "bridge"

@@ -20,9 +20,9 @@ import threading
 from pathlib import Path
 
 from tuneplane_node import durable
+from tuneplane_node.fetch.ociregistry import is_oci
 from tuneplane_node.references import ImageName
-from tuneplane_node.runtime.base import RegistryAuth
-from tuneplane_node.runtime.ociregistry import is_oci
+from tuneplane_node.wire.values import RegistryAuth
 
 SALT_FILE = "access.salt"
 RECORDS = "accesses"

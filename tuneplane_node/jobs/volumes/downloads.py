@@ -15,10 +15,10 @@ from typing import IO, Protocol, TypeVar
 
 from tuneplane_node import durable
 from tuneplane_node.errors import VolumeFillFailed
-from tuneplane_node.jobs.volumes.fill import VolumeFill
-from tuneplane_node.jobs.volumes.store import Hasher, VolumeStore
-from tuneplane_node.runtime.fetching import Download, shown
-from tuneplane_node.runtime.ociregistry import is_oci
+from tuneplane_node.fetch.fetching import Download, shown
+from tuneplane_node.fetch.ociregistry import is_oci
+from tuneplane_node.jobs.volumes.store import VolumeStore
+from tuneplane_node.jobs.words.volumes import Hasher, VolumeFill
 
 T = TypeVar("T")
 

@@ -33,18 +33,18 @@ from typing import TypeVar
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.errors import VolumeAccessDenied, VolumeFillFailed
+from tuneplane_node.fetch.fetching import PROGRESS_BYTES, Download, Fetcher, shown
+from tuneplane_node.fetch.ociregistry import Layer, OciRegistry, is_oci
 from tuneplane_node.jobs.volumes.access import Accesses
 from tuneplane_node.jobs.volumes.downloads import Downloads
-from tuneplane_node.jobs.volumes.fill import VolumeFill
 from tuneplane_node.jobs.volumes.lanes import FillLanes
 from tuneplane_node.jobs.volumes.layers import Budget, HostileLayer, unpack
 from tuneplane_node.jobs.volumes.possession import Possession
-from tuneplane_node.jobs.volumes.store import Entry, VolumeStore
-from tuneplane_node.runtime.base import RegistryAuth
-from tuneplane_node.runtime.fetching import PROGRESS_BYTES, Download, Fetcher, shown
-from tuneplane_node.runtime.ociregistry import Layer, OciRegistry, is_oci
+from tuneplane_node.jobs.volumes.store import VolumeStore
+from tuneplane_node.jobs.words.volumes import Entry, VolumeFill
 from tuneplane_node.settings import env_name
 from tuneplane_node.tasks import BackgroundTasks, by_awaiters
+from tuneplane_node.wire.values import RegistryAuth
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -18,73 +18,43 @@ import logging
 import os
 import stat
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.errors import InvalidField, NodeError, VolumeAccessDenied
-from tuneplane_node.jobs.mounts.policy import Opened
+from tuneplane_node.fetch.fetching import Fetcher, shown
+from tuneplane_node.fetch.ociregistry import OciRegistry, is_oci
 from tuneplane_node.jobs.volumes.access import Accesses
-from tuneplane_node.jobs.volumes.fill import VolumeFill
 from tuneplane_node.jobs.volumes.fills import VolumeFills
-from tuneplane_node.jobs.volumes.room import StoreView, Thresholds, VolumeGcRun, VolumeRoom
+from tuneplane_node.jobs.volumes.room import Thresholds, VolumeRoom
 from tuneplane_node.jobs.volumes.sources import FIELD, PrivateRule, VolumeSources, other_kind
-from tuneplane_node.jobs.volumes.space import (
+from tuneplane_node.jobs.volumes.space import filesystem
+from tuneplane_node.jobs.volumes.store import VolumeStore
+from tuneplane_node.jobs.words.mounts import Opened
+from tuneplane_node.jobs.words.volumes import (
+    Entry,
+    EntryView,
+    FailedFill,
     Space,
-    filesystem,
+    StoreView,
+    VolumeFill,
+    VolumeGcRun,
+    VolumePrefetched,
+    VolumesView,
 )
-from tuneplane_node.jobs.volumes.store import Entry, VolumeStore
-from tuneplane_node.runtime.base import ContainerState, Mount, RegistryAuth, Volume
-from tuneplane_node.runtime.fetching import Fetcher, shown
-from tuneplane_node.runtime.ociregistry import OciRegistry, is_oci
+from tuneplane_node.runtime.base import ContainerState
 from tuneplane_node.runtime.reach import Reach
 from tuneplane_node.settings import VolumeSettings, env_name
 from tuneplane_node.tasks import BackgroundTasks, by_awaiters
 from tuneplane_node.telemetry import NO_TELEMETRY, Telemetry
-from tuneplane_node.wire.values import PRESENT
+from tuneplane_node.wire.values import PRESENT, Mount, RegistryAuth, Volume
 from tuneplane_node.wire.volumes import FILLING
 
 log = logging.getLogger(__name__)
 OPEN = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 MAX_FAILED = 100  # failed prefetches remembered for GET /node/v1/volumes
 Ps = Callable[[], Awaitable[list[ContainerState]]]
-
-
-@dataclass(frozen=True)
-class VolumePrefetched:
-    """A prefetch's answer: the entry (``present``) or its fill (``filling``)."""
-
-    digest: str
-    phase: str
-    pin_expires_at: datetime
-    entry: Entry | None = None
-    fill: VolumeFill | None = None
-
-
-@dataclass(frozen=True)
-class FailedFill:
-    digest: str
-    source: str
-    error: str
-    at: datetime
-
-
-@dataclass(frozen=True)
-class EntryView:
-    entry: Entry
-    last_used_at: datetime | None
-    in_use_by: tuple[str, ...] | None  # None: the engine did not say
-    pin_expires_at: datetime | None
-
-
-@dataclass(frozen=True)
-class VolumesView:
-    entries: list[EntryView]
-    fills: list[VolumeFill]
-    failed: list[FailedFill]
-    store: StoreView
 
 
 class VolumeKeeper:

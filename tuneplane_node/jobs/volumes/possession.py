@@ -23,8 +23,8 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from tuneplane_node.clock import Clock
-from tuneplane_node.jobs.volumes.store import Entry
-from tuneplane_node.runtime.fetching import Fetcher, Session, shown
+from tuneplane_node.fetch.fetching import Fetcher, Session, shown
+from tuneplane_node.jobs.words.volumes import Entry
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -26,15 +26,22 @@ from pathlib import Path
 
 from tuneplane_node.clock import Clock, parse_rfc3339
 from tuneplane_node.errors import VolumeStoreFull
+from tuneplane_node.fetch.fetching import shown
 from tuneplane_node.jobs.volumes.access import Accesses
-from tuneplane_node.jobs.volumes.fill import VolumeFill
-from tuneplane_node.jobs.volumes.space import Candidate, Space, evictable, store_reading, to_evict
-from tuneplane_node.jobs.volumes.store import Entry, VolumeStore
-from tuneplane_node.runtime.base import ContainerState, Volume
-from tuneplane_node.runtime.fetching import shown
+from tuneplane_node.jobs.volumes.space import Candidate, evictable, store_reading, to_evict
+from tuneplane_node.jobs.volumes.store import VolumeStore
+from tuneplane_node.jobs.words.volumes import (
+    Entry,
+    Evicted,
+    Space,
+    StoreView,
+    VolumeFill,
+    VolumeGcRun,
+)
+from tuneplane_node.runtime.base import ContainerState
 from tuneplane_node.tasks import BackgroundTasks
 from tuneplane_node.telemetry import Telemetry
-from tuneplane_node.wire.values import LABEL_VOLUMES
+from tuneplane_node.wire.values import LABEL_VOLUMES, Volume
 
 log = logging.getLogger(__name__)
 GRANT_BYTES = 64 * 2**20  # room found ahead of a fill's bytes, at most
@@ -47,32 +54,6 @@ class Pin:
 
     until: float
     wall: datetime
-
-
-@dataclass(frozen=True)
-class StoreView:
-    """The store's place, its filesystem now (None: unreadable) and its thresholds."""
-
-    path: Path
-    space: Space | None
-    high_percent: int
-    low_percent: int
-
-
-@dataclass(frozen=True)
-class Evicted:
-    entry: Entry
-    last_used_at: datetime
-
-
-@dataclass(frozen=True)
-class VolumeGcRun:
-    removed: list[Evicted]
-    store: StoreView
-
-    @property
-    def freed_bytes(self) -> int:
-        return sum(each.entry.size for each in self.removed)
 
 
 @dataclass(frozen=True)

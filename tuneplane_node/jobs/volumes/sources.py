@@ -33,13 +33,13 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from tuneplane_node.errors import InvalidField, VolumeAccessDenied, VolumeFillFailed
+from tuneplane_node.fetch.fetching import shown
+from tuneplane_node.fetch.ociregistry import OciRegistry, by_digest, is_oci
 from tuneplane_node.jobs.volumes.fills import VolumeFills
 from tuneplane_node.jobs.volumes.possession import PROOF_S
 from tuneplane_node.references import ImageName
-from tuneplane_node.runtime.base import RegistryAuth, Volume
 from tuneplane_node.runtime.facts import ImageInfo
-from tuneplane_node.runtime.fetching import shown
-from tuneplane_node.runtime.ociregistry import OciRegistry, by_digest, is_oci
+from tuneplane_node.wire.values import RegistryAuth, Volume
 
 log = logging.getLogger(__name__)
 FIELD = "container.volumes"

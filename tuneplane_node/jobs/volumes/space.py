@@ -19,29 +19,11 @@ from pathlib import Path
 from typing import TypeVar
 
 from tuneplane_node.clock import Clock
-from tuneplane_node.jobs.volumes.store import Entry
+from tuneplane_node.jobs.words.volumes import Entry, Space
 from tuneplane_node.tasks import BackgroundTasks, KeptReading
 
 T = TypeVar("T")
 READING_TTL_S = 1.0  # as health's reading of the host (jobs.health)
-
-
-@dataclass(frozen=True)
-class Space:
-    """The store's filesystem: its size and free bytes; ``used_bytes``: the store's own
-    (entries and partial files)."""
-
-    total_bytes: int
-    free_bytes: int
-    used_bytes: int = 0
-
-    def room(self, high_percent: int) -> int:
-        """Bytes that may still be written before the filesystem reaches ``high``
-        percent of use (negative: above it already)."""
-        return self.total_bytes * high_percent // 100 - (self.total_bytes - self.free_bytes)
-
-    def above(self, percent: int) -> bool:
-        return self.total_bytes > 0 and self.room(percent) < 0
 
 
 def filesystem(root: Path) -> Space:

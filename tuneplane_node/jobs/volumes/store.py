@@ -22,32 +22,12 @@ import os
 import shutil
 import stat
 import threading
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+
+from tuneplane_node.jobs.words.volumes import Entry, Hasher
 
 ENTRIES, PARTIAL, TRASH = "sha256", "partial", "evicted"
 READ = 4 * 2**20
-
-
-def partial_key(digest: str, access: str) -> str:
-    """The name of ``digest``'s partial file when ``access`` writes it."""
-    return f"{digest}~{access[:16]}"
-
-
-class Hasher(Protocol):
-    """hashlib's sha256 object, as far as a fill uses it."""
-
-    def update(self, data: bytes, /) -> None: ...
-    def hexdigest(self) -> str: ...
-
-
-@dataclass(frozen=True)
-class Entry:
-    digest: str  # hex
-    size: int
-    path: Path
-    used_at: float = 0.0  # its last use (a job's bind, a prefetch): its mtime, epoch seconds
 
 
 class VolumeStore:

@@ -22,7 +22,6 @@ from tuneplane_node.runtime.base import (
     LogText,
     ProgressCallback,
     PullLimits,
-    RegistryAuth,
 )
 from tuneplane_node.runtime.cache.state import ANSWER_S, BACKOFF_S, HEARTBEAT_S, StateCache
 from tuneplane_node.runtime.facts import (
@@ -37,6 +36,7 @@ from tuneplane_node.runtime.facts import (
     Usage,
 )
 from tuneplane_node.runtime.spec import ContainerSpec
+from tuneplane_node.wire.values import RegistryAuth
 
 log = logging.getLogger(__name__)
 

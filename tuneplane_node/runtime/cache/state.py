@@ -32,7 +32,6 @@ from tuneplane_node.clock import SYSTEM_CLOCK, Clock, rfc3339
 from tuneplane_node.errors import EngineRefused, EngineUnavailable, NodeError
 from tuneplane_node.runtime.base import (
     EXIT_SIGKILL,
-    LABEL_RUN_ID,
     RUNNING,
     Brief,
     CacheStatus,
@@ -42,6 +41,7 @@ from tuneplane_node.runtime.base import (
     EngineFeed,
 )
 from tuneplane_node.tasks import BackgroundTasks
+from tuneplane_node.wire.values import LABEL_RUN_ID
 
 log = logging.getLogger(__name__)
 # The actions that change what a ContainerState says; others (exec, attach...) do not,

@@ -22,7 +22,7 @@ import requests.exceptions
 import urllib3.exceptions
 
 from tuneplane_node.errors import NodeError
-from tuneplane_node.runtime.base import LABEL_FABRIC_ADDRESS, Brief, ContainerState
+from tuneplane_node.runtime.base import Brief, ContainerState
 from tuneplane_node.runtime.engines import dockerformat as fmt
 from tuneplane_node.runtime.engines.engine import (
     OURS_FILTER,
@@ -55,6 +55,7 @@ from tuneplane_node.runtime.engines.pulling import PullStream
 from tuneplane_node.runtime.facts import CDI_GPU_KIND, DeviceSupport, IsolationSupport
 from tuneplane_node.runtime.spec import FABRIC, RDMA_CAPABILITY, Confinement, ContainerSpec
 from tuneplane_node.settings import Fabric, NodeSettings, local_engine, unix_socket
+from tuneplane_node.wire.values import LABEL_FABRIC_ADDRESS
 
 log = logging.getLogger(__name__)
 ENGINE = "docker"

@@ -28,9 +28,9 @@ import docker.errors
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.errors import ConfigError
-from tuneplane_node.runtime.base import RegistryAuth
 from tuneplane_node.settings import NodeSettings, env_name
 from tuneplane_node.watched import FileStamp
+from tuneplane_node.wire.values import RegistryAuth
 
 log = logging.getLogger(__name__)
 WATCH_S = 0.5

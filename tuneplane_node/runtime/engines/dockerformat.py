@@ -17,16 +17,10 @@ from typing import Any
 
 from tuneplane_node.clock import normalise, rfc3339
 from tuneplane_node.references import ImageName
-from tuneplane_node.runtime.base import (
-    Brief,
-    ContainerState,
-    EngineEvent,
-    LogText,
-    PullProgress,
-    RegistryAuth,
-)
+from tuneplane_node.runtime.base import Brief, ContainerState, EngineEvent, LogText, PullProgress
 from tuneplane_node.runtime.facts import EngineImage, ImageInfo, Usage, cuda_env
 from tuneplane_node.signals import engine_stop_signal
+from tuneplane_node.wire.values import RegistryAuth
 
 LIBPOD_STATUSES = {"configured": "created", "initialized": "created", "stopped": "exited"}
 """libpod's own words for the states docker calls created and exited."""

@@ -33,7 +33,6 @@ from tuneplane_node.errors import (
 )
 from tuneplane_node.runtime import cgroups, sigcatch
 from tuneplane_node.runtime.base import (
-    LABEL_RUN_ID,
     RUNNING,
     Brief,
     ContainerState,
@@ -43,7 +42,6 @@ from tuneplane_node.runtime.base import (
     LogText,
     ProgressCallback,
     PullLimits,
-    RegistryAuth,
     no_cache,
     tells_no_changes,
 )
@@ -66,6 +64,7 @@ from tuneplane_node.runtime.spec import (
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.signals import JOB_SIGNALS
 from tuneplane_node.telemetry import NO_TELEMETRY, Telemetry
+from tuneplane_node.wire.values import LABEL_RUN_ID, RegistryAuth
 
 T = TypeVar("T")
 POLL_S = 0.25

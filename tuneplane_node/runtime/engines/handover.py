@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tuneplane_node.errors import SpecRefused
-from tuneplane_node.runtime.base import Mount
+from tuneplane_node.wire.values import Mount
 
 log = logging.getLogger(__name__)
 

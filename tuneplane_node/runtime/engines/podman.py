@@ -25,7 +25,7 @@ import podman.errors
 import requests.exceptions
 
 from tuneplane_node.errors import NodeError, SandboxUnavailable, SpecRefused
-from tuneplane_node.runtime.base import LABEL_RUN_ID, Brief, ContainerState
+from tuneplane_node.runtime.base import Brief, ContainerState
 from tuneplane_node.runtime.engines import dockerformat as fmt
 from tuneplane_node.runtime.engines import seccomp
 from tuneplane_node.runtime.engines.engine import (
@@ -74,6 +74,7 @@ from tuneplane_node.runtime.spec import (
 )
 from tuneplane_node.settings import Fabric, NodeSettings, local_engine, unix_socket
 from tuneplane_node.signals import JOB_SIGNALS
+from tuneplane_node.wire.values import LABEL_RUN_ID
 
 log = logging.getLogger(__name__)
 ENGINE = "podman"

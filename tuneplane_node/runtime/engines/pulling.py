@@ -19,10 +19,11 @@ from typing import Any
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.errors import EngineRefused, RegistryRefused
 from tuneplane_node.references import ImageName
-from tuneplane_node.runtime.base import ProgressCallback, PullLimits, RegistryAuth
+from tuneplane_node.runtime.base import ProgressCallback, PullLimits
 from tuneplane_node.runtime.engines import dockerformat as fmt
 from tuneplane_node.runtime.engines.dockerformat import ProgressFold
 from tuneplane_node.runtime.pool import BlockingPool
+from tuneplane_node.wire.values import RegistryAuth
 
 log = logging.getLogger(__name__)
 WATCH_S = 0.25

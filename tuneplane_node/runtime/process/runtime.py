@@ -25,14 +25,12 @@ from tuneplane_node.clock import SYSTEM_CLOCK, Clock, rfc3339
 from tuneplane_node.errors import EngineConflict, EngineRefused, InvalidField
 from tuneplane_node.logformat import job_fields
 from tuneplane_node.runtime.base import (
-    LABEL_RUN_ID,
     ContainerState,
     LogQuery,
     LogStream,
     LogText,
     ProgressCallback,
     PullLimits,
-    RegistryAuth,
     no_cache,
     tells_no_changes,
 )
@@ -79,6 +77,7 @@ from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.signals import JOB_SIGNALS
 from tuneplane_node.telemetry import NO_TELEMETRY, Telemetry
+from tuneplane_node.wire.values import LABEL_RUN_ID, RegistryAuth
 
 log = logging.getLogger(__name__)
 # Imported `as` themselves: ENGINE, the file names and JOB_DIR_ENV were this module's

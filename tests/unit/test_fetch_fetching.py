@@ -14,7 +14,7 @@ import pytest
 from tests.deputy import Listener, Tenant
 from tests.http.test_daemon_server import make_ca, make_cert
 from tuneplane_node.errors import VolumeFillFailed
-from tuneplane_node.runtime.fetching import PROGRESS_BYTES, Fetcher
+from tuneplane_node.fetch.fetching import PROGRESS_BYTES, Fetcher
 from tuneplane_node.runtime.reach import Reach
 
 # Real servers on sockets (tests' own loop): slow by the suite's rule.

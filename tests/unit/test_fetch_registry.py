@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from tuneplane_node.runtime import registry
-from tuneplane_node.runtime.base import RegistryAuth
+from tuneplane_node.fetch import registry
+from tuneplane_node.wire.values import RegistryAuth
 
 # Slow: an HTTP registry stand-in on loopback, with its token service.
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""The OCI registry's manifest checks (`runtime.ociregistry`), against canned answers: a
+"""The OCI registry's manifest checks (`fetch.ociregistry`), against canned answers: a
 reference by digest gets only a document of that digest, an index is followed to this
 machine's linux manifest alone, every layer names a sha256 and a size, a manifest of
 another kind is refused, and a refusal says why without a credential.
@@ -17,10 +17,10 @@ from typing import Any, cast
 import pytest
 
 from tuneplane_node.errors import VolumeFillFailed
-from tuneplane_node.runtime.base import RegistryAuth
-from tuneplane_node.runtime.fetching import Answer, Fetcher, Session
-from tuneplane_node.runtime.ociregistry import Layer, Manifest, OciRegistry
-from tuneplane_node.runtime.registry import ARCHITECTURES
+from tuneplane_node.fetch.fetching import Answer, Fetcher, Session
+from tuneplane_node.fetch.ociregistry import Layer, Manifest, OciRegistry
+from tuneplane_node.fetch.registry import ARCHITECTURES
+from tuneplane_node.wire.values import RegistryAuth
 
 REPO = "registry.test/models/base"
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"

@@ -36,10 +36,10 @@ from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 from tuneplane_node.errors import VolumeFillFailed
+from tuneplane_node.fetch.fetching import Answer, Download, Fetcher, Session
+from tuneplane_node.fetch.registry import ARCHITECTURES, DOCKER_HUB_HOST
 from tuneplane_node.references import DOCKER_HUB, ImageName
-from tuneplane_node.runtime.base import RegistryAuth
-from tuneplane_node.runtime.fetching import Answer, Download, Fetcher, Session
-from tuneplane_node.runtime.registry import ARCHITECTURES, DOCKER_HUB_HOST
+from tuneplane_node.wire.values import RegistryAuth
 
 log = logging.getLogger(__name__)
 MAX_MANIFEST_BYTES = 4 * 2**20  # registries refuse manifests past 4 MiB

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tuneplane_node.references import DOCKER_HUB, ImageName
-from tuneplane_node.runtime.base import RegistryAuth
+from tuneplane_node.wire.values import RegistryAuth
 
 log = logging.getLogger(__name__)
 TIMEOUT_S = 10.0

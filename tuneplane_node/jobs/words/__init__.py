@@ -1,0 +1,126 @@
+"""The jobs floor's words, at its bottom: what the job service and its wings take and
+return (requests, results, views, the node's state and status, the volume wing's entries
+and fills), plain typed data. Its modules import only the floors below `jobs/` and each
+other, never a service of `jobs/` (`tests/unit/test_layers.py`), as httpx's `_models.py`
+imports only leaf modules. Inside `jobs/` a module imports a word from its module here;
+above `jobs/`, only from this package's names below."""
+
+from tuneplane_node.jobs.words.images import (
+    GcRun,
+    ImageStore,
+    ImagesView,
+    ImageView,
+    Prefetched,
+    PullView,
+    RemovedImage,
+)
+from tuneplane_node.jobs.words.launch import (
+    AlreadyExited,
+    AlreadyPending,
+    AlreadyRunning,
+    LaunchRequest,
+    LaunchResult,
+    Pulling,
+    Started,
+    Stopping,
+)
+from tuneplane_node.jobs.words.mounts import Opened
+from tuneplane_node.jobs.words.notices import (
+    KINDS,
+    MAINTENANCE,
+    PREEMPT,
+    REBALANCE,
+    SHUTDOWN,
+    TERMINATE,
+    Notice,
+    Standing,
+)
+from tuneplane_node.jobs.words.rate import MIN_SPAN_S, WINDOW_S, PullRate
+from tuneplane_node.jobs.words.status import (
+    Conditions,
+    DiskRule,
+    Inventory,
+    IsolationRule,
+    NodeState,
+    NodeStatus,
+)
+from tuneplane_node.jobs.words.views import (
+    FAILED_RECORD_TTL_S,
+    DiskFigures,
+    JobChanges,
+    JobView,
+    LogNote,
+    Own,
+    PendingView,
+    StoppedView,
+)
+from tuneplane_node.jobs.words.volumes import (
+    Entry,
+    EntryView,
+    Evicted,
+    FailedFill,
+    Hasher,
+    Space,
+    StoreView,
+    VolumeFill,
+    VolumeGcRun,
+    VolumePrefetched,
+    VolumesView,
+    partial_key,
+)
+
+__all__ = [
+    "FAILED_RECORD_TTL_S",
+    "KINDS",
+    "MAINTENANCE",
+    "MIN_SPAN_S",
+    "PREEMPT",
+    "REBALANCE",
+    "SHUTDOWN",
+    "TERMINATE",
+    "WINDOW_S",
+    "AlreadyExited",
+    "AlreadyPending",
+    "AlreadyRunning",
+    "Conditions",
+    "DiskFigures",
+    "DiskRule",
+    "Entry",
+    "EntryView",
+    "Evicted",
+    "FailedFill",
+    "GcRun",
+    "Hasher",
+    "ImageStore",
+    "ImageView",
+    "ImagesView",
+    "Inventory",
+    "IsolationRule",
+    "JobChanges",
+    "JobView",
+    "LaunchRequest",
+    "LaunchResult",
+    "LogNote",
+    "NodeState",
+    "NodeStatus",
+    "Notice",
+    "Opened",
+    "Own",
+    "PendingView",
+    "Prefetched",
+    "PullRate",
+    "PullView",
+    "Pulling",
+    "RemovedImage",
+    "Space",
+    "Standing",
+    "Started",
+    "StoppedView",
+    "Stopping",
+    "StoreView",
+    "VolumeFill",
+    "VolumeGcRun",
+    "VolumePrefetched",
+    "VolumesView",
+    "partial_key",
+]

@@ -68,6 +68,12 @@ THREAD_STEPS = (
     (JOBNETS, "JobNetworks", "make", "run: job network made"),
     (JOBNETS, "JobNetworks", "prune", "run: job networks pruned"),
     ("tuneplane_node.runtime.engines.networks.hostguard", "BridgeGuard", "hold", "run: guard"),
+    (
+        "tuneplane_node.runtime.engines.networks.egress",
+        "EgressRule",
+        "hold_fresh",
+        "run: guard and egress rule (one restore)",
+    ),
     ("tuneplane_node.runtime.engines.networks.egress", "EgressRule", "hold", "run: egress rule"),
 )
 OPTIONS = "create options"

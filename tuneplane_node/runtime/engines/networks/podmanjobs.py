@@ -150,6 +150,8 @@ class JobNetworks:
 
     def make(self, spec: ContainerSpec) -> None:
         bridge = make_network(self.api(), spec, self.store())
+        if self.egress.hold_fresh(self.guard, bridge):
+            return  # both in one write (the usual launch); else each its own way
         self.guard.hold(bridge)
         if bridge:
             self.egress.hold(bridge, fresh=True)

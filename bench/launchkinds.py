@@ -54,7 +54,8 @@ from volumelaunch import prefetch, volume_files
 from volumes import serve
 
 from tuneplane_node.runtime.engines.networks.jobnetwork import ISOLATED, own_network
-from tuneplane_node.runtime.engines.podman import _make_network, create_body
+from tuneplane_node.runtime.engines.networks.podmanjobs import make_network
+from tuneplane_node.runtime.engines.podman import create_body
 
 KINDS = ("plain", "mounts", "podman", "volume", "burst")
 BURST = 20
@@ -261,7 +262,7 @@ def podman_send(client: podman.PodmanClient) -> Start:
 
         def send() -> None:
             with clocked(steps, "sdk: the job's network made"):
-                _make_network(client.api, spec, "bench")
+                make_network(client.api, spec, "bench")
             with clocked(steps, "sdk: create"):
                 made = client.api.post(
                     "/containers/create", headers={"content-type": "application/json"}, data=data

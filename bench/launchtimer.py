@@ -55,6 +55,7 @@ STEPS = (
     ("tuneplane_node.runtime.engines.podman", "PodmanRuntime", "image_info", "engine: image info"),
     ("tuneplane_node.runtime.engines.podman", "PodmanRuntime", "run", "engine: run"),
 )
+JOBNETS = "tuneplane_node.runtime.engines.networks.podmanjobs"
 # Synchronous steps inside the engine's run (on the pool's thread).
 THREAD_STEPS = (
     ("tuneplane_node.runtime.engines.docker", "DockerRuntime", "_create", "run: create"),
@@ -64,9 +65,15 @@ THREAD_STEPS = (
         "_ready_network",
         "run: create: network looked up (locked)",
     ),
-    ("tuneplane_node.runtime.engines.podman", "JobNetworks", "make", "run: job network made"),
-    ("tuneplane_node.runtime.engines.podman", "JobNetworks", "prune", "run: job networks pruned"),
+    (JOBNETS, "JobNetworks", "make", "run: job network made"),
+    (JOBNETS, "JobNetworks", "prune", "run: job networks pruned"),
     ("tuneplane_node.runtime.engines.networks.hostguard", "BridgeGuard", "hold", "run: guard"),
+    (
+        "tuneplane_node.runtime.engines.networks.egress",
+        "EgressRule",
+        "hold_fresh",
+        "run: guard and egress rule (one restore)",
+    ),
     ("tuneplane_node.runtime.engines.networks.egress", "EgressRule", "hold", "run: egress rule"),
 )
 OPTIONS = "create options"

@@ -207,6 +207,46 @@ def test_a_hold_writes_the_chain_once_then_adds_the_bridges_jump(fake: FakeIptab
     assert fake.verbs() == ["-I"]  # podman's bridge, just made: a launch costs one run
 
 
+def test_a_fresh_podman_bridge_gets_the_guards_rules_and_its_jump_in_one_restore(
+    fake: FakeIptables,
+) -> None:
+    held, guard = rule(), hostguard.BridgeGuard("/p.sock")
+    assert held.hold_fresh(guard, "cni-podman7")
+    assert fake.verbs() == ["restore", "restore"]  # the chain (once a daemon's life), the rules
+    fake.asked.clear()
+    assert held.hold_fresh(guard, "cni-podman8")
+    assert fake.verbs() == ["restore"]  # a launch: one process, not one per rule
+    (text,) = fake.restored()
+    assert text.startswith("*filter\n") and text.endswith("COMMIT\n")
+    assert fake.asked[0][0][:3] == ["nsenter", "--net=/proc/42/ns/net", "iptables-nft-restore"]
+    # As `iptables -S` lists them: each sweep finds its own, by its bridge.
+    listing = text.replace("-I ", "-A ")
+    assert hostguard.guarded_rules(listing) == [
+        ("cni-podman8", each) for each in hostguard.podman_rules("cni-podman8")
+    ]
+    jumped = egress.jump("CNI-ADMIN", "cni-podman8", held.chain)
+    assert egress.jumps(listing) == [("cni-podman8", held.chain, jumped)]
+
+
+def test_a_fresh_bridge_with_the_rule_off_gets_the_guards_rules_alone(fake: FakeIptables) -> None:
+    assert rule(on=False).hold_fresh(hostguard.BridgeGuard("/p.sock"), "cni-podman7")
+    (text,) = fake.restored()
+    assert text.count("-I ") == len(hostguard.podman_rules("cni-podman7"))
+    assert egress.JUMP_PREFIX not in text
+
+
+def test_a_refused_one_restore_says_so_and_leaves_each_to_hold_its_own(
+    fake: FakeIptables,
+) -> None:
+    held, guard = rule(), hostguard.BridgeGuard("/p.sock")
+    held.hold("cni-podman6")  # the chain written
+    fake.asked.clear()
+    fake.refuse = ["restore"]  # the chain jumped from not made yet: nothing written
+    assert not held.hold_fresh(guard, "cni-podman7")
+    assert not held.hold_fresh(guard, "")  # the engine named no bridge: nothing tried
+    assert fake.verbs() == ["restore"]
+
+
 def test_a_moved_default_route_writes_the_chain_again(fake: FakeIptables, tmp_path: Path) -> None:
     held = rule()
     held.hold("cni-podman7")

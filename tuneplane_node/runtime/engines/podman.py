@@ -37,23 +37,19 @@ from tuneplane_node.runtime.engines.engine import (
 )
 from tuneplane_node.runtime.engines.handover import hand_over_mounts
 from tuneplane_node.runtime.engines.isolation import maps_mount_ids
-from tuneplane_node.runtime.engines.networks import hostguard
-from tuneplane_node.runtime.engines.networks.egress import (
-    EgressPolicy,
-    EgressRule,
-    podman_parent,
-)
+from tuneplane_node.runtime.engines.networks.egress import EgressRule
 from tuneplane_node.runtime.engines.networks.jobnetwork import (
-    LABEL_NETWORK_OF,
-    LABEL_NETWORK_STORE,
-    LABEL_NODE_NETWORK,
     NODE_NETWORKS,
-    SEALED,
     configured,
     fabric_checked,
     fabric_network,
     own_network,
     podman_fabric_body,
+)
+from tuneplane_node.runtime.engines.networks.podmanjobs import (
+    JobNetworks,
+    PruneLater,
+    container_gone,
 )
 from tuneplane_node.runtime.engines.podmanoptions import (
     CPU_PERIOD_US,
@@ -72,7 +68,7 @@ from tuneplane_node.runtime.spec import (
     Confinement,
     ContainerSpec,
 )
-from tuneplane_node.settings import Fabric, NodeSettings, local_engine, unix_socket
+from tuneplane_node.settings import Fabric, NodeSettings, local_engine
 from tuneplane_node.signals import JOB_SIGNALS
 from tuneplane_node.wire.values import LABEL_RUN_ID
 
@@ -117,129 +113,6 @@ def _ready_fabric(api: Any, fabric: Fabric) -> None:
     )  # fmt: skip
 
 
-def _create_network(api: Any, body: Mapping[str, Any]) -> Any:
-    return api.post(
-        "/networks/create", headers={"content-type": "application/json"}, data=json.dumps(body)
-    )
-
-
-def _make_network(api: Any, spec: ContainerSpec, store: str) -> str:
-    """The job's network of its own: a bridge whose traffic to other bridges is
-    dropped (``isolate``), internal when sealed; removed with the job
-    (`PodmanRuntime._remove`). ``store``: the service's, which its labels name. Its
-    bridge's name is answered."""
-    name = own_network(spec.name)
-    body = {
-        "name": name,
-        "driver": "bridge",
-        "options": {"isolate": "true"},
-        "internal": spec.network == SEALED,
-        # No name server on the gateway: the host guard keeps no port of the host open
-        # (a job resolves through the servers of the machine's resolv.conf).
-        "dns_enabled": False,
-        "labels": {
-            LABEL_NODE_NETWORK: spec.network,
-            LABEL_NETWORK_OF: spec.name,
-            LABEL_NETWORK_STORE: store,
-        },
-    }
-    response = _create_network(api, body)
-    if response.status_code == 409:  # a leftover of a launch of that name: made anew
-        _remove_network(api, name)
-        response = _create_network(api, body)
-    response.raise_for_status()
-    return str(response.json().get("network_interface") or "")
-
-
-def _remove_network(api: Any, name: str) -> bool:
-    """Gone, whether it was there or not; whether it was."""
-    response = api.delete(f"/networks/{name}", params={"force": True})
-    if response.status_code == 404:
-        return False
-    response.raise_for_status()
-    return True
-
-
-def _container_gone(api: Any, name: str) -> bool:
-    return bool(api.get(f"/containers/{name}/json").status_code == 404)
-
-
-def _prune_networks(api: Any, store: Callable[[], str]) -> int:
-    """Remove the job networks of this store whose container is gone (a daemon or a
-    launch that died between the two); how many. Never another store's: every podman
-    service of the machine shares the CNI directory."""
-    params = {"filters": json.dumps({"label": [LABEL_NETWORK_OF]})}
-    response = api.get("/networks/json", params=params)
-    response.raise_for_status()
-    pruned = 0
-    for network in response.json() or []:
-        labels = network.get("labels") or {}
-        owner = str(labels.get(LABEL_NETWORK_OF) or "")
-        if labels.get(LABEL_NETWORK_STORE) != store() or not _container_gone(api, owner):
-            continue
-        _remove_network(api, str(network.get("name")))
-        log.info("removed the network %s, whose job is gone", network.get("name"))
-        pruned += 1
-    return pruned
-
-
-def _bridges(api: Any) -> set[str]:
-    """The bridges of every network the engine knows (other services' too: they share
-    the network configuration)."""
-    response = api.get("/networks/json")
-    response.raise_for_status()
-    return {str(each.get("network_interface") or "") for each in response.json() or []}
-
-
-class JobNetworks:
-    """Each job's network of its own (`jobnetwork`), made before its container and
-    removed after it, with the host guard's rules and the egress rule's jump for its
-    bridge (`hostguard`, `egress`); those a killed daemon left pruned at start. Blocking:
-    on the engine's pool."""
-
-    def __init__(
-        self, api: Callable[[], Any], store: Callable[[], str], settings: NodeSettings
-    ) -> None:
-        self.api, self.store = api, store
-        socket = unix_socket(settings.podman_url)
-        self.guard = hostguard.BridgeGuard(socket)
-        parent = functools.cache(lambda: podman_parent(self.api().get("/info").json()))
-        self.egress = EgressRule(
-            EgressPolicy.of(settings), address=settings.podman_url, parent=parent,
-            socket_path=socket, tool=self.guard.tool,
-        )  # fmt: skip
-
-    def make(self, spec: ContainerSpec) -> None:
-        self.prune(sweep=False)
-        bridge = _make_network(self.api(), spec, self.store())
-        self.guard.hold(bridge)
-        if bridge:
-            self.egress.hold(bridge, fresh=True)
-
-    def forget(self, container: str) -> None:
-        """After its container (or its failed create): its network, any other whose job
-        is gone, and the rules of the bridges gone with them."""
-        removed = self.tidy(_remove_network, self.api(), own_network(container))
-        self.prune(sweep=bool(removed))
-
-    def prune(self, *, sweep: bool = True) -> None:
-        """This store's job networks whose container is gone removed, then, where one was
-        (or ``sweep``), the rules whose bridge is gone. The store is asked (podman's info,
-        slow) only where there is a job network to weigh."""
-        if self.tidy(_prune_networks, self.api(), self.store) or sweep:
-            self.tidy(self.guard.sweep, lambda: _bridges(self.api()))
-            self.tidy(self.egress.sweep, lambda: _bridges(self.api()))
-
-    def tidy(self, fn: Callable[..., object], *args: Any) -> object:
-        """A network clean-up that fails is logged, never the verb's failure: what it
-        leaves, the next launch, removal or start prunes. What ``fn`` answers, or None."""
-        try:
-            return fn(*args)
-        except (podman.errors.APIError, requests.exceptions.RequestException) as exc:
-            log.warning("job networks not tidied (pruned later): %s", exc)
-            return None
-
-
 def create_body(
     options: Mapping[str, Any],
     storage: Mapping[str, str] | None = None,
@@ -254,10 +127,61 @@ def create_body(
     return own_userns(body, spec) if spec is not None and spec.own_userns else body
 
 
-class PodmanRuntime(EngineRuntime, errors=ERRORS):
-    """The ContainerRuntime of a podman API service."""
+class PodmanNetworking(EngineRuntime):
+    """The podman runtime's job networks of their own (`JobNetworks`): made by its create
+    (`PodmanRuntime._create`), removed with the job, and the ones whose job is gone pruned
+    at start (a killed daemon's) and after each launch on one, off its path (`PruneLater`)."""
 
     client: podman.PodmanClient
+
+    @property
+    def api(self) -> Any:
+        return self.client.api
+
+    async def run(self, spec: ContainerSpec) -> str:
+        """`EngineRuntime.run`; on a job network of its own, the networks whose job is
+        gone pruned after the job started (`PruneLater`), not before its network."""
+        ref = await super().run(spec)
+        if spec.network in NODE_NETWORKS:
+            self._pruning.soon()
+        return ref
+
+    @functools.cache  # noqa: B019  # one service, one store, for the runtime's life
+    def _store(self) -> str:
+        return self._data_root()
+
+    @functools.cached_property
+    def networks(self) -> JobNetworks:
+        errors = (podman.errors.APIError, requests.exceptions.RequestException)
+        return JobNetworks(lambda: self.api, self._store, self.settings, errors)
+
+    @functools.cached_property
+    def _pruning(self) -> PruneLater:
+        return PruneLater(functools.partial(self._prune_networks, sweep=False))
+
+    @property
+    def egress(self) -> EgressRule:
+        return self.networks.egress
+
+    async def start(self) -> None:
+        """The job networks whose container is gone pruned, and their rules (a killed
+        daemon's)."""
+        await self._prune_networks(sweep=True)
+
+    async def _prune_networks(self, *, sweep: bool) -> None:
+        prune = functools.partial(self.networks.prune, sweep=sweep)
+        try:
+            await self._deadlined("prune job networks", "prune", prune)
+        except NodeError as exc:
+            log.warning("job networks not pruned (the engine did not answer): %s", exc.message)
+
+    async def close(self) -> None:
+        await self._pruning.close()
+        await super().close()
+
+
+class PodmanRuntime(PodmanNetworking, errors=ERRORS):
+    """The ContainerRuntime of a podman API service."""
 
     def _connect(self, settings: NodeSettings) -> podman.PodmanClient:
         return podman.PodmanClient(
@@ -265,10 +189,6 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
             timeout=math.ceil(settings.local_api_timeout),
             max_pool_size=self.http_connections,
         )
-
-    @property
-    def api(self) -> Any:
-        return self.client.api
 
     @property
     def _streaming(self) -> tuple[float, None]:
@@ -330,13 +250,14 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
             _ready_fabric(self.api, configured(self.settings))
         if spec.network not in NODE_NETWORKS:
             return self._create_container(spec)
-        self.networks.make(spec)
-        try:
-            return self._create_container(spec)
-        except Exception:
-            # No container, so no removal to take it: gone now, not at the next prune.
-            self.networks.forget(spec.name)
-            raise
+        with self.networks.launching(spec.name):
+            self.networks.make(spec)
+            try:
+                return self._create_container(spec)
+            except Exception:
+                # No container, so no removal to take it: gone now, not at the next prune.
+                self.networks.forget(spec.name)
+                raise
 
     def _create_container(self, spec: ContainerSpec) -> Any:
         options = self.create_options(spec)
@@ -360,26 +281,6 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
             self._or(None, self._remove, container.id)
             raise
         return container
-
-    @functools.cache  # noqa: B019  # one service, one store, for the runtime's life
-    def _store(self) -> str:
-        return self._data_root()
-
-    @functools.cached_property
-    def networks(self) -> JobNetworks:
-        return JobNetworks(lambda: self.api, self._store, self.settings)
-
-    @property
-    def egress(self) -> EgressRule:
-        return self.networks.egress
-
-    async def start(self) -> None:
-        """The job networks whose container is gone pruned, and their rules (a killed
-        daemon's)."""
-        try:
-            await self._call("prune job networks", self.networks.prune)
-        except NodeError as exc:
-            log.warning("job networks not pruned (the engine did not answer): %s", exc.message)
 
     def _check_runtime(self, container: Any, wanted: str) -> None:
         """The runtime the container was made with, as asked: podman 4.3's API drops a
@@ -486,7 +387,7 @@ class PodmanRuntime(EngineRuntime, errors=ERRORS):
         response.raise_for_status()
 
     def _gone(self, name: str) -> bool:
-        return _container_gone(self.api, name)
+        return container_gone(self.api, name)
 
     def _list_brief(self) -> list[Brief]:
         params = {"all": "true", "filters": json.dumps(OURS_FILTER)}

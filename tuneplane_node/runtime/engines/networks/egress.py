@@ -55,10 +55,12 @@ from typing import Any
 from tuneplane_node.runtime.engines.cgroupparent import EngineParent
 from tuneplane_node.runtime.engines.networks.hostguard import (
     PROC,
+    BridgeGuard,
     engine_pid,
     enter,
     firewall_missing,
     interfaces,
+    podman_rules,
     run,
     tools_missing,
 )
@@ -272,6 +274,27 @@ class EgressRule:
             pid, engine_why = self._engine()
             why = why or engine_why
             return why or self._hold(pid, 4, host_jump(path, self.host_chain))
+
+    def hold_fresh(self, guard: BridgeGuard, bridge: str) -> bool:
+        """A podman bridge just made: the host guard's rules (`hostguard.podman_rules`)
+        and this rule's jump (where it is on) in one ``iptables-restore --noflush``, one
+        process instead of one per rule; each with its comment, which their sweeps read.
+        Whether they hold; where not (a tool or the engine missing, the chain jumped from
+        not made yet: nothing was written then), ``guard.hold`` and `hold` each hold their
+        own and say why. No look first, as ``hold(fresh=True)``'s."""
+        if not bridge:
+            return False
+        with guard.lock, self._lock:
+            pid, why = self._engine()
+            if why is None and self.policy is not None:
+                why = self._write(pid, 4, self.chain)
+            if why is not None:
+                return False
+            rules = podman_rules(bridge)
+            if self.policy is not None:
+                rules.append(jump(self.parent(), bridge, self.chain))
+            lines = [shlex.join(["-I", *each]) for each in rules]
+            return self._restore(pid, 4, "\n".join(["*filter", *lines, "COMMIT", ""])) is None
 
     def _engine(self) -> tuple[int, str | None]:
         if (missing := tools_missing()) is not None:

@@ -170,20 +170,20 @@ def guarded_rules(listing: str) -> list[tuple[str, list[str]]]:
 class BridgeGuard:
     """The rules of one podman engine's job networks (`podman_rules` of each network's
     bridge), in the engine's namespace. They are added after their network is made
-    (`hold`) and removed
+    (`hold`, or with the egress rule's jump in one write: `EgressRule.hold_fresh`) and removed
     where its bridge is no network's any more (`sweep`: after a removal, at start); one
     lock orders them, so a sweep never takes a rule added after its look at the networks.
     Where the guard cannot hold, the log says why once."""
 
     def __init__(self, socket_path: str | None) -> None:
         self.socket_path = socket_path
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()  # also taken by `EgressRule.hold_fresh`'s one write
         self._said: set[str] = set()
         self._tools: dict[int, str] = {}  # engine pid -> the iptables found holding its rules
 
     def hold(self, interface: str) -> None:
         """The rules for a network's bridge ``interface``, each added unless it is there."""
-        with self._lock:
+        with self.lock:
             iptables: list[str] = []
             why: str | None = "the engine named no bridge for a job network"
             if interface:
@@ -204,7 +204,7 @@ class BridgeGuard:
         its networks elsewhere); how many. The rules are read first: one seen was added
         after its network was made, so the networks listed next name its bridge unless
         it is gone."""
-        with self._lock:
+        with self.lock:
             pid, iptables, _ = self._iptables()
             found = guarded_rules(run([*iptables, "-S"]).stdout if iptables else "")
             live = {*bridges(), *interfaces(pid)} if found else set()

@@ -19,7 +19,7 @@ from tuneplane_node.jobs.nodestate import NodeStateStore
 from tuneplane_node.jobs.observe.watch import ChangeLog
 from tuneplane_node.jobs.pending import PendingTable
 from tuneplane_node.jobs.words.launch import Stopping
-from tuneplane_node.jobs.words.views import Own
+from tuneplane_node.jobs.words.views import DiskFigures, Own
 from tuneplane_node.logformat import job_fields
 from tuneplane_node.runtime.base import RUNNING, ContainerState
 from tuneplane_node.settings import LifecycleSettings
@@ -125,14 +125,22 @@ class Stopper:
         states: Sequence[ContainerState],
         reason: str,
         plan: StopPlan = NO_PLAN,
-        **disk: int | None,
+        *,
+        disk: DiskFigures | None = None,
     ) -> list[BaseException]:
         """Stop jobs the node decided to stop on its own (a card's fault, a notice, a
         drain, disk pressure): ``reason`` first, in the node state (observe's
-        ``stop_reason``; a restart keeps it; ``disk``: `NodeState.stopped`'s figures, when
-        the disk is why), then every job at once, each warned as `warned` says. Answers
+        ``stop_reason``; a restart keeps it; ``disk``: what the jobs wrote, when the disk
+        is why), then every job at once, each warned as `warned` says. Answers
         the errors of the stops that failed (a drain tries those again)."""
-        node = self.store.node.stopped((s.handle for s in states), reason, **disk)
+        handles = (s.handle for s in states)
+        if disk is None:
+            node = self.store.node.stopped(handles, reason)
+        else:
+            node = self.store.node.stopped(
+                handles, reason, disk_used=disk.used_bytes,
+                deleted_open=disk.deleted_open_bytes, inodes=disk.inodes,
+            )  # fmt: skip
         try:
             await self.store.save(node)
         except NodeError as exc:  # in force all the same: the jobs must stop

@@ -42,7 +42,7 @@ from tuneplane_node import inventory
 from tuneplane_node.jobs.disk.accounting import PressureAccount
 from tuneplane_node.jobs.images.gc import ImageCollector
 from tuneplane_node.jobs.nodestate import NodeStateStore
-from tuneplane_node.jobs.stopper import NO_PLAN, Stopper
+from tuneplane_node.jobs.stopper import Stopper
 from tuneplane_node.jobs.words.images import ImageStore
 from tuneplane_node.jobs.words.views import DiskFigures
 from tuneplane_node.logformat import job_fields
@@ -338,9 +338,7 @@ class DiskMonitor:
     async def _stopped(self, state: ContainerState, figures: DiskFigures, reason: str) -> None:
         """The reason first, in the node state (a restart keeps it), then the stop,
         warned as the job asked (`Stopper.stop_by_node`)."""
-        figured = {"disk_used": figures.used_bytes, "inodes": figures.inodes}
-        figured["deleted_open"] = figures.deleted_open_bytes
-        for error in await self.stopper.stop_by_node([state], reason, NO_PLAN, **figured):
+        for error in await self.stopper.stop_by_node([state], reason, disk=figures):
             log.warning("disk monitor: stopping %s failed: %s", state.name, error)
 
     async def close(self) -> None:

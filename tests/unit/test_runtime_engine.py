@@ -3,6 +3,7 @@ create options, and an engine that is not there."""
 
 from __future__ import annotations
 
+import io
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -514,14 +515,50 @@ class RacedRemove:
         return response
 
 
+def podman_over(api: Any, monkeypatch: pytest.MonkeyPatch) -> EngineRuntime:
+    """The podman adapter over a scripted libpod API."""
+    monkeypatch.setattr(PodmanRuntime, "api", property(lambda self: api))
+    return adapter("podman")
+
+
 def test_a_podman_remove_that_raced_the_jobs_end_is_tried_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    runtime = adapter("podman")
     api = RacedRemove()
-    monkeypatch.setattr(PodmanRuntime, "api", property(lambda self: api))
+    runtime = podman_over(api, monkeypatch)
     runtime._remove("tuneplane-job-1")  # no error: the second try removed it
     assert api.deletes == 2
+
+
+class RefusedStreams:
+    """An engine answering every streamed request 500, with a body."""
+
+    def __init__(self) -> None:
+        self.answers: list[requests.Response] = []
+
+    def get(self, path: str, **options: Any) -> requests.Response:
+        response = http_response(500)
+        response.raw = io.BytesIO(b'{"message": "no"}')
+        self.answers.append(response)
+        return response
+
+    post = get
+
+
+def test_a_refused_stream_is_closed_by_the_thread_that_opened_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    api = RefusedStreams()
+    runtime = podman_over(api, monkeypatch)
+    for open_stream in (
+        lambda: runtime._open_follow("x", {}),
+        lambda: runtime._open_pull("reg/x:1", {}),
+        runtime._open_events,
+    ):
+        with pytest.raises(requests.HTTPError):
+            open_stream()
+    assert len(api.answers) == 3
+    assert all(answer.raw.closed for answer in api.answers)  # its connection given back
 
 
 class RefusedKills:

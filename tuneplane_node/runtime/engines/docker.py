@@ -27,7 +27,6 @@ from tuneplane_node.runtime.engines import dockerformat as fmt
 from tuneplane_node.runtime.engines.engine import (
     OURS_FILTER,
     EngineRuntime,
-    ErrorTable,
     Events,
     asked_support,
 )
@@ -52,6 +51,7 @@ from tuneplane_node.runtime.engines.networks.jobnetwork import (
     gateway,
 )
 from tuneplane_node.runtime.engines.pulling import PullStream
+from tuneplane_node.runtime.engines.seam import ErrorTable
 from tuneplane_node.runtime.facts import CDI_GPU_KIND, DeviceSupport, IsolationSupport
 from tuneplane_node.runtime.logstream import opened
 from tuneplane_node.runtime.spec import FABRIC, RDMA_CAPABILITY, Confinement, ContainerSpec

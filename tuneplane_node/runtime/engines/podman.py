@@ -31,7 +31,6 @@ from tuneplane_node.runtime.engines import seccomp
 from tuneplane_node.runtime.engines.engine import (
     OURS_FILTER,
     EngineRuntime,
-    ErrorTable,
     Events,
     asked_support,
 )
@@ -61,6 +60,7 @@ from tuneplane_node.runtime.engines.podmanoptions import (
     tmpfs_mount,
 )
 from tuneplane_node.runtime.engines.pulling import PullStream, closed_after
+from tuneplane_node.runtime.engines.seam import ErrorTable
 from tuneplane_node.runtime.facts import CDI_GPU_KIND, DeviceSupport, IsolationSupport
 from tuneplane_node.runtime.logstream import opened, shut
 from tuneplane_node.runtime.spec import (

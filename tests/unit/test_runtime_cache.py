@@ -23,7 +23,7 @@ from tuneplane_node.errors import EngineRefused, EngineUnavailable
 from tuneplane_node.jobs import LaunchRequest, Started
 from tuneplane_node.runtime.base import EXIT_SIGKILL, ContainerState, EngineEvent
 from tuneplane_node.runtime.cache import CachedRuntime, StateCache
-from tuneplane_node.runtime.cache import state as cache_module
+from tuneplane_node.runtime.cache import events as cache_events
 from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.wire.values import LABEL_RUN_ID
@@ -318,7 +318,7 @@ async def test_a_die_is_on_the_loop_before_its_inspect_takes_the_thread(
 ) -> None:
     """The inspect's Python would hold the GIL the loop needs to tell the exit: the loop
     takes the die first, so a waiting watch hears of it without waiting on the inspect."""
-    monkeypatch.setattr(cache_module, "HANDOVER_S", 5.0)  # a loaded machine's loop too
+    monkeypatch.setattr(cache_events, "HANDOVER_S", 5.0)  # a loaded machine's loop too
     feed = WatchedInspects(fake)
     cached = CachedRuntime(feed, relist_s=3600, sync_timeout=5, clock=fake.clock)
     feed.cache = cached.cache

@@ -40,7 +40,7 @@ from tuneplane_node.logformat import job_fields
 from tuneplane_node.references import canonical
 from tuneplane_node.runtime.base import ContainerRuntime
 from tuneplane_node.runtime.facts import ImageInfo
-from tuneplane_node.runtime.spec import DEVICES_ENV, ContainerSpec, container_name
+from tuneplane_node.runtime.spec import DEVICES_ENV, ContainerSpec
 from tuneplane_node.tasks import BackgroundTasks
 from tuneplane_node.wire.values import STARTING, Launch
 
@@ -54,14 +54,12 @@ async def nothing_to_clear() -> None:
 
 
 def launch_request(launch: Launch) -> LaunchRequest:
-    """The launch as the service takes it: the runtime's spec made of the contract's
-    container values, named ``tuneplane-<run id>`` where the console gave no name."""
-    values = dict(launch.container)
-    spec = ContainerSpec(**{**values, "name": values.get("name") or container_name(launch.run_id)})
+    """The contract's launch as the launcher carries it: the runtime's spec of its
+    container, before any decision of the node's."""
     return LaunchRequest(
         launch.run_id,
         launch.requested_gpus,
-        spec,
+        ContainerSpec.of(launch.container),
         auth=launch.auth,
         pull_policy=launch.pull_policy,
         relaunch=launch.relaunch,

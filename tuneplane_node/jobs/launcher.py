@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 
 from tuneplane_node.clock import Clock
@@ -29,18 +29,14 @@ from tuneplane_node.jobs.mounts.launch import LaunchMounts
 from tuneplane_node.jobs.observe.watch import ChangeLog
 from tuneplane_node.jobs.pending import PendingLaunch, PendingTable
 from tuneplane_node.jobs.reservation import Reservation
-from tuneplane_node.jobs.rules.affinity import CpuAffinity
-from tuneplane_node.jobs.rules.confinement import JobRules
 from tuneplane_node.jobs.rules.fabric import FabricAddresses
-from tuneplane_node.jobs.rules.isolation import Isolation
-from tuneplane_node.jobs.rules.network import neighbours
 from tuneplane_node.jobs.volumes.keeper import VolumeKeeper
-from tuneplane_node.jobs.words.launch import LaunchRequest, Pulling, Started
+from tuneplane_node.jobs.words.launch import LaunchRequest, LaunchStep, Pulling, Started
 from tuneplane_node.logformat import job_fields
 from tuneplane_node.references import canonical
 from tuneplane_node.runtime.base import ContainerRuntime
 from tuneplane_node.runtime.facts import ImageInfo
-from tuneplane_node.runtime.spec import DEVICES_ENV, ContainerSpec
+from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.tasks import BackgroundTasks
 from tuneplane_node.wire.values import STARTING, Launch
 
@@ -76,15 +72,14 @@ class Launcher:
         allocator: GpuAllocator,
         pulls: PullCoordinator,
         *,
+        vet: Sequence[LaunchStep],
+        place: Sequence[LaunchStep],
         images: ImageKeeper,
         clock: Clock,
         changes: ChangeLog,
         pending: PendingTable,
         tasks: BackgroundTasks,
-        rules: JobRules,
-        isolation: Isolation,
         disk: DiskLimits,
-        affinity: CpuAffinity,
         mounts: LaunchMounts,
         volumes: VolumeKeeper,
         gc: ImageCollector,
@@ -93,38 +88,26 @@ class Launcher:
         self.runtime = runtime
         self.allocator = allocator
         self.pulls = pulls
+        self.vet = tuple(vet)  # the launch's phases, in `build_node`'s order
+        self.place = tuple(place)
         self.images = images
         self.clock = clock
         self.changes = changes  # watch's, fed by the table
         self.pending = pending
         self.tasks = tasks  # the pending launches'
-        self.rules = rules
-        self.isolation = isolation
-        self.disk = disk
-        self.affinity = affinity
-        self.mounts = mounts  # host paths, scratch and volumes: vetted, staged, released
+        self.disk = disk  # the room a launch needs
+        self.mounts = mounts  # staged by a place step, released here when the launch fails
         self.volumes = volumes
         self.gc = gc
-        self.fabric = fabric  # the fabric network's addresses
+        self.fabric = fabric  # the fabric network's addresses, held with the cards
 
     async def vetted(self, request: LaunchRequest) -> LaunchRequest:
-        """The launch with its spec as the node allows it: the operator's confinement
-        (`JobRules`, RDMA by the cards it asks for), real mount paths under the mount
-        roots, the bytes it may write to the engine's disk, and the cards the node chose
-        as the only ones the container may see."""
-        spec, cards = request.spec, request.requested_gpus
-        env = dict(spec.env)
-        if env.pop(DEVICES_ENV, None) is not None:
-            log.warning(
-                "launch %s: dropped %s from env: the node chooses", spec.name, DEVICES_ENV,
-                extra=about(request),
-            )  # fmt: skip
-        spec = await asyncio.to_thread(self.rules.apply, replace(spec, env=env), cards=cards)
-        spec = await self.isolation.apply(spec, cards=cards)
-        store = await self.gc.store()  # the launch's one reading (`LaunchRequest.store`)
-        spec = self.disk.apply(spec, store)
-        await self.mounts.vet(spec)  # refused now; opened for good when the container is made
-        return replace(request, spec=spec, store=store)
+        """The vet phase, before the run's lock: each vet step in turn (the spec stamped,
+        confined, isolated, its disk limited, its mounts vetted: `build_node`), so the
+        launch is as the node allows it, or refused before anything is held."""
+        for step in self.vet:
+            request = await step(request)
+        return request
 
     async def release_mounts(self, labels: Mapping[str, str]) -> None:
         """Unmount a container's staged mounts (its label names them): it is gone."""
@@ -208,7 +191,7 @@ class Launcher:
         """The container, from the image id the reference resolved to, with the cards it
         was given; ``clear`` first, once the cards are held and the mounts staged."""
         async with Reservation(self.allocator, request, self.fabric) as cards:
-            spec = await self.mounts.staged(await self._placed(_from(request.spec, info), cards))
+            spec = await self._placed(request, info, cards)
             try:
                 await clear()
                 container_id = await self.runtime.run(spec)
@@ -281,8 +264,8 @@ class Launcher:
         record.phase = STARTING
         self.pending.changed(record.ref)
         cards = await reservation.claim()
-        # Opened now, after the pull: what is mounted is what the walk opened at create.
-        spec = await self.mounts.staged(await self._placed(_from(record.request.spec, info), cards))
+        # Placed now, after the pull: what is mounted is what the walk opened at create.
+        spec = await self._placed(record.request, info, cards)
         start = asyncio.ensure_future(self.runtime.run(spec))
         try:
             await asyncio.shield(start)
@@ -315,17 +298,16 @@ class Launcher:
         if self.pulls.ledger is not None and info is not None:
             self.pulls.ledger.record_use(info.id, self.clock.now())
 
-    async def _placed(self, spec: ContainerSpec, cards: tuple[int, ...]) -> ContainerSpec:
-        """The spec on the cards it was given, with their CPUs and memory (`CpuAffinity`),
-        on the network it gets beside the node's other jobs (`NetworkRule`)."""
-        spec, network = replace(spec, gpus=cards), self.rules.network
-        around = None
-        if network.needs_neighbours(spec):
-            around = await neighbours(
-                spec.name, runtime=self.runtime, allocator=self.allocator, pending=self.pending
-            )
-        spec = await self.fabric.addressed(network.placed(spec, around))  # held: `Reservation`
-        return self.affinity.apply(spec, await self.allocator.snapshot()) if cards else spec
+    async def _placed(
+        self, request: LaunchRequest, info: ImageInfo | None, cards: tuple[int, ...]
+    ) -> ContainerSpec:
+        """The place phase, once the cards are reserved: the spec made from the image's
+        id (`_from`) on the cards it was given, through each place step in turn (its
+        network, fabric address, cpuset, staged mounts: `build_node`)."""
+        plan = replace(request, spec=replace(_from(request.spec, info), gpus=cards))
+        for step in self.place:
+            plan = await step(plan)
+        return plan.spec
 
     def _ended(
         self, record: PendingLaunch, reservation: Reservation, task: asyncio.Task[None]

@@ -46,6 +46,11 @@ def stamped(request: LaunchRequest) -> LaunchRequest:
     return replace(request, spec=replace(request.spec, labels=labels))
 
 
+async def stamp(plan: LaunchRequest) -> LaunchRequest:
+    """The first vet step: `stamped`, on the spec as the console asked."""
+    return stamped(plan)
+
+
 def retried(state: ContainerState, request: LaunchRequest) -> LaunchResult | None:
     """The answer to a `stamped` launch of the run of ``state`` (a container that
     exists); None: launch the request, in place of the container.

@@ -35,7 +35,7 @@ from tuneplane_node.jobs.observe.views import StoppedViews
 from tuneplane_node.jobs.ours import OursRule
 from tuneplane_node.jobs.pending import PendingTable
 from tuneplane_node.jobs.reaper import Reaper
-from tuneplane_node.jobs.retries import check_run, retried, stamped
+from tuneplane_node.jobs.retries import check_run, retried
 from tuneplane_node.jobs.stopper import NO_PLAN, Stopper
 from tuneplane_node.jobs.words.launch import AlreadyPending, LaunchResult
 from tuneplane_node.jobs.words.status import Inventory, NodeState, NodeStatus
@@ -105,7 +105,7 @@ class JobService:
         exited job, its exit code and logs, as it was.
         """
         ref = launch.ref
-        request = await self.launcher.vetted(stamped(launch_request(launch)))
+        request = await self.launcher.vetted(launch_request(launch))
         async with self.locks.hold(ref):
             record = self.pending.get(ref)
             if record is not None and record.phase != FAILED:

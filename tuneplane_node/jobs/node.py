@@ -163,10 +163,8 @@ def build_node(
         runtime, policy=policy, staging=MountStaging(settings.state_dir),
         scratch=ScratchSpaces(settings), volumes=volumes,
     )  # fmt: skip
-    disk, fabric = (
-        DiskLimits(settings, store=gc.store),
-        FabricAddresses(settings.fabric_network, runtime),
-    )
+    disk = DiskLimits(settings, store=gc.store)
+    fabric = FabricAddresses(settings.fabric_network, runtime)
     around = functools.partial(neighbours, runtime=runtime, allocator=allocator, pending=pending)
     # A launch's two phases, each step one door (`LaunchStep`), run in this order.
     vet: list[LaunchStep] = [  # before the run's lock, on the launch as the console asked

@@ -3,9 +3,12 @@
 It runs the pending launches (their background tasks, in the table it is handed) and the
 `Reservation` that pairs a launch's card claim with its release, and passes the image
 GC's (`ImageCollector`) pull gate before it reserves anything; the GC's holds keep its
-image from a run from its first look until its container exists. It makes none of its
-collaborators: `jobs.node.build_node` hands them over. What a
-launch does with what it finds is the service's rule; this is how it is carried out.
+image from a run from its first look until its container exists. A launch's spec goes
+through its two phases' steps (`LaunchStep`), which `jobs.node.build_node` lists in
+order: the vet steps (`vetted`, before the run's lock) and the place steps
+(`_placed`, once the cards are reserved). It makes none of its collaborators:
+`build_node` hands them over. What a launch does with what it finds is the service's
+rule; this is how it is carried out.
 """
 
 from __future__ import annotations

@@ -13,11 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.checkcommand import Check
-from tests.helpers import (
-    docker_host,
-    engine_missing,
-    podman_url,
-)
+from tests.support.engines import docker_host, engine_missing, podman_url
 from tuneplane_node.checks import engine as engine_checks
 
 # Slow: the check command end to end: ports, files, TLS and engines tried for real.

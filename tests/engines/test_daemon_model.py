@@ -27,17 +27,12 @@ from typing import Any
 import docker
 import pytest
 
-from tests.fakes import FakeProbe
-from tests.helpers import (
-    BIG_IMAGE,
-    IMAGE,
-    REGISTRY,
-    ThrowawayDocker,
-    check_promises,
-    engine_settings,
-    fake_node_of,
-    unique,
-)
+from tests.fakes.gpu import FakeProbe
+from tests.support.engines import engine_settings
+from tests.support.images import BIG_IMAGE, IMAGE, REGISTRY
+from tests.support.jobs import unique
+from tests.support.nodes import check_promises, fake_node_of
+from tests.support.throwaway import ThrowawayDocker
 from tuneplane_node.clock import parse_rfc3339
 from tuneplane_node.errors import Conflict, NodeError
 from tuneplane_node.gpu.allocator import GpuAllocator

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import MakeNode
-from tests.helpers import Console
+from tests.support.console import Console
 from tests.unit.test_jobs_rdma import rdma_dir
 
 pytestmark = pytest.mark.engine

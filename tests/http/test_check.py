@@ -18,14 +18,10 @@ from typing import Any
 import pytest
 
 from tests.checkcommand import Check
-from tests.helpers import (
-    TOKEN,
-    engine_settings,
-    free_port,
-    podman_url,
-    spawn_daemon,
-    storage_root,
-)
+from tests.support.console import TOKEN
+from tests.support.daemons import free_port, spawn_daemon
+from tests.support.engines import engine_settings, podman_url
+from tests.support.nodes import storage_root
 from tuneplane_node.checks import engine as engine_checks
 from tuneplane_node.checks.findings import OK, WARN
 from tuneplane_node.cli import main

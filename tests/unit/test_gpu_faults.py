@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.fakes import FakeClock
+from tests.fakes.clock import FakeClock
 from tests.nvmlprobe import settings
 from tuneplane_node.gpu.breaker import CardBreaker
 from tuneplane_node.gpu.cardreturn import CardReturns

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import fake_settings
-from tests.helpers import job
+from tests.support.jobs import job
 from tuneplane_node.gpu import numa
 from tuneplane_node.gpu.probe import CardFacts, GpuSnapshot
 from tuneplane_node.gpu.simulation import SimulatedProbe

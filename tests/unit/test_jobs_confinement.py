@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import IMAGE, MakeFakeNode, fake_settings
-from tests.fakes import FakeRuntime
-from tests.helpers import console_0315
+from tests.fakes.runtime import FakeRuntime
+from tests.support.console import console_0315
 from tuneplane_node.errors import ConfigError, InvalidField
 from tuneplane_node.jobs import Node
 from tuneplane_node.jobs.rules.confinement import JobRules, job_tmpfs

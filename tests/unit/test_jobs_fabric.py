@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import IMAGE, fake_settings
-from tests.fakes import FakeRuntime
+from tests.fakes.runtime import FakeRuntime
 from tests.unit.test_jobs_network import make_service as make_network_service  # noqa: F401 (fixture)
 from tuneplane_node.checks import FAIL, OK
 from tuneplane_node.checks.gpus import check_fabric_network

@@ -13,8 +13,12 @@ from typing import Any
 import pytest
 
 from tests.conftest import fake_settings
-from tests.fakes import MIB, FakeClock, FakeProbe, FakeRuntime
-from tests.helpers import fake_node_of, settle, wait_until
+from tests.fakes.clock import FakeClock
+from tests.fakes.engine import MIB
+from tests.fakes.gpu import FakeProbe
+from tests.fakes.runtime import FakeRuntime
+from tests.support.nodes import fake_node_of
+from tests.support.waiting import settle, wait_until
 from tuneplane_node.errors import ConfigError, InsufficientStorage
 from tuneplane_node.jobs import LaunchRequest, Node, Pulling, Started
 from tuneplane_node.runtime.spec import ContainerSpec, container_name

@@ -25,8 +25,12 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import fake_settings
-from tests.fakes import MIB, FakeClock, FakeProbe, FakeRuntime
-from tests.helpers import fake_node_of, settle
+from tests.fakes.clock import FakeClock
+from tests.fakes.engine import MIB
+from tests.fakes.gpu import FakeProbe
+from tests.fakes.runtime import FakeRuntime
+from tests.support.nodes import fake_node_of
+from tests.support.waiting import settle
 from tuneplane_node.errors import Conflict, InsufficientStorage, NodeError
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs import LaunchRequest, Node

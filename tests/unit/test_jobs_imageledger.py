@@ -7,9 +7,10 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from tests.conftest import IMAGE
-from tests.fakes import FakeClock, FakeRuntime
-from tests.helpers import wait_until
+from tests.fakes.clock import FakeClock
+from tests.fakes.runtime import FakeRuntime
 from tests.jobservice import MISSING, request
+from tests.support.waiting import wait_until
 from tuneplane_node.jobs import Node
 from tuneplane_node.jobs.images.ledger import LEDGER_FILE, ImageLedger, ImageRecord
 

@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 
 from tests.conftest import IMAGE
-from tests.fakes import FakeProbe, FakeRuntime, Gate
+from tests.fakes.engine import Gate
+from tests.fakes.gpu import FakeProbe
+from tests.fakes.runtime import FakeRuntime
 from tests.jobservice import (
     MISSING,
     assert_nothing_left,

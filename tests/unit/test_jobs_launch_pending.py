@@ -8,14 +8,16 @@ import asyncio
 
 import pytest
 
-from tests.fakes import FakeClock, FakeProbe, FakeRuntime
-from tests.helpers import settle
+from tests.fakes.clock import FakeClock
+from tests.fakes.gpu import FakeProbe
+from tests.fakes.runtime import FakeRuntime
 from tests.jobservice import (
     MISSING,
     launch_pulling,
     request,
     reserved,
 )
+from tests.support.waiting import settle
 from tuneplane_node.errors import (
     NameTaken,
     NoCapacity,

@@ -24,8 +24,11 @@ import random
 
 import pytest
 
-from tests.fakes import FakeClock, FakeProbe, FakeRuntime
-from tests.helpers import check_promises, fake_node_of, settle
+from tests.fakes.clock import FakeClock
+from tests.fakes.gpu import FakeProbe
+from tests.fakes.runtime import FakeRuntime
+from tests.support.nodes import check_promises, fake_node_of
+from tests.support.waiting import settle
 from tuneplane_node.errors import Conflict, NodeError
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs import AlreadyRunning, LaunchRequest, Node, StopPlan

@@ -13,8 +13,12 @@ from typing import Any
 import pytest
 
 from tests.conftest import IMAGE, MakeFakeNode, fake_settings
-from tests.fakes import FakeClock, FakeProbe, FakeRuntime
-from tests.helpers import console_0315, fake_node_of, wait_until
+from tests.fakes.clock import FakeClock
+from tests.fakes.gpu import FakeProbe
+from tests.fakes.runtime import FakeRuntime
+from tests.support.console import console_0315
+from tests.support.nodes import fake_node_of
+from tests.support.waiting import wait_until
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs import Node
 from tuneplane_node.jobs.words import LaunchRequest

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from tests.fakes import FakeRuntime
-from tests.helpers import settle
+from tests.fakes.runtime import FakeRuntime
+from tests.support.waiting import settle
 from tuneplane_node.errors import EngineRefused
 from tuneplane_node.jobs.images.pulls import PullCoordinator
 from tuneplane_node.runtime.base import PullLimits, PullProgress

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import IMAGE, MakeFakeNode, fake_settings
-from tests.fakes import FakeRuntime
+from tests.fakes.runtime import FakeRuntime
 from tuneplane_node import inventory
 from tuneplane_node.errors import NoRdma
 from tuneplane_node.jobs.rules.confinement import JobRules

@@ -11,14 +11,16 @@ from dataclasses import replace
 import pytest
 
 from tests.conftest import IMAGE, MakeFakeNode
-from tests.fakes import FakeClock, FakeRuntime, Gate
-from tests.helpers import settle
+from tests.fakes.clock import FakeClock
+from tests.fakes.engine import Gate
+from tests.fakes.runtime import FakeRuntime
 from tests.jobservice import (
     MISSING,
     available,
     launch_pulling,
     request,
 )
+from tests.support.waiting import settle
 from tuneplane_node.jobs import (
     Node,
     Started,

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import IMAGE
-from tests.fakes import FakeRuntime
+from tests.fakes.runtime import FakeRuntime
 from tuneplane_node.errors import InvalidField, NodeError
 from tuneplane_node.jobs.launcher import launch_request
 from tuneplane_node.jobs.mounts.scratch import SUFFIX, ScratchSpaces, vet

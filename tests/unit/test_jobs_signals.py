@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import IMAGE, MakeFakeNode
-from tests.fakes import FakeRuntime
-from tests.helpers import wait_until
+from tests.fakes.runtime import FakeRuntime
+from tests.support.waiting import wait_until
 from tuneplane_node.errors import NotRunning
 from tuneplane_node.jobs import LaunchRequest, Node, StopPlan
 from tuneplane_node.jobs.nodestate import STATE_FILE, NodeStateFile

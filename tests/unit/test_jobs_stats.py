@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 
 from tests.conftest import IMAGE
-from tests.fakes import FakeClock, FakeProbe, FakeRuntime
-from tests.helpers import job, unique
+from tests.fakes.clock import FakeClock
+from tests.fakes.gpu import FakeProbe
+from tests.fakes.runtime import FakeRuntime
+from tests.support.jobs import job, unique
 from tuneplane_node.gpu.probe import CardFacts, GpuProcess
 from tuneplane_node.jobs import LaunchRequest, Node
 from tuneplane_node.jobs.observe.stats import CardSample, ProcessMemory

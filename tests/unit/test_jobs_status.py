@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tests.fakes import FakeRuntime
-from tests.helpers import settle
+from tests.fakes.runtime import FakeRuntime
 from tests.jobservice import (
     MISSING,
     request,
 )
+from tests.support.waiting import settle
 from tuneplane_node.errors import (
     Conflict,
     EngineConflict,

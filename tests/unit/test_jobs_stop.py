@@ -9,8 +9,8 @@ import asyncio
 
 import pytest
 
-from tests.fakes import FakeRuntime, Gate
-from tests.helpers import settle
+from tests.fakes.engine import Gate
+from tests.fakes.runtime import FakeRuntime
 from tests.jobservice import (
     MISSING,
     assert_nothing_left,
@@ -18,6 +18,7 @@ from tests.jobservice import (
     launch_pulling,
     request,
 )
+from tests.support.waiting import settle
 from tuneplane_node.jobs import (
     Node,
     StopPlan,

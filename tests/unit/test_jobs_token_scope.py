@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import IMAGE
-from tests.fakes import FakeRuntime
-from tests.helpers import storage_root
+from tests.fakes.runtime import FakeRuntime
 from tests.jobservice import (
     MISSING,
     request,
     reserved,
 )
+from tests.support.nodes import storage_root
 from tuneplane_node.errors import (
     InvalidField,
 )

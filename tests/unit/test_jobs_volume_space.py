@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import fake_settings
-from tests.fakes import FakeClock
+from tests.fakes.clock import FakeClock
 from tuneplane_node.errors import InvalidField, VolumeStoreFull
 from tuneplane_node.jobs.volumes.keeper import VolumeKeeper
 from tuneplane_node.jobs.volumes.space import Candidate, to_evict

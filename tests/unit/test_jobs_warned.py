@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from tests.conftest import IMAGE, MakeFakeNode, fake_settings
-from tests.fakes import FakeRuntime
-from tests.helpers import fake_node_of
+from tests.fakes.runtime import FakeRuntime
 from tests.jobservice import request
+from tests.support.nodes import fake_node_of
 from tests.unit.test_jobs_drain import drained
 from tuneplane_node.jobs import Node, StoppedView, StopPlan
 from tuneplane_node.jobs.stopper import Stopper

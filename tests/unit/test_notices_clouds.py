@@ -10,7 +10,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from tests.fakes import FakeClock
+from tests.fakes.clock import FakeClock
 from tests.metadataserver import TOKEN, Metadata
 from tuneplane_node.errors import VolumeFillFailed
 from tuneplane_node.fetch.fetching import Fetcher

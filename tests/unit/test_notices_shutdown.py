@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import fake_settings
-from tests.fakes import FakeClock, FakeRuntime
-from tests.helpers import settle, under_ci
+from tests.fakes.clock import FakeClock
+from tests.fakes.runtime import FakeRuntime
 from tests.jobservice import request
 from tests.logindfake import FakeLogind, PrivateBus, has_dbus
+from tests.support.engines import under_ci
+from tests.support.waiting import settle
 from tests.unit.test_jobs_drain import drained
 from tuneplane_node.checks.notices import check_notices
 from tuneplane_node.jobs import Node, StoppedView

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import fake_settings
-from tests.helpers import engine_settings
+from tests.support.engines import engine_settings
 from tuneplane_node.checks.engine import _parent_finding, parent_fix
 from tuneplane_node.errors import ConfigError
 from tuneplane_node.runtime.engines.cgroupparent import (

@@ -14,7 +14,7 @@ import podman.errors
 import pytest
 import requests
 
-from tests.helpers import engine_settings
+from tests.support.engines import engine_settings
 from tuneplane_node.errors import (
     EngineConflict,
     EngineError,

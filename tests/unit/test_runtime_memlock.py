@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import IMAGE, fake_settings
-from tests.fakes import FakeClock, FakeProbe, FakeRuntime
-from tests.helpers import fake_node_of
+from tests.fakes.clock import FakeClock
+from tests.fakes.gpu import FakeProbe
+from tests.fakes.runtime import FakeRuntime
+from tests.support.nodes import fake_node_of
 from tests.unit.test_jobs_rdma import rdma_dir
 from tuneplane_node.errors import MemlockUnavailable
 from tuneplane_node.jobs import Node

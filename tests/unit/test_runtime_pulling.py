@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import wait_until
+from tests.support.waiting import wait_until
 from tuneplane_node.errors import EngineRefused
 from tuneplane_node.runtime.base import PullLimits, PullProgress
 from tuneplane_node.runtime.engines.pulling import drive_pull

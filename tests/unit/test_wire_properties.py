@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import console_0315
+from tests.support.console import console_0315
 from tuneplane_node.errors import InvalidField
 from tuneplane_node.jobs.launcher import launch_request
 from tuneplane_node.wire import images, requests, verbs

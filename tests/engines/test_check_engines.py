@@ -227,7 +227,7 @@ def test_an_engine_that_cannot_lock_rdma_jobs_memory_fails_naming_the_fix(
     engine under systemd's): the default ``unlimited`` fails, a size within it passes."""
     import resource
 
-    from tests.unit.test_jobs_rdma import rdma_dir
+    from tests.unit.test_jobs_rules_confinement_rdma import rdma_dir
 
     hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
     if hard == resource.RLIM_INFINITY:

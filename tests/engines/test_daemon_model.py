@@ -1,7 +1,7 @@
-"""The model walk of `test_jobs_model.py` on a real Docker engine (a throwaway one):
+"""The model walk of `test_jobs_service_model.py` on a real Docker engine (a throwaway one):
 1,000 seeded random steps over 20 run ids and 4 simulated cards, the engine restarted
 without --live-restore now and then, the daemon restarted and killed between create and
-start. After every step the six promises listed in `test_jobs_model.py` are checked
+start. After every step the six promises listed in `test_jobs_service_model.py` are checked
 against the engine's truth (its own container list and labels); wreckage is allowed
 until the periodic sweep is due (the API deadline, 5 s here, plus a relist period).
 

@@ -67,7 +67,7 @@ async def check_promises(
     cards: int,
     wrecks_allowed: Collection[str] = (),
 ) -> None:
-    """The six promises of `test_jobs_model.py`. ``truth``: every container of the node
+    """The six promises of `test_jobs_service_model.py`. ``truth``: every container of the node
     on the engine, by name, as (its status, the cards on its label); ``wrecks_allowed``:
     created, never-started containers no sweep was due to take yet."""
     live = {name: held for name, (status, held) in truth.items() if status in ENGINE_LIVE}

@@ -4,7 +4,7 @@ machine's linux manifest alone, every layer names a sha256 and a size, a manifes
 another kind is refused, and a refusal says why without a credential.
 
 Fast, no socket (issue 52: the layer and manifest checks had only slow tests, against a
-registry of the tests' own: tests/unit/test_jobs_volumes_oci.py)."""
+registry of the tests' own: tests/unit/test_jobs_volumes_fills_oci.py)."""
 
 from __future__ import annotations
 

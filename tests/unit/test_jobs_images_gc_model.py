@@ -11,7 +11,7 @@ the GC's promises checked at every removal and after every step.
 
 Against the in-memory engine, per scope, marked slow: 2,000 steps, 10,000 in CI through
 ``TUNEPLANE_MODEL_STEPS``; ``TUNEPLANE_MODEL_SEED`` as for the launch walk. (The fast
-suite walks the launch model's short run, tests/unit/test_jobs_model.py.)
+suite walks the launch model's short run, tests/unit/test_jobs_service_model.py.)
 """
 
 from __future__ import annotations
@@ -186,7 +186,7 @@ def _age(now: datetime, then: datetime) -> float:
     return (now - then).total_seconds()
 
 
-@pytest.mark.slow  # the launch walk's short run (tests/unit/test_jobs_model.py) is the fast one
+@pytest.mark.slow  # the launch walk's short run (test_jobs_service_model.py) is the fast one
 @pytest.mark.parametrize("scope", ["node", "all"])
 async def test_the_image_gc_keeps_its_promises_along_a_random_walk(
     scope: str, tmp_path: Path

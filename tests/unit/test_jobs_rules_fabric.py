@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import IMAGE, fake_settings
 from tests.fakes.runtime import FakeRuntime
-from tests.unit.test_jobs_network import make_service as make_network_service  # noqa: F401 (fixture)
+from tests.unit.test_jobs_rules_network import make_service as make_network_service  # noqa: F401 (fixture)
 from tuneplane_node.checks import FAIL, OK
 from tuneplane_node.checks.gpus import check_fabric_network
 from tuneplane_node.errors import ConfigError, FabricAddressesExhausted, InvalidField

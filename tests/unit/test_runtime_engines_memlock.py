@@ -17,7 +17,7 @@ from tests.fakes.clock import FakeClock
 from tests.fakes.gpu import FakeProbe
 from tests.fakes.runtime import FakeRuntime
 from tests.support.nodes import fake_node_of
-from tests.unit.test_jobs_rdma import rdma_dir
+from tests.unit.test_jobs_rules_confinement_rdma import rdma_dir
 from tuneplane_node.errors import MemlockUnavailable
 from tuneplane_node.jobs import Node
 from tuneplane_node.jobs.words import LaunchRequest

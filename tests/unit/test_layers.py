@@ -466,6 +466,47 @@ def test_the_reach_through_finder_finds_one() -> None:
     ]
 
 
+def second_phases(source: str, function: str) -> list[str]:
+    """What ``function`` does to a part after making it: an attribute set (``a.b = c``)
+    or a call whose result it drops (``changes.reads(...)``, ``x.listeners.append(f)``)."""
+    found: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef) and node.name == function:
+            for statement in ast.walk(node):
+                targets = []
+                if isinstance(statement, ast.Assign):
+                    targets = statement.targets
+                elif isinstance(statement, (ast.AugAssign, ast.AnnAssign)):
+                    targets = [statement.target]
+                for target in targets:
+                    each = target.elts if isinstance(target, ast.Tuple) else [target]
+                    found += [ast.unparse(t) for t in each if isinstance(t, ast.Attribute)]
+                if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call):
+                    found.append(ast.unparse(statement.value))
+    return found
+
+
+def test_the_node_is_built_complete() -> None:
+    """`build_node` hands each part all it needs in its constructor, in the order it
+    makes them: nothing is set on a part afterwards and no part has a second phase, so
+    a part is never seen half made (issue 55: three of health's readers, the change
+    log's reads and the faults' listeners were once set after)."""
+    assert second_phases((JOBS / "node.py").read_text(), "build_node") == []
+
+
+def test_the_second_phase_finder_finds_one() -> None:
+    source = (
+        "def build_node():\n"
+        "    health = HealthReader()\n"
+        "    health.held_by = f\n"
+        "    changes.reads(read)\n"
+        "    faults.changed, n = changes.changed, 1\n"
+        "    jobs = JobService(faults=lambda: faults.job_faults)\n"
+    )
+    found = second_phases(source, "build_node")
+    assert found == ["health.held_by", "changes.reads(read)", "faults.changed"]
+
+
 # The modules of jobs/ that take the whole runtime: the builder, and those that use most
 # of its verbs. Every other collaborator declares the few it uses, where it uses them (as
 # Nomad's docker driver declares a three-method image client), so a reader sees what a

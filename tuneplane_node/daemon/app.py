@@ -321,28 +321,10 @@ async def _take_lock(settings: NodeSettings, runtime: ContainerRuntime) -> Engin
 
 
 async def _start_background(app: web.Application, node: Node, *, sweep: bool) -> None:
+    """The node's loops (`Node.spawn_tasks` names them), then the daemon's own."""
     tasks = app[TASKS]
-    tasks.spawn(node.sampler.run(), name="stats sampler")
-    tasks.spawn(node.monitor.run(), name="disk monitor")
-    tasks.spawn(node.faults.run(), name="gpu faults")
-    if sweep:  # wreckage of a daemon killed between create and start, before serving
-        await _sweep_at_start(node)
-        tasks.spawn(node.reaper.maintain(), name="wreckage sweep")
-    tasks.spawn(node.gc.maintain(), name="image gc")
-    if node.watcher is not None:
-        tasks.spawn(node.watcher.run(), name="cloud notices")
-    if node.shutdown is not None:
-        tasks.spawn(node.shutdown.run(), name="shutdown inhibitor")
+    await node.spawn_tasks(tasks, sweep=sweep)
     tasks.spawn(app[TOKENS].watch(), name="token file watch")
     if REGISTRY_AUTH in app:
         tasks.spawn(app[REGISTRY_AUTH].watch(), name="registry auth file watch")
     tasks.spawn(app[METRICS].watch_lag(), name="event loop lag")
-
-
-async def _sweep_at_start(node: Node) -> None:
-    # Only what is older than the periodic sweep's grace: a container younger may be a
-    # launch in flight of another daemon on this engine (a remote engine's other host).
-    try:
-        await node.jobs.sweep_wreckage(older_than_s=node.reaper.wreck_grace_s)
-    except NodeError as exc:  # the engine may be down: the periodic sweep will do it
-        log.warning("could not sweep wreckage at start: %s", exc.message)

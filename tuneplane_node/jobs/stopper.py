@@ -16,7 +16,7 @@ from tuneplane_node.clock import SYSTEM_CLOCK, Clock, rfc3339
 from tuneplane_node.errors import NodeError, NotRunning
 from tuneplane_node.jobs.locks import RefLocks
 from tuneplane_node.jobs.nodestate import NodeStateStore
-from tuneplane_node.jobs.observe.watch import ChangeLog
+from tuneplane_node.jobs.observe.watch import ChangeFeed
 from tuneplane_node.jobs.pending import PendingTable
 from tuneplane_node.jobs.words.launch import Stopping
 from tuneplane_node.jobs.words.views import DiskFigures, Own
@@ -38,7 +38,7 @@ class Launches(Protocol):
     the change log they feed, a pending launch cancelled, a container's mounts let go."""
 
     @property
-    def changes(self) -> ChangeLog: ...
+    def changes(self) -> ChangeFeed: ...
     @property
     def pending(self) -> PendingTable: ...
     async def cancel(self, ref: str) -> None: ...

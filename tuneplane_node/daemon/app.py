@@ -39,6 +39,7 @@ from tuneplane_node.daemon.render import error_json
 from tuneplane_node.daemon.routes import answer, routes
 from tuneplane_node.daemon.state import (
     HEALTH_STATUS,
+    MEMOS,
     METRICS,
     NODE,
     PORT_HELD,
@@ -46,6 +47,7 @@ from tuneplane_node.daemon.state import (
     SETTINGS,
     TASKS,
     TOKENS,
+    Memos,
 )
 from tuneplane_node.errors import (
     ConfigError,
@@ -233,6 +235,7 @@ def create_node_app(
     if auth_file is not None:
         app[REGISTRY_AUTH] = auth_file
     app[METRICS] = metrics
+    app[MEMOS] = Memos()  # this app's alone
     app[TASKS] = BackgroundTasks(log)
     app.add_routes(routes)
     app.on_response_prepare.append(_no_server_header)

@@ -277,6 +277,31 @@ def test_the_room_finder_names_wings_and_modules() -> None:
     assert room("tuneplane_node.jobs.images.gc") == "jobs/images"
 
 
+# --- labels: written and read in one module ---------------------------------------------------
+
+LABELS = PACKAGE / "runtime" / "labels.py"
+LABEL_NAMES = ("LABEL_", "NODE_LABELS", "HIDDEN_LABELS")
+
+
+def test_a_label_is_taken_from_the_module_that_writes_and_reads_it() -> None:
+    """A job's label is spelt in the contract (`wire.values`) and written and read in
+    `runtime/labels.py` (kubelet's ``kuberuntime/labels.go``): every other module takes
+    the names, the writers and the readers from there, so a label's writing and its
+    parsing are read side by side (issue 55: one was spelt in wire, re-exported by
+    runtime/base.py, written in runtime/spec.py and parsed in two more)."""
+    found = sorted(
+        f"{path.relative_to(PACKAGE)}: {name}"
+        for path in MODULES
+        if path != LABELS and unit(path) != "wire"
+        for kind, module, name in facts(path)
+        if kind == "from"
+        and module == "tuneplane_node.wire.values"
+        and str(name).startswith(LABEL_NAMES)
+    )
+    assert found == []
+    assert any(str(name).startswith("LABEL_") for _, _, name in facts(LABELS))  # walked
+
+
 # --- the job service as collaborators it calls down to ------------------------------------
 
 JOBS = PACKAGE / "jobs"

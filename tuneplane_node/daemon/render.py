@@ -36,6 +36,7 @@ from tuneplane_node.jobs.words import (
     VolumesView,
 )
 from tuneplane_node.runtime.base import ContainerState, LogText
+from tuneplane_node.runtime.labels import HIDDEN_LABELS, network_of
 from tuneplane_node.wire.answers import (
     ErrorJson,
     JobsJson,
@@ -50,7 +51,7 @@ from tuneplane_node.wire.answers import (
 )
 from tuneplane_node.wire.images import ImageJson, ImagesJson, PrefetchJson, PullJson
 from tuneplane_node.wire.stats import AbsentJson, CardUsageJson, StatsJson, UsageJson
-from tuneplane_node.wire.values import FAILED, HIDDEN_LABELS, LABEL_NETWORK, PRESENT
+from tuneplane_node.wire.values import FAILED, PRESENT
 from tuneplane_node.wire.volumes import (
     FILLING,
     VolumeEntryJson,
@@ -118,7 +119,7 @@ def _container_json(view: ContainerState) -> StateJson:
         "oom_killed": view.oom_killed,
         "stop_signal": view.stop_signal if view.exists else None,
         "read_only_root": view.read_only_root if view.exists else None,
-        "network": (view.labels.get(LABEL_NETWORK) or None) if view.exists else None,
+        "network": network_of(view.labels) if view.exists else None,
         "userns": view.userns,
         "userns_note": view.userns_note,
         "runtime": view.runtime,

@@ -21,9 +21,9 @@ from dataclasses import dataclass, replace
 from tuneplane_node.gpu import numa
 from tuneplane_node.gpu.probe import GpuSnapshot
 from tuneplane_node.logformat import job_fields
+from tuneplane_node.runtime.labels import run_id_of
 from tuneplane_node.runtime.spec import ContainerSpec, format_cpulist
 from tuneplane_node.settings import NodeSettings
-from tuneplane_node.wire.values import LABEL_RUN_ID
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class CpuAffinity:
         if self.mode == "off" or not spec.gpus:
             return spec
         placed = self.place(spec.gpus, gpus, cpu_limit=spec.cpu_limit)
-        job = job_fields(spec.name, spec.labels.get(LABEL_RUN_ID))
+        job = job_fields(spec.name, run_id_of(spec.labels))
         if placed.why:
             log.info("launch %s: no cpuset: %s", spec.name, placed.why, extra=job)
             return spec

@@ -21,9 +21,9 @@ from pathlib import Path
 from tuneplane_node.errors import FabricAddressesExhausted
 from tuneplane_node.runtime.base import ContainerRuntime
 from tuneplane_node.runtime.engines.networks.jobnetwork import JOB_INTERFACE, gateway
+from tuneplane_node.runtime.labels import fabric_address_of, with_fabric_address
 from tuneplane_node.runtime.spec import FABRIC, ContainerSpec
 from tuneplane_node.settings import Fabric
-from tuneplane_node.wire.values import LABEL_FABRIC_ADDRESS
 
 log = logging.getLogger(__name__)
 IB_SYSFS = Path("/sys/class/infiniband")
@@ -59,7 +59,7 @@ class FabricAddresses:
         still holds its address until it is removed), and those being handed out."""
         held = set(self._claims.values())
         for state in await self.runtime.ps():
-            label = state.labels.get(LABEL_FABRIC_ADDRESS) if state.ours else None
+            label = fabric_address_of(state.labels) if state.ours else None
             if label:
                 try:
                     held.add(IPv4Address(label))
@@ -99,7 +99,7 @@ class FabricAddresses:
         gid = await asyncio.to_thread(gid_index, self.fabric)  # sysfs: off the loop
         if gid is not None:
             env.setdefault("NCCL_IB_GID_INDEX", str(gid))
-        labels = {**spec.labels, LABEL_FABRIC_ADDRESS: str(address)}
+        labels = with_fabric_address(spec.labels, str(address))
         return replace(spec, env=env, labels=labels)
 
 

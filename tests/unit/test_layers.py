@@ -53,7 +53,7 @@ CTL_MAY_IMPORT = {"client", "wire", "printable", "__init__", "__version__"}
 # Each third-party SDK is imported by exactly these modules, and translated there.
 SDKS = {
     # docker.auth reads the registry auth file (config.json) for both engines.
-    "docker": {"runtime/engines/docker.py", "runtime/engines/dockerauth.py"},
+    "docker": {"runtime/engines/docker.py", "runtime/authfile.py"},
     "podman": {"runtime/engines/podman.py"},
     "pynvml": {"gpu/nvml.py"},
     "aiohttp": {
@@ -275,6 +275,19 @@ def test_the_room_finder_names_wings_and_modules() -> None:
     assert room("tuneplane_node.jobs.launcher") == "jobs.launcher"
     assert room("tuneplane_node.jobs.words") == "jobs/words"
     assert room("tuneplane_node.jobs.images.gc") == "jobs/images"
+
+
+def test_the_daemon_reaches_no_engines_module() -> None:
+    """The daemon knows no engine: what it holds of the runtime floor (the registry auth
+    file, the runtime's contract) stands outside ``runtime/engines/`` (issue 55: it
+    imported the auth file from there)."""
+    found = sorted(
+        f"{path.relative_to(PACKAGE)}: {name}"
+        for path in sorted((PACKAGE / "daemon").rglob("*.py"))
+        for name in imports(path)
+        if name.startswith("tuneplane_node.runtime.engines")
+    )
+    assert found == []
 
 
 # --- labels: written and read in one module ---------------------------------------------------

@@ -63,8 +63,8 @@ from tuneplane_node.errors import (
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs.node import Node, build_node
 from tuneplane_node.runtime import detect_runtime
+from tuneplane_node.runtime.authfile import AuthFile
 from tuneplane_node.runtime.base import ContainerRuntime
-from tuneplane_node.runtime.engines.dockerauth import AuthFile
 from tuneplane_node.settings import NodeSettings, env_name
 from tuneplane_node.tasks import BackgroundTasks, TurnShared
 from tuneplane_node.wire import MAX_BODY_BYTES, PROTOCOL, PROTOCOL_HEADER, SPOKEN

@@ -12,7 +12,7 @@ from tuneplane_node.daemon.metrics import Metrics
 from tuneplane_node.daemon.render import JobAnswers
 from tuneplane_node.jobs.node import Node
 from tuneplane_node.jobs.words import NodeStatus
-from tuneplane_node.runtime.engines.dockerauth import AuthFile
+from tuneplane_node.runtime.authfile import AuthFile
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.tasks import BackgroundTasks, TurnShared
 

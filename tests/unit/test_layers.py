@@ -290,6 +290,33 @@ def test_the_daemon_reaches_no_engines_module() -> None:
     assert found == []
 
 
+# What of the engines' wing jobs/ still reads, and why: the jobs' parent cgroup bounds and
+# the engine's memlock, until the engines' helpers (recomposed in issue 55) answer them.
+ENGINES = "tuneplane_node.runtime.engines"
+JOBS_READ_OF_ENGINES = {
+    "jobs/rules/confinement.py": {
+        "tuneplane_node.runtime.engines.cgroupparent",
+        "tuneplane_node.runtime.engines.memlock",
+    },
+}
+
+
+def test_the_jobs_floor_asks_the_runtime_not_the_engines_insides() -> None:
+    """A rule of the jobs floor asks the runtime's contract (`runtime.base`, its facts,
+    its spec, its labels), never an engine adapter's module (issue 55: the rules read the
+    fabric's interface and gateway and which runtimes map users from the engines' wing)."""
+    found: dict[str, set[str]] = {}
+    for path in sorted(JOBS.rglob("*.py")):
+        names = {
+            f"{module}.{name}" if module == ENGINES else str(module)
+            for kind, module, name in facts(path)
+            if kind != "class" and str(module).startswith(ENGINES)
+        }
+        if names:
+            found[str(path.relative_to(PACKAGE))] = names
+    assert found == JOBS_READ_OF_ENGINES
+
+
 # --- labels: written and read in one module ---------------------------------------------------
 
 LABELS = PACKAGE / "runtime" / "labels.py"

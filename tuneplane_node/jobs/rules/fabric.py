@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tuneplane_node.errors import FabricAddressesExhausted
 from tuneplane_node.runtime.base import ContainerRuntime
-from tuneplane_node.runtime.engines.networks.jobnetwork import JOB_INTERFACE, gateway
+from tuneplane_node.runtime.facts import JOB_INTERFACE
 from tuneplane_node.runtime.labels import fabric_address_of, with_fabric_address
 from tuneplane_node.runtime.spec import FABRIC, ContainerSpec
 from tuneplane_node.settings import Fabric
@@ -37,7 +37,7 @@ def addresses(fabric: Fabric) -> Iterator[IPv4Address]:
     both engines reserve as the network's gateway)."""
     assert fabric.subnet is not None and fabric.range is not None
     subnet = fabric.subnet
-    never = {subnet.network_address, subnet.broadcast_address, gateway(fabric)}
+    never = {subnet.network_address, subnet.broadcast_address, fabric.network_gateway}
     return (address for address in fabric.range if address not in never)
 
 

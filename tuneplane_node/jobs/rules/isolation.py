@@ -19,8 +19,7 @@ from pathlib import Path
 from tuneplane_node.errors import SandboxUnavailable, UsernsUnavailable
 from tuneplane_node.logformat import job_fields
 from tuneplane_node.runtime.base import ContainerRuntime
-from tuneplane_node.runtime.engines.isolation import maps_users
-from tuneplane_node.runtime.facts import IsolationSupport
+from tuneplane_node.runtime.facts import IsolationSupport, maps_users
 from tuneplane_node.runtime.labels import run_id_of
 from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.settings import NodeSettings, env_name

@@ -10,7 +10,8 @@ from __future__ import annotations
 import resource
 from typing import Any
 
-from tuneplane_node.runtime.engines.networks.jobnetwork import JOB_INTERFACE, fabric_network
+from tuneplane_node.runtime.engines.networks.jobnetwork import fabric_network
+from tuneplane_node.runtime.facts import JOB_INTERFACE
 from tuneplane_node.runtime.labels import LABEL_FABRIC_ADDRESS
 from tuneplane_node.runtime.spec import UNLIMITED, Confinement, ContainerSpec, Tmpfs
 from tuneplane_node.settings import Fabric

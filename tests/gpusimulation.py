@@ -17,7 +17,7 @@ from tests.helpers import (
     Console,
     unique,
 )
-from tuneplane_node.runtime.spec import container_name
+from tuneplane_node.wire.values import container_name
 
 Make = Callable[..., Awaitable[Console]]
 

@@ -37,10 +37,10 @@ from tuneplane_node.runtime.cache import CachedRuntime
 from tuneplane_node.runtime.engines.docker import DockerRuntime
 from tuneplane_node.runtime.engines.networks.jobnetwork import own_network
 from tuneplane_node.runtime.engines.podman import PodmanRuntime
-from tuneplane_node.runtime.spec import ContainerSpec, container_name
+from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.wire import PROTOCOL, PROTOCOL_HEADER
-from tuneplane_node.wire.values import FAILED, LABEL_RUN_ID
+from tuneplane_node.wire.values import FAILED, LABEL_RUN_ID, container_name
 
 # --- where the test engines are (contrib/dev/engines.sh starts them) ---------------------
 

@@ -53,7 +53,6 @@ from tuneplane_node.errors import (
     VolumeStoreFull,
 )
 from tuneplane_node.jobs import AlreadyExited, AlreadyPending, AlreadyRunning, Pulling, Started
-from tuneplane_node.jobs import launch_request as launch_request_of
 from tuneplane_node.wire import answers, images, requests, schema, verbs, volumes
 from tuneplane_node.wire.fields import Body
 from tuneplane_node.wire.schema import ENGINE
@@ -185,19 +184,18 @@ async def healthz(request: web.Request) -> web.Response:
 @api("post", "/node/v1/launch", answers.LaunchJson, body=requests.LAUNCH, errors=LAUNCH_ERRORS)
 async def launch(request: web.Request) -> web.Response:
     """Launch a job's container, or start its image's pull."""
-    launch_request = launch_request_of(requests.parse_launch(await read_object(request)))
-    spec = launch_request.spec
-    facts = {"run_id": launch_request.run_id, "ref": spec.name, "image": spec.image}
+    launch = requests.parse_launch(await read_object(request))
+    facts = {"run_id": launch.run_id, "ref": launch.ref, "image": launch.container.image}
     with audited(request, "launch", **facts) as outcome:
         try:
-            result = await request.app[NODE].jobs.launch(launch_request)
+            result = await request.app[NODE].jobs.launch(launch)
         except NodeError as exc:
             request.app[METRICS].launch("refused" if exc.status < 500 else "failed")
             raise
         outcome.result = LAUNCH_OUTCOMES[type(result)]
         outcome.gpus = getattr(result, "gpus", None)
     request.app[METRICS].launch(outcome.result)
-    return answer(render.launch_json(result, ref=launch_request.ref))
+    return answer(render.launch_json(result, ref=launch.ref))
 
 
 @api(

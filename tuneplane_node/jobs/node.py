@@ -45,13 +45,16 @@ from tuneplane_node.jobs.observe.watch import ChangeFeed, ChangeLog
 from tuneplane_node.jobs.ours import OursRule
 from tuneplane_node.jobs.pending import PendingTable
 from tuneplane_node.jobs.reaper import Reaper
+from tuneplane_node.jobs.retries import stamp
 from tuneplane_node.jobs.rules.affinity import CpuAffinity
 from tuneplane_node.jobs.rules.confinement import JobRules
 from tuneplane_node.jobs.rules.fabric import FabricAddresses
 from tuneplane_node.jobs.rules.isolation import Isolation
+from tuneplane_node.jobs.rules.network import NetworkPlacement, neighbours
 from tuneplane_node.jobs.service import JobService
 from tuneplane_node.jobs.stopper import Stopper
 from tuneplane_node.jobs.volumes.keeper import VolumeKeeper
+from tuneplane_node.jobs.words.launch import LaunchStep
 from tuneplane_node.runtime.base import ContainerRuntime, PullLimits
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.tasks import BackgroundTasks
@@ -187,12 +190,27 @@ def build_node(
         runtime, policy=policy, staging=MountStaging(settings.state_dir),
         scratch=ScratchSpaces(settings), volumes=volumes,
     )  # fmt: skip
+    disk = DiskLimits(settings, store=gc.store)
+    fabric = FabricAddresses(settings.fabric_network, runtime)
+    around = functools.partial(neighbours, runtime=runtime, allocator=allocator, pending=pending)
+    # A launch's two phases, each step one door (`LaunchStep`), run in this order.
+    vet: list[LaunchStep] = [  # before the run's lock, on the launch as the console asked
+        stamp,  # the spec's digest: a retry is told from another job by it
+        rules.vet,  # the operator's confinement, RDMA by the cards it asks
+        isolation.vet,  # user namespace, sandbox runtime
+        disk.vet,  # the bytes and inodes it may write, by the store read now
+        mounts.vet,  # host paths, scratch and volumes refused now, opened at `place`
+    ]
+    place: list[LaunchStep] = [  # once the cards are reserved, on its cards and image id
+        NetworkPlacement(rules.network, around).place,  # whole-node: the machine around it
+        fabric.place,  # its address on the fabric, held with the cards
+        CpuAffinity(settings, gpus=allocator.snapshot).place,  # its cards' CPUs and memory
+        mounts.place,  # opened and staged: last, nothing fails between it and the create
+    ]
     launcher = Launcher(
-        runtime, allocator, pulls, images=images, clock=clock, changes=feed,
-        pending=pending, tasks=BackgroundTasks(launches_log), rules=rules,
-        isolation=isolation, disk=DiskLimits(settings), affinity=CpuAffinity(settings),
-        mounts=mounts, volumes=volumes, gc=gc,
-        fabric=FabricAddresses(settings.fabric_network, runtime),
+        runtime, allocator, pulls, vet=vet, place=place, images=images, clock=clock,
+        changes=feed, pending=pending, tasks=BackgroundTasks(launches_log), disk=disk,
+        mounts=mounts, volumes=volumes, gc=gc, fabric=fabric,
     )  # fmt: skip
     catalog = ImageCatalog(
         runtime, ledger=ledger, images=images, pulls=pulls, prefetcher=prefetcher,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import Any
 
 from tuneplane_node.errors import NameTaken, RunConflict
@@ -28,13 +28,11 @@ from tuneplane_node.jobs.words.launch import (
 )
 from tuneplane_node.runtime.base import ContainerState
 from tuneplane_node.runtime.labels import fingerprint_of, with_fingerprint, without_fingerprint
+from tuneplane_node.wire.values import LaunchContainer
 
-CONTAINER_FIELDS = (
-    "name", "image", "command", "env", "mounts", "labels", "workdir", "shm_size",
-    "cpu_limit", "memory_limit", "network", "user", "stop_signal", "rdma", "read_only_root",
-    "disk_limit", "scratch", "volumes", "isolation", "warn_signal", "warn_s", "inode_limit",
-)  # fmt: skip
-"""The container fields a console gives (the spec's others are the node's choices)."""
+CONTAINER_FIELDS = tuple(each.name for each in fields(LaunchContainer))
+"""The container fields a console gives (the spec's others are the node's choices), in
+the order the label has them."""
 DIGEST_CHARS = 12
 
 
@@ -47,6 +45,11 @@ def stamped(request: LaunchRequest) -> LaunchRequest:
     """The request, its spec labelled with its fingerprint (before the node's changes)."""
     labels = with_fingerprint(request.spec.labels, fingerprint(request))
     return replace(request, spec=replace(request.spec, labels=labels))
+
+
+async def stamp(plan: LaunchRequest) -> LaunchRequest:
+    """The first vet step: `stamped`, on the spec as the console asked."""
+    return stamped(plan)
 
 
 def retried(state: ContainerState, request: LaunchRequest) -> LaunchResult | None:

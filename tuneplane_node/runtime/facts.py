@@ -99,7 +99,8 @@ class DataRoot:
     and the size of its filesystem: None when that path is not on this machine (an
     engine not reached through a unix socket: its path says nothing of the disks here),
     or cannot be measured. ``project_quotas``: whether its filesystem holds a job's
-    writable layer to its disk limit itself (`runtime.engines.quotas`); None: unknown."""
+    writable layer to its disk limit itself (`runtime.engines.store.project_quotas`);
+    None: unknown."""
 
     path: str
     space: Space | None

@@ -26,6 +26,7 @@ from tuneplane_node.jobs.mounts.scratch import ScratchError, ScratchSpaces, scra
 from tuneplane_node.jobs.mounts.staging import MountStaging
 from tuneplane_node.jobs.volumes.keeper import VolumeKeeper
 from tuneplane_node.jobs.volumes.sources import FIELD as VOLUMES
+from tuneplane_node.jobs.words.launch import LaunchRequest
 from tuneplane_node.runtime.base import ContainerRuntime
 from tuneplane_node.runtime.facts import REMOTE, STAGED, MountSupport
 from tuneplane_node.runtime.labels import mounts_of, with_staged
@@ -80,10 +81,15 @@ class LaunchMounts:
             self._support = support
         return self._support
 
-    async def vet(self, spec: ContainerSpec) -> None:
-        """Refuse now what the container could not be made with: a mount outside the
-        mount roots or of an engine on another machine, a scratch or volumes a runtime
-        cannot be handed. Opened for good when the container is made."""
+    async def vet(self, plan: LaunchRequest) -> LaunchRequest:
+        """The vet step: refuse now what the container could not be made with (a mount
+        outside the mount roots or of an engine on another machine, a scratch or
+        volumes a runtime cannot be handed); the plan as it was. Opened for good when
+        the container is made (`place`)."""
+        await self._vet(plan.spec)
+        return plan
+
+    async def _vet(self, spec: ContainerSpec) -> None:
         if spec.mounts:
             await self._usable(spec.mounts)
             await asyncio.to_thread(self.policy.vet, spec.mounts)
@@ -109,11 +115,15 @@ class LaunchMounts:
     async def _staging_usable(self, field: str) -> None:
         refuse_unstaged(await self.support(), self.runtime.name, field)
 
-    async def staged(self, spec: ContainerSpec) -> ContainerSpec:
-        """The spec with each mount opened and bound at its staging path (`MountStaging`),
-        its scratch made and bound there too (`ScratchSpaces`), the key of its staging on
-        its label; a runtime that mounts nothing (the process runtime) gets the paths as
-        given, opened and refused alike."""
+    async def place(self, plan: LaunchRequest) -> LaunchRequest:
+        """The last place step: the spec with each mount opened and bound at its staging
+        path (`MountStaging`), its scratch made and bound there too (`ScratchSpaces`),
+        the key of its staging on its label; a runtime that mounts nothing (the process
+        runtime) gets the paths as given, opened and refused alike. Last, so nothing can
+        fail between the staging and the create, whose failure `release`s them."""
+        return replace(plan, spec=await self._staged(plan.spec))
+
+    async def _staged(self, spec: ContainerSpec) -> ContainerSpec:
         if not spec.mounts and spec.scratch is None and not spec.volumes:
             return spec
         if spec.scratch is not None or spec.volumes:  # a staging engine's: host mounts

@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from tuneplane_node.errors import SandboxUnavailable, UsernsUnavailable
+from tuneplane_node.jobs.words.launch import LaunchRequest
 from tuneplane_node.logformat import job_fields
 from tuneplane_node.runtime.base import ContainerRuntime
 from tuneplane_node.runtime.facts import IsolationSupport, maps_users
@@ -193,10 +194,12 @@ class Isolation:
                 log.log(logging.INFO if fine else logging.WARNING, "%s", text)
         return self._support
 
-    async def apply(self, spec: ContainerSpec, *, cards: int) -> ContainerSpec:
-        """The spec as the rules and the engine have it (`IsolationRules.apply`)."""
-        support = await self.support()
-        return self.rules.apply(spec, cards=cards, support=support, engine=self.runtime.name)
+    async def vet(self, plan: LaunchRequest) -> LaunchRequest:
+        """The vet step: the spec as the rules and the engine have it, for the cards it
+        asks (`IsolationRules.apply`)."""
+        support, cards = await self.support(), plan.requested_gpus
+        spec = self.rules.apply(plan.spec, cards=cards, support=support, engine=self.runtime.name)
+        return replace(plan, spec=spec)
 
 
 def subid_ranges(files: tuple[Path, ...] = SUBID_FILES) -> list[str]:

@@ -25,12 +25,14 @@ console's multi-node job keeps an address the other machines reach.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
 from tuneplane_node.errors import InvalidField
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs.ours import Listing
 from tuneplane_node.jobs.pending import PendingTable
+from tuneplane_node.jobs.words.launch import LaunchRequest
 from tuneplane_node.logformat import job_fields
 from tuneplane_node.runtime.labels import run_id_of, with_network
 from tuneplane_node.runtime.spec import FABRIC, ContainerSpec
@@ -149,3 +151,19 @@ async def neighbours(
     others |= set(occupancy.claims)
     others.discard(ref)
     return Neighbours(occupancy.total if occupancy.known else None, len(others))
+
+
+class NetworkPlacement:
+    """The place step of a launch's network: the operator's rule (`NetworkRule.placed`)
+    with the machine around it, read only where ``whole-node`` must decide a host
+    request (``around``: the machine's cards and the node's other jobs, for a ref)."""
+
+    def __init__(self, rule: NetworkRule, around: Callable[[str], Awaitable[Neighbours]]) -> None:
+        self.rule = rule
+        self.around = around
+
+    async def place(self, plan: LaunchRequest) -> LaunchRequest:
+        """The spec on the network it gets, written in its label, by its cards."""
+        spec = plan.spec
+        around = await self.around(spec.name) if self.rule.needs_neighbours(spec) else None
+        return replace(plan, spec=self.rule.placed(spec, around))

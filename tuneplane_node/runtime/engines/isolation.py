@@ -46,7 +46,9 @@ class EngineIsolation(ABC):
     """An engine runtime's `isolation_support`, from its adapter's `_isolation_support`."""
 
     @abstractmethod
-    async def _call(self, action: str, fn: Callable[..., T], *args: Any) -> T: ...
+    async def _call(
+        self, action: str, fn: Callable[..., T], *args: Any, read: bool = False
+    ) -> T: ...
 
     @abstractmethod
     def _isolation_support(self) -> IsolationSupport:
@@ -54,6 +56,6 @@ class EngineIsolation(ABC):
 
     async def isolation_support(self) -> IsolationSupport:
         try:
-            return await self._call("report its runtimes", self._isolation_support)
+            return await self._call("report its runtimes", self._isolation_support, read=True)
         except NodeError as exc:
             return IsolationSupport(error=exc.message)

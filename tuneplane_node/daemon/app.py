@@ -2,9 +2,9 @@
 
 Fail closed: no token, no app. Every ``/node/v1/*`` request needs a bearer token of the
 `TokenSet` and the protocol header; every error leaves as ``{"detail": <sentence>,
-"code": <word>}`` (a request error adds its ``errors``) with its status. The daemon's
-background tasks (the stats sampler, the wreckage sweep, the image GC, the token file's
-watch, the loop's lag, a SIGHUP's reload) are `app[TASKS]`'s: named, their failure
+"code": <word>}`` (a request error adds its ``errors``) with its status. The background
+tasks (the node's loops, which `Node.spawn_tasks` names; the token and auth files'
+watches, the loop's lag, a SIGHUP's reload) are `app[TASKS]`'s: named, their failure
 logged, cancelled and awaited first at shutdown (`tuneplane_node.tasks`).
 """
 

@@ -41,6 +41,6 @@ host-network job cannot take it meanwhile (`jobs.rules.network`)."""
 REGISTRY_AUTH = web.AppKey("registry_auth", AuthFile)
 """The node's registry credentials file; absent when none is set."""
 TASKS = web.AppKey("tasks", BackgroundTasks)
-"""The daemon's own background tasks: the sampler, the wreckage sweep, the token file's
-watch, the registry auth file's, the loop's lag, a SIGHUP's reload. Closed first at
-shutdown, before the node's services."""
+"""The background tasks: the node's loops (`Node.spawn_tasks`), the token file's watch,
+the registry auth file's, the loop's lag, a SIGHUP's reload. Closed first at shutdown,
+before the node's services."""

@@ -4,7 +4,8 @@ Every collaborator is made here once and handed, by keyword, to those that use i
 job service and the launcher make none of their own. The daemon holds the `Node` and
 talks to each service it needs directly (the catalog for images, the GC for a collect,
 the sampler for stats), never through one service to another. `Node.start` and
-`Node.close` are the services' lifecycle, in the order each needs.
+`Node.close` are the services' lifecycle, in the order each needs; `Node.spawn_tasks`
+names every background loop they run.
 """
 
 from __future__ import annotations

@@ -56,8 +56,9 @@ from tuneplane_node.runtime.facts import (
     RuntimeHealth,
     Usage,
 )
+from tuneplane_node.runtime.labels import job_labels
 from tuneplane_node.runtime.pool import BlockingPool
-from tuneplane_node.runtime.spec import ContainerSpec, job_labels
+from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.signals import JOB_SIGNALS
 from tuneplane_node.wire.values import LABEL_RUN_ID, RegistryAuth
 

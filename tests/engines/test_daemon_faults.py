@@ -45,8 +45,8 @@ from tests.helpers import (
     unique,
     wait_until,
 )
-from tuneplane_node.runtime.base import parse_gpus
 from tuneplane_node.runtime.engines.docker import DockerRuntime
+from tuneplane_node.runtime.labels import parse_gpus
 from tuneplane_node.wire.values import LABEL_GPUS, LABEL_RUN_ID
 
 OURS = {"label": [LABEL_RUN_ID]}

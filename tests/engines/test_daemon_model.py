@@ -42,10 +42,10 @@ from tuneplane_node.clock import parse_rfc3339
 from tuneplane_node.errors import Conflict, NodeError
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs import AlreadyRunning, StopPlan
-from tuneplane_node.runtime.base import parse_gpus
 from tuneplane_node.runtime.cache import CachedRuntime
 from tuneplane_node.runtime.engines.docker import DockerRuntime
-from tuneplane_node.runtime.spec import ContainerSpec, job_labels
+from tuneplane_node.runtime.labels import job_labels, parse_gpus
+from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.wire.values import LABEL_GPUS, LABEL_RUN_ID, Launch, container_name
 

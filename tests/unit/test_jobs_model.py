@@ -29,7 +29,8 @@ from tests.helpers import check_promises, fake_node_of, settle
 from tuneplane_node.errors import Conflict, NodeError
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs import AlreadyRunning, Node, StopPlan
-from tuneplane_node.runtime.spec import ContainerSpec, job_labels
+from tuneplane_node.runtime.labels import job_labels
+from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.wire.values import LABEL_RUN_ID, Launch, container_name
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tuneplane_node.runtime.cache import state as cache
+from tuneplane_node.runtime.cache import events as cache
 
 cache.FILL_THREADS = int(os.environ.get("BENCH_FILL_THREADS", "1"))
 if sys.argv[1:2] != ["-m"] or len(sys.argv) < 3:

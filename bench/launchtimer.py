@@ -49,7 +49,7 @@ STEPS = (
     ("tuneplane_node.jobs.launcher", "Launcher", "start_now", "start: start_now"),
     ("tuneplane_node.jobs.reservation", "Reservation", "__aenter__", "start_now: cards reserved"),
     ("tuneplane_node.jobs.launcher", "Launcher", "_placed", "start_now: placing"),
-    ("tuneplane_node.jobs.mounts.launch", "LaunchMounts", "staged", "start_now: staging"),
+    ("tuneplane_node.jobs.mounts.launch", "LaunchMounts", "_staged", "start_now: staging"),
     ("tuneplane_node.runtime.engines.docker", "DockerRuntime", "image_info", "engine: image info"),
     ("tuneplane_node.runtime.engines.docker", "DockerRuntime", "run", "engine: run"),
     ("tuneplane_node.runtime.engines.podman", "PodmanRuntime", "image_info", "engine: image info"),

@@ -15,7 +15,7 @@ import pytest
 from tests.support.console import Console
 from tests.support.images import IMAGE
 from tests.support.jobs import unique
-from tuneplane_node.runtime.spec import container_name
+from tuneplane_node.wire.values import container_name
 
 Make = Callable[..., Awaitable[Console]]
 

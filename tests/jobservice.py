@@ -12,23 +12,22 @@ from __future__ import annotations
 from tests.conftest import IMAGE
 from tests.fakes.runtime import FakeRuntime
 from tuneplane_node.jobs import (
-    LaunchRequest,
     Node,
 )
-from tuneplane_node.runtime.spec import ContainerSpec, container_name
-from tuneplane_node.wire.values import LABEL_RUN_ID
+from tuneplane_node.runtime.spec import ContainerSpec
+from tuneplane_node.wire.values import LABEL_RUN_ID, Launch, container_name
 
 MISSING = "registry.test/missing:1"
 
 
-def request(run_id: str, gpus: int = 0, *, image: str = IMAGE, name: str = "") -> LaunchRequest:
+def request(run_id: str, gpus: int = 0, *, image: str = IMAGE, name: str = "") -> Launch:
     spec = ContainerSpec(
         name=name or container_name(run_id),
         image=image,
         command=("/bin/train",),
         labels={LABEL_RUN_ID: run_id},
     )
-    return LaunchRequest(run_id, gpus, spec)
+    return Launch(run_id, gpus, spec)
 
 
 async def launch_pulling(node: Node, fake: FakeRuntime, run_id: str, gpus: int = 0) -> None:

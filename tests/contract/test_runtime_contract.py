@@ -38,8 +38,8 @@ from tuneplane_node.runtime.engines.docker import DockerRuntime
 from tuneplane_node.runtime.engines.engine import EngineRuntime
 from tuneplane_node.runtime.engines.podman import PodmanRuntime
 from tuneplane_node.runtime.process.runtime import ProcessRuntime
-from tuneplane_node.runtime.spec import ContainerSpec, container_name
-from tuneplane_node.wire.values import LABEL_GPUS, LABEL_RUN_ID
+from tuneplane_node.runtime.spec import ContainerSpec
+from tuneplane_node.wire.values import LABEL_GPUS, LABEL_RUN_ID, container_name
 
 SANDBOXED = "docker-sandbox"
 RUNTIMES = [

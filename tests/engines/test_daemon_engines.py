@@ -33,8 +33,8 @@ from tuneplane_node.daemon.presence import CHECK_S
 from tuneplane_node.daemon.state import NODE
 from tuneplane_node.runtime.engines.docker import DockerRuntime
 from tuneplane_node.runtime.engines.podman import PodmanRuntime
-from tuneplane_node.runtime.spec import ContainerSpec, container_name
-from tuneplane_node.wire.values import LABEL_RUN_ID
+from tuneplane_node.runtime.spec import ContainerSpec
+from tuneplane_node.wire.values import LABEL_RUN_ID, container_name
 
 pytestmark = pytest.mark.engine
 

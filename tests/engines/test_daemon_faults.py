@@ -40,8 +40,8 @@ from tests.support.proxies import ThrottlingProxy, WedgeProxy
 from tests.support.runtimes import TrackingRuntime
 from tests.support.throwaway import ThrowawayDocker
 from tests.support.waiting import wait_until
-from tuneplane_node.runtime.base import parse_gpus
 from tuneplane_node.runtime.engines.docker import DockerRuntime
+from tuneplane_node.runtime.labels import parse_gpus
 from tuneplane_node.wire.values import LABEL_GPUS, LABEL_RUN_ID
 
 OURS = {"label": [LABEL_RUN_ID]}

@@ -36,13 +36,13 @@ from tests.support.throwaway import ThrowawayDocker
 from tuneplane_node.clock import parse_rfc3339
 from tuneplane_node.errors import Conflict, NodeError
 from tuneplane_node.gpu.allocator import GpuAllocator
-from tuneplane_node.jobs import AlreadyRunning, LaunchRequest, StopPlan
-from tuneplane_node.runtime.base import parse_gpus
+from tuneplane_node.jobs import AlreadyRunning, StopPlan
 from tuneplane_node.runtime.cache import CachedRuntime
 from tuneplane_node.runtime.engines.docker import DockerRuntime
-from tuneplane_node.runtime.spec import ContainerSpec, container_name, job_labels
+from tuneplane_node.runtime.labels import job_labels, parse_gpus
+from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.settings import NodeSettings
-from tuneplane_node.wire.values import LABEL_GPUS, LABEL_RUN_ID
+from tuneplane_node.wire.values import LABEL_GPUS, LABEL_RUN_ID, Launch, container_name
 
 pytestmark = [pytest.mark.engine, pytest.mark.own_engines]  # a throwaway engine
 
@@ -115,7 +115,7 @@ class RealWorld:
             labels={LABEL_RUN_ID: run},
         )
         asked = datetime.now(timezone.utc)
-        result = await self.node.jobs.launch(LaunchRequest(run, self.rng.choice([0, 1, 2]), spec))
+        result = await self.node.jobs.launch(Launch(run, self.rng.choice([0, 1, 2]), spec))
         if isinstance(result, AlreadyRunning):  # never "running" for what does not run
             state = await self.inner.inspect(spec.name)
             finished = parse_rfc3339(state.finished_at)  # a short job may end since

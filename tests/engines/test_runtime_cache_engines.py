@@ -19,8 +19,8 @@ from tests.support.waiting import wait_until
 from tuneplane_node.daemon.state import NODE
 from tuneplane_node.errors import EngineUnavailable
 from tuneplane_node.runtime.cache import CachedRuntime, StateCache
-from tuneplane_node.runtime.spec import ContainerSpec, container_name
-from tuneplane_node.wire.values import LABEL_RUN_ID
+from tuneplane_node.runtime.spec import ContainerSpec
+from tuneplane_node.wire.values import LABEL_RUN_ID, container_name
 
 pytestmark = pytest.mark.engine
 

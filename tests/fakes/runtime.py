@@ -41,7 +41,8 @@ from tuneplane_node.runtime.facts import (
     RuntimeHealth,
     Usage,
 )
-from tuneplane_node.runtime.spec import ContainerSpec, job_labels
+from tuneplane_node.runtime.labels import job_labels
+from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.wire.values import LABEL_RUN_ID, RegistryAuth
 
 PIECE = 16 * 1024  # docker cuts log lines into pieces this long

@@ -33,18 +33,9 @@ from tests.volumeserver import LOOPBACK
 from tuneplane_node.cli import main, parser
 from tuneplane_node.client import NO_RETRY, NodeClient, Unreachable
 from tuneplane_node.ctl import commands, options
-from tuneplane_node.jobs.launcher import launch_request
-from tuneplane_node.jobs.words import LaunchRequest
 from tuneplane_node.wire.fields import Body
-from tuneplane_node.wire.requests import CONTAINER, CONTAINER_FIELDS, LAUNCH_FIELDS
-from tuneplane_node.wire.requests import parse_launch as read_launch
+from tuneplane_node.wire.requests import CONTAINER, CONTAINER_FIELDS, LAUNCH_FIELDS, parse_launch
 from tuneplane_node.wire.values import Mount
-
-
-def parse_launch(body: Any) -> LaunchRequest:
-    """A launch as the contract reads it and the launcher makes the service's request of it."""
-    return launch_request(read_launch(body))
-
 
 # Slow: the ctl command end to end against a node over a real socket.
 pytestmark = pytest.mark.slow
@@ -133,12 +124,12 @@ def test_the_launch_body_is_a_whole_0315_launch_the_node_parses() -> None:
     assert body["container"]["workdir"] == "" and body["container"]["user"] == ""
     request = parse_launch(body)
     assert request.requested_gpus == 2
-    assert request.spec.name == "tuneplane-r-1"
-    assert request.spec.command == ("python", "-m", "train", "--lr", "0.1")
-    assert request.spec.env == {"EPOCHS": "3", "EMPTY": ""}
-    assert request.spec.mounts == (Mount("/data/r-1", "/work", True),)
-    assert request.spec.labels["tuneplane.user"] == "alice"
-    assert request.spec.shm_size == "16g"
+    assert request.container.name == "tuneplane-r-1"
+    assert request.container.command == ("python", "-m", "train", "--lr", "0.1")
+    assert request.container.env == {"EPOCHS": "3", "EMPTY": ""}
+    assert request.container.mounts == (Mount("/data/r-1", "/work", True),)
+    assert request.container.labels["tuneplane.user"] == "alice"
+    assert request.container.shm_size == "16g"
 
 
 TEXT_FIELDS = [
@@ -160,7 +151,7 @@ def test_a_boolean_field_is_a_flag_and_its_absence_the_nodes_rule() -> None:
     assert (body("--rdma"), body("--no-rdma"), body()) == (True, False, "")
     assert parse_launch({**commands.launch_body(
         parser().parse_args(["ctl", "launch", "--run-id", "r", "--image", "i", "--no-rdma"]),
-        name="n")}).spec.rdma is False  # fmt: skip
+        name="n")}).container.rdma is False  # fmt: skip
 
 
 def test_credentials_are_no_option_of_launch_and_are_sent_empty() -> None:

@@ -16,7 +16,8 @@ from tests.support.console import HEADERS, TOKEN
 from tests.support.nodes import storage_root
 from tests.support.waiting import settle, wait_until
 from tuneplane_node.daemon.app import create_node_app
-from tuneplane_node.daemon.state import NODE
+from tuneplane_node.daemon.routes import features
+from tuneplane_node.daemon.state import HEALTH_STATUS, MEMOS, NODE
 from tuneplane_node.errors import ConfigError
 from tuneplane_node.settings import load_settings
 from tuneplane_node.wire import PROTOCOL_HEADER
@@ -471,3 +472,26 @@ async def test_a_private_image_without_credentials_is_a_403_naming_it(
     ref, answer = await node.launch(image=IMAGE, expect=403)
     assert answer["detail"].startswith(f"no access to the private image {IMAGE}: ")
     assert (await node.state(ref))["exists"] is False
+
+
+# --- the app's own state -------------------------------------------------------------------
+
+
+async def test_two_apps_of_one_process_keep_their_own_encoded_answers(
+    fake_node: MakeFakeNode,
+) -> None:
+    """The encoded list and health are an app's own (`MEMOS`): two daemons of one
+    process (the tests, an embedder) never answer from, nor evict, the other's."""
+    first, second = await fake_node(), await fake_node()
+    await first.launch()
+    memos = first.app[MEMOS]
+    assert memos is not second.app[MEMOS]
+    listing = await first.app[NODE].changes.list()
+    status = await first.app[HEALTH_STATUS].get()
+    kept_list = memos.jobs.jobs(listing, watched=False)
+    kept_health = memos.health.encode(status, features=features())
+    assert (await second.jobs())["index"] != str(listing.index)  # another list, answered
+    await second.ok("GET", "/node/v1/health")
+    assert memos.jobs.jobs(listing, watched=False) is kept_list  # still the first's
+    assert memos.health.encode(status, features=features()) is kept_health
+    assert json.loads(kept_list)["index"] == (await first.jobs())["index"]

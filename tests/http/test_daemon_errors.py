@@ -12,7 +12,7 @@ from tests.conftest import IMAGE, MakeFakeNode
 from tests.fakes.runtime import FakeRuntime
 from tests.support.console import console_0315
 from tuneplane_node.daemon.routes import OPERATIONS, document
-from tuneplane_node.runtime.spec import container_name
+from tuneplane_node.wire.values import container_name
 
 # Slow: every verb's refusals end to end over a real socket.
 pytestmark = pytest.mark.slow

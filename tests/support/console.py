@@ -13,8 +13,8 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from tests.support.images import IMAGE
 from tests.support.jobs import unique
-from tuneplane_node.runtime.spec import container_name
 from tuneplane_node.wire import PROTOCOL, PROTOCOL_HEADER
+from tuneplane_node.wire.values import container_name
 
 INVENTORY_KEYS = [
     "accelerator_series",

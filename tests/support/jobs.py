@@ -6,8 +6,8 @@ import uuid
 from typing import Any
 
 from tests.support.images import IMAGE
-from tuneplane_node.runtime.spec import ContainerSpec, container_name
-from tuneplane_node.wire.values import LABEL_RUN_ID
+from tuneplane_node.runtime.spec import ContainerSpec
+from tuneplane_node.wire.values import LABEL_RUN_ID, container_name
 
 
 def unique(prefix: str = "t") -> str:

@@ -28,25 +28,19 @@ from tuneplane_node.daemon.render import (
     state_json,
 )
 from tuneplane_node.errors import InsufficientStorage, InvalidField
-from tuneplane_node.jobs import LaunchRequest, Node, StoppedView
+from tuneplane_node.jobs import Node, StoppedView
 from tuneplane_node.jobs.disk.accounting import PressureAccount
 from tuneplane_node.jobs.disk.monitor import FULL_WALK_S, fair_share
-from tuneplane_node.jobs.launcher import launch_request
 from tuneplane_node.jobs.words import ImageStore
-from tuneplane_node.runtime.spec import container_name as named
-from tuneplane_node.wire.requests import parse_launch as read_launch
+from tuneplane_node.wire.requests import parse_launch
 from tuneplane_node.wire.values import (
     LABEL_DISK_LIMIT,
     LABEL_INODE_LIMIT,
     LABEL_MOUNTS,
+    Launch,
     PrefetchRequest,
 )
-
-
-def parse_launch(body: Any) -> LaunchRequest:
-    """A launch as the contract reads it and the launcher makes the service's request of it."""
-    return launch_request(read_launch(body))
-
+from tuneplane_node.wire.values import container_name as named
 
 DISK = 1000 * MIB
 IMAGE = "registry.test/team/trainer:1"
@@ -78,7 +72,7 @@ async def make_node(
         await node.close()
 
 
-def launch(run: str, **container: Any) -> LaunchRequest:
+def launch(run: str, **container: Any) -> Launch:
     return parse_launch({"run_id": run, "container": {"image": IMAGE, **container}})
 
 

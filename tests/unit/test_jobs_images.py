@@ -26,12 +26,21 @@ from tuneplane_node.errors import (
     InvalidField,
     PrivateRecordUnwritable,
 )
-from tuneplane_node.jobs import LaunchRequest, Node, PendingView, Pulling, Started
+from tuneplane_node.jobs import Node, PendingView, Pulling, Started
 from tuneplane_node.jobs.images.keeper import RECORD_FILE, RETRY_S, ImageKeeper
+from tuneplane_node.jobs.launcher import launch_request
 from tuneplane_node.runtime.facts import STAGED, ImageInfo
-from tuneplane_node.runtime.spec import ContainerSpec, container_name
+from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.settings import NodeSettings
-from tuneplane_node.wire.values import ALWAYS, LABEL_RUN_ID, PrefetchRequest, RegistryAuth, Volume
+from tuneplane_node.wire.values import (
+    ALWAYS,
+    LABEL_RUN_ID,
+    Launch,
+    PrefetchRequest,
+    RegistryAuth,
+    Volume,
+    container_name,
+)
 
 RIGHT = RegistryAuth(username="ci", password="s3cret-right")
 OTHER = RegistryAuth(username="ci", password="s3cret-other")
@@ -59,9 +68,9 @@ class Registry:
 
 def launch(
     run_id: str, *, image: str = IMAGE, auth: RegistryAuth | None = None, policy: str = ""
-) -> LaunchRequest:
+) -> Launch:
     spec = ContainerSpec(name=container_name(run_id), image=image, labels={LABEL_RUN_ID: run_id})
-    request = LaunchRequest(run_id, 1, spec, auth=auth)
+    request = Launch(run_id, 1, spec, auth=auth)
     return replace(request, pull_policy=policy) if policy else request
 
 
@@ -190,7 +199,7 @@ async def test_every_tag_and_digest_of_a_private_repository_is_private(
 
 async def test_an_image_the_node_did_not_pull_is_not_checked(node: Node, private: Registry) -> None:
     elsewhere = launch("operator", image="registry.test/operators-own:1")
-    node.runtime.images.add(elsewhere.spec.image)  # type: ignore[attr-defined]
+    node.runtime.images.add(elsewhere.container.image)  # type: ignore[attr-defined]
     assert isinstance(await node.jobs.launch(elsewhere), Started)
 
 
@@ -257,11 +266,11 @@ async def test_the_launchs_credentials_come_first_then_the_node_files(
 ) -> None:
     node_file = NodeFile(OTHER)
     keeper = ImageKeeper(settings.images, credentials=node_file, clock=clock, check=Registry())
-    assert await keeper.credentials(launch("own", auth=RIGHT)) == RIGHT
-    assert await keeper.credentials(launch("none")) == OTHER
+    assert await keeper.credentials(launch_request(launch("own", auth=RIGHT))) == RIGHT
+    assert await keeper.credentials(launch_request(launch("none"))) == OTHER
     assert node_file.asked == ["registry.test"]
     node_file.found = None
-    assert await keeper.credentials(launch("anonymous")) is None
+    assert await keeper.credentials(launch_request(launch("anonymous"))) is None
 
 
 async def test_pull_policy_always_pulls_a_present_tag_and_never_a_digest(
@@ -513,7 +522,7 @@ async def test_a_name_re_pointed_while_the_volumes_fill_is_admitted_again(
         file_server.stall["weights"] = held = asyncio.Event()
         request = launch("late", image=public)
         volume = Volume(url, "/models/w", hashlib.sha256(b"w" * 4096).hexdigest())
-        request = replace(request, spec=replace(request.spec, volumes=(volume,)))
+        request = replace(request, container=replace(request.container, volumes=(volume,)))
         assert isinstance(await node.jobs.launch(request), Pulling)
         fake.tag(IMAGE, public)  # re-pointed while the fill runs
         held.set()

@@ -20,10 +20,16 @@ from tests.fakes.runtime import FakeRuntime
 from tests.support.nodes import fake_node_of
 from tests.support.waiting import settle, wait_until
 from tuneplane_node.errors import ConfigError, InsufficientStorage
-from tuneplane_node.jobs import LaunchRequest, Node, Pulling, Started
-from tuneplane_node.runtime.spec import ContainerSpec, container_name
+from tuneplane_node.jobs import Node, Pulling, Started
+from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.settings import load_settings
-from tuneplane_node.wire.values import LABEL_RUN_ID, PrefetchRequest, RegistryAuth
+from tuneplane_node.wire.values import (
+    LABEL_RUN_ID,
+    Launch,
+    PrefetchRequest,
+    RegistryAuth,
+    container_name,
+)
 
 DISK = 100 * MIB
 SIZE = 10 * MIB
@@ -129,7 +135,7 @@ async def test_an_image_any_container_uses_stays_whoever_made_it(
         pulled(node, fake, name)
         clock.advance(60)
     fake.create_outside(spec("someone", old), start=False)  # a person's, never started
-    await node.jobs.launch(LaunchRequest("run-a", 0, spec("run-a", ours)))
+    await node.jobs.launch(Launch("run-a", 0, spec("run-a", ours)))
     fake.exit(container_name("run-a"), 0)  # exited, not removed: it still uses its image
     fill(fake, 95)
 
@@ -149,7 +155,7 @@ async def test_an_image_a_pending_launch_waits_for_stays(
     pulled(node, fake, other)
     clock.advance(60)
     # A launch pulls its image again (policy always): it waits, and the image is here.
-    request = LaunchRequest("run-a", 0, spec("run-a", waited), pull_policy="always")
+    request = Launch("run-a", 0, spec("run-a", waited), pull_policy="always")
     assert isinstance(await node.jobs.launch(request), Pulling)
     await fake.pulling.wait()
     await settle()
@@ -315,7 +321,7 @@ async def test_a_launch_onto_a_full_disk_answers_507_and_holds_nothing(
 ) -> None:
     node = await make_node()
     fill(fake, 90)  # not the node's to free
-    request = LaunchRequest("run-a", 2, spec("run-a", "registry.test/team/new:1"))
+    request = Launch("run-a", 2, spec("run-a", "registry.test/team/new:1"))
 
     with pytest.raises(InsufficientStorage) as refused:
         await node.jobs.launch(request)
@@ -334,7 +340,7 @@ async def test_a_launch_whose_image_is_here_is_refused_under_disk_pressure(
     node = await make_node()
     fake.arrived("registry.test/team/here:1")
     fake.disk_other = DISK - fake.images_bytes()
-    request = LaunchRequest("run-a", 0, spec("run-a", "registry.test/team/here:1"))
+    request = Launch("run-a", 0, spec("run-a", "registry.test/team/here:1"))
     with pytest.raises(InsufficientStorage) as refused:
         await node.jobs.launch(request)
     assert refused.value.code == "insufficient_storage" and "disk pressure" in str(refused.value)
@@ -361,7 +367,7 @@ async def test_a_pull_too_big_for_the_room_below_high_has_it_freed_as_its_bytes_
         clock.advance(60)
     fill(fake, 70)  # room below 85%: 15 MiB, the image needs 25
     auth = RegistryAuth(username="u", password="p")
-    request = LaunchRequest("run-a", 0, spec("run-a", "registry.test/team/big:1"), auth=auth)
+    request = Launch("run-a", 0, spec("run-a", "registry.test/team/big:1"), auth=auth)
 
     assert isinstance(await node.jobs.launch(request), Pulling)
     assert asked == [("registry.test/team/big:1", auth)]  # with the pull's credentials
@@ -386,7 +392,7 @@ async def test_a_size_claim_that_just_fits_removes_nothing_its_bytes_did_not_nee
         pulled(node, fake, name)
         clock.advance(60)
     fill(fake, 70)  # room below 85%: 15 MiB
-    request = LaunchRequest("run-a", 0, spec("run-a", "registry.test/team/liar:1"))
+    request = Launch("run-a", 0, spec("run-a", "registry.test/team/liar:1"))
 
     assert isinstance(await node.jobs.launch(request), Pulling)
     await fake.pulling.wait()
@@ -408,7 +414,7 @@ async def test_a_pull_that_would_not_fit_after_a_run_removes_nothing_and_says_th
         clock.advance(60)
     fill(fake, 70)  # 15 MiB below high, and 40 MiB of images the node may remove
     free = fake.disk_total - fake.disk_other - fake.images_bytes()  # type: ignore[operator]
-    request = LaunchRequest("run-a", 0, spec("run-a", "registry.test/team/claims-a-lot:1"))
+    request = Launch("run-a", 0, spec("run-a", "registry.test/team/claims-a-lot:1"))
 
     with pytest.raises(InsufficientStorage) as refused:
         await node.jobs.launch(request)
@@ -429,7 +435,7 @@ async def test_a_pull_that_cannot_fit_is_refused_naming_what_it_needs(
     node = await make_node()
     node.gc.sizer = lambda image, auth: 40 * MIB
     fill(fake, 70)
-    request = LaunchRequest("run-a", 1, spec("run-a", "registry.test/team/huge:1"))
+    request = Launch("run-a", 1, spec("run-a", "registry.test/team/huge:1"))
 
     with pytest.raises(InsufficientStorage) as refused:
         await node.jobs.launch(request)
@@ -449,7 +455,7 @@ async def test_a_pull_that_filled_the_disk_runs_the_gc(
     (old,) = images(1)
     pulled(node, fake, old)
     clock.advance(60)
-    request = LaunchRequest("run-a", 0, spec("run-a", "registry.test/team/new:1"))
+    request = Launch("run-a", 0, spec("run-a", "registry.test/team/new:1"))
     assert isinstance(await node.jobs.launch(request), Pulling)
     await fake.pulling.wait()
     await settle()
@@ -501,5 +507,5 @@ async def test_a_run_comes_every_interval_and_before_every_pull(
         await asyncio.gather(loop, return_exceptions=True)
     pulled(node, fake, second)
     clock.advance(600)  # no interval runs now: only a pull does
-    await node.jobs.launch(LaunchRequest("run-a", 0, spec("run-a", "registry.test/team/x:1")))
+    await node.jobs.launch(Launch("run-a", 0, spec("run-a", "registry.test/team/x:1")))
     await wait_until(lambda: second not in fake.images)

@@ -33,11 +33,11 @@ from tests.support.nodes import fake_node_of
 from tests.support.waiting import settle
 from tuneplane_node.errors import Conflict, InsufficientStorage, NodeError
 from tuneplane_node.gpu.allocator import GpuAllocator
-from tuneplane_node.jobs import LaunchRequest, Node
+from tuneplane_node.jobs import Node
 from tuneplane_node.runtime.facts import EngineImage
-from tuneplane_node.runtime.spec import ContainerSpec, container_name
+from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.settings import NodeSettings
-from tuneplane_node.wire.values import LABEL_RUN_ID, PrefetchRequest
+from tuneplane_node.wire.values import LABEL_RUN_ID, Launch, PrefetchRequest, container_name
 
 STEPS = int(os.environ.get("TUNEPLANE_MODEL_STEPS", "2000"))  # CI walks 10,000
 SEED = int(os.environ.get("TUNEPLANE_MODEL_SEED", "20261201"))
@@ -128,7 +128,7 @@ class World:
         run = self.rng.choice(RUNS)
         image = self.rng.choice(IMAGES)
         spec = ContainerSpec(name=container_name(run), image=image, labels={LABEL_RUN_ID: run})
-        await self.node.jobs.launch(LaunchRequest(run, 0, spec))
+        await self.node.jobs.launch(Launch(run, 0, spec))
 
     async def prefetch(self) -> None:
         """A prefetch (the node's verb): a pull nobody's launch waits for."""

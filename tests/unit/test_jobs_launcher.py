@@ -32,12 +32,11 @@ from tuneplane_node.errors import (
 from tuneplane_node.jobs import (
     AlreadyExited,
     AlreadyRunning,
-    LaunchRequest,
     Node,
     Started,
 )
 from tuneplane_node.runtime.spec import ContainerSpec
-from tuneplane_node.wire.values import LABEL_GPUS, LABEL_RUN_ID
+from tuneplane_node.wire.values import LABEL_GPUS, LABEL_RUN_ID, Launch
 
 # --- launch with the image present -------------------------------------------------------
 
@@ -88,7 +87,7 @@ async def test_a_never_started_container_of_the_run_is_wreckage_and_is_replaced(
     node: Node, fake: FakeRuntime
 ) -> None:
     """A daemon killed between create and start leaves this; never answer 'running'."""
-    wreck = fake.create_outside(request("r1").spec, start=False)
+    wreck = fake.create_outside(ContainerSpec.of(request("r1").container), start=False)
 
     result = await node.jobs.launch(request("r1", 1))
 
@@ -100,10 +99,10 @@ async def test_a_never_started_container_of_the_run_is_wreckage_and_is_replaced(
 # --- another spec of the run: run_conflict, or a relaunch (issue 52) ---------------------
 
 
-def other(launch: LaunchRequest, *command: str, **changes: Any) -> LaunchRequest:
+def other(launch: Launch, *command: str, **changes: Any) -> Launch:
     """The same run's launch with another command (a resume from its checkpoint)."""
-    spec = replace(launch.spec, command=command or ("/bin/resume",))
-    return replace(launch, spec=spec, **changes)
+    spec = replace(launch.container, command=command or ("/bin/resume",))
+    return replace(launch, container=spec, **changes)
 
 
 async def test_an_exited_run_launched_with_another_spec_runs_the_new_one(
@@ -150,7 +149,7 @@ async def test_wreckage_is_replaced_by_a_launch_of_another_spec_even_without_rel
 ) -> None:
     """A container made and never started ran no job: nothing to keep, nothing to
     conflict with."""
-    wreck = fake.create_outside(request("r1").spec, start=False)
+    wreck = fake.create_outside(ContainerSpec.of(request("r1").container), start=False)
     result = await node.jobs.launch(other(request("r1"), relaunch=False))
     assert isinstance(result, Started) and fake.containers["tuneplane-r1"].id != wreck.id
 

@@ -29,6 +29,7 @@ from tuneplane_node.jobs import (
     Pulling,
     Started,
 )
+from tuneplane_node.jobs.launcher import launch_request
 from tuneplane_node.jobs.reservation import Reservation
 from tuneplane_node.jobs.words import FAILED_RECORD_TTL_S
 from tuneplane_node.runtime.base import ContainerState
@@ -191,10 +192,10 @@ async def test_a_reservation_lets_go_once_and_never_of_a_later_claim_of_its_ref(
     node: Node,
 ) -> None:
     """The allocator keeps claims by ref: a stale release must not free the next launch's."""
-    first = Reservation(node.allocator, request("r1", 2))
+    first = Reservation(node.allocator, launch_request(request("r1", 2)))
     assert len(await first.claim()) == 2
     first.release()
-    later = Reservation(node.allocator, request("r1", 1))
+    later = Reservation(node.allocator, launch_request(request("r1", 1)))
     cards = await later.claim()
 
     first.release()

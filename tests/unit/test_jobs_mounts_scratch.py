@@ -15,28 +15,29 @@ import pytest
 from tests.conftest import IMAGE
 from tests.fakes.runtime import FakeRuntime
 from tuneplane_node.errors import InvalidField, NodeError
-from tuneplane_node.jobs.launcher import launch_request
 from tuneplane_node.jobs.mounts.scratch import SUFFIX, ScratchSpaces, vet
 from tuneplane_node.jobs.node import Node
 from tuneplane_node.jobs.rules.confinement import JobRules
-from tuneplane_node.jobs.words import LaunchRequest
 from tuneplane_node.runtime.facts import DIRECT, REMOTE, STAGED
-from tuneplane_node.runtime.spec import ContainerSpec, container_name
+from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.settings import NodeSettings, load_settings
-from tuneplane_node.wire.requests import parse_launch as read_launch
-from tuneplane_node.wire.values import LABEL_MOUNTS, LABEL_RUN_ID, Mount, Scratch
-
-
-def parse_launch(body: Any) -> LaunchRequest:
-    """A launch as the contract reads it and the launcher makes the service's request of it."""
-    return launch_request(read_launch(body))
-
+from tuneplane_node.wire.requests import parse_launch
+from tuneplane_node.wire.values import (
+    LABEL_MOUNTS,
+    LABEL_RUN_ID,
+    Launch,
+    Mount,
+    Scratch,
+    container_name,
+)
 
 MIB = 2**20
 
 
 def launch(scratch: Any) -> ContainerSpec:
-    return parse_launch({"run_id": "r", "container": {"image": "x", "scratch": scratch}}).spec
+    return ContainerSpec.of(
+        parse_launch({"run_id": "r", "container": {"image": "x", "scratch": scratch}}).container
+    )
 
 
 def refused(scratch: Any) -> list[str]:
@@ -175,12 +176,12 @@ def test_a_scratch_that_cannot_be_made_is_a_422_and_leaves_nothing(tmp_path: Pat
 # --- the launch's lifecycle, on the in-memory engine -----------------------------------------
 
 
-def with_scratch(run_id: str, size: int = 2 * MIB) -> LaunchRequest:
+def with_scratch(run_id: str, size: int = 2 * MIB) -> Launch:
     spec = ContainerSpec(
         container_name(run_id), IMAGE, labels={LABEL_RUN_ID: run_id},
         scratch=Scratch("/scratch", size),
     )  # fmt: skip
-    return LaunchRequest(run_id, 0, spec)
+    return Launch(run_id, 0, spec)
 
 
 @pytest.mark.parametrize(("mode", "words"), [(DIRECT, "mounts nothing"), (REMOTE, "another")])

@@ -10,18 +10,18 @@ from tests.fakes.gpu import FakeProbe
 from tests.fakes.runtime import FakeRuntime
 from tests.support.jobs import job, unique
 from tuneplane_node.gpu.probe import CardFacts, GpuProcess
-from tuneplane_node.jobs import LaunchRequest, Node
+from tuneplane_node.jobs import Node
 from tuneplane_node.jobs.observe.stats import CardSample, ProcessMemory
 from tuneplane_node.runtime.facts import Usage
-from tuneplane_node.runtime.spec import ContainerSpec, container_name
-from tuneplane_node.wire.values import LABEL_RUN_ID
+from tuneplane_node.runtime.spec import ContainerSpec
+from tuneplane_node.wire.values import LABEL_RUN_ID, Launch, container_name
 
 MIB = 2**20
 
 
 async def launch(node: Node, gpus: int = 0) -> str:
     spec = job(["/bin/sleep", "300"], image=IMAGE)
-    await node.jobs.launch(LaunchRequest(spec.labels[LABEL_RUN_ID], gpus, spec))
+    await node.jobs.launch(Launch(spec.labels[LABEL_RUN_ID], gpus, spec))
     return spec.name
 
 
@@ -47,7 +47,7 @@ async def test_a_relaunch_under_the_same_name_starts_afresh(
     node: Node, fake: FakeRuntime, clock: FakeClock
 ) -> None:
     spec = job(["/bin/sleep", "300"], image=IMAGE)
-    request = LaunchRequest(spec.labels[LABEL_RUN_ID], 0, spec)
+    request = Launch(spec.labels[LABEL_RUN_ID], 0, spec)
     await node.jobs.launch(request)
     ref = spec.name
     fake.usages[ref] = Usage(cpu_seconds=100.0)
@@ -83,7 +83,7 @@ async def test_not_running_foreign_and_missing_refs_carry_no_figures(
 async def test_a_pending_launch_reads_created(node: Node, fake: FakeRuntime) -> None:
     run_id = unique("st")
     spec = ContainerSpec(container_name(run_id), "registry.test/absent:1", labels={})
-    await node.jobs.launch(LaunchRequest(run_id, 1, spec))
+    await node.jobs.launch(Launch(run_id, 1, spec))
     stats = await node.jobs.stats([spec.name])
     assert (stats[spec.name].exists, stats[spec.name].status) == (True, "created")
 

@@ -53,7 +53,7 @@ async def test_reap_takes_exited_containers_past_the_age_and_nothing_else(
 async def test_reap_takes_never_started_containers_past_the_age(
     node: Node, fake: FakeRuntime, clock: FakeClock
 ) -> None:
-    fake.create_outside(request("wreck", 2).spec, start=False)
+    fake.create_outside(ContainerSpec.of(request("wreck", 2).container), start=False)
     clock.advance(30)
     assert await node.jobs.reap(60) == 0
     clock.advance(31)
@@ -96,7 +96,7 @@ async def test_reap_skips_a_container_relaunched_while_it_waited(
         reaping = asyncio.create_task(node.jobs.reap(60))
         await settle()
         fake.containers.pop("tuneplane-r1")
-        fake.create_outside(request("r1").spec)  # relaunched: running now
+        fake.create_outside(ContainerSpec.of(request("r1").container))  # relaunched: running now
 
     assert await reaping == 0
     assert fake.containers["tuneplane-r1"].status == "running"
@@ -139,9 +139,9 @@ def test_reapable(state: dict[str, str], reaped: bool) -> None:
 async def test_the_sweep_removes_never_started_containers_past_the_age(
     node: Node, fake: FakeRuntime, clock: FakeClock
 ) -> None:
-    fake.create_outside(request("old", 2).spec, start=False)
+    fake.create_outside(ContainerSpec.of(request("old", 2).container), start=False)
     clock.advance(60)
-    fake.create_outside(request("young").spec, start=False)
+    fake.create_outside(ContainerSpec.of(request("young").container), start=False)
     await node.jobs.launch(request("running"))
     fake.create_outside(ContainerSpec(name="someones", image=IMAGE), start=False)
 
@@ -232,7 +232,7 @@ async def test_the_wreckage_of_a_start_the_engine_broke_is_swept_despite_its_fai
 async def test_a_node_starting_up_removes_wreckage_before_it_serves(
     fake_node: MakeFakeNode, fake: FakeRuntime, clock: FakeClock
 ) -> None:
-    fake.create_outside(request("wreck", 2).spec, start=False)
+    fake.create_outside(ContainerSpec.of(request("wreck", 2).container), start=False)
     clock.advance(61)  # older than the periodic sweep's grace: a younger one is let be
     node = await fake_node()
     assert "tuneplane-wreck" not in fake.containers

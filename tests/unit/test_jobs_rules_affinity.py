@@ -95,7 +95,7 @@ def test_cpus_and_nodes_this_machine_lacks_are_never_named(tmp_path: Path) -> No
     assert small.apply(job(["t"], gpus=(0,)), sim).cpuset() == ("0-1", "0")  # CPU 2 dropped
     assert small.apply(job(["t"], gpus=(1,)), sim).cpuset() == ("1", None)  # no node 1 here
     assert small.apply(job(["t"], gpus=(2,)), sim).cpuset() == (None, None)  # no CPU at all
-    assert small.place((2,), sim).why == "none of the CPUs 6-7 is on this machine"
+    assert small.placement((2,), sim).why == "none of the CPUs 6-7 is on this machine"
 
 
 def test_the_limit_counts_the_cpus_that_exist(tmp_path: Path) -> None:

@@ -14,10 +14,9 @@ from tests.support.console import console_0315
 from tuneplane_node.errors import ConfigError, InvalidField
 from tuneplane_node.jobs import Node
 from tuneplane_node.jobs.rules.confinement import JobRules, job_tmpfs
-from tuneplane_node.jobs.words import LaunchRequest
 from tuneplane_node.runtime.spec import KEPT_CAPABILITIES, ContainerSpec, Tmpfs
 from tuneplane_node.settings import load_settings
-from tuneplane_node.wire.values import LABEL_NETWORK, LABEL_RUN_ID, Mount
+from tuneplane_node.wire.values import LABEL_NETWORK, LABEL_RUN_ID, Launch, Mount
 
 GIB = 2**30
 SPEC = ContainerSpec(name="tuneplane-r1", image=IMAGE, labels={LABEL_RUN_ID: "r1"})
@@ -118,7 +117,7 @@ async def test_every_launch_reaches_the_engine_confined(
 ) -> None:
     """The console's spec carries no confinement of its own: the node's replaces it."""
     loose = replace(SPEC.confinement, capabilities=("SYS_ADMIN",), pids_limit=10**9)
-    request = LaunchRequest("r1", 0, replace(SPEC, confinement=loose))
+    request = Launch("r1", 0, replace(SPEC, confinement=loose))
 
     await node.jobs.launch(request)
 

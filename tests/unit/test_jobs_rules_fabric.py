@@ -20,10 +20,15 @@ from tuneplane_node.checks.gpus import check_fabric_network
 from tuneplane_node.errors import ConfigError, FabricAddressesExhausted, InvalidField
 from tuneplane_node.jobs import JobService, Node
 from tuneplane_node.jobs.rules.fabric import FabricAddresses, addresses, gid_index
-from tuneplane_node.jobs.words import LaunchRequest
 from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.settings import Fabric, load_settings
-from tuneplane_node.wire.values import LABEL_FABRIC_ADDRESS, LABEL_NETWORK, LABEL_RUN_ID
+from tuneplane_node.wire.values import (
+    LABEL_FABRIC_ADDRESS,
+    LABEL_NETWORK,
+    LABEL_RUN_ID,
+    Launch,
+    LaunchContainer,
+)
 
 MakeService = Callable[..., JobService]
 MakeNode = Callable[..., Node]
@@ -48,11 +53,11 @@ def make_service(make_network_service: MakeNode) -> MakeService:  # noqa: F811 (
     return lambda **changes: make_network_service(fabrics=[fabric(**changes)]).jobs
 
 
-def launch(run_id: str, gpus: int = 1, *, env: dict[str, str] | None = None) -> LaunchRequest:
+def launch(run_id: str, gpus: int = 1, *, env: dict[str, str] | None = None) -> Launch:
     spec = ContainerSpec(
         name=f"tuneplane-{run_id}", image=IMAGE, labels={LABEL_RUN_ID: run_id}, env=env or {}
     )
-    return LaunchRequest(run_id, gpus, spec)
+    return Launch(run_id, gpus, spec)
 
 
 def on(fake: FakeRuntime, run_id: str) -> ContainerSpec:
@@ -135,12 +140,12 @@ async def test_a_whole_machine_job_keeps_the_host_and_a_bridge_request_its_netwo
     assert on(fake, "whole").network == "host"
     await service.remove("tuneplane-whole")
     bridge = launch("bridged", 0)
-    await service.launch(LaunchRequest("bridged", 0, replace_network(bridge.spec, "bridge")))
+    await service.launch(Launch("bridged", 0, replace_network(bridge.container, "bridge")))
     assert on(fake, "bridged").network == "isolated"
     assert LABEL_FABRIC_ADDRESS not in on(fake, "bridged").labels
 
 
-def replace_network(spec: ContainerSpec, network: str) -> ContainerSpec:
+def replace_network(spec: LaunchContainer, network: str) -> LaunchContainer:
     from dataclasses import replace
 
     return replace(spec, network=network)

@@ -10,7 +10,8 @@ from tuneplane_node.jobs.launcher import launch_request
 from tuneplane_node.jobs.rules.isolation import IsolationRules
 from tuneplane_node.runtime.engines.isolation import maps_mount_ids, registered
 from tuneplane_node.runtime.facts import IsolationSupport
-from tuneplane_node.runtime.spec import ContainerSpec, job_labels
+from tuneplane_node.runtime.labels import job_labels
+from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.wire.requests import parse_launch
 from tuneplane_node.wire.values import LABEL_RUNTIME, LABEL_USERNS, Mount, Scratch

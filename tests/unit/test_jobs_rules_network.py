@@ -21,9 +21,8 @@ from tests.support.nodes import fake_node_of
 from tests.support.waiting import wait_until
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs import Node
-from tuneplane_node.jobs.words import LaunchRequest
 from tuneplane_node.runtime.spec import ContainerSpec
-from tuneplane_node.wire.values import LABEL_NETWORK, LABEL_RUN_ID
+from tuneplane_node.wire.values import LABEL_NETWORK, LABEL_RUN_ID, Launch
 
 MakeService = Callable[..., Node]
 
@@ -48,11 +47,11 @@ async def make_service(
         await node.close()
 
 
-def launch(run_id: str, gpus: int, network: str = "host") -> LaunchRequest:
+def launch(run_id: str, gpus: int, network: str = "host") -> Launch:
     spec = ContainerSpec(
         name=f"tuneplane-{run_id}", image=IMAGE, labels={LABEL_RUN_ID: run_id}, network=network
     )
-    return LaunchRequest(run_id, gpus, spec)
+    return Launch(run_id, gpus, spec)
 
 
 def network_of(fake: FakeRuntime, run_id: str) -> tuple[str, str | None]:
@@ -110,7 +109,9 @@ async def test_a_cpu_launch_still_pulling_is_a_neighbour(
     beside it, and no test failed."""
     node = make_service()
     cpu = launch("cpu", 0, network="bridge")
-    await node.jobs.launch(replace(cpu, spec=replace(cpu.spec, image="registry.test/pulled:1")))
+    await node.jobs.launch(
+        replace(cpu, container=replace(cpu.container, image="registry.test/pulled:1"))
+    )
     await fake.pulling.wait()
     await node.jobs.launch(launch("whole", 4))
     assert network_of(fake, "whole") == ("isolated", "isolated")

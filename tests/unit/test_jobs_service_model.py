@@ -31,10 +31,11 @@ from tests.support.nodes import check_promises, fake_node_of
 from tests.support.waiting import settle
 from tuneplane_node.errors import Conflict, NodeError
 from tuneplane_node.gpu.allocator import GpuAllocator
-from tuneplane_node.jobs import AlreadyRunning, LaunchRequest, Node, StopPlan
-from tuneplane_node.runtime.spec import ContainerSpec, container_name, job_labels
+from tuneplane_node.jobs import AlreadyRunning, Node, StopPlan
+from tuneplane_node.runtime.labels import job_labels
+from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.settings import NodeSettings
-from tuneplane_node.wire.values import LABEL_RUN_ID
+from tuneplane_node.wire.values import LABEL_RUN_ID, Launch, container_name
 
 STEPS = int(os.environ.get("TUNEPLANE_MODEL_STEPS", "2000"))  # CI walks 10,000
 SHORT_STEPS = 100
@@ -81,9 +82,7 @@ class World:
             command=("/bin/train",),
             labels={LABEL_RUN_ID: run},
         )
-        result = await self.node.jobs.launch(
-            LaunchRequest(run, self.rng.choice([0, 1, 1, 2]), spec)
-        )
+        result = await self.node.jobs.launch(Launch(run, self.rng.choice([0, 1, 1, 2]), spec))
         container = self.engine.containers.get(spec.name)
         if isinstance(result, AlreadyRunning):  # never "running" for what does not run
             assert container is not None and container.status == "running", container

@@ -23,14 +23,13 @@ from tuneplane_node.errors import (
     InvalidField,
 )
 from tuneplane_node.jobs import (
-    LaunchRequest,
     Node,
     PendingView,
     StopPlan,
 )
 from tuneplane_node.runtime.facts import REMOTE
 from tuneplane_node.runtime.spec import ContainerSpec
-from tuneplane_node.wire.values import Mount
+from tuneplane_node.wire.values import Launch, Mount
 
 # --- the token buys job verbs, never the host -------------------------------------------
 
@@ -41,9 +40,9 @@ def storage(tmp_path: Path) -> Path:
     return storage_root(tmp_path)
 
 
-def with_mounts(run_id: str, *mounts: Mount, **env: str) -> LaunchRequest:
+def with_mounts(run_id: str, *mounts: Mount, **env: str) -> Launch:
     base = request(run_id)
-    return replace(base, spec=replace(base.spec, mounts=mounts, env=env))
+    return replace(base, container=replace(base.container, mounts=mounts, env=env))
 
 
 async def test_a_real_path_under_the_storage_root_reaches_the_engine_as_given(
@@ -86,7 +85,7 @@ async def test_a_mount_swapped_for_a_link_during_the_pull_fails_the_launch(
     (storage / "mine").mkdir()
     (storage / "theirs").mkdir()
     launch = with_mounts("r1", Mount(str(storage / "mine"), "/ckpt"))
-    await node.jobs.launch(replace(launch, spec=replace(launch.spec, image=MISSING)))
+    await node.jobs.launch(replace(launch, container=replace(launch.container, image=MISSING)))
     await fake.pulling.wait()
 
     (storage / "mine").rmdir()

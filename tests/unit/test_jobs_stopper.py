@@ -174,7 +174,7 @@ async def test_a_stop_never_kills_the_container_that_replaced_its_job(
 async def test_stopping_a_created_or_exited_container_signals_nothing(
     node: Node, fake: FakeRuntime
 ) -> None:
-    fake.create_outside(request("wreck").spec, start=False)
+    fake.create_outside(ContainerSpec.of(request("wreck").container), start=False)
     await node.jobs.launch(request("done"))
     fake.exit("tuneplane-done", 0)
 

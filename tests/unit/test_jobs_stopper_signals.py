@@ -15,17 +15,17 @@ from tests.conftest import IMAGE, MakeFakeNode
 from tests.fakes.runtime import FakeRuntime
 from tests.support.waiting import wait_until
 from tuneplane_node.errors import NotRunning
-from tuneplane_node.jobs import LaunchRequest, Node, StopPlan
+from tuneplane_node.jobs import Node, StopPlan
 from tuneplane_node.jobs.nodestate import STATE_FILE, NodeStateFile
 from tuneplane_node.jobs.words import NodeState
-from tuneplane_node.runtime.spec import ContainerSpec, container_name
+from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.signals import engine_stop_signal, job_signal
-from tuneplane_node.wire.values import DRAINING, LABEL_RUN_ID
+from tuneplane_node.wire.values import DRAINING, LABEL_RUN_ID, Launch, container_name
 
 MISSING = "registry.test/missing:1"
 
 
-def request(run_id: str, *, image: str = IMAGE, stop_signal: str | None = None) -> LaunchRequest:
+def request(run_id: str, *, image: str = IMAGE, stop_signal: str | None = None) -> Launch:
     spec = ContainerSpec(
         name=container_name(run_id),
         image=image,
@@ -33,7 +33,7 @@ def request(run_id: str, *, image: str = IMAGE, stop_signal: str | None = None) 
         labels={LABEL_RUN_ID: run_id},
         stop_signal=stop_signal,
     )
-    return LaunchRequest(run_id, 0, spec)
+    return Launch(run_id, 0, spec)
 
 
 # --- the signal list ------------------------------------------------------------------

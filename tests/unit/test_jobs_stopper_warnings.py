@@ -110,8 +110,8 @@ async def test_a_notices_drain_warns_a_job_with_its_own_signal(
     node: Node, fake: FakeRuntime
 ) -> None:
     """Issue 54's drains stop through `Stopper.stop_by_node`: the job's warning first."""
-    spec = replace(request("r1").spec, warn_signal="SIGUSR1", warn_s=600)
-    await node.jobs.launch(replace(request("r1"), spec=spec))
+    spec = replace(request("r1").container, warn_signal="SIGUSR1", warn_s=600)
+    await node.jobs.launch(replace(request("r1"), container=spec))
     fake.containers["tuneplane-r1"].handlers["SIGUSR1"] = 0
     notice = Notice("aws", PREEMPT, "aws spot", True, fake.clock.now() + timedelta(seconds=120))
 

@@ -10,21 +10,21 @@ import logging
 import pytest
 
 from tests.fakes.runtime import FakeRuntime
-from tuneplane_node.jobs import LaunchRequest, Node, StopPlan
+from tuneplane_node.jobs import Node, StopPlan
 from tuneplane_node.logformat import JsonFormatter
 from tuneplane_node.runtime.spec import ContainerSpec
-from tuneplane_node.wire.values import LABEL_RUN_ID
+from tuneplane_node.wire.values import LABEL_RUN_ID, Launch
 
 MISSING = "registry.test/missing:1"
 IMAGE = "registry.test/trainer:1"
 
 
-def request(run_id: str, gpus: int = 0, image: str = IMAGE) -> LaunchRequest:
+def request(run_id: str, gpus: int = 0, image: str = IMAGE) -> Launch:
     spec = ContainerSpec(
         name=f"tuneplane-{run_id}", image=image, command=("/bin/train",),
         labels={LABEL_RUN_ID: run_id},
     )  # fmt: skip
-    return LaunchRequest(run_id, gpus, spec)
+    return Launch(run_id, gpus, spec)
 
 
 def lines_about(caplog: pytest.LogCaptureFixture, ref: str) -> list[dict[str, object]]:

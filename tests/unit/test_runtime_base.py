@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from tuneplane_node.runtime.base import ContainerState, parse_gpus
-from tuneplane_node.runtime.spec import ContainerSpec, container_name, format_gpus, job_labels
-from tuneplane_node.wire.values import LABEL_GPUS, LABEL_RUN_ID
+from tuneplane_node.runtime.base import ContainerState
+from tuneplane_node.runtime.labels import job_labels, parse_gpus
+from tuneplane_node.runtime.spec import ContainerSpec, format_gpus
+from tuneplane_node.wire.values import LABEL_GPUS, LABEL_RUN_ID, container_name
 
 
 def test_container_name_is_prefixed_and_safe() -> None:

@@ -25,13 +25,13 @@ from tests.support.jobs import job
 from tests.support.nodes import fake_node_of
 from tests.support.waiting import wait_until
 from tuneplane_node.errors import EngineRefused, EngineUnavailable
-from tuneplane_node.jobs import LaunchRequest, Started
+from tuneplane_node.jobs import Started
 from tuneplane_node.runtime.base import EXIT_SIGKILL, ContainerState, EngineEvent
 from tuneplane_node.runtime.cache import CachedRuntime, StateCache
-from tuneplane_node.runtime.cache import state as cache_module
+from tuneplane_node.runtime.cache import events as cache_events
 from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.settings import NodeSettings
-from tuneplane_node.wire.values import LABEL_RUN_ID
+from tuneplane_node.wire.values import LABEL_RUN_ID, Launch
 
 
 @pytest.fixture
@@ -323,7 +323,7 @@ async def test_a_die_is_on_the_loop_before_its_inspect_takes_the_thread(
 ) -> None:
     """The inspect's Python would hold the GIL the loop needs to tell the exit: the loop
     takes the die first, so a waiting watch hears of it without waiting on the inspect."""
-    monkeypatch.setattr(cache_module, "HANDOVER_S", 5.0)  # a loaded machine's loop too
+    monkeypatch.setattr(cache_events, "HANDOVER_S", 5.0)  # a loaded machine's loop too
     feed = WatchedInspects(fake)
     cached = CachedRuntime(feed, relist_s=3600, sync_timeout=5, clock=fake.clock)
     feed.cache = cached.cache
@@ -402,7 +402,7 @@ async def test_a_relaunch_asks_the_engine_before_it_answers_running(
     node = fake_node_of(cached, settings, probe=probe)
     spec = job(["/bin/train"], image=PRESENT)
     run = spec.labels[LABEL_RUN_ID]
-    first = await node.jobs.launch(LaunchRequest(run, 0, spec))
+    first = await node.jobs.launch(Launch(run, 0, spec))
     assert isinstance(first, Started)
     seen = cached.cache.states.get
     await wait_until(lambda: (state := seen(spec.name)) and state.status == "running", timeout=5)
@@ -410,7 +410,7 @@ async def test_a_relaunch_asks_the_engine_before_it_answers_running(
     container.status, container.exit_code = "exited", 0  # no event: the cache lags
 
     assert (await cached.inspect(spec.name)).status == "running"
-    again = await node.jobs.launch(LaunchRequest(run, 0, spec))
+    again = await node.jobs.launch(Launch(run, 0, spec))
 
     assert isinstance(again, Started) and fake.containers[spec.name] is not container
     assert (await cached.inspect(spec.name)).status == "running"  # the new one

@@ -13,7 +13,7 @@ import pytest
 
 from tuneplane_node import inventory
 from tuneplane_node.runtime import diskwalk, openfiles
-from tuneplane_node.runtime.engines import quotas
+from tuneplane_node.runtime.engines import store
 
 MIB = 2**20
 
@@ -83,21 +83,21 @@ def test_the_written_dirs_are_the_upper_dir_and_the_volumes() -> None:
 def test_project_quotas_are_xfs_with_pquota(
     backing: str | None, options: str | None, enforced: bool | None
 ) -> None:
-    assert quotas.project_quotas(backing, options) is enforced
+    assert store.project_quotas(backing, options) is enforced
 
 
 def test_both_engines_say_their_backing_filesystem() -> None:
     docker = [["Backing Filesystem", "xfs"], ["Supports d_type", "true"]]
     podman = {"Backing Filesystem": "extfs", "Native Overlay Diff": "true"}
-    assert quotas.backing_filesystem(docker) == "xfs"
-    assert quotas.backing_filesystem(podman) == "extfs"
-    assert quotas.backing_filesystem(None) is None
+    assert store.backing_filesystem(docker) == "xfs"
+    assert store.backing_filesystem(podman) == "extfs"
+    assert store.backing_filesystem(None) is None
 
 
 def test_the_size_option_only_with_a_limit_and_quotas() -> None:
-    assert quotas.size_option(100 * MIB, True) == {"storage_opt": {"size": str(100 * MIB)}}
-    assert quotas.size_option(100 * MIB, False) == {}
-    assert quotas.size_option(None, True) == {}
+    assert store.size_option(100 * MIB, True) == {"storage_opt": {"size": str(100 * MIB)}}
+    assert store.size_option(100 * MIB, False) == {}
+    assert store.size_option(None, True) == {}
 
 
 def test_pid_and_memory_pressure_from_proc(tmp_path: Path) -> None:

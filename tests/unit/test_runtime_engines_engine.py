@@ -3,6 +3,8 @@ create options, and an engine that is not there."""
 
 from __future__ import annotations
 
+import http.client
+import io
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,7 @@ import podman
 import podman.errors
 import pytest
 import requests
+from urllib3.exceptions import ProtocolError
 
 from tests.support.engines import engine_settings
 from tuneplane_node.errors import (
@@ -27,10 +30,11 @@ from tuneplane_node.runtime.base import LogQuery
 from tuneplane_node.runtime.engines.cgroupparent import JobParent
 from tuneplane_node.runtime.engines.docker import ERRORS as DOCKER_ERRORS
 from tuneplane_node.runtime.engines.docker import DockerRuntime
-from tuneplane_node.runtime.engines.engine import EngineRuntime, ErrorTable
+from tuneplane_node.runtime.engines.engine import EngineRuntime
 from tuneplane_node.runtime.engines.networks.jobnetwork import checked
 from tuneplane_node.runtime.engines.podman import ERRORS as PODMAN_ERRORS
 from tuneplane_node.runtime.engines.podman import PodmanRuntime, create_body
+from tuneplane_node.runtime.engines.seam import ErrorTable
 from tuneplane_node.runtime.facts import DeviceSupport
 from tuneplane_node.runtime.spec import (
     KEPT_CAPABILITIES,
@@ -514,14 +518,50 @@ class RacedRemove:
         return response
 
 
+def podman_over(api: Any, monkeypatch: pytest.MonkeyPatch) -> EngineRuntime:
+    """The podman adapter over a scripted libpod API."""
+    monkeypatch.setattr(PodmanRuntime, "api", property(lambda self: api))
+    return adapter("podman")
+
+
 def test_a_podman_remove_that_raced_the_jobs_end_is_tried_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    runtime = adapter("podman")
     api = RacedRemove()
-    monkeypatch.setattr(PodmanRuntime, "api", property(lambda self: api))
+    runtime = podman_over(api, monkeypatch)
     runtime._remove("tuneplane-job-1")  # no error: the second try removed it
     assert api.deletes == 2
+
+
+class RefusedStreams:
+    """An engine answering every streamed request 500, with a body."""
+
+    def __init__(self) -> None:
+        self.answers: list[requests.Response] = []
+
+    def get(self, path: str, **options: Any) -> requests.Response:
+        response = http_response(500)
+        response.raw = io.BytesIO(b'{"message": "no"}')
+        self.answers.append(response)
+        return response
+
+    post = get
+
+
+def test_a_refused_stream_is_closed_by_the_thread_that_opened_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    api = RefusedStreams()
+    runtime = podman_over(api, monkeypatch)
+    for open_stream in (
+        lambda: runtime._open_follow("x", {}),
+        lambda: runtime._open_pull("reg/x:1", {}),
+        runtime._open_events,
+    ):
+        with pytest.raises(requests.HTTPError):
+            open_stream()
+    assert len(api.answers) == 3
+    assert all(answer.raw.closed for answer in api.answers)  # its connection given back
 
 
 class RefusedKills:
@@ -616,3 +656,153 @@ def test_a_network_of_the_nodes_name_that_is_not_as_the_node_makes_it_is_refused
     assert refused.value.status == 502 and refused.value.code == "engine_refused"
     assert f"network tuneplane-jobs exists and {why}" in refused.value.message
     checked("docker", "tuneplane-jobs", "isolated", NODE_MADE)  # the node's own: used
+
+
+# --- a connection that broke before the engine answered --------------------------------------
+
+
+def broken_connection(module: Any, inner: BaseException) -> Exception:
+    """What each SDK raises when the connection it took from its pool broke before an
+    answer: requests' ``ConnectionError`` (the CI flake said ``('Connection aborted.',
+    ResponseNotReady())``), which podman-py wraps in an APIError without a response."""
+    error = requests.exceptions.ConnectionError(ProtocolError("Connection aborted.", inner))
+    if module is docker:
+        return error
+    wrapped = podman.errors.APIError("http://d/v4/info", explanation="GET operation failed")
+    wrapped.__cause__ = error
+    return wrapped
+
+
+class BrokenOnce:
+    """An adapter whose engine breaks the connection of its first ``failures`` calls of
+    each kind before answering; what each verb asked is counted."""
+
+    module: Any
+    failures = 1
+    inner: BaseException = http.client.ResponseNotReady()
+
+    def __init__(self, settings: Any) -> None:
+        super().__init__(settings)  # type: ignore[call-arg]
+        self.asked: list[str] = []
+
+    def _answer(self, call: str) -> None:
+        self.asked.append(call)
+        if self.asked.count(call) <= self.failures:
+            raise broken_connection(self.module, self.inner)
+
+    def _version(self) -> str:
+        self._answer("version")
+        return "4.3.1"
+
+    def _list_brief(self) -> list[Any]:
+        self._answer("list")
+        return []
+
+    def _remove(self, name: str) -> None:
+        self._answer("remove")
+
+    def _kill(self, ref: str, signal: str) -> None:
+        self._answer("kill")
+
+
+class DockerBrokenOnce(BrokenOnce, DockerRuntime):
+    module = docker
+
+
+class PodmanBrokenOnce(BrokenOnce, PodmanRuntime):
+    module = podman
+
+
+def broken_once(kind: str) -> DockerBrokenOnce | PodmanBrokenOnce:
+    settings = engine_settings(kind)
+    return DockerBrokenOnce(settings) if kind == "docker" else PodmanBrokenOnce(settings)
+
+
+@pytest.mark.parametrize("kind", ["docker", "podman"])
+@pytest.mark.parametrize(
+    "inner",
+    [
+        http.client.ResponseNotReady(),
+        http.client.RemoteDisconnected("Remote end closed connection without response"),
+        ConnectionResetError(104, "Connection reset by peer"),
+        BrokenPipeError(32, "Broken pipe"),
+    ],
+    ids=["not-ready", "remote-disconnected", "reset", "broken-pipe"],
+)
+async def test_a_read_whose_connection_broke_before_an_answer_is_asked_once_more(
+    kind: str, inner: BaseException, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(BrokenOnce, "inner", inner)
+    runtime = broken_once(kind)
+    try:
+        health = await runtime.health()
+        listed = await runtime.ps()
+    finally:
+        await runtime.close()
+
+    assert health.ok and health.version == "4.3.1"
+    assert listed == []
+    assert runtime.asked == ["version", "version", "list", "list"]
+
+
+@pytest.mark.parametrize("kind", ["docker", "podman"])
+async def test_a_read_broken_twice_is_unavailable(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(BrokenOnce, "failures", 2)
+    runtime = broken_once(kind)
+    try:
+        with pytest.raises(EngineUnavailable):
+            await runtime.ps()
+    finally:
+        await runtime.close()
+    assert runtime.asked == ["list", "list"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["docker", "podman"])
+async def test_a_write_whose_connection_broke_is_unavailable_and_never_asked_again(
+    kind: str,
+) -> None:
+    """The engine may have done it: a kill sent twice is two signals."""
+    runtime = broken_once(kind)
+    try:
+        for write in (runtime.remove("tuneplane-a"), runtime.kill("tuneplane-a", "SIGTERM")):
+            with pytest.raises(EngineUnavailable, match="Connection aborted"):
+                await write
+    finally:
+        await runtime.close()
+    assert runtime.asked == ["remove", "kill"]
+
+
+class DockerCounted(DockerRuntime):
+    asked = 0
+
+    def _version(self) -> str:
+        self.asked += 1
+        return super()._version()
+
+
+class PodmanCounted(PodmanRuntime):
+    asked = 0
+
+    def _version(self) -> str:
+        self.asked += 1
+        return super()._version()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["docker", "podman"])
+async def test_an_engine_that_is_down_is_asked_once_and_said_at_once(
+    kind: str, tmp_path: Path
+) -> None:
+    address = f"unix://{tmp_path}/no-engine.sock"
+    settings = engine_settings(kind, docker_host=address, podman_url=address)
+    runtime: DockerCounted | PodmanCounted
+    runtime = DockerCounted(settings) if kind == "docker" else PodmanCounted(settings)
+    try:
+        health = await runtime.health()
+    finally:
+        await runtime.close()
+    assert not health.ok and "unreachable" in (health.error or "")
+    assert runtime.asked == 1

@@ -20,10 +20,9 @@ from tests.support.nodes import fake_node_of
 from tests.unit.test_jobs_rules_confinement_rdma import rdma_dir
 from tuneplane_node.errors import MemlockUnavailable
 from tuneplane_node.jobs import Node
-from tuneplane_node.jobs.words import LaunchRequest
 from tuneplane_node.runtime.engines.memlock import EngineMemlock, engine_memlock, process_memlock
 from tuneplane_node.runtime.spec import ContainerSpec
-from tuneplane_node.wire.values import LABEL_RUN_ID
+from tuneplane_node.wire.values import LABEL_RUN_ID, Launch
 
 MIB = 2**20
 LIMITS = """Limit                     Soft Limit           Hard Limit           Units
@@ -94,9 +93,9 @@ def test_an_engine_not_reachable_here_is_unknown(address: str) -> None:
 # --- the node's rule -------------------------------------------------------------------------
 
 
-def card_launch(run_id: str, gpus: int) -> LaunchRequest:
+def card_launch(run_id: str, gpus: int) -> Launch:
     spec = ContainerSpec(name=f"tuneplane-{run_id}", image=IMAGE, labels={LABEL_RUN_ID: run_id})
-    return LaunchRequest(run_id, gpus, spec)
+    return Launch(run_id, gpus, spec)
 
 
 @pytest.fixture

@@ -36,8 +36,9 @@ class Stream:
         self.aborted = threading.Event()  # its socket shut down: the watcher ended it
         self.closed = threading.Event()  # the response closed: its connection given back
         self.closed_by: threading.Thread | None = None
+        self.closes: list[threading.Thread] = []
         self.reader: threading.Thread | None = None
-        # requests' path to the socket under a streamed response (`close_http_stream`)
+        # requests' path to the socket under a streamed response (`shut`)
         self.raw = SimpleNamespace(_fp=SimpleNamespace(fp=SimpleNamespace(raw=SimpleNamespace(
             _sock=SimpleNamespace(shutdown=lambda how: self.aborted.set())
         ))))  # fmt: skip
@@ -56,6 +57,7 @@ class Stream:
 
     def close(self) -> None:
         self.closed_by = threading.current_thread()
+        self.closes.append(self.closed_by)
         self.closed.set()
 
 
@@ -151,6 +153,26 @@ async def test_a_cancelled_pull_returns_at_once_and_closes_its_stream(pool: Bloc
     assert stream.aborted.wait(1)
     # Closed by the thread that read it, once it stopped: not under it by the watcher.
     assert stream.closed.wait(1) and stream.closed_by is stream.reader
+
+
+@pytest.mark.slow
+async def test_a_pull_whose_stream_ended_as_it_was_cancelled_is_closed_by_its_reader_alone(
+    pool: BlockingPool,
+) -> None:
+    """The CI flake (``ResponseNotReady`` on the call after a cancelled podman pull): the
+    body had ended, so no socket was left to shut, and the watcher closed the response
+    while its reader closed it too: one connection went back to the pool twice."""
+    stream, seen = Stream([layer("a", 10), layer("a", 20)], every=0.2), list[PullProgress]()
+    stream.raw._fp.fp = None  # read to its end: http.client has let go of the socket
+    task = asyncio.ensure_future(pull(pool, stream, PullLimits(60, 60), seen))
+    await wait_until(lambda: seen)
+
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+    assert stream.closed.wait(1)
+    assert stream.closes == [stream.reader]
 
 
 @pytest.mark.slow  # a second and more of the loop held, as SIGSTOP holds it

@@ -12,13 +12,8 @@ import pytest
 from tests.support.console import console_0315
 from tuneplane_node.errors import InvalidField
 from tuneplane_node.jobs import retries
-from tuneplane_node.jobs.launcher import launch_request
-from tuneplane_node.jobs.words import LaunchRequest
 from tuneplane_node.wire.fields import Field
-from tuneplane_node.wire.requests import CHECKED, CONTAINER
-from tuneplane_node.wire.requests import (
-    parse_launch as read_launch,
-)
+from tuneplane_node.wire.requests import CHECKED, CONTAINER, parse_launch
 from tuneplane_node.wire.values import LABEL_RUN_ID, Mount, RegistryAuth
 from tuneplane_node.wire.verbs import (
     LOGS,
@@ -41,12 +36,6 @@ from tuneplane_node.wire.verbs import (
     parse_uncordon,
 )
 
-
-def parse_launch(body: Any) -> LaunchRequest:
-    """A launch as the contract reads it and the launcher makes the service's request of it."""
-    return launch_request(read_launch(body))
-
-
 # --- what 0.3.15 consoles send -------------------------------------------------------------
 
 CONSOLE_0315_EMPTY = console_0315("r-123")
@@ -55,7 +44,7 @@ CONSOLE_0315_EMPTY = console_0315("r-123")
 def test_a_0315_spec_with_every_field_and_empty_strings_is_accepted() -> None:
     request = parse_launch(CONSOLE_0315_EMPTY)
 
-    spec = request.spec
+    spec = request.container
     assert (request.run_id, request.requested_gpus, request.ref) == ("r-123", 2, "tuneplane-r-123")
     assert spec.command == ("python", "-m", "train") and spec.image == "registry/trainer:1"
     assert spec.network == "host"
@@ -73,7 +62,7 @@ def container(**fields: Any) -> dict[str, Any]:
     [("", None), ("2", 2.0), ("0.5", 0.5), (" 4 ", 4.0), (8, 8.0), (1.5, 1.5), (None, None)],
 )
 def test_cpu_limit_is_a_number_or_0315s_string(given: object, cpus: float | None) -> None:
-    assert parse_launch(container(cpu_limit=given)).spec.cpu_limit == cpus
+    assert parse_launch(container(cpu_limit=given)).container.cpu_limit == cpus
 
 
 @pytest.mark.parametrize("given", ["two", "-1", "0", 0, -2.5, "1e400", "inf", "nan", True, [2]])
@@ -96,7 +85,7 @@ def test_a_full_0315_spec_reaches_the_container() -> None:
             user="1000:1000",
         )
     )
-    spec = request.spec
+    spec = request.container
     assert spec.name == "tuneplane-custom"
     assert spec.env == {"EPOCHS": "3", "LR": "0.1"}
     assert spec.mounts == (Mount("/data/r-123", "/work", False), Mount("/models", "/m", False))
@@ -284,24 +273,24 @@ def test_an_image_that_is_not_a_reference_is_refused_before_the_engine(image: st
     ],
 )
 def test_image_references_of_the_grammar_are_accepted(image: str) -> None:
-    assert parse_launch({"run_id": "a", "container": {"image": image}}).spec.image == image
+    assert parse_launch({"run_id": "a", "container": {"image": image}}).container.image == image
 
 
 @pytest.mark.parametrize("network", ["host", "bridge", "none", ""])
 def test_networks_a_job_may_have(network: str) -> None:
-    spec = parse_launch({"run_id": "a", "container": {"image": "x", "network": network}}).spec
+    spec = parse_launch({"run_id": "a", "container": {"image": "x", "network": network}}).container
     assert spec.network == (network or "host")
 
 
 def test_a_name_that_only_starts_like_hex_is_a_name() -> None:
     body = {"run_id": "a", "container": {"image": "x", "name": "abc123def456-run"}}
-    assert parse_launch(body).spec.name == "abc123def456-run"
+    assert parse_launch(body).container.name == "abc123def456-run"
 
 
 def test_a_run_id_the_name_cannot_hold_gets_a_safe_name() -> None:
     request = parse_launch({"run_id": "user/run 1", "container": {"image": "x"}})
     assert request.ref.startswith("tuneplane-user-run-1-")
-    assert request.spec.labels[LABEL_RUN_ID] == "user/run 1"
+    assert request.container.labels[LABEL_RUN_ID] == "user/run 1"
 
 
 @pytest.mark.parametrize(
@@ -459,7 +448,7 @@ def test_a_mount_onto_the_engines_paths_is_refused(target: str) -> None:
     "target", ["/etc/trainer", "/run/secrets", "/devices", "/data/proc", "/sysroot"]
 )
 def test_a_mount_onto_other_paths_is_kept(target: str) -> None:
-    spec = parse_launch(container(mounts=[["/data", target, True]])).spec
+    spec = parse_launch(container(mounts=[["/data", target, True]])).container
     assert spec.mounts == (Mount("/data", target, True),)
 
 
@@ -492,7 +481,7 @@ def test_registry_auth_is_a_password_or_a_token_kept_out_of_the_spec(
 ) -> None:
     request = parse_launch(container(registry_auth=given))
     assert request.auth == auth
-    assert "pw" not in repr(request.spec) and "tok" not in repr(request)
+    assert "pw" not in repr(request.container) and "tok" not in repr(request)
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import runpy
 from collections.abc import Callable
-from typing import Any
+from typing import Any, get_args, get_origin, get_type_hints
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -21,7 +21,7 @@ from tuneplane_node.errors import InvalidField, UnknownField
 from tuneplane_node.sizes import MAX_SIZE
 from tuneplane_node.wire import images, maps, mounts, readers, requests, schema, verbs, volumes
 from tuneplane_node.wire.stats import parse_stats
-from tuneplane_node.wire.values import MAX_WAIT_S
+from tuneplane_node.wire.values import MAX_WAIT_S, LaunchContainer
 
 COMMITTED = REPO / "contrib" / "openapi.json"
 DOCUMENT = document()
@@ -529,3 +529,28 @@ def test_a_whole_number_written_as_a_float_is_that_number(field: str, value: Any
     for gpus in (2.0, 2.5):
         body = {"run_id": "r", "container": {"image": "a/b:1"}, "requested_gpus": gpus}
         assert LAUNCH.is_valid(body) == parser_accepts(body)
+
+
+def _assignable(given: Any, declared: Any) -> bool:
+    """A reader's type fits its attribute's: the same, or a ``dict`` for a ``Mapping``."""
+    if given == declared:
+        return True
+    origin, wanted = get_origin(given), get_origin(declared)
+    if origin is None or wanted is None or get_args(given) != get_args(declared):
+        return False
+    return issubclass(origin, wanted)
+
+
+def test_each_container_field_is_the_typed_containers_attribute_of_its_reader_type() -> None:
+    """A launch's container is read into `LaunchContainer` by the table's names: a field
+    renamed on one side only, or a reader whose type is not its attribute's, fails here
+    (the spec has the attributes by inheritance, so a type checker sees them there)."""
+    declared = get_type_hints(LaunchContainer)
+    read = {field.name: field.read for field in requests.CONTAINER.fields if field.read}
+    assert set(read) == set(declared)
+    wrong = {
+        name: (get_type_hints(reader)["return"], declared[name])
+        for name, reader in read.items()
+        if not _assignable(get_type_hints(reader)["return"], declared[name])
+    }
+    assert wrong == {}

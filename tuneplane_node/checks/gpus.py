@@ -56,7 +56,7 @@ def check_affinity(settings: NodeSettings, snapshot: GpuSnapshot) -> Finding:
     if settings.cpu_affinity == "off":
         return (OK, f"cpu affinity: off ({env_name('cpu_affinity')}): jobs run on every CPU")
     affinity = CpuAffinity(settings)
-    placed = {card.index: affinity.place((card.index,), snapshot) for card in snapshot.cards}
+    placed = {card.index: affinity.placement((card.index,), snapshot) for card in snapshot.cards}
     where = "; ".join(f"gpu {index}: {place}" for index, place in placed.items()) or "no cards"
     return (OK, f"cpu affinity: numa: {where}")  # an unknown node says so, and runs anywhere
 

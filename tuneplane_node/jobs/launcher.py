@@ -3,9 +3,12 @@
 It runs the pending launches (their background tasks, in the table it is handed) and the
 `Reservation` that pairs a launch's card claim with its release, and passes the image
 GC's (`ImageCollector`) pull gate before it reserves anything; the GC's holds keep its
-image from a run from its first look until its container exists. It makes none of its
-collaborators: `jobs.node.build_node` hands them over. What a
-launch does with what it finds is the service's rule; this is how it is carried out.
+image from a run from its first look until its container exists. A launch's spec goes
+through its two phases' steps (`LaunchStep`), which `jobs.node.build_node` lists in
+order: the vet steps (`vetted`, before the run's lock) and the place steps
+(`_placed`, once the cards are reserved). It makes none of its collaborators:
+`build_node` hands them over. What a launch does with what it finds is the service's
+rule; this is how it is carried out.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 
 from tuneplane_node.clock import Clock
@@ -26,21 +29,17 @@ from tuneplane_node.jobs.images.gc import ImageCollector
 from tuneplane_node.jobs.images.keeper import ImageKeeper
 from tuneplane_node.jobs.images.pulls import PullCoordinator
 from tuneplane_node.jobs.mounts.launch import LaunchMounts
-from tuneplane_node.jobs.observe.watch import ChangeLog
+from tuneplane_node.jobs.observe.watch import ChangeFeed
 from tuneplane_node.jobs.pending import PendingLaunch, PendingTable
 from tuneplane_node.jobs.reservation import Reservation
-from tuneplane_node.jobs.rules.affinity import CpuAffinity
-from tuneplane_node.jobs.rules.confinement import JobRules
 from tuneplane_node.jobs.rules.fabric import FabricAddresses
-from tuneplane_node.jobs.rules.isolation import Isolation
-from tuneplane_node.jobs.rules.network import neighbours
 from tuneplane_node.jobs.volumes.keeper import VolumeKeeper
-from tuneplane_node.jobs.words.launch import LaunchRequest, Pulling, Started
+from tuneplane_node.jobs.words.launch import LaunchRequest, LaunchStep, Pulling, Started
 from tuneplane_node.logformat import job_fields
 from tuneplane_node.references import canonical
 from tuneplane_node.runtime.base import ContainerRuntime
 from tuneplane_node.runtime.facts import ImageInfo
-from tuneplane_node.runtime.spec import DEVICES_ENV, ContainerSpec, container_name
+from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.tasks import BackgroundTasks
 from tuneplane_node.wire.values import STARTING, Launch
 
@@ -54,14 +53,12 @@ async def nothing_to_clear() -> None:
 
 
 def launch_request(launch: Launch) -> LaunchRequest:
-    """The launch as the service takes it: the runtime's spec made of the contract's
-    container values, named ``tuneplane-<run id>`` where the console gave no name."""
-    values = dict(launch.container)
-    spec = ContainerSpec(**{**values, "name": values.get("name") or container_name(launch.run_id)})
+    """The contract's launch as the launcher carries it: the runtime's spec of its
+    container, before any decision of the node's."""
     return LaunchRequest(
         launch.run_id,
         launch.requested_gpus,
-        spec,
+        ContainerSpec.of(launch.container),
         auth=launch.auth,
         pull_policy=launch.pull_policy,
         relaunch=launch.relaunch,
@@ -78,15 +75,14 @@ class Launcher:
         allocator: GpuAllocator,
         pulls: PullCoordinator,
         *,
+        vet: Sequence[LaunchStep],
+        place: Sequence[LaunchStep],
         images: ImageKeeper,
         clock: Clock,
-        changes: ChangeLog,
+        changes: ChangeFeed,
         pending: PendingTable,
         tasks: BackgroundTasks,
-        rules: JobRules,
-        isolation: Isolation,
         disk: DiskLimits,
-        affinity: CpuAffinity,
         mounts: LaunchMounts,
         volumes: VolumeKeeper,
         gc: ImageCollector,
@@ -95,38 +91,26 @@ class Launcher:
         self.runtime = runtime
         self.allocator = allocator
         self.pulls = pulls
+        self.vet = tuple(vet)  # the launch's phases, in `build_node`'s order
+        self.place = tuple(place)
         self.images = images
         self.clock = clock
         self.changes = changes  # watch's, fed by the table
         self.pending = pending
         self.tasks = tasks  # the pending launches'
-        self.rules = rules
-        self.isolation = isolation
-        self.disk = disk
-        self.affinity = affinity
-        self.mounts = mounts  # host paths, scratch and volumes: vetted, staged, released
+        self.disk = disk  # the room a launch needs
+        self.mounts = mounts  # staged by a place step, released here when the launch fails
         self.volumes = volumes
         self.gc = gc
-        self.fabric = fabric  # the fabric network's addresses
+        self.fabric = fabric  # the fabric network's addresses, held with the cards
 
     async def vetted(self, request: LaunchRequest) -> LaunchRequest:
-        """The launch with its spec as the node allows it: the operator's confinement
-        (`JobRules`, RDMA by the cards it asks for), real mount paths under the mount
-        roots, the bytes it may write to the engine's disk, and the cards the node chose
-        as the only ones the container may see."""
-        spec, cards = request.spec, request.requested_gpus
-        env = dict(spec.env)
-        if env.pop(DEVICES_ENV, None) is not None:
-            log.warning(
-                "launch %s: dropped %s from env: the node chooses", spec.name, DEVICES_ENV,
-                extra=about(request),
-            )  # fmt: skip
-        spec = await asyncio.to_thread(self.rules.apply, replace(spec, env=env), cards=cards)
-        spec = await self.isolation.apply(spec, cards=cards)
-        store = await self.gc.store()  # the launch's one reading (`LaunchRequest.store`)
-        spec = self.disk.apply(spec, store)
-        await self.mounts.vet(spec)  # refused now; opened for good when the container is made
-        return replace(request, spec=spec, store=store)
+        """The vet phase, before the run's lock: each vet step in turn (the spec stamped,
+        confined, isolated, its disk limited, its mounts vetted: `build_node`), so the
+        launch is as the node allows it, or refused before anything is held."""
+        for step in self.vet:
+            request = await step(request)
+        return request
 
     async def release_mounts(self, labels: Mapping[str, str]) -> None:
         """Unmount a container's staged mounts (its label names them): it is gone."""
@@ -210,7 +194,7 @@ class Launcher:
         """The container, from the image id the reference resolved to, with the cards it
         was given; ``clear`` first, once the cards are held and the mounts staged."""
         async with Reservation(self.allocator, request, self.fabric) as cards:
-            spec = await self.mounts.staged(await self._placed(_from(request.spec, info), cards))
+            spec = await self._placed(request, info, cards)
             try:
                 await clear()
                 container_id = await self.runtime.run(spec)
@@ -283,8 +267,8 @@ class Launcher:
         record.phase = STARTING
         self.pending.changed(record.ref)
         cards = await reservation.claim()
-        # Opened now, after the pull: what is mounted is what the walk opened at create.
-        spec = await self.mounts.staged(await self._placed(_from(record.request.spec, info), cards))
+        # Placed now, after the pull: what is mounted is what the walk opened at create.
+        spec = await self._placed(record.request, info, cards)
         start = asyncio.ensure_future(self.runtime.run(spec))
         try:
             await asyncio.shield(start)
@@ -317,17 +301,16 @@ class Launcher:
         if self.pulls.ledger is not None and info is not None:
             self.pulls.ledger.record_use(info.id, self.clock.now())
 
-    async def _placed(self, spec: ContainerSpec, cards: tuple[int, ...]) -> ContainerSpec:
-        """The spec on the cards it was given, with their CPUs and memory (`CpuAffinity`),
-        on the network it gets beside the node's other jobs (`NetworkRule`)."""
-        spec, network = replace(spec, gpus=cards), self.rules.network
-        around = None
-        if network.needs_neighbours(spec):
-            around = await neighbours(
-                spec.name, runtime=self.runtime, allocator=self.allocator, pending=self.pending
-            )
-        spec = await self.fabric.addressed(network.placed(spec, around))  # held: `Reservation`
-        return self.affinity.apply(spec, await self.allocator.snapshot()) if cards else spec
+    async def _placed(
+        self, request: LaunchRequest, info: ImageInfo | None, cards: tuple[int, ...]
+    ) -> ContainerSpec:
+        """The place phase, once the cards are reserved: the spec made from the image's
+        id (`_from`) on the cards it was given, through each place step in turn (its
+        network, fabric address, cpuset, staged mounts: `build_node`)."""
+        plan = replace(request, spec=replace(_from(request.spec, info), gpus=cards))
+        for step in self.place:
+            plan = await step(plan)
+        return plan.spec
 
     def _ended(
         self, record: PendingLaunch, reservation: Reservation, task: asyncio.Task[None]

@@ -26,7 +26,7 @@ from tuneplane_node.errors import NodeCordoned
 from tuneplane_node.jobs.disk.monitor import DiskMonitor
 from tuneplane_node.jobs.drain import NodeStateKeeper
 from tuneplane_node.jobs.health import HealthReader
-from tuneplane_node.jobs.launcher import Launcher
+from tuneplane_node.jobs.launcher import Launcher, launch_request
 from tuneplane_node.jobs.locks import RefLocks
 from tuneplane_node.jobs.nodestate import NodeStateStore
 from tuneplane_node.jobs.observe.logs import LogsReader
@@ -35,13 +35,13 @@ from tuneplane_node.jobs.observe.views import StoppedViews
 from tuneplane_node.jobs.ours import OursRule
 from tuneplane_node.jobs.pending import PendingTable
 from tuneplane_node.jobs.reaper import Reaper
-from tuneplane_node.jobs.retries import check_run, retried, stamped
+from tuneplane_node.jobs.retries import check_run, retried
 from tuneplane_node.jobs.stopper import NO_PLAN, Stopper
-from tuneplane_node.jobs.words.launch import AlreadyPending, LaunchRequest, LaunchResult
+from tuneplane_node.jobs.words.launch import AlreadyPending, LaunchResult
 from tuneplane_node.jobs.words.status import Inventory, NodeState, NodeStatus
 from tuneplane_node.jobs.words.views import JobView, StoppedView
 from tuneplane_node.runtime.base import ContainerRuntime, ContainerState, LogStream, LogText
-from tuneplane_node.wire.values import FAILED, StopPlan
+from tuneplane_node.wire.values import FAILED, Launch, StopPlan
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,7 @@ class JobService:
         health: HealthReader,
         reader: LogsReader,
         sampler: StatsSampler,
+        gpu_faults: Callable[[], Mapping[str, str]],
     ) -> None:
         self.runtime = runtime
         self.clock = clock
@@ -84,7 +85,7 @@ class JobService:
         self.reader = reader
         self.sampler = sampler
         # The job faults of the cards under each job, by container name (the fault reactor's).
-        self.gpu_faults: Callable[[], Mapping[str, str]] = dict
+        self.gpu_faults = gpu_faults
 
     @property
     def node(self) -> NodeState:
@@ -93,7 +94,7 @@ class JobService:
 
     # --- launch -------------------------------------------------------------------------
 
-    async def launch(self, request: LaunchRequest) -> LaunchResult:
+    async def launch(self, launch: Launch) -> LaunchResult:
         """Start the run's container, or say what is already there.
 
         A live container of the run is the answer itself (idempotent); an exited one, or
@@ -104,8 +105,8 @@ class JobService:
         passed every check of the node (`Launcher.start`): a refused relaunch leaves the
         exited job, its exit code and logs, as it was.
         """
-        ref = request.ref
-        request = await self.launcher.vetted(stamped(request))
+        ref = launch.ref
+        request = await self.launcher.vetted(launch_request(launch))
         async with self.locks.hold(ref):
             record = self.pending.get(ref)
             if record is not None and record.phase != FAILED:

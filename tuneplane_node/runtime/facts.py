@@ -99,7 +99,8 @@ class DataRoot:
     and the size of its filesystem: None when that path is not on this machine (an
     engine not reached through a unix socket: its path says nothing of the disks here),
     or cannot be measured. ``project_quotas``: whether its filesystem holds a job's
-    writable layer to its disk limit itself (`runtime.engines.quotas`); None: unknown."""
+    writable layer to its disk limit itself (`runtime.engines.store.project_quotas`);
+    None: unknown."""
 
     path: str
     space: Space | None
@@ -158,6 +159,21 @@ class IsolationSupport:
     idmap_mounts: bool = False
     remaps_users: bool = False
     error: str | None = None
+
+
+NAMESPACED_RUNTIMES = ("runc", "crun")
+"""The OCI runtimes that run a job on the host's kernel in namespaces the engine asks
+for, a user namespace included; a sandbox (runsc, kata) brings a kernel of its own."""
+
+
+def maps_users(runtime: str) -> bool:
+    """Whether a job under that runtime can be given a user namespace of its own."""
+    return runtime.rsplit("/", 1)[-1] in NAMESPACED_RUNTIMES
+
+
+JOB_INTERFACE = "eth0"
+"""The fabric network's interface inside a job: docker names a container's only network's
+interface eth0, podman is told to (checked by the engine tests)."""
 
 
 @dataclass(frozen=True)

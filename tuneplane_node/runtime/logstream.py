@@ -32,12 +32,11 @@ Reader = Callable[["LogRelay"], None]
 """Runs on a pool thread: opens the stream, `attach`es it, `put`s its pieces."""
 
 
-def _socket(response: Any) -> socket.socket | None:
-    """The socket under a streamed requests response (http.client, unix or TCP)."""
+def _socket(response: Any) -> Any | None:
+    """The socket under a streamed requests response (http.client, unix, TCP or TLS);
+    None once its body ended (http.client lets go of its file there)."""
     with contextlib.suppress(Exception):
-        sock = response.raw._fp.fp.raw._sock
-        if isinstance(sock, socket.socket):
-            return sock
+        return response.raw._fp.fp.raw._sock
     return None
 
 
@@ -49,11 +48,34 @@ def unbound_reads(response: Any) -> None:
         sock.settimeout(None)
 
 
+def opened(response: Any, check: Callable[[Any], object] | None = None) -> Any:
+    """A streamed response that ``check`` (the SDK's status check; by default its own
+    ``raise_for_status``) let through; one it refused is closed first, here, by the
+    thread that holds it (`shut`): left to the garbage collector, its connection was
+    closed on whatever thread that ran."""
+    try:
+        if check is None:
+            response.raise_for_status()
+        else:
+            check(response)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            response.close()
+        raise
+    return response
+
+
 def shut(response: Any) -> None:
-    """Wake the thread reading the response, from any thread: its read fails at once."""
+    """Wake the thread reading the response, from any thread: its read fails at once.
+
+    Never a close from here: the reading thread closes it once it has stopped. A close
+    from another thread races that thread's own (or urllib3's at the body's end), and
+    one connection goes back to the SDK's pool twice or is closed while another call
+    uses it (``ResponseNotReady`` after a cancelled podman pull, seen in CI). No socket
+    found: the body has ended, nothing is blocked on it."""
     sock = _socket(response)
     if sock is not None:
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(Exception):
             sock.shutdown(socket.SHUT_RDWR)
 
 

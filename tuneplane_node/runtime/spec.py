@@ -1,5 +1,5 @@
 """A job container as the node asks an engine for it: its name, its confinement, its spec
-and the labels every runtime writes on it.
+and what its labels are written from (`runtime.labels`).
 
 Plain data, read by every runtime's `ContainerRuntime.run`; what a runtime says back of
 a container is `runtime.base.ContainerState`.
@@ -7,24 +7,13 @@ a container is `runtime.base.ContainerState`.
 
 from __future__ import annotations
 
-import hashlib
-import re
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, fields
 from pathlib import PurePosixPath
 from typing import NamedTuple
 
 from tuneplane_node.wire.values import (
-    LABEL_DISK_LIMIT,
-    LABEL_GPUS,
-    LABEL_INODE_LIMIT,
-    LABEL_RUNTIME,
-    LABEL_USERNS,
-    LABEL_WARN_S,
-    LABEL_WARN_SIGNAL,
-    Mount,
-    Scratch,
-    Volume,
+    LaunchContainer,
 )
 
 DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
@@ -32,19 +21,6 @@ DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 RDMA_DIR = "/dev/infiniband"  # where a job finds its RDMA devices, wherever the host's are
 RDMA_CAPABILITY = "IPC_LOCK"
 UNLIMITED = 2**64 - 1  # RLIM_INFINITY
-
-NAME_PREFIX = "tuneplane-"
-_UNSAFE = re.compile(r"[^a-zA-Z0-9_.-]")
-_MAX_NAME = 120
-
-
-def container_name(run_id: str) -> str:
-    """``tuneplane-<safe id>``; ids that had to be changed get a hash so two never collide."""
-    safe = _UNSAFE.sub("-", run_id)
-    if safe == run_id and len(safe) <= _MAX_NAME:
-        return NAME_PREFIX + safe
-    digest = hashlib.sha256(run_id.encode()).hexdigest()[:10]
-    return f"{NAME_PREFIX}{safe[:_MAX_NAME]}-{digest}"
 
 
 def format_gpus(gpus: Iterable[int]) -> str:
@@ -126,32 +102,16 @@ its `LABEL_FABRIC_ADDRESS`."""
 
 
 @dataclass(frozen=True)
-class ContainerSpec:
-    """One job container. ``command`` is the entry argv: it replaces the image ENTRYPOINT.
+class ContainerSpec(LaunchContainer):
+    """One job container: the console's container (`LaunchContainer`, every field of
+    it by its name) and the node's decisions.
 
     ``gpus`` are the cards the node chose; every runtime writes them in the
-    ``tuneplane.gpus`` label itself (`job_labels`), so the label never disagrees with
+    ``tuneplane.gpus`` label itself (`runtime.labels.job_labels`), so the label never disagrees with
     the devices.
     """
 
-    name: str
-    image: str
-    command: tuple[str, ...] = ()
-    env: Mapping[str, str] = field(default_factory=dict)
     gpus: tuple[int, ...] = ()
-    mounts: tuple[Mount, ...] = ()
-    labels: Mapping[str, str] = field(default_factory=dict)
-    workdir: str | None = None
-    shm_size: str | None = None
-    cpu_limit: float | None = None
-    memory_limit: str | None = None
-    network: str = "host"
-    user: str | None = None
-    stop_signal: str | None = None  # None: the image's STOPSIGNAL, else SIGTERM
-    # The console's word for the node's own stops (labels LABEL_WARN_*); None: the operator's.
-    warn_signal: str | None = None
-    warn_s: float | None = None
-    rdma: bool | None = None  # the console's word: None for the node's rule (TUNEPLANE_RDMA)
     # The node's decision: the host's RDMA devices, each handed in at RDMA_DIR/<name>,
     # with memlock unlimited and RDMA_CAPABILITY (verbs pin the memory they register).
     rdma_devices: tuple[str, ...] = ()
@@ -160,22 +120,11 @@ class ContainerSpec:
     # job's cards, set at create only; () for none (every CPU, every node).
     cpuset_cpus: tuple[int, ...] = ()
     cpuset_mems: tuple[int, ...] = ()
-    # The console's word (None: not asked), then the node's decision (the operator's
-    # TUNEPLANE_JOB_READ_ONLY_ROOT or the console's true): the image's filesystem
-    # read-only, the job writing only in its tmpfs (and mounts).
-    read_only_root: bool | None = None
-    tmpfs: tuple[Tmpfs, ...] = ()
-    disk_limit: str | None = None  # the console's word; None: the node's default
-    scratch: Scratch | None = None  # the console's word; None: no scratch space
-    volumes: tuple[Volume, ...] = ()  # the console's word; bound read-only at start
+    tmpfs: tuple[Tmpfs, ...] = ()  # a read-only root's writable places
     # The node's decision (TUNEPLANE_JOB_DISK_LIMIT): the bytes it may write to the
     # engine's disk, written in its LABEL_DISK_LIMIT; None: no limit.
     disk_limit_bytes: int | None = None
-    # The console's word, then the node's decision (TUNEPLANE_JOB_INODE_LIMIT): the
-    # inodes it may make there, written in its LABEL_INODE_LIMIT; None: no limit.
-    inode_limit: int | None = None
     confinement: Confinement = field(default_factory=Confinement)
-    isolation: str = ""  # the console's word: "sandbox", or "" for the node's rule
     # The node's decisions (`jobs.rules.isolation`): a user namespace of the job's own (why
     # not, where the host's is kept), and the OCI runtime asked for (None: the default).
     own_userns: bool = False
@@ -183,6 +132,14 @@ class ContainerSpec:
     # Its writable mounts handed to its range (podman's U), where the runtime cannot id-map.
     chown_mounts: bool = False
     runtime: str | None = None
+
+    @classmethod
+    def of(cls, container: LaunchContainer) -> ContainerSpec:
+        """The spec of the console's container, before any decision of the node's. The
+        names are `LaunchContainer`'s own fields, which the spec has by inheritance:
+        none to miss or misspell (a spec handed in loses its decisions)."""
+        asked = {each.name: getattr(container, each.name) for each in fields(LaunchContainer)}
+        return cls(**asked)
 
     def cpuset(self) -> tuple[str | None, str | None]:
         """(cpus, mems) in the kernel's list format, None for each not set."""
@@ -192,22 +149,3 @@ class ContainerSpec:
     def rdma_mappings(self) -> list[str]:
         """``host:container:rwm`` for each RDMA device, as both engines take devices."""
         return [f"{d}:{RDMA_DIR}/{PurePosixPath(d).name}:rwm" for d in self.rdma_devices]
-
-
-def job_labels(spec: ContainerSpec) -> dict[str, str]:
-    """The labels a job container carries: the spec's, its cards, its disk limit."""
-    labels = {**spec.labels, LABEL_GPUS: format_gpus(spec.gpus)}
-    if spec.disk_limit_bytes is not None:
-        labels[LABEL_DISK_LIMIT] = str(spec.disk_limit_bytes)
-    if spec.inode_limit is not None:
-        labels[LABEL_INODE_LIMIT] = str(spec.inode_limit)
-    if spec.own_userns or spec.userns_note:
-        kind = "own" if spec.own_userns else "host"
-        labels[LABEL_USERNS] = f"{kind}: {spec.userns_note}" if spec.userns_note else kind
-    if spec.runtime:
-        labels[LABEL_RUNTIME] = spec.runtime
-    if spec.warn_signal:
-        labels[LABEL_WARN_SIGNAL] = spec.warn_signal
-    if spec.warn_s is not None:
-        labels[LABEL_WARN_S] = f"{spec.warn_s:g}"
-    return labels

@@ -21,6 +21,7 @@ from pydantic_settings import SettingsConfigDict, SettingsError
 from tuneplane_node.errors import ConfigError
 from tuneplane_node.settings.fabric import Fabric
 from tuneplane_node.settings.gpus import GpuSettings
+from tuneplane_node.settings.images import ImageStoreSettings
 from tuneplane_node.settings.jobs import JobSettings
 from tuneplane_node.settings.notices import NoticeSettings
 from tuneplane_node.settings.problems import describe_settings_error, describe_validation
@@ -60,7 +61,9 @@ NEVER_MOUNTED = tuple(
 NEVER_UNDER = tuple(Path(p) for p in ("/proc", "/sys", "/dev", "/etc", "/boot"))
 
 
-class NodeSettings(GpuSettings, NoticeSettings, VolumeStoreSettings, JobSettings):
+class NodeSettings(
+    GpuSettings, NoticeSettings, ImageStoreSettings, VolumeStoreSettings, JobSettings
+):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
         env_file=".env",
@@ -126,46 +129,6 @@ class NodeSettings(GpuSettings, NoticeSettings, VolumeStoreSettings, JobSettings
     """Seconds an exited (or never-started) job container is kept before reap removes it."""
     logs_max_bytes: int = Field(8 * 2**20, ge=1024, le=2**30)
     """Bytes a logs answer holds at most: the newest output; older is cut and said so."""
-    local_image_pull_timeout_s: float = Field(3600.0, gt=0, le=7 * DAY, allow_inf_nan=False)
-    """Seconds an image pull may take in all."""
-    local_image_pull_stall_s: float = Field(300.0, gt=0, le=DAY, allow_inf_nan=False)
-    """Seconds an image pull may go without progress before it is abandoned."""
-    registry_auth_file: Path | None = None
-    """Registry credentials in Docker's config.json format (``auths``, ``credHelpers``,
-    ``credsStore``), for launches that bring none; read again when it changes and on
-    SIGHUP."""
-    check_image: str = Field("busybox:1.36", min_length=1, max_length=255)
-    """The image of ``check``'s throwaway job (egress): ``sh`` and ``nc``; never pulled."""
-    private_image_check: bool = True
-    """Run an image the node pulled with credentials only for a launch whose credentials
-    are the ones it was pulled with, or which its registry accepts now."""
-    private_image_recheck_s: float = Field(3600.0, ge=0, le=30 * DAY, allow_inf_nan=False)
-    """Seconds a registry's yes to a credential for a private image is trusted."""
-    image_gc: Literal["node", "all", "off"] = "node"
-    """Which unused images the image GC may remove: ``node`` only those the node pulled
-    or its containers used, ``all`` any of the engine's (as kubelet does), ``off`` none."""
-    image_gc_high_percent: int = Field(85, ge=1, le=100)
-    """Use of the engine's data-root filesystem, in percent, at which the GC removes
-    images, and at or above which a pull is refused (507)."""
-    image_gc_low_percent: int = Field(80, ge=0, le=99)
-    """Use, in percent, the GC brings the filesystem down to; below the high one."""
-    inode_high_percent: int = Field(95, ge=1, le=100)
-    """Use of the engine's data-root filesystem's inodes (statvfs' ``f_favail`` counted
-    as free), in percent, at or above which the node is under ``inode_pressure``
-    (kubelet's ``nodefs.inodesFree < 5%``): launches are refused (507), the jobs past
-    their inode limit then the largest holder are stopped, then the image GC runs."""
-    inode_low_percent: int = Field(90, ge=0, le=99)
-    """Inode use, in percent, the image GC brings the filesystem down to under inode
-    pressure; below the high one."""
-    image_gc_min_age_s: float = Field(120.0, ge=0, le=30 * DAY, allow_inf_nan=False)
-    """Seconds an image must have been on the node (since its pull, or since the node
-    first saw it) before the GC may remove it."""
-    image_gc_max_unused_s: float = Field(0.0, ge=0, le=365 * DAY, allow_inf_nan=False)
-    """Seconds after its last use an image is removed whatever the disk; 0: never."""
-    image_gc_interval_s: float = Field(300.0, ge=1, le=DAY, allow_inf_nan=False)
-    """Seconds between two GC runs (one also runs before every pull)."""
-    image_pin_s: float = Field(3600.0, ge=0, le=30 * DAY, allow_inf_nan=False)
-    """Seconds a prefetched image is kept from the GC while no container has used it."""
     local_gpu_passthrough: bool = True
     """Hand the allocated GPUs to the container (false: label only, no device)."""
     local_gpu_count: int | None = Field(None, ge=0)

@@ -5,7 +5,8 @@ The parsers are the one source of the contract. Each field is a `Field` in a tab
 (`LAUNCH` and its `CONTAINER` here, the other verbs' bodies in `verbs`, `images` and
 `volumes`): its name, its value in JSON Schema, its line of documentation and, in the
 container, its reader. A plain container field is one `Field` entry in `CONTAINER`, its
-reader here and the runtime spec's attribute; a field with rules of its own is declared
+reader here and `values.LaunchContainer`'s attribute (the runtime spec's by inheritance,
+the retry digest's by its place); a field with rules of its own is declared
 whole beside them (`mounts.MOUNTS`, `mounts.SCRATCH`, `volumes.VOLUMES`), and the
 readers every table shares are in `readers`. `CONTAINER_FIELDS`, the OpenAPI document
 (`schema`) and docs/api.md all come from those tables, and `tests/unit/test_wire_schema.py`
@@ -92,6 +93,8 @@ from tuneplane_node.wire.values import (
     NODE_LABELS,
     SANDBOX,
     Launch,
+    LaunchContainer,
+    container_name,
 )
 from tuneplane_node.wire.volumes import VOLUMES
 from tuneplane_node.wire.warning import WARN_S, WARN_SIGNAL
@@ -136,11 +139,11 @@ def parse_launch(body: Mapping[str, Any]) -> Launch:
         seen = run_id if run_id is not None else str(body.get("run_id") or "")
         gpus = refusals.read(_gpus, Given(container, "container.gpus", seen))
         requested = refusals.read(_requested_gpus, body.get("requested_gpus"), gpus)
-        values = refusals.read(parse_container, container, seen)
+        asked = refusals.read(parse_container, container, seen)
         auth = refusals.read(read_registry_auth, Given(container, "container.registry_auth", seen))
         policy = refusals.read(read_pull_policy, Given(container, "container.pull_policy", seen))
         relaunch = refusals.read(_relaunch, body.get("relaunch"))
-    return Launch(run_id, requested, values, auth=auth, pull_policy=policy, relaunch=relaunch)
+    return Launch(run_id, requested, asked, auth=auth, pull_policy=policy, relaunch=relaunch)
 
 
 def _relaunch(value: object) -> bool:
@@ -170,17 +173,18 @@ def _requested_gpus(requested: object, gpus: list[Any] | None) -> int:
     return whole
 
 
-def parse_container(body: Mapping[str, Any], run_id: str) -> dict[str, Any]:
-    """What the table's readers make of the container object, by the runtime spec's
-    attribute names (the launcher makes the spec of them); every bad field of it
-    refused at once."""
+def parse_container(body: Mapping[str, Any], run_id: str) -> LaunchContainer:
+    """What the table's readers make of the container object, each the attribute of its
+    name (`LaunchContainer`, whose names and types a test holds to the table's); every
+    bad field of it refused at once. No name: the run's (`container_name`)."""
     with Refusals() as refusals:
         values = {
             field.name: refusals.read(field.read, Given(body, f"container.{field.name}", run_id))
             for field in CHECKED
             if field.read is not None
         }
-    return values
+    values["name"] = values["name"] or container_name(run_id)
+    return LaunchContainer(**values)
 
 
 # The container's readers, in the table's order.
@@ -192,7 +196,7 @@ def _name(given: Given) -> str:
         raise InvalidField(given.field, "must match [a-zA-Z0-9][a-zA-Z0-9_.-]*")
     if name and LOOKS_LIKE_ID.fullmatch(name):
         raise InvalidField(given.field, "must not look like a container id (hex digits)")
-    return name  # empty: the launcher names it after the run id
+    return name  # empty: named after the run id (`parse_container`)
 
 
 def _argv(given: Given) -> tuple[str, ...]:

@@ -1,8 +1,8 @@
 """What the contract's requests are read into, and the words its answers use: plain data
 the parsers (`requests`) make, at the bottom of the package so the job service, the
 engines and the clients below and beside it take the same values without importing
-anything above `errors`. The runtime's `ContainerSpec` is not here: the launcher makes
-one of a `Launch` (`jobs.launcher.launch_request`).
+anything above `errors`. A launch's container is typed here (`LaunchContainer`); the
+runtime's `ContainerSpec` is that and the node's decisions.
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ import hmac
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 # --- the words of the answers' phases and states ------------------------------------------
 
@@ -187,16 +186,77 @@ class Cursor:
 CURSOR_EPOCH = re.compile(r"[0-9a-f]{16}")
 
 
+NAME_PREFIX = "tuneplane-"
+_UNSAFE = re.compile(r"[^a-zA-Z0-9_.-]")
+_MAX_NAME = 120
+
+
+def container_name(run_id: str) -> str:
+    """A launch's container name where the console gave none: ``tuneplane-<safe id>``;
+    ids that had to be changed get a hash so two never collide."""
+    safe = _UNSAFE.sub("-", run_id)
+    if safe == run_id and len(safe) <= _MAX_NAME:
+        return NAME_PREFIX + safe
+    digest = hashlib.sha256(run_id.encode()).hexdigest()[:10]
+    return f"{NAME_PREFIX}{safe[:_MAX_NAME]}-{digest}"
+
+
+@dataclass(frozen=True)
+class LaunchContainer:
+    """A launch's ``container`` as the contract reads it: each attribute is the field of
+    that name in `requests.CONTAINER`, as its reader made it (a test holds names and
+    types together). The runtime's `ContainerSpec` extends it with the node's decisions,
+    so a field is declared once, here, and the spec has it by that name and type.
+    ``command`` is the entry argv: it replaces the image ENTRYPOINT.
+
+    The order is the order of ``tuneplane.spec``'s digests (`jobs.retries`): a new field
+    goes last."""
+
+    name: str  # the console's, or `container_name` of the run: the ref of every verb
+    image: str
+    command: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    mounts: tuple[Mount, ...] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)
+    workdir: str | None = None
+    shm_size: str | None = None
+    cpu_limit: float | None = None
+    # The console's word, then the node's decision (the machine less its reserve).
+    memory_limit: str | None = None
+    network: str = "host"  # the console's word, then the network the node gives it
+    user: str | None = None
+    stop_signal: str | None = None  # None: the image's STOPSIGNAL, else SIGTERM
+    rdma: bool | None = None  # the console's word: None for the node's rule (TUNEPLANE_RDMA)
+    # The console's word (None: not asked), then the node's decision (the operator's
+    # TUNEPLANE_JOB_READ_ONLY_ROOT or the console's true): the image's filesystem
+    # read-only, the job writing only in its tmpfs (and mounts).
+    read_only_root: bool | None = None
+    disk_limit: str | None = None  # the console's word; None: the node's default
+    scratch: Scratch | None = None  # None: no scratch space
+    volumes: tuple[Volume, ...] = ()  # bound read-only at start
+    isolation: str = ""  # "sandbox", or "" for the node's rule
+    # The console's word for the node's own stops (labels LABEL_WARN_*); None: the operator's.
+    warn_signal: str | None = None
+    warn_s: float | None = None
+    # The console's word, then the node's decision (TUNEPLANE_JOB_INODE_LIMIT): the
+    # inodes it may make there, written in its LABEL_INODE_LIMIT; None: no limit.
+    inode_limit: int | None = None
+
+
 @dataclass(frozen=True)
 class Launch:
-    """A launch as the contract reads it. ``container``: each container field's value,
-    by the runtime spec's attribute name, ``name`` empty where the console gave none;
-    the launcher makes the runtime's spec of it. ``auth``: the launch's own registry
-    credentials (their repr hides them)."""
+    """A launch as the contract reads it, what `JobService.launch` takes. ``auth``: the
+    launch's own registry credentials (their repr hides them); they are never part of
+    the container, whose labels and env reach the engine."""
 
     run_id: str
     requested_gpus: int
-    container: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    container: LaunchContainer
     auth: RegistryAuth | None = None
     pull_policy: str = IF_NOT_PRESENT
     relaunch: bool = True  # False: an exited container of the run is the answer
+
+    @property
+    def ref(self) -> str:
+        """The container's name: the ref of every other verb."""
+        return self.container.name

@@ -9,10 +9,12 @@ container (`LABEL_DISK_LIMIT`): what the disk monitor holds it to, after a resta
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from tuneplane_node.errors import OUT_OF_RANGE, DiskPressure, InodePressure, InvalidField
 from tuneplane_node.jobs.words.images import ImageStore
+from tuneplane_node.jobs.words.launch import LaunchRequest
 from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.settings import NodeSettings, env_name
 from tuneplane_node.sizes import size_in_bytes
@@ -24,9 +26,18 @@ INODE_FIELD = "container.inode_limit"
 class DiskLimits:
     """The operator's disk rules applied to a launch."""
 
-    def __init__(self, settings: NodeSettings) -> None:
+    def __init__(
+        self, settings: NodeSettings, *, store: Callable[[], Awaitable[ImageStore]]
+    ) -> None:
         self.settings = settings
         self.high = settings.image_gc_high_percent
+        self.store = store  # the engine's image store, read (the image GC's reading)
+
+    async def vet(self, plan: LaunchRequest) -> LaunchRequest:
+        """The vet step: the store read once for the launch (`LaunchRequest.store`: its
+        room is checked from the same reading), the spec with its disk and inode limits."""
+        store = await self.store()
+        return replace(plan, spec=self.apply(plan.spec, store), store=store)
 
     def apply(self, spec: ContainerSpec, store: ImageStore) -> ContainerSpec:
         """The spec with the bytes it may write; InvalidField (422) when it asks for

@@ -26,11 +26,13 @@ from tuneplane_node.jobs.mounts.scratch import ScratchError, ScratchSpaces, scra
 from tuneplane_node.jobs.mounts.staging import MountStaging
 from tuneplane_node.jobs.volumes.keeper import VolumeKeeper
 from tuneplane_node.jobs.volumes.sources import FIELD as VOLUMES
+from tuneplane_node.jobs.words.launch import LaunchRequest
 from tuneplane_node.runtime.base import ContainerRuntime
 from tuneplane_node.runtime.facts import REMOTE, STAGED, MountSupport
+from tuneplane_node.runtime.labels import mounts_of, with_staged
 from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.tasks import BackgroundTasks
-from tuneplane_node.wire.values import LABEL_MOUNTS, LABEL_VOLUMES, Mount
+from tuneplane_node.wire.values import Mount
 
 log = logging.getLogger(__name__)
 
@@ -79,10 +81,15 @@ class LaunchMounts:
             self._support = support
         return self._support
 
-    async def vet(self, spec: ContainerSpec) -> None:
-        """Refuse now what the container could not be made with: a mount outside the
-        mount roots or of an engine on another machine, a scratch or volumes a runtime
-        cannot be handed. Opened for good when the container is made."""
+    async def vet(self, plan: LaunchRequest) -> LaunchRequest:
+        """The vet step: refuse now what the container could not be made with (a mount
+        outside the mount roots or of an engine on another machine, a scratch or
+        volumes a runtime cannot be handed); the plan as it was. Opened for good when
+        the container is made (`place`)."""
+        await self._vet(plan.spec)
+        return plan
+
+    async def _vet(self, spec: ContainerSpec) -> None:
         if spec.mounts:
             await self._usable(spec.mounts)
             await asyncio.to_thread(self.policy.vet, spec.mounts)
@@ -108,11 +115,15 @@ class LaunchMounts:
     async def _staging_usable(self, field: str) -> None:
         refuse_unstaged(await self.support(), self.runtime.name, field)
 
-    async def staged(self, spec: ContainerSpec) -> ContainerSpec:
-        """The spec with each mount opened and bound at its staging path (`MountStaging`),
-        its scratch made and bound there too (`ScratchSpaces`), the key of its staging on
-        its label; a runtime that mounts nothing (the process runtime) gets the paths as
-        given, opened and refused alike."""
+    async def place(self, plan: LaunchRequest) -> LaunchRequest:
+        """The last place step: the spec with each mount opened and bound at its staging
+        path (`MountStaging`), its scratch made and bound there too (`ScratchSpaces`),
+        the key of its staging on its label; a runtime that mounts nothing (the process
+        runtime) gets the paths as given, opened and refused alike. Last, so nothing can
+        fail between the staging and the create, whose failure `release`s them."""
+        return replace(plan, spec=await self._staged(plan.spec))
+
+    async def _staged(self, spec: ContainerSpec) -> ContainerSpec:
         if not spec.mounts and spec.scratch is None and not spec.volumes:
             return spec
         if spec.scratch is not None or spec.volumes:  # a staging engine's: host mounts
@@ -122,9 +133,8 @@ class LaunchMounts:
         key = self.staging.new_key(spec.name)
         self._making.add(key)  # before the first bind: no sweep takes it meanwhile
         mounts = await asyncio.to_thread(self._open_and_stage, key, spec)
-        labels = {**spec.labels, LABEL_MOUNTS: key}
-        if spec.volumes:  # eviction's truth: what the container binds
-            labels[LABEL_VOLUMES] = ",".join(dict.fromkeys(v.sha256 for v in spec.volumes))
+        # the volumes it binds: eviction's truth
+        labels = with_staged(spec.labels, mounts=key, volumes=(v.sha256 for v in spec.volumes))
         return replace(spec, mounts=mounts, labels=labels)
 
     def _open_and_stage(self, key: str, spec: ContainerSpec) -> tuple[Mount, ...]:
@@ -143,7 +153,7 @@ class LaunchMounts:
 
     async def release(self, labels: Mapping[str, str]) -> None:
         """Unmount a container's staged mounts (its label names them): it is gone."""
-        key = labels.get(LABEL_MOUNTS)
+        key = mounts_of(labels)
         if not key:
             return
         self._making.discard(key)
@@ -175,7 +185,7 @@ class LaunchMounts:
             # `_making` before its directory exists, so one listed is kept if making).
             listed = await asyncio.to_thread(self._keys)
             try:
-                live = {s.labels.get(LABEL_MOUNTS, "") for s in await self.runtime.ps()}
+                live = {mounts_of(s.labels) for s in await self.runtime.ps()}
             except NodeError:
                 return  # the engine not answering: nothing is known gone
             self._making -= live  # made: its label is the truth now
@@ -200,7 +210,7 @@ class LaunchMounts:
         keys no container's label names), and a node that cannot mount said so."""
         try:
             support = await self.support()
-            keep = {state.labels.get(LABEL_MOUNTS, "") for state in await self.runtime.ps()}
+            keep = {mounts_of(state.labels) for state in await self.runtime.ps()}
         except NodeError as exc:
             log.warning("staged mounts not swept (the engine did not answer): %s", exc.message)
             return

@@ -15,15 +15,16 @@ no cpuset at all, and the log says why.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from tuneplane_node.gpu import numa
 from tuneplane_node.gpu.probe import GpuSnapshot
+from tuneplane_node.jobs.words.launch import LaunchRequest
 from tuneplane_node.logformat import job_fields
+from tuneplane_node.runtime.labels import run_id_of
 from tuneplane_node.runtime.spec import ContainerSpec, format_cpulist
 from tuneplane_node.settings import NodeSettings
-from tuneplane_node.wire.values import LABEL_RUN_ID
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +38,10 @@ class CpuAffinity:
         *,
         machine_nodes: Mapping[int, tuple[int, ...]] | None = None,
         machine_cpus: tuple[int, ...] | None = None,
+        gpus: Callable[[], Awaitable[GpuSnapshot]] | None = None,
     ) -> None:
         self.mode = settings.cpu_affinity
+        self.gpus = gpus  # the cards' facts, for `place`; None: `placement` alone (check)
         # Read once: CPUs and nodes come and go only with hotplug, which a node survives
         # by its restart. A test says what machine it is (its CPUs: its nodes' unless given).
         if machine_nodes is None:
@@ -51,15 +54,22 @@ class CpuAffinity:
         """``spec`` with the cpuset of its cards (``spec.gpus``), or unchanged, said why."""
         if self.mode == "off" or not spec.gpus:
             return spec
-        placed = self.place(spec.gpus, gpus, cpu_limit=spec.cpu_limit)
-        job = job_fields(spec.name, spec.labels.get(LABEL_RUN_ID))
+        placed = self.placement(spec.gpus, gpus, cpu_limit=spec.cpu_limit)
+        job = job_fields(spec.name, run_id_of(spec.labels))
         if placed.why:
             log.info("launch %s: no cpuset: %s", spec.name, placed.why, extra=job)
             return spec
         log.info("launch %s: cpuset %s", spec.name, placed, extra=job)
         return replace(spec, cpuset_cpus=placed.cpus, cpuset_mems=placed.mems)
 
-    def place(
+    async def place(self, plan: LaunchRequest) -> LaunchRequest:
+        """The place step: the spec on its cards' CPUs and memory nodes (`apply`), by the
+        cards' facts read now; a job without cards as it is."""
+        if not plan.spec.gpus or self.gpus is None:
+            return plan
+        return replace(plan, spec=self.apply(plan.spec, await self.gpus()))
+
+    def placement(
         self, cards: Sequence[int], gpus: GpuSnapshot | None, *, cpu_limit: float | None = None
     ) -> Placement:
         """The CPUs and memory nodes of ``cards`` on this machine, or why there are none."""

@@ -9,6 +9,7 @@ whose only writable places are bounded tmpfs.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import posixpath
 from dataclasses import replace
@@ -16,9 +17,17 @@ from dataclasses import replace
 from tuneplane_node import inventory
 from tuneplane_node.errors import ConfigError, MemlockUnavailable, NoRdma
 from tuneplane_node.jobs.rules.network import NetworkRule
+from tuneplane_node.jobs.words.launch import LaunchRequest
+from tuneplane_node.logformat import job_fields
 from tuneplane_node.runtime.engines import cgroupparent, memlock
 from tuneplane_node.runtime.engines.memlock import EngineMemlock
-from tuneplane_node.runtime.spec import KEPT_CAPABILITIES, Confinement, ContainerSpec, Tmpfs
+from tuneplane_node.runtime.spec import (
+    DEVICES_ENV,
+    KEPT_CAPABILITIES,
+    Confinement,
+    ContainerSpec,
+    Tmpfs,
+)
 from tuneplane_node.settings import NodeSettings, env_name
 from tuneplane_node.sizes import size_in_bytes
 
@@ -99,6 +108,19 @@ class JobRules:
         self.hcas = ",".join(hca for fabric in settings.fabrics for hca in fabric.hcas)
         self.read_only_root = settings.job_read_only_root
         self.tmpfs_bytes = settings.job_tmpfs_bytes
+
+    async def vet(self, plan: LaunchRequest) -> LaunchRequest:
+        """The vet step: a console's `DEVICES_ENV` dropped (the node chooses the cards,
+        logged), then `apply` for the cards it asks, on a thread."""
+        spec, env = plan.spec, dict(plan.spec.env)
+        if env.pop(DEVICES_ENV, None) is not None:
+            log.warning(
+                "launch %s: dropped %s from env: the node chooses", spec.name, DEVICES_ENV,
+                extra=job_fields(spec.name, plan.run_id, image=spec.image),
+            )  # fmt: skip
+        cards = plan.requested_gpus
+        spec = await asyncio.to_thread(self.apply, replace(spec, env=env), cards=cards)
+        return replace(plan, spec=spec)
 
     def apply(self, spec: ContainerSpec, *, cards: int = 0) -> ContainerSpec:
         """The spec confined, for a job of that many cards; InvalidField when the

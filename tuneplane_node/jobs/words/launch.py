@@ -1,10 +1,11 @@
-"""A launch as the job service takes it, and what it answers: started, already there,
-or pulling; a stop under way."""
+"""A launch as the launcher carries it (its plan, and the one shape of its steps), and
+what it answers: started, already there, or pulling; a stop under way."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from tuneplane_node.jobs.words.images import ImageStore
 from tuneplane_node.runtime.spec import ContainerSpec
@@ -13,9 +14,10 @@ from tuneplane_node.wire.values import IF_NOT_PRESENT, RegistryAuth
 
 @dataclass(frozen=True)
 class LaunchRequest:
-    """A launch as the service takes it. ``auth``: the launch's own registry
-    credentials (its repr hides them); they never enter the spec, whose labels and env
-    reach the engine."""
+    """A launch's plan: the contract's launch (`wire.values.Launch`) with its runtime
+    spec, as the launch's steps (`LaunchStep`) rewrite it, each into a new value.
+    ``auth``: the launch's own registry credentials (its repr hides them); they never
+    enter the spec, whose labels and env reach the engine."""
 
     run_id: str
     requested_gpus: int
@@ -32,6 +34,20 @@ class LaunchRequest:
     @property
     def ref(self) -> str:
         return self.spec.name
+
+
+class LaunchStep(Protocol):
+    """One step of a launch's phase, the one door shape of both (as kubelet's admit
+    handlers): the plan as the step leaves it, or a `NodeError` refusing the launch.
+
+    The vet steps run before the run's lock, in `jobs.node.build_node`'s order, on the
+    launch as the console asked; the place steps run once the cards are reserved (after
+    the image's pull, for a pending launch), on the plan with its cards (``spec.gpus``)
+    and the image id it is made from. A step changes nothing outside the plan, but for
+    what a place step holds until the container exists or the launch ends (a fabric
+    address, with the cards; staged mounts, released by the launcher)."""
+
+    async def __call__(self, plan: LaunchRequest, /) -> LaunchRequest: ...
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,9 @@
 Filled by one list before the daemon serves (names, labels, status: what health and the
 cards need), then by one inspect per container on a fill thread, 8 at once; until a
 container's inspect is in, a read of it (observe, every verb) asks the engine itself.
-Kept current by the engine's event stream (read on one dedicated thread, each event
-followed by an inspect of just that container), and reconciled by a periodic relist, because
+Kept current by the engine's event stream (read on one dedicated thread, `EventThread`
+in events.py, each event followed by an inspect of just that container), and reconciled
+by a periodic relist, because
 events alone drift (kubelet's lesson). When the stream breaks the cache goes stale:
 every read answers `EngineUnavailable` until a full resync succeeds, so a container
 the cache simply has not seen since is never reported gone.
@@ -22,14 +23,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import threading
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from dataclasses import replace
-from typing import Any
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock, rfc3339
-from tuneplane_node.errors import EngineRefused, EngineUnavailable, NodeError
+from tuneplane_node.errors import EngineUnavailable, NodeError
 from tuneplane_node.runtime.base import (
     EXIT_SIGKILL,
     RUNNING,
@@ -40,18 +38,11 @@ from tuneplane_node.runtime.base import (
     EngineEvent,
     EngineFeed,
 )
+from tuneplane_node.runtime.cache.events import EventThread
+from tuneplane_node.runtime.labels import run_id_of
 from tuneplane_node.tasks import BackgroundTasks
-from tuneplane_node.wire.values import LABEL_RUN_ID
 
 log = logging.getLogger(__name__)
-# The actions that change what a ContainerState says; others (exec, attach...) do not,
-# nor do "kill" and "stop": each only comes before or after the "die" that tells the
-# exit (docker's stop is kill, kill, die, stop). Their inspects were three of a docker
-# stop's four, 18 ms each of the event thread's one-at-a-time work in a burst of stops.
-WATCHED_ACTIONS = frozenset(
-    {"create", "start", "restart", "die", "oom", "pause", "unpause"}
-    | {"destroy", "rename", "remove", "cleanup"}
-)
 HEARTBEAT_S = 2.0
 """How often a synced cache asks the engine whether it still answers."""
 ANSWER_S = 1.5
@@ -61,19 +52,6 @@ RECHECK_S = 1.0
 """A waiter looks again this often even without a change: a stale cache may resync."""
 BACKOFF_S = (0.5, 10.0)
 """The first and the longest wait between two tries to reopen a broken event stream."""
-HANDOVER_TURNS = 12
-HANDOVER_S = 0.005
-"""The loop turns an event's inspect waits for, and at most how long (an inspect after a
-die takes about 18 ms on docker: a busy loop costs the event thread little more)."""
-FILL_THREADS = 8
-INSPECT_TRIES = 3
-INSPECT_RETRY_S = 0.05  # a thread's wait, on the stop event: never a busy loop
-"""Inspects at once while the cache fills after a sync (within the SDK's connection
-pool, 18 by default: the fill takes a few seconds once, at start or after a resync)."""
-
-
-def watched(event: EngineEvent) -> bool:
-    return event.action.split(":")[0] in WATCHED_ACTIONS
 
 
 def _signature(state: ContainerState) -> tuple[str, int | None]:
@@ -81,7 +59,8 @@ def _signature(state: ContainerState) -> tuple[str, int | None]:
 
 
 class StateCache:
-    """The states, the event thread and the relist task. Mutated on the loop thread only."""
+    """The states, fed by its event thread (`EventThread`), and the relist task. Mutated on
+    the loop thread only."""
 
     def __init__(
         self,
@@ -102,7 +81,6 @@ class StateCache:
         # Listed only (no times yet): a read asks the engine first; the fill reads them all.
         self.unread: set[str] = set()
         self._fills = 0  # which sync a fill belongs to: an older one writes nothing
-        self._lists = 0  # the watch thread's own count of its lists: it numbers the fills
         self.synced = False
         self.syncs = 0  # full resyncs so far: an engine restart is a new generation
         self.generation = 0  # bumped by every change: readers rebuild what they derived
@@ -113,10 +91,7 @@ class StateCache:
         self._oomed: set[str] = set()  # ids whose "oom" came and whose "die" has not
         self._watchers: dict[str, set[asyncio.Event]] = {}  # name -> waiters for a change
         self.listeners: list[ChangeListener] = []  # told of every change (watch's change log)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stopping = threading.Event()
-        self._close_stream: Callable[[], None] | None = None
-        self._thread: threading.Thread | None = None
+        self._thread = EventThread(feed, self, clock=clock, backoff_s=backoff_s)
         self._tasks = BackgroundTasks(log)  # the relist's
         self._first_sync = asyncio.Event()
 
@@ -250,7 +225,7 @@ class StateCache:
         """A full resync from the engine's list: it replaces everything written before it
         began. Its states are partial (no times) until the fill that follows reads them."""
         self._fills = fill
-        fresh = {b.name: b.partial_state() for b in briefs if b.labels.get(LABEL_RUN_ID)}
+        fresh = {b.name: b.partial_state() for b in briefs if run_id_of(b.labels)}
         for name in list(self.states):
             if name not in fresh and self.touched.get(name, 0) < started:
                 self._forget(name)
@@ -274,11 +249,6 @@ class StateCache:
         self._first_sync.set()  # the first try is over: serve, and answer 503
         self._changed(None)
 
-    def _post(self, fn: Callable[..., None], *args: Any) -> None:
-        assert self._loop is not None
-        with contextlib.suppress(RuntimeError):  # the loop is closing
-            self._loop.call_soon_threadsafe(fn, *args)
-
     # --- lifecycle ----------------------------------------------------------------------
 
     async def start(self) -> None:
@@ -287,11 +257,7 @@ class StateCache:
         An engine that is down does not hold the daemon back: reads answer 503 until
         the thread's next try syncs.
         """
-        self._loop = asyncio.get_running_loop()
-        self._thread = threading.Thread(
-            target=self._watch, name=f"tuneplane-{self.feed.name}-events", daemon=True
-        )
-        self._thread.start()
+        self._thread.start(asyncio.get_running_loop())
         self._tasks.spawn(self._relist_forever(), name="state cache relist")
         try:
             await self.clock.wait_for(self._first_sync.wait(), self.sync_timeout)
@@ -300,90 +266,13 @@ class StateCache:
 
     async def close(self) -> None:
         """Stop the event thread's stream, end the relist, then wait for the thread."""
-        self._stopping.set()
-        if self._close_stream is not None:
-            self._close_stream()
+        self._thread.stop()
         await self._tasks.close()
-        if self._thread is not None:
-            await asyncio.to_thread(self._thread.join, 5)
+        await self._thread.join()
 
     def break_stream(self) -> None:
         """Close the event stream under the thread, as an engine restart would."""
-        if self._close_stream is not None:
-            self._close_stream()
-
-    # --- the event thread: reads, and posts what it read --------------------------------
-
-    def _watch(self) -> None:
-        backoff, longest = self.backoff_s
-        while not self._stopping.is_set():
-            lists = self._lists
-            try:
-                self._follow()
-                reason = "the engine closed it"
-            except Exception as exc:
-                reason = exc.message if isinstance(exc, NodeError) else repr(exc)
-            if self._stopping.is_set():
-                return
-            self._post(self.mark_stale, reason)
-            # Backoff, never a busy loop; from the first again once a stream synced (listed).
-            backoff = self.backoff_s[0] if self._lists > lists else backoff
-            self._stopping.wait(backoff)
-            backoff = min(backoff * 2, longest)
-
-    def _follow(self) -> None:
-        events, close = self.feed.open_events()
-        self._close_stream = close
-        if self._stopping.is_set():
-            close()
-            return
-        # The stream is open before the list: nothing can fall between the two.
-        started = self.clock.monotonic()
-        briefs = self.feed.list_brief()
-        # Counted here, not read back from the loop: a second list may come before the
-        # loop has taken the first.
-        self._lists += 1
-        fill = self._lists
-        self._post(self.replace_all, briefs, started, fill)
-        self._fill([b.id for b in briefs], fill)
-        for event in events:
-            if watched(event):
-                handed_over(self._loop, self.on_event, event)
-                self._post(self.on_inspected, self._inspect_after(event.id), event.id)
-
-    def _inspect_after(self, container_id: str) -> ContainerState:
-        """The container as an event left it. An engine that refuses one inspect of a
-        container mid-exit (podman 4: "read /proc/<pid>/cgroup: no such process") is
-        asked again a moment later; only a third refusal breaks the stream (503s until
-        the resync), which a refusal of one container should not do lightly."""
-        for _ in range(INSPECT_TRIES - 1):
-            try:
-                return self.feed.inspect_now(container_id)
-            except EngineRefused as exc:
-                log.debug("inspect of %s refused (%s): again", container_id, exc.message)
-                if self._stopping.wait(INSPECT_RETRY_S):
-                    break
-        return self.feed.inspect_now(container_id)
-
-    def _fill(self, ids: list[str], fill: int) -> None:
-        """Start inspecting every listed container, several at once, and return: the list
-        already made the cache answer (health and the cards need only labels and status;
-        a read of a container not yet filled asks the engine itself). Filling first held
-        the first answer back 2.75 s with 1,000 containers (bench/startup.py)."""
-
-        def one(container_id: str) -> None:
-            if self._stopping.is_set():
-                return
-            try:
-                state = self.feed.inspect_now(container_id)
-            except Exception:  # the engine went: the resync after the broken stream redoes it
-                return
-            self._post(self.on_filled, state, container_id, fill)
-
-        pool = ThreadPoolExecutor(FILL_THREADS, thread_name_prefix=f"{self.feed.name}-fill")
-        for container_id in ids:
-            pool.submit(one, container_id)
-        pool.shutdown(wait=False)  # the queued inspects still run; the events go on now
+        self._thread.break_stream()
 
     # --- the relist ---------------------------------------------------------------------
 
@@ -430,33 +319,6 @@ class StateCache:
         # Marks of containers long gone: kept only while a write may still race the list.
         self.touched = {n: t for n, t in self.touched.items() if n in self.states or t >= started}
         self.last_relist = self.clock.monotonic()
-
-
-def handed_over(
-    loop: asyncio.AbstractEventLoop | None, fn: Callable[..., None], *args: Any
-) -> None:
-    """Post ``fn(*args)`` to the loop from a thread, and return once the loop has run it
-    and had its next turns, in which what it set off runs (the watch's read, the woken
-    queries through their futures, the answers' writes). The event thread's next step,
-    the inspect after an event, builds its request in a couple of milliseconds of Python
-    under the GIL: started at once, it held an exit's answer back by as much
-    (bench/watch.py). A busy loop holds the thread ``HANDOVER_S`` at most."""
-    assert loop is not None  # set before the thread starts
-    done = threading.Event()
-
-    def turn(left: int) -> None:
-        if left:
-            loop.call_soon(turn, left - 1)
-        else:
-            done.set()
-
-    def take() -> None:
-        fn(*args)
-        turn(HANDOVER_TURNS)
-
-    with contextlib.suppress(RuntimeError):  # the loop is closing
-        loop.call_soon_threadsafe(take)
-        done.wait(HANDOVER_S)
 
 
 @contextlib.contextmanager

@@ -240,7 +240,9 @@ class EngineParent(ABC):
     parent: JobParent | None = None  # once the engine said its cgroup driver
 
     @abstractmethod
-    async def _call(self, action: str, fn: Callable[..., T], *args: Any) -> T: ...
+    async def _call(
+        self, action: str, fn: Callable[..., T], *args: Any, read: bool = False
+    ) -> T: ...
     @abstractmethod
     def _local(self) -> bool: ...
     @abstractmethod
@@ -307,7 +309,7 @@ class EngineParent(ABC):
     async def cgroup_parent(self) -> ParentReport:
         """The jobs' parent as it is now, and whether the node could bound it; changes
         nothing (`check`)."""
-        return await self._call("report its cgroup driver", self._read_parent)
+        return await self._call("report its cgroup driver", self._read_parent, read=True)
 
     def _read_parent(self) -> ParentReport:
         parent = self.parent or self._learn_parent()

@@ -27,7 +27,6 @@ from tuneplane_node.runtime.engines import dockerformat as fmt
 from tuneplane_node.runtime.engines.engine import (
     OURS_FILTER,
     EngineRuntime,
-    ErrorTable,
     Events,
     asked_support,
 )
@@ -52,10 +51,12 @@ from tuneplane_node.runtime.engines.networks.jobnetwork import (
     gateway,
 )
 from tuneplane_node.runtime.engines.pulling import PullStream
+from tuneplane_node.runtime.engines.seam import ErrorTable
 from tuneplane_node.runtime.facts import CDI_GPU_KIND, DeviceSupport, IsolationSupport
+from tuneplane_node.runtime.labels import LABEL_FABRIC_ADDRESS
+from tuneplane_node.runtime.logstream import opened
 from tuneplane_node.runtime.spec import FABRIC, RDMA_CAPABILITY, Confinement, ContainerSpec
 from tuneplane_node.settings import Fabric, NodeSettings, local_engine, unix_socket
-from tuneplane_node.wire.values import LABEL_FABRIC_ADDRESS
 
 log = logging.getLogger(__name__)
 ENGINE = "docker"
@@ -314,8 +315,7 @@ class DockerRuntime(EngineRuntime, errors=ERRORS):
         timeout = self.settings.local_api_timeout
         url = api._url("/containers/{0}/logs", ref)
         response = api._get(url, params=params, stream=True, timeout=(timeout, timeout))
-        api._raise_for_status(response)
-        return response
+        return opened(response, api._raise_for_status)
 
     def _kill(self, ref: str, signal: str) -> None:
         self.api.kill(ref, signal=signal)
@@ -390,7 +390,7 @@ class DockerRuntime(EngineRuntime, errors=ERRORS):
             stream=True,
             timeout=None,
         )
-        api._raise_for_status(response)
+        opened(response, api._raise_for_status)
         return api._stream_helper(response, decode=True), response
 
     def _data_root(self) -> str:

@@ -12,24 +12,18 @@ stop signal, CPU limit, GPUs). Nothing here imports an SDK.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import os
-import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock, within
 from tuneplane_node.errors import (
-    EngineConflict,
     EngineRefused,
     EngineUnavailable,
     NodeError,
-    SpecRefused,
-    is_name_conflict,
 )
 from tuneplane_node.runtime import cgroups, sigcatch
 from tuneplane_node.runtime.base import (
@@ -50,8 +44,10 @@ from tuneplane_node.runtime.engines.dockerformat import LogFold
 from tuneplane_node.runtime.engines.isolation import EngineIsolation
 from tuneplane_node.runtime.engines.networks.egress import EngineEgress
 from tuneplane_node.runtime.engines.pulling import PullStream, drive_pull, pull_headers
+from tuneplane_node.runtime.engines.seam import ErrorTable
 from tuneplane_node.runtime.engines.store import EngineImages, EngineMounts
 from tuneplane_node.runtime.facts import DeviceSupport, ImageInfo, RuntimeHealth, Usage
+from tuneplane_node.runtime.labels import LABEL_RUN_ID, job_labels
 from tuneplane_node.runtime.logstream import LogRelay, unbound_reads
 from tuneplane_node.runtime.pool import BlockingPool
 from tuneplane_node.runtime.spec import (
@@ -59,117 +55,16 @@ from tuneplane_node.runtime.spec import (
     Confinement,
     ContainerSpec,
     format_gpus,
-    job_labels,
 )
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.signals import JOB_SIGNALS
 from tuneplane_node.telemetry import NO_TELEMETRY, Telemetry
-from tuneplane_node.wire.values import LABEL_RUN_ID, RegistryAuth
+from tuneplane_node.wire.values import RegistryAuth
 
 T = TypeVar("T")
 POLL_S = 0.25
 MACHINE_MEMORY = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 Events = Iterator[EngineEvent]
-
-
-@dataclass(frozen=True)
-class ErrorTable:
-    """How one SDK's exceptions map onto the node's errors.
-
-    ``unreachable``: transport failures, the engine did not answer (503). ``api_error``:
-    the engine answered no (502, or 409 for a name in use); its ``status_code`` and
-    ``explanation`` carry the engine's words. An api_error without an HTTP response is
-    a transport failure the SDK wrapped (podman-py does). ``not_found``: no such
-    container or image, which is never an error to the node (`EngineRuntime._or`).
-    ``stopped``: the engine's words for a container that was not running when a signal
-    (a kill, a forced remove's) reached it, or stopped as it did (`ended`).
-    """
-
-    engine: str
-    unreachable: tuple[type[BaseException], ...]
-    api_error: type[Exception]
-    not_found: type[Exception]
-    stopped: tuple[str, ...]
-
-    def missing(self, exc: BaseException) -> bool:
-        """No such container or image. podman 4 says so with a 500 when a container goes
-        between its lookup and its inspect: that is a removal, not a failing engine."""
-        if isinstance(exc, self.not_found):
-            return True
-        return isinstance(exc, self.api_error) and "no such container" in words(exc).lower()
-
-    def ended(self, answer: BaseException | str) -> bool:
-        """The engine's refusal (an error, or an answer's text) says the container had
-        stopped: a signal that met a job already ended, the job's own end won the race."""
-        said = answer if isinstance(answer, str) else words(answer)
-        return any(phrase in said for phrase in self.stopped)
-
-    @contextlib.contextmanager
-    def translated(self, action: str) -> Iterator[None]:
-        """The SDK's exceptions raised inside surface as the node's own (`translate`), as
-        httpx maps httpcore's: the one place an engine's error becomes the node's."""
-        try:
-            yield
-        except Exception as exc:
-            raise self.translate(exc, action=action) from exc
-
-    def translate(self, exc: BaseException, *, action: str) -> NodeError:
-        if isinstance(exc, NodeError):
-            return exc
-        # api_error first: SDK errors derive from requests' errors, which are OSErrors.
-        if isinstance(exc, self.api_error):
-            if getattr(exc, "response", None) is None:
-                cause = exc.__cause__ or exc
-                return EngineUnavailable(engine=self.engine, reason=str(cause) or _name(cause))
-            reason = words(exc)
-            status = getattr(exc, "status_code", None)
-            if is_name_conflict(status, reason):
-                return EngineConflict(engine=self.engine, action=action, reason=reason)
-            field = blamed_field(reason) if action.startswith("run ") else None
-            if field is not None:
-                return SpecRefused(engine=self.engine, action=action, reason=reason, field=field)
-            return EngineRefused(engine=self.engine, action=action, reason=reason)
-        if isinstance(exc, self.unreachable):
-            return EngineUnavailable(engine=self.engine, reason=str(exc) or _name(exc))
-        return EngineRefused(engine=self.engine, action=action, reason=describe(exc))
-
-
-# What an engine says when a container cannot be made or started because of one of its
-# fields (docker 20.10+ and podman 4 words), and the field of the request to blame.
-BLAME = (
-    (re.compile(r"unable to find (user|group)|no matching entries in (passwd|group) file"), "user"),
-    (re.compile(r"executable file not found|exec format error"), "command"),
-    (re.compile(r"exec: \"[^\"]*\": (stat|permission)"), "command"),
-    (re.compile(r"working directory|chdir to cwd"), "workdir"),
-    (re.compile(r"bind source path|invalid mount config"), "mounts"),
-    (re.compile(r"[Mm]inimum memory limit"), "memory_limit"),
-    (re.compile(r"[Rr]ange of CPUs"), "cpu_limit"),
-)  # fmt: skip
-
-
-def blamed_field(reason: str) -> str | None:
-    """``container.<field>`` when the engine's refusal names a field of the request."""
-    for pattern, field in BLAME:
-        if pattern.search(reason):
-            return f"container.{field}"
-    return None
-
-
-def _name(exc: BaseException) -> str:
-    return type(exc).__name__
-
-
-def words(exc: BaseException) -> str:
-    """The engine's own words in an SDK error: its explanation, else the error's text."""
-    return str(getattr(exc, "explanation", None) or exc)
-
-
-def describe(exc: BaseException) -> str:
-    """``Type: message``, even for SDK exceptions whose __str__ itself fails."""
-    try:
-        return f"{_name(exc)}: {exc}"
-    except Exception:
-        return _name(exc)
 
 
 def common_options(spec: ContainerSpec) -> dict[str, Any]:
@@ -206,7 +101,7 @@ async def asked_support(runtime: EngineRuntime, read: Callable[[], DeviceSupport
     """An adapter's `device_support`: ``read`` on its pool within the deadline, an error
     as the answer's ``error`` (never raised: health asks it)."""
     try:
-        return await runtime._call("report its runtimes", read)
+        return await runtime._call("report its runtimes", read, read=True)
     except NodeError as exc:
         return DeviceSupport(error=exc.message)
 
@@ -221,7 +116,9 @@ class EngineProcesses(ABC):
     supplies the seam (`_call`, `_or`, the inspect document)."""
 
     @abstractmethod
-    async def _call(self, action: str, fn: Callable[..., T], *args: Any) -> T: ...
+    async def _call(
+        self, action: str, fn: Callable[..., T], *args: Any, read: bool = False
+    ) -> T: ...
     @abstractmethod
     def _or(self, missing: T, fn: Callable[..., T], *args: Any) -> T: ...
     @abstractmethod
@@ -231,7 +128,9 @@ class EngineProcesses(ABC):
         return {pid: cgroups.container_id_of_pid(pid) for pid in pids}
 
     async def catches(self, ref: str, signal: str) -> bool | None:
-        return await self._call("read the caught signals", self._catches, ref, JOB_SIGNALS[signal])
+        return await self._call(
+            "read the caught signals", self._catches, ref, JOB_SIGNALS[signal], read=True
+        )
 
     def _catches(self, ref: str, number: int) -> bool | None:
         doc = self._or(None, self._document, ref)
@@ -340,40 +239,37 @@ class EngineRuntime(EngineImages, EngineMounts, EngineEgress, EngineProcesses, E
 
     # --- the seam: every SDK call passes here ------------------------------------------
 
-    async def _call(self, action: str, fn: Callable[..., T], *args: Any) -> T:
+    async def _call(self, action: str, fn: Callable[..., T], *args: Any, read: bool = False) -> T:
         """Run ``fn`` on the pool, within the deadline: a wedged engine may hold the
-        thread until the SDK's own timeout, never the caller."""
-        return await self._deadlined(action, fn.__name__, functools.partial(fn, *args))
+        thread until the SDK's own timeout, never the caller. ``read``: ``fn`` only reads,
+        and may be asked twice (`ErrorTable.guarded`)."""
+        return await self._deadlined(action, fn.__name__, functools.partial(fn, *args), read=read)
 
-    async def _call_or(self, action: str, missing: T, fn: Callable[..., T], *args: Any) -> T:
+    async def _call_or(
+        self, action: str, missing: T, fn: Callable[..., T], *args: Any, read: bool = False
+    ) -> T:
         """`_call`, with ``missing`` for an answer where the engine has no such container
         or image (`_or`)."""
         call = functools.partial(self._or, missing, fn, *args)
-        return await self._deadlined(action, fn.__name__, call)
+        return await self._deadlined(action, fn.__name__, call, read=read)
 
-    async def _deadlined(self, action: str, name: str, call: Callable[[], T]) -> T:
+    async def _deadlined(
+        self, action: str, name: str, call: Callable[[], T], *, read: bool = False
+    ) -> T:
         """``call`` on the pool under the error table, within the deadline; ``name``, the
         SDK call's, is what the pool's metrics count it as."""
+        guarded = self.pool.call_as(name, self._guarded, action, call, read=read)
         try:
-            return await within(
-                self.pool.call_as(name, self._guarded, action, call), self.deadline_s
-            )
+            return await within(guarded, self.deadline_s)
         except asyncio.TimeoutError:
             reason = f"no answer within {self.deadline_s:g} s ({action})"
             raise EngineUnavailable(engine=self.name, reason=reason) from None
 
-    def _guarded(self, action: str, fn: Callable[..., T], *args: Any) -> T:
-        with self.errors.translated(action):
-            return fn(*args)
+    def _guarded(self, action: str, fn: Callable[..., T], *args: Any, read: bool = False) -> T:
+        return self.errors.guarded(action, fn, *args, read=read)
 
     def _or(self, missing: T, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)``, or ``missing`` when the engine has no such container or image."""
-        try:
-            return fn(*args)
-        except self.errors.api_error as exc:
-            if self.errors.missing(exc):
-                return missing
-            raise
+        return self.errors.or_missing(missing, fn, *args)
 
     def _translated(self, items: Iterator[T], *, action: str) -> Iterator[T]:
         """A stream whose SDK errors surface as the node's own."""
@@ -402,7 +298,7 @@ class EngineRuntime(EngineImages, EngineMounts, EngineEgress, EngineProcesses, E
         return str(container.id)
 
     async def inspect(self, name: str) -> ContainerState:
-        return await self._call(f"inspect {name}", self._by_name, name)
+        return await self._call(f"inspect {name}", self._by_name, name, read=True)
 
     inspect_fresh = inspect  # every inspect asks the engine
 
@@ -419,7 +315,7 @@ class EngineRuntime(EngineImages, EngineMounts, EngineEgress, EngineProcesses, E
 
     async def logs(self, ref: str, query: LogQuery) -> LogText | None:
         action = f"read the logs of {ref}"
-        return await self._call_or(action, None, self._read_logs, ref, query)
+        return await self._call_or(action, None, self._read_logs, ref, query, read=True)
 
     def _read_logs(self, ref: str, query: LogQuery) -> LogText:
         """The last ``tail`` lines, streamed through a `LogFold`.
@@ -489,7 +385,7 @@ class EngineRuntime(EngineImages, EngineMounts, EngineEgress, EngineProcesses, E
         await self._call_or(f"remove {name}", None, self._remove, name)
 
     async def ps(self) -> list[ContainerState]:
-        return await self._call("list containers", self._ps)
+        return await self._call("list containers", self._ps, read=True)
 
     def _ps(self) -> list[ContainerState]:
         states = (self._inspect_or_missing(brief.id) for brief in self._list_brief())
@@ -498,7 +394,7 @@ class EngineRuntime(EngineImages, EngineMounts, EngineEgress, EngineProcesses, E
 
     async def health(self) -> RuntimeHealth:
         try:
-            version = await self._call("report its version", self._version)
+            version = await self._call("report its version", self._version, read=True)
         except NodeError as exc:
             return RuntimeHealth(ok=False, engine=self.name, error=exc.message)
         return RuntimeHealth(ok=True, engine=self.name, version=version)
@@ -508,7 +404,7 @@ class EngineRuntime(EngineImages, EngineMounts, EngineEgress, EngineProcesses, E
 
     async def remaps_users(self) -> bool:
         """Whether a job's uid 0 is another on the host (userns-remap, rootless podman)."""
-        return await self._call("report its security options", self._remaps_users)
+        return await self._call("report its security options", self._remaps_users, read=True)
 
     @abstractmethod
     def _remaps_users(self) -> bool: ...
@@ -517,7 +413,9 @@ class EngineRuntime(EngineImages, EngineMounts, EngineEgress, EngineProcesses, E
         return await self.image_info(image) is not None
 
     async def image_info(self, image: str) -> ImageInfo | None:
-        doc = await self._call_or(f"inspect image {image}", None, self._inspect_image, image)
+        doc = await self._call_or(
+            f"inspect image {image}", None, self._inspect_image, image, read=True
+        )
         return fmt.image_named(image, doc)
 
     async def pull(
@@ -550,7 +448,7 @@ class EngineRuntime(EngineImages, EngineMounts, EngineEgress, EngineProcesses, E
         return self._translated(messages, action=f"pull {image}"), response
 
     async def usage(self, refs: Sequence[str]) -> dict[str, Usage]:
-        return await self._call("read usage", self._usage_all, list(refs))
+        return await self._call("read usage", self._usage_all, list(refs), read=True)
 
     def _usage_all(self, refs: list[str]) -> dict[str, Usage]:
         # Only the refs asked for stay located: the memo never outgrows the running jobs.
@@ -584,10 +482,10 @@ class EngineRuntime(EngineImages, EngineMounts, EngineEgress, EngineProcesses, E
     # --- the EngineFeed calls (blocking: on the pool or the cache's event thread) ------
 
     def list_brief(self) -> list[Brief]:
-        return self._guarded("list containers", self._list_brief)
+        return self._guarded("list containers", self._list_brief, read=True)
 
     def inspect_now(self, ref: str) -> ContainerState:
-        return self._guarded(f"inspect {ref}", self._inspect_or_missing, ref)
+        return self._guarded(f"inspect {ref}", self._inspect_or_missing, ref, read=True)
 
     def open_events(self) -> tuple[Events, Callable[[], None]]:
         events, close = self._guarded("stream events", self._open_events)

@@ -31,7 +31,6 @@ from tuneplane_node.runtime.engines import seccomp
 from tuneplane_node.runtime.engines.engine import (
     OURS_FILTER,
     EngineRuntime,
-    ErrorTable,
     Events,
     asked_support,
 )
@@ -60,8 +59,11 @@ from tuneplane_node.runtime.engines.podmanoptions import (
     rdma_ulimits,
     tmpfs_mount,
 )
-from tuneplane_node.runtime.engines.pulling import PullStream, close_http_stream, closed_after
+from tuneplane_node.runtime.engines.pulling import PullStream, closed_after
+from tuneplane_node.runtime.engines.seam import ErrorTable
 from tuneplane_node.runtime.facts import CDI_GPU_KIND, DeviceSupport, IsolationSupport
+from tuneplane_node.runtime.labels import LABEL_RUN_ID
+from tuneplane_node.runtime.logstream import opened, shut
 from tuneplane_node.runtime.spec import (
     FABRIC,
     RDMA_CAPABILITY,
@@ -70,7 +72,6 @@ from tuneplane_node.runtime.spec import (
 )
 from tuneplane_node.settings import Fabric, NodeSettings, local_engine
 from tuneplane_node.signals import JOB_SIGNALS
-from tuneplane_node.wire.values import LABEL_RUN_ID
 
 log = logging.getLogger(__name__)
 ENGINE = "podman"
@@ -358,8 +359,7 @@ class PodmanRuntime(PodmanNetworking, errors=ERRORS):
             timeout=(timeout, timeout),
             compatible=True,
         )
-        response.raise_for_status()
-        return response
+        return opened(response)
 
     def _kill(self, ref: str, signal: str) -> None:
         self.client.containers.get(ref).kill(signal=signal)
@@ -401,13 +401,13 @@ class PodmanRuntime(PodmanNetworking, errors=ERRORS):
         response = self.api.get(
             "/events", params=params, stream=True, timeout=self._streaming, compatible=True
         )
-        response.raise_for_status()
+        opened(response)
         events = (
             fmt.event_from_docker(event)
             for event in closed_after(response, fmt.json_lines(response.iter_lines()))
             if LABEL_RUN_ID in fmt.event_labels(event)
         )
-        return events, lambda: close_http_stream(response)
+        return events, lambda: shut(response)
 
     def _version(self) -> str:
         return str(self.client.version().get("Version"))  # type: ignore[no-untyped-call]
@@ -467,8 +467,7 @@ class PodmanRuntime(PodmanNetworking, errors=ERRORS):
             timeout=self._streaming,
             compatible=True,
         )
-        response.raise_for_status()
-        return fmt.json_lines(response.iter_lines()), response
+        return fmt.json_lines(opened(response).iter_lines()), response
 
     def _data_root(self) -> str:
         store = self.client.info().get("store") or {}  # type: ignore[no-untyped-call]

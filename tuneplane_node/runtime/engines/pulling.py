@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -22,6 +21,7 @@ from tuneplane_node.references import ImageName
 from tuneplane_node.runtime.base import ProgressCallback, PullLimits
 from tuneplane_node.runtime.engines import dockerformat as fmt
 from tuneplane_node.runtime.engines.dockerformat import ProgressFold
+from tuneplane_node.runtime.logstream import shut
 from tuneplane_node.runtime.pool import BlockingPool
 from tuneplane_node.wire.values import RegistryAuth
 
@@ -37,28 +37,9 @@ StreamOpener = Callable[[], PullStream]
 """Runs on a pool thread."""
 
 
-def close_http_stream(response: Any) -> None:
-    """Unblock a thread reading a streamed HTTP response, from any other thread.
-
-    ``response.close()`` alone does not wake a thread sitting in ``recv``; shutting the
-    socket down does. The attribute path is requests over http.client (unix or TCP).
-    The response itself is closed by the thread that reads it, once it has stopped
-    (`closed_after`): closed from here, its connection went back to the client's pool
-    while that thread still used it, and the next call on it failed (``ResponseNotReady``
-    after a cancelled podman pull, seen in CI). Only where no socket is found is the
-    response closed from here, as the one way left to end the read.
-    """
-    try:
-        sock = response.raw._fp.fp.raw._sock
-        sock.shutdown(socket.SHUT_RDWR)
-    except Exception:
-        with contextlib.suppress(Exception):
-            response.close()
-
-
 def closed_after(response: Any, lines: Iterator[Mapping[str, Any]]) -> Iterator[Mapping[str, Any]]:
     """``lines``, then the response closed by the thread that read them, however the
-    reading ends (`close_http_stream`)."""
+    reading ends (`shut`)."""
     try:
         yield from lines
     finally:
@@ -82,7 +63,7 @@ class _PullRun:
             self.response = response
             aborted = self.aborted
         if aborted:
-            close_http_stream(response)
+            shut(response)
         return not aborted
 
     def abort(self) -> None:
@@ -90,7 +71,7 @@ class _PullRun:
             self.aborted = True
             response = self.response
         if response is not None:
-            close_http_stream(response)
+            shut(response)
 
 
 async def drive_pull(
@@ -133,7 +114,7 @@ async def drive_pull(
                     run.last_move = clock.monotonic()
                     with contextlib.suppress(RuntimeError):  # the loop may be closing
                         loop.call_soon_threadsafe(report)
-        finally:  # here, by the reading thread, once it has stopped (`close_http_stream`)
+        finally:  # here, by the reading thread, once it has stopped (`shut`)
             with contextlib.suppress(Exception):
                 response.close()
 

@@ -18,7 +18,6 @@ from typing import Any, Protocol, TypeVar
 from tuneplane_node import inventory
 from tuneplane_node.runtime import diskwalk
 from tuneplane_node.runtime.engines import dockerformat as fmt
-from tuneplane_node.runtime.engines import quotas
 from tuneplane_node.runtime.facts import (
     REMOTE,
     STAGED,
@@ -31,6 +30,49 @@ from tuneplane_node.runtime.spec import ContainerSpec
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+# --- project quotas -----------------------------------------------------------------
+# Whether the engine's store can hold a job's writable layer to a size itself.
+#
+# Docker's overlay2 and podman's overlay take ``storage_opt size`` only where the store's
+# backing filesystem is xfs mounted with project quotas (``pquota``/``prjquota``): the
+# kernel then refuses a write past the size (``EDQUOT``), and nothing can outrun it. The
+# engine says its backing filesystem (docker's ``DriverStatus``, podman's
+# ``store.graphStatus``); the mount's options are read here, in /proc/self/mountinfo,
+# so only for an engine on this machine. Anywhere else the disk monitor is the bound.
+# A kernel built without quota support (``CONFIG_QUOTA`` off) refuses those options at
+# mount time, so such a store never reads as having them.
+
+QUOTA_FILESYSTEMS = frozenset({"xfs"})
+QUOTA_OPTIONS = frozenset({"pquota", "prjquota"})  # pqnoenforce counts, never refuses
+
+
+def project_quotas(backing_fs: str | None, options: str | None) -> bool | None:
+    """Whether the store enforces project quotas; None when either fact is unknown."""
+    if backing_fs is None or options is None:
+        return None
+    enforced = QUOTA_OPTIONS & set(options.split(","))
+    return backing_fs.strip().lower() in QUOTA_FILESYSTEMS and bool(enforced)
+
+
+def backing_filesystem(status: object) -> str | None:
+    """The ``Backing Filesystem`` of a storage driver's status: docker's list of pairs
+    (``DriverStatus``) or podman's object (``store.graphStatus``)."""
+    if isinstance(status, dict):
+        status = list(status.items())
+    for pair in status if isinstance(status, list) else ():
+        if isinstance(pair, (list, tuple)) and len(pair) == 2 and pair[0] == "Backing Filesystem":
+            return str(pair[1])
+    return None
+
+
+def size_option(limit_bytes: int | None, enforced: bool | None) -> dict[str, dict[str, str]]:
+    """The create option that bounds the writable layer, both SDKs' spelling; none
+    without a limit or without project quotas."""
+    if limit_bytes is None or not enforced:
+        return {}
+    return {"storage_opt": {"size": str(limit_bytes)}}
 
 
 class Refusals(Protocol):
@@ -54,7 +96,9 @@ class EngineImages(ABC):
     _layers: diskwalk.LayerMeter | None = None  # where each container writes
 
     @abstractmethod
-    async def _call(self, action: str, fn: Callable[..., T], *args: Any) -> T: ...
+    async def _call(
+        self, action: str, fn: Callable[..., T], *args: Any, read: bool = False
+    ) -> T: ...
     @abstractmethod
     def _or(self, missing: T, fn: Callable[..., T], *args: Any) -> T: ...
 
@@ -85,7 +129,7 @@ class EngineImages(ABC):
         """Remove one reference of an image (the image with its last), never forced."""
 
     async def data_root(self) -> DataRoot | None:
-        return await self._call("report its data root", self._measured_root)
+        return await self._call("report its data root", self._measured_root, read=True)
 
     def _measured_root(self) -> DataRoot | None:
         if self._root is None:
@@ -97,14 +141,14 @@ class EngineImages(ABC):
         return DataRoot(self._root, self._space(self._root), self.project_quotas())
 
     def project_quotas(self) -> bool | None:
-        """Whether the store holds a writable layer to a size (`runtime.engines.quotas`): asked
+        """Whether the store holds a writable layer to a size (`project_quotas`): asked
         once of the engine and the mount table; None for a store not on this machine."""
         if self._quotas is None and self._local():
             if self._root is None:
                 self._root = self._data_root()
-            backing = quotas.backing_filesystem(self._storage_status())
+            backing = backing_filesystem(self._storage_status())
             options = inventory.superoptions(Path(self._root)) if self._root else None
-            self._quotas = quotas.project_quotas(backing, options)
+            self._quotas = project_quotas(backing, options)
         return self._quotas
 
     def _disk_bound(self, spec: ContainerSpec) -> dict[str, Any]:
@@ -112,10 +156,12 @@ class EngineImages(ABC):
         where the store has project quotas (blocking: asked once)."""
         if spec.disk_limit_bytes is None:
             return {}  # nothing to bound: the engine is not asked
-        return quotas.size_option(spec.disk_limit_bytes, self.project_quotas())
+        return size_option(spec.disk_limit_bytes, self.project_quotas())
 
     async def disk_usage(self, ref: str, *, budget_s: float) -> DiskUse | None:
-        return await self._call(f"measure the disk of {ref}", self._disk_usage, ref, budget_s)
+        return await self._call(
+            f"measure the disk of {ref}", self._disk_usage, ref, budget_s, read=True
+        )
 
     def _disk_usage(self, ref: str, budget_s: float) -> DiskUse | None:
         if self._layers is None:
@@ -134,7 +180,7 @@ class EngineImages(ABC):
             return None
 
     async def list_images(self) -> list[EngineImage]:
-        return await self._call("list images", self._images)
+        return await self._call("list images", self._images, read=True)
 
     def _images(self) -> list[EngineImage]:
         entries, containers = self._image_entries()
@@ -173,7 +219,9 @@ class EngineMounts(ABC):
     this machine's, refused when it is another's; and the directories it calls its own."""
 
     @abstractmethod
-    async def _call(self, action: str, fn: Callable[..., T], *args: Any) -> T: ...
+    async def _call(
+        self, action: str, fn: Callable[..., T], *args: Any, read: bool = False
+    ) -> T: ...
     @abstractmethod
     def _local(self) -> bool: ...
 
@@ -182,5 +230,5 @@ class EngineMounts(ABC):
         """The engine's own directories as its info gives them (data root, run root)."""
 
     async def mount_support(self) -> MountSupport:
-        dirs = await self._call("report its directories", self._engine_dirs)
+        dirs = await self._call("report its directories", self._engine_dirs, read=True)
         return MountSupport(STAGED if self._local() else REMOTE, tuple(d for d in dirs if d))

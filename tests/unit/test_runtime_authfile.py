@@ -12,8 +12,8 @@ import pytest
 from tests.conftest import fake_settings
 from tuneplane_node.errors import ConfigError, EngineRefused, RegistryRefused
 from tuneplane_node.references import ImageName
-from tuneplane_node.runtime.engines import dockerauth
-from tuneplane_node.runtime.engines.dockerauth import AuthFile
+from tuneplane_node.runtime import authfile
+from tuneplane_node.runtime.authfile import AuthFile
 from tuneplane_node.runtime.engines.dockerformat import auth_header
 from tuneplane_node.runtime.engines.pulling import pull_headers, refusal_of_pull
 from tuneplane_node.wire.values import RegistryAuth
@@ -135,7 +135,7 @@ def test_a_hung_helper_is_given_up_on_at_its_deadline(
 ) -> None:
     helper_program(tmp_path / "bin", "hung", "exec sleep 30")
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
-    monkeypatch.setattr(dockerauth, "HELPER_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(authfile, "HELPER_TIMEOUT_S", 0.3)
     auth_file = loaded(tmp_path, {"credsStore": "hung"})
     assert auth_file.lookup(REGISTRY) is None
 

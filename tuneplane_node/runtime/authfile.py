@@ -2,11 +2,12 @@
 
 The file is Docker's ``config.json``, read with the docker SDK's own reader
 (`docker.auth`): ``auths`` (``auth`` or ``identitytoken``), ``credHelpers`` and
-``credsStore``. Both engines use it, so it is a module of its own beside `docker`'s
-adapter, and the second (and last) one that imports the docker SDK; its errors are
-translated here. A credential helper is run here too, not through
-`docker.credentials.Store`, which waits for the program without a deadline: a hung
-helper must not hold a pool thread forever.
+``credsStore``. Both engines use it and the daemon holds it (made with the app, watched,
+read again on SIGHUP), so it stands on the runtime's floor, not in an engine's wing (the
+daemon reaches no engine's module); it is the second (and last) module that imports the
+docker SDK, and its errors are translated here. A credential helper is run here too, not
+through `docker.credentials.Store`, which waits for the program without a deadline: a
+hung helper must not hold a pool thread forever.
 
 The file is read again when it changes (watched twice a second, off the loop) and on
 SIGHUP; a new version that is unreadable or malformed keeps the last good one, as the

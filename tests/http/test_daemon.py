@@ -9,10 +9,12 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests import helpers
 from tests.conftest import IMAGE, MakeFakeNode, fake_settings
-from tests.fakes import FakeRuntime
-from tests.helpers import HEADERS, TOKEN, settle, storage_root
+from tests.fakes.runtime import FakeRuntime
+from tests.support import console
+from tests.support.console import HEADERS, TOKEN
+from tests.support.nodes import storage_root
+from tests.support.waiting import settle, wait_until
 from tuneplane_node.daemon.app import create_node_app
 from tuneplane_node.daemon.routes import features
 from tuneplane_node.daemon.state import HEALTH_STATUS, MEMOS, NODE
@@ -196,7 +198,7 @@ async def test_an_engine_that_is_down_is_a_503_and_health_says_so(
 
 
 def console_0315(run_id: str, gpus: int = 2, **container: Any) -> dict[str, Any]:
-    return helpers.console_0315(run_id, requested=gpus, **{"image": IMAGE, **container})
+    return console.console_0315(run_id, requested=gpus, **{"image": IMAGE, **container})
 
 
 async def test_a_0315_console_launches_observes_stops_and_removes(
@@ -391,7 +393,7 @@ async def test_clients_that_go_away_free_their_follows(
         got, body = await node.call("GET", "/node/v1/logs", params=params)
         assert got == 429 and "already following 1 log," in body["detail"]
         response.close()  # the client goes; the job writes nothing more
-        await helpers.wait_until(lambda: fake.following == 0, timeout=5)
+        await wait_until(lambda: fake.following == 0, timeout=5)
 
 
 async def test_reap_through_the_api(fake_node: MakeFakeNode, fake: FakeRuntime) -> None:

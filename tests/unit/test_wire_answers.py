@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import INVENTORY_KEYS
+from tests.support.console import INVENTORY_KEYS
 from tuneplane_node.daemon.machine import (
     HealthAnswers,
     health_json,

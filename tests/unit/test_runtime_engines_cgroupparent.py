@@ -164,7 +164,7 @@ def test_check_says_who_cannot_write_a_cgroupfs_parent() -> None:
 
 async def test_check_says_a_remote_engines_parent_is_its_own_hosts_to_bound() -> None:
     runtime = DockerRuntime(engine_settings("docker", docker_host="tcp://127.0.0.1:9"))
-    runtime.parent = JobParent("tuneplane-jobs", driver="cgroupfs", unified=False)
+    runtime.jobs_parent.parent = JobParent("tuneplane-jobs", driver="cgroupfs", unified=False)
     try:
         ((level, text),) = await _parent_finding(runtime)
     finally:

@@ -258,9 +258,9 @@ async def test_a_disk_limit_bounds_the_layer_only_where_the_store_has_project_qu
     """This kernel has no quota support: the decision is what can be tested here."""
     runtime = adapter(kind)
     bounded = replace(SPEC, disk_limit_bytes=100 * 2**20)
-    runtime._quotas = True  # xfs with pquota, as the engine and the mount table said
+    runtime.images.quotas = True  # xfs with pquota, as the engine and the mount table said
     with_quotas = runtime.create_options(bounded)
-    runtime._quotas = False
+    runtime.images.quotas = False
     without = runtime.create_options(bounded)
     await runtime.close()
     assert with_quotas["storage_opt"] == {"size": str(100 * 2**20)}
@@ -393,7 +393,7 @@ async def test_every_job_is_created_under_the_parent_in_the_drivers_form(
     kind: str, driver: str, form: str
 ) -> None:
     runtime = adapter(kind)
-    runtime.parent = JobParent("tuneplane-jobs", driver=driver, unified=False)
+    runtime.jobs_parent.parent = JobParent("tuneplane-jobs", driver=driver, unified=False)
     options = runtime.create_options(SPEC)
     await runtime.close()
     assert options["cgroup_parent"] == form

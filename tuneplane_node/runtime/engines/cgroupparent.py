@@ -12,28 +12,25 @@ where it may write the cgroup tree; ``systemd`` takes a slice (``tuneplane-jobs.
 nested by its dashes: ``/tuneplane.slice/tuneplane-jobs.slice``), which is systemd's: the
 shipped unit bounds it (``TasksMax=``, ``MemoryMax=``) and the node only reads it. On
 cgroup v1 each controller has its own tree (``pids/``, ``memory/``), on v2 one directory
-holds both. `EngineParent` is an engine runtime's part in it, as `EngineImages` is in the
-images; nothing here imports an SDK.
+holds both. `EngineParent` is an engine runtime's part in it, a helper it composes as
+it does `EngineImages`; nothing here imports an SDK.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
 
 from tuneplane_node import inventory
 from tuneplane_node.errors import ConfigError
 from tuneplane_node.runtime.cgroups import CGROUP_ROOT, V1_UNLIMITED
-from tuneplane_node.runtime.spec import ContainerSpec
+from tuneplane_node.runtime.engines.seam import EngineSeam
 from tuneplane_node.settings import NodeSettings, env_name
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 SYSTEMD = "systemd"
 CGROUPFS = "cgroupfs"
 PID_MAX = Path("/proc/sys/kernel/pid_max")
@@ -228,36 +225,18 @@ def describe_parent(report: ParentReport) -> str:
     return text
 
 
-class EngineParent(ABC):
-    """An engine runtime's part in the jobs' parent: it learns the engine's driver at the
-    first launch, creates every job under the parent (``_create``, with the
-    ``cgroup_parent`` of ``create_options``), bounds a parent the node owns, and says
-    what the parent holds (`check`). `EngineRuntime` supplies the seam (``_call``,
-    ``_local``, the settings, the create options), an adapter the driver."""
+class EngineParent:
+    """An engine runtime's part in the jobs' parent: it learns the engine's driver (the
+    adapter's ``driver``, as its info says: ``cgroupfs`` or ``systemd``) at the first
+    launch, readies the parent before each create (`EngineRuntime.run`: the create
+    options name it), bounds a parent the node owns, and says what the parent holds
+    (`check`). Made with the seam, the settings and that call."""
 
-    settings: NodeSettings
-    client: Any  # the SDK's
-    parent: JobParent | None = None  # once the engine said its cgroup driver
+    def __init__(self, seam: EngineSeam, settings: NodeSettings, driver: Callable[[], str]) -> None:
+        self.seam, self.settings, self.driver = seam, settings, driver
+        self.parent: JobParent | None = None  # once the engine said its cgroup driver
 
-    @abstractmethod
-    async def _call(
-        self, action: str, fn: Callable[..., T], *args: Any, read: bool = False
-    ) -> T: ...
-    @abstractmethod
-    def _local(self) -> bool: ...
-    @abstractmethod
-    def create_options(self, spec: ContainerSpec) -> dict[str, Any]: ...
-
-    def _create(self, spec: ContainerSpec) -> Any:
-        """Create (not start) the container, under the jobs' parent; the SDK's object."""
-        self._ready_parent()
-        return self.client.containers.create(**self.create_options(spec))
-
-    @abstractmethod
-    def _cgroup_driver(self) -> str:
-        """The engine's cgroup driver, as its info says: ``cgroupfs`` or ``systemd``."""
-
-    def _ready_parent(self) -> None:
+    def ready(self) -> None:
         """The jobs' parent: learnt at the first launch (the engine's driver decides its
         form), and, where the node owns it, made and bounded whenever it is missing (a
         reboot, an operator's rmdir). A parent the node cannot bound is logged, and
@@ -267,13 +246,13 @@ class EngineParent(ABC):
             report = self._bound_parent(self.parent)
             level = logging.INFO if report.bounded else logging.WARNING
             log.log(level, "jobs' parent cgroup: %s", describe_parent(report))
-        elif self.parent.owned and self._local() and read(self.parent) is None:
+        elif self.parent.owned and self.seam.local() and read(self.parent) is None:
             self._bound_parent(self.parent)
 
     def _learn_parent(self) -> JobParent:
         return JobParent(
             self.settings.job_cgroup_parent,
-            driver=self._cgroup_driver(),
+            driver=self.driver(),
             unified=is_unified(),
         )
 
@@ -296,20 +275,20 @@ class EngineParent(ABC):
             return Bounds(pids=None, memory_bytes=None)
 
     def _why_unbounded(self, parent: JobParent) -> str | None:
-        if not self._local():
+        if not self.seam.local():
             return "the engine is remote: its cgroups are its own host's"
         if parent.owned and not writable(parent):
             return "this process cannot write the cgroup tree (read-only here)"
         return None
 
     def _parent_report(self, parent: JobParent, wanted: Bounds, error: str | None) -> ParentReport:
-        held = read(parent) if self._local() else None
+        held = read(parent) if self.seam.local() else None
         return ParentReport(parent, wanted, held, error)
 
-    async def cgroup_parent(self) -> ParentReport:
+    async def report(self) -> ParentReport:
         """The jobs' parent as it is now, and whether the node could bound it; changes
         nothing (`check`)."""
-        return await self._call("report its cgroup driver", self._read_parent, read=True)
+        return await self.seam.call("report its cgroup driver", self._read_parent, read=True)
 
     def _read_parent(self) -> ParentReport:
         parent = self.parent or self._learn_parent()

@@ -162,7 +162,7 @@ class DockerRuntime(EngineRuntime, errors=ERRORS):
                 self._ready_network(spec.network)
         if spec.network == FABRIC:
             self._ready_fabric(configured(self.settings))
-        return super()._create(spec)
+        return self.client.containers.create(**self.create_options(spec))
 
     def _fabric_options(self, spec: ContainerSpec) -> dict[str, Any]:
         """On the fabric network only, at the address its label holds (a static IP)."""
@@ -268,7 +268,7 @@ class DockerRuntime(EngineRuntime, errors=ERRORS):
         """The egress rule's jumps whose network is gone removed, its chain written with
         this start's settings; with the rule off, all of it removed."""
         try:
-            await self._call("sweep the egress rule", self.egress.sweep, set)
+            await self.seam.call("sweep the egress rule", self.egress.sweep, set)
         except NodeError as exc:
             log.warning("the egress rule not swept (the engine did not answer): %s", exc.message)
 

@@ -1,17 +1,16 @@
 """EngineRuntime: what the docker and podman runtimes share, whatever their SDK.
 
-The async verbs, the pool, the create options both engines take alike, error
-translation through one table, and the pull's deadlines live here; the store's verbs and
-the mounts' (`runtime.engines.store`), the jobs' parent cgroup (`cgroupparent`, and the
-egress rule it matches host-network jobs by, `networks.egress`) and isolation
-(`isolation`) are its mixins. An adapter supplies its blocking SDK calls (``_create``,
+The async verbs, the pool, the create options both engines take alike and the pull's
+deadlines live here; every call passes one seam (`EngineSeam`, `runtime.engines.seam`),
+which is handed to the helpers `EngineRuntime` composes: the store's and the mounts'
+(`store`), the jobs' parent cgroup's (`cgroupparent`), the processes' and isolation's
+(`isolation`). An adapter supplies its blocking SDK calls (`EngineCalls`: ``_create``,
 ``_inspect``, ...), its `ErrorTable` and the create options that truly differ (mounts,
 stop signal, CPU limit, GPUs). Nothing here imports an SDK.
 """
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import os
 from abc import ABC, abstractmethod
@@ -19,13 +18,12 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
-from tuneplane_node.clock import SYSTEM_CLOCK, Clock, within
+from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.errors import (
     EngineRefused,
-    EngineUnavailable,
     NodeError,
 )
-from tuneplane_node.runtime import cgroups, sigcatch
+from tuneplane_node.runtime import cgroups, facts
 from tuneplane_node.runtime.base import (
     RUNNING,
     Brief,
@@ -40,12 +38,13 @@ from tuneplane_node.runtime.base import (
     tells_no_changes,
 )
 from tuneplane_node.runtime.engines import dockerformat as fmt
+from tuneplane_node.runtime.engines.cgroupparent import EngineParent, ParentReport
 from tuneplane_node.runtime.engines.dockerformat import LogFold
-from tuneplane_node.runtime.engines.isolation import EngineIsolation
-from tuneplane_node.runtime.engines.networks.egress import EngineEgress
+from tuneplane_node.runtime.engines.isolation import EngineIsolation, EngineProcesses
+from tuneplane_node.runtime.engines.networks.egress import EgressRule, hold_host_job
 from tuneplane_node.runtime.engines.pulling import PullStream, drive_pull, pull_headers
-from tuneplane_node.runtime.engines.seam import ErrorTable
-from tuneplane_node.runtime.engines.store import EngineImages, EngineMounts
+from tuneplane_node.runtime.engines.seam import EngineSeam, ErrorTable
+from tuneplane_node.runtime.engines.store import EngineImages, EngineMounts, StoreCalls
 from tuneplane_node.runtime.facts import DeviceSupport, ImageInfo, RuntimeHealth, Usage
 from tuneplane_node.runtime.labels import LABEL_RUN_ID, job_labels
 from tuneplane_node.runtime.logstream import LogRelay, unbound_reads
@@ -57,7 +56,6 @@ from tuneplane_node.runtime.spec import (
     format_gpus,
 )
 from tuneplane_node.settings import NodeSettings
-from tuneplane_node.signals import JOB_SIGNALS
 from tuneplane_node.telemetry import NO_TELEMETRY, Telemetry
 from tuneplane_node.wire.values import RegistryAuth
 
@@ -101,7 +99,7 @@ async def asked_support(runtime: EngineRuntime, read: Callable[[], DeviceSupport
     """An adapter's `device_support`: ``read`` on its pool within the deadline, an error
     as the answer's ``error`` (never raised: health asks it)."""
     try:
-        return await runtime._call("report its runtimes", read, read=True)
+        return await runtime.seam.call("report its runtimes", read, read=True)
     except NodeError as exc:
         return DeviceSupport(error=exc.message)
 
@@ -110,93 +108,18 @@ OURS_FILTER = {"label": [LABEL_RUN_ID]}
 """The engines' list and event filter for the node's containers."""
 
 
-class EngineProcesses(ABC):
-    """What this machine sees of the jobs' processes, for an engine on it: the container
-    a process is in, and whether a job catches a signal (`sigcatch`). `EngineRuntime`
-    supplies the seam (`_call`, `_or`, the inspect document)."""
-
-    @abstractmethod
-    async def _call(
-        self, action: str, fn: Callable[..., T], *args: Any, read: bool = False
-    ) -> T: ...
-    @abstractmethod
-    def _or(self, missing: T, fn: Callable[..., T], *args: Any) -> T: ...
-    @abstractmethod
-    def _document(self, ref: str) -> Mapping[str, Any]: ...
-
-    def holders_of(self, pids: Collection[int]) -> dict[int, str | None]:
-        return {pid: cgroups.container_id_of_pid(pid) for pid in pids}
-
-    async def catches(self, ref: str, signal: str) -> bool | None:
-        return await self._call(
-            "read the caught signals", self._catches, ref, JOB_SIGNALS[signal], read=True
-        )
-
-    def _catches(self, ref: str, number: int) -> bool | None:
-        doc = self._or(None, self._document, ref)
-        pid = int(((doc or {}).get("State") or {}).get("Pid") or 0)
-        # The engine's pid is a process of this machine only when it is in the container.
-        if doc is None or not pid or cgroups.container_id_of_pid(pid) != doc.get("Id"):
-            return None
-        return sigcatch.caught(pid, number)
-
-
-class EngineRuntime(EngineImages, EngineMounts, EngineEgress, EngineProcesses, EngineIsolation):
-    """A ContainerRuntime and EngineFeed over a synchronous engine SDK."""
-
-    name: str
-    errors: ErrorTable
-
-    def __init_subclass__(cls, *, errors: ErrorTable | None = None, **options: Any) -> None:
-        """``class DockerRuntime(EngineRuntime, errors=ERRORS)``: the table names the engine."""
-        super().__init_subclass__(**options)
-        if errors is not None:
-            cls.errors, cls.name = errors, errors.engine
-
-    def __init__(
-        self,
-        settings: NodeSettings,
-        *,
-        pool: BlockingPool | None = None,
-        telemetry: Telemetry = NO_TELEMETRY,
-        clock: Clock = SYSTEM_CLOCK,
-    ) -> None:
-        self.settings = settings
-        self.clock = clock  # a stop's grace, a pull's deadlines
-        threads = settings.runtime_threads
-        self.pool = pool or BlockingPool(threads, name=self.name, telemetry=telemetry)
-        # HTTP connections the SDK keeps: one per pool thread, plus the state cache's
-        # event stream and the inspect its thread makes after each event.
-        self.http_connections = settings.runtime_threads + 2
-        self.deadline_s = settings.local_api_timeout + 1
-        self.client = self._connect(settings)
-        self._cgroups: dict[str, cgroups.CgroupDirs] = {}  # ref -> where its figures are
-
-    # --- what an adapter supplies: blocking SDK calls ----------------------------------
+class EngineCalls(ABC):
+    """What an adapter supplies: its blocking SDK calls, each run on the pool under the
+    seam (`EngineSeam`) by `EngineRuntime` or one of its helpers. Declarations only."""
 
     @abstractmethod
     def _connect(self, settings: NodeSettings) -> Any:
         """The SDK's client, built without asking the engine anything: the node must
         start, and say "unreachable", while the engine is down."""
 
-    def create_options(self, spec: ContainerSpec) -> dict[str, Any]:
-        """The SDK's create() arguments: the common ones and the engine's own. The
-        container sees the cards it was handed and no other, whatever the host's default
-        runtime would show it."""
-        options = common_options(spec)
-        options["environment"][DEVICES_ENV] = format_gpus(self.handed_cards(spec)) or "void"
-        if self.parent is not None:
-            options["cgroup_parent"] = self.parent.engine_form
-        return {**options, **self._engine_options(spec), **self._disk_bound(spec)}
-
     @abstractmethod
     def _engine_options(self, spec: ContainerSpec) -> dict[str, Any]:
         """The create() arguments this SDK spells its own way (mounts, CPUs, cards...)."""
-
-    def handed_cards(self, spec: ContainerSpec) -> tuple[int, ...]:
-        """The cards the container is given as devices; none without passthrough (the
-        label still names them)."""
-        return spec.gpus if self.settings.local_gpu_passthrough else ()
 
     # Each may raise the table's ``not_found``: the verbs above make that "missing".
     @abstractmethod
@@ -237,44 +160,113 @@ class EngineRuntime(EngineImages, EngineMounts, EngineEgress, EngineProcesses, E
     @abstractmethod
     def _close_client(self) -> None: ...
 
-    # --- the seam: every SDK call passes here ------------------------------------------
+    @abstractmethod
+    def _create(self, spec: ContainerSpec) -> Any:
+        """Create (not start) the container from `create_options`; the SDK's object.
+        The one create: `EngineRuntime.run` readies the jobs' parent before it."""
 
-    async def _call(self, action: str, fn: Callable[..., T], *args: Any, read: bool = False) -> T:
-        """Run ``fn`` on the pool, within the deadline: a wedged engine may hold the
-        thread until the SDK's own timeout, never the caller. ``read``: ``fn`` only reads,
-        and may be asked twice (`ErrorTable.guarded`)."""
-        return await self._deadlined(action, fn.__name__, functools.partial(fn, *args), read=read)
+    @abstractmethod
+    def _remaps_users(self) -> bool: ...
+    @abstractmethod
+    def _local(self) -> bool:
+        """Whether the engine runs on this machine: its address is a unix socket."""
 
-    async def _call_or(
-        self, action: str, missing: T, fn: Callable[..., T], *args: Any, read: bool = False
-    ) -> T:
-        """`_call`, with ``missing`` for an answer where the engine has no such container
-        or image (`_or`)."""
-        call = functools.partial(self._or, missing, fn, *args)
-        return await self._deadlined(action, fn.__name__, call, read=read)
+    # The store's calls (each as `StoreCalls` says it), and what the engine's info says.
+    @abstractmethod
+    def _data_root(self) -> str: ...
+    @abstractmethod
+    def _storage_status(self) -> object: ...
+    @abstractmethod
+    def _image_entries(self) -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]: ...
+    @abstractmethod
+    def _remove_image_ref(self, ref: str) -> None: ...
 
-    async def _deadlined(
-        self, action: str, name: str, call: Callable[[], T], *, read: bool = False
-    ) -> T:
-        """``call`` on the pool under the error table, within the deadline; ``name``, the
-        SDK call's, is what the pool's metrics count it as."""
-        guarded = self.pool.call_as(name, self._guarded, action, call, read=read)
-        try:
-            return await within(guarded, self.deadline_s)
-        except asyncio.TimeoutError:
-            reason = f"no answer within {self.deadline_s:g} s ({action})"
-            raise EngineUnavailable(engine=self.name, reason=reason) from None
+    @abstractmethod
+    def _engine_dirs(self) -> list[str]:
+        """The engine's own directories as its info gives them (data root, run root)."""
 
-    def _guarded(self, action: str, fn: Callable[..., T], *args: Any, read: bool = False) -> T:
-        return self.errors.guarded(action, fn, *args, read=read)
+    @abstractmethod
+    def _cgroup_driver(self) -> str:
+        """The engine's cgroup driver, as its info says: ``cgroupfs`` or ``systemd``."""
 
-    def _or(self, missing: T, fn: Callable[..., T], *args: Any) -> T:
-        return self.errors.or_missing(missing, fn, *args)
+    @abstractmethod
+    def _isolation_support(self) -> facts.IsolationSupport:
+        """The engine's info read for its runtimes and namespaces."""
 
-    def _translated(self, items: Iterator[T], *, action: str) -> Iterator[T]:
-        """A stream whose SDK errors surface as the node's own."""
-        with self.errors.translated(action):
-            yield from items
+    @property
+    @abstractmethod
+    def egress(self) -> EgressRule:
+        """The node's egress rule on this engine."""
+
+
+class EngineRuntime(EngineCalls):
+    """A ContainerRuntime and EngineFeed over a synchronous engine SDK: its verbs over
+    the adapter's calls, with helpers composed around one seam (the store's, the mounts',
+    the jobs' parent's, the processes', the isolation's), each made with the functions
+    it needs, as Nomad's docker driver makes its dangling reconciler."""
+
+    name: str
+    errors: ErrorTable
+
+    def __init_subclass__(cls, *, errors: ErrorTable | None = None, **options: Any) -> None:
+        """``class DockerRuntime(EngineRuntime, errors=ERRORS)``: the table names the engine."""
+        super().__init_subclass__(**options)
+        if errors is not None:
+            cls.errors, cls.name = errors, errors.engine
+
+    def __init__(
+        self,
+        settings: NodeSettings,
+        *,
+        pool: BlockingPool | None = None,
+        telemetry: Telemetry = NO_TELEMETRY,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.settings = settings
+        self.clock = clock  # a stop's grace, a pull's deadlines
+        threads = settings.runtime_threads
+        self.pool = pool or BlockingPool(threads, name=self.name, telemetry=telemetry)
+        # HTTP connections the SDK keeps: one per pool thread, plus the state cache's
+        # event stream and the inspect its thread makes after each event.
+        self.http_connections = settings.runtime_threads + 2
+        self.deadline_s = settings.local_api_timeout + 1
+        self.client = self._connect(settings)
+        self.seam = EngineSeam(
+            self.errors,
+            self.pool,
+            deadline_s=self.deadline_s,
+            document=self._document,
+            local=self._local,
+        )
+        self._cgroups: dict[str, cgroups.CgroupDirs] = {}  # ref -> where its figures are
+        self._compose()
+
+    def _compose(self) -> None:
+        """The helpers, each with the seam and the adapter's calls it makes."""
+        seam = self.seam
+        calls = StoreCalls(
+            self._data_root, self._storage_status, self._image_entries, self._remove_image_ref
+        )
+        self.images = EngineImages(seam, calls)
+        self.mounts = EngineMounts(seam, self._engine_dirs)
+        self.jobs_parent = EngineParent(seam, self.settings, self._cgroup_driver)
+        self.processes = EngineProcesses(seam)
+        self.isolation = EngineIsolation(seam, self._isolation_support)
+
+    def create_options(self, spec: ContainerSpec) -> dict[str, Any]:
+        """The SDK's create() arguments: the common ones and the engine's own. The
+        container sees the cards it was handed and no other, whatever the host's default
+        runtime would show it."""
+        options = common_options(spec)
+        options["environment"][DEVICES_ENV] = format_gpus(self.handed_cards(spec)) or "void"
+        if (parent := self.jobs_parent.parent) is not None:
+            options["cgroup_parent"] = parent.engine_form
+        return {**options, **self._engine_options(spec), **self.images.disk_bound(spec)}
+
+    def handed_cards(self, spec: ContainerSpec) -> tuple[int, ...]:
+        """The cards the container is given as devices; none without passthrough (the
+        label still names them)."""
+        return spec.gpus if self.settings.local_gpu_passthrough else ()
 
     on_change = tells_no_changes  # the ContainerRuntime verbs; the state cache tells changes
 
@@ -284,21 +276,22 @@ class EngineRuntime(EngineImages, EngineMounts, EngineEgress, EngineProcesses, E
     status = cache_generation = no_cache  # no cache: every read asks the engine
 
     async def run(self, spec: ContainerSpec) -> str:
-        return await self._call(f"run {spec.name}", self._run, spec)
+        return await self.seam.call(f"run {spec.name}", self._run, spec)
 
     def _run(self, spec: ContainerSpec) -> str:
+        self.jobs_parent.ready()
         container = self._create(spec)
         try:
-            self._egress_host(spec)
+            hold_host_job(spec, self.jobs_parent.parent, self.egress)
             container.start()
         except Exception:
             # A created container carries GPU labels: left behind, it holds cards forever.
-            self._or(None, self._remove, spec.name)
+            self.seam.or_missing(None, self._remove, spec.name)
             raise
         return str(container.id)
 
     async def inspect(self, name: str) -> ContainerState:
-        return await self._call(f"inspect {name}", self._by_name, name, read=True)
+        return await self.seam.call(f"inspect {name}", self._by_name, name, read=True)
 
     inspect_fresh = inspect  # every inspect asks the engine
 
@@ -311,11 +304,11 @@ class EngineRuntime(EngineImages, EngineMounts, EngineEgress, EngineProcesses, E
         return state if state.name == name else ContainerState.missing(name)
 
     def _inspect_or_missing(self, ref: str) -> ContainerState:
-        return self._or(ContainerState.missing(ref), self._inspect, ref)
+        return self.seam.or_missing(ContainerState.missing(ref), self._inspect, ref)
 
     async def logs(self, ref: str, query: LogQuery) -> LogText | None:
         action = f"read the logs of {ref}"
-        return await self._call_or(action, None, self._read_logs, ref, query, read=True)
+        return await self.seam.call_or(action, None, self._read_logs, ref, query, read=True)
 
     def _read_logs(self, ref: str, query: LogQuery) -> LogText:
         """The last ``tail`` lines, streamed through a `LogFold`.
@@ -345,7 +338,9 @@ class EngineRuntime(EngineImages, EngineMounts, EngineEgress, EngineProcesses, E
         """On a pool thread: open the stream, then hand its text on until it ends (the
         container stopped) or the relay is closed (its socket shut under this read)."""
         action = f"follow the logs of {ref}"
-        response = self._guarded(action, self._or, None, self._open_follow, ref, params)
+        response = self.seam.guarded(
+            action, self.seam.or_missing, None, self._open_follow, ref, params
+        )
         if not relay.attach(response):
             if response is not None:
                 response.close()
@@ -353,14 +348,14 @@ class EngineRuntime(EngineImages, EngineMounts, EngineEgress, EngineProcesses, E
         try:
             unbound_reads(response)
             pieces = fmt.log_pieces(response.raw.read, piece=relay.limit)
-            for piece in self._translated(pieces, action=action):
+            for piece in self.seam.translated(pieces, action=action):
                 if not relay.put(piece):
                     return
         finally:
             response.close()  # here, by the reading thread only (see `logstream`)
 
     async def kill(self, ref: str, signal: str) -> bool:
-        return await self._call_or(f"signal {ref}", False, self._quiet_kill, ref, signal)
+        return await self.seam.call_or(f"signal {ref}", False, self._quiet_kill, ref, signal)
 
     def _quiet_kill(self, ref: str, signal: str) -> bool:
         try:
@@ -382,10 +377,10 @@ class EngineRuntime(EngineImages, EngineMounts, EngineEgress, EngineProcesses, E
         return True
 
     async def remove(self, name: str) -> None:
-        await self._call_or(f"remove {name}", None, self._remove, name)
+        await self.seam.call_or(f"remove {name}", None, self._remove, name)
 
     async def ps(self) -> list[ContainerState]:
-        return await self._call("list containers", self._ps, read=True)
+        return await self.seam.call("list containers", self._ps, read=True)
 
     def _ps(self) -> list[ContainerState]:
         states = (self._inspect_or_missing(brief.id) for brief in self._list_brief())
@@ -394,7 +389,7 @@ class EngineRuntime(EngineImages, EngineMounts, EngineEgress, EngineProcesses, E
 
     async def health(self) -> RuntimeHealth:
         try:
-            version = await self._call("report its version", self._version, read=True)
+            version = await self.seam.call("report its version", self._version, read=True)
         except NodeError as exc:
             return RuntimeHealth(ok=False, engine=self.name, error=exc.message)
         return RuntimeHealth(ok=True, engine=self.name, version=version)
@@ -404,7 +399,7 @@ class EngineRuntime(EngineImages, EngineMounts, EngineEgress, EngineProcesses, E
 
     async def remaps_users(self) -> bool:
         """Whether a job's uid 0 is another on the host (userns-remap, rootless podman)."""
-        return await self._call("report its security options", self._remaps_users, read=True)
+        return await self.seam.call("report its security options", self._remaps_users, read=True)
 
     @abstractmethod
     def _remaps_users(self) -> bool: ...
@@ -413,7 +408,7 @@ class EngineRuntime(EngineImages, EngineMounts, EngineEgress, EngineProcesses, E
         return await self.image_info(image) is not None
 
     async def image_info(self, image: str) -> ImageInfo | None:
-        doc = await self._call_or(
+        doc = await self.seam.call_or(
             f"inspect image {image}", None, self._inspect_image, image, read=True
         )
         return fmt.image_named(image, doc)
@@ -433,7 +428,7 @@ class EngineRuntime(EngineImages, EngineMounts, EngineEgress, EngineProcesses, E
             self.pool,
             engine=self.name,
             image=image,
-            open_stream=lambda: self._guarded(action, self._open_translated, image, headers),
+            open_stream=lambda: self.seam.guarded(action, self._open_translated, image, headers),
             limits=limits,
             on_progress=on_progress,
             clock=self.clock,
@@ -445,10 +440,10 @@ class EngineRuntime(EngineImages, EngineMounts, EngineEgress, EngineProcesses, E
 
     def _open_translated(self, image: str, headers: Mapping[str, str]) -> PullStream:
         messages, response = self._open_pull(image, headers)
-        return self._translated(messages, action=f"pull {image}"), response
+        return self.seam.translated(messages, action=f"pull {image}"), response
 
     async def usage(self, refs: Sequence[str]) -> dict[str, Usage]:
-        return await self._call("read usage", self._usage_all, list(refs), read=True)
+        return await self.seam.call("read usage", self._usage_all, list(refs), read=True)
 
     def _usage_all(self, refs: list[str]) -> dict[str, Usage]:
         # Only the refs asked for stay located: the memo never outgrows the running jobs.
@@ -463,7 +458,7 @@ class EngineRuntime(EngineImages, EngineMounts, EngineEgress, EngineProcesses, E
         if known is not None and (usage := cgroups.read(known)) is not None:
             self._cgroups[ref] = known
             return usage
-        doc = self._or(None, self._document, ref)
+        doc = self.seam.or_missing(None, self._document, ref)
         state = (doc or {}).get("State") or {}
         if doc is None or not state.get("Running"):
             return None
@@ -472,8 +467,37 @@ class EngineRuntime(EngineImages, EngineMounts, EngineEgress, EngineProcesses, E
             self._cgroups[ref] = dirs
             return usage
         # Not readable from here (a remote engine, another pid namespace): ask the engine.
-        stats = self._or(None, self._stats, ref)
+        stats = self.seam.or_missing(None, self._stats, ref)
         return fmt.usage_from_stats(stats, machine_memory=MACHINE_MEMORY) if stats else None
+
+    # --- the helpers' verbs ---------------------------------------------------------------
+
+    async def data_root(self) -> facts.DataRoot | None:
+        return await self.images.data_root()
+
+    async def disk_usage(self, ref: str, *, budget_s: float) -> facts.DiskUse | None:
+        return await self.images.disk_usage(ref, budget_s=budget_s)
+
+    async def list_images(self) -> list[facts.EngineImage]:
+        return await self.images.list_images()
+
+    async def remove_image(self, image: facts.EngineImage) -> bool:
+        return await self.images.remove_image(image)
+
+    async def mount_support(self) -> facts.MountSupport:
+        return await self.mounts.support()
+
+    async def cgroup_parent(self) -> ParentReport:
+        return await self.jobs_parent.report()
+
+    def holders_of(self, pids: Collection[int]) -> dict[int, str | None]:
+        return self.processes.holders_of(pids)
+
+    async def catches(self, ref: str, signal: str) -> bool | None:
+        return await self.processes.catches(ref, signal)
+
+    async def isolation_support(self) -> facts.IsolationSupport:
+        return await self.isolation.support()
 
     async def close(self) -> None:
         self.pool.close()
@@ -482,11 +506,11 @@ class EngineRuntime(EngineImages, EngineMounts, EngineEgress, EngineProcesses, E
     # --- the EngineFeed calls (blocking: on the pool or the cache's event thread) ------
 
     def list_brief(self) -> list[Brief]:
-        return self._guarded("list containers", self._list_brief, read=True)
+        return self.seam.guarded("list containers", self._list_brief, read=True)
 
     def inspect_now(self, ref: str) -> ContainerState:
-        return self._guarded(f"inspect {ref}", self._inspect_or_missing, ref, read=True)
+        return self.seam.guarded(f"inspect {ref}", self._inspect_or_missing, ref, read=True)
 
     def open_events(self) -> tuple[Events, Callable[[], None]]:
-        events, close = self._guarded("stream events", self._open_events)
-        return self._translated(events, action="stream events"), close
+        events, close = self.seam.guarded("stream events", self._open_events)
+        return self.seam.translated(events, action="stream events"), close

@@ -172,7 +172,7 @@ class PodmanNetworking(EngineRuntime):
     async def _prune_networks(self, *, sweep: bool) -> None:
         prune = functools.partial(self.networks.prune, sweep=sweep)
         try:
-            await self._deadlined("prune job networks", "prune", prune)
+            await self.seam.deadlined("prune job networks", "prune", prune)
         except NodeError as exc:
             log.warning("job networks not pruned (the engine did not answer): %s", exc.message)
 
@@ -244,9 +244,7 @@ class PodmanRuntime(PodmanNetworking, errors=ERRORS):
     def _create(self, spec: ContainerSpec) -> Any:
         """podman-py refuses ``storage_opt`` (it maps no field of libpod's for it): with a
         size to hold the writable layer to (project quotas), the body is podman-py's own
-        rendering with libpod's ``storage_opts`` added, posted as its create posts it.
-        Under the jobs' parent, made and bounded first as `EngineParent._create` does."""
-        self._ready_parent()
+        rendering with libpod's ``storage_opts`` added, posted as its create posts it."""
         if spec.network == FABRIC:
             _ready_fabric(self.api, configured(self.settings))
         if spec.network not in NODE_NETWORKS:
@@ -279,7 +277,7 @@ class PodmanRuntime(PodmanNetworking, errors=ERRORS):
             if spec.chown_mounts:  # its range chosen by the create: before its start
                 hand_over_mounts(container.attrs.get("HostConfig") or {}, spec.mounts)
         except SpecRefused:
-            self._or(None, self._remove, container.id)
+            self.seam.or_missing(None, self._remove, container.id)
             raise
         return container
 
@@ -288,7 +286,7 @@ class PodmanRuntime(PodmanNetworking, errors=ERRORS):
         container's oci_runtime and would run a sandboxed job under runc, unsaid."""
         got = str(container.attrs.get("OCIRuntime") or "")
         if got != wanted:
-            self._or(None, self._remove, container.id)
+            self.seam.or_missing(None, self._remove, container.id)
             raise SandboxUnavailable(
                 runtime=wanted,
                 why=f"the podman engine made the container with {got or 'its default'}",

@@ -1,19 +1,22 @@
-"""The seam every engine SDK call passes through: how one SDK's exceptions become the
-node's (`ErrorTable`, as httpx maps httpcore's in one place), and which of them say the
-connection broke before the engine answered, so that a read is asked once more
-(`EngineRuntime._guarded`). Nothing here imports an SDK.
+"""The seam every engine SDK call passes through (`EngineSeam`): on the pool, within the
+deadline; how one SDK's exceptions become the node's (`ErrorTable`, as httpx maps
+httpcore's in one place), and which of them say the connection broke before the engine
+answered, so that a read is asked once more. Nothing here imports an SDK.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import http.client
 import logging
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from tuneplane_node.clock import within
 from tuneplane_node.errors import (
     EngineConflict,
     EngineRefused,
@@ -22,6 +25,7 @@ from tuneplane_node.errors import (
     SpecRefused,
     is_name_conflict,
 )
+from tuneplane_node.runtime.pool import BlockingPool
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -174,3 +178,62 @@ def causes(exc: BaseException, *, most: int = 16) -> Iterator[BaseException]:
         yield each
         inner = [each.__cause__, each.__context__, *each.args, getattr(each, "reason", None)]
         todo.extend(one for one in inner if isinstance(one, BaseException))
+
+
+class EngineSeam:
+    """Every SDK call of an engine runtime passes here: on the pool, within the deadline,
+    its errors the node's (`ErrorTable`). `EngineRuntime` makes one and hands it to each
+    of its helpers in their constructors (as Nomad's docker driver hands its dangling
+    reconciler ``getClient``), with the two facts of the engine they all ask: a
+    container's inspect document, and whether the engine is this machine's."""
+
+    def __init__(
+        self,
+        errors: ErrorTable,
+        pool: BlockingPool,
+        *,
+        deadline_s: float,
+        document: Callable[[str], Mapping[str, Any]],
+        local: Callable[[], bool],
+    ) -> None:
+        self.errors, self.pool, self.deadline_s = errors, pool, deadline_s
+        self.document = document  # the engine's inspect document of a container (blocking)
+        self.local = local  # whether the engine runs on this machine (a unix socket)
+
+    async def call(self, action: str, fn: Callable[..., T], *args: Any, read: bool = False) -> T:
+        """Run ``fn`` on the pool, within the deadline: a wedged engine may hold the
+        thread until the SDK's own timeout, never the caller. ``read``: ``fn`` only reads,
+        and may be asked twice (`ErrorTable.guarded`)."""
+        return await self.deadlined(action, fn.__name__, functools.partial(fn, *args), read=read)
+
+    async def call_or(
+        self, action: str, missing: T, fn: Callable[..., T], *args: Any, read: bool = False
+    ) -> T:
+        """`call`, with ``missing`` for an answer where the engine has no such container
+        or image (`ErrorTable.or_missing`)."""
+        call = functools.partial(self.errors.or_missing, missing, fn, *args)
+        return await self.deadlined(action, fn.__name__, call, read=read)
+
+    async def deadlined(
+        self, action: str, name: str, call: Callable[[], T], *, read: bool = False
+    ) -> T:
+        """``call`` on the pool under the error table, within the deadline; ``name``, the
+        SDK call's, is what the pool's metrics count it as."""
+        guarded = self.pool.call_as(name, self.guarded, action, call, read=read)
+        try:
+            return await within(guarded, self.deadline_s)
+        except asyncio.TimeoutError:
+            reason = f"no answer within {self.deadline_s:g} s ({action})"
+            raise EngineUnavailable(engine=self.errors.engine, reason=reason) from None
+
+    def guarded(self, action: str, fn: Callable[..., T], *args: Any, read: bool = False) -> T:
+        """On the calling thread: ``fn(*args)`` under the error table (`ErrorTable.guarded`)."""
+        return self.errors.guarded(action, fn, *args, read=read)
+
+    def or_missing(self, missing: T, fn: Callable[..., T], *args: Any) -> T:
+        return self.errors.or_missing(missing, fn, *args)
+
+    def translated(self, items: Iterator[T], *, action: str) -> Iterator[T]:
+        """A stream whose SDK errors surface as the node's own."""
+        with self.errors.translated(action):
+            yield from items

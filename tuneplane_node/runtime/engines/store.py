@@ -1,23 +1,24 @@
 """The engine's store, as an engine runtime sees it: its data root and the room there,
 its images listed and removed, what a container has written there and whether the store
 bounds it itself (project quotas); and how host mounts reach the engine, with the
-directories it calls its own. Mixins of `EngineRuntime` (`runtime.engines.engine`), which
-supplies the seam (`_call`, `_or`, the error table), as an adapter the SDK calls. Nothing
-here imports an SDK.
+directories it calls its own. Helpers of `EngineRuntime` (`runtime.engines.engine`), each
+made with its seam (`EngineSeam`) and the adapter's calls it needs. Nothing here imports
+an SDK.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 from tuneplane_node import inventory
 from tuneplane_node.runtime import diskwalk
 from tuneplane_node.runtime.engines import dockerformat as fmt
+from tuneplane_node.runtime.engines.seam import EngineSeam
 from tuneplane_node.runtime.facts import (
     REMOTE,
     STAGED,
@@ -29,7 +30,6 @@ from tuneplane_node.runtime.facts import (
 from tuneplane_node.runtime.spec import ContainerSpec
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
 # --- project quotas -----------------------------------------------------------------
@@ -75,83 +75,59 @@ def size_option(limit_bytes: int | None, enforced: bool | None) -> dict[str, dic
     return {"storage_opt": {"size": str(limit_bytes)}}
 
 
-class Refusals(Protocol):
-    """What the store reads of the adapter's `ErrorTable`: the SDK's error for an engine
-    that answered no (an image in use is one)."""
+@dataclass(frozen=True)
+class StoreCalls:
+    """The adapter's blocking calls the store makes: a narrow interface declared where it
+    is used (as Nomad's pull coordinator takes a three-method image client)."""
 
-    @property
-    def api_error(self) -> type[Exception]: ...
+    data_root: Callable[[], str]
+    """The engine's own word for where it keeps images (its info); "" if none."""
+    storage_status: Callable[[], object]
+    """The storage driver's status as the engine's info says it (docker's
+    ``DriverStatus`` pairs, podman's ``store.graphStatus``)."""
+    image_entries: Callable[[], tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]]
+    """The engine's image list and its list of every container (any owner, any state),
+    both in docker's list shapes."""
+    remove_image_ref: Callable[[str], None]
+    """Remove one reference of an image (the image with its last), never forced."""
 
 
-class EngineImages(ABC):
+class EngineImages:
     """The store verbs of an engine runtime: its data root measured (the image GC's),
     its images listed with whether a container uses each, one removed; what a container
-    has written there (the disk monitor's), and whether the store bounds it itself.
-    `EngineRuntime` supplies the seam (`_call`, `_or`, the error table), an adapter the
-    SDK calls."""
+    has written there (the disk monitor's), and whether the store bounds it itself. Made
+    with the seam and the adapter's `StoreCalls`."""
 
-    errors: Refusals
-    _root: str | None = None  # the data root, once the engine said it
-    _quotas: bool | None = None  # whether it has project quotas, once known
-    _layers: diskwalk.LayerMeter | None = None  # where each container writes
-
-    @abstractmethod
-    async def _call(
-        self, action: str, fn: Callable[..., T], *args: Any, read: bool = False
-    ) -> T: ...
-    @abstractmethod
-    def _or(self, missing: T, fn: Callable[..., T], *args: Any) -> T: ...
-
-    @abstractmethod
-    def _data_root(self) -> str:
-        """The engine's own word for where it keeps images (its info); "" if none."""
-
-    @abstractmethod
-    def _document(self, ref: str) -> Mapping[str, Any]:
-        """The engine's inspect document of the container, as the engine wrote it."""
-
-    @abstractmethod
-    def _storage_status(self) -> object:
-        """The storage driver's status as the engine's info says it (docker's
-        ``DriverStatus`` pairs, podman's ``store.graphStatus``)."""
-
-    @abstractmethod
-    def _local(self) -> bool:
-        """Whether the engine runs on this machine: its address is a unix socket."""
-
-    @abstractmethod
-    def _image_entries(self) -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]:
-        """The engine's image list and its list of every container (any owner, any
-        state), both in docker's list shapes."""
-
-    @abstractmethod
-    def _remove_image_ref(self, ref: str) -> None:
-        """Remove one reference of an image (the image with its last), never forced."""
+    def __init__(self, seam: EngineSeam, calls: StoreCalls) -> None:
+        self.seam, self.calls = seam, calls
+        self.root: str | None = None  # the data root, once the engine said it
+        self.quotas: bool | None = None  # whether it has project quotas, once known
+        self._layers: diskwalk.LayerMeter | None = None  # where each container writes
 
     async def data_root(self) -> DataRoot | None:
-        return await self._call("report its data root", self._measured_root, read=True)
+        return await self.seam.call("report its data root", self._measured_root, read=True)
 
     def _measured_root(self) -> DataRoot | None:
-        if self._root is None:
-            self._root = self._data_root()  # the engine's word, once: it never moves
-        if not self._root:
+        if self.root is None:
+            self.root = self.calls.data_root()  # the engine's word, once: it never moves
+        if not self.root:
             return None
-        if not self._local():
-            return DataRoot(self._root, None)
-        return DataRoot(self._root, self._space(self._root), self.project_quotas())
+        if not self.seam.local():
+            return DataRoot(self.root, None)
+        return DataRoot(self.root, self._space(self.root), self.project_quotas())
 
     def project_quotas(self) -> bool | None:
         """Whether the store holds a writable layer to a size (`project_quotas`): asked
         once of the engine and the mount table; None for a store not on this machine."""
-        if self._quotas is None and self._local():
-            if self._root is None:
-                self._root = self._data_root()
-            backing = backing_filesystem(self._storage_status())
-            options = inventory.superoptions(Path(self._root)) if self._root else None
-            self._quotas = project_quotas(backing, options)
-        return self._quotas
+        if self.quotas is None and self.seam.local():
+            if self.root is None:
+                self.root = self.calls.data_root()
+            backing = backing_filesystem(self.calls.storage_status())
+            options = inventory.superoptions(Path(self.root)) if self.root else None
+            self.quotas = project_quotas(backing, options)
+        return self.quotas
 
-    def _disk_bound(self, spec: ContainerSpec) -> dict[str, Any]:
+    def disk_bound(self, spec: ContainerSpec) -> dict[str, Any]:
         """The create option that holds the writable layer to the job's disk limit,
         where the store has project quotas (blocking: asked once)."""
         if spec.disk_limit_bytes is None:
@@ -159,15 +135,15 @@ class EngineImages(ABC):
         return size_option(spec.disk_limit_bytes, self.project_quotas())
 
     async def disk_usage(self, ref: str, *, budget_s: float) -> DiskUse | None:
-        return await self._call(
+        return await self.seam.call(
             f"measure the disk of {ref}", self._disk_usage, ref, budget_s, read=True
         )
 
     def _disk_usage(self, ref: str, budget_s: float) -> DiskUse | None:
         if self._layers is None:
             self._layers = diskwalk.LayerMeter()
-        document = functools.partial(self._or, None, self._document, ref)
-        return self._layers.measure(ref, document, local=self._local(), budget_s=budget_s)
+        document = functools.partial(self.seam.or_missing, None, self.seam.document, ref)
+        return self._layers.measure(ref, document, local=self.seam.local(), budget_s=budget_s)
 
     @staticmethod
     def _space(path: str) -> inventory.Space | None:
@@ -180,20 +156,20 @@ class EngineImages(ABC):
             return None
 
     async def list_images(self) -> list[EngineImage]:
-        return await self._call("list images", self._images, read=True)
+        return await self.seam.call("list images", self._images, read=True)
 
     def _images(self) -> list[EngineImage]:
-        entries, containers = self._image_entries()
+        entries, containers = self.calls.image_entries()
         used = {fmt.sha_id(entry.get("ImageID")) for entry in containers}
         return [fmt.image_from_list(entry, used=used) for entry in entries]
 
     async def remove_image(self, image: EngineImage) -> bool:
-        return await self._call(f"remove image {image.id[:12]}", self._remove_whole, image)
+        return await self.seam.call(f"remove image {image.id[:12]}", self._remove_whole, image)
 
     def _remove_whole(self, image: EngineImage) -> bool:
         """Each tag, then the image by its id (gone by then, unless only digests named
         it); a conflict (in use) stops there."""
-        _, containers = self._image_entries()
+        _, containers = self.calls.image_entries()
         if image.id in {fmt.sha_id(entry.get("ImageID")) for entry in containers}:
             # Untagging one of several names succeeds even in use: asked first, in the
             # same call, so a container made since the list keeps the names it was made by.
@@ -204,8 +180,8 @@ class EngineImages(ABC):
 
     def _remove_ref_quietly(self, ref: str) -> bool:
         try:
-            self._or(None, self._remove_image_ref, ref)
-        except self.errors.api_error as exc:
+            self.seam.or_missing(None, self.calls.remove_image_ref, ref)
+        except self.seam.errors.api_error as exc:
             if getattr(exc, "status_code", None) != 409:
                 raise
             words = str(getattr(exc, "explanation", None) or exc)
@@ -214,21 +190,14 @@ class EngineImages(ABC):
         return True
 
 
-class EngineMounts(ABC):
+class EngineMounts:
     """How an engine runtime takes host mounts (`MountSupport`): staged when the engine is
-    this machine's, refused when it is another's; and the directories it calls its own."""
+    this machine's, refused when it is another's; and the directories it calls its own
+    (``engine_dirs``: the adapter's, as its info gives them: data root, run root)."""
 
-    @abstractmethod
-    async def _call(
-        self, action: str, fn: Callable[..., T], *args: Any, read: bool = False
-    ) -> T: ...
-    @abstractmethod
-    def _local(self) -> bool: ...
+    def __init__(self, seam: EngineSeam, engine_dirs: Callable[[], list[str]]) -> None:
+        self.seam, self.engine_dirs = seam, engine_dirs
 
-    @abstractmethod
-    def _engine_dirs(self) -> list[str]:
-        """The engine's own directories as its info gives them (data root, run root)."""
-
-    async def mount_support(self) -> MountSupport:
-        dirs = await self._call("report its directories", self._engine_dirs, read=True)
-        return MountSupport(STAGED if self._local() else REMOTE, tuple(d for d in dirs if d))
+    async def support(self) -> MountSupport:
+        dirs = await self.seam.call("report its directories", self.engine_dirs, read=True)
+        return MountSupport(STAGED if self.seam.local() else REMOTE, tuple(d for d in dirs if d))

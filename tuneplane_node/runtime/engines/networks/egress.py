@@ -45,14 +45,13 @@ import shlex
 import shutil
 import subprocess
 import threading
-from abc import abstractmethod
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from ipaddress import IPv4Network, IPv6Network, ip_network
 from pathlib import Path
 from typing import Any
 
-from tuneplane_node.runtime.engines.cgroupparent import EngineParent
+from tuneplane_node.runtime.engines.cgroupparent import JobParent
 from tuneplane_node.runtime.engines.networks.hostguard import (
     PROC,
     BridgeGuard,
@@ -420,27 +419,18 @@ def v2_parent(path: str, *, make: bool) -> str | None:
     return None
 
 
-class EngineEgress(EngineParent):
-    """An engine runtime's part in the egress rule: its `EgressRule` (an adapter's), and a
-    host-network job held to it by the jobs' parent cgroup (`EngineParent`'s) before it
-    starts (`EngineRuntime` runs it between create and start)."""
-
-    @property
-    @abstractmethod
-    def egress(self) -> EgressRule:
-        """The node's egress rule on this engine."""
-
-    def _egress_host(self, spec: ContainerSpec) -> None:
-        """Where a host-network job's connections cannot be held, its launch's log says
-        what it reaches."""
-        if spec.network != "host" or self.parent is None or self.egress.policy is None:
-            return
-        why = self.egress.hold_host(self.parent.path, make=self.parent.owned)
-        if why is not None:
-            log.warning(
-                "launch %s: a host-network job reaches the cloud's metadata service and %s: %s",
-                spec.name, DENY, why,
-            )  # fmt: skip
+def hold_host_job(spec: ContainerSpec, parent: JobParent | None, rule: EgressRule) -> None:
+    """A host-network job held to the egress rule by the jobs' parent cgroup before it
+    starts (`EngineRuntime.run` calls it between create and start); where its
+    connections cannot be held, its launch's log says what it reaches."""
+    if spec.network != "host" or parent is None or rule.policy is None:
+        return
+    why = rule.hold_host(parent.path, make=parent.owned)
+    if why is not None:
+        log.warning(
+            "launch %s: a host-network job reaches the cloud's metadata service and %s: %s",
+            spec.name, DENY, why,
+        )  # fmt: skip
 
 
 def podman_parent(info: Mapping[str, Any]) -> str:

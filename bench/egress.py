@@ -33,7 +33,9 @@ from typing import Any
 from harness import LABEL_BENCH, SLEEP, Api, Daemon, machine, median, ms, percentile, rotated
 from networks import body
 
-from tests.helpers import IMAGE, Namespaces, ThrowawayDocker, ThrowawayPodman
+from tests.support.images import IMAGE
+from tests.support.namespaces import Namespaces
+from tests.support.throwaway import ThrowawayDocker, ThrowawayPodman
 from tuneplane_node.runtime.engines.networks.egress import (
     PODMAN_PARENTS,
     EgressPolicy,

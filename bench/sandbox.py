@@ -18,7 +18,7 @@ from typing import Any
 from harness import Api, Daemon, arguments, machine, median, ms, rotated, timed
 from launch import launch_body
 
-from tests.helpers import ThrowawayDocker
+from tests.support.throwaway import ThrowawayDocker
 
 METHODS = ("runc", "runsc")
 

@@ -138,7 +138,8 @@ async def fake_node(jobs: int) -> tuple[Any, Any, Any]:
     """The daemon's app on the tests' in-memory engine with ``jobs`` running jobs, behind
     the real state cache: (the app, the cache, the engine). Nobody else's jobs change
     under it, as the shared engine's do."""
-    from tests.fakes import FakeProbe, FakeRuntime
+    from tests.fakes.gpu import FakeProbe
+    from tests.fakes.runtime import FakeRuntime
     from tuneplane_node.daemon.app import create_node_app
     from tuneplane_node.gpu.allocator import GpuAllocator
     from tuneplane_node.runtime.cache import CachedRuntime

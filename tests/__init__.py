@@ -1,4 +1,4 @@
-"""The test suite (a package: the modules import `tests.helpers` and `tests.fakes`)."""
+"""The test suite (a package: the modules import `tests.support.*` and `tests.fakes.*`)."""
 
 import sys
 

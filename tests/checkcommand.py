@@ -9,10 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import (
-    free_port,
-    storage_root,
-)
+from tests.support.daemons import free_port
+from tests.support.nodes import storage_root
 from tuneplane_node.cli import main
 
 Check = Callable[..., tuple[int, dict[str, str], str]]

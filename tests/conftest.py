@@ -20,26 +20,17 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from tests.fakes import FakeClock, FakeProbe, FakeRuntime
-from tests.helpers import (
-    DEV_ROOT,
-    TOKEN,
-    Console,
-    ServedAsServe,
-    ThrottlingProxy,
-    ThrowawayDocker,
-    ThrowawayPodman,
-    TrackingRuntime,
-    engine_missing,
-    engine_settings,
-    fake_node_of,
-    own_docker_host,
-    state_dir,
-    storage_root,
-    swept,
-)
+from tests.fakes.clock import FakeClock
+from tests.fakes.gpu import FakeProbe
+from tests.fakes.runtime import FakeRuntime
 from tests.metadataserver import Metadata
 from tests.ociserver import Registry
+from tests.support.console import TOKEN, Console, ServedAsServe
+from tests.support.engines import DEV_ROOT, engine_missing, engine_settings, own_docker_host, swept
+from tests.support.nodes import fake_node_of, state_dir, storage_root
+from tests.support.proxies import ThrottlingProxy
+from tests.support.runtimes import TrackingRuntime
+from tests.support.throwaway import ThrowawayDocker, ThrowawayPodman
 from tests.volumeserver import FileServer
 from tuneplane_node.daemon.app import create_node_app
 from tuneplane_node.gpu.allocator import GpuAllocator

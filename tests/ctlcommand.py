@@ -16,12 +16,8 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import (
-    HEADERS,
-    TOKEN,
-    free_port,
-    spawn_daemon,
-)
+from tests.support.console import HEADERS, TOKEN
+from tests.support.daemons import free_port, spawn_daemon
 from tuneplane_node.cli import main
 
 Ctl = Callable[..., tuple[int, str, str]]

@@ -23,7 +23,7 @@ from schemathesis.specs.openapi.checks import (
 )
 from schemathesis.specs.openapi.examples import get_strategies_from_examples
 
-from tests.helpers import TOKEN
+from tests.support.console import TOKEN
 from tuneplane_node.daemon.routes import document
 
 

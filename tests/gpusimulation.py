@@ -12,11 +12,9 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import (
-    IMAGE,
-    Console,
-    unique,
-)
+from tests.support.console import Console
+from tests.support.images import IMAGE
+from tests.support.jobs import unique
 from tuneplane_node.wire.values import container_name
 
 Make = Callable[..., Awaitable[Console]]

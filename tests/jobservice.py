@@ -10,7 +10,7 @@ in a pending launch, the reservations, reap's rules and record expiry are exact.
 from __future__ import annotations
 
 from tests.conftest import IMAGE
-from tests.fakes import FakeRuntime
+from tests.fakes.runtime import FakeRuntime
 from tuneplane_node.jobs import (
     Node,
 )

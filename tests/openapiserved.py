@@ -3,7 +3,7 @@ tests/http/test_daemon_openapi.py and tests/engines/test_daemon_openapi_engines.
 
 from __future__ import annotations
 
-from tests.helpers import Console
+from tests.support.console import Console
 
 
 def base_url(console: Console) -> str:

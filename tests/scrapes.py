@@ -7,9 +7,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers import (
-    TOKEN,
-)
+from tests.support.console import TOKEN
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

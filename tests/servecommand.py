@@ -16,9 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import (
-    python_path,
-)
+from tests.support.daemons import python_path
 
 
 def cli_env(home: Path, **settings: str) -> dict[str, str]:

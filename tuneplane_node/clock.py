@@ -1,7 +1,7 @@
 """The node's one clock, and its one time format.
 
 Every reading the node acts on or reports is the `Clock`'s, so a test moves time by
-hand (`tests.fakes.FakeClock`) instead of sleeping:
+hand (`tests.fakes.clock.FakeClock`) instead of sleeping:
 
 - ``monotonic``: intervals the node decides by (pull deadlines, record expiry, reading
   TTLs, XID quarantine, the relist period, connection ages, a warning's once a second,

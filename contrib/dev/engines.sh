@@ -8,7 +8,7 @@
 #     data root, store, locks and socket), where the engine tests and their daemons run,
 #   - a second Docker engine that only the test suite uses, for the tests that act on
 #     every container of the node (reap); a test that restarts or freezes an engine
-#     starts one of its own (tests/helpers.py, ThrowawayDocker),
+#     starts one of its own (tests/support/throwaway.py, ThrowawayDocker),
 #   - a third Docker engine whose data root is a small tmpfs, which a test fills up,
 #   - a fourth Docker engine and a second podman service, each with its data root on a
 #     small tmpfs of its own, for the image GC's tests (which remove any image there),

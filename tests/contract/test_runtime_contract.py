@@ -24,18 +24,13 @@ import pytest
 
 from tests.conftest import IMAGE as FAKE_IMAGE
 from tests.conftest import fake_settings, open_runtime
-from tests.fakes import FakeClock, FakeRuntime
-from tests.helpers import (
-    IMAGE,
-    REGISTRY,
-    ThrowawayDocker,
-    TrackingRuntime,
-    engine_missing,
-    engine_settings,
-    job,
-    log_text,
-    unique,
-)
+from tests.fakes.clock import FakeClock
+from tests.fakes.runtime import FakeRuntime
+from tests.support.engines import engine_missing, engine_settings
+from tests.support.images import IMAGE, REGISTRY
+from tests.support.jobs import job, unique
+from tests.support.runtimes import TrackingRuntime, log_text
+from tests.support.throwaway import ThrowawayDocker
 from tuneplane_node.clock import parse_rfc3339
 from tuneplane_node.errors import EngineConflict, EngineRefused, EngineUnavailable
 from tuneplane_node.runtime.base import ContainerRuntime, ContainerState, LogQuery, LogStream

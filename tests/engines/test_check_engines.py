@@ -13,11 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.checkcommand import Check
-from tests.helpers import (
-    docker_host,
-    engine_missing,
-    podman_url,
-)
+from tests.support.engines import docker_host, engine_missing, podman_url
 from tuneplane_node.checks import engine as engine_checks
 
 # Slow: the check command end to end: ports, files, TLS and engines tried for real.
@@ -231,7 +227,7 @@ def test_an_engine_that_cannot_lock_rdma_jobs_memory_fails_naming_the_fix(
     engine under systemd's): the default ``unlimited`` fails, a size within it passes."""
     import resource
 
-    from tests.unit.test_jobs_rdma import rdma_dir
+    from tests.unit.test_jobs_rules_confinement_rdma import rdma_dir
 
     hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
     if hard == resource.RLIM_INFINITY:

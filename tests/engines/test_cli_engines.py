@@ -16,15 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import (
-    INVENTORY_KEYS,
-    docker_host,
-    engine_missing,
-    engine_settings,
-    podman_url,
-    storage_root,
-)
 from tests.servecommand import Serve, cli_env, free_port, get_json, wait_for_healthz
+from tests.support.console import INVENTORY_KEYS
+from tests.support.engines import docker_host, engine_missing, engine_settings, podman_url
+from tests.support.nodes import storage_root
 from tuneplane_node.runtime.engines.docker import DockerRuntime
 
 # Slow: the daemon's command line end to end.

@@ -17,7 +17,9 @@ from typing import Any
 import pytest
 
 from tests.conftest import MakeNode
-from tests.helpers import IMAGE, TOKEN, Console, unique
+from tests.support.console import TOKEN, Console
+from tests.support.images import IMAGE
+from tests.support.jobs import unique
 from tuneplane_node.client import (
     AsyncNodeClient,
     Container,

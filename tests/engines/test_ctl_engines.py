@@ -28,26 +28,15 @@ import pytest
 
 from tests.ctlcommand import Ctl, Node, StartNode, api, wait_for_port
 from tests.engines.test_daemon_prefetch import REPOSITORY, prefetch_image
-from tests.helpers import (
-    HEADERS,
-    IMAGE,
-    PROXY_PORTS,
-    TOKEN,
-    ThrottlingProxy,
-    TrackingRuntime,
-    docker_host,
-    engine_missing,
-    engine_settings,
-    forget_image,
-    free_port,
-    interruptible,
-    podman_url,
-    python_path,
-    spawn_daemon,
-    storage_root,
-    unique,
-    wait_until,
-)
+from tests.support.console import HEADERS, TOKEN
+from tests.support.daemons import free_port, interruptible, python_path, spawn_daemon
+from tests.support.engines import docker_host, engine_missing, engine_settings, podman_url
+from tests.support.images import IMAGE, forget_image
+from tests.support.jobs import unique
+from tests.support.nodes import storage_root
+from tests.support.proxies import PROXY_PORTS, ThrottlingProxy
+from tests.support.runtimes import TrackingRuntime
+from tests.support.waiting import wait_until
 from tuneplane_node.runtime.engines.docker import DockerRuntime
 
 # Slow: the ctl command end to end against a node over a real socket.

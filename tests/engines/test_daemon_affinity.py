@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import MakeNode, fake_settings
-from tests.helpers import Console
+from tests.support.console import Console
 from tuneplane_node.daemon.app import create_node_app
 from tuneplane_node.gpu import numa
 from tuneplane_node.runtime.spec import format_cpulist

@@ -12,7 +12,10 @@ from typing import Any
 import pytest
 
 from tests.conftest import MakeNode
-from tests.helpers import IMAGE, TrackingRuntime, storage_root, unique
+from tests.support.images import IMAGE
+from tests.support.jobs import unique
+from tests.support.nodes import storage_root
+from tests.support.runtimes import TrackingRuntime
 from tuneplane_node.runtime.spec import ContainerSpec
 
 pytestmark = pytest.mark.engine

@@ -30,8 +30,9 @@ from tests.engines.test_daemon_volumes_oci_engines import (
     basic,
     push,
 )
-from tests.helpers import Console, unique
 from tests.http.test_daemon_server import make_ca, make_cert
+from tests.support.console import Console
+from tests.support.jobs import unique
 from tuneplane_node.jobs.volumes.possession import PROOF_BYTES, PROOF_RANGES
 
 pytestmark = pytest.mark.engine

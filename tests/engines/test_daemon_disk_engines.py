@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import MakeNode
-from tests.helpers import IMAGE, Console
+from tests.support.console import Console
+from tests.support.images import IMAGE
 from tuneplane_node.daemon.state import NODE
 
 pytestmark = pytest.mark.engine

@@ -17,15 +17,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import MakeNode
-from tests.helpers import (
-    BIG_IMAGE,
-    REGISTRY,
-    TrackingRuntime,
-    engine_missing,
-    engine_settings,
-    forget_image,
-    full_docker_host,
-)
+from tests.support.engines import engine_missing, engine_settings, full_docker_host
+from tests.support.images import BIG_IMAGE, REGISTRY, forget_image
+from tests.support.runtimes import TrackingRuntime
 from tuneplane_node.runtime.base import PullLimits
 from tuneplane_node.runtime.engines.docker import DockerRuntime
 

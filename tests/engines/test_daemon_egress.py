@@ -18,13 +18,10 @@ import pytest
 
 from tests.checkcommand import Check
 from tests.conftest import MakeNode, podman_in_namespaces
-from tests.helpers import (
-    IMAGE,
-    Console,
-    Namespaces,
-    ThrowawayDocker,
-    ThrowawayPodman,
-)
+from tests.support.console import Console
+from tests.support.images import IMAGE
+from tests.support.namespaces import Namespaces
+from tests.support.throwaway import ThrowawayDocker, ThrowawayPodman
 from tuneplane_node.runtime.engines.networks.egress import cgroup2_root, chain_name, jumps
 from tuneplane_node.runtime.engines.networks.jobnetwork import own_network
 

@@ -17,15 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import (
-    HEADERS,
-    docker_host,
-    engine_missing,
-    free_port,
-    podman_url,
-    python_path,
-    spawn_daemon,
-)
+from tests.support.console import HEADERS
+from tests.support.daemons import free_port, python_path, spawn_daemon
+from tests.support.engines import docker_host, engine_missing, podman_url
 
 # Slow: flocks held by real processes.
 pytestmark = pytest.mark.slow

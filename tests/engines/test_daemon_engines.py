@@ -19,27 +19,16 @@ import aiohttp
 import pytest
 
 from tests.conftest import MakeNode
-from tests.helpers import (
-    HEADERS,
-    IMAGE,
-    REGISTRY,
-    Console,
-    ThrottlingProxy,
-    ThrowawayDocker,
-    TrackingRuntime,
-    console_0315,
-    engine_settings,
-    forget_image,
-    free_port,
-    job,
-    log_text,
-    node_cache,
-    own_docker_host,
-    spawn_daemon,
-    storage_root,
-    unique,
-    wait_until,
-)
+from tests.support.console import HEADERS, Console, console_0315
+from tests.support.daemons import free_port, spawn_daemon
+from tests.support.engines import engine_settings, own_docker_host
+from tests.support.images import IMAGE, REGISTRY, forget_image
+from tests.support.jobs import job, unique
+from tests.support.nodes import node_cache, storage_root
+from tests.support.proxies import ThrottlingProxy
+from tests.support.runtimes import TrackingRuntime, log_text
+from tests.support.throwaway import ThrowawayDocker
+from tests.support.waiting import wait_until
 from tuneplane_node.daemon.presence import CHECK_S
 from tuneplane_node.daemon.state import NODE
 from tuneplane_node.runtime.engines.docker import DockerRuntime

@@ -21,7 +21,9 @@ import podman
 import pytest
 
 from tests.conftest import MakeNode
-from tests.helpers import Console, ThrowawayDocker, engine_missing, podman_url
+from tests.support.console import Console
+from tests.support.engines import engine_missing, podman_url
+from tests.support.throwaway import ThrowawayDocker
 from tuneplane_node import inventory
 from tuneplane_node.runtime.engines.networks.jobnetwork import LABEL_NODE_NETWORK
 from tuneplane_node.wire.values import LABEL_FABRIC_ADDRESS

@@ -23,30 +23,25 @@ import pytest
 from aiohttp import web
 
 from tests.conftest import MakeNode
-from tests.helpers import (
-    BIG_IMAGE,
-    ENGINE_LIVE,
+from tests.support.console import HEADERS
+from tests.support.daemons import free_port, spawn_daemon
+from tests.support.engines import (
     FULL_DOCKER_ROOT,
-    HEADERS,
-    IMAGE,
     TESTS_DOCKER_SOCK,
-    ThrottlingProxy,
-    ThrowawayDocker,
-    TrackingRuntime,
-    WedgeProxy,
     engine_missing,
     engine_settings,
-    forget_image,
-    free_port,
     full_docker_host,
-    node_cache,
     own_docker_host,
-    spawn_daemon,
-    unique,
-    wait_until,
 )
-from tuneplane_node.runtime.base import parse_gpus
+from tests.support.images import BIG_IMAGE, IMAGE, forget_image
+from tests.support.jobs import unique
+from tests.support.nodes import ENGINE_LIVE, node_cache
+from tests.support.proxies import ThrottlingProxy, WedgeProxy
+from tests.support.runtimes import TrackingRuntime
+from tests.support.throwaway import ThrowawayDocker
+from tests.support.waiting import wait_until
 from tuneplane_node.runtime.engines.docker import DockerRuntime
+from tuneplane_node.runtime.labels import parse_gpus
 from tuneplane_node.wire.values import LABEL_GPUS, LABEL_RUN_ID
 
 OURS = {"label": [LABEL_RUN_ID]}

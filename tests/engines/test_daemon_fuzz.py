@@ -22,7 +22,10 @@ from typing import Any
 import pytest
 
 from tests.conftest import MakeNode
-from tests.helpers import HEADERS, IMAGE, REGISTRY, Console, TrackingRuntime, own_docker_host
+from tests.support.console import HEADERS, Console
+from tests.support.engines import own_docker_host
+from tests.support.images import IMAGE, REGISTRY
+from tests.support.runtimes import TrackingRuntime
 from tuneplane_node.runtime.engines.docker import DockerRuntime
 from tuneplane_node.wire.values import LABEL_RUN_ID
 

@@ -21,7 +21,8 @@ from tests.engines.test_daemon_signals import (
     trapping,
 )
 from tests.gpusimulation import Simulation
-from tests.helpers import Console, storage_root
+from tests.support.console import Console
+from tests.support.nodes import storage_root
 from tuneplane_node.runtime.engines.docker import DockerRuntime
 from tuneplane_node.runtime.engines.podman import PodmanRuntime
 

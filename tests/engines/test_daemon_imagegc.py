@@ -25,7 +25,10 @@ import docker
 import pytest
 
 from tests.conftest import MakeNode, open_runtime
-from tests.helpers import IMAGE, REGISTRY, TESTS_DOCKER_SOCK, TrackingRuntime, unique
+from tests.support.engines import TESTS_DOCKER_SOCK
+from tests.support.images import IMAGE, REGISTRY
+from tests.support.jobs import unique
+from tests.support.runtimes import TrackingRuntime
 from tuneplane_node.runtime.base import PullLimits
 from tuneplane_node.runtime.engines.engine import EngineRuntime
 

@@ -20,15 +20,11 @@ import pytest
 
 from tests.conftest import MakeNode
 from tests.engines.test_daemon_scratch import logged, sweep
-from tests.helpers import (
-    DEV_ROOT,
-    RUN_DIR,
-    Console,
-    ThrowawayDocker,
-    engine_missing,
-    interruptible,
-    storage_root,
-)
+from tests.support.console import Console
+from tests.support.daemons import interruptible
+from tests.support.engines import DEV_ROOT, RUN_DIR, engine_missing
+from tests.support.nodes import storage_root
+from tests.support.throwaway import ThrowawayDocker
 
 pytestmark = pytest.mark.engine
 UID_MAP = ["/bin/sh", "-c", "cat /proc/self/uid_map; echo mapped; exec sleep 300"]

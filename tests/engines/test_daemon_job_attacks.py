@@ -20,20 +20,13 @@ import aiohttp
 import pytest
 
 from tests.conftest import MakeNode, open_runtime
-from tests.helpers import (
-    HEADERS,
-    IMAGE,
-    TOKEN,
-    Console,
-    console_0315,
-    docker_host,
-    engine_settings,
-    free_port,
-    podman_url,
-    storage_root,
-    unique,
-)
 from tests.http.test_daemon_server import served, until_serving
+from tests.support.console import HEADERS, TOKEN, Console, console_0315
+from tests.support.daemons import free_port
+from tests.support.engines import docker_host, engine_settings, podman_url
+from tests.support.images import IMAGE
+from tests.support.jobs import unique
+from tests.support.nodes import storage_root
 from tuneplane_node.daemon.server import serve
 from tuneplane_node.jobs.rules.confinement import JobRules
 from tuneplane_node.settings import NodeSettings

@@ -20,7 +20,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import MakeNode, open_runtime
-from tests.helpers import Console, storage_root, unique
+from tests.support.console import Console
+from tests.support.jobs import unique
+from tests.support.nodes import storage_root
 from tuneplane_node.runtime.cgroups import CGROUP_ROOT
 from tuneplane_node.runtime.engines.cgroupparent import pid_max
 

@@ -22,15 +22,11 @@ from typing import Any
 import pytest
 
 from tests.conftest import MakeNode, podman_in_namespaces
-from tests.helpers import (
-    IMAGE,
-    Console,
-    ThrowawayDocker,
-    ThrowawayPodman,
-    engine_settings,
-    job,
-    unique,
-)
+from tests.support.console import Console
+from tests.support.engines import engine_settings
+from tests.support.images import IMAGE
+from tests.support.jobs import job, unique
+from tests.support.throwaway import ThrowawayDocker, ThrowawayPodman
 from tuneplane_node.errors import EngineError
 from tuneplane_node.runtime.engines.networks.hostguard import (
     GUARD_PREFIX,

@@ -14,14 +14,10 @@ from typing import Any
 import pytest
 
 from tests.conftest import MakeNode
-from tests.helpers import (
-    TOKEN,
-    Console,
-    engine_settings,
-    storage_root,
-    under_ci,
-)
 from tests.scrapes import parse, scrape, value
+from tests.support.console import TOKEN, Console
+from tests.support.engines import engine_settings, under_ci
+from tests.support.nodes import storage_root
 from tuneplane_node.daemon.app import create_node_app
 
 # Slow: the metrics and audit lines end to end over a real socket.

@@ -1,7 +1,7 @@
-"""The model walk of `test_jobs_model.py` on a real Docker engine (a throwaway one):
+"""The model walk of `test_jobs_service_model.py` on a real Docker engine (a throwaway one):
 1,000 seeded random steps over 20 run ids and 4 simulated cards, the engine restarted
 without --live-restore now and then, the daemon restarted and killed between create and
-start. After every step the six promises listed in `test_jobs_model.py` are checked
+start. After every step the six promises listed in `test_jobs_service_model.py` are checked
 against the engine's truth (its own container list and labels); wreckage is allowed
 until the periodic sweep is due (the API deadline, 5 s here, plus a relist period).
 
@@ -27,25 +27,20 @@ from typing import Any
 import docker
 import pytest
 
-from tests.fakes import FakeProbe
-from tests.helpers import (
-    BIG_IMAGE,
-    IMAGE,
-    REGISTRY,
-    ThrowawayDocker,
-    check_promises,
-    engine_settings,
-    fake_node_of,
-    unique,
-)
+from tests.fakes.gpu import FakeProbe
+from tests.support.engines import engine_settings
+from tests.support.images import BIG_IMAGE, IMAGE, REGISTRY
+from tests.support.jobs import unique
+from tests.support.nodes import check_promises, fake_node_of
+from tests.support.throwaway import ThrowawayDocker
 from tuneplane_node.clock import parse_rfc3339
 from tuneplane_node.errors import Conflict, NodeError
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs import AlreadyRunning, StopPlan
-from tuneplane_node.runtime.base import parse_gpus
 from tuneplane_node.runtime.cache import CachedRuntime
 from tuneplane_node.runtime.engines.docker import DockerRuntime
-from tuneplane_node.runtime.spec import ContainerSpec, job_labels
+from tuneplane_node.runtime.labels import job_labels, parse_gpus
+from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.wire.values import LABEL_GPUS, LABEL_RUN_ID, Launch, container_name
 

@@ -20,20 +20,14 @@ import pytest
 
 from tests.conftest import MakeNode, open_runtime
 from tests.engines.test_daemon_enginelock_engines import engine_settings_of, healthy
-from tests.helpers import (
-    HEADERS,
-    IMAGE,
-    Console,
-    ThrottlingProxy,
-    TrackingRuntime,
-    forget_image,
-    free_port,
-    own_docker_host,
-    spawn_daemon,
-    state_dir,
-    storage_root,
-    unique,
-)
+from tests.support.console import HEADERS, Console
+from tests.support.daemons import free_port, spawn_daemon
+from tests.support.engines import own_docker_host
+from tests.support.images import IMAGE, forget_image
+from tests.support.jobs import unique
+from tests.support.nodes import state_dir, storage_root
+from tests.support.proxies import ThrottlingProxy
+from tests.support.runtimes import TrackingRuntime
 from tests.unit.test_jobs_mounts import swap
 from tuneplane_node.errors import ConfigError
 from tuneplane_node.jobs.mounts.staging import DIRECTORY, MountStaging

@@ -11,7 +11,7 @@ import os
 import pytest
 
 from tests.conftest import MakeNode
-from tests.helpers import Console
+from tests.support.console import Console
 
 pytestmark = pytest.mark.engine
 ENGINES = ["docker", "podman"]

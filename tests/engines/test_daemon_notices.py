@@ -18,8 +18,9 @@ import pytest
 
 from tests.conftest import MakeNode
 from tests.engines.test_daemon_signals import ready, trapping
-from tests.helpers import Console, storage_root
 from tests.metadataserver import Metadata
+from tests.support.console import Console
+from tests.support.nodes import storage_root
 
 pytestmark = pytest.mark.engine
 ENGINES = ["docker", "podman"]

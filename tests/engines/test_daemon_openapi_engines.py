@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from tests.conftest import MakeNode
-from tests.helpers import IMAGE, unique
+from tests.support.images import IMAGE
+from tests.support.jobs import unique
 
 if TYPE_CHECKING:
     import schemathesis

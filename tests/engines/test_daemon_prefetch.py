@@ -30,19 +30,12 @@ from tests.engines.test_daemon_private_images import (
     everything_shown,
     own_docker,
 )
-from tests.helpers import (
-    DEV_ROOT,
-    HEADERS,
-    IMAGE,
-    OWN_DOCKER_SOCK,
-    REGISTRY,
-    Console,
-    ThrottlingProxy,
-    engine_missing,
-    forget_image,
-    node_cache,
-    unique,
-)
+from tests.support.console import HEADERS, Console
+from tests.support.engines import DEV_ROOT, OWN_DOCKER_SOCK, engine_missing
+from tests.support.images import IMAGE, REGISTRY, forget_image
+from tests.support.jobs import unique
+from tests.support.nodes import node_cache
+from tests.support.proxies import ThrottlingProxy
 
 pytestmark = pytest.mark.engine
 ENGINES = ["docker", "podman"]

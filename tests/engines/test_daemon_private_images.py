@@ -21,15 +21,11 @@ from typing import Any
 import pytest
 
 from tests.conftest import MakeNode
-from tests.helpers import (
-    HEADERS,
-    IMAGE,
-    OWN_DOCKER_SOCK,
-    Console,
-    engine_missing,
-    unique,
-    wait_until,
-)
+from tests.support.console import HEADERS, Console
+from tests.support.engines import OWN_DOCKER_SOCK, engine_missing
+from tests.support.images import IMAGE
+from tests.support.jobs import unique
+from tests.support.waiting import wait_until
 from tuneplane_node.daemon.state import NODE
 from tuneplane_node.jobs.images.keeper import RECORD_FILE
 from tuneplane_node.logformat import JsonFormatter

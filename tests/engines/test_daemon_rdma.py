@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import MakeNode
-from tests.helpers import Console
-from tests.unit.test_jobs_rdma import rdma_dir
+from tests.support.console import Console
+from tests.unit.test_jobs_rules_confinement_rdma import rdma_dir
 
 pytestmark = pytest.mark.engine
 # The node's default is unlimited; an engine in a sandbox may not raise the hard limit

@@ -17,14 +17,11 @@ import pytest
 from tests.conftest import MakeNode
 from tests.engines.test_daemon_enginelock_engines import engine_settings_of, healthy
 from tests.engines.test_daemon_mounts import kill_and_remove, post, remove_directly
-from tests.helpers import (
-    Console,
-    TrackingRuntime,
-    free_port,
-    own_docker_host,
-    spawn_daemon,
-    state_dir,
-)
+from tests.support.console import Console
+from tests.support.daemons import free_port, spawn_daemon
+from tests.support.engines import own_docker_host
+from tests.support.nodes import state_dir
+from tests.support.runtimes import TrackingRuntime
 from tuneplane_node.jobs.mounts.scratch import MOUNTS, SUFFIX, ScratchSpaces
 from tuneplane_node.jobs.mounts.staging import DIRECTORY
 from tuneplane_node.settings import load_settings

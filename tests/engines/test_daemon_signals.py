@@ -16,7 +16,12 @@ from typing import Any
 import pytest
 
 from tests.conftest import MakeNode
-from tests.helpers import IMAGE, Console, engine_settings, storage_root, unique, wait_until
+from tests.support.console import Console
+from tests.support.engines import engine_settings
+from tests.support.images import IMAGE
+from tests.support.jobs import unique
+from tests.support.nodes import storage_root
+from tests.support.waiting import wait_until
 from tuneplane_node.runtime.engines.docker import DockerRuntime
 from tuneplane_node.runtime.engines.podman import PodmanRuntime
 

@@ -15,7 +15,11 @@ import pytest
 
 from tests.conftest import MakeNode
 from tests.engines.test_daemon_signals import sdk
-from tests.helpers import IMAGE, Console, TrackingRuntime, engine_settings, job, unique
+from tests.support.console import Console
+from tests.support.engines import engine_settings
+from tests.support.images import IMAGE
+from tests.support.jobs import job, unique
+from tests.support.runtimes import TrackingRuntime
 from tuneplane_node.jobs.rules.confinement import JobRules
 from tuneplane_node.runtime.engines.dockerformat import usage_from_stats
 from tuneplane_node.runtime.engines.engine import MACHINE_MEMORY, EngineRuntime

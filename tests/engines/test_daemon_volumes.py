@@ -18,8 +18,10 @@ from tests.conftest import MakeNode
 from tests.engines.test_daemon_enginelock_engines import engine_settings_of, healthy
 from tests.engines.test_daemon_mounts import post, remove_directly
 from tests.engines.test_daemon_scratch import logged
-from tests.helpers import IMAGE, free_port, spawn_daemon, state_dir
 from tests.scrapes import scrape
+from tests.support.daemons import free_port, spawn_daemon
+from tests.support.images import IMAGE
+from tests.support.nodes import state_dir
 from tests.volumeserver import LOOPBACK, FileServer, sha256
 from tuneplane_node.jobs.mounts.staging import MountStaging
 from tuneplane_node.jobs.volumes.access import Accesses

@@ -18,10 +18,11 @@ import pytest
 from tests.conftest import MakeNode
 from tests.engines.test_daemon_mounts import remove_directly
 from tests.engines.test_daemon_scratch import logged
-from tests.helpers import REGISTRY, unique
 from tests.ocilayers import file, tarball
 from tests.ociserver import LAYER, MANIFEST
 from tests.scrapes import scrape
+from tests.support.images import REGISTRY
+from tests.support.jobs import unique
 from tests.volumeserver import LOOPBACK
 
 pytestmark = pytest.mark.engine

@@ -32,14 +32,9 @@ from tests.docexamples import (
     normalised,
     rewritten,
 )
-from tests.helpers import (
-    REPO,
-    docker_host,
-    engine_missing,
-    free_port,
-    spawn_daemon,
-    state_dir,
-)
+from tests.support.daemons import REPO, free_port, spawn_daemon
+from tests.support.engines import docker_host, engine_missing
+from tests.support.nodes import state_dir
 from tuneplane_node.wire import PROTOCOL, PROTOCOL_HEADER
 
 DOC_TOKEN = "change-me-to-a-long-secret"

@@ -17,9 +17,7 @@ from tests.gpusimulation import (
     run_id_of,
     simulated_node,
 )
-from tests.helpers import (
-    TrackingRuntime,
-)
+from tests.support.runtimes import TrackingRuntime
 from tuneplane_node.runtime.engines.docker import DockerRuntime
 from tuneplane_node.wire.values import LABEL_GPUS, LABEL_RUN_ID
 

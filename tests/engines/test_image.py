@@ -28,16 +28,11 @@ import docker.errors
 import pytest
 from docker.models.containers import Container
 
-from tests.helpers import (
-    DEV_DOCKER_SOCK,
-    IMAGE,
-    REPO,
-    TESTS_DOCKER_SOCK,
-    TOKEN,
-    engine_missing,
-    free_port,
-    unique,
-)
+from tests.support.console import TOKEN
+from tests.support.daemons import REPO, free_port
+from tests.support.engines import DEV_DOCKER_SOCK, TESTS_DOCKER_SOCK, engine_missing
+from tests.support.images import IMAGE
+from tests.support.jobs import unique
 from tuneplane_node.wire import PROTOCOL, PROTOCOL_HEADER
 
 pytestmark = pytest.mark.engine

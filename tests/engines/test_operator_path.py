@@ -26,8 +26,11 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import IMAGE, REPO, TESTS_DOCKER_SOCK, engine_missing, free_port, unique
 from tests.http.test_deploy import systemd_tool, unit_settings
+from tests.support.daemons import REPO, free_port
+from tests.support.engines import TESTS_DOCKER_SOCK, engine_missing
+from tests.support.images import IMAGE
+from tests.support.jobs import unique
 from tuneplane_node.wire import PROTOCOL, PROTOCOL_HEADER
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]

@@ -10,16 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import (
-    BIG_IMAGE,
-    REGISTRY,
-    ThrottlingProxy,
-    TrackingRuntime,
-    forget_image,
-    job,
-    log_text,
-    wait_status,
-)
+from tests.support.images import BIG_IMAGE, REGISTRY, forget_image
+from tests.support.jobs import job
+from tests.support.proxies import ThrottlingProxy
+from tests.support.runtimes import TrackingRuntime, log_text
+from tests.support.waiting import wait_status
 from tuneplane_node.errors import EngineRefused
 from tuneplane_node.runtime.base import PullLimits, PullProgress
 from tuneplane_node.wire.values import Mount

@@ -12,7 +12,10 @@ from typing import Any
 import pytest
 
 from tests.conftest import MakeNode
-from tests.helpers import IMAGE, TrackingRuntime, unique, wait_until
+from tests.support.images import IMAGE
+from tests.support.jobs import unique
+from tests.support.runtimes import TrackingRuntime
+from tests.support.waiting import wait_until
 from tuneplane_node.daemon.state import NODE
 from tuneplane_node.errors import EngineUnavailable
 from tuneplane_node.runtime.cache import CachedRuntime, StateCache

@@ -18,14 +18,10 @@ from typing import Any
 import pytest
 
 from tests.checkcommand import Check
-from tests.helpers import (
-    TOKEN,
-    engine_settings,
-    free_port,
-    podman_url,
-    spawn_daemon,
-    storage_root,
-)
+from tests.support.console import TOKEN
+from tests.support.daemons import free_port, spawn_daemon
+from tests.support.engines import engine_settings, podman_url
+from tests.support.nodes import storage_root
 from tuneplane_node.checks import engine as engine_checks
 from tuneplane_node.checks.findings import OK, WARN
 from tuneplane_node.cli import main
@@ -353,7 +349,7 @@ def test_the_registry_auth_file_is_read_as_the_daemon_reads_it_and_shows_no_secr
 def test_rdma_on_a_runtime_whose_limit_is_unknown_is_warned_of(
     check: Check, tmp_path: Path
 ) -> None:
-    from tests.unit.test_jobs_rdma import rdma_dir
+    from tests.unit.test_jobs_rules_confinement_rdma import rdma_dir
 
     _, lines, _ = check(TUNEPLANE_RDMA_DEVICE_DIR=str(rdma_dir(tmp_path)))
     assert lines["rdma"].startswith("warn rdma: 3 devices; the engine's locked-memory limit")

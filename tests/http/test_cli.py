@@ -17,10 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import (
-    storage_root,
-)
 from tests.servecommand import Serve, cli_env, free_port, wait_for_healthz
+from tests.support.nodes import storage_root
 from tuneplane_node.cli import main
 
 # Slow: the daemon's command line end to end.

@@ -22,9 +22,13 @@ import pytest
 
 import tuneplane_node.client as client_package
 from tests.conftest import IMAGE, MakeFakeNode
-from tests.fakes import FakeClock, FakeRuntime
-from tests.helpers import TOKEN, Console, free_port, python_path, unique, wait_until
+from tests.fakes.clock import FakeClock
+from tests.fakes.runtime import FakeRuntime
 from tests.http.test_daemon_server import make_ca
+from tests.support.console import TOKEN, Console
+from tests.support.daemons import free_port, python_path
+from tests.support.jobs import unique
+from tests.support.waiting import wait_until
 from tests.volumeserver import LOOPBACK, FileServer, sha256
 from tuneplane_node import wire
 from tuneplane_node.client import (

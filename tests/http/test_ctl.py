@@ -24,15 +24,10 @@ from typing import Any
 import pytest
 
 from tests.ctlcommand import Ctl, Node, StartNode, api, wait_for_port
-from tests.helpers import (
-    IMAGE,
-    TOKEN,
-    free_port,
-    interruptible,
-    python_path,
-    spawn_daemon,
-    unique,
-)
+from tests.support.console import TOKEN
+from tests.support.daemons import free_port, interruptible, python_path, spawn_daemon
+from tests.support.images import IMAGE
+from tests.support.jobs import unique
 from tests.unit.test_fetch_registry import serving
 from tests.volumeserver import LOOPBACK
 from tuneplane_node.cli import main, parser

@@ -9,12 +9,15 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests import helpers
 from tests.conftest import IMAGE, MakeFakeNode, fake_settings
-from tests.fakes import FakeRuntime
-from tests.helpers import HEADERS, TOKEN, settle, storage_root
+from tests.fakes.runtime import FakeRuntime
+from tests.support import console
+from tests.support.console import HEADERS, TOKEN
+from tests.support.nodes import storage_root
+from tests.support.waiting import settle, wait_until
 from tuneplane_node.daemon.app import create_node_app
-from tuneplane_node.daemon.state import NODE
+from tuneplane_node.daemon.routes import features
+from tuneplane_node.daemon.state import HEALTH_STATUS, MEMOS, NODE
 from tuneplane_node.errors import ConfigError
 from tuneplane_node.settings import load_settings
 from tuneplane_node.wire import PROTOCOL_HEADER
@@ -195,7 +198,7 @@ async def test_an_engine_that_is_down_is_a_503_and_health_says_so(
 
 
 def console_0315(run_id: str, gpus: int = 2, **container: Any) -> dict[str, Any]:
-    return helpers.console_0315(run_id, requested=gpus, **{"image": IMAGE, **container})
+    return console.console_0315(run_id, requested=gpus, **{"image": IMAGE, **container})
 
 
 async def test_a_0315_console_launches_observes_stops_and_removes(
@@ -390,7 +393,7 @@ async def test_clients_that_go_away_free_their_follows(
         got, body = await node.call("GET", "/node/v1/logs", params=params)
         assert got == 429 and "already following 1 log," in body["detail"]
         response.close()  # the client goes; the job writes nothing more
-        await helpers.wait_until(lambda: fake.following == 0, timeout=5)
+        await wait_until(lambda: fake.following == 0, timeout=5)
 
 
 async def test_reap_through_the_api(fake_node: MakeFakeNode, fake: FakeRuntime) -> None:
@@ -469,3 +472,26 @@ async def test_a_private_image_without_credentials_is_a_403_naming_it(
     ref, answer = await node.launch(image=IMAGE, expect=403)
     assert answer["detail"].startswith(f"no access to the private image {IMAGE}: ")
     assert (await node.state(ref))["exists"] is False
+
+
+# --- the app's own state -------------------------------------------------------------------
+
+
+async def test_two_apps_of_one_process_keep_their_own_encoded_answers(
+    fake_node: MakeFakeNode,
+) -> None:
+    """The encoded list and health are an app's own (`MEMOS`): two daemons of one
+    process (the tests, an embedder) never answer from, nor evict, the other's."""
+    first, second = await fake_node(), await fake_node()
+    await first.launch()
+    memos = first.app[MEMOS]
+    assert memos is not second.app[MEMOS]
+    listing = await first.app[NODE].changes.list()
+    status = await first.app[HEALTH_STATUS].get()
+    kept_list = memos.jobs.jobs(listing, watched=False)
+    kept_health = memos.health.encode(status, features=features())
+    assert (await second.jobs())["index"] != str(listing.index)  # another list, answered
+    await second.ok("GET", "/node/v1/health")
+    assert memos.jobs.jobs(listing, watched=False) is kept_list  # still the first's
+    assert memos.health.encode(status, features=features()) is kept_health
+    assert json.loads(kept_list)["index"] == (await first.jobs())["index"]

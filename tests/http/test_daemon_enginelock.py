@@ -13,11 +13,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import MakeFakeNode
-from tests.fakes import FakeClock, FakeRuntime
-from tests.helpers import (
-    IMAGE,
-    python_path,
-)
+from tests.fakes.clock import FakeClock
+from tests.fakes.runtime import FakeRuntime
+from tests.support.daemons import python_path
+from tests.support.images import IMAGE
 from tuneplane_node.daemon.enginelock import EngineLock, EngineTaken, engine_address
 from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.settings import load_settings

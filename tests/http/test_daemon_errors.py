@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import IMAGE, MakeFakeNode
-from tests.fakes import FakeRuntime
-from tests.helpers import console_0315
+from tests.fakes.runtime import FakeRuntime
+from tests.support.console import console_0315
 from tuneplane_node.daemon.routes import OPERATIONS, document
 from tuneplane_node.wire.values import container_name
 

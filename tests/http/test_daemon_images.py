@@ -8,8 +8,10 @@ from typing import Any
 import pytest
 
 from tests.conftest import IMAGE, MakeFakeNode
-from tests.fakes import FakeClock, FakeRuntime
-from tests.helpers import HEADERS, Console, console_0315, settle
+from tests.fakes.clock import FakeClock
+from tests.fakes.runtime import FakeRuntime
+from tests.support.console import HEADERS, Console, console_0315
+from tests.support.waiting import settle
 from tuneplane_node.daemon.state import NODE
 from tuneplane_node.jobs.images.keeper import PrivateImage
 from tuneplane_node.jobs.words import FAILED_RECORD_TTL_S, WINDOW_S

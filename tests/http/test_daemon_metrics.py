@@ -16,13 +16,9 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import IMAGE, MakeFakeNode
-from tests.fakes import FakeRuntime
-from tests.helpers import (
-    HEADERS,
-    TOKEN,
-    console_0315,
-)
+from tests.fakes.runtime import FakeRuntime
 from tests.scrapes import parse, scrape, value
+from tests.support.console import HEADERS, TOKEN, console_0315
 from tuneplane_node import __version__
 from tuneplane_node.daemon.metrics import Metrics
 from tuneplane_node.daemon.state import NODE

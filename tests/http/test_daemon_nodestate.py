@@ -17,9 +17,11 @@ from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
 from tests.conftest import IMAGE, MakeFakeNode, fake_settings
-from tests.fakes import FakeClock, FakeRuntime
-from tests.helpers import Console, settle
-from tests.helpers import console_0315 as console_launch
+from tests.fakes.clock import FakeClock
+from tests.fakes.runtime import FakeRuntime
+from tests.support.console import Console
+from tests.support.console import console_0315 as console_launch
+from tests.support.waiting import settle
 from tuneplane_node.clock import parse_rfc3339
 from tuneplane_node.daemon.app import create_node_app
 from tuneplane_node.daemon.state import HEALTH_STATUS

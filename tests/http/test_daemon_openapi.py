@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tests.conftest import MakeFakeNode
-from tests.helpers import TOKEN
+from tests.support.console import TOKEN
 from tuneplane_node.daemon.routes import document
 from tuneplane_node.wire import PROTOCOL_HEADER, schema
 

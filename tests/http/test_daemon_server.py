@@ -28,8 +28,10 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
-from tests.fakes import FakeClock
-from tests.helpers import free_port, settle, spawn_daemon, storage_root
+from tests.fakes.clock import FakeClock
+from tests.support.daemons import free_port, spawn_daemon
+from tests.support.nodes import storage_root
+from tests.support.waiting import settle
 from tuneplane_node.daemon import server
 from tuneplane_node.daemon.listener import CannotListen
 from tuneplane_node.daemon.render import (

@@ -9,8 +9,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import IMAGE, MakeFakeNode
-from tests.fakes import FakeProbe, FakeRuntime
-from tests.helpers import TOKEN, Console
+from tests.fakes.gpu import FakeProbe
+from tests.fakes.runtime import FakeRuntime
+from tests.support.console import TOKEN, Console
 from tuneplane_node.daemon.state import NODE
 from tuneplane_node.gpu.probe import CardFacts
 from tuneplane_node.runtime.facts import Usage

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import MakeFakeNode
-from tests.fakes import FakeClock
-from tests.helpers import TOKEN
+from tests.fakes.clock import FakeClock
+from tests.support.console import TOKEN
 from tuneplane_node.daemon.access import guard
 from tuneplane_node.daemon.access.guard import AuthFailures, delay_s
 from tuneplane_node.daemon.access.tokens import TokenSet, parse_line

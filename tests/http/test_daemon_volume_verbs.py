@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from tests.conftest import MakeFakeNode
-from tests.fakes import FakeRuntime
-from tests.helpers import IMAGE
+from tests.fakes.runtime import FakeRuntime
 from tests.scrapes import scrape
+from tests.support.images import IMAGE
 from tests.volumeserver import LOOPBACK, FileServer, sha256
 from tuneplane_node.jobs.volumes.access import Accesses
 from tuneplane_node.runtime.spec import ContainerSpec

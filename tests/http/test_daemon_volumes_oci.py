@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 from tests.conftest import MakeFakeNode
-from tests.fakes import FakeRuntime
-from tests.helpers import Console
+from tests.fakes.runtime import FakeRuntime
 from tests.http.test_daemon_volume_verbs import PULL, root_of
 from tests.ocilayers import file, tarball
 from tests.ociserver import PASSWORD, USER, Registry
+from tests.support.console import Console
 from tests.volumeserver import LOOPBACK
 from tuneplane_node.runtime.facts import STAGED
 

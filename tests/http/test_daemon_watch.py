@@ -18,8 +18,12 @@ import aiohttp
 import pytest
 
 from tests.conftest import IMAGE, MakeFakeNode
-from tests.fakes import FakeClock, FakeRuntime
-from tests.helpers import HEADERS, TOKEN, Console, job, node_cache, wait_until
+from tests.fakes.clock import FakeClock
+from tests.fakes.runtime import FakeRuntime
+from tests.support.console import HEADERS, TOKEN, Console
+from tests.support.jobs import job
+from tests.support.nodes import node_cache
+from tests.support.waiting import wait_until
 from tuneplane_node.daemon.state import NODE
 from tuneplane_node.jobs.observe.watch import ChangeLog
 from tuneplane_node.wire import PROTOCOL, PROTOCOL_HEADER

@@ -19,7 +19,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import REPO, free_port, python_path, spawn_daemon, storage_root, under_ci
+from tests.support.daemons import REPO, free_port, python_path, spawn_daemon
+from tests.support.engines import under_ci
+from tests.support.nodes import storage_root
 from tuneplane_node.daemon.notify import notify, socket_address
 
 UNIT = REPO / "contrib" / "systemd" / "tuneplane-node.service"

@@ -18,7 +18,8 @@ import pytest
 
 from tests.conftest import IMAGE as FAKE_IMAGE
 from tests.conftest import MakeFakeNode
-from tests.fakes import FakeClock, FakeRuntime
+from tests.fakes.clock import FakeClock
+from tests.fakes.runtime import FakeRuntime
 from tests.gpusimulation import (
     CUDA,
     DRIVER,
@@ -30,10 +31,8 @@ from tests.gpusimulation import (
     run_id_of,
     simulated_node,
 )
-from tests.helpers import (
-    IMAGE,
-    unique,
-)
+from tests.support.images import IMAGE
+from tests.support.jobs import unique
 from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.wire.values import LABEL_GPUS, LABEL_RUN_ID
 

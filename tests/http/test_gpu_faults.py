@@ -16,9 +16,11 @@ import pytest
 
 from tests.conftest import IMAGE as FAKE_IMAGE
 from tests.conftest import MakeFakeNode
-from tests.fakes import FakeClock, FakeRuntime
+from tests.fakes.clock import FakeClock
+from tests.fakes.runtime import FakeRuntime
 from tests.gpusimulation import Simulation, simulated_node, try_launch
-from tests.helpers import HEADERS, IMAGE, Console
+from tests.support.console import HEADERS, Console
+from tests.support.images import IMAGE
 from tuneplane_node.daemon.state import NODE
 
 pytestmark = pytest.mark.slow  # each test runs a daemon over a socket

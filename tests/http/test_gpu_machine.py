@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import IMAGE, MakeFakeNode
-from tests.fakes import FakeRuntime
+from tests.fakes.runtime import FakeRuntime
 from tests.gpusimulation import Simulation, simulated_node
 from tests.nvmlprobe import settings
 from tuneplane_node.gpu import toolkit

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import MakeFakeNode, fake_settings
-from tests.fakes import FakeClock, FakeProbe, FakeRuntime
+from tests.fakes.clock import FakeClock
+from tests.fakes.gpu import FakeProbe
+from tests.fakes.runtime import FakeRuntime
 from tuneplane_node.errors import GpuNotReady
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.gpu.cdi import gpu_devices

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from tests.fakes import FakeClock
-from tests.helpers import settle
+from tests.fakes.clock import FakeClock
+from tests.support.waiting import settle
 from tuneplane_node.clock import Clock, _within_310, normalise, parse_rfc3339, rfc3339, within
 
 

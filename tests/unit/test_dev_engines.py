@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import (
+from tests.support.daemons import REPO
+from tests.support.engines import (
     DEV_DOCKER_SOCK,
     DEV_PODMAN_SOCK,
-    REPO,
     docker_host,
     own_docker_host,
     podman_url,
@@ -27,7 +27,7 @@ from tests.helpers import (
 # A test may name the developer's engines only to refuse them (a mount of the engine's
 # socket) or to read an image from them (a base image, never changed there).
 MAY_NAME = {
-    "helpers.py": "where they are defined",
+    "engines.py": "where they are defined (tests/support/engines.py)",
     "test_dev_engines.py": "this test",
     "test_daemon_attacks.py": "a job mounting the engine's socket is refused",
     "test_image.py": "a base image read from it, as engines.sh copies the test image",

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes import FakeClock, FakeProbe, FakeRuntime
-from tests.helpers import job
+from tests.fakes.clock import FakeClock
+from tests.fakes.gpu import FakeProbe
+from tests.fakes.runtime import FakeRuntime
+from tests.support.jobs import job
 from tuneplane_node.errors import EngineUnavailable, GpuNotReady, NoCapacity
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.gpu.probe import NoDriverProbe

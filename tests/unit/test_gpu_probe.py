@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.fakes import FakeClock
+from tests.fakes.clock import FakeClock
 from tests.nvmlprobe import nvml_library_loads, settings
 from tuneplane_node.daemon.machine import (
     card_json,

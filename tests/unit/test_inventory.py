@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from tests.fakes import FakeClock
-from tests.helpers import settle, wait_until
+from tests.fakes.clock import FakeClock
+from tests.support.waiting import settle, wait_until
 from tuneplane_node import __version__
 from tuneplane_node.errors import ConfigError
 from tuneplane_node.inventory import (

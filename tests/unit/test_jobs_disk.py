@@ -17,8 +17,12 @@ from typing import Any
 import pytest
 
 from tests.conftest import fake_settings
-from tests.fakes import MIB, FakeClock, FakeProbe, FakeRuntime
-from tests.helpers import fake_node_of, wait_until
+from tests.fakes.clock import FakeClock
+from tests.fakes.engine import MIB
+from tests.fakes.gpu import FakeProbe
+from tests.fakes.runtime import FakeRuntime
+from tests.support.nodes import fake_node_of
+from tests.support.waiting import wait_until
 from tuneplane_node import inventory
 from tuneplane_node.daemon.render import (
     state_json,

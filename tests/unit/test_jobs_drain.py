@@ -7,13 +7,14 @@ import asyncio
 
 import pytest
 
-from tests.fakes import FakeClock, FakeRuntime
-from tests.helpers import settle
+from tests.fakes.clock import FakeClock
+from tests.fakes.runtime import FakeRuntime
 from tests.jobservice import (
     launch_pulling,
     request,
     reserved,
 )
+from tests.support.waiting import settle
 from tuneplane_node.errors import (
     Conflict,
 )

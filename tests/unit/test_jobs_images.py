@@ -14,8 +14,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import IMAGE, fake_settings
-from tests.fakes import FakeClock, FakeProbe, FakeRuntime
-from tests.helpers import fake_node_of, settle, wait_until
+from tests.fakes.clock import FakeClock
+from tests.fakes.gpu import FakeProbe
+from tests.fakes.runtime import FakeRuntime
+from tests.support.nodes import fake_node_of
+from tests.support.waiting import settle, wait_until
 from tests.volumeserver import LOOPBACK, FileServer
 from tuneplane_node.errors import (
     ConfigError,

@@ -12,9 +12,10 @@ from datetime import timedelta
 
 import pytest
 
-from tests.fakes import FakeClock, FakeRuntime
-from tests.helpers import settle
+from tests.fakes.clock import FakeClock
+from tests.fakes.runtime import FakeRuntime
 from tests.jobservice import request
+from tests.support.waiting import settle
 from tests.unit.test_jobs_drain import drained
 from tuneplane_node.fetch.fetching import Fetcher
 from tuneplane_node.jobs import Node, StoppedView

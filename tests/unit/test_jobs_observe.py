@@ -9,7 +9,7 @@ import contextlib
 import pytest
 
 from tests.conftest import IMAGE
-from tests.fakes import FakeRuntime
+from tests.fakes.runtime import FakeRuntime
 from tests.jobservice import (
     MISSING,
     request,

@@ -53,7 +53,7 @@ CTL_MAY_IMPORT = {"client", "wire", "printable", "__init__", "__version__"}
 # Each third-party SDK is imported by exactly these modules, and translated there.
 SDKS = {
     # docker.auth reads the registry auth file (config.json) for both engines.
-    "docker": {"runtime/engines/docker.py", "runtime/engines/dockerauth.py"},
+    "docker": {"runtime/engines/docker.py", "runtime/authfile.py"},
     "podman": {"runtime/engines/podman.py"},
     "pynvml": {"gpu/nvml.py"},
     "aiohttp": {
@@ -277,6 +277,71 @@ def test_the_room_finder_names_wings_and_modules() -> None:
     assert room("tuneplane_node.jobs.images.gc") == "jobs/images"
 
 
+def test_the_daemon_reaches_no_engines_module() -> None:
+    """The daemon knows no engine: what it holds of the runtime floor (the registry auth
+    file, the runtime's contract) stands outside ``runtime/engines/`` (issue 55: it
+    imported the auth file from there)."""
+    found = sorted(
+        f"{path.relative_to(PACKAGE)}: {name}"
+        for path in sorted((PACKAGE / "daemon").rglob("*.py"))
+        for name in imports(path)
+        if name.startswith("tuneplane_node.runtime.engines")
+    )
+    assert found == []
+
+
+# What of the engines' wing jobs/ still reads, and why: the jobs' parent cgroup bounds and
+# the engine's memlock, until the engines' helpers (recomposed in issue 55) answer them.
+ENGINES = "tuneplane_node.runtime.engines"
+JOBS_READ_OF_ENGINES = {
+    "jobs/rules/confinement.py": {
+        "tuneplane_node.runtime.engines.cgroupparent",
+        "tuneplane_node.runtime.engines.memlock",
+    },
+}
+
+
+def test_the_jobs_floor_asks_the_runtime_not_the_engines_insides() -> None:
+    """A rule of the jobs floor asks the runtime's contract (`runtime.base`, its facts,
+    its spec, its labels), never an engine adapter's module (issue 55: the rules read the
+    fabric's interface and gateway and which runtimes map users from the engines' wing)."""
+    found: dict[str, set[str]] = {}
+    for path in sorted(JOBS.rglob("*.py")):
+        names = {
+            f"{module}.{name}" if module == ENGINES else str(module)
+            for kind, module, name in facts(path)
+            if kind != "class" and str(module).startswith(ENGINES)
+        }
+        if names:
+            found[str(path.relative_to(PACKAGE))] = names
+    assert found == JOBS_READ_OF_ENGINES
+
+
+# --- labels: written and read in one module ---------------------------------------------------
+
+LABELS = PACKAGE / "runtime" / "labels.py"
+LABEL_NAMES = ("LABEL_", "NODE_LABELS", "HIDDEN_LABELS")
+
+
+def test_a_label_is_taken_from_the_module_that_writes_and_reads_it() -> None:
+    """A job's label is spelt in the contract (`wire.values`) and written and read in
+    `runtime/labels.py` (kubelet's ``kuberuntime/labels.go``): every other module takes
+    the names, the writers and the readers from there, so a label's writing and its
+    parsing are read side by side (issue 55: one was spelt in wire, re-exported by
+    runtime/base.py, written in runtime/spec.py and parsed in two more)."""
+    found = sorted(
+        f"{path.relative_to(PACKAGE)}: {name}"
+        for path in MODULES
+        if path != LABELS and unit(path) != "wire"
+        for kind, module, name in facts(path)
+        if kind == "from"
+        and module == "tuneplane_node.wire.values"
+        and str(name).startswith(LABEL_NAMES)
+    )
+    assert found == []
+    assert any(str(name).startswith("LABEL_") for _, _, name in facts(LABELS))  # walked
+
+
 # --- the job service as collaborators it calls down to ------------------------------------
 
 JOBS = PACKAGE / "jobs"
@@ -464,6 +529,47 @@ def test_the_reach_through_finder_finds_one() -> None:
         "node.jobs.launcher",
         "request.app[NODE].launcher.volumes",
     ]
+
+
+def second_phases(source: str, function: str) -> list[str]:
+    """What ``function`` does to a part after making it: an attribute set (``a.b = c``)
+    or a call whose result it drops (``changes.reads(...)``, ``x.listeners.append(f)``)."""
+    found: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef) and node.name == function:
+            for statement in ast.walk(node):
+                targets = []
+                if isinstance(statement, ast.Assign):
+                    targets = statement.targets
+                elif isinstance(statement, (ast.AugAssign, ast.AnnAssign)):
+                    targets = [statement.target]
+                for target in targets:
+                    each = target.elts if isinstance(target, ast.Tuple) else [target]
+                    found += [ast.unparse(t) for t in each if isinstance(t, ast.Attribute)]
+                if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call):
+                    found.append(ast.unparse(statement.value))
+    return found
+
+
+def test_the_node_is_built_complete() -> None:
+    """`build_node` hands each part all it needs in its constructor, in the order it
+    makes them: nothing is set on a part afterwards and no part has a second phase, so
+    a part is never seen half made (issue 55: three of health's readers, the change
+    log's reads and the faults' listeners were once set after)."""
+    assert second_phases((JOBS / "node.py").read_text(), "build_node") == []
+
+
+def test_the_second_phase_finder_finds_one() -> None:
+    source = (
+        "def build_node():\n"
+        "    health = HealthReader()\n"
+        "    health.held_by = f\n"
+        "    changes.reads(read)\n"
+        "    faults.changed, n = changes.changed, 1\n"
+        "    jobs = JobService(faults=lambda: faults.job_faults)\n"
+    )
+    found = second_phases(source, "build_node")
+    assert found == ["health.held_by", "changes.reads(read)", "faults.changed"]
 
 
 # The modules of jobs/ that take the whole runtime: the builder, and those that use most

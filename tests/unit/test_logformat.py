@@ -9,7 +9,7 @@ import logging
 
 import pytest
 
-from tests.fakes import FakeRuntime
+from tests.fakes.runtime import FakeRuntime
 from tuneplane_node.jobs import Node, StopPlan
 from tuneplane_node.logformat import JsonFormatter
 from tuneplane_node.runtime.spec import ContainerSpec

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tuneplane_node.runtime.base import ContainerState, parse_gpus
-from tuneplane_node.runtime.spec import ContainerSpec, format_gpus, job_labels
+from tuneplane_node.runtime.base import ContainerState
+from tuneplane_node.runtime.labels import job_labels, parse_gpus
+from tuneplane_node.runtime.spec import ContainerSpec, format_gpus
 from tuneplane_node.wire.values import LABEL_GPUS, LABEL_RUN_ID, container_name
 
 

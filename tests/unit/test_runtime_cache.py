@@ -17,8 +17,13 @@ from typing import Any
 import pytest
 
 from tests.conftest import IMAGE as PRESENT
-from tests.fakes import FakeClock, FakeProbe, FakeRuntime, brief
-from tests.helpers import fake_node_of, job, wait_until
+from tests.fakes.clock import FakeClock
+from tests.fakes.containers import brief
+from tests.fakes.gpu import FakeProbe
+from tests.fakes.runtime import FakeRuntime
+from tests.support.jobs import job
+from tests.support.nodes import fake_node_of
+from tests.support.waiting import wait_until
 from tuneplane_node.errors import EngineRefused, EngineUnavailable
 from tuneplane_node.jobs import Started
 from tuneplane_node.runtime.base import EXIT_SIGKILL, ContainerState, EngineEvent

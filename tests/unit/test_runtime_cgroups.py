@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes import FakeClock
+from tests.fakes.clock import FakeClock
 from tuneplane_node.gpu.simulation import SimulatedProbe
 from tuneplane_node.runtime import cgroups
 from tuneplane_node.runtime.engines.dockerformat import usage_from_stats

@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import fake_settings
-from tests.helpers import log_text, wait_until
-from tests.helpers import wait_status as shared_wait_status
+from tests.support.runtimes import log_text
+from tests.support.waiting import wait_status as shared_wait_status
+from tests.support.waiting import wait_until
 from tuneplane_node.clock import parse_rfc3339 as parse_time
 from tuneplane_node.errors import EngineRefused, InvalidField
 from tuneplane_node.runtime.base import PullLimits

@@ -9,7 +9,7 @@ import logging
 
 import pytest
 
-from tests.helpers import settle
+from tests.support.waiting import settle
 from tuneplane_node import tasks as tasks_module
 from tuneplane_node.clock import within
 from tuneplane_node.tasks import BackgroundTasks, TurnShared, by_awaiters

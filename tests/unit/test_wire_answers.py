@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import INVENTORY_KEYS
+from tests.support.console import INVENTORY_KEYS
 from tuneplane_node.daemon.machine import (
     HealthAnswers,
     health_json,
@@ -21,9 +21,8 @@ from tuneplane_node.daemon.machine import (
 )
 from tuneplane_node.daemon.render import (
     EncodedStates,
+    JobAnswers,
     encode,
-    encode_jobs,
-    encode_observe,
     jobs_json,
     launch_json,
     observe_json,
@@ -505,7 +504,7 @@ def running(name: str, **more: Any) -> ContainerState:
 
 
 def test_observe_is_encoded_as_its_shape_would_be_byte_for_byte() -> None:
-    """The route sends encode_observe: the very bytes encode(observe_json) would."""
+    """The route sends `JobAnswers.observe`: the very bytes encode(observe_json) would."""
     views: dict[str, ContainerState | StoppedView | PendingView] = {
         "a": running("a", labels={LABEL_RUN_ID: "a", "note": "é\u2028\x00"}),
         "b": running("b", status="exited", exit_code=3, finished_at="2026-11-30T12:00:00Z"),
@@ -514,9 +513,10 @@ def test_observe_is_encoded_as_its_shape_would_be_byte_for_byte() -> None:
         "x": ContainerState.missing("x"),
         'q"uote': running('q"uote'),
     }
-    assert encode_observe(views) == encode(observe_json(views))
-    assert encode_observe(views) == encode(observe_json(views))  # the second, from the memo
-    assert encode_observe({}) == encode(observe_json({}))
+    answers = JobAnswers()
+    assert answers.observe(views) == encode(observe_json(views))
+    assert answers.observe(views) == encode(observe_json(views))  # the second, from the memo
+    assert answers.observe({}) == encode(observe_json({}))
 
 
 def test_the_jobs_list_and_watch_are_encoded_as_their_shapes_would_be() -> None:
@@ -525,14 +525,14 @@ def test_the_jobs_list_and_watch_are_encoded_as_their_shapes_would_be() -> None:
         "stopped": StoppedView(running("stopped", status="exited"), "drained: cordon"),
         "tuneplane-b": pending(),
     }
-    listing = JobChanges(Cursor("0123456789abcdef", 7), views)
-    assert encode_jobs(listing, watched=False) == encode(jobs_json(listing, watched=False))
-    assert json.loads(encode_jobs(listing, watched=False)).keys() == {"index", "jobs"}
+    listing, answers = JobChanges(Cursor("0123456789abcdef", 7), views), JobAnswers()
+    assert answers.jobs(listing, watched=False) == encode(jobs_json(listing, watched=False))
+    assert json.loads(answers.jobs(listing, watched=False)).keys() == {"index", "jobs"}
     delta = JobChanges(Cursor("0123456789abcdef", 9), views, ("gone",), full=False)
-    assert encode_jobs(delta, watched=True) == encode(jobs_json(delta, watched=True))
-    assert json.loads(encode_jobs(delta, watched=True))["removed"] == ["gone"]
+    assert answers.jobs(delta, watched=True) == encode(jobs_json(delta, watched=True))
+    assert json.loads(answers.jobs(delta, watched=True))["removed"] == ["gone"]
     moved = JobChanges(Cursor("0123456789abcdef", 8), {})  # a new index: never the memo's
-    assert json.loads(encode_jobs(moved, watched=False))["jobs"] == {}
+    assert json.loads(answers.jobs(moved, watched=False))["jobs"] == {}
 
 
 def member(states: EncodedStates, ref: str, view: Any) -> Any:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import console_0315
+from tests.support.console import console_0315
 from tuneplane_node.errors import InvalidField
 from tuneplane_node.jobs import retries
 from tuneplane_node.wire.fields import Field

@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
-from tests.helpers import REPO, console_0315
+from tests.support.console import console_0315
+from tests.support.daemons import REPO
 from tuneplane_node.daemon.routes import OPERATIONS, document, routes
 from tuneplane_node.errors import InvalidField, UnknownField
 from tuneplane_node.sizes import MAX_SIZE

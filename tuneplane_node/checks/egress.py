@@ -89,8 +89,9 @@ async def probe(runtime: ContainerRuntime, settings: NodeSettings) -> Finding:
 async def _run(runtime: ContainerRuntime, image: str, network: str, command: str) -> str:
     """The job run to its end and removed; its output."""
     from tuneplane_node.runtime.base import LogQuery
+    from tuneplane_node.runtime.labels import LABEL_RUN_ID
     from tuneplane_node.runtime.spec import ContainerSpec
-    from tuneplane_node.wire.values import LABEL_RUN_ID, container_name
+    from tuneplane_node.wire.values import container_name
 
     run_id = f"check-egress-{uuid.uuid4().hex[:8]}"
     spec = ContainerSpec(

@@ -190,7 +190,7 @@ def check_tls(settings: NodeSettings) -> list[Finding]:
 
 def check_registry_auth(settings: NodeSettings) -> list[Finding]:
     """The auth file as the daemon reads it; its registries, never a credential."""
-    from tuneplane_node.runtime.engines.dockerauth import AuthFile
+    from tuneplane_node.runtime.authfile import AuthFile
 
     try:
         auth_file = AuthFile.from_settings(settings)

@@ -2,9 +2,9 @@
 
 Fail closed: no token, no app. Every ``/node/v1/*`` request needs a bearer token of the
 `TokenSet` and the protocol header; every error leaves as ``{"detail": <sentence>,
-"code": <word>}`` (a request error adds its ``errors``) with its status. The daemon's
-background tasks (the stats sampler, the wreckage sweep, the image GC, the token file's
-watch, the loop's lag, a SIGHUP's reload) are `app[TASKS]`'s: named, their failure
+"code": <word>}`` (a request error adds its ``errors``) with its status. The background
+tasks (the node's loops, which `Node.spawn_tasks` names; the token and auth files'
+watches, the loop's lag, a SIGHUP's reload) are `app[TASKS]`'s: named, their failure
 logged, cancelled and awaited first at shutdown (`tuneplane_node.tasks`).
 """
 
@@ -39,6 +39,7 @@ from tuneplane_node.daemon.render import error_json
 from tuneplane_node.daemon.routes import answer, routes
 from tuneplane_node.daemon.state import (
     HEALTH_STATUS,
+    MEMOS,
     METRICS,
     NODE,
     PORT_HELD,
@@ -46,6 +47,7 @@ from tuneplane_node.daemon.state import (
     SETTINGS,
     TASKS,
     TOKENS,
+    Memos,
 )
 from tuneplane_node.errors import (
     ConfigError,
@@ -61,8 +63,8 @@ from tuneplane_node.errors import (
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs.node import Node, build_node
 from tuneplane_node.runtime import detect_runtime
+from tuneplane_node.runtime.authfile import AuthFile
 from tuneplane_node.runtime.base import ContainerRuntime
-from tuneplane_node.runtime.engines.dockerauth import AuthFile
 from tuneplane_node.settings import NodeSettings, env_name
 from tuneplane_node.tasks import BackgroundTasks, TurnShared
 from tuneplane_node.wire import MAX_BODY_BYTES, PROTOCOL, PROTOCOL_HEADER, SPOKEN
@@ -233,6 +235,7 @@ def create_node_app(
     if auth_file is not None:
         app[REGISTRY_AUTH] = auth_file
     app[METRICS] = metrics
+    app[MEMOS] = Memos()  # this app's alone
     app[TASKS] = BackgroundTasks(log)
     app.add_routes(routes)
     app.on_response_prepare.append(_no_server_header)
@@ -321,28 +324,10 @@ async def _take_lock(settings: NodeSettings, runtime: ContainerRuntime) -> Engin
 
 
 async def _start_background(app: web.Application, node: Node, *, sweep: bool) -> None:
+    """The node's loops (`Node.spawn_tasks` names them), then the daemon's own."""
     tasks = app[TASKS]
-    tasks.spawn(node.sampler.run(), name="stats sampler")
-    tasks.spawn(node.monitor.run(), name="disk monitor")
-    tasks.spawn(node.faults.run(), name="gpu faults")
-    if sweep:  # wreckage of a daemon killed between create and start, before serving
-        await _sweep_at_start(node)
-        tasks.spawn(node.reaper.maintain(), name="wreckage sweep")
-    tasks.spawn(node.gc.maintain(), name="image gc")
-    if node.watcher is not None:
-        tasks.spawn(node.watcher.run(), name="cloud notices")
-    if node.shutdown is not None:
-        tasks.spawn(node.shutdown.run(), name="shutdown inhibitor")
+    await node.spawn_tasks(tasks, sweep=sweep)
     tasks.spawn(app[TOKENS].watch(), name="token file watch")
     if REGISTRY_AUTH in app:
         tasks.spawn(app[REGISTRY_AUTH].watch(), name="registry auth file watch")
     tasks.spawn(app[METRICS].watch_lag(), name="event loop lag")
-
-
-async def _sweep_at_start(node: Node) -> None:
-    # Only what is older than the periodic sweep's grace: a container younger may be a
-    # launch in flight of another daemon on this engine (a remote engine's other host).
-    try:
-        await node.jobs.sweep_wreckage(older_than_s=node.reaper.wreck_grace_s)
-    except NodeError as exc:  # the engine may be down: the periodic sweep will do it
-        log.warning("could not sweep wreckage at start: %s", exc.message)

@@ -36,6 +36,7 @@ from tuneplane_node.jobs.words import (
     VolumesView,
 )
 from tuneplane_node.runtime.base import ContainerState, LogText
+from tuneplane_node.runtime.labels import HIDDEN_LABELS, network_of
 from tuneplane_node.wire.answers import (
     ErrorJson,
     JobsJson,
@@ -50,7 +51,7 @@ from tuneplane_node.wire.answers import (
 )
 from tuneplane_node.wire.images import ImageJson, ImagesJson, PrefetchJson, PullJson
 from tuneplane_node.wire.stats import AbsentJson, CardUsageJson, StatsJson, UsageJson
-from tuneplane_node.wire.values import FAILED, HIDDEN_LABELS, LABEL_NETWORK, PRESENT
+from tuneplane_node.wire.values import FAILED, PRESENT
 from tuneplane_node.wire.volumes import (
     FILLING,
     VolumeEntryJson,
@@ -118,7 +119,7 @@ def _container_json(view: ContainerState) -> StateJson:
         "oom_killed": view.oom_killed,
         "stop_signal": view.stop_signal if view.exists else None,
         "read_only_root": view.read_only_root if view.exists else None,
-        "network": (view.labels.get(LABEL_NETWORK) or None) if view.exists else None,
+        "network": network_of(view.labels) if view.exists else None,
         "userns": view.userns,
         "userns_note": view.userns_note,
         "runtime": view.runtime,
@@ -167,13 +168,6 @@ def observe_json(views: Mapping[str, JobView]) -> ObserveJson:
     return {"states": {ref: state_json(view) for ref, view in views.items()}}
 
 
-def encode_observe(views: Mapping[str, JobView]) -> bytes:
-    """``encode(observe_json(views))``, byte for byte, with each cached state's JSON
-    encoded once (building and encoding 300 states' dicts was half of observe's time)."""
-    parts = [_STATES.entry(ref, view) for ref, view in views.items()]
-    return b'{"states":{' + b",".join(parts) + b"}}"
-
-
 class EncodedStates:
     """A container's ``"name":{state}`` member of an observe answer, by the view object:
     the state cache hands out the same state from one observe to the next until the
@@ -209,9 +203,6 @@ def _member(ref: str, view: JobView) -> bytes:
     return orjson.dumps(ref) + b":" + orjson.dumps(state_json(view))
 
 
-_STATES = EncodedStates()
-
-
 # --- answers: the jobs list and its watch ------------------------------------------------
 
 
@@ -227,43 +218,45 @@ def jobs_json(changes: JobChanges, *, watched: bool) -> JobsJson:
     return answer
 
 
-def encode_jobs(changes: JobChanges, *, watched: bool, node: object = None) -> bytes:
-    """``encode(jobs_json(...))``, byte for byte, each cached state encoded once (as
-    `encode_observe`); the list, once per index: the change log's position names one set
-    of views, so consoles listing a node that did not change get the same bytes. A
-    watch's answer carries ``node`` (the node's own change, `NodeEventJson`) when given."""
-    if not watched:
-        return _LISTING.of(changes)
-    return _encode_jobs(changes, watched=True, node=node)
-
-
-class LastListing:
-    """The list's answer for the last index it was built for. Used on the loop only."""
+class JobAnswers:
+    """Observe's answer and the jobs list's and watch's, encoded byte for byte as their
+    shapes would be (``encode(observe_json(views))``, ``encode(jobs_json(...))``), each
+    cached state's member once (`EncodedStates`: building and encoding 300 states' dicts
+    was half of observe's time), the list once per index (the change log's position
+    names one set of views, so consoles listing a node that did not change get the same
+    bytes). One per app (`daemon.state.MEMOS`): two apps of one process keep their own.
+    Used on the event loop only."""
 
     def __init__(self) -> None:
-        self._last: tuple[str, bytes] = ("", b"")
+        self.states = EncodedStates()
+        self._listing: tuple[str, bytes] = ("", b"")  # the list's last index, its answer
 
-    def of(self, changes: JobChanges) -> bytes:
+    def observe(self, views: Mapping[str, JobView]) -> bytes:
+        parts = [self.states.entry(ref, view) for ref, view in views.items()]
+        return b'{"states":{' + b",".join(parts) + b"}}"
+
+    def jobs(self, changes: JobChanges, *, watched: bool, node: object = None) -> bytes:
+        """Every job (the list), or with ``watched`` what changed since the query's
+        index, and ``node`` (the node's own change, `NodeEventJson`) when given."""
+        if watched:
+            return self._jobs(changes, watched=True, node=node)
         index = str(changes.index)
-        if self._last[0] != index:
-            self._last = (index, _encode_jobs(changes, watched=False))
-        return self._last[1]
+        if self._listing[0] != index:
+            self._listing = (index, self._jobs(changes, watched=False))
+        return self._listing[1]
 
-
-_LISTING = LastListing()
-
-
-def _encode_jobs(changes: JobChanges, *, watched: bool, node: object = None) -> bytes:
-    parts = [_STATES.entry(ref, view) for ref, view in changes.jobs.items()]
-    head = b'{"index":' + orjson.dumps(str(changes.index)) + b',"jobs":{' + b",".join(parts)
-    if not watched:
-        return head + b"}}"
-    full = b"true" if changes.full else b"false"
-    tail = b',"node":' + orjson.dumps(node) if node is not None else b""
-    return (
-        head + b'},"removed":' + orjson.dumps(list(changes.removed)) + b',"full":' + full
-        + tail + b"}"
-    )  # fmt: skip
+    def _jobs(self, changes: JobChanges, *, watched: bool, node: object = None) -> bytes:
+        parts = [self.states.entry(ref, view) for ref, view in changes.jobs.items()]
+        index = orjson.dumps(str(changes.index))
+        head = b'{"index":' + index + b',"jobs":{' + b",".join(parts)
+        if not watched:
+            return head + b"}}"
+        full = b"true" if changes.full else b"false"
+        tail = b',"node":' + orjson.dumps(node) if node is not None else b""
+        return (
+            head + b'},"removed":' + orjson.dumps(list(changes.removed)) + b',"full":' + full
+            + tail + b"}"
+        )  # fmt: skip
 
 
 # --- answers: launch and the other verbs -------------------------------------------------

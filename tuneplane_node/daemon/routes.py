@@ -22,7 +22,7 @@ from tuneplane_node.daemon.access.tokens import FULL
 from tuneplane_node.daemon.follow import stream_log
 from tuneplane_node.daemon.metrics import CONTENT_TYPE
 from tuneplane_node.daemon.presence import GONE, unless_gone
-from tuneplane_node.daemon.state import HEALTH_STATUS, METRICS, NODE
+from tuneplane_node.daemon.state import HEALTH_STATUS, MEMOS, METRICS, NODE
 from tuneplane_node.errors import (
     BadRequest,
     DriverTooOld,
@@ -295,7 +295,8 @@ async def volume_gc(request: web.Request) -> web.Response:
 async def observe(request: web.Request) -> web.Response:
     """The state of each ref."""
     refs = verbs.parse_observe(await read_object(request))
-    return encoded(render.encode_observe(await request.app[NODE].jobs.observe(refs)))
+    views = await request.app[NODE].jobs.observe(refs)
+    return encoded(request.app[MEMOS].jobs.observe(views))
 
 
 @api(
@@ -320,7 +321,7 @@ async def jobs(request: web.Request) -> web.Response:
     cursor, wait = verbs.parse_jobs(request.query.items())
     changes = request.app[NODE].changes
     if cursor is None:
-        return encoded(render.encode_jobs(await changes.list(), watched=False))
+        return encoded(request.app[MEMOS].jobs.jobs(await changes.list(), watched=False))
     token = request.get(TOKEN_KEY)
     console = token is None or token.scope == FULL
     result = await unless_gone(request, changes.query(cursor, wait=wait, console=console))
@@ -331,7 +332,7 @@ async def jobs(request: web.Request) -> web.Response:
     event = None
     if result.node:  # the node itself changed since the cursor: a notice, its state
         event = machine.node_event_json(node.store.node, node.notices.current())
-    return encoded(render.encode_jobs(result, watched=True, node=event))
+    return encoded(request.app[MEMOS].jobs.jobs(result, watched=True, node=event))
 
 
 @api("post", "/node/v1/stats", StatsJson, body=STATS, errors=ENGINE, feature="stats")
@@ -426,14 +427,11 @@ async def image_gc(request: web.Request) -> web.Response:
     return answer(machine.image_gc_json(run))
 
 
-_HEALTH = machine.HealthAnswers()
-
-
 @api("get", "/node/v1/health", answers.HealthJson)
 async def health(request: web.Request) -> web.Response:
     """Whether the node can serve, and why."""
     status = await request.app[HEALTH_STATUS].get()  # a burst's requests share one
-    return encoded(_HEALTH.encode(status, features=features()))
+    return encoded(request.app[MEMOS].health.encode(status, features=features()))
 
 
 @api("get", "/node/v1/inventory", answers.InventoryJson)

@@ -49,18 +49,21 @@ class HealthReader:
         *,
         clock: Clock,
         gc: ImageCollector,
+        held_by: Callable[[], str | None],
+        unexplained: Callable[[], bool | None],
+        cards_refused: Callable[[], str | None],
+        volume_store: Callable[[], Awaitable[StoreView | None]],
+        notices: Callable[[], tuple[Standing, ...]],
     ) -> None:
         self.runtime = runtime
         self.gc = gc
-        # What holds a job's disk, as the disk monitor learnt it (the service says where).
-        self.held_by: Callable[[], str | None] = lambda: None
-        # Why no card job can start though the engine hands out cards (the service says).
-        self.cards_refused: Callable[[], str | None] = lambda: None
-        # The volume store now (the service says where); None: not known.
-        self.volume_store: Callable[[], Awaitable[StoreView | None]] = _unknown
-        self.notices: Callable[[], tuple[Standing, ...]] = tuple  # the cloud's, the OS's
+        self.held_by = held_by  # what holds a job's disk, as the disk monitor learnt it
         # Whether the store's pressure is one nobody explains (the disk monitor says).
-        self.unexplained: Callable[[], bool | None] = lambda: None
+        self.unexplained = unexplained
+        # Why no card job can start though the engine hands out cards (the job rules').
+        self.cards_refused = cards_refused
+        self.volume_store = volume_store  # the volume store now; None: not known
+        self.notices = notices  # the cloud's, the OS's
         self._tasks = BackgroundTasks(log)
         self._host = KeptReading(
             lambda: conditions(ImageStore()),  # the pressure is the caller's store's
@@ -218,7 +221,3 @@ async def image_store(runtime: ContainerRuntime, settings: NodeSettings) -> Imag
         high_percent=settings.image_gc_high_percent,
         inode_percent=settings.inode_high_percent,
     )
-
-
-async def _unknown() -> StoreView | None:
-    return None

@@ -29,7 +29,7 @@ from tuneplane_node.jobs.images.gc import ImageCollector
 from tuneplane_node.jobs.images.keeper import ImageKeeper
 from tuneplane_node.jobs.images.pulls import PullCoordinator
 from tuneplane_node.jobs.mounts.launch import LaunchMounts
-from tuneplane_node.jobs.observe.watch import ChangeLog
+from tuneplane_node.jobs.observe.watch import ChangeFeed
 from tuneplane_node.jobs.pending import PendingLaunch, PendingTable
 from tuneplane_node.jobs.reservation import Reservation
 from tuneplane_node.jobs.rules.fabric import FabricAddresses
@@ -79,7 +79,7 @@ class Launcher:
         place: Sequence[LaunchStep],
         images: ImageKeeper,
         clock: Clock,
-        changes: ChangeLog,
+        changes: ChangeFeed,
         pending: PendingTable,
         tasks: BackgroundTasks,
         disk: DiskLimits,

@@ -4,7 +4,8 @@ Every collaborator is made here once and handed, by keyword, to those that use i
 job service and the launcher make none of their own. The daemon holds the `Node` and
 talks to each service it needs directly (the catalog for images, the GC for a collect,
 the sampler for stats), never through one service to another. `Node.start` and
-`Node.close` are the services' lifecycle, in the order each needs.
+`Node.close` are the services' lifecycle, in the order each needs; `Node.spawn_tasks`
+names every background loop they run.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import logging
 from dataclasses import dataclass
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
+from tuneplane_node.errors import NodeError
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs.disk.limit import DiskLimits
 from tuneplane_node.jobs.disk.monitor import DiskMonitor
@@ -40,7 +42,7 @@ from tuneplane_node.jobs.notices.watcher import NoticeWatcher, watching
 from tuneplane_node.jobs.observe.logs import LogsReader
 from tuneplane_node.jobs.observe.stats import StatsSampler
 from tuneplane_node.jobs.observe.views import StoppedViews
-from tuneplane_node.jobs.observe.watch import ChangeLog
+from tuneplane_node.jobs.observe.watch import ChangeFeed, ChangeLog
 from tuneplane_node.jobs.ours import OursRule
 from tuneplane_node.jobs.pending import PendingTable
 from tuneplane_node.jobs.reaper import Reaper
@@ -110,6 +112,31 @@ class Node:
         await asyncio.to_thread(self.rules.read_engine, self.runtime.name)
         await self.isolation.support()  # the runtimes' registration, said at start
 
+    async def spawn_tasks(self, tasks: BackgroundTasks, *, sweep: bool) -> None:
+        """Every background loop of the services, named, in ``tasks`` (the daemon's,
+        cancelled and awaited before `close`), as kopf's ``spawn_tasks``: the one place
+        that says what runs in the background. ``sweep``: the wreckage of a daemon killed
+        between create and start is swept before serving, then once a relist period."""
+        tasks.spawn(self.sampler.run(), name="stats sampler")
+        tasks.spawn(self.monitor.run(), name="disk monitor")
+        tasks.spawn(self.faults.run(), name="gpu faults")
+        if sweep:
+            await self._sweep_at_start()
+            tasks.spawn(self.reaper.maintain(), name="wreckage sweep")
+        tasks.spawn(self.gc.maintain(), name="image gc")
+        if self.watcher is not None:
+            tasks.spawn(self.watcher.run(), name="cloud notices")
+        if self.shutdown is not None:
+            tasks.spawn(self.shutdown.run(), name="shutdown inhibitor")
+
+    async def _sweep_at_start(self) -> None:
+        # Only what is older than the periodic sweep's grace: a container younger may be a
+        # launch in flight of another daemon on this engine (a remote engine's other host).
+        try:
+            await self.jobs.sweep_wreckage(older_than_s=self.reaper.wreck_grace_s)
+        except NodeError as exc:  # the engine may be down: the periodic sweep will do it
+            log.warning("could not sweep wreckage at start: %s", exc.message)
+
     async def close(self) -> None:
         """Shutdown, in this order: a drain in progress (it cancels launches), the disk's
         refresh, every background launch, prefetch and pull (a launch cancelled while its
@@ -147,8 +174,9 @@ def build_node(
     limits = PullLimits(image.local_image_pull_timeout_s, image.local_image_pull_stall_s)
     pulls = PullCoordinator(runtime, limits, telemetry, ledger=ledger, clock=clock)
     images = ImageKeeper(image, credentials=credentials, clock=clock, ledger=ledger)
-    changes = ChangeLog(runtime, observe, clock=clock)  # fed by the pending table
-    pending = PendingTable(clock=clock, on_change=changes.changed)
+    # What the sources tell the change log, made last: it reads through the service.
+    feed = ChangeFeed()
+    pending = PendingTable(clock=clock, on_change=feed.changed)
     gc = ImageCollector(runtime, image, pulls=pulls, clock=clock)
     prefetcher = Prefetcher(runtime, pulls, images=images, gc=gc, clock=clock)
     rules = JobRules(settings, port_held=port_held)
@@ -182,7 +210,7 @@ def build_node(
     ]
     launcher = Launcher(
         runtime, allocator, pulls, vet=vet, place=place, images=images, clock=clock,
-        changes=changes, pending=pending, tasks=BackgroundTasks(launches_log), disk=disk,
+        changes=feed, pending=pending, tasks=BackgroundTasks(launches_log), disk=disk,
         mounts=mounts, volumes=volumes, gc=gc, fabric=fabric,
     )  # fmt: skip
     catalog = ImageCatalog(
@@ -205,31 +233,33 @@ def build_node(
     )  # fmt: skip
     # It relieves the store before the image GC runs.
     monitor = DiskMonitor(runtime, settings, stopper=stopper, store=store, gc=gc)
-    health = HealthReader(runtime, allocator, settings, clock=clock, gc=gc)
-    health.held_by = lambda: monitor.held_by
-    health.unexplained = lambda: monitor.account.unexplained
-    health.cards_refused = rules.card_jobs_refused
-    health.volume_store = volumes.reading
     notices = NoticeReactor(
         keeper, clock=clock, margin_s=settings.cloud_notice_margin_s,
-        stop_s=lifecycle.local_stop_timeout,
+        stop_s=lifecycle.local_stop_timeout, changed=feed.node_changed,
     )  # fmt: skip
-    notices.listeners.append(changes.node_changed)  # a console's watch hears each notice
-    health.notices = notices.current
+    health = HealthReader(
+        runtime, allocator, settings, clock=clock, gc=gc,
+        held_by=lambda: monitor.held_by, unexplained=lambda: monitor.account.unexplained,
+        cards_refused=rules.card_jobs_refused, volume_store=volumes.reading,
+        notices=notices.current,
+    )  # fmt: skip
     reader = LogsReader(runtime, observe, own=own, pending=pending)
     sampler = StatsSampler(runtime, allocator, interval_s=observe.stats_interval_s, clock=clock)
+    faults = FaultReactor(
+        allocator, runtime, stopper=stopper, keeper=keeper, clock=clock,
+        period_s=settings.gpu_fault_poll_s, changed=feed.changed,
+        node_changed=feed.node_changed,
+    )  # fmt: skip
     jobs = JobService(
         runtime=runtime, clock=clock, own=own, locks=locks, launcher=launcher,
         pending=pending, store=store, stopper=stopper, reaper=reaper, keeper=keeper,
         monitor=monitor, views=StoppedViews(), health=health, reader=reader, sampler=sampler,
+        gpu_faults=lambda: faults.job_faults,
     )  # fmt: skip
-    changes.reads(jobs.observe, lambda: [r.ref for r in pending.records()])
-    faults = FaultReactor(
-        allocator, runtime, stopper=stopper, keeper=keeper, clock=clock,
-        period_s=settings.gpu_fault_poll_s,
+    changes = ChangeLog(
+        runtime, observe, clock=clock, feed=feed, read=jobs.observe,
+        pending=lambda: [record.ref for record in pending.records()],
     )  # fmt: skip
-    faults.changed, faults.node_changed = changes.changed, changes.node_changed
-    jobs.gpu_faults = lambda: faults.job_faults
     return Node(
         runtime=runtime, allocator=allocator, settings=settings, jobs=jobs,
         launcher=launcher, pending=pending, changes=changes, pulls=pulls, ledger=ledger,

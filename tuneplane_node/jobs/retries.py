@@ -27,7 +27,8 @@ from tuneplane_node.jobs.words.launch import (
     LaunchResult,
 )
 from tuneplane_node.runtime.base import ContainerState
-from tuneplane_node.wire.values import LABEL_SPEC, LaunchContainer
+from tuneplane_node.runtime.labels import fingerprint_of, with_fingerprint, without_fingerprint
+from tuneplane_node.wire.values import LaunchContainer
 
 CONTAINER_FIELDS = tuple(each.name for each in fields(LaunchContainer))
 """The container fields a console gives (the spec's others are the node's choices), in
@@ -42,7 +43,7 @@ def fingerprint(request: LaunchRequest) -> str:
 
 def stamped(request: LaunchRequest) -> LaunchRequest:
     """The request, its spec labelled with its fingerprint (before the node's changes)."""
-    labels = {**request.spec.labels, LABEL_SPEC: fingerprint(request)}
+    labels = with_fingerprint(request.spec.labels, fingerprint(request))
     return replace(request, spec=replace(request.spec, labels=labels))
 
 
@@ -87,7 +88,7 @@ def check_same(ref: str, labels: Mapping[str, str], request: LaunchRequest) -> N
     """Raise RunConflict naming the fields a `stamped` request changes from the spec the
     labels record; nothing when they record none. The stamp, not the request, is
     compared: the node changes the request after (a default memory limit, a network)."""
-    recorded, asked = labels.get(LABEL_SPEC), request.spec.labels.get(LABEL_SPEC)
+    recorded, asked = fingerprint_of(labels), fingerprint_of(request.spec.labels)
     if recorded is None or asked is None:
         return
     before = dict(entry.partition("=")[::2] for entry in recorded.split())
@@ -101,7 +102,7 @@ def check_same(ref: str, labels: Mapping[str, str], request: LaunchRequest) -> N
 
 def _fields(request: LaunchRequest) -> dict[str, Any]:
     spec = request.spec
-    labels = {key: value for key, value in spec.labels.items() if key != LABEL_SPEC}
+    labels = without_fingerprint(spec.labels)
     values: dict[str, Any] = {"requested_gpus": request.requested_gpus}
     for name in CONTAINER_FIELDS:
         if name == "isolation" and not spec.isolation:

@@ -67,6 +67,7 @@ class JobService:
         health: HealthReader,
         reader: LogsReader,
         sampler: StatsSampler,
+        gpu_faults: Callable[[], Mapping[str, str]],
     ) -> None:
         self.runtime = runtime
         self.clock = clock
@@ -84,7 +85,7 @@ class JobService:
         self.reader = reader
         self.sampler = sampler
         # The job faults of the cards under each job, by container name (the fault reactor's).
-        self.gpu_faults: Callable[[], Mapping[str, str]] = dict
+        self.gpu_faults = gpu_faults
 
     @property
     def node(self) -> NodeState:

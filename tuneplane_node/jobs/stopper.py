@@ -16,15 +16,16 @@ from tuneplane_node.clock import SYSTEM_CLOCK, Clock, rfc3339
 from tuneplane_node.errors import NodeError, NotRunning
 from tuneplane_node.jobs.locks import RefLocks
 from tuneplane_node.jobs.nodestate import NodeStateStore
-from tuneplane_node.jobs.observe.watch import ChangeLog
+from tuneplane_node.jobs.observe.watch import ChangeFeed
 from tuneplane_node.jobs.pending import PendingTable
 from tuneplane_node.jobs.words.launch import Stopping
 from tuneplane_node.jobs.words.views import DiskFigures, Own
 from tuneplane_node.logformat import job_fields
 from tuneplane_node.runtime.base import RUNNING, ContainerState
+from tuneplane_node.runtime.labels import warn_s_of, warn_signal_of
 from tuneplane_node.settings import LifecycleSettings
-from tuneplane_node.signals import DEFAULT_STOP_SIGNAL, job_signal
-from tuneplane_node.wire.values import LABEL_WARN_S, LABEL_WARN_SIGNAL, SIGNALLED, WARNED, StopPlan
+from tuneplane_node.signals import DEFAULT_STOP_SIGNAL
+from tuneplane_node.wire.values import SIGNALLED, WARNED, StopPlan
 
 log = logging.getLogger(__name__)
 NO_PLAN = StopPlan()
@@ -38,7 +39,7 @@ class Launches(Protocol):
     the change log they feed, a pending launch cancelled, a container's mounts let go."""
 
     @property
-    def changes(self) -> ChangeLog: ...
+    def changes(self) -> ChangeFeed: ...
     @property
     def pending(self) -> PendingTable: ...
     async def cancel(self, ref: str) -> None: ...
@@ -151,16 +152,18 @@ class Stopper:
     def warned(self, state: ContainerState, plan: StopPlan = NO_PLAN) -> StopPlan:
         """The plan of a stop the node makes on its own: a plan with a warning of its own
         (an operator's drain that gave one) as it is; else the job's launch's warning
-        (its `LABEL_WARN_SIGNAL`, `LABEL_WARN_S`), else the operator's
+        (its labels: `warn_signal_of`, `warn_s_of`), else the operator's
         (``TUNEPLANE_JOB_WARN_SIGNAL``, ``TUNEPLANE_JOB_WARN_S``), its time no longer than
         the plan's ``warn_s`` where it has one (a notice's clock)."""
         if plan.warn_signal:
             return plan
         labels = state.labels
-        signal = job_signal(labels.get(LABEL_WARN_SIGNAL)) or self.settings.job_warn_signal
+        signal = warn_signal_of(labels) or self.settings.job_warn_signal
         if signal is None:
             return plan
-        wanted = _seconds(labels.get(LABEL_WARN_S), self.settings.job_warn_s)
+        wanted = warn_s_of(labels)
+        if wanted is None:
+            wanted = self.settings.job_warn_s
         warn_s = wanted if plan.warn_s is None else min(wanted, plan.warn_s)
         return replace(plan, warn_signal=signal, warn_s=warn_s)
 
@@ -243,12 +246,3 @@ class Stopper:
         await self.runtime.remove(state.handle)
         await self.launcher.release_mounts(state.labels)
         await self.store.forget(state)
-
-
-def _seconds(label: str | None, default: float) -> float:
-    """A label's seconds (written by the node: a number); else ``default``."""
-    try:
-        value = float(label) if label else default
-    except ValueError:
-        return default
-    return value if 0 <= value < float("inf") else default

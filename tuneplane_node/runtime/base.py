@@ -34,16 +34,17 @@ from tuneplane_node.runtime.facts import (
     RuntimeHealth,
     Usage,
 )
-from tuneplane_node.runtime.spec import ContainerSpec
-from tuneplane_node.wire.values import (  # the contract's, shared
-    LABEL_DISK_LIMIT,
-    LABEL_GPUS,
-    LABEL_INODE_LIMIT,
-    LABEL_RUN_ID,
-    LABEL_RUNTIME,
-    LABEL_USERNS,
-    RegistryAuth,
+from tuneplane_node.runtime.labels import (
+    disk_limit_of,
+    gpus_of,
+    inode_limit_of,
+    run_id_of,
+    runtime_of,
+    userns_note_of,
+    userns_of,
 )
+from tuneplane_node.runtime.spec import ContainerSpec
+from tuneplane_node.wire.values import RegistryAuth
 
 if TYPE_CHECKING:
     from tuneplane_node.runtime.pool import BlockingPool
@@ -56,20 +57,6 @@ RUNNING = frozenset({"running", "paused", "restarting"})
 """A container in one of these has processes a signal can reach."""
 EXIT_SIGKILL = 137
 """128 + SIGKILL: what engines report for a job killed by SIGKILL (the OOM killer too)."""
-
-
-def parse_gpus(label: str | None) -> tuple[int, ...]:
-    """Card indices from a ``tuneplane.gpus`` label; junk entries are dropped, loudly."""
-    cards: set[int] = set()
-    for part in (label or "").split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if part.isdigit():
-            cards.add(int(part))
-        else:
-            log.warning("ignoring bad entry %r in %s label %r", part, LABEL_GPUS, label)
-    return tuple(sorted(cards))
 
 
 @dataclass(frozen=True)
@@ -99,11 +86,11 @@ class ContainerState:
     @functools.cached_property
     def gpus(self) -> tuple[int, ...]:
         """Parsed once per state: occupancy reads it for every container."""
-        return parse_gpus(self.labels.get(LABEL_GPUS))
+        return gpus_of(self.labels)
 
     @property
     def run_id(self) -> str | None:
-        return self.labels.get(LABEL_RUN_ID)
+        return run_id_of(self.labels)
 
     @property
     def ours(self) -> bool:
@@ -120,33 +107,29 @@ class ContainerState:
     @property
     def disk_limit_bytes(self) -> int | None:
         """The disk limit its label holds; None: none (or a label that is no number)."""
-        label = self.labels.get(LABEL_DISK_LIMIT, "")
-        return int(label) if label.isdigit() else None
+        return disk_limit_of(self.labels)
 
     @property
     def inode_limit(self) -> int | None:
         """The inode limit its label holds; None: none (a job of an older node)."""
-        label = self.labels.get(LABEL_INODE_LIMIT, "")
-        return int(label) if label.isdigit() else None
+        return inode_limit_of(self.labels)
 
     @property
     def userns(self) -> str | None:
         """``own`` or ``host`` as its label says; None for a job launched without one."""
-        label = self.labels.get(LABEL_USERNS)
-        return None if label is None else label.split(":", 1)[0]
+        return userns_of(self.labels)
 
     @property
     def userns_note(self) -> str | None:
         """A note on the job's user namespace, as its label says: why it keeps the host's,
         or how its writable mounts reach its own."""
-        parts = self.labels.get(LABEL_USERNS, "").split(": ", 1)
-        return parts[1] if len(parts) == 2 else None
+        return userns_note_of(self.labels)
 
     @property
     def runtime(self) -> str | None:
         """The OCI runtime it runs under: the engine's word, else the one the node asked
         for; None where neither is known (a list entry, the process runtime)."""
-        return self.engine_runtime or self.labels.get(LABEL_RUNTIME)
+        return self.engine_runtime or runtime_of(self.labels)
 
     @property
     def never_started(self) -> bool:

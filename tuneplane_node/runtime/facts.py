@@ -161,6 +161,21 @@ class IsolationSupport:
     error: str | None = None
 
 
+NAMESPACED_RUNTIMES = ("runc", "crun")
+"""The OCI runtimes that run a job on the host's kernel in namespaces the engine asks
+for, a user namespace included; a sandbox (runsc, kata) brings a kernel of its own."""
+
+
+def maps_users(runtime: str) -> bool:
+    """Whether a job under that runtime can be given a user namespace of its own."""
+    return runtime.rsplit("/", 1)[-1] in NAMESPACED_RUNTIMES
+
+
+JOB_INTERFACE = "eth0"
+"""The fabric network's interface inside a job: docker names a container's only network's
+interface eth0, podman is told to (checked by the engine tests)."""
+
+
 @dataclass(frozen=True)
 class Usage:
     """What one running container uses now, each figure None where it cannot be read.

@@ -1,5 +1,5 @@
 """A job container as the node asks an engine for it: its name, its confinement, its spec
-and the labels every runtime writes on it.
+and what its labels are written from (`runtime.labels`).
 
 Plain data, read by every runtime's `ContainerRuntime.run`; what a runtime says back of
 a container is `runtime.base.ContainerState`.
@@ -13,13 +13,6 @@ from pathlib import PurePosixPath
 from typing import NamedTuple
 
 from tuneplane_node.wire.values import (
-    LABEL_DISK_LIMIT,
-    LABEL_GPUS,
-    LABEL_INODE_LIMIT,
-    LABEL_RUNTIME,
-    LABEL_USERNS,
-    LABEL_WARN_S,
-    LABEL_WARN_SIGNAL,
     LaunchContainer,
 )
 
@@ -114,7 +107,7 @@ class ContainerSpec(LaunchContainer):
     it by its name) and the node's decisions.
 
     ``gpus`` are the cards the node chose; every runtime writes them in the
-    ``tuneplane.gpus`` label itself (`job_labels`), so the label never disagrees with
+    ``tuneplane.gpus`` label itself (`runtime.labels.job_labels`), so the label never disagrees with
     the devices.
     """
 
@@ -156,22 +149,3 @@ class ContainerSpec(LaunchContainer):
     def rdma_mappings(self) -> list[str]:
         """``host:container:rwm`` for each RDMA device, as both engines take devices."""
         return [f"{d}:{RDMA_DIR}/{PurePosixPath(d).name}:rwm" for d in self.rdma_devices]
-
-
-def job_labels(spec: ContainerSpec) -> dict[str, str]:
-    """The labels a job container carries: the spec's, its cards, its disk limit."""
-    labels = {**spec.labels, LABEL_GPUS: format_gpus(spec.gpus)}
-    if spec.disk_limit_bytes is not None:
-        labels[LABEL_DISK_LIMIT] = str(spec.disk_limit_bytes)
-    if spec.inode_limit is not None:
-        labels[LABEL_INODE_LIMIT] = str(spec.inode_limit)
-    if spec.own_userns or spec.userns_note:
-        kind = "own" if spec.own_userns else "host"
-        labels[LABEL_USERNS] = f"{kind}: {spec.userns_note}" if spec.userns_note else kind
-    if spec.runtime:
-        labels[LABEL_RUNTIME] = spec.runtime
-    if spec.warn_signal:
-        labels[LABEL_WARN_SIGNAL] = spec.warn_signal
-    if spec.warn_s is not None:
-        labels[LABEL_WARN_S] = f"{spec.warn_s:g}"
-    return labels

@@ -66,3 +66,10 @@ class Fabric(BaseModel):
     @property
     def has_network(self) -> bool:
         return self.interface is not None
+
+    @property
+    def network_gateway(self) -> IPv4Address:
+        """The fabric network's gateway: the operator's, else the subnet's first address
+        (as podman chooses, and docker is told), which the node never hands to a job."""
+        assert self.subnet is not None
+        return self.gateway if self.gateway is not None else self.subnet.network_address + 1

@@ -48,9 +48,9 @@ from tuneplane_node.jobs.words.views import DiskFigures
 from tuneplane_node.logformat import job_fields
 from tuneplane_node.runtime.base import ContainerState
 from tuneplane_node.runtime.facts import DataRoot, DiskUse, EngineImage
+from tuneplane_node.runtime.labels import mounts_of
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.tasks import BackgroundTasks, periodically
-from tuneplane_node.wire.values import LABEL_MOUNTS
 
 log = logging.getLogger(__name__)
 SCRATCH_SUFFIX = ".ext4"  # `jobs.mounts.scratch`'s file, named by the job's mounts label
@@ -276,7 +276,7 @@ class DiskMonitor:
             return {}
         found = {}
         for state in running:
-            key = state.labels.get(LABEL_MOUNTS, "")
+            key = mounts_of(state.labels)
             file = self.scratch_dir / f"{key}{SCRATCH_SUFFIX}"
             if not key or os.sep in key or not inventory.same_filesystem(file, Path(store_path)):
                 continue

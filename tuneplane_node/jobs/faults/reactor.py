@@ -57,6 +57,8 @@ class FaultReactor:
         keeper: NodeStateKeeper,
         clock: Clock,
         period_s: float,
+        changed: Callable[[str], None],
+        node_changed: Callable[[], None],
     ) -> None:
         self.allocator = allocator
         self.runtime = runtime
@@ -65,8 +67,8 @@ class FaultReactor:
         self.clock = clock
         self.period_s = period_s
         self.job_faults: Mapping[str, str] = {}  # container name -> its card's job fault
-        self.changed: Callable[[str], None] = lambda ref: None  # a job reads differently
-        self.node_changed: Callable[[], None] = lambda: None  # the node does
+        self.changed = changed  # a job reads differently (the change log's feed)
+        self.node_changed = node_changed  # the node does
         self._acted: set[Hashable] = set()
         self._tasks = BackgroundTasks(log)  # the card faults' stops
 

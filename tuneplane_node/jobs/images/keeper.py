@@ -62,7 +62,7 @@ RETRY_S = 5.0  # a record that could not be written is tried again this often
 
 
 class CredentialSource(Protocol):
-    """The node's own credentials (`runtime.engines.dockerauth.AuthFile`)."""
+    """The node's own credentials (`runtime.authfile.AuthFile`)."""
 
     def lookup(self, registry: str) -> RegistryAuth | None:
         """The credentials for ``registry``, or None. Blocking."""

@@ -29,9 +29,10 @@ from tuneplane_node.jobs.volumes.sources import FIELD as VOLUMES
 from tuneplane_node.jobs.words.launch import LaunchRequest
 from tuneplane_node.runtime.base import ContainerRuntime
 from tuneplane_node.runtime.facts import REMOTE, STAGED, MountSupport
+from tuneplane_node.runtime.labels import mounts_of, with_staged
 from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.tasks import BackgroundTasks
-from tuneplane_node.wire.values import LABEL_MOUNTS, LABEL_VOLUMES, Mount
+from tuneplane_node.wire.values import Mount
 
 log = logging.getLogger(__name__)
 
@@ -132,9 +133,8 @@ class LaunchMounts:
         key = self.staging.new_key(spec.name)
         self._making.add(key)  # before the first bind: no sweep takes it meanwhile
         mounts = await asyncio.to_thread(self._open_and_stage, key, spec)
-        labels = {**spec.labels, LABEL_MOUNTS: key}
-        if spec.volumes:  # eviction's truth: what the container binds
-            labels[LABEL_VOLUMES] = ",".join(dict.fromkeys(v.sha256 for v in spec.volumes))
+        # the volumes it binds: eviction's truth
+        labels = with_staged(spec.labels, mounts=key, volumes=(v.sha256 for v in spec.volumes))
         return replace(spec, mounts=mounts, labels=labels)
 
     def _open_and_stage(self, key: str, spec: ContainerSpec) -> tuple[Mount, ...]:
@@ -153,7 +153,7 @@ class LaunchMounts:
 
     async def release(self, labels: Mapping[str, str]) -> None:
         """Unmount a container's staged mounts (its label names them): it is gone."""
-        key = labels.get(LABEL_MOUNTS)
+        key = mounts_of(labels)
         if not key:
             return
         self._making.discard(key)
@@ -185,7 +185,7 @@ class LaunchMounts:
             # `_making` before its directory exists, so one listed is kept if making).
             listed = await asyncio.to_thread(self._keys)
             try:
-                live = {s.labels.get(LABEL_MOUNTS, "") for s in await self.runtime.ps()}
+                live = {mounts_of(s.labels) for s in await self.runtime.ps()}
             except NodeError:
                 return  # the engine not answering: nothing is known gone
             self._making -= live  # made: its label is the truth now
@@ -210,7 +210,7 @@ class LaunchMounts:
         keys no container's label names), and a node that cannot mount said so."""
         try:
             support = await self.support()
-            keep = {state.labels.get(LABEL_MOUNTS, "") for state in await self.runtime.ps()}
+            keep = {mounts_of(state.labels) for state in await self.runtime.ps()}
         except NodeError as exc:
             log.warning("staged mounts not swept (the engine did not answer): %s", exc.message)
             return

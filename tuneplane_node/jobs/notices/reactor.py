@@ -52,6 +52,7 @@ class NoticeReactor:
         clock: Clock,
         margin_s: float,
         stop_s: float,
+        changed: Callable[[], None],
     ) -> None:
         self.keeper = keeper
         self.clock = clock
@@ -59,7 +60,7 @@ class NoticeReactor:
         self.stop_s = stop_s
         self.standing: dict[str, Standing] = {}
         self._sorted: tuple[Standing, ...] = ()  # the same object until a notice changes
-        self.listeners: list[Callable[[], None]] = []  # told of every change
+        self.changed = changed  # told of every change (the change log's feed)
 
     def drained(self) -> Notice | None:
         """The standing notice whose drain has ended, if the node's state is its."""
@@ -88,8 +89,7 @@ class NoticeReactor:
         if gone or new:
             self._sorted = tuple(sorted(self.standing.values(), key=_urgency))
             await self._act()
-            for listener in self.listeners:
-                listener()
+            self.changed()
 
     async def _act(self) -> None:
         """The most urgent notice that ends the jobs drains the node, unless its drain

@@ -1,8 +1,9 @@
 """The change log behind watch: every job as observe shows it, each change numbered.
 
-The state cache (each container it writes, each sync and each loss of the engine) and
-the pending table (each launch's phase; its pull's progress at most once a second) say
-which refs may have changed. The log reads those refs again with the service's own
+The state cache (each container it writes, each sync and each loss of the engine) and,
+through the `ChangeFeed`, the pending table (each launch's phase), the launcher (its
+pull's progress, at most once a second), the stopper and the reactors say which refs
+may have changed. The log reads those refs again with the service's own
 observe, so a job reads here exactly as observe shows it, and numbers each one that now
 reads differently. A ref's latest change is all it keeps of it (a burst of changes is
 one), and at most ``TUNEPLANE_WATCH_HISTORY`` refs' changes: a cursor older than the
@@ -51,6 +52,41 @@ container of the node."""
 Refs = Callable[[], Iterable[str]]
 
 
+class Ear(Protocol):
+    """Who hears the feed: the change log."""
+
+    def changed(self, ref: str) -> None: ...
+    def progressed(self, ref: str) -> None: ...
+    def node_changed(self) -> None: ...
+
+
+class ChangeFeed:
+    """What the node's sources tell the change log: a ref that may read differently, a
+    pending launch's progress, the node itself. Made first and handed to each source
+    (the pending table, the launcher, the stopper, the fault and notice reactors) in its
+    constructor; the log, made last with the service's observe, listens in its own. So
+    every part is made complete, though the log reads through the service that the
+    sources feed. Used on the loop only."""
+
+    def __init__(self) -> None:
+        self._ears: list[Ear] = []
+
+    def listen(self, ear: Ear) -> None:
+        self._ears.append(ear)
+
+    def changed(self, ref: str) -> None:
+        for ear in self._ears:
+            ear.changed(ref)
+
+    def progressed(self, ref: str) -> None:
+        for ear in self._ears:
+            ear.progressed(ref)
+
+    def node_changed(self) -> None:
+        for ear in self._ears:
+            ear.node_changed()
+
+
 class WatchedRuntime(Protocol):
     """What the watch asks of the engine: its changes, else its list."""
 
@@ -61,7 +97,18 @@ class WatchedRuntime(Protocol):
 class ChangeLog:
     """Every job's view, numbered by its latest change. Used on the loop only."""
 
-    def __init__(self, runtime: WatchedRuntime, settings: ObserveSettings, *, clock: Clock):
+    def __init__(
+        self,
+        runtime: WatchedRuntime,
+        settings: ObserveSettings,
+        *,
+        clock: Clock,
+        feed: ChangeFeed,
+        read: Read,
+        pending: Refs,
+    ):
+        """``read``: the service's observe; ``pending``: the refs of the pending
+        launches; ``feed``: what the node's sources tell (the engine tells its own)."""
         self.runtime = runtime
         self.epoch = secrets.token_hex(8)  # this process: a restart's cursors are new
         self.history = settings.watch_history
@@ -78,8 +125,8 @@ class ChangeLog:
         self._dirty: set[str] = set()
         self._everything = True  # read every job: at first, and after a sync of the cache
         self._unavailable: NodeError | None = None  # why the last read failed
-        self._read: Read | None = None
-        self._pending: Refs = tuple
+        self._read = read
+        self._pending = pending
         self._next: asyncio.Future[None] | None = None
         self._settling: asyncio.Task[None] | None = None
         self._progressed: dict[str, float] = {}  # ref -> when its progress was last a change
@@ -87,10 +134,7 @@ class ChangeLog:
         self._tasks = BackgroundTasks(log)
         self._closing = False
         self.fed = runtime.on_change(self._engine_changed)
-
-    def reads(self, read: Read, pending: Refs) -> None:
-        """How the log reads views (observe) and which launches are pending."""
-        self._read, self._pending = read, pending
+        feed.listen(self)
 
     @property
     def cursor(self) -> Cursor:
@@ -139,7 +183,7 @@ class ChangeLog:
     # --- reading what changed ---------------------------------------------------------
 
     def _kick(self) -> None:
-        if self._settling is None and self._read is not None and not self._closing:
+        if self._settling is None and not self._closing:
             self._settling = self._tasks.spawn(self._settle(), name="watch: reading changes")
 
     async def _settle(self) -> None:
@@ -151,7 +195,6 @@ class ChangeLog:
             self._settling = None
 
     async def _read_changes(self) -> bool:
-        assert self._read is not None
         refs, everything = self._dirty, self._everything
         self._dirty, self._everything = set(), False
         try:

@@ -22,9 +22,9 @@ from tuneplane_node.gpu import numa
 from tuneplane_node.gpu.probe import GpuSnapshot
 from tuneplane_node.jobs.words.launch import LaunchRequest
 from tuneplane_node.logformat import job_fields
+from tuneplane_node.runtime.labels import run_id_of
 from tuneplane_node.runtime.spec import ContainerSpec, format_cpulist
 from tuneplane_node.settings import NodeSettings
-from tuneplane_node.wire.values import LABEL_RUN_ID
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class CpuAffinity:
         if self.mode == "off" or not spec.gpus:
             return spec
         placed = self.placement(spec.gpus, gpus, cpu_limit=spec.cpu_limit)
-        job = job_fields(spec.name, spec.labels.get(LABEL_RUN_ID))
+        job = job_fields(spec.name, run_id_of(spec.labels))
         if placed.why:
             log.info("launch %s: no cpuset: %s", spec.name, placed.why, extra=job)
             return spec

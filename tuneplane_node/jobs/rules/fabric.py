@@ -21,10 +21,10 @@ from pathlib import Path
 from tuneplane_node.errors import FabricAddressesExhausted
 from tuneplane_node.jobs.words.launch import LaunchRequest
 from tuneplane_node.runtime.base import ContainerRuntime
-from tuneplane_node.runtime.engines.networks.jobnetwork import JOB_INTERFACE, gateway
+from tuneplane_node.runtime.facts import JOB_INTERFACE
+from tuneplane_node.runtime.labels import fabric_address_of, with_fabric_address
 from tuneplane_node.runtime.spec import FABRIC, ContainerSpec
 from tuneplane_node.settings import Fabric
-from tuneplane_node.wire.values import LABEL_FABRIC_ADDRESS
 
 log = logging.getLogger(__name__)
 IB_SYSFS = Path("/sys/class/infiniband")
@@ -38,7 +38,7 @@ def addresses(fabric: Fabric) -> Iterator[IPv4Address]:
     both engines reserve as the network's gateway)."""
     assert fabric.subnet is not None and fabric.range is not None
     subnet = fabric.subnet
-    never = {subnet.network_address, subnet.broadcast_address, gateway(fabric)}
+    never = {subnet.network_address, subnet.broadcast_address, fabric.network_gateway}
     return (address for address in fabric.range if address not in never)
 
 
@@ -60,7 +60,7 @@ class FabricAddresses:
         still holds its address until it is removed), and those being handed out."""
         held = set(self._claims.values())
         for state in await self.runtime.ps():
-            label = state.labels.get(LABEL_FABRIC_ADDRESS) if state.ours else None
+            label = fabric_address_of(state.labels) if state.ours else None
             if label:
                 try:
                     held.add(IPv4Address(label))
@@ -105,7 +105,7 @@ class FabricAddresses:
         gid = await asyncio.to_thread(gid_index, fabric)  # sysfs: off the loop
         if gid is not None:
             env.setdefault("NCCL_IB_GID_INDEX", str(gid))
-        labels = {**spec.labels, LABEL_FABRIC_ADDRESS: str(address)}
+        labels = with_fabric_address(spec.labels, str(address))
         return replace(spec, env=env, labels=labels)
 
 

@@ -20,11 +20,11 @@ from tuneplane_node.errors import SandboxUnavailable, UsernsUnavailable
 from tuneplane_node.jobs.words.launch import LaunchRequest
 from tuneplane_node.logformat import job_fields
 from tuneplane_node.runtime.base import ContainerRuntime
-from tuneplane_node.runtime.engines.isolation import maps_users
-from tuneplane_node.runtime.facts import IsolationSupport
+from tuneplane_node.runtime.facts import IsolationSupport, maps_users
+from tuneplane_node.runtime.labels import run_id_of
 from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.settings import NodeSettings, env_name
-from tuneplane_node.wire.values import LABEL_RUN_ID, SANDBOX
+from tuneplane_node.wire.values import SANDBOX
 
 log = logging.getLogger(__name__)
 USERNS = env_name("job_userns")
@@ -77,7 +77,7 @@ class IsolationRules:
             log.info(
                 "launch %s: %s user namespace: %s", spec.name,
                 "its own" if own else "keeps the host's", note,
-                extra=job_fields(spec.name, spec.labels.get(LABEL_RUN_ID), image=spec.image),
+                extra=job_fields(spec.name, run_id_of(spec.labels), image=spec.image),
             )  # fmt: skip
         return replace(spec, own_userns=own, userns_note=note, chown_mounts=note == CHOWNED)
 

@@ -34,9 +34,10 @@ from tuneplane_node.jobs.ours import Listing
 from tuneplane_node.jobs.pending import PendingTable
 from tuneplane_node.jobs.words.launch import LaunchRequest
 from tuneplane_node.logformat import job_fields
+from tuneplane_node.runtime.labels import run_id_of, with_network
 from tuneplane_node.runtime.spec import FABRIC, ContainerSpec
 from tuneplane_node.settings import NodeSettings, env_name
-from tuneplane_node.wire.values import FAILED, LABEL_NETWORK, LABEL_RUN_ID
+from tuneplane_node.wire.values import FAILED
 
 log = logging.getLogger(__name__)
 HOST, BRIDGE = "host", "bridge"
@@ -97,7 +98,7 @@ class NetworkRule:
             return self._on_job_network(spec)
         if spec.network == FABRIC:  # put there by `vetted`, its label says which
             return spec
-        return replace(spec, labels={**spec.labels, LABEL_NETWORK: spec.network})
+        return replace(spec, labels=with_network(spec.labels, spec.network))
 
     def _not_whole(self, spec: ContainerSpec, around: Neighbours) -> str | None:
         """Why the launch may not have the host network, None when it may."""
@@ -119,7 +120,7 @@ class NetworkRule:
             logging.DEBUG if why == PORT_UNSAFE else logging.INFO,
             "launch %s: host network asked, run on the bridge (%s: %s)", spec.name,
             HOST_NETWORK, why,
-            extra=job_fields(spec.name, spec.labels.get(LABEL_RUN_ID), image=spec.image),
+            extra=job_fields(spec.name, run_id_of(spec.labels), image=spec.image),
         )  # fmt: skip
         if self.fabric is not None:
             return self._on_fabric(spec)
@@ -128,7 +129,7 @@ class NetworkRule:
     def _on_job_network(self, spec: ContainerSpec) -> ContainerSpec:
         """Off the host's network: on the node's job network, which its label names."""
         network = self.bridge
-        return replace(spec, network=network, labels={**spec.labels, LABEL_NETWORK: network})
+        return replace(spec, network=network, labels=with_network(spec.labels, network))
 
     def _on_fabric(self, spec: ContainerSpec) -> ContainerSpec:
         """A host request not granted, where the operator gave a fabric network: there,
@@ -136,7 +137,7 @@ class NetworkRule:
         is chosen at placement: `jobs.rules.fabric`)."""
         assert self.fabric is not None
         label = f"{FABRIC}:{self.fabric.name}"
-        return replace(spec, network=FABRIC, labels={**spec.labels, LABEL_NETWORK: label})
+        return replace(spec, network=FABRIC, labels=with_network(spec.labels, label))
 
 
 async def neighbours(

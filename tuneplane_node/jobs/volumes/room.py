@@ -39,9 +39,10 @@ from tuneplane_node.jobs.words.volumes import (
     VolumeGcRun,
 )
 from tuneplane_node.runtime.base import ContainerState
+from tuneplane_node.runtime.labels import volumes_of
 from tuneplane_node.tasks import BackgroundTasks
 from tuneplane_node.telemetry import Telemetry
-from tuneplane_node.wire.values import LABEL_VOLUMES, Volume
+from tuneplane_node.wire.values import Volume
 
 log = logging.getLogger(__name__)
 GRANT_BYTES = 64 * 2**20  # room found ahead of a fill's bytes, at most
@@ -273,7 +274,7 @@ class VolumeRoom:
         """The containers that use each digest, by their ``tuneplane.volumes`` label."""
         found: dict[str, list[ContainerState]] = {}
         for state in await self.ps() if self.ps is not None else []:
-            for digest in filter(None, state.labels.get(LABEL_VOLUMES, "").split(",")):
+            for digest in volumes_of(state.labels):
                 found.setdefault(digest, []).append(state)
         return found
 

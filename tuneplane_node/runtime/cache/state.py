@@ -39,8 +39,8 @@ from tuneplane_node.runtime.base import (
     EngineFeed,
 )
 from tuneplane_node.runtime.cache.events import EventThread
+from tuneplane_node.runtime.labels import run_id_of
 from tuneplane_node.tasks import BackgroundTasks
-from tuneplane_node.wire.values import LABEL_RUN_ID
 
 log = logging.getLogger(__name__)
 HEARTBEAT_S = 2.0
@@ -225,7 +225,7 @@ class StateCache:
         """A full resync from the engine's list: it replaces everything written before it
         began. Its states are partial (no times) until the fill that follows reads them."""
         self._fills = fill
-        fresh = {b.name: b.partial_state() for b in briefs if b.labels.get(LABEL_RUN_ID)}
+        fresh = {b.name: b.partial_state() for b in briefs if run_id_of(b.labels)}
         for name in list(self.states):
             if name not in fresh and self.touched.get(name, 0) < started:
                 self._forget(name)

@@ -53,10 +53,10 @@ from tuneplane_node.runtime.engines.networks.jobnetwork import (
 from tuneplane_node.runtime.engines.pulling import PullStream
 from tuneplane_node.runtime.engines.seam import ErrorTable
 from tuneplane_node.runtime.facts import CDI_GPU_KIND, DeviceSupport, IsolationSupport
+from tuneplane_node.runtime.labels import LABEL_FABRIC_ADDRESS
 from tuneplane_node.runtime.logstream import ONE_USE, opened
 from tuneplane_node.runtime.spec import FABRIC, RDMA_CAPABILITY, Confinement, ContainerSpec
 from tuneplane_node.settings import Fabric, NodeSettings, local_engine, unix_socket
-from tuneplane_node.wire.values import LABEL_FABRIC_ADDRESS
 
 log = logging.getLogger(__name__)
 ENGINE = "docker"

@@ -46,6 +46,7 @@ from tuneplane_node.runtime.engines.pulling import PullStream, drive_pull, pull_
 from tuneplane_node.runtime.engines.seam import EngineSeam, ErrorTable
 from tuneplane_node.runtime.engines.store import EngineImages, EngineMounts, StoreCalls
 from tuneplane_node.runtime.facts import DeviceSupport, ImageInfo, RuntimeHealth, Usage
+from tuneplane_node.runtime.labels import LABEL_RUN_ID, job_labels
 from tuneplane_node.runtime.logstream import LogRelay, unbound_reads
 from tuneplane_node.runtime.pool import BlockingPool
 from tuneplane_node.runtime.spec import (
@@ -53,11 +54,10 @@ from tuneplane_node.runtime.spec import (
     Confinement,
     ContainerSpec,
     format_gpus,
-    job_labels,
 )
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.telemetry import NO_TELEMETRY, Telemetry
-from tuneplane_node.wire.values import LABEL_RUN_ID, RegistryAuth
+from tuneplane_node.wire.values import RegistryAuth
 
 T = TypeVar("T")
 POLL_S = 0.25

@@ -36,16 +36,6 @@ def maps_mount_ids(runtime: str, version: str) -> bool:
     return found is not None and (int(found[1]), int(found[2])) >= IDMAP_RUNC
 
 
-NAMESPACED_RUNTIMES = ("runc", "crun")
-"""The OCI runtimes that run a job on the host's kernel in namespaces the engine asks
-for, a user namespace included; a sandbox (runsc, kata) brings a kernel of its own."""
-
-
-def maps_users(runtime: str) -> bool:
-    """Whether a job under that runtime can be given a user namespace of its own."""
-    return runtime.rsplit("/", 1)[-1] in NAMESPACED_RUNTIMES
-
-
 def registered(runtimes: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
     """docker's ``Runtimes`` of its info: each name with its ``runtimeArgs``."""
     return {

@@ -62,6 +62,7 @@ from tuneplane_node.runtime.engines.podmanoptions import (
 from tuneplane_node.runtime.engines.pulling import PullStream, closed_after
 from tuneplane_node.runtime.engines.seam import ErrorTable
 from tuneplane_node.runtime.facts import CDI_GPU_KIND, DeviceSupport, IsolationSupport
+from tuneplane_node.runtime.labels import LABEL_RUN_ID
 from tuneplane_node.runtime.logstream import ONE_USE, opened, shut
 from tuneplane_node.runtime.spec import (
     FABRIC,
@@ -71,7 +72,6 @@ from tuneplane_node.runtime.spec import (
 )
 from tuneplane_node.settings import Fabric, NodeSettings, local_engine
 from tuneplane_node.signals import JOB_SIGNALS
-from tuneplane_node.wire.values import LABEL_RUN_ID
 
 log = logging.getLogger(__name__)
 ENGINE = "podman"

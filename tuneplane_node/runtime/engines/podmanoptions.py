@@ -10,10 +10,11 @@ from __future__ import annotations
 import resource
 from typing import Any
 
-from tuneplane_node.runtime.engines.networks.jobnetwork import JOB_INTERFACE, fabric_network
+from tuneplane_node.runtime.engines.networks.jobnetwork import fabric_network
+from tuneplane_node.runtime.facts import JOB_INTERFACE
+from tuneplane_node.runtime.labels import LABEL_FABRIC_ADDRESS
 from tuneplane_node.runtime.spec import UNLIMITED, Confinement, ContainerSpec, Tmpfs
 from tuneplane_node.settings import Fabric
-from tuneplane_node.wire.values import LABEL_FABRIC_ADDRESS
 
 CPU_PERIOD_US = 100_000
 

@@ -32,8 +32,9 @@ from tuneplane_node.durable import create_once, write_atomically
 from tuneplane_node.errors import EngineRefused, EngineUnavailable
 from tuneplane_node.logformat import job_fields
 from tuneplane_node.runtime.base import EXIT_SIGKILL
+from tuneplane_node.runtime.labels import job_labels
 from tuneplane_node.runtime.process.groups import Proc
-from tuneplane_node.runtime.spec import ContainerSpec, job_labels
+from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.signals import DEFAULT_STOP_SIGNAL
 
 log = logging.getLogger(__name__)

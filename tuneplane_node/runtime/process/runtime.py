@@ -46,6 +46,7 @@ from tuneplane_node.runtime.facts import (
     RuntimeHealth,
     Usage,
 )
+from tuneplane_node.runtime.labels import run_id_of
 from tuneplane_node.runtime.pool import BlockingPool
 from tuneplane_node.runtime.process.files import ENGINE as ENGINE
 from tuneplane_node.runtime.process.files import LOG_FILE as LOG_FILE
@@ -77,7 +78,7 @@ from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.settings import NodeSettings
 from tuneplane_node.signals import JOB_SIGNALS
 from tuneplane_node.telemetry import NO_TELEMETRY, Telemetry
-from tuneplane_node.wire.values import LABEL_RUN_ID, RegistryAuth
+from tuneplane_node.wire.values import RegistryAuth
 
 log = logging.getLogger(__name__)
 # Imported `as` themselves: ENGINE, the file names and JOB_DIR_ENV were this module's
@@ -326,7 +327,7 @@ class ProcessRuntime:
         except BaseException:
             os.killpg(main.pid, signal.SIGKILL)  # unrecorded, it could never be stopped
             raise
-        run_id = spec.labels.get(LABEL_RUN_ID)
+        run_id = run_id_of(spec.labels)
         log.info(
             "started job %s as pid %d", spec.name, main.pid, extra=job_fields(spec.name, run_id)
         )

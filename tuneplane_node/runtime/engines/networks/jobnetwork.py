@@ -69,9 +69,6 @@ def checked(engine: str, name: str, kind: str, found: Mapping[str, Any]) -> None
         )
 
 
-JOB_INTERFACE = "eth0"
-"""The fabric network's interface inside a job: docker names a container's only network's
-interface eth0, podman is told to (checked by the engine tests)."""
 FABRIC_KIND = "fabric"
 """`LABEL_NODE_NETWORK` on the fabric network the node made."""
 FABRIC_PREFIX = "tuneplane-fabric-"
@@ -108,10 +105,8 @@ def fabric_network(fabric: Fabric) -> str:
 
 
 def gateway(fabric: Fabric) -> IPv4Address:
-    """The fabric network's gateway: the operator's, else the subnet's first address (as
-    podman chooses), which the node never hands to a job (`jobs.rules.fabric.addresses`)."""
-    assert fabric.subnet is not None
-    return fabric.gateway if fabric.gateway is not None else fabric.subnet.network_address + 1
+    """The fabric network's gateway, as the engines are told it (`Fabric.network_gateway`)."""
+    return fabric.network_gateway
 
 
 def fabric_checked(

@@ -1,0 +1,1 @@
+"""Fakes of what the fast tests do without: an engine, a clock, GPUs."""

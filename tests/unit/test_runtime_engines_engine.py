@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import io
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -538,11 +539,13 @@ class RefusedStreams:
 
     def __init__(self) -> None:
         self.answers: list[requests.Response] = []
+        self.headers: list[Mapping[str, str]] = []
 
     def get(self, path: str, **options: Any) -> requests.Response:
         response = http_response(500)
         response.raw = io.BytesIO(b'{"message": "no"}')
         self.answers.append(response)
+        self.headers.append(options.get("headers") or {})
         return response
 
     post = get
@@ -562,6 +565,27 @@ def test_a_refused_stream_is_closed_by_the_thread_that_opened_it(
             open_stream()
     assert len(api.answers) == 3
     assert all(answer.raw.closed for answer in api.answers)  # its connection given back
+    # The engine closes a stream's connection after it: the socket a cancel shuts down
+    # is never one the pool hands to another call.
+    assert all(sent.get("Connection") == "close" for sent in api.headers)
+
+
+def test_docker_streams_ask_the_engine_to_close_their_connection_after(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    runtime, api = adapter("docker"), RefusedStreams()
+    monkeypatch.setattr(DockerRuntime, "api", property(lambda self: api))
+    api._url = lambda path, *args: path  # type: ignore[attr-defined]  # docker-py's helpers
+    api._get, api._post = api.get, api.post  # type: ignore[attr-defined]
+    api._raise_for_status = requests.Response.raise_for_status  # type: ignore[attr-defined]
+    for open_stream in (
+        lambda: runtime._open_follow("x", {}),
+        lambda: runtime._open_pull("reg/x:1", {"X-Registry-Auth": "e30="}),
+    ):
+        with pytest.raises(requests.HTTPError):
+            open_stream()
+    assert [sent.get("Connection") for sent in api.headers] == ["close", "close"]
+    assert api.headers[1]["X-Registry-Auth"] == "e30="  # the pull's own credentials kept
 
 
 class RefusedKills:

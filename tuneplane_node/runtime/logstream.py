@@ -48,6 +48,12 @@ def unbound_reads(response: Any) -> None:
         sock.settimeout(None)
 
 
+ONE_USE = {"Connection": "close"}
+"""A streamed request's header: the engine closes the connection once the stream ends, so
+the socket a watcher shuts down (`shut`) is never one the SDK's pool hands to another
+call (a stream read to its end would otherwise give its live socket back to the pool)."""
+
+
 def opened(response: Any, check: Callable[[Any], object] | None = None) -> Any:
     """A streamed response that ``check`` (the SDK's status check; by default its own
     ``raise_for_status``) let through; one it refused is closed first, here, by the

@@ -54,7 +54,7 @@ from tuneplane_node.runtime.engines.pulling import PullStream
 from tuneplane_node.runtime.engines.seam import ErrorTable
 from tuneplane_node.runtime.facts import CDI_GPU_KIND, DeviceSupport, IsolationSupport
 from tuneplane_node.runtime.labels import LABEL_FABRIC_ADDRESS
-from tuneplane_node.runtime.logstream import opened
+from tuneplane_node.runtime.logstream import ONE_USE, opened
 from tuneplane_node.runtime.spec import FABRIC, RDMA_CAPABILITY, Confinement, ContainerSpec
 from tuneplane_node.settings import Fabric, NodeSettings, local_engine, unix_socket
 
@@ -314,7 +314,9 @@ class DockerRuntime(EngineRuntime, errors=ERRORS):
         api: Any = self.api  # private: not in the stubs
         timeout = self.settings.local_api_timeout
         url = api._url("/containers/{0}/logs", ref)
-        response = api._get(url, params=params, stream=True, timeout=(timeout, timeout))
+        response = api._get(
+            url, params=params, headers=ONE_USE, stream=True, timeout=(timeout, timeout)
+        )
         return opened(response, api._raise_for_status)
 
     def _kill(self, ref: str, signal: str) -> None:
@@ -386,7 +388,7 @@ class DockerRuntime(EngineRuntime, errors=ERRORS):
         response = api._post(
             api._url("/images/create"),
             params=fmt.pull_params(image),
-            headers=dict(headers),
+            headers={**headers, **ONE_USE},
             stream=True,
             timeout=None,
         )

@@ -63,7 +63,7 @@ from tuneplane_node.runtime.engines.pulling import PullStream, closed_after
 from tuneplane_node.runtime.engines.seam import ErrorTable
 from tuneplane_node.runtime.facts import CDI_GPU_KIND, DeviceSupport, IsolationSupport
 from tuneplane_node.runtime.labels import LABEL_RUN_ID
-from tuneplane_node.runtime.logstream import opened, shut
+from tuneplane_node.runtime.logstream import ONE_USE, opened, shut
 from tuneplane_node.runtime.spec import (
     FABRIC,
     RDMA_CAPABILITY,
@@ -353,6 +353,7 @@ class PodmanRuntime(PodmanNetworking, errors=ERRORS):
         response = self.api.get(
             f"/containers/{ref}/logs",
             params=dict(params),
+            headers=ONE_USE,
             stream=True,
             timeout=(timeout, timeout),
             compatible=True,
@@ -397,7 +398,12 @@ class PodmanRuntime(PodmanNetworking, errors=ERRORS):
         # podman 4 ignores a bare label key in an event filter: filter on our side.
         params = {"filters": json.dumps({"type": ["container"]})}
         response = self.api.get(
-            "/events", params=params, stream=True, timeout=self._streaming, compatible=True
+            "/events",
+            params=params,
+            headers=ONE_USE,
+            stream=True,
+            timeout=self._streaming,
+            compatible=True,
         )
         opened(response)
         events = (
@@ -460,7 +466,7 @@ class PodmanRuntime(PodmanNetworking, errors=ERRORS):
         response = self.api.post(
             "/images/create",
             params=fmt.pull_params(image),
-            headers=dict(headers),
+            headers={**headers, **ONE_USE},
             stream=True,
             timeout=self._streaming,
             compatible=True,

@@ -37,6 +37,7 @@ from tests.support.nodes import storage_root
 from tests.support.proxies import PROXY_PORTS, ThrottlingProxy
 from tests.support.runtimes import TrackingRuntime
 from tests.support.waiting import wait_until
+from tuneplane_node.ctl.commands import NOT_OK
 from tuneplane_node.runtime.engines.docker import DockerRuntime
 
 # Slow: the ctl command end to end against a node over a real socket.
@@ -527,7 +528,9 @@ def test_a_registrys_words_reach_the_terminal_as_text(
 
     for verb in ("observe", "health"):
         code, out, _ = ctl(verb, *([ref] if verb == "observe" else []), url=node.url)
-        assert code == 0
+        # health: 4 where the node is not ok, which an engine slower than health's 1.5 s
+        # wait makes it on a loaded machine (seen in CI); its words are what is tested.
+        assert code in ((0, NOT_OK) if verb == "health" else (0,)), (verb, code, out)
         assert "pwned" in out, out  # the error is shown...
         for control in ("\x1b]", "\x1b[2J", "\x07", "\x9b"):  # ...none of its controls
             assert control not in out, (verb, control, out)

@@ -21,10 +21,18 @@ pytestmark = pytest.mark.engine
 MIB = 2**20
 
 
+ENDED_S = 120
+"""How long a test waits for its job to be stopped: each job writes its excess within
+seconds on a quiet machine, the monitor looks every second (``job_disk_check_s=1``) and
+the stop's grace is 5 s; a loaded machine's writes and walks take many times that (a
+CI run took 17 s for what takes 2). Every job sleeps 300 s after its writes: one that
+is still running at this bound was not stopped."""
+
+
 async def ended(node: Console, ref: str, started: float) -> dict[str, Any]:
-    """Its state once it runs no more, or 30 s after ``started``."""
+    """Its state once it runs no more, or `ENDED_S` after ``started``."""
     state = await node.state(ref)
-    while state["status"] == "running" and time.monotonic() - started < 30:
+    while state["status"] == "running" and time.monotonic() - started < ENDED_S:
         await asyncio.sleep(0.1)
         state = await node.state(ref)
     return state
@@ -44,11 +52,9 @@ async def test_a_job_past_its_disk_limit_is_stopped_and_the_tenant_runs_on(
     assert answer["phase"] == "running"
 
     state = await ended(node, filler, started)
-    stopped_after = time.monotonic() - started
 
-    assert state["status"] == "exited", state
-    assert stopped_after < 10  # it passed 100 MiB within its first second of writing
-    assert state["stop_reason"] == "disk_limit"
+    assert state["status"] == "exited", state  # stopped, long before its sleep's end
+    assert state.get("stop_reason") == "disk_limit", state
     assert state["disk_limit_bytes"] == 100 * MIB
     assert 100 * MIB < state["disk_used_bytes"] <= 1024 * MIB + MIB
     assert "tuneplane.disk-limit" not in state["labels"]  # the node's own: never shown
@@ -77,9 +83,8 @@ async def test_deleted_files_a_job_holds_open_count_toward_its_limit(
     assert answer["phase"] == "running"
 
     state = await ended(node, holder, started)
-    assert state["status"] == "exited", state
-    assert time.monotonic() - started < 15  # 300 MB written in about a second, one check
-    assert state["stop_reason"] == "disk_limit"
+    assert state["status"] == "exited", state  # stopped, long before its sleep's end
+    assert state.get("stop_reason") == "disk_limit", state
     assert state["disk_limit_bytes"] == 64 * MIB
     deleted = state["disk_deleted_open_bytes"]
     assert deleted is not None and 64 * MIB < deleted <= state["disk_used_bytes"]
@@ -101,7 +106,7 @@ async def test_a_job_past_its_inode_limit_is_stopped(make_node: MakeNode, engine
     state = await ended(node, maker, started)
 
     assert state["status"] == "exited", state
-    assert state["stop_reason"] == "inode_limit"
+    assert state.get("stop_reason") == "inode_limit", state
     assert state["inode_limit"] == 50_000 and state["disk_inodes"] > 50_000
     assert state["disk_used_bytes"] < 64 * MIB  # its bytes were never the reason
 

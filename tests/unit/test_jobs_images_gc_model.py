@@ -16,6 +16,7 @@ suite walks the launch model's short run, tests/unit/test_jobs_service_model.py.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import random
@@ -153,6 +154,12 @@ class World:
             await self.node.jobs.remove(container_name(self.rng.choice(RUNS)))
 
     async def gc(self) -> None:
+        # A run kicked by a pull may be under way: collect() would join it, and its
+        # reading is from its start, before what the steps since did (seen in CI, on a
+        # loaded machine). It ends first; the step's run is a fresh one.
+        under_way = self.node.gc._run
+        if under_way is not None and not under_way.done():
+            await asyncio.shield(under_way)
         before = await self.node.gc.store()
         run = await self.node.gc.collect()
         self.runs += 1

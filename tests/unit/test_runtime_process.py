@@ -181,7 +181,10 @@ async def test_sigterm_reaches_the_whole_process_tree(
     assert await runtime.wait_exited(spec.name, 5)
     state = await runtime.inspect(spec.name)
     assert (state.status, state.exit_code) == ("exited", 128 + signal.SIGTERM)
-    assert not pid_running(child)
+    # The group's signal is pending in the child from the kill on; it dies when next
+    # scheduled, which a loaded machine delays (seen in CI): a bound of the scheduler's,
+    # with a wide margin. A child the signal missed sleeps its 300 s and fails this.
+    await wait_until(lambda: not pid_running(child), timeout=30)
 
 
 async def test_a_job_killed_from_outside_reads_exited_137(

@@ -61,6 +61,7 @@ SDKS = {
         "daemon/routes.py",
         "daemon/state.py",
         "daemon/server.py",
+        "daemon/quiet.py",
         "daemon/access/audit.py",
         "daemon/follow.py",
         "daemon/presence.py",

@@ -29,7 +29,6 @@ from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler, Middleware
 from aiohttp.web_protocol import RequestHandler
 
@@ -37,12 +36,12 @@ from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.daemon.app import create_node_app, error_response
 from tuneplane_node.daemon.listener import describe, listen
 from tuneplane_node.daemon.notify import notify
+from tuneplane_node.daemon.quiet import QUIET_S, QuietAccept, QuietBadRequests
 from tuneplane_node.daemon.state import PORT_HELD, REGISTRY_AUTH, TASKS, TOKENS
 from tuneplane_node.errors import ConfigError, NoClientCertificate
 from tuneplane_node.settings import NodeSettings, env_name
 
 log = logging.getLogger(__name__)
-QUIET_S = 1.0
 SLICE_S = 0.005
 """How long a burst of requests may hold the event loop before it turns (LoopSlices)."""
 MAX_WOKEN = 64
@@ -428,7 +427,7 @@ async def _run(
     )
     loop = asyncio.get_running_loop()
     previous = loop.get_exception_handler()
-    loop.set_exception_handler(QuietAccept(loop.default_exception_handler))
+    loop.set_exception_handler(QuietAccept(loop.default_exception_handler, log))
     try:
         # The app's start-up: the state cache synced (or the engine found down, which is
         # then served as 503s) and the operator's cordon read, all before READY=1.
@@ -512,68 +511,3 @@ def _reload(app: web.Application, settings: NodeSettings, context: ssl.SSLContex
             load_certificate(context, settings)
         except (OSError, ssl.SSLError) as exc:
             log.error("TLS files unreadable (%s): keeping the certificate in use", exc)
-
-
-class QuietAccept:
-    """The loop's exception handler, with a failing accept() said once a second.
-
-    Out of file descriptors, asyncio reports every failed accept with a traceback; a
-    flood of connections would fill the disk with them.
-    """
-
-    def __init__(
-        self, fallback: Callable[[dict[str, Any]], None], *, clock: Clock = SYSTEM_CLOCK
-    ) -> None:
-        self.fallback = fallback
-        self.clock = clock
-        self.said = -QUIET_S
-        self.dropped = 0
-
-    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        if "accept" not in str(context.get("message", "")):
-            self.fallback(context)
-            return
-        now = self.clock.monotonic()
-        if now - self.said < QUIET_S:
-            self.dropped += 1
-            return
-        log.error(
-            "accept() failed: %s (%d more not logged)", context.get("exception"), self.dropped
-        )
-        self.said, self.dropped = now, 0
-
-
-class QuietBadRequests(logging.LoggerAdapter):  # type: ignore[type-arg] # generic at 3.11 only
-    """aiohttp's log of the requests it could not parse, one line a second at most.
-
-    aiohttp logs each with a traceback quoting the bad line: 16 KB a request, a token
-    in it when the bad line was an ``Authorization`` header. This says the peer and the
-    error's kind, never the bytes; other errors pass through as they are.
-    """
-
-    def __init__(self, logger: logging.Logger, *, clock: Clock = SYSTEM_CLOCK) -> None:
-        super().__init__(logger, {})
-        self.clock = clock
-        self.said = -QUIET_S
-        self.dropped = 0
-
-    def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
-        error = kwargs.get("exc_info")
-        if error is True:
-            error = sys.exc_info()[1]
-        if not isinstance(error, HttpProcessingError):
-            super().log(level, msg, *args, **kwargs)
-            return
-        if not self.logger.isEnabledFor(level):
-            return
-        now = self.clock.monotonic()
-        if now - self.said < QUIET_S:
-            self.dropped += 1
-            return
-        peer = args[0] if args else "?"
-        self.logger.log(
-            min(level, logging.WARNING),  # a client's fault, not the node's
-            "malformed request from %s (%s, answered %s; %d more not logged)",
-            peer, type(error).__name__, error.code, self.dropped,
-        )  # fmt: skip
-        self.said, self.dropped = now, 0

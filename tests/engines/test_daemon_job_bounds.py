@@ -23,8 +23,7 @@ from tests.conftest import MakeNode, open_runtime
 from tests.support.console import Console
 from tests.support.jobs import unique
 from tests.support.nodes import storage_root
-from tuneplane_node.runtime.cgroups import CGROUP_ROOT
-from tuneplane_node.runtime.engines.cgroupparent import pid_max
+from tuneplane_node.runtime.cgroups import CGROUP_ROOT, pid_max
 
 pytestmark = pytest.mark.engine
 ENGINES = ["docker", "podman"]

@@ -291,15 +291,10 @@ def test_the_daemon_reaches_no_engines_module() -> None:
     assert found == []
 
 
-# What of the engines' wing jobs/ still reads, and why: the jobs' parent cgroup bounds and
-# the engine's memlock, until the engines' helpers (recomposed in issue 55) answer them.
+# What of the engines' wing jobs/ still reads: nothing (the jobs' bounds are the
+# runtime's cgroups.py, the engine's memlock its memlock.py).
 ENGINES = "tuneplane_node.runtime.engines"
-JOBS_READ_OF_ENGINES = {
-    "jobs/rules/confinement.py": {
-        "tuneplane_node.runtime.engines.cgroupparent",
-        "tuneplane_node.runtime.engines.memlock",
-    },
-}
+JOBS_READ_OF_ENGINES: dict[str, set[str]] = {}
 
 
 def test_the_jobs_floor_asks_the_runtime_not_the_engines_insides() -> None:

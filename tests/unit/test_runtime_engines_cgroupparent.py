@@ -13,15 +13,14 @@ from tests.conftest import fake_settings
 from tests.support.engines import engine_settings
 from tuneplane_node.checks.engine import _parent_finding, parent_fix
 from tuneplane_node.errors import ConfigError
+from tuneplane_node.runtime.cgroups import Bounds, wanted
 from tuneplane_node.runtime.engines.cgroupparent import (
-    Bounds,
     JobParent,
     ParentReport,
     describe_parent,
     is_unified,
     read,
     slice_path,
-    wanted,
     write,
 )
 from tuneplane_node.runtime.engines.docker import DockerRuntime

@@ -137,7 +137,7 @@ def check_fabric_network(settings: NodeSettings, *, net: Path = NET_SYSFS) -> li
 def check_rdma(settings: NodeSettings) -> list[Finding]:
     """Whether a job given RDMA devices can have its memlock: the engine's process's own
     hard limit bounds it (`runtime.engines.memlock`)."""
-    from tuneplane_node.runtime.engines import memlock
+    from tuneplane_node.runtime import memlock
 
     devices = inventory.rdma_devices(settings.rdma_device_dir) if settings.rdma != "off" else ()
     if not devices:

@@ -15,11 +15,16 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from tuneplane_node.errors import ConfigError
 from tuneplane_node.runtime.facts import Usage
+from tuneplane_node.settings import NodeSettings, env_name
 
 log = logging.getLogger(__name__)
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PROC_ROOT = Path("/proc")
+PID_MAX = Path("/proc/sys/kernel/pid_max")
+LEAST_PIDS = 64
+"""Fewer PIDs than this left to all jobs by the host's reserve is a refused setting."""
 V1_UNLIMITED = 2**62
 """v1 says "no limit" with LONG_MAX rounded down to a page: anything this big is none."""
 V1_CONTROLLERS = ("cpuacct", "memory", "pids")
@@ -193,3 +198,49 @@ def container_id_of_pid(pid: int, *, proc_root: Path = PROC_ROOT) -> str | None:
         if match:
             return match.group(1)
     return None
+
+
+# --- the bounds of all jobs together (their parent cgroup's) ---------------------------
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """PIDs and memory of the parent; None: no bound (or, wanted, unknown)."""
+
+    pids: int | None
+    memory_bytes: int | None
+
+    def within(self, wanted: Bounds) -> bool:
+        """Whether every bound wanted is held, at that figure or below."""
+        pairs = ((self.pids, wanted.pids), (self.memory_bytes, wanted.memory_bytes))
+        return all(want is None or (held is not None and held <= want) for held, want in pairs)
+
+    def described(self) -> str:
+        pids = "unbounded" if self.pids is None else str(self.pids)
+        memory = "unbounded"
+        if self.memory_bytes is not None:
+            memory = f"{self.memory_bytes / 2**30:.1f} GiB ({self.memory_bytes} bytes)"
+        return f"pids {pids}, memory {memory}"
+
+
+def pid_max(path: Path = PID_MAX) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def wanted(settings: NodeSettings, *, pids: int | None, machine_bytes: int | None) -> Bounds:
+    """What the node may give all jobs together: ``pids`` (the kernel's pid_max) and
+    the machine's memory, each less its reserve. ConfigError when a reserve leaves jobs
+    next to nothing."""
+    left = None if pids is None else pids - settings.reserved_pids(pids)
+    if left is not None and left < LEAST_PIDS:
+        raise ConfigError(
+            f"{env_name('system_reserved_pids')}: reserving {settings.reserved_pids(pids or 0)} "
+            f"of pid_max {pids} leaves all jobs {max(left, 0)} PIDs"
+        )
+    memory = None
+    if machine_bytes is not None:
+        memory = machine_bytes - settings.reserved_memory(machine_bytes)
+    return Bounds(pids=left, memory_bytes=memory if memory is None or memory > 0 else None)

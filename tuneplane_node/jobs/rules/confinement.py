@@ -19,8 +19,8 @@ from tuneplane_node.errors import ConfigError, MemlockUnavailable, NoRdma
 from tuneplane_node.jobs.rules.network import NetworkRule
 from tuneplane_node.jobs.words.launch import LaunchRequest
 from tuneplane_node.logformat import job_fields
-from tuneplane_node.runtime.engines import cgroupparent, memlock
-from tuneplane_node.runtime.engines.memlock import EngineMemlock
+from tuneplane_node.runtime import cgroups, memlock
+from tuneplane_node.runtime.memlock import EngineMemlock
 from tuneplane_node.runtime.spec import (
     DEVICES_ENV,
     KEPT_CAPABILITIES,
@@ -94,8 +94,8 @@ class JobRules:
         self.memory_limit = default_memory_limit(settings, machine_bytes)
         # All jobs together (their parent cgroup's), refused at start when a reserve
         # leaves them next to nothing.
-        self.parent_bounds = cgroupparent.wanted(
-            settings, pids=cgroupparent.pid_max(), machine_bytes=machine_bytes
+        self.parent_bounds = cgroups.wanted(
+            settings, pids=cgroups.pid_max(), machine_bytes=machine_bytes
         )
         self.network = NetworkRule(settings, port_held=port_held)
         self.rdma = settings.rdma

@@ -26,37 +26,15 @@ from pathlib import Path
 
 from tuneplane_node import inventory
 from tuneplane_node.errors import ConfigError
-from tuneplane_node.runtime.cgroups import CGROUP_ROOT, V1_UNLIMITED
+from tuneplane_node.runtime.cgroups import CGROUP_ROOT, V1_UNLIMITED, Bounds, pid_max, wanted
 from tuneplane_node.runtime.engines.seam import EngineSeam
-from tuneplane_node.settings import NodeSettings, env_name
+from tuneplane_node.settings import NodeSettings
 
 log = logging.getLogger(__name__)
 SYSTEMD = "systemd"
 CGROUPFS = "cgroupfs"
-PID_MAX = Path("/proc/sys/kernel/pid_max")
-LEAST_PIDS = 64
 """Below this, what the reserve leaves all jobs is a mistake in the settings."""
 CONTROLLERS = ("pids", "memory")
-
-
-@dataclass(frozen=True)
-class Bounds:
-    """PIDs and memory of the parent; None: no bound (or, wanted, unknown)."""
-
-    pids: int | None
-    memory_bytes: int | None
-
-    def within(self, wanted: Bounds) -> bool:
-        """Whether every bound wanted is held, at that figure or below."""
-        pairs = ((self.pids, wanted.pids), (self.memory_bytes, wanted.memory_bytes))
-        return all(want is None or (held is not None and held <= want) for held, want in pairs)
-
-    def described(self) -> str:
-        pids = "unbounded" if self.pids is None else str(self.pids)
-        memory = "unbounded"
-        if self.memory_bytes is not None:
-            memory = f"{self.memory_bytes / 2**30:.1f} GiB ({self.memory_bytes} bytes)"
-        return f"pids {pids}, memory {memory}"
 
 
 @dataclass(frozen=True)
@@ -99,29 +77,6 @@ def slice_path(unit: str) -> str:
 def is_unified(root: Path = CGROUP_ROOT) -> bool:
     """cgroup v2 alone; a hybrid host (v1 controllers, an empty v2 tree) is v1."""
     return (root / "cgroup.controllers").exists()
-
-
-def pid_max(path: Path = PID_MAX) -> int | None:
-    try:
-        return int(path.read_text().strip())
-    except (OSError, ValueError):
-        return None
-
-
-def wanted(settings: NodeSettings, *, pids: int | None, machine_bytes: int | None) -> Bounds:
-    """What the node may give all jobs together: ``pids`` (the kernel's pid_max) and
-    the machine's memory, each less its reserve. ConfigError when a reserve leaves jobs
-    next to nothing."""
-    left = None if pids is None else pids - settings.reserved_pids(pids)
-    if left is not None and left < LEAST_PIDS:
-        raise ConfigError(
-            f"{env_name('system_reserved_pids')}: reserving {settings.reserved_pids(pids or 0)} "
-            f"of pid_max {pids} leaves all jobs {max(left, 0)} PIDs"
-        )
-    memory = None
-    if machine_bytes is not None:
-        memory = machine_bytes - settings.reserved_memory(machine_bytes)
-    return Bounds(pids=left, memory_bytes=memory if memory is None or memory > 0 else None)
 
 
 # Per version: (pids file, memory file).

@@ -37,7 +37,7 @@ from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-from tuneplane_node.runtime.engines import memlock
+from tuneplane_node.runtime import memlock
 
 log = logging.getLogger(__name__)
 

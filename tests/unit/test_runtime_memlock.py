@@ -20,7 +20,7 @@ from tests.support.nodes import fake_node_of
 from tests.unit.test_jobs_rules_confinement_rdma import rdma_dir
 from tuneplane_node.errors import MemlockUnavailable
 from tuneplane_node.jobs import Node
-from tuneplane_node.runtime.engines.memlock import EngineMemlock, engine_memlock, process_memlock
+from tuneplane_node.runtime.memlock import EngineMemlock, engine_memlock, process_memlock
 from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.wire.values import LABEL_RUN_ID, Launch
 

@@ -20,6 +20,9 @@ import docker.errors
 import docker.types
 import requests.exceptions
 import urllib3.exceptions
+from docker.models.containers import (  # type: ignore[attr-defined]  # the SDK's own
+    _create_container_args as create_container_args,
+)
 
 from tuneplane_node.errors import NodeError
 from tuneplane_node.runtime.base import Brief, ContainerState
@@ -103,6 +106,24 @@ def _bounds(confinement: Confinement) -> dict[str, Any]:
     return options
 
 
+class Created:
+    """A container just created: its id, and its start."""
+
+    def __init__(self, container_id: str, api: Any) -> None:
+        self.id, self.api = container_id, api
+
+    @classmethod
+    def made(cls, api: Any, options: Mapping[str, Any]) -> Created:
+        """The SDK's ``containers.create`` without the inspect it makes after: the create
+        answers the id, which is all the start needs (4 ms of every launch, issue 56).
+        The options are turned into the API's arguments by the SDK's own function."""
+        args = create_container_args({**options, "version": api.api_version})
+        return cls(str(api.create_container(**args)["Id"]), api)
+
+    def start(self) -> None:
+        self.api.start(self.id)
+
+
 class DockerRuntime(EngineRuntime, errors=ERRORS):
     """The ContainerRuntime of a Docker engine."""
 
@@ -162,7 +183,7 @@ class DockerRuntime(EngineRuntime, errors=ERRORS):
                 self._ready_network(spec.network)
         if spec.network == FABRIC:
             self._ready_fabric(configured(self.settings))
-        return self.client.containers.create(**self.create_options(spec))
+        return Created.made(self.api, self.create_options(spec))
 
     def _fabric_options(self, spec: ContainerSpec) -> dict[str, Any]:
         """On the fabric network only, at the address its label holds (a static IP)."""

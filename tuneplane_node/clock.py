@@ -10,7 +10,8 @@ hand (`tests.fakes.clock.FakeClock`) instead of sleeping:
   moment, the node state's stamp);
 - ``sleep`` and ``wait_for``: every wait the node times (the cache's heartbeat and
   relist, a stop's grace, the drain's pauses, the sampler's interval, the wreckage
-  sweep, the token file's watch, the process runtime's polls, the first sync's bound).
+  sweep, the token file's watch, a guessing peer's delayed 401s, the process runtime's
+  polls, the first sync's bound).
 
 Not the clock's, on purpose:
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -17,7 +18,7 @@ from tests.fakes.runtime import FakeRuntime
 from tests.support.jobs import job
 from tuneplane_node.errors import EngineUnavailable, GpuNotReady, NoCapacity
 from tuneplane_node.gpu.allocator import GpuAllocator
-from tuneplane_node.gpu.probe import NoDriverProbe
+from tuneplane_node.gpu.probe import CardFacts, CardFault, NoDriverProbe
 from tuneplane_node.gpu.simulation import SimulatedProbe
 from tuneplane_node.runtime.base import CacheStatus
 from tuneplane_node.runtime.spec import ContainerSpec
@@ -234,8 +235,8 @@ async def test_a_driver_is_read_at_most_once_per_its_reading_time_whoever_asks(
     assert probe.reads == 1  # within the second: the same reading
 
     probe.set(2, unhealthy="XID 79")
-    clock.advance(1.1)
-    assert 2 not in (await gpus.occupancy()).free  # a new second, a new reading
+    clock.advance(probe.reading_ttl_s)
+    assert 2 not in (await gpus.occupancy()).free  # a second on, a new reading
     assert probe.reads == 2
 
 
@@ -330,3 +331,99 @@ async def test_one_card_jobs_fill_the_socket_in_use_and_a_four_card_job_finds_a_
 
     assert [await launch(f"then-{i}", 1) for i in range(3)] == [(5,), (6,), (7,)]
     assert await launch("large", 4) == (0, 1, 2, 3)  # a whole socket
+
+
+async def test_a_claim_is_logged_with_its_run_and_cards_and_drains_in_its_runs_name(
+    fake: FakeRuntime, settings: NodeSettings, probe: FakeProbe, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="tuneplane_node.gpu.allocator")
+    gpus = allocator(fake, settings, probe)
+    assert await gpus.claim("ref-a", 2, run_id="run-a") == (0, 1)
+    [record] = caplog.records
+    assert record.getMessage() == "run run-a claims gpus [0, 1]"
+    assert (record.ref, record.run_id, record.gpus) == ("ref-a", "run-a", [0, 1])  # type: ignore[attr-defined]
+
+    gpus.release("ref-a")  # the launch failed: its cards drain, in its run's name
+    gpus.release("ref-a")  # a claim released twice, or never made: nothing
+    probe.set(1, pids=(4242,))
+    draining = (await gpus.occupancy()).draining
+    assert draining == {1: "after run run-a: compute process 4242 still on it"}
+
+
+async def test_past_the_configured_count_no_card_is_held_external_or_unhealthy(
+    fake: FakeRuntime, settings: NodeSettings, probe: FakeProbe
+) -> None:
+    """local_gpu_count=3 on a 4-card machine: card 3 is none of the node's business."""
+    gpus = allocator(fake, settings, probe, local_gpu_count=3)
+    await hold(fake, 2, 3)
+    probe.set(3, unhealthy="XID 79", pids=(999_999_999,))
+
+    occupancy = await gpus.occupancy()
+    assert (list(occupancy.by_job), occupancy.external, occupancy.unhealthy) == ([2], {}, {})
+    assert occupancy.free == (0, 1)
+    assert occupancy.breaker == gpus.breaker.state()
+
+
+async def test_each_claim_is_seen_by_an_occupancy_built_from_the_cache(
+    settings: NodeSettings, probe: FakeProbe
+) -> None:
+    runtime = GenerationalRuntime()
+    gpus = GpuAllocator(runtime, settings, probe=probe)
+    for n, ref in enumerate(("a", "b", "c"), start=1):
+        await gpus.claim(ref, 1, run_id=ref)
+        assert len((await gpus.occupancy()).reserved) == n
+    await runtime.close()
+
+
+async def test_past_the_breakers_limit_each_faulted_card_is_kept_in_until_its_reset(
+    settings: NodeSettings, probe: FakeProbe, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One card an hour may be taken out (`gpu_breaker_per_hour=1`): the first fault
+    takes its card out, every later one is kept in and said, each decided once."""
+    runtime = GenerationalRuntime()
+    gpus = GpuAllocator(
+        runtime, settings.model_copy(update={"gpu_breaker_per_hour": 1}), probe=probe
+    )
+    faults = {i: CardFault("card", f"XID {79 + i}", "2026-01-01T00:00:00Z") for i in (0, 1, 2)}
+    for index, fault in faults.items():
+        probe.cards[index] = CardFacts(index, unhealthy=fault.cause, fault=fault)
+
+    for _ in range(2):  # decided once: the same answer again
+        occupancy = await gpus.occupancy()
+        assert occupancy.unhealthy == {0: "XID 79"} and occupancy.free == (1, 2, 3)
+        assert occupancy.kept_in == {1: faults[1], 2: faults[2]}
+        assert occupancy.breaker is not None and occupancy.breaker.kept_in == 2
+        runtime.generation += 1
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(said) == 2 and said[0].startswith("GPU circuit breaker: GPU 1 (XID 80) kept in")
+
+    gpus.reset_breaker()
+    breaker = (await gpus.occupancy()).breaker  # built again, not the last one
+    assert breaker is not None and breaker.kept_in == 0
+    await runtime.close()
+
+
+async def test_readiness_reads_the_driver_and_says_its_error(
+    fake: FakeRuntime, settings: NodeSettings, probe: FakeProbe
+) -> None:
+    gpus = allocator(fake, settings, probe, local_gpu_count=None)
+    assert (await gpus.ready()).ready is not False
+    probe.ok = False
+    readiness = await gpus.ready()  # read now, not given
+    assert readiness.ready is False and "the test says no" in (readiness.reason or "")
+
+
+async def test_a_claim_reads_the_driver_once(
+    fake: FakeRuntime, settings: NodeSettings, probe: FakeProbe
+) -> None:
+    gpus = allocator(fake, settings, probe)
+    await gpus.claim("a", 1, run_id="a")
+    assert probe.reads == 1  # readiness and occupancy judge the same reading
+
+
+async def test_without_a_probe_given_the_settings_make_one(
+    fake: FakeRuntime, settings: NodeSettings, tmp_path: Path
+) -> None:
+    update = {"gpu_simulation_file": two_sockets(tmp_path / "sim.json"), "local_gpu_count": None}
+    gpus = GpuAllocator(fake, settings.model_copy(update=update))
+    assert (await gpus.occupancy()).total == 8

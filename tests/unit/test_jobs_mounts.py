@@ -146,3 +146,71 @@ def test_start_up_refuses_a_root_holding_the_nodes_own_files(tmp_path: Path, set
     (line,) = refused.value.message.splitlines()
     assert f"a mount root): {tmp_path} is or holds {tmp_path}" in line, line
     assert f"TUNEPLANE_{setting.upper()}" in line, line
+
+
+@pytest.mark.parametrize(
+    ("host", "why"),
+    [
+        ("/srv/elsewhere", "/srv/elsewhere is not under an allowed mount root; {} would allow it"),
+        ("/etc", "/etc is /etc, which a job may never mount; no setting allows it"),
+        ("/etc/ssl", "/etc/ssl is in /etc, which a job may never mount; no setting allows it"),
+        ("/", "/ is /, which a job may never mount; no setting allows it"),
+        ("/var/lib", "/var/lib holds /var/lib/docker, which a job may never mount; no setting "),
+    ],
+)
+def test_a_mount_outside_the_roots_is_refused_offering_the_setting_only_where_it_helps(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, host: str, why: str
+) -> None:
+    assert refusal(policy(tmp_path), host).startswith(why.format("TUNEPLANE_ALLOWED_MOUNT_ROOTS"))
+    assert [r.getMessage() for r in caplog.records] == [
+        f"refused a mount of {host}: outside the mount roots"
+    ]
+
+
+def test_each_refusal_under_a_root_is_logged_with_the_path_and_why(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    own = tmp_path / "own"
+    own.mkdir()
+    mounts = policy(tmp_path, (own, "token dir"))
+    refusal(mounts, tmp_path / "nope")
+    assert (
+        refusal(mounts, own)
+        == f"{own} is {own} (token dir), which a job may never mount; no setting allows it"
+    )
+    assert [r.getMessage() for r in caplog.records] == [
+        f"refused a mount of {tmp_path / 'nope'}:  does not exist on the node",
+        f"refused a mount of {own}: it is {own} (token dir)",
+    ]
+
+
+def test_the_walk_never_climbs_and_starts_from_a_directory(tmp_path: Path) -> None:
+    """``..`` or ``.`` given to the walk itself (not only in a mount's path) is refused:
+    ``..`` opened relative to the root is the root's parent."""
+    for part in ("..", "."):
+        with pytest.raises(Refused, match=f"^: '{part}' is not allowed in a mount$"):
+            walk(tmp_path, (part,))
+    (tmp_path / "file").touch()
+    for root, why in ((tmp_path / "file", "Not a directory"), (tmp_path / "gone", "No such")):
+        with pytest.raises(Refused) as refused:
+            walk(root, ())
+        assert refused.value.reason.startswith(f": its mount root {root} cannot be opened: {why}")
+
+
+def test_vet_refuses_as_open_does_and_answers_the_paths_normalised(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    mounts = policy(tmp_path)
+    given = Mount(f"{tmp_path}//a/./", "/x", True)
+    assert mounts.vet([given]) == (Mount(str(tmp_path / "a"), "/x", True),)
+    with pytest.raises(InvalidField):
+        mounts.vet([Mount(str(tmp_path / "nope"), "/x")])
+
+
+def test_a_root_holding_an_engines_directory_is_named_at_start(tmp_path: Path) -> None:
+    mounts = policy(tmp_path)
+    inside = tmp_path / "docker"
+    assert mounts.root_holding(["/var/lib/docker"], engine="docker") is None
+    assert mounts.root_holding(["/var/lib/docker", str(inside)], engine="docker") == (
+        f"TUNEPLANE_ALLOWED_MOUNT_ROOTS: {tmp_path} is or holds {inside} (the docker engine's "
+        "own directory), which a job may never mount; keep it out of the mount roots"
+    )

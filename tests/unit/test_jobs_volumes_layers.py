@@ -12,6 +12,13 @@ from tests.ocilayers import Item, file, tarball
 from tuneplane_node.jobs.volumes.layers import MAX_DEPTH, Budget, HostileLayer, unpack
 
 
+@pytest.fixture(autouse=True)
+def _in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write that lost its directory descriptor would land in the working directory: in
+    the test's own, never the run's (a mutation run's mutant once emptied mutmut's tree)."""
+    monkeypatch.chdir(tmp_path)
+
+
 def unpacked(tmp_path: Path, *layers: bytes, budget: Budget | None = None) -> Path:
     into = tmp_path / "tree"
     into.mkdir(parents=True)
@@ -164,3 +171,89 @@ def test_a_layer_past_the_volumes_bytes_or_entries_is_refused(tmp_path: Path) ->
 def test_a_truncated_layer_is_no_tar(tmp_path: Path) -> None:
     with pytest.raises(HostileLayer, match="not a readable tar"):
         unpacked(tmp_path, tarball(file("f", os.urandom(4096)))[:200])
+
+
+def test_a_hard_link_names_a_file_the_tree_holds_and_replaces_a_lower_one(
+    tmp_path: Path,
+) -> None:
+    base = tarball(
+        Item("m", kind="dir"), Item("m/d", kind="dir"), file("m/d/w", "w"), file("m/x", "old")
+    )
+    top = tarball(Item("m/x", kind="link", target="m/d/w"), Item("y", kind="link", target="m/d/w"))
+    tree = unpacked(tmp_path, base, top)
+    assert listing(tree) == {"m": "/", "m/d": "/", "m/d/w": "w", "m/x": "w", "y": "w"}
+    inode = (tree / "m/d/w").stat().st_ino
+    assert (tree / "m/x").stat().st_ino == inode == (tree / "y").stat().st_ino
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["layer0", "layer1", "tree"]
+
+
+@pytest.mark.parametrize(
+    ("items", "said"),
+    [
+        ((Item("h", kind="link", target="."),), "a hard link to the layer's root"),
+        (
+            (Item("d/e", kind="dir"), Item("h", kind="link", target="d/e")),
+            "a hard link to no regular file: 'd/e'",
+        ),
+        ((Item("h", kind="link", target="d/none"),), "a hard link to nothing: 'd/none'"),
+        (
+            (Item("d/e", kind="dir"), Item("d/e/l", kind="symlink", target="/"), file("d/e/l/f/g")),
+            "a path through a link or a file: 'd/e/l'",
+        ),
+    ],
+)  # fmt: skip
+def test_a_bad_link_or_path_is_refused_naming_it(
+    tmp_path: Path, items: tuple[Item, ...], said: str
+) -> None:
+    with pytest.raises(HostileLayer) as refused:
+        unpacked(tmp_path, tarball(*items))
+    assert str(refused.value) == said
+
+
+def test_a_layer_of_exactly_its_budget_unpacks_and_a_refusal_names_the_budget(
+    tmp_path: Path,
+) -> None:
+    exact = tarball(file("a", b"12345"), file("b", b"678"))
+    unpacked(tmp_path, exact, budget=Budget(entries=2, bytes=8))
+    for n, (budget, said) in enumerate(
+        (
+            (Budget(entries=1, bytes=8), "more entries than its budget of 1"),
+            (Budget(entries=2, bytes=7), "more bytes than its budget of 7"),
+        )
+    ):
+        with pytest.raises(HostileLayer) as refused:
+            unpacked(tmp_path / str(n), exact, budget=budget)
+        assert str(refused.value).endswith(f"{said} (taken from its manifest's size)")
+
+
+def test_every_directory_is_0755_whatever_the_layer_says(tmp_path: Path) -> None:
+    tree = unpacked(tmp_path, tarball(Item("p", kind="dir", mode=0o700), file("p/q/f")))
+    assert [(tree / d).stat().st_mode & 0o7777 for d in ("p", "p/q")] == [0o755, 0o755]
+
+
+def test_whiteouts_deep_in_the_tree_remove_whole_directories_of_the_layers_below(
+    tmp_path: Path,
+) -> None:
+    base = tarball(
+        file("a/b/c/deep/f"), file("a/b/c/g"), file("a/b/keep"), file("a/b/o/x"), file("a/top")
+    )
+    top = tarball(file("a/b/.wh.c"), file("a/b/o/.wh..wh..opq"), file("a/b/o/new", "n"))
+    tree = unpacked(tmp_path, base, top)
+    assert listing(tree) == {
+        "a": "/", "a/b": "/", "a/b/keep": "x", "a/b/o": "/", "a/b/o/new": "n", "a/top": "x"
+    }  # fmt: skip
+
+
+def test_a_directory_entry_over_a_lower_directory_keeps_its_files_and_opens_it_to_all(
+    tmp_path: Path,
+) -> None:
+    base = tarball(file("d/f", "kept"))
+    top = tarball(Item("d", kind="dir", mode=0o700))
+    into = tmp_path / "tree"
+    (into / "d").mkdir(parents=True)
+    (into / "d").chmod(0o700)
+    for i, layer in enumerate((base, top)):
+        (tmp_path / f"l{i}").write_bytes(layer)
+        unpack(tmp_path / f"l{i}", into, Budget(entries=10, bytes=100))
+    assert listing(into) == {"d": "/", "d/f": "kept"}
+    assert (into / "d").stat().st_mode & 0o7777 == 0o755

@@ -18,12 +18,11 @@ failures are forgotten.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import logging
 from typing import NoReturn
 
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.daemon.access.tokens import FULL, METRICS, OBSERVE, OPERATE, Token, TokenSet
@@ -150,7 +149,7 @@ def authenticate(
     """The request's token, if it is one of the set and buys ``scope``; None when it is
     none of the set (the caller awaits `refuse`); raises InsufficientScope. No coroutine
     on the way of a right token: every request of a burst takes it."""
-    token = tokens.match(request.headers.get("Authorization", ""))
+    token = tokens.match(request.headers.get(hdrs.AUTHORIZATION, ""))
     if token is None:
         return None
     failures.succeeded(request.remote or "unknown")
@@ -171,7 +170,7 @@ async def refuse(failures: AuthFailures, peer: str) -> NoReturn:
             raise TooManyAuthFailures(failures=count, window_s=WINDOW_S)
         failures.waiting[peer] += 1
         try:
-            await asyncio.sleep(delay)
+            await failures.clock.sleep(delay)
         finally:
             failures.waiting[peer] -= 1
             if failures.waiting[peer] <= 0:

@@ -43,6 +43,7 @@ MAX_MATCHED = 64
 """Authorization headers remembered as matched: the set's tokens, written a few ways."""
 STATIC_NAME = "env"
 """The name of ``TUNEPLANE_NODE_TOKEN`` in logs."""
+TOKEN_ENV, FILE_ENV = env_name("node_token"), env_name("node_token_file")
 
 
 @dataclass(frozen=True)
@@ -124,19 +125,19 @@ class TokenSet:
         """The start-up set; no token at all, a short one or a bad file is a ConfigError."""
         static = settings.node_token.get_secret_value() if settings.node_token else None
         if static is not None and (short := too_short(static)) is not None:
-            raise ConfigError(f"{env_name('node_token')}: {short}")
+            raise ConfigError(f"{TOKEN_ENV}: {short}")
         tokens = cls(static=static, path=settings.node_token_file, clock=clock)
         from_file: list[Token] = []
         if tokens.path is not None:
             try:
                 from_file = tokens._read()
             except (OSError, ValueError) as exc:
-                raise ConfigError(f"{env_name('node_token_file')}: {exc}") from None
+                raise ConfigError(f"{FILE_ENV}: {exc}") from None
             if not from_file:
-                raise ConfigError(f"{env_name('node_token_file')}: {tokens.path} holds no token")
+                raise ConfigError(f"{FILE_ENV}: {tokens.path} holds no token")
         if static is None and not from_file:
             raise ConfigError(
-                f"neither {env_name('node_token')} nor {env_name('node_token_file')} is set: "
+                f"neither {TOKEN_ENV} nor {FILE_ENV} is set: "
                 "the node refuses to start without a token (16 characters at least: "
                 "`openssl rand -hex 32`)"
             )
@@ -151,7 +152,7 @@ class TokenSet:
         console sends the same header on every request. Only a right header is kept, so
         a miss always takes the full comparison; the lookup's hash is keyed per process
         (SipHash), so its timing tells nothing either."""
-        known = self._matched.get(authorization)
+        known = self._matched.get(authorization)  # pragma: no mutate (a miss compares: same answer)
         if known is not None:
             return known
         matched = self._compare(authorization)
@@ -212,7 +213,7 @@ class TokenSet:
         self._matched = {}  # a token removed must not match from memory
 
     def _read(self) -> list[Token]:
-        assert self.path is not None and self.stamp is not None
+        assert self.path is not None and self.stamp is not None  # pragma: no mutate (for mypy)
         self.stamp.reading()
         lines = self.path.read_text(encoding="ascii").splitlines()
         kept = [line.strip() for line in lines]

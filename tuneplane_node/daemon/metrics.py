@@ -63,7 +63,7 @@ class Metrics(Telemetry):
         )
         self.build.labels(__version__).set(1)
         self._events(registry)
-        self._states(registry)
+        self.gauges = StateGauges(registry)
         self.per_job = _PerJob(registry) if per_job else None
 
     def _events(self, registry: CollectorRegistry) -> None:
@@ -158,70 +158,6 @@ class Metrics(Telemetry):
             registry=registry,
         )
 
-    def _states(self, registry: CollectorRegistry) -> None:
-        def gauge(name: str, about: str, labels: tuple[str, ...] = ()) -> Gauge:
-            return Gauge(f"{PREFIX}_{name}", about, list(labels), registry=registry)
-
-        self.gpus = gauge("gpus", "Cards by state; they sum to the card count.", ("state",))
-        self.gpu_memory = gauge("gpu_memory_used_bytes", "Memory in use per card.", CARD_LABELS)
-        self.gpu_temperature = gauge(
-            "gpu_temperature_celsius", "Temperature per card.", CARD_LABELS
-        )
-        self.gpu_busy = gauge(
-            "gpu_utilization_ratio", "Busy share of the driver's last sample.", CARD_LABELS
-        )
-        self.jobs = gauge(
-            "jobs", "The node's containers by status, and pending launches by phase.", ("status",)
-        )
-        self.pulls = gauge("pulls_in_flight", "Image pulls running now.")
-        self.watching = gauge("watch_waiting", "Watch queries waiting for a change now.")
-        self.synced = gauge("state_cache_synced", "1 while the container-state cache is synced.")
-        self.cache_age = gauge(
-            "state_cache_age_seconds", "Seconds since the engine last confirmed the cache."
-        )
-        self.lag = gauge(
-            "event_loop_lag_seconds", "Worst event-loop delay since the previous scrape."
-        )
-        self.node_state = gauge("node_state", "1 for the node's state.", ("state",))
-        self.breaker_tripped = gauge(
-            "gpu_breaker_tripped",
-            "1 while the GPU circuit breaker keeps faulted cards in (past "
-            "TUNEPLANE_GPU_BREAKER_PER_HOUR), until `ctl gpus reset-breaker`; 0 not.",
-        )
-        self.breaker_kept_in = gauge(
-            "gpu_breaker_kept_in", "Faulted cards the GPU circuit breaker keeps in now."
-        )
-        self.card_faults = gauge(
-            "gpu_fault", "1 per card with a fault, by its scope (job, card, node).",
-            ("gpu", "scope"),
-        )  # fmt: skip
-        self.notices = gauge(
-            "notice_deadline_seconds",
-            "A notice the node acts on (the cloud's, the OS's): its deadline, seconds since "
-            "the epoch (NaN: the source gave none).",
-            ("source", "kind"),
-        )
-        self.health_ok = gauge(
-            "health_ok",
-            "1 while health says ok; 0 not (the engine, the cards' occupancy, or a "
-            "pressure refusing every launch: health's error says which).",
-        )
-        self.gpu_ready = gauge(
-            "gpu_ready",
-            "1: a launch asking for cards can run here; 0: it cannot (health's "
-            "gpu_not_ready_reason says why); NaN on a node without cards.",
-        )
-        self.store_total = gauge(
-            "image_store_total_bytes", "Size of the filesystem of the engine's data root."
-        )
-        self.store_free = gauge(
-            "image_store_free_bytes", "Bytes free there (to others than root); NaN: unknown."
-        )
-        self.conditions = gauge(
-            "condition", "1 while the node is under that pressure, 0 not; NaN unknown.",
-            ("condition",),
-        )  # fmt: skip
-
     # --- events (Telemetry) -------------------------------------------------------------
 
     def engine_call(self, call: str, seconds: float, *, failed: bool) -> None:
@@ -285,80 +221,80 @@ class Metrics(Telemetry):
     async def scrape(self, node: Node) -> bytes:
         """Read the states now, then write every series."""
         await self._read_states(node)
-        self.lag.set(self.worst_lag)
+        self.gauges.lag.set(self.worst_lag)
         self.worst_lag = 0.0
         return generate_latest(self.registry)
 
     async def _read_states(self, node: Node) -> None:
         status = await node.jobs.status()
         self._node_state(status.node.state)
-        self.notices.clear()
+        self.gauges.notices.clear()
         for standing in status.notices:
             deadline = standing.notice.deadline
             seconds = deadline.timestamp() if deadline is not None else float("nan")
-            self.notices.labels(standing.notice.source, standing.notice.kind).set(seconds)
-        self.gpu_ready.set(_known(status.gpu.ready))
-        self.health_ok.set(float(status.ok))
+            self.gauges.notices.labels(standing.notice.source, standing.notice.kind).set(seconds)
+        self.gauges.gpu_ready.set(_known(status.gpu.ready))
+        self.gauges.health_ok.set(float(status.ok))
         self._cache(status.cache)
         store = status.image_store
-        self.store_total.set(_known(store.total_bytes))
-        self.store_free.set(_known(store.free_bytes))
+        self.gauges.store_total.set(_known(store.total_bytes))
+        self.gauges.store_free.set(_known(store.free_bytes))
         for name, value in vars(status.conditions).items():
-            self.conditions.labels(name).set(float("nan") if value is None else float(value))
-        self.pulls.set(node.pulls.in_flight())
-        self.watching.set(node.changes.waiting)
+            self.gauges.conditions.labels(name).set(float("nan") if value is None else float(value))
+        self.gauges.pulls.set(node.pulls.in_flight())
+        self.gauges.watching.set(node.changes.waiting)
         self._cards(status.occupancy)
         try:
             self._counts(await node.health.job_counts(node.pending))
         except NodeError:  # the engine down: how many jobs is unknown, not zero
-            self.jobs.clear()
+            self.gauges.jobs.clear()
         if self.per_job is not None:
             self.per_job.update(node.sampler.samples.values())
             self.per_job.disk(node.monitor.measured.values())
 
     def _cache(self, cache: CacheStatus | None) -> None:
         """No cache (the process runtime) is always in step with itself."""
-        self.synced.set(1 if cache is None or cache.synced else 0)
+        self.gauges.synced.set(1 if cache is None or cache.synced else 0)
         ages = [] if cache is None else [cache.last_event_age_s, cache.last_relist_age_s]
         known = [age for age in ages if age is not None]
-        self.cache_age.set(min(known) if known else float("nan"))  # NaN: unknown
+        self.gauges.cache_age.set(min(known) if known else float("nan"))  # NaN: unknown
 
     def _node_state(self, current: str) -> None:
         for state in STATES:
-            self.node_state.labels(state).set(1 if state == current else 0)
+            self.gauges.node_state.labels(state).set(1 if state == current else 0)
 
     def _counts(self, counts: Counter[str]) -> None:
-        self.jobs.clear()
+        self.gauges.jobs.clear()
         for status in (*JOB_STATUSES, *PENDING_PHASES, *counts):
-            self.jobs.labels(status).set(counts.get(status, 0))
+            self.gauges.jobs.labels(status).set(counts.get(status, 0))
 
     def _cards(self, occupancy: Occupancy | None) -> None:
         for gauge in (
-            self.gpus,
-            self.gpu_memory,
-            self.gpu_temperature,
-            self.gpu_busy,
-            self.card_faults,
+            self.gauges.gpus,
+            self.gauges.gpu_memory,
+            self.gauges.gpu_temperature,
+            self.gauges.gpu_busy,
+            self.gauges.card_faults,
         ):
             gauge.clear()  # a card gone, or unknown now, is no series (never a stale 0)
         if occupancy is None or not occupancy.known:
             return
         if occupancy.breaker is not None:
-            self.breaker_tripped.set(1 if occupancy.breaker.tripped else 0)
-            self.breaker_kept_in.set(occupancy.breaker.kept_in)
+            self.gauges.breaker_tripped.set(1 if occupancy.breaker.tripped else 0)
+            self.gauges.breaker_kept_in.set(occupancy.breaker.kept_in)
         kinds = Counter(occupancy.card_kind(index) for index in range(occupancy.total))
         for kind in CARD_KINDS:
-            self.gpus.labels(kind).set(kinds.get(kind, 0))
+            self.gauges.gpus.labels(kind).set(kinds.get(kind, 0))
         for card in occupancy.gpus.cards if occupancy.gpus else ():
             labels = (str(card.index), card.uuid or "", card.name or "")
             if card.memory_used_mib is not None:
-                self.gpu_memory.labels(*labels).set(card.memory_used_mib * MIB)
+                self.gauges.gpu_memory.labels(*labels).set(card.memory_used_mib * MIB)
             if card.temperature_c is not None:
-                self.gpu_temperature.labels(*labels).set(card.temperature_c)
+                self.gauges.gpu_temperature.labels(*labels).set(card.temperature_c)
             if card.utilization_pct is not None:
-                self.gpu_busy.labels(*labels).set(card.utilization_pct / 100)
+                self.gauges.gpu_busy.labels(*labels).set(card.utilization_pct / 100)
             if card.fault is not None:
-                self.card_faults.labels(str(card.index), card.fault.scope).set(1)
+                self.gauges.card_faults.labels(str(card.index), card.fault.scope).set(1)
 
     # --- the event loop's lag -----------------------------------------------------------
 
@@ -374,6 +310,74 @@ class Metrics(Telemetry):
 
 def _known(value: int | bool | None) -> float:
     return float("nan") if value is None else value  # NaN: unknown, never a 0
+
+
+class StateGauges:
+    """The node's state as gauges, set at each scrape from what the node reads then."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        def gauge(name: str, about: str, labels: tuple[str, ...] = ()) -> Gauge:
+            return Gauge(f"{PREFIX}_{name}", about, list(labels), registry=registry)
+
+        self.gpus = gauge("gpus", "Cards by state; they sum to the card count.", ("state",))
+        self.gpu_memory = gauge("gpu_memory_used_bytes", "Memory in use per card.", CARD_LABELS)
+        self.gpu_temperature = gauge(
+            "gpu_temperature_celsius", "Temperature per card.", CARD_LABELS
+        )
+        self.gpu_busy = gauge(
+            "gpu_utilization_ratio", "Busy share of the driver's last sample.", CARD_LABELS
+        )
+        self.jobs = gauge(
+            "jobs", "The node's containers by status, and pending launches by phase.", ("status",)
+        )
+        self.pulls = gauge("pulls_in_flight", "Image pulls running now.")
+        self.watching = gauge("watch_waiting", "Watch queries waiting for a change now.")
+        self.synced = gauge("state_cache_synced", "1 while the container-state cache is synced.")
+        self.cache_age = gauge(
+            "state_cache_age_seconds", "Seconds since the engine last confirmed the cache."
+        )
+        self.lag = gauge(
+            "event_loop_lag_seconds", "Worst event-loop delay since the previous scrape."
+        )
+        self.node_state = gauge("node_state", "1 for the node's state.", ("state",))
+        self.breaker_tripped = gauge(
+            "gpu_breaker_tripped",
+            "1 while the GPU circuit breaker keeps faulted cards in (past "
+            "TUNEPLANE_GPU_BREAKER_PER_HOUR), until `ctl gpus reset-breaker`; 0 not.",
+        )
+        self.breaker_kept_in = gauge(
+            "gpu_breaker_kept_in", "Faulted cards the GPU circuit breaker keeps in now."
+        )
+        self.card_faults = gauge(
+            "gpu_fault", "1 per card with a fault, by its scope (job, card, node).",
+            ("gpu", "scope"),
+        )  # fmt: skip
+        self.notices = gauge(
+            "notice_deadline_seconds",
+            "A notice the node acts on (the cloud's, the OS's): its deadline, seconds since "
+            "the epoch (NaN: the source gave none).",
+            ("source", "kind"),
+        )
+        self.health_ok = gauge(
+            "health_ok",
+            "1 while health says ok; 0 not (the engine, the cards' occupancy, or a "
+            "pressure refusing every launch: health's error says which).",
+        )
+        self.gpu_ready = gauge(
+            "gpu_ready",
+            "1: a launch asking for cards can run here; 0: it cannot (health's "
+            "gpu_not_ready_reason says why); NaN on a node without cards.",
+        )
+        self.store_total = gauge(
+            "image_store_total_bytes", "Size of the filesystem of the engine's data root."
+        )
+        self.store_free = gauge(
+            "image_store_free_bytes", "Bytes free there (to others than root); NaN: unknown."
+        )
+        self.conditions = gauge(
+            "condition", "1 while the node is under that pressure, 0 not; NaN unknown.",
+            ("condition",),
+        )  # fmt: skip
 
 
 class _PerJob:

@@ -42,7 +42,6 @@ from tuneplane_node.runtime.engines.networks.jobnetwork import (
     configured,
     fabric_checked,
     fabric_network,
-    own_network,
     podman_fabric_body,
 )
 from tuneplane_node.runtime.engines.networks.podmanjobs import (
@@ -50,28 +49,18 @@ from tuneplane_node.runtime.engines.networks.podmanjobs import (
     PruneLater,
     container_gone,
 )
-from tuneplane_node.runtime.engines.podmanoptions import (
-    CPU_PERIOD_US,
-    HOST_SYS,
-    confined,
-    fabric_endpoint,
-    own_userns,
-    rdma_ulimits,
-    tmpfs_mount,
-)
+from tuneplane_node.runtime.engines.podmanoptions import confined, engine_options, own_userns
 from tuneplane_node.runtime.engines.pulling import PullStream, closed_after
 from tuneplane_node.runtime.engines.seam import ErrorTable
-from tuneplane_node.runtime.facts import CDI_GPU_KIND, DeviceSupport, IsolationSupport
+from tuneplane_node.runtime.facts import DeviceSupport, IsolationSupport
 from tuneplane_node.runtime.labels import LABEL_RUN_ID
 from tuneplane_node.runtime.logstream import ONE_USE, opened, shut
 from tuneplane_node.runtime.spec import (
     FABRIC,
-    RDMA_CAPABILITY,
     Confinement,
     ContainerSpec,
 )
 from tuneplane_node.settings import Fabric, NodeSettings, local_engine
-from tuneplane_node.signals import JOB_SIGNALS
 
 log = logging.getLogger(__name__)
 ENGINE = "podman"
@@ -198,48 +187,9 @@ class PodmanRuntime(PodmanNetworking, errors=ERRORS):
         return (self.settings.local_api_timeout, None)
 
     def _engine_options(self, spec: ContainerSpec) -> dict[str, Any]:
-        options: dict[str, Any] = {}
-        if spec.stop_signal:  # else the image's STOPSIGNAL, else SIGTERM: libpod's own rule
-            options["stop_signal"] = JOB_SIGNALS[spec.stop_signal]  # libpod wants the number
-        options.update(self._bounds(spec.confinement))
-        options["mounts"] = [
-            {"type": "bind", "source": m.host, "target": m.container, "read_only": m.read_only}
-            for m in spec.mounts
-        ]
-        if spec.own_userns and spec.network == "host":
-            # A user namespace of its own may not mount the sysfs of the host's network
-            # namespace (runc: "mount sysfs:/sys: operation not permitted"): the host's,
-            # read-only, as a root job of the host network sees it anyway.
-            options["mounts"].append(HOST_SYS)
-        if spec.network in NODE_NETWORKS:  # its own, made before it (`_create`)
-            options["network_mode"] = "bridge"
-            options["networks"] = {own_network(spec.name): {}}
-        if spec.network == FABRIC:  # the node's, made before it (`_create`)
-            options["network_mode"] = "bridge"
-            options["networks"] = fabric_endpoint(spec, configured(self.settings))
-        if spec.read_only_root:
-            # podman-py refuses tmpfs=: tmpfs mounts say the same; none of podman's own
-            # on /var/tmp (read_write_tmpfs).
-            options["read_only"] = True
-            options["read_write_tmpfs"] = False
-            options["mounts"] += [tmpfs_mount(each) for each in spec.tmpfs]
-        if spec.cpu_limit:
-            # podman-py ignores nano_cpus; a CFS quota says the same thing.
-            options["cpu_period"] = CPU_PERIOD_US
-            options["cpu_quota"] = int(spec.cpu_limit * CPU_PERIOD_US)
-        cpus, mems = spec.cpuset()  # at create only: never updated on a running job
-        if cpus:
-            options["cpuset_cpus"] = cpus
-        if mems:
-            options["cpuset_mems"] = mems
-        devices = [f"{CDI_GPU_KIND}={gpu}" for gpu in self.handed_cards(spec)]
-        if devices or spec.rdma_devices:
-            options["devices"] = devices + spec.rdma_mappings()
-        if spec.rdma_devices:
-            options["ulimits"] = rdma_ulimits(spec.rdma_memlock, spec.confinement.pids_limit)
-            options["cap_drop"] = [c for c in options["cap_drop"] if c != RDMA_CAPABILITY]
-            options["cap_add"] = [RDMA_CAPABILITY]
-        return options
+        fabric = configured(self.settings) if spec.network == FABRIC else None
+        cards = self.handed_cards(spec)
+        return engine_options(spec, self._bounds(spec.confinement), cards, fabric=fabric)
 
     def _create(self, spec: ContainerSpec) -> Any:
         """podman-py refuses ``storage_opt`` (it maps no field of libpod's for it): with a

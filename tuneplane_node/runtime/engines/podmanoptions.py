@@ -1,20 +1,33 @@
 """How a podman job's create says what podman-py's create() does not spell, or spells
 otherwise than docker's: the CPU limit as a CFS quota, limits as libpod's unsigned
 ulimits, a tmpfs as a mount, a user namespace of the job's own, capabilities dropped by
-name, the fabric network's endpoint. Plain data for `runtime.engines.podman`, which
-assembles them; nothing here imports an SDK.
+name, the fabric network's endpoint; and a job's create options as podman-py takes them
+(`engine_options`). Plain data for `runtime.engines.podman`; nothing here imports an SDK.
 """
 
 from __future__ import annotations
 
 import resource
+from collections.abc import Sequence
 from typing import Any
 
-from tuneplane_node.runtime.engines.networks.jobnetwork import fabric_network
-from tuneplane_node.runtime.facts import JOB_INTERFACE
+from tuneplane_node.runtime.engines.networks.jobnetwork import (
+    NODE_NETWORKS,
+    fabric_network,
+    own_network,
+)
+from tuneplane_node.runtime.facts import CDI_GPU_KIND, JOB_INTERFACE
 from tuneplane_node.runtime.labels import LABEL_FABRIC_ADDRESS
-from tuneplane_node.runtime.spec import UNLIMITED, Confinement, ContainerSpec, Tmpfs
+from tuneplane_node.runtime.spec import (
+    FABRIC,
+    RDMA_CAPABILITY,
+    UNLIMITED,
+    Confinement,
+    ContainerSpec,
+    Tmpfs,
+)
 from tuneplane_node.settings import Fabric
+from tuneplane_node.signals import JOB_SIGNALS
 
 CPU_PERIOD_US = 100_000
 
@@ -89,4 +102,53 @@ def confined(confinement: Confinement) -> dict[str, Any]:
     }
     if confinement.init:  # catatonit as PID 1: it passes signals on, reaps zombies
         options["init"] = True
+    return options
+
+
+def engine_options(
+    spec: ContainerSpec, bounds: dict[str, Any], cards: Sequence[int], *, fabric: Fabric | None
+) -> dict[str, Any]:
+    """A job's create options as podman-py takes them (`confined`'s ``bounds`` among
+    them), its ``cards`` as CDI devices; ``fabric``: the settings' fabric, for a job on it."""
+    options: dict[str, Any] = {}
+    if spec.stop_signal:  # else the image's STOPSIGNAL, else SIGTERM: libpod's own rule
+        options["stop_signal"] = JOB_SIGNALS[spec.stop_signal]  # libpod wants the number
+    options.update(bounds)
+    options["mounts"] = [
+        {"type": "bind", "source": m.host, "target": m.container, "read_only": m.read_only}
+        for m in spec.mounts
+    ]
+    if spec.own_userns and spec.network == "host":
+        # A user namespace of its own may not mount the sysfs of the host's network
+        # namespace (runc: "mount sysfs:/sys: operation not permitted"): the host's,
+        # read-only, as a root job of the host network sees it anyway.
+        options["mounts"].append(HOST_SYS)
+    if spec.network in NODE_NETWORKS:  # its own, made before it (`_create`)
+        options["network_mode"] = "bridge"
+        options["networks"] = {own_network(spec.name): {}}
+    if spec.network == FABRIC and fabric is not None:  # the node's, made before it (`_create`)
+        options["network_mode"] = "bridge"
+        options["networks"] = fabric_endpoint(spec, fabric)
+    if spec.read_only_root:
+        # podman-py refuses tmpfs=: tmpfs mounts say the same; none of podman's own
+        # on /var/tmp (read_write_tmpfs).
+        options["read_only"] = True
+        options["read_write_tmpfs"] = False
+        options["mounts"] += [tmpfs_mount(each) for each in spec.tmpfs]
+    if spec.cpu_limit:
+        # podman-py ignores nano_cpus; a CFS quota says the same thing.
+        options["cpu_period"] = CPU_PERIOD_US
+        options["cpu_quota"] = int(spec.cpu_limit * CPU_PERIOD_US)
+    cpus, mems = spec.cpuset()  # at create only: never updated on a running job
+    if cpus:
+        options["cpuset_cpus"] = cpus
+    if mems:
+        options["cpuset_mems"] = mems
+    devices = [f"{CDI_GPU_KIND}={gpu}" for gpu in cards]
+    if devices or spec.rdma_devices:
+        options["devices"] = devices + spec.rdma_mappings()
+    if spec.rdma_devices:
+        options["ulimits"] = rdma_ulimits(spec.rdma_memlock, spec.confinement.pids_limit)
+        options["cap_drop"] = [c for c in options["cap_drop"] if c != RDMA_CAPABILITY]
+        options["cap_add"] = [RDMA_CAPABILITY]
     return options

@@ -17,13 +17,11 @@ the daemon calls ``collect`` in its thread pool, never on the event loop.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import os
 import re
 import socket
-import stat
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -33,15 +31,14 @@ from typing import TypeVar
 from tuneplane_node import __version__
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.durable import create_once
-from tuneplane_node.errors import ConfigError
-from tuneplane_node.settings import Fabric, NodeSettings, env_name
+from tuneplane_node.fabrics import IB_SYSFS, FabricFacts, fabrics, rdma_devices, read_ascii
+from tuneplane_node.settings import NodeSettings
 from tuneplane_node.tasks import BackgroundTasks
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 U = TypeVar("U")
 
-IB_SYSFS = Path("/sys/class/infiniband")
 MOUNTINFO = Path("/proc/self/mountinfo")
 MEMINFO = Path("/proc/meminfo")
 LOADAVG = Path("/proc/loadavg")
@@ -91,14 +88,6 @@ class Filesystem:
 class LocalDisk:
     free_bytes: int
     total_bytes: int
-
-
-@dataclass(frozen=True)
-class FabricFacts:
-    fabric: str
-    hcas: tuple[str, ...]
-    rate_gbps: float | None  # the slowest active port; None when none is active
-    rdma_to_jobs: bool = False  # its devices are handed to jobs (TUNEPLANE_RDMA)
 
 
 @dataclass(frozen=True)
@@ -343,103 +332,6 @@ def filesystem_type(path: Path, mounts: Sequence[Mount]) -> str | None:
     return best[1] if best is not None else None
 
 
-# --- fabrics ---------------------------------------------------------------------------
-
-
-def fabrics(
-    configured: Sequence[Fabric], *, sysfs: Path = IB_SYSFS, rdma_to_jobs: bool = False
-) -> list[FabricFacts]:
-    """Each operator-named fabric with its HCAs and the slowest active port's rate in Gb/s.
-
-    The slowest port bounds what a job spanning the fabric gets; no active port gives
-    None. HCAs not named in the settings are not reported.
-    """
-    return [
-        FabricFacts(
-            fabric=fabric.name,
-            hcas=tuple(fabric.hcas),
-            rate_gbps=min(
-                (rate for hca in fabric.hcas for rate in active_rates(sysfs, hca)), default=None
-            ),
-            rdma_to_jobs=rdma_to_jobs,
-        )
-        for fabric in configured
-    ]
-
-
-RDMA_DEVICES = re.compile(r"uverbs[0-9]+|rdma_cm")
-"""The verbs and connection-manager devices a job's NCCL needs; umad* is for management
-tools (the subnet manager's), never a job's."""
-
-
-def rdma_devices(directory: Path) -> tuple[Path, ...]:
-    """The RDMA character devices in ``directory`` (/dev/infiniband), sorted; none when
-    the directory is missing or unreadable (a machine without InfiniBand)."""
-    try:
-        entries = sorted(directory.iterdir())
-    except OSError:
-        return ()
-    found = []
-    for entry in entries:
-        with contextlib.suppress(OSError):
-            if RDMA_DEVICES.fullmatch(entry.name) and stat.S_ISCHR(entry.lstat().st_mode):
-                found.append(entry)
-    return tuple(found)
-
-
-def active_rates(sysfs: Path, hca: str) -> list[float]:
-    """Rates in Gb/s of the HCA's ACTIVE ports; a missing HCA or unreadable port adds none."""
-    directory = _hca_dir(sysfs, hca)
-    if directory is None:
-        return []
-    rates = []
-    for port in sorted((directory / "ports").glob("*")):
-        state = _read(port / "state") or ""  # "4: ACTIVE"
-        rate = _parse_rate(_read(port / "rate"))  # "200 Gb/sec (4X HDR)"
-        if state.rsplit(":", 1)[-1].strip() == "ACTIVE" and rate is not None:
-            rates.append(rate)
-    return rates
-
-
-def check_fabrics(configured: Sequence[Fabric], *, sysfs: Path = IB_SYSFS) -> None:
-    """Refuse to start on a configured HCA this machine does not have (a typo, or a
-    card gone), rather than report a fabric the node is not on. Raises ConfigError."""
-    missing = [
-        f"{hca} (fabric {fabric.name})"
-        for fabric in configured
-        for hca in fabric.hcas
-        if (directory := _hca_dir(sysfs, hca)) is None or not directory.is_dir()
-    ]
-    if missing:
-        present = sorted(entry.name for entry in sysfs.glob("*"))
-        found = ", ".join(present) if present else "no HCA at all"
-        raise ConfigError(
-            f"{env_name('fabrics')}: HCA not found in {sysfs}: {', '.join(missing)}; "
-            f"this machine has {found}"
-        )
-
-
-def _hca_dir(sysfs: Path, hca: str) -> Path | None:
-    """The HCA's sysfs directory; None for a name that is not a plain file name."""
-    if hca in ("", ".", "..") or "/" in hca:
-        return None
-    return sysfs / hca
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text(encoding="ascii").strip()
-    except (OSError, ValueError):
-        return None
-
-
-def _parse_rate(text: str | None) -> float | None:
-    try:
-        return float((text or "").split()[0])
-    except (IndexError, ValueError):
-        return None
-
-
 # --- host ------------------------------------------------------------------------------
 
 
@@ -454,7 +346,7 @@ def cpu_count() -> int | None:
 
 def memory_total(meminfo: Path = MEMINFO) -> int | None:
     """MemTotal in bytes (the kernel's "kB" is KiB); None if unreadable."""
-    text = _read(meminfo) or ""
+    text = read_ascii(meminfo) or ""
     for line in text.splitlines():
         key, _, value = line.partition(":")
         if key == "MemTotal" and value.split():
@@ -464,7 +356,7 @@ def memory_total(meminfo: Path = MEMINFO) -> int | None:
 
 def memory_pressure(meminfo: Path = MEMINFO) -> bool | None:
     """Whether MemAvailable is below `MEMORY_AVAILABLE_LOW`; None if unreadable."""
-    for line in (_read(meminfo) or "").splitlines():
+    for line in (read_ascii(meminfo) or "").splitlines():
         key, _, value = line.partition(":")
         if key == "MemAvailable" and value.split() and value.split()[0].isdigit():
             return int(value.split()[0]) * 1024 < MEMORY_AVAILABLE_LOW
@@ -474,9 +366,9 @@ def memory_pressure(meminfo: Path = MEMINFO) -> bool | None:
 def pid_pressure(loadavg: Path = LOADAVG, pid_max: Path = PID_MAX) -> bool | None:
     """Whether less than `PIDS_AVAILABLE_LOW` of pid_max is left: the kernel's count
     of tasks (every thread holds a PID) is loadavg's fourth field, after its slash."""
-    fields = (_read(loadavg) or "").split()
+    fields = (read_ascii(loadavg) or "").split()
     tasks = fields[3].partition("/")[2] if len(fields) > 3 else ""
-    most = (_read(pid_max) or "").strip()
+    most = (read_ascii(pid_max) or "").strip()
     if not (tasks.isdigit() and most.isdigit() and int(most) > 0):
         return None
     return (int(most) - int(tasks)) / int(most) < PIDS_AVAILABLE_LOW

@@ -24,7 +24,7 @@ from tests.conftest import MakeNode
 from tests.support.console import Console
 from tests.support.engines import engine_missing, podman_url
 from tests.support.throwaway import ThrowawayDocker
-from tuneplane_node import inventory
+from tuneplane_node import fabrics
 from tuneplane_node.runtime.engines.networks.jobnetwork import LABEL_NODE_NETWORK
 from tuneplane_node.wire.values import LABEL_FABRIC_ADDRESS
 
@@ -44,8 +44,8 @@ def an_hca(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The fabric's HCA, which the daemon checks at start, in a sysfs of the test's own:
     this machine has none (the fabric network needs no HCA, only its interface)."""
     (tmp_path / "ib" / "mlx5_0").mkdir(parents=True)
-    check = functools.partial(inventory.check_fabrics, sysfs=tmp_path / "ib")
-    monkeypatch.setattr(inventory, "check_fabrics", check)
+    check = functools.partial(fabrics.check_fabrics, sysfs=tmp_path / "ib")
+    monkeypatch.setattr(fabrics, "check_fabrics", check)
 
 
 @pytest.fixture

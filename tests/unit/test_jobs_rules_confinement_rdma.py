@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import IMAGE, MakeFakeNode, fake_settings
 from tests.fakes.runtime import FakeRuntime
-from tuneplane_node import inventory
+from tuneplane_node import fabrics
 from tuneplane_node.errors import NoRdma
 from tuneplane_node.jobs.rules.confinement import JobRules
 from tuneplane_node.runtime.spec import ContainerSpec
@@ -42,9 +42,9 @@ def rules(tmp_path: Path, **settings: Any) -> JobRules:
 
 
 def test_only_the_verbs_and_cm_character_devices_are_found(tmp_path: Path) -> None:
-    found = inventory.rdma_devices(rdma_dir(tmp_path))
+    found = fabrics.rdma_devices(rdma_dir(tmp_path))
     assert [path.name for path in found] == ["rdma_cm", "uverbs0", "uverbs1"]
-    assert inventory.rdma_devices(tmp_path / "none") == ()
+    assert fabrics.rdma_devices(tmp_path / "none") == ()
 
 
 @pytest.mark.parametrize(

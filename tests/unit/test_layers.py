@@ -29,6 +29,8 @@ LAYERS = [
     {"fetch"},
     {"runtime"},
     {"inventory"},
+    # The fabrics, a part of the inventory that the job rules and `check` read alone.
+    {"fabrics"},
     # The contract at the bottom: every layer above reads its shapes and values, and it
     # reads nothing above the package's bottom modules (errors, sizes, references, ...).
     {"wire"},

@@ -28,10 +28,10 @@ from tuneplane_node.daemon.render import (
     observe_json,
     state_json,
 )
+from tuneplane_node.fabrics import FabricFacts
 from tuneplane_node.gpu.probe import CardFacts, GpuProcess, GpuSnapshot, Occupancy
 from tuneplane_node.inventory import (
     DiskReading,
-    FabricFacts,
     Filesystem,
     LocalDisk,
     MachineFacts,

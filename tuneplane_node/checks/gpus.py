@@ -8,7 +8,7 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tuneplane_node import inventory
+from tuneplane_node import fabrics
 from tuneplane_node.checks.findings import FAIL, OK, WARN, Finding
 from tuneplane_node.errors import ConfigError, NodeError
 from tuneplane_node.settings import NodeSettings, env_name
@@ -109,14 +109,14 @@ def check_fabrics(settings: NodeSettings) -> list[Finding]:
     if not settings.fabrics:
         return [(OK, "fabrics: none configured")]
     try:
-        inventory.check_fabrics(settings.fabrics)
+        fabrics.check_fabrics(settings.fabrics)
     except ConfigError as exc:
         return [(FAIL, f"fabrics: {exc.message}")]
     return [
         (WARN, f"fabric {fact.fabric}: {', '.join(fact.hcas)}: no active port")
         if fact.rate_gbps is None
         else (OK, f"fabric {fact.fabric}: {', '.join(fact.hcas)} at {fact.rate_gbps:g} Gb/s")
-        for fact in inventory.fabrics(settings.fabrics)
+        for fact in fabrics.fabrics(settings.fabrics)
     ]
 
 
@@ -139,7 +139,7 @@ def check_rdma(settings: NodeSettings) -> list[Finding]:
     hard limit bounds it (`runtime.engines.memlock`)."""
     from tuneplane_node.runtime import memlock
 
-    devices = inventory.rdma_devices(settings.rdma_device_dir) if settings.rdma != "off" else ()
+    devices = fabrics.rdma_devices(settings.rdma_device_dir) if settings.rdma != "off" else ()
     if not devices:
         why = "off" if settings.rdma == "off" else f"no devices under {settings.rdma_device_dir}"
         return [(OK, f"rdma: {why}")]

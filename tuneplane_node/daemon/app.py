@@ -20,7 +20,7 @@ from typing import NoReturn
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from tuneplane_node import inventory
+from tuneplane_node import fabrics, inventory
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
 from tuneplane_node.daemon.access.audit import refused_for_scope
 from tuneplane_node.daemon.access.guard import (
@@ -263,7 +263,7 @@ def _lifecycle(
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         settings = app[SETTINGS]
-        inventory.check_fabrics(settings.fabrics)
+        fabrics.check_fabrics(settings.fabrics)
         telemetry = app[METRICS]
         runtime = given_runtime or await detect_runtime(settings, telemetry=telemetry, clock=clock)
         lock = None

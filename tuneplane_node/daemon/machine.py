@@ -11,9 +11,10 @@ from typing import Any, Generic, TypeVar, cast
 
 from tuneplane_node.clock import rfc3339
 from tuneplane_node.daemon.render import encode, volume_store_json
+from tuneplane_node.fabrics import FabricFacts
 from tuneplane_node.gpu.breaker import BreakerState
 from tuneplane_node.gpu.probe import CardFacts, CardFault, GpuSnapshot, Occupancy
-from tuneplane_node.inventory import DiskReading, FabricFacts, Filesystem, LocalDisk
+from tuneplane_node.inventory import DiskReading, Filesystem, LocalDisk
 from tuneplane_node.jobs import words
 from tuneplane_node.jobs.words import Inventory, NodeState, NodeStatus, Standing, StoreView
 from tuneplane_node.runtime.base import CacheStatus

@@ -14,7 +14,7 @@ import logging
 import posixpath
 from dataclasses import replace
 
-from tuneplane_node import inventory
+from tuneplane_node import fabrics, inventory
 from tuneplane_node.errors import ConfigError, MemlockUnavailable, NoRdma
 from tuneplane_node.jobs.rules.network import NetworkRule
 from tuneplane_node.jobs.words.launch import LaunchRequest
@@ -148,7 +148,7 @@ class JobRules:
         cannot get its memlock there (then each such launch is `MemlockUnavailable`), or
         None when it can or the limit is unknown. Blocking (it lists the devices)."""
         self.engine, self.memlock_refused = engine, memlock.refusal(self.rdma_memlock)
-        self.rdma_present = self.rdma != "off" and bool(inventory.rdma_devices(self.rdma_dir))
+        self.rdma_present = self.rdma != "off" and bool(fabrics.rdma_devices(self.rdma_dir))
         return self.memlock_refused
 
     def read_engine(self, engine: str) -> None:
@@ -174,7 +174,7 @@ class JobRules:
         """The RDMA devices when the rule (or the launch) says so, and what NCCL needs."""
         if spec.rdma is False or (spec.rdma is None and self.rdma == "off"):
             return spec
-        devices = inventory.rdma_devices(self.rdma_dir) if self.rdma != "off" else ()
+        devices = fabrics.rdma_devices(self.rdma_dir) if self.rdma != "off" else ()
         if spec.rdma and not devices:
             why = f"{RDMA}=off" if self.rdma == "off" else f"none under {self.rdma_dir}"
             raise NoRdma(why=why)

@@ -22,7 +22,8 @@ from tests.support.jobs import job, unique
 from tests.support.runtimes import TrackingRuntime
 from tuneplane_node.jobs.rules.confinement import JobRules
 from tuneplane_node.runtime.engines.dockerformat import usage_from_stats
-from tuneplane_node.runtime.engines.engine import MACHINE_MEMORY, EngineRuntime
+from tuneplane_node.runtime.engines.engine import EngineRuntime
+from tuneplane_node.runtime.engines.usage import MACHINE_MEMORY
 from tuneplane_node.runtime.spec import ContainerSpec
 
 PAGE = os.sysconf("SC_PAGE_SIZE")

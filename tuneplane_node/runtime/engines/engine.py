@@ -12,7 +12,6 @@ stop signal, CPU limit, GPUs). Nothing here imports an SDK.
 from __future__ import annotations
 
 import functools
-import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from datetime import datetime
@@ -23,7 +22,7 @@ from tuneplane_node.errors import (
     EngineRefused,
     NodeError,
 )
-from tuneplane_node.runtime import cgroups, facts
+from tuneplane_node.runtime import facts
 from tuneplane_node.runtime.base import (
     RUNNING,
     Brief,
@@ -45,6 +44,7 @@ from tuneplane_node.runtime.engines.networks.egress import EgressRule, hold_host
 from tuneplane_node.runtime.engines.pulling import PullStream, drive_pull, pull_headers
 from tuneplane_node.runtime.engines.seam import EngineSeam, ErrorTable
 from tuneplane_node.runtime.engines.store import EngineImages, EngineMounts, StoreCalls
+from tuneplane_node.runtime.engines.usage import EngineUsage
 from tuneplane_node.runtime.facts import DeviceSupport, ImageInfo, RuntimeHealth, Usage
 from tuneplane_node.runtime.labels import LABEL_RUN_ID, job_labels
 from tuneplane_node.runtime.logstream import LogRelay, unbound_reads
@@ -61,7 +61,6 @@ from tuneplane_node.wire.values import RegistryAuth
 
 T = TypeVar("T")
 POLL_S = 0.25
-MACHINE_MEMORY = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 Events = Iterator[EngineEvent]
 
 
@@ -238,7 +237,6 @@ class EngineRuntime(EngineCalls):
             document=self._document,
             local=self._local,
         )
-        self._cgroups: dict[str, cgroups.CgroupDirs] = {}  # ref -> where its figures are
         self._compose()
 
     def _compose(self) -> None:
@@ -252,6 +250,7 @@ class EngineRuntime(EngineCalls):
         self.jobs_parent = EngineParent(seam, self.settings, self._cgroup_driver)
         self.processes = EngineProcesses(seam)
         self.isolation = EngineIsolation(seam, self._isolation_support)
+        self.usage_reader = EngineUsage(seam, self._stats)
 
     def create_options(self, spec: ContainerSpec) -> dict[str, Any]:
         """The SDK's create() arguments: the common ones and the engine's own. The
@@ -443,32 +442,7 @@ class EngineRuntime(EngineCalls):
         return self.seam.translated(messages, action=f"pull {image}"), response
 
     async def usage(self, refs: Sequence[str]) -> dict[str, Usage]:
-        return await self.seam.call("read usage", self._usage_all, list(refs), read=True)
-
-    def _usage_all(self, refs: list[str]) -> dict[str, Usage]:
-        # Only the refs asked for stay located: the memo never outgrows the running jobs.
-        self._cgroups = {ref: dirs for ref, dirs in self._cgroups.items() if ref in refs}
-        found = {ref: self._usage_one(ref) for ref in refs}
-        return {ref: usage for ref, usage in found.items() if usage is not None}
-
-    def _usage_one(self, ref: str) -> Usage | None:
-        """From the cgroup files (located once per container), else the engine's one-shot
-        stats; None when the container is gone or not running."""
-        known = self._cgroups.pop(ref, None)
-        if known is not None and (usage := cgroups.read(known)) is not None:
-            self._cgroups[ref] = known
-            return usage
-        doc = self.seam.or_missing(None, self._document, ref)
-        state = (doc or {}).get("State") or {}
-        if doc is None or not state.get("Running"):
-            return None
-        dirs = cgroups.locate(int(state.get("Pid") or 0), must_hold=str(doc.get("Id")))
-        if dirs is not None and (usage := cgroups.read(dirs)) is not None:
-            self._cgroups[ref] = dirs
-            return usage
-        # Not readable from here (a remote engine, another pid namespace): ask the engine.
-        stats = self.seam.or_missing(None, self._stats, ref)
-        return fmt.usage_from_stats(stats, machine_memory=MACHINE_MEMORY) if stats else None
+        return await self.usage_reader.usage(refs)
 
     # --- the helpers' verbs ---------------------------------------------------------------
 

@@ -33,8 +33,9 @@ from tests.volumeserver import LOOPBACK
 from tuneplane_node.cli import main, parser
 from tuneplane_node.client import NO_RETRY, NodeClient, Unreachable
 from tuneplane_node.ctl import commands, options
+from tuneplane_node.wire.container import CONTAINER, CONTAINER_FIELDS
 from tuneplane_node.wire.fields import Body
-from tuneplane_node.wire.requests import CONTAINER, CONTAINER_FIELDS, LAUNCH_FIELDS, parse_launch
+from tuneplane_node.wire.requests import LAUNCH_FIELDS, parse_launch
 from tuneplane_node.wire.values import Mount
 
 # Slow: the ctl command end to end against a node over a real socket.

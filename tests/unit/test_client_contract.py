@@ -28,7 +28,7 @@ from tuneplane_node.client import answers as client
 from tuneplane_node.client import errors as client_errors
 from tuneplane_node.client import images as client_images
 from tuneplane_node.client import volumes as client_volumes
-from tuneplane_node.wire import answers, images, requests, stats, volumes
+from tuneplane_node.wire import answers, container, images, requests, stats, volumes
 from tuneplane_node.wire.fields import Words
 
 # Each class of the client, and the shape(s) of the contract it reads (a launch answers
@@ -252,7 +252,7 @@ def test_the_container_carries_every_launch_field_of_the_contract_as_a_typed_fie
     """A field the contract gains fails here until `Container` carries it: a console
     then sets it typed, not through ``fields={...}``, which no type checker reads."""
     mine = {field.name for field in dataclasses.fields(Container)} - {"fields"}
-    theirs = set(requests.CONTAINER_FIELDS)
+    theirs = set(container.CONTAINER_FIELDS)
     elsewhere = {name.removeprefix("container.") for name in CARRIED_ELSEWHERE}
     assert sorted(theirs - mine - elsewhere) == [], "launch fields the client's Container lacks"
     assert sorted(mine - theirs) == [], "Container fields the contract does not have"
@@ -265,7 +265,7 @@ def test_every_typed_field_reaches_the_node_as_it_reads_it() -> None:
     """The body a Container with every field set makes is a launch the node accepts
     (no 422), each field as the console gave it."""
     body = every_field().to_json()
-    assert set(body) == set(requests.CONTAINER_FIELDS) - {"gpus"}
+    assert set(body) == set(container.CONTAINER_FIELDS) - {"gpus"}
     launch = requests.parse_launch({"run_id": "ft-every", "container": body, "relaunch": False})
     assert launch.pull_policy == "if_not_present" and launch.relaunch is False
     assert body["volumes"][1] == {

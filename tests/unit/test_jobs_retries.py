@@ -19,7 +19,8 @@ from tuneplane_node.jobs.launcher import launch_request
 from tuneplane_node.jobs.retries import check_run, fingerprint, retried, stamped
 from tuneplane_node.jobs.words import AlreadyExited, AlreadyRunning, LaunchRequest
 from tuneplane_node.runtime.base import ContainerState
-from tuneplane_node.wire.requests import CONTAINER_FIELDS, parse_launch
+from tuneplane_node.wire.container import CONTAINER_FIELDS
+from tuneplane_node.wire.requests import parse_launch
 from tuneplane_node.wire.values import LABEL_RUN_ID, LABEL_SPEC
 
 RUN = "ft-1"

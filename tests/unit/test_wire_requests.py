@@ -12,8 +12,9 @@ import pytest
 from tests.support.console import console_0315
 from tuneplane_node.errors import InvalidField
 from tuneplane_node.jobs import retries
+from tuneplane_node.wire.container import CHECKED, CONTAINER
 from tuneplane_node.wire.fields import Field
-from tuneplane_node.wire.requests import CHECKED, CONTAINER, parse_launch
+from tuneplane_node.wire.requests import parse_launch
 from tuneplane_node.wire.values import LABEL_RUN_ID, Mount, RegistryAuth
 from tuneplane_node.wire.verbs import (
     LOGS,

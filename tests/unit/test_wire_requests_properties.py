@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from tests.support.console import console_0315
 from tuneplane_node.errors import InvalidField
 from tuneplane_node.jobs.launcher import launch_request
-from tuneplane_node.wire import images, requests, verbs
+from tuneplane_node.wire import container, images, requests, verbs
 from tuneplane_node.wire.values import LABEL_RUN_ID
 
 # Slow: hypothesis generates hundreds of bodies a test.
@@ -67,10 +67,10 @@ def test_one_hostile_field_in_a_0315_launch_is_read_or_refused_by_its_name(
         return
     spec = launch_request(request).spec
     assert spec.labels[LABEL_RUN_ID] == "r-1"
-    assert spec.network in requests.NETWORKS
+    assert spec.network in container.NETWORKS
     assert images.IMAGE_REFERENCE.fullmatch(spec.image)
     assert all(mount.host.startswith("/") and ".." not in mount.host for mount in spec.mounts)
-    assert spec.cpu_limit is None or 0 < spec.cpu_limit <= requests.MAX_CPUS
+    assert spec.cpu_limit is None or 0 < spec.cpu_limit <= container.MAX_CPUS
 
 
 @QUICK

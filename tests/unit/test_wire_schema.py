@@ -19,7 +19,17 @@ from tests.support.daemons import REPO
 from tuneplane_node.daemon.routes import OPERATIONS, document, routes
 from tuneplane_node.errors import InvalidField, UnknownField
 from tuneplane_node.sizes import MAX_SIZE
-from tuneplane_node.wire import images, maps, mounts, readers, requests, schema, verbs, volumes
+from tuneplane_node.wire import (
+    container,
+    images,
+    maps,
+    mounts,
+    readers,
+    requests,
+    schema,
+    verbs,
+    volumes,
+)
 from tuneplane_node.wire.stats import parse_stats
 from tuneplane_node.wire.values import MAX_WAIT_S, LaunchContainer
 
@@ -125,8 +135,8 @@ CASES: list[tuple[str, dict[str, Any], bool]] = [
     ("run_id over it", {**launch(), "run_id": "r" * 201}, False),
     ("run_id empty", {**launch(), "run_id": ""}, False),
     ("run_id with a tab", {**launch(), "run_id": "a\tb"}, False),
-    ("requested_gpus at its limit", {**launch(), "requested_gpus": requests.MAX_GPUS}, True),
-    ("requested_gpus over it", {**launch(), "requested_gpus": requests.MAX_GPUS + 1}, False),
+    ("requested_gpus at its limit", {**launch(), "requested_gpus": container.MAX_GPUS}, True),
+    ("requested_gpus over it", {**launch(), "requested_gpus": container.MAX_GPUS + 1}, False),
     ("requested_gpus negative", {**launch(), "requested_gpus": -1}, False),
     ("requested_gpus true", {**launch(), "requested_gpus": True}, False),
     ("an unknown field", {**launch(), "priority": 1}, False),
@@ -142,8 +152,8 @@ CASES: list[tuple[str, dict[str, Any], bool]] = [
     ("a name over it", launch(name="z" * 202), False),
     ("a name like an id", launch(name="abcdef012345"), False),
     ("a name with a slash", launch(name="a/b"), False),
-    ("command at its count", launch(command=["x"] * requests.MAX_ARGS), True),
-    ("command over it", launch(command=["x"] * (requests.MAX_ARGS + 1)), False),
+    ("command at its count", launch(command=["x"] * container.MAX_ARGS), True),
+    ("command over it", launch(command=["x"] * (container.MAX_ARGS + 1)), False),
     ("an argument at its length", launch(command=["x" * maps.MAX_VALUE]), True),
     ("an argument over it", launch(command=["x" * (maps.MAX_VALUE + 1)]), False),
     ("an argument with NUL", launch(command=["a\x00"]), False),
@@ -170,8 +180,8 @@ CASES: list[tuple[str, dict[str, Any], bool]] = [
         launch(labels={f"l{i}": "v" for i in range(maps.MAX_LABELS + 1)}),
         False,
     ),
-    ("gpus at its count", {**launch(gpus=[0] * requests.MAX_GPUS), "requested_gpus": None}, True),
-    ("gpus over it", launch(gpus=[0] * (requests.MAX_GPUS + 1)), False),
+    ("gpus at its count", {**launch(gpus=[0] * container.MAX_GPUS), "requested_gpus": None}, True),
+    ("gpus over it", launch(gpus=[0] * (container.MAX_GPUS + 1)), False),
     ("mounts at their count", launch(mounts=[["/a", "/b"]] * mounts.MAX_MOUNTS), True),
     ("mounts over it", launch(mounts=[["/a", "/b"]] * (mounts.MAX_MOUNTS + 1)), False),
     ("a mount read-only", launch(mounts=[["/a", "/b", True]]), True),
@@ -192,10 +202,10 @@ CASES: list[tuple[str, dict[str, Any], bool]] = [
     ("shm_size 16g", launch(shm_size="16g"), True),
     ("shm_size in Arabic-Indic digits", launch(shm_size="\u0661\u0666g"), False),
     ("shm_size 16 GiB", launch(shm_size="16 GiB"), False),
-    ("memory_limit at 6 MiB", launch(memory_limit=requests.MIN_MEMORY), True),
-    ("memory_limit under it", launch(memory_limit=requests.MIN_MEMORY - 1), False),
-    ("cpu_limit at its limit", launch(cpu_limit=requests.MAX_CPUS), True),
-    ("cpu_limit over it", launch(cpu_limit=requests.MAX_CPUS + 0.5), False),
+    ("memory_limit at 6 MiB", launch(memory_limit=container.MIN_MEMORY), True),
+    ("memory_limit under it", launch(memory_limit=container.MIN_MEMORY - 1), False),
+    ("cpu_limit at its limit", launch(cpu_limit=container.MAX_CPUS), True),
+    ("cpu_limit over it", launch(cpu_limit=container.MAX_CPUS + 0.5), False),
     ("cpu_limit 0", launch(cpu_limit=0), False),
     ("cpu_limit as 0.3.15 says it", launch(cpu_limit=" 0.5 "), True),
     ("cpu_limit two", launch(cpu_limit="two"), False),
@@ -354,15 +364,15 @@ def around(bound: int) -> st.SearchStrategy[int]:
 
 
 FIELD_VALUES = st.one_of(
-    st.builds(lambda n: {"requested_gpus": n}, around(0) | around(requests.MAX_GPUS)),
+    st.builds(lambda n: {"requested_gpus": n}, around(0) | around(container.MAX_GPUS)),
     st.builds(lambda n: {"run_id": "r" * n}, around(1) | around(200)),
     st.builds(lambda n: launch(shm_size=n), around(1) | around(MAX_SIZE)),
-    st.builds(lambda n: launch(memory_limit=n), around(requests.MIN_MEMORY)),
+    st.builds(lambda n: launch(memory_limit=n), around(container.MIN_MEMORY)),
     st.builds(lambda n: launch(name="z" * n), around(201)),
     st.builds(lambda n: launch(user="u" * n), around(32)),
-    st.builds(lambda n: launch(command=["x"] * n), around(requests.MAX_ARGS)),
+    st.builds(lambda n: launch(command=["x"] * n), around(container.MAX_ARGS)),
     st.builds(lambda n: launch(mounts=[["/a", "/b"]] * n), around(mounts.MAX_MOUNTS)),
-    st.builds(lambda n: launch(gpus=[1] * n, name=""), around(requests.MAX_GPUS)),
+    st.builds(lambda n: launch(gpus=[1] * n, name=""), around(container.MAX_GPUS)),
     st.builds(lambda x: launch(cpu_limit=x), st.floats(-1, 2) | st.floats(9999, 10001)),
     st.builds(lambda s: launch(cpu_limit=s), st.from_regex(r"\A ?[0-9.]{0,4} ?\Z")),
     st.builds(lambda s: launch(shm_size=s), st.from_regex(r"\A[0-9.]{1,4}[bkmgBKMGx]?\Z")),
@@ -382,8 +392,8 @@ def test_near_its_bounds_a_field_is_allowed_exactly_when_the_parser_accepts_it(
         body["requested_gpus"] = 0
     allowed, accepted = LAUNCH.is_valid(body), parser_accepts(body)
     if allowed and not accepted:  # what JSON Schema cannot say: a size or a count of CPUs
-        container = body["container"]  # given as text, whose value is out of range
-        assert isinstance(container["shm_size"] or container["cpu_limit"], str), body
+        asked = body["container"]  # given as text, whose value is out of range
+        assert isinstance(asked["shm_size"] or asked["cpu_limit"], str), body
         return
     assert allowed == accepted, body
 
@@ -546,7 +556,7 @@ def test_each_container_field_is_the_typed_containers_attribute_of_its_reader_ty
     renamed on one side only, or a reader whose type is not its attribute's, fails here
     (the spec has the attributes by inheritance, so a type checker sees them there)."""
     declared = get_type_hints(LaunchContainer)
-    read = {field.name: field.read for field in requests.CONTAINER.fields if field.read}
+    read = {field.name: field.read for field in container.CONTAINER.fields if field.read}
     assert set(read) == set(declared)
     wrong = {
         name: (get_type_hints(reader)["return"], declared[name])

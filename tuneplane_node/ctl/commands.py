@@ -25,7 +25,7 @@ from tuneplane_node.client import ClientError, JobState, NodeClient, NodeError, 
 from tuneplane_node.ctl import render, stores
 from tuneplane_node.ctl.client import DEFAULT_URL, URL_ENV, CtlError, exit_code, read_token
 from tuneplane_node.printable import printable
-from tuneplane_node.wire.requests import CONTAINER
+from tuneplane_node.wire.container import CONTAINER
 
 NOT_OK = 4
 """``health``'s exit code: the node answered, and it is not ok (``ok: false``)."""

@@ -33,9 +33,9 @@ from tuneplane_node.ctl.commands import (
     volume_gc,
     volumes,
 )
+from tuneplane_node.wire.container import CONTAINER
 from tuneplane_node.wire.fields import Body, Field, Schema
 from tuneplane_node.wire.readers import job_signal
-from tuneplane_node.wire.requests import CONTAINER
 from tuneplane_node.wire.values import PULL_POLICIES
 
 STATS_S = 2.0
@@ -163,7 +163,7 @@ def _common(*, defaults: bool) -> argparse.ArgumentParser:
 
 
 # The container fields launch's own options below fill. Every other field of the launch's
-# container (wire.requests.CONTAINER) is an option of its name taking its text as the
+# container (wire.container.CONTAINER) is an option of its name taking its text as the
 # console would send it (`--shm-size 16g`), so a field added there reaches ctl unwritten.
 _OWN_FIELDS = frozenset({"name", "image", "command", "env", "gpus", "mounts", "labels"})
 

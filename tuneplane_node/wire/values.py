@@ -204,7 +204,7 @@ def container_name(run_id: str) -> str:
 @dataclass(frozen=True)
 class LaunchContainer:
     """A launch's ``container`` as the contract reads it: each attribute is the field of
-    that name in `requests.CONTAINER`, as its reader made it (a test holds names and
+    that name in `container.CONTAINER`, as its reader made it (a test holds names and
     types together). The runtime's `ContainerSpec` extends it with the node's decisions,
     so a field is declared once, here, and the spec has it by that name and type.
     ``command`` is the entry argv: it replaces the image ENTRYPOINT.

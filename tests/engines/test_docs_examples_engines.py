@@ -4,11 +4,14 @@ Issue 36, finding 9: the README's checkpoint example was refused as written, api
 showed its errors twice (once without `code`) and its answers spaced where the node
 prints compact JSON. Each file's examples (`tests/docexamples.py` says which blocks are
 examples, and how one is excluded, with its reason) run in one bash, in order, against a
-real daemon on the suite's Docker engine, as the README starts it: the token
-`change-me-to-a-long-secret`, the jobs' storage in `/tmp/demo` (here a directory of the
-test's, and the port one of its own, both written back as the docs have them), and two
-simulated cards without passthrough. What each command prints is compared with what the
-docs show, ids, digests and times normalised."""
+real daemon on the suite's Docker engine for the tests that act on every container of
+the node (docker-own: an example reaps every exited job, `max_age_s` 0, and on the
+engine the other tests share it reaped theirs too, seen in CI), as the README starts
+it: the token `change-me-to-a-long-secret`, the jobs' storage in `/tmp/demo` (here a
+directory of the test's, and the port one of its own, both written back as the docs
+have them, as is the engine's data root), and two simulated cards without passthrough.
+What each command prints is compared with what the docs show, ids, digests and times
+normalised."""
 
 from __future__ import annotations
 
@@ -33,7 +36,7 @@ from tests.docexamples import (
     rewritten,
 )
 from tests.support.daemons import REPO, free_port, spawn_daemon
-from tests.support.engines import docker_host, engine_missing
+from tests.support.engines import DEV_ROOT, engine_missing, own_docker_host
 from tests.support.nodes import state_dir
 from tuneplane_node.wire import PROTOCOL, PROTOCOL_HEADER
 
@@ -41,6 +44,7 @@ DOC_TOKEN = "change-me-to-a-long-secret"
 DOC_PORT = "127.0.0.1:8470"
 DOC_STORAGE = "/tmp/demo"
 DOC_STATE = "/root/.tuneplane-node"  # the default state dir of the README's daemon, as root
+DOC_ENGINE_ROOT = "/var/lib/tuneplane-dev/docker"  # the data root of the README's engine
 END = "@@example-command-ended@@"
 
 
@@ -52,12 +56,13 @@ def runnable(path: Path) -> list[Example]:
 
 
 @pytest.mark.engine
+@pytest.mark.own_engines
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "path", [p for p in SOURCES if runnable(p)], ids=lambda p: str(p.relative_to(REPO))
 )
 def test_the_examples_print_what_the_docs_show(path: Path, tmp_path: Path) -> None:
-    host = docker_host()
+    host = own_docker_host()
     if not Path(host.removeprefix("unix://")).exists():
         engine_missing("docker", f"no socket at {host}")
     storage, port = tmp_path / "demo", free_port()
@@ -95,9 +100,11 @@ def test_the_examples_print_what_the_docs_show(path: Path, tmp_path: Path) -> No
 
 
 def readable_output(output: str, port: int, storage: Path) -> str:
-    """The output as the docs show it: their port and storage, no trailing blanks."""
+    """The output as the docs show it: their port, storage, state and engine data root, no
+    trailing blanks."""
     output = output.replace(f"127.0.0.1:{port}", DOC_PORT).replace(str(storage), DOC_STORAGE)
     output = output.replace(str(state_dir(storage.parent)), DOC_STATE)
+    output = output.replace(str(DEV_ROOT / "docker-own"), DOC_ENGINE_ROOT)
     return "\n".join(line.rstrip() for line in output.splitlines())
 
 

@@ -11,8 +11,10 @@ rule twice.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from ipaddress import ip_network
 
@@ -35,6 +37,15 @@ class Namespace:
     def __init__(self) -> None:
         self.process = subprocess.Popen(["unshare", "--net", "sleep", "600"])
         self.pid = self.process.pid  # unshare execs sleep: the same process
+        # Until unshare(2) has run, the process is in this machine's namespace: a command
+        # entered then would change the host's links and routes (seen in CI, a bridge
+        # made on the host). Waited for: the process's namespace is another than ours.
+        ours, deadline = os.readlink("/proc/self/ns/net"), time.monotonic() + 30
+        while os.readlink(f"/proc/{self.pid}/ns/net") == ours:
+            if time.monotonic() > deadline:
+                self.process.kill()
+                raise AssertionError("unshare --net made no namespace in 30 s")
+            time.sleep(0.01)
 
     def run(self, *command: str, check: bool = True) -> str:
         done = subprocess.run(
@@ -59,7 +70,7 @@ def namespace(monkeypatch: pytest.MonkeyPatch) -> Iterator[Namespace]:
         pytest.fail(message) if under_ci() else pytest.skip(message)
     made = Namespace()
     try:
-        made.run("ip", "link", "set", "lo", "up")  # the first nsenter waits out unshare's start
+        made.run("ip", "link", "set", "lo", "up")
         made.run("ip", "link", "add", UPLINK, "type", "bridge")
         made.run("ip", "addr", "add", "198.51.100.2/26", "dev", UPLINK)
         made.run("ip", "link", "set", UPLINK, "up")

@@ -122,6 +122,9 @@ async def generate(target: Target, rounds: int) -> list[dict[str, Any]]:
 
 def probe(port: int) -> None:
     """GET /healthz back to back until SIGINT; print [sent (monotonic), latency] pairs."""
+    # Heard even where the bench was started in the background (`cmd &` in a script),
+    # which leaves SIGINT ignored in every child: the parent then waited 60 s and failed.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     connection = http.client.HTTPConnection("127.0.0.1", port)
     samples: list[tuple[float, float]] = []
     try:

@@ -1,8 +1,8 @@
 """The tests that need a real engine, the registries or a GPU driver: each one here is
 marked ``engine`` by the folder it sits in, so that a forgotten marker cannot put one in
 ``-m 'not engine'`` (CI's runs without an engine, the fast suite). The engines' fixtures
-are tests/conftest.py's: the contract suite opens engines too. CI runs them in two lanes
-at once, by the engines they use (``own_engines``, tests/support/engines.py's `LANE`)."""
+are tests/conftest.py's: the contract suite opens engines too. CI runs them in three
+lanes at once, by the engines they use (``own_engines``, tests/support/engines.py's `LANE`)."""
 
 from __future__ import annotations
 

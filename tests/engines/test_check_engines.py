@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.checkcommand import Check
-from tests.support.engines import docker_host, engine_missing, podman_url
+from tests.support.engines import docker_host, engine_addresses, engine_missing, podman_url
 from tuneplane_node.checks import engine as engine_checks
 
 # Slow: the check command end to end: ports, files, TLS and engines tried for real.
@@ -89,9 +89,7 @@ def test_an_engine_that_cannot_hand_out_the_cards_fails_naming_the_fix(
 ) -> None:
     """Issue 25, finding 1: `check` said only ok, and the first GPU launch was a 502.
     This machine's engines have neither the NVIDIA runtime nor a CDI specification."""
-    settings = {"TUNEPLANE_LOCAL_RUNTIME": engine, **two_cards(tmp_path)}
-    settings["TUNEPLANE_DOCKER_HOST"] = str(docker_host())
-    settings["TUNEPLANE_PODMAN_URL"] = podman_url()
+    settings = {**engine_addresses(engine), **two_cards(tmp_path)}
     code, lines, out = check(**settings)
     if "FAIL engine" in out:
         engine_missing(engine, lines["engine"])
@@ -185,8 +183,7 @@ def test_mounts_say_how_they_are_staged_and_refuse_a_root_holding_the_engines_di
     check: Check, tmp_path: Path, engine: str
 ) -> None:
     """Issue 33: the line the start-up refusal would be, before any start."""
-    settings = {"TUNEPLANE_LOCAL_RUNTIME": engine, "TUNEPLANE_DOCKER_HOST": str(docker_host())}
-    settings["TUNEPLANE_PODMAN_URL"] = podman_url()
+    settings = engine_addresses(engine)
     code, lines, out = check(**settings)
     if "FAIL engine" in out:
         engine_missing(engine, lines["engine"])
@@ -233,9 +230,7 @@ def test_an_engine_that_cannot_lock_rdma_jobs_memory_fails_naming_the_fix(
     if hard == resource.RLIM_INFINITY:
         pytest.skip("this machine's hard memlock is unlimited: the engine's may be too")
     settings = {
-        "TUNEPLANE_LOCAL_RUNTIME": engine,
-        "TUNEPLANE_DOCKER_HOST": str(docker_host()),
-        "TUNEPLANE_PODMAN_URL": podman_url(),
+        **engine_addresses(engine),
         "TUNEPLANE_RDMA_DEVICE_DIR": str(rdma_dir(tmp_path)),
     }
     code, lines, out = check(**settings)

@@ -18,7 +18,7 @@ import pytest
 
 from tests.servecommand import Serve, cli_env, free_port, get_json, wait_for_healthz
 from tests.support.console import INVENTORY_KEYS
-from tests.support.engines import docker_host, engine_missing, engine_settings, podman_url
+from tests.support.engines import docker_host, engine_missing, engine_settings, suite_podman
 from tests.support.nodes import storage_root
 from tuneplane_node.runtime.engines.docker import DockerRuntime
 
@@ -74,7 +74,7 @@ def test_a_wrong_docker_address_never_becomes_podman(tmp_path: Path) -> None:
         "check",
         TUNEPLANE_NODE_TOKEN="t0ken-0123456789abcdef",
         TUNEPLANE_DOCKER_HOST="unix:///nonexistent.sock",
-        TUNEPLANE_PODMAN_URL=podman_url(),
+        TUNEPLANE_PODMAN_URL=suite_podman(),
     )
     assert result.returncode == 1, result.stdout
     assert (

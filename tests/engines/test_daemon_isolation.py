@@ -71,6 +71,7 @@ def tenant_dir(tmp_path: Path) -> Path:
 WRITES = "cat /proc/self/uid_map; cat /data/old; touch /data/x && ls -ln /data && echo mapped"
 
 
+@pytest.mark.podman
 async def test_a_writable_mount_runc_cannot_map_is_handed_to_the_jobs_own_range(
     make_node: MakeNode, tmp_path: Path
 ) -> None:
@@ -93,6 +94,7 @@ async def test_a_writable_mount_runc_cannot_map_is_handed_to_the_jobs_own_range(
     assert state["userns"] == "own" and "handed to its range" in state["userns_note"]
 
 
+@pytest.mark.podman
 async def test_a_scratch_runc_cannot_map_is_the_jobs_own_too(
     make_node: MakeNode, tmp_path: Path
 ) -> None:
@@ -111,6 +113,7 @@ async def test_a_scratch_runc_cannot_map_is_the_jobs_own_too(
         sweep(tmp_path)
 
 
+@pytest.mark.podman
 async def test_host_keeps_the_unmappable_mount_in_the_host_namespace_and_says_why(
     make_node: MakeNode, tmp_path: Path
 ) -> None:
@@ -129,6 +132,7 @@ async def test_host_keeps_the_unmappable_mount_in_the_host_namespace_and_says_wh
     assert (await uid_map(node, read_only))[1] != 0  # read-only mounts need no mapping
 
 
+@pytest.mark.podman
 async def test_refuse_answers_the_unmappable_mount_a_409_naming_it(
     make_node: MakeNode, tmp_path: Path
 ) -> None:
@@ -145,6 +149,7 @@ async def test_refuse_answers_the_unmappable_mount_a_409_naming_it(
         sweep(tmp_path)  # refused before the scratch is made: nothing, unless it regressed
 
 
+@pytest.mark.podman
 async def test_off_and_card_jobs_keep_the_host_namespace(make_node: MakeNode) -> None:
     off = await make_node("podman", job_userns="off")
     ref, _ = await off.launch(UID_MAP)
@@ -204,6 +209,7 @@ async def test_the_cpu_rule_runs_jobs_without_cards_under_gvisor(
     assert "Linux version 4.4.0" not in await node.logs(card)
 
 
+@pytest.mark.podman
 async def test_a_job_of_its_own_namespace_is_removed_once_it_exits(make_node: MakeNode) -> None:
     """podman 4.3 answers its remove with "userdata/shm: device or resource busy" after
     removing everything: the node reads the container gone, not a 502."""

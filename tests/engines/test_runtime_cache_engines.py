@@ -125,6 +125,7 @@ async def test_a_removal_outside_the_daemon_reads_gone(
     await node.wait_for(ref, "exists", False, timeout=5)
 
 
+@pytest.mark.podman
 async def test_a_job_exiting_by_itself_is_seen(make_node: MakeNode) -> None:
     node = await make_node("podman")
     ref, _ = await node.launch(["/bin/sh", "-c", "sleep 0.5; exit 7"])

@@ -29,28 +29,34 @@ FULL_DOCKER_ROOT = Path("/var/lib/tuneplane-dev/docker-full")
 
 
 LANE = "TUNEPLANE_TEST_LANE"
-"""CI runs the engine tests in two processes at once (.ci/run): ``shared``, the tests on
-the two engines most tests share (docker-tests, podman-tests), and ``own``, those marked
-``own_engines``, whose engines no test of the other lane uses (throwaway ones, and the
-suite's single-purpose engines: docker-own, docker-full). Unset: every test, one at a
-time (the README's test command). An engine of the other lane asked for fails the test:
-it would meet that lane's jobs there, their cards and containers."""
+"""CI runs the engine tests in three processes at once (.ci/run): ``own``, those marked
+``own_engines``, whose engines no test of another lane uses (throwaway ones, and the
+suite's single-purpose engines: docker-own, docker-full); ``docker`` and ``podman``, the
+other engine tests, each lane on one of the two engines most tests share (docker-tests,
+podman-tests), as a test's name, parameters or ``podman`` marker say (``-k podman``).
+``shared`` is both of those halves in one process. Unset: every test, one at a time
+(the README's test command). An engine of another lane asked for fails the test: it
+would meet that lane's jobs there, their cards and containers."""
+
+SHARED_HALVES = ("docker", "podman")
 
 
 def lane_engine(address: str, lane: str) -> str:
-    """``address``, an engine of ``lane``'s tests; the test fails in the other lane."""
+    """``address``, an engine of ``lane``'s tests (``own``, ``docker``, ``podman``); the
+    test fails in another lane."""
     running = os.environ.get(LANE)
-    if running and running != lane:
+    if running and running != lane and not (running == "shared" and lane in SHARED_HALVES):
         pytest.fail(
             f"{address} is an engine of the {lane!r} lane's tests, and this run is the "
-            f"{running!r} lane's ({LANE}): mark the test own_engines, or not, to match"
+            f"{running!r} lane's ({LANE}): mark the test own_engines, or not, or name "
+            "its engine (its name or a parameter saying podman), to match"
         )
     return address
 
 
 def docker_host() -> str:
     """The engine tests' Docker engine: the suite's own, never the developer's."""
-    return lane_engine(suite_docker(), "shared")
+    return lane_engine(suite_docker(), "docker")
 
 
 def suite_docker() -> str:
@@ -78,11 +84,21 @@ def swept(host: str | None) -> bool:
 
 def podman_url() -> str:
     """The engine tests' podman service: its own store and socket, never the developer's."""
-    return lane_engine(suite_podman(), "shared")
+    return lane_engine(suite_podman(), "podman")
 
 
 def suite_podman() -> str:
     return os.environ.get("TUNEPLANE_TEST_PODMAN_URL") or f"unix://{TESTS_PODMAN_SOCK}"
+
+
+def engine_addresses(engine: str) -> dict[str, str]:
+    """A daemon's settings for the suite's ``engine``: its address asked for as its
+    lane's, the other's given unasked (the node never calls it)."""
+    return {
+        "TUNEPLANE_LOCAL_RUNTIME": engine,
+        "TUNEPLANE_DOCKER_HOST": docker_host() if engine == "docker" else suite_docker(),
+        "TUNEPLANE_PODMAN_URL": podman_url() if engine == "podman" else suite_podman(),
+    }
 
 
 def under_ci() -> bool:

@@ -19,7 +19,9 @@ from tests.support.daemons import REPO
 from tests.support.engines import (
     DEV_DOCKER_SOCK,
     DEV_PODMAN_SOCK,
+    LANE,
     docker_host,
+    engine_addresses,
     own_docker_host,
     podman_url,
 )
@@ -63,3 +65,31 @@ def test_engines_sh_says_which_engines_are_for_people_and_which_for_the_tests() 
     assert Path("/run/tuneplane-dev/docker-tests.sock").name in script.replace(
         "$RUN_DIR/docker-tests.sock", "/run/tuneplane-dev/docker-tests.sock"
     )
+
+
+@pytest.mark.parametrize(
+    ("lane", "allowed"),
+    [
+        ("docker", {"docker"}),
+        ("podman", {"podman"}),
+        ("shared", {"docker", "podman"}),
+        ("own", {"own"}),
+        ("", {"docker", "podman", "own"}),
+    ],
+)
+def test_each_lane_of_ci_reaches_its_engines_only(
+    monkeypatch: pytest.MonkeyPatch, lane: str, allowed: set[str]
+) -> None:
+    """CI's three lanes run at once (.ci/run): a test of one on another's engine would
+    meet that lane's jobs and cards there. A daemon's settings name both shared engines,
+    asking for its own engine's only (`engine_addresses`)."""
+    monkeypatch.setenv(LANE, lane)
+    asked = {"docker": docker_host, "podman": podman_url, "own": own_docker_host}
+    for name, ask in asked.items():
+        if name in allowed:
+            ask()
+        else:
+            with pytest.raises(pytest.fail.Exception, match=f"the {name!r} lane's tests"):
+                ask()
+    for engine in {"docker", "podman"} & allowed:
+        assert engine_addresses(engine)["TUNEPLANE_LOCAL_RUNTIME"] == engine

@@ -140,12 +140,16 @@ class JobService:
         views: dict[str, JobView] = {}
         node, measured, stops = self.store.node, self.monitor.measured, self.stopper.stopping
         faults = self.gpu_faults()
+        # Each asked of a ref only when it holds anything: usually none does, and three
+        # look-ups per ref were a fifth of observe's time for 300.
+        pending = self.pending if len(self.pending) else None
         for ref, state in zip(asked, states, strict=True):
-            record = self.pending.get(ref)
+            record = pending.get(ref) if pending is not None else None
             if record is not None:
                 views[ref] = record.view(now)
                 continue
-            facts = (node, measured, stops.get(state.name), faults.get(state.name))
+            stop = stops.get(state.name) if stops else None
+            facts = (node, measured, stop, faults.get(state.name) if faults else None)
             view = self.views.answered(state, ref, facts)
             if view is None:
                 view = self._why(self.own.mine(state, ref))

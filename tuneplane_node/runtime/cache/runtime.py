@@ -103,10 +103,11 @@ class CachedRuntime:
 
     async def inspect_many(self, names: Sequence[str]) -> list[ContainerState]:
         """From memory without a wait, but for a container only listed so far."""
-        states = [self.cache.get(name) for name in names]
-        for index, name in enumerate(names):
-            if name in self.cache.unread:
-                states[index] = await self.inspect(name)
+        states = self.cache.get_many(names)
+        if self.cache.unread:  # a relist's new names: usually none
+            for index, name in enumerate(names):
+                if name in self.cache.unread:
+                    states[index] = await self.inspect(name)
         return states
 
     async def inspect_fresh(self, name: str) -> ContainerState:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock, rfc3339
@@ -100,6 +100,12 @@ class StateCache:
     def get(self, name: str) -> ContainerState:
         self._require_synced()
         return self.states.get(name) or ContainerState.missing(name)
+
+    def get_many(self, names: Iterable[str]) -> list[ContainerState]:
+        """`get` of each, the sync checked once (observe asks for hundreds)."""
+        self._require_synced()
+        found, missing = self.states.get, ContainerState.missing
+        return [found(name) or missing(name) for name in names]
 
     def all(self) -> list[ContainerState]:
         self._require_synced()

@@ -74,6 +74,19 @@ THREAD_STEPS = (
         "hold_fresh",
         "run: guard and egress rule (one restore)",
     ),
+    (
+        "tuneplane_node.runtime.engines.networks.egress",
+        "EgressRule",
+        "begin_fresh",
+        "run: guard and egress rule begun (one restore)",
+    ),
+    (
+        "tuneplane_node.runtime.engines.networks.hostguard",
+        "Begun",
+        "done",
+        "run: guard and egress rule waited for, after the create",
+    ),
+    ("tuneplane_node.runtime.engines.podman", "PodmanRuntime", "_create", "run: create"),
     ("tuneplane_node.runtime.engines.networks.egress", "EgressRule", "hold", "run: egress rule"),
 )
 OPTIONS = "create options"

@@ -167,12 +167,23 @@ class FakeIptables:
         return [stdin for _, stdin in self.asked if stdin is not None]
 
 
+class Ran:
+    """A `hostguard.Begun` whose command ran at once, through the fake."""
+
+    def __init__(self, done: subprocess.CompletedProcess[str]) -> None:
+        self._done = done
+
+    def done(self) -> subprocess.CompletedProcess[str]:
+        return self._done
+
+
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> FakeIptables:
     """An engine of pid 42 whose namespace routes its default through ``eth0``."""
     iptables = FakeIptables()
     monkeypatch.setattr(egress, "run", iptables)
     monkeypatch.setattr(hostguard, "run", iptables)
+    monkeypatch.setattr(egress, "Begun", lambda command, stdin: Ran(iptables(command, stdin)))
     monkeypatch.setattr(egress, "PROC", tmp_path)
     monkeypatch.setattr(hostguard, "PROC", tmp_path)
     monkeypatch.setattr(egress, "engine_pid", lambda socket_path: (42, None))

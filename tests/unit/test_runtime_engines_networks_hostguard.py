@@ -205,3 +205,26 @@ def test_the_sweep_keeps_a_rule_whose_bridge_is_still_an_interface_of_the_engine
     assert hostguard.BridgeGuard("/s").sweep(lambda: set()) == 1
     (removed,) = [command[6:] for command in asked if "-D" in command]
     assert removed[:3] == ["INPUT", "-i", "cni-podman5"]
+
+
+# --- a restore begun, waited for later (a podman launch makes its container meanwhile) ---
+
+
+@pytest.mark.slow  # real processes
+def test_a_begun_command_reads_its_input_and_says_how_it_ended() -> None:
+    begun = hostguard.Begun(["sh", "-c", "cat; echo refused >&2; exit 3"], "*filter\nCOMMIT\n")
+    done = begun.done()
+    assert (done.returncode, done.stdout, done.stderr) == (3, "*filter\nCOMMIT\n", "refused\n")
+    assert hostguard.Begun(["true"], "").done().returncode == 0
+
+
+@pytest.mark.slow  # a real process, waited for
+def test_a_begun_command_that_cannot_start_or_hangs_is_a_failed_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    missing = hostguard.Begun([str(tmp_path / "no-such-iptables")], "x")
+    assert missing.done().returncode == 1 and "no-such-iptables" in missing.done().stderr
+    monkeypatch.setattr(hostguard, "TIMEOUT_S", 0.2)
+    hung = hostguard.Begun(["sleep", "30"], "")
+    assert hung.done().returncode == 1
+    assert hung.process is not None and hung.process.returncode is not None  # killed

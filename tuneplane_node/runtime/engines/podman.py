@@ -200,9 +200,12 @@ class PodmanRuntime(PodmanNetworking, errors=ERRORS):
         if spec.network not in NODE_NETWORKS:
             return self._create_container(spec)
         with self.networks.launching(spec.name):
-            self.networks.make(spec)
+            held = self.networks.make(spec)  # its rules written while the container is made
             try:
-                return self._create_container(spec)
+                try:
+                    return self._create_container(spec)
+                finally:
+                    held()  # before the job's start, and before a failed create's clean-up
             except Exception:
                 # No container, so no removal to take it: gone now, not at the next prune.
                 self.networks.forget(spec.name)

@@ -54,6 +54,7 @@ from typing import Any
 from tuneplane_node.runtime.engines.cgroupparent import JobParent
 from tuneplane_node.runtime.engines.networks.hostguard import (
     PROC,
+    Begun,
     BridgeGuard,
     engine_pid,
     enter,
@@ -281,19 +282,30 @@ class EgressRule:
         Whether they hold; where not (a tool or the engine missing, the chain jumped from
         not made yet: nothing was written then), ``guard.hold`` and `hold` each hold their
         own and say why. No look first, as ``hold(fresh=True)``'s."""
+        begun = self.begin_fresh(guard, bridge)
+        return begun is not None and begun.done().returncode == 0
+
+    def begin_fresh(self, guard: BridgeGuard, bridge: str) -> Begun | None:
+        """`hold_fresh`'s restore started, its end for the caller to wait for (a launch
+        makes its container meanwhile, and waits before the start); None where it cannot
+        run (nothing written). Both locks are let go once it runs: a sweep meanwhile
+        lists the bridges after the rules, and this bridge is made, so it takes none of
+        them (as ``hold_fresh``'s sweeps never did)."""
         if not bridge:
-            return False
+            return None
         with guard.lock, self._lock:
             pid, why = self._engine()
             if why is None and self.policy is not None:
                 why = self._write(pid, 4, self.chain)
             if why is not None:
-                return False
+                return None
             rules = podman_rules(bridge)
             if self.policy is not None:
                 rules.append(jump(self.parent(), bridge, self.chain))
             lines = [shlex.join(["-I", *each]) for each in rules]
-            return self._restore(pid, 4, "\n".join(["*filter", *lines, "COMMIT", ""])) is None
+            restore = family_tool(self.tool(pid), 4, restore=True)
+            text = "\n".join(["*filter", *lines, "COMMIT", ""])
+            return Begun([*enter(pid, restore), "--noflush"], text)
 
     def _engine(self) -> tuple[int, str | None]:
         if (missing := tools_missing()) is not None:

@@ -233,6 +233,39 @@ class BridgeGuard:
         return self._tools.get(pid, "iptables")
 
 
+class Begun:
+    """An iptables command started with its input written, its end waited for later
+    (`done`): a launch makes its container meanwhile. A failure to start it is a failed
+    run at `done`, never an exception."""
+
+    def __init__(self, command: list[str], stdin: str) -> None:
+        self.command = command
+        self.process: subprocess.Popen[str] | None = None
+        self.failed = ""
+        try:
+            self.process = subprocess.Popen(
+                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            assert self.process.stdin is not None
+            with self.process.stdin:  # a restore's few lines: within the pipe's buffer
+                self.process.stdin.write(stdin)
+            self.process.stdin = None  # closed: communicate() must not flush it
+        except OSError as exc:
+            self.failed = str(exc)
+
+    def done(self) -> subprocess.CompletedProcess[str]:
+        if self.process is None:
+            return subprocess.CompletedProcess(self.command, 1, "", self.failed)
+        try:
+            out, err = self.process.communicate(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired as exc:
+            self.process.kill()
+            self.process.communicate()
+            return subprocess.CompletedProcess(self.command, 1, "", str(exc))
+        return subprocess.CompletedProcess(self.command, self.process.returncode, out, err)
+
+
 def run(command: list[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     """An iptables command (``stdin``: a restore's input); a failure to run it is a
     failed run, never an exception."""

@@ -148,13 +148,22 @@ class JobNetworks:
             with self._lock:
                 self._making.discard(container)
 
-    def make(self, spec: ContainerSpec) -> None:
+    def make(self, spec: ContainerSpec) -> Callable[[], None]:
+        """The job's network made, its rules being written: what is answered waits until
+        they hold (the caller makes the container meanwhile, and waits before its
+        start: a job never runs without them; the write took 20 ms of a podman launch's
+        240 there, alone)."""
         bridge = make_network(self.api(), spec, self.store())
-        if self.egress.hold_fresh(self.guard, bridge):
-            return  # both in one write (the usual launch); else each its own way
-        self.guard.hold(bridge)
-        if bridge:
-            self.egress.hold(bridge, fresh=True)
+        begun = self.egress.begin_fresh(self.guard, bridge)
+
+        def held() -> None:
+            if begun is not None and begun.done().returncode == 0:
+                return  # both in one write (the usual launch); else each its own way
+            self.guard.hold(bridge)
+            if bridge:
+                self.egress.hold(bridge, fresh=True)
+
+        return held
 
     def forget(self, container: str) -> None:
         """After its container (or its failed create): its network, any other whose job

@@ -113,6 +113,27 @@ async def test_a_die_says_exited_at_once_before_its_inspect(
     assert not state.live
 
 
+async def test_an_inspect_read_before_the_exit_never_brings_the_job_back(
+    fake: FakeRuntime, cache: StateCache
+) -> None:
+    """Seen in CI on podman under load: the inspect after the start event landed after
+    the die event's exit, and a console read the exited job running, its exit code gone,
+    until the die's own inspect. A container started again after its end is running."""
+    name = await running(fake)
+    container_id = fake.containers[name].id
+    read_running = replace(fake.containers[name].state(), started_at="2026-11-30T12:00:00Z")
+    cache.on_inspected(read_running, container_id)
+    cache.on_event(die(fake, name, 3))  # ended 12:00:05
+
+    cache.on_inspected(read_running, container_id)  # read at 12:00:01, landing now
+    cache.on_inspected(replace(read_running, status="created", started_at=None), container_id)
+    assert (cache.get(name).status, cache.get(name).exit_code) == ("exited", 3)
+
+    again = replace(read_running, started_at="2026-11-30T12:01:00.5Z")
+    cache.on_inspected(again, container_id)
+    assert cache.get(name) is again
+
+
 async def test_a_sigkill_exit_waits_for_its_inspect_to_say_whether_it_was_oom(
     fake: FakeRuntime, cache: StateCache
 ) -> None:

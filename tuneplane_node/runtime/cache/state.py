@@ -26,7 +26,7 @@ import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
 
-from tuneplane_node.clock import SYSTEM_CLOCK, Clock, rfc3339
+from tuneplane_node.clock import SYSTEM_CLOCK, Clock, parse_rfc3339, rfc3339
 from tuneplane_node.errors import EngineUnavailable, NodeError
 from tuneplane_node.runtime.base import (
     EXIT_SIGKILL,
@@ -223,8 +223,12 @@ class StateCache:
                 self._forget(name)  # gone since the list
 
     def on_inspected(self, state: ContainerState, container_id: str) -> None:
-        """The inspect that follows an event: the engine's word on that container."""
+        """The inspect that follows an event: the engine's word on that container, but
+        one read before the end the cache already holds (`read_before_its_end`)."""
         self.last_event = self.clock.monotonic()
+        known = self.states.get(self.names.get(container_id, ""))
+        if known is not None and read_before_its_end(state, known):
+            return
         self.put(state, container_id)
 
     def replace_all(self, briefs: list[Brief], started: float, fill: int) -> None:
@@ -339,3 +343,14 @@ def _asking(cache: StateCache) -> Iterator[None]:
 
 def age(now: float, moment: float | None) -> float | None:
     return None if moment is None else round(now - moment, 3)
+
+
+def read_before_its_end(state: ContainerState, known: ContainerState) -> bool:
+    """Whether ``state``, live, was read before ``known``'s end: the inspect after a
+    start event that lands after the die event's provisional exit (`_provisional_exit`;
+    podman under load, seen in CI) showed an exited job running again, its exit code
+    gone, until the die's own inspect. A container started again starts after its end."""
+    if not state.live or known.live or not known.exists:
+        return False
+    ended, started = parse_rfc3339(known.finished_at), parse_rfc3339(state.started_at)
+    return ended is not None and (started is None or started <= ended)

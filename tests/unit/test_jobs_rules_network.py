@@ -19,8 +19,15 @@ from tests.fakes.runtime import FakeRuntime
 from tests.support.console import console_0315
 from tests.support.nodes import fake_node_of
 from tests.support.waiting import wait_until
+from tuneplane_node.errors import InvalidField
 from tuneplane_node.gpu.allocator import GpuAllocator
 from tuneplane_node.jobs import Node
+from tuneplane_node.jobs.rules.network import (
+    PORT_NOT_HELD,
+    PORT_UNSAFE,
+    Neighbours,
+    NetworkRule,
+)
 from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.wire.values import LABEL_NETWORK, LABEL_RUN_ID, Launch
 
@@ -224,3 +231,94 @@ async def test_a_pending_launch_has_no_network_yet(fake_node: MakeFakeNode) -> N
 def test_the_default_is_whole_node(tmp_path: Path) -> None:
     settings = fake_settings(tmp_path)
     assert settings.job_host_network == "whole-node"
+
+
+# --- the rule alone: what each setting makes of a host request, and what it says ---------------
+
+HOST_SPEC = ContainerSpec(
+    name="tuneplane-r1", image=IMAGE, labels={LABEL_RUN_ID: "r1"}, network="host"
+)
+RULE_LOG = "tuneplane_node.jobs.rules.network"
+NO_CARDS = "the machine's cards are unknown or none: no job holds the whole machine"
+
+
+def rule(tmp_path: Path, *, port_held: bool = False, **settings: Any) -> NetworkRule:
+    return NetworkRule(fake_settings(tmp_path, **settings), port_held=port_held)
+
+
+def test_refuse_is_a_422_naming_the_field_and_the_setting(tmp_path: Path) -> None:
+    refusing = rule(tmp_path, job_host_network="refuse")
+    with pytest.raises(InvalidField) as refused:
+        refusing.vetted(HOST_SPEC)
+    assert refused.value.field == "container.network"
+    assert refused.value.reason == (
+        "host networking is refused on this node (TUNEPLANE_JOB_HOST_NETWORK=refuse): "
+        "use bridge or none"
+    )
+    bridged = replace(HOST_SPEC, network="bridge")
+    assert refusing.vetted(bridged) is bridged  # no host request: nothing to refuse
+
+
+def test_allow_and_whole_node_leave_a_host_request_to_the_placement(tmp_path: Path) -> None:
+    for mode in ("allow", "whole-node"):
+        assert rule(tmp_path, job_host_network=mode).vetted(HOST_SPEC) is HOST_SPEC
+    assert rule(tmp_path, job_host_network="whole-node").needs_neighbours(HOST_SPEC)
+    assert not rule(tmp_path, job_host_network="allow").needs_neighbours(HOST_SPEC)
+    assert not rule(tmp_path).needs_neighbours(replace(HOST_SPEC, network="bridge"))
+
+
+def test_bridge_runs_a_host_request_on_the_job_network_and_logs_why(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger=RULE_LOG)
+    got = rule(tmp_path, job_host_network="bridge", job_network="sealed").vetted(HOST_SPEC)
+    assert (got.network, got.labels[LABEL_NETWORK]) == ("sealed", "sealed")
+    (line,) = [r for r in caplog.records if r.name == RULE_LOG]
+    assert line.levelno == logging.INFO
+    assert line.getMessage() == (
+        "launch tuneplane-r1: host network asked, run on the bridge "
+        "(TUNEPLANE_JOB_HOST_NETWORK: TUNEPLANE_JOB_HOST_NETWORK=bridge)"
+    )
+    assert (line.ref, line.run_id, line.image) == ("tuneplane-r1", "r1", IMAGE)  # type: ignore[attr-defined]
+
+
+def test_a_port_not_held_bridges_every_host_job_saying_so_once_then_quietly(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger=RULE_LOG)
+    unsafe = rule(tmp_path)
+    assert not unsafe.port_safe and rule(tmp_path, port_held=True).port_safe
+    assert not NetworkRule(fake_settings(tmp_path)).port_safe  # held only where said
+    for _ in range(2):
+        got = unsafe.placed(HOST_SPEC, Neighbours(cards=4, others=0))
+        assert (got.network, got.labels[LABEL_NETWORK]) == ("isolated", "isolated")
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == RULE_LOG]
+    assert said[0] == (logging.WARNING, f"host-network jobs run on the bridge: {PORT_NOT_HELD}")
+    assert [level for level, _ in said[1:]] == [logging.DEBUG, logging.DEBUG]  # each launch's
+    assert all(PORT_UNSAFE in text for _, text in said[1:])
+
+
+def test_a_whole_machine_alone_on_a_safe_port_keeps_the_host(tmp_path: Path) -> None:
+    safe = rule(tmp_path, port_held=True)
+    asked = safe.placed(HOST_SPEC)  # no machine read: labelled as asked, decided by none
+    assert (asked.network, asked.labels[LABEL_NETWORK]) == ("host", "host")
+    whole = replace(HOST_SPEC, gpus=(0, 1, 2, 3))
+    kept = safe.placed(whole, Neighbours(cards=4, others=0))
+    assert (kept.network, kept.labels[LABEL_NETWORK]) == ("host", "host")
+    cases = [
+        (whole, Neighbours(4, 0), None),
+        (HOST_SPEC, Neighbours(4, 0), "it holds 0 of the machine's 4 cards"),
+        (whole, Neighbours(4, 1), "1 other job(s) of the node run on this machine"),
+        (
+            whole,
+            Neighbours(None, 0),
+            "the machine's cards are unknown or none: no job holds the whole machine",
+        ),
+        (
+            HOST_SPEC,
+            Neighbours(0, 0),
+            "the machine's cards are unknown or none: no job holds the whole machine",
+        ),
+    ]
+    for spec, around, why in cases:
+        assert safe._not_whole(spec, around) == why, (spec.gpus, around)

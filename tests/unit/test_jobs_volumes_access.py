@@ -91,6 +91,7 @@ def test_the_newest_are_kept_and_a_forgotten_entry_hands_over_nothing(tmp_path: 
     assert not (tmp_path / RECORDS / DIGEST).exists()
     assert Accesses(tmp_path).recorded(DIGEST) == ()
     accesses.forget(DIGEST)  # twice: nothing left to forget
+    Accesses(tmp_path).forget("c" * 64)  # never read nor recorded
 
 
 def test_a_record_file_of_other_lines_hands_over_nothing_else(tmp_path: Path) -> None:

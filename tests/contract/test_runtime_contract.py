@@ -505,7 +505,9 @@ async def test_remove_kills_a_job_ignoring_sigterm_at_once(subject: Subject) -> 
     started = time.monotonic()
     await subject.runtime.remove(spec.name)
 
-    assert time.monotonic() - started < 5  # behaviour, not speed: 10 s is the stop grace
+    # Behaviour, not speed: a grace would be 10 s (libpod's default); a loaded podman
+    # takes seconds to remove a running job (3 s to stop one beside CI and two hogs).
+    assert time.monotonic() - started < 9
     assert not (await subject.runtime.inspect(spec.name)).exists
 
 

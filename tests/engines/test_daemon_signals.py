@@ -129,8 +129,9 @@ async def test_a_warned_job_that_checkpoints_and_exits_ends_with_its_own_code(
     )
     await ready(node, ref)
     started = time.monotonic()
-    await node.stop(ref, timeout=10, warn_signal="SIGUSR1", warn_s=10)
-    assert time.monotonic() - started < 5  # it ended by itself: no wait for warn_s
+    await node.stop(ref, timeout=30, warn_signal="SIGUSR1", warn_s=30)
+    # It ended by itself: no wait for warn_s (half of it: a loaded podman takes seconds).
+    assert time.monotonic() - started < 15
     state = await node.state(ref)
     assert (state["status"], state["exit_code"]) == ("exited", 0)
     log = await node.logs(ref)
@@ -177,7 +178,9 @@ async def test_a_shell_job_ends_by_sigterm_at_once_with_the_init_and_is_killed_w
     await wait_until(lambda: "sleep 300" in commands_of(family(pid)))  # under the init
     started = time.monotonic()
     await with_init.stop(ref, timeout=20)
-    assert time.monotonic() - started < 2
+    # Well within the 20 s grace (the bound tells "at once" from "at its end"; podman took
+    # 3.2 s to stop it beside CI and two CPU hogs), and by SIGTERM: 143, not SIGKILL's 137.
+    assert time.monotonic() - started < 10
     assert (await with_init.state(ref))["exit_code"] == 143
 
     without = await make_node(engine, job_init=False)

@@ -78,7 +78,8 @@ async def test_cancelled_pull_returns_promptly_and_closes_the_stream(
     with pytest.raises(asyncio.CancelledError):
         await task
 
-    assert time.monotonic() - started < 1.0
+    # At once, not at the pull's end (~90 s): a loaded engine takes its time to hang up.
+    assert time.monotonic() - started < 10
     assert not await runtime.image_exists(image)
 
 

@@ -152,7 +152,8 @@ async def test_dropped_events_are_recovered_by_the_relist(
 
     state = await node.state(ref)
     assert (state["status"], state["exit_code"]) == ("exited", 137)
-    assert (await node.health())["state_cache"]["last_relist_age_s"] < 2
+    # This relist's, not the start's (relist_s is an hour): seconds at most, under load.
+    assert (await node.health())["state_cache"]["last_relist_age_s"] < 30
 
 
 class HeldStream(TrackingRuntime):

@@ -88,6 +88,10 @@ THREAD_STEPS = (
     ),
     ("tuneplane_node.runtime.engines.podman", "PodmanRuntime", "_create", "run: create"),
     ("tuneplane_node.runtime.engines.networks.egress", "EgressRule", "hold", "run: egress rule"),
+    # Background work a launch started (its context's): the prune after its start, and
+    # the rules' sweeps, which hold the rules' locks a next launch's write waits for.
+    ("tuneplane_node.runtime.engines.networks.hostguard", "BridgeGuard", "sweep", "bg: guard swept"),
+    ("tuneplane_node.runtime.engines.networks.egress", "EgressRule", "sweep", "bg: egress swept"),
 )
 OPTIONS = "create options"
 USERNS = "own user namespace"  # podman: whether the create body gave the job its own
@@ -244,7 +248,10 @@ def install() -> None:
         try:
             return run(argv, *args, **kwargs)
         finally:
-            tool = Path(str(argv[0] if isinstance(argv, list | tuple) else argv)).name
+            words = list(argv) if isinstance(argv, list | tuple) else [argv]
+            tool = Path(str(words[0])).name
+            if tool == "nsenter" and len(words) > 2:  # which iptables, and what it was asked
+                tool = " ".join([Path(str(words[2])).name, *map(str, words[5:7])])
             add(f"subprocess {tool}", time.monotonic() - started)
 
     subprocess.run = ran  # type: ignore[assignment]

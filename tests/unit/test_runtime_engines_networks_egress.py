@@ -4,6 +4,7 @@ their default route (tests/engines/test_daemon_egress.py)."""
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 from ipaddress import ip_network
 from pathlib import Path
@@ -311,6 +312,25 @@ def test_the_sweep_removes_the_jumps_of_bridges_gone_and_writes_the_chain_again(
     assert removal.splitlines()[1].startswith("-D FORWARD -i cni-podman2 ")
     assert "cni-podman4" not in removal  # another engine's chain
     assert rewrite.splitlines()[1] == f":{held.chain} - [0:0]"  # this start's settings
+
+
+def test_a_sweep_that_leaves_no_jump_writes_the_chain_so_the_next_launch_need_not(
+    fake: FakeIptables,
+) -> None:
+    """Each launch after a removal wrote the whole chain on its path (15 ms of a podman
+    launch's 270): the removal's sweep writes it, off any launch's path."""
+    held, guard = rule(), hostguard.BridgeGuard("/p.sock")
+    assert held.hold_fresh(guard, "cni-podman7")  # the chain written, then the rules
+    jumped = shlex.join(["-A", *egress.jump("CNI-ADMIN", "cni-podman7", held.chain)])
+    fake.listing = f"-N {held.chain}\n{jumped}\n"
+    fake.asked.clear()
+    assert held.sweep(set) == 1  # its bridge gone: its jump goes, the chain is written again
+    removal, rewrite = (text.splitlines()[1] for text in fake.restored())
+    assert removal.startswith("-D CNI-ADMIN -i cni-podman7 ")
+    assert rewrite == f":{held.chain} - [0:0]"
+    fake.asked.clear()
+    assert held.hold_fresh(guard, "cni-podman8")
+    assert fake.verbs() == ["restore"]  # the rules alone
 
 
 def test_the_sweep_asks_no_network_where_it_holds_no_jump(fake: FakeIptables) -> None:

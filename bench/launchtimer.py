@@ -71,12 +71,6 @@ THREAD_STEPS = (
     (
         "tuneplane_node.runtime.engines.networks.egress",
         "EgressRule",
-        "hold_fresh",
-        "run: guard and egress rule (one restore)",
-    ),
-    (
-        "tuneplane_node.runtime.engines.networks.egress",
-        "EgressRule",
         "begin_fresh",
         "run: guard and egress rule begun (one restore)",
     ),
@@ -88,10 +82,6 @@ THREAD_STEPS = (
     ),
     ("tuneplane_node.runtime.engines.podman", "PodmanRuntime", "_create", "run: create"),
     ("tuneplane_node.runtime.engines.networks.egress", "EgressRule", "hold", "run: egress rule"),
-    # Background work a launch started (its context's): the prune after its start, and
-    # the rules' sweeps, which hold the rules' locks a next launch's write waits for.
-    ("tuneplane_node.runtime.engines.networks.hostguard", "BridgeGuard", "sweep", "bg: guard swept"),
-    ("tuneplane_node.runtime.engines.networks.egress", "EgressRule", "sweep", "bg: egress swept"),
 )
 OPTIONS = "create options"
 USERNS = "own user namespace"  # podman: whether the create body gave the job its own

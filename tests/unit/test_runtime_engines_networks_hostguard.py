@@ -228,3 +228,10 @@ def test_a_begun_command_that_cannot_start_or_hangs_is_a_failed_run(
     hung = hostguard.Begun(["sleep", "30"], "")
     assert hung.done().returncode == 1
     assert hung.process is not None and hung.process.returncode is not None  # killed
+
+
+@pytest.mark.slow  # a real process
+def test_a_begun_command_that_ends_before_reading_its_input_says_how_it_ended() -> None:
+    """Its input's pipe broken (the process gone first) is no exception: its exit says."""
+    begun = hostguard.Begun(["sh", "-c", "exec 0<&-; exit 4"], "x" * 200_000)
+    assert begun.done().returncode == 4

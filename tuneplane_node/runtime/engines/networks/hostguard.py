@@ -170,14 +170,14 @@ def guarded_rules(listing: str) -> list[tuple[str, list[str]]]:
 class BridgeGuard:
     """The rules of one podman engine's job networks (`podman_rules` of each network's
     bridge), in the engine's namespace. They are added after their network is made
-    (`hold`, or with the egress rule's jump in one write: `EgressRule.hold_fresh`) and removed
+    (`hold`, or with the egress rule's jump in one write: `EgressRule.begin_fresh`) and removed
     where its bridge is no network's any more (`sweep`: after a removal, at start); one
     lock orders them, so a sweep never takes a rule added after its look at the networks.
     Where the guard cannot hold, the log says why once."""
 
     def __init__(self, socket_path: str | None) -> None:
         self.socket_path = socket_path
-        self.lock = threading.Lock()  # also taken by `EgressRule.hold_fresh`'s one write
+        self.lock = threading.Lock()  # also taken by `EgressRule.begin_fresh`'s one write
         self._said: set[str] = set()
         self._tools: dict[int, str] = {}  # engine pid -> the iptables found holding its rules
 
@@ -247,12 +247,15 @@ class Begun:
                 command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, text=True,
             )  # fmt: skip
-            assert self.process.stdin is not None
-            with self.process.stdin:  # a restore's few lines: within the pipe's buffer
-                self.process.stdin.write(stdin)
-            self.process.stdin = None  # closed: communicate() must not flush it
         except OSError as exc:
             self.failed = str(exc)
+            return
+        pipe, self.process.stdin = self.process.stdin, None  # communicate() must not touch it
+        assert pipe is not None
+        # A restore's few lines fit the pipe's buffer; one that ended before reading them
+        # (a broken pipe) says why by its exit.
+        with contextlib.suppress(OSError), pipe:
+            pipe.write(stdin)
 
     def done(self) -> subprocess.CompletedProcess[str]:
         if self.process is None:

@@ -232,7 +232,7 @@ async def main_pid(engine: str, ref: str) -> int:
 
 def orphans_ended(pid: int) -> bool:
     commands = commands_of(family(pid))
-    return "sleep 300" in commands and "sleep 0.1" not in commands
+    return "sleep 300" in commands and "sleep 2" not in commands
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -242,7 +242,9 @@ async def test_the_children_a_job_leaves_are_reaped_by_its_init(
     """Five orphans whose parent exits at once; the job's command then becomes a
     ``sleep``, which never waits for anyone. Without the init the orphans stay zombies
     of that PID 1; with it, the init reaps them."""
-    orphans = ["/bin/sh", "-c", 'for i in 1 2 3 4 5; do sh -c "sleep 0.1 &"; done; exec sleep 300']
+    # Each orphan outlives the loop (2 s): one that ended while the shell still ran the
+    # loop was reaped by the shell's own wait (4 zombies, not 5, beside CI and two hogs).
+    orphans = ["/bin/sh", "-c", 'for i in 1 2 3 4 5; do sh -c "sleep 2 &"; done; exec sleep 300']
     seen: dict[bool, int] = {}
     for init in (True, False):
         node = await make_node(engine, job_init=init)
@@ -325,7 +327,7 @@ async def test_a_stop_that_races_the_jobs_own_end_is_done_every_time(
         codes.append(state["exit_code"])
         await node.remove(ref)
     # Its own end (0), the stop's SIGKILL (137) or SIGTERM (143): the engine's word. Once
-    # in a run of 50 rounds, beside CI and two CPU hogs, podman said 2 for a job stopped as it
-    # began (not the node's figure): a code apart is shown, the rounds' answers held.
+    # in a run of 50 rounds, beside CI and two CPU hogs, each engine said 2 for a job
+    # stopped as it began (not the node's figure): shown if more, the answers held.
     expected = sum(code in (0, 137, 143) for code in codes)
-    assert expected >= STOP_RACES - (0 if engine == "docker" else 2), sorted(set(codes))
+    assert expected >= STOP_RACES - 2, sorted(set(codes))

@@ -29,6 +29,7 @@ from tests.support.engines import TESTS_DOCKER_SOCK
 from tests.support.images import IMAGE, REGISTRY
 from tests.support.jobs import unique
 from tests.support.runtimes import TrackingRuntime
+from tuneplane_node.daemon.state import NODE
 from tuneplane_node.runtime.base import PullLimits
 from tuneplane_node.runtime.engines.engine import EngineRuntime
 
@@ -218,6 +219,12 @@ async def test_a_series_of_pulls_stays_under_low_removing_the_oldest_use_first(
         image_gc_low_percent=low,
         **engine.address,
     )
+    # Whether a pressure is the GC's to chase (issue 50's accounting) is not this test's:
+    # at this 192 MiB store the engine's own files of each pulled image (not in its size)
+    # grew the rest past the few hundred KB a pull went over high, and the GC, told the
+    # pressure was unexplained, removed nothing (2 runs of 5). The accounting's verdict
+    # has its tests (test_daemon_disk_full.py); here every pressure is chased.
+    node.app[NODE].gc.chase = lambda: True
     caplog.set_level(logging.INFO, logger="tuneplane_node.audit")
     # The oldest of all but fresh from a prefetch: pinned for the hour.
     *series, prefetched = series

@@ -12,6 +12,7 @@ relaunch and wreckage sweeps all remove through the stopper) or its launch fails
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -85,13 +86,17 @@ class MountStaging:
             points = list(os.scandir(job))
         except FileNotFoundError:
             return
+        # Gone meanwhile is released: the engine's event and a removal may release one
+        # launch's staging at once (seen in CI: the second one's rmdir failed).
         for point in points:
             self._unmount(point.path)
-            if point.is_dir(follow_symlinks=False):
-                os.rmdir(point.path)
-            else:
-                os.unlink(point.path)
-        os.rmdir(job)
+            with contextlib.suppress(FileNotFoundError):
+                if point.is_dir(follow_symlinks=False):
+                    os.rmdir(point.path)
+                else:
+                    os.unlink(point.path)
+        with contextlib.suppress(FileNotFoundError):
+            os.rmdir(job)
 
     @staticmethod
     def _unmount(path: str) -> None:
@@ -101,7 +106,7 @@ class MountStaging:
         try:
             mountapi.detach(path)
         except OSError as exc:
-            if exc.errno not in (errno.EINVAL, errno.EPERM):
+            if exc.errno not in (errno.EINVAL, errno.EPERM, errno.ENOENT):  # ENOENT: released
                 raise
 
     def keys(self) -> list[str]:

@@ -109,11 +109,13 @@ async def test_a_followed_log_streams_lines_as_the_job_writes_them(
 async def test_a_follow_of_a_quiet_job_outlives_the_engine_deadline(
     make_node: MakeNode, engine: str
 ) -> None:
-    # The deadline is every engine call's, the heartbeat's too: 2 s, not 1, so that a
-    # loaded engine's slow answer does not break the state cache (a 503) mid-test.
-    node = await make_node(engine, local_api_timeout=2)
-    ref, _ = await node.launch(["/bin/sh", "-c", "echo early; sleep 5; echo late"])
-    text = await node.follow(ref, timeout=30)
+    # The deadline is every engine call's, the heartbeat's too: 5 s, not 1 or 2, so that
+    # a loaded engine's slow answer does not break the state cache (a 503) mid-test (a
+    # CI run beside other work saw podman take over 2 s); the job is quiet 12 s, well
+    # past it, so a follow held to the deadline would end before "late".
+    node = await make_node(engine, local_api_timeout=5)
+    ref, _ = await node.launch(["/bin/sh", "-c", "echo early; sleep 12; echo late"])
+    text = await node.follow(ref, timeout=40)
     assert [line.split(" ", 1)[1] for line in text.splitlines()] == ["early", "late"]
 
 

@@ -102,7 +102,7 @@ async def test_a_followed_log_streams_lines_as_the_job_writes_them(
     assert arrived["n8"] - arrived["n1"] > 1.0  # line by line, 0.2 s apart
     # The stream ended with the job; the state learns it from the engine's events, a
     # moment later on a busy machine.
-    await node.wait_for(ref, "status", "exited", timeout=5)
+    await node.wait_for(ref, "status", "exited", timeout=20)
 
 
 @pytest.mark.parametrize("engine", ["docker", "podman"])

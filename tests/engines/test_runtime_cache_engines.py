@@ -109,7 +109,9 @@ async def test_a_kill_outside_the_daemon_is_seen_without_any_verb(
 
     await sdk(docker_runtime, "kill", ref, signal="SIGKILL")
 
-    state = await node.wait_for(ref, "status", "exited", timeout=5)
+    # By its events (or the relist, every 30 s): a loaded engine's event may
+    # come seconds late, so the bound is 20 s.
+    state = await node.wait_for(ref, "status", "exited", timeout=20)
     assert state["exit_code"] == 137
     assert (await node.answered_health())["gpus_free"] == 4  # its cards are free again
 
@@ -122,7 +124,7 @@ async def test_a_removal_outside_the_daemon_reads_gone(
 
     await sdk(docker_runtime, "remove_container", ref, force=True)
 
-    await node.wait_for(ref, "exists", False, timeout=5)
+    await node.wait_for(ref, "exists", False, timeout=20)  # its event, however late
 
 
 @pytest.mark.podman
@@ -204,7 +206,7 @@ async def test_the_cache_holds_only_labelled_containers(
     )
     cache = cache_of(node)
 
-    await wait_until(lambda: ours in cache.states, timeout=5)  # seen by its events alone
+    await wait_until(lambda: ours in cache.states, timeout=20)  # seen by its events alone
     assert foreign not in cache.states
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
 import time
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from tests.engines.test_daemon_mounts import kill_and_remove, post, remove_direc
 from tests.support.console import Console
 from tests.support.daemons import free_port, spawn_daemon
 from tests.support.engines import own_docker_host
+from tests.support.loops import NOTHING, loops_backing, settled_async
 from tests.support.nodes import state_dir
 from tests.support.runtimes import TrackingRuntime
 from tuneplane_node.jobs.mounts.scratch import MOUNTS, SUFFIX, ScratchSpaces
@@ -47,8 +47,12 @@ def left(tmp_path: Path) -> tuple[list[str], list[str], list[str]]:
     trees = (f" {state / MOUNTS}/", f" {state / DIRECTORY}/")
     mounts = [line for line in Path("/proc/self/mountinfo").read_text().splitlines()
               if any(tree in line for tree in trees)]  # fmt: skip
-    loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True, check=True)
-    return files, mounts, [line for line in loops.stdout.splitlines() if str(state) in line]
+    return files, mounts, loops_backing(state)
+
+
+async def nothing_left(tmp_path: Path) -> tuple[list[str], list[str], list[str]]:
+    """`left`, once empty (a released device goes at its last close: `settled_async`)."""
+    return await settled_async(lambda: left(tmp_path), NOTHING)
 
 
 async def logged(node: Console, ref: str, words: str, timeout: float = 120) -> str:
@@ -90,13 +94,13 @@ async def test_a_job_filling_its_scratch_gets_enospc_keeps_running_and_leaves_no
         assert written <= taken <= SIZE, taken  # the host's disk: at most the size
 
         await node.remove(ref)
-        assert left(tmp_path) == ([], [], [])
+        assert await nothing_left(tmp_path) == ([], [], [])
 
         # The engine refuses to start it (a user the image has not): the launch fails.
         scratch = {"path": "/scratch", "size": "50m"}
         _, body = await node.launch(scratch=scratch, user="no-such-user", expect=422)
         assert body["detail"].startswith("container.user"), body
-        assert left(tmp_path) == ([], [], [])
+        assert await nothing_left(tmp_path) == ([], [], [])
     finally:
         await remove_directly(engine, names)
         sweep(tmp_path)
@@ -113,7 +117,7 @@ async def test_a_reaped_job_leaves_no_scratch(
         assert len(left(tmp_path)[0]) == 1
         await node.wait_for(reaped, "status", "exited")
         assert (await node.ok("POST", "/node/v1/reap", json={"max_age_s": 0}))["removed"] == 1
-        assert left(tmp_path) == ([], [], [])
+        assert await nothing_left(tmp_path) == ([], [], [])
     finally:
         sweep(tmp_path)
 
@@ -150,7 +154,7 @@ async def test_a_daemon_killed_with_scratch_sweeps_it_at_its_restart(
         assert len(files) == 1 and files[0].startswith(names[1] + "."), files
         assert len(mounts) == 2 and len(loops) == 1, (mounts, loops)
         assert post(port, "/node/v1/remove", {"ref": names[1]})[0] == 200
-        assert left(tmp_path) == ([], [], [])
+        assert await nothing_left(tmp_path) == ([], [], [])
     finally:
         daemon.terminate()
         daemon.wait(timeout=60)

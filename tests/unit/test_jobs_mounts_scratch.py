@@ -14,6 +14,7 @@ import pytest
 
 from tests.conftest import IMAGE
 from tests.fakes.runtime import FakeRuntime
+from tests.support.loops import NOTHING, loops_backing, settled
 from tuneplane_node.errors import InvalidField, NodeError
 from tuneplane_node.jobs.mounts.scratch import SUFFIX, ScratchSpaces, vet
 from tuneplane_node.jobs.node import Node
@@ -116,12 +117,16 @@ needs_loop = pytest.mark.skipif(not CAN_LOOP, reason="needs root, mkfs.ext4 and 
 
 def left(spaces: ScratchSpaces) -> tuple[list[str], list[str], list[str]]:
     """This node's scratch files, mounts and loop devices."""
-    loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True, check=True)
-    mine = [line for line in loops.stdout.splitlines() if str(spaces.files) in line]
+    mine = loops_backing(spaces.files)
     mounts = [line for line in Path("/proc/self/mountinfo").read_text().splitlines()
               if f" {spaces.mounts}/" in line]  # fmt: skip
     files = sorted(os.listdir(spaces.files)) if spaces.files.exists() else []
     return files, mounts, mine
+
+
+def nothing_left(spaces: ScratchSpaces) -> tuple[list[str], list[str], list[str]]:
+    """`left`, once empty (a released device goes at its last close: `settled`)."""
+    return settled(lambda: left(spaces), NOTHING)
 
 
 def spaces_in(tmp_path: Path) -> ScratchSpaces:
@@ -149,7 +154,7 @@ def test_a_scratch_holds_its_size_and_leaves_nothing_once_released(tmp_path: Pat
     finally:
         opened.close()
         spaces.release("job.1")
-    assert left(spaces) == ([], [], [])
+    assert nothing_left(spaces) == ([], [], [])
 
 
 @needs_loop
@@ -160,7 +165,7 @@ def test_the_sweep_takes_every_key_no_container_names(tmp_path: Path) -> None:
     assert spaces.sweep({"kept.1", ""}) == 1
     assert left(spaces)[0] == ["kept.1.ext4"]
     spaces.release("kept.1")
-    assert left(spaces) == ([], [], [])
+    assert nothing_left(spaces) == ([], [], [])
 
 
 @needs_loop
@@ -170,7 +175,7 @@ def test_a_scratch_that_cannot_be_made_is_a_422_and_leaves_nothing(tmp_path: Pat
     with pytest.raises(InvalidField) as again:  # the same key: its file is there
         spaces.make("taken.1", Scratch("/scratch", 2 * MIB))
     assert again.value.field == "container.scratch"
-    assert left(spaces) == ([], [], [])
+    assert nothing_left(spaces) == ([], [], [])
 
 
 # --- the launch's lifecycle, on the in-memory engine -----------------------------------------
@@ -219,9 +224,9 @@ async def test_a_scratch_goes_with_its_container_and_with_a_failed_launch(
     assert mount.container == "/scratch" and not mount.read_only
     assert made.labels[LABEL_MOUNTS] + SUFFIX in left(spaces)[0]
     await node.jobs.remove("tuneplane-r1")
-    assert left(spaces) == ([], [], [])
+    assert nothing_left(spaces) == ([], [], [])
 
     fake.refuse_start = "no such user"
     with pytest.raises(NodeError):
         await node.jobs.launch(with_scratch("r2"))
-    assert left(spaces) == ([], [], [])
+    assert nothing_left(spaces) == ([], [], [])

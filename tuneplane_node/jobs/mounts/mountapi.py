@@ -5,8 +5,10 @@ copies the mount of a directory already opened (an ``O_PATH`` descriptor, by
 ``AT_EMPTY_PATH``: no path is looked up again), ``mount_setattr`` makes the detached copy
 read-only, nosuid and nodev before anything can see it, and ``move_mount`` attaches it.
 Chosen over a bind of ``/proc/self/fd/N``: that needs /proc and a remount for read-only,
-a moment where the bind is writable; here the copy is whole before it is attached. Every
-call raises `OSError` with the kernel's errno.
+a moment where the bind is writable; here the copy is whole before it is attached. A
+scratch's filesystem is mounted by the old ``mount(2)`` (`mount_device`): a new device,
+nosuid and nodev from its first moment. Every call raises `OSError` with the kernel's
+errno.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ OPEN_TREE_CLONE = 1
 AT_EMPTY_PATH = 0x1000
 MOVE_MOUNT_F_EMPTY_PATH = 0x4
 MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID, MOUNT_ATTR_NODEV = 0x1, 0x2, 0x4
-MS_PRIVATE = 1 << 18
+MS_NOSUID, MS_NODEV, MS_PRIVATE = 0x2, 0x4, 1 << 18
 MNT_DETACH, UMOUNT_NOFOLLOW = 0x2, 0x8
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
@@ -68,6 +70,14 @@ def attach(tree_fd: int, target: str) -> None:
     flags = MOVE_MOUNT_F_EMPTY_PATH
     result = _libc.syscall(SYS_MOVE_MOUNT, tree_fd, b"", -100, target.encode(), flags)  # AT_FDCWD
     _checked(result, "move_mount", target)
+
+
+def mount_device(device: str, target: str, fstype: str, options: str) -> None:
+    """Mount the filesystem on ``device`` at the directory ``target``, nosuid and nodev,
+    with the filesystem's own ``options`` (``mount -t fstype -o nosuid,nodev,options``)."""
+    flags = MS_NOSUID | MS_NODEV
+    args = (device.encode(), target.encode(), fstype.encode(), flags, options.encode())
+    _checked(_libc.mount(*args), "mount", target)
 
 
 def detach(target: str) -> None:

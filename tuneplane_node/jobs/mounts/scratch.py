@@ -27,7 +27,7 @@ from collections.abc import Collection
 from pathlib import Path
 
 from tuneplane_node.errors import OUT_OF_RANGE, InvalidField
-from tuneplane_node.jobs.mounts import mountapi
+from tuneplane_node.jobs.mounts import loopdev, mountapi
 from tuneplane_node.jobs.words.mounts import Opened
 from tuneplane_node.runtime.spec import ContainerSpec
 from tuneplane_node.settings import NodeSettings, env_name
@@ -39,7 +39,7 @@ MOUNTS = "scratch-mounts"
 SUFFIX = ".ext4"
 MKFS = ("mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal")
 MKFS_OPTIONS = "lazy_itable_init=1,nodiscard"
-MOUNT_OPTIONS = "nosuid,nodev,noinit_itable"
+MOUNT_OPTIONS = "noinit_itable"  # and nosuid, nodev: `mountapi.mount_device`
 TOOL_TIMEOUT_S = 60.0
 
 
@@ -106,14 +106,11 @@ class ScratchSpaces:
         with open(image, "xb") as sparse:  # a new file: a key is never reused
             sparse.truncate(scratch.size_bytes)
         _run(*MKFS, "-E", MKFS_OPTIONS, str(image))
-        device = _run("losetup", "--find", "--show", str(image)).strip()
         point.mkdir(mode=0o700)
-        try:
-            _run("mount", "-t", "ext4", "-o", MOUNT_OPTIONS, device, str(point))
-        finally:
-            # Detaching a mounted device only marks it to go with its last unmount; an
-            # unmounted one goes now. Either way no loop device outlives the mount.
-            _run("losetup", "--detach", device)
+        # The device goes with its last user: the mount, or the block's end if the mount
+        # failed. No loop device outlives the mount.
+        with loopdev.attached(str(image)) as device:
+            mountapi.mount_device(device, str(point), "ext4", MOUNT_OPTIONS)
         os.chmod(point, 0o1777)  # any user of the job may write; a sticky /tmp's rule
         fd = os.open(point, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         return Opened(Mount(str(point), scratch.path, False), fd, True, field=FIELD)
@@ -157,7 +154,7 @@ def scratch_on_store(store: str) -> str:
 
 def missing_tools() -> list[str]:
     """The programs a scratch needs that this machine lacks (``check`` says them)."""
-    return [tool for tool in (MKFS[0], "losetup", "mount") if shutil.which(tool) is None]
+    return [tool for tool in (MKFS[0], "losetup") if shutil.which(tool) is None]
 
 
 def _entries(directory: Path) -> list[Path]:

@@ -48,6 +48,7 @@ from harness import (
     ms,
     peer_arguments,
     peer_checkout,
+    pin,
     profiled,
     rotated,
     settle,
@@ -256,6 +257,8 @@ def measured_daemon(
         api = Api(daemon.url)
         api.wait_tracked(names)
         settle(daemon.pid)
+        if args.pin:
+            pin(daemon.pid)
         check(api, names)
         engine = EngineSocket(docker_host().removeprefix("unix://"))
         lean = LeanApi(daemon.url)
@@ -283,6 +286,9 @@ def measured_daemon(
 def main() -> None:
     parser = arguments(__doc__.splitlines()[0], containers=300, rounds=5)
     parser.add_argument("--cli-rounds", type=int, default=5, help="rounds of (b), the slow one")
+    parser.add_argument(
+        "--pin", action="store_true", help="the daemon on the last CPU, the bench on the others"
+    )
     peer_arguments(parser)
     args = parser.parse_args()
     peer = peer_checkout(args.peer)

@@ -28,6 +28,8 @@ MNT_DETACH, UMOUNT_NOFOLLOW = 0x2, 0x8
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _libc.syscall.restype = ctypes.c_long
+# mount(2)'s flags are an unsigned long: said, so no int is passed in a register half set.
+_libc.mount.argtypes = (ctypes.c_char_p,) * 3 + (ctypes.c_ulong, ctypes.c_char_p)
 
 
 class _MountAttr(ctypes.Structure):

@@ -19,9 +19,10 @@ from tests.engines.test_daemon_mounts import kill_and_remove, post, remove_direc
 from tests.support.console import Console
 from tests.support.daemons import free_port, spawn_daemon
 from tests.support.engines import own_docker_host
-from tests.support.loops import NOTHING, loops_backing, settled_async
+from tests.support.loops import NOTHING, SETTLE_S, Left, loops_backing
 from tests.support.nodes import state_dir
 from tests.support.runtimes import TrackingRuntime
+from tests.support.waiting import settled_async
 from tuneplane_node.jobs.mounts.scratch import MOUNTS, SUFFIX, ScratchSpaces
 from tuneplane_node.jobs.mounts.staging import DIRECTORY
 from tuneplane_node.settings import load_settings
@@ -39,7 +40,7 @@ def scratch_dir(tmp_path: Path) -> Path:
     return state_dir(tmp_path) / "scratch"
 
 
-def left(tmp_path: Path) -> tuple[list[str], list[str], list[str]]:
+def left(tmp_path: Path) -> Left:
     """This node's scratch files, its mounts (scratch and staged, this process's
     mountinfo) and the loop devices backed by its files."""
     state = state_dir(tmp_path)
@@ -50,9 +51,9 @@ def left(tmp_path: Path) -> tuple[list[str], list[str], list[str]]:
     return files, mounts, loops_backing(state)
 
 
-async def nothing_left(tmp_path: Path) -> tuple[list[str], list[str], list[str]]:
+async def nothing_left(tmp_path: Path, timeout: float = SETTLE_S) -> Left:
     """`left`, once empty (a released device goes at its last close: `settled_async`)."""
-    return await settled_async(lambda: left(tmp_path), NOTHING)
+    return await settled_async(lambda: left(tmp_path), NOTHING, timeout)
 
 
 async def logged(node: Console, ref: str, words: str, timeout: float = 120) -> str:
@@ -174,10 +175,9 @@ async def test_a_container_removed_behind_the_node_releases_its_scratch_at_once(
         assert (len(files), len(mounts), len(loops)) == (1, 2, 1), (files, mounts, loops)
 
         await remove_directly(engine, [ref])  # the engine's own remove, not the node's
-        deadline = time.monotonic() + 10  # the engine's event, then a sweep: well within
-        while left(tmp_path) != ([], [], []) and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
-        assert left(tmp_path) == ([], [], []), "its scratch outlived its container"
+        # The engine's event, then a sweep: well within 10 s.
+        gone = await nothing_left(tmp_path, timeout=10)
+        assert gone == ([], [], []), f"its scratch outlived its container: {gone}"
         assert (await node.answered_health())["ok"] is True  # the daemon running on
     finally:
         await remove_directly(engine, [ref])

@@ -8,13 +8,10 @@ moment after it. Tests that say "nothing left" wait that moment (`settled`).
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
-T = TypeVar("T")
+from tests.support.waiting import settled
+
 Left = tuple[list[str], list[str], list[str]]
 """A test's files, mounts and loop devices."""
 NOTHING: Left = ([], [], [])
@@ -40,20 +37,4 @@ def loops_backing(directory: Path) -> list[str]:
 def loops_left(directory: Path) -> list[str]:
     """`loops_backing`, once none is (a released device goes at its last close)."""
     none: list[str] = []
-    return settled(lambda: loops_backing(directory), none)
-
-
-def settled(read: Callable[[], T], wanted: T, timeout: float = SETTLE_S) -> T:
-    """``read()`` once it is ``wanted``, or as it is after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while (found := read()) != wanted and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return found
-
-
-async def settled_async(read: Callable[[], T], wanted: T, timeout: float = SETTLE_S) -> T:
-    """`settled`, waiting on the loop (a node on it goes on meanwhile)."""
-    deadline = time.monotonic() + timeout
-    while (found := read()) != wanted and time.monotonic() < deadline:
-        await asyncio.sleep(0.02)
-    return found
+    return settled(lambda: loops_backing(directory), none, SETTLE_S)

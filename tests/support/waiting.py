@@ -1,12 +1,16 @@
-"""Waiting without guessing: on a container's state, a predicate, or the loop's ready tasks."""
+"""Waiting without guessing: on a container's state, a predicate, a value, or the loop's ready
+tasks."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 from tuneplane_node.runtime.base import ContainerRuntime, ContainerState
+
+T = TypeVar("T")
 
 
 async def wait_status(
@@ -33,3 +37,19 @@ async def settle(rounds: int = 50) -> None:
     """Let every task that can run without waiting on I/O run (no wall-clock sleep)."""
     for _ in range(rounds):
         await asyncio.sleep(0)
+
+
+def settled(read: Callable[[], T], wanted: T, timeout: float) -> T:
+    """``read()`` once it is ``wanted``, or as it is after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while (found := read()) != wanted and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return found
+
+
+async def settled_async(read: Callable[[], T], wanted: T, timeout: float) -> T:
+    """`settled`, waiting on the loop (a node on it goes on meanwhile)."""
+    deadline = time.monotonic() + timeout
+    while (found := read()) != wanted and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    return found

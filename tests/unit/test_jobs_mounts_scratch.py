@@ -14,7 +14,8 @@ import pytest
 
 from tests.conftest import IMAGE
 from tests.fakes.runtime import FakeRuntime
-from tests.support.loops import NOTHING, loops_backing, settled
+from tests.support.loops import NOTHING, SETTLE_S, Left, loops_backing
+from tests.support.waiting import settled
 from tuneplane_node.errors import InvalidField, NodeError
 from tuneplane_node.jobs.mounts.scratch import SUFFIX, ScratchSpaces, vet
 from tuneplane_node.jobs.node import Node
@@ -115,7 +116,7 @@ CAN_LOOP = (
 needs_loop = pytest.mark.skipif(not CAN_LOOP, reason="needs root, mkfs.ext4 and a loop device")
 
 
-def left(spaces: ScratchSpaces) -> tuple[list[str], list[str], list[str]]:
+def left(spaces: ScratchSpaces) -> Left:
     """This node's scratch files, mounts and loop devices."""
     mine = loops_backing(spaces.files)
     mounts = [line for line in Path("/proc/self/mountinfo").read_text().splitlines()
@@ -124,9 +125,9 @@ def left(spaces: ScratchSpaces) -> tuple[list[str], list[str], list[str]]:
     return files, mounts, mine
 
 
-def nothing_left(spaces: ScratchSpaces) -> tuple[list[str], list[str], list[str]]:
+def nothing_left(spaces: ScratchSpaces) -> Left:
     """`left`, once empty (a released device goes at its last close: `settled`)."""
-    return settled(lambda: left(spaces), NOTHING)
+    return settled(lambda: left(spaces), NOTHING, SETTLE_S)
 
 
 def spaces_in(tmp_path: Path) -> ScratchSpaces:

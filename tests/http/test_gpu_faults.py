@@ -54,7 +54,8 @@ async def test_a_job_fault_is_shown_on_its_job_and_stops_nothing(
 ) -> None:
     node = await simulated_node(fake_node, sim)
     ref, index = await card_job(node, fake, "r1")
-    sim.set(index, xid=[13])
+    assert "gpu_fault" not in await node.state(ref)  # and asked again below: the fault
+    sim.set(index, xid=[13])  # is a change of its own, though the engine's is none
     await look(node)
 
     state = await node.state(ref)

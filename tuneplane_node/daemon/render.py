@@ -18,6 +18,7 @@ from tuneplane_node.errors import FieldError
 from tuneplane_node.fetch.fetching import shown
 from tuneplane_node.jobs import words
 from tuneplane_node.jobs.observe.stats import CardSample, JobSample, JobStats
+from tuneplane_node.jobs.observe.views import Observed
 from tuneplane_node.jobs.words import (
     EntryView,
     FailedFill,
@@ -199,6 +200,45 @@ class EncodedStates:
         return data
 
 
+KEPT_ANSWERS = 16
+"""Observe answers kept whole at most (one per set of refs a console or an observer
+polls): past it, the oldest goes."""
+KEPT_BYTES = 8 << 20
+"""Their bytes at most: an answer of 4,096 refs is about 2.4 MiB."""
+
+
+class ObserveAnswers:
+    """Observe's answers whole, by the refs asked, while what they were made of holds
+    (`Observed`): a console polling the same jobs of a node where nothing changed gets
+    the same bytes without a view read or a member joined (for 300 refs, 0.3 ms of the
+    daemon's 0.7). Any change drops them all. Used on the event loop only."""
+
+    def __init__(self, count: int = KEPT_ANSWERS, size: int = KEPT_BYTES) -> None:
+        self.count, self.size = count, size
+        self._at: Observed | None = None  # what every kept answer was made of
+        self._kept: dict[tuple[str, ...], bytes] = {}
+        self._bytes = 0
+
+    def get(self, refs: Sequence[str], at: Observed | None) -> bytes | None:
+        if at is None or self._at is None or not at.same(self._at):
+            return None
+        return self._kept.get(tuple(refs))
+
+    def keep(self, refs: Sequence[str], at: Observed | None, answer: bytes) -> None:
+        """Keep ``answer``, made at ``at`` (read before it was made: a change meanwhile
+        leaves it under a state that has passed, never served again)."""
+        if at is None or len(answer) > self.size:
+            return
+        if self._at is None or not at.same(self._at):
+            self._at, self._bytes = at, 0
+            self._kept.clear()
+        key = tuple(refs)
+        self._bytes += len(answer) - len(self._kept.pop(key, b""))
+        self._kept[key] = answer
+        while len(self._kept) > self.count or self._bytes > self.size:
+            self._bytes -= len(self._kept.pop(next(iter(self._kept))))
+
+
 def _member(ref: str, view: JobView) -> bytes:
     return orjson.dumps(ref) + b":" + orjson.dumps(state_json(view))
 
@@ -229,6 +269,7 @@ class JobAnswers:
 
     def __init__(self) -> None:
         self.states = EncodedStates()
+        self.observed = ObserveAnswers()
         self._listing: tuple[str, bytes] = ("", b"")  # the list's last index, its answer
 
     def observe(self, views: Mapping[str, JobView]) -> bytes:

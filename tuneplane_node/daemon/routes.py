@@ -295,8 +295,13 @@ async def volume_gc(request: web.Request) -> web.Response:
 async def observe(request: web.Request) -> web.Response:
     """The state of each ref."""
     refs = verbs.parse_observe(await read_object(request))
-    views = await request.app[NODE].jobs.observe(refs)
-    return encoded(request.app[MEMOS].jobs.observe(views))
+    jobs, kept = request.app[NODE].jobs, request.app[MEMOS].jobs.observed
+    at = jobs.observed(refs)  # before the read: a change meanwhile is a new state
+    answer = kept.get(refs, at)
+    if answer is None:
+        answer = request.app[MEMOS].jobs.observe(await jobs.observe(refs))
+        kept.keep(refs, at, answer)
+    return encoded(answer)
 
 
 @api(

@@ -41,7 +41,7 @@ from tuneplane_node.jobs.notices.shutdown import ShutdownWatcher
 from tuneplane_node.jobs.notices.watcher import NoticeWatcher, watching
 from tuneplane_node.jobs.observe.logs import LogsReader
 from tuneplane_node.jobs.observe.stats import StatsSampler
-from tuneplane_node.jobs.observe.views import StoppedViews
+from tuneplane_node.jobs.observe.views import ChangeCount, StoppedViews
 from tuneplane_node.jobs.observe.watch import ChangeFeed, ChangeLog
 from tuneplane_node.jobs.ours import OursRule
 from tuneplane_node.jobs.pending import PendingTable
@@ -254,7 +254,7 @@ def build_node(
         runtime=runtime, clock=clock, own=own, locks=locks, launcher=launcher,
         pending=pending, store=store, stopper=stopper, reaper=reaper, keeper=keeper,
         monitor=monitor, views=StoppedViews(), health=health, reader=reader, sampler=sampler,
-        gpu_faults=lambda: faults.job_faults,
+        gpu_faults=lambda: faults.job_faults, told=ChangeCount(feed),
     )  # fmt: skip
     changes = ChangeLog(
         runtime, observe, clock=clock, feed=feed, read=jobs.observe,

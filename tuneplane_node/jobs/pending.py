@@ -9,7 +9,7 @@ restarted mid-pull has none, and the console resubmits. A failed record stays fo
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from tuneplane_node.clock import SYSTEM_CLOCK, Clock
@@ -150,6 +150,10 @@ class PendingTable:
 
     def __len__(self) -> int:
         return len(self._records)
+
+    def holds_any(self, refs: Iterable[str]) -> bool:
+        """Whether any of ``refs`` has a record (an expired one too, until it is read)."""
+        return bool(self._records) and not self._records.keys().isdisjoint(refs)
 
     def _expired(self, record: PendingLaunch, now: float) -> bool:
         return record.failed_at is not None and now - record.failed_at > self.ttl_s

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from datetime import datetime
 
 from tuneplane_node.clock import Clock
@@ -31,7 +31,7 @@ from tuneplane_node.jobs.locks import RefLocks
 from tuneplane_node.jobs.nodestate import NodeStateStore
 from tuneplane_node.jobs.observe.logs import LogsReader
 from tuneplane_node.jobs.observe.stats import JobStats, StatsSampler
-from tuneplane_node.jobs.observe.views import StoppedViews
+from tuneplane_node.jobs.observe.views import ChangeCount, Observed, StoppedViews
 from tuneplane_node.jobs.ours import OursRule
 from tuneplane_node.jobs.pending import PendingTable
 from tuneplane_node.jobs.reaper import Reaper
@@ -68,6 +68,7 @@ class JobService:
         reader: LogsReader,
         sampler: StatsSampler,
         gpu_faults: Callable[[], Mapping[str, str]],
+        told: ChangeCount,
     ) -> None:
         self.runtime = runtime
         self.clock = clock
@@ -86,6 +87,7 @@ class JobService:
         self.sampler = sampler
         # The job faults of the cards under each job, by container name (the fault reactor's).
         self.gpu_faults = gpu_faults
+        self.told = told  # the sources' changes, for `observed`
 
     @property
     def node(self) -> NodeState:
@@ -156,6 +158,16 @@ class JobService:
                 self.views.answer(state, ref, facts, view)
             views[ref] = view
         return views
+
+    def observed(self, refs: Collection[str]) -> Observed | None:
+        """What observe's answer for ``refs`` is made of now beside them, for an answer
+        kept whole while it holds (the route's memo). None where one cannot be kept: a
+        runtime without a synced cache (its reads answer 503, or are the engine's own), or
+        a pending launch among the refs (its progress and elapsed time move)."""
+        generation = self.runtime.cache_generation()
+        if generation is None or self.pending.holds_any(refs):
+            return None
+        return Observed(generation, self.told.count, self.store.node, self.monitor.measured)
 
     async def stats(self, refs: Iterable[str] | None) -> dict[str, JobStats]:
         """Each ref's figures from the latest sample while it runs (never sampled here);

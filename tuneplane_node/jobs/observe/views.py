@@ -4,6 +4,7 @@ makes no 300 new views (a frozen dataclass costs microseconds to make)."""
 
 from __future__ import annotations
 
+from tuneplane_node.jobs.observe.watch import ChangeFeed
 from tuneplane_node.jobs.words.launch import Stopping
 from tuneplane_node.jobs.words.views import DiskFigures, StoppedView
 from tuneplane_node.runtime.base import ContainerState
@@ -75,3 +76,45 @@ class StoppedViews:
             self._kept.clear()
         view = self._kept[id(state)] = StoppedView(state, reason, stopping, disk, fault)
         return view
+
+
+class ChangeCount:
+    """How often the node's sources said a job may read differently: an ear of the
+    `ChangeFeed` (a stop's phase, a pending launch's, a card's job fault, the node's
+    notices), listening from its making. One part of `Observed`. Used on the loop only."""
+
+    def __init__(self, feed: ChangeFeed) -> None:
+        self.count = 0
+        feed.listen(self)
+
+    def changed(self, ref: str) -> None:
+        self.count += 1
+
+    def progressed(self, ref: str) -> None:
+        """A pending launch's pull: an answer holding a pending launch is never kept."""
+
+    def node_changed(self) -> None:
+        self.count += 1
+
+
+class Observed:
+    """What every observe answer of containers is made of now, besides the refs: the
+    state cache's generation (it moves with every container the engine changes), the
+    sources' changes (`ChangeCount`: a card's job fault is one), the node state (stop
+    reasons, what a job stopped for its disk had written) and the disk monitor's
+    measures, these two replaced, never changed, when they move, and told to no feed.
+    While all are the same, an answer for the same refs is the same bytes
+    (`daemon.render.ObserveAnswers`)."""
+
+    __slots__ = ("generation", "measured", "node", "told")
+
+    def __init__(self, generation: int, told: int, node: object, measured: object) -> None:
+        self.generation, self.told, self.node, self.measured = generation, told, node, measured
+
+    def same(self, other: Observed) -> bool:
+        return (
+            self.generation == other.generation
+            and self.told == other.told
+            and self.node is other.node
+            and self.measured is other.measured
+        )

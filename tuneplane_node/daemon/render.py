@@ -210,8 +210,9 @@ KEPT_BYTES = 8 << 20
 class ObserveAnswers:
     """Observe's answers whole, by the refs asked, while what they were made of holds
     (`Observed`): a console polling the same jobs of a node where nothing changed gets
-    the same bytes without a view read or a member joined (for 300 refs, 0.3 ms of the
-    daemon's 0.7). Any change drops them all. Used on the event loop only."""
+    the same bytes without a view read or a member joined (for 300 refs, the daemon's
+    CPU per observe 0.58 ms -> 0.28). Any change drops them all. Used on the event loop
+    only."""
 
     def __init__(self, count: int = KEPT_ANSWERS, size: int = KEPT_BYTES) -> None:
         self.count, self.size = count, size

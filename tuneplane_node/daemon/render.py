@@ -200,9 +200,9 @@ class EncodedStates:
         return data
 
 
-KEPT_ANSWERS = 16
-"""Observe answers kept whole at most (one per set of refs a console or an observer
-polls): past it, the oldest goes."""
+KEPT_ANSWERS = 128
+"""Observe answers kept whole at most, one per set of refs polled (a console's whole
+node, a job's page of its own, an observer's tenant): past it, the oldest kept goes."""
 KEPT_BYTES = 8 << 20
 """Their bytes at most: an answer of 4,096 refs is about 2.4 MiB."""
 

@@ -187,6 +187,17 @@ def peer_checkout(path: str | None) -> Path | None:
     return checkout
 
 
+def this_or_alternated(
+    peer: Path | None, args: argparse.Namespace, measure: Callable[[Path], dict[str, float]]
+) -> None:
+    """``measure`` this checkout's daemon once, or with ``--peer`` this and the peer's
+    alternately over ``--pairs`` (`alternate`)."""
+    if peer is None:
+        measure(REPO)
+    else:
+        alternate(peer, args.pairs, measure, warmup=args.warmup)
+
+
 def alternate(
     peer: Path, pairs: int, measure: Callable[[Path], dict[str, float]], *, warmup: int = 1
 ) -> None:

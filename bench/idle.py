@@ -16,10 +16,8 @@ import time
 from pathlib import Path
 
 from harness import (
-    REPO,
     Api,
     Daemon,
-    alternate,
     arguments,
     code_version,
     cpu_seconds,
@@ -28,6 +26,7 @@ from harness import (
     peer_arguments,
     peer_checkout,
     settle,
+    this_or_alternated,
 )
 
 
@@ -56,15 +55,7 @@ def main() -> None:
     print(machine())
     with fleet("idle") as made:
         names = made.create(args.containers)
-        if peer is None:
-            measured(args, names, REPO)
-        else:
-            alternate(
-                peer,
-                args.pairs,
-                lambda checkout: measured(args, names, checkout),
-                warmup=args.warmup,
-            )
+        this_or_alternated(peer, args, lambda checkout: measured(args, names, checkout))
 
 
 if __name__ == "__main__":

@@ -35,7 +35,6 @@ from harness import (
     REPO,
     Api,
     Daemon,
-    alternate,
     arguments,
     code_version,
     cpu_seconds,
@@ -50,6 +49,7 @@ from harness import (
     profiled,
     rotated,
     settle,
+    this_or_alternated,
 )
 
 KINDS = ("mixed", "observe", "health")
@@ -331,16 +331,13 @@ def main() -> None:
         fleet("load") as made,
     ):
         names = made.create(args.containers)
-        if peer is None:
-            measured_daemon(args, names, Path(folder) / "lags.json")
-        else:
-            runs = itertools.count()
+        runs = itertools.count()
 
-            def one_run(checkout: Path) -> dict[str, float]:
-                lag_file = Path(folder) / f"lags-{next(runs)}.json"
-                return measured_daemon(args, names, lag_file, checkout=checkout)
+        def one_run(checkout: Path) -> dict[str, float]:
+            lag_file = Path(folder) / f"lags-{next(runs)}.json"
+            return measured_daemon(args, names, lag_file, checkout=checkout)
 
-            alternate(peer, args.pairs, one_run, warmup=args.warmup)
+        this_or_alternated(peer, args, one_run)
     return None
 
 

@@ -40,7 +40,6 @@ from harness import (
     Api,
     Daemon,
     Fleet,
-    alternate,
     arguments,
     code_version,
     cpu_seconds,
@@ -56,6 +55,7 @@ from harness import (
     profiled,
     rotated,
     settle,
+    this_or_alternated,
     timed,
 )
 
@@ -307,15 +307,8 @@ def main() -> None:
     print(machine())
     with fleet("observe") as made:
         names = made.create(args.containers)
-        if peer is None:
-            measured_daemon(args, made, names)
-        else:
-            alternate(
-                peer,
-                args.pairs,
-                lambda checkout: measured_daemon(args, made, names, checkout=checkout),
-                warmup=args.warmup,
-            )
+        measure = functools.partial(measured_daemon, args, made, names)
+        this_or_alternated(peer, args, lambda checkout: measure(checkout=checkout))
 
 
 if __name__ == "__main__":

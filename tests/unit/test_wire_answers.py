@@ -584,12 +584,12 @@ def at(generation: int = 1, told: int = 0, **facts: object) -> Observed:
 
 def test_a_kept_observe_answer_is_given_only_for_the_same_refs_at_the_same_state() -> None:
     kept, now = ObserveAnswers(), at()
-    kept.keep(["a", "b"], now, b"ab")
+    kept.keep(("a", "b"), now, b"ab")
     same = at(1, 0, node=now.node, measured=now.measured)
-    assert kept.get(["a", "b"], same) == b"ab"
-    assert kept.get(["b", "a"], same) is None  # another order is another answer
-    assert kept.get(["a"], same) is None
-    assert kept.get(["a", "b"], None) is None  # a state that cannot be kept (pending, 503)
+    assert kept.get(("a", "b"), same) == b"ab"
+    assert kept.get(("b", "a"), same) is None  # another order is another answer
+    assert kept.get(("a",), same) is None
+    assert kept.get(("a", "b"), None) is None  # a state that cannot be kept (pending, 503)
     moved = {  # each part of the state, moved alone, is another state
         "the engine": at(2, 0, node=now.node, measured=now.measured),
         "a source": at(1, 1, node=now.node, measured=now.measured),
@@ -597,11 +597,11 @@ def test_a_kept_observe_answer_is_given_only_for_the_same_refs_at_the_same_state
         "the disk": at(1, 0, node=now.node),
     }
     for what, later in moved.items():
-        assert kept.get(["a", "b"], later) is None, what
-    kept.keep(["a"], moved["the disk"], b"a")  # a new state drops every older answer
-    assert kept.get(["a", "b"], same) is None
-    assert kept.get(["a", "b"], moved["the disk"]) is None
-    assert kept.get(["a"], moved["the disk"]) == b"a"
+        assert kept.get(("a", "b"), later) is None, what
+    kept.keep(("a",), moved["the disk"], b"a")  # a new state drops every older answer
+    assert kept.get(("a", "b"), same) is None
+    assert kept.get(("a", "b"), moved["the disk"]) is None
+    assert kept.get(("a",), moved["the disk"]) == b"a"
 
 
 def test_an_answer_made_from_a_state_that_passed_is_never_given() -> None:
@@ -609,21 +609,21 @@ def test_an_answer_made_from_a_state_that_passed_is_never_given() -> None:
     under the state that passed, which no later read matches."""
     kept, before = ObserveAnswers(), at(1)
     after = at(2, node=before.node, measured=before.measured)
-    kept.keep(["a"], before, b"made after the change")
-    assert kept.get(["a"], after) is None
+    kept.keep(("a",), before, b"made after the change")
+    assert kept.get(("a",), after) is None
 
 
 def test_the_kept_observe_answers_stay_bounded_in_count_and_bytes() -> None:
     kept, now = ObserveAnswers(count=3, size=100), at()
     for i in range(10):
-        kept.keep([f"j{i}"], now, b"x" * 10)
-    assert len(kept._kept) == 3 and kept.get(["j9"], now) == b"x" * 10
-    assert kept.get(["j0"], now) is None  # the oldest went
-    kept.keep(["big"], now, b"y" * 90)  # past the bytes: the oldest go until it fits
-    assert kept.get(["big"], now) == b"y" * 90 and kept._bytes <= 100
-    kept.keep(["huge"], now, b"z" * 101)  # over the bound alone: never kept
-    assert kept.get(["huge"], now) is None and kept.get(["big"], now) == b"y" * 90
-    kept.keep(["big"], now, b"w" * 20)  # kept again: its bytes counted once
+        kept.keep((f"j{i}",), now, b"x" * 10)
+    assert len(kept._kept) == 3 and kept.get(("j9",), now) == b"x" * 10
+    assert kept.get(("j0",), now) is None  # the oldest went
+    kept.keep(("big",), now, b"y" * 90)  # past the bytes: the oldest go until it fits
+    assert kept.get(("big",), now) == b"y" * 90 and kept._bytes <= 100
+    kept.keep(("huge",), now, b"z" * 101)  # over the bound alone: never kept
+    assert kept.get(("huge",), now) is None and kept.get(("big",), now) == b"y" * 90
+    kept.keep(("big",), now, b"w" * 20)  # kept again: its bytes counted once
     assert kept._bytes == sum(len(v) for v in kept._kept.values())
 
 

@@ -220,12 +220,13 @@ class ObserveAnswers:
         self._kept: dict[tuple[str, ...], bytes] = {}
         self._bytes = 0
 
-    def get(self, refs: Sequence[str], at: Observed | None) -> bytes | None:
+    def get(self, refs: tuple[str, ...], at: Observed | None) -> bytes | None:
+        """The answer kept for ``refs`` as asked (their order is the answer's) at ``at``."""
         if at is None or self._at is None or not at.same(self._at):
             return None
-        return self._kept.get(tuple(refs))
+        return self._kept.get(refs)
 
-    def keep(self, refs: Sequence[str], at: Observed | None, answer: bytes) -> None:
+    def keep(self, refs: tuple[str, ...], at: Observed | None, answer: bytes) -> None:
         """Keep ``answer``, made at ``at`` (read before it was made: a change meanwhile
         leaves it under a state that has passed, never served again)."""
         if at is None or len(answer) > self.size:
@@ -233,9 +234,8 @@ class ObserveAnswers:
         if self._at is None or not at.same(self._at):
             self._at, self._bytes = at, 0
             self._kept.clear()
-        key = tuple(refs)
-        self._bytes += len(answer) - len(self._kept.pop(key, b""))
-        self._kept[key] = answer
+        self._bytes += len(answer) - len(self._kept.pop(refs, b""))
+        self._kept[refs] = answer
         while len(self._kept) > self.count or self._bytes > self.size:
             self._bytes -= len(self._kept.pop(next(iter(self._kept))))
 

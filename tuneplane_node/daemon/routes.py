@@ -294,13 +294,13 @@ async def volume_gc(request: web.Request) -> web.Response:
 @api("post", "/node/v1/observe", answers.ObserveJson, body=verbs.REFS, errors=ENGINE)
 async def observe(request: web.Request) -> web.Response:
     """The state of each ref."""
-    refs = verbs.parse_observe(await read_object(request))
-    jobs, kept = request.app[NODE].jobs, request.app[MEMOS].jobs.observed
+    refs = tuple(verbs.parse_observe(await read_object(request)))  # the kept answers' key
+    jobs, answers = request.app[NODE].jobs, request.app[MEMOS].jobs
     at = jobs.observed(refs)  # before the read: a change meanwhile is a new state
-    answer = kept.get(refs, at)
+    answer = answers.observed.get(refs, at)
     if answer is None:
-        answer = request.app[MEMOS].jobs.observe(await jobs.observe(refs))
-        kept.keep(refs, at, answer)
+        answer = answers.observe(await jobs.observe(refs))
+        answers.observed.keep(refs, at, answer)
     return encoded(answer)
 
 

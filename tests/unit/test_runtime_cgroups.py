@@ -73,6 +73,29 @@ def test_cgroup_v1(tmp_path: Path) -> None:
     assert cgroups.read(dirs) == Usage(1.063362112, 200 * MIB, None, 1)
 
 
+def test_a_long_stat_file_is_read_to_its_end(tmp_path: Path) -> None:
+    """A memory.stat longer than one read (a kernel with many counters): the key
+    after the first read's bytes still counts."""
+    root = tmp_path / "cgroup"
+    where = f"system.slice/docker-{ID}.scope"
+    write(root, {"cgroup.controllers": "cpu memory pids"})
+    padding = "".join(f"counter_{i} {i}\n" for i in range(cgroups.READ_CHUNK // 8))
+    assert len(padding) > 2 * cgroups.READ_CHUNK
+    write(
+        root / where,
+        {
+            "cpu.stat": "usage_usec 1000000\n",
+            "memory.current": str(300 * MIB),
+            "memory.stat": f"{padding}inactive_file {100 * MIB}\n",
+            "memory.max": "max\n",
+            "pids.current": "3\n",
+        },
+    )
+    dirs = cgroups.locate(42, must_hold=ID, root=root, proc=proc_of(tmp_path, f"0::/{where}\n"))
+    assert dirs is not None
+    assert cgroups.read(dirs) == Usage(1.0, 200 * MIB, None, 3)
+
+
 def test_a_cgroup_without_the_container_id_is_not_that_container(tmp_path: Path) -> None:
     """A remote engine's pid is some process of this machine: never read as the job."""
     root = tmp_path / "cgroup"

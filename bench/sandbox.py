@@ -50,7 +50,7 @@ class Rounds:
             launched = timed(launch)
             answer = self.api.observe([name])[name]
             assert answer["runtime"] == method, answer
-            stop = {"ref": name, "timeout": 10}
+            stop: dict[str, Any] = {"ref": name, "timeout": 10}  # requests' JSON type
             stopped = timed(
                 lambda: self.api.session.post(
                     self.api.url + "/node/v1/stop", json=stop

@@ -74,7 +74,11 @@ class Rounds:
 
 def prefetch(api: Api, volumes: list[dict[str, str]]) -> None:
     for volume in volumes:
-        body = {"source": volume["source"], "sha256": volume["sha256"], "wait": True}
+        body: dict[str, Any] = {
+            "source": volume["source"],
+            "sha256": volume["sha256"],
+            "wait": True,
+        }
         answer = api.session.post(api.url + "/node/v1/volumes/pull", json=body)
         if answer.status_code != 200:
             raise RuntimeError(f"volume pull: {answer.status_code} {answer.text}")

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.clock import FakeClock
+from tuneplane_node.fabrics import READ_CHUNK
 from tuneplane_node.gpu.simulation import SimulatedProbe
 from tuneplane_node.runtime import cgroups
 from tuneplane_node.runtime.engines.dockerformat import usage_from_stats
@@ -79,8 +80,8 @@ def test_a_long_stat_file_is_read_to_its_end(tmp_path: Path) -> None:
     root = tmp_path / "cgroup"
     where = f"system.slice/docker-{ID}.scope"
     write(root, {"cgroup.controllers": "cpu memory pids"})
-    padding = "".join(f"counter_{i} {i}\n" for i in range(cgroups.READ_CHUNK // 8))
-    assert len(padding) > 2 * cgroups.READ_CHUNK
+    padding = "".join(f"counter_{i} {i}\n" for i in range(READ_CHUNK // 8))
+    assert len(padding) > 2 * READ_CHUNK
     write(
         root / where,
         {

@@ -11,12 +11,12 @@ asks an engine.
 from __future__ import annotations
 
 import logging
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from tuneplane_node.errors import ConfigError
+from tuneplane_node.fabrics import read_ascii
 from tuneplane_node.runtime.facts import Usage
 from tuneplane_node.settings import NodeSettings, env_name
 
@@ -29,7 +29,6 @@ LEAST_PIDS = 64
 V1_UNLIMITED = 2**62
 """v1 says "no limit" with LONG_MAX rounded down to a page: anything this big is none."""
 V1_CONTROLLERS = ("cpuacct", "memory", "pids")
-READ_CHUNK = 16384  # a v1 memory.stat is about 1 KiB; a bigger file takes more reads
 
 
 @dataclass(frozen=True)
@@ -146,25 +145,8 @@ def _working_set(charged: int | None, inactive: int | None) -> int | None:
 
 
 def _text(directory: Path | None, name: str) -> str | None:
-    """A small kernel file's text, read with the bare calls: a sample of 300 jobs reads
-    1,500 of them on the engine's pool, holding the GIL a request burst waits for, and
-    `Path.read_text`'s layers (a path, a buffered text file, its decoder) were most of
-    that time."""
-    if directory is None:
-        return None
-    try:
-        fd = os.open(f"{directory}/{name}", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        chunks = []
-        while chunk := os.read(fd, READ_CHUNK):
-            chunks.append(chunk)
-        return b"".join(chunks).decode("ascii", "replace").strip()
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
+    # a str path: no Path object made per file (1,500 files a sample of 300 jobs)
+    return read_ascii(f"{directory}/{name}") if directory is not None else None
 
 
 def _int(text: str | None) -> int | None:

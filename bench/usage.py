@@ -19,8 +19,8 @@ from types import ModuleType
 
 from harness import (
     REPO,
+    Fleet,
     arguments,
-    engine_client,
     fleet,
     machine,
     median,
@@ -44,8 +44,8 @@ def module_of(checkout: Path) -> ModuleType:
     return module
 
 
-def located(names: list[str]) -> list[cgroups.CgroupDirs]:
-    api = engine_client().api
+def located(made: Fleet, names: list[str]) -> list[cgroups.CgroupDirs]:
+    api = made.client.api
     found = []
     for name in names:
         doc = api.inspect_container(name)
@@ -74,7 +74,7 @@ def main() -> None:
     print(machine())
     sides = {"this": cgroups, "peer": module_of(peer or REPO)}
     with fleet("usage") as made:
-        dirs = located(made.create(args.containers))
+        dirs = located(made, made.create(args.containers))
         times: dict[str, list[float]] = {"this": [], "peer": []}
         for index in range(args.rounds):
             for side in rotated(["this", "peer"], index):

@@ -4,6 +4,7 @@ made while its tree was being deleted."""
 from __future__ import annotations
 
 import errno
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -52,3 +53,18 @@ def test_a_tree_that_keeps_filling_is_refused_after_its_passes(
     with pytest.raises(EngineRefused) as refused:
         JobFiles(tmp_path).delete("tuneplane-a", job_dir)
     assert "Directory not empty" in refused.value.message
+
+
+def test_an_end_the_file_clock_puts_before_the_start_is_the_start(tmp_path: Path) -> None:
+    """A job that ends within a tick of its spawn: the code file's time (the kernel's
+    coarse clock) reads earlier than the start the daemon read. The finish never precedes
+    the start, and a later finish is given as the file says."""
+    rc = tmp_path / "rc"
+    rc.write_text("3")
+    os.utime(rc, (1_000_000_000.0, 1_000_000_000.0))  # 2001-09-09T01:46:40Z
+
+    assert files.exit_record(rc, "2001-09-09T01:46:40.004000Z") == (
+        3, "2001-09-09T01:46:40.004000Z",
+    )  # fmt: skip
+    assert files.exit_record(rc, "2001-09-09T01:46:39.996000Z") == (3, "2001-09-09T01:46:40Z")
+    assert files.exit_record(rc, None) == (3, "2001-09-09T01:46:40Z")

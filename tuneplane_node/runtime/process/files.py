@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from tuneplane_node.clock import rfc3339
+from tuneplane_node.clock import parse_rfc3339, rfc3339
 from tuneplane_node.durable import create_once, write_atomically
 from tuneplane_node.errors import EngineRefused, EngineUnavailable
 from tuneplane_node.logformat import job_fields
@@ -138,21 +138,25 @@ def write_started(job_dir: Path, *, started_at: str, main: Proc, stamper: Proc) 
     _write_atomic(job_dir / PROC_FILE, json.dumps(started))
 
 
-def exit_record(rc_file: Path) -> tuple[int | None, str | None]:
+def exit_record(rc_file: Path, started_at: str | None) -> tuple[int | None, str | None]:
     """(exit code, finished_at) of an ended job.
 
     A job gone without writing its code was killed (SIGKILL to its group, the OOM
     killer, a reboot): it is given 137, once, and the moment it was found dead becomes
     its finish time. ``create_once`` never replaces, so a code the wrapper wrote stays.
+    The finish is never before ``started_at``: a file's time is the kernel's coarse
+    clock, up to a tick behind the clock that read the start.
     """
     if not rc_file.exists():
         create_once(rc_file, str(EXIT_SIGKILL).encode())
     text = rc_file.read_text().strip()
-    finished = rfc3339(datetime.fromtimestamp(rc_file.stat().st_mtime, timezone.utc))
+    finished = datetime.fromtimestamp(rc_file.stat().st_mtime, timezone.utc)
+    started = parse_rfc3339(started_at)
+    finished_at = started_at if started is not None and finished < started else rfc3339(finished)
     if not text.isdigit():
         log.warning("unreadable exit code %r in %s", text, rc_file)
-        return None, finished
-    return int(text), finished
+        return None, finished_at
+    return int(text), finished_at
 
 
 @contextlib.contextmanager

@@ -314,6 +314,9 @@ class ProcessRuntime:
         job_id = secrets.token_hex(32)
         write_spec(job_dir, spec, job_id=job_id, created_at=self._now())
         log.debug("process runtime ignores image, mounts, network, limits, user of %s", spec.name)
+        # Read before the spawn: a job that ends at once may write its code before the
+        # spawn returns, and its start must not come after its finish.
+        started_at = self._now()
         stamper, main = self._groups.spawn(
             spec.command,
             log_file=job_dir / LOG_FILE,
@@ -321,7 +324,7 @@ class ProcessRuntime:
             env=job_environment(spec, job_dir, gpus=self._settings.local_gpu_passthrough),
             cpus=spec.cpuset_cpus,  # memory nodes: the kernel's first touch keeps it near
         )
-        started_at, main_proc, stamper_proc = self._now(), proc_of(main), proc_of(stamper)
+        main_proc, stamper_proc = proc_of(main), proc_of(stamper)
         try:
             write_started(job_dir, started_at=started_at, main=main_proc, stamper=stamper_proc)
         except BaseException:
@@ -356,7 +359,7 @@ class ProcessRuntime:
         if self._groups.alive(job.main):
             return state
         with unreadable():
-            exit_code, finished_at = exit_record(job.dir / RC_FILE)
+            exit_code, finished_at = exit_record(job.dir / RC_FILE, job.started_at)
         return dataclasses.replace(
             state, status="exited", exit_code=exit_code, finished_at=finished_at
         )

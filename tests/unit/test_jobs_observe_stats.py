@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 from tests.conftest import IMAGE
 from tests.fakes.clock import FakeClock
@@ -176,3 +177,43 @@ async def test_no_refs_means_every_running_job(node: Node, fake: FakeRuntime) ->
     fake.create_outside(ContainerSpec("tuneplane-foreign", IMAGE))
     await node.sampler.sample_once()
     assert sorted(await node.jobs.stats(None)) == sorted(running)
+
+
+async def test_many_jobs_are_read_in_slices_spread_over_a_fifth_of_the_interval(
+    node: Node, fake: FakeRuntime, clock: FakeClock
+) -> None:
+    """A burst of requests meets a slice of the read, never all of it: 70 jobs are read
+    32, 32 and 6 at a time, a third of a fifth of the interval apart. Each job's figures
+    say when its own slice was read, and the table changes only once the last is in."""
+    refs = [await launch(node) for _ in range(70)]
+    pause = node.sampler.interval_s * 0.2 / 3
+    first = asyncio.create_task(node.sampler.sample_once())
+    for _ in range(2):  # the first sample, from 12:00:00 to 12:00:00.666667
+        await clock.sleeping(pause)
+        clock.advance(pause)
+    await first
+    clock.advance(5 - 2 * pause)  # the next, from 12:00:05
+    before = dict(node.sampler.samples)
+    asked: list[list[str]] = []
+    real_usage = fake.usage
+
+    async def usage(wanted: Sequence[str]) -> dict[str, Usage]:
+        asked.append(list(wanted))
+        return await real_usage(wanted)
+
+    fake.usage = usage  # type: ignore[method-assign,assignment]
+    sampling = asyncio.create_task(node.sampler.sample_once())
+    for _ in range(2):
+        await clock.sleeping(pause)
+        assert node.sampler.samples == before  # not swapped while a slice is still to read
+        clock.advance(pause)
+    await sampling
+
+    assert [len(slice_) for slice_ in asked] == [32, 32, 6]
+    by_id = {str(sample.id): sample for sample in node.sampler.samples.values()}
+    assert sorted(node.sampler.samples) == sorted(refs)  # each job once
+    assert sorted(handle for slice_ in asked for handle in slice_) == sorted(by_id)
+    moments = [{by_id[handle].sampled_at for handle in slice_} for slice_ in asked]
+    assert moments == [
+        {"2026-11-30T12:00:05Z"}, {"2026-11-30T12:00:05.333333Z"}, {"2026-11-30T12:00:05.666667Z"},
+    ]  # fmt: skip

@@ -363,8 +363,8 @@ class ContainerRuntime(Protocol):
 
     async def usage(self, refs: Sequence[str]) -> dict[str, Usage]:
         """CPU time, memory and pids of each running container, by ref, read in one
-        blocking call for all of them (a job sampler calls it every few seconds, never a
-        request). Read from the container's cgroup files where this machine can reach
+        blocking call for all of them (the job sampler calls it every few seconds for a
+        slice of a few dozen, never a request). Read from the container's cgroup files where this machine can reach
         them, else from the engine's one-shot stats. A ref that is gone or not running is
         left out; one whose figures cannot be read maps to a `Usage` of Nones."""
 

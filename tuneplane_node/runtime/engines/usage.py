@@ -6,6 +6,7 @@ reads on the engine's pool."""
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -16,6 +17,9 @@ from tuneplane_node.runtime.engines.seam import EngineSeam
 from tuneplane_node.runtime.facts import Usage
 
 MACHINE_MEMORY = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+# Jobs whose cgroup stays located. The sampler asks in slices, so no call names them all:
+# the least recently read go first, and one still running is located again (an inspect).
+LOCATED_MAX = 2048
 
 
 class EngineUsage:
@@ -29,9 +33,11 @@ class EngineUsage:
         return await self.seam.call("read usage", self._usage_all, list(refs), read=True)
 
     def _usage_all(self, refs: list[str]) -> dict[str, Usage]:
-        # Only the refs asked for stay located: the memo never outgrows the running jobs.
-        self._cgroups = {ref: dirs for ref, dirs in self._cgroups.items() if ref in refs}
         found = {ref: self._usage_one(ref) for ref in refs}
+        # A read puts its job last (`_usage_one`): the first are the least recently read.
+        over = max(0, len(self._cgroups) - LOCATED_MAX)
+        for ref in list(itertools.islice(self._cgroups, over)):
+            del self._cgroups[ref]
         return {ref: usage for ref, usage in found.items() if usage is not None}
 
     def _usage_one(self, ref: str) -> Usage | None:

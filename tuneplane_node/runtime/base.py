@@ -364,9 +364,10 @@ class ContainerRuntime(Protocol):
     async def usage(self, refs: Sequence[str]) -> dict[str, Usage]:
         """CPU time, memory and pids of each running container, by ref, read in one
         blocking call for all of them (the job sampler calls it every few seconds for a
-        slice of a few dozen, never a request). Read from the container's cgroup files where this machine can reach
-        them, else from the engine's one-shot stats. A ref that is gone or not running is
-        left out; one whose figures cannot be read maps to a `Usage` of Nones."""
+        slice of a few dozen, never a request). Read from the container's cgroup files
+        where this machine can reach them, else from the engine's one-shot stats. A ref
+        that is gone or not running is left out; one whose figures cannot be read maps
+        to a `Usage` of Nones."""
 
     async def disk_usage(self, ref: str, *, budget_s: float) -> DiskUse | None:
         """What the running container has written to the engine's disk: its writable
